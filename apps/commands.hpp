@@ -1,0 +1,22 @@
+// The troupe CLI's subcommands. Each add_*_command registers one CLI11 subcommand whose callback runs
+// the command and stores its exit status in *exit_code. apps/ only parses, wires and prints.
+//
+// Exit codes: 0 success; 1 the command failed at run time (I/O, data, a peer); 2 bad usage (a flag, a
+// config file, an input that cannot be used). Errors print "troupe <command>: error: <what> -- <fix>".
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace troupe::apps {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+void add_preprocess_command(CLI::App& app, int* exit_code);
+void add_train_command(CLI::App& app, int* exit_code);
+void add_eval_command(CLI::App& app, int* exit_code);
+void add_ckpt_command(CLI::App& app, int* exit_code);
+void add_bench_command(CLI::App& app, int* exit_code);
+void add_info_command(CLI::App& app, int* exit_code);
+
+}  // namespace troupe::apps

@@ -1,0 +1,30 @@
+# Finds every library troupe links. All come from Debian's packages (scripts/setup.sh).
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+# OpenBLAS (CPU sgemm). The pthread flavour: its own thread pool, sized by openblas_set_num_threads.
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+
+# HDF5, C API (checkpoints). Needs C enabled in project().
+find_package(HDF5 REQUIRED COMPONENTS C)
+
+# CAF 0.17 ships no CMake package and no .pc file.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+add_library(caf::core UNKNOWN IMPORTED)
+set_target_properties(caf::core PROPERTIES IMPORTED_LOCATION ${CAF_CORE_LIBRARY}
+                      INTERFACE_INCLUDE_DIRECTORIES ${CAF_INCLUDE_DIR}
+                      INTERFACE_LINK_LIBRARIES Threads::Threads)
+add_library(caf::io UNKNOWN IMPORTED)
+set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
+                      INTERFACE_LINK_LIBRARIES caf::core)
+
+pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json CONFIG REQUIRED)
+find_package(fmt CONFIG REQUIRED)
+if(TROUPE_BUILD_TESTS)
+  find_package(Catch2 REQUIRED)
+endif()

@@ -1,0 +1,122 @@
+// Causal multi-head self-attention on the CPU. One task per (batch, head), tasks split over the pool;
+// inside a task the products run as single-threaded GEMMs on row blocks so the masked upper
+// triangle is mostly skipped: block [i0, i1) of queries only meets keys [0, i1).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace troupe::cpu {
+
+namespace {
+constexpr int64_t kBlock = 64;  // query rows per GEMM block
+}
+
+template <class T>
+void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
+                       int64_t C, int64_t H) {
+  const int64_t hs = C / H, ld = 3 * C;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / H, h = task % H;
+      const T* q = qkv + b * T_ * ld + h * hs;  // (T, hs), row stride 3C
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      T* P = probs + task * T_ * T_;  // (T, T)
+      T* o = out + b * T_ * C + h * hs;  // (T, hs), row stride C
+      // S[i0:i1, 0:i1] = scale * Q[i0:i1] K[0:i1]^T
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, true, i1 - i0, i1, hs, scale, q + i0 * ld, ld, k, ld, T(0), P + i0 * T_, T_);
+      }
+      // Row softmax over j <= i; zeros above the diagonal.
+      for (int64_t i = 0; i < T_; ++i) {
+        T* row = P + i * T_;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+        T sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          row[j] = fast_exp(row[j] - mx);
+          sum += row[j];
+        }
+        T inv = T(1) / sum;
+        for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+        std::fill(row + i + 1, row + T_, T(0));
+      }
+      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), P + i0 * T_, T_, v, ld, T(0), o + i0 * C, C);
+      }
+    }
+  });
+}
+
+template <class T>
+void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
+                        int64_t B, int64_t T_, int64_t C, int64_t H) {
+  const int64_t hs = C / H, ld = 3 * C;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    std::vector<T> dP_buf(static_cast<size_t>(T_ * T_));  // (T, T): dP, then dS in place
+    T* dP = dP_buf.data();
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / H, h = task % H;
+      const T* q = qkv + b * T_ * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      const T* P = probs + task * T_ * T_;
+      const T* dO = dout + b * T_ * C + h * hs;  // (T, hs), stride C
+      T* dq = dqkv + b * T_ * ld + h * hs;       // (T, hs), stride 3C
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      // dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, true, i1 - i0, i1, hs, T(1), dO + i0 * C, C, v, ld, T(0), dP + i0 * T_, T_);
+      }
+      // dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T]   (P is zero above the diagonal)
+      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
+        int64_t j1 = std::min(T_, j0 + kBlock);
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), P + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
+                       dv + j0 * ld, ld);
+      }
+      // dS = scale * P * (dP - rowsum(P * dP)), zero above the diagonal
+      for (int64_t i = 0; i < T_; ++i) {
+        const T* pr = P + i * T_;
+        T* dr = dP + i * T_;
+        T dot = 0;
+        for (int64_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+        std::fill(dr + i + 1, dr + T_, T(0));
+      }
+      // dQ[i0:i1] = dS[i0:i1, 0:i1] K[0:i1]
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), dP + i0 * T_, T_, k, ld, T(0), dq + i0 * ld, ld);
+      }
+      // dK[j0:j1] = dS[j0:T, j0:j1]^T Q[j0:T]
+      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
+        int64_t j1 = std::min(T_, j0 + kBlock);
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), dP + j0 * T_ + j0, T_, q + j0 * ld, ld, T(0),
+                       dk + j0 * ld, ld);
+      }
+    }
+  });
+}
+
+template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
+                                       int64_t, int64_t);
+template void attention_forward<double>(ThreadPool&, double*, double*, const double*, int64_t, int64_t,
+                                        int64_t, int64_t);
+template void attention_backward<float>(ThreadPool&, float*, const float*, const float*, const float*,
+                                        int64_t, int64_t, int64_t, int64_t);
+template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
+                                         const double*, int64_t, int64_t, int64_t, int64_t);
+
+}  // namespace troupe::cpu

@@ -1,0 +1,63 @@
+// CPU kernels on raw pointers, templated on the element type (float for training, double for the
+// gradient checks). kernels/ops.cpp checks shapes and dispatches here; see kernels/ops.hpp for the
+// meaning of each op. Every kernel parallelises over the given pool with a static split that keeps
+// results independent of the pool's size.
+#pragma once
+#include <cstdint>
+
+#include "kernels/thread_pool.hpp"
+
+namespace troupe::cpu {
+
+template <class T>
+void embedding_forward(ThreadPool& pool, T* out, const int32_t* tokens, const T* wte, const T* wpe,
+                       int64_t B, int64_t T_, int64_t C);
+template <class T>
+void embedding_backward(ThreadPool& pool, T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
+                        int64_t B, int64_t T_, int64_t C);
+
+template <class T>
+void layernorm_forward(ThreadPool& pool, T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
+                       int64_t N, int64_t C, double eps);
+template <class T>
+void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
+                        const T* mean, const T* rstd, int64_t N, int64_t C);
+
+template <class T>
+void linear_forward(ThreadPool& pool, T* out, const T* x, const T* w, const T* bias, int64_t N,
+                    int64_t I, int64_t O);
+template <class T>
+void linear_backward(ThreadPool& pool, T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w,
+                     int64_t N, int64_t I, int64_t O);
+// db[o] += sum_n dout[n, o], columns split over threads, rows summed in order.
+template <class T>
+void column_sums_accumulate(ThreadPool& pool, T* db, const T* dout, int64_t N, int64_t O);
+
+template <class T>
+void gelu_forward(ThreadPool& pool, T* out, const T* x, int64_t n);
+template <class T>
+void gelu_backward(ThreadPool& pool, T* dx, const T* dout, const T* x, int64_t n);
+
+template <class T>
+void add(ThreadPool& pool, T* out, const T* a, const T* b, int64_t n);
+
+template <class T>
+void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
+                       int64_t C, int64_t H);
+template <class T>
+void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
+                        int64_t B, int64_t T_, int64_t C, int64_t H);
+
+template <class T>
+void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,
+                           int64_t Vp, int64_t valid, double grad_scale);
+
+template <class T>
+void adamw_update(ThreadPool& pool, T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t step);
+template <class T>
+double sum_squares(ThreadPool& pool, const T* x, int64_t n);
+template <class T>
+void scale(ThreadPool& pool, T* x, int64_t n, double factor);
+
+}  // namespace troupe::cpu

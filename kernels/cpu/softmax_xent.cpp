@@ -1,0 +1,81 @@
+// Fused softmax + cross-entropy over a vocabulary row, with its backward written in place.
+// Rows split over threads; inside a row, 16 partial accumulators let the compiler vectorise the max
+// and the sum while keeping a fixed summation order.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/check.hpp"
+#include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace troupe::cpu {
+
+namespace {
+constexpr int kLanes = 16;
+
+template <class T>
+T row_max(const T* x, int64_t n) {
+  T acc[kLanes];
+  std::fill(acc, acc + kLanes, -std::numeric_limits<T>::infinity());
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], x[j + l]);
+  T m = -std::numeric_limits<T>::infinity();
+  for (int l = 0; l < kLanes; ++l) m = std::max(m, acc[l]);
+  for (; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// Sum of exp(x - shift); when `store` writes each exp back into x.
+template <class T>
+double exp_sum(T* x, int64_t n, T shift, bool store) {
+  T acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      T e = fast_exp(x[j + l] - shift);
+      if (store) x[j + l] = e;
+      acc[l] += e;
+    }
+  }
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  for (; j < n; ++j) {
+    T e = fast_exp(x[j] - shift);
+    if (store) x[j] = e;
+    s += e;
+  }
+  return s;
+}
+}  // namespace
+
+template <class T>
+void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,
+                           int64_t Vp, int64_t valid, double grad_scale) {
+  const bool want_grad = grad_scale != 0.0;
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      T* row = logits + n * Vp;  // (Vp)
+      const int64_t target = targets[n];
+      TROUPE_CHECK(target >= 0 && target < valid, "target token outside the real vocabulary");
+      const T target_logit = row[target];
+      const T mx = row_max(row, valid);
+      const double sum = exp_sum(row, valid, mx, want_grad);
+      losses[n] = static_cast<T>(static_cast<double>(mx) + std::log(sum) - static_cast<double>(target_logit));
+      if (!want_grad) continue;
+      // row now holds exp(logit - max); turn it into grad_scale * (softmax - onehot).
+      const T factor = static_cast<T>(grad_scale / sum);
+      for (int64_t j = 0; j < valid; ++j) row[j] *= factor;
+      row[target] -= static_cast<T>(grad_scale);
+      std::fill(row + valid, row + Vp, T(0));
+    }
+  }, 8);
+}
+
+template void softmax_cross_entropy<float>(ThreadPool&, float*, float*, const int32_t*, int64_t, int64_t,
+                                           int64_t, double);
+template void softmax_cross_entropy<double>(ThreadPool&, double*, double*, const int32_t*, int64_t,
+                                            int64_t, int64_t, double);
+
+}  // namespace troupe::cpu

@@ -1,0 +1,35 @@
+// GPT-2 architecture hyper-parameters (Megatron's names) and the derived sizes.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kernels/status.hpp"
+
+namespace troupe {
+
+struct GptConfig {
+  int num_layers = 4;
+  int hidden_size = 256;
+  int num_attention_heads = 4;
+  int seq_length = 256;
+  int max_position_embeddings = 256;
+  int64_t vocab_size = 0;                  // the tokenizer's real vocabulary (EOD included)
+  int make_vocab_size_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
+  double layernorm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+
+  int ffn_hidden_size() const { return 4 * hidden_size; }
+  int head_size() const { return hidden_size / num_attention_heads; }
+  // Real vocabulary rounded up to a multiple of make_vocab_size_divisible_by * tp (Megatron's rule).
+  int64_t padded_vocab_size(int tensor_parallel_size = 1) const;
+  // Parameters of the real model (padding rows excluded), tied embedding counted once.
+  int64_t num_parameters() const;
+  // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, the
+  // Megatron-LM paper's count without recomputation: 72 B s l h^2 (1 + s/6h + V/16lh) for B*s tokens.
+  double flops_per_iteration(int64_t tokens) const;
+
+  // Checks the combination: heads divide hidden size, seq <= positions, sizes positive.
+  Status validate() const;
+};
+
+}  // namespace troupe
