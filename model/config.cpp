@@ -1,0 +1,49 @@
+#include "model/config.hpp"
+
+#include <string>
+
+namespace troupe {
+
+int64_t GptConfig::padded_vocab_size(int tensor_parallel_size) const {
+  const int64_t multiple = static_cast<int64_t>(make_vocab_size_divisible_by) * tensor_parallel_size;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+int64_t GptConfig::num_parameters() const {
+  const int64_t C = hidden_size, L = num_layers;
+  const int64_t per_layer = 12 * C * C + 13 * C;
+  return vocab_size * C + static_cast<int64_t>(max_position_embeddings) * C + L * per_layer + 2 * C;
+}
+
+double GptConfig::flops_per_iteration(int64_t tokens) const {
+  const double s = seq_length, l = num_layers, h = hidden_size;
+  const double V = static_cast<double>(padded_vocab_size(1));
+  return 72.0 * static_cast<double>(tokens) * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+}
+
+Status GptConfig::validate() const {
+  auto bad = [](const std::string& flag, const std::string& what, const std::string& fix) {
+    return Status::error(flag + " " + what + " -- " + fix);
+  };
+  if (num_layers <= 0) return bad("--num-layers", "must be positive", "pass e.g. --num-layers 4");
+  if (hidden_size <= 0) return bad("--hidden-size", "must be positive", "pass e.g. --hidden-size 256");
+  if (num_attention_heads <= 0)
+    return bad("--num-attention-heads", "must be positive", "pass e.g. --num-attention-heads 4");
+  if (hidden_size % num_attention_heads != 0)
+    return bad("--num-attention-heads",
+               std::to_string(num_attention_heads) + " does not divide --hidden-size " + std::to_string(hidden_size),
+               "choose a head count that divides the hidden size");
+  if (seq_length <= 0) return bad("--seq-length", "must be positive", "pass e.g. --seq-length 256");
+  if (max_position_embeddings < seq_length)
+    return bad("--max-position-embeddings",
+               std::to_string(max_position_embeddings) + " is smaller than --seq-length " + std::to_string(seq_length),
+               "make it at least the sequence length");
+  if (make_vocab_size_divisible_by <= 0)
+    return bad("--make-vocab-size-divisible-by", "must be positive", "use the default 128");
+  if (vocab_size <= 0) return bad("vocabulary", "is empty", "check --tokenizer-type and its vocabulary files");
+  if (!(layernorm_epsilon > 0)) return bad("layernorm epsilon", "must be positive", "use 1e-5");
+  if (!(init_method_std > 0)) return bad("--init-method-std", "must be positive", "use 0.02");
+  return Status::ok();
+}
+
+}  // namespace troupe
