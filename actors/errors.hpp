@@ -1,0 +1,23 @@
+// troupe's CAF error category: a recoverable failure inside an actor travels to whoever asked as a
+// caf::error carrying the user-facing message of the Status (never as an exception).
+#pragma once
+#include <string>
+
+#include <caf/all.hpp>
+
+#include "kernels/status.hpp"
+
+namespace troupe {
+
+enum class ActorErrc : uint8_t {
+  failed = 1,      // a Status error (I/O, bad data, bad checkpoint): the message says what and how to fix
+  diverged = 2,    // the loss or gradient norm became non-finite
+  stopped = 3,     // the job was asked to stop
+};
+
+caf::error make_actor_error(ActorErrc code, std::string message);
+inline caf::error to_caf_error(const Status& s) { return make_actor_error(ActorErrc::failed, s.message()); }
+// The user-facing text of any caf::error (troupe's message, or CAF's own rendering).
+std::string describe(const caf::error& err);
+
+}  // namespace troupe

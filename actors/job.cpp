@@ -1,0 +1,233 @@
+#include "actors/job.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "actors/data_loader.hpp"
+#include "actors/errors.hpp"
+#include "actors/shard.hpp"
+#include "actors/trainer.hpp"
+#include "kernels/peak.hpp"
+#include "storage/checkpoint.hpp"
+
+namespace troupe {
+
+namespace {
+
+int resolve_threads(int requested) {
+  if (requested > 0) return requested;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+// Compute runs on the shards' own threads; CAF's scheduler only routes messages, so a small pool with
+// the condition-variable ("sharing") policy keeps it from spinning against the compute threads.
+caf::actor_system_config make_system_config() {
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("scheduler.policy", caf::atom("sharing"));
+  return cfg;
+}
+
+// Asks `dest` and waits for the reply on the calling thread; returns the error text on failure.
+template <class Handle, class... Ts>
+Status ask_ok(caf::scoped_actor& self, const Handle& dest, Ts&&... xs) {
+  Status result;
+  self->request(dest, caf::infinite, std::forward<Ts>(xs)...)
+      .receive([](ok_atom) {}, [&](caf::error& err) { result = Status::error(describe(err)); });
+  return result;
+}
+
+Status check_same_architecture(const GptConfig& want, const GptConfig& have, const std::string& dir) {
+  auto differs = [&](const char* flag, int64_t a, int64_t b) {
+    return Status::error("the checkpoint in " + dir + " has " + flag + " " + std::to_string(b) + " but this run asks for " +
+                         std::to_string(a) + " -- pass " + flag + " " + std::to_string(b) +
+                         " (or train from scratch without --load)");
+  };
+  if (want.num_layers != have.num_layers) return differs("--num-layers", want.num_layers, have.num_layers);
+  if (want.hidden_size != have.hidden_size) return differs("--hidden-size", want.hidden_size, have.hidden_size);
+  if (want.num_attention_heads != have.num_attention_heads)
+    return differs("--num-attention-heads", want.num_attention_heads, have.num_attention_heads);
+  if (want.max_position_embeddings != have.max_position_embeddings)
+    return differs("--max-position-embeddings", want.max_position_embeddings, have.max_position_embeddings);
+  if (want.vocab_size != have.vocab_size)
+    return Status::error("the checkpoint in " + dir + " was trained with a vocabulary of " + std::to_string(have.vocab_size) +
+                         " tokens but this run's tokenizer has " + std::to_string(want.vocab_size) +
+                         " -- use the same --tokenizer-type and vocabulary files");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<TrainConfig> checkpoint_config(const std::string& dir) {
+  auto it = latest_iteration(dir);
+  if (!it) return it.status();
+  auto meta = read_checkpoint_meta(dir, it.value());
+  if (!meta) return meta.status();
+  auto cfg = TrainConfig::from_json(meta.value().config_json);
+  if (!cfg) return cfg.status().with_context("the config stored in " + checkpoint_file(dir, it.value()) + ": ");
+  return cfg;
+}
+
+Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
+                                  const JobCallbacks& callbacks, const JobOptions& options) {
+  const int threads = resolve_threads(config.num_threads);
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
+  double peak = 0;
+  if (options.measure_peak) {
+    ThreadPool pool(threads);
+    peak = measure_sgemm_peak_gflops(pool);
+    note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s on " + std::to_string(threads) +
+         " thread(s)");
+  }
+
+  caf::actor_system_config sys_cfg = make_system_config();
+  caf::actor_system system{sys_cfg};
+  ShardSpec shard_spec;
+  shard_spec.model = config.model;
+  shard_spec.max_micro_batch = config.micro_batch_size;
+  shard_spec.num_threads = threads;
+  shard_actor shard = spawn_shard(system, shard_spec);
+  data_loader_actor loader = spawn_data_loader(system, data);
+  caf::scoped_actor self{system};
+  auto shutdown = [&](const auto&... extra) {
+    self->send_exit(shard, caf::exit_reason::user_shutdown);
+    self->send_exit(loader, caf::exit_reason::user_shutdown);
+    (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
+  };
+
+  TrainerSpec spec;
+  spec.config = config;
+  spec.shard = shard;
+  spec.loader = loader;
+  spec.listener = caf::actor_cast<caf::actor>(self);
+  spec.validation_windows = data->num_windows(DataSplit::validation);
+  spec.sgemm_peak_gflops = peak;
+  if (!config.load.empty()) {
+    auto it = latest_iteration(config.load);
+    if (!it) return shutdown(), it.status();
+    auto meta = read_checkpoint_meta(config.load, it.value());
+    if (!meta) return shutdown(), meta.status();
+    auto saved = TrainConfig::from_json(meta.value().config_json);
+    if (!saved) return shutdown(), saved.status().with_context(checkpoint_file(config.load, it.value()) + ": ");
+    Status same = check_same_architecture(config.model, saved.value().model, config.load);
+    if (!same) return shutdown(), same;
+    LoadRequest req;
+    req.dir = config.load;
+    req.iteration = it.value();
+    req.load_optimizer = true;
+    Status loaded = ask_ok(self, shard, load_atom::value, req);
+    if (!loaded) return shutdown(), loaded;
+    spec.start_iteration = meta.value().iteration;
+    spec.consumed_samples = meta.value().consumed_samples;
+    note("loaded " + checkpoint_file(config.load, it.value()) + ": iteration " + std::to_string(spec.start_iteration) +
+         ", " + std::to_string(spec.consumed_samples) + " samples consumed");
+  } else {
+    Status init = ask_ok(self, shard, init_atom::value, config.seed);
+    if (!init) return shutdown(), init;
+  }
+
+  trainer_actor trainer = spawn_trainer(system, spec);
+  self->monitor(trainer);
+  self->send(trainer, run_atom::value);
+  bool running = true, stop_sent = false;
+  std::optional<TrainSummary> summary;
+  Status failure;
+  auto check_stop = [&] {
+    if (options.stop && options.stop->load() && !stop_sent) {
+      stop_sent = true;
+      self->send(trainer, stop_atom::value);
+      note("stopping after the current iteration" + std::string(config.save.empty() ? "" : " and saving a checkpoint"));
+    }
+  };
+  self->receive_while(running)(
+      [&](progress_atom, const IterationStats& s) {
+        if (callbacks.on_iteration) callbacks.on_iteration(s);
+        check_stop();
+      },
+      [&](eval_atom, const EvalStats& e) {
+        if (callbacks.on_eval) callbacks.on_eval(e);
+        check_stop();
+      },
+      [&](save_atom, const SavedCheckpoint& c) {
+        if (callbacks.on_saved) callbacks.on_saved(c);
+      },
+      [&](done_atom, const TrainSummary& s) {
+        summary = s;
+        running = false;
+      },
+      [&](failed_atom, const std::string& message) {
+        failure = Status::error(message);
+        running = false;
+      },
+      [&](caf::down_msg& msg) {
+        if (!summary && failure.is_ok()) failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
+        running = false;
+      },
+      caf::after(std::chrono::milliseconds(100)) >> check_stop);
+  shutdown(trainer);
+  if (!failure.is_ok()) return failure;
+  return *summary;
+}
+
+Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
+                                   int micro_batch_size, int num_threads) {
+  auto it = latest_iteration(dir);
+  if (!it) return it.status();
+  auto cfg = checkpoint_config(dir);
+  if (!cfg) return cfg.status();
+  const int64_t available = data->num_windows(DataSplit::train);
+  if (samples <= 0) samples = available;
+  if (samples > available)
+    return Status::error("--eval-samples " + std::to_string(samples) + " exceeds the " + std::to_string(available) +
+                         " windows of --seq-length + 1 tokens in the data -- pass at most " + std::to_string(available));
+  if (samples == 0) return Status::error("the data has no window of seq_length + 1 tokens -- use a larger dataset");
+
+  caf::actor_system_config sys_cfg = make_system_config();
+  caf::actor_system system{sys_cfg};
+  ShardSpec spec;
+  spec.model = cfg.value().model;
+  spec.max_micro_batch = micro_batch_size;
+  spec.num_threads = resolve_threads(num_threads);
+  shard_actor shard = spawn_shard(system, spec);
+  data_loader_actor loader = spawn_data_loader(system, data);
+  caf::scoped_actor self{system};
+  auto shutdown = [&] {
+    self->send_exit(shard, caf::exit_reason::user_shutdown);
+    self->send_exit(loader, caf::exit_reason::user_shutdown);
+  };
+  LoadRequest req;
+  req.dir = dir;
+  req.iteration = it.value();
+  req.load_optimizer = false;
+  Status loaded = ask_ok(self, shard, load_atom::value, req);
+  if (!loaded) return shutdown(), loaded;
+
+  EvalSummary out;
+  out.iteration = it.value();
+  double total = 0;
+  Status failure;
+  for (int64_t first = 0; first < samples && failure.is_ok(); first += micro_batch_size) {
+    const int32_t count = static_cast<int32_t>(std::min<int64_t>(micro_batch_size, samples - first));
+    self->request(loader, caf::infinite, batch_atom::value, DataSplit::train, first, count)
+        .receive(
+            [&](Tensor& batch) {
+              self->request(shard, caf::infinite, eval_atom::value, batch)
+                  .receive([&](double loss_sum) { total += loss_sum; },
+                           [&](caf::error& err) { failure = Status::error(describe(err)); });
+            },
+            [&](caf::error& err) { failure = Status::error(describe(err)); });
+  }
+  shutdown();
+  if (!failure.is_ok()) return failure;
+  out.samples = samples;
+  out.tokens = samples * cfg.value().model.seq_length;
+  out.loss = total / static_cast<double>(out.tokens);
+  out.perplexity = std::exp(std::min(out.loss, 700.0));
+  return out;
+}
+
+}  // namespace troupe

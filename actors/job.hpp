@@ -1,0 +1,49 @@
+// Runs a training or evaluation job inside one actor system: spawns the shard (detached), the data
+// loader and the trainer, initialises or loads the model, and relays the trainer's reports to the
+// caller's callbacks on the calling thread. Returns when the job is done, failed, or stopped.
+#pragma once
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "actors/data_source.hpp"
+#include "actors/messages.hpp"
+#include "actors/train_config.hpp"
+
+namespace troupe {
+
+struct JobCallbacks {
+  std::function<void(const std::string&)> on_note;  // start-up information
+  std::function<void(const IterationStats&)> on_iteration;
+  std::function<void(const EvalStats&)> on_eval;
+  std::function<void(const SavedCheckpoint&)> on_saved;
+};
+
+struct JobOptions {
+  bool measure_peak = true;
+  // Polled a few times a second; when it becomes true the trainer stops after the current iteration
+  // (saving a checkpoint when --save is set).
+  const std::atomic<bool>* stop = nullptr;
+};
+
+Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
+                                  const JobCallbacks& callbacks, const JobOptions& options = {});
+
+struct EvalSummary {
+  double loss = 0;
+  double perplexity = 0;
+  int64_t tokens = 0;
+  int64_t samples = 0;
+  int64_t iteration = 0;  // of the checkpoint
+};
+
+// Loads the model of checkpoint `dir` (its latest iteration) and returns the mean next-token loss over
+// the first `samples` windows of `data`'s training split read in order (all windows when samples <= 0).
+Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
+                                   int micro_batch_size, int num_threads);
+
+// Model configuration stored in a checkpoint (its latest iteration).
+Result<TrainConfig> checkpoint_config(const std::string& dir);
+
+}  // namespace troupe

@@ -1,0 +1,296 @@
+#include "actors/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+
+#include "actors/errors.hpp"
+#include "actors/lr_schedule.hpp"
+
+namespace troupe {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct TrainerState {
+  TrainerSpec spec;
+  int64_t iteration = 0;
+  int64_t consumed = 0;
+  bool running = false;
+  bool stop_requested = false;
+  bool finished = false;
+  // Current iteration.
+  Clock::time_point started;
+  std::vector<double> micro_losses;
+  int pending = 0;
+  // Read-ahead of the next global batch.
+  std::optional<Tensor> ahead;
+  int64_t ahead_for = -1;      // consumed-samples index the read-ahead batch starts at
+  bool ahead_in_flight = false;
+  bool waiting_for_ahead = false;
+  // Summary.
+  double last_loss = 0;
+  double last_eval_loss = -1;
+  int64_t last_saved = -1;
+  std::string last_checkpoint;
+};
+
+using Self = trainer_actor::stateful_pointer<TrainerState>;
+
+void start_iteration(Self self);
+void finish(Self self);
+
+void fail(Self self, const std::string& message) {
+  auto& st = self->state;
+  if (st.finished) return;
+  st.finished = true;
+  caf::anon_send(st.spec.listener, failed_atom::value, message);
+  self->quit();
+}
+
+auto on_error(Self self) {
+  return [self](caf::error& err) { fail(self, describe(err)); };
+}
+
+int64_t global_batch(Self self) { return self->state.spec.config.global_batch_size; }
+
+void read_ahead(Self self) {
+  auto& st = self->state;
+  const int64_t next = st.consumed + global_batch(self);
+  if (st.iteration + 1 >= st.spec.config.train_iters || st.ahead_in_flight || st.ahead_for == next) return;
+  st.ahead_in_flight = true;
+  st.ahead_for = next;
+  st.ahead.reset();
+  self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::train, next,
+                static_cast<int32_t>(global_batch(self)))
+      .then(
+          [self](Tensor& batch) {
+            auto& s = self->state;
+            s.ahead_in_flight = false;
+            s.ahead = std::move(batch);
+            if (s.waiting_for_ahead) {
+              s.waiting_for_ahead = false;
+              start_iteration(self);
+            }
+          },
+          on_error(self));
+}
+
+void save_then(Self self, std::function<void()> next) {
+  auto& st = self->state;
+  const TrainConfig& cfg = st.spec.config;
+  SaveRequest req;
+  req.dir = cfg.save;
+  req.iteration = st.iteration;
+  req.consumed_samples = st.consumed;
+  req.optimizer_step = st.iteration;
+  req.config_json = cfg.to_json();
+  req.rng_json = "{\"seed\": " + std::to_string(cfg.seed) + ", \"consumed_samples\": " + std::to_string(st.consumed) +
+                 ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"}";
+  const auto t0 = Clock::now();
+  self->request(st.spec.shard, caf::infinite, save_atom::value, req)
+      .then(
+          [self, next, t0](ok_atom) {
+            auto& s = self->state;
+            s.last_saved = s.iteration;
+            SavedCheckpoint saved;
+            saved.iteration = s.iteration;
+            saved.path = s.spec.config.save;
+            saved.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+            s.last_checkpoint = saved.path;
+            caf::anon_send(s.spec.listener, save_atom::value, saved);
+            next();
+          },
+          on_error(self));
+}
+
+// Mean loss over the first min(eval_iters * global batch, validation windows) validation windows.
+void evaluate_then(Self self, std::function<void()> next) {
+  auto& st = self->state;
+  const TrainConfig& cfg = st.spec.config;
+  const int64_t samples = std::min<int64_t>(cfg.eval_iters * cfg.global_batch_size, st.spec.validation_windows);
+  if (samples <= 0) {
+    next();
+    return;
+  }
+  self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::validation, int64_t{0},
+                static_cast<int32_t>(samples))
+      .then(
+          [self, next, samples](Tensor& batch) {
+            auto& s = self->state;
+            const int64_t micro = s.spec.config.micro_batch_size;
+            auto sums = std::make_shared<std::vector<double>>((samples + micro - 1) / micro, 0.0);
+            auto remaining = std::make_shared<int64_t>(static_cast<int64_t>(sums->size()));
+            const int64_t tokens = samples * (batch.dim(1) - 1);
+            for (size_t m = 0; m < sums->size(); ++m) {
+              const int64_t r0 = static_cast<int64_t>(m) * micro, r1 = std::min(samples, r0 + micro);
+              self->request(s.spec.shard, caf::infinite, eval_atom::value, batch.rows(r0, r1))
+                  .then(
+                      [self, next, sums, remaining, m, tokens](double loss_sum) {
+                        (*sums)[m] = loss_sum;
+                        if (--*remaining > 0) return;
+                        double total = 0;
+                        for (double v : *sums) total += v;
+                        EvalStats ev;
+                        ev.iteration = self->state.iteration;
+                        ev.loss = total / static_cast<double>(tokens);
+                        ev.perplexity = std::exp(std::min(ev.loss, 700.0));
+                        ev.tokens = tokens;
+                        self->state.last_eval_loss = ev.loss;
+                        caf::anon_send(self->state.spec.listener, eval_atom::value, ev);
+                        next();
+                      },
+                      on_error(self));
+            }
+          },
+          on_error(self));
+}
+
+void on_step(Self self, const StepResult& result) {
+  auto& st = self->state;
+  const TrainConfig& cfg = st.spec.config;
+  const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
+  const int64_t tokens = cfg.global_batch_size * static_cast<int64_t>(cfg.model.seq_length);
+  double loss_sum = 0;
+  for (double v : st.micro_losses) loss_sum += v;
+  IterationStats s;
+  s.lr = learning_rate(cfg, st.iteration);
+  st.iteration += 1;
+  st.consumed += cfg.global_batch_size;
+  s.iteration = st.iteration;
+  s.train_iters = cfg.train_iters;
+  s.lm_loss = loss_sum / static_cast<double>(tokens);
+  s.grad_norm = result.grad_norm;
+  s.ms_per_iter = seconds * 1e3;
+  s.tokens_per_sec = tokens / seconds;
+  s.model_tflops = cfg.model.flops_per_iteration(tokens) / seconds / 1e12;
+  s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
+  s.consumed_samples = st.consumed;
+  st.last_loss = s.lm_loss;
+  if (!std::isfinite(s.lm_loss)) {
+    fail(self, "the training loss is not finite at iteration " + std::to_string(st.iteration) +
+                   " -- the run diverged: lower --lr or raise --lr-warmup-iters");
+    return;
+  }
+  caf::anon_send(st.spec.listener, progress_atom::value, s);
+  auto after_eval = [self] {
+    auto& s2 = self->state;
+    const TrainConfig& c = s2.spec.config;
+    if (!c.save.empty() && c.save_interval > 0 && s2.iteration % c.save_interval == 0)
+      save_then(self, [self] { start_iteration(self); });
+    else
+      start_iteration(self);
+  };
+  if (cfg.eval_interval > 0 && cfg.eval_iters > 0 && st.iteration % cfg.eval_interval == 0)
+    evaluate_then(self, after_eval);
+  else
+    after_eval();
+}
+
+void run_micro_batches(Self self, const Tensor& batch) {
+  auto& st = self->state;
+  const TrainConfig& cfg = st.spec.config;
+  const int micro = cfg.micro_batch_size;
+  const int count = cfg.grad_accumulation_steps();
+  const double grad_scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
+  st.micro_losses.assign(count, 0.0);
+  st.pending = count;
+  for (int m = 0; m < count; ++m) {
+    MicroBatch mb;
+    mb.index = m;
+    mb.tokens = batch.rows(int64_t{m} * micro, int64_t{m + 1} * micro);
+    mb.grad_scale = grad_scale;
+    self->request(st.spec.shard, caf::infinite, fwd_bwd_atom::value, std::move(mb))
+        .then(
+            [self](const MicroBatchResult& r) {
+              auto& s = self->state;
+              s.micro_losses[r.index] = r.loss_sum;
+              if (--s.pending > 0) return;
+              const TrainConfig& c = s.spec.config;
+              StepRequest req;
+              req.step = s.iteration + 1;
+              req.lr = learning_rate(c, s.iteration);
+              req.weight_decay = c.weight_decay;
+              req.beta1 = c.adam_beta1;
+              req.beta2 = c.adam_beta2;
+              req.eps = c.adam_eps;
+              req.clip_grad = c.clip_grad;
+              self->request(s.spec.shard, caf::infinite, step_atom::value, req)
+                  .then([self](const StepResult& result) { on_step(self, result); }, on_error(self));
+            },
+            on_error(self));
+  }
+  read_ahead(self);  // overlaps the next batch's reading with this iteration's compute
+}
+
+void start_iteration(Self self) {
+  auto& st = self->state;
+  if (st.finished) return;
+  if (st.iteration >= st.spec.config.train_iters || st.stop_requested) {
+    finish(self);
+    return;
+  }
+  st.started = Clock::now();
+  if (st.ahead && st.ahead_for == st.consumed) {
+    Tensor batch = std::move(*st.ahead);
+    st.ahead.reset();
+    run_micro_batches(self, batch);
+    return;
+  }
+  if (st.ahead_in_flight && st.ahead_for == st.consumed) {
+    st.waiting_for_ahead = true;
+    return;
+  }
+  self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::train, st.consumed,
+                static_cast<int32_t>(global_batch(self)))
+      .then([self](Tensor& batch) { run_micro_batches(self, batch); }, on_error(self));
+}
+
+void finish(Self self) {
+  auto& st = self->state;
+  auto done = [self] {
+    auto& s = self->state;
+    if (s.finished) return;
+    s.finished = true;
+    TrainSummary sum;
+    sum.iteration = s.iteration;
+    sum.last_loss = s.last_loss;
+    sum.last_eval_loss = s.last_eval_loss;
+    sum.stopped_early = s.iteration < s.spec.config.train_iters;
+    sum.last_checkpoint = s.last_checkpoint;
+    caf::anon_send(s.spec.listener, done_atom::value, sum);
+    self->quit();
+  };
+  if (!st.spec.config.save.empty() && st.last_saved != st.iteration && st.iteration > st.spec.start_iteration)
+    save_then(self, done);
+  else
+    done();
+}
+
+trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
+  self->state.spec = std::move(spec);
+  self->state.iteration = self->state.spec.start_iteration;
+  self->state.consumed = self->state.spec.consumed_samples;
+  self->monitor(self->state.spec.shard);
+  self->monitor(self->state.spec.loader);
+  self->set_down_handler([self](caf::down_msg& msg) {
+    fail(self, "a worker actor stopped unexpectedly (" + describe(msg.reason) + ")");
+  });
+  return {
+      [self](run_atom) {
+        if (self->state.running) return;
+        self->state.running = true;
+        start_iteration(self);
+      },
+      [self](stop_atom) { self->state.stop_requested = true; },
+  };
+}
+
+}  // namespace
+
+trainer_actor spawn_trainer(caf::actor_system& system, const TrainerSpec& spec) {
+  return system.spawn(trainer_behavior, spec);
+}
+
+}  // namespace troupe

@@ -1,0 +1,30 @@
+// The trainer actor (trainer_actor in actors/messages.hpp): drives iterations. Per iteration it asks the
+// data loader for the global batch, hands the micro-batches to the shard (which accumulates their
+// gradients), asks for the optimizer step with the scheduled learning rate, reports IterationStats to
+// the listener, evaluates and saves at their intervals, and reads the next batch ahead while the
+// shard computes. Reports to the listener (an untyped actor):
+//   (progress_atom, IterationStats)  (eval_atom, EvalStats)  (save_atom, SavedCheckpoint)
+//   (done_atom, TrainSummary)        (failed_atom, std::string message)
+// It monitors the shard and the data loader: if either dies, the job fails with the cause.
+#pragma once
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/train_config.hpp"
+
+namespace troupe {
+
+struct TrainerSpec {
+  TrainConfig config;
+  shard_actor shard;
+  data_loader_actor loader;
+  caf::actor listener;
+  int64_t start_iteration = 0;   // iterations already done (from a checkpoint)
+  int64_t consumed_samples = 0;
+  int64_t validation_windows = 0;
+  double sgemm_peak_gflops = 0;  // for % of peak; 0 when not measured
+};
+
+trainer_actor spawn_trainer(caf::actor_system& system, const TrainerSpec& spec);
+
+}  // namespace troupe

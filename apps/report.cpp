@@ -1,0 +1,68 @@
+#include "apps/report.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace troupe::apps {
+
+void print_error(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "troupe %s: error: %s\n", command.c_str(), message.c_str());
+  std::fflush(stderr);
+}
+
+std::string format_iteration(const IterationStats& s) {
+  return fmt::format(
+      " iteration {:>7}/{:>7} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | learning rate: "
+      "{:.3E} | lm loss: {:.6E} | grad norm: {:.3f} | tokens/s: {:.0f} | TFLOP/s: {:.3f} ({:.1f}% of peak)",
+      s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.lm_loss, s.grad_norm, s.tokens_per_sec,
+      s.model_tflops, 100.0 * s.fraction_of_peak);
+}
+
+std::string iteration_json(const IterationStats& s) {
+  nlohmann::json j = {{"type", "train"},
+                      {"iteration", s.iteration},
+                      {"lm_loss", s.lm_loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"ms_per_iter", s.ms_per_iter},
+                      {"tokens_per_sec", s.tokens_per_sec},
+                      {"model_tflops", s.model_tflops},
+                      {"fraction_of_peak", s.fraction_of_peak},
+                      {"consumed_samples", s.consumed_samples}};
+  return j.dump();
+}
+
+std::string eval_json(const EvalStats& e) {
+  nlohmann::json j = {{"type", "eval"},
+                      {"iteration", e.iteration},
+                      {"validation_loss", e.loss},
+                      {"validation_ppl", e.perplexity},
+                      {"tokens", e.tokens}};
+  return j.dump();
+}
+
+ProgressPrinter::ProgressPrinter(int64_t log_interval)
+    : log_interval_(log_interval > 0 ? log_interval : 1), tty_(isatty(STDOUT_FILENO) == 1) {}
+
+void ProgressPrinter::iteration(const IterationStats& s) {
+  const bool permanent = s.iteration % log_interval_ == 0 || s.iteration == s.train_iters;
+  if (permanent) {
+    line(format_iteration(s));
+    return;
+  }
+  if (!tty_) return;
+  std::printf("\r\033[K%s", format_iteration(s).c_str());
+  std::fflush(stdout);
+  status_shown_ = true;
+}
+
+void ProgressPrinter::line(const std::string& text) {
+  if (status_shown_) std::printf("\r\033[K");
+  status_shown_ = false;
+  std::printf("%s\n", text.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace troupe::apps

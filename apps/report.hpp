@@ -1,0 +1,34 @@
+// How the CLI prints: error lines, the live progress line, and JSON lines for --metrics-file.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "kernels/status.hpp"
+
+namespace troupe::apps {
+
+// "troupe <command>: error: <message>" on stderr.
+void print_error(const std::string& command, const std::string& message);
+inline void print_error(const std::string& command, const Status& st) { print_error(command, st.message()); }
+
+// Megatron-style iteration line.
+std::string format_iteration(const IterationStats& s);
+std::string iteration_json(const IterationStats& s);
+std::string eval_json(const EvalStats& e);
+
+// Prints progress: on a terminal a status line rewritten every iteration plus a permanent line every
+// log_interval iterations; elsewhere (logs, CI) only the permanent lines.
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(int64_t log_interval);
+  void iteration(const IterationStats& s);
+  void line(const std::string& text);  // a permanent line (clears the status line first)
+
+ private:
+  int64_t log_interval_;
+  bool tty_;
+  bool status_shown_ = false;
+};
+
+}  // namespace troupe::apps

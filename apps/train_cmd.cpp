@@ -1,0 +1,113 @@
+// troupe train: Megatron-style flags (+ DeepSpeed JSON) -> validated TrainConfig -> a training job in
+// the actor system, with live progress, --metrics-file lines and checkpoints.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "actors/data_source.hpp"
+#include "actors/job.hpp"
+#include "actors/train_options.hpp"
+#include "apps/commands.hpp"
+#include "apps/report.hpp"
+#include "storage/tokenizer.hpp"
+
+namespace troupe::apps {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_interrupt(int) {
+  g_stop.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+int run_train(const CLI::App& cmd, TrainConfig& cfg) {
+  const std::string name = "train";
+  if (Status st = finalize_train_config(cmd, &cfg); !st) {
+    print_error(name, st);
+    return kExitUsage;
+  }
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
+  if (!tokenizer) {
+    print_error(name, tokenizer.status());
+    return kExitUsage;
+  }
+  cfg.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = cfg.model.validate(); !st) {
+    print_error(name, st);
+    return kExitUsage;
+  }
+  auto data = open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
+                                cfg.model.vocab_size);
+  if (!data) {
+    print_error(name, data.status().with_context("--data-path " + cfg.data_path + ": "));
+    return kExitUsage;
+  }
+  std::unique_ptr<std::ofstream> metrics;
+  if (!cfg.metrics_file.empty()) {
+    metrics = std::make_unique<std::ofstream>(cfg.metrics_file, std::ios::app);
+    if (!*metrics) {
+      print_error(name, "--metrics-file " + cfg.metrics_file + " cannot be opened for appending -- check the path");
+      return kExitUsage;
+    }
+  }
+
+  ProgressPrinter printer(cfg.log_interval);
+  const GptConfig& m = cfg.model;
+  printer.line(fmt::format(
+      "troupe train: GPT-2 {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
+      m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size, m.padded_vocab_size(1),
+      m.num_parameters() / 1e6));
+  printer.line(fmt::format("  batch: micro {} x {} accumulation steps = global {} ({} tokens/iteration); "
+                           "layout tp 1, pp 1, dp 1 (one shard)",
+                           cfg.micro_batch_size, cfg.grad_accumulation_steps(), cfg.global_batch_size,
+                           int64_t{cfg.global_batch_size} * m.seq_length));
+  printer.line("  data: " + data.value()->describe());
+
+  JobCallbacks cb;
+  cb.on_note = [&](const std::string& s) { printer.line("  " + s); };
+  cb.on_iteration = [&](const IterationStats& s) {
+    printer.iteration(s);
+    if (metrics) *metrics << iteration_json(s) << "\n" << std::flush;
+  };
+  cb.on_eval = [&](const EvalStats& e) {
+    printer.line(fmt::format(" validation loss at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.6E} | tokens: {}",
+                             e.iteration, e.loss, e.perplexity, e.tokens));
+    if (metrics) *metrics << eval_json(e) << "\n" << std::flush;
+  };
+  cb.on_saved = [&](const SavedCheckpoint& c) {
+    printer.line(fmt::format("  saved checkpoint at iteration {} to {} ({:.2f} s)", c.iteration, c.path, c.seconds));
+  };
+  JobOptions options;
+  options.stop = &g_stop;
+  std::signal(SIGINT, on_interrupt);
+  auto result = run_training(cfg, data.value(), cb, options);
+  std::signal(SIGINT, SIG_DFL);
+  if (!result) {
+    print_error(name, result.status());
+    return kExitFailure;
+  }
+  const TrainSummary& s = result.value();
+  std::string final_line = fmt::format("troupe train: finished at iteration {}/{} | final lm loss: {:.6f}", s.iteration,
+                                       cfg.train_iters, s.last_loss);
+  if (s.last_eval_loss >= 0) final_line += fmt::format(" | last validation loss: {:.6f}", s.last_eval_loss);
+  if (!s.last_checkpoint.empty()) final_line += " | checkpoint: " + s.last_checkpoint;
+  if (s.stopped_early) final_line += " (stopped early)";
+  printer.line(final_line);
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int* exit_code) {
+  auto cfg = std::make_shared<TrainConfig>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT model (Megatron-LM flags, DeepSpeed JSON config)");
+  add_train_options(cmd, cfg.get());
+  cmd->callback([cmd, cfg, exit_code] { *exit_code = run_train(*cmd, *cfg); });
+}
+
+}  // namespace troupe::apps
