@@ -1,6 +1,8 @@
 #include "actors/data_source.hpp"
 
+#include <algorithm>
 #include <array>
+#include <vector>
 
 #include "storage/gpt_dataset.hpp"
 #include "storage/indexed_dataset.hpp"
@@ -76,6 +78,27 @@ class MockDataSource final : public DataSource {
   uint64_t seed_;
 };
 
+// Every token must be a valid id of the model's vocabulary; checked once, up front, so a dataset made
+// with another tokenizer is refused before anything runs or is written (one pass over the .bin).
+Status check_token_range(const IndexedDataset& ds, int64_t vocab_size) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<int32_t> buf(kChunk);
+  for (int64_t off = 0; off < ds.total_tokens(); off += kChunk) {
+    const int64_t n = std::min(kChunk, ds.total_tokens() - off);
+    ds.read_tokens(off, n, buf.data());
+    int32_t lo = 0, hi = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, buf[i]);
+      hi = std::max(hi, buf[i]);
+    }
+    if (lo < 0 || hi >= vocab_size)
+      return Status::error(ds.prefix() + ".bin holds token id " + std::to_string(lo < 0 ? lo : hi) +
+                           ", outside the tokenizer's vocabulary of " + std::to_string(vocab_size) +
+                           " -- preprocess the data with the --tokenizer-type (and vocabulary files) you train with");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<std::shared_ptr<DataSource>> open_indexed_data(const std::string& prefix, const std::string& split,
@@ -84,6 +107,7 @@ Result<std::shared_ptr<DataSource>> open_indexed_data(const std::string& prefix,
   auto ds = IndexedDataset::open(prefix);
   if (!ds) return ds.status();
   std::shared_ptr<const IndexedDataset> dataset = ds.value();
+  TROUPE_RETURN_IF_ERROR(check_token_range(*dataset, vocab_size));
   auto ranges = split_token_ranges(*dataset, split);
   if (!ranges) return ranges.status();
   std::array<std::unique_ptr<GptWindows>, 3> windows;
@@ -106,6 +130,7 @@ Result<std::shared_ptr<DataSource>> open_indexed_data_unsplit(const std::string&
   auto ds = IndexedDataset::open(prefix);
   if (!ds) return ds.status();
   std::shared_ptr<const IndexedDataset> dataset = ds.value();
+  TROUPE_RETURN_IF_ERROR(check_token_range(*dataset, vocab_size));
   std::array<std::unique_ptr<GptWindows>, 3> windows;
   windows[0] = std::make_unique<GptWindows>(dataset, 0, dataset->total_tokens(), seq_length, 0, false);
   return std::shared_ptr<DataSource>(

@@ -1,5 +1,6 @@
 // Everything a training job is configured by: Megatron's flags, the DeepSpeed JSON keys troupe
-// understands, merged by apps/ (explicit flags win over the file) and validated before anything runs.
+// understands, merged by actors/train_options.hpp (explicit flags win over the file) and validated
+// before anything runs; the learning rate of each step is actors/lr_schedule.hpp.
 // Serialised to JSON into every checkpoint, so `troupe eval --load` and resuming know the model.
 #pragma once
 #include <cstdint>
@@ -39,11 +40,13 @@ struct TrainConfig {
   std::string vocab_file;
   std::string merge_file;
   bool no_shuffle = false;
+  bool mock_data = false;  // Megatron's --mock-data: synthetic tokens, no dataset needed
   std::string split = "969,30,1";  // train, validation, test weights over documents
 
   // Checkpointing.
   std::string save;
   int64_t save_interval = 0;  // 0: save only at the end (when --save is given)
+  int64_t exit_interval = 0;  // Megatron's --exit-interval: stop (and save) when iteration % N == 0
   std::string load;
 
   // Evaluation and logging.
@@ -57,6 +60,8 @@ struct TrainConfig {
 
   int grad_accumulation_steps() const { return global_batch_size / micro_batch_size; }
 
+  // {"format": "troupe.train_config", "version": 1, "model": {GptConfig's fields}, every field
+  // above}, indented. from_json requires every key and rejects unknown ones; errors name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);
 };

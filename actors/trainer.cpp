@@ -227,7 +227,9 @@ void run_micro_batches(Self self, const Tensor& batch) {
 void start_iteration(Self self) {
   auto& st = self->state;
   if (st.finished) return;
-  if (st.iteration >= st.spec.config.train_iters || st.stop_requested) {
+  const int64_t exit_interval = st.spec.config.exit_interval;
+  const bool exit_now = exit_interval > 0 && st.iteration > st.spec.start_iteration && st.iteration % exit_interval == 0;
+  if (st.iteration >= st.spec.config.train_iters || st.stop_requested || exit_now) {
     finish(self);
     return;
   }

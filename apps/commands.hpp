@@ -18,5 +18,6 @@ void add_eval_command(CLI::App& app, int* exit_code);
 void add_ckpt_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);
 void add_info_command(CLI::App& app, int* exit_code);
+void add_plot_command(CLI::App& app, int* exit_code);
 
 }  // namespace troupe::apps

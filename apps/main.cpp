@@ -7,9 +7,15 @@ int main(int argc, char** argv) {
   CLI::App app{"troupe: trains GPT models with tensor, pipeline and ZeRO data parallelism on actors"};
   app.require_subcommand(1, 1);
   app.failure_message([](const CLI::App* a, const CLI::Error& e) {
-    std::string msg = std::string("troupe: error: ") + e.what() + "\n";
-    msg += "  run '" + a->get_name() + " --help' for the accepted flags\n";
-    return msg;
+    // Name the subcommand being parsed ("troupe train") so the hint points at the right help.
+    std::string command = "troupe";
+    for (const CLI::App* sub = a; sub != nullptr;) {
+      const auto parsed = sub->get_subcommands();
+      if (parsed.empty()) break;
+      sub = parsed.front();
+      command += " " + sub->get_name();
+    }
+    return "troupe: error: " + std::string(e.what()) + "\n  run '" + command + " --help' for the accepted flags\n";
   });
   int exit_code = troupe::apps::kExitOk;
   troupe::apps::add_preprocess_command(app, &exit_code);
@@ -18,6 +24,7 @@ int main(int argc, char** argv) {
   troupe::apps::add_ckpt_command(app, &exit_code);
   troupe::apps::add_bench_command(app, &exit_code);
   troupe::apps::add_info_command(app, &exit_code);
+  troupe::apps::add_plot_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

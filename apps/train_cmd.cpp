@@ -41,8 +41,10 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, st);
     return kExitUsage;
   }
-  auto data = open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
-                                cfg.model.vocab_size);
+  auto data = cfg.mock_data ? Result<std::shared_ptr<DataSource>>(
+                                  make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed))
+                            : open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed,
+                                                cfg.no_shuffle, cfg.model.vocab_size);
   if (!data) {
     print_error(name, data.status().with_context("--data-path " + cfg.data_path + ": "));
     return kExitUsage;

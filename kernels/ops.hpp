@@ -64,7 +64,8 @@ void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,3C)*/, const Ten
 // are masked out of the softmax, so the loss never depends on the padding. losses[n] =
 // logsumexp(logits[n, :valid]) - logits[n, targets[n]]. When grad_scale != 0 the logits are
 // overwritten in place by d(grad_scale * sum_n losses[n]) / d logits (zeros in the padding columns):
-// the backward is fused into the forward so no second (N, Vp) buffer exists.
+// the backward is fused into the forward so no second (N, Vp) buffer exists. Without a gradient the
+// logits are left as scratch values.
 void softmax_cross_entropy(Context& ctx, const Tensor& losses /*(N)*/, const Tensor& logits /*(N,Vp)*/,
                            const Tensor& targets /*(N) i32*/, int64_t valid, double grad_scale);
 

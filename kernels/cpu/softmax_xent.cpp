@@ -1,4 +1,5 @@
-// Fused softmax + cross-entropy over a vocabulary row, with its backward written in place.
+// Fused softmax + cross-entropy over a vocabulary row, with its backward written in place. The logits
+// row is used as scratch (it holds exp values afterwards when no gradient is asked for).
 // Rows split over threads; inside a row, 16 partial accumulators let the compiler vectorise the max
 // and the sum while keeping a fixed summation order.
 #include <algorithm>
@@ -27,25 +28,18 @@ T row_max(const T* x, int64_t n) {
   return m;
 }
 
-// Sum of exp(x - shift); when `store` writes each exp back into x.
+// Replaces x by exp(x - shift) and returns the sum (two vectorisable passes over a row that stays in
+// cache).
 template <class T>
-double exp_sum(T* x, int64_t n, T shift, bool store) {
+double exp_inplace_sum(T* x, int64_t n, T shift) {
+  for (int64_t j = 0; j < n; ++j) x[j] = fast_exp(x[j] - shift);
   T acc[kLanes] = {};
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      T e = fast_exp(x[j + l] - shift);
-      if (store) x[j + l] = e;
-      acc[l] += e;
-    }
-  }
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l];
   double s = 0;
   for (int l = 0; l < kLanes; ++l) s += acc[l];
-  for (; j < n; ++j) {
-    T e = fast_exp(x[j] - shift);
-    if (store) x[j] = e;
-    s += e;
-  }
+  for (; j < n; ++j) s += x[j];
   return s;
 }
 }  // namespace
@@ -61,7 +55,7 @@ void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t
       TROUPE_CHECK(target >= 0 && target < valid, "target token outside the real vocabulary");
       const T target_logit = row[target];
       const T mx = row_max(row, valid);
-      const double sum = exp_sum(row, valid, mx, want_grad);
+      const double sum = exp_inplace_sum(row, valid, mx);  // the row is scratch either way
       losses[n] = static_cast<T>(static_cast<double>(mx) + std::log(sum) - static_cast<double>(target_logit));
       if (!want_grad) continue;
       // row now holds exp(logit - max); turn it into grad_scale * (softmax - onehot).

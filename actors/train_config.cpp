@@ -1,0 +1,215 @@
+#include "actors/train_config.hpp"
+
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+
+// The JSON written into checkpoints: {"format", "version", "model": {...}, <every TrainConfig
+// field>}.
+constexpr const char* kFormat = "troupe.train_config";
+constexpr int kVersion = 1;
+
+// One list of fields serves both directions, so a field cannot be written and forgotten when read.
+template <class Model, class Visitor>
+void visit_model_fields(Model& m, Visitor&& v) {
+  v("num_layers", m.num_layers);
+  v("hidden_size", m.hidden_size);
+  v("num_attention_heads", m.num_attention_heads);
+  v("seq_length", m.seq_length);
+  v("max_position_embeddings", m.max_position_embeddings);
+  v("vocab_size", m.vocab_size);
+  v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  v("layernorm_epsilon", m.layernorm_epsilon);
+  v("init_method_std", m.init_method_std);
+}
+
+template <class Config, class Visitor>
+void visit_train_fields(Config& c, Visitor&& v) {
+  v("micro_batch_size", c.micro_batch_size);
+  v("global_batch_size", c.global_batch_size);
+  v("lr", c.lr);
+  v("min_lr", c.min_lr);
+  v("lr_decay_style", c.lr_decay_style);
+  v("lr_warmup_iters", c.lr_warmup_iters);
+  v("lr_warmup_style", c.lr_warmup_style);
+  v("lr_warmup_init", c.lr_warmup_init);
+  v("lr_decay_iters", c.lr_decay_iters);
+  v("weight_decay", c.weight_decay);
+  v("adam_beta1", c.adam_beta1);
+  v("adam_beta2", c.adam_beta2);
+  v("adam_eps", c.adam_eps);
+  v("clip_grad", c.clip_grad);
+  v("train_iters", c.train_iters);
+  v("seed", c.seed);
+  v("data_path", c.data_path);
+  v("tokenizer_type", c.tokenizer_type);
+  v("vocab_file", c.vocab_file);
+  v("merge_file", c.merge_file);
+  v("no_shuffle", c.no_shuffle);
+  v("mock_data", c.mock_data);
+  v("split", c.split);
+  v("save", c.save);
+  v("save_interval", c.save_interval);
+  v("exit_interval", c.exit_interval);
+  v("load", c.load);
+  v("eval_interval", c.eval_interval);
+  v("eval_iters", c.eval_iters);
+  v("log_interval", c.log_interval);
+  v("metrics_file", c.metrics_file);
+  v("num_threads", c.num_threads);
+  v("deepspeed_config", c.deepspeed_config);
+}
+
+Status type_error(const std::string& path, const char* expected, const json& got) {
+  return Status::error("train config JSON: key \"" + path + "\" must be " + expected + ", got " +
+                       got.dump() +
+                       " -- write the config again with `troupe train` or fix the value");
+}
+
+// Reads one value of the field's type; integers must fit the field.
+template <class Int>
+Status read_integer(const json& value, const std::string& path, Int* out) {
+  if (value.is_number_unsigned()) {
+    const auto u = value.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<Int>::max()))
+      return type_error(path, "an integer in range", value);
+    *out = static_cast<Int>(u);
+    return Status::ok();
+  }
+  if (value.is_number_integer() && std::numeric_limits<Int>::is_signed) {
+    const auto i = value.get<int64_t>();
+    if (i < static_cast<int64_t>(std::numeric_limits<Int>::min()) ||
+        i > static_cast<int64_t>(std::numeric_limits<Int>::max()))
+      return type_error(path, "an integer in range", value);
+    *out = static_cast<Int>(i);
+    return Status::ok();
+  }
+  return type_error(
+      path, std::numeric_limits<Int>::is_signed ? "an integer" : "a non-negative integer", value);
+}
+
+Status read_value(const json& value, const std::string& path, int* out) {
+  return read_integer(value, path, out);
+}
+Status read_value(const json& value, const std::string& path, int64_t* out) {
+  return read_integer(value, path, out);
+}
+Status read_value(const json& value, const std::string& path, uint64_t* out) {
+  return read_integer(value, path, out);
+}
+Status read_value(const json& value, const std::string& path, double* out) {
+  if (!value.is_number()) return type_error(path, "a number", value);
+  *out = value.get<double>();
+  return Status::ok();
+}
+Status read_value(const json& value, const std::string& path, bool* out) {
+  if (!value.is_boolean()) return type_error(path, "true or false", value);
+  *out = value.get<bool>();
+  return Status::ok();
+}
+Status read_value(const json& value, const std::string& path, std::string* out) {
+  if (!value.is_string()) return type_error(path, "a string", value);
+  *out = value.get<std::string>();
+  return Status::ok();
+}
+
+// Reads every visited field of `object` (at `prefix`), then rejects keys nobody read: a key this
+// build does not know means the file came from another version or was mistyped.
+class ObjectReader {
+ public:
+  ObjectReader(const json& object, std::string prefix)
+      : object_(object), prefix_(std::move(prefix)) {}
+
+  template <class T>
+  void operator()(const char* key, T& field) {
+    if (!status_.is_ok()) return;
+    seen_.insert(key);
+    const auto it = object_.find(key);
+    if (it == object_.end()) {
+      status_ = Status::error("train config JSON: missing key \"" + prefix_ + key +
+                              "\" -- the file was written by another troupe version or edited; "
+                              "write it again with `troupe train`");
+      return;
+    }
+    status_ = read_value(*it, prefix_ + key, &field);
+  }
+
+  Status finish(std::initializer_list<const char*> also_known = {}) {
+    if (!status_.is_ok()) return status_;
+    for (const char* key : also_known) seen_.insert(key);
+    for (const auto& item : object_.items()) {
+      if (!seen_.count(item.key()))
+        return Status::error("train config JSON: unknown key \"" + prefix_ + item.key() +
+                             "\" -- this troupe version does not know it; remove it or use the "
+                             "troupe version that wrote the file");
+    }
+    return Status::ok();
+  }
+
+ private:
+  const json& object_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+  Status status_;
+};
+
+}  // namespace
+
+std::string TrainConfig::to_json() const {
+  json model_json = json::object();
+  visit_model_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
+  json j = json::object();
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["model"] = std::move(model_json);
+  visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  return j.dump(2);
+}
+
+Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    return Status::error(
+        std::string("train config JSON is malformed: ") + e.what() +
+        " -- the file is damaged; restore it or write it again with `troupe train`");
+  }
+  if (!j.is_object()) return type_error("(top level)", "an object", j);
+
+  const auto format = j.find("format");
+  if (format == j.end() || !format->is_string() || format->get<std::string>() != kFormat)
+    return Status::error(std::string("train config JSON: key \"format\" must be \"") + kFormat +
+                         "\" -- this is not a troupe training config");
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != kVersion)
+    return Status::error("train config JSON: key \"version\" must be " + std::to_string(kVersion) +
+                         ", got " +
+                         (version == j.end() ? std::string("nothing") : version->dump()) +
+                         " -- use the troupe version that wrote the file");
+
+  TrainConfig c;
+  const auto model_it = j.find("model");
+  if (model_it == j.end())
+    return Status::error(
+        "train config JSON: missing key \"model\" -- write the config again with "
+        "`troupe train`");
+  if (!model_it->is_object()) return type_error("model", "an object", *model_it);
+  ObjectReader model_reader(*model_it, "model.");
+  visit_model_fields(c.model, model_reader);
+  TROUPE_RETURN_IF_ERROR(model_reader.finish());
+
+  ObjectReader reader(j, "");
+  visit_train_fields(c, reader);
+  TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));
+  return c;
+}
+
+}  // namespace troupe

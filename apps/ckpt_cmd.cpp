@@ -1,0 +1,185 @@
+// `troupe ckpt info DIR` and `troupe ckpt export --load DIR --format hf --output F.h5`.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "apps/commands.hpp"
+#include "storage/checkpoint.hpp"
+
+namespace troupe::apps {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct InfoArgs {
+  std::string dir;
+  int64_t iteration = -1;  // -1: latest
+  bool json = false;
+};
+
+struct ExportArgs {
+  std::string load;
+  int64_t iteration = -1;
+  std::string format = "hf";
+  std::string output;
+};
+
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "troupe ckpt: error: %s\n", message.c_str());
+  return code;
+}
+
+// Usage problems shared by both subcommands; an empty string when the arguments can be used.
+std::string usage_problem(const std::string& dir, int64_t iteration) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return "checkpoint directory " + dir + " does not exist -- pass the directory given to --save";
+  if (iteration < -1)
+    return "--iteration " + std::to_string(iteration) + " is negative -- pass a saved iteration";
+  return "";
+}
+
+Result<int64_t> resolve_iteration(const std::string& dir, int64_t iteration) {
+  if (iteration >= 0) return iteration;
+  return latest_iteration(dir);
+}
+
+// "4 layers, hidden 256, 4 heads, seq 256, positions 256, vocab 50257" from the config's "model"
+// keys.
+std::string model_summary(const nlohmann::json& config) {
+  if (!config.is_object() || !config.contains("model") || !config["model"].is_object())
+    return "(no model section in the stored config)";
+  const nlohmann::json& m = config["model"];
+  std::string out;
+  for (auto [key, label] :
+       {std::pair{"num_layers", " layers"}, std::pair{"hidden_size", "hidden "},
+        std::pair{"num_attention_heads", " heads"}, std::pair{"seq_length", "seq "},
+        std::pair{"max_position_embeddings", "positions "}, std::pair{"vocab_size", "vocab "}}) {
+    if (!m.contains(key)) continue;
+    const std::string v = m[key].dump();
+    const std::string l = label;
+    out += (out.empty() ? "" : ", ") + (l.front() == ' ' ? v + l : l + v);
+  }
+  return out.empty() ? "(model section is empty)" : out;
+}
+
+nlohmann::json parse_or_string(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return j.is_discarded() ? nlohmann::json(text) : j;
+}
+
+int run_info(const InfoArgs& a) {
+  if (std::string p = usage_problem(a.dir, a.iteration); !p.empty()) return fail(kExitUsage, p);
+  Result<int64_t> it = resolve_iteration(a.dir, a.iteration);
+  if (!it) return fail(kExitFailure, it.status().message());
+  Result<CheckpointMeta> meta = read_checkpoint_meta(a.dir, *it);
+  if (!meta) return fail(kExitFailure, meta.status().message());
+  Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(a.dir, *it);
+  if (!tensors) return fail(kExitFailure, tensors.status().message());
+
+  const std::string file = checkpoint_file(a.dir, *it);
+  std::error_code ec;
+  const auto file_bytes = std::filesystem::file_size(file, ec);
+  const nlohmann::json config = parse_or_string(meta->config_json);
+  int64_t model_numel = 0, optimizer_numel = 0;
+  for (const CheckpointTensorInfo& t : *tensors)
+    (t.path.rfind("model/", 0) == 0 ? model_numel : optimizer_numel) += t.shape.numel();
+  const double model_mib = static_cast<double>(model_numel) * sizeof(float) / kMiB;
+  const double optimizer_mib = static_cast<double>(optimizer_numel) * sizeof(float) / kMiB;
+
+  if (a.json) {
+    nlohmann::json j;
+    j["file"] = file;
+    j["file_bytes"] = ec ? 0 : file_bytes;
+    j["format_version"] = meta->format_version;
+    j["iteration"] = meta->iteration;
+    j["consumed_samples"] = meta->consumed_samples;
+    j["optimizer_step"] = meta->optimizer_step;
+    j["config"] = config;
+    j["rng"] = parse_or_string(meta->rng_json);
+    j["tensors"] = nlohmann::json::array();
+    for (const CheckpointTensorInfo& t : *tensors)
+      j["tensors"].push_back(
+          {{"name", t.path},
+           {"shape", std::vector<int64_t>(t.shape.begin(), t.shape.end())},
+           {"numel", t.shape.numel()},
+           {"mib", static_cast<double>(t.shape.numel()) * sizeof(float) / kMiB}});
+    j["totals"] = {{"model_numel", model_numel},
+                   {"model_mib", model_mib},
+                   {"optimizer_numel", optimizer_numel},
+                   {"optimizer_mib", optimizer_mib},
+                   {"total_mib", model_mib + optimizer_mib}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return kExitOk;
+  }
+
+  std::printf("checkpoint        %s (%.2f MiB on disk)\n", file.c_str(),
+              ec ? 0.0 : file_bytes / kMiB);
+  std::printf("format            troupe-checkpoint version %d\n", meta->format_version);
+  std::printf("iteration         %lld\n", static_cast<long long>(meta->iteration));
+  std::printf("consumed samples  %lld\n", static_cast<long long>(meta->consumed_samples));
+  std::printf("optimizer step    %lld\n", static_cast<long long>(meta->optimizer_step));
+  std::printf("model             %s\n", model_summary(config).c_str());
+  size_t width = 4;
+  for (const CheckpointTensorInfo& t : *tensors) width = std::max(width, t.path.size());
+  std::printf("\n  %-*s  %-16s %12s %10s\n", static_cast<int>(width), "name", "shape", "elements",
+              "MiB");
+  for (const CheckpointTensorInfo& t : *tensors)
+    std::printf("  %-*s  %-16s %12lld %10.3f\n", static_cast<int>(width), t.path.c_str(),
+                t.shape.str().c_str(), static_cast<long long>(t.shape.numel()),
+                static_cast<double>(t.shape.numel()) * sizeof(float) / kMiB);
+  std::printf("\nmodel             %lld parameters, %.2f MiB\n",
+              static_cast<long long>(model_numel), model_mib);
+  std::printf("optimizer state   %lld values, %.2f MiB\n", static_cast<long long>(optimizer_numel),
+              optimizer_mib);
+  std::printf("total             %.2f MiB\n", model_mib + optimizer_mib);
+  return kExitOk;
+}
+
+int run_export(const ExportArgs& a) {
+  if (a.format != "hf")
+    return fail(kExitUsage, "--format '" + a.format +
+                                "' is not supported -- use --format hf (Hugging Face GPT-2)");
+  if (std::string p = usage_problem(a.load, a.iteration); !p.empty()) return fail(kExitUsage, p);
+  Result<int64_t> it = resolve_iteration(a.load, a.iteration);
+  if (!it) return fail(kExitFailure, it.status().message());
+  if (Status st = export_hf(a.load, *it, a.output); !st) return fail(kExitFailure, st.message());
+  std::printf("exported iteration %lld of %s to %s (Hugging Face GPT2LMHeadModel state dict)\n",
+              static_cast<long long>(*it), a.load.c_str(), a.output.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App& app, int* exit_code) {
+  CLI::App* ckpt =
+      app.add_subcommand("ckpt", "Inspect checkpoints and export them to other formats");
+  ckpt->require_subcommand(1, 1);
+
+  auto info_args = std::make_shared<InfoArgs>();
+  CLI::App* info =
+      ckpt->add_subcommand("info", "Print a checkpoint's metadata, config and tensors");
+  info->add_option("DIR", info_args->dir, "Checkpoint directory (the one given to --save)")
+      ->required();
+  info->add_option("--iteration", info_args->iteration,
+                   "Iteration to inspect (default: the latest)");
+  info->add_flag("--json", info_args->json, "Print one JSON object instead of text");
+  info->callback([info_args, exit_code] { *exit_code = run_info(*info_args); });
+
+  auto export_args = std::make_shared<ExportArgs>();
+  CLI::App* exp = ckpt->add_subcommand("export", "Write a checkpoint's model in another format");
+  exp->add_option("--load", export_args->load, "Checkpoint directory")->required();
+  exp->add_option("--iteration", export_args->iteration,
+                  "Iteration to export (default: the latest)");
+  exp->add_option("--format", export_args->format,
+                  "Output format: hf (Hugging Face GPT2LMHeadModel, HDF5)")
+      ->capture_default_str();
+  exp->add_option("--output", export_args->output, "Output HDF5 file")->required();
+  exp->callback([export_args, exit_code] { *exit_code = run_export(*export_args); });
+}
+
+}  // namespace troupe::apps

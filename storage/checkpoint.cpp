@@ -1,0 +1,621 @@
+#include "storage/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <utility>
+
+#include "storage/h5_file.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormatName = "troupe-checkpoint";
+constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
+constexpr const char* kFileName = "model_optim_rng.h5";
+constexpr const char* kTmpSuffix = ".tmp";
+constexpr const char* kModelGroup = "model";
+constexpr const char* kExpAvgGroup = "optimizer/exp_avg";
+constexpr const char* kExpAvgSqGroup = "optimizer/exp_avg_sq";
+
+// ------------------------------------------------------------------------------------------------
+// Durable files
+
+std::string parent_dir(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+Status fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd < 0)
+    return Status::error("cannot open " + path + " to fsync it: " + std::strerror(errno) +
+                         " -- check its permissions");
+  const int r = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0)
+    return Status::error("fsync of " + path + " failed: " + std::strerror(err) +
+                         " -- check the disk (full or failing?) and save again");
+  return Status::ok();
+}
+
+// The second half of the recipe: the data of `tmp` reaches the disk before its new name does.
+Status commit_file(const std::string& tmp, const std::string& final_path) {
+  TROUPE_RETURN_IF_ERROR(fsync_path(tmp, false));
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  if (ec)
+    return Status::error("cannot rename " + tmp + " to " + final_path + ": " + ec.message() +
+                         " -- check the directory's permissions");
+  return fsync_path(parent_dir(final_path), true);
+}
+
+Status write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + kTmpSuffix;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return Status::error("cannot create " + tmp + ": " + std::strerror(errno) +
+                         " -- check that the directory is writable");
+  const ssize_t n = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(text.size()))
+    return Status::error("cannot write " + tmp + ": " + std::strerror(err) +
+                         " -- check free disk space");
+  return commit_file(tmp, path);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Validation of the caller's tensors
+
+void check_tensor(const NamedTensor& t) {
+  const Tensor& x = t.tensor;
+  TROUPE_CHECK(x.defined() && x.device() == Device::cpu && x.dtype() == DType::f32,
+               "checkpoint tensor '" + t.name + "' must be a defined host f32 tensor");
+  bool fits = x.rank() == t.global_shape.rank();
+  for (int i = 0; fits && i < x.rank(); ++i)
+    fits = i == 0 ? x.dim(0) >= t.global_shape[0] : x.dim(i) == t.global_shape[i];
+  TROUPE_CHECK(fits, "checkpoint tensor '" + t.name + "' of shape " + x.shape().str() +
+                         " does not cover its global shape " + t.global_shape.str() +
+                         " (only extra leading rows are allowed)");
+}
+
+Status check_section(const std::vector<NamedTensor>& tensors, const std::string& section) {
+  std::set<std::string> seen;
+  for (const NamedTensor& t : tensors) {
+    check_tensor(t);
+    if (t.name.empty() || t.name == "." || t.name.find('/') != std::string::npos)
+      return Status::error("tensor name '" + t.name + "' in " + section +
+                           " cannot be a dataset name -- use a non-empty name without '/'");
+    if (!seen.insert(t.name).second)
+      return Status::error("tensor '" + t.name + "' appears twice in " + section +
+                           " -- give every tensor one entry");
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Writing
+
+Status write_section(hid_t file, const std::string& path, const std::vector<NamedTensor>& tensors) {
+  Result<h5::Handle> g = h5::create_group(file, path);
+  if (!g) return g.status();
+  for (const NamedTensor& t : tensors)
+    TROUPE_RETURN_IF_ERROR(
+        h5::write_f32_dataset(g->get(), t.name, t.global_shape, t.tensor.data<float>())
+            .with_context("tensor '" + path + "/" + t.name + "': "));
+  return Status::ok();
+}
+
+Status write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
+                             const CheckpointContents& contents) {
+  Result<h5::Handle> f = h5::create_file(path);
+  if (!f) return f.status();
+  const hid_t root = f->get();
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kFormatName)));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", int64_t{kCheckpointFormatVersion}));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "iteration", meta.iteration));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "consumed_samples", meta.consumed_samples));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "optimizer_step", meta.optimizer_step));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "config", meta.config_json));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rng", meta.rng_json));
+  TROUPE_RETURN_IF_ERROR(write_section(root, kModelGroup, contents.params));
+  if (!contents.exp_avg.empty() || !contents.exp_avg_sq.empty()) {
+    Result<h5::Handle> opt = h5::create_group(root, "optimizer");
+    if (!opt) return opt.status();
+    TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgGroup, contents.exp_avg));
+    TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgSqGroup, contents.exp_avg_sq));
+  }
+  if (!f->close()) return h5::error("cannot close (flush) " + path, "check free disk space");
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reading
+
+std::vector<int64_t> saved_iterations(const std::string& dir) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t it = 0;
+    if (name.size() != 12 || name.rfind("iter_", 0) != 0) continue;
+    auto [end, err] = std::from_chars(name.data() + 5, name.data() + name.size(), it);
+    if (err == std::errc() && end == name.data() + name.size() &&
+        fs::exists(e.path() / kFileName, ec))
+      out.push_back(it);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status missing_checkpoint(const std::string& dir, int64_t iteration, const std::string& file) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status::error("checkpoint directory " + dir +
+                         " does not exist -- pass the directory given to --save");
+  const std::vector<int64_t> its = saved_iterations(dir);
+  std::string have = dir + " holds no saved iteration";
+  if (!its.empty()) {
+    have = dir + " holds iteration" + (its.size() > 1 ? "s" : "");
+    for (size_t i = 0; i < its.size(); ++i) have += (i ? ", " : " ") + std::to_string(its[i]);
+  }
+  return Status::error(
+      fmt::format("checkpoint {} of iteration {} does not exist: {} -- pass a saved iteration "
+                  "(--iteration) or correct {}",
+                  file, iteration, have, (fs::path(dir) / kLatestFile).string()));
+}
+
+// Orders names with their digit runs compared as numbers: "h.2." before "h.10.".
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && digit(a[ie])) ++ie;
+      while (je < b.size() && digit(b[je])) ++je;
+      const std::string_view x = std::string_view(a).substr(i, ie - i),
+                             y = std::string_view(b).substr(j, je - j);
+      const auto xs = x.find_first_not_of('0'), ys = y.find_first_not_of('0');
+      const std::string_view xt = xs == x.npos ? "" : x.substr(xs),
+                             yt = ys == y.npos ? "" : y.substr(ys);
+      if (xt.size() != yt.size()) return xt.size() < yt.size();
+      if (xt != yt) return xt < yt;
+      i = ie;
+      j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j || (a.size() - i == b.size() - j && a < b);
+}
+
+// Opens a checkpoint for reading after checking its format and version.
+Result<h5::Handle> open_checkpoint(const std::string& dir, int64_t iteration,
+                                   std::string* file_out) {
+  const std::string file = checkpoint_file(dir, iteration);
+  *file_out = file;
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return missing_checkpoint(dir, iteration, file);
+  Result<h5::Handle> f =
+      h5::open_file(file, "restore it from a copy, or load another saved iteration (--iteration)");
+  if (!f) return f.status().with_context("loading checkpoint: ");
+  const std::string where = "checkpoint " + file + ": ";
+  Result<std::string> format = h5::read_attr_string(f->get(), "format");
+  if (!format) return format.status().with_context(where);
+  if (*format != kFormatName)
+    return Status::error(where + "format is '" + *format + "', not '" + kFormatName +
+                         "' -- point at a directory written by troupe's save");
+  Result<int64_t> version = h5::read_attr_i64(f->get(), "format_version");
+  if (!version) return version.status().with_context(where);
+  if (*version != kCheckpointFormatVersion)
+    return Status::error(
+        fmt::format("{}format_version is {}, this troupe reads version {} -- use the troupe "
+                    "release that wrote it (docs/CHECKPOINT.md lists the versions)",
+                    where, *version, kCheckpointFormatVersion));
+  return f;
+}
+
+// Fills `tensors` from the datasets of group `path`, zeroing rows beyond each global shape.
+Status read_section(hid_t file, const std::string& file_name, const std::string& path,
+                    const std::vector<NamedTensor>& tensors) {
+  if (tensors.empty()) return Status::ok();
+  const std::string dir = parent_dir(parent_dir(file_name));
+  Result<h5::Handle> g = h5::open_group(file, path);
+  if (!g) return g.status().with_context("checkpoint " + file_name + ": ");
+  for (const NamedTensor& t : tensors) {
+    const std::string where = "checkpoint " + file_name + ": tensor '" + path + "/" + t.name + "'";
+    if (!h5::exists(g->get(), t.name))
+      return Status::error(
+          where +
+          " is missing -- the checkpoint was saved from a different model; compare "
+          "`troupe ckpt info " +
+          dir + "` with the model flags and load with matching ones");
+    Result<Shape> shape = h5::dataset_shape(g->get(), t.name);
+    if (!shape) return shape.status().with_context(where + ": ");
+    if (!(*shape == t.global_shape))
+      return Status::error(where + " has shape " + shape->str() + " but the model expects " +
+                           t.global_shape.str() +
+                           " -- load with the model flags the checkpoint was saved "
+                           "with (`troupe ckpt info " +
+                           dir + "` shows them)");
+    TROUPE_RETURN_IF_ERROR(
+        h5::read_f32_dataset(g->get(), t.name, t.global_shape, t.tensor.data<float>())
+            .with_context(where + ": "));
+    if (t.global_shape.rank() > 0 && t.tensor.dim(0) > t.global_shape[0])
+      t.tensor.rows(t.global_shape[0], t.tensor.dim(0)).zero_();
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Hugging Face export
+
+// GPT2LMHeadModel's Conv1D weights, stored (in, out); troupe stores them (out, in).
+bool is_conv1d_weight(const std::string& name) {
+  for (const char* suffix :
+       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    const std::string s = suffix;
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
+      return true;
+  }
+  return false;
+}
+
+struct HfTensor {
+  std::string name;  // HF key, also the troupe name of its source except for lm_head.weight
+  Shape troupe_shape;
+};
+
+// GPT2LMHeadModel's state-dict keys in its order, with the troupe shape of each source tensor.
+std::vector<HfTensor> hf_tensors(int64_t layers, int64_t V, int64_t P, int64_t C) {
+  std::vector<HfTensor> out = {{"transformer.wte.weight", {V, C}},
+                               {"transformer.wpe.weight", {P, C}}};
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    out.push_back({h + "ln_1.weight", {C}});
+    out.push_back({h + "ln_1.bias", {C}});
+    out.push_back({h + "attn.c_attn.weight", {3 * C, C}});
+    out.push_back({h + "attn.c_attn.bias", {3 * C}});
+    out.push_back({h + "attn.c_proj.weight", {C, C}});
+    out.push_back({h + "attn.c_proj.bias", {C}});
+    out.push_back({h + "ln_2.weight", {C}});
+    out.push_back({h + "ln_2.bias", {C}});
+    out.push_back({h + "mlp.c_fc.weight", {4 * C, C}});
+    out.push_back({h + "mlp.c_fc.bias", {4 * C}});
+    out.push_back({h + "mlp.c_proj.weight", {C, 4 * C}});
+    out.push_back({h + "mlp.c_proj.bias", {C}});
+  }
+  out.push_back({"transformer.ln_f.weight", {C}});
+  out.push_back({"transformer.ln_f.bias", {C}});
+  out.push_back({"lm_head.weight", {V, C}});
+  return out;
+}
+
+// (rows, cols) -> (cols, rows), in cache-sized tiles.
+void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(r0 + kTile, rows); ++r)
+        for (int64_t c = c0; c < std::min(c0 + kTile, cols); ++c)
+          dst[c * rows + r] = src[r * cols + c];
+}
+
+struct HfConfig {
+  int64_t n_layer = 0, n_embd = 0, n_head = 0, n_positions = 0, vocab_size = 0;
+  double layer_norm_epsilon = 1e-5;
+};
+
+// The HF config from the checkpoint's config JSON ("model" keys), checked against the tensor shapes
+// (which alone decide when a key is absent). Without num_attention_heads, GPT-2's head size 64 is
+// assumed.
+Result<HfConfig> hf_config(const std::string& config_json, const HfConfig& from_shapes,
+                           const std::string& where) {
+  HfConfig c = from_shapes;
+  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json model =
+      j.is_object() && j.contains("model") ? j["model"] : nlohmann::json::object();
+  auto agree = [&](const char* key, int64_t shape_value, const char* what) -> Status {
+    if (!model.contains(key)) return Status::ok();
+    if (!model[key].is_number_integer() || model[key].get<int64_t>() != shape_value)
+      return Status::error(
+          fmt::format("{}its config says model.{} = {} but {} is {} -- the checkpoint is "
+                      "inconsistent; re-save it from a training run",
+                      where, key, model[key].dump(), what, shape_value));
+    return Status::ok();
+  };
+  TROUPE_RETURN_IF_ERROR(agree("num_layers", c.n_layer, "the number of transformer.h.* layers"));
+  TROUPE_RETURN_IF_ERROR(agree("hidden_size", c.n_embd, "the width of transformer.wte.weight"));
+  TROUPE_RETURN_IF_ERROR(
+      agree("max_position_embeddings", c.n_positions, "the row count of transformer.wpe.weight"));
+  TROUPE_RETURN_IF_ERROR(
+      agree("vocab_size", c.vocab_size, "the row count of transformer.wte.weight"));
+  c.n_head = c.n_embd % 64 == 0 ? c.n_embd / 64 : 1;
+  if (model.contains("num_attention_heads")) {
+    const nlohmann::json& h = model["num_attention_heads"];
+    if (!h.is_number_integer() || h.get<int64_t>() <= 0 || c.n_embd % h.get<int64_t>() != 0)
+      return Status::error(where + "its config's model.num_attention_heads = " + h.dump() +
+                           " does not divide the hidden size " + std::to_string(c.n_embd) +
+                           " -- the checkpoint is inconsistent; re-save it from a training run");
+    c.n_head = h.get<int64_t>();
+  }
+  if (model.contains("layernorm_epsilon") && model["layernorm_epsilon"].is_number())
+    c.layer_norm_epsilon = model["layernorm_epsilon"].get<double>();
+  return c;
+}
+
+// Checks that the checkpoint's model tensors are exactly a GPT-2's and returns its sizes.
+Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
+                            const std::string& where, bool* has_lm_head) {
+  std::map<std::string, Shape> model;
+  for (const CheckpointTensorInfo& t : tensors)
+    if (t.path.rfind("model/", 0) == 0) model[t.path.substr(6)] = t.shape;
+  HfConfig c;
+  for (const char* name : {"transformer.wte.weight", "transformer.wpe.weight"}) {
+    auto it = model.find(name);
+    if (it == model.end() || it->second.rank() != 2)
+      return Status::error(where + "tensor 'model/" + name + "' is " +
+                           (it == model.end() ? "missing" : "not a matrix") +
+                           " -- the HF export takes checkpoints of GPT-2 models only");
+  }
+  c.vocab_size = model["transformer.wte.weight"][0];
+  c.n_embd = model["transformer.wte.weight"][1];
+  c.n_positions = model["transformer.wpe.weight"][0];
+  for (const auto& [name, shape] : model) {
+    int64_t layer = -1;
+    if (name.rfind("transformer.h.", 0) != 0) continue;
+    std::from_chars(name.data() + 14, name.data() + name.size(), layer);
+    c.n_layer = std::max(c.n_layer, layer + 1);
+  }
+  if (c.n_layer == 0)
+    return Status::error(
+        where +
+        "no transformer.h.* tensor -- the HF export takes checkpoints of GPT-2 models only");
+  *has_lm_head = model.count("lm_head.weight") > 0;
+  std::set<std::string> expected;
+  for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
+    expected.insert(t.name);
+    auto it = model.find(t.name);
+    if (it == model.end()) {
+      if (t.name == "lm_head.weight") continue;  // tied to wte
+      return Status::error(where + "tensor 'model/" + t.name +
+                           "' is missing -- the HF export needs every "
+                           "GPT-2 tensor; export a complete checkpoint");
+    }
+    if (!(it->second == t.troupe_shape))
+      return Status::error(where + "tensor 'model/" + t.name + "' has shape " + it->second.str() +
+                           ", a GPT-2 with " + "hidden size " + std::to_string(c.n_embd) + " has " +
+                           t.troupe_shape.str() +
+                           " -- the HF export takes checkpoints of GPT-2 models only");
+  }
+  for (const auto& [name, shape] : model)
+    if (!expected.count(name))
+      return Status::error(where + "tensor 'model/" + name +
+                           "' has no GPT2LMHeadModel counterpart -- the HF "
+                           "export takes checkpoints of GPT-2 models only");
+  return c;
+}
+
+Status write_hf_file(hid_t src_model, const std::string& out_path, const HfConfig& c,
+                     bool has_lm_head, const CheckpointMeta& meta, const std::string& src_file) {
+  Result<h5::Handle> f = h5::create_file(out_path);
+  if (!f) return f.status();
+  const hid_t root = f->get();
+  for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
+    const std::string source =
+        t.name == "lm_head.weight" && !has_lm_head ? "transformer.wte.weight" : t.name;
+    Tensor x = Tensor::empty(t.troupe_shape);
+    TROUPE_RETURN_IF_ERROR(
+        h5::read_f32_dataset(src_model, source, t.troupe_shape, x.data<float>())
+            .with_context("checkpoint " + src_file + ": tensor 'model/" + source + "': "));
+    if (is_conv1d_weight(t.name)) {
+      Tensor y = Tensor::empty(Shape{t.troupe_shape[1], t.troupe_shape[0]});  // (in, out)
+      transpose(x.data<float>(), t.troupe_shape[0], t.troupe_shape[1], y.data<float>());
+      x = y;
+    }
+    TROUPE_RETURN_IF_ERROR(h5::write_f32_dataset(root, t.name, x.shape(), x.data<float>())
+                               .with_context("dataset '" + t.name + "': "));
+  }
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "model_type", std::string("gpt2")));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "architectures", std::string("GPT2LMHeadModel")));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "n_layer", c.n_layer));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "n_embd", c.n_embd));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "n_head", c.n_head));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "n_positions", c.n_positions));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "vocab_size", c.vocab_size));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "layer_norm_epsilon", c.layer_norm_epsilon));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "source_checkpoint", src_file));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "iteration", meta.iteration));
+  if (!f->close()) return h5::error("cannot close (flush) " + out_path, "check free disk space");
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string checkpoint_file(const std::string& dir, int64_t iteration) {
+  return (fs::path(dir) / fmt::format("iter_{:07d}", iteration) / kFileName).string();
+}
+
+Status save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                       const CheckpointContents& contents) {
+  h5::ErrorScope quiet;
+  if (meta.iteration < 0)
+    return Status::error("cannot save iteration " + std::to_string(meta.iteration) +
+                         " -- iterations are non-negative");
+  TROUPE_RETURN_IF_ERROR(check_section(contents.params, kModelGroup));
+  TROUPE_RETURN_IF_ERROR(check_section(contents.exp_avg, kExpAvgGroup));
+  TROUPE_RETURN_IF_ERROR(check_section(contents.exp_avg_sq, kExpAvgSqGroup));
+
+  const std::string file = checkpoint_file(dir, meta.iteration);
+  const std::string where = "saving checkpoint " + file + ": ";
+  std::error_code ec;
+  fs::create_directories(parent_dir(file), ec);
+  if (ec)
+    return Status::error(where + "cannot create its directory: " + ec.message() +
+                         " -- check that " + dir + " is writable");
+  // The iter_ entry itself must survive a crash once latest_checkpointed_iteration.txt names it.
+  TROUPE_RETURN_IF_ERROR(fsync_path(dir, true).with_context(where));
+
+  const std::string tmp = file + kTmpSuffix;
+  Status st = write_checkpoint_file(tmp, meta, contents);
+  if (st.is_ok()) st = commit_file(tmp, file);
+  if (!st.is_ok()) {
+    fs::remove(tmp, ec);
+    return st.with_context(where);
+  }
+  return write_text_atomically((fs::path(dir) / kLatestFile).string(),
+                               std::to_string(meta.iteration) + "\n")
+      .with_context(where);
+}
+
+Result<int64_t> latest_iteration(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kLatestFile).string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return Status::error("checkpoint directory " + dir +
+                         " does not exist -- pass the directory given to --save");
+  if (!fs::exists(path, ec))
+    return Status::error("no checkpoint in " + dir + ": " + path +
+                         " does not exist -- save one first (--save " + dir +
+                         "), or pass the directory that holds one");
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (!in) return Status::error("cannot read " + path + " -- check its permissions");
+  std::string text = ss.str();
+  const auto first = text.find_first_not_of(" \t\r\n");
+  const auto last = text.find_last_not_of(" \t\r\n");
+  text = first == std::string::npos ? "" : text.substr(first, last - first + 1);
+  int64_t it = -1;
+  auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), it);
+  if (text.empty() || err != std::errc() || end != text.data() + text.size() || it < 0)
+    return Status::error(path + " holds '" + text.substr(0, 40) +
+                         "', not an iteration number -- write the "
+                         "iteration of a saved iter_NNNNNNN directory into it (e.g. `echo 10 > " +
+                         path + "`)");
+  return it;
+}
+
+Result<CheckpointMeta> read_checkpoint_meta(const std::string& dir, int64_t iteration) {
+  h5::ErrorScope quiet;
+  std::string file;
+  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
+  if (!f) return f.status();
+  const std::string where = "checkpoint " + file + ": ";
+  const hid_t root = f->get();
+  CheckpointMeta meta;
+  meta.format_version = kCheckpointFormatVersion;
+  for (auto [name, out] : {std::pair{"iteration", &meta.iteration},
+                           std::pair{"consumed_samples", &meta.consumed_samples},
+                           std::pair{"optimizer_step", &meta.optimizer_step}}) {
+    Result<int64_t> v = h5::read_attr_i64(root, name);
+    if (!v) return v.status().with_context(where);
+    *out = *v;
+  }
+  for (auto [name, out] :
+       {std::pair{"config", &meta.config_json}, std::pair{"rng", &meta.rng_json}}) {
+    Result<std::string> v = h5::read_attr_string(root, name);
+    if (!v) return v.status().with_context(where);
+    *out = std::move(*v);
+  }
+  if (meta.iteration != iteration)
+    return Status::error(fmt::format(
+        "{}it records iteration {} but lies in the directory of iteration {} -- "
+        "rename its directory back to {}",
+        where, meta.iteration, iteration,
+        fs::path(checkpoint_file(".", meta.iteration)).parent_path().filename().string()));
+  return meta;
+}
+
+Status load_checkpoint(const std::string& dir, int64_t iteration, const CheckpointContents& into,
+                       bool load_optimizer) {
+  h5::ErrorScope quiet;
+  for (const auto* section : {&into.params, &into.exp_avg, &into.exp_avg_sq})
+    for (const NamedTensor& t : *section) check_tensor(t);
+  std::string file;
+  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
+  if (!f) return f.status();
+  TROUPE_RETURN_IF_ERROR(read_section(f->get(), file, kModelGroup, into.params));
+  if (!load_optimizer || (into.exp_avg.empty() && into.exp_avg_sq.empty())) return Status::ok();
+  if (!h5::exists(f->get(), "optimizer"))
+    return Status::error("checkpoint " + file +
+                         " holds no optimizer state (it was saved without) -- load the "
+                         "model only (e.g. --no-load-optim) and start the optimizer afresh");
+  TROUPE_RETURN_IF_ERROR(read_section(f->get(), file, kExpAvgGroup, into.exp_avg));
+  return read_section(f->get(), file, kExpAvgSqGroup, into.exp_avg_sq);
+}
+
+Result<std::vector<CheckpointTensorInfo>> list_checkpoint_tensors(const std::string& dir,
+                                                                  int64_t iteration) {
+  h5::ErrorScope quiet;
+  std::string file;
+  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
+  if (!f) return f.status();
+  const std::string where = "checkpoint " + file + ": ";
+  std::vector<CheckpointTensorInfo> out;
+  for (const char* path : {kModelGroup, kExpAvgGroup, kExpAvgSqGroup}) {
+    if (path != std::string(kModelGroup) && !h5::exists(f->get(), "optimizer")) break;
+    Result<h5::Handle> g = h5::open_group(f->get(), path);
+    if (!g) return g.status().with_context(where);
+    Result<std::vector<std::string>> names = h5::list_links(g->get());
+    if (!names) return names.status().with_context(where);
+    std::sort(names->begin(), names->end(), natural_less);
+    for (const std::string& name : *names) {
+      Result<Shape> shape = h5::dataset_shape(g->get(), name);
+      if (!shape)
+        return shape.status().with_context(where + "tensor '" + path + "/" + name + "': ");
+      out.push_back({std::string(path) + "/" + name, *shape});
+    }
+  }
+  return out;
+}
+
+Status export_hf(const std::string& dir, int64_t iteration, const std::string& output_file) {
+  Result<CheckpointMeta> meta = read_checkpoint_meta(dir, iteration);
+  if (!meta) return meta.status();
+  Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(dir, iteration);
+  if (!tensors) return tensors.status();
+  h5::ErrorScope quiet;
+  std::string file;
+  Result<h5::Handle> src = open_checkpoint(dir, iteration, &file);
+  if (!src) return src.status();
+  const std::string where = "exporting checkpoint " + file + ": ";
+  bool has_lm_head = false;
+  Result<HfConfig> sizes = gpt2_sizes(*tensors, where, &has_lm_head);
+  if (!sizes) return sizes.status();
+  Result<HfConfig> config = hf_config(meta->config_json, *sizes, where);
+  if (!config) return config.status();
+  Result<h5::Handle> model = h5::open_group(src->get(), kModelGroup);
+  if (!model) return model.status().with_context(where);
+
+  const std::string tmp = output_file + kTmpSuffix;
+  Status st = write_hf_file(model->get(), tmp, *config, has_lm_head, *meta, file);
+  if (st.is_ok()) st = commit_file(tmp, output_file);
+  if (!st.is_ok()) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    return st.with_context("exporting to " + output_file + ": ");
+  }
+  return Status::ok();
+}
+
+}  // namespace troupe

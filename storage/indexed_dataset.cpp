@@ -1,0 +1,467 @@
+#include "storage/indexed_dataset.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+namespace troupe {
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr uint64_t kVersion = 1;
+constexpr size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype, N, D
+
+template <class T>
+T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));  // unaligned-safe; little-endian host assumed (see header)
+  return v;
+}
+
+std::string rerun_fix(const std::string& prefix) {
+  return "re-run troupe preprocess to rewrite " + prefix +
+         ".{bin,idx}, or pass the prefix of a complete "
+         "dataset";
+}
+
+struct Mapping {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+Result<Mapping> map_file(const std::string& path, const std::string& prefix) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return Status::error(path + ": cannot open (" + std::strerror(errno) +
+                         ") -- check the data prefix, or " +
+                         "create the dataset with troupe preprocess");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::error(path + ": cannot stat (" + std::strerror(err) + ") -- check the file");
+  }
+  Mapping m;
+  m.bytes = static_cast<size_t>(st.st_size);
+  if (m.bytes > 0) {
+    void* p = ::mmap(nullptr, m.bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      int err = errno;
+      ::close(fd);
+      return Status::error(path + ": cannot mmap (" + std::strerror(err) +
+                           ") -- check the file and memory limits");
+    }
+    m.data = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);  // the mapping stays valid
+  return m;
+}
+
+bool is_integer(IndexDType t) {
+  return t != IndexDType::f32 && t != IndexDType::f64;
+}
+
+// Range of values a token dtype holds, for the writer's check.
+bool fits(IndexDType t, int32_t v) {
+  switch (t) {
+    case IndexDType::u8:
+      return v >= 0 && v <= 255;
+    case IndexDType::i8:
+      return v >= -128 && v <= 127;
+    case IndexDType::i16:
+      return v >= -32768 && v <= 32767;
+    case IndexDType::u16:
+      return v >= 0 && v <= 65535;
+    default:
+      return true;
+  }
+}
+
+std::string tmp_name(const std::string& path) {
+  return path + ".tmp." + std::to_string(::getpid());
+}
+
+Status fsync_file(std::FILE* f, const std::string& path) {
+  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
+    return Status::error(path + ": write failed (" + std::strerror(errno) +
+                         ") -- check free disk space");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+size_t index_dtype_size(IndexDType t) {
+  switch (t) {
+    case IndexDType::u8:
+    case IndexDType::i8:
+      return 1;
+    case IndexDType::i16:
+    case IndexDType::u16:
+      return 2;
+    case IndexDType::i32:
+    case IndexDType::f32:
+      return 4;
+    case IndexDType::i64:
+    case IndexDType::f64:
+      return 8;
+  }
+  TROUPE_CHECK(false, "unknown IndexDType");
+  return 0;
+}
+
+const char* index_dtype_name(IndexDType t) {
+  switch (t) {
+    case IndexDType::u8:
+      return "uint8";
+    case IndexDType::i8:
+      return "int8";
+    case IndexDType::i16:
+      return "int16";
+    case IndexDType::i32:
+      return "int32";
+    case IndexDType::i64:
+      return "int64";
+    case IndexDType::f64:
+      return "float64";
+    case IndexDType::f32:
+      return "float32";
+    case IndexDType::u16:
+      return "uint16";
+  }
+  return "unknown";
+}
+
+IndexDType token_dtype_for_vocab(int64_t vocab_size) {
+  return vocab_size < 65500 ? IndexDType::u16 : IndexDType::i32;
+}
+
+// ---- reader ----
+
+Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& prefix) {
+  std::shared_ptr<IndexedDataset> ds(new IndexedDataset());
+  ds->prefix_ = prefix;
+  const std::string ipath = idx_path(prefix), bpath = bin_path(prefix);
+  auto idx = map_file(ipath, prefix);
+  if (!idx) return idx.status();
+  ds->idx_ = idx->data;
+  ds->idx_bytes_ = idx->bytes;
+  auto bin = map_file(bpath, prefix);
+  if (!bin) return bin.status();
+  ds->bin_ = bin->data;
+  ds->bin_bytes_ = bin->bytes;
+  const std::string fix = rerun_fix(prefix);
+
+  const uint8_t* p = ds->idx_;
+  if (ds->idx_bytes_ < kHeaderBytes) {
+    return Status::error(ipath + ": " + std::to_string(ds->idx_bytes_) +
+                         " bytes, shorter than the " + std::to_string(kHeaderBytes) +
+                         "-byte MMIDIDX header (truncated) -- " + fix);
+  }
+  if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) {
+    return Status::error(ipath +
+                         ": not a Megatron MMIDIDX index (bad magic; other indexed-dataset "
+                         "formats such as --dataset-impl lazy/cached are not supported) -- " +
+                         fix);
+  }
+  auto version = load<uint64_t>(p + 9);
+  if (version != kVersion) {
+    return Status::error(ipath + ": MMIDIDX version " + std::to_string(version) +
+                         ", troupe reads version 1 -- " + fix);
+  }
+  uint8_t code = p[17];
+  if (code < 1 || code > 8) {
+    return Status::error(ipath + ": unknown dtype code " + std::to_string(code) + " -- " + fix);
+  }
+  ds->dtype_ = static_cast<IndexDType>(code);
+  if (!is_integer(ds->dtype_)) {
+    return Status::error(ipath + ": dtype " + index_dtype_name(ds->dtype_) +
+                         " cannot hold token ids -- " + fix);
+  }
+  auto n = load<uint64_t>(p + 18), d = load<uint64_t>(p + 26);
+  // Compare in a wide type so absurd counts (a corrupt header) cannot overflow.
+  const unsigned __int128 need =
+      (unsigned __int128)kHeaderBytes + (unsigned __int128)n * 12 + (unsigned __int128)d * 8;
+  if (need != ds->idx_bytes_) {
+    return Status::error(ipath + ": " + std::to_string(ds->idx_bytes_) +
+                         " bytes, but its header counts " + std::to_string(n) + " sequences and " +
+                         std::to_string(d) + " doc_idx entries, which " + "take " +
+                         (need > (1ull << 62) ? std::string("far more")
+                                              : std::to_string(static_cast<uint64_t>(need))) +
+                         " bytes (" + (need > ds->idx_bytes_ ? "truncated" : "trailing garbage") +
+                         ") -- " + fix);
+  }
+  if (d < 1) return Status::error(ipath + ": doc_idx is empty (it must start with 0) -- " + fix);
+  ds->num_sequences_ = static_cast<int64_t>(n);
+  ds->num_doc_idx_ = static_cast<int64_t>(d);
+
+  // Sequences back to back from 0; count tokens.
+  const auto item = static_cast<int64_t>(index_dtype_size(ds->dtype_));
+  int64_t offset = 0;
+  for (int64_t i = 0; i < ds->num_sequences_; ++i) {
+    int32_t size = ds->size(i);
+    int64_t ptr = ds->pointer(i);
+    if (size < 0 || ptr != offset * item) {
+      return Status::error(ipath + ": sequence " + std::to_string(i) + " has size " +
+                           std::to_string(size) + " at byte " + std::to_string(ptr) +
+                           ", expected byte " + std::to_string(offset * item) +
+                           " (sequences must lie back to back in .bin) -- " + fix);
+    }
+    offset += size;
+  }
+  ds->total_tokens_ = offset;
+  if (static_cast<uint64_t>(offset * item) != ds->bin_bytes_) {
+    return Status::error(
+        bpath + ": " + std::to_string(ds->bin_bytes_) + " bytes, but " + ipath + " describes " +
+        std::to_string(offset) + " " + index_dtype_name(ds->dtype_) +
+        " tokens = " + std::to_string(offset * item) + " bytes (" +
+        (static_cast<uint64_t>(offset * item) > ds->bin_bytes_ ? ".bin truncated"
+                                                               : ".bin longer than indexed") +
+        "; the two files do not belong together) -- " + fix);
+  }
+  int64_t prev = 0;
+  for (int64_t i = 0; i < ds->num_doc_idx_; ++i) {
+    int64_t v = ds->doc_idx(i);
+    bool ok = (i == 0 ? v == 0 : v >= prev) && v <= ds->num_sequences_ &&
+              (i + 1 < ds->num_doc_idx_ || v == ds->num_sequences_);
+    if (!ok) {
+      return Status::error(
+          ipath + ": doc_idx[" + std::to_string(i) + "] = " + std::to_string(v) +
+          " breaks the rule (starts at 0, non-decreasing, ends at the sequence count " +
+          std::to_string(ds->num_sequences_) + ") -- " + fix);
+    }
+    prev = v;
+  }
+  return ds;
+}
+
+IndexedDataset::~IndexedDataset() {
+  if (idx_) ::munmap(const_cast<uint8_t*>(idx_), idx_bytes_);
+  if (bin_) ::munmap(const_cast<uint8_t*>(bin_), bin_bytes_);
+}
+
+int32_t IndexedDataset::size(int64_t sequence) const {
+  TROUPE_CHECK(sequence >= 0 && sequence < num_sequences_, "sequence index out of range");
+  return load<int32_t>(idx_ + kHeaderBytes + 4 * sequence);
+}
+
+int64_t IndexedDataset::pointer(int64_t sequence) const {
+  TROUPE_CHECK(sequence >= 0 && sequence < num_sequences_, "sequence index out of range");
+  return load<int64_t>(idx_ + kHeaderBytes + 4 * num_sequences_ + 8 * sequence);
+}
+
+int64_t IndexedDataset::doc_idx(int64_t i) const {
+  TROUPE_CHECK(i >= 0 && i < num_doc_idx_, "doc_idx index out of range");
+  return load<int64_t>(idx_ + kHeaderBytes + 12 * num_sequences_ + 8 * i);
+}
+
+std::vector<int32_t> IndexedDataset::sizes() const {
+  std::vector<int32_t> v(num_sequences_);
+  for (int64_t i = 0; i < num_sequences_; ++i) v[i] = size(i);
+  return v;
+}
+
+std::vector<int64_t> IndexedDataset::pointers() const {
+  std::vector<int64_t> v(num_sequences_);
+  for (int64_t i = 0; i < num_sequences_; ++i) v[i] = pointer(i);
+  return v;
+}
+
+std::vector<int64_t> IndexedDataset::doc_indices() const {
+  std::vector<int64_t> v(num_doc_idx_);
+  for (int64_t i = 0; i < num_doc_idx_; ++i) v[i] = doc_idx(i);
+  return v;
+}
+
+int64_t IndexedDataset::sequence_token_offset(int64_t sequence) const {
+  if (sequence == num_sequences_) return total_tokens_;
+  return pointer(sequence) / static_cast<int64_t>(index_dtype_size(dtype_));
+}
+
+int64_t IndexedDataset::document_token_offset(int64_t doc) const {
+  TROUPE_CHECK(doc >= 0 && doc <= num_documents(), "document index out of range");
+  return sequence_token_offset(doc_idx(doc));
+}
+
+void IndexedDataset::read_tokens(int64_t stream_offset, int64_t count, int32_t* out) const {
+  TROUPE_CHECK(stream_offset >= 0 && count >= 0 && stream_offset + count <= total_tokens_,
+               "read_tokens range outside the dataset's token stream");
+  const uint8_t* src = bin_ + stream_offset * static_cast<int64_t>(index_dtype_size(dtype_));
+  switch (dtype_) {
+    case IndexDType::u16:
+      for (int64_t i = 0; i < count; ++i) out[i] = load<uint16_t>(src + 2 * i);
+      break;
+    case IndexDType::i32:
+      if (count > 0) std::memcpy(out, src, static_cast<size_t>(count) * 4);
+      break;
+    case IndexDType::u8:
+      for (int64_t i = 0; i < count; ++i) out[i] = src[i];
+      break;
+    case IndexDType::i8:
+      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int8_t>(src[i]);
+      break;
+    case IndexDType::i16:
+      for (int64_t i = 0; i < count; ++i) out[i] = load<int16_t>(src + 2 * i);
+      break;
+    case IndexDType::i64:
+      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(load<int64_t>(src + 8 * i));
+      break;
+    case IndexDType::f32:
+    case IndexDType::f64:
+      TROUPE_CHECK(false, "float datasets are rejected by open()");
+  }
+}
+
+// ---- writer ----
+
+Result<std::unique_ptr<IndexedDatasetBuilder>> IndexedDatasetBuilder::create(
+    const std::string& prefix, IndexDType dtype) {
+  if (!is_integer(dtype)) {
+    return Status::error(std::string("dataset dtype ") + index_dtype_name(dtype) +
+                         " cannot hold token ids -- use uint16 or int32");
+  }
+  std::unique_ptr<IndexedDatasetBuilder> b(new IndexedDatasetBuilder());
+  b->prefix_ = prefix;
+  b->dtype_ = dtype;
+  const std::string tmp = tmp_name(bin_path(prefix));
+  b->bin_ = std::fopen(tmp.c_str(), "wb");
+  if (!b->bin_) {
+    return Status::error(tmp + ": cannot create (" + std::strerror(errno) +
+                         ") -- check that the --output-prefix directory exists and is writable");
+  }
+  std::setvbuf(b->bin_, nullptr, _IOFBF, 1 << 20);
+  return b;
+}
+
+IndexedDatasetBuilder::~IndexedDatasetBuilder() {
+  if (bin_) std::fclose(bin_);
+  if (!committed_) {
+    std::error_code ec;
+    std::filesystem::remove(tmp_name(bin_path(prefix_)), ec);
+    std::filesystem::remove(tmp_name(idx_path(prefix_)), ec);
+  }
+}
+
+Status IndexedDatasetBuilder::add_item(std::span<const int32_t> tokens) {
+  TROUPE_CHECK(!finished_, "add_item after finish()");
+  TROUPE_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+               "one sequence is limited to 2^31-1 tokens by the format's int32 sizes");
+  const size_t item = index_dtype_size(dtype_);
+  buffer_.resize(tokens.size() * item);
+  uint8_t* dst = buffer_.data();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    int32_t t = tokens[i];
+    if (!fits(dtype_, t)) {
+      return Status::error("token id " + std::to_string(t) + " does not fit the dataset dtype " +
+                           index_dtype_name(dtype_) +
+                           " -- use a dtype for the tokenizer's vocabulary (int32 "
+                           "for 65500 ids or more)");
+    }
+    switch (dtype_) {
+      case IndexDType::u8:
+      case IndexDType::i8:
+        dst[i] = static_cast<uint8_t>(t);
+        break;
+      case IndexDType::u16:
+      case IndexDType::i16: {
+        auto v = static_cast<uint16_t>(t);
+        std::memcpy(dst + 2 * i, &v, 2);
+        break;
+      }
+      case IndexDType::i32:
+        std::memcpy(dst + 4 * i, &t, 4);
+        break;
+      case IndexDType::i64: {
+        int64_t v = t;
+        std::memcpy(dst + 8 * i, &v, 8);
+        break;
+      }
+      default:
+        TROUPE_CHECK(false, "float dtypes are rejected by create()");
+    }
+  }
+  if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size()) {
+    return Status::error(tmp_name(bin_path(prefix_)) + ": write failed (" + std::strerror(errno) +
+                         ") -- check free disk space");
+  }
+  sizes_.push_back(static_cast<int32_t>(tokens.size()));
+  total_tokens_ += static_cast<int64_t>(tokens.size());
+  return Status::ok();
+}
+
+void IndexedDatasetBuilder::end_document() {
+  TROUPE_CHECK(!finished_, "end_document after finish()");
+  doc_idx_.push_back(static_cast<int64_t>(sizes_.size()));
+}
+
+Status IndexedDatasetBuilder::finish() {
+  TROUPE_CHECK(!finished_, "finish() called twice");
+  finished_ = true;
+  const std::string tbin = tmp_name(bin_path(prefix_));
+  Status st = fsync_file(bin_, tbin);
+  std::fclose(bin_);
+  bin_ = nullptr;
+  TROUPE_RETURN_IF_ERROR(st);
+
+  const std::string tidx = tmp_name(idx_path(prefix_));
+  std::FILE* f = std::fopen(tidx.c_str(), "wb");
+  if (!f) {
+    return Status::error(tidx + ": cannot create (" + std::strerror(errno) +
+                         ") -- check that the --output-prefix directory is writable");
+  }
+  const uint64_t n = sizes_.size(), d = doc_idx_.size();
+  const auto dtype_code = static_cast<uint8_t>(dtype_);
+  const int64_t item = static_cast<int64_t>(index_dtype_size(dtype_));
+  std::vector<int64_t> pointers(n);
+  int64_t offset = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    pointers[i] = offset;
+    offset += static_cast<int64_t>(sizes_[i]) * item;
+  }
+  bool ok = std::fwrite(kMagic, 1, 9, f) == 9 && std::fwrite(&kVersion, 8, 1, f) == 1 &&
+            std::fwrite(&dtype_code, 1, 1, f) == 1 && std::fwrite(&n, 8, 1, f) == 1 &&
+            std::fwrite(&d, 8, 1, f) == 1 && (n == 0 || std::fwrite(sizes_.data(), 4, n, f) == n) &&
+            (n == 0 || std::fwrite(pointers.data(), 8, n, f) == n) &&
+            std::fwrite(doc_idx_.data(), 8, d, f) == d;
+  if (!ok) {
+    std::fclose(f);
+    return Status::error(tidx + ": write failed (" + std::strerror(errno) +
+                         ") -- check free disk space");
+  }
+  st = fsync_file(f, tidx);
+  std::fclose(f);
+  return st;
+}
+
+Status IndexedDatasetBuilder::commit() {
+  TROUPE_CHECK(finished_ && !committed_, "commit() needs finish() first, and only once");
+  for (const std::string& path : {bin_path(prefix_), idx_path(prefix_)}) {
+    if (std::rename(tmp_name(path).c_str(), path.c_str()) != 0) {
+      return Status::error(path + ": cannot rename into place (" + std::strerror(errno) +
+                           ") -- check that the --output-prefix directory is writable");
+    }
+  }
+  committed_ = true;
+  // Make the renames durable.
+  std::filesystem::path dir = std::filesystem::path(prefix_).parent_path();
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+  return Status::ok();
+}
+
+Status IndexedDatasetBuilder::finalize() {
+  TROUPE_RETURN_IF_ERROR(finish());
+  return commit();
+}
+
+}  // namespace troupe

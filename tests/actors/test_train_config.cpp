@@ -1,0 +1,183 @@
+// TrainConfig's JSON form: every field survives a round trip; bad JSON names the key at fault.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "actors/train_config.hpp"
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+
+// Every field differs from its default, so a field dropped on either side fails the round trip.
+TrainConfig all_fields_set() {
+  TrainConfig c;
+  c.model.num_layers = 7;
+  c.model.hidden_size = 96;
+  c.model.num_attention_heads = 3;
+  c.model.seq_length = 48;
+  c.model.max_position_embeddings = 64;
+  c.model.vocab_size = 50257;
+  c.model.make_vocab_size_divisible_by = 64;
+  c.model.layernorm_epsilon = 1e-6;
+  c.model.init_method_std = 0.0125;
+  c.micro_batch_size = 3;
+  c.global_batch_size = 12;
+  c.lr = 3.3e-4;
+  c.min_lr = 1.1e-5;
+  c.lr_decay_style = "cosine";
+  c.lr_warmup_iters = 17;
+  c.lr_warmup_style = "log";
+  c.lr_warmup_init = 2.5e-6;
+  c.lr_decay_iters = 900;
+  c.weight_decay = 0.1;
+  c.adam_beta1 = 0.85;
+  c.adam_beta2 = 0.95;
+  c.adam_eps = 1e-6;
+  c.clip_grad = 0.7;
+  c.train_iters = 1234;
+  c.seed = 18446744073709551557ull;  // above INT64_MAX: the unsigned path
+  c.data_path = "/data/web_text_document";
+  c.tokenizer_type = "ByteLevelTokenizer";
+  c.vocab_file = "/v/vocab.json";
+  c.merge_file = "/v/merges.txt";
+  c.no_shuffle = true;
+  c.split = "98,2,0";
+  c.save = "/ckpt/run1";
+  c.save_interval = 50;
+  c.load = "/ckpt/run0";
+  c.eval_interval = 25;
+  c.eval_iters = 5;
+  c.log_interval = 2;
+  c.metrics_file = "/logs/metrics.jsonl";
+  c.num_threads = 6;
+  c.deepspeed_config = "ds_config.json";
+  return c;
+}
+
+void require_equal(const TrainConfig& a, const TrainConfig& b) {
+  CHECK(a.model.num_layers == b.model.num_layers);
+  CHECK(a.model.hidden_size == b.model.hidden_size);
+  CHECK(a.model.num_attention_heads == b.model.num_attention_heads);
+  CHECK(a.model.seq_length == b.model.seq_length);
+  CHECK(a.model.max_position_embeddings == b.model.max_position_embeddings);
+  CHECK(a.model.vocab_size == b.model.vocab_size);
+  CHECK(a.model.make_vocab_size_divisible_by == b.model.make_vocab_size_divisible_by);
+  CHECK(a.model.layernorm_epsilon == b.model.layernorm_epsilon);  // exact: shortest round-trip form
+  CHECK(a.model.init_method_std == b.model.init_method_std);
+  CHECK(a.micro_batch_size == b.micro_batch_size);
+  CHECK(a.global_batch_size == b.global_batch_size);
+  CHECK(a.lr == b.lr);
+  CHECK(a.min_lr == b.min_lr);
+  CHECK(a.lr_decay_style == b.lr_decay_style);
+  CHECK(a.lr_warmup_iters == b.lr_warmup_iters);
+  CHECK(a.lr_warmup_style == b.lr_warmup_style);
+  CHECK(a.lr_warmup_init == b.lr_warmup_init);
+  CHECK(a.lr_decay_iters == b.lr_decay_iters);
+  CHECK(a.weight_decay == b.weight_decay);
+  CHECK(a.adam_beta1 == b.adam_beta1);
+  CHECK(a.adam_beta2 == b.adam_beta2);
+  CHECK(a.adam_eps == b.adam_eps);
+  CHECK(a.clip_grad == b.clip_grad);
+  CHECK(a.train_iters == b.train_iters);
+  CHECK(a.seed == b.seed);
+  CHECK(a.data_path == b.data_path);
+  CHECK(a.tokenizer_type == b.tokenizer_type);
+  CHECK(a.vocab_file == b.vocab_file);
+  CHECK(a.merge_file == b.merge_file);
+  CHECK(a.no_shuffle == b.no_shuffle);
+  CHECK(a.split == b.split);
+  CHECK(a.save == b.save);
+  CHECK(a.save_interval == b.save_interval);
+  CHECK(a.load == b.load);
+  CHECK(a.eval_interval == b.eval_interval);
+  CHECK(a.eval_iters == b.eval_iters);
+  CHECK(a.log_interval == b.log_interval);
+  CHECK(a.metrics_file == b.metrics_file);
+  CHECK(a.num_threads == b.num_threads);
+  CHECK(a.deepspeed_config == b.deepspeed_config);
+}
+
+// Parses `c.to_json()`, lets `edit` damage it, and returns from_json's error message.
+template <class Edit>
+std::string error_after(Edit edit) {
+  json j = json::parse(all_fields_set().to_json());
+  edit(j);
+  auto r = TrainConfig::from_json(j.dump());
+  REQUIRE_FALSE(r.is_ok());
+  return r.status().message();
+}
+
+TEST_CASE("train config: JSON round trip keeps every field", "[train_config]") {
+  const TrainConfig original = all_fields_set();
+  auto parsed = TrainConfig::from_json(original.to_json());
+  REQUIRE(parsed.is_ok());
+  require_equal(parsed.value(), original);
+  CHECK(parsed.value().to_json() == original.to_json());
+
+  // The defaults too (empty strings, zeros, false).
+  auto defaults = TrainConfig::from_json(TrainConfig{}.to_json());
+  REQUIRE(defaults.is_ok());
+  require_equal(defaults.value(), TrainConfig{});
+}
+
+TEST_CASE("train config: the model sits under \"model\" with Megatron's names", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  REQUIRE(j.at("model").is_object());
+  const json& m = j.at("model");
+  CHECK(m.at("num_layers") == 7);
+  CHECK(m.at("hidden_size") == 96);
+  CHECK(m.at("num_attention_heads") == 3);
+  CHECK(m.at("seq_length") == 48);
+  CHECK(m.at("max_position_embeddings") == 64);
+  CHECK(m.at("vocab_size") == 50257);
+  CHECK(m.at("make_vocab_size_divisible_by") == 64);
+  CHECK(m.at("layernorm_epsilon") == 1e-6);
+  CHECK(m.at("init_method_std") == 0.0125);
+  CHECK(m.size() == 9);
+  CHECK(j.at("lr") == 3.3e-4);
+  CHECK(j.at("format") == "troupe.train_config");
+  CHECK(j.at("version") == 1);
+}
+
+TEST_CASE("train config: from_json names the missing or mistyped key", "[train_config]") {
+  CHECK_THAT(error_after([](json& j) { j.erase("lr"); }), Catch::Contains("missing key \"lr\""));
+  CHECK_THAT(error_after([](json& j) { j["model"].erase("hidden_size"); }),
+             Catch::Contains("missing key \"model.hidden_size\""));
+  CHECK_THAT(error_after([](json& j) { j.erase("model"); }), Catch::Contains("\"model\""));
+  CHECK_THAT(error_after([](json& j) { j["model"] = 3; }),
+             Catch::Contains("\"model\" must be an object"));
+  CHECK_THAT(error_after([](json& j) { j["lr"] = "fast"; }),
+             Catch::Contains("\"lr\" must be a number") && Catch::Contains("\"fast\""));
+  CHECK_THAT(error_after([](json& j) { j["micro_batch_size"] = 4.5; }),
+             Catch::Contains("\"micro_batch_size\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j["model"]["num_layers"] = 1LL << 40; }),
+             Catch::Contains("\"model.num_layers\" must be an integer in range"));
+  CHECK_THAT(error_after([](json& j) { j["seed"] = -1; }),
+             Catch::Contains("\"seed\" must be a non-negative integer"));
+  CHECK_THAT(error_after([](json& j) { j["no_shuffle"] = 1; }),
+             Catch::Contains("\"no_shuffle\" must be true or false"));
+  CHECK_THAT(error_after([](json& j) {
+               j["split"] = json::array({969, 30, 1});
+             }),
+             Catch::Contains("\"split\" must be a string"));
+  CHECK_THAT(error_after([](json& j) { j["model"]["dropout"] = 0.1; }),
+             Catch::Contains("unknown key \"model.dropout\""));
+  CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
+             Catch::Contains("unknown key \"lr_sched\""));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 2; }),
+             Catch::Contains("\"version\" must be 1"));
+  CHECK_THAT(error_after([](json& j) { j.erase("format"); }), Catch::Contains("\"format\""));
+
+  auto malformed = TrainConfig::from_json("{\"lr\": 1e-3,");
+  REQUIRE_FALSE(malformed.is_ok());
+  CHECK_THAT(malformed.status().message(),
+             Catch::Contains("malformed") && Catch::Contains("line 1"));
+  auto not_object = TrainConfig::from_json("[1, 2]");
+  REQUIRE_FALSE(not_object.is_ok());
+  CHECK_THAT(not_object.status().message(), Catch::Contains("must be an object"));
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Bad input ends with a message naming the flag / file / key and the fix, a non-zero exit, and nothing
+# written: no checkpoint directory, no metrics file, no partial dataset.
+source "$(dirname "$0")/common.bash"
+make_corpus
+
+# expect_usage_error <text that must appear in stderr> <command...>
+expect_error() {
+  local want=$1
+  shift
+  rm -rf out m.jsonl
+  set +e
+  "$@" > stdout.txt 2> stderr.txt
+  local rc=$?
+  set -e
+  [[ $rc -ne 0 ]] || fail "expected failure, got exit 0: $*"
+  grep -qF -- "$want" stderr.txt || { cat stderr.txt >&2; fail "stderr does not mention '$want' for: $*"; }
+  grep -q "error" stderr.txt || fail "no error line for: $*"
+  [[ ! -e out && ! -e m.jsonl ]] || fail "files were written despite the error: $*"
+  echo "ok ($rc): $want"
+}
+
+t() { small_train --train-iters 5 --save out --metrics-file m.jsonl "$@"; }
+
+expect_error "--num-attention-heads" t --hidden-size 50
+expect_error "--global-batch-size" t --global-batch-size 7
+expect_error "--micro-batch-size" t --micro-batch-size 0
+expect_error "--seq-length" t --seq-length 64 --max-position-embeddings 32
+expect_error "--lr-decay-style" t --lr-decay-style sometimes
+expect_error "--foo" t --foo 3
+expect_error "nope" t --data-path nope
+expect_error "--tokenizer-type" t --tokenizer-type WordPiece
+
+# A truncated index file.
+cp d_text_document.bin broken_text_document.bin
+head -c 100 d_text_document.idx > broken_text_document.idx
+expect_error "broken_text_document.idx" t --data-path broken_text_document
+# A .bin file that is shorter than the index says.
+cp d_text_document.idx short_text_document.idx
+head -c 1000 d_text_document.bin > short_text_document.bin
+expect_error "short_text_document.bin" t --data-path short_text_document
+
+# DeepSpeed config: unknown key, malformed JSON, missing file.
+echo '{"train_micro_batch_size_per_gpu": 3, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "foo": 1}}}' > ds_bad_key.json
+expect_error "optimizer.params.foo" t --deepspeed-config ds_bad_key.json
+echo '{"train_batch_size": 6,' > ds_broken.json
+expect_error "ds_broken.json" t --deepspeed-config ds_broken.json
+expect_error "missing.json" t --deepspeed-config missing.json
+
+# Resuming from something that is not a checkpoint.
+mkdir -p notackpt
+expect_error "notackpt" t --load notackpt
+
+# eval / preprocess / ckpt with bad input.
+expect_error "--load" "$troupe" eval --load nowhere --data-path d_text_document
+small_train --train-iters 1 --lr-warmup-iters 0 --save good > /dev/null
+expect_error "--eval-samples" "$troupe" eval --load good --data-path d_text_document --eval-samples 100000000
+expect_error "missing.txt" "$troupe" preprocess --input missing.txt --output-prefix out --tokenizer-type ByteLevelTokenizer
+[[ ! -e out_text_document.bin ]] || fail "preprocess left output behind"
+printf '{"text": "fine"}\n{"text": broken\n' > bad.jsonl
+expect_error "line 2" "$troupe" preprocess --input bad.jsonl --output-prefix out --tokenizer-type ByteLevelTokenizer
+[[ ! -e out_text_document.bin && ! -e out_text_document.idx ]] || fail "preprocess left output behind"
+expect_error "hf" "$troupe" ckpt export --load good --format onnx --output x.h5
+
+# A dataset tokenised with another vocabulary (GPT-2 BPE ids > 256) trained as byte-level.
+bpe=$src_dir/.deps/gpt2
+if [[ -s $bpe/encoder.json ]]; then
+  "$troupe" preprocess --input corpus.txt --input-format text --text-separator % --output-prefix bpe \
+    --tokenizer-type GPT2BPETokenizer --vocab-file "$bpe/encoder.json" --merge-file "$bpe/vocab.bpe" --append-eod > /dev/null
+  expect_error "vocabulary" t --data-path bpe_text_document
+fi
+echo PASS

@@ -1,0 +1,55 @@
+# Shared helpers for the CLI tests (sourced). Provides $troupe, a scratch dir $work (removed on exit),
+# make_corpus (a small real-text byte-level dataset "$work/d_text_document"), fail and pass.
+set -euo pipefail
+src_dir=${TROUPE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+troupe=${TROUPE_BIN:-$src_dir/build/bin/troupe}
+if [[ ! -x "$troupe" ]]; then
+  echo "SKIP: troupe binary not found at $troupe (set TROUPE_BIN)"
+  exit 77
+fi
+work=$(mktemp -d /tmp/troupe-cli.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+make_corpus() {
+  local src=/usr/share/games/fortunes/fortunes
+  if [[ -f "$src" ]]; then
+    head -c 60000 "$src" > corpus.txt
+  else
+    for i in $(seq 1 300); do
+      printf 'The %d quick brown foxes jumped over %d lazy dogs near the river bank.\n%%\n' "$i" "$((i * 7))"
+    done > corpus.txt
+  fi
+  "$troupe" preprocess --input corpus.txt --input-format text --text-separator % --output-prefix d \
+    --tokenizer-type ByteLevelTokenizer --append-eod > /dev/null
+}
+
+# A small model and schedule used by several tests; extra flags are appended.
+small_train() {
+  "$troupe" train --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 \
+    --micro-batch-size 3 --global-batch-size 6 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine \
+    --lr-warmup-iters 3 --weight-decay 0.1 --data-path d_text_document --tokenizer-type ByteLevelTokenizer \
+    --eval-interval 1000 --log-interval 1000 "$@"
+}
+
+# Prints "iteration lm_loss grad_norm lr" per training line of a metrics file, full precision.
+losses() {
+  /usr/bin/python3 - "$1" <<'PY' 2>/dev/null || python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if j.get("type") == "train":
+        print(j["iteration"], repr(j["lm_loss"]), repr(j["grad_norm"]), repr(j["lr"]))
+PY
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if j.get("type") == "train":
+        print(j["iteration"], repr(j["lm_loss"]), repr(j["grad_norm"]), repr(j["lr"]))
+PY
+}

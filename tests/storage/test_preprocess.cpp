@@ -1,0 +1,279 @@
+// `troupe preprocess` (storage/preprocess.hpp): formats, Megatron semantics, errors that write
+// nothing, and byte compatibility checked by an independent Python reader
+// (megatron_format_check.py).
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "storage/indexed_dataset.hpp"
+#include "storage/preprocess.hpp"
+#include "storage/tokenizer.hpp"
+#include "tests/test_util.hpp"
+
+namespace fs = std::filesystem;
+using troupe::PreprocessOptions;
+
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+PreprocessOptions byte_options(const troupe::test::TempDir& dir, const std::string& input) {
+  PreprocessOptions o;
+  o.input = dir.str(input);
+  o.output_prefix = dir.str("out");
+  o.tokenizer_type = "ByteLevelTokenizer";
+  return o;
+}
+
+troupe::Result<troupe::PreprocessSummary> run(const PreprocessOptions& o) {
+  return troupe::run_preprocess(o, [](const troupe::PreprocessProgress&) {});
+}
+
+// The documents of a dataset as token lists.
+std::vector<std::vector<int32_t>> documents(const std::string& prefix) {
+  auto ds = troupe::IndexedDataset::open(prefix);
+  REQUIRE(ds.is_ok());
+  std::vector<std::vector<int32_t>> docs;
+  for (int64_t d = 0; d < (*ds)->num_documents(); ++d) {
+    int64_t b = (*ds)->document_token_offset(d), e = (*ds)->document_token_offset(d + 1);
+    std::vector<int32_t> t(static_cast<size_t>(e - b));
+    (*ds)->read_tokens(b, e - b, t.data());
+    docs.push_back(t);
+  }
+  return docs;
+}
+
+std::vector<int32_t> bytes_of(const std::string& s, bool eod) {
+  std::vector<int32_t> v;
+  for (char c : s) v.push_back(static_cast<unsigned char>(c));
+  if (eod) v.push_back(256);
+  return v;
+}
+
+using Docs = std::vector<std::vector<int32_t>>;
+
+size_t files_in(const troupe::test::TempDir& dir) {
+  return static_cast<size_t>(
+      std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()));
+}
+
+std::string python_with_numpy() {
+  for (std::string py : {"python3", "/usr/bin/python3"}) {
+    if (std::system((py + " -c 'import numpy' >/dev/null 2>&1").c_str()) == 0) return py;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("preprocess: JSONL, several keys, --append-eod, empty documents skipped",
+          "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("in.jsonl"),
+             "{\"text\": \"hello\", \"title\": \"A\"}\n"
+             "{\"text\": \"\", \"title\": \"B\", \"n\": 3}\n"
+             "\n"
+             "{\"title\": \"C\", \"text\": \"w\\u00f6rld\\n\"}");  // no final newline
+  PreprocessOptions o = byte_options(dir, "in.jsonl");
+  o.json_keys = {"text", "title"};
+  o.append_eod = true;
+  auto s = run(o);
+  REQUIRE(s.is_ok());
+  CHECK(s->format == "jsonl");
+  CHECK(s->records == 3);
+  REQUIRE(s->outputs.size() == 2);
+  CHECK(s->outputs[0].prefix == dir.str("out_text_document"));
+  CHECK(s->outputs[0].documents == 2);
+  CHECK(s->outputs[0].tokens == 6 + 8);
+  CHECK(s->outputs[1].documents == 3);
+  CHECK(s->outputs[0].dtype == troupe::IndexDType::u16);
+  CHECK(documents(dir.str("out_text_document")) ==
+        Docs{bytes_of("hello", true), bytes_of("w\xC3\xB6rld\n", true)});
+  CHECK(documents(dir.str("out_title_document")) ==
+        Docs{bytes_of("A", true), bytes_of("B", true), bytes_of("C", true)});
+
+  o.append_eod = false;
+  o.json_keys = {"text"};
+  REQUIRE(run(o).is_ok());
+  CHECK(documents(dir.str("out_text_document")) ==
+        Docs{bytes_of("hello", false), bytes_of("w\xC3\xB6rld\n", false)});
+}
+
+TEST_CASE("preprocess: text input, blank lines or a separator line end documents", "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("blank.txt"), "\n\npara one\nline two\n\n \n\npara two\n  \t\nthird");
+  PreprocessOptions o = byte_options(dir, "blank.txt");
+  auto s = run(o);
+  REQUIRE(s.is_ok());
+  CHECK(s->format == "text");
+  CHECK(documents(dir.str("out_text_document")) == Docs{bytes_of("para one\nline two\n", false),
+                                                        bytes_of("para two\n", false),
+                                                        bytes_of("third", false)});
+
+  write_file(dir.str("fortunes.txt"), "a\n%\nb\n\nc\n%\n%\nd\r\n%\r\n");
+  o = byte_options(dir, "fortunes.txt");
+  o.text_separator = "%";
+  o.append_eod = true;
+  s = run(o);
+  REQUIRE(s.is_ok());
+  CHECK(s->records == 3);
+  CHECK(documents(dir.str("out_text_document")) ==
+        Docs{bytes_of("a\n", true), bytes_of("b\n\nc\n", true), bytes_of("d\r\n", true)});
+}
+
+TEST_CASE("preprocess: auto format detection", "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("a.jsonl"), "\n  {\"text\": \"x\"}\n");
+  auto s = run(byte_options(dir, "a.jsonl"));
+  REQUIRE(s.is_ok());
+  CHECK(s->format == "jsonl");
+  write_file(dir.str("b.txt"), "  plain {text}\n");
+  s = run(byte_options(dir, "b.txt"));
+  REQUIRE(s.is_ok());
+  CHECK(s->format == "text");
+  CHECK(documents(dir.str("out_text_document")) == Docs{bytes_of("  plain {text}\n", false)});
+}
+
+TEST_CASE("preprocess: bad input names the line and writes nothing", "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("good.jsonl"), "{\"text\": \"old\"}\n");
+  REQUIRE(run(byte_options(dir, "good.jsonl")).is_ok());
+  const std::string old_bin = read_file(dir.str("out_text_document.bin"));
+  write_file(dir.str("bad.jsonl"), "");
+  const size_t files_before = files_in(dir);  // good.jsonl, bad.jsonl and the two outputs
+
+  auto expect_error = [&](const std::string& content, std::vector<std::string> parts) {
+    write_file(dir.str("bad.jsonl"), content);
+    PreprocessOptions o = byte_options(dir, "bad.jsonl");
+    o.input_format = "jsonl";
+    auto s = run(o);
+    REQUIRE_FALSE(s.is_ok());
+    INFO(s.status().message());
+    for (const auto& p : parts) CHECK_THAT(s.status().message(), Catch::Contains(p));
+    CHECK_THAT(s.status().message(), Catch::Contains(" -- "));
+    CHECK(files_in(dir) == files_before);  // no temporaries, no new outputs
+    CHECK(read_file(dir.str("out_text_document.bin")) == old_bin);
+  };
+  expect_error("{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": \"c\"\n{\"text\": \"d\"}\n",
+               {"line 3", "JSON", "bad.jsonl"});
+  expect_error("{\"text\": \"a\"}\n\n{\"body\": \"b\"}\n",
+               {"line 3", "'text'", "body", "--json-keys"});
+  expect_error("{\"text\": 5}\n", {"line 1", "'text'", "string"});
+  expect_error("[1, 2]\n", {"line 1", "object"});
+  expect_error("{\"text\": \"\"}\n", {"no non-empty documents"});
+}
+
+TEST_CASE("preprocess: option errors", "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("in.txt"), "x\n");
+  PreprocessOptions o = byte_options(dir, "in.txt");
+  REQUIRE(troupe::validate_preprocess_options(o).is_ok());
+  auto expect = [](PreprocessOptions bad, const std::string& flag) {
+    troupe::Status st = troupe::validate_preprocess_options(bad);
+    REQUIRE_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains(flag));
+  };
+  PreprocessOptions bad = o;
+  bad.input = dir.str("missing.txt");
+  expect(bad, "--input");
+  bad = o;
+  bad.output_prefix = dir.str("no/such/dir/out");
+  expect(bad, "--output-prefix");
+  bad = o;
+  bad.input_format = "csv";
+  expect(bad, "--input-format");
+  bad = o;
+  bad.tokenizer_type = "Nope";
+  expect(bad, "--tokenizer-type");
+  bad = o;
+  bad.tokenizer_type = "GPT2BPETokenizer";
+  expect(bad, "--vocab-file");
+  bad = o;
+  bad.json_keys = {"a", "a"};
+  expect(bad, "--json-keys");
+  bad = o;
+  bad.workers = 0;
+  expect(bad, "--workers");
+}
+
+TEST_CASE("preprocess: output does not depend on --workers", "[preprocess]") {
+  troupe::test::TempDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 5000; ++i) {
+    jsonl += nlohmann::json({{"text", "document " + std::to_string(i) + std::string(i % 13, '!') +
+                                          " caf\xC3\xA9"}})
+                 .dump() +
+             "\n";
+  }
+  write_file(dir.str("in.jsonl"), jsonl);
+  const std::string gpt2 = troupe::test::source_dir() + "/.deps/gpt2";
+  const bool bpe = fs::exists(gpt2 + "/encoder.json") && fs::exists(gpt2 + "/vocab.bpe");
+  std::string bins[2], idxs[2];
+  for (int w : {1, 4}) {
+    PreprocessOptions o = byte_options(dir, "in.jsonl");
+    if (bpe) {
+      o.tokenizer_type = "GPT2BPETokenizer";
+      o.vocab_file = gpt2 + "/encoder.json";
+      o.merge_file = gpt2 + "/vocab.bpe";
+    }
+    o.workers = w;
+    o.append_eod = true;
+    o.output_prefix = dir.str("w" + std::to_string(w));
+    REQUIRE(run(o).is_ok());
+    bins[w == 4] = read_file(dir.str("w" + std::to_string(w) + "_text_document.bin"));
+    idxs[w == 4] = read_file(dir.str("w" + std::to_string(w) + "_text_document.idx"));
+  }
+  CHECK(bins[0] == bins[1]);
+  CHECK(idxs[0] == idxs[1]);
+}
+
+TEST_CASE("preprocess: output is readable by an independent Megatron-format reader (numpy)",
+          "[preprocess]") {
+  const std::string py = python_with_numpy();
+  if (py.empty()) TROUPE_SKIP("python3 with numpy is absent");
+  troupe::test::TempDir dir;
+  const std::vector<std::string> texts = {"The quick brown fox.", "",
+                                          "I'm here: 42 caf\xC3\xA9s \xE6\x97\xA5\xE6\x9C\xAC!\n",
+                                          "  spaces  \n\n", "last one"};
+  std::string jsonl;
+  for (const auto& t : texts) jsonl += nlohmann::json({{"text", t}}).dump() + "\n";
+  write_file(dir.str("in.jsonl"), jsonl);
+
+  const std::string gpt2 = troupe::test::source_dir() + "/.deps/gpt2";
+  std::vector<std::string> types = {"ByteLevelTokenizer"};
+  if (fs::exists(gpt2 + "/encoder.json") && fs::exists(gpt2 + "/vocab.bpe"))
+    types.push_back("GPT2BPETokenizer");
+  for (const std::string& type : types) {
+    INFO(type);
+    PreprocessOptions o = byte_options(dir, "in.jsonl");
+    o.tokenizer_type = type;
+    o.vocab_file = gpt2 + "/encoder.json";
+    o.merge_file = gpt2 + "/vocab.bpe";
+    o.append_eod = true;
+    o.output_prefix = dir.str(type);
+    // Expected documents from the tokenizer alone, before preprocess runs.
+    auto tok = troupe::make_tokenizer(type, o.vocab_file, o.merge_file);
+    REQUIRE(tok.is_ok());
+    nlohmann::json docs = nlohmann::json::array();
+    for (const auto& t : texts) {
+      std::vector<int32_t> ids = (*tok)->encode(t);
+      if (ids.empty()) continue;
+      ids.push_back((*tok)->eod());
+      docs.push_back(ids);
+    }
+    write_file(dir.str(type + ".expected.json"),
+               nlohmann::json({{"dtype", "uint16"}, {"documents", docs}}).dump());
+    REQUIRE(run(o).is_ok());
+    const std::string cmd =
+        py + " '" + troupe::test::source_dir() + "/tests/storage/megatron_format_check.py' '" +
+        dir.str(type + "_text_document") + "' '" + dir.str(type + ".expected.json") + "'";
+    CHECK(std::system(cmd.c_str()) == 0);
+  }
+}
