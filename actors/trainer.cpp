@@ -105,46 +105,71 @@ void save_then(Self self, std::function<void()> next) {
           on_error(self));
 }
 
-// Mean loss over the first min(eval_iters * global batch, validation windows) validation windows.
-void evaluate_then(Self self, std::function<void()> next) {
+// Mean loss over the first min(eval_iters * global batch, validation windows) validation windows, read
+// one global batch at a time (so memory stays that of a training batch) and run in micro-batches.
+struct EvalProgress {
+  int64_t samples = 0;        // windows to evaluate
+  int64_t next_sample = 0;    // first window of the next batch
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  std::function<void()> next;  // continuation once done
+};
+
+void finish_evaluation(Self self, const std::shared_ptr<EvalProgress>& ev) {
+  EvalStats stats;
+  stats.iteration = self->state.iteration;
+  stats.loss = ev->loss_sum / static_cast<double>(ev->tokens);
+  stats.perplexity = std::exp(std::min(stats.loss, 700.0));
+  stats.tokens = ev->tokens;
+  self->state.last_eval_loss = stats.loss;
+  caf::anon_send(self->state.spec.listener, eval_atom::value, stats);
+  ev->next();
+}
+
+void evaluate_batch(Self self, std::shared_ptr<EvalProgress> ev) {
   auto& st = self->state;
-  const TrainConfig& cfg = st.spec.config;
-  const int64_t samples = std::min<int64_t>(cfg.eval_iters * cfg.global_batch_size, st.spec.validation_windows);
-  if (samples <= 0) {
-    next();
+  if (ev->next_sample >= ev->samples) {
+    finish_evaluation(self, ev);
     return;
   }
-  self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::validation, int64_t{0},
-                static_cast<int32_t>(samples))
+  const int64_t first = ev->next_sample;
+  const int64_t count = std::min<int64_t>(st.spec.config.global_batch_size, ev->samples - first);
+  ev->next_sample += count;
+  self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::validation, first,
+                static_cast<int32_t>(count))
       .then(
-          [self, next, samples](Tensor& batch) {
-            auto& s = self->state;
-            const int64_t micro = s.spec.config.micro_batch_size;
-            auto sums = std::make_shared<std::vector<double>>((samples + micro - 1) / micro, 0.0);
-            auto remaining = std::make_shared<int64_t>(static_cast<int64_t>(sums->size()));
-            const int64_t tokens = samples * (batch.dim(1) - 1);
+          [self, ev, count](Tensor& batch) {
+            const int64_t micro = self->state.spec.config.micro_batch_size;
+            auto sums = std::make_shared<std::vector<double>>((count + micro - 1) / micro, 0.0);
+            auto remaining = std::make_shared<size_t>(sums->size());
+            ev->tokens += count * (batch.dim(1) - 1);
             for (size_t m = 0; m < sums->size(); ++m) {
-              const int64_t r0 = static_cast<int64_t>(m) * micro, r1 = std::min(samples, r0 + micro);
-              self->request(s.spec.shard, caf::infinite, eval_atom::value, batch.rows(r0, r1))
+              const int64_t r0 = static_cast<int64_t>(m) * micro, r1 = std::min(count, r0 + micro);
+              self->request(self->state.spec.shard, caf::infinite, eval_atom::value, batch.rows(r0, r1))
                   .then(
-                      [self, next, sums, remaining, m, tokens](double loss_sum) {
+                      [self, ev, sums, remaining, m](double loss_sum) {
                         (*sums)[m] = loss_sum;
                         if (--*remaining > 0) return;
-                        double total = 0;
-                        for (double v : *sums) total += v;
-                        EvalStats ev;
-                        ev.iteration = self->state.iteration;
-                        ev.loss = total / static_cast<double>(tokens);
-                        ev.perplexity = std::exp(std::min(ev.loss, 700.0));
-                        ev.tokens = tokens;
-                        self->state.last_eval_loss = ev.loss;
-                        caf::anon_send(self->state.spec.listener, eval_atom::value, ev);
-                        next();
+                        for (double v : *sums) ev->loss_sum += v;  // fixed order
+                        evaluate_batch(self, ev);
                       },
                       on_error(self));
             }
           },
           on_error(self));
+}
+
+void evaluate_then(Self self, std::function<void()> next) {
+  auto& st = self->state;
+  const TrainConfig& cfg = st.spec.config;
+  auto ev = std::make_shared<EvalProgress>();
+  ev->samples = std::min<int64_t>(cfg.eval_iters * cfg.global_batch_size, st.spec.validation_windows);
+  ev->next = std::move(next);
+  if (ev->samples <= 0) {
+    ev->next();
+    return;
+  }
+  evaluate_batch(self, ev);
 }
 
 void on_step(Self self, const StepResult& result) {

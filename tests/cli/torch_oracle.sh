@@ -114,7 +114,7 @@ def last_json(path, what):
 t = last_json(sys.argv[1], "troupe eval")
 p = last_json(sys.argv[2], "torch_gpt.py eval")
 lt, lp = float(t["loss"]), float(p["loss"])
-tol = 2e-5 * lp
+tol = 1e-6 * lp  # fp32 forward vs a float64 reference: rounding only
 print(f"troupe : loss {lt:.10f}  perplexity {t.get('perplexity')}  tokens {t.get('tokens')}")
 print(f"pytorch: loss {lp:.10f}  perplexity {p.get('perplexity')}  tokens {p.get('tokens')}  (float64)")
 print(f"|diff| = {abs(lt - lp):.3e}, tolerance {tol:.3e} (relative {abs(lt - lp) / lp:.3e})")
