@@ -8,7 +8,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 "$here/scripts/setup.sh"
-"$here/scripts/build.sh"
+TROUPE_TARGET=troupe "$here/scripts/build.sh"
 troupe="${TROUPE_BUILD_DIR:-$here/build}/bin/troupe"
 run=${TROUPE_RUN_DIR:-$here/runs/default}
 mkdir -p "$run"

@@ -1,0 +1,28 @@
+// Bootstrap: how the ranks of a job find each other before any communicator exists. Rank 0 runs a
+// rendezvous; every rank registers with the job's secret token, learns the world size, and exchanges
+// small blobs (UCX worker addresses, NCCL unique ids) through it. Control traffic only: tensors never
+// go through the bootstrap.
+//
+// Implementations: CafBootstrap (comm/caf_bootstrap.*: a rendezvous actor published with CAF's io
+// middleman, used by `troupe launch`, SLURM and mpirun starts) and, for ranks that are threads of one
+// process, an in-process one.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kernels/status.hpp"
+
+namespace troupe::comm {
+
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Collective over all ranks: every rank contributes `mine` under `key` (a key is used once) and gets
+  // every rank's blob in rank order. Fails (never hangs) when a rank disconnects or a timeout passes.
+  virtual Result<std::vector<std::string>> all_gather(const std::string& key, const std::string& mine) = 0;
+  virtual Status barrier(const std::string& key) = 0;
+};
+
+}  // namespace troupe::comm

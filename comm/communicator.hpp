@@ -1,0 +1,95 @@
+// The communicator interface: collectives and tagged point-to-point messages among the ranks of one
+// group, with asynchronous handles so compute can overlap communication. Three backends implement it:
+//   local  ranks are threads of one process; shared-memory algorithms, no serialisation (comm/local_*)
+//   ucx    ranks in other processes or nodes, host memory, UCP tag API (comm/ucx_*)
+//   nccl   GPU ranks (comm/nccl_*; built with the CUDA backend)
+//
+// Semantics (all backends):
+//   * Every member calls every collective, in the same order, with the same count, dtype and op.
+//     Calls return at once with a Work handle; the operation completes in the background (backends
+//     make progress without the caller), and Work::wait() returns when this rank's part is done and its
+//     buffers may be reused. Buffers must stay alive and untouched until then.
+//   * Counts are in elements. Any count works for all_reduce and broadcast (including counts smaller
+//     than the group or not divisible by it). reduce_scatter / all_gather take one count per rank
+//     (counts may differ; the equal-count forms are shorthand), so a buffer whose size the group does
+//     not divide is split without padding.
+//   * Reductions are deterministic for a given group size and count: the same inputs give bitwise the
+//     same outputs on every rank and every run. (Sums of integer-valued floats are exact.)
+//   * send/recv match by (peer, tag); messages with the same (peer, tag) arrive in send order. Tags
+//     below 2^56 are the caller's; the rest is reserved for the backends' collectives.
+//   * A peer that dies makes pending and later operations fail with an error naming the peer; nothing
+//     hangs (UCX: endpoint error handling; local: a rank that aborts the group).
+// Thread safety: one Communicator is used by one thread at a time (its owner: a shard or stage actor).
+// Different communicators (e.g. the TP and DP groups of one rank) may be used concurrently.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/status.hpp"
+#include "kernels/tensor.hpp"
+
+namespace troupe::comm {
+
+enum class ReduceOp : uint8_t { sum, max };
+
+const char* reduce_op_name(ReduceOp op);
+
+// An operation in flight.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done; an error names the failed peer or the cause.
+  virtual Status wait() = 0;
+  // Non-blocking: true once done (successfully or not; wait() then returns at once).
+  virtual bool test() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete with `status` (for trivial cases such as a group of one).
+WorkPtr completed_work(Status status = Status::ok());
+
+// Waits for all, returns the first error.
+Status wait_all(const std::vector<WorkPtr>& works);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // rank in this group, 0 .. size()-1
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "local", "ucx", "nccl"
+
+  // In place: afterwards buf holds op over all ranks' buf, elementwise. buf: count elements.
+  virtual WorkPtr all_reduce(void* buf, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // send: sum(counts) elements, rank r's block at offset sum(counts[:r]); recv: counts[rank()] elements
+  // = op over all ranks of their block `rank()`. counts.size() == size().
+  virtual WorkPtr reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
+                                   ReduceOp op) = 0;
+  // send: counts[rank()] elements; recv: sum(counts) elements, rank r's contribution at offset
+  // sum(counts[:r]). send may alias its own block of recv.
+  virtual WorkPtr all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
+
+  // Equal blocks: recv_count / send_count elements per rank.
+  WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
+  WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType dtype);
+
+  // In place: every rank's buf becomes root's.
+  virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) = 0;
+
+  // Tagged point-to-point (pipeline activations and gradients). recv's count must equal the sent count.
+  virtual WorkPtr send(const void* buf, size_t count, DType dtype, int peer, uint64_t tag) = 0;
+  virtual WorkPtr recv(void* buf, size_t count, DType dtype, int peer, uint64_t tag) = 0;
+
+  virtual WorkPtr barrier() = 0;
+
+  // Bytes of one element of `dtype`; collectives accept f32, f64, i32, i64 (sum and max) and
+  // bf16/f16/u8 for movement only (broadcast, all_gather, send/recv).
+  static size_t element_size(DType dtype) { return dtype_size(dtype); }
+};
+
+}  // namespace troupe::comm
