@@ -815,6 +815,9 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--num-threads", cfg->num_threads, "Compute threads (0: all cores)");
   opt(logs, "--deepspeed-config,--deepspeed_config", cfg->deepspeed_config,
       "DeepSpeed JSON file; flags given on the command line win over it");
+  // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted, and
+  // meaningless here (troupe always runs its own ZeRO/offload engine).
+  cmd->add_flag("--deepspeed")->description("Accepted for Megatron-DeepSpeed scripts; no effect")->group(logs);
 }
 
 Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg) {

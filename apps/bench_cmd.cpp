@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -114,6 +115,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   gpt->add_option("--seed", a->cfg.seed)->capture_default_str();
   gpt->add_flag("--json", a->json, "print one JSON line");
   gpt->callback([a, exit_code] { *exit_code = run_gpt_bench(*a); });
+
+  add_bench_comm_subcommand(bench, exit_code);
 
   auto threads = std::make_shared<int>(0);
   auto seconds = std::make_shared<double>(2.0);

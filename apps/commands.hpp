@@ -17,7 +17,9 @@ void add_train_command(CLI::App& app, int* exit_code);
 void add_eval_command(CLI::App& app, int* exit_code);
 void add_ckpt_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);
+void add_bench_comm_subcommand(CLI::App* bench, int* exit_code);  // troupe bench comm
 void add_info_command(CLI::App& app, int* exit_code);
 void add_plot_command(CLI::App& app, int* exit_code);
+void add_launch_command(CLI::App& app, int* exit_code);  // launch and its companion comm-check
 
 }  // namespace troupe::apps

@@ -32,6 +32,8 @@ if(TROUPE_HAVE_CUDA)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   set(CMAKE_CUDA_STANDARD 17)
+  # One CUDA runtime per process: the shared one, which CUDA::cudart and NCCL also use.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   add_library(nccl::nccl UNKNOWN IMPORTED)
   set_target_properties(nccl::nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
                         INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})

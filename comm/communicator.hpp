@@ -12,7 +12,8 @@
 //   * Counts are in elements. Any count works for all_reduce and broadcast (including counts smaller
 //     than the group or not divisible by it). reduce_scatter / all_gather take one count per rank
 //     (counts may differ; the equal-count forms are shorthand), so a buffer whose size the group does
-//     not divide is split without padding.
+//     not divide is split without padding. The counts span need only live for the call (backends
+//     copy it; the equal-count forms pass a temporary).
 //   * Reductions are deterministic for a given group size and count: the same inputs give bitwise the
 //     same outputs on every rank and every run. (Sums of integer-valued floats are exact.)
 //   * send/recv match by (peer, tag); messages with the same (peer, tag) arrive in send order. Tags

@@ -1,0 +1,93 @@
+// The "local" backend: ranks that are threads (actors) of one process communicate through shared
+// memory, with no serialisation and no copies beyond what each algorithm needs.
+//
+//   auto fabric = LocalFabric::create(4).value();         // once, for 4 ranks
+//   // on rank r's thread:
+//   std::unique_ptr<CommWorld> world = fabric.world(r);
+//   auto tp = world->group(topology.tp_group(r)).value();
+//   tp->all_reduce(buf, n, DType::f32, ReduceOp::sum)->wait();
+//
+// Algorithms (members' progress threads read and write each other's buffers in place):
+//   all_reduce      members publish their buffer; the count is cut into size() blocks as evenly
+//                   as possible (blocks may be empty); member i reduces block i over all members'
+//                   buffers in rank order 0..n-1 (so every rank gets bitwise the same result) into
+//                   its own buffer, then every member copies the other blocks from their owners.
+//                   3 barriers; per element, n reads to reduce and n-1 copies to spread the result.
+//   reduce_scatter  member i reduces block i of every member's send into its recv, in rank order.
+//                   recv may be exactly its own block of send (in place). 2 barriers.
+//   all_gather      member i copies every member's send into its recv. 2 barriers.
+//   broadcast       every member copies root's buffer. 2 barriers.
+//   send / recv     a mailbox per (sender, receiver) pair of the group: whichever side is posted
+//                   second copies once, from the sender's buffer straight into the receiver's
+//                   (rendezvous, nothing is buffered), so send completes when the receiver has
+//                   copied. Posting never blocks the communicator: both sides may send first.
+//   barrier         1 barrier.
+// A count of 0 (or _v counts that are all 0) is a no-op that involves no other rank.
+//
+// Progress: each Communicator owns one progress thread that runs its operations in issue order;
+// calls return at once. Communicators of one rank (tp and dp, say) run concurrently. Waiting (for
+// peers in a barrier, in Work::wait) spins with yields a few times and then blocks on a condition
+// variable, so an idle rank burns no core.
+//
+// Failure: abort(rank, reason) (a rank's actor died) fails the whole fabric: every pending and
+// later operation of every rank -- collectives, send/recv, bootstrap, group creation -- completes
+// with an error naming the rank and reason, and nothing hangs. A failed wait() returns only when no
+// other rank still touches that rank's buffers. With LocalFabricOptions::timeout set, a wait for a
+// peer (a barrier, an unmatched send/recv in Work::wait, a bootstrap round) that lasts longer fails
+// the fabric the same way, naming the ranks that did not arrive. A fabric does not recover: build a
+// new one to restart. Misuse that every rank sees alike (a dtype that cannot be reduced, members
+// that disagree on a collective's count, dtype, op or root, a send/recv size mismatch) fails the
+// operation with a message.
+//
+// Thread safety: LocalFabric is a handle; copies share one fabric, and any thread may use it. A
+// CommWorld or Communicator from it is used by one thread at a time (its owner), as in
+// comm/world.hpp. Communicators must be destroyed only after their operations completed (the
+// destructor waits for them; a fabric failure bounds that wait).
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/bootstrap.hpp"
+#include "comm/world.hpp"
+#include "kernels/status.hpp"
+
+namespace troupe::comm {
+
+struct LocalFabricOptions {
+  // Longest wait for a peer before the fabric is failed; 0 waits for ever (the default).
+  std::chrono::milliseconds timeout{0};
+};
+
+namespace detail {
+struct LocalFabricState;
+}
+
+class LocalFabric {
+ public:
+  // size: the number of ranks (>= 1).
+  static Result<LocalFabric> create(int size, LocalFabricOptions options = {});
+
+  int size() const;
+
+  // Rank `rank`'s view of the fabric (0 <= rank < size; out of range is a bug). May be called more
+  // than once per rank; group() calls with the same member list pair up by their order on each
+  // rank.
+  std::unique_ptr<CommWorld> world(int rank) const;
+  // An in-process bootstrap for rank `rank` over the same fabric (keys are shared by all its
+  // ranks).
+  std::unique_ptr<Bootstrap> bootstrap(int rank) const;
+
+  // Fails every pending and later operation with "rank <rank> aborted: <reason>". The first failure
+  // wins; later calls do nothing.
+  void abort(int rank, const std::string& reason) const;
+  // Ok, or the failure every operation now reports.
+  Status status() const;
+
+ private:
+  explicit LocalFabric(std::shared_ptr<detail::LocalFabricState> state)
+      : state_(std::move(state)) {}
+  std::shared_ptr<detail::LocalFabricState> state_;
+};
+
+}  // namespace troupe::comm

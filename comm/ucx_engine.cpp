@@ -1,0 +1,958 @@
+#include "comm/ucx_engine.hpp"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <ucs/config/global_opts.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/check.hpp"
+
+namespace troupe::comm::ucx {
+
+namespace {
+
+constexpr unsigned kAmP2P = 1;
+constexpr unsigned kAmControl = 2;
+constexpr uint32_t kControlBye = 1;   // the sender destroys its world (it is not failing)
+constexpr uint32_t kControlDown = 2;  // `rank` failed, as seen by the sender
+// Empty iterations of the progress loop before it sleeps on the event fd: a short spin catches the
+// next event of a busy exchange without a system call, and costs little when nothing comes.
+constexpr int kIdleSpins = 16;
+constexpr int kPollTimeoutMs = 100;  // a safety net; wake-ups come from the event fd
+
+struct ControlHeader {
+  uint32_t type;
+  int32_t rank;
+  int32_t from;
+};
+
+std::string ucs_message(ucs_status_t status) {
+  return ucs_status_string(status);
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  // splitmix64 finaliser over a running hash.
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Engine: creation
+
+Engine::Engine(int rank, int size, const UcxOptions& options)
+    : rank_(rank), size_(size), options_(options) {}
+
+Status Engine::init_ucx() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) {
+    return Status::error("ucx: reading the UCX configuration failed (" + ucs_message(st) +
+                         "); check the UCX_* environment variables");
+  }
+  if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr && options_.keepalive_ms > 0) {
+    // Best effort: an older UCX without keepalive just keeps its default.
+    (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL",
+                            (std::to_string(options_.keepalive_ms) + "ms").c_str());
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (st != UCS_OK) {
+    context_ = nullptr;
+    return Status::error("ucx: ucp_init failed (" + ucs_message(st) +
+                         "); check UCX_TLS and UCX_NET_DEVICES (unset them to let UCX choose)");
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // creation here, then only the progress thread
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) {
+    worker_ = nullptr;
+    return Status::error("ucx: ucp_worker_create failed (" + ucs_message(st) + ")");
+  }
+  st = ucp_worker_get_efd(worker_, &efd_);
+  if (st != UCS_OK) {
+    return Status::error("ucx: the worker has no event fd (" + ucs_message(st) +
+                         "); a transport in UCX_TLS does not support wake-up");
+  }
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                  UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kAmP2P;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+  hp.cb = &Engine::am_p2p_cb;
+  hp.arg = this;
+  st = ucp_worker_set_am_recv_handler(worker_, &hp);
+  if (st == UCS_OK) {
+    hp.id = kAmControl;
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    hp.cb = &Engine::am_control_cb;
+    st = ucp_worker_set_am_recv_handler(worker_, &hp);
+  }
+  if (st != UCS_OK)
+    return Status::error("ucx: registering active-message handlers failed (" + ucs_message(st) +
+                         ")");
+  return Status::ok();
+}
+
+// Creates the endpoint to rank r with the given error-handling mode; UCX's own error log is muted
+// meanwhile when `quiet` (a refused MODE_PEER is expected with shared-memory-only transports).
+static ucs_status_t create_ep(ucp_worker_h worker, const std::string& address,
+                              ucp_err_handling_mode_t mode, ucp_err_handler_cb_t cb, void* arg,
+                              bool quiet, ucp_ep_h* ep) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = mode;
+  if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_handler.cb = cb;
+    params.err_handler.arg = arg;
+  }
+  char level[64] = "";
+  const bool mute = quiet && ucs_global_opts_get_value("LOG_LEVEL", level, sizeof level) == UCS_OK;
+  if (mute) (void)ucs_global_opts_set_value("LOG_LEVEL", "fatal");
+  ucs_status_t st = ucp_ep_create(worker, &params, ep);
+  if (mute) (void)ucs_global_opts_set_value("LOG_LEVEL", level);
+  return st;
+}
+
+namespace {
+
+// Whether UCX_TLS leaves UCX any shared-memory transport (unset and "all" do).
+bool tls_allows_shared_memory() {
+  const char* env = std::getenv("UCX_TLS");
+  if (env == nullptr || *env == '\0') return true;
+  std::string list(env);
+  for (char& ch : list) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const bool exclude = list[0] == '^';
+  if (exclude) list.erase(0, 1);
+  std::vector<std::string> names;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    names.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  auto named = [&](std::initializer_list<const char*> any) {
+    for (const std::string& n : names) {
+      for (const char* a : any) {
+        if (n == a) return true;
+      }
+    }
+    return false;
+  };
+  if (exclude) return !named({"sm", "shm", "mm"});
+  return named({"all", "sm", "shm", "mm", "sysv", "posix", "cma", "xpmem", "knem"});
+}
+
+std::string identity_field(const std::string& identity, const std::string& key) {
+  const std::string k = key + "=";
+  size_t pos = identity.find(k);
+  if (pos == std::string::npos) return "";
+  pos += k.size();
+  return identity.substr(pos, identity.find(' ', pos) - pos);
+}
+}  // namespace
+
+Status Engine::connect(const std::vector<std::string>& addresses,
+                       const std::vector<std::string>& identities) {
+  eps_.assign(static_cast<size_t>(size_), nullptr);
+  ep_contexts_.resize(static_cast<size_t>(size_));
+  peer_state_.assign(static_cast<size_t>(size_), PeerState::alive);
+  peer_reason_.assign(static_cast<size_t>(size_), std::string());
+  pidfds_.assign(static_cast<size_t>(size_), -1);
+  proc_pids_.assign(static_cast<size_t>(size_), -1);
+  host_keys_.clear();
+  for (const std::string& id : identities)
+    host_keys_.push_back(identity_field(id, "host") + "/" + identity_field(id, "pidns"));
+  const std::string& my_host = host_keys_[static_cast<size_t>(rank_)];
+  // Same-host peers: shared memory (sysv/posix for messages, cma for single-copy rendezvous) is
+  // several times faster than anything else, but UCX 1.13 has no UCP_ERR_HANDLING_MODE_PEER for it:
+  // with MODE_PEER it falls back to TCP over loopback. So by default same-host endpoints use
+  // MODE_NONE and this rank watches the peer's process itself (pidfd); options.same_host_shm =
+  // false keeps MODE_PEER.
+  const bool shm = options_.same_host_shm && tls_allows_shared_memory();
+  for (int r = 0; r < size_; ++r) {
+    ep_contexts_[static_cast<size_t>(r)] = EpContext{this, r};
+    if (r == rank_) continue;  // messages to self never reach UCX
+    const std::string& id = identities[static_cast<size_t>(r)];
+    const bool same_host = host_keys_[static_cast<size_t>(r)] == my_host;
+    ucp_ep_h& ep = eps_[static_cast<size_t>(r)];
+    ucs_status_t st = UCS_ERR_UNREACHABLE;
+    if (!(same_host && shm)) {
+      // MODE_PEER: UCX reports a dead peer (MODE_NONE would hang on it). Refused when only shared
+      // memory is allowed (UCX_TLS=sm,self): then MODE_NONE below.
+      st = create_ep(worker_, addresses[static_cast<size_t>(r)], UCP_ERR_HANDLING_MODE_PEER,
+                     &Engine::ep_error_cb, &ep_contexts_[static_cast<size_t>(r)], same_host, &ep);
+    }
+    if (st != UCS_OK && same_host) {
+      st = create_ep(worker_, addresses[static_cast<size_t>(r)], UCP_ERR_HANDLING_MODE_NONE,
+                     nullptr, nullptr, false, &ep);
+      if (st == UCS_OK) watch_process(r, id);
+    }
+    if (st != UCS_OK) {
+      ep = nullptr;
+      return Status::error(
+          "ucx: cannot create an endpoint to rank " + std::to_string(r) + " (" + ucs_message(st) +
+          "); check that UCX_TLS / UCX_NET_DEVICES allow a transport that reaches it" +
+          (same_host ? "" : " from another host (shared memory alone does not)"));
+    }
+  }
+  return Status::ok();
+}
+
+void Engine::watch_process(int r, const std::string& identity) {
+  const long pid = std::atol(identity_field(identity, "pid").c_str());
+  if (pid <= 0) return;
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+  if (fd >= 0) {
+    pidfds_[static_cast<size_t>(r)] = fd;
+  } else {
+    proc_pids_[static_cast<size_t>(r)] = pid;  // older kernels: look at /proc/<pid>/stat
+  }
+}
+
+namespace {
+// True when the process is gone or a zombie.
+bool process_gone(long pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return true;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');  // the command name may contain anything
+  return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+}  // namespace
+
+std::vector<pollfd> Engine::wait_fds() const {
+  std::vector<pollfd> fds;
+  fds.push_back(pollfd{efd_, POLLIN, 0});
+  for (int r = 0; r < size_; ++r) {
+    if (pidfds_[static_cast<size_t>(r)] >= 0 &&
+        peer_state_[static_cast<size_t>(r)] == PeerState::alive) {
+      fds.push_back(pollfd{pidfds_[static_cast<size_t>(r)], POLLIN, 0});
+    }
+  }
+  return fds;
+}
+
+void Engine::handle_watch(const std::vector<pollfd>& fds) {
+  bool any = false;
+  for (size_t i = 1; i < fds.size(); ++i) any = any || fds[i].revents != 0;
+  if (!any) return;
+  // A peer that exits normally says goodbye first, and its goodbye may still sit in our queue: take
+  // in everything that arrived before calling the exit a failure.
+  for (int i = 0; i < 100 && pump(); ++i) {
+  }
+  for (size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    for (int r = 0; r < size_; ++r) {
+      if (pidfds_[static_cast<size_t>(r)] == fds[i].fd && !stopping_ &&
+          peer_state_[static_cast<size_t>(r)] == PeerState::alive) {
+        mark_failed(
+            r, "rank " + std::to_string(r) + " failed (its process exited; see that rank's log)",
+            true);
+      }
+    }
+  }
+}
+
+void Engine::periodic_checks() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_check_) return;
+  next_check_ = now + std::chrono::milliseconds(20);
+  std::vector<pollfd> fds = wait_fds();
+  if (fds.size() > 1) {
+    (void)::poll(fds.data() + 1, fds.size() - 1, 0);
+    fds[0].revents = 0;
+    handle_watch(fds);
+  }
+  std::vector<int> gone;
+  for (int r = 0; r < size_; ++r) {
+    const long pid = proc_pids_[static_cast<size_t>(r)];
+    if (pid > 0 && peer_state_[static_cast<size_t>(r)] == PeerState::alive && process_gone(pid))
+      gone.push_back(r);
+  }
+  if (!gone.empty()) {
+    for (int i = 0; i < 100 && pump(); ++i) {  // its goodbye may still be queued (see handle_watch)
+    }
+    for (int r : gone) {
+      if (!stopping_ && peer_state_[static_cast<size_t>(r)] == PeerState::alive) {
+        mark_failed(
+            r, "rank " + std::to_string(r) + " failed (its process exited; see that rank's log)",
+            true);
+      }
+    }
+  }
+  abandon_stale_failures();
+}
+
+void Engine::abandon_stale_failures() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<Op*> all;
+  for (auto& op : ops_) all.push_back(op.get());
+  for (Op* op : all) {
+    if (op->abandon_if_stale(now, std::chrono::milliseconds(1000))) abandoned_ = true;
+  }
+}
+
+Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOptions& options) {
+  // The n-th world over one bootstrap object uses key n on every rank.
+  static std::mutex key_mu;
+  static std::map<const Bootstrap*, int> worlds_per_bootstrap;
+  int index;
+  {
+    std::lock_guard<std::mutex> lock(key_mu);
+    index = worlds_per_bootstrap[&bootstrap]++;
+  }
+  std::shared_ptr<Engine> e(new Engine(bootstrap.rank(), bootstrap.world_size(), options));
+  TROUPE_RETURN_IF_ERROR(e->init_ucx());
+
+  ucp_address_t* address = nullptr;
+  size_t address_len = 0;
+  ucs_status_t st = ucp_worker_get_address(e->worker_, &address, &address_len);
+  if (st != UCS_OK)
+    return Status::error("ucx: ucp_worker_get_address failed (" + ucs_message(st) + ")");
+  // Blob: the settings every rank must share (so a mismatch fails here, not as a hang), who we are
+  // (to recognise peers on this host), then the worker address.
+  const std::string settings =
+      "troupe-ucx 1 ring_threshold=" + std::to_string(options.ring_threshold) +
+      " chunk_bytes=" + std::to_string(options.chunk_bytes) +
+      " direct_max_ranks=" + std::to_string(options.direct_max_ranks) + "\n";
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  char ns[128] = "";
+  const ssize_t ns_len = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (ns_len > 0) ns[ns_len] = 0;
+  const std::string identity =
+      std::string("host=") + host + " pidns=" + ns + " pid=" + std::to_string(::getpid()) + "\n";
+  std::string mine =
+      settings + identity + std::string(reinterpret_cast<const char*>(address), address_len);
+  ucp_worker_release_address(e->worker_, address);
+
+  auto gathered = bootstrap.all_gather("ucx/world" + std::to_string(index) + "/address", mine);
+  if (!gathered.is_ok())
+    return gathered.status().with_context("ucx: exchanging worker addresses: ");
+  std::vector<std::string> addresses, identities;
+  for (int r = 0; r < e->size_; ++r) {
+    const std::string& blob = gathered.value()[static_cast<size_t>(r)];
+    const size_t eol = blob.find('\n');
+    if (blob.compare(0, settings.size(), settings) != 0) {
+      return Status::error("ucx: rank " + std::to_string(r) + " runs with '" +
+                           blob.substr(0, eol == std::string::npos ? 40 : eol) + "' but rank " +
+                           std::to_string(e->rank_) + " with '" +
+                           settings.substr(0, settings.size() - 1) +
+                           "': set TROUPE_UCX_RING_THRESHOLD, TROUPE_UCX_CHUNK_BYTES and "
+                           "TROUPE_UCX_DIRECT_MAX_RANKS alike on "
+                           "all ranks");
+    }
+    const size_t id_end = blob.find('\n', settings.size());
+    if (id_end == std::string::npos)
+      return Status::error("ucx: rank " + std::to_string(r) + " sent a malformed address");
+    identities.push_back(blob.substr(settings.size(), id_end - settings.size()));
+    addresses.push_back(blob.substr(id_end + 1));
+  }
+  TROUPE_RETURN_IF_ERROR(e->connect(addresses, identities));
+  e->thread_ = std::thread([raw = e.get()] { raw->run(); });
+  return e;
+}
+
+Engine::~Engine() {
+  if (thread_.joinable()) {
+    stop_.store(true);
+    { std::lock_guard<std::mutex> lock(idle_mu_); }
+    idle_cv_.notify_all();
+    if (worker_ != nullptr) ucp_worker_signal(worker_);
+    thread_.join();
+  } else if (worker_ != nullptr && !eps_.empty()) {
+    shutdown_network();  // creation failed after connecting: no thread ever ran
+  }
+  // Whatever is left (submitted after the world stopped, or stuck past every deadline) is reported
+  // failed, so no waiter hangs; its requests are dropped with the worker.
+  if (worker_ != nullptr) {
+    const auto later = std::chrono::steady_clock::time_point::max();  // past any grace
+    for (auto& op : submitted_)
+      op->fail(Status::error(op->name() + ": the ucx world was destroyed"));
+    for (auto& op : ops_) {
+      op->fail(Status::error(op->name() + ": the ucx world was destroyed"));
+      if (op->abandon_if_stale(later, std::chrono::milliseconds(0))) abandoned_ = true;
+    }
+  }
+  for (auto& [key, ch] : channels_) {
+    for (auto& [seq, a] : ch.early) release_arrival(a);
+    for (Arrival& a : ch.unexpected) release_arrival(a);
+  }
+  for (Arrival& a : arrivals_) release_arrival(a);
+  channels_.clear();
+  arrivals_.clear();
+  if (worker_ != nullptr) {
+    // Requests of abandoned operations (to dead peers) are still in UCX, which warns about each.
+    char level[64] = "";
+    const bool mute =
+        abandoned_ && ucs_global_opts_get_value("LOG_LEVEL", level, sizeof level) == UCS_OK;
+    if (mute) (void)ucs_global_opts_set_value("LOG_LEVEL", "error");
+    ucp_worker_destroy(worker_);
+    if (mute) (void)ucs_global_opts_set_value("LOG_LEVEL", level);
+  }
+  ops_.clear();  // after the worker: no callback can reach them now
+  for (void* slot : all_slots_) std::free(slot);
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  if (context_ != nullptr) ucp_cleanup(context_);  // nothing is ucp_mem_map'ed, so no memh to unmap
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine: groups and submission (any thread)
+
+Result<std::shared_ptr<const GroupInfo>> Engine::make_group(const std::vector<int>& members) {
+  if (members.empty()) return Status::error("ucx group: the member list is empty");
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return Status::error(
+        "ucx group: a rank appears twice in the member list; list each world rank once");
+  }
+  if (sorted.front() < 0 || sorted.back() >= size_) {
+    return Status::error("ucx group: member ranks must lie in [0, " + std::to_string(size_) + ")");
+  }
+  auto it = std::find(members.begin(), members.end(), rank_);
+  if (it == members.end()) {
+    return Status::error("ucx group: rank " + std::to_string(rank_) +
+                         " is not a member; only members call group() for their group");
+  }
+  auto info = std::make_shared<GroupInfo>();
+  info->members = members;
+  info->rank = static_cast<int>(it - members.begin());
+  info->one_host = true;
+  for (int m : members) {
+    if (host_keys_[static_cast<size_t>(m)] != host_keys_[static_cast<size_t>(rank_)])
+      info->one_host = false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t index = group_counts_[members]++;
+  uint64_t h = mix(0x74726f757065ull, members.size());
+  for (int m : members) h = mix(h, static_cast<uint64_t>(m));
+  h = mix(h, index);
+  info->id = h;
+  info->tag_id = static_cast<uint32_t>((h ^ (h >> kTagGroupBits) ^ (h >> (2 * kTagGroupBits))) &
+                                       ((1u << kTagGroupBits) - 1));
+  if (live_tag_ids_.count(info->tag_id) != 0) {
+    return Status::error(
+        "ucx group: its tag id collides with another live group of rank " + std::to_string(rank_) +
+        " (a one-in-millions accident of hashing); destroy the other group first or create "
+        "the groups in another order");
+  }
+  live_tag_ids_.insert(info->tag_id);
+  return std::shared_ptr<const GroupInfo>(std::move(info));
+}
+
+void Engine::release_group(const GroupInfo& group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_tag_ids_.find(group.tag_id);
+  if (it != live_tag_ids_.end()) live_tag_ids_.erase(it);
+}
+
+WorkPtr Engine::submit(std::unique_ptr<Op> op) {
+  WorkPtr work = op->work();
+  live_ops_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    submitted_.push_back(std::move(op));
+  }
+  // Start it right here when nobody drives (no hand-off to the progress thread); the progress
+  // thread sleeps on the armed worker and wakes for whatever this leaves in flight.
+  std::unique_lock<std::timed_mutex> lk(drive_mu_, std::try_to_lock);
+  if (lk.owns_lock() && !stop_.load(std::memory_order_acquire)) {
+    pump();
+    // A waiter asleep on the event fd may have had its work completed by this pump.
+    if (drivers_waiting_.load() > 0) ucp_worker_signal(worker_);
+  } else {
+    ucp_worker_signal(worker_);  // safe from any thread; wakes whoever sleeps on the event fd
+  }
+  return work;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine: requests (progress thread)
+
+void Engine::complete_msg(Msg* m, ucs_status_t status, size_t length) {
+  m->req = nullptr;
+  m->called = true;
+  m->status = status;
+  m->length = length;
+  completions_.push_back(m);
+}
+
+void Engine::send_cb(void* req, ucs_status_t status, void* user_data) {
+  auto* m = static_cast<Msg*>(user_data);
+  ucp_request_free(req);
+  m->op->engine_.complete_msg(m, status, m->expected);
+}
+
+void Engine::recv_cb(void* req, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                     void* user_data) {
+  auto* m = static_cast<Msg*>(user_data);
+  ucp_request_free(req);
+  m->op->engine_.complete_msg(m, status, status == UCS_OK && info != nullptr ? info->length : 0);
+}
+
+void Engine::am_data_cb(void* req, ucs_status_t status, size_t length, void* user_data) {
+  auto* m = static_cast<Msg*>(user_data);
+  ucp_request_free(req);
+  m->op->engine_.complete_msg(m, status, length);
+}
+
+void Engine::post_tag_send(Msg* m, const void* buf, size_t bytes, uint64_t tag) {
+  if (peer_state_[static_cast<size_t>(m->peer)] != PeerState::alive) {
+    complete_msg(m, UCS_ERR_NOT_CONNECTED, 0);
+    return;
+  }
+  static const char empty = 0;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &Engine::send_cb;
+  p.user_data = m;
+  ucs_status_ptr_t r =
+      ucp_tag_send_nbx(eps_[static_cast<size_t>(m->peer)], bytes ? buf : &empty, bytes, tag, &p);
+  if (r == nullptr) {
+    complete_msg(m, UCS_OK, bytes);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    complete_msg(m, UCS_PTR_STATUS(r), 0);
+  } else if (!m->called) {  // a callback may already have run (and freed r)
+    m->req = r;
+  }
+}
+
+void Engine::post_tag_recv(Msg* m, void* buf, size_t bytes, uint64_t tag) {
+  const PeerState state = peer_state_[static_cast<size_t>(m->peer)];
+  if (state == PeerState::failed) {
+    complete_msg(m, UCS_ERR_NOT_CONNECTED, 0);
+    return;
+  }
+  if (state == PeerState::departed) {
+    // A departed rank flushed everything before saying goodbye: its message is here or never comes.
+    ucp_tag_recv_info_t info{};
+    if (ucp_tag_probe_nb(worker_, tag, ~0ull, 0, &info) == nullptr) {
+      complete_msg(m, UCS_ERR_NOT_CONNECTED, 0);
+      return;
+    }
+  }
+  static char sink = 0;
+  ucp_request_param_t p{};
+  // UCX 1.13 leaves recv_info unset on immediate completion, so deny it: the callback reports the
+  // received length, which catches ranks that disagree on a count.
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = &Engine::recv_cb;
+  p.user_data = m;
+  ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_, bytes ? buf : &sink, bytes, tag, ~0ull, &p);
+  if (UCS_PTR_IS_ERR(r)) {
+    complete_msg(m, UCS_PTR_STATUS(r), 0);
+  } else if (r != nullptr && !m->called) {
+    m->req = r;
+  }
+}
+
+void Engine::post_am_send(Msg* m, const P2PHeader& header, const void* buf, size_t bytes) {
+  if (peer_state_[static_cast<size_t>(m->peer)] != PeerState::alive) {
+    complete_msg(m, UCS_ERR_NOT_CONNECTED, 0);
+    return;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &Engine::send_cb;
+  p.user_data = m;
+  // `header` lives in the op until the send completes (UCX 1.13 keeps the pointer).
+  ucs_status_ptr_t r = ucp_am_send_nbx(eps_[static_cast<size_t>(m->peer)], kAmP2P, &header,
+                                       sizeof header, buf, bytes, &p);
+  if (r == nullptr) {
+    complete_msg(m, UCS_OK, bytes);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    complete_msg(m, UCS_PTR_STATUS(r), 0);
+  } else if (!m->called) {  // a callback may already have run (and freed r)
+    m->req = r;
+  }
+}
+
+void Engine::post_am_recv_data(Msg* m, void* desc, void* buf, size_t bytes) {
+  size_t length = 0;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_RECV_INFO;
+  p.cb.recv_am = &Engine::am_data_cb;
+  p.user_data = m;
+  p.recv_info.length = &length;
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, desc, buf, bytes, &p);
+  if (r == nullptr) {
+    complete_msg(m, UCS_OK, length);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    complete_msg(m, UCS_PTR_STATUS(r), 0);
+  } else if (!m->called) {  // a callback may already have run (and freed r)
+    m->req = r;
+  }
+}
+
+void Engine::cancel(Msg* m) {
+  if (m->req != nullptr) ucp_request_cancel(worker_, m->req);
+}
+
+Status Engine::peer_status(int r) const {
+  switch (peer_state_[static_cast<size_t>(r)]) {
+    case PeerState::alive:
+      return Status::ok();
+    case PeerState::failed:
+      return Status::error(peer_reason_[static_cast<size_t>(r)]);
+    case PeerState::departed:
+      return Status::error(
+          "rank " + std::to_string(r) +
+          " destroyed its ucx world before this rank got what it needed from it; every member "
+          "must make the same calls in the same order before destroying its world");
+  }
+  return Status::ok();
+}
+
+void* Engine::acquire_slot() {
+  if (!free_slots_.empty()) {
+    void* s = free_slots_.back();
+    free_slots_.pop_back();
+    return s;
+  }
+  const size_t bytes = (options_.chunk_bytes + 63) / 64 * 64;
+  void* s = std::aligned_alloc(64, bytes);
+  TROUPE_CHECK(s != nullptr,
+               "out of host memory for ucx chunk buffers; lower TROUPE_UCX_CHUNK_BYTES");
+  all_slots_.push_back(s);
+  return s;
+}
+
+void Engine::release_slot(void* slot) {
+  free_slots_.push_back(slot);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine: failures
+
+void Engine::ep_error_cb(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* c = static_cast<EpContext*>(arg);
+  c->engine->ep_errors_.emplace_back(c->rank, status);
+}
+
+ucs_status_t Engine::am_control_cb(void* arg, const void* header, size_t header_length, void*,
+                                   size_t, const ucp_am_recv_param_t*) {
+  auto* e = static_cast<Engine*>(arg);
+  if (header_length == sizeof(ControlHeader)) {
+    ControlHeader h;
+    std::memcpy(&h, header, sizeof h);
+    if (h.rank >= 0 && h.rank < e->size_ && h.from >= 0 && h.from < e->size_) {
+      e->controls_.push_back(ControlEvent{h.type, h.rank, h.from});
+    }
+  }
+  return UCS_OK;
+}
+
+void Engine::send_control(int to, uint32_t type, int about) {
+  if (eps_[static_cast<size_t>(to)] == nullptr) return;
+  auto* h = new ControlHeader{type, about, rank_};  // must outlive the send; freed on completion
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = [](void* req, ucs_status_t, void* user_data) {
+    ucp_request_free(req);
+    delete static_cast<ControlHeader*>(user_data);
+  };
+  p.user_data = h;
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(eps_[static_cast<size_t>(to)], kAmControl, h, sizeof *h, nullptr, 0, &p);
+  if (r == nullptr || UCS_PTR_IS_ERR(r)) delete h;
+}
+
+void Engine::mark_failed(int r, const std::string& reason, bool tell_others) {
+  peer_state_[static_cast<size_t>(r)] = PeerState::failed;
+  peer_reason_[static_cast<size_t>(r)] = reason;
+  std::vector<Op*> affected;
+  for (auto& op : ops_) {
+    if (op->involves(r)) affected.push_back(op.get());
+  }
+  for (Op* op : affected) {
+    op->fail(Status::error(op->name() + ": " + reason));
+    reap(op);
+  }
+  // A failed endpoint is closed at once with FORCE: UCX then completes (cancels) every request
+  // still on it, which a peer without UCX error handling would otherwise hold for ever.
+  if (ucp_ep_h ep = eps_[static_cast<size_t>(r)]; ep != nullptr) {
+    eps_[static_cast<size_t>(r)] = nullptr;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing_.push_back(req);
+  }
+  abandon_stale_failures();
+  if (!tell_others) return;
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && q != r && peer_state_[static_cast<size_t>(q)] == PeerState::alive)
+      send_control(q, kControlDown, r);
+  }
+}
+
+void Engine::handle_peer_error(int r, ucs_status_t status) {
+  if (stopping_ || peer_state_[static_cast<size_t>(r)] != PeerState::alive) return;
+  mark_failed(
+      r,
+      "rank " + std::to_string(r) + " failed (" + ucs_message(status) +
+          " on its endpoint: the process exited or the network failed; see that rank's log)",
+      true);
+}
+
+void Engine::handle_control(const ControlEvent& e) {
+  if (e.rank == rank_ || peer_state_[static_cast<size_t>(e.rank)] != PeerState::alive) return;
+  if (e.type == kControlDown) {
+    if (stopping_) return;
+    mark_failed(e.rank,
+                "rank " + std::to_string(e.rank) + " failed (reported by rank " +
+                    std::to_string(e.from) + "; see rank " + std::to_string(e.rank) + "'s log)",
+                false);
+  } else if (e.type == kControlBye) {
+    peer_state_[static_cast<size_t>(e.rank)] = PeerState::departed;
+    // Everything it sent was flushed before the goodbye: a receive from it still open never
+    // completes.
+    std::vector<Op*> stuck;
+    for (auto& op : ops_) {
+      if (op->waits_on(e.rank)) stuck.push_back(op.get());
+    }
+    for (Op* op : stuck) {
+      op->fail(Status::error(op->name() + ": " + peer_status(e.rank).message()));
+      reap(op);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Engine: the progress thread
+
+void Engine::reap(Op* op) {
+  if (op->finished()) {
+    ops_.erase(op->self);
+    live_ops_.fetch_sub(1);
+  }
+}
+
+bool Engine::pump() {
+  bool did = false;
+  std::vector<std::unique_ptr<Op>> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(submitted_);
+  }
+  for (auto& op : batch) {
+    Op* raw = op.get();
+    ops_.push_back(std::move(op));
+    raw->self = std::prev(ops_.end());
+    if (stopping_) {
+      raw->fail(Status::error(raw->name() + ": the ucx world was destroyed"));
+    } else {
+      raw->begin();
+    }
+    reap(raw);
+    did = true;
+  }
+  for (int i = 0; i < 1000 && ucp_worker_progress(worker_) != 0; ++i) did = true;
+  while (!completions_.empty()) {
+    std::vector<Msg*> done;
+    done.swap(completions_);
+    for (Msg* m : done) {
+      Op* op = m->op;
+      op->deliver(m);
+      reap(op);
+    }
+    did = true;
+  }
+  // Goodbyes before endpoint errors: a peer that closes after saying goodbye has not failed.
+  if (!controls_.empty()) {
+    auto events = std::move(controls_);
+    controls_.clear();
+    for (const ControlEvent& e : events) handle_control(e);
+    did = true;
+  }
+  if (!ep_errors_.empty()) {
+    auto errors = std::move(ep_errors_);
+    ep_errors_.clear();
+    for (auto& [r, status] : errors) handle_peer_error(r, status);
+    did = true;
+  }
+  if (!arrivals_.empty()) {
+    process_arrivals();
+    did = true;
+  }
+  for (size_t i = 0; i < closing_.size();) {
+    if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+      ucp_request_free(closing_[i]);
+      closing_[i] = closing_.back();
+      closing_.pop_back();
+      did = true;
+    } else {
+      ++i;
+    }
+  }
+  return did;
+}
+
+void Engine::drive(std::unique_lock<std::timed_mutex>& lk, const std::function<bool()>& done,
+                   int sleep_ms, std::chrono::microseconds spin) {
+  int idle = 0;
+  auto idle_since = std::chrono::steady_clock::now();
+  while (!done()) {
+    if (pump()) {
+      idle = 0;
+      periodic_checks();  // busy for long stretches: still look at watched peers now and then
+      continue;
+    }
+    if (idle == 0) idle_since = std::chrono::steady_clock::now();
+    if (++idle < kIdleSpins) continue;
+    if (std::chrono::steady_clock::now() - idle_since < spin) {
+      sched_yield();  // a waiter polls a little before sleeping, yielding to ranks on its core
+      continue;
+    }
+    const ucs_status_t st = ucp_worker_arm(worker_);
+    if (st == UCS_ERR_BUSY) continue;  // events arrived meanwhile
+    if (done()) break;
+    // Sleep until UCX has an event, a watched peer exits, or the timeout (a safety net) passes,
+    // without the token so another thread may drive meanwhile. If arming is unsupported, poll
+    // briefly instead of spinning a core.
+    std::vector<pollfd> fds = wait_fds();
+    lk.unlock();
+    (void)::poll(fds.data(), fds.size(), st == UCS_OK ? sleep_ms : 1);
+    lk.lock();
+    handle_watch(fds);
+    periodic_checks();
+    idle = 0;
+  }
+}
+
+void Engine::drive_until(WorkState& work) {
+  drivers_waiting_.fetch_add(1);
+  while (!work.test() && !stop_.load(std::memory_order_acquire)) {
+    // The progress thread hands the token over within one pump; another waiter keeps it until its
+    // own work is done, which may complete ours meanwhile, so look again now and then.
+    std::unique_lock<std::timed_mutex> lk(drive_mu_, std::defer_lock);
+    if (!lk.try_lock_for(std::chrono::microseconds(500))) continue;
+    // With other waiters around, sleep briefly: one of them may complete our work without an event.
+    drive(
+        lk, [&] { return work.test() || stop_.load(std::memory_order_acquire); },
+        drivers_waiting_.load() > 1 ? 1 : kPollTimeoutMs,
+        std::chrono::microseconds(options_.spin_us));
+  }
+  if (drivers_waiting_.fetch_sub(1) == 1) {
+    { std::lock_guard<std::mutex> lock(idle_mu_); }
+    idle_cv_.notify_all();
+    // Operations still in flight are the progress thread's again; wake it to re-arm the worker.
+    if (live_ops_.load() > 0) ucp_worker_signal(worker_);
+  } else {
+    ucp_worker_signal(worker_);  // other waiters may sleep on the event fd with their work done
+  }
+}
+
+void Engine::run() {
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire)) break;
+    if (drivers_waiting_.load() > 0) {
+      std::unique_lock<std::mutex> lock(idle_mu_);
+      idle_cv_.wait_for(lock, std::chrono::milliseconds(kPollTimeoutMs),
+                        [&] { return drivers_waiting_.load() == 0 || stop_.load(); });
+      continue;
+    }
+    std::unique_lock<std::timed_mutex> lk(drive_mu_);
+    // In the background (callers computing) the progress thread does not spin: it would take their
+    // core.
+    drive(
+        lk, [&] { return stop_.load(std::memory_order_acquire) || drivers_waiting_.load() > 0; },
+        kPollTimeoutMs, std::chrono::microseconds(0));
+  }
+  std::unique_lock<std::timed_mutex> lk(drive_mu_);
+  shutdown_network();
+}
+
+bool Engine::wait_request(void* req, double seconds) {
+  if (req == nullptr) return true;
+  if (UCS_PTR_IS_ERR(req)) return true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;  // leaks req; the worker goes next
+    if (!pump()) std::this_thread::yield();
+  }
+  ucp_request_free(req);
+  return true;
+}
+
+void Engine::shutdown_network() {
+  stopping_ = true;
+  // Operations still running now were abandoned by their callers.
+  for (auto& op : ops_) op->fail(Status::error(op->name() + ": the ucx world was destroyed"));
+  auto pending = [&] {
+    for (auto& op : ops_) {
+      if (!op->completed_) return true;
+    }
+    return false;
+  };
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  pump();
+  while (pending() && std::chrono::steady_clock::now() < deadline) {
+    abandon_stale_failures();
+    if (!pump()) std::this_thread::yield();
+  }
+  // Messages nobody will receive (left over from failed operations): take them out of UCX's
+  // unexpected queue, which otherwise warns about each one at ucp_worker_destroy.
+  deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  std::vector<char> sink;
+  while (std::chrono::steady_clock::now() < deadline) {
+    ucp_tag_recv_info_t info{};
+    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+    if (msg == nullptr) break;
+    sink.resize(std::max<size_t>(info.length, 1));
+    ucp_request_param_t p{};
+    wait_request(ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, msg, &p), 0.2);
+  }
+  // Say goodbye first, so peers do not take our exit for a failure. The goodbye travels behind
+  // everything we sent on that endpoint, and closing an endpoint without FORCE flushes it.
+  for (int q = 0; q < size_; ++q) {
+    if (q != rank_ && peer_state_[static_cast<size_t>(q)] == PeerState::alive)
+      send_control(q, kControlBye, rank_);
+  }
+  for (int q = 0; q < size_; ++q) {
+    ucp_ep_h ep = eps_[static_cast<size_t>(q)];
+    if (ep == nullptr) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = peer_state_[static_cast<size_t>(q)] == PeerState::alive ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep, &p);
+    if (req != nullptr && !UCS_PTR_IS_ERR(req)) closing_.push_back(req);
+    eps_[static_cast<size_t>(q)] = nullptr;
+  }
+  deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (!closing_.empty() && std::chrono::steady_clock::now() < deadline) {
+    if (!pump()) std::this_thread::yield();
+  }
+}
+
+}  // namespace troupe::comm::ucx

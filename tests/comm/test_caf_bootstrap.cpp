@@ -1,0 +1,489 @@
+// The CAF bootstrap over real loopback sockets: ranks are bootstraps with their own actor systems
+// in threads of this process, or bootstrap_peer processes (tests/comm/workers) where a rank must
+// crash, hang or take rank 0 down with it.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/caf_bootstrap.hpp"
+#include "tests/test_util.hpp"
+
+extern char** environ;
+
+namespace troupe::comm {
+namespace {
+
+using Catch::Contains;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+const std::string kToken = "9f2c4e1a7b3d5f6e8a0c2e4f6a8b0d1c";
+
+LaunchEnv make_env(int rank, int world, int port, const std::string& token = kToken) {
+  LaunchEnv e;
+  e.rank = rank;
+  e.world_size = world;
+  e.local_rank = rank;
+  e.local_world_size = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  e.token = token;
+  e.source = "test";
+  return e;
+}
+
+// Collects the bootstrap's log lines (they come from actor threads).
+struct LogSink {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> fn() {
+    return [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mutex);
+      lines.push_back(line);
+    };
+  }
+  // The first line containing every part, waiting up to `timeout`; "" if none.
+  std::string wait_for(const std::vector<std::string>& parts,
+                       std::chrono::milliseconds timeout = 5s) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (const auto& l : lines) {
+          bool all = true;
+          for (const auto& p : parts) all = all && l.find(p) != std::string::npos;
+          if (all) return l;
+        }
+      }
+      if (Clock::now() > deadline) return "";
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+};
+
+CafBootstrapOptions options_with(LogSink& sink) {
+  CafBootstrapOptions o;
+  o.connect_timeout = 10s;
+  o.collective_timeout = 30s;
+  o.shutdown_grace = 3s;
+  o.log = sink.fn();
+  return o;
+}
+
+std::unique_ptr<CafBootstrap> create_ok(const LaunchEnv& env, const CafBootstrapOptions& o) {
+  auto b = create_caf_bootstrap(env, o);
+  INFO("rank " << env.rank << ": " << (b ? std::string("ok") : b.status().message()));
+  REQUIRE(b);
+  return std::move(*b);
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The worker: TROUPE_BOOTSTRAP_PEER_BIN, else beside this test executable (where CMake builds the
+// workers), else "".
+std::string peer_bin() {
+  if (const char* bin = std::getenv("TROUPE_BOOTSTRAP_PEER_BIN")) return bin;
+  std::error_code ec;
+  const auto here = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  const auto beside = here.parent_path() / "bootstrap_peer";
+  return std::filesystem::exists(beside, ec) ? beside.string() : "";
+}
+
+// A bootstrap_peer process with its own environment; reads its stdout line by line.
+class Peer {
+ public:
+  Peer(const std::vector<std::string>& args, const std::map<std::string, std::string>& vars) {
+    const std::string bin = peer_bin();
+    REQUIRE(bin != "");
+    std::vector<std::string> argv = {bin};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string entry = *e;
+      const std::string name = entry.substr(0, entry.find('='));
+      if (name.rfind("TROUPE_", 0) != 0 || name.find("_BIN") != std::string::npos)
+        env.push_back(entry);
+    }
+    for (const auto& [k, v] : vars) env.push_back(k + "=" + v);
+    std::vector<char*> c_argv, c_env;
+    for (auto& s : argv) c_argv.push_back(s.data());
+    for (auto& s : env) c_env.push_back(s.data());
+    c_argv.push_back(nullptr);
+    c_env.push_back(nullptr);
+    int fds[2];
+    REQUIRE(pipe2(fds, O_CLOEXEC) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      execve(c_argv[0], c_argv.data(), c_env.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fds[0];
+  }
+  ~Peer() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) close(out_);
+  }
+  // The next line of output, or "" after `timeout` or at the end.
+  std::string read_line(std::chrono::milliseconds timeout = 15s) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (auto nl = buffer_.find('\n'); nl != std::string::npos) {
+        std::string line = buffer_.substr(0, nl);
+        buffer_.erase(0, nl + 1);
+        return line;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return "";
+      pollfd p{out_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char buf[512];
+      const ssize_t n = read(out_, buf, sizeof buf);
+      if (n <= 0) return "";
+      buffer_.append(buf, static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string buffer_;
+};
+
+std::map<std::string, std::string> peer_env(int rank, int world, int port,
+                                            const std::string& token = kToken) {
+  return {{"TROUPE_RANK", std::to_string(rank)},
+          {"TROUPE_WORLD_SIZE", std::to_string(world)},
+          {"TROUPE_MASTER_ADDR", "127.0.0.1"},
+          {"TROUPE_MASTER_PORT", std::to_string(port)},
+          {"TROUPE_JOB_TOKEN", token}};
+}
+
+#define REQUIRE_PEER_BIN()                                                                    \
+  do {                                                                                        \
+    if (peer_bin().empty())                                                                   \
+      TROUPE_SKIP("no bootstrap_peer worker: set TROUPE_BOOTSTRAP_PEER_BIN (ctest sets it)"); \
+  } while (0)
+
+TEST_CASE("three ranks gather blobs in rank order and meet at barriers", "[bootstrap]") {
+  LogSink sink;
+  const auto o = options_with(sink);
+  auto r0 = create_ok(make_env(0, 3, 0), o);
+  const int port = r0->port();
+  REQUIRE(port > 0);
+  CHECK(r0->rank() == 0);
+  CHECK(r0->world_size() == 3);
+
+  std::string binary;  // UCX worker addresses are binary: every byte value must survive
+  for (int i = 0; i < 256; ++i) binary.push_back(static_cast<char>(i));
+
+  std::vector<std::string> errors(3);
+  std::vector<std::vector<std::string>> first(3), second(3);
+  auto run_rank = [&](int rank, CafBootstrap& b) {
+    auto a = b.all_gather("addresses", "blob-" + std::to_string(rank));
+    if (!a) {
+      errors[rank] = a.status().message();
+      return;
+    }
+    first[rank] = *a;
+    if (Status st = b.barrier("after-addresses"); !st) {
+      errors[rank] = st.message();
+      return;
+    }
+    auto c = b.all_gather("binary", rank == 1 ? binary : std::string());
+    if (!c) {
+      errors[rank] = c.status().message();
+      return;
+    }
+    second[rank] = *c;
+  };
+  std::vector<std::thread> threads;
+  for (int rank = 1; rank < 3; ++rank)
+    threads.emplace_back([&, rank] {
+      auto b = create_caf_bootstrap(make_env(rank, 3, port), o);
+      if (!b) {
+        errors[rank] = b.status().message();
+        return;
+      }
+      run_rank(rank, **b);
+    });
+  run_rank(0, *r0);
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    CHECK(errors[rank] == "");
+    CHECK(first[rank] == std::vector<std::string>{"blob-0", "blob-1", "blob-2"});
+    CHECK(second[rank] == std::vector<std::string>{"", binary, ""});
+  }
+  // A key is used once.
+  auto again = r0->all_gather("addresses", "x");
+  REQUIRE_FALSE(again);
+  CHECK_THAT(again.status().message(), Contains("already used"));
+  CHECK(r0->job_failure() == "");
+}
+
+TEST_CASE("a single rank needs no network", "[bootstrap]") {
+  LogSink sink;
+  auto r0 =
+      create_ok(make_env(0, 1, 1), options_with(sink));  // port 1 would need root: never bound
+  auto all = r0->all_gather("k", "only");
+  REQUIRE(all);
+  CHECK(*all == std::vector<std::string>{"only"});
+  CHECK(r0->barrier("b"));
+}
+
+TEST_CASE("a bootstrap on the caller's actor system", "[bootstrap]") {
+  LogSink sink;
+  const auto o = options_with(sink);
+  caf::actor_system_config cfg;
+  configure_for_bootstrap(cfg, o);
+  caf::actor_system sys{cfg};
+  auto r0 = create_caf_bootstrap(make_env(0, 2, 0), sys, o);
+  REQUIRE(r0);
+  const int port = (*r0)->port();
+  std::vector<std::string> got1;
+  std::thread t([&] {
+    auto r1 = create_caf_bootstrap(make_env(1, 2, port), sys, o);  // the same system
+    if (!r1) return;
+    auto a = (*r1)->all_gather("k", "b");
+    if (a) got1 = *a;
+  });
+  auto a0 = (*r0)->all_gather("k", "a");
+  t.join();
+  REQUIRE(a0);
+  CHECK(*a0 == std::vector<std::string>{"a", "b"});
+  CHECK(got1 == std::vector<std::string>{"a", "b"});
+  r0->reset();  // before the system goes
+}
+
+TEST_CASE("a peer with a wrong token is refused and logged, and cannot join or send requests",
+          "[bootstrap]") {
+  LogSink sink;
+  const auto o = options_with(sink);
+  auto r0 = create_ok(make_env(0, 2, 0), o);
+  const int port = r0->port();
+
+  auto bad = create_caf_bootstrap(make_env(1, 2, port, "0000000000000000wrongwrongwrong00"), o);
+  REQUIRE_FALSE(bad);
+  CHECK_THAT(bad.status().message(), Contains("wrong job token"));
+  CHECK_THAT(bad.status().message(), Contains("TROUPE_JOB_TOKEN"));
+  const std::string logged = sink.wait_for({"refused", "wrong job token"});
+  CHECK_THAT(logged, Contains("claiming rank 1 of 2"));
+  CHECK_THAT(logged, Contains("127.0.0.1"));  // the peer's address, from the middleman
+  CHECK_THAT(logged, !Contains(kToken));
+
+  SECTION("a peer that skips the join cannot send requests") {
+    caf::actor_system_config cfg;
+    configure_for_bootstrap(cfg);
+    caf::actor_system sys{cfg};
+    {
+      // Straight through the middleman actor, as a peer that knows the protocol would: no interface
+      // check.
+      caf::scoped_actor self{sys};
+      caf::strong_actor_ptr rv;
+      self->request(sys.middleman().actor_handle(), 5s, caf::connect_atom::value,
+                    std::string("127.0.0.1"), static_cast<uint16_t>(port))
+          .receive([&](const caf::node_id&, caf::strong_actor_ptr& p,
+                       const std::set<std::string>&) { rv = p; },
+                   [&](caf::error& e) { FAIL("connect: " << sys.render(e)); });
+      REQUIRE(rv);
+      std::string error;
+      self->request(caf::actor_cast<caf::actor>(rv), 5s,
+                    caf::atom_constant<caf::atom("bs_gather")>::value, std::string("gather/k"),
+                    std::string("x"))
+          .receive([&](std::vector<std::string>&) { error = "answered"; },
+                   [&](caf::error& e) { error = caf::to_string(e.context()); });
+      CHECK_THAT(error, Contains("has not joined"));
+      CHECK(sink.wait_for({"refused a request for 'gather/k'"}) != "");
+    }
+  }
+  SECTION("a wrong world size and a duplicate rank are refused too") {
+    auto wrong_world = create_caf_bootstrap(make_env(1, 3, port), o);
+    REQUIRE_FALSE(wrong_world);
+    CHECK_THAT(wrong_world.status().message(), Contains("world of 3 ranks but rank 0 for 2"));
+    auto dup = create_caf_bootstrap(make_env(0, 2, port), [&] {
+      auto o2 = o;
+      o2.bind_addr = "127.0.0.1";
+      return o2;
+    }());
+    REQUIRE_FALSE(dup);  // a second rank 0 cannot even listen on the port
+    CHECK_THAT(dup.status().message(), Contains(std::to_string(port)));
+    CHECK_THAT(dup.status().message(), Contains("--master-port"));
+  }
+  // The job itself is unharmed: the right rank 1 joins and the gather completes.
+  std::vector<std::string> got1;
+  std::thread t([&] {
+    auto r1 = create_caf_bootstrap(make_env(1, 2, port), o);
+    if (!r1) return;
+    auto a = (*r1)->all_gather("k2", "one");
+    if (a) got1 = *a;
+    // A second join of rank 1 while it is a member: refused as a duplicate.
+    auto dup = create_caf_bootstrap(make_env(1, 2, port), o);
+    if (!dup && dup.status().message().find("already joined") != std::string::npos)
+      got1.push_back("dup refused");
+  });
+  auto a0 = r0->all_gather("k2", "zero");
+  t.join();
+  REQUIRE(a0);
+  CHECK(*a0 == std::vector<std::string>{"zero", "one"});
+  CHECK(got1 == std::vector<std::string>{"zero", "one", "dup refused"});
+}
+
+TEST_CASE("a rank that crashes fails the others' pending all_gather, naming it", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto o = options_with(sink);
+  std::atomic<int> failure_callbacks{0};
+  o.on_job_failed = [&](const std::string&) { ++failure_callbacks; };
+  auto r0 = create_ok(make_env(0, 3, 0), o);
+  const int port = r0->port();
+  auto r1 = create_ok(make_env(1, 3, port), o);  // joined before rank 2 crashes
+  std::string error1;
+  std::string failure1;
+  std::thread t([&] {
+    auto a = r1->all_gather("x", "1");
+    error1 = a ? "completed" : a.status().message();
+    failure1 = r1->job_failure();
+  });
+  Peer crash({"join-exit"}, peer_env(2, 3, port));
+  const auto start = Clock::now();
+  CHECK(crash.read_line() == "joined");
+  auto a0 = r0->all_gather("x", "0");
+  t.join();
+  REQUIRE_FALSE(a0);
+  CHECK_THAT(a0.status().message(), Contains("rank 2"));
+  CHECK_THAT(a0.status().message(), Contains("disconnected"));
+  CHECK_THAT(error1, Contains("rank 2"));
+  CHECK_THAT(r0->job_failure(), Contains("rank 2"));
+  CHECK_THAT(failure1, Contains("rank 2"));
+  CHECK(failure_callbacks >= 2);
+  CHECK(seconds_since(start) < 5);
+  // Later requests fail at once.
+  auto later = r0->barrier("later");
+  REQUIRE_FALSE(later);
+  CHECK_THAT(later.message(), Contains("rank 2"));
+}
+
+TEST_CASE("a rank that leaves early fails gathers it never joined, naming it", "[bootstrap]") {
+  LogSink sink;
+  const auto o = options_with(sink);
+  auto r0 = create_ok(make_env(0, 3, 0), o);
+  const int port = r0->port();
+  std::string error1;
+  std::thread t([&] {
+    auto r1 = create_caf_bootstrap(make_env(1, 3, port), o);
+    if (!r1) return;
+    auto a = (*r1)->all_gather("x", "1");
+    error1 = a ? "completed" : a.status().message();
+  });
+  {
+    auto r2 = create_ok(make_env(2, 3, port), o);
+    std::this_thread::sleep_for(200ms);
+  }  // leaves the job
+  auto a0 = r0->all_gather("x", "0");
+  t.join();
+  REQUIRE_FALSE(a0);
+  CHECK_THAT(a0.status().message(), Contains("rank 2"));
+  CHECK_THAT(a0.status().message(), Contains("left the job"));
+  CHECK_THAT(error1, Contains("rank 2"));
+  CHECK(r0->job_failure() == "");  // leaving is not a failure
+}
+
+TEST_CASE("losing rank 0 fails the other ranks' calls", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  Peer rank0({"rank0-exit", "1.5"}, [] {
+    auto vars = peer_env(0, 2, 1);
+    vars["BOOTSTRAP_PEER_EPHEMERAL_PORT"] = "1";
+    return vars;
+  }());
+  const std::string line = rank0.read_line();
+  REQUIRE(line.rfind("port ", 0) == 0);
+  const int port = std::stoi(line.substr(5));
+  LogSink sink;
+  auto r1 = create_ok(make_env(1, 2, port), options_with(sink));
+  const auto start = Clock::now();
+  auto a = r1->all_gather("x", "1");
+  REQUIRE_FALSE(a);
+  CHECK_THAT(a.status().message(), Contains("lost the rendezvous"));
+  CHECK_THAT(r1->job_failure(), Contains("lost the rendezvous"));
+  CHECK(seconds_since(start) < 5);
+}
+
+TEST_CASE("a hung rank is found by the heartbeat", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto o = options_with(sink);
+  o.heartbeat_interval = 100ms;
+  o.connection_timeout = 500ms;
+  auto r0 = create_ok(make_env(0, 2, 0), o);
+  Peer hung({"join-stop"}, [&] {
+    auto vars = peer_env(1, 2, r0->port());
+    vars["BOOTSTRAP_PEER_HEARTBEAT_MS"] = "100";
+    return vars;
+  }());
+  REQUIRE(hung.read_line() == "joined");
+  const auto start = Clock::now();
+  auto a = r0->all_gather("x", "0");
+  REQUIRE_FALSE(a);
+  CHECK_THAT(a.status().message(), Contains("rank 1"));
+  CHECK(seconds_since(start) < 10);
+}
+
+TEST_CASE("a gather with a missing rank times out, naming it", "[bootstrap]") {
+  LogSink sink;
+  auto o = options_with(sink);
+  o.collective_timeout = 500ms;
+  auto r0 = create_ok(make_env(0, 2, 0), o);
+  auto a = r0->all_gather("lonely", "0");
+  REQUIRE_FALSE(a);
+  CHECK_THAT(a.status().message(), Contains("timed out"));
+  CHECK_THAT(a.status().message(), Contains("rank(s) 1 did not take part"));
+  CHECK_THAT(a.status().message(), Contains("never joined"));
+}
+
+TEST_CASE("no rendezvous: the connect gives up after its timeout, naming the address",
+          "[bootstrap]") {
+  LogSink sink;
+  auto o = options_with(sink);
+  o.connect_timeout = 700ms;
+  int port = 0;
+  {  // a port nobody listens on: one rank 0 had and closed
+    auto r0 = create_ok(make_env(0, 2, 0), o);
+    port = r0->port();
+  }
+  const auto start = Clock::now();
+  auto b = create_caf_bootstrap(make_env(1, 2, port), o);
+  REQUIRE_FALSE(b);
+  CHECK_THAT(b.status().message(), Contains("cannot reach the rendezvous"));
+  CHECK_THAT(b.status().message(), Contains("127.0.0.1:" + std::to_string(port)));
+  CHECK(seconds_since(start) >= 0.6);  // it retried for the whole connect timeout
+  CHECK(seconds_since(start) < 5);
+}
+
+}  // namespace
+}  // namespace troupe::comm

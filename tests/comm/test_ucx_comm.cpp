@@ -1,0 +1,301 @@
+// The ucx backend end to end: N worker processes ($TROUPE_UCX_WORKER_BIN, tests/comm/workers/
+// ucx_worker.cpp) bootstrap through a FileBootstrap in a fresh directory and run every collective
+// against a serial reference, over shared memory, TCP loopback and UCX's default choice; then the
+// failure case, where one worker dies in the middle of an all_reduce and the others must report it
+// (exit code 3) within 10 s. FileBootstrap itself is tested in-process.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/file_bootstrap.hpp"
+#include "tests/test_util.hpp"
+
+extern char** environ;
+
+namespace {
+
+using troupe::comm::FileBootstrap;
+using troupe::comm::FileBootstrapOptions;
+using troupe::test::TempDir;
+using Clock = std::chrono::steady_clock;
+
+struct Exit {
+  int code = -1;       // exit status, or -1
+  int signal = 0;      // terminating signal, or 0
+  double seconds = 0;  // since the job started
+};
+
+struct JobResult {
+  std::vector<Exit> exits;
+  bool timed_out = false;
+  std::string logs;  // every worker's output, for failure messages
+};
+
+// The environment of the workers: ours without UCX_TLS / UCX_NET_DEVICES / TROUPE_UCX_SAME_HOST,
+// plus `set`.
+std::vector<std::string> worker_env(const std::map<std::string, std::string>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const std::string key = kv.substr(0, kv.find('='));
+    if (key == "UCX_TLS" || key == "UCX_NET_DEVICES" || key == "TROUPE_UCX_SAME_HOST" ||
+        set.count(key))
+      continue;
+    env.push_back(kv);
+  }
+  for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  return env;
+}
+
+// Starts `n` workers with `args` (plus --rank/--world/--store) and waits for all of them, killing
+// every one that is still running after `timeout`.
+JobResult run_job(const std::string& bin, int n, const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& env_set, std::chrono::seconds timeout) {
+  TempDir dir;
+  const std::vector<std::string> env_strings = worker_env(env_set);
+  std::vector<char*> envp;
+  for (const std::string& s : env_strings) envp.push_back(const_cast<char*>(s.c_str()));
+  envp.push_back(nullptr);
+
+  const auto t0 = Clock::now();
+  std::vector<pid_t> pids(static_cast<size_t>(n), -1);
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> argv_s = {
+        bin,       "--rank",        std::to_string(r), "--world", std::to_string(n),
+        "--store", dir.str("store")};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    const std::string log = dir.str("log" + std::to_string(r));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    const int rc = posix_spawn(&pids[static_cast<size_t>(r)], bin.c_str(), &fa, nullptr,
+                               argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE(rc == 0);
+  }
+
+  JobResult result;
+  result.exits.resize(static_cast<size_t>(n));
+  int running = n;
+  while (running > 0) {
+    for (int r = 0; r < n; ++r) {
+      pid_t& pid = pids[static_cast<size_t>(r)];
+      if (pid < 0) continue;
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) != pid) continue;
+      Exit& e = result.exits[static_cast<size_t>(r)];
+      e.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (WIFEXITED(status)) e.code = WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) e.signal = WTERMSIG(status);
+      pid = -1;
+      --running;
+    }
+    if (running == 0) break;
+    if (Clock::now() - t0 > timeout) {
+      result.timed_out = true;
+      for (pid_t pid : pids) {
+        if (pid > 0) kill(pid, SIGKILL);
+      }
+      for (pid_t pid : pids) {
+        if (pid > 0) waitpid(pid, nullptr, 0);
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < n; ++r) {
+    std::ifstream in(dir.str("log" + std::to_string(r)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const Exit& e = result.exits[static_cast<size_t>(r)];
+    result.logs += "--- rank " + std::to_string(r) + " (exit " + std::to_string(e.code) +
+                   ", signal " + std::to_string(e.signal) + ", " + std::to_string(e.seconds) +
+                   " s):\n" + ss.str();
+  }
+  return result;
+}
+
+const char* worker_bin() {
+  return std::getenv("TROUPE_UCX_WORKER_BIN");
+}
+
+// Runs the full check suite for each (ranks, count scale) under one transport setting.
+void run_suite(const std::map<std::string, std::string>& env,
+               const std::vector<std::pair<int, double>>& jobs) {
+  for (const auto& [n, scale] : jobs) {
+    DYNAMIC_SECTION("ranks " << n << ", count scale " << scale) {
+      JobResult r = run_job(worker_bin(), n, {"--count-scale", std::to_string(scale)}, env,
+                            std::chrono::seconds(60));
+      INFO(r.logs);
+      REQUIRE_FALSE(r.timed_out);
+      for (const Exit& e : r.exits) {
+        CHECK(e.signal == 0);
+        CHECK(e.code == 0);
+      }
+    }
+  }
+}
+
+// One worker (the last, or `victim`) dies in the middle of an all_reduce: it must die by SIGKILL,
+// and every other one must exit with code 3 ("peer failed, and the error named it") within 10 s of
+// it.
+void run_peer_death(const std::map<std::string, std::string>& env, int n, const std::string& mode) {
+  JobResult r = run_job(worker_bin(), n, {"--check", mode}, env, std::chrono::seconds(30));
+  INFO(r.logs);
+  REQUIRE_FALSE(r.timed_out);
+  const Exit& victim = r.exits.back();
+  CHECK(victim.signal == SIGKILL);
+  for (int i = 0; i + 1 < n; ++i) {
+    const Exit& e = r.exits[static_cast<size_t>(i)];
+    CHECK(e.signal == 0);
+    CHECK(e.code == 3);
+    CHECK(e.seconds - victim.seconds < 10.0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ucx collectives over shared memory (UCX_TLS=sm,self)", "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  run_suite({{"UCX_TLS", "sm,self"}}, {{1, 0.0}, {2, 0.0}, {3, 1.0}, {4, 0.0}, {5, 0.0}, {8, 1.0}});
+}
+
+TEST_CASE("ucx collectives over TCP loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=lo)",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  run_suite({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}},
+            {{1, 0.0}, {2, 1.0}, {3, 0.0}, {4, 0.0}, {5, 0.3}, {8, 0.0}});
+}
+
+TEST_CASE("ucx collectives with UCX's default transports", "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // Same-host peers over shared memory (the default), then with UCX error handling (TCP loopback).
+  run_suite({}, {{4, 1.0}});
+  run_suite({{"TROUPE_UCX_SAME_HOST", "ucx"}}, {{3, 0.3}});
+}
+
+TEST_CASE("ucx algorithm variants: small chunks, ring everywhere, ring all_gather", "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // Many chunks and an odd number of lanes (ring and direct all_gather).
+  run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_CHUNK_BYTES", "16K"},
+             {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "3"}},
+            {{5, 0.3}});
+  // The large-message algorithms for every size (blocks smaller than one element, empty blocks),
+  // and the ring all_gather that one-host groups otherwise skip.
+  run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_RING_THRESHOLD", "0"},
+             {"TROUPE_UCX_DIRECT_MAX_RANKS", "0"}},
+            {{4, 0.2}, {7, 0.0}});
+}
+
+TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, naming it",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  SECTION("UCX error handling (TROUPE_UCX_SAME_HOST=ucx), dies while sending") {
+    run_peer_death({{"TROUPE_UCX_SAME_HOST", "ucx"}}, 4, "kill-target");
+  }
+  SECTION("TCP loopback, dies while sending") {
+    run_peer_death({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, 3, "kill-target");
+  }
+  SECTION("shared memory (process watch), dies while the others wait for it") {
+    run_peer_death({{"UCX_TLS", "sm,self"}}, 4, "kill-target-idle");
+  }
+  SECTION("default transports (shared memory, process watch), dies while the others wait for it") {
+    run_peer_death({}, 3, "kill-target-idle");
+  }
+}
+
+TEST_CASE("FileBootstrap gathers every rank's blob in rank order", "[comm][bootstrap]") {
+  TempDir dir;
+  const int n = 4;
+  std::vector<std::vector<std::string>> got(n);
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto boot = FileBootstrap::create(dir.str("store"), r, n);
+      if (!boot.is_ok()) {
+        errors[static_cast<size_t>(r)] = boot.status().message();
+        return;
+      }
+      // Binary blobs, and keys that are not file names.
+      const std::string blob = std::string("rank\0", 5) + std::to_string(r) + std::string(1, '\n');
+      auto a = (*boot)->all_gather("ucx/world0/address", blob);
+      if (!a.is_ok()) {
+        errors[static_cast<size_t>(r)] = a.status().message();
+        return;
+      }
+      got[static_cast<size_t>(r)] = a.value();
+      if (troupe::Status s = (*boot)->barrier("end"); !s.is_ok())
+        errors[static_cast<size_t>(r)] = s.message();
+      auto b = (*boot)->all_gather("../second key", std::to_string(r * r));
+      if (!b.is_ok() || b.value()[3] != "9") errors[static_cast<size_t>(r)] = "second key";
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<size_t>(r)]);
+    CHECK(errors[static_cast<size_t>(r)].empty());
+    REQUIRE(got[static_cast<size_t>(r)].size() == static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      CHECK(got[static_cast<size_t>(r)][static_cast<size_t>(q)] ==
+            std::string("rank\0", 5) + std::to_string(q) + std::string(1, '\n'));
+    }
+  }
+  // Nothing escaped the directory.
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "second key.0"));
+}
+
+TEST_CASE("FileBootstrap fails with the missing ranks after its timeout", "[comm][bootstrap]") {
+  TempDir dir;
+  auto boot = FileBootstrap::create(dir.str("store"), 1, 3,
+                                    FileBootstrapOptions{std::chrono::milliseconds(200)});
+  REQUIRE(boot.is_ok());
+  auto r = (*boot)->all_gather("k", "x");
+  REQUIRE_FALSE(r.is_ok());
+  INFO(r.status().message());
+  CHECK(r.status().message().find("rank(s) 0, 2") != std::string::npos);
+  CHECK(r.status().message().find("timed out") != std::string::npos);
+
+  CHECK_FALSE(FileBootstrap::create(dir.str("store"), 3, 3).is_ok());
+  CHECK_FALSE(FileBootstrap::create(dir.str("store"), 0, 0).is_ok());
+}
+
+TEST_CASE("FileBootstrap refuses ranks started with another world size", "[comm][bootstrap]") {
+  TempDir dir;
+  auto a =
+      FileBootstrap::create(dir.str("store"), 0, 2, FileBootstrapOptions{std::chrono::seconds(5)});
+  auto b = FileBootstrap::create(dir.str("store"), 1, 3,
+                                 FileBootstrapOptions{std::chrono::milliseconds(300)});
+  REQUIRE(a.is_ok());
+  REQUIRE(b.is_ok());
+  std::thread t([&] { (void)(*b)->all_gather("k", "b"); });
+  auto r = (*a)->all_gather("k", "a");
+  t.join();
+  REQUIRE_FALSE(r.is_ok());
+  INFO(r.status().message());
+  CHECK(r.status().message().find("world size") != std::string::npos);
+}

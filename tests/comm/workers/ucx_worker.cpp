@@ -1,0 +1,551 @@
+// One rank of a ucx-backend test job (started N times by tests/comm/test_ucx_comm.cpp, or by hand):
+//
+//   ucx_worker --rank R --world N --store DIR [--count-scale S] [--kill-rank K]
+//              [--check all|kill-target|kill-target-idle|bench] [--bench-max BYTES] [--iters I]
+//
+// Bootstraps through FileBootstrap on DIR, creates the ucx world and runs:
+//   all          every collective against a serial reference: all_reduce (sum, max; f32, f64,
+//                i32, i64), reduce_scatter(_v), all_gather(_v) (uneven and zero counts, in place),
+//                broadcast from every root, send/recv (interleaved tags, both directions, to self,
+//                posted before and after the message arrives), barrier, progress without wait(),
+//                concurrent sub-groups and concurrent communicators on two threads. Inputs are
+//                small integers in f32 (exact sums), generated from (group rank, index, salt), so
+//                every rank computes the expected result exactly and compares bitwise; checksums of
+//                results that must agree are compared across ranks at the end. Counts: 0, 1, 7,
+//                size-1, 1000, 20000 and, scaled by S (default 1, 0 skips them), 1000003.
+//   kill-target  rank K (default N-1) dies by SIGKILL in the middle of a large all_reduce; the
+//                others must see an error naming rank K.
+//   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in
+//                (with same-host shared memory, a death in the middle of a cma copy from the dying
+//                rank can make UCX abort the reader; see comm/ucx_world.hpp).
+//   bench        rank 0 prints time and busbw (nccl-tests convention) of all_reduce,
+//                reduce_scatter and all_gather from 4 KiB to --bench-max bytes.
+// Exit codes: 0 ok, 1 a check failed (the message names it), 2 bad usage or setup, 3 a peer failed
+// and the error named it (kill-target*, on the surviving ranks).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/file_bootstrap.hpp"
+#include "comm/ucx_world.hpp"
+
+using namespace troupe;
+using namespace troupe::comm;
+
+namespace {
+
+int g_rank = -1;
+
+[[noreturn]] void fail(const std::string& check, const std::string& detail) {
+  std::fprintf(stderr, "ucx_worker rank %d: FAILED check '%s': %s\n", g_rank, check.c_str(),
+               detail.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void must(const Status& s, const std::string& check) {
+  if (!s.is_ok()) fail(check, s.message());
+}
+
+// Small integers (|v| <= 11), exact in every dtype and in sums over up to 8 ranks.
+template <class T>
+T value(int rank, size_t i, int salt) {
+  const int64_t v =
+      static_cast<int64_t>(
+          (static_cast<uint64_t>(rank) * 131 + i * 17 + static_cast<uint64_t>(salt) * 7) % 23) -
+      11;
+  return static_cast<T>(v);
+}
+
+template <class T>
+T combine(T a, T b, ReduceOp op) {
+  return op == ReduceOp::sum ? static_cast<T>(a + b) : (a > b ? a : b);
+}
+
+uint64_t fnv(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+template <class T>
+void compare(const std::string& check, const T* got, const T* want, size_t n) {
+  if (n == 0 || std::memcmp(got, want, n * sizeof(T)) == 0) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+      fail(check, "element " + std::to_string(i) + " of " + std::to_string(n) + " is " +
+                      std::to_string(static_cast<double>(got[i])) + ", expected " +
+                      std::to_string(static_cast<double>(want[i])));
+    }
+  }
+}
+
+struct Checker {
+  std::vector<uint64_t> agreed;  // checksums every rank of the world must share, in order
+
+  template <class T>
+  void all_reduce(Communicator& c, const std::string& tag, size_t count, ReduceOp op, int salt,
+                  bool shared) {
+    const std::string check = tag + " all_reduce " + reduce_op_name(op) + " " +
+                              dtype_name(dtype_of<T>()) + " count " + std::to_string(count);
+    std::vector<T> buf(count), want(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = value<T>(c.rank(), i, salt);
+    must(c.all_reduce(buf.data(), count, dtype_of<T>(), op)->wait(), check);
+    for (size_t i = 0; i < count; ++i) {
+      T acc = value<T>(0, i, salt);
+      for (int q = 1; q < c.size(); ++q) acc = combine(acc, value<T>(q, i, salt), op);
+      want[i] = acc;
+    }
+    compare(check, buf.data(), want.data(), count);
+    if (shared) agreed.push_back(fnv(buf.data(), count * sizeof(T)));
+  }
+
+  void reduce_scatter(Communicator& c, const std::string& tag, const std::vector<size_t>& counts,
+                      bool in_place, ReduceOp op, int salt) {
+    const std::string check =
+        tag + " reduce_scatter_v " + reduce_op_name(op) + (in_place ? " in place" : "") +
+        " total " + std::to_string(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    size_t off = 0;
+    for (int q = 0; q < c.rank(); ++q) off += counts[static_cast<size_t>(q)];
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    std::vector<float> send(total), recv(mine, -99.0f), want(mine);
+    for (size_t i = 0; i < total; ++i) send[i] = value<float>(c.rank(), i, salt);
+    float* out = in_place ? send.data() + off : recv.data();
+    must(c.reduce_scatter_v(send.data(), out, counts, DType::f32, op)->wait(), check);
+    for (size_t i = 0; i < mine; ++i) {
+      float acc = value<float>(0, off + i, salt);
+      for (int q = 1; q < c.size(); ++q) acc = combine(acc, value<float>(q, off + i, salt), op);
+      want[i] = acc;
+    }
+    compare(check, out, want.data(), mine);
+  }
+
+  void all_gather(Communicator& c, const std::string& tag, const std::vector<size_t>& counts,
+                  bool in_place, int salt, bool shared) {
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    const std::string check =
+        tag + " all_gather_v" + (in_place ? " in place" : "") + " total " + std::to_string(total);
+    size_t off = 0;
+    for (int q = 0; q < c.rank(); ++q) off += counts[static_cast<size_t>(q)];
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    std::vector<float> send(mine), recv(total, -99.0f), want(total);
+    for (size_t i = 0; i < mine; ++i) send[i] = value<float>(c.rank(), i, salt);
+    if (in_place)
+      std::copy(send.begin(), send.end(), recv.begin() + static_cast<std::ptrdiff_t>(off));
+    const float* src = in_place ? recv.data() + off : send.data();
+    must(c.all_gather_v(src, recv.data(), counts, DType::f32)->wait(), check);
+    size_t o = 0;
+    for (int q = 0; q < c.size(); ++q) {
+      for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i)
+        want[o + i] = value<float>(q, i, salt);
+      o += counts[static_cast<size_t>(q)];
+    }
+    compare(check, recv.data(), want.data(), total);
+    if (shared) agreed.push_back(fnv(recv.data(), total * sizeof(float)));
+  }
+
+  template <class T>
+  void broadcast(Communicator& c, const std::string& tag, size_t count, int root, int salt,
+                 bool shared) {
+    const std::string check = tag + " broadcast " + dtype_name(dtype_of<T>()) + " count " +
+                              std::to_string(count) + " root " + std::to_string(root);
+    std::vector<T> buf(count, static_cast<T>(99)), want(count);
+    for (size_t i = 0; i < count; ++i) {
+      want[i] = value<T>(root, i, salt);
+      if (c.rank() == root) buf[i] = want[i];
+    }
+    must(c.broadcast(buf.data(), count, dtype_of<T>(), root)->wait(), check);
+    compare(check, buf.data(), want.data(), count);
+    if (shared) agreed.push_back(fnv(buf.data(), count * sizeof(T)));
+  }
+
+  // Every rank exchanges with every rank (itself included) two messages on each of three tags of
+  // different sizes; receives are posted in another order than the sends. With late_receives, the
+  // sends go first and a barrier passes before any receive is posted (the unexpected-message path).
+  void send_recv(Communicator& c, const std::string& tag, size_t large, bool late_receives) {
+    const std::string check =
+        tag + (late_receives ? " send/recv (receives after arrival)" : " send/recv");
+    const uint64_t tags[3] = {5, uint64_t{1} << 40, (uint64_t{1} << 56) - 1};
+    const size_t sizes[3] = {0, 3, large};
+    const int p = c.size();
+    const int r = c.rank();
+    auto content = [&](int from, int to, int t, int k, size_t i) {
+      return static_cast<float>((from * 1000 + to * 100 + t * 10 + k) % 4093) +
+             static_cast<float>(i % 7);
+    };
+    struct Slot {
+      int peer, t, k;
+      std::vector<float> data;
+    };
+    std::vector<Slot> out, in;
+    for (int q = 0; q < p; ++q) {
+      for (int t = 0; t < 3; ++t) {
+        for (int k = 0; k < 2; ++k) {
+          Slot s{q, t, k, std::vector<float>(sizes[t])};
+          for (size_t i = 0; i < sizes[t]; ++i) s.data[i] = content(r, q, t, k, i);
+          out.push_back(std::move(s));
+          in.push_back(Slot{q, t, k, std::vector<float>(sizes[t], -1.0f)});
+        }
+      }
+    }
+    std::vector<WorkPtr> works;
+    auto post_recvs = [&] {
+      // Reverse tag order, messages of one tag in order (matching is in send order per tag).
+      for (int i = static_cast<int>(in.size()) - 1; i >= 0; --i) {
+        Slot& s = in[static_cast<size_t>(i)];
+        if (s.k != 0) continue;
+        works.push_back(c.recv(s.data.data(), s.data.size(), DType::f32, s.peer, tags[s.t]));
+        Slot& s2 = in[static_cast<size_t>(i) + 1];
+        works.push_back(c.recv(s2.data.data(), s2.data.size(), DType::f32, s2.peer, tags[s2.t]));
+      }
+    };
+    if (!late_receives) post_recvs();
+    for (Slot& s : out)
+      works.push_back(c.send(s.data.data(), s.data.size(), DType::f32, s.peer, tags[s.t]));
+    if (late_receives) {
+      // Sends of eager size are complete now; rendezvous ones complete once received.
+      must(c.barrier()->wait(), check + " barrier");
+      post_recvs();
+    }
+    must(wait_all(works), check);
+    for (const Slot& s : in) {
+      for (size_t i = 0; i < s.data.size(); ++i) {
+        if (s.data[i] != content(s.peer, r, s.t, s.k, i)) {
+          fail(check, "message " + std::to_string(s.k) + " from rank " + std::to_string(s.peer) +
+                          " tag " + std::to_string(tags[s.t]) + " element " + std::to_string(i) +
+                          " is wrong");
+        }
+      }
+    }
+  }
+};
+
+std::vector<size_t> uneven_counts(int p, size_t base, int salt) {
+  std::vector<size_t> counts(static_cast<size_t>(p));
+  for (int q = 0; q < p; ++q) {
+    const size_t k = static_cast<size_t>((q * 3 + salt) % 5);
+    counts[static_cast<size_t>(q)] = k == 0 ? 0 : base + k * 13;  // some ranks contribute nothing
+  }
+  return counts;
+}
+
+void run_suite(Checker& ch, Communicator& c, const std::string& tag, size_t large, bool shared) {
+  const int p = c.size();
+  std::vector<size_t> counts = {0, 1, 7, static_cast<size_t>(std::max(p - 1, 1)), 1000, 20000};
+  if (large > 0) counts.push_back(large);
+  int salt = 0;
+  for (size_t n : counts) {
+    ch.all_reduce<float>(c, tag, n, ReduceOp::sum, ++salt, shared);
+    ch.all_reduce<float>(c, tag, n, ReduceOp::max, ++salt, shared);
+  }
+  ch.all_reduce<double>(c, tag, 20000, ReduceOp::sum, ++salt, shared);
+  ch.all_reduce<int32_t>(c, tag, 7, ReduceOp::sum, ++salt, shared);
+  ch.all_reduce<int64_t>(c, tag, 20000, ReduceOp::max, ++salt, shared);
+
+  std::vector<size_t> bases = {0, 1, 3, 5000};
+  if (large > 0) bases.push_back(large / static_cast<size_t>(p));
+  for (size_t base : bases) {
+    const std::vector<size_t> equal(static_cast<size_t>(p), base);
+    const std::vector<size_t> uneven = uneven_counts(p, base, salt);
+    ch.reduce_scatter(c, tag, equal, false, ReduceOp::sum, ++salt);
+    ch.reduce_scatter(c, tag, uneven, false, ReduceOp::sum, ++salt);
+    ch.reduce_scatter(c, tag, uneven, true, ReduceOp::max, ++salt);
+    ch.all_gather(c, tag, equal, false, ++salt, shared);
+    ch.all_gather(c, tag, uneven, false, ++salt, shared);
+    ch.all_gather(c, tag, uneven, true, ++salt, shared);
+  }
+  // The equal-count shorthands.
+  {
+    std::vector<float> send(static_cast<size_t>(p) * 4), recv(4);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = value<float>(c.rank(), i, 77);
+    must(c.reduce_scatter(send.data(), recv.data(), 4, DType::f32, ReduceOp::sum)->wait(),
+         tag + " reduce_scatter");
+    for (size_t i = 0; i < 4; ++i) {
+      float want = value<float>(0, static_cast<size_t>(c.rank()) * 4 + i, 77);
+      for (int q = 1; q < p; ++q)
+        want += value<float>(q, static_cast<size_t>(c.rank()) * 4 + i, 77);
+      if (recv[i] != want) fail(tag + " reduce_scatter", "wrong element " + std::to_string(i));
+    }
+    std::vector<float> all(static_cast<size_t>(p) * 4);
+    must(c.all_gather(recv.data(), all.data(), 4, DType::f32)->wait(), tag + " all_gather");
+    if (shared) ch.agreed.push_back(fnv(all.data(), all.size() * sizeof(float)));
+  }
+  for (int root = 0; root < p; ++root) {
+    ch.broadcast<float>(c, tag, 1, root, ++salt, shared);
+    ch.broadcast<uint8_t>(c, tag, 1001, root, ++salt, shared);
+  }
+  ch.broadcast<float>(c, tag, 20000, p - 1, ++salt, shared);
+  if (large > 0) {
+    ch.broadcast<float>(c, tag, large, 0, ++salt, shared);
+    ch.broadcast<float>(c, tag, large, p / 2, ++salt, shared);
+  }
+  ch.send_recv(c, tag, 20000, false);
+  ch.send_recv(c, tag, 20000, true);
+  for (int i = 0; i < 3; ++i) must(c.barrier()->wait(), tag + " barrier");
+  // Progress without the caller: an operation completes while nobody waits for it.
+  {
+    const size_t n = large > 0 ? large : 100000;
+    std::vector<float> buf(n);
+    for (size_t i = 0; i < n; ++i) buf[i] = value<float>(c.rank(), i, 200);
+    WorkPtr w = c.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!w->test() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (!w->test())
+      fail(tag + " background progress", "all_reduce did not complete without wait()");
+    must(w->wait(), tag + " background progress");
+    for (size_t i = 0; i < n; i += 997) {
+      float want = value<float>(0, i, 200);
+      for (int q = 1; q < p; ++q) want += value<float>(q, i, 200);
+      if (buf[i] != want) fail(tag + " background progress", "wrong element " + std::to_string(i));
+    }
+  }
+  // Several operations in flight at once, waited for together.
+  {
+    const size_t n = 30000;
+    std::vector<std::vector<float>> bufs(4, std::vector<float>(n));
+    std::vector<WorkPtr> works;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      for (size_t i = 0; i < n; ++i)
+        bufs[k][i] = value<float>(c.rank(), i, 100 + static_cast<int>(k));
+      works.push_back(c.all_reduce(bufs[k].data(), n, DType::f32, ReduceOp::sum));
+      works.push_back(c.barrier());
+    }
+    must(wait_all(works), tag + " overlapping all_reduce");
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      for (size_t i = 0; i < n; ++i) {
+        float want = value<float>(0, i, 100 + static_cast<int>(k));
+        for (int q = 1; q < p; ++q) want += value<float>(q, i, 100 + static_cast<int>(k));
+        if (bufs[k][i] != want)
+          fail(tag + " overlapping all_reduce", "wrong element " + std::to_string(i));
+      }
+    }
+  }
+}
+
+int check_all(CommWorld& world, size_t large) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  if (all.backend() != "ucx" || all.size() != world.size() || all.rank() != world.rank()) {
+    fail("everyone()", "wrong backend, size or rank");
+  }
+  Checker ch;
+  run_suite(ch, all, "world", large, true);
+
+  // Even and odd ranks in two disjoint groups at the same time.
+  const int n = world.size();
+  std::vector<int> mine;
+  for (int r = world.rank() % 2; r < n; r += 2) mine.push_back(r);
+  auto half = world.group(mine);
+  must(half.status().is_ok() ? Status::ok() : half.status(), "group(even/odd)");
+  Checker sub;
+  run_suite(sub, **half, world.rank() % 2 ? "odd" : "even", large / 3, false);
+
+  // Two communicators of this rank (the world, and the world in reverse order) used concurrently.
+  std::vector<int> reversed(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) reversed[static_cast<size_t>(i)] = n - 1 - i;
+  auto rev = world.group(reversed);
+  must(rev.status().is_ok() ? Status::ok() : rev.status(), "group(reversed)");
+  Checker other;
+  std::thread t([&] {
+    for (int k = 0; k < 3; ++k)
+      other.all_reduce<float>(**rev, "reversed", 70001, ReduceOp::sum, 300 + k, false);
+    other.send_recv(**rev, "reversed", 5000, false);
+  });
+  for (int k = 0; k < 3; ++k)
+    ch.all_reduce<float>(all, "world+reversed", 50001, ReduceOp::sum, 400 + k, true);
+  ch.broadcast<float>(all, "world+reversed", 100, 0, 500, true);
+  t.join();
+
+  // Every rank must hold bitwise the same results: compare the checksums across the world.
+  std::vector<int64_t> mine_sums(ch.agreed.begin(), ch.agreed.end());
+  const size_t k = mine_sums.size();
+  std::vector<int64_t> every(k * static_cast<size_t>(n));
+  must(all.all_gather(mine_sums.data(), every.data(), k, DType::i64)->wait(), "checksum exchange");
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < k; ++i) {
+      if (every[static_cast<size_t>(q) * k + i] != mine_sums[i]) {
+        fail("results identical on all ranks",
+             "result #" + std::to_string(i) + " differs between rank " +
+                 std::to_string(world.rank()) + " and rank " + std::to_string(q));
+      }
+    }
+  }
+  must(all.barrier()->wait(), "final barrier");
+  std::printf("ucx_worker rank %d/%d: all checks passed (%zu shared results)\n", world.rank(), n,
+              k);
+  return 0;
+}
+
+// idle: the target dies while the others wait for it inside the all_reduce, before it sent
+// anything.
+int check_kill(CommWorld& world, int target, bool idle) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  must(all.barrier()->wait(), "barrier before the kill");
+  const size_t n = 4 << 20;  // 16 MiB of f32: long enough to be in the middle of it
+  std::vector<float> buf(n, 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int iter = 0; iter < 1000; ++iter) {
+    if (world.rank() == target && idle) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::fprintf(
+          stderr,
+          "ucx_worker rank %d: dying now (SIGKILL) while the others wait in an all_reduce\n",
+          target);
+      std::fflush(stderr);
+      raise(SIGKILL);
+    }
+    WorkPtr w = all.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
+    if (world.rank() == target) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::fprintf(stderr,
+                   "ucx_worker rank %d: dying now (SIGKILL) in the middle of an all_reduce\n",
+                   target);
+      std::fflush(stderr);
+      raise(SIGKILL);
+    }
+    Status s = w->wait();
+    if (!s.is_ok()) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const std::string needle = "rank " + std::to_string(target);
+      std::fprintf(stderr, "ucx_worker rank %d: all_reduce failed after %.2f s: %s\n", world.rank(),
+                   secs, s.message().c_str());
+      if (s.message().find(needle) == std::string::npos)
+        fail("peer failure", "the error does not name " + needle);
+      return 3;
+    }
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) break;
+  }
+  fail("peer failure",
+       "all_reduce kept succeeding although rank " + std::to_string(target) + " died");
+}
+
+int bench(CommWorld& world, size_t max_bytes, int iters) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& c = **everyone;
+  const int p = c.size();
+  const size_t max_count = max_bytes / sizeof(float);
+  std::vector<float> a(max_count, 1.0f), b(max_count, 0.0f);
+  if (c.rank() == 0) {
+    std::printf("# ucx bench: %d ranks; time per op (us) and busbw (GB/s)\n", p);
+    std::printf("%12s %12s %10s %12s %10s %12s %10s\n", "bytes", "allreduce", "busbw", "reducescat",
+                "busbw", "allgather", "busbw");
+  }
+  for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    const size_t count = bytes / sizeof(float);
+    const size_t block = count / static_cast<size_t>(p);
+    double us[3];
+    for (int kind = 0; kind < 3; ++kind) {
+      const int n_iter = std::max(
+          2, static_cast<int>(std::min<size_t>(static_cast<size_t>(iters), (256u << 20) / bytes)));
+      auto run = [&] {
+        WorkPtr w;
+        if (kind == 0) w = c.all_reduce(a.data(), count, DType::f32, ReduceOp::sum);
+        if (kind == 1) w = c.reduce_scatter(a.data(), b.data(), block, DType::f32, ReduceOp::sum);
+        if (kind == 2) w = c.all_gather(a.data(), b.data(), block, DType::f32);
+        must(w->wait(), "bench");
+      };
+      run();
+      must(c.barrier()->wait(), "bench barrier");
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n_iter; ++i) run();
+      double t =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / n_iter;
+      // The slowest rank's time counts.
+      must(c.all_reduce(&t, 1, DType::f64, ReduceOp::max)->wait(), "bench time");
+      us[kind] = t * 1e6;
+    }
+    if (c.rank() == 0) {
+      const double f = static_cast<double>(p - 1) / p;
+      std::printf("%12zu %12.1f %10.2f %12.1f %10.2f %12.1f %10.2f\n", bytes, us[0],
+                  bytes / us[0] * 1e-3 * 2 * f, us[1], bytes / us[1] * 1e-3 * f, us[2],
+                  bytes / us[2] * 1e-3 * f);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "ucx_worker: %s\nusage: ucx_worker --rank R --world N --store DIR [--count-scale S] "
+               "[--check all|kill-target|kill-target-idle|bench] [--kill-rank K] [--bench-max "
+               "BYTES] [--iters I]\n",
+               msg);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rank = -1, world_size = -1, kill_rank = -1, iters = 20;
+  std::string store, check = "all";
+  double scale = 1.0;
+  size_t bench_max = 64u << 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+    const char* v = argv[++i];
+    if (a == "--rank")
+      rank = std::atoi(v);
+    else if (a == "--world")
+      world_size = std::atoi(v);
+    else if (a == "--store")
+      store = v;
+    else if (a == "--count-scale")
+      scale = std::atof(v);
+    else if (a == "--check")
+      check = v;
+    else if (a == "--kill-rank")
+      kill_rank = std::atoi(v);
+    else if (a == "--bench-max")
+      bench_max = static_cast<size_t>(std::atoll(v));
+    else if (a == "--iters")
+      iters = std::atoi(v);
+    else
+      usage(("unknown option " + a).c_str());
+  }
+  if (rank < 0 || world_size < 1 || store.empty())
+    usage("--rank, --world and --store are required");
+  g_rank = rank;
+  auto boot = FileBootstrap::create(store, rank, world_size,
+                                    FileBootstrapOptions{std::chrono::seconds(60)});
+  if (!boot.is_ok()) {
+    std::fprintf(stderr, "ucx_worker rank %d: %s\n", rank, boot.status().message().c_str());
+    return 2;
+  }
+  auto world = create_ucx_world(**boot);
+  if (!world.is_ok()) {
+    std::fprintf(stderr, "ucx_worker rank %d: %s\n", rank, world.status().message().c_str());
+    return 2;
+  }
+  size_t large = 0;
+  if (scale > 0) large = static_cast<size_t>(std::llround(1000003 * scale)) | 1;  // odd
+  if (check == "all") return check_all(**world, large);
+  if (check == "kill-target" || check == "kill-target-idle") {
+    return check_kill(**world, kill_rank >= 0 ? kill_rank : world_size - 1,
+                      check == "kill-target-idle");
+  }
+  if (check == "bench") return bench(**world, bench_max, iters);
+  usage(("unknown --check " + check).c_str());
+}
