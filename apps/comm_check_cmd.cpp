@@ -11,6 +11,7 @@
 // --ignore-stop-signals makes the ranks ignore SIGINT and SIGTERM (only SIGKILL stops them).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -25,6 +26,8 @@
 #include "apps/report.hpp"
 #include "comm/caf_bootstrap.hpp"
 #include "comm/launch_env.hpp"
+#include "comm/local_world.hpp"
+#include "comm/ucx_world.hpp"
 
 namespace troupe::apps {
 
@@ -80,9 +83,104 @@ Status check_bootstrap(CheckContext& ctx) {
   return ctx.bootstrap.barrier("comm-check/after-hosts");
 }
 
+// Collectives on `c` checked exactly against the serial result: inputs are integer-valued floats
+// computed from (rank, index), so every rank knows every other rank's input and the expected output.
+Status check_collectives(comm::Communicator& c) {
+  const int n = c.size(), me = c.rank();
+  auto input = [](int rank, size_t i) { return static_cast<float>((rank * 31 + static_cast<int>(i % 1009)) % 97 - 40); };
+  auto fail = [&](const std::string& what, size_t i) {
+    return Status::error(what + ": wrong value at element " + std::to_string(i) + " on rank " + std::to_string(me));
+  };
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1000003}}) {
+    std::vector<float> buf(count), expect(count, 0.0f), mx(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = input(me, i);
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) expect[i] += input(r, i);
+    TROUPE_RETURN_IF_ERROR(c.all_reduce(buf.data(), count, DType::f32, comm::ReduceOp::sum)->wait());
+    for (size_t i = 0; i < count; ++i)
+      if (buf[i] != expect[i]) return fail("all_reduce sum of " + std::to_string(count), i);
+    for (size_t i = 0; i < count; ++i) mx[i] = input(me, i);
+    TROUPE_RETURN_IF_ERROR(c.all_reduce(mx.data(), count, DType::f32, comm::ReduceOp::max)->wait());
+    for (size_t i = 0; i < count; ++i) {
+      float m = input(0, i);
+      for (int r = 1; r < n; ++r) m = std::max(m, input(r, i));
+      if (mx[i] != m) return fail("all_reduce max of " + std::to_string(count), i);
+    }
+    // Uneven blocks: rank r owns count * (r + 1) / sum parts (the last takes the rest).
+    std::vector<size_t> counts(n);
+    size_t used = 0;
+    for (int r = 0; r < n; ++r) {
+      counts[r] = r + 1 == n ? count - used : count * (r + 1) / (n * (n + 1) / 2);
+      used += counts[r];
+    }
+    size_t offset = 0;
+    for (int r = 0; r < me; ++r) offset += counts[r];
+    std::vector<float> send(count), block(counts[me]);
+    for (size_t i = 0; i < count; ++i) send[i] = input(me, i);
+    TROUPE_RETURN_IF_ERROR(c.reduce_scatter_v(send.data(), block.data(), counts, DType::f32, comm::ReduceOp::sum)->wait());
+    for (size_t i = 0; i < counts[me]; ++i)
+      if (block[i] != expect[offset + i]) return fail("reduce_scatter_v of " + std::to_string(count), i);
+    std::vector<float> gathered(count);
+    TROUPE_RETURN_IF_ERROR(c.all_gather_v(block.data(), gathered.data(), counts, DType::f32)->wait());
+    for (size_t i = 0; i < count; ++i)
+      if (gathered[i] != expect[i]) return fail("all_gather_v of " + std::to_string(count), i);
+    for (int root = 0; root < n; ++root) {
+      for (size_t i = 0; i < count; ++i) buf[i] = input(me, i);
+      TROUPE_RETURN_IF_ERROR(c.broadcast(buf.data(), count, DType::f32, root)->wait());
+      for (size_t i = 0; i < count; ++i)
+        if (buf[i] != input(root, i)) return fail("broadcast from rank " + std::to_string(root), i);
+    }
+    // A ring of tagged messages: every rank sends to the next and receives from the previous.
+    const int next = (me + 1) % n, prev = (me + n - 1) % n;
+    std::vector<float> out(count), in(count);
+    for (size_t i = 0; i < count; ++i) out[i] = input(me, i);
+    comm::WorkPtr r = c.recv(in.data(), count, DType::f32, prev, 17);
+    comm::WorkPtr s = c.send(out.data(), count, DType::f32, next, 17);
+    TROUPE_RETURN_IF_ERROR(comm::wait_all({s, r}));
+    for (size_t i = 0; i < count; ++i)
+      if (in[i] != input(prev, i)) return fail("send/recv from rank " + std::to_string(prev), i);
+  }
+  return c.barrier()->wait();
+}
+
+// The UCX backend across the job's processes.
+Status check_ucx(CheckContext& ctx) {
+  auto world = comm::create_ucx_world(ctx.bootstrap);
+  if (!world) return world.status();
+  auto everyone = world.value()->everyone();
+  if (!everyone) return everyone.status();
+  TROUPE_RETURN_IF_ERROR(check_collectives(*everyone.value()));
+  // Two halves (even and odd ranks) as concurrent subgroups.
+  std::vector<int> half;
+  for (int r = ctx.env.rank % 2; r < ctx.env.world_size; r += 2) half.push_back(r);
+  auto group = world.value()->group(half);
+  if (!group) return group.status();
+  return check_collectives(*group.value());
+}
+
+// The local backend inside this process: three threads as ranks.
+Status check_local(CheckContext&) {
+  constexpr int kRanks = 3;
+  auto fabric = comm::LocalFabric::create(kRanks);
+  if (!fabric) return fabric.status();
+  std::vector<Status> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r)
+    threads.emplace_back([&, r] {
+      auto everyone = fabric.value().world(r)->everyone();
+      results[r] = everyone ? check_collectives(*everyone.value()) : everyone.status();
+      if (!results[r]) fabric.value().abort(r, results[r].message());
+    });
+  for (auto& t : threads) t.join();
+  for (const Status& st : results) TROUPE_RETURN_IF_ERROR(st);
+  return Status::ok();
+}
+
 std::vector<CommCheck> comm_checks() {
   return {
       {"bootstrap", check_bootstrap},
+      {"ucx collectives", check_ucx},
+      {"local collectives", check_local},
   };
 }
 
