@@ -7,21 +7,31 @@
 //   auto tp = world->group(topology.tp_group(r)).value();
 //   tp->all_reduce(buf, n, DType::f32, ReduceOp::sum)->wait();
 //
-// Algorithms (members' progress threads read and write each other's buffers in place):
-//   all_reduce      members publish their buffer; the count is cut into size() blocks as evenly
-//                   as possible (blocks may be empty); member i reduces block i over all members'
-//                   buffers in rank order 0..n-1 (so every rank gets bitwise the same result) into
-//                   its own buffer, then every member copies the other blocks from their owners.
-//                   3 barriers; per element, n reads to reduce and n-1 copies to spread the result.
-//   reduce_scatter  member i reduces block i of every member's send into its recv, in rank order.
-//                   recv may be exactly its own block of send (in place). 2 barriers.
-//   all_gather      member i copies every member's send into its recv. 2 barriers.
-//   broadcast       every member copies root's buffer. 2 barriers.
+// Algorithms (members' progress threads read and write each other's buffers in place). Each
+// collective cuts its elements into size() shares as evenly as possible (shares may be empty), and
+// member i moves share i, so the work is balanced even when _v counts are not. Data is moved in
+// chunks of a few KiB that stay in L1/L2: a chunk is read once and written to every destination,
+// which is the fewest bytes through DRAM each collective allows (S = one member's buffer):
+//   all_reduce      member i reduces share i over all members' buffers in rank order 0..n-1 (so
+//                   every rank gets bitwise the same result) and writes the result into share i of
+//                   every member's buffer. Reads nS, writes nS in all.
+//   reduce_scatter  member i reduces share i of the concatenated send layout (its own block when
+//                   counts are equal), in rank order, into the recv of the block's owner. recv may
+//                   be exactly its own block of send (in place). Reads nS (S: a send), writes S.
+//   all_gather      member i reads share i of the concatenated layout from the senders and writes
+//                   it into every member's recv (a send that is its own block of recv is left in
+//                   place). Reads S, writes nS (S: a recv).
+//   broadcast       member i reads share i of root's buffer and writes it into every other
+//                   member's. Reads S, writes (n-1)S.
 //   send / recv     a mailbox per (sender, receiver) pair of the group: whichever side is posted
 //                   second copies once, from the sender's buffer straight into the receiver's
 //                   (rendezvous, nothing is buffered), so send completes when the receiver has
 //                   copied. Posting never blocks the communicator: both sides may send first.
 //   barrier         1 barrier.
+// The other collectives meet at 2 barriers: one publishes the buffers, one ends the data phase.
+// Writes are streaming (non-temporal) stores when a collective's buffers together exceed the
+// last-level cache (the data would not stay cached anyway), except all_reduce's: its destination
+// lines were just read, so they are in cache.
 // A count of 0 (or _v counts that are all 0) is a no-op that involves no other rank.
 //
 // Progress: each Communicator owns one progress thread that runs its operations in issue order;

@@ -214,6 +214,8 @@ class DirectAllGatherOp final : public Op {
     }
     for (int i = 1; i < p; ++i)
       send_to((r + i) % p, send_, own_bytes, sender_step(r), sender_chunk(r));
+    char* own = recv_ + offsets[static_cast<size_t>(r)] * esz_;
+    if (own != send_ && own_bytes != 0) std::memmove(own, send_, own_bytes);  // while peers copy
   }
 
   void on_complete(Msg&) override {
@@ -322,6 +324,10 @@ std::unique_ptr<Op> make_all_reduce(Engine& engine, GroupPtr group, uint64_t seq
   const size_t p = static_cast<size_t>(group->size());
   std::vector<size_t> counts(p);
   for (size_t i = 0; i < p; ++i) counts[i] = count / p + (i < count % p ? 1 : 0);
+  if (group->channel != nullptr) {
+    return make_shm_collective(engine, std::move(group), seq, std::move(name), RingMode::all_reduce,
+                               buf, buf, std::move(counts), dtype, op);
+  }
   return make_ring(engine, std::move(group), seq, std::move(name), RingMode::all_reduce, buf, buf,
                    std::move(counts), dtype, op);
 }
@@ -335,6 +341,10 @@ std::unique_ptr<Op> make_reduce_scatter(Engine& engine, GroupPtr group, uint64_t
     return std::make_unique<DirectReduceScatterOp>(engine, std::move(group), seq, std::move(name),
                                                    send, recv, std::move(counts), dtype, op);
   }
+  if (group->channel != nullptr) {
+    return make_shm_collective(engine, std::move(group), seq, std::move(name),
+                               RingMode::reduce_scatter, send, recv, std::move(counts), dtype, op);
+  }
   return make_ring(engine, std::move(group), seq, std::move(name), RingMode::reduce_scatter, send,
                    recv, std::move(counts), dtype, op);
 }
@@ -347,6 +357,10 @@ std::unique_ptr<Op> make_all_gather(Engine& engine, GroupPtr group, uint64_t seq
   if (total * dtype_size(dtype) < engine.options().ring_threshold) {
     return std::make_unique<DirectAllGatherOp>(engine, std::move(group), seq, std::move(name), send,
                                                recv, std::move(counts), dtype_size(dtype));
+  }
+  if (group->channel != nullptr) {
+    return make_shm_collective(engine, std::move(group), seq, std::move(name), RingMode::all_gather,
+                               send, recv, std::move(counts), dtype, ReduceOp::sum);
   }
   if (group->one_host && group->size() <= engine.options().direct_max_ranks) {
     return make_direct_all_gather(engine, std::move(group), seq, std::move(name), send, recv,

@@ -11,6 +11,7 @@
 // move independently, chunks_in_flight at a time. Tags carry the sender (step field = sender's
 // group rank, so groups are limited to 4096 ranks; the factory uses this only for small groups).
 #include <algorithm>
+#include <cstring>
 
 #include "comm/ucx_collectives.hpp"
 #include "kernels/check.hpp"
@@ -58,6 +59,10 @@ class DirectAllGatherOp final : public Op {
     const size_t lanes =
         std::min<size_t>(static_cast<size_t>(engine_.options().chunks_in_flight), nchunks_);
     for (size_t i = 0; i < lanes; ++i) launch();
+    // This rank's own place, while the peers copy.
+    char* own = dst_ + offsets_[static_cast<size_t>(r_)] * esz_;
+    const size_t own_bytes = counts_[static_cast<size_t>(r_)] * esz_;
+    if (own != src_ && own_bytes != 0) std::memmove(own, src_, own_bytes);
   }
 
   // Receives first, so the peers' messages find them posted; the own chunk goes from `src`.

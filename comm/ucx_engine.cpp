@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "kernels/check.hpp"
 
@@ -23,6 +24,7 @@ constexpr unsigned kAmP2P = 1;
 constexpr unsigned kAmControl = 2;
 constexpr uint32_t kControlBye = 1;   // the sender destroys its world (it is not failing)
 constexpr uint32_t kControlDown = 2;  // `rank` failed, as seen by the sender
+constexpr uint32_t kControlWake = 3;  // shared memory: the sender published what we may wait for
 // Empty iterations of the progress loop before it sleeps on the event fd: a short spin catches the
 // next event of a busy exchange without a system call, and costs little when nothing comes.
 constexpr int kIdleSpins = 16;
@@ -161,6 +163,26 @@ bool tls_allows_shared_memory() {
   };
   if (exclude) return !named({"sm", "shm", "mm"});
   return named({"all", "sm", "shm", "mm", "sysv", "posix", "cma", "xpmem", "knem"});
+}
+
+// The last-level cache shared by this CPU, from sysfs (sysconf's figure is wrong in some VMs).
+size_t last_level_cache_bytes() {
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::FILE* f = std::fopen((dir + "size").c_str(), "r");
+    if (f == nullptr) break;
+    char buf[64] = "";
+    const bool read = std::fgets(buf, sizeof buf, f) != nullptr;
+    std::fclose(f);
+    if (!read) continue;
+    char* end = nullptr;
+    size_t v = std::strtoull(buf, &end, 10);
+    if (end != nullptr && (*end == 'K' || *end == 'k')) v <<= 10;
+    if (end != nullptr && (*end == 'M' || *end == 'm')) v <<= 20;
+    best = std::max(best, v);
+  }
+  return best >= (size_t{1} << 20) ? best : size_t{32} << 20;
 }
 
 std::string identity_field(const std::string& identity, const std::string& key) {
@@ -336,16 +358,35 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
   // Blob: the settings every rank must share (so a mismatch fails here, not as a hang), who we are
   // (to recognise peers on this host), then the worker address.
   const std::string settings =
-      "troupe-ucx 1 ring_threshold=" + std::to_string(options.ring_threshold) +
+      "troupe-ucx 2 ring_threshold=" + std::to_string(options.ring_threshold) +
       " chunk_bytes=" + std::to_string(options.chunk_bytes) +
-      " direct_max_ranks=" + std::to_string(options.direct_max_ranks) + "\n";
+      " direct_max_ranks=" + std::to_string(options.direct_max_ranks) +
+      " shm=" + std::to_string(static_cast<int>(options.shm)) +
+      " shm_slot_bytes=" + std::to_string(options.shm_slot_bytes) + "\n";
+  // This rank's shared-memory segment (see setup_shm), if shared memory may be used at all.
+  std::string shm_note = "disabled";
+  if (options.shm != UcxShm::off) {
+    if (!options.same_host_shm) {
+      shm_note = "disabled by TROUPE_UCX_SAME_HOST=ucx";
+    } else if (!tls_allows_shared_memory()) {
+      shm_note = "disabled: UCX_TLS allows no shared-memory transport";
+    } else if (e->size_ > 1) {
+      auto seg = ShmWorld::create(e->rank_, e->size_, options.shm_bytes);
+      if (seg.is_ok()) {
+        e->shm_ = std::move(seg).value();
+      } else {
+        shm_note = seg.status().message();
+      }
+    }
+  }
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
   char ns[128] = "";
   const ssize_t ns_len = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
   if (ns_len > 0) ns[ns_len] = 0;
-  const std::string identity =
-      std::string("host=") + host + " pidns=" + ns + " pid=" + std::to_string(::getpid()) + "\n";
+  const std::string identity = std::string("host=") + host + " pidns=" + ns +
+                               " pid=" + std::to_string(::getpid()) +
+                               " shm=" + (e->shm_ ? e->shm_->descriptor() : "-") + "\n";
   std::string mine =
       settings + identity + std::string(reinterpret_cast<const char*>(address), address_len);
   ucp_worker_release_address(e->worker_, address);
@@ -362,9 +403,9 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
                            blob.substr(0, eol == std::string::npos ? 40 : eol) + "' but rank " +
                            std::to_string(e->rank_) + " with '" +
                            settings.substr(0, settings.size() - 1) +
-                           "': set TROUPE_UCX_RING_THRESHOLD, TROUPE_UCX_CHUNK_BYTES and "
-                           "TROUPE_UCX_DIRECT_MAX_RANKS alike on "
-                           "all ranks");
+                           "': set TROUPE_UCX_RING_THRESHOLD, TROUPE_UCX_CHUNK_BYTES, "
+                           "TROUPE_UCX_DIRECT_MAX_RANKS, TROUPE_UCX_SHM and "
+                           "TROUPE_UCX_SHM_SLOT_BYTES alike on all ranks");
     }
     const size_t id_end = blob.find('\n', settings.size());
     if (id_end == std::string::npos)
@@ -373,6 +414,11 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
     addresses.push_back(blob.substr(id_end + 1));
   }
   TROUPE_RETURN_IF_ERROR(e->connect(addresses, identities));
+  if (options.shm != UcxShm::off) {
+    // Every rank takes this branch (the setting is shared), so the exchange inside matches up.
+    Status s = e->setup_shm(bootstrap, index, identities);
+    if (!s.is_ok()) return s.with_context("ucx: " + (e->shm_ ? std::string() : shm_note + "; "));
+  }
   e->thread_ = std::thread([raw = e.get()] { raw->run(); });
   return e;
 }
@@ -420,6 +466,7 @@ Engine::~Engine() {
     if (fd >= 0) ::close(fd);
   }
   if (context_ != nullptr) ucp_cleanup(context_);  // nothing is ucp_mem_map'ed, so no memh to unmap
+  shm_.reset();  // after the operations, which point into the segments
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -445,10 +492,13 @@ Result<std::shared_ptr<const GroupInfo>> Engine::make_group(const std::vector<in
   info->members = members;
   info->rank = static_cast<int>(it - members.begin());
   info->one_host = true;
+  bool shm = shm_ != nullptr && members.size() >= 2 && members.size() <= kShmMaxRanks;
   for (int m : members) {
     if (host_keys_[static_cast<size_t>(m)] != host_keys_[static_cast<size_t>(rank_)])
       info->one_host = false;
+    shm = shm && shm_ok_[static_cast<size_t>(m)] != 0;
   }
+  shm = shm && info->one_host;
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t index = group_counts_[members]++;
   uint64_t h = mix(0x74726f757065ull, members.size());
@@ -464,10 +514,15 @@ Result<std::shared_ptr<const GroupInfo>> Engine::make_group(const std::vector<in
         "the groups in another order");
   }
   live_tag_ids_.insert(info->tag_id);
+  if (shm) {
+    info->channel =
+        std::make_shared<ShmChannel>(info->id, info->members, info->rank, options_.shm_slot_bytes);
+  }
   return std::shared_ptr<const GroupInfo>(std::move(info));
 }
 
 void Engine::release_group(const GroupInfo& group) {
+  if (group.channel != nullptr && shm_ != nullptr) shm_->release(group.id, *group.channel);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_tag_ids_.find(group.tag_id);
   if (it != live_tag_ids_.end()) live_tag_ids_.erase(it);
@@ -484,7 +539,9 @@ WorkPtr Engine::submit(std::unique_ptr<Op> op) {
   // thread sleeps on the armed worker and wakes for whatever this leaves in flight.
   std::unique_lock<std::timed_mutex> lk(drive_mu_, std::try_to_lock);
   if (lk.owns_lock() && !stop_.load(std::memory_order_acquire)) {
+    if (shm_) shm_->set_asleep(false);
     pump();
+    going_idle();
     // A waiter asleep on the event fd may have had its work completed by this pump.
     if (drivers_waiting_.load() > 0) ucp_worker_signal(worker_);
   } else {
@@ -804,6 +861,7 @@ bool Engine::pump() {
     process_arrivals();
     did = true;
   }
+  if (!pollers_.empty() && poll_shm()) did = true;
   for (size_t i = 0; i < closing_.size();) {
     if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
       ucp_request_free(closing_[i]);
@@ -821,6 +879,7 @@ void Engine::drive(std::unique_lock<std::timed_mutex>& lk, const std::function<b
                    int sleep_ms, std::chrono::microseconds spin) {
   int idle = 0;
   auto idle_since = std::chrono::steady_clock::now();
+  if (shm_ != nullptr) shm_->set_asleep(false);
   while (!done()) {
     if (pump()) {
       idle = 0;
@@ -836,6 +895,16 @@ void Engine::drive(std::unique_lock<std::timed_mutex>& lk, const std::function<b
     const ucs_status_t st = ucp_worker_arm(worker_);
     if (st == UCS_ERR_BUSY) continue;  // events arrived meanwhile
     if (done()) break;
+    // Shared-memory work in flight: peers wake us through the flag; what they published before
+    // they could see it is caught by this last look.
+    if (!pollers_.empty() && shm_ != nullptr) {
+      shm_->set_asleep(true);
+      if (poll_shm()) {
+        shm_->set_asleep(false);
+        idle = 0;
+        continue;
+      }
+    }
     // Sleep until UCX has an event, a watched peer exits, or the timeout (a safety net) passes,
     // without the token so another thread may drive meanwhile. If arming is unsupported, poll
     // briefly instead of spinning a core.
@@ -843,10 +912,103 @@ void Engine::drive(std::unique_lock<std::timed_mutex>& lk, const std::function<b
     lk.unlock();
     (void)::poll(fds.data(), fds.size(), st == UCS_OK ? sleep_ms : 1);
     lk.lock();
+    if (shm_ != nullptr) shm_->set_asleep(false);
     handle_watch(fds);
     periodic_checks();
     idle = 0;
   }
+  going_idle();
+}
+
+void Engine::going_idle() {
+  if (shm_ == nullptr || pollers_.empty()) return;
+  shm_->set_asleep(true);
+  poll_shm();
+}
+
+bool Engine::poll_shm() {
+  bool did = false;
+  const std::vector<Op*> snapshot = pollers_;
+  for (Op* op : snapshot) {
+    if (std::find(pollers_.begin(), pollers_.end(), op) == pollers_.end()) continue;
+    if (op->poll()) did = true;
+    reap(op);
+  }
+  return did;
+}
+
+void Engine::add_poller(Op* op) {
+  if (std::find(pollers_.begin(), pollers_.end(), op) == pollers_.end()) pollers_.push_back(op);
+}
+
+void Engine::remove_poller(Op* op) {
+  auto it = std::find(pollers_.begin(), pollers_.end(), op);
+  if (it != pollers_.end()) pollers_.erase(it);
+}
+
+void Engine::adopt(std::unique_ptr<Op> op) {
+  Op* raw = op.get();
+  live_ops_.fetch_add(1);
+  ops_.push_back(std::move(op));
+  raw->self = std::prev(ops_.end());
+  raw->begin();
+  reap(raw);
+}
+
+Result<char*> Engine::shm_own_area(uint64_t group_id, size_t bytes) {
+  return shm_->own_area(group_id, bytes);
+}
+
+int Engine::shm_find_area(int world_rank, uint64_t group_id, char** area) const {
+  return shm_->find_area(world_rank, group_id, area);
+}
+
+void Engine::shm_notify(const std::vector<int>& members) {
+  for (int q : members) {
+    if (q != rank_ && peer_state_[static_cast<size_t>(q)] == PeerState::alive &&
+        shm_->take_asleep(q))
+      send_control(q, kControlWake, rank_);
+  }
+}
+
+Status Engine::setup_shm(Bootstrap& bootstrap, int index,
+                         const std::vector<std::string>& identities) {
+  // Map every same-host peer's segment, then tell everyone whether that worked: a group uses
+  // shared memory only if all its members could (and so every member decides alike).
+  std::string verdict = "1";
+  const std::string& my_host = host_keys_[static_cast<size_t>(rank_)];
+  size_t local = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (host_keys_[static_cast<size_t>(r)] != my_host) continue;
+    ++local;
+    if (r == rank_ || shm_ == nullptr) continue;
+    const std::string& id = identities[static_cast<size_t>(r)];
+    const std::string desc = identity_field(id, "shm");
+    Status s = desc == "-" ? Status::error("rank " + std::to_string(r) + " has no segment")
+                           : shm_->attach(r, desc, std::atol(identity_field(id, "pid").c_str()));
+    if (!s.is_ok() && verdict == "1") verdict = "0 rank " + std::to_string(rank_) + ": " + s.message();
+  }
+  if (shm_ == nullptr) verdict = "0 rank " + std::to_string(rank_) + ": no segment";
+  local_ranks_ = std::max<size_t>(local, 1);
+  auto gathered = bootstrap.all_gather("ucx/world" + std::to_string(index) + "/shm", verdict);
+  if (shm_ != nullptr) shm_->unlink_own();  // everyone who could map it has
+  if (!gathered.is_ok())
+    return gathered.status().with_context("exchanging shared-memory verdicts: ");
+  shm_ok_.assign(static_cast<size_t>(size_), 0);
+  std::string refused;
+  for (int r = 0; r < size_; ++r) {
+    const std::string& v = gathered.value()[static_cast<size_t>(r)];
+    shm_ok_[static_cast<size_t>(r)] = v == "1";
+    if (v != "1" && refused.empty()) refused = v.size() > 2 ? v.substr(2) : v;
+  }
+  if (options_.shm == UcxShm::require && !refused.empty()) {
+    return Status::error("TROUPE_UCX_SHM=require, but shared memory is unusable (" + refused +
+                         "); check /dev/shm, or set TROUPE_UCX_SHM=on to fall back to UCX");
+  }
+  if (shm_ != nullptr && shm_ok_[static_cast<size_t>(rank_)] == 0) shm_.reset();
+  stream_bytes_ = last_level_cache_bytes();
+  if (const char* v = std::getenv("TMP_STREAM")) stream_bytes_ = std::strtoull(v, nullptr, 10);
+  return Status::ok();
 }
 
 void Engine::drive_until(WorkState& work) {

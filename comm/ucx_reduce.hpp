@@ -1,4 +1,4 @@
-// Private to the ucx backend: the elementwise reductions its collectives apply.
+// Private to the ucx backend: the elementwise reductions and bulk copies its collectives apply.
 #pragma once
 #include <cstddef>
 
@@ -13,5 +13,18 @@ bool reducible(DType dtype);
 // floats, so callers fix it). out may alias a or b exactly; no other overlap. Integer sums wrap.
 // Vectorised loops; thread-compatible (no shared state). The dtype must be reducible (checked).
 void reduce(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op);
+
+// out[i] = (((in[0][i] op in[1][i]) op in[2][i]) ... op in[k-1][i]) for i < n, k >= 1: the same bits
+// as folding reduce() over the inputs left to right. Works through an L1-sized tile, so each input
+// is read once and out written once; out may alias any input exactly. nontemporal: out is written
+// with streaming stores (for outputs far larger than the caches).
+void reduce_many(void* out, const void* const* in, int k, size_t n, DType dtype, ReduceOp op,
+                 bool nontemporal = false);
+
+// memcpy, or with streaming stores that bypass the caches when `nontemporal` (faster for
+// destinations much larger than the last-level cache, whose lines would only be evicted again).
+// No overlap. Streaming stores are fenced before returning, so a release store that follows
+// publishes the bytes.
+void copy_bytes(void* dst, const void* src, size_t bytes, bool nontemporal);
 
 }  // namespace troupe::comm::ucx

@@ -7,7 +7,7 @@
 //     receive block r-k-2 into a scratch slot and reduce it with this rank's own data as
 //     op(incoming, own). The last step leaves block r complete.
 //   all-gather step t: send block r-t (own final block at t = 0), receive block r-t-1 in place.
-//     (all_gather alone: the caller copies its own block into place; step 0 sends it from `send`.)
+//     (all_gather alone: step 0 sends the own block from `send`; start() copies it into place.)
 // Every block is cut into the same number of chunks (largest block / chunk size, rounded up), and
 // each chunk walks the S steps on its own "lane"; up to chunks_in_flight lanes run at once, so the
 // copy of one chunk overlaps the reduction of another. Within a lane at most two receives are
@@ -111,6 +111,11 @@ class RingOp final : public Op {
         std::min<size_t>(static_cast<size_t>(engine_.options().chunks_in_flight), nchunks_);
     lanes_.resize(lanes);
     for (size_t i = 0; i < lanes; ++i) activate(static_cast<int>(i));
+    if (mode_ == RingMode::all_gather) {  // this rank's own place, while the first steps run
+      char* own = dst_ + offsets_[static_cast<size_t>(r_)] * esz_;
+      const size_t own_bytes = counts_[static_cast<size_t>(r_)] * esz_;
+      if (own != src_ && own_bytes != 0) std::memmove(own, src_, own_bytes);
+    }
   }
 
   void activate(int li) {

@@ -70,18 +70,8 @@ class UcxCommunicator final : public Communicator {
       return completed_work();
     }
     const uint64_t seq = seq_++;
-    WorkPtr work =
-        engine_->submit(ucx::make_all_gather(*engine_, group_, seq, name("all_gather", seq), send,
-                                             recv, {counts.begin(), counts.end()}, dtype));
-    // This rank's own block is copied here, while the progress thread already serves the peers (the
-    // operation sends it from `send` and never touches its place in `recv`).
-    size_t off = 0;
-    for (int q = 0; q < rank(); ++q) off += counts[static_cast<size_t>(q)];
-    char* own = static_cast<char*>(recv) + off * dtype_size(dtype);
-    if (own != send && counts[static_cast<size_t>(rank())] != 0) {
-      std::memmove(own, send, counts[static_cast<size_t>(rank())] * dtype_size(dtype));
-    }
-    return work;
+    return engine_->submit(ucx::make_all_gather(*engine_, group_, seq, name("all_gather", seq), send,
+                                                recv, {counts.begin(), counts.end()}, dtype));
   }
 
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
@@ -213,6 +203,27 @@ Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
                            "same-host peers) or 'ucx' (UCX error handling, TCP loopback)");
     }
     o.same_host_shm = mode == "shm";
+  }
+  if (const char* v = std::getenv("TROUPE_UCX_SHM"); v != nullptr && *v != '\0') {
+    const std::string mode(v);
+    if (mode != "on" && mode != "off" && mode != "require") {
+      return Status::error("TROUPE_UCX_SHM='" + mode +
+                           "' must be 'on' (shared memory for same-host groups where possible), "
+                           "'off' (UCX only) or 'require' (fail unless shared memory works)");
+    }
+    o.shm = mode == "on" ? UcxShm::on : mode == "off" ? UcxShm::off : UcxShm::require;
+  }
+  TROUPE_RETURN_IF_ERROR(
+      env_size("TROUPE_UCX_SHM_SLOT_BYTES", 4096, size_t{64} << 20, o.shm_slot_bytes));
+  TROUPE_RETURN_IF_ERROR(env_size("TROUPE_UCX_SHM_BYTES", size_t{2} << 20,
+                                  std::numeric_limits<size_t>::max() >> 2, o.shm_bytes));
+  if (o.shm_slot_bytes % 4096 != 0 || o.shm_slot_bytes < 4096 ||
+      o.shm_slot_bytes > (size_t{64} << 20)) {
+    return Status::error("ucx: shm_slot_bytes " + std::to_string(o.shm_slot_bytes) +
+                         " must be a multiple of 4096 in [4096, 64 MiB]");
+  }
+  if (o.shm_bytes < (size_t{2} << 20)) {
+    return Status::error("ucx: shm_bytes " + std::to_string(o.shm_bytes) + " must be >= 2 MiB");
   }
   o.chunks_in_flight = static_cast<int>(in_flight);
   o.direct_max_ranks = static_cast<int>(std::min<size_t>(direct_max, 2048));

@@ -76,6 +76,7 @@
 // registration cache serves transports that need registration).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "comm/bootstrap.hpp"
@@ -83,6 +84,10 @@
 #include "kernels/status.hpp"
 
 namespace troupe::comm {
+
+// Shared-memory data path for same-host groups: off, on where every member can map every other
+// member's segment (else UCX), or required (world creation fails if some rank cannot).
+enum class UcxShm : uint8_t { off, on, require };
 
 struct UcxOptions {
   // Messages of at least this many bytes use the large-message algorithms (ring, chunked direct
@@ -108,6 +113,15 @@ struct UcxOptions {
   // UCX keepalive interval: how soon a silently dead peer is noticed (env UCX_KEEPALIVE_INTERVAL
   // wins).
   int keepalive_ms = 1000;
+  // Large collectives of groups on this host through shared memory (env TROUPE_UCX_SHM=on|off|
+  // require). Needs same_host_shm and a shared-memory transport in UCX_TLS. Equal on all ranks.
+  UcxShm shm = UcxShm::on;
+  // One staging piece of the shared-memory path (env TROUPE_UCX_SHM_SLOT_BYTES, a multiple of 4096
+  // in [4096, 64 MiB]); a group of p ranks stages up to 4 * p pieces per rank. Equal on all ranks.
+  size_t shm_slot_bytes = 128 << 10;
+  // Size of this rank's segment (env TROUPE_UCX_SHM_BYTES, at least 2 MiB): sparse, its group
+  // areas are backed as they are allocated; a group that finds no room uses UCX.
+  size_t shm_bytes = size_t{256} << 20;
 };
 
 // Collective over the bootstrap's ranks: creates this rank's UCP context, worker and endpoints,

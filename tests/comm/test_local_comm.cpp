@@ -11,6 +11,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "comm/local_kernels.hpp"
 #include "comm/local_world.hpp"
 #include "comm/topology.hpp"
 
@@ -125,16 +126,20 @@ TEST_CASE("all_reduce sum f32, integer-valued, 1..8 ranks, odd counts: exact", "
 
 TEST_CASE("all_reduce of non-integer floats equals the rank-order serial sum bitwise on every rank",
           "[comm][local]") {
-  const int n = 7;
-  const size_t count = 4099;
-  std::vector<std::vector<float>> in(n);
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> g(0.f, 1.f);
-  for (auto& v : in) {
-    v.resize(count);
-    for (auto& x : v) x = g(rng) * 1e3f;
+  // Group sizes that take every pass shape of the kernel's fold (2, 3, 4+1, 4+3, 4+3+1 sources);
+  // the larger count gives every member several 16 KiB chunks and a partial last one.
+  for (int n : {2, 3, 5, 7, 8}) {
+    for (size_t count : {size_t{4099}, size_t{8 * 8192 + 17}}) {
+      std::vector<std::vector<float>> in(n);
+      std::mt19937_64 rng(5 + n);
+      std::normal_distribution<float> g(0.f, 1.f);
+      for (auto& v : in) {
+        v.resize(count);
+        for (auto& x : v) x = g(rng) * 1e3f;
+      }
+      check_all_reduce<float>(n, count, ReduceOp::sum, in);
+    }
   }
-  check_all_reduce<float>(n, count, ReduceOp::sum, in);
 }
 
 TEST_CASE("all_reduce max and other dtypes", "[comm][local]") {
@@ -228,6 +233,88 @@ TEST_CASE("reduce_scatter in place: recv is the rank's own block of send", "[com
   }));
   for (int r = 0; r < n; ++r) {
     for (size_t k = 0; k < block; ++k) REQUIRE(buf[r][r * block + k] == sum[r * block + k]);
+  }
+}
+
+TEST_CASE("skewed _v counts: one rank's block spans every member's share, in place and not",
+          "[comm][local]") {
+  const int n = 4;
+  const std::vector<size_t> counts = {0, 3, 20011, 0};
+  const std::vector<size_t> offsets = {0, 0, 3, 20014, 20014};
+  const size_t total = offsets[n];
+  std::vector<std::vector<int64_t>> send = inputs<int64_t>(n, total, 41), in_place = send;
+  const std::vector<int64_t> sum = serial_reduce(send, ReduceOp::sum);
+  std::vector<std::vector<int64_t>> recv(n), gathered(n, std::vector<int64_t>(total, -1));
+  std::vector<std::vector<int64_t>> gathered_in_place(n, std::vector<int64_t>(total, -1));
+  std::vector<int64_t> gather_expected(total);
+  for (int r = 0; r < n; ++r) {
+    recv[r].assign(counts[r], -1);
+    for (size_t k = offsets[r]; k < offsets[r + 1]; ++k) {
+      gather_expected[k] = send[r][k];
+      gathered_in_place[r][k] = send[r][k];
+    }
+  }
+  LocalFabric fabric = make_fabric(n);
+  require_all_ok(run_ranks(n, [&](int r) -> std::string {
+    std::string err;
+    auto comm = everyone(fabric, r, &err);
+    if (!comm) return err;
+    return text(wait_all(
+        {comm->reduce_scatter_v(send[r].data(), recv[r].data(), counts, DType::i64, ReduceOp::sum),
+         comm->reduce_scatter_v(in_place[r].data(), in_place[r].data() + offsets[r], counts,
+                                DType::i64, ReduceOp::sum),
+         comm->all_gather_v(send[r].data() + offsets[r], gathered[r].data(), counts, DType::i64),
+         comm->all_gather_v(gathered_in_place[r].data() + offsets[r], gathered_in_place[r].data(),
+                            counts, DType::i64)}));
+  }));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const std::vector<int64_t> mine(sum.begin() + offsets[r], sum.begin() + offsets[r + 1]);
+    REQUIRE(recv[r] == mine);
+    REQUIRE(std::vector<int64_t>(in_place[r].begin() + offsets[r],
+                                 in_place[r].begin() + offsets[r + 1]) == mine);
+    REQUIRE(gathered[r] == gather_expected);
+    REQUIRE(gathered_in_place[r] == gather_expected);
+  }
+}
+
+TEST_CASE("collectives larger than the last-level cache (streaming stores) are exact",
+          "[comm][local]") {
+  // 32 MiB per buffer, so reduce_scatter, all_gather and broadcast span more than the last-level
+  // cache of common machines and take the streaming path (all_reduce never streams); the counts
+  // are odd so blocks start at every alignment.
+  const int n = 3;
+  const size_t count = (size_t{32} << 20) / sizeof(float) + 5;
+  const size_t block = count / n;  // reduce_scatter / all_gather block
+  std::vector<std::vector<float>> buf = inputs<float>(n, count, 51),
+                                  send = inputs<float>(n, count, 52);
+  const std::vector<float> ar_expected = serial_reduce(buf, ReduceOp::sum);
+  const std::vector<float> rs_expected = serial_reduce(send, ReduceOp::sum);
+  std::vector<std::vector<float>> rs(n, std::vector<float>(block)),
+      ag(n, std::vector<float>(n * block));
+  std::vector<std::vector<float>> bc = inputs<float>(n, count, 53);
+  const std::vector<float> bc_expected = bc[1];
+  LocalFabric fabric = make_fabric(n);
+  require_all_ok(run_ranks(n, [&](int r) -> std::string {
+    std::string err;
+    auto comm = everyone(fabric, r, &err);
+    if (!comm) return err;
+    return text(wait_all(
+        {comm->all_reduce(buf[r].data(), count, DType::f32, ReduceOp::sum),
+         comm->reduce_scatter(send[r].data(), rs[r].data(), block, DType::f32, ReduceOp::sum),
+         comm->all_gather(send[r].data() + 1, ag[r].data(), block, DType::f32),
+         comm->broadcast(bc[r].data(), count, DType::f32, 1)}));
+  }));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    REQUIRE(bitwise_equal(buf[r], ar_expected));
+    REQUIRE(bitwise_equal(rs[r], std::vector<float>(rs_expected.begin() + r * block,
+                                                    rs_expected.begin() + (r + 1) * block)));
+    for (int q = 0; q < n; ++q) {
+      REQUIRE(std::memcmp(ag[r].data() + q * block, send[q].data() + 1, block * sizeof(float)) ==
+              0);
+    }
+    REQUIRE(bc[r] == bc_expected);
   }
 }
 
@@ -573,4 +660,89 @@ TEST_CASE("LocalFabric::create refuses bad sizes", "[comm][local]") {
   REQUIRE_FALSE(f.is_ok());
   REQUIRE(f.status().message().find("size 0") != std::string::npos);
   REQUIRE_FALSE(LocalFabric::create(2, {.timeout = std::chrono::milliseconds(-1)}).is_ok());
+}
+
+// The data-movement kernels against plain loops: every source count (fold shapes), destinations
+// at every alignment (streaming stores cover only whole 64-byte lines), a destination that is a
+// source, lengths around the chunk and line sizes.
+TEST_CASE("reduce_to equals the serial reduction for every destination", "[comm][local]") {
+  for (bool streaming : {false, true}) {
+    for (int n = 1; n <= 9; ++n) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{17}, size_t{4096 * 3 + 5}}) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+          INFO("streaming=" << streaming << " n=" << n << " count=" << count
+                            << " op=" << reduce_op_name(op));
+          std::vector<std::vector<float>> in;
+          for (int j = 0; j < n; ++j) {
+            std::vector<float> v(count);
+            std::mt19937_64 rng(count * 10 + j);
+            std::normal_distribution<float> g(0.f, 100.f);
+            for (auto& x : v) x = g(rng);
+            in.push_back(v);
+          }
+          const std::vector<float> expected = count ? serial_reduce(in, op) : std::vector<float>{};
+          std::vector<const void*> srcs;
+          for (auto& v : in) srcs.push_back(v.data());
+          // Three fresh destinations at element offsets 0, 1 and 3, plus source 0 itself.
+          std::vector<std::vector<float>> out(3, std::vector<float>(count + 8, -7.f));
+          const size_t shift[3] = {0, 1, 3};
+          std::vector<void*> dsts = {out[0].data() + shift[0], out[1].data() + shift[1],
+                                     out[2].data() + shift[2], in[0].data()};
+          detail::reduce_to(dsts, srcs, count, DType::f32, op, streaming);
+          for (int d = 0; d < 3; ++d) {
+            REQUIRE(bitwise_equal(
+                std::vector<float>(out[d].begin() + shift[d], out[d].begin() + shift[d] + count),
+                expected));
+            for (size_t k = 0; k < out[d].size(); ++k) {
+              if (k < shift[d] || k >= shift[d] + count) REQUIRE(out[d][k] == -7.f);
+            }
+          }
+          REQUIRE(bitwise_equal(in[0], expected));
+        }
+      }
+    }
+  }
+  // The other dtypes, through one shape.
+  auto check = [](auto zero, DType dtype) {
+    using T = decltype(zero);
+    const size_t count = 5000;
+    std::vector<std::vector<T>> in = inputs<T>(5, count, 9);
+    std::vector<const void*> srcs;
+    for (auto& v : in) srcs.push_back(v.data());
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+      std::vector<T> out(count + 1);
+      void* dst = out.data() + 1;
+      detail::reduce_to({&dst, 1}, srcs, count, dtype, op, true);
+      REQUIRE(std::vector<T>(out.begin() + 1, out.end()) == serial_reduce(in, op));
+    }
+  };
+  check(double{}, DType::f64);
+  check(int32_t{}, DType::i32);
+  check(int64_t{}, DType::i64);
+}
+
+TEST_CASE("copy_to copies to every destination and skips the source", "[comm][local]") {
+  for (bool streaming : {false, true}) {
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{200},
+                         size_t{16384}, size_t{16384 * 2 + 100}}) {
+      for (size_t src_shift : {size_t{0}, size_t{5}}) {
+        INFO("streaming=" << streaming << " bytes=" << bytes << " src_shift=" << src_shift);
+        std::vector<uint8_t> src = integer_valued<uint8_t>(bytes + 8, bytes, 0, 255);
+        const std::vector<uint8_t> src_before = src;
+        std::vector<std::vector<uint8_t>> out(4, std::vector<uint8_t>(bytes + 80, 0xAB));
+        const size_t shift[4] = {0, 1, 31, 63};
+        std::vector<void*> dsts;
+        for (int d = 0; d < 4; ++d) dsts.push_back(out[d].data() + shift[d]);
+        dsts.push_back(src.data() + src_shift);  // the source itself: left alone
+        detail::copy_to(dsts, src.data() + src_shift, bytes, streaming);
+        REQUIRE(src == src_before);
+        for (int d = 0; d < 4; ++d) {
+          for (size_t k = 0; k < out[d].size(); ++k) {
+            const bool inside = k >= shift[d] && k < shift[d] + bytes;
+            REQUIRE(out[d][k] == (inside ? src[src_shift + k - shift[d]] : 0xAB));
+          }
+        }
+      }
+    }
+  }
 }

@@ -1,8 +1,10 @@
 // The ucx backend end to end: N worker processes ($TROUPE_UCX_WORKER_BIN, tests/comm/workers/
 // ucx_worker.cpp) bootstrap through a FileBootstrap in a fresh directory and run every collective
-// against a serial reference, over shared memory, TCP loopback and UCX's default choice; then the
-// failure case, where one worker dies in the middle of an all_reduce and the others must report it
-// (exit code 3) within 10 s. FileBootstrap itself is tested in-process.
+// against a serial reference, over shared memory, TCP loopback and UCX's default choice, with the
+// shared-memory data path for same-host groups required, off, and falling back for lack of room;
+// then the failure cases: one worker dies in the middle of an all_reduce and the others must
+// report it (exit code 3) within 10 s, and ranks that disagree on a count must all fail (exit
+// code 4). FileBootstrap itself is tested in-process.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -44,14 +46,14 @@ struct JobResult {
   std::string logs;  // every worker's output, for failure messages
 };
 
-// The environment of the workers: ours without UCX_TLS / UCX_NET_DEVICES / TROUPE_UCX_SAME_HOST,
-// plus `set`.
+// The environment of the workers: ours without UCX_TLS / UCX_NET_DEVICES / TROUPE_UCX_*, plus
+// `set`.
 std::vector<std::string> worker_env(const std::map<std::string, std::string>& set) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv(*e);
     const std::string key = kv.substr(0, kv.find('='));
-    if (key == "UCX_TLS" || key == "UCX_NET_DEVICES" || key == "TROUPE_UCX_SAME_HOST" ||
+    if (key == "UCX_TLS" || key == "UCX_NET_DEVICES" || key.rfind("TROUPE_UCX_", 0) == 0 ||
         set.count(key))
       continue;
     env.push_back(kv);
@@ -136,13 +138,16 @@ const char* worker_bin() {
   return std::getenv("TROUPE_UCX_WORKER_BIN");
 }
 
-// Runs the full check suite for each (ranks, count scale) under one transport setting.
+// Runs the full check suite for each (ranks, count scale) under one transport setting; `extra`
+// goes to every worker's command line.
 void run_suite(const std::map<std::string, std::string>& env,
-               const std::vector<std::pair<int, double>>& jobs) {
+               const std::vector<std::pair<int, double>>& jobs,
+               const std::vector<std::string>& extra = {}) {
   for (const auto& [n, scale] : jobs) {
     DYNAMIC_SECTION("ranks " << n << ", count scale " << scale) {
-      JobResult r = run_job(worker_bin(), n, {"--count-scale", std::to_string(scale)}, env,
-                            std::chrono::seconds(60));
+      std::vector<std::string> args = {"--count-scale", std::to_string(scale)};
+      args.insert(args.end(), extra.begin(), extra.end());
+      JobResult r = run_job(worker_bin(), n, args, env, std::chrono::seconds(60));
       INFO(r.logs);
       REQUIRE_FALSE(r.timed_out);
       for (const Exit& e : r.exits) {
@@ -197,17 +202,66 @@ TEST_CASE("ucx collectives with UCX's default transports", "[comm][ucx]") {
 TEST_CASE("ucx algorithm variants: small chunks, ring everywhere, ring all_gather", "[comm][ucx]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
-  // Many chunks and an odd number of lanes (ring and direct all_gather).
+  // UCX's own transports only (no shared-memory path), as on a group that spans hosts. Many
+  // chunks and an odd number of lanes (ring and direct all_gather).
   run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_SHM", "off"},
              {"TROUPE_UCX_CHUNK_BYTES", "16K"},
              {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "3"}},
-            {{5, 0.3}});
+            {{2, 1.0}, {5, 0.3}});
   // The large-message algorithms for every size (blocks smaller than one element, empty blocks),
   // and the ring all_gather that one-host groups otherwise skip.
   run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_SHM", "off"},
              {"TROUPE_UCX_RING_THRESHOLD", "0"},
              {"TROUPE_UCX_DIRECT_MAX_RANKS", "0"}},
             {{4, 0.2}, {7, 0.0}});
+}
+
+TEST_CASE("ucx shared-memory path: required, every size, small slots, default transports",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // require: world creation fails unless every same-host pair mapped its segments, so the large
+  // collectives below really take the shared-memory path.
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, {{2, 1.0}, {3, 0.3}, {8, 0.3}});
+  // Every size through it (blocks of 0 and 1 elements), one-page pieces: many chunks per call, and
+  // lanes reused across calls and by concurrent calls of one group.
+  run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_SHM", "require"},
+             {"TROUPE_UCX_RING_THRESHOLD", "0"},
+             {"TROUPE_UCX_SHM_SLOT_BYTES", "4096"}},
+            {{4, 0.2}, {5, 0.0}});
+  run_suite({{"TROUPE_UCX_SHM", "require"}}, {{4, 1.0}});
+}
+
+TEST_CASE("ucx shared-memory path: a member without room makes every member fall back to UCX",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // 512 KiB pieces need areas of at least 4 MiB, which a 2 MiB segment cannot hold: rank 0 alone
+  // publishes "no area", so the others must fall back too; then every rank lacks room.
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM_SLOT_BYTES", "512K"}}, {{3, 0.3}},
+            {"--rank-env", "0", "TROUPE_UCX_SHM_BYTES=2M"});
+  run_suite({{"UCX_TLS", "sm,self"},
+             {"TROUPE_UCX_SHM_SLOT_BYTES", "512K"},
+             {"TROUPE_UCX_SHM_BYTES", "2M"}},
+            {{4, 0.2}});
+}
+
+TEST_CASE("ucx: ranks that disagree on a large collective's count all fail instead of hanging",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  JobResult r = run_job(worker_bin(), 3, {"--check", "mismatch"},
+                        {{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}},
+                        std::chrono::seconds(30));
+  INFO(r.logs);
+  REQUIRE_FALSE(r.timed_out);
+  for (const Exit& e : r.exits) {
+    CHECK(e.signal == 0);
+    CHECK(e.code == 4);
+  }
 }
 
 TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, naming it",
@@ -222,6 +276,12 @@ TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, na
   }
   SECTION("shared memory (process watch), dies while the others wait for it") {
     run_peer_death({{"UCX_TLS", "sm,self"}}, 4, "kill-target-idle");
+  }
+  SECTION("shared-memory path (required), dies in the middle of its copies") {
+    run_peer_death({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, 4, "kill-target");
+  }
+  SECTION("UCX's shared memory without the shared-memory path, dies while the others wait") {
+    run_peer_death({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "off"}}, 3, "kill-target-idle");
   }
   SECTION("default transports (shared memory, process watch), dies while the others wait for it") {
     run_peer_death({}, 3, "kill-target-idle");

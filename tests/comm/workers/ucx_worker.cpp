@@ -1,8 +1,11 @@
 // One rank of a ucx-backend test job (started N times by tests/comm/test_ucx_comm.cpp, or by hand):
 //
 //   ucx_worker --rank R --world N --store DIR [--count-scale S] [--kill-rank K]
-//              [--check all|kill-target|kill-target-idle|bench] [--bench-max BYTES] [--iters I]
+//              [--check all|kill-target|kill-target-idle|mismatch|bench|soak] [--bench-max BYTES]
+//              [--iters I] [--op OP] [--rank-env R KEY=VALUE]...
 //
+// --rank-env sets KEY=VALUE in rank R's environment before its world is created (one rank with
+// other settings, e.g. a shared-memory segment too small for the groups' staging areas).
 // Bootstraps through FileBootstrap on DIR, creates the ucx world and runs:
 //   all          every collective against a serial reference: all_reduce (sum, max; f32, f64,
 //                i32, i64), reduce_scatter(_v), all_gather(_v) (uneven and zero counts, in place),
@@ -18,10 +21,16 @@
 //   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in
 //                (with same-host shared memory, a death in the middle of a cma copy from the dying
 //                rank can make UCX abort the reader; see comm/ucx_world.hpp).
+//   mismatch     a large all_reduce where the last rank passes a larger count than the others:
+//                every rank must fail (exit 4) with an error instead of hanging (shared-memory
+//                path: the chunks' signatures differ).
 //   bench        rank 0 prints time and busbw (nccl-tests convention) of all_reduce,
 //                reduce_scatter and all_gather from 4 KiB to --bench-max bytes.
+//   soak         one collective (--op all_reduce|reduce_scatter|all_gather) of --bench-max bytes,
+//                over and over for --iters calls; rank 0 prints busbw every 100 calls (for
+//                looking at a steady state with perf or top).
 // Exit codes: 0 ok, 1 a check failed (the message names it), 2 bad usage or setup, 3 a peer failed
-// and the error named it (kill-target*, on the surviving ranks).
+// and the error named it (kill-target*, on the surviving ranks), 4 the mismatch was reported.
 #include <signal.h>
 #include <unistd.h>
 
@@ -439,6 +448,20 @@ int check_kill(CommWorld& world, int target, bool idle) {
        "all_reduce kept succeeding although rank " + std::to_string(target) + " died");
 }
 
+// The last rank calls all_reduce with more elements than the others; everyone must get an error.
+int check_mismatch(CommWorld& world) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  const size_t n = (1 << 20) + (world.rank() == world.size() - 1 ? 4096 : 0);
+  std::vector<float> buf(n, 1.0f);
+  Status s = all.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum)->wait();
+  if (s.is_ok()) fail("mismatch", "an all_reduce with disagreeing counts succeeded");
+  std::fprintf(stderr, "ucx_worker rank %d: mismatch reported: %s\n", world.rank(),
+               s.message().c_str());
+  return 4;
+}
+
 int bench(CommWorld& world, size_t max_bytes, int iters) {
   auto everyone = world.everyone();
   must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
@@ -486,11 +509,40 @@ int bench(CommWorld& world, size_t max_bytes, int iters) {
   return 0;
 }
 
+int soak(CommWorld& world, const std::string& op, size_t bytes, int iters) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& c = **everyone;
+  const int p = c.size();
+  const size_t count = bytes / sizeof(float), block = count / static_cast<size_t>(p);
+  std::vector<float> a(count, 1.0f), b(count, 0.0f);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i <= iters; ++i) {
+    WorkPtr w;
+    if (op == "all_reduce") w = c.all_reduce(a.data(), count, DType::f32, ReduceOp::sum);
+    if (op == "reduce_scatter")
+      w = c.reduce_scatter(a.data(), b.data(), block, DType::f32, ReduceOp::sum);
+    if (op == "all_gather") w = c.all_gather(a.data(), b.data(), block, DType::f32);
+    if (w == nullptr) fail("soak", "unknown --op " + op);
+    must(w->wait(), "soak");
+    if (i % 100 == 0 && c.rank() == 0) {
+      const auto t1 = std::chrono::steady_clock::now();
+      const double us = std::chrono::duration<double>(t1 - t0).count() / 100 * 1e6;
+      const double f = (op == "all_reduce" ? 2.0 : 1.0) * (p - 1) / p;
+      std::printf("%s %zu bytes: %.1f us, busbw %.2f GB/s\n", op.c_str(), bytes, us,
+                  static_cast<double>(bytes) / us * 1e-3 * f);
+      std::fflush(stdout);
+      t0 = t1;
+    }
+  }
+  return 0;
+}
+
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "ucx_worker: %s\nusage: ucx_worker --rank R --world N --store DIR [--count-scale S] "
-               "[--check all|kill-target|kill-target-idle|bench] [--kill-rank K] [--bench-max "
-               "BYTES] [--iters I]\n",
+               "[--check all|kill-target|kill-target-idle|mismatch|bench|soak] [--kill-rank K] "
+               "[--bench-max BYTES] [--iters I] [--op OP] [--rank-env R KEY=VALUE]...\n",
                msg);
   std::exit(2);
 }
@@ -500,6 +552,8 @@ int bench(CommWorld& world, size_t max_bytes, int iters) {
 int main(int argc, char** argv) {
   int rank = -1, world_size = -1, kill_rank = -1, iters = 20;
   std::string store, check = "all";
+  std::vector<std::pair<int, std::string>> rank_env;
+  std::string soak_op = "all_reduce";
   double scale = 1.0;
   size_t bench_max = 64u << 20;
   for (int i = 1; i < argc; ++i) {
@@ -522,12 +576,21 @@ int main(int argc, char** argv) {
       bench_max = static_cast<size_t>(std::atoll(v));
     else if (a == "--iters")
       iters = std::atoi(v);
+    else if (a == "--op")
+      soak_op = v;
+    else if (a == "--rank-env" && i + 1 < argc)
+      rank_env.emplace_back(std::atoi(v), argv[++i]);
     else
       usage(("unknown option " + a).c_str());
   }
   if (rank < 0 || world_size < 1 || store.empty())
     usage("--rank, --world and --store are required");
   g_rank = rank;
+  for (const auto& [r, kv] : rank_env) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos) usage("--rank-env needs KEY=VALUE");
+    if (r == rank) ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+  }
   auto boot = FileBootstrap::create(store, rank, world_size,
                                     FileBootstrapOptions{std::chrono::seconds(60)});
   if (!boot.is_ok()) {
@@ -546,6 +609,8 @@ int main(int argc, char** argv) {
     return check_kill(**world, kill_rank >= 0 ? kill_rank : world_size - 1,
                       check == "kill-target-idle");
   }
+  if (check == "mismatch") return check_mismatch(**world);
   if (check == "bench") return bench(**world, bench_max, iters);
+  if (check == "soak") return soak(**world, soak_op, bench_max, iters);
   usage(("unknown --check " + check).c_str());
 }
