@@ -1007,7 +1007,6 @@ Status Engine::setup_shm(Bootstrap& bootstrap, int index,
   }
   if (shm_ != nullptr && shm_ok_[static_cast<size_t>(rank_)] == 0) shm_.reset();
   stream_bytes_ = last_level_cache_bytes();
-  if (const char* v = std::getenv("TMP_STREAM")) stream_bytes_ = std::strtoull(v, nullptr, 10);
   return Status::ok();
 }
 
