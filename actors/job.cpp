@@ -1,13 +1,18 @@
 #include "actors/job.hpp"
 
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <thread>
 
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
 #include "actors/shard.hpp"
+#include "actors/rank_actor.hpp"
+#include "actors/timeline.hpp"
 #include "actors/trainer.hpp"
+#include "comm/local_world.hpp"
+#include "comm/topology.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
 
@@ -70,6 +75,187 @@ Result<TrainConfig> checkpoint_config(const std::string& dir) {
   return cfg;
 }
 
+// Runs the trainer to completion, relaying its reports to the callbacks on this thread.
+template <class Shutdown>
+Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor& self, const TrainerSpec& spec,
+                                   const JobCallbacks& callbacks, const JobOptions& options, Shutdown shutdown) {
+  const TrainConfig& config = spec.config;
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
+  trainer_actor trainer = spawn_trainer(system, spec);
+  self->monitor(trainer);
+  self->send(trainer, run_atom::value);
+  bool running = true, stop_sent = false;
+  std::optional<TrainSummary> summary;
+  Status failure;
+  auto check_stop = [&] {
+    if (options.stop && options.stop->load() && !stop_sent) {
+      stop_sent = true;
+      self->send(trainer, stop_atom::value);
+      note("stopping after the current iteration" + std::string(config.save.empty() ? "" : " and saving a checkpoint"));
+    }
+  };
+  self->receive_while(running)(
+      [&](progress_atom, const IterationStats& s) {
+        if (callbacks.on_iteration) callbacks.on_iteration(s);
+        check_stop();
+      },
+      [&](eval_atom, const EvalStats& e) {
+        if (callbacks.on_eval) callbacks.on_eval(e);
+        check_stop();
+      },
+      [&](save_atom, const SavedCheckpoint& c) {
+        if (callbacks.on_saved) callbacks.on_saved(c);
+      },
+      [&](done_atom, const TrainSummary& s) {
+        summary = s;
+        running = false;
+      },
+      [&](failed_atom, const std::string& message) {
+        failure = Status::error(message);
+        running = false;
+      },
+      [&](caf::down_msg& msg) {
+        if (!summary && failure.is_ok()) failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
+        running = false;
+      },
+      caf::after(std::chrono::milliseconds(100)) >> check_stop);
+  shutdown(caf::actor_cast<caf::actor>(trainer));
+  if (!failure.is_ok()) return failure;
+  return *summary;
+}
+
+
+Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
+  ParallelConfig p;
+  p.tp = c.tensor_model_parallel_size;
+  p.pp = c.pipeline_model_parallel_size;
+  p.dp = c.resolved_dp(world_size);
+  p.zero_stage = c.zero_stage;
+  auto schedule = sched::parse_schedule(c.pipeline_schedule);
+  if (!schedule) return schedule.status();
+  p.schedule = schedule.value();
+  p.virtual_chunks = c.num_layers_per_virtual_pipeline_stage > 0
+                         ? c.model.num_layers / (p.pp * c.num_layers_per_virtual_pipeline_stage)
+                         : 1;
+  p.recompute = c.recompute_granularity == "full"        ? Recompute::full
+                : c.recompute_granularity == "selective" ? Recompute::selective
+                                                         : Recompute::none;
+  p.sequence_parallel = c.sequence_parallel && p.tp > 1;
+  return p;
+}
+
+// Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
+// backend, a group actor in front of them, and the same trainer.
+static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
+                                           std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
+                                           const JobOptions& options, int threads, double peak) {
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
+  if (!config.save.empty() || !config.load.empty())
+    return Status::error(
+        "--save and --load are not available yet for parallel layouts (tensor, pipeline or data parallel, or ZeRO): "
+        "sharded checkpoints come with troupe's storage work -- drop --save/--load or train with "
+        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --data-parallel-size 1 --zero-stage 0");
+  const int launched = options.world ? options.world->size() : 1;
+  auto par = parallel_config(config, launched);
+  if (!par) return par.status();
+  const int world = par.value().world_size();
+  if (options.world && world != launched)
+    return Status::error("tensor " + std::to_string(par.value().tp) + " x pipeline " + std::to_string(par.value().pp) +
+                         " x data " + std::to_string(par.value().dp) + " = " + std::to_string(world) +
+                         " ranks, but troupe launch started " + std::to_string(launched) +
+                         " -- change the parallel sizes or the number of processes");
+  comm::ParallelSizes sizes;
+  sizes.tp = par.value().tp;
+  sizes.pp = par.value().pp;
+  sizes.dp = par.value().dp;
+  auto topo = comm::Topology::create(sizes, world);
+  if (!topo) return topo.status();
+  std::optional<comm::LocalFabric> fabric;
+  if (!options.world) {
+    auto f = comm::LocalFabric::create(world);
+    if (!f) return f.status();
+    fabric = std::move(f).value();
+  }
+
+  RankSpec rs;
+  rs.model = config.model;
+  rs.par = par.value();
+  rs.micro_batch_size = config.micro_batch_size;
+  rs.micro_batches = config.grad_accumulation_steps(1);
+  rs.num_threads = options.world ? threads : std::max(1, threads / world);
+  rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
+  std::vector<rank_actor> ranks;
+  std::vector<int> global;
+  if (options.world) {  // one rank per process
+    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world));
+    global.push_back(options.world->rank());
+  } else {
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r)));
+      global.push_back(r);
+    }
+  }
+  group_actor group = spawn_group(system, topo.value(), ranks, global);
+  data_loader_actor loader = spawn_data_loader(system, data);
+  caf::scoped_actor self{system};
+  auto shutdown = [&](const auto&... extra) {
+    self->send_exit(group, caf::exit_reason::user_shutdown);
+    for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
+    self->send_exit(loader, caf::exit_reason::user_shutdown);
+    (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
+  };
+  note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
+       ", schedule " + config.pipeline_schedule +
+       (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
+       std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
+       " compute thread(s) per rank");
+  Status init = ask_ok(self, group, init_atom::value, config.seed);
+  if (!init) return shutdown(), init;
+
+  TrainerSpec spec;
+  spec.config = config;
+  spec.group = group;
+  spec.loader = loader;
+  spec.listener = caf::actor_cast<caf::actor>(self);
+  spec.validation_windows = data->num_windows(DataSplit::validation);
+  spec.sgemm_peak_gflops = peak;
+  auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  if (result && !config.timeline.empty()) {
+    Status written;
+    self->request(group, caf::infinite, spans_atom::value)
+        .receive(
+            [&](std::vector<RankTimeline>& timelines) {
+              if (options.bootstrap != nullptr) {  // under launch: rank 0 writes every rank's spans
+                auto all = options.bootstrap->all_gather("timeline", timelines_to_json(timelines));
+                if (!all) {
+                  written = all.status();
+                  return;
+                }
+                if (options.bootstrap->rank() != 0) return;
+                timelines.clear();
+                for (const std::string& blob : all.value()) {
+                  auto part = timelines_from_json(blob);
+                  if (!part) {
+                    written = part.status();
+                    return;
+                  }
+                  for (auto& t : part.value()) timelines.push_back(std::move(t));
+                }
+              }
+              written = write_chrome_trace(config.timeline, topo.value(), timelines);
+            },
+            [&](caf::error& err) { written = Status::error(describe(err)); });
+    if (!written) return shutdown(), written;
+    note("timeline of the first 20 iterations written to " + config.timeline);
+  }
+  shutdown();
+  return result;
+}
+
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                   const JobCallbacks& callbacks, const JobOptions& options) {
   const int threads = resolve_threads(config.num_threads);
@@ -86,6 +272,8 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
+  if (config.parallel() || options.world)
+    return run_parallel_training(system, config, data, callbacks, options, threads, peak);
   ShardSpec shard_spec;
   shard_spec.model = config.model;
   shard_spec.max_micro_batch = config.micro_batch_size;
@@ -130,47 +318,7 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     if (!init) return shutdown(), init;
   }
 
-  trainer_actor trainer = spawn_trainer(system, spec);
-  self->monitor(trainer);
-  self->send(trainer, run_atom::value);
-  bool running = true, stop_sent = false;
-  std::optional<TrainSummary> summary;
-  Status failure;
-  auto check_stop = [&] {
-    if (options.stop && options.stop->load() && !stop_sent) {
-      stop_sent = true;
-      self->send(trainer, stop_atom::value);
-      note("stopping after the current iteration" + std::string(config.save.empty() ? "" : " and saving a checkpoint"));
-    }
-  };
-  self->receive_while(running)(
-      [&](progress_atom, const IterationStats& s) {
-        if (callbacks.on_iteration) callbacks.on_iteration(s);
-        check_stop();
-      },
-      [&](eval_atom, const EvalStats& e) {
-        if (callbacks.on_eval) callbacks.on_eval(e);
-        check_stop();
-      },
-      [&](save_atom, const SavedCheckpoint& c) {
-        if (callbacks.on_saved) callbacks.on_saved(c);
-      },
-      [&](done_atom, const TrainSummary& s) {
-        summary = s;
-        running = false;
-      },
-      [&](failed_atom, const std::string& message) {
-        failure = Status::error(message);
-        running = false;
-      },
-      [&](caf::down_msg& msg) {
-        if (!summary && failure.is_ok()) failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
-        running = false;
-      },
-      caf::after(std::chrono::milliseconds(100)) >> check_stop);
-  shutdown(trainer);
-  if (!failure.is_ok()) return failure;
-  return *summary;
+  return drive_trainer(system, self, spec, callbacks, options, [&](const caf::actor& t) { shutdown(t); });
 }
 
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,

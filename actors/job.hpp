@@ -9,7 +9,10 @@
 
 #include "actors/data_source.hpp"
 #include "actors/messages.hpp"
+#include "actors/rank_engine.hpp"
 #include "actors/train_config.hpp"
+#include "comm/bootstrap.hpp"
+#include "comm/world.hpp"
 
 namespace troupe {
 
@@ -25,6 +28,11 @@ struct JobOptions {
   // Polled a few times a second; when it becomes true the trainer stops after the current iteration
   // (saving a checkpoint when --save is set).
   const std::atomic<bool>* stop = nullptr;
+  // Under `troupe launch`: this process's view of the job's UCX world (it holds one rank) and the
+  // bootstrap its ranks met through (the timeline is gathered over it). Null: every rank of a
+  // parallel layout runs in this process on the local backend.
+  std::shared_ptr<comm::CommWorld> world;
+  comm::Bootstrap* bootstrap = nullptr;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
@@ -42,6 +50,9 @@ struct EvalSummary {
 // the first `samples` windows of `data`'s training split read in order (all windows when samples <= 0).
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
                                    int micro_batch_size, int num_threads);
+
+// The parallel layout a validated config asks for, with world_size ranks started (1: one process).
+Result<ParallelConfig> parallel_config(const TrainConfig& config, int world_size);
 
 // Model configuration stored in a checkpoint (its latest iteration).
 Result<TrainConfig> checkpoint_config(const std::string& dir);

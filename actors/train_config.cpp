@@ -1,5 +1,6 @@
 #include "actors/train_config.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,10 +12,10 @@ namespace {
 
 using nlohmann::json;
 
-// The JSON written into checkpoints: {"format", "version", "model": {...}, <every TrainConfig
-// field>}.
+// The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
+// <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2 added the "parallel" object; version 1 files read as 1x1x1
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -28,6 +29,19 @@ void visit_model_fields(Model& m, Visitor&& v) {
   v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   v("layernorm_epsilon", m.layernorm_epsilon);
   v("init_method_std", m.init_method_std);
+}
+
+template <class Config, class Visitor>
+void visit_parallel_fields(Config& c, Visitor&& v) {
+  v("tensor_model_parallel_size", c.tensor_model_parallel_size);
+  v("pipeline_model_parallel_size", c.pipeline_model_parallel_size);
+  v("data_parallel_size", c.data_parallel_size);
+  v("zero_stage", c.zero_stage);
+  v("pipeline_schedule", c.pipeline_schedule);
+  v("num_layers_per_virtual_pipeline_stage", c.num_layers_per_virtual_pipeline_stage);
+  v("recompute_granularity", c.recompute_granularity);
+  v("sequence_parallel", c.sequence_parallel);
+  v("timeline", c.timeline);
 }
 
 template <class Config, class Visitor>
@@ -169,6 +183,10 @@ std::string TrainConfig::to_json() const {
   j["format"] = kFormat;
   j["version"] = kVersion;
   j["model"] = std::move(model_json);
+  json parallel_json = json::object();
+  visit_parallel_fields(*this,
+                        [&](const char* key, const auto& value) { parallel_json[key] = value; });
+  j["parallel"] = std::move(parallel_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
@@ -189,9 +207,10 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     return Status::error(std::string("train config JSON: key \"format\" must be \"") + kFormat +
                          "\" -- this is not a troupe training config");
   const auto version = j.find("version");
-  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() != kVersion)
-    return Status::error("train config JSON: key \"version\" must be " + std::to_string(kVersion) +
-                         ", got " +
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1 ||
+      version->get<int64_t>() > kVersion)
+    return Status::error("train config JSON: key \"version\" must be 1 to " +
+                         std::to_string(kVersion) + ", got " +
                          (version == j.end() ? std::string("nothing") : version->dump()) +
                          " -- use the troupe version that wrote the file");
 
@@ -206,10 +225,32 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   visit_model_fields(c.model, model_reader);
   TROUPE_RETURN_IF_ERROR(model_reader.finish());
 
+  if (version->get<int64_t>() >= 2) {
+    const auto par_it = j.find("parallel");
+    if (par_it == j.end())
+      return Status::error(
+          "train config JSON: missing key \"parallel\" -- write the config again with `troupe "
+          "train`");
+    if (!par_it->is_object()) return type_error("parallel", "an object", *par_it);
+    ObjectReader par_reader(*par_it, "parallel.");
+    visit_parallel_fields(c, par_reader);
+    TROUPE_RETURN_IF_ERROR(par_reader.finish());
+  }
+
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
-  TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));
+  // Version 1 had no "parallel": one there is unknown, not silently ignored.
+  if (version->get<int64_t>() >= 2)
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel"}));
+  else
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));
   return c;
+}
+
+int TrainConfig::resolved_dp(int world_size) const {
+  if (data_parallel_size > 0) return data_parallel_size;
+  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size;
+  return world_size > 1 && mp > 0 ? std::max(1, world_size / mp) : 1;
 }
 
 }  // namespace troupe

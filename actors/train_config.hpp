@@ -14,9 +14,22 @@ namespace troupe {
 struct TrainConfig {
   GptConfig model;
 
-  // Batches: gradient accumulation steps = global_batch_size / micro_batch_size (one data-parallel rank).
+  // Batches: gradient accumulation steps = global_batch_size / (micro_batch_size * dp).
   int micro_batch_size = 4;
   int global_batch_size = 4;
+
+  // Parallelism (Megatron's flags; zero_stage also from the DeepSpeed JSON's zero_optimization.stage).
+  // tp x pp x dp actors run in one process, or one per rank under `troupe launch`, where
+  // tp x pp x dp must equal the ranks started (data_parallel_size 0: ranks / (tp x pp)).
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  int data_parallel_size = 0;  // 0: 1 in one process, ranks / (tp x pp) under troupe launch
+  int zero_stage = 0;          // 0..3
+  std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe | interleaved | zb-h1
+  int num_layers_per_virtual_pipeline_stage = 0;  // interleaved: layers per model chunk
+  std::string recompute_granularity = "none";     // none | full | selective
+  bool sequence_parallel = false;
+  std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;
@@ -58,9 +71,18 @@ struct TrainConfig {
 
   std::string deepspeed_config;  // the file the values came from, if any (informational)
 
-  int grad_accumulation_steps() const { return global_batch_size / micro_batch_size; }
+  // Data-parallel size once the ranks are known (world_size: ranks started; 1 in one process).
+  int resolved_dp(int world_size = 1) const;
+  // Micro-batches per data-parallel rank and iteration.
+  int grad_accumulation_steps(int world_size = 1) const {
+    return global_batch_size / (micro_batch_size * resolved_dp(world_size));
+  }
+  bool parallel() const {
+    return tensor_model_parallel_size * pipeline_model_parallel_size * resolved_dp() > 1 || zero_stage > 0;
+  }
 
-  // {"format": "troupe.train_config", "version": 1, "model": {GptConfig's fields}, every field
+  // {"format": "troupe.train_config", "version": 2, "model": {GptConfig's fields}, "parallel": {the
+  // parallelism fields}, every other field
   // above}, indented. from_json requires every key and rejects unknown ones; errors name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);

@@ -5,499 +5,31 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cctype>
 #include <climits>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <functional>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "actors/deepspeed_config.hpp"
 #include "storage/gpt_dataset.hpp"
 
 namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 
 // For each flag whose value came from the DeepSpeed file: which key, in which file. Validation adds
 // it to its message so the user fixes the file, not a flag they never passed.
-using Origins = std::map<std::string, std::string>;
-using GivenFn = std::function<bool(const char* flag)>;
+using Origins = FlagOrigins;
 
-std::string join_keys(const std::vector<std::string>& keys) {
+// "a, b or c".
+std::string join_with(const std::vector<std::string>& items, const std::string& last_separator) {
   std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? last_separator : ", ") + items[i];
   return out;
 }
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return s;
-}
-
-// -------------------------------------------------------------------------------------------------
-// The DeepSpeed JSON file. What each key does in DeepSpeed, as verified in its source
-// (deepspeed/runtime/config.py, engine.py, lr_schedules.py, ops/adam/fused_adam.py), and what
-// troupe makes of it:
-//
-// * Batch: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * world
-//   size (1 here). DeepSpeed fills a missing one from the other two, or with one given: batch only
-//   -> micro = batch, gas = 1; micro only -> batch = micro, gas = 1; all three must agree. troupe
-//   does the same, except that --micro-batch-size can stand in for the missing micro.
-// * optimizer: "type" is compared lower-cased ("Adam"/"AdamW"). The engine builds FusedAdam with
-//   the params, whose defaults are lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0: so a
-//   params key left out of the block means that default, not troupe's. adam_w_mode defaults to true
-//   and type AdamW forces it (effective = type == adamw or adam_w_mode); adam_w_mode false with
-//   type Adam would be Adam with L2 regularisation, which troupe does not implement.
-// * scheduler: the engine steps it after each optimizer step; its counter j starts at -1, where
-//   the lr is warmup_min_lr. All three types use W = max(2, warmup_num_steps) (warmup_num_steps
-//   must be a positive integer, default 1000) and warmup_type "log" by default:
-//     WarmupLR:       lr = min + (max - min) * gamma, for j < W gamma = ln(j + 1) / ln(W) (log) or
-//                     j / W (linear), then 1. warmup_min_lr default 0; warmup_max_lr default:
-//                     the optimizer's lr.
-//     WarmupDecayLR:  the same warm-up, then gamma = max(0, (T - j) / max(1, T - W)), T =
-//                     total_num_steps (required): linear decay to 0 at T. warmup_max_lr default
-//                     1e-3 (its own signature's default, not the optimizer's lr).
-//     WarmupCosineLR: ratio warm-up from warmup_min_ratio (default 0) to 1 over W, then ratio =
-//                     cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * min(1, (j - W + 1) /
-//                     max(1, T - W)))) / 2, times the optimizer's lr. cos_min_ratio default 1e-4.
-//   With iteration k = j + 1 (troupe counts steps taken), every log warm-up and the whole
-//   WarmupCosineLR decay equal lr_schedule's formulas exactly (tests/actors/test_lr_schedule.cpp
-//   checks it step by step), except that WarmupCosineLR runs its very first step at lr 0 where
-//   troupe uses warmup_min_ratio * lr. The linear warm-up and WarmupDecayLR's decay follow
-//   Megatron's convention instead, one step ahead of DeepSpeed's (DeepSpeed's linear warm-up gives
-//   (k - 1) / W, and its decay reaches 0 at k = T + 1). Without a scheduler block the schedule
-//   comes from the flags, as in Megatron-DeepSpeed, where Megatron's own scheduler drives the lr.
-// * gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown: only
-//   timing output in DeepSpeed, accepted and ignored.
-// * zero_optimization.stage (default 0): stages 1-3 partition state across data-parallel ranks.
-// * fp16 / bf16 .enabled (default false).
-// A key DeepSpeed knows but troupe does not (or a typo) is an error: silently ignoring it would
-// train something other than what the file asks for.
-// -------------------------------------------------------------------------------------------------
-class DeepSpeedMerger {
- public:
-  DeepSpeedMerger(GivenFn given, std::string file, TrainConfig* cfg, Origins* origins)
-      : given_(std::move(given)), file_(std::move(file)), cfg_(cfg), origins_(origins) {}
-
-  Status merge() {
-    json top;
-    TROUPE_RETURN_IF_ERROR(read_file(&top));
-    if (!top.is_object())
-      return Status::error("--deepspeed-config " + file_ +
-                           " must hold a JSON object ({...}), got " + top.type_name() +
-                           " -- write the DeepSpeed settings as one object");
-    TROUPE_RETURN_IF_ERROR(check_keys(
-        top, "",
-        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-         "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-         "zero_optimization", "fp16", "bf16"}));
-    TROUPE_RETURN_IF_ERROR(merge_precision(top, "fp16"));
-    TROUPE_RETURN_IF_ERROR(merge_precision(top, "bf16"));
-    TROUPE_RETURN_IF_ERROR(merge_zero(top));
-    std::optional<bool> breakdown;
-    TROUPE_RETURN_IF_ERROR(get_bool(top, "", "wall_clock_breakdown", &breakdown));
-    TROUPE_RETURN_IF_ERROR(merge_batch(top));
-    std::optional<double> clip;
-    TROUPE_RETURN_IF_ERROR(get_number(top, "", "gradient_clipping", &clip));
-    if (clip) apply("--clip-grad", &cfg_->clip_grad, *clip, "gradient_clipping");
-    std::optional<int64_t> steps_per_print;
-    TROUPE_RETURN_IF_ERROR(get_integer(top, "", "steps_per_print", &steps_per_print));
-    if (steps_per_print)
-      apply("--log-interval", &cfg_->log_interval, *steps_per_print, "steps_per_print");
-    TROUPE_RETURN_IF_ERROR(merge_optimizer(top));
-    return merge_scheduler(top);
-  }
-
-  // Whether the file decided the global batch size (so the derived default must not overwrite it).
-  bool set_global_batch() const { return set_global_batch_; }
-
- private:
-  static std::string path_of(const std::string& prefix, const std::string& key) {
-    return prefix.empty() ? key : prefix + "." + key;
-  }
-
-  Status error(const std::string& path, const std::string& what, const std::string& fix) const {
-    return Status::error("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " +
-                         fix);
-  }
-
-  Status read_file(json* out) const {
-    std::error_code ec;
-    if (!fs::exists(file_, ec))
-      return Status::error("--deepspeed-config " + file_ +
-                           ": no such file -- check the path, or drop --deepspeed-config");
-    if (!fs::is_regular_file(file_, ec))
-      return Status::error("--deepspeed-config " + file_ +
-                           " is not a regular file -- pass the DeepSpeed JSON file itself");
-    std::ifstream in(file_, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!in.good() && !in.eof())
-      return Status::error("--deepspeed-config " + file_ +
-                           ": cannot be read -- check its permissions");
-
-    // DeepSpeed rejects a key repeated in one object (dict_raise_error_on_duplicate_keys); so do
-    // we.
-    std::vector<std::set<std::string>> open_objects;
-    std::string duplicate;
-    json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) {
-        open_objects.emplace_back();
-      } else if (event == json::parse_event_t::object_end) {
-        open_objects.pop_back();
-      } else if (event == json::parse_event_t::key && !open_objects.empty()) {
-        const auto key = parsed.get<std::string>();
-        if (!open_objects.back().insert(key).second && duplicate.empty()) duplicate = key;
-      }
-      return true;
-    };
-    try {
-      *out = json::parse(text.str(), on_event);
-    } catch (const json::parse_error& e) {
-      return Status::error("--deepspeed-config " + file_ + " is not valid JSON (byte " +
-                           std::to_string(e.byte) + "): " + e.what() +
-                           " -- fix the file at that position");
-    }
-    if (!duplicate.empty())
-      return Status::error("--deepspeed-config " + file_ + ": key \"" + duplicate +
-                           "\" appears twice in one object -- keep one of them");
-    return Status::ok();
-  }
-
-  Status check_keys(const json& object, const std::string& prefix,
-                    const std::vector<std::string>& accepted) const {
-    for (const auto& item : object.items()) {
-      if (std::find(accepted.begin(), accepted.end(), item.key()) != accepted.end()) continue;
-      return error(
-          path_of(prefix, item.key()),
-          "is not a key troupe understands; accepted keys " +
-              (prefix.empty() ? std::string("at the top level") : "in \"" + prefix + "\"") + ": " +
-              join_keys(accepted),
-          "remove it (troupe implements only these DeepSpeed settings) or fix its spelling");
-    }
-    return Status::ok();
-  }
-
-  Status get_object(const json& parent, const std::string& prefix, const char* key,
-                    const json** out) const {
-    *out = nullptr;
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_object())
-      return error(path_of(prefix, key), std::string("must be an object, got ") + it->dump(),
-                   "write it as {...}");
-    *out = &*it;
-    return Status::ok();
-  }
-
-  Status get_number(const json& parent, const std::string& prefix, const char* key,
-                    std::optional<double>* out) const {
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_number())
-      return error(path_of(prefix, key), "must be a number, got " + it->dump(), "write a number");
-    *out = it->get<double>();
-    return Status::ok();
-  }
-
-  Status get_integer(const json& parent, const std::string& prefix, const char* key,
-                     std::optional<int64_t>* out) const {
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_number_integer() ||
-        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT_MAX)))
-      return error(path_of(prefix, key), "must be an integer, got " + it->dump(),
-                   "write a whole number without a decimal point");
-    *out = it->get<int64_t>();
-    return Status::ok();
-  }
-
-  Status get_positive_integer(const json& parent, const std::string& prefix, const char* key,
-                              std::optional<int64_t>* out) const {
-    TROUPE_RETURN_IF_ERROR(get_integer(parent, prefix, key, out));
-    if (*out && **out <= 0)
-      return error(path_of(prefix, key), "must be positive, got " + std::to_string(**out),
-                   "write a positive integer");
-    return Status::ok();
-  }
-
-  Status get_bool(const json& parent, const std::string& prefix, const char* key,
-                  std::optional<bool>* out) const {
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_boolean())
-      return error(path_of(prefix, key), "must be true or false, got " + it->dump(),
-                   "write true or false (no quotes)");
-    *out = it->get<bool>();
-    return Status::ok();
-  }
-
-  Status get_string(const json& parent, const std::string& prefix, const char* key,
-                    std::optional<std::string>* out) const {
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_string())
-      return error(path_of(prefix, key), "must be a string, got " + it->dump(),
-                   "write it in quotes");
-    *out = it->get<std::string>();
-    return Status::ok();
-  }
-
-  // Sets a field from the file unless its flag was given on the command line.
-  template <class T, class V>
-  void apply(const char* flag, T* field, V value, const std::string& key) {
-    if (given_(flag)) return;
-    *field = static_cast<T>(value);
-    (*origins_)[flag] = "\"" + key + "\" in " + file_;
-  }
-
-  Status merge_precision(const json& top, const char* key) const {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", key, &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, key, {"enabled"}));
-    std::optional<bool> enabled;
-    TROUPE_RETURN_IF_ERROR(get_bool(*block, key, "enabled", &enabled));
-    if (enabled.value_or(false))
-      return error(std::string(key) + ".enabled",
-                   "is true, but mixed precision is not available on the CPU backend (troupe "
-                   "trains in fp32)",
-                   std::string("set \"enabled\": false or remove \"") + key + "\"");
-    return Status::ok();
-  }
-
-  Status merge_zero(const json& top) const {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", "zero_optimization", &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, "zero_optimization", {"stage"}));
-    std::optional<int64_t> stage;
-    TROUPE_RETURN_IF_ERROR(get_integer(*block, "zero_optimization", "stage", &stage));
-    const int64_t s = stage.value_or(0);
-    if (s >= 1 && s <= 3)
-      return error("zero_optimization.stage",
-                   "asks for ZeRO stage " + std::to_string(s) +
-                       ", which needs data parallelism, which this build does not have yet",
-                   "remove zero_optimization or set stage 0");
-    if (s != 0)
-      return error("zero_optimization.stage",
-                   "is " + std::to_string(s) + "; ZeRO stages are 0 to 3",
-                   "set stage 0 or remove zero_optimization");
-    return Status::ok();
-  }
-
-  Status merge_batch(const json& top) {
-    std::optional<int64_t> batch, micro, gas;
-    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "train_batch_size", &batch));
-    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "train_micro_batch_size_per_gpu", &micro));
-    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "gradient_accumulation_steps", &gas));
-    if (batch && micro && gas && *batch != *micro * *gas)
-      return error(
-          "train_batch_size",
-          fmt::format("is {}, but train_micro_batch_size_per_gpu * gradient_accumulation_steps "
-                      "* data-parallel size is {} * {} * 1 = {}",
-                      *batch, *micro, *gas, *micro * *gas),
-          "make the three agree, or give only two of them and let the third follow");
-    if (batch && gas && !micro && *batch % *gas != 0)
-      return error(
-          "train_batch_size",
-          fmt::format("{} is not divisible by gradient_accumulation_steps {}", *batch, *gas),
-          "make train_batch_size a multiple of gradient_accumulation_steps");
-
-    if (micro) {
-      apply("--micro-batch-size", &cfg_->micro_batch_size, *micro,
-            "train_micro_batch_size_per_gpu");
-    } else if (batch && gas) {
-      apply("--micro-batch-size", &cfg_->micro_batch_size, *batch / *gas,
-            "train_batch_size / gradient_accumulation_steps");
-    } else if (batch) {  // DeepSpeed: train_batch_size alone means micro = batch, gas = 1
-      apply("--micro-batch-size", &cfg_->micro_batch_size, *batch, "train_batch_size");
-    }
-    if (given_("--global-batch-size")) return Status::ok();
-    if (batch) {
-      apply("--global-batch-size", &cfg_->global_batch_size, *batch, "train_batch_size");
-      set_global_batch_ = true;
-    } else if (gas) {
-      const int64_t global = static_cast<int64_t>(cfg_->micro_batch_size) * *gas;
-      if (global > INT_MAX)
-        return error("gradient_accumulation_steps",
-                     fmt::format("{} times the micro batch size {} overflows the global batch size",
-                                 *gas, cfg_->micro_batch_size),
-                     "use fewer accumulation steps");
-      apply("--global-batch-size", &cfg_->global_batch_size, global, "gradient_accumulation_steps");
-      set_global_batch_ = true;
-    }
-    return Status::ok();
-  }
-
-  Status merge_optimizer(const json& top) {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", "optimizer", &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, "optimizer", {"type", "params"}));
-    std::optional<std::string> type;
-    TROUPE_RETURN_IF_ERROR(get_string(*block, "optimizer", "type", &type));
-    if (!type)
-      return error("optimizer.type", "is missing",
-                   "add \"type\": \"AdamW\" to the optimizer block");
-    const std::string name = lower(*type);
-    if (name != "adam" && name != "adamw")
-      return error("optimizer.type", "is \"" + *type + "\", which troupe does not implement",
-                   "use \"AdamW\" (or \"Adam\", which DeepSpeed runs as AdamW): troupe's optimizer "
-                   "is AdamW");
-
-    static const json kEmpty = json::object();
-    const json* params = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(*block, "optimizer", "params", &params));
-    if (!params) params = &kEmpty;
-    const std::string p = "optimizer.params";
-    TROUPE_RETURN_IF_ERROR(
-        check_keys(*params, p, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"}));
-
-    std::optional<bool> adam_w_mode;
-    TROUPE_RETURN_IF_ERROR(get_bool(*params, p, "adam_w_mode", &adam_w_mode));
-    if (adam_w_mode && !*adam_w_mode && name == "adam")
-      return error(
-          "optimizer.params.adam_w_mode",
-          "is false, which selects Adam with L2 regularisation; troupe's optimizer is AdamW "
-          "(decoupled weight decay)",
-          "remove adam_w_mode or set it to true");
-
-    // FusedAdam's defaults stand for the params left out (see the comment above the class).
-    std::optional<double> lr, eps, weight_decay;
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "lr", &lr));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "eps", &eps));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "weight_decay", &weight_decay));
-    double beta1 = 0.9, beta2 = 0.999;
-    if (const auto it = params->find("betas"); it != params->end()) {
-      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
-        return error("optimizer.params.betas", "must be a list of two numbers, got " + it->dump(),
-                     "write e.g. [0.9, 0.999]");
-      beta1 = (*it)[0].get<double>();
-      beta2 = (*it)[1].get<double>();
-    }
-    const auto key = [&](const char* k, bool present) {
-      return p + "." + k + (present ? "" : " (DeepSpeed's default)");
-    };
-    apply("--lr", &cfg_->lr, lr.value_or(1e-3), key("lr", lr.has_value()));
-    apply("--adam-eps", &cfg_->adam_eps, eps.value_or(1e-8), key("eps", eps.has_value()));
-    apply("--weight-decay", &cfg_->weight_decay, weight_decay.value_or(0.0),
-          key("weight_decay", weight_decay.has_value()));
-    const bool has_betas = params->contains("betas");
-    apply("--adam-beta1", &cfg_->adam_beta1, beta1,
-          has_betas ? p + ".betas[0]" : key("betas", false));
-    apply("--adam-beta2", &cfg_->adam_beta2, beta2,
-          has_betas ? p + ".betas[1]" : key("betas", false));
-    return Status::ok();
-  }
-
-  Status merge_scheduler(const json& top) {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", "scheduler", &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, "scheduler", {"type", "params"}));
-    std::optional<std::string> type;
-    TROUPE_RETURN_IF_ERROR(get_string(*block, "scheduler", "type", &type));
-    const std::string accepted_types = "WarmupLR, WarmupDecayLR, WarmupCosineLR";
-    if (!type)
-      return error("scheduler.type", "is missing", "add \"type\" with one of " + accepted_types);
-    const bool warmup_lr = *type == "WarmupLR", decay_lr = *type == "WarmupDecayLR",
-               cosine_lr = *type == "WarmupCosineLR";
-    if (!warmup_lr && !decay_lr && !cosine_lr)
-      return error(
-          "scheduler.type", "is \"" + *type + "\", which troupe does not implement",
-          "use one of " + accepted_types + " (or remove the scheduler and use --lr-decay-style)");
-
-    static const json kEmpty = json::object();
-    const json* params = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(*block, "scheduler", "params", &params));
-    if (!params) params = &kEmpty;
-    const std::string p = "scheduler.params";
-    if (cosine_lr) {
-      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
-                                        {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
-                                         "cos_min_ratio", "warmup_type"}));
-    } else if (decay_lr) {
-      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
-                                        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                         "warmup_type", "total_num_steps"}));
-    } else {
-      TROUPE_RETURN_IF_ERROR(check_keys(
-          *params, p, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}));
-    }
-
-    // Shared by the three: warm-up length and shape.
-    std::optional<int64_t> warmup_steps;
-    TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "warmup_num_steps", &warmup_steps));
-    std::optional<std::string> warmup_type;
-    TROUPE_RETURN_IF_ERROR(get_string(*params, p, "warmup_type", &warmup_type));
-    if (warmup_type && *warmup_type != "log" && *warmup_type != "linear")
-      return error(p + ".warmup_type", "is \"" + *warmup_type + "\"", "use \"log\" or \"linear\"");
-    const int64_t steps = warmup_steps.value_or(1000);
-    apply("--lr-warmup-iters", &cfg_->lr_warmup_iters, std::max<int64_t>(2, steps),
-          p + ".warmup_num_steps" +
-              (!warmup_steps ? " (DeepSpeed's default)"
-               : steps < 2   ? " (DeepSpeed raises it to 2)"
-                             : ""));
-    apply("--lr-warmup-style", &cfg_->lr_warmup_style, warmup_type.value_or("log"),
-          p + ".warmup_type" + (warmup_type ? "" : " (DeepSpeed's default)"));
-
-    std::optional<int64_t> total_steps;
-    if (decay_lr || cosine_lr) {
-      TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "total_num_steps", &total_steps));
-      if (!total_steps)
-        return error(p + ".total_num_steps", "is missing; " + *type + " needs it",
-                     "add the number of optimizer steps the lr decays over");
-      apply("--lr-decay-iters", &cfg_->lr_decay_iters, *total_steps, p + ".total_num_steps");
-    }
-
-    if (cosine_lr) {
-      // The peak is the optimizer's lr (already merged, or --lr); the ratios scale it.
-      std::optional<double> warmup_min_ratio, cos_min_ratio;
-      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_ratio", &warmup_min_ratio));
-      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "cos_min_ratio", &cos_min_ratio));
-      apply("--lr-warmup-init", &cfg_->lr_warmup_init, warmup_min_ratio.value_or(0.0) * cfg_->lr,
-            p + ".warmup_min_ratio * lr");
-      apply("--min-lr", &cfg_->min_lr, cos_min_ratio.value_or(1e-4) * cfg_->lr,
-            p + ".cos_min_ratio * lr");
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("cosine"), "scheduler.type");
-      return Status::ok();
-    }
-
-    std::optional<double> min_lr, max_lr;
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_lr", &min_lr));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_max_lr", &max_lr));
-    apply("--lr-warmup-init", &cfg_->lr_warmup_init, min_lr.value_or(0.0),
-          p + ".warmup_min_lr" + (min_lr ? "" : " (DeepSpeed's default)"));
-    if (max_lr) {
-      apply("--lr", &cfg_->lr, *max_lr, p + ".warmup_max_lr");
-    } else if (decay_lr) {
-      apply("--lr", &cfg_->lr, 1e-3, p + ".warmup_max_lr (WarmupDecayLR's default)");
-    }  // WarmupLR without warmup_max_lr keeps the optimizer's lr, as DeepSpeed does.
-    if (warmup_lr) {
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("constant"), "scheduler.type");
-    } else {
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("linear"), "scheduler.type");
-      apply("--min-lr", &cfg_->min_lr, 0.0, "scheduler.type (WarmupDecayLR decays to 0)");
-    }
-    return Status::ok();
-  }
-
-  GivenFn given_;
-  std::string file_;
-  TrainConfig* cfg_;
-  Origins* origins_;
-  bool set_global_batch_ = false;
-};
 
 // -------------------------------------------------------------------------------------------------
 // Validation. Each message: the flag, what is wrong, where the value came from if it was the file,
@@ -509,12 +41,49 @@ class Validator {
 
   Status run(const TrainConfig& c) const {
     TROUPE_RETURN_IF_ERROR(model(c.model));
+    TROUPE_RETURN_IF_ERROR(parallel(c));
     TROUPE_RETURN_IF_ERROR(batch(c));
     TROUPE_RETURN_IF_ERROR(optimizer(c));
     TROUPE_RETURN_IF_ERROR(schedule(c));
     TROUPE_RETURN_IF_ERROR(data(c));
     TROUPE_RETURN_IF_ERROR(checkpoints(c));
     return logging(c);
+  }
+
+  // validate_world's checks; see its declaration.
+  Status world(const TrainConfig& c, int world_size) const {
+    if (world_size < 1)
+      return Status::error(fmt::format(
+          "troupe launch reported {} ranks -- start at least one (--nproc-per-node)", world_size));
+    TROUPE_RETURN_IF_ERROR(sizes(c));  // so that the arithmetic below is defined
+    TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
+    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
+    const int dp = c.resolved_dp(world_size);
+    const int64_t model_parallel = int64_t{tp} * pp;
+    const int64_t needed = model_parallel * dp;
+    if (needed != world_size) {
+      const std::string dp_text =
+          c.data_parallel_size > 0 ? fmt::format("--data-parallel-size {}", dp)
+                                   : fmt::format("data-parallel {} (derived from the ranks)", dp);
+      std::string fix;
+      if (world_size % model_parallel == 0)
+        fix = fmt::format(
+            "set --data-parallel-size {} (or leave it out to derive it) or start "
+            "{} ranks",
+            world_size / model_parallel, needed);
+      else
+        fix = fmt::format(
+            "start a multiple of --tensor-model-parallel-size x "
+            "--pipeline-model-parallel-size = {} ranks (e.g. {}), or change those "
+            "sizes",
+            model_parallel, needed);
+      return bad("--tensor-model-parallel-size",
+                 fmt::format("{} x --pipeline-model-parallel-size {} x {} = {} ranks, but troupe "
+                             "launch started {}",
+                             tp, pp, dp_text, needed, world_size),
+                 fix);
+    }
+    return batch_divisible(c, dp, fmt::format(" (troupe launch started {} ranks)", world_size));
   }
 
  private:
@@ -561,12 +130,155 @@ class Validator {
 
   Status batch(const TrainConfig& c) const {
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
-    if (c.global_batch_size <= 0 || c.global_batch_size % c.micro_batch_size != 0)
+    // In one process; under troupe launch validate_world checks the dp the ranks give.
+    TROUPE_RETURN_IF_ERROR(batch_divisible(c, c.resolved_dp(1), ""));
+    TROUPE_RETURN_IF_ERROR(positive("--train-iters", c.train_iters, "1000"));
+    return Status::ok();
+  }
+
+  // The global batch splits into whole micro-batches on each of `dp` data-parallel replicas.
+  // `ranks`: appended to the message when the dp comes from troupe launch.
+  Status batch_divisible(const TrainConfig& c, int dp, const std::string& ranks) const {
+    const int64_t step = int64_t{c.micro_batch_size} * dp;
+    if (c.global_batch_size > 0 && c.global_batch_size % step == 0) return Status::ok();
+    if (dp == 1)
       return bad("--global-batch-size",
                  fmt::format("{} is not a positive multiple of --micro-batch-size {}",
                              c.global_batch_size, c.micro_batch_size),
                  "make it micro batch size times the gradient accumulation steps");
-    TROUPE_RETURN_IF_ERROR(positive("--train-iters", c.train_iters, "1000"));
+    const int64_t example = std::max<int64_t>(1, (c.global_batch_size + step - 1) / step) * step;
+    return bad("--global-batch-size",
+               fmt::format("{} is not a positive multiple of --micro-batch-size {} x {} = {}{}",
+                           c.global_batch_size, c.micro_batch_size,
+                           ranks.empty() ? fmt::format("--data-parallel-size {}", dp)
+                                         : fmt::format("data-parallel size {}", dp),
+                           step, ranks),
+               fmt::format("make it micro batch size x data-parallel size x the gradient "
+                           "accumulation steps, e.g. {}",
+                           example));
+  }
+
+  // Tensor, pipeline and data parallelism, ZeRO, recomputation. Megatron's rules
+  // (megatron/training/arguments.py) unless a comment says otherwise.
+  Status parallel(const TrainConfig& c) const {
+    const GptConfig& m = c.model;
+    const int tp = c.tensor_model_parallel_size;
+    TROUPE_RETURN_IF_ERROR(sizes(c));
+
+    // Each tensor-parallel rank holds whole heads. hidden % heads == 0 (checked in model()) then
+    // makes hidden and the MLP's 4 * hidden divisible by tp too; the vocabulary is padded to a
+    // multiple of tp (GptConfig::padded_vocab_size).
+    if (m.num_attention_heads % tp != 0) {
+      int divisor = tp;
+      while (m.num_attention_heads % divisor != 0) --divisor;
+      return bad("--num-attention-heads",
+                 fmt::format("{} is not divisible by --tensor-model-parallel-size {}",
+                             m.num_attention_heads, tp),
+                 fmt::format("each tensor-parallel rank holds whole heads: use a head count that "
+                             "is a multiple of {}, or --tensor-model-parallel-size {}",
+                             tp, divisor));
+    }
+    // Megatron turns sequence parallelism off with tp 1 (finalize_train_config does too); it
+    // splits each micro-batch's tokens over the tensor-parallel ranks.
+    if (c.sequence_parallel && tp > 1 && int64_t{c.micro_batch_size} * m.seq_length < tp)
+      return bad("--sequence-parallel",
+                 fmt::format("splits the --micro-batch-size {} x --seq-length {} = {} tokens of a "
+                             "micro-batch over --tensor-model-parallel-size {} ranks, fewer tokens "
+                             "than ranks",
+                             c.micro_batch_size, m.seq_length,
+                             int64_t{c.micro_batch_size} * m.seq_length, tp),
+                 "use longer sequences or a larger micro batch, or drop --sequence-parallel");
+
+    TROUPE_RETURN_IF_ERROR(pipeline(c));
+
+    if (c.zero_stage < 0 || c.zero_stage > 3)
+      return bad("--zero-stage", fmt::format("is {}; ZeRO stages are 0 to 3", c.zero_stage),
+                 "use 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+    const std::string& r = c.recompute_granularity;
+    if (r != "none" && r != "full" && r != "selective")
+      return bad("--recompute-granularity", "is \"" + r + "\"",
+                 "use full or selective, or leave the flag out for no recomputation");
+    return Status::ok();
+  }
+
+  Status sizes(const TrainConfig& c) const {
+    TROUPE_RETURN_IF_ERROR(
+        positive("--tensor-model-parallel-size", c.tensor_model_parallel_size, "1"));
+    TROUPE_RETURN_IF_ERROR(
+        positive("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "1"));
+    if (c.data_parallel_size < 0)
+      return bad("--data-parallel-size", fmt::format("must be >= 0, got {}", c.data_parallel_size),
+                 "use 0 to derive it from the ranks troupe launch starts (1 in one process)");
+    return Status::ok();
+  }
+
+  Status pipeline(const TrainConfig& c) const {
+    const int layers = c.model.num_layers, pp = c.pipeline_model_parallel_size;
+    const int chunk = c.num_layers_per_virtual_pipeline_stage;
+    const std::string& schedule = c.pipeline_schedule;
+    if (schedule != "1f1b" && schedule != "gpipe" && schedule != "interleaved" &&
+        schedule != "zb-h1")
+      return bad("--pipeline-schedule", "is \"" + schedule + "\"",
+                 "use one of 1f1b, gpipe, interleaved, zb-h1");
+    if (schedule != "interleaved") {
+      if (chunk != 0)
+        return bad("--num-layers-per-virtual-pipeline-stage",
+                   fmt::format("{} is only used by --pipeline-schedule interleaved, but the "
+                               "schedule is {}",
+                               chunk, schedule),
+                   "drop --num-layers-per-virtual-pipeline-stage, or drop --pipeline-schedule "
+                   "(the flag alone selects interleaved, as in Megatron)");
+      // Megatron requires num_layers % pp == 0; troupe's stages may hold unequal numbers of
+      // layers, but not none.
+      if (layers < pp)
+        return bad("--pipeline-model-parallel-size",
+                   fmt::format("{} is more than --num-layers {}: every pipeline stage needs at "
+                               "least one layer",
+                               pp, layers),
+                   fmt::format("use at most {} stages, or more layers", layers));
+      return Status::ok();
+    }
+
+    // Interleaved: each of the pp stages holds v >= 2 model chunks of `chunk` layers.
+    if (pp < 2)
+      return bad(
+          "--pipeline-schedule",
+          fmt::format("interleaved needs --pipeline-model-parallel-size 2 or more, got {}", pp),
+          "use more pipeline stages, or another --pipeline-schedule without "
+          "--num-layers-per-virtual-pipeline-stage");
+    std::vector<std::string> valid;  // every chunk size that works, for the fix
+    for (int n = 1; int64_t{2} * pp * n <= layers; ++n)
+      if (layers % (pp * n) == 0) valid.push_back(std::to_string(n));
+    const std::string fix =
+        valid.empty() ? fmt::format(
+                            "no chunk size works for --num-layers {} over {} stages: make "
+                            "--num-layers a multiple of {} and at least {}, or use "
+                            "--pipeline-schedule 1f1b",
+                            layers, pp, pp, 2 * pp)
+                      : fmt::format(
+                            "use --num-layers-per-virtual-pipeline-stage {} (every stage then "
+                            "holds 2 or more chunks)",
+                            join_with(valid, " or "));
+    if (chunk <= 0)
+      return bad("--pipeline-schedule",
+                 fmt::format("interleaved needs --num-layers-per-virtual-pipeline-stage N > 0 "
+                             "(layers per model chunk), got {}",
+                             chunk),
+                 fix);
+    if (layers % (int64_t{pp} * chunk) != 0)
+      return bad("--num-layers-per-virtual-pipeline-stage",
+                 fmt::format("{} does not split --num-layers {} evenly over "
+                             "--pipeline-model-parallel-size {} stages ({} is not a multiple of "
+                             "{} x {} = {})",
+                             chunk, layers, pp, layers, pp, chunk, int64_t{pp} * chunk),
+                 fix);
+    if (layers / (pp * chunk) < 2)
+      return bad("--num-layers-per-virtual-pipeline-stage",
+                 fmt::format("{} leaves 1 model chunk per pipeline stage (--num-layers {} / "
+                             "(--pipeline-model-parallel-size {} x {})); interleaving needs 2 "
+                             "or more",
+                             chunk, layers, pp, chunk),
+                 fix);
     return Status::ok();
   }
 
@@ -717,17 +429,22 @@ class Validator {
     if (c.num_threads < 0)
       return bad("--num-threads", fmt::format("must be >= 0, got {}", c.num_threads),
                  "use 0 for all cores");
-    if (!c.metrics_file.empty()) {
-      std::error_code ec;
-      if (fs::is_directory(c.metrics_file, ec))
-        return bad("--metrics-file", c.metrics_file + " is a directory",
-                   "name a file, e.g. metrics.jsonl");
-      fs::path dir = fs::path(c.metrics_file).parent_path();
-      if (dir.empty()) dir = ".";
-      if (!fs::is_directory(dir, ec))
-        return bad("--metrics-file", "directory " + dir.string() + " does not exist",
-                   "create it first or choose a file in an existing directory");
-    }
+    TROUPE_RETURN_IF_ERROR(output_file("--metrics-file", c.metrics_file, "metrics.jsonl"));
+    return output_file("--timeline", c.timeline, "timeline.json");
+  }
+
+  // A file written later: not a directory, and its directory exists. Nothing is created here.
+  Status output_file(const std::string& flag, const std::string& path,
+                     const std::string& example) const {
+    if (path.empty()) return Status::ok();
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      return bad(flag, path + " is a directory", "name a file, e.g. " + example);
+    fs::path dir = fs::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    if (!fs::is_directory(dir, ec))
+      return bad(flag, "directory " + dir.string() + " does not exist",
+                 "create it first or choose a file in an existing directory");
     return Status::ok();
   }
 
@@ -738,7 +455,8 @@ class Validator {
 
 void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   GptConfig& m = cfg->model;
-  // As with Megatron's argparse, a flag given twice takes its last value (scripts append overrides).
+  // As with Megatron's argparse, a flag given twice takes its last value (scripts append
+  // overrides).
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   // Shows the bound value as the default; the two derived defaults say so in their help instead.
   auto opt = [cmd](const char* group, const char* name, auto& var, const char* help) {
@@ -764,6 +482,31 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
                   "Sequences per optimizer step, a multiple of --micro-batch-size (default: "
                   "--micro-batch-size)")
       ->group(batch);
+
+  const char* par = "Parallelism";
+  opt(par, "--tensor-model-parallel-size", cfg->tensor_model_parallel_size,
+      "Tensor-parallel ranks splitting every layer; must divide --num-attention-heads");
+  opt(par, "--pipeline-model-parallel-size", cfg->pipeline_model_parallel_size,
+      "Pipeline stages splitting the layers");
+  opt(par, "--data-parallel-size", cfg->data_parallel_size,
+      "Data-parallel replicas (troupe's own flag: Megatron derives it); 0: ranks / (tensor x "
+      "pipeline) under troupe launch, 1 in one process");
+  opt(par, "--zero-stage", cfg->zero_stage,
+      "ZeRO over the data-parallel ranks: 0 off, 1 optimizer states, 2 + gradients, 3 + "
+      "parameters (DeepSpeed's zero_optimization.stage)");
+  opt(par, "--pipeline-schedule", cfg->pipeline_schedule, "1f1b, gpipe, interleaved or zb-h1");
+  cmd->add_option("--num-layers-per-virtual-pipeline-stage",
+                  cfg->num_layers_per_virtual_pipeline_stage,
+                  "Layers per model chunk of the interleaved schedule; giving it selects "
+                  "--pipeline-schedule interleaved, as in Megatron")
+      ->group(par);
+  opt(par, "--recompute-granularity", cfg->recompute_granularity,
+      "Activation recomputation: full or selective (none: keep all activations)");
+  cmd->add_flag("--sequence-parallel", cfg->sequence_parallel,
+                "Split layer-norm and dropout activations along the sequence over the "
+                "tensor-parallel ranks (ignored with --tensor-model-parallel-size 1, as in "
+                "Megatron)")
+      ->group(par);
 
   const char* optim = "Optimizer and learning-rate schedule";
   opt(optim, "--lr", cfg->lr, "Peak learning rate (AdamW)");
@@ -812,32 +555,55 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--log-interval", cfg->log_interval, "Print progress every N iterations");
   opt(logs, "--metrics-file", cfg->metrics_file,
       "Append one JSON object per iteration to this file");
+  opt(logs, "--timeline", cfg->timeline,
+      "Write a Chrome trace (chrome://tracing, Perfetto) of every actor's spans to this file");
   opt(logs, "--num-threads", cfg->num_threads, "Compute threads (0: all cores)");
   opt(logs, "--deepspeed-config,--deepspeed_config", cfg->deepspeed_config,
       "DeepSpeed JSON file; flags given on the command line win over it");
-  // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted, and
-  // meaningless here (troupe always runs its own ZeRO/offload engine).
-  cmd->add_flag("--deepspeed")->description("Accepted for Megatron-DeepSpeed scripts; no effect")->group(logs);
+  // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted,
+  // and meaningless here (troupe always runs its own ZeRO/offload engine).
+  cmd->add_flag("--deepspeed")
+      ->description("Accepted for Megatron-DeepSpeed scripts; no effect")
+      ->group(logs);
 }
 
-Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg) {
-  const GivenFn given = [&cmd](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size) {
+  const FlagGivenFn given = [&cmd](const char* flag) { return cmd.get_option(flag)->count() > 0; };
   Origins origins;
+  // The data-parallel size DeepSpeed's batch rule and the derived global batch multiply by (an
+  // invalid one is reported by validation).
+  const int dp = std::max(1, cfg->resolved_dp(std::max(1, world_size)));
   bool global_from_file = false;
   if (given("--deepspeed-config")) {
-    DeepSpeedMerger merger(given, cfg->deepspeed_config, cfg, &origins);
-    TROUPE_RETURN_IF_ERROR(merger.merge());
-    global_from_file = merger.set_global_batch();
+    TROUPE_RETURN_IF_ERROR(
+        merge_deepspeed_config(cfg->deepspeed_config, dp, given, cfg, &origins, &global_from_file));
   }
+  // Megatron: --num-layers-per-virtual-pipeline-stage selects the interleaved schedule.
+  if (given("--num-layers-per-virtual-pipeline-stage") && !given("--pipeline-schedule")) {
+    cfg->pipeline_schedule = "interleaved";
+    origins["--pipeline-schedule"] =
+        "--num-layers-per-virtual-pipeline-stage, which selects it as in Megatron";
+  }
+  // Megatron: sequence parallelism is meaningless without tensor parallelism; silently off.
+  if (cfg->tensor_model_parallel_size == 1) cfg->sequence_parallel = false;
   if (!given("--max-position-embeddings"))
     cfg->model.max_position_embeddings = cfg->model.seq_length;
-  if (!given("--global-batch-size") && !global_from_file)
-    cfg->global_batch_size = cfg->micro_batch_size;
-  return Validator(&origins).run(*cfg);
+  // Megatron's default global batch: one micro-batch per data-parallel replica.
+  if (!given("--global-batch-size") && !global_from_file) {
+    const int64_t global = int64_t{cfg->micro_batch_size} * dp;
+    cfg->global_batch_size = global <= INT_MAX ? static_cast<int>(global) : cfg->micro_batch_size;
+  }
+  const Validator validator(&origins);
+  TROUPE_RETURN_IF_ERROR(validator.run(*cfg));
+  return world_size > 1 ? validator.world(*cfg, world_size) : Status::ok();
 }
 
 Status validate_train_config(const TrainConfig& cfg) {
   return Validator(nullptr).run(cfg);
+}
+
+Status validate_world(const TrainConfig& cfg, int world_size) {
+  return Validator(nullptr).world(cfg, world_size);
 }
 
 }  // namespace troupe

@@ -139,10 +139,20 @@ void evaluate_batch(Self self, std::shared_ptr<EvalProgress> ev) {
                 static_cast<int32_t>(count))
       .then(
           [self, ev, count](Tensor& batch) {
+            ev->tokens += count * (batch.dim(1) - 1);
+            if (self->state.spec.group) {
+              self->request(self->state.spec.group, caf::infinite, eval_atom::value, batch)
+                  .then(
+                      [self, ev](double loss_sum) {
+                        ev->loss_sum += loss_sum;
+                        evaluate_batch(self, ev);
+                      },
+                      on_error(self));
+              return;
+            }
             const int64_t micro = self->state.spec.config.micro_batch_size;
             auto sums = std::make_shared<std::vector<double>>((count + micro - 1) / micro, 0.0);
             auto remaining = std::make_shared<size_t>(sums->size());
-            ev->tokens += count * (batch.dim(1) - 1);
             for (size_t m = 0; m < sums->size(); ++m) {
               const int64_t r0 = static_cast<int64_t>(m) * micro, r1 = std::min(count, r0 + micro);
               self->request(self->state.spec.shard, caf::infinite, eval_atom::value, batch.rows(r0, r1))
@@ -172,13 +182,11 @@ void evaluate_then(Self self, std::function<void()> next) {
   evaluate_batch(self, ev);
 }
 
-void on_step(Self self, const StepResult& result) {
+void on_step(Self self, double grad_norm, double loss_sum) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
   const int64_t tokens = cfg.global_batch_size * static_cast<int64_t>(cfg.model.seq_length);
-  double loss_sum = 0;
-  for (double v : st.micro_losses) loss_sum += v;
   IterationStats s;
   s.lr = learning_rate(cfg, st.iteration);
   st.iteration += 1;
@@ -186,7 +194,7 @@ void on_step(Self self, const StepResult& result) {
   s.iteration = st.iteration;
   s.train_iters = cfg.train_iters;
   s.lm_loss = loss_sum / static_cast<double>(tokens);
-  s.grad_norm = result.grad_norm;
+  s.grad_norm = grad_norm;
   s.ms_per_iter = seconds * 1e3;
   s.tokens_per_sec = tokens / seconds;
   s.model_tflops = cfg.model.flops_per_iteration(tokens) / seconds / 1e12;
@@ -213,9 +221,30 @@ void on_step(Self self, const StepResult& result) {
     after_eval();
 }
 
+StepRequest step_request(Self self) {
+  const auto& s = self->state;
+  const TrainConfig& c = s.spec.config;
+  StepRequest req;
+  req.step = s.iteration + 1;
+  req.lr = learning_rate(c, s.iteration);
+  req.weight_decay = c.weight_decay;
+  req.beta1 = c.adam_beta1;
+  req.beta2 = c.adam_beta2;
+  req.eps = c.adam_eps;
+  req.clip_grad = c.clip_grad;
+  return req;
+}
+
 void run_micro_batches(Self self, const Tensor& batch) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
+  if (st.spec.group) {  // every parallel layout: the group runs the whole global batch
+    const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
+    self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
+        .then([self](const GroupStepResult& r) { on_step(self, r.grad_norm, r.loss_sum); }, on_error(self));
+    read_ahead(self);
+    return;
+  }
   const int micro = cfg.micro_batch_size;
   const int count = cfg.grad_accumulation_steps();
   const double grad_scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
@@ -232,17 +261,15 @@ void run_micro_batches(Self self, const Tensor& batch) {
               auto& s = self->state;
               s.micro_losses[r.index] = r.loss_sum;
               if (--s.pending > 0) return;
-              const TrainConfig& c = s.spec.config;
-              StepRequest req;
-              req.step = s.iteration + 1;
-              req.lr = learning_rate(c, s.iteration);
-              req.weight_decay = c.weight_decay;
-              req.beta1 = c.adam_beta1;
-              req.beta2 = c.adam_beta2;
-              req.eps = c.adam_eps;
-              req.clip_grad = c.clip_grad;
+              const StepRequest req = step_request(self);
               self->request(s.spec.shard, caf::infinite, step_atom::value, req)
-                  .then([self](const StepResult& result) { on_step(self, result); }, on_error(self));
+                  .then(
+                      [self](const StepResult& result) {
+                        double loss_sum = 0;
+                        for (double v : self->state.micro_losses) loss_sum += v;  // micro-batch order
+                        on_step(self, result.grad_norm, loss_sum);
+                      },
+                      on_error(self));
             },
             on_error(self));
   }
@@ -299,7 +326,8 @@ trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
   self->state.spec = std::move(spec);
   self->state.iteration = self->state.spec.start_iteration;
   self->state.consumed = self->state.spec.consumed_samples;
-  self->monitor(self->state.spec.shard);
+  if (self->state.spec.shard) self->monitor(self->state.spec.shard);
+  if (self->state.spec.group) self->monitor(self->state.spec.group);
   self->monitor(self->state.spec.loader);
   self->set_down_handler([self](caf::down_msg& msg) {
     fail(self, "a worker actor stopped unexpectedly (" + describe(msg.reason) + ")");

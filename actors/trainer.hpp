@@ -5,18 +5,21 @@
 // shard computes. Reports to the listener (an untyped actor):
 //   (progress_atom, IterationStats)  (eval_atom, EvalStats)  (save_atom, SavedCheckpoint)
 //   (done_atom, TrainSummary)        (failed_atom, std::string message)
-// It monitors the shard and the data loader: if either dies, the job fails with the cause.
+// It monitors the shard (or the rank group) and the data loader: if one dies, the job fails with the
+// cause. With a group, one train_step message per iteration carries the whole global batch.
 #pragma once
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/rank_actor.hpp"
 #include "actors/train_config.hpp"
 
 namespace troupe {
 
 struct TrainerSpec {
   TrainConfig config;
-  shard_actor shard;
+  shard_actor shard;  // the 1x1x1 path (GptModel), or
+  group_actor group;  // every parallel layout: the ranks of this process (actors/rank_actor.hpp)
   data_loader_actor loader;
   caf::actor listener;
   int64_t start_iteration = 0;   // iterations already done (from a checkpoint)

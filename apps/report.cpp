@@ -43,10 +43,11 @@ std::string eval_json(const EvalStats& e) {
   return j.dump();
 }
 
-ProgressPrinter::ProgressPrinter(int64_t log_interval)
-    : log_interval_(log_interval > 0 ? log_interval : 1), tty_(isatty(STDOUT_FILENO) == 1) {}
+ProgressPrinter::ProgressPrinter(int64_t log_interval, bool enabled)
+    : log_interval_(log_interval > 0 ? log_interval : 1), tty_(isatty(STDOUT_FILENO) == 1), enabled_(enabled) {}
 
 void ProgressPrinter::iteration(const IterationStats& s) {
+  if (!enabled_) return;
   const bool permanent = s.iteration % log_interval_ == 0 || s.iteration == s.train_iters;
   if (permanent) {
     line(format_iteration(s));
@@ -59,6 +60,7 @@ void ProgressPrinter::iteration(const IterationStats& s) {
 }
 
 void ProgressPrinter::line(const std::string& text) {
+  if (!enabled_) return;
   if (status_shown_) std::printf("\r\033[K");
   status_shown_ = false;
   std::printf("%s\n", text.c_str());

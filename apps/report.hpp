@@ -21,13 +21,15 @@ std::string eval_json(const EvalStats& e);
 // log_interval iterations; elsewhere (logs, CI) only the permanent lines.
 class ProgressPrinter {
  public:
-  explicit ProgressPrinter(int64_t log_interval);
+  // enabled false: prints nothing (the ranks other than 0 of a multi-process job).
+  explicit ProgressPrinter(int64_t log_interval, bool enabled = true);
   void iteration(const IterationStats& s);
   void line(const std::string& text);  // a permanent line (clears the status line first)
 
  private:
   int64_t log_interval_;
   bool tty_;
+  bool enabled_;
   bool status_shown_ = false;
 };
 

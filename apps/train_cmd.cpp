@@ -10,6 +10,9 @@
 #include "actors/data_source.hpp"
 #include "actors/job.hpp"
 #include "actors/train_options.hpp"
+#include "comm/caf_bootstrap.hpp"
+#include "comm/launch_env.hpp"
+#include "comm/ucx_world.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
 #include "storage/tokenizer.hpp"
@@ -27,7 +30,14 @@ extern "C" void on_interrupt(int) {
 
 int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   const std::string name = "train";
-  if (Status st = finalize_train_config(cmd, &cfg); !st) {
+  // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
+  // the data-parallel size when --data-parallel-size is left out.
+  auto env = comm::detect_launch_env();
+  if (!env) {
+    print_error(name, env.status());
+    return kExitUsage;
+  }
+  if (Status st = finalize_train_config(cmd, &cfg, env->world_size); !st) {
     print_error(name, st);
     return kExitUsage;
   }
@@ -49,8 +59,28 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, data.status().with_context("--data-path " + cfg.data_path + ": "));
     return kExitUsage;
   }
+  // The ranks meet at the rendezvous and build the UCX world before anything is printed.
+  std::unique_ptr<comm::CafBootstrap> bootstrap;
+  JobOptions options;
+  if (env->world_size > 1) {
+    auto b = comm::create_caf_bootstrap(*env, comm::CafBootstrapOptions{});
+    if (!b) {
+      print_error(name, b.status());
+      return kExitFailure;
+    }
+    bootstrap = std::move(b).value();
+    auto w = comm::create_ucx_world(*bootstrap);
+    if (!w) {
+      print_error(name, w.status().with_context("rank " + std::to_string(env->rank) + ": "));
+      return kExitFailure;
+    }
+    options.world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
+    options.bootstrap = bootstrap.get();
+  }
+  const bool reporter = env->rank == 0;  // rank 0 prints and writes the metrics; the others stay quiet
+
   std::unique_ptr<std::ofstream> metrics;
-  if (!cfg.metrics_file.empty()) {
+  if (reporter && !cfg.metrics_file.empty()) {
     metrics = std::make_unique<std::ofstream>(cfg.metrics_file, std::ios::app);
     if (!*metrics) {
       print_error(name, "--metrics-file " + cfg.metrics_file + " cannot be opened for appending -- check the path");
@@ -58,16 +88,19 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     }
   }
 
-  ProgressPrinter printer(cfg.log_interval);
+  ProgressPrinter printer(cfg.log_interval, reporter);
   const GptConfig& m = cfg.model;
   printer.line(fmt::format(
       "troupe train: GPT-2 {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
       m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size, m.padded_vocab_size(1),
       m.num_parameters() / 1e6));
-  printer.line(fmt::format("  batch: micro {} x {} accumulation steps = global {} ({} tokens/iteration); "
-                           "layout tp 1, pp 1, dp 1 (one shard)",
-                           cfg.micro_batch_size, cfg.grad_accumulation_steps(), cfg.global_batch_size,
-                           int64_t{cfg.global_batch_size} * m.seq_length));
+  const int dp = cfg.resolved_dp(env->world_size);
+  printer.line(fmt::format("  batch: micro {} x {} accumulation steps x {} data-parallel = global {} ({} tokens/iteration); "
+                           "layout tp {}, pp {}, dp {}{}",
+                           cfg.micro_batch_size, cfg.grad_accumulation_steps(env->world_size), dp,
+                           cfg.global_batch_size, int64_t{cfg.global_batch_size} * m.seq_length,
+                           cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, dp,
+                           cfg.parallel() || env->world_size > 1 ? "" : " (one shard)"));
   printer.line("  data: " + data.value()->describe());
 
   JobCallbacks cb;
@@ -84,7 +117,6 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   cb.on_saved = [&](const SavedCheckpoint& c) {
     printer.line(fmt::format("  saved checkpoint at iteration {} to {} ({:.2f} s)", c.iteration, c.path, c.seconds));
   };
-  JobOptions options;
   options.stop = &g_stop;
   std::signal(SIGINT, on_interrupt);
   auto result = run_training(cfg, data.value(), cb, options);

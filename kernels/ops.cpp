@@ -45,7 +45,7 @@ void embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, co
     TROUPE_CHECK(tok[i] >= 0 && tok[i] < wte.dim(0), "token id outside the embedding table");
   dispatch(ctx, out.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::embedding_forward<T>(*ctx.pool, out.data<T>(), tok, wte.data<T>(), wpe.data<T>(), B, T_, C);
+    cpu::embedding_forward<T>(*ctx.pool, out.data<T>(), tok, wte.data<T>(), wpe.data<T>(), B, T_, C, 0, wte.dim(0));
   });
 }
 
@@ -57,7 +57,40 @@ void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, co
   dispatch(ctx, dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::embedding_backward<T>(*ctx.pool, dwte.data<T>(), dwpe.data<T>(), dout.data<T>(),
-                               tokens.data<int32_t>(), B, T_, C);
+                               tokens.data<int32_t>(), B, T_, C, 0, dwte.dim(0));
+  });
+}
+
+void vocab_embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                             int64_t vocab_begin, const Tensor& wpe) {
+  TROUPE_CHECK(out.rank() == 3 && tokens.rank() == 2, "vocab embedding: out (B,T,C), tokens (B,T)");
+  const int64_t B = out.dim(0), T_ = out.dim(1), C = out.dim(2);
+  TROUPE_CHECK(tokens.dim(0) == B && tokens.dim(1) == T_, "vocab embedding: tokens must be (B,T)");
+  TROUPE_CHECK(wte.rank() == 2 && wte.dim(1) == C && vocab_begin >= 0, "vocab embedding: wte is (Vl,C)");
+  TROUPE_CHECK(!wpe.defined() || (wpe.dim(1) == C && wpe.dim(0) >= T_), "vocab embedding: wpe is (P,C), P >= T");
+  same_dtype(out, wte);
+  if (wpe.defined()) same_dtype(out, wpe);
+  const int32_t* tok = tokens.data<int32_t>();
+  for (int64_t i = 0; i < B * T_; ++i) TROUPE_CHECK(tok[i] >= 0, "token id must not be negative");
+  dispatch(ctx, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::embedding_forward<T>(*ctx.pool, out.data<T>(), tok, wte.data<T>(), ptr_or_null<T>(wpe), B, T_, C,
+                              vocab_begin, wte.dim(0));
+  });
+}
+
+void vocab_embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                              const Tensor& tokens, int64_t vocab_begin) {
+  TROUPE_CHECK(dout.rank() == 3 && tokens.rank() == 2, "vocab embedding backward: dout (B,T,C), tokens (B,T)");
+  const int64_t B = dout.dim(0), T_ = dout.dim(1), C = dout.dim(2);
+  TROUPE_CHECK(tokens.dim(0) == B && tokens.dim(1) == T_, "vocab embedding backward: tokens must be (B,T)");
+  TROUPE_CHECK(dwte.rank() == 2 && dwte.dim(1) == C, "vocab embedding backward: dwte is (Vl,C)");
+  TROUPE_CHECK(!dwpe.defined() || (dwpe.dim(1) == C && dwpe.dim(0) >= T_), "vocab embedding backward: dwpe");
+  same_dtype(dout, dwte);
+  dispatch(ctx, dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::embedding_backward<T>(*ctx.pool, dwte.data<T>(), ptr_or_null<T>(dwpe), dout.data<T>(),
+                               tokens.data<int32_t>(), B, T_, C, vocab_begin, dwte.dim(0));
   });
 }
 
@@ -78,12 +111,17 @@ void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, c
                         const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
   const int64_t C = x.dim(-1), N = x.numel() / C;
-  TROUPE_CHECK(dx.numel() == x.numel() && dout.numel() == x.numel(), "layernorm backward shapes");
-  TROUPE_CHECK(dweight.numel() == C && dbias.numel() == C, "layernorm: dweight and dbias are (C)");
+  TROUPE_CHECK(dout.numel() == x.numel(), "layernorm backward shapes");
+  TROUPE_CHECK(!dx.defined() || (dx.numel() == x.numel() && weight.numel() == C), "layernorm backward: dx, weight");
+  TROUPE_CHECK(dweight.defined() == dbias.defined(), "layernorm backward: dweight and dbias come together");
+  TROUPE_CHECK(!dweight.defined() || (dweight.numel() == C && dbias.numel() == C),
+               "layernorm: dweight and dbias are (C)");
+  TROUPE_CHECK(mean.numel() == N && rstd.numel() == N, "layernorm backward: mean and rstd are (N)");
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::layernorm_backward<T>(*ctx.pool, dx.data<T>(), dweight.data<T>(), dbias.data<T>(), dout.data<T>(),
-                               x.data<T>(), weight.data<T>(), mean.data<T>(), rstd.data<T>(), N, C);
+    cpu::layernorm_backward<T>(*ctx.pool, ptr_or_null<T>(dx), ptr_or_null<T>(dweight), ptr_or_null<T>(dbias),
+                               dout.data<T>(), x.data<T>(), ptr_or_null<T>(weight), mean.data<T>(),
+                               rstd.data<T>(), N, C);
   });
 }
 
@@ -103,14 +141,20 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
 
 void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                      const Tensor& dout, const Tensor& x, const Tensor& weight) {
-  const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
-  TROUPE_CHECK(dout.numel() == N * O && dweight.numel() == O * I, "linear backward: shapes");
+  // The weight only matters for dx; the weight pass may run without it (ZeRO-3 need not gather it).
+  TROUPE_CHECK(weight.defined() || (!dx.defined() && dweight.defined()), "linear backward: dx needs the weight");
+  const Tensor& w = weight.defined() ? weight : dweight;
+  TROUPE_CHECK(w.rank() == 2, "linear backward: weight is (O,I)");
+  const int64_t O = w.dim(0), I = w.dim(1), N = dout.numel() / O;
+  TROUPE_CHECK(dout.dim(-1) == O, "linear backward: dout is (N,O)");
+  TROUPE_CHECK(!dweight.defined() || (dweight.numel() == O * I && x.defined() && x.numel() == N * I),
+               "linear backward: dweight is (O,I) and needs x (N,I)");
   TROUPE_CHECK(!dx.defined() || dx.numel() == N * I, "linear backward: dx is (N,I)");
   TROUPE_CHECK(!dbias.defined() || dbias.numel() == O, "linear backward: dbias is (O)");
-  dispatch(ctx, x.dtype(), [&](auto tag) {
+  dispatch(ctx, dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::linear_backward<T>(*ctx.pool, ptr_or_null<T>(dx), dweight.data<T>(), ptr_or_null<T>(dbias),
-                            dout.data<T>(), x.data<T>(), weight.data<T>(), N, I, O);
+    cpu::linear_backward<T>(*ctx.pool, ptr_or_null<T>(dx), ptr_or_null<T>(dweight), ptr_or_null<T>(dbias),
+                            dout.data<T>(), ptr_or_null<T>(x), ptr_or_null<T>(weight), N, I, O);
   });
 }
 
@@ -170,6 +214,64 @@ void softmax_cross_entropy(Context& ctx, const Tensor& losses, const Tensor& log
     using T = decltype(tag);
     cpu::softmax_cross_entropy<T>(*ctx.pool, losses.data<T>(), logits.data<T>(), targets.data<int32_t>(), N,
                                   Vp, valid, grad_scale);
+  });
+}
+
+namespace {
+void check_row_stats(const Tensor& t, int64_t N, const char* what) {
+  TROUPE_CHECK(t.dtype() == DType::f64 && t.numel() == N, what);
+}
+}  // namespace
+
+void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_logit, const Tensor& logits,
+                      const Tensor& targets, int64_t vocab_begin, int64_t valid) {
+  const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
+  check_row_stats(row_max, N, "xent_local_stats: row_max is (N) f64");
+  check_row_stats(target_logit, N, "xent_local_stats: target_logit is (N) f64");
+  TROUPE_CHECK(targets.numel() == N && targets.dtype() == DType::i32, "xent_local_stats: targets are (N) i32");
+  TROUPE_CHECK(valid >= 0 && valid <= Vl && vocab_begin >= 0, "xent_local_stats: 0 <= valid <= Vl");
+  dispatch(ctx, logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::xent_local_stats<T>(*ctx.pool, row_max.data<double>(), target_logit.data<double>(), logits.data<T>(),
+                             targets.data<int32_t>(), N, Vl, vocab_begin, valid);
+  });
+}
+
+void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, const Tensor& row_max, int64_t valid) {
+  const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
+  check_row_stats(sum_exp, N, "xent_exp_sum: sum_exp is (N) f64");
+  check_row_stats(row_max, N, "xent_exp_sum: row_max is (N) f64");
+  TROUPE_CHECK(valid >= 0 && valid <= Vl, "xent_exp_sum: 0 <= valid <= Vl");
+  dispatch(ctx, logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::xent_exp_sum<T>(*ctx.pool, sum_exp.data<double>(), logits.data<T>(), row_max.data<double>(), N, Vl, valid);
+  });
+}
+
+void xent_loss(Context& ctx, const Tensor& losses, const Tensor& row_max, const Tensor& sum_exp,
+               const Tensor& target_logit) {
+  const int64_t N = losses.numel();
+  check_row_stats(row_max, N, "xent_loss: row_max is (N) f64");
+  check_row_stats(sum_exp, N, "xent_loss: sum_exp is (N) f64");
+  check_row_stats(target_logit, N, "xent_loss: target_logit is (N) f64");
+  dispatch(ctx, losses.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::xent_loss<T>(*ctx.pool, losses.data<T>(), row_max.data<double>(), sum_exp.data<double>(),
+                      target_logit.data<double>(), N);
+  });
+}
+
+void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
+                   const Tensor& targets, int64_t vocab_begin, int64_t valid, double grad_scale) {
+  const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
+  check_row_stats(row_max, N, "xent_backward: row_max is (N) f64");
+  check_row_stats(sum_exp, N, "xent_backward: sum_exp is (N) f64");
+  TROUPE_CHECK(targets.numel() == N && targets.dtype() == DType::i32, "xent_backward: targets are (N) i32");
+  TROUPE_CHECK(valid >= 0 && valid <= Vl && vocab_begin >= 0, "xent_backward: 0 <= valid <= Vl");
+  dispatch(ctx, logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::xent_backward<T>(*ctx.pool, logits.data<T>(), row_max.data<double>(), sum_exp.data<double>(),
+                          targets.data<int32_t>(), N, Vl, vocab_begin, valid, grad_scale);
   });
 }
 

@@ -23,11 +23,29 @@ void embedding_forward(Context& ctx, const Tensor& out /*(B,T,C)*/, const Tensor
 void embedding_backward(Context& ctx, const Tensor& dwte /*(Vp,C)*/, const Tensor& dwpe /*(P,C)*/,
                         const Tensor& dout /*(B,T,C)*/, const Tensor& tokens /*(B,T) i32*/);
 
+// ---- vocabulary-parallel token embedding: one shard's part (Megatron's VocabParallelEmbedding) ---
+// The shard holds rows [vocab_begin, vocab_begin + Vl) of the padded table. Tokens outside them give
+// zero rows, so summing every shard's `out` over the tensor-parallel group (the caller's all-reduce or
+// reduce-scatter) gives the embedding. Exactly one shard passes wpe: the positions are then part of
+// that sum (with one shard, out is bitwise embedding_forward's).
+// out[b,t,:] = (tokens[b,t] held ? wte[tokens[b,t] - vocab_begin,:] : 0) + (wpe ? wpe[t,:] : 0)
+void vocab_embedding_forward(Context& ctx, const Tensor& out /*(B,T,C)*/, const Tensor& tokens /*(B,T) i32*/,
+                             const Tensor& wte /*(Vl,C)*/, int64_t vocab_begin,
+                             const Tensor& wpe /*(P,C) or undefined*/);
+// dwte[tokens[b,t] - vocab_begin,:] += dout[b,t,:] for held tokens;  dwpe[t,:] += sum_b dout[b,t,:]
+// when dwpe is defined. dout is the full (all-gathered) gradient, identical on every shard.
+void vocab_embedding_backward(Context& ctx, const Tensor& dwte /*(Vl,C)*/, const Tensor& dwpe /*(P,C) or undefined*/,
+                              const Tensor& dout /*(B,T,C)*/, const Tensor& tokens /*(B,T) i32*/,
+                              int64_t vocab_begin);
+
 // ---- LayerNorm over the last dimension ------------------------------------------------------
 void layernorm_forward(Context& ctx, const Tensor& out /*(N,C)*/, const Tensor& mean /*(N)*/,
                        const Tensor& rstd /*(N)*/, const Tensor& x /*(N,C)*/,
                        const Tensor& weight /*(C)*/, const Tensor& bias /*(C)*/, double eps);
-// dx += ...  (accumulates: the residual stream's gradient flows through it), dweight += , dbias +=
+// dx += ...  (accumulates: the residual stream's gradient flows through it), dweight += , dbias +=.
+// The two halves can run apart (split backward): dx undefined skips the input gradient (then weight
+// may be undefined too); dweight and dbias undefined skip the parameter gradients. Either way each
+// result is bitwise what the full call computes.
 void layernorm_backward(Context& ctx, const Tensor& dx_accumulate /*(N,C)*/, const Tensor& dweight /*(C)*/,
                         const Tensor& dbias /*(C)*/, const Tensor& dout /*(N,C)*/, const Tensor& x /*(N,C)*/,
                         const Tensor& weight /*(C)*/, const Tensor& mean /*(N)*/, const Tensor& rstd /*(N)*/);
@@ -35,10 +53,13 @@ void layernorm_backward(Context& ctx, const Tensor& dx_accumulate /*(N,C)*/, con
 // ---- linear: out = x W^T + b (W stored (out_features, in_features), as Megatron/torch) ---------
 void linear_forward(Context& ctx, const Tensor& out /*(N,O)*/, const Tensor& x /*(N,I)*/,
                     const Tensor& weight /*(O,I)*/, const Tensor& bias /*(O) or undefined*/);
-// dx = dout W (skipped when dx is undefined); dweight += dout^T x; dbias += sum_n dout
-void linear_backward(Context& ctx, const Tensor& dx /*(N,I) or undefined*/, const Tensor& dweight /*(O,I)*/,
-                     const Tensor& dbias /*(O) or undefined*/, const Tensor& dout /*(N,O)*/,
-                     const Tensor& x /*(N,I)*/, const Tensor& weight /*(O,I)*/);
+// dx = dout W (skipped when dx is undefined); dweight += dout^T x (skipped when dweight is
+// undefined; then x may be undefined); dbias += sum_n dout. Split backward runs the dx half and the
+// dweight/dbias half apart (the latter without the weight); each result is bitwise the full call's.
+void linear_backward(Context& ctx, const Tensor& dx /*(N,I) or undefined*/,
+                     const Tensor& dweight /*(O,I) or undefined*/, const Tensor& dbias /*(O) or undefined*/,
+                     const Tensor& dout /*(N,O)*/, const Tensor& x /*(N,I) or undefined*/,
+                     const Tensor& weight /*(O,I), or undefined without dx*/);
 
 // ---- GELU, GPT-2's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) -----------------
 void gelu_forward(Context& ctx, const Tensor& out /*(N)*/, const Tensor& x /*(N)*/);
@@ -68,6 +89,37 @@ void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,3C)*/, const Ten
 // logits are left as scratch values.
 void softmax_cross_entropy(Context& ctx, const Tensor& losses /*(N)*/, const Tensor& logits /*(N,Vp)*/,
                            const Tensor& targets /*(N) i32*/, int64_t valid, double grad_scale);
+
+// ---- vocabulary-parallel softmax + cross-entropy, in pieces -----------------------------------
+// A shard holds the logits' columns [vocab_begin, vocab_begin + Vl); its first `valid` local columns
+// (0 <= valid <= Vl) are real vocabulary, the rest padding (masked). kernels/ knows no communication,
+// so the caller combines the shards between the pieces (Megatron's vocab-parallel cross-entropy):
+//   xent_local_stats          row_max, target_logit           -> all-reduce max over row_max
+//   xent_exp_sum              sum_exp                         -> all-reduce sum over sum_exp and
+//                                                                target_logit
+//   xent_loss                 losses (identical on every shard)
+//   xent_backward             the gradient of the local columns (after recomputing the logits, or
+//                             on the logits xent_exp_sum left)
+// The row statistics are f64 (exact for max and target: they hold one logit). With one shard each
+// result is bitwise softmax_cross_entropy's.
+// row_max[n] = max_{j < valid} logits[n,j] (-inf when valid == 0);
+// target_logit[n] = logits[n, targets[n] - vocab_begin] when the shard holds a real target column, else 0.
+void xent_local_stats(Context& ctx, const Tensor& row_max /*(N) f64*/, const Tensor& target_logit /*(N) f64*/,
+                      const Tensor& logits /*(N,Vl)*/, const Tensor& targets /*(N) i32*/, int64_t vocab_begin,
+                      int64_t valid);
+// logits[n,j] = exp(logits[n,j] - row_max[n]) for j < valid (row_max: the all-reduced maximum);
+// sum_exp[n] = sum over those j, accumulated in double. Padding columns are left as they are.
+void xent_exp_sum(Context& ctx, const Tensor& sum_exp /*(N) f64*/, const Tensor& logits /*(N,Vl)*/,
+                  const Tensor& row_max /*(N) f64*/, int64_t valid);
+// losses[n] = row_max[n] + log(sum_exp[n]) - target_logit[n]  (all three reduced over the shards)
+void xent_loss(Context& ctx, const Tensor& losses /*(N)*/, const Tensor& row_max /*(N) f64*/,
+               const Tensor& sum_exp /*(N) f64*/, const Tensor& target_logit /*(N) f64*/);
+// In place, from the raw logits: logits[n,j] = grad_scale * (exp(logits[n,j] - row_max[n]) / sum_exp[n]
+// - [j == targets[n] - vocab_begin]) for j < valid, 0 in the padding columns: d(grad_scale * sum_n
+// losses[n]) / d logits on this shard's columns.
+void xent_backward(Context& ctx, const Tensor& logits /*(N,Vl)*/, const Tensor& row_max /*(N) f64*/,
+                   const Tensor& sum_exp /*(N) f64*/, const Tensor& targets /*(N) i32*/, int64_t vocab_begin,
+                   int64_t valid, double grad_scale);
 
 // ---- optimizer ------------------------------------------------------------------------------
 struct AdamWParams {

@@ -44,17 +44,36 @@ ParamSpec spec(std::string name, Shape shape, InitKind init, double std, bool de
   return p;
 }
 
+// Narrows a whole-tensor spec to rank r's slice of a t-way split along spec.tp_split_dim; `padded` is
+// the padded extent of that dimension when it has vocabulary padding (wte), else 0.
+void apply_split(ParamSpec& p, int t, int r, int64_t padded) {
+  if (p.tp_split_dim < 0) return;
+  const int d = p.tp_split_dim;
+  const int64_t whole = padded > 0 ? padded : p.global_shape[d];
+  const int64_t part = whole / p.tp_split_parts;
+  TROUPE_CHECK(whole % p.tp_split_parts == 0 && part % t == 0,
+               "tensor-parallel size must divide the split dimension of every parameter (heads, hidden size)");
+  ParamSlice& sl = p.slice;
+  sl.dim = d;
+  sl.extent = part / t;
+  sl.offsets.clear();
+  for (int j = 0; j < p.tp_split_parts; ++j) sl.offsets.push_back(j * part + r * sl.extent);
+  Shape local;
+  for (int i = 0; i < p.global_shape.rank(); ++i)
+    local.push_back(i == d ? sl.extent * p.tp_split_parts : p.global_shape[i]);
+  p.local_shape = local;
+}
+
 }  // namespace
 
-std::vector<ParamSpec> gpt2_param_specs(const GptConfig& c) {
+std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_rank) {
+  TROUPE_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tensor-parallel rank out of range");
   const int64_t C = c.hidden_size, F = c.ffn_hidden_size();
   const double std = c.init_method_std;
   const double residual_std = std / std::sqrt(2.0 * c.num_layers);
   std::vector<ParamSpec> specs;
-  // Vocabulary-parallel embedding, split over rows; locally padded to Vp rows.
-  ParamSpec wte = spec("transformer.wte.weight", {c.vocab_size, C}, InitKind::normal, std, true, 0);
-  wte.local_shape = Shape{c.padded_vocab_size(1), C};
-  specs.push_back(wte);
+  // Vocabulary-parallel embedding, split over rows of the padded table.
+  specs.push_back(spec("transformer.wte.weight", {c.vocab_size, C}, InitKind::normal, std, true, 0));
   specs.push_back(spec("transformer.wpe.weight", {c.max_position_embeddings, C}, InitKind::normal, std, true));
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
@@ -75,16 +94,40 @@ std::vector<ParamSpec> gpt2_param_specs(const GptConfig& c) {
   }
   specs.push_back(spec("transformer.ln_f.weight", {C}, InitKind::ones, 0, false));
   specs.push_back(spec("transformer.ln_f.bias", {C}, InitKind::zeros, 0, false));
+  for (size_t i = 0; i < specs.size(); ++i)
+    apply_split(specs[i], tp_size, tp_rank, i == 0 ? c.padded_vocab_size(tp_size) : 0);
   return specs;
+}
+
+std::vector<ParamSpec> gpt2_param_specs(const GptConfig& c) { return gpt2_shard_specs(c, 1, 0); }
+
+int64_t slice_global_index(const ParamSpec& spec, int64_t local_index) {
+  const ParamSlice& sl = spec.slice;
+  if (sl.dim < 0) return local_index;
+  const int d = sl.dim;
+  int64_t inner = 1;  // elements per index of dimension d (same locally and globally)
+  for (int i = d + 1; i < spec.local_shape.rank(); ++i) inner *= spec.local_shape[i];
+  const int64_t local_d = spec.local_shape[d], global_d = spec.global_shape[d];
+  const int64_t outer = local_index / (local_d * inner);
+  const int64_t i_d = local_index / inner % local_d;
+  const int64_t g_d = sl.offsets[static_cast<size_t>(i_d / sl.extent)] + i_d % sl.extent;
+  if (g_d >= global_d) return -1;  // vocabulary padding
+  return (outer * global_d + g_d) * inner + local_index % inner;
 }
 
 void init_parameter(const ParamSpec& spec, uint64_t seed, const Tensor& t) {
   TROUPE_CHECK(t.shape() == spec.local_shape, "init_parameter: tensor must have the spec's local shape");
-  const int64_t global = spec.global_shape.numel();  // row-major, so the real rows come first
+  const ParamSlice& sl = spec.slice;
+  TROUPE_CHECK(sl.dim < 0 ? spec.local_shape == spec.global_shape
+                          : sl.dim < spec.local_shape.rank() && sl.extent > 0 &&
+                                spec.local_shape[sl.dim] == static_cast<int64_t>(sl.offsets.size()) * sl.extent,
+               "init_parameter: the spec's slice does not describe its local shape");
   const int64_t n = t.numel();
   const uint64_t key = splitmix64(seed ^ splitmix64(fnv1a(spec.name)));
-  auto value = [&](int64_t i) -> double {
-    if (i >= global) return 0.0;  // vocabulary padding
+  // Local element i takes the value of its global element: the stream is indexed globally.
+  auto value = [&](int64_t local) -> double {
+    const int64_t i = slice_global_index(spec, local);
+    if (i < 0) return 0.0;  // vocabulary padding
     switch (spec.init) {
       case InitKind::zeros: return 0.0;
       case InitKind::ones: return 1.0;

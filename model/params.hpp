@@ -5,7 +5,7 @@
 // Orientation: linear weights are stored (out_features, in_features) as in Megatron and torch.nn.Linear.
 // Hugging Face's GPT-2 uses Conv1D, (in, out): `troupe ckpt export --format hf` transposes them.
 // Vocabulary: the global shape of transformer.wte.weight is (V, C) over the real vocabulary only. A shard
-// allocates (Vp, C) with Vp the padded vocabulary; the padding rows start at zero, are masked out of the
+// allocates (Vp/t, C) rows of the padded vocabulary Vp; the padding rows start at zero, are masked out of the
 // softmax, get zero gradient and so stay zero. They are never saved.
 #pragma once
 #include <cstdint>
@@ -24,10 +24,25 @@ enum class InitKind : uint8_t {
   ones,
 };
 
+// Which part of the global tensor a shard holds along one dimension: `offsets.size()` blocks of
+// `extent` indices each, block j covering global indices [offsets[j], offsets[j] + extent) of
+// dimension `dim`, laid out one after the other in the local tensor (local_shape[dim] =
+// offsets.size() * extent; every other dimension is whole). dim == -1: the whole tensor. Global
+// indices past global_shape[dim] are vocabulary padding (wte only): they exist locally, start at zero
+// and are never saved.
+//   wte, tp = 2, rank 1, Vp = 40:       dim 0, offsets {20}, extent 20  (rows 37..39 padding when V = 37)
+//   c_attn.weight (3C, C), tp = 3, r = 1: dim 0, offsets {C/3, C + C/3, 2C + C/3}, extent C/3  (q, k, v)
+//   mlp.c_proj.weight (C, 4C), tp = 2, r = 0: dim 1, offsets {0}, extent 2C
+struct ParamSlice {
+  int dim = -1;
+  std::vector<int64_t> offsets;
+  int64_t extent = 0;
+};
+
 struct ParamSpec {
   std::string name;     // e.g. "transformer.h.3.attn.c_attn.weight"
   Shape global_shape;   // layout-free shape (real vocabulary for wte)
-  Shape local_shape;    // what a single (1x1x1) shard allocates: wte padded to (Vp, C)
+  Shape local_shape;    // what this shard allocates: its slice (1x1x1: the whole tensor, wte padded to (Vp, C))
   InitKind init = InitKind::normal;
   double init_std = 0;  // resolved standard deviation for normal kinds
   bool weight_decay = true;  // false for biases and LayerNorm parameters (Megatron's rule)
@@ -35,14 +50,33 @@ struct ParamSpec {
   // dimension is a concatenation of `parts` equal blocks split separately (fused QKV: 3).
   int tp_split_dim = -1;
   int tp_split_parts = 1;
+  // What this shard holds (local_shape is its shape). A tensor-parallel split describes its blocks
+  // even for tp = 1 (one block per part, covering the whole dimension); replicated: dim -1.
+  ParamSlice slice;
 };
 
-// Specs in a fixed order: wte, wpe, h.0 ... h.{L-1}, ln_f.
+// Specs in a fixed order: wte, wpe, h.0 ... h.{L-1}, ln_f. The single-shard (tp = 1) layout:
+// gpt2_shard_specs(config, 1, 0).
 std::vector<ParamSpec> gpt2_param_specs(const GptConfig& config);
+
+// The same specs as held by tensor-parallel rank `tp_rank` of `tp_size` (Megatron's split):
+//   wte                                  rows [r*Vp/t, (r+1)*Vp/t) of the padded vocabulary,
+//                                        Vp = config.padded_vocab_size(t)
+//   attn.c_attn (3 parts q, k, v), mlp.c_fc, and their biases
+//                                        column-parallel: output rows [r*O/t, (r+1)*O/t) of each part
+//   attn.c_proj.weight, mlp.c_proj.weight row-parallel: input columns [r*I/t, (r+1)*I/t)
+//   everything else (wpe, LayerNorms, row-parallel biases) replicated.
+// local_shape is the slice's shape. A size that t does not divide (heads, hidden size) is a bug in the
+// caller (TROUPE_CHECK): validate the layout first.
+std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& config, int tp_size, int tp_rank);
+
+// Row-major index into the global tensor (global_shape) of the local element `local_index`
+// (row-major in local_shape), or -1 for a vocabulary padding element.
+int64_t slice_global_index(const ParamSpec& spec, int64_t local_index);
 
 // Fills `t` (shape spec.local_shape, f32 or f64) with the spec's initial values. Values depend only on
 // (seed, spec.name, global element index): any slice of a global tensor, computed by any shard, gets
-// the same numbers. Rows beyond global_shape (vocabulary padding) are set to zero.
+// the same numbers as the global tensor has at those indices. Padding rows are set to zero.
 void init_parameter(const ParamSpec& spec, uint64_t seed, const Tensor& t);
 
 }  // namespace troupe

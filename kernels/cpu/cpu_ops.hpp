@@ -9,16 +9,19 @@
 
 namespace troupe::cpu {
 
+// The table holds rows [vocab_begin, vocab_begin + vocab_rows); other tokens give / take nothing.
+// wpe / dwpe may be null (no positions on this shard).
 template <class T>
 void embedding_forward(ThreadPool& pool, T* out, const int32_t* tokens, const T* wte, const T* wpe,
-                       int64_t B, int64_t T_, int64_t C);
+                       int64_t B, int64_t T_, int64_t C, int64_t vocab_begin, int64_t vocab_rows);
 template <class T>
 void embedding_backward(ThreadPool& pool, T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
-                        int64_t B, int64_t T_, int64_t C);
+                        int64_t B, int64_t T_, int64_t C, int64_t vocab_begin, int64_t vocab_rows);
 
 template <class T>
 void layernorm_forward(ThreadPool& pool, T* out, T* mean, T* rstd, const T* x, const T* w, const T* b,
                        int64_t N, int64_t C, double eps);
+// dx null: no input gradient; dw and db null: no parameter gradients.
 template <class T>
 void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
                         const T* mean, const T* rstd, int64_t N, int64_t C);
@@ -26,6 +29,7 @@ void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, co
 template <class T>
 void linear_forward(ThreadPool& pool, T* out, const T* x, const T* w, const T* bias, int64_t N,
                     int64_t I, int64_t O);
+// dx, dw, dbias may each be null (skipped).
 template <class T>
 void linear_backward(ThreadPool& pool, T* dx, T* dw, T* dbias, const T* dout, const T* x, const T* w,
                      int64_t N, int64_t I, int64_t O);
@@ -51,6 +55,21 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,
                            int64_t Vp, int64_t valid, double grad_scale);
+
+// Vocabulary-parallel cross-entropy pieces (kernels/ops.hpp); row statistics in double.
+template <class T>
+void xent_local_stats(ThreadPool& pool, double* row_max, double* target_logit, const T* logits,
+                      const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_begin, int64_t valid);
+template <class T>
+void xent_exp_sum(ThreadPool& pool, double* sum_exp, T* logits, const double* row_max, int64_t N, int64_t Vl,
+                  int64_t valid);
+template <class T>
+void xent_loss(ThreadPool& pool, T* losses, const double* row_max, const double* sum_exp,
+               const double* target_logit, int64_t N);
+template <class T>
+void xent_backward(ThreadPool& pool, T* logits, const double* row_max, const double* sum_exp,
+                   const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_begin, int64_t valid,
+                   double grad_scale);
 
 template <class T>
 void adamw_update(ThreadPool& pool, T* p, const T* g, T* m, T* v, int64_t n, double lr, double beta1,

@@ -17,30 +17,43 @@ constexpr int64_t kElemGrain = 16384; // elementwise loops: items per thread at 
 
 template <class T>
 void embedding_forward(ThreadPool& pool, T* out, const int32_t* tokens, const T* wte, const T* wpe,
-                       int64_t B, int64_t T_, int64_t C) {
+                       int64_t B, int64_t T_, int64_t C, int64_t vocab_begin, int64_t vocab_rows) {
   pool.parallel_for(B * T_, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      const T* e = wte + static_cast<int64_t>(tokens[n]) * C;  // (C)
-      const T* p = wpe + (n % T_) * C;                          // (C)
+      const int64_t row = static_cast<int64_t>(tokens[n]) - vocab_begin;
+      const bool held = row >= 0 && row < vocab_rows;
       T* o = out + n * C;
-      for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      const T* e = held ? wte + row * C : nullptr;      // (C)
+      const T* p = wpe ? wpe + (n % T_) * C : nullptr;  // (C)
+      if (held && p) {
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      } else if (held) {
+        std::copy(e, e + C, o);
+      } else if (p) {
+        std::copy(p, p + C, o);
+      } else {
+        std::fill(o, o + C, T(0));
+      }
     }
   }, 64);
 }
 
 template <class T>
 void embedding_backward(ThreadPool& pool, T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
-                        int64_t B, int64_t T_, int64_t C) {
+                        int64_t B, int64_t T_, int64_t C, int64_t vocab_begin, int64_t vocab_rows) {
   int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
   pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
     int64_t c0 = b0 * kColumnBlock, c1 = std::min(C, b1 * kColumnBlock);
     for (int64_t n = 0; n < B * T_; ++n) {
       const T* d = dout + n * C;
-      T* e = dwte + static_cast<int64_t>(tokens[n]) * C;
-      T* p = dwpe + (n % T_) * C;
-      for (int64_t c = c0; c < c1; ++c) {
-        e[c] += d[c];
-        p[c] += d[c];
+      const int64_t row = static_cast<int64_t>(tokens[n]) - vocab_begin;
+      if (row >= 0 && row < vocab_rows) {
+        T* e = dwte + row * C;
+        for (int64_t c = c0; c < c1; ++c) e[c] += d[c];
+      }
+      if (dwpe) {
+        T* p = dwpe + (n % T_) * C;
+        for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
       }
     }
   });
@@ -70,7 +83,7 @@ template <class T>
 void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w,
                         const T* mean, const T* rstd, int64_t N, int64_t C) {
   // dx: rows in parallel.
-  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+  if (dx) pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const T* xr = x + n * C;
       const T* dr = dout + n * C;
@@ -90,6 +103,7 @@ void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, co
     }
   }, 16);
   // dw, db: columns in parallel, rows in order.
+  if (!dw) return;
   int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
   pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
     int64_t c0 = b0 * kColumnBlock, c1 = std::min(C, b1 * kColumnBlock);
@@ -156,9 +170,9 @@ void add(ThreadPool& pool, T* out, const T* a, const T* b, int64_t n) {
 
 #define TROUPE_INSTANTIATE(T)                                                                       \
   template void embedding_forward<T>(ThreadPool&, T*, const int32_t*, const T*, const T*, int64_t,  \
-                                     int64_t, int64_t);                                             \
+                                     int64_t, int64_t, int64_t, int64_t);                           \
   template void embedding_backward<T>(ThreadPool&, T*, T*, const T*, const int32_t*, int64_t,       \
-                                      int64_t, int64_t);                                            \
+                                      int64_t, int64_t, int64_t, int64_t);                          \
   template void layernorm_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*, int64_t, \
                                      int64_t, double);                                              \
   template void layernorm_backward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, const T*,        \

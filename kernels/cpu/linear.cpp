@@ -24,7 +24,7 @@ void linear_backward(ThreadPool& pool, T* dx, T* dw, T* dbias, const T* dout, co
   // dx (N,I) = dout (N,O) @ W (O,I)
   if (dx) gemm<T>(pool, false, false, N, I, O, T(1), dout, O, w, I, T(0), dx, I);
   // dW (O,I) += dout^T (O,N) @ x (N,I)
-  gemm<T>(pool, true, false, O, I, N, T(1), dout, O, x, I, T(1), dw, I);
+  if (dw) gemm<T>(pool, true, false, O, I, N, T(1), dout, O, x, I, T(1), dw, I);
   // db (O) += sum over rows of dout
   if (dbias) column_sums_accumulate<T>(pool, dbias, dout, N, O);
 }

@@ -28,11 +28,18 @@ T row_max(const T* x, int64_t n) {
   return m;
 }
 
+// x = exp(x - shift). One function for the forward and for the vocabulary-parallel backward, which
+// recomputes these values and must get them bitwise.
+template <class T>
+void exp_inplace(T* x, int64_t n, T shift) {
+  for (int64_t j = 0; j < n; ++j) x[j] = fast_exp(x[j] - shift);
+}
+
 // Replaces x by exp(x - shift) and returns the sum (two vectorisable passes over a row that stays in
 // cache).
 template <class T>
 double exp_inplace_sum(T* x, int64_t n, T shift) {
-  for (int64_t j = 0; j < n; ++j) x[j] = fast_exp(x[j] - shift);
+  exp_inplace(x, n, shift);
   T acc[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -66,6 +73,66 @@ void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t
     }
   }, 8);
 }
+
+// The pieces below repeat softmax_cross_entropy's arithmetic step for step (same helpers, same
+// casts), so that with one shard they give its results bitwise.
+template <class T>
+void xent_local_stats(ThreadPool& pool, double* row_max_out, double* target_logit, const T* logits,
+                      const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_begin, int64_t valid) {
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* row = logits + n * Vl;  // (Vl)
+      const int64_t t = static_cast<int64_t>(targets[n]) - vocab_begin;
+      TROUPE_CHECK(targets[n] >= 0, "target token must not be negative");
+      target_logit[n] = t >= 0 && t < valid ? static_cast<double>(row[t]) : 0.0;
+      row_max_out[n] = valid > 0 ? static_cast<double>(row_max(row, valid)) : -std::numeric_limits<double>::infinity();
+    }
+  }, 8);
+}
+
+template <class T>
+void xent_exp_sum(ThreadPool& pool, double* sum_exp, T* logits, const double* row_max_in, int64_t N, int64_t Vl,
+                  int64_t valid) {
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n)
+      sum_exp[n] = exp_inplace_sum(logits + n * Vl, valid, static_cast<T>(row_max_in[n]));
+  }, 8);
+}
+
+template <class T>
+void xent_loss(ThreadPool& pool, T* losses, const double* row_max_in, const double* sum_exp,
+               const double* target_logit, int64_t N) {
+  for (int64_t n = 0; n < N; ++n)
+    losses[n] = static_cast<T>(row_max_in[n] + std::log(sum_exp[n]) - target_logit[n]);
+}
+
+template <class T>
+void xent_backward(ThreadPool& pool, T* logits, const double* row_max_in, const double* sum_exp,
+                   const int32_t* targets, int64_t N, int64_t Vl, int64_t vocab_begin, int64_t valid,
+                   double grad_scale) {
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      T* row = logits + n * Vl;  // (Vl): raw logits in, their gradient out
+      exp_inplace(row, valid, static_cast<T>(row_max_in[n]));
+      const T factor = static_cast<T>(grad_scale / sum_exp[n]);
+      for (int64_t j = 0; j < valid; ++j) row[j] *= factor;
+      const int64_t t = static_cast<int64_t>(targets[n]) - vocab_begin;
+      if (t >= 0 && t < valid) row[t] -= static_cast<T>(grad_scale);
+      std::fill(row + valid, row + Vl, T(0));
+    }
+  }, 8);
+}
+
+#define TROUPE_INSTANTIATE(T)                                                                          \
+  template void xent_local_stats<T>(ThreadPool&, double*, double*, const T*, const int32_t*, int64_t,  \
+                                    int64_t, int64_t, int64_t);                                        \
+  template void xent_exp_sum<T>(ThreadPool&, double*, T*, const double*, int64_t, int64_t, int64_t);   \
+  template void xent_loss<T>(ThreadPool&, T*, const double*, const double*, const double*, int64_t);   \
+  template void xent_backward<T>(ThreadPool&, T*, const double*, const double*, const int32_t*,        \
+                                 int64_t, int64_t, int64_t, int64_t, double);
+TROUPE_INSTANTIATE(float)
+TROUPE_INSTANTIATE(double)
+#undef TROUPE_INSTANTIATE
 
 template void softmax_cross_entropy<float>(ThreadPool&, float*, float*, const int32_t*, int64_t, int64_t,
                                            int64_t, double);

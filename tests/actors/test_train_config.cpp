@@ -24,6 +24,15 @@ TrainConfig all_fields_set() {
   c.model.init_method_std = 0.0125;
   c.micro_batch_size = 3;
   c.global_batch_size = 12;
+  c.tensor_model_parallel_size = 3;
+  c.pipeline_model_parallel_size = 2;
+  c.data_parallel_size = 4;
+  c.zero_stage = 2;
+  c.pipeline_schedule = "interleaved";
+  c.num_layers_per_virtual_pipeline_stage = 1;
+  c.recompute_granularity = "selective";
+  c.sequence_parallel = true;
+  c.timeline = "/logs/timeline.json";
   c.lr = 3.3e-4;
   c.min_lr = 1.1e-5;
   c.lr_decay_style = "cosine";
@@ -68,6 +77,15 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.model.init_method_std == b.model.init_method_std);
   CHECK(a.micro_batch_size == b.micro_batch_size);
   CHECK(a.global_batch_size == b.global_batch_size);
+  CHECK(a.tensor_model_parallel_size == b.tensor_model_parallel_size);
+  CHECK(a.pipeline_model_parallel_size == b.pipeline_model_parallel_size);
+  CHECK(a.data_parallel_size == b.data_parallel_size);
+  CHECK(a.zero_stage == b.zero_stage);
+  CHECK(a.pipeline_schedule == b.pipeline_schedule);
+  CHECK(a.num_layers_per_virtual_pipeline_stage == b.num_layers_per_virtual_pipeline_stage);
+  CHECK(a.recompute_granularity == b.recompute_granularity);
+  CHECK(a.sequence_parallel == b.sequence_parallel);
+  CHECK(a.timeline == b.timeline);
   CHECK(a.lr == b.lr);
   CHECK(a.min_lr == b.min_lr);
   CHECK(a.lr_decay_style == b.lr_decay_style);
@@ -138,7 +156,91 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.size() == 9);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 1);
+  CHECK(j.at("version") == 2);
+}
+
+TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  REQUIRE(j.at("parallel").is_object());
+  const json& p = j.at("parallel");
+  CHECK(p.at("tensor_model_parallel_size") == 3);
+  CHECK(p.at("pipeline_model_parallel_size") == 2);
+  CHECK(p.at("data_parallel_size") == 4);
+  CHECK(p.at("zero_stage") == 2);
+  CHECK(p.at("pipeline_schedule") == "interleaved");
+  CHECK(p.at("num_layers_per_virtual_pipeline_stage") == 1);
+  CHECK(p.at("recompute_granularity") == "selective");
+  CHECK(p.at("sequence_parallel") == true);
+  CHECK(p.at("timeline") == "/logs/timeline.json");
+  CHECK(p.size() == 9);
+  CHECK_FALSE(j.contains("zero_stage"));  // not duplicated at the top level
+
+  // The defaults: 1 x 1 x derived, no ZeRO, 1F1B, no recomputation.
+  const json d = json::parse(TrainConfig{}.to_json()).at("parallel");
+  CHECK(d.at("tensor_model_parallel_size") == 1);
+  CHECK(d.at("pipeline_model_parallel_size") == 1);
+  CHECK(d.at("data_parallel_size") == 0);
+  CHECK(d.at("zero_stage") == 0);
+  CHECK(d.at("pipeline_schedule") == "1f1b");
+  CHECK(d.at("recompute_granularity") == "none");
+  CHECK(d.at("sequence_parallel") == false);
+}
+
+TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard", "[train_config]") {
+  json j = json::parse(all_fields_set().to_json());
+  j.erase("parallel");
+  j["version"] = 1;
+  auto r = TrainConfig::from_json(j.dump());
+  INFO(r.status().message());
+  REQUIRE(r.is_ok());
+  const TrainConfig& c = r.value();
+  const TrainConfig defaults;
+  CHECK(c.tensor_model_parallel_size == 1);
+  CHECK(c.pipeline_model_parallel_size == 1);
+  CHECK(c.data_parallel_size == defaults.data_parallel_size);
+  CHECK(c.resolved_dp() == 1);
+  CHECK(c.zero_stage == 0);
+  CHECK(c.pipeline_schedule == defaults.pipeline_schedule);
+  CHECK(c.num_layers_per_virtual_pipeline_stage == 0);
+  CHECK(c.recompute_granularity == "none");
+  CHECK_FALSE(c.sequence_parallel);
+  CHECK(c.timeline.empty());
+  CHECK_FALSE(c.parallel());
+  // Everything else still comes from the file.
+  CHECK(c.model.num_layers == 7);
+  CHECK(c.micro_batch_size == 3);
+  CHECK(c.lr == 3.3e-4);
+  // Written again, it is version 2.
+  CHECK(json::parse(c.to_json()).at("version") == 2);
+
+  // Version 1 never had "parallel": one there is unknown.
+  json with_parallel = json::parse(all_fields_set().to_json());
+  with_parallel["version"] = 1;
+  auto bad = TrainConfig::from_json(with_parallel.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"parallel\""));
+}
+
+TEST_CASE("train config: data-parallel size and accumulation steps per world size",
+          "[train_config]") {
+  TrainConfig c;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 32;
+  c.tensor_model_parallel_size = 2;
+  c.pipeline_model_parallel_size = 2;
+  CHECK(c.resolved_dp() == 1);   // one process: 1 replica unless --data-parallel-size says more
+  CHECK(c.resolved_dp(8) == 2);  // 8 ranks / (2 x 2)
+  CHECK(c.grad_accumulation_steps() == 16);
+  CHECK(c.grad_accumulation_steps(8) == 8);
+  c.data_parallel_size = 4;
+  CHECK(c.resolved_dp() == 4);
+  CHECK(c.resolved_dp(8) == 4);  // explicit: validate_world reports the mismatch
+  CHECK(c.grad_accumulation_steps() == 4);
+  CHECK(c.parallel());
+  TrainConfig z;
+  CHECK_FALSE(z.parallel());
+  z.zero_stage = 1;
+  CHECK(z.parallel());
 }
 
 TEST_CASE("train config: from_json names the missing or mistyped key", "[train_config]") {
@@ -166,8 +268,24 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 2; }),
-             Catch::Contains("\"version\" must be 1"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 3; }),
+             Catch::Contains("\"version\" must be 1 to 2") && Catch::Contains("got 3"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
+             Catch::Contains("\"version\" must be 1 to 2"));
+  CHECK_THAT(error_after([](json& j) { j.erase("parallel"); }),
+             Catch::Contains("missing key \"parallel\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"] = 4; }),
+             Catch::Contains("\"parallel\" must be an object"));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["expert_model_parallel_size"] = 2; }),
+             Catch::Contains("unknown key \"parallel.expert_model_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"].erase("zero_stage"); }),
+             Catch::Contains("missing key \"parallel.zero_stage\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["sequence_parallel"] = "yes"; }),
+             Catch::Contains("\"parallel.sequence_parallel\" must be true or false"));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["tensor_model_parallel_size"] = 1.5; }),
+             Catch::Contains("\"parallel.tensor_model_parallel_size\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j["zero_stage"] = 1; }),  // at the top level: unknown
+             Catch::Contains("unknown key \"zero_stage\""));
   CHECK_THAT(error_after([](json& j) { j.erase("format"); }), Catch::Contains("\"format\""));
 
   auto malformed = TrainConfig::from_json("{\"lr\": 1e-3,");

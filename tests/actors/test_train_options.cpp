@@ -64,26 +64,26 @@ struct Parsed {
 };
 
 // Parses `args` as `troupe train` would (CLI11's vector parse takes the arguments reversed), then
-// finalizes.
-Parsed parse(std::vector<std::string> args) {
+// finalizes; world_size: the ranks troupe launch started (1: one process).
+Parsed parse(std::vector<std::string> args, int world_size = 1) {
   Parsed p;
   CLI::App app{"troupe train (test)"};
   add_train_options(&app, &p.cfg);
   std::reverse(args.begin(), args.end());
   app.parse(args);
-  p.status = finalize_train_config(app, &p.cfg);
+  p.status = finalize_train_config(app, &p.cfg, world_size);
   return p;
 }
 
-Parsed parse_ok(std::vector<std::string> args) {
-  Parsed p = parse(std::move(args));
+Parsed parse_ok(std::vector<std::string> args, int world_size = 1) {
+  Parsed p = parse(std::move(args), world_size);
   INFO(p.status.message());
   REQUIRE(p.status.is_ok());
   return p;
 }
 
-std::string parse_error(std::vector<std::string> args) {
-  Parsed p = parse(std::move(args));
+std::string parse_error(std::vector<std::string> args, int world_size = 1) {
+  Parsed p = parse(std::move(args), world_size);
   REQUIRE_FALSE(p.status.is_ok());
   return p.status.message();
 }
@@ -196,7 +196,17 @@ TEST_CASE("train options: every flag has help text; unknown flags and bad types 
                            "--metrics-file",
                            "--num-threads",
                            "--deepspeed-config",
-                           "--deepspeed_config"}) {
+                           "--deepspeed_config",
+                           "--tensor-model-parallel-size",
+                           "--pipeline-model-parallel-size",
+                           "--data-parallel-size",
+                           "--zero-stage",
+                           "--pipeline-schedule",
+                           "--num-layers-per-virtual-pipeline-stage",
+                           "--recompute-granularity",
+                           "--sequence-parallel",
+                           "--timeline",
+                           "Parallelism"}) {
     CHECK_THAT(help, Contains(flag));
   }
   CHECK_THAT(help, Contains("GPT2BPETokenizer"));  // a default value shown
@@ -312,6 +322,16 @@ TEST_CASE("train options: files are checked, nothing is created", "[train_option
     CHECK_THAT(parse_error(ws.args({"--metrics-file", ws.dir.str()})), Contains("is a directory"));
     parse_ok(ws.args({"--metrics-file", ws.dir.str("m.jsonl")}));
     CHECK_FALSE(fs::exists(ws.dir.str("m.jsonl")));
+  }
+  SECTION("timeline") {
+    CHECK_THAT(parse_error(ws.args({"--timeline", ws.dir.str("no/such/dir/t.json")})),
+               Contains("--timeline directory") && Contains("does not exist") &&
+                   Contains("create it first"));
+    CHECK_THAT(parse_error(ws.args({"--timeline", ws.dir.str()})),
+               Contains("--timeline") && Contains("is a directory") && Contains("timeline.json"));
+    CHECK(parse_ok(ws.args({"--timeline", ws.dir.str("t.json")})).cfg.timeline ==
+          ws.dir.str("t.json"));
+    CHECK_FALSE(fs::exists(ws.dir.str("t.json")));
   }
   SECTION("save") {
     const std::string nested = ws.dir.str("ckpt/a/b");
@@ -540,12 +560,15 @@ TEST_CASE("train options: DeepSpeed file errors name the key and the file",
              Contains("\"optimizer.params.max_grad_norm\""));
   CHECK_THAT(error(R"({"scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 10}}})"),
              Contains("\"scheduler.params.total_num_steps\" is not a key"));
-  CHECK_THAT(error(R"({"zero_optimization": {"stage": 0, "overlap_comm": true}})"),
-             Contains("\"zero_optimization.overlap_comm\""));
-  CHECK_THAT(error(R"({"zero_optimization": {"stage": 2}})"),
-             Contains("ZeRO stage 2") && Contains("data parallelism") &&
-                 Contains("remove zero_optimization or set stage 0"));
-  CHECK_THAT(error(R"({"zero_optimization": {"stage": 5}})"), Contains("ZeRO stages are 0 to 3"));
+  CHECK_THAT(error(R"({"zero_optimization": {"stage": 0, "sub_group_size": 1e9}})"),
+             Contains("\"zero_optimization.sub_group_size\" is not a key troupe understands") &&
+                 Contains("overlap_comm") && Contains("offload_optimizer"));
+  CHECK_THAT(error(R"({"zero_optimization": {"stage": 5}})"),
+             Contains("\"zero_optimization.stage\" is 5; ZeRO stages are 0 to 3") &&
+                 Contains("1 (optimizer states)"));
+  CHECK_THAT(error(R"({"zero_optimization": {"stage": -1}})"), Contains("ZeRO stages are 0 to 3"));
+  CHECK_THAT(error(R"({"zero_optimization": {"stage": "2"}})"),
+             Contains("\"zero_optimization.stage\" must be an integer"));
   CHECK_THAT(error(R"({"fp16": {"enabled": true}})"),
              Contains("\"fp16.enabled\"") &&
                  Contains("mixed precision is not available on the CPU backend"));
@@ -603,6 +626,335 @@ TEST_CASE("train options: the sample DeepSpeed config is accepted", "[train_opti
       parse_ok(ws.args({"--deepspeed-config", sample, "--train-iters", "2000"})).cfg;
   CHECK(c.lr_decay_style == "linear");
   CHECK(c.global_batch_size % c.micro_batch_size == 0);
+}
+
+TEST_CASE("train options: parallelism flags bind to the config", "[train_options][parallel_options]") {
+  Workspace ws;
+  std::vector<std::string> flags = words(
+      "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+      "--data-parallel-size 3 --zero-stage 1 --pipeline-schedule gpipe "
+      "--recompute-granularity selective --sequence-parallel --micro-batch-size 2");
+  flags.insert(flags.end(), {"--timeline", ws.dir.str("trace.json")});
+  const TrainConfig c = parse_ok(ws.args(flags)).cfg;
+  CHECK(c.tensor_model_parallel_size == 2);
+  CHECK(c.pipeline_model_parallel_size == 2);
+  CHECK(c.data_parallel_size == 3);
+  CHECK(c.resolved_dp() == 3);
+  CHECK(c.zero_stage == 1);
+  CHECK(c.pipeline_schedule == "gpipe");
+  CHECK(c.num_layers_per_virtual_pipeline_stage == 0);
+  CHECK(c.recompute_granularity == "selective");
+  CHECK(c.sequence_parallel);
+  CHECK(c.timeline == ws.dir.str("trace.json"));
+  CHECK(c.global_batch_size == 6);  // Megatron's default: micro batch x data-parallel size
+  CHECK(c.grad_accumulation_steps() == 1);
+
+  // The defaults: one shard, 1F1B, no recomputation, no timeline.
+  const TrainConfig d = parse_ok(ws.args()).cfg;
+  CHECK(d.tensor_model_parallel_size == 1);
+  CHECK(d.pipeline_model_parallel_size == 1);
+  CHECK(d.data_parallel_size == 0);
+  CHECK(d.resolved_dp() == 1);
+  CHECK(d.zero_stage == 0);
+  CHECK(d.pipeline_schedule == "1f1b");
+  CHECK(d.recompute_granularity == "none");
+  CHECK_FALSE(d.sequence_parallel);
+  CHECK(d.timeline.empty());
+  CHECK_FALSE(d.parallel());
+
+  // Every schedule and granularity by name; Megatron has no "none" value but absent means none.
+  for (const char* schedule : {"1f1b", "gpipe", "zb-h1"})
+    CHECK(
+        parse_ok(ws.args({"--pipeline-model-parallel-size", "2", "--pipeline-schedule", schedule}))
+            .cfg.pipeline_schedule == schedule);
+  for (const char* granularity : {"none", "full", "selective"})
+    CHECK(parse_ok(ws.args({"--recompute-granularity", granularity})).cfg.recompute_granularity ==
+          granularity);
+  // Megatron: sequence parallelism needs tensor parallelism, and is silently off without it.
+  CHECK_FALSE(parse_ok(ws.args({"--sequence-parallel"})).cfg.sequence_parallel);
+  // Uneven pipeline stages are fine (troupe's split), as long as each has a layer.
+  CHECK(parse_ok(ws.args({"--num-layers", "5", "--pipeline-model-parallel-size", "2"}))
+            .cfg.pipeline_model_parallel_size == 2);
+  CHECK(parse_ok(ws.args({"--pipeline-model-parallel-size", "4"})).cfg.model.num_layers == 4);
+}
+
+TEST_CASE("train options: the virtual-stage flag selects the interleaved schedule",
+          "[train_options][parallel_options]") {
+  Workspace ws;
+  const std::vector<std::string> base = words("--num-layers 8 --pipeline-model-parallel-size 2");
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return ws.args(extra);
+  };
+  // As in Megatron: the flag alone switches to interleaved.
+  TrainConfig c = parse_ok(with({"--num-layers-per-virtual-pipeline-stage", "2"})).cfg;
+  CHECK(c.pipeline_schedule == "interleaved");
+  CHECK(c.num_layers_per_virtual_pipeline_stage == 2);
+  c = parse_ok(with({"--num-layers-per-virtual-pipeline-stage", "1", "--pipeline-schedule",
+                     "interleaved"}))
+          .cfg;
+  CHECK(c.pipeline_schedule == "interleaved");
+  // An explicit other schedule is a contradiction, not silently overridden.
+  CHECK_THAT(parse_error(with(
+                 {"--pipeline-schedule", "1f1b", "--num-layers-per-virtual-pipeline-stage", "2"})),
+             Contains("--num-layers-per-virtual-pipeline-stage 2 is only used by "
+                      "--pipeline-schedule interleaved, but the schedule is 1f1b") &&
+                 Contains(" -- drop"));
+  // The switch is named when it leads to an error.
+  CHECK_THAT(parse_error(ws.args({"--num-layers-per-virtual-pipeline-stage", "2"})),
+             Contains("--pipeline-schedule interleaved needs --pipeline-model-parallel-size 2 or "
+                      "more, got 1") &&
+                 Contains("comes from --num-layers-per-virtual-pipeline-stage, which selects it "
+                          "as in Megatron"));
+}
+
+TEST_CASE("train options: parallel settings are validated with the flag and the fix",
+          "[train_options][parallel_options]") {
+  Workspace ws;
+  struct Case {
+    std::vector<std::string> extra;
+    const char* what;  // the flag and the problem
+    const char* fix;   // after " -- "
+  };
+  const Case cases[] = {
+      {{"--tensor-model-parallel-size", "0"},
+       "--tensor-model-parallel-size must be positive, got 0",
+       "--tensor-model-parallel-size 1"},
+      {{"--pipeline-model-parallel-size", "-1"},
+       "--pipeline-model-parallel-size must be positive, got -1",
+       "--pipeline-model-parallel-size 1"},
+      {{"--data-parallel-size", "-1"},
+       "--data-parallel-size must be >= 0, got -1",
+       "use 0 to derive it"},
+      {{"--num-attention-heads", "6", "--hidden-size", "384", "--tensor-model-parallel-size", "4"},
+       "--num-attention-heads 6 is not divisible by --tensor-model-parallel-size 4",
+       "a multiple of 4, or --tensor-model-parallel-size 3"},
+      {{"--pipeline-model-parallel-size", "8"},
+       "--pipeline-model-parallel-size 8 is more than --num-layers 4",
+       "at most 4 stages"},
+      {{"--pipeline-schedule", "zigzag"},
+       "--pipeline-schedule is \"zigzag\"",
+       "use one of 1f1b, gpipe, interleaved, zb-h1"},
+      {{"--pipeline-schedule", "interleaved", "--num-layers-per-virtual-pipeline-stage", "1"},
+       "--pipeline-schedule interleaved needs --pipeline-model-parallel-size 2 or more, got 1",
+       "another --pipeline-schedule"},
+      {{"--pipeline-schedule", "interleaved", "--pipeline-model-parallel-size", "2", "--num-layers",
+        "8"},
+       "--pipeline-schedule interleaved needs --num-layers-per-virtual-pipeline-stage N > 0",
+       "use --num-layers-per-virtual-pipeline-stage 1 or 2"},
+      {{"--num-layers-per-virtual-pipeline-stage", "3", "--pipeline-model-parallel-size", "2",
+        "--num-layers", "8"},
+       "--num-layers-per-virtual-pipeline-stage 3 does not split --num-layers 8 evenly",
+       "use --num-layers-per-virtual-pipeline-stage 1 or 2"},
+      {{"--num-layers-per-virtual-pipeline-stage", "4", "--pipeline-model-parallel-size", "2",
+        "--num-layers", "8"},
+       "--num-layers-per-virtual-pipeline-stage 4 leaves 1 model chunk per pipeline stage",
+       "1 or 2"},
+      {{"--num-layers-per-virtual-pipeline-stage", "1", "--pipeline-model-parallel-size", "2",
+        "--num-layers", "3"},
+       "--num-layers-per-virtual-pipeline-stage 1 does not split --num-layers 3",
+       "no chunk size works for --num-layers 3 over 2 stages"},
+      {{"--num-layers-per-virtual-pipeline-stage", "0", "--pipeline-model-parallel-size", "2",
+        "--num-layers", "12"},
+       "needs --num-layers-per-virtual-pipeline-stage N > 0",
+       "1, 2 or 3"},
+      {{"--data-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "6"},
+       "--global-batch-size 6 is not a positive multiple of --micro-batch-size 2 x "
+       "--data-parallel-size 2 = 4",
+       "e.g. 8"},
+      {{"--zero-stage", "4"},
+       "--zero-stage is 4; ZeRO stages are 0 to 3",
+       "use 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)"},
+      {{"--zero-stage", "-1"}, "--zero-stage is -1", "1 (optimizer states)"},
+      {{"--recompute-granularity", "partial"},
+       "--recompute-granularity is \"partial\"",
+       "use full or selective, or leave the flag out"},
+      {{"--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "1",
+        "--micro-batch-size", "2"},
+       "--sequence-parallel splits the --micro-batch-size 2 x --seq-length 1 = 2 tokens",
+       "drop --sequence-parallel"},
+  };
+  for (const Case& c : cases) {
+    const std::string message = parse_error(ws.args(c.extra));
+    INFO(message);
+    CHECK_THAT(message, Contains(c.what));
+    CHECK_THAT(message, Contains(std::string(" -- ")));
+    CHECK_THAT(message.substr(message.find(" -- ")), Contains(c.fix));
+  }
+  // validate_train_config (no command line) checks the same.
+  TrainConfig c;
+  c.mock_data = true;
+  c.train_iters = 10;
+  c.tokenizer_type = "ByteLevelTokenizer";
+  REQUIRE(validate_train_config(c).is_ok());
+  c.num_layers_per_virtual_pipeline_stage = 2;  // with the default 1f1b
+  CHECK_THAT(validate_train_config(c).message(),
+             Contains("--num-layers-per-virtual-pipeline-stage 2 is only used by"));
+}
+
+TEST_CASE("train options: troupe launch's ranks must match tensor x pipeline x data",
+          "[train_options][parallel_options]") {
+  TrainConfig c;
+  c.tensor_model_parallel_size = 2;
+  c.pipeline_model_parallel_size = 2;
+  c.micro_batch_size = 4;
+  c.global_batch_size = 16;
+  SECTION("derived data-parallel size") {
+    CHECK(validate_world(c, 4).is_ok());   // dp 1
+    CHECK(validate_world(c, 8).is_ok());   // dp 2
+    CHECK(validate_world(c, 16).is_ok());  // dp 4: 16 = 4 x 4
+    CHECK_THAT(validate_world(c, 6).message(),
+               Contains("--tensor-model-parallel-size 2 x --pipeline-model-parallel-size 2 x "
+                        "data-parallel 1 (derived from the ranks) = 4 ranks, but troupe launch "
+                        "started 6") &&
+                   Contains(" -- start a multiple of") && Contains("= 4 ranks"));
+    CHECK_THAT(validate_world(c, 2).message(), Contains("= 4 ranks, but troupe launch started 2"));
+    // 32 ranks: dp 8, and 16 sequences do not fill 8 replicas x 4.
+    CHECK_THAT(validate_world(c, 32).message(),
+               Contains("--global-batch-size 16 is not a positive multiple of --micro-batch-size "
+                        "4 x data-parallel size 8 = 32 (troupe launch started 32 ranks)") &&
+                   Contains(" -- ") && Contains("e.g. 32"));
+  }
+  SECTION("explicit data-parallel size") {
+    c.data_parallel_size = 1;
+    CHECK_THAT(validate_world(c, 8).message(),
+               Contains("--tensor-model-parallel-size 2 x --pipeline-model-parallel-size 2 x "
+                        "--data-parallel-size 1 = 4 ranks, but troupe launch started 8") &&
+                   Contains(" -- set --data-parallel-size 2") && Contains("or start 4 ranks"));
+    c.data_parallel_size = 2;
+    CHECK(validate_world(c, 8).is_ok());
+    CHECK_THAT(validate_world(c, 12).message(), Contains("set --data-parallel-size 3"));
+    CHECK_THAT(validate_world(c, 10).message(), Contains("start a multiple of"));
+  }
+  SECTION("sizes that make no sense") {
+    CHECK_THAT(validate_world(c, 0).message(), Contains("0 ranks"));
+    c.tensor_model_parallel_size = 0;
+    CHECK_THAT(validate_world(c, 4).message(),
+               Contains("--tensor-model-parallel-size must be positive"));
+  }
+  SECTION("through finalize_train_config") {
+    Workspace ws;
+    const std::vector<std::string> mp = words(
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 "
+        "--micro-batch-size 4");
+    // 8 ranks: dp 2, so the default global batch is 4 x 2.
+    const TrainConfig d = parse_ok(ws.args(mp), 8).cfg;
+    CHECK(d.global_batch_size == 8);
+    CHECK(d.grad_accumulation_steps(8) == 1);
+    std::vector<std::string> small = mp;
+    small.insert(small.end(), {"--global-batch-size", "4"});
+    CHECK(parse_ok(ws.args(small)).cfg.global_batch_size == 4);  // one process: dp 1
+    CHECK_THAT(parse_error(ws.args(small), 8),
+               Contains("--global-batch-size 4 is not a positive multiple of --micro-batch-size 4 "
+                        "x data-parallel size 2 = 8 (troupe launch started 8 ranks)"));
+    CHECK_THAT(parse_error(ws.args(mp), 6), Contains("but troupe launch started 6"));
+  }
+}
+
+TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspeed][parallel_options]") {
+  Workspace ws;
+  auto with = [&](const std::string& json_text, std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"--deepspeed-config", ws.ds(json_text)});
+    return parse(ws.args(extra));
+  };
+  auto ok = [&](const std::string& json_text, std::vector<std::string> extra = {}) {
+    Parsed p = with(json_text, std::move(extra));
+    INFO(p.status.message());
+    REQUIRE(p.status.is_ok());
+    return p.cfg;
+  };
+  SECTION("stage, and --zero-stage wins") {
+    for (int stage = 0; stage <= 3; ++stage)
+      CHECK(ok(R"({"zero_optimization": {"stage": )" + std::to_string(stage) + "}}").zero_stage ==
+            stage);
+    CHECK(ok(R"({"zero_optimization": {"stage": 2}})", {"--zero-stage", "1"}).zero_stage == 1);
+    // Given with the default value: still wins.
+    CHECK(ok(R"({"zero_optimization": {"stage": 3}})", {"--zero-stage", "0"}).zero_stage == 0);
+    CHECK(ok(R"({"zero_optimization": {}})").zero_stage == 0);
+    CHECK(ok(R"({"train_batch_size": 8})", {"--zero-stage", "2"}).zero_stage == 2);
+  }
+  SECTION("tuning keys are accepted and change nothing") {
+    const TrainConfig c = ok(R"({"zero_optimization": {
+      "stage": 3, "overlap_comm": true, "contiguous_gradients": true, "reduce_scatter": true,
+      "allgather_partitions": true, "reduce_bucket_size": 5e8, "allgather_bucket_size": 200000000,
+      "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5,
+      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+      "stage3_gather_16bit_weights_on_model_save": false, "round_robin_gradients": false,
+      "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}})");
+    CHECK(c.zero_stage == 3);
+    TrainConfig expected = parse_ok(ws.args({"--zero-stage", "3"})).cfg;
+    expected.deepspeed_config = c.deepspeed_config;
+    CHECK(c.to_json() == expected.to_json());
+  }
+  SECTION("offload is not in this build: the message says how to fix the file") {
+    Parsed p = with(R"({"zero_optimization": {"stage": 2,
+                        "offload_optimizer": {"device": "cpu", "pin_memory": true}}})");
+    REQUIRE_FALSE(p.status.is_ok());
+    CHECK_THAT(p.status.message(),
+               Contains("\"zero_optimization.offload_optimizer\" asks to offload the optimizer "
+                        "state to \"cpu\", but optimizer offload is not in this build") &&
+                   Contains(" -- remove the \"offload_optimizer\" block from "
+                            "\"zero_optimization\""));
+    p = with(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})");
+    REQUIRE_FALSE(p.status.is_ok());
+    CHECK_THAT(p.status.message(), Contains("\"zero_optimization.offload_param\"") &&
+                                       Contains("parameter offload is not in this build") &&
+                                       Contains("remove the \"offload_param\" block"));
+    p = with(R"({"zero_optimization": {"offload_optimizer": true}})");
+    CHECK_THAT(p.status.message(),
+               Contains("\"zero_optimization.offload_optimizer\" must be an object"));
+  }
+  SECTION("tuning keys of the wrong type") {
+    Parsed p = with(R"({"zero_optimization": {"overlap_comm": 1}})");
+    CHECK_THAT(p.status.message(),
+               Contains("\"zero_optimization.overlap_comm\" must be true or false"));
+    p = with(R"({"zero_optimization": {"reduce_bucket_size": "auto"}})");
+    CHECK_THAT(p.status.message(),
+               Contains("\"zero_optimization.reduce_bucket_size\" must be a number of elements") &&
+                   Contains("Hugging Face"));
+    p = with(R"({"zero_optimization": {"stage3_max_live_parameters": -1}})");
+    CHECK_THAT(p.status.message(), Contains("\"zero_optimization.stage3_max_live_parameters\""));
+    p = with(R"({"zero_optimization": {"allgather_bucket_size": 2.5}})");
+    CHECK_THAT(p.status.message(), Contains("\"zero_optimization.allgather_bucket_size\""));
+  }
+  SECTION("DeepSpeed's batch rule multiplies by the data-parallel size") {
+    const std::vector<std::string> dp2 = {"--data-parallel-size", "2"};
+    TrainConfig c =
+        ok(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", dp2);
+    CHECK((c.micro_batch_size == 4 && c.global_batch_size == 16));
+    CHECK(c.grad_accumulation_steps() == 2);
+    c = ok(R"({"train_batch_size": 32})", dp2);  // micro = batch / dp
+    CHECK((c.micro_batch_size == 16 && c.global_batch_size == 32));
+    c = ok(R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})", dp2);
+    CHECK((c.micro_batch_size == 4 && c.global_batch_size == 32));
+    c = ok(R"({"train_micro_batch_size_per_gpu": 4})", dp2);  // batch = micro x dp
+    CHECK((c.micro_batch_size == 4 && c.global_batch_size == 8));
+    Parsed bad = with(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                          "gradient_accumulation_steps": 8})",
+                      dp2);
+    CHECK_THAT(bad.status.message(), Contains("2 * 8 * 2 = 32"));
+    bad = with(R"({"train_batch_size": 24, "gradient_accumulation_steps": 8})", dp2);
+    CHECK_THAT(bad.status.message(),
+               Contains("24 is not divisible by gradient_accumulation_steps 8 x data-parallel "
+                        "size 2 = 16"));
+    bad = with(R"({"train_batch_size": 7})", dp2);
+    CHECK_THAT(bad.status.message(), Contains("7 is not divisible by the data-parallel size 2"));
+    // A value from the file that fails validation names the key.
+    bad = with(R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2})", dp2);
+    CHECK_THAT(bad.status.message(),
+               Contains("--global-batch-size 6 is not a positive multiple of --micro-batch-size 2 "
+                        "x --data-parallel-size 2 = 4") &&
+                   Contains("\"train_batch_size\" in"));
+    // Under troupe launch the derived data-parallel size counts: 8 ranks / (2 x 1) = 4.
+    Parsed launched = parse(ws.args({"--tensor-model-parallel-size", "2", "--deepspeed-config",
+                                     ws.ds(R"({"train_micro_batch_size_per_gpu": 2,
+                                               "gradient_accumulation_steps": 3})")}),
+                            8);
+    INFO(launched.status.message());
+    REQUIRE(launched.status.is_ok());
+    CHECK(launched.cfg.global_batch_size == 24);
+    CHECK(launched.cfg.grad_accumulation_steps(8) == 3);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,238 @@
+#include "actors/rank_actor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "actors/errors.hpp"
+
+namespace troupe {
+
+namespace {
+
+struct RankState {
+  std::shared_ptr<comm::CommWorld> world;
+  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
+  std::unique_ptr<RankEngine> engine;
+  Status created;  // creating the groups: an error is every command's reply
+  int rank = 0;
+};
+
+caf::error rank_error(int rank, const Status& st) {
+  return make_actor_error(ActorErrc::failed, "rank " + std::to_string(rank) + ": " + st.message());
+}
+
+Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
+  auto group = [&](const std::vector<int>& members, std::unique_ptr<comm::Communicator>& out) -> Status {
+    auto g = st.world->group(members);
+    if (!g) return g.status();
+    out = std::move(g).value();
+    return Status::ok();
+  };
+  // The same order on every rank: creating a group is collective among its members.
+  TROUPE_RETURN_IF_ERROR(group(topo.tp_group(rank), st.tp));
+  TROUPE_RETURN_IF_ERROR(group(topo.dp_group(rank), st.dp));
+  TROUPE_RETURN_IF_ERROR(group(topo.pp_group(rank), st.pp));
+  // Only the first and last stages are in an embedding group (pp > 1); the middle stages have none.
+  if (const auto members = topo.embedding_group(rank); !members.empty())
+    TROUPE_RETURN_IF_ERROR(group(members, st.embedding));
+  auto all = st.world->everyone();
+  if (!all) return all.status();
+  st.everyone = std::move(all).value();
+  return Status::ok();
+}
+
+rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> self, RankSpec spec,
+                                        comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world) {
+  configure_blas_threads();
+  auto& st = self->state;
+  st.rank = rank;
+  st.world = std::move(world);
+  st.created = make_groups(st, topo, rank);
+  if (st.created) {
+    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms);
+  }
+  return {
+      [self](init_atom, uint64_t seed) -> caf::result<ok_atom> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        s.engine->init(seed);
+        return ok_atom::value;
+      },
+      [self](train_step_atom, const RankStepRequest& req) -> caf::result<StepOutcome> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        auto out = s.engine->train_step(req.tokens, req.grad_scale, req.step);
+        if (!out) return rank_error(s.rank, out.status());
+        if (!std::isfinite(out.value().grad_norm))
+          return make_actor_error(ActorErrc::diverged,
+                                  "the gradient norm is not finite at optimizer step " + std::to_string(req.step.step) +
+                                      " -- the run diverged: lower --lr, raise --lr-warmup-iters or set --clip-grad");
+        return out.value();
+      },
+      [self](eval_atom, const Tensor& tokens) -> caf::result<double> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        auto out = s.engine->eval_loss_sum(tokens);
+        if (!out) return rank_error(s.rank, out.status());
+        return out.value();
+      },
+      [self](spans_atom) -> RankTimeline {
+        auto& s = self->state;
+        RankTimeline t;
+        t.rank = s.rank;
+        if (s.engine) {
+          t.stage = s.engine->stage();
+          t.spans = s.engine->take_spans();
+        }
+        return t;
+      },
+      [self](memory_atom) -> RankMemory {
+        auto& s = self->state;
+        RankMemory m;
+        m.rank = s.rank;
+        if (s.engine) m.memory = s.engine->memory();
+        return m;
+      },
+  };
+}
+
+// The group forwards each command to every local rank and replies when all did; replies are
+// collected in a shared vector so they can be combined in rank order (deterministic).
+struct GroupState {
+  std::optional<comm::Topology> topo;  // Topology has no empty state
+  std::vector<rank_actor> ranks;
+  std::vector<int> global;
+};
+
+template <class T>
+struct Gather {
+  std::vector<T> items;
+  size_t remaining = 0;
+};
+
+group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupState> self, comm::Topology topo,
+                                          std::vector<rank_actor> ranks, std::vector<int> global) {
+  self->state.topo = std::move(topo);
+  self->state.ranks = std::move(ranks);
+  self->state.global = std::move(global);
+  for (const auto& r : self->state.ranks) self->monitor(r);
+  // A rank that dies takes the job with it: the trainer monitors the group.
+  self->set_down_handler([self](caf::down_msg& msg) { self->quit(msg.reason); });
+
+  // Windows [d*n/dp, (d+1)*n/dp) of n go to replica d.
+  auto replica_rows = [self](const Tensor& batch, int rank) {
+    const int dp = self->state.topo->sizes().dp;
+    const int d = self->state.topo->coords(rank).dp;
+    const int64_t n = batch.dim(0);
+    return batch.rows(n * d / dp, n * (d + 1) / dp);
+  };
+
+  return {
+      [self](init_atom, uint64_t seed) -> caf::result<ok_atom> {
+        auto rp = self->make_response_promise<ok_atom>();
+        auto left = std::make_shared<size_t>(self->state.ranks.size());
+        for (const auto& r : self->state.ranks) {
+          self->request(r, caf::infinite, init_atom::value, seed)
+              .then(
+                  [rp, left](ok_atom) mutable {
+                    if (--*left == 0) rp.deliver(ok_atom::value);
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self, replica_rows](train_step_atom, const Tensor& batch, double grad_scale,
+                           const StepRequest& step) -> caf::result<GroupStepResult> {
+        auto rp = self->make_response_promise<GroupStepResult>();
+        auto acc = std::make_shared<Gather<StepOutcome>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          RankStepRequest req;
+          req.tokens = replica_rows(batch, self->state.global[i]);
+          req.grad_scale = grad_scale;
+          req.step = step;
+          self->request(self->state.ranks[i], caf::infinite, train_step_atom::value, std::move(req))
+              .then(
+                  [rp, acc, i](const StepOutcome& out) mutable {
+                    acc->items[i] = out;
+                    if (--acc->remaining > 0) return;
+                    GroupStepResult r;
+                    r.loss_sum = acc->items[0].loss_sum;
+                    r.grad_norm = acc->items[0].grad_norm;
+                    for (const auto& o : acc->items) {
+                      r.max_busy_us = std::max(r.max_busy_us, o.busy_us);
+                      r.step_us = std::max(r.step_us, o.step_us);
+                    }
+                    rp.deliver(r);
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self, replica_rows](eval_atom, const Tensor& batch) -> caf::result<double> {
+        auto rp = self->make_response_promise<double>();
+        auto acc = std::make_shared<Gather<double>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          self->request(self->state.ranks[i], caf::infinite, eval_atom::value, replica_rows(batch, self->state.global[i]))
+              .then(
+                  [rp, acc](double loss) mutable {
+                    acc->items[0] = loss;  // every rank holds the all-reduced sum
+                    if (--acc->remaining == 0) rp.deliver(acc->items[0]);
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self](spans_atom) -> caf::result<std::vector<RankTimeline>> {
+        auto rp = self->make_response_promise<std::vector<RankTimeline>>();
+        auto acc = std::make_shared<Gather<RankTimeline>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          self->request(self->state.ranks[i], caf::infinite, spans_atom::value)
+              .then(
+                  [rp, acc, i](RankTimeline& t) mutable {
+                    acc->items[i] = std::move(t);
+                    if (--acc->remaining == 0) rp.deliver(std::move(acc->items));
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self](memory_atom) -> caf::result<std::vector<RankMemory>> {
+        auto rp = self->make_response_promise<std::vector<RankMemory>>();
+        auto acc = std::make_shared<Gather<RankMemory>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          self->request(self->state.ranks[i], caf::infinite, memory_atom::value)
+              .then(
+                  [rp, acc, i](RankMemory& m) mutable {
+                    acc->items[i] = std::move(m);
+                    if (--acc->remaining == 0) rp.deliver(std::move(acc->items));
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+  };
+}
+
+}  // namespace
+
+rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
+                      std::shared_ptr<comm::CommWorld> world) {
+  return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world));
+}
+
+group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
+                        std::vector<int> global_ranks) {
+  return system.spawn(group_behavior, topology, std::move(ranks), std::move(global_ranks));
+}
+
+}  // namespace troupe

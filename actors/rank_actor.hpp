@@ -1,0 +1,84 @@
+// The rank actor: one per (tp, pp, dp) rank, spawned detached; owns the rank's communicators and its
+// RankEngine (model chunks, ZeRO stores, the pipeline schedule) and runs them on its own thread.
+// Its mailbox is the rank's command queue: every rank of a job receives the same commands in the same
+// order, so their collectives match. A failure replies an error naming the rank; a peer that dies
+// fails the others' pending collectives (comm/), so nothing waits for ever.
+//
+// The replica group (group_actor) is what the trainer talks to: it splits each global batch over the
+// data-parallel replicas (dp rank d gets windows [d*G/dp, (d+1)*G/dp), in order), sends every rank
+// of this process its replica's windows, and replies once all of them have (they agree on the loss and
+// the gradient norm: both come out of one all-reduce over the world). Under `troupe launch` each
+// process holds one rank and its own group; in one process the group holds every rank.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/rank_engine.hpp"
+#include "comm/world.hpp"
+
+namespace troupe {
+
+using train_step_atom = caf::atom_constant<caf::atom("trainstep")>;
+using spans_atom = caf::atom_constant<caf::atom("spans")>;
+using memory_atom = caf::atom_constant<caf::atom("memory")>;
+
+struct RankStepRequest {
+  Tensor tokens;  // this replica's windows
+  double grad_scale = 0;
+  StepRequest step;
+};
+
+// What the trainer gets back from a step of the whole job.
+struct GroupStepResult {
+  double loss_sum = 0;
+  double grad_norm = 0;
+  double max_busy_us = 0;  // the busiest rank of this process
+  double step_us = 0;
+};
+
+struct RankTimeline {
+  int rank = 0;
+  int stage = 0;
+  std::vector<Span> spans;
+};
+
+struct RankMemory {
+  int rank = 0;
+  MemoryReport memory;
+};
+
+using rank_actor = caf::typed_actor<
+    caf::replies_to<init_atom, uint64_t>::with<ok_atom>,
+    caf::replies_to<train_step_atom, RankStepRequest>::with<StepOutcome>,
+    caf::replies_to<eval_atom, Tensor>::with<double>,
+    caf::replies_to<spans_atom>::with<RankTimeline>,
+    caf::replies_to<memory_atom>::with<RankMemory>>;
+
+using group_actor = caf::typed_actor<
+    caf::replies_to<init_atom, uint64_t>::with<ok_atom>,
+    caf::replies_to<train_step_atom, Tensor, double, StepRequest>::with<GroupStepResult>,  // global batch
+    caf::replies_to<eval_atom, Tensor>::with<double>,  // windows of the whole job; sum of token losses
+    caf::replies_to<spans_atom>::with<std::vector<RankTimeline>>,
+    caf::replies_to<memory_atom>::with<std::vector<RankMemory>>>;
+
+// world: this rank's view of the backend (local fabric or UCX), kept by the actor, which creates
+// its groups from `topology` on its own thread before taking commands.
+rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
+                      std::shared_ptr<comm::CommWorld> world);
+
+// ranks: the rank actors of this process with their global ranks.
+group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
+                        std::vector<int> global_ranks);
+
+}  // namespace troupe
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankStepRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::StepOutcome)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::GroupStepResult)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankTimeline)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankMemory)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::RankTimeline>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::RankMemory>)

@@ -1,0 +1,349 @@
+#include "actors/rank_engine.hpp"
+
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "kernels/check.hpp"
+
+namespace troupe {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::steady_clock::time_point span_epoch() {
+  static const Clock::time_point epoch = Clock::now();
+  return epoch;
+}
+
+// Per chunk: activation buffers of each slot, the sends still reading them, and which micro-batch
+// holds which slot. Shapes: (boundary_rows, C).
+struct RankEngine::ChunkBuffers {
+  std::vector<Tensor> in_act, out_act, in_grad, out_grad;
+  std::vector<std::vector<comm::WorkPtr>> sends;
+  std::vector<int> free_slots;
+  std::map<int, int> slot_of_micro;
+};
+
+namespace {
+
+constexpr int kF = 0, kB = 1;
+
+Status wait_sends(std::vector<comm::WorkPtr>& sends) {
+  Status st = comm::wait_all(sends);
+  sends.clear();
+  return st;
+}
+
+}  // namespace
+
+RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms)
+    : spec_(spec), rank_(rank), comms_(comms) {
+  const comm::Coords at = topology.coords(rank);
+  stage_ = at.pp;
+  tp_rank_ = at.tp;
+  const ParallelConfig& par = spec_.par;
+  sched::ScheduleSpec ss;
+  ss.type = par.schedule;
+  ss.stages = par.pp;
+  ss.micro_batches = spec_.micro_batches;
+  ss.chunks = par.virtual_chunks;
+  auto made = sched::make_schedule(ss);
+  TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
+  schedule_ = std::move(made).value();
+
+  pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
+  ctx_.device = Device::cpu;
+  ctx_.pool = pool_.get();
+
+  const int slots = schedule_.peak_in_flight(stage_) + 1;
+  for (int c = 0; c < par.virtual_chunks; ++c) {
+    ChunkSpec cs = chunk_layers(spec_.model, par.pp, par.virtual_chunks, stage_, c);
+    cs.tp_size = par.tp;
+    cs.tp_rank = tp_rank_;
+    cs.sequence_parallel = par.sequence_parallel && par.tp > 1;
+    cs.recompute = par.recompute;
+    cs.micro_batch = spec_.micro_batch_size;
+    cs.slots = slots;
+    cs.dtype = spec_.dtype;
+    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, spec_.dtype);
+    auto chunk = std::make_unique<GptChunk>(cs, comms_.tp, store->hooks());
+    store->attach(chunk.get(), &ctx_);
+    auto buf = std::make_unique<ChunkBuffers>();
+    const Shape shape{chunk->boundary_rows(), spec_.model.hidden_size};
+    for (int s = 0; s < slots; ++s) {
+      if (!cs.has_embedding) {
+        buf->in_act.push_back(Tensor::zeros(shape, spec_.dtype));
+        buf->out_grad.push_back(Tensor::zeros(shape, spec_.dtype));
+      }
+      if (!cs.has_head) {
+        buf->out_act.push_back(Tensor::zeros(shape, spec_.dtype));
+        buf->in_grad.push_back(Tensor::zeros(shape, spec_.dtype));
+      }
+      buf->free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
+    }
+    buf->sends.resize(slots);
+    stores_.push_back(std::move(store));
+    chunks_.push_back(std::move(chunk));
+    buffers_.push_back(std::move(buf));
+  }
+}
+
+RankEngine::~RankEngine() {
+  // Sends still in flight read our buffers: let them finish (a failed peer fails them, no hang).
+  for (auto& b : buffers_)
+    for (auto& s : b->sends) (void)wait_sends(s);
+}
+
+void RankEngine::init(uint64_t seed) {
+  for (auto& store : stores_) store->init(seed);
+}
+
+void RankEngine::record(const std::string& name, const char* cat, Clock::time_point t0) {
+  const auto t1 = Clock::now();
+  Span s;
+  s.name = name;
+  s.cat = cat;
+  s.start_us = std::chrono::duration<double, std::micro>(t0 - span_epoch()).count();
+  s.dur_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  spans_.push_back(std::move(s));
+}
+
+std::vector<Span> RankEngine::take_spans() {
+  std::vector<Span> out;
+  out.swap(spans_);
+  return out;
+}
+
+Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses) {
+  const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
+  const bool split = schedule_.split_backward;
+  const auto& actions = schedule_.stages[stage_];
+  const DType dt = spec_.dtype;
+  // Virtual stage k = c*p + stage holds chunk c; its neighbours k-1, k+1 live on stages (k +- 1) mod p.
+  auto vstage = [&](int c) { return c * p + stage_; };
+  // One tag per (micro-batch, boundary, direction): the activation from virtual stage k to k+1 and
+  // the gradient from k+1 back to k share boundary k.
+  auto tag = [&](int micro, int boundary, int dir) {
+    return (static_cast<uint64_t>(micro) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(boundary)) * 2 +
+           static_cast<uint64_t>(dir);
+  };
+  auto alloc_slot = [&](int c, int micro) -> Result<int> {
+    ChunkBuffers& b = *buffers_[c];
+    TROUPE_CHECK(!b.free_slots.empty(), "RankEngine: more micro-batches in flight than the schedule's peak");
+    const int slot = b.free_slots.back();
+    b.free_slots.pop_back();
+    TROUPE_RETURN_IF_ERROR(wait_sends(b.sends[slot]));  // the slot's buffers are ours again
+    b.slot_of_micro[micro] = slot;
+    return slot;
+  };
+  auto release_slot = [&](int c, int micro) {
+    ChunkBuffers& b = *buffers_[c];
+    auto it = b.slot_of_micro.find(micro);
+    TROUPE_CHECK(it != b.slot_of_micro.end(), "RankEngine: release of a micro-batch without a slot");
+    b.free_slots.push_back(it->second);
+    b.slot_of_micro.erase(it);
+  };
+  auto needs_recv = [&](const sched::Action& a) {
+    const ChunkSpec& cs = chunks_[a.chunk]->spec();
+    if (a.kind == sched::Kind::forward) return !cs.has_embedding;
+    if (a.kind == sched::Kind::backward) return !cs.has_head;
+    return false;
+  };
+  std::map<std::tuple<int, int, int>, comm::WorkPtr> posted;  // (kind, micro, chunk) -> recv
+  auto post = [&](const sched::Action& a) -> Status {
+    if (!needs_recv(a)) return Status::ok();
+    const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
+    if (posted.count(key)) return Status::ok();
+    ChunkBuffers& b = *buffers_[a.chunk];
+    const int k = vstage(a.chunk);
+    if (a.kind == sched::Kind::forward) {
+      auto slot = alloc_slot(a.chunk, a.micro);
+      if (!slot.is_ok()) return slot.status();
+      const Tensor& dst = b.in_act[slot.value()];
+      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kF));
+    } else {
+      const Tensor& dst = b.in_grad[b.slot_of_micro.at(a.micro)];
+      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k + 1) % p, tag(a.micro, k, kB));
+    }
+    return Status::ok();
+  };
+  auto await = [&](const sched::Action& a) -> Status {
+    if (!needs_recv(a)) return Status::ok();
+    const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
+    const auto t0 = Clock::now();
+    Status st = posted.at(key)->wait();
+    posted.erase(key);
+    const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (waited > 20) record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0);
+    return st;
+  };
+
+  for (size_t j = 0; j < actions.size(); ++j) {
+    const sched::Action& a = actions[j];
+    TROUPE_RETURN_IF_ERROR(post(a));
+    if (j + 1 < actions.size()) TROUPE_RETURN_IF_ERROR(post(actions[j + 1]));
+    TROUPE_RETURN_IF_ERROR(await(a));
+    GptChunk& chunk = *chunks_[a.chunk];
+    ChunkBuffers& b = *buffers_[a.chunk];
+    const ChunkSpec& cs = chunk.spec();
+    const int k = vstage(a.chunk);
+    const std::string label = std::string(sched::kind_name(a.kind)) + std::to_string(a.micro) +
+                              (v > 1 ? "." + std::to_string(a.chunk) : "");
+    const auto t0 = Clock::now();
+    if (a.kind == sched::Kind::forward) {
+      int slot;
+      if (cs.has_embedding) {
+        auto s = alloc_slot(a.chunk, a.micro);
+        if (!s.is_ok()) return s.status();
+        slot = s.value();
+      } else {
+        slot = b.slot_of_micro.at(a.micro);
+      }
+      const Tensor mb = (cs.has_embedding || cs.has_head) ? tokens.rows(int64_t{a.micro} * B, int64_t{a.micro + 1} * B)
+                                                          : Tensor();
+      const double loss = chunk.forward(ctx_, slot, mb, cs.has_embedding ? Tensor() : b.in_act[slot],
+                                        cs.has_head ? Tensor() : b.out_act[slot], grad_scale);
+      record(label, "forward", t0);
+      if (cs.has_head) {
+        micro_losses[a.micro] = loss;
+      } else {
+        const Tensor& out = b.out_act[slot];
+        b.sends[slot].push_back(
+            comms_.pp->send(out.raw(), static_cast<size_t>(out.numel()), dt, (k + 1) % p, tag(a.micro, k, kF)));
+      }
+    } else if (a.kind == sched::Kind::backward) {
+      const int slot = b.slot_of_micro.at(a.micro);
+      chunk.backward(ctx_, slot, cs.has_head ? Tensor() : b.in_grad[slot],
+                     cs.has_embedding ? Tensor() : b.out_grad[slot], split);
+      record(label, "backward", t0);
+      if (!cs.has_embedding) {
+        const Tensor& din = b.out_grad[slot];
+        b.sends[slot].push_back(
+            comms_.pp->send(din.raw(), static_cast<size_t>(din.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kB)));
+      }
+      if (!split) release_slot(a.chunk, a.micro);
+    } else {
+      chunk.backward_weight(ctx_, b.slot_of_micro.at(a.micro));
+      record(label, "weight", t0);
+      release_slot(a.chunk, a.micro);
+    }
+  }
+  for (auto& buf : buffers_)
+    for (auto& s : buf->sends) TROUPE_RETURN_IF_ERROR(wait_sends(s));
+  return Status::ok();
+}
+
+// The embedding copy of wte (first stage) and the head copy (last stage) get the sum of both
+// gradients; their units have the same dp partition, so partitions are summed directly.
+Status RankEngine::sync_tied_embedding() {
+  if (spec_.par.pp == 1 || comms_.embedding == nullptr || comms_.embedding->size() < 2) return Status::ok();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ChunkSpec& cs = chunks_[c]->spec();
+    if (!cs.has_embedding && !cs.has_head) continue;
+    const Tensor g = stores_[c]->unit_gradient(0);  // wte is unit 0 of both chunks
+    TROUPE_RETURN_IF_ERROR(
+        comms_.embedding->all_reduce(g.raw(), static_cast<size_t>(g.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
+  }
+  return Status::ok();
+}
+
+Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  if (steps_++ >= spec_.keep_span_steps) spans_.clear();
+  const size_t first_span = spans_.size();
+  const auto start = Clock::now();
+  StepOutcome out;
+  for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
+  std::vector<double> micro_losses(spec_.micro_batches, 0.0);
+  TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
+  auto t0 = Clock::now();
+  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
+  TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
+  record("grad reduce", "reduce", t0);
+
+  // One all-reduce over the world carries the squared norm and the loss.
+  t0 = Clock::now();
+  double sums[2] = {0, 0};
+  for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
+  const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
+  for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
+  if (comms_.world != nullptr && comms_.world->size() > 1)
+    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 2, DType::f64, comm::ReduceOp::sum)->wait());
+  out.grad_norm = std::sqrt(sums[0]);
+  out.loss_sum = sums[1];
+  if (std::isfinite(out.grad_norm)) {
+    if (req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
+      const double factor = req.clip_grad / (out.grad_norm + 1e-6);
+      for (auto& store : stores_) store->scale_gradients(factor);
+    }
+    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->step(req));
+  }
+  record("optimizer", "optimizer", t0);
+  out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  for (size_t i = first_span; i < spans_.size(); ++i)
+    if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
+  return out;
+}
+
+Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
+  const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
+  const DType dt = spec_.dtype;
+  const int64_t micros = tokens.defined() ? tokens.dim(0) / B : 0;
+  double loss = 0;
+  // Forward only, micro-batch by micro-batch through the virtual stages in order; slot 0's buffers.
+  // Every stage learns the count from its own tokens tensor (the trainer gives every rank the rows).
+  for (int64_t i = 0; i < micros; ++i) {
+    for (int c = 0; c < v; ++c) {
+      GptChunk& chunk = *chunks_[c];
+      ChunkBuffers& b = *buffers_[c];
+      const ChunkSpec& cs = chunk.spec();
+      const int k = c * p + stage_;
+      const uint64_t t = (static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(k)) * 2;
+      if (!cs.has_embedding)
+        TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
+                                               (k - 1) % p, t - 2)->wait());
+      const Tensor mb = tokens.rows(i * B, (i + 1) * B);
+      const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
+                                          cs.has_head ? Tensor() : b.out_act[0]);
+      if (cs.has_head) {
+        if (tp_rank_ == 0) loss += l;
+      } else {
+        TROUPE_RETURN_IF_ERROR(comms_.pp->send(b.out_act[0].raw(), static_cast<size_t>(b.out_act[0].numel()), dt,
+                                               (k + 1) % p, t)->wait());
+      }
+    }
+  }
+  if (comms_.world != nullptr && comms_.world->size() > 1)
+    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
+  return loss;
+}
+
+Result<std::vector<Tensor>> RankEngine::param_values(int c) {
+  const GptChunk& chunk = *chunks_[c];
+  std::vector<Tensor> out(chunk.specs().size());
+  for (size_t u = 0; u < chunk.units().size(); ++u) {
+    auto unit = stores_[c]->unit_params(static_cast<int>(u));
+    if (!unit) return unit.status();
+    int64_t at = 0;
+    for (int s : chunk.units()[u].specs) {
+      const Shape& shape = chunk.specs()[s].local_shape;
+      out[s] = unit.value().rows(at, at + shape.numel()).view(shape).clone();
+      at += shape.numel();
+    }
+  }
+  return out;
+}
+
+MemoryReport RankEngine::memory() const {
+  MemoryReport m;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ZeroCounts z = stores_[c]->counts();
+    m.param_bytes += z.param_bytes;
+    m.grad_bytes += z.grad_bytes;
+    m.optimizer_bytes += z.optimizer_bytes;
+    m.transient_peak_bytes += z.transient_peak_bytes;
+    m.activation_bytes += chunks_[c]->activation_bytes();
+  }
+  return m;
+}
+
+}  // namespace troupe

@@ -1,0 +1,509 @@
+// GptChunk: layout (specs, units, flat buffers, activation slots), the unit hooks, and the public
+// calls, which sequence the work of gpt_chunk_layer.cpp (layers) and gpt_chunk_tp.cpp (embedding,
+// head, collectives). See model/gpt_chunk_impl.hpp for the names.
+//
+// Order of work, chosen so that t = 1, p = 1 repeats GptModel's operations one for one:
+//   forward    embedding -> layers 0..L-1 -> head (loss; keeps the softmax row statistics)
+//   backward   head -> layers L-1..0 -> embedding; each step's input-gradient part, then (unless
+//              deferred) its weight-gradient part, which accumulates into the gradient buffers
+//   weight     the deferred weight parts, same order
+// Every parameter gradient therefore receives its contributions in the same order whatever the
+// schedule (F0 F1 B0 B1 or F0 B0 F1 B1): per micro-batch, in backward order.
+#include "model/gpt_chunk.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/ops.hpp"
+#include "model/gpt_chunk_impl.hpp"
+
+namespace troupe {
+
+namespace {
+constexpr int kParamsPerLayer = 12;
+// Logits row-chunk budget in elements: GptModel's, so that t = 1 chunks rows identically.
+constexpr int64_t kLogitChunkElems = int64_t{16} << 20;
+}  // namespace
+
+ChunkSpec chunk_layers(const GptConfig& model, int stages, int chunks, int stage, int chunk) {
+  TROUPE_CHECK(stages >= 1 && chunks >= 1, "chunk_layers: stages and chunks must be positive");
+  TROUPE_CHECK(stage >= 0 && stage < stages && chunk >= 0 && chunk < chunks, "chunk_layers: index out of range");
+  const int K = stages * chunks, k = chunk * stages + stage;
+  const int base = model.num_layers / K, extra = model.num_layers % K;
+  ChunkSpec s;
+  s.model = model;
+  s.first_layer = k * base + std::min(k, extra);
+  s.num_layers = base + (k < extra ? 1 : 0);
+  s.has_embedding = k == 0;
+  s.has_head = k == K - 1;
+  return s;
+}
+
+// ---- layout -------------------------------------------------------------------------------------
+
+GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks h)
+    : spec(cs), tp(tp_comm), hooks(std::move(h)) {
+  const GptConfig& m = cs.model;
+  TROUPE_CHECK(m.validate().is_ok(), "GptChunk needs a validated GptConfig");
+  TROUPE_CHECK(cs.tp_size >= 1 && cs.tp_rank >= 0 && cs.tp_rank < cs.tp_size, "GptChunk: TP rank out of range");
+  TROUPE_CHECK(m.num_attention_heads % cs.tp_size == 0,
+               "GptChunk: the tensor-parallel size must divide the number of attention heads");
+  TROUPE_CHECK(cs.first_layer >= 0 && cs.num_layers >= 0 && cs.first_layer + cs.num_layers <= m.num_layers,
+               "GptChunk: layers outside the model (use chunk_layers)");
+  TROUPE_CHECK(cs.micro_batch >= 1 && cs.slots >= 1, "GptChunk: micro_batch and slots must be positive");
+  TROUPE_CHECK(cs.dtype == DType::f32 || cs.dtype == DType::f64, "GptChunk computes in f32 or f64");
+  TROUPE_CHECK(cs.head_chunk_rows >= 0, "GptChunk: head_chunk_rows must not be negative");
+  if (cs.tp_size > 1) {
+    TROUPE_CHECK(tp != nullptr && tp->size() == cs.tp_size && tp->rank() == cs.tp_rank,
+                 "GptChunk: the TP communicator must have tp_size ranks, this one at tp_rank");
+  } else {
+    TROUPE_CHECK(tp == nullptr || tp->size() == 1, "GptChunk: tp_size 1 with a larger TP communicator");
+  }
+  TROUPE_CHECK(static_cast<bool>(hooks.acquire_params) == static_cast<bool>(hooks.release_params),
+               "UnitHooks: acquire_params and release_params come together");
+
+  t = cs.tp_size;
+  r = cs.tp_rank;
+  sp = cs.sequence_parallel && t > 1;  // with one rank there is nothing to split
+  dtype = cs.dtype;
+  B = cs.micro_batch;
+  T = m.seq_length;
+  C = m.hidden_size;
+  Cl = C / t;
+  Fl = m.ffn_hidden_size() / t;
+  Hl = m.num_attention_heads / t;
+  L = cs.num_layers;
+  N = B * T;
+  Nl = sp ? rows_of(r) : N;
+  row0 = sp ? offset_of(r) : 0;
+  Vl = m.padded_vocab_size(t) / t;
+  v0 = r * Vl;
+  valid = std::clamp<int64_t>(m.vocab_size - v0, 0, Vl);
+
+  // Specs and units: [embedding], layers, [head], each contiguous, spec order of gpt2_param_specs.
+  const std::vector<ParamSpec> all = gpt2_shard_specs(m, t, r);
+  auto add_unit = [&](const std::vector<int>& global_indices) {
+    UnitInfo u;
+    u.param_offset = units.empty() ? 0 : units.back().param_offset + units.back().numel;
+    for (int gi : global_indices) {
+      u.specs.push_back(static_cast<int>(specs.size()));
+      spec_offset.push_back(u.param_offset + u.numel);
+      u.numel += all[gi].local_shape.numel();
+      specs.push_back(all[gi]);
+    }
+    units.push_back(u);
+    return static_cast<int>(units.size()) - 1;
+  };
+  // wte is a unit of its own (also the head's copy), so the embedding and the head copy have the same
+  // unit layout on any two stages: the runtime sums their gradients partition by partition.
+  if (cs.has_embedding || cs.has_head) wte_unit = add_unit({0});
+  if (cs.has_embedding) wpe_unit = add_unit({1});
+  first_layer_unit = static_cast<int>(units.size());
+  for (int l = 0; l < L; ++l) {
+    std::vector<int> idx;
+    for (int k = 0; k < kParamsPerLayer; ++k) idx.push_back(2 + kParamsPerLayer * (cs.first_layer + l) + k);
+    add_unit(idx);
+  }
+  if (cs.has_head) {
+    const int lnf = static_cast<int>(all.size()) - 2;
+    head_unit = add_unit({lnf, lnf + 1});
+  }
+  const int64_t total = units.empty() ? 0 : units.back().param_offset + units.back().numel;
+  if (!hooks.acquire_params) {
+    flat_params = Tensor::zeros({total}, dtype);
+    for (size_t i = 0; i < specs.size(); ++i)
+      params.push_back(flat_params.rows(spec_offset[i], spec_offset[i] + specs[i].local_shape.numel())
+                           .view(specs[i].local_shape));
+  }
+  if (!hooks.grad_buffer) {
+    flat_grads = Tensor::zeros({total}, dtype);
+    for (size_t i = 0; i < specs.size(); ++i)
+      grads.push_back(flat_grads.rows(spec_offset[i], spec_offset[i] + specs[i].local_shape.numel())
+                          .view(specs[i].local_shape));
+  }
+  grad_cache.resize(units.size());
+
+  // Logit row chunks: GptModel's rule on the local vocabulary (t = 1: the same chunks).
+  if (cs.has_head) {
+    int64_t rows = std::max<int64_t>(1, kLogitChunkElems / Vl);
+    if (rows > 16) rows = rows / 16 * 16;
+    head_rows = std::min(cs.head_chunk_rows > 0 ? cs.head_chunk_rows : rows, N);
+  }
+
+  // Activations: every slot, then the scratch.
+  slots.resize(cs.slots);
+  for (Slot& s : slots) alloc_slot(s, cs.recompute != Recompute::full);
+  const bool any_scratch_layer = L > 0;
+  if (any_scratch_layer) {
+    rc = alloc_acts(true);
+    rc_res2 = alloc({Nl, C});
+    dgelu = alloc({N, Fl});
+    datt = alloc({N, Cl});
+    now.dy2 = alloc({N, C});
+    now.dfc = alloc({N, Fl});
+    now.dln2 = alloc({Nl, C});
+    now.dy1 = alloc({N, C});
+    now.dqkv = alloc({N, 3 * Cl});
+    now.dln1 = alloc({Nl, C});
+  }
+  if (sp) {
+    gathered = alloc({N, C});
+    ln_grads = alloc({2, C});
+  }
+  if (sp || cs.has_head) partial = alloc({N, C});
+  dres = alloc({Nl, C});
+  if (cs.has_embedding) demb_now = alloc({N, C});
+  if (cs.has_head) {
+    dlnf_now = alloc({Nl, C});
+    logits = alloc({head_rows, Vl});
+    stats = alloc({2 * head_rows}, DType::f64);
+    losses = alloc({N});
+  }
+}
+
+Tensor GptChunk::Impl::alloc(const Shape& shape, DType type) {
+  Tensor x = Tensor::empty(shape, type);
+  act_bytes += static_cast<int64_t>(x.nbytes());
+  return x;
+}
+
+GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
+  LayerActs a;
+  a.ln1 = alloc({Nl, C});
+  a.ln1_mean = alloc({Nl});
+  a.ln1_rstd = alloc({Nl});
+  a.qkv = alloc({N, 3 * Cl});
+  if (with_probs) a.probs = alloc({B * Hl * T, T});
+  a.att = alloc({N, Cl});
+  a.res1 = alloc({Nl, C});
+  a.ln2 = alloc({Nl, C});
+  a.ln2_mean = alloc({Nl});
+  a.ln2_rstd = alloc({Nl});
+  a.fc = alloc({N, Fl});
+  a.fc_gelu = alloc({N, Fl});
+  return a;  // res2: the slot's xs[l+1] or a scratch, set by the user
+}
+
+// keep_acts: the slot saves every layer's activations (recompute none / selective); otherwise only
+// the layer inputs (full recompute, evaluation).
+void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
+  if (spec.has_embedding || spec.has_head) {
+    s.inputs = alloc({N}, DType::i32);
+    s.targets = alloc({N}, DType::i32);
+  }
+  for (int l = 0; l <= L; ++l) s.xs.push_back(alloc({Nl, C}));
+  if (keep_acts) {
+    for (int l = 0; l < L; ++l) {
+      s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective));
+      s.acts.back().res2 = s.xs[l + 1];
+    }
+  }
+  if (spec.has_head) {
+    s.lnf_full = alloc({N, C});
+    s.lnf_mean = alloc({Nl});
+    s.lnf_rstd = alloc({Nl});
+    s.row_max = alloc({N}, DType::f64);
+    s.sum_exp = alloc({N}, DType::f64);
+  }
+}
+
+void GptChunk::Impl::alloc_stash(Slot& s) {
+  if (!s.stash.empty() || s.demb.defined() || s.dlnf.defined()) return;
+  for (int l = 0; l < L; ++l) {
+    LayerStash st;
+    st.dy2 = alloc({N, C});
+    st.dfc = alloc({N, Fl});
+    st.dln2 = alloc({Nl, C});
+    st.dy1 = alloc({N, C});
+    st.dqkv = alloc({N, 3 * Cl});
+    st.dln1 = alloc({Nl, C});
+    s.stash.push_back(st);
+  }
+  if (spec.has_embedding) s.demb = alloc({N, C});
+  if (spec.has_head) s.dlnf = alloc({Nl, C});
+}
+
+int64_t GptChunk::Impl::rows_of(int rank) const { return N / t + (rank < N % t ? 1 : 0); }
+int64_t GptChunk::Impl::offset_of(int rank) const { return rank * (N / t) + std::min<int64_t>(rank, N % t); }
+
+// ---- units and hooks ------------------------------------------------------------------------------
+
+std::vector<Tensor> GptChunk::Impl::unit_views(const Tensor& flat_unit, int u) const {
+  const UnitInfo& info = units[u];
+  std::vector<Tensor> v;
+  for (int i : info.specs) {
+    const int64_t off = spec_offset[i] - info.param_offset;
+    v.push_back(flat_unit.rows(off, off + specs[i].local_shape.numel()).view(specs[i].local_shape));
+  }
+  return v;
+}
+
+std::vector<Tensor> GptChunk::Impl::acquire(int u, Pass pass) {
+  const UnitInfo& info = units[u];
+  if (!hooks.acquire_params) return unit_views(flat_params.rows(info.param_offset, info.param_offset + info.numel), u);
+  Tensor got = hooks.acquire_params(u, pass);
+  TROUPE_CHECK(got.defined() && got.numel() == info.numel && got.dtype() == dtype,
+               "acquire_params must return the unit's numel elements in the chunk's dtype");
+  return unit_views(got.view({info.numel}), u);
+}
+
+void GptChunk::Impl::release(int u, Pass pass) {
+  if (hooks.release_params) hooks.release_params(u, pass);
+}
+
+const std::vector<Tensor>& GptChunk::Impl::unit_grads(int u) {
+  std::vector<Tensor>& cached = grad_cache[u];
+  if (!cached.empty()) return cached;
+  const UnitInfo& info = units[u];
+  if (hooks.grad_buffer) {
+    Tensor got = hooks.grad_buffer(u);
+    TROUPE_CHECK(got.defined() && got.numel() == info.numel && got.dtype() == dtype,
+                 "grad_buffer must return the unit's numel elements in the chunk's dtype");
+    cached = unit_views(got.view({info.numel}), u);
+  } else {
+    cached = unit_views(flat_grads.rows(info.param_offset, info.param_offset + info.numel), u);
+  }
+  return cached;
+}
+
+void GptChunk::Impl::grads_ready(int u, int slot) {
+  grad_cache[u].clear();  // the next micro-batch asks for its buffer again
+  if (hooks.grads_ready) hooks.grads_ready(u, slot);
+}
+
+GptChunk::Impl::Layer GptChunk::Impl::as_layer(const std::vector<Tensor>& v) {
+  return Layer{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+}
+
+// ---- forward --------------------------------------------------------------------------------------
+
+void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
+  TROUPE_CHECK(tokens.defined() && tokens.dtype() == DType::i32 && tokens.rank() == 2 && tokens.dim(0) == B &&
+                   tokens.dim(1) == T + 1,
+               "GptChunk: tokens must be (micro_batch, seq_length + 1) i32 windows");
+  const int32_t* src = tokens.data<int32_t>();
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    TROUPE_CHECK(src[i] >= 0 && src[i] < spec.model.vocab_size, "GptChunk: token id outside the vocabulary");
+  int32_t* in = s.inputs.data<int32_t>();
+  int32_t* tg = s.targets.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(in + b * T, src + b * (T + 1), T * sizeof(int32_t));
+    std::memcpy(tg + b * T, src + b * (T + 1) + 1, T * sizeof(int32_t));
+  }
+}
+
+// keep: save what backward needs (training); false: layers run in the scratch (evaluation).
+double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input,
+                                    const Tensor& out, bool keep) {
+  if (spec.has_embedding || spec.has_head) split_tokens(s, tokens);
+  if (spec.has_embedding) {
+    const std::vector<Tensor> e = {acquire(wte_unit, Pass::forward)[0], acquire(wpe_unit, Pass::forward)[0]};
+    embedding_forward(ctx, e, s);
+    release(wpe_unit, Pass::forward);
+    release(wte_unit, Pass::forward);
+  } else {
+    TROUPE_CHECK(input.defined() && input.dtype() == dtype && input.shape() == Shape({Nl, C}),
+                 "GptChunk::forward: input must be (boundary_rows(), hidden_size) in the chunk's dtype");
+    s.xs[0].copy_from(input);  // the caller may reuse its buffer; backward needs the layer input
+  }
+  for (int l = 0; l < L; ++l) {
+    const int u = layer_unit(l);
+    const Layer p = as_layer(acquire(u, Pass::forward));
+    LayerActs a;
+    if (keep && !s.acts.empty()) {
+      a = s.acts[l];
+      if (spec.recompute == Recompute::selective) a.probs = rc.probs;  // not kept: recomputed in backward
+    } else {
+      a = rc;
+      a.res2 = s.xs[l + 1];
+    }
+    layer_forward(ctx, p, s.xs[l], a);
+    release(u, Pass::forward);
+  }
+  if (!spec.has_head) {
+    TROUPE_CHECK(out.defined() && out.dtype() == dtype && out.shape() == Shape({Nl, C}),
+                 "GptChunk::forward: out must be (boundary_rows(), hidden_size) in the chunk's dtype");
+    out.copy_from(s.xs[L]);
+    return 0.0;
+  }
+  const std::vector<Tensor> h = acquire(head_unit, Pass::forward);  // ln_f weight, bias
+  const std::vector<Tensor> w = acquire(wte_unit, Pass::forward);
+  const double loss = head_forward(ctx, s, w[0], h[0], h[1]);
+  release(wte_unit, Pass::forward);
+  release(head_unit, Pass::forward);
+  return loss;
+}
+
+// The activations layer l's backward reads: the saved ones, or (full recompute) the layer's forward
+// run again from its saved input into the scratch, which gives them bitwise.
+GptChunk::Impl::LayerActs GptChunk::Impl::acts_for_backward(Context& ctx, Slot& s, int l, const Layer& p) {
+  if (!s.acts.empty()) return s.acts[l];
+  LayerActs a = rc;
+  a.res2 = rc_res2;
+  layer_forward(ctx, p, s.xs[l], a);
+  return a;
+}
+
+// ---- public API -------------------------------------------------------------------------------------
+
+GptChunk::GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks)
+    : impl_(std::make_unique<Impl>(spec, tp, std::move(hooks))) {}
+
+GptChunk::~GptChunk() = default;
+
+const ChunkSpec& GptChunk::spec() const { return impl_->spec; }
+const std::vector<ParamSpec>& GptChunk::specs() const { return impl_->specs; }
+const std::vector<UnitInfo>& GptChunk::units() const { return impl_->units; }
+const Tensor& GptChunk::flat_params() const { return impl_->flat_params; }
+const Tensor& GptChunk::flat_grads() const { return impl_->flat_grads; }
+std::vector<Tensor> GptChunk::params() const { return impl_->params; }
+std::vector<Tensor> GptChunk::grads() const { return impl_->grads; }
+int64_t GptChunk::boundary_rows() const { return impl_->Nl; }
+
+bool GptChunk::counts_in_norm(int i) const {
+  const Impl& m = *impl_;
+  TROUPE_CHECK(i >= 0 && i < static_cast<int>(m.specs.size()), "counts_in_norm: spec index out of range");
+  if (m.spec.has_head && !m.spec.has_embedding && i == m.units[m.wte_unit].specs[0]) return false;
+  if (m.specs[i].slice.dim < 0) return m.r == 0;  // replicated over TP: counted once
+  return true;
+}
+
+void GptChunk::init(uint64_t seed) {
+  TROUPE_CHECK(!impl_->hooks.acquire_params, "GptChunk::init: parameters are not resident under acquire_params");
+  for (size_t i = 0; i < impl_->specs.size(); ++i) init_parameter(impl_->specs[i], seed, impl_->params[i]);
+}
+
+void GptChunk::zero_grad() {
+  if (impl_->flat_grads.defined()) impl_->flat_grads.zero_();
+}
+
+double GptChunk::forward(Context& ctx, int slot, const Tensor& tokens, const Tensor& input, const Tensor& out,
+                         double grad_scale) {
+  Impl& m = *impl_;
+  TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::forward: slot out of range");
+  Impl::Slot& s = m.slots[slot];
+  TROUPE_CHECK(s.state == Impl::SlotState::free, "GptChunk::forward: the slot still holds a micro-batch");
+  const double loss = m.forward_impl(ctx, s, tokens, input, out, true);
+  s.grad_scale = grad_scale;
+  s.state = Impl::SlotState::forwarded;
+  return loss;
+}
+
+void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor& din, bool defer_weight_grads) {
+  Impl& m = *impl_;
+  TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::backward: slot out of range");
+  Impl::Slot& s = m.slots[slot];
+  TROUPE_CHECK(s.state == Impl::SlotState::forwarded, "GptChunk::backward: no forward in this slot");
+  const bool now = !defer_weight_grads;
+  if (!now) m.alloc_stash(s);
+  for (auto& g : m.grad_cache) g.clear();
+  const Shape boundary{m.Nl, m.C};
+
+  // Head (or the gradient from the next stage) -> dres = d(chunk output).
+  if (m.spec.has_head) {
+    const std::vector<Tensor> h = m.acquire(m.head_unit, Pass::backward);
+    const std::vector<Tensor> w = m.acquire(m.wte_unit, Pass::backward);
+    Tensor dwte, dlnf_w, dlnf_b;
+    if (now) {
+      dwte = m.unit_grads(m.wte_unit)[0];
+      const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
+      dlnf_w = hg[0];
+      dlnf_b = hg[1];
+    }
+    m.head_backward(ctx, s, w[0], h[0], now ? m.dlnf_now : s.dlnf, true, dwte, dlnf_w, dlnf_b);
+    m.release(m.wte_unit, Pass::backward);
+    m.release(m.head_unit, Pass::backward);
+    if (now) {
+      m.grads_ready(m.head_unit, slot);
+      if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);  // else the embedding adds to it below
+    }
+  } else {
+    TROUPE_CHECK(dout.defined() && dout.dtype() == m.dtype && dout.shape() == boundary,
+                 "GptChunk::backward: dout must be (boundary_rows(), hidden_size) in the chunk's dtype");
+    m.dres.copy_from(dout);
+  }
+  // Layers, last to first; dres becomes d(layer input).
+  for (int l = m.L - 1; l >= 0; --l) {
+    const int u = m.layer_unit(l);
+    const Impl::Layer p = Impl::as_layer(m.acquire(u, Pass::backward));
+    Impl::LayerActs a = m.acts_for_backward(ctx, s, l, p);
+    const Impl::LayerStash& st = now ? m.now : s.stash[l];
+    m.layer_backward_input(ctx, p, s.xs[l], a, m.dres, st);
+    if (now) {
+      m.layer_backward_weight(ctx, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, st);
+      m.grads_ready(u, slot);
+    }
+    m.release(u, Pass::backward);
+  }
+  // Embedding (needs no parameters: its gradient is a scatter of dres), or d(chunk input).
+  if (m.spec.has_embedding) {
+    const Tensor& demb = now ? m.demb_now : s.demb;
+    m.gather_rows(m.dres, demb);  // dual of the forward's all-reduce / reduce-scatter
+    if (now) {
+      m.embedding_weight(ctx, {m.unit_grads(m.wte_unit)[0], m.unit_grads(m.wpe_unit)[0]}, s, demb);
+      m.grads_ready(m.wte_unit, slot);
+      m.grads_ready(m.wpe_unit, slot);
+    }
+  } else {
+    TROUPE_CHECK(din.defined() && din.dtype() == m.dtype && din.shape() == boundary,
+                 "GptChunk::backward: din must be (boundary_rows(), hidden_size) in the chunk's dtype");
+    din.copy_from(m.dres);
+  }
+  s.state = now ? Impl::SlotState::free : Impl::SlotState::weight_pending;
+}
+
+void GptChunk::backward_weight(Context& ctx, int slot) {
+  Impl& m = *impl_;
+  TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::backward_weight: slot out of range");
+  Impl::Slot& s = m.slots[slot];
+  TROUPE_CHECK(s.state == Impl::SlotState::weight_pending,
+               "GptChunk::backward_weight: no deferred backward(..., true) in this slot");
+  for (auto& g : m.grad_cache) g.clear();
+  if (m.spec.has_head) {
+    // The logits are recomputed from the saved ln_f output: only wte is read.
+    const std::vector<Tensor> w = m.acquire(m.wte_unit, Pass::backward);
+    const Tensor dwte = m.unit_grads(m.wte_unit)[0];
+    const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
+    m.head_backward(ctx, s, w[0], Tensor(), s.dlnf, false, dwte, hg[0], hg[1]);
+    m.release(m.wte_unit, Pass::backward);
+    m.grads_ready(m.head_unit, slot);
+    if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);
+  }
+  for (int l = m.L - 1; l >= 0; --l) {
+    const int u = m.layer_unit(l);
+    // Only full recompute reads the parameters here (to rebuild the activations).
+    const bool recompute = s.acts.empty();
+    Impl::LayerActs a;
+    if (recompute) {
+      const Impl::Layer p = Impl::as_layer(m.acquire(u, Pass::backward));
+      a = m.acts_for_backward(ctx, s, l, p);
+    } else {
+      a = s.acts[l];
+    }
+    m.layer_backward_weight(ctx, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
+    if (recompute) m.release(u, Pass::backward);
+    m.grads_ready(u, slot);
+  }
+  if (m.spec.has_embedding) {
+    m.embedding_weight(ctx, {m.unit_grads(m.wte_unit)[0], m.unit_grads(m.wpe_unit)[0]}, s, s.demb);
+    m.grads_ready(m.wte_unit, slot);
+    m.grads_ready(m.wpe_unit, slot);
+  }
+  s.state = Impl::SlotState::free;
+}
+
+double GptChunk::forward_eval(Context& ctx, const Tensor& tokens, const Tensor& input, const Tensor& out) {
+  Impl& m = *impl_;
+  if (m.eval_slot.xs.empty()) m.alloc_slot(m.eval_slot, false);
+  return m.forward_impl(ctx, m.eval_slot, tokens, input, out, false);
+}
+
+int64_t GptChunk::param_bytes() const {
+  return impl_->flat_params.defined() ? static_cast<int64_t>(impl_->flat_params.nbytes()) : 0;
+}
+int64_t GptChunk::grad_bytes() const {
+  return impl_->flat_grads.defined() ? static_cast<int64_t>(impl_->flat_grads.nbytes()) : 0;
+}
+int64_t GptChunk::activation_bytes() const { return impl_->act_bytes; }
+
+}  // namespace troupe

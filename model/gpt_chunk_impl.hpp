@@ -1,0 +1,151 @@
+// Private to model/: the state behind GptChunk, shared by its three source files:
+//   gpt_chunk.cpp        layout (specs, units, slots), hooks, and the public calls that sequence the work
+//   gpt_chunk_layer.cpp  one transformer layer: forward, input-gradient pass, weight-gradient pass
+//   gpt_chunk_tp.cpp     the tensor-parallel pieces: row collectives, vocabulary-parallel embedding
+//                        and the fused vocabulary-parallel head
+// Names: B micro-batch, T sequence, C hidden, t TP size, r TP rank, N = B*T rows, Nl this rank's
+// rows between the TP regions (N/t-ish with sequence parallelism, else N), Cl = C/t, Fl = 4C/t,
+// Hl = H/t, Vl = Vp/t local vocabulary rows starting at v0.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt_chunk.hpp"
+
+namespace troupe {
+
+struct GptChunk::Impl {
+  // Parameter views of one unit (or their gradients), in the unit's spec order.
+  struct Layer {
+    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  };
+  // What one layer's backward reads. Rows: Nl = this rank's rows, N = all rows (inside the TP region).
+  struct LayerActs {
+    Tensor ln1, ln1_mean, ln1_rstd;  // (Nl,C) (Nl) (Nl)  ln_1 output, local rows
+    Tensor qkv;                      // (N,3Cl)           [q_r | k_r | v_r]
+    Tensor probs;                    // (B*Hl*T, T)       attention probabilities (scratch when selective)
+    Tensor att;                      // (N,Cl)            attention output, this rank's heads
+    Tensor res1;                     // (Nl,C)            x + attention branch
+    Tensor ln2, ln2_mean, ln2_rstd;  // (Nl,C) (Nl) (Nl)
+    Tensor fc, fc_gelu;              // (N,Fl) (N,Fl)     c_fc output before / after GELU
+    Tensor res2;                     // (Nl,C)            layer output = next layer's input
+  };
+  // Output gradients a layer's weight pass needs; written by its input pass (split backward keeps
+  // them in the slot until backward_weight).
+  struct LayerStash {
+    Tensor dy2;   // (N,C)   d(mlp c_proj output), all rows (gathered under sequence parallelism)
+    Tensor dfc;   // (N,Fl)  d(c_fc output)
+    Tensor dln2;  // (Nl,C)  d(ln_2 output), reduced over TP
+    Tensor dy1;   // (N,C)   d(attn c_proj output)
+    Tensor dqkv;  // (N,3Cl) d(c_attn output)
+    Tensor dln1;  // (Nl,C)  d(ln_1 output)
+  };
+  enum class SlotState : uint8_t { free, forwarded, weight_pending };
+  struct Slot {
+    SlotState state = SlotState::free;
+    double grad_scale = 0;
+    Tensor inputs, targets;        // (N) i32, when the chunk has the embedding or the head
+    std::vector<Tensor> xs;        // L+1 of (Nl,C): xs[l] input of layer l, xs[L] the chunk's output
+    std::vector<LayerActs> acts;   // per layer; empty under full recompute (and for evaluation)
+    Tensor lnf_full;               // (N,C) ln_f output, all rows (this rank's block written, rest gathered)
+    Tensor lnf_mean, lnf_rstd;     // (Nl) (Nl)
+    Tensor row_max, sum_exp;       // (N) f64: the reduced softmax statistics of every row
+    // Split backward only (allocated on first use):
+    std::vector<LayerStash> stash;
+    Tensor demb;                   // (N,C) d(embedding output), all rows
+    Tensor dlnf;                   // (Nl,C) d(ln_f output)
+  };
+
+  Impl(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks);
+
+  // ---- layout (gpt_chunk.cpp) ----
+  ChunkSpec spec;
+  comm::Communicator* tp = nullptr;
+  UnitHooks hooks;
+  std::vector<ParamSpec> specs;
+  std::vector<UnitInfo> units;
+  std::vector<int64_t> spec_offset;  // offset of spec i in the flat buffers
+  int wte_unit = -1, wpe_unit = -1, head_unit = -1, first_layer_unit = 0;  // head_unit: ln_f
+  int t = 1, r = 0;
+  bool sp = false;                   // sequence parallelism in effect (requested and t > 1)
+  int64_t B = 0, T = 0, C = 0, Cl = 0, Fl = 0, N = 0, Nl = 0, row0 = 0;
+  int Hl = 0, L = 0;
+  int64_t Vl = 0, v0 = 0, valid = 0, head_rows = 0;
+  DType dtype = DType::f32;
+
+  Tensor flat_params, flat_grads;
+  std::vector<Tensor> params, grads;  // resident views, spec order
+  std::vector<Slot> slots;
+  Slot eval_slot;                     // forward_eval's buffers (allocated on first use)
+  int64_t act_bytes = 0;
+
+  // Scratch shared by all slots and layers (each call uses it and leaves nothing in it).
+  LayerActs rc;                  // recomputed (or not kept) layer activations; res2 set per use;
+                                 // rc.att and rc.probs also take the selective recompute
+  Tensor rc_res2;                // (Nl,C) output of a layer recomputed in backward
+  Tensor gathered;               // (N,C) an all-gathered LayerNorm output
+  Tensor partial;                // (N,C) row-parallel partial products / column-parallel input grads
+  Tensor dres;                   // (Nl,C) gradient of the residual stream
+  Tensor dgelu, datt;            // (N,Fl) (N,Cl)
+  LayerStash now;                // the stash when weight gradients are computed at once
+  Tensor demb_now, dlnf_now;     // (N,C) (Nl,C)
+  Tensor logits;                 // (head_rows,Vl) one row chunk of logits / their gradient
+  Tensor stats;                  // (2*head_rows) f64: [sum_exp | target_logit] of one row chunk
+  Tensor losses;                 // (N)
+  Tensor ln_grads;               // (2,C) one LayerNorm's weight gradients before the TP all-reduce
+  // Gradient views of each unit for the current backward / backward_weight call (grad_buffer is
+  // asked once per unit and call).
+  std::vector<std::vector<Tensor>> grad_cache;
+
+  Tensor alloc(const Shape& shape, DType type);  // counted in act_bytes
+  Tensor alloc(const Shape& shape) { return alloc(shape, dtype); }
+  LayerActs alloc_acts(bool with_probs);
+  void alloc_slot(Slot& s, bool keep_acts);
+  void alloc_stash(Slot& s);
+  int64_t rows_of(int rank) const;     // sequence-parallel row counts (all_gather_v's)
+  int64_t offset_of(int rank) const;
+
+  // Units: parameter views (acquired from the hooks when not resident) and gradient views.
+  std::vector<Tensor> unit_views(const Tensor& flat_unit, int u) const;
+  std::vector<Tensor> acquire(int u, Pass pass);
+  void release(int u, Pass pass);
+  const std::vector<Tensor>& unit_grads(int u);
+  void grads_ready(int u, int slot);
+  int layer_unit(int l) const { return first_layer_unit + l; }
+  static Layer as_layer(const std::vector<Tensor>& v);
+
+  double forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input, const Tensor& out,
+                      bool keep);
+  void split_tokens(Slot& s, const Tensor& tokens);
+  LayerActs acts_for_backward(Context& ctx, Slot& s, int l, const Layer& p);
+
+  // ---- one transformer layer (gpt_chunk_layer.cpp) ----
+  void layer_forward(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a);
+  // dres: d(layer output) in, d(layer input) out, (Nl,C).
+  void layer_backward_input(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a, const Tensor& dres,
+                            const LayerStash& st);
+  void layer_backward_weight(Context& ctx, const Layer& g, const Tensor& x, const LayerActs& a,
+                             const LayerStash& st);
+
+  // ---- tensor-parallel pieces (gpt_chunk_tp.cpp) ----
+  void all_reduce(const Tensor& t, comm::ReduceOp op);
+  // Megatron's g in forward / f's dual in backward with sequence parallelism: all rows from each
+  // rank's block. Without it the rows are already everywhere: a copy (or nothing when same tensor).
+  void gather_rows(const Tensor& local /*(Nl,X)*/, const Tensor& full /*(N,X)*/);
+  // Sum of the ranks' partial (N,X) products: reduce-scatter to this rank's rows with sequence
+  // parallelism, else all-reduce (in place when full is local).
+  void reduce_rows(const Tensor& full /*(N,X)*/, const Tensor& local /*(Nl,X)*/);
+  // dW += / db += of a LayerNorm applied to this rank's rows: all-reduced over TP under sequence
+  // parallelism so the replicated gradient is the sum over every row, identical on all ranks.
+  void ln_weight_grads(Context& ctx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
+                       const Tensor& mean, const Tensor& rstd);
+  void embedding_forward(Context& ctx, const std::vector<Tensor>& e, const Slot& s);
+  void embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s, const Tensor& demb);
+  double head_forward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& lnf_b);
+  // input: compute d(chunk output) into dres (and keep d(ln_f output) in dlnf); weights: accumulate
+  // the head's parameter gradients (dwte, dlnf_w, dlnf_b; null when !weights).
+  void head_backward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& dlnf,
+                     bool input, const Tensor& dwte, const Tensor& dlnf_w, const Tensor& dlnf_b);
+};
+
+}  // namespace troupe

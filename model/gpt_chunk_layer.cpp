@@ -1,0 +1,101 @@
+// One transformer layer of a GptChunk on one tensor-parallel rank (Megatron-LM's scheme):
+//
+//   res1 = x    + g(c_proj(attn(c_attn(f(ln_1(x))))))     c_attn column-parallel (own heads' q, k, v),
+//   res2 = res1 + g(c_proj(gelu(c_fc(f(ln_2(res1))))))     c_fc column-parallel, both c_proj row-parallel
+//
+// f enters a tensor-parallel region, g leaves it (their duals run in backward):
+//                      forward                     backward
+//   f   plain          identity                    all-reduce of the input gradient's partial sums
+//   f   seq. parallel  all-gather the rows         reduce-scatter to this rank's rows
+//   g   plain          all-reduce partial sums     identity (every rank has the whole gradient)
+//   g   seq. parallel  reduce-scatter to own rows  all-gather the rows
+// Outside the regions (LayerNorms, residual adds) a rank works on Nl rows: all N, or its block with
+// sequence parallelism. A row-parallel bias is added by rank 0 inside its partial product, so the
+// reduction adds it exactly once; with t = 1 this is GptModel's fused bias GEMM, bitwise.
+//
+// The backward is split in two halves (zero-bubble schedules run them apart): the input pass makes
+// d(layer input) and keeps, in a LayerStash, the output gradients the weight pass needs; the weight
+// pass accumulates the parameter gradients from them. Each half calls the kernels GptModel calls
+// (linear_backward and layernorm_backward split into their dx and dweight halves), so the results are
+// bitwise GptModel's at t = 1.
+#include "kernels/ops.hpp"
+#include "model/gpt_chunk_impl.hpp"
+
+namespace troupe {
+
+void GptChunk::Impl::layer_forward(Context& ctx, const Layer& p, const Tensor& x /*(Nl,C)*/, const LayerActs& a) {
+  const double eps = spec.model.layernorm_epsilon;
+  const Tensor none;
+  // Attention branch.
+  ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, eps);  // (Nl,C)
+  const Tensor ln1 = sp ? gathered : a.ln1;                                              // (N,C)
+  gather_rows(a.ln1, ln1);                                                               // f
+  ops::linear_forward(ctx, a.qkv, ln1, p.attn_w, p.attn_b);                              // (N,3Cl)
+  ops::attention_forward(ctx, a.att.view({B, T, Cl}), a.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
+                         Hl);                                                            // (N,Cl)
+  const Tensor proj = sp ? partial : a.res1;                                             // (N,C) partial
+  ops::linear_forward(ctx, proj, a.att, p.proj_w, r == 0 ? p.proj_b : none);
+  reduce_rows(proj, a.res1);                                                             // g -> (Nl,C)
+  ops::add_inplace(ctx, a.res1, x);
+  // MLP branch.
+  ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, eps);  // (Nl,C)
+  const Tensor ln2 = sp ? gathered : a.ln2;                                                   // (N,C)
+  gather_rows(a.ln2, ln2);                                                                    // f
+  ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                        // (N,Fl)
+  ops::gelu_forward(ctx, a.fc_gelu, a.fc);
+  const Tensor mlp = sp ? partial : a.res2;                                                   // (N,C) partial
+  ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
+  reduce_rows(mlp, a.res2);                                                                   // g -> (Nl,C)
+  ops::add_inplace(ctx, a.res2, a.res1);
+}
+
+void GptChunk::Impl::layer_backward_input(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a,
+                                          const Tensor& dres /*(Nl,C)*/, const LayerStash& st) {
+  const Tensor none;
+  // MLP branch: dres = d res2; the residual passes it on to res1, ln_2's backward adds the branch.
+  gather_rows(dres, st.dy2);  // g's dual; without SP a copy, since dres changes below    (N,C)
+  ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                  // (N,Fl)
+  ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                            // (N,Fl)
+  const Tensor dln2 = sp ? partial : st.dln2;  // this rank's share of d(ln_2 output)       (N,C)
+  ops::linear_backward(ctx, dln2, none, none, st.dfc, none, p.fc_w);
+  reduce_rows(dln2, st.dln2);                  // f's dual                                  (Nl,C)
+  ops::layernorm_backward(ctx, dres, none, none, st.dln2, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
+  // Attention branch: dres = d res1, becomes d x.
+  gather_rows(dres, st.dy1);                                                                // (N,C)
+  ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Cl)
+  Tensor probs = a.probs;
+  if (!probs.defined()) {
+    // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
+    // saved qkv (same kernel, same inputs: bitwise the forward's).
+    ops::attention_forward(ctx, rc.att.view({B, T, Cl}), rc.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
+                           Hl);
+    probs = rc.probs;
+  }
+  ops::attention_backward(ctx, st.dqkv.view({B, T, 3 * Cl}), datt.view({B, T, Cl}), a.qkv.view({B, T, 3 * Cl}),
+                          probs.view({B, Hl, T, T}), Hl);                                   // (N,3Cl)
+  const Tensor dln1 = sp ? partial : st.dln1;                                               // (N,C)
+  ops::linear_backward(ctx, dln1, none, none, st.dqkv, none, p.attn_w);
+  reduce_rows(dln1, st.dln1);                                                               // (Nl,C)
+  ops::layernorm_backward(ctx, dres, none, none, st.dln1, x, p.ln1_w, a.ln1_mean, a.ln1_rstd);
+}
+
+void GptChunk::Impl::layer_backward_weight(Context& ctx, const Layer& g, const Tensor& x, const LayerActs& a,
+                                           const LayerStash& st) {
+  const Tensor none;
+  // Row-parallel c_proj: dW from this rank's input columns; the replicated bias from all N rows of
+  // d(output), which every rank holds alike, so its gradient is identical on every rank.
+  ops::linear_backward(ctx, none, g.fcproj_w, g.fcproj_b, st.dy2, a.fc_gelu, none);
+  // Column-parallel c_fc reads ln_2's output on all rows; sequence parallelism kept only this rank's
+  // rows, so they are gathered again (as Megatron does) rather than kept N rows wide.
+  const Tensor ln2 = sp ? gathered : a.ln2;
+  gather_rows(a.ln2, ln2);
+  ops::linear_backward(ctx, none, g.fc_w, g.fc_b, st.dfc, ln2, none);
+  ln_weight_grads(ctx, g.ln2_w, g.ln2_b, st.dln2, a.res1, a.ln2_mean, a.ln2_rstd);
+  ops::linear_backward(ctx, none, g.proj_w, g.proj_b, st.dy1, a.att, none);
+  const Tensor ln1 = sp ? gathered : a.ln1;
+  gather_rows(a.ln1, ln1);
+  ops::linear_backward(ctx, none, g.attn_w, g.attn_b, st.dqkv, ln1, none);
+  ln_weight_grads(ctx, g.ln1_w, g.ln1_b, st.dln1, x, a.ln1_mean, a.ln1_rstd);
+}
+
+}  // namespace troupe

@@ -1,0 +1,161 @@
+// The tensor-parallel pieces of GptChunk: row collectives over the TP group, the vocabulary-parallel
+// embedding and the fused vocabulary-parallel head (Megatron's VocabParallelEmbedding and
+// vocab_parallel_cross_entropy).
+//
+// Embedding. Rank r holds rows [v0, v0 + Vl) of the padded table. Every rank looks up all N tokens
+// (zero rows for tokens it does not hold) and rank 0 adds the positions, so the sum over the ranks
+// (g: all-reduce, or reduce-scatter to own rows) is the embedding; with exactly one nonzero term per
+// element the sum is exact, bitwise GptModel's e + p. Backward: the gradient of all N rows (the dual
+// all-gather under sequence parallelism) scatters into the rows this rank holds; wpe's gradient is
+// the same full sum on every rank.
+//
+// Head. logits = ln_f(x) wte^T is column-parallel over the vocabulary: (N, Vl) per rank, processed in
+// row chunks so no buffer of all N rows' logits exists. Per chunk the cross-entropy needs three
+// reductions over the group: the row max (all-reduce max), then the sum of exponentials and the
+// target logit (one all-reduce sum over both; the target logit is zero on the ranks not holding it,
+// so that sum is exact). Padding columns (global index >= V) are masked out of every piece, so the
+// loss does not depend on t. Forward keeps only the row statistics (max, sum of exponentials: 2N
+// doubles); backward recomputes each chunk's logits with the same GEMM (bitwise the forward's) and
+// forms grad_scale * (softmax - onehot) in place. That costs one extra (N x C x Vl) GEMM per
+// backward but no (N, Vl) buffer per slot in flight; Megatron keeps the softmax instead.
+// d(ln_f output) is a partial sum over the vocabulary blocks: f's dual reduces it.
+#include <string>
+
+#include "kernels/ops.hpp"
+#include "model/gpt_chunk_impl.hpp"
+
+namespace troupe {
+
+namespace {
+
+// The chunk's interface has no error channel: a failed TP collective (a lost peer) is fatal here;
+// the supervising actor sees the failure of its shard.
+void wait_ok(const comm::WorkPtr& work, const char* what) {
+  const Status st = work->wait();
+  TROUPE_CHECK(st.is_ok(), std::string("GptChunk: tensor-parallel ") + what + " failed: " + st.message());
+}
+
+}  // namespace
+
+// ---- row collectives ------------------------------------------------------------------------------
+
+void GptChunk::Impl::all_reduce(const Tensor& x, comm::ReduceOp op) {
+  if (t == 1) return;
+  wait_ok(tp->all_reduce(x.raw(), static_cast<size_t>(x.numel()), x.dtype(), op), "all-reduce");
+}
+
+void GptChunk::Impl::gather_rows(const Tensor& local, const Tensor& full) {
+  const int64_t width = full.numel() / N;
+  TROUPE_CHECK(full.numel() == N * width && local.numel() == Nl * width, "gather_rows: (Nl,X) into (N,X)");
+  if (!sp) {
+    if (local.raw() != full.raw()) full.copy_from(local.view(full.shape()));
+    return;
+  }
+  std::vector<size_t> counts(t);
+  for (int q = 0; q < t; ++q) counts[q] = static_cast<size_t>(rows_of(q) * width);
+  wait_ok(tp->all_gather_v(local.raw(), full.raw(), counts, full.dtype()), "all-gather");
+}
+
+void GptChunk::Impl::reduce_rows(const Tensor& full, const Tensor& local) {
+  const int64_t width = full.numel() / N;
+  TROUPE_CHECK(full.numel() == N * width && local.numel() == Nl * width, "reduce_rows: (N,X) into (Nl,X)");
+  if (!sp) {
+    all_reduce(full, comm::ReduceOp::sum);
+    if (local.raw() != full.raw()) local.copy_from(full.view(local.shape()));
+    return;
+  }
+  std::vector<size_t> counts(t);
+  for (int q = 0; q < t; ++q) counts[q] = static_cast<size_t>(rows_of(q) * width);
+  wait_ok(tp->reduce_scatter_v(full.raw(), local.raw(), counts, full.dtype(), comm::ReduceOp::sum), "reduce-scatter");
+}
+
+void GptChunk::Impl::ln_weight_grads(Context& ctx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                                     const Tensor& x, const Tensor& mean, const Tensor& rstd) {
+  const Tensor none;
+  if (!sp) {
+    ops::layernorm_backward(ctx, none, dw, db, dout, x, none, mean, rstd);
+    return;
+  }
+  // This micro-batch's part over own rows, summed over the group, then accumulated: reducing the
+  // accumulated buffer instead would count earlier micro-batches t times.
+  ln_grads.zero_();
+  const Tensor gw = ln_grads.rows(0, 1).view({C}), gb = ln_grads.rows(1, 2).view({C});
+  ops::layernorm_backward(ctx, none, gw, gb, dout, x, none, mean, rstd);
+  all_reduce(ln_grads, comm::ReduceOp::sum);
+  ops::add_inplace(ctx, dw, gw);
+  ops::add_inplace(ctx, db, gb);
+}
+
+// ---- vocabulary-parallel embedding ----------------------------------------------------------------
+
+void GptChunk::Impl::embedding_forward(Context& ctx, const std::vector<Tensor>& e /*wte (Vl,C), wpe (P,C)*/,
+                                       const Slot& s) {
+  const Tensor full = sp ? partial : s.xs[0];  // (N,C) this rank's term of the sum
+  ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), e[0], v0,
+                               r == 0 ? e[1] : Tensor());
+  reduce_rows(full, s.xs[0]);                  // g -> (Nl,C)
+}
+
+void GptChunk::Impl::embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s,
+                                      const Tensor& demb /*(N,C)*/) {
+  ops::vocab_embedding_backward(ctx, g[0], g[1], demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+}
+
+// ---- vocabulary-parallel head ---------------------------------------------------------------------
+
+double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(Vl,C)*/, const Tensor& lnf_w,
+                                    const Tensor& lnf_b) {
+  const Tensor lnf = s.lnf_full.rows(row0, row0 + Nl);  // this rank's rows of ln_f's output   (Nl,C)
+  ops::layernorm_forward(ctx, lnf, s.lnf_mean, s.lnf_rstd, s.xs[L], lnf_w, lnf_b, spec.model.layernorm_epsilon);
+  gather_rows(lnf, s.lnf_full);                         // f: all rows for the vocabulary split (N,C)
+  for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
+    const int64_t r1 = std::min(N, r0 + head_rows), rows = r1 - r0;
+    const Tensor lg = logits.rows(0, rows);              // (rows,Vl)
+    const Tensor mx = s.row_max.rows(r0, r1);            // (rows) f64
+    const Tensor both = stats.rows(0, 2 * rows);         // [sum_exp | target_logit] (2*rows) f64
+    const Tensor sum = both.rows(0, rows), target = both.rows(rows, 2 * rows);
+    ops::linear_forward(ctx, lg, s.lnf_full.rows(r0, r1), wte, Tensor());
+    ops::xent_local_stats(ctx, mx, target, lg, s.targets.rows(r0, r1), v0, valid);
+    all_reduce(mx, comm::ReduceOp::max);
+    ops::xent_exp_sum(ctx, sum, lg, mx, valid);
+    all_reduce(both, comm::ReduceOp::sum);
+    s.sum_exp.rows(r0, r1).copy_from(sum);
+    ops::xent_loss(ctx, losses.rows(r0, r1), mx, sum, target);
+  }
+  // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's).
+  double total = 0;
+  if (dtype == DType::f32) {
+    const float* l = losses.data<float>();
+    for (int64_t i = 0; i < N; ++i) total += l[i];
+  } else {
+    const double* l = losses.data<double>();
+    for (int64_t i = 0; i < N; ++i) total += l[i];
+  }
+  return total;
+}
+
+void GptChunk::Impl::head_backward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w,
+                                   const Tensor& dlnf /*(Nl,C)*/, bool input, const Tensor& dwte,
+                                   const Tensor& dlnf_w, const Tensor& dlnf_b) {
+  const bool weights = dwte.defined();
+  const Tensor none;
+  const Tensor dpart = sp ? partial : dlnf;  // this rank's vocabulary share of d(ln_f output)   (N,C)
+  for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
+    const int64_t r1 = std::min(N, r0 + head_rows), rows = r1 - r0;
+    const Tensor lg = logits.rows(0, rows);  // (rows,Vl): the forward's logits again, then their gradient
+    const Tensor x = s.lnf_full.rows(r0, r1);
+    ops::linear_forward(ctx, lg, x, wte, none);
+    ops::xent_backward(ctx, lg, s.row_max.rows(r0, r1), s.sum_exp.rows(r0, r1), s.targets.rows(r0, r1), v0, valid,
+                       s.grad_scale);
+    // dx = dlogits wte, dwte += dlogits^T x: GptModel's call per chunk.
+    ops::linear_backward(ctx, input ? dpart.rows(r0, r1) : none, weights ? dwte : none, none, lg, x, wte);
+  }
+  if (input) {
+    reduce_rows(dpart, dlnf);  // f's dual -> (Nl,C)
+    dres.zero_();
+    ops::layernorm_backward(ctx, dres, none, none, dlnf, s.xs[L], lnf_w, s.lnf_mean, s.lnf_rstd);
+  }
+  if (weights) ln_weight_grads(ctx, dlnf_w, dlnf_b, dlnf, s.xs[L], s.lnf_mean, s.lnf_rstd);
+}
+
+}  // namespace troupe
