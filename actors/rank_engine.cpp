@@ -1,5 +1,6 @@
 #include "actors/rank_engine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <tuple>
@@ -287,11 +288,28 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
   const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
   const DType dt = spec_.dtype;
-  const int64_t micros = tokens.defined() ? tokens.dim(0) / B : 0;
+  const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
+  // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
+  // parameters over dp, so the replicas' collectives must match even when the windows do not split
+  // evenly. A partial (or, for a replica with fewer windows, empty) micro-batch is padded with
+  // copies of a window, whose losses the head leaves out. All ranks of a replica get the same
+  // windows, so they agree on the count.
+  int64_t micros = (rows + B - 1) / B;
+  if (comms_.dp != nullptr && comms_.dp->size() > 1)
+    TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
   double loss = 0;
-  // Forward only, micro-batch by micro-batch through the virtual stages in order; slot 0's buffers.
-  // Every stage learns the count from its own tokens tensor (the trainer gives every rank the rows).
+  Tensor padded;
   for (int64_t i = 0; i < micros; ++i) {
+    const int64_t r0 = i * B, valid = std::clamp<int64_t>(rows - r0, 0, B);
+    Tensor mb = valid > 0 ? tokens.rows(r0, r0 + valid) : Tensor();
+    if (valid < B) {
+      padded = Tensor::zeros({B, spec_.model.seq_length + 1}, DType::i32);
+      if (valid > 0) {
+        padded.rows(0, valid).copy_from(mb);
+        for (int64_t k = valid; k < B; ++k) padded.rows(k, k + 1).copy_from(mb.rows(valid - 1, valid));
+      }
+      mb = padded;
+    }
     for (int c = 0; c < v; ++c) {
       GptChunk& chunk = *chunks_[c];
       ChunkBuffers& b = *buffers_[c];
@@ -301,9 +319,8 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
       if (!cs.has_embedding)
         TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
                                                (k - 1) % p, t - 2)->wait());
-      const Tensor mb = tokens.rows(i * B, (i + 1) * B);
       const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
-                                          cs.has_head ? Tensor() : b.out_act[0]);
+                                          cs.has_head ? Tensor() : b.out_act[0], valid);
       if (cs.has_head) {
         if (tp_rank_ == 0) loss += l;
       } else {

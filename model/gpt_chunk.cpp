@@ -74,6 +74,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   Hl = m.num_attention_heads / t;
   L = cs.num_layers;
   N = B * T;
+  loss_rows = N;
   Nl = sp ? rows_of(r) : N;
   row0 = sp ? offset_of(r) : 0;
   Vl = m.padded_vocab_size(t) / t;
@@ -492,10 +493,15 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
   s.state = Impl::SlotState::free;
 }
 
-double GptChunk::forward_eval(Context& ctx, const Tensor& tokens, const Tensor& input, const Tensor& out) {
+double GptChunk::forward_eval(Context& ctx, const Tensor& tokens, const Tensor& input, const Tensor& out,
+                              int64_t valid_sequences) {
   Impl& m = *impl_;
+  TROUPE_CHECK(valid_sequences <= m.B, "GptChunk::forward_eval: more valid sequences than the micro-batch holds");
   if (m.eval_slot.xs.empty()) m.alloc_slot(m.eval_slot, false);
-  return m.forward_impl(ctx, m.eval_slot, tokens, input, out, false);
+  m.loss_rows = valid_sequences < 0 ? m.N : valid_sequences * m.T;
+  const double loss = m.forward_impl(ctx, m.eval_slot, tokens, input, out, false);
+  m.loss_rows = m.N;
+  return loss;
 }
 
 int64_t GptChunk::param_bytes() const {

@@ -167,7 +167,10 @@ class GptChunk {
   void backward_weight(Context& ctx, int slot);
 
   // Evaluation: forward without saving anything for backward; returns the loss sum when has_head.
-  double forward_eval(Context& ctx, const Tensor& tokens, const Tensor& input, const Tensor& out);
+  // valid_sequences (0 .. B; -1: all B): only the first valid_sequences sequences' token losses are
+  // summed, so a last, partial micro-batch can be padded to B sequences by the caller.
+  double forward_eval(Context& ctx, const Tensor& tokens, const Tensor& input, const Tensor& out,
+                      int64_t valid_sequences = -1);
 
   // Bytes this chunk holds, by kind (for the memory report): resident parameters, resident
   // gradients, and activation slots plus scratch.

@@ -66,6 +66,7 @@ struct GptChunk::Impl {
   std::vector<UnitInfo> units;
   std::vector<int64_t> spec_offset;  // offset of spec i in the flat buffers
   int wte_unit = -1, wpe_unit = -1, head_unit = -1, first_layer_unit = 0;  // head_unit: ln_f
+  int64_t loss_rows = 0;  // rows whose losses the head sums: N, fewer for a padded evaluation batch
   int t = 1, r = 0;
   bool sp = false;                   // sequence parallelism in effect (requested and t > 1)
   int64_t B = 0, T = 0, C = 0, Cl = 0, Fl = 0, N = 0, Nl = 0, row0 = 0;

@@ -122,14 +122,15 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
     s.sum_exp.rows(r0, r1).copy_from(sum);
     ops::xent_loss(ctx, losses.rows(r0, r1), mx, sum, target);
   }
-  // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's).
+  // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's). Evaluation of a
+  // padded micro-batch sums only the rows of its real sequences (loss_rows).
   double total = 0;
   if (dtype == DType::f32) {
     const float* l = losses.data<float>();
-    for (int64_t i = 0; i < N; ++i) total += l[i];
+    for (int64_t i = 0; i < loss_rows; ++i) total += l[i];
   } else {
     const double* l = losses.data<double>();
-    for (int64_t i = 0; i < N; ++i) total += l[i];
+    for (int64_t i = 0; i < loss_rows; ++i) total += l[i];
   }
   return total;
 }

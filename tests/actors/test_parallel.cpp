@@ -40,6 +40,7 @@ GptConfig small_model() {
 
 struct Run {
   std::vector<double> losses, norms;
+  double eval_loss = 0;  // sum over kEvalWindows windows after training (partial micro-batches)
   std::map<std::string, std::vector<double>> params;  // global name -> global tensor (row-major)
 };
 
@@ -65,6 +66,7 @@ StepRequest step_request(int step) {
 }
 
 constexpr int kSteps = 5;
+constexpr int kEvalWindows = 5;  // odd: partial micro-batches, uneven over dp replicas
 
 // Runs `steps` iterations of `par` and collects losses and the global parameters.
 Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batch, int global_batch) {
@@ -115,6 +117,13 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
         run.norms[s] = out.value().grad_norm;
       }
     }
+    {
+      const Tensor e = batches[0].rows(0, kEvalWindows);
+      const int64_t n = e.dim(0);
+      auto loss = engine.eval_loss_sum(e.rows(n * d / par.dp, n * (d + 1) / par.dp));
+      if (!loss) return fail(loss.status().message());
+      if (rank == 0) run.eval_loss = loss.value();
+    }
     for (size_t c = 0; c < engine.chunks().size(); ++c) {
       auto values = engine.param_values(static_cast<int>(c));
       if (!values) return fail(values.status().message());
@@ -145,6 +154,7 @@ void require_close(const Run& ref, const Run& got, double tol) {
     CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol * std::abs(ref.losses[s]));
     CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol * std::abs(ref.norms[s]));
   }
+  CHECK(std::abs(got.eval_loss - ref.eval_loss) <= tol * std::abs(ref.eval_loss));
   REQUIRE(got.params.size() == ref.params.size());
   // Parameters: per tensor, the L2 norm of the difference relative to the L2 norm of the reference.
   // One exception: the key part of c_attn.bias ([C, 2C)) has an exactly zero gradient (softmax is
@@ -211,7 +221,7 @@ const Run& reference() {
 TEST_CASE("parallel: the 1x1x1 engine equals GptModel + AdamW", "[parallel]") {
   const GptConfig model = small_model();
   const Run& ref = reference();
-  GptModel m(model, 1);
+  GptModel m(model, kEvalWindows);
   m.init(1234);
   m.zero_grad();
   AdamW opt(m.specs(), m.params());
@@ -229,6 +239,7 @@ TEST_CASE("parallel: the 1x1x1 engine equals GptModel + AdamW", "[parallel]") {
     CHECK(loss / (6.0 * model.seq_length) == Approx(ref.losses[s]).epsilon(1e-6));
     CHECK(norm == Approx(ref.norms[s]).epsilon(1e-6));
   }
+  CHECK(m.forward_loss(ctx, batches[0].rows(0, kEvalWindows)) == Approx(ref.eval_loss).epsilon(1e-6));
   for (size_t i = 0; i < m.specs().size(); ++i) {
     const auto& want = ref.params.at(m.specs()[i].name);
     const float* p = m.params()[i].data<float>();
