@@ -266,8 +266,19 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   if (options.measure_peak) {
     ThreadPool pool(threads);
     peak = measure_sgemm_peak_gflops(pool);
-    note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s on " + std::to_string(threads) +
-         " thread(s)");
+    if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
+      // The job's peak is the sum of its processes' peaks, measured at the same time (so ranks that
+      // share a host share its cores, as they will while training).
+      auto all = options.bootstrap->all_gather("sgemm_peak", std::to_string(peak));
+      if (!all) return all.status();
+      peak = 0;
+      for (const std::string& p : all.value()) peak += std::stod(p);
+      note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s over the job's " +
+           std::to_string(all.value().size()) + " processes");
+    } else {
+      note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s on " + std::to_string(threads) +
+           " thread(s)");
+    }
   }
 
   caf::actor_system_config sys_cfg = make_system_config();

@@ -11,10 +11,9 @@ namespace troupe {
 
 using Clock = std::chrono::steady_clock;
 
-std::chrono::steady_clock::time_point span_epoch() {
-  static const Clock::time_point epoch = Clock::now();
-  return epoch;
-}
+// steady_clock is CLOCK_MONOTONIC (time since boot), shared by every process of a host: the spans of a
+// multi-process job on one host line up without any clock exchange.
+std::chrono::steady_clock::time_point span_epoch() { return Clock::time_point{}; }
 
 // Per chunk: activation buffers of each slot, the sends still reading them, and which micro-batch
 // holds which slot. Shapes: (boundary_rows, C).

@@ -71,7 +71,7 @@ struct RankComms {
   comm::Communicator* world = nullptr;
 };
 
-// One span of the timeline (Chrome trace "X" event), microseconds since the process's epoch.
+// One span of the timeline (Chrome trace "X" event), microseconds since span_epoch().
 struct Span {
   std::string name;  // "F3", "B3.1" (micro 3, chunk 1), "W2", "optimizer", ...
   std::string cat;   // forward | backward | weight | wait | reduce | optimizer
@@ -136,7 +136,7 @@ class RankEngine {
   int steps_ = 0;
 };
 
-// The common epoch of every span in this process.
+// The common epoch of every span: the steady clock's, shared by the processes of one host.
 std::chrono::steady_clock::time_point span_epoch();
 
 }  // namespace troupe

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -77,6 +78,9 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     options.world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
     options.bootstrap = bootstrap.get();
   }
+  // Ranks sharing a host share its cores: by default each takes its share.
+  if (cfg.num_threads == 0 && env->local_world_size > 1)
+    cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
   const bool reporter = env->rank == 0;  // rank 0 prints and writes the metrics; the others stay quiet
 
   std::unique_ptr<std::ofstream> metrics;
