@@ -1,6 +1,7 @@
 #include "actors/job.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <optional>
 #include <cmath>
 #include <thread>
@@ -224,6 +225,26 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  if (result) {  // model-state bytes per rank against ZeRO's formula
+    self->request(group, caf::infinite, memory_atom::value)
+        .receive(
+            [&](std::vector<RankMemory>& ranks_memory) {
+              for (const RankMemory& rm : ranks_memory) {
+                const MemoryReport& m = rm.memory;
+                const double mib = 1.0 / (1 << 20);
+                const double total = static_cast<double>(m.param_bytes + m.grad_bytes + m.optimizer_bytes);
+                char line[400];
+                std::snprintf(line, sizeof line,
+                              "rank %d model states: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB = "
+                              "%.2f MiB; ZeRO-%d formula %.2f MiB (x%.3f); ZeRO buffers peak %.2f MiB",
+                              rm.rank, m.param_bytes * mib, m.grad_bytes * mib, m.optimizer_bytes * mib, total * mib,
+                              m.zero_stage, m.formula_bytes() * mib, total / m.formula_bytes(),
+                              m.transient_peak_bytes * mib);
+                note(line);
+              }
+            },
+            [&](caf::error&) {});
+  }
   if (result && !config.timeline.empty()) {
     Status written;
     self->request(group, caf::infinite, spans_atom::value)

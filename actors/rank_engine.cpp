@@ -349,8 +349,22 @@ Result<std::vector<Tensor>> RankEngine::param_values(int c) {
   return out;
 }
 
+double MemoryReport::formula_bytes() const {
+  const double psi = static_cast<double>(shard_params), d = dp;
+  switch (zero_stage) {
+    case 0: return 16 * psi;
+    case 1: return 8 * psi + 8 * psi / d;
+    case 2: return 4 * psi + 12 * psi / d;
+    default: return 16 * psi / d;
+  }
+}
+
 MemoryReport RankEngine::memory() const {
   MemoryReport m;
+  m.zero_stage = spec_.par.zero_stage;
+  m.dp = spec_.par.dp;
+  for (const auto& chunk : chunks_)
+    for (const UnitInfo& u : chunk->units()) m.shard_params += u.numel;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const ZeroCounts z = stores_[c]->counts();
     m.param_bytes += z.param_bytes;

@@ -86,7 +86,12 @@ struct StepOutcome {
 };
 
 struct MemoryReport {
+  int64_t shard_params = 0;  // Psi: parameter elements of this rank's (pp, tp) shard, all chunks
+  int zero_stage = 0, dp = 1;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // model states, resident
+  // ZeRO's model-state bytes for fp32 training (parameters are the master weights; Adam keeps two
+  // moments): stage 0: 16 Psi; 1: 8 Psi + 8 Psi/dp; 2: 4 Psi + 12 Psi/dp; 3: 16 Psi/dp (4-byte elements).
+  double formula_bytes() const;
   int64_t transient_peak_bytes = 0;  // ZeRO buffers (gathered parameters, gradient buckets)
   int64_t activation_bytes = 0;
 };

@@ -31,6 +31,8 @@ struct ZeroStore::Unit {
 
 namespace {
 
+constexpr size_t kMaxPendingReduces = 2;
+
 Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
 
 }  // namespace
@@ -187,6 +189,9 @@ void ZeroStore::on_grads_ready(int u) {
     if (dp_ == nullptr) p.recv.copy_from(p.send);
     pending_.push_back(std::move(p));
     drain_pending(false);
+    // A bound on gradient buckets in flight (DeepSpeed's reduce_bucket_size, counted in units): the
+    // oldest is waited for, so ZeRO-2/3 never hold much more than two units' gradients at once.
+    while (pending_.size() > kMaxPendingReduces) drain_one();
     return;
   }
   if (unit.ready < micro_batches_ || dp_ == nullptr || dp_size_ == 1) return;
@@ -202,14 +207,16 @@ void ZeroStore::on_grads_ready(int u) {
 
 // Adds finished reductions into their partitions, oldest first; with `all`, waits for every one.
 void ZeroStore::drain_pending(bool all) {
-  while (!pending_.empty() && (all || pending_.front().work->test())) {
-    Pending& p = pending_.front();
-    const Status st = p.work->wait();
-    TROUPE_CHECK(st.is_ok(), "ZeRO gradient reduce-scatter failed: " + st.message());
-    ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
-    track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
-    pending_.pop_front();
-  }
+  while (!pending_.empty() && (all || pending_.front().work->test())) drain_one();
+}
+
+void ZeroStore::drain_one() {
+  Pending& p = pending_.front();
+  const Status st = p.work->wait();
+  TROUPE_CHECK(st.is_ok(), "ZeRO gradient reduce-scatter failed: " + st.message());
+  ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
+  track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
+  pending_.pop_front();
 }
 
 Status ZeroStore::finish_gradients() {

@@ -90,6 +90,7 @@ class ZeroStore {
   Tensor grad_buffer(int unit);
   void track_transient(int64_t delta);
   void drain_pending(bool all);
+  void drain_one();
 
   struct Pending {  // stages 2, 3: one micro-batch's unit gradients being reduce-scattered
     int unit = 0;

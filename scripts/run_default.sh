@@ -35,6 +35,15 @@ fi
 # 2. Train: 4 layers, hidden 256, byte-level vocabulary, 32 sequences of 256 bytes per iteration
 #    (8 per micro-batch, 4 accumulation steps); about 4 minutes on 2 cores.
 rm -f "$run/metrics.jsonl"
+# Parallel layouts (e.g. --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+# --data-parallel-size 2 --zero-stage 3) train the same model; their checkpoints are sharded and come
+# with the storage work, so such a run saves nothing and the checkpoint evaluation below is skipped.
+save=(--save "$run/checkpoints" --save-interval 50)
+for arg in "$@"; do
+  case "$arg" in
+    --tensor-model-parallel-size | --pipeline-model-parallel-size | --data-parallel-size | --zero-stage) save=() ;;
+  esac
+done
 "$troupe" train \
   --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
   --micro-batch-size 8 --global-batch-size 32 \
@@ -42,9 +51,9 @@ rm -f "$run/metrics.jsonl"
   --weight-decay 0.1 --clip-grad 1.0 --seed 1234 \
   --data-path "$data" --tokenizer-type ByteLevelTokenizer \
   --eval-interval 50 --eval-iters 2 --log-interval 10 \
-  --save "$run/checkpoints" --save-interval 50 --metrics-file "$run/metrics.jsonl" "$@"
+  "${save[@]}" --metrics-file "$run/metrics.jsonl" "$@"
 
 # 3. Evaluate the checkpoint and plot the loss curve.
-"$troupe" eval --load "$run/checkpoints" --data-path "$data" --eval-samples 64
+[[ ${#save[@]} -gt 0 ]] && "$troupe" eval --load "$run/checkpoints" --data-path "$data" --eval-samples 64
 "$troupe" plot --metrics-file "$run/metrics.jsonl" --output "$run/loss.svg"
-echo "run_default: checkpoint in $run/checkpoints, metrics in $run/metrics.jsonl, loss curve in $run/loss.svg"
+echo "run_default: ${save[*]:+checkpoint in $run/checkpoints, }metrics in $run/metrics.jsonl, loss curve in $run/loss.svg"
