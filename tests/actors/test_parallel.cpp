@@ -270,6 +270,9 @@ TEST_CASE("parallel: every layout equals the 1x1x1 run", "[parallel]") {
       {"tp2 pp2 1f1b micro 2", layout(2, 2, 1), 2, 6},
       {"tp2 pp2 dp2 zero3 sp full recompute", layout(2, 2, 2, 3, S::one_f_one_b, 1, Recompute::full, true), 1, 6},
       {"tp2 pp2 dp2 zero1 interleaved", layout(2, 2, 2, 1, S::interleaved, 2), 1, 8},
+      {"pp2 dp2 zero3 interleaved, 3 micro-batches", layout(1, 2, 2, 3, S::interleaved, 2), 1, 6},
+      {"pp2 dp2 zero3 gpipe selective", layout(1, 2, 2, 3, S::gpipe, 1, Recompute::selective), 1, 6},
+      {"tp2 pp2 zb-h1 sp full recompute", layout(2, 2, 1, 0, S::zb_h1, 1, Recompute::full, true), 1, 6},
   };
   const Run& ref6 = reference();
   static const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8);
