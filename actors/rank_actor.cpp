@@ -1,10 +1,12 @@
 #include "actors/rank_actor.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 
 #include "actors/errors.hpp"
+#include "actors/optimizer_actor.hpp"
 
 namespace troupe {
 
@@ -14,6 +16,7 @@ struct RankState {
   std::shared_ptr<comm::CommWorld> world;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
   std::unique_ptr<RankEngine> engine;
+  optimizer_actor optimizer;  // this rank's ZeRO optimizer partition, linked
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
 };
@@ -52,6 +55,8 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
     st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms);
+    st.optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads);
+    self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die
   }
   return {
       [self](init_atom, uint64_t seed) -> caf::result<ok_atom> {
@@ -63,13 +68,29 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
       [self](train_step_atom, const RankStepRequest& req) -> caf::result<StepOutcome> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
-        auto out = s.engine->train_step(req.tokens, req.grad_scale, req.step);
+        auto out = s.engine->compute_gradients(req.tokens, req.grad_scale, req.step);
         if (!out) return rank_error(s.rank, out.status());
         if (!std::isfinite(out.value().grad_norm))
           return make_actor_error(ActorErrc::diverged,
                                   "the gradient norm is not finite at optimizer step " + std::to_string(req.step.step) +
                                       " -- the run diverged: lower --lr, raise --lr-warmup-iters or set --clip-grad");
-        return out.value();
+        // AdamW runs in the optimizer partition actor; the rank resumes with the all-gathers.
+        auto rp = self->make_response_promise<StepOutcome>();
+        const auto t0 = std::chrono::steady_clock::now();
+        self->request(s.optimizer, caf::infinite, step_atom::value, req.step)
+            .then(
+                [self, rp, outcome = out.value(), t0](ok_atom) mutable {
+                  auto& st = self->state;
+                  st.engine->record("optimizer", "optimizer", t0);
+                  if (Status done = st.engine->finish_step(); !done) {
+                    rp.deliver(rank_error(st.rank, done));
+                    return;
+                  }
+                  st.engine->fill_times(outcome);
+                  rp.deliver(outcome);
+                },
+                [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
       },
       [self](eval_atom, const Tensor& tokens) -> caf::result<double> {
         auto& s = self->state;

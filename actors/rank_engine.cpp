@@ -247,10 +247,10 @@ Status RankEngine::sync_tied_embedding() {
   return Status::ok();
 }
 
-Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
   if (steps_++ >= spec_.keep_span_steps) spans_.clear();
-  const size_t first_span = spans_.size();
-  const auto start = Clock::now();
+  step_first_span_ = spans_.size();
+  step_start_ = Clock::now();
   StepOutcome out;
   for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
   std::vector<double> micro_losses(spec_.micro_batches, 0.0);
@@ -258,10 +258,7 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
   auto t0 = Clock::now();
   for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
   TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
-  record("grad reduce", "reduce", t0);
-
   // One all-reduce over the world carries the squared norm and the loss.
-  t0 = Clock::now();
   double sums[2] = {0, 0};
   for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
   const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
@@ -270,18 +267,52 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
     TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 2, DType::f64, comm::ReduceOp::sum)->wait());
   out.grad_norm = std::sqrt(sums[0]);
   out.loss_sum = sums[1];
-  if (std::isfinite(out.grad_norm)) {
-    if (req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
-      const double factor = req.clip_grad / (out.grad_norm + 1e-6);
-      for (auto& store : stores_) store->scale_gradients(factor);
-    }
-    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->step(req));
+  if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
+    const double factor = req.clip_grad / (out.grad_norm + 1e-6);
+    for (auto& store : stores_) store->scale_gradients(factor);
   }
-  record("optimizer", "optimizer", t0);
-  out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-  for (size_t i = first_span; i < spans_.size(); ++i)
-    if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
+  record("grad reduce", "reduce", t0);
   return out;
+}
+
+Status RankEngine::finish_step() {
+  const auto t0 = Clock::now();
+  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
+  record("param gather", "reduce", t0);
+  return Status::ok();
+}
+
+std::vector<AdamSegment> RankEngine::adam_segments() const {
+  std::vector<AdamSegment> out;
+  for (const auto& store : stores_)
+    for (AdamSegment& s : store->adam_segments()) out.push_back(std::move(s));
+  return out;
+}
+
+Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  auto out = compute_gradients(tokens, grad_scale, req);
+  if (!out || !std::isfinite(out.value().grad_norm)) return out;
+  const auto t0 = Clock::now();
+  const std::vector<AdamSegment> segments = adam_segments();
+  if (exp_avg_.empty()) {
+    for (const AdamSegment& s : segments) {
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+    }
+  }
+  adamw_step(ctx_, segments, exp_avg_, exp_avg_sq_, req);
+  record("optimizer", "optimizer", t0);
+  TROUPE_RETURN_IF_ERROR(finish_step());
+  StepOutcome done = out.value();
+  fill_times(done);
+  return done;
+}
+
+void RankEngine::fill_times(StepOutcome& out) const {
+  out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start_).count();
+  out.busy_us = 0;
+  for (size_t i = step_first_span_; i < spans_.size(); ++i)
+    if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
 }
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {

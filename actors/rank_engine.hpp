@@ -109,7 +109,18 @@ class RankEngine {
   // tokens: this dp rank's micro_batches * micro_batch_size windows (rows, T+1) i32, in micro-batch
   // order; only read on ranks whose chunks include the embedding or the head (others may pass an
   // undefined tensor). grad_scale: 1 / tokens of the global batch.
+  // The whole step, optimizer included (tests, and embedding the engine without actors).
   Result<StepOutcome> train_step(const Tensor& tokens, double grad_scale, const StepRequest& req);
+  // The step in two halves around the optimizer partition's AdamW (the rank actor hands that to the
+  // optimizer actor): everything up to clipped gradients; then, after AdamW updated adam_segments(),
+  // the ZeRO all-gathers. A non-finite norm means no update: skip both AdamW and finish_step.
+  Result<StepOutcome> compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req);
+  Status finish_step();
+  // What the optimizer partition updates, over every chunk (views into this engine's buffers).
+  std::vector<AdamSegment> adam_segments() const;
+  void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0);
+  // Busy and wall time of the step begun by compute_gradients, up to now.
+  void fill_times(StepOutcome& out) const;
   // Sum of the token losses of `tokens` (this dp rank's windows, any count divisible by nothing),
   // forward only, micro-batch by micro-batch, all-reduced over the world.
   Result<double> eval_loss_sum(const Tensor& tokens);
@@ -126,7 +137,6 @@ class RankEngine {
   struct ChunkBuffers;
   Status run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses);
   Status sync_tied_embedding();
-  void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0);
 
   RankSpec spec_;
   int rank_ = 0, stage_ = 0, tp_rank_ = 0;
@@ -139,6 +149,9 @@ class RankEngine {
   std::vector<std::unique_ptr<ChunkBuffers>> buffers_;
   std::vector<Span> spans_;
   int steps_ = 0;
+  std::chrono::steady_clock::time_point step_start_;
+  size_t step_first_span_ = 0;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // train_step's own optimizer state (the actor has its own)
 };
 
 // The common epoch of every span: the steady clock's, shared by the processes of one host.

@@ -18,7 +18,6 @@ struct ZeroStore::Unit {
   std::vector<Segment> segments;
   Tensor part_params;          // stage 3: own partition (own_count)
   Tensor part_grads;           // stages 2, 3: own partition accumulator; stage 1: reduced partition
-  Tensor exp_avg, exp_avg_sq;  // own partition (stage 0: the whole unit)
   int ready = 0;               // grads_ready calls this iteration
   comm::WorkPtr reduce;        // stages 0, 1: the unit's dp reduction
   // Stage 3: the gathered parameters while in use or prefetched.
@@ -87,11 +86,17 @@ void ZeroStore::attach(GptChunk* chunk, Context* ctx) {
       at += n;
     }
     TROUPE_CHECK(at == unit.numel, "ZeroStore: a unit's specs must cover it exactly");
-    // Stage 0 steps the whole unit on every rank; the others their partition.
-    const int64_t moments = stage_ == 0 ? unit.numel : unit.own_count;
-    unit.exp_avg = Tensor::zeros({moments}, dtype_);
-    unit.exp_avg_sq = Tensor::zeros({moments}, dtype_);
     if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
+    // Stage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
+    // with dp == 1 the partition is the whole unit's gradient.
+    if (stage_ == 1) {
+      if (dp_size_ > 1) {
+        unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
+        track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
+      } else {
+        unit.part_grads = flat(chunk->flat_grads()).rows(unit.offset, unit.offset + unit.numel);
+      }
+    }
     if (stage_ == 3) unit.part_params = Tensor::zeros({unit.own_count}, dtype_);
   }
 }
@@ -199,8 +204,6 @@ void ZeroStore::on_grads_ready(int u) {
   if (stage_ == 0) {
     unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), dtype_, comm::ReduceOp::sum);
   } else {
-    unit.part_grads = Tensor::empty({unit.own_count}, dtype_);
-    track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
     unit.reduce = dp_->reduce_scatter_v(region.raw(), unit.part_grads.raw(), unit.counts, dtype_, comm::ReduceOp::sum);
   }
 }
@@ -224,9 +227,6 @@ Status ZeroStore::finish_gradients() {
   for (Unit& unit : units_) {
     if (unit.reduce) TROUPE_RETURN_IF_ERROR(unit.reduce->wait());
     unit.reduce.reset();
-    if (stage_ == 1 && !unit.part_grads.defined()) {  // dp == 1: the partition is the whole unit
-      unit.part_grads = flat(chunk_->flat_grads()).rows(unit.offset, unit.offset + unit.numel);
-    }
   }
   // Prefetched stage-3 units nobody used (the pass ended) are dropped.
   for (Unit& unit : units_) {
@@ -268,48 +268,54 @@ void ZeroStore::scale_gradients(double factor) {
   for (size_t u = 0; u < units_.size(); ++u) ops::scale_inplace(*ctx_, unit_gradient(static_cast<int>(u)), factor);
 }
 
-Status ZeroStore::step(const StepRequest& req) {
+std::vector<AdamSegment> ZeroStore::adam_segments() const {
+  std::vector<AdamSegment> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const Tensor grads = unit_gradient(static_cast<int>(u));
+    // [first, last): the range this rank updates, relative to the unit.
+    const int64_t first = stage_ == 0 ? 0 : unit.own_start;
+    const int64_t last = stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
+    const Tensor params = stage_ == 3 ? unit.part_params
+                                      : flat(chunk_->flat_params()).rows(unit.offset + first, unit.offset + last);
+    for (const auto& seg : unit.segments) {
+      const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
+      if (lo < hi) out.push_back({params.rows(lo - first, hi - first), grads.rows(lo - first, hi - first), seg.decay});
+    }
+  }
+  return out;
+}
+
+Status ZeroStore::finish_step() {
+  std::vector<comm::WorkPtr> gathers;
+  if ((stage_ == 1 || stage_ == 2) && dp_ != nullptr && dp_size_ > 1) {
+    for (const Unit& unit : units_) {
+      Tensor region = flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel);
+      Tensor own = region.rows(unit.own_start, unit.own_start + unit.own_count);
+      gathers.push_back(dp_->all_gather_v(own.raw(), region.raw(), unit.counts, dtype_));
+    }
+  }
+  TROUPE_RETURN_IF_ERROR(comm::wait_all(gathers));
+  // The next iteration's gradients start from zero.
+  if (stage_ >= 1)
+    for (Unit& unit : units_)
+      if (stage_ >= 2 || dp_size_ > 1) unit.part_grads.zero_();
+  if (stage_ <= 1) chunk_->zero_grad();
+  return Status::ok();
+}
+
+void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const std::vector<Tensor>& exp_avg,
+                const std::vector<Tensor>& exp_avg_sq, const StepRequest& req) {
   ops::AdamWParams hp;
   hp.lr = req.lr;
   hp.beta1 = req.beta1;
   hp.beta2 = req.beta2;
   hp.eps = req.eps;
   hp.step = req.step;
-  std::vector<comm::WorkPtr> gathers;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Unit& unit = units_[u];
-    const Tensor grads = unit_gradient(static_cast<int>(u));
-    // [first, last): the range this rank updates, relative to the unit.
-    const int64_t first = stage_ == 0 ? 0 : unit.own_start;
-    const int64_t last = stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
-    Tensor params = stage_ == 3 ? unit.part_params
-                                : flat(chunk_->flat_params()).rows(unit.offset + first, unit.offset + last);
-    for (const auto& seg : unit.segments) {
-      const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
-      if (lo >= hi) continue;
-      hp.weight_decay = seg.decay ? req.weight_decay : 0.0;
-      ops::adamw_update(*ctx_, params.rows(lo - first, hi - first), grads.rows(lo - first, hi - first),
-                        unit.exp_avg.rows(lo - first, hi - first), unit.exp_avg_sq.rows(lo - first, hi - first), hp);
-    }
-    if (stage_ == 1 || stage_ == 2) {
-      if (dp_ != nullptr && dp_size_ > 1) {
-        Tensor region = flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel);
-        gathers.push_back(dp_->all_gather_v(params.raw(), region.raw(), unit.counts, dtype_));
-      }
-    }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    hp.weight_decay = segments[i].decay ? req.weight_decay : 0.0;
+    ops::adamw_update(ctx, segments[i].param, segments[i].grad, exp_avg[i], exp_avg_sq[i], hp);
   }
-  TROUPE_RETURN_IF_ERROR(comm::wait_all(gathers));
-  // Next iteration's gradients start from zero.
-  for (Unit& unit : units_) {
-    if (stage_ == 1) {
-      if (unit.part_grads.defined() && dp_size_ > 1) track_transient(-static_cast<int64_t>(unit.part_grads.nbytes()));
-      unit.part_grads = Tensor();
-    } else if (stage_ >= 2) {
-      unit.part_grads.zero_();
-    }
-  }
-  if (stage_ <= 1) chunk_->zero_grad();
-  return Status::ok();
 }
 
 Result<Tensor> ZeroStore::unit_params(int u) {
@@ -331,7 +337,7 @@ ZeroCounts ZeroStore::counts() const {
   ZeroCounts c;
   const int64_t esize = static_cast<int64_t>(dtype_size(dtype_));
   for (const Unit& unit : units_) {
-    c.optimizer_bytes += 2 * unit.exp_avg.numel() * esize;
+    c.optimizer_bytes += 2 * (stage_ == 0 ? unit.numel : unit.own_count) * esize;  // the optimizer's moments
     if (stage_ >= 2) c.grad_bytes += unit.own_count * esize;
     if (stage_ == 3) c.param_bytes += unit.own_count * esize;
   }

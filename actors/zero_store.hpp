@@ -9,6 +9,8 @@
 // copies are summed partition by partition.
 //
 // Stages (fp32: parameters are the master weights; Psi = parameters of the chunk):
+// The Adam moments live with the optimizer partition (actors/optimizer_actor.hpp), which updates the
+// ranges adam_segments() names; optimizer bytes below count them.
 //   0  params, grads, moments all full (4 + 4 + 8 bytes x Psi); gradients all-reduced over dp
 //      (unit by unit, as soon as the last micro-batch's backward completes a unit) and every rank
 //      steps the whole chunk (DDP).
@@ -39,6 +41,17 @@
 #include "model/gpt_chunk.hpp"
 
 namespace troupe {
+
+// One contiguous run of parameters the optimizer updates and its gradient (1-D views of equal
+// length into the store's buffers, valid for the store's lifetime), with its weight-decay flag.
+struct AdamSegment {
+  Tensor param, grad;
+  bool decay = true;
+};
+
+// AdamW over segments with their moments (exp_avg[i], exp_avg_sq[i] shaped like segments[i].param).
+void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const std::vector<Tensor>& exp_avg,
+                const std::vector<Tensor>& exp_avg_sq, const StepRequest& req);
 
 struct ZeroCounts {
   int64_t param_bytes = 0;      // resident parameters (stage 3: the partition)
@@ -73,8 +86,12 @@ class ZeroStore {
   double owned_grad_sum_squares();
   // Scales the owned gradients (clipping).
   void scale_gradients(double factor);
-  // AdamW on the owned partition, then (stages 1, 2) all-gathers the parameters.
-  Status step(const StepRequest& req);
+  // What this rank's optimizer partition updates: its owned range of every unit (stage 0: all of it),
+  // split where the weight-decay flag changes. The optimizer partition actor owns the moments.
+  std::vector<AdamSegment> adam_segments() const;
+  // After the optimizer updated the owned ranges: stages 1, 2 all-gather the parameters; every stage
+  // zeroes the gradients for the next iteration.
+  Status finish_step();
 
   ZeroCounts counts() const;
   // A copy of unit u's full parameters (checkpoints, tests). Stage 3: an all-gather over dp, so every

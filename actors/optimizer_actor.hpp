@@ -1,0 +1,25 @@
+// The optimizer partition actor (ZeRO's unit): one per rank, spawned detached by the rank actor and
+// linked to it. It owns the Adam moments (fp32 exp_avg, exp_avg_sq) of the parameter ranges this
+// rank's ZeRO stores give it (every unit's own partition; stage 0: all of it), and under ZeRO-3 the
+// master weights themselves are the store's partition buffers it updates. On (step, StepRequest) it
+// runs AdamW over its segments on its own threads and replies ok; the rank has already reduced and
+// clipped the gradients, and all-gathers the updated partitions afterwards (stages 1, 2).
+// Segments are views into the rank's buffers: rank and optimizer share memory (one process), and the
+// rank does not touch them while a step is in flight.
+#pragma once
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "actors/zero_store.hpp"
+
+namespace troupe {
+
+using optimizer_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<ok_atom>>;
+
+optimizer_actor spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads);
+
+}  // namespace troupe
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::AdamSegment>)
