@@ -127,6 +127,10 @@ struct IterationStats {
   double model_tflops = 0;        // model FLOP/s / 1e12 (Megatron's count)
   double fraction_of_peak = 0;    // of the sgemm peak measured at start-up
   int64_t consumed_samples = 0;
+  // Parallel layouts: the least and most busy rank of this process in the step, busy = forward,
+  // backward, weight-gradient, reduction and optimizer time over the step's wall time (the rest is
+  // idle: pipeline bubble and waiting for peers). -1 on the single-shard path.
+  double busy_fraction_min = -1, busy_fraction_max = -1;
 };
 
 struct EvalStats {
@@ -153,7 +157,8 @@ struct TrainSummary {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, IterationStats& x) {
   return f(caf::meta::type_name("IterationStats"), x.iteration, x.train_iters, x.lm_loss, x.lr, x.grad_norm,
-           x.ms_per_iter, x.tokens_per_sec, x.model_tflops, x.fraction_of_peak, x.consumed_samples);
+           x.ms_per_iter, x.tokens_per_sec, x.model_tflops, x.fraction_of_peak, x.consumed_samples,
+           x.busy_fraction_min, x.busy_fraction_max);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {

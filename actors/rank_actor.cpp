@@ -183,9 +183,13 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     GroupStepResult r;
                     r.loss_sum = acc->items[0].loss_sum;
                     r.grad_norm = acc->items[0].grad_norm;
+                    r.busy_fraction_min = 1;
                     for (const auto& o : acc->items) {
                       r.max_busy_us = std::max(r.max_busy_us, o.busy_us);
                       r.step_us = std::max(r.step_us, o.step_us);
+                      const double f = o.step_us > 0 ? std::min(1.0, o.busy_us / o.step_us) : 0.0;
+                      r.busy_fraction_min = std::min(r.busy_fraction_min, f);
+                      r.busy_fraction_max = std::max(r.busy_fraction_max, f);
                     }
                     rp.deliver(r);
                   },

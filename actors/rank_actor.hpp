@@ -37,6 +37,7 @@ struct GroupStepResult {
   double grad_norm = 0;
   double max_busy_us = 0;  // the busiest rank of this process
   double step_us = 0;
+  double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
 };
 
 struct RankTimeline {

@@ -182,7 +182,7 @@ void evaluate_then(Self self, std::function<void()> next) {
   evaluate_batch(self, ev);
 }
 
-void on_step(Self self, double grad_norm, double loss_sum) {
+void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1, double busy_max = -1) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
@@ -195,6 +195,8 @@ void on_step(Self self, double grad_norm, double loss_sum) {
   s.train_iters = cfg.train_iters;
   s.lm_loss = loss_sum / static_cast<double>(tokens);
   s.grad_norm = grad_norm;
+  s.busy_fraction_min = busy_min;
+  s.busy_fraction_max = busy_max;
   s.ms_per_iter = seconds * 1e3;
   s.tokens_per_sec = tokens / seconds;
   s.model_tflops = cfg.model.flops_per_iteration(tokens) / seconds / 1e12;
@@ -241,7 +243,11 @@ void run_micro_batches(Self self, const Tensor& batch) {
   if (st.spec.group) {  // every parallel layout: the group runs the whole global batch
     const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
     self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
-        .then([self](const GroupStepResult& r) { on_step(self, r.grad_norm, r.loss_sum); }, on_error(self));
+        .then(
+            [self](const GroupStepResult& r) {
+              on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
+            },
+            on_error(self));
     read_ahead(self);
     return;
   }

@@ -13,11 +13,14 @@ void print_error(const std::string& command, const std::string& message) {
 }
 
 std::string format_iteration(const IterationStats& s) {
+  std::string busy;
+  if (s.busy_fraction_min >= 0)
+    busy = fmt::format(" | ranks busy: {:.0f}-{:.0f}%", 100.0 * s.busy_fraction_min, 100.0 * s.busy_fraction_max);
   return fmt::format(
       " iteration {:>7}/{:>7} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | learning rate: "
       "{:.3E} | lm loss: {:.6E} | grad norm: {:.3f} | tokens/s: {:.0f} | TFLOP/s: {:.3f} ({:.1f}% of peak)",
       s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.lm_loss, s.grad_norm, s.tokens_per_sec,
-      s.model_tflops, 100.0 * s.fraction_of_peak);
+      s.model_tflops, 100.0 * s.fraction_of_peak) + busy;
 }
 
 std::string iteration_json(const IterationStats& s) {
@@ -31,6 +34,10 @@ std::string iteration_json(const IterationStats& s) {
                       {"model_tflops", s.model_tflops},
                       {"fraction_of_peak", s.fraction_of_peak},
                       {"consumed_samples", s.consumed_samples}};
+  if (s.busy_fraction_min >= 0) {  // parallel layouts: the ranks' busy share of the step
+    j["busy_fraction_min"] = s.busy_fraction_min;
+    j["busy_fraction_max"] = s.busy_fraction_max;
+  }
   return j.dump();
 }
 
