@@ -225,6 +225,9 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
+  // fails their pending operations, so every rank actor returns and the actor system can shut down.
+  if (!result && fabric) fabric->abort(0, result.status().message());
   if (result) {  // model-state bytes per rank against ZeRO's formula
     self->request(group, caf::infinite, memory_atom::value)
         .receive(
