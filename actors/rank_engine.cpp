@@ -187,8 +187,9 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     ChunkBuffers& b = *buffers_[a.chunk];
     const ChunkSpec& cs = chunk.spec();
     const int k = vstage(a.chunk);
-    const std::string label = std::string(sched::kind_name(a.kind)) + std::to_string(a.micro) +
-                              (v > 1 ? "." + std::to_string(a.chunk) : "");
+    std::string label = sched::kind_name(a.kind);  // "F3", or "F3.1" for chunk 1 of an interleaved stage
+    label += std::to_string(a.micro);
+    if (v > 1) label += '.' + std::to_string(a.chunk);
     const auto t0 = Clock::now();
     if (a.kind == sched::Kind::forward) {
       int slot;
