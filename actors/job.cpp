@@ -186,7 +186,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   rs.model = config.model;
   rs.par = par.value();
   rs.micro_batch_size = config.micro_batch_size;
-  rs.micro_batches = config.grad_accumulation_steps(1);
+  rs.micro_batches = config.grad_accumulation_steps(launched);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   std::vector<rank_actor> ranks;

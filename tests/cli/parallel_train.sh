@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Parallel layouts through the CLI, end to end: in one process (tp 2 x pp 2 x dp 2 with ZeRO 3 and a
-# timeline) and across processes with troupe launch (2 ranks: pp 2; 4 ranks: tp 2 x pp 2 with ZeRO 1,
-# dp derived from the ranks), each against the 1x1x1 run on the same data: the loss of every
+# timeline) and across processes with troupe launch (2 ranks: pp 2; 4 ranks: tp 2 x pp 2 with ZeRO 1;
+# 4 ranks: pp 2 with dp 2 derived from the ranks and ZeRO 3), each against the 1x1x1 run on the same data: the loss of every
 # iteration within 1e-5 relative. A layout that does not fit the ranks started is refused by name.
 source "$(dirname "$0")/common.bash"
 make_corpus
@@ -58,6 +58,11 @@ run_launch 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --z
   --metrics-file p4.jsonl > p4.log 2>&1 || { cat p4.log; fail "4 processes, tp 2 x pp 2 failed"; }
 compare ref.jsonl p4.jsonl || fail "4 processes (tp 2, pp 2, ZeRO 1, sequence parallel) differ from 1x1x1"
 [[ $(grep -c "troupe train: finished" p4.log) -eq 1 ]] || { cat p4.log; fail "only rank 0 should report"; }
+# dp derived from the ranks: 4 processes, pp 2 -> dp 2, ZeRO 3 gathering over processes
+run_launch 4 --pipeline-model-parallel-size 2 --zero-stage 3 --metrics-file d2.jsonl > d2.log 2>&1 \
+  || { cat d2.log; fail "4 processes, pp 2, derived dp 2, ZeRO 3 failed"; }
+grep -q "dp=2 pp=2" d2.log || { cat d2.log; fail "dp was not derived from the 4 ranks"; }
+compare ref.jsonl d2.jsonl || fail "4 processes (pp 2, dp 2 derived, ZeRO 3) differ from 1x1x1"
 
 # 4 ranks cannot hold tp 2 x pp 2 x dp 2.
 if run_launch 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --data-parallel-size 2 > bad.log 2>&1; then
