@@ -23,6 +23,14 @@ inline Tensor random_tensor(const Shape& shape, std::mt19937_64& rng, double lo 
   return dtype == DType::f64 ? t : t.to(dtype);
 }
 
+// n token ids, uniform in [0, vocab), i32.
+inline Tensor random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
+  Tensor t = Tensor::empty({n}, DType::i32);
+  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
+  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = u(rng);
+  return t;
+}
+
 // Weighted sum <t, w>: a scalar objective whose gradient w.r.t. t is w.
 inline double dot(const Tensor& t, const Tensor& w) {
   double s = 0;

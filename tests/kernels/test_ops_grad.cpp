@@ -10,6 +10,8 @@ using troupe::test::check_gradient;
 using troupe::test::dot;
 using troupe::test::random_tensor;
 
+using troupe::test::random_tokens;
+
 namespace {
 constexpr int64_t B = 3, T = 7, C = 12, H = 3, V = 37, Vp = 40, P = 9, N = B * T;
 
@@ -20,12 +22,6 @@ struct Fixture {
   Fixture() { ctx.pool = &pool; }
 };
 
-Tensor random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
-  Tensor t = Tensor::empty({n}, DType::i32);
-  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
-  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = u(rng);
-  return t;
-}
 }  // namespace
 
 TEST_CASE("embedding backward matches finite differences", "[kernels][grad]") {

@@ -16,6 +16,8 @@ using namespace troupe;
 using troupe::test::check_gradient;
 using troupe::test::random_tensor;
 
+using troupe::test::random_tokens;
+
 namespace {
 constexpr int64_t B = 3, T = 7, C = 12, V = 37, N = B * T, P = 9;
 
@@ -26,12 +28,6 @@ struct Fixture {
   Fixture() { ctx.pool = &pool; }
 };
 
-Tensor random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
-  Tensor t = Tensor::empty({n}, DType::i32);
-  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
-  for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = u(rng);
-  return t;
-}
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
