@@ -294,28 +294,6 @@ uint32_t crc32(const void* data, size_t bytes) {
 #endif
 }
 
-Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
-                         const float* data) {
-  std::array<hsize_t, Shape::kMaxRank> dims{};
-  for (int i = 0; i < shape.rank(); ++i) dims[i] = static_cast<hsize_t>(shape[i]);
-  Handle space(shape.rank() == 0 ? H5Screate(H5S_SCALAR)
-                                 : H5Screate_simple(shape.rank(), dims.data(), nullptr),
-               H5Sclose);
-  // Contiguous and unfiltered: one sequential write, and readable at a known offset
-  // (H5Dget_offset).
-  Handle dcpl = plist(H5P_DATASET_CREATE);
-  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
-  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  Handle ds(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(),
-                       H5P_DEFAULT),
-            H5Dclose);
-  if (!ds.valid()) return error("cannot create the dataset", "check free disk space");
-  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float);
-  if (bytes > 0 && H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    return error("cannot write the dataset", "check free disk space");
-  return write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc32(data, bytes)));
-}
-
 Result<Shape> dataset_shape(hid_t loc, const std::string& name) {
   Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   if (!ds.valid())
@@ -332,7 +310,35 @@ Result<Shape> dataset_shape(hid_t loc, const std::string& name) {
   return Shape(dims.begin(), dims.begin() + rank);
 }
 
-Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, float* out) {
+namespace {
+
+// One writer and one reader for both element types: float (tensors) and int64 (index tables).
+template <class T>
+Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, const T* data, hid_t file_type,
+                     hid_t mem_type) {
+  std::array<hsize_t, Shape::kMaxRank> dims{};
+  for (int i = 0; i < shape.rank(); ++i) dims[i] = static_cast<hsize_t>(shape[i]);
+  Handle space(shape.rank() == 0 ? H5Screate(H5S_SCALAR)
+                                 : H5Screate_simple(shape.rank(), dims.data(), nullptr),
+               H5Sclose);
+  // Contiguous and unfiltered: one sequential write, and readable at a known offset
+  // (H5Dget_offset).
+  Handle dcpl = plist(H5P_DATASET_CREATE);
+  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(),
+                       H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.valid()) return error("cannot create the dataset", "check free disk space");
+  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(T);
+  if (bytes > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    return error("cannot write the dataset", "check free disk space");
+  return write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc32(data, bytes)));
+}
+
+template <class T>
+Status read_dataset(hid_t loc, const std::string& name, const Shape& shape, T* out, H5T_class_t cls, hid_t mem_type,
+                    const char* what) {
   Result<Shape> stored = dataset_shape(loc, name);
   if (!stored) return stored.status();
   if (!(*stored == shape))
@@ -340,12 +346,10 @@ Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, 
                          " -- read it with the shape it was written with");
   Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
   Handle type(H5Dget_type(ds.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != sizeof(float))
-    return Status::error(
-        "the dataset is not 32-bit float -- troupe stores every tensor as f32; re-save it with "
-        "troupe");
-  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float);
-  if (bytes > 0 && H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
+  if (H5Tget_class(type.get()) != cls || H5Tget_size(type.get()) != sizeof(T))
+    return Status::error(std::string("the dataset is not ") + what + " -- re-save it with troupe");
+  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(T);
+  if (bytes > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
     return error("cannot read the dataset", "the file is damaged; restore it from a copy");
   Result<int64_t> stored_crc = read_attr_i64(ds.get(), kChecksumAttr);
   if (!stored_crc) return stored_crc.status();
@@ -356,6 +360,25 @@ Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, 
                     "is corrupted -- restore the file from a copy or use an earlier one",
                     *stored_crc, crc));
   return Status::ok();
+}
+
+}  // namespace
+
+Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, const float* data) {
+  return write_dataset(loc, name, shape, data, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
+}
+
+Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, float* out) {
+  return read_dataset(loc, name, shape, out, H5T_FLOAT, H5T_NATIVE_FLOAT,
+                      "32-bit float (troupe stores every tensor as f32)");
+}
+
+Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, const int64_t* data) {
+  return write_dataset(loc, name, shape, data, H5T_STD_I64LE, H5T_NATIVE_INT64);
+}
+
+Status read_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, int64_t* out) {
+  return read_dataset(loc, name, shape, out, H5T_INTEGER, H5T_NATIVE_INT64, "64-bit integer");
 }
 
 }  // namespace troupe::h5

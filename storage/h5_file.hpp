@@ -101,4 +101,9 @@ Result<Shape> dataset_shape(hid_t loc, const std::string& name);
 // corrupt data.
 Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, float* out);
 
+// The same for int64 data (index tables): a contiguous little-endian i64 dataset with its checksum
+// (CRC-32 of its little-endian bytes), and its checked read.
+Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, const int64_t* data);
+Status read_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, int64_t* out);
+
 }  // namespace troupe::h5
