@@ -1,0 +1,87 @@
+// Shard files of layout-free checkpoints (format version 2, docs/CHECKPOINT.md): each rank of a
+// parallel job writes the pieces of the global tensors it owns, each piece tagged with where its
+// values sit in the global tensor, so any other layout can read exactly the elements it needs from
+// whichever files hold them. This is the storage half of resharding; which rank owns what (tensor
+// slices, ZeRO partitions, replicas written once) is the caller's business.
+//
+// A piece is a list of runs of consecutive row-major global indices and the values for them, in
+// order. Examples, for a (4, 6) tensor (global index = row * 6 + column):
+//   rows 2..3 (a tensor-parallel split of dimension 0)   runs {(12, 12)}
+//   columns 3..5 (a split of dimension 1)                runs {(3, 3), (9, 3), (15, 3), (21, 3)}
+//   elements 5..8 of that column slice (a ZeRO range)    runs {(11, 1), (15, 3)}
+//
+// One shard file (HDF5, h5py-readable):
+//   /<section>/<global name>         f32 values, 1-D, with attribute crc32
+//   /<section>/<global name>.runs    int64 (k, 2): (global start, length) per run, with crc32
+//   attributes of each values dataset: global_shape (string "[4, 6]")
+//   root attributes: format "troupe-checkpoint-shard", format_version 2, rank
+// where <section> is model, optimizer/exp_avg or optimizer/exp_avg_sq.
+//
+// Thread safety: none; files are written once and read many times.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/status.hpp"
+#include "kernels/tensor.hpp"
+
+namespace troupe {
+
+struct GlobalRun {
+  int64_t start = 0;   // row-major index into the global tensor
+  int64_t length = 0;  // > 0
+  bool operator==(const GlobalRun&) const = default;
+};
+
+struct TensorPiece {
+  std::string name;      // global name, e.g. "transformer.h.0.attn.c_attn.weight"
+  Shape global_shape;
+  std::vector<GlobalRun> runs;
+  Tensor values;         // host f32, numel == sum of run lengths (any shape; read as 1-D)
+};
+
+enum class ShardSection : uint8_t { model, exp_avg, exp_avg_sq };
+const char* shard_section_path(ShardSection s);  // "model", "optimizer/exp_avg", "optimizer/exp_avg_sq"
+
+struct ShardContents {
+  std::map<ShardSection, std::vector<TensorPiece>> sections;  // a name at most once per section
+};
+
+// Merges consecutive indices into runs: global_index(i) for local element i in [0, n), skipping
+// elements whose index is negative (vocabulary padding, never saved).
+std::vector<GlobalRun> runs_from_indices(int64_t n, const std::function<int64_t(int64_t)>& global_index);
+
+// Writes PATH.tmp, fsyncs it and renames it to PATH (storage/durable.hpp); the directory's fsync
+// is the caller's, once every shard of the checkpoint is written. Pieces must lie inside their
+// global shape and hold as many values as their runs cover (TROUPE_CHECK: a caller's bug).
+Status write_shard_file(const std::string& path, int rank, const ShardContents& contents);
+
+// Reads the elements any layout needs from a set of shard files. open() reads every file's index
+// (names, shapes, runs: small); values are read per piece when first needed and checked against
+// their checksum. Overlapping pieces (replicas) are allowed; the first file listed wins.
+class ShardSetReader {
+ public:
+  static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<std::string>& paths);
+  ~ShardSetReader();
+
+  // The tensors of a section with their global shapes, over all files.
+  std::map<std::string, Shape> tensors(ShardSection section) const;
+  bool has(ShardSection section, const std::string& name) const;
+
+  // Fills `out` (host f32, numel == sum of run lengths) with the values at `runs` of tensor `name`.
+  // Errors name the tensor and the file: a missing tensor, a global shape that differs from
+  // `global_shape`, an index no file covers, a checksum mismatch or a damaged file.
+  Status read(ShardSection section, const std::string& name, const Shape& global_shape,
+              const std::vector<GlobalRun>& runs, const Tensor& out);
+
+ private:
+  struct Impl;
+  explicit ShardSetReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,208 @@
+// Shard files of layout-free checkpoints: pieces written by one layout (row blocks, ZeRO ranges,
+// replicas) read back by another (column blocks, other ranges) give the global tensors bitwise; a
+// missing shard, a flipped bit, a truncated file or a wrong shape is a clear error.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <catch2/catch.hpp>
+
+#include "storage/shard_file.hpp"
+#include "tests/test_util.hpp"
+
+using namespace troupe;
+
+namespace {
+
+constexpr int64_t R = 7, C = 10, NB = 13;  // A is (R, C), b is (NB)
+
+struct Globals {
+  std::vector<float> a, b, a_m;  // a_m: an optimizer moment of A
+};
+
+Globals make_globals() {
+  std::mt19937_64 rng(42);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  Globals g;
+  for (int64_t i = 0; i < R * C; ++i) g.a.push_back(u(rng));
+  for (int64_t i = 0; i < NB; ++i) g.b.push_back(u(rng));
+  for (int64_t i = 0; i < R * C; ++i) g.a_m.push_back(u(rng));
+  return g;
+}
+
+// The piece of `global` at `runs`.
+TensorPiece piece(const std::string& name, const Shape& shape, const std::vector<float>& global,
+                  std::vector<GlobalRun> runs) {
+  TensorPiece p;
+  p.name = name;
+  p.global_shape = shape;
+  int64_t n = 0;
+  for (const auto& r : runs) n += r.length;
+  p.values = Tensor::empty({n});
+  float* d = p.values.data<float>();
+  for (const auto& r : runs)
+    for (int64_t k = 0; k < r.length; ++k) *d++ = global[static_cast<size_t>(r.start + k)];
+  p.runs = std::move(runs);
+  return p;
+}
+
+// Rows [r0, r1) of A: one run. Columns [c0, c1) of A: a run per row, optionally only the elements
+// [lo, hi) of that slice in its own row-major order (a ZeRO range of a tensor-parallel slice).
+std::vector<GlobalRun> rows(int64_t r0, int64_t r1) { return {{r0 * C, (r1 - r0) * C}}; }
+std::vector<GlobalRun> cols(int64_t c0, int64_t c1, int64_t lo = 0, int64_t hi = -1) {
+  const int64_t w = c1 - c0;
+  if (hi < 0) hi = R * w;
+  return runs_from_indices(hi - lo, [&](int64_t i) { return ((lo + i) / w) * C + c0 + (lo + i) % w; });
+}
+
+// Layout "X": three ranks, A split by rows, b by element ranges, A's moment by rows too.
+std::vector<std::string> write_layout_x(const std::filesystem::path& dir, const Globals& g) {
+  const std::vector<std::pair<int64_t, int64_t>> row_blocks = {{0, 3}, {3, 5}, {5, 7}};
+  const std::vector<std::pair<int64_t, int64_t>> b_ranges = {{0, 5}, {5, 9}, {9, 13}};
+  std::vector<std::string> paths;
+  for (int r = 0; r < 3; ++r) {
+    ShardContents c;
+    c.sections[ShardSection::model].push_back(
+        piece("A", {R, C}, g.a, rows(row_blocks[r].first, row_blocks[r].second)));
+    c.sections[ShardSection::model].push_back(
+        piece("b", {NB}, g.b, {{b_ranges[r].first, b_ranges[r].second - b_ranges[r].first}}));
+    c.sections[ShardSection::exp_avg].push_back(
+        piece("A", {R, C}, g.a_m, rows(row_blocks[r].first, row_blocks[r].second)));
+    paths.push_back((dir / ("shard_" + std::to_string(r) + ".h5")).string());
+    const Status st = write_shard_file(paths.back(), r, c);
+    REQUIRE(st.is_ok());
+  }
+  return paths;
+}
+
+// Reads `runs` of a tensor and compares with the global values.
+void check_read(ShardSetReader& reader, ShardSection section, const std::string& name, const Shape& shape,
+                const std::vector<float>& global, const std::vector<GlobalRun>& runs) {
+  int64_t n = 0;
+  for (const auto& r : runs) n += r.length;
+  Tensor out = Tensor::empty({n});
+  const Status st = reader.read(section, name, shape, runs, out);
+  INFO(st.message());
+  REQUIRE(st.is_ok());
+  const float* d = out.data<float>();
+  for (const auto& r : runs)
+    for (int64_t k = 0; k < r.length; ++k) REQUIRE(*d++ == global[static_cast<size_t>(r.start + k)]);
+}
+
+}  // namespace
+
+TEST_CASE("shard files: runs from a column slice with a ZeRO range", "[checkpoint][shard]") {
+  // The header's example: a (4, 6) tensor, columns 3..5, then elements 5..8 of that slice.
+  const auto runs = runs_from_indices(4, [](int64_t i) { return ((5 + i) / 3) * 6 + 3 + (5 + i) % 3; });
+  REQUIRE(runs == std::vector<GlobalRun>{{11, 1}, {15, 3}});
+  // Negative indices (padding) are skipped.
+  REQUIRE(runs_from_indices(5, [](int64_t i) { return i < 3 ? i : -1; }) == std::vector<GlobalRun>{{0, 3}});
+}
+
+TEST_CASE("shard files: written by one layout, read by another, bitwise", "[checkpoint][shard]") {
+  test::TempDir dir;
+  const Globals g = make_globals();
+  const auto paths = write_layout_x(dir.path(), g);
+  for (const auto& p : paths) REQUIRE_FALSE(std::filesystem::exists(p + ".tmp"));
+  auto reader = ShardSetReader::open(paths);
+  INFO(reader.status().message());
+  REQUIRE(reader.is_ok());
+  ShardSetReader& r = **reader;
+  REQUIRE(r.tensors(ShardSection::model).size() == 2);
+  REQUIRE(r.has(ShardSection::exp_avg, "A"));
+  REQUIRE_FALSE(r.has(ShardSection::exp_avg_sq, "A"));
+  // Layout "Y": A split by columns over 4 ranks (3, 3, 2, 2 wide), each also split by a ZeRO range.
+  const std::vector<std::pair<int64_t, int64_t>> col_blocks = {{0, 3}, {3, 6}, {6, 8}, {8, 10}};
+  for (const auto& [c0, c1] : col_blocks) {
+    const int64_t n = R * (c1 - c0);
+    check_read(r, ShardSection::model, "A", {R, C}, g.a, cols(c0, c1));
+    check_read(r, ShardSection::model, "A", {R, C}, g.a, cols(c0, c1, 0, n / 2));
+    check_read(r, ShardSection::model, "A", {R, C}, g.a, cols(c0, c1, n / 2, n));
+    check_read(r, ShardSection::exp_avg, "A", {R, C}, g.a_m, cols(c0, c1, 1, n - 1));
+  }
+  check_read(r, ShardSection::model, "A", {R, C}, g.a, {{0, R * C}});  // the whole tensor
+  check_read(r, ShardSection::model, "b", {NB}, g.b, {{2, 9}});      // across all three files
+  check_read(r, ShardSection::model, "b", {NB}, g.b, {{12, 1}, {0, 1}, {4, 2}});
+}
+
+TEST_CASE("shard files: replicas may overlap", "[checkpoint][shard]") {
+  test::TempDir dir;
+  const Globals g = make_globals();
+  std::vector<std::string> paths;
+  for (int r = 0; r < 2; ++r) {  // both hold all of b (data-parallel replicas), one also A's rows 2..6
+    ShardContents c;
+    c.sections[ShardSection::model].push_back(piece("b", {NB}, g.b, {{0, NB}}));
+    c.sections[ShardSection::model].push_back(piece("A", {R, C}, g.a, r == 0 ? rows(0, 4) : rows(2, 7)));
+    paths.push_back((dir.path() / ("s" + std::to_string(r) + ".h5")).string());
+    REQUIRE(write_shard_file(paths.back(), r, c).is_ok());
+  }
+  auto reader = ShardSetReader::open(paths);
+  REQUIRE(reader.is_ok());
+  check_read(**reader, ShardSection::model, "b", {NB}, g.b, {{0, NB}});
+  check_read(**reader, ShardSection::model, "A", {R, C}, g.a, {{0, R * C}});
+}
+
+TEST_CASE("shard files: a missing shard, a flipped bit, a truncated file, a wrong shape", "[checkpoint][shard]") {
+  test::TempDir dir;
+  const Globals g = make_globals();
+  auto paths = write_layout_x(dir.path(), g);
+
+  SECTION("missing shard: the uncovered element is named") {
+    auto reader = ShardSetReader::open({paths[0], paths[2]});
+    REQUIRE(reader.is_ok());
+    Tensor out = Tensor::empty({R * C});
+    const Status st = (*reader)->read(ShardSection::model, "A", {R, C}, {{0, R * C}}, out);
+    REQUIRE_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains("tensor A") && Catch::Contains("element 30") &&
+                                 Catch::Contains("is in no shard file"));
+  }
+  SECTION("flipped bit in the values: checksum error naming the file and the tensor") {
+    // Find A's rows 3..4 (shard 1) in the file by their bytes and flip one bit.
+    std::ifstream in(paths[1], std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const std::string needle(reinterpret_cast<const char*>(g.a.data() + 3 * C), 4 * sizeof(float));
+    const size_t at = bytes.find(needle);
+    REQUIRE(at != std::string::npos);
+    bytes[at + 5] = static_cast<char>(bytes[at + 5] ^ 0x10);
+    std::ofstream(paths[1], std::ios::binary | std::ios::trunc) << bytes;
+    auto reader = ShardSetReader::open(paths);
+    REQUIRE(reader.is_ok());  // the index is intact; the values are checked when read
+    Tensor out = Tensor::empty({R * C});
+    const Status st = (*reader)->read(ShardSection::model, "A", {R, C}, {{0, R * C}}, out);
+    REQUIRE_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains(paths[1]) && Catch::Contains("tensor A") && Catch::Contains("checksum"));
+    // Elements held by the intact shards still read.
+    check_read(**reader, ShardSection::model, "A", {R, C}, g.a, rows(0, 3));
+  }
+  SECTION("truncated file: named at open") {
+    std::filesystem::resize_file(paths[2], std::filesystem::file_size(paths[2]) / 2);
+    auto reader = ShardSetReader::open(paths);
+    REQUIRE_FALSE(reader.is_ok());
+    CHECK_THAT(reader.status().message(), Catch::Contains(paths[2]));
+  }
+  SECTION("a shape that differs from the model's") {
+    auto reader = ShardSetReader::open(paths);
+    REQUIRE(reader.is_ok());
+    Tensor out = Tensor::empty({R * C});
+    const Status st = (*reader)->read(ShardSection::model, "A", {C, R}, {{0, R * C}}, out);
+    REQUIRE_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains("[7, 10]") && Catch::Contains("[10, 7]"));
+  }
+  SECTION("a tensor the checkpoint lacks") {
+    auto reader = ShardSetReader::open(paths);
+    REQUIRE(reader.is_ok());
+    Tensor out = Tensor::empty({1});
+    const Status st = (*reader)->read(ShardSection::exp_avg_sq, "A", {R, C}, {{0, 1}}, out);
+    REQUIRE_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains("no tensor A"));
+  }
+  SECTION("a file that is not a shard") {
+    const std::string other = (dir.path() / "other.h5").string();
+    std::ofstream(other) << "not hdf5";
+    auto reader = ShardSetReader::open({paths[0], other});
+    REQUIRE_FALSE(reader.is_ok());
+    CHECK_THAT(reader.status().message(), Catch::Contains(other));
+  }
+}
