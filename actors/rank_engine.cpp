@@ -41,6 +41,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   const comm::Coords at = topology.coords(rank);
   stage_ = at.pp;
   tp_rank_ = at.tp;
+  dp_rank_ = at.dp;
   const ParallelConfig& par = spec_.par;
   sched::ScheduleSpec ss;
   ss.type = par.schedule;
@@ -389,6 +390,96 @@ double MemoryReport::formula_bytes() const {
     case 2: return 4 * psi + 12 * psi / d;
     default: return 16 * psi / d;
   }
+}
+
+namespace {
+
+// The global runs of elements [begin, end) of a spec's local tensor, and the local offsets (from
+// begin) of the elements that have one (vocabulary padding has none).
+std::vector<GlobalRun> range_runs(const ParamSpec& spec, int64_t begin, int64_t end, std::vector<int64_t>* kept) {
+  return runs_from_indices(end - begin, [&](int64_t i) {
+    const int64_t g = slice_global_index(spec, begin + i);
+    if (g >= 0 && kept != nullptr) kept->push_back(i);
+    return g;
+  });
+}
+
+TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values) {
+  TensorPiece p;
+  p.name = spec.name;
+  p.global_shape = spec.global_shape;
+  std::vector<int64_t> kept;
+  p.runs = range_runs(spec, begin, end, &kept);
+  p.values = Tensor::empty({static_cast<int64_t>(kept.size())});
+  const float* src = values.data<float>();
+  float* dst = p.values.data<float>();
+  for (size_t k = 0; k < kept.size(); ++k) dst[k] = src[kept[k]];
+  return p;
+}
+
+Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec& spec, int64_t begin, int64_t end,
+                  const Tensor& into) {
+  std::vector<int64_t> kept;
+  const std::vector<GlobalRun> runs = range_runs(spec, begin, end, &kept);
+  Tensor tmp = Tensor::empty({static_cast<int64_t>(kept.size())});
+  if (!kept.empty()) TROUPE_RETURN_IF_ERROR(reader.read(section, spec.name, spec.global_shape, runs, tmp));
+  into.zero_();  // padding stays zero
+  const float* src = tmp.data<float>();
+  float* dst = into.data<float>();
+  for (size_t k = 0; k < kept.size(); ++k) dst[kept[k]] = src[k];
+  return Status::ok();
+}
+
+}  // namespace
+
+ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq) const {
+  TROUPE_CHECK(spec_.dtype == DType::f32, "checkpoints hold f32 tensors");
+  ShardContents out;
+  size_t seg = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const GptChunk& chunk = *chunks_[c];
+    const int zero = spec_.par.zero_stage;
+    for (const auto& r : stores_[c]->param_ranges())
+      if (chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
+        out.sections[ShardSection::model].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const size_t i = seg++;
+      if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
+      out.sections[ShardSection::exp_avg].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i]));
+      out.sections[ShardSection::exp_avg_sq].push_back(
+          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i]));
+    }
+  }
+  return out;
+}
+
+Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg,
+                               const std::vector<Tensor>& exp_avg_sq) {
+  size_t seg = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const GptChunk& chunk = *chunks_[c];
+    for (const auto& r : stores_[c]->param_ranges())
+      TROUPE_RETURN_IF_ERROR(read_range(reader, ShardSection::model, chunk.specs()[r.spec], r.begin, r.end, r.values));
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const size_t i = seg++;
+      if (exp_avg.empty()) continue;
+      TROUPE_RETURN_IF_ERROR(read_range(reader, ShardSection::exp_avg, chunk.specs()[r.spec], r.begin, r.end, exp_avg[i]));
+      TROUPE_RETURN_IF_ERROR(
+          read_range(reader, ShardSection::exp_avg_sq, chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i]));
+    }
+  }
+  for (auto& store : stores_) store->zero_gradients();
+  return Status::ok();
+}
+
+Status RankEngine::load_own_shards(ShardSetReader& reader) {
+  if (exp_avg_.empty()) {
+    for (const AdamSegment& s : adam_segments()) {
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+    }
+  }
+  return load_shards(reader, exp_avg_, exp_avg_sq_);
 }
 
 MemoryReport RankEngine::memory() const {

@@ -38,6 +38,7 @@
 #include "kernels/context.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/gpt_chunk.hpp"
+#include "storage/shard_file.hpp"
 
 namespace troupe {
 
@@ -125,6 +126,19 @@ class RankEngine {
   // forward only, micro-batch by micro-batch, all-reduced over the world.
   Result<double> eval_loss_sum(const Tensor& tokens);
 
+  // Checkpoints (storage/shard_file.hpp). The pieces this rank writes: its parameters and the moments
+  // of its optimizer segments (exp_avg[i], exp_avg_sq[i] for adam_segments()[i]), each element of
+  // the job once: tensor-parallel replicas and the head's copy of wte are left to their owner (tp rank
+  // 0, the embedding stage), data-parallel replicas to dp rank 0 (ZeRO-3 parameters and ZeRO >= 1
+  // moments are partitioned: every dp rank writes its part).
+  ShardContents shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq) const;
+  // Fills this rank's parameters and the given moments (shaped like adam_segments(); empty vectors:
+  // parameters only) from any set of shards, whatever layout wrote them.
+  Status load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
+  // The same with train_step's own moments (tests, embedding without actors).
+  ShardContents own_shard_contents() const { return shard_contents(exp_avg_, exp_avg_sq_); }
+  Status load_own_shards(ShardSetReader& reader);
+
   // Copies of chunk c's parameters in spec order (local slice shapes). Collective over dp under
   // ZeRO-3: every dp rank calls it.
   Result<std::vector<Tensor>> param_values(int chunk);
@@ -139,7 +153,7 @@ class RankEngine {
   Status sync_tied_embedding();
 
   RankSpec spec_;
-  int rank_ = 0, stage_ = 0, tp_rank_ = 0;
+  int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0;
   RankComms comms_;
   sched::Schedule schedule_;
   std::unique_ptr<ThreadPool> pool_;

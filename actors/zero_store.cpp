@@ -123,6 +123,12 @@ void ZeroStore::init(uint64_t seed) {
   }
 }
 
+void ZeroStore::zero_gradients() {
+  if (stage_ <= 1) chunk_->zero_grad();
+  for (Unit& unit : units_)
+    if (unit.part_grads.defined()) unit.part_grads.zero_();
+}
+
 void ZeroStore::track_transient(int64_t delta) {
   transient_bytes_ += delta;
   transient_peak_ = std::max(transient_peak_, transient_bytes_);
@@ -281,6 +287,42 @@ std::vector<AdamSegment> ZeroStore::adam_segments() const {
     for (const auto& seg : unit.segments) {
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
       if (lo < hi) out.push_back({params.rows(lo - first, hi - first), grads.rows(lo - first, hi - first), seg.decay});
+    }
+  }
+  return out;
+}
+
+std::vector<ZeroStore::OwnedRange> ZeroStore::param_ranges() const {
+  std::vector<OwnedRange> out;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const UnitInfo& info = chunk_->units()[u];
+    const int64_t first = stage_ == 3 ? unit.own_start : 0;
+    const int64_t last = stage_ == 3 ? unit.own_start + unit.own_count : unit.numel;
+    const Tensor values = stage_ == 3 ? unit.part_params
+                                      : flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel);
+    for (size_t k = 0; k < unit.segments.size(); ++k) {
+      const auto& seg = unit.segments[k];
+      const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
+      if (lo < hi) out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, values.rows(lo - first, hi - first)});
+    }
+  }
+  return out;
+}
+
+std::vector<ZeroStore::OwnedRange> ZeroStore::segment_ranges() const {
+  std::vector<OwnedRange> out;
+  const std::vector<AdamSegment> segments = adam_segments();
+  size_t i = 0;
+  for (size_t u = 0; u < units_.size(); ++u) {  // the walk of adam_segments()
+    const Unit& unit = units_[u];
+    const UnitInfo& info = chunk_->units()[u];
+    const int64_t first = stage_ == 0 ? 0 : unit.own_start;
+    const int64_t last = stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
+    for (size_t k = 0; k < unit.segments.size(); ++k) {
+      const auto& seg = unit.segments[k];
+      const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
+      if (lo < hi) out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, segments[i++].param});
     }
   }
   return out;

@@ -73,6 +73,8 @@ class ZeroStore {
 
   // Fills the partition / parameters from the seed (global coordinates); zeroes the gradients.
   void init(uint64_t seed);
+  // Zeroes the gradients (after parameters were loaded from a checkpoint).
+  void zero_gradients();
 
   // Before the micro-batches of an iteration.
   void begin_iteration(int micro_batches);
@@ -86,6 +88,18 @@ class ZeroStore {
   double owned_grad_sum_squares();
   // Scales the owned gradients (clipping).
   void scale_gradients(double factor);
+  // Element ranges of the chunk's parameters (spec index into the chunk's specs, [begin, end) in the
+  // spec's local row-major order) with views of their values, for checkpoints:
+  //   param_ranges    what this rank holds resident: every spec whole (stage 3: its partition)
+  //   segment_ranges  what adam_segments() covers, in the same order (the moments' ranges)
+  struct OwnedRange {
+    int spec = 0;
+    int64_t begin = 0, end = 0;
+    Tensor values;  // 1-D view, end - begin elements
+  };
+  std::vector<OwnedRange> param_ranges() const;
+  std::vector<OwnedRange> segment_ranges() const;
+
   // What this rank's optimizer partition updates: its owned range of every unit (stage 0: all of it),
   // split where the weight-decay flag changes. The optimizer partition actor owns the moments.
   std::vector<AdamSegment> adam_segments() const;
