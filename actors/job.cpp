@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <cmath>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "comm/topology.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 namespace troupe {
 
@@ -149,17 +151,19 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
 
 // Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
 // backend, a group actor in front of them, and the same trainer.
+static std::string parallel_layout_json(const ParallelConfig& p) {
+  return "{\"tensor_model_parallel_size\": " + std::to_string(p.tp) + ", \"pipeline_model_parallel_size\": " +
+         std::to_string(p.pp) + ", \"data_parallel_size\": " + std::to_string(p.dp) + ", \"zero_stage\": " +
+         std::to_string(p.zero_stage) + ", \"schedule\": \"" + sched::schedule_name(p.schedule) +
+         "\", \"virtual_chunks\": " + std::to_string(p.virtual_chunks) + "}";
+}
+
 static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
                                            std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
                                            const JobOptions& options, int threads, double peak) {
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
-  if (!config.save.empty() || !config.load.empty())
-    return Status::error(
-        "--save and --load are not available yet for parallel layouts (tensor, pipeline or data parallel, or ZeRO): "
-        "sharded checkpoints come with troupe's storage work -- drop --save/--load or train with "
-        "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --data-parallel-size 1 --zero-stage 0");
   const int launched = options.world ? options.world->size() : 1;
   auto par = parallel_config(config, launched);
   if (!par) return par.status();
@@ -214,10 +218,53 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
        " compute thread(s) per rank");
-  Status init = ask_ok(self, group, init_atom::value, config.seed);
-  if (!init) return shutdown(), init;
-
   TrainerSpec spec;
+  if (!config.load.empty()) {  // any layout's checkpoint, version 1 or 2: every rank reads its part
+    auto it = latest_iteration(config.load);
+    if (!it) return shutdown(), it.status();
+    auto meta = read_checkpoint_meta(config.load, it.value());
+    if (!meta) return shutdown(), meta.status();
+    auto saved = TrainConfig::from_json(meta.value().config_json);
+    if (!saved) return shutdown(), saved.status();
+    if (Status same = check_same_architecture(config.model, saved.value().model, config.load); !same)
+      return shutdown(), same;
+    LoadRequest req;
+    req.dir = config.load;
+    req.iteration = it.value();
+    req.load_optimizer = true;
+    if (Status loaded = ask_ok(self, group, load_atom::value, req); !loaded) return shutdown(), loaded;
+    spec.start_iteration = meta.value().iteration;
+    spec.consumed_samples = meta.value().consumed_samples;
+    note("loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " +
+         std::to_string(saved.value().tensor_model_parallel_size) + ", pp " +
+         std::to_string(saved.value().pipeline_model_parallel_size) + ", ZeRO " +
+         std::to_string(saved.value().zero_stage) + "): iteration " + std::to_string(spec.start_iteration) + ", " +
+         std::to_string(spec.consumed_samples) + " samples consumed");
+  } else {
+    Status init = ask_ok(self, group, init_atom::value, config.seed);
+    if (!init) return shutdown(), init;
+  }
+  // A save: every rank has written its shard when the group replies; then, once every process is
+  // done, one process writes the metadata and the latest pointer.
+  spec.finalize_save = [&config, &options, world, layout = parallel_layout_json(rs.par)](const SaveRequest& r) {
+    const std::string key = "save " + std::to_string(r.iteration);
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
+    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
+      CheckpointMeta meta;
+      meta.iteration = r.iteration;
+      meta.consumed_samples = r.consumed_samples;
+      meta.optimizer_step = r.optimizer_step;
+      meta.config_json = r.config_json;
+      meta.rng_json = r.rng_json;
+      std::vector<std::string> names;
+      for (int k = 0; k < world; ++k)
+        names.push_back(std::filesystem::path(shard_file_path(config.save, r.iteration, k)).filename().string());
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, names));
+    }
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
+    return Status::ok();
+  };
+
   spec.config = config;
   spec.group = group;
   spec.loader = loader;
@@ -307,7 +354,13 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
-  if (config.parallel() || options.world)
+  // Parallel layouts, and any load of a version-2 (sharded) checkpoint, run on the rank engine.
+  bool sharded_load = false;
+  if (!config.load.empty()) {
+    auto it = latest_iteration(config.load);
+    sharded_load = it && is_sharded_checkpoint(config.load, it.value());
+  }
+  if (config.parallel() || options.world || sharded_load)
     return run_parallel_training(system, config, data, callbacks, options, threads, peak);
   ShardSpec shard_spec;
   shard_spec.model = config.model;

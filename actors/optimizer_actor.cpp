@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "kernels/check.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe {
@@ -31,6 +32,22 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
       [self](step_atom, const StepRequest& req) -> ok_atom {
         auto& s = self->state;
         adamw_step(s.ctx, s.segments, s.exp_avg, s.exp_avg_sq, req);
+        return ok_atom::value;
+      },
+      [self](save_atom) -> OptimizerMoments {
+        OptimizerMoments m;
+        for (const Tensor& t : self->state.exp_avg) m.exp_avg.push_back(t.clone());
+        for (const Tensor& t : self->state.exp_avg_sq) m.exp_avg_sq.push_back(t.clone());
+        return m;
+      },
+      [self](load_atom, const OptimizerMoments& m) -> ok_atom {
+        auto& s = self->state;
+        TROUPE_CHECK(m.exp_avg.size() == s.exp_avg.size() && m.exp_avg_sq.size() == s.exp_avg_sq.size(),
+                     "optimizer moments for other segments");
+        for (size_t i = 0; i < s.exp_avg.size(); ++i) {
+          s.exp_avg[i].copy_from(m.exp_avg[i]);
+          s.exp_avg_sq[i].copy_from(m.exp_avg_sq[i]);
+        }
         return ok_atom::value;
       },
   };

@@ -16,10 +16,18 @@
 
 namespace troupe {
 
-using optimizer_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<ok_atom>>;
+// Copies of the moments, one tensor per segment (checkpoints).
+struct OptimizerMoments {
+  std::vector<Tensor> exp_avg, exp_avg_sq;
+};
+
+using optimizer_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>::with<ok_atom>,
+                                         caf::replies_to<save_atom>::with<OptimizerMoments>,  // copies out
+                                         caf::replies_to<load_atom, OptimizerMoments>::with<ok_atom>>;  // copies in
 
 optimizer_actor spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads);
 
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::AdamSegment>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::OptimizerMoments)

@@ -7,6 +7,8 @@
 
 #include "actors/errors.hpp"
 #include "actors/optimizer_actor.hpp"
+#include "storage/sharded_checkpoint.hpp"
+#include "storage/shard_file.hpp"
 
 namespace troupe {
 
@@ -116,6 +118,55 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         if (s.engine) m.memory = s.engine->memory();
         return m;
       },
+      [self](save_atom, const SaveRequest& req) -> caf::result<ok_atom> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        auto rp = self->make_response_promise<ok_atom>();
+        self->request(s.optimizer, caf::infinite, save_atom::value)
+            .then(
+                [self, rp, req](OptimizerMoments& m) mutable {
+                  auto& st = self->state;
+                  Status done = prepare_iteration_dir(req.dir, req.iteration);
+                  if (done)
+                    done = write_shard_file(shard_file_path(req.dir, req.iteration, st.rank), st.rank,
+                                            st.engine->shard_contents(m.exp_avg, m.exp_avg_sq));
+                  if (!done) {
+                    rp.deliver(rank_error(st.rank, done));
+                    return;
+                  }
+                  rp.deliver(ok_atom::value);
+                },
+                [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
+      [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        std::vector<std::string> files;
+        if (is_sharded_checkpoint(req.dir, req.iteration)) {
+          auto f = sharded_checkpoint_files(req.dir, req.iteration);
+          if (!f) return rank_error(s.rank, f.status());
+          files = std::move(f).value();
+        } else {
+          files = {checkpoint_file(req.dir, req.iteration)};  // version 1: one file, global tensors
+        }
+        auto reader = ShardSetReader::open(files);
+        if (!reader) return rank_error(s.rank, reader.status());
+        OptimizerMoments m;
+        if (req.load_optimizer) {
+          for (const AdamSegment& seg : s.engine->adam_segments()) {
+            m.exp_avg.push_back(Tensor::zeros(seg.param.shape(), seg.param.dtype()));
+            m.exp_avg_sq.push_back(Tensor::zeros(seg.param.shape(), seg.param.dtype()));
+          }
+        }
+        if (Status st = s.engine->load_shards(**reader, m.exp_avg, m.exp_avg_sq); !st) return rank_error(s.rank, st);
+        if (!req.load_optimizer) return ok_atom::value;
+        auto rp = self->make_response_promise<ok_atom>();
+        self->request(s.optimizer, caf::infinite, load_atom::value, std::move(m))
+            .then([rp](ok_atom) mutable { rp.deliver(ok_atom::value); },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
   };
 }
 
@@ -132,6 +183,22 @@ struct Gather {
   std::vector<T> items;
   size_t remaining = 0;
 };
+
+// Sends the same command to every local rank; ok once all of them are.
+template <class Atom, class Request>
+caf::result<ok_atom> all_ok(group_actor::stateful_pointer<GroupState> self, Atom atom, const Request& req) {
+  auto rp = self->make_response_promise<ok_atom>();
+  auto left = std::make_shared<size_t>(self->state.ranks.size());
+  for (const auto& r : self->state.ranks) {
+    self->request(r, caf::infinite, atom, req)
+        .then(
+            [rp, left](ok_atom) mutable {
+              if (--*left == 0) rp.deliver(ok_atom::value);
+            },
+            [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+  }
+  return rp;
+}
 
 group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupState> self, comm::Topology topo,
                                           std::vector<rank_actor> ranks, std::vector<int> global) {
@@ -229,6 +296,8 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
         }
         return rp;
       },
+      [self](save_atom, const SaveRequest& req) -> caf::result<ok_atom> { return all_ok(self, save_atom::value, req); },
+      [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> { return all_ok(self, load_atom::value, req); },
       [self](memory_atom) -> caf::result<std::vector<RankMemory>> {
         auto rp = self->make_response_promise<std::vector<RankMemory>>();
         auto acc = std::make_shared<Gather<RankMemory>>();

@@ -56,14 +56,18 @@ using rank_actor = caf::typed_actor<
     caf::replies_to<train_step_atom, RankStepRequest>::with<StepOutcome>,
     caf::replies_to<eval_atom, Tensor>::with<double>,
     caf::replies_to<spans_atom>::with<RankTimeline>,
-    caf::replies_to<memory_atom>::with<RankMemory>>;
+    caf::replies_to<memory_atom>::with<RankMemory>,
+    caf::replies_to<save_atom, SaveRequest>::with<ok_atom>,   // this rank's shard file
+    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>>;  // from any layout's checkpoint
 
 using group_actor = caf::typed_actor<
     caf::replies_to<init_atom, uint64_t>::with<ok_atom>,
     caf::replies_to<train_step_atom, Tensor, double, StepRequest>::with<GroupStepResult>,  // global batch
     caf::replies_to<eval_atom, Tensor>::with<double>,  // windows of the whole job; sum of token losses
     caf::replies_to<spans_atom>::with<std::vector<RankTimeline>>,
-    caf::replies_to<memory_atom>::with<std::vector<RankMemory>>>;
+    caf::replies_to<memory_atom>::with<std::vector<RankMemory>>,
+    caf::replies_to<save_atom, SaveRequest>::with<ok_atom>,   // every local rank's shard file
+    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>>;
 
 // world: this rank's view of the backend (local fabric or UCX), kept by the actor, which creates
 // its groups from `topology` on its own thread before taking commands.

@@ -89,6 +89,25 @@ void save_then(Self self, std::function<void()> next) {
   req.rng_json = "{\"seed\": " + std::to_string(cfg.seed) + ", \"consumed_samples\": " + std::to_string(st.consumed) +
                  ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"}";
   const auto t0 = Clock::now();
+  auto saved_then = [self, next, t0](const SaveRequest& done) {
+    auto& s = self->state;
+    if (s.spec.group && s.spec.finalize_save) {
+      if (Status st = s.spec.finalize_save(done); !st) return fail(self, st.message());
+    }
+    s.last_saved = s.iteration;
+    SavedCheckpoint saved;
+    saved.iteration = s.iteration;
+    saved.path = s.spec.config.save;
+    saved.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    s.last_checkpoint = saved.path;
+    caf::anon_send(s.spec.listener, save_atom::value, saved);
+    next();
+  };
+  if (st.spec.group) {
+    self->request(st.spec.group, caf::infinite, save_atom::value, req)
+        .then([saved_then, req](ok_atom) { saved_then(req); }, on_error(self));
+    return;
+  }
   self->request(st.spec.shard, caf::infinite, save_atom::value, req)
       .then(
           [self, next, t0](ok_atom) {

@@ -10,6 +10,8 @@
 #pragma once
 #include <caf/all.hpp>
 
+#include <functional>
+
 #include "actors/messages.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/train_config.hpp"
@@ -20,6 +22,9 @@ struct TrainerSpec {
   TrainConfig config;
   shard_actor shard;  // the 1x1x1 path (GptModel), or
   group_actor group;  // every parallel layout: the ranks of this process (actors/rank_actor.hpp)
+  // With a group: after every local rank wrote its shard, completes the save (waits for the other
+  // processes, writes the metadata and the latest pointer); runs on the trainer's thread.
+  std::function<Status(const SaveRequest&)> finalize_save;
   data_loader_actor loader;
   caf::actor listener;
   int64_t start_iteration = 0;   // iterations already done (from a checkpoint)

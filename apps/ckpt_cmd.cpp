@@ -9,6 +9,7 @@
 
 #include "apps/commands.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 namespace troupe::apps {
 namespace {
@@ -81,9 +82,16 @@ int run_info(const InfoArgs& a) {
   Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(a.dir, *it);
   if (!tensors) return fail(kExitFailure, tensors.status().message());
 
-  const std::string file = checkpoint_file(a.dir, *it);
+  // Version 1: one file; version 2: the iteration directory of shard files (sizes summed).
+  const bool sharded = is_sharded_checkpoint(a.dir, *it);
+  const std::string file = sharded ? iteration_dir(a.dir, *it) : checkpoint_file(a.dir, *it);
   std::error_code ec;
-  const auto file_bytes = std::filesystem::file_size(file, ec);
+  uintmax_t file_bytes = 0;
+  if (sharded) {
+    for (const auto& e : std::filesystem::directory_iterator(file, ec)) file_bytes += e.file_size(ec);
+  } else {
+    file_bytes = std::filesystem::file_size(file, ec);
+  }
   const nlohmann::json config = parse_or_string(meta->config_json);
   int64_t model_numel = 0, optimizer_numel = 0;
   for (const CheckpointTensorInfo& t : *tensors)
@@ -96,6 +104,7 @@ int run_info(const InfoArgs& a) {
     j["file"] = file;
     j["file_bytes"] = ec ? 0 : file_bytes;
     j["format_version"] = meta->format_version;
+    if (sharded) j["layout"] = parse_or_string(meta->layout_json);
     j["iteration"] = meta->iteration;
     j["consumed_samples"] = meta->consumed_samples;
     j["optimizer_step"] = meta->optimizer_step;
@@ -120,6 +129,7 @@ int run_info(const InfoArgs& a) {
   std::printf("checkpoint        %s (%.2f MiB on disk)\n", file.c_str(),
               ec ? 0.0 : file_bytes / kMiB);
   std::printf("format            troupe-checkpoint version %d\n", meta->format_version);
+  if (sharded) std::printf("saved by layout   %s\n", meta->layout_json.c_str());
   std::printf("iteration         %lld\n", static_cast<long long>(meta->iteration));
   std::printf("consumed samples  %lld\n", static_cast<long long>(meta->consumed_samples));
   std::printf("optimizer step    %lld\n", static_cast<long long>(meta->optimizer_step));

@@ -36,14 +36,8 @@ fi
 #    (8 per micro-batch, 4 accumulation steps); about 4 minutes on 2 cores.
 rm -f "$run/metrics.jsonl"
 # Parallel layouts (e.g. --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
-# --data-parallel-size 2 --zero-stage 3) train the same model; their checkpoints are sharded and come
-# with the storage work, so such a run saves nothing and the checkpoint evaluation below is skipped.
-save=(--save "$run/checkpoints" --save-interval 50)
-for arg in "$@"; do
-  case "$arg" in
-    --tensor-model-parallel-size | --pipeline-model-parallel-size | --data-parallel-size | --zero-stage) save=() ;;
-  esac
-done
+# --data-parallel-size 2 --zero-stage 3) train the same model and save sharded checkpoints that any
+# layout can load.
 "$troupe" train \
   --num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 256 \
   --micro-batch-size 8 --global-batch-size 32 \
@@ -51,9 +45,9 @@ done
   --weight-decay 0.1 --clip-grad 1.0 --seed 1234 \
   --data-path "$data" --tokenizer-type ByteLevelTokenizer \
   --eval-interval 50 --eval-iters 2 --log-interval 10 \
-  "${save[@]}" --metrics-file "$run/metrics.jsonl" "$@"
+  --save "$run/checkpoints" --save-interval 50 --metrics-file "$run/metrics.jsonl" "$@"
 
 # 3. Evaluate the checkpoint and plot the loss curve.
-[[ ${#save[@]} -gt 0 ]] && "$troupe" eval --load "$run/checkpoints" --data-path "$data" --eval-samples 64
+"$troupe" eval --load "$run/checkpoints" --data-path "$data" --eval-samples 64
 "$troupe" plot --metrics-file "$run/metrics.jsonl" --output "$run/loss.svg"
-echo "run_default: ${save[*]:+checkpoint in $run/checkpoints, }metrics in $run/metrics.jsonl, loss curve in $run/loss.svg"
+echo "run_default: checkpoint in $run/checkpoints, metrics in $run/metrics.jsonl, loss curve in $run/loss.svg"

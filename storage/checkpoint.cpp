@@ -19,6 +19,8 @@
 
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
+#include "storage/shard_file.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 namespace troupe {
 namespace {
@@ -110,7 +112,7 @@ std::vector<int64_t> saved_iterations(const std::string& dir) {
     if (name.size() != 12 || name.rfind("iter_", 0) != 0) continue;
     auto [end, err] = std::from_chars(name.data() + 5, name.data() + name.size(), it);
     if (err == std::errc() && end == name.data() + name.size() &&
-        fs::exists(e.path() / kFileName, ec))
+        (fs::exists(e.path() / kFileName, ec) || fs::exists(e.path() / "metadata.json", ec)))
       out.push_back(it);
   }
   std::sort(out.begin(), out.end());
@@ -469,6 +471,7 @@ Result<int64_t> latest_iteration(const std::string& dir) {
 }
 
 Result<CheckpointMeta> read_checkpoint_meta(const std::string& dir, int64_t iteration) {
+  if (is_sharded_checkpoint(dir, iteration)) return read_sharded_meta(dir, iteration);  // version 2
   h5::ErrorScope quiet;
   std::string file;
   Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
@@ -499,11 +502,35 @@ Result<CheckpointMeta> read_checkpoint_meta(const std::string& dir, int64_t iter
   return meta;
 }
 
+// A version-2 (sharded) checkpoint read into whole global tensors: every tensor's full range from the
+// shards that hold it; rows beyond the global shape (vocabulary padding) are zeroed.
+static Status load_sharded(const std::string& dir, int64_t iteration, const CheckpointContents& into,
+                           bool load_optimizer) {
+  auto files = sharded_checkpoint_files(dir, iteration);
+  if (!files) return files.status();
+  auto reader = ShardSetReader::open(files.value());
+  if (!reader) return reader.status();
+  auto fill = [&](ShardSection section, const std::vector<NamedTensor>& tensors) -> Status {
+    for (const NamedTensor& t : tensors) {
+      t.tensor.zero_();
+      const int64_t n = t.global_shape.numel();
+      TROUPE_RETURN_IF_ERROR(
+          (*reader)->read(section, t.name, t.global_shape, {{0, n}}, t.tensor.view({t.tensor.numel()}).rows(0, n)));
+    }
+    return Status::ok();
+  };
+  TROUPE_RETURN_IF_ERROR(fill(ShardSection::model, into.params));
+  if (!load_optimizer) return Status::ok();
+  TROUPE_RETURN_IF_ERROR(fill(ShardSection::exp_avg, into.exp_avg));
+  return fill(ShardSection::exp_avg_sq, into.exp_avg_sq);
+}
+
 Status load_checkpoint(const std::string& dir, int64_t iteration, const CheckpointContents& into,
                        bool load_optimizer) {
   h5::ErrorScope quiet;
   for (const auto* section : {&into.params, &into.exp_avg, &into.exp_avg_sq})
     for (const NamedTensor& t : *section) check_tensor(t);
+  if (is_sharded_checkpoint(dir, iteration)) return load_sharded(dir, iteration, into, load_optimizer);
   std::string file;
   Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
   if (!f) return f.status();
@@ -519,6 +546,20 @@ Status load_checkpoint(const std::string& dir, int64_t iteration, const Checkpoi
 
 Result<std::vector<CheckpointTensorInfo>> list_checkpoint_tensors(const std::string& dir,
                                                                   int64_t iteration) {
+  if (is_sharded_checkpoint(dir, iteration)) {  // version 2: the global tensors the shards hold
+    auto files = sharded_checkpoint_files(dir, iteration);
+    if (!files) return files.status();
+    auto reader = ShardSetReader::open(files.value());
+    if (!reader) return reader.status();
+    std::vector<CheckpointTensorInfo> out;
+    for (ShardSection section : {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
+      std::vector<std::pair<std::string, Shape>> tensors;
+      for (const auto& [name, shape] : (*reader)->tensors(section)) tensors.emplace_back(name, shape);
+      std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return natural_less(a.first, b.first); });
+      for (const auto& [name, shape] : tensors) out.push_back({std::string(shard_section_path(section)) + "/" + name, shape});
+    }
+    return out;
+  }
   h5::ErrorScope quiet;
   std::string file;
   Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
@@ -545,6 +586,22 @@ Result<std::vector<CheckpointTensorInfo>> list_checkpoint_tensors(const std::str
 Status export_hf(const std::string& dir, int64_t iteration, const std::string& output_file) {
   Result<CheckpointMeta> meta = read_checkpoint_meta(dir, iteration);
   if (!meta) return meta.status();
+  if (is_sharded_checkpoint(dir, iteration)) {
+    // Version 2: gather the global tensors from the shards into a version-1 file beside the output
+    // (removed after), then export that.
+    Result<std::vector<CheckpointTensorInfo>> listed = list_checkpoint_tensors(dir, iteration);
+    if (!listed) return listed.status();
+    CheckpointContents whole;
+    for (const CheckpointTensorInfo& t : *listed)
+      if (t.path.rfind("model/", 0) == 0) whole.params.push_back({t.path.substr(6), t.shape, Tensor::empty(t.shape)});
+    TROUPE_RETURN_IF_ERROR(load_checkpoint(dir, iteration, whole, false));
+    const std::string staging = output_file + ".gathered";
+    TROUPE_RETURN_IF_ERROR(save_checkpoint(staging, *meta, whole));
+    Status st = export_hf(staging, iteration, output_file);
+    std::error_code ec;
+    fs::remove_all(staging, ec);
+    return st;
+  }
   Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(dir, iteration);
   if (!tensors) return tensors.status();
   h5::ErrorScope quiet;

@@ -48,6 +48,7 @@ struct CheckpointMeta {
   int64_t optimizer_step = 0;
   std::string config_json;  // the full training config
   std::string rng_json;     // RNG state (seed and counters)
+  std::string layout_json;  // version 2: the parallel layout that wrote it (JSON object), else empty
   // As read back by read_checkpoint_meta; save always writes kCheckpointFormatVersion.
   int format_version = kCheckpointFormatVersion;
 };

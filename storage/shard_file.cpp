@@ -158,6 +158,7 @@ struct ShardSetReader::Impl {
     int file = 0;
     std::string name;
     int64_t numel = 0;
+    Shape stored;               // the dataset's shape: (numel) in shards, the global shape in version 1
     std::vector<float> values;  // loaded on first use, dropped after the read() that used it
     bool loaded = false;
   };
@@ -180,7 +181,7 @@ struct ShardSetReader::Impl {
     auto group = section_group(files[p.file].handle.get(), section, false);
     if (!group) return group.status();
     p.values.resize(static_cast<size_t>(p.numel));
-    TROUPE_RETURN_IF_ERROR(h5::read_f32_dataset(group->get(), p.name, Shape{p.numel}, p.values.data()));
+    TROUPE_RETURN_IF_ERROR(h5::read_f32_dataset(group->get(), p.name, p.stored, p.values.data()));
     p.loaded = true;
     (void)e;
     return Status::ok();
@@ -201,7 +202,9 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(const std::vector<s
     if (!file) return file.status().with_context(where);
     auto format = h5::read_attr_string(file->get(), "format");
     auto version = h5::read_attr_i64(file->get(), "format_version");
-    if (!format || *format != kShardFormat || !version || *version != kShardVersion)
+    // A version-1 checkpoint file (one process, 1x1x1) reads as one piece per tensor covering it all.
+    const bool v1 = format && *format == "troupe-checkpoint" && version && *version == 1;
+    if (!v1 && (!format || *format != kShardFormat || !version || *version != kShardVersion))
       return Status::error(where + "not a troupe checkpoint shard of format version 2 -- point --load at a "
                                    "checkpoint directory written by troupe");
     const int index = static_cast<int>(impl->files.size());
@@ -218,6 +221,20 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(const std::vector<s
         const std::string what = where + "tensor " + name + ": ";
         auto shape = h5::dataset_shape(group->get(), name);
         if (!shape) return shape.status().with_context(what);
+        if (v1) {
+          auto& entry = impl->entries[{section, name}];
+          if (!entry.pieces.empty() && !(entry.shape == *shape))
+            return Status::error(what + "its shape differs from another file's -- these files are not one checkpoint");
+          entry.shape = *shape;
+          Impl::Piece piece;
+          piece.file = index;
+          piece.name = name;
+          piece.numel = shape->numel();
+          piece.stored = *shape;
+          entry.pieces.push_back(std::move(piece));
+          runs_of[{section, name}].push_back({{0, shape->numel()}});
+          continue;
+        }
         if (shape->rank() != 1) return Status::error(what + "values must be 1-D -- the file is damaged");
         std::string shape_attr;
         {
@@ -258,6 +275,7 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(const std::vector<s
         piece.file = index;
         piece.name = name;
         piece.numel = total;
+        piece.stored = Shape{total};
         entry.pieces.push_back(std::move(piece));
         runs_of[{section, name}].push_back(std::move(runs));
       }

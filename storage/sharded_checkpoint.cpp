@@ -1,0 +1,141 @@
+#include "storage/sharded_checkpoint.hpp"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "storage/durable.hpp"
+
+namespace troupe {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+constexpr const char* kMetadata = "metadata.json";
+constexpr const char* kLatest = "latest_checkpointed_iteration.txt";
+}  // namespace
+
+std::string iteration_dir(const std::string& dir, int64_t iteration) {
+  return (fs::path(dir) / fmt::format("iter_{:07d}", iteration)).string();
+}
+
+std::string shard_file_path(const std::string& dir, int64_t iteration, int rank) {
+  return (fs::path(iteration_dir(dir, iteration)) / fmt::format("shard_{:05d}.h5", rank)).string();
+}
+
+Status prepare_iteration_dir(const std::string& dir, int64_t iteration) {
+  std::error_code ec;
+  fs::create_directories(iteration_dir(dir, iteration), ec);
+  if (ec)
+    return Status::error("cannot create " + iteration_dir(dir, iteration) + ": " + ec.message() +
+                         " -- check that " + dir + " is writable");
+  return Status::ok();
+}
+
+bool is_sharded_checkpoint(const std::string& dir, int64_t iteration) {
+  std::error_code ec;
+  const fs::path it = iteration_dir(dir, iteration);
+  if (fs::exists(it / kMetadata, ec)) return true;
+  if (!fs::is_directory(it, ec)) return false;
+  for (const auto& e : fs::directory_iterator(it, ec))
+    if (e.path().filename().string().rfind("shard_", 0) == 0) return true;
+  return false;
+}
+
+Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::string& layout_json,
+                                 const std::vector<std::string>& shard_names) {
+  const std::string where = "saving checkpoint " + iteration_dir(dir, meta.iteration) + ": ";
+  json layout;
+  try {
+    layout = json::parse(layout_json);
+  } catch (const json::exception& e) {
+    return Status::error(where + "bad layout description: " + e.what());
+  }
+  const json m = {{"format", "troupe-checkpoint"},
+                  {"format_version", 2},
+                  {"iteration", meta.iteration},
+                  {"consumed_samples", meta.consumed_samples},
+                  {"optimizer_step", meta.optimizer_step},
+                  {"config", meta.config_json},
+                  {"rng", meta.rng_json},
+                  {"layout", layout},
+                  {"shards", shard_names}};
+  const std::string it = iteration_dir(dir, meta.iteration);
+  // Every shard was renamed into place by its writer; their directory entries become durable here.
+  TROUPE_RETURN_IF_ERROR(fsync_path(it, true).with_context(where));
+  TROUPE_RETURN_IF_ERROR(write_text_atomically((fs::path(it) / kMetadata).string(), m.dump(2) + "\n").with_context(where));
+  TROUPE_RETURN_IF_ERROR(fsync_path(dir, true).with_context(where));
+  return write_text_atomically((fs::path(dir) / kLatest).string(), std::to_string(meta.iteration) + "\n")
+      .with_context(where);
+}
+
+namespace {
+
+Result<json> read_metadata(const std::string& dir, int64_t iteration) {
+  const std::string path = (fs::path(iteration_dir(dir, iteration)) / kMetadata).string();
+  std::ifstream in(path);
+  if (!in)
+    return Status::error("checkpoint " + iteration_dir(dir, iteration) +
+                         " has shard files but no metadata.json: the save did not finish -- load the "
+                         "previous iteration (the latest pointer still names it unless it was edited)");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    json m = json::parse(text.str());
+    if (m.value("format", "") != "troupe-checkpoint" || m.value("format_version", 0) != 2)
+      return Status::error(path + " is not a troupe version-2 checkpoint description -- restore it from a copy");
+    return m;
+  } catch (const json::exception& e) {
+    return Status::error(path + " is damaged (" + e.what() + ") -- restore it from a copy or load an earlier iteration");
+  }
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration) {
+  auto m = read_metadata(dir, iteration);
+  if (!m) return m.status();
+  std::vector<std::string> out;
+  try {
+    for (const auto& name : m->at("shards")) {
+      const std::string path = (fs::path(iteration_dir(dir, iteration)) / name.get<std::string>()).string();
+      std::error_code ec;
+      if (!fs::exists(path, ec))
+        return Status::error("checkpoint " + iteration_dir(dir, iteration) + " is missing its shard " + path +
+                             " -- restore it from a copy or load an earlier iteration");
+      out.push_back(path);
+    }
+  } catch (const json::exception& e) {
+    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " lists no shards (" + e.what() +
+                         ") -- restore it from a copy");
+  }
+  return out;
+}
+
+Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration) {
+  auto m = read_metadata(dir, iteration);
+  if (!m) return m.status();
+  CheckpointMeta meta;
+  try {
+    meta.iteration = m->at("iteration").get<int64_t>();
+    meta.consumed_samples = m->at("consumed_samples").get<int64_t>();
+    meta.optimizer_step = m->at("optimizer_step").get<int64_t>();
+    meta.config_json = m->at("config").get<std::string>();
+    meta.rng_json = m->at("rng").get<std::string>();
+    meta.layout_json = m->value("layout", json::object()).dump();
+  } catch (const json::exception& e) {
+    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " is incomplete (" + e.what() +
+                         ") -- restore it from a copy");
+  }
+  meta.format_version = 2;
+  if (meta.iteration != iteration)
+    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " records iteration " +
+                         std::to_string(meta.iteration) + " -- rename the directory back");
+  return meta;
+}
+
+}  // namespace troupe
