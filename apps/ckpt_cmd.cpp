@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/commands.hpp"
+#include "actors/checkpoint_convert.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
@@ -27,6 +28,12 @@ struct ExportArgs {
   int64_t iteration = -1;
   std::string format = "hf";
   std::string output;
+};
+
+struct ConvertArgs {
+  std::string load, save;
+  int64_t iteration = -1;
+  ConvertTarget target;
 };
 
 int fail(int code, const std::string& message) {
@@ -163,11 +170,25 @@ int run_export(const ExportArgs& a) {
   return kExitOk;
 }
 
+int run_convert(const ConvertArgs& a) {
+  if (std::string p = usage_problem(a.load, a.iteration); !p.empty()) return fail(kExitUsage, p);
+  std::error_code ec;
+  if (std::filesystem::equivalent(a.load, a.save, ec))
+    return fail(kExitUsage, "--save " + a.save + " is the --load directory -- write the converted checkpoint elsewhere");
+  Result<int64_t> it = resolve_iteration(a.load, a.iteration);
+  if (!it) return fail(kExitFailure, it.status().message());
+  if (Status st = convert_checkpoint(a.load, *it, a.save, a.target); !st) return fail(kExitFailure, st.message());
+  std::printf("converted iteration %lld of %s to %s: tensor %d x pipeline %d x data %d, ZeRO %d (%d shard files)\n",
+              static_cast<long long>(*it), a.load.c_str(), a.save.c_str(), a.target.tp, a.target.pp, a.target.dp,
+              a.target.zero_stage, a.target.tp * a.target.pp * a.target.dp);
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_ckpt_command(CLI::App& app, int* exit_code) {
   CLI::App* ckpt =
-      app.add_subcommand("ckpt", "Inspect checkpoints and export them to other formats");
+      app.add_subcommand("ckpt", "Inspect, convert (reshard) and export checkpoints");
   ckpt->require_subcommand(1, 1);
 
   auto info_args = std::make_shared<InfoArgs>();
@@ -190,6 +211,22 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   exp->add_option("--output", export_args->output, "Output HDF5 file")->required();
   exp->callback([export_args, exit_code] { *exit_code = run_export(*export_args); });
+
+  auto convert_args = std::make_shared<ConvertArgs>();
+  CLI::App* conv = ckpt->add_subcommand(
+      "convert", "Reshard a checkpoint offline for another layout (--load reshards by itself too)");
+  conv->add_option("--load", convert_args->load, "Checkpoint directory to read")->required();
+  conv->add_option("--save", convert_args->save, "Directory to write the converted checkpoint to")->required();
+  conv->add_option("--iteration", convert_args->iteration, "Iteration to convert (default: the latest)");
+  conv->add_option("--target-tensor-parallel-size", convert_args->target.tp, "Tensor-parallel size")
+      ->capture_default_str();
+  conv->add_option("--target-pipeline-parallel-size", convert_args->target.pp, "Pipeline-parallel size")
+      ->capture_default_str();
+  conv->add_option("--target-data-parallel-size", convert_args->target.dp, "Data-parallel size")
+      ->capture_default_str();
+  conv->add_option("--target-zero-stage", convert_args->target.zero_stage, "ZeRO stage (partitions of the shards)")
+      ->capture_default_str();
+  conv->callback([convert_args, exit_code] { *exit_code = run_convert(*convert_args); });
 }
 
 }  // namespace troupe::apps

@@ -4,7 +4,8 @@
 #   tp 2 x pp 2 x dp 2, ZeRO 3, one process      -> 1x1x1
 #   1x1x1 (a version-1 checkpoint)                -> tp 2 x dp 2, ZeRO 2
 #   tp 2 x pp 2, ZeRO 1, 4 processes (launch)     -> pp 2 x dp 2, zb-h1, one process
-# and the sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval.
+# and the sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
+# `ckpt convert` reshards it offline.
 source "$(dirname "$0")/common.bash"
 make_corpus
 
@@ -42,6 +43,18 @@ grep -q '"tensor_model_parallel_size":2' info.txt || { cat info.txt; fail "ckpt 
 grep -q "model/transformer.wte.weight" info.txt || { cat info.txt; fail "ckpt info does not list the tensors"; }
 "$troupe" ckpt export --load ck1 --format hf --output hf.h5 > /dev/null || fail "ckpt export from shards failed"
 "$troupe" eval --load ck1 --data-path d_text_document --eval-samples 8 --json > eval.json || fail "eval of shards failed"
+
+# offline resharding: ck1 -> tp 4 shards, resumed on tp 4; a target that does not fit is refused
+"$troupe" ckpt convert --load ck1 --save ck1c --target-tensor-parallel-size 4 > conv.log 2>&1 \
+  || { cat conv.log; fail "ckpt convert to tp 4 failed"; }
+[[ -s ck1c/iter_0000003/shard_00003.h5 && -s ck1c/latest_checkpointed_iteration.txt ]] || fail "ckpt convert wrote no tp-4 shards"
+tiny --load ck1c --tensor-model-parallel-size 4 --metrics-file r1c.jsonl > r1c.log 2>&1 \
+  || { cat r1c.log; fail "resuming the converted checkpoint on tp 4 failed"; }
+compare ref.jsonl r1c.jsonl || fail "converted tp-4 checkpoint differs from the uninterrupted run"
+if "$troupe" ckpt convert --load ck1 --save bad --target-tensor-parallel-size 3 > bad.log 2>&1; then
+  fail "a tensor-parallel size that does not divide the heads was accepted"
+fi
+grep -q "does not divide the 4 attention heads" bad.log || { cat bad.log; fail "the refusal does not say why"; }
 
 # 2. a version-1 checkpoint (1x1x1) -> tp2 dp2 ZeRO-2
 tiny --exit-interval 3 --save ck2 > s2.log 2>&1 || { cat s2.log; fail "saving on 1x1x1 failed"; }
