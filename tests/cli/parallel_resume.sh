@@ -4,7 +4,7 @@
 #   tp 2 x pp 2 x dp 2, ZeRO 3, one process      -> 1x1x1
 #   1x1x1 (a version-1 checkpoint)                -> tp 2 x dp 2, ZeRO 2
 #   tp 2 x pp 2, ZeRO 1, 4 processes (launch)     -> pp 2 x dp 2, zb-h1, one process
-# and the sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
+# The same layout resumes bitwise. The sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
 # `ckpt convert` reshards it offline.
 source "$(dirname "$0")/common.bash"
 make_corpus
@@ -43,6 +43,21 @@ grep -q '"tensor_model_parallel_size":2' info.txt || { cat info.txt; fail "ckpt 
 grep -q "model/transformer.wte.weight" info.txt || { cat info.txt; fail "ckpt info does not list the tensors"; }
 "$troupe" ckpt export --load ck1 --format hf --output hf.h5 > /dev/null || fail "ckpt export from shards failed"
 "$troupe" eval --load ck1 --data-path d_text_document --eval-samples 8 --json > eval.json || fail "eval of shards failed"
+
+# the same layout resumes bitwise: ck1 on tp2 pp2 dp2 ZeRO-3 equals that layout's straight run exactly
+par=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --data-parallel-size 2 --zero-stage 3)
+tiny "${par[@]}" --metrics-file par.jsonl > par.log 2>&1 || { cat par.log; fail "the straight tp2 pp2 dp2 run failed"; }
+tiny "${par[@]}" --load ck1 --metrics-file same.jsonl > same.log 2>&1 || { cat same.log; fail "same-layout resume failed"; }
+python3 - <<'PY' || fail "resuming on the same layout is not bitwise"
+import json
+def read(p):
+    return {j["iteration"]: (j["lm_loss"], j["grad_norm"]) for j in map(json.loads, open(p)) if j.get("type") == "train"}
+ref, got = read("par.jsonl"), read("same.jsonl")
+assert sorted(got) == [4, 5, 6], sorted(got)
+for it in got:
+    assert got[it] == ref[it], f"iteration {it}: {got[it]} vs straight {ref[it]}"
+print("same-layout resume: iterations 4-6 bitwise equal to the straight run")
+PY
 
 # offline resharding: ck1 -> tp 4 shards, resumed on tp 4; a target that does not fit is refused
 "$troupe" ckpt convert --load ck1 --save ck1c --target-tensor-parallel-size 4 > conv.log 2>&1 \
