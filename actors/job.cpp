@@ -235,6 +235,9 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     if (Status loaded = ask_ok(self, group, load_atom::value, req); !loaded) return shutdown(), loaded;
     spec.start_iteration = meta.value().iteration;
     spec.consumed_samples = meta.value().consumed_samples;
+    for (int64_t unfinished : unfinished_saves(config.load, it.value()))
+      note("ignored " + iteration_dir(config.load, unfinished) +
+           ": an unfinished save (shards without metadata.json: the run stopped while saving)");
     note("loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " +
          std::to_string(saved.value().tensor_model_parallel_size) + ", pp " +
          std::to_string(saved.value().pipeline_model_parallel_size) + ", ZeRO " +

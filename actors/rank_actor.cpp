@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <optional>
 
@@ -22,6 +25,18 @@ struct RankState {
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
 };
+
+// Fault injection for the durability tests: TROUPE_FAULT_KILL_AFTER_SHARD=N makes the process kill
+// itself (SIGKILL: no clean-up of any kind) right after this rank wrote its shard of iteration N, that
+// is in the middle of the checkpoint's save.
+void crash_if_asked(int64_t iteration) {
+  const char* v = std::getenv("TROUPE_FAULT_KILL_AFTER_SHARD");
+  if (v != nullptr && std::strtoll(v, nullptr, 10) == iteration) {
+    std::fprintf(stderr, "troupe: TROUPE_FAULT_KILL_AFTER_SHARD=%s: killing this process during the save\n", v);
+    std::fflush(stderr);
+    std::raise(SIGKILL);
+  }
+}
 
 caf::error rank_error(int rank, const Status& st) {
   return make_actor_error(ActorErrc::failed, "rank " + std::to_string(rank) + ": " + st.message());
@@ -134,6 +149,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                     rp.deliver(rank_error(st.rank, done));
                     return;
                   }
+                  crash_if_asked(req.iteration);
                   rp.deliver(ok_atom::value);
                 },
                 [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });

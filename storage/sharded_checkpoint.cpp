@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -113,6 +115,21 @@ Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir
     return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " lists no shards (" + e.what() +
                          ") -- restore it from a copy");
   }
+  return out;
+}
+
+std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest) {
+  std::vector<int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 12 || name.rfind("iter_", 0) != 0) continue;
+    char* end = nullptr;
+    const long long it = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end == nullptr || *end != '\0' || it <= latest) continue;
+    if (!fs::exists(e.path() / kMetadata, ec) && is_sharded_checkpoint(dir, it)) out.push_back(it);
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -37,4 +37,8 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
 Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration);
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration);
 
+// Iteration directories newer than `latest` that hold shards but no metadata.json: saves a crash
+// interrupted (the latest pointer never moved to them). Loads ignore them; callers report them.
+std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest);
+
 }  // namespace troupe

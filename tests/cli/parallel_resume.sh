@@ -4,7 +4,8 @@
 #   tp 2 x pp 2 x dp 2, ZeRO 3, one process      -> 1x1x1
 #   1x1x1 (a version-1 checkpoint)                -> tp 2 x dp 2, ZeRO 2
 #   tp 2 x pp 2, ZeRO 1, 4 processes (launch)     -> pp 2 x dp 2, zb-h1, one process
-# The same layout resumes bitwise. The sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
+# The same layout resumes bitwise, also after a SIGKILL in the middle of a save (the previous
+# checkpoint loads, the partial one is ignored and reported). The sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
 # `ckpt convert` reshards it offline.
 source "$(dirname "$0")/common.bash"
 make_corpus
@@ -57,6 +58,27 @@ assert sorted(got) == [4, 5, 6], sorted(got)
 for it in got:
     assert got[it] == ref[it], f"iteration {it}: {got[it]} vs straight {ref[it]}"
 print("same-layout resume: iterations 4-6 bitwise equal to the straight run")
+PY
+
+# SIGKILL in the middle of a save: the previous checkpoint stays the latest and loads; the partial one
+# is ignored and reported; the resumed run is bitwise the straight one
+if TROUPE_FAULT_KILL_AFTER_SHARD=4 tiny "${par[@]}" --save ck4 --save-interval 2 > kill.log 2>&1; then
+  fail "the run with TROUPE_FAULT_KILL_AFTER_SHARD=4 was not killed"
+fi
+grep -q "killing this process during the save" kill.log || { cat kill.log; fail "the fault was not injected"; }
+[[ $(tr -d '[:space:]' < ck4/latest_checkpointed_iteration.txt) == 2 ]] || fail "the latest pointer moved to the partial save"
+[[ -d ck4/iter_0000004 && ! -e ck4/iter_0000004/metadata.json ]] || fail "expected a partial iter_0000004 without metadata"
+tiny "${par[@]}" --load ck4 --metrics-file killed.jsonl > killed.log 2>&1 || { cat killed.log; fail "resuming after the kill failed"; }
+grep -q "ignored .*iter_0000004: an unfinished save" killed.log || { cat killed.log; fail "the partial save was not reported"; }
+python3 - <<'PY' || fail "the run resumed after the kill is not bitwise the straight run"
+import json
+def read(p):
+    return {j["iteration"]: (j["lm_loss"], j["grad_norm"]) for j in map(json.loads, open(p)) if j.get("type") == "train"}
+ref, got = read("par.jsonl"), read("killed.jsonl")
+assert sorted(got) == [3, 4, 5, 6], sorted(got)
+for it in got:
+    assert got[it] == ref[it], f"iteration {it}: {got[it]} vs straight {ref[it]}"
+print("after a SIGKILL during the save of iteration 4: resumed from 2, iterations 3-6 bitwise")
 PY
 
 # offline resharding: ck1 -> tp 4 shards, resumed on tp 4; a target that does not fit is refused
