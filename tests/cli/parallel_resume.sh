@@ -81,6 +81,26 @@ for it in got:
 print("after a SIGKILL during the save of iteration 4: resumed from 2, iterations 3-6 bitwise")
 PY
 
+# damaged checkpoints are clear errors naming the file, never a crash or silently wrong weights
+cp -r ck1 ckmiss && rm ckmiss/iter_0000003/shard_00005.h5
+if tiny --load ckmiss > miss.log 2>&1; then fail "a checkpoint with a missing shard loaded"; fi
+grep -q "missing its shard .*shard_00005.h5" miss.log || { cat miss.log; fail "the missing shard is not named"; }
+cp -r ck1 cktrunc && truncate -s 2000 cktrunc/iter_0000003/shard_00002.h5
+if tiny --load cktrunc > trunc.log 2>&1; then fail "a checkpoint with a truncated shard loaded"; fi
+grep -q "shard_00002.h5" trunc.log || { cat trunc.log; fail "the truncated shard is not named"; }
+cp -r ck1 ckflip
+python3 - ckflip/iter_0000003/shard_00000.h5 <<'PY'
+import sys
+# Flip one bit in the middle of the largest run of float data: the end of the file holds the last
+# datasets' values (HDF5 writes metadata first), so flip a byte well inside the file's second half.
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+data[len(data) * 3 // 4] ^= 0x08
+open(path, "wb").write(bytes(data))
+PY
+if tiny --load ckflip > flip.log 2>&1; then fail "a checkpoint with a flipped bit loaded"; fi
+grep -q "shard_00000.h5" flip.log || { cat flip.log; fail "the damaged shard is not named"; }
+
 # offline resharding: ck1 -> tp 4 shards, resumed on tp 4; a target that does not fit is refused
 "$troupe" ckpt convert --load ck1 --save ck1c --target-tensor-parallel-size 4 > conv.log 2>&1 \
   || { cat conv.log; fail "ckpt convert to tp 4 failed"; }
