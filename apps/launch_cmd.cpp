@@ -17,10 +17,13 @@
 // SIGKILL at once; the grace period applies too), and the launcher exits 128 + the signal. The
 // children get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG). Nothing waits without a
 // bound: ranks that survive SIGKILL for 10 s (stuck in the kernel) are reported and left behind.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +55,7 @@ struct LaunchArgs {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = comm::kDefaultMasterPort;
+  bool port_given = false;  // --master-port on the command line
   bool new_token = false;
   bool prefix_output = false;
   double stop_grace = 3.0;
@@ -282,6 +286,24 @@ Status validate(const LaunchArgs& a) {
   return Status::ok();
 }
 
+// A TCP port nobody listens on now (the kernel's pick for port 0 on loopback), or -1. One node, no
+// --master-port: like torchrun --standalone, two jobs on one machine then do not collide.
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
 int run_launch(LaunchArgs a) {
   if (a.new_token) {
     auto token = comm::generate_job_token();
@@ -303,6 +325,9 @@ int run_launch(LaunchArgs a) {
   if (Status st = validate(a); !st) {
     print_error("launch", st);
     return kExitUsage;
+  }
+  if (a.nnodes == 1 && !a.port_given) {
+    if (const int port = free_local_port(); port > 0) a.master_port = port;
   }
   std::string token;
   if (a.nnodes == 1) {
@@ -498,8 +523,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                   "Host of rank 0 (node 0), reachable from all nodes")
       ->capture_default_str();
   cmd->add_option("--master-port,--master_port", args->master_port,
-                  "TCP port of rank 0's rendezvous")
-      ->capture_default_str();
+                  "TCP port of rank 0's rendezvous (default: a free port on one node, else 29500)");
   cmd->add_flag("--new-token", args->new_token,
                 "Print a fresh job token and exit (export it as TROUPE_JOB_TOKEN for srun, mpirun, "
                 "several nodes)");
@@ -511,7 +535,10 @@ void add_launch_command(CLI::App& app, int* exit_code) {
   cmd->add_option("command", args->command,
                   "The subcommand each rank runs, after --, e.g. -- comm-check")
       ->expected(-1);
-  cmd->callback([args, exit_code] { *exit_code = run_launch(*args); });
+  cmd->callback([cmd, args, exit_code] {
+    args->port_given = cmd->count("--master-port") > 0;
+    *exit_code = run_launch(*args);
+  });
 }
 
 }  // namespace troupe::apps
