@@ -10,6 +10,7 @@
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
 #include "actors/shard.hpp"
+#include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/timeline.hpp"
 #include "actors/trainer.hpp"
@@ -193,22 +194,44 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   rs.micro_batches = config.grad_accumulation_steps(launched);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
+  caf::scoped_actor self{system};
+  // A save completes after this process's shards are written (in the offload actor, in the
+  // background): once every process is done, one process writes the metadata and the latest pointer.
+  auto commit = [&config, &options, world, layout = parallel_layout_json(rs.par)](const SaveRequest& r) {
+    const std::string key = "save " + std::to_string(r.iteration);
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
+    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
+      CheckpointMeta meta;
+      meta.iteration = r.iteration;
+      meta.consumed_samples = r.consumed_samples;
+      meta.optimizer_step = r.optimizer_step;
+      meta.config_json = r.config_json;
+      meta.rng_json = r.rng_json;
+      std::vector<std::string> names;
+      for (int k = 0; k < world; ++k)
+        names.push_back(std::filesystem::path(shard_file_path(config.save, r.iteration, k)).filename().string());
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, names));
+    }
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
+    return Status::ok();
+  };
+  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self));
   std::vector<rank_actor> ranks;
   std::vector<int> global;
   if (options.world) {  // one rank per process
-    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world));
+    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world, offload));
     global.push_back(options.world->rank());
   } else {
     for (int r = 0; r < world; ++r) {
-      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r)));
+      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r), offload));
       global.push_back(r);
     }
   }
   group_actor group = spawn_group(system, topo.value(), ranks, global);
   data_loader_actor loader = spawn_data_loader(system, data);
-  caf::scoped_actor self{system};
   auto shutdown = [&](const auto&... extra) {
     self->send_exit(group, caf::exit_reason::user_shutdown);
+    self->send_exit(offload, caf::exit_reason::user_shutdown);
     for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
     (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
@@ -247,24 +270,10 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     Status init = ask_ok(self, group, init_atom::value, config.seed);
     if (!init) return shutdown(), init;
   }
-  // A save: every rank has written its shard when the group replies; then, once every process is
-  // done, one process writes the metadata and the latest pointer.
-  spec.finalize_save = [&config, &options, world, layout = parallel_layout_json(rs.par)](const SaveRequest& r) {
-    const std::string key = "save " + std::to_string(r.iteration);
-    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
-    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
-      CheckpointMeta meta;
-      meta.iteration = r.iteration;
-      meta.consumed_samples = r.consumed_samples;
-      meta.optimizer_step = r.optimizer_step;
-      meta.config_json = r.config_json;
-      meta.rng_json = r.rng_json;
-      std::vector<std::string> names;
-      for (int k = 0; k < world; ++k)
-        names.push_back(std::filesystem::path(shard_file_path(config.save, r.iteration, k)).filename().string());
-      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, names));
-    }
-    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
+  // A save: the group replies once every local rank handed its snapshot to the offload actor, which
+  // writes the shards and then completes the save, in that order, while training goes on.
+  spec.finalize_save = [offload](const SaveRequest& r) {
+    caf::anon_send(offload, commit_atom::value, r);
     return Status::ok();
   };
 
@@ -275,6 +284,11 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  // No save is lost: wait for the offload actor's queue (shards and commits) before leaving.
+  if (!config.save.empty()) {
+    Status flushed = ask_ok(self, offload, flush_atom::value);
+    if (result && !flushed) result = flushed;
+  }
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
   if (!result && fabric) fabric->abort(0, result.status().message());

@@ -22,6 +22,7 @@ struct RankState {
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
   std::unique_ptr<RankEngine> engine;
   optimizer_actor optimizer;  // this rank's ZeRO optimizer partition, linked
+  offload_actor offload;      // background checkpoint writer of the process (may be null)
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
 };
@@ -63,11 +64,13 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
 }
 
 rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> self, RankSpec spec,
-                                        comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world) {
+                                        comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world,
+                                        offload_actor offload) {
   configure_blas_threads();
   auto& st = self->state;
   st.rank = rank;
   st.world = std::move(world);
+  st.offload = std::move(offload);
   st.created = make_groups(st, topo, rank);
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
@@ -142,14 +145,25 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                 [self, rp, req](OptimizerMoments& m) mutable {
                   auto& st = self->state;
                   Status done = prepare_iteration_dir(req.dir, req.iteration);
-                  if (done)
-                    done = write_shard_file(shard_file_path(req.dir, req.iteration, st.rank), st.rank,
-                                            st.engine->shard_contents(m.exp_avg, m.exp_avg_sq));
                   if (!done) {
                     rp.deliver(rank_error(st.rank, done));
                     return;
                   }
-                  crash_if_asked(req.iteration);
+                  // The snapshot: host copies of the rank's pieces (the training goes on changing them).
+                  ShardWrite w;
+                  w.path = shard_file_path(req.dir, req.iteration, st.rank);
+                  w.rank = st.rank;
+                  w.iteration = req.iteration;
+                  w.contents = st.engine->shard_contents(m.exp_avg, m.exp_avg_sq);
+                  if (st.offload) {  // written in the background
+                    caf::anon_send(st.offload, write_atom::value, std::move(w));
+                  } else {
+                    if (Status wrote = write_shard_file(w.path, w.rank, w.contents); !wrote) {
+                      rp.deliver(rank_error(st.rank, wrote));
+                      return;
+                    }
+                    crash_if_asked(req.iteration);
+                  }
                   rp.deliver(ok_atom::value);
                 },
                 [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
@@ -336,8 +350,8 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
 }  // namespace
 
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
-                      std::shared_ptr<comm::CommWorld> world) {
-  return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world));
+                      std::shared_ptr<comm::CommWorld> world, offload_actor offload) {
+  return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world), std::move(offload));
 }
 
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,

@@ -16,6 +16,7 @@
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/offload_actor.hpp"
 #include "actors/rank_engine.hpp"
 #include "comm/world.hpp"
 
@@ -71,8 +72,10 @@ using group_actor = caf::typed_actor<
 
 // world: this rank's view of the backend (local fabric or UCX), kept by the actor, which creates
 // its groups from `topology` on its own thread before taking commands.
+// offload: the process's offload actor, which writes the rank's checkpoint shards in the background
+// (default: the rank writes them itself before replying).
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
-                      std::shared_ptr<comm::CommWorld> world);
+                      std::shared_ptr<comm::CommWorld> world, offload_actor offload = {});
 
 // ranks: the rank actors of this process with their global ranks.
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,

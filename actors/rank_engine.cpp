@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -394,39 +395,71 @@ double MemoryReport::formula_bytes() const {
 
 namespace {
 
-// The global runs of elements [begin, end) of a spec's local tensor, and the local offsets (from
-// begin) of the elements that have one (vocabulary padding has none).
-std::vector<GlobalRun> range_runs(const ParamSpec& spec, int64_t begin, int64_t end, std::vector<int64_t>* kept) {
-  return runs_from_indices(end - begin, [&](int64_t i) {
-    const int64_t g = slice_global_index(spec, begin + i);
-    if (g >= 0 && kept != nullptr) kept->push_back(i);
-    return g;
-  });
+// Elements [begin, end) of a spec's local tensor as runs: (local offset from begin, global run). The
+// local-to-global map of a tensor-parallel slice is strictly increasing (padding rows, -1, come last),
+// so a run [i, i + L) is consecutive exactly when its last element's index is g(i) + L - 1: its length
+// is found by galloping on that test instead of visiting every element.
+std::vector<std::pair<int64_t, GlobalRun>> local_runs(const ParamSpec& spec, int64_t begin, int64_t end) {
+  std::vector<std::pair<int64_t, GlobalRun>> out;
+  const int64_t n = end - begin;
+  auto g = [&](int64_t i) { return slice_global_index(spec, begin + i); };
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t start = g(i);
+    if (start < 0) {  // padding: never saved
+      ++i;
+      continue;
+    }
+    auto consecutive = [&](int64_t len) { return i + len <= n && g(i + len - 1) == start + len - 1; };
+    int64_t good = 1, step = 1;
+    while (consecutive(good + step)) {
+      good += step;
+      step *= 2;
+    }
+    for (step /= 2; step >= 1; step /= 2)
+      if (consecutive(good + step)) good += step;
+    out.push_back({i, GlobalRun{start, good}});
+    i += good;
+  }
+  return out;
 }
 
 TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values) {
   TensorPiece p;
   p.name = spec.name;
   p.global_shape = spec.global_shape;
-  std::vector<int64_t> kept;
-  p.runs = range_runs(spec, begin, end, &kept);
-  p.values = Tensor::empty({static_cast<int64_t>(kept.size())});
+  const auto runs = local_runs(spec, begin, end);
+  int64_t total = 0;
+  for (const auto& [local, run] : runs) total += run.length;
+  p.values = Tensor::empty({total});
   const float* src = values.data<float>();
   float* dst = p.values.data<float>();
-  for (size_t k = 0; k < kept.size(); ++k) dst[k] = src[kept[k]];
+  for (const auto& [local, run] : runs) {
+    std::memcpy(dst, src + local, static_cast<size_t>(run.length) * sizeof(float));
+    dst += run.length;
+    p.runs.push_back(run);
+  }
   return p;
 }
 
 Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec& spec, int64_t begin, int64_t end,
                   const Tensor& into) {
-  std::vector<int64_t> kept;
-  const std::vector<GlobalRun> runs = range_runs(spec, begin, end, &kept);
-  Tensor tmp = Tensor::empty({static_cast<int64_t>(kept.size())});
-  if (!kept.empty()) TROUPE_RETURN_IF_ERROR(reader.read(section, spec.name, spec.global_shape, runs, tmp));
+  const auto runs = local_runs(spec, begin, end);
+  std::vector<GlobalRun> global;
+  int64_t total = 0;
+  for (const auto& [local, run] : runs) {
+    global.push_back(run);
+    total += run.length;
+  }
+  Tensor tmp = Tensor::empty({total});
+  if (total > 0) TROUPE_RETURN_IF_ERROR(reader.read(section, spec.name, spec.global_shape, global, tmp));
   into.zero_();  // padding stays zero
   const float* src = tmp.data<float>();
   float* dst = into.data<float>();
-  for (size_t k = 0; k < kept.size(); ++k) dst[kept[k]] = src[k];
+  for (const auto& [local, run] : runs) {
+    std::memcpy(dst + local, src, static_cast<size_t>(run.length) * sizeof(float));
+    src += run.length;
+  }
   return Status::ok();
 }
 

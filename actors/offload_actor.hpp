@@ -1,0 +1,44 @@
+// The offload actor (one per process; ARCHITECTURE.md): background checkpoint I/O. Ranks hand it host
+// snapshots of their shards and go back to training; it writes them on its own thread, in arrival
+// order, then completes each save (waits for the job's other processes, writes the metadata and the
+// latest pointer) once this process's shards of that save are on disk. Optimizer offload (issue 5's
+// next part) will live here too.
+//
+// Failures: the first failed write or commit is sent to the listener as (failed_atom, message), so
+// the job stops, and every later flush replies it. flush replies once all queued work is done: the
+// job flushes before it exits, so no save is lost.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+#include "storage/checkpoint.hpp"
+#include "storage/shard_file.hpp"
+
+namespace troupe {
+
+using write_atom = caf::atom_constant<caf::atom("write")>;
+using commit_atom = caf::atom_constant<caf::atom("commit")>;
+using flush_atom = caf::atom_constant<caf::atom("flush")>;
+
+struct ShardWrite {
+  std::string path;
+  int rank = 0;
+  int64_t iteration = 0;
+  ShardContents contents;  // host copies: the rank's tensors may change right after
+};
+
+using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
+                                       caf::reacts_to<commit_atom, SaveRequest>,
+                                       caf::replies_to<flush_atom>::with<ok_atom>>;
+
+// commit: completes a save after this process's shards are written (barrier, metadata, latest).
+offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
+                            caf::actor listener);
+
+}  // namespace troupe
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::ShardWrite)
