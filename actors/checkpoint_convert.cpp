@@ -109,15 +109,7 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
 
   CheckpointMeta saved = meta.value();
   saved.config_json = cfg.to_json();
-  std::vector<std::string> names;
-  for (int r = 0; r < world; ++r)
-    names.push_back(std::filesystem::path(shard_file_path(out, iteration, r)).filename().string());
-  const std::string layout = "{\"tensor_model_parallel_size\": " + std::to_string(par.tp) +
-                             ", \"pipeline_model_parallel_size\": " + std::to_string(par.pp) +
-                             ", \"data_parallel_size\": " + std::to_string(par.dp) +
-                             ", \"zero_stage\": " + std::to_string(par.zero_stage) +
-                             ", \"virtual_chunks\": " + std::to_string(par.virtual_chunks) + "}";
-  return commit_sharded_checkpoint(out, saved, layout, names);
+  return commit_sharded_checkpoint(out, saved, par.to_json(), shard_file_names(world));
 }
 
 }  // namespace troupe

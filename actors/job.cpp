@@ -152,13 +152,6 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
 
 // Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
 // backend, a group actor in front of them, and the same trainer.
-static std::string parallel_layout_json(const ParallelConfig& p) {
-  return "{\"tensor_model_parallel_size\": " + std::to_string(p.tp) + ", \"pipeline_model_parallel_size\": " +
-         std::to_string(p.pp) + ", \"data_parallel_size\": " + std::to_string(p.dp) + ", \"zero_stage\": " +
-         std::to_string(p.zero_stage) + ", \"schedule\": \"" + sched::schedule_name(p.schedule) +
-         "\", \"virtual_chunks\": " + std::to_string(p.virtual_chunks) + "}";
-}
-
 static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
                                            std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
                                            const JobOptions& options, int threads, double peak) {
@@ -197,7 +190,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   caf::scoped_actor self{system};
   // A save completes after this process's shards are written (in the offload actor, in the
   // background): once every process is done, one process writes the metadata and the latest pointer.
-  auto commit = [&config, &options, world, layout = parallel_layout_json(rs.par)](const SaveRequest& r) {
+  auto commit = [&config, &options, world, layout = rs.par.to_json()](const SaveRequest& r) {
     const std::string key = "save " + std::to_string(r.iteration);
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
     if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
@@ -207,10 +200,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
       meta.optimizer_step = r.optimizer_step;
       meta.config_json = r.config_json;
       meta.rng_json = r.rng_json;
-      std::vector<std::string> names;
-      for (int k = 0; k < world; ++k)
-        names.push_back(std::filesystem::path(shard_file_path(config.save, r.iteration, k)).filename().string());
-      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, names));
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, shard_file_names(world)));
     }
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
     return Status::ok();

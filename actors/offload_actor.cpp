@@ -20,9 +20,8 @@ struct OffloadState {
   Status failure;
 };
 
-// Fault injection for the durability tests: TROUPE_FAULT_KILL_AFTER_SHARD=N makes the process kill
-// itself (SIGKILL: no clean-up of any kind) right after it wrote a shard of iteration N, in the middle
-// of the checkpoint's save.
+}  // namespace
+
 void crash_if_asked(int64_t iteration) {
   const char* v = std::getenv("TROUPE_FAULT_KILL_AFTER_SHARD");
   if (v != nullptr && std::strtoll(v, nullptr, 10) == iteration) {
@@ -31,6 +30,8 @@ void crash_if_asked(int64_t iteration) {
     std::raise(SIGKILL);
   }
 }
+
+namespace {
 
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
                                               std::function<Status(const SaveRequest&)> commit, caf::actor listener) {

@@ -27,18 +27,6 @@ struct RankState {
   int rank = 0;
 };
 
-// Fault injection for the durability tests: TROUPE_FAULT_KILL_AFTER_SHARD=N makes the process kill
-// itself (SIGKILL: no clean-up of any kind) right after this rank wrote its shard of iteration N, that
-// is in the middle of the checkpoint's save.
-void crash_if_asked(int64_t iteration) {
-  const char* v = std::getenv("TROUPE_FAULT_KILL_AFTER_SHARD");
-  if (v != nullptr && std::strtoll(v, nullptr, 10) == iteration) {
-    std::fprintf(stderr, "troupe: TROUPE_FAULT_KILL_AFTER_SHARD=%s: killing this process during the save\n", v);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
-}
-
 caf::error rank_error(int rank, const Status& st) {
   return make_actor_error(ActorErrc::failed, "rank " + std::to_string(rank) + ": " + st.message());
 }

@@ -14,6 +14,13 @@ using Clock = std::chrono::steady_clock;
 
 // steady_clock is CLOCK_MONOTONIC (time since boot), shared by every process of a host: the spans of a
 // multi-process job on one host line up without any clock exchange.
+std::string ParallelConfig::to_json() const {
+  return "{\"tensor_model_parallel_size\": " + std::to_string(tp) + ", \"pipeline_model_parallel_size\": " +
+         std::to_string(pp) + ", \"data_parallel_size\": " + std::to_string(dp) + ", \"zero_stage\": " +
+         std::to_string(zero_stage) + ", \"schedule\": \"" + sched::schedule_name(schedule) +
+         "\", \"virtual_chunks\": " + std::to_string(virtual_chunks) + "}";
+}
+
 std::chrono::steady_clock::time_point span_epoch() { return Clock::time_point{}; }
 
 // Per chunk: activation buffers of each slot, the sends still reading them, and which micro-batch

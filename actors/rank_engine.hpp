@@ -50,6 +50,8 @@ struct ParallelConfig {
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
   int world_size() const { return tp * pp * dp; }
+  // The layout as a JSON object (recorded in checkpoints: informational).
+  std::string to_json() const;
 };
 
 struct RankSpec {

@@ -109,19 +109,7 @@ void save_then(Self self, std::function<void()> next) {
     return;
   }
   self->request(st.spec.shard, caf::infinite, save_atom::value, req)
-      .then(
-          [self, next, t0](ok_atom) {
-            auto& s = self->state;
-            s.last_saved = s.iteration;
-            SavedCheckpoint saved;
-            saved.iteration = s.iteration;
-            saved.path = s.spec.config.save;
-            saved.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-            s.last_checkpoint = saved.path;
-            caf::anon_send(s.spec.listener, save_atom::value, saved);
-            next();
-          },
-          on_error(self));
+      .then([saved_then, req](ok_atom) { saved_then(req); }, on_error(self));
 }
 
 // Mean loss over the first min(eval_iters * global batch, validation windows) validation windows, read

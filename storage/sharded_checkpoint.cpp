@@ -29,6 +29,12 @@ std::string shard_file_path(const std::string& dir, int64_t iteration, int rank)
   return (fs::path(iteration_dir(dir, iteration)) / fmt::format("shard_{:05d}.h5", rank)).string();
 }
 
+std::vector<std::string> shard_file_names(int ranks) {
+  std::vector<std::string> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(fs::path(shard_file_path(".", 0, r)).filename().string());
+  return out;
+}
+
 Status prepare_iteration_dir(const std::string& dir, int64_t iteration) {
   std::error_code ec;
   fs::create_directories(iteration_dir(dir, iteration), ec);

@@ -30,6 +30,9 @@ Status prepare_iteration_dir(const std::string& dir, int64_t iteration);
 // True when DIR/iter_N holds a version-2 checkpoint (metadata.json, or shards without it: unfinished).
 bool is_sharded_checkpoint(const std::string& dir, int64_t iteration);
 
+// "shard_00000.h5" ... for ranks 0 .. ranks-1 (metadata.json's "shards").
+std::vector<std::string> shard_file_names(int ranks);
+
 Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::string& layout_json,
                                  const std::vector<std::string>& shard_names);
 
