@@ -94,10 +94,13 @@ std::string lower(std::string s) {
 //       when saving; troupe trains in fp32 and writes its own checkpoint format
 //       (docs/CHECKPOINT.md) whatever this says.
 //     round_robin_gradients: spread the gradient copies of CPU offload over the ranks (stage 1/2).
-//   offload_optimizer / offload_param: DeepSpeed moves the optimizer state / the parameters to
-//     "device" ("cpu" or "nvme"; "none", the default, offloads nothing). An absent or "none" device
-//     is accepted (the block changes nothing); any other device is an error, since optimizer and
-//     parameter offload are not in this build yet.
+//   offload_optimizer: DeepSpeed moves the optimizer state to "device" ("cpu": ZeRO-Offload, host
+//     memory; "nvme": ZeRO-Infinity, files under "nvme_path"; "none", the default) -> --offload-optimizer,
+//     --offload-path. pin_memory, buffer_count, pipeline_read, pipeline_write and fast_init tune
+//     DeepSpeed's swapper: checked and ignored (troupe's host pool is pinned where CUDA exists and its
+//     swapper always reads ahead and writes back). ratio (partial offload) must be 1.
+//   offload_param: DeepSpeed moves the parameters to "device". An absent or "none" device is
+//     accepted; any other is an error, since parameter offload is not in this build yet.
 // * fp16 / bf16 .enabled (default false).
 // A key DeepSpeed knows but troupe does not (or a typo) is an error: silently ignoring it would
 // train something other than what the file asks for.
@@ -318,8 +321,7 @@ class DeepSpeedMerger {
     accepted.insert(accepted.end(), {"offload_optimizer", "offload_param"});
     TROUPE_RETURN_IF_ERROR(check_keys(*block, z, accepted));
 
-    TROUPE_RETURN_IF_ERROR(
-        check_offload(*block, "offload_optimizer", "the optimizer state", "optimizer offload"));
+    TROUPE_RETURN_IF_ERROR(merge_offload_optimizer(*block));
     TROUPE_RETURN_IF_ERROR(
         check_offload(*block, "offload_param", "the parameters", "parameter offload"));
     for (const auto& key : kIgnoredSwitches) {
@@ -337,6 +339,46 @@ class DeepSpeedMerger {
                    "is " + std::to_string(*stage) + "; ZeRO stages are 0 to 3",
                    "set 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
     apply("--zero-stage", &cfg_->zero_stage, *stage, "zero_optimization.stage");
+    return Status::ok();
+  }
+
+  // zero_optimization.offload_optimizer (DeepSpeed's DeepSpeedZeroOffloadOptimizerConfig): device
+  // and nvme_path set --offload-optimizer / --offload-path; the tuning keys are checked and left to
+  // troupe's own engine; a partial offload (ratio < 1) is not available.
+  Status merge_offload_optimizer(const json& zero) {
+    const json* block = nullptr;
+    const std::string z = "zero_optimization";
+    const std::string path = path_of(z, "offload_optimizer");
+    TROUPE_RETURN_IF_ERROR(get_object(zero, z, "offload_optimizer", &block));
+    if (!block) return Status::ok();
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, path,
+                                      {"device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read",
+                                       "pipeline_write", "fast_init", "ratio"}));
+    for (const char* key : {"pin_memory", "pipeline_read", "pipeline_write", "fast_init"}) {
+      std::optional<bool> ignored;
+      TROUPE_RETURN_IF_ERROR(get_bool(*block, path, key, &ignored));
+    }
+    std::optional<int64_t> buffers;
+    TROUPE_RETURN_IF_ERROR(get_integer(*block, path, "buffer_count", &buffers));
+    if (buffers && *buffers < 1)
+      return error(path_of(path, "buffer_count"), "is " + std::to_string(*buffers), "use at least 1 (DeepSpeed: 4)");
+    std::optional<double> ratio;
+    TROUPE_RETURN_IF_ERROR(get_number(*block, path, "ratio", &ratio));
+    if (ratio && *ratio != 1.0)
+      return error(path_of(path, "ratio"),
+                   "is " + std::to_string(*ratio) + ": a partial optimizer offload is not available in troupe",
+                   "remove \"ratio\" (or set 1.0): the whole optimizer state is offloaded");
+    std::optional<std::string> device, nvme_path;
+    TROUPE_RETURN_IF_ERROR(get_string(*block, path, "device", &device));
+    TROUPE_RETURN_IF_ERROR(get_string(*block, path, "nvme_path", &nvme_path));
+    if (device) {
+      if (*device != "none" && *device != "cpu" && *device != "nvme")
+        return error(path_of(path, "device"), "is \"" + *device + "\"", "use \"cpu\", \"nvme\" or \"none\"");
+      apply("--offload-optimizer", &cfg_->offload_optimizer, *device, path_of(path, "device"));
+    }
+    // DeepSpeed reads nvme_path only with device nvme.
+    if (nvme_path && cfg_->offload_optimizer == "nvme")
+      apply("--offload-path", &cfg_->offload_path, *nvme_path, path_of(path, "nvme_path"));
     return Status::ok();
   }
 

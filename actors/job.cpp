@@ -205,15 +205,23 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
     return Status::ok();
   };
-  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self));
+  // The offload actor owns the process's host memory pool; the optimizer partitions take their
+  // offloaded moments (or, with nvme, their swap buffers) from it.
+  auto pool = std::make_shared<HostPool>();
+  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), pool);
+  OptimizerOffload optimizer_offload;
+  optimizer_offload.device = config.offload_optimizer;
+  optimizer_offload.path = config.offload_path;
+  optimizer_offload.pool = pool;
   std::vector<rank_actor> ranks;
   std::vector<int> global;
   if (options.world) {  // one rank per process
-    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world, offload));
+    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world, offload,
+                                optimizer_offload));
     global.push_back(options.world->rank());
   } else {
     for (int r = 0; r < world; ++r) {
-      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r), offload));
+      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r), offload, optimizer_offload));
       global.push_back(r);
     }
   }

@@ -17,6 +17,7 @@ namespace {
 struct OffloadState {
   std::function<Status(const SaveRequest&)> commit;
   caf::actor listener;
+  std::shared_ptr<HostPool> pool;  // held for the process's optimizer partitions
   Status failure;
 };
 
@@ -34,12 +35,14 @@ void crash_if_asked(int64_t iteration) {
 namespace {
 
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
-                                              std::function<Status(const SaveRequest&)> commit, caf::actor listener) {
+                                              std::function<Status(const SaveRequest&)> commit, caf::actor listener,
+                                              std::shared_ptr<HostPool> pool) {
   // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
   // a small share when there is none), so a save barely slows training and still finishes.
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
   self->state.commit = std::move(commit);
   self->state.listener = std::move(listener);
+  self->state.pool = std::move(pool);
   auto failed = [self](const Status& st) {
     if (!self->state.failure) return;  // the first failure is the one reported
     self->state.failure = st;
@@ -65,8 +68,8 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
 }  // namespace
 
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
-                            caf::actor listener) {
-  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener));
+                            caf::actor listener, std::shared_ptr<HostPool> pool) {
+  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener), std::move(pool));
 }
 
 }  // namespace troupe

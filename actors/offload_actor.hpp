@@ -1,8 +1,9 @@
 // The offload actor (one per process; ARCHITECTURE.md): background checkpoint I/O. Ranks hand it host
 // snapshots of their shards and go back to training; it writes them on its own thread, in arrival
 // order, then completes each save (waits for the job's other processes, writes the metadata and the
-// latest pointer) once this process's shards of that save are on disk. Optimizer offload (issue 5's
-// next part) will live here too.
+// latest pointer) once this process's shards of that save are on disk. It owns the process's host
+// memory pool (storage/host_pool.hpp), from which the optimizer partitions take their offloaded
+// moments (--offload-optimizer cpu) or their swap buffers (nvme; actors/moment_store.hpp).
 //
 // Failures: the first failed write or commit is sent to the listener as (failed_atom, message), so
 // the job stops, and every later flush replies it. flush replies once all queued work is done: the
@@ -16,6 +17,7 @@
 
 #include "actors/messages.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/host_pool.hpp"
 #include "storage/shard_file.hpp"
 
 namespace troupe {
@@ -42,8 +44,9 @@ void crash_if_asked(int64_t iteration);
 
 // commit: completes a save after this process's shards are written (barrier, metadata, latest).
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
-                            caf::actor listener);
+                            caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>());
 
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::ShardWrite)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::HostPool>)

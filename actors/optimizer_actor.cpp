@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "actors/errors.hpp"
 #include "kernels/check.hpp"
 #include "kernels/thread_pool.hpp"
 
@@ -13,41 +14,56 @@ struct OptimizerState {
   std::unique_ptr<ThreadPool> pool;
   Context ctx;
   std::vector<AdamSegment> segments;
-  std::vector<Tensor> exp_avg, exp_avg_sq;  // one per segment, zero at the start
+  std::shared_ptr<MomentStore> moments;  // zero at the start
 };
 
+caf::error optimizer_error(const Status& st) { return make_actor_error(ActorErrc::failed, st.message()); }
+
 optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_pointer<OptimizerState> self,
-                                                  std::vector<AdamSegment> segments, int num_threads) {
+                                                  std::vector<AdamSegment> segments, int num_threads,
+                                                  std::shared_ptr<MomentStore> moments) {
   configure_blas_threads();
   auto& st = self->state;
   st.pool = std::make_unique<ThreadPool>(num_threads);
   st.ctx.device = Device::cpu;
   st.ctx.pool = st.pool.get();
   st.segments = std::move(segments);
-  for (const AdamSegment& s : st.segments) {
-    st.exp_avg.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
-    st.exp_avg_sq.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
-  }
+  st.moments = std::move(moments);
   return {
-      [self](step_atom, const StepRequest& req) -> ok_atom {
+      [self](step_atom, const StepRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
-        adamw_step(s.ctx, s.segments, s.exp_avg, s.exp_avg_sq, req);
+        // Piece by piece (AdamW is elementwise: the same numbers as whole segments).
+        Status st = s.moments->visit(MomentAccess::read_write, [&](const MomentPiece& p) {
+          const AdamSegment& seg = s.segments[p.segment];
+          AdamSegment piece{seg.param.rows(p.begin, p.end), seg.grad.rows(p.begin, p.end), seg.decay};
+          adamw_step(s.ctx, {piece}, {p.exp_avg}, {p.exp_avg_sq}, req);
+        });
+        if (!st) return optimizer_error(st);
         return ok_atom::value;
       },
-      [self](save_atom) -> OptimizerMoments {
+      [self](save_atom) -> caf::result<OptimizerMoments> {
+        auto& s = self->state;
         OptimizerMoments m;
-        for (const Tensor& t : self->state.exp_avg) m.exp_avg.push_back(t.clone());
-        for (const Tensor& t : self->state.exp_avg_sq) m.exp_avg_sq.push_back(t.clone());
+        for (const AdamSegment& seg : s.segments) {
+          m.exp_avg.push_back(Tensor::empty(seg.param.shape(), seg.param.dtype()));
+          m.exp_avg_sq.push_back(Tensor::empty(seg.param.shape(), seg.param.dtype()));
+        }
+        Status st = s.moments->visit(MomentAccess::read, [&](const MomentPiece& p) {
+          m.exp_avg[p.segment].rows(p.begin, p.end).copy_from(p.exp_avg);
+          m.exp_avg_sq[p.segment].rows(p.begin, p.end).copy_from(p.exp_avg_sq);
+        });
+        if (!st) return optimizer_error(st);
         return m;
       },
-      [self](load_atom, const OptimizerMoments& m) -> ok_atom {
+      [self](load_atom, const OptimizerMoments& m) -> caf::result<ok_atom> {
         auto& s = self->state;
-        TROUPE_CHECK(m.exp_avg.size() == s.exp_avg.size() && m.exp_avg_sq.size() == s.exp_avg_sq.size(),
+        TROUPE_CHECK(m.exp_avg.size() == s.segments.size() && m.exp_avg_sq.size() == s.segments.size(),
                      "optimizer moments for other segments");
-        for (size_t i = 0; i < s.exp_avg.size(); ++i) {
-          s.exp_avg[i].copy_from(m.exp_avg[i]);
-          s.exp_avg_sq[i].copy_from(m.exp_avg_sq[i]);
-        }
+        Status st = s.moments->visit(MomentAccess::write, [&](const MomentPiece& p) {
+          p.exp_avg.copy_from(m.exp_avg[p.segment].rows(p.begin, p.end));
+          p.exp_avg_sq.copy_from(m.exp_avg_sq[p.segment].rows(p.begin, p.end));
+        });
+        if (!st) return optimizer_error(st);
         return ok_atom::value;
       },
   };
@@ -55,8 +71,18 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
 
 }  // namespace
 
-optimizer_actor spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads) {
-  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads);
+Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads,
+                                        const OptimizerOffload& offload) {
+  std::vector<int64_t> counts;
+  DType dtype = DType::f32;
+  for (const AdamSegment& s : segments) {
+    counts.push_back(s.param.numel());
+    dtype = s.param.dtype();
+  }
+  auto moments = MomentStore::create(offload, counts, dtype);
+  if (!moments) return moments.status();
+  std::shared_ptr<MomentStore> shared = std::move(moments).value();
+  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads, std::move(shared));
 }
 
 }  // namespace troupe

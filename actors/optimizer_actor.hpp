@@ -6,12 +6,16 @@
 // clipped the gradients, and all-gathers the updated partitions afterwards (stages 1, 2).
 // Segments are views into the rank's buffers: rank and optimizer share memory (one process), and the
 // rank does not touch them while a step is in flight.
+// The moments live where --offload-optimizer says (actors/moment_store.hpp): with the actor, in the
+// process's host memory pool (cpu), or in a swap file read ahead and written back piece by piece
+// around the step (nvme); the numbers are bitwise the same in all three.
 #pragma once
 #include <vector>
 
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/moment_store.hpp"
 #include "actors/zero_store.hpp"
 
 namespace troupe {
@@ -25,9 +29,13 @@ using optimizer_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>
                                          caf::replies_to<save_atom>::with<OptimizerMoments>,  // copies out
                                          caf::replies_to<load_atom, OptimizerMoments>::with<ok_atom>>;  // copies in
 
-optimizer_actor spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads);
+// Creates the moments first (an nvme swap file may fail: no space, no permission) and returns that
+// error without spawning anything.
+Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads,
+                                        const OptimizerOffload& offload = {});
 
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::AdamSegment>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::OptimizerMoments)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::MomentStore>)

@@ -53,7 +53,7 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
 
 rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> self, RankSpec spec,
                                         comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world,
-                                        offload_actor offload) {
+                                        offload_actor offload, OptimizerOffload optimizer_offload) {
   configure_blas_threads();
   auto& st = self->state;
   st.rank = rank;
@@ -63,8 +63,14 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
     st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms);
-    st.optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads);
-    self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die
+    optimizer_offload.rank = rank;
+    auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload);
+    if (optimizer) {
+      st.optimizer = std::move(optimizer).value();
+      self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die
+    } else {
+      st.created = optimizer.status();
+    }
   }
   return {
       [self](init_atom, uint64_t seed) -> caf::result<ok_atom> {
@@ -338,8 +344,10 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
 }  // namespace
 
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
-                      std::shared_ptr<comm::CommWorld> world, offload_actor offload) {
-  return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world), std::move(offload));
+                      std::shared_ptr<comm::CommWorld> world, offload_actor offload,
+                      OptimizerOffload optimizer_offload) {
+  return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world), std::move(offload),
+                                     std::move(optimizer_offload));
 }
 
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,

@@ -16,6 +16,7 @@
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
+#include "actors/moment_store.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_engine.hpp"
 #include "comm/world.hpp"
@@ -73,9 +74,11 @@ using group_actor = caf::typed_actor<
 // world: this rank's view of the backend (local fabric or UCX), kept by the actor, which creates
 // its groups from `topology` on its own thread before taking commands.
 // offload: the process's offload actor, which writes the rank's checkpoint shards in the background
-// (default: the rank writes them itself before replying).
+// (default: the rank writes them itself before replying). optimizer_offload: where the rank's
+// optimizer partition keeps its Adam moments (its rank field is set here).
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
-                      std::shared_ptr<comm::CommWorld> world, offload_actor offload = {});
+                      std::shared_ptr<comm::CommWorld> world, offload_actor offload = {},
+                      OptimizerOffload optimizer_offload = {});
 
 // ranks: the rank actors of this process with their global ranks.
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,

@@ -15,7 +15,7 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 2;  // 2 added the "parallel" object; version 1 files read as 1x1x1
+constexpr int kVersion = 3;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime"
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -42,6 +42,14 @@ void visit_parallel_fields(Config& c, Visitor&& v) {
   v("recompute_granularity", c.recompute_granularity);
   v("sequence_parallel", c.sequence_parallel);
   v("timeline", c.timeline);
+}
+
+// Version 3: optimizer offload and restarts (absent from older files: no offload, no restarts).
+template <class Config, class Visitor>
+void visit_runtime_fields(Config& c, Visitor&& v) {
+  v("offload_optimizer", c.offload_optimizer);
+  v("offload_path", c.offload_path);
+  v("max_restarts", c.max_restarts);
 }
 
 template <class Config, class Visitor>
@@ -187,6 +195,9 @@ std::string TrainConfig::to_json() const {
   visit_parallel_fields(*this,
                         [&](const char* key, const auto& value) { parallel_json[key] = value; });
   j["parallel"] = std::move(parallel_json);
+  json runtime_json = json::object();
+  visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
+  j["runtime"] = std::move(runtime_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
@@ -237,10 +248,24 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     TROUPE_RETURN_IF_ERROR(par_reader.finish());
   }
 
+  if (version->get<int64_t>() >= 3) {
+    const auto rt_it = j.find("runtime");
+    if (rt_it == j.end())
+      return Status::error(
+          "train config JSON: missing key \"runtime\" -- write the config again with `troupe train`");
+    if (!rt_it->is_object()) return type_error("runtime", "an object", *rt_it);
+    ObjectReader rt_reader(*rt_it, "runtime.");
+    visit_runtime_fields(c, rt_reader);
+    TROUPE_RETURN_IF_ERROR(rt_reader.finish());
+  }
+
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
-  // Version 1 had no "parallel": one there is unknown, not silently ignored.
-  if (version->get<int64_t>() >= 2)
+  // Objects of later versions in an older file are unknown, not silently ignored.
+  const int64_t v = version->get<int64_t>();
+  if (v >= 3)
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime"}));
+  else if (v == 2)
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel"}));
   else
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));

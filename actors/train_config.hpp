@@ -31,6 +31,17 @@ struct TrainConfig {
   bool sequence_parallel = false;
   std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
 
+  // Optimizer offload (DeepSpeed's zero_optimization.offload_optimizer): where the Adam moments of
+  // each optimizer partition live. none: with the partition actor; cpu: the process's host memory
+  // pool (pinned where CUDA exists), stepped on the partition's own thread; nvme: a file under
+  // offload_path per partition, read ahead for each piece's step and written back after it.
+  std::string offload_optimizer = "none";  // none | cpu | nvme
+  std::string offload_path;                // nvme: the directory of the swap files
+
+  // Supervision: a failed actor or process stops the job; with max_restarts > 0 the job restarts
+  // every actor from the latest checkpoint in --save up to this many times.
+  int max_restarts = 0;
+
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;
   double min_lr = 0.0;
@@ -78,12 +89,13 @@ struct TrainConfig {
     return global_batch_size / (micro_batch_size * resolved_dp(world_size));
   }
   bool parallel() const {
-    return tensor_model_parallel_size * pipeline_model_parallel_size * resolved_dp() > 1 || zero_stage > 0;
+    return tensor_model_parallel_size * pipeline_model_parallel_size * resolved_dp() > 1 || zero_stage > 0 ||
+           offload_optimizer != "none";
   }
 
-  // {"format": "troupe.train_config", "version": 2, "model": {GptConfig's fields}, "parallel": {the
-  // parallelism fields}, every other field
-  // above}, indented. from_json requires every key and rejects unknown ones; errors name the key.
+  // {"format": "troupe.train_config", "version": 3, "model": {GptConfig's fields}, "parallel": {the
+  // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts}, every other
+  // field above}, indented. Versions 1 (no "parallel") and 2 (no "runtime") still load. from_json requires every key and rejects unknown ones; errors name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);
 };

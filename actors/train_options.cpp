@@ -47,6 +47,7 @@ class Validator {
     TROUPE_RETURN_IF_ERROR(schedule(c));
     TROUPE_RETURN_IF_ERROR(data(c));
     TROUPE_RETURN_IF_ERROR(checkpoints(c));
+    TROUPE_RETURN_IF_ERROR(offload_and_restarts(c));
     return logging(c);
   }
 
@@ -420,6 +421,37 @@ class Validator {
     return Status::ok();
   }
 
+  Status offload_and_restarts(const TrainConfig& c) const {
+    const std::string& device = c.offload_optimizer;
+    if (device != "none" && device != "cpu" && device != "nvme")
+      return bad("--offload-optimizer", "is \"" + device + "\"",
+                 "use cpu (host memory pool) or nvme (files under --offload-path), or none");
+    if (device == "nvme") {
+      if (c.offload_path.empty())
+        return bad("--offload-optimizer", "is nvme but no --offload-path is given",
+                   "add --offload-path DIR, a directory on a fast local disk for the swap files");
+      std::error_code ec;
+      if (!fs::is_directory(c.offload_path, ec))
+        return bad("--offload-path", c.offload_path + " is not a directory",
+                   "create it (mkdir -p) on a fast local disk, or give another directory");
+      if (::access(c.offload_path.c_str(), W_OK | X_OK) != 0)
+        return bad("--offload-path", c.offload_path + " is not writable by this user",
+                   "give a directory you can write to");
+    } else if (!c.offload_path.empty()) {
+      return bad("--offload-path", "is only used by --offload-optimizer nvme, but that is " + device,
+                 "add --offload-optimizer nvme, or drop --offload-path");
+    }
+    if (c.max_restarts < 0)
+      return bad("--max-restarts", fmt::format("must be >= 0, got {}", c.max_restarts),
+                 "use 0 to stop at the first failure");
+    if (c.max_restarts > 0 && c.save.empty())
+      return bad("--max-restarts",
+                 fmt::format("is {}, but without --save there is no checkpoint to restart from",
+                             c.max_restarts),
+                 "add --save DIR and --save-interval N (restarts resume from the latest checkpoint)");
+    return Status::ok();
+  }
+
   Status logging(const TrainConfig& c) const {
     TROUPE_RETURN_IF_ERROR(positive("--eval-interval", c.eval_interval, "1000"));
     if (c.eval_iters < 0)
@@ -547,6 +579,18 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Stop (saving a checkpoint when --save is set) once the iteration is a multiple of N");
   opt(ckpt, "--load", cfg->load,
       "Directory to resume from (holds latest_checkpointed_iteration.txt)");
+
+  const char* resilience = "Offload and supervision";
+  opt(resilience, "--offload-optimizer", cfg->offload_optimizer,
+      "Where the Adam moments live: none, cpu (ZeRO-Offload: the process's host memory pool and "
+      "the optimizer's own thread) or nvme (ZeRO-Infinity: files under --offload-path, read ahead "
+      "and written back each step); DeepSpeed's zero_optimization.offload_optimizer.device");
+  opt(resilience, "--offload-path", cfg->offload_path,
+      "Directory of the optimizer swap files with --offload-optimizer nvme (DeepSpeed's nvme_path)");
+  opt(resilience, "--max-restarts", cfg->max_restarts,
+      "After a failure (an actor that throws, a rank that dies), restart every actor from the "
+      "latest checkpoint in --save up to N times (in one process; under troupe launch give it to "
+      "the launcher)");
 
   const char* logs = "Evaluation and logging";
   opt(logs, "--eval-interval", cfg->eval_interval,

@@ -23,7 +23,8 @@
 //   scheduler {type WarmupLR|WarmupDecayLR|WarmupCosineLR, params {...}}; gradient_clipping ->
 //   --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown (no effect);
 //   zero_optimization {stage 0..3 -> --zero-stage, the memory/communication tuning keys (checked,
-//   no effect), offload_optimizer / offload_param only with device "none"}; fp16 / bf16 {enabled
+//   no effect), offload_optimizer {device none|cpu|nvme -> --offload-optimizer, nvme_path ->
+//   --offload-path, swapper tuning keys checked, no effect}, offload_param only with device "none"}; fp16 / bf16 {enabled
 //   false}. The mapping of each, with the DeepSpeed behaviour it reproduces, is documented in
 //   deepspeed_config.cpp.
 //

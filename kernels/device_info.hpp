@@ -1,6 +1,7 @@
 // What compute this binary can use: the CPU always; CUDA GPUs when built with the CUDA backend and a
 // driver is present. Never fails: a missing driver is reported, not fatal.
 #pragma once
+#include <cstddef>
 #include <string>
 
 namespace troupe {
@@ -12,5 +13,11 @@ struct DeviceInfo {
 };
 
 DeviceInfo query_devices();
+
+// Page-locks [p, p + bytes) for fast and asynchronous device copies (cudaHostRegister) when this
+// binary has the CUDA backend and a GPU is visible; returns whether it did. Without a GPU the memory
+// stays pageable and nothing else changes. unpin_host_memory undoes a successful pin.
+bool pin_host_memory(void* p, size_t bytes);
+void unpin_host_memory(void* p);
 
 }  // namespace troupe

@@ -33,6 +33,9 @@ TrainConfig all_fields_set() {
   c.recompute_granularity = "selective";
   c.sequence_parallel = true;
   c.timeline = "/logs/timeline.json";
+  c.offload_optimizer = "nvme";
+  c.offload_path = "/nvme/swap";
+  c.max_restarts = 3;
   c.lr = 3.3e-4;
   c.min_lr = 1.1e-5;
   c.lr_decay_style = "cosine";
@@ -156,7 +159,37 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.size() == 9);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 2);
+  CHECK(j.at("version") == 3);
+}
+
+TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  const json& r = j.at("runtime");
+  CHECK(r.at("offload_optimizer") == "nvme");
+  CHECK(r.at("offload_path") == "/nvme/swap");
+  CHECK(r.at("max_restarts") == 3);
+  CHECK(r.size() == 3);
+  auto back = TrainConfig::from_json(j.dump());
+  REQUIRE(back.is_ok());
+  CHECK(back.value().offload_optimizer == "nvme");
+  CHECK(back.value().offload_path == "/nvme/swap");
+  CHECK(back.value().max_restarts == 3);
+  // A version 2 file has no "runtime": no offload, no restarts.
+  json v2 = j;
+  v2.erase("runtime");
+  v2["version"] = 2;
+  auto old = TrainConfig::from_json(v2.dump());
+  INFO(old.status().message());
+  REQUIRE(old.is_ok());
+  CHECK(old.value().offload_optimizer == "none");
+  CHECK(old.value().offload_path.empty());
+  CHECK(old.value().max_restarts == 0);
+  CHECK(old.value().tensor_model_parallel_size == 3);
+  json v2_with = j;
+  v2_with["version"] = 2;
+  auto bad = TrainConfig::from_json(v2_with.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"runtime\""));
 }
 
 TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]") {
@@ -189,6 +222,7 @@ TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]")
 TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard", "[train_config]") {
   json j = json::parse(all_fields_set().to_json());
   j.erase("parallel");
+  j.erase("runtime");
   j["version"] = 1;
   auto r = TrainConfig::from_json(j.dump());
   INFO(r.status().message());
@@ -210,11 +244,12 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.model.num_layers == 7);
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
-  // Written again, it is version 2.
-  CHECK(json::parse(c.to_json()).at("version") == 2);
+  // Written again, it is version 3.
+  CHECK(json::parse(c.to_json()).at("version") == 3);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = json::parse(all_fields_set().to_json());
+  with_parallel.erase("runtime");
   with_parallel["version"] = 1;
   auto bad = TrainConfig::from_json(with_parallel.dump());
   REQUIRE_FALSE(bad.is_ok());
@@ -268,10 +303,13 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 3; }),
-             Catch::Contains("\"version\" must be 1 to 2") && Catch::Contains("got 3"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 4; }),
+             Catch::Contains("\"version\" must be 1 to 3") && Catch::Contains("got 4"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 2"));
+             Catch::Contains("\"version\" must be 1 to 3"));
+  CHECK_THAT(error_after([](json& j) { j["runtime"]["max_restarts"] = "two"; }),
+             Catch::Contains("\"runtime.max_restarts\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j.erase("runtime"); }), Catch::Contains("missing key \"runtime\""));
   CHECK_THAT(error_after([](json& j) { j.erase("parallel"); }),
              Catch::Contains("missing key \"parallel\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"] = 4; }),

@@ -886,15 +886,35 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
     expected.deepspeed_config = c.deepspeed_config;
     CHECK(c.to_json() == expected.to_json());
   }
-  SECTION("offload is not in this build: the message says how to fix the file") {
-    Parsed p = with(R"({"zero_optimization": {"stage": 2,
-                        "offload_optimizer": {"device": "cpu", "pin_memory": true}}})");
-    REQUIRE_FALSE(p.status.is_ok());
-    CHECK_THAT(p.status.message(),
-               Contains("\"zero_optimization.offload_optimizer\" asks to offload the optimizer "
-                        "state to \"cpu\", but optimizer offload is not in this build") &&
-                   Contains(" -- remove the \"offload_optimizer\" block from "
-                            "\"zero_optimization\""));
+  SECTION("offload_optimizer sets --offload-optimizer and --offload-path; the flags win") {
+    const TrainConfig cpu = ok(R"({"zero_optimization": {"stage": 2,
+                        "offload_optimizer": {"device": "cpu", "pin_memory": true, "fast_init": false}}})");
+    CHECK(cpu.offload_optimizer == "cpu");
+    CHECK(cpu.offload_path.empty());
+    const std::string swap = ws.dir.str("");
+    const TrainConfig nvme = ok(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+                        "nvme_path": ")" + swap + R"(", "buffer_count": 4, "pipeline_read": true, "ratio": 1.0}}})");
+    CHECK(nvme.offload_optimizer == "nvme");
+    CHECK(nvme.offload_path == swap);
+    // nvme_path is DeepSpeed's only with device nvme.
+    CHECK(ok(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "nvme_path": "/x"}}})").offload_path.empty());
+    CHECK(ok(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/x"}}})",
+             {"--offload-optimizer", "none"})
+              .offload_optimizer == "none");
+  }
+  SECTION("offload errors name the key and the fix") {
+    Parsed p = with(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}})");
+    CHECK_THAT(p.status.message(), Contains("--offload-optimizer is nvme but no --offload-path is given") &&
+                                       Contains("zero_optimization.offload_optimizer.device"));
+    p = with(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/no/such/dir"}}})");
+    CHECK_THAT(p.status.message(), Contains("--offload-path /no/such/dir is not a directory") &&
+                                       Contains("zero_optimization.offload_optimizer.nvme_path"));
+    p = with(R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})");
+    CHECK_THAT(p.status.message(), Contains("\"zero_optimization.offload_optimizer.device\" is \"gpu\""));
+    p = with(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+    CHECK_THAT(p.status.message(), Contains("partial optimizer offload is not available"));
+    p = with(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "swap_everything": true}}})");
+    CHECK_THAT(p.status.message(), Contains("swap_everything"));
     p = with(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})");
     REQUIRE_FALSE(p.status.is_ok());
     CHECK_THAT(p.status.message(), Contains("\"zero_optimization.offload_param\"") &&
@@ -903,6 +923,16 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
     p = with(R"({"zero_optimization": {"offload_optimizer": true}})");
     CHECK_THAT(p.status.message(),
                Contains("\"zero_optimization.offload_optimizer\" must be an object"));
+  }
+  SECTION("offload and restart flags") {
+    CHECK_THAT(parse(ws.args({"--offload-optimizer", "disk"})).status.message(),
+               Contains("--offload-optimizer is \"disk\""));
+    CHECK_THAT(parse(ws.args({"--offload-path", ws.dir.str("")})).status.message(),
+               Contains("--offload-path is only used by --offload-optimizer nvme"));
+    CHECK_THAT(parse(ws.args({"--max-restarts", "2"})).status.message(),
+               Contains("--max-restarts is 2, but without --save there is no checkpoint to restart from"));
+    CHECK_THAT(parse(ws.args({"--max-restarts", "-1"})).status.message(), Contains("--max-restarts must be >= 0"));
+    CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {
     Parsed p = with(R"({"zero_optimization": {"overlap_comm": 1}})");
