@@ -239,6 +239,13 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
        " compute thread(s) per rank");
+  if (config.offload_optimizer == "cpu")
+    note("optimizer offload: cpu (the Adam moments live in the offload actor's host memory pool" +
+         std::string(pool->pinned() ? ", pinned" : "") + "; the step runs on each partition's own threads)");
+  else if (config.offload_optimizer == "nvme")
+    note("optimizer offload: nvme (the Adam moments live in swap files under " + config.offload_path +
+         ", read ahead and written back in pieces of " + std::to_string(MomentStore::kPieceElements >> 10) +
+         " Ki elements; the files are deleted on exit)");
   TrainerSpec spec;
   if (!config.load.empty()) {  // any layout's checkpoint, version 1 or 2: every rank reads its part
     auto it = latest_iteration(config.load);

@@ -171,7 +171,11 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
       const Tensor& dst = b.in_act[slot.value()];
       posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kF));
     } else {
-      const Tensor& dst = b.in_grad[b.slot_of_micro.at(a.micro)];
+      // The first stage allocates a micro-batch's slot when its forward runs: a backward right
+      // after its own forward (fewer micro-batches than stages) is posted at its turn instead.
+      const auto slot = b.slot_of_micro.find(a.micro);
+      if (slot == b.slot_of_micro.end()) return Status::ok();
+      const Tensor& dst = b.in_grad[slot->second];
       posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k + 1) % p, tag(a.micro, k, kB));
     }
     return Status::ok();
@@ -180,6 +184,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     if (!needs_recv(a)) return Status::ok();
     const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
     const auto t0 = Clock::now();
+    TROUPE_CHECK(posted.count(key) == 1, "RankEngine: a receive was not posted");
     Status st = posted.at(key)->wait();
     posted.erase(key);
     const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();

@@ -289,6 +289,9 @@ TEST_CASE("parallel: every layout equals the 1x1x1 run", "[parallel]") {
       {"dp2 zero2", layout(1, 1, 2, 2), 1, 6},
       {"dp2 zero3", layout(1, 1, 2, 3), 1, 6},
       {"pp2 dp2 zero2 zb-h1", layout(1, 2, 2, 2, S::zb_h1), 1, 6},
+      // Fewer micro-batches than stages: the first stage's backward follows its own forward.
+      {"pp2 one micro-batch of 6", layout(1, 2, 1), 6, 6},
+      {"pp4 dp2 zero1 one micro-batch of 3", layout(1, 4, 2, 1), 3, 6},
       {"tp2 recompute full", layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::full), 1, 6},
       {"tp2 sp recompute selective", layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::selective, true), 1, 6},
       {"tp2 pp2 1f1b micro 2", layout(2, 2, 1), 2, 6},
