@@ -7,6 +7,7 @@ namespace troupe {
 namespace {
 data_loader_actor::behavior_type data_loader_behavior(data_loader_actor::pointer self,
                                                       std::shared_ptr<const DataSource> source) {
+  name_exceptions(self, "the data loader");
   return {
       [source](batch_atom, DataSplit split, int64_t first, int32_t count) -> caf::result<Tensor> {
         const int64_t S = source->seq_length();

@@ -1,5 +1,11 @@
 #include "actors/errors.hpp"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <memory>
+#include <typeinfo>
+
 namespace troupe {
 
 namespace {
@@ -19,6 +25,20 @@ std::string describe(const caf::error& err) {
     return std::string("actor exited: ") + caf::to_string(reason);
   }
   return caf::to_string(err);
+}
+
+caf::error exception_error(const std::string& who, std::exception_ptr& e) {
+  std::string what = "an unknown exception";
+  try {
+    if (e) std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    int status = 0;
+    std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(typeid(x).name(), nullptr, nullptr, &status),
+                                                std::free);
+    what = std::string(status == 0 && name ? name.get() : typeid(x).name()) + ": " + x.what();
+  } catch (...) {
+  }
+  return make_actor_error(ActorErrc::failed, who + " failed: " + what);
 }
 
 }  // namespace troupe

@@ -1,6 +1,7 @@
 // troupe's CAF error category: a recoverable failure inside an actor travels to whoever asked as a
 // caf::error carrying the user-facing message of the Status (never as an exception).
 #pragma once
+#include <exception>
 #include <string>
 
 #include <caf/all.hpp>
@@ -19,5 +20,15 @@ caf::error make_actor_error(ActorErrc code, std::string message);
 inline caf::error to_caf_error(const Status& s) { return make_actor_error(ActorErrc::failed, s.message()); }
 // The user-facing text of any caf::error (troupe's message, or CAF's own rendering).
 std::string describe(const caf::error& err);
+
+// The error an actor ends with when one of its handlers throws: "<who> failed: <exception type>:
+// <what>". Installed by name_exceptions on every troupe actor, so the supervisors (the group, the
+// trainer, the job) report which actor failed and why, instead of CAF's anonymous runtime_error.
+caf::error exception_error(const std::string& who, std::exception_ptr& e);
+template <class Self>
+void name_exceptions(Self* self, std::string who) {
+  self->set_exception_handler(
+      [who = std::move(who)](std::exception_ptr& e) -> caf::error { return exception_error(who, e); });
+}
 
 }  // namespace troupe

@@ -121,7 +121,13 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
         running = false;
       },
       [&](caf::down_msg& msg) {
-        if (!summary && failure.is_ok()) failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
+        if (msg.source == trainer) {
+          if (!summary && failure.is_ok())
+            failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
+        } else {  // another supervised actor (the offload actor) died: the job cannot go on
+          if (failure.is_ok()) failure = Status::error(describe(msg.reason));
+          self->send_exit(trainer, caf::exit_reason::user_shutdown);
+        }
         running = false;
       },
       caf::after(std::chrono::milliseconds(100)) >> check_stop);
@@ -209,6 +215,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   // offloaded moments (or, with nvme, their swap buffers) from it.
   auto pool = std::make_shared<HostPool>();
   offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), pool);
+  self->monitor(offload);  // it writes the checkpoints: its death stops the job (drive_trainer)
   OptimizerOffload optimizer_offload;
   optimizer_offload.device = config.offload_optimizer;
   optimizer_offload.path = config.offload_path;
@@ -349,6 +356,10 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   return result;
 }
 
+static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
+                                        const JobCallbacks& callbacks, const JobOptions& options, int threads,
+                                        double peak);
+
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                   const JobCallbacks& callbacks, const JobOptions& options) {
   const int threads = resolve_threads(config.num_threads);
@@ -374,6 +385,31 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     }
   }
 
+  // Supervision: a failed attempt (an actor that threw, a rank whose peer died, a failed save) is
+  // restarted up to --max-restarts times, every actor anew in a fresh actor system, from the latest
+  // checkpoint in --save (from the start, or --load, when nothing was saved yet).
+  TrainConfig attempt = config;
+  for (int restart = 1;; ++restart) {
+    auto result = run_attempt(attempt, data, callbacks, options, threads, peak);
+    const bool stopped = options.stop != nullptr && options.stop->load();
+    if (result || stopped || restart > config.max_restarts || options.world) return result;
+    auto latest = config.save.empty() ? Result<int64_t>(Status::error("no --save")) : latest_iteration(config.save);
+    if (latest) attempt.load = config.save;
+    note("the job failed: " + result.status().message());
+    note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
+         (latest ? "from " + iteration_dir(config.save, latest.value())
+                 : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
+  }
+}
+
+// One attempt of run_training: an actor system with every actor of the job, from `config.load` or
+// from the seed.
+static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
+                                        const JobCallbacks& callbacks, const JobOptions& options, int threads,
+                                        double peak) {
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
   // Parallel layouts, and any load of a version-2 (sharded) checkpoint, run on the rank engine.

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "actors/errors.hpp"
+#include "actors/fault_injection.hpp"
 
 namespace troupe {
 
@@ -21,25 +22,13 @@ struct OffloadState {
   Status failure;
 };
 
-}  // namespace
-
-void crash_if_asked(int64_t iteration) {
-  const char* v = std::getenv("TROUPE_FAULT_KILL_AFTER_SHARD");
-  if (v != nullptr && std::strtoll(v, nullptr, 10) == iteration) {
-    std::fprintf(stderr, "troupe: TROUPE_FAULT_KILL_AFTER_SHARD=%s: killing this process during the save\n", v);
-    std::fflush(stderr);
-    std::raise(SIGKILL);
-  }
-}
-
-namespace {
-
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
                                               std::function<Status(const SaveRequest&)> commit, caf::actor listener,
                                               std::shared_ptr<HostPool> pool) {
   // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
   // a small share when there is none), so a save barely slows training and still finishes.
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  name_exceptions(self, "the offload actor");
   self->state.commit = std::move(commit);
   self->state.listener = std::move(listener);
   self->state.pool = std::move(pool);
@@ -51,6 +40,7 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
   return {
       [self, failed](write_atom, const ShardWrite& w) {
         if (!self->state.failure) return;  // a save already failed: the job is stopping
+        throw_if_asked("offload", -1, w.iteration);
         if (Status st = write_shard_file(w.path, w.rank, w.contents); !st) return failed(st);
         crash_if_asked(w.iteration);
       },

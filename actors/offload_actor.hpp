@@ -37,11 +37,6 @@ using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
                                        caf::reacts_to<commit_atom, SaveRequest>,
                                        caf::replies_to<flush_atom>::with<ok_atom>>;
 
-// Fault injection for the durability tests: with TROUPE_FAULT_KILL_AFTER_SHARD=N the process kills
-// itself (SIGKILL: no clean-up of any kind) when called with iteration N, i.e. right after a shard of
-// that iteration was written, in the middle of the checkpoint's save.
-void crash_if_asked(int64_t iteration);
-
 // commit: completes a save after this process's shards are written (barrier, metadata, latest).
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
                             caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>());

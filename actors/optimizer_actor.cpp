@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "actors/errors.hpp"
+#include "actors/fault_injection.hpp"
 #include "kernels/check.hpp"
 #include "kernels/thread_pool.hpp"
 
@@ -15,15 +16,18 @@ struct OptimizerState {
   Context ctx;
   std::vector<AdamSegment> segments;
   std::shared_ptr<MomentStore> moments;  // zero at the start
+  int rank = 0;
 };
 
 caf::error optimizer_error(const Status& st) { return make_actor_error(ActorErrc::failed, st.message()); }
 
 optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_pointer<OptimizerState> self,
                                                   std::vector<AdamSegment> segments, int num_threads,
-                                                  std::shared_ptr<MomentStore> moments) {
+                                                  std::shared_ptr<MomentStore> moments, int rank) {
   configure_blas_threads();
+  name_exceptions(self, "the optimizer partition of rank " + std::to_string(rank));
   auto& st = self->state;
+  st.rank = rank;
   st.pool = std::make_unique<ThreadPool>(num_threads);
   st.ctx.device = Device::cpu;
   st.ctx.pool = st.pool.get();
@@ -32,6 +36,7 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
   return {
       [self](step_atom, const StepRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
+        throw_if_asked("optimizer", s.rank, req.step);
         // Piece by piece (AdamW is elementwise: the same numbers as whole segments).
         Status st = s.moments->visit(MomentAccess::read_write, [&](const MomentPiece& p) {
           const AdamSegment& seg = s.segments[p.segment];
@@ -82,7 +87,8 @@ Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<A
   auto moments = MomentStore::create(offload, counts, dtype);
   if (!moments) return moments.status();
   std::shared_ptr<MomentStore> shared = std::move(moments).value();
-  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads, std::move(shared));
+  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads, std::move(shared),
+                                     offload.rank);
 }
 
 }  // namespace troupe

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "actors/errors.hpp"
+#include "actors/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
@@ -55,6 +56,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                                         comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world,
                                         offload_actor offload, OptimizerOffload optimizer_offload) {
   configure_blas_threads();
+  name_exceptions(self, "rank " + std::to_string(rank));
   auto& st = self->state;
   st.rank = rank;
   st.world = std::move(world);
@@ -82,6 +84,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
       [self](train_step_atom, const RankStepRequest& req) -> caf::result<StepOutcome> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
+        throw_if_asked("rank", s.rank, req.step.step);
         auto out = s.engine->compute_gradients(req.tokens, req.grad_scale, req.step);
         if (!out) return rank_error(s.rank, out.status());
         if (!std::isfinite(out.value().grad_norm))
@@ -226,6 +229,7 @@ caf::result<ok_atom> all_ok(group_actor::stateful_pointer<GroupState> self, Atom
 
 group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupState> self, comm::Topology topo,
                                           std::vector<rank_actor> ranks, std::vector<int> global) {
+  name_exceptions(self, "the replica group");
   self->state.topo = std::move(topo);
   self->state.ranks = std::move(ranks);
   self->state.global = std::move(global);

@@ -5,6 +5,7 @@
 
 #include "actors/adamw.hpp"
 #include "actors/errors.hpp"
+#include "actors/fault_injection.hpp"
 #include "kernels/context.hpp"
 #include "model/gpt.hpp"
 #include "storage/checkpoint.hpp"
@@ -33,6 +34,7 @@ struct ShardState {
 
 shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self, ShardSpec spec) {
   configure_blas_threads();
+  name_exceptions(self, "the shard");
   auto& st = self->state;
   st.pool = std::make_unique<ThreadPool>(spec.num_threads);
   st.ctx.device = Device::cpu;
@@ -57,6 +59,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
       },
       [self](step_atom, const StepRequest& req) -> caf::result<StepResult> {
         auto& s = self->state;
+        throw_if_asked("shard", -1, req.step);
         StepResult r;
         r.grad_norm = s.optimizer->step(s.ctx, s.model->params(), s.model->grads(), s.model->flat_grads(), req);
         s.model->zero_grad();

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "actors/errors.hpp"
+#include "actors/fault_injection.hpp"
 #include "actors/lr_schedule.hpp"
 
 namespace troupe {
@@ -299,6 +300,7 @@ void start_iteration(Self self) {
     return;
   }
   st.started = Clock::now();
+  throw_if_asked("trainer", -1, st.iteration + 1);
   if (st.ahead && st.ahead_for == st.consumed) {
     Tensor batch = std::move(*st.ahead);
     st.ahead.reset();
@@ -336,6 +338,7 @@ void finish(Self self) {
 }
 
 trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
+  name_exceptions(self, "the trainer");
   self->state.spec = std::move(spec);
   self->state.iteration = self->state.spec.start_iteration;
   self->state.consumed = self->state.spec.consumed_samples;

@@ -44,7 +44,13 @@ ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType dtype) : stage_(st
   }
 }
 
-ZeroStore::~ZeroStore() = default;
+ZeroStore::~ZeroStore() {
+  // Collectives still in flight use our buffers (after a failure the rank's actor ends mid-step):
+  // let them finish or fail first; a failed peer fails them, so this does not hang.
+  for (Pending& p : pending_) (void)p.work->wait();
+  for (Unit& u : units_)
+    if (u.gather) (void)u.gather->wait();
+}
 
 UnitHooks ZeroStore::hooks() {
   UnitHooks h;
@@ -148,8 +154,7 @@ Tensor ZeroStore::gather_unit(int u) {
 Tensor ZeroStore::acquire(int u, Pass pass) {
   Unit& unit = units_[u];
   Tensor t = gather_unit(u);
-  const Status st = unit.gather->wait();
-  TROUPE_CHECK(st.is_ok(), "ZeRO-3 parameter all-gather failed: " + st.message());
+  comm::wait_or_throw(unit.gather, "ZeRO-3 parameter all-gather");
   ++unit.users;
   // Prefetch the unit the pass uses next, so its gather overlaps this unit's compute.
   const int next = pass == Pass::forward ? u + 1 : u - 1;
@@ -221,8 +226,7 @@ void ZeroStore::drain_pending(bool all) {
 
 void ZeroStore::drain_one() {
   Pending& p = pending_.front();
-  const Status st = p.work->wait();
-  TROUPE_CHECK(st.is_ok(), "ZeRO gradient reduce-scatter failed: " + st.message());
+  comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter");
   ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
   track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
   pending_.pop_front();

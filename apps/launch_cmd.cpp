@@ -59,6 +59,7 @@ struct LaunchArgs {
   bool new_token = false;
   bool prefix_output = false;
   double stop_grace = 3.0;
+  int max_restarts = 0;  // torchrun's: restart every rank after a failure, this many times
   std::vector<std::string> command;
 };
 
@@ -92,9 +93,11 @@ bool succeeded(int status) {
 
 // The child's environment: ours, minus the variables the launcher sets, plus them.
 std::vector<std::string> child_environment(const LaunchArgs& a, int rank, int local_rank,
-                                           const std::string& token) {
+                                           const std::string& token, int restart) {
   const int world = a.nnodes * a.nproc_per_node;
   const std::vector<std::pair<std::string, std::string>> set = {
+      {"TROUPE_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"TROUPE_RANK", std::to_string(rank)},
       {"TROUPE_WORLD_SIZE", std::to_string(world)},
       {"TROUPE_LOCAL_RANK", std::to_string(local_rank)},
@@ -280,6 +283,11 @@ Status validate(const LaunchArgs& a) {
                          a.master_addr);
   if (!(a.stop_grace >= 0 && a.stop_grace <= 3600))
     return Status::error("--stop-grace must be in [0, 3600] seconds");
+  if (a.max_restarts < 0) return Status::error("--max-restarts must be >= 0 (0: stop at the first failure)");
+  if (a.max_restarts > 0 && a.nnodes > 1)
+    return Status::error("--max-restarts with --nnodes " + std::to_string(a.nnodes) +
+                         ": restarting needs every node's launcher to agree, which troupe launch does not do yet "
+                         "-- restart the job from its latest checkpoint (train --load) instead");
   if (a.command.empty())
     return Status::error(
         "no subcommand to run -- e.g. troupe launch --nproc-per-node 4 -- comm-check");
@@ -304,66 +312,9 @@ int free_local_port() {
   return port;
 }
 
-int run_launch(LaunchArgs a) {
-  if (a.new_token) {
-    auto token = comm::generate_job_token();
-    if (!token) {
-      print_error("launch", token.status());
-      return kExitFailure;
-    }
-    std::printf("%s\n", token->c_str());
-    return kExitOk;
-  }
-  // "troupe launch -- troupe train ..." reads like torchrun's script argument: drop the program
-  // name.
-  if (!a.command.empty()) {
-    const std::string& first = a.command.front();
-    if (first == "troupe" ||
-        (first.size() > 7 && first.compare(first.size() - 7, 7, "/troupe") == 0))
-      a.command.erase(a.command.begin());
-  }
-  if (Status st = validate(a); !st) {
-    print_error("launch", st);
-    return kExitUsage;
-  }
-  if (a.nnodes == 1 && !a.port_given) {
-    if (const int port = free_local_port(); port > 0) a.master_port = port;
-  }
-  std::string token;
-  if (a.nnodes == 1) {
-    auto fresh = comm::generate_job_token();
-    if (!fresh) {
-      print_error("launch", fresh.status());
-      return kExitFailure;
-    }
-    token = *fresh;
-  } else {
-    const char* env_token = std::getenv("TROUPE_JOB_TOKEN");
-    if (env_token == nullptr || *env_token == '\0') {
-      print_error(
-          "launch",
-          "--nnodes " + std::to_string(a.nnodes) +
-              " needs the job token in TROUPE_JOB_TOKEN, the same value on every node -- run "
-              "`export TROUPE_JOB_TOKEN=$(troupe launch --new-token)` once and set that value "
-              "in the environment of troupe launch on each node");
-      return kExitUsage;
-    }
-    if (Status st = comm::validate_job_token(env_token, "TROUPE_JOB_TOKEN"); !st) {
-      print_error("launch", st);
-      return kExitUsage;
-    }
-    token = env_token;
-  }
-
-  char exe_buf[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
-  if (len <= 0) {
-    print_error("launch", std::string("cannot find this program through /proc/self/exe: ") +
-                              std::strerror(errno));
-    return kExitFailure;
-  }
-  const std::string exe(exe_buf, static_cast<size_t>(len));
-
+// Starts every rank of this node (attempt `restart`, 0 first) and waits for them: the exit code of
+// the launch; *restartable when ranks failed by themselves (not stopped by a signal to the launcher).
+int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& token, int restart, bool* restartable) {
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
   sigemptyset(&wait_set);
@@ -378,7 +329,7 @@ int run_launch(LaunchArgs a) {
     c.rank = a.node_rank * a.nproc_per_node + local;
     std::vector<std::string> argv = {exe};
     argv.insert(argv.end(), a.command.begin(), a.command.end());
-    Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token), old_mask,
+    Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token, restart), old_mask,
                             a.prefix_output, c);
     if (!st) {
       print_error("launch", st);
@@ -474,6 +425,7 @@ int run_launch(LaunchArgs a) {
     if (!needed_kill.empty())
       others += " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " +
                 seconds_text(a.stop_grace) + " grace)";
+    *restartable = forwarded_signal == 0;
     print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " +
                               std::to_string(first_failure->pid) + ") " +
                               describe_status(first_failure->status) + others +
@@ -495,10 +447,83 @@ int run_launch(LaunchArgs a) {
   for (const auto& c : children)
     if (!succeeded(c.status)) failed.push_back(c.rank);
   if (!failed.empty()) {
+    *restartable = true;
     print_error("launch", "rank(s) " + rank_list(failed) + " failed");
     return kExitFailure;
   }
   return kExitOk;
+}
+
+int run_launch(LaunchArgs a) {
+  if (a.new_token) {
+    auto token = comm::generate_job_token();
+    if (!token) {
+      print_error("launch", token.status());
+      return kExitFailure;
+    }
+    std::printf("%s\n", token->c_str());
+    return kExitOk;
+  }
+  // "troupe launch -- troupe train ..." reads like torchrun's script argument: drop the program
+  // name.
+  if (!a.command.empty()) {
+    const std::string& first = a.command.front();
+    if (first == "troupe" ||
+        (first.size() > 7 && first.compare(first.size() - 7, 7, "/troupe") == 0))
+      a.command.erase(a.command.begin());
+  }
+  if (Status st = validate(a); !st) {
+    print_error("launch", st);
+    return kExitUsage;
+  }
+  if (a.nnodes == 1 && !a.port_given) {
+    if (const int port = free_local_port(); port > 0) a.master_port = port;
+  }
+  std::string token;
+  if (a.nnodes == 1) {
+    auto fresh = comm::generate_job_token();
+    if (!fresh) {
+      print_error("launch", fresh.status());
+      return kExitFailure;
+    }
+    token = *fresh;
+  } else {
+    const char* env_token = std::getenv("TROUPE_JOB_TOKEN");
+    if (env_token == nullptr || *env_token == '\0') {
+      print_error(
+          "launch",
+          "--nnodes " + std::to_string(a.nnodes) +
+              " needs the job token in TROUPE_JOB_TOKEN, the same value on every node -- run "
+              "`export TROUPE_JOB_TOKEN=$(troupe launch --new-token)` once and set that value "
+              "in the environment of troupe launch on each node");
+      return kExitUsage;
+    }
+    if (Status st = comm::validate_job_token(env_token, "TROUPE_JOB_TOKEN"); !st) {
+      print_error("launch", st);
+      return kExitUsage;
+    }
+    token = env_token;
+  }
+
+  char exe_buf[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
+  if (len <= 0) {
+    print_error("launch", std::string("cannot find this program through /proc/self/exe: ") +
+                              std::strerror(errno));
+    return kExitFailure;
+  }
+  const std::string exe(exe_buf, static_cast<size_t>(len));
+
+  for (int restart = 0;; ++restart) {
+    bool restartable = false;
+    const int code = run_ranks(a, exe, token, restart, &restartable);
+    if (code == kExitOk || !restartable || restart >= a.max_restarts) return code;
+    if (a.nnodes == 1 && !a.port_given) {
+      if (const int port = free_local_port(); port > 0) a.master_port = port;
+    }
+    std::fprintf(stderr, "troupe launch: restart %d of %d: starting all %d rank(s) again (TROUPE_RESTART_COUNT=%d)\n",
+                 restart + 1, a.max_restarts, a.nproc_per_node, restart + 1);
+  }
 }
 
 }  // namespace
@@ -531,6 +556,11 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                 "Prefix every output line with \"[rank N] \"");
   cmd->add_option("--stop-grace", args->stop_grace,
                   "Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure")
+      ->capture_default_str();
+  cmd->add_option("--max-restarts,--max_restarts", args->max_restarts,
+                  "After a rank fails, stop the others and start every rank again, up to N times (one "
+                  "node); each restart sets TROUPE_RESTART_COUNT, and troupe train then resumes from the "
+                  "latest checkpoint in its --save")
       ->capture_default_str();
   cmd->add_option("command", args->command,
                   "The subcommand each rank runs, after --, e.g. -- comm-check")

@@ -1,6 +1,8 @@
 // troupe train: Megatron-style flags (+ DeepSpeed JSON) -> validated TrainConfig -> a training job in
 // the actor system, with live progress, --metrics-file lines and checkpoints.
+#include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -16,6 +18,7 @@
 #include "comm/ucx_world.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
+#include "storage/checkpoint.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe::apps {
@@ -27,6 +30,21 @@ std::atomic<bool> g_stop{false};
 extern "C" void on_interrupt(int) {
   g_stop.store(true);
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+
+// The bootstrap reports that the job failed: another rank died, or stopped answering (no heartbeat
+// for its connection timeout). A rank blocked on a dead peer's data fails by itself (comm/ reports
+// it); one waiting for a hung peer would wait for ever, so this rank gives the ordinary failure path
+// a few seconds and then ends the process, naming the cause. The latest checkpoint stays intact
+// (it only moves once a save is complete), and troupe launch --max-restarts restarts from it.
+void on_job_failed(int rank, const std::string& why) {
+  std::thread([rank, why] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::fprintf(stderr, "troupe train: error: rank %d: the job failed (%s) -- stopping this rank; restart the job "
+                 "from its latest checkpoint (troupe launch --max-restarts N does it)\n", rank, why.c_str());
+    std::fflush(stderr);
+    std::_Exit(kExitFailure);
+  }).detach();
 }
 
 int run_train(const CLI::App& cmd, TrainConfig& cfg) {
@@ -42,6 +60,17 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, st);
     return kExitUsage;
   }
+  // Restarts of a multi-process job are the launcher's (every process anew); a restarted process
+  // resumes from the latest checkpoint in --save.
+  if (env->world_size > 1 && cfg.max_restarts > 0) {
+    print_error(name, "--max-restarts " + std::to_string(cfg.max_restarts) +
+                          " restarts the actors of one process, but this job has " + std::to_string(env->world_size) +
+                          " -- pass --max-restarts to troupe launch, which restarts every process");
+    return kExitUsage;
+  }
+  const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
+  const int restarted = restart_count != nullptr ? std::atoi(restart_count) : 0;
+  if (restarted > 0 && !cfg.save.empty() && latest_iteration(cfg.save)) cfg.load = cfg.save;
   auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
   if (!tokenizer) {
     print_error(name, tokenizer.status());
@@ -64,7 +93,9 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   std::unique_ptr<comm::CafBootstrap> bootstrap;
   JobOptions options;
   if (env->world_size > 1) {
-    auto b = comm::create_caf_bootstrap(*env, comm::CafBootstrapOptions{});
+    comm::CafBootstrapOptions boot_options;
+    boot_options.on_job_failed = [rank = env->rank](const std::string& why) { on_job_failed(rank, why); };
+    auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) {
       print_error(name, b.status());
       return kExitFailure;

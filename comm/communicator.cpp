@@ -35,6 +35,11 @@ WorkPtr completed_work(Status status) {
   return std::make_shared<CompletedWork>(std::move(status));
 }
 
+void wait_or_throw(const WorkPtr& work, const std::string& what) {
+  const Status st = work->wait();
+  if (!st.is_ok()) throw CollectiveFailed(what + " failed: " + st.message());
+}
+
 Status wait_all(const std::vector<WorkPtr>& works) {
   // Waits for every one even after a failure, so no buffer is still in use when this returns.
   Status first;

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,16 @@ using WorkPtr = std::shared_ptr<Work>;
 
 // A Work that is already complete with `status` (for trivial cases such as a group of one).
 WorkPtr completed_work(Status status = Status::ok());
+
+// Code with no error channel of its own (a model chunk's layers, ZeRO's hooks inside them) waits with
+// wait_or_throw: a failed collective (a peer died, the job is being aborted) throws CollectiveFailed,
+// which ends the calling actor with an error naming the collective and the peer, instead of aborting
+// the process.
+class CollectiveFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+void wait_or_throw(const WorkPtr& work, const std::string& what);
 
 // Waits for all, returns the first error.
 Status wait_all(const std::vector<WorkPtr>& works);

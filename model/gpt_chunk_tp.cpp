@@ -28,11 +28,10 @@ namespace troupe {
 
 namespace {
 
-// The chunk's interface has no error channel: a failed TP collective (a lost peer) is fatal here;
-// the supervising actor sees the failure of its shard.
+// The chunk's interface has no error channel: a failed TP collective (a lost peer) throws
+// comm::CollectiveFailed, which ends the rank's actor with that message (its supervisors see it).
 void wait_ok(const comm::WorkPtr& work, const char* what) {
-  const Status st = work->wait();
-  TROUPE_CHECK(st.is_ok(), std::string("GptChunk: tensor-parallel ") + what + " failed: " + st.message());
+  comm::wait_or_throw(work, std::string("GptChunk: tensor-parallel ") + what);
 }
 
 }  // namespace

@@ -321,12 +321,29 @@ TEST_CASE("parallel: save on one layout, resume on another, equals the straight 
   // 3 steps on `from`, shard files, 2 more steps on `to`: losses of steps 4-5 and the parameters after
   // them equal the straight 5-step 1x1x1 run within 1e-5, optimizer state included (Adam's moments
   // decide steps 4 and 5).
-  const std::vector<Pair> pairs = {
-      {"tp2 pp2 dp2 ZeRO-3 -> 1x1x1", layout(2, 2, 2, 3), layout(1, 1, 1)},
+  std::vector<Pair> pairs = {
       {"1x1x1 -> tp2 dp2 ZeRO-2 sequence parallel", layout(1, 1, 1), layout(2, 1, 2, 2, S::one_f_one_b, 1, Recompute::none, true)},
-      {"tp2 pp2 dp2 ZeRO-1 -> tp4", layout(2, 2, 2, 1), layout(4, 1, 1)},
       {"pp4 zb-h1 -> pp2 dp2 ZeRO-3 interleaved", layout(1, 4, 1, 0, S::zb_h1), layout(1, 2, 2, 3, S::interleaved, 2)},
   };
+  // The matrix: every ZeRO stage of tp2 pp2 dp2, to one rank, to tp 4, to pp 2 dp 2 under another
+  // ZeRO stage and gpipe, and from one rank.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int z = 0; z <= 3; ++z) {
+      const std::string from = "tp2 pp2 dp2 ZeRO-" + std::to_string(z);
+      n.push_back(from + " -> 1x1x1");
+      n.push_back(from + " -> tp4");
+      n.push_back(from + " -> pp2 dp2 ZeRO-" + std::to_string(3 - z) + " gpipe");
+      n.push_back("1x1x1 -> " + from);
+    }
+    return n;
+  }();
+  for (int z = 0; z <= 3; ++z) {
+    pairs.push_back({names[4 * z].c_str(), layout(2, 2, 2, z), layout(1, 1, 1)});
+    pairs.push_back({names[4 * z + 1].c_str(), layout(2, 2, 2, z), layout(4, 1, 1)});
+    pairs.push_back({names[4 * z + 2].c_str(), layout(2, 2, 2, z), layout(1, 2, 2, 3 - z, S::gpipe)});
+    pairs.push_back({names[4 * z + 3].c_str(), layout(1, 1, 1), layout(2, 2, 2, z)});
+  }
   const Run& ref = reference();
   for (const Pair& p : pairs) {
     SECTION(p.name) {
