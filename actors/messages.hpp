@@ -143,7 +143,8 @@ struct EvalStats {
 struct SavedCheckpoint {
   int64_t iteration = 0;
   std::string path;
-  double seconds = 0;
+  double seconds = 0;      // in the training path (the snapshot); committed: the background write
+  bool committed = false;  // sent again by the offload actor once the save is complete on disk
 };
 
 struct TrainSummary {
@@ -166,7 +167,7 @@ typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SavedCheckpoint& x) {
-  return f(caf::meta::type_name("SavedCheckpoint"), x.iteration, x.path, x.seconds);
+  return f(caf::meta::type_name("SavedCheckpoint"), x.iteration, x.path, x.seconds, x.committed);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TrainSummary& x) {

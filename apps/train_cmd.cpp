@@ -150,7 +150,15 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     if (metrics) *metrics << eval_json(e) << "\n" << std::flush;
   };
   cb.on_saved = [&](const SavedCheckpoint& c) {
-    printer.line(fmt::format("  saved checkpoint at iteration {} to {} ({:.2f} s)", c.iteration, c.path, c.seconds));
+    if (c.committed)
+      printer.line(fmt::format("  checkpoint of iteration {} in {} complete on disk (written in the background in {:.2f} s)",
+                               c.iteration, c.path, c.seconds));
+    else
+      printer.line(fmt::format("  saved checkpoint at iteration {} to {} ({:.2f} s)", c.iteration, c.path, c.seconds));
+    if (metrics)
+      *metrics << fmt::format(R"({{"type":"{}","iteration":{},"seconds":{}}})",
+                              c.committed ? "checkpoint_committed" : "checkpoint_snapshot", c.iteration, c.seconds)
+               << "\n" << std::flush;
   };
   options.stop = &g_stop;
   std::signal(SIGINT, on_interrupt);

@@ -3,9 +3,10 @@
 # background, against the same run without saving (docs/PERFORMANCE.md keeps the figures).
 #   bench/run_save_bench.sh [--layers 8] [--hidden 512] [--iters 24] [--interval 6] [--threads 2]
 # A run of --iters iterations saves every --interval (a parallel layout: ZeRO-1 on one rank, so the
-# sharded, background path is used); "during a save" are the iterations that start while a save is
-# being written (the one right after each save), compared by median ms/iter with the same iterations of
-# a run without --save.
+# sharded, background path is used); "during a save" are the iterations that overlap a background
+# write (from the snapshot to the commit, read from the metrics file's checkpoint lines), compared by
+# median ms/iter with the same iterations of a run without --save. TROUPE_SAVE_DUTY (0.01..1) sets
+# the writer's duty cycle when no core is idle (default 0.1; 1: no pacing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=8 H=512 N=24 K=6 T=2
@@ -34,17 +35,32 @@ du -sh "$work/ckpt/iter_$(printf %07d "$K")" | cut -f1 > "$work/size"
 python3 - "$work" "$K" "$N" <<'PY'
 import json, statistics, sys
 work, k, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def ms(path):
-    return {j["iteration"]: j["ms_per_iter"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
-plain, save = ms(f"{work}/plain.jsonl"), ms(f"{work}/save.jsonl")
-during = [i for i in range(k + 1, n + 1) if (i - 1) % k == 0]   # the iteration right after each save
+def read(path):
+    return [json.loads(l) for l in open(path)]
+plain = {j["iteration"]: j["ms_per_iter"] for j in read(f"{work}/plain.jsonl") if j.get("type") == "train"}
+# In the save run's metrics file, in time order: iterations, snapshots, commits. An iteration whose
+# line comes after a snapshot and not after that save's commit overlapped the background write.
+save, during, writing, snap, bg = {}, [], False, [], []
+for j in read(f"{work}/save.jsonl"):
+    t = j.get("type")
+    if t == "checkpoint_snapshot":
+        writing = True
+        snap.append(j["seconds"])
+    elif t == "checkpoint_committed":
+        writing = False
+        bg.append(j["seconds"])
+    elif t == "train":
+        save[j["iteration"]] = j["ms_per_iter"]
+        if writing:
+            during.append(j["iteration"])
+        # the iteration whose end the commit follows also overlapped: counted above
 rest = [i for i in range(3, n + 1) if i not in during and i % k != 0]
-snap = [float(l.split("(")[1].split(" s")[0]) for l in open(f"{work}/save.log") if "saved checkpoint" in l]
 size = open(f"{work}/size").read().strip()
 p_d, s_d = statistics.median(plain[i] for i in during), statistics.median(save[i] for i in during)
 p_r, s_r = statistics.median(plain[i] for i in rest), statistics.median(save[i] for i in rest)
-print(f"checkpoint size {size}; snapshot in the training path: median {statistics.median(snap)*1e3:.0f} ms")
-print(f"iterations during a background save {during}: {s_d:.1f} ms/iter vs {p_d:.1f} without saving "
+print(f"checkpoint size {size}; snapshot in the training path: median {statistics.median(snap)*1e3:.0f} ms; "
+      f"background write + commit: median {statistics.median(bg):.2f} s")
+print(f"iterations overlapping a background save {during}: {s_d:.1f} ms/iter vs {p_d:.1f} without saving "
       f"({100 * (s_d / p_d - 1):+.1f}%)")
 print(f"other iterations: {s_r:.1f} vs {p_r:.1f} ms/iter ({100 * (s_r / p_r - 1):+.1f}%)")
 PY

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <filesystem>
 #include <system_error>
 
@@ -12,6 +13,8 @@
 #include <zlib.h>
 #define TROUPE_HAVE_ZLIB 1
 #endif
+
+#include "storage/write_pacing.hpp"
 
 namespace troupe::h5 {
 
@@ -275,10 +278,10 @@ Result<std::string> read_attr_string(hid_t obj, const std::string& name) {
   return buf;
 }
 
-uint32_t crc32(const void* data, size_t bytes) {
+uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
 #ifdef TROUPE_HAVE_ZLIB
-  uLong c = ::crc32(0L, Z_NULL, 0);
+  uLong c = crc;
   while (bytes > 0) {  // zlib takes 32-bit lengths
     const size_t n = std::min<size_t>(bytes, size_t{1} << 30);
     c = ::crc32(c, p, static_cast<uInt>(n));
@@ -288,11 +291,15 @@ uint32_t crc32(const void* data, size_t bytes) {
   return static_cast<uint32_t>(c);
 #else
   static const std::array<uint32_t, 256> table = crc_table();
-  uint32_t c = 0xFFFFFFFFu;
+  uint32_t c = crc ^ 0xFFFFFFFFu;
   for (size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
   return c ^ 0xFFFFFFFFu;
 #endif
 }
+
+uint32_t crc32(const void* data, size_t bytes) { return crc32_update(0, data, bytes); }
+
+
 
 Result<Shape> dataset_shape(hid_t loc, const std::string& name) {
   Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
@@ -331,9 +338,30 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
             H5Dclose);
   if (!ds.valid()) return error("cannot create the dataset", "check free disk space");
   const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(T);
-  if (bytes > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
-    return error("cannot write the dataset", "check free disk space");
-  return write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc32(data, bytes)));
+  const std::function<void(double)>* pacer = WritePacing::current();
+  if (pacer == nullptr || shape.rank() != 1 || bytes <= kPacedBlockBytes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (bytes > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+      return error("cannot write the dataset", "check free disk space");
+    const Status st = write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc32(data, bytes)));
+    if (pacer != nullptr) (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return st;
+  }
+  // Paced: block by block (hyperslabs of the one dimension), the checksum along.
+  const hsize_t n = static_cast<hsize_t>(shape[0]), block = kPacedBlockBytes / sizeof(T);
+  uint32_t crc = 0;
+  for (hsize_t start = 0; start < n; start += block) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const hsize_t count = std::min(block, n - start);
+    Handle file_space(H5Dget_space(ds.get()), H5Sclose);
+    Handle mem_space(H5Screate_simple(1, &count, nullptr), H5Sclose);
+    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
+        H5Dwrite(ds.get(), mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, data + start) < 0)
+      return error("cannot write the dataset", "check free disk space");
+    crc = crc32_update(crc, data + start, static_cast<size_t>(count) * sizeof(T));
+    (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc));
 }
 
 template <class T>

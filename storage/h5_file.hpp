@@ -84,8 +84,11 @@ Result<int64_t> read_attr_i64(hid_t obj, const std::string& name);
 Result<double> read_attr_f64(hid_t obj, const std::string& name);
 Result<std::string> read_attr_string(hid_t obj, const std::string& name);
 
-// CRC-32 (IEEE 802.3 polynomial, the one of zlib, gzip and Python's zlib.crc32).
+// CRC-32 (IEEE 802.3 polynomial, the one of zlib, gzip and Python's zlib.crc32). crc32_update
+// continues a CRC over more bytes: crc32(ab) == crc32_update(crc32(a), b).
 uint32_t crc32(const void* data, size_t bytes);
+uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
+
 
 // Name of the per-dataset checksum attribute: int64 holding the CRC-32 of the dataset's bytes
 // (little-endian f32, row-major).
