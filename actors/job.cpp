@@ -156,6 +156,81 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   return p;
 }
 
+// The process's offload actor (monitored by `self`: its death stops the job): it writes the
+// checkpoint shards of this process in the background, then completes each save: after a barrier
+// over the job's processes, one of them writes the metadata and the latest pointer.
+offload_actor start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
+                            const JobOptions& options, int world, std::string layout_json,
+                            std::shared_ptr<HostPool> pool) {
+  auto commit = [&config, &options, world, layout = std::move(layout_json)](const SaveRequest& r) {
+    const std::string key = "save " + std::to_string(r.iteration);
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
+    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
+      CheckpointMeta meta;
+      meta.iteration = r.iteration;
+      meta.consumed_samples = r.consumed_samples;
+      meta.optimizer_step = r.optimizer_step;
+      meta.config_json = r.config_json;
+      meta.rng_json = r.rng_json;
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, shard_file_names(world)));
+    }
+    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
+    return Status::ok();
+  };
+  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool));
+  self->monitor(offload);
+  return offload;
+}
+
+// The trainer's completion of a save: the workers handed their snapshots to the offload actor,
+// which writes them and then commits, in that order, while training goes on.
+std::function<Status(const SaveRequest&)> commit_through(const offload_actor& offload) {
+  return [offload](const SaveRequest& r) {
+    caf::anon_send(offload, commit_atom::value, r);
+    return Status::ok();
+  };
+}
+
+// No save is lost: waits for the offload actor's queue (shards and commits) before the job ends; a
+// failed background save fails a job that otherwise succeeded.
+void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const TrainConfig& config,
+                 Result<TrainSummary>& result) {
+  if (config.save.empty()) return;
+  Status flushed = ask_ok(self, offload, flush_atom::value);
+  if (result && !flushed) result = flushed;
+}
+
+// Loads --load into the workers (any version, any layout), or initialises them from the seed, and
+// sets where the trainer starts.
+template <class Workers>
+Status load_or_init(caf::scoped_actor& self, const Workers& workers, const TrainConfig& config, TrainerSpec& spec,
+                    const std::function<void(const std::string&)>& note) {
+  if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
+  auto it = latest_iteration(config.load);
+  if (!it) return it.status();
+  auto meta = read_checkpoint_meta(config.load, it.value());
+  if (!meta) return meta.status();
+  auto saved = TrainConfig::from_json(meta.value().config_json);
+  if (!saved) return saved.status().with_context("the config stored in " + iteration_dir(config.load, it.value()) + ": ");
+  TROUPE_RETURN_IF_ERROR(check_same_architecture(config.model, saved.value().model, config.load));
+  LoadRequest req;
+  req.dir = config.load;
+  req.iteration = it.value();
+  req.load_optimizer = true;
+  TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, req));
+  spec.start_iteration = meta.value().iteration;
+  spec.consumed_samples = meta.value().consumed_samples;
+  for (int64_t unfinished : unfinished_saves(config.load, it.value()))
+    note("ignored " + iteration_dir(config.load, unfinished) +
+         ": an unfinished save (shards without metadata.json: the run stopped while saving)");
+  const TrainConfig& s = saved.value();
+  note("loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " + std::to_string(s.tensor_model_parallel_size) +
+       ", pp " + std::to_string(s.pipeline_model_parallel_size) + ", ZeRO " + std::to_string(s.zero_stage) +
+       "): iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
+       " samples consumed");
+  return Status::ok();
+}
+
 // Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
 // backend, a group actor in front of them, and the same trainer.
 static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
@@ -194,28 +269,8 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   caf::scoped_actor self{system};
-  // A save completes after this process's shards are written (in the offload actor, in the
-  // background): once every process is done, one process writes the metadata and the latest pointer.
-  auto commit = [&config, &options, world, layout = rs.par.to_json()](const SaveRequest& r) {
-    const std::string key = "save " + std::to_string(r.iteration);
-    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
-    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
-      CheckpointMeta meta;
-      meta.iteration = r.iteration;
-      meta.consumed_samples = r.consumed_samples;
-      meta.optimizer_step = r.optimizer_step;
-      meta.config_json = r.config_json;
-      meta.rng_json = r.rng_json;
-      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, shard_file_names(world)));
-    }
-    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
-    return Status::ok();
-  };
-  // The offload actor owns the process's host memory pool; the optimizer partitions take their
-  // offloaded moments (or, with nvme, their swap buffers) from it.
   auto pool = std::make_shared<HostPool>();
-  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), pool);
-  self->monitor(offload);  // it writes the checkpoints: its death stops the job (drive_trainer)
+  offload_actor offload = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
   OptimizerOffload optimizer_offload;
   optimizer_offload.device = config.offload_optimizer;
   optimizer_offload.path = config.offload_path;
@@ -254,40 +309,8 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
          ", read ahead and written back in pieces of " + std::to_string(MomentStore::kPieceElements >> 10) +
          " Ki elements; the files are deleted on exit)");
   TrainerSpec spec;
-  if (!config.load.empty()) {  // any layout's checkpoint, version 1 or 2: every rank reads its part
-    auto it = latest_iteration(config.load);
-    if (!it) return shutdown(), it.status();
-    auto meta = read_checkpoint_meta(config.load, it.value());
-    if (!meta) return shutdown(), meta.status();
-    auto saved = TrainConfig::from_json(meta.value().config_json);
-    if (!saved) return shutdown(), saved.status();
-    if (Status same = check_same_architecture(config.model, saved.value().model, config.load); !same)
-      return shutdown(), same;
-    LoadRequest req;
-    req.dir = config.load;
-    req.iteration = it.value();
-    req.load_optimizer = true;
-    if (Status loaded = ask_ok(self, group, load_atom::value, req); !loaded) return shutdown(), loaded;
-    spec.start_iteration = meta.value().iteration;
-    spec.consumed_samples = meta.value().consumed_samples;
-    for (int64_t unfinished : unfinished_saves(config.load, it.value()))
-      note("ignored " + iteration_dir(config.load, unfinished) +
-           ": an unfinished save (shards without metadata.json: the run stopped while saving)");
-    note("loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " +
-         std::to_string(saved.value().tensor_model_parallel_size) + ", pp " +
-         std::to_string(saved.value().pipeline_model_parallel_size) + ", ZeRO " +
-         std::to_string(saved.value().zero_stage) + "): iteration " + std::to_string(spec.start_iteration) + ", " +
-         std::to_string(spec.consumed_samples) + " samples consumed");
-  } else {
-    Status init = ask_ok(self, group, init_atom::value, config.seed);
-    if (!init) return shutdown(), init;
-  }
-  // A save: the group replies once every local rank handed its snapshot to the offload actor, which
-  // writes the shards and then completes the save, in that order, while training goes on.
-  spec.finalize_save = [offload](const SaveRequest& r) {
-    caf::anon_send(offload, commit_atom::value, r);
-    return Status::ok();
-  };
+  if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
+  spec.finalize_save = commit_through(offload);
 
   spec.config = config;
   spec.group = group;
@@ -296,11 +319,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
-  // No save is lost: wait for the offload actor's queue (shards and commits) before leaving.
-  if (!config.save.empty()) {
-    Status flushed = ask_ok(self, offload, flush_atom::value);
-    if (result && !flushed) result = flushed;
-  }
+  flush_saves(self, offload, config, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
   if (!result && fabric) fabric->abort(0, result.status().message());
@@ -412,24 +431,22 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   };
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
-  // Parallel layouts, and any load of a version-2 (sharded) checkpoint, run on the rank engine.
-  bool sharded_load = false;
-  if (!config.load.empty()) {
-    auto it = latest_iteration(config.load);
-    sharded_load = it && is_sharded_checkpoint(config.load, it.value());
-  }
-  if (config.parallel() || options.world || sharded_load)
+  // Parallel layouts (and optimizer offload) run on the rank engine; one rank on the shard.
+  if (config.parallel() || options.world)
     return run_parallel_training(system, config, data, callbacks, options, threads, peak);
+  caf::scoped_actor self{system};
+  offload_actor offload =
+      start_offload(system, self, config, options, 1, ParallelConfig{}.to_json(), std::make_shared<HostPool>());
   ShardSpec shard_spec;
   shard_spec.model = config.model;
   shard_spec.max_micro_batch = config.micro_batch_size;
   shard_spec.num_threads = threads;
-  shard_actor shard = spawn_shard(system, shard_spec);
+  shard_actor shard = spawn_shard(system, shard_spec, offload);
   data_loader_actor loader = spawn_data_loader(system, data);
-  caf::scoped_actor self{system};
   auto shutdown = [&](const auto&... extra) {
     self->send_exit(shard, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
+    self->send_exit(offload, caf::exit_reason::user_shutdown);
     (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
   };
 
@@ -440,31 +457,13 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   spec.listener = caf::actor_cast<caf::actor>(self);
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
-  if (!config.load.empty()) {
-    auto it = latest_iteration(config.load);
-    if (!it) return shutdown(), it.status();
-    auto meta = read_checkpoint_meta(config.load, it.value());
-    if (!meta) return shutdown(), meta.status();
-    auto saved = TrainConfig::from_json(meta.value().config_json);
-    if (!saved) return shutdown(), saved.status().with_context(checkpoint_file(config.load, it.value()) + ": ");
-    Status same = check_same_architecture(config.model, saved.value().model, config.load);
-    if (!same) return shutdown(), same;
-    LoadRequest req;
-    req.dir = config.load;
-    req.iteration = it.value();
-    req.load_optimizer = true;
-    Status loaded = ask_ok(self, shard, load_atom::value, req);
-    if (!loaded) return shutdown(), loaded;
-    spec.start_iteration = meta.value().iteration;
-    spec.consumed_samples = meta.value().consumed_samples;
-    note("loaded " + checkpoint_file(config.load, it.value()) + ": iteration " + std::to_string(spec.start_iteration) +
-         ", " + std::to_string(spec.consumed_samples) + " samples consumed");
-  } else {
-    Status init = ask_ok(self, shard, init_atom::value, config.seed);
-    if (!init) return shutdown(), init;
-  }
+  spec.finalize_save = commit_through(offload);
+  if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
+  auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  flush_saves(self, offload, config, result);
+  shutdown();
+  return result;
 
-  return drive_trainer(system, self, spec, callbacks, options, [&](const caf::actor& t) { shutdown(t); });
 }
 
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,

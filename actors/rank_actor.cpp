@@ -169,15 +169,9 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
       [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
-        std::vector<std::string> files;
-        if (is_sharded_checkpoint(req.dir, req.iteration)) {
-          auto f = sharded_checkpoint_files(req.dir, req.iteration);
-          if (!f) return rank_error(s.rank, f.status());
-          files = std::move(f).value();
-        } else {
-          files = {checkpoint_file(req.dir, req.iteration)};  // version 1: one file, global tensors
-        }
-        auto reader = ShardSetReader::open(files);
+        auto files = checkpoint_files(req.dir, req.iteration);
+        if (!files) return rank_error(s.rank, files.status());
+        auto reader = ShardSetReader::open(files.value());
         if (!reader) return rank_error(s.rank, reader.status());
         OptimizerMoments m;
         if (req.load_optimizer) {

@@ -9,6 +9,7 @@
 #include "kernels/context.hpp"
 #include "model/gpt.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 namespace troupe {
 
@@ -19,6 +20,7 @@ struct ShardState {
   Context ctx;
   std::unique_ptr<GptModel> model;
   std::unique_ptr<AdamW> optimizer;
+  offload_actor offload;  // the process's background writer (null: write before replying)
 
   CheckpointContents contents() const {
     CheckpointContents c;
@@ -32,10 +34,12 @@ struct ShardState {
   }
 };
 
-shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self, ShardSpec spec) {
+shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardState> self, ShardSpec spec,
+                                          offload_actor offload) {
   configure_blas_threads();
   name_exceptions(self, "the shard");
   auto& st = self->state;
+  st.offload = std::move(offload);
   st.pool = std::make_unique<ThreadPool>(spec.num_threads);
   st.ctx.device = Device::cpu;
   st.ctx.pool = st.pool.get();
@@ -73,19 +77,29 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
         auto& s = self->state;
         return s.model->forward_loss(s.ctx, tokens);
       },
+      // This job's one shard (format version 2): snapshot, then written by the offload actor in the
+      // background, which completes the save when the trainer commits it.
       [self](save_atom, const SaveRequest& req) -> caf::result<ok_atom> {
-        CheckpointMeta meta;
-        meta.iteration = req.iteration;
-        meta.consumed_samples = req.consumed_samples;
-        meta.optimizer_step = req.optimizer_step;
-        meta.config_json = req.config_json;
-        meta.rng_json = req.rng_json;
-        Status st = save_checkpoint(req.dir, meta, self->state.contents());
-        if (!st) return to_caf_error(st);
+        if (Status st = prepare_iteration_dir(req.dir, req.iteration); !st) return to_caf_error(st);
+        ShardWrite w;
+        w.path = shard_file_path(req.dir, req.iteration, 0);
+        w.iteration = req.iteration;
+        w.contents = whole_tensor_shard(self->state.contents());
+        if (self->state.offload) {
+          caf::anon_send(self->state.offload, write_atom::value, std::move(w));
+          return ok_atom::value;
+        }
+        if (Status st = write_shard_file(w.path, 0, w.contents); !st) return to_caf_error(st);
+        crash_if_asked(req.iteration);
         return ok_atom::value;
       },
+      // Any version's checkpoint from any layout: the reader assembles the whole tensors.
       [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> {
-        Status st = load_checkpoint(req.dir, req.iteration, self->state.contents(), req.load_optimizer);
+        auto files = checkpoint_files(req.dir, req.iteration);
+        if (!files) return to_caf_error(files.status());
+        auto reader = ShardSetReader::open(files.value());
+        if (!reader) return to_caf_error(reader.status());
+        Status st = read_whole_tensors(**reader, self->state.contents(), req.load_optimizer);
         if (!st) return to_caf_error(st);
         self->state.model->zero_grad();
         return ok_atom::value;
@@ -95,8 +109,8 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
 
 }  // namespace
 
-shard_actor spawn_shard(caf::actor_system& system, const ShardSpec& spec) {
-  return system.spawn<caf::detached>(shard_behavior, spec);
+shard_actor spawn_shard(caf::actor_system& system, const ShardSpec& spec, offload_actor offload) {
+  return system.spawn<caf::detached>(shard_behavior, spec, std::move(offload));
 }
 
 }  // namespace troupe

@@ -92,7 +92,7 @@ void save_then(Self self, std::function<void()> next) {
   const auto t0 = Clock::now();
   auto saved_then = [self, next, t0](const SaveRequest& done) {
     auto& s = self->state;
-    if (s.spec.group && s.spec.finalize_save) {
+    if (s.spec.finalize_save) {
       if (Status st = s.spec.finalize_save(done); !st) return fail(self, st.message());
     }
     s.last_saved = s.iteration;

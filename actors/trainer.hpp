@@ -22,8 +22,9 @@ struct TrainerSpec {
   TrainConfig config;
   shard_actor shard;  // the 1x1x1 path (GptModel), or
   group_actor group;  // every parallel layout: the ranks of this process (actors/rank_actor.hpp)
-  // With a group: after every local rank wrote its shard, completes the save (waits for the other
-  // processes, writes the metadata and the latest pointer); runs on the trainer's thread.
+  // After every local rank (or the shard) handed over its shard, completes the save (in the job: the
+  // offload actor writes, waits for the other processes, writes the metadata and the latest
+  // pointer); runs on the trainer's thread. Null: nothing to complete.
   std::function<Status(const SaveRequest&)> finalize_save;
   data_loader_actor loader;
   caf::actor listener;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/check.hpp"
 #include "storage/durable.hpp"
 
 namespace troupe {
@@ -122,6 +123,51 @@ Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir
                          ") -- restore it from a copy");
   }
   return out;
+}
+
+Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_t iteration) {
+  if (is_sharded_checkpoint(dir, iteration)) return sharded_checkpoint_files(dir, iteration);
+  return std::vector<std::string>{checkpoint_file(dir, iteration)};
+}
+
+namespace {
+
+const std::vector<NamedTensor>& section_of(const CheckpointContents& c, ShardSection s) {
+  return s == ShardSection::model ? c.params : s == ShardSection::exp_avg ? c.exp_avg : c.exp_avg_sq;
+}
+
+// The global tensor's elements: the leading global_shape.numel() of the tensor (a padded vocabulary
+// has rows beyond the global shape, never saved).
+Tensor global_part(const NamedTensor& t) {
+  const int64_t n = t.global_shape.numel();
+  TROUPE_CHECK(t.tensor.numel() >= n, "checkpoint tensor " + t.name + " is smaller than its global shape");
+  return t.tensor.view(Shape{t.tensor.numel()}).rows(0, n);
+}
+
+}  // namespace
+
+ShardContents whole_tensor_shard(const CheckpointContents& contents) {
+  ShardContents out;
+  for (ShardSection s : {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
+    for (const NamedTensor& t : section_of(contents, s)) {
+      TensorPiece p;
+      p.name = t.name;
+      p.global_shape = t.global_shape;
+      p.runs = {{0, t.global_shape.numel()}};
+      p.values = global_part(t).clone();
+      out.sections[s].push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into, bool load_optimizer) {
+  for (ShardSection s : {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
+    if (s != ShardSection::model && !load_optimizer) break;
+    for (const NamedTensor& t : section_of(into, s))
+      TROUPE_RETURN_IF_ERROR(reader.read(s, t.name, t.global_shape, {{0, t.global_shape.numel()}}, global_part(t)));
+  }
+  return Status::ok();
 }
 
 std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest) {

@@ -20,6 +20,7 @@
 
 #include "kernels/status.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/shard_file.hpp"
 
 namespace troupe {
 
@@ -39,6 +40,17 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
 // The shard files of a finished version-2 checkpoint (each must exist), full paths.
 Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration);
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration);
+
+// What a reader opens for iteration N of DIR, whichever version wrote it: the shards of version 2,
+// the one file of version 1 (ShardSetReader reads both).
+Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_t iteration);
+
+// The shard of a one-rank job: every tensor whole, one piece covering it, values copied (a
+// snapshot: training may change the tensors right after).
+ShardContents whole_tensor_shard(const CheckpointContents& contents);
+// Fills whole tensors (their global shapes) from a checkpoint of any version and layout; the moments
+// too when load_optimizer. Errors name the tensor and the file.
+Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into, bool load_optimizer);
 
 // Iteration directories newer than `latest` that hold shards but no metadata.json: saves a crash
 // interrupted (the latest pointer never moved to them). Loads ignore them; callers report them.

@@ -2,7 +2,7 @@
 # Checkpoints across layouts, end to end: save on one layout, resume on another, and every resumed
 # iteration's loss equals the uninterrupted 1x1x1 run's within 1e-5 (optimizer state included):
 #   tp 2 x pp 2 x dp 2, ZeRO 3, one process      -> 1x1x1
-#   1x1x1 (a version-1 checkpoint)                -> tp 2 x dp 2, ZeRO 2
+#   1x1x1 (one shard of whole tensors)            -> tp 2 x dp 2, ZeRO 2
 #   tp 2 x pp 2, ZeRO 1, 4 processes (launch)     -> pp 2 x dp 2, zb-h1, one process
 # The same layout resumes bitwise, also after a SIGKILL in the middle of a save (the previous
 # checkpoint loads, the partial one is ignored and reported). The sharded checkpoint is readable by ckpt info (with its layout), ckpt export and eval, and
@@ -113,9 +113,9 @@ if "$troupe" ckpt convert --load ck1 --save bad --target-tensor-parallel-size 3 
 fi
 grep -q "does not divide the 4 attention heads" bad.log || { cat bad.log; fail "the refusal does not say why"; }
 
-# 2. a version-1 checkpoint (1x1x1) -> tp2 dp2 ZeRO-2
+# 2. a one-shard checkpoint (1x1x1: whole tensors) -> tp2 dp2 ZeRO-2
 tiny --exit-interval 3 --save ck2 > s2.log 2>&1 || { cat s2.log; fail "saving on 1x1x1 failed"; }
-[[ -s ck2/iter_0000003/model_optim_rng.h5 ]] || fail "the 1x1x1 run did not write a version-1 file"
+[[ -s ck2/iter_0000003/shard_00000.h5 && -s ck2/iter_0000003/metadata.json ]] || fail "the 1x1x1 run did not write its shard and metadata"
 tiny --load ck2 --tensor-model-parallel-size 2 --data-parallel-size 2 --zero-stage 2 --metrics-file r2.jsonl \
   > r2.log 2>&1 || { cat r2.log; fail "resuming ck2 on tp2 dp2 ZeRO-2 failed"; }
 compare ref.jsonl r2.jsonl || fail "1x1x1 -> tp2 dp2 ZeRO-2 differs from the uninterrupted run"

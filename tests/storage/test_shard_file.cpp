@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "storage/shard_file.hpp"
+#include "storage/sharded_checkpoint.hpp"
 #include "storage/write_pacing.hpp"
 #include "tests/test_util.hpp"
 
@@ -238,4 +239,55 @@ TEST_CASE("shard file: a paced background write stores the same bytes, block by 
   Tensor got = Tensor::empty({n});
   REQUIRE((*reader)->read(ShardSection::model, "big", Shape{n}, {{0, n}}, got));
   CHECK(std::memcmp(got.raw(), global.data(), global.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("shard file: whole tensors round-trip through version 2 and load from version 1", "[shard_file]") {
+  const Globals g = make_globals();
+  // A padded tensor: A's storage has two rows beyond its global shape (a padded vocabulary).
+  auto make = [&](bool fill) {
+    CheckpointContents c;
+    Tensor a = Tensor::zeros({R + 2, C}), b = Tensor::zeros({NB}), am = Tensor::zeros({R + 2, C});
+    if (fill) {
+      std::memcpy(a.raw(), g.a.data(), g.a.size() * sizeof(float));
+      std::memcpy(b.raw(), g.b.data(), g.b.size() * sizeof(float));
+      std::memcpy(am.raw(), g.a_m.data(), g.a_m.size() * sizeof(float));
+      a.data<float>()[R * C] = 99.f;  // padding: never saved
+    }
+    c.params = {{"A", Shape{R, C}, a}, {"b", Shape{NB}, b}};
+    c.exp_avg = {{"A", Shape{R, C}, am}, {"b", Shape{NB}, b}};
+    c.exp_avg_sq = {{"A", Shape{R, C}, am}, {"b", Shape{NB}, b}};
+    return c;
+  };
+  auto same = [&](const CheckpointContents& got) {
+    CHECK(std::memcmp(got.params[0].tensor.raw(), g.a.data(), g.a.size() * sizeof(float)) == 0);
+    CHECK(got.params[0].tensor.data<float>()[R * C] == 0.f);
+    CHECK(std::memcmp(got.params[1].tensor.raw(), g.b.data(), g.b.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(got.exp_avg_sq[0].tensor.raw(), g.a_m.data(), g.a_m.size() * sizeof(float)) == 0);
+  };
+  test::TempDir dir;
+  const CheckpointContents src = make(true);
+  SECTION("version 2: one shard of whole tensors") {
+    REQUIRE(prepare_iteration_dir(dir.str(), 3));
+    REQUIRE(write_shard_file(shard_file_path(dir.str(), 3, 0), 0, whole_tensor_shard(src)));
+    auto reader = ShardSetReader::open({shard_file_path(dir.str(), 3, 0)});
+    REQUIRE(reader.is_ok());
+    const CheckpointContents got = make(false);
+    REQUIRE(read_whole_tensors(**reader, got, true));
+    same(got);
+  }
+  SECTION("version 1: the single file of earlier troupe versions") {
+    CheckpointMeta meta;
+    meta.iteration = 3;
+    meta.config_json = "{}";
+    meta.rng_json = "{}";
+    REQUIRE(save_checkpoint(dir.str(), meta, src));
+    auto files = checkpoint_files(dir.str(), 3);
+    REQUIRE(files.is_ok());
+    CHECK(files.value() == std::vector<std::string>{checkpoint_file(dir.str(), 3)});
+    auto reader = ShardSetReader::open(files.value());
+    REQUIRE(reader.is_ok());
+    const CheckpointContents got = make(false);
+    REQUIRE(read_whole_tensors(**reader, got, true));
+    same(got);
+  }
 }
