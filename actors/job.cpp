@@ -338,7 +338,13 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
                               rm.rank, m.param_bytes * mib, m.grad_bytes * mib, m.optimizer_bytes * mib, total * mib,
                               m.zero_stage, m.formula_bytes() * mib, total / m.formula_bytes(),
                               m.transient_peak_bytes * mib);
-                note(line);
+                // Where the optimizer's bytes are: the formula counts them as model states wherever
+                // they live.
+                const std::string where = config.offload_optimizer == "nvme" ? "; the optimizer's bytes are in swap files"
+                                          : config.offload_optimizer == "cpu"
+                                              ? "; the optimizer's bytes are in the host memory pool"
+                                              : "";
+                note(line + where);
               }
             },
             [&](caf::error&) {});

@@ -1,6 +1,8 @@
 // troupe train: Megatron-style flags (+ DeepSpeed JSON) -> validated TrainConfig -> a training job in
 // the actor system, with live progress, --metrics-file lines and checkpoints.
 #include <chrono>
+#include <sys/resource.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -175,6 +177,9 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   if (!s.last_checkpoint.empty()) final_line += " | checkpoint: " + s.last_checkpoint;
   if (s.stopped_early) final_line += " (stopped early)";
   printer.line(final_line);
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0)  // ru_maxrss: KiB on Linux
+    printer.line(fmt::format("  peak resident memory of this process: {:.0f} MiB", usage.ru_maxrss / 1024.0));
   return kExitOk;
 }
 
