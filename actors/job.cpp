@@ -122,8 +122,10 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
       },
       [&](caf::down_msg& msg) {
         if (msg.source == trainer) {
-          if (!summary && failure.is_ok())
-            failure = Status::error("the trainer stopped unexpectedly: " + describe(msg.reason));
+          if (!summary && failure.is_ok()) {
+            const std::string why = describe(msg.reason);  // "the trainer failed: ..." names itself
+            failure = Status::error(why.rfind("the trainer", 0) == 0 ? why : "the trainer stopped unexpectedly: " + why);
+          }
         } else {  // another supervised actor (the offload actor) died: the job cannot go on
           if (failure.is_ok()) failure = Status::error(describe(msg.reason));
           self->send_exit(trainer, caf::exit_reason::user_shutdown);
@@ -159,7 +161,21 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
 // checkpoint shards of this process in the background, then completes each save: after a barrier
 // over the job's processes, one of them writes the metadata and the latest pointer.
-offload_actor start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
+struct Offload {
+  offload_actor actor;
+  std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0);
+  // The trainer's completion of a save: the workers handed their snapshots to the offload actor,
+  // which writes them and then commits, in that order, while training goes on.
+  std::function<Status(const SaveRequest&)> commit() const {
+    return [actor = actor, in_flight = saves_in_flight](const SaveRequest& r) {
+      in_flight->fetch_add(1);
+      caf::anon_send(actor, commit_atom::value, r);
+      return Status::ok();
+    };
+  }
+};
+
+Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
                             const JobOptions& options, int world, std::string layout_json,
                             std::shared_ptr<HostPool> pool) {
   auto commit = [&config, &options, world, layout = std::move(layout_json)](const SaveRequest& r) {
@@ -177,18 +193,11 @@ offload_actor start_offload(caf::actor_system& system, caf::scoped_actor& self, 
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
     return Status::ok();
   };
-  offload_actor offload = spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool));
-  self->monitor(offload);
+  Offload offload;
+  offload.actor =
+      spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool), offload.saves_in_flight);
+  self->monitor(offload.actor);
   return offload;
-}
-
-// The trainer's completion of a save: the workers handed their snapshots to the offload actor,
-// which writes them and then commits, in that order, while training goes on.
-std::function<Status(const SaveRequest&)> commit_through(const offload_actor& offload) {
-  return [offload](const SaveRequest& r) {
-    caf::anon_send(offload, commit_atom::value, r);
-    return Status::ok();
-  };
 }
 
 // No save is lost: waits for the offload actor's queue (shards and commits) before the job ends; a
@@ -270,7 +279,8 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();
-  offload_actor offload = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
+  Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
+  offload_actor offload = offloader.actor;
   OptimizerOffload optimizer_offload;
   optimizer_offload.device = config.offload_optimizer;
   optimizer_offload.path = config.offload_path;
@@ -310,7 +320,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
          " Ki elements; the files are deleted on exit)");
   TrainerSpec spec;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
-  spec.finalize_save = commit_through(offload);
+  spec.finalize_save = offloader.commit();
 
   spec.config = config;
   spec.group = group;
@@ -441,8 +451,9 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   if (config.parallel() || options.world)
     return run_parallel_training(system, config, data, callbacks, options, threads, peak);
   caf::scoped_actor self{system};
-  offload_actor offload =
+  Offload offloader =
       start_offload(system, self, config, options, 1, ParallelConfig{}.to_json(), std::make_shared<HostPool>());
+  offload_actor offload = offloader.actor;
   ShardSpec shard_spec;
   shard_spec.model = config.model;
   shard_spec.max_micro_batch = config.micro_batch_size;
@@ -463,7 +474,7 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   spec.listener = caf::actor_cast<caf::actor>(self);
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
-  spec.finalize_save = commit_through(offload);
+  spec.finalize_save = offloader.commit();
   if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
   flush_saves(self, offload, config, result);

@@ -38,14 +38,14 @@ int runnable_threads() {
 // (TROUPE_SAVE_DUTY, default 0.1); with idle cores it writes at full speed. Measured on 2 cores that
 // both compute (bench/run_save_bench.sh, 292 MiB): unpaced, the lowest priority alone still slowed
 // the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +5% over ~8 s.
-std::function<void(double)> make_pacer() {
+std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_in_flight) {
   double duty = 0.1;
   if (const char* d = std::getenv("TROUPE_SAVE_DUTY")) duty = std::clamp(std::atof(d), 0.01, 1.0);
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return [duty, cores](double seconds) {
-    if (duty >= 1.0 || runnable_threads() - 1 < cores) return;  // minus this writer
+  return [duty, cores, saves_in_flight](double seconds) {
+    if (duty >= 1.0 || saves_in_flight->load() > 1 || runnable_threads() - 1 < cores) return;  // minus this writer
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (1.0 - duty) / duty));
   };
 }
@@ -55,12 +55,14 @@ struct OffloadState {
   caf::actor listener;
   std::shared_ptr<HostPool> pool;  // held for the process's optimizer partitions
   std::map<int64_t, std::chrono::steady_clock::time_point> started;  // iteration -> first shard queued
+  std::shared_ptr<std::atomic<int>> saves_in_flight;
   Status failure;
 };
 
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
                                               std::function<Status(const SaveRequest&)> commit, caf::actor listener,
-                                              std::shared_ptr<HostPool> pool) {
+                                              std::shared_ptr<HostPool> pool,
+                                              std::shared_ptr<std::atomic<int>> saves_in_flight) {
   // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
   // a small share when there is none), so a save barely slows training and still finishes.
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
@@ -68,6 +70,7 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
   self->state.commit = std::move(commit);
   self->state.listener = std::move(listener);
   self->state.pool = std::move(pool);
+  self->state.saves_in_flight = std::move(saves_in_flight);
   auto failed = [self](const Status& st) {
     if (!self->state.failure) return;  // the first failure is the one reported
     self->state.failure = st;
@@ -78,13 +81,15 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         if (!self->state.failure) return;  // a save already failed: the job is stopping
         throw_if_asked("offload", -1, w.iteration);
         self->state.started.emplace(w.iteration, std::chrono::steady_clock::now());
-        const WritePacing pacing(make_pacer());
+        const WritePacing pacing(make_pacer(self->state.saves_in_flight));
         if (Status st = write_shard_file(w.path, w.rank, w.contents); !st) return failed(st);
         crash_if_asked(w.iteration);
       },
       [self, failed](commit_atom, const SaveRequest& r) {
         if (!self->state.failure) return;
-        if (Status st = self->state.commit(r); !st) return failed(st);
+        Status committed = self->state.commit(r);
+        self->state.saves_in_flight->fetch_sub(1);
+        if (!committed) return failed(committed);
         SavedCheckpoint done;
         done.iteration = r.iteration;
         done.path = r.dir;
@@ -105,8 +110,10 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
 }  // namespace
 
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
-                            caf::actor listener, std::shared_ptr<HostPool> pool) {
-  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener), std::move(pool));
+                            caf::actor listener, std::shared_ptr<HostPool> pool,
+                            std::shared_ptr<std::atomic<int>> saves_in_flight) {
+  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener), std::move(pool),
+                                     std::move(saves_in_flight));
 }
 
 }  // namespace troupe

@@ -9,6 +9,7 @@
 // the job stops, and every later flush replies it. flush replies once all queued work is done: the
 // job flushes before it exits, so no save is lost.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,10 +39,15 @@ using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
                                        caf::replies_to<flush_atom>::with<ok_atom>>;
 
 // commit: completes a save after this process's shards are written (barrier, metadata, latest).
+// saves_in_flight: whoever sends a commit increments it first, the actor decrements it once that
+// commit is done; while more than one save is in flight the writer does not pace itself (it is behind:
+// catching up beats holding several snapshots in memory).
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
-                            caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>());
+                            caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>(),
+                            std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0));
 
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::ShardWrite)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<troupe::HostPool>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<std::atomic<int>>)
