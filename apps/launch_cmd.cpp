@@ -425,7 +425,9 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
     if (!needed_kill.empty())
       others += " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " +
                 seconds_text(a.stop_grace) + " grace)";
-    *restartable = forwarded_signal == 0;
+    // A rank refused its input (exit code 2: bad flags, config, data): starting again cannot help.
+    const bool bad_input = WIFEXITED(first_failure->status) && WEXITSTATUS(first_failure->status) == kExitUsage;
+    *restartable = forwarded_signal == 0 && !bad_input;
     print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " +
                               std::to_string(first_failure->pid) + ") " +
                               describe_status(first_failure->status) + others +
@@ -517,7 +519,12 @@ int run_launch(LaunchArgs a) {
   for (int restart = 0;; ++restart) {
     bool restartable = false;
     const int code = run_ranks(a, exe, token, restart, &restartable);
-    if (code == kExitOk || !restartable || restart >= a.max_restarts) return code;
+    if (code == kExitOk || restart >= a.max_restarts) return code;
+    if (!restartable) {
+      std::fprintf(stderr, "troupe launch: not restarting: the ranks were stopped by a signal or refused their "
+                           "input (exit code 2)\n");
+      return code;
+    }
     if (a.nnodes == 1 && !a.port_given) {
       if (const int port = free_local_port(); port > 0) a.master_port = port;
     }

@@ -73,6 +73,14 @@ grep -q "rank 1 failed: std::runtime_error" l_thrown.log || fail "the launched r
 grep -q "troupe launch: restart 1 of 1" l_thrown.log || fail "troupe launch did not restart"
 diff l_straight.txt <(last_losses l_thrown.jsonl) || fail "relaunched after a throw: losses differ"
 
+# Bad input is not restarted: every attempt would refuse it again.
+if launch2 --max-restarts 3 -- train "${model[@]}" "${lpar[@]}" --lr -1 > l_bad.log 2>&1; then fail "a bad flag was accepted"; fi
+grep -q "not restarting: .*refused their input" l_bad.log || { cat l_bad.log; fail "the launcher restarted a bad input"; }
+grep -q "restart 1 of" l_bad.log && fail "the launcher restarted a bad input"
+# train --max-restarts under troupe launch points to the launcher's flag.
+if launch2 -- train "${model[@]}" "${lpar[@]}" --save ck_x --max-restarts 1 > l_flag.log 2>&1; then fail "accepted"; fi
+grep -q "pass --max-restarts to troupe launch" l_flag.log || { cat l_flag.log; fail "no pointer to the launcher's flag"; }
+
 # A rank killed with SIGKILL at some moment of a longer run: relaunched, resumed, equal.
 long=(--train-iters 1500 --pipeline-model-parallel-size 2 --log-interval 100)
 launch2 -- train "${model[@]}" "${long[@]}" --metrics-file k_straight.jsonl > /dev/null 2>&1 || fail "1500-iteration run failed"
