@@ -203,10 +203,18 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
 // No save is lost: waits for the offload actor's queue (shards and commits) before the job ends; a
 // failed background save fails a job that otherwise succeeded.
 void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const TrainConfig& config,
-                 Result<TrainSummary>& result) {
+                 const JobCallbacks& callbacks, Result<TrainSummary>& result) {
   if (config.save.empty()) return;
   Status flushed = ask_ok(self, offload, flush_atom::value);
   if (result && !flushed) result = flushed;
+  // The saves completed during the flush reported themselves before its reply: pass them on.
+  for (bool more = true; more;) {
+    self->receive(
+        [&](save_atom, const SavedCheckpoint& c) {
+          if (callbacks.on_saved) callbacks.on_saved(c);
+        },
+        [&](caf::down_msg&) {}, caf::after(std::chrono::milliseconds(0)) >> [&] { more = false; });
+  }
 }
 
 // Loads --load into the workers (any version, any layout), or initialises them from the seed, and
@@ -329,7 +337,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
-  flush_saves(self, offload, config, result);
+  flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
   if (!result && fabric) fabric->abort(0, result.status().message());
@@ -477,7 +485,7 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   spec.finalize_save = offloader.commit();
   if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
-  flush_saves(self, offload, config, result);
+  flush_saves(self, offload, config, callbacks, result);
   shutdown();
   return result;
 
