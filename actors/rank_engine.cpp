@@ -262,39 +262,57 @@ Status RankEngine::sync_tied_embedding() {
   return Status::ok();
 }
 
-Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
-  if (steps_++ >= spec_.keep_span_steps) spans_.clear();
-  step_first_span_ = spans_.size();
-  step_start_ = Clock::now();
-  StepOutcome out;
-  for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
-  std::vector<double> micro_losses(spec_.micro_batches, 0.0);
-  TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
-  auto t0 = Clock::now();
-  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
-  TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
-  // One all-reduce over the world carries the squared norm and the loss.
-  double sums[2] = {0, 0};
-  for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
-  const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
-  for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
-  if (comms_.world != nullptr && comms_.world->size() > 1)
-    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 2, DType::f64, comm::ReduceOp::sum)->wait());
-  out.grad_norm = std::sqrt(sums[0]);
-  out.loss_sum = sums[1];
-  if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
-    const double factor = req.clip_grad / (out.grad_norm + 1e-6);
-    for (auto& store : stores_) store->scale_gradients(factor);
+// The chunk's layers and ZeRO's hooks have no error channel: a collective that fails inside them
+// throws comm::CollectiveFailed (comm/communicator.hpp), which the engine's entry points return as
+// their error, so no exception leaves the engine.
+namespace {
+template <class F>
+auto returning_collective_failures(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const comm::CollectiveFailed& e) {
+    return Status::error(e.what());
   }
-  record("grad reduce", "reduce", t0);
-  return out;
+}
+}  // namespace
+
+Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  return returning_collective_failures([&]() -> Result<StepOutcome> {
+    if (steps_++ >= spec_.keep_span_steps) spans_.clear();
+    step_first_span_ = spans_.size();
+    step_start_ = Clock::now();
+    StepOutcome out;
+    for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
+    std::vector<double> micro_losses(spec_.micro_batches, 0.0);
+    TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
+    auto t0 = Clock::now();
+    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
+    TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
+    // One all-reduce over the world carries the squared norm and the loss.
+    double sums[2] = {0, 0};
+    for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
+    const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
+    for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
+    if (comms_.world != nullptr && comms_.world->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 2, DType::f64, comm::ReduceOp::sum)->wait());
+    out.grad_norm = std::sqrt(sums[0]);
+    out.loss_sum = sums[1];
+    if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
+      const double factor = req.clip_grad / (out.grad_norm + 1e-6);
+      for (auto& store : stores_) store->scale_gradients(factor);
+    }
+    record("grad reduce", "reduce", t0);
+    return out;
+  });
 }
 
 Status RankEngine::finish_step() {
-  const auto t0 = Clock::now();
-  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
-  record("param gather", "reduce", t0);
-  return Status::ok();
+  return returning_collective_failures([&]() -> Status {
+    const auto t0 = Clock::now();
+    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
+    record("param gather", "reduce", t0);
+    return Status::ok();
+  });
 }
 
 std::vector<AdamSegment> RankEngine::adam_segments() const {
@@ -331,52 +349,54 @@ void RankEngine::fill_times(StepOutcome& out) const {
 }
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
-  const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
-  const DType dt = spec_.dtype;
-  const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
-  // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
-  // parameters over dp, so the replicas' collectives must match even when the windows do not split
-  // evenly. A partial (or, for a replica with fewer windows, empty) micro-batch is padded with
-  // copies of a window, whose losses the head leaves out. All ranks of a replica get the same
-  // windows, so they agree on the count.
-  int64_t micros = (rows + B - 1) / B;
-  if (comms_.dp != nullptr && comms_.dp->size() > 1)
-    TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
-  double loss = 0;
-  Tensor padded;
-  for (int64_t i = 0; i < micros; ++i) {
-    const int64_t r0 = i * B, valid = std::clamp<int64_t>(rows - r0, 0, B);
-    Tensor mb = valid > 0 ? tokens.rows(r0, r0 + valid) : Tensor();
-    if (valid < B) {
-      padded = Tensor::zeros({B, spec_.model.seq_length + 1}, DType::i32);
-      if (valid > 0) {
-        padded.rows(0, valid).copy_from(mb);
-        for (int64_t k = valid; k < B; ++k) padded.rows(k, k + 1).copy_from(mb.rows(valid - 1, valid));
+  return returning_collective_failures([&]() -> Result<double> {
+    const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
+    const DType dt = spec_.dtype;
+    const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
+    // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
+    // parameters over dp, so the replicas' collectives must match even when the windows do not split
+    // evenly. A partial (or, for a replica with fewer windows, empty) micro-batch is padded with
+    // copies of a window, whose losses the head leaves out. All ranks of a replica get the same
+    // windows, so they agree on the count.
+    int64_t micros = (rows + B - 1) / B;
+    if (comms_.dp != nullptr && comms_.dp->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
+    double loss = 0;
+    Tensor padded;
+    for (int64_t i = 0; i < micros; ++i) {
+      const int64_t r0 = i * B, valid = std::clamp<int64_t>(rows - r0, 0, B);
+      Tensor mb = valid > 0 ? tokens.rows(r0, r0 + valid) : Tensor();
+      if (valid < B) {
+        padded = Tensor::zeros({B, spec_.model.seq_length + 1}, DType::i32);
+        if (valid > 0) {
+          padded.rows(0, valid).copy_from(mb);
+          for (int64_t k = valid; k < B; ++k) padded.rows(k, k + 1).copy_from(mb.rows(valid - 1, valid));
+        }
+        mb = padded;
       }
-      mb = padded;
-    }
-    for (int c = 0; c < v; ++c) {
-      GptChunk& chunk = *chunks_[c];
-      ChunkBuffers& b = *buffers_[c];
-      const ChunkSpec& cs = chunk.spec();
-      const int k = c * p + stage_;
-      const uint64_t t = (static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(k)) * 2;
-      if (!cs.has_embedding)
-        TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
-                                               (k - 1) % p, t - 2)->wait());
-      const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
-                                          cs.has_head ? Tensor() : b.out_act[0], valid);
-      if (cs.has_head) {
-        if (tp_rank_ == 0) loss += l;
-      } else {
-        TROUPE_RETURN_IF_ERROR(comms_.pp->send(b.out_act[0].raw(), static_cast<size_t>(b.out_act[0].numel()), dt,
-                                               (k + 1) % p, t)->wait());
+      for (int c = 0; c < v; ++c) {
+        GptChunk& chunk = *chunks_[c];
+        ChunkBuffers& b = *buffers_[c];
+        const ChunkSpec& cs = chunk.spec();
+        const int k = c * p + stage_;
+        const uint64_t t = (static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(k)) * 2;
+        if (!cs.has_embedding)
+          TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
+                                                 (k - 1) % p, t - 2)->wait());
+        const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
+                                            cs.has_head ? Tensor() : b.out_act[0], valid);
+        if (cs.has_head) {
+          if (tp_rank_ == 0) loss += l;
+        } else {
+          TROUPE_RETURN_IF_ERROR(comms_.pp->send(b.out_act[0].raw(), static_cast<size_t>(b.out_act[0].numel()), dt,
+                                                 (k + 1) % p, t)->wait());
+        }
       }
     }
-  }
-  if (comms_.world != nullptr && comms_.world->size() > 1)
-    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
-  return loss;
+    if (comms_.world != nullptr && comms_.world->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
+    return loss;
+  });
 }
 
 Result<std::vector<Tensor>> RankEngine::param_values(int c) {

@@ -55,9 +55,9 @@ using WorkPtr = std::shared_ptr<Work>;
 WorkPtr completed_work(Status status = Status::ok());
 
 // Code with no error channel of its own (a model chunk's layers, ZeRO's hooks inside them) waits with
-// wait_or_throw: a failed collective (a peer died, the job is being aborted) throws CollectiveFailed,
-// which ends the calling actor with an error naming the collective and the peer, instead of aborting
-// the process.
+// wait_or_throw: a failed collective (a peer died, the job is being aborted) throws CollectiveFailed
+// naming the collective and the peer, which the caller that has an error channel (the rank engine's
+// entry points) turns back into a Status, instead of aborting the process.
 class CollectiveFailed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
