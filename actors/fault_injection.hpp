@@ -6,6 +6,8 @@
 //       that iteration. ACTOR: rankN (the rank actor of global rank N), optimizerN (its optimizer
 //       partition), shard (the one-process shard), trainer, offload (while writing that
 //       iteration's checkpoint shard).
+//   TROUPE_FAULT_HANG=ACTOR@ITERATION    the chosen actor (rankN, shard) never returns from that
+//       iteration: a stuck rank whose process stays alive.
 //   TROUPE_FAULT_KILL_AFTER_SHARD=N      the process kills itself (SIGKILL: no clean-up of any kind)
 //       right after a shard of checkpoint iteration N was written, in the middle of the save.
 #pragma once
@@ -17,6 +19,8 @@ namespace troupe {
 // Throws when TROUPE_FAULT_THROW names this actor (kind + index, e.g. "rank" 3 -> "rank3"; index < 0:
 // kind alone) and iteration.
 void throw_if_asked(const std::string& kind, int index, int64_t iteration);
+// Sleeps for ever when TROUPE_FAULT_HANG names this actor and iteration.
+void hang_if_asked(const std::string& kind, int index, int64_t iteration);
 void crash_if_asked(int64_t iteration);
 
 }  // namespace troupe

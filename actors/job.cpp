@@ -79,10 +79,13 @@ Result<TrainConfig> checkpoint_config(const std::string& dir) {
   return cfg;
 }
 
-// Runs the trainer to completion, relaying its reports to the callbacks on this thread.
-template <class Shutdown>
+// Runs the trainer to completion, relaying its reports to the callbacks on this thread. A watchdog:
+// when nothing reports progress (an iteration, an evaluation, a save) for
+// --distributed-timeout-minutes, a rank is stuck; the job fails naming the ranks of this process
+// that did not finish, and sets *stuck (their actors cannot be torn down).
 Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor& self, const TrainerSpec& spec,
-                                   const JobCallbacks& callbacks, const JobOptions& options, Shutdown shutdown) {
+                                   const JobCallbacks& callbacks, const JobOptions& options, bool* stuck) {
+  using Clock = std::chrono::steady_clock;
   const TrainConfig& config = spec.config;
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
@@ -93,6 +96,11 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   bool running = true, stop_sent = false;
   std::optional<TrainSummary> summary;
   Status failure;
+  // Later than the local fabric's own timeout (the same value), which names the missing ranks.
+  const auto timeout = std::chrono::duration<double, std::ratio<60>>(config.distributed_timeout_minutes) * 1.2 +
+                       std::chrono::seconds(2);
+  auto last_progress = Clock::now();
+  int64_t last_iteration = spec.start_iteration;
   auto check_stop = [&] {
     if (options.stop && options.stop->load() && !stop_sent) {
       stop_sent = true;
@@ -100,16 +108,45 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
       note("stopping after the current iteration" + std::string(config.save.empty() ? "" : " and saving a checkpoint"));
     }
   };
+  auto watchdog = [&] {
+    check_stop();
+    if (Clock::now() - last_progress < timeout) return;
+    std::string who = "the shard";
+    if (spec.group) {
+      who = "rank(s) of this process";
+      self->request(spec.group, std::chrono::seconds(2), pending_atom::value)
+          .receive(
+              [&](std::vector<int>& ranks) {
+                std::string list;
+                for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+                who = ranks.empty() ? "no rank of this process (a peer process is stuck)" : "rank(s) " + list;
+              },
+              [&](caf::error&) {});
+    }
+    char minutes[32];
+    std::snprintf(minutes, sizeof minutes, "%g", config.distributed_timeout_minutes);
+    failure = Status::error("no progress for " + std::string(minutes) + " minute(s) after iteration " +
+                            std::to_string(last_iteration) + ": " + who + " did not finish iteration " +
+                            std::to_string(last_iteration + 1) +
+                            " (stuck, or waiting for a stuck peer) -- find what blocks it (the timeline, a debugger), "
+                            "or raise --distributed-timeout-minutes if iterations are that slow");
+    *stuck = true;
+    running = false;
+  };
   self->receive_while(running)(
       [&](progress_atom, const IterationStats& s) {
+        last_progress = Clock::now();
+        last_iteration = s.iteration;
         if (callbacks.on_iteration) callbacks.on_iteration(s);
         check_stop();
       },
       [&](eval_atom, const EvalStats& e) {
+        last_progress = Clock::now();
         if (callbacks.on_eval) callbacks.on_eval(e);
         check_stop();
       },
       [&](save_atom, const SavedCheckpoint& c) {
+        last_progress = Clock::now();
         if (callbacks.on_saved) callbacks.on_saved(c);
       },
       [&](done_atom, const TrainSummary& s) {
@@ -132,12 +169,14 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
         }
         running = false;
       },
-      caf::after(std::chrono::milliseconds(100)) >> check_stop);
-  shutdown(caf::actor_cast<caf::actor>(trainer));
+      caf::after(std::chrono::milliseconds(100)) >> watchdog);
+  if (*stuck) {
+    self->send_exit(trainer, caf::exit_reason::user_shutdown);
+    if (options.on_stuck) options.on_stuck(failure.message());
+  }
   if (!failure.is_ok()) return failure;
   return *summary;
 }
-
 
 Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   ParallelConfig p;
@@ -252,7 +291,7 @@ Status load_or_init(caf::scoped_actor& self, const Workers& workers, const Train
 // backend, a group actor in front of them, and the same trainer.
 static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
                                            std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                           const JobOptions& options, int threads, double peak) {
+                                           const JobOptions& options, int threads, double peak, bool* stuck) {
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
@@ -273,7 +312,11 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   if (!topo) return topo.status();
   std::optional<comm::LocalFabric> fabric;
   if (!options.world) {
-    auto f = comm::LocalFabric::create(world);
+    // A wait for a peer longer than --distributed-timeout-minutes fails the fabric naming the ranks
+    // that did not arrive (a stuck rank), before drive_trainer's watchdog would.
+    comm::LocalFabricOptions fabric_options;
+    fabric_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed_timeout_minutes * 60'000));
+    auto f = comm::LocalFabric::create(world, fabric_options);
     if (!f) return f.status();
     fabric = std::move(f).value();
   }
@@ -336,7 +379,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   spec.listener = caf::actor_cast<caf::actor>(self);
   spec.validation_windows = data->num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
-  auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
   flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
@@ -401,7 +444,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
 
 static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak);
+                                        double peak, bool* stuck);
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                   const JobCallbacks& callbacks, const JobOptions& options) {
@@ -433,9 +476,11 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   // checkpoint in --save (from the start, or --load, when nothing was saved yet).
   TrainConfig attempt = config;
   for (int restart = 1;; ++restart) {
-    auto result = run_attempt(attempt, data, callbacks, options, threads, peak);
+    bool stuck = false;
+    auto result = run_attempt(attempt, data, callbacks, options, threads, peak, &stuck);
     const bool stopped = options.stop != nullptr && options.stop->load();
-    if (result || stopped || restart > config.max_restarts || options.world) return result;
+    // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
+    if (result || stopped || stuck || restart > config.max_restarts || options.world) return result;
     auto latest = config.save.empty() ? Result<int64_t>(Status::error("no --save")) : latest_iteration(config.save);
     if (latest) attempt.load = config.save;
     note("the job failed: " + result.status().message());
@@ -446,18 +491,47 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 }
 
 // One attempt of run_training: an actor system with every actor of the job, from `config.load` or
-// from the seed.
+// from the seed. When a rank is stuck its actor can never be torn down, and the actor system would
+// wait for it for ever on destruction: it is left behind (with its threads) and the error returned.
+static Result<TrainSummary> run_in_system(caf::actor_system& system, const TrainConfig& config,
+                                          std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
+                                          const JobOptions& options, int threads, double peak, bool* stuck);
+
 static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak) {
+                                        double peak, bool* stuck) {
+  auto sys_cfg = std::make_unique<caf::actor_system_config>(make_system_config());
+  auto system = std::make_unique<caf::actor_system>(*sys_cfg);
+  auto result = run_in_system(*system, config, data, callbacks, options, threads, peak, stuck);
+  // Every actor was told to exit; one that does not within seconds is stuck in a handler (a failed
+  // job whose stuck rank the fabric's timeout named, rather than the watchdog).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!*stuck && system->registry().running() > 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!*stuck && system->registry().running() > 0) {
+    *stuck = true;
+    const std::string message =
+        (result ? std::string("the job finished") : result.status().message()) + "; " +
+        std::to_string(system->registry().running()) + " actor(s) did not stop (stuck in a handler)";
+    if (options.on_stuck) options.on_stuck(message);
+    if (result) result = Status::error(message);
+  }
+  if (*stuck) {  // deliberately leaked: see above
+    (void)system.release();
+    (void)sys_cfg.release();
+  }
+  return result;
+}
+
+static Result<TrainSummary> run_in_system(caf::actor_system& system, const TrainConfig& config,
+                                          std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
+                                          const JobOptions& options, int threads, double peak, bool* stuck) {
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
-  caf::actor_system_config sys_cfg = make_system_config();
-  caf::actor_system system{sys_cfg};
   // Parallel layouts (and optimizer offload) run on the rank engine; one rank on the shard.
   if (config.parallel() || options.world)
-    return run_parallel_training(system, config, data, callbacks, options, threads, peak);
+    return run_parallel_training(system, config, data, callbacks, options, threads, peak, stuck);
   caf::scoped_actor self{system};
   Offload offloader =
       start_offload(system, self, config, options, 1, ParallelConfig{}.to_json(), std::make_shared<HostPool>());
@@ -484,7 +558,7 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   spec.sgemm_peak_gflops = peak;
   spec.finalize_save = offloader.commit();
   if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
-  auto result = drive_trainer(system, self, spec, callbacks, options, [](const caf::actor&) {});
+  auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
   flush_saves(self, offload, config, callbacks, result);
   shutdown();
   return result;

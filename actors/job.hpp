@@ -33,6 +33,11 @@ struct JobOptions {
   // parallel layout runs in this process on the local backend.
   std::shared_ptr<comm::CommWorld> world;
   comm::Bootstrap* bootstrap = nullptr;
+  // Called with the message when the watchdog (--distributed-timeout-minutes) finds a stuck rank. A
+  // stuck actor cannot be torn down: troupe train prints the message and ends the process here.
+  // Without it, run_training returns the error and leaves the stuck actors (and their actor system
+  // and threads) behind.
+  std::function<void(const std::string&)> on_stuck;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,

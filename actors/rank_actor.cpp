@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include "actors/errors.hpp"
 #include "actors/fault_injection.hpp"
@@ -85,6 +86,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
         throw_if_asked("rank", s.rank, req.step.step);
+        hang_if_asked("rank", s.rank, req.step.step);
         auto out = s.engine->compute_gradients(req.tokens, req.grad_scale, req.step);
         if (!out) return rank_error(s.rank, out.status());
         if (!std::isfinite(out.value().grad_norm))
@@ -197,6 +199,7 @@ struct GroupState {
   std::optional<comm::Topology> topo;  // Topology has no empty state
   std::vector<rank_actor> ranks;
   std::vector<int> global;
+  std::set<int> waiting;  // global ranks that have not answered the current step or evaluation
 };
 
 template <class T>
@@ -259,6 +262,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
         auto acc = std::make_shared<Gather<StepOutcome>>();
         acc->items.resize(self->state.ranks.size());
         acc->remaining = self->state.ranks.size();
+        self->state.waiting = std::set<int>(self->state.global.begin(), self->state.global.end());
         for (size_t i = 0; i < self->state.ranks.size(); ++i) {
           RankStepRequest req;
           req.tokens = replica_rows(batch, self->state.global[i]);
@@ -266,7 +270,8 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
           req.step = step;
           self->request(self->state.ranks[i], caf::infinite, train_step_atom::value, std::move(req))
               .then(
-                  [rp, acc, i](const StepOutcome& out) mutable {
+                  [self, rp, acc, i](const StepOutcome& out) mutable {
+                    self->state.waiting.erase(self->state.global[i]);
                     acc->items[i] = out;
                     if (--acc->remaining > 0) return;
                     GroupStepResult r;
@@ -291,10 +296,12 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
         auto acc = std::make_shared<Gather<double>>();
         acc->items.resize(self->state.ranks.size());
         acc->remaining = self->state.ranks.size();
+        self->state.waiting = std::set<int>(self->state.global.begin(), self->state.global.end());
         for (size_t i = 0; i < self->state.ranks.size(); ++i) {
           self->request(self->state.ranks[i], caf::infinite, eval_atom::value, replica_rows(batch, self->state.global[i]))
               .then(
-                  [rp, acc](double loss) mutable {
+                  [self, rp, acc, i](double loss) mutable {
+                    self->state.waiting.erase(self->state.global[i]);
                     acc->items[0] = loss;  // every rank holds the all-reduced sum
                     if (--acc->remaining == 0) rp.deliver(acc->items[0]);
                   },
@@ -317,6 +324,9 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                   [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
         }
         return rp;
+      },
+      [self](pending_atom) {
+        return std::vector<int>(self->state.waiting.begin(), self->state.waiting.end());
       },
       [self](save_atom, const SaveRequest& req) -> caf::result<ok_atom> { return all_ok(self, save_atom::value, req); },
       [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> { return all_ok(self, load_atom::value, req); },

@@ -26,6 +26,7 @@ namespace troupe {
 using train_step_atom = caf::atom_constant<caf::atom("trainstep")>;
 using spans_atom = caf::atom_constant<caf::atom("spans")>;
 using memory_atom = caf::atom_constant<caf::atom("memory")>;
+using pending_atom = caf::atom_constant<caf::atom("pending")>;
 
 struct RankStepRequest {
   Tensor tokens;  // this replica's windows
@@ -68,6 +69,7 @@ using group_actor = caf::typed_actor<
     caf::replies_to<eval_atom, Tensor>::with<double>,  // windows of the whole job; sum of token losses
     caf::replies_to<spans_atom>::with<std::vector<RankTimeline>>,
     caf::replies_to<memory_atom>::with<std::vector<RankMemory>>,
+    caf::replies_to<pending_atom>::with<std::vector<int>>,  // ranks that have not answered the current step
     caf::replies_to<save_atom, SaveRequest>::with<ok_atom>,   // every local rank's shard file
     caf::replies_to<load_atom, LoadRequest>::with<ok_atom>>;
 

@@ -64,6 +64,7 @@ shard_actor::behavior_type shard_behavior(shard_actor::stateful_pointer<ShardSta
       [self](step_atom, const StepRequest& req) -> caf::result<StepResult> {
         auto& s = self->state;
         throw_if_asked("shard", -1, req.step);
+        hang_if_asked("shard", -1, req.step);
         StepResult r;
         r.grad_norm = s.optimizer->step(s.ctx, s.model->params(), s.model->grads(), s.model->flat_grads(), req);
         s.model->zero_grad();

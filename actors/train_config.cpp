@@ -50,6 +50,7 @@ void visit_runtime_fields(Config& c, Visitor&& v) {
   v("offload_optimizer", c.offload_optimizer);
   v("offload_path", c.offload_path);
   v("max_restarts", c.max_restarts);
+  v("distributed_timeout_minutes", c.distributed_timeout_minutes);
 }
 
 template <class Config, class Visitor>

@@ -41,6 +41,9 @@ struct TrainConfig {
   // Supervision: a failed actor or process stops the job; with max_restarts > 0 the job restarts
   // every actor from the latest checkpoint in --save up to this many times.
   int max_restarts = 0;
+  // Megatron's --distributed-timeout-minutes: an iteration (or evaluation, or save) that makes no
+  // progress for this long means a rank is stuck; the job stops naming the ranks that did not finish.
+  double distributed_timeout_minutes = 10;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;
@@ -94,8 +97,10 @@ struct TrainConfig {
   }
 
   // {"format": "troupe.train_config", "version": 3, "model": {GptConfig's fields}, "parallel": {the
-  // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts}, every other
-  // field above}, indented. Versions 1 (no "parallel") and 2 (no "runtime") still load. from_json requires every key and rejects unknown ones; errors name the key.
+  // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts,
+  // distributed_timeout_minutes}, every other field above}, indented. Versions 1 (no "parallel")
+  // and 2 (no "runtime") still load. from_json requires every key and rejects unknown ones; errors
+  // name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);
 };

@@ -444,6 +444,9 @@ class Validator {
     if (c.max_restarts < 0)
       return bad("--max-restarts", fmt::format("must be >= 0, got {}", c.max_restarts),
                  "use 0 to stop at the first failure");
+    if (!(c.distributed_timeout_minutes > 0))
+      return bad("--distributed-timeout-minutes", fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
+                 "use e.g. 10 (Megatron's default)");
     if (c.max_restarts > 0 && c.save.empty())
       return bad("--max-restarts",
                  fmt::format("is {}, but without --save there is no checkpoint to restart from",
@@ -591,6 +594,9 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "After a failure (an actor that throws, a rank that dies), restart every actor from the "
       "latest checkpoint in --save up to N times (in one process; under troupe launch give it to "
       "the launcher)");
+  opt(resilience, "--distributed-timeout-minutes", cfg->distributed_timeout_minutes,
+      "A step, evaluation or save that makes no progress for this long means a rank is stuck: the job "
+      "stops naming the ranks that did not finish (fractions allowed)");
 
   const char* logs = "Evaluation and logging";
   opt(logs, "--eval-interval", cfg->eval_interval,

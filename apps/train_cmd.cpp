@@ -163,6 +163,14 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                << "\n" << std::flush;
   };
   options.stop = &g_stop;
+  // A stuck rank's actor cannot be torn down, so the process ends here (troupe launch --max-restarts
+  // starts it again).
+  options.on_stuck = [&](const std::string& message) {
+    print_error(name, message);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(kExitFailure);
+  };
   std::signal(SIGINT, on_interrupt);
   auto result = run_training(cfg, data.value(), cb, options);
   std::signal(SIGINT, SIG_DFL);

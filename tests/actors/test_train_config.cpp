@@ -36,6 +36,7 @@ TrainConfig all_fields_set() {
   c.offload_optimizer = "nvme";
   c.offload_path = "/nvme/swap";
   c.max_restarts = 3;
+  c.distributed_timeout_minutes = 2.5;
   c.lr = 3.3e-4;
   c.min_lr = 1.1e-5;
   c.lr_decay_style = "cosine";
@@ -168,7 +169,8 @@ TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)"
   CHECK(r.at("offload_optimizer") == "nvme");
   CHECK(r.at("offload_path") == "/nvme/swap");
   CHECK(r.at("max_restarts") == 3);
-  CHECK(r.size() == 3);
+  CHECK(r.at("distributed_timeout_minutes") == 2.5);
+  CHECK(r.size() == 4);
   auto back = TrainConfig::from_json(j.dump());
   REQUIRE(back.is_ok());
   CHECK(back.value().offload_optimizer == "nvme");
@@ -184,6 +186,7 @@ TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)"
   CHECK(old.value().offload_optimizer == "none");
   CHECK(old.value().offload_path.empty());
   CHECK(old.value().max_restarts == 0);
+  CHECK(old.value().distributed_timeout_minutes == 10);
   CHECK(old.value().tensor_model_parallel_size == 3);
   json v2_with = j;
   v2_with["version"] = 2;

@@ -932,6 +932,9 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
     CHECK_THAT(parse(ws.args({"--max-restarts", "2"})).status.message(),
                Contains("--max-restarts is 2, but without --save there is no checkpoint to restart from"));
     CHECK_THAT(parse(ws.args({"--max-restarts", "-1"})).status.message(), Contains("--max-restarts must be >= 0"));
+    CHECK_THAT(parse(ws.args({"--distributed-timeout-minutes", "0"})).status.message(),
+               Contains("--distributed-timeout-minutes must be positive"));
+    CHECK(parse_ok(ws.args({"--distributed-timeout-minutes", "0.5"})).cfg.distributed_timeout_minutes == 0.5);
     CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {

@@ -2,9 +2,10 @@
 # Supervision and restarts. An actor that throws (fault injection: TROUPE_FAULT_THROW=ACTOR@ITERATION)
 # stops the job with a message naming it and the cause; with --max-restarts every actor restarts
 # from the latest checkpoint and the losses equal the uninterrupted run's. Under troupe launch a
-# rank that throws, or a process killed with SIGKILL at a random moment, is restarted by
-# troupe launch --max-restarts with the same result; a rank that stops answering (SIGSTOP) ends the
-# job with a message naming it instead of a hang.
+# rank that throws, a process killed with SIGKILL at a random moment, or a stuck rank
+# (TROUPE_FAULT_HANG, --distributed-timeout-minutes) is restarted by troupe launch --max-restarts
+# with the same result; a stuck rank in one process is named; a process that stops answering
+# (SIGSTOP) ends the job with a message naming it instead of a hang.
 source "$(dirname "$0")/common.bash"
 make_corpus
 
@@ -98,7 +99,28 @@ grep -q "was killed by signal 9" k_killed.log || fail "the killed rank was not r
 grep -q "troupe launch: restart 1 of 1" k_killed.log || fail "troupe launch did not restart after the kill"
 diff <(last_losses k_straight.jsonl) <(last_losses k_killed.jsonl) || fail "after a SIGKILL and a restart the losses differ"
 
-# --- a rank that stops answering: the job ends, naming it -------------------------------------------
+# --- a stuck rank (alive, never answering; TROUPE_FAULT_HANG): --distributed-timeout-minutes ------
+# One process: the local fabric's timeout names the rank the others waited for (in a collective, or
+# a pipeline receive from it, whichever times out first).
+start=$SECONDS
+if TROUPE_FAULT_HANG=rank1@4 train "${par[@]}" --distributed-timeout-minutes 0.05 > stuck.log 2>&1; then
+  fail "a job with a stuck rank succeeded"
+fi
+grep -Eq "(waited|within) 3000 ms" stuck.log || { cat stuck.log; fail "no timeout message"; }
+grep -Eq "for rank\(s\) \[1\]|from rank 1 " stuck.log || { cat stuck.log; fail "the stuck rank 1 was not named"; }
+grep -q "actor(s) did not stop (stuck in a handler)" stuck.log || fail "the stuck actors were not reported"
+(( SECONDS - start < 60 )) || fail "a stuck rank took $((SECONDS - start)) s to stop the job"
+# The single shard: the trainer's watchdog.
+TROUPE_FAULT_HANG=shard@3 expect_failure stuck_shard "no progress for 0.05 minute(s) after iteration 2: the shard did not finish iteration 3" \
+  train --train-iters 6 --distributed-timeout-minutes 0.05
+# Two processes with restarts: the stuck process ends itself, troupe launch starts both again, and the
+# run resumes from its checkpoint with the uninterrupted losses.
+TROUPE_FAULT_HANG=rank1@6 launch2 --max-restarts 1 -- train "${model[@]}" "${lpar[@]}" --save ck_h --save-interval 2 \
+  --distributed-timeout-minutes 0.05 --metrics-file l_hung.jsonl > l_hung.log 2>&1 || { cat l_hung.log; fail "the relaunched job failed"; }
+grep -q "rank(s) 1 did not finish iteration 6" l_hung.log || { cat l_hung.log; fail "the stuck rank was not named"; }
+diff l_straight.txt <(last_losses l_hung.jsonl) || fail "relaunched after a stuck rank: losses differ"
+
+# --- a process that stops answering (SIGSTOP): the job ends, naming it -------------------------------
 "$troupe" launch --nproc-per-node 2 -- train "${model[@]}" --train-iters 1000000 --pipeline-model-parallel-size 2 \
   --log-interval 20 > hung.log 2>&1 &
 launcher=$!
