@@ -153,7 +153,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                   w.path = shard_file_path(req.dir, req.iteration, st.rank);
                   w.rank = st.rank;
                   w.iteration = req.iteration;
-                  w.contents = st.engine->shard_contents(m.exp_avg, m.exp_avg_sq);
+                  w.contents = st.engine->shard_contents(m.exp_avg, m.exp_avg_sq, /*moments_are_copies=*/true);
                   if (st.offload) {  // written in the background
                     caf::anon_send(st.offload, write_atom::value, std::move(w));
                   } else {

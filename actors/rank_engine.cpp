@@ -456,11 +456,20 @@ std::vector<std::pair<int64_t, GlobalRun>> local_runs(const ParamSpec& spec, int
   return out;
 }
 
-TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values) {
+// values_are_copies: `values` is already a snapshot nobody changes (the optimizer's copies of the
+// moments), so a piece of one run may view it instead of copying it again.
+TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values,
+                       bool values_are_copies = false) {
   TensorPiece p;
   p.name = spec.name;
   p.global_shape = spec.global_shape;
   const auto runs = local_runs(spec, begin, end);
+  if (values_are_copies && runs.size() == 1) {
+    const auto& [local, run] = runs.front();
+    p.values = values.view(Shape{values.numel()}).rows(local, local + run.length);
+    p.runs.push_back(run);
+    return p;
+  }
   int64_t total = 0;
   for (const auto& [local, run] : runs) total += run.length;
   p.values = Tensor::empty({total});
@@ -497,7 +506,8 @@ Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec&
 
 }  // namespace
 
-ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq) const {
+ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                         bool moments_are_copies) const {
   TROUPE_CHECK(spec_.dtype == DType::f32, "checkpoints hold f32 tensors");
   ShardContents out;
   size_t seg = 0;
@@ -510,9 +520,10 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
       if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
-      out.sections[ShardSection::exp_avg].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i]));
+      out.sections[ShardSection::exp_avg].push_back(
+          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i], moments_are_copies));
       out.sections[ShardSection::exp_avg_sq].push_back(
-          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i]));
+          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i], moments_are_copies));
     }
   }
   return out;

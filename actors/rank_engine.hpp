@@ -133,7 +133,10 @@ class RankEngine {
   // the job once: tensor-parallel replicas and the head's copy of wte are left to their owner (tp rank
   // 0, the embedding stage), data-parallel replicas to dp rank 0 (ZeRO-3 parameters and ZeRO >= 1
   // moments are partitioned: every dp rank writes its part).
-  ShardContents shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq) const;
+  // moments_are_copies: the moments are snapshots nobody changes (the optimizer actor's copies), so
+  // pieces may view them instead of copying them a second time.
+  ShardContents shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                               bool moments_are_copies = false) const;
   // Fills this rank's parameters and the given moments (shaped like adam_segments(); empty vectors:
   // parameters only) from any set of shards, whatever layout wrote them.
   Status load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
