@@ -24,7 +24,8 @@ void throw_if_asked(const std::string& kind, int index, int64_t iteration) {
   const char* spec = std::getenv("TROUPE_FAULT_THROW");
   if (spec == nullptr || fired.load() || restarted_process()) return;
   const std::string want = spec;
-  const std::string self = (index >= 0 ? kind + std::to_string(index) : kind) + "@" + std::to_string(iteration);
+  const std::string self =
+      (index >= 0 ? kind + std::to_string(index) : kind) + "@" + std::to_string(iteration);
   if (want != self || fired.exchange(true)) return;
   throw std::runtime_error("fault injected by TROUPE_FAULT_THROW=" + want);
 }
@@ -32,7 +33,8 @@ void throw_if_asked(const std::string& kind, int index, int64_t iteration) {
 void hang_if_asked(const std::string& kind, int index, int64_t iteration) {
   const char* spec = std::getenv("TROUPE_FAULT_HANG");
   if (spec == nullptr || restarted_process()) return;
-  const std::string self = (index >= 0 ? kind + std::to_string(index) : kind) + "@" + std::to_string(iteration);
+  const std::string self =
+      (index >= 0 ? kind + std::to_string(index) : kind) + "@" + std::to_string(iteration);
   if (spec != self) return;
   std::fprintf(stderr, "troupe: TROUPE_FAULT_HANG=%s: this actor stops answering\n", spec);
   std::fflush(stderr);
@@ -42,7 +44,9 @@ void hang_if_asked(const std::string& kind, int index, int64_t iteration) {
 void crash_if_asked(int64_t iteration) {
   const char* v = std::getenv("TROUPE_FAULT_KILL_AFTER_SHARD");
   if (v == nullptr || restarted_process() || std::strtoll(v, nullptr, 10) != iteration) return;
-  std::fprintf(stderr, "troupe: TROUPE_FAULT_KILL_AFTER_SHARD=%s: killing this process during the save\n", v);
+  std::fprintf(stderr,
+               "troupe: TROUPE_FAULT_KILL_AFTER_SHARD=%s: killing this process during the save\n",
+               v);
   std::fflush(stderr);
   std::raise(SIGKILL);
 }

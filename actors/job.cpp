@@ -197,6 +197,8 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   return p;
 }
 
+namespace {
+
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
 // checkpoint shards of this process in the background, then completes each save: after a barrier
 // over the job's processes, one of them writes the metadata and the latest pointer.
@@ -215,8 +217,7 @@ struct Offload {
 };
 
 Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
-                            const JobOptions& options, int world, std::string layout_json,
-                            std::shared_ptr<HostPool> pool) {
+                      const JobOptions& options, int world, std::string layout_json, std::shared_ptr<HostPool> pool) {
   auto commit = [&config, &options, world, layout = std::move(layout_json)](const SaveRequest& r) {
     const std::string key = "save " + std::to_string(r.iteration);
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
@@ -286,6 +287,8 @@ Status load_or_init(caf::scoped_actor& self, const Workers& workers, const Train
        " samples consumed");
   return Status::ok();
 }
+
+}  // namespace
 
 // Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
 // backend, a group actor in front of them, and the same trainer.

@@ -10,12 +10,15 @@ namespace troupe {
 
 namespace {
 
-std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MiB"; }
+std::string mib(int64_t bytes) {
+  return std::to_string((bytes + (1 << 19)) >> 20) + " MiB";
+}
 
 // none and cpu: whole tensors, from the heap or from the host pool.
 class MemoryMoments final : public MomentStore {
  public:
-  MemoryMoments(const std::vector<int64_t>& counts, DType dtype, HostPool* pool) : pooled_(pool != nullptr) {
+  MemoryMoments(const std::vector<int64_t>& counts, DType dtype, HostPool* pool)
+      : pooled_(pool != nullptr) {
     for (int64_t n : counts) {
       exp_avg_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype));
       exp_avg_sq_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype));
@@ -44,7 +47,9 @@ class MemoryMoments final : public MomentStore {
   int64_t bytes_ = 0;
 };
 
-int64_t round_up(int64_t bytes) { return (bytes + SwapFile::kAlign - 1) / SwapFile::kAlign * SwapFile::kAlign; }
+int64_t round_up(int64_t bytes) {
+  return (bytes + SwapFile::kAlign - 1) / SwapFile::kAlign * SwapFile::kAlign;
+}
 
 // nvme: pieces in a swap file, each stored as [exp_avg | exp_avg_sq], both padded to pages.
 class SwappedMoments final : public MomentStore {
@@ -55,7 +60,8 @@ class SwappedMoments final : public MomentStore {
     int64_t offset;  // in the file
   };
 
-  static Result<std::unique_ptr<MomentStore>> create(const OptimizerOffload& off, const std::vector<int64_t>& counts,
+  static Result<std::unique_ptr<MomentStore>> create(const OptimizerOffload& off,
+                                                     const std::vector<int64_t>& counts,
                                                      DType dtype) {
     auto s = std::unique_ptr<SwappedMoments>(new SwappedMoments());
     s->esize_ = static_cast<int64_t>(dtype_size(dtype));
@@ -71,14 +77,16 @@ class SwappedMoments final : public MomentStore {
       }
     }
     s->moment_bytes_ = offset;
-    const std::string name = "troupe-optimizer-rank" + std::to_string(off.rank) + "-pid" + std::to_string(::getpid()) + ".swap";
+    const std::string name = "troupe-optimizer-rank" + std::to_string(off.rank) + "-pid" +
+                             std::to_string(::getpid()) + ".swap";
     auto file = SwapFile::create(off.path, name, offset);
     if (!file) return file.status();
     s->file_ = std::move(file).value();
     s->slot_bytes_ = round_up(largest * s->esize_);
     HostPool local;
     HostPool& pool = off.pool ? *off.pool : local;
-    for (int b = 0; b < kBuffers && largest > 0; ++b) s->buffers_.push_back(pool.allocate_bytes(2 * s->slot_bytes_));
+    for (int b = 0; b < kBuffers && largest > 0; ++b)
+      s->buffers_.push_back(pool.allocate_bytes(2 * s->slot_bytes_));
     return std::unique_ptr<MomentStore>(std::move(s));
   }
 
@@ -121,7 +129,9 @@ class SwappedMoments final : public MomentStore {
     return failure;
   }
 
-  int64_t resident_bytes() const override { return static_cast<int64_t>(buffers_.size()) * 2 * slot_bytes_; }
+  int64_t resident_bytes() const override {
+    return static_cast<int64_t>(buffers_.size()) * 2 * slot_bytes_;
+  }
   int64_t file_bytes() const override { return moment_bytes_; }
   std::string describe() const override {
     return mib(moment_bytes_) + " of Adam moments in " + file_->path() + " (deleted on exit; " +
@@ -143,14 +153,17 @@ class SwappedMoments final : public MomentStore {
 }  // namespace
 
 Result<std::unique_ptr<MomentStore>> MomentStore::create(const OptimizerOffload& offload,
-                                                         const std::vector<int64_t>& element_counts, DType dtype) {
+                                                         const std::vector<int64_t>& element_counts,
+                                                         DType dtype) {
   if (offload.device == "nvme") return SwappedMoments::create(offload, element_counts, dtype);
   HostPool* pool = nullptr;
   if (offload.device == "cpu") {
-    if (!offload.pool) return Status::error("--offload-optimizer cpu needs the process's host memory pool");
+    if (!offload.pool)
+      return Status::error("--offload-optimizer cpu needs the process's host memory pool");
     pool = offload.pool.get();
   } else if (offload.device != "none") {
-    return Status::error("--offload-optimizer is \"" + offload.device + "\" -- use none, cpu or nvme");
+    return Status::error("--offload-optimizer is \"" + offload.device +
+                         "\" -- use none, cpu or nvme");
   }
   return std::unique_ptr<MomentStore>(new MemoryMoments(element_counts, dtype, pool));
 }

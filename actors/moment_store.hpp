@@ -3,14 +3,15 @@
 // elements as segments[i].param) are visited in pieces: visit() makes each piece resident, calls
 // the function on it, and keeps what the function wrote when the access writes.
 //   none  tensors of the partition actor, one piece per segment.
-//   cpu   (ZeRO-Offload) blocks of the process's host memory pool (the offload actor's, pinned where
+//   cpu   (ZeRO-Offload) blocks of the process's host memory pool (the offload actor's, pinned
+//   where
 //         CUDA exists), one piece per segment; the step runs on the partition actor's own threads.
 //   nvme  (ZeRO-Infinity) one swap file per partition (storage/swap_file.hpp) under --offload-path,
 //         in pieces of at most kPieceElements per moment. Pieces are read kReadAhead ahead of the
 //         one being computed and written back behind it by the file's I/O thread; resident are
 //         kBuffers piece buffers from the host pool, whatever the partition's size.
-// AdamW is elementwise, so a step over pieces gives bitwise the same numbers as over whole segments.
-// Not thread-safe: the partition actor's thread uses it.
+// AdamW is elementwise, so a step over pieces gives bitwise the same numbers as over whole
+// segments. Not thread-safe: the partition actor's thread uses it.
 #pragma once
 #include <functional>
 #include <memory>
@@ -23,11 +24,11 @@
 namespace troupe {
 
 struct OptimizerOffload {
-  std::string device = "none";  // none | cpu | nvme
-  std::string path;             // nvme: directory of the swap files
+  std::string device = "none";     // none | cpu | nvme
+  std::string path;                // nvme: directory of the swap files
   std::shared_ptr<HostPool> pool;  // cpu, nvme: the process's pool (the offload actor's)
-  int rank = 0;                 // names the swap file
-  int64_t piece_elements = 0;   // nvme: elements per piece (0: MomentStore::kPieceElements)
+  int rank = 0;                    // names the swap file
+  int64_t piece_elements = 0;      // nvme: elements per piece (0: MomentStore::kPieceElements)
 };
 
 struct MomentPiece {
@@ -46,7 +47,8 @@ class MomentStore {
 
   // element_counts[i]: elements of segment i.
   static Result<std::unique_ptr<MomentStore>> create(const OptimizerOffload& offload,
-                                                     const std::vector<int64_t>& element_counts, DType dtype);
+                                                     const std::vector<int64_t>& element_counts,
+                                                     DType dtype);
   virtual ~MomentStore() = default;
 
   // Every piece in segment order. read: fn only reads; write: fn fills the pieces (nothing is read

@@ -1,10 +1,9 @@
 #include "actors/offload_actor.hpp"
 
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,9 +34,10 @@ int runnable_threads() {
 
 // The writer's pacing (storage/write_pacing.hpp): after each block, when the machine has no idle
 // core (the ranks compute on all of them), it sleeps so that it works at most `duty` of the time
-// (TROUPE_SAVE_DUTY, default 0.1); with idle cores it writes at full speed. Measured on 2 cores that
-// both compute (bench/run_save_bench.sh, 292 MiB): unpaced, the lowest priority alone still slowed
-// the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +5% over ~8 s.
+// (TROUPE_SAVE_DUTY, default 0.1); with idle cores it writes at full speed. Measured on 2 cores
+// that both compute (bench/run_save_bench.sh, 292 MiB): unpaced, the lowest priority alone still
+// slowed the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +5% over ~8
+// s.
 std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_in_flight) {
   double duty = 0.1;
   if (const char* d = std::getenv("TROUPE_SAVE_DUTY")) duty = std::clamp(std::atof(d), 0.01, 1.0);
@@ -45,7 +45,8 @@ std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_i
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   return [duty, cores, saves_in_flight](double seconds) {
-    if (duty >= 1.0 || saves_in_flight->load() > 1 || runnable_threads() - 1 < cores) return;  // minus this writer
+    if (duty >= 1.0 || saves_in_flight->load() > 1 || runnable_threads() - 1 < cores)
+      return;  // minus this writer
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (1.0 - duty) / duty));
   };
 }
@@ -54,14 +55,15 @@ struct OffloadState {
   std::function<Status(const SaveRequest&)> commit;
   caf::actor listener;
   std::shared_ptr<HostPool> pool;  // held for the process's optimizer partitions
-  std::map<int64_t, std::chrono::steady_clock::time_point> started;  // iteration -> first shard queued
+  std::map<int64_t, std::chrono::steady_clock::time_point>
+      started;  // iteration -> first shard queued
   std::shared_ptr<std::atomic<int>> saves_in_flight;
   Status failure;
 };
 
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
-                                              std::function<Status(const SaveRequest&)> commit, caf::actor listener,
-                                              std::shared_ptr<HostPool> pool,
+                                              std::function<Status(const SaveRequest&)> commit,
+                                              caf::actor listener, std::shared_ptr<HostPool> pool,
                                               std::shared_ptr<std::atomic<int>> saves_in_flight) {
   // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
   // a small share when there is none), so a save barely slows training and still finishes.
@@ -74,7 +76,8 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
   auto failed = [self](const Status& st) {
     if (!self->state.failure) return;  // the first failure is the one reported
     self->state.failure = st;
-    caf::anon_send(self->state.listener, failed_atom::value, "background checkpoint save: " + st.message());
+    caf::anon_send(self->state.listener, failed_atom::value,
+                   "background checkpoint save: " + st.message());
   };
   return {
       [self, failed](write_atom, const ShardWrite& w) {
@@ -95,13 +98,15 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         done.path = r.dir;
         done.committed = true;
         if (auto it = self->state.started.find(r.iteration); it != self->state.started.end()) {
-          done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
+          done.seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
           self->state.started.erase(it);
         }
         caf::anon_send(self->state.listener, save_atom::value, done);
       },
       [self](flush_atom) -> caf::result<ok_atom> {
-        if (!self->state.failure) return make_actor_error(ActorErrc::failed, self->state.failure.message());
+        if (!self->state.failure)
+          return make_actor_error(ActorErrc::failed, self->state.failure.message());
         return ok_atom::value;
       },
   };
@@ -109,11 +114,12 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
 
 }  // namespace
 
-offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
-                            caf::actor listener, std::shared_ptr<HostPool> pool,
+offload_actor spawn_offload(caf::actor_system& system,
+                            std::function<Status(const SaveRequest&)> commit, caf::actor listener,
+                            std::shared_ptr<HostPool> pool,
                             std::shared_ptr<std::atomic<int>> saves_in_flight) {
-  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener), std::move(pool),
-                                     std::move(saves_in_flight));
+  return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener),
+                                     std::move(pool), std::move(saves_in_flight));
 }
 
 }  // namespace troupe

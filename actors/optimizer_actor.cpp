@@ -19,11 +19,13 @@ struct OptimizerState {
   int rank = 0;
 };
 
-caf::error optimizer_error(const Status& st) { return make_actor_error(ActorErrc::failed, st.message()); }
+caf::error optimizer_error(const Status& st) {
+  return make_actor_error(ActorErrc::failed, st.message());
+}
 
-optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_pointer<OptimizerState> self,
-                                                  std::vector<AdamSegment> segments, int num_threads,
-                                                  std::shared_ptr<MomentStore> moments, int rank) {
+optimizer_actor::behavior_type optimizer_behavior(
+    optimizer_actor::stateful_pointer<OptimizerState> self, std::vector<AdamSegment> segments,
+    int num_threads, std::shared_ptr<MomentStore> moments, int rank) {
   configure_blas_threads();
   name_exceptions(self, "the optimizer partition of rank " + std::to_string(rank));
   auto& st = self->state;
@@ -40,7 +42,8 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
         // Piece by piece (AdamW is elementwise: the same numbers as whole segments).
         Status st = s.moments->visit(MomentAccess::read_write, [&](const MomentPiece& p) {
           const AdamSegment& seg = s.segments[p.segment];
-          AdamSegment piece{seg.param.rows(p.begin, p.end), seg.grad.rows(p.begin, p.end), seg.decay};
+          AdamSegment piece{seg.param.rows(p.begin, p.end), seg.grad.rows(p.begin, p.end),
+                            seg.decay};
           adamw_step(s.ctx, {piece}, {p.exp_avg}, {p.exp_avg_sq}, req);
         });
         if (!st) return optimizer_error(st);
@@ -62,8 +65,9 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
       },
       [self](load_atom, const OptimizerMoments& m) -> caf::result<ok_atom> {
         auto& s = self->state;
-        TROUPE_CHECK(m.exp_avg.size() == s.segments.size() && m.exp_avg_sq.size() == s.segments.size(),
-                     "optimizer moments for other segments");
+        TROUPE_CHECK(
+            m.exp_avg.size() == s.segments.size() && m.exp_avg_sq.size() == s.segments.size(),
+            "optimizer moments for other segments");
         Status st = s.moments->visit(MomentAccess::write, [&](const MomentPiece& p) {
           p.exp_avg.copy_from(m.exp_avg[p.segment].rows(p.begin, p.end));
           p.exp_avg_sq.copy_from(m.exp_avg_sq[p.segment].rows(p.begin, p.end));
@@ -76,7 +80,8 @@ optimizer_actor::behavior_type optimizer_behavior(optimizer_actor::stateful_poin
 
 }  // namespace
 
-Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads,
+Result<optimizer_actor> spawn_optimizer(caf::actor_system& system,
+                                        std::vector<AdamSegment> segments, int num_threads,
                                         const OptimizerOffload& offload) {
   std::vector<int64_t> counts;
   DType dtype = DType::f32;
@@ -87,8 +92,8 @@ Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<A
   auto moments = MomentStore::create(offload, counts, dtype);
   if (!moments) return moments.status();
   std::shared_ptr<MomentStore> shared = std::move(moments).value();
-  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads, std::move(shared),
-                                     offload.rank);
+  return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads,
+                                     std::move(shared), offload.rank);
 }
 
 }  // namespace troupe

@@ -58,14 +58,17 @@ struct SwapFile::Impl {
   Status transfer(const Transfer& t) const {
     int64_t done = 0;
     while (done < t.bytes) {
-      const ssize_t n = t.write ? ::pwrite(fd, t.data + done, static_cast<size_t>(t.bytes - done), t.offset + done)
-                                : ::pread(fd, t.data + done, static_cast<size_t>(t.bytes - done), t.offset + done);
+      const ssize_t n =
+          t.write
+              ? ::pwrite(fd, t.data + done, static_cast<size_t>(t.bytes - done), t.offset + done)
+              : ::pread(fd, t.data + done, static_cast<size_t>(t.bytes - done), t.offset + done);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
-        return Status::error("optimizer swap file " + path + ": " + (t.write ? "write" : "read") + " of " +
-                             std::to_string(t.bytes) + " bytes at offset " + std::to_string(t.offset) + " failed: " +
-                             (n == 0 ? std::string("end of file") : std::strerror(errno)) +
-                             " -- check the disk under --offload-path");
+        return Status::error(
+            "optimizer swap file " + path + ": " + (t.write ? "write" : "read") + " of " +
+            std::to_string(t.bytes) + " bytes at offset " + std::to_string(t.offset) +
+            " failed: " + (n == 0 ? std::string("end of file") : std::strerror(errno)) +
+            " -- check the disk under --offload-path");
       done += n;
     }
     // Buffered I/O: the data is on its way to the disk; do not let it sit in the page cache too.
@@ -83,10 +86,12 @@ struct SwapFile::Impl {
     t.bytes = bytes;
     t.data = data;
     std::future<Status> f = t.done.get_future();
-    const bool aligned = offset % kAlign == 0 && bytes % kAlign == 0 && reinterpret_cast<uintptr_t>(data) % kAlign == 0;
+    const bool aligned = offset % kAlign == 0 && bytes % kAlign == 0 &&
+                         reinterpret_cast<uintptr_t>(data) % kAlign == 0;
     if (!aligned || offset < 0 || offset + bytes > size) {
-      t.done.set_value(Status::error("optimizer swap file " + path + ": transfer of " + std::to_string(bytes) +
-                                     " bytes at " + std::to_string(offset) + " is unaligned or out of range"));
+      t.done.set_value(Status::error("optimizer swap file " + path + ": transfer of " +
+                                     std::to_string(bytes) + " bytes at " + std::to_string(offset) +
+                                     " is unaligned or out of range"));
       return f;
     }
     {
@@ -101,8 +106,10 @@ struct SwapFile::Impl {
 SwapFile::SwapFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SwapFile::~SwapFile() = default;
 
-Result<std::unique_ptr<SwapFile>> SwapFile::create(const std::string& dir, const std::string& name, int64_t bytes) {
-  if (bytes < 0 || bytes % kAlign != 0) return Status::error("swap file size must be a multiple of 4096");
+Result<std::unique_ptr<SwapFile>> SwapFile::create(const std::string& dir, const std::string& name,
+                                                   int64_t bytes) {
+  if (bytes < 0 || bytes % kAlign != 0)
+    return Status::error("swap file size must be a multiple of 4096");
   auto impl = std::make_unique<Impl>();
   impl->path = dir + "/" + name;
   impl->size = bytes;
@@ -111,8 +118,9 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const std::string& dir, const
   if (impl->fd < 0 && errno == EINVAL)  // the file system has no direct I/O (tmpfs)
     impl->fd = ::open(impl->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (impl->fd < 0)
-    return Status::error("--offload-path: cannot create the optimizer swap file " + impl->path + ": " +
-                         std::strerror(errno) + " -- give a writable directory on a local disk");
+    return Status::error("--offload-path: cannot create the optimizer swap file " + impl->path +
+                         ": " + std::strerror(errno) +
+                         " -- give a writable directory on a local disk");
   ::unlink(impl->path.c_str());  // lives as long as the descriptor: nothing is left behind
   if (bytes > 0) {
     const int err = ::posix_fallocate(impl->fd, 0, bytes);
@@ -120,10 +128,14 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const std::string& dir, const
       struct statvfs fs {};
       std::string free_text;
       if (::statvfs(dir.c_str(), &fs) == 0)
-        free_text = ", " + std::to_string(static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) >> 20) +
-                    " MiB free";
-      return Status::error("--offload-path " + dir + ": cannot reserve " + std::to_string(bytes >> 20) +
-                           " MiB for the optimizer swap file (" + std::strerror(err) + free_text +
+        free_text =
+            ", " +
+            std::to_string(static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize) >>
+                           20) +
+            " MiB free";
+      return Status::error("--offload-path " + dir + ": cannot reserve " +
+                           std::to_string(bytes >> 20) + " MiB for the optimizer swap file (" +
+                           std::strerror(err) + free_text +
                            ") -- free space there or give a directory on a larger disk");
     }
   }
@@ -140,8 +152,14 @@ std::future<Status> SwapFile::write(int64_t offset, const void* src, int64_t byt
   return impl_->enqueue(true, offset, const_cast<char*>(static_cast<const char*>(src)), bytes);
 }
 
-const std::string& SwapFile::path() const { return impl_->path; }
-int64_t SwapFile::size() const { return impl_->size; }
-bool SwapFile::direct() const { return impl_->direct; }
+const std::string& SwapFile::path() const {
+  return impl_->path;
+}
+int64_t SwapFile::size() const {
+  return impl_->size;
+}
+bool SwapFile::direct() const {
+  return impl_->direct;
+}
 
 }  // namespace troupe

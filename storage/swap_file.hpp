@@ -1,11 +1,12 @@
-// A scratch file that holds state swapped out of memory (--offload-optimizer nvme: the Adam moments),
-// read and written in page-aligned pieces by the file's own I/O thread, so reading the next pieces
-// overlaps the compute on this one (read-ahead) and writes go back behind it (write-back).
+// A scratch file that holds state swapped out of memory (--offload-optimizer nvme: the Adam
+// moments), read and written in page-aligned pieces by the file's own I/O thread, so reading the
+// next pieces overlaps the compute on this one (read-ahead) and writes go back behind it
+// (write-back).
 //
 // The file is opened with O_DIRECT where the file system allows it (the data goes to the disk and
 // does not stay in the page cache); elsewhere (tmpfs, some network file systems) it is buffered and
-// each written range is dropped from the cache afterwards (posix_fadvise DONTNEED). Its whole size is
-// reserved at creation (posix_fallocate), so a full disk is a clear error at the start, never a
+// each written range is dropped from the cache afterwards (posix_fadvise DONTNEED). Its whole size
+// is reserved at creation (posix_fallocate), so a full disk is a clear error at the start, never a
 // failed write in the middle of a step; the reserved space reads as zeros. The file is unlinked as
 // soon as it is open: nothing is left behind when the process ends, however it ends.
 //
@@ -27,7 +28,8 @@ class SwapFile {
 
   // dir/name, `bytes` (a multiple of kAlign) reserved. Errors name the path and the fix (no space,
   // no permission).
-  static Result<std::unique_ptr<SwapFile>> create(const std::string& dir, const std::string& name, int64_t bytes);
+  static Result<std::unique_ptr<SwapFile>> create(const std::string& dir, const std::string& name,
+                                                  int64_t bytes);
   ~SwapFile();
   SwapFile(const SwapFile&) = delete;
   SwapFile& operator=(const SwapFile&) = delete;

@@ -11,8 +11,12 @@ WritePacing::WritePacing(std::function<void(double)> after_block)
   t_pacer = &after_block_;
 }
 
-WritePacing::~WritePacing() { t_pacer = previous_; }
+WritePacing::~WritePacing() {
+  t_pacer = previous_;
+}
 
-const std::function<void(double)>* WritePacing::current() { return t_pacer; }
+const std::function<void(double)>* WritePacing::current() {
+  return t_pacer;
+}
 
 }  // namespace troupe

@@ -18,6 +18,8 @@ bool cuda_pin_host_memory(void* p, size_t bytes) {
   return true;
 }
 
-void cuda_unpin_host_memory(void* p) { (void)cudaHostUnregister(p); }
+void cuda_unpin_host_memory(void* p) {
+  (void)cudaHostUnregister(p);
+}
 
 }  // namespace troupe

@@ -1,9 +1,8 @@
-// Optimizer offload (actors/moment_store.hpp, actors/optimizer_actor.hpp): the Adam moments with the
-// partition, in the host pool (cpu) or in a swap file stepped piece by piece (nvme) give bitwise the
-// same parameters and moments as AdamW over whole tensors; save and load round-trip; the swap file
-// leaves nothing behind and a bad --offload-path is a clear error.
+// Optimizer offload (actors/moment_store.hpp, actors/optimizer_actor.hpp): the Adam moments with
+// the partition, in the host pool (cpu) or in a swap file stepped piece by piece (nvme) give
+// bitwise the same parameters and moments as AdamW over whole tensors; save and load round-trip;
+// the swap file leaves nothing behind and a bad --offload-path is a clear error.
 #include <catch2/catch.hpp>
-
 #include <filesystem>
 #include <random>
 
@@ -66,7 +65,8 @@ template <class Reply, class... Ts>
 Reply ask(caf::scoped_actor& self, const optimizer_actor& a, Ts&&... xs) {
   Reply out{};
   self->request(a, caf::infinite, std::forward<Ts>(xs)...)
-      .receive([&](Reply& r) { out = std::move(r); }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+      .receive([&](Reply& r) { out = std::move(r); },
+               [&](caf::error& e) { FAIL(caf::to_string(e)); });
   return out;
 }
 
@@ -133,7 +133,8 @@ TEST_CASE("optimizer offload: cpu and nvme equal in-memory AdamW bitwise, save a
   }
 }
 
-TEST_CASE("optimizer offload: the nvme store keeps only its buffers resident", "[optimizer_offload]") {
+TEST_CASE("optimizer offload: the nvme store keeps only its buffers resident",
+          "[optimizer_offload]") {
   test::TempDir swap;
   OptimizerOffload off;
   off.device = "nvme";
@@ -142,7 +143,8 @@ TEST_CASE("optimizer offload: the nvme store keeps only its buffers resident", "
   off.piece_elements = 1000;
   auto store = MomentStore::create(off, {100000, 5}, DType::f32);
   REQUIRE(store.is_ok());
-  // 4 buffers of 2 x 4096 bytes (1000 floats padded to a page) against 2 x 100005 x 4 bytes of moments.
+  // 4 buffers of 2 x 4096 bytes (1000 floats padded to a page) against 2 x 100005 x 4 bytes of
+  // moments.
   CHECK(store.value()->resident_bytes() == MomentStore::kBuffers * 2 * 4096);
   CHECK(store.value()->file_bytes() >= 2 * 100005 * 4);
   CHECK(off.pool->bytes_in_use() == MomentStore::kBuffers * 2 * 4096);
@@ -157,7 +159,8 @@ TEST_CASE("optimizer offload: the nvme store keeps only its buffers resident", "
   bool all_equal = true;
   REQUIRE(store.value()->visit(MomentAccess::read, [&](const MomentPiece& p) {
     for (int64_t k = 0; k < p.end - p.begin; ++k) {
-      all_equal &= p.exp_avg.data<float>()[k] == static_cast<float>(p.segment * 1000000 + p.begin + k);
+      all_equal &=
+          p.exp_avg.data<float>()[k] == static_cast<float>(p.segment * 1000000 + p.begin + k);
       all_equal &= p.exp_avg_sq.data<float>()[k] == -static_cast<float>(p.begin + k);
     }
     seen += p.end - p.begin;
@@ -169,12 +172,14 @@ TEST_CASE("optimizer offload: the nvme store keeps only its buffers resident", "
 TEST_CASE("optimizer offload: a bad swap directory is a clear error", "[optimizer_offload]") {
   auto missing = SwapFile::create("/no/such/dir", "x.swap", 4096);
   REQUIRE_FALSE(missing.is_ok());
-  CHECK_THAT(missing.status().message(), Catch::Contains("/no/such/dir/x.swap") && Catch::Contains("--offload-path"));
+  CHECK_THAT(missing.status().message(),
+             Catch::Contains("/no/such/dir/x.swap") && Catch::Contains("--offload-path"));
   test::TempDir dir;
   // More than any disk has: the reservation fails up front, naming the size and the directory.
   auto huge = SwapFile::create(dir.str(), "big.swap", int64_t{1} << 60);
   REQUIRE_FALSE(huge.is_ok());
-  CHECK_THAT(huge.status().message(), Catch::Contains("cannot reserve") && Catch::Contains(dir.str()));
+  CHECK_THAT(huge.status().message(),
+             Catch::Contains("cannot reserve") && Catch::Contains(dir.str()));
   CHECK(std::filesystem::is_empty(dir.path()));
 }
 
