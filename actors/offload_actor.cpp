@@ -44,9 +44,13 @@ std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_i
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  return [duty, cores, saves_in_flight](double seconds) {
-    if (duty >= 1.0 || saves_in_flight->load() > 1 || runnable_threads() - 1 < cores)
-      return;  // minus this writer
+  // A core counts as idle only after 3 samples in a row found one: compute threads that happen to wait
+  // at one sample (a collective, the optimizer) must not turn the pacing off.
+  auto idle_streak = std::make_shared<int>(0);
+  return [duty, cores, saves_in_flight, idle_streak](double seconds) {
+    if (duty >= 1.0 || saves_in_flight->load() > 1) return;
+    *idle_streak = runnable_threads() - 1 < cores ? *idle_streak + 1 : 0;  // minus this writer
+    if (*idle_streak >= 3) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (1.0 - duty) / duty));
   };
 }
