@@ -36,8 +36,8 @@ int runnable_threads() {
 // core (the ranks compute on all of them), it sleeps so that it works at most `duty` of the time
 // (TROUPE_SAVE_DUTY, default 0.1); with idle cores it writes at full speed. Measured on 2 cores
 // that both compute (bench/run_save_bench.sh, 292 MiB): unpaced, the lowest priority alone still
-// slowed the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +5% over ~8
-// s.
+// slowed the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +2-4% over
+// ~6 s.
 std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_in_flight) {
   double duty = 0.1;
   if (const char* d = std::getenv("TROUPE_SAVE_DUTY")) duty = std::clamp(std::atof(d), 0.01, 1.0);
