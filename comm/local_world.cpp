@@ -120,8 +120,9 @@ class LocalWork final : public Work {
  public:
   // timed_by_waiter: wait() applies the fabric's timeout. Only for send/recv: a collective's
   // barriers time out on the progress thread, and naming the missing ranks there is more useful.
-  LocalWork(std::weak_ptr<LocalFabricState> fabric, std::string what, bool timed_by_waiter)
-      : fabric_(std::move(fabric)), what_(std::move(what)), timed_by_waiter_(timed_by_waiter) {}
+  // owner: the world rank whose thread waits for it (counted in LocalFabricState::in_wait).
+  LocalWork(std::weak_ptr<LocalFabricState> fabric, std::string what, bool timed_by_waiter, int owner)
+      : fabric_(std::move(fabric)), what_(std::move(what)), timed_by_waiter_(timed_by_waiter), owner_(owner) {}
   const std::string& what() const { return what_; }
 
   void complete(Status status) {
@@ -147,6 +148,7 @@ class LocalWork final : public Work {
   std::weak_ptr<LocalFabricState> fabric_;
   std::string what_;
   bool timed_by_waiter_;
+  int owner_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -195,6 +197,15 @@ struct P2pEntry {
 struct LocalFabricState {
   int size = 0;
   std::chrono::milliseconds timeout{0};
+  // Per world rank: threads of that rank now blocked in a Work::wait. A timeout names the ranks at
+  // zero: not waiting for any peer, so computing -- or stuck, which is what a timeout is hunting.
+  std::vector<std::atomic<int>> in_wait;
+  std::string ranks_not_waiting() const {
+    std::vector<int> idle;
+    for (int r = 0; r < size; ++r)
+      if (in_wait[static_cast<size_t>(r)].load() == 0) idle.push_back(r);
+    return "; rank(s) not waiting for any peer at that moment (computing, or stuck): " + rank_list(idle);
+  }
   std::atomic<bool> failed{false};
   std::string failure;  // written once, before `failed` turns true; read only after seeing it true
 
@@ -314,7 +325,7 @@ Status LocalGroup::arrive_and_wait(int me, const std::string& what, bool enter_a
       }
       lk.unlock();
       fabric_->fail("timeout: " + what + " waited " + std::to_string(fabric_->timeout.count()) +
-                    " ms for rank(s) " + rank_list(missing) +
+                    " ms for rank(s) " + rank_list(missing) + fabric_->ranks_not_waiting() +
                     " (LocalFabricOptions::timeout); find why they stopped, or raise the timeout");
       lk.lock();
     }
@@ -380,20 +391,20 @@ void LocalGroup::on_failure() {
 Status LocalWork::wait() {
   std::unique_lock lk(mu_);
   if (!done_) {
-    if (auto fabric = timed_by_waiter_ ? fabric_.lock() : nullptr;
-        fabric && fabric->timeout.count() > 0) {
+    const auto fabric = fabric_.lock();
+    if (fabric) fabric->in_wait[static_cast<size_t>(owner_)].fetch_add(1);
+    if (fabric && timed_by_waiter_ && fabric->timeout.count() > 0) {
       if (!cv_.wait_for(lk, fabric->timeout, [&] { return done_; })) {
         lk.unlock();
-        fabric->fail(
-            "timeout: " + what_ + " did not complete within " +
-            std::to_string(fabric->timeout.count()) +
-            " ms (LocalFabricOptions::timeout); a peer never took part -- find why, or raise the "
-            "timeout");
+        fabric->fail("timeout: " + what_ + " did not complete within " + std::to_string(fabric->timeout.count()) +
+                     " ms" + fabric->ranks_not_waiting() +
+                     " (LocalFabricOptions::timeout); a peer never took part -- find why, or raise the timeout");
         lk.lock();
       }
     }
     // After a fabric failure every operation completes promptly (see the file comment).
     cv_.wait(lk, [&] { return done_; });
+    if (fabric) fabric->in_wait[static_cast<size_t>(owner_)].fetch_sub(1);
   }
   return status_;
 }
@@ -618,7 +629,7 @@ WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op)
     }
     no_op = std::all_of(counts.begin(), counts.end(), [](size_t c) { return c == 0; });
   }
-  auto work = std::make_shared<LocalWork>(fabric_, describe(name), false);
+  auto work = std::make_shared<LocalWork>(fabric_, describe(name), false, group_->world_rank(me_));
   if (no_op) {  // every member sees the same counts, so every member skips alike
     return submit(work, [this, work] {
       work->finish(fabric_->failed.load() ? fabric_->failure_status() : Status::ok());
@@ -747,7 +758,7 @@ WorkPtr LocalComm::point_to_point(void* buf, size_t count, DType dtype, int peer
   const std::string op = std::string(name) + (is_send ? " to rank " : " from rank ") +
                          std::to_string(group_->world_rank(peer)) + " (tag " + std::to_string(tag) +
                          ")";
-  auto work = std::make_shared<LocalWork>(fabric_, describe(op), true);
+  auto work = std::make_shared<LocalWork>(fabric_, describe(op), true, group_->world_rank(me_));
   P2pEntry entry;
   if (is_send) {
     entry.src = buf;
@@ -835,6 +846,7 @@ Result<LocalFabric> LocalFabric::create(int size, LocalFabricOptions options) {
   auto state = std::make_shared<detail::LocalFabricState>();
   state->size = size;
   state->timeout = options.timeout;
+  state->in_wait = std::vector<std::atomic<int>>(static_cast<size_t>(size));
   return LocalFabric(std::move(state));
 }
 

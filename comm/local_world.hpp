@@ -44,7 +44,8 @@
 // with an error naming the rank and reason, and nothing hangs. A failed wait() returns only when no
 // other rank still touches that rank's buffers. With LocalFabricOptions::timeout set, a wait for a
 // peer (a barrier, an unmatched send/recv in Work::wait, a bootstrap round) that lasts longer fails
-// the fabric the same way, naming the ranks that did not arrive. A fabric does not recover: build a
+// the fabric the same way, naming the ranks that did not arrive and the ranks that were not blocked
+// in any Work::wait at that moment (computing, or stuck: usually the culprit). A fabric does not recover: build a
 // new one to restart. Misuse that every rank sees alike (a dtype that cannot be reduced, members
 // that disagree on a collective's count, dtype, op or root, a send/recv size mismatch) fails the
 // operation with a message.
