@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "actors/zero_store.hpp"
 #include "kernels/ops.hpp"
 
 namespace troupe {
@@ -19,16 +20,9 @@ double AdamW::step(Context& ctx, const std::vector<Tensor>& params, const std::v
                    const Tensor& flat_grads, const StepRequest& req) {
   const double norm = ops::clip_grad_norm(ctx, {flat_grads}, req.clip_grad);
   if (!std::isfinite(norm)) return norm;
-  ops::AdamWParams hp;
-  hp.lr = req.lr;
-  hp.beta1 = req.beta1;
-  hp.beta2 = req.beta2;
-  hp.eps = req.eps;
-  hp.step = req.step;
-  for (size_t i = 0; i < params.size(); ++i) {
-    hp.weight_decay = decay_[i] ? req.weight_decay : 0.0;
-    ops::adamw_update(ctx, params[i], grads[i], exp_avg_[i], exp_avg_sq_[i], hp);
-  }
+  std::vector<AdamSegment> segments;
+  for (size_t i = 0; i < params.size(); ++i) segments.push_back({params[i], grads[i], decay_[i]});
+  adamw_step(ctx, segments, exp_avg_, exp_avg_sq_, req);
   return norm;
 }
 

@@ -257,6 +257,19 @@ void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const Tr
   }
 }
 
+// What the trainer needs in both paths (the caller sets its workers: group or shard).
+TrainerSpec trainer_spec(const TrainConfig& config, const data_loader_actor& loader, caf::scoped_actor& self,
+                         const DataSource& data, double peak, const Offload& offloader) {
+  TrainerSpec spec;
+  spec.config = config;
+  spec.loader = loader;
+  spec.listener = caf::actor_cast<caf::actor>(self);
+  spec.validation_windows = data.num_windows(DataSplit::validation);
+  spec.sgemm_peak_gflops = peak;
+  spec.finalize_save = offloader.commit();
+  return spec;
+}
+
 // Loads --load into the workers (any version, any layout), or initialises them from the seed, and
 // sets where the trainer starts.
 template <class Workers>
@@ -353,12 +366,11 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
   }
   group_actor group = spawn_group(system, topo.value(), ranks, global);
   data_loader_actor loader = spawn_data_loader(system, data);
-  auto shutdown = [&](const auto&... extra) {
+  auto shutdown = [&] {
     self->send_exit(group, caf::exit_reason::user_shutdown);
     self->send_exit(offload, caf::exit_reason::user_shutdown);
     for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
-    (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
   };
   note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
        ", schedule " + config.pipeline_schedule +
@@ -372,16 +384,9 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     note("optimizer offload: nvme (the Adam moments live in swap files under " + config.offload_path +
          ", read ahead and written back in pieces of " + std::to_string(MomentStore::kPieceElements >> 10) +
          " Ki elements; the files are deleted on exit)");
-  TrainerSpec spec;
-  if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
-  spec.finalize_save = offloader.commit();
-
-  spec.config = config;
+  TrainerSpec spec = trainer_spec(config, loader, self, *data, peak, offloader);
   spec.group = group;
-  spec.loader = loader;
-  spec.listener = caf::actor_cast<caf::actor>(self);
-  spec.validation_windows = data->num_windows(DataSplit::validation);
-  spec.sgemm_peak_gflops = peak;
+  if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
   flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
@@ -545,21 +550,14 @@ static Result<TrainSummary> run_in_system(caf::actor_system& system, const Train
   shard_spec.num_threads = threads;
   shard_actor shard = spawn_shard(system, shard_spec, offload);
   data_loader_actor loader = spawn_data_loader(system, data);
-  auto shutdown = [&](const auto&... extra) {
+  auto shutdown = [&] {
     self->send_exit(shard, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
     self->send_exit(offload, caf::exit_reason::user_shutdown);
-    (self->send_exit(extra, caf::exit_reason::user_shutdown), ...);
   };
 
-  TrainerSpec spec;
-  spec.config = config;
+  TrainerSpec spec = trainer_spec(config, loader, self, *data, peak, offloader);
   spec.shard = shard;
-  spec.loader = loader;
-  spec.listener = caf::actor_cast<caf::actor>(self);
-  spec.validation_windows = data->num_windows(DataSplit::validation);
-  spec.sgemm_peak_gflops = peak;
-  spec.finalize_save = offloader.commit();
   if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
   flush_saves(self, offload, config, callbacks, result);
