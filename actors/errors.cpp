@@ -27,6 +27,13 @@ std::string describe(const caf::error& err) {
   return caf::to_string(err);
 }
 
+Status to_status(const caf::error& err) {
+  if (!err) return Status::ok();
+  Status st = Status::error(describe(err));
+  if (err.category() == kCategory && err.code() == static_cast<uint8_t>(ActorErrc::bad_input)) return st.as_bad_input();
+  return st;
+}
+
 caf::error exception_error(const std::string& who, std::exception_ptr& e) {
   std::string what = "an unknown exception";
   try {

@@ -12,6 +12,7 @@
 #include "actors/shard.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
+#include "actors/run_identity.hpp"
 #include "actors/timeline.hpp"
 #include "actors/trainer.hpp"
 #include "comm/local_world.hpp"
@@ -44,27 +45,8 @@ template <class Handle, class... Ts>
 Status ask_ok(caf::scoped_actor& self, const Handle& dest, Ts&&... xs) {
   Status result;
   self->request(dest, caf::infinite, std::forward<Ts>(xs)...)
-      .receive([](ok_atom) {}, [&](caf::error& err) { result = Status::error(describe(err)); });
+      .receive([](ok_atom) {}, [&](caf::error& err) { result = to_status(err); });
   return result;
-}
-
-Status check_same_architecture(const GptConfig& want, const GptConfig& have, const std::string& dir) {
-  auto differs = [&](const char* flag, int64_t a, int64_t b) {
-    return Status::error("the checkpoint in " + dir + " has " + flag + " " + std::to_string(b) + " but this run asks for " +
-                         std::to_string(a) + " -- pass " + flag + " " + std::to_string(b) +
-                         " (or train from scratch without --load)");
-  };
-  if (want.num_layers != have.num_layers) return differs("--num-layers", want.num_layers, have.num_layers);
-  if (want.hidden_size != have.hidden_size) return differs("--hidden-size", want.hidden_size, have.hidden_size);
-  if (want.num_attention_heads != have.num_attention_heads)
-    return differs("--num-attention-heads", want.num_attention_heads, have.num_attention_heads);
-  if (want.max_position_embeddings != have.max_position_embeddings)
-    return differs("--max-position-embeddings", want.max_position_embeddings, have.max_position_embeddings);
-  if (want.vocab_size != have.vocab_size)
-    return Status::error("the checkpoint in " + dir + " was trained with a vocabulary of " + std::to_string(have.vocab_size) +
-                         " tokens but this run's tokenizer has " + std::to_string(want.vocab_size) +
-                         " -- use the same --tokenizer-type and vocabulary files");
-  return Status::ok();
 }
 
 }  // namespace
@@ -228,6 +210,7 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
       meta.optimizer_step = r.optimizer_step;
       meta.config_json = r.config_json;
       meta.rng_json = r.rng_json;
+      meta.run_json = run_json(config.run_id);
       TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, shard_file_names(world)));
     }
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
@@ -258,15 +241,28 @@ void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const Tr
 }
 
 // What the trainer needs in both paths (the caller sets its workers: group or shard).
-TrainerSpec trainer_spec(const TrainConfig& config, const data_loader_actor& loader, caf::scoped_actor& self,
-                         const DataSource& data, double peak, const Offload& offloader) {
+// When this process started training (--exit-duration-in-mins counts from here, restarts included,
+// as Megatron counts from the start of pretraining).
+std::chrono::steady_clock::time_point training_started() {
+  static const auto started = std::chrono::steady_clock::now();
+  return started;
+}
+
+TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, const data_loader_actor& loader,
+                         caf::scoped_actor& self, const DataSource& data, double peak, const Offload& offloader) {
   TrainerSpec spec;
+  spec.agree_on_stop = options.world != nullptr && options.world->size() > 1;
+  if (config.exit_duration_in_mins > 0)
+    spec.exit_deadline = training_started() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                  std::chrono::duration<double, std::ratio<60>>(config.exit_duration_in_mins));
   spec.config = config;
   spec.loader = loader;
   spec.listener = caf::actor_cast<caf::actor>(self);
   spec.validation_windows = data.num_windows(DataSplit::validation);
   spec.sgemm_peak_gflops = peak;
   spec.finalize_save = offloader.commit();
+  spec.offload = offloader.actor;
+  spec.saves_in_flight = offloader.saves_in_flight;
   return spec;
 }
 
@@ -277,12 +273,20 @@ Status load_or_init(caf::scoped_actor& self, const Workers& workers, const Train
                     const std::function<void(const std::string&)>& note) {
   if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
   auto it = latest_iteration(config.load);
-  if (!it) return it.status();
+  if (!it) return it.status().as_bad_input();
   auto meta = read_checkpoint_meta(config.load, it.value());
-  if (!meta) return meta.status();
+  if (!meta) return meta.status().as_bad_input();
   auto saved = TrainConfig::from_json(meta.value().config_json);
-  if (!saved) return saved.status().with_context("the config stored in " + iteration_dir(config.load, it.value()) + ": ");
-  TROUPE_RETURN_IF_ERROR(check_same_architecture(config.model, saved.value().model, config.load));
+  if (!saved)
+    return saved.status().with_context("the config stored in " + iteration_dir(config.load, it.value()) + ": ").as_bad_input();
+  const ResumeCheck resume = check_resume(config, saved.value());
+  TROUPE_RETURN_IF_ERROR(resume.status(config.load));
+  if (config.use_checkpoint_opt_param_scheduler) use_checkpoint_schedule(spec.config, saved.value());
+  if (!resume.changed.empty()) {
+    std::string list;
+    for (const std::string& c : resume.changed) list += (list.empty() ? "" : ", ") + c;
+    note("resuming with changes: " + list);
+  }
   LoadRequest req;
   req.dir = config.load;
   req.iteration = it.value();
@@ -384,7 +388,7 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     note("optimizer offload: nvme (the Adam moments live in swap files under " + config.offload_path +
          ", read ahead and written back in pieces of " + std::to_string(MomentStore::kPieceElements >> 10) +
          " Ki elements; the files are deleted on exit)");
-  TrainerSpec spec = trainer_spec(config, loader, self, *data, peak, offloader);
+  TrainerSpec spec = trainer_spec(config, options, loader, self, *data, peak, offloader);
   spec.group = group;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
@@ -454,12 +458,56 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
                                         double peak, bool* stuck);
 
+// This run's identity and where it starts (actors/run_identity.hpp): a restarted process resumes the
+// latest checkpoint in --save only when it belongs to this run; a new run inherits the id of what it
+// loads or takes the launcher's (or a fresh) one; --save must not hold another run's checkpoints.
+// Under troupe launch rank 0 decides and every rank follows (a save could land between their reads).
+static Status resolve_run(TrainConfig& config, const JobOptions& options,
+                          const std::function<void(const std::string&)>& note) {
+  std::string loaded_id;
+  if (!config.load.empty()) {
+    auto from = latest_run(config.load);
+    if (!from) return from.status();
+    loaded_id = from->run_id;
+  }
+  if (options.restarted && !config.save.empty()) {
+    auto latest = latest_run(config.save);
+    if (!latest) return latest.status();
+    const std::string expected = config.load.empty() ? options.launch_run_id : loaded_id;
+    if (latest->found && !expected.empty() && latest->run_id == expected) {
+      config.load = config.save;
+      loaded_id = expected;
+      note("restarted: resuming this run's latest checkpoint, " + iteration_dir(config.save, latest->iteration));
+    } else if (latest->found) {
+      note("restarted: the latest checkpoint in " + config.save + " is not this run's (run id " +
+           (latest->run_id.empty() ? std::string("none") : latest->run_id) + "): not resuming it");
+    }
+  }
+  std::string run_id = !loaded_id.empty()           ? loaded_id
+                       : !config.load.empty()        ? new_run_id()  // a checkpoint from before run ids
+                       : !options.launch_run_id.empty() ? options.launch_run_id
+                                                        : new_run_id();
+  if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
+    auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + config.load);
+    if (!all) return all.status();
+    const std::string& decided = all.value().front();
+    const size_t cut = decided.find('\n');
+    run_id = decided.substr(0, cut);
+    config.load = cut == std::string::npos ? "" : decided.substr(cut + 1);
+  }
+  config.run_id = run_id;
+  return config.save.empty() ? Status::ok() : check_save_folder(config.save, run_id, config.load);
+}
+
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                   const JobCallbacks& callbacks, const JobOptions& options) {
+  (void)training_started();
   const int threads = resolve_threads(config.num_threads);
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
+  TrainConfig attempt = config;
+  TROUPE_RETURN_IF_ERROR(resolve_run(attempt, options, note));
   double peak = 0;
   if (options.measure_peak) {
     ThreadPool pool(threads);
@@ -479,22 +527,28 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     }
   }
 
+
   // Supervision: a failed attempt (an actor that threw, a rank whose peer died, a failed save) is
   // restarted up to --max-restarts times, every actor anew in a fresh actor system, from the latest
-  // checkpoint in --save (from the start, or --load, when nothing was saved yet).
-  TrainConfig attempt = config;
+  // checkpoint in --save when this run wrote it (from the start, or --load, when nothing was saved
+  // yet); another run's checkpoint there is never resumed.
   for (int restart = 1;; ++restart) {
     bool stuck = false;
     auto result = run_attempt(attempt, data, callbacks, options, threads, peak, &stuck);
     const bool stopped = options.stop != nullptr && options.stop->load();
     // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
     if (result || stopped || stuck || restart > config.max_restarts || options.world) return result;
-    auto latest = config.save.empty() ? Result<int64_t>(Status::error("no --save")) : latest_iteration(config.save);
-    if (latest) attempt.load = config.save;
+    if (result.status().is_bad_input()) return result;  // the same input would be refused again
+    auto latest = latest_run(config.save);
+    if (!latest) return latest.status();
     note("the job failed: " + result.status().message());
+    if (latest->found && latest->run_id != attempt.run_id && !(latest->run_id.empty() && attempt.load == config.save))
+      return Status::error(result.status().message() + " (not restarted: the latest checkpoint in " + config.save +
+                           " was written by another run, run id " + latest->run_id + ", and is not this run's to resume)");
+    if (latest->found) attempt.load = config.save;
     note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
-         (latest ? "from " + iteration_dir(config.save, latest.value())
-                 : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
+         (latest->found ? "from " + iteration_dir(config.save, latest->iteration)
+                        : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
   }
 }
 
@@ -556,7 +610,7 @@ static Result<TrainSummary> run_in_system(caf::actor_system& system, const Train
     self->send_exit(offload, caf::exit_reason::user_shutdown);
   };
 
-  TrainerSpec spec = trainer_spec(config, loader, self, *data, peak, offloader);
+  TrainerSpec spec = trainer_spec(config, options, loader, self, *data, peak, offloader);
   spec.shard = shard;
   if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
@@ -569,15 +623,15 @@ static Result<TrainSummary> run_in_system(caf::actor_system& system, const Train
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
                                    int micro_batch_size, int num_threads) {
   auto it = latest_iteration(dir);
-  if (!it) return it.status();
+  if (!it) return it.status().as_bad_input();
   auto cfg = checkpoint_config(dir);
-  if (!cfg) return cfg.status();
+  if (!cfg) return cfg.status().as_bad_input();
   const int64_t available = data->num_windows(DataSplit::train);
   if (samples <= 0) samples = available;
   if (samples > available)
-    return Status::error("--eval-samples " + std::to_string(samples) + " exceeds the " + std::to_string(available) +
+    return Status::bad_input("--eval-samples " + std::to_string(samples) + " exceeds the " + std::to_string(available) +
                          " windows of --seq-length + 1 tokens in the data -- pass at most " + std::to_string(available));
-  if (samples == 0) return Status::error("the data has no window of seq_length + 1 tokens -- use a larger dataset");
+  if (samples == 0) return Status::bad_input("the data has no window of seq_length + 1 tokens -- use a larger dataset");
 
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};

@@ -38,6 +38,12 @@ struct JobOptions {
   // Without it, run_training returns the error and leaves the stuck actors (and their actor system
   // and threads) behind.
   std::function<void(const std::string&)> on_stuck;
+  // This process was restarted after a failure (troupe launch --max-restarts: TROUPE_RESTART_COUNT
+  // > 0): it resumes from the latest checkpoint in --save when that checkpoint belongs to this run,
+  // the run of --load or, without --load, the launcher's run (launch_run_id, TROUPE_RUN_ID; empty:
+  // a fresh id). Under troupe launch rank 0 decides and every rank follows.
+  bool restarted = false;
+  std::string launch_run_id;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,

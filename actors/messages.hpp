@@ -49,6 +49,10 @@ struct StepRequest {
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_grad = 0;
+  // This process wants the job to stop after this step (a signal, --exit-duration-in-mins). The
+  // processes of a job agree on it inside the step (StepOutcome::stop), so all stop after the same
+  // iteration.
+  bool stop = false;
 };
 
 struct StepResult {
@@ -77,7 +81,8 @@ typename Inspector::result_type inspect(Inspector& f, MicroBatchResult& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepRequest& x) {
-  return f(caf::meta::type_name("StepRequest"), x.step, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps, x.clip_grad);
+  return f(caf::meta::type_name("StepRequest"), x.step, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps, x.clip_grad,
+           x.stop);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepResult& x) {

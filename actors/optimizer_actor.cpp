@@ -20,7 +20,7 @@ struct OptimizerState {
 };
 
 caf::error optimizer_error(const Status& st) {
-  return make_actor_error(ActorErrc::failed, st.message());
+  return to_caf_error(st);
 }
 
 optimizer_actor::behavior_type optimizer_behavior(

@@ -30,7 +30,7 @@ struct RankState {
 };
 
 caf::error rank_error(int rank, const Status& st) {
-  return make_actor_error(ActorErrc::failed, "rank " + std::to_string(rank) + ": " + st.message());
+  return to_caf_error(st.with_context("rank " + std::to_string(rank) + ": "));
 }
 
 Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
@@ -277,6 +277,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     GroupStepResult r;
                     r.loss_sum = acc->items[0].loss_sum;
                     r.grad_norm = acc->items[0].grad_norm;
+                    r.stop = acc->items[0].stop;
                     r.busy_fraction_min = 1;
                     for (const auto& o : acc->items) {
                       r.max_busy_us = std::max(r.max_busy_us, o.busy_us);

@@ -41,6 +41,7 @@ struct GroupStepResult {
   double max_busy_us = 0;  // the busiest rank of this process
   double step_us = 0;
   double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
+  bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
 };
 
 struct RankTimeline {

@@ -86,6 +86,7 @@ struct StepOutcome {
   double grad_norm = 0;  // before clipping, over the whole model
   double busy_us = 0;    // this rank's forward/backward/weight/optimizer time in the step
   double step_us = 0;    // wall time of the step on this rank
+  bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
 };
 
 struct MemoryReport {

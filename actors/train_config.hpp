@@ -75,6 +75,15 @@ struct TrainConfig {
   int64_t save_interval = 0;  // 0: save only at the end (when --save is given)
   int64_t exit_interval = 0;  // Megatron's --exit-interval: stop (and save) when iteration % N == 0
   std::string load;
+  // Resuming and stopping (not stored in checkpoints; actors/run_identity.hpp): Megatron's flags
+  // for a learning-rate schedule that differs from the checkpoint's (this run's values win, or the
+  // checkpoint's), --exit-duration-in-mins (stop and save after this long; 0: never), and the
+  // background saves that may be in flight at once (a further save waits for one to finish).
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  double exit_duration_in_mins = 0;
+  int max_saves_in_flight = 1;
+  std::string run_id;  // set by run_training: the run this job continues or starts
 
   // Evaluation and logging.
   int64_t eval_interval = 1000;

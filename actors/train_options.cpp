@@ -405,6 +405,15 @@ class Validator {
     if (c.exit_interval < 0)
       return bad("--exit-interval", fmt::format("must be >= 0, got {}", c.exit_interval),
                  "use 0 to train to --train-iters");
+    if (c.override_opt_param_scheduler && c.use_checkpoint_opt_param_scheduler)
+      return bad("--override-opt_param-scheduler", "and --use-checkpoint-opt_param-scheduler are both given",
+                 "keep one: this run's schedule wins (override) or the checkpoint's (use-checkpoint)");
+    if (!(c.exit_duration_in_mins >= 0) || !std::isfinite(c.exit_duration_in_mins))
+      return bad("--exit-duration-in-mins", fmt::format("must be a non-negative number, got {}", c.exit_duration_in_mins),
+                 "use 0 to train to --train-iters");
+    if (c.max_saves_in_flight < 1 || c.max_saves_in_flight > 64)
+      return bad("--max-saves-in-flight", fmt::format("must be 1 to 64, got {}", c.max_saves_in_flight),
+                 "use 1 (the default): each save holds a host copy of this process's shards until written");
     if (!c.save.empty()) TROUPE_RETURN_IF_ERROR(creatable_directory("--save", c.save));
     if (!c.load.empty()) {
       std::error_code ec;
@@ -582,6 +591,23 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Stop (saving a checkpoint when --save is set) once the iteration is a multiple of N");
   opt(ckpt, "--load", cfg->load,
       "Directory to resume from (holds latest_checkpointed_iteration.txt)");
+  cmd->add_flag("--override-opt_param-scheduler,--override-opt-param-scheduler", cfg->override_opt_param_scheduler,
+                "On --load, use this run's learning-rate schedule flags where they differ from the checkpoint's")
+      ->group(ckpt);
+  cmd->add_flag("--use-checkpoint-opt_param-scheduler,--use-checkpoint-opt-param-scheduler",
+                cfg->use_checkpoint_opt_param_scheduler,
+                "On --load, keep the checkpoint's learning-rate schedule and ignore this run's schedule flags")
+      ->group(ckpt);
+  opt(ckpt, "--exit-duration-in-mins", cfg->exit_duration_in_mins,
+      "Stop (saving a checkpoint when --save is set) once training has run this many minutes (0: never)");
+  cmd->add_flag("--exit-signal-handler")
+      ->description(
+          "Accepted for Megatron scripts: SIGTERM and SIGINT always finish the iteration, save with --save and exit "
+          "(143 and 130)")
+      ->group(ckpt);
+  opt(ckpt, "--max-saves-in-flight", cfg->max_saves_in_flight,
+      "Background checkpoint saves written at once; a further save waits for one to finish (bounds memory and how "
+      "far the latest durable checkpoint trails)");
 
   const char* resilience = "Offload and supervision";
   opt(resilience, "--offload-optimizer", cfg->offload_optimizer,

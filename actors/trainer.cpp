@@ -19,7 +19,8 @@ struct TrainerState {
   int64_t iteration = 0;
   int64_t consumed = 0;
   bool running = false;
-  bool stop_requested = false;
+  bool stop_requested = false;  // stop after the current iteration
+  bool stop_wanted = false;     // agree_on_stop: ask the other processes with the next step
   bool finished = false;
   // Current iteration.
   Clock::time_point started;
@@ -81,6 +82,21 @@ void read_ahead(Self self) {
 void save_then(Self self, std::function<void()> next) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
+  if (st.spec.saves_in_flight && st.spec.offload && st.spec.saves_in_flight->load() >= cfg.max_saves_in_flight) {
+    // The writer is behind: wait until what it holds is on disk (a failed save fails the job here).
+    st.spec.saves_in_flight->fetch_add(1);
+    self->request(st.spec.offload, caf::infinite, flush_atom::value)
+        .then(
+            [self, next](ok_atom) {
+              self->state.spec.saves_in_flight->fetch_sub(1);
+              save_then(self, next);
+            },
+            [self](caf::error& err) {
+              self->state.spec.saves_in_flight->fetch_sub(1);
+              fail(self, describe(err));
+            });
+    return;
+  }
   SaveRequest req;
   req.dir = cfg.save;
   req.iteration = st.iteration;
@@ -242,6 +258,7 @@ StepRequest step_request(Self self) {
   req.beta2 = c.adam_beta2;
   req.eps = c.adam_eps;
   req.clip_grad = c.clip_grad;
+  req.stop = s.stop_wanted;
   return req;
 }
 
@@ -253,6 +270,7 @@ void run_micro_batches(Self self, const Tensor& batch) {
     self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
         .then(
             [self](const GroupStepResult& r) {
+              if (r.stop) self->state.stop_requested = true;  // every process stops after this step
               on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
             },
             on_error(self));
@@ -290,9 +308,18 @@ void run_micro_batches(Self self, const Tensor& batch) {
   read_ahead(self);  // overlaps the next batch's reading with this iteration's compute
 }
 
+void request_stop(Self self) {
+  auto& st = self->state;
+  if (st.spec.agree_on_stop)
+    st.stop_wanted = true;
+  else
+    st.stop_requested = true;
+}
+
 void start_iteration(Self self) {
   auto& st = self->state;
   if (st.finished) return;
+  if (st.spec.exit_deadline && Clock::now() >= *st.spec.exit_deadline) request_stop(self);
   const int64_t exit_interval = st.spec.config.exit_interval;
   const bool exit_now = exit_interval > 0 && st.iteration > st.spec.start_iteration && st.iteration % exit_interval == 0;
   if (st.iteration >= st.spec.config.train_iters || st.stop_requested || exit_now) {
@@ -354,7 +381,7 @@ trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
         self->state.running = true;
         start_iteration(self);
       },
-      [self](stop_atom) { self->state.stop_requested = true; },
+      [self](stop_atom) { request_stop(self); },
   };
 }
 

@@ -10,9 +10,12 @@
 #pragma once
 #include <caf/all.hpp>
 
+#include <chrono>
 #include <functional>
+#include <optional>
 
 #include "actors/messages.hpp"
+#include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/train_config.hpp"
 
@@ -26,12 +29,25 @@ struct TrainerSpec {
   // offload actor writes, waits for the other processes, writes the metadata and the latest
   // pointer); runs on the trainer's thread. Null: nothing to complete.
   std::function<Status(const SaveRequest&)> finalize_save;
+  // Background saves in flight (snapshots handed to the offload actor, not yet committed). Before a
+  // save takes its snapshot the trainer waits (flushing `offload`) while --max-saves-in-flight of
+  // them are, so the snapshots held in memory and the distance to the latest durable checkpoint
+  // stay bounded. While it waits it counts itself in (the writer stops pacing itself: a save is
+  // waiting behind). Null: no waiting.
+  std::shared_ptr<std::atomic<int>> saves_in_flight;
+  offload_actor offload;
   data_loader_actor loader;
   caf::actor listener;
   int64_t start_iteration = 0;   // iterations already done (from a checkpoint)
   int64_t consumed_samples = 0;
   int64_t validation_windows = 0;
   double sgemm_peak_gflops = 0;  // for % of peak; 0 when not measured
+  // Stopping early (stop_atom: a signal; exit_deadline: --exit-duration-in-mins). In one process the
+  // trainer stops after the current iteration. When the job spans processes (agree_on_stop), each
+  // has its own trainer: the wish to stop rides on the next step (StepRequest::stop), and every
+  // trainer stops after the step in which any of them asked, so all save the same iteration.
+  bool agree_on_stop = false;
+  std::optional<std::chrono::steady_clock::time_point> exit_deadline;
 };
 
 trainer_actor spawn_trainer(caf::actor_system& system, const TrainerSpec& spec);

@@ -83,11 +83,12 @@ nlohmann::json parse_or_string(const std::string& text) {
 int run_info(const InfoArgs& a) {
   if (std::string p = usage_problem(a.dir, a.iteration); !p.empty()) return fail(kExitUsage, p);
   Result<int64_t> it = resolve_iteration(a.dir, a.iteration);
-  if (!it) return fail(kExitFailure, it.status().message());
+  // Everything read here is the checkpoint the user named: a failure is bad input (exit 2).
+  if (!it) return fail(kExitUsage, it.status().message());
   Result<CheckpointMeta> meta = read_checkpoint_meta(a.dir, *it);
-  if (!meta) return fail(kExitFailure, meta.status().message());
+  if (!meta) return fail(kExitUsage, meta.status().message());
   Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(a.dir, *it);
-  if (!tensors) return fail(kExitFailure, tensors.status().message());
+  if (!tensors) return fail(kExitUsage, tensors.status().message());
 
   // Version 1: one file; version 2: the iteration directory of shard files (sizes summed).
   const bool sharded = is_sharded_checkpoint(a.dir, *it);
@@ -163,8 +164,8 @@ int run_export(const ExportArgs& a) {
                                 "' is not supported -- use --format hf (Hugging Face GPT-2)");
   if (std::string p = usage_problem(a.load, a.iteration); !p.empty()) return fail(kExitUsage, p);
   Result<int64_t> it = resolve_iteration(a.load, a.iteration);
-  if (!it) return fail(kExitFailure, it.status().message());
-  if (Status st = export_hf(a.load, *it, a.output); !st) return fail(kExitFailure, st.message());
+  if (!it) return fail(kExitUsage, it.status().message());
+  if (Status st = export_hf(a.load, *it, a.output); !st) return fail(exit_code_for(st), st.message());
   std::printf("exported iteration %lld of %s to %s (Hugging Face GPT2LMHeadModel state dict)\n",
               static_cast<long long>(*it), a.load.c_str(), a.output.c_str());
   return kExitOk;
@@ -176,8 +177,8 @@ int run_convert(const ConvertArgs& a) {
   if (std::filesystem::equivalent(a.load, a.save, ec))
     return fail(kExitUsage, "--save " + a.save + " is the --load directory -- write the converted checkpoint elsewhere");
   Result<int64_t> it = resolve_iteration(a.load, a.iteration);
-  if (!it) return fail(kExitFailure, it.status().message());
-  if (Status st = convert_checkpoint(a.load, *it, a.save, a.target); !st) return fail(kExitFailure, st.message());
+  if (!it) return fail(kExitUsage, it.status().message());
+  if (Status st = convert_checkpoint(a.load, *it, a.save, a.target); !st) return fail(exit_code_for(st), st.message());
   std::printf("converted iteration %lld of %s to %s: tensor %d x pipeline %d x data %d, ZeRO %d (%d shard files)\n",
               static_cast<long long>(*it), a.load.c_str(), a.save.c_str(), a.target.tp, a.target.pp, a.target.dp,
               a.target.zero_stage, a.target.tp * a.target.pp * a.target.dp);

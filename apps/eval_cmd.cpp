@@ -48,7 +48,7 @@ int run_eval(const EvalArgs& a) {
   auto result = run_evaluation(a.load, data.value(), a.eval_samples, a.micro_batch_size, a.num_threads);
   if (!result) {
     print_error(name, result.status());
-    return kExitFailure;
+    return exit_code_for(result.status());
   }
   const EvalSummary& r = result.value();
   if (a.json) {

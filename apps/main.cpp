@@ -1,5 +1,7 @@
 // troupe: one binary, Megatron/DeepSpeed-style subcommands.
 #include <cstdio>
+#include <exception>
+#include <new>
 
 #include "apps/commands.hpp"
 
@@ -31,6 +33,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : troupe::apps::kExitUsage;
+  } catch (const std::bad_alloc&) {
+    // Validation refuses configurations that cannot fit (exit 2); this is memory running out anyway.
+    std::fprintf(stderr, "troupe: error: out of memory -- lower --micro-batch-size, the model size or the ranks per "
+                         "host, or free memory on this machine\n");
+    return troupe::apps::kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: error: %s\n", e.what());
+    return troupe::apps::kExitFailure;
   }
   return exit_code;
 }

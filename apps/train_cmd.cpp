@@ -14,6 +14,7 @@
 
 #include "actors/data_source.hpp"
 #include "actors/job.hpp"
+#include "actors/memory_estimate.hpp"
 #include "actors/train_options.hpp"
 #include "comm/caf_bootstrap.hpp"
 #include "comm/launch_env.hpp"
@@ -28,10 +29,16 @@ namespace troupe::apps {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
 
-extern "C" void on_interrupt(int) {
+// SIGINT (Ctrl-C) and SIGTERM (SLURM before a time limit, on preemption; troupe launch passing one
+// on) both stop the job gracefully: the current iteration finishes, a checkpoint is saved with
+// --save, and the process exits 128 + the signal (130, 143). A second signal ends it at once.
+extern "C" void on_stop_signal(int sig) {
+  g_signal.store(sig);
   g_stop.store(true);
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
 }
 
 // The bootstrap reports that the job failed: another rank died, or stopped answering (no heartbeat
@@ -70,9 +77,6 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                           " -- pass --max-restarts to troupe launch, which restarts every process");
     return kExitUsage;
   }
-  const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
-  const int restarted = restart_count != nullptr ? std::atoi(restart_count) : 0;
-  if (restarted > 0 && !cfg.save.empty() && latest_iteration(cfg.save)) cfg.load = cfg.save;
   auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
   if (!tokenizer) {
     print_error(name, tokenizer.status());
@@ -80,6 +84,11 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   }
   cfg.model.vocab_size = tokenizer.value()->vocab_size();
   if (Status st = cfg.model.validate(); !st) {
+    print_error(name, st);
+    return kExitUsage;
+  }
+  // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
+  if (Status st = check_memory(cfg, env->world_size, env->local_world_size, available_memory_bytes()); !st) {
     print_error(name, st);
     return kExitUsage;
   }
@@ -97,6 +106,15 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   if (env->world_size > 1) {
     comm::CafBootstrapOptions boot_options;
     boot_options.on_job_failed = [rank = env->rank](const std::string& why) { on_job_failed(rank, why); };
+    // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
+    // connection timeout: 15 s, or half of --distributed-timeout-minutes when that is shorter (the
+    // process then ends 5 s later, on_job_failed), at least 2 s.
+    const auto half_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 30'000));
+    if (half_timeout < boot_options.connection_timeout) {
+      boot_options.connection_timeout = std::max(half_timeout, std::chrono::milliseconds(2000));
+      boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
+    }
     auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) {
       print_error(name, b.status());
@@ -163,6 +181,11 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                << "\n" << std::flush;
   };
   options.stop = &g_stop;
+  // A process troupe launch restarted resumes this run's latest checkpoint in --save (run_training
+  // decides, actors/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.
+  const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
+  options.restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
+  if (const char* run = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = run;
   // A stuck rank's actor cannot be torn down, so the process ends here (troupe launch --max-restarts
   // starts it again).
   options.on_stuck = [&](const std::string& message) {
@@ -171,12 +194,15 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     std::fflush(stderr);
     std::_Exit(kExitFailure);
   };
-  std::signal(SIGINT, on_interrupt);
+  // Before training starts a signal ends the process at once (nothing to save yet).
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
   auto result = run_training(cfg, data.value(), cb, options);
   std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
   if (!result) {
     print_error(name, result.status());
-    return kExitFailure;
+    return result.status().is_bad_input() ? kExitUsage : kExitFailure;
   }
   const TrainSummary& s = result.value();
   std::string final_line = fmt::format("troupe train: finished at iteration {}/{} | final lm loss: {:.6f}", s.iteration,
@@ -188,6 +214,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0)  // ru_maxrss: KiB on Linux
     printer.line(fmt::format("  peak resident memory of this process: {:.0f} MiB", usage.ru_maxrss / 1024.0));
+  if (const int sig = g_signal.load(); sig != 0) return 128 + sig;  // stopped (and saved) on a signal
   return kExitOk;
 }
 

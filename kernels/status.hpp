@@ -1,5 +1,10 @@
 // Recoverable errors as values. A Status is ok or carries a message written for the user: what is
 // wrong and how to fix it. Result<T> holds a value or a failed Status. Neither throws.
+//
+// A failed Status has a kind, which decides the exit code the CLI ends with (README, "Exit codes"):
+// bad input (a flag, config, dataset or checkpoint that cannot be used, a checkpoint of another
+// model or run: the user must change something; exit 2) or a failure at run time (I/O, a peer, a
+// diverged run; exit 1). Status::error is run time; Status::bad_input marks input the caller refused.
 #pragma once
 #include <optional>
 #include <string>
@@ -19,17 +24,34 @@ class [[nodiscard]] Status {
     s.failed_ = true;
     return s;
   }
+  static Status bad_input(std::string message) {
+    Status s = error(std::move(message));
+    s.bad_input_ = true;
+    return s;
+  }
   bool is_ok() const { return !failed_; }
   explicit operator bool() const { return !failed_; }
+  // A failure caused by input the user must change (exit code 2), not by the run itself.
+  bool is_bad_input() const { return failed_ && bad_input_; }
   const std::string& message() const { return message_; }
-  // Prefixes context ("reading foo.idx: ") to a failed status; ok stays ok.
+  // Prefixes context ("reading foo.idx: ") to a failed status, keeping its kind; ok stays ok.
   Status with_context(const std::string& context) const {
-    return failed_ ? error(context + message_) : *this;
+    if (!failed_) return *this;
+    Status s = *this;
+    s.message_ = context + message_;
+    return s;
+  }
+  // The same failure marked as bad input (a reader's error seen by a command that read user input).
+  Status as_bad_input() const {
+    Status s = *this;
+    s.bad_input_ = failed_;
+    return s;
   }
 
  private:
   std::string message_;
   bool failed_ = false;
+  bool bad_input_ = false;
 };
 
 template <class T>

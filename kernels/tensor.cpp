@@ -1,5 +1,7 @@
 #include "kernels/tensor.hpp"
 
+#include <new>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -72,7 +74,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
-  TROUPE_CHECK(p != nullptr, "out of host memory allocating a tensor");
+  // Out of memory is a failure at run time, not a broken invariant: the caller (an actor, the CLI)
+  // reports it and exits 1.
+  if (p == nullptr) throw std::bad_alloc();
   Tensor t;
   t.storage_ = std::make_shared<Storage>();
   t.storage_->data = p;

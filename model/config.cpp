@@ -25,8 +25,18 @@ Status GptConfig::validate() const {
   auto bad = [](const std::string& flag, const std::string& what, const std::string& fix) {
     return Status::error(flag + " " + what + " -- " + fix);
   };
-  if (num_layers <= 0) return bad("--num-layers", "must be positive", "pass e.g. --num-layers 4");
-  if (hidden_size <= 0) return bad("--hidden-size", "must be positive", "pass e.g. --hidden-size 256");
+  // Upper bounds far beyond any trainable model keep every size product inside int64 and every
+  // per-layer size (4 x hidden) inside int; the memory check refuses what does not fit long before.
+  constexpr int kMaxLayers = 1 << 20, kMaxWidth = 1 << 24, kMaxSeq = 1 << 24;
+  if (num_layers <= 0 || num_layers > kMaxLayers)
+    return bad("--num-layers", "must be 1 to " + std::to_string(kMaxLayers) + ", got " + std::to_string(num_layers),
+               "pass e.g. --num-layers 4");
+  if (hidden_size <= 0 || hidden_size > kMaxWidth)
+    return bad("--hidden-size", "must be 1 to " + std::to_string(kMaxWidth) + ", got " + std::to_string(hidden_size),
+               "pass e.g. --hidden-size 256");
+  if (seq_length > kMaxSeq || max_position_embeddings > kMaxSeq)
+    return bad("--seq-length", "and --max-position-embeddings must be at most " + std::to_string(kMaxSeq),
+               "use a shorter sequence");
   if (num_attention_heads <= 0)
     return bad("--num-attention-heads", "must be positive", "pass e.g. --num-attention-heads 4");
   if (hidden_size % num_attention_heads != 0)

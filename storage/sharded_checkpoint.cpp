@@ -58,11 +58,12 @@ bool is_sharded_checkpoint(const std::string& dir, int64_t iteration) {
 Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::string& layout_json,
                                  const std::vector<std::string>& shard_names) {
   const std::string where = "saving checkpoint " + iteration_dir(dir, meta.iteration) + ": ";
-  json layout;
+  json layout, run = json::object();
   try {
     layout = json::parse(layout_json);
+    if (!meta.run_json.empty()) run = json::parse(meta.run_json);
   } catch (const json::exception& e) {
-    return Status::error(where + "bad layout description: " + e.what());
+    return Status::error(where + "bad layout or run description: " + e.what());
   }
   const json m = {{"format", "troupe-checkpoint"},
                   {"format_version", 2},
@@ -72,6 +73,7 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
                   {"config", meta.config_json},
                   {"rng", meta.rng_json},
                   {"layout", layout},
+                  {"run", run},
                   {"shards", shard_names}};
   const std::string it = iteration_dir(dir, meta.iteration);
   // Every shard was renamed into place by its writer; their directory entries become durable here.
@@ -196,6 +198,7 @@ Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iterati
     meta.config_json = m->at("config").get<std::string>();
     meta.rng_json = m->at("rng").get<std::string>();
     meta.layout_json = m->value("layout", json::object()).dump();
+    if (auto run = m->find("run"); run != m->end() && run->is_object() && !run->empty()) meta.run_json = run->dump();
   } catch (const json::exception& e) {
     return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " is incomplete (" + e.what() +
                          ") -- restore it from a copy");

@@ -22,6 +22,28 @@ expect_error() {
 
 t() { small_train --train-iters 5 --save out --metrics-file m.jsonl "$@"; }
 
+# Exit code 2 exactly (bad input), never a signal or 1.
+expect_exit2() {
+  local want=$1
+  shift
+  expect_error "$want" "$@"
+  set +e
+  "$@" > /dev/null 2>&1
+  local rc=$?
+  set -e
+  [[ $rc -eq 2 ]] || fail "exit $rc, want 2 (bad input), for: $*"
+}
+
+# Sizes that cannot fit or overflow: refused before anything is allocated, naming the flag to lower
+# (the memory check compares a lower bound of what the job holds with what the machine has).
+expect_exit2 "--hidden-size or --num-layers" t --hidden-size 65536 --num-attention-heads 4
+expect_exit2 "--hidden-size or --num-layers" t --num-layers 1000000
+expect_exit2 "--micro-batch-size" t --micro-batch-size 1000000000 --global-batch-size 1000000000
+expect_exit2 "--hidden-size must be 1 to" t --hidden-size 2147483644 --num-attention-heads 4
+expect_exit2 "--seq-length" t --seq-length 100000000
+# The check can be turned off (here it would pass anyway: a small model).
+TROUPE_MEMORY_CHECK=off small_train --train-iters 1 > /dev/null || fail "TROUPE_MEMORY_CHECK=off broke a small run"
+
 expect_error "--num-attention-heads" t --hidden-size 50
 expect_error "--global-batch-size" t --global-batch-size 7
 expect_error "--micro-batch-size" t --micro-batch-size 0
