@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <vector>
 
 #include "storage/gpt_dataset.hpp"
 #include "storage/indexed_dataset.hpp"
@@ -78,25 +77,17 @@ class MockDataSource final : public DataSource {
   uint64_t seed_;
 };
 
-// Every token must be a valid id of the model's vocabulary; checked once, up front, so a dataset made
-// with another tokenizer is refused before anything runs or is written (one pass over the .bin).
+// Every token must be a valid id of the model's vocabulary; checked once, up front, at the dtype's full
+// width (an int64 id 2^32 + 7 is refused, not read as 7), so a dataset made with another tokenizer is
+// refused before anything runs or is written (one pass over the .bin).
 Status check_token_range(const IndexedDataset& ds, int64_t vocab_size) {
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  std::vector<int32_t> buf(kChunk);
-  for (int64_t off = 0; off < ds.total_tokens(); off += kChunk) {
-    const int64_t n = std::min(kChunk, ds.total_tokens() - off);
-    ds.read_tokens(off, n, buf.data());
-    int32_t lo = 0, hi = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      lo = std::min(lo, buf[i]);
-      hi = std::max(hi, buf[i]);
-    }
-    if (lo < 0 || hi >= vocab_size)
-      return Status::error(ds.prefix() + ".bin holds token id " + std::to_string(lo < 0 ? lo : hi) +
-                           ", outside the tokenizer's vocabulary of " + std::to_string(vocab_size) +
-                           " -- preprocess the data with the --tokenizer-type (and vocabulary files) you train with");
-  }
-  return Status::ok();
+  const auto bad = ds.first_token_outside(vocab_size);
+  if (!bad) return Status::ok();
+  return Status::error(ds.prefix() + ".bin holds token id " + std::to_string(bad->value) + " (token " +
+                       std::to_string(bad->stream_offset) + " of the stream, in sequence " +
+                       std::to_string(bad->sequence) + "), outside the tokenizer's vocabulary of " +
+                       std::to_string(vocab_size) +
+                       " -- preprocess the data with the --tokenizer-type (and vocabulary files) you train with");
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "storage/json_input.hpp"
+
 namespace troupe {
 namespace {
 
@@ -22,6 +24,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using Origins = FlagOrigins;
 using GivenFn = FlagGivenFn;
+
+// a * b * c, or INT64_MAX when that overflows (the factors are >= 0).
+int64_t saturating_product(int64_t a, int64_t b, int64_t c) {
+  int64_t ab = 0, abc = 0;
+  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return INT64_MAX;
+  return abc;
+}
 
 std::string join_keys(const std::vector<std::string>& keys) {
   std::string out;
@@ -133,7 +142,7 @@ class DeepSpeedMerger {
     TROUPE_RETURN_IF_ERROR(get_number(top, "", "gradient_clipping", &clip));
     if (clip) apply("--clip-grad", &cfg_->clip_grad, *clip, "gradient_clipping");
     std::optional<int64_t> steps_per_print;
-    TROUPE_RETURN_IF_ERROR(get_integer(top, "", "steps_per_print", &steps_per_print));
+    TROUPE_RETURN_IF_ERROR(get_integer(top, "", "steps_per_print", &steps_per_print, 1));
     if (steps_per_print)
       apply("--log-interval", &cfg_->log_interval, *steps_per_print, "steps_per_print");
     TROUPE_RETURN_IF_ERROR(merge_optimizer(top));
@@ -169,30 +178,15 @@ class DeepSpeedMerger {
                            ": cannot be read -- check its permissions");
 
     // DeepSpeed rejects a key repeated in one object (dict_raise_error_on_duplicate_keys); so do
-    // we.
-    std::vector<std::set<std::string>> open_objects;
-    std::string duplicate;
-    json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) {
-        open_objects.emplace_back();
-      } else if (event == json::parse_event_t::object_end) {
-        open_objects.pop_back();
-      } else if (event == json::parse_event_t::key && !open_objects.empty()) {
-        const auto key = parsed.get<std::string>();
-        if (!open_objects.back().insert(key).second && duplicate.empty()) duplicate = key;
-      }
-      return true;
-    };
-    try {
-      *out = json::parse(text.str(), on_event);
-    } catch (const json::parse_error& e) {
-      return Status::error("--deepspeed-config " + file_ + " is not valid JSON (byte " +
-                           std::to_string(e.byte) + "): " + e.what() +
-                           " -- fix the file at that position");
-    }
-    if (!duplicate.empty())
-      return Status::error("--deepspeed-config " + file_ + ": key \"" + duplicate +
-                           "\" appears twice in one object -- keep one of them");
+    // we. A syntax error, a number out of a double's range (1e400) or a nesting too deep is
+    // reported by the parser with the byte or key path.
+    JsonParseOptions options;
+    options.reject_duplicate_keys = true;
+    auto parsed = parse_json(text.str(), "--deepspeed-config " + file_, options);
+    if (!parsed)
+      return Status::error(parsed.status().message() +
+                           " -- fix the file there (each key once, numbers within range)");
+    *out = std::move(parsed).value();
     return Status::ok();
   }
 
@@ -216,41 +210,50 @@ class DeepSpeedMerger {
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
     if (!it->is_object())
-      return error(path_of(prefix, key), std::string("must be an object, got ") + it->dump(),
+      return error(path_of(prefix, key), std::string("must be an object, got ") + json_excerpt(*it),
                    "write it as {...}");
     *out = &*it;
     return Status::ok();
   }
 
+  // Any number (JSON numbers are finite once parsed); validation checks the settings' ranges and
+  // names the key through the origins.
   Status get_number(const json& parent, const std::string& prefix, const char* key,
                     std::optional<double>* out) const {
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
     if (!it->is_number())
-      return error(path_of(prefix, key), "must be a number, got " + it->dump(), "write a number");
+      return error(path_of(prefix, key), "must be a number, got " + json_excerpt(*it),
+                   "write a number");
     *out = it->get<double>();
     return Status::ok();
   }
 
+  // An integer in [min, max]; every integer DeepSpeed setting troupe maps lands in an int flag.
   Status get_integer(const json& parent, const std::string& prefix, const char* key,
-                     std::optional<int64_t>* out) const {
+                     std::optional<int64_t>* out, int64_t min = INT_MIN,
+                     int64_t max = INT_MAX) const {
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
-    if (!it->is_number_integer() ||
-        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT_MAX)))
-      return error(path_of(prefix, key), "must be an integer, got " + it->dump(),
-                   "write a whole number without a decimal point");
-    *out = it->get<int64_t>();
+    int64_t v = 0;
+    if (Status st = json_to_integer(*it, min, max, &v); !st) {
+      // 0 or negative (nlohmann stores 0 as unsigned, every negative integer as signed)
+      if (min == 1 &&
+          (it->is_number_unsigned() ? it->get<uint64_t>() == 0 : it->is_number_integer()))
+        return error(path_of(prefix, key),
+                     "must be positive, got " + json_excerpt(*it) +
+                         " (allowed: " + range_text(min, max) + ")",
+                     "write a positive integer");
+      return error(path_of(prefix, key), st.message(),
+                   "write a whole number in that range, without a decimal point");
+    }
+    *out = v;
     return Status::ok();
   }
 
   Status get_positive_integer(const json& parent, const std::string& prefix, const char* key,
                               std::optional<int64_t>* out) const {
-    TROUPE_RETURN_IF_ERROR(get_integer(parent, prefix, key, out));
-    if (*out && **out <= 0)
-      return error(path_of(prefix, key), "must be positive, got " + std::to_string(**out),
-                   "write a positive integer");
-    return Status::ok();
+    return get_integer(parent, prefix, key, out, 1, INT_MAX);
   }
 
   Status get_bool(const json& parent, const std::string& prefix, const char* key,
@@ -258,7 +261,7 @@ class DeepSpeedMerger {
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
     if (!it->is_boolean())
-      return error(path_of(prefix, key), "must be true or false, got " + it->dump(),
+      return error(path_of(prefix, key), "must be true or false, got " + json_excerpt(*it),
                    "write true or false (no quotes)");
     *out = it->get<bool>();
     return Status::ok();
@@ -269,7 +272,7 @@ class DeepSpeedMerger {
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
     if (!it->is_string())
-      return error(path_of(prefix, key), "must be a string, got " + it->dump(),
+      return error(path_of(prefix, key), "must be a string, got " + json_excerpt(*it),
                    "write it in quotes");
     *out = it->get<std::string>();
     return Status::ok();
@@ -332,7 +335,7 @@ class DeepSpeedMerger {
       TROUPE_RETURN_IF_ERROR(check_element_count(*block, z, key));
 
     std::optional<int64_t> stage;
-    TROUPE_RETURN_IF_ERROR(get_integer(*block, z, "stage", &stage));
+    TROUPE_RETURN_IF_ERROR(get_integer(*block, z, "stage", &stage, INT64_MIN, INT64_MAX));
     if (!stage) return Status::ok();
     if (*stage < 0 || *stage > 3)
       return error("zero_optimization.stage",
@@ -359,9 +362,7 @@ class DeepSpeedMerger {
       TROUPE_RETURN_IF_ERROR(get_bool(*block, path, key, &ignored));
     }
     std::optional<int64_t> buffers;
-    TROUPE_RETURN_IF_ERROR(get_integer(*block, path, "buffer_count", &buffers));
-    if (buffers && *buffers < 1)
-      return error(path_of(path, "buffer_count"), "is " + std::to_string(*buffers), "use at least 1 (DeepSpeed: 4)");
+    TROUPE_RETURN_IF_ERROR(get_integer(*block, path, "buffer_count", &buffers, 1));
     std::optional<double> ratio;
     TROUPE_RETURN_IF_ERROR(get_number(*block, path, "ratio", &ratio));
     if (ratio && *ratio != 1.0)
@@ -411,7 +412,8 @@ class DeepSpeedMerger {
     std::string fix = "write a whole number of elements >= 0, e.g. 5e8";
     if (it->is_string() && it->get<std::string>() == "auto")
       fix += " (\"auto\" is filled in by Hugging Face's Trainer; DeepSpeed itself needs a number)";
-    return error(path_of(prefix, key), "must be a number of elements, got " + it->dump(), fix);
+    return error(path_of(prefix, key), "must be a number of elements, got " + json_excerpt(*it),
+                 fix);
   }
 
   Status merge_batch(const json& top) {
@@ -421,12 +423,15 @@ class DeepSpeedMerger {
     TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "gradient_accumulation_steps", &gas));
     const int64_t dp = dp_;
     const std::string dp_fix = dp > 1 ? fmt::format(" (data-parallel size {})", dp) : std::string();
-    if (batch && micro && gas && *batch != *micro * *gas * dp)
+    if (batch && micro && gas && *batch != saturating_product(*micro, *gas, dp))
       return error(
           "train_batch_size",
           fmt::format("is {}, but train_micro_batch_size_per_gpu * gradient_accumulation_steps "
                       "* data-parallel size is {} * {} * {} = {}",
-                      *batch, *micro, *gas, dp, *micro * *gas * dp),
+                      *batch, *micro, *gas, dp,
+                      saturating_product(*micro, *gas, dp) == INT64_MAX
+                          ? std::string("more than 2^63")
+                          : std::to_string(saturating_product(*micro, *gas, dp))),
           "make the three agree, or give only two of them and let the third follow");
     if (batch && gas && !micro && *batch % (*gas * dp) != 0)
       return error("train_batch_size",
@@ -457,7 +462,7 @@ class DeepSpeedMerger {
       apply("--global-batch-size", &cfg_->global_batch_size, *batch, "train_batch_size");
       set_global_batch_ = true;
     } else if (gas) {
-      const int64_t global = static_cast<int64_t>(cfg_->micro_batch_size) * *gas * dp;
+      const int64_t global = saturating_product(cfg_->micro_batch_size, *gas, dp);
       if (global > INT_MAX)
         return error(
             "gradient_accumulation_steps",
@@ -512,7 +517,8 @@ class DeepSpeedMerger {
     double beta1 = 0.9, beta2 = 0.999;
     if (const auto it = params->find("betas"); it != params->end()) {
       if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
-        return error("optimizer.params.betas", "must be a list of two numbers, got " + it->dump(),
+        return error("optimizer.params.betas",
+                     "must be a list of two numbers, got " + json_excerpt(*it),
                      "write e.g. [0.9, 0.999]");
       beta1 = (*it)[0].get<double>();
       beta2 = (*it)[1].get<double>();

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+
+#include "storage/json_input.hpp"
 
 namespace troupe {
 namespace {
@@ -92,30 +95,63 @@ void visit_train_fields(Config& c, Visitor&& v) {
 
 Status type_error(const std::string& path, const char* expected, const json& got) {
   return Status::error("train config JSON: key \"" + path + "\" must be " + expected + ", got " +
-                       got.dump() +
+                       json_excerpt(got) +
                        " -- write the config again with `troupe train` or fix the value");
 }
 
-// Reads one value of the field's type; integers must fit the field.
+Status range_error(const std::string& path, const Status& st) {
+  return Status::error("train config JSON: key \"" + path + "\" " + st.message() +
+                       " -- write the config again with `troupe train` or fix the value");
+}
+
+// The values each numeric key may hold (the key path as in the file). Keys not listed: integers in
+// [0, the field type's maximum] (every integer setting is a size, count or interval), numbers in
+// [0, the largest double] (so is every real-valued one). These are ranges of meaning, not of
+// memory: validation decides what a machine can train.
+struct Range {
+  double min, max;
+};
+constexpr double kInt32Max = 2147483647.0;
+const Range* range_of(const std::string& path) {
+  static const std::map<std::string, Range> ranges = {
+      {"model.num_layers", {1, kInt32Max}},
+      {"model.hidden_size", {1, kInt32Max}},
+      {"model.num_attention_heads", {1, kInt32Max}},
+      {"model.seq_length", {1, kInt32Max}},
+      {"model.max_position_embeddings", {1, kInt32Max}},
+      {"model.vocab_size", {0, kInt32Max}},  // token ids are int32; 0 before a tokenizer set it
+      {"model.make_vocab_size_divisible_by", {1, kInt32Max}},
+      {"parallel.tensor_model_parallel_size", {1, kInt32Max}},
+      {"parallel.pipeline_model_parallel_size", {1, kInt32Max}},
+      {"parallel.data_parallel_size", {0, kInt32Max}},
+      {"parallel.zero_stage", {0, 3}},
+      {"parallel.num_layers_per_virtual_pipeline_stage", {0, kInt32Max}},
+      {"runtime.max_restarts", {0, kInt32Max}},
+      {"micro_batch_size", {1, kInt32Max}},
+      {"global_batch_size", {1, kInt32Max}},
+      {"num_threads", {0, kInt32Max}},
+      {"eval_interval", {1, 9.2e18}},
+      {"log_interval", {1, 9.2e18}},
+      {"adam_beta1", {0, 1}},
+      {"adam_beta2", {0, 1}},
+  };
+  const auto it = ranges.find(path);
+  return it == ranges.end() ? nullptr : &it->second;
+}
+
+// Reads one value of the field's type; integers must fit the field and the key's range.
 template <class Int>
 Status read_integer(const json& value, const std::string& path, Int* out) {
-  if (value.is_number_unsigned()) {
-    const auto u = value.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<Int>::max()))
-      return type_error(path, "an integer in range", value);
-    *out = static_cast<Int>(u);
-    return Status::ok();
+  int64_t min = 0;
+  int64_t max = static_cast<int64_t>(std::numeric_limits<Int>::max());
+  if (const Range* r = range_of(path)) {
+    min = static_cast<int64_t>(r->min);
+    max = std::min<int64_t>(max, static_cast<int64_t>(r->max));
   }
-  if (value.is_number_integer() && std::numeric_limits<Int>::is_signed) {
-    const auto i = value.get<int64_t>();
-    if (i < static_cast<int64_t>(std::numeric_limits<Int>::min()) ||
-        i > static_cast<int64_t>(std::numeric_limits<Int>::max()))
-      return type_error(path, "an integer in range", value);
-    *out = static_cast<Int>(i);
-    return Status::ok();
-  }
-  return type_error(
-      path, std::numeric_limits<Int>::is_signed ? "an integer" : "a non-negative integer", value);
+  int64_t v = 0;
+  if (Status st = json_to_integer(value, min, max, &v); !st) return range_error(path, st);
+  *out = static_cast<Int>(v);
+  return Status::ok();
 }
 
 Status read_value(const json& value, const std::string& path, int* out) {
@@ -125,11 +161,14 @@ Status read_value(const json& value, const std::string& path, int64_t* out) {
   return read_integer(value, path, out);
 }
 Status read_value(const json& value, const std::string& path, uint64_t* out) {
-  return read_integer(value, path, out);
+  if (Status st = json_to_unsigned(value, std::numeric_limits<uint64_t>::max(), out); !st)
+    return range_error(path, st);
+  return Status::ok();
 }
 Status read_value(const json& value, const std::string& path, double* out) {
-  if (!value.is_number()) return type_error(path, "a number", value);
-  *out = value.get<double>();
+  const Range* r = range_of(path);
+  const double min = r ? r->min : 0.0, max = r ? r->max : std::numeric_limits<double>::max();
+  if (Status st = json_to_number(value, min, max, out); !st) return range_error(path, st);
   return Status::ok();
 }
 Status read_value(const json& value, const std::string& path, bool* out) {
@@ -204,14 +243,12 @@ std::string TrainConfig::to_json() const {
 }
 
 Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  auto parsed = parse_json(text, "train config JSON");
+  if (!parsed)
     return Status::error(
-        std::string("train config JSON is malformed: ") + e.what() +
+        parsed.status().message() +
         " -- the file is damaged; restore it or write it again with `troupe train`");
-  }
+  const json& j = parsed.value();
   if (!j.is_object()) return type_error("(top level)", "an object", j);
 
   const auto format = j.find("format");

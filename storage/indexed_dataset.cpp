@@ -9,6 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <utility>
+
+#include "storage/temp_file.hpp"
 
 namespace troupe {
 namespace {
@@ -35,8 +38,9 @@ struct Mapping {
   size_t bytes = 0;
 };
 
-Result<Mapping> map_file(const std::string& path, const std::string& prefix) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Result<Mapping> map_file(const std::string& path) {
+  // O_NONBLOCK: a FIFO planted at the path must not block the open; it is refused below.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return Status::error(path + ": cannot open (" + std::strerror(errno) +
                          ") -- check the data prefix, or " +
@@ -47,6 +51,11 @@ Result<Mapping> map_file(const std::string& path, const std::string& prefix) {
     int err = errno;
     ::close(fd);
     return Status::error(path + ": cannot stat (" + std::strerror(err) + ") -- check the file");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::error(path + ": not a regular file -- pass the prefix of a dataset written by " +
+                         "troupe preprocess");
   }
   Mapping m;
   m.bytes = static_cast<size_t>(st.st_size);
@@ -84,16 +93,34 @@ bool fits(IndexDType t, int32_t v) {
   }
 }
 
-std::string tmp_name(const std::string& path) {
-  return path + ".tmp." + std::to_string(::getpid());
-}
-
-Status fsync_file(std::FILE* f, const std::string& path) {
-  if (std::fflush(f) != 0 || ::fsync(::fileno(f)) != 0) {
+// Flushes, gives the finished temporary the mode the output should have (it was created 0600),
+// and syncs it to disk.
+Status finish_file(std::FILE* f, const std::string& path) {
+  if (std::fflush(f) != 0 || ::fchmod(::fileno(f), default_file_mode()) != 0 ||
+      ::fsync(::fileno(f)) != 0) {
     return Status::error(path + ": write failed (" + std::strerror(errno) +
                          ") -- check free disk space");
   }
   return Status::ok();
+}
+
+// A temporary for `path` (storage/temp_file.hpp: O_EXCL | O_NOFOLLOW, 0600, a random name) as a
+// buffered stream.
+Result<std::FILE*> open_temporary(const std::string& path, std::string* tmp_path) {
+  auto tmp = create_temp_file(path);
+  if (!tmp) {
+    return Status::error(tmp.status().message() +
+                         " (check that the --output-prefix directory exists and is writable)");
+  }
+  *tmp_path = tmp->path;
+  std::FILE* f = ::fdopen(tmp->fd, "wb");
+  if (!f) {
+    const int err = errno;
+    ::close(tmp->fd);
+    return Status::error(tmp->path + ": cannot open (" + std::strerror(err) + ")");
+  }
+  std::setvbuf(f, nullptr, _IOFBF, 1 << 20);
+  return f;
 }
 
 }  // namespace
@@ -149,11 +176,11 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
   std::shared_ptr<IndexedDataset> ds(new IndexedDataset());
   ds->prefix_ = prefix;
   const std::string ipath = idx_path(prefix), bpath = bin_path(prefix);
-  auto idx = map_file(ipath, prefix);
+  auto idx = map_file(ipath);
   if (!idx) return idx.status();
   ds->idx_ = idx->data;
   ds->idx_bytes_ = idx->bytes;
-  auto bin = map_file(bpath, prefix);
+  auto bin = map_file(bpath);
   if (!bin) return bin.status();
   ds->bin_ = bin->data;
   ds->bin_bytes_ = bin->bytes;
@@ -203,7 +230,9 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
   ds->num_doc_idx_ = static_cast<int64_t>(d);
 
   // Sequences back to back from 0; count tokens.
+  // Sizes are summed only while they fit in .bin, so a corrupt size cannot overflow the sum.
   const auto item = static_cast<int64_t>(index_dtype_size(ds->dtype_));
+  const auto bin_tokens = static_cast<int64_t>(ds->bin_bytes_ / static_cast<size_t>(item));
   int64_t offset = 0;
   for (int64_t i = 0; i < ds->num_sequences_; ++i) {
     int32_t size = ds->size(i);
@@ -213,6 +242,12 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
                            std::to_string(size) + " at byte " + std::to_string(ptr) +
                            ", expected byte " + std::to_string(offset * item) +
                            " (sequences must lie back to back in .bin) -- " + fix);
+    }
+    if (size > bin_tokens - offset) {
+      return Status::error(bpath + ": " + std::to_string(ds->bin_bytes_) + " bytes, but " + ipath +
+                           " describes more (sequence " + std::to_string(i) + " of " +
+                           std::to_string(size) + " tokens ends past the end; .bin truncated, or " +
+                           "the two files do not belong together) -- " + fix);
     }
     offset += size;
   }
@@ -311,12 +346,102 @@ void IndexedDataset::read_tokens(int64_t stream_offset, int64_t count, int32_t* 
       for (int64_t i = 0; i < count; ++i) out[i] = load<int16_t>(src + 2 * i);
       break;
     case IndexDType::i64:
-      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(load<int64_t>(src + 8 * i));
+      // Never narrow: an id that does not fit int32 (2^32 + 7) comes out as -1, which no vocabulary
+      // holds, so a caller's range check refuses it instead of reading 7.
+      for (int64_t i = 0; i < count; ++i) {
+        const auto v = load<int64_t>(src + 8 * i);
+        out[i] = v >= INT32_MIN && v <= INT32_MAX ? static_cast<int32_t>(v) : -1;
+      }
       break;
     case IndexDType::f32:
     case IndexDType::f64:
       TROUPE_CHECK(false, "float datasets are rejected by open()");
   }
+}
+
+namespace {
+
+// The first of `count` values of type T at `src` outside [0, vocab_size), as its index; -1 if none.
+template <class T>
+int64_t first_outside(const uint8_t* src, int64_t count, int64_t vocab_size) {
+  for (int64_t i = 0; i < count; ++i) {
+    const auto v = static_cast<int64_t>(load<T>(src + sizeof(T) * i));
+    if (v < 0 || v >= vocab_size) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::optional<TokenOutside> IndexedDataset::first_token_outside(int64_t vocab_size) const {
+  const int64_t n = total_tokens_;
+  int64_t at = -1;
+  switch (dtype_) {
+    case IndexDType::u8:
+      at = vocab_size >= 256 ? -1 : first_outside<uint8_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::u16:
+      at = vocab_size >= 65536 ? -1 : first_outside<uint16_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::i8:
+      at = first_outside<int8_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::i16:
+      at = first_outside<int16_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::i32:
+      at = first_outside<int32_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::i64:
+      at = first_outside<int64_t>(bin_, n, vocab_size);
+      break;
+    case IndexDType::f32:
+    case IndexDType::f64:
+      TROUPE_CHECK(false, "float datasets are rejected by open()");
+  }
+  if (at < 0) return std::nullopt;
+  TokenOutside t;
+  t.stream_offset = at;
+  const auto item = static_cast<int64_t>(index_dtype_size(dtype_));
+  const uint8_t* p = bin_ + at * item;
+  switch (dtype_) {
+    case IndexDType::u8:
+      t.value = *p;
+      break;
+    case IndexDType::i8:
+      t.value = static_cast<int8_t>(*p);
+      break;
+    case IndexDType::u16:
+      t.value = load<uint16_t>(p);
+      break;
+    case IndexDType::i16:
+      t.value = load<int16_t>(p);
+      break;
+    case IndexDType::i32:
+      t.value = load<int32_t>(p);
+      break;
+    default:
+      t.value = load<int64_t>(p);
+      break;
+  }
+  t.sequence = sequence_at(at);
+  return t;
+}
+
+int64_t IndexedDataset::sequence_at(int64_t stream_offset) const {
+  TROUPE_CHECK(stream_offset >= 0 && stream_offset < total_tokens_,
+               "sequence_at: offset outside the token stream");
+  // The last sequence starting at or before the offset (empty sequences share a start).
+  int64_t lo = 0, hi = num_sequences_ - 1;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (sequence_token_offset(mid) <= stream_offset) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 // ---- writer ----
@@ -330,22 +455,17 @@ Result<std::unique_ptr<IndexedDatasetBuilder>> IndexedDatasetBuilder::create(
   std::unique_ptr<IndexedDatasetBuilder> b(new IndexedDatasetBuilder());
   b->prefix_ = prefix;
   b->dtype_ = dtype;
-  const std::string tmp = tmp_name(bin_path(prefix));
-  b->bin_ = std::fopen(tmp.c_str(), "wb");
-  if (!b->bin_) {
-    return Status::error(tmp + ": cannot create (" + std::strerror(errno) +
-                         ") -- check that the --output-prefix directory exists and is writable");
-  }
-  std::setvbuf(b->bin_, nullptr, _IOFBF, 1 << 20);
+  auto bin = open_temporary(bin_path(prefix), &b->tmp_bin_);
+  if (!bin) return bin.status();
+  b->bin_ = bin.value();
   return b;
 }
 
 IndexedDatasetBuilder::~IndexedDatasetBuilder() {
   if (bin_) std::fclose(bin_);
   if (!committed_) {
-    std::error_code ec;
-    std::filesystem::remove(tmp_name(bin_path(prefix_)), ec);
-    std::filesystem::remove(tmp_name(idx_path(prefix_)), ec);
+    for (const std::string* tmp : {&tmp_bin_, &tmp_idx_})
+      if (!tmp->empty()) ::unlink(tmp->c_str());
   }
 }
 
@@ -388,7 +508,7 @@ Status IndexedDatasetBuilder::add_item(std::span<const int32_t> tokens) {
     }
   }
   if (!buffer_.empty() && std::fwrite(buffer_.data(), 1, buffer_.size(), bin_) != buffer_.size()) {
-    return Status::error(tmp_name(bin_path(prefix_)) + ": write failed (" + std::strerror(errno) +
+    return Status::error(tmp_bin_ + ": write failed (" + std::strerror(errno) +
                          ") -- check free disk space");
   }
   sizes_.push_back(static_cast<int32_t>(tokens.size()));
@@ -404,18 +524,15 @@ void IndexedDatasetBuilder::end_document() {
 Status IndexedDatasetBuilder::finish() {
   TROUPE_CHECK(!finished_, "finish() called twice");
   finished_ = true;
-  const std::string tbin = tmp_name(bin_path(prefix_));
-  Status st = fsync_file(bin_, tbin);
+  Status st = finish_file(bin_, tmp_bin_);
   std::fclose(bin_);
   bin_ = nullptr;
   TROUPE_RETURN_IF_ERROR(st);
 
-  const std::string tidx = tmp_name(idx_path(prefix_));
-  std::FILE* f = std::fopen(tidx.c_str(), "wb");
-  if (!f) {
-    return Status::error(tidx + ": cannot create (" + std::strerror(errno) +
-                         ") -- check that the --output-prefix directory is writable");
-  }
+  auto idx = open_temporary(idx_path(prefix_), &tmp_idx_);
+  if (!idx) return idx.status();
+  std::FILE* f = idx.value();
+  const std::string& tidx = tmp_idx_;
   const uint64_t n = sizes_.size(), d = doc_idx_.size();
   const auto dtype_code = static_cast<uint8_t>(dtype_);
   const int64_t item = static_cast<int64_t>(index_dtype_size(dtype_));
@@ -435,15 +552,17 @@ Status IndexedDatasetBuilder::finish() {
     return Status::error(tidx + ": write failed (" + std::strerror(errno) +
                          ") -- check free disk space");
   }
-  st = fsync_file(f, tidx);
+  st = finish_file(f, tidx);
   std::fclose(f);
   return st;
 }
 
 Status IndexedDatasetBuilder::commit() {
   TROUPE_CHECK(finished_ && !committed_, "commit() needs finish() first, and only once");
-  for (const std::string& path : {bin_path(prefix_), idx_path(prefix_)}) {
-    if (std::rename(tmp_name(path).c_str(), path.c_str()) != 0) {
+  // rename() replaces whatever is at the final name, a symlink included, without following it.
+  for (const auto& [tmp, path] :
+       {std::pair{&tmp_bin_, bin_path(prefix_)}, std::pair{&tmp_idx_, idx_path(prefix_)}}) {
+    if (std::rename(tmp->c_str(), path.c_str()) != 0) {
       return Status::error(path + ": cannot rename into place (" + std::strerror(errno) +
                            ") -- check that the --output-prefix directory is writable");
     }

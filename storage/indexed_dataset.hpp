@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,13 +54,22 @@ inline std::string bin_path(const std::string& prefix) {
   return prefix + ".bin";
 }
 
+struct TokenOutside {
+  int64_t stream_offset = 0;  // position in the token stream
+  int64_t value = 0;          // the id as stored
+  int64_t sequence = 0;       // the sequence holding it
+};
+
 // Reader. Immutable after open and thread-safe; the mappings live as long as the object.
 class IndexedDataset {
  public:
-  // Maps PREFIX.idx and PREFIX.bin and validates them: magic, version, an integer dtype code, the
-  // .idx length against its counts, doc_idx (starts at 0, non-decreasing, ends at N), and that the
-  // sequences lie back to back and exactly fill .bin. Errors name the file, what is inconsistent
-  // and the fix.
+  // Maps PREFIX.idx and PREFIX.bin and validates them: regular files, magic, version, an integer
+  // dtype code, the .idx length against its counts, doc_idx (starts at 0, non-decreasing, ends at
+  // N), and that the sequences lie back to back and exactly fill .bin. Nothing is allocated from a
+  // count before it is checked against the file's length, and every later access stays inside the
+  // mappings. Errors name the file, what is inconsistent and the fix. (A file truncated by another
+  // process while mapped raises SIGBUS on access, as with any mmap reader; troupe never writes a
+  // dataset in place, it renames complete files over it.)
   static Result<std::shared_ptr<IndexedDataset>> open(const std::string& prefix);
   ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
@@ -85,9 +95,16 @@ class IndexedDataset {
   int64_t sequence_token_offset(int64_t sequence) const;
   int64_t document_token_offset(int64_t doc) const;
 
-  // Copies stream tokens [stream_offset, stream_offset + count) into out, converted to int32.
-  // Precondition (checked): the range lies inside [0, total_tokens()].
+  // Copies stream tokens [stream_offset, stream_offset + count) into out, converted to int32; an
+  // int64 value outside int32's range comes out as -1 (never narrowed to another id). Precondition
+  // (checked): the range lies inside [0, total_tokens()].
   void read_tokens(int64_t stream_offset, int64_t count, int32_t* out) const;
+
+  // The first token of the stream outside [0, vocab_size), read at the dtype's full width (an int64
+  // 2^32 + 7 is 2^32 + 7 here), or nullopt when every token is a valid id. One pass over .bin.
+  std::optional<TokenOutside> first_token_outside(int64_t vocab_size) const;
+  // The sequence holding stream token `stream_offset` (in [0, total_tokens())).
+  int64_t sequence_at(int64_t stream_offset) const;
 
  private:
   IndexedDataset() = default;
@@ -104,9 +121,11 @@ class IndexedDataset {
 };
 
 // Writer. Tokens go to a temporary .bin as they come; finish() writes the temporary .idx; commit()
-// renames both into place. A builder destroyed before commit() removes its temporaries, so a
-// failure leaves no partial output (and leaves any earlier dataset under the prefix untouched). Not
-// thread-safe: one thread drives a builder.
+// renames both into place. The temporaries are PREFIX.{bin,idx}.tmp.<random>, created with O_EXCL |
+// O_NOFOLLOW and mode 0600 (storage/temp_file.hpp: a planted symlink is never followed); finish()
+// gives them the umask's mode an output file would have. A builder destroyed before commit()
+// removes its temporaries, so a failure leaves no partial output (and leaves any earlier dataset
+// under the prefix untouched). Not thread-safe: one thread drives a builder.
 class IndexedDatasetBuilder {
  public:
   static Result<std::unique_ptr<IndexedDatasetBuilder>> create(const std::string& prefix,
@@ -136,6 +155,7 @@ class IndexedDatasetBuilder {
   std::string prefix_;
   IndexDType dtype_ = IndexDType::u16;
   std::FILE* bin_ = nullptr;
+  std::string tmp_bin_, tmp_idx_;  // the temporaries' names ("" before they exist)
   std::vector<int32_t> sizes_;
   std::vector<int64_t> doc_idx_{0};
   int64_t total_tokens_ = 0;

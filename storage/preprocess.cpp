@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/thread_pool.hpp"
+#include "storage/json_input.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe {
@@ -90,12 +91,13 @@ class RecordReader {
     record->line = line_no_;
     const std::string where =
         "--input '" + options_.input + "' line " + std::to_string(line_no_) + ": ";
-    nlohmann::json doc = nlohmann::json::parse(line_, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded()) {
-      return Status::error(where +
-                           "not valid JSON -- fix the line (each line must be one JSON object), or "
-                           "pass --input-format text for plain text");
+    auto parsed = parse_json(line_, "the line");
+    if (!parsed) {
+      return Status::error(where + parsed.status().message() +
+                           " -- fix the line (each line must be one JSON object), or pass "
+                           "--input-format text for plain text");
     }
+    const nlohmann::json& doc = parsed.value();
     if (!doc.is_object()) {
       return Status::error(
           where + "a JSON " + std::string(doc.type_name()) +

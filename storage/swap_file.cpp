@@ -11,6 +11,8 @@
 #include <mutex>
 #include <thread>
 
+#include "storage/temp_file.hpp"
+
 namespace troupe {
 
 struct SwapFile::Impl {
@@ -113,15 +115,36 @@ Result<std::unique_ptr<SwapFile>> SwapFile::create(const std::string& dir, const
   auto impl = std::make_unique<Impl>();
   impl->path = dir + "/" + name;
   impl->size = bytes;
-  impl->fd = ::open(impl->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
-  impl->direct = impl->fd >= 0;
-  if (impl->fd < 0 && errno == EINVAL)  // the file system has no direct I/O (tmpfs)
-    impl->fd = ::open(impl->path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (impl->fd < 0)
+  // The file never has a name another user could plant a symlink at or open: O_TMPFILE creates it
+  // unnamed in `dir` (mode 0600), so it also vanishes however the process ends. Where the file
+  // system lacks O_TMPFILE, a temporary with a random name (O_EXCL | O_NOFOLLOW, 0600: never
+  // follows a symlink) is unlinked at once. Either way with O_DIRECT where the file system has it
+  // (not tmpfs: EINVAL).
+  const auto failed = [&](const std::string& why) {
     return Status::error("--offload-path: cannot create the optimizer swap file " + impl->path +
-                         ": " + std::strerror(errno) +
-                         " -- give a writable directory on a local disk");
-  ::unlink(impl->path.c_str());  // lives as long as the descriptor: nothing is left behind
+                         ": " + why + " -- give a writable directory on a local disk");
+  };
+  for (const bool direct : {true, false}) {
+    impl->fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0), 0600);
+    if (impl->fd >= 0) {
+      impl->direct = direct;
+      break;
+    }
+    // Anything but "not supported here" is a real failure (no directory, no permission, no space).
+    if (errno != EINVAL && errno != EOPNOTSUPP && errno != EISDIR)
+      return failed(std::strerror(errno));
+  }
+  for (const bool direct : {true, false}) {
+    if (impl->fd >= 0) break;
+    auto tmp = create_temp_file(impl->path, direct ? O_DIRECT : 0);
+    if (!tmp) {
+      if (direct) continue;  // perhaps only O_DIRECT is refused
+      return failed(tmp.status().message());
+    }
+    impl->fd = tmp->fd;
+    impl->direct = direct;
+    ::unlink(tmp->path.c_str());  // lives as long as the descriptor: nothing is left behind
+  }
   if (bytes > 0) {
     const int err = ::posix_fallocate(impl->fd, 0, bytes);
     if (err != 0) {

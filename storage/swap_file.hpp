@@ -7,8 +7,10 @@
 // does not stay in the page cache); elsewhere (tmpfs, some network file systems) it is buffered and
 // each written range is dropped from the cache afterwards (posix_fadvise DONTNEED). Its whole size
 // is reserved at creation (posix_fallocate), so a full disk is a clear error at the start, never a
-// failed write in the middle of a step; the reserved space reads as zeros. The file is unlinked as
-// soon as it is open: nothing is left behind when the process ends, however it ends.
+// failed write in the middle of a step; the reserved space reads as zeros. The file has no name
+// (O_TMPFILE; where the file system lacks it, a random name created with O_EXCL | O_NOFOLLOW and
+// unlinked at once), mode 0600: no other user can open it, a symlink planted at `dir/name` is never
+// followed, and nothing is left behind when the process ends, however it ends.
 //
 // Transfers run in the order they were queued. Offsets, sizes and buffers must be multiples of
 // kAlign. Thread-safe; the destructor waits for queued transfers.
@@ -26,8 +28,8 @@ class SwapFile {
  public:
   static constexpr int64_t kAlign = 4096;
 
-  // dir/name, `bytes` (a multiple of kAlign) reserved. Errors name the path and the fix (no space,
-  // no permission).
+  // In `dir`, `bytes` (a multiple of kAlign) reserved; `name` labels it in messages (path()).
+  // Errors name the path and the fix (no directory, no space, no permission).
   static Result<std::unique_ptr<SwapFile>> create(const std::string& dir, const std::string& name,
                                                   int64_t bytes);
   ~SwapFile();

@@ -1,4 +1,7 @@
 // MMIDIDX indexed datasets: byte layout, write/read round trip, and damaged files giving errors.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -232,4 +235,144 @@ TEST_CASE("indexed dataset: damaged files give errors, not crashes", "[indexed_d
   auto missing = IndexedDataset::open(prefix);
   REQUIRE_FALSE(missing.is_ok());
   CHECK_THAT(missing.status().message(), Catch::Contains("ds.bin"));
+}
+
+TEST_CASE("indexed dataset: every one-byte corruption of .idx is refused or read in bounds",
+          "[indexed_dataset]") {
+  troupe::test::TempDir dir;
+  const std::string prefix = dir.str("ds");
+  write(prefix, IndexDType::u16, {{{{1, 2, 3}, {4}}}, {{{5, 6}}}});
+  const std::string idx = read_all(prefix + ".idx");
+  int refused = 0;
+  for (size_t at = 0; at < idx.size(); ++at) {
+    for (const char value : {'\xff', '\x80', '\x01', '\x00'}) {
+      std::string bad = idx;
+      if (bad[at] == value) continue;
+      bad[at] = value;
+      write_all(prefix + ".idx", bad);
+      auto ds = IndexedDataset::open(prefix);
+      if (!ds.is_ok()) {
+        ++refused;
+        CHECK_THAT(ds.status().message(), Catch::Contains(" -- "));
+        continue;
+      }
+      // Accepted: the counts agree with the files, so the whole stream reads (ASan builds check).
+      std::vector<int32_t> stream(static_cast<size_t>((*ds)->total_tokens()));
+      (*ds)->read_tokens(0, (*ds)->total_tokens(), stream.data());
+      const auto item = static_cast<int64_t>(troupe::index_dtype_size((*ds)->dtype()));
+      CHECK((*ds)->total_tokens() * item == static_cast<int64_t>(read_all(prefix + ".bin").size()));
+    }
+  }
+  CHECK(refused > 0);
+}
+
+TEST_CASE("indexed dataset: a size field larger than .bin is refused before use",
+          "[indexed_dataset]") {
+  troupe::test::TempDir dir;
+  const std::string prefix = dir.str("ds");
+  write(prefix, IndexDType::u16, {{{{1, 2, 3}}}, {{{4, 5}}}});
+  std::string idx = read_all(prefix + ".idx");
+  const int32_t huge = 2147483647;
+  std::memcpy(idx.data() + 34 + 4, &huge, 4);  // the last sequence's size
+  write_all(prefix + ".idx", idx);
+  auto ds = IndexedDataset::open(prefix);
+  REQUIRE_FALSE(ds.is_ok());
+  CHECK_THAT(ds.status().message(),
+             Catch::Contains("sequence 1 of 2147483647 tokens ends past the end"));
+}
+
+TEST_CASE("indexed dataset: a FIFO or a directory at the path is refused, not waited on",
+          "[indexed_dataset]") {
+  troupe::test::TempDir dir;
+  const std::string prefix = dir.str("ds");
+  write(prefix, IndexDType::u16, {{{{1, 2, 3}}}});
+  fs::remove(prefix + ".idx");
+  REQUIRE(::mkfifo((prefix + ".idx").c_str(), 0600) == 0);  // opening it for reading would block
+  auto fifo = IndexedDataset::open(prefix);
+  REQUIRE_FALSE(fifo.is_ok());
+  CHECK_THAT(fifo.status().message(), Catch::Contains("ds.idx: not a regular file"));
+  fs::remove(prefix + ".idx");
+  fs::create_directory(prefix + ".idx");
+  CHECK_FALSE(IndexedDataset::open(prefix).is_ok());
+}
+
+TEST_CASE("indexed dataset: int64 token ids are checked at full width, never narrowed",
+          "[indexed_dataset]") {
+  troupe::test::TempDir dir;
+  const std::string prefix = dir.str("ds");
+  write(prefix, IndexDType::i64, {{{{1, 2, 3}}}, {{{4, 7, 6}}}});
+  std::string bin = read_all(prefix + ".bin");
+  const int64_t wide = (int64_t{1} << 32) + 7;  // narrowed to int32 it would read as 7
+  std::memcpy(bin.data() + 8 * 4, &wide, 8);
+  write_all(prefix + ".bin", bin);
+  auto ds = IndexedDataset::open(prefix);
+  REQUIRE(ds.is_ok());
+  const auto bad = (*ds)->first_token_outside(257);
+  REQUIRE(bad.has_value());
+  CHECK(bad->value == wide);
+  CHECK(bad->stream_offset == 4);
+  CHECK(bad->sequence == 1);
+  std::vector<int32_t> tokens(6);
+  (*ds)->read_tokens(0, 6, tokens.data());
+  CHECK(tokens == std::vector<int32_t>{1, 2, 3, 4, -1, 6});
+  // Negative ids and ids at the vocabulary's end are outside too; the first one is reported.
+  const int64_t negative = -5;
+  std::memcpy(bin.data() + 8, &negative, 8);
+  write_all(prefix + ".bin", bin);
+  auto again = IndexedDataset::open(prefix);
+  REQUIRE(again.is_ok());
+  CHECK((*again)->first_token_outside(257)->value == -5);
+  CHECK((*again)->first_token_outside(257)->sequence == 0);
+  write(prefix, IndexDType::u16, {{{{1, 256}}}});
+  auto small = IndexedDataset::open(prefix);
+  REQUIRE(small.is_ok());
+  CHECK_FALSE((*small)->first_token_outside(257).has_value());
+  CHECK((*small)->first_token_outside(256)->value == 256);
+}
+
+TEST_CASE("indexed dataset: temporaries are 0600 and planted symlinks are never followed",
+          "[indexed_dataset]") {
+  troupe::test::TempDir dir;
+  const std::string prefix = dir.str("ds");
+  const fs::path victim = dir.path() / "victim";
+  const std::string precious = "must stay as it is";
+  std::ofstream(victim) << precious;
+  // Symlinks at the old predictable temporary names (PREFIX.bin.tmp.<pid>) and at the outputs.
+  const std::string pid = std::to_string(::getpid());
+  for (const std::string name :
+       {"ds.bin.tmp." + pid, "ds.idx.tmp." + pid, std::string("ds.bin"), std::string("ds.idx")})
+    fs::create_symlink(victim, dir.path() / name);
+
+  auto b = IndexedDatasetBuilder::create(prefix, IndexDType::u16);
+  REQUIRE(b.is_ok());
+  std::vector<int32_t> seq{1, 2, 3};
+  REQUIRE((*b)->add_item(seq).is_ok());
+  (*b)->end_document();
+  int temporaries = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ds.bin.tmp.", 0) != 0 || e.is_symlink()) continue;
+    ++temporaries;
+    struct stat st {};
+    REQUIRE(::lstat(e.path().c_str(), &st) == 0);
+    CHECK(S_ISREG(st.st_mode));
+    CHECK((st.st_mode & 07777) == 0600);
+  }
+  CHECK(temporaries == 1);
+  REQUIRE((*b)->finalize().is_ok());
+
+  CHECK(read_all(victim.string()) == precious);
+  CHECK_FALSE(fs::is_symlink(prefix + ".bin"));  // the outputs replaced the symlinks
+  CHECK_FALSE(fs::is_symlink(prefix + ".idx"));
+  auto ds = IndexedDataset::open(prefix);
+  REQUIRE(ds.is_ok());
+  CHECK((*ds)->total_tokens() == 3);
+  // The finished files have the umask's mode, as if written directly.
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  struct stat st {};
+  REQUIRE(::stat((prefix + ".bin").c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == (0666 & ~mask));
+  // The old-style temporary symlinks are untouched (they were never used).
+  CHECK(fs::is_symlink(dir.path() / ("ds.bin.tmp." + pid)));
 }

@@ -168,6 +168,9 @@ TEST_CASE("preprocess: bad input names the line and writes nothing", "[preproces
   expect_error("{\"text\": 5}\n", {"line 1", "'text'", "string"});
   expect_error("[1, 2]\n", {"line 1", "object"});
   expect_error("{\"text\": \"\"}\n", {"no non-empty documents"});
+  // A number a double cannot hold is named with its key (it used to read as "not valid JSON").
+  expect_error("{\"text\": \"a\"}\n{\"text\": \"b\", \"meta\": {\"score\": 1e400}}\n",
+               {"line 2", "key \"meta.score\"", "1e400"});
 }
 
 TEST_CASE("preprocess: option errors", "[preprocess]") {

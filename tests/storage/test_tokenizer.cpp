@@ -1,8 +1,11 @@
 // Tokenizers: byte-level round trip; GPT-2 BPE against OpenAI's algorithm in JavaScript (the npm
 // package gpt-3-encoder, run with node) as the outside oracle.
+#include <sys/stat.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -145,6 +148,43 @@ TEST_CASE("make_tokenizer errors name the flag and the fix", "[tokenizer]") {
   REQUIRE_FALSE(bad_merge.is_ok());
   CHECK_THAT(bad_merge.status().message(),
              Catch::Contains("--merge-file") && Catch::Contains("line 2"));
+}
+
+// Hostile vocabulary files (fuzz/data/gpt2_tiny is a small real GPT-2 vocabulary: the tokens of its
+// first 64 merges): never read past what a regular file holds, never an exception or a crash.
+TEST_CASE("GPT-2 BPE: hostile vocabulary and merge files are refused cleanly", "[tokenizer]") {
+  troupe::test::TempDir dir;
+  const std::string tiny = troupe::test::source_dir() + "/fuzz/data/gpt2_tiny";
+  const std::string vocab = tiny + "/encoder.json", merges = tiny + "/vocab.bpe";
+  auto load = [&](const std::string& v, const std::string& m) {
+    auto tok = troupe::make_gpt2_bpe_tokenizer(v, m);
+    return tok.is_ok() ? std::string() : tok.status().message();
+  };
+  REQUIRE(load(vocab, merges).empty());
+  // Not regular files: /dev/zero would be read for ever, a FIFO would block.
+  CHECK_THAT(load("/dev/zero", merges),
+             Catch::Contains("--vocab-file '/dev/zero' is not a regular file"));
+  REQUIRE(::mkfifo(dir.str("fifo").c_str(), 0600) == 0);
+  CHECK_THAT(load(vocab, dir.str("fifo")), Catch::Contains("is not a regular file"));
+  CHECK_THAT(load(dir.str(), merges), Catch::Contains("is not a regular file"));
+  // Numbers: 1e400 names its key; an id that is no index of the vocabulary.
+  std::ifstream in(vocab);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string with = text;
+  with.replace(with.find("\"!\":0"), 5, "\"!\":1e400");
+  std::ofstream(dir.str("e400.json")) << with;
+  CHECK_THAT(load(dir.str("e400.json"), merges), Catch::Contains("key \"!\"") &&
+                                                     Catch::Contains("1e400") &&
+                                                     Catch::Contains("--vocab-file"));
+  with = text;
+  with.replace(with.find("\"!\":0"), 5, "\"!\":4294967296");
+  std::ofstream(dir.str("wide.json")) << with;
+  CHECK_THAT(load(dir.str("wide.json"), merges),
+             Catch::Contains("has id 4294967296, but ids must be distinct integers in [0, 321)"));
+  // A merge of tokens the vocabulary lacks; a token with control bytes is shown escaped.
+  std::ofstream(dir.str("bad.bpe")) << "#version: 0.2\nzz\x01 q\n";
+  CHECK_THAT(load(vocab, dir.str("bad.bpe")),
+             Catch::Contains("line 2 merges \"zz\\u0001\" and \"q\""));
 }
 
 TEST_CASE("GPT-2 BPE: vocabulary facts and round trip", "[tokenizer]") {

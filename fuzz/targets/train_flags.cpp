@@ -1,0 +1,83 @@
+// The `troupe train` command line: one argument per line of the input, parsed by CLI11 as main()
+// parses it (require one subcommand; a CLI::ParseError is the usage error main prints), then merged
+// and validated by finalize_train_config, and the model figures train prints computed (parameters,
+// padded vocabulary) -- everything before training starts, which never happens here.
+//
+// An optional first line "world=N" (1 to 4096) runs it as one of N ranks under troupe launch. Lines
+// starting with a fixture's name have it replaced by its path: @DS (docs/examples/ds_config.json),
+// @DATA (a tiny dataset prefix in fuzz/data), @VOCAB / @MERGES (fuzz/data/gpt2_tiny), @DIR (an
+// empty scratch directory, for --save, --load and --offload-path).
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "actors/train_options.hpp"
+#include "fuzz/fuzz_targets.hpp"
+#include "fuzz/fuzz_util.hpp"
+
+namespace troupe::fuzz {
+namespace {
+
+std::vector<std::string> lines_of(std::string_view text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size() && out.size() < 512) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  if (!out.empty() && out.back().empty()) out.pop_back();  // a final newline
+  return out;
+}
+
+// An argument starting with a fixture's name, with the name replaced by its path.
+std::string fixture(const std::string& arg) {
+  const std::pair<const char*, std::string> fixtures[] = {
+      {"@DS", source_path("docs/examples/ds_config.json")},
+      {"@DATA", source_path("fuzz/data/tiny_text_document")},
+      {"@VOCAB", source_path("fuzz/data/gpt2_tiny/encoder.json")},
+      {"@MERGES", source_path("fuzz/data/gpt2_tiny/vocab.bpe")},
+      {"@DIR", scratch_dir()}};
+  for (const auto& [name, path] : fixtures)
+    if (arg.rfind(name, 0) == 0) return path + arg.substr(std::string_view(name).size());
+  return arg;
+}
+
+}  // namespace
+
+Status train_flags(const uint8_t* data, size_t size) {
+  std::vector<std::string> args =
+      lines_of(std::string_view(reinterpret_cast<const char*>(data), size));
+  int world_size = 1;
+  if (!args.empty() && args[0].rfind("world=", 0) == 0) {
+    const std::string n = args[0].substr(6);
+    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
+      return Status::error("world= needs 1 to 4096");
+    world_size = std::stoi(n);
+    if (world_size < 1 || world_size > 4096) return Status::error("world= needs 1 to 4096");
+    args.erase(args.begin());
+  }
+  std::vector<std::string> argv_text = {"troupe", "train"};
+  for (const std::string& a : args) argv_text.push_back(fixture(a));
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+
+  CLI::App app{"troupe"};
+  app.require_subcommand(1, 1);
+  TrainConfig config;
+  CLI::App* cmd = app.add_subcommand("train", "");
+  add_train_options(cmd, &config);
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    return Status::error(std::string("usage: ") + e.what());
+  }
+  TROUPE_RETURN_IF_ERROR(finalize_train_config(*cmd, &config, world_size));
+  config.model.vocab_size = 50257;
+  TROUPE_RETURN_IF_ERROR(config.model.validate());
+  (void)config.model.num_parameters();
+  (void)config.model.padded_vocab_size(config.tensor_model_parallel_size);
+  return Status::ok();
+}
+
+}  // namespace troupe::fuzz
