@@ -13,7 +13,8 @@ inline constexpr unsigned kAmP2P = 1;
 inline constexpr unsigned kAmControl = 2;
 inline constexpr uint32_t kControlBye = 1;   // the sender destroys its world (it is not failing)
 inline constexpr uint32_t kControlDown = 2;  // `rank` failed, as seen by the sender
-inline constexpr uint32_t kControlWake = 3;  // shared memory: the sender published what we may wait for
+// Shared memory: the sender published what we may wait for.
+inline constexpr uint32_t kControlWake = 3;
 // Empty iterations of the progress loop before it sleeps on the event fd: a short spin catches the
 // next event of a busy exchange without a system call, and costs little when nothing comes.
 inline constexpr int kIdleSpins = 16;
@@ -39,6 +40,21 @@ inline uint64_t mix(uint64_t h, uint64_t v) {
   h ^= h >> 31;
   return h;
 }
+
+// True when process `pid` (of this pid namespace) is gone or a zombie.
+bool process_gone(long pid);
+
+// Fault injection for the tests (comm/ucx_peers.cpp): with TROUPE_FAULT_UCX_KILL=rank<R>@<STEP>,
+// rank R SIGKILLs itself when its world creation reaches STEP (worker, segment, exchange,
+// endpoints, attach, ready; see Engine::create), unless troupe launch restarted the process
+// (TROUPE_RESTART_COUNT > 0).
+void fault_point(int rank, const char* step);
+
+// Makes a fatal error inside UCX (a log message at level FATAL, after which UCX aborts) end the
+// process as troupe's run-time failure instead: one line naming this rank and UCX's message on
+// stderr, exit code 1. Not installed when UCX_HANDLE_ERRORS is set (UCX's own handling is wanted
+// then: a backtrace, a debugger). Idempotent; `rank` is named in the message.
+void install_fatal_handler(int rank);
 
 inline std::string identity_field(const std::string& identity, const std::string& key) {
   const std::string k = key + "=";

@@ -21,7 +21,6 @@ namespace troupe::comm::ucx {
 
 using namespace detail;
 
-
 // ------------------------------------------------------------------------------------------------
 // Engine: creation
 
@@ -34,6 +33,13 @@ Status Engine::init_ucx() {
   if (st != UCS_OK) {
     return Status::error("ucx: reading the UCX configuration failed (" + ucs_message(st) +
                          "); check the UCX_* environment variables");
+  }
+  if (std::getenv("UCX_TLS") == nullptr) {
+    // Every transport but UCX's posix shared memory: its segments have a name in /dev/shm from
+    // their creation until UCX unlinks them (it writes the whole segment in between), and a
+    // process killed then leaves that file behind for ever. sysv (never named in /dev/shm, removed
+    // right after attaching) carries the same traffic; troupe's own segments are anonymous.
+    (void)ucp_config_modify(config, "TLS", "^posix");
   }
   if (std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr && options_.keepalive_ms > 0) {
     // Best effort: an older UCX without keepalive just keeps its default.
@@ -92,7 +98,7 @@ static ucs_status_t create_ep(ucp_worker_h worker, const std::string& address,
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());
   params.err_mode = mode;
-  if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+  if (cb != nullptr) {
     params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
     params.err_handler.cb = cb;
     params.err_handler.arg = arg;
@@ -165,8 +171,13 @@ Status Engine::connect(const std::vector<std::string>& addresses,
   pidfds_.assign(static_cast<size_t>(size_), -1);
   proc_pids_.assign(static_cast<size_t>(size_), -1);
   host_keys_.clear();
-  for (const std::string& id : identities)
+  peer_names_.clear();
+  for (size_t r = 0; r < identities.size(); ++r) {
+    const std::string& id = identities[r];
     host_keys_.push_back(identity_field(id, "host") + "/" + identity_field(id, "pidns"));
+    peer_names_.push_back("rank " + std::to_string(r) + " (host " + identity_field(id, "host") +
+                          ", pid " + identity_field(id, "pid") + ")");
+  }
   const std::string& my_host = host_keys_[static_cast<size_t>(rank_)];
   // Same-host peers: shared memory (sysv/posix for messages, cma for single-copy rendezvous) is
   // several times faster than anything else, but UCX 1.13 has no UCP_ERR_HANDLING_MODE_PEER for it:
@@ -188,14 +199,39 @@ Status Engine::connect(const std::vector<std::string>& addresses,
                      &Engine::ep_error_cb, &ep_contexts_[static_cast<size_t>(r)], same_host, &ep);
     }
     if (st != UCS_OK && same_host) {
-      st = create_ep(worker_, addresses[static_cast<size_t>(r)], UCP_ERR_HANDLING_MODE_NONE,
-                     nullptr, nullptr, false, &ep);
+      // The error handler matters in MODE_NONE too: a transport error that UCX cannot recover from
+      // (a cma read from a peer that just died) then fails the endpoint and calls it, where
+      // without a handler UCX aborts the process. Quiet: a peer that died during setup makes UCX
+      // log errors about its vanished shared memory, and that death is reported below as what it
+      // is.
+      auto none = [&](bool quiet) {
+        return create_ep(worker_, addresses[static_cast<size_t>(r)], UCP_ERR_HANDLING_MODE_NONE,
+                         &Engine::ep_error_cb, &ep_contexts_[static_cast<size_t>(r)], quiet, &ep);
+      };
+      st = none(true);
+      if (st != UCS_OK) {
+        // A dying process loses its memory (UCX's segments with it) before it is a zombie: give
+        // it a moment to become one.
+        const long pid = std::atol(identity_field(id, "pid").c_str());
+        bool gone = process_gone(pid);
+        for (int i = 0; i < 50 && !gone; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          gone = process_gone(pid);
+        }
+        if (gone) {
+          ep = nullptr;
+          return Status::error(who(r) +
+                               " died during UCX setup (before this rank could connect to it); "
+                               "see that rank's log");
+        }
+        st = none(false);  // alive: let UCX say what is wrong
+      }
       if (st == UCS_OK) watch_process(r, id);
     }
     if (st != UCS_OK) {
       ep = nullptr;
       return Status::error(
-          "ucx: cannot create an endpoint to rank " + std::to_string(r) + " (" + ucs_message(st) +
+          "ucx: cannot create an endpoint to " + who(r) + " (" + ucs_message(st) +
           "); check that UCX_TLS / UCX_NET_DEVICES allow a transport that reaches it" +
           (same_host ? "" : " from another host (shared memory alone does not)"));
     }
@@ -213,7 +249,9 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
     index = worlds_per_bootstrap[&bootstrap]++;
   }
   std::shared_ptr<Engine> e(new Engine(bootstrap.rank(), bootstrap.world_size(), options));
+  install_fatal_handler(e->rank_);
   TROUPE_RETURN_IF_ERROR(e->init_ucx());
+  fault_point(e->rank_, "worker");
 
   ucp_address_t* address = nullptr;
   size_t address_len = 0;
@@ -244,6 +282,7 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
       }
     }
   }
+  fault_point(e->rank_, "segment");
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
   char ns[128] = "";
@@ -278,13 +317,16 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
     identities.push_back(blob.substr(settings.size(), id_end - settings.size()));
     addresses.push_back(blob.substr(id_end + 1));
   }
+  fault_point(e->rank_, "exchange");
   TROUPE_RETURN_IF_ERROR(e->connect(addresses, identities));
+  fault_point(e->rank_, "endpoints");
   if (options.shm != UcxShm::off) {
     // Every rank takes this branch (the setting is shared), so the exchange inside matches up.
     Status s = e->setup_shm(bootstrap, index, identities);
     if (!s.is_ok()) return s.with_context("ucx: " + (e->shm_ ? std::string() : shm_note + "; "));
   }
   e->thread_ = std::thread([raw = e.get()] { raw->run(); });
+  fault_point(e->rank_, "ready");
   return e;
 }
 
@@ -547,7 +589,7 @@ Status Engine::peer_status(int r) const {
       return Status::error(peer_reason_[static_cast<size_t>(r)]);
     case PeerState::departed:
       return Status::error(
-          "rank " + std::to_string(r) +
+          who(r) +
           " destroyed its ucx world before this rank got what it needed from it; every member "
           "must make the same calls in the same order before destroying its world");
   }
@@ -754,12 +796,13 @@ Status Engine::setup_shm(Bootstrap& bootstrap, int index,
     const std::string desc = identity_field(id, "shm");
     Status s = desc == "-" ? Status::error("rank " + std::to_string(r) + " has no segment")
                            : shm_->attach(r, desc, std::atol(identity_field(id, "pid").c_str()));
-    if (!s.is_ok() && verdict == "1") verdict = "0 rank " + std::to_string(rank_) + ": " + s.message();
+    if (!s.is_ok() && verdict == "1")
+      verdict = "0 rank " + std::to_string(rank_) + ": " + s.message();
   }
   if (shm_ == nullptr) verdict = "0 rank " + std::to_string(rank_) + ": no segment";
   local_ranks_ = std::max<size_t>(local, 1);
+  fault_point(rank_, "attach");
   auto gathered = bootstrap.all_gather("ucx/world" + std::to_string(index) + "/shm", verdict);
-  if (shm_ != nullptr) shm_->unlink_own();  // everyone who could map it has
   if (!gathered.is_ok())
     return gathered.status().with_context("exchanging shared-memory verdicts: ");
   shm_ok_.assign(static_cast<size_t>(size_), 0);
@@ -771,7 +814,7 @@ Status Engine::setup_shm(Bootstrap& bootstrap, int index,
   }
   if (options_.shm == UcxShm::require && !refused.empty()) {
     return Status::error("TROUPE_UCX_SHM=require, but shared memory is unusable (" + refused +
-                         "); check /dev/shm, or set TROUPE_UCX_SHM=on to fall back to UCX");
+                         "); set TROUPE_UCX_SHM=on to fall back to UCX");
   }
   if (shm_ != nullptr && shm_ok_[static_cast<size_t>(rank_)] == 0) shm_.reset();
   stream_bytes_ = last_level_cache_bytes();
@@ -850,18 +893,22 @@ void Engine::shutdown_network() {
     abandon_stale_failures();
     if (!pump()) std::this_thread::yield();
   }
-  // Messages nobody will receive (left over from failed operations): take them out of UCX's
-  // unexpected queue, which otherwise warns about each one at ucp_worker_destroy.
-  deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  // Messages nobody will receive (left over from failed operations, or sent by peers that failed
+  // meanwhile): take them out of UCX's unexpected queue, which otherwise warns about each one at
+  // ucp_worker_destroy. Again after the endpoints are closed (what arrived during the flush).
   std::vector<char> sink;
-  while (std::chrono::steady_clock::now() < deadline) {
-    ucp_tag_recv_info_t info{};
-    ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
-    if (msg == nullptr) break;
-    sink.resize(std::max<size_t>(info.length, 1));
-    ucp_request_param_t p{};
-    wait_request(ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, msg, &p), 0.2);
-  }
+  auto drain_unexpected = [&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (std::chrono::steady_clock::now() < until) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, 1, &info);
+      if (msg == nullptr) break;
+      sink.resize(std::max<size_t>(info.length, 1));
+      ucp_request_param_t p{};
+      wait_request(ucp_tag_msg_recv_nbx(worker_, sink.data(), info.length, msg, &p), 0.2);
+    }
+  };
+  drain_unexpected();
   // Say goodbye first, so peers do not take our exit for a failure. The goodbye travels behind
   // everything we sent on that endpoint, and closing an endpoint without FORCE flushes it.
   for (int q = 0; q < size_; ++q) {
@@ -882,6 +929,7 @@ void Engine::shutdown_network() {
   while (!closing_.empty() && std::chrono::steady_clock::now() < deadline) {
     if (!pump()) std::this_thread::yield();
   }
+  drain_unexpected();
 }
 
 }  // namespace troupe::comm::ucx

@@ -225,6 +225,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // world).
   Status peer_status(int r) const;
   bool peer_failed(int r) const { return peer_state_[static_cast<size_t>(r)] == PeerState::failed; }
+  // "rank R (host H, pid P)": how failure messages name world rank r.
+  const std::string& who(int r) const { return peer_names_[static_cast<size_t>(r)]; }
   // Scratch buffers of options().chunk_bytes for the ring, recycled (freed with the engine).
   void* acquire_slot();
   void release_slot(void* slot);
@@ -329,6 +331,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<PeerState> peer_state_;
   std::vector<std::string> peer_reason_;
   std::vector<std::string> host_keys_;  // per rank "hostname/pid namespace"; immutable after create
+  std::vector<std::string> peer_names_;  // per rank, see who(); immutable after create
 
   // Submissions and groups (any thread).
   std::mutex mu_;

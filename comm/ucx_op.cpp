@@ -121,7 +121,7 @@ Status Op::failure_for(const Msg& m) const {
         " were expected: the ranks called this operation with different counts, dtypes or "
         "roots, or in a different order; every member must make the same calls");
   }
-  return Status::error(name_ + ": communication with rank " + std::to_string(m.peer) + " failed (" +
+  return Status::error(name_ + ": communication with " + engine_.who(m.peer) + " failed (" +
                        ucs_status_string(m.status) +
                        "); the process may have died or the network failed");
 }

@@ -4,13 +4,18 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "comm/ucx_detail.hpp"
 #include "comm/ucx_engine.hpp"
@@ -31,9 +36,7 @@ void Engine::watch_process(int r, const std::string& identity) {
   }
 }
 
-namespace {
-// True when the process is gone or a zombie.
-bool process_gone(long pid) {
+bool detail::process_gone(long pid) {
   std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
   if (f == nullptr) return true;
   char buf[512];
@@ -43,7 +46,52 @@ bool process_gone(long pid) {
   const char* close = std::strrchr(buf, ')');  // the command name may contain anything
   return close != nullptr && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
 }
+
+void detail::fault_point(int rank, const char* step) {
+  const char* spec = std::getenv("TROUPE_FAULT_UCX_KILL");
+  if (spec == nullptr) return;
+  const char* restarted = std::getenv("TROUPE_RESTART_COUNT");
+  if (restarted != nullptr && std::strtol(restarted, nullptr, 10) > 0) return;
+  if (spec != "rank" + std::to_string(rank) + "@" + step) return;
+  std::fprintf(stderr, "troupe: TROUPE_FAULT_UCX_KILL=%s: killing this process during UCX setup\n",
+               spec);
+  std::fflush(stderr);
+  ::raise(SIGKILL);
+}
+
+namespace {
+
+std::atomic<int> g_fatal_rank{-1};
+
+// UCX logs a fatal error, then aborts with a backtrace (UCX_HANDLE_ERRORS=bt). Reaching that is a
+// bug (in troupe or UCX), but the process must still end like any failed rank: named, exit 1.
+ucs_log_func_rc_t fatal_log_handler(const char* file, unsigned line, const char*,
+                                    ucs_log_level_t level, const ucs_log_component_config_t*,
+                                    const char* format, va_list ap) {
+  if (level != UCS_LOG_LEVEL_FATAL) return UCS_LOG_FUNC_RC_CONTINUE;
+  char message[1024];
+  std::vsnprintf(message, sizeof message, format, ap);
+  const char* base = std::strrchr(file, '/');
+  std::fprintf(
+      stderr,
+      "troupe: error: rank %d (pid %d): UCX failed fatally: %s (%s:%u); this process stops "
+      "(exit code 1). If a peer died just before, its log says why; otherwise please "
+      "report this line (UCX_HANDLE_ERRORS=bt adds UCX's backtrace)\n",
+      g_fatal_rank.load(), static_cast<int>(::getpid()), message, base != nullptr ? base + 1 : file,
+      line);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 }  // namespace
+
+void detail::install_fatal_handler(int rank) {
+  g_fatal_rank.store(rank);
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("UCX_HANDLE_ERRORS") == nullptr) ucs_log_push_handler(&fatal_log_handler);
+  });
+}
 
 std::vector<pollfd> Engine::wait_fds() const {
   std::vector<pollfd> fds;
@@ -70,9 +118,7 @@ void Engine::handle_watch(const std::vector<pollfd>& fds) {
     for (int r = 0; r < size_; ++r) {
       if (pidfds_[static_cast<size_t>(r)] == fds[i].fd && !stopping_ &&
           peer_state_[static_cast<size_t>(r)] == PeerState::alive) {
-        mark_failed(
-            r, "rank " + std::to_string(r) + " failed (its process exited; see that rank's log)",
-            true);
+        mark_failed(r, who(r) + " failed (its process exited; see that rank's log)", true);
       }
     }
   }
@@ -99,9 +145,7 @@ void Engine::periodic_checks() {
     }
     for (int r : gone) {
       if (!stopping_ && peer_state_[static_cast<size_t>(r)] == PeerState::alive) {
-        mark_failed(
-            r, "rank " + std::to_string(r) + " failed (its process exited; see that rank's log)",
-            true);
+        mark_failed(r, who(r) + " failed (its process exited; see that rank's log)", true);
       }
     }
   }
@@ -186,7 +230,7 @@ void Engine::handle_peer_error(int r, ucs_status_t status) {
   if (stopping_ || peer_state_[static_cast<size_t>(r)] != PeerState::alive) return;
   mark_failed(
       r,
-      "rank " + std::to_string(r) + " failed (" + ucs_message(status) +
+      who(r) + " failed (" + ucs_message(status) +
           " on its endpoint: the process exited or the network failed; see that rank's log)",
       true);
 }
@@ -196,8 +240,8 @@ void Engine::handle_control(const ControlEvent& e) {
   if (e.type == kControlDown) {
     if (stopping_) return;
     mark_failed(e.rank,
-                "rank " + std::to_string(e.rank) + " failed (reported by rank " +
-                    std::to_string(e.from) + "; see rank " + std::to_string(e.rank) + "'s log)",
+                who(e.rank) + " failed (reported by rank " + std::to_string(e.from) +
+                    "; see rank " + std::to_string(e.rank) + "'s log)",
                 false);
   } else if (e.type == kControlBye) {
     peer_state_[static_cast<size_t>(e.rank)] = PeerState::departed;

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 namespace troupe::comm::ucx {
 
@@ -91,27 +93,22 @@ Result<std::unique_ptr<ShmWorld>> ShmWorld::create(int rank, int world_size, siz
   std::unique_ptr<ShmWorld> w(new ShmWorld(rank, world_size));
   std::random_device rd;
   w->nonce_ = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
-  char name[96];
-  std::snprintf(name, sizeof name, "/troupe-ucx-%d-%016llx", static_cast<int>(::getpid()),
-                static_cast<unsigned long long>(w->nonce_));
-  w->name_ = name;
   w->bytes_ = std::max(round_up(bytes, 4096), kDataOffset + (1 << 20));
-  w->fd_ = ::shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (w->fd_ < 0) return Status::error("shm_open(" + w->name_ + ") failed: " + errno_text());
+  // An anonymous file: it has no name anywhere, so nothing can outlive the processes that hold it,
+  // whenever and however they end (SIGKILL included). Peers open it as /proc/<pid>/fd/<fd>.
+  w->fd_ = ::memfd_create("troupe-ucx", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (w->fd_ < 0) return Status::error("memfd_create failed: " + errno_text());
   // The segment is sparse; only the header and directory are backed now (areas when allocated).
+  // Its size is sealed, so no process can shrink it under a mapping (which would mean SIGBUS).
   if (::ftruncate(w->fd_, static_cast<off_t>(w->bytes_)) != 0 ||
+      ::fcntl(w->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
       ::posix_fallocate(w->fd_, 0, static_cast<off_t>(kDataOffset)) != 0) {
-    const std::string why = errno_text();
-    w->unlink_own();
-    return Status::error("sizing the shared-memory segment " + w->name_ + " failed: " + why +
-                         " (is /dev/shm full?)");
+    return Status::error("sizing the shared-memory segment failed: " + errno_text() +
+                         " (out of memory?)");
   }
   void* base = ::mmap(nullptr, w->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, w->fd_, 0);
-  if (base == MAP_FAILED) {
-    const std::string why = errno_text();
-    w->unlink_own();
-    return Status::error("mapping " + w->name_ + " failed: " + why);
-  }
+  if (base == MAP_FAILED)
+    return Status::error("mapping the shared-memory segment failed: " + errno_text());
   w->bases_[static_cast<size_t>(rank)] = static_cast<char*>(base);
   w->sizes_[static_cast<size_t>(rank)] = w->bytes_;
   Header* h = w->header(rank);
@@ -129,7 +126,6 @@ Result<std::unique_ptr<ShmWorld>> ShmWorld::create(int rank, int world_size, siz
 }
 
 ShmWorld::~ShmWorld() {
-  unlink_own();
   for (size_t r = 0; r < bases_.size(); ++r) {
     if (bases_[r] != nullptr) ::munmap(bases_[r], sizes_[r]);
   }
@@ -137,36 +133,45 @@ ShmWorld::~ShmWorld() {
 }
 
 std::string ShmWorld::descriptor() const {
-  return name_ + ":" + std::to_string(nonce_);
-}
-
-void ShmWorld::unlink_own() {
-  if (!unlinked_ && !name_.empty()) ::shm_unlink(name_.c_str());
-  unlinked_ = true;
+  return "fd" + std::to_string(fd_) + ":" + std::to_string(nonce_);
 }
 
 Status ShmWorld::attach(int r, const std::string& descriptor, long pid) {
-  const size_t space = descriptor.find(':');
-  if (space == std::string::npos) return Status::error("malformed segment descriptor");
-  const std::string name = descriptor.substr(0, space);
-  const uint64_t nonce = std::strtoull(descriptor.c_str() + space + 1, nullptr, 10);
-  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return Status::error("shm_open(" + name + ") failed: " + errno_text());
+  const size_t colon = descriptor.find(':');
+  if (descriptor.rfind("fd", 0) != 0 || colon == std::string::npos)
+    return Status::error("malformed segment descriptor '" + descriptor + "'");
+  const int owner_fd = std::atoi(descriptor.c_str() + 2);
+  const uint64_t nonce = std::strtoull(descriptor.c_str() + colon + 1, nullptr, 10);
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(owner_fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    std::string why = path + ": " + std::strerror(err);
+    if (err == EACCES || err == EPERM) {
+      why +=
+          " (opening another process's file through /proc needs the same user and group, and "
+          "the process must be dumpable; ranks of one host must run as one user)";
+    } else if (err == ENOENT) {
+      why += " (rank " + std::to_string(r) + "'s process has exited)";
+    }
+    return Status::error("opening rank " + std::to_string(r) + "'s shared-memory segment " + why);
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kDataOffset)) {
     ::close(fd);
-    return Status::error(name + " is too small or unreadable");
+    return Status::error(path + " is too small or unreadable: not rank " + std::to_string(r) +
+                         "'s segment");
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
-  if (base == MAP_FAILED) return Status::error("mapping " + name + " failed: " + errno_text());
+  if (base == MAP_FAILED) return Status::error("mapping " + path + " failed: " + errno_text());
   const auto* h = static_cast<const Header*>(base);
   if (h->magic != kMagic || h->version != kVersion || h->rank != r || h->pid != pid ||
       h->nonce != nonce || h->bytes != bytes) {
     ::munmap(base, bytes);
-    return Status::error(name + " is not rank " + std::to_string(r) +
-                         "'s segment (another /dev/shm?)");
+    return Status::error(path + " is not rank " + std::to_string(r) +
+                         "'s segment (another /proc, or a reused process id?)");
   }
   bases_[static_cast<size_t>(r)] = static_cast<char*>(base);
   sizes_[static_cast<size_t>(r)] = bytes;
@@ -236,7 +241,7 @@ Result<char*> ShmWorld::own_area(uint64_t group_id, size_t bytes) {
   }
   if (got != 0 &&
       ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(got)) != 0) {
-    free_[offset] = got;  // /dev/shm is full: publish "no area" (merging is left to reclaim)
+    free_[offset] = got;  // out of memory: publish "no area" (merging is left to reclaim)
     got = 0;
   }
   owned_[group_id] = {got == 0 ? 0 : offset, got};

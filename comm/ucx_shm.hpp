@@ -1,10 +1,13 @@
 // Private to the ucx backend: the shared-memory data path of groups whose members all live on this
 // host (the design is in comm/ucx_world.hpp, "Same-host groups").
 //
-// Segments. Each rank with shared memory enabled creates one POSIX shared-memory segment at world
-// creation; its same-host peers map it read-write, and the name is unlinked once every rank has
-// reported (create_ucx_world's second exchange), so nothing is left behind in /dev/shm unless a
-// rank dies during creation. Layout:
+// Segments. Each rank with shared memory enabled creates one segment at world creation: an
+// anonymous file (memfd_create), which has no name in /dev/shm or anywhere else, so nothing
+// outlives the processes that map it, however they end (SIGKILL at any moment included). Its
+// same-host peers open it through /proc/<owner pid>/fd/<fd> (the descriptor in the owner's address
+// blob) and map it read-write; the kernel allows that to processes of the same user and group while
+// the owner is dumpable (a ptrace "read" check, which Yama's ptrace_scope does not restrict). Its
+// size is sealed (nobody can shrink it under a mapping). Layout:
 //   Header     magic, version, owner rank and pid, a random nonce (so a peer knows it mapped the
 //              right segment), and `asleep`: set while no thread of the owner drives progress
 //              although it has shared-memory work in flight; a peer that publishes something then
@@ -13,7 +16,7 @@
 //              group's staging area. bytes == 0 publishes "no area" (the segment is full): every
 //              member then runs that group's large collectives with the UCX algorithms instead.
 //   Areas      allocated lazily, at a group's first shared-memory collective, and fallocate'd first
-//              so a full /dev/shm means a clean fallback rather than SIGBUS.
+//              so a lack of memory means a clean fallback rather than SIGBUS.
 //
 // Area of a group of p ranks, owned by member w: kShmLanes lanes, each
 //   LaneHead   in_tok, out_tok (the token of the chunk whose pieces are published), sig (the
@@ -26,7 +29,7 @@
 // group's chunk sequence number), never 0, so stale values from an earlier use of the memory never
 // match. A writer reuses a lane only after every reader acknowledged the lane's previous chunk.
 //
-// Threads: ShmWorld's creation, attach and unlink run during world creation; allocate/release and
+// Threads: ShmWorld's creation and attach run during world creation; allocate/release and
 // the directory are locked and may be called from any thread; everything else (ShmChannel, the
 // flags) belongs to the engine's drive-token holder.
 #pragma once
@@ -53,7 +56,8 @@ constexpr size_t kShmMaxRanks = 64;  // larger groups keep the UCX algorithms
 struct alignas(64) ShmWord {
   std::atomic<uint64_t> v{0};
 };
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory flags need lock-free atomics");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory flags need lock-free atomics");
 
 struct alignas(64) LaneHead {
   std::atomic<uint64_t> in_tok{0};
@@ -104,8 +108,8 @@ struct ShmChannel {
     return reinterpret_cast<LaneHead*>(areas[static_cast<size_t>(q)] + lane * layout.lane_bytes);
   }
   ShmWord* ack_in(int q, int lane, int reader) const {
-    return reinterpret_cast<ShmWord*>(areas[static_cast<size_t>(q)] + lane * layout.lane_bytes) + 1 +
-           reader;
+    return reinterpret_cast<ShmWord*>(areas[static_cast<size_t>(q)] + lane * layout.lane_bytes) +
+           1 + reader;
   }
   ShmWord* ack_out(int q, int lane, int reader) const { return ack_in(q, lane, layout.p + reader); }
   char* piece(int q, int lane, int j) const {
@@ -126,12 +130,11 @@ class ShmWorld {
   ShmWorld(const ShmWorld&) = delete;
   ShmWorld& operator=(const ShmWorld&) = delete;
 
-  // "<name>:<nonce>", for the peers' attach().
+  // "fd<fd>:<nonce>", for the peers' attach().
   std::string descriptor() const;
-  // Maps peer r's segment from its descriptor and checks its header.
+  // Maps peer r's segment (process `pid` on this host) from its descriptor and checks its header.
   Status attach(int r, const std::string& descriptor, long pid);
   bool attached(int r) const { return bases_[static_cast<size_t>(r)] != nullptr; }
-  void unlink_own();
 
   // Own area for `group_id` (allocated and published on the first call); nullptr when the segment
   // has no room (then "no area" is published); an error when the directory is full. Any thread.
@@ -159,15 +162,13 @@ class ShmWorld {
   void reclaim();  // mu_ held: quarantined areas whose readers are done go back to free_
 
   int rank_;
-  std::string name_;
   uint64_t nonce_ = 0;
-  int fd_ = -1;
+  int fd_ = -1;  // the memfd; kept for fallocate of new areas
   size_t bytes_ = 0;
-  bool unlinked_ = false;
   std::vector<char*> bases_;  // per world rank: mapped segment or nullptr
   std::vector<size_t> sizes_;
   std::mutex mu_;
-  std::map<size_t, size_t> free_;          // offset -> bytes
+  std::map<size_t, size_t> free_;                        // offset -> bytes
   std::map<uint64_t, std::pair<size_t, size_t>> owned_;  // group id -> (offset, bytes)
   std::vector<Quarantined> quarantine_;
 };

@@ -57,17 +57,19 @@
 // (its shared memory transports lack peer-failure support, and UCX_TLS=sm,self refuses MODE_PEER
 // outright), which is several times slower, so by default these endpoints use shared memory with
 // MODE_NONE and this rank watches the peer's process itself (pidfd; /proc on old kernels).
-// same_host_shm = false (TROUPE_UCX_SAME_HOST=ucx) keeps MODE_PEER for them. Either way, when a
-// peer fails this rank fails every pending and later operation of groups containing it (send/recv:
-// with it) with "rank R failed
-// (...)", force-closes its endpoint, and tells every other rank, which does the same; nothing
-// hangs. Requests of a failed operation are cancelled before its wait() returns, so its buffers are
-// free again -- except requests to the dead peer that UCX never returns, which are dropped with the
-// worker. Known gap of the shared-memory mode: UCX aborts the process when a cma rendezvous read
-// from a peer fails because that peer died during the read (it cannot report it without MODE_PEER);
-// use TROUPE_UCX_SAME_HOST=ucx where survivors must outlive such a death. A rank whose world is
-// destroyed says goodbye first, so its departure is not taken for a failure; a receive that still
-// needs a departed rank fails naming it.
+// same_host_shm = false (TROUPE_UCX_SAME_HOST=ucx) keeps MODE_PEER for them. MODE_NONE endpoints
+// get the error callback too: a transport failure UCX cannot recover from (a cma rendezvous read
+// from a peer that died during it) then fails the endpoint instead of aborting the process. Either
+// way, when a peer fails this rank fails every pending and later operation of groups containing it
+// (send/recv: with it) with "rank R (host H, pid P) failed (...)", force-closes its endpoint, and
+// tells every other rank, which does the same; nothing hangs. Requests of a failed operation are
+// cancelled before its wait() returns, so its buffers are free again -- except requests to the dead
+// peer that UCX never returns, which are dropped with the worker. A rank whose world is destroyed
+// says goodbye first, so its departure is not taken for a failure; a receive that still needs a
+// departed rank fails naming it. A fatal error inside UCX ends the process with exit code 1 and a
+// line naming the rank (unless UCX_HANDLE_ERRORS is set). Nothing of a world has a name in
+// /dev/shm: troupe's segments are anonymous (comm/ucx_shm.hpp), and with UCX_TLS unset UCX runs
+// without its posix transport (docs/COMM.md).
 //
 // Thread safety: as comm/world.hpp: a world or communicator is used by one thread at a time;
 // different communicators of one world may be used by different threads concurrently. Destroy

@@ -3,8 +3,10 @@
 // against a serial reference, over shared memory, TCP loopback and UCX's default choice, with the
 // shared-memory data path for same-host groups required, off, and falling back for lack of room;
 // then the failure cases: one worker dies in the middle of an all_reduce and the others must
-// report it (exit code 3) within 10 s, and ranks that disagree on a count must all fail (exit
-// code 4). FileBootstrap itself is tested in-process.
+// report it (exit code 3) within 10 s; one is SIGKILLed at a random moment of mixed traffic, or at
+// each step of world creation, and the others must fail cleanly naming it (no UCX fatal error,
+// nothing left in /dev/shm); ranks that disagree on a count must all fail (exit code 4).
+// FileBootstrap itself is tested in-process.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -17,6 +19,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -43,7 +47,8 @@ struct Exit {
 struct JobResult {
   std::vector<Exit> exits;
   bool timed_out = false;
-  std::string logs;  // every worker's output, for failure messages
+  std::string logs;                    // every worker's output, for failure messages
+  std::vector<std::string> rank_logs;  // each worker's output
 };
 
 // The environment of the workers: ours without UCX_TLS / UCX_NET_DEVICES / TROUPE_UCX_*, plus
@@ -62,10 +67,17 @@ std::vector<std::string> worker_env(const std::map<std::string, std::string>& se
   return env;
 }
 
+// A SIGKILL the test sends to one worker `at` seconds after the job started (rank < 0: none).
+struct Kill {
+  int rank = -1;
+  double at = 0;
+};
+
 // Starts `n` workers with `args` (plus --rank/--world/--store) and waits for all of them, killing
 // every one that is still running after `timeout`.
 JobResult run_job(const std::string& bin, int n, const std::vector<std::string>& args,
-                  const std::map<std::string, std::string>& env_set, std::chrono::seconds timeout) {
+                  const std::map<std::string, std::string>& env_set, std::chrono::seconds timeout,
+                  Kill kill_one = {}) {
   TempDir dir;
   const std::vector<std::string> env_strings = worker_env(env_set);
   std::vector<char*> envp;
@@ -96,7 +108,13 @@ JobResult run_job(const std::string& bin, int n, const std::vector<std::string>&
   JobResult result;
   result.exits.resize(static_cast<size_t>(n));
   int running = n;
+  bool killed = kill_one.rank < 0;
   while (running > 0) {
+    if (!killed && std::chrono::duration<double>(Clock::now() - t0).count() >= kill_one.at) {
+      killed = true;
+      if (pids[static_cast<size_t>(kill_one.rank)] > 0)
+        kill(pids[static_cast<size_t>(kill_one.rank)], SIGKILL);
+    }
     for (int r = 0; r < n; ++r) {
       pid_t& pid = pids[static_cast<size_t>(r)];
       if (pid < 0) continue;
@@ -120,13 +138,14 @@ JobResult run_job(const std::string& bin, int n, const std::vector<std::string>&
       }
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(killed ? 5 : 1));
   }
   for (int r = 0; r < n; ++r) {
     std::ifstream in(dir.str("log" + std::to_string(r)));
     std::stringstream ss;
     ss << in.rdbuf();
     const Exit& e = result.exits[static_cast<size_t>(r)];
+    result.rank_logs.push_back(ss.str());
     result.logs += "--- rank " + std::to_string(r) + " (exit " + std::to_string(e.code) +
                    ", signal " + std::to_string(e.signal) + ", " + std::to_string(e.seconds) +
                    " s):\n" + ss.str();
@@ -224,7 +243,8 @@ TEST_CASE("ucx shared-memory path: required, every size, small slots, default tr
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   // require: world creation fails unless every same-host pair mapped its segments, so the large
   // collectives below really take the shared-memory path.
-  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, {{2, 1.0}, {3, 0.3}, {8, 0.3}});
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}},
+            {{2, 1.0}, {3, 0.3}, {8, 0.3}});
   // Every size through it (blocks of 0 and 1 elements), one-page pieces: many chunks per call, and
   // lanes reused across calls and by concurrent calls of one group.
   run_suite({{"UCX_TLS", "sm,self"},
@@ -253,9 +273,9 @@ TEST_CASE("ucx: ranks that disagree on a large collective's count all fail inste
           "[comm][ucx]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
-  JobResult r = run_job(worker_bin(), 3, {"--check", "mismatch"},
-                        {{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}},
-                        std::chrono::seconds(30));
+  JobResult r =
+      run_job(worker_bin(), 3, {"--check", "mismatch"},
+              {{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, std::chrono::seconds(30));
   INFO(r.logs);
   REQUIRE_FALSE(r.timed_out);
   for (const Exit& e : r.exits) {
@@ -283,9 +303,168 @@ TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, na
   SECTION("UCX's shared memory without the shared-memory path, dies while the others wait") {
     run_peer_death({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "off"}}, 3, "kill-target-idle");
   }
+  SECTION("UCX's shared memory without the shared-memory path, dies during cma reads from it") {
+    run_peer_death({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "off"}}, 3, "kill-target");
+  }
   SECTION("default transports (shared memory, process watch), dies while the others wait for it") {
     run_peer_death({}, 3, "kill-target-idle");
   }
+}
+
+namespace {
+
+std::set<std::string> shm_names() {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
+    names.insert(entry.path().filename().string());
+  return names;
+}
+
+// Names in /dev/shm that were not there `before` and are still there a moment later (another
+// test's UCX may hold one for a millisecond).
+std::string new_shm_names(const std::set<std::string>& before) {
+  std::set<std::string> fresh;
+  for (const std::string& n : shm_names()) {
+    if (before.count(n) == 0) fresh.insert(n);
+  }
+  if (fresh.empty()) return "";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::set<std::string> now = shm_names();
+  std::string left;
+  for (const std::string& n : fresh) {
+    if (now.count(n) != 0) left += " " + n;
+  }
+  return left;
+}
+
+// Whether `log` holds a list "rank(s) 0, 2, 5" (FileBootstrap's timeout) that includes `rank`.
+bool listed(const std::string& log, int rank) {
+  for (size_t at = log.find("rank(s) "); at != std::string::npos;
+       at = log.find("rank(s) ", at + 1)) {
+    std::istringstream list(
+        log.substr(at + 8, log.find_first_not_of("0123456789, ", at + 8) - at - 8));
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      if (std::atoi(item.c_str()) == rank && item.find_first_of("0123456789") != std::string::npos)
+        return true;
+    }
+  }
+  return false;
+}
+
+// The survivors of a job whose worker `victim` was SIGKILLed: none died of a signal or an abort,
+// each ended with 0 (it had finished), 2 (world creation failed) or 3 (a peer failed), and a
+// failure names the victim; nothing in any survivor's output comes from UCX itself (no fatal
+// error, backtrace, error or warning); /dev/shm holds nothing new.
+void check_survivors(const JobResult& r, int victim, const std::set<std::string>& shm_before) {
+  INFO(r.logs);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exits[static_cast<size_t>(victim)].signal == SIGKILL);
+  const std::string named = "rank " + std::to_string(victim) + " (host ";
+  for (size_t q = 0; q < r.exits.size(); ++q) {
+    if (static_cast<int>(q) == victim) continue;
+    INFO("survivor rank " << q);
+    const Exit& e = r.exits[q];
+    const std::string& log = r.rank_logs[q];
+    CHECK(e.signal == 0);
+    CHECK((e.code == 0 || e.code == 2 || e.code == 3));
+    if (e.code == 3) CHECK(log.find(named) != std::string::npos);
+    if (e.code == 2) CHECK((log.find(named) != std::string::npos || listed(log, victim)));
+    for (const char* noise : {"FATAL", "Caught signal", "backtrace", "UCX  ERROR", "UCX  WARN"})
+      CHECK(log.find(noise) == std::string::npos);
+  }
+  CHECK(new_shm_names(shm_before) == "");
+}
+
+// `trials` jobs of `n` workers running every kind of traffic (--check chaos) under `env`, each
+// with one worker SIGKILLed at a random moment: half of them within the first 0.15 s (process
+// start and world creation), the others during the traffic or the teardown.
+void run_random_kills(const std::map<std::string, std::string>& env, int n, int trials) {
+  std::random_device rd;
+  const unsigned seed = rd();
+  std::mt19937 rng(seed);
+  for (int t = 0; t < trials; ++t) {
+    const int victim = std::uniform_int_distribution<int>(0, n - 1)(rng);
+    const double at = t % 2 == 0 ? std::uniform_real_distribution<double>(0.0, 0.15)(rng)
+                                 : std::uniform_real_distribution<double>(0.15, 2.3)(rng);
+    INFO("seed " << seed << ", trial " << t << ": rank " << victim << " killed at " << at << " s");
+    const std::set<std::string> before = shm_names();
+    JobResult r =
+        run_job(worker_bin(), n, {"--check", "chaos", "--seconds", "2", "--boot-timeout", "3"}, env,
+                std::chrono::seconds(40), Kill{victim, at});
+    check_survivors(r, victim, before);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ucx: SIGKILL at a random moment (default transports): survivors fail cleanly, naming it",
+          "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  run_random_kills({}, 3, 6);
+}
+
+TEST_CASE(
+    "ucx: SIGKILL at a random moment (UCX's shared memory and cma, or TCP with UCX error "
+    "handling): survivors fail cleanly",
+    "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // Without troupe's shared-memory path every large message is a UCX rendezvous (a cma read from
+  // the peer): a peer that dies during one used to make UCX abort the reader.
+  SECTION("UCX shared memory and cma") {
+    run_random_kills({{"TROUPE_UCX_SHM", "off"}}, 3, 4);
+  }
+  SECTION("TCP loopback, UCX error handling") {
+    run_random_kills({{"TROUPE_UCX_SAME_HOST", "ucx"}}, 3, 2);
+  }
+}
+
+TEST_CASE(
+    "ucx: a rank killed at each step of world creation: survivors fail naming it, nothing "
+    "left in /dev/shm",
+    "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // TROUPE_FAULT_UCX_KILL: the rank SIGKILLs itself at that step (comm/ucx_detail.hpp).
+  int victim = 0;
+  for (const char* step : {"worker", "segment", "exchange", "endpoints", "attach", "ready"}) {
+    INFO("rank " << victim << " dies at step " << step);
+    const std::set<std::string> before = shm_names();
+    JobResult r = run_job(worker_bin(), 3,
+                          {"--check", "chaos", "--seconds", "1", "--boot-timeout", "2",
+                           "--rank-env", std::to_string(victim),
+                           "TROUPE_FAULT_UCX_KILL=rank" + std::to_string(victim) + "@" + step},
+                          {}, std::chrono::seconds(30));
+    check_survivors(r, victim, before);
+    CHECK(r.rank_logs[static_cast<size_t>(victim)].find("TROUPE_FAULT_UCX_KILL") !=
+          std::string::npos);
+    victim = (victim + 1) % 3;
+  }
+}
+
+TEST_CASE(
+    "ucx: a fatal error inside UCX ends the process as troupe's failure (exit 1, no "
+    "backtrace)",
+    "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  JobResult r = run_job(worker_bin(), 2, {"--check", "ucx-fatal"}, {}, std::chrono::seconds(30));
+  INFO(r.logs);
+  REQUIRE_FALSE(r.timed_out);
+  CHECK(r.exits[0].signal == 0);
+  CHECK(r.exits[0].code == 1);
+  CHECK(r.rank_logs[0].find("troupe: error: rank 0 (pid ") != std::string::npos);
+  CHECK(r.rank_logs[0].find("UCX failed fatally: injected by ucx_worker") != std::string::npos);
+  CHECK(r.rank_logs[0].find("==== backtrace") == std::string::npos);
+  CHECK(r.exits[1].code == 3);
+  CHECK(r.rank_logs[1].find("rank 0 (host ") != std::string::npos);
+  // With UCX_HANDLE_ERRORS set, UCX's own handling stays (here: an abort without a backtrace).
+  JobResult own = run_job(worker_bin(), 2, {"--check", "ucx-fatal"},
+                          {{"UCX_HANDLE_ERRORS", "none"}}, std::chrono::seconds(30));
+  INFO(own.logs);
+  CHECK(own.exits[0].signal == SIGABRT);
 }
 
 TEST_CASE("FileBootstrap gathers every rank's blob in rank order", "[comm][bootstrap]") {

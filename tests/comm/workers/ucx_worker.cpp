@@ -1,8 +1,9 @@
 // One rank of a ucx-backend test job (started N times by tests/comm/test_ucx_comm.cpp, or by hand):
 //
 //   ucx_worker --rank R --world N --store DIR [--count-scale S] [--kill-rank K]
-//              [--check all|kill-target|kill-target-idle|mismatch|bench|soak] [--bench-max BYTES]
-//              [--iters I] [--op OP] [--rank-env R KEY=VALUE]...
+//              [--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|
+//              soak] [--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T]
+//              [--rank-env R KEY=VALUE]...
 //
 // --rank-env sets KEY=VALUE in rank R's environment before its world is created (one rank with
 // other settings, e.g. a shared-memory segment too small for the groups' staging areas).
@@ -18,9 +19,14 @@
 //                size-1, 1000, 20000 and, scaled by S (default 1, 0 skips them), 1000003.
 //   kill-target  rank K (default N-1) dies by SIGKILL in the middle of a large all_reduce; the
 //                others must see an error naming rank K.
-//   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in
-//                (with same-host shared memory, a death in the middle of a cma copy from the dying
-//                rank can make UCX abort the reader; see comm/ucx_world.hpp).
+//   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in.
+//   chaos        every kind of traffic for --seconds S (default 2) while the test SIGKILLs some
+//                rank from outside: a survivor prints its first failure and exits 3 (after a
+//                second, so every survivor meets the death itself, not this rank's exit); a rank
+//                that finishes exits 0. --boot-timeout T (default 60 s) bounds the bootstrap's
+//                waits (a rank killed during world creation).
+//   ucx-fatal    rank 0 makes UCX log a fatal error: it must end with exit code 1 and troupe's
+//                message (comm/ucx_detail.hpp, install_fatal_handler), the others with exit 3.
 //   mismatch     a large all_reduce where the last rank passes a larger count than the others:
 //                every rank must fail (exit 4) with an error instead of hanging (shared-memory
 //                path: the chunks' signatures differ).
@@ -30,8 +36,11 @@
 //                over and over for --iters calls; rank 0 prints busbw every 100 calls (for
 //                looking at a steady state with perf or top).
 // Exit codes: 0 ok, 1 a check failed (the message names it), 2 bad usage or setup, 3 a peer failed
-// and the error named it (kill-target*, on the surviving ranks), 4 the mismatch was reported.
+// and the error named it (kill-target*, chaos: on the surviving ranks), 4 the mismatch was
+// reported.
 #include <signal.h>
+#include <ucs/config/global_opts.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -448,6 +457,97 @@ int check_kill(CommWorld& world, int target, bool idle) {
        "all_reduce kept succeeding although rank " + std::to_string(target) + " died");
 }
 
+// Traffic of every kind for `seconds` (small and large collectives of the world and of a second
+// group on another thread, large and small send/recv around a ring), while the test kills some rank
+// from outside at a random moment: a survivor's first failure must come from a dead peer (exit 3,
+// printing the message), never from UCX itself. A rank that finishes its traffic destroys its world
+// and exits 0 (a kill during teardown). Results are checked where that is cheap (the all_reduce).
+int chaos(CommWorld& world, double seconds) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  const int n = world.size(), r = world.rank();
+  std::vector<int> reversed(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) reversed[static_cast<size_t>(i)] = n - 1 - i;
+  auto rev = world.group(reversed);
+  must(rev.status().is_ok() ? Status::ok() : rev.status(), "group(reversed)");
+  auto peer_failed = [&](const Status& s) {
+    std::fprintf(stderr, "ucx_worker rank %d: peer failure: %s\n", r, s.message().c_str());
+    std::fflush(stderr);
+    // Stay a moment (the world still up), so every survivor meets the death itself rather than
+    // this rank's exit.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::_Exit(3);
+  };
+  auto ok = [&](const Status& s) {
+    if (!s.is_ok()) peer_failed(s);
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  // The second group: all_reduce and large send/recv on another thread.
+  std::thread side([&] {
+    Communicator& c = **rev;
+    const size_t big = 300001;
+    std::vector<float> a(big), in(big), out(big, 1.0f);
+    for (;;) {
+      // Every member stops after the same call: once any of them is past the deadline.
+      a[0] = std::chrono::steady_clock::now() < deadline ? 0.0f : 1.0f;
+      ok(c.all_reduce(a.data(), 70001, DType::f32, ReduceOp::max)->wait());
+      if (a[0] != 0.0f) break;
+      std::vector<WorkPtr> w;
+      w.push_back(c.recv(in.data(), big, DType::f32, (c.rank() + c.size() - 1) % c.size(), 9));
+      w.push_back(c.send(out.data(), big, DType::f32, (c.rank() + 1) % c.size(), 9));
+      ok(wait_all(w));
+    }
+  });
+  const size_t large = 1 << 20;
+  std::vector<float> buf(large), gather(large), in(large), out(large, 2.0f);
+  for (int iter = 0;; ++iter) {
+    float small[7] = {std::chrono::steady_clock::now() < deadline ? 0.0f : 1.0f, 2, 3, 4, 5, 6, 7};
+    ok(all.all_reduce(small, 7, DType::f32, ReduceOp::max)->wait());
+    if (small[0] != 0.0f) break;
+    for (size_t i = 0; i < large; ++i) buf[i] = value<float>(r, i, iter);
+    ok(all.all_reduce(buf.data(), large, DType::f32, ReduceOp::sum)->wait());
+    for (size_t i = 0; i < large; i += 4099) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value<float>(q, i, iter);
+      if (buf[i] != want) fail("chaos all_reduce", "wrong element " + std::to_string(i));
+    }
+    ok(all.broadcast(buf.data(), large, DType::f32, iter % n)->wait());
+    ok(all.all_gather(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32)
+           ->wait());
+    ok(all.reduce_scatter(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32,
+                          ReduceOp::sum)
+           ->wait());
+    std::vector<WorkPtr> w;
+    const size_t bytes = iter % 2 ? large : 3;  // rendezvous and eager
+    w.push_back(all.recv(in.data(), bytes, DType::f32, (r + n - 1) % n, 1));
+    w.push_back(all.send(out.data(), bytes, DType::f32, (r + 1) % n, 1));
+    ok(wait_all(w));
+    ok(all.barrier()->wait());
+  }
+  side.join();
+  std::printf("ucx_worker rank %d: chaos traffic finished\n", r);
+  return 0;
+}
+
+// Rank 0 makes UCX log a fatal error (as UCX does before it aborts): troupe's handler must end the
+// process with exit code 1 and one line of its own; the others must see rank 0 fail (exit 3).
+int ucx_fatal(CommWorld& world) {
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  must(all.barrier()->wait(), "barrier");
+  if (world.rank() == 0) {
+    ucs_log_dispatch(__FILE__, __LINE__, __func__, UCS_LOG_LEVEL_FATAL,
+                     &ucs_global_opts.log_component, "injected by ucx_worker --check ucx-fatal");
+    fail("ucx-fatal", "the process lived on after UCX's fatal error");
+  }
+  Status s = all.barrier()->wait();
+  if (s.is_ok()) fail("ucx-fatal", "a barrier with the dead rank 0 succeeded");
+  std::fprintf(stderr, "ucx_worker rank %d: peer failure: %s\n", world.rank(), s.message().c_str());
+  return 3;
+}
+
 // The last rank calls all_reduce with more elements than the others; everyone must get an error.
 int check_mismatch(CommWorld& world) {
   auto everyone = world.everyone();
@@ -541,8 +641,10 @@ int soak(CommWorld& world, const std::string& op, size_t bytes, int iters) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "ucx_worker: %s\nusage: ucx_worker --rank R --world N --store DIR [--count-scale S] "
-               "[--check all|kill-target|kill-target-idle|mismatch|bench|soak] [--kill-rank K] "
-               "[--bench-max BYTES] [--iters I] [--op OP] [--rank-env R KEY=VALUE]...\n",
+               "[--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|soak] "
+               "[--kill-rank K] "
+               "[--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T] "
+               "[--rank-env R KEY=VALUE]...\n",
                msg);
   std::exit(2);
 }
@@ -554,7 +656,7 @@ int main(int argc, char** argv) {
   std::string store, check = "all";
   std::vector<std::pair<int, std::string>> rank_env;
   std::string soak_op = "all_reduce";
-  double scale = 1.0;
+  double scale = 1.0, seconds = 2.0, boot_timeout = 60.0;
   size_t bench_max = 64u << 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -574,6 +676,10 @@ int main(int argc, char** argv) {
       kill_rank = std::atoi(v);
     else if (a == "--bench-max")
       bench_max = static_cast<size_t>(std::atoll(v));
+    else if (a == "--seconds")
+      seconds = std::atof(v);
+    else if (a == "--boot-timeout")
+      boot_timeout = std::atof(v);
     else if (a == "--iters")
       iters = std::atoi(v);
     else if (a == "--op")
@@ -591,8 +697,9 @@ int main(int argc, char** argv) {
     if (eq == std::string::npos) usage("--rank-env needs KEY=VALUE");
     if (r == rank) ::setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
   }
-  auto boot = FileBootstrap::create(store, rank, world_size,
-                                    FileBootstrapOptions{std::chrono::seconds(60)});
+  auto boot = FileBootstrap::create(
+      store, rank, world_size,
+      FileBootstrapOptions{std::chrono::milliseconds(static_cast<int64_t>(boot_timeout * 1000))});
   if (!boot.is_ok()) {
     std::fprintf(stderr, "ucx_worker rank %d: %s\n", rank, boot.status().message().c_str());
     return 2;
@@ -611,6 +718,8 @@ int main(int argc, char** argv) {
   }
   if (check == "mismatch") return check_mismatch(**world);
   if (check == "bench") return bench(**world, bench_max, iters);
+  if (check == "chaos") return chaos(**world, seconds);
+  if (check == "ucx-fatal") return ucx_fatal(**world);
   if (check == "soak") return soak(**world, soak_op, bench_max, iters);
   usage(("unknown --check " + check).c_str());
 }
