@@ -6,6 +6,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include "storage/durable.hpp"
+#include "storage/temp_file.hpp"
+
 namespace troupe {
 
 Status write_chrome_trace(const std::string& path, const comm::Topology& topology,
@@ -28,16 +33,10 @@ Status write_chrome_trace(const std::string& path, const comm::Topology& topolog
     }
   }
   json doc = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) return Status::error("cannot write the timeline " + tmp + " -- check that its directory exists and is writable");
-    out << doc.dump();
-    if (!out.good()) return Status::error("writing the timeline " + tmp + " failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return Status::error("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  // A fresh temporary (never a planted file or symlink), renamed into place; then the mode a file
+  // written directly would have.
+  TROUPE_RETURN_IF_ERROR(write_text_atomically(path, doc.dump()).with_context("writing the timeline: "));
+  (void)::chmod(path.c_str(), default_file_mode());
   return Status::ok();
 }
 

@@ -16,6 +16,11 @@
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
 
+#include <sys/stat.h>
+
+#include "storage/durable.hpp"
+#include "storage/temp_file.hpp"
+
 namespace troupe::apps {
 
 namespace {
@@ -120,17 +125,14 @@ void add_plot_command(CLI::App& app, int* exit_code) {
       *exit_code = kExitUsage;
       return;
     }
-    const std::string tmp = *output + ".tmp";
-    {
-      std::ofstream out(tmp);
-      out << render_svg(series.value(), "troupe: " + std::filesystem::path(*metrics).filename().string());
-      if (!out) {
-        print_error("plot", "cannot write " + *output + " -- check the directory exists and is writable");
-        *exit_code = kExitFailure;
-        return;
-      }
+    // A fresh temporary (never a planted file or symlink), renamed into place.
+    const std::string svg = render_svg(series.value(), "troupe: " + std::filesystem::path(*metrics).filename().string());
+    if (Status st = write_text_atomically(*output, svg); !st) {
+      print_error("plot", st);
+      *exit_code = kExitFailure;
+      return;
     }
-    std::filesystem::rename(tmp, *output);
+    (void)::chmod(output->c_str(), default_file_mode());
     std::printf("troupe plot: wrote %s (%zu iterations, %zu validation points)\n", output->c_str(),
                 series.value().train.size(), series.value().validation.size());
     *exit_code = kExitOk;
