@@ -24,7 +24,10 @@
   X(gpt2_merges)               \
   X(tokenize)                  \
   X(preprocess_input)          \
-  X(train_flags)
+  X(train_flags)               \
+  X(checkpoint_shard)          \
+  X(checkpoint_shard_set)      \
+  X(checkpoint_metadata)
 
 namespace troupe::fuzz {
 

@@ -19,6 +19,8 @@
 
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
+#include "storage/h5_reader.hpp"
+#include "storage/json_input.hpp"
 #include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
@@ -30,7 +32,6 @@ namespace fs = std::filesystem;
 constexpr const char* kFormatName = "troupe-checkpoint";
 constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
 constexpr const char* kFileName = "model_optim_rng.h5";
-constexpr const char* kTmpSuffix = ".tmp";
 constexpr const char* kModelGroup = "model";
 constexpr const char* kExpAvgGroup = "optimizer/exp_avg";
 constexpr const char* kExpAvgSqGroup = "optimizer/exp_avg_sq";
@@ -77,27 +78,32 @@ Status write_section(hid_t file, const std::string& path, const std::vector<Name
   return Status::ok();
 }
 
+// The version-1 file, built in memory (storage/h5_file.hpp), then written durably.
 Status write_checkpoint_file(const std::string& path, const CheckpointMeta& meta,
                              const CheckpointContents& contents) {
-  Result<h5::Handle> f = h5::create_file(path);
-  if (!f) return f.status();
-  const hid_t root = f->get();
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kFormatName)));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", int64_t{kCheckpointFormatVersion}));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "iteration", meta.iteration));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "consumed_samples", meta.consumed_samples));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "optimizer_step", meta.optimizer_step));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "config", meta.config_json));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rng", meta.rng_json));
-  TROUPE_RETURN_IF_ERROR(write_section(root, kModelGroup, contents.params));
-  if (!contents.exp_avg.empty() || !contents.exp_avg_sq.empty()) {
-    Result<h5::Handle> opt = h5::create_group(root, "optimizer");
-    if (!opt) return opt.status();
-    TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgGroup, contents.exp_avg));
-    TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgSqGroup, contents.exp_avg_sq));
-  }
-  if (!f->close()) return h5::error("cannot close (flush) " + path, "check free disk space");
-  return Status::ok();
+  Result<h5::MemoryFile::Image> image = [&]() -> Result<h5::MemoryFile::Image> {
+    Result<h5::MemoryFile> f = h5::MemoryFile::create(path);
+    if (!f) return f.status();
+    const hid_t root = f->get();
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kFormatName)));
+    TROUPE_RETURN_IF_ERROR(
+        h5::write_attr(root, "format_version", int64_t{kCheckpointFormatVersion}));
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "iteration", meta.iteration));
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "consumed_samples", meta.consumed_samples));
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "optimizer_step", meta.optimizer_step));
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "config", meta.config_json));
+    TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rng", meta.rng_json));
+    TROUPE_RETURN_IF_ERROR(write_section(root, kModelGroup, contents.params));
+    if (!contents.exp_avg.empty() || !contents.exp_avg_sq.empty()) {
+      Result<h5::Handle> opt = h5::create_group(root, "optimizer");
+      if (!opt) return opt.status();
+      TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgGroup, contents.exp_avg));
+      TROUPE_RETURN_IF_ERROR(write_section(root, kExpAvgSqGroup, contents.exp_avg_sq));
+    }
+    return f->finish();
+  }();
+  if (!image) return image.status();
+  return write_file_atomically(path, {{image->data.get(), image->size}});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -163,62 +169,61 @@ bool natural_less(const std::string& a, const std::string& b) {
   return a.size() - i < b.size() - j || (a.size() - i == b.size() - j && a < b);
 }
 
-// Opens a checkpoint for reading after checking its format and version.
-Result<h5::Handle> open_checkpoint(const std::string& dir, int64_t iteration,
-                                   std::string* file_out) {
+// The files a reader opens for iteration N (any version); a missing version-1 file is named with
+// the iterations DIR does hold.
+Result<std::vector<std::string>> files_to_read(const std::string& dir, int64_t iteration) {
+  if (is_sharded_checkpoint(dir, iteration)) return sharded_checkpoint_files(dir, iteration);
   const std::string file = checkpoint_file(dir, iteration);
-  *file_out = file;
   std::error_code ec;
   if (!fs::exists(file, ec)) return missing_checkpoint(dir, iteration, file);
-  Result<h5::Handle> f =
-      h5::open_file(file, "restore it from a copy, or load another saved iteration (--iteration)");
-  if (!f) return f.status().with_context("loading checkpoint: ");
-  const std::string where = "checkpoint " + file + ": ";
-  Result<std::string> format = h5::read_attr_string(f->get(), "format");
-  if (!format) return format.status().with_context(where);
-  if (*format != kFormatName)
-    return Status::error(where + "format is '" + *format + "', not '" + kFormatName +
-                         "' -- point at a directory written by troupe's save");
-  Result<int64_t> version = h5::read_attr_i64(f->get(), "format_version");
-  if (!version) return version.status().with_context(where);
-  if (*version != kCheckpointFormatVersion)
-    return Status::error(
-        fmt::format("{}format_version is {}, this troupe reads version {} -- use the troupe "
-                    "release that wrote it (docs/CHECKPOINT.md lists the versions)",
-                    where, *version, kCheckpointFormatVersion));
-  return f;
+  return std::vector<std::string>{file};
 }
 
-// Fills `tensors` from the datasets of group `path`, zeroing rows beyond each global shape.
-Status read_section(hid_t file, const std::string& file_name, const std::string& path,
-                    const std::vector<NamedTensor>& tensors) {
-  if (tensors.empty()) return Status::ok();
-  const std::string dir = parent_dir(parent_dir(file_name));
-  Result<h5::Handle> g = h5::open_group(file, path);
-  if (!g) return g.status().with_context("checkpoint " + file_name + ": ");
-  for (const NamedTensor& t : tensors) {
-    const std::string where = "checkpoint " + file_name + ": tensor '" + path + "/" + t.name + "'";
-    if (!h5::exists(g->get(), t.name))
-      return Status::error(
-          where +
-          " is missing -- the checkpoint was saved from a different model; compare "
-          "`troupe ckpt info " +
-          dir + "` with the model flags and load with matching ones");
-    Result<Shape> shape = h5::dataset_shape(g->get(), t.name);
-    if (!shape) return shape.status().with_context(where + ": ");
-    if (!(*shape == t.global_shape))
-      return Status::error(where + " has shape " + shape->str() + " but the model expects " +
-                           t.global_shape.str() +
-                           " -- load with the model flags the checkpoint was saved "
-                           "with (`troupe ckpt info " +
-                           dir + "` shows them)");
-    TROUPE_RETURN_IF_ERROR(
-        h5::read_f32_dataset(g->get(), t.name, t.global_shape, t.tensor.data<float>())
-            .with_context(where + ": "));
-    if (t.global_shape.rank() > 0 && t.tensor.dim(0) > t.global_shape[0])
-      t.tensor.rows(t.global_shape[0], t.tensor.dim(0)).zero_();
-  }
-  return Status::ok();
+// A version-1 file's root attributes, after checking its format and version. Parsed by the bounded
+// reader (storage/h5_reader.hpp), never by libhdf5.
+Result<h5read::Object> open_v1_root(const std::string& file) {
+  const std::string where = "checkpoint " + file + ": ";
+  auto source = h5read::open_file_source(file);
+  if (!source) return source.status().with_context(where);
+  auto f = h5read::File::open(source.value());
+  if (!f) return f.status().with_context(where);
+  const h5read::Object& root = (*f)->root();
+  auto attr = [&](const char* name, h5read::ElementType type) -> Result<h5read::Attribute> {
+    auto it = root.attributes.find(name);
+    if (it == root.attributes.end())
+      return Status::bad_input(
+          where + "attribute '" + name +
+          "' is missing -- the file was not written by troupe or is incomplete; re-save it "
+          "with troupe");
+    if (it->second.type != type)
+      return Status::bad_input(where + "attribute '" + name + "' is not a " +
+                               h5read::element_type_name(type) +
+                               " -- the file was not written by troupe; re-save it with troupe");
+    return it->second;
+  };
+  auto format = attr("format", h5read::ElementType::string);
+  if (!format) return format.status();
+  if (format->s != kFormatName)
+    return Status::bad_input(where + "format is '" + format->s.substr(0, 60) + "', not '" +
+                             kFormatName + "' -- point at a directory written by troupe's save");
+  auto version = attr("format_version", h5read::ElementType::i64);
+  if (!version) return version.status();
+  if (version->i != kCheckpointFormatVersion)
+    return Status::bad_input(
+        fmt::format("{}format_version is {}, a single-file checkpoint has version {} -- use the "
+                    "troupe release that wrote it (docs/CHECKPOINT.md lists the versions)",
+                    where, version->i, kCheckpointFormatVersion));
+  for (const char* name : {"iteration", "consumed_samples", "optimizer_step"})
+    if (auto a = attr(name, h5read::ElementType::i64); !a) return a.status();
+  for (const char* name : {"config", "rng"})
+    if (auto a = attr(name, h5read::ElementType::string); !a) return a.status();
+  return root;
+}
+
+Result<std::unique_ptr<ShardSetReader>> open_reader(const std::string& dir, int64_t iteration) {
+  auto files = files_to_read(dir, iteration);
+  if (!files) return files.status();
+  return ShardSetReader::open(files.value());
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -286,9 +291,11 @@ struct HfConfig {
 Result<HfConfig> hf_config(const std::string& config_json, const HfConfig& from_shapes,
                            const std::string& where) {
   HfConfig c = from_shapes;
-  const nlohmann::json j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  const nlohmann::json model =
-      j.is_object() && j.contains("model") ? j["model"] : nlohmann::json::object();
+  Result<nlohmann::json> parsed = parse_json(config_json, "the config");
+  const nlohmann::json j = parsed ? parsed.value() : nlohmann::json();
+  const nlohmann::json model = j.is_object() && j.contains("model") && j["model"].is_object()
+                                   ? j["model"]
+                                   : nlohmann::json::object();
   auto agree = [&](const char* key, int64_t shape_value, const char* what) -> Status {
     if (!model.contains(key)) return Status::ok();
     if (!model[key].is_number_integer() || model[key].get<int64_t>() != shape_value)
@@ -339,12 +346,18 @@ Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
     int64_t layer = -1;
     if (name.rfind("transformer.h.", 0) != 0) continue;
     std::from_chars(name.data() + 14, name.data() + name.size(), layer);
-    c.n_layer = std::max(c.n_layer, layer + 1);
+    // A layer number beyond the tensor count cannot be part of a complete GPT-2 (checked below).
+    c.n_layer = std::max(c.n_layer, std::min(layer, static_cast<int64_t>(model.size())) + 1);
   }
   if (c.n_layer == 0)
     return Status::error(
         where +
         "no transformer.h.* tensor -- the HF export takes checkpoints of GPT-2 models only");
+  if (c.n_layer >
+      static_cast<int64_t>(model.size()))  // a layer number no checkpoint of this size can hold
+    return Status::bad_input(
+        where + "tensors of layer " + std::to_string(c.n_layer - 1) +
+        " but not of the layers before it -- the HF export needs a complete GPT-2");
   *has_lm_head = model.count("lm_head.weight") > 0;
   std::set<std::string> expected;
   for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
@@ -370,9 +383,9 @@ Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
   return c;
 }
 
-Status write_hf_file(hid_t src_model, const std::string& out_path, const HfConfig& c,
+Status write_hf_file(ShardSetReader& reader, const std::string& out_path, const HfConfig& c,
                      bool has_lm_head, const CheckpointMeta& meta, const std::string& src_file) {
-  Result<h5::Handle> f = h5::create_file(out_path);
+  Result<h5::MemoryFile> f = h5::MemoryFile::create(out_path);
   if (!f) return f.status();
   const hid_t root = f->get();
   for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
@@ -380,8 +393,7 @@ Status write_hf_file(hid_t src_model, const std::string& out_path, const HfConfi
         t.name == "lm_head.weight" && !has_lm_head ? "transformer.wte.weight" : t.name;
     Tensor x = Tensor::empty(t.troupe_shape);
     TROUPE_RETURN_IF_ERROR(
-        h5::read_f32_dataset(src_model, source, t.troupe_shape, x.data<float>())
-            .with_context("checkpoint " + src_file + ": tensor 'model/" + source + "': "));
+        reader.read(ShardSection::model, source, t.troupe_shape, {{0, x.numel()}}, x));
     if (is_conv1d_weight(t.name)) {
       Tensor y = Tensor::empty(Shape{t.troupe_shape[1], t.troupe_shape[0]});  // (in, out)
       transpose(x.data<float>(), t.troupe_shape[0], t.troupe_shape[1], y.data<float>());
@@ -400,8 +412,9 @@ Status write_hf_file(hid_t src_model, const std::string& out_path, const HfConfi
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "layer_norm_epsilon", c.layer_norm_epsilon));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "source_checkpoint", src_file));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "iteration", meta.iteration));
-  if (!f->close()) return h5::error("cannot close (flush) " + out_path, "check free disk space");
-  return Status::ok();
+  Result<h5::MemoryFile::Image> image = f->finish();
+  if (!image) return image.status();
+  return write_file_atomically(out_path, {{image->data.get(), image->size}});
 }
 
 }  // namespace
@@ -423,23 +436,24 @@ Status save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
   const std::string file = checkpoint_file(dir, meta.iteration);
   const std::string where = "saving checkpoint " + file + ": ";
   std::error_code ec;
-  fs::create_directories(parent_dir(file), ec);
-  if (ec)
-    return Status::error(where + "cannot create its directory: " + ec.message() +
-                         " -- check that " + dir + " is writable");
-  // The iter_ entry itself must survive a crash once latest_checkpointed_iteration.txt names it.
-  TROUPE_RETURN_IF_ERROR(fsync_path(dir, true).with_context(where));
-
-  const std::string tmp = file + kTmpSuffix;
-  Status st = write_checkpoint_file(tmp, meta, contents);
-  if (st.is_ok()) st = commit_file(tmp, file);
-  if (!st.is_ok()) {
-    fs::remove(tmp, ec);
+  const bool existed = fs::exists(parent_dir(file), ec);
+  TROUPE_RETURN_IF_ERROR(make_directories(parent_dir(file)).with_context(where));
+  // A failed save leaves no iter_ folder of its own behind (a full disk gets its space back); one
+  // that held an earlier save of this iteration is left as it is.
+  auto abandon = [&](const Status& st) {
+    auto latest = latest_iteration(dir);
+    if (!existed && (!latest || latest.value() != meta.iteration))
+      fs::remove_all(parent_dir(file), ec);
     return st.with_context(where);
-  }
-  return write_text_atomically((fs::path(dir) / kLatestFile).string(),
-                               std::to_string(meta.iteration) + "\n")
-      .with_context(where);
+  };
+  // The iter_ entry itself must survive a crash once latest_checkpointed_iteration.txt names it.
+  if (Status st = fsync_path(dir, true); !st) return abandon(st);
+  if (Status st = write_checkpoint_file(file, meta, contents); !st) return abandon(st);
+  if (Status st = write_text_atomically((fs::path(dir) / kLatestFile).string(),
+                                        std::to_string(meta.iteration) + "\n");
+      !st)
+    return abandon(st);
+  return Status::ok();
 }
 
 Result<int64_t> latest_iteration(const std::string& dir) {
@@ -471,30 +485,27 @@ Result<int64_t> latest_iteration(const std::string& dir) {
 }
 
 Result<CheckpointMeta> read_checkpoint_meta(const std::string& dir, int64_t iteration) {
-  if (is_sharded_checkpoint(dir, iteration)) return read_sharded_meta(dir, iteration);  // version 2
-  h5::ErrorScope quiet;
-  std::string file;
-  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
-  if (!f) return f.status();
-  const std::string where = "checkpoint " + file + ": ";
-  const hid_t root = f->get();
+  if (is_sharded_checkpoint(dir, iteration))
+    return read_sharded_meta(dir, iteration);  // versions 2, 3
+  auto files = files_to_read(dir, iteration);
+  if (!files) return files.status();
+  const std::string file = files->front();
+  auto root = open_v1_root(file);
+  if (!root) return root.status();
+  const auto& a = root->attributes;
   CheckpointMeta meta;
   meta.format_version = kCheckpointFormatVersion;
-  for (auto [name, out] : {std::pair{"iteration", &meta.iteration},
-                           std::pair{"consumed_samples", &meta.consumed_samples},
-                           std::pair{"optimizer_step", &meta.optimizer_step}}) {
-    Result<int64_t> v = h5::read_attr_i64(root, name);
-    if (!v) return v.status().with_context(where);
-    *out = *v;
-  }
-  for (auto [name, out] :
-       {std::pair{"config", &meta.config_json}, std::pair{"rng", &meta.rng_json}}) {
-    Result<std::string> v = h5::read_attr_string(root, name);
-    if (!v) return v.status().with_context(where);
-    *out = std::move(*v);
-  }
+  meta.iteration = a.at("iteration").i;
+  meta.consumed_samples = a.at("consumed_samples").i;
+  meta.optimizer_step = a.at("optimizer_step").i;
+  meta.config_json = a.at("config").s;
+  meta.rng_json = a.at("rng").s;
+  const std::string where = "checkpoint " + file + ": ";
+  if (meta.consumed_samples < 0 || meta.optimizer_step < 0)
+    return Status::bad_input(
+        where + "negative consumed_samples or optimizer_step -- the file is damaged; restore it");
   if (meta.iteration != iteration)
-    return Status::error(fmt::format(
+    return Status::bad_input(fmt::format(
         "{}it records iteration {} but lies in the directory of iteration {} -- "
         "rename its directory back to {}",
         where, meta.iteration, iteration,
@@ -502,83 +513,50 @@ Result<CheckpointMeta> read_checkpoint_meta(const std::string& dir, int64_t iter
   return meta;
 }
 
-// A version-2 (sharded) checkpoint read into whole global tensors: every tensor's full range from the
-// shards that hold it; rows beyond the global shape (vocabulary padding) are zeroed.
-static Status load_sharded(const std::string& dir, int64_t iteration, const CheckpointContents& into,
-                           bool load_optimizer) {
-  auto files = sharded_checkpoint_files(dir, iteration);
-  if (!files) return files.status();
-  auto reader = ShardSetReader::open(files.value());
+Status load_checkpoint(const std::string& dir, int64_t iteration, const CheckpointContents& into,
+                       bool load_optimizer) {
+  for (const auto* section : {&into.params, &into.exp_avg, &into.exp_avg_sq})
+    for (const NamedTensor& t : *section) check_tensor(t);
+  if (!is_sharded_checkpoint(dir, iteration)) {
+    auto files = files_to_read(dir, iteration);
+    if (!files) return files.status();
+    if (auto root = open_v1_root(files->front()); !root) return root.status();
+  }
+  auto reader = open_reader(dir, iteration);
   if (!reader) return reader.status();
   auto fill = [&](ShardSection section, const std::vector<NamedTensor>& tensors) -> Status {
     for (const NamedTensor& t : tensors) {
       t.tensor.zero_();
       const int64_t n = t.global_shape.numel();
-      TROUPE_RETURN_IF_ERROR(
-          (*reader)->read(section, t.name, t.global_shape, {{0, n}}, t.tensor.view({t.tensor.numel()}).rows(0, n)));
+      TROUPE_RETURN_IF_ERROR((*reader)->read(section, t.name, t.global_shape, {{0, n}},
+                                             t.tensor.view({t.tensor.numel()}).rows(0, n)));
     }
     return Status::ok();
   };
   TROUPE_RETURN_IF_ERROR(fill(ShardSection::model, into.params));
-  if (!load_optimizer) return Status::ok();
+  if (!load_optimizer || (into.exp_avg.empty() && into.exp_avg_sq.empty())) return Status::ok();
+  if ((*reader)->tensors(ShardSection::exp_avg).empty() &&
+      (*reader)->tensors(ShardSection::exp_avg_sq).empty())
+    return Status::bad_input("checkpoint " + iteration_dir(dir, iteration) +
+                             " holds no optimizer state (it was saved without) -- load the "
+                             "model only (e.g. --no-load-optim) and start the optimizer afresh");
   TROUPE_RETURN_IF_ERROR(fill(ShardSection::exp_avg, into.exp_avg));
   return fill(ShardSection::exp_avg_sq, into.exp_avg_sq);
 }
 
-Status load_checkpoint(const std::string& dir, int64_t iteration, const CheckpointContents& into,
-                       bool load_optimizer) {
-  h5::ErrorScope quiet;
-  for (const auto* section : {&into.params, &into.exp_avg, &into.exp_avg_sq})
-    for (const NamedTensor& t : *section) check_tensor(t);
-  if (is_sharded_checkpoint(dir, iteration)) return load_sharded(dir, iteration, into, load_optimizer);
-  std::string file;
-  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
-  if (!f) return f.status();
-  TROUPE_RETURN_IF_ERROR(read_section(f->get(), file, kModelGroup, into.params));
-  if (!load_optimizer || (into.exp_avg.empty() && into.exp_avg_sq.empty())) return Status::ok();
-  if (!h5::exists(f->get(), "optimizer"))
-    return Status::error("checkpoint " + file +
-                         " holds no optimizer state (it was saved without) -- load the "
-                         "model only (e.g. --no-load-optim) and start the optimizer afresh");
-  TROUPE_RETURN_IF_ERROR(read_section(f->get(), file, kExpAvgGroup, into.exp_avg));
-  return read_section(f->get(), file, kExpAvgSqGroup, into.exp_avg_sq);
-}
-
 Result<std::vector<CheckpointTensorInfo>> list_checkpoint_tensors(const std::string& dir,
                                                                   int64_t iteration) {
-  if (is_sharded_checkpoint(dir, iteration)) {  // version 2: the global tensors the shards hold
-    auto files = sharded_checkpoint_files(dir, iteration);
-    if (!files) return files.status();
-    auto reader = ShardSetReader::open(files.value());
-    if (!reader) return reader.status();
-    std::vector<CheckpointTensorInfo> out;
-    for (ShardSection section : {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
-      std::vector<std::pair<std::string, Shape>> tensors;
-      for (const auto& [name, shape] : (*reader)->tensors(section)) tensors.emplace_back(name, shape);
-      std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return natural_less(a.first, b.first); });
-      for (const auto& [name, shape] : tensors) out.push_back({std::string(shard_section_path(section)) + "/" + name, shape});
-    }
-    return out;
-  }
-  h5::ErrorScope quiet;
-  std::string file;
-  Result<h5::Handle> f = open_checkpoint(dir, iteration, &file);
-  if (!f) return f.status();
-  const std::string where = "checkpoint " + file + ": ";
+  auto reader = open_reader(dir, iteration);
+  if (!reader) return reader.status();
   std::vector<CheckpointTensorInfo> out;
-  for (const char* path : {kModelGroup, kExpAvgGroup, kExpAvgSqGroup}) {
-    if (path != std::string(kModelGroup) && !h5::exists(f->get(), "optimizer")) break;
-    Result<h5::Handle> g = h5::open_group(f->get(), path);
-    if (!g) return g.status().with_context(where);
-    Result<std::vector<std::string>> names = h5::list_links(g->get());
-    if (!names) return names.status().with_context(where);
-    std::sort(names->begin(), names->end(), natural_less);
-    for (const std::string& name : *names) {
-      Result<Shape> shape = h5::dataset_shape(g->get(), name);
-      if (!shape)
-        return shape.status().with_context(where + "tensor '" + path + "/" + name + "': ");
-      out.push_back({std::string(path) + "/" + name, *shape});
-    }
+  for (ShardSection section :
+       {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
+    std::vector<std::pair<std::string, Shape>> tensors;
+    for (const auto& [name, shape] : (*reader)->tensors(section)) tensors.emplace_back(name, shape);
+    std::sort(tensors.begin(), tensors.end(),
+              [](const auto& a, const auto& b) { return natural_less(a.first, b.first); });
+    for (const auto& [name, shape] : tensors)
+      out.push_back({std::string(shard_section_path(section)) + "/" + name, shape});
   }
   return out;
 }
@@ -586,46 +564,23 @@ Result<std::vector<CheckpointTensorInfo>> list_checkpoint_tensors(const std::str
 Status export_hf(const std::string& dir, int64_t iteration, const std::string& output_file) {
   Result<CheckpointMeta> meta = read_checkpoint_meta(dir, iteration);
   if (!meta) return meta.status();
-  if (is_sharded_checkpoint(dir, iteration)) {
-    // Version 2: gather the global tensors from the shards into a version-1 file beside the output
-    // (removed after), then export that.
-    Result<std::vector<CheckpointTensorInfo>> listed = list_checkpoint_tensors(dir, iteration);
-    if (!listed) return listed.status();
-    CheckpointContents whole;
-    for (const CheckpointTensorInfo& t : *listed)
-      if (t.path.rfind("model/", 0) == 0) whole.params.push_back({t.path.substr(6), t.shape, Tensor::empty(t.shape)});
-    TROUPE_RETURN_IF_ERROR(load_checkpoint(dir, iteration, whole, false));
-    const std::string staging = output_file + ".gathered";
-    TROUPE_RETURN_IF_ERROR(save_checkpoint(staging, *meta, whole));
-    Status st = export_hf(staging, iteration, output_file);
-    std::error_code ec;
-    fs::remove_all(staging, ec);
-    return st;
-  }
-  Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(dir, iteration);
-  if (!tensors) return tensors.status();
-  h5::ErrorScope quiet;
-  std::string file;
-  Result<h5::Handle> src = open_checkpoint(dir, iteration, &file);
-  if (!src) return src.status();
-  const std::string where = "exporting checkpoint " + file + ": ";
+  auto reader = open_reader(dir, iteration);
+  if (!reader) return reader.status();
+  std::vector<CheckpointTensorInfo> tensors;
+  for (const auto& [name, shape] : (*reader)->tensors(ShardSection::model))
+    tensors.push_back({"model/" + name, shape});
+  const std::string source = is_sharded_checkpoint(dir, iteration)
+                                 ? iteration_dir(dir, iteration)
+                                 : checkpoint_file(dir, iteration);
+  const std::string where = "exporting checkpoint " + source + ": ";
   bool has_lm_head = false;
-  Result<HfConfig> sizes = gpt2_sizes(*tensors, where, &has_lm_head);
+  Result<HfConfig> sizes = gpt2_sizes(tensors, where, &has_lm_head);
   if (!sizes) return sizes.status();
   Result<HfConfig> config = hf_config(meta->config_json, *sizes, where);
   if (!config) return config.status();
-  Result<h5::Handle> model = h5::open_group(src->get(), kModelGroup);
-  if (!model) return model.status().with_context(where);
-
-  const std::string tmp = output_file + kTmpSuffix;
-  Status st = write_hf_file(model->get(), tmp, *config, has_lm_head, *meta, file);
-  if (st.is_ok()) st = commit_file(tmp, output_file);
-  if (!st.is_ok()) {
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    return st.with_context("exporting to " + output_file + ": ");
-  }
-  return Status::ok();
+  h5::ErrorScope quiet;
+  Status st = write_hf_file(**reader, output_file, *config, has_lm_head, *meta, source);
+  return st.with_context("exporting to " + output_file + ": ");
 }
 
 }  // namespace troupe

@@ -1,15 +1,210 @@
 #include "storage/durable.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "storage/write_pacing.hpp"
 
 namespace troupe {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// ---- fault injection
+// -------------------------------------------------------------------------------
+
+struct FaultState {
+  std::mutex mu;
+  bool initialised = false;
+  std::optional<IoFault> fault;
+  int64_t counts[5] = {};
+};
+
+FaultState& fault_state() {
+  static FaultState s;
+  return s;
+}
+
+bool restarted_process() {
+  const char* r = std::getenv("TROUPE_RESTART_COUNT");
+  return r != nullptr && std::strtol(r, nullptr, 10) > 0;
+}
+
+// The errno the next operation of this kind fails with (0: none).
+int injected(FileOp op) {
+  FaultState& s = fault_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.initialised) {
+    s.initialised = true;
+    const char* spec = std::getenv("TROUPE_FAULT_IO");
+    if (spec != nullptr && !restarted_process()) {
+      auto f = parse_io_fault(spec);
+      if (f) {
+        s.fault = f.value();
+      } else {
+        std::fprintf(stderr, "troupe: ignoring TROUPE_FAULT_IO=%s: %s\n", spec,
+                     f.status().message().c_str());
+      }
+    }
+  }
+  const int64_t n = ++s.counts[static_cast<int>(op)];
+  if (!s.fault || s.fault->op != op) return 0;
+  return n == s.fault->nth || (s.fault->sticky && n > s.fault->nth) ? s.fault->error : 0;
+}
+
+// "<what>: <reason> -- <fix>" for a failed system call.
+Status io_error(const std::string& what, int err) {
+  std::string fix;
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      fix = "the disk is full: free space on it (or save to another folder) and save again";
+      break;
+    case EROFS:
+    case EACCES:
+    case EPERM:
+      fix = "the folder is read-only or not writable: make it writable or save to another folder";
+      break;
+    case EIO:
+      fix = "the disk reported an I/O error: check it (dmesg) and save to another disk";
+      break;
+    default:
+      fix = "check the disk and the folder's permissions";
+      break;
+  }
+  return Status::error(what + ": " + std::strerror(err) + " -- " + fix);
+}
+
+// The process's umask, read without changing it (umask(2) would, for every thread).
+mode_t process_umask() {
+  static const mode_t mask = [] {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("Umask:", 0) == 0)
+        return static_cast<mode_t>(std::strtol(line.c_str() + 6, nullptr, 8));
+    return static_cast<mode_t>(022);
+  }();
+  return mask;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { close(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  // 0, or the errno of a failed close (NFS reports write errors there).
+  int close() {
+    if (fd_ < 0) return 0;
+    const int r = ::close(fd_);
+    fd_ = -1;
+    return r == 0 ? 0 : errno;
+  }
+
+ private:
+  int fd_;
+};
+
+Status write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    if (const int err = injected(FileOp::write)) return io_error("cannot write " + path, err);
+    const ssize_t r = ::write(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return io_error("cannot write " + path, errno);
+    if (r == 0) return io_error("cannot write " + path, EIO);
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return Status::ok();
+}
+
+Status fsync_fd(int fd, const std::string& path) {
+  int err = injected(FileOp::fsync);
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (err != 0) return io_error("fsync of " + path + " failed", err);
+  return Status::ok();
+}
+
+Status rename_path(const std::string& from, const std::string& to) {
+  int err = injected(FileOp::rename);
+  if (err == 0 && ::rename(from.c_str(), to.c_str()) != 0) err = errno;
+  if (err != 0) return io_error("cannot rename " + from + " to " + to, err);
+  return Status::ok();
+}
+
+// A fresh temporary file: a leftover of a crashed save, or a planted file or symlink, is unlinked
+// (unlink never follows a link) and the name created anew, exclusively.
+Result<int> create_fresh(const std::string& path) {
+  for (int attempt = 0;; ++attempt) {
+    int err = injected(FileOp::create);
+    int fd = -1;
+    if (err == 0) {
+      fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (fd < 0) err = errno;
+    }
+    if (fd >= 0) return fd;
+    if (err == EEXIST && attempt < 3 && (::unlink(path.c_str()) == 0 || errno == ENOENT)) continue;
+    return io_error("cannot create " + path, err);
+  }
+}
+
+}  // namespace
+
+void set_io_fault(std::optional<IoFault> fault) {
+  FaultState& s = fault_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.initialised = true;
+  s.fault = fault;
+  std::fill(std::begin(s.counts), std::end(s.counts), 0);
+}
+
+Result<IoFault> parse_io_fault(const std::string& spec) {
+  const size_t at = spec.find('@'), colon = spec.find(':');
+  if (at == std::string::npos || colon == std::string::npos || colon < at)
+    return Status::bad_input("'" + spec + "' is not OP@N[+]:ERRNO (e.g. write@3+:ENOSPC)");
+  IoFault f;
+  const std::string op = spec.substr(0, at), count = spec.substr(at + 1, colon - at - 1),
+                    err = spec.substr(colon + 1);
+  const std::pair<const char*, FileOp> ops[] = {{"create", FileOp::create},
+                                                {"write", FileOp::write},
+                                                {"fsync", FileOp::fsync},
+                                                {"rename", FileOp::rename},
+                                                {"mkdir", FileOp::mkdir}};
+  bool known = false;
+  for (const auto& [name, value] : ops)
+    if (op == name) f.op = value, known = true;
+  if (!known)
+    return Status::bad_input("unknown operation '" + op +
+                             "' (create, write, fsync, rename, mkdir)");
+  f.sticky = !count.empty() && count.back() == '+';
+  char* end = nullptr;
+  const std::string digits = f.sticky ? count.substr(0, count.size() - 1) : count;
+  f.nth = std::strtoll(digits.c_str(), &end, 10);
+  if (digits.empty() || *end != '\0' || f.nth < 1)
+    return Status::bad_input("'" + count + "' is not a count >= 1");
+  const std::pair<const char*, int> errs[] = {
+      {"ENOSPC", ENOSPC}, {"EIO", EIO}, {"EROFS", EROFS}, {"EACCES", EACCES}, {"EDQUOT", EDQUOT}};
+  for (const auto& [name, value] : errs)
+    if (err == name) f.error = value;
+  if (f.error == 0)
+    return Status::bad_input("unknown errno '" + err + "' (ENOSPC, EIO, EROFS, EACCES, EDQUOT)");
+  return f;
+}
 
 std::string parent_dir(const std::string& path) {
   const fs::path p = fs::path(path).parent_path();
@@ -17,43 +212,59 @@ std::string parent_dir(const std::string& path) {
 }
 
 Status fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-  if (fd < 0)
-    return Status::error("cannot open " + path + " to fsync it: " + std::strerror(errno) +
-                         " -- check its permissions");
-  const int r = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (r != 0)
-    return Status::error("fsync of " + path + " failed: " + std::strerror(err) +
-                         " -- check the disk (full or failing?) and save again");
-  return Status::ok();
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0)));
+  if (fd.get() < 0) return io_error("cannot open " + path + " to fsync it", errno);
+  return fsync_fd(fd.get(), path);
 }
 
-// The second half of the recipe: the data of `tmp` reaches the disk before its new name does.
 Status commit_file(const std::string& tmp, const std::string& final_path) {
   TROUPE_RETURN_IF_ERROR(fsync_path(tmp, false));
-  std::error_code ec;
-  fs::rename(tmp, final_path, ec);
-  if (ec)
-    return Status::error("cannot rename " + tmp + " to " + final_path + ": " + ec.message() +
-                         " -- check the directory's permissions");
+  TROUPE_RETURN_IF_ERROR(rename_path(tmp, final_path));
   return fsync_path(parent_dir(final_path), true);
 }
 
-Status write_text_atomically(const std::string& path, const std::string& text) {
+Status make_directories(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return Status::ok();
+  if (const int err = injected(FileOp::mkdir))
+    return io_error("cannot create the folder " + path, err);
+  fs::create_directories(path, ec);
+  if (ec) return io_error("cannot create the folder " + path, ec.value());
+  return Status::ok();
+}
+
+Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return Status::error("cannot create " + tmp + ": " + std::strerror(errno) +
-                         " -- check that the directory is writable");
-  const ssize_t n = ::write(fd, text.data(), text.size());
-  const int err = errno;
-  ::close(fd);
-  if (n != static_cast<ssize_t>(text.size()))
-    return Status::error("cannot write " + tmp + ": " + std::strerror(err) +
-                         " -- check free disk space");
-  return commit_file(tmp, path);
+  Result<int> created = create_fresh(tmp);
+  if (!created) return created.status();
+  Fd fd(created.value());
+  auto fail = [&](const Status& st) {
+    fd.close();
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  const std::function<void(double)>* pacer = WritePacing::current();
+  for (const ConstBytes& piece : pieces) {
+    const auto* p = static_cast<const char*>(piece.data);
+    for (size_t done = 0; done < piece.size;) {
+      const size_t n = std::min(kPacedBlockBytes, piece.size - done);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (Status st = write_all(fd.get(), p + done, n, tmp); !st) return fail(st);
+      done += n;
+      if (pacer != nullptr)
+        (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  if (::fchmod(fd.get(), 0644 & ~process_umask()) != 0)
+    return fail(io_error("cannot set the mode of " + tmp, errno));
+  if (Status st = fsync_fd(fd.get(), tmp); !st) return fail(st);
+  if (const int err = fd.close()) return fail(io_error("cannot write " + tmp, err));
+  if (Status st = rename_path(tmp, path); !st) return fail(st);
+  return fsync_path(parent_dir(path), true);
+}
+
+Status write_text_atomically(const std::string& path, const std::string& text) {
+  return write_file_atomically(path, {{text.data(), text.size()}});
 }
 
 }  // namespace troupe

@@ -1,20 +1,61 @@
-// Files that survive a crash: the recipe every checkpoint write follows. Write under a temporary
-// name, fsync the file, rename it over the final name, fsync the directory: after a crash at any
-// moment the final name holds either the old or the new content, never a torn file.
+// Files that survive a crash, and the one place where checkpoint bytes reach the file system. Every
+// checkpoint file (shards, version-1 files, metadata.json, the latest pointer, Hugging Face
+// exports) is written by write_file_atomically: PATH.tmp created anew (O_EXCL | O_NOFOLLOW, mode
+// 0600: a planted file or symlink is replaced, never followed), written, fsync'd, renamed over
+// PATH, the directory fsync'd. After a crash at any moment PATH holds the old or the new content,
+// never a torn file; after a failure (a full disk, an I/O error, a read-only folder) PATH.tmp is
+// removed and PATH is untouched.
+//
+// Fault injection (tests; leveldb's fault_injection_test): the operations below are counted per
+// process by kind, and an IoFault makes the nth one of a kind fail with an errno, optionally every
+// later one too (a disk that stays full). set_io_fault installs one; otherwise it is read once from
+// TROUPE_FAULT_IO=OP@N[+]:ERRNO (OP: create, write, fsync, rename, mkdir; ERRNO: ENOSPC, EIO,
+// EROFS, EACCES, EDQUOT; "+" = sticky), never in a process that `troupe launch` restarted.
+//
+// Errors name the path, the system's reason and the fix (free space, check the disk, make the
+// folder writable). Thread-safe.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/status.hpp"
 
 namespace troupe {
 
+enum class FileOp : uint8_t { create, write, fsync, rename, mkdir };
+
+struct IoFault {
+  FileOp op = FileOp::write;
+  int64_t nth = 1;      // 1: the first such operation from now on
+  int error = 0;        // errno to fail with
+  bool sticky = false;  // every later operation of that kind fails too
+};
+// Installs (or with nullopt removes) the fault and restarts the counts; overrides TROUPE_FAULT_IO.
+void set_io_fault(std::optional<IoFault> fault);
+// Parses "write@3+:ENOSPC"; an error names what is wrong.
+Result<IoFault> parse_io_fault(const std::string& spec);
+
 // The directory part of a path ("." when it has none).
 std::string parent_dir(const std::string& path);
-// fsync of a file or (directory = true) a directory; errors name the path and the fix.
+// fsync of a file or (directory = true) a directory.
 Status fsync_path(const std::string& path, bool directory);
 // The second half of the recipe: the data of `tmp` reaches the disk before its new name does.
 Status commit_file(const std::string& tmp, const std::string& final_path);
-// The whole recipe for a small text file (PATH.tmp, then commit_file).
+// Creates a directory and its missing parents.
+Status make_directories(const std::string& path);
+
+// Bytes to write, in order, without copying them into one buffer.
+struct ConstBytes {
+  const void* data = nullptr;
+  size_t size = 0;
+};
+// The whole recipe (see the top) for `pieces` written one after the other, in blocks of at most
+// kPacedBlockBytes with this thread's write pacing (storage/write_pacing.hpp) after each.
+Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces);
+// A small text file (metadata.json, the latest pointer).
 Status write_text_atomically(const std::string& path, const std::string& text);
 
 }  // namespace troupe

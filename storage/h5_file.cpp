@@ -1,13 +1,16 @@
 #include "storage/h5_file.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <chrono>
-#include <filesystem>
-#include <system_error>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
 
 #if __has_include(<zlib.h>)
 #include <zlib.h>
@@ -70,23 +73,6 @@ Handle scalar_space() {
   return Handle(H5Screate(H5S_SCALAR), H5Sclose);
 }
 
-// Opens an existing attribute after checking its presence, so that a missing one reads clearly.
-Result<Handle> open_attr(hid_t obj, const std::string& name) {
-  const htri_t e = H5Aexists(obj, name.c_str());
-  if (e < 0)
-    return error("cannot look up attribute '" + name + "'",
-                 "the file may be damaged; restore it from a copy");
-  if (e == 0)
-    return Status::error("attribute '" + name +
-                         "' is missing -- the file was not written by troupe or is incomplete; "
-                         "re-save it with troupe");
-  Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
-  if (!a.valid())
-    return error("cannot open attribute '" + name + "'",
-                 "the file may be damaged; restore it from a copy");
-  return a;
-}
-
 // Creates (replacing any existing one) a scalar attribute of file type `type`.
 Result<Handle> create_attr(hid_t obj, const std::string& name, hid_t type) {
   if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
@@ -94,28 +80,6 @@ Result<Handle> create_attr(hid_t obj, const std::string& name, hid_t type) {
   Handle a(H5Acreate2(obj, name.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (!a.valid()) return error("cannot create attribute '" + name + "'", "check free disk space");
   return a;
-}
-
-// Reads one numeric scalar attribute of class `cls` (or integer, for float reads) into `mem_type`.
-Status read_numeric_attr(hid_t obj, const std::string& name, bool accept_float, hid_t mem_type,
-                         void* out) {
-  Result<Handle> a = open_attr(obj, name);
-  if (!a) return a.status();
-  Handle type(H5Aget_type(a->get()), H5Tclose);
-  const H5T_class_t cls = H5Tget_class(type.get());
-  if (cls != H5T_INTEGER && !(accept_float && cls == H5T_FLOAT))
-    return Status::error(
-        "attribute '" + name +
-        "' is not a number -- the file was not written by troupe; re-save it with troupe");
-  Handle space(H5Aget_space(a->get()), H5Sclose);
-  if (H5Sget_simple_extent_npoints(space.get()) != 1)
-    return Status::error(
-        "attribute '" + name +
-        "' is not a scalar -- the file was not written by troupe; re-save it with troupe");
-  if (H5Aread(a->get(), mem_type, out) < 0)
-    return error("cannot read attribute '" + name + "'",
-                 "the file may be damaged; restore it from a copy");
-  return Status::ok();
 }
 
 #ifndef TROUPE_HAVE_ZLIB
@@ -147,31 +111,110 @@ Status error(const std::string& what, const std::string& fix) {
   return Status::error(what + (stack.empty() ? "" : " (" + stack + ")") + " -- " + fix);
 }
 
-Result<Handle> create_file(const std::string& path) {
-  // SEMI: closing the file fails while objects in it are still open, instead of silently deferring
-  // the close (and its final flush) past the point where we fsync and rename.
-  Handle fapl = plist(H5P_FILE_ACCESS);
-  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_SEMI);
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!f.valid())
-    return error("cannot create HDF5 file " + path,
-                 "check that its directory exists, is writable and has free space");
-  return f;
+// The core driver's memory comes from these callbacks, so the finished image can be taken over
+// without a copy: at close HDF5 "frees" it, and the buffer keeps it.
+struct MemoryFile::Buffer {
+  void* data = nullptr;
+  size_t size = 0;
+  bool closed = false;
+  ~Buffer() { std::free(data); }
+
+  static void* allocate(size_t size, H5FD_file_image_op_t, void* udata) {
+    auto* b = static_cast<Buffer*>(udata);
+    std::free(b->data);
+    b->data =
+        std::calloc(size, 1);  // bytes HDF5 reserves but never writes read as zeros, as on disk
+    b->size = b->data != nullptr ? size : 0;
+    return b->data;
+  }
+  static void* copy(void* dst, const void* src, size_t size, H5FD_file_image_op_t, void*) {
+    return std::memcpy(dst, src, size);
+  }
+  static void* resize(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+    auto* b = static_cast<Buffer*>(udata);
+    const size_t old_size = ptr == b->data ? b->size : 0;
+    void* p = std::realloc(ptr, size);
+    if (p == nullptr) return nullptr;
+    // Zeroed like a file's holes: a file must not carry leftovers of this process's memory.
+    if (size > old_size) std::memset(static_cast<uint8_t*>(p) + old_size, 0, size - old_size);
+    b->data = p;
+    b->size = size;
+    return p;
+  }
+  static herr_t release(void* ptr, H5FD_file_image_op_t op, void* udata) {
+    auto* b = static_cast<Buffer*>(udata);
+    if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr == b->data) {
+      b->closed = true;  // kept: the file's bytes
+      return 0;
+    }
+    if (ptr == b->data) b->data = nullptr, b->size = 0;
+    std::free(ptr);
+    return 0;
+  }
+  static void* same(void* udata) { return udata; }
+  static herr_t keep(void*) { return 0; }
+};
+
+MemoryFile::MemoryFile(MemoryFile&& o) noexcept = default;
+MemoryFile& MemoryFile::operator=(MemoryFile&& o) noexcept = default;
+
+MemoryFile::~MemoryFile() {
+  // A file HDF5 could not close still points at the buffer (libhdf5 closes it again at exit): leak
+  // the buffer rather than leave HDF5 a dangling pointer.
+  if (file_.valid() && !file_.close()) (void)buffer_.release();
 }
 
-Result<Handle> open_file(const std::string& path, const std::string& fix) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    return Status::error(path + " does not exist or is not a regular file -- " + fix);
-  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
-  if (is_h5 == 0)
+Result<MemoryFile> MemoryFile::create(const std::string& name, size_t user_block) {
+  MemoryFile m;
+  m.buffer_ = std::make_unique<Buffer>();
+  m.user_block_ = user_block;
+  Handle fapl = plist(H5P_FILE_ACCESS);
+  // STRONG: closing the file closes whatever is still open in it, so a close never fails for that.
+  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
+  H5Pset_fapl_core(fapl.get(), size_t{1} << 20, /*backing_store=*/0);
+  H5FD_file_image_callbacks_t callbacks = {&Buffer::allocate, &Buffer::copy, &Buffer::resize,
+                                           &Buffer::release,  &Buffer::same, &Buffer::keep,
+                                           m.buffer_.get()};
+  if (H5Pset_file_image_callbacks(fapl.get(), &callbacks) < 0)
+    return error("cannot set up an in-memory HDF5 file",
+                 "report this (a libhdf5 without the core driver?)");
+  Handle fcpl = plist(H5P_FILE_CREATE);
+  if (user_block > 0 && H5Pset_userblock(fcpl.get(), user_block) < 0)
+    return error("cannot reserve a user block", "report this");
+  // The core driver still open(2)s the name it is given (O_RDWR, following symlinks), though it
+  // never reads or writes it: give it a name nothing can be planted at (/proc takes no new files),
+  // unique in the process as HDF5 requires.
+  static std::atomic<uint64_t> counter{0};
+  const std::string memory_name = "/proc/troupe-in-memory-hdf5-file-" + std::to_string(::getpid()) +
+                                  "-" + std::to_string(counter.fetch_add(1));
+  m.file_ = Handle(H5Fcreate(memory_name.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose);
+  if (!m.file_.valid())
+    return error("cannot create the in-memory HDF5 file for " + name, "check free memory");
+  return m;
+}
+
+Result<MemoryFile::Image> MemoryFile::finish() {
+  if (!file_.close() || !buffer_->closed || buffer_->data == nullptr)
+    return error("cannot finish the in-memory HDF5 file", "check free memory");
+  // The file's length is the end-of-file address in its (version 0) superblock (counted from the
+  // start of the file, user block included); the buffer may be longer (the driver grows it in
+  // steps).
+  const auto* p = static_cast<const uint8_t*>(buffer_->data);
+  uint64_t eof = 0;
+  if (buffer_->size < user_block_ + 48 || p[user_block_ + 8] != 0)
+    return Status::error("the in-memory HDF5 file has an unexpected superblock -- report this");
+  std::memcpy(&eof, p + user_block_ + 40, sizeof eof);
+  if (eof > buffer_->size || eof < user_block_ + 48)
     return Status::error(
-        path +
-        " is not an HDF5 file (no HDF5 signature: damaged, truncated or another format) -- " + fix);
-  if (is_h5 < 0) return error("cannot read " + path, "check that it is readable");
-  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (!f.valid()) return error("cannot open HDF5 file " + path + ": it is damaged", fix);
-  return f;
+        "the in-memory HDF5 file is shorter than its superblock says -- report this");
+  Image image;
+  image.size = static_cast<size_t>(eof);
+  image.data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(buffer_->data),
+                                        [](uint8_t* d) { std::free(d); });
+  buffer_->data = nullptr;
+  buffer_->size = 0;
+  std::memset(image.data.get(), 0, user_block_);
+  return image;
 }
 
 Result<Handle> create_group(hid_t loc, const std::string& name) {
@@ -195,19 +238,6 @@ bool exists(hid_t loc, const std::string& name) {
   const bool found = H5Lexists(loc, name.c_str(), H5P_DEFAULT) > 0;
   H5Eclear2(H5E_DEFAULT);
   return found;
-}
-
-Result<std::vector<std::string>> list_links(hid_t group) {
-  std::vector<std::string> names;
-  auto visit = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
-    static_cast<std::vector<std::string>*>(data)->emplace_back(name);
-    return 0;
-  };
-  hsize_t idx = 0;
-  if (H5Literate(group, H5_INDEX_NAME, H5_ITER_INC, &idx, visit, &names) < 0)
-    return error("cannot list a group", "the file may be damaged; restore it from a copy");
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 Status write_attr(hid_t obj, const std::string& name, int64_t value) {
@@ -238,46 +268,6 @@ Status write_attr(hid_t obj, const std::string& name, const std::string& value) 
   return Status::ok();
 }
 
-Result<int64_t> read_attr_i64(hid_t obj, const std::string& name) {
-  int64_t v = 0;
-  TROUPE_RETURN_IF_ERROR(read_numeric_attr(obj, name, false, H5T_NATIVE_INT64, &v));
-  return v;
-}
-
-Result<double> read_attr_f64(hid_t obj, const std::string& name) {
-  double v = 0;
-  TROUPE_RETURN_IF_ERROR(read_numeric_attr(obj, name, true, H5T_NATIVE_DOUBLE, &v));
-  return v;
-}
-
-Result<std::string> read_attr_string(hid_t obj, const std::string& name) {
-  Result<Handle> a = open_attr(obj, name);
-  if (!a) return a.status();
-  Handle type(H5Aget_type(a->get()), H5Tclose);
-  if (H5Tget_class(type.get()) != H5T_STRING)
-    return Status::error(
-        "attribute '" + name +
-        "' is not a string -- the file was not written by troupe; re-save it with troupe");
-  const std::string fail_fix = "the file may be damaged; restore it from a copy";
-  if (H5Tis_variable_str(type.get()) > 0) {
-    Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(mem.get(), H5T_VARIABLE);
-    H5Tset_cset(mem.get(), H5Tget_cset(type.get()));
-    char* p = nullptr;
-    if (H5Aread(a->get(), mem.get(), &p) < 0)
-      return error("cannot read attribute '" + name + "'", fail_fix);
-    std::string s = p ? p : "";
-    H5free_memory(p);
-    return s;
-  }
-  const size_t size = H5Tget_size(type.get());
-  std::string buf(size + 1, '\0');
-  if (H5Aread(a->get(), type.get(), buf.data()) < 0)
-    return error("cannot read attribute '" + name + "'", fail_fix);
-  buf.resize(buf.find('\0'));
-  return buf;
-}
-
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
 #ifdef TROUPE_HAVE_ZLIB
@@ -297,32 +287,16 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
 #endif
 }
 
-uint32_t crc32(const void* data, size_t bytes) { return crc32_update(0, data, bytes); }
-
-
-
-Result<Shape> dataset_shape(hid_t loc, const std::string& name) {
-  Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid())
-    return error("cannot open the dataset", "the file may be damaged; restore it from a copy");
-  Handle space(H5Dget_space(ds.get()), H5Sclose);
-  const H5S_class_t cls = H5Sget_simple_extent_type(space.get());
-  if (cls == H5S_SCALAR) return Shape{};
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  if (cls != H5S_SIMPLE || rank < 0 || rank > Shape::kMaxRank)
-    return Status::error("the dataset has an unsupported dataspace (rank " + std::to_string(rank) +
-                         ") -- troupe tensors have rank 0 to " + std::to_string(Shape::kMaxRank));
-  std::array<hsize_t, Shape::kMaxRank> dims{};
-  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  return Shape(dims.begin(), dims.begin() + rank);
+uint32_t crc32(const void* data, size_t bytes) {
+  return crc32_update(0, data, bytes);
 }
 
 namespace {
 
-// One writer and one reader for both element types: float (tensors) and int64 (index tables).
+// One writer for both element types: float (tensors) and int64 (index tables).
 template <class T>
-Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, const T* data, hid_t file_type,
-                     hid_t mem_type) {
+Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, const T* data,
+                     hid_t file_type, hid_t mem_type) {
   std::array<hsize_t, Shape::kMaxRank> dims{};
   for (int i = 0; i < shape.rank(); ++i) dims[i] = static_cast<hsize_t>(shape[i]);
   Handle space(shape.rank() == 0 ? H5Screate(H5S_SCALAR)
@@ -333,9 +307,9 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
   Handle dcpl = plist(H5P_DATASET_CREATE);
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
-  Handle ds(H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(),
-                       H5P_DEFAULT),
-            H5Dclose);
+  Handle ds(
+      H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+      H5Dclose);
   if (!ds.valid()) return error("cannot create the dataset", "check free disk space");
   const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(T);
   const std::function<void(double)>* pacer = WritePacing::current();
@@ -344,7 +318,8 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
     if (bytes > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
       return error("cannot write the dataset", "check free disk space");
     const Status st = write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc32(data, bytes)));
-    if (pacer != nullptr) (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (pacer != nullptr)
+      (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     return st;
   }
   // Paced: block by block (hyperslabs of the one dimension), the checksum along.
@@ -355,8 +330,10 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
     const hsize_t count = std::min(block, n - start);
     Handle file_space(H5Dget_space(ds.get()), H5Sclose);
     Handle mem_space(H5Screate_simple(1, &count, nullptr), H5Sclose);
-    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) < 0 ||
-        H5Dwrite(ds.get(), mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, data + start) < 0)
+    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr) <
+            0 ||
+        H5Dwrite(ds.get(), mem_type, mem_space.get(), file_space.get(), H5P_DEFAULT, data + start) <
+            0)
       return error("cannot write the dataset", "check free disk space");
     crc = crc32_update(crc, data + start, static_cast<size_t>(count) * sizeof(T));
     (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -364,49 +341,16 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
   return write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc));
 }
 
-template <class T>
-Status read_dataset(hid_t loc, const std::string& name, const Shape& shape, T* out, H5T_class_t cls, hid_t mem_type,
-                    const char* what) {
-  Result<Shape> stored = dataset_shape(loc, name);
-  if (!stored) return stored.status();
-  if (!(*stored == shape))
-    return Status::error("the dataset has shape " + stored->str() + ", expected " + shape.str() +
-                         " -- read it with the shape it was written with");
-  Handle ds(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
-  Handle type(H5Dget_type(ds.get()), H5Tclose);
-  if (H5Tget_class(type.get()) != cls || H5Tget_size(type.get()) != sizeof(T))
-    return Status::error(std::string("the dataset is not ") + what + " -- re-save it with troupe");
-  const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(T);
-  if (bytes > 0 && H5Dread(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0)
-    return error("cannot read the dataset", "the file is damaged; restore it from a copy");
-  Result<int64_t> stored_crc = read_attr_i64(ds.get(), kChecksumAttr);
-  if (!stored_crc) return stored_crc.status();
-  const uint32_t crc = crc32(out, bytes);
-  if (*stored_crc != static_cast<int64_t>(crc))
-    return Status::error(
-        fmt::format("checksum mismatch (stored crc32 {:#010x}, computed {:#010x}): the data "
-                    "is corrupted -- restore the file from a copy or use an earlier one",
-                    *stored_crc, crc));
-  return Status::ok();
-}
-
 }  // namespace
 
-Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, const float* data) {
+Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
+                         const float* data) {
   return write_dataset(loc, name, shape, data, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT);
 }
 
-Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, float* out) {
-  return read_dataset(loc, name, shape, out, H5T_FLOAT, H5T_NATIVE_FLOAT,
-                      "32-bit float (troupe stores every tensor as f32)");
-}
-
-Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, const int64_t* data) {
+Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape,
+                         const int64_t* data) {
   return write_dataset(loc, name, shape, data, H5T_STD_I64LE, H5T_NATIVE_INT64);
-}
-
-Status read_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, int64_t* out) {
-  return read_dataset(loc, name, shape, out, H5T_INTEGER, H5T_NATIVE_INT64, "64-bit integer");
 }
 
 }  // namespace troupe::h5

@@ -1,7 +1,9 @@
-// Small RAII layer over HDF5's C API, private to storage/: owned handles, scalar attributes, and
-// f32 datasets carrying a CRC-32 of their bytes. Every function returns a Status whose message says
-// what failed (with HDF5's own error description) and how to fix it; messages do not name the file
-// or the dataset path, so callers prefix that context (Status::with_context).
+// Small RAII layer over HDF5's C API for *writing*, private to storage/: owned handles, files built
+// in memory, scalar attributes, and f32 / i64 datasets carrying a CRC-32 of their bytes. Reading
+// never goes through libhdf5 (storage/h5_reader.hpp parses what this writes, within bounds). Every
+// function returns a Status whose message says what failed (with HDF5's own error description) and
+// how to fix it; messages do not name the file or the dataset path, so callers prefix that context
+// (Status::with_context).
 //
 // Errors: wrap each public storage entry point in an h5::ErrorScope so HDF5 does not print its
 // error stack to stderr. HDF5 here is built thread-safe: calls are serialised by one global lock
@@ -12,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,34 +64,49 @@ std::string take_error_stack();
 // Status::error("<what> (<HDF5 stack>) -- <fix>").
 Status error(const std::string& what, const std::string& fix);
 
-// Files. create_file truncates an existing file; its handle's close() must be checked (it flushes).
-Result<Handle> create_file(const std::string& path);
-// Read-only open. A missing file, a file that is not HDF5 and a damaged file give distinct
-// messages, each ending with `fix`.
-Result<Handle> open_file(const std::string& path,
-                         const std::string& fix = "restore it from a copy or regenerate it");
+// A new HDF5 file built in memory (HDF5's core driver, no backing store): libhdf5 never touches the
+// disk, so a full disk or an I/O error can neither fail nor corrupt its state (HDF5 1.10 crashes at
+// exit after a failed close of a file on disk). finish() closes it and hands over its bytes, which
+// storage/durable.hpp writes. `name` (the path it will get) only appears in messages: nothing is
+// opened under it. With user_block > 0 (a power of two >= 512) that many zero bytes precede the
+// HDF5 data; HDF5 and h5py skip them.
+class MemoryFile {
+ public:
+  static Result<MemoryFile> create(const std::string& name, size_t user_block = 0);
+  MemoryFile(MemoryFile&&) noexcept;
+  MemoryFile& operator=(MemoryFile&&) noexcept;
+  ~MemoryFile();
+  hid_t get() const { return file_.get(); }
+
+  struct Image {
+    std::shared_ptr<uint8_t> data;  // the whole file, user block first
+    size_t size = 0;
+  };
+  // Closes the file (every object in it must be closed) and returns its bytes.
+  Result<Image> finish();
+
+ private:
+  struct Buffer;
+  MemoryFile() = default;
+  std::unique_ptr<Buffer> buffer_;  // declared first: outlives the file handle
+  Handle file_;
+  size_t user_block_ = 0;
+};
 
 Result<Handle> create_group(hid_t loc, const std::string& name);
 Result<Handle> open_group(hid_t loc, const std::string& name);
 // True when `name` (one link, no '/') exists under loc; false also when HDF5 fails.
 bool exists(hid_t loc, const std::string& name);
-// Link names directly under a group, sorted by name.
-Result<std::vector<std::string>> list_links(hid_t group);
 
-// Scalar attributes. Strings are variable-length UTF-8 (h5py reads them as str); reading also
-// accepts fixed-length strings. Integers are stored as int64, doubles as float64.
+// Scalar attributes. Strings are variable-length UTF-8 (h5py reads them as str). Integers are
+// stored as int64, doubles as float64.
 Status write_attr(hid_t obj, const std::string& name, int64_t value);
 Status write_attr(hid_t obj, const std::string& name, double value);
 Status write_attr(hid_t obj, const std::string& name, const std::string& value);
-Result<int64_t> read_attr_i64(hid_t obj, const std::string& name);
-Result<double> read_attr_f64(hid_t obj, const std::string& name);
-Result<std::string> read_attr_string(hid_t obj, const std::string& name);
-
 // CRC-32 (IEEE 802.3 polynomial, the one of zlib, gzip and Python's zlib.crc32). crc32_update
 // continues a CRC over more bytes: crc32(ab) == crc32_update(crc32(a), b).
 uint32_t crc32(const void* data, size_t bytes);
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
-
 
 // Name of the per-dataset checksum attribute: int64 holding the CRC-32 of the dataset's bytes
 // (little-endian f32, row-major).
@@ -97,16 +115,9 @@ inline constexpr const char* kChecksumAttr = "crc32";
 // Writes shape.numel() floats from `data` (contiguous, row-major: e.g. the leading rows of a larger
 // tensor) as a contiguous, uncompressed little-endian f32 dataset with its kChecksumAttr.
 Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, const float* data);
-// The dataset's shape; an error when it is not a simple dataspace of rank <= Shape::kMaxRank.
-Result<Shape> dataset_shape(hid_t loc, const std::string& name);
-// Reads the dataset into `out` (shape.numel() floats) after checking that it is a 32-bit float
-// dataset of exactly `shape`, then verifies the checksum. On error `out` may hold partial or
-// corrupt data.
-Status read_f32_dataset(hid_t loc, const std::string& name, const Shape& shape, float* out);
-
 // The same for int64 data (index tables): a contiguous little-endian i64 dataset with its checksum
-// (CRC-32 of its little-endian bytes), and its checked read.
-Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, const int64_t* data);
-Status read_i64_dataset(hid_t loc, const std::string& name, const Shape& shape, int64_t* out);
+// (CRC-32 of its little-endian bytes).
+Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape,
+                         const int64_t* data);
 
 }  // namespace troupe::h5

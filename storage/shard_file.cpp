@@ -3,23 +3,138 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <chrono>
 #include <cstring>
-#include <sstream>
+#include <limits>
+#include <mutex>
+#include <set>
 
 #include "kernels/check.hpp"
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
+#include "storage/sharded_checkpoint.hpp"
+#include "storage/write_pacing.hpp"
 
 namespace troupe {
 
 namespace {
 
 constexpr const char* kShardFormat = "troupe-checkpoint-shard";
-constexpr int64_t kShardVersion = 2;
+constexpr const char* kV1Format = "troupe-checkpoint";
+constexpr int64_t kShardVersion = 3;
 constexpr const char* kRunsSuffix = ".runs";
 constexpr const char* kGlobalShapeAttr = "global_shape";
+constexpr const char* kDamagedFix = " -- restore the checkpoint from a copy or load an earlier one";
 
-const ShardSection kSections[] = {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq};
+const ShardSection kSections[] = {ShardSection::model, ShardSection::exp_avg,
+                                  ShardSection::exp_avg_sq};
+
+// ---- the integrity header (bytes 0..511, an HDF5 user block)
+// -----------------------------------------
+//   0  8  "TRPSHARD"          16  u64 length of the whole file
+//   8  4  header version 1    24  u32 CRC-32 of bytes 512 .. length-1
+//  12  4  header bytes 512    28  u32 CRC-32 of bytes 0..511 with this field zero
+//  32 ..  a line of text for whoever opens the file in an editor, then zeros
+constexpr size_t kHeaderBytes = 512;
+constexpr char kMagic[8] = {'T', 'R', 'P', 'S', 'H', 'A', 'R', 'D'};
+constexpr const char* kHeaderNote =
+    "troupe checkpoint shard, format version 3 (docs/CHECKPOINT.md): HDF5 data from byte 512; "
+    "these first "
+    "512 bytes are an HDF5 user block (h5py and h5dump skip it) holding the file's length and "
+    "CRC-32.\n";
+
+void put_u32(uint8_t* p, uint32_t v) {
+  std::memcpy(p, &v, 4);
+}
+void put_u64(uint8_t* p, uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+uint32_t header_crc(const uint8_t* header) {
+  uint8_t copy[kHeaderBytes];
+  std::memcpy(copy, header, kHeaderBytes);
+  put_u32(copy + 28, 0);
+  return h5::crc32(copy, kHeaderBytes);
+}
+
+void fill_header(uint8_t* header, uint64_t bytes, uint32_t payload_crc) {
+  std::memset(header, 0, kHeaderBytes);
+  std::memcpy(header, kMagic, sizeof kMagic);
+  put_u32(header + 8, 1);
+  put_u32(header + 12, kHeaderBytes);
+  put_u64(header + 16, bytes);
+  put_u32(header + 24, payload_crc);
+  std::memcpy(header + 32, kHeaderNote, std::strlen(kHeaderNote));
+  put_u32(header + 28, header_crc(header));
+}
+
+// nullopt: no header (no magic). An error: a header that is damaged or does not fit the file.
+Result<std::optional<ShardDigest>> parse_header(const h5read::ByteSource& source) {
+  if (source.size() < sizeof kMagic) return std::optional<ShardDigest>();
+  uint8_t header[kHeaderBytes] = {0};
+  TROUPE_RETURN_IF_ERROR(source.read(0, header, sizeof kMagic));
+  if (std::memcmp(header, kMagic, sizeof kMagic) != 0) return std::optional<ShardDigest>();
+  if (source.size() < kHeaderBytes)
+    return Status::bad_input(
+        fmt::format("the file is truncated ({} bytes, shorter than its header)", source.size()) +
+        kDamagedFix);
+  TROUPE_RETURN_IF_ERROR(source.read(0, header, kHeaderBytes));
+  if (header_crc(header) != get_u32(header + 28) || get_u32(header + 8) != 1 ||
+      get_u32(header + 12) != kHeaderBytes)
+    return Status::bad_input("its integrity header is damaged (checksum mismatch)" +
+                             std::string(kDamagedFix));
+  ShardDigest d{get_u64(header + 16), get_u32(header + 24)};
+  if (d.bytes != source.size())
+    return Status::bad_input(
+        fmt::format("the file has {} bytes but its header records {}: it is truncated or "
+                    "extended",
+                    source.size(), d.bytes) +
+        kDamagedFix);
+  return std::optional<ShardDigest>(d);
+}
+
+// Files whose whole-file checksum matched, by identity (device, inode, size, times): the ranks of a
+// process all open the same shards, and each is read once for its checksum.
+std::mutex g_verified_mu;
+std::set<std::string> g_verified;
+
+Status verify_payload(const h5read::ByteSource& source, const ShardDigest& digest) {
+  const std::string id = source.identity();
+  if (!id.empty()) {
+    std::lock_guard<std::mutex> lock(g_verified_mu);
+    if (g_verified.count(id)) return Status::ok();
+  }
+  std::vector<uint8_t> block(std::min<uint64_t>(kPacedBlockBytes, digest.bytes));
+  uint32_t crc = 0;
+  for (uint64_t at = kHeaderBytes; at < digest.bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), digest.bytes - at));
+    TROUPE_RETURN_IF_ERROR(source.read(at, block.data(), n));
+    crc = h5::crc32_update(crc, block.data(), n);
+    at += n;
+  }
+  if (crc != digest.crc32)
+    return Status::bad_input(
+        fmt::format("the file's checksum does not match (stored crc32 {:#010x}, computed "
+                    "{:#010x}): it is corrupted",
+                    digest.crc32, crc) +
+        kDamagedFix);
+  if (!id.empty()) {
+    std::lock_guard<std::mutex> lock(g_verified_mu);
+    g_verified.insert(id);
+  }
+  return Status::ok();
+}
 
 std::string shape_text(const Shape& s) {  // "[4, 6]"; "[]" for a scalar
   std::string out = "[";
@@ -27,47 +142,47 @@ std::string shape_text(const Shape& s) {  // "[4, 6]"; "[]" for a scalar
   return out + "]";
 }
 
+// "[d0, d1, ...]" with at most Shape::kMaxRank non-negative dimensions whose product fits int64.
 Result<Shape> parse_shape(const std::string& text) {
-  if (text.size() < 2 || text.front() != '[' || text.back() != ']')
-    return Status::error("global_shape '" + text + "' is not of the form [d0, d1, ...]");
+  const std::string shown = text.substr(0, 80);
+  if (text.size() < 2 || text.size() > 200 || text.front() != '[' || text.back() != ']')
+    return Status::bad_input("global_shape '" + shown + "' is not of the form [d0, d1, ...]");
   std::vector<int64_t> dims;
-  std::stringstream in(text.substr(1, text.size() - 2));
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(item, &used);
-      if (v < 0) throw std::invalid_argument("negative");
-      dims.push_back(v);
-    } catch (const std::exception&) {
-      return Status::error("global_shape '" + text + "' holds a bad dimension '" + item + "'");
-    }
+  const char* p = text.data() + 1;
+  const char* end = text.data() + text.size() - 1;
+  int64_t numel = 1;
+  while (p < end) {
+    while (p < end && *p == ' ') ++p;
+    int64_t v = -1;
+    auto [next, err] = std::from_chars(p, end, v);
+    if (err != std::errc() || v < 0)
+      return Status::bad_input("global_shape '" + shown + "' holds a bad dimension");
+    if (v != 0 && numel > std::numeric_limits<int64_t>::max() / v)
+      return Status::bad_input("global_shape '" + shown +
+                               "' has more elements than fit in 64 bits");
+    numel *= v;
+    dims.push_back(v);
+    p = next;
+    while (p < end && *p == ' ') ++p;
+    if (p < end && *p++ != ',')
+      return Status::bad_input("global_shape '" + shown + "' holds a bad separator");
+    if (dims.size() > static_cast<size_t>(Shape::kMaxRank))
+      return Status::bad_input("global_shape '" + shown +
+                               "' has more dimensions than troupe supports");
   }
-  if (dims.size() > static_cast<size_t>(Shape::kMaxRank))
-    return Status::error("global_shape '" + text + "' has more dimensions than troupe supports");
   return Shape(dims.begin(), dims.end());
 }
 
 // Opens (or creates) the group of a section, "optimizer/exp_avg" being two levels.
-Result<h5::Handle> section_group(hid_t file, ShardSection section, bool create) {
+Result<h5::Handle> section_group(hid_t file, ShardSection section) {
   const std::string path = shard_section_path(section);
   const size_t slash = path.find('/');
-  if (slash == std::string::npos)
-    return create ? h5::create_group(file, path) : h5::open_group(file, path);
+  if (slash == std::string::npos) return h5::create_group(file, path);
   const std::string outer = path.substr(0, slash), inner = path.substr(slash + 1);
-  Result<h5::Handle> parent = (create && !h5::exists(file, outer)) ? h5::create_group(file, outer)
-                                                                      : h5::open_group(file, outer);
+  Result<h5::Handle> parent =
+      !h5::exists(file, outer) ? h5::create_group(file, outer) : h5::open_group(file, outer);
   if (!parent) return parent.status();
-  return create ? h5::create_group(parent->get(), inner) : h5::open_group(parent->get(), inner);
-}
-
-bool section_exists(hid_t file, ShardSection section) {
-  const std::string path = shard_section_path(section);
-  const size_t slash = path.find('/');
-  if (slash == std::string::npos) return h5::exists(file, path);
-  if (!h5::exists(file, path.substr(0, slash))) return false;
-  auto outer = h5::open_group(file, path.substr(0, slash));
-  return outer && h5::exists(outer->get(), path.substr(slash + 1));
+  return h5::create_group(parent->get(), inner);
 }
 
 int64_t run_total(const std::vector<GlobalRun>& runs) {
@@ -76,18 +191,96 @@ int64_t run_total(const std::vector<GlobalRun>& runs) {
   return n;
 }
 
+// The bytes of the shard file, header included (its checksums filled in).
+Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int rank,
+                                                ShardContents& contents, bool release) {
+  h5::ErrorScope quiet;
+  Result<h5::MemoryFile> file = h5::MemoryFile::create(path, kHeaderBytes);
+  if (!file) return file.status();
+  const hid_t root = file->get();
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kShardFormat)));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", kShardVersion));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rank", static_cast<int64_t>(rank)));
+  for (auto& [section, pieces] : contents.sections) {
+    if (pieces.empty()) continue;
+    Result<h5::Handle> group = section_group(root, section);
+    if (!group) return group.status();
+    for (TensorPiece& p : pieces) {
+      const int64_t n = run_total(p.runs);
+      TROUPE_CHECK(p.values.defined() && p.values.dtype() == DType::f32 && p.values.numel() == n,
+                   "shard piece '" + p.name + "': values must be host f32 covering its runs");
+      for (const GlobalRun& r : p.runs)
+        TROUPE_CHECK(r.length > 0 && r.start >= 0 && r.start + r.length <= p.global_shape.numel(),
+                     "shard piece '" + p.name + "': a run lies outside the global shape");
+      const std::string what = "tensor " + p.name + ": ";
+      TROUPE_RETURN_IF_ERROR(
+          h5::write_f32_dataset(group->get(), p.name, Shape{n}, p.values.data<float>())
+              .with_context(what));
+      if (release) p.values = Tensor();  // in the file now
+      {
+        h5::Handle ds(H5Dopen2(group->get(), p.name.c_str(), H5P_DEFAULT), H5Dclose);
+        TROUPE_RETURN_IF_ERROR(
+            h5::write_attr(ds.get(), kGlobalShapeAttr, shape_text(p.global_shape))
+                .with_context(what));
+      }
+      std::vector<int64_t> table;
+      table.reserve(2 * p.runs.size());
+      for (const GlobalRun& r : p.runs) {
+        table.push_back(r.start);
+        table.push_back(r.length);
+      }
+      TROUPE_RETURN_IF_ERROR(h5::write_i64_dataset(group->get(), p.name + kRunsSuffix,
+                                                   Shape{static_cast<int64_t>(p.runs.size()), 2},
+                                                   table.data())
+                                 .with_context(what));
+    }
+  }
+  Result<h5::MemoryFile::Image> image = file->finish();
+  if (!image) return image.status();
+  // The checksum of the HDF5 data, block by block with the write pacing (it reads every byte once).
+  const std::function<void(double)>* pacer = WritePacing::current();
+  uint32_t crc = 0;
+  for (size_t at = kHeaderBytes; at < image->size;) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t n = std::min(kPacedBlockBytes, image->size - at);
+    crc = h5::crc32_update(crc, image->data.get() + at, n);
+    at += n;
+    if (pacer != nullptr)
+      (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  fill_header(image->data.get(), image->size, crc);
+  return image;
+}
+
+Status write_shard(const std::string& path, int rank, ShardContents& contents, bool release) {
+  const std::string where = "writing the checkpoint shard " + path + ": ";
+  Result<h5::MemoryFile::Image> image = build_shard_image(path, rank, contents, release);
+  if (!image) return image.status().with_context(where);
+  Status st = make_directories(parent_dir(path));
+  if (st) st = write_file_atomically(path, {{image->data.get(), image->size}});
+  if (!st) {
+    discard_unfinished_save(parent_dir(path));
+    return st.with_context(where);
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 const char* shard_section_path(ShardSection s) {
   switch (s) {
-    case ShardSection::model: return "model";
-    case ShardSection::exp_avg: return "optimizer/exp_avg";
-    case ShardSection::exp_avg_sq: return "optimizer/exp_avg_sq";
+    case ShardSection::model:
+      return "model";
+    case ShardSection::exp_avg:
+      return "optimizer/exp_avg";
+    case ShardSection::exp_avg_sq:
+      return "optimizer/exp_avg_sq";
   }
   return "?";
 }
 
-std::vector<GlobalRun> runs_from_indices(int64_t n, const std::function<int64_t(int64_t)>& global_index) {
+std::vector<GlobalRun> runs_from_indices(int64_t n,
+                                         const std::function<int64_t(int64_t)>& global_index) {
   std::vector<GlobalRun> runs;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = global_index(i);
@@ -100,65 +293,39 @@ std::vector<GlobalRun> runs_from_indices(int64_t n, const std::function<int64_t(
   return runs;
 }
 
-// ---- writing ---------------------------------------------------------------------------------------
+// ---- writing
+// ---------------------------------------------------------------------------------------
 
 Status write_shard_file(const std::string& path, int rank, const ShardContents& contents) {
-  h5::ErrorScope quiet;
-  const std::string tmp = path + ".tmp";
-  const std::string where = "writing the checkpoint shard " + path + ": ";
-  {
-    Result<h5::Handle> file = h5::create_file(tmp);
-    if (!file) return file.status().with_context(where);
-    TROUPE_RETURN_IF_ERROR(h5::write_attr(file->get(), "format", std::string(kShardFormat)).with_context(where));
-    TROUPE_RETURN_IF_ERROR(h5::write_attr(file->get(), "format_version", kShardVersion).with_context(where));
-    TROUPE_RETURN_IF_ERROR(h5::write_attr(file->get(), "rank", static_cast<int64_t>(rank)).with_context(where));
-    for (const auto& [section, pieces] : contents.sections) {
-      if (pieces.empty()) continue;
-      Result<h5::Handle> group = section_group(file->get(), section, true);
-      if (!group) return group.status().with_context(where);
-      for (const TensorPiece& p : pieces) {
-        const int64_t n = run_total(p.runs);
-        TROUPE_CHECK(p.values.defined() && p.values.dtype() == DType::f32 && p.values.numel() == n,
-                     "shard piece '" + p.name + "': values must be host f32 covering its runs");
-        for (const GlobalRun& r : p.runs)
-          TROUPE_CHECK(r.length > 0 && r.start >= 0 && r.start + r.length <= p.global_shape.numel(),
-                       "shard piece '" + p.name + "': a run lies outside the global shape");
-        const std::string what = where + "tensor " + p.name + ": ";
-        TROUPE_RETURN_IF_ERROR(
-            h5::write_f32_dataset(group->get(), p.name, Shape{n}, p.values.data<float>()).with_context(what));
-        {
-          h5::Handle ds(H5Dopen2(group->get(), p.name.c_str(), H5P_DEFAULT), H5Dclose);
-          TROUPE_RETURN_IF_ERROR(h5::write_attr(ds.get(), kGlobalShapeAttr, shape_text(p.global_shape)).with_context(what));
-        }
-        std::vector<int64_t> table;
-        table.reserve(2 * p.runs.size());
-        for (const GlobalRun& r : p.runs) {
-          table.push_back(r.start);
-          table.push_back(r.length);
-        }
-        TROUPE_RETURN_IF_ERROR(h5::write_i64_dataset(group->get(), p.name + kRunsSuffix,
-                                                     Shape{static_cast<int64_t>(p.runs.size()), 2}, table.data())
-                                   .with_context(what));
-      }
-    }
-    if (!file->close())
-      return h5::error("cannot finish " + tmp, "check free disk space").with_context(where);
-  }
-  return commit_file(tmp, path).with_context(where);
+  ShardContents view = contents;  // tensor handles only: the values are not copied
+  return write_shard(path, rank, view, /*release=*/false);
 }
 
-// ---- reading ---------------------------------------------------------------------------------------
+Status write_shard_file(const std::string& path, int rank, ShardContents&& contents) {
+  return write_shard(path, rank, contents, /*release=*/true);
+}
+
+Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path) {
+  auto source = h5read::open_file_source(path);
+  if (!source) return source.status().with_context("checkpoint shard " + path + ": ");
+  auto d = parse_header(**source);
+  if (!d) return d.status().with_context("checkpoint shard " + path + ": ");
+  return d;
+}
+
+// ---- reading
+// ---------------------------------------------------------------------------------------
 
 struct ShardSetReader::Impl {
   struct File {
-    std::string path;
-    h5::Handle handle;
+    std::string name;
+    std::unique_ptr<h5read::File> h5;
   };
   struct Piece {
     int file = 0;
-    std::string name;
+    h5read::Object dataset;  // its values: (numel) in shards, the global shape in version 1
     int64_t numel = 0;
-    Shape stored;               // the dataset's shape: (numel) in shards, the global shape in version 1
+    int64_t crc = 0;
     std::vector<float> values;  // loaded on first use, dropped after the read() that used it
     bool loaded = false;
   };
@@ -176,113 +343,231 @@ struct ShardSetReader::Impl {
   std::vector<File> files;
   std::map<std::pair<ShardSection, std::string>, Entry> entries;
 
-  Status load(ShardSection section, Entry& e, Piece& p) {
+  // The checkpoint for messages: its one file, or the folder of its files.
+  std::string where() const {
+    if (files.size() == 1) return files[0].name;
+    return files.empty()
+               ? std::string("(no files)")
+               : parent_dir(files[0].name) + " (" + std::to_string(files.size()) + " files)";
+  }
+
+  Status load(Piece& p) {
     if (p.loaded) return Status::ok();
-    auto group = section_group(files[p.file].handle.get(), section, false);
-    if (!group) return group.status();
     p.values.resize(static_cast<size_t>(p.numel));
-    TROUPE_RETURN_IF_ERROR(h5::read_f32_dataset(group->get(), p.name, p.stored, p.values.data()));
+    TROUPE_RETURN_IF_ERROR(
+        files[static_cast<size_t>(p.file)].h5->read_data(p.dataset, p.values.data()));
+    const uint32_t crc = h5::crc32(p.values.data(), p.values.size() * sizeof(float));
+    if (p.crc != static_cast<int64_t>(crc))
+      return Status::bad_input(
+          fmt::format("checksum mismatch (stored crc32 {:#010x}, computed {:#010x}): the data "
+                      "is corrupted -- restore the file from a copy or use an earlier one",
+                      p.crc, crc));
     p.loaded = true;
-    (void)e;
     return Status::ok();
   }
 };
 
+namespace {
+
+// A section's group in a file, or nullopt when the file has none.
+Result<std::optional<h5read::Object>> find_section(const h5read::File& f, ShardSection section) {
+  const std::string path = shard_section_path(section);
+  h5read::Object group = f.root();
+  size_t start = 0;
+  while (true) {
+    const size_t slash = path.find('/', start);
+    const std::string part =
+        path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    auto links = f.links(group);
+    if (!links) return links.status();
+    auto it = links->find(part);
+    if (it == links->end()) return std::optional<h5read::Object>();
+    auto next = f.object(it->second);
+    if (!next) return next.status().with_context("group " + path + ": ");
+    if (!next->has_group)
+      return Status::bad_input("'" + path + "' is not a group" + std::string(kDamagedFix));
+    group = std::move(next).value();
+    if (slash == std::string::npos) return std::optional<h5read::Object>(std::move(group));
+    start = slash + 1;
+  }
+}
+
+Result<int64_t> int_attr(const h5read::Object& o, const char* name) {
+  auto it = o.attributes.find(name);
+  if (it == o.attributes.end())
+    return Status::bad_input(std::string("attribute '") + name +
+                             "' is missing -- the file was not written by troupe");
+  if (it->second.type != h5read::ElementType::i64)
+    return Status::bad_input(std::string("attribute '") + name + "' is not a 64-bit integer" +
+                             kDamagedFix);
+  return it->second.i;
+}
+
+Result<std::string> string_attr(const h5read::Object& o, const char* name) {
+  auto it = o.attributes.find(name);
+  if (it == o.attributes.end())
+    return Status::bad_input(std::string("attribute '") + name +
+                             "' is missing -- the file was not written by troupe");
+  if (it->second.type != h5read::ElementType::string)
+    return Status::bad_input(std::string("attribute '") + name + "' is not a string" + kDamagedFix);
+  return it->second.s;
+}
+
+}  // namespace
+
 ShardSetReader::ShardSetReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShardSetReader::~ShardSetReader() = default;
 
-Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(const std::vector<std::string>& paths) {
-  h5::ErrorScope quiet;
+Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
+    const std::vector<std::string>& paths) {
+  std::vector<ShardSource> files;
+  for (const std::string& path : paths) {
+    auto source = h5read::open_file_source(path);
+    if (!source) return source.status().with_context("checkpoint shard " + path + ": ");
+    files.push_back({path, std::move(source).value()});
+  }
+  return open(files);
+}
+
+Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
+    const std::vector<ShardSource>& sources, const ShardReadOptions& options) {
   auto impl = std::make_unique<Impl>();
   // Pieces with their runs, before the intervals are built.
   std::map<std::pair<ShardSection, std::string>, std::vector<std::vector<GlobalRun>>> runs_of;
-  for (const std::string& path : paths) {
-    const std::string where = "checkpoint shard " + path + ": ";
-    Result<h5::Handle> file = h5::open_file(path, "restore the checkpoint from a copy or load an earlier one");
+  for (const ShardSource& source : sources) {
+    const std::string where = "checkpoint file " + source.name + ": ";
+    auto digest = parse_header(*source.bytes);
+    if (!digest) return digest.status().with_context(where);
+    if (digest->has_value() && options.verify_whole_file)
+      TROUPE_RETURN_IF_ERROR(verify_payload(*source.bytes, **digest).with_context(where));
+    auto file = h5read::File::open(source.bytes);
     if (!file) return file.status().with_context(where);
-    auto format = h5::read_attr_string(file->get(), "format");
-    auto version = h5::read_attr_i64(file->get(), "format_version");
-    // A version-1 checkpoint file (one process, 1x1x1) reads as one piece per tensor covering it all.
-    const bool v1 = format && *format == "troupe-checkpoint" && version && *version == 1;
-    if (!v1 && (!format || *format != kShardFormat || !version || *version != kShardVersion))
-      return Status::error(where + "not a troupe checkpoint shard of format version 2 -- point --load at a "
-                                   "checkpoint directory written by troupe");
+    const h5read::Object& root = (*file)->root();
+    auto format = string_attr(root, "format");
+    auto version = int_attr(root, "format_version");
+    // A version-1 checkpoint file (one process, 1x1x1) reads as one piece per tensor covering it
+    // all.
+    const bool v1 = format && *format == kV1Format && version && *version == 1;
+    const bool shard =
+        format && *format == kShardFormat && version && (*version == 2 || *version == 3);
+    if (!v1 && !shard)
+      return Status::bad_input(
+          where +
+          "not a troupe checkpoint shard of format version 2 or 3 -- point --load at "
+          "a checkpoint directory written by troupe");
+    if (digest->has_value() != (shard && *version == 3))
+      return Status::bad_input(
+          where +
+          (digest->has_value()
+               ? "an integrity header on a file of format version " + std::to_string(*version)
+               : std::string("a version-3 shard without its integrity "
+                             "header")) +
+          kDamagedFix);
     const int index = static_cast<int>(impl->files.size());
     for (ShardSection section : kSections) {
-      if (!section_exists(file->get(), section)) continue;
-      auto group = section_group(file->get(), section, false);
+      auto group = find_section(**file, section);
       if (!group) return group.status().with_context(where);
-      auto names = h5::list_links(group->get());
-      if (!names) return names.status().with_context(where);
-      for (const std::string& name : *names) {
+      if (!group->has_value()) continue;
+      auto links = (*file)->links(**group);
+      if (!links) return links.status().with_context(where + shard_section_path(section) + ": ");
+      for (const auto& [name, address] : *links) {
         if (name.size() > std::strlen(kRunsSuffix) &&
-            name.compare(name.size() - std::strlen(kRunsSuffix), std::string::npos, kRunsSuffix) == 0)
+            name.compare(name.size() - std::strlen(kRunsSuffix), std::string::npos, kRunsSuffix) ==
+                0)
           continue;
-        const std::string what = where + "tensor " + name + ": ";
-        auto shape = h5::dataset_shape(group->get(), name);
-        if (!shape) return shape.status().with_context(what);
-        if (v1) {
-          auto& entry = impl->entries[{section, name}];
-          if (!entry.pieces.empty() && !(entry.shape == *shape))
-            return Status::error(what + "its shape differs from another file's -- these files are not one checkpoint");
-          entry.shape = *shape;
-          Impl::Piece piece;
-          piece.file = index;
-          piece.name = name;
-          piece.numel = shape->numel();
-          piece.stored = *shape;
-          entry.pieces.push_back(std::move(piece));
-          runs_of[{section, name}].push_back({{0, shape->numel()}});
-          continue;
-        }
-        if (shape->rank() != 1) return Status::error(what + "values must be 1-D -- the file is damaged");
-        std::string shape_attr;
-        {
-          h5::Handle ds(H5Dopen2(group->get(), name.c_str(), H5P_DEFAULT), H5Dclose);
-          auto a = h5::read_attr_string(ds.get(), kGlobalShapeAttr);
-          if (!a) return a.status().with_context(what);
-          shape_attr = *a;
-        }
-        auto global = parse_shape(shape_attr);
-        if (!global) return global.status().with_context(what);
-        auto table_shape = h5::dataset_shape(group->get(), name + kRunsSuffix);
-        if (!table_shape || table_shape->rank() != 2 || (*table_shape)[1] != 2)
-          return Status::error(what + "its run table is missing or malformed -- the file is damaged; restore it");
-        std::vector<int64_t> table(static_cast<size_t>(table_shape->numel()));
-        TROUPE_RETURN_IF_ERROR(
-            h5::read_i64_dataset(group->get(), name + kRunsSuffix, *table_shape, table.data()).with_context(what));
-        std::vector<GlobalRun> runs;
-        int64_t total = 0;
-        for (size_t i = 0; i + 1 < table.size(); i += 2) {
-          const GlobalRun r{table[i], table[i + 1]};
-          if (r.length <= 0 || r.start < 0 || r.start + r.length > global->numel())
-            return Status::error(what + "a run lies outside the global shape " + shape_attr +
-                                 " -- the file is damaged; restore it");
-          runs.push_back(r);
-          total += r.length;
-        }
-        if (total != (*shape)[0])
-          return Status::error(what + "its runs cover " + std::to_string(total) + " elements but it holds " +
-                               std::to_string((*shape)[0]) + " -- the file is damaged; restore it");
-        auto& entry = impl->entries[{section, name}];
-        if (entry.pieces.empty()) {
-          entry.shape = *global;
-        } else if (!(entry.shape == *global)) {
-          return Status::error(what + "global shape " + shape_attr + " differs from " + shape_text(entry.shape) +
-                               " in another shard -- the checkpoint mixes files of different models");
-        }
+        const std::string what =
+            where + "tensor " + shard_section_path(section) + "/" + name + ": ";
+        auto ds = (*file)->object(address);
+        if (!ds) return ds.status().with_context(what);
+        if (!ds->has_dataset || ds->type != h5read::ElementType::f32)
+          return Status::bad_input(
+              what + "not a 32-bit float dataset (troupe stores every tensor as f32)" +
+              kDamagedFix);
+        auto crc = int_attr(*ds, h5::kChecksumAttr);
+        if (!crc) return crc.status().with_context(what);
         Impl::Piece piece;
         piece.file = index;
-        piece.name = name;
-        piece.numel = total;
-        piece.stored = Shape{total};
+        piece.numel = ds->numel;
+        piece.crc = *crc;
+        Shape global;
+        std::vector<GlobalRun> runs;
+        if (v1) {
+          if (ds->dims.size() > static_cast<size_t>(Shape::kMaxRank))
+            return Status::bad_input(what + "more dimensions than troupe supports" + kDamagedFix);
+          global = Shape(ds->dims.begin(), ds->dims.end());
+          if (ds->numel > 0) runs.push_back({0, ds->numel});
+        } else {
+          if (ds->dims.size() != 1)
+            return Status::bad_input(what + "values must be 1-D" + kDamagedFix);
+          auto shape_attr = string_attr(*ds, kGlobalShapeAttr);
+          if (!shape_attr) return shape_attr.status().with_context(what);
+          auto parsed = parse_shape(*shape_attr);
+          if (!parsed) return parsed.status().with_context(what);
+          global = parsed.value();
+          auto table_at = links->find(name + kRunsSuffix);
+          if (table_at == links->end())
+            return Status::bad_input(what + "its run table is missing" + kDamagedFix);
+          auto table_ds = (*file)->object(table_at->second);
+          if (!table_ds) return table_ds.status().with_context(what + "run table: ");
+          if (!table_ds->has_dataset || table_ds->type != h5read::ElementType::i64 ||
+              table_ds->dims.size() != 2 || table_ds->dims[1] != 2)
+            return Status::bad_input(
+                what + "its run table is not a (k, 2) table of 64-bit integers" + kDamagedFix);
+          // Runs hold at least one element each, so a table longer than the values is damaged; this
+          // also bounds the table by what the file holds.
+          if (table_ds->dims[0] > std::max<int64_t>(ds->numel, 0))
+            return Status::bad_input(what + "its run table has more runs than it has values" +
+                                     kDamagedFix);
+          auto table_crc = int_attr(*table_ds, h5::kChecksumAttr);
+          if (!table_crc) return table_crc.status().with_context(what + "run table: ");
+          std::vector<int64_t> table(static_cast<size_t>(table_ds->numel));
+          TROUPE_RETURN_IF_ERROR((*file)->read_data(*table_ds, table.data()).with_context(what));
+          const uint32_t computed = h5::crc32(table.data(), table.size() * sizeof(int64_t));
+          if (*table_crc != static_cast<int64_t>(computed))
+            return Status::bad_input(
+                what +
+                fmt::format("checksum mismatch in its run table (stored crc32 {:#010x}, "
+                            "computed {:#010x})",
+                            *table_crc, computed) +
+                kDamagedFix);
+          const int64_t global_numel = global.numel();
+          int64_t total = 0;
+          for (size_t i = 0; i + 1 < table.size(); i += 2) {
+            const GlobalRun r{table[i], table[i + 1]};
+            if (r.length <= 0 || r.start < 0 || r.start > global_numel ||
+                r.length > global_numel - r.start)
+              return Status::bad_input(what + "a run lies outside the global shape " + *shape_attr +
+                                       kDamagedFix);
+            if (r.length > ds->numel - total) {  // more elements than values (and no overflow)
+              total = -1;
+              break;
+            }
+            runs.push_back(r);
+            total += r.length;
+          }
+          if (total != ds->numel)
+            return Status::bad_input(what + "its runs do not cover exactly the " +
+                                     std::to_string(ds->numel) + " values it holds" + kDamagedFix);
+        }
+        auto& entry = impl->entries[{section, name}];
+        if (entry.pieces.empty()) {
+          entry.shape = global;
+        } else if (!(entry.shape == global)) {
+          return Status::bad_input(
+              what + "global shape " + shape_text(global) + " differs from " +
+              shape_text(entry.shape) +
+              " in another file -- the checkpoint mixes files of different models");
+        }
+        piece.dataset = std::move(ds).value();
         entry.pieces.push_back(std::move(piece));
         runs_of[{section, name}].push_back(std::move(runs));
       }
     }
-    impl->files.push_back({path, std::move(file).value()});
+    impl->files.push_back({source.name, std::move(file).value()});
   }
-  // Disjoint intervals: replicas (identical by contract) overlap; the piece listed first keeps its part.
+  // Disjoint intervals: replicas (identical by contract) overlap; the piece listed first keeps its
+  // part. The intervals must cover every element: a gap means a missing or foreign file, and a
+  // global shape can claim no more elements than the files hold.
   for (auto& [key, entry] : impl->entries) {
     std::vector<Impl::Interval> all;
     const auto& piece_runs = runs_of[key];
@@ -293,17 +578,23 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(const std::vector<s
         offset += r.length;
       }
     }
-    std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.start < b.start; });
+    std::stable_sort(all.begin(), all.end(),
+                     [](const auto& a, const auto& b) { return a.start < b.start; });
     int64_t covered = 0;
     for (Impl::Interval iv : all) {
       if (iv.end <= covered) continue;
-      if (iv.start < covered) {
-        iv.offset += covered - iv.start;
-        iv.start = covered;
-      }
+      if (iv.start > covered) break;
+      iv.offset += covered - iv.start;
+      iv.start = covered;
       entry.intervals.push_back(iv);
       covered = iv.end;
     }
+    const int64_t numel = entry.shape.numel();
+    if (covered < numel)
+      return Status::bad_input(fmt::format(
+          "tensor {}/{}: element {} of {} is in no shard file of {} -- a shard of the "
+          "checkpoint is missing; restore it or load an earlier checkpoint",
+          shard_section_path(key.first), key.second, covered, entry.shape.str(), impl->where()));
   }
   return std::unique_ptr<ShardSetReader>(new ShardSetReader(std::move(impl)));
 }
@@ -319,20 +610,27 @@ bool ShardSetReader::has(ShardSection section, const std::string& name) const {
   return impl_->entries.count({section, name}) > 0;
 }
 
-Status ShardSetReader::read(ShardSection section, const std::string& name, const Shape& global_shape,
-                            const std::vector<GlobalRun>& runs, const Tensor& out) {
-  h5::ErrorScope quiet;
-  TROUPE_CHECK(out.defined() && out.dtype() == DType::f32 && out.numel() == run_total(runs),
-               "ShardSetReader::read: out must be host f32 holding as many values as the runs cover");
+Status ShardSetReader::read(ShardSection section, const std::string& name,
+                            const Shape& global_shape, const std::vector<GlobalRun>& runs,
+                            const Tensor& out) {
+  TROUPE_CHECK(
+      out.defined() && out.dtype() == DType::f32 && out.numel() == run_total(runs),
+      "ShardSetReader::read: out must be host f32 holding as many values as the runs cover");
   const std::string section_name = shard_section_path(section);
   auto it = impl_->entries.find({section, name});
   if (it == impl_->entries.end())
-    return Status::error("the checkpoint has no tensor " + name + " in " + section_name +
-                         " -- it was saved from another model or without optimizer state");
+    return Status::bad_input(
+        "tensor " + section_name + "/" + name + " is missing from the checkpoint " +
+        impl_->where() +
+        " -- it was saved from a different model (or without optimizer state); compare `troupe "
+        "ckpt info` with the model flags and load with matching ones");
   Impl::Entry& e = it->second;
   if (!(e.shape == global_shape))
-    return Status::error("tensor " + name + " has global shape " + shape_text(e.shape) + " in the checkpoint but " +
-                         shape_text(global_shape) + " in this model -- load it into the model it was saved from");
+    return Status::bad_input(
+        "tensor " + section_name + "/" + name + " has shape " + e.shape.str() +
+        " in the checkpoint " + impl_->where() + " but the model expects " + global_shape.str() +
+        " -- load with the model flags the checkpoint was saved with (`troupe ckpt info` shows "
+        "them)");
   float* dst = out.data<float>();
   Status status;
   for (const GlobalRun& r : runs) {
@@ -343,16 +641,13 @@ Status ShardSetReader::read(ShardSection section, const std::string& name, const
                                [](int64_t v, const Impl::Interval& x) { return v < x.start; });
     if (iv != e.intervals.begin()) --iv;
     while (pos < end) {
-      if (iv == e.intervals.end() || iv->start > pos || iv->end <= pos) {
-        status = Status::error(fmt::format("tensor {} ({}): element {} of {} is in no shard file -- a shard of the "
-                                           "checkpoint is missing; restore it or load an earlier checkpoint",
-                                           name, section_name, pos, shape_text(global_shape)));
-        break;
-      }
+      TROUPE_CHECK(iv != e.intervals.end() && iv->start <= pos && pos < iv->end,
+                   "ShardSetReader::read: runs must lie inside the global shape");
       Impl::Piece& piece = e.pieces[static_cast<size_t>(iv->piece)];
-      if (Status st = impl_->load(section, e, piece); !st) {
-        status = st.with_context("checkpoint shard " + impl_->files[static_cast<size_t>(piece.file)].path + ", tensor " +
-                                 name + ": ");
+      if (Status st = impl_->load(piece); !st) {
+        status = st.with_context("checkpoint file " +
+                                 impl_->files[static_cast<size_t>(piece.file)].name + ", tensor " +
+                                 section_name + "/" + name + ": ");
         break;
       }
       const int64_t stop = std::min(end, iv->end);

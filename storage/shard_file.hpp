@@ -10,12 +10,20 @@
 //   columns 3..5 (a split of dimension 1)                runs {(3, 3), (9, 3), (15, 3), (21, 3)}
 //   elements 5..8 of that column slice (a ZeRO range)    runs {(11, 1), (15, 3)}
 //
-// One shard file (HDF5, h5py-readable):
+// One shard file (HDF5, h5py-readable; format version 3, docs/CHECKPOINT.md):
+//   bytes 0..511: the integrity header (an HDF5 user block, which HDF5 and h5py skip): magic,
+//                 the file's length and the CRC-32 of bytes 512.. (the HDF5 data), its own CRC-32
 //   /<section>/<global name>         f32 values, 1-D, with attribute crc32
 //   /<section>/<global name>.runs    int64 (k, 2): (global start, length) per run, with crc32
 //   attributes of each values dataset: global_shape (string "[4, 6]")
-//   root attributes: format "troupe-checkpoint-shard", format_version 2, rank
+//   root attributes: format "troupe-checkpoint-shard", format_version 3, rank
 // where <section> is model, optimizer/exp_avg or optimizer/exp_avg_sq.
+//
+// Reading never hands a byte to libhdf5: storage/h5_reader.hpp parses the files within bounds, the
+// integrity header is checked (the whole file's CRC-32, once per file and process) before that, and
+// every piece's values against their own CRC-32 when read. Version-2 shards (no header) and
+// version-1 checkpoint files read too. A corrupted or crafted file is an error naming it, never a
+// crash, and no allocation exceeds what the files hold.
 //
 // Thread safety: none; files are written once and read many times.
 #pragma once
@@ -23,11 +31,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/status.hpp"
 #include "kernels/tensor.hpp"
+#include "storage/h5_reader.hpp"
 
 namespace troupe {
 
@@ -38,14 +48,15 @@ struct GlobalRun {
 };
 
 struct TensorPiece {
-  std::string name;      // global name, e.g. "transformer.h.0.attn.c_attn.weight"
+  std::string name;  // global name, e.g. "transformer.h.0.attn.c_attn.weight"
   Shape global_shape;
   std::vector<GlobalRun> runs;
-  Tensor values;         // host f32, numel == sum of run lengths (any shape; read as 1-D)
+  Tensor values;  // host f32, numel == sum of run lengths (any shape; read as 1-D)
 };
 
 enum class ShardSection : uint8_t { model, exp_avg, exp_avg_sq };
-const char* shard_section_path(ShardSection s);  // "model", "optimizer/exp_avg", "optimizer/exp_avg_sq"
+const char* shard_section_path(
+    ShardSection s);  // "model", "optimizer/exp_avg", "optimizer/exp_avg_sq"
 
 struct ShardContents {
   std::map<ShardSection, std::vector<TensorPiece>> sections;  // a name at most once per section
@@ -53,19 +64,50 @@ struct ShardContents {
 
 // Merges consecutive indices into runs: global_index(i) for local element i in [0, n), skipping
 // elements whose index is negative (vocabulary padding, never saved).
-std::vector<GlobalRun> runs_from_indices(int64_t n, const std::function<int64_t(int64_t)>& global_index);
+std::vector<GlobalRun> runs_from_indices(int64_t n,
+                                         const std::function<int64_t(int64_t)>& global_index);
 
-// Writes PATH.tmp, fsyncs it and renames it to PATH (storage/durable.hpp); the directory's fsync
-// is the caller's, once every shard of the checkpoint is written. Pieces must lie inside their
-// global shape and hold as many values as their runs cover (TROUPE_CHECK: a caller's bug).
+// Builds the file in memory, then writes PATH.tmp, fsyncs it and renames it to PATH
+// (storage/durable.hpp), creating PATH's directory when missing. Pieces must lie inside their
+// global shape and hold as many values as their runs cover (TROUPE_CHECK: a caller's bug). On
+// failure nothing is left under PATH.tmp, and when PATH's directory is an iteration directory of an
+// unfinished save (no metadata.json) it is removed: that save can no longer complete
+// (discard_unfinished_save, storage/sharded_checkpoint.hpp). The rvalue form releases each piece's
+// values once they are in the in-memory file, so the snapshot and the file are not both held whole.
 Status write_shard_file(const std::string& path, int rank, const ShardContents& contents);
+Status write_shard_file(const std::string& path, int rank, ShardContents&& contents);
 
-// Reads the elements any layout needs from a set of shard files. open() reads every file's index
-// (names, shapes, runs: small); values are read per piece when first needed and checked against
-// their checksum. Overlapping pieces (replicas) are allowed; the first file listed wins.
+// What the integrity header of a version-3 shard records (metadata.json records it too).
+struct ShardDigest {
+  uint64_t bytes = 0;  // the whole file
+  uint32_t crc32 = 0;  // of bytes 512 .. bytes-1
+  bool operator==(const ShardDigest&) const = default;
+};
+// The digest in a shard's header after checking the header itself (not the data it covers);
+// nullopt for a file without one (format versions 1 and 2). Errors name the file.
+Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path);
+
+// A file to read, by name (for messages) and bytes.
+struct ShardSource {
+  std::string name;
+  std::shared_ptr<const h5read::ByteSource> bytes;
+};
+struct ShardReadOptions {
+  // Check each headed file's CRC-32 before parsing it. Off only in fuzz targets, which must reach
+  // the parser with any bytes (a crafted file can carry a matching checksum).
+  bool verify_whole_file = true;
+};
+
+// Reads the elements any layout needs from a set of shard files. open() checks each file's
+// integrity header and reads its index (names, shapes, runs: small); values are read per piece when
+// first needed and checked against their checksum. Overlapping pieces (replicas) are allowed; the
+// first file listed wins. Every tensor must be covered whole by the files together (else open names
+// the first missing element), so a global shape never claims more elements than the files hold.
 class ShardSetReader {
  public:
   static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<std::string>& paths);
+  static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<ShardSource>& files,
+                                                      const ShardReadOptions& options = {});
   ~ShardSetReader();
 
   // The tensors of a section with their global shapes, over all files.

@@ -1,16 +1,22 @@
 #include "storage/sharded_checkpoint.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+#include <set>
 
 #include "kernels/check.hpp"
 #include "storage/durable.hpp"
+#include "storage/json_input.hpp"
 
 namespace troupe {
 
@@ -20,6 +26,21 @@ using nlohmann::json;
 namespace {
 constexpr const char* kMetadata = "metadata.json";
 constexpr const char* kLatest = "latest_checkpointed_iteration.txt";
+constexpr int kMetadataVersion = 3;
+
+// The names troupe writes: "shard_" and at least five digits, ".h5". Anything else (a path, "..")
+// in metadata.json is refused, so a crafted file can only name files beside it.
+bool is_shard_name(const std::string& name) {
+  if (name.size() < 14 || name.size() > 40 || name.rfind("shard_", 0) != 0 ||
+      name.compare(name.size() - 3, 3, ".h5") != 0)
+    return false;
+  return std::all_of(name.begin() + 6, name.end() - 3, [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool is_iteration_name(const std::string& name) {
+  return name.size() == 12 && name.rfind("iter_", 0) == 0 &&
+         std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 }  // namespace
 
 std::string iteration_dir(const std::string& dir, int64_t iteration) {
@@ -32,17 +53,41 @@ std::string shard_file_path(const std::string& dir, int64_t iteration, int rank)
 
 std::vector<std::string> shard_file_names(int ranks) {
   std::vector<std::string> out;
-  for (int r = 0; r < ranks; ++r) out.push_back(fs::path(shard_file_path(".", 0, r)).filename().string());
+  for (int r = 0; r < ranks; ++r)
+    out.push_back(fs::path(shard_file_path(".", 0, r)).filename().string());
   return out;
 }
 
 Status prepare_iteration_dir(const std::string& dir, int64_t iteration) {
+  // Creates nothing (the first shard written creates the folders): a save that fails or never
+  // writes leaves no empty folder behind. A folder that cannot be written is named here, early.
+  fs::path existing = fs::absolute(dir);
   std::error_code ec;
-  fs::create_directories(iteration_dir(dir, iteration), ec);
-  if (ec)
-    return Status::error("cannot create " + iteration_dir(dir, iteration) + ": " + ec.message() +
-                         " -- check that " + dir + " is writable");
+  while (!fs::exists(existing, ec) && existing.has_parent_path() &&
+         existing != existing.parent_path())
+    existing = existing.parent_path();
+  const std::string where = "saving checkpoint " + iteration_dir(dir, iteration) + ": ";
+  if (!fs::is_directory(existing, ec))
+    return Status::bad_input(where + existing.string() +
+                             " is not a folder -- pass a folder to --save");
+  if (::access(existing.c_str(), W_OK) != 0)
+    return Status::error(where + "cannot write into " + existing.string() + ": " +
+                         std::strerror(errno) + " -- make it writable or save to another folder");
   return Status::ok();
+}
+
+void discard_unfinished_save(const std::string& iteration_directory) {
+  std::error_code ec;
+  const fs::path it(iteration_directory);
+  if (!is_iteration_name(it.filename().string()) || fs::exists(it / kMetadata, ec) || ec) return;
+  for (const auto& e : fs::directory_iterator(it, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string base = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0
+                                 ? name.substr(0, name.size() - 4)
+                                 : name;
+    if (is_shard_name(base) || base == kMetadata) ::unlink(e.path().c_str());
+  }
+  ::rmdir(it.c_str());  // fails, harmlessly, when anything else is in it
 }
 
 bool is_sharded_checkpoint(const std::string& dir, int64_t iteration) {
@@ -55,9 +100,11 @@ bool is_sharded_checkpoint(const std::string& dir, int64_t iteration) {
   return false;
 }
 
-Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::string& layout_json,
+Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                                 const std::string& layout_json,
                                  const std::vector<std::string>& shard_names) {
-  const std::string where = "saving checkpoint " + iteration_dir(dir, meta.iteration) + ": ";
+  const std::string it = iteration_dir(dir, meta.iteration);
+  const std::string where = "saving checkpoint " + it + ": ";
   json layout, run = json::object();
   try {
     layout = json::parse(layout_json);
@@ -65,8 +112,27 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
   } catch (const json::exception& e) {
     return Status::error(where + "bad layout or run description: " + e.what());
   }
+  auto fail = [&](const Status& st) {
+    // Unless the pointer already moved to this iteration (only its directory's fsync failed), the
+    // save can never complete: its files go, and a full disk gets its space back.
+    auto latest = latest_iteration(dir);
+    if (!latest || latest.value() != meta.iteration) {
+      ::unlink((fs::path(it) / kMetadata).c_str());
+      discard_unfinished_save(it);
+    }
+    return st.with_context(where);
+  };
+  json shards = json::array();
+  for (const std::string& name : shard_names) {
+    const std::string path = (fs::path(it) / name).string();
+    auto digest = read_shard_digest(path);
+    if (!digest) return fail(digest.status());
+    if (!digest->has_value())
+      return fail(Status::error(path + " has no integrity header -- report this"));
+    shards.push_back({{"file", name}, {"bytes", (*digest)->bytes}, {"crc32", (*digest)->crc32}});
+  }
   const json m = {{"format", "troupe-checkpoint"},
-                  {"format_version", 2},
+                  {"format_version", kMetadataVersion},
                   {"iteration", meta.iteration},
                   {"consumed_samples", meta.consumed_samples},
                   {"optimizer_step", meta.optimizer_step},
@@ -74,55 +140,176 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
                   {"rng", meta.rng_json},
                   {"layout", layout},
                   {"run", run},
-                  {"shards", shard_names}};
-  const std::string it = iteration_dir(dir, meta.iteration);
+                  {"shards", shards}};
   // Every shard was renamed into place by its writer; their directory entries become durable here.
-  TROUPE_RETURN_IF_ERROR(fsync_path(it, true).with_context(where));
-  TROUPE_RETURN_IF_ERROR(write_text_atomically((fs::path(it) / kMetadata).string(), m.dump(2) + "\n").with_context(where));
-  TROUPE_RETURN_IF_ERROR(fsync_path(dir, true).with_context(where));
-  return write_text_atomically((fs::path(dir) / kLatest).string(), std::to_string(meta.iteration) + "\n")
-      .with_context(where);
+  if (Status st = fsync_path(it, true); !st) return fail(st);
+  if (Status st = write_text_atomically((fs::path(it) / kMetadata).string(), m.dump(2) + "\n"); !st)
+    return fail(st);
+  if (Status st = fsync_path(dir, true); !st) return fail(st);
+  if (Status st = write_text_atomically((fs::path(dir) / kLatest).string(),
+                                        std::to_string(meta.iteration) + "\n");
+      !st)
+    return fail(st);
+  return Status::ok();
+}
+
+Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
+                                                     const std::string& where) {
+  const std::string fix = " -- restore it from a copy or load an earlier iteration";
+  if (text.size() > kMaxMetadataBytes)
+    return Status::bad_input(where + " is larger than " + std::to_string(kMaxMetadataBytes >> 20) +
+                             " MiB" + fix);
+  auto parsed = parse_json(text, where);
+  if (!parsed) return Status::bad_input(parsed.status().message() + fix);
+  const json& m = parsed.value();
+  if (!m.is_object()) return Status::bad_input(where + " is not a JSON object" + fix);
+  auto format = m.find("format");
+  auto version = m.find("format_version");
+  int64_t v = 0;
+  if (format == m.end() || !format->is_string() || *format != "troupe-checkpoint" ||
+      version == m.end() || !json_to_integer(*version, 2, kMetadataVersion, &v))
+    return Status::bad_input(
+        where + " is not a troupe checkpoint description of format version 2 or 3" + fix);
+  CheckpointMetadata out;
+  out.meta.format_version = static_cast<int>(v);
+  std::string problems;
+  auto problem = [&](const std::string& p) { problems += (problems.empty() ? "" : "; ") + p; };
+  for (auto [key, dst] : {std::pair{"iteration", &out.meta.iteration},
+                          std::pair{"consumed_samples", &out.meta.consumed_samples},
+                          std::pair{"optimizer_step", &out.meta.optimizer_step}}) {
+    auto it = m.find(key);
+    if (it == m.end()) {
+      problem(std::string(key) + " is missing");
+    } else if (Status st = json_to_integer(*it, 0, std::numeric_limits<int64_t>::max(), dst); !st) {
+      problem(std::string(key) + " " + st.message());
+    }
+  }
+  for (auto [key, dst] :
+       {std::pair{"config", &out.meta.config_json}, std::pair{"rng", &out.meta.rng_json}}) {
+    auto it = m.find(key);
+    if (it == m.end() || !it->is_string())
+      problem(std::string(key) + " is missing or not a string");
+    else
+      *dst = it->get<std::string>();
+  }
+  if (auto it = m.find("layout"); it != m.end()) {
+    if (it->is_object())
+      out.meta.layout_json = it->dump();
+    else
+      problem("layout is not an object");
+  } else {
+    out.meta.layout_json = "{}";
+  }
+  if (auto it = m.find("run"); it != m.end() && it->is_object() && !it->empty())
+    out.meta.run_json = it->dump();
+  auto shards = m.find("shards");
+  if (shards == m.end() || !shards->is_array() || shards->empty()) {
+    problem("shards is missing or empty");
+  } else {
+    std::set<std::string> seen;
+    for (size_t i = 0; i < shards->size(); ++i) {
+      const json& s = (*shards)[i];
+      const std::string at = "shards[" + std::to_string(i) + "]";
+      std::string name;
+      std::optional<ShardDigest> digest;
+      if (v == 2 && s.is_string()) {
+        name = s.get<std::string>();
+      } else if (v == 3 && s.is_object() && s.contains("file") && s["file"].is_string()) {
+        name = s["file"].get<std::string>();
+        int64_t bytes = 0, crc = 0;
+        Status b =
+            s.contains("bytes")
+                ? json_to_integer(s["bytes"], 512, std::numeric_limits<int64_t>::max(), &bytes)
+                : Status::error("is missing");
+        Status c = s.contains("crc32") ? json_to_integer(s["crc32"], 0, 0xffffffffLL, &crc)
+                                       : Status::error("is missing");
+        if (!b) problem(at + ".bytes " + b.message());
+        if (!c) problem(at + ".crc32 " + c.message());
+        digest = ShardDigest{static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)};
+      } else {
+        problem(at + (v == 2 ? " is not a file name" : " is not {\"file\", \"bytes\", \"crc32\"}"));
+        continue;
+      }
+      if (!is_shard_name(name)) {
+        problem(at + " '" + name.substr(0, 40) + "' is not a shard file name (shard_NNNNN.h5)");
+      } else if (!seen.insert(name).second) {
+        problem(at + " names " + name + " twice");
+      }
+      out.shards.push_back(name);
+      out.digests.push_back(digest);
+    }
+  }
+  if (!problems.empty()) return Status::bad_input(where + ": " + problems + fix);
+  return out;
 }
 
 namespace {
 
-Result<json> read_metadata(const std::string& dir, int64_t iteration) {
+Result<CheckpointMetadata> read_metadata(const std::string& dir, int64_t iteration) {
   const std::string path = (fs::path(iteration_dir(dir, iteration)) / kMetadata).string();
-  std::ifstream in(path);
-  if (!in)
-    return Status::error("checkpoint " + iteration_dir(dir, iteration) +
-                         " has shard files but no metadata.json: the save did not finish -- load the "
-                         "previous iteration (the latest pointer still names it unless it was edited)");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    json m = json::parse(text.str());
-    if (m.value("format", "") != "troupe-checkpoint" || m.value("format_version", 0) != 2)
-      return Status::error(path + " is not a troupe version-2 checkpoint description -- restore it from a copy");
-    return m;
-  } catch (const json::exception& e) {
-    return Status::error(path + " is damaged (" + e.what() + ") -- restore it from a copy or load an earlier iteration");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return Status::bad_input(
+          "checkpoint " + iteration_dir(dir, iteration) +
+          " has shard files but no metadata.json: the save did not finish -- load the "
+          "previous iteration (the latest pointer still names it unless it was edited)");
+    return Status::error("cannot open " + path + ": " + std::strerror(errno) +
+                         " -- check its permissions");
   }
+  struct stat st {};
+  std::string text;
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  if (ok && static_cast<uint64_t>(st.st_size) > kMaxMetadataBytes) {
+    ::close(fd);
+    return Status::bad_input(path + " is larger than " + std::to_string(kMaxMetadataBytes >> 20) +
+                             " MiB -- restore it from a copy or load an earlier iteration");
+  }
+  if (ok) {
+    text.resize(static_cast<size_t>(st.st_size));
+    size_t got = 0;
+    while (ok && got < text.size()) {
+      const ssize_t r = ::read(fd, text.data() + got, text.size() - got);
+      if (r < 0 && errno == EINTR) continue;
+      ok = r > 0;
+      if (ok) got += static_cast<size_t>(r);
+    }
+  }
+  ::close(fd);
+  if (!ok) return Status::error("cannot read " + path + " -- check the file and its permissions");
+  return parse_checkpoint_metadata(text, path);
 }
 
 }  // namespace
 
-Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration) {
+Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir,
+                                                          int64_t iteration) {
   auto m = read_metadata(dir, iteration);
   if (!m) return m.status();
   std::vector<std::string> out;
-  try {
-    for (const auto& name : m->at("shards")) {
-      const std::string path = (fs::path(iteration_dir(dir, iteration)) / name.get<std::string>()).string();
-      std::error_code ec;
-      if (!fs::exists(path, ec))
-        return Status::error("checkpoint " + iteration_dir(dir, iteration) + " is missing its shard " + path +
-                             " -- restore it from a copy or load an earlier iteration");
-      out.push_back(path);
+  for (size_t i = 0; i < m->shards.size(); ++i) {
+    const std::string path = (fs::path(iteration_dir(dir, iteration)) / m->shards[i]).string();
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      return Status::bad_input("checkpoint " + iteration_dir(dir, iteration) +
+                               " is missing its shard " + path +
+                               " -- restore it from a copy or load an earlier iteration");
+    if (const std::optional<ShardDigest>& want = m->digests[i]) {
+      auto have = read_shard_digest(path);
+      if (!have) return have.status();
+      if (!have->has_value() || !(**have == *want))
+        return Status::bad_input(fmt::format(
+            "checkpoint shard {} does not match metadata.json ({}; metadata.json records {} bytes, "
+            "crc32 {:#010x}): "
+            "it is damaged or comes from another save -- restore it from a copy or load an earlier "
+            "iteration",
+            path,
+            have->has_value() ? fmt::format("its header records {} bytes, crc32 {:#010x}",
+                                            (**have).bytes, (**have).crc32)
+                              : std::string("it has no integrity header"),
+            want->bytes, want->crc32));
     }
-  } catch (const json::exception& e) {
-    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " lists no shards (" + e.what() +
-                         ") -- restore it from a copy");
+    out.push_back(path);
   }
   return out;
 }
@@ -135,14 +322,17 @@ Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_
 namespace {
 
 const std::vector<NamedTensor>& section_of(const CheckpointContents& c, ShardSection s) {
-  return s == ShardSection::model ? c.params : s == ShardSection::exp_avg ? c.exp_avg : c.exp_avg_sq;
+  return s == ShardSection::model     ? c.params
+         : s == ShardSection::exp_avg ? c.exp_avg
+                                      : c.exp_avg_sq;
 }
 
 // The global tensor's elements: the leading global_shape.numel() of the tensor (a padded vocabulary
 // has rows beyond the global shape, never saved).
 Tensor global_part(const NamedTensor& t) {
   const int64_t n = t.global_shape.numel();
-  TROUPE_CHECK(t.tensor.numel() >= n, "checkpoint tensor " + t.name + " is smaller than its global shape");
+  TROUPE_CHECK(t.tensor.numel() >= n,
+               "checkpoint tensor " + t.name + " is smaller than its global shape");
   return t.tensor.view(Shape{t.tensor.numel()}).rows(0, n);
 }
 
@@ -163,11 +353,13 @@ ShardContents whole_tensor_shard(const CheckpointContents& contents) {
   return out;
 }
 
-Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into, bool load_optimizer) {
+Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into,
+                          bool load_optimizer) {
   for (ShardSection s : {ShardSection::model, ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
     if (s != ShardSection::model && !load_optimizer) break;
     for (const NamedTensor& t : section_of(into, s))
-      TROUPE_RETURN_IF_ERROR(reader.read(s, t.name, t.global_shape, {{0, t.global_shape.numel()}}, global_part(t)));
+      TROUPE_RETURN_IF_ERROR(
+          reader.read(s, t.name, t.global_shape, {{0, t.global_shape.numel()}}, global_part(t)));
   }
   return Status::ok();
 }
@@ -190,24 +382,11 @@ std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest) {
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration) {
   auto m = read_metadata(dir, iteration);
   if (!m) return m.status();
-  CheckpointMeta meta;
-  try {
-    meta.iteration = m->at("iteration").get<int64_t>();
-    meta.consumed_samples = m->at("consumed_samples").get<int64_t>();
-    meta.optimizer_step = m->at("optimizer_step").get<int64_t>();
-    meta.config_json = m->at("config").get<std::string>();
-    meta.rng_json = m->at("rng").get<std::string>();
-    meta.layout_json = m->value("layout", json::object()).dump();
-    if (auto run = m->find("run"); run != m->end() && run->is_object() && !run->empty()) meta.run_json = run->dump();
-  } catch (const json::exception& e) {
-    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " is incomplete (" + e.what() +
-                         ") -- restore it from a copy");
-  }
-  meta.format_version = 2;
-  if (meta.iteration != iteration)
-    return Status::error("metadata.json of " + iteration_dir(dir, iteration) + " records iteration " +
-                         std::to_string(meta.iteration) + " -- rename the directory back");
-  return meta;
+  if (m->meta.iteration != iteration)
+    return Status::bad_input("metadata.json of " + iteration_dir(dir, iteration) +
+                             " records iteration " + std::to_string(m->meta.iteration) +
+                             " -- rename the directory back");
+  return m->meta;
 }
 
 }  // namespace troupe

@@ -1,21 +1,32 @@
-// Checkpoint directories of parallel layouts (format version 2; docs/CHECKPOINT.md):
+// Checkpoint directories of parallel layouts (format version 3, reading 2 too; docs/CHECKPOINT.md):
 //
 //   DIR/latest_checkpointed_iteration.txt       as in version 1
-//   DIR/iter_0000010/shard_00000.h5 ...         one per rank that owns something (storage/shard_file.hpp)
+//   DIR/iter_0000010/shard_00000.h5 ...         one per rank (storage/shard_file.hpp)
 //   DIR/iter_0000010/metadata.json              written last, once every shard is durable
 //
-// metadata.json: {"format": "troupe-checkpoint", "format_version": 2, "iteration", "consumed_samples",
-// "optimizer_step", "config" (the train config as a JSON string), "rng" (string), "layout" (object:
-// the parallel sizes that wrote it, informational), "shards": ["shard_00000.h5", ...]}.
+// metadata.json: {"format": "troupe-checkpoint", "format_version": 3, "iteration",
+// "consumed_samples", "optimizer_step", "config" (the train config as a JSON string), "rng"
+// (string), "layout" (object: the parallel sizes that wrote it, informational), "run" (object: the
+// run identity), "shards":
+// [{"file": "shard_00000.h5", "bytes": N, "crc32": C}, ...]} where bytes and crc32 repeat each
+// shard's integrity header (version 2: "shards" is a list of file names).
 //
-// A save: every rank writes its shard (shard_file_path; temporary name, fsync, rename), then after
-// all ranks are done one process calls commit_sharded_checkpoint: metadata.json atomically, the
-// directory fsync'd, then the latest pointer. A crash at any moment leaves the previous checkpoint
-// the latest one; an iteration directory without metadata.json is an unfinished save that loads
-// refuse with a message saying so.
+// A save: every rank writes its shard (shard_file_path; temporary name, fsync, rename; the first
+// one creates iter_N), then after all ranks are done one process calls commit_sharded_checkpoint:
+// metadata.json atomically, the directory fsync'd, then the latest pointer. A crash at any moment
+// leaves the previous checkpoint the latest one; an iteration directory without metadata.json is an
+// unfinished save that loads refuse with a message saying so. A save that fails (a full disk, an
+// I/O error) removes its iteration directory: it can never complete.
+//
+// Reading: metadata.json is parsed within bounds (parse_checkpoint_metadata: at most
+// kMaxMetadataBytes, numbers range-checked, shard names of the form shard_NNNNN.h5 only), and every
+// shard's header must match what metadata.json records before the shard is opened
+// (sharded_checkpoint_files).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/status.hpp"
@@ -24,21 +35,45 @@
 
 namespace troupe {
 
-std::string iteration_dir(const std::string& dir, int64_t iteration);        // "DIR/iter_0000010"
-std::string shard_file_path(const std::string& dir, int64_t iteration, int rank);  // ".../shard_00003.h5"
-// Creates DIR/iter_N (and DIR); errors name the directory and the fix.
+std::string iteration_dir(const std::string& dir, int64_t iteration);  // "DIR/iter_0000010"
+std::string shard_file_path(const std::string& dir, int64_t iteration,
+                            int rank);  // ".../shard_00003.h5"
+// Checks that DIR (or, when missing, the folder it would be created in) can be written; creates
+// nothing: the first shard written creates DIR/iter_N, so a save that fails or never writes leaves
+// no empty folder. Errors name the folder and the fix.
 Status prepare_iteration_dir(const std::string& dir, int64_t iteration);
-// True when DIR/iter_N holds a version-2 checkpoint (metadata.json, or shards without it: unfinished).
+// Removes an iteration directory that holds no metadata.json (an unfinished or failed save): its
+// shards and temporaries, then the directory if nothing else is in it. Never touches a finished
+// checkpoint. Best effort (a read-only folder keeps them).
+void discard_unfinished_save(const std::string& iteration_directory);
+// True when DIR/iter_N holds a version-2 checkpoint (metadata.json, or shards without it:
+// unfinished).
 bool is_sharded_checkpoint(const std::string& dir, int64_t iteration);
 
 // "shard_00000.h5" ... for ranks 0 .. ranks-1 (metadata.json's "shards").
 std::vector<std::string> shard_file_names(int ranks);
 
-Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta, const std::string& layout_json,
+// Records every shard's digest (read from its header: each must exist and be complete) in
+// metadata.json, then moves the latest pointer. When it fails before the pointer moved, the
+// iteration directory is discarded (discard_unfinished_save).
+Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                                 const std::string& layout_json,
                                  const std::vector<std::string>& shard_names);
 
-// The shard files of a finished version-2 checkpoint (each must exist), full paths.
-Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration);
+// metadata.json, parsed and checked (the fuzz target's entry). `where` starts error messages.
+inline constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
+struct CheckpointMetadata {
+  CheckpointMeta meta;                              // format_version 2 or 3
+  std::vector<std::string> shards;                  // file names inside the iteration directory
+  std::vector<std::optional<ShardDigest>> digests;  // version 3: one per shard
+};
+Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
+                                                     const std::string& where);
+
+// The shard files of a finished version-2 or -3 checkpoint, full paths; each must exist and
+// (version 3) carry the header metadata.json records.
+Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir,
+                                                          int64_t iteration);
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration);
 
 // What a reader opens for iteration N of DIR, whichever version wrote it: the shards of version 2,
@@ -48,9 +83,10 @@ Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_
 // The shard of a one-rank job: every tensor whole, one piece covering it, values copied (a
 // snapshot: training may change the tensors right after).
 ShardContents whole_tensor_shard(const CheckpointContents& contents);
-// Fills whole tensors (their global shapes) from a checkpoint of any version and layout; the moments
-// too when load_optimizer. Errors name the tensor and the file.
-Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into, bool load_optimizer);
+// Fills whole tensors (their global shapes) from a checkpoint of any version and layout; the
+// moments too when load_optimizer. Errors name the tensor and the file.
+Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into,
+                          bool load_optimizer);
 
 // Iteration directories newer than `latest` that hold shards but no metadata.json: saves a crash
 // interrupted (the latest pointer never moved to them). Loads ignore them; callers report them.

@@ -1,0 +1,39 @@
+// A checkpoint's metadata.json read as `troupe eval`, `train --load` and `troupe ckpt` read it: the
+// bounded parser (parse_checkpoint_metadata), then from a checkpoint directory holding it
+// (read_checkpoint_meta, and sharded_checkpoint_files, which checks the shard files it names: they
+// are absent here, so that must fail cleanly).
+#include <filesystem>
+
+#include "fuzz/fuzz_targets.hpp"
+#include "fuzz/fuzz_util.hpp"
+#include "storage/checkpoint.hpp"
+#include "storage/sharded_checkpoint.hpp"
+
+namespace troupe::fuzz {
+
+Status checkpoint_metadata(const uint8_t* data, size_t size) {
+  const std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto parsed = parse_checkpoint_metadata(text, "metadata.json");
+  if (parsed) {
+    TROUPE_CHECK(parsed->shards.size() == parsed->digests.size() && !parsed->shards.empty(),
+                 "shard list");
+    for (const std::string& name : parsed->shards)
+      TROUPE_CHECK(name.find('/') == std::string::npos && name.rfind("shard_", 0) == 0,
+                   "shard name");
+  }
+  // The same bytes in a checkpoint directory (iteration 4: other claims are refused there).
+  const int64_t iteration = 4;
+  const std::string dir = scratch_dir() + "/ck";
+  std::error_code ec;
+  std::filesystem::create_directories(iteration_dir(dir, iteration), ec);
+  write_scratch("ck/latest_checkpointed_iteration.txt", "4\n");
+  write_scratch("ck/iter_0000004/metadata.json", text);
+  auto meta = read_checkpoint_meta(dir, iteration);
+  TROUPE_CHECK(!parsed || meta.is_ok() == (parsed->meta.iteration == iteration),
+               "two readings disagree");
+  auto files = sharded_checkpoint_files(dir, iteration);
+  TROUPE_CHECK(!files, "shard files that do not exist were accepted");
+  return parsed ? Status::ok() : parsed.status();
+}
+
+}  // namespace troupe::fuzz
