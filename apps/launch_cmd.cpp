@@ -14,9 +14,18 @@
 // Supervision: when a rank dies (non-zero exit or a signal) the others get SIGTERM, then SIGKILL
 // after --stop-grace seconds (3), and the launcher exits 1 naming the rank, its pid and how it
 // died. SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank (a second one sends
-// SIGKILL at once; the grace period applies too), and the launcher exits 128 + the signal. The
-// children get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG). Nothing waits without a
-// bound: ranks that survive SIGKILL for 10 s (stuck in the kernel) are reported and left behind.
+// SIGKILL at once); ranks then have --stop-grace seconds to finish (default 60 here: troupe train
+// finishes its iteration and saves), and the launcher exits 128 + the signal. The children get
+// SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG). Nothing waits without a bound: ranks
+// that survive SIGKILL for 10 s (stuck in the kernel) are reported and left behind.
+//
+// Restarts (--max-restarts N): after a failure every rank of this node is stopped and started
+// again with TROUPE_RESTART_COUNT raised; troupe train then resumes this run's latest checkpoint
+// in its --save. With several nodes each node's launcher does this on its own: a failure on one
+// node ends the job on every node (the bootstrap notices the lost rank or rendezvous), every
+// launcher restarts its ranks, and they meet again at the same MASTER_ADDR:MASTER_PORT with the
+// same token (--save must be a folder every node sees). TROUPE_RUN_ID (32 hex digits, one per
+// launch, the same for every restart) names the run; with several nodes node 0's is the run's.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -59,6 +68,9 @@ struct LaunchArgs {
   bool new_token = false;
   bool prefix_output = false;
   double stop_grace = 3.0;
+  bool stop_grace_given = false;  // --stop-grace on the command line
+  // After a forwarded SIGINT/SIGTERM, unless --stop-grace is given: time for ranks to save.
+  double signal_grace = 60.0;
   int max_restarts = 0;  // torchrun's: restart every rank after a failure, this many times
   std::vector<std::string> command;
 };
@@ -93,9 +105,11 @@ bool succeeded(int status) {
 
 // The child's environment: ours, minus the variables the launcher sets, plus them.
 std::vector<std::string> child_environment(const LaunchArgs& a, int rank, int local_rank,
-                                           const std::string& token, int restart) {
+                                           const std::string& token, const std::string& run_id,
+                                           int restart) {
   const int world = a.nnodes * a.nproc_per_node;
   const std::vector<std::pair<std::string, std::string>> set = {
+      {"TROUPE_RUN_ID", run_id},
       {"TROUPE_RESTART_COUNT", std::to_string(restart)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"TROUPE_RANK", std::to_string(rank)},
@@ -283,11 +297,8 @@ Status validate(const LaunchArgs& a) {
                          a.master_addr);
   if (!(a.stop_grace >= 0 && a.stop_grace <= 3600))
     return Status::error("--stop-grace must be in [0, 3600] seconds");
-  if (a.max_restarts < 0) return Status::error("--max-restarts must be >= 0 (0: stop at the first failure)");
-  if (a.max_restarts > 0 && a.nnodes > 1)
-    return Status::error("--max-restarts with --nnodes " + std::to_string(a.nnodes) +
-                         ": restarting needs every node's launcher to agree, which troupe launch does not do yet "
-                         "-- restart the job from its latest checkpoint (train --load) instead");
+  if (a.max_restarts < 0)
+    return Status::error("--max-restarts must be >= 0 (0: stop at the first failure)");
   if (a.command.empty())
     return Status::error(
         "no subcommand to run -- e.g. troupe launch --nproc-per-node 4 -- comm-check");
@@ -314,7 +325,8 @@ int free_local_port() {
 
 // Starts every rank of this node (attempt `restart`, 0 first) and waits for them: the exit code of
 // the launch; *restartable when ranks failed by themselves (not stopped by a signal to the launcher).
-int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& token, int restart, bool* restartable) {
+int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& token,
+              const std::string& run_id, int restart, bool* restartable) {
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
   sigemptyset(&wait_set);
@@ -329,8 +341,8 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
     c.rank = a.node_rank * a.nproc_per_node + local;
     std::vector<std::string> argv = {exe};
     argv.insert(argv.end(), a.command.begin(), a.command.end());
-    Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token, restart), old_mask,
-                            a.prefix_output, c);
+    Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token, run_id, restart),
+                            old_mask, a.prefix_output, c);
     if (!st) {
       print_error("launch", st);
       signal_all(children, SIGKILL);
@@ -347,6 +359,8 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
   if (a.prefix_output) prefixer.start();
 
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(a.stop_grace * 1000));
+  const double signal_grace_s = a.stop_grace_given ? a.stop_grace : a.signal_grace;
+  const auto signal_grace = std::chrono::milliseconds(static_cast<int64_t>(signal_grace_s * 1000));
   int running = a.nproc_per_node;
   const Child* first_failure = nullptr;
   int forwarded_signal = 0;
@@ -370,7 +384,7 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
                      sigabbrev_np(sig), running);
         signal_all(children, sig);
         stopping = true;
-        kill_at = Clock::now() + grace;
+        kill_at = Clock::now() + signal_grace;
       } else if (!killed) {
         signal_all(children, SIGKILL);
         killed = true;
@@ -442,7 +456,7 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
                               (needed_kill.empty() ? std::string()
                                                    : " (rank(s) " + rank_list(needed_kill) +
                                                          " only by SIGKILL after the " +
-                                                         seconds_text(a.stop_grace) + " grace)"));
+                                                         seconds_text(signal_grace_s) + " grace)"));
     return 128 + forwarded_signal;
   }
   std::vector<int> failed;
@@ -515,10 +529,18 @@ int run_launch(LaunchArgs a) {
     return kExitFailure;
   }
   const std::string exe(exe_buf, static_cast<size_t>(len));
+  // The run's name for every restart of this launch (troupe train resumes only its own run's
+  // checkpoints): 128 random bits.
+  auto random = comm::generate_job_token();
+  if (!random) {
+    print_error("launch", random.status());
+    return kExitFailure;
+  }
+  const std::string run_id = random->substr(0, 32);
 
   for (int restart = 0;; ++restart) {
     bool restartable = false;
-    const int code = run_ranks(a, exe, token, restart, &restartable);
+    const int code = run_ranks(a, exe, token, run_id, restart, &restartable);
     if (code == kExitOk || restart >= a.max_restarts) return code;
     if (!restartable) {
       std::fprintf(stderr, "troupe launch: not restarting: the ranks were stopped by a signal or refused their "
@@ -528,8 +550,11 @@ int run_launch(LaunchArgs a) {
     if (a.nnodes == 1 && !a.port_given) {
       if (const int port = free_local_port(); port > 0) a.master_port = port;
     }
-    std::fprintf(stderr, "troupe launch: restart %d of %d: starting all %d rank(s) again (TROUPE_RESTART_COUNT=%d)\n",
-                 restart + 1, a.max_restarts, a.nproc_per_node, restart + 1);
+    std::fprintf(stderr,
+                 "troupe launch: restart %d of %d: starting all %d rank(s)%s again "
+                 "(TROUPE_RESTART_COUNT=%d)\n",
+                 restart + 1, a.max_restarts, a.nproc_per_node, a.nnodes > 1 ? " of this node" : "",
+                 restart + 1);
   }
 }
 
@@ -561,19 +586,24 @@ void add_launch_command(CLI::App& app, int* exit_code) {
                 "several nodes)");
   cmd->add_flag("--prefix-output", args->prefix_output,
                 "Prefix every output line with \"[rank N] \"");
-  cmd->add_option("--stop-grace", args->stop_grace,
-                  "Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure")
+  cmd->add_option(
+         "--stop-grace", args->stop_grace,
+         "Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure (3), "
+         "and after passing on a SIGINT/SIGTERM (default there: 60, time to save)")
       ->capture_default_str();
-  cmd->add_option("--max-restarts,--max_restarts", args->max_restarts,
-                  "After a rank fails, stop the others and start every rank again, up to N times (one "
-                  "node); each restart sets TROUPE_RESTART_COUNT, and troupe train then resumes from the "
-                  "latest checkpoint in its --save")
+  cmd->add_option(
+         "--max-restarts,--max_restarts", args->max_restarts,
+         "After a rank fails, stop the others and start every rank of this node again, up to N "
+         "times (with several nodes every node's launcher does so and the ranks meet again); "
+         "each restart sets TROUPE_RESTART_COUNT, and troupe train then resumes this run's "
+         "latest checkpoint in its --save (with several nodes: a folder every node sees)")
       ->capture_default_str();
   cmd->add_option("command", args->command,
                   "The subcommand each rank runs, after --, e.g. -- comm-check")
       ->expected(-1);
   cmd->callback([cmd, args, exit_code] {
     args->port_given = cmd->count("--master-port") > 0;
+    args->stop_grace_given = cmd->count("--stop-grace") > 0;
     *exit_code = run_launch(*args);
   });
 }

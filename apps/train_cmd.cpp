@@ -107,18 +107,18 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     comm::CafBootstrapOptions boot_options;
     boot_options.on_job_failed = [rank = env->rank](const std::string& why) { on_job_failed(rank, why); };
     // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
-    // connection timeout: 15 s, or half of --distributed-timeout-minutes when that is shorter (the
-    // process then ends 5 s later, on_job_failed), at least 2 s.
-    const auto half_timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 30'000));
-    if (half_timeout < boot_options.connection_timeout) {
-      boot_options.connection_timeout = std::max(half_timeout, std::chrono::milliseconds(2000));
+    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter
+    // (the process then ends 5 s later, on_job_failed), at least 2 s.
+    const auto third_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
+    if (third_timeout < boot_options.connection_timeout) {
+      boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
       boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
     }
     auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) {
       print_error(name, b.status());
-      return kExitFailure;
+      return b.status().is_bad_input() ? kExitUsage : kExitFailure;  // MASTER_ADDR unusable: 2
     }
     bootstrap = std::move(b).value();
     auto w = comm::create_ucx_world(*bootstrap);

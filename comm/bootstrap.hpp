@@ -23,6 +23,9 @@ class Bootstrap {
   // every rank's blob in rank order. Fails (never hangs) when a rank disconnects or a timeout passes.
   virtual Result<std::vector<std::string>> all_gather(const std::string& key, const std::string& mine) = 0;
   virtual Status barrier(const std::string& key) = 0;
+  // The network devices UCX should use for this job (UCX_NET_DEVICES syntax, e.g. "lo" for a
+  // one-host job: comm/net_plan.hpp); "" leaves UCX's own choice. create_ucx_world applies it.
+  virtual std::string ucx_net_devices() const { return {}; }
 };
 
 }  // namespace troupe::comm

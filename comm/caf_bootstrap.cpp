@@ -1,16 +1,20 @@
 #include "comm/caf_bootstrap.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
+#include "comm/net_plan.hpp"
+#include "comm/secure_transport.hpp"
 
 namespace troupe::comm {
 
@@ -18,19 +22,17 @@ namespace {
 
 // ---- Messages (registered on every rank: they cross processes) ----------------------------------
 
+// No token: the connection that carries a join has already proven it (comm/secure_transport.hpp).
 struct JoinRequest {
   int32_t rank = -1;
   int32_t world_size = 0;
-  std::string token;
   std::string host;  // as the joiner names itself (for logs)
   int32_t pid = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
-  // omittable: the token never appears in CAF's printed form of a message.
-  return f(caf::meta::type_name("troupe.JoinRequest"), x.rank, x.world_size, caf::meta::omittable(),
-           x.token, x.host, x.pid);
+  return f(caf::meta::type_name("troupe.JoinRequest2"), x.rank, x.world_size, x.host, x.pid);
 }
 
 using join_atom = caf::atom_constant<caf::atom("bs_join")>;
@@ -57,6 +59,12 @@ using agent_actor = caf::typed_actor<
     caf::reacts_to<failed_atom, std::string>>;  // from the rendezvous: the job failed, and why
 
 constexpr size_t kMaxBlobBytes = 1 << 20;
+
+// Room in a message for CAF's own framing besides the blobs of a gather reply.
+size_t gather_budget(size_t max_message_bytes, int world_size) {
+  const size_t overhead = (size_t{64} << 10) + 16 * static_cast<size_t>(world_size);
+  return max_message_bytes > overhead ? max_message_bytes - overhead : 0;
+}
 
 using Logger = std::function<void(const std::string&)>;
 
@@ -106,6 +114,7 @@ struct Gather {
   std::vector<std::optional<std::string>> blobs;  // by rank
   std::vector<caf::response_promise> promises;    // by rank
   int count = 0;
+  size_t bytes = 0;  // of the blobs so far
 };
 
 // The states declare a constructor: as aggregates, C++20's parenthesised aggregate init would make
@@ -113,7 +122,7 @@ struct Gather {
 struct RendezvousState {
   RendezvousState() = default;
   int world_size = 0;
-  std::string token;
+  size_t gather_budget = 0;  // the most blob bytes one gather's reply may carry
   std::chrono::milliseconds collective_timeout{0};
   Logger log;
   std::vector<std::optional<Member>> members;  // by rank, once joined
@@ -215,12 +224,12 @@ int first_departed(const RendezvousState& st) {
   return -1;
 }
 
-rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, std::string token,
+rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, size_t budget,
                                            std::chrono::milliseconds collective_timeout,
                                            Logger log) {
   auto& st = self->state;
   st.world_size = world_size;
-  st.token = std::move(token);
+  st.gather_budget = budget;
   st.collective_timeout = collective_timeout;
   st.log = std::move(log);
   st.members.resize(world_size);
@@ -243,13 +252,6 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, s
         const std::string claim = "a peer claiming rank " + std::to_string(req.rank) + " of " +
                                   std::to_string(req.world_size) + " (host " + req.host + ", pid " +
                                   std::to_string(req.pid) + ")";
-        if (!constant_time_equal(req.token, st.token)) {
-          return refuse(self, claim + ": wrong job token",
-                        bootstrap_error("the rendezvous refused rank " + std::to_string(req.rank) +
-                                        ": wrong job token -- every rank of a job must carry the "
-                                        "same TROUPE_JOB_TOKEN (is another job using this "
-                                        "master port?)"));
-        }
         if (!st.failure.empty())
           return bootstrap_error("the job has already failed: " + st.failure);
         if (req.world_size != st.world_size) {
@@ -305,9 +307,18 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, s
           return bootstrap_error("rank " + std::to_string(rank) + " took part in '" + key +
                                  "' twice");
         auto promise = self->make_response_promise();
+        g.bytes += blob.size();
         g.blobs[rank] = std::move(blob);
         g.promises[rank] = promise;
         ++g.count;
+        if (g.bytes > st.gather_budget) {
+          fail_gather(self, key,
+                      "the blobs of '" + key + "' add up to more than " +
+                          std::to_string(st.gather_budget) +
+                          " bytes, too many for one bootstrap message (max_message_bytes) -- the "
+                          "bootstrap carries control data only; move tensors with a Communicator");
+          return promise;
+        }
         if (const int gone = first_departed(st); gone >= 0 && !g.blobs[gone]) {
           fail_gather(
               self, key,
@@ -477,10 +488,6 @@ void default_log(int rank, const std::string& line) {
   std::fflush(stderr);
 }
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
 std::string local_hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
@@ -499,10 +506,14 @@ struct CafBootstrap::Impl {
   int world_size = 1;
   int port = 0;
   CafBootstrapOptions options;
+  NetworkPlan plan;
+  std::shared_ptr<SecureTransport> transport;
+  caf::io::middleman_actor middleman;  // the transport's: every publish and connect goes through it
   std::shared_ptr<Health> health = std::make_shared<Health>();
   rendezvous_actor rendezvous;  // rank 0: the local actor; others: a proxy
   agent_actor agent;
   bool owns_rendezvous = false;
+  bool published = false;
 
   ~Impl() { shutdown(); }
 
@@ -521,12 +532,23 @@ struct CafBootstrap::Impl {
         self->request(rendezvous, options.shutdown_grace, drain_atom::value)
             .receive([](drain_atom) {}, [](caf::error&) {});
         self->send_exit(rendezvous, caf::exit_reason::user_shutdown);
+        if (middleman && published)
+          self->request(middleman, std::chrono::seconds(5), caf::close_atom::value,
+                        static_cast<uint16_t>(port))
+              .receive([] {}, [](caf::error&) {});
       }
+    }
+    if (middleman) {
+      caf::scoped_actor self{*sys, true};
+      self->send_exit(middleman, caf::exit_reason::kill);
+      self->wait_for(middleman);
     }
     agent = nullptr;
     rendezvous = nullptr;
-    own_system.reset();
+    middleman = nullptr;
+    own_system.reset();  // closes the connections
     own_config.reset();
+    transport.reset();
     sys = nullptr;
   }
 
@@ -562,11 +584,13 @@ namespace {
 
 // One connection attempt through the middleman actor (what remote_actor does, but bounded: a
 // listener that accepts and never answers, e.g. another program on the port, cannot stall us).
-caf::expected<rendezvous_actor> connect_once(caf::actor_system& sys, const std::string& host,
-                                             uint16_t port, std::chrono::milliseconds timeout) {
+caf::expected<rendezvous_actor> connect_once(caf::actor_system& sys,
+                                             const caf::io::middleman_actor& middleman,
+                                             const std::string& host, uint16_t port,
+                                             std::chrono::milliseconds timeout) {
   caf::expected<rendezvous_actor> out{caf::sec::cannot_connect_to_node};
   caf::scoped_actor self{sys};
-  self->request(sys.middleman().actor_handle(), timeout, caf::connect_atom::value, host, port)
+  self->request(middleman, timeout, caf::connect_atom::value, host, port)
       .receive(
           [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
             if (!ptr)
@@ -581,18 +605,31 @@ caf::expected<rendezvous_actor> connect_once(caf::actor_system& sys, const std::
 }
 
 Status connect(CafBootstrap::Impl& b, const LaunchEnv& env) {
-  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string& host = b.plan.connect_addr;
+  const std::string where = host + ":" + std::to_string(env.master_port);
   const auto deadline = std::chrono::steady_clock::now() + b.options.connect_timeout;
   auto pause = std::chrono::milliseconds(100);
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    auto rv = connect_once(*b.sys, env.master_addr, static_cast<uint16_t>(env.master_port),
+    auto rv = connect_once(*b.sys, b.middleman, host, static_cast<uint16_t>(env.master_port),
                            std::max(left, std::chrono::milliseconds(100)));
     if (rv) {
       b.rendezvous = std::move(*rv);
       return Status::ok();
     }
+    // The TLS handshake says why a connection that reached rank 0 failed.
+    const auto [kind, why] = b.transport->take_client_failure();
+    if (kind == tls::Failure::wrong_key)
+      return Status::error("the rendezvous at " + where + " refused rank " +
+                           std::to_string(env.rank) + ": " + why +
+                           " -- every rank of a job must carry the same TROUPE_JOB_TOKEN (is "
+                           "another job using this master port?)");
+    if (kind == tls::Failure::protocol || kind == tls::Failure::not_troupe)
+      return Status::error("rank " + std::to_string(env.rank) + ": what listens at " + where +
+                           " is not a troupe rendezvous of this version (" + why +
+                           ") -- another program or troupe version uses this port; pick another "
+                           "with --master-port / MASTER_PORT");
     if (rv.error() == caf::sec::unexpected_actor_messaging_interface ||
         rv.error() == caf::sec::no_actor_published_at_port)
       return Status::error(
@@ -613,30 +650,54 @@ Status connect(CafBootstrap::Impl& b, const LaunchEnv& env) {
   }
 }
 
+// Publishes through the transport's middleman actor (what middleman::publish does through the
+// default one).
+caf::expected<uint16_t> publish(CafBootstrap::Impl& b, uint16_t port, const std::string& bind) {
+  caf::expected<uint16_t> out{caf::sec::cannot_open_port};
+  caf::scoped_actor self{*b.sys};
+  self->request(b.middleman, caf::infinite, caf::publish_atom::value, port,
+                caf::actor_cast<caf::strong_actor_ptr>(b.rendezvous),
+                b.sys->message_types(b.rendezvous), bind, true)
+      .receive([&](uint16_t actual) { out = actual; }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
 Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
+  const size_t budget = gather_budget(b.options.max_message_bytes, env.world_size);
   b.rendezvous =
-      b.sys->spawn(rendezvous, env.world_size, env.token, b.options.collective_timeout, b.logger());
+      b.sys->spawn(rendezvous, env.world_size, budget, b.options.collective_timeout, b.logger());
   b.owns_rendezvous = true;
   b.port = env.master_port;
   if (env.world_size == 1) return Status::ok();  // nobody to meet: nothing is published
-  std::string bind = b.options.bind_addr;
-  if (bind.empty() && is_loopback(env.master_addr)) bind = "127.0.0.1";
-  auto port = b.sys->middleman().publish(b.rendezvous, static_cast<uint16_t>(env.master_port),
-                                         bind.empty() ? nullptr : bind.c_str(), true);
+  const std::string bind = b.options.bind_addr.empty() ? b.plan.bind_addr : b.options.bind_addr;
+  auto port = publish(b, static_cast<uint16_t>(env.master_port), bind);
   if (!port)
     return Status::error(
-        "rank 0 cannot listen on " + (bind.empty() ? std::string("port ") : bind + ":") +
-        std::to_string(env.master_port) + " for the rendezvous (" + render(port.error()) +
+        "rank 0 cannot listen on " + bind + ":" + std::to_string(env.master_port) +
+        " for the rendezvous (" + render(port.error()) +
         "): the port is in use (another job?) or not allowed -- pass another --master-port to "
-        "troupe launch (or set MASTER_PORT / TROUPE_MASTER_PORT on every rank)");
+        "troupe launch (or set MASTER_PORT / TROUPE_MASTER_PORT on every rank); the address "
+        "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)");
   b.port = *port;
+  b.published = true;
   return Status::ok();
+}
+
+// Room for the job's connections besides the bounded pending handshakes: raise the soft limit on
+// open files up to the hard one when the world needs it (rank 0 holds one socket per rank).
+void ensure_descriptors(int world_size, int pending) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(world_size) + static_cast<rlim_t>(pending) + 256;
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= want) return;
+  lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? want : std::min(want, lim.rlim_max);
+  setrlimit(RLIMIT_NOFILE, &lim);
 }
 
 }  // namespace
 
 void configure_for_bootstrap(caf::actor_system_config& cfg, const CafBootstrapOptions& options) {
-  cfg.add_message_type<JoinRequest>("troupe.JoinRequest");
+  cfg.add_message_type<JoinRequest>("troupe.JoinRequest2");
   cfg.set("middleman.heartbeat-interval", caf::timespan{options.heartbeat_interval});
   cfg.set("middleman.connection-timeout", caf::timespan{options.connection_timeout});
   cfg.load<caf::io::middleman>();
@@ -656,14 +717,26 @@ int CafBootstrap::port() const {
 std::string CafBootstrap::job_failure() const {
   return impl_->health->get();
 }
+std::string CafBootstrap::ucx_net_devices() const {
+  return impl_->plan.ucx_net_devices;
+}
+const NetworkPlan& CafBootstrap::network_plan() const {
+  return impl_->plan;
+}
+SecureTransportStats CafBootstrap::transport_stats() const {
+  return impl_->transport ? impl_->transport->stats() : SecureTransportStats{};
+}
 
 Result<std::vector<std::string>> CafBootstrap::all_gather(const std::string& key,
                                                           const std::string& mine) {
-  if (mine.size() > kMaxBlobBytes)
+  const size_t budget = gather_budget(impl_->options.max_message_bytes, impl_->world_size);
+  if (mine.size() > kMaxBlobBytes || mine.size() * static_cast<size_t>(impl_->world_size) > budget)
     return Status::error(
         "all_gather '" + key + "': a blob of " + std::to_string(mine.size()) +
-        " bytes is too large for the bootstrap (at most 1 MiB) -- it carries control data only; "
-        "move tensors with a Communicator");
+        " bytes is too large for the bootstrap (at most 1 MiB, and " +
+        std::to_string(impl_->world_size) + " ranks' blobs must fit one message of " +
+        std::to_string(budget) +
+        " bytes) -- it carries control data only; move tensors with a Communicator");
   return impl_->ask<std::vector<std::string>>("all_gather '" + key + "'", gather_atom::value,
                                               "gather/" + key, mine);
 }
@@ -687,19 +760,46 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
         "--new-token))");
   b->rank = env.rank;
   b->world_size = env.world_size;
+  if (const char* v = std::getenv("TROUPE_HANDSHAKE_TIMEOUT")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(s > 0 && s <= 3600))
+      return Status::error(std::string("TROUPE_HANDSHAKE_TIMEOUT='") + v +
+                           "' is not a number of seconds in (0, 3600] -- fix or unset it");
+    b->options.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  if (env.world_size > 1) {
+    auto plan = plan_network(env);
+    if (!plan) return plan.status();
+    b->plan = std::move(plan).value();
+    SecureTransportOptions t;
+    t.token = env.token;
+    t.identity =
+        tls::make_identity(env.rank, env.world_size, local_hostname(), static_cast<int>(getpid()));
+    t.max_message_bytes = b->options.max_message_bytes;
+    t.handshake_timeout = b->options.handshake_timeout;
+    t.max_pending_handshakes = b->options.max_pending_handshakes;
+    t.log = b->logger();
+    auto transport = SecureTransport::create(std::move(t));
+    if (!transport) return transport.status();
+    b->transport = std::move(transport).value();
+    b->middleman = b->transport->spawn_middleman(*b->sys);
+    ensure_descriptors(env.world_size, b->options.max_pending_handshakes);
+  }
   if (env.rank == 0) {
     TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
   } else {
     b->port = env.master_port;
     TROUPE_RETURN_IF_ERROR(connect(*b, env));
   }
-  const std::string where = "rank 0 at " + env.master_addr + ":" + std::to_string(b->port);
+  const std::string where = "rank 0 at " +
+                            (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
+                            std::to_string(b->port);
   b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health,
                            b->options.on_job_failed, b->logger());
   JoinRequest req;
   req.rank = env.rank;
   req.world_size = env.world_size;
-  req.token = env.token;
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
   auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);

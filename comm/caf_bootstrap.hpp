@@ -6,11 +6,11 @@
 // worker addresses, NCCL unique ids); tensors never go through CAF.
 //
 // Protocol (rendezvous side; the typed interfaces are in caf_bootstrap.cpp):
-//   join(rank, world, token, host, pid) -> world size. The token is compared in constant time.
-//     A wrong token, a rank outside [0, world), a world size other than rank 0's, or a rank that
-//     already joined is refused with an error, and the refusal is logged with the peer's address
-//     (the error reply waits for the address lookup). A joined agent is bound to its rank by its
-//     actor address and monitored.
+//   join(rank, world, host, pid) -> world size. A rank outside [0, world), a world size other
+//     than rank 0's, or a rank that already joined is refused with an error, and the refusal is
+//     logged with the peer's address (the error reply waits for the address lookup). A joined
+//     agent is bound to its rank by its actor address and monitored. (The token is not part of
+//     the join: the connection has proven it before any message is read, see Security.)
 //   gather(key, blob) -> every rank's blob in rank order, answered when all ranks contributed.
 //     Only joined agents may ask; anything else is refused and logged. A key is used once.
 //     Barriers are gathers of empty blobs under "barrier/<key>".
@@ -23,24 +23,30 @@
 // the same way. A gather that does not complete within collective_timeout fails naming the missing
 // ranks. No call waits forever.
 //
-// Security: the token keeps out peers of other jobs and casual connections. It travels unencrypted
-// (plain CAF TCP), so it does not defend against an eavesdropper on the network. CAF lets any
-// connected node address any actor of the system by id, so the bootstrap is best run in its own
-// actor system (the first create_caf_bootstrap form); its actors check who sends what.
+// Security (docs/COMM.md, "Security model"): every connection is TLS 1.3 keyed by the job token
+// (comm/secure_transport.hpp, comm/psk_tls.hpp): a peer that cannot prove the token is refused
+// before CAF reads a byte of it, the token never crosses the wire, handshakes are bounded in
+// number and time, and messages above max_message_bytes close the connection before anything is
+// allocated for them. Where rank 0 listens and where the others connect follows the network
+// plan (comm/net_plan.hpp): 127.0.0.1 for a one-host job, the address MASTER_ADDR names on rank
+// 0's host otherwise. CAF lets any connected node address any actor of the system by id, so the
+// bootstrap is best run in its own actor system (the first create_caf_bootstrap form); its
+// actors check who sends what.
 //
 // Threads: a CafBootstrap is used by one thread at a time (its calls block that thread).
 // job_failure() may be called from any thread.
 #pragma once
+#include <caf/fwd.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <caf/fwd.hpp>
-
 #include "comm/bootstrap.hpp"
 #include "comm/launch_env.hpp"
+#include "comm/net_plan.hpp"
+#include "comm/secure_transport.hpp"
 
 namespace troupe::comm {
 
@@ -55,9 +61,15 @@ struct CafBootstrapOptions {
   // cut off without closing its socket) counts as disconnected. Zero disables both.
   std::chrono::milliseconds heartbeat_interval{1'000};
   std::chrono::milliseconds connection_timeout{15'000};
-  // Rank 0's listening address: empty = 127.0.0.1 when the master address is a loopback one, else
-  // all interfaces.
+  // Rank 0's listening address: empty = the network plan's (comm/net_plan.hpp).
   std::string bind_addr;
+  // The largest message a connection may announce (BASP payload); a gather's blobs must fit one
+  // (all ranks' together, minus framing). Blobs are UCX addresses and NCCL ids: kilobytes.
+  size_t max_message_bytes = size_t{16} << 20;
+  // Incoming connections that have not proven the token: how long they may take (environment
+  // TROUPE_HANDSHAKE_TIMEOUT, seconds, wins), how many at once.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  int max_pending_handshakes = 64;
   // Called once, from an actor thread, when the job is known to have failed (a lost rank or
   // rendezvous).
   std::function<void(const std::string& why)> on_job_failed;
@@ -92,6 +104,11 @@ class CafBootstrap final : public Bootstrap {
   int port() const;
   // Empty while the job is healthy; otherwise why it failed. Thread-safe.
   std::string job_failure() const;
+  // The plan's UCX_NET_DEVICES (Bootstrap::ucx_net_devices), and the plan itself.
+  std::string ucx_net_devices() const override;
+  const NetworkPlan& network_plan() const;
+  // Counters of the secure transport (refusals, timeouts, ...); zeros for a world of one.
+  SecureTransportStats transport_stats() const;
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -99,7 +116,9 @@ class CafBootstrap final : public Bootstrap {
 
 // Joins the job described by `env` (rank 0 first starts and publishes the rendezvous). Returns once
 // this rank has joined; it does not wait for the others. Errors name the address, the port and the
-// fix (port in use: --master-port; unreachable: MASTER_ADDR and the firewall; refused: the token).
+// fix (port in use: --master-port; unreachable: MASTER_ADDR and the firewall; refused: the token;
+// a MASTER_ADDR the network plan cannot use: bad input). A world of more than one may raise the
+// soft limit on open files (RLIMIT_NOFILE) up to the hard limit, for one socket per rank.
 // This form runs its own small actor system.
 Result<std::unique_ptr<CafBootstrap>> create_caf_bootstrap(const LaunchEnv& env,
                                                            const CafBootstrapOptions& options = {});

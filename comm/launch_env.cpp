@@ -118,7 +118,7 @@ Status resolve_token(const EnvLookup& env, LaunchEnv& e, const std::string& fix)
                          std::to_string(e.world_size) + "-process job started by " +
                          starter_name(e.source) +
                          " but TROUPE_JOB_TOKEN is not set: every job needs "
-                         "a secret that its ranks present to the rendezvous -- " +
+                         "a secret that keys its ranks' connections to the rendezvous -- " +
                          fix);
   auto token = generate_job_token();
   if (!token) return token.status();

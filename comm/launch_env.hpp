@@ -25,7 +25,8 @@
 // (SLURM_JOB_ID, OMPI_MCA_ess_base_jobid, PMIX_NAMESPACE) into [20000, 29999] so two jobs sharing
 // a node do not collide; else it is 29500 (torchrun's default).
 //
-// The job token: every multi-process job has a secret that its ranks present to the rendezvous.
+// The job token: every multi-process job has a secret from which its ranks derive the key of
+// their TLS connections to the rendezvous (comm/psk_tls.hpp; the token itself is never sent).
 // `troupe launch` makes one; a job started by srun, mpirun or torchrun must carry TROUPE_JOB_TOKEN
 // (the same value on all ranks), or detection fails saying how to set it. A single process needs
 // none (one is made).

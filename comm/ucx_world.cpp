@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "comm/ucx_collectives.hpp"
 #include "comm/ucx_engine.hpp"
@@ -181,6 +184,18 @@ Status env_size(const char* name, size_t min, size_t max, size_t& value) {
   return Status::ok();
 }
 
+// UCX reads UCX_NET_DEVICES when a context is created. A value the user set is left alone; one
+// troupe set (an earlier world of this process) is replaced.
+void apply_net_devices(const std::string& devices) {
+  static std::mutex mu;
+  static std::string ours;  // what this function last set
+  std::lock_guard<std::mutex> lock(mu);
+  const char* now = std::getenv("UCX_NET_DEVICES");
+  if (now != nullptr && *now != '\0' && ours != now) return;
+  ::setenv("UCX_NET_DEVICES", devices.c_str(), 1);
+  ours = devices;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
@@ -235,6 +250,22 @@ Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
   if (o.chunks_in_flight < 1 || o.chunks_in_flight > 1024) {
     return Status::error("ucx: chunks_in_flight " + std::to_string(o.chunks_in_flight) +
                          " must lie in [1, 1024]");
+  }
+  const std::string devices = o.net_devices.empty() ? bootstrap.ucx_net_devices() : o.net_devices;
+  if (!devices.empty()) {
+    // UCX drops a device that is down when the context is created, for good. Once every rank has
+    // joined, the path toward rank 0 works (after a restart it may just have come back).
+    static std::mutex key_mu;
+    static std::map<const Bootstrap*, int> barriers;
+    int n;
+    {
+      std::lock_guard<std::mutex> lock(key_mu);
+      n = barriers[&bootstrap]++;
+    }
+    TROUPE_RETURN_IF_ERROR(
+        bootstrap.barrier("ucx/devices" + std::to_string(n))
+            .with_context("ucx: waiting for every rank before opening " + devices + ": "));
+    apply_net_devices(devices);
   }
   auto engine = Engine::create(bootstrap, o);
   if (!engine.is_ok()) return engine.status();

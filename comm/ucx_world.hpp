@@ -127,6 +127,10 @@ struct UcxOptions {
   // Size of this rank's segment (env TROUPE_UCX_SHM_BYTES, at least 2 MiB): sparse, its group
   // areas are backed as they are allocated; a group that finds no room uses UCX.
   size_t shm_bytes = size_t{256} << 20;
+  // UCX_NET_DEVICES for the world's context: "" takes bootstrap.ucx_net_devices() (the launch's
+  // network plan: loopback only for a one-host job, the interface toward rank 0 otherwise). A
+  // UCX_NET_DEVICES in the environment that troupe did not set wins over both.
+  std::string net_devices;
 };
 
 // Collective over the bootstrap's ranks: creates this rank's UCP context, worker and endpoints,
@@ -134,7 +138,9 @@ struct UcxOptions {
 // the n-th world created over this bootstrap object). Environment variables (TROUPE_UCX_*) override
 // `options`. Fails with a message on UCX errors, malformed or out-of-range settings, settings that
 // differ between ranks, and when the bootstrap fails. Any thread; the bootstrap is used during the
-// call only.
+// call only. The network devices are applied through the process environment (UCX reads
+// UCX_NET_DEVICES when the context is created), so create worlds before starting threads that
+// modify the environment.
 Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
                                                     const UcxOptions& options = {});
 

@@ -11,6 +11,8 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libcaf-dev            # C++ Actor Framework 0.17
   libucx-dev            # UCX (comm backend)
+  libssl-dev            # OpenSSL 3: TLS 1.3 with the job's key on the bootstrap's connections
+  iproute2 tcpdump      # tests/cli/multihost.sh (network namespaces), hostile_peer.sh (capture)
   libhdf5-dev hdf5-tools  # checkpoints
   libopenblas-dev       # CPU sgemm
   catch2                # tests (v2)

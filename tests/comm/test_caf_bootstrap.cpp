@@ -294,20 +294,26 @@ TEST_CASE("a peer with a wrong token is refused and logged, and cannot join or s
   CHECK_THAT(bad.status().message(), Contains("TROUPE_JOB_TOKEN"));
   const std::string logged = sink.wait_for({"refused", "wrong job token"});
   CHECK_THAT(logged, Contains("claiming rank 1 of 2"));
-  CHECK_THAT(logged, Contains("127.0.0.1"));  // the peer's address, from the middleman
+  CHECK_THAT(logged, Contains("127.0.0.1"));  // the peer's address, from the transport
   CHECK_THAT(logged, !Contains(kToken));
 
   SECTION("a peer that skips the join cannot send requests") {
     caf::actor_system_config cfg;
     configure_for_bootstrap(cfg);
     caf::actor_system sys{cfg};
+    // A peer holding the token, straight through a middleman actor of the secure transport, as a
+    // peer that knows the protocol would: no interface check, no join.
+    SecureTransportOptions t;
+    t.token = kToken;
+    t.identity = tls::make_identity(1, 2, "test", 1);
+    auto transport = SecureTransport::create(t);
+    REQUIRE(transport);
+    auto middleman = (*transport)->spawn_middleman(sys);
     {
-      // Straight through the middleman actor, as a peer that knows the protocol would: no interface
-      // check.
       caf::scoped_actor self{sys};
       caf::strong_actor_ptr rv;
-      self->request(sys.middleman().actor_handle(), 5s, caf::connect_atom::value,
-                    std::string("127.0.0.1"), static_cast<uint16_t>(port))
+      self->request(middleman, 5s, caf::connect_atom::value, std::string("127.0.0.1"),
+                    static_cast<uint16_t>(port))
           .receive([&](const caf::node_id&, caf::strong_actor_ptr& p,
                        const std::set<std::string>&) { rv = p; },
                    [&](caf::error& e) { FAIL("connect: " << sys.render(e)); });
@@ -321,6 +327,9 @@ TEST_CASE("a peer with a wrong token is refused and logged, and cannot join or s
       CHECK_THAT(error, Contains("has not joined"));
       CHECK(sink.wait_for({"refused a request for 'gather/k'"}) != "");
     }
+    caf::scoped_actor self{sys, true};
+    self->send_exit(middleman, caf::exit_reason::kill);
+    self->wait_for(middleman);
   }
   SECTION("a wrong world size and a duplicate rank are refused too") {
     auto wrong_world = create_caf_bootstrap(make_env(1, 3, port), o);

@@ -3,16 +3,23 @@
 // stdout.
 //
 //   bootstrap_peer join-exit        join, print "joined", then exit at once without leaving (as a
-//   crash) bootstrap_peer join-stop        join, print "joined", then stop itself (SIGSTOP: hung,
-//   socket open) bootstrap_peer rank0-exit SECS  as rank 0: print "port N", wait SECS, then exit
-//   without leaving bootstrap_peer gather KEY BLOB  join, all_gather, print "gathered a,b,c" or
-//   "error: ..."
+//                                   crash)
+//   bootstrap_peer join-stop        join, print "joined", then stop itself (SIGSTOP: hung, socket
+//                                   open)
+//   bootstrap_peer rank0-exit SECS  as rank 0: print "port N", wait SECS, then exit without leaving
+//   bootstrap_peer gather KEY BLOB  join, all_gather, print "gathered a,b,c" or "error: ..."
+//   bootstrap_peer plain-connect HOST PORT
+//                                   no TROUPE_* needed: connect with plain CAF (unencrypted BASP,
+//                                   as a troupe without the secure transport would) and print
+//                                   "connected" or "refused: ..."
 //
 // Heartbeats: BOOTSTRAP_PEER_HEARTBEAT_MS sets the interval (connection timeout: 5x).
 // BOOTSTRAP_PEER_EPHEMERAL_PORT=1: rank 0 listens on a port the OS picks (printed by rank0-exit).
 #include <signal.h>
 #include <unistd.h>
 
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,10 +33,28 @@ using namespace troupe;
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: bootstrap_peer join-exit|join-stop|rank0-exit SECS|gather KEY BLOB\n");
+                 "usage: bootstrap_peer join-exit|join-stop|rank0-exit SECS|gather KEY BLOB|"
+                 "plain-connect HOST PORT\n");
     return 2;
   }
   const std::string mode = argv[1];
+  if (mode == "plain-connect" && argc == 4) {
+    caf::actor_system_config cfg;
+    comm::configure_for_bootstrap(cfg);
+    caf::actor_system sys{cfg};
+    caf::scoped_actor self{sys};
+    std::string result = "refused: no answer";
+    self->request(sys.middleman().actor_handle(), std::chrono::seconds(10),
+                  caf::connect_atom::value, std::string(argv[2]),
+                  static_cast<uint16_t>(std::atoi(argv[3])))
+        .receive(
+            [&](const caf::node_id&, caf::strong_actor_ptr& p, const std::set<std::string>&) {
+              result = p ? "connected" : "refused: no actor";
+            },
+            [&](caf::error& e) { result = "refused: " + sys.render(e); });
+    std::printf("%s\n", result.c_str());
+    return result == "connected" ? 0 : 1;
+  }
   auto env = comm::detect_launch_env();
   if (!env) {
     std::printf("error: %s\n", env.status().message().c_str());

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Two hosts on one machine (docs/COMM.md, "Several hosts"): network namespaces host0 and host1, each
+# with its own hostname (a UTS namespace), a veth link and 10.77.0.x addresses, names in
+# /etc/netns/<ns>/hosts. One `troupe launch --nnodes 2 --node-rank k --master-addr host0` per host:
+#   - the ranks meet through MASTER_ADDR given as a hostname, each on its host;
+#   - tp 2 x dp 2 across the hosts gives the in-process losses within 1e-5, and the data-parallel
+#     gradients really cross the veth (its byte counter grows by at least their volume);
+#   - rank 0 and UCX listen on host0's 10.77.0.1 only;
+#   - cutting the link mid-run (ip link set down) ends the job on both hosts within
+#     --distributed-timeout-minutes with messages naming the unreachable host, and --max-restarts
+#     resumes from the shared --save folder once the link is back, finishing every iteration with
+#     the uninterrupted losses.
+# Needs root and iproute2; skips (77) where network namespaces cannot be created.
+source "$(dirname "$0")/common.bash"
+[[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
+command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
+command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
+
+ns=(troupe-h0-$$ troupe-h1-$$)
+veth=(tr$$a tr$$b)
+addr=(10.77.0.1 10.77.0.2)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done
+  for n in "${ns[@]}"; do
+    ip netns pids "$n" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
+    ip netns del "$n" 2> /dev/null || true
+    rm -rf "/etc/netns/$n"
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+if ! err=$(ip netns add "${ns[0]}" 2>&1); then
+  echo "SKIP: cannot create a network namespace here (ip netns add: $err)"
+  exit 77
+fi
+ip netns add "${ns[1]}"
+ip link add "${veth[0]}" type veth peer name "${veth[1]}"
+for k in 0 1; do
+  ip link set "${veth[k]}" netns "${ns[k]}"
+  ip -n "${ns[k]}" addr add "${addr[k]}/24" dev "${veth[k]}"
+  ip -n "${ns[k]}" link set "${veth[k]}" up
+  ip -n "${ns[k]}" link set lo up
+  mkdir -p "/etc/netns/${ns[k]}"
+  printf '127.0.0.1 localhost\n%s host0\n%s host1\n' "${addr[0]}" "${addr[1]}" > "/etc/netns/${ns[k]}/hosts"
+done
+if ! err=$(ip netns exec "${ns[0]}" unshare --uts sh -c 'hostname host0 && hostname' 2>&1) || [[ "$err" != host0 ]]; then
+  echo "SKIP: cannot give a namespace its own hostname (unshare --uts: $err)"
+  exit 77
+fi
+make_corpus
+export TROUPE_JOB_TOKEN=$("$troupe" launch --new-token)
+
+# on_host K COMMAND...: runs COMMAND as host K (its network namespace, hostname hostK).
+on_host() {
+  local k=$1
+  shift
+  ip netns exec "${ns[k]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "host$k" "$@"
+}
+# launch_both OUT_PREFIX LAUNCH_FLAGS -- SUBCOMMAND...: one launcher per host, in the background.
+launch_both() {
+  local out=$1
+  shift
+  local flags=()
+  while [[ $1 != -- ]]; do flags+=("$1"); shift; done
+  shift
+  for k in 0 1; do
+    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 \
+      "${flags[@]}" -- "$@" > "$out.$k.log" 2>&1 &
+    pids+=($!)
+    launchers[k]=$!
+  done
+}
+wait_both() {
+  local rc=0
+  wait "${launchers[0]}" || rc=1
+  wait "${launchers[1]}" || rc=1
+  return $rc
+}
+tx_bytes() { ip netns exec "${ns[0]}" cat "/sys/class/net/${veth[0]}/statistics/tx_bytes"; }
+
+# --- the ranks meet through a hostname, each on its own host --------------------------------------
+launch_both check -- comm-check
+wait_both || { cat check.*.log; fail "comm-check across the two hosts failed"; }
+for r in 0 1; do grep -q "rank $r/4 on host host0" check.0.log || { cat check.0.log; fail "rank $r is not on host0"; }; done
+for r in 2 3; do grep -q "rank $r/4 on host host1" check.0.log || { cat check.0.log; fail "rank $r is not on host1"; }; done
+grep -q "comm-check: all 4 rank(s) ok" check.0.log || fail "comm-check did not pass"
+echo "ok: 4 ranks on host0 and host1 met at MASTER_ADDR=host0"
+
+# --- tp 2 x dp 2 across the hosts equals the in-process run --------------------------------------
+model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
+       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
+       --num-threads 1 --train-iters 600 --log-interval 200
+       --tensor-model-parallel-size 2 --data-parallel-size 2)
+"$troupe" train "${model[@]}" --metrics-file "$work/inproc.jsonl" > inproc.log 2>&1 || { cat inproc.log; fail "in-process run failed"; }
+tx0=$(tx_bytes)
+launch_both two -- train "${model[@]}" --metrics-file "$work/two.jsonl"
+listening=""
+for _ in $(seq 1 100); do
+  listening=$(ip netns exec "${ns[0]}" ss -ltnpH 2> /dev/null | grep troupe || true)
+  [[ $(echo "$listening" | grep -c .) -ge 3 ]] && break  # the rendezvous and both ranks' UCX
+  sleep 0.05
+done
+wait_both || { cat two.*.log; fail "the two-host training run failed"; }
+tx1=$(tx_bytes)
+python3 - "$work/inproc.jsonl" "$work/two.jsonl" <<'PY' || fail "two hosts differ from the in-process run"
+import json, sys
+def losses(path):
+    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == sorted(b) == list(range(1, 601)), "iterations differ"
+worst = max(abs(a[i] - b[i]) for i in a)
+print(f"ok: tp 2 x dp 2 over two hosts: 600 losses within {worst:.2e} of the in-process run")
+assert worst <= 1e-5, worst
+PY
+# Every iteration all-reduces each host0 rank's gradient shard (its parameter bytes) with host1.
+shard_mib=$(sed -n 's/.*rank 0 model states: parameters \([0-9.]*\) MiB.*/\1/p' two.0.log | head -1)
+[[ -n "$shard_mib" ]] || fail "no parameter size in the log of host0"
+moved=$((tx1 - tx0))
+python3 -c "import sys; need = 0.5 * 600 * 2 * $shard_mib * 2**20; print(f'veth: {$moved} bytes sent by host0, gradients need >= {need:.0f}'); sys.exit(0 if $moved >= need else 1)" ||
+  fail "the gradients did not cross the veth (shared memory between the namespaces?)"
+[[ -n "$listening" ]] || fail "nothing of the job listened on host0"
+echo "$listening" | awk '{print $4}' | while read -r local; do
+  [[ "$local" == "${addr[0]}":* ]] || fail "host0 listens on $local, not on ${addr[0]} only"
+done
+echo "ok: host0 listens on ${addr[0]} only: $(echo "$listening" | awk '{print $4}' | tr '\n' ' ')"
+
+# --- a link cut mid-run: the job ends naming the unreachable host; --max-restarts resumes ---------
+launch_both cut --max-restarts 1 -- train "${model[@]}" --save "$work/ck" --save-interval 100 \
+  --distributed-timeout-minutes 0.25 --metrics-file "$work/cut.jsonl"
+for _ in $(seq 1 300); do
+  [[ -f ck/latest_checkpointed_iteration.txt ]] && (( $(cat ck/latest_checkpointed_iteration.txt) >= 100 )) && break
+  sleep 0.05
+done
+[[ -f ck/latest_checkpointed_iteration.txt ]] || { cat cut.*.log; fail "no checkpoint before the cut"; }
+ip -n "${ns[0]}" link set "${veth[0]}" down
+cut_at=$SECONDS
+until grep -q "restart 1 of 1" cut.0.log && grep -q "restart 1 of 1" cut.1.log; do
+  ((SECONDS - cut_at <= 40)) || { cat cut.*.log; fail "the job did not end within 40 s of the link cut"; }
+  sleep 0.1
+done
+took=$((SECONDS - cut_at))
+ip -n "${ns[0]}" link set "${veth[0]}" up
+((took <= 15)) || fail "the job took $took s to end after the cut, more than --distributed-timeout-minutes 0.25"
+grep -q "rank [23] (host host1, pid [0-9]*) disconnected without leaving the job" cut.0.log ||
+  { cat cut.0.log; fail "host0 did not name the unreachable host1"; }
+grep -q "lost the rendezvous on rank 0 at host0:" cut.1.log || { cat cut.1.log; fail "host1 did not name host0"; }
+wait_both || { cat cut.*.log; fail "the job did not resume after the link came back"; }
+grep -q "finished at iteration 600/600" cut.0.log || { cat cut.0.log; fail "the resumed job did not finish"; }
+grep -q "loaded $work/ck/iter_" cut.0.log || fail "the restarted job did not resume from the checkpoint"
+python3 - "$work/two.jsonl" "$work/cut.jsonl" <<'PY' || fail "the resumed run's losses differ from the uninterrupted run"
+import json, sys
+def losses(path):  # the last line per iteration: a restart repeats the iterations after the checkpoint
+    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == sorted(b), "iterations differ"
+assert all(a[i] == b[i] for i in a), "losses differ"
+PY
+echo "ok: link cut ended the job on both hosts in $took s naming the other host; resumed and finished 600/600 with the uninterrupted losses"
+echo PASS
