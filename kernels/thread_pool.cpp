@@ -1,6 +1,7 @@
 #include "kernels/thread_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/check.hpp"
 
@@ -76,6 +77,26 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   dispatch(parts, part);
 }
 
-void ThreadPool::run_on_all(const std::function<void(int)>& fn) { dispatch(size_, fn); }
+void ThreadPool::for_each_task(int64_t tasks, const std::function<void(int64_t)>& fn) {
+  if (tasks <= 0) return;
+  const int parts = static_cast<int>(std::min<int64_t>(size_, tasks));
+  if (parts <= 1) {
+    for (int64_t t = 0; t < tasks; ++t) fn(t);
+    return;
+  }
+  // Taking tasks from a counter (rather than a fixed share each) lets a thread that another process
+  // delays fall behind without holding the others up; the results do not care who ran what.
+  std::atomic<int64_t> next{0};
+  std::function<void(int)> part = [&](int) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < tasks;
+         t = next.fetch_add(1, std::memory_order_relaxed))
+      fn(t);
+  };
+  dispatch(parts, part);
+}
+
+void ThreadPool::run_on_all(const std::function<void(int)>& fn) {
+  dispatch(size_, fn);
+}
 
 }  // namespace troupe

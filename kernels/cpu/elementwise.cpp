@@ -1,5 +1,7 @@
 // Embedding, LayerNorm, GELU and residual kernels: memory-bound loops, rows split over threads;
-// parameter-gradient reductions split over columns so each sum runs over rows in order.
+// parameter-gradient reductions split over columns so each sum runs over rows in order. The column
+// blocks are fixed (kColumnBlock wide) and each is one task with a loop of its own, so the code that
+// sums a column is the same loop over the same columns whatever the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -11,7 +13,7 @@
 namespace troupe::cpu {
 
 namespace {
-constexpr int64_t kColumnBlock = 16;  // column split granularity for parameter-gradient sums
+constexpr int64_t kColumnBlock = 32;  // columns per task of a parameter-gradient sum
 constexpr int64_t kElemGrain = 16384; // elementwise loops: items per thread at least
 }  // namespace
 
@@ -41,9 +43,9 @@ void embedding_forward(ThreadPool& pool, T* out, const int32_t* tokens, const T*
 template <class T>
 void embedding_backward(ThreadPool& pool, T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
                         int64_t B, int64_t T_, int64_t C, int64_t vocab_begin, int64_t vocab_rows) {
-  int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    int64_t c0 = b0 * kColumnBlock, c1 = std::min(C, b1 * kColumnBlock);
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  pool.for_each_task(blocks, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int64_t n = 0; n < B * T_; ++n) {
       const T* d = dout + n * C;
       const int64_t row = static_cast<int64_t>(tokens[n]) - vocab_begin;
@@ -104,9 +106,9 @@ void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, co
   }, 16);
   // dw, db: columns in parallel, rows in order.
   if (!dw) return;
-  int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    int64_t c0 = b0 * kColumnBlock, c1 = std::min(C, b1 * kColumnBlock);
+  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
+  pool.for_each_task(blocks, [&](int64_t block) {
+    const int64_t c0 = block * kColumnBlock, c1 = std::min(C, c0 + kColumnBlock);
     for (int64_t n = 0; n < N; ++n) {
       const T* xr = x + n * C;
       const T* dr = dout + n * C;
@@ -121,9 +123,9 @@ void layernorm_backward(ThreadPool& pool, T* dx, T* dw, T* db, const T* dout, co
 
 template <class T>
 void column_sums_accumulate(ThreadPool& pool, T* db, const T* dout, int64_t N, int64_t O) {
-  int64_t blocks = (O + kColumnBlock - 1) / kColumnBlock;
-  pool.parallel_for(blocks, [&](int64_t b0, int64_t b1) {
-    int64_t o0 = b0 * kColumnBlock, o1 = std::min(O, b1 * kColumnBlock);
+  const int64_t blocks = (O + kColumnBlock - 1) / kColumnBlock;
+  pool.for_each_task(blocks, [&](int64_t block) {
+    const int64_t o0 = block * kColumnBlock, o1 = std::min(O, o0 + kColumnBlock);
     for (int64_t n = 0; n < N; ++n) {
       const T* d = dout + n * O;
       for (int64_t o = o0; o < o1; ++o) db[o] += d[o];

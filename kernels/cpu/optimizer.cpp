@@ -39,19 +39,17 @@ template <class T>
 double sum_squares(ThreadPool& pool, const T* x, int64_t n) {
   const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
   std::vector<double> partial(static_cast<size_t>(chunks));
-  pool.parallel_for(chunks, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      int64_t i0 = c * kSumChunk, i1 = std::min(n, i0 + kSumChunk);
-      double acc[8] = {};
-      int64_t i = i0;
-      for (; i + 8 <= i1; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[i + l]) * x[i + l];
-      double s = 0;
-      for (int l = 0; l < 8; ++l) s += acc[l];
-      for (; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
-      partial[c] = s;
-    }
-  }, 4);
+  pool.for_each_task(chunks, [&](int64_t c) {
+    const int64_t i0 = c * kSumChunk, i1 = std::min(n, i0 + kSumChunk);
+    double acc[8] = {};
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8)
+      for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(x[i + l]) * x[i + l];
+    double s = 0;
+    for (int l = 0; l < 8; ++l) s += acc[l];
+    for (; i < i1; ++i) s += static_cast<double>(x[i]) * x[i];
+    partial[c] = s;
+  });
   double total = 0;
   for (double s : partial) total += s;
   return total;
