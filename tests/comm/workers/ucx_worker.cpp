@@ -707,6 +707,10 @@ int main(int argc, char** argv) {
   auto world = create_ucx_world(**boot);
   if (!world.is_ok()) {
     std::fprintf(stderr, "ucx_worker rank %d: %s\n", rank, world.status().message().c_str());
+    std::fflush(stderr);
+    // With peers that still create their worlds (chaos: one of them died), stay a moment, so they
+    // meet that death themselves rather than this rank's exit.
+    if (check == "chaos") std::this_thread::sleep_for(std::chrono::seconds(1));
     return 2;
   }
   size_t large = 0;
