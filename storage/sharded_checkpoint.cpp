@@ -142,6 +142,8 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
                   {"run", run},
                   {"shards", shards}};
   // Every shard was renamed into place by its writer; their directory entries become durable here.
+  // (A checkpoint without shards, of a model without tensors, creates its folder here.)
+  if (Status st = make_directories(it); !st) return fail(st);
   if (Status st = fsync_path(it, true); !st) return fail(st);
   if (Status st = write_text_atomically((fs::path(it) / kMetadata).string(), m.dump(2) + "\n"); !st)
     return fail(st);
@@ -203,8 +205,8 @@ Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
   if (auto it = m.find("run"); it != m.end() && it->is_object() && !it->empty())
     out.meta.run_json = it->dump();
   auto shards = m.find("shards");
-  if (shards == m.end() || !shards->is_array() || shards->empty()) {
-    problem("shards is missing or empty");
+  if (shards == m.end() || !shards->is_array()) {
+    problem("shards is missing or not a list");
   } else {
     std::set<std::string> seen;
     for (size_t i = 0; i < shards->size(); ++i) {

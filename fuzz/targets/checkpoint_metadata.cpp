@@ -32,7 +32,7 @@ Status checkpoint_metadata(const uint8_t* data, size_t size) {
   TROUPE_CHECK(!parsed || meta.is_ok() == (parsed->meta.iteration == iteration),
                "two readings disagree");
   auto files = sharded_checkpoint_files(dir, iteration);
-  TROUPE_CHECK(!files, "shard files that do not exist were accepted");
+  TROUPE_CHECK(!files || files->empty(), "shard files that do not exist were accepted");
   return parsed ? Status::ok() : parsed.status();
 }
 

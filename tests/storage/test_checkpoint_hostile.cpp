@@ -154,6 +154,31 @@ TEST_CASE("hostile shards: every flipped byte and every truncation ends in a Sta
   }
 }
 
+TEST_CASE("hostile shards: real shards of every version, flipped and cut",
+          "[checkpoint][hostile]") {
+  // The fuzz seeds: shards written by `troupe train` (versions 2 and 3, one rank and a tensor 2 x
+  // data 2 ZeRO-1 rank) and a version-1 file (fuzz/make_checkpoint_seeds.sh).
+  const fs::path seeds = fs::path(test::source_dir()) / "fuzz" / "corpus" / "checkpoint_shard";
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(seeds)) {
+    const std::string bytes = read_bytes(e.path().string());
+    const bool headed = e.path().filename().string().rfind("v3_", 0) == 0;
+    INFO(e.path().filename().string());
+    ++files;
+    for (size_t at = 0; at < bytes.size(); at += 7) {
+      std::string m = bytes;
+      m[at] = static_cast<char>(m[at] ^ (1 << (at % 8)));
+      const Status unchecked = read_everything(m, false);
+      if (!unchecked) CHECK_FALSE(unchecked.message().empty());
+      if (headed && read_everything(m, true))
+        FAIL_CHECK("flipped byte " << at << " was not detected");
+    }
+    for (size_t len = 0; len < bytes.size(); len += 499)
+      CHECK_FALSE(read_everything(bytes.substr(0, len), false));
+  }
+  CHECK(files >= 5);
+}
+
 TEST_CASE("hostile shards: a rank's pieces and a v3 file's header", "[checkpoint][hostile]") {
   test::TempDir dir;
   const std::string path = dir.str("shard_00000.h5");
