@@ -24,12 +24,12 @@ class IndexedDataSource final : public DataSource {
   Status read(DataSplit split, int64_t sample, int32_t* out) const override {
     const auto& w = windows_[static_cast<int>(split)];
     if (!w || w->num_windows() == 0)
-      return Status::error("the " + split_name(split) + " split of " + dataset_->prefix() +
+      return Status::bad_input("the " + split_name(split) + " split of " + dataset_->prefix() +
                            " has no window of --seq-length + 1 tokens -- use a larger dataset or change --split");
     w->get(sample, out);
     for (int64_t i = 0; i <= seq_length_; ++i) {
       if (out[i] < 0 || out[i] >= vocab_size_)
-        return Status::error(dataset_->prefix() + " holds token id " + std::to_string(out[i]) +
+        return Status::bad_input(dataset_->prefix() + " holds token id " + std::to_string(out[i]) +
                              ", outside the tokenizer's vocabulary of " + std::to_string(vocab_size_) +
                              " -- preprocess the data with the --tokenizer-type (and vocabulary) you train with");
     }
@@ -83,7 +83,7 @@ class MockDataSource final : public DataSource {
 Status check_token_range(const IndexedDataset& ds, int64_t vocab_size) {
   const auto bad = ds.first_token_outside(vocab_size);
   if (!bad) return Status::ok();
-  return Status::error(ds.prefix() + ".bin holds token id " + std::to_string(bad->value) + " (token " +
+  return Status::bad_input(ds.prefix() + ".bin holds token id " + std::to_string(bad->value) + " (token " +
                        std::to_string(bad->stream_offset) + " of the stream, in sequence " +
                        std::to_string(bad->sequence) + "), outside the tokenizer's vocabulary of " +
                        std::to_string(vocab_size) +
@@ -108,7 +108,7 @@ Result<std::shared_ptr<DataSource>> open_indexed_data(const std::string& prefix,
     windows[s] = std::make_unique<GptWindows>(dataset, begin, end, seq_length, seed, shuffle);
   }
   if (windows[0]->num_windows() == 0)
-    return Status::error(prefix + " has too few tokens in its training split (" +
+    return Status::bad_input(prefix + " has too few tokens in its training split (" +
                          std::to_string(ranges.value()[0].second - ranges.value()[0].first) +
                          ") for one window of --seq-length + 1 = " + std::to_string(seq_length + 1) +
                          " tokens -- use more data, a shorter --seq-length, or a larger training share in --split");

@@ -124,7 +124,7 @@ class DeepSpeedMerger {
     json top;
     TROUPE_RETURN_IF_ERROR(read_file(&top));
     if (!top.is_object())
-      return Status::error("--deepspeed-config " + file_ +
+      return Status::bad_input("--deepspeed-config " + file_ +
                            " must hold a JSON object ({...}), got " + top.type_name() +
                            " -- write the DeepSpeed settings as one object");
     TROUPE_RETURN_IF_ERROR(check_keys(
@@ -158,23 +158,23 @@ class DeepSpeedMerger {
   }
 
   Status error(const std::string& path, const std::string& what, const std::string& fix) const {
-    return Status::error("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " +
+    return Status::bad_input("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " +
                          fix);
   }
 
   Status read_file(json* out) const {
     std::error_code ec;
     if (!fs::exists(file_, ec))
-      return Status::error("--deepspeed-config " + file_ +
+      return Status::bad_input("--deepspeed-config " + file_ +
                            ": no such file -- check the path, or drop --deepspeed-config");
     if (!fs::is_regular_file(file_, ec))
-      return Status::error("--deepspeed-config " + file_ +
+      return Status::bad_input("--deepspeed-config " + file_ +
                            " is not a regular file -- pass the DeepSpeed JSON file itself");
     std::ifstream in(file_, std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
     if (!in.good() && !in.eof())
-      return Status::error("--deepspeed-config " + file_ +
+      return Status::bad_input("--deepspeed-config " + file_ +
                            ": cannot be read -- check its permissions");
 
     // DeepSpeed rejects a key repeated in one object (dict_raise_error_on_duplicate_keys); so do
@@ -184,7 +184,7 @@ class DeepSpeedMerger {
     options.reject_duplicate_keys = true;
     auto parsed = parse_json(text.str(), "--deepspeed-config " + file_, options);
     if (!parsed)
-      return Status::error(parsed.status().message() +
+      return Status::bad_input(parsed.status().message() +
                            " -- fix the file there (each key once, numbers within range)");
     *out = std::move(parsed).value();
     return Status::ok();

@@ -94,13 +94,13 @@ void visit_train_fields(Config& c, Visitor&& v) {
 }
 
 Status type_error(const std::string& path, const char* expected, const json& got) {
-  return Status::error("train config JSON: key \"" + path + "\" must be " + expected + ", got " +
+  return Status::bad_input("train config JSON: key \"" + path + "\" must be " + expected + ", got " +
                        json_excerpt(got) +
                        " -- write the config again with `troupe train` or fix the value");
 }
 
 Status range_error(const std::string& path, const Status& st) {
-  return Status::error("train config JSON: key \"" + path + "\" " + st.message() +
+  return Status::bad_input("train config JSON: key \"" + path + "\" " + st.message() +
                        " -- write the config again with `troupe train` or fix the value");
 }
 
@@ -195,7 +195,7 @@ class ObjectReader {
     seen_.insert(key);
     const auto it = object_.find(key);
     if (it == object_.end()) {
-      status_ = Status::error("train config JSON: missing key \"" + prefix_ + key +
+      status_ = Status::bad_input("train config JSON: missing key \"" + prefix_ + key +
                               "\" -- the file was written by another troupe version or edited; "
                               "write it again with `troupe train`");
       return;
@@ -208,7 +208,7 @@ class ObjectReader {
     for (const char* key : also_known) seen_.insert(key);
     for (const auto& item : object_.items()) {
       if (!seen_.count(item.key()))
-        return Status::error("train config JSON: unknown key \"" + prefix_ + item.key() +
+        return Status::bad_input("train config JSON: unknown key \"" + prefix_ + item.key() +
                              "\" -- this troupe version does not know it; remove it or use the "
                              "troupe version that wrote the file");
     }
@@ -245,7 +245,7 @@ std::string TrainConfig::to_json() const {
 Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   auto parsed = parse_json(text, "train config JSON");
   if (!parsed)
-    return Status::error(
+    return Status::bad_input(
         parsed.status().message() +
         " -- the file is damaged; restore it or write it again with `troupe train`");
   const json& j = parsed.value();
@@ -253,12 +253,12 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
 
   const auto format = j.find("format");
   if (format == j.end() || !format->is_string() || format->get<std::string>() != kFormat)
-    return Status::error(std::string("train config JSON: key \"format\" must be \"") + kFormat +
+    return Status::bad_input(std::string("train config JSON: key \"format\" must be \"") + kFormat +
                          "\" -- this is not a troupe training config");
   const auto version = j.find("version");
   if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1 ||
       version->get<int64_t>() > kVersion)
-    return Status::error("train config JSON: key \"version\" must be 1 to " +
+    return Status::bad_input("train config JSON: key \"version\" must be 1 to " +
                          std::to_string(kVersion) + ", got " +
                          (version == j.end() ? std::string("nothing") : version->dump()) +
                          " -- use the troupe version that wrote the file");
@@ -266,7 +266,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   TrainConfig c;
   const auto model_it = j.find("model");
   if (model_it == j.end())
-    return Status::error(
+    return Status::bad_input(
         "train config JSON: missing key \"model\" -- write the config again with "
         "`troupe train`");
   if (!model_it->is_object()) return type_error("model", "an object", *model_it);
@@ -277,7 +277,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   if (version->get<int64_t>() >= 2) {
     const auto par_it = j.find("parallel");
     if (par_it == j.end())
-      return Status::error(
+      return Status::bad_input(
           "train config JSON: missing key \"parallel\" -- write the config again with `troupe "
           "train`");
     if (!par_it->is_object()) return type_error("parallel", "an object", *par_it);
@@ -289,7 +289,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   if (version->get<int64_t>() >= 3) {
     const auto rt_it = j.find("runtime");
     if (rt_it == j.end())
-      return Status::error(
+      return Status::bad_input(
           "train config JSON: missing key \"runtime\" -- write the config again with `troupe train`");
     if (!rt_it->is_object()) return type_error("runtime", "an object", *rt_it);
     ObjectReader rt_reader(*rt_it, "runtime.");

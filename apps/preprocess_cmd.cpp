@@ -32,7 +32,7 @@ int run_preprocess_command(const PreprocessFlags& flags) {
   Status valid = validate_preprocess_options(flags.options);
   if (!valid) return fail(valid.message(), kExitUsage);
   auto summary = run_preprocess(flags.options);
-  if (!summary) return fail(summary.status().message(), kExitFailure);
+  if (!summary) return fail(summary.status().message(), exit_code_for(summary.status()));
 
   fmt::print("troupe preprocess: {} input ({} records, {:.1f} MB) in {:.2f} s, tokenizer {}\n",
              summary->format, summary->records, double(summary->input_bytes) / 1e6,

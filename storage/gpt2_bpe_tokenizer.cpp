@@ -260,11 +260,11 @@ constexpr int64_t kMaxVocabFileBytes = int64_t{256} << 20;
 // anything is read or allocated).
 Result<std::string> read_file(const std::string& path, const char* flag, const char* fix) {
   if (path.empty()) {
-    return Status::error(std::string(flag) +
+    return Status::bad_input(std::string(flag) +
                          " is required for --tokenizer-type GPT2BPETokenizer -- " + fix);
   }
   const auto fail = [&](const std::string& why) {
-    return Status::error(std::string(flag) + " '" + path + "' " + why + " -- " + fix);
+    return Status::bad_input(std::string(flag) + " '" + path + "' " + why + " -- " + fix);
   };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return fail(std::string("cannot be read (") + std::strerror(errno) + ")");
@@ -306,10 +306,10 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
 
   // encoder.json: {"token": id, ...} with ids a permutation of 0..n-1.
   auto parsed = parse_json(*vocab_text, "--vocab-file '" + vocab_file + "'");
-  if (!parsed) return Status::error(parsed.status().message() + " -- " + kVocabFix);
+  if (!parsed) return Status::bad_input(parsed.status().message() + " -- " + kVocabFix);
   const nlohmann::json& encoder = parsed.value();
   if (!encoder.is_object() || encoder.empty()) {
-    return Status::error(vocab_where + "not a JSON object of token -> id -- " + kVocabFix);
+    return Status::bad_input(vocab_where + "not a JSON object of token -> id -- " + kVocabFix);
   }
   std::array<int32_t, 256> byte_to_cp = bytes_to_unicode();
   std::unordered_map<int32_t, int> cp_to_byte;
@@ -323,7 +323,7 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
   for (const auto& [token, value] : encoder.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
         value.get<int64_t>() >= int64_t(n) || seen[value.get<size_t>()]) {
-      return Status::error(vocab_where + "token " + shown(token) + " has id " +
+      return Status::bad_input(vocab_where + "token " + shown(token) + " has id " +
                            json_excerpt(value) + ", but ids must be distinct integers in [0, " +
                            std::to_string(n) + ") -- " + kVocabFix);
     }
@@ -340,7 +340,7 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
                            static_cast<utf8proc_ssize_t>(token.size() - i), &cp);
       auto it = len > 0 ? cp_to_byte.find(cp) : cp_to_byte.end();
       if (it == cp_to_byte.end()) {
-        return Status::error(vocab_where + "token " + shown(token) +
+        return Status::bad_input(vocab_where + "token " + shown(token) +
                              " is not spelt in GPT-2's byte-level alphabet -- " + kVocabFix);
       }
       bytes.push_back(static_cast<char>(it->second));
@@ -353,14 +353,14 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
     append_utf8(byte_to_cp[b], &symbol);
     auto it = id_of.find(symbol);
     if (it == id_of.end()) {
-      return Status::error(vocab_where + "has no token for byte " + std::to_string(b) + " -- " +
+      return Status::bad_input(vocab_where + "has no token for byte " + std::to_string(b) + " -- " +
                            kVocabFix);
     }
     byte_ids_[b] = it->second;
   }
   auto eod = id_of.find("<|endoftext|>");
   if (eod == id_of.end()) {
-    return Status::error(vocab_where + "has no \"<|endoftext|>\" token -- " + kVocabFix);
+    return Status::bad_input(vocab_where + "has no \"<|endoftext|>\" token -- " + kVocabFix);
   }
   eod_ = eod->second;
 
@@ -379,12 +379,12 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
     fields >> left >> right;
     if (left.empty()) continue;  // the blank last line
     if (right.empty() || (fields >> extra)) {
-      return Status::error(merge_where + "line " + std::to_string(line_no) +
+      return Status::bad_input(merge_where + "line " + std::to_string(line_no) +
                            " is not '<left> <right>' -- " + kMergeFix);
     }
     auto l = id_of.find(left), r = id_of.find(right), lr = id_of.find(left + right);
     if (l == id_of.end() || r == id_of.end() || lr == id_of.end()) {
-      return Status::error(merge_where + "line " + std::to_string(line_no) + " merges " +
+      return Status::bad_input(merge_where + "line " + std::to_string(line_no) + " merges " +
                            shown(left) + " and " + shown(right) + ", which --vocab-file '" +
                            vocab_file + "' does not have -- " + kMergeFix);
     }
@@ -393,7 +393,7 @@ Status Gpt2BpeTokenizer::load(const std::string& vocab_file, const std::string& 
     // A repeated pair keeps its last rank, as encoder.py's dict(zip(merges, range(...))) does.
     rank_of_.insert_or_assign(pair_key(l->second, r->second), rank);
   }
-  if (merges_.empty()) return Status::error(merge_where + "has no merges -- " + kMergeFix);
+  if (merges_.empty()) return Status::bad_input(merge_where + "has no merges -- " + kMergeFix);
   return Status::ok();
 }
 

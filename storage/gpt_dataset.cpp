@@ -108,7 +108,7 @@ Result<std::array<int64_t, 4>> split_document_indices(int64_t num_documents,
     char* stop = nullptr;
     double w = std::strtod(field.c_str(), &stop);
     if (field.empty() || *stop != '\0' || !std::isfinite(w) || w < 0) {
-      return Status::error("--split '" + split + "': '" + field + "' is not a non-negative number" +
+      return Status::bad_input("--split '" + split + "': '" + field + "' is not a non-negative number" +
                            fix);
     }
     weights.push_back(w);
@@ -116,12 +116,12 @@ Result<std::array<int64_t, 4>> split_document_indices(int64_t num_documents,
     start = end + 1;
   }
   if (weights.size() > 3) {
-    return Status::error("--split '" + split + "' has " + std::to_string(weights.size()) +
+    return Status::bad_input("--split '" + split + "' has " + std::to_string(weights.size()) +
                          " weights" + fix);
   }
   weights.resize(3, 0.0);
   const double sum = weights[0] + weights[1] + weights[2];
-  if (!(sum > 0)) return Status::error("--split '" + split + "' weights sum to 0" + fix);
+  if (!(sum > 0)) return Status::bad_input("--split '" + split + "' weights sum to 0" + fix);
 
   std::array<int64_t, 4> index{0, 0, 0, 0};
   for (int i = 0; i < 3; ++i) {

@@ -42,7 +42,7 @@ Result<Mapping> map_file(const std::string& path) {
   // O_NONBLOCK: a FIFO planted at the path must not block the open; it is refused below.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
-    return Status::error(path + ": cannot open (" + std::strerror(errno) +
+    return Status::bad_input(path + ": cannot open (" + std::strerror(errno) +
                          ") -- check the data prefix, or " +
                          "create the dataset with troupe preprocess");
   }
@@ -50,11 +50,11 @@ Result<Mapping> map_file(const std::string& path) {
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    return Status::error(path + ": cannot stat (" + std::strerror(err) + ") -- check the file");
+    return Status::bad_input(path + ": cannot stat (" + std::strerror(err) + ") -- check the file");
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::error(path + ": not a regular file -- pass the prefix of a dataset written by " +
+    return Status::bad_input(path + ": not a regular file -- pass the prefix of a dataset written by " +
                          "troupe preprocess");
   }
   Mapping m;
@@ -188,28 +188,28 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
 
   const uint8_t* p = ds->idx_;
   if (ds->idx_bytes_ < kHeaderBytes) {
-    return Status::error(ipath + ": " + std::to_string(ds->idx_bytes_) +
+    return Status::bad_input(ipath + ": " + std::to_string(ds->idx_bytes_) +
                          " bytes, shorter than the " + std::to_string(kHeaderBytes) +
                          "-byte MMIDIDX header (truncated) -- " + fix);
   }
   if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) {
-    return Status::error(ipath +
+    return Status::bad_input(ipath +
                          ": not a Megatron MMIDIDX index (bad magic; other indexed-dataset "
                          "formats such as --dataset-impl lazy/cached are not supported) -- " +
                          fix);
   }
   auto version = load<uint64_t>(p + 9);
   if (version != kVersion) {
-    return Status::error(ipath + ": MMIDIDX version " + std::to_string(version) +
+    return Status::bad_input(ipath + ": MMIDIDX version " + std::to_string(version) +
                          ", troupe reads version 1 -- " + fix);
   }
   uint8_t code = p[17];
   if (code < 1 || code > 8) {
-    return Status::error(ipath + ": unknown dtype code " + std::to_string(code) + " -- " + fix);
+    return Status::bad_input(ipath + ": unknown dtype code " + std::to_string(code) + " -- " + fix);
   }
   ds->dtype_ = static_cast<IndexDType>(code);
   if (!is_integer(ds->dtype_)) {
-    return Status::error(ipath + ": dtype " + index_dtype_name(ds->dtype_) +
+    return Status::bad_input(ipath + ": dtype " + index_dtype_name(ds->dtype_) +
                          " cannot hold token ids -- " + fix);
   }
   auto n = load<uint64_t>(p + 18), d = load<uint64_t>(p + 26);
@@ -217,7 +217,7 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
   const unsigned __int128 need =
       (unsigned __int128)kHeaderBytes + (unsigned __int128)n * 12 + (unsigned __int128)d * 8;
   if (need != ds->idx_bytes_) {
-    return Status::error(ipath + ": " + std::to_string(ds->idx_bytes_) +
+    return Status::bad_input(ipath + ": " + std::to_string(ds->idx_bytes_) +
                          " bytes, but its header counts " + std::to_string(n) + " sequences and " +
                          std::to_string(d) + " doc_idx entries, which " + "take " +
                          (need > (1ull << 62) ? std::string("far more")
@@ -225,7 +225,7 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
                          " bytes (" + (need > ds->idx_bytes_ ? "truncated" : "trailing garbage") +
                          ") -- " + fix);
   }
-  if (d < 1) return Status::error(ipath + ": doc_idx is empty (it must start with 0) -- " + fix);
+  if (d < 1) return Status::bad_input(ipath + ": doc_idx is empty (it must start with 0) -- " + fix);
   ds->num_sequences_ = static_cast<int64_t>(n);
   ds->num_doc_idx_ = static_cast<int64_t>(d);
 
@@ -238,13 +238,13 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
     int32_t size = ds->size(i);
     int64_t ptr = ds->pointer(i);
     if (size < 0 || ptr != offset * item) {
-      return Status::error(ipath + ": sequence " + std::to_string(i) + " has size " +
+      return Status::bad_input(ipath + ": sequence " + std::to_string(i) + " has size " +
                            std::to_string(size) + " at byte " + std::to_string(ptr) +
                            ", expected byte " + std::to_string(offset * item) +
                            " (sequences must lie back to back in .bin) -- " + fix);
     }
     if (size > bin_tokens - offset) {
-      return Status::error(bpath + ": " + std::to_string(ds->bin_bytes_) + " bytes, but " + ipath +
+      return Status::bad_input(bpath + ": " + std::to_string(ds->bin_bytes_) + " bytes, but " + ipath +
                            " describes more (sequence " + std::to_string(i) + " of " +
                            std::to_string(size) + " tokens ends past the end; .bin truncated, or " +
                            "the two files do not belong together) -- " + fix);
@@ -253,7 +253,7 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
   }
   ds->total_tokens_ = offset;
   if (static_cast<uint64_t>(offset * item) != ds->bin_bytes_) {
-    return Status::error(
+    return Status::bad_input(
         bpath + ": " + std::to_string(ds->bin_bytes_) + " bytes, but " + ipath + " describes " +
         std::to_string(offset) + " " + index_dtype_name(ds->dtype_) +
         " tokens = " + std::to_string(offset * item) + " bytes (" +
@@ -267,7 +267,7 @@ Result<std::shared_ptr<IndexedDataset>> IndexedDataset::open(const std::string& 
     bool ok = (i == 0 ? v == 0 : v >= prev) && v <= ds->num_sequences_ &&
               (i + 1 < ds->num_doc_idx_ || v == ds->num_sequences_);
     if (!ok) {
-      return Status::error(
+      return Status::bad_input(
           ipath + ": doc_idx[" + std::to_string(i) + "] = " + std::to_string(v) +
           " breaks the rule (starts at 0, non-decreasing, ends at the sequence count " +
           std::to_string(ds->num_sequences_) + ") -- " + fix);

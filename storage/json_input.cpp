@@ -120,6 +120,11 @@ std::string quoted_token(const std::string& what) {
   return what.substr(open + 1, close - open - 1);
 }
 
+// "what: ", or nothing when the caller names the input itself.
+std::string lead(const std::string& what) {
+  return what.empty() ? std::string() : what + ": ";
+}
+
 std::string key_text(const std::string& path) {
   return path.empty() ? std::string("the top-level value") : "key \"" + path + "\"";
 }
@@ -130,9 +135,9 @@ Result<json> parse_json(std::string_view text, const std::string& what,
                         const JsonParseOptions& options) {
   if (const size_t at = first_byte_deeper_than(text, options.max_depth);
       at != std::string_view::npos) {
-    return Status::error(what + ": objects and arrays are nested deeper than " +
-                         std::to_string(options.max_depth) + " levels (at byte " +
-                         std::to_string(at) + ")");
+    return Status::bad_input(lead(what) + "objects and arrays are nested deeper than " +
+                             std::to_string(options.max_depth) + " levels (at byte " +
+                             std::to_string(at) + ")");
   }
   // Fast path without a callback (JSONL inputs are large); the tracking parse runs only to explain
   // a failure, or when duplicate keys must be found.
@@ -147,19 +152,19 @@ Result<json> parse_json(std::string_view text, const std::string& what,
   try {
     json parsed = json::parse(text, callback);
     if (!tracker.duplicate().empty())
-      return Status::error(what + ": key \"" + tracker.duplicate() +
-                           "\" appears twice in one object");
+      return Status::bad_input(lead(what) + "key \"" + tracker.duplicate() +
+                               "\" appears twice in one object");
     return parsed;
   } catch (const json::parse_error& e) {
-    return Status::error(what + " is not valid JSON (byte " + std::to_string(e.byte) +
-                         "): " + without_prefix(e.what()));
+    return Status::bad_input((what.empty() ? "not valid JSON" : what + " is not valid JSON") +
+                             " (byte " + std::to_string(e.byte) + "): " + without_prefix(e.what()));
   } catch (const json::out_of_range& e) {
     const std::string token = quoted_token(e.what());
-    return Status::error(what + ": " + key_text(tracker.path()) + " holds the number " +
-                         (token.empty() ? std::string("given") : token) +
-                         ", outside the range of a double (magnitude up to 1.8e308)");
+    return Status::bad_input(lead(what) + key_text(tracker.path()) + " holds the number " +
+                             (token.empty() ? std::string("given") : token) +
+                             ", outside the range of a double (magnitude up to 1.8e308)");
   } catch (const json::exception& e) {
-    return Status::error(what + ": cannot be read as JSON: " + without_prefix(e.what()));
+    return Status::bad_input(lead(what) + "cannot be read as JSON: " + without_prefix(e.what()));
   }
 }
 
@@ -179,8 +184,8 @@ std::string range_text(int64_t min, int64_t max) {
 Status json_to_integer(const json& value, int64_t min, int64_t max, int64_t* out,
                        bool allow_exponent) {
   const auto fail = [&] {
-    return Status::error("must be an integer in " + range_text(min, max) + ", got " +
-                         json_excerpt(value));
+    return Status::bad_input("must be an integer in " + range_text(min, max) + ", got " +
+                             json_excerpt(value));
   };
   if (value.is_number_unsigned()) {
     const auto u = value.get<uint64_t>();
@@ -215,8 +220,8 @@ Status json_to_unsigned(const json& value, uint64_t max, uint64_t* out) {
     return Status::ok();
   }
   // nlohmann stores non-negative integers as unsigned, so a signed one here is negative.
-  return Status::error("must be an integer in [0, " + std::to_string(max) + "], got " +
-                       json_excerpt(value));
+  return Status::bad_input("must be an integer in [0, " + std::to_string(max) + "], got " +
+                           json_excerpt(value));
 }
 
 Status json_to_number(const json& value, double min, double max, double* out) {
@@ -227,7 +232,7 @@ Status json_to_number(const json& value, double min, double max, double* out) {
       return Status::ok();
     }
   }
-  return Status::error(
+  return Status::bad_input(
       fmt::format("must be a number in [{}, {}], got {}", min, max, json_excerpt(value)));
 }
 

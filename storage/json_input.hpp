@@ -28,7 +28,8 @@ struct JsonParseOptions {
       false;  // a key repeated in one object is an error (DeepSpeed's rule)
 };
 
-// Parses `text`. `what` starts every error message (e.g. "--deepspeed-config ds.json"); the message
+// Parses `text`. `what` starts every error message (e.g. "--deepspeed-config ds.json"; "" when the
+// caller puts its own prefix before the message); the message
 // then says what is wrong and where: the byte of a syntax error, the key path of a number out of a
 // double's range, of a duplicated key, or of too deep a nesting. No fix is appended: the caller
 // knows it (append " -- ..." to the message).

@@ -91,15 +91,15 @@ class RecordReader {
     record->line = line_no_;
     const std::string where =
         "--input '" + options_.input + "' line " + std::to_string(line_no_) + ": ";
-    auto parsed = parse_json(line_, "the line");
+    auto parsed = parse_json(line_, "");
     if (!parsed) {
-      return Status::error(where + parsed.status().message() +
+      return Status::bad_input(where + parsed.status().message() +
                            " -- fix the line (each line must be one JSON object), or pass "
                            "--input-format text for plain text");
     }
     const nlohmann::json& doc = parsed.value();
     if (!doc.is_object()) {
-      return Status::error(
+      return Status::bad_input(
           where + "a JSON " + std::string(doc.type_name()) +
           ", not an object -- each line must be one JSON object like {\"text\": \"...\"}");
     }
@@ -109,12 +109,12 @@ class RecordReader {
       if (it == doc.end()) {
         std::string keys;
         for (const auto& [k, v] : doc.items()) keys += (keys.empty() ? "" : ", ") + k;
-        return Status::error(
+        return Status::bad_input(
             where + "has no key '" + key + "' (its keys: " + (keys.empty() ? "none" : keys) +
             ") -- pass the key that holds the text with --json-keys, or fix the line");
       }
       if (!it->is_string()) {
-        return Status::error(where + "key '" + key + "' is a JSON " + std::string(it->type_name()) +
+        return Status::bad_input(where + "key '" + key + "' is a JSON " + std::string(it->type_name()) +
                              ", not a string -- store each document as a string");
       }
       record->texts.push_back(it->get<std::string>());
@@ -197,39 +197,39 @@ void print_progress(const PreprocessProgress& p) {
 // Everything but the tokenizer, which run_preprocess loads once itself.
 Status validate_flags(const PreprocessOptions& o) {
   if (o.input.empty())
-    return Status::error("--input is required -- pass the JSONL or text file to tokenise");
+    return Status::bad_input("--input is required -- pass the JSONL or text file to tokenise");
   std::error_code ec;
   if (!fs::is_regular_file(o.input, ec)) {
-    return Status::error("--input '" + o.input + "' is not a readable file -- check the path");
+    return Status::bad_input("--input '" + o.input + "' is not a readable file -- check the path");
   }
   if (o.output_prefix.empty()) {
-    return Status::error(
+    return Status::bad_input(
         "--output-prefix is required -- pass e.g. data/corpus (writes "
         "data/corpus_text_document.*)");
   }
   fs::path dir = fs::path(o.output_prefix).parent_path();
   if (!dir.empty() && !fs::is_directory(dir, ec)) {
-    return Status::error("--output-prefix '" + o.output_prefix + "': directory '" + dir.string() +
+    return Status::bad_input("--output-prefix '" + o.output_prefix + "': directory '" + dir.string() +
                          "' does not exist -- create it first");
   }
   if (o.input_format != "auto" && o.input_format != "jsonl" && o.input_format != "text") {
-    return Status::error("--input-format '" + o.input_format +
+    return Status::bad_input("--input-format '" + o.input_format +
                          "' is not one of auto, jsonl, text -- pick one");
   }
   if (o.json_keys.empty())
-    return Status::error("--json-keys is empty -- pass at least one key, e.g. text");
+    return Status::bad_input("--json-keys is empty -- pass at least one key, e.g. text");
   for (size_t i = 0; i < o.json_keys.size(); ++i) {
     if (o.json_keys[i].empty())
-      return Status::error("--json-keys has an empty key -- pass key names");
+      return Status::bad_input("--json-keys has an empty key -- pass key names");
     if (std::find(o.json_keys.begin(), o.json_keys.begin() + i, o.json_keys[i]) !=
         o.json_keys.begin() + i) {
-      return Status::error("--json-keys names '" + o.json_keys[i] +
+      return Status::bad_input("--json-keys names '" + o.json_keys[i] +
                            "' twice -- pass each key once");
     }
   }
-  if (o.workers < 1) return Status::error("--workers must be at least 1 -- pass e.g. --workers 4");
+  if (o.workers < 1) return Status::bad_input("--workers must be at least 1 -- pass e.g. --workers 4");
   if (o.text_separator.find('\n') != std::string::npos) {
-    return Status::error(
+    return Status::bad_input(
         "--text-separator must be one line -- pass the separator line's text, e.g. %");
   }
   return Status::ok();
@@ -328,7 +328,7 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
   int64_t total_docs = 0;
   for (const auto& out : summary.outputs) total_docs += out.documents;
   if (total_docs == 0) {
-    return Status::error("--input '" + options.input + "' holds no non-empty documents (" +
+    return Status::bad_input("--input '" + options.input + "' holds no non-empty documents (" +
                          summary.format +
                          " format) -- check the file, --input-format and --json-keys");
   }

@@ -1,7 +1,7 @@
 // The `troupe train` command line: one argument per line of the input, parsed by CLI11 as main()
 // parses it (require one subcommand; a CLI::ParseError is the usage error main prints), then merged
-// and validated by finalize_train_config, and the model figures train prints computed (parameters,
-// padded vocabulary) -- everything before training starts, which never happens here.
+// and validated by finalize_train_config, then the model check, the memory check and the figures
+// train prints -- everything before training allocates anything, which never happens here.
 //
 // An optional first line "world=N" (1 to 4096) runs it as one of N ranks under troupe launch. Lines
 // starting with a fixture's name have it replaced by its path: @DS (docs/examples/ds_config.json),
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/memory_estimate.hpp"
 #include "actors/train_options.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "fuzz/fuzz_util.hpp"
@@ -72,11 +73,18 @@ Status train_flags(const uint8_t* data, size_t size) {
   } catch (const CLI::ParseError& e) {
     return Status::error(std::string("usage: ") + e.what());
   }
+  // What run_train does next (apps/train_cmd.cpp), up to the first allocation: the vocabulary, the
+  // model's own check, the memory check (against a fixed 64 GiB, so that runs repeat), then the
+  // figures it prints.
   TROUPE_RETURN_IF_ERROR(finalize_train_config(*cmd, &config, world_size));
   config.model.vocab_size = 50257;
   TROUPE_RETURN_IF_ERROR(config.model.validate());
+  TROUPE_RETURN_IF_ERROR(check_memory(config, world_size, 1, 64.0 * (1 << 30)));
   (void)config.model.num_parameters();
-  (void)config.model.padded_vocab_size(config.tensor_model_parallel_size);
+  (void)config.model.padded_vocab_size(1);
+  (void)config.model.flops_per_iteration(int64_t{config.global_batch_size} *
+                                         config.model.seq_length);
+  (void)config.grad_accumulation_steps(world_size);
   return Status::ok();
 }
 

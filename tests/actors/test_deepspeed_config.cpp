@@ -26,7 +26,10 @@ Merged merge(const std::string& text, int dp = 1) {
   bool global = false;
   m.status = merge_deepspeed_config(
       file, dp, [](const char*) { return false; }, &m.config, &origins, &global);
-  if (!m.status.is_ok()) CHECK_THAT(m.status.message(), Contains(file) && Contains(" -- "));
+  if (!m.status.is_ok()) {
+    CHECK_THAT(m.status.message(), Contains(file) && Contains(" -- "));
+    CHECK(m.status.is_bad_input());  // exit 2
+  }
   return m;
 }
 

@@ -353,6 +353,7 @@ TEST_CASE("train config: out-of-range numbers name the key and the allowed range
     t.replace(begin, end - begin, value);
     auto r = TrainConfig::from_json(t);
     REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().is_bad_input());  // a damaged checkpoint: exit 2
     return r.status().message();
   };
   CHECK_THAT(with("lr", "1e400"), Catch::Contains("key \"lr\"") && Catch::Contains("1e400") &&

@@ -48,6 +48,12 @@ expect_exit 2 "holds token id 4294967303" t --data-path wide_text_document
 expect_exit 2 "--vocab-file /dev/zero" t --tokenizer-type GPT2BPETokenizer --vocab-file /dev/zero \
   --merge-file /dev/zero
 
+# A JSONL line with a number no double holds: exit 2 (bad input), the key named, nothing written.
+printf '{"text": "a"}\n{"text": "b", "score": 1e400}\n' > e400.jsonl
+expect_exit 2 'line 2: key "score" holds the number 1e400' "$troupe" preprocess \
+  --input e400.jsonl --output-prefix e400 --tokenizer-type ByteLevelTokenizer
+[[ ! -e e400_text_document.bin ]] || fail "preprocess wrote output despite the error"
+
 # Preprocess: symlinks at the old predictable temporary names and at the outputs are never written
 # through; the outputs replace the symlinks.
 echo "precious" > victim

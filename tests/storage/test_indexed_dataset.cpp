@@ -190,6 +190,7 @@ TEST_CASE("indexed dataset: damaged files give errors, not crashes", "[indexed_d
     REQUIRE_FALSE(ds.is_ok());
     CHECK_THAT(ds.status().message(), Catch::Contains(must_contain));
     CHECK_THAT(ds.status().message(), Catch::Contains("troupe preprocess"));
+    CHECK(ds.status().is_bad_input());  // exit 2: the dataset must change
     write_all(prefix + ".idx", idx);
     write_all(prefix + ".bin", bin);
   };

@@ -157,6 +157,7 @@ TEST_CASE("preprocess: bad input names the line and writes nothing", "[preproces
     REQUIRE_FALSE(s.is_ok());
     INFO(s.status().message());
     for (const auto& p : parts) CHECK_THAT(s.status().message(), Catch::Contains(p));
+    CHECK(s.status().is_bad_input());  // exit 2: the input must change
     CHECK_THAT(s.status().message(), Catch::Contains(" -- "));
     CHECK(files_in(dir) == files_before);  // no temporaries, no new outputs
     CHECK(read_file(dir.str("out_text_document.bin")) == old_bin);

@@ -158,6 +158,7 @@ TEST_CASE("GPT-2 BPE: hostile vocabulary and merge files are refused cleanly", "
   const std::string vocab = tiny + "/encoder.json", merges = tiny + "/vocab.bpe";
   auto load = [&](const std::string& v, const std::string& m) {
     auto tok = troupe::make_gpt2_bpe_tokenizer(v, m);
+    if (!tok.is_ok()) CHECK(tok.status().is_bad_input());
     return tok.is_ok() ? std::string() : tok.status().message();
   };
   REQUIRE(load(vocab, merges).empty());
