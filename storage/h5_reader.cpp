@@ -297,6 +297,15 @@ Result<std::vector<uint8_t>> File::block(uint64_t address, uint64_t bytes, bool 
   if (at > end_ || bytes > end_ - at)
     return damaged(fmt::format("{} bytes at byte {} run past the end of the file ({} bytes)", bytes,
                                at, end_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    structure_bytes_read_ += bytes;
+    if (structure_bytes_read_ > limits_.read_factor * end_ + (uint64_t{1} << 20))
+      return damaged(
+          fmt::format("its structures refer to each other so often that reading them would "
+                      "take more than {} times the file's size",
+                      limits_.read_factor));
+  }
   std::vector<uint8_t> out(static_cast<size_t>(bytes));
   TROUPE_RETURN_IF_ERROR(source_->read(at, out.data(), out.size()));
   return out;
@@ -621,6 +630,18 @@ Result<std::string> File::local_heap_name(const std::vector<uint8_t>& heap, uint
 
 Result<std::map<std::string, uint64_t>> File::links(const Object& group) const {
   if (!group.has_group) return damaged("links of an object that is not a group");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = listed_.find(group.btree); it != listed_.end() && it->second) return *it->second;
+  }
+  auto listed = list_group(group);
+  if (!listed) return listed.status();
+  std::lock_guard<std::mutex> lock(mu_);
+  listed_[group.btree] = std::make_shared<const std::map<std::string, uint64_t>>(listed.value());
+  return listed;
+}
+
+Result<std::map<std::string, uint64_t>> File::list_group(const Object& group) const {
   auto heap_head = block(group.heap, 32);
   if (!heap_head) return heap_head.status();
   Cursor hc(heap_head->data(), heap_head->size());

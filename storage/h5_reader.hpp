@@ -14,9 +14,11 @@
 //
 // Bounds: every address and length is checked against the file's size before it is used, every
 // allocation is sized by such a checked length (never more than the file holds, and at most
-// Limits::max_block for one structure), walks visit each node once, and the counts of header
-// chunks, messages and links are capped. So a reader of an N-byte file allocates O(N) at most and
-// finishes in O(N log N) steps, whatever the bytes.
+// Limits::max_block for one structure), walks visit each node once, the counts of header chunks,
+// messages and links are capped, and the bytes read for structures (not data) over the File's
+// life are at most Limits::read_factor times the file's size (plus 1 MiB): structures that point
+// at each other over and over are refused rather than re-read. So a reader of an N-byte file
+// allocates O(N) at most and does O(N log N) work, whatever the bytes.
 //
 // Thread safety: a File is read-only after open and may be used from several threads at once when
 // its ByteSource allows (both sources here do).
@@ -80,6 +82,7 @@ struct Limits {
   int max_chunks = 256;                     // header chunks per object
   int max_messages = 4096;                  // header messages per object
   size_t max_links = size_t{1} << 20;       // links in one group
+  uint64_t read_factor = 8;                 // structure bytes read, per byte of the file
 };
 
 class File {
@@ -105,6 +108,7 @@ class File {
       : source_(std::move(source)), limits_(limits) {}
   Result<std::vector<uint8_t>> block(uint64_t address, uint64_t bytes, bool relative = true) const;
   Result<std::string> heap_string(uint64_t collection, uint32_t index, uint32_t length) const;
+  Result<std::map<std::string, uint64_t>> list_group(const Object& group) const;
   Result<std::string> local_heap_name(const std::vector<uint8_t>& heap, uint64_t offset) const;
   Status parse_attribute(const uint8_t* p, size_t n, Object& out) const;
 
@@ -117,6 +121,9 @@ class File {
   // Global heap collections read so far (vlen strings), bounded in total by the file's size.
   mutable std::mutex mu_;
   mutable std::map<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> collections_;
+  mutable uint64_t structure_bytes_read_ = 0;  // under mu_
+  // Groups listed so far, by B-tree address (their size is bounded by the structures read).
+  mutable std::map<uint64_t, std::shared_ptr<const std::map<std::string, uint64_t>>> listed_;
 };
 
 }  // namespace troupe::h5read
