@@ -4,6 +4,7 @@
 #include <mutex>
 #include <thread>
 
+#include "actors/stored_config.hpp"
 #include "actors/train_config.hpp"
 #include "comm/local_world.hpp"
 #include "comm/topology.hpp"
@@ -21,19 +22,19 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
     iteration = it.value();
   }
   auto meta = read_checkpoint_meta(in, iteration);
-  if (!meta) return meta.status();
-  auto config = TrainConfig::from_json(meta.value().config_json);
+  if (!meta) return meta.status().as_bad_input();
+  auto config = stored_config(in, iteration);  // only a config the checkpoint's tensors vouch for
   if (!config) return config.status();
   TrainConfig cfg = config.value();
   const GptConfig& m = cfg.model;
   if (target.tp < 1 || target.pp < 1 || target.dp < 1 || target.zero_stage < 0 || target.zero_stage > 3)
-    return Status::error("target sizes must be >= 1 and the ZeRO stage 0..3");
+    return Status::bad_input("target sizes must be >= 1 and the ZeRO stage 0..3");
   if (m.num_attention_heads % target.tp != 0)
-    return Status::error("--target-tensor-parallel-size " + std::to_string(target.tp) + " does not divide the " +
+    return Status::bad_input("--target-tensor-parallel-size " + std::to_string(target.tp) + " does not divide the " +
                          std::to_string(m.num_attention_heads) + " attention heads -- pick a divisor of " +
                          std::to_string(m.num_attention_heads));
   if (m.num_layers < target.pp * target.virtual_chunks)
-    return Status::error("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
+    return Status::bad_input("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
                          std::to_string(m.num_layers) + " layers -- use at most " + std::to_string(m.num_layers));
   cfg.tensor_model_parallel_size = target.tp;
   cfg.pipeline_model_parallel_size = target.pp;

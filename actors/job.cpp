@@ -13,6 +13,7 @@
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "actors/run_identity.hpp"
+#include "actors/stored_config.hpp"
 #include "actors/timeline.hpp"
 #include "actors/trainer.hpp"
 #include "comm/local_world.hpp"
@@ -51,15 +52,7 @@ Status ask_ok(caf::scoped_actor& self, const Handle& dest, Ts&&... xs) {
 
 }  // namespace
 
-Result<TrainConfig> checkpoint_config(const std::string& dir) {
-  auto it = latest_iteration(dir);
-  if (!it) return it.status();
-  auto meta = read_checkpoint_meta(dir, it.value());
-  if (!meta) return meta.status();
-  auto cfg = TrainConfig::from_json(meta.value().config_json);
-  if (!cfg) return cfg.status().with_context("the config stored in " + checkpoint_file(dir, it.value()) + ": ");
-  return cfg;
-}
+Result<TrainConfig> checkpoint_config(const std::string& dir) { return stored_config(dir); }
 
 // Runs the trainer to completion, relaying its reports to the callbacks on this thread. A watchdog:
 // when nothing reports progress (an iteration, an evaluation, a save) for
@@ -202,7 +195,14 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
                       const JobOptions& options, int world, std::string layout_json, std::shared_ptr<HostPool> pool) {
   auto commit = [&config, &options, world, layout = std::move(layout_json)](const SaveRequest& r) {
     const std::string key = "save " + std::to_string(r.iteration);
-    if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " shards"));
+    if (options.bootstrap != nullptr) {
+      // Another process failed before its shards were written: this save cannot complete, and its
+      // shards of this process are freed (no empty or unfinished iter_ folder stays behind).
+      if (Status st = options.bootstrap->barrier(key + " shards"); !st) {
+        discard_unfinished_save(iteration_dir(config.save, r.iteration));
+        return st;
+      }
+    }
     if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
       CheckpointMeta meta;
       meta.iteration = r.iteration;

@@ -65,7 +65,8 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
 // The parallel layout a validated config asks for, with world_size ranks started (1: one process).
 Result<ParallelConfig> parallel_config(const TrainConfig& config, int world_size);
 
-// Model configuration stored in a checkpoint (its latest iteration).
+// Model configuration stored in a checkpoint (its latest iteration), accepted only when it describes
+// the tensors the checkpoint holds (actors/stored_config.hpp).
 Result<TrainConfig> checkpoint_config(const std::string& dir);
 
 }  // namespace troupe

@@ -84,12 +84,13 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
                    "background checkpoint save: " + st.message());
   };
   return {
-      [self, failed](write_atom, const ShardWrite& w) {
+      [self, failed](write_atom, ShardWrite& w) {
         if (!self->state.failure) return;  // a save already failed: the job is stopping
         throw_if_asked("offload", -1, w.iteration);
         self->state.started.emplace(w.iteration, std::chrono::steady_clock::now());
         const WritePacing pacing(make_pacer(self->state.saves_in_flight));
-        if (Status st = write_shard_file(w.path, w.rank, w.contents); !st) return failed(st);
+        // Moved: each piece's snapshot is freed once it is in the file's image (1x the shard, not 2x).
+        if (Status st = write_shard_file(w.path, w.rank, std::move(w.contents)); !st) return failed(st);
         crash_if_asked(w.iteration);
       },
       [self, failed](commit_atom, const SaveRequest& r) {

@@ -8,6 +8,7 @@
 
 #include "actors/data_source.hpp"
 #include "actors/job.hpp"
+#include "actors/memory_estimate.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
 
@@ -40,6 +41,17 @@ int run_eval(const EvalArgs& a) {
     return kExitUsage;
   }
   const GptConfig& model = cfg.value().model;
+  // The model eval builds (one shard, --micro-batch-size windows at a time) must fit.
+  TrainConfig sized = cfg.value();
+  sized.micro_batch_size = sized.global_batch_size = a.micro_batch_size;
+  sized.tensor_model_parallel_size = sized.pipeline_model_parallel_size = sized.data_parallel_size = 1;
+  sized.zero_stage = 0;
+  sized.offload_optimizer = "none";
+  sized.recompute_granularity = "none";
+  if (Status st = check_memory(sized, 1, 1, available_memory_bytes()); !st) {
+    print_error(name, st);
+    return kExitUsage;
+  }
   auto data = open_indexed_data_unsplit(a.data_path, model.seq_length, model.vocab_size);
   if (!data) {
     print_error(name, data.status().with_context("--data-path " + a.data_path + ": "));

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "actors/run_identity.hpp"
+#include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
 using namespace troupe;
@@ -51,15 +52,23 @@ struct TempDir {
   }
 };
 
-// A checkpoint directory with metadata only (what latest_run reads): config and run id.
+// A checkpoint directory with one small shard and the metadata latest_run reads: config and run id.
 void write_checkpoint(const fs::path& dir, int64_t iteration, const TrainConfig& cfg, const std::string& run_id) {
   REQUIRE(prepare_iteration_dir(dir.string(), iteration).is_ok());
+  ShardContents contents;
+  TensorPiece piece;
+  piece.name = "x";
+  piece.global_shape = Shape{3};
+  piece.runs = {{0, 3}};
+  piece.values = Tensor::zeros(Shape{3});
+  contents.sections[ShardSection::model].push_back(std::move(piece));
+  REQUIRE(write_shard_file(shard_file_path(dir.string(), iteration, 0), 0, contents).is_ok());
   CheckpointMeta meta;
   meta.iteration = iteration;
   meta.config_json = cfg.to_json();
   meta.rng_json = "{}";
   if (!run_id.empty()) meta.run_json = run_json(run_id);
-  REQUIRE(commit_sharded_checkpoint(dir.string(), meta, "{}", {}).is_ok());
+  REQUIRE(commit_sharded_checkpoint(dir.string(), meta, "{}", shard_file_names(1)).is_ok());
 }
 
 }  // namespace
