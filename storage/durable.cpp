@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 
 #include "storage/write_pacing.hpp"
@@ -233,7 +234,12 @@ Status make_directories(const std::string& path) {
   return Status::ok();
 }
 
-Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces) {
+namespace {
+
+// The recipe around `write_body(fd, tmp)`: a fresh temporary, its mode, fsync, rename, the folder's
+// fsync; on failure the temporary goes.
+Status write_durably(const std::string& path,
+                     const std::function<Status(int, const std::string&)>& write_body) {
   const std::string tmp = path + ".tmp";
   Result<int> created = create_fresh(tmp);
   if (!created) return created.status();
@@ -243,24 +249,54 @@ Status write_file_atomically(const std::string& path, const std::vector<ConstByt
     ::unlink(tmp.c_str());
     return st;
   };
-  const std::function<void(double)>* pacer = WritePacing::current();
-  for (const ConstBytes& piece : pieces) {
-    const auto* p = static_cast<const char*>(piece.data);
-    for (size_t done = 0; done < piece.size;) {
-      const size_t n = std::min(kPacedBlockBytes, piece.size - done);
-      const auto t0 = std::chrono::steady_clock::now();
-      if (Status st = write_all(fd.get(), p + done, n, tmp); !st) return fail(st);
-      done += n;
-      if (pacer != nullptr)
-        (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
+  if (Status st = write_body(fd.get(), tmp); !st) return fail(st);
   if (::fchmod(fd.get(), 0644 & ~process_umask()) != 0)
     return fail(io_error("cannot set the mode of " + tmp, errno));
   if (Status st = fsync_fd(fd.get(), tmp); !st) return fail(st);
   if (const int err = fd.close()) return fail(io_error("cannot write " + tmp, err));
   if (Status st = rename_path(tmp, path); !st) return fail(st);
   return fsync_path(parent_dir(path), true);
+}
+
+// Writes `piece` in paced blocks, passing each to `observe` (when set).
+Status write_paced(int fd, const std::string& tmp, ConstBytes piece,
+                   const std::function<void(const void*, size_t)>* observe) {
+  const std::function<void(double)>* pacer = WritePacing::current();
+  const auto* p = static_cast<const char*>(piece.data);
+  for (size_t done = 0; done < piece.size;) {
+    const size_t n = std::min(kPacedBlockBytes, piece.size - done);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (observe != nullptr) (*observe)(p + done, n);
+    TROUPE_RETURN_IF_ERROR(write_all(fd, p + done, n, tmp));
+    done += n;
+    if (pacer != nullptr)
+      (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces) {
+  return write_durably(path, [&](int fd, const std::string& tmp) {
+    for (const ConstBytes& piece : pieces)
+      TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece, nullptr));
+    return Status::ok();
+  });
+}
+
+Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
+                            const std::function<void(const void*, size_t)>& observe,
+                            const std::function<std::string()>& make_head) {
+  return write_durably(path, [&](int fd, const std::string& tmp) {
+    const std::string zeros(head_bytes, '\0');  // the head's place, written last
+    TROUPE_RETURN_IF_ERROR(write_all(fd, zeros.data(), zeros.size(), tmp));
+    TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, body, &observe));
+    const std::string head = make_head();
+    TROUPE_CHECK(head.size() == head_bytes, "write_file_with_head: the head has the wrong size");
+    if (::lseek(fd, 0, SEEK_SET) != 0) return io_error("cannot seek in " + tmp, errno);
+    return write_all(fd, head.data(), head.size(), tmp);
+  });
 }
 
 Status write_text_atomically(const std::string& path, const std::string& text) {

@@ -17,6 +17,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -55,6 +56,13 @@ struct ConstBytes {
 // The whole recipe (see the top) for `pieces` written one after the other, in blocks of at most
 // kPacedBlockBytes with this thread's write pacing (storage/write_pacing.hpp) after each.
 Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces);
+// The same for a file whose first `head_bytes` bytes depend on all the others (a header with their
+// checksum): `body` is written from offset head_bytes on, each block passed to `observe` as it
+// goes (one pass over the bytes), then `make_head()` -- exactly head_bytes bytes -- at offset 0,
+// before the fsync.
+Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
+                            const std::function<void(const void*, size_t)>& observe,
+                            const std::function<std::string()>& make_head);
 // A small text file (metadata.json, the latest pointer).
 Status write_text_atomically(const std::string& path, const std::string& text);
 

@@ -1,6 +1,7 @@
 #include "storage/h5_file.hpp"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -113,42 +114,60 @@ Status error(const std::string& what, const std::string& fix) {
 
 // The core driver's memory comes from these callbacks, so the finished image can be taken over
 // without a copy: at close HDF5 "frees" it, and the buffer keeps it.
+// The core driver's memory comes from these callbacks, so the finished image can be taken over
+// without a copy: at close HDF5 "frees" it, and the buffer keeps it. It is an anonymous mapping
+// grown with mremap: no copy as it grows, and bytes HDF5 reserves but never writes are zeros (as a
+// file's holes are), never leftovers of this process's memory, without a memset pass.
 struct MemoryFile::Buffer {
   void* data = nullptr;
-  size_t size = 0;
+  size_t size = 0;    // what HDF5 asked for
+  size_t mapped = 0;  // what is mapped (page-rounded, grown ahead)
   bool closed = false;
-  ~Buffer() { std::free(data); }
+  ~Buffer() { unmap(data, mapped); }
 
+  static size_t pages(size_t n) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    return std::max(page, (n + page - 1) / page * page);
+  }
+  static void unmap(void* p, size_t n) {
+    if (p != nullptr) ::munmap(p, n);
+  }
   static void* allocate(size_t size, H5FD_file_image_op_t, void* udata) {
     auto* b = static_cast<Buffer*>(udata);
-    std::free(b->data);
-    b->data =
-        std::calloc(size, 1);  // bytes HDF5 reserves but never writes read as zeros, as on disk
-    b->size = b->data != nullptr ? size : 0;
-    return b->data;
+    unmap(b->data, b->mapped);
+    b->data = nullptr, b->size = b->mapped = 0;
+    void* p =
+        ::mmap(nullptr, pages(size), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    b->data = p, b->size = size, b->mapped = pages(size);
+    return p;
   }
   static void* copy(void* dst, const void* src, size_t size, H5FD_file_image_op_t, void*) {
     return std::memcpy(dst, src, size);
   }
-  static void* resize(void* ptr, size_t size, H5FD_file_image_op_t, void* udata) {
+  static void* resize(void* ptr, size_t size, H5FD_file_image_op_t op, void* udata) {
     auto* b = static_cast<Buffer*>(udata);
-    const size_t old_size = ptr == b->data ? b->size : 0;
-    void* p = std::realloc(ptr, size);
-    if (p == nullptr) return nullptr;
-    // Zeroed like a file's holes: a file must not carry leftovers of this process's memory.
-    if (size > old_size) std::memset(static_cast<uint8_t*>(p) + old_size, 0, size - old_size);
-    b->data = p;
+    if (ptr == nullptr) return allocate(size, op, udata);
+    if (ptr != b->data) return nullptr;  // HDF5 only resizes the buffer it got from us
+    if (size > b->mapped) {
+      // Ahead by half again: the driver grows the file a block at a time.
+      const size_t want = pages(std::max(size, b->mapped + b->mapped / 2));
+      void* p = ::mremap(b->data, b->mapped, want, MREMAP_MAYMOVE);
+      if (p == MAP_FAILED) return nullptr;
+      b->data = p, b->mapped = want;
+    }
     b->size = size;
-    return p;
+    return b->data;
   }
   static herr_t release(void* ptr, H5FD_file_image_op_t op, void* udata) {
     auto* b = static_cast<Buffer*>(udata);
-    if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE && ptr == b->data) {
+    if (ptr != b->data) return -1;
+    if (op == H5FD_FILE_IMAGE_OP_FILE_CLOSE) {
       b->closed = true;  // kept: the file's bytes
       return 0;
     }
-    if (ptr == b->data) b->data = nullptr, b->size = 0;
-    std::free(ptr);
+    unmap(b->data, b->mapped);
+    b->data = nullptr, b->size = b->mapped = 0;
     return 0;
   }
   static void* same(void* udata) { return udata; }
@@ -209,10 +228,11 @@ Result<MemoryFile::Image> MemoryFile::finish() {
         "the in-memory HDF5 file is shorter than its superblock says -- report this");
   Image image;
   image.size = static_cast<size_t>(eof);
+  const size_t mapped = buffer_->mapped;
   image.data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(buffer_->data),
-                                        [](uint8_t* d) { std::free(d); });
+                                        [mapped](uint8_t* d) { Buffer::unmap(d, mapped); });
   buffer_->data = nullptr;
-  buffer_->size = 0;
+  buffer_->size = buffer_->mapped = 0;
   std::memset(image.data.get(), 0, user_block_);
   return image;
 }

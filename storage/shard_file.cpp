@@ -1,6 +1,7 @@
 #include "storage/shard_file.hpp"
 
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <charconv>
@@ -191,13 +192,15 @@ int64_t run_total(const std::vector<GlobalRun>& runs) {
   return n;
 }
 
-// The bytes of the shard file, header included (its checksums filled in).
+// The bytes of the shard file; its first 512 (the header) are zeros, filled in as it is written.
 Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int rank,
                                                 ShardContents& contents, bool release) {
   h5::ErrorScope quiet;
   Result<h5::MemoryFile> file = h5::MemoryFile::create(path, kHeaderBytes);
   if (!file) return file.status();
   const hid_t root = file->get();
+  constexpr size_t kTrimBytes = size_t{16} << 20;
+  size_t released = 0;
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kShardFormat)));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", kShardVersion));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rank", static_cast<int64_t>(rank)));
@@ -216,7 +219,14 @@ Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int ran
       TROUPE_RETURN_IF_ERROR(
           h5::write_f32_dataset(group->get(), p.name, Shape{n}, p.values.data<float>())
               .with_context(what));
-      if (release) p.values = Tensor();  // in the file now
+      if (release) {  // in the file now
+        released += static_cast<size_t>(n) * sizeof(float);
+        p.values = Tensor();
+        // Hand the freed snapshot back to the system now: glibc keeps freed blocks below its mmap
+        // threshold (which grows up to 32 MiB as a process frees large blocks) in its arenas, and
+        // the file image, one growing block, could not reuse them.
+        if (released >= kTrimBytes) malloc_trim(0), released = 0;
+      }
       {
         h5::Handle ds(H5Dopen2(group->get(), p.name.c_str(), H5P_DEFAULT), H5Dclose);
         TROUPE_RETURN_IF_ERROR(
@@ -237,18 +247,6 @@ Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int ran
   }
   Result<h5::MemoryFile::Image> image = file->finish();
   if (!image) return image.status();
-  // The checksum of the HDF5 data, block by block with the write pacing (it reads every byte once).
-  const std::function<void(double)>* pacer = WritePacing::current();
-  uint32_t crc = 0;
-  for (size_t at = kHeaderBytes; at < image->size;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const size_t n = std::min(kPacedBlockBytes, image->size - at);
-    crc = h5::crc32_update(crc, image->data.get() + at, n);
-    at += n;
-    if (pacer != nullptr)
-      (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  fill_header(image->data.get(), image->size, crc);
   return image;
 }
 
@@ -256,8 +254,21 @@ Status write_shard(const std::string& path, int rank, ShardContents& contents, b
   const std::string where = "writing the checkpoint shard " + path + ": ";
   Result<h5::MemoryFile::Image> image = build_shard_image(path, rank, contents, release);
   if (!image) return image.status().with_context(where);
+  // The header, with the checksum of everything after it, is written last (one pass over the
+  // bytes).
+  uint32_t crc = 0;
+  const uint64_t total = image->size;
+  auto observe = [&crc](const void* p, size_t n) { crc = h5::crc32_update(crc, p, n); };
+  auto header = [&] {
+    std::string h(kHeaderBytes, '\0');
+    fill_header(reinterpret_cast<uint8_t*>(h.data()), total, crc);
+    return h;
+  };
   Status st = make_directories(parent_dir(path));
-  if (st) st = write_file_atomically(path, {{image->data.get(), image->size}});
+  if (st)
+    st = write_file_with_head(path, kHeaderBytes,
+                              {image->data.get() + kHeaderBytes, image->size - kHeaderBytes},
+                              observe, header);
   if (!st) {
     discard_unfinished_save(parent_dir(path));
     return st.with_context(where);

@@ -293,12 +293,17 @@ TEST_CASE("faults during a save: the previous checkpoint stays, nothing is left"
                                                 {FileOp::mkdir, "mkdir"}};
   const std::pair<int, const char*> errors[] = {
       {ENOSPC, "the disk is full"}, {EIO, "I/O error"}, {EROFS, "read-only or not writable"}};
-  // This save (2 shards, metadata, pointer) creates, writes and renames 4 files, fsyncs 10 times
-  // (each file and its folder, the iteration folder, the checkpoint folder) and makes 1 folder.
+  // This save (2 shards, metadata, pointer) creates and renames 4 files, writes 8 times (a shard:
+  // its header's place, its data, its header), fsyncs 10 times (each file and its folder, the
+  // iteration folder, the checkpoint folder) and makes 1 folder.
   int failed_saves = 0;
   for (const auto& [op, op_name] : ops) {
     for (const auto& [err, fix] : errors) {
-      for (int64_t nth = 1; nth <= (op == FileOp::fsync ? 10 : 4); ++nth) {
+      const int64_t count = op == FileOp::fsync   ? 10
+                            : op == FileOp::write ? 8
+                            : op == FileOp::mkdir ? 1
+                                                  : 4;
+      for (int64_t nth = 1; nth <= count + 1; ++nth) {
         for (int variant = 0; variant < (err == ENOSPC ? 2 : 1); ++variant) {
           const bool sticky = variant == 1;
           INFO(op_name << "@" << nth << (sticky ? "+" : "") << " errno " << err);
@@ -344,7 +349,7 @@ TEST_CASE("faults during a save: the previous checkpoint stays, nothing is left"
       }
     }
   }
-  CHECK(failed_saves == (4 + 4 + 10 + 4 + 1) * 3 + (4 + 4 + 10 + 4 + 1));
+  CHECK(failed_saves == (4 + 8 + 10 + 4 + 1) * 3 + (4 + 8 + 10 + 4 + 1));
 }
 
 TEST_CASE("faults during a save: version-1 files and text files too", "[checkpoint][faults]") {
