@@ -174,7 +174,11 @@ Status Engine::connect(const std::vector<std::string>& addresses,
   peer_names_.clear();
   for (size_t r = 0; r < identities.size(); ++r) {
     const std::string& id = identities[r];
-    host_keys_.push_back(identity_field(id, "host") + "/" + identity_field(id, "pidns"));
+    // Same host = same hostname, pid namespace and network namespace: containers or network
+    // namespaces that share a hostname are still separate hosts to the network (their traffic
+    // must cross it, not troupe's shared memory).
+    host_keys_.push_back(identity_field(id, "host") + "/" + identity_field(id, "pidns") + "/" +
+                         identity_field(id, "netns"));
     peer_names_.push_back("rank " + std::to_string(r) + " (host " + identity_field(id, "host") +
                           ", pid " + identity_field(id, "pid") + ")");
   }
@@ -285,10 +289,12 @@ Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOp
   fault_point(e->rank_, "segment");
   char host[256] = "";
   ::gethostname(host, sizeof host - 1);
-  char ns[128] = "";
+  char ns[128] = "", netns[128] = "";
   const ssize_t ns_len = ::readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
   if (ns_len > 0) ns[ns_len] = 0;
-  const std::string identity = std::string("host=") + host + " pidns=" + ns +
+  const ssize_t netns_len = ::readlink("/proc/self/ns/net", netns, sizeof netns - 1);
+  if (netns_len > 0) netns[netns_len] = 0;
+  const std::string identity = std::string("host=") + host + " pidns=" + ns + " netns=" + netns +
                                " pid=" + std::to_string(::getpid()) +
                                " shm=" + (e->shm_ ? e->shm_->descriptor() : "-") + "\n";
   std::string mine =

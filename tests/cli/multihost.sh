@@ -126,6 +126,20 @@ echo "$listening" | awk '{print $4}' | while read -r local; do
 done
 echo "ok: host0 listens on ${addr[0]} only: $(echo "$listening" | awk '{print $4}' | tr '\n' ' ')"
 
+# --- namespaces that share one hostname (containers often do) are still two hosts ------------------
+# Troupe's same-host shared memory must not bridge them: the gradients still cross the veth.
+tx2=$(tx_bytes)
+for k in 0 1; do
+  ip netns exec "${ns[k]}" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 \
+    -- train "${model[@]}" --train-iters 50 --metrics-file "$work/shared.jsonl" > "shared.$k.log" 2>&1 &
+  pids+=($!)
+  launchers[k]=$!
+done
+wait_both || { cat shared.*.log; fail "the run on two namespaces with one hostname failed"; }
+moved=$(($(tx_bytes) - tx2))
+python3 -c "import sys; need = 0.5 * 50 * 2 * $shard_mib * 2**20; print(f'one hostname: {$moved} bytes over the veth, gradients need >= {need:.0f}'); sys.exit(0 if $moved >= need else 1)" ||
+  fail "with one hostname the gradients did not cross the veth (troupe's shared memory bridged the namespaces)"
+
 # --- a link cut mid-run: the job ends naming the unreachable host; --max-restarts resumes ---------
 launch_both cut --max-restarts 1 -- train "${model[@]}" --save "$work/ck" --save-interval 100 \
   --distributed-timeout-minutes 0.25 --metrics-file "$work/cut.jsonl"
