@@ -9,11 +9,9 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -456,31 +454,39 @@ Status save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
   return Status::ok();
 }
 
+namespace {
+// Text from a file, fit for a message: control and non-ASCII bytes become '?'.
+std::string printable(std::string s) {
+  for (char& c : s)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  return s;
+}
+}  // namespace
+
 Result<int64_t> latest_iteration(const std::string& dir) {
   const std::string path = (fs::path(dir) / kLatestFile).string();
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    return Status::error("checkpoint directory " + dir +
-                         " does not exist -- pass the directory given to --save");
+    return Status::bad_input("checkpoint directory " + dir +
+                             " does not exist -- pass the directory given to --save");
   if (!fs::exists(path, ec))
-    return Status::error("no checkpoint in " + dir + ": " + path +
-                         " does not exist -- save one first (--save " + dir +
-                         "), or pass the directory that holds one");
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (!in) return Status::error("cannot read " + path + " -- check its permissions");
-  std::string text = ss.str();
+    return Status::bad_input("no checkpoint in " + dir + ": " + path +
+                             " does not exist -- save one first (--save " + dir +
+                             "), or pass the directory that holds one");
+  Result<std::string> read = read_small_file(path, 4096);
+  if (!read) return read.status().with_context("the latest pointer: ");
+  std::string text = read.value();
   const auto first = text.find_first_not_of(" \t\r\n");
   const auto last = text.find_last_not_of(" \t\r\n");
   text = first == std::string::npos ? "" : text.substr(first, last - first + 1);
   int64_t it = -1;
   auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), it);
   if (text.empty() || err != std::errc() || end != text.data() + text.size() || it < 0)
-    return Status::error(path + " holds '" + text.substr(0, 40) +
-                         "', not an iteration number -- write the "
-                         "iteration of a saved iter_NNNNNNN directory into it (e.g. `echo 10 > " +
-                         path + "`)");
+    return Status::bad_input(
+        path + " holds '" + printable(text.substr(0, 40)) +
+        "', not an iteration number -- write the "
+        "iteration of a saved iter_NNNNNNN directory into it (e.g. `echo 10 > " +
+        path + "`)");
   return it;
 }
 

@@ -299,6 +299,32 @@ Status write_file_with_head(const std::string& path, size_t head_bytes, ConstByt
   });
 }
 
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return Status::bad_input(path + " does not exist");
+    return io_error("cannot open " + path, errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return io_error("cannot read " + path, errno);
+  if (!S_ISREG(st.st_mode)) return Status::bad_input(path + " is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    return Status::bad_input(path + " has " + std::to_string(st.st_size) +
+                             " bytes, more than the " + std::to_string(max_bytes) +
+                             " such a file can have");
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t r = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return io_error("cannot read " + path, errno);
+    if (r == 0) break;  // shorter than fstat said (changed meanwhile): what is there
+    got += static_cast<size_t>(r);
+  }
+  text.resize(got);
+  return text;
+}
+
 Status write_text_atomically(const std::string& path, const std::string& text) {
   return write_file_atomically(path, {{text.data(), text.size()}});
 }

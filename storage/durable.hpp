@@ -63,6 +63,10 @@ Status write_file_atomically(const std::string& path, const std::vector<ConstByt
 Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
                             const std::function<void(const void*, size_t)>& observe,
                             const std::function<std::string()>& make_head);
+// Reads a whole regular file of at most max_bytes (metadata.json, the latest pointer) without
+// blocking on a FIFO or a device planted at `path`. Errors: missing, not a regular file or too
+// large are bad input; a failing read is a run-time error.
+Result<std::string> read_small_file(const std::string& path, size_t max_bytes);
 // A small text file (metadata.json, the latest pointer).
 Status write_text_atomically(const std::string& path, const std::string& text);
 

@@ -257,7 +257,8 @@ class MemorySource final : public ByteSource {
 }  // namespace
 
 Result<std::shared_ptr<ByteSource>> open_file_source(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO planted at the path must not block the open (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return Status::bad_input(path + " does not exist");

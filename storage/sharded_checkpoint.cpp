@@ -249,37 +249,16 @@ namespace {
 
 Result<CheckpointMetadata> read_metadata(const std::string& dir, int64_t iteration) {
   const std::string path = (fs::path(iteration_dir(dir, iteration)) / kMetadata).string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT)
-      return Status::bad_input(
-          "checkpoint " + iteration_dir(dir, iteration) +
-          " has shard files but no metadata.json: the save did not finish -- load the "
-          "previous iteration (the latest pointer still names it unless it was edited)");
-    return Status::error("cannot open " + path + ": " + std::strerror(errno) +
-                         " -- check its permissions");
-  }
-  struct stat st {};
-  std::string text;
-  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  if (ok && static_cast<uint64_t>(st.st_size) > kMaxMetadataBytes) {
-    ::close(fd);
-    return Status::bad_input(path + " is larger than " + std::to_string(kMaxMetadataBytes >> 20) +
-                             " MiB -- restore it from a copy or load an earlier iteration");
-  }
-  if (ok) {
-    text.resize(static_cast<size_t>(st.st_size));
-    size_t got = 0;
-    while (ok && got < text.size()) {
-      const ssize_t r = ::read(fd, text.data() + got, text.size() - got);
-      if (r < 0 && errno == EINTR) continue;
-      ok = r > 0;
-      if (ok) got += static_cast<size_t>(r);
-    }
-  }
-  ::close(fd);
-  if (!ok) return Status::error("cannot read " + path + " -- check the file and its permissions");
-  return parse_checkpoint_metadata(text, path);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec)))
+    return Status::bad_input(
+        "checkpoint " + iteration_dir(dir, iteration) +
+        " has shard files but no metadata.json: the save did not finish -- load the "
+        "previous iteration (the latest pointer still names it unless it was edited)");
+  Result<std::string> text = read_small_file(path, kMaxMetadataBytes);
+  if (!text)
+    return text.status().with_context("checkpoint " + iteration_dir(dir, iteration) + ": ");
+  return parse_checkpoint_metadata(text.value(), path);
 }
 
 }  // namespace

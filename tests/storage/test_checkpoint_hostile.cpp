@@ -7,6 +7,8 @@
 // - the n-th create / write / fsync / rename / mkdir of a save failing with ENOSPC, EIO or EROFS:
 //   an error naming the reason and the fix, no temporary left, no iteration folder left, the
 //   previous checkpoint intact and still the latest, and the next save (with the fault gone) works.
+#include <sys/stat.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -251,6 +253,51 @@ TEST_CASE("hostile metadata.json: every problem named, nothing thrown", "[checkp
   REQUIRE(v2.is_ok());
   CHECK(v2->shards.size() == 2);
   CHECK_FALSE(v2->digests[1].has_value());
+}
+
+TEST_CASE("hostile files: FIFOs, devices and huge files in a checkpoint never block or fill memory",
+          "[checkpoint][hostile]") {
+  test::TempDir tmp;
+  const std::string dir = tmp.str("ck");
+  CheckpointMeta meta;
+  meta.iteration = 1;
+  meta.config_json = meta.rng_json = "{}";
+  REQUIRE(write_shard_file(shard_file_path(dir, 1, 0), 0, whole_contents()));
+  REQUIRE(commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(1)));
+  const std::string latest = dir + "/latest_checkpointed_iteration.txt";
+  const std::string metadata = iteration_dir(dir, 1) + "/metadata.json";
+  const std::string shard = shard_file_path(dir, 1, 0);
+  auto replace_with = [](const std::string& path, const std::string& kind) {
+    fs::remove(path);
+    if (kind == "fifo") REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    if (kind == "device") fs::create_symlink("/dev/zero", path);
+    if (kind == "huge") {  // sparse: 1 GiB on paper
+      std::ofstream(path).close();
+      fs::resize_file(path, size_t{1} << 30);
+    }
+  };
+  for (const std::string kind : {"fifo", "device", "huge"}) {
+    INFO(kind);
+    for (const std::string& path : {latest, metadata, shard}) {
+      const std::string saved = read_bytes(path);
+      replace_with(path, kind);
+      Status st;
+      if (path == latest) {
+        st = latest_iteration(dir).status();
+      } else if (path == metadata) {
+        st = read_checkpoint_meta(dir, 1).status();
+      } else {
+        auto files = sharded_checkpoint_files(dir, 1);
+        st = files ? ShardSetReader::open(files.value()).status() : files.status();
+      }
+      CHECK_FALSE(st.is_ok());
+      CHECK(st.is_bad_input());
+      CHECK_THAT(st.message(), Catch::Contains(fs::path(path).filename().string()));
+      fs::remove(path);
+      write_bytes(path, saved);
+    }
+  }
+  CHECK(ShardSetReader::open(sharded_checkpoint_files(dir, 1).value()).is_ok());
 }
 
 namespace {
