@@ -393,19 +393,25 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
     }
     int status;
     pid_t pid;
+    // Of the ranks found dead in one sweep, the cause is the one a signal killed (the launcher sent
+    // none yet), not a survivor that exited 1 reporting that death.
+    const Child* failed_now = nullptr;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
       for (auto& c : children) {
         if (c.pid != pid || !c.running) continue;
         c.running = false;
         c.status = status;
         --running;
-        if (!succeeded(status) && first_failure == nullptr && !stopping) {
-          first_failure = &c;
-          std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; stopping the other ranks\n",
-                       c.rank, c.pid, describe_status(status).c_str());
-          begin_stop();
-        }
+        if (!succeeded(status) &&
+            (failed_now == nullptr || (WIFSIGNALED(status) && !WIFSIGNALED(failed_now->status))))
+          failed_now = &c;
       }
+    }
+    if (failed_now != nullptr && first_failure == nullptr && !stopping) {
+      first_failure = failed_now;
+      std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; stopping the other ranks\n", failed_now->rank,
+                   failed_now->pid, describe_status(failed_now->status).c_str());
+      begin_stop();
     }
     if (stopping && !killed && running > 0 && Clock::now() >= kill_at) {
       signal_all(children, SIGKILL);
