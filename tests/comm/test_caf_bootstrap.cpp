@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/caf_bootstrap.hpp"
+#include "tests/comm/bootstrap_test_util.hpp"
 #include "tests/test_util.hpp"
 
 extern char** environ;
@@ -30,68 +31,19 @@ namespace troupe::comm {
 namespace {
 
 using Catch::Contains;
+using test::create_ok;
+using test::LogSink;
+using test::options_with;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 const std::string kToken = "9f2c4e1a7b3d5f6e8a0c2e4f6a8b0d1c";
 
 LaunchEnv make_env(int rank, int world, int port, const std::string& token = kToken) {
-  LaunchEnv e;
-  e.rank = rank;
-  e.world_size = world;
-  e.local_rank = rank;
-  e.local_world_size = world;
-  e.master_addr = "127.0.0.1";
-  e.master_port = port;
-  e.token = token;
-  e.source = "test";
-  return e;
+  return test::make_env(rank, world, port, token);
 }
 
-// Collects the bootstrap's log lines (they come from actor threads).
-struct LogSink {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mutex);
-      lines.push_back(line);
-    };
-  }
-  // The first line containing every part, waiting up to `timeout`; "" if none.
-  std::string wait_for(const std::vector<std::string>& parts,
-                       std::chrono::milliseconds timeout = 5s) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        for (const auto& l : lines) {
-          bool all = true;
-          for (const auto& p : parts) all = all && l.find(p) != std::string::npos;
-          if (all) return l;
-        }
-      }
-      if (Clock::now() > deadline) return "";
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-};
 
-CafBootstrapOptions options_with(LogSink& sink) {
-  CafBootstrapOptions o;
-  o.connect_timeout = 10s;
-  o.collective_timeout = 30s;
-  o.shutdown_grace = 3s;
-  o.log = sink.fn();
-  return o;
-}
-
-std::unique_ptr<CafBootstrap> create_ok(const LaunchEnv& env, const CafBootstrapOptions& o) {
-  auto b = create_caf_bootstrap(env, o);
-  INFO("rank " << env.rank << ": " << (b ? std::string("ok") : b.status().message()));
-  REQUIRE(b);
-  return std::move(*b);
-}
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "comm/caf_bootstrap.hpp"
+#include "tests/comm/bootstrap_test_util.hpp"
 #include "comm/psk_tls.hpp"
 #include "comm/secure_transport.hpp"
 
@@ -32,6 +33,9 @@ namespace troupe::comm {
 namespace {
 
 using Catch::Contains;
+using test::create_ok;
+using test::LogSink;
+using test::options_with;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -205,57 +209,11 @@ TEST_CASE("garbage, an HTTP request and a raw BASP header are not troupe peers",
 
 // ---- Against a real rank 0 over loopback ------------------------------------------------------
 
-struct LogSink {
-  std::mutex mutex;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& line) {
-      std::lock_guard<std::mutex> lock(mutex);
-      lines.push_back(line);
-    };
-  }
-  std::string wait_for(const std::string& part, std::chrono::milliseconds timeout = 5s) {
-    const auto deadline = Clock::now() + timeout;
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        for (const auto& l : lines)
-          if (l.find(part) != std::string::npos) return l;
-      }
-      if (Clock::now() > deadline) return "";
-      std::this_thread::sleep_for(20ms);
-    }
-  }
-};
 
 LaunchEnv make_env(int rank, int world, int port, const std::string& token = kToken) {
-  LaunchEnv e;
-  e.rank = rank;
-  e.world_size = world;
-  e.local_rank = rank;
-  e.local_world_size = world;
-  e.master_addr = "127.0.0.1";
-  e.master_port = port;
-  e.token = token;
-  e.source = "test";
-  return e;
+  return test::make_env(rank, world, port, token);
 }
 
-CafBootstrapOptions options_with(LogSink& sink) {
-  CafBootstrapOptions o;
-  o.connect_timeout = 10s;
-  o.collective_timeout = 30s;
-  o.shutdown_grace = 3s;
-  o.log = sink.fn();
-  return o;
-}
-
-std::unique_ptr<CafBootstrap> create_ok(const LaunchEnv& env, const CafBootstrapOptions& o) {
-  auto b = create_caf_bootstrap(env, o);
-  INFO("rank " << env.rank << ": " << (b ? std::string("ok") : b.status().message()));
-  REQUIRE(b);
-  return std::move(*b);
-}
 
 int tcp_connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
