@@ -6,7 +6,7 @@
 
 #include "actors/stored_config.hpp"
 #include "actors/train_config.hpp"
-#include "comm/local_world.hpp"
+#include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/shard_file.hpp"

@@ -16,7 +16,7 @@
 #include "actors/stored_config.hpp"
 #include "actors/timeline.hpp"
 #include "actors/trainer.hpp"
-#include "comm/local_world.hpp"
+#include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"

@@ -24,10 +24,10 @@
 
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
-#include "comm/caf_bootstrap.hpp"
-#include "comm/launch_env.hpp"
-#include "comm/local_world.hpp"
-#include "comm/ucx_world.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
+#include "comm/bootstrap/launch_env.hpp"
+#include "comm/local/local_world.hpp"
+#include "comm/ucx/ucx_world.hpp"
 
 namespace troupe::apps {
 

@@ -48,7 +48,7 @@
 
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
-#include "comm/launch_env.hpp"
+#include "comm/bootstrap/launch_env.hpp"
 
 extern char** environ;
 

@@ -3,7 +3,7 @@
 // small blobs (UCX worker addresses, NCCL unique ids) through it. Control traffic only: tensors never
 // go through the bootstrap.
 //
-// Implementations: CafBootstrap (comm/caf_bootstrap.*: a rendezvous actor published with CAF's io
+// Implementations: CafBootstrap (comm/bootstrap/caf_bootstrap.*: a rendezvous actor published with CAF's io
 // middleman, used by `troupe launch`, SLURM and mpirun starts) and, for ranks that are threads of one
 // process, an in-process one.
 #pragma once
@@ -24,7 +24,7 @@ class Bootstrap {
   virtual Result<std::vector<std::string>> all_gather(const std::string& key, const std::string& mine) = 0;
   virtual Status barrier(const std::string& key) = 0;
   // The network devices UCX should use for this job (UCX_NET_DEVICES syntax, e.g. "lo" for a
-  // one-host job: comm/net_plan.hpp); "" leaves UCX's own choice. create_ucx_world applies it.
+  // one-host job: comm/bootstrap/net_plan.hpp); "" leaves UCX's own choice. create_ucx_world applies it.
   virtual std::string ucx_net_devices() const { return {}; }
 };
 

@@ -1,8 +1,8 @@
 // The communicator interface: collectives and tagged point-to-point messages among the ranks of one
 // group, with asynchronous handles so compute can overlap communication. Three backends implement it:
-//   local  ranks are threads of one process; shared-memory algorithms, no serialisation (comm/local_*)
-//   ucx    ranks in other processes or nodes, host memory, UCP tag API (comm/ucx_*)
-//   nccl   GPU ranks (comm/nccl_*; built with the CUDA backend)
+//   local  ranks are threads of one process; shared-memory algorithms, no serialisation (comm/local/local_*)
+//   ucx    ranks in other processes or nodes, host memory, UCP tag API (comm/ucx/ucx_*)
+//   nccl   GPU ranks (comm/nccl/; built with the CUDA backend)
 //
 // Semantics (all backends):
 //   * Every member calls every collective, in the same order, with the same count, dtype and op.

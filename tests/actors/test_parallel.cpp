@@ -20,7 +20,7 @@
 
 #include "actors/adamw.hpp"
 #include "actors/rank_engine.hpp"
-#include "comm/local_world.hpp"
+#include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "model/gpt.hpp"
 #include "storage/shard_file.hpp"

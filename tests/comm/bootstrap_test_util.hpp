@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/caf_bootstrap.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
 
 namespace troupe::comm::test {
 

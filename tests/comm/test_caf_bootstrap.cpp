@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/caf_bootstrap.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
 #include "tests/comm/bootstrap_test_util.hpp"
 #include "tests/test_util.hpp"
 

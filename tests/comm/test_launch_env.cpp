@@ -4,7 +4,7 @@
 #include <set>
 #include <string>
 
-#include "comm/launch_env.hpp"
+#include "comm/bootstrap/launch_env.hpp"
 
 namespace troupe::comm {
 namespace {

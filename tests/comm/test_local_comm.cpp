@@ -11,8 +11,8 @@
 #include <thread>
 #include <type_traits>
 
-#include "comm/local_kernels.hpp"
-#include "comm/local_world.hpp"
+#include "comm/local/local_kernels.hpp"
+#include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 
 using namespace troupe;

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/nccl_world.hpp"
+#include "comm/nccl/nccl_world.hpp"
 #include "tests/test_util.hpp"
 
 namespace {

@@ -1,9 +1,9 @@
-// The network plan (comm/net_plan.hpp): what a job binds, connects to and gives UCX, on a fake
+// The network plan (comm/bootstrap/net_plan.hpp): what a job binds, connects to and gives UCX, on a fake
 // host (interfaces, name resolution and routes given by the test) and on this machine's loopback.
 #include <catch2/catch.hpp>
 #include <map>
 
-#include "comm/net_plan.hpp"
+#include "comm/bootstrap/net_plan.hpp"
 
 namespace troupe::comm {
 namespace {

@@ -1,4 +1,4 @@
-// The bootstrap's transport (comm/psk_tls.hpp, comm/secure_transport.hpp): TLS 1.3 sessions keyed
+// The bootstrap's transport (comm/bootstrap/psk_tls.hpp, comm/bootstrap/secure_transport.hpp): TLS 1.3 sessions keyed
 // by the job token over socket pairs, then hostile peers against a real rank 0 over loopback --
 // wrong token, garbage, plain (unencrypted) CAF, idle connections, a flood of them, an
 // authenticated peer announcing a 4 GiB message, a gather too large for one message -- and a
@@ -24,10 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/caf_bootstrap.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
 #include "tests/comm/bootstrap_test_util.hpp"
-#include "comm/psk_tls.hpp"
-#include "comm/secure_transport.hpp"
+#include "comm/bootstrap/psk_tls.hpp"
+#include "comm/bootstrap/secure_transport.hpp"
 
 namespace troupe::comm {
 namespace {

@@ -26,7 +26,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/file_bootstrap.hpp"
+#include "comm/bootstrap/file_bootstrap.hpp"
 #include "tests/test_util.hpp"
 
 extern char** environ;
@@ -451,7 +451,7 @@ TEST_CASE(
     "[comm][ucx]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
-  // TROUPE_FAULT_UCX_KILL: the rank SIGKILLs itself at that step (comm/ucx_detail.hpp).
+  // TROUPE_FAULT_UCX_KILL: the rank SIGKILLs itself at that step (comm/ucx/ucx_detail.hpp).
   int victim = 0;
   for (const char* step : {"worker", "segment", "exchange", "endpoints", "attach", "ready"}) {
     INFO("rank " << victim << " dies at step " << step);

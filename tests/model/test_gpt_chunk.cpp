@@ -16,7 +16,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "comm/local_world.hpp"
+#include "comm/local/local_world.hpp"
 #include "model/gpt.hpp"
 #include "model/gpt_chunk.hpp"
 #include "tests/kernels/grad_check.hpp"

@@ -26,7 +26,7 @@
 #include <string>
 #include <thread>
 
-#include "comm/caf_bootstrap.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
 
 using namespace troupe;
 

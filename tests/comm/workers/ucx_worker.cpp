@@ -26,7 +26,7 @@
 //                that finishes exits 0. --boot-timeout T (default 60 s) bounds the bootstrap's
 //                waits (a rank killed during world creation).
 //   ucx-fatal    rank 0 makes UCX log a fatal error: it must end with exit code 1 and troupe's
-//                message (comm/ucx_detail.hpp, install_fatal_handler), the others with exit 3.
+//                message (comm/ucx/ucx_detail.hpp, install_fatal_handler), the others with exit 3.
 //   mismatch     a large all_reduce where the last rank passes a larger count than the others:
 //                every rank must fail (exit 4) with an error instead of hanging (shared-memory
 //                path: the chunks' signatures differ).
@@ -56,8 +56,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/file_bootstrap.hpp"
-#include "comm/ucx_world.hpp"
+#include "comm/bootstrap/file_bootstrap.hpp"
+#include "comm/ucx/ucx_world.hpp"
 
 using namespace troupe;
 using namespace troupe::comm;

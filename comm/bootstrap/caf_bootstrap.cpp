@@ -1,0 +1,836 @@
+#include "comm/bootstrap/caf_bootstrap.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "comm/bootstrap/net_plan.hpp"
+#include "comm/bootstrap/secure_transport.hpp"
+
+namespace troupe::comm {
+
+namespace {
+
+// ---- Messages (registered on every rank: they cross processes) ----------------------------------
+
+// No token: the connection that carries a join has already proven it (comm/bootstrap/secure_transport.hpp).
+struct JoinRequest {
+  int32_t rank = -1;
+  int32_t world_size = 0;
+  std::string host;  // as the joiner names itself (for logs)
+  int32_t pid = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
+  return f(caf::meta::type_name("troupe.JoinRequest2"), x.rank, x.world_size, x.host, x.pid);
+}
+
+using join_atom = caf::atom_constant<caf::atom("bs_join")>;
+using gather_atom = caf::atom_constant<caf::atom("bs_gather")>;
+using leave_atom = caf::atom_constant<caf::atom("bs_leave")>;
+using drain_atom = caf::atom_constant<caf::atom("bs_drain")>;
+using timeout_atom = caf::atom_constant<caf::atom("bs_timeout")>;
+using failed_atom = caf::atom_constant<caf::atom("bs_failed")>;
+
+// The rendezvous (rank 0, published). drain and timeout are accepted from this process only.
+using rendezvous_actor = caf::typed_actor<
+    caf::replies_to<join_atom, JoinRequest>::with<int32_t>,  // -> world size
+    // (key, blob) -> every rank's blob in rank order
+    caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
+    caf::replies_to<leave_atom>::with<leave_atom>,
+    caf::replies_to<drain_atom>::with<drain_atom>,  // answered once every joined rank disconnected
+    caf::reacts_to<timeout_atom, std::string>>;     // a gather's deadline passed
+
+// A rank's agent (one per rank, local): relays its calls and learns of the job's failure.
+using agent_actor = caf::typed_actor<
+    caf::replies_to<join_atom, JoinRequest>::with<int32_t>,
+    caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
+    caf::replies_to<leave_atom>::with<leave_atom>,
+    caf::reacts_to<failed_atom, std::string>>;  // from the rendezvous: the job failed, and why
+
+constexpr size_t kMaxBlobBytes = 1 << 20;
+
+// Room in a message for CAF's own framing besides the blobs of a gather reply.
+size_t gather_budget(size_t max_message_bytes, int world_size) {
+  const size_t overhead = (size_t{64} << 10) + 16 * static_cast<size_t>(world_size);
+  return max_message_bytes > overhead ? max_message_bytes - overhead : 0;
+}
+
+using Logger = std::function<void(const std::string&)>;
+
+caf::error bootstrap_error(std::string message) {
+  return caf::error(1, caf::atom("bootstrap"), caf::make_message(std::move(message)));
+}
+
+std::string render(const caf::error& err) {
+  if (!err) return "no error";
+  if (err.category() == caf::atom("bootstrap") && err.context().match_elements<std::string>())
+    return err.context().get_as<std::string>(0);
+  if (err.category() == caf::atom("exit"))
+    return caf::to_string(static_cast<caf::exit_reason>(err.code()));
+  if (err.category() == caf::atom("system")) {
+    std::string s = caf::to_string(static_cast<caf::sec>(err.code()));
+    if (!err.context().empty()) s += " " + caf::to_string(err.context());
+    return s;
+  }
+  return caf::to_string(err);
+}
+
+bool is_orderly_exit(const caf::error& reason) {
+  return !reason || reason == caf::exit_reason::normal || reason == caf::exit_reason::user_shutdown;
+}
+
+bool same_actor(const caf::strong_actor_ptr& a, const caf::actor_addr& b) {
+  return a && caf::actor_cast<caf::actor_addr>(a) == b;
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
+// ---- Rendezvous ---------------------------------------------------------------------------------
+
+struct Member {
+  agent_actor agent;
+  std::string host;
+  int32_t pid = 0;
+  bool left = false;  // said goodbye: its disconnect is not a failure
+  bool gone = false;  // disconnected
+};
+
+struct Gather {
+  std::vector<std::optional<std::string>> blobs;  // by rank
+  std::vector<caf::response_promise> promises;    // by rank
+  int count = 0;
+  size_t bytes = 0;  // of the blobs so far
+};
+
+// The states declare a constructor: as aggregates, C++20's parenthesised aggregate init would make
+// CAF try to build them from the actor pointer.
+struct RendezvousState {
+  RendezvousState() = default;
+  int world_size = 0;
+  size_t gather_budget = 0;  // the most blob bytes one gather's reply may carry
+  std::chrono::milliseconds collective_timeout{0};
+  Logger log;
+  std::vector<std::optional<Member>> members;  // by rank, once joined
+  std::map<std::string, Gather> gathers;       // in progress
+  std::map<std::string, std::string> closed;   // finished keys -> "" (completed) or why they failed
+  std::string failure;                         // set once the job failed
+  std::vector<caf::response_promise> drains;
+  static inline const char* name = "troupe.rendezvous";
+};
+
+using RendezvousPtr = rendezvous_actor::stateful_pointer<RendezvousState>;
+
+std::string member_text(const RendezvousState& st, int rank) {
+  std::string s = "rank " + std::to_string(rank);
+  if (rank >= 0 && rank < static_cast<int>(st.members.size()) && st.members[rank])
+    s +=
+        " (host " + st.members[rank]->host + ", pid " + std::to_string(st.members[rank]->pid) + ")";
+  return s;
+}
+
+int rank_of_sender(RendezvousPtr self) {
+  const auto& sender = self->current_sender();
+  auto& members = self->state.members;
+  for (size_t r = 0; r < members.size(); ++r)
+    if (members[r] && same_actor(sender, members[r]->agent.address())) return static_cast<int>(r);
+  return -1;
+}
+
+bool from_this_process(RendezvousPtr self) {
+  const auto& sender = self->current_sender();
+  return sender && sender->node() == self->node();
+}
+
+// Refuses the current request with `reply` and logs `what` with the peer's network address. The
+// reply waits for the middleman's answer, so the peer is still connected (and its address known)
+// when asked.
+caf::response_promise refuse(RendezvousPtr self, const std::string& what, caf::error reply) {
+  const auto sender = self->current_sender();  // before make_response_promise, which takes it over
+  auto promise = self->make_response_promise();
+  const Logger log = self->state.log;
+  if (!sender || sender->node() == self->node()) {
+    log("refused " + what + (sender ? " from this process" : " from an anonymous sender"));
+    promise.deliver(std::move(reply));
+    return promise;
+  }
+  const caf::node_id node = sender->node();
+  const std::string tail = " (CAF node " + caf::to_string(node) + ")";
+  self->request(self->home_system().middleman().actor_handle(), std::chrono::seconds(5),
+                caf::get_atom::value, node)
+      .then(
+          [=](const caf::node_id&, const std::string& host, uint16_t port) mutable {
+            log("refused " + what + " from " +
+                (host.empty() ? "an unknown address" : host + ":" + std::to_string(port)) + tail);
+            promise.deliver(reply);
+          },
+          [=](caf::error&) mutable {
+            log("refused " + what + " from an unknown address" + tail);
+            promise.deliver(reply);
+          });
+  return promise;
+}
+
+void answer_drains(RendezvousPtr self) {
+  auto& st = self->state;
+  bool all_gone = true;
+  for (const auto& m : st.members) all_gone = all_gone && (!m || m->gone);
+  if (!all_gone && st.failure.empty()) return;
+  for (auto& p : st.drains) p.deliver(drain_atom::value);
+  st.drains.clear();
+}
+
+void fail_gather(RendezvousPtr self, const std::string& key, const std::string& why) {
+  auto it = self->state.gathers.find(key);
+  if (it == self->state.gathers.end()) return;
+  for (auto& p : it->second.promises)
+    if (p.pending()) p.deliver(bootstrap_error(why));
+  self->state.gathers.erase(it);
+  self->state.closed[key] = why;
+}
+
+void fail_job(RendezvousPtr self, const std::string& why) {
+  auto& st = self->state;
+  if (!st.failure.empty()) return;
+  st.failure = why;  // logged by each agent, rank 0's included
+  // The broadcast goes first: an agent then knows the job failed before its pending call's error
+  // reply arrives (messages from one sender arrive in order).
+  for (auto& m : st.members)
+    if (m && !m->left && !m->gone) self->send(m->agent, failed_atom::value, why);
+  std::vector<std::string> keys;
+  for (const auto& [key, g] : st.gathers) keys.push_back(key);
+  for (const auto& key : keys) fail_gather(self, key, why);
+  answer_drains(self);
+}
+
+// The first rank that left the job, or -1.
+int first_departed(const RendezvousState& st) {
+  for (size_t r = 0; r < st.members.size(); ++r)
+    if (st.members[r] && (st.members[r]->left || st.members[r]->gone)) return static_cast<int>(r);
+  return -1;
+}
+
+rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, size_t budget,
+                                           std::chrono::milliseconds collective_timeout,
+                                           Logger log) {
+  auto& st = self->state;
+  st.world_size = world_size;
+  st.gather_budget = budget;
+  st.collective_timeout = collective_timeout;
+  st.log = std::move(log);
+  st.members.resize(world_size);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (size_t r = 0; r < st.members.size(); ++r) {
+      auto& m = st.members[r];
+      if (!m || m->gone || m->agent.address() != dm.source) continue;
+      m->gone = true;
+      if (!m->left)
+        fail_job(self, member_text(st, static_cast<int>(r)) +
+                           " disconnected without leaving the job (" + render(dm.reason) +
+                           "): it died, hung past the heartbeat timeout or lost the network");
+    }
+    answer_drains(self);
+  });
+  return {
+      [self](join_atom, const JoinRequest& req) -> caf::result<int32_t> {
+        auto& st = self->state;
+        const std::string claim = "a peer claiming rank " + std::to_string(req.rank) + " of " +
+                                  std::to_string(req.world_size) + " (host " + req.host + ", pid " +
+                                  std::to_string(req.pid) + ")";
+        if (!st.failure.empty())
+          return bootstrap_error("the job has already failed: " + st.failure);
+        if (req.world_size != st.world_size) {
+          return refuse(
+              self, claim + ": rank 0 runs a world of " + std::to_string(st.world_size),
+              bootstrap_error("rank " + std::to_string(req.rank) + " was started for a world of " +
+                              std::to_string(req.world_size) + " ranks but rank 0 for " +
+                              std::to_string(st.world_size) +
+                              " -- start every rank with the same world size"));
+        }
+        if (req.rank < 0 || req.rank >= st.world_size) {
+          return refuse(
+              self, claim + ": no such rank",
+              bootstrap_error("rank " + std::to_string(req.rank) + " is outside the world of " +
+                              std::to_string(st.world_size) + " -- ranks run from 0 to " +
+                              std::to_string(st.world_size - 1)));
+        }
+        if (st.members[req.rank] || rank_of_sender(self) >= 0) {
+          return refuse(self, claim + ": the rank has already joined",
+                        bootstrap_error(member_text(st, req.rank) +
+                                        " has already joined -- two processes were started "
+                                        "with the same rank; check RANK / SLURM_PROCID / the "
+                                        "launcher"));
+        }
+        auto agent = caf::actor_cast<agent_actor>(self->current_sender());
+        if (!agent) return bootstrap_error("a join request needs a sender to answer to");
+        self->monitor(agent);
+        st.members[req.rank] = Member{agent, req.host, req.pid};
+        return static_cast<int32_t>(st.world_size);
+      },
+      [self](gather_atom, const std::string& key,
+             std::string& blob) -> caf::result<std::vector<std::string>> {
+        auto& st = self->state;
+        const int rank = rank_of_sender(self);
+        if (rank < 0) {
+          return refuse(
+              self, "a request for '" + key + "' by a peer that has not joined",
+              bootstrap_error("this peer has not joined the job -- join with the job token first"));
+        }
+        if (!st.failure.empty()) return bootstrap_error(st.failure);
+        if (auto it = st.closed.find(key); it != st.closed.end())
+          return bootstrap_error(it->second.empty() ? "the key '" + key +
+                                                          "' was already used -- use a new key for "
+                                                          "every all_gather and barrier"
+                                                    : it->second);
+        auto& g = st.gathers[key];
+        if (g.blobs.empty()) {
+          g.blobs.resize(st.world_size);
+          g.promises.resize(st.world_size);
+          self->delayed_send(self, st.collective_timeout, timeout_atom::value, key);
+        }
+        if (g.blobs[rank])
+          return bootstrap_error("rank " + std::to_string(rank) + " took part in '" + key +
+                                 "' twice");
+        auto promise = self->make_response_promise();
+        g.bytes += blob.size();
+        g.blobs[rank] = std::move(blob);
+        g.promises[rank] = promise;
+        ++g.count;
+        if (g.bytes > st.gather_budget) {
+          fail_gather(self, key,
+                      "the blobs of '" + key + "' add up to more than " +
+                          std::to_string(st.gather_budget) +
+                          " bytes, too many for one bootstrap message (max_message_bytes) -- the "
+                          "bootstrap carries control data only; move tensors with a Communicator");
+          return promise;
+        }
+        if (const int gone = first_departed(st); gone >= 0 && !g.blobs[gone]) {
+          fail_gather(
+              self, key,
+              member_text(st, gone) + " has left the job, so '" + key + "' cannot complete");
+          return promise;
+        }
+        if (g.count == st.world_size) {
+          std::vector<std::string> all;
+          all.reserve(st.world_size);
+          for (auto& b : g.blobs) all.push_back(std::move(*b));
+          for (auto& p : g.promises) p.deliver(all);
+          st.gathers.erase(key);
+          st.closed[key] = "";
+        }
+        return promise;
+      },
+      [self](leave_atom) -> caf::result<leave_atom> {
+        auto& st = self->state;
+        const int rank = rank_of_sender(self);
+        if (rank < 0) return leave_atom::value;
+        st.members[rank]->left = true;
+        std::vector<std::string> stuck;
+        for (const auto& [key, g] : st.gathers)
+          if (!g.blobs[rank]) stuck.push_back(key);
+        for (const auto& key : stuck)
+          fail_gather(self, key,
+                      member_text(st, rank) + " left the job before taking part in '" + key + "'");
+        return leave_atom::value;
+      },
+      [self](drain_atom) -> caf::result<drain_atom> {
+        if (!from_this_process(self)) return bootstrap_error("drain is for rank 0's own process");
+        auto promise = self->make_response_promise();
+        self->state.drains.push_back(promise);
+        answer_drains(self);
+        return promise;
+      },
+      [self](timeout_atom, const std::string& key) {
+        auto& st = self->state;
+        if (!same_actor(self->current_sender(), self->address())) return;
+        auto it = st.gathers.find(key);
+        if (it == st.gathers.end()) return;
+        std::string missing, never_joined;
+        for (int r = 0; r < st.world_size; ++r) {
+          if (!it->second.blobs[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          if (!st.members[r])
+            never_joined += (never_joined.empty() ? "" : ", ") + std::to_string(r);
+        }
+        std::string why = "'" + key + "' timed out after " + seconds_text(st.collective_timeout) +
+                          ": rank(s) " + missing + " did not take part";
+        if (!never_joined.empty()) why += " (rank(s) " + never_joined + " never joined)";
+        why += " -- a rank is stuck, crashed before joining or runs a different sequence of calls";
+        st.log(why);
+        fail_gather(self, key, why);
+      },
+  };
+}
+
+// ---- Agent --------------------------------------------------------------------------------------
+
+struct Health {
+  mutable std::mutex mutex;
+  std::string failure;
+  void set(const std::string& why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failure.empty()) failure = why;
+  }
+  std::string get() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return failure;
+  }
+};
+
+struct AgentState {
+  AgentState() = default;
+  rendezvous_actor rendezvous;
+  std::string where;  // "rank 0 at host:port"
+  std::shared_ptr<Health> health;
+  std::function<void(const std::string&)> on_job_failed;
+  Logger log;
+  std::map<uint64_t, caf::response_promise> pending;
+  uint64_t next_id = 0;
+  std::string closed;  // why requests fail from now on; empty while usable
+  static inline const char* name = "troupe.bootstrap_agent";
+};
+
+using AgentPtr = agent_actor::stateful_pointer<AgentState>;
+
+// Fails every pending and later request with `why`; a failure (not an orderly close) is also
+// recorded as the job's.
+void close_agent(AgentPtr self, const std::string& why, bool job_failed) {
+  auto& st = self->state;
+  if (!st.closed.empty()) return;
+  st.closed = why;
+  if (job_failed) {
+    st.health->set(why);
+    st.log("the job failed: " + why);
+    if (st.on_job_failed) st.on_job_failed(why);
+  }
+  auto pending = std::move(st.pending);
+  st.pending.clear();
+  for (auto& [id, p] : pending) p.deliver(bootstrap_error(why));
+}
+
+// Sends the request to the rendezvous and answers the caller when it replies or the agent closes.
+template <class Reply, class... Ts>
+caf::result<Reply> relay(AgentPtr self, Ts... xs) {
+  auto& st = self->state;
+  if (!st.closed.empty()) return bootstrap_error(st.closed);
+  auto promise = self->make_response_promise();
+  const uint64_t id = st.next_id++;
+  st.pending.emplace(id, promise);
+  auto finish = [self, id](auto&& answer) {
+    auto it = self->state.pending.find(id);
+    if (it == self->state.pending.end()) return;  // already failed by close_agent
+    auto p = it->second;
+    self->state.pending.erase(it);
+    p.deliver(std::forward<decltype(answer)>(answer));
+  };
+  self->request(st.rendezvous, caf::infinite, xs...)
+      .then([finish](Reply& r) mutable { finish(std::move(r)); },
+            [finish](caf::error& e) mutable { finish(e); });
+  return promise;
+}
+
+agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, std::string where,
+                                           std::shared_ptr<Health> health,
+                                           std::function<void(const std::string&)> on_job_failed,
+                                           Logger log) {
+  auto& st = self->state;
+  st.rendezvous = rv;
+  st.where = std::move(where);
+  st.health = std::move(health);
+  st.on_job_failed = std::move(on_job_failed);
+  st.log = std::move(log);
+  self->monitor(rv);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    if (dm.source != self->state.rendezvous.address()) return;
+    if (is_orderly_exit(dm.reason))
+      close_agent(self, "the rendezvous on " + self->state.where + " has closed (rank 0 finished)",
+                  false);
+    else
+      close_agent(self,
+                  "lost the rendezvous on " + self->state.where + " (" + render(dm.reason) +
+                      "): rank 0 died, hung past the heartbeat timeout or the network failed",
+                  true);
+  });
+  return {
+      [self](join_atom, const JoinRequest& req) -> caf::result<int32_t> {
+        return relay<int32_t>(self, join_atom::value, req);
+      },
+      [self](gather_atom, const std::string& key,
+             const std::string& blob) -> caf::result<std::vector<std::string>> {
+        return relay<std::vector<std::string>>(self, gather_atom::value, key, blob);
+      },
+      [self](leave_atom) -> caf::result<leave_atom> {
+        return relay<leave_atom>(self, leave_atom::value);
+      },
+      [self](failed_atom, const std::string& why) {
+        if (!same_actor(self->current_sender(), self->state.rendezvous.address())) return;
+        close_agent(self, why, true);
+      },
+  };
+}
+
+void default_log(int rank, const std::string& line) {
+  std::fprintf(stderr, "troupe bootstrap (rank %d): %s\n", rank, line.c_str());
+  std::fflush(stderr);
+}
+
+std::string local_hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+// ---- CafBootstrap -------------------------------------------------------------------------------
+
+struct CafBootstrap::Impl {
+  std::unique_ptr<caf::actor_system_config> own_config;  // when the bootstrap runs its own system
+  std::unique_ptr<caf::actor_system> own_system;
+  caf::actor_system* sys = nullptr;
+  int rank = 0;
+  int world_size = 1;
+  int port = 0;
+  CafBootstrapOptions options;
+  NetworkPlan plan;
+  std::shared_ptr<SecureTransport> transport;
+  caf::io::middleman_actor middleman;  // the transport's: every publish and connect goes through it
+  std::shared_ptr<Health> health = std::make_shared<Health>();
+  rendezvous_actor rendezvous;  // rank 0: the local actor; others: a proxy
+  agent_actor agent;
+  bool owns_rendezvous = false;
+  bool published = false;
+
+  ~Impl() { shutdown(); }
+
+  // Leaves, lets rank 0 wait for the others, stops the actors; then the own system (if any) goes.
+  void shutdown() {
+    if (sys == nullptr) return;
+    {
+      caf::scoped_actor self{*sys};
+      if (agent) {
+        if (health->get().empty())
+          self->request(agent, std::chrono::seconds(5), leave_atom::value)
+              .receive([](leave_atom) {}, [](caf::error&) {});
+        self->send_exit(agent, caf::exit_reason::user_shutdown);
+      }
+      if (owns_rendezvous && rendezvous) {
+        self->request(rendezvous, options.shutdown_grace, drain_atom::value)
+            .receive([](drain_atom) {}, [](caf::error&) {});
+        self->send_exit(rendezvous, caf::exit_reason::user_shutdown);
+        if (middleman && published)
+          self->request(middleman, std::chrono::seconds(5), caf::close_atom::value,
+                        static_cast<uint16_t>(port))
+              .receive([] {}, [](caf::error&) {});
+      }
+    }
+    if (middleman) {
+      caf::scoped_actor self{*sys, true};
+      self->send_exit(middleman, caf::exit_reason::kill);
+      self->wait_for(middleman);
+    }
+    agent = nullptr;
+    rendezvous = nullptr;
+    middleman = nullptr;
+    own_system.reset();  // closes the connections
+    own_config.reset();
+    transport.reset();
+    sys = nullptr;
+  }
+
+  Logger logger() const {
+    if (options.log) return options.log;
+    const int r = rank;
+    return [r](const std::string& line) { default_log(r, line); };
+  }
+
+  // Calls the agent and waits, at most the collective timeout plus a margin (the rendezvous times a
+  // gather out first; this bounds a lost reply).
+  template <class Reply, class... Ts>
+  Result<Reply> ask(const std::string& what, Ts... xs) {
+    const auto limit = options.collective_timeout + std::chrono::seconds(30);
+    const std::string where = what + " on rank " + std::to_string(rank) + ": ";
+    Result<Reply> out{Status::error("no reply")};
+    caf::scoped_actor self{*sys};
+    self->request(agent, limit, xs...)
+        .receive([&](Reply& r) { out = std::move(r); },
+                 [&](caf::error& e) {
+                   if (e == caf::sec::request_timeout)
+                     out = Status::error(where + "no answer from the rendezvous within " +
+                                         seconds_text(limit) +
+                                         " -- a rank is stuck or the network is partitioned");
+                   else
+                     out = Status::error(where + render(e));
+                 });
+    return out;
+  }
+};
+
+namespace {
+
+// One connection attempt through the middleman actor (what remote_actor does, but bounded: a
+// listener that accepts and never answers, e.g. another program on the port, cannot stall us).
+caf::expected<rendezvous_actor> connect_once(caf::actor_system& sys,
+                                             const caf::io::middleman_actor& middleman,
+                                             const std::string& host, uint16_t port,
+                                             std::chrono::milliseconds timeout) {
+  caf::expected<rendezvous_actor> out{caf::sec::cannot_connect_to_node};
+  caf::scoped_actor self{sys};
+  self->request(middleman, timeout, caf::connect_atom::value, host, port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>& ifs) {
+            if (!ptr)
+              out = caf::make_error(caf::sec::no_actor_published_at_port, port);
+            else if (!sys.assignable<rendezvous_actor>(ifs))
+              out = caf::make_error(caf::sec::unexpected_actor_messaging_interface);
+            else
+              out = caf::actor_cast<rendezvous_actor>(std::move(ptr));
+          },
+          [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+Status connect(CafBootstrap::Impl& b, const LaunchEnv& env) {
+  const std::string& host = b.plan.connect_addr;
+  const std::string where = host + ":" + std::to_string(env.master_port);
+  const auto deadline = std::chrono::steady_clock::now() + b.options.connect_timeout;
+  auto pause = std::chrono::milliseconds(100);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    auto rv = connect_once(*b.sys, b.middleman, host, static_cast<uint16_t>(env.master_port),
+                           std::max(left, std::chrono::milliseconds(100)));
+    if (rv) {
+      b.rendezvous = std::move(*rv);
+      return Status::ok();
+    }
+    // The TLS handshake says why a connection that reached rank 0 failed.
+    const auto [kind, why] = b.transport->take_client_failure();
+    if (kind == tls::Failure::wrong_key)
+      return Status::error("the rendezvous at " + where + " refused rank " +
+                           std::to_string(env.rank) + ": " + why +
+                           " -- every rank of a job must carry the same TROUPE_JOB_TOKEN (is "
+                           "another job using this master port?)");
+    if (kind == tls::Failure::protocol || kind == tls::Failure::not_troupe)
+      return Status::error("rank " + std::to_string(env.rank) + ": what listens at " + where +
+                           " is not a troupe rendezvous of this version (" + why +
+                           ") -- another program or troupe version uses this port; pick another "
+                           "with --master-port / MASTER_PORT");
+    if (rv.error() == caf::sec::unexpected_actor_messaging_interface ||
+        rv.error() == caf::sec::no_actor_published_at_port)
+      return Status::error(
+          "rank " + std::to_string(env.rank) + ": what listens at " + where +
+          " is not a troupe rendezvous -- another program or troupe version uses this port; pick "
+          "another with --master-port / MASTER_PORT");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      return Status::error(
+          "rank " + std::to_string(env.rank) + " cannot reach the rendezvous of rank 0 at " +
+          where + " after " + seconds_text(b.options.connect_timeout) + " (" + render(rv.error()) +
+          ") -- check that rank 0 started, that --master-addr / MASTER_ADDR names its host and "
+          "that TCP port " +
+          std::to_string(env.master_port) + " is open between the nodes");
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+// Publishes through the transport's middleman actor (what middleman::publish does through the
+// default one).
+caf::expected<uint16_t> publish(CafBootstrap::Impl& b, uint16_t port, const std::string& bind) {
+  caf::expected<uint16_t> out{caf::sec::cannot_open_port};
+  caf::scoped_actor self{*b.sys};
+  self->request(b.middleman, caf::infinite, caf::publish_atom::value, port,
+                caf::actor_cast<caf::strong_actor_ptr>(b.rendezvous),
+                b.sys->message_types(b.rendezvous), bind, true)
+      .receive([&](uint16_t actual) { out = actual; }, [&](caf::error& e) { out = std::move(e); });
+  return out;
+}
+
+Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
+  const size_t budget = gather_budget(b.options.max_message_bytes, env.world_size);
+  b.rendezvous =
+      b.sys->spawn(rendezvous, env.world_size, budget, b.options.collective_timeout, b.logger());
+  b.owns_rendezvous = true;
+  b.port = env.master_port;
+  if (env.world_size == 1) return Status::ok();  // nobody to meet: nothing is published
+  const std::string bind = b.options.bind_addr.empty() ? b.plan.bind_addr : b.options.bind_addr;
+  auto port = publish(b, static_cast<uint16_t>(env.master_port), bind);
+  if (!port)
+    return Status::error(
+        "rank 0 cannot listen on " + bind + ":" + std::to_string(env.master_port) +
+        " for the rendezvous (" + render(port.error()) +
+        "): the port is in use (another job?) or not allowed -- pass another --master-port to "
+        "troupe launch (or set MASTER_PORT / TROUPE_MASTER_PORT on every rank); the address "
+        "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)");
+  b.port = *port;
+  b.published = true;
+  return Status::ok();
+}
+
+// Room for the job's connections besides the bounded pending handshakes: raise the soft limit on
+// open files up to the hard one when the world needs it (rank 0 holds one socket per rank).
+void ensure_descriptors(int world_size, int pending) {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(world_size) + static_cast<rlim_t>(pending) + 256;
+  if (lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= want) return;
+  lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? want : std::min(want, lim.rlim_max);
+  setrlimit(RLIMIT_NOFILE, &lim);
+}
+
+}  // namespace
+
+void configure_for_bootstrap(caf::actor_system_config& cfg, const CafBootstrapOptions& options) {
+  cfg.add_message_type<JoinRequest>("troupe.JoinRequest2");
+  cfg.set("middleman.heartbeat-interval", caf::timespan{options.heartbeat_interval});
+  cfg.set("middleman.connection-timeout", caf::timespan{options.connection_timeout});
+  cfg.load<caf::io::middleman>();
+}
+
+CafBootstrap::CafBootstrap(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CafBootstrap::~CafBootstrap() = default;
+int CafBootstrap::rank() const {
+  return impl_->rank;
+}
+int CafBootstrap::world_size() const {
+  return impl_->world_size;
+}
+int CafBootstrap::port() const {
+  return impl_->port;
+}
+std::string CafBootstrap::job_failure() const {
+  return impl_->health->get();
+}
+std::string CafBootstrap::ucx_net_devices() const {
+  return impl_->plan.ucx_net_devices;
+}
+const NetworkPlan& CafBootstrap::network_plan() const {
+  return impl_->plan;
+}
+SecureTransportStats CafBootstrap::transport_stats() const {
+  return impl_->transport ? impl_->transport->stats() : SecureTransportStats{};
+}
+
+Result<std::vector<std::string>> CafBootstrap::all_gather(const std::string& key,
+                                                          const std::string& mine) {
+  const size_t budget = gather_budget(impl_->options.max_message_bytes, impl_->world_size);
+  if (mine.size() > kMaxBlobBytes || mine.size() * static_cast<size_t>(impl_->world_size) > budget)
+    return Status::error(
+        "all_gather '" + key + "': a blob of " + std::to_string(mine.size()) +
+        " bytes is too large for the bootstrap (at most 1 MiB, and " +
+        std::to_string(impl_->world_size) + " ranks' blobs must fit one message of " +
+        std::to_string(budget) +
+        " bytes) -- it carries control data only; move tensors with a Communicator");
+  return impl_->ask<std::vector<std::string>>("all_gather '" + key + "'", gather_atom::value,
+                                              "gather/" + key, mine);
+}
+
+Status CafBootstrap::barrier(const std::string& key) {
+  auto r = impl_->ask<std::vector<std::string>>("barrier '" + key + "'", gather_atom::value,
+                                                "barrier/" + key, std::string());
+  return r ? Status::ok() : r.status();
+}
+
+namespace {
+
+Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b,
+                                           const LaunchEnv& env) {
+  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+    return Status::error("rank " + std::to_string(env.rank) + " does not fit a world of " +
+                         std::to_string(env.world_size) + " -- check the launch environment");
+  if (env.token.empty())
+    return Status::error(
+        "the job token is empty -- set TROUPE_JOB_TOKEN (export TROUPE_JOB_TOKEN=$(troupe launch "
+        "--new-token))");
+  b->rank = env.rank;
+  b->world_size = env.world_size;
+  if (const char* v = std::getenv("TROUPE_HANDSHAKE_TIMEOUT")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(s > 0 && s <= 3600))
+      return Status::error(std::string("TROUPE_HANDSHAKE_TIMEOUT='") + v +
+                           "' is not a number of seconds in (0, 3600] -- fix or unset it");
+    b->options.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  if (env.world_size > 1) {
+    auto plan = plan_network(env);
+    if (!plan) return plan.status();
+    b->plan = std::move(plan).value();
+    SecureTransportOptions t;
+    t.token = env.token;
+    t.identity =
+        tls::make_identity(env.rank, env.world_size, local_hostname(), static_cast<int>(getpid()));
+    t.max_message_bytes = b->options.max_message_bytes;
+    t.handshake_timeout = b->options.handshake_timeout;
+    t.max_pending_handshakes = b->options.max_pending_handshakes;
+    t.log = b->logger();
+    auto transport = SecureTransport::create(std::move(t));
+    if (!transport) return transport.status();
+    b->transport = std::move(transport).value();
+    b->middleman = b->transport->spawn_middleman(*b->sys);
+    ensure_descriptors(env.world_size, b->options.max_pending_handshakes);
+  }
+  if (env.rank == 0) {
+    TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
+  } else {
+    b->port = env.master_port;
+    TROUPE_RETURN_IF_ERROR(connect(*b, env));
+  }
+  const std::string where = "rank 0 at " +
+                            (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
+                            std::to_string(b->port);
+  b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health,
+                           b->options.on_job_failed, b->logger());
+  JoinRequest req;
+  req.rank = env.rank;
+  req.world_size = env.world_size;
+  req.host = local_hostname();
+  req.pid = static_cast<int32_t>(getpid());
+  auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
+  if (!joined) return joined.status();
+  return std::make_unique<CafBootstrap>(std::move(b));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CafBootstrap>> create_caf_bootstrap(const LaunchEnv& env,
+                                                           const CafBootstrapOptions& options) {
+  auto b = std::make_unique<CafBootstrap::Impl>();
+  b->options = options;
+  b->own_config = std::make_unique<caf::actor_system_config>();
+  configure_for_bootstrap(*b->own_config, options);
+  // Control traffic only: two scheduler threads that sleep when idle.
+  b->own_config->set("scheduler.max-threads", 2);
+  b->own_config->set("scheduler.policy", caf::atom("sharing"));
+  b->own_config->set("middleman.workers", 1);
+  b->own_system = std::make_unique<caf::actor_system>(*b->own_config);
+  b->sys = b->own_system.get();
+  return join(std::move(b), env);
+}
+
+Result<std::unique_ptr<CafBootstrap>> create_caf_bootstrap(const LaunchEnv& env,
+                                                           caf::actor_system& sys,
+                                                           const CafBootstrapOptions& options) {
+  auto b = std::make_unique<CafBootstrap::Impl>();
+  b->options = options;
+  b->sys = &sys;
+  return join(std::move(b), env);
+}
+
+}  // namespace troupe::comm

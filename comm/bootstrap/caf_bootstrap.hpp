@@ -1,0 +1,130 @@
+// CafBootstrap: the Bootstrap of multi-process jobs, over CAF's io middleman (TCP).
+//
+// Rank 0 spawns a rendezvous actor and publishes it on master_port. Every rank (rank 0 included,
+// over a local handle) owns an agent actor that joins the rendezvous with (rank, world size, job
+// token) and carries its all_gather / barrier requests. Control traffic only: blobs are small (UCX
+// worker addresses, NCCL unique ids); tensors never go through CAF.
+//
+// Protocol (rendezvous side; the typed interfaces are in caf_bootstrap.cpp):
+//   join(rank, world, host, pid) -> world size. A rank outside [0, world), a world size other
+//     than rank 0's, or a rank that already joined is refused with an error, and the refusal is
+//     logged with the peer's address (the error reply waits for the address lookup). A joined
+//     agent is bound to its rank by its actor address and monitored. (The token is not part of
+//     the join: the connection has proven it before any message is read, see Security.)
+//   gather(key, blob) -> every rank's blob in rank order, answered when all ranks contributed.
+//     Only joined agents may ask; anything else is refused and logged. A key is used once.
+//     Barriers are gathers of empty blobs under "barrier/<key>".
+//   leave -> ack. A rank that leaves is done with the bootstrap: requests needing it fail at once.
+//
+// Failures: when a joined rank disconnects without leaving (process died, connection lost,
+// heartbeat timeout), the rendezvous broadcasts "job failed" to the other agents and fails every
+// pending and later request with an error naming that rank; job_failure() then returns the reason
+// and options.on_job_failed is called. When the rendezvous is lost (rank 0 died) every agent fails
+// the same way. A gather that does not complete within collective_timeout fails naming the missing
+// ranks. No call waits forever.
+//
+// Security (docs/COMM.md, "Security model"): every connection is TLS 1.3 keyed by the job token
+// (comm/bootstrap/secure_transport.hpp, comm/bootstrap/psk_tls.hpp): a peer that cannot prove the token is refused
+// before CAF reads a byte of it, the token never crosses the wire, handshakes are bounded in
+// number and time, and messages above max_message_bytes close the connection before anything is
+// allocated for them. Where rank 0 listens and where the others connect follows the network
+// plan (comm/bootstrap/net_plan.hpp): 127.0.0.1 for a one-host job, the address MASTER_ADDR names on rank
+// 0's host otherwise. CAF lets any connected node address any actor of the system by id, so the
+// bootstrap is best run in its own actor system (the first create_caf_bootstrap form); its
+// actors check who sends what.
+//
+// Threads: a CafBootstrap is used by one thread at a time (its calls block that thread).
+// job_failure() may be called from any thread.
+#pragma once
+#include <caf/fwd.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.hpp"
+#include "comm/bootstrap/launch_env.hpp"
+#include "comm/bootstrap/net_plan.hpp"
+#include "comm/bootstrap/secure_transport.hpp"
+
+namespace troupe::comm {
+
+struct CafBootstrapOptions {
+  // Ranks > 0 retry reaching the rendezvous this long (rank 0 may start later).
+  std::chrono::milliseconds connect_timeout{60'000};
+  // The longest an all_gather or barrier waits for missing ranks, from the first contribution.
+  std::chrono::milliseconds collective_timeout{600'000};
+  // On destruction, rank 0 waits up to this long for the other ranks to leave before closing.
+  std::chrono::milliseconds shutdown_grace{10'000};
+  // CAF middleman heartbeats between the processes; a peer silent for connection_timeout (hung or
+  // cut off without closing its socket) counts as disconnected. Zero disables both.
+  std::chrono::milliseconds heartbeat_interval{1'000};
+  std::chrono::milliseconds connection_timeout{15'000};
+  // Rank 0's listening address: empty = the network plan's (comm/bootstrap/net_plan.hpp).
+  std::string bind_addr;
+  // The largest message a connection may announce (BASP payload); a gather's blobs must fit one
+  // (all ranks' together, minus framing). Blobs are UCX addresses and NCCL ids: kilobytes.
+  size_t max_message_bytes = size_t{16} << 20;
+  // Incoming connections that have not proven the token: how long they may take (environment
+  // TROUPE_HANDSHAKE_TIMEOUT, seconds, wins), how many at once.
+  std::chrono::milliseconds handshake_timeout{10'000};
+  int max_pending_handshakes = 64;
+  // Called once, from an actor thread, when the job is known to have failed (a lost rank or
+  // rendezvous).
+  std::function<void(const std::string& why)> on_job_failed;
+  // Where refusals and failures are logged; default: one "troupe bootstrap: ..." line on stderr.
+  std::function<void(const std::string& line)> log;
+};
+
+// Registers the bootstrap's message types and loads the io middleman with the heartbeat settings of
+// `options`. Call it on the config of any actor system passed to create_caf_bootstrap, on every
+// rank, before the system is created (CAF needs remote message types registered on both ends).
+// It loads the middleman itself: do not load it a second time.
+void configure_for_bootstrap(caf::actor_system_config& cfg,
+                             const CafBootstrapOptions& options = {});
+
+class CafBootstrap final : public Bootstrap {
+ public:
+  struct Impl;
+  explicit CafBootstrap(std::unique_ptr<Impl> impl);
+  // Leaves the job. Rank 0 then waits up to shutdown_grace for the other ranks to leave (so their
+  // last replies are delivered) and closes the rendezvous.
+  ~CafBootstrap() override;
+  CafBootstrap(const CafBootstrap&) = delete;
+  CafBootstrap& operator=(const CafBootstrap&) = delete;
+
+  int rank() const override;
+  int world_size() const override;
+  Result<std::vector<std::string>> all_gather(const std::string& key,
+                                              const std::string& mine) override;
+  Status barrier(const std::string& key) override;
+
+  // The port the rendezvous listens on (rank 0: the bound port, useful with master_port 0).
+  int port() const;
+  // Empty while the job is healthy; otherwise why it failed. Thread-safe.
+  std::string job_failure() const;
+  // The plan's UCX_NET_DEVICES (Bootstrap::ucx_net_devices), and the plan itself.
+  std::string ucx_net_devices() const override;
+  const NetworkPlan& network_plan() const;
+  // Counters of the secure transport (refusals, timeouts, ...); zeros for a world of one.
+  SecureTransportStats transport_stats() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Joins the job described by `env` (rank 0 first starts and publishes the rendezvous). Returns once
+// this rank has joined; it does not wait for the others. Errors name the address, the port and the
+// fix (port in use: --master-port; unreachable: MASTER_ADDR and the firewall; refused: the token;
+// a MASTER_ADDR the network plan cannot use: bad input). A world of more than one may raise the
+// soft limit on open files (RLIMIT_NOFILE) up to the hard limit, for one socket per rank.
+// This form runs its own small actor system.
+Result<std::unique_ptr<CafBootstrap>> create_caf_bootstrap(const LaunchEnv& env,
+                                                           const CafBootstrapOptions& options = {});
+// Uses `sys` (configured with configure_for_bootstrap), which must outlive the bootstrap.
+Result<std::unique_ptr<CafBootstrap>> create_caf_bootstrap(const LaunchEnv& env,
+                                                           caf::actor_system& sys,
+                                                           const CafBootstrapOptions& options = {});
+
+}  // namespace troupe::comm

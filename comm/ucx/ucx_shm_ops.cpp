@@ -1,0 +1,434 @@
+// all_reduce, reduce_scatter_v and all_gather_v through shared memory, for groups whose members
+// all live on this host (comm/ucx/ucx_shm.hpp has the memory layout, comm/ucx/ucx_world.hpp the design).
+//
+// Every block (rank j's part: the block it owns in all_reduce / reduce_scatter, its contribution in
+// all_gather) is cut into the same number of chunks, as in the ring; chunk c of every block moves
+// through lane L = c mod kShmLanes of each member's area. For
+// chunk c, rank r
+//   stages      reductions: copies chunk c of every block j != r of its input into piece j of its
+//               lane and publishes in_tok; all_gather: copies chunk c of its own block into the
+//               lane (and from there, still in cache, into its own place in recv), publishes out_tok;
+//   reduces     (reductions) once every peer q published in_tok: folds chunk c of block r over the
+//               ranks in order 0..p-1 (q's input from piece r of q's lane, its own from its buffer),
+//               into piece r of its lane (all_reduce: publishes out_tok, copies it into its buffer)
+//               or straight into recv (reduce_scatter), and acknowledges the input pieces (ack_in);
+//   gathers     (all_reduce, all_gather) each peer's published result piece into its place in the
+//               output and acknowledges it (ack_out).
+// Up to kShmLanes chunks are in flight; a lane is written again only after every reader
+// acknowledged its previous chunk (ShmChannel::lane_free), also across operations of the group.
+// The operation is done once this rank holds its results: its buffers are no longer read by
+// anybody (peers read the staged copies), so it does not wait for the last acknowledgements.
+//
+// Deadlock freedom: the lowest chunk not yet done everywhere needs only stages of itself (its lane
+// is free: earlier chunks in that lane are done everywhere), so it always completes.
+// Determinism: each block's chunk is reduced once, by its owner, in rank order, and copied bitwise
+// to everyone.
+#include <algorithm>
+#include <cstring>
+
+#include "comm/ucx/ucx_collectives.hpp"
+#include "comm/ucx/ucx_reduce.hpp"
+#include "comm/ucx/ucx_shm.hpp"
+#include "kernels/check.hpp"
+
+namespace troupe::comm::ucx {
+
+namespace {
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+class ShmCollectiveOp final : public Op {
+ public:
+  ShmCollectiveOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name, RingMode mode,
+                  const void* src, void* dst, std::vector<size_t> counts, DType dtype, ReduceOp op)
+      : Op(engine, std::move(group), seq, std::move(name)),
+        channel_(group_->channel),
+        mode_(mode),
+        src_(static_cast<const char*>(src)),
+        dst_(static_cast<char*>(dst)),
+        counts_(std::move(counts)),
+        dtype_(dtype),
+        op_(op),
+        esz_(dtype_size(dtype)) {
+    p_ = group_->size();
+    r_ = group_->rank;
+    offsets_.resize(counts_.size());
+    size_t off = 0, largest = 0;
+    uint64_t sig = mix(static_cast<uint64_t>(mode_) + 1, static_cast<uint64_t>(dtype_));
+    sig = mix(sig, static_cast<uint64_t>(op_));
+    for (size_t i = 0; i < counts_.size(); ++i) {
+      offsets_[i] = off;
+      off += counts_[i];
+      largest = std::max(largest, counts_[i]);
+      sig = mix(sig, counts_[i]);
+    }
+    sig_ = sig | 1;
+    // A reduction's chunk fills one piece; an all_gather chunk the whole lane.
+    const AreaLayout& layout = channel_->layout;
+    const size_t cap_bytes = mode_ == RingMode::all_gather ? layout.data_bytes() : layout.slot_bytes;
+    const size_t cap = std::max<size_t>(1, cap_bytes / esz_);
+    nchunks_ = std::max<size_t>(1, (largest + cap - 1) / cap);
+    reduces_ = mode_ != RingMode::all_gather;
+    gathers_ = mode_ != RingMode::reduce_scatter;
+    // Streaming stores for outputs that will not stay in cache anyway. Not for all_reduce: its
+    // output overwrites lines this rank just read (staging), where they cost more than they save.
+    const size_t out_bytes =
+        (mode_ == RingMode::reduce_scatter ? counts_[static_cast<size_t>(r_)] : off) * esz_;
+    stream_ = mode_ != RingMode::all_reduce && engine_.stream_stores(out_bytes);
+    in_place_ = mode_ == RingMode::all_gather && src_ == dst_at(r_, 0);
+    copied_.assign(static_cast<size_t>(kShmLanes) * static_cast<size_t>(p_), 0);
+  }
+
+  bool poll() override;
+  bool waits_on(int world_rank) const override;
+
+ private:
+  struct Slot {
+    bool reduced = false;
+    int left = 0;  // result pieces still to gather
+  };
+
+  void start() override;
+  void on_complete(Msg&) override {}  // no UCX requests of its own
+  void on_fail() override;
+
+  size_t chunk_begin(int b, size_t c) const {  // within block b
+    const size_t n = counts_[static_cast<size_t>(b)];
+    return c * (n / nchunks_) + std::min(c, n % nchunks_);
+  }
+  size_t chunk_bytes(int b, size_t c) const {
+    const size_t n = counts_[static_cast<size_t>(b)];
+    return (n / nchunks_ + (c < n % nchunks_ ? 1 : 0)) * esz_;
+  }
+  // Chunk c of block b in the input (all_gather: src is this rank's block alone) and the output
+  // (reduce_scatter: dst is this rank's block alone).
+  const char* src_at(int b, size_t c) const {
+    if (mode_ == RingMode::all_gather) return src_ + chunk_begin(b, c) * esz_;
+    return src_ + (offsets_[static_cast<size_t>(b)] + chunk_begin(b, c)) * esz_;
+  }
+  char* dst_at(int b, size_t c) const {
+    if (mode_ == RingMode::reduce_scatter) return dst_ + chunk_begin(b, c) * esz_;
+    return dst_ + (offsets_[static_cast<size_t>(b)] + chunk_begin(b, c)) * esz_;
+  }
+  // Chunk c always uses lane c mod kShmLanes, so back-to-back calls of a few chunks keep reusing
+  // the same (cached) lanes instead of cycling through all of them.
+  int lane_of(size_t c) const { return static_cast<int>(c % kShmLanes); }
+  uint64_t token_of(size_t c) const { return channel_->token(seq0_ + c); }
+  Slot& slot(size_t c) { return slots_[c % kShmLanes]; }
+  uint8_t& copied(size_t c, int q) {
+    return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
+  }
+
+  bool resolve();
+  void spawn_fallback();
+  bool run();
+  void stage(size_t c, int lane);
+  bool advance(size_t c);
+  bool chunk_done(size_t c) { return (!reduces_ || slot(c).reduced) && (!gathers_ || slot(c).left == 0); }
+  void mismatch(int q);
+  void leave_queue();
+  void finish(const Status& status);
+
+  std::shared_ptr<ShmChannel> channel_;
+  RingMode mode_;
+  const char* src_;
+  char* dst_;
+  std::vector<size_t> counts_;
+  std::vector<size_t> offsets_;
+  DType dtype_;
+  ReduceOp op_;
+  size_t esz_;
+  int p_ = 0, r_ = 0;
+  uint64_t sig_ = 0;
+  size_t nchunks_ = 1;
+  bool reduces_ = false, gathers_ = false, stream_ = false, in_place_ = false;
+  bool queued_ = false;  // in the channel's queue
+  bool begun_ = false;   // took its chunk sequence numbers
+  uint64_t seq0_ = 0;
+  size_t lo_ = 0, hi_ = 0;  // chunks [lo, hi) are staged and not yet done here
+  Slot slots_[kShmLanes];
+  std::vector<uint8_t> copied_;  // (lane, peer): its result piece is gathered
+  WorkPtr child_;                // the UCX algorithm, when the group falls back
+  std::vector<const void*> inputs_;
+};
+
+void ShmCollectiveOp::start() {
+  ShmChannel& ch = *channel_;
+  ch.queue.push_back(this);
+  queued_ = true;
+  if (ch.queue.front() == this) engine_.add_poller(this);
+}
+
+void ShmCollectiveOp::leave_queue() {
+  if (!queued_) return;
+  queued_ = false;
+  engine_.remove_poller(this);
+  auto& q = channel_->queue;
+  const bool was_front = !q.empty() && q.front() == this;
+  q.erase(std::find(q.begin(), q.end(), this));
+  if (was_front && !q.empty()) engine_.add_poller(q.front());
+}
+
+void ShmCollectiveOp::on_fail() {
+  // Stopped in the middle: the lanes are in an unknown state on some members.
+  if (begun_ && child_ == nullptr && lo_ < nchunks_ &&
+      channel_->state == ShmChannel::State::ready) {
+    channel_->state = ShmChannel::State::broken;
+    channel_->broken_reason = "an earlier shared-memory collective of this group failed";
+  }
+  leave_queue();
+}
+
+void ShmCollectiveOp::finish(const Status& status) {
+  leave_queue();
+  if (status.is_ok()) {
+    succeed();
+  } else {
+    fail(status);
+  }
+}
+
+void ShmCollectiveOp::mismatch(int q) {
+  channel_->state = ShmChannel::State::broken;
+  channel_->broken_reason = "the members disagreed on an earlier collective";
+  finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) +
+                       " runs another collective here (different operation, counts, dtype or "
+                       "reduction): every member must make the same calls in the same order"));
+}
+
+bool ShmCollectiveOp::resolve() {
+  ShmChannel& ch = *channel_;
+  if (!ch.own_published) {
+    auto area = engine_.shm_own_area(ch.group_id, ch.layout.area_bytes());
+    if (!area.is_ok()) {
+      finish(Status::error(name() + ": " + area.status().message()));
+      return false;
+    }
+    ch.own_published = true;
+    ch.areas[static_cast<size_t>(ch.rank)] = area.value();
+    if (area.value() == nullptr) {
+      ch.state = ShmChannel::State::fallback;
+      return true;
+    }
+  }
+  bool missing = false;
+  for (int q = 0; q < p_; ++q) {
+    if (ch.areas[static_cast<size_t>(q)] != nullptr) continue;
+    const int found = engine_.shm_find_area(world_of(q), ch.group_id, &ch.areas[static_cast<size_t>(q)]);
+    if (found < 0) {
+      ch.state = ShmChannel::State::fallback;  // some member has no room: all fall back alike
+      return true;
+    }
+    missing = missing || found == 0;
+  }
+  if (missing) return false;  // that member has not reached its first collective of the group
+  ch.state = ShmChannel::State::ready;
+  return true;
+}
+
+void ShmCollectiveOp::spawn_fallback() {
+  std::unique_ptr<Op> child;
+  if (mode_ == RingMode::all_gather) {
+    if (group_->size() <= engine_.options().direct_max_ranks) {
+      child = make_direct_all_gather(engine_, group_, seq_, name(), src_, dst_, counts_, esz_);
+    } else {
+      child = make_ring(engine_, group_, seq_, name(), mode_, src_, dst_, counts_, dtype_, op_);
+    }
+  } else {
+    child = make_ring(engine_, group_, seq_, name(), mode_, src_, dst_, counts_, dtype_, op_);
+  }
+  child_ = child->work();
+  engine_.adopt(std::move(child));
+}
+
+bool ShmCollectiveOp::poll() {
+  if (failing() || !queued_) return false;
+  if (child_ != nullptr) {
+    if (!child_->test()) return false;
+    finish(child_->wait());
+    return true;
+  }
+  ShmChannel& ch = *channel_;
+  bool did = false;
+  if (ch.state == ShmChannel::State::unresolved) {
+    if (!resolve()) return !queued_;
+    did = true;
+  }
+  switch (ch.state) {
+    case ShmChannel::State::fallback:
+      spawn_fallback();
+      return true;
+    case ShmChannel::State::broken:
+      finish(Status::error(name() + ": " + ch.broken_reason +
+                           ", so its shared-memory channel is unusable; create the group again"));
+      return true;
+    default:
+      break;
+  }
+  if (!begun_) {
+    begun_ = true;
+    seq0_ = ch.next_seq;
+    ch.next_seq += nchunks_;
+  }
+  return run() || did;
+}
+
+bool ShmCollectiveOp::run() {
+  ShmChannel& ch = *channel_;
+  bool did = false;
+  while (hi_ < nchunks_ && hi_ - lo_ < static_cast<size_t>(kShmLanes)) {
+    const int lane = lane_of(hi_);
+    if (!ch.lane_free(lane)) break;
+    stage(hi_, lane);
+    ++hi_;
+    did = true;
+  }
+  for (size_t c = lo_; c < hi_ && queued_; ++c) did = advance(c) || did;
+  if (!queued_) return true;  // failed (mismatch)
+  while (lo_ < hi_ && chunk_done(lo_)) ++lo_;
+  if (did) engine_.shm_notify(group_->members);
+  if (lo_ == nchunks_) {
+    finish(Status::ok());
+    return true;
+  }
+  return did;
+}
+
+void ShmCollectiveOp::stage(size_t c, int lane) {
+  ShmChannel& ch = *channel_;
+  const uint64_t tok = token_of(c);
+  LaneHead* h = ch.head(r_, lane);
+  Slot& s = slot(c);
+  s = Slot{};
+  s.left = gathers_ ? p_ - 1 : 0;
+  std::fill_n(copied_.begin() + static_cast<std::ptrdiff_t>(lane) * p_, p_, uint8_t{0});
+  if (mode_ == RingMode::all_gather) {
+    const size_t n = chunk_bytes(r_, c);
+    char* piece = ch.piece(r_, lane, 0);
+    copy_bytes(piece, src_at(r_, c), n, false);
+    h->sig.store(sig_, std::memory_order_relaxed);
+    h->out_tok.store(tok, std::memory_order_release);
+    ch.lanes[lane] = ShmChannel::LaneUse{tok, false, true};
+    if (!in_place_) copy_bytes(dst_at(r_, c), piece, n, stream_);  // own place, from cache
+    return;
+  }
+  for (int j = 0; j < p_; ++j) {
+    if (j != r_) copy_bytes(ch.piece(r_, lane, j), src_at(j, c), chunk_bytes(j, c), false);
+  }
+  h->sig.store(sig_, std::memory_order_relaxed);
+  h->in_tok.store(tok, std::memory_order_release);
+  ch.lanes[lane] = ShmChannel::LaneUse{tok, true, mode_ == RingMode::all_reduce};
+}
+
+bool ShmCollectiveOp::advance(size_t c) {
+  ShmChannel& ch = *channel_;
+  const int lane = lane_of(c);
+  const uint64_t tok = token_of(c);
+  Slot& s = slot(c);
+  bool did = false;
+  if (reduces_ && !s.reduced) {
+    bool ready = true;
+    for (int q = 0; q < p_ && ready; ++q) {
+      if (q == r_) continue;
+      const LaneHead* h = ch.head(q, lane);
+      if (h->in_tok.load(std::memory_order_acquire) != tok) {
+        ready = false;
+      } else if (h->sig.load(std::memory_order_relaxed) != sig_) {
+        mismatch(q);
+        return true;
+      }
+    }
+    if (ready) {
+      inputs_.resize(static_cast<size_t>(p_));
+      for (int q = 0; q < p_; ++q)
+        inputs_[static_cast<size_t>(q)] = q == r_ ? src_at(r_, c) : ch.piece(q, lane, r_);
+      const size_t n = chunk_bytes(r_, c) / esz_;
+      if (mode_ == RingMode::all_reduce) {
+        char* out = ch.piece(r_, lane, r_);
+        reduce_many(out, inputs_.data(), p_, n, dtype_, op_, false);
+        ch.head(r_, lane)->out_tok.store(tok, std::memory_order_release);
+        for (int q = 0; q < p_; ++q) {
+          if (q != r_) ch.ack_in(q, lane, r_)->v.store(tok, std::memory_order_release);
+        }
+        copy_bytes(dst_at(r_, c), out, n * esz_, stream_);
+      } else {
+        reduce_many(dst_at(r_, c), inputs_.data(), p_, n, dtype_, op_, stream_);
+        for (int q = 0; q < p_; ++q) {
+          if (q != r_) ch.ack_in(q, lane, r_)->v.store(tok, std::memory_order_release);
+        }
+      }
+      s.reduced = true;
+      did = true;
+    }
+  }
+  if (gathers_ && s.left > 0) {
+    for (int i = 1; i < p_; ++i) {
+      const int q = (r_ + i) % p_;
+      uint8_t& got = copied(c, q);
+      if (got) continue;
+      const LaneHead* h = ch.head(q, lane);
+      if (h->out_tok.load(std::memory_order_acquire) != tok) continue;
+      if (h->sig.load(std::memory_order_relaxed) != sig_) {
+        mismatch(q);
+        return true;
+      }
+      const char* from = ch.piece(q, lane, mode_ == RingMode::all_gather ? 0 : q);
+      copy_bytes(dst_at(q, c), from, chunk_bytes(q, c), stream_);
+      ch.ack_out(q, lane, r_)->v.store(tok, std::memory_order_release);
+      got = 1;
+      --s.left;
+      did = true;
+    }
+  }
+  return did;
+}
+
+bool ShmCollectiveOp::waits_on(int world_rank) const {
+  // Called when world_rank departed (destroyed its world): what it published stays readable in
+  // its segment, so this operation is stuck only if it needs something it never published.
+  if (!queued_ || child_ != nullptr) return Op::waits_on(world_rank);
+  int q = -1;
+  for (int i = 0; i < p_; ++i) {
+    if (world_of(i) == world_rank) q = i;
+  }
+  if (q < 0 || q == r_) return false;
+  const ShmChannel& ch = *channel_;
+  if (!begun_ || ch.areas[static_cast<size_t>(q)] == nullptr) return true;
+  if (nchunks_ > lo_ + kShmLanes) return true;  // q cannot have staged those yet
+  for (size_t c = lo_; c < nchunks_; ++c) {
+    const int lane = lane_of(c);
+    const uint64_t tok = token_of(c);
+    const LaneHead* h = ch.head(q, lane);
+    const Slot& s = slots_[c % kShmLanes];
+    const bool staged = c < hi_;
+    if (reduces_ && (!staged || !s.reduced) && h->in_tok.load(std::memory_order_acquire) != tok)
+      return true;
+    if (gathers_ && h->out_tok.load(std::memory_order_acquire) != tok &&
+        (!staged || !copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)]))
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::unique_ptr<Op> make_shm_collective(Engine& engine, GroupPtr group, uint64_t seq,
+                                        std::string name, RingMode mode, const void* src,
+                                        void* dst, std::vector<size_t> counts, DType dtype,
+                                        ReduceOp op) {
+  TROUPE_CHECK(group->channel != nullptr && counts.size() == static_cast<size_t>(group->size()),
+               "make_shm_collective needs a group with a shared-memory channel and one count per "
+               "rank");
+  return std::make_unique<ShmCollectiveOp>(engine, std::move(group), seq, std::move(name), mode,
+                                           src, dst, std::move(counts), dtype, op);
+}
+
+}  // namespace troupe::comm::ucx

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The layers' include rules (docs/COMM.md "Layout"; README "What is where"): every #include "..." of a
+# folder's sources names only the folders that folder may use. The CMake targets enforce the same
+# direction at link time (a library links only what it may use); this catches an include of a
+# header-only part or of an inline function, which the linker would not notice.
+#   kernels/                     kernels/
+#   model/                       kernels/, model/, comm/'s interface headers (comm/*.hpp)
+#   storage/                     kernels/, storage/
+#   comm/ (the interface)        kernels/, comm/*.hpp
+#   comm/local|ucx|nccl|bootstrap/  kernels/, comm/*.hpp, its own sub-folder
+# No backend includes another backend or the bootstrap's implementation.
+set -euo pipefail
+src=${TROUPE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+cd "$src"
+
+# allowed FOLDER: the regular expression an included path must match.
+allowed() {
+  case "$1" in
+    kernels) echo '^kernels/' ;;
+    model) echo '^(kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
+    storage) echo '^(kernels/|storage/)' ;;
+    comm) echo '^(kernels/|comm/[a-z_]+\.hpp$)' ;;
+    comm/*) echo "^(kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
+  esac
+}
+
+bad=0 checked=0
+for folder in kernels model storage comm comm/local comm/ucx comm/nccl comm/bootstrap; do
+  [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
+  rule=$(allowed "$folder")
+  # Only the folder's own files (not its sub-folders, which have their own rule).
+  while IFS= read -r file; do
+    while IFS= read -r line; do
+      inc=${line#*\"}; inc=${inc%%\"*}
+      checked=$((checked + 1))
+      # A path of the project (it names a top-level folder); system and library headers use <>.
+      [[ $inc == */* ]] || continue
+      if ! [[ $inc =~ $rule ]]; then
+        echo "layering: $file includes \"$inc\", which $folder/ may not use" >&2
+        bad=$((bad + 1))
+      fi
+    done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$file" || true)
+  done < <(find "$folder" -maxdepth 1 -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
+done
+((checked > 50)) || { echo "layering: only $checked includes seen -- is $src the source tree?" >&2; exit 1; }
+((bad == 0)) || { echo "layering: $bad include(s) against the layers' rules" >&2; exit 1; }
+echo "ok: $checked includes follow the layers' rules"
