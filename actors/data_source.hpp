@@ -7,7 +7,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -6,7 +6,7 @@
 
 #include <caf/all.hpp>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -4,7 +4,7 @@
 
 #include "actors/errors.hpp"
 #include "actors/fault_injection.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe {

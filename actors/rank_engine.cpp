@@ -6,7 +6,7 @@
 #include <map>
 #include <tuple>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe {
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "actors/train_config.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "storage/checkpoint.hpp"
 
 namespace troupe {

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::sched {
 

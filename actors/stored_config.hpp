@@ -11,7 +11,7 @@
 #include <string>
 
 #include "actors/train_config.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

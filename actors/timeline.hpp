@@ -7,7 +7,7 @@
 
 #include "actors/rank_actor.hpp"
 #include "comm/topology.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

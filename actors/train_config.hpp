@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "model/config.hpp"
 
 namespace troupe {

@@ -34,7 +34,7 @@
 // `cfg`.
 #pragma once
 #include "actors/train_config.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace CLI {
 class App;

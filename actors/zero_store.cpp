@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 #include "kernels/ops.hpp"
 
 namespace troupe {

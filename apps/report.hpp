@@ -4,7 +4,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::apps {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

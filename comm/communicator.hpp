@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe::comm {

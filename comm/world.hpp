@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

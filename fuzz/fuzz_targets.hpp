@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 #define TROUPE_FUZZ_TARGETS(X) \
   X(train_config_json)         \

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe::fuzz {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

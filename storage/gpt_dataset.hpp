@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "storage/indexed_dataset.hpp"
 
 namespace troupe {

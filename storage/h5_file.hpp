@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe::h5 {

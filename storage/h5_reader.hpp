@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::h5read {
 

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <new>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 #include "kernels/device_info.hpp"
 
 namespace troupe {

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "storage/indexed_dataset.hpp"
 
 namespace troupe {

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <set>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
 #include "storage/sharded_checkpoint.hpp"

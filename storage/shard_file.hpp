@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 #include "kernels/tensor.hpp"
 #include "storage/h5_reader.hpp"
 

@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe {
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "comm/bootstrap.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

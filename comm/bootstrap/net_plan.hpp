@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "comm/bootstrap/launch_env.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;

@@ -29,7 +29,7 @@
 #include <string>
 
 #include "comm/bootstrap/psk_tls.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

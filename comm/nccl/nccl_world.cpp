@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "comm/ucx/ucx_reduce.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

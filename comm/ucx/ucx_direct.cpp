@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "comm/ucx/ucx_collectives.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

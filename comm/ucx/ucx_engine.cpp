@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "comm/ucx/ucx_detail.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

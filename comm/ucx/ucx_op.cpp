@@ -3,7 +3,7 @@
 #include <string>
 
 #include "comm/ucx/ucx_engine.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -43,7 +43,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -29,7 +29,7 @@
 #include "comm/ucx/ucx_collectives.hpp"
 #include "comm/ucx/ucx_reduce.hpp"
 #include "comm/ucx/ucx_shm.hpp"
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe::comm::ucx {
 

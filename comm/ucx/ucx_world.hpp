@@ -83,7 +83,7 @@
 
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
-#include "kernels/status.hpp"
+#include "base/status.hpp"
 
 namespace troupe::comm {
 

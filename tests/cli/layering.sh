@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The layers' include rules (docs/COMM.md "Layout"; README "What is where"): every #include "..." of a
+# The layers' include rules (README "What is where", docs/COMM.md "Layout"): every #include "..." of a
 # folder's sources names only the folders that folder may use. The CMake targets enforce the same
 # direction at link time (a library links only what it may use); this catches an include of a
 # header-only part or of an inline function, which the linker would not notice.
-#   kernels/                     kernels/
-#   model/                       kernels/, model/, comm/'s interface headers (comm/*.hpp)
-#   storage/                     kernels/, storage/
-#   comm/ (the interface)        kernels/, comm/*.hpp
-#   comm/local|ucx|nccl|bootstrap/  kernels/, comm/*.hpp, its own sub-folder
+#   base/                        base/ (Status, TROUPE_CHECK: nothing but the standard library)
+#   kernels/ (cpu/, cuda/)       base/, kernels/
+#   model/                       base/, kernels/, model/, comm/'s interface headers (comm/*.hpp)
+#   storage/                     base/, kernels/, storage/
+#   comm/ (the interface)        base/, kernels/, comm/*.hpp
+#   comm/local|ucx|nccl|bootstrap/  base/, kernels/, comm/*.hpp, its own sub-folder
 # No backend includes another backend or the bootstrap's implementation.
 set -euo pipefail
 src=${TROUPE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -16,16 +17,17 @@ cd "$src"
 # allowed FOLDER: the regular expression an included path must match.
 allowed() {
   case "$1" in
-    kernels) echo '^kernels/' ;;
-    model) echo '^(kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
-    storage) echo '^(kernels/|storage/)' ;;
-    comm) echo '^(kernels/|comm/[a-z_]+\.hpp$)' ;;
-    comm/*) echo "^(kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
+    base) echo '^base/' ;;
+    kernels|kernels/*) echo '^(base/|kernels/)' ;;
+    model) echo '^(base/|kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
+    storage) echo '^(base/|kernels/|storage/)' ;;
+    comm) echo '^(base/|kernels/|comm/[a-z_]+\.hpp$)' ;;
+    comm/*) echo "^(base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
   esac
 }
 
 bad=0 checked=0
-for folder in kernels model storage comm comm/local comm/ucx comm/nccl comm/bootstrap; do
+for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap; do
   [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
   rule=$(allowed "$folder")
   # Only the folder's own files (not its sub-folders, which have their own rule).

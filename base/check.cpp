@@ -1,4 +1,4 @@
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 #include <cstdio>
 #include <cstdlib>

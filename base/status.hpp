@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "kernels/check.hpp"
+#include "base/check.hpp"
 
 namespace troupe {
 
