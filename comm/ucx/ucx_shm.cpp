@@ -1,5 +1,6 @@
 // Shared-memory segments of the ucx backend (layout and protocol in comm/ucx/ucx_shm.hpp).
 #include "comm/ucx/ucx_shm.hpp"
+#include "comm/ucx/ucx_detail.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -26,15 +27,7 @@ size_t round_up(size_t x, size_t to) {
   return (x + to - 1) / to * to;
 }
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
+using detail::mix;
 
 std::string errno_text() {
   return std::strerror(errno);

@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "comm/ucx/ucx_collectives.hpp"
+#include "comm/ucx/ucx_detail.hpp"
 #include "comm/ucx/ucx_reduce.hpp"
 #include "comm/ucx/ucx_shm.hpp"
 #include "base/check.hpp"
@@ -35,15 +36,7 @@ namespace troupe::comm::ucx {
 
 namespace {
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
+using detail::mix;
 
 class ShmCollectiveOp final : public Op {
  public:
