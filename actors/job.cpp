@@ -9,12 +9,11 @@
 
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
-#include "actors/shard.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
-#include "actors/run_identity.hpp"
-#include "actors/stored_config.hpp"
-#include "actors/timeline.hpp"
+#include "config/run_identity.hpp"
+#include "config/stored_config.hpp"
+#include "engine/timeline.hpp"
 #include "actors/trainer.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
@@ -86,18 +85,15 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   auto watchdog = [&] {
     check_stop();
     if (Clock::now() - last_progress < timeout) return;
-    std::string who = "the shard";
-    if (spec.group) {
-      who = "rank(s) of this process";
-      self->request(spec.group, std::chrono::seconds(2), pending_atom::value)
-          .receive(
-              [&](std::vector<int>& ranks) {
-                std::string list;
-                for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-                who = ranks.empty() ? "no rank of this process (a peer process is stuck)" : "rank(s) " + list;
-              },
-              [&](caf::error&) {});
-    }
+    std::string who = "rank(s) of this process";
+    self->request(spec.group, std::chrono::seconds(2), pending_atom::value)
+        .receive(
+            [&](std::vector<int>& ranks) {
+              std::string list;
+              for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+              who = ranks.empty() ? "no rank of this process (a peer process is stuck)" : "rank(s) " + list;
+            },
+            [&](caf::error&) {});
     char minutes[32];
     std::snprintf(minutes, sizeof minutes, "%g", config.distributed_timeout_minutes);
     failure = Status::error("no progress for " + std::string(minutes) + " minute(s) after iteration " +
@@ -240,7 +236,7 @@ void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const Tr
   }
 }
 
-// What the trainer needs in both paths (the caller sets its workers: group or shard).
+// What the trainer needs besides the rank group (the caller sets that).
 // When this process started training (--exit-duration-in-mins counts from here, restarts included,
 // as Megatron counts from the start of pretraining).
 std::chrono::steady_clock::time_point training_started() {
@@ -266,10 +262,9 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   return spec;
 }
 
-// Loads --load into the workers (any version, any layout), or initialises them from the seed, and
+// Loads --load into the ranks (any version, any layout), or initialises them from the seed, and
 // sets where the trainer starts.
-template <class Workers>
-Status load_or_init(caf::scoped_actor& self, const Workers& workers, const TrainConfig& config, TrainerSpec& spec,
+Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const TrainConfig& config, TrainerSpec& spec,
                     const std::function<void(const std::string&)>& note) {
   if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
   auto it = latest_iteration(config.load);
@@ -307,9 +302,10 @@ Status load_or_init(caf::scoped_actor& self, const Workers& workers, const Train
 
 }  // namespace
 
-// Every layout but the plain 1x1x1 one: tp x pp x dp rank actors in this process on the local
-// backend, a group actor in front of them, and the same trainer.
-static Result<TrainSummary> run_parallel_training(caf::actor_system& system, const TrainConfig& config,
+// Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
+// local backend, or this process's one rank under troupe launch), a group actor in front of them,
+// the data loader, the offload actor and the trainer.
+static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config,
                                            std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
                                            const JobOptions& options, int threads, double peak, bool* stuck) {
   auto note = [&](const std::string& s) {
@@ -376,7 +372,11 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
     for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
   };
-  note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
+  // The layout and memory notes, and the ranks' busy share, are for parallel layouts: a 1x1x1 job
+  // prints what it always printed.
+  const bool layout_notes = config.parallel() || options.world;
+  if (layout_notes)
+    note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
        ", schedule " + config.pipeline_schedule +
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
@@ -390,13 +390,14 @@ static Result<TrainSummary> run_parallel_training(caf::actor_system& system, con
          " Ki elements; the files are deleted on exit)");
   TrainerSpec spec = trainer_spec(config, options, loader, self, *data, peak, offloader);
   spec.group = group;
+  spec.report_busy = layout_notes;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
   flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
   if (!result && fabric) fabric->abort(0, result.status().message());
-  if (result) {  // model-state bytes per rank against ZeRO's formula
+  if (result && layout_notes) {  // model-state bytes per rank against ZeRO's formula
     self->request(group, caf::infinite, memory_atom::value)
         .receive(
             [&](std::vector<RankMemory>& ranks_memory) {
@@ -458,7 +459,7 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
                                         double peak, bool* stuck);
 
-// This run's identity and where it starts (actors/run_identity.hpp): a restarted process resumes the
+// This run's identity and where it starts (config/run_identity.hpp): a restarted process resumes the
 // latest checkpoint in --save only when it belongs to this run; a new run inherits the id of what it
 // loads or takes the launcher's (or a fresh) one; --save must not hold another run's checkpoints.
 // Under troupe launch rank 0 decides and every rank follows (a save could land between their reads).
@@ -555,16 +556,12 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 // One attempt of run_training: an actor system with every actor of the job, from `config.load` or
 // from the seed. When a rank is stuck its actor can never be torn down, and the actor system would
 // wait for it for ever on destruction: it is left behind (with its threads) and the error returned.
-static Result<TrainSummary> run_in_system(caf::actor_system& system, const TrainConfig& config,
-                                          std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                          const JobOptions& options, int threads, double peak, bool* stuck);
-
 static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
                                         double peak, bool* stuck) {
   auto sys_cfg = std::make_unique<caf::actor_system_config>(make_system_config());
   auto system = std::make_unique<caf::actor_system>(*sys_cfg);
-  auto result = run_in_system(*system, config, data, callbacks, options, threads, peak, stuck);
+  auto result = run_ranks(*system, config, data, callbacks, options, threads, peak, stuck);
   // Every actor was told to exit; one that does not within seconds is stuck in a handler (a failed
   // job whose stuck rank the fabric's timeout named, rather than the watchdog).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -585,41 +582,6 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
   return result;
 }
 
-static Result<TrainSummary> run_in_system(caf::actor_system& system, const TrainConfig& config,
-                                          std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                          const JobOptions& options, int threads, double peak, bool* stuck) {
-  auto note = [&](const std::string& s) {
-    if (callbacks.on_note) callbacks.on_note(s);
-  };
-  // Parallel layouts (and optimizer offload) run on the rank engine; one rank on the shard.
-  if (config.parallel() || options.world)
-    return run_parallel_training(system, config, data, callbacks, options, threads, peak, stuck);
-  caf::scoped_actor self{system};
-  Offload offloader =
-      start_offload(system, self, config, options, 1, ParallelConfig{}.to_json(), std::make_shared<HostPool>());
-  offload_actor offload = offloader.actor;
-  ShardSpec shard_spec;
-  shard_spec.model = config.model;
-  shard_spec.max_micro_batch = config.micro_batch_size;
-  shard_spec.num_threads = threads;
-  shard_actor shard = spawn_shard(system, shard_spec, offload);
-  data_loader_actor loader = spawn_data_loader(system, data);
-  auto shutdown = [&] {
-    self->send_exit(shard, caf::exit_reason::user_shutdown);
-    self->send_exit(loader, caf::exit_reason::user_shutdown);
-    self->send_exit(offload, caf::exit_reason::user_shutdown);
-  };
-
-  TrainerSpec spec = trainer_spec(config, options, loader, self, *data, peak, offloader);
-  spec.shard = shard;
-  if (Status st = load_or_init(self, shard, config, spec, note); !st) return shutdown(), st;
-  auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
-  flush_saves(self, offload, config, callbacks, result);
-  shutdown();
-  return result;
-
-}
-
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
                                    int micro_batch_size, int num_threads) {
   auto it = latest_iteration(dir);
@@ -633,24 +595,33 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
                          " windows of --seq-length + 1 tokens in the data -- pass at most " + std::to_string(available));
   if (samples == 0) return Status::bad_input("the data has no window of seq_length + 1 tokens -- use a larger dataset");
 
+  // One rank (1x1x1) that only evaluates: no optimizer partition, the parameters of any layout's
+  // checkpoint.
+  RankSpec spec;
+  spec.model = cfg.value().model;
+  spec.micro_batch_size = micro_batch_size;
+  spec.num_threads = resolve_threads(num_threads);
+  spec.evaluation_only = true;
+  auto topo = comm::Topology::create(comm::ParallelSizes{}, 1);
+  if (!topo) return topo.status();
+  auto fabric = comm::LocalFabric::create(1);
+  if (!fabric) return fabric.status();
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
-  ShardSpec spec;
-  spec.model = cfg.value().model;
-  spec.max_micro_batch = micro_batch_size;
-  spec.num_threads = resolve_threads(num_threads);
-  shard_actor shard = spawn_shard(system, spec);
+  rank_actor rank = spawn_rank(system, spec, topo.value(), 0, fabric.value().world(0));
+  group_actor group = spawn_group(system, topo.value(), {rank}, {0});
   data_loader_actor loader = spawn_data_loader(system, data);
   caf::scoped_actor self{system};
   auto shutdown = [&] {
-    self->send_exit(shard, caf::exit_reason::user_shutdown);
+    self->send_exit(group, caf::exit_reason::user_shutdown);
+    self->send_exit(rank, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
   };
   LoadRequest req;
   req.dir = dir;
   req.iteration = it.value();
   req.load_optimizer = false;
-  Status loaded = ask_ok(self, shard, load_atom::value, req);
+  Status loaded = ask_ok(self, group, load_atom::value, req);
   if (!loaded) return shutdown(), loaded;
 
   EvalSummary out;
@@ -662,7 +633,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
     self->request(loader, caf::infinite, batch_atom::value, DataSplit::train, first, count)
         .receive(
             [&](Tensor& batch) {
-              self->request(shard, caf::infinite, eval_atom::value, batch)
+              self->request(group, caf::infinite, eval_atom::value, batch)
                   .receive([&](double loss_sum) { total += loss_sum; },
                            [&](caf::error& err) { failure = Status::error(describe(err)); });
             },

@@ -1,5 +1,6 @@
-// Runs a training or evaluation job inside one actor system: spawns the shard (detached), the data
-// loader and the trainer, initialises or loads the model, and relays the trainer's reports to the
+// Runs a training or evaluation job inside one actor system: spawns the rank actors of this process
+// (detached; one engine for every layout, 1x1x1 included), their group, the optimizer partitions,
+// the offload actor, the data loader and the trainer, initialises or loads the model, and relays the trainer's reports to the
 // caller's callbacks on the calling thread. Returns when the job is done, failed, or stopped.
 #pragma once
 #include <atomic>
@@ -7,10 +8,10 @@
 #include <memory>
 #include <string>
 
-#include "actors/data_source.hpp"
+#include "storage/data_source.hpp"
 #include "actors/messages.hpp"
-#include "actors/rank_engine.hpp"
-#include "actors/train_config.hpp"
+#include "engine/rank_engine.hpp"
+#include "config/train_config.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
 
@@ -66,7 +67,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
 Result<ParallelConfig> parallel_config(const TrainConfig& config, int world_size);
 
 // Model configuration stored in a checkpoint (its latest iteration), accepted only when it describes
-// the tensors the checkpoint holds (actors/stored_config.hpp).
+// the tensors the checkpoint holds (config/stored_config.hpp).
 Result<TrainConfig> checkpoint_config(const std::string& dir);
 
 }  // namespace troupe

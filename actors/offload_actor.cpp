@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "actors/errors.hpp"
-#include "actors/fault_injection.hpp"
+#include "engine/fault_injection.hpp"
 #include "storage/write_pacing.hpp"
 
 namespace troupe {

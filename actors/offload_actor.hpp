@@ -3,7 +3,7 @@
 // order, then completes each save (waits for the job's other processes, writes the metadata and the
 // latest pointer) once this process's shards of that save are on disk. It owns the process's host
 // memory pool (storage/host_pool.hpp), from which the optimizer partitions take their offloaded
-// moments (--offload-optimizer cpu) or their swap buffers (nvme; actors/moment_store.hpp).
+// moments (--offload-optimizer cpu) or their swap buffers (nvme; engine/moment_store.hpp).
 //
 // Failures: the first failed write or commit is sent to the listener as (failed_atom, message), so
 // the job stops, and every later flush replies it. flush replies once all queued work is done: the

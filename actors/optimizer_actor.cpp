@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "actors/errors.hpp"
-#include "actors/fault_injection.hpp"
+#include "engine/fault_injection.hpp"
 #include "base/check.hpp"
 #include "kernels/thread_pool.hpp"
 

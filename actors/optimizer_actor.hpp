@@ -6,7 +6,7 @@
 // clipped the gradients, and all-gathers the updated partitions afterwards (stages 1, 2).
 // Segments are views into the rank's buffers: rank and optimizer share memory (one process), and the
 // rank does not touch them while a step is in flight.
-// The moments live where --offload-optimizer says (actors/moment_store.hpp): with the actor, in the
+// The moments live where --offload-optimizer says (engine/moment_store.hpp): with the actor, in the
 // process's host memory pool (cpu), or in a swap file read ahead and written back piece by piece
 // around the step (nvme); the numbers are bitwise the same in all three.
 #pragma once
@@ -15,8 +15,8 @@
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
-#include "actors/moment_store.hpp"
-#include "actors/zero_store.hpp"
+#include "engine/moment_store.hpp"
+#include "engine/zero_store.hpp"
 
 namespace troupe {
 

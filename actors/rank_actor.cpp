@@ -10,7 +10,7 @@
 #include <set>
 
 #include "actors/errors.hpp"
-#include "actors/fault_injection.hpp"
+#include "engine/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
@@ -67,14 +67,22 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
     st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms);
     optimizer_offload.rank = rank;
-    auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload);
-    if (optimizer) {
-      st.optimizer = std::move(optimizer).value();
-      self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die
-    } else {
-      st.created = optimizer.status();
+    if (!spec.evaluation_only) {
+      auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload);
+      if (optimizer) {
+        st.optimizer = std::move(optimizer).value();
+        self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die
+      } else {
+        st.created = optimizer.status();
+      }
     }
   }
+  // Training commands need the optimizer partition, which a rank that only evaluates has not.
+  auto trains = [self]() -> Status {
+    if (self->state.optimizer) return Status::ok();
+    return Status::error("this rank only evaluates (RankSpec::evaluation_only): it cannot train, save or load "
+                         "optimizer state");
+  };
   return {
       [self](init_atom, uint64_t seed) -> caf::result<ok_atom> {
         auto& s = self->state;
@@ -82,9 +90,10 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         s.engine->init(seed);
         return ok_atom::value;
       },
-      [self](train_step_atom, const RankStepRequest& req) -> caf::result<StepOutcome> {
+      [self, trains](train_step_atom, const RankStepRequest& req) -> caf::result<StepOutcome> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
+        if (Status st = trains(); !st) return rank_error(s.rank, st);
         throw_if_asked("rank", s.rank, req.step.step);
         hang_if_asked("rank", s.rank, req.step.step);
         auto out = s.engine->compute_gradients(req.tokens, req.grad_scale, req.step);
@@ -135,9 +144,10 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         if (s.engine) m.memory = s.engine->memory();
         return m;
       },
-      [self](save_atom, const SaveRequest& req) -> caf::result<ok_atom> {
+      [self, trains](save_atom, const SaveRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
+        if (Status st = trains(); !st) return rank_error(s.rank, st);
         auto rp = self->make_response_promise<ok_atom>();
         self->request(s.optimizer, caf::infinite, save_atom::value)
             .then(
@@ -168,9 +178,11 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                 [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
         return rp;
       },
-      [self](load_atom, const LoadRequest& req) -> caf::result<ok_atom> {
+      [self, trains](load_atom, const LoadRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
         if (!s.created) return rank_error(s.rank, s.created);
+        if (req.load_optimizer)
+          if (Status st = trains(); !st) return rank_error(s.rank, st);
         auto files = checkpoint_files(req.dir, req.iteration);
         if (!files) return rank_error(s.rank, files.status());
         auto reader = ShardSetReader::open(files.value());

@@ -16,9 +16,9 @@
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
-#include "actors/moment_store.hpp"
+#include "engine/moment_store.hpp"
 #include "actors/offload_actor.hpp"
-#include "actors/rank_engine.hpp"
+#include "engine/rank_engine.hpp"
 #include "comm/world.hpp"
 
 namespace troupe {
@@ -42,17 +42,6 @@ struct GroupStepResult {
   double step_us = 0;
   double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
   bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
-};
-
-struct RankTimeline {
-  int rank = 0;
-  int stage = 0;
-  std::vector<Span> spans;
-};
-
-struct RankMemory {
-  int rank = 0;
-  MemoryReport memory;
 };
 
 using rank_actor = caf::typed_actor<

@@ -5,8 +5,8 @@
 #include <optional>
 
 #include "actors/errors.hpp"
-#include "actors/fault_injection.hpp"
-#include "actors/lr_schedule.hpp"
+#include "engine/fault_injection.hpp"
+#include "engine/lr_schedule.hpp"
 
 namespace troupe {
 
@@ -24,8 +24,6 @@ struct TrainerState {
   bool finished = false;
   // Current iteration.
   Clock::time_point started;
-  std::vector<double> micro_losses;
-  int pending = 0;
   // Read-ahead of the next global batch.
   std::optional<Tensor> ahead;
   int64_t ahead_for = -1;      // consumed-samples index the read-ahead batch starts at
@@ -120,12 +118,7 @@ void save_then(Self self, std::function<void()> next) {
     caf::anon_send(s.spec.listener, save_atom::value, saved);
     next();
   };
-  if (st.spec.group) {
-    self->request(st.spec.group, caf::infinite, save_atom::value, req)
-        .then([saved_then, req](ok_atom) { saved_then(req); }, on_error(self));
-    return;
-  }
-  self->request(st.spec.shard, caf::infinite, save_atom::value, req)
+  self->request(st.spec.group, caf::infinite, save_atom::value, req)
       .then([saved_then, req](ok_atom) { saved_then(req); }, on_error(self));
 }
 
@@ -164,31 +157,13 @@ void evaluate_batch(Self self, std::shared_ptr<EvalProgress> ev) {
       .then(
           [self, ev, count](Tensor& batch) {
             ev->tokens += count * (batch.dim(1) - 1);
-            if (self->state.spec.group) {
-              self->request(self->state.spec.group, caf::infinite, eval_atom::value, batch)
-                  .then(
-                      [self, ev](double loss_sum) {
-                        ev->loss_sum += loss_sum;
-                        evaluate_batch(self, ev);
-                      },
-                      on_error(self));
-              return;
-            }
-            const int64_t micro = self->state.spec.config.micro_batch_size;
-            auto sums = std::make_shared<std::vector<double>>((count + micro - 1) / micro, 0.0);
-            auto remaining = std::make_shared<size_t>(sums->size());
-            for (size_t m = 0; m < sums->size(); ++m) {
-              const int64_t r0 = static_cast<int64_t>(m) * micro, r1 = std::min(count, r0 + micro);
-              self->request(self->state.spec.shard, caf::infinite, eval_atom::value, batch.rows(r0, r1))
-                  .then(
-                      [self, ev, sums, remaining, m](double loss_sum) {
-                        (*sums)[m] = loss_sum;
-                        if (--*remaining > 0) return;
-                        for (double v : *sums) ev->loss_sum += v;  // fixed order
-                        evaluate_batch(self, ev);
-                      },
-                      on_error(self));
-            }
+            self->request(self->state.spec.group, caf::infinite, eval_atom::value, batch)
+                .then(
+                    [self, ev](double loss_sum) {
+                      ev->loss_sum += loss_sum;
+                      evaluate_batch(self, ev);
+                    },
+                    on_error(self));
           },
           on_error(self));
 }
@@ -265,46 +240,17 @@ StepRequest step_request(Self self) {
 void run_micro_batches(Self self, const Tensor& batch) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
-  if (st.spec.group) {  // every parallel layout: the group runs the whole global batch
-    const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
-    self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
-        .then(
-            [self](const GroupStepResult& r) {
-              if (r.stop) self->state.stop_requested = true;  // every process stops after this step
+  const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
+  self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
+      .then(
+          [self](const GroupStepResult& r) {
+            if (r.stop) self->state.stop_requested = true;  // every process stops after this step
+            if (self->state.spec.report_busy)
               on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
-            },
-            on_error(self));
-    read_ahead(self);
-    return;
-  }
-  const int micro = cfg.micro_batch_size;
-  const int count = cfg.grad_accumulation_steps();
-  const double grad_scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
-  st.micro_losses.assign(count, 0.0);
-  st.pending = count;
-  for (int m = 0; m < count; ++m) {
-    MicroBatch mb;
-    mb.index = m;
-    mb.tokens = batch.rows(int64_t{m} * micro, int64_t{m + 1} * micro);
-    mb.grad_scale = grad_scale;
-    self->request(st.spec.shard, caf::infinite, fwd_bwd_atom::value, std::move(mb))
-        .then(
-            [self](const MicroBatchResult& r) {
-              auto& s = self->state;
-              s.micro_losses[r.index] = r.loss_sum;
-              if (--s.pending > 0) return;
-              const StepRequest req = step_request(self);
-              self->request(s.spec.shard, caf::infinite, step_atom::value, req)
-                  .then(
-                      [self](const StepResult& result) {
-                        double loss_sum = 0;
-                        for (double v : self->state.micro_losses) loss_sum += v;  // micro-batch order
-                        on_step(self, result.grad_norm, loss_sum);
-                      },
-                      on_error(self));
-            },
-            on_error(self));
-  }
+            else
+              on_step(self, r.grad_norm, r.loss_sum);
+          },
+          on_error(self));
   read_ahead(self);  // overlaps the next batch's reading with this iteration's compute
 }
 
@@ -369,8 +315,7 @@ trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
   self->state.spec = std::move(spec);
   self->state.iteration = self->state.spec.start_iteration;
   self->state.consumed = self->state.spec.consumed_samples;
-  if (self->state.spec.shard) self->monitor(self->state.spec.shard);
-  if (self->state.spec.group) self->monitor(self->state.spec.group);
+  self->monitor(self->state.spec.group);
   self->monitor(self->state.spec.loader);
   self->set_down_handler([self](caf::down_msg& msg) {
     fail(self, "a worker actor stopped unexpectedly (" + describe(msg.reason) + ")");

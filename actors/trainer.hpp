@@ -1,12 +1,12 @@
 // The trainer actor (trainer_actor in actors/messages.hpp): drives iterations. Per iteration it asks the
-// data loader for the global batch, hands the micro-batches to the shard (which accumulates their
-// gradients), asks for the optimizer step with the scheduled learning rate, reports IterationStats to
-// the listener, evaluates and saves at their intervals, and reads the next batch ahead while the
-// shard computes. Reports to the listener (an untyped actor):
+// data loader for the global batch, hands it to the rank group (one train_step message: the ranks
+// split it over the data-parallel replicas and run the schedule and the optimizer step) with the
+// scheduled learning rate, reports IterationStats to the listener, evaluates and saves at their
+// intervals, and reads the next batch ahead while the ranks compute. Reports to the listener (an
+// untyped actor):
 //   (progress_atom, IterationStats)  (eval_atom, EvalStats)  (save_atom, SavedCheckpoint)
 //   (done_atom, TrainSummary)        (failed_atom, std::string message)
-// It monitors the shard (or the rank group) and the data loader: if one dies, the job fails with the
-// cause. With a group, one train_step message per iteration carries the whole global batch.
+// It monitors the rank group and the data loader: if one dies, the job fails with the cause.
 #pragma once
 #include <caf/all.hpp>
 
@@ -17,15 +17,16 @@
 #include "actors/messages.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
-#include "actors/train_config.hpp"
+#include "config/train_config.hpp"
 
 namespace troupe {
 
 struct TrainerSpec {
   TrainConfig config;
-  shard_actor shard;  // the 1x1x1 path (GptModel), or
-  group_actor group;  // every parallel layout: the ranks of this process (actors/rank_actor.hpp)
-  // After every local rank (or the shard) handed over its shard, completes the save (in the job: the
+  group_actor group;  // the ranks of this process, whatever the layout (actors/rank_actor.hpp)
+  // IterationStats carry the ranks' busy share (parallel layouts; a 1x1x1 job leaves it -1).
+  bool report_busy = true;
+  // After every local rank handed over its shard, completes the save (in the job: the
   // offload actor writes, waits for the other processes, writes the metadata and the latest
   // pointer); runs on the trainer's thread. Null: nothing to complete.
   std::function<Status(const SaveRequest&)> finalize_save;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "apps/commands.hpp"
-#include "actors/checkpoint_convert.hpp"
+#include "engine/checkpoint_convert.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/sharded_checkpoint.hpp"
 

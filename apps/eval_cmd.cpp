@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/data_source.hpp"
+#include "storage/data_source.hpp"
 #include "actors/job.hpp"
-#include "actors/memory_estimate.hpp"
+#include "config/memory_estimate.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
 

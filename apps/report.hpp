@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <string>
 
-#include "actors/messages.hpp"
+#include "engine/types.hpp"
 #include "base/status.hpp"
 
 namespace troupe::apps {

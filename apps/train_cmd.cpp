@@ -12,10 +12,10 @@
 
 #include <fmt/format.h>
 
-#include "actors/data_source.hpp"
+#include "storage/data_source.hpp"
 #include "actors/job.hpp"
-#include "actors/memory_estimate.hpp"
-#include "actors/train_options.hpp"
+#include "config/memory_estimate.hpp"
+#include "apps/cli/train_options.hpp"
 #include "comm/bootstrap/caf_bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "comm/ucx/ucx_world.hpp"
@@ -182,7 +182,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   };
   options.stop = &g_stop;
   // A process troupe launch restarted resumes this run's latest checkpoint in --save (run_training
-  // decides, actors/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.
+  // decides, config/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.
   const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
   options.restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
   if (const char* run = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = run;

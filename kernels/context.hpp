@@ -1,5 +1,5 @@
 // Where an op runs. Every op takes a Context first; the backend is chosen by ctx.device and every
-// tensor argument must live on that device. The CPU backend parallelises over ctx.pool (the shard's
+// tensor argument must live on that device. The CPU backend parallelises over ctx.pool (the rank's
 // own compute threads); the CUDA backend (built when TROUPE_WITH_CUDA) will carry its stream and
 // cuBLAS handle here, so callers never change when a shard moves to a GPU.
 #pragma once
@@ -15,7 +15,7 @@ struct Context {
   void* blas_handle = nullptr;  // CUDA backend: cublasHandle_t
 };
 
-// Makes OpenBLAS single-threaded: troupe splits every GEMM over the shard's own pool instead, which
+// Makes OpenBLAS single-threaded: troupe splits every GEMM over the rank's own pool instead, which
 // is as fast (measured in bench/) and keeps two thread pools from spinning against each other.
 void configure_blas_threads();
 

@@ -3,7 +3,7 @@
 // handle, not the data (use clone()).
 //
 // Thread safety: a Tensor handle is a value; the storage it points to is not synchronised. Whoever owns
-// a tensor decides who may write it (in troupe, the shard actor that holds it).
+// a tensor decides who may write it (in troupe, the rank actor that holds it).
 #pragma once
 #include <array>
 #include <cstddef>

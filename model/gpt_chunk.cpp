@@ -295,7 +295,7 @@ void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
 
 // keep: save what backward needs (training); false: layers run in the scratch (evaluation).
 double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input,
-                                    const Tensor& out, bool keep) {
+                                    const Tensor& out, bool keep, bool fuse_head) {
   if (spec.has_embedding || spec.has_head) split_tokens(s, tokens);
   if (spec.has_embedding) {
     const std::vector<Tensor> e = {acquire(wte_unit, Pass::forward)[0], acquire(wpe_unit, Pass::forward)[0]};
@@ -329,7 +329,10 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
   }
   const std::vector<Tensor> h = acquire(head_unit, Pass::forward);  // ln_f weight, bias
   const std::vector<Tensor> w = acquire(wte_unit, Pass::forward);
-  const double loss = head_forward(ctx, s, w[0], h[0], h[1]);
+  // The fused head adds to wte's gradient now: that unit's buffer of this backward (grad_cache).
+  if (fuse_head) for (auto& g : grad_cache) g.clear();
+  const double loss = head_forward(ctx, s, w[0], h[0], h[1], fuse_head ? unit_grads(wte_unit)[0] : Tensor());
+  s.head_done = fuse_head;
   release(wte_unit, Pass::forward);
   release(head_unit, Pass::forward);
   return loss;
@@ -379,14 +382,17 @@ void GptChunk::zero_grad() {
 }
 
 double GptChunk::forward(Context& ctx, int slot, const Tensor& tokens, const Tensor& input, const Tensor& out,
-                         double grad_scale) {
+                         double grad_scale, bool head_backward_now) {
   Impl& m = *impl_;
   TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::forward: slot out of range");
+  TROUPE_CHECK(m.fused_slot < 0, "GptChunk::forward: the backward of a fused head must come first");
   Impl::Slot& s = m.slots[slot];
   TROUPE_CHECK(s.state == Impl::SlotState::free, "GptChunk::forward: the slot still holds a micro-batch");
-  const double loss = m.forward_impl(ctx, s, tokens, input, out, true);
+  const bool fuse = head_backward_now && m.spec.has_head && m.t == 1;
   s.grad_scale = grad_scale;
+  const double loss = m.forward_impl(ctx, s, tokens, input, out, true, fuse);
   s.state = Impl::SlotState::forwarded;
+  if (fuse) m.fused_slot = slot;
   return loss;
 }
 
@@ -395,13 +401,26 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
   TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::backward: slot out of range");
   Impl::Slot& s = m.slots[slot];
   TROUPE_CHECK(s.state == Impl::SlotState::forwarded, "GptChunk::backward: no forward in this slot");
+  TROUPE_CHECK(m.fused_slot < 0 || (m.fused_slot == slot && !defer_weight_grads),
+               "GptChunk::backward: a fused head's slot must be backward-ed next, without deferral");
   const bool now = !defer_weight_grads;
   if (!now) m.alloc_stash(s);
-  for (auto& g : m.grad_cache) g.clear();
+  // A fused head's forward already took wte's gradient buffer of this backward.
+  if (!s.head_done)
+    for (auto& g : m.grad_cache) g.clear();
   const Shape boundary{m.Nl, m.C};
 
   // Head (or the gradient from the next stage) -> dres = d(chunk output).
-  if (m.spec.has_head) {
+  if (s.head_done) {  // the logits' part ran in forward: ln_f is left
+    const std::vector<Tensor> h = m.acquire(m.head_unit, Pass::backward);
+    const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
+    m.head_backward_ln(ctx, s, h[0], m.dlnf_now, true, hg[0], hg[1]);
+    m.release(m.head_unit, Pass::backward);
+    m.grads_ready(m.head_unit, slot);
+    if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);  // else the embedding adds to it below
+    s.head_done = false;
+    m.fused_slot = -1;
+  } else if (m.spec.has_head) {
     const std::vector<Tensor> h = m.acquire(m.head_unit, Pass::backward);
     const std::vector<Tensor> w = m.acquire(m.wte_unit, Pass::backward);
     Tensor dwte, dlnf_w, dlnf_b;
@@ -497,6 +516,7 @@ double GptChunk::forward_eval(Context& ctx, const Tensor& tokens, const Tensor& 
                               int64_t valid_sequences) {
   Impl& m = *impl_;
   TROUPE_CHECK(valid_sequences <= m.B, "GptChunk::forward_eval: more valid sequences than the micro-batch holds");
+  TROUPE_CHECK(m.fused_slot < 0, "GptChunk::forward_eval: the backward of a fused head must come first");
   if (m.eval_slot.xs.empty()) m.alloc_slot(m.eval_slot, false);
   m.loss_rows = valid_sequences < 0 ? m.N : valid_sequences * m.T;
   const double loss = m.forward_impl(ctx, m.eval_slot, tokens, input, out, false);

@@ -1,5 +1,5 @@
 // One shard of the GPT-2 model under tensor and pipeline parallelism: the layers of one model chunk
-// (a pipeline stage holds v >= 1 chunks, see actors/schedule.hpp) as seen by one tensor-parallel rank,
+// (a pipeline stage holds v >= 1 chunks, see engine/schedule.hpp) as seen by one tensor-parallel rank,
 // with Megatron-LM's tensor-parallel scheme:
 //   c_attn (fused QKV), mlp.c_fc   column-parallel: rank r holds output rows [r*O/t, (r+1)*O/t) of
 //                                  each of the `tp_split_parts` blocks (q, k, v for c_attn); the
@@ -63,8 +63,8 @@
 // Every parameter gradient receives one contribution per micro-batch, in backward order, whatever
 // the order of the calls (so F0 F1 B0 B1 accumulates bitwise as F0 B0 F1 B1 does).
 // Failures: misuse (shapes, slot states) is a TROUPE_CHECK; so is a failed TP collective, since the
-// calls have no error channel (the shard's supervisor sees the process fail).
-// Not thread-safe: the owning shard actor calls it from its thread.
+// calls have no error channel (the rank's supervisor sees the process fail).
+// Not thread-safe: the owning rank actor calls it from its thread.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -157,8 +157,12 @@ class GptChunk {
   // grad_scale * d(sum)/d(logits): the reduced row max and sum of exponentials (backward recomputes
   // the logits chunk by chunk, so no (B*T, Vp/t) buffer stays per slot); else returns 0. tokens may
   // be passed (and are then ignored) when neither is needed.
+  // head_backward_now (has_head, t = 1; ignored otherwise): the caller's next call on this chunk is
+  // backward(slot) without deferral, so the head's backward runs here, row chunk by row chunk on the
+  // logits just computed (GptModel's fused softmax cross-entropy): backward recomputes no logits, and
+  // the gradients are bitwise those of the unfused calls. Any other next call is a TROUPE_CHECK.
   double forward(Context& ctx, int slot, const Tensor& tokens, const Tensor& input, const Tensor& out,
-                 double grad_scale);
+                 double grad_scale, bool head_backward_now = false);
   // Backward of the micro-batch in `slot`: dout (boundary_rows(), C) unless has_head; din
   // (boundary_rows(), C) unless has_embedding (then undefined). Accumulates parameter gradients
   // unless defer_weight_grads. Frees the slot unless weight gradients are deferred.

@@ -50,6 +50,8 @@ struct GptChunk::Impl {
     Tensor lnf_full;               // (N,C) ln_f output, all rows (this rank's block written, rest gathered)
     Tensor lnf_mean, lnf_rstd;     // (Nl) (Nl)
     Tensor row_max, sum_exp;       // (N) f64: the reduced softmax statistics of every row
+    bool head_done = false;        // forward ran the head's backward too (fused head): d(ln_f output)
+                                   // is in dlnf_now and dwte has this micro-batch's head contribution
     // Split backward only (allocated on first use):
     std::vector<LayerStash> stash;
     Tensor demb;                   // (N,C) d(embedding output), all rows
@@ -79,6 +81,7 @@ struct GptChunk::Impl {
   std::vector<Slot> slots;
   Slot eval_slot;                     // forward_eval's buffers (allocated on first use)
   int64_t act_bytes = 0;
+  int fused_slot = -1;                // the slot whose fused head awaits its backward (the next call)
 
   // Scratch shared by all slots and layers (each call uses it and leaves nothing in it).
   LayerActs rc;                  // recomputed (or not kept) layer activations; res2 set per use;
@@ -115,8 +118,9 @@ struct GptChunk::Impl {
   int layer_unit(int l) const { return first_layer_unit + l; }
   static Layer as_layer(const std::vector<Tensor>& v);
 
+  // fuse_head: run the head's backward inside the forward (t = 1 only; see GptChunk::forward).
   double forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input, const Tensor& out,
-                      bool keep);
+                      bool keep, bool fuse_head = false);
   void split_tokens(Slot& s, const Tensor& tokens);
   LayerActs acts_for_backward(Context& ctx, Slot& s, int l, const Layer& p);
 
@@ -142,11 +146,19 @@ struct GptChunk::Impl {
                        const Tensor& mean, const Tensor& rstd);
   void embedding_forward(Context& ctx, const std::vector<Tensor>& e, const Slot& s);
   void embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s, const Tensor& demb);
-  double head_forward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& lnf_b);
+  // fused_dwte defined (t = 1): GptModel's fused softmax cross-entropy, row chunk by row chunk: the
+  // loss, then at once d(ln_f output) into dlnf_now and the head's contribution to fused_dwte, so
+  // backward need not recompute the logits.
+  double head_forward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& lnf_b,
+                      const Tensor& fused_dwte = Tensor());
   // input: compute d(chunk output) into dres (and keep d(ln_f output) in dlnf); weights: accumulate
   // the head's parameter gradients (dwte, dlnf_w, dlnf_b; null when !weights).
   void head_backward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& dlnf,
                      bool input, const Tensor& dwte, const Tensor& dlnf_w, const Tensor& dlnf_b);
+  // What follows the logits in head_backward: d(ln_f output) summed over the vocabulary split into
+  // dlnf, ln_f's backward into dres (input), ln_f's weight gradients (dlnf_w defined).
+  void head_backward_ln(Context& ctx, Slot& s, const Tensor& lnf_w, const Tensor& dlnf, bool input,
+                        const Tensor& dlnf_w, const Tensor& dlnf_b);
 };
 
 }  // namespace troupe

@@ -103,13 +103,21 @@ void GptChunk::Impl::embedding_weight(Context& ctx, const std::vector<Tensor>& g
 // ---- vocabulary-parallel head ---------------------------------------------------------------------
 
 double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(Vl,C)*/, const Tensor& lnf_w,
-                                    const Tensor& lnf_b) {
+                                    const Tensor& lnf_b, const Tensor& fused_dwte) {
   const Tensor lnf = s.lnf_full.rows(row0, row0 + Nl);  // this rank's rows of ln_f's output   (Nl,C)
   ops::layernorm_forward(ctx, lnf, s.lnf_mean, s.lnf_rstd, s.xs[L], lnf_w, lnf_b, spec.model.layernorm_epsilon);
   gather_rows(lnf, s.lnf_full);                         // f: all rows for the vocabulary split (N,C)
   for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
     const int64_t r1 = std::min(N, r0 + head_rows), rows = r1 - r0;
     const Tensor lg = logits.rows(0, rows);              // (rows,Vl)
+    if (fused_dwte.defined()) {  // t = 1: the pieces below are bitwise this op (kernels/ops.hpp)
+      const Tensor x = s.lnf_full.rows(r0, r1);
+      ops::linear_forward(ctx, lg, x, wte, Tensor());
+      ops::softmax_cross_entropy(ctx, losses.rows(r0, r1), lg, s.targets.rows(r0, r1), valid, s.grad_scale);
+      // lg now holds d loss / d logits: dx = dlogits wte, dwte += dlogits^T x (head_backward's call).
+      ops::linear_backward(ctx, dlnf_now.rows(r0, r1), fused_dwte, Tensor(), lg, x, wte);
+      continue;
+    }
     const Tensor mx = s.row_max.rows(r0, r1);            // (rows) f64
     const Tensor both = stats.rows(0, 2 * rows);         // [sum_exp | target_logit] (2*rows) f64
     const Tensor sum = both.rows(0, rows), target = both.rows(rows, 2 * rows);
@@ -150,12 +158,18 @@ void GptChunk::Impl::head_backward(Context& ctx, Slot& s, const Tensor& wte, con
     // dx = dlogits wte, dwte += dlogits^T x: GptModel's call per chunk.
     ops::linear_backward(ctx, input ? dpart.rows(r0, r1) : none, weights ? dwte : none, none, lg, x, wte);
   }
+  head_backward_ln(ctx, s, lnf_w, dlnf, input, dlnf_w, dlnf_b);
+}
+
+void GptChunk::Impl::head_backward_ln(Context& ctx, Slot& s, const Tensor& lnf_w, const Tensor& dlnf, bool input,
+                                      const Tensor& dlnf_w, const Tensor& dlnf_b) {
+  const Tensor none;
   if (input) {
-    reduce_rows(dpart, dlnf);  // f's dual -> (Nl,C)
+    reduce_rows(sp ? partial : dlnf, dlnf);  // f's dual -> (Nl,C)
     dres.zero_();
     ops::layernorm_backward(ctx, dres, none, none, dlnf, s.xs[L], lnf_w, s.lnf_mean, s.lnf_rstd);
   }
-  if (weights) ln_weight_grads(ctx, dlnf_w, dlnf_b, dlnf, s.xs[L], s.lnf_mean, s.lnf_rstd);
+  if (dlnf_w.defined()) ln_weight_grads(ctx, dlnf_w, dlnf_b, dlnf, s.xs[L], s.lnf_mean, s.lnf_rstd);
 }
 
 }  // namespace troupe

@@ -50,7 +50,7 @@ struct CheckpointMeta {
   std::string rng_json;     // RNG state (seed and counters)
   std::string layout_json;  // version 2: the parallel layout that wrote it (JSON object), else empty
   // Version 2: the run that wrote it (JSON object: "id" and the identity fields a resume checks,
-  // actors/run_identity.hpp); empty for checkpoints written before runs had an identity.
+  // config/run_identity.hpp); empty for checkpoints written before runs had an identity.
   std::string run_json;
   // As read back by read_checkpoint_meta; save always writes kCheckpointFormatVersion.
   int format_version = kCheckpointFormatVersion;

@@ -1,8 +1,8 @@
 // A --deepspeed-config file merged into the defaults (merge_deepspeed_config), then validated as
 // `troupe train` validates it (validate_train_config). The data-parallel size of DeepSpeed's batch
 // rule is 1 to 4, taken from the input's length so that the corpus covers each.
-#include "actors/deepspeed_config.hpp"
-#include "actors/train_options.hpp"
+#include "config/deepspeed_config.hpp"
+#include "apps/cli/train_options.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "fuzz/fuzz_util.hpp"
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/memory_estimate.hpp"
-#include "actors/train_options.hpp"
+#include "config/memory_estimate.hpp"
+#include "apps/cli/train_options.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "fuzz/fuzz_util.hpp"
 

@@ -1,4 +1,4 @@
-// Optimizer offload (actors/moment_store.hpp, actors/optimizer_actor.hpp): the Adam moments with
+// Optimizer offload (engine/moment_store.hpp, actors/optimizer_actor.hpp): the Adam moments with
 // the partition, in the host pool (cpu) or in a swap file stepped piece by piece (nvme) give
 // bitwise the same parameters and moments as AdamW over whole tensors; save and load round-trip;
 // the swap file leaves nothing behind and a bad --offload-path is a clear error.

@@ -7,6 +7,11 @@
 #   kernels/ (cpu/, cuda/)       base/, kernels/
 #   model/                       base/, kernels/, model/, comm/'s interface headers (comm/*.hpp)
 #   storage/                     base/, kernels/, storage/
+#   config/                      base/, kernels/, model/, storage/, config/
+#   engine/                      base/, kernels/, model/, storage/, config/, comm/*.hpp, comm/local/, engine/
+#   reference/                   base/, kernels/, model/, engine/, reference/ (nothing but tests uses it)
+#   actors/                      all of the above, comm/ (any backend), actors/ -- never apps/
+#   apps/cli/                    base/, kernels/, model/, storage/, config/, apps/cli/
 #   comm/ (the interface)        base/, kernels/, comm/*.hpp
 #   comm/local|ucx|nccl|bootstrap/  base/, kernels/, comm/*.hpp, its own sub-folder
 # No backend includes another backend or the bootstrap's implementation.
@@ -22,12 +27,18 @@ allowed() {
     model) echo '^(base/|kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
     storage) echo '^(base/|kernels/|storage/)' ;;
     comm) echo '^(base/|kernels/|comm/[a-z_]+\.hpp$)' ;;
+    config) echo '^(base/|kernels/|model/|storage/|config/)' ;;
+    engine) echo '^(base/|kernels/|model/|storage/|config/|comm/[a-z_]+\.hpp$|comm/local/|engine/)' ;;
+    actors) echo '^(base/|kernels/|model/|storage/|config/|comm/|engine/|actors/)' ;;
+    reference) echo '^(base/|kernels/|model/|engine/|reference/)' ;;
+    apps/cli) echo '^(base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
     comm/*) echo "^(base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
   esac
 }
 
 bad=0 checked=0
-for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap; do
+for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap \
+    config engine reference actors apps/cli; do
   [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
   rule=$(allowed "$folder")
   # Only the folder's own files (not its sub-folders, which have their own rule).
@@ -44,6 +55,18 @@ for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/loca
     done < <(grep -E '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' "$file" || true)
   done < <(find "$folder" -maxdepth 1 -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 done
+# actors/ holds only code that is an actor or speaks CAF; nothing below it (the engine, config,
+# storage, model, kernels, base) knows CAF exists.
+for file in actors/*.cpp actors/*.hpp; do
+  grep -q 'caf' "${file%.*}".[ch]pp || { echo "layering: $file never mentions CAF: it belongs in engine/ or config/" >&2; bad=$((bad + 1)); }
+done
+while IFS= read -r file; do
+  echo "layering: $file uses CAF, which only actors/ (and comm/bootstrap/) may" >&2; bad=$((bad + 1))
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' base kernels model storage config engine reference apps/cli || true)
+# The reference model is the tests' yardstick: no folder but tests/ and reference/ includes it.
+while IFS= read -r file; do
+  echo "layering: $file includes reference/, which only the tests may" >&2; bad=$((bad + 1))
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*"reference/' base kernels model storage comm config engine actors apps bench 2>/dev/null || true)
 ((checked > 50)) || { echo "layering: only $checked includes seen -- is $src the source tree?" >&2; exit 1; }
-((bad == 0)) || { echo "layering: $bad include(s) against the layers' rules" >&2; exit 1; }
+((bad == 0)) || { echo "layering: $bad problem(s) against the layers' rules" >&2; exit 1; }
 echo "ok: $checked includes follow the layers' rules"

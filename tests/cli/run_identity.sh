@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A run never resumes another run's state by accident (actors/run_identity.hpp):
+# A run never resumes another run's state by accident (config/run_identity.hpp):
 #  - --save into a folder holding another run's checkpoints, without --load, is refused (exit 2, the
 #    folder untouched): the reproducer where a restart resumed an earlier run and printed
 #    "finished at iteration 30/20";
@@ -28,7 +28,7 @@ small_train --train-iters 30 --seed 7 --save CK --save-interval 30 > first.log
 first_id=$(run_id_of CK/iter_0000030/metadata.json)
 [[ ${#first_id} == 32 ]] || fail "metadata.json has no 32-digit run id: $first_id"
 before=$(find CK -type f | sort | xargs md5sum)
-TROUPE_FAULT_THROW=shard@5 expect_refusal other_run "holds the checkpoints of another run" \
+TROUPE_FAULT_THROW=rank0@5 expect_refusal other_run "holds the checkpoints of another run" \
   small_train --train-iters 20 --seed 99 --save CK --save-interval 10 --max-restarts 1
 grep -qF -- "--load CK" other_run.log || fail "the refusal does not name the fix --load CK"
 [[ "$(find CK -type f | sort | xargs md5sum)" == "$before" ]] || fail "the refused run changed CK"
@@ -45,7 +45,7 @@ grep -q "resuming this run's latest checkpoint, CK/iter_0000030" restart_own.log
 [[ $(run_id_of CK/iter_0000040/metadata.json) == "$first_id" ]] || fail "the resumed run changed its run id"
 
 # In one process (--max-restarts): the failed attempt restarts from this run's checkpoint.
-TROUPE_FAULT_THROW=shard@7 small_train --train-iters 8 --save own --save-interval 5 --max-restarts 1 \
+TROUPE_FAULT_THROW=rank0@7 small_train --train-iters 8 --save own --save-interval 5 --max-restarts 1 \
   --metrics-file own.jsonl > own.log 2>&1 || { cat own.log; fail "the restarted job failed"; }
 grep -q "restart 1 of 1: every actor anew, from own/iter_0000005" own.log || { cat own.log; fail "no restart note"; }
 

@@ -40,7 +40,7 @@ TROUPE_FAULT_THROW=rank3@4 expect_failure rank "error: rank 3 failed: std::runti
 TROUPE_FAULT_THROW=optimizer2@3 expect_failure optimizer "the optimizer partition of rank 2 failed: std::runtime_error" \
   train "${par[@]}" --zero-stage 1 --data-parallel-size 1
 TROUPE_FAULT_THROW=trainer@2 expect_failure trainer "the trainer failed: std::runtime_error" train --train-iters 4
-TROUPE_FAULT_THROW=shard@2 expect_failure shard "the shard failed: std::runtime_error" train --train-iters 4
+TROUPE_FAULT_THROW=rank0@2 expect_failure rank0 "error: rank 0 failed: std::runtime_error" train --train-iters 4
 TROUPE_FAULT_THROW=offload@2 expect_failure offload "the offload actor failed: std::runtime_error" \
   train "${par[@]}" --save ck_offload --save-interval 2
 # Nothing was committed by the failed save: no checkpoint, or one that loads.
@@ -57,9 +57,9 @@ grep -q "restart 1 of 1: every actor anew, from ck_r/iter_0000006" restarted.log
 last_losses restarted.jsonl > restarted.txt
 diff straight.txt restarted.txt || fail "the restarted run's losses differ from the uninterrupted run"
 
-# One process, one shard (the 1x1x1 path): the same.
+# One process, one rank (1x1x1): the same.
 train --train-iters 6 --metrics-file s1.jsonl > /dev/null
-TROUPE_FAULT_THROW=shard@5 train --train-iters 6 --save ck_s --save-interval 2 --max-restarts 2 \
+TROUPE_FAULT_THROW=rank0@5 train --train-iters 6 --save ck_s --save-interval 2 --max-restarts 2 \
   --metrics-file r1.jsonl > r1.log 2>&1 || { cat r1.log; fail "the restarted 1x1x1 job failed"; }
 diff <(last_losses s1.jsonl) <(last_losses r1.jsonl) || fail "1x1x1: the restarted run differs"
 
@@ -111,8 +111,8 @@ grep -q "rank(s) not waiting for any peer at that moment (computing, or stuck): 
   { cat stuck.log; fail "the stuck rank 1 was not named"; }
 grep -q "actor(s) did not stop (stuck in a handler)" stuck.log || fail "the stuck actors were not reported"
 (( SECONDS - start < 60 )) || fail "a stuck rank took $((SECONDS - start)) s to stop the job"
-# The single shard: the trainer's watchdog.
-TROUPE_FAULT_HANG=shard@3 expect_failure stuck_shard "no progress for 0.05 minute(s) after iteration 2: the shard did not finish iteration 3" \
+# One rank and no peer to time out on: the trainer's watchdog names it.
+TROUPE_FAULT_HANG=rank0@3 expect_failure stuck_rank0 "no progress for 0.05 minute(s) after iteration 2: rank(s) 0 did not finish iteration 3" \
   train --train-iters 6 --distributed-timeout-minutes 0.05
 # Two processes with restarts: the stuck process ends itself, troupe launch starts both again, and the
 # run resumes from its checkpoint with the uninterrupted losses.

@@ -10,7 +10,7 @@
 
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/ops.hpp"
-#include "model/gpt.hpp"
+#include "reference/gpt.hpp"
 #include "tests/kernels/grad_check.hpp"
 
 using namespace troupe;

@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/ops.hpp"
-#include "model/gpt.hpp"
+#include "reference/gpt.hpp"
 #include "tests/kernels/grad_check.hpp"
 
 using namespace troupe;

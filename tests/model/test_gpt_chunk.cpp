@@ -17,7 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include "comm/local/local_world.hpp"
-#include "model/gpt.hpp"
+#include "reference/gpt.hpp"
 #include "model/gpt_chunk.hpp"
 #include "tests/kernels/grad_check.hpp"
 
@@ -174,7 +174,8 @@ struct RankResult {
 };
 
 // script: "F0 F1 B0 W0 ..." in order; B defers the weight pass when a W of the same micro-batch
-// appears in the script. Slots: the lowest free one at F.
+// appears in the script; H is F with head_backward_now (the head's backward fused into the forward).
+// Slots: the lowest free one at F.
 std::vector<RankResult> run_chunk(ChunkSpec spec, int t, DType dt, const std::vector<Micro>& micro,
                                   const std::string& script, int slots = 1) {
   Ranks ranks(t, [&](int r) { return tp_group(r, t); });
@@ -215,14 +216,14 @@ std::vector<RankResult> run_chunk(ChunkSpec spec, int t, DType dt, const std::ve
     std::vector<bool> busy(slots, false);
     for (auto [kind, m] : steps) {
       const Micro& mb = micro[m];
-      if (kind == 'F') {
+      if (kind == 'F' || kind == 'H') {
         int s = 0;
         while (busy[s]) ++s;
         busy[s] = true;
         slot_of[m] = s;
         Tensor in = spec.has_embedding ? Tensor() : row_block(mb.input.to(dt), r0, rows);
         if (!spec.has_head) out.out[m] = Tensor::zeros({rows, C}, dt);
-        out.loss[m] = c.forward(ctx, s, mb.tokens, in, out.out[m], grad_scale(spec.model));
+        out.loss[m] = c.forward(ctx, s, mb.tokens, in, out.out[m], grad_scale(spec.model), kind == 'H');
       } else if (kind == 'B') {
         bool defer = false;
         for (auto [k2, m2] : steps) defer = defer || (k2 == 'W' && m2 == m);
@@ -347,8 +348,9 @@ TEST_CASE("units: contiguous, spec order; wte a unit of its own, also the head's
 TEST_CASE("t=1, p=1: loss and gradients are bitwise GptModel's (two micro-batches)", "[chunk]") {
   const GptConfig cfg = tiny(4);
   const auto micro = micro_batches(cfg, 2, 11);
-  for (DType dt : {DType::f32, DType::f64}) {
-    INFO(dtype_name(dt));
+  for (auto [dt, fused] : {std::pair{DType::f32, false}, std::pair{DType::f64, false}, std::pair{DType::f32, true},
+                           std::pair{DType::f64, true}}) {
+    INFO(dtype_name(dt) << (fused ? ", the head's backward fused into the forward" : ""));
     Reference ref = reference(cfg, dt, micro);
     // Same pool size as the reference, in this thread.
     ThreadPool pool(2);
@@ -362,7 +364,7 @@ TEST_CASE("t=1, p=1: loss and gradients are bitwise GptModel's (two micro-batche
     REQUIRE(bitwise(chunk.flat_params(), ref.model->flat_params()));  // same layout, same values
     chunk.zero_grad();
     for (size_t i = 0; i < micro.size(); ++i) {
-      const double loss = chunk.forward(ctx, 0, micro[i].tokens, Tensor(), Tensor(), grad_scale(cfg));
+      const double loss = chunk.forward(ctx, 0, micro[i].tokens, Tensor(), Tensor(), grad_scale(cfg), fused);
       chunk.backward(ctx, 0, Tensor(), Tensor());
       REQUIRE(loss == ref.loss[i]);
     }
@@ -495,8 +497,9 @@ TEST_CASE("tensor parallel with Megatron's default padding: a rank holding only 
 TEST_CASE("pipeline p=2 with t=2 (4 threads, SP): matches GptModel", "[chunk][tp]") {
   const GptConfig cfg = tiny(3);
   const auto micro = micro_batches(cfg, 2, 14);
-  for (DType dt : {DType::f32, DType::f64}) {
-    INFO(dtype_name(dt));
+  for (auto [dt, fused] : {std::pair{DType::f32, false}, std::pair{DType::f64, false}, std::pair{DType::f32, true},
+                           std::pair{DType::f64, true}}) {
+    INFO(dtype_name(dt) << (fused ? ", the head's backward fused into the forward" : ""));
     Reference ref = reference(cfg, dt, micro);
     const int t = 2, p = 2;
     Ranks ranks(p * t, [&](int r) { return tp_group(r, t); });  // world rank = stage * t + tp rank
@@ -626,6 +629,27 @@ TEST_CASE("split backward and slots in flight: bitwise the sequential unsplit ru
   }
 }
 
+TEST_CASE("fused head: the head's backward inside the forward is bitwise the unfused calls", "[chunk]") {
+  const GptConfig cfg = tiny(3);
+  const auto micro = micro_batches(cfg, 3, 18);
+  // t = 2 ignores the request (the head needs the reduced statistics first): the same results too.
+  for (auto [t, sp] : {std::pair{1, false}, std::pair{2, true}, std::pair{2, false}}) {
+    for (ChunkSpec s : stages_of(cfg)) {
+      for (Recompute rc : {Recompute::none, Recompute::full, Recompute::selective}) {
+        INFO("t=" << t << " sp=" << sp << " embedding=" << s.has_embedding << " head=" << s.has_head
+                  << " recompute " << static_cast<int>(rc));
+        s.sequence_parallel = sp;
+        s.recompute = rc;
+        const auto base = run_chunk(s, t, DType::f32, micro, "F0 B0 F1 B1 F2 B2");
+        require_same(run_chunk(s, t, DType::f32, micro, "H0 B0 H1 B1 H2 B2"), base);
+        // Beside a micro-batch in flight in another slot (the same backward order unfused).
+        require_same(run_chunk(s, t, DType::f32, micro, "F0 H1 B1 B0 H2 B2", 2),
+                     run_chunk(s, t, DType::f32, micro, "F0 F1 B1 B0 F2 B2", 2));
+      }
+    }
+  }
+}
+
 TEST_CASE("unit hooks: acquired parameters and external gradient buffers give the resident results", "[chunk]") {
   const GptConfig cfg = tiny(3);
   const auto micro = micro_batches(cfg, 2, 17);
@@ -634,10 +658,11 @@ TEST_CASE("unit hooks: acquired parameters and external gradient buffers give th
   ctx.pool = &pool;
   const int64_t N = kB * cfg.seq_length, C = cfg.hidden_size;
   for (int which : {0, 1, 2}) {  // embedding stage, head stage (wte copy in the head unit), whole model
-    for (bool defer : {false, true}) {
+    for (int mode : {0, 1, 2}) {  // backward at once, deferred weight pass, head fused into the forward
+      const bool defer = mode == 1, fused = mode == 2;
       ChunkSpec s = stages_of(cfg)[which];
       s.micro_batch = kB;
-      INFO("chunk " << which << " defer " << defer);
+      INFO("chunk " << which << " defer " << defer << " fused " << fused);
       GptChunk resident(s, nullptr);
       init_chunk(resident);
       resident.zero_grad();
@@ -684,7 +709,7 @@ TEST_CASE("unit hooks: acquired parameters and external gradient buffers give th
           Tensor in = s.has_embedding ? Tensor() : micro[i].input.to(DType::f32);
           Tensor out = s.has_head ? Tensor() : Tensor::empty({N, C});
           Tensor din = s.has_embedding ? Tensor() : Tensor::empty({N, C});
-          const double loss = c->forward(ctx, 0, micro[i].tokens, in, out, grad_scale(cfg));
+          const double loss = c->forward(ctx, 0, micro[i].tokens, in, out, grad_scale(cfg), fused);
           if (c == &hooked) {
             REQUIRE(loss == resident.forward_eval(ctx, micro[i].tokens, in, out));
             for (auto& [u, v] : live) REQUIRE(v.empty());  // everything acquired was released

@@ -1,0 +1,68 @@
+// The `troupe train` command line: Megatron-LM's flag names bound to a TrainConfig, an optional
+// DeepSpeed JSON file merged under them, and validation of the result before anything runs.
+//
+// Use:
+//   TrainConfig cfg;
+//   CLI::App* cmd = app.add_subcommand("train", ...);
+//   add_train_options(cmd, &cfg);
+//   ... app.parse(argc, argv) ...          // a bad flag or value type throws CLI::ParseError
+//   Status st = finalize_train_config(*cmd, &cfg);
+//   // then the caller sets cfg.model.vocab_size from the tokenizer.
+//
+// Precedence, highest first: a flag given on the command line; the --deepspeed-config file; derived
+// defaults (--max-position-embeddings = --seq-length, --global-batch-size = --micro-batch-size x
+// data-parallel size); TrainConfig's defaults. A flag counts as given when it appears in argv, even
+// with the default value. As in Megatron, giving --num-layers-per-virtual-pipeline-stage selects
+// --pipeline-schedule interleaved unless that flag is given too, and --sequence-parallel is turned
+// off when --tensor-model-parallel-size is 1.
+//
+// DeepSpeed keys understood (anything else, at any depth, is an error naming its key path):
+//   train_batch_size -> --global-batch-size; train_micro_batch_size_per_gpu -> --micro-batch-size;
+//   gradient_accumulation_steps (DeepSpeed's rule train_batch_size = micro * gas * data-parallel
+//   size); optimizer {type Adam|AdamW, params {lr, betas, eps, weight_decay, adam_w_mode}};
+//   scheduler {type WarmupLR|WarmupDecayLR|WarmupCosineLR, params {...}}; gradient_clipping ->
+//   --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown (no effect);
+//   zero_optimization {stage 0..3 -> --zero-stage, the memory/communication tuning keys (checked,
+//   no effect), offload_optimizer {device none|cpu|nvme -> --offload-optimizer, nvme_path ->
+//   --offload-path, swapper tuning keys checked, no effect}, offload_param only with device "none"}; fp16 / bf16 {enabled
+//   false}. The mapping of each, with the DeepSpeed behaviour it reproduces, is documented in
+//   deepspeed_config.cpp.
+//
+// Failure modes: every problem comes back as a failed Status naming the flag or the JSON key (and
+// the file) and saying how to fix it. Validation reads the filesystem (data, vocabulary, --load)
+// but never writes: nothing is created when the config is bad. Not thread-safe with respect to
+// `cfg`.
+#pragma once
+#include "config/train_config.hpp"
+#include "base/status.hpp"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace troupe {
+
+// Registers every `troupe train` flag on `cmd`, bound to the fields of `*cfg` (which must outlive
+// the parse). Help texts show the current values of `*cfg` as defaults.
+void add_train_options(CLI::App* cmd, TrainConfig* cfg);
+
+// After `cmd` was parsed: merges the --deepspeed-config file (if given) for the settings whose
+// flags were not given, fills derived defaults, then validates with validate_train_config, and with
+// validate_world when world_size > 1. world_size: the ranks troupe launch started (1 in one
+// process); it sets the data-parallel size when --data-parallel-size is 0, which DeepSpeed's batch
+// rule and the default global batch multiply by. `cmd` must be the App that add_train_options
+// registered on. On failure `*cfg` may be partly merged: discard it.
+Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size = 1);
+
+// Checks every setting and the files they name (all except model.vocab_size, which the tokenizer
+// sets later), with the data-parallel size of one process (resolved_dp(1)). Each message names the
+// flag and the fix. Reads the filesystem, writes nothing.
+Status validate_train_config(const TrainConfig& cfg);
+
+// The checks that need the ranks `troupe launch` started (world_size): tensor x pipeline x
+// data-parallel size (derived: world_size / (tensor x pipeline)) must equal world_size, and the
+// global batch must split into whole micro-batches on each data-parallel replica. Call after
+// validate_train_config succeeded (finalize_train_config does, when given world_size > 1).
+Status validate_world(const TrainConfig& cfg, int world_size);
+
+}  // namespace troupe

@@ -1,0 +1,651 @@
+#include "config/deepspeed_config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "storage/json_input.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Origins = FlagOrigins;
+using GivenFn = FlagGivenFn;
+
+// a * b * c, or INT64_MAX when that overflows (the factors are >= 0).
+int64_t saturating_product(int64_t a, int64_t b, int64_t c) {
+  int64_t ab = 0, abc = 0;
+  if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return INT64_MAX;
+  return abc;
+}
+
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return s;
+}
+
+// -------------------------------------------------------------------------------------------------
+// The DeepSpeed JSON file. What each key does in DeepSpeed, as verified in its source
+// (deepspeed/runtime/config.py, engine.py, lr_schedules.py, ops/adam/fused_adam.py), and what
+// troupe makes of it:
+//
+// * Batch: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp,
+//   where dp is DeepSpeed's data-parallel world size (world / (tp * pp) under Megatron-DeepSpeed's
+//   mpu): here --data-parallel-size, or ranks / (tp * pp) when finalize_train_config is told the
+//   ranks, else 1. DeepSpeed fills a missing one from the other two, or with one given: batch only
+//   -> micro = batch / dp, gas = 1; micro only -> batch = micro * dp, gas = 1; all three must
+//   agree. troupe does the same, except that --micro-batch-size can stand in for the missing micro.
+// * optimizer: "type" is compared lower-cased ("Adam"/"AdamW"). The engine builds FusedAdam with
+//   the params, whose defaults are lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0: so a
+//   params key left out of the block means that default, not troupe's. adam_w_mode defaults to true
+//   and type AdamW forces it (effective = type == adamw or adam_w_mode); adam_w_mode false with
+//   type Adam would be Adam with L2 regularisation, which troupe does not implement.
+// * scheduler: the engine steps it after each optimizer step; its counter j starts at -1, where
+//   the lr is warmup_min_lr. All three types use W = max(2, warmup_num_steps) (warmup_num_steps
+//   must be a positive integer, default 1000) and warmup_type "log" by default:
+//     WarmupLR:       lr = min + (max - min) * gamma, for j < W gamma = ln(j + 1) / ln(W) (log) or
+//                     j / W (linear), then 1. warmup_min_lr default 0; warmup_max_lr default:
+//                     the optimizer's lr.
+//     WarmupDecayLR:  the same warm-up, then gamma = max(0, (T - j) / max(1, T - W)), T =
+//                     total_num_steps (required): linear decay to 0 at T. warmup_max_lr default
+//                     1e-3 (its own signature's default, not the optimizer's lr).
+//     WarmupCosineLR: ratio warm-up from warmup_min_ratio (default 0) to 1 over W, then ratio =
+//                     cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * min(1, (j - W + 1) /
+//                     max(1, T - W)))) / 2, times the optimizer's lr. cos_min_ratio default 1e-4.
+//   With iteration k = j + 1 (troupe counts steps taken), every log warm-up and the whole
+//   WarmupCosineLR decay equal lr_schedule's formulas exactly (tests/engine/test_lr_schedule.cpp
+//   checks it step by step), except that WarmupCosineLR runs its very first step at lr 0 where
+//   troupe uses warmup_min_ratio * lr. The linear warm-up and WarmupDecayLR's decay follow
+//   Megatron's convention instead, one step ahead of DeepSpeed's (DeepSpeed's linear warm-up gives
+//   (k - 1) / W, and its decay reaches 0 at k = T + 1). Without a scheduler block the schedule
+//   comes from the flags, as in Megatron-DeepSpeed, where Megatron's own scheduler drives the lr.
+// * gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown: only
+//   timing output in DeepSpeed, accepted and ignored.
+// * zero_optimization (runtime/zero/config.py, unknown keys rejected there as here):
+//     stage (default 0) -> --zero-stage: 1 partitions the optimizer state over the data-parallel
+//       ranks, 2 also the gradients, 3 also the parameters. Results are those of stage 0.
+//   Keys that only tune how DeepSpeed schedules memory and communication, never the numbers it
+//   computes; troupe checks their types (DeepSpeed's: booleans, or element counts >= 0 that may be
+//   written 5e8) and ignores them, because its ZeRO engine decides these things itself:
+//     overlap_comm: run the gradient reduction concurrently with the backward pass.
+//     contiguous_gradients: copy gradients into one contiguous buffer as they are produced, against
+//       memory fragmentation.
+//     reduce_scatter: average gradients with reduce / reduce-scatter instead of all-reduce.
+//     allgather_partitions: gather the updated parameters with all-gather instead of a series of
+//       broadcasts.
+//     reduce_bucket_size, allgather_bucket_size: elements reduced / all-gathered per collective.
+//     stage3_prefetch_bucket_size: elements of parameters fetched ahead of use (stage 3).
+//     stage3_param_persistence_threshold: parameters smaller than this stay whole on every rank
+//       (stage 3).
+//     stage3_max_live_parameters: gathered parameters kept resident before release (stage 3).
+//     stage3_max_reuse_distance: a parameter reused within this many parameters is not released
+//       (stage 3).
+//     stage3_gather_16bit_weights_on_model_save: consolidate the 16-bit weights into one state dict
+//       when saving; troupe trains in fp32 and writes its own checkpoint format
+//       (docs/CHECKPOINT.md) whatever this says.
+//     round_robin_gradients: spread the gradient copies of CPU offload over the ranks (stage 1/2).
+//   offload_optimizer: DeepSpeed moves the optimizer state to "device" ("cpu": ZeRO-Offload, host
+//     memory; "nvme": ZeRO-Infinity, files under "nvme_path"; "none", the default) -> --offload-optimizer,
+//     --offload-path. pin_memory, buffer_count, pipeline_read, pipeline_write and fast_init tune
+//     DeepSpeed's swapper: checked and ignored (troupe's host pool is pinned where CUDA exists and its
+//     swapper always reads ahead and writes back). ratio (partial offload) must be 1.
+//   offload_param: DeepSpeed moves the parameters to "device". An absent or "none" device is
+//     accepted; any other is an error, since parameter offload is not in this build yet.
+// * fp16 / bf16 .enabled (default false).
+// A key DeepSpeed knows but troupe does not (or a typo) is an error: silently ignoring it would
+// train something other than what the file asks for.
+// -------------------------------------------------------------------------------------------------
+class DeepSpeedMerger {
+ public:
+  // dp: the data-parallel size DeepSpeed's batch rule multiplies by (>= 1).
+  DeepSpeedMerger(GivenFn given, std::string file, TrainConfig* cfg, Origins* origins, int dp)
+      : given_(std::move(given)), file_(std::move(file)), cfg_(cfg), origins_(origins), dp_(dp) {}
+
+  Status merge() {
+    json top;
+    TROUPE_RETURN_IF_ERROR(read_file(&top));
+    if (!top.is_object())
+      return Status::bad_input("--deepspeed-config " + file_ +
+                           " must hold a JSON object ({...}), got " + top.type_name() +
+                           " -- write the DeepSpeed settings as one object");
+    TROUPE_RETURN_IF_ERROR(check_keys(
+        top, "",
+        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+         "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
+         "zero_optimization", "fp16", "bf16"}));
+    TROUPE_RETURN_IF_ERROR(merge_precision(top, "fp16"));
+    TROUPE_RETURN_IF_ERROR(merge_precision(top, "bf16"));
+    TROUPE_RETURN_IF_ERROR(merge_zero(top));
+    std::optional<bool> breakdown;
+    TROUPE_RETURN_IF_ERROR(get_bool(top, "", "wall_clock_breakdown", &breakdown));
+    TROUPE_RETURN_IF_ERROR(merge_batch(top));
+    std::optional<double> clip;
+    TROUPE_RETURN_IF_ERROR(get_number(top, "", "gradient_clipping", &clip));
+    if (clip) apply("--clip-grad", &cfg_->clip_grad, *clip, "gradient_clipping");
+    std::optional<int64_t> steps_per_print;
+    TROUPE_RETURN_IF_ERROR(get_integer(top, "", "steps_per_print", &steps_per_print, 1));
+    if (steps_per_print)
+      apply("--log-interval", &cfg_->log_interval, *steps_per_print, "steps_per_print");
+    TROUPE_RETURN_IF_ERROR(merge_optimizer(top));
+    return merge_scheduler(top);
+  }
+
+  // Whether the file decided the global batch size (so the derived default must not overwrite it).
+  bool set_global_batch() const { return set_global_batch_; }
+
+ private:
+  static std::string path_of(const std::string& prefix, const std::string& key) {
+    return prefix.empty() ? key : prefix + "." + key;
+  }
+
+  Status error(const std::string& path, const std::string& what, const std::string& fix) const {
+    return Status::bad_input("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " +
+                         fix);
+  }
+
+  Status read_file(json* out) const {
+    std::error_code ec;
+    if (!fs::exists(file_, ec))
+      return Status::bad_input("--deepspeed-config " + file_ +
+                           ": no such file -- check the path, or drop --deepspeed-config");
+    if (!fs::is_regular_file(file_, ec))
+      return Status::bad_input("--deepspeed-config " + file_ +
+                           " is not a regular file -- pass the DeepSpeed JSON file itself");
+    std::ifstream in(file_, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in.good() && !in.eof())
+      return Status::bad_input("--deepspeed-config " + file_ +
+                           ": cannot be read -- check its permissions");
+
+    // DeepSpeed rejects a key repeated in one object (dict_raise_error_on_duplicate_keys); so do
+    // we. A syntax error, a number out of a double's range (1e400) or a nesting too deep is
+    // reported by the parser with the byte or key path.
+    JsonParseOptions options;
+    options.reject_duplicate_keys = true;
+    auto parsed = parse_json(text.str(), "--deepspeed-config " + file_, options);
+    if (!parsed)
+      return Status::bad_input(parsed.status().message() +
+                           " -- fix the file there (each key once, numbers within range)");
+    *out = std::move(parsed).value();
+    return Status::ok();
+  }
+
+  Status check_keys(const json& object, const std::string& prefix,
+                    const std::vector<std::string>& accepted) const {
+    for (const auto& item : object.items()) {
+      if (std::find(accepted.begin(), accepted.end(), item.key()) != accepted.end()) continue;
+      return error(
+          path_of(prefix, item.key()),
+          "is not a key troupe understands; accepted keys " +
+              (prefix.empty() ? std::string("at the top level") : "in \"" + prefix + "\"") + ": " +
+              join_keys(accepted),
+          "remove it (troupe implements only these DeepSpeed settings) or fix its spelling");
+    }
+    return Status::ok();
+  }
+
+  Status get_object(const json& parent, const std::string& prefix, const char* key,
+                    const json** out) const {
+    *out = nullptr;
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    if (!it->is_object())
+      return error(path_of(prefix, key), std::string("must be an object, got ") + json_excerpt(*it),
+                   "write it as {...}");
+    *out = &*it;
+    return Status::ok();
+  }
+
+  // Any number (JSON numbers are finite once parsed); validation checks the settings' ranges and
+  // names the key through the origins.
+  Status get_number(const json& parent, const std::string& prefix, const char* key,
+                    std::optional<double>* out) const {
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    if (!it->is_number())
+      return error(path_of(prefix, key), "must be a number, got " + json_excerpt(*it),
+                   "write a number");
+    *out = it->get<double>();
+    return Status::ok();
+  }
+
+  // An integer in [min, max]; every integer DeepSpeed setting troupe maps lands in an int flag.
+  Status get_integer(const json& parent, const std::string& prefix, const char* key,
+                     std::optional<int64_t>* out, int64_t min = INT_MIN,
+                     int64_t max = INT_MAX) const {
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    int64_t v = 0;
+    if (Status st = json_to_integer(*it, min, max, &v); !st) {
+      // 0 or negative (nlohmann stores 0 as unsigned, every negative integer as signed)
+      if (min == 1 &&
+          (it->is_number_unsigned() ? it->get<uint64_t>() == 0 : it->is_number_integer()))
+        return error(path_of(prefix, key),
+                     "must be positive, got " + json_excerpt(*it) +
+                         " (allowed: " + range_text(min, max) + ")",
+                     "write a positive integer");
+      return error(path_of(prefix, key), st.message(),
+                   "write a whole number in that range, without a decimal point");
+    }
+    *out = v;
+    return Status::ok();
+  }
+
+  Status get_positive_integer(const json& parent, const std::string& prefix, const char* key,
+                              std::optional<int64_t>* out) const {
+    return get_integer(parent, prefix, key, out, 1, INT_MAX);
+  }
+
+  Status get_bool(const json& parent, const std::string& prefix, const char* key,
+                  std::optional<bool>* out) const {
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    if (!it->is_boolean())
+      return error(path_of(prefix, key), "must be true or false, got " + json_excerpt(*it),
+                   "write true or false (no quotes)");
+    *out = it->get<bool>();
+    return Status::ok();
+  }
+
+  Status get_string(const json& parent, const std::string& prefix, const char* key,
+                    std::optional<std::string>* out) const {
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    if (!it->is_string())
+      return error(path_of(prefix, key), "must be a string, got " + json_excerpt(*it),
+                   "write it in quotes");
+    *out = it->get<std::string>();
+    return Status::ok();
+  }
+
+  // Sets a field from the file unless its flag was given on the command line.
+  template <class T, class V>
+  void apply(const char* flag, T* field, V value, const std::string& key) {
+    if (given_(flag)) return;
+    *field = static_cast<T>(value);
+    (*origins_)[flag] = "\"" + key + "\" in " + file_;
+  }
+
+  Status merge_precision(const json& top, const char* key) const {
+    const json* block = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(top, "", key, &block));
+    if (!block) return Status::ok();
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, key, {"enabled"}));
+    std::optional<bool> enabled;
+    TROUPE_RETURN_IF_ERROR(get_bool(*block, key, "enabled", &enabled));
+    if (enabled.value_or(false))
+      return error(std::string(key) + ".enabled",
+                   "is true, but mixed precision is not available on the CPU backend (troupe "
+                   "trains in fp32)",
+                   std::string("set \"enabled\": false or remove \"") + key + "\"");
+    return Status::ok();
+  }
+
+  Status merge_zero(const json& top) {
+    const json* block = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(top, "", "zero_optimization", &block));
+    if (!block) return Status::ok();
+    const std::string z = "zero_optimization";
+    // See the comment above the class for what each of these does in DeepSpeed.
+    static const std::vector<std::string> kIgnoredSwitches = {
+        "overlap_comm",
+        "contiguous_gradients",
+        "reduce_scatter",
+        "allgather_partitions",
+        "stage3_gather_16bit_weights_on_model_save",
+        "round_robin_gradients"};
+    static const std::vector<std::string> kIgnoredSizes = {
+        "reduce_bucket_size",          "allgather_bucket_size",
+        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters",  "stage3_max_reuse_distance"};
+    std::vector<std::string> accepted = {"stage"};
+    accepted.insert(accepted.end(), kIgnoredSwitches.begin(), kIgnoredSwitches.end());
+    accepted.insert(accepted.end(), kIgnoredSizes.begin(), kIgnoredSizes.end());
+    accepted.insert(accepted.end(), {"offload_optimizer", "offload_param"});
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, z, accepted));
+
+    TROUPE_RETURN_IF_ERROR(merge_offload_optimizer(*block));
+    TROUPE_RETURN_IF_ERROR(
+        check_offload(*block, "offload_param", "the parameters", "parameter offload"));
+    for (const auto& key : kIgnoredSwitches) {
+      std::optional<bool> ignored;
+      TROUPE_RETURN_IF_ERROR(get_bool(*block, z, key.c_str(), &ignored));
+    }
+    for (const auto& key : kIgnoredSizes)
+      TROUPE_RETURN_IF_ERROR(check_element_count(*block, z, key));
+
+    std::optional<int64_t> stage;
+    TROUPE_RETURN_IF_ERROR(get_integer(*block, z, "stage", &stage, INT64_MIN, INT64_MAX));
+    if (!stage) return Status::ok();
+    if (*stage < 0 || *stage > 3)
+      return error("zero_optimization.stage",
+                   "is " + std::to_string(*stage) + "; ZeRO stages are 0 to 3",
+                   "set 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+    apply("--zero-stage", &cfg_->zero_stage, *stage, "zero_optimization.stage");
+    return Status::ok();
+  }
+
+  // zero_optimization.offload_optimizer (DeepSpeed's DeepSpeedZeroOffloadOptimizerConfig): device
+  // and nvme_path set --offload-optimizer / --offload-path; the tuning keys are checked and left to
+  // troupe's own engine; a partial offload (ratio < 1) is not available.
+  Status merge_offload_optimizer(const json& zero) {
+    const json* block = nullptr;
+    const std::string z = "zero_optimization";
+    const std::string path = path_of(z, "offload_optimizer");
+    TROUPE_RETURN_IF_ERROR(get_object(zero, z, "offload_optimizer", &block));
+    if (!block) return Status::ok();
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, path,
+                                      {"device", "nvme_path", "pin_memory", "buffer_count", "pipeline_read",
+                                       "pipeline_write", "fast_init", "ratio"}));
+    for (const char* key : {"pin_memory", "pipeline_read", "pipeline_write", "fast_init"}) {
+      std::optional<bool> ignored;
+      TROUPE_RETURN_IF_ERROR(get_bool(*block, path, key, &ignored));
+    }
+    std::optional<int64_t> buffers;
+    TROUPE_RETURN_IF_ERROR(get_integer(*block, path, "buffer_count", &buffers, 1));
+    std::optional<double> ratio;
+    TROUPE_RETURN_IF_ERROR(get_number(*block, path, "ratio", &ratio));
+    if (ratio && *ratio != 1.0)
+      return error(path_of(path, "ratio"),
+                   "is " + std::to_string(*ratio) + ": a partial optimizer offload is not available in troupe",
+                   "remove \"ratio\" (or set 1.0): the whole optimizer state is offloaded");
+    std::optional<std::string> device, nvme_path;
+    TROUPE_RETURN_IF_ERROR(get_string(*block, path, "device", &device));
+    TROUPE_RETURN_IF_ERROR(get_string(*block, path, "nvme_path", &nvme_path));
+    if (device) {
+      if (*device != "none" && *device != "cpu" && *device != "nvme")
+        return error(path_of(path, "device"), "is \"" + *device + "\"", "use \"cpu\", \"nvme\" or \"none\"");
+      apply("--offload-optimizer", &cfg_->offload_optimizer, *device, path_of(path, "device"));
+    }
+    // DeepSpeed reads nvme_path only with device nvme.
+    if (nvme_path && cfg_->offload_optimizer == "nvme")
+      apply("--offload-path", &cfg_->offload_path, *nvme_path, path_of(path, "nvme_path"));
+    return Status::ok();
+  }
+
+  // DeepSpeed's offload blocks: a device other than "none" asks for something this build lacks.
+  Status check_offload(const json& zero, const char* key, const char* what,
+                       const char* feature) const {
+    const json* block = nullptr;
+    const std::string z = "zero_optimization";
+    TROUPE_RETURN_IF_ERROR(get_object(zero, z, key, &block));
+    if (!block) return Status::ok();
+    std::optional<std::string> device;
+    TROUPE_RETURN_IF_ERROR(get_string(*block, path_of(z, key), "device", &device));
+    if (!device || *device == "none") return Status::ok();  // DeepSpeed's default: no offload
+    return error(path_of(z, key),
+                 "asks to offload " + std::string(what) + " to \"" + *device + "\", but " +
+                     feature + " is not in this build of troupe yet",
+                 "remove the \"" + std::string(key) +
+                     "\" block from \"zero_optimization\" (or set its "
+                     "\"device\" to \"none\"); everything then stays in memory");
+  }
+
+  // A DeepSpeed element count: >= 0 and whole, written as an integer or as e.g. 5e8.
+  Status check_element_count(const json& parent, const std::string& prefix,
+                             const std::string& key) const {
+    const auto it = parent.find(key);
+    if (it == parent.end()) return Status::ok();
+    const bool whole = it->is_number() && std::isfinite(it->get<double>()) &&
+                       it->get<double>() >= 0 && std::floor(it->get<double>()) == it->get<double>();
+    if (whole) return Status::ok();
+    std::string fix = "write a whole number of elements >= 0, e.g. 5e8";
+    if (it->is_string() && it->get<std::string>() == "auto")
+      fix += " (\"auto\" is filled in by Hugging Face's Trainer; DeepSpeed itself needs a number)";
+    return error(path_of(prefix, key), "must be a number of elements, got " + json_excerpt(*it),
+                 fix);
+  }
+
+  Status merge_batch(const json& top) {
+    std::optional<int64_t> batch, micro, gas;
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "train_batch_size", &batch));
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "train_micro_batch_size_per_gpu", &micro));
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(top, "", "gradient_accumulation_steps", &gas));
+    const int64_t dp = dp_;
+    const std::string dp_fix = dp > 1 ? fmt::format(" (data-parallel size {})", dp) : std::string();
+    if (batch && micro && gas && *batch != saturating_product(*micro, *gas, dp))
+      return error(
+          "train_batch_size",
+          fmt::format("is {}, but train_micro_batch_size_per_gpu * gradient_accumulation_steps "
+                      "* data-parallel size is {} * {} * {} = {}",
+                      *batch, *micro, *gas, dp,
+                      saturating_product(*micro, *gas, dp) == INT64_MAX
+                          ? std::string("more than 2^63")
+                          : std::to_string(saturating_product(*micro, *gas, dp))),
+          "make the three agree, or give only two of them and let the third follow");
+    if (batch && gas && !micro && *batch % (*gas * dp) != 0)
+      return error("train_batch_size",
+                   dp > 1 ? fmt::format("{} is not divisible by gradient_accumulation_steps {} x "
+                                        "data-parallel size {} = {}",
+                                        *batch, *gas, dp, *gas * dp)
+                          : fmt::format("{} is not divisible by gradient_accumulation_steps {}",
+                                        *batch, *gas),
+                   "make train_batch_size a multiple of gradient_accumulation_steps" + dp_fix);
+    if (batch && !gas && !micro && *batch % dp != 0)
+      return error("train_batch_size",
+                   fmt::format("{} is not divisible by the data-parallel size {}", *batch, dp),
+                   "make train_batch_size a multiple of the data-parallel size");
+
+    if (micro) {
+      apply("--micro-batch-size", &cfg_->micro_batch_size, *micro,
+            "train_micro_batch_size_per_gpu");
+    } else if (batch && gas) {
+      apply("--micro-batch-size", &cfg_->micro_batch_size, *batch / (*gas * dp),
+            "train_batch_size / gradient_accumulation_steps" +
+                std::string(dp > 1 ? " / data-parallel size" : ""));
+    } else if (batch) {  // DeepSpeed: train_batch_size alone means micro = batch / dp, gas = 1
+      apply("--micro-batch-size", &cfg_->micro_batch_size, *batch / dp,
+            dp > 1 ? "train_batch_size / data-parallel size" : "train_batch_size");
+    }
+    if (given_("--global-batch-size")) return Status::ok();
+    if (batch) {
+      apply("--global-batch-size", &cfg_->global_batch_size, *batch, "train_batch_size");
+      set_global_batch_ = true;
+    } else if (gas) {
+      const int64_t global = saturating_product(cfg_->micro_batch_size, *gas, dp);
+      if (global > INT_MAX)
+        return error(
+            "gradient_accumulation_steps",
+            fmt::format("{} times the micro batch size {}{} overflows the global batch size", *gas,
+                        cfg_->micro_batch_size,
+                        dp > 1 ? fmt::format(" times the data-parallel size {}", dp) : ""),
+            "use fewer accumulation steps");
+      apply("--global-batch-size", &cfg_->global_batch_size, global, "gradient_accumulation_steps");
+      set_global_batch_ = true;
+    }
+    return Status::ok();
+  }
+
+  Status merge_optimizer(const json& top) {
+    const json* block = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(top, "", "optimizer", &block));
+    if (!block) return Status::ok();
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, "optimizer", {"type", "params"}));
+    std::optional<std::string> type;
+    TROUPE_RETURN_IF_ERROR(get_string(*block, "optimizer", "type", &type));
+    if (!type)
+      return error("optimizer.type", "is missing",
+                   "add \"type\": \"AdamW\" to the optimizer block");
+    const std::string name = lower(*type);
+    if (name != "adam" && name != "adamw")
+      return error("optimizer.type", "is \"" + *type + "\", which troupe does not implement",
+                   "use \"AdamW\" (or \"Adam\", which DeepSpeed runs as AdamW): troupe's optimizer "
+                   "is AdamW");
+
+    static const json kEmpty = json::object();
+    const json* params = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(*block, "optimizer", "params", &params));
+    if (!params) params = &kEmpty;
+    const std::string p = "optimizer.params";
+    TROUPE_RETURN_IF_ERROR(
+        check_keys(*params, p, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"}));
+
+    std::optional<bool> adam_w_mode;
+    TROUPE_RETURN_IF_ERROR(get_bool(*params, p, "adam_w_mode", &adam_w_mode));
+    if (adam_w_mode && !*adam_w_mode && name == "adam")
+      return error(
+          "optimizer.params.adam_w_mode",
+          "is false, which selects Adam with L2 regularisation; troupe's optimizer is AdamW "
+          "(decoupled weight decay)",
+          "remove adam_w_mode or set it to true");
+
+    // FusedAdam's defaults stand for the params left out (see the comment above the class).
+    std::optional<double> lr, eps, weight_decay;
+    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "lr", &lr));
+    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "eps", &eps));
+    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "weight_decay", &weight_decay));
+    double beta1 = 0.9, beta2 = 0.999;
+    if (const auto it = params->find("betas"); it != params->end()) {
+      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
+        return error("optimizer.params.betas",
+                     "must be a list of two numbers, got " + json_excerpt(*it),
+                     "write e.g. [0.9, 0.999]");
+      beta1 = (*it)[0].get<double>();
+      beta2 = (*it)[1].get<double>();
+    }
+    const auto key = [&](const char* k, bool present) {
+      return p + "." + k + (present ? "" : " (DeepSpeed's default)");
+    };
+    apply("--lr", &cfg_->lr, lr.value_or(1e-3), key("lr", lr.has_value()));
+    apply("--adam-eps", &cfg_->adam_eps, eps.value_or(1e-8), key("eps", eps.has_value()));
+    apply("--weight-decay", &cfg_->weight_decay, weight_decay.value_or(0.0),
+          key("weight_decay", weight_decay.has_value()));
+    const bool has_betas = params->contains("betas");
+    apply("--adam-beta1", &cfg_->adam_beta1, beta1,
+          has_betas ? p + ".betas[0]" : key("betas", false));
+    apply("--adam-beta2", &cfg_->adam_beta2, beta2,
+          has_betas ? p + ".betas[1]" : key("betas", false));
+    return Status::ok();
+  }
+
+  Status merge_scheduler(const json& top) {
+    const json* block = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(top, "", "scheduler", &block));
+    if (!block) return Status::ok();
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, "scheduler", {"type", "params"}));
+    std::optional<std::string> type;
+    TROUPE_RETURN_IF_ERROR(get_string(*block, "scheduler", "type", &type));
+    const std::string accepted_types = "WarmupLR, WarmupDecayLR, WarmupCosineLR";
+    if (!type)
+      return error("scheduler.type", "is missing", "add \"type\" with one of " + accepted_types);
+    const bool warmup_lr = *type == "WarmupLR", decay_lr = *type == "WarmupDecayLR",
+               cosine_lr = *type == "WarmupCosineLR";
+    if (!warmup_lr && !decay_lr && !cosine_lr)
+      return error(
+          "scheduler.type", "is \"" + *type + "\", which troupe does not implement",
+          "use one of " + accepted_types + " (or remove the scheduler and use --lr-decay-style)");
+
+    static const json kEmpty = json::object();
+    const json* params = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(*block, "scheduler", "params", &params));
+    if (!params) params = &kEmpty;
+    const std::string p = "scheduler.params";
+    if (cosine_lr) {
+      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
+                                        {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
+                                         "cos_min_ratio", "warmup_type"}));
+    } else if (decay_lr) {
+      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
+                                        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                         "warmup_type", "total_num_steps"}));
+    } else {
+      TROUPE_RETURN_IF_ERROR(check_keys(
+          *params, p, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}));
+    }
+
+    // Shared by the three: warm-up length and shape.
+    std::optional<int64_t> warmup_steps;
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "warmup_num_steps", &warmup_steps));
+    std::optional<std::string> warmup_type;
+    TROUPE_RETURN_IF_ERROR(get_string(*params, p, "warmup_type", &warmup_type));
+    if (warmup_type && *warmup_type != "log" && *warmup_type != "linear")
+      return error(p + ".warmup_type", "is \"" + *warmup_type + "\"", "use \"log\" or \"linear\"");
+    const int64_t steps = warmup_steps.value_or(1000);
+    apply("--lr-warmup-iters", &cfg_->lr_warmup_iters, std::max<int64_t>(2, steps),
+          p + ".warmup_num_steps" +
+              (!warmup_steps ? " (DeepSpeed's default)"
+               : steps < 2   ? " (DeepSpeed raises it to 2)"
+                             : ""));
+    apply("--lr-warmup-style", &cfg_->lr_warmup_style, warmup_type.value_or("log"),
+          p + ".warmup_type" + (warmup_type ? "" : " (DeepSpeed's default)"));
+
+    std::optional<int64_t> total_steps;
+    if (decay_lr || cosine_lr) {
+      TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "total_num_steps", &total_steps));
+      if (!total_steps)
+        return error(p + ".total_num_steps", "is missing; " + *type + " needs it",
+                     "add the number of optimizer steps the lr decays over");
+      apply("--lr-decay-iters", &cfg_->lr_decay_iters, *total_steps, p + ".total_num_steps");
+    }
+
+    if (cosine_lr) {
+      // The peak is the optimizer's lr (already merged, or --lr); the ratios scale it.
+      std::optional<double> warmup_min_ratio, cos_min_ratio;
+      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_ratio", &warmup_min_ratio));
+      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "cos_min_ratio", &cos_min_ratio));
+      apply("--lr-warmup-init", &cfg_->lr_warmup_init, warmup_min_ratio.value_or(0.0) * cfg_->lr,
+            p + ".warmup_min_ratio * lr");
+      apply("--min-lr", &cfg_->min_lr, cos_min_ratio.value_or(1e-4) * cfg_->lr,
+            p + ".cos_min_ratio * lr");
+      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("cosine"), "scheduler.type");
+      return Status::ok();
+    }
+
+    std::optional<double> min_lr, max_lr;
+    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_lr", &min_lr));
+    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_max_lr", &max_lr));
+    apply("--lr-warmup-init", &cfg_->lr_warmup_init, min_lr.value_or(0.0),
+          p + ".warmup_min_lr" + (min_lr ? "" : " (DeepSpeed's default)"));
+    if (max_lr) {
+      apply("--lr", &cfg_->lr, *max_lr, p + ".warmup_max_lr");
+    } else if (decay_lr) {
+      apply("--lr", &cfg_->lr, 1e-3, p + ".warmup_max_lr (WarmupDecayLR's default)");
+    }  // WarmupLR without warmup_max_lr keeps the optimizer's lr, as DeepSpeed does.
+    if (warmup_lr) {
+      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("constant"), "scheduler.type");
+    } else {
+      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("linear"), "scheduler.type");
+      apply("--min-lr", &cfg_->min_lr, 0.0, "scheduler.type (WarmupDecayLR decays to 0)");
+    }
+    return Status::ok();
+  }
+
+  GivenFn given_;
+  std::string file_;
+  TrainConfig* cfg_;
+  Origins* origins_;
+  int dp_;
+  bool set_global_batch_ = false;
+};
+
+}  // namespace
+
+Status merge_deepspeed_config(const std::string& file, int dp, const FlagGivenFn& given,
+                              TrainConfig* cfg, FlagOrigins* origins, bool* set_global_batch) {
+  DeepSpeedMerger merger(given, file, cfg, origins, dp);
+  TROUPE_RETURN_IF_ERROR(merger.merge());
+  *set_global_batch = merger.set_global_batch();
+  return Status::ok();
+}
+
+}  // namespace troupe

@@ -1,0 +1,181 @@
+#include "config/run_identity.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "storage/sharded_checkpoint.hpp"
+
+namespace troupe {
+
+namespace {
+
+using nlohmann::json;
+
+std::string text(double v) { return fmt::format("{:g}", v); }
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(int v) { return std::to_string(v); }
+std::string text(uint64_t v) { return std::to_string(v); }
+std::string text(const std::string& v) { return v.empty() ? "(none)" : v; }
+
+// Collects the differences of one comparison: a refusal names the flag, both values and the fix.
+struct Differences {
+  ResumeCheck& out;
+  template <class T>
+  void must_agree(const char* flag, const T& now, const T& saved, const std::string& fix) {
+    if (now == saved) return;
+    out.refused.push_back(std::string(flag) + " is " + text(now) + " but the checkpoint's run used " + text(saved) +
+                          " -- " + fix);
+  }
+  template <class T>
+  void may_change(const char* what, const T& now, const T& saved) {
+    if (now == saved) return;
+    out.changed.push_back(std::string(what) + " " + text(saved) + " -> " + text(now));
+  }
+};
+
+int64_t decay_length(const TrainConfig& c) { return c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters; }
+
+}  // namespace
+
+std::string new_run_id() {
+  unsigned char bytes[16] = {0};
+  bool filled = false;
+  if (const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC); fd >= 0) {
+    filled = ::read(fd, bytes, sizeof bytes) == static_cast<ssize_t>(sizeof bytes);
+    ::close(fd);
+  }
+  TROUPE_CHECK(filled, "cannot read /dev/urandom for a run id");
+  std::string id;
+  for (unsigned char b : bytes) id += fmt::format("{:02x}", b);
+  return id;
+}
+
+std::string run_json(const std::string& run_id) { return json{{"id", run_id}}.dump(); }
+
+std::string run_id_of(const CheckpointMeta& meta) {
+  if (meta.run_json.empty()) return "";
+  const json j = json::parse(meta.run_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  auto it = j.find("id");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+Result<LatestRun> latest_run(const std::string& dir) {
+  LatestRun out;
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::exists(std::filesystem::path(dir) / "latest_checkpointed_iteration.txt", ec))
+    return out;
+  auto it = latest_iteration(dir);
+  if (!it) return it.status().as_bad_input();
+  auto meta = read_checkpoint_meta(dir, it.value());
+  if (!meta) return meta.status().as_bad_input();
+  auto cfg = TrainConfig::from_json(meta.value().config_json);
+  if (!cfg) return cfg.status().with_context("the config stored in " + iteration_dir(dir, it.value()) + ": ").as_bad_input();
+  out.found = true;
+  out.iteration = it.value();
+  out.run_id = run_id_of(meta.value());
+  out.config = std::move(cfg).value();
+  return out;
+}
+
+Status ResumeCheck::status(const std::string& dir) const {
+  if (refused.empty()) return Status::ok();
+  std::string message = "cannot resume the run of the checkpoint in " + dir + ":";
+  for (const std::string& r : refused) message += "\n  " + r;
+  return Status::bad_input(message);
+}
+
+ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
+  ResumeCheck out;
+  Differences d{out};
+  const std::string shape_fix = "the model's shape cannot change on resume; pass the checkpoint's value";
+  d.must_agree("--num-layers", now.model.num_layers, saved.model.num_layers, shape_fix);
+  d.must_agree("--hidden-size", now.model.hidden_size, saved.model.hidden_size, shape_fix);
+  d.must_agree("--num-attention-heads", now.model.num_attention_heads, saved.model.num_attention_heads, shape_fix);
+  d.must_agree("--max-position-embeddings", now.model.max_position_embeddings, saved.model.max_position_embeddings,
+               shape_fix);
+  d.must_agree("--tokenizer-type", now.tokenizer_type, saved.tokenizer_type,
+               "use the tokenizer (and vocabulary files) the checkpoint was trained with");
+  if (now.tokenizer_type == saved.tokenizer_type)
+    d.must_agree("the vocabulary size", now.model.vocab_size, saved.model.vocab_size,
+                 "use the vocabulary files the checkpoint was trained with");
+  d.must_agree("--seed", now.seed, saved.seed,
+               "the seed fixes the initialisation and the data order the run continues; pass the checkpoint's "
+               "--seed (or start a new run in another --save folder)");
+  if (!now.override_opt_param_scheduler && !now.use_checkpoint_opt_param_scheduler) {
+    const std::string fix =
+        "pass the checkpoint's value, or --override-opt_param-scheduler to use this run's schedule from here on, "
+        "or --use-checkpoint-opt_param-scheduler to keep the checkpoint's";
+    d.must_agree("--lr", now.lr, saved.lr, fix);
+    d.must_agree("--lr-warmup-iters", now.lr_warmup_iters, saved.lr_warmup_iters, fix);
+    if (now.lr_warmup_iters > 0 && saved.lr_warmup_iters > 0) {
+      d.must_agree("--lr-warmup-style", now.lr_warmup_style, saved.lr_warmup_style, fix);
+      d.must_agree("--lr-warmup-init", now.lr_warmup_init, saved.lr_warmup_init, fix);
+    }
+    d.must_agree("--lr-decay-style", now.lr_decay_style, saved.lr_decay_style, fix);
+    if (now.lr_decay_style != "constant" && saved.lr_decay_style != "constant") {
+      d.must_agree("--min-lr", now.min_lr, saved.min_lr, fix);
+      d.must_agree("the decay length (--lr-decay-iters, or --train-iters without it)", decay_length(now),
+                   decay_length(saved), fix);
+    }
+  }
+  d.may_change("tensor-parallel size", now.tensor_model_parallel_size, saved.tensor_model_parallel_size);
+  d.may_change("pipeline-parallel size", now.pipeline_model_parallel_size, saved.pipeline_model_parallel_size);
+  d.may_change("data-parallel size", now.data_parallel_size, saved.data_parallel_size);
+  d.may_change("ZeRO stage", now.zero_stage, saved.zero_stage);
+  d.may_change("micro-batch size", now.micro_batch_size, saved.micro_batch_size);
+  d.may_change("global batch size", now.global_batch_size, saved.global_batch_size);
+  d.may_change("--train-iters", now.train_iters, saved.train_iters);
+  d.may_change("--data-path", now.data_path, saved.data_path);
+  d.may_change("--split", now.split, saved.split);
+  d.may_change("--seq-length", now.model.seq_length, saved.model.seq_length);
+  d.may_change("--layernorm-epsilon", now.model.layernorm_epsilon, saved.model.layernorm_epsilon);
+  d.may_change("--weight-decay", now.weight_decay, saved.weight_decay);
+  d.may_change("--clip-grad", now.clip_grad, saved.clip_grad);
+  d.may_change("--adam-beta1", now.adam_beta1, saved.adam_beta1);
+  d.may_change("--adam-beta2", now.adam_beta2, saved.adam_beta2);
+  d.may_change("--adam-eps", now.adam_eps, saved.adam_eps);
+  if (now.override_opt_param_scheduler) {
+    d.may_change("--lr", now.lr, saved.lr);
+    d.may_change("--min-lr", now.min_lr, saved.min_lr);
+    d.may_change("--lr-decay-style", now.lr_decay_style, saved.lr_decay_style);
+    d.may_change("--lr-warmup-iters", now.lr_warmup_iters, saved.lr_warmup_iters);
+    d.may_change("the decay length", decay_length(now), decay_length(saved));
+  }
+  return out;
+}
+
+void use_checkpoint_schedule(TrainConfig& now, const TrainConfig& saved) {
+  now.lr = saved.lr;
+  now.min_lr = saved.min_lr;
+  now.lr_decay_style = saved.lr_decay_style;
+  now.lr_warmup_iters = saved.lr_warmup_iters;
+  now.lr_warmup_style = saved.lr_warmup_style;
+  now.lr_warmup_init = saved.lr_warmup_init;
+  now.lr_decay_iters = decay_length(saved);
+}
+
+Status check_save_folder(const std::string& save, const std::string& run_id, const std::string& resuming_from) {
+  auto latest = latest_run(save);
+  if (!latest) return latest.status().with_context("--save " + save + ": ");
+  if (!latest->found) return Status::ok();
+  std::error_code ec;
+  const bool same_folder = !resuming_from.empty() && std::filesystem::equivalent(save, resuming_from, ec);
+  if (latest->run_id.empty() ? same_folder : latest->run_id == run_id) return Status::ok();
+  const TrainConfig& c = latest->config;
+  return Status::bad_input(
+      "--save " + save + " holds the checkpoints of another run (its latest, iteration " +
+      std::to_string(latest->iteration) + ", was written by a run with --seed " + std::to_string(c.seed) +
+      ", --train-iters " + std::to_string(c.train_iters) + ", --lr " + text(c.lr) +
+      (latest->run_id.empty() ? "" : ", run id " + latest->run_id) +
+      ") -- to continue that run pass --load " + save + "; to start a new one choose an empty --save folder (or remove "
+      "the old checkpoints)");
+}
+
+}  // namespace troupe

@@ -1,0 +1,319 @@
+#include "config/train_config.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "storage/json_input.hpp"
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+
+// The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
+// <every other TrainConfig field>}.
+constexpr const char* kFormat = "troupe.train_config";
+constexpr int kVersion = 3;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime"
+
+// One list of fields serves both directions, so a field cannot be written and forgotten when read.
+template <class Model, class Visitor>
+void visit_model_fields(Model& m, Visitor&& v) {
+  v("num_layers", m.num_layers);
+  v("hidden_size", m.hidden_size);
+  v("num_attention_heads", m.num_attention_heads);
+  v("seq_length", m.seq_length);
+  v("max_position_embeddings", m.max_position_embeddings);
+  v("vocab_size", m.vocab_size);
+  v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  v("layernorm_epsilon", m.layernorm_epsilon);
+  v("init_method_std", m.init_method_std);
+}
+
+template <class Config, class Visitor>
+void visit_parallel_fields(Config& c, Visitor&& v) {
+  v("tensor_model_parallel_size", c.tensor_model_parallel_size);
+  v("pipeline_model_parallel_size", c.pipeline_model_parallel_size);
+  v("data_parallel_size", c.data_parallel_size);
+  v("zero_stage", c.zero_stage);
+  v("pipeline_schedule", c.pipeline_schedule);
+  v("num_layers_per_virtual_pipeline_stage", c.num_layers_per_virtual_pipeline_stage);
+  v("recompute_granularity", c.recompute_granularity);
+  v("sequence_parallel", c.sequence_parallel);
+  v("timeline", c.timeline);
+}
+
+// Version 3: optimizer offload and restarts (absent from older files: no offload, no restarts).
+template <class Config, class Visitor>
+void visit_runtime_fields(Config& c, Visitor&& v) {
+  v("offload_optimizer", c.offload_optimizer);
+  v("offload_path", c.offload_path);
+  v("max_restarts", c.max_restarts);
+  v("distributed_timeout_minutes", c.distributed_timeout_minutes);
+}
+
+template <class Config, class Visitor>
+void visit_train_fields(Config& c, Visitor&& v) {
+  v("micro_batch_size", c.micro_batch_size);
+  v("global_batch_size", c.global_batch_size);
+  v("lr", c.lr);
+  v("min_lr", c.min_lr);
+  v("lr_decay_style", c.lr_decay_style);
+  v("lr_warmup_iters", c.lr_warmup_iters);
+  v("lr_warmup_style", c.lr_warmup_style);
+  v("lr_warmup_init", c.lr_warmup_init);
+  v("lr_decay_iters", c.lr_decay_iters);
+  v("weight_decay", c.weight_decay);
+  v("adam_beta1", c.adam_beta1);
+  v("adam_beta2", c.adam_beta2);
+  v("adam_eps", c.adam_eps);
+  v("clip_grad", c.clip_grad);
+  v("train_iters", c.train_iters);
+  v("seed", c.seed);
+  v("data_path", c.data_path);
+  v("tokenizer_type", c.tokenizer_type);
+  v("vocab_file", c.vocab_file);
+  v("merge_file", c.merge_file);
+  v("no_shuffle", c.no_shuffle);
+  v("mock_data", c.mock_data);
+  v("split", c.split);
+  v("save", c.save);
+  v("save_interval", c.save_interval);
+  v("exit_interval", c.exit_interval);
+  v("load", c.load);
+  v("eval_interval", c.eval_interval);
+  v("eval_iters", c.eval_iters);
+  v("log_interval", c.log_interval);
+  v("metrics_file", c.metrics_file);
+  v("num_threads", c.num_threads);
+  v("deepspeed_config", c.deepspeed_config);
+}
+
+Status type_error(const std::string& path, const char* expected, const json& got) {
+  return Status::bad_input("train config JSON: key \"" + path + "\" must be " + expected + ", got " +
+                       json_excerpt(got) +
+                       " -- write the config again with `troupe train` or fix the value");
+}
+
+Status range_error(const std::string& path, const Status& st) {
+  return Status::bad_input("train config JSON: key \"" + path + "\" " + st.message() +
+                       " -- write the config again with `troupe train` or fix the value");
+}
+
+// The values each numeric key may hold (the key path as in the file). Keys not listed: integers in
+// [0, the field type's maximum] (every integer setting is a size, count or interval), numbers in
+// [0, the largest double] (so is every real-valued one). These are ranges of meaning, not of
+// memory: validation decides what a machine can train.
+struct Range {
+  double min, max;
+};
+constexpr double kInt32Max = 2147483647.0;
+const Range* range_of(const std::string& path) {
+  static const std::map<std::string, Range> ranges = {
+      {"model.num_layers", {1, kInt32Max}},
+      {"model.hidden_size", {1, kInt32Max}},
+      {"model.num_attention_heads", {1, kInt32Max}},
+      {"model.seq_length", {1, kInt32Max}},
+      {"model.max_position_embeddings", {1, kInt32Max}},
+      {"model.vocab_size", {0, kInt32Max}},  // token ids are int32; 0 before a tokenizer set it
+      {"model.make_vocab_size_divisible_by", {1, kInt32Max}},
+      {"parallel.tensor_model_parallel_size", {1, kInt32Max}},
+      {"parallel.pipeline_model_parallel_size", {1, kInt32Max}},
+      {"parallel.data_parallel_size", {0, kInt32Max}},
+      {"parallel.zero_stage", {0, 3}},
+      {"parallel.num_layers_per_virtual_pipeline_stage", {0, kInt32Max}},
+      {"runtime.max_restarts", {0, kInt32Max}},
+      {"micro_batch_size", {1, kInt32Max}},
+      {"global_batch_size", {1, kInt32Max}},
+      {"num_threads", {0, kInt32Max}},
+      {"eval_interval", {1, 9.2e18}},
+      {"log_interval", {1, 9.2e18}},
+      {"adam_beta1", {0, 1}},
+      {"adam_beta2", {0, 1}},
+  };
+  const auto it = ranges.find(path);
+  return it == ranges.end() ? nullptr : &it->second;
+}
+
+// Reads one value of the field's type; integers must fit the field and the key's range.
+template <class Int>
+Status read_integer(const json& value, const std::string& path, Int* out) {
+  int64_t min = 0;
+  int64_t max = static_cast<int64_t>(std::numeric_limits<Int>::max());
+  if (const Range* r = range_of(path)) {
+    min = static_cast<int64_t>(r->min);
+    max = std::min<int64_t>(max, static_cast<int64_t>(r->max));
+  }
+  int64_t v = 0;
+  if (Status st = json_to_integer(value, min, max, &v); !st) return range_error(path, st);
+  *out = static_cast<Int>(v);
+  return Status::ok();
+}
+
+Status read_value(const json& value, const std::string& path, int* out) {
+  return read_integer(value, path, out);
+}
+Status read_value(const json& value, const std::string& path, int64_t* out) {
+  return read_integer(value, path, out);
+}
+Status read_value(const json& value, const std::string& path, uint64_t* out) {
+  if (Status st = json_to_unsigned(value, std::numeric_limits<uint64_t>::max(), out); !st)
+    return range_error(path, st);
+  return Status::ok();
+}
+Status read_value(const json& value, const std::string& path, double* out) {
+  const Range* r = range_of(path);
+  const double min = r ? r->min : 0.0, max = r ? r->max : std::numeric_limits<double>::max();
+  if (Status st = json_to_number(value, min, max, out); !st) return range_error(path, st);
+  return Status::ok();
+}
+Status read_value(const json& value, const std::string& path, bool* out) {
+  if (!value.is_boolean()) return type_error(path, "true or false", value);
+  *out = value.get<bool>();
+  return Status::ok();
+}
+Status read_value(const json& value, const std::string& path, std::string* out) {
+  if (!value.is_string()) return type_error(path, "a string", value);
+  *out = value.get<std::string>();
+  return Status::ok();
+}
+
+// Reads every visited field of `object` (at `prefix`), then rejects keys nobody read: a key this
+// build does not know means the file came from another version or was mistyped.
+class ObjectReader {
+ public:
+  ObjectReader(const json& object, std::string prefix)
+      : object_(object), prefix_(std::move(prefix)) {}
+
+  template <class T>
+  void operator()(const char* key, T& field) {
+    if (!status_.is_ok()) return;
+    seen_.insert(key);
+    const auto it = object_.find(key);
+    if (it == object_.end()) {
+      status_ = Status::bad_input("train config JSON: missing key \"" + prefix_ + key +
+                              "\" -- the file was written by another troupe version or edited; "
+                              "write it again with `troupe train`");
+      return;
+    }
+    status_ = read_value(*it, prefix_ + key, &field);
+  }
+
+  Status finish(std::initializer_list<const char*> also_known = {}) {
+    if (!status_.is_ok()) return status_;
+    for (const char* key : also_known) seen_.insert(key);
+    for (const auto& item : object_.items()) {
+      if (!seen_.count(item.key()))
+        return Status::bad_input("train config JSON: unknown key \"" + prefix_ + item.key() +
+                             "\" -- this troupe version does not know it; remove it or use the "
+                             "troupe version that wrote the file");
+    }
+    return Status::ok();
+  }
+
+ private:
+  const json& object_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+  Status status_;
+};
+
+}  // namespace
+
+std::string TrainConfig::to_json() const {
+  json model_json = json::object();
+  visit_model_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
+  json j = json::object();
+  j["format"] = kFormat;
+  j["version"] = kVersion;
+  j["model"] = std::move(model_json);
+  json parallel_json = json::object();
+  visit_parallel_fields(*this,
+                        [&](const char* key, const auto& value) { parallel_json[key] = value; });
+  j["parallel"] = std::move(parallel_json);
+  json runtime_json = json::object();
+  visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
+  j["runtime"] = std::move(runtime_json);
+  visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  return j.dump(2);
+}
+
+Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
+  auto parsed = parse_json(text, "train config JSON");
+  if (!parsed)
+    return Status::bad_input(
+        parsed.status().message() +
+        " -- the file is damaged; restore it or write it again with `troupe train`");
+  const json& j = parsed.value();
+  if (!j.is_object()) return type_error("(top level)", "an object", j);
+
+  const auto format = j.find("format");
+  if (format == j.end() || !format->is_string() || format->get<std::string>() != kFormat)
+    return Status::bad_input(std::string("train config JSON: key \"format\" must be \"") + kFormat +
+                         "\" -- this is not a troupe training config");
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1 ||
+      version->get<int64_t>() > kVersion)
+    return Status::bad_input("train config JSON: key \"version\" must be 1 to " +
+                         std::to_string(kVersion) + ", got " +
+                         (version == j.end() ? std::string("nothing") : version->dump()) +
+                         " -- use the troupe version that wrote the file");
+
+  TrainConfig c;
+  const auto model_it = j.find("model");
+  if (model_it == j.end())
+    return Status::bad_input(
+        "train config JSON: missing key \"model\" -- write the config again with "
+        "`troupe train`");
+  if (!model_it->is_object()) return type_error("model", "an object", *model_it);
+  ObjectReader model_reader(*model_it, "model.");
+  visit_model_fields(c.model, model_reader);
+  TROUPE_RETURN_IF_ERROR(model_reader.finish());
+
+  if (version->get<int64_t>() >= 2) {
+    const auto par_it = j.find("parallel");
+    if (par_it == j.end())
+      return Status::bad_input(
+          "train config JSON: missing key \"parallel\" -- write the config again with `troupe "
+          "train`");
+    if (!par_it->is_object()) return type_error("parallel", "an object", *par_it);
+    ObjectReader par_reader(*par_it, "parallel.");
+    visit_parallel_fields(c, par_reader);
+    TROUPE_RETURN_IF_ERROR(par_reader.finish());
+  }
+
+  if (version->get<int64_t>() >= 3) {
+    const auto rt_it = j.find("runtime");
+    if (rt_it == j.end())
+      return Status::bad_input(
+          "train config JSON: missing key \"runtime\" -- write the config again with `troupe train`");
+    if (!rt_it->is_object()) return type_error("runtime", "an object", *rt_it);
+    ObjectReader rt_reader(*rt_it, "runtime.");
+    visit_runtime_fields(c, rt_reader);
+    TROUPE_RETURN_IF_ERROR(rt_reader.finish());
+  }
+
+  ObjectReader reader(j, "");
+  visit_train_fields(c, reader);
+  // Objects of later versions in an older file are unknown, not silently ignored.
+  const int64_t v = version->get<int64_t>();
+  if (v >= 3)
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime"}));
+  else if (v == 2)
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel"}));
+  else
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));
+  return c;
+}
+
+int TrainConfig::resolved_dp(int world_size) const {
+  if (data_parallel_size > 0) return data_parallel_size;
+  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size;
+  return world_size > 1 && mp > 0 ? std::max(1, world_size / mp) : 1;
+}
+
+}  // namespace troupe

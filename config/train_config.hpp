@@ -1,0 +1,117 @@
+// Everything a training job is configured by: Megatron's flags, the DeepSpeed JSON keys troupe
+// understands, merged by apps/cli/train_options.hpp (explicit flags win over the file) and validated
+// before anything runs; the learning rate of each step is engine/lr_schedule.hpp.
+// Serialised to JSON into every checkpoint, so `troupe eval --load` and resuming know the model.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "base/status.hpp"
+#include "model/config.hpp"
+
+namespace troupe {
+
+struct TrainConfig {
+  GptConfig model;
+
+  // Batches: gradient accumulation steps = global_batch_size / (micro_batch_size * dp).
+  int micro_batch_size = 4;
+  int global_batch_size = 4;
+
+  // Parallelism (Megatron's flags; zero_stage also from the DeepSpeed JSON's zero_optimization.stage).
+  // tp x pp x dp actors run in one process, or one per rank under `troupe launch`, where
+  // tp x pp x dp must equal the ranks started (data_parallel_size 0: ranks / (tp x pp)).
+  int tensor_model_parallel_size = 1;
+  int pipeline_model_parallel_size = 1;
+  int data_parallel_size = 0;  // 0: 1 in one process, ranks / (tp x pp) under troupe launch
+  int zero_stage = 0;          // 0..3
+  std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe | interleaved | zb-h1
+  int num_layers_per_virtual_pipeline_stage = 0;  // interleaved: layers per model chunk
+  std::string recompute_granularity = "none";     // none | full | selective
+  bool sequence_parallel = false;
+  std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
+
+  // Optimizer offload (DeepSpeed's zero_optimization.offload_optimizer): where the Adam moments of
+  // each optimizer partition live. none: with the partition actor; cpu: the process's host memory
+  // pool (pinned where CUDA exists), stepped on the partition's own thread; nvme: a file under
+  // offload_path per partition, read ahead for each piece's step and written back after it.
+  std::string offload_optimizer = "none";  // none | cpu | nvme
+  std::string offload_path;                // nvme: the directory of the swap files
+
+  // Supervision: a failed actor or process stops the job; with max_restarts > 0 the job restarts
+  // every actor from the latest checkpoint in --save up to this many times.
+  int max_restarts = 0;
+  // Megatron's --distributed-timeout-minutes: an iteration (or evaluation, or save) that makes no
+  // progress for this long means a rank is stuck; the job stops naming the ranks that did not finish.
+  double distributed_timeout_minutes = 10;
+
+  // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
+  double lr = 6e-4;
+  double min_lr = 0.0;
+  std::string lr_decay_style = "linear";  // constant | linear | cosine
+  int64_t lr_warmup_iters = 0;
+  std::string lr_warmup_style = "linear"; // linear | log (log: DeepSpeed's WarmupLR default)
+  double lr_warmup_init = 0.0;            // lr at iteration 0 of warm-up
+  int64_t lr_decay_iters = 0;             // 0: train_iters
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;  // 0 disables clipping
+  int64_t train_iters = 0;
+  uint64_t seed = 1234;
+
+  // Data.
+  std::string data_path;  // prefix of the .bin/.idx pair
+  std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | ByteLevelTokenizer
+  std::string vocab_file;
+  std::string merge_file;
+  bool no_shuffle = false;
+  bool mock_data = false;  // Megatron's --mock-data: synthetic tokens, no dataset needed
+  std::string split = "969,30,1";  // train, validation, test weights over documents
+
+  // Checkpointing.
+  std::string save;
+  int64_t save_interval = 0;  // 0: save only at the end (when --save is given)
+  int64_t exit_interval = 0;  // Megatron's --exit-interval: stop (and save) when iteration % N == 0
+  std::string load;
+  // Resuming and stopping (not stored in checkpoints; config/run_identity.hpp): Megatron's flags
+  // for a learning-rate schedule that differs from the checkpoint's (this run's values win, or the
+  // checkpoint's), --exit-duration-in-mins (stop and save after this long; 0: never), and the
+  // background saves that may be in flight at once (a further save waits for one to finish).
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  double exit_duration_in_mins = 0;
+  int max_saves_in_flight = 1;
+  std::string run_id;  // set by run_training: the run this job continues or starts
+
+  // Evaluation and logging.
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  int64_t log_interval = 100;
+  std::string metrics_file;  // one JSON object per iteration
+  int num_threads = 0;       // compute threads of the process's ranks; 0: all cores
+
+  std::string deepspeed_config;  // the file the values came from, if any (informational)
+
+  // Data-parallel size once the ranks are known (world_size: ranks started; 1 in one process).
+  int resolved_dp(int world_size = 1) const;
+  // Micro-batches per data-parallel rank and iteration.
+  int grad_accumulation_steps(int world_size = 1) const {
+    return global_batch_size / (micro_batch_size * resolved_dp(world_size));
+  }
+  bool parallel() const {
+    return tensor_model_parallel_size * pipeline_model_parallel_size * resolved_dp() > 1 || zero_stage > 0 ||
+           offload_optimizer != "none";
+  }
+
+  // {"format": "troupe.train_config", "version": 3, "model": {GptConfig's fields}, "parallel": {the
+  // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts,
+  // distributed_timeout_minutes}, every other field above}, indented. Versions 1 (no "parallel")
+  // and 2 (no "runtime") still load. from_json requires every key and rejects unknown ones; errors
+  // name the key.
+  std::string to_json() const;
+  static Result<TrainConfig> from_json(const std::string& json);
+};
+
+}  // namespace troupe

@@ -1,0 +1,116 @@
+#include "engine/checkpoint_convert.hpp"
+
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include "config/stored_config.hpp"
+#include "config/train_config.hpp"
+#include "comm/local/local_world.hpp"
+#include "comm/topology.hpp"
+#include "storage/checkpoint.hpp"
+#include "storage/shard_file.hpp"
+#include "storage/sharded_checkpoint.hpp"
+
+namespace troupe {
+
+Status convert_checkpoint(const std::string& in, int64_t iteration, const std::string& out,
+                          const ConvertTarget& target) {
+  if (iteration < 0) {
+    auto it = latest_iteration(in);
+    if (!it) return it.status();
+    iteration = it.value();
+  }
+  auto meta = read_checkpoint_meta(in, iteration);
+  if (!meta) return meta.status().as_bad_input();
+  auto config = stored_config(in, iteration);  // only a config the checkpoint's tensors vouch for
+  if (!config) return config.status();
+  TrainConfig cfg = config.value();
+  const GptConfig& m = cfg.model;
+  if (target.tp < 1 || target.pp < 1 || target.dp < 1 || target.zero_stage < 0 || target.zero_stage > 3)
+    return Status::bad_input("target sizes must be >= 1 and the ZeRO stage 0..3");
+  if (m.num_attention_heads % target.tp != 0)
+    return Status::bad_input("--target-tensor-parallel-size " + std::to_string(target.tp) + " does not divide the " +
+                         std::to_string(m.num_attention_heads) + " attention heads -- pick a divisor of " +
+                         std::to_string(m.num_attention_heads));
+  if (m.num_layers < target.pp * target.virtual_chunks)
+    return Status::bad_input("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
+                         std::to_string(m.num_layers) + " layers -- use at most " + std::to_string(m.num_layers));
+  cfg.tensor_model_parallel_size = target.tp;
+  cfg.pipeline_model_parallel_size = target.pp;
+  cfg.data_parallel_size = target.dp;
+  cfg.zero_stage = target.zero_stage;
+
+  ParallelConfig par;
+  par.tp = target.tp;
+  par.pp = target.pp;
+  par.dp = target.dp;
+  par.zero_stage = target.zero_stage;
+  par.virtual_chunks = target.virtual_chunks;
+  if (target.virtual_chunks > 1) par.schedule = sched::ScheduleType::interleaved;
+  const int world = par.world_size();
+  comm::ParallelSizes sizes;
+  sizes.tp = par.tp;
+  sizes.pp = par.pp;
+  sizes.dp = par.dp;
+  auto topo = comm::Topology::create(sizes, world);
+  if (!topo) return topo.status();
+  auto fabric = comm::LocalFabric::create(world);
+  if (!fabric) return fabric.status();
+
+  std::vector<std::string> files;
+  if (is_sharded_checkpoint(in, iteration)) {
+    auto f = sharded_checkpoint_files(in, iteration);
+    if (!f) return f.status();
+    files = std::move(f).value();
+  } else {
+    files = {checkpoint_file(in, iteration)};
+  }
+  TROUPE_RETURN_IF_ERROR(prepare_iteration_dir(out, iteration));
+
+  RankSpec spec;
+  spec.model = m;
+  spec.par = par;
+  spec.micro_batch_size = 1;
+  spec.micro_batches = 1;
+  spec.num_threads = 1;
+  std::mutex mu;
+  Status failure;
+  auto body = [&](int rank) {
+    auto record = [&](const Status& st) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failure.is_ok()) failure = st.with_context("rank " + std::to_string(rank) + ": ");
+      fabric.value().abort(rank, st.message());  // ranks waiting on this one give up too
+    };
+    auto w = fabric.value().world(rank);
+    auto group = [&](const std::vector<int>& members) { return w->group(members); };
+    auto tp = group(topo.value().tp_group(rank));
+    auto dp = group(topo.value().dp_group(rank));
+    auto pp = group(topo.value().pp_group(rank));
+    if (!tp || !dp || !pp) return record(Status::error("cannot create the rank's groups"));
+    const auto emb_members = topo.value().embedding_group(rank);
+    Result<std::unique_ptr<comm::Communicator>> emb = emb_members.empty()
+                                                          ? Result<std::unique_ptr<comm::Communicator>>(nullptr)
+                                                          : group(emb_members);
+    auto all = w->everyone();
+    if (!emb || !all) return record(Status::error("cannot create the rank's groups"));
+    RankEngine engine(spec, topo.value(), rank,
+                      RankComms{tp.value().get(), pp.value().get(), dp.value().get(), emb.value().get(),
+                                all.value().get()});
+    auto reader = ShardSetReader::open(files);
+    if (!reader) return record(reader.status());
+    if (Status st = engine.load_own_shards(**reader); !st) return record(st);
+    if (Status st = write_shard_file(shard_file_path(out, iteration, rank), rank, engine.own_shard_contents()); !st)
+      return record(st);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+  if (!failure.is_ok()) return failure;
+
+  CheckpointMeta saved = meta.value();
+  saved.config_json = cfg.to_json();
+  return commit_sharded_checkpoint(out, saved, par.to_json(), shard_file_names(world));
+}
+
+}  // namespace troupe

@@ -1,0 +1,585 @@
+#include "engine/rank_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "base/check.hpp"
+
+namespace troupe {
+
+using Clock = std::chrono::steady_clock;
+
+// steady_clock is CLOCK_MONOTONIC (time since boot), shared by every process of a host: the spans of a
+// multi-process job on one host line up without any clock exchange.
+std::string ParallelConfig::to_json() const {
+  return "{\"tensor_model_parallel_size\": " + std::to_string(tp) + ", \"pipeline_model_parallel_size\": " +
+         std::to_string(pp) + ", \"data_parallel_size\": " + std::to_string(dp) + ", \"zero_stage\": " +
+         std::to_string(zero_stage) + ", \"schedule\": \"" + sched::schedule_name(schedule) +
+         "\", \"virtual_chunks\": " + std::to_string(virtual_chunks) + "}";
+}
+
+std::chrono::steady_clock::time_point span_epoch() { return Clock::time_point{}; }
+
+// Per chunk: activation buffers of each slot, the sends still reading them, and which micro-batch
+// holds which slot. Shapes: (boundary_rows, C).
+struct RankEngine::ChunkBuffers {
+  std::vector<Tensor> in_act, out_act, in_grad, out_grad;
+  std::vector<std::vector<comm::WorkPtr>> sends;
+  std::vector<int> free_slots;
+  std::map<int, int> slot_of_micro;
+};
+
+namespace {
+
+constexpr int kF = 0, kB = 1;
+
+Status wait_sends(std::vector<comm::WorkPtr>& sends) {
+  Status st = comm::wait_all(sends);
+  sends.clear();
+  return st;
+}
+
+}  // namespace
+
+RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms)
+    : spec_(spec), rank_(rank), comms_(comms) {
+  const comm::Coords at = topology.coords(rank);
+  stage_ = at.pp;
+  tp_rank_ = at.tp;
+  dp_rank_ = at.dp;
+  const ParallelConfig& par = spec_.par;
+  sched::ScheduleSpec ss;
+  ss.type = par.schedule;
+  ss.stages = par.pp;
+  ss.micro_batches = spec_.micro_batches;
+  ss.chunks = par.virtual_chunks;
+  auto made = sched::make_schedule(ss);
+  TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
+  schedule_ = std::move(made).value();
+
+  pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
+  ctx_.device = Device::cpu;
+  ctx_.pool = pool_.get();
+
+  const int slots = schedule_.peak_in_flight(stage_) + 1;
+  for (int c = 0; c < par.virtual_chunks; ++c) {
+    ChunkSpec cs = chunk_layers(spec_.model, par.pp, par.virtual_chunks, stage_, c);
+    cs.tp_size = par.tp;
+    cs.tp_rank = tp_rank_;
+    cs.sequence_parallel = par.sequence_parallel && par.tp > 1;
+    cs.recompute = par.recompute;
+    cs.micro_batch = spec_.micro_batch_size;
+    cs.slots = slots;
+    cs.dtype = spec_.dtype;
+    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, spec_.dtype);
+    auto chunk = std::make_unique<GptChunk>(cs, comms_.tp, store->hooks());
+    store->attach(chunk.get(), &ctx_);
+    auto buf = std::make_unique<ChunkBuffers>();
+    const Shape shape{chunk->boundary_rows(), spec_.model.hidden_size};
+    for (int s = 0; s < slots; ++s) {
+      if (!cs.has_embedding) {
+        buf->in_act.push_back(Tensor::zeros(shape, spec_.dtype));
+        buf->out_grad.push_back(Tensor::zeros(shape, spec_.dtype));
+      }
+      if (!cs.has_head) {
+        buf->out_act.push_back(Tensor::zeros(shape, spec_.dtype));
+        buf->in_grad.push_back(Tensor::zeros(shape, spec_.dtype));
+      }
+      buf->free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
+    }
+    buf->sends.resize(slots);
+    stores_.push_back(std::move(store));
+    chunks_.push_back(std::move(chunk));
+    buffers_.push_back(std::move(buf));
+  }
+}
+
+RankEngine::~RankEngine() {
+  // Sends still in flight read our buffers: let them finish (a failed peer fails them, no hang).
+  for (auto& b : buffers_)
+    for (auto& s : b->sends) (void)wait_sends(s);
+}
+
+void RankEngine::init(uint64_t seed) {
+  for (auto& store : stores_) store->init(seed);
+}
+
+void RankEngine::record(const std::string& name, const char* cat, Clock::time_point t0) {
+  const auto t1 = Clock::now();
+  Span s;
+  s.name = name;
+  s.cat = cat;
+  s.start_us = std::chrono::duration<double, std::micro>(t0 - span_epoch()).count();
+  s.dur_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  spans_.push_back(std::move(s));
+}
+
+std::vector<Span> RankEngine::take_spans() {
+  std::vector<Span> out;
+  out.swap(spans_);
+  return out;
+}
+
+Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses) {
+  const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
+  const bool split = schedule_.split_backward;
+  const auto& actions = schedule_.stages[stage_];
+  const DType dt = spec_.dtype;
+  // Virtual stage k = c*p + stage holds chunk c; its neighbours k-1, k+1 live on stages (k +- 1) mod p.
+  auto vstage = [&](int c) { return c * p + stage_; };
+  // One tag per (micro-batch, boundary, direction): the activation from virtual stage k to k+1 and
+  // the gradient from k+1 back to k share boundary k.
+  auto tag = [&](int micro, int boundary, int dir) {
+    return (static_cast<uint64_t>(micro) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(boundary)) * 2 +
+           static_cast<uint64_t>(dir);
+  };
+  auto alloc_slot = [&](int c, int micro) -> Result<int> {
+    ChunkBuffers& b = *buffers_[c];
+    TROUPE_CHECK(!b.free_slots.empty(), "RankEngine: more micro-batches in flight than the schedule's peak");
+    const int slot = b.free_slots.back();
+    b.free_slots.pop_back();
+    TROUPE_RETURN_IF_ERROR(wait_sends(b.sends[slot]));  // the slot's buffers are ours again
+    b.slot_of_micro[micro] = slot;
+    return slot;
+  };
+  auto release_slot = [&](int c, int micro) {
+    ChunkBuffers& b = *buffers_[c];
+    auto it = b.slot_of_micro.find(micro);
+    TROUPE_CHECK(it != b.slot_of_micro.end(), "RankEngine: release of a micro-batch without a slot");
+    b.free_slots.push_back(it->second);
+    b.slot_of_micro.erase(it);
+  };
+  auto needs_recv = [&](const sched::Action& a) {
+    const ChunkSpec& cs = chunks_[a.chunk]->spec();
+    if (a.kind == sched::Kind::forward) return !cs.has_embedding;
+    if (a.kind == sched::Kind::backward) return !cs.has_head;
+    return false;
+  };
+  std::map<std::tuple<int, int, int>, comm::WorkPtr> posted;  // (kind, micro, chunk) -> recv
+  auto post = [&](const sched::Action& a) -> Status {
+    if (!needs_recv(a)) return Status::ok();
+    const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
+    if (posted.count(key)) return Status::ok();
+    ChunkBuffers& b = *buffers_[a.chunk];
+    const int k = vstage(a.chunk);
+    if (a.kind == sched::Kind::forward) {
+      auto slot = alloc_slot(a.chunk, a.micro);
+      if (!slot.is_ok()) return slot.status();
+      const Tensor& dst = b.in_act[slot.value()];
+      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kF));
+    } else {
+      // The first stage allocates a micro-batch's slot when its forward runs: a backward right
+      // after its own forward (fewer micro-batches than stages) is posted at its turn instead.
+      const auto slot = b.slot_of_micro.find(a.micro);
+      if (slot == b.slot_of_micro.end()) return Status::ok();
+      const Tensor& dst = b.in_grad[slot->second];
+      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k + 1) % p, tag(a.micro, k, kB));
+    }
+    return Status::ok();
+  };
+  auto await = [&](const sched::Action& a) -> Status {
+    if (!needs_recv(a)) return Status::ok();
+    const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
+    const auto t0 = Clock::now();
+    TROUPE_CHECK(posted.count(key) == 1, "RankEngine: a receive was not posted");
+    Status st = posted.at(key)->wait();
+    posted.erase(key);
+    const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+    if (waited > 20) record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0);
+    return st;
+  };
+
+  for (size_t j = 0; j < actions.size(); ++j) {
+    const sched::Action& a = actions[j];
+    TROUPE_RETURN_IF_ERROR(post(a));
+    if (j + 1 < actions.size()) TROUPE_RETURN_IF_ERROR(post(actions[j + 1]));
+    TROUPE_RETURN_IF_ERROR(await(a));
+    GptChunk& chunk = *chunks_[a.chunk];
+    ChunkBuffers& b = *buffers_[a.chunk];
+    const ChunkSpec& cs = chunk.spec();
+    const int k = vstage(a.chunk);
+    std::string label = sched::kind_name(a.kind);  // "F3", or "F3.1" for chunk 1 of an interleaved stage
+    label += std::to_string(a.micro);
+    if (v > 1) label += '.' + std::to_string(a.chunk);
+    const auto t0 = Clock::now();
+    if (a.kind == sched::Kind::forward) {
+      int slot;
+      if (cs.has_embedding) {
+        auto s = alloc_slot(a.chunk, a.micro);
+        if (!s.is_ok()) return s.status();
+        slot = s.value();
+      } else {
+        slot = b.slot_of_micro.at(a.micro);
+      }
+      const Tensor mb = (cs.has_embedding || cs.has_head) ? tokens.rows(int64_t{a.micro} * B, int64_t{a.micro + 1} * B)
+                                                          : Tensor();
+      // The head's backward right after its forward (1F1B at pp 1 and on its last stage, ...):
+      // the chunk runs the head's backward in the forward, on logits it need not recompute.
+      const bool backward_next = cs.has_head && !split && j + 1 < actions.size() &&
+                                 actions[j + 1].kind == sched::Kind::backward && actions[j + 1].micro == a.micro &&
+                                 actions[j + 1].chunk == a.chunk;
+      const double loss = chunk.forward(ctx_, slot, mb, cs.has_embedding ? Tensor() : b.in_act[slot],
+                                        cs.has_head ? Tensor() : b.out_act[slot], grad_scale, backward_next);
+      record(label, "forward", t0);
+      if (cs.has_head) {
+        micro_losses[a.micro] = loss;
+      } else {
+        const Tensor& out = b.out_act[slot];
+        b.sends[slot].push_back(
+            comms_.pp->send(out.raw(), static_cast<size_t>(out.numel()), dt, (k + 1) % p, tag(a.micro, k, kF)));
+      }
+    } else if (a.kind == sched::Kind::backward) {
+      const int slot = b.slot_of_micro.at(a.micro);
+      chunk.backward(ctx_, slot, cs.has_head ? Tensor() : b.in_grad[slot],
+                     cs.has_embedding ? Tensor() : b.out_grad[slot], split);
+      record(label, "backward", t0);
+      if (!cs.has_embedding) {
+        const Tensor& din = b.out_grad[slot];
+        b.sends[slot].push_back(
+            comms_.pp->send(din.raw(), static_cast<size_t>(din.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kB)));
+      }
+      if (!split) release_slot(a.chunk, a.micro);
+    } else {
+      chunk.backward_weight(ctx_, b.slot_of_micro.at(a.micro));
+      record(label, "weight", t0);
+      release_slot(a.chunk, a.micro);
+    }
+  }
+  for (auto& buf : buffers_)
+    for (auto& s : buf->sends) TROUPE_RETURN_IF_ERROR(wait_sends(s));
+  return Status::ok();
+}
+
+// The embedding copy of wte (first stage) and the head copy (last stage) get the sum of both
+// gradients; their units have the same dp partition, so partitions are summed directly.
+Status RankEngine::sync_tied_embedding() {
+  if (spec_.par.pp == 1 || comms_.embedding == nullptr || comms_.embedding->size() < 2) return Status::ok();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ChunkSpec& cs = chunks_[c]->spec();
+    if (!cs.has_embedding && !cs.has_head) continue;
+    const Tensor g = stores_[c]->unit_gradient(0);  // wte is unit 0 of both chunks
+    TROUPE_RETURN_IF_ERROR(
+        comms_.embedding->all_reduce(g.raw(), static_cast<size_t>(g.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
+  }
+  return Status::ok();
+}
+
+// The chunk's layers and ZeRO's hooks have no error channel: a collective that fails inside them
+// throws comm::CollectiveFailed (comm/communicator.hpp), which the engine's entry points return as
+// their error, so no exception leaves the engine.
+namespace {
+template <class F>
+auto returning_collective_failures(F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const comm::CollectiveFailed& e) {
+    return Status::error(e.what());
+  }
+}
+}  // namespace
+
+Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  return returning_collective_failures([&]() -> Result<StepOutcome> {
+    if (steps_++ >= spec_.keep_span_steps) spans_.clear();
+    step_first_span_ = spans_.size();
+    step_start_ = Clock::now();
+    StepOutcome out;
+    for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
+    std::vector<double> micro_losses(spec_.micro_batches, 0.0);
+    TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
+    auto t0 = Clock::now();
+    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
+    TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
+    // One all-reduce over the world carries the squared norm, the loss and the stop votes (so every
+    // process of a job learns in the same step that one of them wants to stop).
+    double sums[3] = {0, 0, req.stop ? 1.0 : 0.0};
+    for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
+    const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
+    for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
+    if (comms_.world != nullptr && comms_.world->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 3, DType::f64, comm::ReduceOp::sum)->wait());
+    out.grad_norm = std::sqrt(sums[0]);
+    out.loss_sum = sums[1];
+    out.stop = sums[2] > 0;
+    if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
+      const double factor = req.clip_grad / (out.grad_norm + 1e-6);
+      for (auto& store : stores_) store->scale_gradients(factor);
+    }
+    record("grad reduce", "reduce", t0);
+    return out;
+  });
+}
+
+Status RankEngine::finish_step() {
+  return returning_collective_failures([&]() -> Status {
+    const auto t0 = Clock::now();
+    for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
+    record("param gather", "reduce", t0);
+    return Status::ok();
+  });
+}
+
+std::vector<AdamSegment> RankEngine::adam_segments() const {
+  std::vector<AdamSegment> out;
+  for (const auto& store : stores_)
+    for (AdamSegment& s : store->adam_segments()) out.push_back(std::move(s));
+  return out;
+}
+
+Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  auto out = compute_gradients(tokens, grad_scale, req);
+  if (!out || !std::isfinite(out.value().grad_norm)) return out;
+  const auto t0 = Clock::now();
+  const std::vector<AdamSegment> segments = adam_segments();
+  if (exp_avg_.empty()) {
+    for (const AdamSegment& s : segments) {
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+    }
+  }
+  adamw_step(ctx_, segments, exp_avg_, exp_avg_sq_, req);
+  record("optimizer", "optimizer", t0);
+  TROUPE_RETURN_IF_ERROR(finish_step());
+  StepOutcome done = out.value();
+  fill_times(done);
+  return done;
+}
+
+void RankEngine::fill_times(StepOutcome& out) const {
+  out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start_).count();
+  out.busy_us = 0;
+  for (size_t i = step_first_span_; i < spans_.size(); ++i)
+    if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
+}
+
+Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
+  return returning_collective_failures([&]() -> Result<double> {
+    const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
+    const DType dt = spec_.dtype;
+    const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
+    // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
+    // parameters over dp, so the replicas' collectives must match even when the windows do not split
+    // evenly. A partial (or, for a replica with fewer windows, empty) micro-batch is padded with
+    // copies of a window, whose losses the head leaves out. All ranks of a replica get the same
+    // windows, so they agree on the count.
+    int64_t micros = (rows + B - 1) / B;
+    if (comms_.dp != nullptr && comms_.dp->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
+    double loss = 0;
+    Tensor padded;
+    for (int64_t i = 0; i < micros; ++i) {
+      const int64_t r0 = i * B, valid = std::clamp<int64_t>(rows - r0, 0, B);
+      Tensor mb = valid > 0 ? tokens.rows(r0, r0 + valid) : Tensor();
+      if (valid < B) {
+        padded = Tensor::zeros({B, spec_.model.seq_length + 1}, DType::i32);
+        if (valid > 0) {
+          padded.rows(0, valid).copy_from(mb);
+          for (int64_t k = valid; k < B; ++k) padded.rows(k, k + 1).copy_from(mb.rows(valid - 1, valid));
+        }
+        mb = padded;
+      }
+      for (int c = 0; c < v; ++c) {
+        GptChunk& chunk = *chunks_[c];
+        ChunkBuffers& b = *buffers_[c];
+        const ChunkSpec& cs = chunk.spec();
+        const int k = c * p + stage_;
+        const uint64_t t = (static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(k)) * 2;
+        if (!cs.has_embedding)
+          TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
+                                                 (k - 1) % p, t - 2)->wait());
+        const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
+                                            cs.has_head ? Tensor() : b.out_act[0], valid);
+        if (cs.has_head) {
+          if (tp_rank_ == 0) loss += l;
+        } else {
+          TROUPE_RETURN_IF_ERROR(comms_.pp->send(b.out_act[0].raw(), static_cast<size_t>(b.out_act[0].numel()), dt,
+                                                 (k + 1) % p, t)->wait());
+        }
+      }
+    }
+    if (comms_.world != nullptr && comms_.world->size() > 1)
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
+    return loss;
+  });
+}
+
+Result<std::vector<Tensor>> RankEngine::param_values(int c) {
+  const GptChunk& chunk = *chunks_[c];
+  std::vector<Tensor> out(chunk.specs().size());
+  for (size_t u = 0; u < chunk.units().size(); ++u) {
+    auto unit = stores_[c]->unit_params(static_cast<int>(u));
+    if (!unit) return unit.status();
+    int64_t at = 0;
+    for (int s : chunk.units()[u].specs) {
+      const Shape& shape = chunk.specs()[s].local_shape;
+      out[s] = unit.value().rows(at, at + shape.numel()).view(shape).clone();
+      at += shape.numel();
+    }
+  }
+  return out;
+}
+
+double MemoryReport::formula_bytes() const {
+  const double psi = static_cast<double>(shard_params), d = dp;
+  switch (zero_stage) {
+    case 0: return 16 * psi;
+    case 1: return 8 * psi + 8 * psi / d;
+    case 2: return 4 * psi + 12 * psi / d;
+    default: return 16 * psi / d;
+  }
+}
+
+namespace {
+
+// Elements [begin, end) of a spec's local tensor as runs: (local offset from begin, global run). The
+// local-to-global map of a tensor-parallel slice is strictly increasing (padding rows, -1, come last),
+// so a run [i, i + L) is consecutive exactly when its last element's index is g(i) + L - 1: its length
+// is found by galloping on that test instead of visiting every element.
+std::vector<std::pair<int64_t, GlobalRun>> local_runs(const ParamSpec& spec, int64_t begin, int64_t end) {
+  std::vector<std::pair<int64_t, GlobalRun>> out;
+  const int64_t n = end - begin;
+  auto g = [&](int64_t i) { return slice_global_index(spec, begin + i); };
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t start = g(i);
+    if (start < 0) {  // padding: never saved
+      ++i;
+      continue;
+    }
+    auto consecutive = [&](int64_t len) { return i + len <= n && g(i + len - 1) == start + len - 1; };
+    int64_t good = 1, step = 1;
+    while (consecutive(good + step)) {
+      good += step;
+      step *= 2;
+    }
+    for (step /= 2; step >= 1; step /= 2)
+      if (consecutive(good + step)) good += step;
+    out.push_back({i, GlobalRun{start, good}});
+    i += good;
+  }
+  return out;
+}
+
+// values_are_copies: `values` is already a snapshot nobody changes (the optimizer's copies of the
+// moments), so a piece of one run may view it instead of copying it again.
+TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values,
+                       bool values_are_copies = false) {
+  TensorPiece p;
+  p.name = spec.name;
+  p.global_shape = spec.global_shape;
+  const auto runs = local_runs(spec, begin, end);
+  if (values_are_copies && runs.size() == 1) {
+    const auto& [local, run] = runs.front();
+    p.values = values.view(Shape{values.numel()}).rows(local, local + run.length);
+    p.runs.push_back(run);
+    return p;
+  }
+  int64_t total = 0;
+  for (const auto& [local, run] : runs) total += run.length;
+  p.values = Tensor::empty({total});
+  const float* src = values.data<float>();
+  float* dst = p.values.data<float>();
+  for (const auto& [local, run] : runs) {
+    std::memcpy(dst, src + local, static_cast<size_t>(run.length) * sizeof(float));
+    dst += run.length;
+    p.runs.push_back(run);
+  }
+  return p;
+}
+
+Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec& spec, int64_t begin, int64_t end,
+                  const Tensor& into) {
+  const auto runs = local_runs(spec, begin, end);
+  std::vector<GlobalRun> global;
+  int64_t total = 0;
+  for (const auto& [local, run] : runs) {
+    global.push_back(run);
+    total += run.length;
+  }
+  Tensor tmp = Tensor::empty({total});
+  if (total > 0) TROUPE_RETURN_IF_ERROR(reader.read(section, spec.name, spec.global_shape, global, tmp));
+  into.zero_();  // padding stays zero
+  const float* src = tmp.data<float>();
+  float* dst = into.data<float>();
+  for (const auto& [local, run] : runs) {
+    std::memcpy(dst + local, src, static_cast<size_t>(run.length) * sizeof(float));
+    src += run.length;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                                         bool moments_are_copies) const {
+  TROUPE_CHECK(spec_.dtype == DType::f32, "checkpoints hold f32 tensors");
+  ShardContents out;
+  size_t seg = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const GptChunk& chunk = *chunks_[c];
+    const int zero = spec_.par.zero_stage;
+    for (const auto& r : stores_[c]->param_ranges())
+      if (chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
+        out.sections[ShardSection::model].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const size_t i = seg++;
+      if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
+      out.sections[ShardSection::exp_avg].push_back(
+          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i], moments_are_copies));
+      out.sections[ShardSection::exp_avg_sq].push_back(
+          make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i], moments_are_copies));
+    }
+  }
+  return out;
+}
+
+Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg,
+                               const std::vector<Tensor>& exp_avg_sq) {
+  size_t seg = 0;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const GptChunk& chunk = *chunks_[c];
+    for (const auto& r : stores_[c]->param_ranges())
+      TROUPE_RETURN_IF_ERROR(read_range(reader, ShardSection::model, chunk.specs()[r.spec], r.begin, r.end, r.values));
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const size_t i = seg++;
+      if (exp_avg.empty()) continue;
+      TROUPE_RETURN_IF_ERROR(read_range(reader, ShardSection::exp_avg, chunk.specs()[r.spec], r.begin, r.end, exp_avg[i]));
+      TROUPE_RETURN_IF_ERROR(
+          read_range(reader, ShardSection::exp_avg_sq, chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i]));
+    }
+  }
+  for (auto& store : stores_) store->zero_gradients();
+  return Status::ok();
+}
+
+Status RankEngine::load_own_shards(ShardSetReader& reader) {
+  if (exp_avg_.empty()) {
+    for (const AdamSegment& s : adam_segments()) {
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+    }
+  }
+  return load_shards(reader, exp_avg_, exp_avg_sq_);
+}
+
+MemoryReport RankEngine::memory() const {
+  MemoryReport m;
+  m.zero_stage = spec_.par.zero_stage;
+  m.dp = spec_.par.dp;
+  for (const auto& chunk : chunks_)
+    for (const UnitInfo& u : chunk->units()) m.shard_params += u.numel;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const ZeroCounts z = stores_[c]->counts();
+    m.param_bytes += z.param_bytes;
+    m.grad_bytes += z.grad_bytes;
+    m.optimizer_bytes += z.optimizer_bytes;
+    m.transient_peak_bytes += z.transient_peak_bytes;
+    m.activation_bytes += chunks_[c]->activation_bytes();
+  }
+  return m;
+}
+
+}  // namespace troupe

@@ -1,0 +1,194 @@
+// What one rank of a tp x pp x dp job computes: its model chunks (one per virtual pipeline stage it
+// holds, each a tensor-parallel shard), their ZeRO stores, and one training iteration executed from
+// the pipeline schedule table (engine/schedule.hpp). The rank actor (actors/rank_actor.hpp) owns one
+// RankEngine and runs it on its own thread; the engine itself is plain, deterministic code (no actors), so tests can run several
+// ranks on threads.
+//
+// One iteration (train_step):
+//   1. the stage's schedule, action by action: a forward waits for its input activation (a recv from
+//      the previous virtual stage, posted one action ahead so it lands while the stage computes), a
+//      backward for its output gradient; outputs are sent without waiting. Activation slots per chunk
+//      are the schedule's peak of micro-batches in flight on the stage (+1 for the recv posted ahead):
+//      that is the back-pressure bound.
+//   2. ZeRO: each unit's gradients are reduced over dp as the backward completes them (the store's
+//      hooks), then finish_gradients waits for the rest.
+//   3. The tied embedding (pp > 1): the gradient of wte's embedding copy (first stage) and head copy
+//      (last stage) are summed over the embedding group, partition by partition.
+//   4. Gradient norm over every shard: each rank's owned sum of squares (replicas counted once), one
+//      all-reduce over the world, then clipping (Megatron's max_norm / (norm + 1e-6)) and AdamW.
+//   5. The loss: the last stage's token-loss sums, all-reduced over the world (tp rank 0 only adds).
+// Results equal the 1x1x1 run's up to floating-point summation order (tests: 1e-5 relative in fp32).
+//
+// Communicators are borrowed (the caller owns them; they outlive the engine): tp, pp and dp groups of
+// this rank, the embedding group (first and last stage) and the world. Ranks of the pp group are
+// stage indices (the topology lists members by ascending global rank, pp slowest).
+// Failures of a peer surface as errors from train_step, never hangs. Not thread-safe.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/types.hpp"
+#include "engine/schedule.hpp"
+#include "engine/zero_store.hpp"
+#include "comm/communicator.hpp"
+#include "comm/topology.hpp"
+#include "kernels/context.hpp"
+#include "kernels/thread_pool.hpp"
+#include "model/gpt_chunk.hpp"
+#include "storage/shard_file.hpp"
+
+namespace troupe {
+
+struct ParallelConfig {
+  int tp = 1, pp = 1, dp = 1;
+  int zero_stage = 0;
+  sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b;
+  int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)
+  Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;
+  int world_size() const { return tp * pp * dp; }
+  // The layout as a JSON object (recorded in checkpoints: informational).
+  std::string to_json() const;
+};
+
+struct RankSpec {
+  GptConfig model;
+  ParallelConfig par;
+  int micro_batch_size = 1;
+  int micro_batches = 1;  // per dp rank and iteration: global batch / (micro batch * dp)
+  int num_threads = 1;
+  DType dtype = DType::f32;
+  // Spans of the first this-many steps are kept for the timeline (take_spans); later steps' spans
+  // are dropped at the start of the next step (a long run's trace would not fit in memory).
+  int keep_span_steps = 0;
+  // The rank only evaluates a loaded model (troupe eval): whoever runs it keeps no optimizer state.
+  bool evaluation_only = false;
+};
+
+struct RankComms {
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* pp = nullptr;
+  comm::Communicator* dp = nullptr;
+  comm::Communicator* embedding = nullptr;
+  comm::Communicator* world = nullptr;
+};
+
+// One span of the timeline (Chrome trace "X" event), microseconds since span_epoch().
+struct Span {
+  std::string name;  // "F3", "B3.1" (micro 3, chunk 1), "W2", "optimizer", ...
+  std::string cat;   // forward | backward | weight | wait | reduce | optimizer
+  double start_us = 0, dur_us = 0;
+};
+
+struct StepOutcome {
+  double loss_sum = 0;   // all token losses of the global batch (every rank gets the same)
+  double grad_norm = 0;  // before clipping, over the whole model
+  double busy_us = 0;    // this rank's forward/backward/weight/optimizer time in the step
+  double step_us = 0;    // wall time of the step on this rank
+  bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
+};
+
+struct MemoryReport {
+  int64_t shard_params = 0;  // Psi: parameter elements of this rank's (pp, tp) shard, all chunks
+  int zero_stage = 0, dp = 1;
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // model states, resident
+  // ZeRO's model-state bytes for fp32 training (parameters are the master weights; Adam keeps two
+  // moments): stage 0: 16 Psi; 1: 8 Psi + 8 Psi/dp; 2: 4 Psi + 12 Psi/dp; 3: 16 Psi/dp (4-byte elements).
+  double formula_bytes() const;
+  int64_t transient_peak_bytes = 0;  // ZeRO buffers (gathered parameters, gradient buckets)
+  int64_t activation_bytes = 0;
+};
+
+// A rank's spans and memory, as the actors gather them from every rank of a job.
+struct RankTimeline {
+  int rank = 0;
+  int stage = 0;
+  std::vector<Span> spans;
+};
+
+struct RankMemory {
+  int rank = 0;
+  MemoryReport memory;
+};
+
+class RankEngine {
+ public:
+  RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms);
+  ~RankEngine();
+
+  const sched::Schedule& schedule() const { return schedule_; }
+  int stage() const { return stage_; }
+  const std::vector<std::unique_ptr<GptChunk>>& chunks() const { return chunks_; }
+
+  void init(uint64_t seed);
+  // tokens: this dp rank's micro_batches * micro_batch_size windows (rows, T+1) i32, in micro-batch
+  // order; only read on ranks whose chunks include the embedding or the head (others may pass an
+  // undefined tensor). grad_scale: 1 / tokens of the global batch.
+  // The whole step, optimizer included (tests, and embedding the engine without actors).
+  Result<StepOutcome> train_step(const Tensor& tokens, double grad_scale, const StepRequest& req);
+  // The step in two halves around the optimizer partition's AdamW (the rank actor hands that to the
+  // optimizer actor): everything up to clipped gradients; then, after AdamW updated adam_segments(),
+  // the ZeRO all-gathers. A non-finite norm means no update: skip both AdamW and finish_step.
+  Result<StepOutcome> compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req);
+  Status finish_step();
+  // What the optimizer partition updates, over every chunk (views into this engine's buffers).
+  std::vector<AdamSegment> adam_segments() const;
+  void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0);
+  // Busy and wall time of the step begun by compute_gradients, up to now.
+  void fill_times(StepOutcome& out) const;
+  // Sum of the token losses of `tokens` (this dp rank's windows, any count divisible by nothing),
+  // forward only, micro-batch by micro-batch, all-reduced over the world.
+  Result<double> eval_loss_sum(const Tensor& tokens);
+
+  // Checkpoints (storage/shard_file.hpp). The pieces this rank writes: its parameters and the moments
+  // of its optimizer segments (exp_avg[i], exp_avg_sq[i] for adam_segments()[i]), each element of
+  // the job once: tensor-parallel replicas and the head's copy of wte are left to their owner (tp rank
+  // 0, the embedding stage), data-parallel replicas to dp rank 0 (ZeRO-3 parameters and ZeRO >= 1
+  // moments are partitioned: every dp rank writes its part).
+  // moments_are_copies: the moments are snapshots nobody changes (the optimizer actor's copies), so
+  // pieces may view them instead of copying them a second time.
+  ShardContents shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
+                               bool moments_are_copies = false) const;
+  // Fills this rank's parameters and the given moments (shaped like adam_segments(); empty vectors:
+  // parameters only) from any set of shards, whatever layout wrote them.
+  Status load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
+  // The same with train_step's own moments (tests, embedding without actors).
+  ShardContents own_shard_contents() const { return shard_contents(exp_avg_, exp_avg_sq_); }
+  Status load_own_shards(ShardSetReader& reader);
+
+  // Copies of chunk c's parameters in spec order (local slice shapes). Collective over dp under
+  // ZeRO-3: every dp rank calls it.
+  Result<std::vector<Tensor>> param_values(int chunk);
+
+  // The spans recorded since the last take (train_step and eval append).
+  std::vector<Span> take_spans();
+  MemoryReport memory() const;
+
+ private:
+  struct ChunkBuffers;
+  Status run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses);
+  Status sync_tied_embedding();
+
+  RankSpec spec_;
+  int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0;
+  RankComms comms_;
+  sched::Schedule schedule_;
+  std::unique_ptr<ThreadPool> pool_;
+  Context ctx_;
+  std::vector<std::unique_ptr<ZeroStore>> stores_;
+  std::vector<std::unique_ptr<GptChunk>> chunks_;
+  std::vector<std::unique_ptr<ChunkBuffers>> buffers_;
+  std::vector<Span> spans_;
+  int steps_ = 0;
+  std::chrono::steady_clock::time_point step_start_;
+  size_t step_first_span_ = 0;
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // train_step's own optimizer state (the actor has its own)
+};
+
+// The common epoch of every span: the steady clock's, shared by the processes of one host.
+std::chrono::steady_clock::time_point span_epoch();
+
+}  // namespace troupe

@@ -1,0 +1,144 @@
+// ZeRO for one model chunk of one rank: where its parameters, gradients and Adam moments live, how
+// gradients are reduced over the data-parallel group, and the optimizer step on this rank's partition.
+//
+// Partitioning. Every parameter unit of the chunk (model/gpt_chunk.hpp: wte, wpe, each layer, ln_f)
+// is split over the dp ranks by element ranges: rank r owns elements [start_r, start_r + count_r)
+// of the unit, count_r = n/dp plus one for the first n % dp ranks (the counts of comm's
+// reduce_scatter_v / all_gather_v). Splitting per unit, not over the whole flat buffer, gives wte the
+// same partition on the first and the last pipeline stage, so the tied embedding's two gradient
+// copies are summed partition by partition.
+//
+// Stages (fp32: parameters are the master weights; Psi = parameters of the chunk):
+// The Adam moments live with the optimizer partition (actors/optimizer_actor.hpp), which updates the
+// ranges adam_segments() names; optimizer bytes below count them.
+//   0  params, grads, moments all full (4 + 4 + 8 bytes x Psi); gradients all-reduced over dp
+//      (unit by unit, as soon as the last micro-batch's backward completes a unit) and every rank
+//      steps the whole chunk (DDP).
+//   1  params and grads full; moments of the own partition only (8 Psi / dp); gradients
+//      reduce-scattered after the last micro-batch, each rank steps its partition, then the updated
+//      partitions are all-gathered into every rank's parameters.
+//   2  params full; gradients partitioned (4 Psi / dp): each micro-batch's unit gradients go to a
+//      transient buffer that is reduce-scattered and added into the partition (DeepSpeed's ZeRO-2
+//      reduces every micro-step); step, then all-gather as in stage 1.
+//   3  params partitioned too (4 Psi / dp): a unit's parameters are all-gathered into a transient
+//      buffer when the chunk needs them (forward and backward), the next unit prefetched, and freed
+//      after use; gradients as in stage 2; the step updates the partition in place, nothing is
+//      gathered after it.
+//
+// Collective order: every dp rank of one (pp, tp) coordinate runs the same schedule, so the chunk
+// calls the hooks in the same order on all of them and their dp collectives match.
+// Not thread-safe: the owning rank's thread calls everything.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "engine/types.hpp"
+#include "comm/communicator.hpp"
+#include "kernels/context.hpp"
+#include "model/gpt_chunk.hpp"
+
+namespace troupe {
+
+// One contiguous run of parameters the optimizer updates and its gradient (1-D views of equal
+// length into the store's buffers, valid for the store's lifetime), with its weight-decay flag.
+struct AdamSegment {
+  Tensor param, grad;
+  bool decay = true;
+};
+
+// AdamW over segments with their moments (exp_avg[i], exp_avg_sq[i] shaped like segments[i].param).
+void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const std::vector<Tensor>& exp_avg,
+                const std::vector<Tensor>& exp_avg_sq, const StepRequest& req);
+
+struct ZeroCounts {
+  int64_t param_bytes = 0;      // resident parameters (stage 3: the partition)
+  int64_t grad_bytes = 0;       // resident gradients (stages 2, 3: the partition accumulator)
+  int64_t optimizer_bytes = 0;  // Adam moments
+  int64_t transient_peak_bytes = 0;  // most bytes of gathered parameters / gradient buffers at once
+};
+
+class ZeroStore {
+ public:
+  // dp: the data-parallel group (size 1 allowed). Call attach() once the chunk exists (the chunk
+  // needs hooks() at construction, the store needs the chunk's units).
+  ZeroStore(int stage, comm::Communicator* dp, DType dtype);
+  ~ZeroStore();
+  ZeroStore(const ZeroStore&) = delete;
+  ZeroStore& operator=(const ZeroStore&) = delete;
+  UnitHooks hooks();
+  void attach(GptChunk* chunk, Context* ctx);
+
+  // Fills the partition / parameters from the seed (global coordinates); zeroes the gradients.
+  void init(uint64_t seed);
+  // Zeroes the gradients (after parameters were loaded from a checkpoint).
+  void zero_gradients();
+
+  // Before the micro-batches of an iteration.
+  void begin_iteration(int micro_batches);
+  // After the last micro-batch's backward: finishes the dp reduction of every unit's gradients.
+  Status finish_gradients();
+  // This rank's gradient partition of unit u (stages 1-3; stage 0: the whole unit), after
+  // finish_gradients. The runtime sums the tied wte copies over the embedding group here.
+  Tensor unit_gradient(int unit) const;
+  // Sum of squares of the gradients this rank owns, counting only elements whose spec counts in the
+  // norm (GptChunk::counts_in_norm), in double, in a fixed order.
+  double owned_grad_sum_squares();
+  // Scales the owned gradients (clipping).
+  void scale_gradients(double factor);
+  // Element ranges of the chunk's parameters (spec index into the chunk's specs, [begin, end) in the
+  // spec's local row-major order) with views of their values, for checkpoints:
+  //   param_ranges    what this rank holds resident: every spec whole (stage 3: its partition)
+  //   segment_ranges  what adam_segments() covers, in the same order (the moments' ranges)
+  struct OwnedRange {
+    int spec = 0;
+    int64_t begin = 0, end = 0;
+    Tensor values;  // 1-D view, end - begin elements
+  };
+  std::vector<OwnedRange> param_ranges() const;
+  std::vector<OwnedRange> segment_ranges() const;
+
+  // What this rank's optimizer partition updates: its owned range of every unit (stage 0: all of it),
+  // split where the weight-decay flag changes. The optimizer partition actor owns the moments.
+  std::vector<AdamSegment> adam_segments() const;
+  // After the optimizer updated the owned ranges: stages 1, 2 all-gather the parameters; every stage
+  // zeroes the gradients for the next iteration.
+  Status finish_step();
+
+  ZeroCounts counts() const;
+  // A copy of unit u's full parameters (checkpoints, tests). Stage 3: an all-gather over dp, so every
+  // dp rank must call it, in the same order.
+  Result<Tensor> unit_params(int unit);
+
+ private:
+  struct Unit;
+  Tensor gather_unit(int unit);
+  void on_grads_ready(int unit);
+  Tensor acquire(int unit, Pass pass);
+  void release(int unit, Pass pass);
+  Tensor grad_buffer(int unit);
+  void track_transient(int64_t delta);
+  void drain_pending(bool all);
+  void drain_one();
+
+  struct Pending {  // stages 2, 3: one micro-batch's unit gradients being reduce-scattered
+    int unit = 0;
+    Tensor send, recv;
+    comm::WorkPtr work;
+  };
+
+  int stage_;
+  comm::Communicator* dp_;
+  int dp_rank_ = 0, dp_size_ = 1;
+  DType dtype_;
+  GptChunk* chunk_ = nullptr;
+  Context* ctx_ = nullptr;
+  std::vector<Unit> units_;
+  int micro_batches_ = 1;
+  int64_t transient_bytes_ = 0, transient_peak_ = 0;
+  std::deque<Pending> pending_;  // finished in issue order: micro-batches sum in a fixed order
+};
+
+}  // namespace troupe

@@ -1,0 +1,385 @@
+// TrainConfig's JSON form: every field survives a round trip; bad JSON names the key at fault.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "config/train_config.hpp"
+
+namespace troupe {
+namespace {
+
+using nlohmann::json;
+
+// Every field differs from its default, so a field dropped on either side fails the round trip.
+TrainConfig all_fields_set() {
+  TrainConfig c;
+  c.model.num_layers = 7;
+  c.model.hidden_size = 96;
+  c.model.num_attention_heads = 3;
+  c.model.seq_length = 48;
+  c.model.max_position_embeddings = 64;
+  c.model.vocab_size = 50257;
+  c.model.make_vocab_size_divisible_by = 64;
+  c.model.layernorm_epsilon = 1e-6;
+  c.model.init_method_std = 0.0125;
+  c.micro_batch_size = 3;
+  c.global_batch_size = 12;
+  c.tensor_model_parallel_size = 3;
+  c.pipeline_model_parallel_size = 2;
+  c.data_parallel_size = 4;
+  c.zero_stage = 2;
+  c.pipeline_schedule = "interleaved";
+  c.num_layers_per_virtual_pipeline_stage = 1;
+  c.recompute_granularity = "selective";
+  c.sequence_parallel = true;
+  c.timeline = "/logs/timeline.json";
+  c.offload_optimizer = "nvme";
+  c.offload_path = "/nvme/swap";
+  c.max_restarts = 3;
+  c.distributed_timeout_minutes = 2.5;
+  c.lr = 3.3e-4;
+  c.min_lr = 1.1e-5;
+  c.lr_decay_style = "cosine";
+  c.lr_warmup_iters = 17;
+  c.lr_warmup_style = "log";
+  c.lr_warmup_init = 2.5e-6;
+  c.lr_decay_iters = 900;
+  c.weight_decay = 0.1;
+  c.adam_beta1 = 0.85;
+  c.adam_beta2 = 0.95;
+  c.adam_eps = 1e-6;
+  c.clip_grad = 0.7;
+  c.train_iters = 1234;
+  c.seed = 18446744073709551557ull;  // above INT64_MAX: the unsigned path
+  c.data_path = "/data/web_text_document";
+  c.tokenizer_type = "ByteLevelTokenizer";
+  c.vocab_file = "/v/vocab.json";
+  c.merge_file = "/v/merges.txt";
+  c.no_shuffle = true;
+  c.split = "98,2,0";
+  c.save = "/ckpt/run1";
+  c.save_interval = 50;
+  c.load = "/ckpt/run0";
+  c.eval_interval = 25;
+  c.eval_iters = 5;
+  c.log_interval = 2;
+  c.metrics_file = "/logs/metrics.jsonl";
+  c.num_threads = 6;
+  c.deepspeed_config = "ds_config.json";
+  return c;
+}
+
+void require_equal(const TrainConfig& a, const TrainConfig& b) {
+  CHECK(a.model.num_layers == b.model.num_layers);
+  CHECK(a.model.hidden_size == b.model.hidden_size);
+  CHECK(a.model.num_attention_heads == b.model.num_attention_heads);
+  CHECK(a.model.seq_length == b.model.seq_length);
+  CHECK(a.model.max_position_embeddings == b.model.max_position_embeddings);
+  CHECK(a.model.vocab_size == b.model.vocab_size);
+  CHECK(a.model.make_vocab_size_divisible_by == b.model.make_vocab_size_divisible_by);
+  CHECK(a.model.layernorm_epsilon == b.model.layernorm_epsilon);  // exact: shortest round-trip form
+  CHECK(a.model.init_method_std == b.model.init_method_std);
+  CHECK(a.micro_batch_size == b.micro_batch_size);
+  CHECK(a.global_batch_size == b.global_batch_size);
+  CHECK(a.tensor_model_parallel_size == b.tensor_model_parallel_size);
+  CHECK(a.pipeline_model_parallel_size == b.pipeline_model_parallel_size);
+  CHECK(a.data_parallel_size == b.data_parallel_size);
+  CHECK(a.zero_stage == b.zero_stage);
+  CHECK(a.pipeline_schedule == b.pipeline_schedule);
+  CHECK(a.num_layers_per_virtual_pipeline_stage == b.num_layers_per_virtual_pipeline_stage);
+  CHECK(a.recompute_granularity == b.recompute_granularity);
+  CHECK(a.sequence_parallel == b.sequence_parallel);
+  CHECK(a.timeline == b.timeline);
+  CHECK(a.lr == b.lr);
+  CHECK(a.min_lr == b.min_lr);
+  CHECK(a.lr_decay_style == b.lr_decay_style);
+  CHECK(a.lr_warmup_iters == b.lr_warmup_iters);
+  CHECK(a.lr_warmup_style == b.lr_warmup_style);
+  CHECK(a.lr_warmup_init == b.lr_warmup_init);
+  CHECK(a.lr_decay_iters == b.lr_decay_iters);
+  CHECK(a.weight_decay == b.weight_decay);
+  CHECK(a.adam_beta1 == b.adam_beta1);
+  CHECK(a.adam_beta2 == b.adam_beta2);
+  CHECK(a.adam_eps == b.adam_eps);
+  CHECK(a.clip_grad == b.clip_grad);
+  CHECK(a.train_iters == b.train_iters);
+  CHECK(a.seed == b.seed);
+  CHECK(a.data_path == b.data_path);
+  CHECK(a.tokenizer_type == b.tokenizer_type);
+  CHECK(a.vocab_file == b.vocab_file);
+  CHECK(a.merge_file == b.merge_file);
+  CHECK(a.no_shuffle == b.no_shuffle);
+  CHECK(a.split == b.split);
+  CHECK(a.save == b.save);
+  CHECK(a.save_interval == b.save_interval);
+  CHECK(a.load == b.load);
+  CHECK(a.eval_interval == b.eval_interval);
+  CHECK(a.eval_iters == b.eval_iters);
+  CHECK(a.log_interval == b.log_interval);
+  CHECK(a.metrics_file == b.metrics_file);
+  CHECK(a.num_threads == b.num_threads);
+  CHECK(a.deepspeed_config == b.deepspeed_config);
+}
+
+// Parses `c.to_json()`, lets `edit` damage it, and returns from_json's error message.
+template <class Edit>
+std::string error_after(Edit edit) {
+  json j = json::parse(all_fields_set().to_json());
+  edit(j);
+  auto r = TrainConfig::from_json(j.dump());
+  REQUIRE_FALSE(r.is_ok());
+  return r.status().message();
+}
+
+TEST_CASE("train config: JSON round trip keeps every field", "[train_config]") {
+  const TrainConfig original = all_fields_set();
+  auto parsed = TrainConfig::from_json(original.to_json());
+  REQUIRE(parsed.is_ok());
+  require_equal(parsed.value(), original);
+  CHECK(parsed.value().to_json() == original.to_json());
+
+  // The defaults too (empty strings, zeros, false).
+  auto defaults = TrainConfig::from_json(TrainConfig{}.to_json());
+  REQUIRE(defaults.is_ok());
+  require_equal(defaults.value(), TrainConfig{});
+}
+
+TEST_CASE("train config: the model sits under \"model\" with Megatron's names", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  REQUIRE(j.at("model").is_object());
+  const json& m = j.at("model");
+  CHECK(m.at("num_layers") == 7);
+  CHECK(m.at("hidden_size") == 96);
+  CHECK(m.at("num_attention_heads") == 3);
+  CHECK(m.at("seq_length") == 48);
+  CHECK(m.at("max_position_embeddings") == 64);
+  CHECK(m.at("vocab_size") == 50257);
+  CHECK(m.at("make_vocab_size_divisible_by") == 64);
+  CHECK(m.at("layernorm_epsilon") == 1e-6);
+  CHECK(m.at("init_method_std") == 0.0125);
+  CHECK(m.size() == 9);
+  CHECK(j.at("lr") == 3.3e-4);
+  CHECK(j.at("format") == "troupe.train_config");
+  CHECK(j.at("version") == 3);
+}
+
+TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  const json& r = j.at("runtime");
+  CHECK(r.at("offload_optimizer") == "nvme");
+  CHECK(r.at("offload_path") == "/nvme/swap");
+  CHECK(r.at("max_restarts") == 3);
+  CHECK(r.at("distributed_timeout_minutes") == 2.5);
+  CHECK(r.size() == 4);
+  auto back = TrainConfig::from_json(j.dump());
+  REQUIRE(back.is_ok());
+  CHECK(back.value().offload_optimizer == "nvme");
+  CHECK(back.value().offload_path == "/nvme/swap");
+  CHECK(back.value().max_restarts == 3);
+  // A version 2 file has no "runtime": no offload, no restarts.
+  json v2 = j;
+  v2.erase("runtime");
+  v2["version"] = 2;
+  auto old = TrainConfig::from_json(v2.dump());
+  INFO(old.status().message());
+  REQUIRE(old.is_ok());
+  CHECK(old.value().offload_optimizer == "none");
+  CHECK(old.value().offload_path.empty());
+  CHECK(old.value().max_restarts == 0);
+  CHECK(old.value().distributed_timeout_minutes == 10);
+  CHECK(old.value().tensor_model_parallel_size == 3);
+  json v2_with = j;
+  v2_with["version"] = 2;
+  auto bad = TrainConfig::from_json(v2_with.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"runtime\""));
+}
+
+TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]") {
+  const json j = json::parse(all_fields_set().to_json());
+  REQUIRE(j.at("parallel").is_object());
+  const json& p = j.at("parallel");
+  CHECK(p.at("tensor_model_parallel_size") == 3);
+  CHECK(p.at("pipeline_model_parallel_size") == 2);
+  CHECK(p.at("data_parallel_size") == 4);
+  CHECK(p.at("zero_stage") == 2);
+  CHECK(p.at("pipeline_schedule") == "interleaved");
+  CHECK(p.at("num_layers_per_virtual_pipeline_stage") == 1);
+  CHECK(p.at("recompute_granularity") == "selective");
+  CHECK(p.at("sequence_parallel") == true);
+  CHECK(p.at("timeline") == "/logs/timeline.json");
+  CHECK(p.size() == 9);
+  CHECK_FALSE(j.contains("zero_stage"));  // not duplicated at the top level
+
+  // The defaults: 1 x 1 x derived, no ZeRO, 1F1B, no recomputation.
+  const json d = json::parse(TrainConfig{}.to_json()).at("parallel");
+  CHECK(d.at("tensor_model_parallel_size") == 1);
+  CHECK(d.at("pipeline_model_parallel_size") == 1);
+  CHECK(d.at("data_parallel_size") == 0);
+  CHECK(d.at("zero_stage") == 0);
+  CHECK(d.at("pipeline_schedule") == "1f1b");
+  CHECK(d.at("recompute_granularity") == "none");
+  CHECK(d.at("sequence_parallel") == false);
+}
+
+TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard", "[train_config]") {
+  json j = json::parse(all_fields_set().to_json());
+  j.erase("parallel");
+  j.erase("runtime");
+  j["version"] = 1;
+  auto r = TrainConfig::from_json(j.dump());
+  INFO(r.status().message());
+  REQUIRE(r.is_ok());
+  const TrainConfig& c = r.value();
+  const TrainConfig defaults;
+  CHECK(c.tensor_model_parallel_size == 1);
+  CHECK(c.pipeline_model_parallel_size == 1);
+  CHECK(c.data_parallel_size == defaults.data_parallel_size);
+  CHECK(c.resolved_dp() == 1);
+  CHECK(c.zero_stage == 0);
+  CHECK(c.pipeline_schedule == defaults.pipeline_schedule);
+  CHECK(c.num_layers_per_virtual_pipeline_stage == 0);
+  CHECK(c.recompute_granularity == "none");
+  CHECK_FALSE(c.sequence_parallel);
+  CHECK(c.timeline.empty());
+  CHECK_FALSE(c.parallel());
+  // Everything else still comes from the file.
+  CHECK(c.model.num_layers == 7);
+  CHECK(c.micro_batch_size == 3);
+  CHECK(c.lr == 3.3e-4);
+  // Written again, it is version 3.
+  CHECK(json::parse(c.to_json()).at("version") == 3);
+
+  // Version 1 never had "parallel": one there is unknown.
+  json with_parallel = json::parse(all_fields_set().to_json());
+  with_parallel.erase("runtime");
+  with_parallel["version"] = 1;
+  auto bad = TrainConfig::from_json(with_parallel.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"parallel\""));
+}
+
+TEST_CASE("train config: data-parallel size and accumulation steps per world size",
+          "[train_config]") {
+  TrainConfig c;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 32;
+  c.tensor_model_parallel_size = 2;
+  c.pipeline_model_parallel_size = 2;
+  CHECK(c.resolved_dp() == 1);   // one process: 1 replica unless --data-parallel-size says more
+  CHECK(c.resolved_dp(8) == 2);  // 8 ranks / (2 x 2)
+  CHECK(c.grad_accumulation_steps() == 16);
+  CHECK(c.grad_accumulation_steps(8) == 8);
+  c.data_parallel_size = 4;
+  CHECK(c.resolved_dp() == 4);
+  CHECK(c.resolved_dp(8) == 4);  // explicit: validate_world reports the mismatch
+  CHECK(c.grad_accumulation_steps() == 4);
+  CHECK(c.parallel());
+  TrainConfig z;
+  CHECK_FALSE(z.parallel());
+  z.zero_stage = 1;
+  CHECK(z.parallel());
+}
+
+TEST_CASE("train config: from_json names the missing or mistyped key", "[train_config]") {
+  CHECK_THAT(error_after([](json& j) { j.erase("lr"); }), Catch::Contains("missing key \"lr\""));
+  CHECK_THAT(error_after([](json& j) { j["model"].erase("hidden_size"); }),
+             Catch::Contains("missing key \"model.hidden_size\""));
+  CHECK_THAT(error_after([](json& j) { j.erase("model"); }), Catch::Contains("\"model\""));
+  CHECK_THAT(error_after([](json& j) { j["model"] = 3; }),
+             Catch::Contains("\"model\" must be an object"));
+  CHECK_THAT(error_after([](json& j) { j["lr"] = "fast"; }),
+             Catch::Contains("\"lr\" must be a number") && Catch::Contains("\"fast\""));
+  CHECK_THAT(error_after([](json& j) { j["micro_batch_size"] = 4.5; }),
+             Catch::Contains("\"micro_batch_size\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j["model"]["num_layers"] = 1LL << 40; }),
+             Catch::Contains("\"model.num_layers\" must be an integer in [1, 2147483647]"));
+  CHECK_THAT(error_after([](json& j) { j["seed"] = -1; }),
+             Catch::Contains("\"seed\" must be an integer in [0, 18446744073709551615]"));
+  CHECK_THAT(error_after([](json& j) { j["no_shuffle"] = 1; }),
+             Catch::Contains("\"no_shuffle\" must be true or false"));
+  CHECK_THAT(error_after([](json& j) {
+               j["split"] = json::array({969, 30, 1});
+             }),
+             Catch::Contains("\"split\" must be a string"));
+  CHECK_THAT(error_after([](json& j) { j["model"]["dropout"] = 0.1; }),
+             Catch::Contains("unknown key \"model.dropout\""));
+  CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
+             Catch::Contains("unknown key \"lr_sched\""));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 4; }),
+             Catch::Contains("\"version\" must be 1 to 3") && Catch::Contains("got 4"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
+             Catch::Contains("\"version\" must be 1 to 3"));
+  CHECK_THAT(error_after([](json& j) { j["runtime"]["max_restarts"] = "two"; }),
+             Catch::Contains("\"runtime.max_restarts\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j.erase("runtime"); }), Catch::Contains("missing key \"runtime\""));
+  CHECK_THAT(error_after([](json& j) { j.erase("parallel"); }),
+             Catch::Contains("missing key \"parallel\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"] = 4; }),
+             Catch::Contains("\"parallel\" must be an object"));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["expert_model_parallel_size"] = 2; }),
+             Catch::Contains("unknown key \"parallel.expert_model_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"].erase("zero_stage"); }),
+             Catch::Contains("missing key \"parallel.zero_stage\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["sequence_parallel"] = "yes"; }),
+             Catch::Contains("\"parallel.sequence_parallel\" must be true or false"));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["tensor_model_parallel_size"] = 1.5; }),
+             Catch::Contains("\"parallel.tensor_model_parallel_size\" must be an integer"));
+  CHECK_THAT(error_after([](json& j) { j["zero_stage"] = 1; }),  // at the top level: unknown
+             Catch::Contains("unknown key \"zero_stage\""));
+  CHECK_THAT(error_after([](json& j) { j.erase("format"); }), Catch::Contains("\"format\""));
+
+  auto malformed = TrainConfig::from_json("{\"lr\": 1e-3,");
+  REQUIRE_FALSE(malformed.is_ok());
+  CHECK_THAT(malformed.status().message(), Catch::Contains("is not valid JSON") &&
+                                               Catch::Contains("line 1") &&
+                                               Catch::Contains("damaged"));
+  auto not_object = TrainConfig::from_json("[1, 2]");
+  REQUIRE_FALSE(not_object.is_ok());
+  CHECK_THAT(not_object.status().message(), Catch::Contains("must be an object"));
+}
+
+// What a damaged or hostile checkpoint config may hold: numbers a double cannot hold, integers
+// wider than their field, negative sizes. Each is a message naming the key and the range, never an
+// exception (issue 10: 1e400 ended in std::terminate) nor a silently narrowed value.
+TEST_CASE("train config: out-of-range numbers name the key and the allowed range",
+          "[train_config]") {
+  const std::string text = all_fields_set().to_json();
+  const auto with = [&](const std::string& key, const std::string& value) {
+    std::string t = text;
+    const size_t at = t.find("\"" + key + "\": ");
+    REQUIRE(at != std::string::npos);
+    const size_t begin = at + key.size() + 4, end = t.find_first_of(",\n", begin);
+    t.replace(begin, end - begin, value);
+    auto r = TrainConfig::from_json(t);
+    REQUIRE_FALSE(r.is_ok());
+    CHECK(r.status().is_bad_input());  // a damaged checkpoint: exit 2
+    return r.status().message();
+  };
+  CHECK_THAT(with("lr", "1e400"), Catch::Contains("key \"lr\"") && Catch::Contains("1e400") &&
+                                      Catch::Contains("range of a double"));
+  CHECK_THAT(with("train_iters", "10000000000000000000"),
+             Catch::Contains("\"train_iters\" must be an integer in [0, 9223372036854775807]") &&
+                 Catch::Contains("got 10000000000000000000"));
+  CHECK_THAT(with("num_layers", "-1"),
+             Catch::Contains("\"model.num_layers\" must be an integer in [1, 2147483647], got -1"));
+  CHECK_THAT(with("micro_batch_size", "3000000000"),
+             Catch::Contains("\"micro_batch_size\" must be an integer in [1, 2147483647]"));
+  CHECK_THAT(with("vocab_size", "4294967303"),
+             Catch::Contains("\"model.vocab_size\" must be an integer in [0, 2147483647]"));
+  CHECK_THAT(with("zero_stage", "4"),
+             Catch::Contains("\"parallel.zero_stage\" must be an integer in [0, 3]"));
+  CHECK_THAT(with("adam_beta2", "1.5"),
+             Catch::Contains("\"adam_beta2\" must be a number in [0, 1], got 1.5"));
+  CHECK_THAT(with("weight_decay", "-0.1"),
+             Catch::Contains("\"weight_decay\" must be a number in [0, "));
+  CHECK_THAT(with("distributed_timeout_minutes", "-1e308"),
+             Catch::Contains("\"runtime.distributed_timeout_minutes\" must be a number"));
+  // Nesting that would overflow the stack when printed.
+  auto deep = TrainConfig::from_json(std::string(20000, '[') + std::string(20000, ']'));
+  REQUIRE_FALSE(deep.is_ok());
+  CHECK_THAT(deep.status().message(), Catch::Contains("nested deeper than"));
+}
+
+}  // namespace
+}  // namespace troupe

@@ -1,0 +1,374 @@
+// Exact equivalence of parallel layouts: every (tp, pp, dp, ZeRO stage, schedule, recompute, sequence
+// parallel) layout starts from the same global model and sees the same global batches as the 1x1x1
+// run; the loss of each step and the parameters after the last step must equal the 1x1x1 run's within
+// 1e-5 relative (fp32). The 1x1x1 run itself is checked against the reference model, GptModel +
+// AdamW (reference/, which the torch oracle and float64 tests validate): the first loss bitwise; after that the
+// norm is summed per parameter instead of over one flat buffer, so clipping differs in the last bits.
+//
+// Ranks are threads of this process on the local backend, each with its own RankEngine, exactly as the
+// rank actors run them.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <filesystem>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "reference/adamw.hpp"
+#include "engine/rank_engine.hpp"
+#include "comm/local/local_world.hpp"
+#include "comm/topology.hpp"
+#include "reference/gpt.hpp"
+#include "storage/shard_file.hpp"
+#include "tests/test_util.hpp"
+
+using namespace troupe;
+
+namespace {
+
+GptConfig small_model() {
+  GptConfig c;
+  c.num_layers = 4;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.seq_length = 7;
+  c.max_position_embeddings = 9;
+  c.vocab_size = 37;  // no tp divides it; padded to 128 x tp
+  return c;
+}
+
+struct Run {
+  std::vector<double> losses, norms;
+  double eval_loss = 0;  // sum over kEvalWindows windows after training (partial micro-batches)
+  std::map<std::string, std::vector<double>> params;  // global name -> global tensor (row-major)
+};
+
+std::vector<Tensor> make_batches(const GptConfig& c, int global_batch, int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(c.vocab_size - 1));
+  std::vector<Tensor> out;
+  for (int s = 0; s < steps; ++s) {
+    Tensor t = Tensor::empty({global_batch, c.seq_length + 1}, DType::i32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = u(rng);
+    out.push_back(t);
+  }
+  return out;
+}
+
+StepRequest step_request(int step) {
+  StepRequest r;
+  r.step = step;
+  r.lr = 3e-3 * (1.0 - 0.1 * step);  // changes every step, like a schedule
+  r.weight_decay = 0.1;
+  r.clip_grad = 0.5;  // small enough to clip: exercises the global norm
+  return r;
+}
+
+constexpr int kSteps = 5;
+constexpr int kEvalWindows = 5;  // odd: partial micro-batches, uneven over dp replicas
+
+// Runs `steps` iterations of `par` and collects losses and the global parameters.
+// Checkpoint hand-over between two runs: `save_dir` gets every rank's shard file after the last step;
+// with `load_dir` the run starts from the shard files there instead of the seed.
+struct Resume {
+  int first_step = 1, last_step = 5;  // 1-based, inclusive
+  std::string save_dir, load_dir;
+};
+
+Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batch, int global_batch,
+               const Resume& resume = {}) {
+  const int world = par.world_size();
+  comm::ParallelSizes sizes;
+  sizes.tp = par.tp;
+  sizes.pp = par.pp;
+  sizes.dp = par.dp;
+  auto topo = comm::Topology::create(sizes, world).value();
+  auto fabric = comm::LocalFabric::create(world).value();
+  const auto batches = make_batches(model, global_batch, kSteps, 99);
+  RankSpec spec;
+  spec.model = model;
+  spec.par = par;
+  spec.micro_batch_size = micro_batch;
+  spec.micro_batches = global_batch / (micro_batch * par.dp);
+  spec.num_threads = 1;
+
+  Run run;
+  run.losses.assign(kSteps, 0);
+  run.norms.assign(kSteps, 0);
+  std::mutex mu;
+  std::vector<std::string> errors;
+  auto body = [&](int rank) {
+    auto fail = [&](const std::string& what) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back("rank " + std::to_string(rank) + ": " + what);
+    };
+    auto world_r = fabric.world(rank);
+    auto g = [&](const std::vector<int>& m) { return world_r->group(m).value(); };
+    auto tp = g(topo.tp_group(rank));
+    auto dp = g(topo.dp_group(rank));
+    auto pp = g(topo.pp_group(rank));
+    const auto emb_members = topo.embedding_group(rank);
+    auto emb = emb_members.empty() ? nullptr : g(emb_members);
+    auto all = world_r->everyone().value();
+    RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()});
+    if (resume.load_dir.empty()) {
+      engine.init(1234);
+    } else {
+      std::vector<std::string> files;
+      for (const auto& f : std::filesystem::directory_iterator(resume.load_dir)) files.push_back(f.path().string());
+      std::sort(files.begin(), files.end());
+      auto reader = ShardSetReader::open(files);
+      if (!reader) return fail(reader.status().message());
+      if (Status st = engine.load_own_shards(**reader); !st) return fail(st.message());
+    }
+    const int d = topo.coords(rank).dp;
+    for (int s = resume.first_step - 1; s < resume.last_step; ++s) {
+      const Tensor& b = batches[s];
+      const int64_t n = b.dim(0);
+      auto out = engine.train_step(b.rows(n * d / par.dp, n * (d + 1) / par.dp),
+                                   1.0 / (double(global_batch) * model.seq_length), step_request(s + 1));
+      if (!out) return fail(out.status().message());
+      if (rank == 0) {
+        run.losses[s] = out.value().loss_sum / (double(global_batch) * model.seq_length);
+        run.norms[s] = out.value().grad_norm;
+      }
+    }
+    if (!resume.save_dir.empty()) {
+      const std::string path = resume.save_dir + "/shard_" + std::to_string(rank) + ".h5";
+      if (Status st = write_shard_file(path, rank, engine.own_shard_contents()); !st) return fail(st.message());
+    }
+    {
+      const Tensor e = batches[0].rows(0, kEvalWindows);
+      const int64_t n = e.dim(0);
+      auto loss = engine.eval_loss_sum(e.rows(n * d / par.dp, n * (d + 1) / par.dp));
+      if (!loss) return fail(loss.status().message());
+      if (rank == 0) run.eval_loss = loss.value();
+    }
+    for (size_t c = 0; c < engine.chunks().size(); ++c) {
+      auto values = engine.param_values(static_cast<int>(c));
+      if (!values) return fail(values.status().message());
+      if (d != 0) continue;  // dp replicas hold the same parameters
+      const auto& specs = engine.chunks()[c]->specs();
+      std::lock_guard<std::mutex> lock(mu);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        auto& dst = run.params[specs[i].name];
+        dst.resize(static_cast<size_t>(specs[i].global_shape.numel()), std::nan(""));
+        const float* src = values.value()[i].data<float>();
+        for (int64_t k = 0; k < values.value()[i].numel(); ++k) {
+          const int64_t gi = slice_global_index(specs[i], k);
+          if (gi >= 0) dst[static_cast<size_t>(gi)] = src[k];
+        }
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) FAIL(e);
+  return run;
+}
+
+void require_close(const Run& ref, const Run& got, double tol) {
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol * std::abs(ref.losses[s]));
+    CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol * std::abs(ref.norms[s]));
+  }
+  CHECK(std::abs(got.eval_loss - ref.eval_loss) <= tol * std::abs(ref.eval_loss));
+  REQUIRE(got.params.size() == ref.params.size());
+  // Parameters: per tensor, the L2 norm of the difference relative to the L2 norm of the reference.
+  // One exception: the key part of c_attn.bias ([C, 2C)) has an exactly zero gradient (softmax is
+  // invariant to a shift of q.k that is the same for every key), so both runs compute rounding noise
+  // of random sign (~1e-9) there, which AdamW turns into steps of +-lr: those elements differ by up to
+  // 2 lr between any two summation orders and do not change the model's function. They are compared
+  // for being finite and equal in number only.
+  const int64_t C = small_model().hidden_size;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& [name, want] : ref.params) {
+    INFO(name);
+    auto it = got.params.find(name);
+    REQUIRE(it != got.params.end());
+    const auto& have = it->second;
+    REQUIRE(have.size() == want.size());
+    const bool qkv_bias = name.find("attn.c_attn.bias") != std::string::npos;
+    double diff2 = 0, ref2 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      REQUIRE(std::isfinite(have[i]));  // every element came from some shard
+      if (qkv_bias && static_cast<int64_t>(i) >= C && static_cast<int64_t>(i) < 2 * C) continue;
+      diff2 += (have[i] - want[i]) * (have[i] - want[i]);
+      ref2 += want[i] * want[i];
+    }
+    const double rel = std::sqrt(diff2 / std::max(ref2, 1e-30));
+    if (rel > worst) {
+      worst = rel;
+      worst_name = name;
+    }
+    CHECK(rel <= tol);
+  }
+  if (std::getenv("TROUPE_TEST_VERBOSE"))
+    std::printf("  worst parameter: %s, relative L2 difference %.3g\n", worst_name.c_str(), worst);
+}
+
+struct Case {
+  const char* name;
+  ParallelConfig par;
+  int micro_batch, global_batch;
+};
+
+ParallelConfig layout(int tp, int pp, int dp, int zero = 0,
+                      sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b, int chunks = 1,
+                      Recompute rc = Recompute::none, bool sp = false) {
+  ParallelConfig p;
+  p.tp = tp;
+  p.pp = pp;
+  p.dp = dp;
+  p.zero_stage = zero;
+  p.schedule = schedule;
+  p.virtual_chunks = chunks;
+  p.recompute = rc;
+  p.sequence_parallel = sp;
+  return p;
+}
+
+const Run& reference() {
+  static const Run ref = run_layout(small_model(), layout(1, 1, 1), 1, 6);
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("parallel: the 1x1x1 engine equals GptModel + AdamW", "[parallel]") {
+  const GptConfig model = small_model();
+  const Run& ref = reference();
+  GptModel m(model, kEvalWindows);
+  m.init(1234);
+  m.zero_grad();
+  AdamW opt(m.specs(), m.params());
+  ThreadPool pool(1);
+  Context ctx;
+  ctx.pool = &pool;
+  const auto batches = make_batches(model, 6, kSteps, 99);
+  for (int s = 0; s < kSteps; ++s) {
+    double loss = 0;
+    for (int i = 0; i < 6; ++i)
+      loss += m.forward_backward(ctx, batches[s].rows(i, i + 1), 1.0 / (6.0 * model.seq_length));
+    const double norm = opt.step(ctx, m.params(), m.grads(), m.flat_grads(), step_request(s + 1));
+    m.zero_grad();
+    if (s == 0) CHECK(loss / (6.0 * model.seq_length) == ref.losses[s]);
+    CHECK(loss / (6.0 * model.seq_length) == Approx(ref.losses[s]).epsilon(1e-6));
+    CHECK(norm == Approx(ref.norms[s]).epsilon(1e-6));
+  }
+  CHECK(m.forward_loss(ctx, batches[0].rows(0, kEvalWindows)) == Approx(ref.eval_loss).epsilon(1e-6));
+  for (size_t i = 0; i < m.specs().size(); ++i) {
+    const auto& want = ref.params.at(m.specs()[i].name);
+    const float* p = m.params()[i].data<float>();
+    for (size_t k = 0; k < want.size(); ++k) REQUIRE(static_cast<double>(p[k]) == Approx(want[k]).margin(1e-6));
+  }
+}
+
+TEST_CASE("parallel: every layout equals the 1x1x1 run", "[parallel]") {
+  using S = sched::ScheduleType;
+  // Micro-batches per replica: global / (micro x dp). 6 / (1 x 1) = 6, 6 / (1 x 2) = 3: with pp 2 and
+  // pp 4 neither is a multiple of the stage count.
+  const std::vector<Case> cases = {
+      {"tp2", layout(2, 1, 1), 1, 6},
+      {"tp4 (vocabulary 37, heads 4)", layout(4, 1, 1), 1, 6},
+      {"tp2 sequence parallel", layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::none, true), 1, 6},
+      {"pp2 1f1b", layout(1, 2, 1), 1, 6},
+      {"pp4 1f1b", layout(1, 4, 1), 1, 6},
+      {"pp2 gpipe", layout(1, 2, 1, 0, S::gpipe), 1, 6},
+      {"pp2 interleaved, 2 chunks", layout(1, 2, 1, 0, S::interleaved, 2), 1, 6},
+      {"pp4 zb-h1", layout(1, 4, 1, 0, S::zb_h1), 1, 6},
+      {"dp2 zero0", layout(1, 1, 2, 0), 1, 6},
+      {"dp2 zero1", layout(1, 1, 2, 1), 1, 6},
+      {"dp2 zero2", layout(1, 1, 2, 2), 1, 6},
+      {"dp2 zero3", layout(1, 1, 2, 3), 1, 6},
+      {"pp2 dp2 zero2 zb-h1", layout(1, 2, 2, 2, S::zb_h1), 1, 6},
+      // Fewer micro-batches than stages: the first stage's backward follows its own forward.
+      {"pp2 one micro-batch of 6", layout(1, 2, 1), 6, 6},
+      {"pp4 dp2 zero1 one micro-batch of 3", layout(1, 4, 2, 1), 3, 6},
+      {"tp2 recompute full", layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::full), 1, 6},
+      {"tp2 sp recompute selective", layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::selective, true), 1, 6},
+      {"tp2 pp2 1f1b micro 2", layout(2, 2, 1), 2, 6},
+      {"tp2 pp2 dp2 zero3 sp full recompute", layout(2, 2, 2, 3, S::one_f_one_b, 1, Recompute::full, true), 1, 6},
+      {"tp2 pp2 dp2 zero1 interleaved", layout(2, 2, 2, 1, S::interleaved, 2), 1, 8},
+      {"pp2 dp2 zero3 interleaved, 3 micro-batches", layout(1, 2, 2, 3, S::interleaved, 2), 1, 6},
+      {"pp2 dp2 zero3 gpipe selective", layout(1, 2, 2, 3, S::gpipe, 1, Recompute::selective), 1, 6},
+      {"tp2 pp2 zb-h1 sp full recompute", layout(2, 2, 1, 0, S::zb_h1, 1, Recompute::full, true), 1, 6},
+  };
+  const Run& ref6 = reference();
+  static const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8);
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      const Run got = run_layout(small_model(), c.par, c.micro_batch, c.global_batch);
+      if (std::getenv("TROUPE_TEST_VERBOSE")) std::printf("%s\n", c.name);
+      require_close(c.global_batch == 8 ? ref8 : ref6, got, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("parallel: save on one layout, resume on another, equals the straight run", "[parallel][checkpoint]") {
+  using S = sched::ScheduleType;
+  struct Pair {
+    const char* name;
+    ParallelConfig from, to;
+  };
+  // 3 steps on `from`, shard files, 2 more steps on `to`: losses of steps 4-5 and the parameters after
+  // them equal the straight 5-step 1x1x1 run within 1e-5, optimizer state included (Adam's moments
+  // decide steps 4 and 5).
+  std::vector<Pair> pairs = {
+      {"1x1x1 -> tp2 dp2 ZeRO-2 sequence parallel", layout(1, 1, 1), layout(2, 1, 2, 2, S::one_f_one_b, 1, Recompute::none, true)},
+      {"pp4 zb-h1 -> pp2 dp2 ZeRO-3 interleaved", layout(1, 4, 1, 0, S::zb_h1), layout(1, 2, 2, 3, S::interleaved, 2)},
+  };
+  // The matrix: every ZeRO stage of tp2 pp2 dp2, to one rank, to tp 4, to pp 2 dp 2 under another
+  // ZeRO stage and gpipe, and from one rank.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int z = 0; z <= 3; ++z) {
+      const std::string from = "tp2 pp2 dp2 ZeRO-" + std::to_string(z);
+      n.push_back(from + " -> 1x1x1");
+      n.push_back(from + " -> tp4");
+      n.push_back(from + " -> pp2 dp2 ZeRO-" + std::to_string(3 - z) + " gpipe");
+      n.push_back("1x1x1 -> " + from);
+    }
+    return n;
+  }();
+  for (int z = 0; z <= 3; ++z) {
+    pairs.push_back({names[4 * z].c_str(), layout(2, 2, 2, z), layout(1, 1, 1)});
+    pairs.push_back({names[4 * z + 1].c_str(), layout(2, 2, 2, z), layout(4, 1, 1)});
+    pairs.push_back({names[4 * z + 2].c_str(), layout(2, 2, 2, z), layout(1, 2, 2, 3 - z, S::gpipe)});
+    pairs.push_back({names[4 * z + 3].c_str(), layout(1, 1, 1), layout(2, 2, 2, z)});
+  }
+  const Run& ref = reference();
+  for (const Pair& p : pairs) {
+    SECTION(p.name) {
+      test::TempDir dir;
+      Resume first;
+      first.last_step = 3;
+      first.save_dir = dir.path().string();
+      run_layout(small_model(), p.from, 1, 6, first);
+      Resume second;
+      second.first_step = 4;
+      second.load_dir = dir.path().string();
+      const Run got = run_layout(small_model(), p.to, 1, 6, second);
+      for (int s = 3; s < kSteps; ++s) {
+        INFO("step " << s + 1);
+        CHECK(std::abs(got.losses[s] - ref.losses[s]) <= 1e-5 * std::abs(ref.losses[s]));
+        CHECK(std::abs(got.norms[s] - ref.norms[s]) <= 1e-5 * std::abs(ref.norms[s]));
+      }
+      // The parameters and the evaluation loss after step 5, by require_close's rules (steps 1-3 were
+      // not run here, so their losses are taken as equal).
+      Run expected = ref;
+      for (int s = 0; s < 3; ++s) {
+        expected.losses[s] = got.losses[s];
+        expected.norms[s] = got.norms[s];
+      }
+      require_close(expected, got, 1e-5);
+    }
+  }
+}
