@@ -6,7 +6,7 @@
 
 #include <caf/all.hpp>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 #include "actors/messages.hpp"
 
 namespace troupe {

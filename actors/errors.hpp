@@ -6,7 +6,7 @@
 
 #include <caf/all.hpp>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -344,6 +344,10 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.micro_batches = config.grad_accumulation_steps(launched);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
+  if (options.schedule) {
+    TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
+    rs.par.custom_schedule = options.schedule;
+  }
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();
   Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
@@ -377,7 +381,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   const bool layout_notes = config.parallel() || options.world;
   if (layout_notes)
     note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
-       ", schedule " + config.pipeline_schedule +
+       ", schedule " + (options.schedule ? std::string("given as data") : config.pipeline_schedule) +
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
        " compute thread(s) per rank");

@@ -8,21 +8,18 @@
 #include <memory>
 #include <string>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
+#include "troupe/train.hpp"
 #include "actors/messages.hpp"
 #include "engine/rank_engine.hpp"
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
 
 namespace troupe {
 
-struct JobCallbacks {
-  std::function<void(const std::string&)> on_note;  // start-up information
-  std::function<void(const IterationStats&)> on_iteration;
-  std::function<void(const EvalStats&)> on_eval;
-  std::function<void(const SavedCheckpoint&)> on_saved;
-};
+// The callbacks of troupe::train (on_start is the caller's: run_training does not call it).
+using JobCallbacks = TrainCallbacks;
 
 struct JobOptions {
   bool measure_peak = true;
@@ -45,18 +42,12 @@ struct JobOptions {
   // a fresh id). Under troupe launch rank 0 decides and every rank follows.
   bool restarted = false;
   std::string launch_run_id;
+  // A schedule given as data (troupe::RunOptions::schedule); checked before any rank starts.
+  std::shared_ptr<const sched::Schedule> schedule;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                   const JobCallbacks& callbacks, const JobOptions& options = {});
-
-struct EvalSummary {
-  double loss = 0;
-  double perplexity = 0;
-  int64_t tokens = 0;
-  int64_t samples = 0;
-  int64_t iteration = 0;  // of the checkpoint
-};
 
 // Loads the model of checkpoint `dir` (its latest iteration) and returns the mean next-token loss over
 // the first `samples` windows of `data`'s training split read in order (all windows when samples <= 0).

@@ -1,4 +1,4 @@
-// Every message troupe's actors exchange, and the typed interfaces they form (STYLE: typed messages).
+// Every message troupe's actors exchange, and the typed interfaces they form (docs/ARCHITECTURE.md).
 // Messages that carry tensors are local-only: tensors never travel through CAF's serialisation (the
 // comm layer moves them); those types are whitelisted as unsafe. Control-only types have inspect().
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "engine/types.hpp"
 #include "kernels/tensor.hpp"
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 
 namespace troupe {
 

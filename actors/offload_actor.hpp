@@ -1,4 +1,4 @@
-// The offload actor (one per process; ARCHITECTURE.md): background checkpoint I/O. Ranks hand it host
+// The offload actor (one per process; docs/ARCHITECTURE.md): background checkpoint I/O. Ranks hand it host
 // snapshots of their shards and go back to training; it writes them on its own thread, in arrival
 // order, then completes each save (waits for the job's other processes, writes the metadata and the
 // latest pointer) once this process's shards of that save are on disk. It owns the process's host

@@ -4,7 +4,7 @@
 
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe {

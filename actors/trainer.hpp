@@ -17,7 +17,7 @@
 #include "actors/messages.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 
 namespace troupe {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 #include "actors/job.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"

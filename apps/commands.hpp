@@ -6,7 +6,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::apps {
 
@@ -15,7 +15,7 @@ inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 // 128 + the signal after a graceful stop on SIGINT (130) or SIGTERM (143).
 
-// The exit code of a failed Status: 2 when it is bad input (base/status.hpp), else 1.
+// The exit code of a failed Status: 2 when it is bad input (troupe/status.hpp), else 1.
 inline int exit_code_for(const troupe::Status& st) { return st.is_bad_input() ? kExitUsage : kExitFailure; }
 
 void add_preprocess_command(CLI::App& app, int* exit_code);

@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 #include "actors/job.hpp"
 #include "config/memory_estimate.hpp"
 #include "apps/commands.hpp"

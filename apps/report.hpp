@@ -4,7 +4,7 @@
 #include <string>
 
 #include "engine/types.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::apps {
 

@@ -1,4 +1,4 @@
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -2,7 +2,7 @@
 # Pipeline bubbles and ZeRO memory, measured (docs/PERFORMANCE.md keeps the figures):
 #  (a) bubble: `troupe train` with --pipeline-model-parallel-size P and M micro-batches for each
 #      schedule (gpipe, 1f1b, interleaved with 2 chunks per stage, zb-h1), a timeline of 20
-#      iterations, bench/pipeline_bubble.py on it, beside the theory (engine/schedule.hpp:
+#      iterations, bench/pipeline_bubble.py on it, beside the theory (include/troupe/schedule.hpp:
 #      theoretical_bubble). The stages need a core (or more) each: run it where cores >= P.
 #  (b) memory: every ZeRO stage with --data-parallel-size D, each rank's model-state bytes against
 #      ZeRO's formula (the job prints them at the end).

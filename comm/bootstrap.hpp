@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

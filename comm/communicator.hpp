@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe::comm {

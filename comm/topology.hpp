@@ -56,7 +56,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

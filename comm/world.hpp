@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
-#include "config/train_config.hpp"
-#include "base/status.hpp"
+#include "troupe/train_config.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "config/train_config.hpp"
-#include "base/status.hpp"
+#include "troupe/train_config.hpp"
+#include "troupe/status.hpp"
 #include "storage/checkpoint.hpp"
 
 namespace troupe {

@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "config/train_config.hpp"
-#include "base/status.hpp"
+#include "troupe/train_config.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

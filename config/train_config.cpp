@@ -1,4 +1,4 @@
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "config/stored_config.hpp"
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "storage/checkpoint.hpp"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "engine/rank_engine.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -27,7 +27,7 @@
 #pragma once
 #include <cstdint>
 
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 
 namespace troupe {
 

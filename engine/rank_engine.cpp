@@ -6,7 +6,7 @@
 #include <map>
 #include <tuple>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 
@@ -44,6 +44,27 @@ Status wait_sends(std::vector<comm::WorkPtr>& sends) {
 
 }  // namespace
 
+Status check_custom_schedule(const sched::Schedule& schedule, const ParallelConfig& par, int micro_batches) {
+  const sched::ScheduleSpec& s = schedule.spec;
+  std::string wrong;
+  auto expect = [&](const char* what, int given, int job) {
+    if (given != job)
+      wrong += std::string(wrong.empty() ? "" : "; ") + what + " " + std::to_string(given) + " but the job has " +
+               std::to_string(job);
+  };
+  expect("spec.stages", s.stages, par.pp);
+  expect("spec.micro_batches", s.micro_batches, micro_batches);
+  expect("spec.chunks", s.chunks, par.virtual_chunks);
+  expect("stage tables", static_cast<int>(schedule.stages.size()), par.pp);
+  if (!wrong.empty())
+    return Status::bad_input("the schedule given as data does not fit this job: " + wrong +
+                             " -- build it for the job's pipeline stages, micro-batches per replica (global batch / "
+                             "(micro batch x data-parallel size)) and model chunks per stage");
+  if (Status st = sched::validate(schedule); !st)
+    return Status::bad_input("the schedule given as data cannot run: " + st.message());
+  return Status::ok();
+}
+
 RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms)
     : spec_(spec), rank_(rank), comms_(comms) {
   const comm::Coords at = topology.coords(rank);
@@ -56,9 +77,15 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   ss.stages = par.pp;
   ss.micro_batches = spec_.micro_batches;
   ss.chunks = par.virtual_chunks;
-  auto made = sched::make_schedule(ss);
-  TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
-  schedule_ = std::move(made).value();
+  if (par.custom_schedule) {
+    const Status fits = check_custom_schedule(*par.custom_schedule, par, spec_.micro_batches);
+    TROUPE_CHECK(fits.is_ok(), "RankEngine: the job checks a given schedule first: " + fits.message());
+    schedule_ = *par.custom_schedule;
+  } else {
+    auto made = sched::make_schedule(ss);
+    TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
+    schedule_ = std::move(made).value();
+  }
 
   pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
   ctx_.device = Device::cpu;

@@ -1,6 +1,6 @@
 // What one rank of a tp x pp x dp job computes: its model chunks (one per virtual pipeline stage it
 // holds, each a tensor-parallel shard), their ZeRO stores, and one training iteration executed from
-// the pipeline schedule table (engine/schedule.hpp). The rank actor (actors/rank_actor.hpp) owns one
+// the pipeline schedule table (include/troupe/schedule.hpp). The rank actor (actors/rank_actor.hpp) owns one
 // RankEngine and runs it on its own thread; the engine itself is plain, deterministic code (no actors), so tests can run several
 // ranks on threads.
 //
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "engine/types.hpp"
-#include "engine/schedule.hpp"
+#include "troupe/schedule.hpp"
 #include "engine/zero_store.hpp"
 #include "comm/communicator.hpp"
 #include "comm/topology.hpp"
@@ -49,6 +49,9 @@ struct ParallelConfig {
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
+  // A schedule given as data (troupe::RunOptions::schedule) instead of the generated one of
+  // `schedule`: checked by check_custom_schedule before any rank is built.
+  std::shared_ptr<const sched::Schedule> custom_schedule;
   int world_size() const { return tp * pp * dp; }
   // The layout as a JSON object (recorded in checkpoints: informational).
   std::string to_json() const;
@@ -187,6 +190,11 @@ class RankEngine {
   size_t step_first_span_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // train_step's own optimizer state (the actor has its own)
 };
+
+// A schedule given as data fits a job of these ranks: pp stages, `micro_batches` per replica, the
+// layout's model chunks per stage, and sched::validate (every action once, no deadlock). The error
+// says which, as bad input.
+Status check_custom_schedule(const sched::Schedule& schedule, const ParallelConfig& par, int micro_batches);
 
 // The common epoch of every span: the steady clock's, shared by the processes of one host.
 std::chrono::steady_clock::time_point span_epoch();

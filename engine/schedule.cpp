@@ -1,4 +1,4 @@
-#include "engine/schedule.hpp"
+#include "troupe/schedule.hpp"
 
 #include <fmt/format.h>
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "comm/topology.hpp"
 #include "engine/rank_engine.hpp"
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "kernels/ops.hpp"
 
 namespace troupe {

@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 #define TROUPE_FUZZ_TARGETS(X) \
   X(train_config_json)         \

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe::fuzz {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 

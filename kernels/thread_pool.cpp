@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 

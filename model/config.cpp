@@ -1,4 +1,4 @@
-#include "model/config.hpp"
+#include "troupe/model_config.hpp"
 
 #include <string>
 

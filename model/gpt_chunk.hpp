@@ -1,5 +1,5 @@
 // One shard of the GPT-2 model under tensor and pipeline parallelism: the layers of one model chunk
-// (a pipeline stage holds v >= 1 chunks, see engine/schedule.hpp) as seen by one tensor-parallel rank,
+// (a pipeline stage holds v >= 1 chunks, see include/troupe/schedule.hpp) as seen by one tensor-parallel rank,
 // with Megatron-LM's tensor-parallel scheme:
 //   c_attn (fused QKV), mlp.c_fc   column-parallel: rank r holds output rows [r*O/t, (r+1)*O/t) of
 //                                  each of the `tp_split_parts` blocks (q, k, v for c_attn); the
@@ -74,7 +74,7 @@
 #include "comm/communicator.hpp"
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
-#include "model/config.hpp"
+#include "troupe/model_config.hpp"
 #include "model/params.hpp"
 
 namespace troupe {

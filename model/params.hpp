@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kernels/tensor.hpp"
-#include "model/config.hpp"
+#include "troupe/model_config.hpp"
 
 namespace troupe {
 

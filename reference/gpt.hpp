@@ -13,7 +13,7 @@
 
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
-#include "model/config.hpp"
+#include "troupe/model_config.hpp"
 #include "model/params.hpp"
 
 namespace troupe {

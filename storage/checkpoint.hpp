@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe {

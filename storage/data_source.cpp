@@ -1,4 +1,4 @@
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 
 #include <algorithm>
 #include <array>

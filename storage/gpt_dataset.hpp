@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "storage/indexed_dataset.hpp"
 
 namespace troupe {

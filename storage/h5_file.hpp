@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe::h5 {

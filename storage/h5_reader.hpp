@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::h5read {
 

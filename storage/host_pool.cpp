@@ -4,7 +4,7 @@
 #include <cstring>
 #include <new>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "kernels/device_info.hpp"
 
 namespace troupe {

@@ -1,4 +1,4 @@
-// The offload actor's host memory (ARCHITECTURE.md: one pool per process): page-aligned, zeroed
+// The offload actor's host memory (docs/ARCHITECTURE.md: one pool per process): page-aligned, zeroed
 // blocks handed out as tensors, pinned (page-locked for device copies) where a CUDA device is
 // present, and counted, so a job can report what its offloaded state occupies. Thread-safe: every
 // optimizer partition of the process allocates from the same pool.

@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "storage/indexed_dataset.hpp"
 
 namespace troupe {

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <set>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
 #include "storage/sharded_checkpoint.hpp"

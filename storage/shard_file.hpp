@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "kernels/tensor.hpp"
 #include "storage/h5_reader.hpp"
 

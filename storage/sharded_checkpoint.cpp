@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "storage/durable.hpp"
 #include "storage/json_input.hpp"
 

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/shard_file.hpp"
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -33,8 +33,8 @@
 // but never writes: nothing is created when the config is bad. Not thread-safe with respect to
 // `cfg`.
 #pragma once
-#include "config/train_config.hpp"
-#include "base/status.hpp"
+#include "troupe/train_config.hpp"
+#include "troupe/status.hpp"
 
 namespace CLI {
 class App;

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "comm/bootstrap.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

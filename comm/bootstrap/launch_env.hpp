@@ -40,7 +40,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

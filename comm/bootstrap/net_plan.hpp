@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "comm/bootstrap/launch_env.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

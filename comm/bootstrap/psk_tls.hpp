@@ -24,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;

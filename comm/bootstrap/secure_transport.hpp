@@ -29,7 +29,7 @@
 #include <string>
 
 #include "comm/bootstrap/psk_tls.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm {
 namespace {

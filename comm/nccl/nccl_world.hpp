@@ -70,7 +70,7 @@
 #include "comm/bootstrap.hpp"
 #include "comm/communicator.hpp"
 #include "comm/world.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "comm/ucx/ucx_reduce.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

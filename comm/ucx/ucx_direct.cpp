@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "comm/ucx/ucx_collectives.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "comm/ucx/ucx_detail.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -31,7 +31,7 @@
 #include "comm/communicator.hpp"
 #include "comm/ucx/ucx_shm.hpp"
 #include "comm/ucx/ucx_world.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "comm/ucx/ucx_engine.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -19,7 +19,7 @@
 
 #include "comm/ucx/ucx_detail.hpp"
 #include "comm/ucx/ucx_engine.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

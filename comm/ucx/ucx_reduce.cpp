@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

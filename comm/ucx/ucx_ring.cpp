@@ -24,7 +24,7 @@
 
 #include "comm/ucx/ucx_collectives.hpp"
 #include "comm/ucx/ucx_reduce.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

@@ -30,7 +30,7 @@
 #include "comm/ucx/ucx_detail.hpp"
 #include "comm/ucx/ucx_reduce.hpp"
 #include "comm/ucx/ucx_shm.hpp"
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
 

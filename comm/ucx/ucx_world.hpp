@@ -83,7 +83,7 @@
 
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::comm {
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "fuzz/fuzz_util.hpp"
 #include "storage/gpt_dataset.hpp"

@@ -1,6 +1,6 @@
 // The train-config JSON stored in every checkpoint (TrainConfig::from_json). Property: a config it
 // accepts writes back (to_json) to a text that reads back to the same config.
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 #include "fuzz/fuzz_targets.hpp"
 
 namespace troupe::fuzz {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <memory>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "kernels/context.hpp"
 
 extern "C" void openblas_set_num_threads(int);

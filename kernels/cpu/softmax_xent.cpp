@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/vec_math.hpp"
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The layers' include rules (README "What is where", docs/COMM.md "Layout"): every #include "..." of a
+# The layers' include rules (docs/ARCHITECTURE.md, docs/COMM.md "Layout"): every #include "..." of a
 # folder's sources names only the folders that folder may use. The CMake targets enforce the same
 # direction at link time (a library links only what it may use); this catches an include of a
 # header-only part or of an inline function, which the linker would not notice.
-#   base/                        base/ (Status, TROUPE_CHECK: nothing but the standard library)
+#   include/troupe/              include/troupe/ only: the public headers are self-contained
+#   every folder below           also include/troupe/ (the public vocabulary: Status, configs, reports)
+#   base/                        base/ (check.cpp: nothing but the standard library)
 #   kernels/ (cpu/, cuda/)       base/, kernels/
 #   model/                       base/, kernels/, model/, comm/'s interface headers (comm/*.hpp)
 #   storage/                     base/, kernels/, storage/
@@ -11,6 +13,7 @@
 #   engine/                      base/, kernels/, model/, storage/, config/, comm/*.hpp, comm/local/, engine/
 #   reference/                   base/, kernels/, model/, engine/, reference/ (nothing but tests uses it)
 #   actors/                      all of the above, comm/ (any backend), actors/ -- never apps/
+#   api/                         everything but reference/ (troupe::train's set-up)
 #   apps/cli/                    base/, kernels/, model/, storage/, config/, apps/cli/
 #   comm/ (the interface)        base/, kernels/, comm/*.hpp
 #   comm/local|ucx|nccl|bootstrap/  base/, kernels/, comm/*.hpp, its own sub-folder
@@ -22,23 +25,25 @@ cd "$src"
 # allowed FOLDER: the regular expression an included path must match.
 allowed() {
   case "$1" in
-    base) echo '^base/' ;;
-    kernels|kernels/*) echo '^(base/|kernels/)' ;;
-    model) echo '^(base/|kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
-    storage) echo '^(base/|kernels/|storage/)' ;;
-    comm) echo '^(base/|kernels/|comm/[a-z_]+\.hpp$)' ;;
-    config) echo '^(base/|kernels/|model/|storage/|config/)' ;;
-    engine) echo '^(base/|kernels/|model/|storage/|config/|comm/[a-z_]+\.hpp$|comm/local/|engine/)' ;;
-    actors) echo '^(base/|kernels/|model/|storage/|config/|comm/|engine/|actors/)' ;;
-    reference) echo '^(base/|kernels/|model/|engine/|reference/)' ;;
-    apps/cli) echo '^(base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
-    comm/*) echo "^(base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
+    include/troupe) echo '^troupe/' ;;
+    base) echo '^(troupe/|base/)' ;;
+    kernels|kernels/*) echo '^(troupe/|base/|kernels/)' ;;
+    model) echo '^(troupe/|base/|kernels/|model/|comm/[a-z_]+\.hpp$)' ;;
+    storage) echo '^(troupe/|base/|kernels/|storage/)' ;;
+    comm) echo '^(troupe/|base/|kernels/|comm/[a-z_]+\.hpp$)' ;;
+    config) echo '^(troupe/|base/|kernels/|model/|storage/|config/)' ;;
+    engine) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/[a-z_]+\.hpp$|comm/local/|engine/)' ;;
+    actors) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/)' ;;
+    reference) echo '^(troupe/|base/|kernels/|model/|engine/|reference/)' ;;
+    api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/|apps/cli/)' ;;
+    apps/cli) echo '^(troupe/|base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
+    comm/*) echo "^(troupe/|base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
   esac
 }
 
 bad=0 checked=0
 for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap \
-    config engine reference actors apps/cli; do
+    config engine reference actors api apps/cli include/troupe; do
   [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
   rule=$(allowed "$folder")
   # Only the folder's own files (not its sub-folders, which have their own rule).
@@ -62,11 +67,11 @@ for file in actors/*.cpp actors/*.hpp; do
 done
 while IFS= read -r file; do
   echo "layering: $file uses CAF, which only actors/ (and comm/bootstrap/) may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' base kernels model storage config engine reference apps/cli || true)
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference apps/cli || true)
 # The reference model is the tests' yardstick: no folder but tests/ and reference/ includes it.
 while IFS= read -r file; do
   echo "layering: $file includes reference/, which only the tests may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*"reference/' base kernels model storage comm config engine actors apps bench 2>/dev/null || true)
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*"reference/' include base kernels model storage comm config engine actors api apps bench examples 2>/dev/null || true)
 ((checked > 50)) || { echo "layering: only $checked includes seen -- is $src the source tree?" >&2; exit 1; }
 ((bad == 0)) || { echo "layering: $bad problem(s) against the layers' rules" >&2; exit 1; }
 echo "ok: $checked includes follow the layers' rules"

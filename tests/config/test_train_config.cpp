@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "config/train_config.hpp"
+#include "troupe/train_config.hpp"
 
 namespace troupe {
 namespace {

@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "engine/schedule.hpp"
+#include "troupe/schedule.hpp"
 
 namespace troupe::sched {
 namespace {

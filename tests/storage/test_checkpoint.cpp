@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.hpp"
+#include "troupe/model_config.hpp"
 #include "model/params.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/h5_file.hpp"

@@ -5,7 +5,7 @@
 #include <iterator>
 #include <vector>
 
-#include "storage/data_source.hpp"
+#include "troupe/data_source.hpp"
 #include "storage/indexed_dataset.hpp"
 #include "tests/test_util.hpp"
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

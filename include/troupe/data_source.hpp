@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "base/status.hpp"
+#include "troupe/status.hpp"
 
 namespace troupe::sched {
 

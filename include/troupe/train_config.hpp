@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "base/status.hpp"
-#include "model/config.hpp"
+#include "troupe/status.hpp"
+#include "troupe/model_config.hpp"
 
 namespace troupe {
 

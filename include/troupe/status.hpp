@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "base/check.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 

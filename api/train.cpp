@@ -1,0 +1,125 @@
+// troupe::train, troupe::evaluate and troupe::open_data (include/troupe/train.hpp): the set-up that
+// `troupe train` and `troupe eval` share with every program that embeds troupe -- the launch
+// environment, the tokenizer's vocabulary, the memory check, the data, the rendezvous and UCX world
+// of a multi-process job -- then the job of actors/job.hpp.
+#include "troupe/train.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "actors/job.hpp"
+#include "apps/cli/train_options.hpp"
+#include "comm/bootstrap/caf_bootstrap.hpp"
+#include "comm/bootstrap/launch_env.hpp"
+#include "comm/ucx/ucx_world.hpp"
+#include "config/memory_estimate.hpp"
+#include "storage/tokenizer.hpp"
+
+namespace troupe {
+
+namespace {
+
+// The default of RunOptions::on_peer_failure: a rank blocked on a dead peer's data fails by itself
+// (comm/ reports it); one waiting for a hung peer would wait for ever, so the ordinary failure path
+// gets a few seconds, then the process ends naming the cause. The latest checkpoint stays intact (it
+// only moves once a save is complete), and troupe launch --max-restarts restarts from it.
+void end_process_after_peer_failure(int rank, const std::string& why) {
+  std::thread([rank, why] {
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::fprintf(stderr, "troupe train: error: rank %d: the job failed (%s) -- stopping this rank; restart the job "
+                 "from its latest checkpoint (troupe launch --max-restarts N does it)\n", rank, why.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }).detach();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
+  if (cfg.mock_data) return make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed);
+  auto data = open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
+                                cfg.model.vocab_size);
+  if (!data) return data.status().with_context("--data-path " + cfg.data_path + ": ").as_bad_input();
+  return data;
+}
+
+Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> data, const TrainCallbacks& callbacks,
+                           const RunOptions& run) {
+  // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
+  // the data-parallel size when it is left at 0.
+  auto env = comm::detect_launch_env();
+  if (!env) return env.status().as_bad_input();
+  const int world = env->world_size;
+  if (Status st = validate_train_config(cfg); !st) return st.as_bad_input();
+  if (world > 1)
+    if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
+  // Restarts of a multi-process job are the launcher's (every process anew); a restarted process
+  // resumes from the latest checkpoint in --save.
+  if (world > 1 && cfg.max_restarts > 0)
+    return Status::bad_input("--max-restarts " + std::to_string(cfg.max_restarts) +
+                             " restarts the actors of one process, but this job has " + std::to_string(world) +
+                             " -- pass --max-restarts to troupe launch, which restarts every process");
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
+  if (!tokenizer) return tokenizer.status().as_bad_input();
+  cfg.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
+  // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
+  if (Status st = check_memory(cfg, world, env->local_world_size, available_memory_bytes()); !st)
+    return st.as_bad_input();
+  if (!data) {
+    auto opened = open_data(cfg);
+    if (!opened) return opened.status();
+    data = std::move(opened).value();
+  }
+  // The ranks meet at the rendezvous and build the UCX world before anything is reported.
+  std::unique_ptr<comm::CafBootstrap> bootstrap;
+  JobOptions options;
+  if (world > 1) {
+    comm::CafBootstrapOptions boot_options;
+    auto on_peer_failure = run.on_peer_failure ? run.on_peer_failure : end_process_after_peer_failure;
+    boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
+      on_peer_failure(rank, why);
+    };
+    // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
+    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter
+    // (the process then ends 5 s later by default), at least 2 s.
+    const auto third_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
+    if (third_timeout < boot_options.connection_timeout) {
+      boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
+      boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
+    }
+    auto b = comm::create_caf_bootstrap(*env, boot_options);
+    if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
+    bootstrap = std::move(b).value();
+    auto w = comm::create_ucx_world(*bootstrap);
+    if (!w) return w.status().with_context("rank " + std::to_string(env->rank) + ": ");
+    options.world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
+    options.bootstrap = bootstrap.get();
+  }
+  // Ranks sharing a host share its cores: by default each takes its share.
+  if (cfg.num_threads == 0 && env->local_world_size > 1)
+    cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
+  if (callbacks.on_start)
+    if (Status st = callbacks.on_start(cfg, *data, env->rank, world); !st) return st;
+  options.stop = run.stop;
+  options.measure_peak = run.measure_peak;
+  options.schedule = run.schedule;
+  options.on_stuck = run.on_stuck;
+  // A process troupe launch restarted resumes this run's latest checkpoint in --save (run_training
+  // decides, config/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.
+  const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
+  options.restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
+  if (const char* id = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = id;
+  return run_training(cfg, data, callbacks, options);
+}
+
+Result<EvalSummary> evaluate(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
+                             int micro_batch_size, int num_threads) {
+  return run_evaluation(dir, std::move(data), samples, micro_batch_size, num_threads);
+}
+
+}  // namespace troupe

@@ -1,0 +1,50 @@
+// What a training or evaluation run reports while it runs and when it ends: one IterationStats per
+// logged iteration, one EvalStats per evaluation, one SavedCheckpoint per save (twice: when the
+// snapshot is taken and once it is durable on disk), and the TrainSummary at the end. Plain values,
+// copied to the callbacks of troupe::train (troupe/train.hpp) on the caller's thread.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace troupe {
+
+struct IterationStats {
+  int64_t iteration = 0;  // 1-based: iterations completed
+  int64_t train_iters = 0;
+  double lm_loss = 0;     // mean token loss of the global batch
+  double lr = 0;
+  double grad_norm = 0;
+  double ms_per_iter = 0;
+  double tokens_per_sec = 0;
+  double model_tflops = 0;        // model FLOP/s / 1e12 (Megatron's count)
+  double fraction_of_peak = 0;    // of the sgemm peak measured at start-up
+  int64_t consumed_samples = 0;
+  // Parallel layouts: the least and most busy rank of this process in the step, busy = forward,
+  // backward, weight-gradient, reduction and optimizer time over the step's wall time (the rest is
+  // idle: pipeline bubble and waiting for peers). -1 for a 1x1x1 job.
+  double busy_fraction_min = -1, busy_fraction_max = -1;
+};
+
+struct EvalStats {
+  int64_t iteration = 0;
+  double loss = 0;
+  double perplexity = 0;
+  int64_t tokens = 0;
+};
+
+struct SavedCheckpoint {
+  int64_t iteration = 0;
+  std::string path;
+  double seconds = 0;      // in the training path (the snapshot); committed: the background write
+  bool committed = false;  // sent again by the offload actor once the save is complete on disk
+};
+
+struct TrainSummary {
+  int64_t iteration = 0;  // last completed iteration
+  double last_loss = 0;
+  double last_eval_loss = -1;  // < 0: never evaluated
+  bool stopped_early = false;
+  std::string last_checkpoint;
+};
+
+}  // namespace troupe

@@ -1,0 +1,96 @@
+// Training and evaluation from code: what `troupe train` and `troupe eval` do, as functions.
+//
+//   troupe::TrainConfig cfg;                        // or troupe::parse_train_flags (troupe/flags.hpp)
+//   cfg.model.num_layers = 2; ...; cfg.mock_data = true; cfg.train_iters = 10;
+//   troupe::TrainCallbacks cb;
+//   cb.on_iteration = [](const troupe::IterationStats& s) { std::printf("%g\n", s.lm_loss); };
+//   troupe::Result<troupe::TrainSummary> r = troupe::train(cfg, nullptr, cb);
+//   if (!r) { std::fprintf(stderr, "%s\n", r.status().message().c_str()); return r.status().is_bad_input() ? 2 : 1; }
+//
+// One process runs every rank of the layout (tp x pp x dp actors on the in-process backend). Started
+// by `troupe launch` (or srun / mpirun: the launch environment, TROUPE_* / SLURM_* / OMPI_*
+// variables), each process holds one rank: train() meets the other processes at the rendezvous,
+// builds the UCX world and trains its rank; rank 0's callbacks see the job's iterations (every rank
+// gets them; only rank 0's are meant to be printed). Checkpoints, restarts from --save, run
+// identity and every other setting behave exactly as under `troupe train`.
+//
+// Threading: train() and evaluate() block the calling thread until the run ends; the callbacks run
+// on that thread, in order, never concurrently. The actors (and their compute threads) live inside
+// the call. Several runs may not share one process at the same time (BLAS thread settings are
+// process-wide). Errors come back as a Status: is_bad_input() for a configuration, data or
+// checkpoint that cannot work (the message names the setting and the fix; nothing was written),
+// otherwise a failure while running (a rank that failed, a peer that died, a full disk).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "troupe/data_source.hpp"
+#include "troupe/reports.hpp"
+#include "troupe/schedule.hpp"
+#include "troupe/status.hpp"
+#include "troupe/train_config.hpp"
+
+namespace troupe {
+
+struct TrainCallbacks {
+  // Once the run is set up, before the first iteration: the configuration as resolved (vocabulary
+  // from the tokenizer, data-parallel size from the ranks started, threads per rank), the data, this
+  // process's rank and the processes of the job (0 and 1 in one process). A failed Status ends the
+  // run before it starts (train() returns it).
+  std::function<Status(const TrainConfig&, const DataSource&, int rank, int world_size)> on_start;
+  std::function<void(const std::string&)> on_note;  // start-up and progress information, one line each
+  std::function<void(const IterationStats&)> on_iteration;  // every --log-interval iterations
+  std::function<void(const EvalStats&)> on_eval;            // every --eval-interval iterations
+  std::function<void(const SavedCheckpoint&)> on_saved;     // snapshot taken, then durable on disk
+};
+
+struct RunOptions {
+  // Polled a few times a second: once it is true the run stops after the current iteration (saving
+  // a checkpoint when config.save is set) and train() returns a summary with stopped_early.
+  const std::atomic<bool>* stop = nullptr;
+  // Measure the sgemm peak at start-up (IterationStats::fraction_of_peak; about a second).
+  bool measure_peak = true;
+  // A pipeline schedule given as data instead of config.pipeline_schedule's generated one. It must
+  // have the job's pipeline stages, micro-batches per replica and model chunks per stage, and pass
+  // sched::validate (every action once, no deadlock); otherwise train() refuses it with the reason
+  // before anything runs (bad input).
+  std::shared_ptr<const sched::Schedule> schedule;
+  // Under a launcher: when the bootstrap reports that another process died or stopped answering,
+  // this process cannot finish its collectives. Called with this rank and the reason; default: give
+  // the ordinary failure path 5 s, then end the process with exit code 1 (troupe launch
+  // --max-restarts restarts the job from its latest checkpoint).
+  std::function<void(int rank, const std::string& why)> on_peer_failure;
+  // A rank stuck in a handler (found by --distributed-timeout-minutes) cannot be torn down. Called
+  // with the message; default: train() returns the error and leaves the stuck threads behind.
+  std::function<void(const std::string& message)> on_stuck;
+};
+
+// The data a config names: synthetic tokens (mock_data) or the indexed dataset at data_path with
+// its train/validation/test split (shuffled with seed unless no_shuffle). config.model.vocab_size
+// must be set (train() sets it from the tokenizer).
+Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& config);
+
+// Trains as `troupe train` does. config: validated here (every problem at once is not guaranteed:
+// the first failing check's message names its setting); model.vocab_size is taken from the
+// tokenizer (tokenizer_type, vocab_file, merge_file). data: null to open what the config names.
+Result<TrainSummary> train(TrainConfig config, std::shared_ptr<const DataSource> data,
+                           const TrainCallbacks& callbacks = {}, const RunOptions& options = {});
+
+struct EvalSummary {
+  double loss = 0;        // mean next-token loss
+  double perplexity = 0;
+  int64_t tokens = 0;
+  int64_t samples = 0;
+  int64_t iteration = 0;  // of the checkpoint
+};
+
+// As `troupe eval`: loads the model of the checkpoint in `dir` (its latest iteration, saved by any
+// layout) into one rank and returns the mean next-token loss over the first `samples` windows of
+// `data`'s training split read in order (all windows when samples <= 0).
+Result<EvalSummary> evaluate(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
+                             int micro_batch_size, int num_threads);
+
+}  // namespace troupe
