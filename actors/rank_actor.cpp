@@ -183,9 +183,9 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         if (!s.created) return rank_error(s.rank, s.created);
         if (req.load_optimizer)
           if (Status st = trains(); !st) return rank_error(s.rank, st);
-        auto files = checkpoint_files(req.dir, req.iteration);
-        if (!files) return rank_error(s.rank, files.status());
-        auto reader = ShardSetReader::open(files.value());
+        auto checkpoint = Checkpoint::open(req.dir, req.iteration);  // any version, any layout
+        if (!checkpoint) return rank_error(s.rank, checkpoint.status());
+        auto reader = checkpoint->reader();
         if (!reader) return rank_error(s.rank, reader.status());
         OptimizerMoments m;
         if (req.load_optimizer) {

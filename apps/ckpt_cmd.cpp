@@ -10,7 +10,7 @@
 #include "apps/commands.hpp"
 #include "engine/checkpoint_convert.hpp"
 #include "storage/checkpoint.hpp"
-#include "storage/sharded_checkpoint.hpp"
+#include "storage/hf_export.hpp"
 
 namespace troupe::apps {
 namespace {
@@ -85,21 +85,15 @@ int run_info(const InfoArgs& a) {
   Result<int64_t> it = resolve_iteration(a.dir, a.iteration);
   // Everything read here is the checkpoint the user named: a failure is bad input (exit 2).
   if (!it) return fail(kExitUsage, it.status().message());
-  Result<CheckpointMeta> meta = read_checkpoint_meta(a.dir, *it);
-  if (!meta) return fail(kExitUsage, meta.status().message());
-  Result<std::vector<CheckpointTensorInfo>> tensors = list_checkpoint_tensors(a.dir, *it);
+  Result<Checkpoint> checkpoint = Checkpoint::open(a.dir, *it);
+  if (!checkpoint) return fail(kExitUsage, checkpoint.status().message());
+  const CheckpointMeta* meta = &checkpoint->meta();
+  Result<std::vector<CheckpointTensorInfo>> tensors = checkpoint->tensors();
   if (!tensors) return fail(kExitUsage, tensors.status().message());
-
-  // Version 1: one file; version 2: the iteration directory of shard files (sizes summed).
-  const bool sharded = is_sharded_checkpoint(a.dir, *it);
-  const std::string file = sharded ? iteration_dir(a.dir, *it) : checkpoint_file(a.dir, *it);
-  std::error_code ec;
-  uintmax_t file_bytes = 0;
-  if (sharded) {
-    for (const auto& e : std::filesystem::directory_iterator(file, ec)) file_bytes += e.file_size(ec);
-  } else {
-    file_bytes = std::filesystem::file_size(file, ec);
-  }
+  // Where it lies (the iteration directory, or version 1's one file) and its bytes on disk.
+  const std::string& file = checkpoint->location();
+  const uint64_t file_bytes = checkpoint->bytes();
+  const bool sharded = !meta->layout_json.empty();
   const nlohmann::json config = parse_or_string(meta->config_json);
   int64_t model_numel = 0, optimizer_numel = 0;
   for (const CheckpointTensorInfo& t : *tensors)
@@ -110,7 +104,7 @@ int run_info(const InfoArgs& a) {
   if (a.json) {
     nlohmann::json j;
     j["file"] = file;
-    j["file_bytes"] = ec ? 0 : file_bytes;
+    j["file_bytes"] = file_bytes;
     j["format_version"] = meta->format_version;
     if (sharded) j["layout"] = parse_or_string(meta->layout_json);
     j["iteration"] = meta->iteration;
@@ -135,7 +129,7 @@ int run_info(const InfoArgs& a) {
   }
 
   std::printf("checkpoint        %s (%.2f MiB on disk)\n", file.c_str(),
-              ec ? 0.0 : file_bytes / kMiB);
+              static_cast<double>(file_bytes) / kMiB);
   std::printf("format            troupe-checkpoint version %d\n", meta->format_version);
   if (sharded) std::printf("saved by layout   %s\n", meta->layout_json.c_str());
   std::printf("iteration         %lld\n", static_cast<long long>(meta->iteration));
@@ -165,7 +159,9 @@ int run_export(const ExportArgs& a) {
   if (std::string p = usage_problem(a.load, a.iteration); !p.empty()) return fail(kExitUsage, p);
   Result<int64_t> it = resolve_iteration(a.load, a.iteration);
   if (!it) return fail(kExitUsage, it.status().message());
-  if (Status st = export_hf(a.load, *it, a.output); !st) return fail(exit_code_for(st), st.message());
+  Result<Checkpoint> checkpoint = Checkpoint::open(a.load, *it);
+  if (!checkpoint) return fail(exit_code_for(checkpoint.status()), checkpoint.status().message());
+  if (Status st = export_hf(*checkpoint, a.output); !st) return fail(exit_code_for(st), st.message());
   std::printf("exported iteration %lld of %s to %s (Hugging Face GPT2LMHeadModel state dict)\n",
               static_cast<long long>(*it), a.load.c_str(), a.output.c_str());
   return kExitOk;

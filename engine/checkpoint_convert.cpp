@@ -21,8 +21,9 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
     if (!it) return it.status();
     iteration = it.value();
   }
-  auto meta = read_checkpoint_meta(in, iteration);
-  if (!meta) return meta.status().as_bad_input();
+  auto checkpoint = Checkpoint::open(in, iteration);  // any version
+  if (!checkpoint) return checkpoint.status().as_bad_input();
+  const CheckpointMeta* meta = &checkpoint->meta();
   auto config = stored_config(in, iteration);  // only a config the checkpoint's tensors vouch for
   if (!config) return config.status();
   TrainConfig cfg = config.value();
@@ -58,14 +59,9 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   auto fabric = comm::LocalFabric::create(world);
   if (!fabric) return fabric.status();
 
-  std::vector<std::string> files;
-  if (is_sharded_checkpoint(in, iteration)) {
-    auto f = sharded_checkpoint_files(in, iteration);
-    if (!f) return f.status();
-    files = std::move(f).value();
-  } else {
-    files = {checkpoint_file(in, iteration)};
-  }
+  auto listed = checkpoint->files();
+  if (!listed) return listed.status();
+  const std::vector<std::string> files = std::move(listed).value();
   TROUPE_RETURN_IF_ERROR(prepare_iteration_dir(out, iteration));
 
   RankSpec spec;
@@ -108,7 +104,7 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   for (auto& t : threads) t.join();
   if (!failure.is_ok()) return failure;
 
-  CheckpointMeta saved = meta.value();
+  CheckpointMeta saved = *meta;
   saved.config_json = cfg.to_json();
   return commit_sharded_checkpoint(out, saved, par.to_json(), shard_file_names(world));
 }

@@ -295,11 +295,6 @@ Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir
   return out;
 }
 
-Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_t iteration) {
-  if (is_sharded_checkpoint(dir, iteration)) return sharded_checkpoint_files(dir, iteration);
-  return std::vector<std::string>{checkpoint_file(dir, iteration)};
-}
-
 namespace {
 
 const std::vector<NamedTensor>& section_of(const CheckpointContents& c, ShardSection s) {

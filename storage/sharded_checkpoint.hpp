@@ -76,9 +76,6 @@ Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir
                                                           int64_t iteration);
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration);
 
-// What a reader opens for iteration N of DIR, whichever version wrote it: the shards of version 2,
-// the one file of version 1 (ShardSetReader reads both).
-Result<std::vector<std::string>> checkpoint_files(const std::string& dir, int64_t iteration);
 
 // The shard of a one-rank job: every tensor whole, one piece covering it, values copied (a
 // snapshot: training may change the tensors right after).

@@ -14,12 +14,22 @@
 
 #include "troupe/model_config.hpp"
 #include "model/params.hpp"
+#include "storage/checkpoint_v1.hpp"
+#include "storage/hf_export.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/h5_file.hpp"
+#include "tests/storage/v1_writer.hpp"
 #include "tests/test_util.hpp"
 
 namespace troupe {
 namespace {
+
+// export_hf of iteration `iteration` of `dir`, through the facade as `troupe ckpt export` does.
+Status export_hf_of(const std::string& dir, int64_t iteration, const std::string& out) {
+  auto checkpoint = Checkpoint::open(dir, iteration);
+  if (!checkpoint) return checkpoint.status();
+  return export_hf(*checkpoint, out);
+}
 
 namespace fs = std::filesystem;
 
@@ -155,7 +165,7 @@ TEST_CASE("checkpoint: round trip restores tensors, moments and metadata", "[che
   test::TempDir dir;
   const CheckpointContents saved = random_contents(1);
   const CheckpointMeta meta = test_meta(3);
-  REQUIRE(save_checkpoint(dir.str(), meta, saved).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), meta, saved).message() == "");
 
   CheckpointContents into{garbage_like(saved.params), garbage_like(saved.exp_avg),
                           garbage_like(saved.exp_avg_sq)};
@@ -198,7 +208,7 @@ TEST_CASE("checkpoint: listing orders layer numbers numerically", "[checkpoint]"
   std::vector<NamedTensor> ts;
   for (const char* name : {"h.10.w", "h.2.w", "h.1.w", "h.1.b", "a"})
     ts.push_back({name, {2}, random_tensor({2}, 1)});
-  REQUIRE(save_checkpoint(dir.str(), test_meta(1), {ts, {}, {}}).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(1), {ts, {}, {}}).message() == "");
   Result<std::vector<CheckpointTensorInfo>> list = list_checkpoint_tensors(dir.str(), 1);
   REQUIRE(list.is_ok());
   std::vector<std::string> paths;
@@ -210,7 +220,7 @@ TEST_CASE("checkpoint: listing orders layer numbers numerically", "[checkpoint]"
 TEST_CASE("checkpoint: the file is plain HDF5 with the documented layout", "[checkpoint]") {
   test::TempDir dir;
   const CheckpointContents saved = random_contents(2);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(4), saved).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(4), saved).message() == "");
   const std::string file = checkpoint_file(dir.str(), 4);
   hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   REQUIRE(f >= 0);
@@ -232,9 +242,9 @@ TEST_CASE("checkpoint: the file is plain HDF5 with the documented layout", "[che
 TEST_CASE("checkpoint: latest pointer and several iterations", "[checkpoint]") {
   test::TempDir dir;
   const CheckpointContents at5 = random_contents(10), at10 = random_contents(20);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(5), at5).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(5), at5).message() == "");
   REQUIRE(*latest_iteration(dir.str()) == 5);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(10), at10).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(10), at10).message() == "");
   REQUIRE(*latest_iteration(dir.str()) == 10);
   std::ifstream latest(dir.str("latest_checkpointed_iteration.txt"));
   std::string text((std::istreambuf_iterator<char>(latest)), std::istreambuf_iterator<char>());
@@ -252,7 +262,7 @@ TEST_CASE("checkpoint: latest pointer and several iterations", "[checkpoint]") {
 
   SECTION("saving the same iteration again replaces it") {
     const CheckpointContents again = random_contents(30);
-    REQUIRE(save_checkpoint(dir.str(), test_meta(10), again).message() == "");
+    REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(10), again).message() == "");
     CheckpointContents into{garbage_like(again.params), {}, {}};
     REQUIRE(load_checkpoint(dir.str(), 10, into, true).message() == "");
     require_loaded(into.params, again.params);
@@ -263,7 +273,7 @@ TEST_CASE("checkpoint: latest pointer and several iterations", "[checkpoint]") {
 TEST_CASE("checkpoint: leftovers of a crashed save are ignored", "[checkpoint]") {
   test::TempDir dir;
   const CheckpointContents at5 = random_contents(40);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(5), at5).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(5), at5).message() == "");
   // A save of iteration 10 that died mid-write: its directory, a partial file and a partial
   // pointer.
   fs::create_directories(dir.str("iter_0000010"));
@@ -282,7 +292,7 @@ TEST_CASE("checkpoint: leftovers of a crashed save are ignored", "[checkpoint]")
 
   // The next save of iteration 10 goes through and leaves no temporary file behind.
   const CheckpointContents at10 = random_contents(50);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(10), at10).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(10), at10).message() == "");
   CHECK(!fs::exists(checkpoint_file(dir.str(), 10) + ".tmp"));
   CHECK(!fs::exists(dir.str("latest_checkpointed_iteration.txt.tmp")));
   CheckpointContents into10{garbage_like(at10.params), {}, {}};
@@ -293,7 +303,7 @@ TEST_CASE("checkpoint: leftovers of a crashed save are ignored", "[checkpoint]")
 TEST_CASE("checkpoint: a flipped bit fails the checksum, naming the tensor", "[checkpoint]") {
   test::TempDir dir;
   const CheckpointContents saved = random_contents(60);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(1), saved).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(1), saved).message() == "");
   const std::string file = checkpoint_file(dir.str(), 1);
   flip_byte(file, dataset_offset(file, "/optimizer/exp_avg/odd.matrix") + 4 * 7 + 2);
 
@@ -312,7 +322,7 @@ TEST_CASE("checkpoint: a flipped bit fails the checksum, naming the tensor", "[c
 TEST_CASE("checkpoint: damaged files give clear errors", "[checkpoint]") {
   test::TempDir dir;
   const CheckpointContents saved = random_contents(70);
-  REQUIRE(save_checkpoint(dir.str(), test_meta(2), saved).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(2), saved).message() == "");
   const std::string file = checkpoint_file(dir.str(), 2);
   CheckpointContents into{garbage_like(saved.params), {}, {}};
 
@@ -358,7 +368,7 @@ TEST_CASE("checkpoint: missing tensors and wrong shapes name the tensor", "[chec
   CheckpointContents saved = random_contents(80);
   saved.exp_avg.clear();
   saved.exp_avg_sq.clear();
-  REQUIRE(save_checkpoint(dir.str(), test_meta(6), saved).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(6), saved).message() == "");
   const std::string file = checkpoint_file(dir.str(), 6);
 
   SECTION("missing") {
@@ -388,9 +398,9 @@ TEST_CASE("checkpoint: missing tensors and wrong shapes name the tensor", "[chec
   SECTION("invalid names are refused on save") {
     CheckpointContents bad = saved;
     bad.params[1].name = "a/b";
-    CHECK(!save_checkpoint(dir.str(), test_meta(7), bad).is_ok());
+    CHECK(!test::save_v1_checkpoint(dir.str(), test_meta(7), bad).is_ok());
     bad.params[1].name = bad.params[0].name;
-    CHECK(!save_checkpoint(dir.str(), test_meta(7), bad).is_ok());
+    CHECK(!test::save_v1_checkpoint(dir.str(), test_meta(7), bad).is_ok());
     CHECK(!fs::exists(checkpoint_file(dir.str(), 7)));
     CHECK(*latest_iteration(dir.str()) == 6);
   }
@@ -412,7 +422,7 @@ TEST_CASE("checkpoint: latest pointer errors", "[checkpoint]") {
   CHECK(contains(r.status().message(), "'release'"));
 
   // Pointing at an iteration that is not there: reading it names what is there.
-  REQUIRE(save_checkpoint(dir.str(), test_meta(5), random_contents(90)).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), test_meta(5), random_contents(90)).message() == "");
   write_text(dir.str("latest_checkpointed_iteration.txt"), " 7 \n");
   REQUIRE(*latest_iteration(dir.str()) == 7);
   Result<CheckpointMeta> m = read_checkpoint_meta(dir.str(), 7);
@@ -535,9 +545,9 @@ TEST_CASE("checkpoint: export_hf writes GPT2LMHeadModel's state dict", "[checkpo
   const std::vector<NamedTensor> params = gpt_params(cfg, 100);
   CheckpointMeta meta = test_meta(3);
   meta.config_json = config_json(cfg);
-  REQUIRE(save_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
   const std::string out = dir.str("gpt2.h5");
-  REQUIRE(export_hf(dir.str(), 3, out).message() == "");
+  REQUIRE(export_hf_of(dir.str(), 3, out).message() == "");
   CHECK(!fs::exists(out + ".tmp"));
 
   std::map<std::string, const NamedTensor*> source;
@@ -602,9 +612,9 @@ TEST_CASE("checkpoint: export_hf without model config derives sizes from shapes"
   cfg.num_layers = 1;
   CheckpointMeta meta = test_meta(1);
   meta.config_json = "{}";
-  REQUIRE(save_checkpoint(dir.str(), meta, {gpt_params(cfg, 7), {}, {}}).message() == "");
+  REQUIRE(test::save_v1_checkpoint(dir.str(), meta, {gpt_params(cfg, 7), {}, {}}).message() == "");
   const std::string out = dir.str("hf.h5");
-  REQUIRE(export_hf(dir.str(), 1, out).message() == "");
+  REQUIRE(export_hf_of(dir.str(), 1, out).message() == "");
   hid_t f = H5Fopen(out.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   REQUIRE(f >= 0);
   CHECK(read_int_attr(f, "n_layer") == 1);
@@ -624,15 +634,15 @@ TEST_CASE("checkpoint: export_hf refuses what is not a GPT-2", "[checkpoint]") {
 
   SECTION("an extra tensor") {
     params.push_back({"transformer.h.0.attn.rotary", {4}, random_tensor({4}, 1)});
-    REQUIRE(save_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
-    Status st = export_hf(dir.str(), 2, out);
+    REQUIRE(test::save_v1_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
+    Status st = export_hf_of(dir.str(), 2, out);
     REQUIRE(!st.is_ok());
     CHECK(contains(st.message(), "transformer.h.0.attn.rotary"));
   }
   SECTION("a missing tensor") {
     params.erase(params.begin() + 5);  // transformer.h.0.attn.c_attn.bias
-    REQUIRE(save_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
-    Status st = export_hf(dir.str(), 2, out);
+    REQUIRE(test::save_v1_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
+    Status st = export_hf_of(dir.str(), 2, out);
     REQUIRE(!st.is_ok());
     CHECK(contains(st.message(), "transformer.h.0.attn.c_attn.bias"));
   }
@@ -640,8 +650,8 @@ TEST_CASE("checkpoint: export_hf refuses what is not a GPT-2", "[checkpoint]") {
     GptConfig other = cfg;
     other.hidden_size = 16;
     meta.config_json = config_json(other);
-    REQUIRE(save_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
-    Status st = export_hf(dir.str(), 2, out);
+    REQUIRE(test::save_v1_checkpoint(dir.str(), meta, {params, {}, {}}).message() == "");
+    Status st = export_hf_of(dir.str(), 2, out);
     REQUIRE(!st.is_ok());
     CHECK(contains(st.message(), "hidden_size"));
   }

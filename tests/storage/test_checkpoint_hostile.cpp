@@ -16,11 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "storage/checkpoint_v1.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/durable.hpp"
 #include "storage/h5_reader.hpp"
 #include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
+#include "tests/storage/v1_writer.hpp"
 #include "tests/test_util.hpp"
 
 namespace troupe {
@@ -127,7 +129,7 @@ TEST_CASE("hostile shards: every flipped byte and every truncation ends in a Sta
   meta.iteration = 3;
   meta.config_json = "{}";
   meta.rng_json = "{}";
-  REQUIRE(save_checkpoint(dir.str("v1"), meta, v1_contents));
+  REQUIRE(test::save_v1_checkpoint(dir.str("v1"), meta, v1_contents));
   const std::string v1 = checkpoint_file(dir.str("v1"), 3);
 
   for (const auto& [path, headed] : {std::pair{v3, true}, std::pair{v1, false}}) {
@@ -409,12 +411,12 @@ TEST_CASE("faults during a save: version-1 files and text files too", "[checkpoi
   meta.config_json = meta.rng_json = "{}";
   test::TempDir tmp;
   meta.iteration = 1;
-  REQUIRE(save_checkpoint(tmp.str(), meta, c));
+  REQUIRE(test::save_v1_checkpoint(tmp.str(), meta, c));
   for (FileOp op : {FileOp::create, FileOp::write, FileOp::fsync, FileOp::rename}) {
     for (int64_t nth = 1; nth <= 4; ++nth) {
       meta.iteration = 2;
       set_io_fault(IoFault{op, nth, ENOSPC, false});
-      const Status st = save_checkpoint(tmp.str(), meta, c);
+      const Status st = test::save_v1_checkpoint(tmp.str(), meta, c);
       set_io_fault(std::nullopt);
       CHECK(temporaries(tmp.str()).empty());
       if (!st) {

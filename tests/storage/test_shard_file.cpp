@@ -7,9 +7,11 @@
 #include <fstream>
 #include <random>
 
+#include "storage/checkpoint_v1.hpp"
 #include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/write_pacing.hpp"
+#include "tests/storage/v1_writer.hpp"
 #include "tests/test_util.hpp"
 
 using namespace troupe;
@@ -303,8 +305,8 @@ TEST_CASE("shard file: whole tensors round-trip through version 2 and load from 
     meta.iteration = 3;
     meta.config_json = "{}";
     meta.rng_json = "{}";
-    REQUIRE(save_checkpoint(dir.str(), meta, src));
-    auto files = checkpoint_files(dir.str(), 3);
+    REQUIRE(test::save_v1_checkpoint(dir.str(), meta, src));
+    auto files = Checkpoint::open(dir.str(), 3).value().files();
     REQUIRE(files.is_ok());
     CHECK(files.value() == std::vector<std::string>{checkpoint_file(dir.str(), 3)});
     auto reader = ShardSetReader::open(files.value());
