@@ -339,7 +339,7 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
   for (int local = 0; local < a.nproc_per_node; ++local) {
     Child& c = children[local];
     c.rank = a.node_rank * a.nproc_per_node + local;
-    std::vector<std::string> argv = {exe};
+    std::vector<std::string> argv = {exe};  // a user's program: argv[0] is its path
     argv.insert(argv.end(), a.command.begin(), a.command.end());
     Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token, run_id, restart),
                             old_mask, a.prefix_output, c);
@@ -534,7 +534,18 @@ int run_launch(LaunchArgs a) {
                               std::strerror(errno));
     return kExitFailure;
   }
-  const std::string exe(exe_buf, static_cast<size_t>(len));
+  std::string exe(exe_buf, static_cast<size_t>(len));
+  // A path (it has a '/') is a program of its own, e.g. one embedding troupe (troupe::train finds
+  // the launch environment): it runs instead of a troupe subcommand, with the rest as its arguments.
+  if (a.command.front().find('/') != std::string::npos) {
+    exe = a.command.front();
+    a.command.erase(a.command.begin());
+    if (access(exe.c_str(), X_OK) != 0) {
+      print_error("launch", exe + " is not an executable program (" + std::strerror(errno) +
+                                ") -- give a troupe subcommand (train, comm-check, ...) or the path of a program to run");
+      return kExitUsage;
+    }
+  }
   // The run's name for every restart of this launch (troupe train resumes only its own run's
   // checkpoints): 128 random bits.
   auto random = comm::generate_job_token();
@@ -605,7 +616,7 @@ void add_launch_command(CLI::App& app, int* exit_code) {
          "latest checkpoint in its --save (with several nodes: a folder every node sees)")
       ->capture_default_str();
   cmd->add_option("command", args->command,
-                  "The subcommand each rank runs, after --, e.g. -- comm-check")
+                  "The subcommand each rank runs, after --, e.g. -- comm-check; or the path of a program to run (one that embeds troupe: troupe::train finds the launch environment)")
       ->expected(-1);
   cmd->callback([cmd, args, exit_code] {
     args->port_given = cmd->count("--master-port") > 0;

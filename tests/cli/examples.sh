@@ -39,4 +39,17 @@ for example in train_from_code custom_data schedule_as_data megatron_flags; do
   "user/build/$example" > "$example.log" 2>&1 || { cat "$example.log"; fail "example $example failed"; }
   cat "$example.log"
 done
+# The same program in one process and under troupe launch (4 processes, one rank each).
+user/build/under_launch one.txt > one.log 2>&1 || { cat one.log; fail "under_launch in one process failed"; }
+"$troupe" launch --nproc-per-node 4 -- "$work/user/build/under_launch" "$work/four.txt" > four.log 2>&1 ||
+  { cat four.log; fail "under_launch under troupe launch failed"; }
+cat one.log four.log
+python3 - one.txt four.txt <<'PY' || fail "the launched program's losses differ from the one-process run"
+import sys
+a = [float(x) for x in open(sys.argv[1])]
+b = [float(x) for x in open(sys.argv[2])]
+assert len(a) == 5 and len(a) == len(b), (a, b)
+assert all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)), (a, b)
+print("ok: one process and 4 launched processes give the same losses within 1e-5")
+PY
 echo "PASS: the installed API builds and runs every example"
