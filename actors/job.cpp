@@ -606,19 +606,15 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
   spec.micro_batch_size = micro_batch_size;
   spec.num_threads = resolve_threads(num_threads);
   spec.evaluation_only = true;
-  auto topo = comm::Topology::create(comm::ParallelSizes{}, 1);
-  if (!topo) return topo.status();
-  auto fabric = comm::LocalFabric::create(1);
-  if (!fabric) return fabric.status();
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
-  rank_actor rank = spawn_rank(system, spec, topo.value(), 0, fabric.value().world(0));
-  group_actor group = spawn_group(system, topo.value(), {rank}, {0});
+  auto local = spawn_local_ranks(system, spec);
+  if (!local) return local.status();
+  const group_actor group = local->group;
   data_loader_actor loader = spawn_data_loader(system, data);
   caf::scoped_actor self{system};
   auto shutdown = [&] {
-    self->send_exit(group, caf::exit_reason::user_shutdown);
-    self->send_exit(rank, caf::exit_reason::user_shutdown);
+    local->exit(self.ptr());
     self->send_exit(loader, caf::exit_reason::user_shutdown);
   };
   LoadRequest req;

@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 
 #include "engine/types.hpp"
+#include "troupe/actors.hpp"
 #include "kernels/tensor.hpp"
 #include "troupe/data_source.hpp"
 
@@ -52,26 +53,6 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::Tensor)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::DataSplit)
 
 namespace troupe {
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, IterationStats& x) {
-  return f(caf::meta::type_name("IterationStats"), x.iteration, x.train_iters, x.lm_loss, x.lr, x.grad_norm,
-           x.ms_per_iter, x.tokens_per_sec, x.model_tflops, x.fraction_of_peak, x.consumed_samples,
-           x.busy_fraction_min, x.busy_fraction_max);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {
-  return f(caf::meta::type_name("EvalStats"), x.iteration, x.loss, x.perplexity, x.tokens);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, SavedCheckpoint& x) {
-  return f(caf::meta::type_name("SavedCheckpoint"), x.iteration, x.path, x.seconds, x.committed);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, TrainSummary& x) {
-  return f(caf::meta::type_name("TrainSummary"), x.iteration, x.last_loss, x.last_eval_loss, x.stopped_early,
-           x.last_checkpoint);
-}
 
 // The trainer: drives iterations once told to run; stops after the current iteration on stop.
 using trainer_actor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<stop_atom>>;

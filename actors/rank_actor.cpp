@@ -12,6 +12,7 @@
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
+#include "comm/local/local_world.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
 
@@ -374,6 +375,33 @@ rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const com
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
                         std::vector<int> global_ranks) {
   return system.spawn(group_behavior, topology, std::move(ranks), std::move(global_ranks));
+}
+
+void LocalRanks::exit(caf::local_actor* self) const {
+  self->send_exit(group, caf::exit_reason::user_shutdown);
+  for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
+}
+
+Result<LocalRanks> spawn_local_ranks(caf::actor_system& system, const RankSpec& spec,
+                                     const OptimizerOffload& optimizer_offload) {
+  comm::ParallelSizes sizes;
+  sizes.tp = spec.par.tp;
+  sizes.pp = spec.par.pp;
+  sizes.dp = spec.par.dp;
+  const int world = spec.par.world_size();
+  auto topo = comm::Topology::create(sizes, world);
+  if (!topo) return topo.status();
+  auto fabric = comm::LocalFabric::create(world);
+  if (!fabric) return fabric.status();
+  LocalRanks out;
+  std::vector<int> global;
+  for (int r = 0; r < world; ++r) {
+    out.ranks.push_back(spawn_rank(system, spec, topo.value(), r, fabric.value().world(r), {}, optimizer_offload));
+    global.push_back(r);
+  }
+  out.group = spawn_group(system, topo.value(), out.ranks, global);
+  out.layout = topo.value().describe();
+  return out;
 }
 
 }  // namespace troupe

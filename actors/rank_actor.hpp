@@ -76,6 +76,17 @@ rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const com
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
                         std::vector<int> global_ranks);
 
+// Every rank of spec.par's layout in this process, on the in-process backend, and their group.
+struct LocalRanks {
+  std::vector<rank_actor> ranks;
+  group_actor group;
+  std::string layout;  // "tp T x pp P x dp D"
+  // Tells the group and every rank to exit.
+  void exit(caf::local_actor* self) const;
+};
+Result<LocalRanks> spawn_local_ranks(caf::actor_system& system, const RankSpec& spec,
+                                     const OptimizerOffload& optimizer_offload = {});
+
 }  // namespace troupe
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankStepRequest)

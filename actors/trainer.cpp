@@ -225,14 +225,7 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
 StepRequest step_request(Self self) {
   const auto& s = self->state;
   const TrainConfig& c = s.spec.config;
-  StepRequest req;
-  req.step = s.iteration + 1;
-  req.lr = learning_rate(c, s.iteration);
-  req.weight_decay = c.weight_decay;
-  req.beta1 = c.adam_beta1;
-  req.beta2 = c.adam_beta2;
-  req.eps = c.adam_eps;
-  req.clip_grad = c.clip_grad;
+  StepRequest req = optimizer_step(c, s.iteration);
   req.stop = s.stop_wanted;
   return req;
 }

@@ -4,6 +4,8 @@
 // of a multi-process job -- then the job of actors/job.hpp.
 #include "troupe/train.hpp"
 
+#include "api/setup.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,6 +40,25 @@ void end_process_after_peer_failure(int rank, const std::string& why) {
 
 }  // namespace
 
+Status resolve_config(TrainConfig& cfg, int world, int local_world) {
+  if (Status st = validate_train_config(cfg); !st) return st.as_bad_input();
+  if (world > 1)
+    if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
+  // Restarts of a multi-process job are the launcher's (every process anew); a restarted process
+  // resumes from the latest checkpoint in --save.
+  if (world > 1 && cfg.max_restarts > 0)
+    return Status::bad_input("--max-restarts " + std::to_string(cfg.max_restarts) +
+                             " restarts the actors of one process, but this job has " + std::to_string(world) +
+                             " -- pass --max-restarts to troupe launch, which restarts every process");
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
+  if (!tokenizer) return tokenizer.status().as_bad_input();
+  cfg.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
+  // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
+  if (Status st = check_memory(cfg, world, local_world, available_memory_bytes()); !st) return st.as_bad_input();
+  return Status::ok();
+}
+
 Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
   if (cfg.mock_data) return make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed);
   auto data = open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
@@ -53,22 +74,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   auto env = comm::detect_launch_env();
   if (!env) return env.status().as_bad_input();
   const int world = env->world_size;
-  if (Status st = validate_train_config(cfg); !st) return st.as_bad_input();
-  if (world > 1)
-    if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
-  // Restarts of a multi-process job are the launcher's (every process anew); a restarted process
-  // resumes from the latest checkpoint in --save.
-  if (world > 1 && cfg.max_restarts > 0)
-    return Status::bad_input("--max-restarts " + std::to_string(cfg.max_restarts) +
-                             " restarts the actors of one process, but this job has " + std::to_string(world) +
-                             " -- pass --max-restarts to troupe launch, which restarts every process");
-  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
-  if (!tokenizer) return tokenizer.status().as_bad_input();
-  cfg.model.vocab_size = tokenizer.value()->vocab_size();
-  if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
-  // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
-  if (Status st = check_memory(cfg, world, env->local_world_size, available_memory_bytes()); !st)
-    return st.as_bad_input();
+  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size));
   if (!data) {
     auto opened = open_data(cfg);
     if (!opened) return opened.status();

@@ -6,6 +6,18 @@
 
 namespace troupe {
 
+StepRequest optimizer_step(const TrainConfig& c, int64_t iteration) {
+  StepRequest req;
+  req.step = iteration + 1;
+  req.lr = learning_rate(c, iteration);
+  req.weight_decay = c.weight_decay;
+  req.beta1 = c.adam_beta1;
+  req.beta2 = c.adam_beta2;
+  req.eps = c.adam_eps;
+  req.clip_grad = c.clip_grad;
+  return req;
+}
+
 double learning_rate(const TrainConfig& c, int64_t iteration) {
   TROUPE_CHECK(iteration >= 0,
                "the iteration is the number of optimizer steps taken, never negative");

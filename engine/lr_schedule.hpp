@@ -27,10 +27,15 @@
 #pragma once
 #include <cstdint>
 
+#include "engine/types.hpp"
 #include "troupe/train_config.hpp"
 
 namespace troupe {
 
 double learning_rate(const TrainConfig& c, int64_t iteration);
+
+// The optimizer step after `iteration` steps: step iteration + 1 (bias correction), its learning
+// rate, and the config's weight decay, Adam betas and eps, and gradient clipping.
+StepRequest optimizer_step(const TrainConfig& c, int64_t iteration);
 
 }  // namespace troupe

@@ -35,7 +35,7 @@ allowed() {
     engine) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/[a-z_]+\.hpp$|comm/local/|engine/)' ;;
     actors) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/)' ;;
     reference) echo '^(troupe/|base/|kernels/|model/|engine/|reference/)' ;;
-    api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/|apps/cli/)' ;;
+    api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/|apps/cli/|api/)' ;;
     apps/cli) echo '^(troupe/|base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
     comm/*) echo "^(troupe/|base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
   esac
@@ -61,13 +61,15 @@ for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/loca
   done < <(find "$folder" -maxdepth 1 -type f \( -name '*.cpp' -o -name '*.hpp' -o -name '*.cu' -o -name '*.cuh' \) | sort)
 done
 # actors/ holds only code that is an actor or speaks CAF; nothing below it (the engine, config,
-# storage, model, kernels, base) knows CAF exists.
+# storage, model, kernels, base) knows CAF exists. Of the public headers only troupe/actors.hpp
+# (the training actor for a user's actor system) does.
 for file in actors/*.cpp actors/*.hpp; do
   grep -q 'caf' "${file%.*}".[ch]pp || { echo "layering: $file never mentions CAF: it belongs in engine/ or config/" >&2; bad=$((bad + 1)); }
 done
 while IFS= read -r file; do
-  echo "layering: $file uses CAF, which only actors/ (and comm/bootstrap/) may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference apps/cli || true)
+  echo "layering: $file uses CAF, which only actors/, comm/bootstrap/ and include/troupe/actors.hpp may" >&2; bad=$((bad + 1))
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference apps/cli |
+         grep -v '^include/troupe/actors\.hpp$' || true)
 # The reference model is the tests' yardstick: no folder but tests/ and reference/ includes it.
 while IFS= read -r file; do
   echo "layering: $file includes reference/, which only the tests may" >&2; bad=$((bad + 1))

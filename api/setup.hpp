@@ -1,0 +1,13 @@
+// What troupe::train and troupe::spawn_training check before anything runs (api/train.cpp).
+#pragma once
+#include "troupe/status.hpp"
+#include "troupe/train_config.hpp"
+
+namespace troupe {
+
+// Validates `cfg` for a job of `world` processes (`local_world` of them on this host), sets the
+// vocabulary from the tokenizer and checks the memory estimate. Every failure is bad input naming
+// the setting and the fix.
+Status resolve_config(TrainConfig& cfg, int world, int local_world);
+
+}  // namespace troupe
