@@ -13,11 +13,11 @@
 #include <thread>
 
 #include "actors/job.hpp"
-#include "apps/cli/train_options.hpp"
 #include "comm/bootstrap/caf_bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "comm/ucx/ucx_world.hpp"
 #include "config/memory_estimate.hpp"
+#include "config/validate.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe {

@@ -1,5 +1,5 @@
 // The --deepspeed-config file of `troupe train`: DeepSpeed's JSON keys merged into a TrainConfig
-// under the flags given on the command line. Private to actors/ (train_options.cpp is the user);
+// under the flags given on the command line. Its user is apps/cli/train_options.cpp;
 // what each key does in DeepSpeed and what troupe makes of it is documented in the .cpp.
 #pragma once
 #include <functional>

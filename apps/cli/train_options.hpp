@@ -33,6 +33,7 @@
 // but never writes: nothing is created when the config is bad. Not thread-safe with respect to
 // `cfg`.
 #pragma once
+#include "config/validate.hpp"
 #include "troupe/train_config.hpp"
 #include "troupe/status.hpp"
 
@@ -53,16 +54,5 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg);
 // rule and the default global batch multiply by. `cmd` must be the App that add_train_options
 // registered on. On failure `*cfg` may be partly merged: discard it.
 Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size = 1);
-
-// Checks every setting and the files they name (all except model.vocab_size, which the tokenizer
-// sets later), with the data-parallel size of one process (resolved_dp(1)). Each message names the
-// flag and the fix. Reads the filesystem, writes nothing.
-Status validate_train_config(const TrainConfig& cfg);
-
-// The checks that need the ranks `troupe launch` started (world_size): tensor x pipeline x
-// data-parallel size (derived: world_size / (tensor x pipeline)) must equal world_size, and the
-// global batch must split into whole micro-batches on each data-parallel replica. Call after
-// validate_train_config succeeded (finalize_train_config does, when given world_size > 1).
-Status validate_world(const TrainConfig& cfg, int world_size);
 
 }  // namespace troupe

@@ -2,8 +2,8 @@
 // iteration, (micro-batch, model chunk, forward | backward | weight-grad). Generated for GPipe, 1F1B,
 // interleaved 1F1B (Megatron's virtual pipeline) and ZB-H1 (Qi et al., "Zero Bubble Pipeline
 // Parallelism", 2023: backward split into an input-gradient pass B and a weight-gradient pass W).
-// The stage actors execute the table in order (a forward waits for its input activation, a backward
-// for its output gradient); the tables here are what the tests check and the timeline shows.
+// The rank actors execute their stage's table in order (a forward waits for its input activation, a
+// backward for its output gradient); the tables here are what the tests check and the timeline shows.
 //
 // Terms: p stages, m micro-batches per iteration (per data-parallel rank), v model chunks per stage
 // (v > 1 only for interleaved). Chunk c of stage s holds the layers of virtual stage c*p + s

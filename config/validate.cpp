@@ -1,0 +1,509 @@
+// validate_train_config and validate_world (config/validate.hpp): every setting of a TrainConfig
+// checked before anything runs, each message naming the flag (or the DeepSpeed key it came from)
+// and the fix.
+#include "config/validate.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>  // access(W_OK): whether --save could be created later
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "storage/gpt_dataset.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+
+// For each flag whose value came from the DeepSpeed file: which key, in which file. Validation adds
+// it to its message so the user fixes the file, not a flag they never passed.
+using Origins = FlagOrigins;
+
+// "a, b or c".
+std::string join_with(const std::vector<std::string>& items, const std::string& last_separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? last_separator : ", ") + items[i];
+  return out;
+}
+
+// -------------------------------------------------------------------------------------------------
+// Validation. Each message: the flag, what is wrong, where the value came from if it was the file,
+// then " -- " and the fix.
+// -------------------------------------------------------------------------------------------------
+class Validator {
+ public:
+  explicit Validator(const Origins* origins) : origins_(origins) {}
+
+  Status run(const TrainConfig& c) const {
+    TROUPE_RETURN_IF_ERROR(model(c.model));
+    TROUPE_RETURN_IF_ERROR(parallel(c));
+    TROUPE_RETURN_IF_ERROR(batch(c));
+    TROUPE_RETURN_IF_ERROR(optimizer(c));
+    TROUPE_RETURN_IF_ERROR(schedule(c));
+    TROUPE_RETURN_IF_ERROR(data(c));
+    TROUPE_RETURN_IF_ERROR(checkpoints(c));
+    TROUPE_RETURN_IF_ERROR(offload_and_restarts(c));
+    return logging(c);
+  }
+
+  // validate_world's checks; see its declaration.
+  Status world(const TrainConfig& c, int world_size) const {
+    if (world_size < 1)
+      return Status::error(fmt::format(
+          "troupe launch reported {} ranks -- start at least one (--nproc-per-node)", world_size));
+    TROUPE_RETURN_IF_ERROR(sizes(c));  // so that the arithmetic below is defined
+    TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
+    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
+    const int dp = c.resolved_dp(world_size);
+    const int64_t model_parallel = int64_t{tp} * pp;
+    const int64_t needed = model_parallel * dp;
+    if (needed != world_size) {
+      const std::string dp_text =
+          c.data_parallel_size > 0 ? fmt::format("--data-parallel-size {}", dp)
+                                   : fmt::format("data-parallel {} (derived from the ranks)", dp);
+      std::string fix;
+      if (world_size % model_parallel == 0)
+        fix = fmt::format(
+            "set --data-parallel-size {} (or leave it out to derive it) or start "
+            "{} ranks",
+            world_size / model_parallel, needed);
+      else
+        fix = fmt::format(
+            "start a multiple of --tensor-model-parallel-size x "
+            "--pipeline-model-parallel-size = {} ranks (e.g. {}), or change those "
+            "sizes",
+            model_parallel, needed);
+      return bad("--tensor-model-parallel-size",
+                 fmt::format("{} x --pipeline-model-parallel-size {} x {} = {} ranks, but troupe "
+                             "launch started {}",
+                             tp, pp, dp_text, needed, world_size),
+                 fix);
+    }
+    return batch_divisible(c, dp, fmt::format(" (troupe launch started {} ranks)", world_size));
+  }
+
+ private:
+  Status bad(const std::string& flag, const std::string& what, const std::string& fix) const {
+    std::string message = flag + " " + what;
+    if (origins_) {
+      if (const auto it = origins_->find(flag); it != origins_->end())
+        message += " (the value comes from " + it->second + ": fix it there)";
+    }
+    return Status::error(message + " -- " + fix);
+  }
+
+  template <class T>
+  Status positive(const std::string& flag, T value, const std::string& example) const {
+    if (value > 0) return Status::ok();
+    return bad(flag, fmt::format("must be positive, got {}", value),
+               "pass e.g. " + flag + " " + example);
+  }
+
+  Status model(const GptConfig& m) const {
+    TROUPE_RETURN_IF_ERROR(positive("--num-layers", m.num_layers, "4"));
+    TROUPE_RETURN_IF_ERROR(positive("--hidden-size", m.hidden_size, "256"));
+    TROUPE_RETURN_IF_ERROR(positive("--num-attention-heads", m.num_attention_heads, "4"));
+    if (m.hidden_size % m.num_attention_heads != 0)
+      return bad(
+          "--num-attention-heads",
+          fmt::format("{} does not divide --hidden-size {}", m.num_attention_heads, m.hidden_size),
+          "choose a head count that divides the hidden size");
+    TROUPE_RETURN_IF_ERROR(positive("--seq-length", m.seq_length, "256"));
+    if (m.max_position_embeddings < m.seq_length)
+      return bad(
+          "--max-position-embeddings",
+          fmt::format("{} is smaller than --seq-length {}", m.max_position_embeddings,
+                      m.seq_length),
+          "make it at least the sequence length, or leave it out to use the sequence length");
+    TROUPE_RETURN_IF_ERROR(
+        positive("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by, "128"));
+    if (!(m.init_method_std > 0) || !std::isfinite(m.init_method_std))
+      return bad("--init-method-std",
+                 fmt::format("must be a positive number, got {}", m.init_method_std),
+                 "use e.g. 0.02");
+    return Status::ok();
+  }
+
+  Status batch(const TrainConfig& c) const {
+    TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
+    // In one process; under troupe launch validate_world checks the dp the ranks give.
+    TROUPE_RETURN_IF_ERROR(batch_divisible(c, c.resolved_dp(1), ""));
+    TROUPE_RETURN_IF_ERROR(positive("--train-iters", c.train_iters, "1000"));
+    return Status::ok();
+  }
+
+  // The global batch splits into whole micro-batches on each of `dp` data-parallel replicas.
+  // `ranks`: appended to the message when the dp comes from troupe launch.
+  Status batch_divisible(const TrainConfig& c, int dp, const std::string& ranks) const {
+    const int64_t step = int64_t{c.micro_batch_size} * dp;
+    if (c.global_batch_size > 0 && c.global_batch_size % step == 0) return Status::ok();
+    if (dp == 1)
+      return bad("--global-batch-size",
+                 fmt::format("{} is not a positive multiple of --micro-batch-size {}",
+                             c.global_batch_size, c.micro_batch_size),
+                 "make it micro batch size times the gradient accumulation steps");
+    const int64_t example = std::max<int64_t>(1, (c.global_batch_size + step - 1) / step) * step;
+    return bad("--global-batch-size",
+               fmt::format("{} is not a positive multiple of --micro-batch-size {} x {} = {}{}",
+                           c.global_batch_size, c.micro_batch_size,
+                           ranks.empty() ? fmt::format("--data-parallel-size {}", dp)
+                                         : fmt::format("data-parallel size {}", dp),
+                           step, ranks),
+               fmt::format("make it micro batch size x data-parallel size x the gradient "
+                           "accumulation steps, e.g. {}",
+                           example));
+  }
+
+  // Tensor, pipeline and data parallelism, ZeRO, recomputation. Megatron's rules
+  // (megatron/training/arguments.py) unless a comment says otherwise.
+  Status parallel(const TrainConfig& c) const {
+    const GptConfig& m = c.model;
+    const int tp = c.tensor_model_parallel_size;
+    TROUPE_RETURN_IF_ERROR(sizes(c));
+
+    // Each tensor-parallel rank holds whole heads. hidden % heads == 0 (checked in model()) then
+    // makes hidden and the MLP's 4 * hidden divisible by tp too; the vocabulary is padded to a
+    // multiple of tp (GptConfig::padded_vocab_size).
+    if (m.num_attention_heads % tp != 0) {
+      int divisor = tp;
+      while (m.num_attention_heads % divisor != 0) --divisor;
+      return bad("--num-attention-heads",
+                 fmt::format("{} is not divisible by --tensor-model-parallel-size {}",
+                             m.num_attention_heads, tp),
+                 fmt::format("each tensor-parallel rank holds whole heads: use a head count that "
+                             "is a multiple of {}, or --tensor-model-parallel-size {}",
+                             tp, divisor));
+    }
+    // Megatron turns sequence parallelism off with tp 1 (finalize_train_config does too); it
+    // splits each micro-batch's tokens over the tensor-parallel ranks.
+    if (c.sequence_parallel && tp > 1 && int64_t{c.micro_batch_size} * m.seq_length < tp)
+      return bad("--sequence-parallel",
+                 fmt::format("splits the --micro-batch-size {} x --seq-length {} = {} tokens of a "
+                             "micro-batch over --tensor-model-parallel-size {} ranks, fewer tokens "
+                             "than ranks",
+                             c.micro_batch_size, m.seq_length,
+                             int64_t{c.micro_batch_size} * m.seq_length, tp),
+                 "use longer sequences or a larger micro batch, or drop --sequence-parallel");
+
+    TROUPE_RETURN_IF_ERROR(pipeline(c));
+
+    if (c.zero_stage < 0 || c.zero_stage > 3)
+      return bad("--zero-stage", fmt::format("is {}; ZeRO stages are 0 to 3", c.zero_stage),
+                 "use 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+    const std::string& r = c.recompute_granularity;
+    if (r != "none" && r != "full" && r != "selective")
+      return bad("--recompute-granularity", "is \"" + r + "\"",
+                 "use full or selective, or leave the flag out for no recomputation");
+    return Status::ok();
+  }
+
+  Status sizes(const TrainConfig& c) const {
+    TROUPE_RETURN_IF_ERROR(
+        positive("--tensor-model-parallel-size", c.tensor_model_parallel_size, "1"));
+    TROUPE_RETURN_IF_ERROR(
+        positive("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "1"));
+    if (c.data_parallel_size < 0)
+      return bad("--data-parallel-size", fmt::format("must be >= 0, got {}", c.data_parallel_size),
+                 "use 0 to derive it from the ranks troupe launch starts (1 in one process)");
+    return Status::ok();
+  }
+
+  Status pipeline(const TrainConfig& c) const {
+    const int layers = c.model.num_layers, pp = c.pipeline_model_parallel_size;
+    const int chunk = c.num_layers_per_virtual_pipeline_stage;
+    const std::string& schedule = c.pipeline_schedule;
+    if (schedule != "1f1b" && schedule != "gpipe" && schedule != "interleaved" &&
+        schedule != "zb-h1")
+      return bad("--pipeline-schedule", "is \"" + schedule + "\"",
+                 "use one of 1f1b, gpipe, interleaved, zb-h1");
+    if (schedule != "interleaved") {
+      if (chunk != 0)
+        return bad("--num-layers-per-virtual-pipeline-stage",
+                   fmt::format("{} is only used by --pipeline-schedule interleaved, but the "
+                               "schedule is {}",
+                               chunk, schedule),
+                   "drop --num-layers-per-virtual-pipeline-stage, or drop --pipeline-schedule "
+                   "(the flag alone selects interleaved, as in Megatron)");
+      // Megatron requires num_layers % pp == 0; troupe's stages may hold unequal numbers of
+      // layers, but not none.
+      if (layers < pp)
+        return bad("--pipeline-model-parallel-size",
+                   fmt::format("{} is more than --num-layers {}: every pipeline stage needs at "
+                               "least one layer",
+                               pp, layers),
+                   fmt::format("use at most {} stages, or more layers", layers));
+      return Status::ok();
+    }
+
+    // Interleaved: each of the pp stages holds v >= 2 model chunks of `chunk` layers.
+    if (pp < 2)
+      return bad(
+          "--pipeline-schedule",
+          fmt::format("interleaved needs --pipeline-model-parallel-size 2 or more, got {}", pp),
+          "use more pipeline stages, or another --pipeline-schedule without "
+          "--num-layers-per-virtual-pipeline-stage");
+    std::vector<std::string> valid;  // every chunk size that works, for the fix
+    for (int n = 1; int64_t{2} * pp * n <= layers; ++n)
+      if (layers % (pp * n) == 0) valid.push_back(std::to_string(n));
+    const std::string fix =
+        valid.empty() ? fmt::format(
+                            "no chunk size works for --num-layers {} over {} stages: make "
+                            "--num-layers a multiple of {} and at least {}, or use "
+                            "--pipeline-schedule 1f1b",
+                            layers, pp, pp, 2 * pp)
+                      : fmt::format(
+                            "use --num-layers-per-virtual-pipeline-stage {} (every stage then "
+                            "holds 2 or more chunks)",
+                            join_with(valid, " or "));
+    if (chunk <= 0)
+      return bad("--pipeline-schedule",
+                 fmt::format("interleaved needs --num-layers-per-virtual-pipeline-stage N > 0 "
+                             "(layers per model chunk), got {}",
+                             chunk),
+                 fix);
+    if (layers % (int64_t{pp} * chunk) != 0)
+      return bad("--num-layers-per-virtual-pipeline-stage",
+                 fmt::format("{} does not split --num-layers {} evenly over "
+                             "--pipeline-model-parallel-size {} stages ({} is not a multiple of "
+                             "{} x {} = {})",
+                             chunk, layers, pp, layers, pp, chunk, int64_t{pp} * chunk),
+                 fix);
+    if (layers / (pp * chunk) < 2)
+      return bad("--num-layers-per-virtual-pipeline-stage",
+                 fmt::format("{} leaves 1 model chunk per pipeline stage (--num-layers {} / "
+                             "(--pipeline-model-parallel-size {} x {})); interleaving needs 2 "
+                             "or more",
+                             chunk, layers, pp, chunk),
+                 fix);
+    return Status::ok();
+  }
+
+  Status optimizer(const TrainConfig& c) const {
+    if (!(c.adam_beta1 >= 0 && c.adam_beta1 < 1))
+      return bad("--adam-beta1", fmt::format("must be in [0, 1), got {}", c.adam_beta1),
+                 "use e.g. 0.9");
+    if (!(c.adam_beta2 >= 0 && c.adam_beta2 < 1))
+      return bad("--adam-beta2", fmt::format("must be in [0, 1), got {}", c.adam_beta2),
+                 "use e.g. 0.999");
+    if (!(c.adam_eps > 0) || !std::isfinite(c.adam_eps))
+      return bad("--adam-eps", fmt::format("must be positive, got {}", c.adam_eps),
+                 "use e.g. 1e-8");
+    if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
+      return bad("--weight-decay", fmt::format("must be >= 0, got {}", c.weight_decay),
+                 "use e.g. 0.01, or 0 for none");
+    if (!(c.clip_grad >= 0) || !std::isfinite(c.clip_grad))
+      return bad("--clip-grad", fmt::format("must be >= 0, got {}", c.clip_grad),
+                 "use e.g. 1.0, or 0 to disable clipping");
+    return Status::ok();
+  }
+
+  Status schedule(const TrainConfig& c) const {
+    if (!(c.lr >= 0) || !std::isfinite(c.lr))
+      return bad("--lr", fmt::format("must be >= 0, got {}", c.lr), "use e.g. 6e-4");
+    if (!(c.min_lr >= 0) || c.min_lr > c.lr)
+      return bad("--min-lr", fmt::format("must be in [0, --lr {}], got {}", c.lr, c.min_lr),
+                 "use a value between 0 and the peak learning rate");
+    if (!(c.lr_warmup_init >= 0) || !std::isfinite(c.lr_warmup_init))
+      return bad("--lr-warmup-init", fmt::format("must be >= 0, got {}", c.lr_warmup_init),
+                 "use e.g. 0");
+    const std::string& style = c.lr_decay_style;
+    if (style != "constant" && style != "linear" && style != "cosine")
+      return bad("--lr-decay-style", "is \"" + style + "\"", "use constant, linear or cosine");
+    if (c.lr_warmup_style != "linear" && c.lr_warmup_style != "log")
+      return bad("--lr-warmup-style", "is \"" + c.lr_warmup_style + "\"", "use linear or log");
+    if (c.lr_warmup_iters < 0)
+      return bad("--lr-warmup-iters", fmt::format("must be >= 0, got {}", c.lr_warmup_iters),
+                 "use 0 for no warm-up");
+    if (c.lr_warmup_style == "log" && c.lr_warmup_iters == 1)
+      return bad("--lr-warmup-iters", "is 1, too short for the log warm-up (ln 1 = 0)",
+                 "use at least 2 (DeepSpeed rounds up to 2), or --lr-warmup-style linear");
+    if (c.lr_decay_iters < 0)
+      return bad("--lr-decay-iters", fmt::format("must be >= 0, got {}", c.lr_decay_iters),
+                 "use 0 to decay over --train-iters");
+    const int64_t decay = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
+    if (style != "constant" && c.lr_warmup_iters >= decay)
+      return bad("--lr-warmup-iters",
+                 fmt::format("{} is not below the {} decay iterations ({})", c.lr_warmup_iters,
+                             decay, c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--train-iters"),
+                 "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant");
+    return Status::ok();
+  }
+
+  Status data(const TrainConfig& c) const {
+    if (c.mock_data) {
+      if (!c.data_path.empty())
+        return bad("--mock-data", "and --data-path " + c.data_path + " are both given",
+                   "drop one: --mock-data trains on synthetic tokens instead of a dataset");
+      return Status::ok();
+    }
+    if (c.data_path.empty())
+      return bad(
+          "--data-path", "is required",
+          "run `troupe preprocess` first and pass its output prefix (PREFIX of PREFIX.bin and "
+          "PREFIX.idx)");
+    std::error_code ec;
+    for (const char* ext : {".bin", ".idx"}) {
+      if (!fs::is_regular_file(c.data_path + ext, ec))
+        return bad(
+            "--data-path", c.data_path + ": " + c.data_path + ext + " not found",
+            "run `troupe preprocess` first, and pass the prefix it wrote (without .bin/.idx)");
+    }
+    // The data loader's own parser (Megatron's rule), so both accept exactly the same strings.
+    if (auto parsed = split_document_indices(1, c.split); !parsed) return parsed.status();
+    if (c.tokenizer_type == "GPT2BPETokenizer") {
+      const std::pair<const char*, const std::string*> files[] = {{"--vocab-file", &c.vocab_file},
+                                                                  {"--merge-file", &c.merge_file}};
+      for (const auto& [flag, path] : files) {
+        if (path->empty())
+          return bad(
+              flag, "is required by --tokenizer-type GPT2BPETokenizer",
+              "pass GPT-2's vocab.json (--vocab-file) and merges.txt (--merge-file), the ones "
+              "the data was preprocessed with");
+        if (!fs::is_regular_file(*path, ec))
+          return bad(flag, *path + " not found", "check the path");
+      }
+    } else if (c.tokenizer_type != "ByteLevelTokenizer") {
+      return bad(
+          "--tokenizer-type", "is \"" + c.tokenizer_type + "\"",
+          "use GPT2BPETokenizer or ByteLevelTokenizer, the one the data was preprocessed with");
+    }
+    return Status::ok();
+  }
+
+  // Whether `path` could be created later: it is, or its nearest existing ancestor is, a writable
+  // directory. Nothing is created here.
+  Status creatable_directory(const std::string& flag, const std::string& path) const {
+    std::error_code ec;
+    if (fs::exists(path, ec)) {
+      if (!fs::is_directory(path, ec))
+        return bad(flag, path + " exists and is not a directory", "choose a directory path");
+      if (::access(path.c_str(), W_OK) != 0)
+        return bad(flag, path + " is not writable", "choose a directory you can write to");
+      return Status::ok();
+    }
+    fs::path ancestor = fs::absolute(path, ec).parent_path();
+    while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.parent_path())
+      ancestor = ancestor.parent_path();
+    if (!fs::is_directory(ancestor, ec))
+      return bad(flag, path + " cannot be created: " + ancestor.string() + " is not a directory",
+                 "choose a path under a directory");
+    if (::access(ancestor.c_str(), W_OK) != 0)
+      return bad(flag, path + " cannot be created: " + ancestor.string() + " is not writable",
+                 "choose a path under a directory you can write to");
+    return Status::ok();
+  }
+
+  Status checkpoints(const TrainConfig& c) const {
+    if (c.save_interval < 0)
+      return bad("--save-interval", fmt::format("must be >= 0, got {}", c.save_interval),
+                 "use 0 to save only at the end");
+    if (c.exit_interval < 0)
+      return bad("--exit-interval", fmt::format("must be >= 0, got {}", c.exit_interval),
+                 "use 0 to train to --train-iters");
+    if (c.override_opt_param_scheduler && c.use_checkpoint_opt_param_scheduler)
+      return bad("--override-opt_param-scheduler", "and --use-checkpoint-opt_param-scheduler are both given",
+                 "keep one: this run's schedule wins (override) or the checkpoint's (use-checkpoint)");
+    if (!(c.exit_duration_in_mins >= 0) || !std::isfinite(c.exit_duration_in_mins))
+      return bad("--exit-duration-in-mins", fmt::format("must be a non-negative number, got {}", c.exit_duration_in_mins),
+                 "use 0 to train to --train-iters");
+    if (c.max_saves_in_flight < 1 || c.max_saves_in_flight > 64)
+      return bad("--max-saves-in-flight", fmt::format("must be 1 to 64, got {}", c.max_saves_in_flight),
+                 "use 1 (the default): each save holds a host copy of this process's shards until written");
+    if (!c.save.empty()) TROUPE_RETURN_IF_ERROR(creatable_directory("--save", c.save));
+    if (!c.load.empty()) {
+      std::error_code ec;
+      if (!fs::is_directory(c.load, ec))
+        return bad(
+            "--load", c.load + " is not a directory",
+            "pass the --save directory of an earlier run, or drop --load to start from scratch");
+      if (!fs::is_regular_file(fs::path(c.load) / "latest_checkpointed_iteration.txt", ec))
+        return bad(
+            "--load",
+            c.load + " has no latest_checkpointed_iteration.txt, so no finished checkpoint",
+            "pass the --save directory of a run that saved, or drop --load to start from scratch");
+    }
+    return Status::ok();
+  }
+
+  Status offload_and_restarts(const TrainConfig& c) const {
+    const std::string& device = c.offload_optimizer;
+    if (device != "none" && device != "cpu" && device != "nvme")
+      return bad("--offload-optimizer", "is \"" + device + "\"",
+                 "use cpu (host memory pool) or nvme (files under --offload-path), or none");
+    if (device == "nvme") {
+      if (c.offload_path.empty())
+        return bad("--offload-optimizer", "is nvme but no --offload-path is given",
+                   "add --offload-path DIR, a directory on a fast local disk for the swap files");
+      std::error_code ec;
+      if (!fs::is_directory(c.offload_path, ec))
+        return bad("--offload-path", c.offload_path + " is not a directory",
+                   "create it (mkdir -p) on a fast local disk, or give another directory");
+      if (::access(c.offload_path.c_str(), W_OK | X_OK) != 0)
+        return bad("--offload-path", c.offload_path + " is not writable by this user",
+                   "give a directory you can write to");
+    } else if (!c.offload_path.empty()) {
+      return bad("--offload-path", "is only used by --offload-optimizer nvme, but that is " + device,
+                 "add --offload-optimizer nvme, or drop --offload-path");
+    }
+    if (c.max_restarts < 0)
+      return bad("--max-restarts", fmt::format("must be >= 0, got {}", c.max_restarts),
+                 "use 0 to stop at the first failure");
+    if (!(c.distributed_timeout_minutes > 0))
+      return bad("--distributed-timeout-minutes", fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
+                 "use e.g. 10 (Megatron's default)");
+    if (c.max_restarts > 0 && c.save.empty())
+      return bad("--max-restarts",
+                 fmt::format("is {}, but without --save there is no checkpoint to restart from",
+                             c.max_restarts),
+                 "add --save DIR and --save-interval N (restarts resume from the latest checkpoint)");
+    return Status::ok();
+  }
+
+  Status logging(const TrainConfig& c) const {
+    TROUPE_RETURN_IF_ERROR(positive("--eval-interval", c.eval_interval, "1000"));
+    if (c.eval_iters < 0)
+      return bad("--eval-iters", fmt::format("must be >= 0, got {}", c.eval_iters),
+                 "use 0 to skip evaluation");
+    TROUPE_RETURN_IF_ERROR(positive("--log-interval", c.log_interval, "100"));
+    if (c.num_threads < 0)
+      return bad("--num-threads", fmt::format("must be >= 0, got {}", c.num_threads),
+                 "use 0 for all cores");
+    TROUPE_RETURN_IF_ERROR(output_file("--metrics-file", c.metrics_file, "metrics.jsonl"));
+    return output_file("--timeline", c.timeline, "timeline.json");
+  }
+
+  // A file written later: not a directory, and its directory exists. Nothing is created here.
+  Status output_file(const std::string& flag, const std::string& path,
+                     const std::string& example) const {
+    if (path.empty()) return Status::ok();
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+      return bad(flag, path + " is a directory", "name a file, e.g. " + example);
+    fs::path dir = fs::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    if (!fs::is_directory(dir, ec))
+      return bad(flag, "directory " + dir.string() + " does not exist",
+                 "create it first or choose a file in an existing directory");
+    return Status::ok();
+  }
+
+  const Origins* origins_;
+};
+
+}  // namespace
+
+Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins) {
+  return Validator(origins).run(cfg);
+}
+
+Status validate_world(const TrainConfig& cfg, int world_size) {
+  return Validator(nullptr).world(cfg, world_size);
+}
+
+}  // namespace troupe

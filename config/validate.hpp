@@ -1,0 +1,23 @@
+// The checks a TrainConfig passes before anything runs: every setting and the files it names, and
+// the layout against the ranks started. Used by the flag parser (apps/cli/train_options.hpp) and by
+// troupe::train and spawn_training (api/) for configs built in code.
+#pragma once
+#include "config/deepspeed_config.hpp"
+#include "troupe/status.hpp"
+#include "troupe/train_config.hpp"
+
+namespace troupe {
+
+// Checks every setting and the files they name (all except model.vocab_size, which the tokenizer
+// sets later), with the data-parallel size of one process (resolved_dp(1)). Each message names the
+// flag and the fix; origins: where values came from (the DeepSpeed keys, added to their messages).
+// Reads the filesystem, writes nothing.
+Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr);
+
+// The checks that need the ranks `troupe launch` started (world_size): tensor x pipeline x
+// data-parallel size (derived: world_size / (tensor x pipeline)) must equal world_size, and the
+// global batch must split into whole micro-batches on each data-parallel replica. Call after
+// validate_train_config succeeded (finalize_train_config does, when given world_size > 1).
+Status validate_world(const TrainConfig& cfg, int world_size);
+
+}  // namespace troupe
