@@ -200,14 +200,8 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
       }
     }
     if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
-      CheckpointMeta meta;
-      meta.iteration = r.iteration;
-      meta.consumed_samples = r.consumed_samples;
-      meta.optimizer_step = r.optimizer_step;
-      meta.config_json = r.config_json;
-      meta.rng_json = r.rng_json;
-      meta.run_json = run_json(config.run_id);
-      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, meta, layout, shard_file_names(world)));
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, checkpoint_meta(r, run_json(config.run_id)), layout,
+                                                       shard_file_names(world)));
     }
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
     return Status::ok();
@@ -320,23 +314,6 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
                          " x data " + std::to_string(par.value().dp) + " = " + std::to_string(world) +
                          " ranks, but troupe launch started " + std::to_string(launched) +
                          " -- change the parallel sizes or the number of processes");
-  comm::ParallelSizes sizes;
-  sizes.tp = par.value().tp;
-  sizes.pp = par.value().pp;
-  sizes.dp = par.value().dp;
-  auto topo = comm::Topology::create(sizes, world);
-  if (!topo) return topo.status();
-  std::optional<comm::LocalFabric> fabric;
-  if (!options.world) {
-    // A wait for a peer longer than --distributed-timeout-minutes fails the fabric naming the ranks
-    // that did not arrive (a stuck rank), before drive_trainer's watchdog would.
-    comm::LocalFabricOptions fabric_options;
-    fabric_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed_timeout_minutes * 60'000));
-    auto f = comm::LocalFabric::create(world, fabric_options);
-    if (!f) return f.status();
-    fabric = std::move(f).value();
-  }
-
   RankSpec rs;
   rs.model = config.model;
   rs.par = par.value();
@@ -356,31 +333,29 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   optimizer_offload.device = config.offload_optimizer;
   optimizer_offload.path = config.offload_path;
   optimizer_offload.pool = pool;
-  std::vector<rank_actor> ranks;
-  std::vector<int> global;
-  if (options.world) {  // one rank per process
-    ranks.push_back(spawn_rank(system, rs, topo.value(), options.world->rank(), options.world, offload,
-                                optimizer_offload));
-    global.push_back(options.world->rank());
-  } else {
-    for (int r = 0; r < world; ++r) {
-      ranks.push_back(spawn_rank(system, rs, topo.value(), r, fabric->world(r), offload, optimizer_offload));
-      global.push_back(r);
-    }
+  // A wait for a peer longer than --distributed-timeout-minutes fails the in-process fabric naming the
+  // ranks that did not arrive (a stuck rank), before drive_trainer's watchdog would.
+  comm::LocalFabricOptions fabric_options;
+  fabric_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.distributed_timeout_minutes * 60'000));
+  auto spawned = spawn_ranks(system, rs, options.world, offload, optimizer_offload, fabric_options);
+  if (!spawned) {
+    self->send_exit(offload, caf::exit_reason::user_shutdown);
+    return spawned.status();
   }
-  group_actor group = spawn_group(system, topo.value(), ranks, global);
+  RankSet& ranks = spawned.value();
+  const group_actor group = ranks.group;
+  const comm::Topology& topo = *ranks.topology;
   data_loader_actor loader = spawn_data_loader(system, data);
   auto shutdown = [&] {
-    self->send_exit(group, caf::exit_reason::user_shutdown);
+    ranks.exit(self.ptr());
     self->send_exit(offload, caf::exit_reason::user_shutdown);
-    for (auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
     self->send_exit(loader, caf::exit_reason::user_shutdown);
   };
   // The layout and memory notes, and the ranks' busy share, are for parallel layouts: a 1x1x1 job
   // prints what it always printed.
   const bool layout_notes = config.parallel() || options.world;
   if (layout_notes)
-    note("parallel layout: " + topo.value().describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
+    note("parallel layout: " + topo.describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
        ", schedule " + (options.schedule ? std::string("given as data") : config.pipeline_schedule) +
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
@@ -400,7 +375,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
-  if (!result && fabric) fabric->abort(0, result.status().message());
+  if (!result && ranks.fabric) ranks.fabric->abort(0, result.status().message());
   if (result && layout_notes) {  // model-state bytes per rank against ZeRO's formula
     self->request(group, caf::infinite, memory_atom::value)
         .receive(
@@ -449,7 +424,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
                   for (auto& t : part.value()) timelines.push_back(std::move(t));
                 }
               }
-              written = write_chrome_trace(config.timeline, topo.value(), timelines);
+              written = write_chrome_trace(config.timeline, topo, timelines);
             },
             [&](caf::error& err) { written = Status::error(describe(err)); });
     if (!written) return shutdown(), written;
@@ -608,7 +583,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
   spec.evaluation_only = true;
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
-  auto local = spawn_local_ranks(system, spec);
+  auto local = spawn_ranks(system, spec, nullptr);
   if (!local) return local.status();
   const group_actor group = local->group;
   data_loader_actor loader = spawn_data_loader(system, data);

@@ -12,7 +12,6 @@
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
-#include "comm/local/local_world.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
 
@@ -377,30 +376,37 @@ group_actor spawn_group(caf::actor_system& system, const comm::Topology& topolog
   return system.spawn(group_behavior, topology, std::move(ranks), std::move(global_ranks));
 }
 
-void LocalRanks::exit(caf::local_actor* self) const {
+void RankSet::exit(caf::local_actor* self) const {
   self->send_exit(group, caf::exit_reason::user_shutdown);
   for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
 }
 
-Result<LocalRanks> spawn_local_ranks(caf::actor_system& system, const RankSpec& spec,
-                                     const OptimizerOffload& optimizer_offload) {
+Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std::shared_ptr<comm::CommWorld> world,
+                            offload_actor offload, const OptimizerOffload& optimizer_offload,
+                            comm::LocalFabricOptions fabric_options) {
   comm::ParallelSizes sizes;
   sizes.tp = spec.par.tp;
   sizes.pp = spec.par.pp;
   sizes.dp = spec.par.dp;
-  const int world = spec.par.world_size();
-  auto topo = comm::Topology::create(sizes, world);
+  const int size = spec.par.world_size();
+  auto topo = comm::Topology::create(sizes, size);
   if (!topo) return topo.status();
-  auto fabric = comm::LocalFabric::create(world);
-  if (!fabric) return fabric.status();
-  LocalRanks out;
+  RankSet out;
+  out.topology = topo.value();
   std::vector<int> global;
-  for (int r = 0; r < world; ++r) {
-    out.ranks.push_back(spawn_rank(system, spec, topo.value(), r, fabric.value().world(r), {}, optimizer_offload));
-    global.push_back(r);
+  if (world) {  // one rank per process
+    out.ranks.push_back(spawn_rank(system, spec, topo.value(), world->rank(), world, offload, optimizer_offload));
+    global.push_back(world->rank());
+  } else {
+    auto fabric = comm::LocalFabric::create(size, fabric_options);
+    if (!fabric) return fabric.status();
+    out.fabric = std::move(fabric).value();
+    for (int r = 0; r < size; ++r) {
+      out.ranks.push_back(spawn_rank(system, spec, topo.value(), r, out.fabric->world(r), offload, optimizer_offload));
+      global.push_back(r);
+    }
   }
   out.group = spawn_group(system, topo.value(), out.ranks, global);
-  out.layout = topo.value().describe();
   return out;
 }
 

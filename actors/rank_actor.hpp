@@ -11,6 +11,7 @@
 // process holds one rank and its own group; in one process the group holds every rank.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <caf/all.hpp>
@@ -19,6 +20,7 @@
 #include "engine/moment_store.hpp"
 #include "actors/offload_actor.hpp"
 #include "engine/rank_engine.hpp"
+#include "comm/local/local_world.hpp"
 #include "comm/world.hpp"
 
 namespace troupe {
@@ -76,16 +78,21 @@ rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const com
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
                         std::vector<int> global_ranks);
 
-// Every rank of spec.par's layout in this process, on the in-process backend, and their group.
-struct LocalRanks {
+// The ranks of a layout that this process runs, and their group.
+struct RankSet {
+  std::optional<comm::Topology> topology;  // spec.par's layout (Topology has no empty state)
+  std::optional<comm::LocalFabric> fabric; // the in-process backend; none under a launcher
   std::vector<rank_actor> ranks;
   group_actor group;
-  std::string layout;  // "tp T x pp P x dp D"
   // Tells the group and every rank to exit.
   void exit(caf::local_actor* self) const;
 };
-Result<LocalRanks> spawn_local_ranks(caf::actor_system& system, const RankSpec& spec,
-                                     const OptimizerOffload& optimizer_offload = {});
+// world null: every rank of spec.par's layout, in this process on the in-process backend (whose
+// waits for a peer fail after fabric_options.timeout); else this process's one rank of `world`
+// (troupe launch). offload and optimizer_offload: as spawn_rank's.
+Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std::shared_ptr<comm::CommWorld> world,
+                            offload_actor offload = {}, const OptimizerOffload& optimizer_offload = {},
+                            comm::LocalFabricOptions fabric_options = {});
 
 }  // namespace troupe
 

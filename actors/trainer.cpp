@@ -185,22 +185,13 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
-  const int64_t tokens = cfg.global_batch_size * static_cast<int64_t>(cfg.model.seq_length);
-  IterationStats s;
-  s.lr = learning_rate(cfg, st.iteration);
+  const double lr = learning_rate(cfg, st.iteration);
   st.iteration += 1;
   st.consumed += cfg.global_batch_size;
-  s.iteration = st.iteration;
-  s.train_iters = cfg.train_iters;
-  s.lm_loss = loss_sum / static_cast<double>(tokens);
-  s.grad_norm = grad_norm;
+  IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds);
   s.busy_fraction_min = busy_min;
   s.busy_fraction_max = busy_max;
-  s.ms_per_iter = seconds * 1e3;
-  s.tokens_per_sec = tokens / seconds;
-  s.model_tflops = cfg.model.flops_per_iteration(tokens) / seconds / 1e12;
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
-  s.consumed_samples = st.consumed;
   st.last_loss = s.lm_loss;
   if (!std::isfinite(s.lm_loss)) {
     fail(self, "the training loss is not finite at iteration " + std::to_string(st.iteration) +

@@ -27,7 +27,7 @@ namespace {
 
 struct TrainingActorState {
   TrainConfig cfg;
-  LocalRanks local;
+  RankSet local;
   ParallelConfig par;
   int64_t iteration = 0, consumed = 0;
 };
@@ -55,7 +55,7 @@ Result<Tensor> windows_of(const TokenBatch& b, const TrainConfig& cfg) {
   return t;
 }
 
-training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, LocalRanks local, ParallelConfig par,
+training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, RankSet local, ParallelConfig par,
                                                 int64_t iteration, int64_t consumed) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
@@ -65,9 +65,9 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Loca
   st.consumed = consumed;
   // The ranks go with this actor; a rank that dies (the group quits) takes this actor with it.
   self->link_to(st.local.group);
-  self->attach_functor([local = st.local](const caf::error&) {
-    caf::anon_send_exit(local.group, caf::exit_reason::user_shutdown);
-    for (const auto& r : local.ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
+  self->attach_functor([group = st.local.group, ranks = st.local.ranks](const caf::error&) {
+    caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
+    for (const auto& r : ranks) caf::anon_send_exit(r, caf::exit_reason::user_shutdown);
   });
   return {
       [self](train_batch_atom, const TokenBatch& batch) -> caf::result<IterationStats> {
@@ -86,21 +86,20 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Loca
             .then(
                 [self, rp, req, t0](const GroupStepResult& r) mutable {
                   auto& s = self->state;
-                  const TrainConfig& c = s.cfg;
                   s.iteration += 1;
-                  s.consumed += c.global_batch_size;
+                  s.consumed += s.cfg.global_batch_size;
                   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                  const double tokens = static_cast<double>(c.global_batch_size) * c.model.seq_length;
-                  IterationStats out;
-                  out.iteration = s.iteration;
-                  out.train_iters = c.train_iters;
-                  out.lm_loss = r.loss_sum / tokens;
-                  out.lr = req.lr;
-                  out.grad_norm = r.grad_norm;
-                  out.ms_per_iter = seconds * 1e3;
-                  out.tokens_per_sec = seconds > 0 ? tokens / seconds : 0;
-                  out.model_tflops = seconds > 0 ? c.model.flops_per_iteration(static_cast<int64_t>(tokens)) / seconds / 1e12 : 0;
-                  out.consumed_samples = s.consumed;
+                  IterationStats out =
+                      iteration_stats(s.cfg, s.iteration, s.consumed, r.loss_sum, r.grad_norm, req.lr, seconds);
+                  // As the trainer fails the job: a non-finite loss ends training (the ranks already
+                  // refuse a non-finite gradient norm).
+                  if (!std::isfinite(out.lm_loss)) {
+                    rp.deliver(make_actor_error(ActorErrc::diverged,
+                                                "the training loss is not finite at iteration " +
+                                                    std::to_string(s.iteration) +
+                                                    " -- the run diverged: lower the learning rate or warm up longer"));
+                    return;
+                  }
                   out.busy_fraction_min = r.busy_fraction_min;
                   out.busy_fraction_max = r.busy_fraction_max;
                   rp.deliver(out);
@@ -145,14 +144,8 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Loca
             .then(
                 [self, rp, req, t0](ok_atom) mutable {
                   auto& s = self->state;
-                  CheckpointMeta meta;
-                  meta.iteration = req.iteration;
-                  meta.consumed_samples = req.consumed_samples;
-                  meta.optimizer_step = req.optimizer_step;
-                  meta.config_json = req.config_json;
-                  meta.rng_json = req.rng_json;
-                  meta.run_json = run_json(s.cfg.run_id);
-                  const Status done = commit_sharded_checkpoint(req.dir, meta, s.par.to_json(),
+                  const Status done = commit_sharded_checkpoint(req.dir, checkpoint_meta(req, run_json(s.cfg.run_id)),
+                                                                s.par.to_json(),
                                                                 shard_file_names(s.par.world_size()));
                   if (!done) {
                     rp.deliver(to_caf_error(done));
@@ -175,7 +168,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Loca
         out.consumed_samples = s.consumed;
         out.next_lr = learning_rate(s.cfg, s.iteration);
         out.world_size = s.par.world_size();
-        out.layout = s.local.layout;
+        out.layout = s.local.topology->describe();
         return out;
       },
   };
@@ -200,7 +193,7 @@ Result<training_actor> spawn_training(caf::actor_system& system, const TrainConf
   offload.device = cfg.offload_optimizer;
   offload.path = cfg.offload_path;
   offload.pool = std::make_shared<HostPool>();
-  auto local = spawn_local_ranks(system, spec, offload);
+  auto local = spawn_ranks(system, spec, nullptr, {}, offload);
   if (!local) return local.status();
   // The model: from the seed, or config.load's latest checkpoint (any layout, optimizer included).
   caf::scoped_actor self{system};

@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include "storage/checkpoint.hpp"
 #include "troupe/reports.hpp"
+#include "troupe/train_config.hpp"
 
 namespace troupe {
 
@@ -37,5 +39,16 @@ struct LoadRequest {
   int64_t iteration = 0;
   bool load_optimizer = true;
 };
+
+// What a checkpoint of this save records, with the run identity (config/run_identity.hpp's
+// run_json): the metadata.json the save's commit writes.
+CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json);
+
+// The report of an optimizer step of config `c` that took `seconds`: `iteration` and `consumed`
+// counted after it, the loss as the mean over the global batch's tokens, throughput and Megatron's
+// model FLOP/s; fraction_of_peak of `peak_gflops` (0: not measured) and the busy share are left to
+// the caller.
+IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
+                               double grad_norm, double lr, double seconds);
 
 }  // namespace troupe

@@ -1,0 +1,32 @@
+#include "engine/types.hpp"
+
+namespace troupe {
+
+CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json) {
+  CheckpointMeta meta;
+  meta.iteration = r.iteration;
+  meta.consumed_samples = r.consumed_samples;
+  meta.optimizer_step = r.optimizer_step;
+  meta.config_json = r.config_json;
+  meta.rng_json = r.rng_json;
+  meta.run_json = std::move(run_json);
+  return meta;
+}
+
+IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
+                               double grad_norm, double lr, double seconds) {
+  const int64_t tokens = c.global_batch_size * static_cast<int64_t>(c.model.seq_length);
+  IterationStats s;
+  s.iteration = iteration;
+  s.train_iters = c.train_iters;
+  s.lm_loss = loss_sum / static_cast<double>(tokens);
+  s.lr = lr;
+  s.grad_norm = grad_norm;
+  s.ms_per_iter = seconds * 1e3;
+  s.tokens_per_sec = tokens / seconds;
+  s.model_tflops = c.model.flops_per_iteration(tokens) / seconds / 1e12;
+  s.consumed_samples = consumed;
+  return s;
+}
+
+}  // namespace troupe
