@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "model/pipeline_model.hpp"
 #include "troupe/check.hpp"
 
 namespace troupe {
@@ -23,10 +24,11 @@ std::string ParallelConfig::to_json() const {
 
 std::chrono::steady_clock::time_point span_epoch() { return Clock::time_point{}; }
 
-// Per chunk: activation buffers of each slot, the sends still reading them, and which micro-batch
-// holds which slot. Shapes: (boundary_rows, C).
+// Per chunk: the boundary tensors of each slot (inputs() / outputs() of the stage, and the gradients
+// of those that take one: undefined otherwise), the sends still reading them, and which micro-batch
+// holds which slot.
 struct RankEngine::ChunkBuffers {
-  std::vector<Tensor> in_act, out_act, in_grad, out_grad;
+  std::vector<std::vector<Tensor>> in_act, out_act, in_grad, out_grad;
   std::vector<std::vector<comm::WorkPtr>> sends;
   std::vector<int> free_slots;
   std::map<int, int> slot_of_micro;
@@ -35,6 +37,19 @@ struct RankEngine::ChunkBuffers {
 namespace {
 
 constexpr int kF = 0, kB = 1;
+// Tensors per boundary and direction a tag can tell apart (check_model's models have few).
+constexpr uint64_t kMaxBoundaryTensors = 64;
+
+std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads) {
+  std::vector<Tensor> out;
+  for (const BoundaryDecl& d : decls)
+    out.push_back(!grads || d.requires_grad ? Tensor::zeros(d.shape, d.dtype) : Tensor());
+  return out;
+}
+
+bool any_defined(const std::vector<Tensor>& ts) {
+  return std::any_of(ts.begin(), ts.end(), [](const Tensor& t) { return t.defined(); });
+}
 
 Status wait_sends(std::vector<comm::WorkPtr>& sends) {
   Status st = comm::wait_all(sends);
@@ -92,29 +107,33 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   ctx_.pool = pool_.get();
 
   const int slots = schedule_.peak_in_flight(stage_) + 1;
+  const int virtual_stages = par.pp * par.virtual_chunks;
+  const Model model = spec_.custom_model ? *spec_.custom_model : gpt_model(spec_.model, virtual_stages);
+  tied_ = ties_embedding(model);
   for (int c = 0; c < par.virtual_chunks; ++c) {
-    ChunkSpec cs = chunk_layers(spec_.model, par.pp, par.virtual_chunks, stage_, c);
-    cs.tp_size = par.tp;
-    cs.tp_rank = tp_rank_;
-    cs.sequence_parallel = par.sequence_parallel && par.tp > 1;
-    cs.recompute = par.recompute;
-    cs.micro_batch = spec_.micro_batch_size;
-    cs.slots = slots;
-    cs.dtype = spec_.dtype;
+    StageBuild at;
+    at.gpt = spec_.model;
+    at.virtual_stage = c * par.pp + stage_;
+    at.virtual_stages = virtual_stages;
+    at.tp_size = par.tp;
+    at.tp_rank = tp_rank_;
+    at.sequence_parallel = par.sequence_parallel && par.tp > 1;
+    at.recompute = par.recompute;
+    at.micro_batch = spec_.micro_batch_size;
+    at.slots = slots;
+    at.dtype = spec_.dtype;
+    at.tp = comms_.tp;
     auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, spec_.dtype);
-    auto chunk = std::make_unique<GptChunk>(cs, comms_.tp, store->hooks());
+    std::unique_ptr<PipelineStage> chunk = build_stage(model, at, store->hooks());
     store->attach(chunk.get(), &ctx_);
+    TROUPE_CHECK(chunk->inputs().size() <= kMaxBoundaryTensors && chunk->outputs().size() <= kMaxBoundaryTensors,
+                 "RankEngine: too many tensors between two stages");
     auto buf = std::make_unique<ChunkBuffers>();
-    const Shape shape{chunk->boundary_rows(), spec_.model.hidden_size};
     for (int s = 0; s < slots; ++s) {
-      if (!cs.has_embedding) {
-        buf->in_act.push_back(Tensor::zeros(shape, spec_.dtype));
-        buf->out_grad.push_back(Tensor::zeros(shape, spec_.dtype));
-      }
-      if (!cs.has_head) {
-        buf->out_act.push_back(Tensor::zeros(shape, spec_.dtype));
-        buf->in_grad.push_back(Tensor::zeros(shape, spec_.dtype));
-      }
+      buf->in_act.push_back(boundary_tensors(chunk->inputs(), false));
+      buf->out_grad.push_back(boundary_tensors(chunk->inputs(), true));
+      buf->out_act.push_back(boundary_tensors(chunk->outputs(), false));
+      buf->in_grad.push_back(boundary_tensors(chunk->outputs(), true));
       buf->free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     buf->sends.resize(slots);
@@ -154,14 +173,29 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
   const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
   const bool split = schedule_.split_backward;
   const auto& actions = schedule_.stages[stage_];
-  const DType dt = spec_.dtype;
   // Virtual stage k = c*p + stage holds chunk c; its neighbours k-1, k+1 live on stages (k +- 1) mod p.
   auto vstage = [&](int c) { return c * p + stage_; };
-  // One tag per (micro-batch, boundary, direction): the activation from virtual stage k to k+1 and
-  // the gradient from k+1 back to k share boundary k.
-  auto tag = [&](int micro, int boundary, int dir) {
-    return (static_cast<uint64_t>(micro) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(boundary)) * 2 +
-           static_cast<uint64_t>(dir);
+  // One tag per (micro-batch, boundary, direction, tensor): the activations from virtual stage k to
+  // k+1 and their gradients from k+1 back to k share boundary k.
+  auto tag = [&](int micro, int boundary, int dir, size_t tensor) {
+    return ((static_cast<uint64_t>(micro) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(boundary)) * 2 +
+            static_cast<uint64_t>(dir)) * kMaxBoundaryTensors + tensor;
+  };
+  // Receives (into `dst`'s defined tensors) and sends (of `src`'s) of one boundary.
+  auto recv_all = [&](const std::vector<Tensor>& dst, int from, int micro, int boundary, int dir) {
+    std::vector<comm::WorkPtr> works;
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (dst[i].defined())
+        works.push_back(comms_.pp->recv(dst[i].raw(), static_cast<size_t>(dst[i].numel()), dst[i].dtype(), from,
+                                        tag(micro, boundary, dir, i)));
+    return works;
+  };
+  auto send_all = [&](std::vector<comm::WorkPtr>& sends, const std::vector<Tensor>& src, int to, int micro,
+                      int boundary, int dir) {
+    for (size_t i = 0; i < src.size(); ++i)
+      if (src[i].defined())
+        sends.push_back(comms_.pp->send(src[i].raw(), static_cast<size_t>(src[i].numel()), src[i].dtype(), to,
+                                        tag(micro, boundary, dir, i)));
   };
   auto alloc_slot = [&](int c, int micro) -> Result<int> {
     ChunkBuffers& b = *buffers_[c];
@@ -180,12 +214,12 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     b.slot_of_micro.erase(it);
   };
   auto needs_recv = [&](const sched::Action& a) {
-    const ChunkSpec& cs = chunks_[a.chunk]->spec();
-    if (a.kind == sched::Kind::forward) return !cs.has_embedding;
-    if (a.kind == sched::Kind::backward) return !cs.has_head;
+    const PipelineStage& st = *chunks_[a.chunk];
+    if (a.kind == sched::Kind::forward) return !st.inputs().empty();
+    if (a.kind == sched::Kind::backward) return any_defined(buffers_[a.chunk]->in_grad.front());
     return false;
   };
-  std::map<std::tuple<int, int, int>, comm::WorkPtr> posted;  // (kind, micro, chunk) -> recv
+  std::map<std::tuple<int, int, int>, std::vector<comm::WorkPtr>> posted;  // (kind, micro, chunk) -> recvs
   auto post = [&](const sched::Action& a) -> Status {
     if (!needs_recv(a)) return Status::ok();
     const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
@@ -195,15 +229,13 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     if (a.kind == sched::Kind::forward) {
       auto slot = alloc_slot(a.chunk, a.micro);
       if (!slot.is_ok()) return slot.status();
-      const Tensor& dst = b.in_act[slot.value()];
-      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kF));
+      posted[key] = recv_all(b.in_act[slot.value()], (k - 1) % p, a.micro, k - 1, kF);
     } else {
       // The first stage allocates a micro-batch's slot when its forward runs: a backward right
       // after its own forward (fewer micro-batches than stages) is posted at its turn instead.
       const auto slot = b.slot_of_micro.find(a.micro);
       if (slot == b.slot_of_micro.end()) return Status::ok();
-      const Tensor& dst = b.in_grad[slot->second];
-      posted[key] = comms_.pp->recv(dst.raw(), static_cast<size_t>(dst.numel()), dt, (k + 1) % p, tag(a.micro, k, kB));
+      posted[key] = recv_all(b.in_grad[slot->second], (k + 1) % p, a.micro, k, kB);
     }
     return Status::ok();
   };
@@ -212,7 +244,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
     const auto t0 = Clock::now();
     TROUPE_CHECK(posted.count(key) == 1, "RankEngine: a receive was not posted");
-    Status st = posted.at(key)->wait();
+    Status st = comm::wait_all(posted.at(key));
     posted.erase(key);
     const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (waited > 20) record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0);
@@ -224,9 +256,9 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     TROUPE_RETURN_IF_ERROR(post(a));
     if (j + 1 < actions.size()) TROUPE_RETURN_IF_ERROR(post(actions[j + 1]));
     TROUPE_RETURN_IF_ERROR(await(a));
-    GptChunk& chunk = *chunks_[a.chunk];
+    PipelineStage& chunk = *chunks_[a.chunk];
     ChunkBuffers& b = *buffers_[a.chunk];
-    const ChunkSpec& cs = chunk.spec();
+    const bool first = chunk.inputs().empty();
     const int k = vstage(a.chunk);
     std::string label = sched::kind_name(a.kind);  // "F3", or "F3.1" for chunk 1 of an interleaved stage
     label += std::to_string(a.micro);
@@ -234,40 +266,28 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     const auto t0 = Clock::now();
     if (a.kind == sched::Kind::forward) {
       int slot;
-      if (cs.has_embedding) {
+      if (first) {
         auto s = alloc_slot(a.chunk, a.micro);
         if (!s.is_ok()) return s.status();
         slot = s.value();
       } else {
         slot = b.slot_of_micro.at(a.micro);
       }
-      const Tensor mb = (cs.has_embedding || cs.has_head) ? tokens.rows(int64_t{a.micro} * B, int64_t{a.micro + 1} * B)
-                                                          : Tensor();
+      const Tensor mb = chunk.reads_batch() ? tokens.rows(int64_t{a.micro} * B, int64_t{a.micro + 1} * B) : Tensor();
       // The head's backward right after its forward (1F1B at pp 1 and on its last stage, ...):
       // the chunk runs the head's backward in the forward, on logits it need not recompute.
-      const bool backward_next = cs.has_head && !split && j + 1 < actions.size() &&
+      const bool backward_next = chunk.has_loss() && !split && j + 1 < actions.size() &&
                                  actions[j + 1].kind == sched::Kind::backward && actions[j + 1].micro == a.micro &&
                                  actions[j + 1].chunk == a.chunk;
-      const double loss = chunk.forward(ctx_, slot, mb, cs.has_embedding ? Tensor() : b.in_act[slot],
-                                        cs.has_head ? Tensor() : b.out_act[slot], grad_scale, backward_next);
+      const double loss = chunk.forward(ctx_, slot, mb, b.in_act[slot], b.out_act[slot], grad_scale, backward_next);
       record(label, "forward", t0);
-      if (cs.has_head) {
-        micro_losses[a.micro] = loss;
-      } else {
-        const Tensor& out = b.out_act[slot];
-        b.sends[slot].push_back(
-            comms_.pp->send(out.raw(), static_cast<size_t>(out.numel()), dt, (k + 1) % p, tag(a.micro, k, kF)));
-      }
+      if (chunk.has_loss()) micro_losses[a.micro] = loss;
+      send_all(b.sends[slot], b.out_act[slot], (k + 1) % p, a.micro, k, kF);
     } else if (a.kind == sched::Kind::backward) {
       const int slot = b.slot_of_micro.at(a.micro);
-      chunk.backward(ctx_, slot, cs.has_head ? Tensor() : b.in_grad[slot],
-                     cs.has_embedding ? Tensor() : b.out_grad[slot], split);
+      chunk.backward(ctx_, slot, b.in_grad[slot], b.out_grad[slot], split);
       record(label, "backward", t0);
-      if (!cs.has_embedding) {
-        const Tensor& din = b.out_grad[slot];
-        b.sends[slot].push_back(
-            comms_.pp->send(din.raw(), static_cast<size_t>(din.numel()), dt, (k - 1) % p, tag(a.micro, k - 1, kB)));
-      }
+      send_all(b.sends[slot], b.out_grad[slot], (k - 1) % p, a.micro, k - 1, kB);
       if (!split) release_slot(a.chunk, a.micro);
     } else {
       chunk.backward_weight(ctx_, b.slot_of_micro.at(a.micro));
@@ -283,11 +303,11 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
 // The embedding copy of wte (first stage) and the head copy (last stage) get the sum of both
 // gradients; their units have the same dp partition, so partitions are summed directly.
 Status RankEngine::sync_tied_embedding() {
-  if (spec_.par.pp == 1 || comms_.embedding == nullptr || comms_.embedding->size() < 2) return Status::ok();
+  if (!tied_ || comms_.embedding == nullptr || comms_.embedding->size() < 2) return Status::ok();
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    const ChunkSpec& cs = chunks_[c]->spec();
-    if (!cs.has_embedding && !cs.has_head) continue;
-    const Tensor g = stores_[c]->unit_gradient(0);  // wte is unit 0 of both chunks
+    const int unit = chunks_[c]->tied_unit();
+    if (unit < 0) continue;
+    const Tensor g = stores_[c]->unit_gradient(unit);
     TROUPE_RETURN_IF_ERROR(
         comms_.embedding->all_reduce(g.raw(), static_cast<size_t>(g.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
   }
@@ -304,6 +324,8 @@ auto returning_collective_failures(F&& body) -> decltype(body()) {
     return body();
   } catch (const comm::CollectiveFailed& e) {
     return Status::error(e.what());
+  } catch (const std::exception& e) {  // thrown by a custom stage's own code (include/troupe/stage.hpp)
+    return Status::error(std::string("a custom stage failed: ") + e.what());
   }
 }
 }  // namespace
@@ -385,7 +407,6 @@ void RankEngine::fill_times(StepOutcome& out) const {
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
   return returning_collective_failures([&]() -> Result<double> {
     const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
-    const DType dt = spec_.dtype;
     const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
     // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
     // parameters over dp, so the replicas' collectives must match even when the windows do not split
@@ -409,22 +430,25 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
         mb = padded;
       }
       for (int c = 0; c < v; ++c) {
-        GptChunk& chunk = *chunks_[c];
+        PipelineStage& chunk = *chunks_[c];
         ChunkBuffers& b = *buffers_[c];
-        const ChunkSpec& cs = chunk.spec();
         const int k = c * p + stage_;
-        const uint64_t t = (static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(k)) * 2;
-        if (!cs.has_embedding)
-          TROUPE_RETURN_IF_ERROR(comms_.pp->recv(b.in_act[0].raw(), static_cast<size_t>(b.in_act[0].numel()), dt,
-                                                 (k - 1) % p, t - 2)->wait());
-        const double l = chunk.forward_eval(ctx_, mb, cs.has_embedding ? Tensor() : b.in_act[0],
-                                            cs.has_head ? Tensor() : b.out_act[0], valid);
-        if (cs.has_head) {
-          if (tp_rank_ == 0) loss += l;
-        } else {
-          TROUPE_RETURN_IF_ERROR(comms_.pp->send(b.out_act[0].raw(), static_cast<size_t>(b.out_act[0].numel()), dt,
-                                                 (k + 1) % p, t)->wait());
-        }
+        // Evaluation's own tags (a window index where training has micro-batches), tensor by tensor.
+        auto tag = [&](int boundary, size_t tensor) {
+          return ((static_cast<uint64_t>(i) * static_cast<uint64_t>(v * p) + static_cast<uint64_t>(boundary)) * 2) *
+                     kMaxBoundaryTensors + tensor;
+        };
+        std::vector<comm::WorkPtr> works;
+        for (size_t t = 0; t < b.in_act[0].size(); ++t)
+          works.push_back(comms_.pp->recv(b.in_act[0][t].raw(), static_cast<size_t>(b.in_act[0][t].numel()),
+                                          b.in_act[0][t].dtype(), (k - 1) % p, tag(k - 1, t)));
+        TROUPE_RETURN_IF_ERROR(comm::wait_all(works));
+        const double l = chunk.forward_eval(ctx_, chunk.reads_batch() ? mb : Tensor(), b.in_act[0], b.out_act[0], valid);
+        if (chunk.has_loss() && tp_rank_ == 0) loss += l;
+        for (size_t t = 0; t < b.out_act[0].size(); ++t)
+          works.push_back(comms_.pp->send(b.out_act[0][t].raw(), static_cast<size_t>(b.out_act[0][t].numel()),
+                                          b.out_act[0][t].dtype(), (k + 1) % p, tag(k, t)));
+        TROUPE_RETURN_IF_ERROR(comm::wait_all(works));
       }
     }
     if (comms_.world != nullptr && comms_.world->size() > 1)
@@ -434,7 +458,7 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
 }
 
 Result<std::vector<Tensor>> RankEngine::param_values(int c) {
-  const GptChunk& chunk = *chunks_[c];
+  const PipelineStage& chunk = *chunks_[c];
   std::vector<Tensor> out(chunk.specs().size());
   for (size_t u = 0; u < chunk.units().size(); ++u) {
     auto unit = stores_[c]->unit_params(static_cast<int>(u));
@@ -546,7 +570,7 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
   ShardContents out;
   size_t seg = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    const GptChunk& chunk = *chunks_[c];
+    const PipelineStage& chunk = *chunks_[c];
     const int zero = spec_.par.zero_stage;
     for (const auto& r : stores_[c]->param_ranges())
       if (chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
@@ -567,7 +591,7 @@ Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>
                                const std::vector<Tensor>& exp_avg_sq) {
   size_t seg = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    const GptChunk& chunk = *chunks_[c];
+    const PipelineStage& chunk = *chunks_[c];
     for (const auto& r : stores_[c]->param_ranges())
       TROUPE_RETURN_IF_ERROR(read_range(reader, ShardSection::model, chunk.specs()[r.spec], r.begin, r.end, r.values));
     for (const auto& r : stores_[c]->segment_ranges()) {

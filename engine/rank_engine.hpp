@@ -37,7 +37,8 @@
 #include "comm/topology.hpp"
 #include "kernels/context.hpp"
 #include "kernels/thread_pool.hpp"
-#include "model/gpt_chunk.hpp"
+#include "model/stage.hpp"
+#include "troupe/stage.hpp"
 #include "storage/shard_file.hpp"
 
 namespace troupe {
@@ -69,6 +70,9 @@ struct RankSpec {
   int keep_span_steps = 0;
   // The rank only evaluates a loaded model (troupe eval): whoever runs it keeps no optimizer state.
   bool evaluation_only = false;
+  // A model given in code (include/troupe/stage.hpp: GPT blocks and custom stages), checked by
+  // check_model before any rank is built; null: GPT's own split of `model` (troupe::gpt_model).
+  std::shared_ptr<const Model> custom_model;
 };
 
 struct RankComms {
@@ -124,7 +128,7 @@ class RankEngine {
 
   const sched::Schedule& schedule() const { return schedule_; }
   int stage() const { return stage_; }
-  const std::vector<std::unique_ptr<GptChunk>>& chunks() const { return chunks_; }
+  const std::vector<std::unique_ptr<PipelineStage>>& chunks() const { return chunks_; }
 
   void init(uint64_t seed);
   // tokens: this dp rank's micro_batches * micro_batch_size windows (rows, T+1) i32, in micro-batch
@@ -182,7 +186,8 @@ class RankEngine {
   std::unique_ptr<ThreadPool> pool_;
   Context ctx_;
   std::vector<std::unique_ptr<ZeroStore>> stores_;
-  std::vector<std::unique_ptr<GptChunk>> chunks_;
+  std::vector<std::unique_ptr<PipelineStage>> chunks_;
+  bool tied_ = false;  // the model ties GPT's output layer to the embedding (step 3)
   std::vector<std::unique_ptr<ChunkBuffers>> buffers_;
   std::vector<Span> spans_;
   int steps_ = 0;

@@ -8,7 +8,7 @@
 namespace troupe {
 
 struct ZeroStore::Unit {
-  int64_t offset = 0, numel = 0;  // in the chunk's flat buffers
+  int64_t numel = 0;
   std::vector<size_t> counts;     // dp partition, one count per rank
   int64_t own_start = 0, own_count = 0;
   struct Segment {  // one parameter of the unit, relative to the unit
@@ -20,7 +20,7 @@ struct ZeroStore::Unit {
   Tensor part_grads;           // stages 2, 3: own partition accumulator; stage 1: reduced partition
   int ready = 0;               // grads_ready calls this iteration
   comm::WorkPtr reduce;        // stages 0, 1: the unit's dp reduction
-  // Stage 3: the gathered parameters while in use or prefetched.
+  // PipelineStage 3: the gathered parameters while in use or prefetched.
   Tensor gathered;
   comm::WorkPtr gather;
   int users = 0;
@@ -63,7 +63,7 @@ UnitHooks ZeroStore::hooks() {
   return h;
 }
 
-void ZeroStore::attach(GptChunk* chunk, Context* ctx) {
+void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
   chunk_ = chunk;
   ctx_ = ctx;
   const auto& specs = chunk->specs();
@@ -72,7 +72,6 @@ void ZeroStore::attach(GptChunk* chunk, Context* ctx) {
   for (size_t u = 0; u < units_.size(); ++u) {
     const UnitInfo& info = chunk->units()[u];
     Unit& unit = units_[u];
-    unit.offset = info.param_offset;
     unit.numel = info.numel;
     unit.counts.resize(dp_size_);
     int64_t start = 0;
@@ -93,14 +92,14 @@ void ZeroStore::attach(GptChunk* chunk, Context* ctx) {
     }
     TROUPE_CHECK(at == unit.numel, "ZeroStore: a unit's specs must cover it exactly");
     if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
-    // Stage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
+    // PipelineStage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
     // with dp == 1 the partition is the whole unit's gradient.
     if (stage_ == 1) {
       if (dp_size_ > 1) {
         unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
         track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
       } else {
-        unit.part_grads = flat(chunk->flat_grads()).rows(unit.offset, unit.offset + unit.numel);
+        unit.part_grads = flat(chunk->unit_grads(static_cast<int>(u)));
       }
     }
     if (stage_ == 3) unit.part_params = Tensor::zeros({unit.own_count}, dtype_);
@@ -114,7 +113,7 @@ void ZeroStore::init(uint64_t seed) {
     chunk_->zero_grad();
     return;
   }
-  // Stage 3 keeps no full parameters: build one unit at a time and keep the own range.
+  // PipelineStage 3 keeps no full parameters: build one unit at a time and keep the own range.
   const auto& specs = chunk_->specs();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
@@ -211,7 +210,7 @@ void ZeroStore::on_grads_ready(int u) {
     return;
   }
   if (unit.ready < micro_batches_ || dp_ == nullptr || dp_size_ == 1) return;
-  Tensor region = flat(chunk_->flat_grads()).rows(unit.offset, unit.offset + unit.numel);
+  Tensor region = flat(chunk_->unit_grads(u));
   if (stage_ == 0) {
     unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), dtype_, comm::ReduceOp::sum);
   } else {
@@ -252,7 +251,7 @@ Status ZeroStore::finish_gradients() {
 
 Tensor ZeroStore::unit_gradient(int u) const {
   const Unit& unit = units_[u];
-  if (stage_ == 0) return flat(chunk_->flat_grads()).rows(unit.offset, unit.offset + unit.numel);
+  if (stage_ == 0) return flat(chunk_->unit_grads(u));
   return unit.part_grads;
 }
 
@@ -287,7 +286,7 @@ std::vector<AdamSegment> ZeroStore::adam_segments() const {
     const int64_t first = stage_ == 0 ? 0 : unit.own_start;
     const int64_t last = stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
     const Tensor params = stage_ == 3 ? unit.part_params
-                                      : flat(chunk_->flat_params()).rows(unit.offset + first, unit.offset + last);
+                                      : flat(chunk_->unit_params(static_cast<int>(u))).rows(first, last);
     for (const auto& seg : unit.segments) {
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
       if (lo < hi) out.push_back({params.rows(lo - first, hi - first), grads.rows(lo - first, hi - first), seg.decay});
@@ -304,7 +303,7 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::param_ranges() const {
     const int64_t first = stage_ == 3 ? unit.own_start : 0;
     const int64_t last = stage_ == 3 ? unit.own_start + unit.own_count : unit.numel;
     const Tensor values = stage_ == 3 ? unit.part_params
-                                      : flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel);
+                                      : flat(chunk_->unit_params(static_cast<int>(u)));
     for (size_t k = 0; k < unit.segments.size(); ++k) {
       const auto& seg = unit.segments[k];
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
@@ -335,8 +334,9 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::segment_ranges() const {
 Status ZeroStore::finish_step() {
   std::vector<comm::WorkPtr> gathers;
   if ((stage_ == 1 || stage_ == 2) && dp_ != nullptr && dp_size_ > 1) {
-    for (const Unit& unit : units_) {
-      Tensor region = flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const Unit& unit = units_[u];
+      Tensor region = flat(chunk_->unit_params(static_cast<int>(u)));
       Tensor own = region.rows(unit.own_start, unit.own_start + unit.own_count);
       gathers.push_back(dp_->all_gather_v(own.raw(), region.raw(), unit.counts, dtype_));
     }
@@ -368,7 +368,7 @@ Result<Tensor> ZeroStore::unit_params(int u) {
   const Unit& unit = units_[u];
   Tensor out = Tensor::empty({unit.numel}, dtype_);
   if (stage_ < 3) {
-    out.copy_from(flat(chunk_->flat_params()).rows(unit.offset, unit.offset + unit.numel));
+    out.copy_from(flat(chunk_->unit_params(u)));
     return out;
   }
   if (dp_ == nullptr) {

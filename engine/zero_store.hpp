@@ -1,7 +1,7 @@
 // ZeRO for one model chunk of one rank: where its parameters, gradients and Adam moments live, how
 // gradients are reduced over the data-parallel group, and the optimizer step on this rank's partition.
 //
-// Partitioning. Every parameter unit of the chunk (model/gpt_chunk.hpp: wte, wpe, each layer, ln_f)
+// Partitioning. Every parameter unit of the chunk (model/stage.hpp; GPT's: wte, wpe, each layer, ln_f)
 // is split over the dp ranks by element ranges: rank r owns elements [start_r, start_r + count_r)
 // of the unit, count_r = n/dp plus one for the first n % dp ranks (the counts of comm's
 // reduce_scatter_v / all_gather_v). Splitting per unit, not over the whole flat buffer, gives wte the
@@ -38,7 +38,7 @@
 #include "engine/types.hpp"
 #include "comm/communicator.hpp"
 #include "kernels/context.hpp"
-#include "model/gpt_chunk.hpp"
+#include "model/stage.hpp"
 
 namespace troupe {
 
@@ -69,7 +69,7 @@ class ZeroStore {
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
   UnitHooks hooks();
-  void attach(GptChunk* chunk, Context* ctx);
+  void attach(PipelineStage* chunk, Context* ctx);
 
   // Fills the partition / parameters from the seed (global coordinates); zeroes the gradients.
   void init(uint64_t seed);
@@ -84,7 +84,7 @@ class ZeroStore {
   // finish_gradients. The runtime sums the tied wte copies over the embedding group here.
   Tensor unit_gradient(int unit) const;
   // Sum of squares of the gradients this rank owns, counting only elements whose spec counts in the
-  // norm (GptChunk::counts_in_norm), in double, in a fixed order.
+  // norm (PipelineStage::counts_in_norm), in double, in a fixed order.
   double owned_grad_sum_squares();
   // Scales the owned gradients (clipping).
   void scale_gradients(double factor);
@@ -108,7 +108,7 @@ class ZeroStore {
   Status finish_step();
 
   ZeroCounts counts() const;
-  // A copy of unit u's full parameters (checkpoints, tests). Stage 3: an all-gather over dp, so every
+  // A copy of unit u's full parameters (checkpoints, tests). PipelineStage 3: an all-gather over dp, so every
   // dp rank must call it, in the same order.
   Result<Tensor> unit_params(int unit);
 
@@ -133,7 +133,7 @@ class ZeroStore {
   comm::Communicator* dp_;
   int dp_rank_ = 0, dp_size_ = 1;
   DType dtype_;
-  GptChunk* chunk_ = nullptr;
+  PipelineStage* chunk_ = nullptr;
   Context* ctx_ = nullptr;
   std::vector<Unit> units_;
   int micro_batches_ = 1;

@@ -1,0 +1,41 @@
+// A troupe::Model (include/troupe/stage.hpp) as the engine builds it: the checks a model passes
+// before any rank is built, and the PipelineStage (model/stage.hpp) of one virtual stage.
+#pragma once
+#include <memory>
+
+#include "model/stage.hpp"
+#include "troupe/stage.hpp"
+
+namespace troupe {
+
+// What a virtual stage's blocks are built with, besides the blocks themselves.
+struct StageBuild {
+  GptConfig gpt;
+  int virtual_stage = 0, virtual_stages = 1;
+  int tp_size = 1, tp_rank = 0;
+  bool sequence_parallel = false;
+  Recompute recompute = Recompute::none;
+  int micro_batch = 1, slots = 1;
+  DType dtype = DType::f32;
+  comm::Communicator* tp = nullptr;
+};
+
+// GPT's own split over `virtual_stages` (chunk_layers' rule), as gpt_model returns it.
+Model gpt_model(const GptConfig& gpt, int virtual_stages, bool with_head = true);
+
+// Every problem of `model` for a job of pp stages x v chunks with tensor-parallel size tp, at once,
+// as bad input: the count of virtual stages, empty stages, GPT blocks outside the model or out of
+// order, the embedding or GPT's head away from the model's ends, tensors that do not chain from one
+// block to the next (names, shapes, types), the loss not on the last block, parameter names used
+// twice, tensor-parallel splits that tp does not divide, sequence parallelism beside custom
+// blocks. Builds each custom stage once (tp rank 0) to read its declarations.
+Status check_model(const Model& model, const StageBuild& job, int pp, int v);
+
+// The model ties GPT's output layer to the token embedding across virtual stages: its first block
+// is GPT's embedding and its last GPT's head, on different virtual stages.
+bool ties_embedding(const Model& model);
+
+// The stage of virtual stage build.virtual_stage: its one block, or its blocks in sequence.
+std::unique_ptr<PipelineStage> build_stage(const Model& model, const StageBuild& build, const UnitHooks& hooks);
+
+}  // namespace troupe
