@@ -1,4 +1,5 @@
 #include "actors/job.hpp"
+#include "model/pipeline_model.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -253,6 +254,12 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   spec.finalize_save = offloader.commit();
   spec.offload = offloader.actor;
   spec.saves_in_flight = offloader.saves_in_flight;
+  if (options.model) {
+    spec.loss_terms_per_sample = options.model->loss_terms_per_sample;
+    spec.gpt_flops = false;
+    for (const auto& stage : options.model->stages)
+      for (const Block& b : stage) spec.gpt_flops = spec.gpt_flops || (b.kind == Block::Kind::gpt && b.num_layers > 0);
+  }
   return spec;
 }
 
@@ -324,6 +331,15 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   if (options.schedule) {
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;
+  }
+  if (options.model) {
+    StageBuild job;
+    job.gpt = config.model;
+    job.tp_size = rs.par.tp;
+    job.sequence_parallel = rs.par.sequence_parallel;
+    job.micro_batch = rs.micro_batch_size;
+    TROUPE_RETURN_IF_ERROR(check_model(*options.model, job, rs.par.pp, rs.par.virtual_chunks));
+    rs.custom_model = options.model;
   }
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();

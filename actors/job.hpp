@@ -44,6 +44,8 @@ struct JobOptions {
   std::string launch_run_id;
   // A schedule given as data (troupe::RunOptions::schedule); checked before any rank starts.
   std::shared_ptr<const sched::Schedule> schedule;
+  // A model given in code (troupe::RunOptions::model); checked by check_model before any rank starts.
+  std::shared_ptr<const Model> model;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,

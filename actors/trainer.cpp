@@ -129,13 +129,14 @@ struct EvalProgress {
   int64_t next_sample = 0;    // first window of the next batch
   double loss_sum = 0;
   int64_t tokens = 0;
+  int64_t terms = 0;  // loss terms (tokens, or the custom model's terms per sample)
   std::function<void()> next;  // continuation once done
 };
 
 void finish_evaluation(Self self, const std::shared_ptr<EvalProgress>& ev) {
   EvalStats stats;
   stats.iteration = self->state.iteration;
-  stats.loss = ev->loss_sum / static_cast<double>(ev->tokens);
+  stats.loss = ev->loss_sum / static_cast<double>(ev->terms);
   stats.perplexity = std::exp(std::min(stats.loss, 700.0));
   stats.tokens = ev->tokens;
   self->state.last_eval_loss = stats.loss;
@@ -157,6 +158,8 @@ void evaluate_batch(Self self, std::shared_ptr<EvalProgress> ev) {
       .then(
           [self, ev, count](Tensor& batch) {
             ev->tokens += count * (batch.dim(1) - 1);
+            const int64_t per_sample = self->state.spec.loss_terms_per_sample;
+            ev->terms += count * (per_sample > 0 ? per_sample : batch.dim(1) - 1);
             self->request(self->state.spec.group, caf::infinite, eval_atom::value, batch)
                 .then(
                     [self, ev](double loss_sum) {
@@ -188,7 +191,8 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
   const double lr = learning_rate(cfg, st.iteration);
   st.iteration += 1;
   st.consumed += cfg.global_batch_size;
-  IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds);
+  IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds,
+                                     st.spec.loss_terms_per_sample, st.spec.gpt_flops);
   s.busy_fraction_min = busy_min;
   s.busy_fraction_max = busy_max;
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
@@ -224,7 +228,8 @@ StepRequest step_request(Self self) {
 void run_micro_batches(Self self, const Tensor& batch) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
-  const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * cfg.model.seq_length);
+  const int64_t per_sample = st.spec.loss_terms_per_sample > 0 ? st.spec.loss_terms_per_sample : cfg.model.seq_length;
+  const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * static_cast<double>(per_sample));
   self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
       .then(
           [self](const GroupStepResult& r) {

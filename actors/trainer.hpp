@@ -43,6 +43,10 @@ struct TrainerSpec {
   int64_t consumed_samples = 0;
   int64_t validation_windows = 0;
   double sgemm_peak_gflops = 0;  // for % of peak; 0 when not measured
+  // A model given in code (include/troupe/stage.hpp): its loss terms per sample (0: seq_length, a
+  // loss per token) and whether Megatron's GPT FLOP count applies to it.
+  int64_t loss_terms_per_sample = 0;
+  bool gpt_flops = true;
   // Stopping early (stop_atom: a signal; exit_deadline: --exit-duration-in-mins). In one process the
   // trainer stops after the current iteration. When the job spans processes (agree_on_stop), each
   // has its own trainer: the wish to stop rides on the next step (StepRequest::stop), and every

@@ -14,17 +14,18 @@ CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json) {
 }
 
 IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
-                               double grad_norm, double lr, double seconds) {
+                               double grad_norm, double lr, double seconds, int64_t loss_terms, bool gpt_flops) {
   const int64_t tokens = c.global_batch_size * static_cast<int64_t>(c.model.seq_length);
+  const int64_t terms = c.global_batch_size * (loss_terms > 0 ? loss_terms : int64_t{c.model.seq_length});
   IterationStats s;
   s.iteration = iteration;
   s.train_iters = c.train_iters;
-  s.lm_loss = loss_sum / static_cast<double>(tokens);
+  s.lm_loss = loss_sum / static_cast<double>(terms);
   s.lr = lr;
   s.grad_norm = grad_norm;
   s.ms_per_iter = seconds * 1e3;
   s.tokens_per_sec = tokens / seconds;
-  s.model_tflops = c.model.flops_per_iteration(tokens) / seconds / 1e12;
+  s.model_tflops = gpt_flops ? c.model.flops_per_iteration(tokens) / seconds / 1e12 : 0.0;
   s.consumed_samples = consumed;
   return s;
 }

@@ -47,8 +47,11 @@ CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json);
 // The report of an optimizer step of config `c` that took `seconds`: `iteration` and `consumed`
 // counted after it, the loss as the mean over the global batch's tokens, throughput and Megatron's
 // model FLOP/s; fraction_of_peak of `peak_gflops` (0: not measured) and the busy share are left to
-// the caller.
+// the caller. A model given in code (include/troupe/stage.hpp) divides the loss by its own terms
+// per sample (loss_terms, 0: seq_length) and, without GPT layers (gpt_flops false), reports no
+// model FLOP/s (Megatron's count is GPT's).
 IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
-                               double grad_norm, double lr, double seconds);
+                               double grad_norm, double lr, double seconds, int64_t loss_terms = 0,
+                               bool gpt_flops = true);
 
 }  // namespace troupe

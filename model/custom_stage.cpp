@@ -104,6 +104,7 @@ struct CustomStage::Impl {
   std::vector<int64_t> offsets;  // of each spec in the unit
   struct Saved {
     Tensor batch;
+    double loss_scale = 0;
     std::vector<Tensor> inputs;  // recompute: copies of the inputs
   };
   std::map<int, Saved> saved;
@@ -215,6 +216,7 @@ double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const s
   const double loss = m.user->forward(m.calls, a);
   Impl::Saved& s = m.saved[slot];
   s.batch = reads_batch_ ? batch : Tensor();
+  s.loss_scale = grad_scale;
   if (m.recompute)
     for (const Tensor& t : in) s.inputs.push_back(t.clone());
   return loss;
@@ -239,6 +241,7 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
     a.inputs = views_of(s.inputs);
     a.outputs = views_of(m.scratch_out);
     a.valid_samples = m.place.micro_batch;
+    a.loss_scale = s.loss_scale;
     (void)m.user->forward(m.calls, a);
   }
   Tensor grads = any ? (m.hooks.grad_buffer ? m.hooks.grad_buffer(0) : m.grads) : Tensor();
@@ -251,6 +254,7 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
   b.batch = rows;
   b.output_grads = views_of(dout);
   b.input_grads = views_of(din);
+  b.loss_scale = s.loss_scale;
   m.user->backward(m.calls, b);
   if (any && m.hooks.grads_ready) m.hooks.grads_ready(0, slot);
 }

@@ -79,6 +79,8 @@ StagePlace place_of(const StageBuild& at) {
   p.micro_batch = at.micro_batch;
   p.record_length = int64_t{at.gpt.seq_length} + 1;
   p.slots = at.slots;
+  p.hidden_size = at.gpt.hidden_size;
+  p.vocab_size = at.gpt.vocab_size;
   return p;
 }
 

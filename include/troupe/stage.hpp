@@ -116,6 +116,8 @@ struct StagePlace {
   int micro_batch = 1;        // B: samples per micro-batch
   int64_t record_length = 0;  // int32 values per sample of the data (seq_length + 1)
   int slots = 1;              // forward slots in flight at once (0 .. slots - 1)
+  // TrainConfig::model's sizes as the job resolved them (the vocabulary from the tokenizer).
+  int64_t hidden_size = 0, vocab_size = 0;
 };
 
 // What a stage may call while troupe runs it.

@@ -30,6 +30,7 @@
 #include "troupe/data_source.hpp"
 #include "troupe/reports.hpp"
 #include "troupe/schedule.hpp"
+#include "troupe/stage.hpp"
 #include "troupe/status.hpp"
 #include "troupe/train_config.hpp"
 
@@ -58,6 +59,13 @@ struct RunOptions {
   // sched::validate (every action once, no deadlock); otherwise train() refuses it with the reason
   // before anything runs (bad input).
   std::shared_ptr<const sched::Schedule> schedule;
+  // A model given in code instead of GPT's own (include/troupe/stage.hpp): GPT blocks, custom
+  // stages, or both, one entry per virtual pipeline stage. It must fit the job (the virtual stages
+  // of config's pipeline, tensors that chain from block to block, the loss on the last block:
+  // check_model's rules); otherwise train() refuses it, naming every problem, before anything runs
+  // (bad input). Checkpoints hold its parameters by their global names and reload on any layout
+  // with the same model.
+  std::shared_ptr<const Model> model;
   // Under a launcher: when the bootstrap reports that another process died or stopped answering,
   // this process cannot finish its collectives. Called with this rank and the reason; default: give
   // the ordinary failure path 5 s, then end the process with exit code 1 (troupe launch

@@ -23,6 +23,9 @@
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "reference/gpt.hpp"
+#include "model/pipeline_model.hpp"
+#include "examples/mlp_stages.hpp"
+#include "examples/zloss_head.hpp"
 #include "storage/shard_file.hpp"
 #include "tests/test_util.hpp"
 
@@ -80,7 +83,7 @@ struct Resume {
 };
 
 Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batch, int global_batch,
-               const Resume& resume = {}) {
+               const Resume& resume = {}, std::shared_ptr<const Model> custom = nullptr) {
   const int world = par.world_size();
   comm::ParallelSizes sizes;
   sizes.tp = par.tp;
@@ -95,6 +98,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   spec.micro_batch_size = micro_batch;
   spec.micro_batches = global_batch / (micro_batch * par.dp);
   spec.num_threads = 1;
+  spec.custom_model = std::move(custom);
 
   Run run;
   run.losses.assign(kSteps, 0);
@@ -371,4 +375,135 @@ TEST_CASE("parallel: save on one layout, resume on another, equals the straight 
       require_close(expected, got, 1e-5);
     }
   }
+}
+
+// ---- custom stages (include/troupe/stage.hpp) ----------------------------------------------------
+// The user-side blocks are the examples' own (examples/zloss_head.hpp, examples/mlp_stages.hpp).
+
+namespace {
+
+std::shared_ptr<const Model> zloss_gpt(int virtual_stages) {
+  Model m = gpt_model(small_model(), virtual_stages, /*with_head=*/false);
+  m.stages.back().push_back(Block::custom(
+      "zloss_head", [](const StagePlace& at) { return std::make_unique<example::ZLossHead>(at); }));
+  return std::make_shared<Model>(std::move(m));
+}
+
+// 7 features (the windows' first 7 tokens), hidden 8, 5 classes, 3 hidden blocks: 5 blocks.
+std::shared_ptr<const Model> mlp(int virtual_stages) {
+  return std::make_shared<Model>(example::mlp_model({7, 8, 5}, 3, virtual_stages));
+}
+
+void require_model_fits(const Model& m, const ParallelConfig& par, int micro_batch) {
+  StageBuild job;
+  job.gpt = small_model();
+  job.tp_size = par.tp;
+  job.sequence_parallel = par.sequence_parallel;
+  job.micro_batch = micro_batch;
+  const Status st = check_model(m, job, par.pp, par.virtual_chunks);
+  INFO(st.message());
+  REQUIRE(st.is_ok());
+}
+
+}  // namespace
+
+TEST_CASE("custom stages: GPT with a custom loss head equals its 1x1x1 run on every layout", "[parallel][custom]") {
+  using S = sched::ScheduleType;
+  const std::vector<Case> cases = {
+      {"tp2 pp2 1f1b", layout(2, 2, 1), 1, 6},
+      {"tp2 pp2 dp2 zero3 zb-h1 recompute full", layout(2, 2, 2, 3, S::zb_h1, 1, Recompute::full), 1, 6},
+      {"pp2 interleaved dp2 zero2", layout(1, 2, 2, 2, S::interleaved, 2), 1, 8},
+      {"tp4 gpipe zero1 dp2", layout(4, 1, 2, 1, S::gpipe), 1, 6},
+  };
+  const Run ref6 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, zloss_gpt(1));
+  const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8, {}, zloss_gpt(1));
+  // A different model from GPT's own head: the losses differ (untied weight, z-loss).
+  CHECK(std::abs(ref6.losses[0] - reference().losses[0]) > 1e-4);
+  CHECK(ref6.params.count("zloss_head.weight") == 1);
+  CHECK(ref6.params.count("transformer.ln_f.weight") == 0);
+  for (double norm : ref6.norms) CHECK(norm > 1e-3);  // the head's gradients reach every parameter
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      const auto model = zloss_gpt(c.par.pp * c.par.virtual_chunks);
+      require_model_fits(*model, c.par, c.micro_batch);
+      require_close(c.global_batch == 8 ? ref8 : ref6, run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, model),
+                    1e-5);
+    }
+  }
+}
+
+TEST_CASE("custom stages: an MLP over pipeline stages equals its single-stage run", "[parallel][custom]") {
+  using S = sched::ScheduleType;
+  const std::vector<Case> cases = {
+      {"pp2 dp2 zero0", layout(1, 2, 2, 0), 1, 6},
+      {"pp2 dp2 zero1 gpipe", layout(1, 2, 2, 1, S::gpipe), 1, 6},
+      {"pp2 dp2 zero2 zb-h1", layout(1, 2, 2, 2, S::zb_h1), 1, 6},
+      {"pp2 dp2 zero3 recompute full", layout(1, 2, 2, 3, S::one_f_one_b, 1, Recompute::full), 1, 6},
+      {"pp2 interleaved (4 virtual stages) dp2 zero3", layout(1, 2, 2, 3, S::interleaved, 2), 1, 8},
+      {"tp2 pp2 micro 2", layout(2, 2, 1), 2, 6},
+      {"pp4 (a stage per block, the last two together)", layout(1, 4, 1), 1, 6},
+  };
+  const Run ref6 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, mlp(1));
+  const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8, {}, mlp(1));
+  for (double norm : ref6.norms) CHECK(norm > 1e-3);  // the loss's gradients reach every parameter
+  for (const Case& c : cases) {
+    SECTION(c.name) {
+      const auto model = mlp(c.par.pp * c.par.virtual_chunks);
+      require_model_fits(*model, c.par, c.micro_batch);
+      require_close(c.global_batch == 8 ? ref8 : ref6, run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, model),
+                    1e-5);
+    }
+  }
+}
+
+TEST_CASE("custom stages: save on one layout, resume on another", "[parallel][custom][checkpoint]") {
+  using S = sched::ScheduleType;
+  const Run ref = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, zloss_gpt(1));
+  test::TempDir dir;
+  Resume first;
+  first.last_step = 3;
+  first.save_dir = dir.path().string();
+  run_layout(small_model(), layout(2, 2, 2, 3, S::zb_h1), 1, 6, first, zloss_gpt(2));
+  Resume second;
+  second.first_step = 4;
+  second.load_dir = dir.path().string();
+  const Run got = run_layout(small_model(), layout(1, 1, 2, 1), 1, 6, second, zloss_gpt(1));
+  Run expected = ref;
+  for (int s = 0; s < 3; ++s) {
+    expected.losses[s] = got.losses[s];
+    expected.norms[s] = got.norms[s];
+  }
+  require_close(expected, got, 1e-5);
+}
+
+TEST_CASE("custom stages: check_model names every problem at once", "[custom]") {
+  Model m = example::mlp_model({7, 8, 5}, 1, 3);
+  std::swap(m.stages[1], m.stages[2]);  // the head before the hidden block
+  m.stages.push_back({});               // 4 virtual stages, one empty
+  m.stages.push_back({Block::gpt(1, 2, false, false)});  // GPT layers that do not start at 0
+  StageBuild job;
+  job.gpt = small_model();
+  job.tp_size = 3;  // divides neither the hidden size 8 of the split weights
+  job.micro_batch = 1;
+  const Status st = check_model(m, job, 2, 1);
+  REQUIRE(st.is_bad_input());
+  const std::string msg = st.message();
+  INFO(msg);
+  CHECK_THAT(msg, Catch::Contains("5 virtual stages but the job runs 2 pipeline stages x 1 chunks"));
+  CHECK_THAT(msg, Catch::Contains("virtual stage 3 has no block"));
+  CHECK_THAT(msg, Catch::Contains("should start at layer 0"));
+  CHECK_THAT(msg, Catch::Contains("only the model's last block may have the loss"));
+  CHECK_THAT(msg, Catch::Contains("must have the loss"));
+  CHECK_THAT(msg, Catch::Contains("over 3 tensor-parallel ranks, which do not divide it"));
+  CHECK_THAT(msg, Catch::Contains("takes h (1, 8) f32, label (1) i32 no-grad but"));
+  // Sequence parallelism beside custom blocks, and a parameter name used twice.
+  Model twice = example::mlp_model({7, 8, 5}, 2, 1);
+  twice.stages[0][2] = twice.stages[0][1];
+  job.tp_size = 2;
+  job.sequence_parallel = true;
+  const std::string msg2 = check_model(twice, job, 1, 1).message();
+  CHECK_THAT(msg2, Catch::Contains("drop --sequence-parallel"));
+  CHECK_THAT(msg2, Catch::Contains("\"mlp.hidden.0.weight\" is empty, GPT's (transformer.*) or used twice"));
+  job.sequence_parallel = false;
+  CHECK(check_model(example::mlp_model({7, 8, 5}, 2, 2), job, 2, 1).is_ok());
 }
