@@ -215,6 +215,7 @@ double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const s
   a.loss_scale = grad_scale;
   const double loss = m.user->forward(m.calls, a);
   Impl::Saved& s = m.saved[slot];
+  s = Impl::Saved{};  // a slot whose backward never came (a failed step) starts afresh
   s.batch = reads_batch_ ? batch : Tensor();
   s.loss_scale = grad_scale;
   if (m.recompute)

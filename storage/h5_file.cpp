@@ -198,6 +198,7 @@ Result<MemoryFile> MemoryFile::create(const std::string& name, size_t user_block
     return error("cannot set up an in-memory HDF5 file",
                  "report this (a libhdf5 without the core driver?)");
   Handle fcpl = plist(H5P_FILE_CREATE);
+  H5Pset_obj_track_times(fcpl.get(), 0);  // the root group too (create_group)
   if (user_block > 0 && H5Pset_userblock(fcpl.get(), user_block) < 0)
     return error("cannot reserve a user block", "report this");
   // The core driver still open(2)s the name it is given (O_RDWR, following symlinks), though it
@@ -237,8 +238,12 @@ Result<MemoryFile::Image> MemoryFile::finish() {
   return image;
 }
 
+// Objects carry no creation or modification times (HDF5 records them by default): the same
+// contents make the same bytes whenever they are written.
 Result<Handle> create_group(hid_t loc, const std::string& name) {
-  Handle g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  Handle gcpl = plist(H5P_GROUP_CREATE);
+  H5Pset_obj_track_times(gcpl.get(), 0);
+  Handle g(H5Gcreate2(loc, name.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose);
   if (!g.valid()) return error("cannot create group '" + name + "'", "check free disk space");
   return g;
 }
@@ -327,6 +332,7 @@ Status write_dataset(hid_t loc, const std::string& name, const Shape& shape, con
   Handle dcpl = plist(H5P_DATASET_CREATE);
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  H5Pset_obj_track_times(dcpl.get(), 0);  // reproducible bytes (create_group)
   Handle ds(
       H5Dcreate2(loc, name.c_str(), file_type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
       H5Dclose);

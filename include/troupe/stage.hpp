@@ -38,6 +38,9 @@
 //   - forward with slot s >= 0 may keep what backward(s) needs; the slots in flight at once are
 //     0 .. StagePlace::slots - 1, and backward(s) is called once after forward(s), in any order
 //     between slots; slot -1 (evaluation, or the recompute's first pass) keeps nothing;
+//   - the batch, inputs and outputs given to forward(s) stay valid and unchanged until backward(s)
+//     returns (a stage may keep pointers to them instead of copies); parameter and gradient views
+//     are valid only during the call that gets them (ZeRO-3 gathers parameters for each call);
 //   - backward adds (+=) the parameter gradients into param_grads (they accumulate over the
 //     micro-batches of an iteration) and writes (=) the input gradients;
 //   - the loss: forward of the block with has_loss() returns the sum of its loss terms over the
@@ -171,6 +174,8 @@ class Stage {
   virtual void backward(StageContext& ctx, const BackwardArgs& args) = 0;
 };
 
+// Makes the stage of one place: once per tensor-parallel rank that holds it, and once more (tp rank
+// 0) when troupe checks the model before the run, so it should be cheap and free of side effects.
 using StageFactory = std::function<std::unique_ptr<Stage>(const StagePlace&)>;
 
 // One block of a virtual stage.
