@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "kernels/ops.hpp"
 #include "model/pipeline_model.hpp"
 #include "troupe/check.hpp"
 
@@ -300,17 +301,22 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
   return Status::ok();
 }
 
-// The embedding copy of wte (first stage) and the head copy (last stage) get the sum of both
-// gradients; their units have the same dp partition, so partitions are summed directly.
+// The embedding copy of wte (first block) and the head copy (last block) get the sum of both
+// gradients; their units have the same dp partition, so partitions are summed directly: inside the
+// rank when both blocks are on it (one virtual stage), then over the embedding group (first and
+// last pipeline stage).
 Status RankEngine::sync_tied_embedding() {
-  if (!tied_ || comms_.embedding == nullptr || comms_.embedding->size() < 2) return Status::ok();
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    const int unit = chunks_[c]->tied_unit();
-    if (unit < 0) continue;
-    const Tensor g = stores_[c]->unit_gradient(unit);
+  if (!tied_) return Status::ok();
+  std::vector<Tensor> copies;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int unit : chunks_[c]->tied_units()) copies.push_back(stores_[c]->unit_gradient(unit));
+  if (copies.empty()) return Status::ok();
+  const Tensor& sum = copies.front();
+  for (size_t i = 1; i < copies.size(); ++i) ops::add_inplace(ctx_, sum, copies[i]);
+  if (comms_.embedding != nullptr && comms_.embedding->size() >= 2)
     TROUPE_RETURN_IF_ERROR(
-        comms_.embedding->all_reduce(g.raw(), static_cast<size_t>(g.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
-  }
+        comms_.embedding->all_reduce(sum.raw(), static_cast<size_t>(sum.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
+  for (size_t i = 1; i < copies.size(); ++i) copies[i].copy_from(sum);
   return Status::ok();
 }
 

@@ -25,9 +25,10 @@ GptStage::GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hook
 Tensor GptStage::unit_params(int unit) const { return flat_range(chunk_.flat_params(), chunk_.units()[unit]); }
 Tensor GptStage::unit_grads(int unit) const { return flat_range(chunk_.flat_grads(), chunk_.units()[unit]); }
 
-int GptStage::tied_unit() const {
+std::vector<int> GptStage::tied_units() const {
   const ChunkSpec& s = chunk_.spec();
-  return tied_ && s.has_embedding != s.has_head ? 0 : -1;  // wte is unit 0 of both chunks
+  if (tied_ && s.has_embedding != s.has_head) return {0};  // wte is unit 0 of both chunks
+  return {};
 }
 
 double GptStage::forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,

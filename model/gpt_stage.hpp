@@ -1,7 +1,7 @@
 // GPT's block as a PipelineStage (model/stage.hpp): one GptChunk, whose boundary is the one tensor
 // {"hidden", (boundary_rows, C), f32}. tied: the model ties the output layer to the token embedding
-// over two virtual stages (GPT's own head on the last one, the embedding on the first, pp > 1);
-// then wte is the tied unit of the chunk that holds one of them.
+// in two blocks (GPT's own head in the model's last, the embedding in its first); then wte is the
+// tied unit of each of the two chunks.
 #pragma once
 #include <memory>
 
@@ -21,7 +21,7 @@ class GptStage final : public PipelineStage {
   Tensor unit_params(int unit) const override;
   Tensor unit_grads(int unit) const override;
   bool counts_in_norm(int spec) const override { return chunk_.counts_in_norm(spec); }
-  int tied_unit() const override;
+  std::vector<int> tied_units() const override;
   void init(uint64_t seed) override { chunk_.init(seed); }
   void zero_grad() override { chunk_.zero_grad(); }
   const std::vector<BoundaryDecl>& inputs() const override { return inputs_; }

@@ -45,7 +45,8 @@ Model gpt_model(const TrainConfig& c, bool with_head) {
 }
 
 bool ties_embedding(const Model& model) {
-  if (model.stages.size() < 2 || model.stages.front().empty() || model.stages.back().empty()) return false;
+  if (model.stages.empty() || model.stages.front().empty() || model.stages.back().empty()) return false;
+  if (model.stages.size() == 1 && model.stages.front().size() == 1) return false;  // one chunk, one wte
   const Block& first = model.stages.front().front();
   const Block& last = model.stages.back().back();
   return first.kind == Block::Kind::gpt && first.embedding && last.kind == Block::Kind::gpt && last.head;

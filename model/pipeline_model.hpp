@@ -31,8 +31,8 @@ Model gpt_model(const GptConfig& gpt, int virtual_stages, bool with_head = true)
 // blocks. Builds each custom stage once (tp rank 0) to read its declarations.
 Status check_model(const Model& model, const StageBuild& job, int pp, int v);
 
-// The model ties GPT's output layer to the token embedding across virtual stages: its first block
-// is GPT's embedding and its last GPT's head, on different virtual stages.
+// The model ties GPT's output layer to the token embedding across blocks: its first block is GPT's
+// embedding and its last GPT's head, and they are two blocks (a chunk holding both has one wte).
 bool ties_embedding(const Model& model);
 
 // The stage of virtual stage build.virtual_stage: its one block, or its blocks in sequence.

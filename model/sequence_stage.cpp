@@ -92,10 +92,11 @@ bool SequenceStage::counts_in_norm(int spec) const {
   return blocks_[b]->counts_in_norm(s);
 }
 
-int SequenceStage::tied_unit() const {
+std::vector<int> SequenceStage::tied_units() const {
+  std::vector<int> out;
   for (size_t b = 0; b < blocks_.size(); ++b)
-    if (const int u = blocks_[b]->tied_unit(); u >= 0) return unit_base_[b] + u;
-  return -1;
+    for (int u : blocks_[b]->tied_units()) out.push_back(unit_base_[b] + u);
+  return out;
 }
 
 void SequenceStage::init(uint64_t seed) {

@@ -22,7 +22,7 @@ class SequenceStage final : public PipelineStage {
   Tensor unit_params(int unit) const override;
   Tensor unit_grads(int unit) const override;
   bool counts_in_norm(int spec) const override;
-  int tied_unit() const override;
+  std::vector<int> tied_units() const override;
   void init(uint64_t seed) override;
   void zero_grad() override;
   const std::vector<BoundaryDecl>& inputs() const override { return blocks_.front()->inputs(); }

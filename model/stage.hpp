@@ -10,8 +10,9 @@
 // Parameters. Grouped in units (ZeRO partitions each unit over dp; model/gpt_chunk.hpp explains
 // GPT's). unit_params(u) / unit_grads(u) are 1-D views of a unit's resident parameters and own
 // gradient buffer (undefined under UnitHooks that provide them instead, as GptChunk documents).
-// tied_unit(): a unit whose parameters another virtual stage holds a copy of (GPT's wte on the
-// first and last stage), whose gradients the engine sums over the embedding group.
+// tied_units(): units whose parameters another block holds a copy of (GPT's wte, in the embedding's
+// block and in the head's), whose gradients the engine sums: over the embedding group when the two
+// blocks are on different virtual stages, inside the rank when they are on one.
 //
 // Failures: misuse is a TROUPE_CHECK; a failed collective throws comm::CollectiveFailed, which the
 // engine returns as its error. Not thread-safe.
@@ -45,7 +46,7 @@ class PipelineStage {
   virtual Tensor unit_params(int unit) const = 0;
   virtual Tensor unit_grads(int unit) const = 0;
   virtual bool counts_in_norm(int spec) const = 0;
-  virtual int tied_unit() const { return -1; }
+  virtual std::vector<int> tied_units() const { return {}; }
   virtual void init(uint64_t seed) = 0;
   virtual void zero_grad() = 0;
 

@@ -8,6 +8,7 @@
 
 #include "examples/mlp_stages.hpp"
 #include "examples/zloss_head.hpp"
+#include "tests/engine/adapter_block.hpp"
 
 namespace {
 
@@ -135,6 +136,29 @@ void require_finite_differences(Net& n, const std::vector<int32_t>& batch, int64
   CHECK(worst > 0);  // something was compared
 }
 
+
+// A block in front that makes the hidden rows from the tokens, so that the input gradients of the
+// blocks after it are checked too (through this block's parameters).
+struct Lookup final : troupe::Stage {
+  int64_t B, T, C;
+  Lookup(int64_t b, int64_t t, int64_t c) : B(b), T(t), C(c) {}
+  std::vector<troupe::TensorDecl> inputs() const override { return {}; }
+  std::vector<troupe::TensorDecl> outputs() const override { return {{"hidden", {B * T, C}}}; }
+  std::vector<troupe::ParamDecl> parameters() const override { return {{"emb", {11, C}}}; }
+  bool reads_batch() const override { return true; }
+  double forward(troupe::StageContext&, const troupe::ForwardArgs& a) override {
+    float* h = static_cast<float*>(a.outputs[0].data);
+    for (int64_t n = 0; n < B * T; ++n)
+      for (int64_t c = 0; c < C; ++c) h[n * C + c] = a.params[0][a.batch[(n / T) * (T + 1) + n % T] * C + c];
+    return 0;
+  }
+  void backward(troupe::StageContext&, const troupe::BackwardArgs& a) override {
+    const float* d = static_cast<const float*>(a.output_grads[0].data);
+    for (int64_t n = 0; n < B * T; ++n)
+      for (int64_t c = 0; c < C; ++c) a.param_grads[0][a.batch[(n / T) * (T + 1) + n % T] * C + c] += d[n * C + c];
+  }
+};
+
 }  // namespace
 
 TEST_CASE("custom blocks: the MLP's backward equals finite differences", "[custom]") {
@@ -161,33 +185,30 @@ TEST_CASE("custom blocks: the z-loss head's backward equals finite differences",
   at.record_length = T + 1;
   at.hidden_size = C;
   at.vocab_size = 11;  // padded to 64: the padding columns are masked
-  // A block in front that makes the hidden rows from the tokens, so that the head's input gradient
-  // is checked too (through this block's parameters).
-  struct Lookup final : troupe::Stage {
-    int64_t B, T, C;
-    Lookup(int64_t b, int64_t t, int64_t c) : B(b), T(t), C(c) {}
-    std::vector<troupe::TensorDecl> inputs() const override { return {}; }
-    std::vector<troupe::TensorDecl> outputs() const override { return {{"hidden", {B * T, C}}}; }
-    std::vector<troupe::ParamDecl> parameters() const override { return {{"emb", {11, C}}}; }
-    bool reads_batch() const override { return true; }
-    double forward(troupe::StageContext&, const troupe::ForwardArgs& a) override {
-      float* h = static_cast<float*>(a.outputs[0].data);
-      for (int64_t n = 0; n < B * T; ++n)
-        for (int64_t c = 0; c < C; ++c) h[n * C + c] = a.params[0][a.batch[(n / T) * (T + 1) + n % T] * C + c];
-      return 0;
-    }
-    void backward(troupe::StageContext&, const troupe::BackwardArgs& a) override {
-      const float* d = static_cast<const float*>(a.output_grads[0].data);
-      for (int64_t n = 0; n < B * T; ++n)
-        for (int64_t c = 0; c < C; ++c) a.param_grads[0][a.batch[(n / T) * (T + 1) + n % T] * C + c] += d[n * C + c];
-    }
-  };
   std::vector<std::unique_ptr<troupe::Stage>> blocks;
   blocks.push_back(std::make_unique<Lookup>(B, T, C));
   blocks.push_back(std::make_unique<example::ZLossHead>(at, /*z=*/0.05));
   Net n = make_net(std::move(blocks), 11);
   for (auto& v : n.params[1][0]) v *= 3;  // larger logits: the z-loss term matters
   std::mt19937_64 rng(5);
+  std::vector<int32_t> batch(static_cast<size_t>(B * (T + 1)));
+  for (auto& v : batch) v = static_cast<int32_t>(rng() % 11);
+  require_finite_differences(n, batch, B, T + 1);
+}
+
+TEST_CASE("custom blocks: the adapter's backward equals finite differences", "[custom]") {
+  const int64_t B = 2, T = 3, C = 4;
+  troupe::StagePlace at;
+  at.micro_batch = static_cast<int>(B);
+  at.record_length = T + 1;
+  at.hidden_size = C;
+  at.vocab_size = 11;
+  std::vector<std::unique_ptr<troupe::Stage>> blocks;
+  blocks.push_back(std::make_unique<Lookup>(B, T, C));
+  blocks.push_back(std::make_unique<user::Adapter>(at, 0, 3));
+  blocks.push_back(std::make_unique<example::ZLossHead>(at, /*z=*/0.05));
+  Net n = make_net(std::move(blocks), 13);
+  std::mt19937_64 rng(9);
   std::vector<int32_t> batch(static_cast<size_t>(B * (T + 1)));
   for (auto& v : batch) v = static_cast<int32_t>(rng() % 11);
   require_finite_differences(n, batch, B, T + 1);
