@@ -1,4 +1,5 @@
 #include "actors/job.hpp"
+#include "engine/activity.hpp"
 #include "model/pipeline_model.hpp"
 
 #include <chrono>
@@ -388,6 +389,17 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   spec.report_busy = layout_notes;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
+  // A failed or stuck job: where this process's ranks were, and who they waited on (the ranks'
+  // boards keep the wait that failed, and a stuck rank's last state).
+  if (!result) {
+    std::vector<Activity> now;
+    for (const auto& board : ranks.boards) now.push_back(board->snapshot());
+    const WaitGraph where = wait_graph(now);
+    if (!where.edges.empty()) {
+      note("where the ranks were: " + where.summary);
+      for (const Activity& a : now) note("  " + a.describe());
+    }
+  }
   flush_saves(self, offload, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.

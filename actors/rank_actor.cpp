@@ -55,7 +55,8 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
 
 rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> self, RankSpec spec,
                                         comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world,
-                                        offload_actor offload, OptimizerOffload optimizer_offload) {
+                                        offload_actor offload, OptimizerOffload optimizer_offload,
+                                        std::shared_ptr<ActivityBoard> board) {
   configure_blas_threads();
   name_exceptions(self, "rank " + std::to_string(rank));
   auto& st = self->state;
@@ -65,7 +66,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.created = make_groups(st, topo, rank);
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
-    st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms);
+    st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
     optimizer_offload.rank = rank;
     if (!spec.evaluation_only) {
       auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload);
@@ -366,9 +367,9 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
 
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
                       std::shared_ptr<comm::CommWorld> world, offload_actor offload,
-                      OptimizerOffload optimizer_offload) {
+                      OptimizerOffload optimizer_offload, std::shared_ptr<ActivityBoard> board) {
   return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world), std::move(offload),
-                                     std::move(optimizer_offload));
+                                     std::move(optimizer_offload), std::move(board));
 }
 
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
@@ -393,16 +394,24 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
   if (!topo) return topo.status();
   RankSet out;
   out.topology = topo.value();
+  auto board = [&](int r) {
+    const comm::Coords at = topo.value().coords(r);
+    auto b = std::make_shared<ActivityBoard>(r, at.pp, at.tp, at.dp);
+    out.boards.push_back(b);
+    return b;
+  };
   std::vector<int> global;
   if (world) {  // one rank per process
-    out.ranks.push_back(spawn_rank(system, spec, topo.value(), world->rank(), world, offload, optimizer_offload));
+    out.ranks.push_back(
+        spawn_rank(system, spec, topo.value(), world->rank(), world, offload, optimizer_offload, board(world->rank())));
     global.push_back(world->rank());
   } else {
     auto fabric = comm::LocalFabric::create(size, fabric_options);
     if (!fabric) return fabric.status();
     out.fabric = std::move(fabric).value();
     for (int r = 0; r < size; ++r) {
-      out.ranks.push_back(spawn_rank(system, spec, topo.value(), r, out.fabric->world(r), offload, optimizer_offload));
+      out.ranks.push_back(
+          spawn_rank(system, spec, topo.value(), r, out.fabric->world(r), offload, optimizer_offload, board(r)));
       global.push_back(r);
     }
   }

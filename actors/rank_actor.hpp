@@ -69,10 +69,11 @@ using group_actor = caf::typed_actor<
 // its groups from `topology` on its own thread before taking commands.
 // offload: the process's offload actor, which writes the rank's checkpoint shards in the background
 // (default: the rank writes them itself before replying). optimizer_offload: where the rank's
-// optimizer partition keeps its Adam moments (its rank field is set here).
+// optimizer partition keeps its Adam moments (its rank field is set here). board: where the rank's
+// engine records what it is doing (null: its own).
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
                       std::shared_ptr<comm::CommWorld> world, offload_actor offload = {},
-                      OptimizerOffload optimizer_offload = {});
+                      OptimizerOffload optimizer_offload = {}, std::shared_ptr<ActivityBoard> board = nullptr);
 
 // ranks: the rank actors of this process with their global ranks.
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
@@ -84,6 +85,9 @@ struct RankSet {
   std::optional<comm::LocalFabric> fabric; // the in-process backend; none under a launcher
   std::vector<rank_actor> ranks;
   group_actor group;
+  // What each of this process's ranks is doing now (engine/activity.hpp), readable from any thread
+  // while the rank actors compute (they answer no message then): in ranks' order.
+  std::vector<std::shared_ptr<const ActivityBoard>> boards;
   // Tells the group and every rank to exit.
   void exit(caf::local_actor* self) const;
 };

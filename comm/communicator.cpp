@@ -35,8 +35,21 @@ WorkPtr completed_work(Status status) {
   return std::make_shared<CompletedWork>(std::move(status));
 }
 
-void wait_or_throw(const WorkPtr& work, const std::string& what) {
+namespace {
+thread_local WaitListener* thread_listener = nullptr;
+}  // namespace
+
+WaitListener* set_thread_wait_listener(WaitListener* listener) {
+  WaitListener* before = thread_listener;
+  thread_listener = listener;
+  return before;
+}
+
+void wait_or_throw(const WorkPtr& work, const std::string& what, WaitGroup group) {
+  WaitListener* told = thread_listener != nullptr && !work->test() ? thread_listener : nullptr;
+  if (told) told->begin(what, group);
   const Status st = work->wait();
+  if (told) told->end(st.is_ok());
   if (!st.is_ok()) throw CollectiveFailed(what + " failed: " + st.message());
 }
 

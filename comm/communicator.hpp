@@ -62,7 +62,20 @@ class CollectiveFailed : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-void wait_or_throw(const WorkPtr& work, const std::string& what);
+// Which of its rank's groups a wait is on, for whoever watches the thread's waits.
+enum class WaitGroup : uint8_t { other, tp, dp };
+void wait_or_throw(const WorkPtr& work, const std::string& what, WaitGroup group = WaitGroup::other);
+
+// Told about this thread's blocking waits in wait_or_throw (the rank engine's activity board,
+// engine/activity.hpp): begin() before a wait that has not completed yet, end(ok) after it.
+class WaitListener {
+ public:
+  virtual ~WaitListener() = default;
+  virtual void begin(const std::string& what, WaitGroup group) = 0;
+  virtual void end(bool ok) = 0;
+};
+// Sets this thread's listener (null: none); returns the previous one.
+WaitListener* set_thread_wait_listener(WaitListener* listener);
 
 // Waits for all, returns the first error.
 Status wait_all(const std::vector<WorkPtr>& works);

@@ -35,9 +35,34 @@ struct RankEngine::ChunkBuffers {
   std::map<int, int> slot_of_micro;
 };
 
+struct RankEngine::Listener final : comm::WaitListener {
+  RankEngine* engine = nullptr;
+  void begin(const std::string& what, comm::WaitGroup group) override {
+    const std::vector<int>& members = group == comm::WaitGroup::tp   ? engine->tp_members_
+                                      : group == comm::WaitGroup::dp ? engine->dp_members_
+                                                                     : std::vector<int>{};
+    engine->board_->wait(engine->collective_wait(what, members));
+  }
+  void end(bool ok) override {
+    if (ok) engine->board_->done_waiting();  // a failed wait stays on the board: where the rank stopped
+  }
+};
+
 namespace {
 
 constexpr int kF = 0, kB = 1;
+
+// The engine's listener on the calling thread for the duration of an entry point.
+class ListenScope {
+ public:
+  explicit ListenScope(comm::WaitListener* l) : before_(comm::set_thread_wait_listener(l)) {}
+  ~ListenScope() { comm::set_thread_wait_listener(before_); }
+  ListenScope(const ListenScope&) = delete;
+  ListenScope& operator=(const ListenScope&) = delete;
+
+ private:
+  comm::WaitListener* before_;
+};
 // Tensors per boundary and direction a tag can tell apart (check_model's models have few).
 constexpr uint64_t kMaxBoundaryTensors = 64;
 
@@ -81,12 +106,20 @@ Status check_custom_schedule(const sched::Schedule& schedule, const ParallelConf
   return Status::ok();
 }
 
-RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms)
-    : spec_(spec), rank_(rank), comms_(comms) {
+RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms,
+                       std::shared_ptr<ActivityBoard> board)
+    : spec_(spec), rank_(rank), comms_(comms), board_(std::move(board)) {
   const comm::Coords at = topology.coords(rank);
   stage_ = at.pp;
   tp_rank_ = at.tp;
   dp_rank_ = at.dp;
+  if (!board_) board_ = std::make_shared<ActivityBoard>(rank, at.pp, at.tp, at.dp);
+  listener_ = std::make_unique<Listener>();
+  listener_->engine = this;
+  pp_members_ = topology.pp_group(rank);
+  tp_members_ = topology.tp_group(rank);
+  dp_members_ = topology.dp_group(rank);
+  for (int r = 0; r < topology.world_size(); ++r) world_members_.push_back(r);
   const ParallelConfig& par = spec_.par;
   sched::ScheduleSpec ss;
   ss.type = par.schedule;
@@ -245,15 +278,27 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     const auto key = std::make_tuple(static_cast<int>(a.kind), a.micro, a.chunk);
     const auto t0 = Clock::now();
     TROUPE_CHECK(posted.count(key) == 1, "RankEngine: a receive was not posted");
+    const bool fwd = a.kind == sched::Kind::forward;
+    const int from = (vstage(a.chunk) + (fwd ? -1 : 1) + p) % p;
+    board_->wait({std::string(fwd ? "the activation" : "the gradient") + " of micro-batch " + std::to_string(a.micro) +
+                      " (chunk " + std::to_string(a.chunk) + ") from stage " + std::to_string(from),
+                  {pp_members_[static_cast<size_t>(from)]},
+                  false});
     Status st = comm::wait_all(posted.at(key));
+    if (st.is_ok()) board_->done_waiting();  // a failed wait stays on the board: where the rank stopped
     posted.erase(key);
     const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
     if (waited > 20) record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0);
     return st;
   };
 
+  board_->begin_step(static_cast<int>(actions.size()));
   for (size_t j = 0; j < actions.size(); ++j) {
     const sched::Action& a = actions[j];
+    board_->set(a.kind == sched::Kind::forward    ? Doing::forward
+                : a.kind == sched::Kind::backward ? Doing::backward
+                                                  : Doing::weight,
+                a.micro, a.chunk, static_cast<int>(j));
     TROUPE_RETURN_IF_ERROR(post(a));
     if (j + 1 < actions.size()) TROUPE_RETURN_IF_ERROR(post(actions[j + 1]));
     TROUPE_RETURN_IF_ERROR(await(a));
@@ -296,9 +341,25 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
       release_slot(a.chunk, a.micro);
     }
   }
+  board_->set(Doing::reducing);
+  WaitTarget sends{"its sends to the neighbouring stages to be received", {}, false};
+  for (int next : {(stage_ + 1) % p, (stage_ + p - 1) % p})
+    if (next != stage_ && std::find(sends.ranks.begin(), sends.ranks.end(), pp_members_[next]) == sends.ranks.end())
+      sends.ranks.push_back(pp_members_[static_cast<size_t>(next)]);
+  board_->wait(std::move(sends));
   for (auto& buf : buffers_)
     for (auto& s : buf->sends) TROUPE_RETURN_IF_ERROR(wait_sends(s));
+  board_->done_waiting();
   return Status::ok();
+}
+
+WaitTarget RankEngine::collective_wait(const std::string& what, const std::vector<int>& members) const {
+  WaitTarget t;
+  t.what = what;
+  t.collective = true;
+  for (int m : members)
+    if (m != rank_) t.ranks.push_back(m);
+  return t;
 }
 
 // The embedding copy of wte (first block) and the head copy (last block) get the sum of both
@@ -338,6 +399,7 @@ auto returning_collective_failures(F&& body) -> decltype(body()) {
 
 Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
   return returning_collective_failures([&]() -> Result<StepOutcome> {
+    ListenScope listen(listener_.get());
     if (steps_++ >= spec_.keep_span_steps) spans_.clear();
     step_first_span_ = spans_.size();
     step_start_ = Clock::now();
@@ -346,8 +408,11 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     std::vector<double> micro_losses(spec_.micro_batches, 0.0);
     TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
     auto t0 = Clock::now();
+    board_->wait(collective_wait("the data-parallel gradient reduction", dp_members_));
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());
+    board_->done_waiting();
     TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
+    board_->wait(collective_wait("the world's reduction of gradient norm, loss and stop votes", world_members_));
     // One all-reduce over the world carries the squared norm, the loss and the stop votes (so every
     // process of a job learns in the same step that one of them wants to stop).
     double sums[3] = {0, 0, req.stop ? 1.0 : 0.0};
@@ -356,6 +421,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
     if (comms_.world != nullptr && comms_.world->size() > 1)
       TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 3, DType::f64, comm::ReduceOp::sum)->wait());
+    board_->done_waiting();
     out.grad_norm = std::sqrt(sums[0]);
     out.loss_sum = sums[1];
     out.stop = sums[2] > 0;
@@ -364,14 +430,19 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
       for (auto& store : stores_) store->scale_gradients(factor);
     }
     record("grad reduce", "reduce", t0);
+    board_->set(Doing::optimizer);
     return out;
   });
 }
 
 Status RankEngine::finish_step() {
   return returning_collective_failures([&]() -> Status {
+    ListenScope listen(listener_.get());
     const auto t0 = Clock::now();
+    board_->set(Doing::gathering);
+    board_->wait(collective_wait("the data-parallel parameter gather", dp_members_));
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
+    board_->set(Doing::idle);
     record("param gather", "reduce", t0);
     return Status::ok();
   });
@@ -412,6 +483,7 @@ void RankEngine::fill_times(StepOutcome& out) const {
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
   return returning_collective_failures([&]() -> Result<double> {
+    ListenScope listen(listener_.get());
     const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
     const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
     // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
@@ -420,6 +492,7 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
     // copies of a window, whose losses the head leaves out. All ranks of a replica get the same
     // windows, so they agree on the count.
     int64_t micros = (rows + B - 1) / B;
+    board_->set(Doing::evaluating);
     if (comms_.dp != nullptr && comms_.dp->size() > 1)
       TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
     double loss = 0;
@@ -448,7 +521,15 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
         for (size_t t = 0; t < b.in_act[0].size(); ++t)
           works.push_back(comms_.pp->recv(b.in_act[0][t].raw(), static_cast<size_t>(b.in_act[0][t].numel()),
                                           b.in_act[0][t].dtype(), (k - 1) % p, tag(k - 1, t)));
+        if (!works.empty()) {
+          const int from = (k - 1 + p) % p;
+          board_->wait({"the activation of evaluation micro-batch " + std::to_string(i) + " (chunk " + std::to_string(c) +
+                            ") from stage " + std::to_string(from),
+                        {pp_members_[static_cast<size_t>(from)]},
+                        false});
+        }
         TROUPE_RETURN_IF_ERROR(comm::wait_all(works));
+        board_->set(Doing::evaluating, static_cast<int>(i), c);
         const double l = chunk.forward_eval(ctx_, chunk.reads_batch() ? mb : Tensor(), b.in_act[0], b.out_act[0], valid);
         if (chunk.has_loss() && tp_rank_ == 0) loss += l;
         for (size_t t = 0; t < b.out_act[0].size(); ++t)
@@ -457,8 +538,10 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
         TROUPE_RETURN_IF_ERROR(comm::wait_all(works));
       }
     }
+    board_->wait(collective_wait("the world's reduction of the evaluation loss", world_members_));
     if (comms_.world != nullptr && comms_.world->size() > 1)
       TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
+    board_->set(Doing::idle);
     return loss;
   });
 }

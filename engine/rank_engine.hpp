@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/activity.hpp"
 #include "engine/types.hpp"
 #include "troupe/schedule.hpp"
 #include "engine/zero_store.hpp"
@@ -123,10 +124,15 @@ struct RankMemory {
 
 class RankEngine {
  public:
-  RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms);
+  // board: where the engine records what it is doing (engine/activity.hpp), shared with whoever
+  // reports it (the job's inspector); null: the engine keeps its own.
+  RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms,
+             std::shared_ptr<ActivityBoard> board = nullptr);
   ~RankEngine();
 
   const sched::Schedule& schedule() const { return schedule_; }
+  // What this rank is doing now (engine/activity.hpp); safe to read from any thread.
+  const ActivityBoard& activity() const { return *board_; }
   int stage() const { return stage_; }
   const std::vector<std::unique_ptr<PipelineStage>>& chunks() const { return chunks_; }
 
@@ -194,6 +200,15 @@ class RankEngine {
   std::chrono::steady_clock::time_point step_start_;
   size_t step_first_span_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // train_step's own optimizer state (the actor has its own)
+  std::shared_ptr<ActivityBoard> board_;
+  std::vector<int> tp_members_;
+  // Tells the board about the waits inside the chunks' layers and ZeRO's hooks (comm::WaitListener),
+  // while an entry point runs on the rank's thread.
+  struct Listener;
+  std::unique_ptr<Listener> listener_;
+  std::vector<int> pp_members_, dp_members_, world_members_;  // global ranks (pp: by stage)
+  // The board's wait on the other members of a collective group.
+  WaitTarget collective_wait(const std::string& what, const std::vector<int>& members) const;
 };
 
 // A schedule given as data fits a job of these ranks: pp stages, `micro_batches` per replica, the

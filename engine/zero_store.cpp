@@ -153,7 +153,7 @@ Tensor ZeroStore::gather_unit(int u) {
 Tensor ZeroStore::acquire(int u, Pass pass) {
   Unit& unit = units_[u];
   Tensor t = gather_unit(u);
-  comm::wait_or_throw(unit.gather, "ZeRO-3 parameter all-gather");
+  comm::wait_or_throw(unit.gather, "ZeRO-3 parameter all-gather", comm::WaitGroup::dp);
   ++unit.users;
   // Prefetch the unit the pass uses next, so its gather overlaps this unit's compute.
   const int next = pass == Pass::forward ? u + 1 : u - 1;
@@ -225,7 +225,7 @@ void ZeroStore::drain_pending(bool all) {
 
 void ZeroStore::drain_one() {
   Pending& p = pending_.front();
-  comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter");
+  comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter", comm::WaitGroup::dp);
   ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
   track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
   pending_.pop_front();

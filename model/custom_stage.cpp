@@ -85,7 +85,7 @@ class Calls final : public StageContext {
     if (tp_ == nullptr || size_ == 1 || n == 0) return;
     comm::wait_or_throw(tp_->all_reduce(data, static_cast<size_t>(n), t,
                                         op == Reduce::max ? comm::ReduceOp::max : comm::ReduceOp::sum),
-                        "a custom stage's tensor-parallel all-reduce");
+                        "a custom stage's tensor-parallel all-reduce", comm::WaitGroup::tp);
   }
   comm::Communicator* tp_;
   int rank_, size_;

@@ -110,6 +110,13 @@ grep -Eq "(waited|within) 3000 ms" stuck.log || { cat stuck.log; fail "no timeou
 grep -q "rank(s) not waiting for any peer at that moment (computing, or stuck): \[1\]" stuck.log ||
   { cat stuck.log; fail "the stuck rank 1 was not named"; }
 grep -q "actor(s) did not stop (stuck in a handler)" stuck.log || fail "the stuck actors were not reported"
+# Where the ranks were (engine/activity.hpp): the wait-for graph names the stuck rank 1, which never
+# began step 4, and who waits on it (its tensor-parallel partner in the all-reduce, and through it
+# the next stage).
+grep -q "where the ranks were: rank 1 (pp 0, tp 1, dp 0) step 3: idle .* -- ranks 0, 3 wait on it, 3 ranks in all" stuck.log ||
+  { cat stuck.log; fail "the wait-for graph did not name the stuck rank"; }
+grep -q "rank 0 (pp 0, tp 0, dp 0) step 4: waiting for GptChunk: tensor-parallel all-reduce" stuck.log ||
+  { cat stuck.log; fail "rank 0's wait in the tensor-parallel all-reduce was not shown"; }
 (( SECONDS - start < 60 )) || fail "a stuck rank took $((SECONDS - start)) s to stop the job"
 # One rank and no peer to time out on: the trainer's watchdog names it.
 TROUPE_FAULT_HANG=rank0@3 expect_failure stuck_rank0 "no progress for 0.05 minute(s) after iteration 2: rank(s) 0 did not finish iteration 3" \

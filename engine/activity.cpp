@@ -1,0 +1,171 @@
+#include "engine/activity.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+namespace troupe {
+
+const char* doing_name(Doing d) {
+  switch (d) {
+    case Doing::idle: return "idle";
+    case Doing::forward: return "forward";
+    case Doing::backward: return "backward";
+    case Doing::weight: return "weight-gradient";
+    case Doing::waiting: return "waiting";
+    case Doing::reducing: return "reducing gradients";
+    case Doing::optimizer: return "optimizer step";
+    case Doing::gathering: return "gathering parameters";
+    case Doing::evaluating: return "evaluating";
+  }
+  return "?";
+}
+
+std::string Activity::describe() const {
+  std::string s = "rank " + std::to_string(rank) + " (pp " + std::to_string(stage) + ", tp " + std::to_string(tp) +
+                  ", dp " + std::to_string(dp) + ") step " + std::to_string(step) + ": ";
+  if (doing == Doing::waiting) {
+    s += "waiting for " + waiting.what;
+  } else {
+    s += doing_name(doing);
+    if (micro >= 0) s += " of micro-batch " + std::to_string(micro) + " (chunk " + std::to_string(chunk) + ")";
+  }
+  if (action >= 0) s += ", action " + std::to_string(action + 1) + " of " + std::to_string(actions);
+  char t[48];
+  std::snprintf(t, sizeof t, " (%.2f s)", seconds_in_state);
+  return s + t;
+}
+
+ActivityBoard::ActivityBoard(int rank, int stage, int tp, int dp) {
+  now_.rank = rank;
+  now_.stage = stage;
+  now_.tp = tp;
+  now_.dp = dp;
+  state_since_ = progress_ = Clock::now();
+}
+
+void ActivityBoard::begin_step(int actions) {
+  std::lock_guard<std::mutex> lock(mu_);
+  now_.step += 1;
+  now_.actions = actions;
+}
+
+void ActivityBoard::set(Doing doing, int micro, int chunk, int action) {
+  std::lock_guard<std::mutex> lock(mu_);
+  now_.doing = doing;
+  now_.micro = micro;
+  now_.chunk = chunk;
+  now_.action = action;
+  now_.waiting = {};
+  state_since_ = progress_ = Clock::now();
+}
+
+void ActivityBoard::wait(WaitTarget target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  before_wait_ = now_.doing;
+  now_.doing = Doing::waiting;
+  now_.waiting = std::move(target);
+  state_since_ = progress_ = Clock::now();
+}
+
+void ActivityBoard::done_waiting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  now_.doing = before_wait_;
+  now_.waiting = {};
+  state_since_ = progress_ = Clock::now();
+}
+
+Activity ActivityBoard::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Activity a = now_;
+  const auto t = Clock::now();
+  a.seconds_in_state = std::chrono::duration<double>(t - state_since_).count();
+  a.seconds_since_progress = std::chrono::duration<double>(t - progress_).count();
+  return a;
+}
+
+namespace {
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::set<int> members(const Activity& a) {
+  std::set<int> m(a.waiting.ranks.begin(), a.waiting.ranks.end());
+  m.insert(a.rank);
+  return m;
+}
+
+}  // namespace
+
+WaitGraph wait_graph(const std::vector<Activity>& ranks) {
+  WaitGraph g;
+  std::map<int, const Activity*> by_rank;
+  for (const Activity& a : ranks) by_rank[a.rank] = &a;
+  std::map<int, std::vector<int>> out;  // rank -> ranks it waits on
+  for (const Activity& a : ranks) {
+    if (a.doing != Doing::waiting) continue;
+    for (int peer : a.waiting.ranks) {
+      if (peer == a.rank) continue;
+      auto it = by_rank.find(peer);
+      if (a.waiting.collective && it != by_rank.end()) {
+        const Activity& p = *it->second;
+        if (p.doing == Doing::waiting && p.waiting.collective && members(p) == members(a)) continue;  // arrived
+      }
+      g.edges.push_back({a.rank, peer, a.waiting.what});
+      out[a.rank].push_back(peer);
+    }
+  }
+  if (g.edges.empty()) {
+    g.summary = "no rank is waiting on another";
+    return g;
+  }
+  // Everything reachable from a waiting rank; the culprits are the reachable ranks without
+  // outgoing edges. Without any, the waits go round in cycles: a deadlock of the reachable ranks
+  // that are on a cycle.
+  std::set<int> reached;
+  std::vector<int> todo;
+  for (const auto& [r, peers] : out) todo.push_back(r);
+  while (!todo.empty()) {
+    const int r = todo.back();
+    todo.pop_back();
+    if (!reached.insert(r).second) continue;
+    for (int p : out[r]) todo.push_back(p);
+  }
+  for (int r : reached)
+    if (out[r].empty()) g.culprits.push_back(r);
+  if (g.culprits.empty()) {
+    g.deadlock = true;
+    g.culprits.assign(reached.begin(), reached.end());
+    g.summary = "deadlock: ranks " + rank_list(g.culprits) + " wait on each other";
+    return g;
+  }
+  std::string s;
+  for (int c : g.culprits) {
+    std::vector<int> waiting_on_it;
+    for (const WaitEdge& e : g.edges)
+      if (e.to == c && std::find(waiting_on_it.begin(), waiting_on_it.end(), e.from) == waiting_on_it.end())
+        waiting_on_it.push_back(e.from);
+    std::sort(waiting_on_it.begin(), waiting_on_it.end());
+    if (!s.empty()) s += "; ";
+    auto it = by_rank.find(c);
+    s += it != by_rank.end() ? it->second->describe() : "rank " + std::to_string(c) + " (no report)";
+    // Everyone whose waits lead here.
+    std::set<int> behind;
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const WaitEdge& e : g.edges)
+        if ((e.to == c || behind.count(e.to)) && e.from != c && behind.insert(e.from).second) grew = true;
+    }
+    s += (waiting_on_it.size() == 1 ? " -- rank " : " -- ranks ") + rank_list(waiting_on_it) + " wait on it";
+    if (behind.size() > waiting_on_it.size())
+      s += ", " + std::to_string(behind.size()) + " ranks in all through them";
+  }
+  g.summary = s;
+  return g;
+}
+
+}  // namespace troupe

@@ -1,0 +1,84 @@
+// What each rank is doing now, for the inspector and the stall explainer (issue 12): the rank's own
+// thread records every change of its state (an action of the schedule table begins, a wait for a
+// peer begins or ends, a phase of the step), and any thread may read a copy at any time. A change
+// costs one uncontended mutex: a few dozen per step.
+//
+// wait_graph() turns the activities of a job's ranks into the wait-for graph and names the
+// culprits of a stall: the ranks that the waiting ranks wait on, transitively, and that wait on
+// nobody themselves (a rank stuck in its compute, or one that never started the step), or, when the
+// waits form a cycle with no way out, the ranks of that cycle (a deadlock).
+//
+// Granularity today: receives between pipeline stages are waits on one peer; the step's collectives
+// (ZeRO's gradient reduction and gathers, the world's norm and loss reduction) are waits on the
+// other members of their group. Collectives inside a chunk's layers (tensor-parallel all-reduces,
+// ZeRO-3's per-unit gathers) show as the action that runs them.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+enum class Doing : uint8_t { idle, forward, backward, weight, waiting, reducing, optimizer, gathering, evaluating };
+const char* doing_name(Doing doing);  // "idle", "forward", ..., "evaluating"
+
+// What a waiting rank waits for.
+struct WaitTarget {
+  std::string what;        // "the activation of micro-batch 3 (chunk 0) from stage 1", "dp gradient reduction"
+  std::vector<int> ranks;  // global ranks waited on: a receive's sender; a collective's other members
+  bool collective = false;
+};
+
+struct Activity {
+  int rank = 0, stage = 0, tp = 0, dp = 0;  // global rank and coordinates
+  int64_t step = 0;                         // steps this rank has begun (0: none yet)
+  Doing doing = Doing::idle;
+  int micro = -1, chunk = -1;    // of the running (or awaited) action; -1: none
+  int action = -1, actions = 0;  // position in this stage's schedule table; -1: outside it
+  WaitTarget waiting;            // when doing == waiting
+  double seconds_in_state = 0;   // since the current state began
+  double seconds_since_progress = 0;  // since the rank last changed state
+  std::string describe() const;  // "rank 2 (pp 2, tp 0, dp 0) step 1: waiting for ... (0.31 s)"
+};
+
+class ActivityBoard {
+ public:
+  ActivityBoard(int rank, int stage, int tp, int dp);
+  void begin_step(int actions);
+  // A new state: an action (micro, chunk, its index in the table) or a phase of the step.
+  void set(Doing doing, int micro = -1, int chunk = -1, int action = -1);
+  // A wait inside the current state; done_waiting() returns to it.
+  void wait(WaitTarget target);
+  void done_waiting();
+  Activity snapshot() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  mutable std::mutex mu_;
+  Activity now_;
+  Doing before_wait_ = Doing::idle;
+  Clock::time_point state_since_, progress_;
+};
+
+struct WaitEdge {
+  int from = 0, to = 0;
+  std::string what;
+};
+
+struct WaitGraph {
+  std::vector<WaitEdge> edges;
+  std::vector<int> culprits;  // ascending
+  bool deadlock = false;      // the culprits wait on each other in a cycle
+  // One line: "rank 6 (pp 3, tp 0, dp 0) step 0: idle (2.01 s) -- ranks 4, 7 wait on it, 7 ranks in
+  // all through them", or
+  // "deadlock: ranks 0, 1 wait on each other", or "no rank is waiting".
+  std::string summary;
+};
+
+// `ranks`: one activity per rank of the job (any order). A collective's member counts as arrived
+// (no edge to it) when it waits in a collective of the same members.
+WaitGraph wait_graph(const std::vector<Activity>& ranks);
+
+}  // namespace troupe
