@@ -9,6 +9,8 @@
 #include <cmath>
 #include <thread>
 
+#include <unistd.h>
+
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
 #include "actors/offload_actor.hpp"
@@ -58,9 +60,12 @@ Result<TrainConfig> checkpoint_config(const std::string& dir) { return stored_co
 // Runs the trainer to completion, relaying its reports to the callbacks on this thread. A watchdog:
 // when nothing reports progress (an iteration, an evaluation, a save) for
 // --distributed-timeout-minutes, a rank is stuck; the job fails naming the ranks of this process
-// that did not finish, and sets *stuck (their actors cannot be torn down).
+// that did not finish, and sets *stuck (their actors cannot be torn down). Before that, a stall
+// (no rank of `boards` changed what it does for --inspect-stall-seconds) is reported once per
+// iteration: who waits on whom and the culprit in one line, every rank's activity in a JSON file.
 Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor& self, const TrainerSpec& spec,
-                                   const JobCallbacks& callbacks, const JobOptions& options, bool* stuck) {
+                                   const JobCallbacks& callbacks, const JobOptions& options, bool* stuck,
+                                   const std::vector<std::shared_ptr<const ActivityBoard>>& boards) {
   using Clock = std::chrono::steady_clock;
   const TrainConfig& config = spec.config;
   auto note = [&](const std::string& s) {
@@ -84,8 +89,43 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
       note("stopping after the current iteration" + std::string(config.save.empty() ? "" : " and saving a checkpoint"));
     }
   };
+  const double stall_seconds = config.inspect_stall_seconds > 0
+                                   ? config.inspect_stall_seconds
+                                   : std::min(60.0, config.distributed_timeout_minutes * 30.0);
+  bool stall_reported = false;
+  auto report_stall = [&] {
+    if (stall_reported || boards.empty() || std::chrono::duration<double>(Clock::now() - last_progress).count() < stall_seconds)
+      return;
+    std::vector<Activity> now;
+    double quiet = 1e300;
+    for (const auto& board : boards) {
+      now.push_back(board->snapshot());
+      quiet = std::min(quiet, now.back().seconds_since_progress);
+    }
+    if (quiet < stall_seconds) return;  // some rank is still moving
+    stall_reported = true;
+    const WaitGraph where = wait_graph(now);
+    if (where.edges.empty()) return;  // nobody waits on anybody: a long save or a slow step, not a stall
+    const std::filesystem::path file =
+        std::filesystem::path(config.save.empty() ? "." : config.save) / ("troupe-stall-" + std::to_string(::getpid()) + ".json");
+    std::error_code ec;
+    if (!config.save.empty()) std::filesystem::create_directories(config.save, ec);
+    std::string saved = " (every rank's activity in " + file.string() + ")";
+    if (FILE* f = std::fopen(file.c_str(), "w")) {
+      const std::string json = stall_report_json(now, where, quiet, last_iteration);
+      const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+      if (std::fclose(f) != 0 || !ok) saved = " (could not write " + file.string() + ")";
+    } else {
+      saved = " (could not write " + file.string() + ")";
+    }
+    char head[96];
+    std::snprintf(head, sizeof head, "stall: no rank of this process made progress for %.1f s after iteration %lld: ",
+                  quiet, static_cast<long long>(last_iteration));
+    note(head + where.summary + saved);
+  };
   auto watchdog = [&] {
     check_stop();
+    report_stall();
     if (Clock::now() - last_progress < timeout) return;
     std::string who = "rank(s) of this process";
     self->request(spec.group, std::chrono::seconds(2), pending_atom::value)
@@ -109,6 +149,7 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   self->receive_while(running)(
       [&](progress_atom, const IterationStats& s) {
         last_progress = Clock::now();
+        stall_reported = false;
         last_iteration = s.iteration;
         if (callbacks.on_iteration) callbacks.on_iteration(s);
         check_stop();
@@ -388,7 +429,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   spec.group = group;
   spec.report_busy = layout_notes;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
-  auto result = drive_trainer(system, self, spec, callbacks, options, stuck);
+  auto result = drive_trainer(system, self, spec, callbacks, options, stuck, ranks.boards);
   // A failed or stuck job: where this process's ranks were, and who they waited on (the ranks'
   // boards keep the wait that failed, and a stuck rank's last state).
   if (!result) {

@@ -457,6 +457,9 @@ class Validator {
     if (!(c.distributed_timeout_minutes > 0))
       return bad("--distributed-timeout-minutes", fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
                  "use e.g. 10 (Megatron's default)");
+    if (!(c.inspect_stall_seconds >= 0) || !std::isfinite(c.inspect_stall_seconds))
+      return bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
+                 "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)");
     if (c.max_restarts > 0 && c.save.empty())
       return bad("--max-restarts",
                  fmt::format("is {}, but without --save there is no checkpoint to restart from",

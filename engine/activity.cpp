@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 namespace troupe {
 
 const char* doing_name(Doing d) {
@@ -166,6 +168,36 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks) {
   }
   g.summary = s;
   return g;
+}
+
+std::string stall_report_json(const std::vector<Activity>& ranks, const WaitGraph& graph, double stalled_seconds,
+                              int64_t after_iteration) {
+  nlohmann::json j;
+  j["stalled_seconds"] = stalled_seconds;
+  j["after_iteration"] = after_iteration;
+  j["summary"] = graph.summary;
+  j["deadlock"] = graph.deadlock;
+  j["culprits"] = graph.culprits;
+  j["edges"] = nlohmann::json::array();
+  for (const WaitEdge& e : graph.edges) j["edges"].push_back({{"from", e.from}, {"to", e.to}, {"what", e.what}});
+  j["ranks"] = nlohmann::json::array();
+  for (const Activity& a : ranks)
+    j["ranks"].push_back({{"rank", a.rank},
+                          {"pp", a.stage},
+                          {"tp", a.tp},
+                          {"dp", a.dp},
+                          {"step", a.step},
+                          {"doing", doing_name(a.doing)},
+                          {"micro_batch", a.micro},
+                          {"chunk", a.chunk},
+                          {"action", a.action},
+                          {"actions", a.actions},
+                          {"waiting_for", a.waiting.what},
+                          {"waiting_on", a.waiting.ranks},
+                          {"collective", a.waiting.collective},
+                          {"seconds_in_state", a.seconds_in_state},
+                          {"seconds_since_progress", a.seconds_since_progress}});
+  return j.dump(1) + "\n";
 }
 
 }  // namespace troupe

@@ -81,4 +81,11 @@ struct WaitGraph {
 // (no edge to it) when it waits in a collective of the same members.
 WaitGraph wait_graph(const std::vector<Activity>& ranks);
 
+// The stall report as JSON: {"stalled_seconds", "after_iteration", "summary", "deadlock",
+// "culprits": [rank...], "edges": [{"from", "to", "what"}], "ranks": [{"rank", "pp", "tp", "dp",
+// "step", "doing", "micro_batch", "chunk", "action", "actions", "waiting_for", "waiting_on",
+// "collective", "seconds_in_state", "seconds_since_progress"}]}.
+std::string stall_report_json(const std::vector<Activity>& ranks, const WaitGraph& graph, double stalled_seconds,
+                              int64_t after_iteration);
+
 }  // namespace troupe

@@ -148,6 +148,10 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(resilience, "--distributed-timeout-minutes", cfg->distributed_timeout_minutes,
       "A step, evaluation or save that makes no progress for this long means a rank is stuck: the job "
       "stops naming the ranks that did not finish (fractions allowed)");
+  opt(resilience, "--inspect-stall-seconds", cfg->inspect_stall_seconds,
+      "When no rank of a process changes what it does for this long, print who waits on whom and the "
+      "culprit, and write every rank's activity to troupe-stall-PID.json (in --save, else the working "
+      "directory), before --distributed-timeout-minutes acts (0: the smaller of 60 s and half that timeout)");
 
   const char* logs = "Evaluation and logging";
   opt(logs, "--eval-interval", cfg->eval_interval,

@@ -44,6 +44,10 @@ struct TrainConfig {
   // Megatron's --distributed-timeout-minutes: an iteration (or evaluation, or save) that makes no
   // progress for this long means a rank is stuck; the job stops naming the ranks that did not finish.
   double distributed_timeout_minutes = 10;
+  // A stall: no rank of this process changes what it does for this long. The job prints who waits
+  // on whom and the culprit in one line and writes the ranks' activities to a JSON file, before
+  // distributed_timeout_minutes acts. 0: the smaller of 60 s and half the distributed timeout.
+  double inspect_stall_seconds = 0;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;

@@ -935,6 +935,10 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
     CHECK_THAT(parse(ws.args({"--distributed-timeout-minutes", "0"})).status.message(),
                Contains("--distributed-timeout-minutes must be positive"));
     CHECK(parse_ok(ws.args({"--distributed-timeout-minutes", "0.5"})).cfg.distributed_timeout_minutes == 0.5);
+    CHECK_THAT(parse(ws.args({"--inspect-stall-seconds", "-1"})).status.message(),
+               Contains("--inspect-stall-seconds must be >= 0"));
+    CHECK(parse_ok(ws.args({"--inspect-stall-seconds", "2.5"})).cfg.inspect_stall_seconds == 2.5);
+    CHECK(parse_ok(ws.args({})).cfg.inspect_stall_seconds == 0);
     CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {

@@ -103,7 +103,8 @@ diff <(last_losses k_straight.jsonl) <(last_losses k_killed.jsonl) || fail "afte
 # One process: the local fabric's timeout (whichever wait expires first) names the ranks that were not
 # waiting for any peer: the stuck one.
 start=$SECONDS
-if TROUPE_FAULT_HANG=rank1@4 train "${par[@]}" --distributed-timeout-minutes 0.05 > stuck.log 2>&1; then
+if TROUPE_FAULT_HANG=rank1@4 train "${par[@]}" --distributed-timeout-minutes 0.05 --inspect-stall-seconds 1 --save ck_stall \
+  > stuck.log 2>&1; then
   fail "a job with a stuck rank succeeded"
 fi
 grep -Eq "(waited|within) 3000 ms" stuck.log || { cat stuck.log; fail "no timeout message"; }
@@ -117,6 +118,22 @@ grep -q "where the ranks were: rank 1 (pp 0, tp 1, dp 0) step 3: idle .* -- rank
   { cat stuck.log; fail "the wait-for graph did not name the stuck rank"; }
 grep -q "rank 0 (pp 0, tp 0, dp 0) step 4: waiting for GptChunk: tensor-parallel all-reduce" stuck.log ||
   { cat stuck.log; fail "rank 0's wait in the tensor-parallel all-reduce was not shown"; }
+# The stall explainer (--inspect-stall-seconds 1) spoke first, before the 3 s timeout, in one line
+# and in a JSON file in --save.
+grep -q "stall: no rank of this process made progress for 1\.[0-9] s after iteration 3: rank 1 (pp 0, tp 1, dp 0)" stuck.log ||
+  { cat stuck.log; fail "no stall report naming rank 1"; }
+(( $(grep -n "stall: no rank" stuck.log | cut -d: -f1) < $(grep -n "did not complete within 3000 ms" stuck.log | cut -d: -f1) )) ||
+  fail "the stall report came after the timeout"
+python3 - ck_stall/troupe-stall-*.json <<'PY' || fail "the stall file does not name rank 1"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["culprits"] == [1] and not r["deadlock"] and r["after_iteration"] == 3, r
+ranks = {a["rank"]: a for a in r["ranks"]}
+assert sorted(ranks) == [0, 1, 2, 3] and ranks[1]["doing"] == "idle" and ranks[1]["step"] == 3, ranks
+assert ranks[0]["doing"] == "waiting" and ranks[0]["waiting_on"] == [1] and ranks[0]["collective"], ranks[0]
+assert {(e["from"], e["to"]) for e in r["edges"]} == {(0, 1), (2, 0), (3, 1)}, r["edges"]
+print("ok: the stall file names rank 1 and the waits on it")
+PY
 (( SECONDS - start < 60 )) || fail "a stuck rank took $((SECONDS - start)) s to stop the job"
 # One rank and no peer to time out on: the trainer's watchdog names it.
 TROUPE_FAULT_HANG=rank0@3 expect_failure stuck_rank0 "no progress for 0.05 minute(s) after iteration 2: rank(s) 0 did not finish iteration 3" \
