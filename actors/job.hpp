@@ -46,6 +46,9 @@ struct JobOptions {
   std::shared_ptr<const sched::Schedule> schedule;
   // A model given in code (troupe::RunOptions::model); checked by check_model before any rank starts.
   std::shared_ptr<const Model> model;
+  // The job's secret (the launch environment's, or one made for a single process): the key of the
+  // inspector's connections (--inspect).
+  std::string job_token;
 };
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,

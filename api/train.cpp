@@ -115,6 +115,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   options.measure_peak = run.measure_peak;
   options.schedule = run.schedule;
   options.model = run.model;
+  options.job_token = env->token;
   options.on_stuck = run.on_stuck;
   // A process troupe launch restarted resumes this run's latest checkpoint in --save (run_training
   // decides, config/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.

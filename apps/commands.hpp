@@ -27,5 +27,6 @@ void add_bench_comm_subcommand(CLI::App* bench, int* exit_code);  // troupe benc
 void add_info_command(CLI::App& app, int* exit_code);
 void add_plot_command(CLI::App& app, int* exit_code);
 void add_launch_command(CLI::App& app, int* exit_code);  // launch and its companion comm-check
+void add_inspect_command(CLI::App& app, int* exit_code);
 
 }  // namespace troupe::apps

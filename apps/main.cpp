@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   troupe::apps::add_info_command(app, &exit_code);
   troupe::apps::add_plot_command(app, &exit_code);
   troupe::apps::add_launch_command(app, &exit_code);
+  troupe::apps::add_inspect_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

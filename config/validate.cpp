@@ -7,6 +7,7 @@
 #include <unistd.h>  // access(W_OK): whether --save could be created later
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <filesystem>
@@ -457,6 +458,11 @@ class Validator {
     if (!(c.distributed_timeout_minutes > 0))
       return bad("--distributed-timeout-minutes", fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
                  "use e.g. 10 (Megatron's default)");
+    if (!c.inspect.empty() && !parse_inspect_address(c.inspect))
+      return bad("--inspect", "is \"" + c.inspect + "\", not [HOST:]PORT with a port from 0 to 65535",
+                 "use e.g. --inspect 0 (loopback, a free port) or --inspect 0.0.0.0:29600");
+    if (c.inspect.empty() && !c.inspect_file.empty())
+      return bad("--inspect-file", "is only used with --inspect", "add --inspect 0, or drop --inspect-file");
     if (!(c.inspect_stall_seconds >= 0) || !std::isfinite(c.inspect_stall_seconds))
       return bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
                  "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)");
@@ -507,6 +513,28 @@ Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins)
 
 Status validate_world(const TrainConfig& cfg, int world_size) {
   return Validator(nullptr).world(cfg, world_size);
+}
+
+std::optional<InspectAddress> parse_inspect_address(const std::string& text) {
+  InspectAddress a;
+  std::string port = text;
+  a.host = "127.0.0.1";
+  if (!text.empty() && text.front() == '[') {  // [v6]:port
+    const size_t close = text.find("]:");
+    if (close == std::string::npos || close == 1) return std::nullopt;
+    a.host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else if (const size_t colon = text.rfind(':'); colon != std::string::npos) {
+    if (colon == 0 || text.find(':') != colon) return std::nullopt;
+    a.host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  a.port = std::stoi(port);
+  if (a.port > 65535) return std::nullopt;
+  for (char ch : a.host)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == ':' || ch == '-')) return std::nullopt;
+  return a;
 }
 
 }  // namespace troupe

@@ -2,6 +2,8 @@
 // the layout against the ranks started. Used by the flag parser (apps/cli/train_options.hpp) and by
 // troupe::train and spawn_training (api/) for configs built in code.
 #pragma once
+#include <optional>
+#include <string>
 #include "config/deepspeed_config.hpp"
 #include "troupe/status.hpp"
 #include "troupe/train_config.hpp"
@@ -13,6 +15,14 @@ namespace troupe {
 // flag and the fix; origins: where values came from (the DeepSpeed keys, added to their messages).
 // Reads the filesystem, writes nothing.
 Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr);
+
+// --inspect's "[HOST:]PORT" (HOST 127.0.0.1 when absent; "[::1]:PORT" for IPv6), or nothing when it
+// is not one (port outside 0..65535, empty host, stray characters).
+struct InspectAddress {
+  std::string host;
+  int port = 0;
+};
+std::optional<InspectAddress> parse_inspect_address(const std::string& text);
 
 // The checks that need the ranks `troupe launch` started (world_size): tensor x pipeline x
 // data-parallel size (derived: world_size / (tensor x pipeline)) must equal world_size, and the

@@ -170,33 +170,92 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks) {
   return g;
 }
 
-std::string stall_report_json(const std::vector<Activity>& ranks, const WaitGraph& graph, double stalled_seconds,
-                              int64_t after_iteration) {
+namespace {
+
+nlohmann::json rank_json(const Activity& a) {
+  return {{"rank", a.rank},
+          {"pp", a.stage},
+          {"tp", a.tp},
+          {"dp", a.dp},
+          {"step", a.step},
+          {"doing", doing_name(a.doing)},
+          {"micro_batch", a.micro},
+          {"chunk", a.chunk},
+          {"action", a.action},
+          {"actions", a.actions},
+          {"waiting_for", a.waiting.what},
+          {"waiting_on", a.waiting.ranks},
+          {"collective", a.waiting.collective},
+          {"seconds_in_state", a.seconds_in_state},
+          {"seconds_since_progress", a.seconds_since_progress},
+          {"describe", a.describe()}};
+}
+
+nlohmann::json where_object(const std::vector<Activity>& ranks, const WaitGraph& graph) {
   nlohmann::json j;
-  j["stalled_seconds"] = stalled_seconds;
-  j["after_iteration"] = after_iteration;
   j["summary"] = graph.summary;
   j["deadlock"] = graph.deadlock;
   j["culprits"] = graph.culprits;
   j["edges"] = nlohmann::json::array();
   for (const WaitEdge& e : graph.edges) j["edges"].push_back({{"from", e.from}, {"to", e.to}, {"what", e.what}});
   j["ranks"] = nlohmann::json::array();
-  for (const Activity& a : ranks)
-    j["ranks"].push_back({{"rank", a.rank},
-                          {"pp", a.stage},
-                          {"tp", a.tp},
-                          {"dp", a.dp},
-                          {"step", a.step},
-                          {"doing", doing_name(a.doing)},
-                          {"micro_batch", a.micro},
-                          {"chunk", a.chunk},
-                          {"action", a.action},
-                          {"actions", a.actions},
-                          {"waiting_for", a.waiting.what},
-                          {"waiting_on", a.waiting.ranks},
-                          {"collective", a.waiting.collective},
-                          {"seconds_in_state", a.seconds_in_state},
-                          {"seconds_since_progress", a.seconds_since_progress}});
+  for (const Activity& a : ranks) j["ranks"].push_back(rank_json(a));
+  return j;
+}
+
+}  // namespace
+
+std::string status_json(const std::vector<Activity>& ranks, int64_t iteration) {
+  nlohmann::json j;
+  j["iteration"] = iteration;
+  j["ranks"] = nlohmann::json::array();
+  for (const Activity& a : ranks) j["ranks"].push_back(rank_json(a));
+  return j.dump(1) + "\n";
+}
+
+Result<std::vector<Activity>> activities_from_status_json(const std::string& text) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("ranks") || !j["ranks"].is_array())
+    return Status::error("not a status document");
+  std::vector<Activity> out;
+  try {
+    for (const auto& r : j["ranks"]) {
+      Activity a;
+      a.rank = r.at("rank").get<int>();
+      a.stage = r.at("pp").get<int>();
+      a.tp = r.at("tp").get<int>();
+      a.dp = r.at("dp").get<int>();
+      a.step = r.at("step").get<int64_t>();
+      const std::string doing = r.at("doing").get<std::string>();
+      a.doing = Doing::idle;
+      for (int d = 0; d <= static_cast<int>(Doing::evaluating); ++d)
+        if (doing == doing_name(static_cast<Doing>(d))) a.doing = static_cast<Doing>(d);
+      a.micro = r.at("micro_batch").get<int>();
+      a.chunk = r.at("chunk").get<int>();
+      a.action = r.at("action").get<int>();
+      a.actions = r.at("actions").get<int>();
+      a.waiting.what = r.at("waiting_for").get<std::string>();
+      a.waiting.ranks = r.at("waiting_on").get<std::vector<int>>();
+      a.waiting.collective = r.at("collective").get<bool>();
+      a.seconds_in_state = r.at("seconds_in_state").get<double>();
+      a.seconds_since_progress = r.at("seconds_since_progress").get<double>();
+      out.push_back(std::move(a));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Status::error(std::string("a malformed status document: ") + e.what());
+  }
+  return out;
+}
+
+std::string where_json(const std::vector<Activity>& ranks, const WaitGraph& graph) {
+  return where_object(ranks, graph).dump(1) + "\n";
+}
+
+std::string stall_report_json(const std::vector<Activity>& ranks, const WaitGraph& graph, double stalled_seconds,
+                              int64_t after_iteration) {
+  nlohmann::json j = where_object(ranks, graph);
+  j["stalled_seconds"] = stalled_seconds;
+  j["after_iteration"] = after_iteration;
   return j.dump(1) + "\n";
 }
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "troupe/status.hpp"
+
 namespace troupe {
 
 enum class Doing : uint8_t { idle, forward, backward, weight, waiting, reducing, optimizer, gathering, evaluating };
@@ -81,10 +83,17 @@ struct WaitGraph {
 // (no edge to it) when it waits in a collective of the same members.
 WaitGraph wait_graph(const std::vector<Activity>& ranks);
 
-// The stall report as JSON: {"stalled_seconds", "after_iteration", "summary", "deadlock",
-// "culprits": [rank...], "edges": [{"from", "to", "what"}], "ranks": [{"rank", "pp", "tp", "dp",
-// "step", "doing", "micro_batch", "chunk", "action", "actions", "waiting_for", "waiting_on",
-// "collective", "seconds_in_state", "seconds_since_progress"}]}.
+// JSON documents (docs/INSPECT.md has the schema). A rank: {"rank", "pp", "tp", "dp", "step",
+// "doing", "micro_batch", "chunk", "action", "actions", "waiting_for", "waiting_on" [ranks],
+// "collective", "seconds_in_state", "seconds_since_progress", "describe"}.
+//   status: {"iteration", "ranks": [rank...]}
+//   where:  {"summary", "deadlock", "culprits": [rank...], "edges": [{"from", "to", "what"}],
+//            "ranks": [rank...]}
+//   stall:  where's, with "stalled_seconds" and "after_iteration".
+std::string status_json(const std::vector<Activity>& ranks, int64_t iteration);
+// The ranks of a status document (another process's inspector); fails on a malformed one.
+Result<std::vector<Activity>> activities_from_status_json(const std::string& text);
+std::string where_json(const std::vector<Activity>& ranks, const WaitGraph& graph);
 std::string stall_report_json(const std::vector<Activity>& ranks, const WaitGraph& graph, double stalled_seconds,
                               int64_t after_iteration);
 

@@ -27,7 +27,8 @@
   X(train_flags)               \
   X(checkpoint_shard)          \
   X(checkpoint_shard_set)      \
-  X(checkpoint_metadata)
+  X(checkpoint_metadata)       \
+  X(inspect_file)
 
 namespace troupe::fuzz {
 

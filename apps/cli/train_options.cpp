@@ -148,6 +148,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(resilience, "--distributed-timeout-minutes", cfg->distributed_timeout_minutes,
       "A step, evaluation or save that makes no progress for this long means a rank is stuck: the job "
       "stops naming the ranks that did not finish (fractions allowed)");
+  opt(resilience, "--inspect", cfg->inspect,
+      "Serve the inspector on [HOST:]PORT (HOST 127.0.0.1 unless given; port 0 picks a free one): "
+      "`troupe inspect FILE --exec status` asks it; only a client with the job token is served");
+  opt(resilience, "--inspect-file", cfg->inspect_file,
+      "Where --inspect writes its address and the job token (mode 0600; default troupe-inspect.json in "
+      "--save, else troupe-inspect-PID.json in the working directory)");
   opt(resilience, "--inspect-stall-seconds", cfg->inspect_stall_seconds,
       "When no rank of a process changes what it does for this long, print who waits on whom and the "
       "culprit, and write every rank's activity to troupe-stall-PID.json (in --save, else the working "

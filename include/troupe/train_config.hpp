@@ -48,6 +48,11 @@ struct TrainConfig {
   // on whom and the culprit in one line and writes the ranks' activities to a JSON file, before
   // distributed_timeout_minutes acts. 0: the smaller of 60 s and half the distributed timeout.
   double inspect_stall_seconds = 0;
+  // The inspector (`troupe inspect`): "[HOST:]PORT" to listen on (HOST defaults to 127.0.0.1; port
+  // 0 picks a free one); empty: none. inspect_file: where the address and the job token go (mode
+  // 0600); empty: troupe-inspect.json in --save, else troupe-inspect-PID.json here.
+  std::string inspect;
+  std::string inspect_file;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;

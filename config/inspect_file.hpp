@@ -1,0 +1,28 @@
+// The inspect file a job with --inspect writes (mode 0600) and `troupe inspect` reads: where the
+// job's inspector listens and the job token that opens it.
+//   {"address": "127.0.0.1:40171", "token": "<64 hex digits>", "pid": 12345}
+// Outside bytes to the reader: at most kMaxInspectFileBytes, checked field by field.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "troupe/status.hpp"
+
+namespace troupe {
+
+inline constexpr size_t kMaxInspectFileBytes = 64 * 1024;
+
+struct InspectTarget {
+  std::string host;  // as it connects: "127.0.0.1", "::1"
+  int port = 0;
+  std::string token;
+  int64_t pid = 0;
+};
+
+std::string inspect_file_text(const std::string& host, int port, const std::string& token, int64_t pid);
+// Every problem as bad input naming the file's field; the token's characters are checked where it
+// is used (comm/bootstrap/launch_env.hpp validate_job_token).
+Result<InspectTarget> parse_inspect_file(std::string_view text);
+
+}  // namespace troupe
