@@ -241,8 +241,8 @@ Result<std::vector<Activity>> activities_from_status_json(const std::string& tex
       a.seconds_since_progress = r.at("seconds_since_progress").get<double>();
       out.push_back(std::move(a));
     }
-  } catch (const nlohmann::json::exception& e) {
-    return Status::error(std::string("a malformed status document: ") + e.what());
+  } catch (const nlohmann::json::exception&) {
+    return Status::error("a malformed status document: a rank lacks a field, or has one of the wrong type");
   }
   return out;
 }

@@ -66,12 +66,6 @@ class ListenScope {
 // Tensors per boundary and direction a tag can tell apart (check_model's models have few).
 constexpr uint64_t kMaxBoundaryTensors = 64;
 
-std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads) {
-  std::vector<Tensor> out;
-  for (const BoundaryDecl& d : decls)
-    out.push_back(!grads || d.requires_grad ? Tensor::zeros(d.shape, d.dtype) : Tensor());
-  return out;
-}
 
 bool any_defined(const std::vector<Tensor>& ts) {
   return std::any_of(ts.begin(), ts.end(), [](const Tensor& t) { return t.defined(); });

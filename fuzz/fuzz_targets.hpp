@@ -28,7 +28,8 @@
   X(checkpoint_shard)          \
   X(checkpoint_shard_set)      \
   X(checkpoint_metadata)       \
-  X(inspect_file)
+  X(inspect_file)              \
+  X(inspect_status)
 
 namespace troupe::fuzz {
 

@@ -18,14 +18,15 @@ UnitHooks shifted(const UnitHooks& h, int base) {
   return out;
 }
 
-std::vector<Tensor> make_tensors(const std::vector<BoundaryDecl>& decls, bool grads) {
-  std::vector<Tensor> out;
-  for (const BoundaryDecl& d : decls)
-    out.push_back(!grads || (d.requires_grad && d.dtype != DType::i32) ? Tensor::zeros(d.shape, d.dtype) : Tensor());
-  return out;
-}
 
 }  // namespace
+
+std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads) {
+  std::vector<Tensor> out;
+  for (const BoundaryDecl& d : decls)
+    out.push_back(!grads || d.requires_grad ? Tensor::zeros(d.shape, d.dtype) : Tensor());
+  return out;
+}
 
 std::string describe(const std::vector<BoundaryDecl>& decls) {
   if (decls.empty()) return "nothing";
@@ -60,8 +61,8 @@ SequenceStage::SequenceStage(int blocks, const MakeBlock& make, const UnitHooks&
     TROUPE_CHECK(!blocks_[i]->has_loss(), "SequenceStage: only the last block may have the loss");
     Joint j;
     for (int s = 0; s <= slots; ++s) {
-      j.act.push_back(make_tensors(blocks_[i]->outputs(), false));
-      j.grad.push_back(make_tensors(blocks_[i]->outputs(), true));
+      j.act.push_back(boundary_tensors(blocks_[i]->outputs(), false));
+      j.grad.push_back(boundary_tensors(blocks_[i]->outputs(), true));
     }
     joints_.push_back(std::move(j));
   }

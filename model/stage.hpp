@@ -36,6 +36,8 @@ struct BoundaryDecl {
   bool operator==(const BoundaryDecl&) const = default;
 };
 std::string describe(const std::vector<BoundaryDecl>& decls);  // "hidden (56, 16) f32, ids (56) i32 no-grad"
+// Zeroed tensors for `decls`; grads: only for those that take a gradient (undefined for the others).
+std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads);
 
 class PipelineStage {
  public:

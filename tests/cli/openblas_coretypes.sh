@@ -84,6 +84,18 @@ for c in "${candidates[@]}"; do
 done
 e2e_env=()
 [[ $e2e != native ]] && e2e_env=(OPENBLAS_CORETYPE="$e2e")
+# The layouts of the custom-stage models against their single-stage runs (within 1e-5) on the same
+# family: the layouts' summation orders differ by kernel family.
+engine_bin=${TROUPE_TEST_ENGINE_BIN:-$build/tests/test_engine}
+if [[ -x $engine_bin ]]; then
+  if env "${e2e_env[@]}" "$engine_bin" "[custom]" > engine_custom.log 2>&1; then
+    ran+=("$e2e custom-stage layouts equal their single-stage runs (test_engine [custom])")
+    echo "passed:  ${ran[-1]}"
+  else
+    cat engine_custom.log
+    failed+=("$e2e custom-stage layouts differ from their single-stage runs")
+  fi
+fi
 make_corpus
 for t in 1 2 3; do
   env "${e2e_env[@]}" "$troupe" train --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 \

@@ -422,10 +422,19 @@ TEST_CASE("custom stages: GPT with a custom loss head equals its 1x1x1 run on ev
       {"pp2 interleaved dp2 zero2", layout(1, 2, 2, 2, S::interleaved, 2), 1, 8},
       {"tp4 gpipe zero1 dp2", layout(4, 1, 2, 1, S::gpipe), 1, 6},
   };
+  // As in the adapter's test below: the untied head leaves LayerNorm biases (zero at init) with
+  // first-step gradients near Adam's default eps, where the layouts' rounding (which differs between
+  // OpenBLAS kernel families) grows to 1.7e-5 relative in those tensors on Haswell's kernels; eps
+  // 1e-6 takes them out of that range without changing what is compared.
+  const Run& plain = reference();
+  adam_eps_override = 1e-6;
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
   const Run ref6 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, zloss_gpt(1));
   const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8, {}, zloss_gpt(1));
   // A different model from GPT's own head: the losses differ (untied weight, z-loss).
-  CHECK(std::abs(ref6.losses[0] - reference().losses[0]) > 1e-4);
+  CHECK(std::abs(ref6.losses[0] - plain.losses[0]) > 1e-4);
   CHECK(ref6.params.count("zloss_head.weight") == 1);
   CHECK(ref6.params.count("transformer.ln_f.weight") == 0);
   for (double norm : ref6.norms) CHECK(norm > 1e-3);  // the head's gradients reach every parameter
@@ -465,6 +474,10 @@ TEST_CASE("custom stages: an MLP over pipeline stages equals its single-stage ru
 
 TEST_CASE("custom stages: save on one layout, resume on another", "[parallel][custom][checkpoint]") {
   using S = sched::ScheduleType;
+  adam_eps_override = 1e-6;  // the z-loss model's LayerNorm biases, as in its layout test above
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
   const Run ref = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, zloss_gpt(1));
   test::TempDir dir;
   Resume first;
