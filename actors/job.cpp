@@ -7,19 +7,15 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <cmath>
 #include <thread>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
+#include "actors/inspector.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "config/run_identity.hpp"
@@ -28,9 +24,7 @@
 #include "actors/trainer.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
-#include "config/inspect_file.hpp"
 #include "config/validate.hpp"
-#include "comm/bootstrap/psk_channel.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/sharded_checkpoint.hpp"
@@ -357,124 +351,6 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
 
 }  // namespace
 
-// --inspect: the server of `troupe inspect` (comm/bootstrap/psk_channel.hpp, keyed by the job token)
-// and the file that tells a client where it is. Commands: status, where, help.
-struct Inspector {
-  std::unique_ptr<comm::PskServer> server;
-  std::string file;  // rank 0's process only
-};
-
-// The state every process's inspector holds, shared with its server thread.
-struct InspectState {
-  const std::vector<std::shared_ptr<const ActivityBoard>>* boards = nullptr;
-  const std::atomic<int64_t>* iteration = nullptr;
-  std::string token;
-  mutable std::mutex mu;  // guards peers (set while the server already runs)
-  std::vector<std::pair<std::string, int>> peers;
-};
-
-std::vector<Activity> local_activities(const InspectState& s) {
-  std::vector<Activity> now;
-  for (const auto& board : *s.boards) now.push_back(board->snapshot());
-  return now;
-}
-
-// Every rank of the job: this process's, then each peer's (a peer that does not answer is noted).
-std::vector<Activity> job_activities(const InspectState& s, std::vector<std::string>& unreachable) {
-  std::vector<Activity> all = local_activities(s);
-  std::vector<std::pair<std::string, int>> peers;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    peers = s.peers;
-  }
-  for (const auto& [host, port] : peers) {
-    auto answer = comm::psk_request(host, port, s.token, "local", std::chrono::milliseconds(2000));
-    auto ranks = answer ? activities_from_status_json(answer.value()) : Result<std::vector<Activity>>(answer.status());
-    if (!ranks) {
-      unreachable.push_back(host + ":" + std::to_string(port) + ": " + ranks.status().message());
-      continue;
-    }
-    for (Activity& a : ranks.value()) all.push_back(std::move(a));
-  }
-  std::sort(all.begin(), all.end(), [](const Activity& x, const Activity& y) { return x.rank < y.rank; });
-  return all;
-}
-
-std::string with_unreachable(std::string json, const std::vector<std::string>& unreachable) {
-  if (unreachable.empty()) return json;
-  auto j = nlohmann::json::parse(json);
-  j["unreachable"] = unreachable;
-  return j.dump(1) + "\n";
-}
-
-std::string inspect_answer(const std::string& request, const InspectState& s) {
-  if (request == "local") return status_json(local_activities(s), s.iteration->load());
-  std::vector<std::string> unreachable;
-  if (request == "status") return with_unreachable(status_json(job_activities(s, unreachable), s.iteration->load()), unreachable);
-  if (request == "where") {
-    const std::vector<Activity> all = job_activities(s, unreachable);
-    return with_unreachable(where_json(all, wait_graph(all)), unreachable);
-  }
-  if (request == "help") return "{\"commands\": [\"status\", \"where\", \"help\"]}\n";
-  return "{\"error\": \"unknown command (the inspector knows status, where, help)\"}\n";
-}
-
-// --inspect: every process serves its own ranks' boards; rank 0's process listens on the address
-// asked for, writes the inspect file and answers for the whole job, asking the other processes
-// (their addresses come through the bootstrap) when a client asks it.
-Result<Inspector> start_inspector(const TrainConfig& config, const JobOptions& options, InspectState& state,
-                                  const std::function<void(const std::string&)>& note) {
-  Inspector out;
-  if (config.inspect.empty()) return out;
-  const auto at = parse_inspect_address(config.inspect);
-  if (!at) return Status::bad_input("--inspect " + config.inspect + " is not [HOST:]PORT");
-  if (options.job_token.empty()) return Status::error("--inspect: the job has no token");
-  state.token = options.job_token;
-  const bool first = options.bootstrap == nullptr || options.bootstrap->rank() == 0;
-  const bool loopback = at->host == "127.0.0.1" || at->host == "::1" || at->host == "localhost";
-  // The other processes listen on a free port, on loopback when rank 0 does, else on every address.
-  const std::string host = first ? at->host : loopback ? at->host : "0.0.0.0";
-  auto server = comm::PskServer::start(host, first ? at->port : 0, options.job_token,
-                                       [&state](const std::string& request) { return inspect_answer(request, state); });
-  if (!server) return server.status();
-  out.server = std::move(server).value();
-  if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
-    char name[256] = "localhost";
-    if (!loopback) ::gethostname(name, sizeof name - 1);
-    const std::string mine = (loopback ? at->host : std::string(name)) + " " + std::to_string(out.server->port());
-    auto all = options.bootstrap->all_gather("inspect", mine);
-    if (!all) return all.status();
-    std::lock_guard<std::mutex> lock(state.mu);
-    if (first)
-      for (size_t r = 1; r < all.value().size(); ++r) {
-        const std::string& entry = all.value()[r];
-        const size_t space = entry.rfind(' ');
-        if (space == std::string::npos) continue;
-        state.peers.emplace_back(entry.substr(0, space), std::atoi(entry.c_str() + space + 1));
-      }
-  }
-  if (!first) return out;
-  out.file = !config.inspect_file.empty() ? config.inspect_file
-             : !config.save.empty()       ? (std::filesystem::path(config.save) / "troupe-inspect.json").string()
-                                          : "troupe-inspect-" + std::to_string(::getpid()) + ".json";
-  const std::string shown = at->host.find(':') != std::string::npos ? "[" + at->host + "]" : at->host;
-  const std::string address = shown + ":" + std::to_string(out.server->port());
-  std::error_code ec;
-  if (const auto parent = std::filesystem::path(out.file).parent_path(); !parent.empty())
-    std::filesystem::create_directories(parent, ec);
-  // Mode 0600 from the start: the token is the job's secret.
-  const int fd = ::open(out.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0 || ::fchmod(fd, 0600) != 0) {
-    if (fd >= 0) ::close(fd);
-    return Status::bad_input("--inspect-file " + out.file + " cannot be written -- give a writable path");
-  }
-  const std::string text = inspect_file_text(at->host, out.server->port(), options.job_token, ::getpid());
-  const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  if (::close(fd) != 0 || !wrote) return Status::bad_input("--inspect-file " + out.file + " could not be written");
-  note("inspector on " + address + ": troupe inspect " + out.file + " --exec status");
-  return out;
-}
-
 // Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
 // local backend, or this process's one rank under troupe launch), a group actor in front of them,
 // the data loader, the offload actor and the trainer.
@@ -561,10 +437,8 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
   // The inspector (--inspect), in the process of rank 0: it answers from this process's boards.
   std::atomic<int64_t> iteration_now{spec.start_iteration};
-  InspectState inspect_state;
-  inspect_state.boards = &ranks.boards;
-  inspect_state.iteration = &iteration_now;
-  auto inspector = start_inspector(config, options, inspect_state, note);
+  InspectHub hub(ranks.boards, &iteration_now);
+  auto inspector = start_inspector(config, options.bootstrap, options.job_token, hub, note);
   if (!inspector) return shutdown(), inspector.status();
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck, ranks.boards, &iteration_now);
   if (!inspector.value().file.empty()) std::filesystem::remove(inspector.value().file);
