@@ -32,7 +32,18 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
       [this](const InspectCall& call) {
         if (call.local) return status_json(local_activities(), iteration());
         std::vector<std::string> unreachable;
-        return with_unreachable(status_json(job_activities(unreachable), iteration()), unreachable);
+        std::string answer = status_json(job_activities(unreachable), iteration());
+        std::function<std::string()> job_state;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          job_state = job_state_;
+        }
+        if (job_state) {
+          auto j = nlohmann::json::parse(answer);
+          j["job"] = nlohmann::json::parse(job_state());
+          answer = j.dump(1) + "\n";
+        }
+        return with_unreachable(std::move(answer), unreachable);
       });
   add("where", "where", "the wait-for graph now (who waits on whom for what) and the culprit(s) of a stall",
       [this](const InspectCall&) {
@@ -51,6 +62,11 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
 void InspectHub::add(const std::string& name, const std::string& usage, const std::string& help, Handler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   commands_[name] = Command{usage, help, std::move(handler)};
+}
+
+void InspectHub::set_job_state(std::function<std::string()> job_state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_state_ = std::move(job_state);
 }
 
 void InspectHub::set_peers(std::vector<std::pair<std::string, int>> peers, std::string token, bool first) {

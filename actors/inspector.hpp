@@ -62,6 +62,9 @@ class InspectHub {
   std::vector<Activity> job_activities(std::vector<std::string>& unreachable) const;
   int64_t iteration() const { return iteration_->load(); }
 
+  // What `status` adds as "job" for the whole job (a JSON object's text: paused, lr override...).
+  void set_job_state(std::function<std::string()> job_state);
+
   // Set by start_inspector.
   void set_peers(std::vector<std::pair<std::string, int>> peers, std::string token, bool first);
 
@@ -74,6 +77,7 @@ class InspectHub {
   const std::atomic<int64_t>* iteration_;
   mutable std::mutex mu_;  // guards everything below (set while the server already runs)
   std::map<std::string, Command> commands_;
+  std::function<std::string()> job_state_;
   std::vector<std::pair<std::string, int>> peers_;
   std::string token_;
   bool first_ = true;

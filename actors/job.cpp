@@ -78,6 +78,8 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   };
   trainer_actor trainer = spawn_trainer(system, spec);
   self->monitor(trainer);
+  if (spec.control) spec.control->set_wake([trainer] { caf::anon_send(trainer, control_atom::value); });
+  std::optional<int64_t> log_interval;
   self->send(trainer, run_atom::value);
   bool running = true, stop_sent = false;
   std::optional<TrainSummary> summary;
@@ -130,6 +132,10 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   };
   auto watchdog = [&] {
     check_stop();
+    if (spec.control && spec.control->paused()) {  // paused from the inspector: not stuck
+      last_progress = Clock::now();
+      return;
+    }
     report_stall();
     if (Clock::now() - last_progress < timeout) return;
     std::string who = "rank(s) of this process";
@@ -157,6 +163,11 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
         stall_reported = false;
         last_iteration = s.iteration;
         iteration_now->store(s.iteration);
+        if (spec.control) {  // set log-interval from the inspector
+          const auto asked = spec.control->state().log_interval;
+          if (asked && asked != log_interval && callbacks.on_log_interval) callbacks.on_log_interval(*asked);
+          log_interval = asked;
+        }
         if (callbacks.on_iteration) callbacks.on_iteration(s);
         check_stop();
       },
@@ -438,9 +449,13 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   // The inspector (--inspect), in the process of rank 0: it answers from this process's boards.
   std::atomic<int64_t> iteration_now{spec.start_iteration};
   InspectHub hub(ranks.boards, &iteration_now);
+  auto control = std::make_shared<JobControl>();
+  add_control_commands(hub, *control, config);
+  spec.control = control;
   auto inspector = start_inspector(config, options.bootstrap, options.job_token, hub, note);
   if (!inspector) return shutdown(), inspector.status();
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck, ranks.boards, &iteration_now);
+  control->set_wake(nullptr);
   if (!inspector.value().file.empty()) std::filesystem::remove(inspector.value().file);
   // A failed or stuck job: where this process's ranks were, and who they waited on (the ranks'
   // boards keep the wait that failed, and a stuck rank's last state).

@@ -27,11 +27,12 @@ using progress_atom = caf::atom_constant<caf::atom("progress")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
 using ok_atom = caf::atom_constant<caf::atom("ok")>;
+using control_atom = caf::atom_constant<caf::atom("control")>;
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepRequest& x) {
   return f(caf::meta::type_name("StepRequest"), x.step, x.lr, x.weight_decay, x.beta1, x.beta2, x.eps, x.clip_grad,
-           x.stop);
+           x.stop, x.control);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SaveRequest& x) {
@@ -54,7 +55,9 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::DataSplit)
 
 namespace troupe {
 
-// The trainer: drives iterations once told to run; stops after the current iteration on stop.
-using trainer_actor = caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<stop_atom>>;
+// The trainer: drives iterations once told to run; stops after the current iteration on stop; on
+// control, applies the inspector's commands that arrived (actors/job_control.hpp) when it is paused.
+using trainer_actor =
+    caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<stop_atom>, caf::reacts_to<control_atom>>;
 
 }  // namespace troupe

@@ -291,6 +291,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     r.loss_sum = acc->items[0].loss_sum;
                     r.grad_norm = acc->items[0].grad_norm;
                     r.stop = acc->items[0].stop;
+                    r.control = acc->items[0].control;
                     r.busy_fraction_min = 1;
                     for (const auto& o : acc->items) {
                       r.max_busy_us = std::max(r.max_busy_us, o.busy_us);

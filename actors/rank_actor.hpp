@@ -44,6 +44,7 @@ struct GroupStepResult {
   double step_us = 0;
   double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
   bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
+  int64_t control = 0;  // the inspector commands every process applies after this step (StepOutcome::control)
 };
 
 using rank_actor = caf::typed_actor<

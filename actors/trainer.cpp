@@ -34,12 +34,20 @@ struct TrainerState {
   double last_eval_loss = -1;
   int64_t last_saved = -1;
   std::string last_checkpoint;
+  // The inspector's controls (TrainerSpec::control).
+  double step_lr = 0;        // the learning rate of the step in flight
+  int64_t agreed = 0;        // the latest command number the last step agreed on
+  bool paused = false;       // stop between iterations (pause; step N ran out)
+  bool parked = false;       // stopped between iterations, waiting for a command
+  bool applying = false;     // applying commands while parked (a save may take a while)
+  int64_t steps_left = -1;   // step N: iterations left before pausing again; -1: not stepping
 };
 
 using Self = trainer_actor::stateful_pointer<TrainerState>;
 
 void start_iteration(Self self);
 void finish(Self self);
+void between_iterations(Self self);
 
 void fail(Self self, const std::string& message) {
   auto& st = self->state;
@@ -188,8 +196,9 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
-  const double lr = learning_rate(cfg, st.iteration);
+  const double lr = st.step_lr;
   st.iteration += 1;
+  if (st.steps_left > 0 && --st.steps_left == 0) st.paused = true;
   st.consumed += cfg.global_batch_size;
   IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds,
                                      st.spec.loss_terms_per_sample, st.spec.gpt_flops);
@@ -207,9 +216,9 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
     auto& s2 = self->state;
     const TrainConfig& c = s2.spec.config;
     if (!c.save.empty() && c.save_interval > 0 && s2.iteration % c.save_interval == 0)
-      save_then(self, [self] { start_iteration(self); });
+      save_then(self, [self] { between_iterations(self); });
     else
-      start_iteration(self);
+      between_iterations(self);
   };
   if (cfg.eval_interval > 0 && cfg.eval_iters > 0 && st.iteration % cfg.eval_interval == 0)
     evaluate_then(self, after_eval);
@@ -222,7 +231,80 @@ StepRequest step_request(Self self) {
   const TrainConfig& c = s.spec.config;
   StepRequest req = optimizer_step(c, s.iteration);
   req.stop = s.stop_wanted;
+  if (s.spec.control) {
+    req.control = s.spec.control->vote();
+    if (const auto lr = s.spec.control->state().lr_override) req.lr = *lr;
+  }
   return req;
+}
+
+// The inspector's commands, one after the other (a save completes before the next command).
+void apply_commands(Self self, std::shared_ptr<std::vector<ControlCommand>> commands, size_t i,
+                    std::function<void()> done) {
+  auto& st = self->state;
+  if (i == commands->size() || st.finished) return done();
+  const ControlCommand& c = (*commands)[i];
+  auto next = [self, commands, i, done, seq = c.seq] {
+    self->state.spec.control->applied(seq, self->state.iteration);
+    apply_commands(self, commands, i + 1, done);
+  };
+  if (c.verb == "pause") {
+    st.paused = true;
+    st.steps_left = -1;
+  } else if (c.verb == "resume") {
+    st.paused = false;
+    st.steps_left = -1;
+  } else if (c.verb == "step") {
+    st.paused = false;
+    st.steps_left = std::stoll(c.args.at(0));
+  } else if (c.verb == "set" && c.args.at(0) == "lr") {
+    st.spec.control->set_lr_override(c.args.at(1) == "schedule" ? std::optional<double>() : std::stod(c.args.at(1)));
+  } else if (c.verb == "set" && c.args.at(0) == "log-interval") {
+    st.spec.control->set_log_interval(std::stoll(c.args.at(1)));
+  } else if (c.verb == "save" && st.last_saved != st.iteration) {
+    save_then(self, next);
+    return;
+  }
+  next();
+}
+
+// Parked between iterations: applies what arrived, and goes on once no longer paused.
+void unpark(Self self) {
+  auto& st = self->state;
+  if (!st.parked || st.applying || st.finished) return;
+  if (st.stop_requested || st.stop_wanted) {  // a stop that came while applying commands
+    st.parked = false;
+    st.spec.control->set_paused(false, st.iteration);
+    return finish(self);
+  }
+  auto commands = std::make_shared<std::vector<ControlCommand>>(st.spec.control->take_all());
+  if (commands->empty()) return;
+  st.applying = true;
+  apply_commands(self, commands, 0, [self] {
+    auto& s = self->state;
+    s.applying = false;
+    if (s.paused) return unpark(self);  // more may have arrived meanwhile
+    s.parked = false;
+    s.spec.control->set_paused(false, s.iteration);
+    start_iteration(self);
+  });
+}
+
+// After an iteration (its evaluation and save included): the commands the step agreed on, then the
+// next iteration, or a pause.
+void between_iterations(Self self) {
+  auto& st = self->state;
+  if (!st.spec.control) return start_iteration(self);
+  auto commands = std::make_shared<std::vector<ControlCommand>>(st.spec.control->take_through(st.agreed));
+  apply_commands(self, commands, 0, [self] {
+    auto& s = self->state;
+    if (s.paused && s.iteration < s.spec.config.train_iters && !s.stop_requested) {
+      s.parked = true;
+      s.spec.control->set_paused(true, s.iteration);
+      return unpark(self);  // commands that arrived before it stopped
+    }
+    start_iteration(self);
+  });
 }
 
 void run_micro_batches(Self self, const Tensor& batch) {
@@ -230,10 +312,13 @@ void run_micro_batches(Self self, const Tensor& batch) {
   const TrainConfig& cfg = st.spec.config;
   const int64_t per_sample = st.spec.loss_terms_per_sample > 0 ? st.spec.loss_terms_per_sample : cfg.model.seq_length;
   const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * static_cast<double>(per_sample));
-  self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, step_request(self))
+  const StepRequest req = step_request(self);
+  st.step_lr = req.lr;
+  self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, req)
       .then(
           [self](const GroupStepResult& r) {
             if (r.stop) self->state.stop_requested = true;  // every process stops after this step
+            self->state.agreed = r.control;
             if (self->state.spec.report_busy)
               on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
             else
@@ -315,7 +400,16 @@ trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
         self->state.running = true;
         start_iteration(self);
       },
-      [self](stop_atom) { request_stop(self); },
+      [self](stop_atom) {
+        request_stop(self);
+        auto& st = self->state;
+        if (st.parked && !st.applying) {  // paused: no step carries the wish, every process stops here
+          st.parked = false;
+          st.spec.control->set_paused(false, st.iteration);
+          finish(self);
+        }
+      },
+      [self](control_atom) { unpark(self); },
   };
 }
 

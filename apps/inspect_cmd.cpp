@@ -52,10 +52,27 @@ Result<Target> resolve_target(const std::string& target) {
 std::string human(const std::string& command, const nlohmann::json& j) {
   std::string out;
   if (j.contains("error")) return "error: " + j["error"].get<std::string>() + "\n";
-  if (command == "status") {
-    out += "iteration " + std::to_string(j.value("iteration", int64_t{0})) + "\n";
+  const std::string verb = command.substr(0, command.find(' '));
+  if (j.contains("command") && j.contains("applied")) {  // pause, resume, step, set, save
+    out += j.value("command", std::string()) + ": " + (j.value("applied", false) ? "done" : "pending") + ", ";
+    out += j.value("paused", false) ? "paused after iteration " + std::to_string(j.value("paused_after", int64_t{0}))
+                                    : "running, iteration " + std::to_string(j.value("iteration", int64_t{0}));
+    if (j.contains("lr_override")) out += ", learning rate fixed at " + j["lr_override"].dump();
+    if (j.contains("note")) out += " (" + j.value("note", std::string()) + ")";
+    return out + "\n";
+  }
+  if (verb == "help" && j.contains("commands")) {
+    for (const auto& c : j["commands"])
+      out += "  " + c.value("usage", std::string()) + "\n      " + c.value("help", std::string()) + "\n";
+    return out;
+  }
+  if (verb == "status") {
+    out += "iteration " + std::to_string(j.value("iteration", int64_t{0}));
+    if (j.contains("job") && j["job"].value("paused", false))
+      out += " (paused after iteration " + std::to_string(j["job"].value("paused_after", int64_t{0})) + ")";
+    out += "\n";
     for (const auto& r : j["ranks"]) out += "  " + r.value("describe", std::string()) + "\n";
-  } else if (command == "where") {
+  } else if (verb == "where") {
     out += j.value("summary", std::string()) + "\n";
     for (const auto& e : j["edges"])
       out += "  rank " + std::to_string(e.value("from", 0)) + " -> rank " + std::to_string(e.value("to", 0)) + ": " +

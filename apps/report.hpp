@@ -25,6 +25,7 @@ class ProgressPrinter {
   explicit ProgressPrinter(int64_t log_interval, bool enabled = true);
   void iteration(const IterationStats& s);
   void line(const std::string& text);  // a permanent line (clears the status line first)
+  void set_log_interval(int64_t n) { log_interval_ = n > 0 ? n : 1; }
 
  private:
   int64_t log_interval_;

@@ -76,6 +76,10 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     return Status::ok();
   };
   cb.on_note = [&](const std::string& s) { printer->line("  " + s); };
+  cb.on_log_interval = [&](int64_t n) {
+    printer->set_log_interval(n);
+    printer->line(fmt::format("  log interval set to {} by the inspector", n));
+  };
   cb.on_iteration = [&](const IterationStats& s) {
     printer->iteration(s);
     if (metrics) *metrics << iteration_json(s) << "\n" << std::flush;

@@ -407,18 +407,20 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     board_->done_waiting();
     TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
     board_->wait(collective_wait("the world's reduction of gradient norm, loss and stop votes", world_members_));
-    // One all-reduce over the world carries the squared norm, the loss and the stop votes (so every
-    // process of a job learns in the same step that one of them wants to stop).
-    double sums[3] = {0, 0, req.stop ? 1.0 : 0.0};
+    // One all-reduce over the world carries the squared norm, the loss, the stop votes (so every
+    // process of a job learns in the same step that one of them wants to stop) and rank 0's latest
+    // inspector command (an integer below 2^53: exact in f64).
+    double sums[4] = {0, 0, req.stop ? 1.0 : 0.0, rank_ == 0 ? static_cast<double>(req.control) : 0.0};
     for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
     const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 3, DType::f64, comm::ReduceOp::sum)->wait());
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 4, DType::f64, comm::ReduceOp::sum)->wait());
     board_->done_waiting();
     out.grad_norm = std::sqrt(sums[0]);
     out.loss_sum = sums[1];
     out.stop = sums[2] > 0;
+    out.control = static_cast<int64_t>(sums[3]);
     if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
       const double factor = req.clip_grad / (out.grad_norm + 1e-6);
       for (auto& store : stores_) store->scale_gradients(factor);

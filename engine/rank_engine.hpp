@@ -97,6 +97,7 @@ struct StepOutcome {
   double busy_us = 0;    // this rank's forward/backward/weight/optimizer time in the step
   double step_us = 0;    // wall time of the step on this rank
   bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
+  int64_t control = 0;   // rank 0's StepRequest::control: the inspector commands to apply after this step
 };
 
 struct MemoryReport {

@@ -22,6 +22,10 @@ struct StepRequest {
   // processes of a job agree on it inside the step (StepOutcome::stop), so all stop after the same
   // iteration.
   bool stop = false;
+  // The latest command of the job's inspector (troupe inspect: pause, set lr, save...) that rank 0's
+  // process holds; rides on the step like the stop votes, so every process applies it after the
+  // same step (StepOutcome::control). 0: none. Only global rank 0's value counts.
+  int64_t control = 0;
 };
 
 // Checkpoint I/O requests; each rank writes and reads its own pieces of the tensors.

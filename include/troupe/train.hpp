@@ -46,6 +46,8 @@ struct TrainCallbacks {
   std::function<void(const IterationStats&)> on_iteration;  // every --log-interval iterations
   std::function<void(const EvalStats&)> on_eval;            // every --eval-interval iterations
   std::function<void(const SavedCheckpoint&)> on_saved;     // snapshot taken, then durable on disk
+  // `troupe inspect ... set log-interval N` changed how often progress should be printed.
+  std::function<void(int64_t)> on_log_interval;
 };
 
 struct RunOptions {

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The inspector's controls (docs/INSPECT.md): pause stops a running tp 2 x pp 2 job between
+# iterations (the iteration stops advancing, the job is not taken for stuck), step N runs N more
+# and pauses again, save writes a checkpoint while paused, resume goes on, and the losses equal an
+# unpaused run's, in one process and under troupe launch. set lr fixes the learning rate from the
+# next iteration, set log-interval changes what is printed; bad commands are refused with rc 2.
+source "$(dirname "$0")/common.bash"
+make_corpus
+train_args=(train --num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+            --global-batch-size 6 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
+            --data-path d_text_document --tokenizer-type ByteLevelTokenizer --eval-interval 1000)
+small_train() { "$troupe" "${train_args[@]}" "$@"; }
+model=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --distributed-timeout-minutes 0.1
+       --inspect-stall-seconds 1)
+
+wait_for_file() {
+  for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done
+  fail "no $1 after 30 s"
+}
+ask() { "$troupe" inspect "$insp" --exec "$*" --json; }
+field() { python3 -c "import json,sys; j=json.load(sys.stdin); print(j$1)"; }
+
+small_train "${model[@]}" --train-iters 200 --log-interval 1000 --metrics-file plain.jsonl > plain.log
+
+# controlled NAME [LAUNCH...]: pause, wait, step 2, save, resume; the same losses as plain.
+controlled() {
+  local name=$1
+  shift
+  insp=$name.json
+  small_train "${model[@]}" "$@" --train-iters 200 --log-interval 1000 --inspect 0 --inspect-file "$insp" --save "$name" \
+    --metrics-file "$name.jsonl" > "$name.log" 2>&1 &
+  job=$!
+  trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
+  wait_for_file "$insp"
+  ask pause > pause.json || { cat pause.json "$name.log"; fail "$name: pause failed"; }
+  [[ $(field '["applied"]' < pause.json) == True && $(field '["paused"]' < pause.json) == True ]] ||
+    { cat pause.json; fail "$name: pause did not pause"; }
+  local at
+  at=$(field '["paused_after"]' < pause.json)
+  sleep 2.5  # longer than --inspect-stall-seconds: a paused job is not stalled
+  ask status > status.json
+  [[ $(field '["iteration"]' < status.json) == "$at" && $(field '["job"]["paused"]' < status.json) == True ]] ||
+    { cat status.json; fail "$name: the iteration moved while paused (paused after $at)"; }
+  ask step 2 > step.json
+  for _ in $(seq 1 100); do
+    ask status > status.json
+    [[ $(field '["job"]["paused"]' < status.json) == True && $(field '["iteration"]' < status.json) == $((at + 2)) ]] && break
+    sleep 0.1
+  done
+  [[ $(field '["iteration"]' < status.json) == $((at + 2)) ]] || { cat status.json; fail "$name: step 2 did not run 2 iterations"; }
+  ask save > save.json
+  [[ $(field '["applied"]' < save.json) == True ]] || { cat save.json; fail "$name: save while paused"; }
+  local dir
+  dir=$(printf '%s/iter_%07d' "$name" $((at + 2)))
+  # The snapshot is taken before save answers; the offload actor writes it in the background.
+  for _ in $(seq 1 100); do [[ -f $dir/metadata.json ]] && break; sleep 0.1; done
+  [[ -f $dir/metadata.json ]] || { ls -R "$name"; fail "$name: no checkpoint $dir after save"; }
+  ask resume > resume.json || fail "$name: resume failed"
+  wait $job || { cat "$name.log"; fail "$name: the job failed after resume"; }
+  trap - EXIT
+  grep -q "stall" "$name.log" && { cat "$name.log"; fail "$name: a paused job was reported as stalled"; }
+  diff <(losses plain.jsonl) <(losses "$name.jsonl") > /dev/null ||
+    { diff <(losses plain.jsonl) <(losses "$name.jsonl") | head; fail "$name: losses differ from the unpaused run"; }
+  echo "ok: $name: paused after iteration $at, stepped 2, saved $dir, resumed; losses equal the unpaused run's"
+}
+controlled one
+# Under troupe launch: 4 processes, one rank each, all pause after the same iteration.
+# (Its unpaused twin runs under launch too: the UCX world sums the norm in another order than the
+# in-process fabric.)
+"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 200 \
+  --metrics-file plain_launched.jsonl > plain_launched.log 2>&1 || { cat plain_launched.log; fail "the unpaused launch failed"; }
+insp=launched.json
+"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 200 --inspect 0 --inspect-file "$insp" \
+  --save launched --metrics-file launched.jsonl > launched.log 2>&1 &
+job=$!
+trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
+wait_for_file "$insp"
+ask pause > pause.json || { cat pause.json launched.log; fail "launched: pause failed"; }
+at=$(field '["paused_after"]' < pause.json)
+sleep 1.5
+ask status > status.json
+[[ $(field '["iteration"]' < status.json) == "$at" ]] || { cat status.json; fail "launched: the iteration moved while paused"; }
+python3 -c "import json,sys; j=json.load(open('status.json')); assert sorted(r['rank'] for r in j['ranks'])==[0,1,2,3] and 'unreachable' not in j, j" ||
+  fail "launched: status does not cover the 4 processes"
+ask step 1 > step.json
+sleep 1
+ask resume > resume.json || true  # it may still be stepping: then resume after it paused again
+for _ in $(seq 1 50); do
+  [[ $(ask status 2>/dev/null | field '["job"]["paused"]' 2>/dev/null) == True ]] && ask resume > resume.json
+  kill -0 $job 2>/dev/null || break
+  sleep 0.2
+done
+wait $job || { cat launched.log; fail "launched: the job failed after resume"; }
+trap - EXIT
+diff <(losses plain_launched.jsonl) <(losses launched.jsonl) > /dev/null ||
+  { diff <(losses plain_launched.jsonl) <(losses launched.jsonl) | head; fail "launched: losses differ from the unpaused run"; }
+echo "ok: launched: 4 processes paused after iteration $at, stepped, resumed; losses equal the unpaused run's"
+
+# set lr and set log-interval, and refusals.
+insp=set.json
+small_train "${model[@]}" --train-iters 400 --inspect 0 --inspect-file "$insp" --metrics-file set.jsonl --log-interval 1 > set.log 2>&1 &
+job=$!
+trap "kill -9 $job 2>/dev/null || true" EXIT
+wait_for_file "$insp"
+set +e
+ask step 2 > notpaused.json; rc_step=$?
+set -e
+ask pause > pause.json
+at=$(field '["paused_after"]' < pause.json)
+set +e
+ask set lr -1 > badlr.json; rc_lr=$?
+ask save > nosave.json; rc_save=$?
+ask "set frobs 3" > badset.json; rc_set=$?
+set -e
+(( rc_step == 2 )) && grep -q "not paused" notpaused.json || { cat notpaused.json; fail "step while running: rc $rc_step"; }
+(( rc_lr == 2 )) && grep -q "positive number" badlr.json || { cat badlr.json; fail "set lr -1: rc $rc_lr"; }
+(( rc_save == 2 )) && grep -q "without --save" nosave.json || { cat nosave.json; fail "save without --save: rc $rc_save"; }
+(( rc_set == 2 )) && grep -q "set knows" badset.json || { cat badset.json; fail "set frobs: rc $rc_set"; }
+ask set lr 0.000123 > setlr.json
+ask set log-interval 5 > setlog.json
+[[ $(field '["lr_override"]' < setlr.json) == 0.000123 ]] || { cat setlr.json; fail "set lr was not applied"; }
+ask resume > /dev/null
+wait $job || { cat set.log; fail "the job failed after set"; }
+trap - EXIT
+python3 - set.jsonl "$at" <<'PY' || fail "set lr did not change the learning rate from the next iteration on"
+import json, sys
+at = int(sys.argv[2])
+lrs = {j["iteration"]: j["lr"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"}
+assert all(abs(lrs[i] - 0.000123) < 1e-12 for i in lrs if i > at), lrs
+assert all(abs(lrs[i] - 0.000123) > 1e-9 for i in lrs if i <= at), lrs
+print("ok: set lr 0.000123 after iteration", at)
+PY
+grep -q "log interval set to 5 by the inspector" set.log || { cat set.log; fail "set log-interval was not applied"; }
+echo "PASS: pause, step, save, resume (losses equal, one process and under launch), set lr, set log-interval, refusals"
