@@ -102,7 +102,8 @@ std::string InspectHub::answer(const std::string& request) const {
   }
 }
 
-std::vector<std::string> InspectHub::ask_peers(const std::string& line, std::vector<std::string>& unreachable) const {
+std::vector<std::string> InspectHub::ask_peers(const std::string& line, std::vector<std::string>& unreachable,
+                                               std::chrono::milliseconds timeout) const {
   std::vector<std::pair<std::string, int>> peers;
   std::string token;
   {
@@ -112,7 +113,7 @@ std::vector<std::string> InspectHub::ask_peers(const std::string& line, std::vec
   }
   std::vector<std::string> answers;
   for (const auto& [host, port] : peers) {
-    auto answer = comm::psk_request(host, port, token, "local " + line, std::chrono::milliseconds(2000));
+    auto answer = comm::psk_request(host, port, token, "local " + line, timeout);
     if (!answer) {
       unreachable.push_back(host + ":" + std::to_string(port) + ": " + answer.status().message());
       continue;

@@ -54,7 +54,8 @@ class InspectHub {
 
   // Job-wide commands: every other process's answer to "local " + line, parsed; a process that
   // does not answer is listed in `unreachable` ("host:port: why").
-  std::vector<std::string> ask_peers(const std::string& line, std::vector<std::string>& unreachable) const;
+  std::vector<std::string> ask_peers(const std::string& line, std::vector<std::string>& unreachable,
+                                     std::chrono::milliseconds timeout = std::chrono::milliseconds(2000)) const;
   bool first() const { return first_; }  // rank 0's process
 
   // This process's ranks, every rank of the job (this process's and the peers').

@@ -452,6 +452,10 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   auto control = std::make_shared<JobControl>();
   add_control_commands(hub, *control, config);
   spec.control = control;
+  if (!config.inspect.empty())
+    self->request(group, caf::infinite, names_atom::value)
+        .receive([&](std::vector<std::string>& names) { control->set_tensor_names(std::move(names)); },
+                 [&](caf::error&) {});
   auto inspector = start_inspector(config, options.bootstrap, options.job_token, hub, note);
   if (!inspector) return shutdown(), inspector.status();
   auto result = drive_trainer(system, self, spec, callbacks, options, stuck, ranks.boards, &iteration_now);

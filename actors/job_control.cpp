@@ -1,5 +1,6 @@
 #include "actors/job_control.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -7,76 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/inspector.hpp"
+#include "engine/tensor_stats.hpp"
 #include "troupe/train_config.hpp"
 
 namespace troupe {
-
-std::string ControlCommand::text() const {
-  std::string out = verb;
-  for (const std::string& a : args) out += " " + a;
-  return out;
-}
-
-namespace {
-
-std::optional<int64_t> whole_number(const std::string& s, int64_t most) {
-  if (s.empty() || s.size() > 19) return std::nullopt;
-  for (char c : s)
-    if (c < '0' || c > '9') return std::nullopt;
-  const long long v = std::strtoll(s.c_str(), nullptr, 10);
-  if (v <= 0 || v > most) return std::nullopt;
-  return v;
-}
-
-std::optional<double> positive_number(const std::string& s) {
-  if (s.empty() || s.size() > 64) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const double v = std::strtod(s.c_str(), &end);
-  if (errno != 0 || end != s.c_str() + s.size() || !std::isfinite(v) || v <= 0) return std::nullopt;
-  return v;
-}
-
-}  // namespace
-
-Result<ControlCommand> parse_control(const std::string& verb, const std::vector<std::string>& args, bool can_save) {
-  ControlCommand c;
-  c.verb = verb;
-  c.args = args;
-  auto no_args = [&](const char* usage) -> Result<ControlCommand> {
-    if (!args.empty()) return Status::bad_input(verb + " takes no arguments (" + usage + ")");
-    return c;
-  };
-  if (verb == "pause") return no_args("pause: stop after the current iteration");
-  if (verb == "resume") return no_args("resume: go on after a pause");
-  if (verb == "save") {
-    if (!args.empty()) return Status::bad_input("save takes no arguments: it saves into the job's --save folder");
-    if (!can_save) return Status::bad_input("save needs a checkpoint folder: the job was started without --save");
-    return c;
-  }
-  if (verb == "step") {
-    if (args.empty()) {
-      c.args = {"1"};
-      return c;
-    }
-    if (args.size() != 1 || !whole_number(args[0], 1'000'000'000))
-      return Status::bad_input("step takes one whole number of iterations, e.g. step 3 (default 1)");
-    return c;
-  }
-  if (verb == "set") {
-    if (args.size() == 2 && args[0] == "lr") {
-      if (args[1] == "schedule" || positive_number(args[1])) return c;
-      return Status::bad_input("set lr needs a positive number (e.g. set lr 1e-4), or \"schedule\" to return to the "
-                               "learning-rate schedule");
-    }
-    if (args.size() == 2 && args[0] == "log-interval") {
-      if (whole_number(args[1], int64_t{1} << 40)) return c;
-      return Status::bad_input("set log-interval needs a positive whole number, e.g. set log-interval 10");
-    }
-    return Status::bad_input("set knows: set lr X (or set lr schedule), set log-interval N");
-  }
-  return Status::bad_input("unknown control command \"" + verb + "\" (pause, resume, step [N], set, save)");
-}
 
 int64_t JobControl::next_seq() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -166,6 +101,34 @@ void JobControl::set_log_interval(int64_t n) {
   state_.log_interval = n;
 }
 
+void JobControl::put_pieces(int64_t seq, Result<Pieces> pieces) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pieces_.insert_or_assign(seq, std::move(pieces));
+  while (pieces_.size() > 4) pieces_.erase(pieces_.begin());  // nobody came for the oldest
+  changed_.notify_all();
+}
+
+Result<JobControl::Pieces> JobControl::take_pieces(int64_t seq, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!changed_.wait_for(lock, timeout, [&] { return pieces_.count(seq) > 0; }))
+    return Status::error("the ranks did not hand the tensor within " + std::to_string(timeout.count() / 1000) +
+                         " s (an iteration takes longer, or the job is paused)");
+  auto it = pieces_.find(seq);
+  auto out = std::move(it->second);
+  pieces_.erase(it);
+  return out;
+}
+
+void JobControl::set_tensor_names(std::vector<std::string> names) {
+  std::lock_guard<std::mutex> lock(mu_);
+  names_ = std::move(names);
+}
+
+std::vector<std::string> JobControl::tensor_names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return names_;
+}
+
 namespace {
 
 nlohmann::json state_json(const JobControl& control, int64_t iteration) {
@@ -180,6 +143,148 @@ nlohmann::json state_json(const JobControl& control, int64_t iteration) {
 // How long the inspector waits for a command to take effect before answering "pending": an
 // iteration of a large model may take longer (the command still applies after it).
 constexpr std::chrono::seconds kApplyWait{30};
+
+// Rank 0's inspector: numbers `c` and hands it to every process, the others first (so they hold it
+// before this process's trainer can vote for it). An empty string, or what went wrong.
+std::string submit(const InspectHub& hub, JobControl& control, ControlCommand& c, std::vector<std::string>& unreachable) {
+  c.seq = control.next_seq();
+  for (const std::string& answer : hub.ask_peers("control " + std::to_string(c.seq) + " " + c.text(), unreachable)) {
+    const auto j = nlohmann::json::parse(answer, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.contains("error"))
+      unreachable.push_back("a process refused the command: " +
+                            (j.is_object() && j.contains("error") && j["error"].is_string() ? j["error"].get<std::string>()
+                                                                                           : answer.substr(0, 200)));
+  }
+  // Even when some did not take it, this process holds it: a later command must not skip it.
+  control.deliver(c);
+  return unreachable.empty() ? "" : c.verb + ": not every process took the command";
+}
+
+// The parameters of the whole job (each process knows its own ranks').
+std::vector<std::string> job_tensor_names(const InspectHub& hub, const JobControl& control) {
+  std::vector<std::string> names = control.tensor_names();
+  std::vector<std::string> unreachable;
+  for (const std::string& answer : hub.ask_peers("names", unreachable)) {
+    const auto j = nlohmann::json::parse(answer, nullptr, false);
+    if (j.is_object() && j.contains("names") && j["names"].is_array())
+      for (const auto& n : j["names"])
+        if (n.is_string()) names.push_back(n.get<std::string>());
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
+struct TensorAsk {
+  std::string name;  // as asked, with its suffix
+  std::string parameter;
+  std::string kind = "value";
+  std::optional<int> rank;
+  int bins = 20;
+  bool data = false;
+};
+
+Result<TensorAsk> parse_tensor_ask(const std::vector<std::string>& args) {
+  const char* usage = " (tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N])";
+  if (args.empty()) return Status::bad_input(std::string("tensor needs a parameter's name") + usage);
+  TensorAsk t;
+  t.name = t.parameter = args[0];
+  for (const char* kind : {"grad", "exp_avg_sq", "exp_avg"}) {
+    const std::string suffix = std::string(".") + kind;
+    if (t.name.size() > suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      t.parameter = t.name.substr(0, t.name.size() - suffix.size());
+      t.kind = kind;
+      break;
+    }
+  }
+  for (size_t i = 1; i < args.size(); ++i) {
+    if (args[i] == "--data") {
+      t.data = true;
+    } else if ((args[i] == "--rank" || args[i] == "--bins") && i + 1 < args.size()) {
+      const auto v = args[i] == "--rank" ? whole_number(args[i + 1], 1 << 24) : whole_number(args[i + 1], 1000);
+      if (!v && !(args[i] == "--rank" && args[i + 1] == "0"))
+        return Status::bad_input(args[i] + " needs a whole number" + (args[i] == "--bins" ? " from 1 to 1000" : "") + usage);
+      if (args[i] == "--rank")
+        t.rank = v ? static_cast<int>(*v) : 0;
+      else
+        t.bins = static_cast<int>(*v);
+      ++i;
+    } else {
+      return Status::bad_input("tensor does not know " + args[i] + usage);
+    }
+  }
+  return t;
+}
+
+std::string tensor_answer(const InspectHub& hub, JobControl& control, const InspectCall& call) {
+  auto parsed = parse_tensor_ask(call.args);
+  if (!parsed) return inspect_error(parsed.status().message());
+  const TensorAsk& t = parsed.value();
+  const std::vector<std::string> names = job_tensor_names(hub, control);
+  if (!std::binary_search(names.begin(), names.end(), t.parameter)) {
+    std::string near;
+    int shown = 0;
+    for (const std::string& n : names)
+      if (n.find(t.parameter) != std::string::npos && shown++ < 8) near += (near.empty() ? "" : ", ") + n;
+    return inspect_error("no parameter " + t.parameter + (near.empty() ? " (`names` lists them)" : "; did you mean " + near + "?"));
+  }
+  if (t.kind == "grad" && control.paused())
+    return inspect_error("a gradient is handed during a step and the job is paused: ask while it runs (or step)");
+  ControlCommand c;
+  c.verb = "tensor";
+  c.args = {t.parameter, t.kind};
+  std::vector<std::string> unreachable;
+  if (std::string why = submit(hub, control, c, unreachable); !why.empty())
+    return with_unreachable(inspect_error(why), unreachable);
+  auto local = control.take_pieces(c.seq, std::chrono::seconds(t.kind == "grad" ? 120 : 60));
+  if (!local) return inspect_error(local.status().message());
+  std::vector<RankPieces> parts = std::move(local.value().parts);
+  for (const std::string& answer : hub.ask_peers("tensor-part " + std::to_string(c.seq), unreachable, std::chrono::seconds(15))) {
+    auto more = pieces_from_json(answer);
+    if (!more) {
+      unreachable.push_back(more.status().message());
+      continue;
+    }
+    for (RankPieces& p : more.value()) parts.push_back(std::move(p));
+  }
+  if (!unreachable.empty()) return with_unreachable(inspect_error("not every process handed its part of " + t.name), unreachable);
+  std::sort(parts.begin(), parts.end(), [](const RankPieces& a, const RankPieces& b) { return a.rank < b.rank; });
+  auto whole = assemble_pieces(parts, t.rank);
+  if (!whole) return inspect_error(t.name + ": " + whole.status().message());
+  const AssembledTensor& a = whole.value();
+  std::vector<float> held;  // one rank's elements, in global order
+  if (t.rank) {
+    for (const RankPieces& part : parts)
+      if (part.rank == *t.rank)
+        for (const TensorPiece& p : part.pieces)
+          for (const GlobalRun& r : p.runs)
+            held.insert(held.end(), a.values.begin() + r.start, a.values.begin() + r.start + r.length);
+  } else if (a.covered != a.shape.numel()) {
+    return inspect_error(t.name + ": the ranks' pieces cover " + std::to_string(a.covered) + " of " +
+                         std::to_string(a.shape.numel()) + " elements");
+  }
+  const std::vector<float>& values = t.rank ? held : a.values;
+  const TensorStats s = tensor_stats(values.data(), static_cast<int64_t>(values.size()), t.bins);
+  nlohmann::json j{{"name", t.name},
+                   {"parameter", t.parameter},
+                   {"kind", t.kind},
+                   {"shape", std::vector<int64_t>(a.shape.begin(), a.shape.end())},
+                   {"dtype", "f32"},
+                   {"iteration", local.value().iteration},
+                   {"ranks", a.ranks},
+                   {"elements", s.count},
+                   {"nan", s.nan},
+                   {"inf", s.inf},
+                   {"min", s.min},
+                   {"max", s.max},
+                   {"mean", s.mean},
+                   {"std", s.std},
+                   {"norm", s.norm},
+                   {"histogram", {{"min", s.min}, {"max", s.max}, {"counts", s.histogram}}}};
+  if (t.rank) j["rank"] = *t.rank;
+  if (t.data) j["values"] = base64_encode(values.data(), values.size() * sizeof(float));
+  return j.dump(1) + "\n";
+}
 
 }  // namespace
 
@@ -216,24 +321,11 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
         return j.dump(1) + "\n";
       }
       ControlCommand c = std::move(command).value();
-      c.seq = control.next_seq();
-      // Every other process holds the command before this process's trainer can vote for it.
       std::vector<std::string> unreachable;
-      for (const std::string& answer : hub.ask_peers("control " + std::to_string(c.seq) + " " + c.text(), unreachable)) {
-        const auto j = nlohmann::json::parse(answer, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || j.contains("error"))
-          unreachable.push_back("a process refused the command: " + (j.is_object() && j.contains("error") && j["error"].is_string()
-                                                                          ? j["error"].get<std::string>()
-                                                                          : answer.substr(0, 200)));
-      }
-      if (!unreachable.empty()) {
-        // The others may hold it: deliver it here too, so a later command does not skip it.
-        control.deliver(c);
-        return with_unreachable(inspect_error(verb + ": not every process took the command"), unreachable);
-      }
+      if (std::string why = submit(hub, control, c, unreachable); !why.empty())
+        return with_unreachable(inspect_error(why), unreachable);
       const int64_t seq = c.seq;
       const std::string text = c.text();
-      control.deliver(std::move(c));
       bool done = control.wait_applied(seq, kApplyWait);
       if (done && verb == "pause") done = control.wait_paused(std::chrono::milliseconds(2000));
       nlohmann::json j = state_json(control, hub.iteration());
@@ -244,6 +336,25 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
       return j.dump(1) + "\n";
     });
   }
+  hub.add("tensor", "tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N]",
+          "a parameter (its gradient from the next step, its Adam moments): shape, norm, min, max, mean, std, NaN/Inf, "
+          "histogram; `dump NAME FILE.h5` writes it",
+          [&hub, &control](const InspectCall& call) {
+            if (call.local || !hub.first()) return inspect_error("tensor: ask the inspector of rank 0's process");
+            return tensor_answer(hub, control, call);
+          });
+  hub.add("names", "names", "every parameter's global name", [&hub, &control](const InspectCall& call) {
+    return nlohmann::json{{"names", call.local ? control.tensor_names() : job_tensor_names(hub, control)}}.dump() + "\n";
+  });
+  hub.add("tensor-part", "tensor-part SEQ", "(from rank 0's inspector to the others) this process's pieces of a tensor",
+          [&control](const InspectCall& call) {
+            if (!call.local || call.args.size() != 1) return inspect_error("tensor-part is between inspectors");
+            const auto seq = whole_number(call.args[0], int64_t{1} << 52);
+            if (!seq) return inspect_error("tensor-part: bad sequence number");
+            auto pieces = control.take_pieces(*seq, std::chrono::seconds(12));
+            if (!pieces) return inspect_error(pieces.status().message());
+            return pieces_to_json(pieces.value().parts);
+          });
   // Between inspectors: a numbered command from rank 0's inspector for this process's trainer.
   hub.add("control", "control SEQ COMMAND...", "(from rank 0's inspector to the others) a numbered command",
           [&control, can_save](const InspectCall& call) {

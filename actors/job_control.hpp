@@ -24,23 +24,16 @@
 #include <string>
 #include <vector>
 
+#include <map>
+
+#include "actors/control_command.hpp"
+#include "engine/types.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
 
 class InspectHub;
 struct TrainConfig;
-
-struct ControlCommand {
-  int64_t seq = 0;
-  std::string verb;               // pause, resume, step, set, save
-  std::vector<std::string> args;  // step: [N]; set: [name, value]
-  std::string text() const;       // "set lr 0.0001"
-};
-
-// A command line the trainer understands, checked: the command or what is wrong with it ("set lr
-// needs a positive number, e.g. set lr 1e-4"). `can_save`: the job has --save.
-Result<ControlCommand> parse_control(const std::string& verb, const std::vector<std::string>& args, bool can_save);
 
 class JobControl {
  public:
@@ -77,6 +70,19 @@ class JobControl {
   void set_lr_override(std::optional<double> lr);
   void set_log_interval(int64_t n);
 
+  // What a tensor command read on this process's ranks (by its number), until the inspector takes
+  // it: the trainer puts, the inspector waits (bounded) and takes. At most a few are kept.
+  struct Pieces {
+    int64_t iteration = 0;  // the values after this many iterations (grad: of this iteration)
+    std::vector<RankPieces> parts;
+  };
+  void put_pieces(int64_t seq, Result<Pieces> pieces);
+  Result<Pieces> take_pieces(int64_t seq, std::chrono::milliseconds timeout);
+
+  // The parameters' global names (for `tensor` and completion), set once the ranks are up.
+  void set_tensor_names(std::vector<std::string> names);
+  std::vector<std::string> tensor_names() const;
+
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
@@ -84,6 +90,8 @@ class JobControl {
   int64_t last_seq_ = 0, delivered_ = 0;
   std::function<void()> wake_;
   State state_;
+  std::map<int64_t, Result<Pieces>> pieces_;
+  std::vector<std::string> names_;
 };
 
 // The control commands on the job's inspector: pause, resume, step [N], set lr X|schedule, set

@@ -128,6 +128,29 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         if (!out) return rank_error(s.rank, out.status());
         return out.value();
       },
+      [self](tensor_atom, const std::string& name, int32_t kind) -> caf::result<RankPieces> {
+        auto& s = self->state;
+        if (!s.created) return rank_error(s.rank, s.created);
+        const auto k = static_cast<TensorKind>(kind);
+        if (k == TensorKind::value) return RankPieces{s.rank, s.engine->tensor_pieces(name, k, {}, {})};
+        if ((k != TensorKind::exp_avg && k != TensorKind::exp_avg_sq) || !s.optimizer)
+          return rank_error(s.rank, Status::error("only values and Adam moments are read between steps"));
+        auto rp = self->make_response_promise<RankPieces>();
+        self->request(s.optimizer, caf::infinite, save_atom::value)
+            .then(
+                [self, rp, name, k](OptimizerMoments& m) mutable {
+                  auto& st = self->state;
+                  rp.deliver(RankPieces{st.rank, st.engine->tensor_pieces(name, k, m.exp_avg, m.exp_avg_sq)});
+                },
+                [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        return rp;
+      },
+      [self](names_atom) -> std::vector<std::string> {
+        std::vector<std::string> out;
+        if (self->state.engine)
+          for (const auto& [name, shape] : self->state.engine->parameter_names()) out.push_back(name);
+        return out;
+      },
       [self](spans_atom) -> RankTimeline {
         auto& s = self->state;
         RankTimeline t;
@@ -292,6 +315,9 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     r.grad_norm = acc->items[0].grad_norm;
                     r.stop = acc->items[0].stop;
                     r.control = acc->items[0].control;
+                    for (size_t k = 0; k < acc->items.size(); ++k)
+                      if (!acc->items[k].captured.empty())
+                        r.captured.push_back(RankPieces{self->state.global[k], std::move(acc->items[k].captured)});
                     r.busy_fraction_min = 1;
                     for (const auto& o : acc->items) {
                       r.max_busy_us = std::max(r.max_busy_us, o.busy_us);
@@ -335,6 +361,43 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                   [rp, acc, i](RankTimeline& t) mutable {
                     acc->items[i] = std::move(t);
                     if (--acc->remaining == 0) rp.deliver(std::move(acc->items));
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self](tensor_atom, const std::string& name, int32_t kind) -> caf::result<std::vector<RankPieces>> {
+        auto rp = self->make_response_promise<std::vector<RankPieces>>();
+        auto acc = std::make_shared<Gather<RankPieces>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          self->request(self->state.ranks[i], caf::infinite, tensor_atom::value, name, kind)
+              .then(
+                  [rp, acc, i](RankPieces& p) mutable {
+                    acc->items[i] = std::move(p);
+                    if (--acc->remaining == 0) rp.deliver(std::move(acc->items));
+                  },
+                  [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        }
+        return rp;
+      },
+      [self](names_atom) -> caf::result<std::vector<std::string>> {
+        auto rp = self->make_response_promise<std::vector<std::string>>();
+        auto acc = std::make_shared<Gather<std::vector<std::string>>>();
+        acc->items.resize(self->state.ranks.size());
+        acc->remaining = self->state.ranks.size();
+        for (size_t i = 0; i < self->state.ranks.size(); ++i) {
+          self->request(self->state.ranks[i], caf::infinite, names_atom::value)
+              .then(
+                  [rp, acc, i](std::vector<std::string>& names) mutable {
+                    acc->items[i] = std::move(names);
+                    if (--acc->remaining > 0) return;
+                    std::vector<std::string> all;
+                    for (auto& n : acc->items) all.insert(all.end(), n.begin(), n.end());
+                    std::sort(all.begin(), all.end());
+                    all.erase(std::unique(all.begin(), all.end()), all.end());
+                    rp.deliver(std::move(all));
                   },
                   [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
         }

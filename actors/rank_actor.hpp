@@ -29,6 +29,9 @@ using train_step_atom = caf::atom_constant<caf::atom("trainstep")>;
 using spans_atom = caf::atom_constant<caf::atom("spans")>;
 using memory_atom = caf::atom_constant<caf::atom("memory")>;
 using pending_atom = caf::atom_constant<caf::atom("pending")>;
+using tensor_atom = caf::atom_constant<caf::atom("tensor")>;
+using names_atom = caf::atom_constant<caf::atom("names")>;
+
 
 struct RankStepRequest {
   Tensor tokens;  // this replica's windows
@@ -44,6 +47,7 @@ struct GroupStepResult {
   double step_us = 0;
   double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
   bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
+  std::vector<RankPieces> captured;  // StepRequest::capture_grad's pieces, every local rank's
   int64_t control = 0;  // the inspector commands every process applies after this step (StepOutcome::control)
 };
 
@@ -54,7 +58,10 @@ using rank_actor = caf::typed_actor<
     caf::replies_to<spans_atom>::with<RankTimeline>,
     caf::replies_to<memory_atom>::with<RankMemory>,
     caf::replies_to<save_atom, SaveRequest>::with<ok_atom>,   // this rank's shard file
-    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>>;  // from any layout's checkpoint
+    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>,   // from any layout's checkpoint
+    // A parameter's values or Adam moments (TensorKind as int32; not grad: see StepRequest).
+    caf::replies_to<tensor_atom, std::string, int32_t>::with<RankPieces>,
+    caf::replies_to<names_atom>::with<std::vector<std::string>>>;  // its parameters' global names
 
 using group_actor = caf::typed_actor<
     caf::replies_to<init_atom, uint64_t>::with<ok_atom>,
@@ -64,7 +71,9 @@ using group_actor = caf::typed_actor<
     caf::replies_to<memory_atom>::with<std::vector<RankMemory>>,
     caf::replies_to<pending_atom>::with<std::vector<int>>,  // ranks that have not answered the current step
     caf::replies_to<save_atom, SaveRequest>::with<ok_atom>,   // every local rank's shard file
-    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>>;
+    caf::replies_to<load_atom, LoadRequest>::with<ok_atom>,
+    caf::replies_to<tensor_atom, std::string, int32_t>::with<std::vector<RankPieces>>,  // every local rank's
+    caf::replies_to<names_atom>::with<std::vector<std::string>>>;  // every local rank's parameters, sorted
 
 // world: this rank's view of the backend (local fabric or UCX), kept by the actor, which creates
 // its groups from `topology` on its own thread before taking commands.
@@ -108,3 +117,5 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankTimeline)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankMemory)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::RankTimeline>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::RankMemory>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::RankPieces)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<troupe::RankPieces>)

@@ -41,6 +41,8 @@ struct TrainerState {
   bool parked = false;       // stopped between iterations, waiting for a command
   bool applying = false;     // applying commands while parked (a save may take a while)
   int64_t steps_left = -1;   // step N: iterations left before pausing again; -1: not stepping
+  int64_t capture_seq = 0;   // a tensor command wants this gradient from the next step (0: none)
+  std::string capture_name;
 };
 
 using Self = trainer_actor::stateful_pointer<TrainerState>;
@@ -234,6 +236,7 @@ StepRequest step_request(Self self) {
   if (s.spec.control) {
     req.control = s.spec.control->vote();
     if (const auto lr = s.spec.control->state().lr_override) req.lr = *lr;
+    if (s.capture_seq > 0) req.capture_grad = s.capture_name;
   }
   return req;
 }
@@ -261,6 +264,25 @@ void apply_commands(Self self, std::shared_ptr<std::vector<ControlCommand>> comm
     st.spec.control->set_lr_override(c.args.at(1) == "schedule" ? std::optional<double>() : std::stod(c.args.at(1)));
   } else if (c.verb == "set" && c.args.at(0) == "log-interval") {
     st.spec.control->set_log_interval(std::stoll(c.args.at(1)));
+  } else if (c.verb == "tensor" && c.args.at(1) == "grad") {  // handed by the next step
+    st.capture_seq = c.seq;
+    st.capture_name = c.args.at(0);
+  } else if (c.verb == "tensor") {
+    const int32_t kind = static_cast<int32_t>(c.args.at(1) == "value"     ? TensorKind::value
+                                              : c.args.at(1) == "exp_avg" ? TensorKind::exp_avg
+                                                                          : TensorKind::exp_avg_sq);
+    const int64_t seq = c.seq, iteration = st.iteration;
+    self->request(st.spec.group, caf::infinite, tensor_atom::value, c.args.at(0), kind)
+        .then(
+            [self, next, seq, iteration](std::vector<RankPieces>& parts) {
+              self->state.spec.control->put_pieces(seq, JobControl::Pieces{iteration, std::move(parts)});
+              next();
+            },
+            [self, next, seq](caf::error& err) {
+              self->state.spec.control->put_pieces(seq, Status::error(describe(err)));
+              next();
+            });
+    return;
   } else if (c.verb == "save" && st.last_saved != st.iteration) {
     save_then(self, next);
     return;
@@ -319,6 +341,10 @@ void run_micro_batches(Self self, const Tensor& batch) {
           [self](const GroupStepResult& r) {
             if (r.stop) self->state.stop_requested = true;  // every process stops after this step
             self->state.agreed = r.control;
+            if (auto& s = self->state; s.capture_seq > 0) {  // the gradient a tensor command asked for
+              s.spec.control->put_pieces(s.capture_seq, JobControl::Pieces{s.iteration + 1, r.captured});
+              s.capture_seq = 0;
+            }
             if (self->state.spec.report_busy)
               on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
             else

@@ -1,9 +1,23 @@
 // troupe inspect TARGET --exec CMD [--json]: asks a running job's inspector (troupe train --inspect).
 // TARGET: the job's inspect file (address and token), or HOST:PORT with the token in
 // TROUPE_JOB_TOKEN. docs/INSPECT.md has the commands and the JSON schema.
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <readline/history.h>
+#include <readline/readline.h>
 
 #include <nlohmann/json.hpp>
 
@@ -12,6 +26,8 @@
 #include "comm/bootstrap/psk_channel.hpp"
 #include "config/inspect_file.hpp"
 #include "config/validate.hpp"
+#include "engine/tensor_stats.hpp"
+#include "storage/tensor_dump.hpp"
 
 namespace troupe::apps {
 
@@ -72,6 +88,28 @@ std::string human(const std::string& command, const nlohmann::json& j) {
       out += " (paused after iteration " + std::to_string(j["job"].value("paused_after", int64_t{0})) + ")";
     out += "\n";
     for (const auto& r : j["ranks"]) out += "  " + r.value("describe", std::string()) + "\n";
+  } else if (verb == "tensor" && j.contains("shape")) {
+    auto num = [&](const char* key) { return fmt::format("{:.6g}", j.value(key, 0.0)); };
+    std::string shape;
+    for (const auto& d : j["shape"]) shape += (shape.empty() ? "" : ", ") + d.dump();
+    out += fmt::format("{} ({}) after iteration {}: shape ({}) f32, {} elements{}\n", j.value("name", std::string()),
+                       j.value("kind", std::string()), j.value("iteration", int64_t{0}), shape,
+                       j.value("elements", int64_t{0}),
+                       j.contains("rank") ? " held by rank " + j["rank"].dump() : "");
+    out += "  norm " + num("norm") + "  min " + num("min") + "  max " + num("max") + "  mean " + num("mean") + "  std " +
+           num("std") + "  nan " + j["nan"].dump() + "  inf " + j["inf"].dump() + "\n";
+    const auto& counts = j["histogram"]["counts"];
+    int64_t most = 1;
+    for (const auto& c : counts) most = std::max<int64_t>(most, c.get<int64_t>());
+    const double lo = j["histogram"].value("min", 0.0), hi = j["histogram"].value("max", 0.0);
+    const double width = counts.empty() ? 0 : (hi - lo) / static_cast<double>(counts.size());
+    for (size_t b = 0; b < counts.size(); ++b) {
+      const int64_t c = counts[b].get<int64_t>();
+      out += fmt::format("  {:>12.5g} {:>9} {}\n", lo + width * static_cast<double>(b), c,
+                         std::string(static_cast<size_t>(40 * c / most), '#'));
+    }
+  } else if (verb == "names" && j.contains("names")) {
+    for (const auto& n : j["names"]) out += "  " + n.get<std::string>() + "\n";
   } else if (verb == "where") {
     out += j.value("summary", std::string()) + "\n";
     for (const auto& e : j["edges"])
@@ -83,35 +121,224 @@ std::string human(const std::string& command, const nlohmann::json& j) {
   return out;
 }
 
+// One connection's worth of asking: every request is a fresh TLS-PSK connection (the server
+// answers one request per connection).
+struct Session {
+  Target target;
+  Result<nlohmann::json> ask(const std::string& line) const {
+    auto answer = comm::psk_request(target.host, target.port, target.token, line, std::chrono::milliseconds(150'000));
+    if (!answer) return answer.status();
+    auto j = nlohmann::json::parse(answer.value(), nullptr, false);
+    if (j.is_discarded()) return Status::error("the job's answer is not JSON");
+    return j;
+  }
+};
+
+std::vector<std::string> words_of(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_interrupt(int) { g_interrupted = true; }
+
+// top [--count N] [--interval S]: status as a table, redrawn until Ctrl-C (or N times).
+int run_top(const Session& session, const std::vector<std::string>& args, bool json) {
+  int64_t count = -1;
+  double interval = 1.0;
+  for (size_t i = 1; i + 1 < args.size(); i += 2) {
+    if (args[i] == "--count") count = std::atoll(args[i + 1].c_str());
+    if (args[i] == "--interval") interval = std::max(0.1, std::atof(args[i + 1].c_str()));
+  }
+  g_interrupted = false;
+  auto old = std::signal(SIGINT, on_interrupt);
+  const bool tty = isatty(STDOUT_FILENO) == 1 && !json;
+  int rc = kExitOk;
+  for (int64_t n = 0; (count < 0 || n < count) && !g_interrupted; ++n) {
+    auto j = session.ask("status");
+    if (!j) {
+      std::fprintf(stderr, "troupe inspect: error: %s\n", j.status().message().c_str());
+      rc = exit_code_for(j.status());
+      break;
+    }
+    std::string screen = tty ? "\033[H\033[2J" : "";
+    const auto& s = j.value();
+    if (json) {
+      screen = s.dump() + "\n";
+    } else {
+      screen += fmt::format("troupe top -- iteration {}{}   (Ctrl-C to leave)\n", s.value("iteration", int64_t{0}),
+                            s.contains("job") && s["job"].value("paused", false) ? " (paused)" : "");
+      screen += fmt::format("{:>5} {:>4} {:>4} {:>4} {:>6}  {:<22} {:>9}  {}\n", "rank", "pp", "tp", "dp", "step", "doing",
+                            "for (s)", "waiting for");
+      for (const auto& r : s["ranks"]) {
+        const std::string doing = r.value("doing", std::string()) +
+                                  (r.value("micro_batch", -1) >= 0 ? " mb " + std::to_string(r.value("micro_batch", -1)) : "");
+        screen += fmt::format("{:>5} {:>4} {:>4} {:>4} {:>6}  {:<22} {:>9.2f}  {}\n", r.value("rank", 0), r.value("pp", 0),
+                              r.value("tp", 0), r.value("dp", 0), r.value("step", int64_t{0}), doing,
+                              r.value("seconds_in_state", 0.0), r.value("waiting_for", std::string()));
+      }
+    }
+    std::fputs(screen.c_str(), stdout);
+    std::fflush(stdout);
+    if (count >= 0 && n + 1 >= count) break;
+    for (double slept = 0; slept < interval && !g_interrupted; slept += 0.05)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::signal(SIGINT, old);
+  return rc;
+}
+
+// dump NAME FILE.h5 [--rank R]: the tensor's values, written here by the client.
+int run_dump(const Session& session, const std::vector<std::string>& args, bool json) {
+  if (args.size() < 3)
+    return std::fprintf(stderr, "troupe inspect: error: dump needs a tensor and a file: dump NAME FILE.h5 [--rank R]\n"),
+           kExitUsage;
+  std::string line = "tensor " + args[1] + " --data";
+  for (size_t i = 3; i < args.size(); ++i) line += " " + args[i];
+  auto j = session.ask(line);
+  if (!j) return std::fprintf(stderr, "troupe inspect: error: %s\n", j.status().message().c_str()), exit_code_for(j.status());
+  const auto& t = j.value();
+  if (t.contains("error"))
+    return std::fprintf(stdout, "%s", json ? (t.dump() + "\n").c_str() : human("tensor", t).c_str()), kExitUsage;
+  auto bytes = base64_decode(t.value("values", std::string()));
+  if (!bytes) return std::fprintf(stderr, "troupe inspect: error: the job's values: %s\n", bytes.status().message().c_str()), 1;
+  std::vector<int64_t> dims = t["shape"].get<std::vector<int64_t>>();
+  Shape shape(dims.begin(), dims.end());
+  const int64_t n = static_cast<int64_t>(bytes.value().size() / sizeof(float));
+  if (t.contains("rank")) shape = Shape{n};  // one rank's elements, in global order
+  if (shape.numel() != n) return std::fprintf(stderr, "troupe inspect: error: the job sent %lld values for a shape of %lld\n",
+                                              static_cast<long long>(n), static_cast<long long>(shape.numel())), 1;
+  std::vector<float> values(static_cast<size_t>(n));
+  std::memcpy(values.data(), bytes.value().data(), bytes.value().size());
+  const std::string name = t.value("name", std::string());
+  std::map<std::string, std::string> text{{"parameter", t.value("parameter", std::string())}, {"kind", t.value("kind", std::string())}};
+  std::map<std::string, int64_t> ints{{"iteration", t.value("iteration", int64_t{0})}};
+  if (t.contains("rank")) ints["rank"] = t["rank"].get<int64_t>();
+  if (Status st = write_tensor_h5(args[2], name, shape, values.data(), text, ints); !st)
+    return std::fprintf(stderr, "troupe inspect: error: %s\n", st.message().c_str()), 1;
+  nlohmann::json out = t;
+  out.erase("values");
+  out["file"] = args[2];
+  out["dataset"] = name;
+  if (json)
+    std::fputs((out.dump(1) + "\n").c_str(), stdout);
+  else
+    std::printf("%swrote %s to %s (dataset \"%s\")\n", human("tensor", out).c_str(), name.c_str(), args[2].c_str(),
+                name.c_str());
+  return kExitOk;
+}
+
+// One command line: printed for people, or as JSON; the exit code (2: the job refused it).
+int run_line(const Session& session, const std::string& line, bool json) {
+  const std::vector<std::string> args = words_of(line);
+  if (args.empty()) return kExitOk;
+  if (args[0] == "top") return run_top(session, args, json);
+  if (args[0] == "dump") return run_dump(session, args, json);
+  auto j = session.ask(line);
+  if (!j) {
+    std::fprintf(stderr, "troupe inspect: error: %s\n", j.status().message().c_str());
+    return exit_code_for(j.status());
+  }
+  std::fputs(json ? (j.value().dump(1) + "\n").c_str() : human(line, j.value()).c_str(), stdout);
+  std::fflush(stdout);
+  return j.value().contains("error") ? kExitUsage : kExitOk;
+}
+
+// Completion in the REPL: command words, then parameter names (with .grad/.exp_avg/.exp_avg_sq).
+std::vector<std::string> g_commands, g_names;
+char* complete_next(const char* text, int state) {
+  static size_t index;
+  static std::vector<std::string> matches;
+  if (state == 0) {
+    matches.clear();
+    index = 0;
+    const std::string prefix = text;
+    const std::string before(rl_line_buffer, static_cast<size_t>(rl_point));
+    const bool first_word = before.find_first_not_of(' ') == std::string::npos ||
+                            before.find(' ', before.find_first_not_of(' ')) == std::string::npos;
+    if (first_word) {
+      for (const std::string& c : g_commands)
+        if (c.rfind(prefix, 0) == 0) matches.push_back(c);
+    } else {
+      for (const std::string& n : g_names)
+        for (const char* suffix : {"", ".grad", ".exp_avg", ".exp_avg_sq"}) {
+          const std::string full = n + suffix;
+          if (full.rfind(prefix, 0) == 0 && (prefix.size() > n.size() || *suffix == '\0' || prefix == n))
+            matches.push_back(full);
+        }
+    }
+  }
+  if (index >= matches.size()) return nullptr;
+  return strdup(matches[index++].c_str());
+}
+char** complete(const char* text, int, int) {
+  rl_attempted_completion_over = 1;
+  return rl_completion_matches(text, complete_next);
+}
+
+// The REPL: readline (line editing, history in ~/.troupe_inspect_history, Tab completion) on a
+// terminal; one command per line from a pipe.
+int run_repl(const Session& session, bool json) {
+  if (isatty(STDIN_FILENO) != 1) {
+    int rc = kExitOk;
+    for (std::string line; std::getline(std::cin, line);) {
+      if (line == "quit" || line == "exit") break;
+      if (int r = run_line(session, line, json); r != kExitOk) rc = r;
+    }
+    return rc;
+  }
+  if (auto h = session.ask("help"); h && h.value().contains("commands"))
+    for (const auto& c : h.value()["commands"]) g_commands.push_back(c.value("name", std::string()));
+  for (const char* extra : {"dump", "top", "quit"}) g_commands.push_back(extra);
+  if (auto n = session.ask("names"); n && n.value().contains("names"))
+    for (const auto& name : n.value()["names"]) g_names.push_back(name.get<std::string>());
+  const char* home = std::getenv("HOME");
+  const std::string history = std::string(home ? home : ".") + "/.troupe_inspect_history";
+  read_history(history.c_str());
+  rl_attempted_completion_function = complete;
+  std::printf("troupe inspect %s:%d -- help lists the commands, Tab completes, quit leaves\n", session.target.host.c_str(),
+              session.target.port);
+  while (char* raw = readline("troupe> ")) {
+    std::string line = raw;
+    std::free(raw);
+    if (line.find_first_not_of(' ') == std::string::npos) continue;
+    add_history(line.c_str());
+    if (line == "quit" || line == "exit") break;
+    run_line(session, line, json);
+  }
+  write_history(history.c_str());
+  history_truncate_file(history.c_str(), 1000);
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_inspect_command(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("inspect", "Ask a running job (troupe train --inspect) what its ranks are doing");
   auto target = std::make_shared<std::string>();
-  auto command = std::make_shared<std::string>("status");
+  auto command = std::make_shared<std::string>();
   auto json = std::make_shared<bool>(false);
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
-  cmd->add_option("--exec", *command, "The command: status (every rank: what it does now), where (who waits on "
-                                      "whom, and the culprit of a stall), help");
-  cmd->add_flag("--json", *json, "Print the answer as JSON (docs/INSPECT.md)");
+  cmd->add_option("--exec", *command,
+                  "One command, then exit (for scripts): status, where, pause, step N, resume, set lr X, save, "
+                  "tensor NAME, dump NAME FILE.h5, top, help... Without it: an interactive prompt");
+  cmd->add_flag("--json", *json, "Print the answers as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
-    auto fail = [&](const Status& st) {
-      std::fprintf(stderr, "troupe inspect: error: %s\n", st.message().c_str());
-      *exit_code = exit_code_for(st);
-    };
     auto t = resolve_target(*target);
-    if (!t) return fail(t.status());
-    if (Status st = comm::validate_job_token(t.value().token, "the token"); !st) return fail(st.as_bad_input());
-    auto answer = comm::psk_request(t.value().host, t.value().port, t.value().token, *command);
-    if (!answer) return fail(answer.status());
-    const auto j = nlohmann::json::parse(answer.value(), nullptr, false);
-    if (j.is_discarded()) return fail(Status::error("the job's answer is not JSON"));
-    if (*json) {
-      std::fputs(answer.value().c_str(), stdout);
-    } else {
-      std::fputs(human(*command, j).c_str(), stdout);
+    if (!t) {
+      std::fprintf(stderr, "troupe inspect: error: %s\n", t.status().message().c_str());
+      *exit_code = exit_code_for(t.status());
+      return;
     }
-    *exit_code = j.contains("error") ? kExitUsage : kExitOk;
+    if (Status st = comm::validate_job_token(t.value().token, "the token"); !st) {
+      std::fprintf(stderr, "troupe inspect: error: %s\n", st.message().c_str());
+      *exit_code = kExitUsage;
+      return;
+    }
+    Session session{t.value()};
+    *exit_code = command->empty() ? run_repl(session, *json) : run_line(session, *command, *json);
   });
 }
 

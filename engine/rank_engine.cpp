@@ -425,6 +425,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
       const double factor = req.clip_grad / (out.grad_norm + 1e-6);
       for (auto& store : stores_) store->scale_gradients(factor);
     }
+    if (!req.capture_grad.empty()) out.captured = tensor_pieces(req.capture_grad, TensorKind::grad, {}, {});
     record("grad reduce", "reduce", t0);
     board_->set(Doing::optimizer);
     return out;
@@ -669,6 +670,41 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
           make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i], moments_are_copies));
     }
   }
+  return out;
+}
+
+std::vector<TensorPiece> RankEngine::tensor_pieces(const std::string& name, TensorKind kind,
+                                                   const std::vector<Tensor>& exp_avg,
+                                                   const std::vector<Tensor>& exp_avg_sq) const {
+  std::vector<TensorPiece> out;
+  const int zero = spec_.par.zero_stage;
+  size_t seg = 0;
+  std::vector<AdamSegment> segments;
+  if (kind == TensorKind::grad) segments = adam_segments();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const PipelineStage& chunk = *chunks_[c];
+    if (kind == TensorKind::value) {
+      for (const auto& r : stores_[c]->param_ranges())
+        if (chunk.specs()[r.spec].name == name && chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
+          out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
+      continue;
+    }
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const size_t i = seg++;
+      if (chunk.specs()[r.spec].name != name || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
+      const Tensor& values = kind == TensorKind::grad      ? segments.at(i).grad
+                             : kind == TensorKind::exp_avg ? exp_avg.at(i)
+                                                           : exp_avg_sq.at(i);
+      out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, values));
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Shape>> RankEngine::parameter_names() const {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (const auto& chunk : chunks_)
+    for (const ParamSpec& spec : chunk->specs()) out.emplace_back(spec.name, spec.global_shape);
   return out;
 }
 

@@ -98,6 +98,7 @@ struct StepOutcome {
   double step_us = 0;    // wall time of the step on this rank
   bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
   int64_t control = 0;   // rank 0's StepRequest::control: the inspector commands to apply after this step
+  std::vector<TensorPiece> captured;  // StepRequest::capture_grad's pieces on this rank
 };
 
 struct MemoryReport {
@@ -171,6 +172,14 @@ class RankEngine {
   Status load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
   // The same with train_step's own moments (tests, embedding without actors).
   ShardContents own_shard_contents() const { return shard_contents(exp_avg_, exp_avg_sq_); }
+  // One tensor's pieces on this rank, copied (troupe inspect's tensor): the parameter `name`'s
+  // values, its Adam moments (exp_avg, exp_avg_sq as for shard_contents), or its gradient (the part
+  // this rank owns, reduced and clipped: between compute_gradients and the optimizer step). The
+  // pieces of all ranks cover the tensor once, as a checkpoint's do. None: no such parameter here.
+  std::vector<TensorPiece> tensor_pieces(const std::string& name, TensorKind kind, const std::vector<Tensor>& exp_avg,
+                                         const std::vector<Tensor>& exp_avg_sq) const;
+  // Every parameter's global name and global shape on this rank (completion, `tensor` help).
+  std::vector<std::pair<std::string, Shape>> parameter_names() const;
   Status load_own_shards(ShardSetReader& reader);
 
   // Copies of chunk c's parameters in spec order (local slice shapes). Collective over dp under

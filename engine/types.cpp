@@ -2,6 +2,16 @@
 
 namespace troupe {
 
+const char* tensor_kind_suffix(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::value: return "";
+    case TensorKind::grad: return ".grad";
+    case TensorKind::exp_avg: return ".exp_avg";
+    case TensorKind::exp_avg_sq: return ".exp_avg_sq";
+  }
+  return "";
+}
+
 CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json) {
   CheckpointMeta meta;
   meta.iteration = r.iteration;

@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "storage/checkpoint.hpp"
+#include "storage/shard_file.hpp"
 #include "troupe/reports.hpp"
 #include "troupe/train_config.hpp"
 
@@ -26,6 +29,20 @@ struct StepRequest {
   // process holds; rides on the step like the stop votes, so every process applies it after the
   // same step (StepOutcome::control). 0: none. Only global rank 0's value counts.
   int64_t control = 0;
+  // The inspector asked for this parameter's gradient (its global name; empty: none): the ranks hand
+  // their pieces of it, reduced and clipped, before the optimizer step (StepOutcome::captured).
+  std::string capture_grad;
+};
+
+// Which of a parameter's tensors the inspector reads (troupe inspect's tensor: NAME, NAME.grad,
+// NAME.exp_avg, NAME.exp_avg_sq).
+enum class TensorKind : uint8_t { value, grad, exp_avg, exp_avg_sq };
+const char* tensor_kind_suffix(TensorKind kind);  // "", ".grad", ".exp_avg", ".exp_avg_sq"
+
+// A rank's pieces of one tensor (RankEngine::tensor_pieces), for the inspector.
+struct RankPieces {
+  int rank = 0;
+  std::vector<TensorPiece> pieces;
 };
 
 // Checkpoint I/O requests; each rank writes and reads its own pieces of the tensors.

@@ -37,17 +37,46 @@ assert set(w) >= {"summary", "deadlock", "culprits", "edges", "ranks"} and len(w
 print("ok: status and where describe the 4 ranks")
 PY
 grep -q "inspector on 127.0.0.1:[0-9]*: troupe inspect run/insp.json --exec status" train.log || fail "the address was not printed"
-"$troupe" inspect run/insp.json > human.txt || fail "the default command failed"
+echo status | "$troupe" inspect run/insp.json > human.txt || fail "status through the prompt (a pipe) failed"
 grep -q "^  rank 3 (pp 1, tp 1, dp 0) step [0-9]*: " human.txt || { cat human.txt; fail "status for people lacks rank 3"; }
+
+# The prompt on a terminal (a pseudo-terminal here): readline completes "sta" to status and a
+# parameter's name after "tensor ", and answers both.
+python3 - "$troupe" run/insp.json <<'PY' || fail "the interactive prompt (completion) does not work"
+import os, pty, select, sys, time
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ["HOME"] = os.getcwd()
+    os.execv(sys.argv[1], [sys.argv[1], "inspect", sys.argv[2]])
+out = b""
+def read_until(marker, seconds=20):
+    global out
+    end = time.time() + seconds
+    while marker not in out and time.time() < end:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try: out += os.read(fd, 65536)
+            except OSError: break
+    return marker in out
+assert read_until(b"troupe> "), out
+os.write(fd, b"sta\t\n")
+assert read_until(b"rank 3 (pp 1, tp 1, dp 0)"), out
+os.write(fd, b"tensor transformer.h.1.ln_2.bi\t\n")
+assert read_until(b"transformer.h.1.ln_2.bias (value) after iteration"), out
+os.write(fd, b"quit\n")
+os.waitpid(pid, 0)
+assert os.path.exists(".troupe_inspect_history") and b"status" in open(".troupe_inspect_history", "rb").read()
+print("ok: the prompt completes commands and tensor names, and keeps a history")
+PY
 
 address=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" run/insp.json)
 token=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['token'])" run/insp.json)
 TROUPE_JOB_TOKEN=$token "$troupe" inspect "$address" --exec status > by_address.txt || fail "HOST:PORT with the token failed"
 grep -q "^iteration [0-9]*" by_address.txt || fail "no status by address"
 set +e
-TROUPE_JOB_TOKEN=0123456789abcdef0123456789abcdef "$troupe" inspect "$address" > wrong.txt 2> wrong.err
+TROUPE_JOB_TOKEN=0123456789abcdef0123456789abcdef "$troupe" inspect "$address" --exec status > wrong.txt 2> wrong.err
 rc_wrong=$?
-"$troupe" inspect "$address" > none.txt 2> none.err
+"$troupe" inspect "$address" --exec status > none.txt 2> none.err
 rc_none=$?
 "$troupe" inspect run/insp.json --exec frobnicate > unknown.txt 2>&1
 rc_unknown=$?
