@@ -88,7 +88,19 @@ bool JobControl::wait_paused(std::chrono::milliseconds timeout) const {
 
 JobControl::State JobControl::state() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return state_;
+  State s = state_;
+  if (saves_in_flight_) s.saves_in_flight = saves_in_flight_->load();
+  return s;
+}
+
+void JobControl::set_trainer_phase(std::string phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.trainer = std::move(phase);
+}
+
+void JobControl::watch_saves(std::shared_ptr<const std::atomic<int>> saves_in_flight) {
+  std::lock_guard<std::mutex> lock(mu_);
+  saves_in_flight_ = std::move(saves_in_flight);
 }
 
 void JobControl::set_lr_override(std::optional<double> lr) {
@@ -133,7 +145,10 @@ namespace {
 
 nlohmann::json state_json(const JobControl& control, int64_t iteration) {
   const JobControl::State s = control.state();
-  nlohmann::json j{{"iteration", iteration}, {"paused", s.paused}};
+  nlohmann::json j{{"iteration", iteration},
+                   {"paused", s.paused},
+                   {"trainer", s.trainer},
+                   {"offload", {{"saves_in_flight", s.saves_in_flight}}}};
   if (s.paused) j["paused_after"] = s.paused_after;
   if (s.lr_override) j["lr_override"] = *s.lr_override;
   if (s.log_interval) j["log_interval"] = *s.log_interval;

@@ -24,7 +24,9 @@
 #include <string>
 #include <vector>
 
+#include <atomic>
 #include <map>
+#include <memory>
 
 #include "actors/control_command.hpp"
 #include "engine/types.hpp"
@@ -65,8 +67,13 @@ class JobControl {
     std::string last_applied;  // the text of the last command applied
     std::optional<double> lr_override;
     std::optional<int64_t> log_interval;
+    std::string trainer = "starting";  // what the trainer does: "iteration 12", "evaluating", "saving"...
+    int saves_in_flight = 0;           // checkpoints the offload actor is still writing
   };
   State state() const;
+  void set_trainer_phase(std::string phase);
+  // The offload actor's count of saves in flight (TrainerSpec::saves_in_flight), for state().
+  void watch_saves(std::shared_ptr<const std::atomic<int>> saves_in_flight);
   void set_lr_override(std::optional<double> lr);
   void set_log_interval(int64_t n);
 
@@ -92,6 +99,7 @@ class JobControl {
   State state_;
   std::map<int64_t, Result<Pieces>> pieces_;
   std::vector<std::string> names_;
+  std::shared_ptr<const std::atomic<int>> saves_in_flight_;
 };
 
 // The control commands on the job's inspector: pause, resume, step [N], set lr X|schedule, set

@@ -105,6 +105,7 @@ void save_then(Self self, std::function<void()> next) {
             });
     return;
   }
+  if (st.spec.control) st.spec.control->set_trainer_phase("saving iteration " + std::to_string(st.iteration));
   SaveRequest req;
   req.dir = cfg.save;
   req.iteration = st.iteration;
@@ -187,6 +188,7 @@ void evaluate_then(Self self, std::function<void()> next) {
   auto ev = std::make_shared<EvalProgress>();
   ev->samples = std::min<int64_t>(cfg.eval_iters * cfg.global_batch_size, st.spec.validation_windows);
   ev->next = std::move(next);
+  if (st.spec.control) st.spec.control->set_trainer_phase("evaluating after iteration " + std::to_string(st.iteration));
   if (ev->samples <= 0) {
     ev->next();
     return;
@@ -323,6 +325,7 @@ void between_iterations(Self self) {
     if (s.paused && s.iteration < s.spec.config.train_iters && !s.stop_requested) {
       s.parked = true;
       s.spec.control->set_paused(true, s.iteration);
+      s.spec.control->set_trainer_phase("paused after iteration " + std::to_string(s.iteration));
       return unpark(self);  // commands that arrived before it stopped
     }
     start_iteration(self);
@@ -373,6 +376,7 @@ void start_iteration(Self self) {
     return;
   }
   st.started = Clock::now();
+  if (st.spec.control) st.spec.control->set_trainer_phase("iteration " + std::to_string(st.iteration + 1));
   throw_if_asked("trainer", -1, st.iteration + 1);
   if (st.ahead && st.ahead_for == st.consumed) {
     Tensor batch = std::move(*st.ahead);
@@ -391,6 +395,7 @@ void start_iteration(Self self) {
 
 void finish(Self self) {
   auto& st = self->state;
+  if (st.spec.control) st.spec.control->set_trainer_phase("finishing");
   auto done = [self] {
     auto& s = self->state;
     if (s.finished) return;

@@ -84,8 +84,13 @@ std::string human(const std::string& command, const nlohmann::json& j) {
   }
   if (verb == "status") {
     out += "iteration " + std::to_string(j.value("iteration", int64_t{0}));
-    if (j.contains("job") && j["job"].value("paused", false))
-      out += " (paused after iteration " + std::to_string(j["job"].value("paused_after", int64_t{0})) + ")";
+    if (j.contains("job") && j["job"].is_object()) {
+      const auto& job = j["job"];
+      out += " -- trainer: " + job.value("trainer", std::string("?"));
+      const int saves = job.contains("offload") ? job["offload"].value("saves_in_flight", 0) : 0;
+      if (saves > 0) out += "; offload actor: " + std::to_string(saves) + " checkpoint(s) being written";
+      if (job.contains("lr_override")) out += "; learning rate fixed at " + job["lr_override"].dump();
+    }
     out += "\n";
     for (const auto& r : j["ranks"]) out += "  " + r.value("describe", std::string()) + "\n";
   } else if (verb == "tensor" && j.contains("shape")) {
