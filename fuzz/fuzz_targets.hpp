@@ -29,7 +29,9 @@
   X(checkpoint_shard_set)      \
   X(checkpoint_metadata)       \
   X(inspect_file)              \
-  X(inspect_status)
+  X(inspect_status)            \
+  X(inspect_stages)            \
+  X(dashboard_request)
 
 namespace troupe::fuzz {
 

