@@ -12,6 +12,7 @@ namespace troupe {
 namespace {
 
 constexpr int kDefaultLast = 8;
+constexpr int kMaxLast = 16;
 
 std::optional<int64_t> parse_count(const std::string& word, int64_t lo, int64_t hi) {
   if (word.empty() || word.size() > 18 || word.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
@@ -38,11 +39,11 @@ struct Args {
   }
 };
 
-std::vector<RankSteps> local_steps(const StageSources& src, int last) {
+std::vector<RankSteps> local_steps(const StageSources& src, int last, int64_t since = -1) {
   std::vector<RankSteps> out;
   for (const auto& board : src.boards) {
     const Activity a = board->snapshot();
-    out.push_back({a.rank, a.stage, a.tp, a.dp, board->recent().snapshot(last)});
+    out.push_back({a.rank, a.stage, a.tp, a.dp, board->recent().snapshot(last, since)});
   }
   return out;
 }
@@ -52,31 +53,41 @@ std::vector<RankSteps> local_steps(const StageSources& src, int last) {
 void add_stage_commands(InspectHub& hub, StageSources sources) {
   auto src = std::make_shared<const StageSources>(std::move(sources));
   InspectHub* h = &hub;
-  const int kept = SpanRing::kDefaultSteps;
   const std::string stages_usage = "usage: stages [--last N] [--spans]";
   hub.add("stages", "stages [--last N] [--spans]",
           "per rank over the last N iterations (default 8): busy, idle and bubble shares, F/B/W ms, beside the "
           "bubble the schedule predicts",
-          [src, h, kept, stages_usage](const InspectCall& call) {
+          [src, h, stages_usage](const InspectCall& call) {
             int last = kDefaultLast;
+            int64_t since = -1;
             bool spans = false;
             Args parse;
             for (size_t i = 0; i < call.args.size(); ++i) {
               if (call.args[i] == "--last") {
-                auto v = parse.number(call.args, i, 1, kept, stages_usage);
+                auto v = parse.number(call.args, i, 1, kMaxLast, stages_usage);
                 if (!v) return inspect_error("stages: " + parse.error);
                 last = static_cast<int>(*v);
+              } else if (call.args[i] == "--since") {  // what rank 0 asks the others: the steps after
+                auto v = parse.number(call.args, i, 0, std::numeric_limits<int64_t>::max() / 2, stages_usage);
+                if (!v) return inspect_error("stages: " + parse.error);
+                since = *v;
               } else if (call.args[i] == "--spans") {
                 spans = true;
               } else {
                 return inspect_error("stages: unknown argument \"" + call.args[i].substr(0, 32) + "\" -- " + stages_usage);
               }
             }
-            // Peers send every step they keep: which iterations all ranks completed is decided here.
-            if (call.local) return rank_steps_json(local_steps(*src, kept));
-            std::vector<RankSteps> all = local_steps(*src, kept);
+            if (call.local) return rank_steps_json(local_steps(*src, SpanRing::kDefaultSteps, since));
+            // This process's last steps first, then the others' since the oldest of them: they answer
+            // later (one after the other), and still hold those iterations in their rings.
+            std::vector<RankSteps> all = local_steps(*src, kMaxLast, since);
+            int64_t newest = -1;
+            for (const RankSteps& r : all)
+              if (!r.steps.empty()) newest = newest < 0 ? r.steps.back().iteration : std::min(newest, r.steps.back().iteration);
+            const int64_t after = newest < 0 ? since : std::max(since, newest - kMaxLast);
             std::vector<std::string> unreachable;
-            for (const std::string& answer : h->ask_peers("stages", unreachable)) {
+            const std::string ask = after < 0 ? "stages" : "stages --since " + std::to_string(after);
+            for (const std::string& answer : h->ask_peers(ask, unreachable)) {
               auto theirs = rank_steps_from_json(answer);
               if (!theirs) {
                 unreachable.push_back("a peer's stages: " + theirs.status().message());

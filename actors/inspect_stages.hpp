@@ -1,10 +1,12 @@
 // The inspector's `stages`, `plan` and `history` (docs/INSPECT.md), registered on the job's
 // InspectHub (actors/inspector.hpp) by run_ranks:
 //   stages [--last N] [--spans]  per rank over the last N iterations every rank completed (default
-//                                8, at most the ring's 16): busy, idle and bubble shares, F/B/W ms,
-//                                beside the bubble the schedule predicts (engine/stages.hpp);
-//                                --spans adds each step's spans. Job-wide: rank 0's process asks
-//                                the others for their ranks' steps ("local stages").
+//                                8, at most 16): busy, idle and bubble shares, F/B/W ms, beside the
+//                                bubble the schedule predicts (engine/stages.hpp); --spans adds
+//                                each step's spans. Job-wide: rank 0's process takes its own ranks'
+//                                last 16 steps, then asks the others for their steps since the
+//                                oldest of those ("local stages --since ITERATION"), which their
+//                                rings of 64 still hold when they answer tens of steps later.
 //   plan [RANK]                  the schedule table every stage executes (or RANK's stage), each
 //                                action's planned start, and where the ranks are in it now.
 //   history [--last N] [--since ITER]

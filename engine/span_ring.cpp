@@ -61,9 +61,12 @@ void SpanRing::end_step(double end_us) {
   filled_ = std::min(filled_ + 1, ring_.size());
 }
 
-std::vector<StepRecord> SpanRing::snapshot(int last) const {
+std::vector<StepRecord> SpanRing::snapshot(int last, int64_t since) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = std::min(filled_, static_cast<size_t>(std::max(last, 0)));
+  // The newest `n` steps after `since` (iterations grow along the ring).
+  size_t n = 0;
+  const size_t most = std::min(filled_, static_cast<size_t>(std::max(last, 0)));
+  while (n < most && ring_[(next_ + ring_.size() - 1 - n) % ring_.size()].iteration > since) ++n;
   std::vector<StepRecord> out;
   out.reserve(n);
   for (size_t i = 0; i < n; ++i) out.push_back(ring_[(next_ + ring_.size() - n + i) % ring_.size()]);

@@ -43,7 +43,10 @@ struct StepRecord {
 
 class SpanRing {
  public:
-  static constexpr int kDefaultSteps = 16;
+  // Enough for rank 0's inspector to find the iterations every rank completed when it asks the
+  // other processes one after the other: they must still hold the iterations it saw, tens of steps
+  // later for a job of milliseconds per step.
+  static constexpr int kDefaultSteps = 64;
   explicit SpanRing(int steps = kDefaultSteps);  // steps >= 1
 
   // Writer (the rank's thread). A step begun while another is open replaces it (a step that
@@ -53,8 +56,8 @@ class SpanRing {
   void add(SpanKind kind, int micro, int chunk, double start_us, double dur_us);
   void end_step(double end_us);
 
-  // Any thread: the last `last` completed steps (at most capacity()), oldest first.
-  std::vector<StepRecord> snapshot(int last) const;
+  // Any thread: of the completed steps after iteration `since`, the last `last`, oldest first.
+  std::vector<StepRecord> snapshot(int last, int64_t since = -1) const;
   int capacity() const { return static_cast<int>(ring_.size()); }
 
  private:

@@ -3,9 +3,11 @@
 // X-Troupe-Token header, then the query's "key=value" pairs. The dashboard's token is kToken below.
 // Properties: nothing but a request carrying exactly that token is answered; an answered command
 // is one of the dashboard's, with digits only as arguments.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "actors/dashboard_request.hpp"
 #include "fuzz/fuzz_targets.hpp"

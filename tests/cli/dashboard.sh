@@ -159,6 +159,37 @@ trap - EXIT
 grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop cleanly"; }
 ! curl -s -m 2 -H "X-Troupe-Token: $token" "${base}api/status" > /dev/null || fail "the dashboard outlived the job"
 
+# Under troupe launch (4 processes, one rank each): rank 0's process serves the dashboard and its
+# stages gather every rank's steps from the others' inspectors.
+"$troupe" launch --nproc-per-node 4 -- train "${model[@]}" --train-iters 100000 --dashboard 0 \
+  --inspect-file launched.json > launched.log 2>&1 &
+job=$!
+trap 'kill -9 $job 2>/dev/null || true' EXIT  # the ranks follow their launcher (PR_SET_PDEATHSIG)
+wait_for_file launched.json
+(( $(grep -c "dashboard on http" launched.log) == 1 )) || { cat launched.log; fail "not one dashboard under launch"; }
+launched_url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" launched.json)
+for _ in $(seq 1 100); do
+  "$troupe" inspect launched.json --exec "stages --last 4" --json > launched_stages.json 2> /dev/null &&
+    python3 -c "import json,sys; sys.exit(0 if len(json.load(open(sys.argv[1]))['iterations']) == 4 else 1)" \
+      launched_stages.json 2> /dev/null && break
+  sleep 0.2
+done
+curl -s -f -H "X-Troupe-Token: ${launched_url##*token=}" "${launched_url%%\?*}api/stages" > launched_api.json ||
+  fail "the launched job's api/stages failed"
+python3 - launched_stages.json launched_api.json <<'PY' || { cat launched.log; fail "stages under launch"; }
+import json, sys
+for path in sys.argv[1:3]:
+    s = json.load(open(path))
+    assert "unreachable" not in s and sorted(r["rank"] for r in s["ranks"]) == [0, 1, 2, 3], s
+    assert s["iterations"], s
+    for r in s["ranks"]:
+        assert abs(r["busy"] + r["idle"] - 1) < 1e-9 and all((x["F"], x["B"]) == (2, 2) for x in r["steps"]), r
+print("ok: under launch, stages of", json.load(open(sys.argv[1]))["iterations"], "from the 4 processes")
+PY
+kill -INT $job
+wait $job || true
+trap - EXIT
+
 # A stalled job (rank 1 stops answering at iteration 3): the page draws the wait-for graph, rank 1
 # the culprit, with the edges `where` gives (tests/cli/inspect.sh checks those).
 if command -v chromium > /dev/null; then
