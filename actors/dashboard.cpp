@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <httplib.h>
@@ -95,6 +96,12 @@ Result<std::unique_ptr<Dashboard>> Dashboard::bind(const std::string& address, c
   std::unique_ptr<Dashboard> d(new Dashboard(hub, at->host, token.value()));
   httplib::Server& s = *d->server_;
   s.new_task_queue = [] { return new BoundedQueue(); };
+  // httplib's default also sets SO_REUSEPORT, with which a second process could bind the same port
+  // and take some of the connections: a port in use must be an error instead.
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    (void)::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   s.set_payload_max_length(4096);
   s.set_read_timeout(5, 0);
   s.set_write_timeout(5, 0);

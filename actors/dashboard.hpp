@@ -6,7 +6,7 @@
 // shows what `troupe inspect` shows:
 //   GET /                  the page (actors/dashboard_page.html, compiled in)
 //   GET /api/status        status             GET /api/where    where
-//   GET /api/stages        stages --spans [--last N from ?last=N]
+//   GET /api/stages        stages --spans 2 [--last N from ?last=N]
 //   GET /api/plan          plan [RANK from ?rank=N]
 //   GET /api/history       history [--since ITERATION from ?since=N] [--last N from ?last=N]
 //

@@ -49,7 +49,7 @@ DashboardRoute route_dashboard_request(const std::string& token, const std::stri
   } else if (path == "/api/where") {
     r.command = "where";
   } else if (path == "/api/stages") {
-    r.command = "stages --spans";
+    r.command = "stages --spans 2";  // the page draws the last two
     number_param(query, "last", "--last", r);
   } else if (path == "/api/plan") {
     r.command = "plan";

@@ -53,14 +53,14 @@ std::vector<RankSteps> local_steps(const StageSources& src, int last, int64_t si
 void add_stage_commands(InspectHub& hub, StageSources sources) {
   auto src = std::make_shared<const StageSources>(std::move(sources));
   InspectHub* h = &hub;
-  const std::string stages_usage = "usage: stages [--last N] [--spans]";
-  hub.add("stages", "stages [--last N] [--spans]",
+  const std::string stages_usage = "usage: stages [--last N] [--spans N]";
+  hub.add("stages", "stages [--last N] [--spans N]",
           "per rank over the last N iterations (default 8): busy, idle and bubble shares, F/B/W ms, beside the "
           "bubble the schedule predicts",
           [src, h, stages_usage](const InspectCall& call) {
             int last = kDefaultLast;
             int64_t since = -1;
-            bool spans = false;
+            int spans = 0;
             Args parse;
             for (size_t i = 0; i < call.args.size(); ++i) {
               if (call.args[i] == "--last") {
@@ -72,7 +72,9 @@ void add_stage_commands(InspectHub& hub, StageSources sources) {
                 if (!v) return inspect_error("stages: " + parse.error);
                 since = *v;
               } else if (call.args[i] == "--spans") {
-                spans = true;
+                auto v = parse.number(call.args, i, 0, kMaxLast, stages_usage);
+                if (!v) return inspect_error("stages: " + parse.error);
+                spans = static_cast<int>(*v);
               } else {
                 return inspect_error("stages: unknown argument \"" + call.args[i].substr(0, 32) + "\" -- " + stages_usage);
               }

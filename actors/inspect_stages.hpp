@@ -1,9 +1,10 @@
 // The inspector's `stages`, `plan` and `history` (docs/INSPECT.md), registered on the job's
 // InspectHub (actors/inspector.hpp) by run_ranks:
-//   stages [--last N] [--spans]  per rank over the last N iterations every rank completed (default
+//   stages [--last N] [--spans N]
+//                                per rank over the last N iterations every rank completed (default
 //                                8, at most 16): busy, idle and bubble shares, F/B/W ms, beside the
-//                                bubble the schedule predicts (engine/stages.hpp); --spans adds
-//                                each step's spans. Job-wide: rank 0's process takes its own ranks'
+//                                bubble the schedule predicts (engine/stages.hpp); --spans N adds
+//                                the spans of the last N of those iterations. Job-wide: rank 0's process takes its own ranks'
 //                                last 16 steps, then asks the others for their steps since the
 //                                oldest of those ("local stages --since ITERATION"), which their
 //                                rings of 64 still hold when they answer tens of steps later.

@@ -225,7 +225,7 @@ Result<std::vector<RankSteps>> rank_steps_from_json(const std::string& text) {
 }
 
 std::string stages_json(const StagesReport& report, const sched::Schedule& schedule, bool given_as_data,
-                        const std::vector<RankSteps>& ranks, bool spans) {
+                        const std::vector<RankSteps>& ranks, int spans_of) {
   json j;
   j["iterations"] = report.iterations;
   j["schedule"] = schedule_object(schedule, given_as_data);
@@ -244,7 +244,8 @@ std::string stages_json(const StagesReport& report, const sched::Schedule& sched
                 {"b_ms", f.b_ms},           {"w_ms", f.w_ms},       {"wait_ms", f.wait_ms},
                 {"reduce_ms", f.reduce_ms}, {"optimizer_ms", f.optimizer_ms},
                 {"F", f.f},                 {"B", f.b},             {"W", f.w}};
-      if (spans && raw != nullptr) {
+      const auto from_end = report.iterations.end() - std::find(report.iterations.begin(), report.iterations.end(), f.iteration);
+      if (from_end <= spans_of && raw != nullptr) {
         json list = json::array();
         for (const StepRecord& rec : raw->steps)
           if (rec.iteration == f.iteration) {

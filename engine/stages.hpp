@@ -87,9 +87,10 @@ std::string rank_steps_json(const std::vector<RankSteps>& ranks);
 inline constexpr size_t kMaxPeerSpans = 1 << 20;
 Result<std::vector<RankSteps>> rank_steps_from_json(const std::string& text);
 
-// The `stages` answer (docs/INSPECT.md); spans: each step's spans too (the dashboard's lanes).
+// The `stages` answer (docs/INSPECT.md); spans_of: the spans of the last this-many counted
+// iterations too (the dashboard's lanes; 0: none).
 std::string stages_json(const StagesReport& report, const sched::Schedule& schedule, bool given_as_data,
-                        const std::vector<RankSteps>& ranks, bool spans);
+                        const std::vector<RankSteps>& ranks, int spans_of);
 // The `plan` answer: every stage's table (or only `only_rank`'s stage when >= 0) with each action's
 // planned start and end in units of one forward, and where the ranks are now (their activities).
 std::string plan_json(const sched::Schedule& schedule, bool given_as_data, const std::vector<Activity>& ranks,

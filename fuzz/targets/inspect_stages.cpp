@@ -37,7 +37,7 @@ Status inspect_stages(const uint8_t* data, size_t size) {
   for (const RankFigures& r : report.ranks)
     TROUPE_CHECK(!(r.busy < 0) && !(r.bubble > 1) && (r.steps.empty() || std::abs(r.busy + r.idle - 1) < 1e-9),
                  "busy and idle of a rank do not add up to its steps");
-  (void)stages_json(report, sc, false, ranks.value(), true);
+  (void)stages_json(report, sc, false, ranks.value(), 8);
   return Status::ok();
 }
 

@@ -42,13 +42,27 @@ curl -s -f -H "X-Troupe-Token: $token" "${base}api/status" > status.json || fail
 python3 -c "import json,sys; assert len(json.load(open(sys.argv[1]))['ranks']) == 4" status.json ||
   fail "api/status does not list the 4 ranks"
 
+# A port in use, a malformed address: refused, exit code 2, saying what to do.
+port=${base#http://127.0.0.1:}
+port=${port%/}
+set +e
+"$troupe" train "${model[@]}" --train-iters 1 --dashboard "$port" > inuse.log 2>&1
+rc_inuse=$?
+"$troupe" train "${model[@]}" --train-iters 1 --dashboard 127.0.0.1:http > badflag.log 2>&1
+rc_flag=$?
+set -e
+(( rc_inuse == 2 )) && grep -q "cannot listen on 127.0.0.1:$port (in use" inuse.log ||
+  { cat inuse.log; fail "a dashboard port in use: rc $rc_inuse"; }
+(( rc_flag == 2 )) && grep -qF -- '--dashboard is "127.0.0.1:http", not [HOST:]PORT' badflag.log ||
+  { cat badflag.log; fail "a malformed --dashboard: rc $rc_flag"; }
+
 # Some iterations first: the history and the stages need them.
 for _ in $(seq 1 600); do
   n=$(grep -c '"type": *"train"' metrics.jsonl 2>/dev/null || true)
   (( ${n:-0} >= 4 )) && break
   sleep 0.1
 done
-"$troupe" inspect run/insp.json --exec "stages --last 3 --spans" --json > stages.json || fail "stages failed"
+"$troupe" inspect run/insp.json --exec "stages --last 3 --spans 3" --json > stages.json || fail "stages failed"
 "$troupe" inspect run/insp.json --exec plan --json > plan.json || fail "plan failed"
 "$troupe" inspect run/insp.json --exec "plan 3" --json > plan3.json || fail "plan 3 failed"
 "$troupe" inspect run/insp.json --exec "history --last 2" --json > history.json || fail "history failed"
