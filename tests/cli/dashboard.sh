@@ -3,9 +3,11 @@
 # tp 2 x pp 2 job (4 ranks, 1F1B, 2 micro-batches) serves its page at the URL it prints and writes
 # into the inspect file; without the token, or with another, every path answers 401 and no data.
 # `stages` shares add up and count each micro-batch's F and B once per step, `plan` holds the
-# table, `history` the iterations. Headless Chromium opens the page: a lane with measured spans for
-# each of the 4 ranks, and a loss curve whose points are the losses the job printed. The dashboard
-# goes with the job. Chromium absent: that part is skipped, said so.
+# table, `history` the iterations. A port in use and a malformed address are refused. Headless
+# Chromium opens the page: a lane with measured spans for each of the 4 ranks, and a loss curve
+# whose points are the losses the job printed. The dashboard goes with the job. Under troupe launch
+# (4 processes) rank 0's serves it and stages gathers every rank. A stalled job's page draws the
+# waits with rank 1 the culprit. Chromium absent: those parts are skipped, said so.
 # TROUPE_DASHBOARD_SCREENSHOT=PATH: also save the page as a PNG there (docs/dashboard.png).
 source "$(dirname "$0")/common.bash"
 model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
