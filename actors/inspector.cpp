@@ -145,7 +145,8 @@ std::vector<Activity> InspectHub::job_activities(std::vector<std::string>& unrea
 }
 
 Result<InspectServer> start_inspector(const TrainConfig& config, comm::Bootstrap* bootstrap, const std::string& token,
-                                      InspectHub& hub, const std::function<void(const std::string&)>& note) {
+                                      InspectHub& hub, const std::function<void(const std::string&)>& note,
+                                      const std::string& dashboard_url) {
   InspectServer out;
   if (config.inspect.empty()) return out;
   const auto at = parse_inspect_address(config.inspect);
@@ -190,7 +191,7 @@ Result<InspectServer> start_inspector(const TrainConfig& config, comm::Bootstrap
     if (fd >= 0) ::close(fd);
     return Status::bad_input("--inspect-file " + out.file + " cannot be written -- give a writable path");
   }
-  const std::string text = inspect_file_text(at->host, out.server->port(), token, ::getpid());
+  const std::string text = inspect_file_text(at->host, out.server->port(), token, ::getpid(), dashboard_url);
   const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   if (::close(fd) != 0 || !wrote) return Status::bad_input("--inspect-file " + out.file + " could not be written");
   note("inspector on " + address + ": troupe inspect " + out.file + " --exec status");

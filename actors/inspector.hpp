@@ -98,7 +98,9 @@ struct InspectServer {
 // rank 0's process, writes the inspect file (mode 0600) and notes the address. Under troupe launch
 // the processes exchange their inspectors' addresses through the bootstrap (collective: every
 // process calls it).
+// dashboard_url: the dashboard's (--dashboard), written into the inspect file too.
 Result<InspectServer> start_inspector(const TrainConfig& config, comm::Bootstrap* bootstrap, const std::string& token,
-                                      InspectHub& hub, const std::function<void(const std::string&)>& note);
+                                      InspectHub& hub, const std::function<void(const std::string&)>& note,
+                                      const std::string& dashboard_url = "");
 
 }  // namespace troupe

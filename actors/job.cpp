@@ -15,6 +15,8 @@
 
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
+#include "actors/dashboard.hpp"
+#include "actors/inspect_stages.hpp"
 #include "actors/inspector.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
@@ -457,10 +459,26 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     self->request(group, caf::infinite, names_atom::value)
         .receive([&](std::vector<std::string>& names) { control->set_tensor_names(std::move(names)); },
                  [&](caf::error&) {});
-  auto inspector = start_inspector(config, options.bootstrap, options.job_token, hub, note);
+  auto history = std::make_shared<IterationHistory>();
+  add_stage_commands(hub, {ranks.boards, job_schedule(rs), rs.par.custom_schedule != nullptr, history});
+  JobCallbacks fed = callbacks;  // the history of the curves (`history`, the dashboard) sees every iteration
+  fed.on_iteration = [&callbacks, history](const IterationStats& s) {
+    history->add(s);
+    if (callbacks.on_iteration) callbacks.on_iteration(s);
+  };
+  // --dashboard (rank 0's process): bound first, so that its URL is in the inspect file.
+  auto dashboard = bind_dashboard(config, options.bootstrap == nullptr || options.bootstrap->rank() == 0, hub);
+  if (!dashboard) return shutdown(), dashboard.status();
+  auto inspector = start_inspector(with_dashboard_inspector(config), options.bootstrap, options.job_token, hub, note,
+                                   dashboard.value() ? dashboard.value()->url() : "");
   if (!inspector) return shutdown(), inspector.status();
-  auto result = drive_trainer(system, self, spec, callbacks, options, stuck, ranks.boards, &iteration_now);
+  if (dashboard.value()) {
+    dashboard.value()->start();
+    note("dashboard on " + dashboard.value()->url());
+  }
+  auto result = drive_trainer(system, self, spec, fed, options, stuck, ranks.boards, &iteration_now);
   control->set_wake(nullptr);
+  if (dashboard.value()) dashboard.value()->stop();  // served only while the job runs
   if (!inspector.value().file.empty()) std::filesystem::remove(inspector.value().file);
   // A failed or stuck job: where this process's ranks were, and who they waited on (the ranks'
   // boards keep the wait that failed, and a stuck rank's last state).

@@ -1,8 +1,10 @@
 // troupe inspect TARGET --exec CMD [--json]: asks a running job's inspector (troupe train --inspect).
 // TARGET: the job's inspect file (address and token), or HOST:PORT with the token in
 // TROUPE_JOB_TOKEN. docs/INSPECT.md has the commands and the JSON schema.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +66,87 @@ Result<Target> resolve_target(const std::string& target) {
   return t;
 }
 
+std::string percent(const nlohmann::json& v) {
+  if (!v.is_number()) return "-";
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f%%", 100 * v.get<double>());
+  return s;
+}
+
+std::string number(const char* format, const nlohmann::json& v) {
+  if (!v.is_number()) return "-";
+  char s[48];
+  std::snprintf(s, sizeof s, format, v.get<double>());
+  return s;
+}
+
+// stages: the job's bubble beside the prediction, then one line per rank.
+std::string human_stages(const nlohmann::json& j) {
+  const auto& its = j["iterations"];
+  if (its.empty()) return "no iteration completed by every rank yet\n";
+  const auto& p = j["predicted"];
+  std::string out = "iterations " + std::to_string(its.front().get<int64_t>()) + " to " +
+                    std::to_string(its.back().get<int64_t>()) + ": the job's bubble " + percent(j["bubble"]) +
+                    ", predicted " + percent(p["bubble"]) + " (the table simulated" +
+                    (p["formula"].is_number() ? "; formula " + percent(p["formula"]) : "") +
+                    (p["at_measured_costs"].is_number() ? "; at the measured costs " + percent(p["at_measured_costs"]) : "") +
+                    ")\n";
+  const auto& pass = j["pass_ms"];
+  out += "  one pass: F " + number("%.2f", pass["F"]) + " ms, B " + number("%.2f", pass["B"]) + " ms" +
+         (pass["W"].get<double>() > 0 ? ", W " + number("%.2f", pass["W"]) + " ms" : "") + "\n";
+  for (const auto& r : j["ranks"]) {
+    out += "  rank " + std::to_string(r.value("rank", 0)) + " (pp " + std::to_string(r.value("pp", 0)) + ", tp " +
+           std::to_string(r.value("tp", 0)) + ", dp " + std::to_string(r.value("dp", 0)) + "): busy " +
+           percent(r["busy"]) + ", idle " + percent(r["idle"]) + ", bubble " + percent(r["bubble"]) + " (predicted " +
+           percent(r["predicted_bubble"]) + ") | per iteration " + number("%.2f", r["step_ms"]) + " ms: F " +
+           number("%.2f", r["f_ms"]) + ", B " + number("%.2f", r["b_ms"]) +
+           (r["w_ms"].get<double>() > 0 ? ", W " + number("%.2f", r["w_ms"]) : "") + ", waits " +
+           number("%.2f", r["wait_ms"]) + ", reduce " + number("%.2f", r["reduce_ms"]) + ", optimizer " +
+           number("%.2f", r["optimizer_ms"]) + " ms\n";
+  }
+  return out;
+}
+
+// plan: each stage's table in one line, the actions where its ranks are now in brackets, then the
+// ranks.
+std::string human_plan(const nlohmann::json& j) {
+  const auto& sc = j["schedule"];
+  const auto& p = j["predicted"];
+  std::string out = "schedule " + sc.value("name", std::string()) + ": " + std::to_string(sc.value("stages", 0)) +
+                    " stages, " + std::to_string(sc.value("micro_batches", 0)) + " micro-batches, " +
+                    std::to_string(sc.value("chunks", 0)) + " chunk(s) per stage; predicted bubble " +
+                    percent(p["bubble"]) + (p["formula"].is_number() ? " (formula " + percent(p["formula"]) + ")" : "") +
+                    "\n";
+  const bool chunks = sc.value("chunks", 1) > 1;
+  for (const auto& st : j["stages"]) {
+    std::vector<int> at;
+    for (const auto& a : st["at"]) at.push_back(a.value("action", -1));
+    out += "stage " + std::to_string(st.value("stage", 0)) + ":";
+    for (const auto& a : st["actions"]) {
+      std::string name = a.value("kind", std::string()) + std::to_string(a.value("micro", 0));
+      if (chunks) name += "." + std::to_string(a.value("chunk", 0));
+      const bool here = std::find(at.begin(), at.end(), a.value("index", -2)) != at.end();
+      out += " " + (here ? "[" + name + "]" : name);
+    }
+    out += "\n";
+    for (const auto& a : st["at"]) out += "  " + a.value("describe", std::string()) + "\n";
+  }
+  return out;
+}
+
+std::string human_history(const nlohmann::json& j) {
+  std::string out = " iteration |      lm loss |           lr |  grad norm |   ms/iter\n";
+  const auto& it = j["iteration"];
+  for (size_t i = 0; i < it.size(); ++i) {
+    char line[160];
+    auto num = [&](const char* key) { return j[key][i].is_number() ? j[key][i].get<double>() : NAN; };
+    std::snprintf(line, sizeof line, "%10lld | %12.6E | %12.6E | %10.3f | %9.1f\n",
+                  static_cast<long long>(it[i].get<int64_t>()), num("loss"), num("lr"), num("grad_norm"), num("ms"));
+    out += line;
+  }
+  return out;
+}
+
 // The answer for people: one line per rank for status, the culprit and the edges for where.
 std::string human(const std::string& command, const nlohmann::json& j) {
   std::string out;
@@ -120,9 +203,17 @@ std::string human(const std::string& command, const nlohmann::json& j) {
     for (const auto& e : j["edges"])
       out += "  rank " + std::to_string(e.value("from", 0)) + " -> rank " + std::to_string(e.value("to", 0)) + ": " +
              e.value("what", std::string()) + "\n";
+  } else if (verb == "stages" && j.contains("ranks")) {
+    out = human_stages(j);
+  } else if (verb == "plan" && j.contains("stages")) {
+    out = human_plan(j);
+  } else if (verb == "history" && j.contains("iteration")) {
+    out = human_history(j);
   } else {
     out = j.dump(1) + "\n";
   }
+  if (j.contains("unreachable"))
+    for (const auto& u : j["unreachable"]) out += "  unreachable: " + u.get<std::string>() + "\n";
   return out;
 }
 
@@ -239,14 +330,28 @@ int run_dump(const Session& session, const std::vector<std::string>& args, bool 
 int run_line(const Session& session, const std::string& line, bool json) {
   const std::vector<std::string> args = words_of(line);
   if (args.empty()) return kExitOk;
-  if (args[0] == "top") return run_top(session, args, json);
-  if (args[0] == "dump") return run_dump(session, args, json);
+  if (args[0] == "top" || args[0] == "dump") {
+    try {  // the job's answers are outside bytes
+      return args[0] == "top" ? run_top(session, args, json) : run_dump(session, args, json);
+    } catch (const nlohmann::json::exception& e) {
+      std::fprintf(stderr, "troupe inspect: error: the job's answer has an unexpected shape (%s)\n", e.what());
+      return kExitFailure;
+    }
+  }
   auto j = session.ask(line);
   if (!j) {
     std::fprintf(stderr, "troupe inspect: error: %s\n", j.status().message().c_str());
     return exit_code_for(j.status());
   }
-  std::fputs(json ? (j.value().dump(1) + "\n").c_str() : human(line, j.value()).c_str(), stdout);
+  std::string text;
+  try {  // the job's answer is outside bytes: a field of another type must not end the client
+    text = json ? j.value().dump(1) + "\n" : human(line, j.value());
+  } catch (const nlohmann::json::exception& e) {
+    std::fprintf(stderr, "troupe inspect: error: the job's answer has an unexpected shape (%s) -- ask with --json to see it\n",
+                 e.what());
+    return kExitFailure;
+  }
+  std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
   return j.value().contains("error") ? kExitUsage : kExitOk;
 }
@@ -328,7 +433,7 @@ void add_inspect_command(CLI::App& app, int* exit_code) {
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
   cmd->add_option("--exec", *command,
                   "One command, then exit (for scripts): status, where, pause, step N, resume, set lr X, save, "
-                  "tensor NAME, dump NAME FILE.h5, top, help... Without it: an interactive prompt");
+                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, top, help... Without it: an interactive prompt");
   cmd->add_flag("--json", *json, "Print the answers as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
     auto t = resolve_target(*target);

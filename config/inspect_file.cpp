@@ -6,11 +6,13 @@
 
 namespace troupe {
 
-std::string inspect_file_text(const std::string& host, int port, const std::string& token, int64_t pid) {
+std::string inspect_file_text(const std::string& host, int port, const std::string& token, int64_t pid,
+                              const std::string& dashboard) {
   nlohmann::json j;
   j["address"] = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
   j["token"] = token;
   j["pid"] = pid;
+  if (!dashboard.empty()) j["dashboard"] = dashboard;
   return j.dump() + "\n";
 }
 
@@ -43,6 +45,13 @@ Result<InspectTarget> parse_inspect_file(std::string_view text) {
       problem("\"pid\" is not an integer");
     else
       t.pid = pid->get<int64_t>();
+  }
+  if (const auto url = j.find("dashboard"); url != j.end()) {
+    if (!url->is_string() || url->get<std::string>().rfind("http://", 0) != 0 ||
+        url->get<std::string>().size() > kMaxDashboardUrlBytes)
+      problem("\"dashboard\" is not an http:// URL of at most 1 KiB");
+    else
+      t.dashboard = url->get<std::string>();
   }
   if (!problems.empty())
     return Status::bad_input("the inspect file: " + problems + " -- give the file troupe train --inspect wrote");

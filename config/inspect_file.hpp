@@ -1,6 +1,7 @@
 // The inspect file a job with --inspect writes (mode 0600) and `troupe inspect` reads: where the
 // job's inspector listens and the job token that opens it.
-//   {"address": "127.0.0.1:40171", "token": "<64 hex digits>", "pid": 12345}
+//   {"address": "127.0.0.1:40171", "token": "<64 hex digits>", "pid": 12345,
+//    "dashboard": "http://127.0.0.1:40172/?token=<64 hex digits>"}   (with --dashboard only)
 // Outside bytes to the reader: at most kMaxInspectFileBytes, checked field by field.
 #pragma once
 #include <cstdint>
@@ -18,9 +19,14 @@ struct InspectTarget {
   int port = 0;
   std::string token;
   int64_t pid = 0;
+  std::string dashboard;  // the dashboard's URL, token included; empty: none
 };
 
-std::string inspect_file_text(const std::string& host, int port, const std::string& token, int64_t pid);
+inline constexpr size_t kMaxDashboardUrlBytes = 1024;
+
+// dashboard: the dashboard's URL (empty: no such field).
+std::string inspect_file_text(const std::string& host, int port, const std::string& token, int64_t pid,
+                              const std::string& dashboard = "");
 // Every problem as bad input naming the file's field; the token's characters are checked where it
 // is used (comm/bootstrap/launch_env.hpp validate_job_token).
 Result<InspectTarget> parse_inspect_file(std::string_view text);

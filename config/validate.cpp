@@ -461,8 +461,12 @@ class Validator {
     if (!c.inspect.empty() && !parse_inspect_address(c.inspect))
       return bad("--inspect", "is \"" + c.inspect + "\", not [HOST:]PORT with a port from 0 to 65535",
                  "use e.g. --inspect 0 (loopback, a free port) or --inspect 0.0.0.0:29600");
-    if (c.inspect.empty() && !c.inspect_file.empty())
-      return bad("--inspect-file", "is only used with --inspect", "add --inspect 0, or drop --inspect-file");
+    if (!c.dashboard.empty() && !parse_inspect_address(c.dashboard))
+      return bad("--dashboard", "is \"" + c.dashboard + "\", not [HOST:]PORT with a port from 0 to 65535",
+                 "use e.g. --dashboard 0 (loopback, a free port) or --dashboard 0.0.0.0:8080");
+    if (c.inspect.empty() && c.dashboard.empty() && !c.inspect_file.empty())
+      return bad("--inspect-file", "is only used with --inspect or --dashboard",
+                 "add --inspect 0, or drop --inspect-file");
     if (!(c.inspect_stall_seconds >= 0) || !std::isfinite(c.inspect_stall_seconds))
       return bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
                  "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)");

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/span_ring.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
@@ -55,6 +56,10 @@ class ActivityBoard {
   void wait(WaitTarget target);
   void done_waiting();
   Activity snapshot() const;
+  // The spans of the rank's last steps (engine/span_ring.hpp): the rank's thread writes them, the
+  // inspector's `stages` and the dashboard read them.
+  SpanRing& recent() { return recent_; }
+  const SpanRing& recent() const { return recent_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -62,6 +67,7 @@ class ActivityBoard {
   Activity now_;
   Doing before_wait_ = Doing::idle;
   Clock::time_point state_since_, progress_;
+  SpanRing recent_;
 };
 
 struct WaitEdge {

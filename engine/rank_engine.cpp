@@ -100,6 +100,23 @@ Status check_custom_schedule(const sched::Schedule& schedule, const ParallelConf
   return Status::ok();
 }
 
+sched::Schedule job_schedule(const RankSpec& spec) {
+  const ParallelConfig& par = spec.par;
+  if (par.custom_schedule) {
+    const Status fits = check_custom_schedule(*par.custom_schedule, par, spec.micro_batches);
+    TROUPE_CHECK(fits.is_ok(), "RankEngine: the job checks a given schedule first: " + fits.message());
+    return *par.custom_schedule;
+  }
+  sched::ScheduleSpec ss;
+  ss.type = par.schedule;
+  ss.stages = par.pp;
+  ss.micro_batches = spec.micro_batches;
+  ss.chunks = par.virtual_chunks;
+  auto made = sched::make_schedule(ss);
+  TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
+  return std::move(made).value();
+}
+
 RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms,
                        std::shared_ptr<ActivityBoard> board)
     : spec_(spec), rank_(rank), comms_(comms), board_(std::move(board)) {
@@ -115,20 +132,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   dp_members_ = topology.dp_group(rank);
   for (int r = 0; r < topology.world_size(); ++r) world_members_.push_back(r);
   const ParallelConfig& par = spec_.par;
-  sched::ScheduleSpec ss;
-  ss.type = par.schedule;
-  ss.stages = par.pp;
-  ss.micro_batches = spec_.micro_batches;
-  ss.chunks = par.virtual_chunks;
-  if (par.custom_schedule) {
-    const Status fits = check_custom_schedule(*par.custom_schedule, par, spec_.micro_batches);
-    TROUPE_CHECK(fits.is_ok(), "RankEngine: the job checks a given schedule first: " + fits.message());
-    schedule_ = *par.custom_schedule;
-  } else {
-    auto made = sched::make_schedule(ss);
-    TROUPE_CHECK(made.is_ok(), "RankEngine: the schedule was validated by the config: " + made.status().message());
-    schedule_ = std::move(made).value();
-  }
+  schedule_ = job_schedule(spec_);
 
   pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
   ctx_.device = Device::cpu;
@@ -181,13 +185,14 @@ void RankEngine::init(uint64_t seed) {
   for (auto& store : stores_) store->init(seed);
 }
 
-void RankEngine::record(const std::string& name, const char* cat, Clock::time_point t0) {
+void RankEngine::record(const std::string& name, const char* cat, Clock::time_point t0, int micro, int chunk) {
   const auto t1 = Clock::now();
   Span s;
   s.name = name;
   s.cat = cat;
   s.start_us = std::chrono::duration<double, std::micro>(t0 - span_epoch()).count();
   s.dur_us = std::chrono::duration<double, std::micro>(t1 - t0).count();
+  if (const auto kind = span_kind_from_name(cat)) board_->recent().add(*kind, micro, chunk, s.start_us, s.dur_us);
   spans_.push_back(std::move(s));
 }
 
@@ -282,7 +287,8 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     if (st.is_ok()) board_->done_waiting();  // a failed wait stays on the board: where the rank stopped
     posted.erase(key);
     const double waited = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-    if (waited > 20) record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0);
+    if (waited > 20)
+      record(std::string("wait ") + sched::kind_name(a.kind) + std::to_string(a.micro), "wait", t0, a.micro, a.chunk);
     return st;
   };
 
@@ -320,18 +326,18 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
                                  actions[j + 1].kind == sched::Kind::backward && actions[j + 1].micro == a.micro &&
                                  actions[j + 1].chunk == a.chunk;
       const double loss = chunk.forward(ctx_, slot, mb, b.in_act[slot], b.out_act[slot], grad_scale, backward_next);
-      record(label, "forward", t0);
+      record(label, "forward", t0, a.micro, a.chunk);
       if (chunk.has_loss()) micro_losses[a.micro] = loss;
       send_all(b.sends[slot], b.out_act[slot], (k + 1) % p, a.micro, k, kF);
     } else if (a.kind == sched::Kind::backward) {
       const int slot = b.slot_of_micro.at(a.micro);
       chunk.backward(ctx_, slot, b.in_grad[slot], b.out_grad[slot], split);
-      record(label, "backward", t0);
+      record(label, "backward", t0, a.micro, a.chunk);
       send_all(b.sends[slot], b.out_grad[slot], (k - 1) % p, a.micro, k - 1, kB);
       if (!split) release_slot(a.chunk, a.micro);
     } else {
       chunk.backward_weight(ctx_, b.slot_of_micro.at(a.micro));
-      record(label, "weight", t0);
+      record(label, "weight", t0, a.micro, a.chunk);
       release_slot(a.chunk, a.micro);
     }
   }
@@ -397,6 +403,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     if (steps_++ >= spec_.keep_span_steps) spans_.clear();
     step_first_span_ = spans_.size();
     step_start_ = Clock::now();
+    board_->recent().begin_step(req.step, std::chrono::duration<double, std::micro>(step_start_ - span_epoch()).count());
     StepOutcome out;
     for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
     std::vector<double> micro_losses(spec_.micro_batches, 0.0);
@@ -441,6 +448,7 @@ Status RankEngine::finish_step() {
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
     board_->set(Doing::idle);
     record("param gather", "reduce", t0);
+    board_->recent().end_step(std::chrono::duration<double, std::micro>(Clock::now() - span_epoch()).count());
     return Status::ok();
   });
 }

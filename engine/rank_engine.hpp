@@ -151,7 +151,10 @@ class RankEngine {
   Status finish_step();
   // What the optimizer partition updates, over every chunk (views into this engine's buffers).
   std::vector<AdamSegment> adam_segments() const;
-  void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0);
+  // A span from t0 to now: kept for the timeline (take_spans) and in the board's ring of recent
+  // steps (engine/span_ring.hpp) with the pass's micro-batch and chunk (-1: none).
+  void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0, int micro = -1,
+              int chunk = -1);
   // Busy and wall time of the step begun by compute_gradients, up to now.
   void fill_times(StepOutcome& out) const;
   // Sum of the token losses of `tokens` (this dp rank's windows, any count divisible by nothing),
@@ -225,6 +228,11 @@ class RankEngine {
 // layout's model chunks per stage, and sched::validate (every action once, no deadlock). The error
 // says which, as bad input.
 Status check_custom_schedule(const sched::Schedule& schedule, const ParallelConfig& par, int micro_batches);
+
+// The schedule table every rank of a job with this spec executes: the one given as data
+// (par.custom_schedule, checked first by check_custom_schedule), else the generated one of
+// par.schedule.
+sched::Schedule job_schedule(const RankSpec& spec);
 
 // The common epoch of every span: the steady clock's, shared by the processes of one host.
 std::chrono::steady_clock::time_point span_epoch();

@@ -31,7 +31,9 @@
   X(inspect_file)              \
   X(inspect_status)            \
   X(inspect_pieces)            \
-  X(inspect_control)
+  X(inspect_control)           \
+  X(inspect_stages)            \
+  X(dashboard_request)
 
 namespace troupe::fuzz {
 

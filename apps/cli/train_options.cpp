@@ -154,6 +154,11 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(resilience, "--inspect-file", cfg->inspect_file,
       "Where --inspect writes its address and the job token (mode 0600; default troupe-inspect.json in "
       "--save, else troupe-inspect-PID.json in the working directory)");
+  opt(resilience, "--dashboard", cfg->dashboard,
+      "Serve a live web page of the job on [HOST:]PORT (HOST 127.0.0.1 unless given; port 0 picks a free "
+      "one): each rank's timeline beside the planned schedule, loss/lr/grad-norm curves, utilisation, the "
+      "waits; its URL, printed and written into the inspect file, carries the token it needs (starts "
+      "--inspect too)");
   opt(resilience, "--inspect-stall-seconds", cfg->inspect_stall_seconds,
       "When no rank of a process changes what it does for this long, print who waits on whom and the "
       "culprit, and write every rank's activity to troupe-stall-PID.json (in --save, else the working "

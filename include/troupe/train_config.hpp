@@ -53,6 +53,11 @@ struct TrainConfig {
   // 0600); empty: troupe-inspect.json in --save, else troupe-inspect-PID.json here.
   std::string inspect;
   std::string inspect_file;
+  // The live dashboard (docs/INSPECT.md): "[HOST:]PORT" of its web page, served by rank 0's process
+  // (HOST 127.0.0.1 unless given; port 0 picks a free one); empty: none. It shows the inspector's
+  // answers, so it also starts the inspector (on a free port of the same host) when `inspect` is
+  // empty.
+  std::string dashboard;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;

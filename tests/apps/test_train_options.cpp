@@ -939,6 +939,13 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
                Contains("--inspect-stall-seconds must be >= 0"));
     CHECK(parse_ok(ws.args({"--inspect-stall-seconds", "2.5"})).cfg.inspect_stall_seconds == 2.5);
     CHECK(parse_ok(ws.args({})).cfg.inspect_stall_seconds == 0);
+    CHECK_THAT(parse(ws.args({"--dashboard", "localhost:http"})).status.message(),
+               Contains("--dashboard is \"localhost:http\", not [HOST:]PORT"));
+    CHECK_THAT(parse(ws.args({"--dashboard", "70000"})).status.message(), Contains("a port from 0 to 65535"));
+    CHECK(parse_ok(ws.args({"--dashboard", "0"})).cfg.dashboard == "0");
+    CHECK(parse_ok(ws.args({"--dashboard", "[::1]:8080", "--inspect-file", ws.dir.str("i.json")})).cfg.inspect.empty());
+    CHECK_THAT(parse(ws.args({"--inspect-file", ws.dir.str("i.json")})).status.message(),
+               Contains("--inspect-file is only used with --inspect or --dashboard"));
     CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {
