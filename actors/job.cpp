@@ -15,9 +15,9 @@
 
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
-#include "actors/dashboard.hpp"
-#include "actors/inspect_stages.hpp"
-#include "actors/inspector.hpp"
+#include "inspect/dashboard.hpp"
+#include "inspect/inspect_stages.hpp"
+#include "inspect/inspector.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "config/run_identity.hpp"

@@ -56,7 +56,7 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::DataSplit)
 namespace troupe {
 
 // The trainer: drives iterations once told to run; stops after the current iteration on stop; on
-// control, applies the inspector's commands that arrived (actors/job_control.hpp) when it is paused.
+// control, applies the inspector's commands that arrived (inspect/job_control.hpp) when it is paused.
 using trainer_actor =
     caf::typed_actor<caf::reacts_to<run_atom>, caf::reacts_to<stop_atom>, caf::reacts_to<control_atom>>;
 

@@ -14,7 +14,7 @@
 #include <functional>
 #include <optional>
 
-#include "actors/job_control.hpp"
+#include "inspect/job_control.hpp"
 #include "actors/messages.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
@@ -54,7 +54,7 @@ struct TrainerSpec {
   // trainer stops after the step in which any of them asked, so all save the same iteration.
   bool agree_on_stop = false;
   std::optional<std::chrono::steady_clock::time_point> exit_deadline;
-  // The inspector's commands (actors/job_control.hpp): pause, step, resume, set, save between
+  // The inspector's commands (inspect/job_control.hpp): pause, step, resume, set, save between
   // iterations, after the same iteration in every process. Null: none. A (control_atom) message
   // tells the trainer that a command arrived.
   std::shared_ptr<JobControl> control;

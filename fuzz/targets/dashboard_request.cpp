@@ -1,4 +1,4 @@
-// What the dashboard reads of an HTTP request (route_dashboard_request, actors/dashboard_request.hpp;
+// What the dashboard reads of an HTTP request (route_dashboard_request, inspect/dashboard_request.hpp;
 // cpp-httplib parsed the HTTP). The input, one field per line: the method, the path, the
 // X-Troupe-Token header, then the query's "key=value" pairs. The dashboard's token is kToken below.
 // Properties: nothing but a request carrying exactly that token is answered; an answered command
@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/dashboard_request.hpp"
+#include "inspect/dashboard_request.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "troupe/check.hpp"
 

@@ -1,9 +1,9 @@
 // A control command rank 0's inspector hands the other processes ("control SEQ VERB ARGS...":
-// parse_control, actors/control_command.hpp). Property: an accepted command's text parses again
+// parse_control, inspect/control_command.hpp). Property: an accepted command's text parses again
 // to the same command.
 #include <sstream>
 
-#include "actors/control_command.hpp"
+#include "inspect/control_command.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "troupe/check.hpp"
 

@@ -1,4 +1,4 @@
-// The dashboard's server (actors/dashboard.hpp) over real HTTP on a loopback port: nothing without
+// The dashboard's server (inspect/dashboard.hpp) over real HTTP on a loopback port: nothing without
 // its token (401, no data), the page and the inspector's answers with it, bad parameters refused,
 // the connections it holds bounded, and nothing served once stopped.
 #include <atomic>
@@ -17,9 +17,9 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/dashboard.hpp"
-#include "actors/inspect_stages.hpp"
-#include "actors/inspector.hpp"
+#include "inspect/dashboard.hpp"
+#include "inspect/inspect_stages.hpp"
+#include "inspect/inspector.hpp"
 
 using namespace troupe;
 

@@ -12,7 +12,8 @@
 #   config/                      base/, kernels/, model/, storage/, config/
 #   engine/                      base/, kernels/, model/, storage/, config/, comm/*.hpp, comm/local/, engine/
 #   reference/                   base/, kernels/, model/, engine/, reference/ (nothing but tests uses it)
-#   actors/                      all of the above, comm/ (any backend), actors/ -- never apps/
+#   inspect/                     base/, kernels/, model/, storage/, config/, comm/ (any part), engine/, inspect/
+#   actors/                      all of the above, comm/ (any backend), inspect/, actors/ -- never apps/
 #   api/                         everything but reference/ (troupe::train's set-up)
 #   apps/cli/                    base/, kernels/, model/, storage/, config/, apps/cli/
 #   comm/ (the interface)        base/, kernels/, comm/*.hpp
@@ -33,9 +34,10 @@ allowed() {
     comm) echo '^(troupe/|base/|kernels/|comm/[a-z_]+\.hpp$)' ;;
     config) echo '^(troupe/|base/|kernels/|model/|storage/|config/)' ;;
     engine) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/[a-z_]+\.hpp$|comm/local/|engine/)' ;;
-    actors) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/)' ;;
+    inspect) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/)' ;;
+    actors) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/|actors/)' ;;
     reference) echo '^(troupe/|base/|kernels/|model/|engine/|reference/)' ;;
-    api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|actors/|apps/cli/|api/)' ;;
+    api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/|actors/|apps/cli/|api/)' ;;
     apps/cli) echo '^(troupe/|base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
     comm/*) echo "^(troupe/|base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
   esac
@@ -43,7 +45,7 @@ allowed() {
 
 bad=0 checked=0
 for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap \
-    config engine reference actors api apps/cli include/troupe; do
+    config engine reference inspect actors api apps/cli include/troupe; do
   [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
   rule=$(allowed "$folder")
   # Only the folder's own files (not its sub-folders, which have their own rule).
@@ -68,7 +70,7 @@ for file in actors/*.cpp actors/*.hpp; do
 done
 while IFS= read -r file; do
   echo "layering: $file uses CAF, which only actors/, comm/bootstrap/ and include/troupe/actors.hpp may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference apps/cli |
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference inspect apps/cli |
          grep -v '^include/troupe/actors\.hpp$' || true)
 # The reference model is the tests' yardstick: no folder but tests/ and reference/ includes it.
 while IFS= read -r file; do

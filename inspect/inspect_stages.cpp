@@ -1,4 +1,4 @@
-#include "actors/inspect_stages.hpp"
+#include "inspect/inspect_stages.hpp"
 
 #include <algorithm>
 #include <limits>

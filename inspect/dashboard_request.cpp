@@ -1,4 +1,4 @@
-#include "actors/dashboard_request.hpp"
+#include "inspect/dashboard_request.hpp"
 
 #include "comm/bootstrap/launch_env.hpp"
 

@@ -1,4 +1,4 @@
-// What a request to the dashboard (actors/dashboard.hpp) asks for, decided before anything is
+// What a request to the dashboard (inspect/dashboard.hpp) asks for, decided before anything is
 // read: refused (no or a wrong token, not GET, an unknown path, a parameter that is not a number),
 // the page, or one inspector command line built from the path and the numeric parameters, so no
 // byte of a request reaches the command's words except digits. A reader of network input (fuzzed:

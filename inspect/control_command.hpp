@@ -1,4 +1,4 @@
-// A command of the job's inspector for the trainer (actors/job_control.hpp): what rank 0's inspector
+// A command of the job's inspector for the trainer (inspect/job_control.hpp): what rank 0's inspector
 // hands the other processes' as "control SEQ VERB ARGS..." and each checks again (parse_control):
 // network input. No CAF here (the flag fuzzers link it).
 #pragma once

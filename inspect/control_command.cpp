@@ -1,4 +1,4 @@
-#include "actors/control_command.hpp"
+#include "inspect/control_command.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "actors/inspector.hpp"
+#include "inspect/inspector.hpp"
 
 #include <algorithm>
 #include <filesystem>

@@ -1,4 +1,4 @@
-#include "actors/dashboard.hpp"
+#include "inspect/dashboard.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -13,7 +13,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "actors/dashboard_request.hpp"
+#include "inspect/dashboard_request.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "config/validate.hpp"
 

@@ -1,5 +1,5 @@
 // The inspector's `stages`, `plan` and `history` (docs/INSPECT.md), registered on the job's
-// InspectHub (actors/inspector.hpp) by run_ranks:
+// InspectHub (inspect/inspector.hpp) by run_ranks:
 //   stages [--last N] [--spans N]
 //                                per rank over the last N iterations every rank completed (default
 //                                8, at most 16): busy, idle and bubble shares, F/B/W ms, beside the
@@ -19,7 +19,7 @@
 #include <memory>
 #include <vector>
 
-#include "actors/inspector.hpp"
+#include "inspect/inspector.hpp"
 #include "engine/activity.hpp"
 #include "engine/iteration_history.hpp"
 #include "troupe/schedule.hpp"

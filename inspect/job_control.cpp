@@ -1,4 +1,4 @@
-#include "actors/job_control.hpp"
+#include "inspect/job_control.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "actors/inspector.hpp"
+#include "inspect/inspector.hpp"
 #include "engine/tensor_stats.hpp"
 #include "troupe/train_config.hpp"
 

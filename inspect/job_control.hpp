@@ -28,7 +28,7 @@
 #include <map>
 #include <memory>
 
-#include "actors/control_command.hpp"
+#include "inspect/control_command.hpp"
 #include "engine/types.hpp"
 #include "troupe/status.hpp"
 

@@ -2,9 +2,9 @@
 // web page, served by rank 0's process with cpp-httplib while the job runs, that polls JSON
 // endpoints every second and draws each rank's measured timeline beside the planned schedule, the
 // loss, learning-rate and gradient-norm curves, each rank's utilisation, and the wait-for graph
-// when ranks wait. The endpoints are the inspector's answers (actors/inspector.hpp), so the page
+// when ranks wait. The endpoints are the inspector's answers (inspect/inspector.hpp), so the page
 // shows what `troupe inspect` shows:
-//   GET /                  the page (actors/dashboard_page.html, compiled in)
+//   GET /                  the page (inspect/dashboard_page.html, compiled in)
 //   GET /api/status        status             GET /api/where    where
 //   GET /api/stages        stages --spans 2 [--last N from ?last=N]
 //   GET /api/plan          plan [RANK from ?rank=N]
@@ -24,7 +24,7 @@
 #include <string>
 #include <thread>
 
-#include "actors/inspector.hpp"
+#include "inspect/inspector.hpp"
 #include "troupe/status.hpp"
 
 namespace httplib {
@@ -40,14 +40,14 @@ struct DashboardReply {
 };
 
 // What a request answers, apart from HTTP (the server's handler): route_dashboard_request
-// (actors/dashboard_request.hpp) decides, then the page or the hub's answer. `query`: the decoded
+// (inspect/dashboard_request.hpp) decides, then the page or the hub's answer. `query`: the decoded
 // query string's parameters; `header_token`: X-Troupe-Token's value (or Authorization's bearer
 // token); `token`: the dashboard's.
 DashboardReply dashboard_reply(const InspectHub& hub, const std::string& token, const std::string& method,
                                const std::string& path, const std::multimap<std::string, std::string>& query,
                                const std::string& header_token);
 
-// The page (actors/dashboard_page.html).
+// The page (inspect/dashboard_page.html).
 const std::string& dashboard_page();
 
 class Dashboard {
