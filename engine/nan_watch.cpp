@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <tuple>
 
@@ -183,6 +184,9 @@ void NanControl::set_report(const NanReport& report) {
   report_ = report;
   if (file_.empty()) return;
   const std::string json = report.to_json();
+  std::error_code ec;
+  if (const auto parent = std::filesystem::path(file_).parent_path(); !parent.empty())
+    std::filesystem::create_directories(parent, ec);
   FILE* f = std::fopen(file_.c_str(), "w");
   const bool ok = f != nullptr && std::fwrite(json.data(), 1, json.size(), f) == json.size();
   if ((f != nullptr && std::fclose(f) != 0) || !ok) file_error_ = "could not write " + file_;

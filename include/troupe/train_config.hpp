@@ -53,6 +53,11 @@ struct TrainConfig {
   // 0600); empty: troupe-inspect.json in --save, else troupe-inspect-PID.json here.
   std::string inspect;
   std::string inspect_file;
+  // The NaN locator (docs/INSPECT.md, "A NaN hunt"): every step keeps its inputs and checks the
+  // loss, the gradient norm and the parameters; the first non-finite one stops the job, naming the
+  // op it came from (found by replaying the iteration). The inspector's `watch nan|off` switches it
+  // at run time. Like the inspector's flags, not stored in checkpoints.
+  bool watch_nan = false;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;

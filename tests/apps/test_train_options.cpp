@@ -939,6 +939,10 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
                Contains("--inspect-stall-seconds must be >= 0"));
     CHECK(parse_ok(ws.args({"--inspect-stall-seconds", "2.5"})).cfg.inspect_stall_seconds == 2.5);
     CHECK(parse_ok(ws.args({})).cfg.inspect_stall_seconds == 0);
+    // The NaN watch is a switch of the run, not part of what a checkpoint records.
+    CHECK(parse_ok(ws.args({"--watch-nan"})).cfg.watch_nan);
+    CHECK(!parse_ok(ws.args({})).cfg.watch_nan);
+    CHECK(parse_ok(ws.args({"--watch-nan"})).cfg.to_json() == parse_ok(ws.args({})).cfg.to_json());
     CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {
