@@ -16,6 +16,8 @@
 #include "engine/fault_injection.hpp"
 #include "engine/nan_watch.hpp"
 #include "engine/rank_engine.hpp"
+#include "examples/zloss_head.hpp"
+#include "model/pipeline_model.hpp"
 
 using namespace troupe;
 
@@ -54,7 +56,8 @@ struct Outcome {
 
 constexpr int kMicroBatch = 2, kGlobalBatch = 4;
 
-Outcome run(const ParallelConfig& par, bool watch, std::optional<NanFault> fault, int steps) {
+Outcome run(const ParallelConfig& par, bool watch, std::optional<NanFault> fault, int steps,
+            std::shared_ptr<const Model> custom = nullptr) {
   const GptConfig model = small_model();
   const int world = par.world_size();
   comm::ParallelSizes sizes{par.tp, par.pp, par.dp};
@@ -77,6 +80,7 @@ Outcome run(const ParallelConfig& par, bool watch, std::optional<NanFault> fault
   spec.num_threads = 1;
   spec.nan = control;
   spec.nan_fault = std::move(fault);
+  spec.custom_model = std::move(custom);
   Outcome out;
   std::mutex mu;
   auto body = [&](int rank) {
@@ -311,4 +315,21 @@ TEST_CASE("nan watch: a NaN from the optimizer step is named as such", "[nan][pa
   CHECK(!o.report->bad_parameter.empty());
   CHECK(o.report->message().find("found every op finite") != std::string::npos);
   CHECK(o.report->message().find(o.report->bad_parameter + " on rank 2") != std::string::npos);
+}
+
+TEST_CASE("nan watch: a custom block's outputs, loss and input gradients are checked", "[nan][parallel][custom]") {
+  // GPT's layers, then example::ZLossHead (examples/zloss_head.hpp) behind them on the last stage.
+  Model m = gpt_model(small_model(), 2, /*with_head=*/false);
+  m.stages.back().push_back(Block::custom(
+      "zloss_head", [](const StagePlace& at) { return std::make_unique<example::ZLossHead>(at); }));
+  const auto model = std::make_shared<const Model>(std::move(m));
+  const ParallelConfig par = layout(2, 2, 1);
+  require_located(run(par, true, fault("rank3/custom.zloss_head:hidden:backward@2/1"), 3, model), par,
+                  "rank3/custom.zloss_head:hidden:backward@2/1", 3, "custom.zloss_head:hidden:backward",
+                  "custom block zloss_head tensor \"hidden\" (its gradient)");
+  require_located(run(par, true, fault("custom.zloss_head:loss@2"), 3, model), par, "custom.zloss_head:loss@2", 2,
+                  "custom.zloss_head:loss:forward", "custom block zloss_head loss");
+  // The GPT layers before it are still GptChunk's points.
+  require_located(run(par, true, fault("rank2/layer3:mlp_fc1:backward@2"), 3, model), par,
+                  "rank2/layer3:mlp_fc1:backward@2", 2, "layer3:mlp_fc1:backward", "layer 3 mlp fc1 grad input");
 }
