@@ -527,6 +527,7 @@ void RankEngine::fill_times(StepOutcome& out) const {
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
   return returning_collective_failures([&]() -> Result<double> {
     ListenScope listen(listener_.get());
+    if (probe_) probe_->set_iteration(-1);  // TROUPE_FAULT_NAN is for training steps only
     const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
     const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
     // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers

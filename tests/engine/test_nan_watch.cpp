@@ -279,7 +279,7 @@ TEST_CASE("nan watch: tp 2 x pp 2, the locator names the injected layer, tensor 
   }
 }
 
-TEST_CASE("nan watch: the locator under recompute, zero-bubble, sequence parallelism and ZeRO-3", "[nan][parallel]") {
+TEST_CASE("nan watch: the locator under recompute, zero-bubble, sequence parallelism, interleaving and ZeRO-3", "[nan][parallel]") {
   {
     ParallelConfig par = layout(2, 2, 1, 0, Recompute::selective);
     require_located(run(par, true, fault("rank0/layer1:attention_scores@2"), 2), par, "rank0/layer1:attention_scores@2",
@@ -290,6 +290,13 @@ TEST_CASE("nan watch: the locator under recompute, zero-bubble, sequence paralle
     par.sequence_parallel = true;
     require_located(run(par, true, fault("rank3/layer2:mlp_gelu:backward@2/1"), 2), par,
                     "rank3/layer2:mlp_gelu:backward@2/1", 3, "layer2:mlp_gelu:backward", "layer 2 mlp gelu grad input");
+  }
+  {
+    // Interleaved, 2 chunks per stage: layer 2 is virtual stage 2, chunk 1 of stage 0.
+    ParallelConfig par = layout(2, 2, 1, 0, Recompute::none, sched::ScheduleType::interleaved);
+    par.virtual_chunks = 2;
+    require_located(run(par, true, fault("layer2:ln2:backward@2/1"), 2), par, "layer2:ln2:backward@2/1", 0,
+                    "layer2:ln2:backward", "layer 2 ln2 grad input");
   }
   {
     // pp 2 x dp 2 under ZeRO-3: the replay gathers the parameters once, then runs without dp
