@@ -418,9 +418,9 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.nan_fault = nan.fault;
   // The report file: rank 0's process writes it (the engine, as soon as the ranks agree on it).
   if (options.bootstrap == nullptr || options.bootstrap->rank() == 0)
-    nan.control->set_report_file(
-        (std::filesystem::path(config.save.empty() ? "." : config.save) / ("troupe-nan-" + std::to_string(::getpid()) + ".json"))
-            .string());
+    nan.control->set_report_file((std::filesystem::path(config.save.empty() ? "." : config.save) /
+                                  ("troupe-nan-" + std::to_string(::getpid()) + ".json"))
+                                     .string());
   if (options.schedule) {
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;

@@ -180,8 +180,8 @@ Status check_nan_fault(const NanFault& f, int num_layers, int world_size) {
                              std::to_string(world_size) + " ranks -- name a rank from 0 to " +
                              std::to_string(world_size - 1));
   if (!f.optimizer && f.layer >= num_layers)
-    return Status::bad_input("TROUPE_FAULT_NAN=" + f.text + ": layer " + std::to_string(f.layer) + " but the model has " +
-                             std::to_string(num_layers) + " layers -- name a layer from 0 to " +
+    return Status::bad_input("TROUPE_FAULT_NAN=" + f.text + ": layer " + std::to_string(f.layer) +
+                             " but the model has " + std::to_string(num_layers) + " layers -- name a layer from 0 to " +
                              std::to_string(num_layers - 1));
   return Status::ok();
 }

@@ -338,8 +338,10 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     label += std::to_string(a.micro);
     if (v > 1) label += '.' + std::to_string(a.chunk);
     const auto t0 = Clock::now();
-    if (probe_injects_)
-      probe_->at(a.micro, a.chunk, k, a.kind == sched::Kind::forward ? 0 : 1, a.kind == sched::Kind::forward ? k : v * p - 1 - k);
+    if (probe_injects_) {
+      const bool fwd = a.kind == sched::Kind::forward;
+      probe_->at(a.micro, a.chunk, k, fwd ? 0 : 1, fwd ? k : v * p - 1 - k);
+    }
     if (a.kind == sched::Kind::forward) {
       int slot;
       if (first) {
@@ -702,7 +704,8 @@ Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad
     board_->wait(collective_wait("the NaN watch's findings", world_members_));
     TROUPE_RETURN_IF_ERROR(comms_.world->all_gather_v(words.data(), gathered.data(), counts, DType::i64)->wait());
     board_->done_waiting();
-    for (int r = 0; r < ranks; ++r) all.push_back(decode_finding(gathered.data() + static_cast<size_t>(r) * words.size()));
+    for (int r = 0; r < ranks; ++r)
+      all.push_back(decode_finding(gathered.data() + static_cast<size_t>(r) * words.size()));
   } else {
     all.push_back(mine);
   }

@@ -21,15 +21,17 @@ std::string probe_where(const ProbePoint& at) {
 
 std::string describe(const ProbePoint& at) {
   std::string name = at.tensor;
-  if (at.layer != kCustomProbe && name != "ln_f")  // "mlp fc1", but GPT-2's own "ln_f"
+  if (at.layer == kCustomProbe) {  // a custom block's points are its boundary tensors, by name
+    if (at.dir == ProbeDir::weight) return probe_where(at) + " parameter gradients";
+    if (name == "loss") return probe_where(at) + " loss";
+    return probe_where(at) + " tensor \"" + name + "\"" + (at.dir == ProbeDir::backward ? " (its gradient)" : "");
+  }
+  if (name != "ln_f")  // "mlp fc1", but GPT-2's own "ln_f"
     for (char& c : name)
       if (c == '_') c = ' ';
-  const char* what = at.dir == ProbeDir::forward ? " output" : at.dir == ProbeDir::backward ? " grad input" : " weight grad";
-  if (at.layer == kCustomProbe) {  // a custom block's tensors are named by their boundary names
-    what = at.dir == ProbeDir::forward ? "" : at.dir == ProbeDir::backward ? " (its gradient)" : "";
-    if (at.dir == ProbeDir::weight) return probe_where(at) + " parameter gradients";
-    return probe_where(at) + " " + (name == "loss" ? "loss" : "tensor \"" + name + "\"") + what;
-  }
+  const char* what = at.dir == ProbeDir::forward    ? " output"
+                     : at.dir == ProbeDir::backward ? " grad input"
+                                                    : " weight grad";
   return probe_where(at) + " " + name + what;
 }
 

@@ -279,7 +279,8 @@ TEST_CASE("nan watch: tp 2 x pp 2, the locator names the injected layer, tensor 
   }
 }
 
-TEST_CASE("nan watch: the locator under recompute, zero-bubble, sequence parallelism, interleaving and ZeRO-3", "[nan][parallel]") {
+TEST_CASE("nan watch: the locator under recompute, zero-bubble, sequence parallelism, interleaving and ZeRO-3",
+          "[nan][parallel]") {
   {
     ParallelConfig par = layout(2, 2, 1, 0, Recompute::selective);
     require_located(run(par, true, fault("rank0/layer1:attention_scores@2"), 2), par, "rank0/layer1:attention_scores@2",
