@@ -13,6 +13,8 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "actors/data_loader.hpp"
 #include "actors/errors.hpp"
 #include "inspect/dashboard.hpp"
@@ -27,6 +29,8 @@
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "config/validate.hpp"
+#include "engine/fault_injection.hpp"
+#include "engine/nan_watch.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/sharded_checkpoint.hpp"
@@ -362,6 +366,38 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
   return Status::ok();
 }
 
+// The NaN watch of a run (engine/nan_watch.hpp): the control its ranks and the inspector share
+// (across restarts: a located NaN ends the run), and TROUPE_FAULT_NAN's fault.
+struct NanWatchSetup {
+  std::shared_ptr<NanControl> control;
+  std::optional<NanFault> fault;
+};
+
+// The inspector's `watch [nan|off]`: this process's wish, and with rank 0's the other processes'.
+InspectHub::Handler watch_command(const InspectHub& hub, std::shared_ptr<NanControl> nan) {
+  return [&hub, nan](const InspectCall& call) {
+    if (call.args.size() > 1 || (call.args.size() == 1 && call.args[0] != "nan" && call.args[0] != "off"))
+      return inspect_error("watch takes nan, off or nothing (whether it is on) -- e.g. watch nan");
+    if (call.args.size() == 1) nan->want(call.args[0] == "nan");
+    nlohmann::json j = {{"watch", nan->wanted() ? "nan" : "off"}, {"watching", nan->watching()}, {"processes", 1},
+                        {"iteration", hub.iteration()}};
+    if (call.local) return j.dump() + "\n";
+    std::vector<std::string> unreachable;
+    int agree = 1, processes = 1;
+    for (const std::string& answer : hub.ask_peers(call.line, unreachable)) {
+      const auto peer = nlohmann::json::parse(answer, nullptr, false);
+      ++processes;
+      if (!peer.is_discarded() && peer.value("watch", "") == j["watch"]) ++agree;
+      if (!peer.is_discarded() && !peer.value("watching", false)) j["watching"] = false;
+    }
+    j["processes"] = processes;
+    j["agreeing"] = agree;
+    j["note"] = "every rank votes at the start of each step; the steps that begin after all of them have it " +
+                std::string(nan->wanted() ? "are watched" : "are not watched");
+    return with_unreachable(j.dump(1) + "\n", unreachable);
+  };
+}
+
 }  // namespace
 
 // Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
@@ -369,7 +405,8 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
 // the data loader, the offload actor and the trainer.
 static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config,
                                            std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                           const JobOptions& options, int threads, double peak, bool* stuck) {
+                                           const JobOptions& options, int threads, double peak, bool* stuck,
+                                           const NanWatchSetup& nan) {
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
@@ -389,6 +426,14 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.micro_batches = config.grad_accumulation_steps(launched);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
+  if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));
+  rs.nan = nan.control;
+  rs.nan_fault = nan.fault;
+  // The report file: rank 0's process writes it (the engine, as soon as the ranks agree on it).
+  if (options.bootstrap == nullptr || options.bootstrap->rank() == 0)
+    nan.control->set_report_file((std::filesystem::path(config.save.empty() ? "." : config.save) /
+                                  ("troupe-nan-" + std::to_string(::getpid()) + ".json"))
+                                     .string());
   if (options.schedule) {
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;
@@ -459,6 +504,13 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     self->request(group, caf::infinite, names_atom::value)
         .receive([&](std::vector<std::string>& names) { control->set_tensor_names(std::move(names)); },
                  [&](caf::error&) {});
+  hub.add("watch", "watch [nan|off]",
+          "the NaN locator: nan stops the job at the first non-finite loss, gradient or parameter and names the op it "
+          "came from (by replaying the iteration); off stops watching; nothing: whether it is on",
+          watch_command(hub, nan.control));
+  if (config.watch_nan)
+    note("NaN watch on (--watch-nan): every step keeps its inputs and checks the loss, the gradient norm and the "
+         "parameters; a failed check replays the iteration to name the op the NaN came from");
   auto history = std::make_shared<IterationHistory>();
   add_stage_commands(hub, {ranks.boards, job_schedule(rs), rs.par.custom_schedule != nullptr, history});
   JobCallbacks fed = callbacks;  // the history of the curves (`history`, the dashboard) sees every iteration
@@ -479,10 +531,18 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   auto result = drive_trainer(system, self, spec, fed, options, stuck, ranks.boards, &iteration_now);
   control->set_wake(nullptr);
   if (dashboard.value()) dashboard.value()->stop();  // served only while the job runs
+  if (const auto report = nan.control->report(); !result && report) {  // one line, and where the details are
+    const std::string file = nan.control->report_file(), error = nan.control->report_file_error();
+    const std::string details = file.empty()   ? " (rank 0's process writes the details to its troupe-nan-PID.json)"
+                                : error.empty() ? " -- details in " + file
+                                                : " (" + error + ")";
+    result = Status::error(report->message() + details);
+  }
   if (!inspector.value().file.empty()) std::filesystem::remove(inspector.value().file);
   // A failed or stuck job: where this process's ranks were, and who they waited on (the ranks'
-  // boards keep the wait that failed, and a stuck rank's last state).
-  if (!result) {
+  // boards keep the wait that failed, and a stuck rank's last state). Not after the NaN watch's
+  // stop: its ranks were not stuck, and its report says where they were.
+  if (!result && !nan.control->report()) {
     std::vector<Activity> now;
     for (const auto& board : ranks.boards) now.push_back(board->snapshot());
     const WaitGraph where = wait_graph(now);
@@ -555,7 +615,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
 
 static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak, bool* stuck);
+                                        double peak, bool* stuck, const NanWatchSetup& nan);
 
 // This run's identity and where it starts (config/run_identity.hpp): a restarted process resumes the
 // latest checkpoint in --save only when it belongs to this run; a new run inherits the id of what it
@@ -605,6 +665,11 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
+  NanWatchSetup nan;
+  auto fault = nan_fault_from_env();  // TROUPE_FAULT_NAN (engine/fault_injection.hpp)
+  if (!fault) return fault.status();
+  nan.fault = std::move(fault).value();
+  nan.control = std::make_shared<NanControl>(config.watch_nan);
   TrainConfig attempt = config;
   TROUPE_RETURN_IF_ERROR(resolve_run(attempt, options, note));
   double peak = 0;
@@ -633,7 +698,8 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   // yet); another run's checkpoint there is never resumed.
   for (int restart = 1;; ++restart) {
     bool stuck = false;
-    auto result = run_attempt(attempt, data, callbacks, options, threads, peak, &stuck);
+    auto result = run_attempt(attempt, data, callbacks, options, threads, peak, &stuck, nan);
+    if (nan.control->report()) return result;  // the NaN watch stops the run: a restart would meet it again
     const bool stopped = options.stop != nullptr && options.stop->load();
     // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
     if (result || stopped || stuck || restart > config.max_restarts || options.world) return result;
@@ -656,10 +722,10 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 // wait for it for ever on destruction: it is left behind (with its threads) and the error returned.
 static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
                                         const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak, bool* stuck) {
+                                        double peak, bool* stuck, const NanWatchSetup& nan) {
   auto sys_cfg = std::make_unique<caf::actor_system_config>(make_system_config());
   auto system = std::make_unique<caf::actor_system>(*sys_cfg);
-  auto result = run_ranks(*system, config, data, callbacks, options, threads, peak, stuck);
+  auto result = run_ranks(*system, config, data, callbacks, options, threads, peak, stuck, nan);
   // Every actor was told to exit; one that does not within seconds is stuck in a handler (a failed
   // job whose stuck rank the fabric's timeout named, rather than the watchdog).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

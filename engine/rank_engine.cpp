@@ -35,6 +35,32 @@ struct RankEngine::ChunkBuffers {
   std::map<int, int> slot_of_micro;
 };
 
+// What a watched step keeps to replay itself (engine/nan_watch.hpp): the rank's token rows, the
+// boundary tensors it received, per chunk and micro-batch, and its parameters before the step (the
+// values of the stores' param_ranges, store by store).
+struct RankEngine::Kept {
+  Tensor tokens;
+  double grad_scale = 0;
+  std::vector<std::vector<std::vector<Tensor>>> in_act, in_grad;  // [chunk][micro][tensor]
+  std::vector<Tensor> params;
+};
+
+namespace {
+// dst becomes a copy of src's tensors (undefined ones stay undefined), reusing dst's buffers.
+void keep_copy(std::vector<Tensor>& dst, const std::vector<Tensor>& src) {
+  dst.resize(src.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (!src[i].defined()) {
+      dst[i] = Tensor();
+    } else if (dst[i].defined() && dst[i].shape() == src[i].shape() && dst[i].dtype() == src[i].dtype()) {
+      dst[i].copy_from(src[i]);
+    } else {
+      dst[i] = src[i].clone();
+    }
+  }
+}
+}  // namespace
+
 struct RankEngine::Listener final : comm::WaitListener {
   RankEngine* engine = nullptr;
   void begin(const std::string& what, comm::WaitGroup group) override {
@@ -173,6 +199,14 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     chunks_.push_back(std::move(chunk));
     buffers_.push_back(std::move(buf));
   }
+  // The NaN watch's probe: the chunks see it always where TROUPE_FAULT_NAN injects on this rank,
+  // else only during a replay.
+  const std::optional<NanFault>& fault = spec_.nan_fault;
+  const bool injects = fault && !fault->optimizer && (fault->rank < 0 || fault->rank == rank_);
+  if (injects || spec_.nan) probe_ = std::make_unique<WatchProbe>(injects ? fault : std::nullopt);
+  probe_injects_ = injects;
+  if (injects)
+    for (auto& chunk : chunks_) chunk->set_probe(probe_.get());
 }
 
 RankEngine::~RankEngine() {
@@ -310,6 +344,10 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     label += std::to_string(a.micro);
     if (v > 1) label += '.' + std::to_string(a.chunk);
     const auto t0 = Clock::now();
+    if (probe_injects_) {
+      const bool fwd = a.kind == sched::Kind::forward;
+      probe_->at(a.micro, a.chunk, k, fwd ? 0 : 1, fwd ? k : v * p - 1 - k);
+    }
     if (a.kind == sched::Kind::forward) {
       int slot;
       if (first) {
@@ -319,6 +357,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
       } else {
         slot = b.slot_of_micro.at(a.micro);
       }
+      if (watch_step_) keep_copy(kept_->in_act[a.chunk][a.micro], b.in_act[slot]);
       const Tensor mb = chunk.reads_batch() ? tokens.rows(int64_t{a.micro} * B, int64_t{a.micro + 1} * B) : Tensor();
       // The head's backward right after its forward (1F1B at pp 1 and on its last stage, ...):
       // the chunk runs the head's backward in the forward, on logits it need not recompute.
@@ -331,6 +370,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
       send_all(b.sends[slot], b.out_act[slot], (k + 1) % p, a.micro, k, kF);
     } else if (a.kind == sched::Kind::backward) {
       const int slot = b.slot_of_micro.at(a.micro);
+      if (watch_step_) keep_copy(kept_->in_grad[a.chunk][a.micro], b.in_grad[slot]);
       chunk.backward(ctx_, slot, b.in_grad[slot], b.out_grad[slot], split);
       record(label, "backward", t0, a.micro, a.chunk);
       send_all(b.sends[slot], b.out_grad[slot], (k - 1) % p, a.micro, k - 1, kB);
@@ -404,6 +444,10 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     step_first_span_ = spans_.size();
     step_start_ = Clock::now();
     board_->recent().begin_step(req.step, std::chrono::duration<double, std::micro>(step_start_ - span_epoch()).count());
+    iteration_ = req.step;
+    if (probe_) probe_->set_iteration(req.step);
+    watch_step_ = spec_.nan && spec_.nan->wanted();
+    if (watch_step_) keep_step(tokens, grad_scale);
     StepOutcome out;
     for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
     std::vector<double> micro_losses(spec_.micro_batches, 0.0);
@@ -415,19 +459,26 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     TROUPE_RETURN_IF_ERROR(sync_tied_embedding());
     board_->wait(collective_wait("the world's reduction of gradient norm, loss and stop votes", world_members_));
     // One all-reduce over the world carries the squared norm, the loss, the stop votes (so every
-    // process of a job learns in the same step that one of them wants to stop) and rank 0's latest
-    // inspector command (an integer below 2^53: exact in f64).
-    double sums[4] = {0, 0, req.stop ? 1.0 : 0.0, rank_ == 0 ? static_cast<double>(req.control) : 0.0};
+    // process of a job learns in the same step that one of them wants to stop), the NaN watch's
+    // votes (the step is watched when every rank wanted it as it began: engine/nan_watch.hpp) and
+    // rank 0's latest inspector command (an integer below 2^53: exact in f64).
+    double sums[5] = {0, 0, req.stop ? 1.0 : 0.0, watch_step_ ? 1.0 : 0.0,
+                      rank_ == 0 ? static_cast<double>(req.control) : 0.0};
     for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
     const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 4, DType::f64, comm::ReduceOp::sum)->wait());
+      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 5, DType::f64, comm::ReduceOp::sum)->wait());
     board_->done_waiting();
     out.grad_norm = std::sqrt(sums[0]);
     out.loss_sum = sums[1];
     out.stop = sums[2] > 0;
-    out.control = static_cast<int64_t>(sums[3]);
+    out.control = static_cast<int64_t>(sums[4]);
+    const int ranks = comms_.world != nullptr ? comms_.world->size() : 1;
+    watching_ = sums[3] > ranks - 0.5;
+    if (spec_.nan) spec_.nan->set_watching(watching_);
+    if (watching_ && !(std::isfinite(out.grad_norm) && std::isfinite(out.loss_sum)))
+      return locate_nan(std::isfinite(out.loss_sum) ? "the gradient norm" : "the loss", "");
     if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
       const double factor = req.clip_grad / (out.grad_norm + 1e-6);
       for (auto& store : stores_) store->scale_gradients(factor);
@@ -446,6 +497,7 @@ Status RankEngine::finish_step() {
     board_->set(Doing::gathering);
     board_->wait(collective_wait("the data-parallel parameter gather", dp_members_));
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
+    if (watching_) TROUPE_RETURN_IF_ERROR(check_parameters());
     board_->set(Doing::idle);
     record("param gather", "reduce", t0);
     board_->recent().end_step(std::chrono::duration<double, std::micro>(Clock::now() - span_epoch()).count());
@@ -489,6 +541,7 @@ void RankEngine::fill_times(StepOutcome& out) const {
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
   return returning_collective_failures([&]() -> Result<double> {
     ListenScope listen(listener_.get());
+    if (probe_) probe_->set_iteration(-1);  // TROUPE_FAULT_NAN is for training steps only
     const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
     const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
     // Every replica runs as many micro-batches as the largest one: under ZeRO-3 each forward gathers
@@ -549,6 +602,128 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
     board_->set(Doing::idle);
     return loss;
   });
+}
+
+// ---- the NaN watch (engine/nan_watch.hpp) ---------------------------------------------------------
+
+void RankEngine::keep_step(const Tensor& tokens, double grad_scale) {
+  if (!kept_) kept_ = std::make_unique<Kept>();
+  Kept& k = *kept_;
+  k.grad_scale = grad_scale;
+  if (tokens.defined()) {
+    if (k.tokens.defined() && k.tokens.shape() == tokens.shape()) k.tokens.copy_from(tokens);
+    else k.tokens = tokens.clone();
+  } else {
+    k.tokens = Tensor();
+  }
+  const size_t v = chunks_.size(), m = static_cast<size_t>(spec_.micro_batches);
+  k.in_act.resize(v);
+  k.in_grad.resize(v);
+  for (size_t c = 0; c < v; ++c) {
+    k.in_act[c].resize(m);
+    k.in_grad[c].resize(m);
+  }
+  std::vector<Tensor> now;
+  for (const auto& store : stores_)
+    for (const auto& r : store->param_ranges()) now.push_back(r.values);
+  keep_copy(k.params, now);
+}
+
+// After the optimizer step of a watched step: this rank's own parameters (what its optimizer
+// partition updated) must be finite; the flag is combined over the world so every rank agrees.
+Status RankEngine::check_parameters() {
+  const std::optional<NanFault>& fault = spec_.nan_fault;
+  if (fault && fault->optimizer && fault->iteration == iteration_ && (fault->rank < 0 || fault->rank == rank_)) {
+    const std::vector<AdamSegment> segments = adam_segments();
+    if (!segments.empty()) poison(segments.front().param);
+  }
+  std::string bad;
+  for (size_t c = 0; c < stores_.size() && bad.empty(); ++c)
+    for (const auto& r : stores_[c]->segment_ranges())
+      if (first_non_finite(r.values) >= 0) {
+        bad = chunks_[c]->specs()[static_cast<size_t>(r.spec)].name;
+        break;
+      }
+  double flag = bad.empty() ? 0.0 : 1.0;
+  board_->wait(collective_wait("the NaN watch's parameter check", world_members_));
+  if (comms_.world != nullptr && comms_.world->size() > 1)
+    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&flag, 1, DType::f64, comm::ReduceOp::max)->wait());
+  board_->done_waiting();
+  if (flag == 0) return Status::ok();
+  // The replay computes the step again from the parameters it began with.
+  size_t i = 0;
+  for (const auto& store : stores_)
+    for (const auto& r : store->param_ranges()) r.values.copy_from(kept_->params[i++]);
+  return locate_nan("a parameter after the optimizer step", bad);
+}
+
+// Every rank of the job runs this at the same point (they saw the same all-reduced value): the
+// replay's collectives are the tensor-parallel ones inside the chunks (the same calls on every tp
+// rank of a stage), ZeRO-3's gathers before it (the same on every dp rank), and the all-gather of
+// the findings at the end.
+Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad_parameter) {
+  TROUPE_CHECK(probe_ && kept_, "RankEngine: a watched step keeps its inputs and has a probe");
+  const int p = spec_.par.pp, v = spec_.par.virtual_chunks, K = p * v, B = spec_.micro_batch_size;
+  const Kept& kept = *kept_;
+  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->begin_replay());
+  for (auto& chunk : chunks_) chunk->set_probe(probe_.get());
+  NanFinding who;
+  who.rank = rank_;
+  who.pp = stage_;
+  who.tp = tp_rank_;
+  who.dp = dp_rank_;
+  probe_->start_checking(who);
+  // The parameters the step began with.
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    probe_->at(-1, static_cast<int>(c), static_cast<int>(c) * p + stage_, -1, 0);
+    for (const auto& r : stores_[c]->param_ranges())
+      probe_->check_input(r.values, "parameter " + chunks_[c]->specs()[static_cast<size_t>(r.spec)].name +
+                                        " before the step");
+  }
+  const Tensor none;
+  for (int m = 0; m < spec_.micro_batches; ++m) {
+    for (int c = 0; c < v; ++c) {
+      PipelineStage& chunk = *chunks_[c];
+      const int k = c * p + stage_;
+      probe_->at(m, c, k, 0, k);
+      for (const Tensor& t : kept.in_act[c][m])
+        probe_->check_input(t, "the activation received from virtual stage " + std::to_string(k - 1));
+      const Tensor mb = chunk.reads_batch() ? kept.tokens.rows(int64_t{m} * B, int64_t{m + 1} * B) : none;
+      (void)chunk.forward(ctx_, 0, mb, kept.in_act[c][m], buffers_[c]->out_act[0], kept.grad_scale, false);
+    }
+    for (int c = v - 1; c >= 0; --c) {
+      PipelineStage& chunk = *chunks_[c];
+      const int k = c * p + stage_;
+      probe_->at(m, c, k, 1, K - 1 - k);
+      for (const Tensor& t : kept.in_grad[c][m])
+        probe_->check_input(t, "the gradient received from virtual stage " + std::to_string(k + 1));
+      const std::vector<Tensor>& dout = chunk.outputs().empty() ? buffers_[c]->in_grad[0] : kept.in_grad[c][m];
+      chunk.backward(ctx_, 0, dout, buffers_[c]->out_grad[0], false);
+    }
+  }
+  NanFinding mine = probe_->stop_checking();
+  mine.bad_parameter = bad_parameter;
+  if (!probe_injects_)
+    for (auto& chunk : chunks_) chunk->set_probe(nullptr);
+  for (auto& store : stores_) store->end_replay();
+  // Every rank's finding, to every rank.
+  const std::vector<int64_t> words = encode_finding(mine);
+  std::vector<NanFinding> all;
+  const int ranks = comms_.world != nullptr ? comms_.world->size() : 1;
+  if (ranks > 1) {
+    std::vector<int64_t> gathered(words.size() * static_cast<size_t>(ranks));
+    const std::vector<size_t> counts(static_cast<size_t>(ranks), words.size());
+    board_->wait(collective_wait("the NaN watch's findings", world_members_));
+    TROUPE_RETURN_IF_ERROR(comms_.world->all_gather_v(words.data(), gathered.data(), counts, DType::i64)->wait());
+    board_->done_waiting();
+    for (int r = 0; r < ranks; ++r)
+      all.push_back(decode_finding(gathered.data() + static_cast<size_t>(r) * words.size()));
+  } else {
+    all.push_back(mine);
+  }
+  const NanReport report = combine_findings(iteration_, trigger, std::move(all));
+  if (spec_.nan) spec_.nan->set_report(report);
+  return Status::error(report.message());
 }
 
 Result<std::vector<Tensor>> RankEngine::param_values(int c) {

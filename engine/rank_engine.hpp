@@ -27,10 +27,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/activity.hpp"
+#include "engine/nan_watch.hpp"
 #include "engine/types.hpp"
 #include "troupe/schedule.hpp"
 #include "engine/zero_store.hpp"
@@ -74,6 +76,10 @@ struct RankSpec {
   // A model given in code (include/troupe/stage.hpp: GPT blocks and custom stages), checked by
   // check_model before any rank is built; null: GPT's own split of `model` (troupe::gpt_model).
   std::shared_ptr<const Model> custom_model;
+  // The NaN watch (engine/nan_watch.hpp): the process's control, shared by its ranks and the
+  // inspector (null: the watch is never on), and the NaN TROUPE_FAULT_NAN asks to inject.
+  std::shared_ptr<NanControl> nan;
+  std::optional<NanFault> nan_fault;
 };
 
 struct RankComms {
@@ -147,6 +153,9 @@ class RankEngine {
   // The step in two halves around the optimizer partition's AdamW (the rank actor hands that to the
   // optimizer actor): everything up to clipped gradients; then, after AdamW updated adam_segments(),
   // the ZeRO all-gathers. A non-finite norm means no update: skip both AdamW and finish_step.
+  // A watched step (engine/nan_watch.hpp) whose loss or norm is not finite (compute_gradients), or
+  // one of whose parameters is not after the update (finish_step), replays the iteration to find
+  // where the NaN came from and fails with the report (also in RankSpec::nan).
   Result<StepOutcome> compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req);
   Status finish_step();
   // What the optimizer partition updates, over every chunk (views into this engine's buffers).
@@ -197,6 +206,17 @@ class RankEngine {
   struct ChunkBuffers;
   Status run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses);
   Status sync_tied_embedding();
+  // The NaN watch: what a watched step keeps, the parameter check, and the replay.
+  struct Kept;
+  void keep_step(const Tensor& tokens, double grad_scale);
+  Status check_parameters();
+  Status locate_nan(const std::string& trigger, const std::string& bad_parameter);
+  std::unique_ptr<WatchProbe> probe_;
+  bool probe_injects_ = false;  // the chunks always see probe_ (TROUPE_FAULT_NAN on this rank)
+  bool watch_step_ = false;     // this rank wanted the watch when the step began
+  bool watching_ = false;       // every rank did: the step is watched
+  int64_t iteration_ = 0;       // StepRequest::step of the step
+  std::unique_ptr<Kept> kept_;
 
   RankSpec spec_;
   int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0;

@@ -151,6 +151,7 @@ Tensor ZeroStore::gather_unit(int u) {
 }
 
 Tensor ZeroStore::acquire(int u, Pass pass) {
+  if (replay_) return replay_params_[u];
   Unit& unit = units_[u];
   Tensor t = gather_unit(u);
   comm::wait_or_throw(unit.gather, "ZeRO-3 parameter all-gather", comm::WaitGroup::dp);
@@ -162,6 +163,7 @@ Tensor ZeroStore::acquire(int u, Pass pass) {
 }
 
 void ZeroStore::release(int u, Pass) {
+  if (replay_) return;
   Unit& unit = units_[u];
   TROUPE_CHECK(unit.users > 0, "ZeroStore: release without acquire");
   if (--unit.users > 0) return;
@@ -190,6 +192,7 @@ void ZeroStore::begin_iteration(int micro_batches) {
 // Stages 0, 1 reduce a unit once its last micro-batch is in; stages 2, 3 every micro-batch, into a
 // fresh buffer (the next micro-batch's gradients must not land in one still being reduced).
 void ZeroStore::on_grads_ready(int u) {
+  if (replay_) return;  // the replay's gradients stay in their buffers
   Unit& unit = units_[u];
   ++unit.ready;
   if (stage_ >= 2) {
@@ -377,6 +380,29 @@ Result<Tensor> ZeroStore::unit_params(int u) {
   }
   TROUPE_RETURN_IF_ERROR(dp_->all_gather_v(unit.part_params.raw(), out.raw(), unit.counts, dtype_)->wait());
   return out;
+}
+
+Status ZeroStore::begin_replay() {
+  if (stage_ == 3)
+    for (size_t u = 0; u < units_.size(); ++u) {
+      auto full = unit_params(static_cast<int>(u));
+      if (!full) return full.status();
+      replay_params_.push_back(std::move(full).value());
+    }
+  for (Unit& unit : units_) unit.grad_buffer = Tensor();
+  if (stage_ <= 1) chunk_->zero_grad();
+  replay_ = true;
+  return Status::ok();
+}
+
+void ZeroStore::end_replay() {
+  replay_ = false;
+  replay_params_.clear();
+  for (Unit& unit : units_) {
+    if (unit.grad_buffer.defined()) track_transient(-static_cast<int64_t>(unit.grad_buffer.nbytes()));
+    unit.grad_buffer = Tensor();
+  }
+  zero_gradients();
 }
 
 ZeroCounts ZeroStore::counts() const {

@@ -107,6 +107,13 @@ class ZeroStore {
   // zeroes the gradients for the next iteration.
   Status finish_step();
 
+  // The NaN locator's replay of an iteration (engine/nan_watch.hpp): until end_replay the chunk's
+  // hooks touch no other rank. Stage 3 serves every unit from a copy gathered here (collective over
+  // dp: every dp rank calls it, in the same order); gradients accumulate from zero in buffers of
+  // their own and are reduced nowhere. end_replay frees the copies and zeroes the gradients.
+  Status begin_replay();
+  void end_replay();
+
   ZeroCounts counts() const;
   // A copy of unit u's full parameters (checkpoints, tests). PipelineStage 3: an all-gather over dp, so every
   // dp rank must call it, in the same order.
@@ -139,6 +146,8 @@ class ZeroStore {
   int micro_batches_ = 1;
   int64_t transient_bytes_ = 0, transient_peak_ = 0;
   std::deque<Pending> pending_;  // finished in issue order: micro-batches sum in a fixed order
+  bool replay_ = false;
+  std::vector<Tensor> replay_params_;  // stage 3 during a replay: every unit, gathered
 };
 
 }  // namespace troupe

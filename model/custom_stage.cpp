@@ -109,6 +109,24 @@ struct CustomStage::Impl {
   };
   std::map<int, Saved> saved;
   std::vector<Tensor> scratch_out;  // recompute: the second forward's outputs
+  std::string name;                 // the block's, for the probe
+  OpProbe* probe = nullptr;
+
+  void look(const std::string& tensor, ProbeDir dir, const Tensor& t) const {
+    if (probe != nullptr && t.defined() && t.dtype() != DType::i32)
+      probe->after(ProbePoint{kCustomProbe, tensor.c_str(), dir, name.c_str()}, t);
+  }
+  // The loss sum as the probe sees it (a fault may write it).
+  double look_loss(double loss) const {
+    if (probe == nullptr) return loss;
+    Tensor t = Tensor::empty({1}, DType::f64);
+    *t.data<double>() = loss;
+    look("loss", ProbeDir::forward, t);
+    return *t.data<double>();
+  }
+  void look_outputs(const std::vector<BoundaryDecl>& decls, const std::vector<Tensor>& out) const {
+    for (size_t i = 0; i < out.size() && probe != nullptr; ++i) look(decls[i].name, ProbeDir::forward, out[i]);
+  }
 
   Impl(std::unique_ptr<troupe::Stage> u, const StagePlace& at, comm::Communicator* tp, UnitHooks h, bool rc)
       : user(std::move(u)), place(at), calls(tp, at.tp_rank, at.tp_size), hooks(std::move(h)), recompute(rc) {}
@@ -127,11 +145,12 @@ struct CustomStage::Impl {
 };
 
 CustomStage::CustomStage(std::unique_ptr<troupe::Stage> user, const StagePlace& place, comm::Communicator* tp,
-                         UnitHooks hooks, Recompute recompute, DType dtype) {
+                         UnitHooks hooks, Recompute recompute, DType dtype, std::string name) {
   TROUPE_CHECK(user != nullptr, "CustomStage: the factory returned no stage");
   TROUPE_CHECK(dtype == DType::f32, "CustomStage: custom stages compute in f32");
   const bool own_params = !hooks.acquire_params, own_grads = !hooks.grad_buffer;
   impl_ = std::make_unique<Impl>(std::move(user), place, tp, std::move(hooks), recompute == Recompute::full);
+  impl_->name = std::move(name);
   for (const TensorDecl& d : impl_->user->inputs()) inputs_.push_back(boundary_decl(d));
   for (const TensorDecl& d : impl_->user->outputs()) outputs_.push_back(boundary_decl(d));
   reads_batch_ = impl_->user->reads_batch();
@@ -213,7 +232,11 @@ double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const s
   a.outputs = views_of(out);
   a.valid_samples = m.place.micro_batch;
   a.loss_scale = grad_scale;
-  const double loss = m.user->forward(m.calls, a);
+  double loss = m.user->forward(m.calls, a);
+  if (m.probe != nullptr) {
+    m.look_outputs(outputs_, out);
+    if (has_loss_) loss = m.look_loss(loss);
+  }
   Impl::Saved& s = m.saved[slot];
   s = Impl::Saved{};  // a slot whose backward never came (a failed step) starts afresh
   s.batch = reads_batch_ ? batch : Tensor();
@@ -243,7 +266,11 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
     a.outputs = views_of(m.scratch_out);
     a.valid_samples = m.place.micro_batch;
     a.loss_scale = s.loss_scale;
-    (void)m.user->forward(m.calls, a);
+    const double loss = m.user->forward(m.calls, a);
+    if (m.probe != nullptr) {  // the recomputation passes the forward's points again
+      m.look_outputs(outputs_, m.scratch_out);
+      if (has_loss_) (void)m.look_loss(loss);
+    }
   }
   Tensor grads = any ? (m.hooks.grad_buffer ? m.hooks.grad_buffer(0) : m.grads) : Tensor();
   BackwardArgs b;
@@ -257,6 +284,10 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
   b.input_grads = views_of(din);
   b.loss_scale = s.loss_scale;
   m.user->backward(m.calls, b);
+  if (m.probe != nullptr) {
+    for (size_t i = 0; i < din.size(); ++i) m.look(inputs_[i].name, ProbeDir::backward, din[i]);
+    if (any) m.look("params", ProbeDir::weight, grads);
+  }
   if (any && m.hooks.grads_ready) m.hooks.grads_ready(0, slot);
 }
 
@@ -274,6 +305,8 @@ double CustomStage::forward_eval(Context& ctx, const Tensor& batch, const std::v
   a.valid_samples = valid < 0 ? m.place.micro_batch : valid;
   return m.user->forward(m.calls, a);
 }
+
+void CustomStage::set_probe(OpProbe* probe) { impl_->probe = probe; }
 
 int64_t CustomStage::param_bytes() const {
   return impl_->params.defined() ? static_cast<int64_t>(impl_->params.nbytes()) : 0;

@@ -20,9 +20,10 @@ BoundaryDecl boundary_decl(const TensorDecl& decl);
 
 class CustomStage final : public PipelineStage {
  public:
-  // tp: the stage's tensor-parallel group (null or size 1 at tp 1). dtype must be f32.
+  // tp: the stage's tensor-parallel group (null or size 1 at tp 1). dtype must be f32. name: the
+  // block's (troupe::Block::name), how a probe's points name it.
   CustomStage(std::unique_ptr<troupe::Stage> user, const StagePlace& place, comm::Communicator* tp, UnitHooks hooks,
-              Recompute recompute, DType dtype);
+              Recompute recompute, DType dtype, std::string name = "custom");
   ~CustomStage() override;
 
   const std::vector<ParamSpec>& specs() const override { return specs_; }
@@ -43,6 +44,9 @@ class CustomStage final : public PipelineStage {
   void backward_weight(Context&, int) override {}
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
+  // The probe sees each output after forward (by its name; "loss" for the loss block), each input's
+  // gradient after backward (by the input's name) and the parameter gradients ("params", weight).
+  void set_probe(OpProbe* probe) override;
   int64_t param_bytes() const override;
   int64_t grad_bytes() const override;
   int64_t activation_bytes() const override;

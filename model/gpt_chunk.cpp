@@ -318,7 +318,7 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
       a = rc;
       a.res2 = s.xs[l + 1];
     }
-    layer_forward(ctx, p, s.xs[l], a);
+    layer_forward(ctx, spec.first_layer + l, p, s.xs[l], a);
     release(u, Pass::forward);
   }
   if (!spec.has_head) {
@@ -344,7 +344,7 @@ GptChunk::Impl::LayerActs GptChunk::Impl::acts_for_backward(Context& ctx, Slot& 
   if (!s.acts.empty()) return s.acts[l];
   LayerActs a = rc;
   a.res2 = rc_res2;
-  layer_forward(ctx, p, s.xs[l], a);
+  layer_forward(ctx, spec.first_layer + l, p, s.xs[l], a);
   return a;
 }
 
@@ -363,6 +363,7 @@ const Tensor& GptChunk::flat_grads() const { return impl_->flat_grads; }
 std::vector<Tensor> GptChunk::params() const { return impl_->params; }
 std::vector<Tensor> GptChunk::grads() const { return impl_->grads; }
 int64_t GptChunk::boundary_rows() const { return impl_->Nl; }
+void GptChunk::set_probe(OpProbe* probe) { impl_->probe = probe; }
 
 bool GptChunk::counts_in_norm(int i) const {
   const Impl& m = *impl_;
@@ -448,9 +449,9 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
     const Impl::Layer p = Impl::as_layer(m.acquire(u, Pass::backward));
     Impl::LayerActs a = m.acts_for_backward(ctx, s, l, p);
     const Impl::LayerStash& st = now ? m.now : s.stash[l];
-    m.layer_backward_input(ctx, p, s.xs[l], a, m.dres, st);
+    m.layer_backward_input(ctx, m.spec.first_layer + l, p, s.xs[l], a, m.dres, st);
     if (now) {
-      m.layer_backward_weight(ctx, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, st);
+      m.layer_backward_weight(ctx, m.spec.first_layer + l, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, st);
       m.grads_ready(u, slot);
     }
     m.release(u, Pass::backward);
@@ -500,7 +501,7 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
     } else {
       a = s.acts[l];
     }
-    m.layer_backward_weight(ctx, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
+    m.layer_backward_weight(ctx, m.spec.first_layer + l, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
     if (recompute) m.release(u, Pass::backward);
     m.grads_ready(u, slot);
   }

@@ -79,6 +79,8 @@
 
 namespace troupe {
 
+class OpProbe;
+
 enum class Recompute : uint8_t { none, full, selective };
 
 struct ChunkSpec {
@@ -149,6 +151,10 @@ class GptChunk {
 
   // Rows exchanged with the neighbouring chunks (see "Rows").
   int64_t boundary_rows() const;
+
+  // Shows every op's result to `probe` (model/op_probe.hpp: the points and their names), or to
+  // nobody (null, the default). The probe outlives the calls it sees.
+  void set_probe(OpProbe* probe);
 
   // Forward of one micro-batch into `slot`. tokens: (B, T+1) i32 windows, needed when has_embedding
   // (inputs) or has_head (targets), else undefined. input: (boundary_rows(), C) unless

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/gpt_chunk.hpp"
+#include "model/op_probe.hpp"
 
 namespace troupe {
 
@@ -82,6 +83,12 @@ struct GptChunk::Impl {
   Slot eval_slot;                     // forward_eval's buffers (allocated on first use)
   int64_t act_bytes = 0;
   int fused_slot = -1;                // the slot whose fused head awaits its backward (the next call)
+  OpProbe* probe = nullptr;           // set_probe: every op's result is shown to it (model/op_probe.hpp)
+
+  // The probe's look at an op's result; `layer` global (or a k*Probe value).
+  void look(int layer, const char* op, ProbeDir dir, const Tensor& result) const {
+    if (probe != nullptr) probe->after(ProbePoint{layer, op, dir, ""}, result);
+  }
 
   // Scratch shared by all slots and layers (each call uses it and leaves nothing in it).
   LayerActs rc;                  // recomputed (or not kept) layer activations; res2 set per use;
@@ -124,12 +131,12 @@ struct GptChunk::Impl {
   void split_tokens(Slot& s, const Tensor& tokens);
   LayerActs acts_for_backward(Context& ctx, Slot& s, int l, const Layer& p);
 
-  // ---- one transformer layer (gpt_chunk_layer.cpp) ----
-  void layer_forward(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a);
+  // ---- one transformer layer (gpt_chunk_layer.cpp); layer: its global index (for the probe) ----
+  void layer_forward(Context& ctx, int layer, const Layer& p, const Tensor& x, const LayerActs& a);
   // dres: d(layer output) in, d(layer input) out, (Nl,C).
-  void layer_backward_input(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a, const Tensor& dres,
-                            const LayerStash& st);
-  void layer_backward_weight(Context& ctx, const Layer& g, const Tensor& x, const LayerActs& a,
+  void layer_backward_input(Context& ctx, int layer, const Layer& p, const Tensor& x, const LayerActs& a,
+                            const Tensor& dres, const LayerStash& st);
+  void layer_backward_weight(Context& ctx, int layer, const Layer& g, const Tensor& x, const LayerActs& a,
                              const LayerStash& st);
 
   // ---- tensor-parallel pieces (gpt_chunk_tp.cpp) ----

@@ -23,79 +23,118 @@
 
 namespace troupe {
 
-void GptChunk::Impl::layer_forward(Context& ctx, const Layer& p, const Tensor& x /*(Nl,C)*/, const LayerActs& a) {
+void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, const Tensor& x /*(Nl,C)*/,
+                                   const LayerActs& a) {
   const double eps = spec.model.layernorm_epsilon;
   const Tensor none;
+  constexpr ProbeDir F = ProbeDir::forward;
   // Attention branch.
   ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, eps);  // (Nl,C)
+  look(layer, "ln1", F, a.ln1);
   const Tensor ln1 = sp ? gathered : a.ln1;                                              // (N,C)
   gather_rows(a.ln1, ln1);                                                               // f
   ops::linear_forward(ctx, a.qkv, ln1, p.attn_w, p.attn_b);                              // (N,3Cl)
+  look(layer, "attention_qkv", F, a.qkv);
   ops::attention_forward(ctx, a.att.view({B, T, Cl}), a.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
                          Hl);                                                            // (N,Cl)
+  look(layer, "attention_scores", F, a.probs);
+  look(layer, "attention_output", F, a.att);
   const Tensor proj = sp ? partial : a.res1;                                             // (N,C) partial
   ops::linear_forward(ctx, proj, a.att, p.proj_w, r == 0 ? p.proj_b : none);
   reduce_rows(proj, a.res1);                                                             // g -> (Nl,C)
+  look(layer, "attention_proj", F, a.res1);
   ops::add_inplace(ctx, a.res1, x);
+  look(layer, "residual1", F, a.res1);
   // MLP branch.
   ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, eps);  // (Nl,C)
+  look(layer, "ln2", F, a.ln2);
   const Tensor ln2 = sp ? gathered : a.ln2;                                                   // (N,C)
   gather_rows(a.ln2, ln2);                                                                    // f
   ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                        // (N,Fl)
+  look(layer, "mlp_fc1", F, a.fc);
   ops::gelu_forward(ctx, a.fc_gelu, a.fc);
+  look(layer, "mlp_gelu", F, a.fc_gelu);
   const Tensor mlp = sp ? partial : a.res2;                                                   // (N,C) partial
   ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
   reduce_rows(mlp, a.res2);                                                                   // g -> (Nl,C)
+  look(layer, "mlp_fc2", F, a.res2);
   ops::add_inplace(ctx, a.res2, a.res1);
+  look(layer, "residual2", F, a.res2);
 }
 
-void GptChunk::Impl::layer_backward_input(Context& ctx, const Layer& p, const Tensor& x, const LayerActs& a,
-                                          const Tensor& dres /*(Nl,C)*/, const LayerStash& st) {
+void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& p, const Tensor& x,
+                                          const LayerActs& a, const Tensor& dres /*(Nl,C)*/, const LayerStash& st) {
   const Tensor none;
+  constexpr ProbeDir Bk = ProbeDir::backward;
   // MLP branch: dres = d res2; the residual passes it on to res1, ln_2's backward adds the branch.
   gather_rows(dres, st.dy2);  // g's dual; without SP a copy, since dres changes below    (N,C)
+  look(layer, "residual2", Bk, st.dy2);
   ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                  // (N,Fl)
+  look(layer, "mlp_fc2", Bk, dgelu);
   ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                            // (N,Fl)
+  look(layer, "mlp_gelu", Bk, st.dfc);
   const Tensor dln2 = sp ? partial : st.dln2;  // this rank's share of d(ln_2 output)       (N,C)
   ops::linear_backward(ctx, dln2, none, none, st.dfc, none, p.fc_w);
   reduce_rows(dln2, st.dln2);                  // f's dual                                  (Nl,C)
+  look(layer, "mlp_fc1", Bk, st.dln2);
   ops::layernorm_backward(ctx, dres, none, none, st.dln2, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
+  look(layer, "ln2", Bk, dres);
   // Attention branch: dres = d res1, becomes d x.
   gather_rows(dres, st.dy1);                                                                // (N,C)
+  look(layer, "residual1", Bk, st.dy1);
   ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Cl)
+  look(layer, "attention_proj", Bk, datt);
   Tensor probs = a.probs;
   if (!probs.defined()) {
     // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
     // saved qkv (same kernel, same inputs: bitwise the forward's).
     ops::attention_forward(ctx, rc.att.view({B, T, Cl}), rc.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
                            Hl);
+    look(layer, "attention_scores", ProbeDir::forward, rc.probs);
+    look(layer, "attention_output", ProbeDir::forward, rc.att);
     probs = rc.probs;
   }
   ops::attention_backward(ctx, st.dqkv.view({B, T, 3 * Cl}), datt.view({B, T, Cl}), a.qkv.view({B, T, 3 * Cl}),
                           probs.view({B, Hl, T, T}), Hl);                                   // (N,3Cl)
+  look(layer, "attention_scores", Bk, st.dqkv);
   const Tensor dln1 = sp ? partial : st.dln1;                                               // (N,C)
   ops::linear_backward(ctx, dln1, none, none, st.dqkv, none, p.attn_w);
   reduce_rows(dln1, st.dln1);                                                               // (Nl,C)
+  look(layer, "attention_qkv", Bk, st.dln1);
   ops::layernorm_backward(ctx, dres, none, none, st.dln1, x, p.ln1_w, a.ln1_mean, a.ln1_rstd);
+  look(layer, "ln1", Bk, dres);
 }
 
-void GptChunk::Impl::layer_backward_weight(Context& ctx, const Layer& g, const Tensor& x, const LayerActs& a,
-                                           const LayerStash& st) {
+void GptChunk::Impl::layer_backward_weight(Context& ctx, int layer, const Layer& g, const Tensor& x,
+                                           const LayerActs& a, const LayerStash& st) {
   const Tensor none;
+  constexpr ProbeDir W = ProbeDir::weight;
   // Row-parallel c_proj: dW from this rank's input columns; the replicated bias from all N rows of
   // d(output), which every rank holds alike, so its gradient is identical on every rank.
   ops::linear_backward(ctx, none, g.fcproj_w, g.fcproj_b, st.dy2, a.fc_gelu, none);
+  look(layer, "mlp_fc2", W, g.fcproj_w);
+  look(layer, "mlp_fc2", W, g.fcproj_b);
   // Column-parallel c_fc reads ln_2's output on all rows; sequence parallelism kept only this rank's
   // rows, so they are gathered again (as Megatron does) rather than kept N rows wide.
   const Tensor ln2 = sp ? gathered : a.ln2;
   gather_rows(a.ln2, ln2);
   ops::linear_backward(ctx, none, g.fc_w, g.fc_b, st.dfc, ln2, none);
+  look(layer, "mlp_fc1", W, g.fc_w);
+  look(layer, "mlp_fc1", W, g.fc_b);
   ln_weight_grads(ctx, g.ln2_w, g.ln2_b, st.dln2, a.res1, a.ln2_mean, a.ln2_rstd);
+  look(layer, "ln2", W, g.ln2_w);
+  look(layer, "ln2", W, g.ln2_b);
   ops::linear_backward(ctx, none, g.proj_w, g.proj_b, st.dy1, a.att, none);
+  look(layer, "attention_proj", W, g.proj_w);
+  look(layer, "attention_proj", W, g.proj_b);
   const Tensor ln1 = sp ? gathered : a.ln1;
   gather_rows(a.ln1, ln1);
   ops::linear_backward(ctx, none, g.attn_w, g.attn_b, st.dqkv, ln1, none);
+  look(layer, "attention_qkv", W, g.attn_w);
+  look(layer, "attention_qkv", W, g.attn_b);
   ln_weight_grads(ctx, g.ln1_w, g.ln1_b, st.dln1, x, a.ln1_mean, a.ln1_rstd);
+  look(layer, "ln1", W, g.ln1_w);
+  look(layer, "ln1", W, g.ln1_b);
 }
 
 }  // namespace troupe

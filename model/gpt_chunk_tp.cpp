@@ -93,11 +93,14 @@ void GptChunk::Impl::embedding_forward(Context& ctx, const std::vector<Tensor>& 
   ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), e[0], v0,
                                r == 0 ? e[1] : Tensor());
   reduce_rows(full, s.xs[0]);                  // g -> (Nl,C)
+  look(kEmbeddingProbe, "lookup", ProbeDir::forward, s.xs[0]);
 }
 
 void GptChunk::Impl::embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s,
                                       const Tensor& demb /*(N,C)*/) {
   ops::vocab_embedding_backward(ctx, g[0], g[1], demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+  look(kEmbeddingProbe, "lookup", ProbeDir::weight, g[0]);
+  look(kEmbeddingProbe, "lookup", ProbeDir::weight, g[1]);
 }
 
 // ---- vocabulary-parallel head ---------------------------------------------------------------------
@@ -106,6 +109,7 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
                                     const Tensor& lnf_b, const Tensor& fused_dwte) {
   const Tensor lnf = s.lnf_full.rows(row0, row0 + Nl);  // this rank's rows of ln_f's output   (Nl,C)
   ops::layernorm_forward(ctx, lnf, s.lnf_mean, s.lnf_rstd, s.xs[L], lnf_w, lnf_b, spec.model.layernorm_epsilon);
+  look(kHeadProbe, "ln_f", ProbeDir::forward, lnf);
   gather_rows(lnf, s.lnf_full);                         // f: all rows for the vocabulary split (N,C)
   for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
     const int64_t r1 = std::min(N, r0 + head_rows), rows = r1 - r0;
@@ -113,7 +117,10 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
     if (fused_dwte.defined()) {  // t = 1: the pieces below are bitwise this op (kernels/ops.hpp)
       const Tensor x = s.lnf_full.rows(r0, r1);
       ops::linear_forward(ctx, lg, x, wte, Tensor());
+      look(kHeadProbe, "logits", ProbeDir::forward, lg);
       ops::softmax_cross_entropy(ctx, losses.rows(r0, r1), lg, s.targets.rows(r0, r1), valid, s.grad_scale);
+      look(kHeadProbe, "loss", ProbeDir::forward, losses.rows(r0, r1));
+      look(kHeadProbe, "loss", ProbeDir::backward, lg);
       // lg now holds d loss / d logits: dx = dlogits wte, dwte += dlogits^T x (head_backward's call).
       ops::linear_backward(ctx, dlnf_now.rows(r0, r1), fused_dwte, Tensor(), lg, x, wte);
       continue;
@@ -122,13 +129,16 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
     const Tensor both = stats.rows(0, 2 * rows);         // [sum_exp | target_logit] (2*rows) f64
     const Tensor sum = both.rows(0, rows), target = both.rows(rows, 2 * rows);
     ops::linear_forward(ctx, lg, s.lnf_full.rows(r0, r1), wte, Tensor());
+    look(kHeadProbe, "logits", ProbeDir::forward, lg);
     ops::xent_local_stats(ctx, mx, target, lg, s.targets.rows(r0, r1), v0, valid);
     all_reduce(mx, comm::ReduceOp::max);
     ops::xent_exp_sum(ctx, sum, lg, mx, valid);
     all_reduce(both, comm::ReduceOp::sum);
     s.sum_exp.rows(r0, r1).copy_from(sum);
     ops::xent_loss(ctx, losses.rows(r0, r1), mx, sum, target);
+    look(kHeadProbe, "loss", ProbeDir::forward, losses.rows(r0, r1));
   }
+  if (fused_dwte.defined()) look(kHeadProbe, "logits", ProbeDir::weight, fused_dwte);
   // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's). Evaluation of a
   // padded micro-batch sums only the rows of its real sequences (loss_rows).
   double total = 0;
@@ -153,11 +163,14 @@ void GptChunk::Impl::head_backward(Context& ctx, Slot& s, const Tensor& wte, con
     const Tensor lg = logits.rows(0, rows);  // (rows,Vl): the forward's logits again, then their gradient
     const Tensor x = s.lnf_full.rows(r0, r1);
     ops::linear_forward(ctx, lg, x, wte, none);
+    look(kHeadProbe, "logits", ProbeDir::forward, lg);  // recomputed: the forward's values again
     ops::xent_backward(ctx, lg, s.row_max.rows(r0, r1), s.sum_exp.rows(r0, r1), s.targets.rows(r0, r1), v0, valid,
                        s.grad_scale);
+    look(kHeadProbe, "loss", ProbeDir::backward, lg);
     // dx = dlogits wte, dwte += dlogits^T x: GptModel's call per chunk.
     ops::linear_backward(ctx, input ? dpart.rows(r0, r1) : none, weights ? dwte : none, none, lg, x, wte);
   }
+  if (weights) look(kHeadProbe, "logits", ProbeDir::weight, dwte);
   head_backward_ln(ctx, s, lnf_w, dlnf, input, dlnf_w, dlnf_b);
 }
 
@@ -166,10 +179,16 @@ void GptChunk::Impl::head_backward_ln(Context& ctx, Slot& s, const Tensor& lnf_w
   const Tensor none;
   if (input) {
     reduce_rows(sp ? partial : dlnf, dlnf);  // f's dual -> (Nl,C)
+    look(kHeadProbe, "logits", ProbeDir::backward, dlnf);
     dres.zero_();
     ops::layernorm_backward(ctx, dres, none, none, dlnf, s.xs[L], lnf_w, s.lnf_mean, s.lnf_rstd);
+    look(kHeadProbe, "ln_f", ProbeDir::backward, dres);
   }
-  if (dlnf_w.defined()) ln_weight_grads(ctx, dlnf_w, dlnf_b, dlnf, s.xs[L], s.lnf_mean, s.lnf_rstd);
+  if (dlnf_w.defined()) {
+    ln_weight_grads(ctx, dlnf_w, dlnf_b, dlnf, s.xs[L], s.lnf_mean, s.lnf_rstd);
+    look(kHeadProbe, "ln_f", ProbeDir::weight, dlnf_w);
+    look(kHeadProbe, "ln_f", ProbeDir::weight, dlnf_b);
+  }
 }
 
 }  // namespace troupe

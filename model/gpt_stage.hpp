@@ -35,6 +35,7 @@ class GptStage final : public PipelineStage {
   void backward_weight(Context& ctx, int slot) override { chunk_.backward_weight(ctx, slot); }
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
+  void set_probe(OpProbe* probe) override { chunk_.set_probe(probe); }
   int64_t param_bytes() const override { return chunk_.param_bytes(); }
   int64_t grad_bytes() const override { return chunk_.grad_bytes(); }
   int64_t activation_bytes() const override { return chunk_.activation_bytes(); }

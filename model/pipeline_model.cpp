@@ -88,7 +88,7 @@ StagePlace place_of(const StageBuild& at) {
 std::unique_ptr<PipelineStage> build_block(const Block& b, const StageBuild& at, UnitHooks hooks, bool tied) {
   if (b.kind == Block::Kind::gpt) return std::make_unique<GptStage>(gpt_chunk_spec(b, at), at.tp, std::move(hooks), tied);
   return std::make_unique<CustomStage>(b.make(place_of(at)), place_of(at), at.tp, std::move(hooks), at.recompute,
-                                       at.dtype);
+                                       at.dtype, b.name);
 }
 
 // A block's declarations, as check_model reads them (custom stages built once at tp rank 0).

@@ -151,6 +151,10 @@ double SequenceStage::forward_eval(Context& ctx, const Tensor& batch, const std:
   return loss;
 }
 
+void SequenceStage::set_probe(OpProbe* probe) {
+  for (auto& b : blocks_) b->set_probe(probe);
+}
+
 int64_t SequenceStage::param_bytes() const {
   int64_t n = 0;
   for (const auto& b : blocks_) n += b->param_bytes();

@@ -36,6 +36,7 @@ class SequenceStage final : public PipelineStage {
   void backward_weight(Context& ctx, int slot) override;
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
+  void set_probe(OpProbe* probe) override;
   int64_t param_bytes() const override;
   int64_t grad_bytes() const override;
   int64_t activation_bytes() const override;

@@ -24,6 +24,7 @@
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
 #include "model/gpt_chunk.hpp"
+#include "model/op_probe.hpp"
 #include "model/params.hpp"
 
 namespace troupe {
@@ -69,6 +70,9 @@ class PipelineStage {
   // Forward of a micro-batch whose first `valid` samples count in the loss; keeps nothing.
   virtual double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in,
                               const std::vector<Tensor>& out, int64_t valid) = 0;
+
+  // Shows every op's result to `probe` (model/op_probe.hpp), or to nobody (null, the default).
+  virtual void set_probe(OpProbe* probe) = 0;
 
   virtual int64_t param_bytes() const = 0;
   virtual int64_t grad_bytes() const = 0;

@@ -159,6 +159,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "one): each rank's timeline beside the planned schedule, loss/lr/grad-norm curves, utilisation, the "
       "waits; its URL, printed and written into the inspect file, carries the token it needs (starts "
       "--inspect too)");
+  cmd->add_flag("--watch-nan", cfg->watch_nan,
+                "Stop at the first non-finite loss, gradient or parameter and name where it first appeared "
+                "(iteration, micro-batch, rank, layer, tensor, forward or backward), found by replaying the "
+                "iteration with a check after every op; writes troupe-nan-PID.json (in --save, else the working "
+                "directory). Costs a copy of each rank's parameters and received activations per step")
+      ->group(resilience);
   opt(resilience, "--inspect-stall-seconds", cfg->inspect_stall_seconds,
       "When no rank of a process changes what it does for this long, print who waits on whom and the "
       "culprit, and write every rank's activity to troupe-stall-PID.json (in --save, else the working "

@@ -58,6 +58,11 @@ struct TrainConfig {
   // answers, so it also starts the inspector (on a free port of the same host) when `inspect` is
   // empty.
   std::string dashboard;
+  // The NaN locator (docs/INSPECT.md, "A NaN hunt"): every step keeps its inputs and checks the
+  // loss, the gradient norm and the parameters; the first non-finite one stops the job, naming the
+  // op it came from (found by replaying the iteration). The inspector's `watch nan|off` switches it
+  // at run time. Like the inspector's flags, not stored in checkpoints.
+  bool watch_nan = false;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;

@@ -946,6 +946,10 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
     CHECK(parse_ok(ws.args({"--dashboard", "[::1]:8080", "--inspect-file", ws.dir.str("i.json")})).cfg.inspect.empty());
     CHECK_THAT(parse(ws.args({"--inspect-file", ws.dir.str("i.json")})).status.message(),
                Contains("--inspect-file is only used with --inspect or --dashboard"));
+    // The NaN watch is a switch of the run, not part of what a checkpoint records.
+    CHECK(parse_ok(ws.args({"--watch-nan"})).cfg.watch_nan);
+    CHECK(!parse_ok(ws.args({})).cfg.watch_nan);
+    CHECK(parse_ok(ws.args({"--watch-nan"})).cfg.to_json() == parse_ok(ws.args({})).cfg.to_json());
     CHECK(parse_ok(ws.args({"--max-restarts", "2", "--save", ws.dir.str("ck")})).cfg.max_restarts == 2);
   }
   SECTION("tuning keys of the wrong type") {
