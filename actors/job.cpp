@@ -500,7 +500,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   add_control_commands(hub, *control, config);
   spec.control = control;
   control->watch_saves(offloader.saves_in_flight);
-  if (!config.inspect.empty())
+  if (!with_dashboard_inspector(config).inspect.empty())
     self->request(group, caf::infinite, names_atom::value)
         .receive([&](std::vector<std::string>& names) { control->set_tensor_names(std::move(names)); },
                  [&](caf::error&) {});

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -20,6 +22,7 @@
 #include "inspect/dashboard.hpp"
 #include "inspect/inspect_stages.hpp"
 #include "inspect/inspector.hpp"
+#include "tests/test_util.hpp"
 
 using namespace troupe;
 
@@ -128,6 +131,18 @@ TEST_CASE("dashboard: no token, no data; with it, the page and the inspector's a
   httplib::Client after("127.0.0.1", d.port());
   after.set_connection_timeout(1, 0);
   CHECK_FALSE(after.Get("/api/status", auth));  // stopped: nothing listens
+}
+
+TEST_CASE("dashboard: the page compiled in is inspect/dashboard_page.html, byte for byte", "[dashboard]") {
+  std::ifstream in(std::string(troupe::test::source_dir()) + "/inspect/dashboard_page.html", std::ios::binary);
+  REQUIRE(in);
+  std::ostringstream file;
+  file << in.rdbuf();
+  CHECK(dashboard_page() == file.str());
+  // Self-contained: nothing is fetched from elsewhere.
+  CHECK(dashboard_page().find("src=\"http") == std::string::npos);
+  CHECK(dashboard_page().find("href=\"http") == std::string::npos);
+  CHECK(dashboard_page().find("@import") == std::string::npos);
 }
 
 TEST_CASE("dashboard: the reply to a request, apart from HTTP", "[dashboard]") {
