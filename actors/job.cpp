@@ -20,6 +20,7 @@
 #include "inspect/dashboard.hpp"
 #include "inspect/inspect_stages.hpp"
 #include "inspect/inspector.hpp"
+#include "inspect/trace_command.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "config/run_identity.hpp"
@@ -513,6 +514,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
          "parameters; a failed check replays the iteration to name the op the NaN came from");
   auto history = std::make_shared<IterationHistory>();
   add_stage_commands(hub, {ranks.boards, job_schedule(rs), rs.par.custom_schedule != nullptr, history});
+  add_trace_command(hub);
   JobCallbacks fed = callbacks;  // the history of the curves (`history`, the dashboard) sees every iteration
   fed.on_iteration = [&callbacks, history](const IterationStats& s) {
     history->add(s);

@@ -3,6 +3,7 @@
 // TROUPE_JOB_TOKEN. docs/INSPECT.md has the commands and the JSON schema.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -29,6 +30,7 @@
 #include "config/inspect_file.hpp"
 #include "config/validate.hpp"
 #include "engine/tensor_stats.hpp"
+#include "storage/durable.hpp"
 #include "storage/tensor_dump.hpp"
 
 namespace troupe::apps {
@@ -196,6 +198,10 @@ std::string human(const std::string& command, const nlohmann::json& j) {
       out += fmt::format("  {:>12.5g} {:>9} {}\n", lo + width * static_cast<double>(b), c,
                          std::string(static_cast<size_t>(40 * c / most), '#'));
     }
+  } else if (verb == "trace" && j.value("tracing", false)) {
+    out += "tracing from iteration " + std::to_string(j.value("from_iteration", int64_t{0}) + 1) +
+           "; trace stop " + (j.value("file", std::string()).empty() ? "FILE" : j.value("file", std::string())) +
+           " writes the Chrome trace\n";
   } else if (verb == "names" && j.contains("names")) {
     for (const auto& n : j["names"]) out += "  " + n.get<std::string>() + "\n";
   } else if (verb == "where") {
@@ -326,6 +332,69 @@ int run_dump(const Session& session, const std::vector<std::string>& args, bool 
   return kExitOk;
 }
 
+// trace stop: the job's spans of the window as a Chrome trace (one process per rank, its passes,
+// waits and reductions on one track, each iteration as a span around them).
+int write_trace(const nlohmann::json& t, bool json) {
+  nlohmann::json events = nlohmann::json::array();
+  size_t spans = 0;
+  int64_t first = -1;  // the oldest iteration some rank still had
+  for (const auto& r : t["ranks"]) {
+    const int rank = r.value("rank", 0);
+    const std::string label = fmt::format("rank {} (pp {}, tp {}, dp {})", rank, r.value("pp", 0), r.value("tp", 0),
+                                          r.value("dp", 0));
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", label}}}});
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+    for (const auto& s : r["steps"]) {
+      const double at = s.value("start_us", 0.0);
+      const int64_t iteration = s.value("iteration", int64_t{0});
+      first = first < 0 ? iteration : std::min(first, iteration);
+      events.push_back({{"name", "iteration " + std::to_string(iteration)}, {"cat", "step"}, {"ph", "X"}, {"ts", at},
+                        {"dur", s.value("dur_us", 0.0)}, {"pid", rank}, {"tid", 0}});
+      for (const auto& sp : s["spans"]) {
+        const std::string kind = sp.at(0).get<std::string>();
+        const int micro = sp.at(1).get<int>(), chunk = sp.at(2).get<int>();
+        std::string name = kind;
+        if (kind == "forward" || kind == "backward" || kind == "weight")
+          name = std::string(1, static_cast<char>(std::toupper(kind[0]))) + std::to_string(micro) +
+                 (chunk > 0 ? "." + std::to_string(chunk) : "");
+        else if (micro >= 0)
+          name += " (micro-batch " + std::to_string(micro) + ")";
+        events.push_back({{"name", name},
+                          {"cat", kind},
+                          {"ph", "X"},
+                          {"ts", at + sp.at(3).get<double>()},
+                          {"dur", sp.at(4).get<double>()},
+                          {"pid", rank},
+                          {"tid", 1},
+                          {"args", {{"iteration", iteration}, {"micro_batch", micro}, {"chunk", chunk}}}});
+        ++spans;
+      }
+    }
+  }
+  const std::string file = t.value("file", std::string());
+  const std::string text = nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump() + "\n";
+  if (Status st = write_text_atomically(file, text); !st) {
+    std::fprintf(stderr, "troupe inspect: error: %s\n", st.message().c_str());
+    return exit_code_for(st);
+  }
+  nlohmann::json summary{{"file", file},
+                         {"from_iteration", t.value("from_iteration", int64_t{0})},
+                         {"to_iteration", t.value("to_iteration", int64_t{0})},
+                         {"ranks", t["ranks"].size()},
+                         {"spans", spans}};
+  if (t.contains("unreachable")) summary["unreachable"] = t["unreachable"];
+  if (first > summary["from_iteration"].get<int64_t>() + 1)
+    summary["note"] = "the ranks keep their last 64 steps: the trace starts at iteration " + std::to_string(first);
+  if (json)
+    std::fputs((summary.dump(1) + "\n").c_str(), stdout);
+  else
+    std::printf("wrote %s: %zu spans of %zu rank(s), iterations %lld to %lld (open it in chrome://tracing or Perfetto)\n",
+                file.c_str(), spans, t["ranks"].size(), static_cast<long long>(summary["from_iteration"].get<int64_t>() + 1),
+                static_cast<long long>(summary["to_iteration"].get<int64_t>()));
+  if (!json && summary.contains("note")) std::printf("  (%s)\n", summary["note"].get<std::string>().c_str());
+  return kExitOk;
+}
+
 // One command line: printed for people, or as JSON; the exit code (2: the job refused it).
 int run_line(const Session& session, const std::string& line, bool json) {
   const std::vector<std::string> args = words_of(line);
@@ -345,6 +414,7 @@ int run_line(const Session& session, const std::string& line, bool json) {
   }
   std::string text;
   try {  // the job's answer is outside bytes: a field of another type must not end the client
+    if (args[0] == "trace" && j.value().contains("trace") && j.value().contains("ranks")) return write_trace(j.value(), json);
     text = json ? j.value().dump(1) + "\n" : human(line, j.value());
   } catch (const nlohmann::json::exception& e) {
     std::fprintf(stderr, "troupe inspect: error: the job's answer has an unexpected shape (%s) -- ask with --json to see it\n",

@@ -40,7 +40,7 @@ grep -q "inspector on 127.0.0.1:[0-9]*: troupe inspect run/insp.json --exec stat
 echo status | "$troupe" inspect run/insp.json > human.txt || fail "status through the prompt (a pipe) failed"
 grep -q "^  rank 3 (pp 1, tp 1, dp 0) step [0-9]*: " human.txt || { cat human.txt; fail "status for people lacks rank 3"; }
 
-# The prompt on a terminal (a pseudo-terminal here): readline completes "sta" to status and a
+# The prompt on a terminal (a pseudo-terminal here): readline completes "stat" to status and a
 # parameter's name after "tensor ", and answers both.
 python3 - "$troupe" run/insp.json <<'PY' || fail "the interactive prompt (completion) does not work"
 import os, pty, select, sys, time
@@ -59,7 +59,7 @@ def read_until(marker, seconds=20):
             except OSError: break
     return marker in out
 assert read_until(b"troupe> "), out
-os.write(fd, b"sta\t\n")
+os.write(fd, b"stat\t\n")
 assert read_until(b"rank 3 (pp 1, tp 1, dp 0)"), out
 os.write(fd, b"tensor transformer.h.1.ln_2.bi\t\n")
 assert read_until(b"transformer.h.1.ln_2.bias (value) after iteration"), out
@@ -67,6 +67,30 @@ os.write(fd, b"quit\n")
 os.waitpid(pid, 0)
 assert os.path.exists(".troupe_inspect_history") and b"status" in open(".troupe_inspect_history", "rb").read()
 print("ok: the prompt completes commands and tensor names, and keeps a history")
+PY
+
+# trace start, then stop: a Chrome trace of the window, every rank's F and B of both micro-batches
+# in every iteration of it.
+"$troupe" inspect run/insp.json --exec "trace start" > /dev/null || fail "trace start"
+sleep 1.5
+"$troupe" inspect run/insp.json --exec "trace stop window.trace.json" --json > trace.json || { cat trace.json; fail "trace stop"; }
+python3 - window.trace.json <<'PY' || fail "the trace is not a Chrome trace of every rank's passes"
+import json, sys, collections
+events = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+assert names == {r: f"rank {r} (pp {r // 2}, tp {r % 2}, dp 0)" for r in range(4)}, names
+passes = collections.defaultdict(list)
+for e in events:
+    if e["ph"] == "X" and e["cat"] in ("forward", "backward"):
+        assert e["dur"] >= 0 and e["ts"] > 0, e
+        passes[(e["pid"], e["args"]["iteration"])].append(e["name"])
+iterations = {it for (_, it) in passes}
+assert len(iterations) >= 2, iterations
+for r in range(4):
+    for it in iterations:
+        if (r, it) in passes:
+            assert sorted(passes[(r, it)]) == ["B0", "B1", "F0", "F1"], (r, it, passes[(r, it)])
+print(f"ok: trace of {len(iterations)} iterations, every rank's F0 F1 B0 B1 in each")
 PY
 
 address=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['address'])" run/insp.json)
