@@ -48,11 +48,85 @@ Result<Target> resolve_target(const std::string& target) {
   return t;
 }
 
-// The answer for people: one line per rank for status, the culprit and the edges for where.
-std::string human(const std::string& command, const nlohmann::json& j) {
+std::string rank_list(const nlohmann::json& ranks) {
+  std::string s;
+  for (const auto& r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r.get<int>());
+  return s;
+}
+
+std::string unreachable_lines(const nlohmann::json& j) {
+  std::string out;
+  if (j.contains("unreachable"))
+    for (const auto& u : j["unreachable"]) out += "unreachable: " + u.get<std::string>() + "\n";
+  return out;
+}
+
+// flight: one line per operation, "  tp [0, 1] seq 17 all_reduce f32 18432 B sum: completed, 79.1 us (waited 76.2 us)".
+std::string human_flight(const nlohmann::json& j) {
+  std::string out;
+  for (const auto& r : j["ranks"]) {
+    const auto& ops = r["ops"];
+    out += "rank " + std::to_string(r.value("rank", -1)) + ": " + std::to_string(r.value("recorded", uint64_t{0})) +
+           " operations recorded, the last " + std::to_string(ops.size()) + ":\n";
+    for (const auto& op : ops) {
+      const std::string kind = op.value("kind", std::string("?"));
+      std::string line = "  " + op.value("group", std::string("?")) + " [" + rank_list(op["members"]) + "] seq " +
+                         std::to_string(op.value("seq", uint64_t{0})) + " " + kind;
+      if (op["peer"].is_number()) line += (kind == "send" ? " to " : " from ") + std::to_string(op["peer"].get<int>());
+      if (op["tag"].is_number()) line += " tag " + std::to_string(op["tag"].get<uint64_t>());
+      if (op["root"].is_number()) line += " root " + std::to_string(op["root"].get<int>());
+      line += " " + op.value("dtype", std::string("?")) + " " + std::to_string(op.value("bytes", uint64_t{0})) + " B";
+      if (op["op"].is_string()) line += " " + op["op"].get<std::string>();
+      char times[96];
+      std::snprintf(times, sizeof times, ": %s, %.1f us", op.value("state", std::string("?")).c_str(),
+                    op.value("duration_us", 0.0));
+      line += times;
+      if (op["wait_us"].is_number()) {
+        std::snprintf(times, sizeof times, " (waited %.1f us)", op["wait_us"].get<double>());
+        line += times;
+      }
+      out += line + "\n";
+    }
+  }
+  return out + unreachable_lines(j);
+}
+
+// stacks: every process, its threads, one line per frame.
+std::string human_stacks(const nlohmann::json& j) {
+  std::string out;
+  for (const auto& p : j["processes"]) {
+    out += "process " + std::to_string(p.value("pid", 0)) + " on " + p.value("host", std::string("?")) + " (ranks " +
+           rank_list(p["ranks"]) + "): " + std::to_string(p["threads"].size()) + " threads\n";
+    if (p.contains("error")) out += "  " + p.value("error", std::string()) + "\n";
+    for (const auto& t : p["threads"]) {
+      out += "  thread " + std::to_string(t.value("tid", 0)) + " \"" + t.value("name", std::string()) + "\"" +
+             (t.value("caller", false) ? " (the inspector)" : "") + (t.value("answered", false) ? ":" : ": no answer") + "\n";
+      int n = 0;
+      for (const auto& f : t["frames"]) {
+        const std::string fn = f["function"].is_string() ? f["function"].get<std::string>() + "+" +
+                                                               f.value("function_offset", std::string("0x0"))
+                                                         : "??";
+        out += "    #" + std::to_string(n++) + " " + fn + " (" + f.value("module", std::string("?")) + "+" +
+               f.value("module_offset", std::string("0x0")) + ")\n";
+      }
+    }
+  }
+  return out + unreachable_lines(j);
+}
+
+// The answer for people: one line per rank for status, the culprit and the edges for where, one
+// line per operation for flight, per frame for stacks.
+std::string human(const std::string& line, const nlohmann::json& j) {
   std::string out;
   if (j.contains("error")) return "error: " + j["error"].get<std::string>() + "\n";
-  if (command == "status") {
+  const std::string command = line.substr(0, line.find(' '));
+  if ((command == "flight" && j.contains("ranks")) || (command == "stacks" && j.contains("processes"))) {
+    try {  // the job's bytes: a document of another shape is shown as it is
+      out = command == "flight" ? human_flight(j) : human_stacks(j);
+    } catch (const nlohmann::json::exception&) {
+      out = j.dump(1) + "\n";
+    }
+  } else if (command == "status") {
     out += "iteration " + std::to_string(j.value("iteration", int64_t{0})) + "\n";
     for (const auto& r : j["ranks"]) out += "  " + r.value("describe", std::string()) + "\n";
   } else if (command == "where") {
@@ -75,7 +149,8 @@ void add_inspect_command(CLI::App& app, int* exit_code) {
   auto json = std::make_shared<bool>(false);
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
   cmd->add_option("--exec", *command, "The command: status (every rank: what it does now), where (who waits on "
-                                      "whom, and the culprit of a stall), help");
+                                      "whom, and the culprit of a stall), flight [RANK] [--last N] (the ranks' last "
+                                      "communication operations), stacks (every thread's stack), help");
   cmd->add_flag("--json", *json, "Print the answer as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
     auto fail = [&](const Status& st) {

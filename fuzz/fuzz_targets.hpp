@@ -29,7 +29,8 @@
   X(checkpoint_shard_set)      \
   X(checkpoint_metadata)       \
   X(inspect_file)              \
-  X(inspect_status)
+  X(inspect_status)            \
+  X(inspect_merge)
 
 namespace troupe::fuzz {
 
