@@ -61,6 +61,16 @@ std::string unreachable_lines(const nlohmann::json& j) {
   return out;
 }
 
+// "79.1 us", or "3.17 s" from a second on.
+std::string micros(double us) {
+  char text[48];
+  if (us >= 1e6)
+    std::snprintf(text, sizeof text, "%.2f s", us / 1e6);
+  else
+    std::snprintf(text, sizeof text, "%.1f us", us);
+  return text;
+}
+
 // flight: one line per operation, "  tp [0, 1] seq 17 all_reduce f32 18432 B sum: completed, 79.1 us (waited 76.2 us)".
 std::string human_flight(const nlohmann::json& j) {
   std::string out;
@@ -77,14 +87,8 @@ std::string human_flight(const nlohmann::json& j) {
       if (op["root"].is_number()) line += " root " + std::to_string(op["root"].get<int>());
       line += " " + op.value("dtype", std::string("?")) + " " + std::to_string(op.value("bytes", uint64_t{0})) + " B";
       if (op["op"].is_string()) line += " " + op["op"].get<std::string>();
-      char times[96];
-      std::snprintf(times, sizeof times, ": %s, %.1f us", op.value("state", std::string("?")).c_str(),
-                    op.value("duration_us", 0.0));
-      line += times;
-      if (op["wait_us"].is_number()) {
-        std::snprintf(times, sizeof times, " (waited %.1f us)", op["wait_us"].get<double>());
-        line += times;
-      }
+      line += ": " + op.value("state", std::string("?")) + ", " + micros(op.value("duration_us", 0.0));
+      if (op["wait_us"].is_number()) line += " (waited " + micros(op["wait_us"].get<double>()) + ")";
       out += line + "\n";
     }
   }
