@@ -70,7 +70,9 @@ int install_handler(std::string& error) {
         return;
       }
     }
-    why = "no free real-time signal to ask the threads with (SIGRTMIN+4 .. SIGRTMAX-1 all have handlers)";
+    why =
+        "no free real-time signal to ask the threads with (SIGRTMIN+4 .. SIGRTMAX-1 all have "
+        "handlers)";
   });
   error = why;
   return installed;
@@ -190,7 +192,8 @@ ProcessStacks capture_stacks(std::chrono::milliseconds timeout) {
       int expected = kWaiting;
       if (!slots[i].state.compare_exchange_strong(expected, kAbandoned)) {
         // Writing: the handler is inside backtrace now; it finishes in microseconds.
-        for (int spin = 0; spin < 100 && slots[i].state.load(std::memory_order_acquire) == kWriting; ++spin)
+        for (int spin = 0; spin < 100 && slots[i].state.load(std::memory_order_acquire) == kWriting;
+             ++spin)
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       if (slots[i].state.load(std::memory_order_acquire) == kDone) {

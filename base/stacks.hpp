@@ -27,9 +27,9 @@ namespace troupe {
 
 struct StackFrame {
   uintptr_t address = 0;
-  std::string module;      // the file the address is in ("" when unknown)
-  uintptr_t offset = 0;    // address - the module's load address (for addr2line -e MODULE)
-  std::string function;    // demangled; "" when no symbol covers the address
+  std::string module;             // the file the address is in ("" when unknown)
+  uintptr_t offset = 0;           // address - the module's load address (for addr2line -e MODULE)
+  std::string function;           // demangled; "" when no symbol covers the address
   uintptr_t function_offset = 0;  // address - the function's start
   std::string describe() const;   // "troupe::Foo::bar(int)+0x1c (/usr/bin/troupe+0x2f1c0)"
 };

@@ -58,7 +58,8 @@ void Work::attach_flight(std::shared_ptr<FlightRecorder> recorder, uint64_t id) 
 }
 
 void Work::completed(bool ok) {
-  const uint8_t before = flight_bits_.fetch_or(static_cast<uint8_t>(kDone | (ok ? kOk : 0)), std::memory_order_acq_rel);
+  const uint8_t before =
+      flight_bits_.fetch_or(static_cast<uint8_t>(kDone | (ok ? kOk : 0)), std::memory_order_acq_rel);
   if (before & kAttached) flight_->finished(flight_id_, ok);
 }
 

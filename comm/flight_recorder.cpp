@@ -1,9 +1,8 @@
 #include "comm/flight_recorder.hpp"
 
 #include <chrono>
-#include <numeric>
-
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "troupe/check.hpp"
 
@@ -12,7 +11,8 @@ namespace troupe::comm {
 namespace {
 
 int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -20,8 +20,8 @@ int64_t steady_ns() {
 // Communicator is used by one thread at a time); the recorder takes its own lock.
 class FlightCommunicator final : public Communicator {
  public:
-  FlightCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<FlightRecorder> recorder, int group,
-                     std::vector<int> members)
+  FlightCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<FlightRecorder> recorder,
+                     int group, std::vector<int> members)
       : inner_(std::move(inner)),
         recorder_(std::move(recorder)),
         group_(group),
@@ -37,17 +37,21 @@ class FlightCommunicator final : public Communicator {
     const uint64_t id = collective(FlightKind::all_reduce, dtype, op, count * dtype_size(dtype));
     return attach(inner_->all_reduce(buf, count, dtype, op), id);
   }
-  WorkPtr reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype,
-                           ReduceOp op) override {
-    const uint64_t id = collective(FlightKind::reduce_scatter, dtype, op, total(counts) * dtype_size(dtype));
+  WorkPtr reduce_scatter_v(const void* send, void* recv, std::span<const size_t> counts,
+                           DType dtype, ReduceOp op) override {
+    const uint64_t id =
+        collective(FlightKind::reduce_scatter, dtype, op, total(counts) * dtype_size(dtype));
     return attach(inner_->reduce_scatter_v(send, recv, counts, dtype, op), id);
   }
-  WorkPtr all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) override {
-    const uint64_t id = collective(FlightKind::all_gather, dtype, ReduceOp::sum, total(counts) * dtype_size(dtype));
+  WorkPtr all_gather_v(const void* send, void* recv, std::span<const size_t> counts,
+                       DType dtype) override {
+    const uint64_t id =
+        collective(FlightKind::all_gather, dtype, ReduceOp::sum, total(counts) * dtype_size(dtype));
     return attach(inner_->all_gather_v(send, recv, counts, dtype), id);
   }
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
-    const uint64_t id = collective(FlightKind::broadcast, dtype, ReduceOp::sum, count * dtype_size(dtype), world(root));
+    const uint64_t id = collective(FlightKind::broadcast, dtype, ReduceOp::sum,
+                                   count * dtype_size(dtype), world(root));
     return attach(inner_->broadcast(buf, count, dtype, root), id);
   }
   WorkPtr barrier() override {
@@ -64,7 +68,9 @@ class FlightCommunicator final : public Communicator {
   }
 
  private:
-  static size_t total(std::span<const size_t> counts) { return std::accumulate(counts.begin(), counts.end(), size_t{0}); }
+  static size_t total(std::span<const size_t> counts) {
+    return std::accumulate(counts.begin(), counts.end(), size_t{0});
+  }
   // A group rank out of range is the backend's to refuse: it is recorded as -1.
   int world(int group_rank) const {
     return group_rank >= 0 && static_cast<size_t>(group_rank) < members_.size()
@@ -82,7 +88,8 @@ class FlightCommunicator final : public Communicator {
     f.bytes = bytes;
     return recorder_->issue(f);
   }
-  uint64_t p2p(FlightKind kind, std::vector<uint64_t>& counters, size_t count, DType dtype, int peer, uint64_t tag) {
+  uint64_t p2p(FlightKind kind, std::vector<uint64_t>& counters, size_t count, DType dtype,
+               int peer, uint64_t tag) {
     FlightOp f;
     const bool known = peer >= 0 && static_cast<size_t>(peer) < counters.size();
     f.seq = known ? ++counters[static_cast<size_t>(peer)] : 0;
@@ -129,7 +136,9 @@ const char* flight_kind_name(FlightKind kind) {
   return "?";
 }
 
-bool is_collective(FlightKind kind) { return kind != FlightKind::send && kind != FlightKind::recv; }
+bool is_collective(FlightKind kind) {
+  return kind != FlightKind::send && kind != FlightKind::recv;
+}
 
 const char* flight_state_name(FlightState state) {
   switch (state) {
@@ -207,13 +216,14 @@ FlightRecord FlightRecorder::snapshot(size_t last) const {
 }
 
 std::unique_ptr<Communicator> record_flight(std::unique_ptr<Communicator> inner,
-                                            std::shared_ptr<FlightRecorder> recorder, std::string name,
-                                            std::vector<int> members) {
+                                            std::shared_ptr<FlightRecorder> recorder,
+                                            std::string name, std::vector<int> members) {
   TROUPE_CHECK(inner && recorder, "record_flight needs a communicator and a recorder");
   TROUPE_CHECK(members.size() == static_cast<size_t>(inner->size()),
                "record_flight: the member list must have one world rank per group rank");
   const int group = recorder->add_group(std::move(name), members);
-  return std::make_unique<FlightCommunicator>(std::move(inner), std::move(recorder), group, std::move(members));
+  return std::make_unique<FlightCommunicator>(std::move(inner), std::move(recorder), group,
+                                              std::move(members));
 }
 
 std::string flight_record_json(const FlightRecord& record) {
@@ -228,7 +238,8 @@ std::string flight_record_json(const FlightRecord& record) {
     ops.push_back({
         {"id", op.id},
         {"group", known ? record.groups[static_cast<size_t>(op.group)].name : std::string("?")},
-        {"members", known ? record.groups[static_cast<size_t>(op.group)].members : std::vector<int>{}},
+        {"members",
+         known ? record.groups[static_cast<size_t>(op.group)].members : std::vector<int>{}},
         {"seq", op.seq},
         {"kind", flight_kind_name(op.kind)},
         {"state", flight_state_name(op.state)},
@@ -243,7 +254,10 @@ std::string flight_record_json(const FlightRecord& record) {
         {"wait_us", op.started_ns != 0 ? json(us(end - op.started_ns)) : json(nullptr)},
     });
   }
-  return json{{"rank", record.rank}, {"capacity", record.capacity}, {"recorded", record.recorded}, {"ops", ops}}
+  return json{{"rank", record.rank},
+              {"capacity", record.capacity},
+              {"recorded", record.recorded},
+              {"ops", ops}}
       .dump();
 }
 

@@ -28,8 +28,8 @@
 // it finished is not updated any more. Times are the steady clock's.
 //
 // Cost: recording an operation takes one mutex and writes one fixed-size entry (no allocation);
-// its wait and its completion take the mutex twice more. Measured in tests/comm/test_flight_recorder.cpp
-// (docs/INSPECT.md gives the figure).
+// its wait and its completion take the mutex twice more. Measured in
+// tests/comm/test_flight_recorder.cpp (docs/INSPECT.md gives the figure).
 //
 // Thread safety: a FlightRecorder may be used from any thread (a rank's groups run on several);
 // the communicator record_flight returns is used as any Communicator (by one thread at a time).
@@ -45,7 +45,15 @@
 
 namespace troupe::comm {
 
-enum class FlightKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv };
+enum class FlightKind : uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  barrier,
+  send,
+  recv
+};
 const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv"
 bool is_collective(FlightKind kind);
 
@@ -116,8 +124,8 @@ class FlightRecorder {
 // `inner` (any backend) with every operation recorded in `recorder`, as group `name` whose members
 // are `members` (world ranks in group-rank order: members.size() == inner->size()).
 std::unique_ptr<Communicator> record_flight(std::unique_ptr<Communicator> inner,
-                                            std::shared_ptr<FlightRecorder> recorder, std::string name,
-                                            std::vector<int> members);
+                                            std::shared_ptr<FlightRecorder> recorder,
+                                            std::string name, std::vector<int> members);
 
 // The JSON of a record (docs/INSPECT.md): {"rank", "capacity", "recorded", "ops": [{"id",
 // "group", "members", "seq", "kind", "state", "dtype", "op", "peer", "tag", "bytes",

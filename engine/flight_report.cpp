@@ -5,9 +5,8 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/stacks.hpp"
 #include "engine/inspect_merge.hpp"
@@ -18,10 +17,15 @@ namespace {
 
 using nlohmann::json;
 
-// Names from outside (thread names, symbols, a peer's strings) may not be UTF-8: replaced, not thrown.
-std::string text(const json& j, int indent = -1) { return j.dump(indent, ' ', false, json::error_handler_t::replace); }
+// Names from outside (thread names, symbols, a peer's strings) may not be UTF-8: replaced, not
+// thrown.
+std::string text(const json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
 
-std::string error_json(const std::string& message) { return text(json{{"error", message}}) + "\n"; }
+std::string error_json(const std::string& message) {
+  return text(json{{"error", message}}) + "\n";
+}
 
 std::optional<long long> whole_number(const std::string& word) {
   long long v = 0;
@@ -37,13 +41,15 @@ struct FlightArgs {
 };
 
 // "flight [RANK] [--last N]"; an error names the word and the usage.
-std::optional<FlightArgs> parse_flight_args(const std::vector<std::string>& args, std::string& error) {
+std::optional<FlightArgs> parse_flight_args(const std::vector<std::string>& args,
+                                            std::string& error) {
   FlightArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--last") {
       const auto n = i + 1 < args.size() ? whole_number(args[i + 1]) : std::nullopt;
       if (!n || *n < 1 || *n > 1'000'000) {
-        error = "flight: --last takes a number of operations from 1 to 1000000 -- usage: " + std::string(kFlightUsage);
+        error = "flight: --last takes a number of operations from 1 to 1000000 -- usage: " +
+                std::string(kFlightUsage);
         return std::nullopt;
       }
       out.last = static_cast<size_t>(*n);
@@ -98,10 +104,17 @@ json process_stacks(const Flights& flights, int timeout_ms) {
                         {"function_offset", hex(f.function_offset)},
                         {"module", f.module},
                         {"module_offset", hex(f.offset)}});
-    threads.push_back({{"tid", t.tid}, {"name", t.name}, {"answered", t.answered}, {"caller", t.caller},
+    threads.push_back({{"tid", t.tid},
+                       {"name", t.name},
+                       {"answered", t.answered},
+                       {"caller", t.caller},
                        {"frames", frames}});
   }
-  json p{{"pid", stacks.pid}, {"host", host}, {"ranks", ranks}, {"signal", stacks.signal}, {"threads", threads}};
+  json p{{"pid", stacks.pid},
+         {"host", host},
+         {"ranks", ranks},
+         {"signal", stacks.signal},
+         {"threads", threads}};
   if (!stacks.error.empty()) p["error"] = stacks.error;
   return p;
 }
@@ -122,15 +135,17 @@ std::string flight_answer(const Flights& flights, const std::vector<std::string>
   const std::string merged = merge_answers(text(mine), answers, "ranks", "rank", unreachable);
   if (parsed->rank >= 0 && unreachable.empty() && json::parse(merged)["ranks"].empty()) {
     const size_t size = job_size(flights);
-    return error_json("flight: no rank " + std::to_string(parsed->rank) + " in this job" +
-                      (size > 0 ? " (its ranks are 0 to " + std::to_string(size - 1) + ")" : std::string()));
+    return error_json(
+        "flight: no rank " + std::to_string(parsed->rank) + " in this job" +
+        (size > 0 ? " (its ranks are 0 to " + std::to_string(size - 1) + ")" : std::string()));
   }
   return merged;
 }
 
 std::string stacks_answer(const Flights& flights, const std::vector<std::string>& args, bool local,
                           const AskPeers& ask_peers, int timeout_ms) {
-  if (!args.empty()) return error_json("stacks: unexpected \"" + args.front() + "\" -- usage: " + kStacksUsage);
+  if (!args.empty())
+    return error_json("stacks: unexpected \"" + args.front() + "\" -- usage: " + kStacksUsage);
   const json mine{{"processes", json::array({process_stacks(flights, timeout_ms)})}};
   if (local) return text(mine) + "\n";
   std::vector<std::string> unreachable;

@@ -21,9 +21,11 @@ using AskPeers = std::function<std::vector<std::string>(std::vector<std::string>
 
 inline constexpr const char* kFlightUsage = "flight [RANK] [--last N]";
 inline constexpr const char* kFlightHelp =
-    "the last communication operations of every rank (or RANK): group, sequence number, kind, bytes, state, times";
+    "the last communication operations of every rank (or RANK): group, sequence number, kind, "
+    "bytes, state, times";
 inline constexpr const char* kStacksUsage = "stacks";
-inline constexpr const char* kStacksHelp = "every thread's native stack in every process of the job";
+inline constexpr const char* kStacksHelp =
+    "every thread's native stack in every process of the job";
 
 // args: the words after "flight". {"ranks": [record...]} by rank, "unreachable" when a process
 // did not answer.

@@ -1,7 +1,6 @@
 #include "engine/inspect_merge.hpp"
 
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 namespace troupe {
@@ -9,12 +8,16 @@ namespace troupe {
 using nlohmann::json;
 
 namespace {
-// Names from outside (thread names, symbols, a peer's strings) may not be UTF-8: replaced, not thrown.
-std::string text(const json& j, int indent = -1) { return j.dump(indent, ' ', false, json::error_handler_t::replace); }
+// Names from outside (thread names, symbols, a peer's strings) may not be UTF-8: replaced, not
+// thrown.
+std::string text(const json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
 }  // namespace
 
-std::string merge_answers(const std::string& mine, const std::vector<std::string>& answers, const std::string& key,
-                          const std::string& order, std::vector<std::string> unreachable) {
+std::string merge_answers(const std::string& mine, const std::vector<std::string>& answers,
+                          const std::string& key, const std::string& order,
+                          std::vector<std::string> unreachable) {
   json all = json::parse(mine, nullptr, false);
   if (all.is_discarded() || !all.is_object() || !all.contains(key) || !all[key].is_array())
     all = json{{key, json::array()}};
@@ -35,12 +38,15 @@ std::string merge_answers(const std::string& mine, const std::vector<std::string
       else
         ++bad;
     }
-    if (bad > 0) unreachable.push_back("a peer's answer has " + std::to_string(bad) + " entries without an integer \"" + order + "\"");
+    if (bad > 0)
+      unreachable.push_back("a peer's answer has " + std::to_string(bad) +
+                            " entries without an integer \"" + order + "\"");
   }
   auto& list = all[key];
   std::vector<json> sorted;
   for (json& entry : list)
-    if (entry.is_object() && entry.contains(order) && entry[order].is_number_integer()) sorted.push_back(std::move(entry));
+    if (entry.is_object() && entry.contains(order) && entry[order].is_number_integer())
+      sorted.push_back(std::move(entry));
   std::stable_sort(sorted.begin(), sorted.end(), [&](const json& a, const json& b) {
     return a[order].get<int64_t>() < b[order].get<int64_t>();
   });

@@ -11,7 +11,8 @@ namespace troupe {
 // order). An answer that is not such a document ({"error": ...}, not JSON, another shape) is
 // listed in `unreachable` with the reason, as is a count of entries without an integer `order`
 // (they are dropped); the result has "unreachable" when the list is not empty. Never throws.
-std::string merge_answers(const std::string& mine, const std::vector<std::string>& answers, const std::string& key,
-                          const std::string& order, std::vector<std::string> unreachable);
+std::string merge_answers(const std::string& mine, const std::vector<std::string>& answers,
+                          const std::string& key, const std::string& order,
+                          std::vector<std::string> unreachable);
 
 }  // namespace troupe

@@ -1,18 +1,17 @@
-// The flight recorder (comm/flight_recorder.hpp): the ring keeps the newest operations; over a local
-// fabric of 3 and 4 ranks with odd sizes every member records a group's collectives with the same
-// sequence numbers, kinds and bytes, completed; p2p is numbered per peer and direction; a failed
-// operation shows failed; a wait in progress shows started to another thread; the cost of a record.
-#include <catch2/catch.hpp>
-
+// The flight recorder (comm/flight_recorder.hpp): the ring keeps the newest operations; over a
+// local fabric of 3 and 4 ranks with odd sizes every member records a group's collectives with the
+// same sequence numbers, kinds and bytes, completed; p2p is numbered per peer and direction; a
+// failed operation shows failed; a wait in progress shows started to another thread; the cost of a
+// record.
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "comm/flight_recorder.hpp"
 #include "comm/local/local_world.hpp"
@@ -32,15 +31,17 @@ LocalFabric make_fabric(int n, LocalFabricOptions options = {}) {
 std::vector<std::string> run_ranks(int n, const std::function<std::string(int)>& body) {
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { errors[static_cast<size_t>(r)] = body(r); });
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] { errors[static_cast<size_t>(r)] = body(r); });
   for (auto& t : threads) t.join();
   return errors;
 }
 
 // A recorded group of `members` for world rank r.
-std::unique_ptr<Communicator> recorded(const LocalFabric& fabric, int r, const std::vector<int>& members,
-                                       const std::shared_ptr<FlightRecorder>& recorder, const std::string& name,
-                                       std::string& error) {
+std::unique_ptr<Communicator> recorded(const LocalFabric& fabric, int r,
+                                       const std::vector<int>& members,
+                                       const std::shared_ptr<FlightRecorder>& recorder,
+                                       const std::string& name, std::string& error) {
   auto g = fabric.world(r)->group(members);
   if (!g) {
     error = g.status().message();
@@ -49,7 +50,9 @@ std::unique_ptr<Communicator> recorded(const LocalFabric& fabric, int r, const s
   return record_flight(std::move(g).value(), recorder, name, members);
 }
 
-std::string text(const Status& s) { return s.is_ok() ? "" : s.message(); }
+std::string text(const Status& s) {
+  return s.is_ok() ? "" : s.message();
+}
 
 }  // namespace
 
@@ -104,7 +107,8 @@ TEST_CASE("the ring wraps and keeps the newest operations", "[comm][flight]") {
   CHECK(small.snapshot(5).ops.size() == 2);
 }
 
-TEST_CASE("every member of a group records its collectives with the same seq, kind and bytes", "[comm][flight]") {
+TEST_CASE("every member of a group records its collectives with the same seq, kind and bytes",
+          "[comm][flight]") {
   for (const int n : {3, 4}) {
     INFO(n << " ranks");
     LocalFabric fabric = make_fabric(n);
@@ -131,7 +135,8 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
       std::vector<int32_t> i(5, r);
       std::vector<WorkPtr> works;
       works.push_back(world->all_reduce(a.data(), a.size(), DType::f32, ReduceOp::sum));
-      works.push_back(world->reduce_scatter_v(send.data(), recv.data(), counts, DType::f32, ReduceOp::max));
+      works.push_back(
+          world->reduce_scatter_v(send.data(), recv.data(), counts, DType::f32, ReduceOp::max));
       works.push_back(world->all_gather_v(send.data(), gathered.data(), counts, DType::f32));
       works.push_back(world->broadcast(b.data(), b.size(), DType::f64, n - 1));
       works.push_back(world->barrier());
@@ -145,13 +150,15 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
           while (!works[k]->test()) std::this_thread::yield();
         }
       }
-      if (a[6] != static_cast<float>(n) || one[0] != 2.0f * n || b[12] != n - 1) return "wrong results";
+      if (a[6] != static_cast<float>(n) || one[0] != 2.0f * n || b[12] != n - 1)
+        return "wrong results";
       return "";
     });
     for (const auto& e : errors) REQUIRE(e == "");
 
     // (group members, seq) -> (kind, bytes) as every member saw it.
-    std::map<std::pair<std::vector<int>, uint64_t>, std::map<int, std::pair<FlightKind, uint64_t>>> seen;
+    std::map<std::pair<std::vector<int>, uint64_t>, std::map<int, std::pair<FlightKind, uint64_t>>>
+        seen;
     for (int r = 0; r < n; ++r) {
       const FlightRecord rec = recs[static_cast<size_t>(r)]->snapshot();
       CHECK(rec.recorded == (r < 2 ? 7u : 6u));
@@ -166,9 +173,12 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
         if (rec.groups[static_cast<size_t>(op.group)].name == "world") world_ops.push_back(op);
       REQUIRE(world_ops.size() == 6);
       const std::vector<std::pair<FlightKind, uint64_t>> expected{
-          {FlightKind::all_reduce, 7 * 4},     {FlightKind::reduce_scatter, total * 4},
-          {FlightKind::all_gather, total * 4}, {FlightKind::broadcast, 13 * 8},
-          {FlightKind::barrier, 0},            {FlightKind::all_reduce, 4}};
+          {FlightKind::all_reduce, 7 * 4},
+          {FlightKind::reduce_scatter, total * 4},
+          {FlightKind::all_gather, total * 4},
+          {FlightKind::broadcast, 13 * 8},
+          {FlightKind::barrier, 0},
+          {FlightKind::all_reduce, 4}};
       for (size_t k = 0; k < 6; ++k) {
         CHECK(world_ops[k].seq == k + 1);
         CHECK(world_ops[k].kind == expected[k].first);
@@ -188,7 +198,8 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
   }
 }
 
-TEST_CASE("send and recv are numbered per peer and direction, with tag and peer", "[comm][flight]") {
+TEST_CASE("send and recv are numbered per peer and direction, with tag and peer",
+          "[comm][flight]") {
   const int n = 3;
   LocalFabric fabric = make_fabric(n);
   std::vector<std::shared_ptr<FlightRecorder>> recs;
@@ -213,7 +224,8 @@ TEST_CASE("send and recv are numbered per peer and direction, with tag and peer"
     const FlightRecord rec = recs[static_cast<size_t>(r)]->snapshot();
     REQUIRE(rec.ops.size() == 4);
     const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-    const int next = members[static_cast<size_t>((me + 1) % n)], prev = members[static_cast<size_t>((me + n - 1) % n)];
+    const int next = members[static_cast<size_t>((me + 1) % n)],
+              prev = members[static_cast<size_t>((me + n - 1) % n)];
     for (size_t k = 0; k < 4; ++k) {
       const FlightOp& op = rec.ops[k];
       CHECK(op.kind == (k % 2 == 0 ? FlightKind::send : FlightKind::recv));
@@ -237,7 +249,9 @@ TEST_CASE("a failed operation shows failed, one being waited for shows started",
       auto world = recorded(fabric, r, {0, 1, 2}, recs[static_cast<size_t>(r)], "world", error);
       if (!world) return error;
       std::vector<uint8_t> bytes(9);
-      return world->all_reduce(bytes.data(), bytes.size(), DType::u8, ReduceOp::sum)->wait() ? "it did not fail" : "";
+      return world->all_reduce(bytes.data(), bytes.size(), DType::u8, ReduceOp::sum)->wait()
+                 ? "it did not fail"
+                 : "";
     });
     for (const auto& e : errors) REQUIRE(e == "");
     for (const auto& rec : recs) {
@@ -287,7 +301,8 @@ TEST_CASE("a failed operation shows failed, one being waited for shows started",
   }
 }
 
-TEST_CASE("the local backend's completion is recorded when it happens, before anybody waits", "[comm][flight]") {
+TEST_CASE("the local backend's completion is recorded when it happens, before anybody waits",
+          "[comm][flight]") {
   LocalFabric fabric = make_fabric(2);
   std::vector<std::shared_ptr<FlightRecorder>> recs{std::make_shared<FlightRecorder>(0),
                                                     std::make_shared<FlightRecorder>(1)};
@@ -304,7 +319,8 @@ TEST_CASE("the local backend's completion is recorded when it happens, before an
     bool all = false;
     for (int i = 0; i < 5000 && !all; ++i) {
       const FlightRecord now = recs[static_cast<size_t>(r)]->snapshot();
-      all = now.ops.size() == 3 && std::all_of(now.ops.begin(), now.ops.end(), [](const FlightOp& op) {
+      all = now.ops.size() == 3 &&
+            std::all_of(now.ops.begin(), now.ops.end(), [](const FlightOp& op) {
               return op.state == FlightState::completed && op.started_ns == 0;
             });
       if (!all) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -365,40 +381,50 @@ TEST_CASE("flight_record_json writes the documented fields", "[comm][flight]") {
   CHECK(r["enqueued_unix_us"].get<int64_t>() >= s["enqueued_unix_us"].get<int64_t>());
 }
 
-// The figure docs/INSPECT.md quotes: what recording adds to one operation (issue, the wait's
-// start and its end), on one thread with no contention.
+// The figures docs/INSPECT.md quotes: what recording adds to one operation (issue, the wait's
+// start and its end), on one thread with no contention; and the whole path through a recorded
+// communicator and its Work against the plain one. Each figure is the best of 10 rounds, so that a
+// loaded machine's pauses do not count.
 TEST_CASE("recording an operation costs well under a microsecond", "[comm][flight]") {
+  using Clock = std::chrono::steady_clock;
+  constexpr int kRounds = 10, kOps = 20'000;
+  auto best = [&](const std::function<void()>& one) {
+    double min_ns = 1e300;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < kOps; ++i) one();
+      min_ns = std::min(min_ns,
+                        std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kOps);
+    }
+    return min_ns;
+  };
   FlightRecorder rec(0);
-  const int g = rec.add_group("tp", {0, 1});
-  constexpr int kOps = 200'000;
   FlightOp op;
   op.kind = FlightKind::all_reduce;
-  op.group = g;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kOps; ++i) {
-    op.seq = static_cast<uint64_t>(i);
+  op.group = rec.add_group("tp", {0, 1});
+  const double ring_ns = best([&] {
     const uint64_t id = rec.issue(op);
     rec.started(id);
     rec.finished(id, true);
-  }
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / kOps;
-  // The whole path through a recorded communicator and its Work: all_reduce of 0 elements, which
-  // the local backend completes at once (it involves no other rank), plain and recorded.
+  });
+  // An all_reduce of 0 elements, which the local backend completes at once (it involves no other
+  // rank), plain and recorded.
   LocalFabric fabric = make_fabric(1);
   auto plain = fabric.world(0)->group({0});
   auto inner = fabric.world(0)->group({0});
   REQUIRE(plain.is_ok());
   REQUIRE(inner.is_ok());
-  auto wrapped = record_flight(std::move(inner).value(), std::make_shared<FlightRecorder>(0), "world", {0});
+  auto wrapped =
+      record_flight(std::move(inner).value(), std::make_shared<FlightRecorder>(0), "world", {0});
   float x = 1;
-  auto per_op = [&](Communicator& c) {
-    const auto s = std::chrono::steady_clock::now();
-    for (int i = 0; i < kOps; ++i) (void)c.all_reduce(&x, 0, DType::f32, ReduceOp::sum)->wait();
-    return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - s).count() / kOps;
-  };
-  const double base = per_op(*plain.value()), recorded_ns = per_op(*wrapped);
-  WARN("flight recorder: " << ns << " ns per operation recorded (issue + started + finished); an empty "
-                           << "all_reduce: " << base << " ns plain, " << recorded_ns << " ns recorded");
-  CHECK(ns < 1000);  // about 100 ns here; generous for a loaded CI machine
-  CHECK(recorded_ns - base < 2000);
+  const double plain_ns =
+      best([&] { (void)plain.value()->all_reduce(&x, 0, DType::f32, ReduceOp::sum)->wait(); });
+  const double recorded_ns =
+      best([&] { (void)wrapped->all_reduce(&x, 0, DType::f32, ReduceOp::sum)->wait(); });
+  WARN("flight recorder: " << ring_ns
+                           << " ns per operation recorded (issue + started + finished); an empty "
+                           << "all_reduce: " << plain_ns << " ns plain, " << recorded_ns
+                           << " ns recorded");
+  CHECK(ring_ns < 1000);  // about 100 ns here; generous for a loaded CI machine
+  CHECK(recorded_ns - plain_ns < 1000);
 }

@@ -2,14 +2,13 @@
 // inspector's `stacks`): every thread of the process answers with its own stack, named as
 // /proc/self/task/TID/comm says; a thread that blocks the signal is reported as not answering
 // without holding the caller past the timeout; the threads' work goes on undisturbed.
-#include <catch2/catch.hpp>
-
 #include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -93,7 +92,8 @@ TEST_CASE("every thread answers with its own stack, named", "[comm][stacks]") {
     // offset only).
     CHECK(has_frame(*t, "pthread_cond_wait"));
     bool libstdcxx = false;
-    for (const StackFrame& f : t->frames) libstdcxx = libstdcxx || f.module.find("libstdc++") != std::string::npos;
+    for (const StackFrame& f : t->frames)
+      libstdcxx = libstdcxx || f.module.find("libstdc++") != std::string::npos;
     CHECK(libstdcxx);
     for (const StackFrame& f : t->frames) {
       CHECK(f.address != 0);
@@ -111,13 +111,15 @@ TEST_CASE("every thread answers with its own stack, named", "[comm][stacks]") {
   b.stop();
 }
 
-TEST_CASE("a thread with the signal blocked does not hold the caller past the timeout", "[comm][stacks]") {
+TEST_CASE("a thread with the signal blocked does not hold the caller past the timeout",
+          "[comm][stacks]") {
   Parked blocked, open;
   blocked.start("blocked", true);
   open.start("open", false);
   const auto t0 = std::chrono::steady_clock::now();
   const ProcessStacks s = capture_stacks(std::chrono::milliseconds(200));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(seconds < 1.5);
   const ThreadStack* b = find(s, blocked.tid);
   const ThreadStack* o = find(s, open.tid);

@@ -2,7 +2,6 @@
 // arguments, a rank's filter, the last N, rank 0's merge of the other processes' parts (bad parts
 // listed as unreachable), the stall file's additions.
 #include <catch2/catch.hpp>
-
 #include <nlohmann/json.hpp>
 
 #include "engine/flight_report.hpp"
@@ -34,19 +33,23 @@ Flights two_ranks() {
 
 // What a process holding rank `rank` answers to "local flight ...".
 std::string peer_flight(int rank) {
-  return json{{"ranks", json::array({{{"rank", rank}, {"capacity", 256}, {"recorded", 0}, {"ops", json::array()}}})}}
+  return json{
+      {"ranks",
+       json::array({{{"rank", rank}, {"capacity", 256}, {"recorded", 0}, {"ops", json::array()}}})}}
       .dump();
 }
 
 }  // namespace
 
-TEST_CASE("flight answers for every rank, one rank, or the last N, and merges the peers", "[engine][flight]") {
+TEST_CASE("flight answers for every rank, one rank, or the last N, and merges the peers",
+          "[engine][flight]") {
   const Flights flights = two_ranks();
   int asked = 0;
   AskPeers peers = [&](std::vector<std::string>& unreachable) {
     ++asked;
     unreachable.push_back("10.0.0.9:4000: no answer");
-    return std::vector<std::string>{peer_flight(3), peer_flight(2), R"({"error": "boom"})", "not json"};
+    return std::vector<std::string>{peer_flight(3), peer_flight(2), R"({"error": "boom"})",
+                                    "not json"};
   };
   const json all = json::parse(flight_answer(flights, {}, false, peers));
   CHECK(asked == 1);
@@ -74,23 +77,32 @@ TEST_CASE("flight answers for every rank, one rank, or the last N, and merges th
 TEST_CASE("flight refuses bad arguments and a rank the job does not have", "[engine][flight]") {
   const Flights flights = two_ranks();
   AskPeers none = [](std::vector<std::string>&) { return std::vector<std::string>{}; };
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"x"}, {"--last"}, {"--last", "0"}, {"--last", "-3"}, {"1", "2"}, {"-1"}, {"--last", "5x"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"x"},
+                                             {"--last"},
+                                             {"--last", "0"},
+                                             {"--last", "-3"},
+                                             {"1", "2"},
+                                             {"-1"},
+                                             {"--last", "5x"}}) {
     const json j = json::parse(flight_answer(flights, args, false, none));
     INFO(j.dump());
     REQUIRE(j.contains("error"));
-    CHECK(j["error"].get<std::string>().find("usage: flight [RANK] [--last N]") != std::string::npos);
+    CHECK(j["error"].get<std::string>().find("usage: flight [RANK] [--last N]") !=
+          std::string::npos);
   }
   const json missing = json::parse(flight_answer(flights, {"9"}, false, none));
   CHECK(missing["error"] == "flight: no rank 9 in this job (its ranks are 0 to 3)");
 }
 
-TEST_CASE("merge_answers keeps this process's entries and only well-formed ones of the others", "[engine][flight]") {
+TEST_CASE("merge_answers keeps this process's entries and only well-formed ones of the others",
+          "[engine][flight]") {
   const std::string mine = R"({"processes": [{"pid": 30, "threads": []}]})";
-  const json j = json::parse(merge_answers(mine,
-                                           {R"({"processes": [{"pid": 7}, {"pid": "8"}, 9]})", R"([1, 2])",
-                                            R"({"processes": {"pid": 5}})", R"({"processes": [{"pid": 40}]})"},
-                                           "processes", "pid", {}));
+  const json j =
+      json::parse(merge_answers(mine,
+                                {R"({"processes": [{"pid": 7}, {"pid": "8"}, 9]})", R"([1, 2])",
+                                 R"({"processes": {"pid": 5}})", R"({"processes": [{"pid": 40}]})"},
+                                "processes", "pid", {}));
   REQUIRE(j["processes"].size() == 3);
   CHECK(j["processes"][0]["pid"] == 7);
   CHECK(j["processes"][1]["pid"] == 30);
@@ -100,7 +112,8 @@ TEST_CASE("merge_answers keeps this process's entries and only well-formed ones 
   CHECK_FALSE(json::parse(merge_answers(mine, {}, "processes", "pid", {})).contains("unreachable"));
 }
 
-TEST_CASE("stacks answers this process's threads; the stall file gains flight and stacks", "[engine][flight]") {
+TEST_CASE("stacks answers this process's threads; the stall file gains flight and stacks",
+          "[engine][flight]") {
   const Flights flights = two_ranks();
   AskPeers none = [](std::vector<std::string>&) { return std::vector<std::string>{}; };
   const json s = json::parse(stacks_answer(flights, {}, false, none));
@@ -119,7 +132,8 @@ TEST_CASE("stacks answers this process's threads; the stall file gains flight an
   CHECK(caller);
   CHECK(json::parse(stacks_answer(flights, {"now"}, false, none)).contains("error"));
 
-  const json stall = json::parse(with_flight_and_stacks(R"({"summary": "rank 1 ...", "edges": []})", flights));
+  const json stall =
+      json::parse(with_flight_and_stacks(R"({"summary": "rank 1 ...", "edges": []})", flights));
   CHECK(stall["summary"] == "rank 1 ...");
   CHECK(stall["flight"]["ranks"].size() == 2);
   CHECK(stall["flight"]["ranks"][1]["ops"].size() == 3);
