@@ -1,5 +1,6 @@
 #include "actors/job.hpp"
 #include "engine/activity.hpp"
+#include "engine/flight_report.hpp"
 #include "model/pipeline_model.hpp"
 
 #include <algorithm>
@@ -73,11 +74,12 @@ Result<TrainConfig> checkpoint_config(const std::string& dir) { return stored_co
 // --distributed-timeout-minutes, a rank is stuck; the job fails naming the ranks of this process
 // that did not finish, and sets *stuck (their actors cannot be torn down). Before that, a stall
 // (no rank of `boards` changed what it does for --inspect-stall-seconds) is reported once per
-// iteration: who waits on whom and the culprit in one line, every rank's activity in a JSON file.
+// iteration: who waits on whom and the culprit in one line, every rank's activity, flight record
+// and this process's stacks in a JSON file.
 Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor& self, const TrainerSpec& spec,
                                    const JobCallbacks& callbacks, const JobOptions& options, bool* stuck,
                                    const std::vector<std::shared_ptr<const ActivityBoard>>& boards,
-                                   std::atomic<int64_t>* iteration_now) {
+                                   const Flights& flights, std::atomic<int64_t>* iteration_now) {
   using Clock = std::chrono::steady_clock;
   const TrainConfig& config = spec.config;
   auto note = [&](const std::string& s) {
@@ -124,9 +126,9 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
         std::filesystem::path(config.save.empty() ? "." : config.save) / ("troupe-stall-" + std::to_string(::getpid()) + ".json");
     std::error_code ec;
     if (!config.save.empty()) std::filesystem::create_directories(config.save, ec);
-    std::string saved = " (every rank's activity in " + file.string() + ")";
+    std::string saved = " (every rank's activity, flight record and this process's stacks in " + file.string() + ")";
     if (FILE* f = std::fopen(file.c_str(), "w")) {
-      const std::string json = stall_report_json(now, where, quiet, last_iteration);
+      const std::string json = with_flight_and_stacks(stall_report_json(now, where, quiet, last_iteration), flights);
       const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
       if (std::fclose(f) != 0 || !ok) saved = " (could not write " + file.string() + ")";
     } else {
@@ -515,6 +517,12 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   auto history = std::make_shared<IterationHistory>();
   add_stage_commands(hub, {ranks.boards, job_schedule(rs), rs.par.custom_schedule != nullptr, history});
   add_trace_command(hub);
+  hub.add("flight", kFlightUsage, kFlightHelp, [&hub, flights = ranks.flights](const InspectCall& c) {
+    return flight_answer(flights, c.args, c.local, [&](std::vector<std::string>& u) { return hub.ask_peers(c.line, u); });
+  });
+  hub.add("stacks", kStacksUsage, kStacksHelp, [&hub, flights = ranks.flights](const InspectCall& c) {
+    return stacks_answer(flights, c.args, c.local, [&](std::vector<std::string>& u) { return hub.ask_peers(c.line, u); });
+  });
   JobCallbacks fed = callbacks;  // the history of the curves (`history`, the dashboard) sees every iteration
   fed.on_iteration = [&callbacks, history](const IterationStats& s) {
     history->add(s);
@@ -530,7 +538,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     dashboard.value()->start();
     note("dashboard on " + dashboard.value()->url());
   }
-  auto result = drive_trainer(system, self, spec, fed, options, stuck, ranks.boards, &iteration_now);
+  auto result = drive_trainer(system, self, spec, fed, options, stuck, ranks.boards, ranks.flights, &iteration_now);
   control->set_wake(nullptr);
   if (dashboard.value()) dashboard.value()->stop();  // served only while the job runs
   if (const auto report = nan.control->report(); !result && report) {  // one line, and where the details are

@@ -33,37 +33,42 @@ caf::error rank_error(int rank, const Status& st) {
   return to_caf_error(st.with_context("rank " + std::to_string(rank) + ": "));
 }
 
-Status make_groups(RankState& st, const comm::Topology& topo, int rank) {
-  auto group = [&](const std::vector<int>& members, std::unique_ptr<comm::Communicator>& out) -> Status {
+// flight: where the groups' operations are recorded (groups of one rank are not: they never wait
+// on anybody); null: nowhere.
+Status make_groups(RankState& st, const comm::Topology& topo, int rank,
+                   const std::shared_ptr<comm::FlightRecorder>& flight) {
+  auto group = [&](const char* name, const std::vector<int>& members,
+                   std::unique_ptr<comm::Communicator>& out) -> Status {
     auto g = st.world->group(members);
     if (!g) return g.status();
     out = std::move(g).value();
+    if (flight && members.size() > 1) out = comm::record_flight(std::move(out), flight, name, members);
     return Status::ok();
   };
   // The same order on every rank: creating a group is collective among its members.
-  TROUPE_RETURN_IF_ERROR(group(topo.tp_group(rank), st.tp));
-  TROUPE_RETURN_IF_ERROR(group(topo.dp_group(rank), st.dp));
-  TROUPE_RETURN_IF_ERROR(group(topo.pp_group(rank), st.pp));
+  TROUPE_RETURN_IF_ERROR(group("tp", topo.tp_group(rank), st.tp));
+  TROUPE_RETURN_IF_ERROR(group("dp", topo.dp_group(rank), st.dp));
+  TROUPE_RETURN_IF_ERROR(group("pp", topo.pp_group(rank), st.pp));
   // Only the first and last stages are in an embedding group (pp > 1); the middle stages have none.
   if (const auto members = topo.embedding_group(rank); !members.empty())
-    TROUPE_RETURN_IF_ERROR(group(members, st.embedding));
-  auto all = st.world->everyone();
-  if (!all) return all.status();
-  st.everyone = std::move(all).value();
-  return Status::ok();
+    TROUPE_RETURN_IF_ERROR(group("embedding", members, st.embedding));
+  std::vector<int> everyone(static_cast<size_t>(st.world->size()));
+  for (int r = 0; r < st.world->size(); ++r) everyone[static_cast<size_t>(r)] = r;
+  return group("world", everyone, st.everyone);
 }
 
 rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> self, RankSpec spec,
                                         comm::Topology topo, int rank, std::shared_ptr<comm::CommWorld> world,
                                         offload_actor offload, OptimizerOffload optimizer_offload,
-                                        std::shared_ptr<ActivityBoard> board) {
+                                        std::shared_ptr<ActivityBoard> board,
+                                        std::shared_ptr<comm::FlightRecorder> flight) {
   configure_blas_threads();
   name_exceptions(self, "rank " + std::to_string(rank));
   auto& st = self->state;
   st.rank = rank;
   st.world = std::move(world);
   st.offload = std::move(offload);
-  st.created = make_groups(st, topo, rank);
+  st.created = make_groups(st, topo, rank, flight);
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
     st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
@@ -431,9 +436,10 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
 
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
                       std::shared_ptr<comm::CommWorld> world, offload_actor offload,
-                      OptimizerOffload optimizer_offload, std::shared_ptr<ActivityBoard> board) {
+                      OptimizerOffload optimizer_offload, std::shared_ptr<ActivityBoard> board,
+                      std::shared_ptr<comm::FlightRecorder> flight) {
   return system.spawn<caf::detached>(rank_behavior, spec, topology, rank, std::move(world), std::move(offload),
-                                     std::move(optimizer_offload), std::move(board));
+                                     std::move(optimizer_offload), std::move(board), std::move(flight));
 }
 
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
@@ -464,10 +470,16 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
     out.boards.push_back(b);
     return b;
   };
+  auto flight = [&](int r) {
+    auto f = std::make_shared<comm::FlightRecorder>(r);
+    out.flights.push_back(f);
+    return f;
+  };
   std::vector<int> global;
   if (world) {  // one rank per process
     out.ranks.push_back(
-        spawn_rank(system, spec, topo.value(), world->rank(), world, offload, optimizer_offload, board(world->rank())));
+        spawn_rank(system, spec, topo.value(), world->rank(), world, offload, optimizer_offload, board(world->rank()),
+                   flight(world->rank())));
     global.push_back(world->rank());
   } else {
     auto fabric = comm::LocalFabric::create(size, fabric_options);
@@ -475,7 +487,7 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
     out.fabric = std::move(fabric).value();
     for (int r = 0; r < size; ++r) {
       out.ranks.push_back(
-          spawn_rank(system, spec, topo.value(), r, out.fabric->world(r), offload, optimizer_offload, board(r)));
+          spawn_rank(system, spec, topo.value(), r, out.fabric->world(r), offload, optimizer_offload, board(r), flight(r)));
       global.push_back(r);
     }
   }

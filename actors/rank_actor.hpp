@@ -20,6 +20,7 @@
 #include "engine/moment_store.hpp"
 #include "actors/offload_actor.hpp"
 #include "engine/rank_engine.hpp"
+#include "comm/flight_recorder.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/world.hpp"
 
@@ -80,10 +81,12 @@ using group_actor = caf::typed_actor<
 // offload: the process's offload actor, which writes the rank's checkpoint shards in the background
 // (default: the rank writes them itself before replying). optimizer_offload: where the rank's
 // optimizer partition keeps its Adam moments (its rank field is set here). board: where the rank's
-// engine records what it is doing (null: its own).
+// engine records what it is doing (null: its own). flight: where its communicators record their
+// operations (comm/flight_recorder.hpp; null: not recorded).
 rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const comm::Topology& topology, int rank,
                       std::shared_ptr<comm::CommWorld> world, offload_actor offload = {},
-                      OptimizerOffload optimizer_offload = {}, std::shared_ptr<ActivityBoard> board = nullptr);
+                      OptimizerOffload optimizer_offload = {}, std::shared_ptr<ActivityBoard> board = nullptr,
+                      std::shared_ptr<comm::FlightRecorder> flight = nullptr);
 
 // ranks: the rank actors of this process with their global ranks.
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
@@ -98,6 +101,8 @@ struct RankSet {
   // What each of this process's ranks is doing now (engine/activity.hpp), readable from any thread
   // while the rank actors compute (they answer no message then): in ranks' order.
   std::vector<std::shared_ptr<const ActivityBoard>> boards;
+  // Their flight records (comm/flight_recorder.hpp), in ranks' order, readable from any thread.
+  std::vector<std::shared_ptr<const comm::FlightRecorder>> flights;
   // Tells the group and every rank to exit.
   void exit(caf::local_actor* self) const;
 };

@@ -149,6 +149,76 @@ std::string human_history(const nlohmann::json& j) {
   return out;
 }
 
+std::string rank_list(const nlohmann::json& ranks) {
+  std::string s;
+  for (const auto& r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r.get<int>());
+  return s;
+}
+
+std::string unreachable_lines(const nlohmann::json& j) {
+  std::string out;
+  if (j.contains("unreachable"))
+    for (const auto& u : j["unreachable"]) out += "unreachable: " + u.get<std::string>() + "\n";
+  return out;
+}
+
+// "79.1 us", or "3.17 s" from a second on.
+std::string micros(double us) {
+  char text[48];
+  if (us >= 1e6)
+    std::snprintf(text, sizeof text, "%.2f s", us / 1e6);
+  else
+    std::snprintf(text, sizeof text, "%.1f us", us);
+  return text;
+}
+
+// flight: one line per operation, "  tp [0, 1] seq 17 all_reduce f32 18432 B sum: completed, 79.1 us (waited 76.2 us)".
+std::string human_flight(const nlohmann::json& j) {
+  std::string out;
+  for (const auto& r : j["ranks"]) {
+    const auto& ops = r["ops"];
+    out += "rank " + std::to_string(r.value("rank", -1)) + ": " + std::to_string(r.value("recorded", uint64_t{0})) +
+           " operations recorded, the last " + std::to_string(ops.size()) + ":\n";
+    for (const auto& op : ops) {
+      const std::string kind = op.value("kind", std::string("?"));
+      std::string line = "  " + op.value("group", std::string("?")) + " [" + rank_list(op["members"]) + "] seq " +
+                         std::to_string(op.value("seq", uint64_t{0})) + " " + kind;
+      if (op["peer"].is_number()) line += (kind == "send" ? " to " : " from ") + std::to_string(op["peer"].get<int>());
+      if (op["tag"].is_number()) line += " tag " + std::to_string(op["tag"].get<uint64_t>());
+      if (op["root"].is_number()) line += " root " + std::to_string(op["root"].get<int>());
+      line += " " + op.value("dtype", std::string("?")) + " " + std::to_string(op.value("bytes", uint64_t{0})) + " B";
+      if (op["op"].is_string()) line += " " + op["op"].get<std::string>();
+      line += ": " + op.value("state", std::string("?")) + ", " + micros(op.value("duration_us", 0.0));
+      if (op["wait_us"].is_number()) line += " (waited " + micros(op["wait_us"].get<double>()) + ")";
+      out += line + "\n";
+    }
+  }
+  return out + unreachable_lines(j);
+}
+
+// stacks: every process, its threads, one line per frame.
+std::string human_stacks(const nlohmann::json& j) {
+  std::string out;
+  for (const auto& p : j["processes"]) {
+    out += "process " + std::to_string(p.value("pid", 0)) + " on " + p.value("host", std::string("?")) + " (ranks " +
+           rank_list(p["ranks"]) + "): " + std::to_string(p["threads"].size()) + " threads\n";
+    if (p.contains("error")) out += "  " + p.value("error", std::string()) + "\n";
+    for (const auto& t : p["threads"]) {
+      out += "  thread " + std::to_string(t.value("tid", 0)) + " \"" + t.value("name", std::string()) + "\"" +
+             (t.value("caller", false) ? " (the inspector)" : "") + (t.value("answered", false) ? ":" : ": no answer") + "\n";
+      int n = 0;
+      for (const auto& f : t["frames"]) {
+        const std::string fn = f["function"].is_string() ? f["function"].get<std::string>() + "+" +
+                                                               f.value("function_offset", std::string("0x0"))
+                                                         : "??";
+        out += "    #" + std::to_string(n++) + " " + fn + " (" + f.value("module", std::string("?")) + "+" +
+               f.value("module_offset", std::string("0x0")) + ")\n";
+      }
+    }
+  }
+  return out + unreachable_lines(j);
+}
+
 // The answer for people: one line per rank for status, the culprit and the edges for where.
 std::string human(const std::string& command, const nlohmann::json& j) {
   std::string out;
@@ -166,6 +236,13 @@ std::string human(const std::string& command, const nlohmann::json& j) {
     for (const auto& c : j["commands"])
       out += "  " + c.value("usage", std::string()) + "\n      " + c.value("help", std::string()) + "\n";
     return out;
+  }
+  if ((verb == "flight" && j.contains("ranks")) || (verb == "stacks" && j.contains("processes"))) {
+    try {  // the job's bytes: a document of another shape is shown as it is
+      return verb == "flight" ? human_flight(j) : human_stacks(j);
+    } catch (const nlohmann::json::exception&) {
+      return j.dump(1) + "\n";
+    }
   }
   if (verb == "status") {
     out += "iteration " + std::to_string(j.value("iteration", int64_t{0}));
@@ -503,7 +580,7 @@ void add_inspect_command(CLI::App& app, int* exit_code) {
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
   cmd->add_option("--exec", *command,
                   "One command, then exit (for scripts): status, where, pause, step N, resume, set lr X, save, "
-                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, top, help... Without it: an interactive prompt");
+                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, flight [RANK], stacks, trace, top, help... Without it: an interactive prompt");
   cmd->add_flag("--json", *json, "Print the answers as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
     auto t = resolve_target(*target);

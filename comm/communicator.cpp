@@ -3,6 +3,7 @@
 
 #include <numeric>
 
+#include "comm/flight_recorder.hpp"
 #include "comm/world.hpp"
 
 namespace troupe::comm {
@@ -12,8 +13,8 @@ namespace {
 class CompletedWork final : public Work {
  public:
   explicit CompletedWork(Status status) : status_(std::move(status)) {}
-  Status wait() override { return status_; }
-  bool test() override { return true; }
+  Status do_wait() override { return status_; }
+  bool do_test() override { return true; }
 
  private:
   Status status_;
@@ -29,6 +30,42 @@ const char* reduce_op_name(ReduceOp op) {
       return "max";
   }
   return "?";
+}
+
+Status Work::wait() {
+  if (!flight_ || flight_done_) return do_wait();
+  flight_->started(flight_id_);  // no effect once the backend reported it done
+  Status st = do_wait();
+  flight_finished(st.is_ok());
+  return st;
+}
+
+bool Work::test() {
+  const bool done = do_test();
+  // Done: do_wait() returns at once with the outcome.
+  if (done && flight_ && !flight_done_) flight_finished(do_wait().is_ok());
+  return done;
+}
+
+// attach_flight and completed race when the backend finishes before the caller got its Work:
+// whichever of them comes second tells the recorder (the recorder keeps the first outcome of an
+// operation, so the owner's wait or test telling it again changes nothing).
+void Work::attach_flight(std::shared_ptr<FlightRecorder> recorder, uint64_t id) {
+  flight_ = std::move(recorder);
+  flight_id_ = id;
+  const uint8_t before = flight_bits_.fetch_or(kAttached, std::memory_order_acq_rel);
+  if (before & kDone) flight_->finished(flight_id_, (before & kOk) != 0);
+}
+
+void Work::completed(bool ok) {
+  const uint8_t before =
+      flight_bits_.fetch_or(static_cast<uint8_t>(kDone | (ok ? kOk : 0)), std::memory_order_acq_rel);
+  if (before & kAttached) flight_->finished(flight_id_, ok);
+}
+
+void Work::flight_finished(bool ok) {
+  flight_done_ = true;
+  flight_->finished(flight_id_, ok);
 }
 
 WorkPtr completed_work(Status status) {

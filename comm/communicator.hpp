@@ -23,6 +23,7 @@
 // Thread safety: one Communicator is used by one thread at a time (its owner: a shard or stage actor).
 // Different communicators (e.g. the TP and DP groups of one rank) may be used concurrently.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,14 +41,39 @@ enum class ReduceOp : uint8_t { sum, max };
 
 const char* reduce_op_name(ReduceOp op);
 
-// An operation in flight.
+class FlightRecorder;
+
+// An operation in flight. Backends implement do_wait() and do_test(); wait() and test() also tell
+// the flight recorder (comm/flight_recorder.hpp) about an operation it records.
 class Work {
  public:
   virtual ~Work() = default;
   // Blocks until done; an error names the failed peer or the cause.
-  virtual Status wait() = 0;
+  Status wait();
   // Non-blocking: true once done (successfully or not; wait() then returns at once).
-  virtual bool test() = 0;
+  bool test();
+
+  // The recorder's entry for this operation (called once, by record_flight's communicator, on the
+  // caller's thread before the Work reaches the caller): wait() marks it started, and it is
+  // completed or failed when the backend says so (completed()) or else when a wait returns or a
+  // test finds it done.
+  void attach_flight(std::shared_ptr<FlightRecorder> recorder, uint64_t id);
+
+ protected:
+  virtual Status do_wait() = 0;
+  virtual bool do_test() = 0;
+  // Backends that finish operations on threads of their own (local, ucx) call this once, from any
+  // thread, when the operation is done, before waiters are woken: the record then has the true
+  // completion time even when nobody waits yet.
+  void completed(bool ok);
+
+ private:
+  enum : uint8_t { kAttached = 1, kDone = 2, kOk = 4 };
+  void flight_finished(bool ok);
+  std::shared_ptr<FlightRecorder> flight_;  // written once, before kAttached is set
+  uint64_t flight_id_ = 0;
+  std::atomic<uint8_t> flight_bits_{0};
+  bool flight_done_ = false;  // the owner's thread told the recorder
 };
 using WorkPtr = std::shared_ptr<Work>;
 

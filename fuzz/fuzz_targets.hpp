@@ -33,7 +33,8 @@
   X(inspect_pieces)            \
   X(inspect_control)           \
   X(inspect_stages)            \
-  X(dashboard_request)
+  X(dashboard_request)         \
+  X(inspect_merge)
 
 namespace troupe::fuzz {
 

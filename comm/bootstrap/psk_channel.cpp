@@ -37,11 +37,15 @@ bool set_nonblocking(int fd) {
 }
 
 // Waits until fd is readable (or writable) or the deadline passes; false on timeout or stop.
+// A signal (the inspector's `stacks` asks every thread with one) is not a timeout: poll again.
 bool wait_fd(int fd, bool for_write, Clock::time_point deadline, int stop_fd = -1) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  if (left <= 0) return false;
   pollfd p[2] = {{fd, static_cast<short>(for_write ? POLLOUT : POLLIN), 0}, {stop_fd, POLLIN, 0}};
-  const int n = ::poll(p, stop_fd >= 0 ? 2 : 1, static_cast<int>(left));
+  int n = -1;
+  do {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    n = ::poll(p, stop_fd >= 0 ? 2 : 1, static_cast<int>(left));
+  } while (n < 0 && errno == EINTR);
   if (n <= 0) return false;
   if (stop_fd >= 0 && (p[1].revents & POLLIN)) return false;
   return true;

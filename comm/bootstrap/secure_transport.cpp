@@ -68,7 +68,11 @@ caf::expected<native_socket> tcp_connect(const std::string& host, uint16_t port,
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
       pollfd p{fd, POLLOUT, 0};
-      const int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(left, 1)));
+      int ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(left, 1)));
+      while (ready < 0 && errno == EINTR) {  // a signal, not a failure: wait out the rest
+        const auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        ready = ::poll(&p, 1, static_cast<int>(std::max<long long>(rest, 1)));
+      }
       if (ready == 1) {
         socklen_t len = sizeof err;
         if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;

@@ -126,6 +126,7 @@ class LocalWork final : public Work {
   const std::string& what() const { return what_; }
 
   void complete(Status status) {
+    completed(status.is_ok());
     {
       std::lock_guard lk(mu_);
       TROUPE_CHECK(!done_, "a local Work completed twice");
@@ -141,8 +142,8 @@ class LocalWork final : public Work {
                            : Status::error("local comm: " + what_ + " failed: " + cause.message()));
   }
 
-  Status wait() override;
-  bool test() override { return done_flag_.load(std::memory_order_acquire); }
+  Status do_wait() override;
+  bool do_test() override { return done_flag_.load(std::memory_order_acquire); }
 
  private:
   std::weak_ptr<LocalFabricState> fabric_;
@@ -388,7 +389,7 @@ void LocalGroup::on_failure() {
   for (auto& e : dropped) e.work->finish(fabric_->failure_status());
 }
 
-Status LocalWork::wait() {
+Status LocalWork::do_wait() {
   std::unique_lock lk(mu_);
   if (!done_) {
     const auto fabric = fabric_.lock();

@@ -253,15 +253,15 @@ class NcclWork final : public Work {
     (void)cudaEventDestroy(event_);
   }
 
-  bool test() override {
+  bool do_test() override {
     if (result_) return true;
     poll();
     return result_.has_value();
   }
 
-  Status wait() override {
+  Status do_wait() override {
     Backoff backoff;
-    while (!test()) backoff.pause();
+    while (!do_test()) backoff.pause();
     return *result_;
   }
 

@@ -829,14 +829,14 @@ Status Engine::setup_shm(Bootstrap& bootstrap, int index,
 
 void Engine::drive_until(WorkState& work) {
   drivers_waiting_.fetch_add(1);
-  while (!work.test() && !stop_.load(std::memory_order_acquire)) {
+  while (!work.done() && !stop_.load(std::memory_order_acquire)) {
     // The progress thread hands the token over within one pump; another waiter keeps it until its
     // own work is done, which may complete ours meanwhile, so look again now and then.
     std::unique_lock<std::timed_mutex> lk(drive_mu_, std::defer_lock);
     if (!lk.try_lock_for(std::chrono::microseconds(500))) continue;
     // With other waiters around, sleep briefly: one of them may complete our work without an event.
     drive(
-        lk, [&] { return work.test() || stop_.load(std::memory_order_acquire); },
+        lk, [&] { return work.done() || stop_.load(std::memory_order_acquire); },
         drivers_waiting_.load() > 1 ? 1 : kPollTimeoutMs,
         std::chrono::microseconds(options_.spin_us));
   }

@@ -64,12 +64,13 @@ class Op;
 class WorkState final : public Work {
  public:
   explicit WorkState(std::weak_ptr<Engine> engine) : engine_(std::move(engine)) {}
-  Status wait() override;
-  bool test() override { return done_.load(std::memory_order_acquire); }
+  bool done() const { return done_.load(std::memory_order_acquire); }
   void complete(Status status);
   void wait_for(std::chrono::microseconds timeout);  // returns early when completed
 
  private:
+  Status do_wait() override;
+  bool do_test() override { return done(); }
   std::weak_ptr<Engine> engine_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -26,8 +26,8 @@ bool GroupInfo::contains(int world_rank) const {
   return std::find(members.begin(), members.end(), world_rank) != members.end();
 }
 
-Status WorkState::wait() {
-  if (!test()) {
+Status WorkState::do_wait() {
+  if (!done()) {
     if (std::shared_ptr<Engine> engine = engine_.lock()) engine->drive_until(*this);
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -41,6 +41,7 @@ void WorkState::wait_for(std::chrono::microseconds timeout) {
 }
 
 void WorkState::complete(Status status) {
+  completed(status.is_ok());
   {
     std::lock_guard<std::mutex> lock(mu_);
     status_ = std::move(status);
