@@ -20,14 +20,17 @@ wait_for_file() {
 ask() { "$troupe" inspect "$insp" --exec "$*" --json; }
 field() { python3 -c "import json,sys; j=json.load(sys.stdin); print(j$1)"; }
 
-small_train "${model[@]}" --train-iters 200 --log-interval 1000 --metrics-file plain.jsonl > plain.log
+# The paused jobs run "for ever" and stop at --exit-interval 300 with the schedule of 300 iterations,
+# so however slow the machine they are still running when paused, and end where the plain ones do.
+long=(--train-iters 100000 --lr-decay-iters 300 --exit-interval 300)
+small_train "${model[@]}" --train-iters 300 --log-interval 1000 --metrics-file plain.jsonl > plain.log
 
 # controlled NAME [LAUNCH...]: pause, wait, step 2, save, resume; the same losses as plain.
 controlled() {
   local name=$1
   shift
   insp=$name.json
-  small_train "${model[@]}" "$@" --train-iters 200 --log-interval 1000 --inspect 0 --inspect-file "$insp" --save "$name" \
+  small_train "${model[@]}" "$@" "${long[@]}" --log-interval 1000 --inspect 0 --inspect-file "$insp" --save "$name" \
     --metrics-file "$name.jsonl" > "$name.log" 2>&1 &
   job=$!
   trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
@@ -67,10 +70,10 @@ controlled one
 # Under troupe launch: 4 processes, one rank each, all pause after the same iteration.
 # (Its unpaused twin runs under launch too: the UCX world sums the norm in another order than the
 # in-process fabric.)
-"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 200 \
+"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 300 \
   --metrics-file plain_launched.jsonl > plain_launched.log 2>&1 || { cat plain_launched.log; fail "the unpaused launch failed"; }
 insp=launched.json
-"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 200 --inspect 0 --inspect-file "$insp" \
+"$troupe" launch --nproc-per-node 4 -- "${train_args[@]}" --log-interval 1000 "${model[@]}" "${long[@]}" --inspect 0 --inspect-file "$insp" \
   --save launched --metrics-file launched.jsonl > launched.log 2>&1 &
 job=$!
 trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
@@ -98,7 +101,7 @@ echo "ok: launched: 4 processes paused after iteration $at, stepped, resumed; lo
 
 # set lr and set log-interval, and refusals.
 insp=set.json
-small_train "${model[@]}" --train-iters 400 --inspect 0 --inspect-file "$insp" --metrics-file set.jsonl --log-interval 1 > set.log 2>&1 &
+small_train "${model[@]}" --train-iters 100000 --lr-decay-iters 300 --exit-interval 300 --inspect 0 --inspect-file "$insp" --metrics-file set.jsonl --log-interval 1 > set.log 2>&1 &
 job=$!
 trap "kill -9 $job 2>/dev/null || true" EXIT
 wait_for_file "$insp"
