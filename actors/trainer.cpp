@@ -43,6 +43,8 @@ struct TrainerState {
   int64_t steps_left = -1;   // step N: iterations left before pausing again; -1: not stepping
   int64_t capture_seq = 0;   // a tensor command wants this gradient from the next step (0: none)
   std::string capture_name;
+  bool capture_activation = false;  // capture_name is an op (StepRequest::capture_activation)
+  int capture_rank = -1, capture_micro = 0;
 };
 
 using Self = trainer_actor::stateful_pointer<TrainerState>;
@@ -238,7 +240,12 @@ StepRequest step_request(Self self) {
   if (s.spec.control) {
     req.control = s.spec.control->vote();
     if (const auto lr = s.spec.control->state().lr_override) req.lr = *lr;
-    if (s.capture_seq > 0) req.capture_grad = s.capture_name;
+    if (s.capture_seq > 0 && !s.capture_activation) req.capture_grad = s.capture_name;
+    if (s.capture_seq > 0 && s.capture_activation) {
+      req.capture_activation = s.capture_name;
+      req.capture_rank = s.capture_rank;
+      req.capture_micro = s.capture_micro;
+    }
   }
   return req;
 }
@@ -266,9 +273,14 @@ void apply_commands(Self self, std::shared_ptr<std::vector<ControlCommand>> comm
     st.spec.control->set_lr_override(c.args.at(1) == "schedule" ? std::optional<double>() : std::stod(c.args.at(1)));
   } else if (c.verb == "set" && c.args.at(0) == "log-interval") {
     st.spec.control->set_log_interval(std::stoll(c.args.at(1)));
-  } else if (c.verb == "tensor" && c.args.at(1) == "grad") {  // handed by the next step
+  } else if (c.verb == "tensor" && (c.args.at(1) == "grad" || c.args.at(1) == "activation")) {  // the next step's
     st.capture_seq = c.seq;
     st.capture_name = c.args.at(0);
+    st.capture_activation = c.args.at(1) == "activation";
+    if (st.capture_activation) {
+      st.capture_rank = std::stoi(c.args.at(2));
+      st.capture_micro = std::stoi(c.args.at(3));
+    }
   } else if (c.verb == "tensor") {
     const int32_t kind = static_cast<int32_t>(c.args.at(1) == "value"     ? TensorKind::value
                                               : c.args.at(1) == "exp_avg" ? TensorKind::exp_avg

@@ -259,10 +259,15 @@ std::string human(const std::string& command, const nlohmann::json& j) {
     auto num = [&](const char* key) { return fmt::format("{:.6g}", j.value(key, 0.0)); };
     std::string shape;
     for (const auto& d : j["shape"]) shape += (shape.empty() ? "" : ", ") + d.dump();
-    out += fmt::format("{} ({}) after iteration {}: shape ({}) f32, {} elements{}\n", j.value("name", std::string()),
-                       j.value("kind", std::string()), j.value("iteration", int64_t{0}), shape,
-                       j.value("elements", int64_t{0}),
-                       j.contains("rank") ? " held by rank " + j["rank"].dump() : "");
+    if (j.value("kind", std::string()) == "activation")
+      out += fmt::format("{} of iteration {}, micro-batch {}, on rank {}: shape ({}) f32, {} elements\n",
+                         j.value("name", std::string()), j.value("iteration", int64_t{0}), j.value("micro_batch", 0),
+                         j.value("rank", 0), shape, j.value("elements", int64_t{0}));
+    else
+      out += fmt::format("{} ({}) after iteration {}: shape ({}) f32, {} elements{}\n", j.value("name", std::string()),
+                         j.value("kind", std::string()), j.value("iteration", int64_t{0}), shape,
+                         j.value("elements", int64_t{0}),
+                         j.contains("rank") ? " held by rank " + j["rank"].dump() : "");
     out += "  norm " + num("norm") + "  min " + num("min") + "  max " + num("max") + "  mean " + num("mean") + "  std " +
            num("std") + "  nan " + j["nan"].dump() + "  inf " + j["inf"].dump() + "\n";
     const auto& counts = j["histogram"]["counts"];
@@ -386,7 +391,8 @@ int run_dump(const Session& session, const std::vector<std::string>& args, bool 
   std::vector<int64_t> dims = t["shape"].get<std::vector<int64_t>>();
   Shape shape(dims.begin(), dims.end());
   const int64_t n = static_cast<int64_t>(bytes.value().size() / sizeof(float));
-  if (t.contains("rank")) shape = Shape{n};  // one rank's elements, in global order
+  if (t.contains("rank") && t.value("kind", std::string()) != "activation")
+    shape = Shape{n};  // one rank's elements of a parameter, in global order
   if (shape.numel() != n) return std::fprintf(stderr, "troupe inspect: error: the job sent %lld values for a shape of %lld\n",
                                               static_cast<long long>(n), static_cast<long long>(shape.numel())), 1;
   std::vector<float> values(static_cast<size_t>(n));

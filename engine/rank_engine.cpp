@@ -12,6 +12,50 @@
 
 namespace troupe {
 
+// ---- the inspector's capture of an op's result (StepRequest::capture_activation) ------------------
+
+// The first result of the op `want` names in micro-batch want.micro_batch (recomputation passes
+// the same values again), copied as f32; every result goes on to the chunks' own probe.
+class CaptureProbe final : public OpProbe {
+ public:
+  CaptureProbe(NanFault want, OpProbe* inner) : want_(std::move(want)), inner_(inner) {}
+  void set_micro(int micro) { micro_ = micro; }
+  void after(const ProbePoint& at, const Tensor& result) override {
+    if (inner_ != nullptr) inner_->after(at, result);
+    if (got_ || micro_ != want_.micro_batch || !want_.matches(at)) return;
+    if (result.dtype() != DType::f32 && result.dtype() != DType::f64) return;
+    shape_ = result.shape();
+    values_ = Tensor::empty({result.numel()});
+    float* dst = values_.data<float>();
+    if (result.dtype() == DType::f32) {
+      std::memcpy(dst, result.data<float>(), static_cast<size_t>(result.numel()) * sizeof(float));
+    } else {
+      const double* src = result.data<double>();
+      for (int64_t i = 0; i < result.numel(); ++i) dst[i] = static_cast<float>(src[i]);
+    }
+    got_ = true;
+  }
+  bool got() const { return got_; }
+  // The rank's own tensor as one piece of its own shape.
+  TensorPiece piece(const std::string& name) const {
+    TensorPiece p;
+    p.name = name;
+    p.global_shape = shape_;
+    if (values_.numel() > 0) p.runs.push_back({0, values_.numel()});
+    p.values = values_;
+    return p;
+  }
+
+ private:
+  NanFault want_;
+  OpProbe* inner_;
+  int micro_ = -1;
+  bool got_ = false;
+  Shape shape_;
+  Tensor values_;
+};
+
+
 using Clock = std::chrono::steady_clock;
 
 // steady_clock is CLOCK_MONOTONIC (time since boot), shared by every process of a host: the spans of a
@@ -344,6 +388,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     label += std::to_string(a.micro);
     if (v > 1) label += '.' + std::to_string(a.chunk);
     const auto t0 = Clock::now();
+    if (capture_) capture_->set_micro(a.micro);
     if (probe_injects_) {
       const bool fwd = a.kind == sched::Kind::forward;
       probe_->at(a.micro, a.chunk, k, fwd ? 0 : 1, fwd ? k : v * p - 1 - k);
@@ -449,9 +494,27 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     watch_step_ = spec_.nan && spec_.nan->wanted();
     if (watch_step_) keep_step(tokens, grad_scale);
     StepOutcome out;
+    // An op's result the inspector asked for (StepRequest::capture_activation): a probe in front of
+    // the chunks' own for this step's schedule, removed however the step ends.
+    struct Uncapture {
+      RankEngine* e;
+      ~Uncapture() {
+        if (!e->capture_) return;
+        for (auto& chunk : e->chunks_) chunk->set_probe(e->probe_injects_ ? e->probe_.get() : nullptr);
+        e->capture_.reset();
+      }
+    } uncapture{this};
+    if (!req.capture_activation.empty() && req.capture_rank == rank_) {
+      auto want = parse_nan_fault(req.capture_activation + "@1/" + std::to_string(req.capture_micro));
+      if (want) {
+        capture_ = std::make_shared<CaptureProbe>(std::move(want).value(), probe_injects_ ? probe_.get() : nullptr);
+        for (auto& chunk : chunks_) chunk->set_probe(capture_.get());
+      }
+    }
     for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
     std::vector<double> micro_losses(spec_.micro_batches, 0.0);
     TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
+    if (capture_ && capture_->got()) out.captured.push_back(capture_->piece(req.capture_activation));
     auto t0 = Clock::now();
     board_->wait(collective_wait("the data-parallel gradient reduction", dp_members_));
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_gradients());

@@ -130,6 +130,8 @@ struct RankMemory {
   MemoryReport memory;
 };
 
+class CaptureProbe;  // StepRequest::capture_activation's probe (rank_engine.cpp)
+
 class RankEngine {
  public:
   // board: where the engine records what it is doing (engine/activity.hpp), shared with whoever
@@ -212,6 +214,7 @@ class RankEngine {
   Status check_parameters();
   Status locate_nan(const std::string& trigger, const std::string& bad_parameter);
   std::unique_ptr<WatchProbe> probe_;
+  std::shared_ptr<CaptureProbe> capture_;  // during a step that captures an op's result
   bool probe_injects_ = false;  // the chunks always see probe_ (TROUPE_FAULT_NAN on this rank)
   bool watch_step_ = false;     // this rank wanted the watch when the step began
   bool watching_ = false;       // every rank did: the step is watched

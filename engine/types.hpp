@@ -32,6 +32,12 @@ struct StepRequest {
   // The inspector asked for this parameter's gradient (its global name; empty: none): the ranks hand
   // their pieces of it, reduced and clipped, before the optimizer step (StepOutcome::captured).
   std::string capture_grad;
+  // The inspector asked for an op's result (an activation or its gradient) in this step: the op as
+  // TROUPE_FAULT_NAN names it ("layer3:mlp_fc1", "layer3:ln2:backward"; model/op_probe.hpp), on
+  // global rank capture_rank, micro-batch capture_micro. That rank hands its own tensor (its
+  // tensor-parallel part) in StepOutcome::captured. Empty: none.
+  std::string capture_activation;
+  int capture_rank = -1, capture_micro = 0;
 };
 
 // Which of a parameter's tensors the inspector reads (troupe inspect's tensor: NAME, NAME.grad,

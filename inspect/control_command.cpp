@@ -77,7 +77,12 @@ Result<ControlCommand> parse_control(const std::string& verb, const std::vector<
     if (args.size() == 2 && !args[0].empty() && args[0].size() <= 256 &&
         std::find(std::begin(kinds), std::end(kinds), args[1]) != std::end(kinds))
       return c;
-    return Status::bad_input("tensor needs a parameter name and what of it (value, grad, exp_avg, exp_avg_sq)");
+    auto index = [](const std::string& s) { return s == "0" || whole_number(s, 1 << 24).has_value(); };
+    if (args.size() == 4 && !args[0].empty() && args[0].size() <= 256 && args[1] == "activation" && index(args[2]) &&
+        index(args[3]))
+      return c;  // an op's result: the op, "activation", the rank, the micro-batch
+    return Status::bad_input("tensor needs a parameter name and what of it (value, grad, exp_avg, exp_avg_sq), or an "
+                             "op, activation, a rank and a micro-batch");
   }
   return Status::bad_input("unknown control command \"" + verb + "\" (pause, resume, step [N], set, save)");
 }

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "inspect/inspector.hpp"
+#include "engine/fault_injection.hpp"
 #include "engine/tensor_stats.hpp"
 #include "troupe/train_config.hpp"
 
@@ -195,16 +196,21 @@ struct TensorAsk {
   std::string parameter;
   std::string kind = "value";
   std::optional<int> rank;
+  int micro = 0;  // an activation's micro-batch
   int bins = 20;
   bool data = false;
+  bool activation() const { return kind == "activation"; }
 };
 
 Result<TensorAsk> parse_tensor_ask(const std::vector<std::string>& args) {
-  const char* usage = " (tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N])";
+  const char* usage =
+      " (tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N], or tensor OP --rank R [--micro-batch K])";
   if (args.empty()) return Status::bad_input(std::string("tensor needs a parameter's name") + usage);
   TensorAsk t;
   t.name = t.parameter = args[0];
+  if (t.name.find(':') != std::string::npos) t.kind = "activation";  // an op: layer3:mlp_fc1[:backward]
   for (const char* kind : {"grad", "exp_avg_sq", "exp_avg"}) {
+    if (t.activation()) break;
     const std::string suffix = std::string(".") + kind;
     if (t.name.size() > suffix.size() && t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
       t.parameter = t.name.substr(0, t.name.size() - suffix.size());
@@ -215,6 +221,11 @@ Result<TensorAsk> parse_tensor_ask(const std::vector<std::string>& args) {
   for (size_t i = 1; i < args.size(); ++i) {
     if (args[i] == "--data") {
       t.data = true;
+    } else if (args[i] == "--micro-batch" && i + 1 < args.size()) {
+      const auto v = whole_number(args[i + 1], 1 << 24);
+      if (!v && args[i + 1] != "0") return Status::bad_input("--micro-batch needs a whole number" + std::string(usage));
+      t.micro = v ? static_cast<int>(*v) : 0;
+      ++i;
     } else if ((args[i] == "--rank" || args[i] == "--bins") && i + 1 < args.size()) {
       const auto v = args[i] == "--rank" ? whole_number(args[i + 1], 1 << 24) : whole_number(args[i + 1], 1000);
       if (!v && !(args[i] == "--rank" && args[i + 1] == "0"))
@@ -228,6 +239,17 @@ Result<TensorAsk> parse_tensor_ask(const std::vector<std::string>& args) {
       return Status::bad_input("tensor does not know " + args[i] + usage);
     }
   }
+  if (t.activation()) {
+    if (!t.rank) return Status::bad_input("an op's result lives on one rank: tensor " + t.name + " --rank R" + usage);
+    // The op's name as TROUPE_FAULT_NAN writes it (engine/fault_injection.hpp): checked the same way.
+    auto spec = parse_nan_fault(t.name + "@1/" + std::to_string(t.micro));
+    if (!spec) {
+      std::string why = spec.status().message();
+      const std::string prefix = "TROUPE_FAULT_NAN=" + t.name + "@1/" + std::to_string(t.micro) + ": ";
+      if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
+      return Status::bad_input("tensor " + t.name + ": " + why);
+    }
+  }
   return t;
 }
 
@@ -235,23 +257,25 @@ std::string tensor_answer(const InspectHub& hub, JobControl& control, const Insp
   auto parsed = parse_tensor_ask(call.args);
   if (!parsed) return inspect_error(parsed.status().message());
   const TensorAsk& t = parsed.value();
-  const std::vector<std::string> names = job_tensor_names(hub, control);
-  if (!std::binary_search(names.begin(), names.end(), t.parameter)) {
+  const std::vector<std::string> names = t.activation() ? std::vector<std::string>{} : job_tensor_names(hub, control);
+  if (!t.activation() && !std::binary_search(names.begin(), names.end(), t.parameter)) {
     std::string near;
     int shown = 0;
     for (const std::string& n : names)
       if (n.find(t.parameter) != std::string::npos && shown++ < 8) near += (near.empty() ? "" : ", ") + n;
     return inspect_error("no parameter " + t.parameter + (near.empty() ? " (`names` lists them)" : "; did you mean " + near + "?"));
   }
-  if (t.kind == "grad" && control.paused())
-    return inspect_error("a gradient is handed during a step and the job is paused: ask while it runs (or step)");
+  if ((t.kind == "grad" || t.activation()) && control.paused())
+    return inspect_error(std::string(t.activation() ? "an op's result" : "a gradient") +
+                         " is handed during a step and the job is paused: ask while it runs (or step)");
   ControlCommand c;
   c.verb = "tensor";
   c.args = {t.parameter, t.kind};
+  if (t.activation()) c.args = {t.parameter, t.kind, std::to_string(*t.rank), std::to_string(t.micro)};
   std::vector<std::string> unreachable;
   if (std::string why = submit(hub, control, c, unreachable); !why.empty())
     return with_unreachable(inspect_error(why), unreachable);
-  auto local = control.take_pieces(c.seq, std::chrono::seconds(t.kind == "grad" ? 120 : 60));
+  auto local = control.take_pieces(c.seq, std::chrono::seconds(t.kind == "grad" || t.activation() ? 120 : 60));
   if (!local) return inspect_error(local.status().message());
   std::vector<RankPieces> parts = std::move(local.value().parts);
   for (const std::string& answer : hub.ask_peers("tensor-part " + std::to_string(c.seq), unreachable, std::chrono::seconds(15))) {
@@ -265,6 +289,9 @@ std::string tensor_answer(const InspectHub& hub, JobControl& control, const Insp
   if (!unreachable.empty()) return with_unreachable(inspect_error("not every process handed its part of " + t.name), unreachable);
   std::sort(parts.begin(), parts.end(), [](const RankPieces& a, const RankPieces& b) { return a.rank < b.rank; });
   auto whole = assemble_pieces(parts, t.rank);
+  if (!whole && t.activation())
+    return inspect_error(t.name + ": rank " + std::to_string(*t.rank) + " did not compute it in micro-batch " +
+                         std::to_string(t.micro) + " (its stage holds other layers, there is no such rank or micro-batch)");
   if (!whole) return inspect_error(t.name + ": " + whole.status().message());
   const AssembledTensor& a = whole.value();
   std::vector<float> held;  // one rank's elements, in global order
@@ -297,6 +324,7 @@ std::string tensor_answer(const InspectHub& hub, JobControl& control, const Insp
                    {"norm", s.norm},
                    {"histogram", {{"min", s.min}, {"max", s.max}, {"counts", s.histogram}}}};
   if (t.rank) j["rank"] = *t.rank;
+  if (t.activation()) j["micro_batch"] = t.micro;
   if (t.data) j["values"] = base64_encode(values.data(), values.size() * sizeof(float));
   return j.dump(1) + "\n";
 }
@@ -351,8 +379,10 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
       return j.dump(1) + "\n";
     });
   }
-  hub.add("tensor", "tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N]",
-          "a parameter (its gradient from the next step, its Adam moments): shape, norm, min, max, mean, std, NaN/Inf, "
+  hub.add("tensor",
+          "tensor NAME[.grad|.exp_avg|.exp_avg_sq] [--rank R] [--bins N] | tensor OP --rank R [--micro-batch K]",
+          "a parameter (its gradient from the next step, its Adam moments), or an op's result in the next step "
+          "(OP as layer3:mlp_fc1, layer3:ln2:backward, head:logits): shape, norm, min, max, mean, std, NaN/Inf, "
           "histogram; `dump NAME FILE.h5` writes it",
           [&hub, &control](const InspectCall& call) {
             if (call.local || !hub.first()) return inspect_error("tensor: ask the inspector of rank 0's process");

@@ -125,11 +125,11 @@ stuck_job() {
   local name=$1
   shift
   TROUPE_FAULT_HANG=rank1@3 "$troupe" "$@" train "${model[@]}" --train-iters 8 --inspect 0 --inspect-file "$name.json" \
-    --distributed-timeout-minutes 0.5 > "$name.log" 2>&1 &
+    --distributed-timeout-minutes 1 > "$name.log" 2>&1 &
   job=$!
   trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $name.json' || true" EXIT
   wait_for_file "$name.json"
-  for _ in $(seq 1 150); do
+  for _ in $(seq 1 400); do  # a loaded machine starts 4 processes slowly
     "$troupe" inspect "$name.json" --exec where --json > "${name}_where.json" 2>/dev/null || true
     python3 -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1])).get('culprits') == [1] else 1)" \
       "${name}_where.json" 2>/dev/null && break

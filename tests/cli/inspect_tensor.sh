@@ -47,6 +47,21 @@ check() {  # check NAME LAUNCH...: one job, every check
   (( rc_paused == 2 )) && grep -q "paused" grad_paused.json || { cat grad_paused.json; fail "$name: grad while paused"; }
   ask resume > /dev/null
   ask dump $w.grad grad.h5 > grad.json || { cat grad.json; fail "$name: dump $w.grad"; }
+  # An op's result in the next step, on the rank that computes it (its tensor-parallel part).
+  ask tensor layer1:mlp_fc1 --rank 2 --micro-batch 1 > act.json || { cat act.json; fail "$name: tensor layer1:mlp_fc1"; }
+  ask dump layer1:ln2:backward act.h5 --rank 3 > actdump.json || { cat actdump.json; fail "$name: dump layer1:ln2:backward"; }
+  set +e
+  ask tensor layer1:mlp_fc1 > act_norank.json
+  local rc_norank=$?
+  ask tensor layer0:mlp_fc1 --rank 2 > act_elsewhere.json
+  local rc_elsewhere=$?
+  ask tensor layer1:mlp_frob --rank 2 > act_unknown.json
+  local rc_frob=$?
+  set -e
+  (( rc_norank == 2 )) && grep -q "rank R" act_norank.json || { cat act_norank.json; fail "$name: an op without --rank"; }
+  (( rc_elsewhere == 2 )) && grep -q "did not compute it" act_elsewhere.json ||
+    { cat act_elsewhere.json; fail "$name: layer 0 on rank 2 (stage 1)"; }
+  (( rc_frob == 2 )) && grep -q "mlp_fc1" act_unknown.json || { cat act_unknown.json; fail "$name: an unknown op"; }
   local dir
   dir=$(printf '%s/iter_%07d' "$name" "$at")
   for _ in $(seq 1 100); do [[ -f $dir/metadata.json ]] && break; sleep 0.1; done
@@ -101,7 +116,15 @@ g = json.load(open("grad.json"))
 gv = h5py.File("grad.h5", "r")[w + ".grad"][...]
 assert g["iteration"] > at and g["kind"] == "grad" and g["nan"] == 0 and g["norm"] > 0, g
 stats_match(g, gv, "grad vs its dump")
-print(f"ok: tensor/dump after iteration {at}: value, exp_avg, wte, rank 3's part, the next step's gradient")
+a = json.load(open("act.json"))
+# micro-batch 3 x sequence 32 = 96 rows; c_fc's 4 x 48 = 192 columns split over tp 2
+assert a["kind"] == "activation" and a["rank"] == 2 and a["micro_batch"] == 1 and a["shape"] == [96, 96], a
+assert a["nan"] == 0 and a["inf"] == 0 and a["norm"] > 0 and a["iteration"] > at, a
+d = json.load(open("actdump.json"))
+dv = h5py.File("act.h5", "r")["layer1:ln2:backward"][...]
+assert d["shape"] == [96, 48] and dv.shape == (96, 48), (d["shape"], dv.shape)
+stats_match(d, dv, "layer1:ln2:backward vs its dump")
+print(f"ok: tensor/dump after iteration {at}: value, exp_avg, wte, rank 3's part, the next step's gradient, two ops' results")
 PY
 }
 check one
