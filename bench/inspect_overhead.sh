@@ -8,21 +8,26 @@
 # own step time: each run's median ms per iteration over iterations 6 to 30 (its metrics file),
 # compared pair by pair; docs/PERFORMANCE.md keeps the result.
 #   bench/inspect_overhead.sh [PAIRS]      (TROUPE_BIN: the troupe binary; default build/bin/troupe)
+#   PIN=1 bench/inspect_overhead.sh [PAIRS]  the job on core 0 with one compute thread, the client on
+#                                            core 1: the job's own cost of being asked, without the
+#                                            client's CPU on the job's core
 set -euo pipefail
 troupe=$(realpath "${TROUPE_BIN:-build/bin/troupe}")
+job_pin="" client_pin="" threads=2 iters=30
+if [[ "${PIN:-0}" == 1 ]]; then job_pin="taskset -c 0" client_pin="taskset -c 1" threads=1 iters=20; fi
 pairs=${1:-8}
 args="train --num-layers 4 --hidden-size 384 --num-attention-heads 6 --seq-length 256 --max-position-embeddings 256 \
---micro-batch-size 8 --global-batch-size 8 --mock-data --tokenizer-type ByteLevelTokenizer --train-iters 30 \
---log-interval 1000 --eval-interval 1000 --num-threads 2"
+--micro-batch-size 8 --global-batch-size 8 --mock-data --tokenizer-type ByteLevelTokenizer --train-iters $iters \
+--log-interval 1000 --eval-interval 1000 --num-threads $threads"
 work=$(mktemp -d /tmp/troupe-inspect-bench.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cat > "$work/polled.sh" <<POLL
 #!/bin/sh
 f=\$(mktemp -u $work/insp.XXXXXX)
-"$troupe" $args --inspect 0 --inspect-file "\$f" --metrics-file "\$f.metrics" > /dev/null &
+$job_pin "$troupe" $args --inspect 0 --inspect-file "\$f" --metrics-file "\$f.metrics" > /dev/null &
 job=\$!
 while kill -0 \$job 2>/dev/null; do
-  [ -s "\$f" ] && nice -n 19 "$troupe" inspect "\$f" --exec status > /dev/null 2>&1
+  [ -s "\$f" ] && $client_pin nice -n 19 "$troupe" inspect "\$f" --exec status > /dev/null 2>&1
   sleep 1
 done
 wait \$job
@@ -31,7 +36,7 @@ POLL
 cat > "$work/plain.sh" <<PLAIN
 #!/bin/sh
 f=\$(mktemp -u $work/plain.XXXXXX)
-"$troupe" $args --metrics-file "\$f.metrics" > /dev/null
+$job_pin "$troupe" $args --metrics-file "\$f.metrics" > /dev/null
 python3 $work/median.py "\$f.metrics" >> "$work/plain.log"
 PLAIN
 cat > "$work/median.py" <<'PY'
