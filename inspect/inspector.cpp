@@ -54,8 +54,8 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
   add("help", "help", "the commands this job's inspector knows", [this](const InspectCall&) {
     nlohmann::json list = nlohmann::json::array();
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [name, c] : commands_)  // "(between inspectors) ..." ones are not for people
-      if (c.help.rfind("(", 0) != 0) list.push_back({{"name", name}, {"usage", c.usage}, {"help", c.help}});
+    for (const auto& [name, c] : commands_)
+      if (!c.internal) list.push_back({{"name", name}, {"usage", c.usage}, {"help", c.help}});
     return nlohmann::json{{"commands", list}}.dump(1) + "\n";
   });
 }
@@ -63,6 +63,11 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
 void InspectHub::add(const std::string& name, const std::string& usage, const std::string& help, Handler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   commands_[name] = Command{usage, help, std::move(handler)};
+}
+
+void InspectHub::add_internal(const std::string& name, const std::string& usage, Handler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  commands_[name] = Command{usage, "", std::move(handler), true};
 }
 
 void InspectHub::set_job_state(std::function<std::string()> job_state) {
@@ -93,7 +98,8 @@ std::string InspectHub::answer(const std::string& request) const {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = commands_.find(name); it != commands_.end()) handler = it->second.handler;
-    for (const auto& [n, c] : commands_) known += (known.empty() ? "" : ", ") + n;
+    for (const auto& [n, c] : commands_)
+      if (!c.internal) known += (known.empty() ? "" : ", ") + n;
   }
   if (!handler) return inspect_error("unknown command \"" + name + "\" (the inspector knows " + known + ")");
   try {

@@ -49,6 +49,9 @@ class InspectHub {
 
   // usage: "flight [RANK]"; help: one line for `help`. Registering a name twice replaces it.
   void add(const std::string& name, const std::string& usage, const std::string& help, Handler handler);
+  // A command the inspectors send each other (rank 0's to the others): answered like any, not listed
+  // by `help`.
+  void add_internal(const std::string& name, const std::string& usage, Handler handler);
   // The answer to a request line (what the server calls).
   std::string answer(const std::string& request) const;
 
@@ -73,6 +76,7 @@ class InspectHub {
   struct Command {
     std::string usage, help;
     Handler handler;
+    bool internal = false;
   };
   std::vector<std::shared_ptr<const ActivityBoard>> boards_;
   const std::atomic<int64_t>* iteration_;

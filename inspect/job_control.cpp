@@ -391,7 +391,8 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
   hub.add("names", "names", "every parameter's global name", [&hub, &control](const InspectCall& call) {
     return nlohmann::json{{"names", call.local ? control.tensor_names() : job_tensor_names(hub, control)}}.dump() + "\n";
   });
-  hub.add("tensor-part", "tensor-part SEQ", "(from rank 0's inspector to the others) this process's pieces of a tensor",
+  // Between inspectors: this process's pieces of a tensor, for rank 0's.
+  hub.add_internal("tensor-part", "tensor-part SEQ",
           [&control](const InspectCall& call) {
             if (!call.local || call.args.size() != 1) return inspect_error("tensor-part is between inspectors");
             const auto seq = whole_number(call.args[0], int64_t{1} << 52);
@@ -401,7 +402,7 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
             return pieces_to_json(pieces.value().parts);
           });
   // Between inspectors: a numbered command from rank 0's inspector for this process's trainer.
-  hub.add("control", "control SEQ COMMAND...", "(from rank 0's inspector to the others) a numbered command",
+  hub.add_internal("control", "control SEQ COMMAND...",
           [&control, can_save](const InspectCall& call) {
             if (!call.local) return inspect_error("control is how rank 0's inspector tells the others; use the commands");
             if (call.args.size() < 2) return inspect_error("control needs SEQ and a command");

@@ -37,6 +37,23 @@ small_train() {
     --eval-interval 1000 --log-interval 1000 "$@"
 }
 
+# Waits (at most 90 s: a loaded machine starts troupe launch's processes slowly) until file $1
+# exists and is not empty: the inspect file a job writes.
+wait_for_file() {
+  for _ in $(seq 1 900); do [[ -s $1 ]] && return 0; sleep 0.1; done
+  fail "no $1 after 90 s"
+}
+
+# A free TCP port on loopback: troupe launch's --master-port, so that tests running side by side
+# (ctest -j) do not meet on the default port.
+free_port() {
+  if command -v python3 > /dev/null; then
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  else
+    echo $((20000 + RANDOM % 9000))
+  fi
+}
+
 # Prints "iteration lm_loss grad_norm lr" per training line of a metrics file, full precision.
 losses() {
   /usr/bin/python3 - "$1" <<'PY' 2>/dev/null || python3 - "$1" <<'PY'

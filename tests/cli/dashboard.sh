@@ -14,11 +14,6 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
        --global-batch-size 6 --mock-data --tokenizer-type ByteLevelTokenizer --log-interval 1
        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
 
-wait_for_file() {
-  for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done
-  fail "no $1 after 30 s"
-}
-
 "$troupe" train "${model[@]}" --train-iters 100000 --dashboard 0 --inspect-file run/insp.json \
   --metrics-file metrics.jsonl > train.log 2>&1 &
 job=$!
@@ -177,7 +172,7 @@ grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop
 
 # Under troupe launch (4 processes, one rank each): rank 0's process serves the dashboard and its
 # stages gather every rank's steps from the others' inspectors.
-"$troupe" launch --nproc-per-node 4 -- train "${model[@]}" --train-iters 100000 --dashboard 0 \
+"$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- train "${model[@]}" --train-iters 100000 --dashboard 0 \
   --inspect-file launched.json > launched.log 2>&1 &
 job=$!
 trap 'kill -9 $job 2>/dev/null || true' EXIT  # the ranks follow their launcher (PR_SET_PDEATHSIG)

@@ -9,11 +9,6 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
        --global-batch-size 6 --mock-data --tokenizer-type ByteLevelTokenizer --log-interval 1000
        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
 
-wait_for_file() {
-  for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done
-  fail "no $1 after 30 s"
-}
-
 "$troupe" train "${model[@]}" --train-iters 100000 --inspect 0 --inspect-file run/insp.json > train.log 2>&1 &
 job=$!
 trap 'kill -9 $job 2>/dev/null || true' EXIT
@@ -149,5 +144,5 @@ PY
 stuck_job stuck
 # Under troupe launch (4 processes, one rank each): every process serves its own rank and rank 0's
 # answers for the job; the stuck rank 1 lives in another process than the ranks waiting on it.
-stuck_job launched launch --nproc-per-node 4 --
+stuck_job launched launch --nproc-per-node 4 --master-port "$(free_port)" --
 echo "PASS: troupe inspect status and where, token checks, a stuck rank named, in one process and under launch"

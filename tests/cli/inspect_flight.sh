@@ -12,11 +12,6 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
        --global-batch-size 6 --mock-data --tokenizer-type ByteLevelTokenizer --log-interval 1000
        --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
 
-wait_for_file() {
-  for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done
-  fail "no $1 after 30 s"
-}
-
 # check_job NAME PROCESSES [LAUNCH...]: a running job started by `troupe [LAUNCH...] train`.
 check_job() {
   local name=$1 processes=$2
@@ -123,7 +118,7 @@ PY
   trap - EXIT
 }
 check_job one 1
-check_job launched 4 launch --nproc-per-node 4 --
+check_job launched 4 launch --nproc-per-node 4 --master-port "$(free_port)" --
 
 # A stuck rank: rank 0 waits in a tensor-parallel all-reduce that rank 1 never reaches. The stall
 # file (after 2 s) has every rank's flight record and this process's stacks.

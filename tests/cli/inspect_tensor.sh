@@ -12,11 +12,6 @@ train_args=(train --num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-
             --global-batch-size 6 --mock-data --tokenizer-type ByteLevelTokenizer --log-interval 1000 --train-iters 100000
             --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --zero-stage 1)
 
-wait_for_file() {
-  for _ in $(seq 1 300); do [[ -s $1 ]] && return 0; sleep 0.1; done
-  fail "no $1 after 30 s"
-}
-
 check() {  # check NAME LAUNCH...: one job, every check
   local name=$1
   shift
@@ -128,5 +123,5 @@ print(f"ok: tensor/dump after iteration {at}: value, exp_avg, wte, rank 3's part
 PY
 }
 check one
-check launched launch --nproc-per-node 4 --
+check launched launch --nproc-per-node 4 --master-port "$(free_port)" --
 echo "PASS: tensor and dump equal numpy's statistics of the dump and the checkpoint, one process and under launch"

@@ -7,13 +7,6 @@ source "$(dirname "$0")/common.bash"
 bg_pids=()
 trap 'for p in "${bg_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"' EXIT
 
-free_port() {
-  if command -v python3 > /dev/null; then
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-  else
-    echo $((20000 + RANDOM % 9000))
-  fi
-}
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }

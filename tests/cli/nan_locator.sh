@@ -54,7 +54,7 @@ check_report run1/troupe-nan-*.json 4 0 2 1 0 layer2:mlp_fc1:forward
 # only, micro-batch 1 of iteration 3. Rank 0's process writes the report here.
 mkdir launched && cd launched
 set +e
-TROUPE_FAULT_NAN=rank1/layer1:attention_scores:backward@3/1 "$troupe" launch --nproc-per-node 4 -- train "${model[@]}" \
+TROUPE_FAULT_NAN=rank1/layer1:attention_scores:backward@3/1 "$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- train "${model[@]}" \
   --train-iters 8 --watch-nan > launch.log 2>&1
 rc_launch=$?
 set -e
