@@ -1,6 +1,8 @@
 # Shared helpers for the CLI tests (sourced). Provides $troupe, a scratch dir $work (removed on exit),
 # make_corpus (a small real-text byte-level dataset "$work/d_text_document"), fail and pass.
-set -euo pipefail
+set -eEuo pipefail
+# A command that fails outside a condition names itself and its line, so a failed run says where.
+trap 'err_rc=$?; [[ $- != *e* ]] || echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited $err_rc" >&2' ERR
 src_dir=${TROUPE_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 troupe=${TROUPE_BIN:-$src_dir/build/bin/troupe}
 if [[ ! -x "$troupe" ]]; then
@@ -37,11 +39,33 @@ small_train() {
     --eval-interval 1000 --log-interval 1000 "$@"
 }
 
+# kill_on_exit PID [INSPECT_FILE]: should the test end early, the job PID is killed, and with it every
+# process whose command line names INSPECT_FILE (a path inside this test's own scratch dir, so that
+# tests running side by side never kill each other's jobs); the scratch dir still goes.
+# kill_on_exit with no arguments: the job ended, only the scratch dir goes.
+kill_on_exit() {
+  if (( $# == 0 )); then
+    trap 'rm -rf "$work"' EXIT
+  elif (( $# == 1 )); then
+    trap "kill -9 $1 2>/dev/null || true; rm -rf '$work'" EXIT
+  else
+    trap "kill -9 $1 2>/dev/null || true; pkill -9 -f -- 'inspect-file $2' || true; rm -rf '$work'" EXIT
+  fi
+}
+
 # Waits (at most 90 s: a loaded machine starts troupe launch's processes slowly) until file $1
 # exists and is not empty: the inspect file a job writes.
 wait_for_file() {
   for _ in $(seq 1 900); do [[ -s $1 ]] && return 0; sleep 0.1; done
   fail "no $1 after 90 s"
+}
+
+# Waits (at most 120 s) for checkpoint folder $1's metadata.json: the offload actor writes shards at
+# nice 19, so on a machine whose cores are busy (ctest -j) it gets a small share of one.
+wait_for_checkpoint() {
+  for _ in $(seq 1 1200); do [[ -f $1/metadata.json ]] && return 0; sleep 0.1; done
+  ls -laR "$(dirname "$1")" >&2 || true
+  fail "no checkpoint $1 after 120 s"
 }
 
 # A free TCP port on loopback: troupe launch's --master-port, so that tests running side by side

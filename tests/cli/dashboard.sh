@@ -17,7 +17,7 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
 "$troupe" train "${model[@]}" --train-iters 100000 --dashboard 0 --inspect-file run/insp.json \
   --metrics-file metrics.jsonl > train.log 2>&1 &
 job=$!
-trap 'kill -9 $job 2>/dev/null || true' EXIT
+kill_on_exit $job
 wait_for_file run/insp.json
 url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" run/insp.json)
 [[ $url =~ ^http://127\.0\.0\.1:[0-9]+/\?token=[0-9a-f]{64}$ ]] || fail "the inspect file's dashboard URL is \"$url\""
@@ -166,7 +166,7 @@ fi
 # The job ends on SIGINT, and its dashboard with it.
 kill -INT $job
 wait $job || true
-trap - EXIT
+kill_on_exit
 grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop cleanly"; }
 ! curl -s -m 2 -H "X-Troupe-Token: $token" "${base}api/status" > /dev/null || fail "the dashboard outlived the job"
 
@@ -175,7 +175,7 @@ grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop
 "$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- train "${model[@]}" --train-iters 100000 --dashboard 0 \
   --inspect-file launched.json > launched.log 2>&1 &
 job=$!
-trap 'kill -9 $job 2>/dev/null || true' EXIT  # the ranks follow their launcher (PR_SET_PDEATHSIG)
+kill_on_exit $job  # the ranks follow their launcher (PR_SET_PDEATHSIG)
 wait_for_file launched.json
 (( $(grep -c "dashboard on http" launched.log) == 1 )) || { cat launched.log; fail "not one dashboard under launch"; }
 launched_url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" launched.json)
@@ -199,7 +199,7 @@ print("ok: under launch, stages of", json.load(open(sys.argv[1]))["iterations"],
 PY
 kill -INT $job
 wait $job || true
-trap - EXIT
+kill_on_exit
 
 # A stalled job (rank 1 stops answering at iteration 3): the page draws the wait-for graph, rank 1
 # the culprit, with the edges `where` gives (tests/cli/inspect.sh checks those).
@@ -207,7 +207,7 @@ if command -v chromium > /dev/null; then
   TROUPE_FAULT_HANG=rank1@3 "$troupe" train "${model[@]}" --train-iters 8 --dashboard 0 --inspect-file stall.json \
     --distributed-timeout-minutes 0.5 > stall.log 2>&1 &
   job=$!
-  trap 'kill -9 $job 2>/dev/null || true' EXIT
+  kill_on_exit $job
   wait_for_file stall.json
   stall_url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" stall.json)
   for _ in $(seq 1 100); do
@@ -230,6 +230,6 @@ print("ok: the page drew the waits of the stalled job, rank 1 the culprit")
 PY
   kill -9 $job 2> /dev/null || true
   wait $job 2> /dev/null || true
-  trap - EXIT
+  kill_on_exit
 fi
 echo "PASS: troupe train --dashboard: token required, stages/plan/history, the page in Chromium from live data"

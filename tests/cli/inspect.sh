@@ -11,7 +11,7 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
 
 "$troupe" train "${model[@]}" --train-iters 100000 --inspect 0 --inspect-file run/insp.json > train.log 2>&1 &
 job=$!
-trap 'kill -9 $job 2>/dev/null || true' EXIT
+kill_on_exit $job
 wait_for_file run/insp.json
 [[ $(stat -c %a run/insp.json) == 600 ]] || fail "the inspect file is mode $(stat -c %a run/insp.json), not 600"
 "$troupe" inspect run/insp.json --exec status --json > status.json || { cat train.log; fail "status failed"; }
@@ -108,7 +108,7 @@ set -e
 # The job went on meanwhile, and ends cleanly on SIGINT; its inspect file goes with it.
 kill -INT $job
 wait $job || true
-trap - EXIT
+kill_on_exit
 grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop cleanly"; }
 [[ ! -e run/insp.json ]] || fail "the inspect file outlived the job"
 
@@ -119,10 +119,10 @@ grep -q "stopped early" train.log || { cat train.log; fail "the job did not stop
 stuck_job() {
   local name=$1
   shift
-  TROUPE_FAULT_HANG=rank1@3 "$troupe" "$@" train "${model[@]}" --train-iters 8 --inspect 0 --inspect-file "$name.json" \
+  TROUPE_FAULT_HANG=rank1@3 "$troupe" "$@" train "${model[@]}" --train-iters 8 --inspect 0 --inspect-file "$work/$name.json" \
     --distributed-timeout-minutes 1 > "$name.log" 2>&1 &
   job=$!
-  trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $name.json' || true" EXIT
+  kill_on_exit $job "$work/$name.json"
   wait_for_file "$name.json"
   for _ in $(seq 1 400); do  # a loaded machine starts 4 processes slowly
     "$troupe" inspect "$name.json" --exec where --json > "${name}_where.json" 2>/dev/null || true
@@ -138,8 +138,8 @@ assert w["culprits"] == [1] and not w["deadlock"], w["summary"]
 assert {(e["from"], e["to"]) for e in w["edges"]} == {(0, 1), (2, 0), (3, 1)}, w["edges"]
 print("ok: where names the stuck rank 1:", w["summary"])
 PY
-  { pkill -9 -f "inspect-file $name.json" || true; kill -9 $job || true; wait $job || true; } 2>/dev/null
-  trap - EXIT
+  { pkill -9 -f "inspect-file $work/$name.json" || true; kill -9 $job || true; wait $job || true; } 2>/dev/null
+  kill_on_exit
 }
 stuck_job stuck
 # Under troupe launch (4 processes, one rank each): every process serves its own rank and rank 0's

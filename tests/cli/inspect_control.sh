@@ -13,7 +13,16 @@ small_train() { "$troupe" "${train_args[@]}" "$@"; }
 model=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --distributed-timeout-minutes 0.1
        --inspect-stall-seconds 1)
 
-ask() { "$troupe" inspect "$insp" --exec "$*" --json; }
+# ask CMD: the inspector's JSON answer; when the client fails, the job's log says why.
+ask() {
+  local rc=0
+  "$troupe" inspect "$insp" --exec "$*" --json || rc=$?
+  if (( rc != 0 && rc != 2 )); then
+    echo "--- inspect --exec '$*' exited $rc; the job's log:" >&2
+    cat "${insp%.json}.log" >&2 || true
+  fi
+  return $rc
+}
 field() { python3 -c "import json,sys; j=json.load(sys.stdin); print(j$1)"; }
 
 # The paused jobs run "for ever" and stop at --exit-interval 300 with the schedule of 300 iterations,
@@ -26,10 +35,10 @@ controlled() {
   local name=$1
   shift
   insp=$name.json
-  small_train "${model[@]}" "$@" "${long[@]}" --log-interval 1000 --inspect 0 --inspect-file "$insp" --save "$name" \
+  small_train "${model[@]}" "$@" "${long[@]}" --log-interval 1000 --inspect 0 --inspect-file "$work/$insp" --save "$name" \
     --metrics-file "$name.jsonl" > "$name.log" 2>&1 &
   job=$!
-  trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
+  kill_on_exit $job "$work/$insp"
   wait_for_file "$insp"
   ask pause > pause.json || { cat pause.json "$name.log"; fail "$name: pause failed"; }
   [[ $(field '["applied"]' < pause.json) == True && $(field '["paused"]' < pause.json) == True ]] ||
@@ -55,11 +64,10 @@ controlled() {
   local dir
   dir=$(printf '%s/iter_%07d' "$name" $((at + 2)))
   # The snapshot is taken before save answers; the offload actor writes it in the background.
-  for _ in $(seq 1 100); do [[ -f $dir/metadata.json ]] && break; sleep 0.1; done
-  [[ -f $dir/metadata.json ]] || { ls -R "$name"; fail "$name: no checkpoint $dir after save"; }
+  wait_for_checkpoint "$dir"
   ask resume > resume.json || fail "$name: resume failed"
   wait $job || { cat "$name.log"; fail "$name: the job failed after resume"; }
-  trap - EXIT
+  kill_on_exit
 
   diff <(losses plain.jsonl) <(losses "$name.jsonl") > /dev/null ||
     { diff <(losses plain.jsonl) <(losses "$name.jsonl") | head; fail "$name: losses differ from the unpaused run"; }
@@ -72,10 +80,10 @@ controlled one
 "$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- "${train_args[@]}" --log-interval 1000 "${model[@]}" --train-iters 300 \
   --metrics-file plain_launched.jsonl > plain_launched.log 2>&1 || { cat plain_launched.log; fail "the unpaused launch failed"; }
 insp=launched.json
-"$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- "${train_args[@]}" --log-interval 1000 "${model[@]}" "${long[@]}" --inspect 0 --inspect-file "$insp" \
+"$troupe" launch --nproc-per-node 4 --master-port "$(free_port)" -- "${train_args[@]}" --log-interval 1000 "${model[@]}" "${long[@]}" --inspect 0 --inspect-file "$work/$insp" \
   --save launched --metrics-file launched.jsonl > launched.log 2>&1 &
 job=$!
-trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
+kill_on_exit $job "$work/$insp"
 wait_for_file "$insp"
 ask pause > pause.json || { cat pause.json launched.log; fail "launched: pause failed"; }
 at=$(field '["paused_after"]' < pause.json)
@@ -93,16 +101,16 @@ for _ in $(seq 1 50); do
   sleep 0.2
 done
 wait $job || { cat launched.log; fail "launched: the job failed after resume"; }
-trap - EXIT
+kill_on_exit
 diff <(losses plain_launched.jsonl) <(losses launched.jsonl) > /dev/null ||
   { diff <(losses plain_launched.jsonl) <(losses launched.jsonl) | head; fail "launched: losses differ from the unpaused run"; }
 echo "ok: launched: 4 processes paused after iteration $at, stepped, resumed; losses equal the unpaused run's"
 
 # set lr and set log-interval, and refusals.
 insp=set.json
-small_train "${model[@]}" --train-iters 100000 --lr-decay-iters 300 --exit-interval 300 --inspect 0 --inspect-file "$insp" --metrics-file set.jsonl --log-interval 1 > set.log 2>&1 &
+small_train "${model[@]}" --train-iters 100000 --lr-decay-iters 300 --exit-interval 300 --inspect 0 --inspect-file "$work/$insp" --metrics-file set.jsonl --log-interval 1 > set.log 2>&1 &
 job=$!
-trap "kill -9 $job 2>/dev/null || true" EXIT
+kill_on_exit $job
 wait_for_file "$insp"
 set +e
 ask step 2 > notpaused.json; rc_step=$?
@@ -123,7 +131,7 @@ ask set log-interval 5 > setlog.json
 [[ $(field '["lr_override"]' < setlr.json) == 0.000123 ]] || { cat setlr.json; fail "set lr was not applied"; }
 ask resume > /dev/null
 wait $job || { cat set.log; fail "the job failed after set"; }
-trap - EXIT
+kill_on_exit
 python3 - set.jsonl "$at" <<'PY' || fail "set lr did not change the learning rate from the next iteration on"
 import json, sys
 at = int(sys.argv[2])

@@ -16,9 +16,9 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
 check_job() {
   local name=$1 processes=$2
   shift 2
-  "$troupe" "$@" train "${model[@]}" --train-iters 100000 --inspect 0 --inspect-file "$name.json" > "$name.log" 2>&1 &
+  "$troupe" "$@" train "${model[@]}" --train-iters 100000 --inspect 0 --inspect-file "$work/$name.json" > "$name.log" 2>&1 &
   job=$!
-  trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $name.json' || true" EXIT
+  kill_on_exit $job "$work/$name.json"
   wait_for_file "$name.json"
   # A few steps in: every group has recorded collectives.
   for _ in $(seq 1 100); do
@@ -114,8 +114,8 @@ PY
   kill -INT $job
   wait $job || true
   grep -q "stopped early" "$name.log" || { cat "$name.log"; fail "$name: the job did not stop cleanly after stacks"; }
-  { pkill -9 -f "inspect-file $name.json" || true; } 2>/dev/null
-  trap - EXIT
+  { pkill -9 -f "inspect-file $work/$name.json" || true; } 2>/dev/null
+  kill_on_exit
 }
 check_job one 1
 check_job launched 4 launch --nproc-per-node 4 --master-port "$(free_port)" --

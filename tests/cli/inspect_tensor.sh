@@ -16,9 +16,9 @@ check() {  # check NAME LAUNCH...: one job, every check
   local name=$1
   shift
   local insp=$name.json
-  "$troupe" "$@" "${train_args[@]}" --inspect 0 --inspect-file "$insp" --save "$name" > "$name.log" 2>&1 &
+  "$troupe" "$@" "${train_args[@]}" --inspect 0 --inspect-file "$work/$insp" --save "$name" > "$name.log" 2>&1 &
   job=$!
-  trap "kill -9 $job 2>/dev/null || true; pkill -9 -f 'inspect-file $insp' || true" EXIT
+  kill_on_exit $job "$work/$insp"
   wait_for_file "$insp"
   ask() { "$troupe" inspect "$insp" --exec "$*" --json; }
   ask pause > pause.json || { cat pause.json "$name.log"; fail "$name: pause"; }
@@ -59,10 +59,10 @@ check() {  # check NAME LAUNCH...: one job, every check
   (( rc_frob == 2 )) && grep -q "mlp_fc1" act_unknown.json || { cat act_unknown.json; fail "$name: an unknown op"; }
   local dir
   dir=$(printf '%s/iter_%07d' "$name" "$at")
-  for _ in $(seq 1 100); do [[ -f $dir/metadata.json ]] && break; sleep 0.1; done
+  wait_for_checkpoint "$dir"
   kill -INT $job
   wait $job || true
-  trap - EXIT
+  kill_on_exit
   "$py" - "$dir" "$w" "$at" <<'PY' || fail "$name: the tensor statistics or values are wrong"
 import glob, json, sys, h5py, numpy as np
 ckdir, w, at = sys.argv[1], sys.argv[2], int(sys.argv[3])

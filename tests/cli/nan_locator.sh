@@ -69,7 +69,7 @@ cd ..
 TROUPE_FAULT_NAN=rank3/layer3:mlp_fc2:weight@300 "$troupe" train "${model[@]}" --train-iters 400 --inspect 0 \
   --inspect-file insp.json > live.log 2>&1 &
 job=$!
-trap 'kill -9 $job 2>/dev/null || true' EXIT
+kill_on_exit $job
 for _ in $(seq 1 300); do [[ -s insp.json ]] && break; sleep 0.1; done
 [[ -s insp.json ]] || { cat live.log; fail "no inspect file after 30 s"; }
 "$troupe" inspect insp.json --exec "watch nan" --json > watch.json || { cat watch.json; fail "watch nan failed"; }
@@ -88,7 +88,7 @@ set +e
 wait $job
 rc_live=$?
 set -e
-trap - EXIT
+kill_on_exit
 (( rc_live == 1 )) && grep -qF "the NaN watch stopped the job at iteration 300: the gradient norm was not finite; replaying the iteration from its saved inputs, the first non-finite value is layer 3 mlp fc2 weight grad (backward) of micro-batch 0 on rank 3 (pp 1, tp 1, dp 0)" live.log ||
   { cat live.log; fail "watch nan at run time: rc $rc_live"; }
 check_report troupe-nan-*.json 300 0 3 1 1 layer3:mlp_fc2:weight
