@@ -245,6 +245,7 @@ namespace {
 struct Offload {
   offload_actor actor;
   std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int64_t>> mailbox = std::make_shared<std::atomic<int64_t>>(0);
   // The trainer's completion of a save: the workers handed their snapshots to the offload actor,
   // which writes them and then commits, in that order, while training goes on.
   std::function<Status(const SaveRequest&)> commit() const {
@@ -277,7 +278,8 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
   };
   Offload offload;
   offload.actor =
-      spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool), offload.saves_in_flight);
+      spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool), offload.saves_in_flight,
+                    offload.mailbox);
   self->monitor(offload.actor);
   return offload;
 }
@@ -502,7 +504,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   auto control = std::make_shared<JobControl>();
   add_control_commands(hub, *control, config);
   spec.control = control;
-  control->watch_saves(offloader.saves_in_flight);
+  control->watch_offload(offloader.saves_in_flight, offloader.mailbox);
   if (!with_dashboard_inspector(config).inspect.empty())
     self->request(group, caf::infinite, names_atom::value)
         .receive([&](std::vector<std::string>& names) { control->set_tensor_names(std::move(names)); },

@@ -62,13 +62,15 @@ struct OffloadState {
   std::map<int64_t, std::chrono::steady_clock::time_point>
       started;  // iteration -> first shard queued
   std::shared_ptr<std::atomic<int>> saves_in_flight;
+  std::shared_ptr<std::atomic<int64_t>> mailbox;
   Status failure;
 };
 
 offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<OffloadState> self,
                                               std::function<Status(const SaveRequest&)> commit,
                                               caf::actor listener, std::shared_ptr<HostPool> pool,
-                                              std::shared_ptr<std::atomic<int>> saves_in_flight) {
+                                              std::shared_ptr<std::atomic<int>> saves_in_flight,
+                                              std::shared_ptr<std::atomic<int64_t>> mailbox) {
   // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
   // a small share when there is none), so a save barely slows training and still finishes.
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
@@ -77,6 +79,8 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
   self->state.listener = std::move(listener);
   self->state.pool = std::move(pool);
   self->state.saves_in_flight = std::move(saves_in_flight);
+  self->state.mailbox = std::move(mailbox);
+  auto gauge = [self] { self->state.mailbox->store(static_cast<int64_t>(self->mailbox().size())); };
   auto failed = [self](const Status& st) {
     if (!self->state.failure) return;  // the first failure is the one reported
     self->state.failure = st;
@@ -84,7 +88,8 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
                    "background checkpoint save: " + st.message());
   };
   return {
-      [self, failed](write_atom, ShardWrite& w) {
+      [self, failed, gauge](write_atom, ShardWrite& w) {
+        gauge();
         if (!self->state.failure) return;  // a save already failed: the job is stopping
         throw_if_asked("offload", -1, w.iteration);
         self->state.started.emplace(w.iteration, std::chrono::steady_clock::now());
@@ -93,7 +98,8 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         if (Status st = write_shard_file(w.path, w.rank, std::move(w.contents)); !st) return failed(st);
         crash_if_asked(w.iteration);
       },
-      [self, failed](commit_atom, const SaveRequest& r) {
+      [self, failed, gauge](commit_atom, const SaveRequest& r) {
+        gauge();
         if (!self->state.failure) return;
         Status committed = self->state.commit(r);
         self->state.saves_in_flight->fetch_sub(1);
@@ -122,9 +128,10 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
 offload_actor spawn_offload(caf::actor_system& system,
                             std::function<Status(const SaveRequest&)> commit, caf::actor listener,
                             std::shared_ptr<HostPool> pool,
-                            std::shared_ptr<std::atomic<int>> saves_in_flight) {
+                            std::shared_ptr<std::atomic<int>> saves_in_flight,
+                            std::shared_ptr<std::atomic<int64_t>> mailbox) {
   return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener),
-                                     std::move(pool), std::move(saves_in_flight));
+                                     std::move(pool), std::move(saves_in_flight), std::move(mailbox));
 }
 
 }  // namespace troupe

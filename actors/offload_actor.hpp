@@ -42,9 +42,11 @@ using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
 // saves_in_flight: whoever sends a commit increments it first, the actor decrements it once that
 // commit is done; while more than one save is in flight the writer does not pace itself (it is behind:
 // catching up beats holding several snapshots in memory).
+// mailbox: the messages (shards, commits) waiting behind the one the actor takes up, for the inspector.
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
                             caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>(),
-                            std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0));
+                            std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0),
+                            std::shared_ptr<std::atomic<int64_t>> mailbox = std::make_shared<std::atomic<int64_t>>(0));
 
 }  // namespace troupe
 

@@ -71,6 +71,9 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.created = make_groups(st, topo, rank, flight);
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
+    // within them, the engine's changes of state, so it alone reads the mailbox.
+    if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });
     st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
     optimizer_offload.rank = rank;
     if (!spec.evaluation_only) {

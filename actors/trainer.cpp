@@ -388,7 +388,10 @@ void start_iteration(Self self) {
     return;
   }
   st.started = Clock::now();
-  if (st.spec.control) st.spec.control->set_trainer_phase("iteration " + std::to_string(st.iteration + 1));
+  if (st.spec.control) {
+    st.spec.control->set_trainer_phase("iteration " + std::to_string(st.iteration + 1));
+    st.spec.control->set_trainer_mailbox(static_cast<int64_t>(self->mailbox().size()));
+  }
   throw_if_asked("trainer", -1, st.iteration + 1);
   if (st.ahead && st.ahead_for == st.consumed) {
     Tensor batch = std::move(*st.ahead);

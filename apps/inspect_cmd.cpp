@@ -251,6 +251,8 @@ std::string human(const std::string& command, const nlohmann::json& j) {
       out += " -- trainer: " + job.value("trainer", std::string("?"));
       const int saves = job.contains("offload") ? job["offload"].value("saves_in_flight", 0) : 0;
       if (saves > 0) out += "; offload actor: " + std::to_string(saves) + " checkpoint(s) being written";
+      if (const int64_t queued = job.contains("offload") ? job["offload"].value("mailbox", int64_t{0}) : 0; queued > 0)
+        out += " (" + std::to_string(queued) + " message(s) in its mailbox)";
       if (job.contains("lr_override")) out += "; learning rate fixed at " + job["lr_override"].dump();
     }
     out += "\n";

@@ -34,8 +34,11 @@ std::string Activity::describe() const {
     if (micro >= 0) s += " of micro-batch " + std::to_string(micro) + " (chunk " + std::to_string(chunk) + ")";
   }
   if (action >= 0) s += ", action " + std::to_string(action + 1) + " of " + std::to_string(actions);
-  char t[48];
-  std::snprintf(t, sizeof t, " (%.2f s)", seconds_in_state);
+  char t[80];
+  if (mailbox >= 0)
+    std::snprintf(t, sizeof t, " (%.2f s; %lld in mailbox)", seconds_in_state, static_cast<long long>(mailbox));
+  else
+    std::snprintf(t, sizeof t, " (%.2f s)", seconds_in_state);
   return s + t;
 }
 
@@ -47,14 +50,26 @@ ActivityBoard::ActivityBoard(int rank, int stage, int tp, int dp) {
   state_since_ = progress_ = Clock::now();
 }
 
+void ActivityBoard::set_mailbox_probe(std::function<size_t()> probe) {
+  std::lock_guard<std::mutex> lock(mu_);
+  probe_ = std::move(probe);
+  probe_thread_ = std::this_thread::get_id();
+}
+
+void ActivityBoard::sample_mailbox() {  // mu_ held
+  if (probe_ && std::this_thread::get_id() == probe_thread_) now_.mailbox = static_cast<int64_t>(probe_());
+}
+
 void ActivityBoard::begin_step(int actions) {
   std::lock_guard<std::mutex> lock(mu_);
+  sample_mailbox();
   now_.step += 1;
   now_.actions = actions;
 }
 
 void ActivityBoard::set(Doing doing, int micro, int chunk, int action) {
   std::lock_guard<std::mutex> lock(mu_);
+  sample_mailbox();
   now_.doing = doing;
   now_.micro = micro;
   now_.chunk = chunk;
@@ -65,6 +80,7 @@ void ActivityBoard::set(Doing doing, int micro, int chunk, int action) {
 
 void ActivityBoard::wait(WaitTarget target) {
   std::lock_guard<std::mutex> lock(mu_);
+  sample_mailbox();
   before_wait_ = now_.doing;
   now_.doing = Doing::waiting;
   now_.waiting = std::move(target);
@@ -73,6 +89,7 @@ void ActivityBoard::wait(WaitTarget target) {
 
 void ActivityBoard::done_waiting() {
   std::lock_guard<std::mutex> lock(mu_);
+  sample_mailbox();
   now_.doing = before_wait_;
   now_.waiting = {};
   state_since_ = progress_ = Clock::now();
@@ -188,6 +205,7 @@ nlohmann::json rank_json(const Activity& a) {
           {"collective", a.waiting.collective},
           {"seconds_in_state", a.seconds_in_state},
           {"seconds_since_progress", a.seconds_since_progress},
+          {"mailbox", a.mailbox},
           {"describe", a.describe()}};
 }
 
@@ -239,6 +257,7 @@ Result<std::vector<Activity>> activities_from_status_json(const std::string& tex
       a.waiting.collective = r.at("collective").get<bool>();
       a.seconds_in_state = r.at("seconds_in_state").get<double>();
       a.seconds_since_progress = r.at("seconds_since_progress").get<double>();
+      a.mailbox = r.value("mailbox", int64_t{-1});
       out.push_back(std::move(a));
     }
   } catch (const nlohmann::json::exception&) {

@@ -15,7 +15,9 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -43,6 +45,7 @@ struct Activity {
   WaitTarget waiting;            // when doing == waiting
   double seconds_in_state = 0;   // since the current state began
   double seconds_since_progress = 0;  // since the rank last changed state
+  int64_t mailbox = -1;  // messages waiting in the rank actor's mailbox at its last change of state; -1: unknown
   std::string describe() const;  // "rank 2 (pp 2, tp 0, dp 0) step 1: waiting for ... (0.31 s)"
 };
 
@@ -56,6 +59,9 @@ class ActivityBoard {
   void wait(WaitTarget target);
   void done_waiting();
   Activity snapshot() const;
+  // The rank actor's mailbox depth, read at every change of state by the thread that calls this
+  // (the actor's own: only it may look into its mailbox); changes from other threads leave it.
+  void set_mailbox_probe(std::function<size_t()> probe);
   // The spans of the rank's last steps (engine/span_ring.hpp): the rank's thread writes them, the
   // inspector's `stages` and the dashboard read them.
   SpanRing& recent() { return recent_; }
@@ -63,6 +69,9 @@ class ActivityBoard {
 
  private:
   using Clock = std::chrono::steady_clock;
+  void sample_mailbox();
+  std::function<size_t()> probe_;
+  std::thread::id probe_thread_;
   mutable std::mutex mu_;
   Activity now_;
   Doing before_wait_ = Doing::idle;
@@ -91,7 +100,7 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks);
 
 // JSON documents (docs/INSPECT.md has the schema). A rank: {"rank", "pp", "tp", "dp", "step",
 // "doing", "micro_batch", "chunk", "action", "actions", "waiting_for", "waiting_on" [ranks],
-// "collective", "seconds_in_state", "seconds_since_progress", "describe"}.
+// "collective", "seconds_in_state", "seconds_since_progress", "mailbox", "describe"}.
 //   status: {"iteration", "ranks": [rank...]}
 //   where:  {"summary", "deadlock", "culprits": [rank...], "edges": [{"from", "to", "what"}],
 //            "ranks": [rank...]}

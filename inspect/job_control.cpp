@@ -91,6 +91,7 @@ JobControl::State JobControl::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   State s = state_;
   if (saves_in_flight_) s.saves_in_flight = saves_in_flight_->load();
+  if (offload_mailbox_) s.offload_mailbox = offload_mailbox_->load();
   return s;
 }
 
@@ -99,9 +100,16 @@ void JobControl::set_trainer_phase(std::string phase) {
   state_.trainer = std::move(phase);
 }
 
-void JobControl::watch_saves(std::shared_ptr<const std::atomic<int>> saves_in_flight) {
+void JobControl::set_trainer_mailbox(int64_t messages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.trainer_mailbox = messages;
+}
+
+void JobControl::watch_offload(std::shared_ptr<const std::atomic<int>> saves_in_flight,
+                               std::shared_ptr<const std::atomic<int64_t>> mailbox) {
   std::lock_guard<std::mutex> lock(mu_);
   saves_in_flight_ = std::move(saves_in_flight);
+  offload_mailbox_ = std::move(mailbox);
 }
 
 void JobControl::set_lr_override(std::optional<double> lr) {
@@ -149,7 +157,8 @@ nlohmann::json state_json(const JobControl& control, int64_t iteration) {
   nlohmann::json j{{"iteration", iteration},
                    {"paused", s.paused},
                    {"trainer", s.trainer},
-                   {"offload", {{"saves_in_flight", s.saves_in_flight}}}};
+                   {"trainer_mailbox", s.trainer_mailbox},
+                   {"offload", {{"saves_in_flight", s.saves_in_flight}, {"mailbox", s.offload_mailbox}}}};
   if (s.paused) j["paused_after"] = s.paused_after;
   if (s.lr_override) j["lr_override"] = *s.lr_override;
   if (s.log_interval) j["log_interval"] = *s.log_interval;

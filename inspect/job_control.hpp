@@ -69,11 +69,16 @@ class JobControl {
     std::optional<int64_t> log_interval;
     std::string trainer = "starting";  // what the trainer does: "iteration 12", "evaluating", "saving"...
     int saves_in_flight = 0;           // checkpoints the offload actor is still writing
+    int64_t offload_mailbox = -1;      // messages waiting in the offload actor's mailbox; -1: unknown
+    int64_t trainer_mailbox = -1;      // in the trainer's, at the start of its current iteration
   };
   State state() const;
   void set_trainer_phase(std::string phase);
-  // The offload actor's count of saves in flight (TrainerSpec::saves_in_flight), for state().
-  void watch_saves(std::shared_ptr<const std::atomic<int>> saves_in_flight);
+  void set_trainer_mailbox(int64_t messages);
+  // The offload actor's count of saves in flight (TrainerSpec::saves_in_flight) and its mailbox
+  // depth, for state().
+  void watch_offload(std::shared_ptr<const std::atomic<int>> saves_in_flight,
+                     std::shared_ptr<const std::atomic<int64_t>> mailbox);
   void set_lr_override(std::optional<double> lr);
   void set_log_interval(int64_t n);
 
@@ -100,6 +105,7 @@ class JobControl {
   std::map<int64_t, Result<Pieces>> pieces_;
   std::vector<std::string> names_;
   std::shared_ptr<const std::atomic<int>> saves_in_flight_;
+  std::shared_ptr<const std::atomic<int64_t>> offload_mailbox_;
 };
 
 // The control commands on the job's inspector: pause, resume, step [N], set lr X|schedule, set

@@ -27,7 +27,10 @@ for r, a in ranks.items():
     assert a["doing"] in ("idle", "forward", "backward", "waiting", "reducing gradients", "optimizer step",
                           "gathering parameters", "evaluating"), a
     assert a["step"] >= 0 and a["actions"] in (0, 4), a
+    assert a["step"] == 0 or a["mailbox"] >= 0, a  # read by the rank's own thread once it ran
 assert s["iteration"] >= 0
+job = s["job"]
+assert job["offload"]["mailbox"] >= 0 and (job["trainer_mailbox"] >= 0 or job["trainer"] == "starting"), job
 assert set(w) >= {"summary", "deadlock", "culprits", "edges", "ranks"} and len(w["ranks"]) == 4, w
 print("ok: status and where describe the 4 ranks")
 PY
