@@ -20,6 +20,10 @@ inline int exit_code_for(const troupe::Status& st) { return st.is_bad_input() ? 
 
 void add_preprocess_command(CLI::App& app, int* exit_code);
 void add_train_command(CLI::App& app, int* exit_code);
+// Before the parse: the `troupe train` flags screened for Megatron's and DeepSpeed's
+// (apps/cli/megatron_compat.hpp). Rewrites `args` (the flags after "train") and keeps the notes for
+// the start-up lines; false (the problems printed, exit 2) when any flag is refused or unknown.
+bool screen_train_command(std::vector<std::string>& args);
 void add_eval_command(CLI::App& app, int* exit_code);
 void add_ckpt_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);

@@ -1,5 +1,7 @@
 // troupe: one binary, Megatron/DeepSpeed-style subcommands.
 #include <cstdio>
+#include <string>
+#include <vector>
 #include <exception>
 #include <new>
 
@@ -29,8 +31,17 @@ int main(int argc, char** argv) {
   troupe::apps::add_plot_command(app, &exit_code);
   troupe::apps::add_launch_command(app, &exit_code);
   troupe::apps::add_inspect_command(app, &exit_code);
+  // troupe train: Megatron's and DeepSpeed's flags screened before CLI11 sees them.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "train") {
+    std::vector<std::string> flags(args.begin() + 1, args.end());
+    if (!troupe::apps::screen_train_command(flags)) return troupe::apps::kExitUsage;
+    args.resize(1);
+    args.insert(args.end(), flags.begin(), flags.end());
+  }
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes a vector last first
+    app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : troupe::apps::kExitUsage;

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/cli/megatron_compat.hpp"
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
@@ -23,6 +24,7 @@ namespace troupe::apps {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::vector<std::string> g_flag_notes;  // screen_train_command's, for the start-up lines
 std::atomic<int> g_signal{0};
 
 // SIGINT (Ctrl-C) and SIGTERM (SLURM before a time limit, on preemption; troupe launch passing one
@@ -73,6 +75,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                               int64_t{c.global_batch_size} * m.seq_length, c.tensor_model_parallel_size,
                               c.pipeline_model_parallel_size, dp, c.parallel() || world > 1 ? "" : " (one shard)"));
     printer->line("  data: " + data.describe());
+    for (const std::string& note : g_flag_notes) printer->line("  note: " + note);
     return Status::ok();
   };
   cb.on_note = [&](const std::string& s) { printer->line("  " + s); };
@@ -135,6 +138,18 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
 }
 
 }  // namespace
+
+bool screen_train_command(std::vector<std::string>& args) {
+  auto env = comm::detect_launch_env();
+  auto screened = screen_train_args(args, env ? env->world_size : 1);
+  if (!screened) {
+    print_error("train", screened.status());
+    return false;
+  }
+  args = std::move(screened.value().args);
+  g_flag_notes = std::move(screened.value().notes);
+  return true;
+}
 
 void add_train_command(CLI::App& app, int* exit_code) {
   auto cfg = std::make_shared<TrainConfig>();

@@ -41,16 +41,28 @@ class Validator {
  public:
   explicit Validator(const Origins* origins) : origins_(origins) {}
 
+  // Every area's first problem at once (one run shows what to fix). The batch rules divide by the
+  // model's and the layout's numbers, so they are checked only once those are valid.
   Status run(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(model(c.model));
-    TROUPE_RETURN_IF_ERROR(parallel(c));
-    TROUPE_RETURN_IF_ERROR(batch(c));
-    TROUPE_RETURN_IF_ERROR(optimizer(c));
-    TROUPE_RETURN_IF_ERROR(schedule(c));
-    TROUPE_RETURN_IF_ERROR(data(c));
-    TROUPE_RETURN_IF_ERROR(checkpoints(c));
-    TROUPE_RETURN_IF_ERROR(offload_and_restarts(c));
-    return logging(c);
+    std::vector<Status> problems;
+    auto check = [&](Status st) {
+      const bool ok = st.is_ok();
+      if (!ok) problems.push_back(std::move(st));
+      return ok;
+    };
+    const bool shape = check(model(c.model)) & check(parallel(c));
+    if (shape) check(batch(c));
+    check(optimizer(c));
+    check(schedule(c));
+    check(data(c));
+    check(checkpoints(c));
+    check(offload_and_restarts(c));
+    check(logging(c));
+    if (problems.empty()) return Status::ok();
+    if (problems.size() == 1) return problems[0];
+    std::string message = fmt::format("{} problems:", problems.size());
+    for (const Status& p : problems) message += "\n  - " + p.message();
+    return Status::error(message);
   }
 
   // validate_world's checks; see its declaration.

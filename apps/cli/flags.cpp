@@ -4,15 +4,21 @@
 
 #include <CLI/CLI.hpp>
 
+#include "apps/cli/megatron_compat.hpp"
 #include "apps/cli/train_options.hpp"
 
 namespace troupe {
 
-Result<TrainConfig> parse_train_flags(const std::vector<std::string>& args, int world_size) {
+Result<TrainConfig> parse_train_flags(const std::vector<std::string>& args, int world_size,
+                                      std::vector<std::string>* notes) {
+  auto screened = screen_train_args(args, world_size);
+  if (!screened) return screened.status();
+  if (notes != nullptr) *notes = screened.value().notes;
   TrainConfig cfg;
   CLI::App app{"troupe train"};
   add_train_options(&app, &cfg);
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  const std::vector<std::string>& kept = screened.value().args;
+  std::vector<std::string> reversed(kept.rbegin(), kept.rend());  // CLI11 takes them last first
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {

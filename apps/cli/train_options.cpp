@@ -123,6 +123,11 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
                 cfg->use_checkpoint_opt_param_scheduler,
                 "On --load, keep the checkpoint's learning-rate schedule and ignore this run's schedule flags")
       ->group(ckpt);
+  cmd->add_flag("--exit-on-missing-checkpoint")
+      ->description(
+          "With --load of a folder that holds no checkpoint yet: stop (exit 2) instead of starting from scratch "
+          "(Megatron's switch)")
+      ->group(ckpt);
   opt(ckpt, "--exit-duration-in-mins", cfg->exit_duration_in_mins,
       "Stop (saving a checkpoint when --save is set) once training has run this many minutes (0: never)");
   cmd->add_flag("--exit-signal-handler")

@@ -1,4 +1,5 @@
-// The `troupe train` command line: one argument per line of the input, parsed by CLI11 as main()
+// The `troupe train` command line: one argument per line of the input, screened for Megatron's and
+// DeepSpeed's flags (apps/cli/megatron_compat.hpp), then parsed by CLI11 as main()
 // parses it (require one subcommand; a CLI::ParseError is the usage error main prints), then merged
 // and validated by finalize_train_config, then the model check, the memory check and the figures
 // train prints -- everything before training allocates anything, which never happens here.
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "config/memory_estimate.hpp"
+#include "apps/cli/megatron_compat.hpp"
 #include "apps/cli/train_options.hpp"
 #include "fuzz/fuzz_targets.hpp"
 #include "fuzz/fuzz_util.hpp"
@@ -58,8 +60,12 @@ Status train_flags(const uint8_t* data, size_t size) {
     if (world_size < 1 || world_size > 4096) return Status::error("world= needs 1 to 4096");
     args.erase(args.begin());
   }
+  // main's order: Megatron's and DeepSpeed's flags screened first (apps/cli/megatron_compat.hpp).
+  for (std::string& a : args) a = fixture(a);
+  auto screened = screen_train_args(args, world_size);
+  if (!screened) return screened.status();
   std::vector<std::string> argv_text = {"troupe", "train"};
-  for (const std::string& a : args) argv_text.push_back(fixture(a));
+  for (const std::string& a : screened.value().args) argv_text.push_back(a);
   std::vector<char*> argv;
   for (std::string& a : argv_text) argv.push_back(a.data());
 

@@ -20,6 +20,10 @@ namespace troupe {
 // args: the flags alone (no program or subcommand name), in command-line order. world_size: the
 // processes the job will have (1 in one process; under troupe launch the launcher's count), which
 // sets the data-parallel size when --data-parallel-size is not given.
-Result<TrainConfig> parse_train_flags(const std::vector<std::string>& args, int world_size = 1);
+// Flags of Megatron-LM and Megatron-DeepSpeed that troupe does not register are screened first
+// (docs/COMPAT.md): no-ops and other spellings are accepted, with one line each in `*notes` when
+// given; refused and unknown ones fail, every problem in one message.
+Result<TrainConfig> parse_train_flags(const std::vector<std::string>& args, int world_size = 1,
+                                      std::vector<std::string>* notes = nullptr);
 
 }  // namespace troupe

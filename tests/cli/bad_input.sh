@@ -69,9 +69,16 @@ echo '{"train_batch_size": 6,' > ds_broken.json
 expect_error "ds_broken.json" t --deepspeed-config ds_broken.json
 expect_error "missing.json" t --deepspeed-config missing.json
 
-# Resuming from something that is not a checkpoint.
-mkdir -p notackpt
+# Resuming from something that is not a checkpoint: an iter_* folder without the tracker file (an
+# unfinished save) is an error; an empty or missing folder starts from scratch, as Megatron's --load,
+# saying so, unless --exit-on-missing-checkpoint.
+mkdir -p notackpt/iter_0000003
 expect_error "notackpt" t --load notackpt
+mkdir -p emptyckpt
+t --load emptyckpt > fresh.txt 2>&1 || { cat fresh.txt; fail "--load of an empty folder did not start from scratch"; }
+grep -q "note: --load emptyckpt: no checkpoint there yet, so training starts from scratch" fresh.txt ||
+  { cat fresh.txt; fail "--load of an empty folder: no note"; }
+expect_error "nosuchckpt" t --load nosuchckpt --exit-on-missing-checkpoint
 
 # eval / preprocess / ckpt with bad input.
 expect_error "--load" "$troupe" eval --load nowhere --data-path d_text_document

@@ -1,0 +1,220 @@
+// Megatron's and DeepSpeed's flags before CLI11 (apps/cli/megatron_compat.hpp): no-ops and aliases
+// are accepted with a note each, refused and unknown flags are all reported in one message with
+// the nearest spelling, validation's problems come with them, and a --load folder with nothing in
+// it starts from scratch as Megatron does.
+#include <CLI/CLI.hpp>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <set>
+
+#include "apps/cli/megatron_compat.hpp"
+#include "apps/cli/train_options.hpp"
+#include "tests/test_util.hpp"
+#include "troupe/flags.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using Catch::Contains;
+
+// A valid run on mock data, plus `extra`.
+std::vector<std::string> base(std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"--num-layers",  "2",  "--hidden-size", "48", "--num-attention-heads", "4",
+                                "--seq-length",  "16", "--micro-batch-size", "2", "--train-iters", "5",
+                                "--mock-data", "--tokenizer-type", "ByteLevelTokenizer"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::set<std::string> registered() {
+  TrainConfig cfg;
+  CLI::App app;
+  add_train_options(&app, &cfg);
+  std::set<std::string> out;
+  for (const CLI::Option* o : app.get_options())
+    for (const std::string& n : o->get_lnames()) out.insert("--" + n);
+  return out;
+}
+
+// Optimal string alignment distance, written independently of the product's (recursion with a
+// memo), '-' and '_' equal.
+size_t osa(const std::string& a, const std::string& b) {
+  std::map<std::pair<size_t, size_t>, size_t> memo;
+  auto same = [](char x, char y) { return x == y || ((x == '-' || x == '_') && (y == '-' || y == '_')); };
+  std::function<size_t(size_t, size_t)> d = [&](size_t i, size_t j) -> size_t {
+    if (i == 0) return j;
+    if (j == 0) return i;
+    auto it = memo.find({i, j});
+    if (it != memo.end()) return it->second;
+    size_t best = std::min({d(i - 1, j) + 1, d(i, j - 1) + 1, d(i - 1, j - 1) + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+    if (i > 1 && j > 1 && same(a[i - 1], b[j - 2]) && same(a[i - 2], b[j - 1])) best = std::min(best, d(i - 2, j - 2) + 1);
+    return memo[{i, j}] = best;
+  };
+  return d(a.size(), b.size());
+}
+
+TEST_CASE("compat: the flag distance is the optimal string alignment distance", "[compat]") {
+  std::mt19937 rng(static_cast<unsigned>(Catch::rngSeed()));
+  const std::string alphabet = "ab-_c";
+  for (int t = 0; t < 300; ++t) {
+    auto word = [&] {
+      std::string w;
+      for (size_t n = rng() % 8; n > 0; --n) w += alphabet[rng() % alphabet.size()];
+      return w;
+    };
+    const std::string a = word(), b = word();
+    INFO(a << " vs " << b);
+    CHECK(flag_distance(a, b) == osa(a, b));
+    CHECK(flag_distance(a, b) == flag_distance(b, a));
+  }
+  CHECK(flag_distance("--local_rank", "--local-rank") == 0);
+  CHECK(flag_distance("--num-layres", "--num-layers") == 1);
+}
+
+TEST_CASE("compat: registered flags pass through untouched; the table names none of them", "[compat]") {
+  const std::vector<std::string> args = base({"--lr", "-0.5", "--save", "x", "--num-layers-per-virtual-pipeline-stage", "1"});
+  auto s = screen_train_args(args, 1);
+  REQUIRE(s.is_ok());
+  CHECK(s.value().args == args);
+  CHECK(s.value().notes.empty());
+  const std::set<std::string> reg = registered();
+  for (const CompatRow& r : compat_table()) {
+    INFO(r.flag << " is registered: its table row is never used");
+    CHECK(reg.count(r.flag) == 0);
+  }
+}
+
+TEST_CASE("compat: every no-op and alias is accepted with one note; aliases set what they stand for", "[compat]") {
+  std::vector<std::string> extra;
+  size_t expected_notes = 0;
+  for (const CompatRow& r : compat_table()) {
+    if (r.disposition != "no-op" && r.disposition != "alias") continue;
+    extra.push_back(r.flag);
+    ++expected_notes;
+  }
+  // The values the no-ops with values accept.
+  const std::map<std::string, std::string> values = {
+      {"--attention-backend", "auto"},     {"--transformer-impl", "local"}, {"--DDP-impl", "local"},
+      {"--empty-unused-memory-level", "0"}, {"--recompute-method", "uniform"}, {"--recompute-num-layers", "1"},
+      {"--checkpoint-num-layers", "1"},    {"--distributed-backend", "nccl"}, {"--local_rank", "0"},
+      {"--local-rank", "3"},               {"--num-workers", "2"},          {"--data-impl", "mmap"},
+      {"--dataloader-type", "single"},     {"--optimizer", "adam"},         {"--timing-log-level", "2"},
+      {"--timing-log-option", "minmax"},   {"--tensorboard-queue-size", "1"}, {"--hysteresis", "2"},
+      {"--loss-scale", "1024"},            {"--initial-loss-scale", "4096"}, {"--min-loss-scale", "1"},
+      {"--loss-scale-window", "1000"},     {"--attention-dropout", "0"},    {"--hidden-dropout", "0.0"},
+      {"--normalization", "LayerNorm"},    {"--position-embedding-type", "learned_absolute"},
+      {"--ffn-hidden-size", "192"}};
+  std::vector<std::string> with_values;
+  for (const std::string& f : extra) {
+    with_values.push_back(f);
+    if (auto it = values.find(f); it != values.end()) with_values.push_back(it->second);
+  }
+  std::vector<std::string> notes;
+  auto cfg = parse_train_flags(base(with_values), 1, &notes);
+  REQUIRE(cfg.is_ok());
+  CHECK(notes.size() == expected_notes);
+  // The last recompute alias given wins among aliases; an explicit flag wins over any alias.
+  CHECK(cfg.value().zero_stage == 1);
+  CHECK(cfg.value().offload_optimizer == "cpu");
+  auto explicit_wins = parse_train_flags(base({"--recompute-granularity", "selective", "--checkpoint-activations",
+                                               "--use-distributed-optimizer", "--zero-stage", "2"}));
+  REQUIRE(explicit_wins.is_ok());
+  CHECK(explicit_wins.value().recompute_granularity == "selective");
+  CHECK(explicit_wins.value().zero_stage == 2);
+  auto alias = parse_train_flags(base({"--checkpoint-activations"}));
+  REQUIRE(alias.is_ok());
+  CHECK(alias.value().recompute_granularity == "full");
+  // --flag=value spells the same.
+  auto inline_value = screen_train_args(base({"--data-impl=mmap", "--local_rank=2"}), 1);
+  REQUIRE(inline_value.is_ok());
+  CHECK(inline_value.value().notes.size() == 2);
+  CHECK(inline_value.value().args == base());
+}
+
+TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with its fix", "[compat]") {
+  std::mt19937 rng(static_cast<unsigned>(Catch::rngSeed()));
+  const std::set<std::string> reg = registered();
+  std::vector<std::string> names(reg.begin(), reg.end());
+  names.erase(std::remove_if(names.begin(), names.end(), [](const std::string& n) { return n.size() < 10; }),
+              names.end());
+  std::shuffle(names.begin(), names.end(), rng);
+  // Three registered flags misspelt by one dropped letter (after "--x"), so each is one edit away.
+  std::vector<std::string> extra, originals;
+  for (int k = 0; k < 3; ++k) {
+    std::string bad = names[static_cast<size_t>(k)];
+    const size_t at = 3 + rng() % (bad.size() - 3);
+    bad.erase(at, 1);
+    if (reg.count(bad) > 0) continue;  // dropping it made another flag
+    extra.push_back(bad);
+    originals.push_back(names[static_cast<size_t>(k)]);
+  }
+  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--attention-dropout", "0.1", "--swiglu",
+                             "--train-samples", "1000", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
+  auto s = screen_train_args(base(extra), 1);
+  REQUIRE_FALSE(s.is_ok());
+  CHECK(s.status().is_bad_input());
+  const std::string m = s.status().message();
+  INFO(m);
+  for (size_t k = 0; k < originals.size(); ++k) {
+    CHECK_THAT(m, Contains(extra[k] + ": not a flag of troupe train"));
+    CHECK_THAT(m, Contains(originals[k]));
+  }
+  CHECK_THAT(m, Contains("--fp16: troupe trains in float32"));
+  CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
+  CHECK_THAT(m, Contains("--attention-dropout 0.1: troupe has no dropout yet"));
+  CHECK_THAT(m, Contains("--swiglu: a model-architecture flag"));
+  CHECK_THAT(m, Contains("--train-samples: sample-based runs are not in troupe yet -- give --train-iters"));
+  CHECK_THAT(m, Contains("--zzzz-not-megatron: not a flag of troupe train -- troupe train --help"));
+  CHECK_THAT(m, Contains("--ffn-hidden-size 100:"));
+  CHECK_THAT(m, Contains(std::to_string(originals.size() + 7) + " problems with the flags"));
+}
+
+TEST_CASE("compat: validation's problems come with the flags' problems", "[compat]") {
+  auto s = screen_train_args(base({"--fp16", "--lr", "-1", "--clip-grad", "-2"}), 1);
+  REQUIRE_FALSE(s.is_ok());
+  const std::string m = s.status().message();
+  INFO(m);
+  CHECK_THAT(m, Contains("--fp16"));
+  CHECK_THAT(m, Contains("--lr"));
+  CHECK_THAT(m, Contains("--clip-grad"));
+  CHECK_THAT(m, Contains("3 problems with the flags"));
+  // A value CLI11 cannot read is named too.
+  auto t = screen_train_args(base({"--bf16", "--num-layers", "two"}), 1);
+  REQUIRE_FALSE(t.is_ok());
+  CHECK_THAT(t.status().message(), Contains("--bf16"));
+  CHECK_THAT(t.status().message(), Contains("two"));
+}
+
+TEST_CASE("compat: --load of a folder with no checkpoint starts from scratch, as Megatron's", "[compat]") {
+  test::TempDir dir;
+  const std::string missing = dir.str("never_saved");
+  std::vector<std::string> notes;
+  auto fresh = parse_train_flags(base({"--save", missing, "--load", missing}), 1, &notes);
+  REQUIRE(fresh.is_ok());
+  CHECK(fresh.value().load.empty());
+  CHECK(fresh.value().save == missing);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Contains("starts from scratch"));
+  CHECK_FALSE(fs::exists(missing));  // nothing created
+  fs::create_directories(dir.str("empty"));
+  auto empty = parse_train_flags(base({"--load", dir.str("empty")}));
+  REQUIRE(empty.is_ok());
+  CHECK(empty.value().load.empty());
+  // Megatron's switch keeps the refusal; an unfinished save (iter_* without the tracker) is not a
+  // fresh start.
+  auto strict = parse_train_flags(base({"--load", missing, "--exit-on-missing-checkpoint"}));
+  REQUIRE_FALSE(strict.is_ok());
+  CHECK_THAT(strict.status().message(), Contains("--load"));
+  fs::create_directories(dir.str("half/iter_0000007"));
+  auto half = parse_train_flags(base({"--load", dir.str("half")}));
+  REQUIRE_FALSE(half.is_ok());
+  CHECK_THAT(half.status().message(), Contains("latest_checkpointed_iteration.txt"));
+}
+
+}  // namespace
+}  // namespace troupe
