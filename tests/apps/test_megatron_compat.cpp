@@ -76,7 +76,7 @@ TEST_CASE("compat: the flag distance is the optimal string alignment distance", 
   CHECK(flag_distance("--num-layres", "--num-layers") == 1);
 }
 
-TEST_CASE("compat: registered flags pass through untouched; the table names none of them", "[compat]") {
+TEST_CASE("compat: registered flags pass through untouched, and the table names none of them", "[compat]") {
   const std::vector<std::string> args = base({"--lr", "-0.5", "--save", "x", "--num-layers-per-virtual-pipeline-stage", "1"});
   auto s = screen_train_args(args, 1);
   REQUIRE(s.is_ok());
@@ -89,7 +89,7 @@ TEST_CASE("compat: registered flags pass through untouched; the table names none
   }
 }
 
-TEST_CASE("compat: every no-op and alias is accepted with one note; aliases set what they stand for", "[compat]") {
+TEST_CASE("compat: every no-op and alias is accepted with one note, and aliases set what they stand for", "[compat]") {
   std::vector<std::string> extra;
   size_t expected_notes = 0;
   for (const CompatRow& r : compat_table()) {
@@ -214,6 +214,25 @@ TEST_CASE("compat: --load of a folder with no checkpoint starts from scratch, as
   auto half = parse_train_flags(base({"--load", dir.str("half")}));
   REQUIRE_FALSE(half.is_ok());
   CHECK_THAT(half.status().message(), Contains("latest_checkpointed_iteration.txt"));
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// docs/COMPAT.md keeps the table: every row's flag and disposition are on one line of it.
+TEST_CASE("compat: docs/COMPAT.md lists every flag of the table with what troupe does", "[compat]") {
+  std::ifstream in(test::source_dir() + "/docs/COMPAT.md");
+  REQUIRE(in.good());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  for (const CompatRow& r : compat_table()) {
+    const std::string cell = "| `" + r.flag + "` | " + r.disposition + " |";
+    INFO(cell);
+    CHECK(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(cell, 0) == 0; }));
+  }
 }
 
 }  // namespace
