@@ -106,8 +106,7 @@ const std::vector<Entry>& entries() {
       {"--distributed-backend", 1, Kind::noop,
        "troupe picks its transport itself (shared memory, UCX or NCCL; troupe info lists them)", "nccl|gloo|ucc|mpi|ccl",
        "Megatron knows nccl, gloo, ucc and mpi"},
-      {"--local_rank", 1, Kind::noop, "troupe launch gives each process its rank itself"},
-      {"--local-rank", 1, Kind::noop, "troupe launch gives each process its rank itself"},
+      {"--local_rank", 1, Kind::noop, "troupe launch gives each process its rank itself"},  // and --local-rank
       {"--num-workers", 1, Kind::noop, "troupe's loader actor reads the next batch ahead in its own thread"},
       {"--data-impl", 1, Kind::noop, "troupe reads Megatron's mmap .bin/.idx format", "mmap|infer",
        "troupe reads only the mmap format (MMIDIDX): rewrite the data with troupe preprocess"},
