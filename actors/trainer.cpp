@@ -70,7 +70,7 @@ int64_t global_batch(Self self) { return self->state.spec.config.global_batch_si
 void read_ahead(Self self) {
   auto& st = self->state;
   const int64_t next = st.consumed + global_batch(self);
-  if (st.iteration + 1 >= st.spec.config.train_iters || st.ahead_in_flight || st.ahead_for == next) return;
+  if (st.iteration + 1 >= st.spec.config.iterations_to_run() || st.ahead_in_flight || st.ahead_for == next) return;
   st.ahead_in_flight = true;
   st.ahead_for = next;
   st.ahead.reset();
@@ -334,7 +334,7 @@ void between_iterations(Self self) {
   auto commands = std::make_shared<std::vector<ControlCommand>>(st.spec.control->take_through(st.agreed));
   apply_commands(self, commands, 0, [self] {
     auto& s = self->state;
-    if (s.paused && s.iteration < s.spec.config.train_iters && !s.stop_requested) {
+    if (s.paused && s.iteration < s.spec.config.iterations_to_run() && !s.stop_requested) {
       s.parked = true;
       s.spec.control->set_paused(true, s.iteration);
       s.spec.control->set_trainer_phase("paused after iteration " + std::to_string(s.iteration));
@@ -383,7 +383,7 @@ void start_iteration(Self self) {
   if (st.spec.exit_deadline && Clock::now() >= *st.spec.exit_deadline) request_stop(self);
   const int64_t exit_interval = st.spec.config.exit_interval;
   const bool exit_now = exit_interval > 0 && st.iteration > st.spec.start_iteration && st.iteration % exit_interval == 0;
-  if (st.iteration >= st.spec.config.train_iters || st.stop_requested || exit_now) {
+  if (st.iteration >= st.spec.config.iterations_to_run() || st.stop_requested || exit_now) {
     finish(self);
     return;
   }
@@ -419,7 +419,7 @@ void finish(Self self) {
     sum.iteration = s.iteration;
     sum.last_loss = s.last_loss;
     sum.last_eval_loss = s.last_eval_loss;
-    sum.stopped_early = s.iteration < s.spec.config.train_iters;
+    sum.stopped_early = s.iteration < s.spec.config.iterations_to_run();
     sum.last_checkpoint = s.last_checkpoint;
     caf::anon_send(s.spec.listener, done_atom::value, sum);
     self->quit();

@@ -41,6 +41,13 @@ struct Differences {
 
 int64_t decay_length(const TrainConfig& c) { return c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters; }
 
+// A schedule measured in samples or tokens (Megatron's --train-samples, --lr-warmup-fraction,
+// Megatron-DeepSpeed's token lengths): compared by its lengths, as Megatron's scheduler compares
+// lr_warmup_steps and lr_decay_steps.
+bool beyond_iterations(const TrainConfig& c) {
+  return c.train_samples > 0 || c.lr_warmup_fraction >= 0 || c.lr_warmup_tokens >= 0 || c.lr_decay_tokens > 0;
+}
+
 }  // namespace
 
 std::string new_run_id() {
@@ -124,6 +131,13 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
       d.must_agree("the decay length (--lr-decay-iters, or --train-iters without it)", decay_length(now),
                    decay_length(saved), fix);
     }
+    if (beyond_iterations(now) || beyond_iterations(saved)) {
+      const TrainConfig::LrLengths a = now.lr_lengths(), b = saved.lr_lengths();
+      d.must_agree("the warm-up length in samples", a.warmup_samples, b.warmup_samples, fix);
+      d.must_agree("the decay length in samples", a.decay_samples, b.decay_samples, fix);
+      d.must_agree("the warm-up length in tokens", a.warmup_tokens, b.warmup_tokens, fix);
+      d.must_agree("the decay length in tokens", a.decay_tokens, b.decay_tokens, fix);
+    }
   }
   d.may_change("tensor-parallel size", now.tensor_model_parallel_size, saved.tensor_model_parallel_size);
   d.may_change("pipeline-parallel size", now.pipeline_model_parallel_size, saved.pipeline_model_parallel_size);
@@ -159,6 +173,11 @@ void use_checkpoint_schedule(TrainConfig& now, const TrainConfig& saved) {
   now.lr_warmup_style = saved.lr_warmup_style;
   now.lr_warmup_init = saved.lr_warmup_init;
   now.lr_decay_iters = decay_length(saved);
+  now.lr_warmup_fraction = saved.lr_warmup_fraction;
+  now.lr_warmup_samples = saved.lr_warmup_samples;
+  now.lr_decay_samples = saved.lr_decay_samples;
+  now.lr_warmup_tokens = saved.lr_warmup_tokens;
+  now.lr_decay_tokens = saved.lr_decay_tokens;
 }
 
 Status check_save_folder(const std::string& save, const std::string& run_id, const std::string& resuming_from) {

@@ -18,7 +18,8 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 3;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime"
+constexpr int kVersion = 4;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+                              // 4 "schedule" (older files: an iteration-based schedule)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -54,6 +55,18 @@ void visit_runtime_fields(Config& c, Visitor&& v) {
   v("offload_path", c.offload_path);
   v("max_restarts", c.max_restarts);
   v("distributed_timeout_minutes", c.distributed_timeout_minutes);
+}
+
+// Version 4: Megatron's sample- and token-based runs and schedules (absent from older files: none).
+template <class Config, class Visitor>
+void visit_schedule_fields(Config& c, Visitor&& v) {
+  v("train_samples", c.train_samples);
+  v("lr_warmup_samples", c.lr_warmup_samples);
+  v("lr_decay_samples", c.lr_decay_samples);
+  v("lr_warmup_fraction", c.lr_warmup_fraction);
+  v("train_tokens", c.train_tokens);
+  v("lr_warmup_tokens", c.lr_warmup_tokens);
+  v("lr_decay_tokens", c.lr_decay_tokens);
 }
 
 template <class Config, class Visitor>
@@ -134,6 +147,8 @@ const Range* range_of(const std::string& path) {
       {"log_interval", {1, 9.2e18}},
       {"adam_beta1", {0, 1}},
       {"adam_beta2", {0, 1}},
+      {"schedule.lr_warmup_fraction", {-1, 1}},
+      {"schedule.lr_warmup_tokens", {-1, 9.2e18}},
   };
   const auto it = ranges.find(path);
   return it == ranges.end() ? nullptr : &it->second;
@@ -238,6 +253,9 @@ std::string TrainConfig::to_json() const {
   json runtime_json = json::object();
   visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
   j["runtime"] = std::move(runtime_json);
+  json schedule_json = json::object();
+  visit_schedule_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
+  j["schedule"] = std::move(schedule_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
@@ -297,17 +315,59 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     TROUPE_RETURN_IF_ERROR(rt_reader.finish());
   }
 
+  if (version->get<int64_t>() >= 4) {
+    const auto sc_it = j.find("schedule");
+    if (sc_it == j.end())
+      return Status::bad_input(
+          "train config JSON: missing key \"schedule\" -- write the config again with `troupe train`");
+    if (!sc_it->is_object()) return type_error("schedule", "an object", *sc_it);
+    ObjectReader sc_reader(*sc_it, "schedule.");
+    visit_schedule_fields(c, sc_reader);
+    TROUPE_RETURN_IF_ERROR(sc_reader.finish());
+  }
+
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
-  if (v >= 3)
+  if (v >= 4)
+    TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime", "schedule"}));
+  else if (v >= 3)
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime"}));
   else if (v == 2)
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel"}));
   else
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model"}));
   return c;
+}
+
+TrainConfig::LrLengths TrainConfig::lr_lengths() const {
+  // Megatron-LM's get_optimizer_param_scheduler (megatron/training/training.py): the scheduler
+  // counts samples; an iteration-based run's lengths are its iterations times the global batch.
+  LrLengths l;
+  const double batch = global_batch_size;
+  if (train_samples > 0) {
+    l.decay_samples = static_cast<double>(lr_decay_samples > 0 ? lr_decay_samples : train_samples);
+    l.warmup_samples = lr_warmup_fraction >= 0 ? lr_warmup_fraction * l.decay_samples
+                                               : static_cast<double>(lr_warmup_samples);
+  } else {
+    l.decay_samples = static_cast<double>(lr_decay_iters > 0 ? lr_decay_iters : train_iters) * batch;
+    l.warmup_samples = lr_warmup_fraction >= 0 ? lr_warmup_fraction * l.decay_samples
+                                               : static_cast<double>(lr_warmup_iters) * batch;
+  }
+  // Megatron-DeepSpeed's OptimizerParamScheduler (megatron/optimizer_param_scheduler.py).
+  if (lr_warmup_tokens >= 0) l.warmup_tokens = static_cast<double>(lr_warmup_tokens);
+  if (lr_decay_tokens > 0) l.decay_tokens = static_cast<double>(lr_decay_tokens);
+  return l;
+}
+
+int64_t TrainConfig::iterations_to_run() const {
+  if (train_tokens <= 0) return train_iters;
+  // Megatron-DeepSpeed's loop runs while consumed_train_tokens < train_tokens; each iteration
+  // consumes global_batch_size x seq_length tokens.
+  const int64_t per = int64_t{global_batch_size} * model.seq_length;
+  const int64_t by_tokens = per > 0 ? (train_tokens + per - 1) / per : train_iters;
+  return train_iters > 0 ? std::min(train_iters, by_tokens) : by_tokens;
 }
 
 int TrainConfig::resolved_dp(int world_size) const {

@@ -147,7 +147,13 @@ class Validator {
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
     // In one process; under troupe launch validate_world checks the dp the ranks give.
     TROUPE_RETURN_IF_ERROR(batch_divisible(c, c.resolved_dp(1), ""));
-    TROUPE_RETURN_IF_ERROR(positive("--train-iters", c.train_iters, "1000"));
+    if (c.train_iters <= 0 && c.train_samples <= 0 && c.train_tokens <= 0)
+      return bad("--train-iters", fmt::format("must be positive, got {}", c.train_iters),
+                 "give --train-iters N (or Megatron's --train-samples, Megatron-DeepSpeed's --train-tokens)");
+    if (c.train_iters <= 0)
+      return bad(c.train_samples > 0 ? "--train-samples" : "--train-tokens",
+                 fmt::format("gives no whole iteration of --global-batch-size {}", c.global_batch_size),
+                 "train for at least one global batch");
     return Status::ok();
   }
 
@@ -339,12 +345,64 @@ class Validator {
     if (c.lr_decay_iters < 0)
       return bad("--lr-decay-iters", fmt::format("must be >= 0, got {}", c.lr_decay_iters),
                  "use 0 to decay over --train-iters");
-    const int64_t decay = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
-    if (style != "constant" && c.lr_warmup_iters >= decay)
+    TROUPE_RETURN_IF_ERROR(schedule_units(c));
+    const TrainConfig::LrLengths l = c.lr_lengths();
+    if (c.lr_decay_tokens <= 0 && style != "constant" && l.warmup_samples >= l.decay_samples) {
+      if (c.train_samples > 0 || c.lr_warmup_fraction >= 0)
+        return bad(c.lr_warmup_fraction >= 0 ? "--lr-warmup-fraction" : "--lr-warmup-samples",
+                   fmt::format("gives a warm-up of {} samples, not below the decay's {}", l.warmup_samples,
+                               l.decay_samples),
+                   "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant");
+      const int64_t decay = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
       return bad("--lr-warmup-iters",
                  fmt::format("{} is not below the {} decay iterations ({})", c.lr_warmup_iters,
                              decay, c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--train-iters"),
                  "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant");
+    }
+    return Status::ok();
+  }
+
+  // Megatron's rules for the units of a run and its schedule (megatron/training/arguments.py,
+  // validate_args): an iteration-based run measures its schedule in iterations, a sample-based one
+  // in samples; one warm-up length at most; Megatron-DeepSpeed's token lengths on top.
+  Status schedule_units(const TrainConfig& c) const {
+    const bool by_samples = c.train_samples > 0;
+    if (c.train_samples < 0 || c.lr_warmup_samples < 0 || c.lr_decay_samples < 0 || c.train_tokens < 0 ||
+        c.lr_decay_tokens < 0 || c.lr_warmup_tokens < -1)
+      return bad("the sample and token flags", "hold a negative count", "give counts of 0 or more");
+    if (!by_samples && (c.lr_warmup_samples > 0 || c.lr_decay_samples > 0))
+      return bad(c.lr_decay_samples > 0 ? "--lr-decay-samples" : "--lr-warmup-samples",
+                 "is given in an iteration-based run (no --train-samples)",
+                 "give --lr-decay-iters / --lr-warmup-iters, or train by --train-samples");
+    if (by_samples && (c.lr_warmup_iters > 0 || c.lr_decay_iters > 0))
+      return bad(c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--lr-warmup-iters",
+                 "is given in a sample-based run (--train-samples)",
+                 "give --lr-decay-samples / --lr-warmup-samples, or train by --train-iters");
+    if (c.lr_warmup_fraction >= 0 && (c.lr_warmup_iters > 0 || c.lr_warmup_samples > 0))
+      return bad("--lr-warmup-fraction", "is given with another warm-up length",
+                 "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples");
+    if (c.lr_warmup_fraction != -1 && !(c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction < 1))
+      return bad("--lr-warmup-fraction", fmt::format("must be in [0, 1), got {}", c.lr_warmup_fraction),
+                 "use e.g. .01");
+    const bool tokens = c.lr_warmup_tokens >= 0 || c.lr_decay_tokens > 0;
+    if (c.lr_warmup_style == "log" && (by_samples || c.lr_warmup_fraction >= 0 || tokens))
+      return bad("--lr-warmup-style", "is log (DeepSpeed's, counted in steps) with a sample- or token-based warm-up",
+                 "use --lr-warmup-style linear, or --lr-warmup-iters");
+    if (c.lr_decay_tokens > 0 && c.lr_decay_style != "constant") {
+      const TrainConfig::LrLengths l = c.lr_lengths();
+      if (c.lr_warmup_tokens < 0 && l.warmup_samples > 0 &&
+          std::fmod(l.warmup_samples, static_cast<double>(c.global_batch_size)) != 0)
+        return bad("--lr-decay-tokens",
+                   fmt::format("with a warm-up of {} samples, not whole global batches of {}", l.warmup_samples,
+                               c.global_batch_size),
+                   "give --lr-warmup-tokens too (Megatron-DeepSpeed takes the tokens consumed when the warm-up "
+                   "ends, which it never reaches exactly here)");
+      const double w = c.lr_warmup_tokens >= 0 ? static_cast<double>(c.lr_warmup_tokens)
+                                               : l.warmup_samples * c.model.seq_length;
+      if (w >= static_cast<double>(c.lr_decay_tokens))
+        return bad("--lr-decay-tokens", fmt::format("{} is not above the warm-up's {} tokens", c.lr_decay_tokens, w),
+                   "lengthen the decay or shorten the warm-up");
+    }
     return Status::ok();
   }
 

@@ -21,12 +21,12 @@ StepRequest optimizer_step(const TrainConfig& c, int64_t iteration) {
 double learning_rate(const TrainConfig& c, int64_t iteration) {
   TROUPE_CHECK(iteration >= 0,
                "the iteration is the number of optimizer steps taken, never negative");
-  const int64_t warmup = c.lr_warmup_iters;
-  TROUPE_CHECK(warmup >= 0, "validate_train_config rejects a negative --lr-warmup-iters");
-
-  if (warmup > 0 && iteration <= warmup) {
-    const double delta = c.lr - c.lr_warmup_init;
-    if (c.lr_warmup_style == "log") {
+  TROUPE_CHECK(c.lr_warmup_iters >= 0, "validate_train_config rejects a negative --lr-warmup-iters");
+  const double delta = c.lr - c.lr_warmup_init;
+  // DeepSpeed's WarmupLR counts steps: the log warm-up stays in iterations.
+  if (c.lr_warmup_style == "log") {
+    const int64_t warmup = c.lr_warmup_iters;
+    if (warmup > 0 && iteration <= warmup) {
       TROUPE_CHECK(warmup >= 2,
                    "ln(1) = 0: the log warm-up needs at least 2 steps (DeepSpeed uses max(2, W))");
       // ln(max(iteration, 1)): the first two steps both run at init, as in DeepSpeed (see the
@@ -34,19 +34,38 @@ double learning_rate(const TrainConfig& c, int64_t iteration) {
       const double it = static_cast<double>(std::max<int64_t>(iteration, 1));
       return c.lr_warmup_init + delta * std::log(it) / std::log(static_cast<double>(warmup));
     }
+  } else {
     TROUPE_CHECK(c.lr_warmup_style == "linear", "lr_warmup_style must be linear or log");
-    return c.lr_warmup_init + delta * static_cast<double>(iteration) / static_cast<double>(warmup);
+  }
+  // Megatron's scheduler counts samples (and Megatron-DeepSpeed's tokens): the ones consumed
+  // before this step. Exact in double up to 2^53.
+  const TrainConfig::LrLengths l = c.lr_lengths();
+  const double samples = static_cast<double>(iteration) * static_cast<double>(c.global_batch_size);
+  const double tokens = samples * static_cast<double>(c.model.seq_length);
+  if (c.lr_warmup_style == "linear") {
+    if (l.warmup_tokens >= 0) {
+      if (l.warmup_tokens > 0 && tokens <= l.warmup_tokens) return c.lr_warmup_init + delta * tokens / l.warmup_tokens;
+    } else if (l.warmup_samples > 0 && samples <= l.warmup_samples) {
+      return c.lr_warmup_init + delta * samples / l.warmup_samples;
+    }
   }
 
   if (c.lr_decay_style == "constant") return c.lr;
 
-  const int64_t decay = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
-  TROUPE_CHECK(decay > warmup,
-               "a decaying schedule needs more decay iterations than warm-up iterations");
-  if (iteration > decay) return c.min_lr;
-
-  const double ratio =
-      static_cast<double>(iteration - warmup) / static_cast<double>(decay - warmup);  // in [0, 1]
+  double ratio = 0;
+  if (l.decay_tokens > 0) {
+    if (tokens > l.decay_tokens) return c.min_lr;
+    // A warm-up counted in samples ends after warmup_samples / global batch iterations, having
+    // consumed warmup_samples x seq_length tokens (validation: whole batches).
+    const double w = l.warmup_tokens >= 0 ? l.warmup_tokens : l.warmup_samples * c.model.seq_length;
+    TROUPE_CHECK(l.decay_tokens > w, "a decaying schedule needs a decay longer than its warm-up");
+    ratio = (tokens - w) / (l.decay_tokens - w);
+  } else {
+    if (samples > l.decay_samples) return c.min_lr;
+    TROUPE_CHECK(l.decay_samples > l.warmup_samples,
+                 "a decaying schedule needs more decay iterations than warm-up iterations");
+    ratio = (samples - l.warmup_samples) / (l.decay_samples - l.warmup_samples);  // in [0, 1]
+  }
   double coeff = 0.0;
   if (c.lr_decay_style == "linear") {
     coeff = 1.0 - ratio;

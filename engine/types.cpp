@@ -29,7 +29,7 @@ IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t 
   const int64_t terms = c.global_batch_size * (loss_terms > 0 ? loss_terms : int64_t{c.model.seq_length});
   IterationStats s;
   s.iteration = iteration;
-  s.train_iters = c.train_iters;
+  s.train_iters = c.iterations_to_run();
   s.lm_loss = loss_sum / static_cast<double>(terms);
   s.lr = lr;
   s.grad_norm = grad_norm;

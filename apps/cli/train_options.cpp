@@ -87,7 +87,29 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "linear (Megatron) or log (DeepSpeed WarmupLR's default)");
   opt(optim, "--lr-decay-iters", cfg->lr_decay_iters,
       "Iterations to decay over (0: --train-iters)");
-  opt(optim, "--train-iters", cfg->train_iters, "Optimizer steps to train for (required)");
+  cmd->add_option("--train-iters", cfg->train_iters,
+                  "Optimizer steps to train for (or --train-samples, or --train-tokens)")
+      ->group(optim);
+  // Megatron's sample-based runs and Megatron-DeepSpeed's token-based ones (engine/lr_schedule.hpp).
+  cmd->add_option("--train-samples", cfg->train_samples,
+                  "Train for this many samples (--train-iters = samples / --global-batch-size); the schedule "
+                  "then counts samples")
+      ->group(optim);
+  cmd->add_option("--lr-warmup-samples", cfg->lr_warmup_samples, "Warm-up samples (with --train-samples)")
+      ->group(optim);
+  cmd->add_option("--lr-decay-samples", cfg->lr_decay_samples,
+                  "Samples to decay over (with --train-samples; default: --train-samples)")
+      ->group(optim);
+  cmd->add_option("--lr-warmup-fraction", cfg->lr_warmup_fraction,
+                  "Warm up over this share of the decay length (instead of --lr-warmup-iters/-samples)")
+      ->group(optim);
+  cmd->add_option("--train-tokens", cfg->train_tokens,
+                  "Stop once this many tokens were consumed (Megatron-DeepSpeed)")
+      ->group(optim);
+  cmd->add_option("--lr-warmup-tokens", cfg->lr_warmup_tokens, "Warm up over this many tokens (Megatron-DeepSpeed)")
+      ->group(optim);
+  cmd->add_option("--lr-decay-tokens", cfg->lr_decay_tokens, "Decay over this many tokens (Megatron-DeepSpeed)")
+      ->group(optim);
   opt(optim, "--weight-decay", cfg->weight_decay, "Decoupled (AdamW) weight decay");
   opt(optim, "--adam-beta1", cfg->adam_beta1, "AdamW first-moment decay");
   opt(optim, "--adam-beta2", cfg->adam_beta2, "AdamW second-moment decay");
@@ -219,6 +241,17 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   if (!given("--global-batch-size") && !global_from_file) {
     const int64_t global = int64_t{cfg->micro_batch_size} * dp;
     cfg->global_batch_size = global <= INT_MAX ? static_cast<int>(global) : cfg->micro_batch_size;
+  }
+  // Megatron's update_train_iters (no batch ramp-up): a sample-based run takes
+  // train_samples / global_batch_size iterations; Megatron-DeepSpeed's token budget alone, as many
+  // as it takes to consume it.
+  if (cfg->train_samples > 0) {
+    if (given("--train-iters"))
+      return Status::bad_input("--train-iters and --train-samples are both given -- give one (Megatron trains by "
+                               "iterations or by samples)");
+    if (cfg->global_batch_size > 0) cfg->train_iters = cfg->train_samples / cfg->global_batch_size;
+  } else if (cfg->train_tokens > 0 && !given("--train-iters")) {
+    cfg->train_iters = cfg->iterations_to_run();
   }
   TROUPE_RETURN_IF_ERROR(validate_train_config(*cfg, &origins));
   return world_size > 1 ? validate_world(*cfg, world_size) : Status::ok();

@@ -78,6 +78,30 @@ struct TrainConfig {
   double adam_eps = 1e-8;
   double clip_grad = 1.0;  // 0 disables clipping
   int64_t train_iters = 0;
+  // Megatron's sample-based runs (0: not given): train_samples sets train_iters to
+  // train_samples / global_batch_size; the schedule is then measured in samples, decaying over
+  // lr_decay_samples (0: train_samples) after warming up over lr_warmup_samples. lr_warmup_fraction
+  // (< 0: not given) makes the warm-up that share of the decay, in either kind of run.
+  int64_t train_samples = 0;
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;
+  double lr_warmup_fraction = -1;
+  // Megatron-DeepSpeed's token-based ones: train_tokens (0: none) stops the run once that many
+  // tokens were consumed; lr_warmup_tokens (< 0: not given) and lr_decay_tokens (0: not given)
+  // measure the warm-up and the decay in tokens.
+  int64_t train_tokens = 0;
+  int64_t lr_warmup_tokens = -1;
+  int64_t lr_decay_tokens = 0;
+  // The schedule's lengths as Megatron measures them (engine/lr_schedule.hpp): in samples, and in
+  // tokens where given (warmup_tokens < 0, decay_tokens 0: not token-based).
+  struct LrLengths {
+    double warmup_samples = 0, decay_samples = 0;
+    double warmup_tokens = -1, decay_tokens = 0;
+    bool operator==(const LrLengths&) const = default;
+  };
+  LrLengths lr_lengths() const;
+  // The iterations the run takes: train_iters, and fewer when train_tokens stops it first.
+  int64_t iterations_to_run() const;
   uint64_t seed = 1234;
 
   // Data.

@@ -158,7 +158,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     originals.push_back(names[static_cast<size_t>(k)]);
   }
   extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--attention-dropout", "0.1", "--swiglu",
-                             "--train-samples", "1000", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
+                             "--rampup-batch-size", "16", "16", "1000", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
   auto s = screen_train_args(base(extra), 1);
   REQUIRE_FALSE(s.is_ok());
   CHECK(s.status().is_bad_input());
@@ -172,7 +172,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
   CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
   CHECK_THAT(m, Contains("--attention-dropout 0.1: troupe has no dropout yet"));
   CHECK_THAT(m, Contains("--swiglu: a model-architecture flag"));
-  CHECK_THAT(m, Contains("--train-samples: sample-based runs are not in troupe yet -- give --train-iters"));
+  CHECK_THAT(m, Contains("--rampup-batch-size: batch-size ramp-up is not in troupe yet"));
   CHECK_THAT(m, Contains("--zzzz-not-megatron: not a flag of troupe train -- troupe train --help"));
   CHECK_THAT(m, Contains("--ffn-hidden-size 100:"));
   CHECK_THAT(m, Contains(std::to_string(originals.size() + 7) + " problems with the flags"));

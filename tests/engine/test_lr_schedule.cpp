@@ -181,3 +181,122 @@ TEST_CASE("lr schedule: linear warm-up is Megatron's, one step ahead of DeepSpee
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Megatron's OptimizerParamScheduler as its training loop drives it, transcribed independently
+// (megatron/training/training.py get_optimizer_param_scheduler; Megatron-DeepSpeed's
+// megatron/optimizer_param_scheduler.py for the tokens): state num_steps (samples) and num_tokens,
+// step(increment = global batch) after every iteration, the lr of the next step read from it;
+// lr_warmup_tokens set to num_tokens when a sample-counted warm-up ends (its hack for
+// step-wise warm-up with token-wise decay).
+struct MegatronScheduler {
+  double max_lr, min_lr, init_lr, warmup_steps, decay_steps;
+  double warmup_tokens = -1, decay_tokens = -1;  // -1: None
+  std::string style;
+  double num_steps = 0, num_tokens = 0;
+  double get_lr() {
+    if (warmup_tokens < 0) {
+      if (warmup_steps > 0 && num_steps <= warmup_steps) {
+        if (num_steps == warmup_steps && decay_tokens >= 0) warmup_tokens = num_tokens;
+        return init_lr + (max_lr - init_lr) * num_steps / warmup_steps;
+      }
+    } else if (warmup_tokens > 0 && num_tokens <= warmup_tokens) {
+      return init_lr + (max_lr - init_lr) * num_tokens / warmup_tokens;
+    }
+    if (style == "constant") return max_lr;
+    if (decay_tokens < 0 ? num_steps > decay_steps : num_tokens > decay_tokens) return min_lr;
+    const double ratio = decay_tokens < 0 ? (num_steps - warmup_steps) / (decay_steps - warmup_steps)
+                                          : (num_tokens - (warmup_tokens < 0 ? 0 : warmup_tokens)) /
+                                                (decay_tokens - (warmup_tokens < 0 ? 0 : warmup_tokens));
+    const double coeff = style == "linear" ? 1.0 - ratio : 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
+    return min_lr + coeff * (max_lr - min_lr);
+  }
+};
+
+// Every iteration of a run: troupe's learning_rate(c, i) against the scheduler after i steps.
+void check_against_megatron(const TrainConfig& c, MegatronScheduler m, int64_t iterations) {
+  const double batch = c.global_batch_size, tokens = batch * c.model.seq_length;
+  for (int64_t i = 0; i <= iterations; ++i) {
+    INFO("iteration " << i);
+    const double want = m.get_lr();
+    CHECK(learning_rate(c, i) == want);  // the same operations in the same order: bitwise
+    m.num_steps += batch;
+    m.num_tokens += tokens;
+  }
+}
+
+TrainConfig megatron_base(const char* style, int batch) {
+  TrainConfig c;
+  c.lr = 6e-4;
+  c.min_lr = 6e-5;
+  c.lr_decay_style = style;
+  c.global_batch_size = batch;
+  c.micro_batch_size = 1;
+  c.model.seq_length = 37;
+  return c;
+}
+
+TEST_CASE("lr schedule: Megatron's, iteration-based, with --lr-warmup-fraction", "[lr_schedule]") {
+  for (const char* style : {"linear", "cosine", "constant"}) {
+    TrainConfig c = megatron_base(style, 12);
+    c.train_iters = 130;
+    c.lr_decay_iters = 97;
+    c.lr_warmup_fraction = 0.037;  // 3.589 iterations: a warm-up ending between steps
+    check_against_megatron(c, {c.lr, c.min_lr, 0.0, 0.037 * 97 * 12, 97.0 * 12, -1, -1, style}, 130);
+    c.lr_warmup_fraction = -1;
+    c.lr_warmup_iters = 7;
+    c.lr_warmup_init = 1e-5;
+    check_against_megatron(c, {c.lr, c.min_lr, 1e-5, 7.0 * 12, 97.0 * 12, -1, -1, style}, 130);
+  }
+}
+
+TEST_CASE("lr schedule: Megatron's, sample-based (--train-samples)", "[lr_schedule]") {
+  for (const char* style : {"linear", "cosine"}) {
+    TrainConfig c = megatron_base(style, 10);
+    c.train_samples = 1234;
+    c.train_iters = 1234 / 10;
+    c.lr_warmup_samples = 95;    // not a whole number of batches
+    c.lr_decay_samples = 1001;
+    check_against_megatron(c, {c.lr, c.min_lr, 0.0, 95, 1001, -1, -1, style}, 123);
+    c.lr_warmup_samples = 0;
+    c.lr_decay_samples = 0;  // -> train_samples
+    c.lr_warmup_fraction = 0.01;
+    check_against_megatron(c, {c.lr, c.min_lr, 0.0, 0.01 * 1234, 1234, -1, -1, style}, 123);
+  }
+}
+
+TEST_CASE("lr schedule: Megatron-DeepSpeed's token-based warm-up and decay", "[lr_schedule]") {
+  for (const char* style : {"linear", "cosine"}) {
+    TrainConfig c = megatron_base(style, 8);
+    c.train_iters = 200;
+    c.lr_warmup_tokens = 8 * 37 * 9 + 100;  // mid-iteration
+    c.lr_decay_tokens = 8 * 37 * 150 + 7;
+    check_against_megatron(c, {c.lr, c.min_lr, 0.0, 0, 200.0 * 8, double(c.lr_warmup_tokens),
+                               double(c.lr_decay_tokens), style},
+                           200);
+    // The 125M script's mix: a warm-up counted in iterations, the decay in tokens.
+    c.lr_warmup_tokens = -1;
+    c.lr_warmup_iters = 11;
+    check_against_megatron(c, {c.lr, c.min_lr, 0.0, 11.0 * 8, 200.0 * 8, -1, double(c.lr_decay_tokens), style}, 200);
+  }
+}
+
+TEST_CASE("lr schedule: --train-tokens stops the run where Megatron-DeepSpeed's loop does", "[lr_schedule]") {
+  TrainConfig c = megatron_base("linear", 6);
+  c.train_iters = 50;
+  for (int64_t budget : {1, 6 * 37 - 1, 6 * 37, 6 * 37 + 1, 6 * 37 * 20, 6 * 37 * 500}) {
+    c.train_tokens = budget;
+    int64_t iterations = 0, consumed = 0;  // while iteration < train_iters and consumed < train_tokens
+    while (iterations < c.train_iters && consumed < budget) {
+      consumed += 6 * 37;
+      ++iterations;
+    }
+    INFO("budget " << budget);
+    CHECK(c.iterations_to_run() == iterations);
+  }
+}
+
+}  // namespace
+}  // namespace troupe
