@@ -18,7 +18,8 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 3;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime"
+constexpr int kVersion = 4;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+                             // 4 data_path as an array and the per-split data paths
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -54,6 +55,14 @@ void visit_runtime_fields(Config& c, Visitor&& v) {
   v("offload_path", c.offload_path);
   v("max_restarts", c.max_restarts);
   v("distributed_timeout_minutes", c.distributed_timeout_minutes);
+}
+
+// Version 4: the per-split data paths (absent from older files: none).
+template <class Config, class Visitor>
+void visit_data_fields(Config& c, Visitor&& v) {
+  v("train_data_path", c.train_data_path);
+  v("valid_data_path", c.valid_data_path);
+  v("test_data_path", c.test_data_path);
 }
 
 template <class Config, class Visitor>
@@ -181,6 +190,20 @@ Status read_value(const json& value, const std::string& path, std::string* out) 
   *out = value.get<std::string>();
   return Status::ok();
 }
+// An array of strings; a string (data_path before version 4) is its one item ("" none).
+Status read_value(const json& value, const std::string& path, std::vector<std::string>* out) {
+  out->clear();
+  if (value.is_string()) {
+    if (!value.get_ref<const std::string&>().empty()) out->push_back(value.get<std::string>());
+    return Status::ok();
+  }
+  if (!value.is_array()) return type_error(path, "an array of strings", value);
+  for (const json& item : value) {
+    if (!item.is_string()) return type_error(path, "an array of strings", value);
+    out->push_back(item.get<std::string>());
+  }
+  return Status::ok();
+}
 
 // Reads every visited field of `object` (at `prefix`), then rejects keys nobody read: a key this
 // build does not know means the file came from another version or was mistyped.
@@ -239,6 +262,7 @@ std::string TrainConfig::to_json() const {
   visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
   j["runtime"] = std::move(runtime_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
 
@@ -299,6 +323,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
 
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
+  if (version->get<int64_t>() >= 4) visit_data_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
   if (v >= 3)

@@ -141,7 +141,7 @@ TEST_CASE("train options: flags bind to the config, derived defaults follow", "[
   CHECK(c.eval_iters == 3);
   CHECK(c.log_interval == 5);
   CHECK(c.num_threads == 2);
-  CHECK(c.data_path == ws.prefix);
+  CHECK(c.data_path == std::vector<std::string>{ws.prefix});
 
   Parsed q = parse_ok(ws.args({"--seq-length", "128", "--max-position-embeddings", "1024",
                                "--micro-batch-size", "2", "--global-batch-size", "8"}));
