@@ -61,9 +61,15 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world) {
 
 Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
   if (cfg.mock_data) return make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed);
-  auto data = open_indexed_data(cfg.data_path, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
+  DataPaths paths{cfg.data_path, cfg.train_data_path, cfg.valid_data_path, cfg.test_data_path};
+  auto data = open_blended_data(paths, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
                                 cfg.model.vocab_size);
-  if (!data) return data.status().with_context("--data-path " + cfg.data_path + ": ").as_bad_input();
+  if (!data) {
+    // One dataset: its messages name the prefix, as before blends; a blend's name their flag.
+    const bool single = cfg.data_path.size() == 1 && cfg.data_path[0].find_first_of(" \t\n") == std::string::npos;
+    return (single ? data.status().with_context("--data-path " + cfg.data_path[0] + ": ") : data.status())
+        .as_bad_input();
+  }
   return data;
 }
 

@@ -15,6 +15,7 @@ namespace {
 struct PreprocessFlags {
   PreprocessOptions options;
   std::string dataset_impl = "mmap";
+  std::string lang = "english";
 };
 
 int run_preprocess_command(const PreprocessFlags& flags) {
@@ -38,8 +39,9 @@ int run_preprocess_command(const PreprocessFlags& flags) {
              summary->format, summary->records, double(summary->input_bytes) / 1e6,
              summary->seconds, flags.options.tokenizer_type);
   for (const PreprocessOutput& out : summary->outputs) {
-    fmt::print("  key '{}': {} documents, {} tokens ({}) -> {}.bin, {}.idx\n", out.key,
-               out.documents, out.tokens, index_dtype_name(out.dtype), out.prefix, out.prefix);
+    fmt::print("  key '{}': {} documents, {} {}, {} tokens ({}) -> {}.bin, {}.idx\n", out.key, out.documents,
+               out.sequences, flags.options.split_sentences ? "sentences" : "sequences", out.tokens,
+               index_dtype_name(out.dtype), out.prefix, out.prefix);
   }
   return kExitOk;
 }
@@ -76,6 +78,21 @@ void add_preprocess_command(CLI::App& app, int* exit_code) {
   cmd->add_option(
       "--text-separator", o.text_separator,
       "Text mode: a line equal to this ends a document (default: blank lines separate documents)");
+  cmd->add_flag("--split-sentences", o.split_sentences,
+                "One sequence per sentence (PREFIX_{key}_sentence): troupe's simple splitter, not NLTK punkt "
+                "(docs/DATA.md, \"Sentences\")");
+  cmd->add_flag("--keep-newlines", o.keep_newlines,
+                "With --split-sentences: the whitespace after a sentence (newlines included) stays in it");
+  cmd->add_option("--lang", flags->lang, "Accepted for Megatron scripts; the sentence splitter is the same for all")
+      ->capture_default_str();
+  cmd->add_option("--partitions", o.partitions,
+                  "Accepted for Megatron scripts: one pass over the input, the output the same for any N (Megatron's "
+                  "with --keep-sequential-samples)")
+      ->capture_default_str();
+  cmd->add_flag("--keep-sequential-samples")
+      ->description("Accepted for Megatron scripts: troupe always keeps the input's order");
+  cmd->add_option("--log-interval", o.log_interval,
+                  "A progress line on stderr every N documents (default: about every 2 s on long inputs)");
   cmd->callback([flags, exit_code] { *exit_code = run_preprocess_command(*flags); });
 }
 

@@ -22,6 +22,11 @@ std::string text(int64_t v) { return std::to_string(v); }
 std::string text(int v) { return std::to_string(v); }
 std::string text(uint64_t v) { return std::to_string(v); }
 std::string text(const std::string& v) { return v.empty() ? "(none)" : v; }
+std::string text(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& item : v) out += (out.empty() ? "" : " ") + item;
+  return text(out);
+}
 
 // Collects the differences of one comparison: a refusal names the flag, both values and the fix.
 struct Differences {
@@ -147,6 +152,9 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   d.may_change("global batch size", now.global_batch_size, saved.global_batch_size);
   d.may_change("--train-iters", now.train_iters, saved.train_iters);
   d.may_change("--data-path", now.data_path, saved.data_path);
+  d.may_change("--train-data-path", now.train_data_path, saved.train_data_path);
+  d.may_change("--valid-data-path", now.valid_data_path, saved.valid_data_path);
+  d.may_change("--test-data-path", now.test_data_path, saved.test_data_path);
   d.may_change("--split", now.split, saved.split);
   d.may_change("--seq-length", now.model.seq_length, saved.model.seq_length);
   d.may_change("--layernorm-epsilon", now.model.layernorm_epsilon, saved.model.layernorm_epsilon);

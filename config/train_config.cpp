@@ -19,7 +19,8 @@ using nlohmann::json;
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
 constexpr int kVersion = 4;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
-                              // 4 "schedule" (older files: an iteration-based schedule)
+                              // 4 "schedule" (older files: an iteration-based schedule), data_path as
+                              // an array and the per-split data paths
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -67,6 +68,14 @@ void visit_schedule_fields(Config& c, Visitor&& v) {
   v("train_tokens", c.train_tokens);
   v("lr_warmup_tokens", c.lr_warmup_tokens);
   v("lr_decay_tokens", c.lr_decay_tokens);
+}
+
+// Version 4: the per-split data paths (absent from older files: none).
+template <class Config, class Visitor>
+void visit_data_fields(Config& c, Visitor&& v) {
+  v("train_data_path", c.train_data_path);
+  v("valid_data_path", c.valid_data_path);
+  v("test_data_path", c.test_data_path);
 }
 
 template <class Config, class Visitor>
@@ -196,6 +205,20 @@ Status read_value(const json& value, const std::string& path, std::string* out) 
   *out = value.get<std::string>();
   return Status::ok();
 }
+// An array of strings; a string (data_path before version 4) is its one item ("" none).
+Status read_value(const json& value, const std::string& path, std::vector<std::string>* out) {
+  out->clear();
+  if (value.is_string()) {
+    if (!value.get_ref<const std::string&>().empty()) out->push_back(value.get<std::string>());
+    return Status::ok();
+  }
+  if (!value.is_array()) return type_error(path, "an array of strings", value);
+  for (const json& item : value) {
+    if (!item.is_string()) return type_error(path, "an array of strings", value);
+    out->push_back(item.get<std::string>());
+  }
+  return Status::ok();
+}
 
 // Reads every visited field of `object` (at `prefix`), then rejects keys nobody read: a key this
 // build does not know means the file came from another version or was mistyped.
@@ -257,6 +280,7 @@ std::string TrainConfig::to_json() const {
   visit_schedule_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
   j["schedule"] = std::move(schedule_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
 
@@ -328,6 +352,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
 
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
+  if (version->get<int64_t>() >= 4) visit_data_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
   if (v >= 4)

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/data_blend.hpp"
 #include "storage/gpt_dataset.hpp"
 
 namespace troupe {
@@ -406,27 +407,64 @@ class Validator {
     return Status::ok();
   }
 
+  // Megatron's rule (arguments.py): one data source, --mock-data, --data-path or the per-split
+  // paths; each a blend (storage/data_blend.hpp) whose datasets exist. Every problem at once.
+  Status data_paths(const TrainConfig& c) const {
+    const bool per_split =
+        blend_given(c.train_data_path) || blend_given(c.valid_data_path) || blend_given(c.test_data_path);
+    const bool data_path = blend_given(c.data_path);
+    const int sources = int{c.mock_data} + int{data_path} + int{per_split};
+    if (sources > 1)
+      return bad(c.mock_data ? "--mock-data" : "--data-path",
+                 std::string("and ") +
+                     (c.mock_data && data_path ? "--data-path" : "--train/valid/test-data-path") +
+                     " are both given (Megatron: a single data source)",
+                 "drop all but one: --mock-data (synthetic tokens), --data-path (datasets split by --split), or "
+                 "--train-data-path with --valid-data-path / --test-data-path (a blend per split)");
+    if (c.mock_data) return Status::ok();
+    if (sources == 0)
+      return bad("--data-path", "is required",
+                 "run `troupe preprocess` first and pass its output prefix (PREFIX of PREFIX.bin and PREFIX.idx), "
+                 "or a blend: --data-path 0.3 a_text_document 0.7 b_text_document");
+    std::vector<std::string> problems;
+    const std::pair<const char*, const std::vector<std::string>*> lists[] = {
+        {"--data-path", &c.data_path},
+        {"--train-data-path", &c.train_data_path},
+        {"--valid-data-path", &c.valid_data_path},
+        {"--test-data-path", &c.test_data_path}};
+    for (const auto& [flag, items] : lists) {
+      auto blend = parse_data_blend(*items, flag);
+      if (!blend) {
+        problems.push_back(blend.status().message());
+        continue;
+      }
+      std::error_code ec;
+      for (const std::string& prefix : blend->prefixes) {
+        std::string missing;
+        for (const char* ext : {".bin", ".idx"})
+          if (!fs::is_regular_file(prefix + ext, ec)) missing += std::string(missing.empty() ? "" : " and ") + prefix + ext;
+        if (!missing.empty())
+          problems.push_back(std::string(flag) + " " + prefix + ": " + missing + " not found -- run `troupe "
+                             "preprocess` first, and pass the prefix it wrote (without .bin/.idx)");
+      }
+    }
+    if (per_split && !blend_given(c.train_data_path))
+      problems.push_back("--valid-data-path / --test-data-path without --train-data-path -- give the training "
+                         "datasets with --train-data-path, or use --data-path with --split");
+    // The data loader's own parser (Megatron's rule), so both accept exactly the same strings;
+    // Megatron ignores --split with per-split paths.
+    if (data_path)
+      if (auto parsed = split_document_indices(1, c.split); !parsed) problems.push_back(parsed.status().message());
+    if (problems.empty()) return Status::ok();
+    std::string message = problems[0];
+    for (size_t i = 1; i < problems.size(); ++i) message += "\n  " + problems[i];
+    return Status::error(message);
+  }
+
   Status data(const TrainConfig& c) const {
-    if (c.mock_data) {
-      if (!c.data_path.empty())
-        return bad("--mock-data", "and --data-path " + c.data_path + " are both given",
-                   "drop one: --mock-data trains on synthetic tokens instead of a dataset");
-      return Status::ok();
-    }
-    if (c.data_path.empty())
-      return bad(
-          "--data-path", "is required",
-          "run `troupe preprocess` first and pass its output prefix (PREFIX of PREFIX.bin and "
-          "PREFIX.idx)");
+    TROUPE_RETURN_IF_ERROR(data_paths(c));
+    if (c.mock_data) return Status::ok();
     std::error_code ec;
-    for (const char* ext : {".bin", ".idx"}) {
-      if (!fs::is_regular_file(c.data_path + ext, ec))
-        return bad(
-            "--data-path", c.data_path + ": " + c.data_path + ext + " not found",
-            "run `troupe preprocess` first, and pass the prefix it wrote (without .bin/.idx)");
-    }
-    // The data loader's own parser (Megatron's rule), so both accept exactly the same strings.
-    if (auto parsed = split_document_indices(1, c.split); !parsed) return parsed.status();
     if (c.tokenizer_type == "GPT2BPETokenizer") {
       const std::pair<const char*, const std::string*> files[] = {{"--vocab-file", &c.vocab_file},
                                                                   {"--merge-file", &c.merge_file}};

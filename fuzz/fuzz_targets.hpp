@@ -34,7 +34,8 @@
   X(inspect_control)           \
   X(inspect_stages)            \
   X(dashboard_request)         \
-  X(inspect_merge)
+  X(inspect_merge)             \
+  X(data_blend)
 
 namespace troupe::fuzz {
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,9 +31,10 @@ bool is_blank(const std::string& line) {
   return line.find_first_not_of(" \t\r\f\v") == std::string::npos;
 }
 
-// One input record: one text per key (text mode: one text), and where it starts.
+// One input record: one text per key (text mode: one text), where it starts and its bytes.
 struct Record {
   int64_t line = 0;
+  int64_t bytes = 0;
   std::vector<std::string> texts;
 };
 
@@ -75,8 +77,10 @@ class RecordReader {
       if (jsonl_) {
         if (is_blank(line_)) continue;
         batch->emplace_back();
+        batch->back().bytes = static_cast<int64_t>(line_.size()) + (newline ? 1 : 0);
         TROUPE_RETURN_IF_ERROR(parse_json_line(&batch->back()));
       } else {
+        pending_.bytes += static_cast<int64_t>(line_.size()) + (newline ? 1 : 0);
         Record* done_record = add_text_line(newline);
         if (done_record) batch->push_back(std::move(*done_record));
       }
@@ -133,7 +137,10 @@ class RecordReader {
       separator = l == options_.text_separator;
     }
     if (separator) {
-      if (pending_.texts.empty()) return nullptr;  // several separators in a row
+      if (pending_.texts.empty()) {
+        pending_.bytes = 0;  // several separators in a row
+        return nullptr;
+      }
       finished_ = std::move(pending_);
       pending_ = Record{};
       return &finished_;
@@ -228,6 +235,11 @@ Status validate_flags(const PreprocessOptions& o) {
     }
   }
   if (o.workers < 1) return Status::bad_input("--workers must be at least 1 -- pass e.g. --workers 4");
+  if (o.partitions < 1)
+    return Status::bad_input("--partitions must be at least 1 -- pass e.g. --partitions 1 (the output is the same "
+                             "for any number)");
+  if (o.log_interval < 0)
+    return Status::bad_input("--log-interval must be at least 1 -- pass e.g. --log-interval 1000");
   if (o.text_separator.find('\n') != std::string::npos) {
     return Status::bad_input(
         "--text-separator must be one line -- pass the separator line's text, e.g. %");
@@ -237,8 +249,61 @@ Status validate_flags(const PreprocessOptions& o) {
 
 }  // namespace
 
-std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key) {
-  return output_prefix + "_" + key + "_document";
+std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key, bool split_sentences) {
+  return output_prefix + "_" + key + (split_sentences ? "_sentence" : "_document");
+}
+
+namespace {
+
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_closing(char c) { return c == '"' || c == '\'' || c == ')' || c == ']' || c == '}'; }
+
+// Whether the word ending at text[end - 1] == '.' is an initial or a common abbreviation.
+bool abbreviation_before(const std::string& text, size_t end) {
+  size_t begin = end - 1;  // the '.'
+  while (begin > 0 && !is_space(static_cast<unsigned char>(text[begin - 1])) && text[begin - 1] != '(' &&
+         text[begin - 1] != '"')
+    --begin;
+  std::string word = text.substr(begin, end - 1 - begin);  // without the final '.'
+  if (word.size() == 1 && std::isalpha(static_cast<unsigned char>(word[0]))) return true;  // "J. Smith"
+  for (char& c : word) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const char* const kAbbreviations[] = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc",
+                                               "e.g", "i.e", "inc", "ltd", "co", "no", "fig", "cf", "al", "approx"};
+  for (const char* a : kAbbreviations)
+    if (word == a) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> split_sentences(const std::string& text, bool keep_newlines) {
+  std::vector<std::string> out;
+  size_t start = 0, i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    const char c = text[i];
+    if (c != '.' && c != '!' && c != '?') {
+      ++i;
+      continue;
+    }
+    size_t end = i;  // one past the punctuation run and its closing quotes / brackets
+    while (end < n && (text[end] == '.' || text[end] == '!' || text[end] == '?')) ++end;
+    const bool single_period = end == i + 1 && c == '.';
+    while (end < n && is_closing(text[end])) ++end;
+    size_t next = end;
+    while (next < n && is_space(static_cast<unsigned char>(text[next]))) ++next;
+    const bool boundary = next > end && next < n && !std::islower(static_cast<unsigned char>(text[next])) &&
+                          !(single_period && abbreviation_before(text, i + 1));
+    if (!boundary) {
+      i = end;
+      continue;
+    }
+    out.push_back(text.substr(start, (keep_newlines ? next : end) - start));
+    start = next;
+    i = next;
+  }
+  if (start < n) out.push_back(text.substr(start));
+  return out;
 }
 
 Status validate_preprocess_options(const PreprocessOptions& o) {
@@ -270,7 +335,7 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
   for (const std::string& key : keys) {
     PreprocessOutput out;
     out.key = key;
-    out.prefix = preprocess_output_prefix(options.output_prefix, key);
+    out.prefix = preprocess_output_prefix(options.output_prefix, key, options.split_sentences);
     out.dtype = dtype;
     auto b = IndexedDatasetBuilder::create(out.prefix, dtype);
     if (!b) return b.status();
@@ -282,7 +347,8 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
   TROUPE_RETURN_IF_ERROR(reader.open());
   ThreadPool pool(options.workers);
   std::vector<Record> batch;
-  std::vector<std::vector<int32_t>> tokens;  // (records in batch * keys)
+  std::vector<std::vector<std::vector<int32_t>>> tokens;  // (records in batch * keys) sentences, non-empty
+  int64_t record_bytes = 0;
   auto last_report = start;
   PreprocessProgress report;
   report.input_bytes = summary.input_bytes;
@@ -296,27 +362,45 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
         [&](int64_t begin, int64_t end) {
           for (int64_t r = begin; r < end; ++r) {
             for (size_t k = 0; k < nk; ++k) {
-              std::vector<int32_t>& t = tokens[r * nk + k];
-              t = tokenizer.encode(batch[r].texts[k]);
-              if (options.append_eod && !t.empty()) t.push_back(tokenizer.eod());
+              // Megatron's Encoder.encode: sentences with no tokens are dropped; EOD ends the last.
+              auto& sentences = tokens[r * nk + k];
+              if (options.split_sentences) {
+                for (const std::string& sentence : split_sentences(batch[r].texts[k], options.keep_newlines)) {
+                  std::vector<int32_t> ids = tokenizer.encode(sentence);
+                  if (!ids.empty()) sentences.push_back(std::move(ids));
+                }
+              } else {
+                std::vector<int32_t> ids = tokenizer.encode(batch[r].texts[k]);
+                if (!ids.empty()) sentences.push_back(std::move(ids));
+              }
+              if (options.append_eod && !sentences.empty()) sentences.back().push_back(tokenizer.eod());
             }
           }
         },
         /*grain=*/16);
     for (size_t r = 0; r < batch.size(); ++r) {
       for (size_t k = 0; k < nk; ++k) {
-        const std::vector<int32_t>& t = tokens[r * nk + k];
-        if (t.empty()) continue;  // Megatron skips empty documents
-        TROUPE_RETURN_IF_ERROR(builders[k]->add_item(t));
+        // IndexedDatasetBuilder.add_document: a document without tokens is still a document.
+        for (const std::vector<int32_t>& t : tokens[r * nk + k]) {
+          TROUPE_RETURN_IF_ERROR(builders[k]->add_item(t));
+          summary.outputs[k].sequences += 1;
+          summary.outputs[k].tokens += static_cast<int64_t>(t.size());
+        }
         builders[k]->end_document();
         summary.outputs[k].documents += 1;
-        summary.outputs[k].tokens += static_cast<int64_t>(t.size());
+      }
+      summary.records += 1;
+      record_bytes += batch[r].bytes;
+      if (options.log_interval > 0 && summary.records % options.log_interval == 0) {
+        report.documents = summary.records;
+        report.bytes_read = record_bytes;
+        report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        progress ? progress(report) : print_progress(report);
       }
     }
-    summary.records += static_cast<int64_t>(batch.size());
 
     auto now = Clock::now();
-    if (now - last_report >= std::chrono::seconds(2) && !done) {
+    if (options.log_interval == 0 && now - last_report >= std::chrono::seconds(2) && !done) {
       last_report = now;
       report.documents = summary.records;
       report.bytes_read = reader.bytes_read();
@@ -325,12 +409,12 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
     }
   }
 
-  int64_t total_docs = 0;
-  for (const auto& out : summary.outputs) total_docs += out.documents;
-  if (total_docs == 0) {
-    return Status::bad_input("--input '" + options.input + "' holds no non-empty documents (" +
-                         summary.format +
-                         " format) -- check the file, --input-format and --json-keys");
+  int64_t total_tokens = 0;
+  for (const auto& out : summary.outputs) total_tokens += out.tokens;
+  if (total_tokens == 0) {
+    return Status::bad_input("--input '" + options.input + "' holds no tokens (" + std::to_string(summary.records) +
+                             " records, every document empty; " + summary.format +
+                             " format) -- check the file, --input-format and --json-keys");
   }
   // All datasets complete under temporary names before any is renamed into place.
   for (auto& b : builders) TROUPE_RETURN_IF_ERROR(b->finish());

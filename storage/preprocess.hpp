@@ -8,9 +8,13 @@
 //          is its lines as they appear in the file, newlines included. Key "text":
 //          PREFIX_text_document.
 //   auto   jsonl when the first non-blank character of the file is '{', else text.
-// Each document is one sequence. Documents whose token list is empty are skipped (no sequence, no
-// doc_idx entry); with append_eod the tokenizer's EOD id ends every other document. The dtype is
-// uint16 when the vocabulary has fewer than 65500 ids, else int32 (Megatron's rule).
+// Each document is one sequence, or with split_sentences one sequence per sentence
+// (split_sentences below; the outputs are then PREFIX_{key}_sentence, Megatron's name). As in
+// Megatron's tools/preprocess_data.py (Encoder.encode, IndexedDatasetBuilder.add_document), a
+// sentence that tokenises to nothing is no sequence, and a document with no tokens is kept as a
+// document of no sequences (its doc_idx entry repeats the one before); with append_eod the
+// tokenizer's EOD id ends every document that has tokens (its last sentence). The dtype is uint16
+// when the vocabulary has fewer than 65500 ids, else int32 (Megatron's rule).
 //
 // Failure: bad options, a missing input, malformed JSON on line N, a missing or non-string key on
 // line N: an error naming the file / line / key and the fix, and nothing is written (outputs go to
@@ -38,7 +42,21 @@ struct PreprocessOptions {
   std::string input_format = "auto";  // "auto" | "jsonl" | "text"
   std::string text_separator;         // text mode: "" = blank lines separate documents
   int workers = 1;                    // tokenizer threads
+  bool split_sentences = false;       // one sequence per sentence (split_sentences below)
+  bool keep_newlines = false;         // with split_sentences: whitespace after a sentence stays in it
+  int partitions = 1;                 // Megatron's --partitions: accepted; the output is the same
+  int64_t log_interval = 0;           // a progress line every N records (0: about every 2 s)
 };
+
+// The sentences of `text`, a documented stand-in for NLTK's punkt (which Megatron uses and is not
+// available here; docs/DATA.md, "Sentences"): a sentence ends after a run of '.', '!' or '?'
+// (and any closing quotes or brackets after it) that is followed by whitespace and then by
+// something other than a lowercase ASCII letter, unless the word ending in '.' is a single letter
+// (an initial) or one of a few abbreviations (Mr., Dr., e.g., ...). The whitespace between two
+// sentences is dropped, or with keep_newlines stays at the end of the sentence before it (as
+// Megatron's CustomLanguageVars keeps it). The whitespace at the start and end of the text stays with
+// the first and last sentence. Concatenating the sentences with keep_newlines gives back `text`.
+std::vector<std::string> split_sentences(const std::string& text, bool keep_newlines);
 
 struct PreprocessProgress {
   int64_t documents = 0;  // input records (JSON lines / text documents) read so far
@@ -46,13 +64,14 @@ struct PreprocessProgress {
   int64_t input_bytes = 0;  // size of the input file
   double seconds = 0;
 };
-// Called about every 2 s while preprocessing runs.
+// Called about every 2 s while preprocessing runs (every log_interval records when that is set).
 using PreprocessProgressFn = std::function<void(const PreprocessProgress&)>;
 
 struct PreprocessOutput {
   std::string key;
-  std::string prefix;  // PREFIX_{key}_document; the files are prefix + ".bin" / ".idx"
-  int64_t documents = 0;
+  std::string prefix;  // PREFIX_{key}_document (or _sentence); the files are prefix + ".bin" / ".idx"
+  int64_t documents = 0;  // empty ones included
+  int64_t sequences = 0;
   int64_t tokens = 0;
   IndexDType dtype = IndexDType::u16;
 };
@@ -65,8 +84,9 @@ struct PreprocessSummary {
   std::vector<PreprocessOutput> outputs;  // one per key, in --json-keys order
 };
 
-// "PREFIX_{key}_document", Megatron's output name.
-std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key);
+// "PREFIX_{key}_document" ("_sentence" with split_sentences), Megatron's output name.
+std::string preprocess_output_prefix(const std::string& output_prefix, const std::string& key,
+                                     bool split_sentences = false);
 
 // Checks the options without reading the input: flags, tokenizer files, input present, output
 // directory present. Errors here are usage errors.

@@ -119,8 +119,23 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(optim, "--seed", cfg->seed, "Random seed of the initialisation and the data order");
 
   const char* data = "Data";
-  opt(data, "--data-path", cfg->data_path,
-      "Prefix of the PREFIX.bin/PREFIX.idx written by troupe preprocess");
+  // Megatron's nargs='*' lists (docs/DATA.md, "Blends"): each occurrence replaces the last.
+  const auto blend_option = [&](const char* name, std::vector<std::string>* target, const char* help) {
+    cmd->add_option_function<std::vector<std::string>>(
+           name, [target](const std::vector<std::string>& items) { *target = items; }, help)
+        ->expected(1, CLI::detail::expected_max_vector_size)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->trigger_on_parse()
+        ->group(data);
+  };
+  blend_option("--data-path", &cfg->data_path,
+               "PREFIX of the PREFIX.bin/PREFIX.idx written by troupe preprocess, or a blend: several prefixes "
+               "(weighed by size) or WEIGHT PREFIX pairs (e.g. 0.3 a_text_document 0.7 b_text_document), also as "
+               "one quoted string; each dataset split by --split");
+  blend_option("--train-data-path", &cfg->train_data_path,
+               "Training datasets (a prefix or a blend, as --data-path), instead of --data-path; --split is unused");
+  blend_option("--valid-data-path", &cfg->valid_data_path, "Validation datasets (with --train-data-path)");
+  blend_option("--test-data-path", &cfg->test_data_path, "Test datasets (with --train-data-path)");
   opt(data, "--split", cfg->split, "Train,validation,test weights over the documents");
   opt(data, "--tokenizer-type", cfg->tokenizer_type, "GPT2BPETokenizer or ByteLevelTokenizer");
   opt(data, "--vocab-file", cfg->vocab_file, "GPT-2 vocab.json (GPT2BPETokenizer)");

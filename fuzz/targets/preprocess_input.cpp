@@ -1,9 +1,10 @@
 // `troupe preprocess` on an arbitrary input file (run_preprocess): JSONL records or plain text,
 // tokenised and written as MMIDIDX datasets. The first byte picks the options (bits 0-1: input
 // format auto / jsonl / text / auto, bit 2: --text-separator %, bit 3: --append-eod, bit 4: GPT-2
-// BPE (fuzz/data/gpt2_tiny) instead of bytes, bit 5: --json-keys text title, bit 6: 2 workers); the
-// rest is the input. Property: every dataset it writes opens and holds the documents and tokens the
-// summary reports.
+// BPE (fuzz/data/gpt2_tiny) instead of bytes, bit 5: --json-keys text title, bit 6: 2 workers, bit 7:
+// --split-sentences, with --keep-newlines when the input's length is even); the rest is the input.
+// Property: every dataset it writes opens and holds the documents, sequences and tokens the summary
+// reports (empty documents included).
 #include <filesystem>
 
 #include "fuzz/fuzz_targets.hpp"
@@ -34,13 +35,16 @@ Status preprocess_input(const uint8_t* data, size_t size) {
   }
   if (flags & 32) o.json_keys = {"text", "title"};
   o.workers = (flags & 64) ? 2 : 1;
+  o.split_sentences = (flags & 128) != 0;
+  o.keep_newlines = size % 2 == 0;
 
   auto summary = run_preprocess(o, [](const PreprocessProgress&) {});
   if (!summary) return summary.status();
   for (const PreprocessOutput& out : summary->outputs) {
     auto ds = IndexedDataset::open(out.prefix);
     TROUPE_CHECK(ds.is_ok(), "troupe preprocess wrote a dataset its reader refuses");
-    TROUPE_CHECK((*ds)->num_documents() == out.documents && (*ds)->total_tokens() == out.tokens,
+    TROUPE_CHECK((*ds)->num_documents() == out.documents && (*ds)->num_sequences() == out.sequences &&
+                     (*ds)->total_tokens() == out.tokens,
                  "the written dataset differs from the summary");
     std::error_code ec;
     std::filesystem::remove(bin_path(out.prefix), ec);

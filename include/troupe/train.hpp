@@ -78,8 +78,9 @@ struct RunOptions {
   std::function<void(const std::string& message)> on_stuck;
 };
 
-// The data a config names: synthetic tokens (mock_data) or the indexed dataset at data_path with
-// its train/validation/test split (shuffled with seed unless no_shuffle). config.model.vocab_size
+// The data a config names: synthetic tokens (mock_data), the indexed dataset (or blend) at data_path
+// with its train/validation/test split, or the per-split blends (open_blended_data; training
+// shuffled with seed unless no_shuffle). config.model.vocab_size
 // must be set (train() sets it from the tokenizer).
 Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& config);
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "troupe/status.hpp"
 #include "troupe/model_config.hpp"
@@ -104,8 +105,11 @@ struct TrainConfig {
   int64_t iterations_to_run() const;
   uint64_t seed = 1234;
 
-  // Data.
-  std::string data_path;  // prefix of the .bin/.idx pair
+  // Data (docs/DATA.md, "Blends"). data_path: Megatron's --data-path items, one prefix of a
+  // .bin/.idx pair, several prefixes (weighed by size) or WEIGHT PREFIX pairs, split by `split`.
+  // Or, instead of it, one blend per split (Megatron's --train-data-path, ...; `split` unused).
+  std::vector<std::string> data_path;
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | ByteLevelTokenizer
   std::string vocab_file;
   std::string merge_file;
@@ -148,10 +152,11 @@ struct TrainConfig {
            offload_optimizer != "none";
   }
 
-  // {"format": "troupe.train_config", "version": 3, "model": {GptConfig's fields}, "parallel": {the
+  // {"format": "troupe.train_config", "version": 4, "model": {GptConfig's fields}, "parallel": {the
   // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts,
-  // distributed_timeout_minutes}, every other field above}, indented. Versions 1 (no "parallel")
-  // and 2 (no "runtime") still load. from_json requires every key and rejects unknown ones; errors
+  // distributed_timeout_minutes}, every other field above}, indented; the data paths are arrays of
+  // strings. Versions 1 (no "parallel"), 2 (no "runtime") and 3 (data_path a string, no per-split
+  // paths) still load. from_json requires every key and rejects unknown ones; errors
   // name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);

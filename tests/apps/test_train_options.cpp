@@ -141,7 +141,7 @@ TEST_CASE("train options: flags bind to the config, derived defaults follow", "[
   CHECK(c.eval_iters == 3);
   CHECK(c.log_interval == 5);
   CHECK(c.num_threads == 2);
-  CHECK(c.data_path == ws.prefix);
+  CHECK(c.data_path == std::vector<std::string>{ws.prefix});
 
   Parsed q = parse_ok(ws.args({"--seq-length", "128", "--max-position-embeddings", "1024",
                                "--micro-batch-size", "2", "--global-batch-size", "8"}));
@@ -1006,4 +1006,29 @@ TEST_CASE("train options: DeepSpeed zero_optimization", "[train_options][deepspe
 }
 
 }  // namespace
+TEST_CASE("train options: data blends as Megatron's nargs='*' lists", "[train_options]") {
+  Workspace ws;
+  const std::string other = ws.dir.str("other_text_document");
+  write_file(other + ".bin", "x");
+  write_file(other + ".idx", "x");
+  // A later --data-path replaces the earlier list whole (argparse), here the one args() passes.
+  Parsed p = parse_ok(ws.args({"--data-path", "0.3", ws.prefix, "0.7", other, "--seed", "5"}));
+  CHECK(p.cfg.data_path == std::vector<std::string>{"0.3", ws.prefix, "0.7", other});
+  CHECK(p.cfg.seed == 5);  // the list ends at the next flag
+  p = parse_ok(ws.args({"--data-path", "0.3 " + ws.prefix + " 0.7 " + other}));
+  CHECK(p.cfg.data_path.size() == 1);
+  // Per-split paths instead of --data-path.
+  p = parse_ok(ws.args({"--data-path", "", "--train-data-path", ws.prefix, other, "--valid-data-path", other}));
+  CHECK(p.cfg.train_data_path == std::vector<std::string>{ws.prefix, other});
+  CHECK(p.cfg.valid_data_path == std::vector<std::string>{other});
+  CHECK(p.cfg.test_data_path.empty());
+  // Refused, every problem at once.
+  const std::string m = parse_error(ws.args({"--data-path", "0.5", ws.prefix, "0.5", ws.dir.str("gone"), "--split", "1,x"}));
+  CHECK_THAT(m, Contains(ws.dir.str("gone") + ".bin and ") && Contains("--split '1,x'"));
+  CHECK_THAT(parse_error(ws.args({"--train-data-path", ws.prefix})), Contains("a single data source"));
+  CHECK_THAT(parse_error(ws.args({"--data-path", "", "--test-data-path", ws.prefix})),
+             Contains("without --train-data-path"));
+  CHECK_THAT(parse_error(ws.args({"--data-path", "0", ws.prefix, "0", other})), Contains("all 0"));
+}
+
 }  // namespace troupe

@@ -29,7 +29,7 @@ TrainConfig base_config() {
   c.lr_warmup_iters = 3;
   c.train_iters = 40;
   c.seed = 7;
-  c.data_path = "a_text_document";
+  c.data_path = {"a_text_document"};
   return c;
 }
 
@@ -172,7 +172,7 @@ TEST_CASE("allowed changes on resume are listed, not refused", "[actors][run]") 
   now.tensor_model_parallel_size = 2;
   now.zero_stage = 1;
   now.global_batch_size = 16;
-  now.data_path = "b_text_document";
+  now.data_path = {"0.5", "a_text_document", "0.5", "b_text_document"};
   now.weight_decay = 0.2;
   const ResumeCheck r = check_resume(now, saved);
   REQUIRE(r.refused.empty());

@@ -10,6 +10,12 @@ namespace {
 
 using nlohmann::json;
 
+// A file as versions before 4 wrote it: no per-split data paths, no "schedule".
+json without_data_paths(json j) {
+  for (const char* key : {"train_data_path", "valid_data_path", "test_data_path", "schedule"}) j.erase(key);
+  return j;
+}
+
 // Every field differs from its default, so a field dropped on either side fails the round trip.
 TrainConfig all_fields_set() {
   TrainConfig c;
@@ -50,8 +56,17 @@ TrainConfig all_fields_set() {
   c.adam_eps = 1e-6;
   c.clip_grad = 0.7;
   c.train_iters = 1234;
+  c.train_samples = 98765;  // (validation rejects it beside --lr-decay-iters; the JSON keeps both)
+  c.lr_warmup_samples = 31;
+  c.lr_decay_samples = 5000;
+  c.lr_warmup_fraction = 0.125;
+  c.train_tokens = 123456789;
+  c.lr_warmup_tokens = 0;
+  c.lr_decay_tokens = 7777777;
   c.seed = 18446744073709551557ull;  // above INT64_MAX: the unsigned path
-  c.data_path = "/data/web_text_document";
+  c.data_path = {"0.3", "/data/web_text_document", "0.7", "/data/my books_text_document"};
+  c.valid_data_path = {"/data/valid_text_document"};  // (validation rejects both; the JSON keeps both)
+  c.test_data_path = {"1", "/data/t1", "2", "/data/t2"};
   c.tokenizer_type = "ByteLevelTokenizer";
   c.vocab_file = "/v/vocab.json";
   c.merge_file = "/v/merges.txt";
@@ -103,8 +118,18 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.adam_eps == b.adam_eps);
   CHECK(a.clip_grad == b.clip_grad);
   CHECK(a.train_iters == b.train_iters);
+  CHECK(a.train_samples == b.train_samples);
+  CHECK(a.lr_warmup_samples == b.lr_warmup_samples);
+  CHECK(a.lr_decay_samples == b.lr_decay_samples);
+  CHECK(a.lr_warmup_fraction == b.lr_warmup_fraction);
+  CHECK(a.train_tokens == b.train_tokens);
+  CHECK(a.lr_warmup_tokens == b.lr_warmup_tokens);
+  CHECK(a.lr_decay_tokens == b.lr_decay_tokens);
   CHECK(a.seed == b.seed);
   CHECK(a.data_path == b.data_path);
+  CHECK(a.train_data_path == b.train_data_path);
+  CHECK(a.valid_data_path == b.valid_data_path);
+  CHECK(a.test_data_path == b.test_data_path);
   CHECK(a.tokenizer_type == b.tokenizer_type);
   CHECK(a.vocab_file == b.vocab_file);
   CHECK(a.merge_file == b.merge_file);
@@ -160,7 +185,7 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.size() == 9);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 3);
+  CHECK(j.at("version") == 4);
 }
 
 TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)", "[train_config]") {
@@ -177,7 +202,7 @@ TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)"
   CHECK(back.value().offload_path == "/nvme/swap");
   CHECK(back.value().max_restarts == 3);
   // A version 2 file has no "runtime": no offload, no restarts.
-  json v2 = j;
+  json v2 = without_data_paths(j);
   v2.erase("runtime");
   v2["version"] = 2;
   auto old = TrainConfig::from_json(v2.dump());
@@ -188,7 +213,7 @@ TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)"
   CHECK(old.value().max_restarts == 0);
   CHECK(old.value().distributed_timeout_minutes == 10);
   CHECK(old.value().tensor_model_parallel_size == 3);
-  json v2_with = j;
+  json v2_with = without_data_paths(j);
   v2_with["version"] = 2;
   auto bad = TrainConfig::from_json(v2_with.dump());
   REQUIRE_FALSE(bad.is_ok());
@@ -222,8 +247,28 @@ TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]")
   CHECK(d.at("sequence_parallel") == false);
 }
 
+TEST_CASE("train config: a version 3 file (data_path a string, no per-split paths) loads", "[train_config]") {
+  json j = without_data_paths(json::parse(all_fields_set().to_json()));
+  j["version"] = 3;
+  j["data_path"] = "/data/web_text_document";
+  auto r = TrainConfig::from_json(j.dump());
+  INFO(r.status().message());
+  REQUIRE(r.is_ok());
+  CHECK(r.value().data_path == std::vector<std::string>{"/data/web_text_document"});
+  CHECK(r.value().train_data_path.empty());
+  j["data_path"] = "";
+  r = TrainConfig::from_json(j.dump());
+  REQUIRE(r.is_ok());
+  CHECK(r.value().data_path.empty());
+  // Version 3 never had the per-split paths: one there is unknown.
+  j["valid_data_path"] = json::array({"v"});
+  r = TrainConfig::from_json(j.dump());
+  REQUIRE_FALSE(r.is_ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("unknown key \"valid_data_path\""));
+}
+
 TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard", "[train_config]") {
-  json j = json::parse(all_fields_set().to_json());
+  json j = without_data_paths(json::parse(all_fields_set().to_json()));
   j.erase("parallel");
   j.erase("runtime");
   j["version"] = 1;
@@ -247,11 +292,11 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.model.num_layers == 7);
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
-  // Written again, it is version 3.
-  CHECK(json::parse(c.to_json()).at("version") == 3);
+  // Written again, it is version 4.
+  CHECK(json::parse(c.to_json()).at("version") == 4);
 
   // Version 1 never had "parallel": one there is unknown.
-  json with_parallel = json::parse(all_fields_set().to_json());
+  json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
   with_parallel.erase("runtime");
   with_parallel["version"] = 1;
   auto bad = TrainConfig::from_json(with_parallel.dump());
@@ -306,10 +351,14 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 4; }),
-             Catch::Contains("\"version\" must be 1 to 3") && Catch::Contains("got 4"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 5; }),
+             Catch::Contains("\"version\" must be 1 to 4") && Catch::Contains("got 5"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 3"));
+             Catch::Contains("\"version\" must be 1 to 4"));
+  CHECK_THAT(error_after([](json& j) { j["data_path"] = json::array({"a", 3}); }),
+             Catch::Contains("\"data_path\" must be an array of strings"));
+  CHECK_THAT(error_after([](json& j) { j.erase("valid_data_path"); }),
+             Catch::Contains("missing key \"valid_data_path\""));
   CHECK_THAT(error_after([](json& j) { j["runtime"]["max_restarts"] = "two"; }),
              Catch::Contains("\"runtime.max_restarts\" must be an integer"));
   CHECK_THAT(error_after([](json& j) { j.erase("runtime"); }), Catch::Contains("missing key \"runtime\""));

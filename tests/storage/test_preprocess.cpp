@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "storage/indexed_dataset.hpp"
 #include "storage/preprocess.hpp"
@@ -73,7 +74,9 @@ std::string python_with_numpy() {
 
 }  // namespace
 
-TEST_CASE("preprocess: JSONL, several keys, --append-eod, empty documents skipped",
+// Megatron keeps a document that tokenises to nothing as a document of no sequences (even with
+// --append-eod, which ends only documents that have tokens), so that the .idx is Megatron's.
+TEST_CASE("preprocess: JSONL, several keys, --append-eod, empty documents kept as Megatron keeps them",
           "[preprocess]") {
   troupe::test::TempDir dir;
   write_file(dir.str("in.jsonl"),
@@ -90,12 +93,18 @@ TEST_CASE("preprocess: JSONL, several keys, --append-eod, empty documents skippe
   CHECK(s->records == 3);
   REQUIRE(s->outputs.size() == 2);
   CHECK(s->outputs[0].prefix == dir.str("out_text_document"));
-  CHECK(s->outputs[0].documents == 2);
+  CHECK(s->outputs[0].documents == 3);
+  CHECK(s->outputs[0].sequences == 2);
   CHECK(s->outputs[0].tokens == 6 + 8);
   CHECK(s->outputs[1].documents == 3);
   CHECK(s->outputs[0].dtype == troupe::IndexDType::u16);
   CHECK(documents(dir.str("out_text_document")) ==
-        Docs{bytes_of("hello", true), bytes_of("w\xC3\xB6rld\n", true)});
+        Docs{bytes_of("hello", true), {}, bytes_of("w\xC3\xB6rld\n", true)});
+  {
+    auto ds = troupe::IndexedDataset::open(dir.str("out_text_document"));
+    REQUIRE(ds.is_ok());
+    CHECK((*ds)->doc_indices() == std::vector<int64_t>{0, 1, 1, 2});
+  }
   CHECK(documents(dir.str("out_title_document")) ==
         Docs{bytes_of("A", true), bytes_of("B", true), bytes_of("C", true)});
 
@@ -103,7 +112,7 @@ TEST_CASE("preprocess: JSONL, several keys, --append-eod, empty documents skippe
   o.json_keys = {"text"};
   REQUIRE(run(o).is_ok());
   CHECK(documents(dir.str("out_text_document")) ==
-        Docs{bytes_of("hello", false), bytes_of("w\xC3\xB6rld\n", false)});
+        Docs{bytes_of("hello", false), {}, bytes_of("w\xC3\xB6rld\n", false)});
 }
 
 TEST_CASE("preprocess: text input, blank lines or a separator line end documents", "[preprocess]") {
@@ -168,7 +177,7 @@ TEST_CASE("preprocess: bad input names the line and writes nothing", "[preproces
                {"line 3", "'text'", "body", "--json-keys"});
   expect_error("{\"text\": 5}\n", {"line 1", "'text'", "string"});
   expect_error("[1, 2]\n", {"line 1", "object"});
-  expect_error("{\"text\": \"\"}\n", {"no non-empty documents"});
+  expect_error("{\"text\": \"\"}\n{\"text\": \"\"}\n", {"holds no tokens", "2 records"});
   // A number a double cannot hold is named with its key (it used to read as "not valid JSON").
   expect_error("{\"text\": \"a\"}\n{\"text\": \"b\", \"meta\": {\"score\": 1e400}}\n",
                {"line 2", "key \"meta.score\"", "1e400"});
@@ -268,8 +277,7 @@ TEST_CASE("preprocess: output is readable by an independent Megatron-format read
     nlohmann::json docs = nlohmann::json::array();
     for (const auto& t : texts) {
       std::vector<int32_t> ids = (*tok)->encode(t);
-      if (ids.empty()) continue;
-      ids.push_back((*tok)->eod());
+      if (!ids.empty()) ids.push_back((*tok)->eod());  // an empty document stays, without EOD
       docs.push_back(ids);
     }
     write_file(dir.str(type + ".expected.json"),
@@ -280,4 +288,115 @@ TEST_CASE("preprocess: output is readable by an independent Megatron-format read
         dir.str(type + "_text_document") + "' '" + dir.str(type + ".expected.json") + "'";
     CHECK(std::system(cmd.c_str()) == 0);
   }
+}
+
+TEST_CASE("preprocess: .bin and .idx equal, byte for byte, an independent writer of Megatron's format",
+          "[preprocess]") {
+  const std::string py = python_with_numpy();
+  if (py.empty()) TROUPE_SKIP("python3 with numpy is absent");
+  troupe::test::TempDir dir;
+  // Empty documents first, in the middle, in a row and last; odd sizes; non-ASCII.
+  std::mt19937 rng(5);
+  std::vector<std::string> texts = {"", "x", "", "", "caf\xC3\xA9 \xE6\x97\xA5", ""};
+  for (int i = 0; i < 37; ++i) {
+    std::string t(rng() % 3 == 0 ? 0 : 1 + rng() % 60, ' ');
+    for (char& c : t) c = static_cast<char>('a' + rng() % 26);
+    texts.insert(texts.begin() + static_cast<std::ptrdiff_t>(rng() % texts.size()), t);
+  }
+  texts.push_back("");
+  std::string jsonl;
+  for (const auto& t : texts) jsonl += nlohmann::json({{"body", t}, {"id", 1}}).dump() + "\n";
+  write_file(dir.str("in.jsonl"), jsonl);
+  for (bool eod : {true, false}) {
+    INFO("append_eod " << eod);
+    PreprocessOptions o = byte_options(dir, "in.jsonl");
+    o.json_keys = {"body"};
+    o.append_eod = eod;
+    o.workers = 3;
+    REQUIRE(run(o).is_ok());
+    const std::string cmd = py + " '" + troupe::test::source_dir() + "/tests/storage/megatron_idx_writer.py' '" +
+                            dir.str("in.jsonl") + "' body " + (eod ? "eod" : "noeod") + " '" + dir.str("megatron") + "'";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    const std::string idx = read_file(dir.str("out_body_document.idx"));
+    CHECK(idx.size() == read_file(dir.str("megatron.idx")).size());
+    CHECK(idx == read_file(dir.str("megatron.idx")));
+    CHECK(read_file(dir.str("out_body_document.bin")) == read_file(dir.str("megatron.bin")));
+  }
+}
+
+TEST_CASE("preprocess: sentence splitting", "[preprocess]") {
+  using troupe::split_sentences;
+  using V = std::vector<std::string>;
+  CHECK(split_sentences("One. Two!  Three?\nfour", false) == V{"One.", "Two!", "Three?\nfour"});
+  CHECK(split_sentences("One. Two!  Three? Four", true) == V{"One. ", "Two!  ", "Three? ", "Four"});
+  // Not boundaries: a lowercase continuation, an initial, an abbreviation, no space after.
+  CHECK(split_sentences("See e.g. this. J. Smith met Dr. Who at 3.5 p.m. today.", false) ==
+        V{"See e.g. this.", "J. Smith met Dr. Who at 3.5 p.m. today."});
+  // Closing quotes and brackets stay with their sentence; runs of punctuation end once.
+  CHECK(split_sentences("He said \"stop.\" Then (it ended!) Really?! Yes...", false) ==
+        V{"He said \"stop.\"", "Then (it ended!)", "Really?!", "Yes..."});
+  CHECK(split_sentences("", false).empty());
+  CHECK(split_sentences("  lead. Tail  ", false) == V{"  lead.", "Tail  "});
+  // With keep_newlines the sentences give back the text, for any text.
+  std::mt19937 rng(11);
+  const std::string alphabet = "ab. !?\n\"A)e";
+  for (int i = 0; i < 300; ++i) {
+    std::string t(rng() % 40, ' ');
+    for (char& c : t) c = alphabet[rng() % alphabet.size()];
+    std::string joined;
+    for (const auto& s : split_sentences(t, true)) joined += s;
+    CHECK(joined == t);
+    for (const auto& s : split_sentences(t, false)) CHECK(!s.empty());
+  }
+}
+
+TEST_CASE("preprocess: --split-sentences writes one sequence per sentence (PREFIX_{key}_sentence)",
+          "[preprocess]") {
+  troupe::test::TempDir dir;
+  write_file(dir.str("in.jsonl"),
+             "{\"text\": \"First one. Second one!\\nThird.\"}\n{\"text\": \"\"}\n{\"text\": \"Solo\"}\n");
+  PreprocessOptions o = byte_options(dir, "in.jsonl");
+  o.split_sentences = true;
+  o.append_eod = true;
+  auto s = run(o);
+  REQUIRE(s.is_ok());
+  CHECK(s->outputs[0].prefix == dir.str("out_text_sentence"));
+  CHECK(s->outputs[0].documents == 3);
+  CHECK(s->outputs[0].sequences == 4);
+  auto ds = troupe::IndexedDataset::open(dir.str("out_text_sentence"));
+  REQUIRE(ds.is_ok());
+  CHECK((*ds)->doc_indices() == std::vector<int64_t>{0, 3, 3, 4});
+  // EOD ends the last sentence of each document with tokens.
+  CHECK((*ds)->sizes() == std::vector<int32_t>{10, 11, 6 + 1, 4 + 1});
+  CHECK(documents(dir.str("out_text_sentence")) ==
+        Docs{[] {
+               auto v = bytes_of("First one.Second one!Third.", true);
+               return v;
+             }(),
+             {},
+             bytes_of("Solo", true)});
+  // --keep-newlines keeps the whitespace after each sentence.
+  o.keep_newlines = true;
+  REQUIRE(run(o).is_ok());
+  CHECK(documents(dir.str("out_text_sentence"))[0] == bytes_of("First one. Second one!\nThird.", true));
+}
+
+TEST_CASE("preprocess: --partitions does not change the output; --log-interval reports every N records",
+          "[preprocess]") {
+  troupe::test::TempDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 25; ++i) jsonl += "{\"text\": \"doc " + std::to_string(i) + "\"}\n";
+  write_file(dir.str("in.jsonl"), jsonl);
+  PreprocessOptions o = byte_options(dir, "in.jsonl");
+  REQUIRE(run(o).is_ok());
+  const std::string idx = read_file(dir.str("out_text_document.idx"));
+  o.partitions = 4;
+  o.log_interval = 7;
+  std::vector<int64_t> reported;
+  auto s = troupe::run_preprocess(o, [&](const troupe::PreprocessProgress& p) { reported.push_back(p.documents); });
+  REQUIRE(s.is_ok());
+  CHECK(read_file(dir.str("out_text_document.idx")) == idx);
+  CHECK(reported == std::vector<int64_t>{7, 14, 21});
+  o.partitions = 0;
+  CHECK_FALSE(run(o).is_ok());
 }
