@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
+#include <stdexcept>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -231,6 +233,27 @@ std::string status_json(const std::vector<Activity>& ranks, int64_t iteration) {
   return j.dump(1) + "\n";
 }
 
+namespace {
+
+// An integer field of another process's document: a JSON integer within T's range. A float or a
+// larger number is a malformed document (nlohmann's get<int> would convert it with undefined
+// behaviour).
+template <class T>
+T integer_field(const nlohmann::json& v) {
+  if (!v.is_number_integer()) throw std::domain_error("not an integer");
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw std::domain_error("out of range");
+    return static_cast<T>(u);
+  }
+  const int64_t x = v.get<int64_t>();
+  if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) || x > static_cast<int64_t>(std::numeric_limits<T>::max()))
+    throw std::domain_error("out of range");
+  return static_cast<T>(x);
+}
+
+}  // namespace
+
 Result<std::vector<Activity>> activities_from_status_json(const std::string& text) {
   const auto j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("ranks") || !j["ranks"].is_array())
@@ -239,28 +262,29 @@ Result<std::vector<Activity>> activities_from_status_json(const std::string& tex
   try {
     for (const auto& r : j["ranks"]) {
       Activity a;
-      a.rank = r.at("rank").get<int>();
-      a.stage = r.at("pp").get<int>();
-      a.tp = r.at("tp").get<int>();
-      a.dp = r.at("dp").get<int>();
-      a.step = r.at("step").get<int64_t>();
+      a.rank = integer_field<int>(r.at("rank"));
+      a.stage = integer_field<int>(r.at("pp"));
+      a.tp = integer_field<int>(r.at("tp"));
+      a.dp = integer_field<int>(r.at("dp"));
+      a.step = integer_field<int64_t>(r.at("step"));
       const std::string doing = r.at("doing").get<std::string>();
       a.doing = Doing::idle;
       for (int d = 0; d <= static_cast<int>(Doing::evaluating); ++d)
         if (doing == doing_name(static_cast<Doing>(d))) a.doing = static_cast<Doing>(d);
-      a.micro = r.at("micro_batch").get<int>();
-      a.chunk = r.at("chunk").get<int>();
-      a.action = r.at("action").get<int>();
-      a.actions = r.at("actions").get<int>();
+      a.micro = integer_field<int>(r.at("micro_batch"));
+      a.chunk = integer_field<int>(r.at("chunk"));
+      a.action = integer_field<int>(r.at("action"));
+      a.actions = integer_field<int>(r.at("actions"));
       a.waiting.what = r.at("waiting_for").get<std::string>();
-      a.waiting.ranks = r.at("waiting_on").get<std::vector<int>>();
+      if (!r.at("waiting_on").is_array()) throw std::domain_error("waiting_on is not an array");
+      for (const auto& peer : r.at("waiting_on")) a.waiting.ranks.push_back(integer_field<int>(peer));
       a.waiting.collective = r.at("collective").get<bool>();
       a.seconds_in_state = r.at("seconds_in_state").get<double>();
       a.seconds_since_progress = r.at("seconds_since_progress").get<double>();
-      a.mailbox = r.value("mailbox", int64_t{-1});
+      a.mailbox = r.contains("mailbox") ? integer_field<int64_t>(r["mailbox"]) : -1;
       out.push_back(std::move(a));
     }
-  } catch (const nlohmann::json::exception&) {
+  } catch (const std::exception&) {  // nlohmann's, or integer_field's
     return Status::error("a malformed status document: a rank lacks a field, or has one of the wrong type");
   }
   return out;
