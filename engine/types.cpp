@@ -1,5 +1,7 @@
 #include "engine/types.hpp"
 
+#include <cmath>
+
 namespace troupe {
 
 const char* tensor_kind_suffix(TensorKind kind) {
@@ -37,6 +39,8 @@ IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t 
   s.tokens_per_sec = tokens / seconds;
   s.model_tflops = gpt_flops ? c.model.flops_per_iteration(tokens) / seconds / 1e12 : 0.0;
   s.consumed_samples = consumed;
+  s.global_batch_size = c.global_batch_size;
+  s.nan_loss = !std::isfinite(s.lm_loss);
   return s;
 }
 

@@ -77,10 +77,15 @@ typename Inspector::result_type inspect(Inspector& f, TrainingState& x) {
            x.layout);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TimerReading& x) {
+  return f(caf::meta::type_name("TimerReading"), x.name, x.ms);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, IterationStats& x) {
   return f(caf::meta::type_name("IterationStats"), x.iteration, x.train_iters, x.lm_loss, x.lr, x.grad_norm,
            x.ms_per_iter, x.tokens_per_sec, x.model_tflops, x.fraction_of_peak, x.consumed_samples,
-           x.busy_fraction_min, x.busy_fraction_max);
+           x.busy_fraction_min, x.busy_fraction_max, x.global_batch_size, x.loss_scale, x.skipped,
+           x.nan_loss, x.timers);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {

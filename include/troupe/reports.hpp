@@ -5,8 +5,16 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe {
+
+// One of Megatron's timers over one iteration (its names: "forward-compute", "backward-compute",
+// "all-grads-sync", "optimizer", ...): milliseconds, the most any rank of this process spent.
+struct TimerReading {
+  std::string name;
+  double ms = 0;
+};
 
 struct IterationStats {
   int64_t iteration = 0;  // 1-based: iterations completed
@@ -23,6 +31,15 @@ struct IterationStats {
   // backward, weight-gradient, reduction and optimizer time over the step's wall time (the rest is
   // idle: pipeline bubble and waiting for peers). -1 for a 1x1x1 job.
   double busy_fraction_min = -1, busy_fraction_max = -1;
+  // Megatron's log fields: the global batch of this iteration (smaller than --global-batch-size
+  // while --rampup-batch-size ramps up), the loss scale (1: float32 training scales nothing), and
+  // whether the optimizer step was skipped (a non-finite gradient) and the loss was not finite.
+  int64_t global_batch_size = 0;
+  double loss_scale = 1.0;
+  bool skipped = false;
+  bool nan_loss = false;
+  // The iteration's timers (wall_clock_breakdown / --timing-log-level): empty when not asked for.
+  std::vector<TimerReading> timers;
 };
 
 struct EvalStats {
