@@ -46,7 +46,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, env.status());
     return kExitUsage;
   }
-  if (Status st = finalize_train_config(cmd, &cfg, env->world_size); !st) {
+  if (Status st = finalize_train_config(cmd, &cfg, env->world_size, &g_flag_notes); !st) {
     print_error(name, st);
     return kExitUsage;
   }
@@ -62,7 +62,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
       if (!*metrics)
         return Status::bad_input("--metrics-file " + c.metrics_file + " cannot be opened for appending -- check the path");
     }
-    printer = std::make_unique<ProgressPrinter>(c.log_interval, reporter);
+    printer = std::make_unique<ProgressPrinter>(c.log_interval, reporter, c.timing_log_option);
     const GptConfig& m = c.model;
     printer->line(fmt::format(
         "troupe train: GPT-2 {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
@@ -88,8 +88,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     if (metrics) *metrics << iteration_json(s) << "\n" << std::flush;
   };
   cb.on_eval = [&](const EvalStats& e) {
-    printer->line(fmt::format(" validation loss at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.6E} | tokens: {}",
-                              e.iteration, e.loss, e.perplexity, e.tokens));
+    printer->line(format_eval(e));
     if (metrics) *metrics << eval_json(e) << "\n" << std::flush;
   };
   cb.on_saved = [&](const SavedCheckpoint& c) {

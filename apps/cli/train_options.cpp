@@ -216,7 +216,16 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--eval-interval", cfg->eval_interval,
       "Evaluate on the validation split every N iterations");
   opt(logs, "--eval-iters", cfg->eval_iters, "Validation batches per evaluation");
-  opt(logs, "--log-interval", cfg->log_interval, "Print progress every N iterations");
+  opt(logs, "--log-interval", cfg->log_interval,
+      "Print progress every N iterations: the averages over those iterations, as Megatron");
+  opt(logs, "--timing-log-level", cfg->timing_log_level,
+      "Megatron's timers printed every log interval: 0 forward-backward and optimizer; 1 also "
+      "forward-compute, backward-compute, all-grads-sync, params-all-gather; 2 also the pipeline "
+      "waits (forward-recv, backward-recv)")
+      ->check(CLI::Range(0, 2));
+  opt(logs, "--timing-log-option", cfg->timing_log_option,
+      "How the timers are shown over this process's ranks: minmax, max or all (one value per rank)")
+      ->check(CLI::IsMember({"minmax", "max", "all"}));
   opt(logs, "--metrics-file", cfg->metrics_file,
       "Append one JSON object per iteration to this file");
   opt(logs, "--timeline", cfg->timeline,
@@ -231,7 +240,8 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(logs);
 }
 
-Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size) {
+Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size,
+                             std::vector<std::string>* notes) {
   const FlagGivenFn given = [&cmd](const char* flag) { return cmd.get_option(flag)->count() > 0; };
   FlagOrigins origins;
   // The data-parallel size DeepSpeed's batch rule and the derived global batch multiply by (an
@@ -240,7 +250,7 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   bool global_from_file = false;
   if (given("--deepspeed-config")) {
     TROUPE_RETURN_IF_ERROR(
-        merge_deepspeed_config(cfg->deepspeed_config, dp, given, cfg, &origins, &global_from_file));
+        merge_deepspeed_config(cfg->deepspeed_config, dp, given, cfg, &origins, &global_from_file, notes));
   }
   // Megatron: --num-layers-per-virtual-pipeline-stage selects the interleaved schedule.
   if (given("--num-layers-per-virtual-pipeline-stage") && !given("--pipeline-schedule")) {

@@ -136,6 +136,13 @@ struct TrainConfig {
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   int64_t log_interval = 100;
+  // Megatron's timers, printed every log interval as "(min, max) time across ranks (ms):" lines
+  // (the ranks of this process): level 0 forward-backward and optimizer; 1 also forward-compute,
+  // backward-compute, all-grads-sync, params-all-gather; 2 also the pipeline waits (forward-recv,
+  // backward-recv). DeepSpeed's wall_clock_breakdown sets 2. timing_log_option: minmax | max |
+  // all (all: every rank of this process, one line each). Logging only: not stored.
+  int timing_log_level = 0;
+  std::string timing_log_option = "minmax";
   std::string metrics_file;  // one JSON object per iteration
   int num_threads = 0;       // compute threads of the process's ranks; 0: all cores
 
