@@ -125,7 +125,9 @@ EventFileWriter::EventFileWriter(std::string dir) : dir_(std::move(dir)) {}
 void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t step) {
   if (failed_) return;
   try {
-    pending_ += tfrecord(scalar_event(now_seconds(), step, tag, static_cast<float>(value)));
+    const double now = now_seconds();
+    if (!first_time_) first_time_ = now;
+    pending_ += tfrecord(scalar_event(now, step, tag, static_cast<float>(value)));
   } catch (const std::exception&) {  // out of memory: drop the record rather than the run
     failed_ = true;
   }
@@ -133,7 +135,9 @@ void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t ste
 
 Status EventFileWriter::open_file() {
   TROUPE_RETURN_IF_ERROR(make_directories(dir_));
-  const double now = now_seconds();
+  // The file's time (its name, the file_version event) is that of its first record, so that no
+  // event in it is older than the file.
+  const double now = first_time_.value_or(now_seconds());
   const std::string base =
       fmt::format("{}/events.out.tfevents.{:010d}.{}", dir_, static_cast<int64_t>(now), host_name());
   for (int n = 0;; ++n) {

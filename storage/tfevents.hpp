@@ -56,6 +56,7 @@ class EventFileWriter {
   std::string dir_;
   std::string pending_;  // framed records not yet written
   std::optional<AppendOnlyFile> file_;
+  std::optional<double> first_time_;  // wall time of the first add_scalar
   bool failed_ = false;
 };
 

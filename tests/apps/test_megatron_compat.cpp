@@ -108,7 +108,7 @@ TEST_CASE("compat: every no-op and alias is accepted with one note, and aliases 
       {"--checkpoint-num-layers", "1"},    {"--distributed-backend", "nccl"}, {"--local_rank", "0"},
       {"--local-rank", "3"},               {"--num-workers", "2"},          {"--data-impl", "mmap"},
       {"--dataloader-type", "single"},     {"--optimizer", "adam"},         {"--timing-log-level", "2"},
-      {"--timing-log-option", "minmax"},   {"--tensorboard-queue-size", "1"}, {"--hysteresis", "2"},
+      {"--timing-log-option", "minmax"},   {"--hysteresis", "2"},
       {"--loss-scale", "1024"},            {"--initial-loss-scale", "4096"}, {"--min-loss-scale", "1"},
       {"--loss-scale-window", "1000"},     {"--attention-dropout", "0"},    {"--hidden-dropout", "0.0"},
       {"--normalization", "LayerNorm"},    {"--position-embedding-type", "learned_absolute"},

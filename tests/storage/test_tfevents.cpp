@@ -227,6 +227,7 @@ TEST_CASE("an event file decodes to file_version then every scalar, in order", "
     CHECK(d.tag == written[i].tag);
     CHECK(d.value == static_cast<float>(written[i].value));
     CHECK(d.step == written[i].step);
+    CHECK(d.wall_time >= first.wall_time);  // the file is no younger than its events
     CHECK(d.wall_time >= t0 - 1e-3);
     CHECK(d.wall_time <= t1 + 1e-3);
   }
