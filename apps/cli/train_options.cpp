@@ -245,11 +245,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(tb);
   cmd->add_flag("--log-world-size-to-tensorboard", t.log_world_size, "Also write world-size (the ranks of the job)")
       ->group(tb);
-  cmd->add_flag("!--no-log-learnig-rate-to-tensorboard,!--no-log-learning-rate-to-tensorboard",
-                t.log_learning_rate, "Do not write learning-rate (Megatron's spelling has the typo 'learnig')")
+  cmd->add_flag_callback("--no-log-learnig-rate-to-tensorboard,--no-log-learning-rate-to-tensorboard",
+                         [&t] { t.log_learning_rate = false; },
+                         "Do not write learning-rate (Megatron's spelling has the typo 'learnig')")
       ->group(tb);
-  cmd->add_flag("!--no-log-loss-scale-to-tensorboard,!--disable-log-loss-scale-to-tensorboard", t.log_loss_scale,
-                "Do not write loss-scale (1: troupe trains in float32)")
+  cmd->add_flag_callback("--no-log-loss-scale-to-tensorboard,--disable-log-loss-scale-to-tensorboard",
+                         [&t] { t.log_loss_scale = false; }, "Do not write loss-scale (1: troupe trains in float32)")
       ->group(tb);
   cmd->add_flag("--log-batch-size-to-tensorboard")
       ->description("Accepted for older Megatron scripts: batch-size is always written, as current Megatron-LM does")
