@@ -143,11 +143,12 @@ class DeepSpeedMerger {
         top, "",
         {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
          "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-         "zero_optimization", "fp16", "bf16"});
+         "zero_optimization", "fp16", "bf16", "tensorboard"});
     (void)merge_precision(top, "fp16");
     (void)merge_precision(top, "bf16");
     (void)merge_zero(top);
     (void)merge_switched_blocks(top);
+    merge_tensorboard(top);
     (void)merge_wall_clock(top);
     (void)merge_batch(top);
     std::optional<double> clip;
@@ -337,6 +338,27 @@ class DeepSpeedMerger {
       note(b.key, "switched off: no effect");
     }
     return Status::ok();
+  }
+
+  // DeepSpeed's TensorBoard monitor (deepspeed/monitor/tensorboard.py): events in
+  // output_path/job_name (defaults "" and "DeepSpeedJobName"), troupe's --tensorboard-dir.
+  void merge_tensorboard(const json& top) {
+    const json* block = nullptr;
+    (void)get_object(top, "", "tensorboard", &block);
+    if (!block) return;
+    (void)check_keys(*block, "tensorboard", {"enabled", "output_path", "job_name"});
+    std::optional<bool> enabled;
+    (void)get_bool(*block, "tensorboard", "enabled", &enabled);
+    if (!enabled.value_or(false)) {
+      note("tensorboard", "switched off: no effect");
+      return;
+    }
+    std::optional<std::string> output_path, job_name;
+    (void)get_string(*block, "tensorboard", "output_path", &output_path);
+    (void)get_string(*block, "tensorboard", "job_name", &job_name);
+    const std::string dir =
+        (fs::path(output_path.value_or("")) / job_name.value_or("DeepSpeedJobName")).string();
+    apply("--tensorboard-dir", &cfg_->tensorboard.dir, dir, "tensorboard.output_path/job_name");
   }
 
   // wall_clock_breakdown: Megatron's timers at every log interval, every level of them unless

@@ -134,8 +134,6 @@ const std::vector<DsSwitchedBlock>& deepspeed_switched_blocks() {
   static const std::vector<DsSwitchedBlock> blocks = {
       {"amp", "NVIDIA Apex AMP (mixed precision) is not in troupe: it trains in float32 -- set "
               "\"enabled\": false or remove the block"},
-      {"tensorboard", "DeepSpeed's TensorBoard monitor is not in troupe yet -- remove the block; "
-                      "--metrics-file FILE writes every iteration as JSON lines"},
       {"wandb", "wandb is not available here (no network, no wandb package) -- remove the block; "
                 "--metrics-file FILE writes every iteration as JSON lines"},
       {"comet", "Comet is not available here (no network) -- remove the block; --metrics-file FILE "

@@ -37,6 +37,10 @@ struct Entry {
 
 constexpr const char* kFusion = "a kernel fusion: troupe's kernels are its own, the result is the same";
 constexpr const char* kFp16Only = "a setting of --fp16's loss scaling: troupe trains in float32, so there is none";
+constexpr const char* kWandb =
+    "troupe does not write wandb runs: an offline run folder is the wandb package's own record format and an online "
+    "run needs wandb's service -- drop the --wandb-* flags and give --tensorboard-dir DIR (Megatron's TensorBoard "
+    "tags, which wandb's TensorBoard integration imports) or --metrics-file FILE (every iteration as JSON lines)";
 constexpr const char* kFamily =
     "a model-architecture flag of another model family (LLaMA and the like): troupe builds GPT-2 models only";
 
@@ -115,7 +119,13 @@ const std::vector<Entry>& entries() {
        "troupe's loader is Megatron's single sampler: drop the flag"},
       {"--optimizer", 1, Kind::noop, "troupe's optimizer is Megatron's adam (AdamW, decoupled weight decay)",
        "adam|adamw", "troupe trains with AdamW only (Megatron's adam): drop the flag"},
-      {"--tensorboard-queue-size", 1, Kind::noop, "a queue of the TensorBoard writer"},
+      // TensorBoard switches whose tags troupe has nothing for (the others are troupe's flags).
+      {"--log-memory-to-tensorboard", 0, Kind::noop,
+       "Megatron writes PyTorch's CUDA caching-allocator counters (mem-*-bytes); troupe has no such allocator, so "
+       "no memory tags are written (the run's peak resident memory is printed at its end)"},
+      {"--log-optimizer-states-to-tensorboard", 0, Kind::noop,
+       "Megatron-DeepSpeed's norms of the Adam moments (optimizer/* tags) are not written: troupe keeps the moments "
+       "sharded in its optimizer actors; training is the same"},
       // Precision: the one refusal issue 13 keeps until mixed precision comes.
       {"--fp16", 0, Kind::refused,
        "troupe trains in float32 only for now (mixed precision is planned) -- drop --fp16: float32 gives the "
@@ -174,17 +184,13 @@ const std::vector<Entry>& entries() {
       {"--no-load-rng", 0, Kind::refused, "troupe loads a checkpoint whole (parameters, optimizer, RNG)"},
       {"--no-save-optim", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
       {"--no-save-rng", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
-      {"--wandb-project", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
-      {"--wandb-exp-name", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
-      {"--wandb-save-dir", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
+      {"--wandb-project", 1, Kind::refused, kWandb},
+      {"--wandb-exp-name", 1, Kind::refused, kWandb},
+      {"--wandb-save-dir", 1, Kind::refused, kWandb},
+      {"--wandb-entity", 1, Kind::refused, kWandb},
       // Megatron flags troupe lacks, with what to give instead.
       {"--rampup-batch-size", 3, Kind::equivalent,
        "batch-size ramp-up is not in troupe yet -- drop it to train at --global-batch-size from the start"},
-      {"--tensorboard-dir", 1, Kind::equivalent,
-       "TensorBoard event files are not written yet -- --metrics-file FILE writes every iteration as JSON lines"},
       {"--lr-decay-iters-fraction", 1, Kind::equivalent, "give --lr-decay-iters"},
       {"--micro-batch", 1, Kind::equivalent, "--micro-batch-size"},
       {"--batch-size", 1, Kind::equivalent,

@@ -1034,4 +1034,61 @@ TEST_CASE("train options: data blends as Megatron's nargs='*' lists", "[train_op
   CHECK_THAT(parse_error(ws.args({"--data-path", "0", ws.prefix, "0", other})), Contains("all 0"));
 }
 
+
+TEST_CASE("train options: Megatron's TensorBoard flags, kept out of checkpoints", "[train_options][tensorboard]") {
+  Workspace ws;
+  const TensorBoardConfig d = parse_ok(ws.args()).cfg.tensorboard;  // Megatron's defaults
+  CHECK(d.dir.empty());
+  CHECK(d.log_interval == 1);
+  CHECK(d.queue_size == 1000);
+  CHECK_FALSE(d.log_timers);
+  CHECK(d.log_learning_rate);
+  CHECK(d.log_loss_scale);
+  CHECK_FALSE(d.log_validation_ppl);
+  CHECK_FALSE(d.log_world_size);
+  CHECK_FALSE(d.log_throughput);
+
+  const std::string dir = ws.dir.str("tb/run");
+  const Parsed p = parse_ok(ws.args({"--tensorboard-dir", dir, "--tensorboard-log-interval", "7",
+                                     "--tensorboard-queue-size", "5", "--log-timers-to-tensorboard",
+                                     "--log-validation-ppl-to-tensorboard", "--log-world-size-to-tensorboard",
+                                     "--log-throughput", "--log-batch-size-to-tensorboard",
+                                     "--no-log-learnig-rate-to-tensorboard", "--no-log-loss-scale-to-tensorboard"}));
+  const TensorBoardConfig& t = p.cfg.tensorboard;
+  CHECK(t.dir == dir);
+  CHECK(t.log_interval == 7);
+  CHECK(t.queue_size == 5);
+  CHECK(t.log_timers);
+  CHECK(t.log_validation_ppl);
+  CHECK(t.log_world_size);
+  CHECK(t.log_throughput);
+  CHECK_FALSE(t.log_learning_rate);
+  CHECK_FALSE(t.log_loss_scale);
+  CHECK_FALSE(fs::exists(ws.dir.str("tb")));  // validation creates nothing
+  // The other spellings: the typo fixed, and current Megatron-LM's --disable-*.
+  const TensorBoardConfig o = parse_ok(ws.args({"--no-log-learning-rate-to-tensorboard",
+                                                "--disable-log-loss-scale-to-tensorboard"})).cfg.tensorboard;
+  CHECK_FALSE(o.log_learning_rate);
+  CHECK_FALSE(o.log_loss_scale);
+
+  // Logging switches only: the checkpoint's config holds none of them, so a resumed run logs as
+  // its own flags say.
+  const std::string stored = p.cfg.to_json();
+  CHECK(stored.find("tensorboard") == std::string::npos);
+  CHECK(stored.find(dir) == std::string::npos);
+  auto back = TrainConfig::from_json(stored);
+  REQUIRE(back.is_ok());
+  CHECK(back.value().tensorboard.dir.empty());
+
+  write_file(ws.dir.str("a_file"), "x");
+  CHECK_THAT(parse_error(ws.args({"--tensorboard-dir", ws.dir.str("a_file")})),
+             Contains("--tensorboard-dir") && Contains("exists and is not a directory") && Contains(" -- "));
+  CHECK_THAT(parse_error(ws.args({"--tensorboard-dir", ws.dir.str("a_file") + "/tb"})),
+             Contains("--tensorboard-dir") && Contains("is not a directory"));
+  CHECK_THAT(parse_error(ws.args({"--tensorboard-log-interval", "0"})),
+             Contains("--tensorboard-log-interval must be positive") && Contains(" -- "));
+  CHECK_THAT(parse_error(ws.args({"--tensorboard-queue-size", "-1"})),
+             Contains("--tensorboard-queue-size must be positive"));
+}
+
 }  // namespace troupe

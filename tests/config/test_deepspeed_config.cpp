@@ -186,6 +186,15 @@ TEST_CASE("deepspeed config: \"auto\" leaves the value of the flags, with a note
   CHECK(m.notes.size() == 13);
 }
 
+TEST_CASE("deepspeed config: DeepSpeed's TensorBoard monitor writes to troupe's --tensorboard-dir", "[deepspeed]") {
+  CHECK(merge(R"({"tensorboard": {"enabled": true, "output_path": "runs", "job_name": "gpt"}})").config.tensorboard.dir ==
+        "runs/gpt");
+  CHECK(merge(R"({"tensorboard": {"enabled": true}})").config.tensorboard.dir == "DeepSpeedJobName");
+  CHECK(merge(R"({"tensorboard": {"enabled": false, "output_path": "runs"}})").config.tensorboard.dir.empty());
+  CHECK_THAT(merge(R"({"tensorboard": {"enabled": true, "output_pth": "runs"}})").status.message(),
+             Contains("did you mean \"output_path\"?"));
+}
+
 TEST_CASE("deepspeed config: wall_clock_breakdown prints every timer", "[deepspeed]") {
   CHECK(merge(R"({"wall_clock_breakdown": true})").config.timing_log_level == 2);
   CHECK(merge(R"({"wall_clock_breakdown": false})").config.timing_log_level == 0);
