@@ -1,6 +1,11 @@
 // Causal multi-head self-attention on the CPU. One task per (batch, head), tasks split over the pool;
 // inside a task the products run as single-threaded GEMMs on row blocks so the masked upper
 // triangle is mostly skipped: block [i0, i1) of queries only meets keys [0, i1).
+// Attention dropout: the dropped probabilities Pd = P * factor are formed in a per-thread scratch
+// (a block of rows in forward, the whole (T, T) in backward, where dV needs every row) and the
+// products use them; P itself stays the softmax, which the softmax's backward needs. The backward
+// regenerates each row's factors once and uses them for Pd and for dP = dPd * factor. Without
+// dropout the code path is the one before dropout existed, unchanged.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,14 +19,33 @@ namespace troupe::cpu {
 
 namespace {
 constexpr int64_t kBlock = 64;  // query rows per GEMM block
+
+// Scratch that lives with the thread: grown once, so a call allocates nothing after the first.
+template <class T>
+T* scratch(size_t n, int which) {
+  thread_local std::vector<T> buf[2];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
 }
+
+// Pd row i (columns 0..i) = P row i * factors; f receives the factors (columns 0..i).
+template <class T>
+void drop_row(const DropoutMask& mask, int64_t sample, int64_t e0, int64_t i, T keep_scale, const T* p, T* pd, T* f) {
+  mask.factors(sample, e0, i + 1, keep_scale, f);
+  for (int64_t j = 0; j <= i; ++j) pd[j] = p[j] * f[j];
+}
+
+}  // namespace
 
 template <class T>
 void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
-                       int64_t C, int64_t H) {
+                       int64_t C, int64_t H, const DropoutMask* mask, int64_t head0) {
   const int64_t hs = C / H, ld = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    T* pd = mask ? scratch<T>(static_cast<size_t>(kBlock * T_), 0) : nullptr;  // (kBlock, T) dropped rows
+    T* f = mask ? scratch<T>(static_cast<size_t>(T_), 1) : nullptr;            // (T) one row's factors
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H;
       const T* q = qkv + b * T_ * ld + h * hs;  // (T, hs), row stride 3C
@@ -48,20 +72,99 @@ void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         std::fill(row + i + 1, row + T_, T(0));
       }
-      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]
+      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]  (P dropped into pd block by block with dropout)
       for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
         int64_t i1 = std::min(T_, i0 + kBlock);
-        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), P + i0 * T_, T_, v, ld, T(0), o + i0 * C, C);
+        if (!mask) {
+          gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), P + i0 * T_, T_, v, ld, T(0), o + i0 * C, C);
+          continue;
+        }
+        const int64_t sample = mask->first_sample + b, hg = head0 + h;
+        for (int64_t i = i0; i < i1; ++i) {
+          T* row = pd + (i - i0) * T_;
+          drop_row(*mask, sample, (hg * T_ + i) * T_, i, keep_scale, P + i * T_, row, f);
+          std::fill(row + i + 1, row + i1, T(0));
+        }
+        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), pd, T_, v, ld, T(0), o + i0 * C, C);
       }
     }
   });
 }
 
+namespace {
+
+// The backward with attention dropout: Pd = P * factor replaces P in dV, and dP = dPd * factor
+// enters the softmax's backward (which reads the undropped P).
 template <class T>
-void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        int64_t B, int64_t T_, int64_t C, int64_t H) {
+void attention_backward_dropout(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B,
+                                int64_t T_, int64_t C, int64_t H, const DropoutMask& mask, int64_t head0) {
   const int64_t hs = C / H, ld = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = static_cast<T>(1.0 / (1.0 - mask.p));
+  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    T* dP = scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0);  // (T, T) dPd -> dS, (T, T) Pd, (T) factors
+    T* pd = dP + T_ * T_;
+    T* f = pd + T_ * T_;
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / H, h = task % H;
+      const T* q = qkv + b * T_ * ld + h * hs;
+      const T* k = q + C;
+      const T* v = q + 2 * C;
+      const T* P = probs + task * T_ * T_;
+      const T* dO = dout + b * T_ * C + h * hs;
+      T* dq = dqkv + b * T_ * ld + h * hs;
+      T* dk = dq + C;
+      T* dv = dq + 2 * C;
+      const int64_t sample = mask.first_sample + b, hg = head0 + h;
+      // dPd[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, true, i1 - i0, i1, hs, T(1), dO + i0 * C, C, v, ld, T(0), dP + i0 * T_, T_);
+      }
+      // Per row: Pd, dP = dPd * factor, then dS = scale * P * (dP - rowsum(P * dP)); zeros above the diagonal.
+      for (int64_t i = 0; i < T_; ++i) {
+        const T* pr = P + i * T_;
+        T* dr = dP + i * T_;
+        T* pdr = pd + i * T_;
+        drop_row(mask, sample, (hg * T_ + i) * T_, i, keep_scale, pr, pdr, f);
+        std::fill(pdr + i + 1, pdr + T_, T(0));
+        T dot = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          dr[j] *= f[j];
+          dot += pr[j] * dr[j];
+        }
+        for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
+        std::fill(dr + i + 1, dr + T_, T(0));
+      }
+      // dV[j0:j1] = Pd[j0:T, j0:j1]^T dO[j0:T]
+      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
+        int64_t j1 = std::min(T_, j0 + kBlock);
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), pd + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
+                       dv + j0 * ld, ld);
+      }
+      // dQ[i0:i1] = dS[i0:i1, 0:i1] K[0:i1]
+      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
+        int64_t i1 = std::min(T_, i0 + kBlock);
+        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), dP + i0 * T_, T_, k, ld, T(0), dq + i0 * ld, ld);
+      }
+      // dK[j0:j1] = dS[j0:T, j0:j1]^T Q[j0:T]
+      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
+        int64_t j1 = std::min(T_, j0 + kBlock);
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), dP + j0 * T_ + j0, T_, q + j0 * ld, ld, T(0),
+                       dk + j0 * ld, ld);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+template <class T>
+void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
+                        int64_t B, int64_t T_, int64_t C, int64_t H, const DropoutMask* mask, int64_t head0) {
+  const int64_t hs = C / H, ld = 3 * C;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  if (mask) return attention_backward_dropout(pool, dqkv, dout, qkv, probs, B, T_, C, H, *mask, head0);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
     std::vector<T> dP_buf(static_cast<size_t>(T_ * T_));  // (T, T): dP, then dS in place
     T* dP = dP_buf.data();
@@ -111,12 +214,13 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
 }
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t);
+                                       int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_forward<double>(ThreadPool&, double*, double*, const double*, int64_t, int64_t,
-                                        int64_t, int64_t);
+                                        int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_backward<float>(ThreadPool&, float*, const float*, const float*, const float*,
-                                        int64_t, int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
-                                         const double*, int64_t, int64_t, int64_t, int64_t);
+                                         const double*, int64_t, int64_t, int64_t, int64_t, const DropoutMask*,
+                                         int64_t);
 
 }  // namespace troupe::cpu
