@@ -91,83 +91,19 @@ void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t
   });
 }
 
-namespace {
-
-// The backward with attention dropout: Pd = P * factor replaces P in dV, and dP = dPd * factor
-// enters the softmax's backward (which reads the undropped P).
-template <class T>
-void attention_backward_dropout(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B,
-                                int64_t T_, int64_t C, int64_t H, const DropoutMask& mask, int64_t head0) {
-  const int64_t hs = C / H, ld = 3 * C;
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  const T keep_scale = static_cast<T>(1.0 / (1.0 - mask.p));
-  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    T* dP = scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0);  // (T, T) dPd -> dS, (T, T) Pd, (T) factors
-    T* pd = dP + T_ * T_;
-    T* f = pd + T_ * T_;
-    for (int64_t task = task0; task < task1; ++task) {
-      const int64_t b = task / H, h = task % H;
-      const T* q = qkv + b * T_ * ld + h * hs;
-      const T* k = q + C;
-      const T* v = q + 2 * C;
-      const T* P = probs + task * T_ * T_;
-      const T* dO = dout + b * T_ * C + h * hs;
-      T* dq = dqkv + b * T_ * ld + h * hs;
-      T* dk = dq + C;
-      T* dv = dq + 2 * C;
-      const int64_t sample = mask.first_sample + b, hg = head0 + h;
-      // dPd[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T
-      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
-        int64_t i1 = std::min(T_, i0 + kBlock);
-        gemm_serial<T>(false, true, i1 - i0, i1, hs, T(1), dO + i0 * C, C, v, ld, T(0), dP + i0 * T_, T_);
-      }
-      // Per row: Pd, dP = dPd * factor, then dS = scale * P * (dP - rowsum(P * dP)); zeros above the diagonal.
-      for (int64_t i = 0; i < T_; ++i) {
-        const T* pr = P + i * T_;
-        T* dr = dP + i * T_;
-        T* pdr = pd + i * T_;
-        drop_row(mask, sample, (hg * T_ + i) * T_, i, keep_scale, pr, pdr, f);
-        std::fill(pdr + i + 1, pdr + T_, T(0));
-        T dot = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          dr[j] *= f[j];
-          dot += pr[j] * dr[j];
-        }
-        for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - dot);
-        std::fill(dr + i + 1, dr + T_, T(0));
-      }
-      // dV[j0:j1] = Pd[j0:T, j0:j1]^T dO[j0:T]
-      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
-        int64_t j1 = std::min(T_, j0 + kBlock);
-        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), pd + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
-                       dv + j0 * ld, ld);
-      }
-      // dQ[i0:i1] = dS[i0:i1, 0:i1] K[0:i1]
-      for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
-        int64_t i1 = std::min(T_, i0 + kBlock);
-        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), dP + i0 * T_, T_, k, ld, T(0), dq + i0 * ld, ld);
-      }
-      // dK[j0:j1] = dS[j0:T, j0:j1]^T Q[j0:T]
-      for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
-        int64_t j1 = std::min(T_, j0 + kBlock);
-        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), dP + j0 * T_ + j0, T_, q + j0 * ld, ld, T(0),
-                       dk + j0 * ld, ld);
-      }
-    }
-  });
-}
-
-}  // namespace
-
 template <class T>
 void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
                         int64_t B, int64_t T_, int64_t C, int64_t H, const DropoutMask* mask, int64_t head0) {
   const int64_t hs = C / H, ld = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
-  if (mask) return attention_backward_dropout(pool, dqkv, dout, qkv, probs, B, T_, C, H, *mask, head0);
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    std::vector<T> dP_buf(static_cast<size_t>(T_ * T_));  // (T, T): dP, then dS in place
-    T* dP = dP_buf.data();
+    // (T, T) dP, then dS in place; with dropout also (T, T) Pd and (T) one row's factors, in the
+    // thread's scratch (no allocation per call); without, a buffer of the call as before dropout.
+    std::vector<T> plain_buf(mask ? 0 : static_cast<size_t>(T_ * T_));
+    T* dP = mask ? scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0) : plain_buf.data();
+    T* pd = dP + T_ * T_;
+    T* f = pd + T_ * T_;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H;
       const T* q = qkv + b * T_ * ld + h * hs;
@@ -178,15 +114,27 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
       T* dq = dqkv + b * T_ * ld + h * hs;       // (T, hs), stride 3C
       T* dk = dq + C;
       T* dv = dq + 2 * C;
-      // dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T
+      // dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T  (with dropout: the gradient of the dropped Pd)
       for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
         int64_t i1 = std::min(T_, i0 + kBlock);
         gemm_serial<T>(false, true, i1 - i0, i1, hs, T(1), dO + i0 * C, C, v, ld, T(0), dP + i0 * T_, T_);
       }
-      // dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T]   (P is zero above the diagonal)
+      // Dropout, per row: Pd = P * factor, and dP = dPd * factor, the factors made once.
+      if (mask) {
+        const int64_t sample = mask->first_sample + b, hg = head0 + h;
+        for (int64_t i = 0; i < T_; ++i) {
+          T* pdr = pd + i * T_;
+          T* dr = dP + i * T_;
+          drop_row(*mask, sample, (hg * T_ + i) * T_, i, keep_scale, P + i * T_, pdr, f);
+          std::fill(pdr + i + 1, pdr + T_, T(0));
+          for (int64_t j = 0; j <= i; ++j) dr[j] *= f[j];
+        }
+      }
+      // dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T]   (P, or Pd with dropout, is zero above the diagonal)
+      const T* weights = mask ? pd : P;
       for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
         int64_t j1 = std::min(T_, j0 + kBlock);
-        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), P + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), weights + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
                        dv + j0 * ld, ld);
       }
       // dS = scale * P * (dP - rowsum(P * dP)), zero above the diagonal

