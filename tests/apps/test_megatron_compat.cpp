@@ -189,7 +189,7 @@ TEST_CASE("compat: --hidden-dropout and --attention-dropout: Megatron's defaults
   CHECK(set.value().model.hidden_dropout == 0.25);
   CHECK(set.value().model.attention_dropout == 0);
   for (const char* bad : {"1", "-0.1", "1.5", "nan"}) {
-    auto s = screen_train_args(base({"--attention-dropout", bad}), 1);
+    auto s = parse_train_flags(base({"--attention-dropout", bad}));
     INFO(bad);
     REQUIRE_FALSE(s.is_ok());
     CHECK(s.status().is_bad_input());

@@ -342,7 +342,15 @@ TEST_CASE("parallel: every layout equals the 1x1x1 run", "[parallel]") {
       {"pp2 dp2 zero3 gpipe selective", layout(1, 2, 2, 3, S::gpipe, 1, Recompute::selective), 1, 6},
       {"tp2 pp2 zb-h1 sp full recompute", layout(2, 2, 1, 0, S::zb_h1, 1, Recompute::full, true), 1, 6},
   };
-  const Run& ref6 = reference();
+  // Adam's eps 1e-6, as in the custom stages' tests below: with dropout one element of h.0.ln_2.bias
+  // (zero at init) gets a first-step gradient near the default eps 1e-8, where Adam's update
+  // m / (sqrt(v) + eps) turns the layouts' rounding into a parameter difference of 1.5e-5 relative
+  // in that tensor (tp2 pp2 dp2 interleaved; losses and norms still agree within 1e-5).
+  adam_eps_override = 1e-6;
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
+  static const Run ref6 = run_layout(small_model(), layout(1, 1, 1), 1, 6);
   static const Run ref8 = run_layout(small_model(), layout(1, 1, 1), 1, 8);
   for (const Case& c : cases) {
     SECTION(c.name) {
