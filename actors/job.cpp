@@ -426,6 +426,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
                          " -- change the parallel sizes or the number of processes");
   RankSpec rs;
   rs.model = config.model;
+  rs.seed = config.seed;  // the dropout masks' key
   rs.par = par.value();
   rs.micro_batch_size = config.micro_batch_size;
   rs.micro_batches = config.grad_accumulation_steps(launched);

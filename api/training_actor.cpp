@@ -184,6 +184,7 @@ Result<training_actor> spawn_training(caf::actor_system& system, const TrainConf
   if (!par) return par.status().as_bad_input();
   RankSpec spec;
   spec.model = cfg.model;
+  spec.seed = cfg.seed;  // the dropout masks' key
   spec.par = par.value();
   spec.micro_batch_size = cfg.micro_batch_size;
   spec.micro_batches = cfg.grad_accumulation_steps(1);

@@ -158,6 +158,8 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   d.may_change("--split", now.split, saved.split);
   d.may_change("--seq-length", now.model.seq_length, saved.model.seq_length);
   d.may_change("--layernorm-epsilon", now.model.layernorm_epsilon, saved.model.layernorm_epsilon);
+  d.may_change("--hidden-dropout", now.model.hidden_dropout, saved.model.hidden_dropout);
+  d.may_change("--attention-dropout", now.model.attention_dropout, saved.model.attention_dropout);
   d.may_change("--weight-decay", now.weight_decay, saved.weight_decay);
   d.may_change("--clip-grad", now.clip_grad, saved.clip_grad);
   d.may_change("--adam-beta1", now.adam_beta1, saved.adam_beta1);

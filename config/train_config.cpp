@@ -18,9 +18,10 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 4;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+constexpr int kVersion = 5;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
-                              // an array and the per-split data paths
+                              // an array and the per-split data paths, 5 the model's dropout
+                              // probabilities (older files: 0, since troupe trained without dropout)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -34,6 +35,13 @@ void visit_model_fields(Model& m, Visitor&& v) {
   v("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
   v("layernorm_epsilon", m.layernorm_epsilon);
   v("init_method_std", m.init_method_std);
+}
+
+// Version 5: dropout, in the "model" object (absent from older files: 0).
+template <class Model, class Visitor>
+void visit_dropout_fields(Model& m, Visitor&& v) {
+  v("hidden_dropout", m.hidden_dropout);
+  v("attention_dropout", m.attention_dropout);
 }
 
 template <class Config, class Visitor>
@@ -143,6 +151,8 @@ const Range* range_of(const std::string& path) {
       {"model.max_position_embeddings", {1, kInt32Max}},
       {"model.vocab_size", {0, kInt32Max}},  // token ids are int32; 0 before a tokenizer set it
       {"model.make_vocab_size_divisible_by", {1, kInt32Max}},
+      {"model.hidden_dropout", {0, 1}},  // validation refuses 1 itself, with the flag's name
+      {"model.attention_dropout", {0, 1}},
       {"parallel.tensor_model_parallel_size", {1, kInt32Max}},
       {"parallel.pipeline_model_parallel_size", {1, kInt32Max}},
       {"parallel.data_parallel_size", {0, kInt32Max}},
@@ -265,6 +275,7 @@ class ObjectReader {
 std::string TrainConfig::to_json() const {
   json model_json = json::object();
   visit_model_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
+  visit_dropout_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
   json j = json::object();
   j["format"] = kFormat;
   j["version"] = kVersion;
@@ -314,6 +325,12 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   if (!model_it->is_object()) return type_error("model", "an object", *model_it);
   ObjectReader model_reader(*model_it, "model.");
   visit_model_fields(c.model, model_reader);
+  if (version->get<int64_t>() >= 5) {
+    visit_dropout_fields(c.model, model_reader);
+  } else {
+    c.model.hidden_dropout = 0;
+    c.model.attention_dropout = 0;
+  }
   TROUPE_RETURN_IF_ERROR(model_reader.finish());
 
   if (version->get<int64_t>() >= 2) {

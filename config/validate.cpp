@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/data_blend.hpp"
@@ -141,6 +142,11 @@ class Validator {
       return bad("--init-method-std",
                  fmt::format("must be a positive number, got {}", m.init_method_std),
                  "use e.g. 0.02");
+    for (const auto& [flag, p] : {std::pair{"--hidden-dropout", m.hidden_dropout},
+                                  std::pair{"--attention-dropout", m.attention_dropout}})
+      if (!(p >= 0 && p < 1))
+        return bad(flag, fmt::format("must be a probability at least 0 and below 1, got {}", p),
+                   "use e.g. 0.1 (Megatron's default), or 0 for no dropout");
     return Status::ok();
   }
 

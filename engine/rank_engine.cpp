@@ -281,6 +281,16 @@ std::vector<Span> RankEngine::take_spans() {
   return out;
 }
 
+// Replica d holds the global batch's samples [d * micro_batches * B, (d + 1) * micro_batches * B)
+// (the group's split, actors/rank_actor.cpp), micro-batch m the B of them from m * B on.
+MicroBatchKey RankEngine::micro_key(int micro) const {
+  MicroBatchKey key;
+  key.seed = spec_.seed;
+  key.iteration = iteration_;
+  key.first_sample = (int64_t{dp_rank_} * spec_.micro_batches + micro) * spec_.micro_batch_size;
+  return key;
+}
+
 Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses) {
   const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
   const bool split = schedule_.split_backward;
@@ -410,7 +420,8 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
       const bool backward_next = chunk.has_loss() && !split && j + 1 < actions.size() &&
                                  actions[j + 1].kind == sched::Kind::backward && actions[j + 1].micro == a.micro &&
                                  actions[j + 1].chunk == a.chunk;
-      const double loss = chunk.forward(ctx_, slot, mb, b.in_act[slot], b.out_act[slot], grad_scale, backward_next);
+      const double loss =
+          chunk.forward(ctx_, slot, mb, b.in_act[slot], b.out_act[slot], grad_scale, backward_next, micro_key(a.micro));
       record(label, "forward", t0, a.micro, a.chunk);
       if (chunk.has_loss()) micro_losses[a.micro] = loss;
       send_all(b.sends[slot], b.out_act[slot], (k + 1) % p, a.micro, k, kF);
@@ -756,7 +767,8 @@ Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad
       for (const Tensor& t : kept.in_act[c][m])
         probe_->check_input(t, "the activation received from virtual stage " + std::to_string(k - 1));
       const Tensor mb = chunk.reads_batch() ? kept.tokens.rows(int64_t{m} * B, int64_t{m + 1} * B) : none;
-      (void)chunk.forward(ctx_, 0, mb, kept.in_act[c][m], buffers_[c]->out_act[0], kept.grad_scale, false);
+      (void)chunk.forward(ctx_, 0, mb, kept.in_act[c][m], buffers_[c]->out_act[0], kept.grad_scale, false,
+                          micro_key(m));
     }
     for (int c = v - 1; c >= 0; --c) {
       PipelineStage& chunk = *chunks_[c];

@@ -73,6 +73,9 @@ struct RankSpec {
   int keep_span_steps = 0;
   // The rank only evaluates a loaded model (troupe eval): whoever runs it keeps no optimizer state.
   bool evaluation_only = false;
+  // The run's --seed: the key of the dropout masks (model/dropout.hpp), which depend on it, the
+  // iteration (StepRequest::step) and each sample's index in the global batch, never on the layout.
+  uint64_t seed = 0;
   // A model given in code (include/troupe/stage.hpp: GPT blocks and custom stages), checked by
   // check_model before any rank is built; null: GPT's own split of `model` (troupe::gpt_model).
   std::shared_ptr<const Model> custom_model;
@@ -209,6 +212,8 @@ class RankEngine {
  private:
   struct ChunkBuffers;
   Status run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses);
+  // The dropout key of this rank's micro-batch `micro` in the step under way.
+  MicroBatchKey micro_key(int micro) const;
   Status sync_tied_embedding();
   // The NaN watch: what a watched step keeps, the parameter check, and the replay.
   struct Kept;

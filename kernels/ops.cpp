@@ -184,24 +184,51 @@ void residual_forward(Context& ctx, const Tensor& out, const Tensor& a, const Te
 
 void add_inplace(Context& ctx, const Tensor& dst, const Tensor& src) { residual_forward(ctx, dst, dst, src); }
 
-void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv, int n_head) {
+namespace {
+// The mask rule's limits (kernels/dropout.hpp): every counter word fits 32 bits.
+void check_mask(const DropoutMask& m, int64_t samples, int64_t elements_per_sample) {
+  TROUPE_CHECK(m.p > 0 && m.p < 1, "dropout: the probability must be in (0, 1) (callers skip p = 0)");
+  TROUPE_CHECK(m.first_sample >= 0 && m.first_sample + samples <= (int64_t{1} << 32),
+               "dropout: global sample indices must stay below 2^32");
+  TROUPE_CHECK((elements_per_sample + 3) / 4 <= (int64_t{1} << 32),
+               "dropout: a sample's elements / 4 must stay below 2^32");
+}
+}  // namespace
+
+void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_t row0, int64_t seq_len) {
+  TROUPE_CHECK(x.rank() == 2 && row0 >= 0 && seq_len > 0, "dropout_rows: x is (rows, C), row0 >= 0");
+  const int64_t rows = x.dim(0), C = x.dim(1);
+  check_mask(mask, (row0 + rows + seq_len - 1) / seq_len, seq_len * C);
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::dropout_rows<T>(*ctx.pool, x.data<T>(), mask, row0, rows, C, seq_len);
+  });
+}
+
+void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv, int n_head,
+                       const DropoutMask& mask, int64_t head0) {
   const int64_t B = qkv.dim(0), T_ = qkv.dim(1), C = qkv.dim(2) / 3;
   TROUPE_CHECK(qkv.dim(2) == 3 * C && C % n_head == 0, "attention: qkv is (B,T,3C), H divides C");
   TROUPE_CHECK(out.numel() == B * T_ * C && probs.numel() == B * n_head * T_ * T_, "attention: shapes");
+  TROUPE_CHECK(head0 >= 0, "attention: head0 must not be negative");
+  if (mask.active()) check_mask(mask, B, (head0 + n_head) * T_ * T_);
   dispatch(ctx, qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_forward<T>(*ctx.pool, out.data<T>(), probs.data<T>(), qkv.data<T>(), B, T_, C, n_head);
+    cpu::attention_forward<T>(*ctx.pool, out.data<T>(), probs.data<T>(), qkv.data<T>(), B, T_, C, n_head,
+                              mask.active() ? &mask : nullptr, head0);
   });
 }
 
 void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                        const Tensor& probs, int n_head) {
+                        const Tensor& probs, int n_head, const DropoutMask& mask, int64_t head0) {
   const int64_t B = qkv.dim(0), T_ = qkv.dim(1), C = qkv.dim(2) / 3;
   TROUPE_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == B * T_ * C, "attention backward: shapes");
+  TROUPE_CHECK(head0 >= 0, "attention: head0 must not be negative");
+  if (mask.active()) check_mask(mask, B, (head0 + n_head) * T_ * T_);
   dispatch(ctx, qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_backward<T>(*ctx.pool, dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), probs.data<T>(),
-                               B, T_, C, n_head);
+                               B, T_, C, n_head, mask.active() ? &mask : nullptr, head0);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/context.hpp"
+#include "kernels/dropout.hpp"
 #include "kernels/tensor.hpp"
 
 namespace troupe::ops {
@@ -72,13 +73,26 @@ void gelu_backward(Context& ctx, const Tensor& dx /*(N)*/, const Tensor& dout /*
 void residual_forward(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b);
 void add_inplace(Context& ctx, const Tensor& dst, const Tensor& src);  // dst += src
 
+// ---- dropout (kernels/dropout.hpp: the mask rule) ---------------------------------------------
+// In place on rows [row0, row0 + rows) of a micro-batch's (B*T, C) activation, row g = b*T + t being
+// element t*C + c of sample mask.first_sample + b: x *= factor. The backward is the same call on the
+// gradient (same mask, same scale). mask.p must be > 0 (callers skip the op at p = 0).
+void dropout_rows(Context& ctx, const Tensor& x /*(rows,C)*/, const DropoutMask& mask, int64_t row0,
+                  int64_t seq_len);
+
 // ---- causal multi-head self-attention -------------------------------------------------------
 // qkv holds [q | k | v] along the last dim, head h in columns [h*hs, (h+1)*hs) of each part.
 // probs keeps softmax(q k^T / sqrt(hs)) with the causal mask (zeros above the diagonal) for backward.
+// Attention dropout (mask.p > 0): out = dropout(probs) v, where probability (b, h, i, j) is element
+// ((head0 + h) T + i) T + j of sample mask.first_sample + b (head0: the first head this call holds
+// of the model's, for tensor parallelism). probs stays the softmax before dropout; the backward
+// regenerates the mask from the same arguments (nothing else is stored). mask.p == 0: none.
 void attention_forward(Context& ctx, const Tensor& out /*(B,T,C)*/, const Tensor& probs /*(B,H,T,T)*/,
-                       const Tensor& qkv /*(B,T,3C)*/, int n_head);
+                       const Tensor& qkv /*(B,T,3C)*/, int n_head, const DropoutMask& mask = {},
+                       int64_t head0 = 0);
 void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,3C)*/, const Tensor& dout /*(B,T,C)*/,
-                        const Tensor& qkv /*(B,T,3C)*/, const Tensor& probs /*(B,H,T,T)*/, int n_head);
+                        const Tensor& qkv /*(B,T,3C)*/, const Tensor& probs /*(B,H,T,T)*/, int n_head,
+                        const DropoutMask& mask = {}, int64_t head0 = 0);
 
 // ---- fused softmax + cross-entropy over the vocabulary ----------------------------------------
 // Only the first `valid` columns of each row are the real vocabulary; the padding columns [valid, Vp)

@@ -53,6 +53,10 @@ Status GptConfig::validate() const {
   if (vocab_size <= 0) return bad("vocabulary", "is empty", "check --tokenizer-type and its vocabulary files");
   if (!(layernorm_epsilon > 0)) return bad("layernorm epsilon", "must be positive", "use 1e-5");
   if (!(init_method_std > 0)) return bad("--init-method-std", "must be positive", "use 0.02");
+  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
+    return bad("--hidden-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
+  if (!(attention_dropout >= 0 && attention_dropout < 1))
+    return bad("--attention-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
   return Status::ok();
 }
 

@@ -220,7 +220,7 @@ View<const int32_t> batch_view(const Tensor& batch) {
 }  // namespace
 
 double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                            const std::vector<Tensor>& out, double grad_scale, bool) {
+                            const std::vector<Tensor>& out, double grad_scale, bool, const MicroBatchKey&) {
   Impl& m = *impl_;
   m.calls.bind(ctx);
   ParamsFor p(m.hooks, m.params, !units_.empty(), Pass::forward);

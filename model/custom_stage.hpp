@@ -38,7 +38,8 @@ class CustomStage final : public PipelineStage {
   bool reads_batch() const override { return reads_batch_; }
   bool has_loss() const override { return has_loss_; }
   double forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                 const std::vector<Tensor>& out, double grad_scale, bool backward_next) override;
+                 const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                 const MicroBatchKey& key) override;
   void backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,
                 bool defer_weight_grads) override;
   void backward_weight(Context&, int) override {}

@@ -64,6 +64,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
 
   t = cs.tp_size;
   r = cs.tp_rank;
+  any_dropout = m.hidden_dropout > 0 || m.attention_dropout > 0;
   sp = cs.sequence_parallel && t > 1;  // with one rank there is nothing to split
   dtype = cs.dtype;
   B = cs.micro_batch;
@@ -224,6 +225,11 @@ void GptChunk::Impl::alloc_stash(Slot& s) {
   if (spec.has_head) s.dlnf = alloc({Nl, C});
 }
 
+void GptChunk::Impl::drop_rows(Context& ctx, const Tensor& x, DropoutSite site, int layer, int64_t first_row) {
+  const DropoutMask m = mask(site, layer);
+  if (m.active()) ops::dropout_rows(ctx, x, m, first_row, T);
+}
+
 int64_t GptChunk::Impl::rows_of(int rank) const { return N / t + (rank < N % t ? 1 : 0); }
 int64_t GptChunk::Impl::offset_of(int rank) const { return rank * (N / t) + std::min<int64_t>(rank, N % t); }
 
@@ -296,6 +302,7 @@ void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
 // keep: save what backward needs (training); false: layers run in the scratch (evaluation).
 double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input,
                                     const Tensor& out, bool keep, bool fuse_head) {
+  key_now = keep ? &s.key : nullptr;  // evaluation: no dropout
   if (spec.has_embedding || spec.has_head) split_tokens(s, tokens);
   if (spec.has_embedding) {
     const std::vector<Tensor> e = {acquire(wte_unit, Pass::forward)[0], acquire(wpe_unit, Pass::forward)[0]};
@@ -383,7 +390,7 @@ void GptChunk::zero_grad() {
 }
 
 double GptChunk::forward(Context& ctx, int slot, const Tensor& tokens, const Tensor& input, const Tensor& out,
-                         double grad_scale, bool head_backward_now) {
+                         double grad_scale, bool head_backward_now, const MicroBatchKey& key) {
   Impl& m = *impl_;
   TROUPE_CHECK(slot >= 0 && slot < static_cast<int>(m.slots.size()), "GptChunk::forward: slot out of range");
   TROUPE_CHECK(m.fused_slot < 0, "GptChunk::forward: the backward of a fused head must come first");
@@ -391,6 +398,7 @@ double GptChunk::forward(Context& ctx, int slot, const Tensor& tokens, const Ten
   TROUPE_CHECK(s.state == Impl::SlotState::free, "GptChunk::forward: the slot still holds a micro-batch");
   const bool fuse = head_backward_now && m.spec.has_head && m.t == 1;
   s.grad_scale = grad_scale;
+  s.key = key;
   const double loss = m.forward_impl(ctx, s, tokens, input, out, true, fuse);
   s.state = Impl::SlotState::forwarded;
   if (fuse) m.fused_slot = slot;
@@ -405,6 +413,7 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
   TROUPE_CHECK(m.fused_slot < 0 || (m.fused_slot == slot && !defer_weight_grads),
                "GptChunk::backward: a fused head's slot must be backward-ed next, without deferral");
   const bool now = !defer_weight_grads;
+  m.key_now = &s.key;  // recompute and the masks of the gradients use the forward's key
   if (!now) m.alloc_stash(s);
   // A fused head's forward already took wte's gradient buffer of this backward.
   if (!s.head_done)
@@ -460,6 +469,7 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
   if (m.spec.has_embedding) {
     const Tensor& demb = now ? m.demb_now : s.demb;
     m.gather_rows(m.dres, demb);  // dual of the forward's all-reduce / reduce-scatter
+    m.drop_rows(ctx, demb, DropoutSite::embedding, 0, 0);  // the forward's mask, on all N rows
     if (now) {
       m.embedding_weight(ctx, {m.unit_grads(m.wte_unit)[0], m.unit_grads(m.wpe_unit)[0]}, s, demb);
       m.grads_ready(m.wte_unit, slot);
@@ -479,6 +489,7 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
   Impl::Slot& s = m.slots[slot];
   TROUPE_CHECK(s.state == Impl::SlotState::weight_pending,
                "GptChunk::backward_weight: no deferred backward(..., true) in this slot");
+  m.key_now = &s.key;  // full recompute rebuilds the layers with the forward's masks
   for (auto& g : m.grad_cache) g.clear();
   if (m.spec.has_head) {
     // The logits are recomputed from the saved ln_f output: only wte is read.

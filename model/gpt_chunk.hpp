@@ -15,7 +15,7 @@
 //   LayerNorms, wpe, biases of row-parallel layers: replicated on every TP rank
 // The all-reduce in forward is paired with its dual in backward (Megatron's f and g operators).
 // With sequence_parallel, the rows between the tensor-parallel regions (LayerNorms, residual adds,
-// dropout-free GPT-2 has nothing else) are split over the TP ranks: all-gather before each
+// hidden dropout) are split over the TP ranks: all-gather before each
 // column-parallel layer, reduce-scatter after each row-parallel layer (and in backward the duals);
 // the gradients of the LayerNorms, which then see only a rank's rows, are all-reduced over the TP
 // group, so they stay identical on every rank. (Row-parallel biases and wpe are added once, by TP
@@ -40,6 +40,13 @@
 // keeps only each layer's input and recomputes the layer's forward at the start of its backward;
 // selective keeps everything but the attention probabilities (B, H/t, T, T) and recomputes the
 // attention core from the saved QKV in backward. Results are bitwise those of `none`.
+//
+// Dropout (model/dropout.hpp: placement and keys): training forwards apply the model's
+// hidden_dropout and attention_dropout with masks keyed by the MicroBatchKey the forward names; the
+// slot keeps the key, so backward, full and selective recompute and the weight pass use the same
+// masks. Hidden dropout on this rank's rows (all N, or its row block under sequence parallelism) in
+// the residual stream; in backward the mask is applied to the gathered branch gradient. A site
+// with probability 0 runs no dropout code at all. forward_eval never drops.
 //
 // Split backward (zero-bubble schedules): backward(..., defer_weight_grads = true) computes only the
 // gradient with respect to the chunk's input (what the previous stage waits for) and keeps what the
@@ -74,6 +81,7 @@
 #include "comm/communicator.hpp"
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
+#include "model/dropout.hpp"
 #include "troupe/model_config.hpp"
 #include "model/params.hpp"
 
@@ -167,8 +175,9 @@ class GptChunk {
   // backward(slot) without deferral, so the head's backward runs here, row chunk by row chunk on the
   // logits just computed (GptModel's fused softmax cross-entropy): backward recomputes no logits, and
   // the gradients are bitwise those of the unfused calls. Any other next call is a TROUPE_CHECK.
+  // key: what this micro-batch's dropout masks are keyed by (ignored when the model has none).
   double forward(Context& ctx, int slot, const Tensor& tokens, const Tensor& input, const Tensor& out,
-                 double grad_scale, bool head_backward_now = false);
+                 double grad_scale, bool head_backward_now = false, const MicroBatchKey& key = {});
   // Backward of the micro-batch in `slot`: dout (boundary_rows(), C) unless has_head; din
   // (boundary_rows(), C) unless has_embedding (then undefined). Accumulates parameter gradients
   // unless defer_weight_grads. Frees the slot unless weight gradients are deferred.

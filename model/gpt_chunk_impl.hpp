@@ -45,6 +45,7 @@ struct GptChunk::Impl {
   struct Slot {
     SlotState state = SlotState::free;
     double grad_scale = 0;
+    MicroBatchKey key;             // the dropout masks' key of the micro-batch in the slot
     Tensor inputs, targets;        // (N) i32, when the chunk has the embedding or the head
     std::vector<Tensor> xs;        // L+1 of (Nl,C): xs[l] input of layer l, xs[L] the chunk's output
     std::vector<LayerActs> acts;   // per layer; empty under full recompute (and for evaluation)
@@ -84,6 +85,20 @@ struct GptChunk::Impl {
   int64_t act_bytes = 0;
   int fused_slot = -1;                // the slot whose fused head awaits its backward (the next call)
   OpProbe* probe = nullptr;           // set_probe: every op's result is shown to it (model/op_probe.hpp)
+  // The dropout key of the micro-batch being computed: set by forward, backward and backward_weight
+  // to their slot's key for the call; null in evaluation (no dropout).
+  const MicroBatchKey* key_now = nullptr;
+  bool any_dropout = false;           // the model drops anything (else no mask is ever built)
+
+  // The mask of `site` of global layer `layer` for the micro-batch being computed (inactive in
+  // evaluation or at probability 0).
+  DropoutMask mask(DropoutSite site, int layer) const {
+    if (key_now == nullptr || !any_dropout) return DropoutMask{};
+    return dropout_mask(spec.model, *key_now, site, layer);
+  }
+  // Hidden dropout of x, rows [first_row, first_row + rows) of the micro-batch, in place (forward, or
+  // the same mask on a gradient in backward); nothing when the mask is inactive.
+  void drop_rows(Context& ctx, const Tensor& x /*(rows,C)*/, DropoutSite site, int layer, int64_t first_row);
 
   // The probe's look at an op's result; `layer` global (or a k*Probe value).
   void look(int layer, const char* op, ProbeDir dir, const Tensor& result) const {

@@ -13,6 +13,10 @@
 // sequence parallelism. A row-parallel bias is added by rank 0 inside its partial product, so the
 // reduction adds it exactly once; with t = 1 this is GptModel's fused bias GEMM, bitwise.
 //
+// Dropout (model/dropout.hpp): on the attention probabilities inside the attention op, and on each
+// branch's output (this rank's rows, after g) before the residual add; in backward the same masks
+// go on the branch gradients after g's dual, which hold all N rows, and inside the attention op.
+//
 // The backward is split in two halves (zero-bubble schedules run them apart): the input pass makes
 // d(layer input) and keeps, in a LayerStash, the output gradients the weight pass needs; the weight
 // pass accumulates the parameter gradients from them. Each half calls the kernels GptModel calls
@@ -35,14 +39,16 @@ void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, cons
   gather_rows(a.ln1, ln1);                                                               // f
   ops::linear_forward(ctx, a.qkv, ln1, p.attn_w, p.attn_b);                              // (N,3Cl)
   look(layer, "attention_qkv", F, a.qkv);
+  const DropoutMask attn_mask = mask(DropoutSite::attention_probs, layer);
   ops::attention_forward(ctx, a.att.view({B, T, Cl}), a.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
-                         Hl);                                                            // (N,Cl)
+                         Hl, attn_mask, int64_t{r} * Hl);                                // (N,Cl)
   look(layer, "attention_scores", F, a.probs);
   look(layer, "attention_output", F, a.att);
   const Tensor proj = sp ? partial : a.res1;                                             // (N,C) partial
   ops::linear_forward(ctx, proj, a.att, p.proj_w, r == 0 ? p.proj_b : none);
   reduce_rows(proj, a.res1);                                                             // g -> (Nl,C)
   look(layer, "attention_proj", F, a.res1);
+  drop_rows(ctx, a.res1, DropoutSite::attention_output, layer, row0);
   ops::add_inplace(ctx, a.res1, x);
   look(layer, "residual1", F, a.res1);
   // MLP branch.
@@ -58,6 +64,7 @@ void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, cons
   ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
   reduce_rows(mlp, a.res2);                                                                   // g -> (Nl,C)
   look(layer, "mlp_fc2", F, a.res2);
+  drop_rows(ctx, a.res2, DropoutSite::mlp_output, layer, row0);
   ops::add_inplace(ctx, a.res2, a.res1);
   look(layer, "residual2", F, a.res2);
 }
@@ -68,6 +75,7 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   constexpr ProbeDir Bk = ProbeDir::backward;
   // MLP branch: dres = d res2; the residual passes it on to res1, ln_2's backward adds the branch.
   gather_rows(dres, st.dy2);  // g's dual; without SP a copy, since dres changes below    (N,C)
+  drop_rows(ctx, st.dy2, DropoutSite::mlp_output, layer, 0);  // d(c_proj output): the forward's mask
   look(layer, "residual2", Bk, st.dy2);
   ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                  // (N,Fl)
   look(layer, "mlp_fc2", Bk, dgelu);
@@ -81,6 +89,7 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   look(layer, "ln2", Bk, dres);
   // Attention branch: dres = d res1, becomes d x.
   gather_rows(dres, st.dy1);                                                                // (N,C)
+  drop_rows(ctx, st.dy1, DropoutSite::attention_output, layer, 0);
   look(layer, "residual1", Bk, st.dy1);
   ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Cl)
   look(layer, "attention_proj", Bk, datt);
@@ -89,13 +98,14 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
     // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
     // saved qkv (same kernel, same inputs: bitwise the forward's).
     ops::attention_forward(ctx, rc.att.view({B, T, Cl}), rc.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
-                           Hl);
+                           Hl, mask(DropoutSite::attention_probs, layer), int64_t{r} * Hl);
     look(layer, "attention_scores", ProbeDir::forward, rc.probs);
     look(layer, "attention_output", ProbeDir::forward, rc.att);
     probs = rc.probs;
   }
   ops::attention_backward(ctx, st.dqkv.view({B, T, 3 * Cl}), datt.view({B, T, Cl}), a.qkv.view({B, T, 3 * Cl}),
-                          probs.view({B, Hl, T, T}), Hl);                                   // (N,3Cl)
+                          probs.view({B, Hl, T, T}), Hl, mask(DropoutSite::attention_probs, layer),
+                          int64_t{r} * Hl);                                                 // (N,3Cl)
   look(layer, "attention_scores", Bk, st.dqkv);
   const Tensor dln1 = sp ? partial : st.dln1;                                               // (N,C)
   ops::linear_backward(ctx, dln1, none, none, st.dqkv, none, p.attn_w);

@@ -93,6 +93,7 @@ void GptChunk::Impl::embedding_forward(Context& ctx, const std::vector<Tensor>& 
   ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), e[0], v0,
                                r == 0 ? e[1] : Tensor());
   reduce_rows(full, s.xs[0]);                  // g -> (Nl,C)
+  drop_rows(ctx, s.xs[0], DropoutSite::embedding, 0, row0);
   look(kEmbeddingProbe, "lookup", ProbeDir::forward, s.xs[0]);
 }
 

@@ -32,8 +32,9 @@ std::vector<int> GptStage::tied_units() const {
 }
 
 double GptStage::forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                         const std::vector<Tensor>& out, double grad_scale, bool backward_next) {
-  return chunk_.forward(ctx, slot, batch, one(in), one(out), grad_scale, backward_next);
+                         const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                         const MicroBatchKey& key) {
+  return chunk_.forward(ctx, slot, batch, one(in), one(out), grad_scale, backward_next, key);
 }
 
 void GptStage::backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,

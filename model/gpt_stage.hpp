@@ -29,7 +29,8 @@ class GptStage final : public PipelineStage {
   bool reads_batch() const override { return chunk_.spec().has_embedding || chunk_.spec().has_head; }
   bool has_loss() const override { return chunk_.spec().has_head; }
   double forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                 const std::vector<Tensor>& out, double grad_scale, bool backward_next) override;
+                 const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                 const MicroBatchKey& key) override;
   void backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,
                 bool defer_weight_grads) override;
   void backward_weight(Context& ctx, int slot) override { chunk_.backward_weight(ctx, slot); }

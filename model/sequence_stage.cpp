@@ -113,14 +113,15 @@ bool SequenceStage::reads_batch() const {
 }
 
 double SequenceStage::forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                              const std::vector<Tensor>& out, double grad_scale, bool backward_next) {
+                              const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                              const MicroBatchKey& key) {
   double loss = 0;
   const size_t n = blocks_.size();
   for (size_t i = 0; i < n; ++i) {
     const std::vector<Tensor>& x = i == 0 ? in : joints_[i - 1].act[slot];
     const std::vector<Tensor>& y = i + 1 == n ? out : joints_[i].act[slot];
     const Tensor& rows = blocks_[i]->reads_batch() ? batch : Tensor();
-    loss += blocks_[i]->forward(ctx, slot, rows, x, y, grad_scale, backward_next && i + 1 == n);
+    loss += blocks_[i]->forward(ctx, slot, rows, x, y, grad_scale, backward_next && i + 1 == n, key);
   }
   return loss;
 }

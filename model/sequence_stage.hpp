@@ -30,7 +30,8 @@ class SequenceStage final : public PipelineStage {
   bool reads_batch() const override;
   bool has_loss() const override { return blocks_.back()->has_loss(); }
   double forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                 const std::vector<Tensor>& out, double grad_scale, bool backward_next) override;
+                 const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                 const MicroBatchKey& key) override;
   void backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,
                 bool defer_weight_grads) override;
   void backward_weight(Context& ctx, int slot) override;

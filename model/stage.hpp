@@ -60,8 +60,11 @@ class PipelineStage {
 
   // forward returns the loss sum when has_loss(). backward_next: the caller's next call is
   // backward(slot) without deferral (a loss head may fuse its backward in, GptChunk::forward).
+  // key: what the micro-batch's dropout masks are keyed by (model/dropout.hpp); GPT's blocks keep
+  // it for the slot's backward, custom stages have no dropout of troupe's and ignore it.
   virtual double forward(Context& ctx, int slot, const Tensor& batch, const std::vector<Tensor>& in,
-                         const std::vector<Tensor>& out, double grad_scale, bool backward_next) = 0;
+                         const std::vector<Tensor>& out, double grad_scale, bool backward_next,
+                         const MicroBatchKey& key) = 0;
   // dout: outputs()' gradients; din: inputs()' gradients to write. defer_weight_grads: keep what
   // backward_weight(slot) needs (a stage that cannot split computes its weight gradients here).
   virtual void backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,

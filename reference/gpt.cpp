@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/ops.hpp"
+#include "reference/dropout.hpp"
 
 namespace troupe {
 
@@ -70,6 +71,22 @@ GptModel::GptModel(const GptConfig& config, int max_micro_batch, DType dtype)
   dfc_ = Tensor::empty({N, F}, dtype);
   dfc_gelu_ = Tensor::empty({N, F}, dtype);
   dlnf_ = Tensor::empty({N, C}, dtype);
+  dbranch_ = Tensor::empty({N, C}, dtype);
+}
+
+void GptModel::drop_hidden(const Tensor& x, DropoutSite site, int layer) const {
+  if (key_ == nullptr || config_.hidden_dropout == 0) return;
+  const int64_t T = config_.seq_length, C = config_.hidden_size, N = x.numel() / C;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      const double f = ref_dropout::dropout_factor(config_, *key_, site, layer, key_->first_sample + n / T, (n % T) * C + c);
+      if (dtype_ == DType::f32) {
+        float& v = x.data<float>()[n * C + c];
+        v = static_cast<float>(static_cast<double>(v) * f);
+      } else {
+        x.data<double>()[n * C + c] *= f;
+      }
+    }
 }
 
 void GptModel::init(uint64_t seed) {
@@ -123,20 +140,30 @@ void GptModel::forward_trunk(Context& ctx, int B) {
   const double eps = config_.layernorm_epsilon;
   Tensor x = embed_.rows(0, N);  // (N,C)
   ops::embedding_forward(ctx, x.view({B, T, C}), inputs_.rows(0, N).view({B, T}), params_[0], params_[1]);
+  drop_hidden(x, DropoutSite::embedding, 0);
   for (int l = 0; l < config_.num_layers; ++l) {
     const Layer p = layer_params(params_, l);
     const LayerActs a = acts_view(l, B);
     // Attention branch: res1 = x + c_proj(attn(c_attn(ln_1(x))))
     ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, eps);
     ops::linear_forward(ctx, a.qkv, a.ln1, p.attn_w, p.attn_b);  // (B,T,3C)
-    ops::attention_forward(ctx, a.att, a.probs, a.qkv, H);       // (N,C)
+    if (drops_attention()) {
+      if (dtype_ == DType::f32)
+        ref_dropout::attention_forward(config_, *key_, l, a.att.data<float>(), a.probs.data<float>(), a.qkv.data<float>(), B);
+      else
+        ref_dropout::attention_forward(config_, *key_, l, a.att.data<double>(), a.probs.data<double>(), a.qkv.data<double>(), B);
+    } else {
+      ops::attention_forward(ctx, a.att, a.probs, a.qkv, H);     // (N,C)
+    }
     ops::linear_forward(ctx, a.res1, a.att, p.proj_w, p.proj_b);
+    drop_hidden(a.res1, DropoutSite::attention_output, l);
     ops::add_inplace(ctx, a.res1, x);
     // MLP branch: res2 = res1 + c_proj(gelu(c_fc(ln_2(res1))))
     ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, eps);
     ops::linear_forward(ctx, a.fc, a.ln2, p.fc_w, p.fc_b);  // (N,4C)
     ops::gelu_forward(ctx, a.fc_gelu, a.fc);
     ops::linear_forward(ctx, a.res2, a.fc_gelu, p.fcproj_w, p.fcproj_b);
+    drop_hidden(a.res2, DropoutSite::mlp_output, l);
     ops::add_inplace(ctx, a.res2, a.res1);
     x = a.res2;
   }
@@ -185,31 +212,53 @@ void GptModel::backward_trunk(Context& ctx, int B) {
   Tensor dln = dln_.rows(0, N), datt = datt_.rows(0, N);
   Tensor dqkv = dqkv_.rows(0, N).view({B, T, 3 * C});
   Tensor dfc = dfc_.rows(0, N), dfc_gelu = dfc_gelu_.rows(0, N);
+  // A branch's output gradient: dres itself, or with hidden dropout dres times the forward's mask.
+  const bool drops = key_ != nullptr && config_.hidden_dropout > 0;
+  const Tensor dbranch = drops ? dbranch_.rows(0, N) : dres;
+  auto branch_grad = [&](DropoutSite site, int layer) {
+    if (!drops) return;
+    dbranch.copy_from(dres);
+    drop_hidden(dbranch, site, layer);
+  };
   for (int l = config_.num_layers - 1; l >= 0; --l) {
     const Layer p = layer_params(params_, l);
     const Layer g = layer_params(grads_, l);
     const LayerActs a = acts_view(l, B);
     const Tensor x = l > 0 ? acts_view(l - 1, B).res2 : embed_.rows(0, N);
     // MLP branch; dres holds d res2 and becomes d res1 (the residual passes it through).
-    ops::linear_backward(ctx, dfc_gelu, g.fcproj_w, g.fcproj_b, dres, a.fc_gelu, p.fcproj_w);
+    branch_grad(DropoutSite::mlp_output, l);
+    ops::linear_backward(ctx, dfc_gelu, g.fcproj_w, g.fcproj_b, dbranch, a.fc_gelu, p.fcproj_w);
     ops::gelu_backward(ctx, dfc, dfc_gelu, a.fc);
     ops::linear_backward(ctx, dln, g.fc_w, g.fc_b, dfc, a.ln2, p.fc_w);
     ops::layernorm_backward(ctx, dres, g.ln2_w, g.ln2_b, dln, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
     // Attention branch; dres becomes d x.
-    ops::linear_backward(ctx, datt, g.proj_w, g.proj_b, dres, a.att, p.proj_w);
-    ops::attention_backward(ctx, dqkv, datt.view({B, T, C}), a.qkv, a.probs, H);
+    branch_grad(DropoutSite::attention_output, l);
+    ops::linear_backward(ctx, datt, g.proj_w, g.proj_b, dbranch, a.att, p.proj_w);
+    if (drops_attention()) {
+      if (dtype_ == DType::f32)
+        ref_dropout::attention_backward(config_, *key_, l, dqkv.data<float>(), datt.data<float>(), a.qkv.data<float>(),
+                                      a.probs.data<float>(), B);
+      else
+        ref_dropout::attention_backward(config_, *key_, l, dqkv.data<double>(), datt.data<double>(), a.qkv.data<double>(),
+                                      a.probs.data<double>(), B);
+    } else {
+      ops::attention_backward(ctx, dqkv, datt.view({B, T, C}), a.qkv, a.probs, H);
+    }
     ops::linear_backward(ctx, dln, g.attn_w, g.attn_b, dqkv, a.ln1, p.attn_w);
     ops::layernorm_backward(ctx, dres, g.ln1_w, g.ln1_b, dln, x, p.ln1_w, a.ln1_mean, a.ln1_rstd);
   }
+  drop_hidden(dres, DropoutSite::embedding, 0);
   ops::embedding_backward(ctx, grads_[0], grads_[1], dres.view({B, T, C}), inputs_.rows(0, N).view({B, T}));
 }
 
-double GptModel::forward_backward(Context& ctx, const Tensor& tokens, double grad_scale) {
+double GptModel::forward_backward(Context& ctx, const Tensor& tokens, double grad_scale, const MicroBatchKey& key) {
   const int B = static_cast<int>(tokens.dim(0));
   split_tokens(tokens, B);
+  key_ = &key;
   forward_trunk(ctx, B);
   const double loss_sum = head(ctx, B, grad_scale);
   backward_trunk(ctx, B);
+  key_ = nullptr;
   return loss_sum;
 }
 

@@ -6,6 +6,11 @@
 // exists. Training therefore runs forward and backward in one call (forward_backward); evaluation
 // runs forward_loss.
 //
+// Dropout (the config's hidden_dropout, attention_dropout): forward_backward applies it with the
+// masks of `key`, computed by the reference's own transcription of the rule (reference/dropout.hpp)
+// and, for the attention probabilities, a plain attention of its own; forward_loss never drops.
+// With both probabilities 0 the model runs exactly the kernels it ran before dropout existed.
+//
 // Not thread-safe: one shard (actor) owns a GptModel and calls it from its own thread.
 #pragma once
 #include <cstdint>
@@ -14,6 +19,7 @@
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
 #include "troupe/model_config.hpp"
+#include "model/dropout.hpp"
 #include "model/params.hpp"
 
 namespace troupe {
@@ -38,8 +44,8 @@ class GptModel {
 
   // One micro-batch: tokens (B, T+1) i32 windows, inputs tokens[:, :T], targets tokens[:, 1:].
   // Accumulates grad_scale * d(sum of token losses)/d(params) into grads() and returns the sum of the
-  // B*T token losses (double).
-  double forward_backward(Context& ctx, const Tensor& tokens, double grad_scale);
+  // B*T token losses (double). key: the dropout masks' key (used when the config has dropout).
+  double forward_backward(Context& ctx, const Tensor& tokens, double grad_scale, const MicroBatchKey& key = {});
   // Forward only; returns the sum of the B*T token losses.
   double forward_loss(Context& ctx, const Tensor& tokens);
 
@@ -65,6 +71,10 @@ class GptModel {
   // Loss head over ln_f's output in row chunks; with grad_scale != 0 also its backward into dlnf_.
   double head(Context& ctx, int B, double grad_scale);
   void backward_trunk(Context& ctx, int B);
+  // x (N,C) rows of the micro-batch's B sequences *= their dropout factors at `site` of `layer`; nothing
+  // when no training key is set (evaluation) or the hidden probability is 0.
+  void drop_hidden(const Tensor& x, DropoutSite site, int layer) const;
+  bool drops_attention() const { return key_ != nullptr && config_.attention_dropout > 0; }
   Layer layer_params(const std::vector<Tensor>& from, int layer) const;
   LayerActs acts_view(int layer, int B) const;
 
@@ -85,6 +95,8 @@ class GptModel {
   Tensor losses_;                          // (Nmax)
   // Backward scratch shared by all layers.
   Tensor dres_, dln_, datt_, dqkv_, dfc_, dfc_gelu_, dlnf_;
+  Tensor dbranch_;                         // (Nmax,C) a residual branch's output gradient, dropped
+  const MicroBatchKey* key_ = nullptr;     // forward_backward's key during the call (null: no dropout)
 };
 
 }  // namespace troupe

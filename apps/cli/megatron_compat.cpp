@@ -139,11 +139,6 @@ const std::vector<Entry>& entries() {
       {"--min-loss-scale", 1, Kind::noop, kFp16Only},
       {"--loss-scale-window", 1, Kind::noop, kFp16Only},
       {"--fp32-residual-connection", 0, Kind::noop, "troupe's residual stream is float32 already"},
-      // Dropout: none in troupe yet; zero is exactly what it does.
-      {"--attention-dropout", 1, Kind::noop, "troupe applies no dropout, which a probability of 0 asks for", "0",
-       "troupe has no dropout yet -- pass 0 (Megatron's default 0.1 does not apply: troupe trains without dropout)"},
-      {"--hidden-dropout", 1, Kind::noop, "troupe applies no dropout, which a probability of 0 asks for", "0",
-       "troupe has no dropout yet -- pass 0 (Megatron's default 0.1 does not apply: troupe trains without dropout)"},
       // Other spellings of what troupe does.
       {"--checkpoint-activations", 0, Kind::alias, "Megatron's older spelling of --recompute-granularity full", "", "",
        {"--recompute-granularity", "full"}},

@@ -9,7 +9,7 @@
 //     reason and what to do;
 //   - otherwise unknown: a problem with the nearest registered spelling, or troupe's equivalent of
 //     a Megatron flag it lacks.
-// Flags with constrained values (--data-impl mmap, --optimizer adam, --attention-dropout 0, ...)
+// Flags with constrained values (--data-impl mmap, --optimizer adam, ...)
 // are no-ops for the values that change nothing and refused for the others.
 //
 // All problems are reported at once: the screen's own, the first value CLI11 cannot convert, and

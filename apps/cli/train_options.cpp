@@ -44,6 +44,10 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Pad the vocabulary to a multiple of this");
   opt(model, "--init-method-std", m.init_method_std,
       "Standard deviation of the normal weight init");
+  opt(model, "--hidden-dropout", m.hidden_dropout,
+      "Dropout probability on the embeddings and on each residual branch, training only");
+  opt(model, "--attention-dropout", m.attention_dropout,
+      "Dropout probability on the attention probabilities, training only");
 
   const char* batch = "Batch";
   opt(batch, "--micro-batch-size", cfg->micro_batch_size, "Sequences per forward/backward pass");

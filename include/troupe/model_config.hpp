@@ -17,6 +17,14 @@ struct GptConfig {
   int make_vocab_size_divisible_by = 128;  // Megatron's --make-vocab-size-divisible-by
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;
+  // Dropout probabilities (Megatron's --hidden-dropout, --attention-dropout), 0 <= p < 1, applied in
+  // training only: hidden on the embedding output and on each residual branch (attention and MLP
+  // output, before the residual add), attention on the attention probabilities. The masks are a
+  // function of (seed, iteration, global sample, layer, element), the same on every parallel layout
+  // (docs/COMPAT.md, "Dropout"). 0 here: a GptConfig built in code is the model without dropout;
+  // the command line (and troupe::parse_train_flags) defaults both to Megatron's 0.1.
+  double hidden_dropout = 0;
+  double attention_dropout = 0;
 
   int ffn_hidden_size() const { return 4 * hidden_size; }
   int head_size() const { return hidden_size / num_attention_heads; }

@@ -28,7 +28,15 @@ struct TensorBoardConfig {
 };
 
 struct TrainConfig {
-  GptConfig model;
+  // The model. Dropout defaults to Megatron's 0.1 (hidden and attention) here, as on the command
+  // line, where a bare GptConfig has none: a run configured by a TrainConfig trains as the same
+  // Megatron flags would.
+  GptConfig model = [] {
+    GptConfig m;
+    m.hidden_dropout = 0.1;
+    m.attention_dropout = 0.1;
+    return m;
+  }();
 
   // Batches: gradient accumulation steps = global_batch_size / (micro_batch_size * dp).
   int micro_batch_size = 4;

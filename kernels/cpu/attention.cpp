@@ -1,6 +1,11 @@
 // Causal multi-head self-attention on the CPU. One task per (batch, head), tasks split over the pool;
 // inside a task the products run as single-threaded GEMMs on row blocks so the masked upper
 // triangle is mostly skipped: block [i0, i1) of queries only meets keys [0, i1).
+// Attention dropout: the dropped probabilities Pd = P * factor are formed in a per-thread scratch
+// (a block of rows in forward, the whole (T, T) in backward, where dV needs every row) and the
+// products use them; P itself stays the softmax, which the softmax's backward needs. The backward
+// regenerates each row's factors once and uses them for Pd and for dP = dPd * factor. Without
+// dropout the code path is the one before dropout existed, unchanged.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,14 +19,33 @@ namespace troupe::cpu {
 
 namespace {
 constexpr int64_t kBlock = 64;  // query rows per GEMM block
+
+// Scratch that lives with the thread: grown once, so a call allocates nothing after the first.
+template <class T>
+T* scratch(size_t n, int which) {
+  thread_local std::vector<T> buf[2];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
 }
+
+// Pd row i (columns 0..i) = P row i * factors; f receives the factors (columns 0..i).
+template <class T>
+void drop_row(const DropoutMask& mask, int64_t sample, int64_t e0, int64_t i, T keep_scale, const T* p, T* pd, T* f) {
+  mask.factors(sample, e0, i + 1, keep_scale, f);
+  for (int64_t j = 0; j <= i; ++j) pd[j] = p[j] * f[j];
+}
+
+}  // namespace
 
 template <class T>
 void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
-                       int64_t C, int64_t H) {
+                       int64_t C, int64_t H, const DropoutMask* mask, int64_t head0) {
   const int64_t hs = C / H, ld = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    T* pd = mask ? scratch<T>(static_cast<size_t>(kBlock * T_), 0) : nullptr;  // (kBlock, T) dropped rows
+    T* f = mask ? scratch<T>(static_cast<size_t>(T_), 1) : nullptr;            // (T) one row's factors
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H;
       const T* q = qkv + b * T_ * ld + h * hs;  // (T, hs), row stride 3C
@@ -48,10 +72,20 @@ void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         std::fill(row + i + 1, row + T_, T(0));
       }
-      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]
+      // O[i0:i1] = P[i0:i1, 0:i1] V[0:i1]  (P dropped into pd block by block with dropout)
       for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
         int64_t i1 = std::min(T_, i0 + kBlock);
-        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), P + i0 * T_, T_, v, ld, T(0), o + i0 * C, C);
+        if (!mask) {
+          gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), P + i0 * T_, T_, v, ld, T(0), o + i0 * C, C);
+          continue;
+        }
+        const int64_t sample = mask->first_sample + b, hg = head0 + h;
+        for (int64_t i = i0; i < i1; ++i) {
+          T* row = pd + (i - i0) * T_;
+          drop_row(*mask, sample, (hg * T_ + i) * T_, i, keep_scale, P + i * T_, row, f);
+          std::fill(row + i + 1, row + i1, T(0));
+        }
+        gemm_serial<T>(false, false, i1 - i0, hs, i1, T(1), pd, T_, v, ld, T(0), o + i0 * C, C);
       }
     }
   });
@@ -59,12 +93,17 @@ void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t
 
 template <class T>
 void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        int64_t B, int64_t T_, int64_t C, int64_t H) {
+                        int64_t B, int64_t T_, int64_t C, int64_t H, const DropoutMask* mask, int64_t head0) {
   const int64_t hs = C / H, ld = 3 * C;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    std::vector<T> dP_buf(static_cast<size_t>(T_ * T_));  // (T, T): dP, then dS in place
-    T* dP = dP_buf.data();
+    // (T, T) dP, then dS in place; with dropout also (T, T) Pd and (T) one row's factors, in the
+    // thread's scratch (no allocation per call); without, a buffer of the call as before dropout.
+    std::vector<T> plain_buf(mask ? 0 : static_cast<size_t>(T_ * T_));
+    T* dP = mask ? scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0) : plain_buf.data();
+    T* pd = dP + T_ * T_;
+    T* f = pd + T_ * T_;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H;
       const T* q = qkv + b * T_ * ld + h * hs;
@@ -75,15 +114,27 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
       T* dq = dqkv + b * T_ * ld + h * hs;       // (T, hs), stride 3C
       T* dk = dq + C;
       T* dv = dq + 2 * C;
-      // dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T
+      // dP[i0:i1, 0:i1] = dO[i0:i1] V[0:i1]^T  (with dropout: the gradient of the dropped Pd)
       for (int64_t i0 = 0; i0 < T_; i0 += kBlock) {
         int64_t i1 = std::min(T_, i0 + kBlock);
         gemm_serial<T>(false, true, i1 - i0, i1, hs, T(1), dO + i0 * C, C, v, ld, T(0), dP + i0 * T_, T_);
       }
-      // dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T]   (P is zero above the diagonal)
+      // Dropout, per row: Pd = P * factor, and dP = dPd * factor, the factors made once.
+      if (mask) {
+        const int64_t sample = mask->first_sample + b, hg = head0 + h;
+        for (int64_t i = 0; i < T_; ++i) {
+          T* pdr = pd + i * T_;
+          T* dr = dP + i * T_;
+          drop_row(*mask, sample, (hg * T_ + i) * T_, i, keep_scale, P + i * T_, pdr, f);
+          std::fill(pdr + i + 1, pdr + T_, T(0));
+          for (int64_t j = 0; j <= i; ++j) dr[j] *= f[j];
+        }
+      }
+      // dV[j0:j1] = P[j0:T, j0:j1]^T dO[j0:T]   (P, or Pd with dropout, is zero above the diagonal)
+      const T* weights = mask ? pd : P;
       for (int64_t j0 = 0; j0 < T_; j0 += kBlock) {
         int64_t j1 = std::min(T_, j0 + kBlock);
-        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), P + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
+        gemm_serial<T>(true, false, j1 - j0, hs, T_ - j0, T(1), weights + j0 * T_ + j0, T_, dO + j0 * C, C, T(0),
                        dv + j0 * ld, ld);
       }
       // dS = scale * P * (dP - rowsum(P * dP)), zero above the diagonal
@@ -111,12 +162,13 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
 }
 
 template void attention_forward<float>(ThreadPool&, float*, float*, const float*, int64_t, int64_t,
-                                       int64_t, int64_t);
+                                       int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_forward<double>(ThreadPool&, double*, double*, const double*, int64_t, int64_t,
-                                        int64_t, int64_t);
+                                        int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_backward<float>(ThreadPool&, float*, const float*, const float*, const float*,
-                                        int64_t, int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t, const DropoutMask*, int64_t);
 template void attention_backward<double>(ThreadPool&, double*, const double*, const double*,
-                                         const double*, int64_t, int64_t, int64_t, int64_t);
+                                         const double*, int64_t, int64_t, int64_t, int64_t, const DropoutMask*,
+                                         int64_t);
 
 }  // namespace troupe::cpu

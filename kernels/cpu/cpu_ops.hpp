@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/dropout.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe::cpu {
@@ -46,11 +47,16 @@ template <class T>
 void add(ThreadPool& pool, T* out, const T* a, const T* b, int64_t n);
 
 template <class T>
+void dropout_rows(ThreadPool& pool, T* x, const DropoutMask& mask, int64_t row0, int64_t rows, int64_t C,
+                  int64_t seq_len);
+
+// mask null: no attention dropout.
+template <class T>
 void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
-                       int64_t C, int64_t H);
+                       int64_t C, int64_t H, const DropoutMask* mask, int64_t head0);
 template <class T>
 void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        int64_t B, int64_t T_, int64_t C, int64_t H);
+                        int64_t B, int64_t T_, int64_t C, int64_t H, const DropoutMask* mask, int64_t head0);
 
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,

@@ -109,7 +109,7 @@ TEST_CASE("compat: every no-op and alias is accepted with one note, and aliases 
       {"--local-rank", "3"},               {"--num-workers", "2"},          {"--data-impl", "mmap"},
       {"--dataloader-type", "single"},     {"--optimizer", "adam"},         {"--hysteresis", "2"},
       {"--loss-scale", "1024"},            {"--initial-loss-scale", "4096"}, {"--min-loss-scale", "1"},
-      {"--loss-scale-window", "1000"},     {"--attention-dropout", "0"},    {"--hidden-dropout", "0.0"},
+      {"--loss-scale-window", "1000"},
       {"--normalization", "LayerNorm"},    {"--position-embedding-type", "learned_absolute"},
       {"--ffn-hidden-size", "192"}};
   std::vector<std::string> with_values;
@@ -156,7 +156,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     extra.push_back(bad);
     originals.push_back(names[static_cast<size_t>(k)]);
   }
-  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--attention-dropout", "0.1", "--swiglu",
+  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--swiglu",
                              "--rampup-batch-size", "16", "16", "1000", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
   auto s = screen_train_args(base(extra), 1);
   REQUIRE_FALSE(s.is_ok());
@@ -169,23 +169,43 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
   }
   CHECK_THAT(m, Contains("--fp16: troupe trains in float32"));
   CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
-  CHECK_THAT(m, Contains("--attention-dropout 0.1: troupe has no dropout yet"));
   CHECK_THAT(m, Contains("--swiglu: a model-architecture flag"));
   CHECK_THAT(m, Contains("--rampup-batch-size: batch-size ramp-up is not in troupe yet"));
   CHECK_THAT(m, Contains("--zzzz-not-megatron: not a flag of troupe train -- troupe train --help"));
   CHECK_THAT(m, Contains("--ffn-hidden-size 100:"));
-  CHECK_THAT(m, Contains(std::to_string(originals.size() + 7) + " problems with the flags"));
+  CHECK_THAT(m, Contains(std::to_string(originals.size() + 6) + " problems with the flags"));
+}
+
+TEST_CASE("compat: --hidden-dropout and --attention-dropout: Megatron's defaults, any probability below 1", "[compat]") {
+  auto defaults = parse_train_flags(base());
+  REQUIRE(defaults.is_ok());
+  CHECK(defaults.value().model.hidden_dropout == 0.1);  // Megatron's defaults, as TrainConfig's
+  CHECK(defaults.value().model.attention_dropout == 0.1);
+  CHECK(TrainConfig{}.model.hidden_dropout == 0.1);
+  CHECK(GptConfig{}.hidden_dropout == 0);  // a bare model has none
+  auto set = parse_train_flags(base({"--hidden-dropout", "0.25", "--attention-dropout", "0"}));
+  REQUIRE(set.is_ok());
+  CHECK(set.value().model.hidden_dropout == 0.25);
+  CHECK(set.value().model.attention_dropout == 0);
+  for (const char* bad : {"1", "-0.1", "1.5", "nan"}) {
+    auto s = parse_train_flags(base({"--attention-dropout", bad}));
+    INFO(bad);
+    REQUIRE_FALSE(s.is_ok());
+    CHECK(s.status().is_bad_input());
+    CHECK_THAT(s.status().message(), Contains("--attention-dropout"));
+  }
 }
 
 TEST_CASE("compat: validation's problems come with the flags' problems", "[compat]") {
-  auto s = screen_train_args(base({"--fp16", "--lr", "-1", "--clip-grad", "-2"}), 1);
+  auto s = screen_train_args(base({"--fp16", "--lr", "-1", "--clip-grad", "-2", "--hidden-dropout", "1"}), 1);
   REQUIRE_FALSE(s.is_ok());
   const std::string m = s.status().message();
   INFO(m);
   CHECK_THAT(m, Contains("--fp16"));
   CHECK_THAT(m, Contains("--lr"));
   CHECK_THAT(m, Contains("--clip-grad"));
-  CHECK_THAT(m, Contains("3 problems with the flags"));
+  CHECK_THAT(m, Contains("--hidden-dropout must be a probability at least 0 and below 1"));
+  CHECK_THAT(m, Contains("4 problems with the flags"));
   // A value CLI11 cannot read is named too.
   auto t = screen_train_args(base({"--bf16", "--num-layers", "two"}), 1);
   REQUIRE_FALSE(t.is_ok());

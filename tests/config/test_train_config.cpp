@@ -10,10 +10,16 @@ namespace {
 
 using nlohmann::json;
 
-// A file as versions before 4 wrote it: no per-split data paths, no "schedule".
+// A file as version 4 wrote it: no dropout in "model".
+json without_dropout(json j) {
+  for (const char* key : {"hidden_dropout", "attention_dropout"}) j.at("model").erase(key);
+  return j;
+}
+
+// A file as versions before 4 wrote it: no per-split data paths, no "schedule" (nor dropout).
 json without_data_paths(json j) {
   for (const char* key : {"train_data_path", "valid_data_path", "test_data_path", "schedule"}) j.erase(key);
-  return j;
+  return without_dropout(j);
 }
 
 // Every field differs from its default, so a field dropped on either side fails the round trip.
@@ -28,6 +34,8 @@ TrainConfig all_fields_set() {
   c.model.make_vocab_size_divisible_by = 64;
   c.model.layernorm_epsilon = 1e-6;
   c.model.init_method_std = 0.0125;
+  c.model.hidden_dropout = 0.05;
+  c.model.attention_dropout = 0.2;
   c.micro_batch_size = 3;
   c.global_batch_size = 12;
   c.tensor_model_parallel_size = 3;
@@ -94,6 +102,8 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.model.make_vocab_size_divisible_by == b.model.make_vocab_size_divisible_by);
   CHECK(a.model.layernorm_epsilon == b.model.layernorm_epsilon);  // exact: shortest round-trip form
   CHECK(a.model.init_method_std == b.model.init_method_std);
+  CHECK(a.model.hidden_dropout == b.model.hidden_dropout);
+  CHECK(a.model.attention_dropout == b.model.attention_dropout);
   CHECK(a.micro_batch_size == b.micro_batch_size);
   CHECK(a.global_batch_size == b.global_batch_size);
   CHECK(a.tensor_model_parallel_size == b.tensor_model_parallel_size);
@@ -182,10 +192,34 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.at("make_vocab_size_divisible_by") == 64);
   CHECK(m.at("layernorm_epsilon") == 1e-6);
   CHECK(m.at("init_method_std") == 0.0125);
-  CHECK(m.size() == 9);
+  CHECK(m.at("hidden_dropout") == 0.05);
+  CHECK(m.at("attention_dropout") == 0.2);
+  CHECK(m.size() == 11);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 4);
+  CHECK(j.at("version") == 5);
+}
+
+TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as it trained", "[train_config]") {
+  json j = without_dropout(json::parse(all_fields_set().to_json()));
+  j["version"] = 4;
+  auto r = TrainConfig::from_json(j.dump());
+  INFO(r.status().message());
+  REQUIRE(r.is_ok());
+  CHECK(r.value().model.hidden_dropout == 0);
+  CHECK(r.value().model.attention_dropout == 0);
+  CHECK(r.value().model.num_layers == 7);
+  CHECK(json::parse(r.value().to_json()).at("version") == 5);
+  // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
+  json with = json::parse(all_fields_set().to_json());
+  with["version"] = 4;
+  auto bad = TrainConfig::from_json(with.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"model.attention_dropout\""));
+  CHECK_THAT(error_after([](json& e) { e.at("model").erase("attention_dropout"); }),
+             Catch::Contains("missing key \"model.attention_dropout\""));
+  CHECK_THAT(error_after([](json& e) { e["model"]["hidden_dropout"] = 1.5; }),
+             Catch::Contains("\"model.hidden_dropout\""));
 }
 
 TEST_CASE("train config: offload and restarts sit under \"runtime\" (version 3)", "[train_config]") {
@@ -292,8 +326,8 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.model.num_layers == 7);
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
-  // Written again, it is version 4.
-  CHECK(json::parse(c.to_json()).at("version") == 4);
+  // Written again, it is version 5.
+  CHECK(json::parse(c.to_json()).at("version") == 5);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
@@ -351,10 +385,10 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 5; }),
-             Catch::Contains("\"version\" must be 1 to 4") && Catch::Contains("got 5"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 6; }),
+             Catch::Contains("\"version\" must be 1 to 5") && Catch::Contains("got 6"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 4"));
+             Catch::Contains("\"version\" must be 1 to 5"));
   CHECK_THAT(error_after([](json& j) { j["data_path"] = json::array({"a", 3}); }),
              Catch::Contains("\"data_path\" must be an array of strings"));
   CHECK_THAT(error_after([](json& j) { j.erase("valid_data_path"); }),

@@ -162,6 +162,7 @@ std::vector<int> tp_group(int r, int t) {
 // chunk has no embedding / no head (each rank takes its rows under sequence parallelism).
 struct Micro {
   Tensor tokens, input, dout;
+  MicroBatchKey key;  // the dropout masks' key (used by configs with dropout)
 };
 
 struct RankResult {
@@ -223,7 +224,7 @@ std::vector<RankResult> run_chunk(ChunkSpec spec, int t, DType dt, const std::ve
         slot_of[m] = s;
         Tensor in = spec.has_embedding ? Tensor() : row_block(mb.input.to(dt), r0, rows);
         if (!spec.has_head) out.out[m] = Tensor::zeros({rows, C}, dt);
-        out.loss[m] = c.forward(ctx, s, mb.tokens, in, out.out[m], grad_scale(spec.model), kind == 'H');
+        out.loss[m] = c.forward(ctx, s, mb.tokens, in, out.out[m], grad_scale(spec.model), kind == 'H', mb.key);
       } else if (kind == 'B') {
         bool defer = false;
         for (auto [k2, m2] : steps) defer = defer || (k2 == 'W' && m2 == m);
@@ -268,7 +269,7 @@ Reference reference(const GptConfig& cfg, DType dt, const std::vector<Micro>& mi
   ref.model = std::make_unique<GptModel>(cfg, kB, dt);
   init_reference(*ref.model);
   ref.model->zero_grad();
-  for (const Micro& m : micro) ref.loss.push_back(ref.model->forward_backward(ctx, m.tokens, grad_scale(cfg)));
+  for (const Micro& m : micro) ref.loss.push_back(ref.model->forward_backward(ctx, m.tokens, grad_scale(cfg), m.key));
   for (size_t k = 0; k < ref.model->specs().size(); ++k) ref.index[ref.model->specs()[k].name] = static_cast<int>(k);
   return ref;
 }
@@ -282,6 +283,7 @@ std::vector<Micro> micro_batches(const GptConfig& cfg, int count, uint64_t seed)
     x.tokens = random_windows(rng, cfg);
     x.input = test::random_tensor({N, C}, rng);
     x.dout = test::random_tensor({N, C}, rng, -0.05, 0.05);
+    x.key = MicroBatchKey{seed, 3, int64_t{i} * kB};  // micro-batch i of an iteration's global batch
     m.push_back(x);
   }
   return m;
@@ -836,4 +838,89 @@ TEST_CASE("TP + SP in double: gradients match finite differences of the chunk's 
       }
     }
   }
+}
+
+// ---- dropout (model/dropout.hpp) -------------------------------------------------------------------
+// The reference (GptModel) draws its masks with its own transcription of the rule and runs its own
+// attention with dropout (reference/dropout.hpp), so agreement checks the chunk's masks, their
+// placement and their backward on every split.
+
+namespace {
+GptConfig with_dropout(GptConfig c, double hidden = 0.1, double attention = 0.15) {
+  c.hidden_dropout = hidden;
+  c.attention_dropout = attention;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("dropout: t=1,2,3 (SP on and off) match GptModel with the reference's own masks", "[chunk][tp][dropout]") {
+  const GptConfig cfg = with_dropout(tiny(3));
+  for (int t : {1, 2, 3}) {
+    for (bool sp : {false, true}) {
+      if (t == 1 && sp) continue;
+      for (DType dt : {DType::f32, DType::f64}) {
+        INFO("t=" << t << " sp=" << sp << " " << dtype_name(dt));
+        const auto [loss_err, grad_err] = check_tp_against_reference(cfg, t, sp, dt, sp ? 8 : 0);
+        if (verbose())
+          std::printf("dropout t=%d sp=%d %s: loss rel err %.3g, grad max rel err %.3g\n", t, sp, dtype_name(dt),
+                      loss_err, grad_err);
+        CHECK(loss_err < (dt == DType::f32 ? 1e-5 : 1e-11));
+        CHECK(grad_err < (dt == DType::f32 ? 1e-5 : 1e-10));
+      }
+    }
+  }
+  // The masks matter: the same micro-batches without dropout give other losses.
+  const auto micro = micro_batches(cfg, 2, 13);
+  const Reference with = reference(cfg, DType::f64, micro), without = reference(tiny(3), DType::f64, micro);
+  CHECK(std::abs(with.loss[0] - without.loss[0]) > 1e-5 * std::abs(without.loss[0]));  // f64 rounding: 1e-15
+}
+
+TEST_CASE("dropout: each site alone matches GptModel (hidden only, attention only)", "[chunk][dropout]") {
+  for (auto [hidden, attention] : {std::pair{0.3, 0.0}, std::pair{0.0, 0.3}}) {
+    INFO("hidden " << hidden << " attention " << attention);
+    const auto [loss_err, grad_err] = check_tp_against_reference(with_dropout(tiny(2), hidden, attention), 2, true,
+                                                                 DType::f64, 0);
+    CHECK(loss_err < 1e-11);
+    CHECK(grad_err < 1e-10);
+  }
+}
+
+TEST_CASE("dropout: recompute, split backward and slot order are bitwise the plain run", "[chunk][dropout]") {
+  const GptConfig cfg = with_dropout(tiny(3));
+  const auto micro = micro_batches(cfg, 3, 16);
+  for (auto [t, sp] : {std::pair{1, false}, std::pair{2, true}}) {
+    for (ChunkSpec s : stages_of(cfg)) {
+      INFO("t=" << t << " embedding=" << s.has_embedding << " head=" << s.has_head);
+      s.sequence_parallel = sp;
+      const auto base = run_chunk(s, t, DType::f32, micro, "F0 B0 F1 B1 F2 B2");
+      for (Recompute rc : {Recompute::none, Recompute::full, Recompute::selective}) {
+        INFO("recompute " << static_cast<int>(rc));
+        s.recompute = rc;
+        require_same(run_chunk(s, t, DType::f32, micro, "F0 B0 F1 B1 F2 B2"), base);
+        require_same(run_chunk(s, t, DType::f32, micro, "F0 F1 B0 F2 B1 W0 B2 W1 W2", 3), base);
+      }
+      s.recompute = Recompute::none;
+      if (s.has_head && t == 1) require_same(run_chunk(s, t, DType::f32, micro, "H0 B0 H1 B1 H2 B2"), base);
+    }
+  }
+}
+
+TEST_CASE("dropout: evaluation drops nothing (the dropout-free model's loss on the same weights)", "[chunk][dropout]") {
+  const GptConfig plain = tiny(3), dropped = with_dropout(plain, 0.5, 0.5);
+  std::mt19937_64 rng(21);
+  const Tensor tokens = random_windows(rng, plain);
+  ThreadPool pool(1);
+  Context ctx;
+  ctx.pool = &pool;
+  double eval[2], train = 0;
+  for (int i = 0; i < 2; ++i) {
+    ChunkSpec s = whole_model(i == 0 ? plain : dropped);
+    s.micro_batch = kB;
+    GptChunk c(s, nullptr);
+    init_chunk(c);
+    eval[i] = c.forward_eval(ctx, tokens, Tensor(), Tensor());
+    if (i == 1) train = c.forward(ctx, 0, tokens, Tensor(), Tensor(), grad_scale(s.model), false, MicroBatchKey{5, 1, 0});
+  }
+  CHECK(eval[0] == eval[1]);
+  CHECK(std::abs(train - eval[1]) > 1e-4 * std::abs(eval[1]));  // while training the masks do apply
 }
