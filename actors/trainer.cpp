@@ -66,17 +66,19 @@ auto on_error(Self self) {
   return [self](caf::error& err) { fail(self, describe(err)); };
 }
 
-int64_t global_batch(Self self) { return self->state.spec.config.global_batch_size; }
+// The global batch of the iteration that begins after `consumed` samples (--rampup-batch-size
+// ramps it up; otherwise --global-batch-size).
+int64_t global_batch(Self self, int64_t consumed) { return self->state.spec.config.global_batch_at(consumed); }
 
 void read_ahead(Self self) {
   auto& st = self->state;
-  const int64_t next = st.consumed + global_batch(self);
+  const int64_t next = st.consumed + global_batch(self, st.consumed);
   if (st.iteration + 1 >= st.spec.config.iterations_to_run() || st.ahead_in_flight || st.ahead_for == next) return;
   st.ahead_in_flight = true;
   st.ahead_for = next;
   st.ahead.reset();
   self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::train, next,
-                static_cast<int32_t>(global_batch(self)))
+                static_cast<int32_t>(global_batch(self, next)))
       .then(
           [self](Tensor& batch) {
             auto& s = self->state;
@@ -207,9 +209,10 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min, doub
   const double lr = st.step_lr;
   st.iteration += 1;
   if (st.steps_left > 0 && --st.steps_left == 0) st.paused = true;
-  st.consumed += cfg.global_batch_size;
+  const int64_t batch = global_batch(self, st.consumed);
+  st.consumed += batch;
   IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds,
-                                     st.spec.loss_terms_per_sample, st.spec.gpt_flops);
+                                     st.spec.loss_terms_per_sample, st.spec.gpt_flops, batch);
   s.busy_fraction_min = busy_min;
   s.busy_fraction_max = busy_max;
   s.timers = combine_rank_timers(rank_timers, cfg.timing_log_level);
@@ -238,7 +241,7 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min, doub
 StepRequest step_request(Self self) {
   const auto& s = self->state;
   const TrainConfig& c = s.spec.config;
-  StepRequest req = optimizer_step(c, s.iteration);
+  StepRequest req = optimizer_step(c, s.iteration, s.consumed);
   req.stop = s.stop_wanted;
   if (s.spec.control) {
     req.control = s.spec.control->vote();
@@ -351,7 +354,8 @@ void run_micro_batches(Self self, const Tensor& batch) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const int64_t per_sample = st.spec.loss_terms_per_sample > 0 ? st.spec.loss_terms_per_sample : cfg.model.seq_length;
-  const double scale = 1.0 / (static_cast<double>(cfg.global_batch_size) * static_cast<double>(per_sample));
+  // The mean over this iteration's samples (fewer than --global-batch-size during a ramp-up).
+  const double scale = 1.0 / (static_cast<double>(batch.dim(0)) * static_cast<double>(per_sample));
   const StepRequest req = step_request(self);
   st.step_lr = req.lr;
   self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, req)
@@ -406,7 +410,7 @@ void start_iteration(Self self) {
     return;
   }
   self->request(st.spec.loader, caf::infinite, batch_atom::value, DataSplit::train, st.consumed,
-                static_cast<int32_t>(global_batch(self)))
+                static_cast<int32_t>(global_batch(self, st.consumed)))
       .then([self](Tensor& batch) { run_micro_batches(self, batch); }, on_error(self));
 }
 

@@ -1,6 +1,7 @@
 #include "troupe/train_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -22,6 +23,7 @@ constexpr int kVersion = 5;  // 2 added the "parallel" object (version 1 files r
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
                               // an array and the per-split data paths, 5 the model's dropout
                               // probabilities (older files: 0, since troupe trained without dropout)
+                              // and the batch-size ramp-up (older files: none)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -76,6 +78,14 @@ void visit_schedule_fields(Config& c, Visitor&& v) {
   v("train_tokens", c.train_tokens);
   v("lr_warmup_tokens", c.lr_warmup_tokens);
   v("lr_decay_tokens", c.lr_decay_tokens);
+}
+
+// Version 5: the batch-size ramp-up, in the "schedule" object (absent from older files: none).
+template <class Config, class Visitor>
+void visit_rampup_fields(Config& c, Visitor&& v) {
+  v("rampup_start_batch", c.rampup_start_batch);
+  v("rampup_batch_increment", c.rampup_batch_increment);
+  v("rampup_samples", c.rampup_samples);
 }
 
 // Version 4: the per-split data paths (absent from older files: none).
@@ -289,6 +299,7 @@ std::string TrainConfig::to_json() const {
   j["runtime"] = std::move(runtime_json);
   json schedule_json = json::object();
   visit_schedule_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
+  visit_rampup_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
   j["schedule"] = std::move(schedule_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
@@ -364,6 +375,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     if (!sc_it->is_object()) return type_error("schedule", "an object", *sc_it);
     ObjectReader sc_reader(*sc_it, "schedule.");
     visit_schedule_fields(c, sc_reader);
+    if (version->get<int64_t>() >= 5) visit_rampup_fields(c, sc_reader);
     TROUPE_RETURN_IF_ERROR(sc_reader.finish());
   }
 
@@ -403,8 +415,60 @@ TrainConfig::LrLengths TrainConfig::lr_lengths() const {
   return l;
 }
 
+int64_t TrainConfig::global_batch_at(int64_t consumed) const {
+  if (!rampup() || consumed > rampup_samples) return global_batch_size;
+  // Megatron's RampupBatchsizeNumMicroBatchesCalculator.update: steps = int(consumed /
+  // (ramup_samples / num_increments)), in double as Python computes it. No increments (the start is
+  // the global batch already): always the global batch.
+  const int64_t increments =
+      rampup_batch_increment > 0 ? (global_batch_size - rampup_start_batch) / rampup_batch_increment : 0;
+  if (increments <= 0) return global_batch_size;
+  const double per_increment = static_cast<double>(rampup_samples) / static_cast<double>(increments);
+  const int64_t steps = static_cast<int64_t>(static_cast<double>(consumed) / per_increment);
+  return std::min<int64_t>(global_batch_size, rampup_start_batch + steps * rampup_batch_increment);
+}
+
+int64_t TrainConfig::samples_after(int64_t iterations) const {
+  if (!rampup()) return iterations * global_batch_size;
+  const int64_t increments =
+      rampup_batch_increment > 0 ? (global_batch_size - rampup_start_batch) / rampup_batch_increment : 0;
+  const double per_increment = increments > 0 ? static_cast<double>(rampup_samples) / static_cast<double>(increments) : 0;
+  int64_t consumed = 0;
+  for (int64_t k = 0; k < iterations;) {
+    if (consumed > rampup_samples || increments <= 0) return consumed + (iterations - k) * int64_t{global_batch_size};
+    // The batch stays b until consumed reaches the next increment's boundary (or passes the ramp):
+    // take the iterations safely before it at once, then one at a time (the boundary is a double).
+    const int64_t b = global_batch_at(consumed);
+    const double steps = std::floor(static_cast<double>(consumed) / per_increment);
+    const double boundary = std::min((steps + 1) * per_increment, static_cast<double>(rampup_samples) + 1);
+    const int64_t bulk = std::max<int64_t>(
+        0, std::min<int64_t>(iterations - k, static_cast<int64_t>((boundary - static_cast<double>(consumed)) / b) - 2));
+    if (bulk > 0) {
+      consumed += bulk * b;
+      k += bulk;
+    } else {
+      consumed += b;
+      ++k;
+    }
+  }
+  return consumed;
+}
+
 int64_t TrainConfig::iterations_to_run() const {
   if (train_tokens <= 0) return train_iters;
+  if (rampup()) {  // Megatron-DeepSpeed stops once consumed tokens reach train_tokens
+    int64_t k = 0, consumed = 0;
+    while ((train_iters <= 0 || k < train_iters) && consumed * model.seq_length < train_tokens &&
+           consumed <= rampup_samples) {  // validation bounds the ramp's iterations
+      consumed += global_batch_at(consumed);
+      ++k;
+    }
+    if (consumed * model.seq_length < train_tokens) {  // past the ramp: whole global batches
+      const int64_t per = int64_t{global_batch_size} * model.seq_length;
+      k += (train_tokens - consumed * model.seq_length + per - 1) / per;
+    }
+    return train_iters > 0 ? std::min(train_iters, k) : k;
+  }
   // Megatron-DeepSpeed's loop runs while consumed_train_tokens < train_tokens; each iteration
   // consumes global_batch_size x seq_length tokens.
   const int64_t per = int64_t{global_batch_size} * model.seq_length;

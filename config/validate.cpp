@@ -152,6 +152,7 @@ class Validator {
 
   Status batch(const TrainConfig& c) const {
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
+    TROUPE_RETURN_IF_ERROR(rampup(c));
     // In one process; under troupe launch validate_world checks the dp the ranks give.
     TROUPE_RETURN_IF_ERROR(batch_divisible(c, c.resolved_dp(1), ""));
     if (c.train_iters <= 0 && c.train_samples <= 0 && c.train_tokens <= 0)
@@ -164,11 +165,51 @@ class Validator {
     return Status::ok();
   }
 
+  // Megatron's --rampup-batch-size (RampupBatchsizeNumMicroBatchesCalculator's assertions, and its
+  // consistency check at every iteration: each batch of the ramp splits into whole micro-batches
+  // per replica, i.e. START and INCREMENT are multiples of micro x dp; validate_args: ramp-up only
+  // in sample-based runs).
+  static constexpr int64_t kMaxRampIterations = 100'000'000;
+  Status rampup(const TrainConfig& c) const {
+    if (!c.rampup() && c.rampup_batch_increment == 0 && c.rampup_samples == 0) return Status::ok();
+    if (c.rampup_start_batch <= 0 || c.rampup_batch_increment <= 0 || c.rampup_samples < 0)
+      return bad("--rampup-batch-size",
+                 fmt::format("is {} {} {}; START and INCREMENT must be positive, SAMPLES >= 0", c.rampup_start_batch,
+                             c.rampup_batch_increment, c.rampup_samples),
+                 "give e.g. --rampup-batch-size 16 16 5859375 (start, increment, ramp-up samples)");
+    if (c.rampup_samples / c.rampup_start_batch > kMaxRampIterations)
+      return bad("--rampup-batch-size",
+                 fmt::format("ramps up over {} samples from batches of {}: more than {} iterations", c.rampup_samples,
+                             c.rampup_start_batch, kMaxRampIterations),
+                 "start from a larger batch or ramp over fewer samples");
+    if (c.train_samples <= 0)
+      return bad("--rampup-batch-size", "is given in an iteration-based run (Megatron: ramp-up needs --train-samples)",
+                 "train by --train-samples instead of --train-iters");
+    const int64_t diff = c.global_batch_size - c.rampup_start_batch;
+    if (diff < 0 || diff % c.rampup_batch_increment != 0)
+      return bad("--rampup-batch-size",
+                 fmt::format("starts at {}, which does not reach --global-batch-size {} in steps of {}",
+                             c.rampup_start_batch, c.global_batch_size, c.rampup_batch_increment),
+                 "make --global-batch-size - START a multiple of INCREMENT (and START <= --global-batch-size)");
+    return Status::ok();
+  }
+
+  Status rampup_divisible(const TrainConfig& c, int64_t step, const std::string& ranks) const {
+    if (!c.rampup() || c.rampup_batch_increment <= 0) return Status::ok();
+    if (c.rampup_start_batch % step == 0 && c.rampup_batch_increment % step == 0) return Status::ok();
+    return bad("--rampup-batch-size",
+               fmt::format("{} {} {}: its batches are not all multiples of --micro-batch-size {} x the data-parallel "
+                           "size ({}){}",
+                           c.rampup_start_batch, c.rampup_batch_increment, c.rampup_samples, c.micro_batch_size, step,
+                           ranks),
+               fmt::format("make START and INCREMENT multiples of {}", step));
+  }
+
   // The global batch splits into whole micro-batches on each of `dp` data-parallel replicas.
   // `ranks`: appended to the message when the dp comes from troupe launch.
   Status batch_divisible(const TrainConfig& c, int dp, const std::string& ranks) const {
     const int64_t step = int64_t{c.micro_batch_size} * dp;
-    if (c.global_batch_size > 0 && c.global_batch_size % step == 0) return Status::ok();
+    if (c.global_batch_size > 0 && c.global_batch_size % step == 0) return rampup_divisible(c, step, ranks);
     if (dp == 1)
       return bad("--global-batch-size",
                  fmt::format("{} is not a positive multiple of --micro-batch-size {}",

@@ -6,10 +6,10 @@
 
 namespace troupe {
 
-StepRequest optimizer_step(const TrainConfig& c, int64_t iteration) {
+StepRequest optimizer_step(const TrainConfig& c, int64_t iteration, int64_t consumed_samples) {
   StepRequest req;
   req.step = iteration + 1;
-  req.lr = learning_rate(c, iteration);
+  req.lr = learning_rate(c, iteration, consumed_samples);
   req.weight_decay = c.weight_decay;
   req.beta1 = c.adam_beta1;
   req.beta2 = c.adam_beta2;
@@ -18,7 +18,7 @@ StepRequest optimizer_step(const TrainConfig& c, int64_t iteration) {
   return req;
 }
 
-double learning_rate(const TrainConfig& c, int64_t iteration) {
+double learning_rate(const TrainConfig& c, int64_t iteration, int64_t consumed_samples) {
   TROUPE_CHECK(iteration >= 0,
                "the iteration is the number of optimizer steps taken, never negative");
   TROUPE_CHECK(c.lr_warmup_iters >= 0, "validate_train_config rejects a negative --lr-warmup-iters");
@@ -38,9 +38,10 @@ double learning_rate(const TrainConfig& c, int64_t iteration) {
     TROUPE_CHECK(c.lr_warmup_style == "linear", "lr_warmup_style must be linear or log");
   }
   // Megatron's scheduler counts samples (and Megatron-DeepSpeed's tokens): the ones consumed
-  // before this step. Exact in double up to 2^53.
+  // before this step (with --rampup-batch-size, the ramp's batches). Exact in double up to 2^53.
   const TrainConfig::LrLengths l = c.lr_lengths();
-  const double samples = static_cast<double>(iteration) * static_cast<double>(c.global_batch_size);
+  const double samples =
+      static_cast<double>(consumed_samples >= 0 ? consumed_samples : c.samples_after(iteration));
   const double tokens = samples * static_cast<double>(c.model.seq_length);
   if (c.lr_warmup_style == "linear") {
     if (l.warmup_tokens >= 0) {

@@ -32,10 +32,13 @@
 
 namespace troupe {
 
-double learning_rate(const TrainConfig& c, int64_t iteration);
+// consumed_samples: the samples the run consumed before this step, which Megatron's scheduler
+// counts (a resumed run's may differ from iteration x global batch when the batch changed);
+// -1: those `iteration` iterations of this config would consume (TrainConfig::samples_after).
+double learning_rate(const TrainConfig& c, int64_t iteration, int64_t consumed_samples = -1);
 
 // The optimizer step after `iteration` steps: step iteration + 1 (bias correction), its learning
 // rate, and the config's weight decay, Adam betas and eps, and gradient clipping.
-StepRequest optimizer_step(const TrainConfig& c, int64_t iteration);
+StepRequest optimizer_step(const TrainConfig& c, int64_t iteration, int64_t consumed_samples = -1);
 
 }  // namespace troupe

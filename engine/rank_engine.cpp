@@ -204,6 +204,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   for (int r = 0; r < topology.world_size(); ++r) world_members_.push_back(r);
   const ParallelConfig& par = spec_.par;
   schedule_ = job_schedule(spec_);
+  micro_batches_ = spec_.micro_batches;
 
   pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
   ctx_.device = Device::cpu;
@@ -287,14 +288,31 @@ MicroBatchKey RankEngine::micro_key(int micro) const {
   MicroBatchKey key;
   key.seed = spec_.seed;
   key.iteration = iteration_;
-  key.first_sample = (int64_t{dp_rank_} * spec_.micro_batches + micro) * spec_.micro_batch_size;
+  key.first_sample = (int64_t{dp_rank_} * micro_batches_ + micro) * spec_.micro_batch_size;
   return key;
+}
+
+// The job's schedule, or (during a batch-size ramp-up) the same type's table for this step's
+// micro-batches, made once per count. Its activations fit the job's slots: fewer micro-batches keep
+// no more in flight.
+const sched::Schedule& RankEngine::step_schedule() {
+  if (micro_batches_ == spec_.micro_batches || micro_batches_ <= 0) return schedule_;
+  auto it = ramp_schedules_.find(micro_batches_);
+  if (it == ramp_schedules_.end()) {
+    RankSpec smaller = spec_;
+    smaller.micro_batches = micro_batches_;
+    it = ramp_schedules_.emplace(micro_batches_, job_schedule(smaller)).first;
+    TROUPE_CHECK(it->second.peak_in_flight(stage_) <= schedule_.peak_in_flight(stage_),
+                 "RankEngine: a ramp-up step keeps more micro-batches in flight than the job's schedule");
+  }
+  return it->second;
 }
 
 Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::vector<double>& micro_losses) {
   const int p = spec_.par.pp, v = spec_.par.virtual_chunks, B = spec_.micro_batch_size;
-  const bool split = schedule_.split_backward;
-  const auto& actions = schedule_.stages[stage_];
+  const sched::Schedule& schedule = step_schedule();
+  const bool split = schedule.split_backward;
+  const auto& actions = schedule.stages[stage_];
   // Virtual stage k = c*p + stage holds chunk c; its neighbours k-1, k+1 live on stages (k +- 1) mod p.
   auto vstage = [&](int c) { return c * p + stage_; };
   // One tag per (micro-batch, boundary, direction, tensor): the activations from virtual stage k to
@@ -500,6 +518,16 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     if (steps_++ >= spec_.keep_span_steps) spans_.clear();
     step_first_span_ = spans_.size();
     step_start_ = Clock::now();
+    // --rampup-batch-size: fewer micro-batches than the job's while the global batch ramps up.
+    const int64_t rows = tokens.defined() ? tokens.dim(0) : 0;
+    micro_batches_ = rows > 0 ? static_cast<int>(rows / spec_.micro_batch_size) : spec_.micro_batches;
+    if (micro_batches_ < 1 || micro_batches_ > spec_.micro_batches ||
+        (rows > 0 && rows % spec_.micro_batch_size != 0))
+      return Status::bad_input("a step of " + std::to_string(rows) + " rows does not split into at most " +
+                               std::to_string(spec_.micro_batches) + " micro-batches of " +
+                               std::to_string(spec_.micro_batch_size));
+    if (micro_batches_ != spec_.micro_batches && spec_.par.custom_schedule)
+      return Status::bad_input("a schedule given as data runs its own micro-batch count only: no batch-size ramp-up");
     board_->recent().begin_step(req.step, std::chrono::duration<double, std::micro>(step_start_ - span_epoch()).count());
     iteration_ = req.step;
     if (probe_) probe_->set_iteration(req.step);
@@ -523,8 +551,8 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
         for (auto& chunk : chunks_) chunk->set_probe(capture_.get());
       }
     }
-    for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
-    std::vector<double> micro_losses(spec_.micro_batches, 0.0);
+    for (auto& store : stores_) store->begin_iteration(micro_batches_);
+    std::vector<double> micro_losses(static_cast<size_t>(micro_batches_), 0.0);
     TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
     schedule_end_ = Clock::now();
     if (capture_ && capture_->got()) out.captured.push_back(capture_->piece(req.capture_activation));
@@ -694,7 +722,7 @@ void RankEngine::keep_step(const Tensor& tokens, double grad_scale) {
   } else {
     k.tokens = Tensor();
   }
-  const size_t v = chunks_.size(), m = static_cast<size_t>(spec_.micro_batches);
+  const size_t v = chunks_.size(), m = static_cast<size_t>(micro_batches_);
   k.in_act.resize(v);
   k.in_grad.resize(v);
   for (size_t c = 0; c < v; ++c) {
@@ -759,7 +787,7 @@ Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad
                                         " before the step");
   }
   const Tensor none;
-  for (int m = 0; m < spec_.micro_batches; ++m) {
+  for (int m = 0; m < micro_batches_; ++m) {
     for (int c = 0; c < v; ++c) {
       PipelineStage& chunk = *chunks_[c];
       const int k = c * p + stage_;

@@ -26,6 +26,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -231,7 +232,10 @@ class RankEngine {
   RankSpec spec_;
   int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0;
   RankComms comms_;
-  sched::Schedule schedule_;
+  sched::Schedule schedule_;                    // for spec_.micro_batches
+  std::map<int, sched::Schedule> ramp_schedules_;  // by micro-batch count, for ramp-up steps
+  int micro_batches_ = 0;                       // of the step being run (< spec_.micro_batches in a ramp-up)
+  const sched::Schedule& step_schedule();
   std::unique_ptr<ThreadPool> pool_;
   Context ctx_;
   std::vector<std::unique_ptr<ZeroStore>> stores_;

@@ -26,9 +26,11 @@ CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json) {
 }
 
 IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
-                               double grad_norm, double lr, double seconds, int64_t loss_terms, bool gpt_flops) {
-  const int64_t tokens = c.global_batch_size * static_cast<int64_t>(c.model.seq_length);
-  const int64_t terms = c.global_batch_size * (loss_terms > 0 ? loss_terms : int64_t{c.model.seq_length});
+                               double grad_norm, double lr, double seconds, int64_t loss_terms, bool gpt_flops,
+                               int64_t global_batch) {
+  const int64_t batch = global_batch > 0 ? global_batch : int64_t{c.global_batch_size};
+  const int64_t tokens = batch * static_cast<int64_t>(c.model.seq_length);
+  const int64_t terms = batch * (loss_terms > 0 ? loss_terms : int64_t{c.model.seq_length});
   IterationStats s;
   s.iteration = iteration;
   s.train_iters = c.iterations_to_run();
@@ -39,7 +41,7 @@ IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t 
   s.tokens_per_sec = tokens / seconds;
   s.model_tflops = gpt_flops ? c.model.flops_per_iteration(tokens) / seconds / 1e12 : 0.0;
   s.consumed_samples = consumed;
-  s.global_batch_size = c.global_batch_size;
+  s.global_batch_size = batch;
   s.nan_loss = !std::isfinite(s.lm_loss);
   return s;
 }

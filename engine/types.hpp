@@ -76,9 +76,10 @@ CheckpointMeta checkpoint_meta(const SaveRequest& r, std::string run_json);
 // model FLOP/s; fraction_of_peak of `peak_gflops` (0: not measured) and the busy share are left to
 // the caller. A model given in code (include/troupe/stage.hpp) divides the loss by its own terms
 // per sample (loss_terms, 0: seq_length) and, without GPT layers (gpt_flops false), reports no
-// model FLOP/s (Megatron's count is GPT's).
+// model FLOP/s (Megatron's count is GPT's). global_batch: the iteration's samples (0: the config's
+// global batch; less during --rampup-batch-size's ramp).
 IterationStats iteration_stats(const TrainConfig& c, int64_t iteration, int64_t consumed, double loss_sum,
                                double grad_norm, double lr, double seconds, int64_t loss_terms = 0,
-                               bool gpt_flops = true);
+                               bool gpt_flops = true, int64_t global_batch = 0);
 
 }  // namespace troupe

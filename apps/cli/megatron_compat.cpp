@@ -184,8 +184,6 @@ const std::vector<Entry>& entries() {
       {"--wandb-save-dir", 1, Kind::refused, kWandb},
       {"--wandb-entity", 1, Kind::refused, kWandb},
       // Megatron flags troupe lacks, with what to give instead.
-      {"--rampup-batch-size", 3, Kind::equivalent,
-       "batch-size ramp-up is not in troupe yet -- drop it to train at --global-batch-size from the start"},
       {"--lr-decay-iters-fraction", 1, Kind::equivalent, "give --lr-decay-iters"},
       {"--micro-batch", 1, Kind::equivalent, "--micro-batch-size"},
       {"--batch-size", 1, Kind::equivalent,

@@ -104,6 +104,17 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   cmd->add_option("--lr-decay-samples", cfg->lr_decay_samples,
                   "Samples to decay over (with --train-samples; default: --train-samples)")
       ->group(optim);
+  cmd->add_option_function<std::vector<int64_t>>(
+         "--rampup-batch-size",
+         [cfg](const std::vector<int64_t>& v) {
+           cfg->rampup_start_batch = v[0];
+           cfg->rampup_batch_increment = v[1];
+           cfg->rampup_samples = v[2];
+         },
+         "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT over SAMPLES samples "
+         "(Megatron's; with --train-samples)")
+      ->expected(3)
+      ->group(optim);
   cmd->add_option("--lr-warmup-fraction", cfg->lr_warmup_fraction,
                   "Warm up over this share of the decay length (instead of --lr-warmup-iters/-samples)")
       ->group(optim);
@@ -315,6 +326,20 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
       return Status::bad_input("--train-iters and --train-samples are both given -- give one (Megatron trains by "
                                "iterations or by samples)");
     if (cfg->global_batch_size > 0) cfg->train_iters = cfg->train_samples / cfg->global_batch_size;
+    if (cfg->global_batch_size > 0 && cfg->rampup() && cfg->rampup_batch_increment > 0 &&
+        cfg->rampup_start_batch <= cfg->global_batch_size && cfg->rampup_samples >= 0 &&
+        cfg->rampup_samples / cfg->rampup_start_batch <= 100'000'000) {  // validation refuses longer ramps
+      // Megatron's update_train_iters with a ramp-up: the ramp's iterations (while consumed <=
+      // ramp-up samples), then whole global batches of what is left (Python's floor division).
+      int64_t iterations = 0, consumed = 0;
+      while (consumed <= cfg->rampup_samples) {
+        consumed += cfg->global_batch_at(consumed);
+        ++iterations;
+      }
+      const int64_t left = cfg->train_samples - consumed, gbs = cfg->global_batch_size;
+      iterations += left >= 0 ? left / gbs : -((-left + gbs - 1) / gbs);
+      cfg->train_iters = std::max<int64_t>(0, iterations);
+    }
   } else if (cfg->train_tokens > 0 && !given("--train-iters")) {
     cfg->train_iters = cfg->iterations_to_run();
   }

@@ -116,6 +116,18 @@ struct TrainConfig {
   int64_t train_tokens = 0;
   int64_t lr_warmup_tokens = -1;
   int64_t lr_decay_tokens = 0;
+  // Megatron's --rampup-batch-size START INCREMENT SAMPLES (start 0: none; sample-based runs only):
+  // the iteration that begins after `consumed` samples trains START + INCREMENT x floor(consumed /
+  // (SAMPLES / ((global_batch_size - START) / INCREMENT))) samples while consumed <= SAMPLES, then
+  // global_batch_size (megatron/core/num_microbatches_calculator.py).
+  int64_t rampup_start_batch = 0;
+  int64_t rampup_batch_increment = 0;
+  int64_t rampup_samples = 0;
+  bool rampup() const { return rampup_start_batch > 0; }
+  // The global batch of the iteration that begins after `consumed` samples.
+  int64_t global_batch_at(int64_t consumed) const;
+  // The samples the first `iterations` iterations consume.
+  int64_t samples_after(int64_t iterations) const;
   // The schedule's lengths as Megatron measures them (engine/lr_schedule.hpp): in samples, and in
   // tokens where given (warmup_tokens < 0, decay_tokens 0: not token-based).
   struct LrLengths {

@@ -157,7 +157,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     originals.push_back(names[static_cast<size_t>(k)]);
   }
   extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--swiglu",
-                             "--rampup-batch-size", "16", "16", "1000", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
+                             "--lr-decay-iters-fraction", "0.5", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
   auto s = screen_train_args(base(extra), 1);
   REQUIRE_FALSE(s.is_ok());
   CHECK(s.status().is_bad_input());
@@ -170,7 +170,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
   CHECK_THAT(m, Contains("--fp16: troupe trains in float32"));
   CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
   CHECK_THAT(m, Contains("--swiglu: a model-architecture flag"));
-  CHECK_THAT(m, Contains("--rampup-batch-size: batch-size ramp-up is not in troupe yet"));
+  CHECK_THAT(m, Contains("--lr-decay-iters-fraction: give --lr-decay-iters"));
   CHECK_THAT(m, Contains("--zzzz-not-megatron: not a flag of troupe train -- troupe train --help"));
   CHECK_THAT(m, Contains("--ffn-hidden-size 100:"));
   CHECK_THAT(m, Contains(std::to_string(originals.size() + 6) + " problems with the flags"));

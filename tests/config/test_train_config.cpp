@@ -1,6 +1,7 @@
 // TrainConfig's JSON form: every field survives a round trip; bad JSON names the key at fault.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 
 #include "troupe/train_config.hpp"
@@ -11,8 +12,11 @@ namespace {
 using nlohmann::json;
 
 // A file as version 4 wrote it: no dropout in "model".
+// A file as version 4 wrote it: no dropout, no batch-size ramp-up.
 json without_dropout(json j) {
   for (const char* key : {"hidden_dropout", "attention_dropout"}) j.at("model").erase(key);
+  if (j.contains("schedule"))
+    for (const char* key : {"rampup_start_batch", "rampup_batch_increment", "rampup_samples"}) j.at("schedule").erase(key);
   return j;
 }
 
@@ -71,6 +75,9 @@ TrainConfig all_fields_set() {
   c.train_tokens = 123456789;
   c.lr_warmup_tokens = 0;
   c.lr_decay_tokens = 7777777;
+  c.rampup_start_batch = 3;
+  c.rampup_batch_increment = 5;
+  c.rampup_samples = 424242;
   c.seed = 18446744073709551557ull;  // above INT64_MAX: the unsigned path
   c.data_path = {"0.3", "/data/web_text_document", "0.7", "/data/my books_text_document"};
   c.valid_data_path = {"/data/valid_text_document"};  // (validation rejects both; the JSON keeps both)
@@ -135,6 +142,9 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.train_tokens == b.train_tokens);
   CHECK(a.lr_warmup_tokens == b.lr_warmup_tokens);
   CHECK(a.lr_decay_tokens == b.lr_decay_tokens);
+  CHECK(a.rampup_start_batch == b.rampup_start_batch);
+  CHECK(a.rampup_batch_increment == b.rampup_batch_increment);
+  CHECK(a.rampup_samples == b.rampup_samples);
   CHECK(a.seed == b.seed);
   CHECK(a.data_path == b.data_path);
   CHECK(a.train_data_path == b.train_data_path);
@@ -208,6 +218,7 @@ TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as 
   REQUIRE(r.is_ok());
   CHECK(r.value().model.hidden_dropout == 0);
   CHECK(r.value().model.attention_dropout == 0);
+  CHECK(!r.value().rampup());
   CHECK(r.value().model.num_layers == 7);
   CHECK(json::parse(r.value().to_json()).at("version") == 5);
   // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
@@ -465,4 +476,39 @@ TEST_CASE("train config: out-of-range numbers name the key and the allowed range
 }
 
 }  // namespace
+}  // namespace troupe
+
+namespace troupe {
+// Megatron's ramp-up (num_microbatches_calculator.py), one iteration at a time: what
+// TrainConfig::samples_after computes in bulk between the increments' boundaries.
+TEST_CASE("train config: the batch-size ramp-up's samples, in bulk and one iteration at a time", "[train_config]") {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    TrainConfig c;
+    c.rampup_start_batch = 1 + static_cast<int64_t>(rng() % 40);
+    c.rampup_batch_increment = 1 + static_cast<int64_t>(rng() % 9);
+    c.global_batch_size =
+        static_cast<int>(c.rampup_start_batch + c.rampup_batch_increment * static_cast<int64_t>(rng() % 30));
+    c.rampup_samples = static_cast<int64_t>(rng() % 20000);
+    const int64_t increments = (c.global_batch_size - c.rampup_start_batch) / c.rampup_batch_increment;
+    const double per = increments > 0 ? static_cast<double>(c.rampup_samples) / static_cast<double>(increments) : 0;
+    auto megatron_batch = [&](int64_t consumed) -> int64_t {
+      if (increments == 0 || consumed > c.rampup_samples) return c.global_batch_size;
+      return c.rampup_start_batch + static_cast<int64_t>(static_cast<double>(consumed) / per) * c.rampup_batch_increment;
+    };
+    int64_t consumed = 0;
+    for (int64_t k = 0; k <= 3000; ++k) {
+      if (k % 7 == 0 || k < 50) {
+        INFO("trial " << trial << " iteration " << k);
+        REQUIRE(c.samples_after(k) == consumed);
+      }
+      REQUIRE(c.global_batch_at(consumed) == megatron_batch(consumed));
+      consumed += megatron_batch(consumed);
+    }
+  }
+  TrainConfig none;
+  none.global_batch_size = 24;
+  CHECK(none.samples_after(1000) == 24000);
+  CHECK(none.global_batch_at(77) == 24);
+}
 }  // namespace troupe
