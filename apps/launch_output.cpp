@@ -60,7 +60,7 @@ Result<std::string> make_run_log_dir(const std::string& base, const std::string&
   std::string root = base;
   if (root.empty()) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/torchelastic_XXXXXXXX";
+    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/torchelastic_XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr)
       return Status::error("cannot make a folder for the ranks' logs (" + tmpl + "): " + errno_text() +
                            " -- give --log-dir DIR");
@@ -71,7 +71,7 @@ Result<std::string> make_run_log_dir(const std::string& base, const std::string&
       return Status::bad_input("--log-dir " + base + ": cannot make the folder (" +
                                (ec ? ec.message() : std::string("a file is in the way")) + ") -- give a folder");
   }
-  std::string tmpl = root + "/" + id + "_XXXXXXXX";
+  std::string tmpl = root + "/" + id + "_XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr)
     return Status::bad_input("--log-dir " + root + ": cannot make a folder there (" + errno_text() +
                              ") -- give a folder this user may write");

@@ -2,7 +2,7 @@
 // a log file, both (torchrun's --tee), or nowhere (a rank --local-ranks-filter leaves out).
 //
 // Layout of the files (torchrun's, torch/distributed/elastic/multiprocessing/api.py):
-//   <log dir>/<rdzv id>_<8 random characters>/attempt_<restart>/<local rank>/{stdout.log, stderr.log}
+//   <log dir>/<rdzv id>_<6 random characters>/attempt_<restart>/<local rank>/{stdout.log, stderr.log}
 // made once per launch (the same folder for every restart); the rank's folder exists for every
 // local rank and holds the files its --redirects / --tee name. TORCHELASTIC_ERROR_FILE points at
 // error.json there (written by a program that uses torchelastic's @record, never by troupe).
@@ -41,7 +41,7 @@ struct StreamEnds {
 // Opens what `plan` needs: the file (created, truncated), a pipe when the router must copy.
 Result<StreamEnds> open_stream(const StreamPlan& plan);
 
-// Makes <base>/<id>_XXXXXXXX (base created if missing; empty base: $TMPDIR or /tmp/torchelastic_XXXXXXXX
+// Makes <base>/<id>_XXXXXX (base created if missing; empty base: $TMPDIR or /tmp/torchelastic_XXXXXX
 // first, as torchrun does) and returns it.
 Result<std::string> make_run_log_dir(const std::string& base, const std::string& id);
 
