@@ -131,7 +131,17 @@ struct RendezvousSetup {
   std::chrono::milliseconds report_interval{0};
   std::string rdzv_id;     // rank 0's; a joiner's must be the same
   int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
-  std::string where;       // "addr:port" of the rendezvous, for the messages
+  // "addr:port" of the rendezvous, for the messages: set once published (the port may be the
+  // kernel's pick), read by the rendezvous's reports.
+  struct Where {
+    std::mutex mutex;
+    std::string text;
+  };
+  std::shared_ptr<Where> where = std::make_shared<Where>();
+  std::string where_text() const {
+    std::lock_guard<std::mutex> lock(where->mutex);
+    return where->text;
+  }
   Logger log;
 };
 
@@ -272,7 +282,7 @@ std::string missing_text(const RendezvousState& st, std::vector<int>* missing_ou
       s += " (on host " + host + ", where the node's other ranks joined: they have not started, or died)";
     else
       s += " (no rank of it has joined: start its launcher, troupe launch --node-rank " + std::to_string(node) +
-           ", or check that it reaches " + st.setup.where + ")";
+           ", or check that it reaches " + st.setup.where_text() + ")";
   }
   return s;
 }
@@ -287,7 +297,7 @@ void report_missing(RendezvousPtr self) {
   const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - st.started);
   if (elapsed >= st.setup.join_timeout) {
     const std::string why = std::to_string(missing.size()) + " of " + std::to_string(st.world_size) +
-                            " ranks never joined the rendezvous at " + st.setup.where + " within " +
+                            " ranks never joined the rendezvous at " + st.setup.where_text() + " within " +
                             seconds_text(st.setup.join_timeout) + ": " + text +
                             " -- start every node's launcher with the same --nnodes, --nproc-per-node and master "
                             "address, or give them longer with --rdzv-conf join_timeout=SECONDS";
@@ -766,8 +776,8 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.rdzv_id = env.rdzv_id;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
-  setup.where = (b.plan.connect_addr.empty() ? env.master_addr : b.plan.connect_addr) + ":" +
-                std::to_string(env.master_port);
+  const auto where = setup.where;
+  const std::string host = b.plan.connect_addr.empty() ? env.master_addr : b.plan.connect_addr;
   setup.log = b.logger();
   b.rendezvous = b.sys->spawn(rendezvous, std::move(setup));
   b.owns_rendezvous = true;
@@ -784,6 +794,8 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
         "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)");
   b.port = *port;
   b.published = true;
+  std::lock_guard<std::mutex> lock(where->mutex);
+  where->text = host + ":" + std::to_string(b.port);
   return Status::ok();
 }
 
