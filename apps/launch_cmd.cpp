@@ -288,8 +288,10 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
   for (int local = 0; local < a.nproc_per_node; ++local) {
     Child& c = children[local];
     c.rank = a.node_rank * a.nproc_per_node + local;
-    auto out = open_stream(stream_plan(l, c.rank, local, kStdOut, attempt_dir));
-    auto err = out ? open_stream(stream_plan(l, c.rank, local, kStdErr, attempt_dir)) : out;
+    const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, attempt_dir);
+    const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, attempt_dir);
+    auto out = open_stream(out_plan);
+    auto err = out ? open_stream(err_plan) : out;
     Status st = !out ? out.status() : !err ? err.status() : Status::ok();
     if (st) {
       const std::string error_file = attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(local) + "/error.json";
@@ -298,8 +300,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
       // The rank holds its ends now; the router copies the rest.
       for (const auto* e : {&*out, &*err})
         if (e->child_fd >= 0) close(e->child_fd);
-      router.add(*out, stdout, stream_plan(l, c.rank, local, kStdOut, attempt_dir).prefix);
-      router.add(*err, stderr, stream_plan(l, c.rank, local, kStdErr, attempt_dir).prefix);
+      router.add(*out, stdout, out_plan.prefix);
+      router.add(*err, stderr, err_plan.prefix);
     }
     if (!st) {
       print_error("launch", st);
