@@ -212,6 +212,9 @@ const std::vector<Flag>& flags() {
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          if (v == "static" || v == "c10d") {
            o.rdzv_backend = v;
+           o.notes.push_back(label + " " + v +
+                             ": troupe's own rendezvous: rank 0 hosts it at the master address and port, TLS keyed "
+                             "by the job token, with fixed membership (every node gives --node-rank)");
          } else if (v == "etcd" || v == "etcd-v2") {
            p.push_back(label + " " + v +
                        ": troupe's rendezvous is its own (rank 0 hosts it at MASTER_ADDR:MASTER_PORT) and has no "
