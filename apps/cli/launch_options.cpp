@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cmath>
 
-#include "apps/cli/megatron_compat.hpp"
+#include "base/spelling.hpp"
 
 namespace troupe {
 
@@ -449,13 +449,17 @@ const Flag* find_flag(const std::string& token) {
   return prefix_matches == 1 ? prefix_match : nullptr;
 }
 
+// The nearest long spelling of a flag, named by its dash spelling; "" when none is near.
 std::string nearest_flag(const std::string& token) {
-  std::pair<size_t, std::string> best{static_cast<size_t>(-1), ""};
+  std::vector<std::string> names;
   for (const Flag& f : flags())
     for (const std::string& n : f.names)
-      if (n.size() > 2) best = std::min(best, {flag_distance(token, n), f.names[0]});
-  const size_t limit = std::max<size_t>(2, token.size() / 4);
-  return best.first <= limit ? best.second : "";
+      if (n.size() > 2) names.push_back(n);
+  const auto near = nearest_spellings(token, names, 1);
+  if (near.empty()) return "";
+  for (const Flag& f : flags())
+    if (std::find(f.names.begin(), f.names.end(), near[0]) != f.names.end()) return f.names[0];
+  return near[0];
 }
 
 bool is_troupe_word(const std::string& w) {
