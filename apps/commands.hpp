@@ -5,6 +5,9 @@
 // config file, an input that cannot be used). Errors print "troupe <command>: error: <what> -- <fix>".
 #pragma once
 #include <CLI/CLI.hpp>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "troupe/status.hpp"
 
@@ -31,6 +34,9 @@ void add_bench_comm_subcommand(CLI::App* bench, int* exit_code);  // troupe benc
 void add_info_command(CLI::App& app, int* exit_code);
 void add_plot_command(CLI::App& app, int* exit_code);
 void add_launch_command(CLI::App& app, int* exit_code);  // launch and its companion comm-check
+// `troupe launch ARGS...` (what follows "launch"), torchrun's grammar (apps/cli/launch_options.hpp):
+// main() calls it before CLI11 parses. subcommands: troupe's subcommand names. Returns the exit code.
+int run_launch_command(const std::vector<std::string>& args, const std::set<std::string>& subcommands);
 void add_inspect_command(CLI::App& app, int* exit_code);
 
 }  // namespace troupe::apps

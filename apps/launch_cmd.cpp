@@ -1,54 +1,68 @@
-// troupe launch: starts the ranks of a job on this node, torchrun's way.
+// troupe launch: starts the ranks of a job on this node, with torchrun's flags
+// (apps/cli/launch_options.hpp reads them; docs/COMM.md "Starting a job", docs/COMPAT.md
+// "troupe launch vs torchrun").
 //
-//   troupe launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P]
-//                 [--prefix-output] [--stop-grace S] -- <subcommand and its flags>
+//   troupe launch --nproc-per-node N [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
+//                 [--log-dir D --tee 3] [--prefix-output] [--stop-grace S] -- COMMAND ...
 //   troupe launch --new-token    prints a fresh job token (for srun, mpirun, several nodes)
 //
-// Each of the N children runs this same binary (/proc/self/exe) with the subcommand, in its own
-// process group, with TROUPE_{RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT, JOB_TOKEN} and torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// GROUP_RANK, MASTER_ADDR, MASTER_PORT. Global rank = node_rank * N + local rank. The token is
-// made here for one node; with several nodes it is taken from TROUPE_JOB_TOKEN, which must hold
-// the same value on every node (the rendezvous refuses ranks whose token differs).
+// COMMAND is a troupe subcommand (train, comm-check, ...: this binary, /proc/self/exe, runs it) or
+// any other program, exec'd as given (PATH lookup when the word has no '/'): torchrun's
+// --no-python semantics, with or without the flag; torchrun without it would run `python
+// COMMAND`, troupe needs the interpreter written (-- python3 train.py). --run-path runs
+// `$PYTHON_EXEC|python3 SCRIPT ARGS`. Each rank runs in its own process group with
+// TROUPE_{RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, JOB_TOKEN,
+// RUN_ID, RESTART_COUNT} and torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+// GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_{RUN_ID, RESTART_COUNT, MAX_RESTARTS, USE_AGENT_STORE=False, ERROR_FILE with a log
+// folder}, TORCH_NCCL_ASYNC_ERROR_HANDLING (1 unless set) and OMP_NUM_THREADS=1 when there are
+// several ranks and it is unset. USE_AGENT_STORE is False because no launcher-side store exists:
+// a torch.distributed program's rank 0 hosts its own TCPStore at MASTER_ADDR:MASTER_PORT.
+// Global rank = node_rank * N + local rank. The token is made here for one node; with several
+// nodes it is taken from TROUPE_JOB_TOKEN, which must hold the same value on every node.
+// --rdzv-id reaches the ranks as TROUPE_RDZV_ID (the rendezvous refuses a rank whose id differs
+// from rank 0's) and TORCHELASTIC_RUN_ID; --rdzv-conf join_timeout as TROUPE_RDZV_TIMEOUT.
 //
 // Supervision: when a rank dies (non-zero exit or a signal) the others get SIGTERM, then SIGKILL
 // after --stop-grace seconds (3), and the launcher exits 1 naming the rank, its pid and how it
-// died. SIGINT, SIGTERM and SIGHUP to the launcher are passed on to every rank (a second one sends
-// SIGKILL at once); ranks then have --stop-grace seconds to finish (default 60 here: troupe train
-// finishes its iteration and saves), and the launcher exits 128 + the signal. The children get
-// SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG). Nothing waits without a bound: ranks
-// that survive SIGKILL for 10 s (stuck in the kernel) are reported and left behind.
+// died. The signals of --signals-to-handle (SIGINT, SIGTERM, SIGHUP) to the launcher are passed on
+// to every rank (a second one sends SIGKILL at once); ranks then have --stop-grace seconds to
+// finish (default 60 here: troupe train finishes its iteration and saves), and the launcher exits
+// 128 + the signal. The children get SIGTERM if the launcher itself dies (PR_SET_PDEATHSIG).
+// Nothing waits without a bound: ranks that survive SIGKILL for 10 s are reported and left behind.
 //
 // Restarts (--max-restarts N): after a failure every rank of this node is stopped and started
-// again with TROUPE_RESTART_COUNT raised; troupe train then resumes this run's latest checkpoint
-// in its --save. With several nodes each node's launcher does this on its own: a failure on one
-// node ends the job on every node (the bootstrap notices the lost rank or rendezvous), every
-// launcher restarts its ranks, and they meet again at the same MASTER_ADDR:MASTER_PORT with the
-// same token (--save must be a folder every node sees). TROUPE_RUN_ID (32 hex digits, one per
-// launch, the same for every restart) names the run; with several nodes node 0's is the run's.
+// again with TROUPE_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT raised; troupe train then resumes
+// this run's latest checkpoint in its --save. With several nodes each node's launcher does this on
+// its own: a failure on one node ends the job on every node, every launcher restarts its ranks, and
+// they meet again at the same MASTER_ADDR:MASTER_PORT with the same token. TROUPE_RUN_ID (32 hex
+// digits, one per launch, the same for every restart) names the run; with several nodes node 0's
+// is the run's.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <mutex>
+#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "apps/cli/launch_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/launch_output.hpp"
 #include "apps/report.hpp"
 #include "comm/bootstrap/launch_env.hpp"
+#include "kernels/device_info.hpp"
 
 extern char** environ;
 
@@ -58,21 +72,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct LaunchArgs {
-  int nproc_per_node = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = comm::kDefaultMasterPort;
-  bool port_given = false;  // --master-port on the command line
-  bool new_token = false;
-  bool prefix_output = false;
-  double stop_grace = 3.0;
-  bool stop_grace_given = false;  // --stop-grace on the command line
-  // After a forwarded SIGINT/SIGTERM, unless --stop-grace is given: time for ranks to save.
-  double signal_grace = 60.0;
-  int max_restarts = 0;  // torchrun's: restart every rank after a failure, this many times
-  std::vector<std::string> command;
+// One launch, resolved: the options and what the launcher decided from them.
+struct Launch {
+  LaunchOptions o;
+  std::string exe;                     // what each rank execs
+  std::vector<std::string> argv;       // its argv, argv[0] included
+  bool troupe_command = false;         // a troupe subcommand (not a program of its own)
+  std::string token;                   // TROUPE_JOB_TOKEN
+  std::string run_id;                  // TROUPE_RUN_ID
+  std::string elastic_run_id;          // TORCHELASTIC_RUN_ID: --rdzv-id, a fresh one, or "none"
+  std::string rdzv_id;                 // TROUPE_RDZV_ID, "" when no id was given
+  std::string run_log_dir;             // "" without log files
+  std::vector<int> signals;            // passed on to the ranks
 };
 
 struct Child {
@@ -80,7 +91,6 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
-  int out_fd = -1, err_fd = -1;  // read ends when --prefix-output
 };
 
 std::string describe_status(int status) {
@@ -99,39 +109,55 @@ std::string seconds_text(double s) {
   return buf;
 }
 
-bool succeeded(int status) {
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
+bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
-// The child's environment: ours, minus the variables the launcher sets, plus them.
-std::vector<std::string> child_environment(const LaunchArgs& a, int rank, int local_rank,
-                                           const std::string& token, const std::string& run_id,
-                                           int restart) {
+// The child's environment: ours, minus the variables the launcher sets or clears, plus those set.
+std::vector<std::string> child_environment(const Launch& l, int rank, int local_rank, int restart,
+                                           const std::string& error_file) {
+  const LaunchOptions& a = l.o;
   const int world = a.nnodes * a.nproc_per_node;
-  const std::vector<std::pair<std::string, std::string>> set = {
-      {"TROUPE_RUN_ID", run_id},
+  std::vector<std::pair<std::string, std::string>> set = {
+      {"TROUPE_RUN_ID", l.run_id},
       {"TROUPE_RESTART_COUNT", std::to_string(restart)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
       {"TROUPE_RANK", std::to_string(rank)},
       {"TROUPE_WORLD_SIZE", std::to_string(world)},
       {"TROUPE_LOCAL_RANK", std::to_string(local_rank)},
       {"TROUPE_LOCAL_WORLD_SIZE", std::to_string(a.nproc_per_node)},
       {"TROUPE_MASTER_ADDR", a.master_addr},
       {"TROUPE_MASTER_PORT", std::to_string(a.master_port)},
-      {"TROUPE_JOB_TOKEN", token},
+      {"TROUPE_JOB_TOKEN", l.token},
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(world)},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(a.nproc_per_node)},
       {"GROUP_RANK", std::to_string(a.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(a.nnodes)},
+      {"ROLE_RANK", std::to_string(rank)},  // one role: its ranks are the job's
+      {"ROLE_NAME", a.role},
+      {"ROLE_WORLD_SIZE", std::to_string(world)},
       {"MASTER_ADDR", a.master_addr},
       {"MASTER_PORT", std::to_string(a.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(a.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", l.elastic_run_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
+  const char* nccl = std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  set.push_back({"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl != nullptr ? nccl : "1"});
+  if (a.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) set.push_back({"OMP_NUM_THREADS", "1"});
+  if (!l.rdzv_id.empty()) set.push_back({"TROUPE_RDZV_ID", l.rdzv_id});
+  if (a.join_timeout_given) set.push_back({"TROUPE_RDZV_TIMEOUT", std::to_string(a.join_timeout_s)});
+  if (!error_file.empty()) set.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
+  // --local-addr on node 0: where rank 0's rendezvous listens (a TROUPE_BIND_ADDR of the user's wins).
+  if (!a.local_addr.empty() && a.node_rank == 0 && std::getenv("TROUPE_BIND_ADDR") == nullptr)
+    set.push_back({"TROUPE_BIND_ADDR", a.local_addr});
+  // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
+  const std::set<std::string> cleared = {"TROUPE_RDZV_ID", "TROUPE_RDZV_TIMEOUT", "TORCHELASTIC_ERROR_FILE"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
-    bool replaced = false;
+    bool replaced = cleared.count(name) > 0;
     for (const auto& [k, v] : set) replaced = replaced || k == name;
     if (!replaced) env.push_back(entry);
   }
@@ -146,15 +172,12 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   return out;
 }
 
-// Starts one rank. The exec error, if any, comes back through a close-on-exec pipe.
-Status spawn_child(const std::string& exe, std::vector<std::string> argv,
-                   std::vector<std::string> env, const sigset_t& parent_mask, bool capture,
-                   Child& c) {
-  int err_pipe[2], out_pipe[2] = {-1, -1}, errout_pipe[2] = {-1, -1};
-  if (pipe2(err_pipe, O_CLOEXEC) != 0)
-    return Status::error(std::string("pipe: ") + std::strerror(errno));
-  if (capture && (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(errout_pipe, O_CLOEXEC) != 0))
-    return Status::error(std::string("pipe: ") + std::strerror(errno));
+// Starts one rank with `out_fd` / `err_fd` as its stdout / stderr (-1: the launcher's). The exec
+// error, if any, comes back through a close-on-exec pipe.
+Status spawn_child(const std::string& exe, std::vector<std::string> argv, std::vector<std::string> env,
+                   const sigset_t& parent_mask, int out_fd, int err_fd, Child& c) {
+  int err_pipe[2];
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) return Status::error(std::string("pipe: ") + std::strerror(errno));
   auto c_argv = c_strings(argv);
   auto c_env = c_strings(env);
   const pid_t parent = getpid();
@@ -165,12 +188,10 @@ Status spawn_child(const std::string& exe, std::vector<std::string> argv,
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(126);  // the launcher died before prctl took effect
-    if (capture) {
-      dup2(out_pipe[1], STDOUT_FILENO);
-      dup2(errout_pipe[1], STDERR_FILENO);
-    }
-    // The launcher decides when ranks stop: they must act on the SIGINT / SIGTERM it passes on even
-    // where the launcher was started with them ignored (a background job of a script).
+    if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
+    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+    // The launcher decides when ranks stop: they must act on the signals it passes on even where
+    // the launcher was started with them ignored (a background job of a script).
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     sigprocmask(SIG_SETMASK, &parent_mask, nullptr);
@@ -181,12 +202,6 @@ Status spawn_child(const std::string& exe, std::vector<std::string> argv,
   }
   setpgid(pid, pid);  // also here, so a signal sent right away already reaches the group
   close(err_pipe[1]);
-  if (capture) {
-    close(out_pipe[1]);
-    close(errout_pipe[1]);
-    c.out_fd = out_pipe[0];
-    c.err_fd = errout_pipe[0];
-  }
   c.pid = pid;
   c.running = true;
   int e = 0;
@@ -197,82 +212,14 @@ Status spawn_child(const std::string& exe, std::vector<std::string> argv,
   if (n == sizeof e) {
     waitpid(pid, &c.status, 0);
     c.running = false;
-    return Status::error("cannot start rank " + std::to_string(c.rank) + ": exec " + exe + ": " +
-                         std::strerror(e));
+    return Status::error("cannot start rank " + std::to_string(c.rank) + ": exec " + exe + ": " + std::strerror(e));
   }
   return Status::ok();
 }
 
-// Copies the children's output line by line with a "[rank N] " prefix, until every pipe is closed
-// or `stop` is set.
-class OutputPrefixer {
- public:
-  void add(int fd, int rank, FILE* to) { streams_.push_back({fd, rank, to, {}}); }
-  void start() {
-    thread_ = std::thread([this] { run(); });
-  }
-  // Waits up to `grace` for the pipes to drain (a grandchild may keep one open), then stops.
-  void finish(std::chrono::milliseconds grace) {
-    if (!thread_.joinable()) return;
-    const auto deadline = Clock::now() + grace;
-    while (!done_ && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    stop_ = true;
-    thread_.join();
-  }
-
- private:
-  struct Stream {
-    int fd, rank;
-    FILE* to;
-    std::string partial;
-  };
-  void emit(Stream& s, const std::string& text) {
-    std::fprintf(s.to, "[rank %d] %s", s.rank, text.c_str());
-    std::fflush(s.to);
-  }
-  void run() {
-    for (;;) {
-      std::vector<pollfd> fds;
-      std::vector<Stream*> which;
-      for (auto& s : streams_)
-        if (s.fd >= 0) {
-          fds.push_back({s.fd, POLLIN, 0});
-          which.push_back(&s);
-        }
-      if (fds.empty() || stop_) break;
-      if (poll(fds.data(), fds.size(), 100) <= 0) continue;
-      for (size_t i = 0; i < fds.size(); ++i) {
-        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        Stream& s = *which[i];
-        char buf[4096];
-        const ssize_t n = read(s.fd, buf, sizeof buf);
-        if (n <= 0) {
-          if (n < 0 && errno == EINTR) continue;
-          if (!s.partial.empty()) emit(s, s.partial + "\n");
-          close(s.fd);
-          s.fd = -1;
-          continue;
-        }
-        s.partial.append(buf, static_cast<size_t>(n));
-        size_t nl;
-        while ((nl = s.partial.find('\n')) != std::string::npos) {
-          emit(s, s.partial.substr(0, nl + 1));
-          s.partial.erase(0, nl + 1);
-        }
-      }
-    }
-    done_ = true;
-  }
-  std::vector<Stream> streams_;
-  std::thread thread_;
-  std::atomic<bool> stop_{false}, done_{false};
-};
-
 void signal_all(std::vector<Child>& children, int sig) {
   for (auto& c : children)
-    if (c.running && kill(-c.pid, sig) != 0)
-      kill(c.pid, sig);  // its process group: it and what it started
+    if (c.running && kill(-c.pid, sig) != 0) kill(c.pid, sig);  // its process group: it and what it started
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -281,32 +228,8 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-Status validate(const LaunchArgs& a) {
-  if (a.nproc_per_node < 1) return Status::error("--nproc-per-node must be at least 1");
-  if (a.nnodes < 1) return Status::error("--nnodes must be at least 1");
-  if (a.node_rank < 0 || a.node_rank >= a.nnodes)
-    return Status::error("--node-rank " + std::to_string(a.node_rank) + " is outside [0, " +
-                         std::to_string(a.nnodes) + ") for --nnodes " + std::to_string(a.nnodes));
-  if (a.master_port < 1 || a.master_port > 65535)
-    return Status::error("--master-port " + std::to_string(a.master_port) +
-                         " is not a TCP port -- use 1..65535");
-  if (a.nnodes > 1 && (a.master_addr == "localhost" || a.master_addr.rfind("127.", 0) == 0))
-    return Status::error("--nnodes " + std::to_string(a.nnodes) +
-                         " needs --master-addr set to the host of node 0 "
-                         "(reachable from every node), not " +
-                         a.master_addr);
-  if (!(a.stop_grace >= 0 && a.stop_grace <= 3600))
-    return Status::error("--stop-grace must be in [0, 3600] seconds");
-  if (a.max_restarts < 0)
-    return Status::error("--max-restarts must be >= 0 (0: stop at the first failure)");
-  if (a.command.empty())
-    return Status::error(
-        "no subcommand to run -- e.g. troupe launch --nproc-per-node 4 -- comm-check");
-  return Status::ok();
-}
-
 // A TCP port nobody listens on now (the kernel's pick for port 0 on loopback), or -1. One node, no
-// --master-port: like torchrun --standalone, two jobs on one machine then do not collide.
+// port given: like torchrun --standalone, two jobs on one machine then do not collide.
 int free_local_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
@@ -323,43 +246,77 @@ int free_local_port() {
   return port;
 }
 
+// The console prefix and the log file of one stream of a local rank.
+StreamPlan stream_plan(const Launch& l, int rank, int local, int which, const std::string& attempt_dir) {
+  const LaunchOptions& o = l.o;
+  const bool tee = (o.tee.of(local) & which) != 0;
+  const bool redirect = (o.redirects.of(local) & which) != 0;
+  StreamPlan p;
+  if ((tee || redirect) && !attempt_dir.empty())
+    p.file = attempt_dir + "/" + std::to_string(local) + (which == kStdOut ? "/stdout.log" : "/stderr.log");
+  p.console = !(redirect && !tee);
+  if (!o.local_ranks_filter.empty() && o.local_ranks_filter.count(local) == 0) p.console = false;
+  if (o.prefix_output) p.prefix = "[rank " + std::to_string(rank) + "] ";
+  if (tee) p.prefix += "[" + o.role + std::to_string(local) + "]:";
+  return p;
+}
+
 // Starts every rank of this node (attempt `restart`, 0 first) and waits for them: the exit code of
 // the launch; *restartable when ranks failed by themselves (not stopped by a signal to the launcher).
-int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& token,
-              const std::string& run_id, int restart, bool* restartable) {
+int run_ranks(const Launch& l, int restart, bool* restartable) {
+  const LaunchOptions& a = l.o;
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
   sigemptyset(&wait_set);
-  for (int s : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&wait_set, s);
+  sigaddset(&wait_set, SIGCHLD);
+  for (int s : l.signals) sigaddset(&wait_set, s);
   sigprocmask(SIG_BLOCK, &wait_set, &old_mask);
   auto restore = [&] { sigprocmask(SIG_SETMASK, &old_mask, nullptr); };
 
+  std::string attempt_dir;
+  if (!l.run_log_dir.empty()) {
+    auto dir = make_attempt_dir(l.run_log_dir, restart, a.nproc_per_node);
+    if (!dir) {
+      print_error("launch", dir.status());
+      restore();
+      return kExitFailure;
+    }
+    attempt_dir = *dir;
+  }
   std::vector<Child> children(a.nproc_per_node);
-  OutputPrefixer prefixer;
+  OutputRouter router;
   for (int local = 0; local < a.nproc_per_node; ++local) {
     Child& c = children[local];
     c.rank = a.node_rank * a.nproc_per_node + local;
-    std::vector<std::string> argv = {exe};  // a user's program: argv[0] is its path
-    argv.insert(argv.end(), a.command.begin(), a.command.end());
-    Status st = spawn_child(exe, argv, child_environment(a, c.rank, local, token, run_id, restart),
-                            old_mask, a.prefix_output, c);
+    const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, attempt_dir);
+    const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, attempt_dir);
+    auto out = open_stream(out_plan);
+    auto err = out ? open_stream(err_plan) : out;
+    Status st = !out ? out.status() : !err ? err.status() : Status::ok();
+    if (st) {
+      const std::string error_file = attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(local) + "/error.json";
+      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, restart, error_file), old_mask,
+                       out->child_fd, err->child_fd, c);
+      // The rank holds its ends now; the router copies the rest.
+      for (const auto* e : {&*out, &*err})
+        if (e->child_fd >= 0) close(e->child_fd);
+      router.add(*out, stdout, out_plan.prefix);
+      router.add(*err, stderr, err_plan.prefix);
+    }
     if (!st) {
       print_error("launch", st);
       signal_all(children, SIGKILL);
       for (auto& other : children)
         if (other.running) waitpid(other.pid, nullptr, 0);
+      router.finish(std::chrono::milliseconds(0));
       restore();
       return kExitFailure;
     }
-    if (a.prefix_output) {
-      prefixer.add(c.out_fd, c.rank, stdout);
-      prefixer.add(c.err_fd, c.rank, stderr);
-    }
   }
-  if (a.prefix_output) prefixer.start();
+  router.start();
 
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(a.stop_grace * 1000));
-  const double signal_grace_s = a.stop_grace_given ? a.stop_grace : a.signal_grace;
+  const double signal_grace_s = a.stop_grace_given ? a.stop_grace : 60.0;
   const auto signal_grace = std::chrono::milliseconds(static_cast<int64_t>(signal_grace_s * 1000));
   int running = a.nproc_per_node;
   const Child* first_failure = nullptr;
@@ -376,11 +333,10 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
     timespec tick{0, 100'000'000};
     siginfo_t info;
     const int sig = sigtimedwait(&wait_set, &info, &tick);
-    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+    if (sig > 0 && sig != SIGCHLD) {
       if (forwarded_signal == 0) {
         forwarded_signal = sig;
-        std::fprintf(stderr,
-                     "troupe launch: received SIG%s, passing it on to the %d running rank(s)\n",
+        std::fprintf(stderr, "troupe launch: received SIG%s, passing it on to the %d running rank(s)\n",
                      sigabbrev_np(sig), running);
         signal_all(children, sig);
         stopping = true;
@@ -422,15 +378,13 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
       std::vector<int> stuck;
       for (const auto& c : children)
         if (c.running) stuck.push_back(c.rank);
-      std::fprintf(
-          stderr,
-          "troupe launch: rank(s) %s did not end 10 s after SIGKILL (stuck in the kernel?); "
-          "leaving them\n",
-          rank_list(stuck).c_str());
+      std::fprintf(stderr,
+                   "troupe launch: rank(s) %s did not end 10 s after SIGKILL (stuck in the kernel?); leaving them\n",
+                   rank_list(stuck).c_str());
       break;
     }
   }
-  prefixer.finish(std::chrono::milliseconds(1000));
+  router.finish(std::chrono::milliseconds(1000));
   restore();
 
   if (first_failure != nullptr) {
@@ -443,15 +397,15 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
     std::string others;
     if (!stopped.empty()) others = "; stopped rank(s) " + rank_list(stopped);
     if (!needed_kill.empty())
-      others += " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " +
-                seconds_text(a.stop_grace) + " grace)";
+      others += " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " + seconds_text(a.stop_grace) +
+                " grace)";
     // A rank refused its input (exit code 2: bad flags, config, data): starting again cannot help.
     const bool bad_input = WIFEXITED(first_failure->status) && WEXITSTATUS(first_failure->status) == kExitUsage;
     *restartable = forwarded_signal == 0 && !bad_input;
-    print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " +
-                              std::to_string(first_failure->pid) + ") " +
-                              describe_status(first_failure->status) + others +
-                              " -- see the rank's output above for the cause");
+    const std::string where = attempt_dir.empty() ? "the rank's output above" : "the rank's output (logs in " + attempt_dir + ")";
+    print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " + std::to_string(first_failure->pid) +
+                              ") " + describe_status(first_failure->status) + others + " -- see " + where +
+                              " for the cause");
     return kExitFailure;
   }
   if (forwarded_signal != 0) {
@@ -460,8 +414,7 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
       if (WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) needed_kill.push_back(c.rank);
     print_error("launch", std::string("stopped by SIG") + sigabbrev_np(forwarded_signal) +
                               (needed_kill.empty() ? std::string()
-                                                   : " (rank(s) " + rank_list(needed_kill) +
-                                                         " only by SIGKILL after the " +
+                                                   : " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " +
                                                          seconds_text(signal_grace_s) + " grace)"));
     return 128 + forwarded_signal;
   }
@@ -476,8 +429,91 @@ int run_ranks(const LaunchArgs& a, const std::string& exe, const std::string& to
   return kExitOk;
 }
 
-int run_launch(LaunchArgs a) {
-  if (a.new_token) {
+// An executable regular file named `name` on PATH, or "".
+std::string which(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + name;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (colon == std::string::npos) return "";
+    start = colon + 1;
+  }
+}
+
+// CUDA devices the ranks' programs will see: this build's CUDA runtime when it has one; otherwise
+// the NVIDIA driver's list (/proc/driver/nvidia/gpus) cut by CUDA_VISIBLE_DEVICES as CUDA reads it
+// (indices or GPU-/MIG- UUIDs, up to the first entry that names no device).
+int visible_gpus(std::string* detail) {
+  const DeviceInfo d = query_devices();
+  if (d.cuda_built) {
+    if (d.cuda_devices == 0) *detail = d.cuda_detail;
+    return d.cuda_devices;
+  }
+  int physical = 0;
+  if (DIR* dir = opendir("/proc/driver/nvidia/gpus")) {
+    while (const dirent* e = readdir(dir))
+      if (e->d_name[0] != '.') ++physical;
+    closedir(dir);
+  }
+  if (physical == 0) {
+    *detail = "no NVIDIA driver lists a GPU in /proc/driver/nvidia/gpus";
+    return 0;
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return physical;
+  int count = 0;
+  std::set<long> seen;
+  std::string list = visible;
+  for (size_t start = 0; start <= list.size();) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    start = comma + 1;
+    char* end = nullptr;
+    const long idx = std::strtol(item.c_str(), &end, 10);
+    const bool index_ok = !item.empty() && *end == '\0' && idx >= 0 && idx < physical && seen.insert(idx).second;
+    if (!index_ok && item.rfind("GPU-", 0) != 0 && item.rfind("MIG-", 0) != 0) break;
+    ++count;
+  }
+  if (count == 0) *detail = "CUDA_VISIBLE_DEVICES='" + list + "' hides the " + std::to_string(physical) + " GPU(s)";
+  return count;
+}
+
+// 122 random bits as a UUID (version 4), torchrun --standalone's run id.
+std::string fresh_uuid(const std::string& hex64) {
+  std::string h = hex64.substr(0, 32);
+  h[12] = '4';
+  h[16] = "89ab"[std::stoi(h.substr(16, 1), nullptr, 16) & 3];
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" + h.substr(20);
+}
+
+}  // namespace
+
+int run_launch_command(const std::vector<std::string>& args, const std::set<std::string>& subcommands) {
+  HostFacts host;
+  host.cpus = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  host.gpus = visible_gpus(&host.gpu_detail);
+  host.which = which;
+  auto parsed = parse_launch_args(args, host, comm::process_env(), subcommands);
+  if (!parsed) {
+    print_error("launch", parsed.status());
+    return kExitUsage;
+  }
+  Launch l;
+  l.o = std::move(parsed).value();
+  LaunchOptions& o = l.o;
+  if (o.help) {
+    std::printf("%s", launch_usage().c_str());
+    return kExitOk;
+  }
+  if (o.new_token) {
     auto token = comm::generate_job_token();
     if (!token) {
       print_error("launch", token.status());
@@ -486,65 +522,57 @@ int run_launch(LaunchArgs a) {
     std::printf("%s\n", token->c_str());
     return kExitOk;
   }
-  // "troupe launch -- troupe train ..." reads like torchrun's script argument: drop the program
-  // name.
-  if (!a.command.empty()) {
-    const std::string& first = a.command.front();
-    if (first == "troupe" ||
-        (first.size() > 7 && first.compare(first.size() - 7, 7, "/troupe") == 0))
-      a.command.erase(a.command.begin());
+  // What each rank execs.
+  l.troupe_command = command_kind(o, subcommands) == CommandKind::troupe;
+  if (l.troupe_command) {
+    char exe_buf[4096];
+    const ssize_t len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
+    if (len <= 0) {
+      print_error("launch", std::string("cannot find this program through /proc/self/exe: ") + std::strerror(errno));
+      return kExitFailure;
+    }
+    l.exe.assign(exe_buf, static_cast<size_t>(len));
+    l.argv = {l.exe};  // a user's program sees its own path as argv[0]; troupe's is troupe
+    l.argv.insert(l.argv.end(), o.command.begin(), o.command.end());
+  } else {
+    l.argv = o.command;
+    if (o.run_path) {
+      const char* py = std::getenv("PYTHON_EXEC");
+      l.argv.insert(l.argv.begin(), py != nullptr && *py != '\0' ? py : "python3");
+    }
+    l.exe = which(l.argv.front());
+    if (l.exe.empty() || access(l.exe.c_str(), X_OK) != 0) {
+      print_error("launch", "'" + l.argv.front() + "' is not an executable program" +
+                                (l.exe.empty() ? std::string(" on PATH") : " (" + std::string(std::strerror(errno)) + ")") +
+                                " -- give a troupe subcommand (train, comm-check, ...), a program's path, or a "
+                                "program on PATH");
+      return kExitUsage;
+    }
   }
-  if (Status st = validate(a); !st) {
-    print_error("launch", st);
-    return kExitUsage;
+  if (o.nnodes == 1 && !o.master_port_given) {
+    if (const int port = free_local_port(); port > 0) o.master_port = port;
   }
-  if (a.nnodes == 1 && !a.port_given) {
-    if (const int port = free_local_port(); port > 0) a.master_port = port;
-  }
-  std::string token;
-  if (a.nnodes == 1) {
+  if (o.nnodes == 1) {
     auto fresh = comm::generate_job_token();
     if (!fresh) {
       print_error("launch", fresh.status());
       return kExitFailure;
     }
-    token = *fresh;
+    l.token = *fresh;
   } else {
     const char* env_token = std::getenv("TROUPE_JOB_TOKEN");
     if (env_token == nullptr || *env_token == '\0') {
-      print_error(
-          "launch",
-          "--nnodes " + std::to_string(a.nnodes) +
-              " needs the job token in TROUPE_JOB_TOKEN, the same value on every node -- run "
-              "`export TROUPE_JOB_TOKEN=$(troupe launch --new-token)` once and set that value "
-              "in the environment of troupe launch on each node");
+      print_error("launch", "--nnodes " + std::to_string(o.nnodes) +
+                                " needs the job token in TROUPE_JOB_TOKEN, the same value on every node -- run "
+                                "`export TROUPE_JOB_TOKEN=$(troupe launch --new-token)` once and set that value "
+                                "in the environment of troupe launch on each node");
       return kExitUsage;
     }
     if (Status st = comm::validate_job_token(env_token, "TROUPE_JOB_TOKEN"); !st) {
       print_error("launch", st);
       return kExitUsage;
     }
-    token = env_token;
-  }
-
-  char exe_buf[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);
-  if (len <= 0) {
-    print_error("launch", std::string("cannot find this program through /proc/self/exe: ") +
-                              std::strerror(errno));
-    return kExitFailure;
-  }
-  std::string exe(exe_buf, static_cast<size_t>(len));
-  // A path (it has a '/') is a program of its own, e.g. one embedding troupe (troupe::train finds
-  // the launch environment): it runs instead of a troupe subcommand, with the rest as its arguments.
-  if (a.command.front().find('/') != std::string::npos) {
-    exe = a.command.front();
-    a.command.erase(a.command.begin());
-    if (access(exe.c_str(), X_OK) != 0) {
-      print_error("launch", exe + " is not an executable program (" + std::strerror(errno) +
-                                ") -- give a troupe subcommand (train, comm-check, ...) or the path of a program to run");
-      return kExitUsage;
-    }
+    l.token = env_token;
   }
   // The run's name for every restart of this launch (troupe train resumes only its own run's
   // checkpoints): 128 random bits.
@@ -553,75 +581,62 @@ int run_launch(LaunchArgs a) {
     print_error("launch", random.status());
     return kExitFailure;
   }
-  const std::string run_id = random->substr(0, 32);
+  l.run_id = random->substr(0, 32);
+  l.rdzv_id = o.standalone ? fresh_uuid(random->substr(32)) : o.rdzv_id;
+  l.elastic_run_id = l.rdzv_id.empty() ? "none" : l.rdzv_id;
+  l.signals = o.signals.empty() ? std::vector<int>{SIGINT, SIGTERM, SIGHUP} : o.signals;
+  if (!o.log_dir.empty() || o.redirects.any() || o.tee.any()) {
+    auto dir = make_run_log_dir(o.log_dir, l.elastic_run_id);
+    if (!dir) {
+      print_error("launch", dir.status());
+      return exit_code_for(dir.status());
+    }
+    l.run_log_dir = *dir;
+    std::fprintf(stderr, "troupe launch: the ranks' logs go to %s/attempt_<restart>/<local rank>/\n",
+                 l.run_log_dir.c_str());
+  }
+  for (const std::string& note : o.notes) std::fprintf(stderr, "troupe launch: note: %s\n", note.c_str());
+  if (!o.local_addr.empty() && o.node_rank != 0)
+    std::fprintf(stderr, "troupe launch: note: --local-addr %s: no effect on node %d -- its ranks connect to the "
+                         "master from the address the kernel picks toward it\n",
+                 o.local_addr.c_str(), o.node_rank);
+  if (!l.troupe_command && o.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
+    std::fprintf(stderr, "troupe launch: note: OMP_NUM_THREADS=1 for every rank (torchrun's default when it is "
+                         "unset, so %d ranks do not overload the host; set it to tune)\n",
+                 o.nproc_per_node);
 
   for (int restart = 0;; ++restart) {
     bool restartable = false;
-    const int code = run_ranks(a, exe, token, run_id, restart, &restartable);
-    if (code == kExitOk || restart >= a.max_restarts) return code;
+    const int code = run_ranks(l, restart, &restartable);
+    if (code == kExitOk || restart >= o.max_restarts) return code;
     if (!restartable) {
       std::fprintf(stderr, "troupe launch: not restarting: the ranks were stopped by a signal or refused their "
                            "input (exit code 2)\n");
       return code;
     }
-    if (a.nnodes == 1 && !a.port_given) {
-      if (const int port = free_local_port(); port > 0) a.master_port = port;
+    if (o.nnodes == 1 && !o.master_port_given) {
+      if (const int port = free_local_port(); port > 0) o.master_port = port;
     }
-    std::fprintf(stderr,
-                 "troupe launch: restart %d of %d: starting all %d rank(s)%s again "
-                 "(TROUPE_RESTART_COUNT=%d)\n",
-                 restart + 1, a.max_restarts, a.nproc_per_node, a.nnodes > 1 ? " of this node" : "",
-                 restart + 1);
+    std::fprintf(stderr, "troupe launch: restart %d of %d: starting all %d rank(s)%s again (TROUPE_RESTART_COUNT=%d)\n",
+                 restart + 1, o.max_restarts, o.nproc_per_node, o.nnodes > 1 ? " of this node" : "", restart + 1);
   }
 }
-
-}  // namespace
 
 // comm-check (apps/comm_check_cmd.cpp) is launch's companion and is registered with it.
 void add_comm_check_command(CLI::App& app, int* exit_code);
 
 void add_launch_command(CLI::App& app, int* exit_code) {
   add_comm_check_command(app, exit_code);
-  auto args = std::make_shared<LaunchArgs>();
+  // Listed for `troupe --help`; main() hands `troupe launch ...` to run_launch_command before CLI11
+  // parses (torchrun's grammar is not CLI11's: the command's first word ends the flags).
   CLI::App* cmd = app.add_subcommand("launch",
                                      "Start the ranks of a job on this node (torchrun's flags): "
-                                     "troupe launch --nproc-per-node N -- train ...");
-  cmd->add_option("--nproc-per-node,--nproc_per_node", args->nproc_per_node,
-                  "Ranks to start on this node")
-      ->capture_default_str();
-  cmd->add_option("--nnodes", args->nnodes, "Nodes in the job (one troupe launch per node)")
-      ->capture_default_str();
-  cmd->add_option("--node-rank,--node_rank", args->node_rank, "This node's index, 0 .. nnodes-1")
-      ->capture_default_str();
-  cmd->add_option("--master-addr,--master_addr", args->master_addr,
-                  "Host of rank 0 (node 0), reachable from all nodes")
-      ->capture_default_str();
-  cmd->add_option("--master-port,--master_port", args->master_port,
-                  "TCP port of rank 0's rendezvous (default: a free port on one node, else 29500)");
-  cmd->add_flag("--new-token", args->new_token,
-                "Print a fresh job token and exit (export it as TROUPE_JOB_TOKEN for srun, mpirun, "
-                "several nodes)");
-  cmd->add_flag("--prefix-output", args->prefix_output,
-                "Prefix every output line with \"[rank N] \"");
-  cmd->add_option(
-         "--stop-grace", args->stop_grace,
-         "Seconds between SIGTERM and SIGKILL when stopping the ranks after a failure (3), "
-         "and after passing on a SIGINT/SIGTERM (default there: 60, time to save)")
-      ->capture_default_str();
-  cmd->add_option(
-         "--max-restarts,--max_restarts", args->max_restarts,
-         "After a rank fails, stop the others and start every rank of this node again, up to N "
-         "times (with several nodes every node's launcher does so and the ranks meet again); "
-         "each restart sets TROUPE_RESTART_COUNT, and troupe train then resumes this run's "
-         "latest checkpoint in its --save (with several nodes: a folder every node sees)")
-      ->capture_default_str();
-  cmd->add_option("command", args->command,
-                  "The subcommand each rank runs, after --, e.g. -- comm-check; or the path of a program to run (one that embeds troupe: troupe::train finds the launch environment)")
-      ->expected(-1);
-  cmd->callback([cmd, args, exit_code] {
-    args->port_given = cmd->count("--master-port") > 0;
-    args->stop_grace_given = cmd->count("--stop-grace") > 0;
-    *exit_code = run_launch(*args);
+                                     "troupe launch --nproc-per-node N -- train ... (troupe launch --help)");
+  cmd->allow_extras();
+  cmd->callback([exit_code, cmd, &app] {
+    std::set<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.insert(sub->get_name());
+    *exit_code = run_launch_command(cmd->remaining(), names);
   });
 }
 

@@ -33,6 +33,12 @@ int main(int argc, char** argv) {
   troupe::apps::add_inspect_command(app, &exit_code);
   // troupe train: Megatron's and DeepSpeed's flags screened before CLI11 sees them.
   std::vector<std::string> args(argv + 1, argv + argc);
+  // troupe launch: torchrun's grammar, where the command's first word ends the flags.
+  if (!args.empty() && args[0] == "launch") {
+    std::set<std::string> subcommands;
+    for (const CLI::App* sub : app.get_subcommands({})) subcommands.insert(sub->get_name());
+    return troupe::apps::run_launch_command({args.begin() + 1, args.end()}, subcommands);
+  }
   if (!args.empty() && args[0] == "train") {
     std::vector<std::string> flags(args.begin() + 1, args.end());
     if (!troupe::apps::screen_train_command(flags)) return troupe::apps::kExitUsage;

@@ -35,7 +35,8 @@
   X(inspect_stages)            \
   X(dashboard_request)         \
   X(inspect_merge)             \
-  X(data_blend)
+  X(data_blend)                \
+  X(launch_flags)
 
 namespace troupe::fuzz {
 

@@ -28,11 +28,12 @@ struct JoinRequest {
   int32_t world_size = 0;
   std::string host;  // as the joiner names itself (for logs)
   int32_t pid = 0;
+  std::string rdzv_id;  // the launcher's --rdzv-id (TROUPE_RDZV_ID), "" when none was given
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
-  return f(caf::meta::type_name("troupe.JoinRequest2"), x.rank, x.world_size, x.host, x.pid);
+  return f(caf::meta::type_name("troupe.JoinRequest3"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id);
 }
 
 using join_atom = caf::atom_constant<caf::atom("bs_join")>;
@@ -41,6 +42,7 @@ using leave_atom = caf::atom_constant<caf::atom("bs_leave")>;
 using drain_atom = caf::atom_constant<caf::atom("bs_drain")>;
 using timeout_atom = caf::atom_constant<caf::atom("bs_timeout")>;
 using failed_atom = caf::atom_constant<caf::atom("bs_failed")>;
+using report_atom = caf::atom_constant<caf::atom("bs_report")>;
 
 // The rendezvous (rank 0, published). drain and timeout are accepted from this process only.
 using rendezvous_actor = caf::typed_actor<
@@ -49,7 +51,8 @@ using rendezvous_actor = caf::typed_actor<
     caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
     caf::replies_to<leave_atom>::with<leave_atom>,
     caf::replies_to<drain_atom>::with<drain_atom>,  // answered once every joined rank disconnected
-    caf::reacts_to<timeout_atom, std::string>>;     // a gather's deadline passed
+    caf::reacts_to<timeout_atom, std::string>,      // a gather's deadline passed
+    caf::reacts_to<report_atom>>;                   // time to say who has not joined yet
 
 // A rank's agent (one per rank, local): relays its calls and learns of the job's failure.
 using agent_actor = caf::typed_actor<
@@ -119,11 +122,36 @@ struct Gather {
 
 // The states declare a constructor: as aggregates, C++20's parenthesised aggregate init would make
 // CAF try to build them from the actor pointer.
+// What rank 0's rendezvous is started with.
+struct RendezvousSetup {
+  int world_size = 0;
+  size_t gather_budget = 0;  // the most blob bytes one gather's reply may carry
+  std::chrono::milliseconds collective_timeout{0};
+  std::chrono::milliseconds join_timeout{0};
+  std::chrono::milliseconds report_interval{0};
+  std::string rdzv_id;     // rank 0's; a joiner's must be the same
+  int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
+  // "addr:port" of the rendezvous, for the messages: set once published (the port may be the
+  // kernel's pick), read by the rendezvous's reports.
+  struct Where {
+    std::mutex mutex;
+    std::string text;
+  };
+  std::shared_ptr<Where> where = std::make_shared<Where>();
+  std::string where_text() const {
+    std::lock_guard<std::mutex> lock(where->mutex);
+    return where->text;
+  }
+  Logger log;
+};
+
 struct RendezvousState {
   RendezvousState() = default;
   int world_size = 0;
   size_t gather_budget = 0;  // the most blob bytes one gather's reply may carry
   std::chrono::milliseconds collective_timeout{0};
+  RendezvousSetup setup;
+  std::chrono::steady_clock::time_point started;
   Logger log;
   std::vector<std::optional<Member>> members;  // by rank, once joined
   std::map<std::string, Gather> gathers;       // in progress
@@ -224,15 +252,78 @@ int first_departed(const RendezvousState& st) {
   return -1;
 }
 
-rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, size_t budget,
-                                           std::chrono::milliseconds collective_timeout,
-                                           Logger log) {
+std::string id_text(const std::string& id) { return id.empty() ? "(none)" : "'" + id + "'"; }
+
+// The ranks that have not joined, grouped by node when nodes are known: "ranks 2, 3 of node 1
+// (no rank of it has joined: ...)". `why` ends each group's text.
+std::string missing_text(const RendezvousState& st, std::vector<int>* missing_out) {
+  std::vector<int> missing;
+  for (int r = 0; r < st.world_size; ++r)
+    if (!st.members[r]) missing.push_back(r);
+  if (missing_out != nullptr) *missing_out = missing;
+  auto list = [](const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+  };
+  const int per_node = st.setup.ranks_per_node;
+  if (per_node <= 0) return list(missing);
+  std::map<int, std::vector<int>> by_node;
+  for (int r : missing) by_node[r / per_node].push_back(r);
+  std::string s;
+  for (const auto& [node, ranks] : by_node) {
+    std::string host;  // of a rank of this node that joined
+    for (int r = node * per_node; r < std::min(st.world_size, (node + 1) * per_node) && host.empty(); ++r)
+      if (st.members[r]) host = st.members[r]->host;
+    s += (s.empty() ? "" : "; ") + list(ranks) + " of node " + std::to_string(node);
+    if (node == 0)
+      s += " (rank 0's own node: they have not started, or died before joining)";
+    else if (!host.empty())
+      s += " (on host " + host + ", where the node's other ranks joined: they have not started, or died)";
+    else
+      s += " (no rank of it has joined: start its launcher, troupe launch --node-rank " + std::to_string(node) +
+           ", or check that it reaches " + st.setup.where_text() + ")";
+  }
+  return s;
+}
+
+// Every report_interval until all ranks joined: who is missing; at join_timeout the job fails.
+void report_missing(RendezvousPtr self) {
   auto& st = self->state;
-  st.world_size = world_size;
-  st.gather_budget = budget;
-  st.collective_timeout = collective_timeout;
-  st.log = std::move(log);
-  st.members.resize(world_size);
+  if (!st.failure.empty()) return;
+  std::vector<int> missing;
+  const std::string text = missing_text(st, &missing);
+  if (missing.empty()) return;
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - st.started);
+  if (elapsed >= st.setup.join_timeout) {
+    const std::string why = std::to_string(missing.size()) + " of " + std::to_string(st.world_size) +
+                            " ranks never joined the rendezvous at " + st.setup.where_text() + " within " +
+                            seconds_text(st.setup.join_timeout) + ": " + text +
+                            " -- start every node's launcher with the same --nnodes, --nproc-per-node and master "
+                            "address, or give them longer with --rdzv-conf join_timeout=SECONDS";
+    st.log(why);
+    fail_job(self, why);
+    return;
+  }
+  if (elapsed >= st.setup.report_interval / 2)
+    st.log("waiting for " + std::to_string(missing.size()) + " of " + std::to_string(st.world_size) +
+           " ranks to join (" + seconds_text(std::chrono::duration_cast<std::chrono::seconds>(elapsed + std::chrono::milliseconds(500))) +
+           " so far, giving up after " + seconds_text(st.setup.join_timeout) + "): " + text);
+  const auto next = std::min(st.setup.report_interval, st.setup.join_timeout - elapsed);
+  self->delayed_send(self, next, report_atom::value);
+}
+
+rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup setup) {
+  auto& st = self->state;
+  st.world_size = setup.world_size;
+  st.gather_budget = setup.gather_budget;
+  st.collective_timeout = setup.collective_timeout;
+  st.log = setup.log;
+  st.setup = std::move(setup);
+  st.started = std::chrono::steady_clock::now();
+  st.members.resize(st.world_size);
+  if (st.world_size > 1 && st.setup.report_interval.count() > 0)
+    self->delayed_send(self, std::min(st.setup.report_interval, st.setup.join_timeout), report_atom::value);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t r = 0; r < st.members.size(); ++r) {
@@ -261,6 +352,14 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, s
                               std::to_string(req.world_size) + " ranks but rank 0 for " +
                               std::to_string(st.world_size) +
                               " -- start every rank with the same world size"));
+        }
+        if (req.rdzv_id != st.setup.rdzv_id) {
+          return refuse(
+              self, claim + ": its --rdzv-id " + id_text(req.rdzv_id) + " is not rank 0's " + id_text(st.setup.rdzv_id),
+              bootstrap_error("rank " + std::to_string(req.rank) + " was started with --rdzv-id " +
+                              id_text(req.rdzv_id) + " but rank 0 with --rdzv-id " + id_text(st.setup.rdzv_id) +
+                              " -- every launcher of a job must give the same --rdzv-id (is another job using "
+                              "this master port?)"));
         }
         if (req.rank < 0 || req.rank >= st.world_size) {
           return refuse(
@@ -372,6 +471,10 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, int world_size, s
         why += " -- a rank is stuck, crashed before joining or runs a different sequence of calls";
         st.log(why);
         fail_gather(self, key, why);
+      },
+      [self](report_atom) {
+        if (!same_actor(self->current_sender(), self->address())) return;
+        report_missing(self);
       },
   };
 }
@@ -664,8 +767,19 @@ caf::expected<uint16_t> publish(CafBootstrap::Impl& b, uint16_t port, const std:
 
 Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   const size_t budget = gather_budget(b.options.max_message_bytes, env.world_size);
-  b.rendezvous =
-      b.sys->spawn(rendezvous, env.world_size, budget, b.options.collective_timeout, b.logger());
+  RendezvousSetup setup;
+  setup.world_size = env.world_size;
+  setup.gather_budget = budget;
+  setup.collective_timeout = b.options.collective_timeout;
+  setup.join_timeout = b.options.join_timeout;
+  setup.report_interval = b.options.wait_report_interval;
+  setup.rdzv_id = env.rdzv_id;
+  // troupe launch and torchrun start as many ranks on every node, numbered node by node.
+  if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
+  const auto where = setup.where;
+  const std::string host = b.plan.connect_addr.empty() ? env.master_addr : b.plan.connect_addr;
+  setup.log = b.logger();
+  b.rendezvous = b.sys->spawn(rendezvous, std::move(setup));
   b.owns_rendezvous = true;
   b.port = env.master_port;
   if (env.world_size == 1) return Status::ok();  // nobody to meet: nothing is published
@@ -680,6 +794,8 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
         "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)");
   b.port = *port;
   b.published = true;
+  std::lock_guard<std::mutex> lock(where->mutex);
+  where->text = host + ":" + std::to_string(b.port);
   return Status::ok();
 }
 
@@ -697,7 +813,7 @@ void ensure_descriptors(int world_size, int pending) {
 }  // namespace
 
 void configure_for_bootstrap(caf::actor_system_config& cfg, const CafBootstrapOptions& options) {
-  cfg.add_message_type<JoinRequest>("troupe.JoinRequest2");
+  cfg.add_message_type<JoinRequest>("troupe.JoinRequest3");
   cfg.set("middleman.heartbeat-interval", caf::timespan{options.heartbeat_interval});
   cfg.set("middleman.connection-timeout", caf::timespan{options.connection_timeout});
   cfg.load<caf::io::middleman>();
@@ -768,6 +884,18 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
                            "' is not a number of seconds in (0, 3600] -- fix or unset it");
     b->options.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
+  // troupe launch --rdzv-conf join_timeout: how long rank 0 waits for the others to join, and the
+  // others retry reaching it.
+  if (const char* v = std::getenv("TROUPE_RDZV_TIMEOUT")) {
+    char* end = nullptr;
+    const double s = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(s > 0 && s <= 86400))
+      return Status::bad_input(std::string("TROUPE_RDZV_TIMEOUT='") + v +
+                               "' is not a number of seconds in (0, 86400] -- fix or unset it (troupe launch "
+                               "--rdzv-conf join_timeout=S sets it)");
+    b->options.join_timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+    b->options.connect_timeout = b->options.join_timeout;
+  }
   if (env.world_size > 1) {
     auto plan = plan_network(env);
     if (!plan) return plan.status();
@@ -802,6 +930,7 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
   req.world_size = env.world_size;
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
+  req.rdzv_id = env.rdzv_id;
   auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
   if (!joined) return joined.status();
   return std::make_unique<CafBootstrap>(std::move(b));

@@ -6,8 +6,9 @@
 // worker addresses, NCCL unique ids); tensors never go through CAF.
 //
 // Protocol (rendezvous side; the typed interfaces are in caf_bootstrap.cpp):
-//   join(rank, world, host, pid) -> world size. A rank outside [0, world), a world size other
-//     than rank 0's, or a rank that already joined is refused with an error, and the refusal is
+//   join(rank, world, host, pid, rdzv id) -> world size. A rank outside [0, world), a world size
+//     or rendezvous id (--rdzv-id) other than rank 0's, or a rank that already joined is refused
+//     with an error naming both values, and the refusal is
 //     logged with the peer's address (the error reply waits for the address lookup). A joined
 //     agent is bound to its rank by its actor address and monitored. (The token is not part of
 //     the join: the connection has proven it before any message is read, see Security.)
@@ -55,6 +56,12 @@ struct CafBootstrapOptions {
   std::chrono::milliseconds connect_timeout{60'000};
   // The longest an all_gather or barrier waits for missing ranks, from the first contribution.
   std::chrono::milliseconds collective_timeout{600'000};
+  // Rank 0: every wait_report_interval until all ranks joined it logs who is missing (by rank and,
+  // under troupe launch or torchrun, by node); ranks still missing after join_timeout fail the job
+  // naming them. TROUPE_RDZV_TIMEOUT (seconds; troupe launch --rdzv-conf join_timeout) sets
+  // join_timeout and connect_timeout both. torchrun's join_timeout default is 600 s too.
+  std::chrono::milliseconds join_timeout{600'000};
+  std::chrono::milliseconds wait_report_interval{10'000};
   // On destruction, rank 0 waits up to this long for the other ranks to leave before closing.
   std::chrono::milliseconds shutdown_grace{10'000};
   // CAF middleman heartbeats between the processes; a peer silent for connection_timeout (hung or

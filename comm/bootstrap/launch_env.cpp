@@ -278,7 +278,9 @@ EnvLookup map_env(std::map<std::string, std::string> vars) {
   };
 }
 
-Result<LaunchEnv> detect_launch_env(const EnvLookup& env) {
+namespace {
+
+Result<LaunchEnv> detect_source(const EnvLookup& env) {
   if (env("TROUPE_RANK")) return from_torchrun_style(env, true);
   if (env("RANK")) return from_torchrun_style(env, false);
   if (env("SLURM_PROCID")) return from_slurm(env);
@@ -287,6 +289,14 @@ Result<LaunchEnv> detect_launch_env(const EnvLookup& env) {
   auto token = generate_job_token();
   if (!token) return token.status();
   e.token = *token;
+  return e;
+}
+
+}  // namespace
+
+Result<LaunchEnv> detect_launch_env(const EnvLookup& env) {
+  auto e = detect_source(env);
+  if (e) e->rdzv_id = env("TROUPE_RDZV_ID").value_or("");
   return e;
 }
 

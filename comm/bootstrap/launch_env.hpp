@@ -54,6 +54,9 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;
   std::string token;  // secret shared by the job's ranks (hex); never printed
+  // The launcher's --rdzv-id (TROUPE_RDZV_ID, any source), "" when none: the rendezvous refuses a
+  // rank whose id is not rank 0's.
+  std::string rdzv_id;
   std::string source =
       "single process";  // "troupe launch" | "torchrun env" | "SLURM" | "Open MPI" | ...
 };

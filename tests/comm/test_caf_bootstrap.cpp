@@ -427,6 +427,60 @@ TEST_CASE("a gather with a missing rank times out, naming it", "[bootstrap]") {
   CHECK_THAT(a.status().message(), Contains("never joined"));
 }
 
+TEST_CASE("rank 0 reports the ranks that have not joined, then fails the job at the join timeout", "[bootstrap]") {
+  LogSink sink;
+  auto o = options_with(sink);
+  o.wait_report_interval = 200ms;
+  o.join_timeout = 1500ms;
+  // One node of five ranks under troupe launch; ranks 0 and 3 join, 1, 2 and 4 never. (Several
+  // nodes need a master address other than loopback: tests/cli/launch_rendezvous.sh.)
+  auto env_of = [](int rank, int port) {
+    auto e = make_env(rank, 5, port);
+    e.source = "troupe launch";
+    return e;
+  };
+  auto r0 = create_ok(env_of(0, 0), o);
+  auto r3 = create_ok(env_of(3, r0->port()), o);
+  const std::string report = sink.wait_for({"waiting for 3 of 5 ranks to join"});
+  CHECK_THAT(report, Contains("giving up after 1.5 s): ranks 1, 2, 4 of node 0 (rank 0's own node: they have not "
+                              "started, or died before joining)"));
+  auto a = r0->all_gather("hosts", "0");
+  REQUIRE_FALSE(a);
+  CHECK_THAT(a.status().message(), Contains("3 of 5 ranks never joined the rendezvous at 127.0.0.1:" +
+                                            std::to_string(r0->port()) + " within 1.5 s: ranks 1, 2, 4 of node 0"));
+  CHECK_THAT(a.status().message(), Contains("--rdzv-conf join_timeout"));
+  for (int i = 0; i < 250 && r3->job_failure().empty(); ++i) std::this_thread::sleep_for(20ms);  // the notice travels
+  CHECK_THAT(r3->job_failure(), Contains("ranks 1, 2, 4 of node 0"));
+}
+
+TEST_CASE("a rank whose rendezvous id is not rank 0's is refused, naming both", "[bootstrap]") {
+  LogSink sink;
+  auto o = options_with(sink);
+  auto e0 = make_env(0, 2, 0);
+  e0.rdzv_id = "jobA";
+  auto r0 = create_ok(e0, o);
+  auto e1 = make_env(1, 2, r0->port());
+  for (const std::string& other : {std::string("jobB"), std::string()}) {
+    e1.rdzv_id = other;
+    auto b = create_caf_bootstrap(e1, o);
+    REQUIRE_FALSE(b);
+    const std::string shown = other.empty() ? "(none)" : "'" + other + "'";
+    CHECK_THAT(b.status().message(),
+               Contains("rank 1 was started with --rdzv-id " + shown + " but rank 0 with --rdzv-id 'jobA'"));
+    CHECK(sink.wait_for({"refused a peer claiming rank 1 of 2", "its --rdzv-id " + shown + " is not rank 0's 'jobA'"}) !=
+          "");
+  }
+  e1.rdzv_id = "jobA";  // the right id joins, and the job works
+  std::thread t([&] {
+    auto r1 = create_caf_bootstrap(e1, o);
+    if (r1) (void)(*r1)->all_gather("k", "1");
+  });
+  auto a = r0->all_gather("k", "0");
+  t.join();
+  REQUIRE(a);
+  CHECK(*a == std::vector<std::string>{"0", "1"});
+}
+
 TEST_CASE("no rendezvous: the connect gives up after its timeout, naming the address",
           "[bootstrap]") {
   LogSink sink;
