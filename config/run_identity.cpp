@@ -96,9 +96,9 @@ Result<LatestRun> latest_run(const std::string& dir) {
   return out;
 }
 
-Status ResumeCheck::status(const std::string& dir) const {
+Status ResumeCheck::status(const std::string& dir, bool finetune) const {
   if (refused.empty()) return Status::ok();
-  std::string message = "cannot resume the run of the checkpoint in " + dir + ":";
+  std::string message = (finetune ? "cannot fine-tune from the checkpoint in " : "cannot resume the run of the checkpoint in ") + dir + ":";
   for (const std::string& r : refused) message += "\n  " + r;
   return Status::bad_input(message);
 }
@@ -170,6 +170,23 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
     d.may_change("--lr-warmup-iters", now.lr_warmup_iters, saved.lr_warmup_iters);
     d.may_change("the decay length", decay_length(now), decay_length(saved));
   }
+  return out;
+}
+
+ResumeCheck check_finetune(const TrainConfig& now, const TrainConfig& saved) {
+  ResumeCheck out;
+  Differences d{out};
+  const std::string fix = "the parameters' shapes follow from it; pass the checkpoint's value";
+  d.must_agree("--num-layers", now.model.num_layers, saved.model.num_layers, fix);
+  d.must_agree("--hidden-size", now.model.hidden_size, saved.model.hidden_size, fix);
+  d.must_agree("--num-attention-heads", now.model.num_attention_heads, saved.model.num_attention_heads, fix);
+  d.must_agree("--max-position-embeddings", now.model.max_position_embeddings, saved.model.max_position_embeddings,
+               fix);
+  d.must_agree("the vocabulary size (of --tokenizer-type and its files)", now.model.vocab_size, saved.model.vocab_size,
+               "the embedding has one row per token: use the tokenizer (and vocabulary files) the model was trained "
+               "with");
+  d.may_change("--tokenizer-type", now.tokenizer_type, saved.tokenizer_type);
+  d.may_change("--layernorm-epsilon", now.model.layernorm_epsilon, saved.model.layernorm_epsilon);
   return out;
 }
 

@@ -16,6 +16,7 @@
 
 #include "storage/data_blend.hpp"
 #include "storage/gpt_dataset.hpp"
+#include "storage/hf_import.hpp"
 
 namespace troupe {
 namespace {
@@ -531,7 +532,7 @@ class Validator {
         return bad(
             "--load", c.load + " is not a directory",
             "pass the --save directory of an earlier run, or drop --load to start from scratch");
-      if (!fs::is_regular_file(fs::path(c.load) / "latest_checkpointed_iteration.txt", ec))
+      if (!fs::is_regular_file(fs::path(c.load) / "latest_checkpointed_iteration.txt", ec) && !is_hf_folder(c.load))
         return bad(
             "--load",
             c.load + " has no latest_checkpointed_iteration.txt, so no finished checkpoint",
