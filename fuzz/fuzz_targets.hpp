@@ -35,7 +35,10 @@
   X(inspect_stages)            \
   X(dashboard_request)         \
   X(inspect_merge)             \
-  X(data_blend)
+  X(data_blend)                \
+  X(hf_safetensors)            \
+  X(hf_index)                  \
+  X(hf_config)
 
 namespace troupe::fuzz {
 
