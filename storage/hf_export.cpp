@@ -13,6 +13,7 @@
 #include "storage/h5_file.hpp"
 #include "storage/hf_names.hpp"
 #include "storage/safetensors.hpp"
+#include "storage/tokenizer.hpp"
 #include "storage/json_input.hpp"
 #include "storage/shard_file.hpp"
 
@@ -195,8 +196,8 @@ int64_t eos_token_id(const HfConfig& c) {
   return c.vocab_size >= 50257 ? 50256 : c.vocab_size - 1;
 }
 
-nlohmann::json hf_config_json(const HfConfig& c, bool tied, const CheckpointMeta& meta, const std::string& source) {
-  const int64_t eos = eos_token_id(c);
+nlohmann::json hf_config_json(const HfConfig& c, int64_t eos, bool tied, const CheckpointMeta& meta,
+                              const std::string& source) {
   return {{"activation_function", "gelu_new"},  // troupe's GELU is the tanh form
           {"architectures", {"GPT2LMHeadModel"}},
           {"attn_pdrop", c.attention_dropout},
@@ -238,8 +239,12 @@ Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfC
                                    "is --format hf-h5); choose another --output");
   // Everything that can be refused is read first: nothing is written for a refused export.
   std::vector<FolderFile> small;
-  const int64_t eos = eos_token_id(c);
+  int64_t eos = eos_token_id(c);
   if (c.tokenizer_type == "GPT2BPETokenizer" && !c.vocab_file.empty() && !c.merge_file.empty()) {
+    auto bpe = make_gpt2_bpe_tokenizer(c.vocab_file, c.merge_file);  // its end-of-document id
+    if (!bpe)
+      return bpe.status().with_context("the run's tokenizer files cannot be exported: ").as_bad_input();
+    eos = (*bpe)->eod();
     for (auto [flag, path, name] : {std::tuple{"--vocab-file", &c.vocab_file, "vocab.json"},
                                     std::tuple{"--merge-file", &c.merge_file, "merges.txt"}}) {
       Result<std::string> text = read_small_file(*path, size_t{64} << 20);
@@ -255,7 +260,7 @@ Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfC
     small.push_back({"tokenizer_config.json", tokenizer.dump(2) + "\n"});
   }
   const bool tied = !has_lm_head;
-  small.push_back({"config.json", hf_config_json(c, tied, meta, source).dump(2) + "\n"});
+  small.push_back({"config.json", hf_config_json(c, eos, tied, meta, source).dump(2) + "\n"});
   const nlohmann::json generation = {{"bos_token_id", eos}, {"eos_token_id", eos}, {"transformers_version", "4.44.0"}};
   small.push_back({"generation_config.json", generation.dump(2) + "\n"});
   auto state = hf_state(reader, c, has_lm_head, /*lm_head=*/!tied);

@@ -4,7 +4,7 @@
 # here in the Python standard library (length-prefixed JSON header, raw little-endian bytes) and its loss,
 # computed by an independent PyTorch GPT-2 written here against HF's names and Conv1D orientation (float64),
 # equals `troupe eval`'s. `troupe ckpt import --format hf` gives back the checkpoint's parameters bitwise,
-# also from F16/BF16, sharded and GPT2Model-named folders; `troupe train --load HF_FOLDER` (a fine-tune)
+# also from F16/BF16, sharded and GPT2Model-named folders; GPT-2 BPE tokenizer files travel with the folder; `troupe train --load HF_FOLDER` (a fine-tune)
 # trains on pp 2 exactly as --finetune from the imported or the original checkpoint does; folders that are
 # not GPT-2, or hostile, are refused with exit 2 and nothing written.
 source "$(dirname "$0")/common.bash"
@@ -226,6 +226,29 @@ PY
 small_train --train-iters 6 --load ck --no-load-optim --override-opt_param-scheduler --save ck_noopt --num-threads 1 > /dev/null
 "$py" -c 'import json; m = json.load(open("ck_noopt/iter_0000006/metadata.json")); assert (m["iteration"], m["optimizer_step"]) == (6, 2), m' ||
   fail "--no-load-optim's checkpoint"
+
+# GPT-2's BPE: the run's --vocab-file and --merge-file travel with the folder (copied byte for byte, with a
+# tokenizer_config.json and the tokenizer's end-of-document id as eos), and train from there.
+vocab=$src_dir/fuzz/data/gpt2_tiny/encoder.json merges=$src_dir/fuzz/data/gpt2_tiny/vocab.bpe
+bpe=(--tokenizer-type GPT2BPETokenizer --vocab-file "$vocab" --merge-file "$merges")
+"$troupe" preprocess --input corpus.txt --input-format text --text-separator % --output-prefix b "${bpe[@]}" \
+  --append-eod > /dev/null
+small_train --train-iters 4 --data-path b_text_document "${bpe[@]}" --save ckb --num-threads 1 > /dev/null
+"$troupe" ckpt export --load ckb --format hf --output hfb > /dev/null
+cmp "$vocab" hfb/vocab.json && cmp "$merges" hfb/merges.txt || fail "the tokenizer files were not copied as they are"
+"$py" - "$vocab" <<'PY' || fail "the BPE folder's config"
+import json, sys
+eod = json.load(open(sys.argv[1]))["<|endoftext|>"]
+c, t = json.load(open("hfb/config.json")), json.load(open("hfb/tokenizer_config.json"))
+assert c["eos_token_id"] == c["bos_token_id"] == eod and c["vocab_size"] == len(json.load(open(sys.argv[1]))), c
+assert t["tokenizer_class"] == "GPT2Tokenizer" and t["eos_token"] == "<|endoftext|>", t
+PY
+small_train --train-iters 4 --data-path b_text_document --tokenizer-type GPT2BPETokenizer \
+  --vocab-file hfb/vocab.json --merge-file hfb/merges.txt --load hfb --num-threads 1 > /dev/null ||
+  fail "fine-tuning from the BPE folder with its own tokenizer files"
+"$troupe" ckpt import --format hf --input hfb --save ckb2 > /dev/null
+"$py" -c 'import json; c = json.loads(json.load(open("ckb2/iter_0000000/metadata.json"))["config"]); assert c["tokenizer_type"] == "GPT2BPETokenizer" and c["vocab_file"].endswith("hfb/vocab.json"), c' ||
+  fail "the imported checkpoint does not name the folder's tokenizer"
 
 # Refusals: every problem at once, exit 2, nothing written.
 mkdir llama && "$py" - <<'PY'
