@@ -327,6 +327,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                       if (!acc->items[k].captured.empty())
                         r.captured.push_back(RankPieces{self->state.global[k], std::move(acc->items[k].captured)});
                     r.busy_fraction_min = 1;
+                    for (auto& o : acc->items) r.rank_timers.push_back(std::move(o.timers));
                     for (const auto& o : acc->items) {
                       r.max_busy_us = std::max(r.max_busy_us, o.busy_us);
                       r.step_us = std::max(r.step_us, o.step_us);

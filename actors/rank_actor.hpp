@@ -50,6 +50,7 @@ struct GroupStepResult {
   bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
   std::vector<RankPieces> captured;  // StepRequest::capture_grad's pieces, every local rank's
   int64_t control = 0;  // the inspector commands every process applies after this step (StepOutcome::control)
+  std::vector<std::vector<TimerReading>> rank_timers;  // each local rank's StepOutcome::timers, in rank order
 };
 
 using rank_actor = caf::typed_actor<

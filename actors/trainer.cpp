@@ -7,6 +7,7 @@
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
 #include "engine/lr_schedule.hpp"
+#include "engine/step_timers.hpp"
 
 namespace troupe {
 
@@ -198,7 +199,8 @@ void evaluate_then(Self self, std::function<void()> next) {
   evaluate_batch(self, ev);
 }
 
-void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1, double busy_max = -1) {
+void on_step(Self self, double grad_norm, double loss_sum, double busy_min, double busy_max,
+             const std::vector<std::vector<TimerReading>>& rank_timers) {
   auto& st = self->state;
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
@@ -210,6 +212,7 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min = -1,
                                      st.spec.loss_terms_per_sample, st.spec.gpt_flops);
   s.busy_fraction_min = busy_min;
   s.busy_fraction_max = busy_max;
+  s.timers = combine_rank_timers(rank_timers, cfg.timing_log_level);
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
   st.last_loss = s.lm_loss;
   if (!std::isfinite(s.lm_loss)) {
@@ -361,10 +364,9 @@ void run_micro_batches(Self self, const Tensor& batch) {
               s.spec.control->put_pieces(s.capture_seq, JobControl::Pieces{s.iteration + 1, r.captured});
               s.capture_seq = 0;
             }
-            if (self->state.spec.report_busy)
-              on_step(self, r.grad_norm, r.loss_sum, r.busy_fraction_min, r.busy_fraction_max);
-            else
-              on_step(self, r.grad_norm, r.loss_sum);
+            const bool busy = self->state.spec.report_busy;
+            on_step(self, r.grad_norm, r.loss_sum, busy ? r.busy_fraction_min : -1, busy ? r.busy_fraction_max : -1,
+                    r.rank_timers);
           },
           on_error(self));
   read_ahead(self);  // overlaps the next batch's reading with this iteration's compute

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace troupe::apps {
@@ -12,15 +13,100 @@ void print_error(const std::string& command, const std::string& message) {
   std::fflush(stderr);
 }
 
-std::string format_iteration(const IterationStats& s) {
+void IntervalAverage::add(const IterationStats& s) {
+  last_ = s;
+  ++count_;
+  if (s.skipped) {
+    ++skipped_;
+    nan_ += s.nan_loss ? 1 : 0;
+  } else {
+    ++advanced_;
+    loss_sum_ += s.lm_loss;
+  }
+  ms_sum_ += s.ms_per_iter;
+  tokens_sum_ += s.tokens_per_sec * s.ms_per_iter / 1e3;
+  tflops_sum_ += s.model_tflops * s.ms_per_iter;
+  peak_sum_ += s.fraction_of_peak * s.ms_per_iter;
+  busy_min_sum_ += s.busy_fraction_min;
+  busy_max_sum_ += s.busy_fraction_max;
+  for (const TimerReading& t : s.timers) {
+    auto it = std::find_if(timers_.begin(), timers_.end(), [&](const TimerReading& x) { return x.name == t.name; });
+    if (it == timers_.end()) {
+      timers_.push_back({t.name, 0, 0, std::vector<double>(t.ranks_ms.size(), 0.0)});
+      it = timers_.end() - 1;
+    }
+    it->ms += t.ms;
+    it->min_ms += t.min_ms;
+    for (size_t r = 0; r < t.ranks_ms.size() && r < it->ranks_ms.size(); ++r) it->ranks_ms[r] += t.ranks_ms[r];
+  }
+}
+
+IterationStats IntervalAverage::mean() const {
+  IterationStats m = last_;
+  if (count_ == 0) return m;
+  const double n = static_cast<double>(count_);
+  m.lm_loss = advanced_ > 0 ? loss_sum_ / static_cast<double>(advanced_) : 0.0;
+  m.ms_per_iter = ms_sum_ / n;
+  // Throughput over the interval's time: tokens (tokens/s x seconds of each iteration) over seconds.
+  m.tokens_per_sec = ms_sum_ > 0 ? tokens_sum_ / (ms_sum_ / 1e3) : 0.0;
+  m.model_tflops = ms_sum_ > 0 ? tflops_sum_ / ms_sum_ : 0.0;
+  m.fraction_of_peak = ms_sum_ > 0 ? peak_sum_ / ms_sum_ : 0.0;
+  if (last_.busy_fraction_min >= 0) {
+    m.busy_fraction_min = busy_min_sum_ / n;
+    m.busy_fraction_max = busy_max_sum_ / n;
+  }
+  m.timers = timers_;
+  for (TimerReading& t : m.timers) {
+    t.ms /= n;
+    t.min_ms /= n;
+    for (double& r : t.ranks_ms) r /= n;
+  }
+  return m;
+}
+
+std::string format_iteration(const IterationStats& s, int64_t skipped, int64_t nan) {
   std::string busy;
   if (s.busy_fraction_min >= 0)
     busy = fmt::format(" | ranks busy: {:.0f}-{:.0f}%", 100.0 * s.busy_fraction_min, 100.0 * s.busy_fraction_max);
   return fmt::format(
-      " iteration {:>7}/{:>7} | consumed samples: {:>9} | elapsed time per iteration (ms): {:.1f} | learning rate: "
-      "{:.3E} | lm loss: {:.6E} | grad norm: {:.3f} | tokens/s: {:.0f} | TFLOP/s: {:.3f} ({:.1f}% of peak)",
-      s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.lm_loss, s.grad_norm, s.tokens_per_sec,
-      s.model_tflops, 100.0 * s.fraction_of_peak) + busy;
+             " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | learning "
+             "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} | grad norm: {:.3f} | "
+             "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | TFLOP/s: "
+             "{:.3f} ({:.1f}% of peak)",
+             s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch_size, s.lm_loss,
+             s.loss_scale, s.grad_norm, skipped, nan, s.tokens_per_sec, s.model_tflops, 100.0 * s.fraction_of_peak) +
+         busy;
+}
+
+std::string format_timers(const std::vector<TimerReading>& timers, const std::string& option) {
+  if (timers.empty()) return "";
+  auto label = [](const std::string& name) {
+    std::string l = name + " ";
+    if (l.size() < 48) l.append(48 - l.size(), '.');
+    return l;
+  };
+  std::string out;
+  if (option == "max") {
+    out = "max time across ranks (ms):";
+    for (const TimerReading& t : timers) out += fmt::format("\n    {}: {:.2f}", label(t.name), t.ms);
+  } else if (option == "all") {
+    out = "times across ranks (ms):";
+    const size_t ranks = timers.front().ranks_ms.size();
+    for (size_t r = 0; r < ranks; ++r) {
+      out += fmt::format("\n  rank {:2d}:", r);
+      for (const TimerReading& t : timers)
+        out += fmt::format("\n    {}: {:.2f}", label(t.name), r < t.ranks_ms.size() ? t.ranks_ms[r] : 0.0);
+    }
+  } else {
+    out = "(min, max) time across ranks (ms):";
+    for (const TimerReading& t : timers) out += fmt::format("\n    {}: ({:.2f}, {:.2f})", label(t.name), t.min_ms, t.ms);
+  }
+  return out;
+}
+
+std::string format_eval(const EvalStats& e) {
+  return fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | tokens: {} |",
+                     e.iteration, e.loss, e.perplexity, e.tokens);
 }
 
 std::string iteration_json(const IterationStats& s) {
@@ -33,10 +119,19 @@ std::string iteration_json(const IterationStats& s) {
                       {"tokens_per_sec", s.tokens_per_sec},
                       {"model_tflops", s.model_tflops},
                       {"fraction_of_peak", s.fraction_of_peak},
-                      {"consumed_samples", s.consumed_samples}};
+                      {"consumed_samples", s.consumed_samples},
+                      {"global_batch_size", s.global_batch_size},
+                      {"loss_scale", s.loss_scale},
+                      {"skipped", s.skipped},
+                      {"nan", s.nan_loss}};
   if (s.busy_fraction_min >= 0) {  // parallel layouts: the ranks' busy share of the step
     j["busy_fraction_min"] = s.busy_fraction_min;
     j["busy_fraction_max"] = s.busy_fraction_max;
+  }
+  if (!s.timers.empty()) {  // --timing-log-level's timers of this iteration, ms: [min, max]
+    nlohmann::json t = nlohmann::json::object();
+    for (const TimerReading& r : s.timers) t[r.name] = {r.min_ms, r.ms};
+    j["timers_ms"] = std::move(t);
   }
   return j.dump();
 }
@@ -50,14 +145,21 @@ std::string eval_json(const EvalStats& e) {
   return j.dump();
 }
 
-ProgressPrinter::ProgressPrinter(int64_t log_interval, bool enabled)
-    : log_interval_(log_interval > 0 ? log_interval : 1), tty_(isatty(STDOUT_FILENO) == 1), enabled_(enabled) {}
+ProgressPrinter::ProgressPrinter(int64_t log_interval, bool enabled, std::string timing_log_option)
+    : log_interval_(log_interval > 0 ? log_interval : 1),
+      tty_(isatty(STDOUT_FILENO) == 1),
+      enabled_(enabled),
+      timing_log_option_(std::move(timing_log_option)) {}
 
 void ProgressPrinter::iteration(const IterationStats& s) {
   if (!enabled_) return;
+  interval_.add(s);
   const bool permanent = s.iteration % log_interval_ == 0 || s.iteration == s.train_iters;
   if (permanent) {
-    line(format_iteration(s));
+    const IterationStats mean = interval_.mean();
+    line(format_iteration(mean, interval_.skipped(), interval_.nan()));
+    if (const std::string timers = format_timers(mean.timers, timing_log_option_); !timers.empty()) line(timers);
+    interval_.reset();
     return;
   }
   if (!tty_) return;

@@ -16,6 +16,7 @@
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
+#include "apps/tensorboard_log.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "troupe/train.hpp"
 
@@ -46,13 +47,14 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, env.status());
     return kExitUsage;
   }
-  if (Status st = finalize_train_config(cmd, &cfg, env->world_size); !st) {
+  if (Status st = finalize_train_config(cmd, &cfg, env->world_size, &g_flag_notes); !st) {
     print_error(name, st);
     return kExitUsage;
   }
   // Set up by troupe::train (include/troupe/train.hpp), which calls on_start once the ranks met:
   // rank 0 prints and writes the metrics; the others stay quiet.
   std::unique_ptr<std::ofstream> metrics;
+  std::unique_ptr<TensorBoardLog> tensorboard;
   std::unique_ptr<ProgressPrinter> printer;
   TrainCallbacks cb;
   cb.on_start = [&](const TrainConfig& c, const DataSource& data, int rank, int world) -> Status {
@@ -62,7 +64,12 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
       if (!*metrics)
         return Status::bad_input("--metrics-file " + c.metrics_file + " cannot be opened for appending -- check the path");
     }
-    printer = std::make_unique<ProgressPrinter>(c.log_interval, reporter);
+    printer = std::make_unique<ProgressPrinter>(c.log_interval, reporter, c.timing_log_option);
+    if (reporter && !c.tensorboard.dir.empty())
+      tensorboard = std::make_unique<TensorBoardLog>(
+          c.tensorboard, c.log_interval,
+          c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.resolved_dp(world), c.model.seq_length,
+          [&](const std::string& warning) { printer->line("  warning: " + warning); });
     const GptConfig& m = c.model;
     printer->line(fmt::format(
         "troupe train: GPT-2 {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
@@ -75,22 +82,25 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                               int64_t{c.global_batch_size} * m.seq_length, c.tensor_model_parallel_size,
                               c.pipeline_model_parallel_size, dp, c.parallel() || world > 1 ? "" : " (one shard)"));
     printer->line("  data: " + data.describe());
+    if (tensorboard) printer->line("  tensorboard: event files in " + c.tensorboard.dir + " (Megatron's tags)");
     for (const std::string& note : g_flag_notes) printer->line("  note: " + note);
     return Status::ok();
   };
   cb.on_note = [&](const std::string& s) { printer->line("  " + s); };
   cb.on_log_interval = [&](int64_t n) {
     printer->set_log_interval(n);
+    if (tensorboard) tensorboard->set_log_interval(n);
     printer->line(fmt::format("  log interval set to {} by the inspector", n));
   };
   cb.on_iteration = [&](const IterationStats& s) {
     printer->iteration(s);
     if (metrics) *metrics << iteration_json(s) << "\n" << std::flush;
+    if (tensorboard) tensorboard->iteration(s);
   };
   cb.on_eval = [&](const EvalStats& e) {
-    printer->line(fmt::format(" validation loss at iteration {} | lm loss: {:.6E} | lm loss PPL: {:.6E} | tokens: {}",
-                              e.iteration, e.loss, e.perplexity, e.tokens));
+    printer->line(format_eval(e));
     if (metrics) *metrics << eval_json(e) << "\n" << std::flush;
+    if (tensorboard) tensorboard->eval(e);
   };
   cb.on_saved = [&](const SavedCheckpoint& c) {
     if (c.committed)

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "base/spelling.hpp"
+#include "config/deepspeed_keys.hpp"
 #include "storage/json_input.hpp"
 
 namespace troupe {
@@ -78,8 +80,12 @@ std::string lower(std::string s) {
 //   Megatron's convention instead, one step ahead of DeepSpeed's (DeepSpeed's linear warm-up gives
 //   (k - 1) / W, and its decay reaches 0 at k = T + 1). Without a scheduler block the schedule
 //   comes from the flags, as in Megatron-DeepSpeed, where Megatron's own scheduler drives the lr.
-// * gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown: only
-//   timing output in DeepSpeed, accepted and ignored.
+// * gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown:
+//   DeepSpeed prints its forward/backward/step timers; troupe prints Megatron's timers at every log
+//   interval, all of them (--timing-log-level 2) unless --timing-log-level is given.
+// * "auto" (Hugging Face's Trainer fills it from its own arguments): the setting comes from
+//   troupe's flags (or their defaults), never from DeepSpeed's default for a missing key; a note
+//   says so.
 // * zero_optimization (runtime/zero/config.py, unknown keys rejected there as here):
 //     stage (default 0) -> --zero-stage: 1 partitions the optimizer state over the data-parallel
 //       ranks, 2 also the gradients, 3 also the parameters. Results are those of stage 0.
@@ -111,8 +117,11 @@ std::string lower(std::string s) {
 //   offload_param: DeepSpeed moves the parameters to "device". An absent or "none" device is
 //     accepted; any other is an error, since parameter offload is not in this build yet.
 // * fp16 / bf16 .enabled (default false).
-// A key DeepSpeed knows but troupe does not (or a typo) is an error: silently ignoring it would
-// train something other than what the file asks for.
+// Keys that change nothing in troupe (config/deepspeed_keys.cpp: the tuning knobs, fp16's
+// loss-scale settings with fp16 off, profilers and loggers that only print) are accepted with one
+// start-up note each saying why. A key DeepSpeed knows but troupe does not (or a typo) is an error:
+// silently ignoring it would train something other than what the file asks for. Every problem of
+// the file is reported at once (each unknown key with its nearest accepted spelling).
 // -------------------------------------------------------------------------------------------------
 class DeepSpeedMerger {
  public:
@@ -120,6 +129,7 @@ class DeepSpeedMerger {
   DeepSpeedMerger(GivenFn given, std::string file, TrainConfig* cfg, Origins* origins, int dp)
       : given_(std::move(given)), file_(std::move(file)), cfg_(cfg), origins_(origins), dp_(dp) {}
 
+  // Every problem of the file in one message (one alone: that message), or ok.
   Status merge() {
     json top;
     TROUPE_RETURN_IF_ERROR(read_file(&top));
@@ -127,27 +137,37 @@ class DeepSpeedMerger {
       return Status::bad_input("--deepspeed-config " + file_ +
                            " must hold a JSON object ({...}), got " + top.type_name() +
                            " -- write the DeepSpeed settings as one object");
-    TROUPE_RETURN_IF_ERROR(check_keys(
+    // Each part reports its problems into problems_ and stops at the first it cannot go past;
+    // the other parts still run, so that one run lists everything to fix.
+    (void)check_keys(
         top, "",
         {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
          "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-         "zero_optimization", "fp16", "bf16"}));
-    TROUPE_RETURN_IF_ERROR(merge_precision(top, "fp16"));
-    TROUPE_RETURN_IF_ERROR(merge_precision(top, "bf16"));
-    TROUPE_RETURN_IF_ERROR(merge_zero(top));
-    std::optional<bool> breakdown;
-    TROUPE_RETURN_IF_ERROR(get_bool(top, "", "wall_clock_breakdown", &breakdown));
-    TROUPE_RETURN_IF_ERROR(merge_batch(top));
+         "zero_optimization", "fp16", "bf16", "tensorboard"});
+    (void)merge_precision(top, "fp16");
+    (void)merge_precision(top, "bf16");
+    (void)merge_zero(top);
+    (void)merge_switched_blocks(top);
+    merge_tensorboard(top);
+    (void)merge_wall_clock(top);
+    (void)merge_batch(top);
     std::optional<double> clip;
-    TROUPE_RETURN_IF_ERROR(get_number(top, "", "gradient_clipping", &clip));
+    (void)get_number(top, "", "gradient_clipping", &clip);
     if (clip) apply("--clip-grad", &cfg_->clip_grad, *clip, "gradient_clipping");
     std::optional<int64_t> steps_per_print;
-    TROUPE_RETURN_IF_ERROR(get_integer(top, "", "steps_per_print", &steps_per_print, 1));
+    (void)get_integer(top, "", "steps_per_print", &steps_per_print, 1);
     if (steps_per_print)
       apply("--log-interval", &cfg_->log_interval, *steps_per_print, "steps_per_print");
-    TROUPE_RETURN_IF_ERROR(merge_optimizer(top));
-    return merge_scheduler(top);
+    (void)merge_optimizer(top);
+    (void)merge_scheduler(top);
+    if (problems_.empty()) return Status::ok();
+    if (problems_.size() == 1) return Status::bad_input(problems_[0]);
+    std::string message = fmt::format("--deepspeed-config {} has {} problems:", file_, problems_.size());
+    for (const std::string& p : problems_) message += "\n  - " + p;
+    return Status::bad_input(message);
   }
+
+  const std::vector<std::string>& notes() const { return notes_; }
 
   // Whether the file decided the global batch size (so the derived default must not overwrite it).
   bool set_global_batch() const { return set_global_batch_; }
@@ -157,10 +177,28 @@ class DeepSpeedMerger {
     return prefix.empty() ? key : prefix + "." + key;
   }
 
-  Status error(const std::string& path, const std::string& what, const std::string& fix) const {
-    return Status::bad_input("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " +
-                         fix);
+  // Records a problem of the file (merge() reports them all) and returns it, for the part that
+  // cannot go on.
+  Status error(const std::string& path, const std::string& what, const std::string& fix) {
+    problems_.push_back("--deepspeed-config " + file_ + ": \"" + path + "\" " + what + " -- " + fix);
+    return Status::bad_input(problems_.back());
   }
+
+  void note(const std::string& path, const std::string& text) {
+    notes_.push_back("\"" + path + "\" in " + file_ + ": " + text);
+  }
+
+  // "auto" (Hugging Face's Trainer's placeholder): the flag's value stands; noted once per key.
+  bool is_auto(const json& parent, const std::string& prefix, const char* key) {
+    const auto it = parent.find(key);
+    if (it == parent.end() || !it->is_string() || it->get<std::string>() != "auto") return false;
+    const std::string path = path_of(prefix, key);
+    if (autos_.insert(path).second)
+      note(path, "\"auto\" -- troupe's flag (or its default) decides, as Hugging Face's Trainer "
+                 "fills \"auto\" from its own arguments");
+    return true;
+  }
+  bool was_auto(const std::string& path) const { return autos_.count(path) > 0; }
 
   Status read_file(json* out) const {
     std::error_code ec;
@@ -190,28 +228,161 @@ class DeepSpeedMerger {
     return Status::ok();
   }
 
-  Status check_keys(const json& object, const std::string& prefix,
-                    const std::vector<std::string>& accepted) const {
+  // Every key of `object` must be accepted here, or harmless (config/deepspeed_keys.hpp: noted and
+  // its value checked), or a switched-off block; each other key is a problem naming the nearest
+  // accepted spelling. Returns ok: the caller goes on with the keys it knows.
+  Status check_keys(const json& object, const std::string& prefix, const std::vector<std::string>& accepted) {
+    std::vector<std::string> known = accepted;
+    for (const DsHarmlessKey& h : deepspeed_harmless_keys())
+      if (h.block == prefix) known.push_back(h.key);
+    if (prefix.empty())
+      for (const DsSwitchedBlock& b : deepspeed_switched_blocks()) known.push_back(b.key);
     for (const auto& item : object.items()) {
       if (std::find(accepted.begin(), accepted.end(), item.key()) != accepted.end()) continue;
-      return error(
-          path_of(prefix, item.key()),
-          "is not a key troupe understands; accepted keys " +
-              (prefix.empty() ? std::string("at the top level") : "in \"" + prefix + "\"") + ": " +
-              join_keys(accepted),
-          "remove it (troupe implements only these DeepSpeed settings) or fix its spelling");
+      if (prefix.empty() && is_switched_block(item.key())) continue;  // merge_switched_blocks
+      if (const DsHarmlessKey* h = harmless(prefix, item.key())) {
+        check_harmless(*h, item.value());
+        continue;
+      }
+      const std::vector<std::string> near = nearest_spellings(item.key(), known, 1, 1);
+      const std::string where = prefix.empty() ? std::string("at the top level") : "in \"" + prefix + "\"";
+      if (!near.empty()) {
+        (void)error(path_of(prefix, item.key()), "is not a key troupe understands " + where,
+                    "did you mean \"" + near[0] + "\"? (docs/COMPAT.md lists the DeepSpeed keys troupe reads)");
+      } else {
+        (void)error(path_of(prefix, item.key()),
+                    "is not a key troupe understands; accepted keys " + where + ": " + join_keys(known),
+                    "remove it (troupe implements only these DeepSpeed settings) or fix its spelling");
+      }
     }
     return Status::ok();
   }
 
+  static const DsHarmlessKey* harmless(const std::string& block, const std::string& key) {
+    for (const DsHarmlessKey& h : deepspeed_harmless_keys())
+      if (h.block == block && h.key == key) return &h;
+    return nullptr;
+  }
+  static bool is_switched_block(const std::string& key) {
+    for (const DsSwitchedBlock& b : deepspeed_switched_blocks())
+      if (b.key == key) return true;
+    return false;
+  }
+
+  // A harmless key: its value as DeepSpeed types it, then a note (or, for a value that would
+  // change the results, a problem).
+  void check_harmless(const DsHarmlessKey& h, const json& v) {
+    const std::string path = path_of(h.block, h.key);
+    const bool is_auto_value = v.is_string() && v.get<std::string>() == "auto";
+    const bool whole = v.is_number() && v.get<double>() >= 0 && std::floor(v.get<double>()) == v.get<double>();
+    switch (h.value) {
+      case DsValue::boolean:
+        if (!v.is_boolean()) return (void)error(path, "must be true or false, got " + json_excerpt(v), "write true or false (no quotes)");
+        break;
+      case DsValue::count:
+        if (!whole && !is_auto_value)
+          return (void)error(path, "must be a number of elements, got " + json_excerpt(v), "write a whole number >= 0, e.g. 5e8");
+        break;
+      case DsValue::number:
+        if (!v.is_number() && !is_auto_value) return (void)error(path, "must be a number, got " + json_excerpt(v), "write a number");
+        break;
+      case DsValue::string:
+        if (!v.is_string() && !v.is_null()) return (void)error(path, "must be a string, got " + json_excerpt(v), "write it in quotes");
+        if (v.is_string() && h.key.find("data_type") != std::string::npos && lower(v.get<std::string>()) != "fp32" &&
+            lower(v.get<std::string>()) != "float32" && !is_auto_value)
+          return (void)error(path, "is " + json_excerpt(v) + ", but troupe computes and communicates in float32",
+                             "set \"fp32\" or remove it");
+        break;
+      case DsValue::object:
+        if (!v.is_object()) return (void)error(path, "must be an object, got " + json_excerpt(v), "write it as {...}");
+        break;
+      case DsValue::false_only:
+        if (!v.is_boolean()) return (void)error(path, "must be true or false, got " + json_excerpt(v), "write true or false (no quotes)");
+        if (v.get<bool>()) return (void)error(path, "is true: " + h.why_refused.substr(0, h.why_refused.find(" -- ")),
+                                               h.why_refused.find(" -- ") == std::string::npos ? "remove it" : h.why_refused.substr(h.why_refused.find(" -- ") + 4));
+        note(path, "false: no effect");
+        return;
+      case DsValue::minus_one_only:
+        if (!v.is_number() || v.get<double>() != -1) {
+          const size_t cut = h.why_refused.find(" -- ");
+          return (void)error(path, "is " + json_excerpt(v) + ": " + h.why_refused.substr(0, cut),
+                             cut == std::string::npos ? "remove it" : h.why_refused.substr(cut + 4));
+        }
+        note(path, "-1: no effect");
+        return;
+    }
+    note(path, "no effect -- " + h.why);
+  }
+
+  // The blocks harmless while switched off (config/deepspeed_keys.hpp).
+  Status merge_switched_blocks(const json& top) {
+    for (const DsSwitchedBlock& b : deepspeed_switched_blocks()) {
+      const auto it = top.find(b.key);
+      if (it == top.end()) continue;
+      if (!it->is_object()) {
+        (void)error(b.key, "must be an object, got " + json_excerpt(*it), "write it as {...}");
+        continue;
+      }
+      const auto enabled = it->find("enabled");
+      if (enabled != it->end() && !enabled->is_boolean()) {
+        (void)error(b.key + ".enabled", "must be true or false, got " + json_excerpt(*enabled),
+                    "write true or false (no quotes)");
+        continue;
+      }
+      if (enabled != it->end() && enabled->get<bool>()) {
+        const size_t cut = b.why_refused.find(" -- ");
+        (void)error(b.key + ".enabled", "is true: " + b.why_refused.substr(0, cut),
+                    cut == std::string::npos ? "set it to false" : b.why_refused.substr(cut + 4));
+        continue;
+      }
+      note(b.key, "switched off: no effect");
+    }
+    return Status::ok();
+  }
+
+  // DeepSpeed's TensorBoard monitor (deepspeed/monitor/tensorboard.py): events in
+  // output_path/job_name (defaults "" and "DeepSpeedJobName"), troupe's --tensorboard-dir.
+  void merge_tensorboard(const json& top) {
+    const json* block = nullptr;
+    (void)get_object(top, "", "tensorboard", &block);
+    if (!block) return;
+    (void)check_keys(*block, "tensorboard", {"enabled", "output_path", "job_name"});
+    std::optional<bool> enabled;
+    (void)get_bool(*block, "tensorboard", "enabled", &enabled);
+    if (!enabled.value_or(false)) {
+      note("tensorboard", "switched off: no effect");
+      return;
+    }
+    std::optional<std::string> output_path, job_name;
+    (void)get_string(*block, "tensorboard", "output_path", &output_path);
+    (void)get_string(*block, "tensorboard", "job_name", &job_name);
+    const std::string dir =
+        (fs::path(output_path.value_or("")) / job_name.value_or("DeepSpeedJobName")).string();
+    apply("--tensorboard-dir", &cfg_->tensorboard.dir, dir, "tensorboard.output_path/job_name");
+  }
+
+  // wall_clock_breakdown: Megatron's timers at every log interval, every level of them unless
+  // --timing-log-level says otherwise.
+  Status merge_wall_clock(const json& top) {
+    std::optional<bool> breakdown;
+    TROUPE_RETURN_IF_ERROR(get_bool(top, "", "wall_clock_breakdown", &breakdown));
+    if (breakdown && *breakdown) apply("--timing-log-level", &cfg_->timing_log_level, 2, "wall_clock_breakdown");
+    return Status::ok();
+  }
+
+  // The getters leave *out empty when the key is absent or "auto" (is_auto), and also when its value
+  // is of the wrong kind, which they record as a problem and then return ok: the part goes on
+  // without it, so that the file's other problems are found too.
   Status get_object(const json& parent, const std::string& prefix, const char* key,
-                    const json** out) const {
+                    const json** out) {
     *out = nullptr;
     const auto it = parent.find(key);
     if (it == parent.end()) return Status::ok();
-    if (!it->is_object())
-      return error(path_of(prefix, key), std::string("must be an object, got ") + json_excerpt(*it),
-                   "write it as {...}");
+    if (!it->is_object()) {
+      (void)error(path_of(prefix, key), std::string("must be an object, got ") + json_excerpt(*it),
+                  "write it as {...}");
+      return Status::ok();
+    }
     *out = &*it;
     return Status::ok();
   }
@@ -219,12 +390,13 @@ class DeepSpeedMerger {
   // Any number (JSON numbers are finite once parsed); validation checks the settings' ranges and
   // names the key through the origins.
   Status get_number(const json& parent, const std::string& prefix, const char* key,
-                    std::optional<double>* out) const {
+                    std::optional<double>* out) {
     const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_number())
-      return error(path_of(prefix, key), "must be a number, got " + json_excerpt(*it),
-                   "write a number");
+    if (it == parent.end() || is_auto(parent, prefix, key)) return Status::ok();
+    if (!it->is_number()) {
+      (void)error(path_of(prefix, key), "must be a number, got " + json_excerpt(*it), "write a number");
+      return Status::ok();
+    }
     *out = it->get<double>();
     return Status::ok();
   }
@@ -232,48 +404,54 @@ class DeepSpeedMerger {
   // An integer in [min, max]; every integer DeepSpeed setting troupe maps lands in an int flag.
   Status get_integer(const json& parent, const std::string& prefix, const char* key,
                      std::optional<int64_t>* out, int64_t min = INT_MIN,
-                     int64_t max = INT_MAX) const {
+                     int64_t max = INT_MAX) {
     const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
+    if (it == parent.end() || is_auto(parent, prefix, key)) return Status::ok();
     int64_t v = 0;
     if (Status st = json_to_integer(*it, min, max, &v); !st) {
       // 0 or negative (nlohmann stores 0 as unsigned, every negative integer as signed)
       if (min == 1 &&
           (it->is_number_unsigned() ? it->get<uint64_t>() == 0 : it->is_number_integer()))
-        return error(path_of(prefix, key),
-                     "must be positive, got " + json_excerpt(*it) +
-                         " (allowed: " + range_text(min, max) + ")",
-                     "write a positive integer");
-      return error(path_of(prefix, key), st.message(),
-                   "write a whole number in that range, without a decimal point");
+        (void)error(path_of(prefix, key),
+                    "must be positive, got " + json_excerpt(*it) +
+                        " (allowed: " + range_text(min, max) + ")",
+                    "write a positive integer");
+      else
+        (void)error(path_of(prefix, key), st.message(),
+                    "write a whole number in that range, without a decimal point");
+      return Status::ok();
     }
     *out = v;
     return Status::ok();
   }
 
   Status get_positive_integer(const json& parent, const std::string& prefix, const char* key,
-                              std::optional<int64_t>* out) const {
+                              std::optional<int64_t>* out) {
     return get_integer(parent, prefix, key, out, 1, INT_MAX);
   }
 
   Status get_bool(const json& parent, const std::string& prefix, const char* key,
-                  std::optional<bool>* out) const {
+                  std::optional<bool>* out) {
     const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_boolean())
-      return error(path_of(prefix, key), "must be true or false, got " + json_excerpt(*it),
-                   "write true or false (no quotes)");
+    if (it == parent.end() || is_auto(parent, prefix, key)) return Status::ok();
+    if (!it->is_boolean()) {
+      (void)error(path_of(prefix, key), "must be true or false, got " + json_excerpt(*it),
+                  "write true or false (no quotes)");
+      return Status::ok();
+    }
     *out = it->get<bool>();
     return Status::ok();
   }
 
   Status get_string(const json& parent, const std::string& prefix, const char* key,
-                    std::optional<std::string>* out) const {
+                    std::optional<std::string>* out) {
     const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    if (!it->is_string())
-      return error(path_of(prefix, key), "must be a string, got " + json_excerpt(*it),
-                   "write it in quotes");
+    if (it == parent.end() || is_auto(parent, prefix, key)) return Status::ok();
+    if (!it->is_string()) {
+      (void)error(path_of(prefix, key), "must be a string, got " + json_excerpt(*it),
+                  "write it in quotes");
+      return Status::ok();
+    }
     *out = it->get<std::string>();
     return Status::ok();
   }
@@ -286,7 +464,7 @@ class DeepSpeedMerger {
     (*origins_)[flag] = "\"" + key + "\" in " + file_;
   }
 
-  Status merge_precision(const json& top, const char* key) const {
+  Status merge_precision(const json& top, const char* key) {
     const json* block = nullptr;
     TROUPE_RETURN_IF_ERROR(get_object(top, "", key, &block));
     if (!block) return Status::ok();
@@ -306,33 +484,16 @@ class DeepSpeedMerger {
     TROUPE_RETURN_IF_ERROR(get_object(top, "", "zero_optimization", &block));
     if (!block) return Status::ok();
     const std::string z = "zero_optimization";
-    // See the comment above the class for what each of these does in DeepSpeed.
-    static const std::vector<std::string> kIgnoredSwitches = {
-        "overlap_comm",
-        "contiguous_gradients",
-        "reduce_scatter",
-        "allgather_partitions",
-        "stage3_gather_16bit_weights_on_model_save",
-        "round_robin_gradients"};
-    static const std::vector<std::string> kIgnoredSizes = {
-        "reduce_bucket_size",          "allgather_bucket_size",
-        "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-        "stage3_max_live_parameters",  "stage3_max_reuse_distance"};
-    std::vector<std::string> accepted = {"stage"};
-    accepted.insert(accepted.end(), kIgnoredSwitches.begin(), kIgnoredSwitches.end());
-    accepted.insert(accepted.end(), kIgnoredSizes.begin(), kIgnoredSizes.end());
-    accepted.insert(accepted.end(), {"offload_optimizer", "offload_param"});
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, z, accepted));
-
+    // The tuning keys are config/deepspeed_keys.cpp's (check_keys notes them).
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, z, {"stage", "offload_optimizer", "offload_param", "cpu_offload"}));
     TROUPE_RETURN_IF_ERROR(merge_offload_optimizer(*block));
     TROUPE_RETURN_IF_ERROR(
         check_offload(*block, "offload_param", "the parameters", "parameter offload"));
-    for (const auto& key : kIgnoredSwitches) {
-      std::optional<bool> ignored;
-      TROUPE_RETURN_IF_ERROR(get_bool(*block, z, key.c_str(), &ignored));
-    }
-    for (const auto& key : kIgnoredSizes)
-      TROUPE_RETURN_IF_ERROR(check_element_count(*block, z, key));
+    // DeepSpeed's older spelling of offload_optimizer {"device": "cpu"}.
+    std::optional<bool> cpu_offload;
+    TROUPE_RETURN_IF_ERROR(get_bool(*block, z, "cpu_offload", &cpu_offload));
+    if (cpu_offload && *cpu_offload && !block->contains("offload_optimizer"))
+      apply("--offload-optimizer", &cfg_->offload_optimizer, std::string("cpu"), "zero_optimization.cpu_offload");
 
     std::optional<int64_t> stage;
     TROUPE_RETURN_IF_ERROR(get_integer(*block, z, "stage", &stage, INT64_MIN, INT64_MAX));
@@ -385,7 +546,7 @@ class DeepSpeedMerger {
 
   // DeepSpeed's offload blocks: a device other than "none" asks for something this build lacks.
   Status check_offload(const json& zero, const char* key, const char* what,
-                       const char* feature) const {
+                       const char* feature) {
     const json* block = nullptr;
     const std::string z = "zero_optimization";
     TROUPE_RETURN_IF_ERROR(get_object(zero, z, key, &block));
@@ -399,21 +560,6 @@ class DeepSpeedMerger {
                  "remove the \"" + std::string(key) +
                      "\" block from \"zero_optimization\" (or set its "
                      "\"device\" to \"none\"); everything then stays in memory");
-  }
-
-  // A DeepSpeed element count: >= 0 and whole, written as an integer or as e.g. 5e8.
-  Status check_element_count(const json& parent, const std::string& prefix,
-                             const std::string& key) const {
-    const auto it = parent.find(key);
-    if (it == parent.end()) return Status::ok();
-    const bool whole = it->is_number() && std::isfinite(it->get<double>()) &&
-                       it->get<double>() >= 0 && std::floor(it->get<double>()) == it->get<double>();
-    if (whole) return Status::ok();
-    std::string fix = "write a whole number of elements >= 0, e.g. 5e8";
-    if (it->is_string() && it->get<std::string>() == "auto")
-      fix += " (\"auto\" is filled in by Hugging Face's Trainer; DeepSpeed itself needs a number)";
-    return error(path_of(prefix, key), "must be a number of elements, got " + json_excerpt(*it),
-                 fix);
   }
 
   Status merge_batch(const json& top) {
@@ -515,7 +661,8 @@ class DeepSpeedMerger {
     TROUPE_RETURN_IF_ERROR(get_number(*params, p, "eps", &eps));
     TROUPE_RETURN_IF_ERROR(get_number(*params, p, "weight_decay", &weight_decay));
     double beta1 = 0.9, beta2 = 0.999;
-    if (const auto it = params->find("betas"); it != params->end()) {
+    const bool betas_auto = is_auto(*params, p, "betas");
+    if (const auto it = params->find("betas"); it != params->end() && !betas_auto) {
       if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
         return error("optimizer.params.betas",
                      "must be a list of two numbers, got " + json_excerpt(*it),
@@ -526,10 +673,13 @@ class DeepSpeedMerger {
     const auto key = [&](const char* k, bool present) {
       return p + "." + k + (present ? "" : " (DeepSpeed's default)");
     };
-    apply("--lr", &cfg_->lr, lr.value_or(1e-3), key("lr", lr.has_value()));
-    apply("--adam-eps", &cfg_->adam_eps, eps.value_or(1e-8), key("eps", eps.has_value()));
-    apply("--weight-decay", &cfg_->weight_decay, weight_decay.value_or(0.0),
-          key("weight_decay", weight_decay.has_value()));
+    // "auto" leaves the flag's value (not FusedAdam's default).
+    if (!was_auto(p + ".lr")) apply("--lr", &cfg_->lr, lr.value_or(1e-3), key("lr", lr.has_value()));
+    if (!was_auto(p + ".eps")) apply("--adam-eps", &cfg_->adam_eps, eps.value_or(1e-8), key("eps", eps.has_value()));
+    if (!was_auto(p + ".weight_decay"))
+      apply("--weight-decay", &cfg_->weight_decay, weight_decay.value_or(0.0),
+            key("weight_decay", weight_decay.has_value()));
+    if (betas_auto) return Status::ok();
     const bool has_betas = params->contains("betas");
     apply("--adam-beta1", &cfg_->adam_beta1, beta1,
           has_betas ? p + ".betas[0]" : key("betas", false));
@@ -581,21 +731,23 @@ class DeepSpeedMerger {
     if (warmup_type && *warmup_type != "log" && *warmup_type != "linear")
       return error(p + ".warmup_type", "is \"" + *warmup_type + "\"", "use \"log\" or \"linear\"");
     const int64_t steps = warmup_steps.value_or(1000);
-    apply("--lr-warmup-iters", &cfg_->lr_warmup_iters, std::max<int64_t>(2, steps),
+    if (!was_auto(p + ".warmup_num_steps"))
+      apply("--lr-warmup-iters", &cfg_->lr_warmup_iters, std::max<int64_t>(2, steps),
           p + ".warmup_num_steps" +
               (!warmup_steps ? " (DeepSpeed's default)"
                : steps < 2   ? " (DeepSpeed raises it to 2)"
                              : ""));
-    apply("--lr-warmup-style", &cfg_->lr_warmup_style, warmup_type.value_or("log"),
-          p + ".warmup_type" + (warmup_type ? "" : " (DeepSpeed's default)"));
+    if (!was_auto(p + ".warmup_type"))
+      apply("--lr-warmup-style", &cfg_->lr_warmup_style, warmup_type.value_or("log"),
+            p + ".warmup_type" + (warmup_type ? "" : " (DeepSpeed's default)"));
 
     std::optional<int64_t> total_steps;
     if (decay_lr || cosine_lr) {
       TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "total_num_steps", &total_steps));
-      if (!total_steps)
+      if (!total_steps && !was_auto(p + ".total_num_steps") && !params->contains("total_num_steps"))
         return error(p + ".total_num_steps", "is missing; " + *type + " needs it",
                      "add the number of optimizer steps the lr decays over");
-      apply("--lr-decay-iters", &cfg_->lr_decay_iters, *total_steps, p + ".total_num_steps");
+      if (total_steps) apply("--lr-decay-iters", &cfg_->lr_decay_iters, *total_steps, p + ".total_num_steps");
     }
 
     if (cosine_lr) {
@@ -603,10 +755,12 @@ class DeepSpeedMerger {
       std::optional<double> warmup_min_ratio, cos_min_ratio;
       TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_ratio", &warmup_min_ratio));
       TROUPE_RETURN_IF_ERROR(get_number(*params, p, "cos_min_ratio", &cos_min_ratio));
-      apply("--lr-warmup-init", &cfg_->lr_warmup_init, warmup_min_ratio.value_or(0.0) * cfg_->lr,
-            p + ".warmup_min_ratio * lr");
-      apply("--min-lr", &cfg_->min_lr, cos_min_ratio.value_or(1e-4) * cfg_->lr,
-            p + ".cos_min_ratio * lr");
+      if (!was_auto(p + ".warmup_min_ratio"))
+        apply("--lr-warmup-init", &cfg_->lr_warmup_init, warmup_min_ratio.value_or(0.0) * cfg_->lr,
+              p + ".warmup_min_ratio * lr");
+      if (!was_auto(p + ".cos_min_ratio"))
+        apply("--min-lr", &cfg_->min_lr, cos_min_ratio.value_or(1e-4) * cfg_->lr,
+              p + ".cos_min_ratio * lr");
       apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("cosine"), "scheduler.type");
       return Status::ok();
     }
@@ -614,11 +768,12 @@ class DeepSpeedMerger {
     std::optional<double> min_lr, max_lr;
     TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_lr", &min_lr));
     TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_max_lr", &max_lr));
-    apply("--lr-warmup-init", &cfg_->lr_warmup_init, min_lr.value_or(0.0),
-          p + ".warmup_min_lr" + (min_lr ? "" : " (DeepSpeed's default)"));
+    if (!was_auto(p + ".warmup_min_lr"))
+      apply("--lr-warmup-init", &cfg_->lr_warmup_init, min_lr.value_or(0.0),
+            p + ".warmup_min_lr" + (min_lr ? "" : " (DeepSpeed's default)"));
     if (max_lr) {
       apply("--lr", &cfg_->lr, *max_lr, p + ".warmup_max_lr");
-    } else if (decay_lr) {
+    } else if (decay_lr && !was_auto(p + ".warmup_max_lr")) {
       apply("--lr", &cfg_->lr, 1e-3, p + ".warmup_max_lr (WarmupDecayLR's default)");
     }  // WarmupLR without warmup_max_lr keeps the optimizer's lr, as DeepSpeed does.
     if (warmup_lr) {
@@ -635,16 +790,21 @@ class DeepSpeedMerger {
   TrainConfig* cfg_;
   Origins* origins_;
   int dp_;
+  std::vector<std::string> problems_;  // every problem found, in the order found
+  std::vector<std::string> notes_;     // the start-up notes: harmless keys, "auto" values
+  std::set<std::string> autos_;        // key paths whose value is "auto"
   bool set_global_batch_ = false;
 };
 
 }  // namespace
 
 Status merge_deepspeed_config(const std::string& file, int dp, const FlagGivenFn& given,
-                              TrainConfig* cfg, FlagOrigins* origins, bool* set_global_batch) {
+                              TrainConfig* cfg, FlagOrigins* origins, bool* set_global_batch,
+                              std::vector<std::string>* notes) {
   DeepSpeedMerger merger(given, file, cfg, origins, dp);
   TROUPE_RETURN_IF_ERROR(merger.merge());
   *set_global_batch = merger.set_global_batch();
+  if (notes != nullptr) notes->insert(notes->end(), merger.notes().begin(), merger.notes().end());
   return Status::ok();
 }
 

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "troupe/train_config.hpp"
 #include "troupe/status.hpp"
@@ -18,9 +19,12 @@ using FlagGivenFn = std::function<bool(const char* flag)>;
 
 // Reads `file` and sets each field of `*cfg` whose flag `given` says was not given, recording the
 // key in `*origins`. dp (>= 1): the data-parallel size of DeepSpeed's batch rule. Sets
-// `*set_global_batch` when the file decided the global batch size. Every failure names the file
-// and the key path and says how to fix it; `*cfg` may then be partly merged. Not thread-safe.
+// `*set_global_batch` when the file decided the global batch size. Appends to `*notes` (if given)
+// one start-up line per key accepted without effect and per "auto" value. Fails with every
+// problem of the file at once ("FILE has N problems:\n  - ..."), each naming the file and the key
+// path and saying how to fix it; `*cfg` may then be partly merged. Not thread-safe.
 Status merge_deepspeed_config(const std::string& file, int dp, const FlagGivenFn& given,
-                              TrainConfig* cfg, FlagOrigins* origins, bool* set_global_batch);
+                              TrainConfig* cfg, FlagOrigins* origins, bool* set_global_batch,
+                              std::vector<std::string>* notes = nullptr);
 
 }  // namespace troupe

@@ -597,7 +597,14 @@ class Validator {
       return bad("--num-threads", fmt::format("must be >= 0, got {}", c.num_threads),
                  "use 0 for all cores");
     TROUPE_RETURN_IF_ERROR(output_file("--metrics-file", c.metrics_file, "metrics.jsonl"));
-    return output_file("--timeline", c.timeline, "timeline.json");
+    TROUPE_RETURN_IF_ERROR(output_file("--timeline", c.timeline, "timeline.json"));
+    return tensorboard(c.tensorboard);
+  }
+
+  Status tensorboard(const TensorBoardConfig& t) const {
+    TROUPE_RETURN_IF_ERROR(positive("--tensorboard-log-interval", t.log_interval, "1"));
+    TROUPE_RETURN_IF_ERROR(positive("--tensorboard-queue-size", t.queue_size, "1000"));
+    return t.dir.empty() ? Status::ok() : creatable_directory("--tensorboard-dir", t.dir);
   }
 
   // A file written later: not a directory, and its directory exists. Nothing is created here.

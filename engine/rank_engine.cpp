@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "engine/step_timers.hpp"
 #include "kernels/ops.hpp"
 #include "model/pipeline_model.hpp"
 #include "troupe/check.hpp"
@@ -514,6 +515,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     for (auto& store : stores_) store->begin_iteration(spec_.micro_batches);
     std::vector<double> micro_losses(spec_.micro_batches, 0.0);
     TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
+    schedule_end_ = Clock::now();
     if (capture_ && capture_->got()) out.captured.push_back(capture_->piece(req.capture_activation));
     auto t0 = Clock::now();
     board_->wait(collective_wait("the data-parallel gradient reduction", dp_members_));
@@ -599,6 +601,8 @@ void RankEngine::fill_times(StepOutcome& out) const {
   out.busy_us = 0;
   for (size_t i = step_first_span_; i < spans_.size(); ++i)
     if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
+  const std::vector<Span> step(spans_.begin() + static_cast<std::ptrdiff_t>(step_first_span_), spans_.end());
+  out.timers = step_timers(step, std::chrono::duration<double, std::micro>(schedule_end_ - step_start_).count());
 }
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {

@@ -102,6 +102,8 @@ struct StepOutcome {
   double grad_norm = 0;  // before clipping, over the whole model
   double busy_us = 0;    // this rank's forward/backward/weight/optimizer time in the step
   double step_us = 0;    // wall time of the step on this rank
+  // This rank's step by Megatron's timer names (step_timers in engine/types.hpp), milliseconds.
+  std::vector<TimerReading> timers;
   bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
   int64_t control = 0;   // rank 0's StepRequest::control: the inspector commands to apply after this step
   std::vector<TensorPiece> captured;  // StepRequest::capture_grad's pieces on this rank
@@ -234,6 +236,7 @@ class RankEngine {
   std::vector<Span> spans_;
   int steps_ = 0;
   std::chrono::steady_clock::time_point step_start_;
+  std::chrono::steady_clock::time_point schedule_end_;  // the step's last pass of the schedule ended
   size_t step_first_span_ = 0;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // train_step's own optimizer state (the actor has its own)
   std::shared_ptr<ActivityBoard> board_;

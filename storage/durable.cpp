@@ -329,4 +329,38 @@ Status write_text_atomically(const std::string& path, const std::string& text) {
   return write_file_atomically(path, {{text.data(), text.size()}});
 }
 
+Result<AppendOnlyFile> AppendOnlyFile::create(const std::string& path, bool* name_taken) {
+  if (name_taken) *name_taken = false;
+  int err = injected(FileOp::create);
+  int fd = -1;
+  if (err == 0) {
+    fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) err = errno;
+  }
+  if (fd >= 0) return AppendOnlyFile(fd, path);
+  if (name_taken) *name_taken = err == EEXIST;
+  return io_error("cannot create " + path, err);
+}
+
+AppendOnlyFile::AppendOnlyFile(AppendOnlyFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+AppendOnlyFile& AppendOnlyFile::operator=(AppendOnlyFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
+  }
+  return *this;
+}
+
+AppendOnlyFile::~AppendOnlyFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status AppendOnlyFile::append(const void* data, size_t size) {
+  TROUPE_CHECK(fd_ >= 0, "append to a moved-from AppendOnlyFile");
+  return write_all(fd_, data, size, path_);
+}
+
 }  // namespace troupe

@@ -20,6 +20,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "troupe/status.hpp"
@@ -69,5 +70,29 @@ Status write_file_with_head(const std::string& path, size_t head_bytes, ConstByt
 Result<std::string> read_small_file(const std::string& path, size_t max_bytes);
 // A small text file (metadata.json, the latest pointer).
 Status write_text_atomically(const std::string& path, const std::string& text);
+
+// A log file that grows by appends (TensorBoard's event files), outside the recipe above: created
+// anew and exclusively (O_EXCL | O_NOFOLLOW: a name already taken fails, nothing is followed or
+// truncated), mode 0644 less the umask. Each append is written whole (short writes resumed) or
+// fails; there is no fsync: what was appended survives a crash of the process, the page cache's
+// share of it not a crash of the machine. Counted as create and write for fault injection. Closed
+// by the destructor; movable, not thread-safe.
+class AppendOnlyFile {
+ public:
+  // *name_taken (when given) says whether the failure was an existing `path`.
+  static Result<AppendOnlyFile> create(const std::string& path, bool* name_taken = nullptr);
+  AppendOnlyFile(AppendOnlyFile&& other) noexcept;
+  AppendOnlyFile& operator=(AppendOnlyFile&& other) noexcept;
+  AppendOnlyFile(const AppendOnlyFile&) = delete;
+  AppendOnlyFile& operator=(const AppendOnlyFile&) = delete;
+  ~AppendOnlyFile();
+  Status append(const void* data, size_t size);
+  const std::string& path() const { return path_; }
+
+ private:
+  AppendOnlyFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
 
 }  // namespace troupe

@@ -26,7 +26,7 @@ Result<TrainConfig> parse_train_flags(const std::vector<std::string>& args, int 
   } catch (const CLI::ParseError& e) {
     return Status::bad_input(std::string(e.what()) + " -- troupe train --help lists the accepted flags");
   }
-  if (Status st = finalize_train_config(app, &cfg, world_size); !st) return st.as_bad_input();
+  if (Status st = finalize_train_config(app, &cfg, world_size, notes); !st) return st.as_bad_input();
   return cfg;
 }
 

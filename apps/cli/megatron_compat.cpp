@@ -12,6 +12,7 @@
 #include <set>
 
 #include "apps/cli/train_options.hpp"
+#include "base/spelling.hpp"
 #include "storage/hf_import.hpp"
 
 namespace troupe {
@@ -37,6 +38,10 @@ struct Entry {
 
 constexpr const char* kFusion = "a kernel fusion: troupe's kernels are its own, the result is the same";
 constexpr const char* kFp16Only = "a setting of --fp16's loss scaling: troupe trains in float32, so there is none";
+constexpr const char* kWandb =
+    "troupe does not write wandb runs: an offline run folder is the wandb package's own record format and an online "
+    "run needs wandb's service -- drop the --wandb-* flags and give --tensorboard-dir DIR (Megatron's TensorBoard "
+    "tags, which wandb's TensorBoard integration imports) or --metrics-file FILE (every iteration as JSON lines)";
 constexpr const char* kFamily =
     "a model-architecture flag of another model family (LLaMA and the like): troupe builds GPT-2 models only";
 
@@ -115,9 +120,13 @@ const std::vector<Entry>& entries() {
        "troupe's loader is Megatron's single sampler: drop the flag"},
       {"--optimizer", 1, Kind::noop, "troupe's optimizer is Megatron's adam (AdamW, decoupled weight decay)",
        "adam|adamw", "troupe trains with AdamW only (Megatron's adam): drop the flag"},
-      {"--timing-log-level", 1, Kind::noop, "troupe's timers are always on (--timeline, troupe inspect)"},
-      {"--timing-log-option", 1, Kind::noop, "troupe's timers are always on (--timeline, troupe inspect)"},
-      {"--tensorboard-queue-size", 1, Kind::noop, "a queue of the TensorBoard writer"},
+      // TensorBoard switches whose tags troupe has nothing for (the others are troupe's flags).
+      {"--log-memory-to-tensorboard", 0, Kind::noop,
+       "Megatron writes PyTorch's CUDA caching-allocator counters (mem-*-bytes); troupe has no such allocator, so "
+       "no memory tags are written (the run's peak resident memory is printed at its end)"},
+      {"--log-optimizer-states-to-tensorboard", 0, Kind::noop,
+       "Megatron-DeepSpeed's norms of the Adam moments (optimizer/* tags) are not written: troupe keeps the moments "
+       "sharded in its optimizer actors; training is the same"},
       // Precision: the one refusal issue 13 keeps until mixed precision comes.
       {"--fp16", 0, Kind::refused,
        "troupe trains in float32 only for now (mixed precision is planned) -- drop --fp16: float32 gives the "
@@ -176,17 +185,13 @@ const std::vector<Entry>& entries() {
        "troupe's attention spans document boundaries within a sequence -- drop the flag"},
       {"--no-save-optim", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
       {"--no-save-rng", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
-      {"--wandb-project", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
-      {"--wandb-exp-name", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
-      {"--wandb-save-dir", 1, Kind::refused,
-       "wandb is not available here (no network, no wandb package) -- use --metrics-file (JSON lines)"},
+      {"--wandb-project", 1, Kind::refused, kWandb},
+      {"--wandb-exp-name", 1, Kind::refused, kWandb},
+      {"--wandb-save-dir", 1, Kind::refused, kWandb},
+      {"--wandb-entity", 1, Kind::refused, kWandb},
       // Megatron flags troupe lacks, with what to give instead.
       {"--rampup-batch-size", 3, Kind::equivalent,
        "batch-size ramp-up is not in troupe yet -- drop it to train at --global-batch-size from the start"},
-      {"--tensorboard-dir", 1, Kind::equivalent,
-       "TensorBoard event files are not written yet -- --metrics-file FILE writes every iteration as JSON lines"},
       {"--lr-decay-iters-fraction", 1, Kind::equivalent, "give --lr-decay-iters"},
       {"--micro-batch", 1, Kind::equivalent, "--micro-batch-size"},
       {"--batch-size", 1, Kind::equivalent,
@@ -241,16 +246,10 @@ Registered registered_flags() {
 
 // The nearest spellings of `flag` among registered flags and the table's (at most two), when near.
 std::vector<std::string> nearest(const std::string& flag, const Registered& reg) {
-  std::vector<std::pair<size_t, std::string>> scored;
-  auto consider = [&](const std::string& name) { scored.emplace_back(flag_distance(flag, name), name); };
-  for (const std::string& n : reg.names) consider(n);
-  for (const Entry& e : entries()) consider(e.flag);
-  std::sort(scored.begin(), scored.end());
-  const size_t limit = std::max<size_t>(2, (flag.size() - 2) / 4);
-  std::vector<std::string> out;
-  for (const auto& [d, n] : scored)
-    if (d <= limit && out.size() < 2 && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
-  return out;
+  std::vector<std::string> names(reg.names.begin(), reg.names.end());
+  for (const Entry& e : entries()) names.push_back(e.flag);
+  std::sort(names.begin(), names.end());  // ties: the alphabetically first, as before
+  return nearest_spellings(flag, names);
 }
 
 std::string last_value(const std::vector<std::string>& args, const std::string& flag) {
@@ -315,20 +314,7 @@ void fresh_start_if_nothing_to_load(std::vector<std::string>& args, std::vector<
 
 }  // namespace
 
-size_t flag_distance(const std::string& a0, const std::string& b0) {
-  const std::string a = normalise(a0), b = normalise(b0);
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i)
-    for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[n][m];
-}
+size_t flag_distance(const std::string& a, const std::string& b) { return spelling_distance(a, b); }
 
 std::vector<CompatRow> compat_table() {
   std::vector<CompatRow> rows;

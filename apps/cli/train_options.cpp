@@ -224,9 +224,54 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--eval-interval", cfg->eval_interval,
       "Evaluate on the validation split every N iterations");
   opt(logs, "--eval-iters", cfg->eval_iters, "Validation batches per evaluation");
-  opt(logs, "--log-interval", cfg->log_interval, "Print progress every N iterations");
+  opt(logs, "--log-interval", cfg->log_interval,
+      "Print progress every N iterations: the averages over those iterations, as Megatron");
+  opt(logs, "--timing-log-level", cfg->timing_log_level,
+      "Megatron's timers printed every log interval: 0 forward-backward and optimizer; 1 also "
+      "forward-compute, backward-compute, all-grads-sync, params-all-gather; 2 also the pipeline "
+      "waits (forward-recv, backward-recv)")
+      ->check(CLI::Range(0, 2));
+  opt(logs, "--timing-log-option", cfg->timing_log_option,
+      "How the timers are shown over this process's ranks: minmax, max or all (one value per rank)")
+      ->check(CLI::IsMember({"minmax", "max", "all"}));
   opt(logs, "--metrics-file", cfg->metrics_file,
       "Append one JSON object per iteration to this file");
+  // Megatron's TensorBoard flags (docs/COMPAT.md, "TensorBoard"), with its spellings: the
+  // learning-rate switch is --no-log-learnig-rate-to-tensorboard in Megatron (sic); current
+  // Megatron-LM also spells the negative switches --disable-*.
+  const char* tb = "TensorBoard";
+  TensorBoardConfig& t = cfg->tensorboard;
+  opt(tb, "--tensorboard-dir", t.dir,
+      "Write TensorBoard event files (events.out.tfevents.*) to this directory, created if missing; a resumed run "
+      "adds a file beside the earlier ones");
+  opt(tb, "--tensorboard-log-interval", t.log_interval,
+      "Write the per-iteration scalars (lm loss, learning-rate, batch-size, grad-norm, loss-scale) every N "
+      "iterations");
+  opt(tb, "--tensorboard-queue-size", t.queue_size,
+      "Accepted for Megatron scripts (its writer's queue): troupe writes every iteration's events at once");
+  cmd->add_flag("--log-timers-to-tensorboard", t.log_timers,
+                "Also write iteration-time, each timer as <name>-time and (with --log-throughput) throughput, "
+                "every --log-interval iterations")
+      ->group(tb);
+  cmd->add_flag("--log-throughput", t.log_throughput,
+                "Write throughput (TFLOP/s per rank) with --log-timers-to-tensorboard (the progress line "
+                "always shows TFLOP/s)")
+      ->group(tb);
+  cmd->add_flag("--log-validation-ppl-to-tensorboard", t.log_validation_ppl,
+                "Also write the validation perplexity (lm loss validation ppl)")
+      ->group(tb);
+  cmd->add_flag("--log-world-size-to-tensorboard", t.log_world_size, "Also write world-size (the ranks of the job)")
+      ->group(tb);
+  cmd->add_flag_callback("--no-log-learnig-rate-to-tensorboard,--no-log-learning-rate-to-tensorboard",
+                         [&t] { t.log_learning_rate = false; },
+                         "Do not write learning-rate (Megatron's spelling has the typo 'learnig')")
+      ->group(tb);
+  cmd->add_flag_callback("--no-log-loss-scale-to-tensorboard,--disable-log-loss-scale-to-tensorboard",
+                         [&t] { t.log_loss_scale = false; }, "Do not write loss-scale (1: troupe trains in float32)")
+      ->group(tb);
+  cmd->add_flag("--log-batch-size-to-tensorboard")
+      ->description("Accepted for older Megatron scripts: batch-size is always written, as current Megatron-LM does")
+      ->group(tb);
   opt(logs, "--timeline", cfg->timeline,
       "Write a Chrome trace (chrome://tracing, Perfetto) of every actor's spans to this file");
   opt(logs, "--num-threads", cfg->num_threads, "Compute threads (0: all cores)");
@@ -239,7 +284,8 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(logs);
 }
 
-Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size) {
+Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size,
+                             std::vector<std::string>* notes) {
   const FlagGivenFn given = [&cmd](const char* flag) { return cmd.get_option(flag)->count() > 0; };
   FlagOrigins origins;
   // The data-parallel size DeepSpeed's batch rule and the derived global batch multiply by (an
@@ -248,7 +294,7 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   bool global_from_file = false;
   if (given("--deepspeed-config")) {
     TROUPE_RETURN_IF_ERROR(
-        merge_deepspeed_config(cfg->deepspeed_config, dp, given, cfg, &origins, &global_from_file));
+        merge_deepspeed_config(cfg->deepspeed_config, dp, given, cfg, &origins, &global_from_file, notes));
   }
   // Megatron: --num-layers-per-virtual-pipeline-stage selects the interleaved schedule.
   if (given("--num-layers-per-virtual-pipeline-stage") && !given("--pipeline-schedule")) {

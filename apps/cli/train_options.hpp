@@ -16,23 +16,27 @@
 // --pipeline-schedule interleaved unless that flag is given too, and --sequence-parallel is turned
 // off when --tensor-model-parallel-size is 1.
 //
-// DeepSpeed keys understood (anything else, at any depth, is an error naming its key path):
-//   train_batch_size -> --global-batch-size; train_micro_batch_size_per_gpu -> --micro-batch-size;
-//   gradient_accumulation_steps (DeepSpeed's rule train_batch_size = micro * gas * data-parallel
-//   size); optimizer {type Adam|AdamW, params {lr, betas, eps, weight_decay, adam_w_mode}};
-//   scheduler {type WarmupLR|WarmupDecayLR|WarmupCosineLR, params {...}}; gradient_clipping ->
-//   --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown (no effect);
-//   zero_optimization {stage 0..3 -> --zero-stage, the memory/communication tuning keys (checked,
-//   no effect), offload_optimizer {device none|cpu|nvme -> --offload-optimizer, nvme_path ->
-//   --offload-path, swapper tuning keys checked, no effect}, offload_param only with device "none"}; fp16 / bf16 {enabled
-//   false}. The mapping of each, with the DeepSpeed behaviour it reproduces, is documented in
-//   deepspeed_config.cpp.
+// DeepSpeed keys understood: train_batch_size -> --global-batch-size; train_micro_batch_size_per_gpu
+// -> --micro-batch-size; gradient_accumulation_steps (DeepSpeed's rule train_batch_size = micro * gas
+// * data-parallel size); optimizer {type Adam|AdamW, params {lr, betas, eps, weight_decay,
+// adam_w_mode}}; scheduler {type WarmupLR|WarmupDecayLR|WarmupCosineLR, params {...}};
+// gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown ->
+// --timing-log-level 2; zero_optimization {stage 0..3 -> --zero-stage, offload_optimizer {device
+// none|cpu|nvme -> --offload-optimizer, nvme_path -> --offload-path}, offload_param only with device
+// "none"}; fp16 / bf16 {enabled false}. The keys that change nothing in troupe
+// (config/deepspeed_keys.hpp) are accepted with a note each; "auto" leaves the flag's value; any
+// other key, at any depth, is a problem naming its key path and the nearest accepted spelling.
+// docs/COMPAT.md has the tables; deepspeed_config.cpp the DeepSpeed behaviour each mapping
+// reproduces.
 //
 // Failure modes: every problem comes back as a failed Status naming the flag or the JSON key (and
 // the file) and saying how to fix it. Validation reads the filesystem (data, vocabulary, --load)
 // but never writes: nothing is created when the config is bad. Not thread-safe with respect to
 // `cfg`.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "config/validate.hpp"
 #include "troupe/train_config.hpp"
 #include "troupe/status.hpp"
@@ -52,7 +56,9 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg);
 // validate_world when world_size > 1. world_size: the ranks troupe launch started (1 in one
 // process); it sets the data-parallel size when --data-parallel-size is 0, which DeepSpeed's batch
 // rule and the default global batch multiply by. `cmd` must be the App that add_train_options
-// registered on. On failure `*cfg` may be partly merged: discard it.
-Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size = 1);
+// registered on. `*notes` (if given) gets the start-up notes of the DeepSpeed file (keys accepted
+// without effect, "auto" values). On failure `*cfg` may be partly merged: discard it.
+Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size = 1,
+                             std::vector<std::string>* notes = nullptr);
 
 }  // namespace troupe

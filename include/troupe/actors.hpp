@@ -78,7 +78,7 @@ typename Inspector::result_type inspect(Inspector& f, TrainingState& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TimerReading& x) {
-  return f(caf::meta::type_name("TimerReading"), x.name, x.ms);
+  return f(caf::meta::type_name("TimerReading"), x.name, x.ms, x.min_ms, x.ranks_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, IterationStats& x) {

@@ -10,10 +10,13 @@
 namespace troupe {
 
 // One of Megatron's timers over one iteration (its names: "forward-compute", "backward-compute",
-// "all-grads-sync", "optimizer", ...): milliseconds, the most any rank of this process spent.
+// "all-grads-sync", "optimizer", ...; engine/step_timers.hpp): milliseconds, the most any rank of
+// this process spent (ms), the least (min_ms), and each rank's (ranks_ms, in rank order).
 struct TimerReading {
   std::string name;
   double ms = 0;
+  double min_ms = 0;
+  std::vector<double> ranks_ms;
 };
 
 struct IterationStats {

@@ -12,6 +12,21 @@
 
 namespace troupe {
 
+// Megatron's TensorBoard switches (docs/COMPAT.md, "TensorBoard"; apps/tensorboard_log.hpp maps
+// the run's statistics to Megatron's tags). Logging only: not stored in checkpoints (TrainConfig's
+// to_json leaves them out), so a resumed run logs as its own flags say.
+struct TensorBoardConfig {
+  std::string dir;               // --tensorboard-dir: event files go here ("": none)
+  int64_t log_interval = 1;      // --tensorboard-log-interval: the per-iteration scalars every N
+  int64_t queue_size = 1000;     // --tensorboard-queue-size: accepted; troupe writes each iteration
+  bool log_timers = false;       // --log-timers-to-tensorboard: iteration-time, <timer>-time, throughput
+  bool log_learning_rate = true; // --no-log-learnig-rate-to-tensorboard turns it off
+  bool log_loss_scale = true;    // --no-log-loss-scale-to-tensorboard turns it off
+  bool log_validation_ppl = false;  // --log-validation-ppl-to-tensorboard
+  bool log_world_size = false;      // --log-world-size-to-tensorboard
+  bool log_throughput = false;      // --log-throughput: 'throughput' (with log_timers)
+};
+
 struct TrainConfig {
   GptConfig model;
 
@@ -143,7 +158,15 @@ struct TrainConfig {
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
   int64_t log_interval = 100;
+  // Megatron's timers, printed every log interval as "(min, max) time across ranks (ms):" lines
+  // (the ranks of this process): level 0 forward-backward and optimizer; 1 also forward-compute,
+  // backward-compute, all-grads-sync, params-all-gather; 2 also the pipeline waits (forward-recv,
+  // backward-recv). DeepSpeed's wall_clock_breakdown sets 2. timing_log_option: minmax | max |
+  // all (all: every rank of this process, one line each). Logging only: not stored.
+  int timing_log_level = 0;
+  std::string timing_log_option = "minmax";
   std::string metrics_file;  // one JSON object per iteration
+  TensorBoardConfig tensorboard;  // not stored in checkpoints (see above)
   int num_threads = 0;       // compute threads of the process's ranks; 0: all cores
 
   std::string deepspeed_config;  // the file the values came from, if any (informational)

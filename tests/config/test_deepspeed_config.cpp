@@ -1,10 +1,12 @@
 // The DeepSpeed JSON reader on hostile numbers: each is a message naming the file, the key path and
 // the allowed range (issue 10: 1e400 ended in std::terminate, exit 134), never an exception, a
 // narrowed value or a signed overflow.
+#include <algorithm>
 #include <fstream>
 #include <string>
 
 #include "config/deepspeed_config.hpp"
+#include "config/deepspeed_keys.hpp"
 #include "tests/test_util.hpp"
 
 namespace troupe {
@@ -15,6 +17,7 @@ using Catch::Contains;
 struct Merged {
   Status status;
   TrainConfig config;
+  std::vector<std::string> notes;
 };
 
 Merged merge(const std::string& text, int dp = 1) {
@@ -25,7 +28,7 @@ Merged merge(const std::string& text, int dp = 1) {
   FlagOrigins origins;
   bool global = false;
   m.status = merge_deepspeed_config(
-      file, dp, [](const char*) { return false; }, &m.config, &origins, &global);
+      file, dp, [](const char*) { return false; }, &m.config, &origins, &global, &m.notes);
   if (!m.status.is_ok()) {
     CHECK_THAT(m.status.message(), Contains(file) && Contains(" -- "));
     CHECK(m.status.is_bad_input());  // exit 2
@@ -78,6 +81,144 @@ TEST_CASE("deepspeed config: the batch rule cannot overflow", "[deepspeed]") {
   REQUIRE(ok.status.is_ok());
   CHECK(ok.config.micro_batch_size == 4);
   CHECK(ok.config.global_batch_size == 24);
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE("deepspeed config: every problem of the file at once, unknown keys with their nearest spelling",
+          "[deepspeed]") {
+  // Five problems in four blocks: two misspelt keys, a wrong type, an optimizer troupe lacks, a
+  // ZeRO++ switch that would change the results.
+  const Merged m = merge(R"({
+    "train_batch_sise": 8,
+    "zero_optimization": {"stage": 2, "overlap_com": true, "zero_quantized_gradients": true},
+    "gradient_clipping": "one",
+    "optimizer": {"type": "Lamb"}
+  })");
+  REQUIRE_FALSE(m.status.is_ok());
+  const std::string& text = m.status.message();
+  CHECK_THAT(text, Contains("has 5 problems:"));
+  CHECK(count_of(text, "\n  - ") == 5);
+  CHECK_THAT(text, Contains("\"train_batch_sise\" is not a key") && Contains("did you mean \"train_batch_size\"?"));
+  CHECK_THAT(text, Contains("\"zero_optimization.overlap_com\"") && Contains("did you mean \"overlap_comm\"?"));
+  CHECK_THAT(text, Contains("\"zero_optimization.zero_quantized_gradients\" is true"));
+  CHECK_THAT(text, Contains("\"gradient_clipping\" must be a number"));
+  CHECK_THAT(text, Contains("\"optimizer.type\" is \"Lamb\""));
+  // A key near nothing lists what is accepted there instead.
+  CHECK_THAT(merge(R"({"zzzzzzzzzzzzzzzz": 1})").status.message(), Contains("accepted keys at the top level"));
+}
+
+TEST_CASE("deepspeed config: keys that change nothing are accepted with one note each", "[deepspeed]") {
+  // Megatron-DeepSpeed's examples_deepspeed/rebase/ds_config_gbs256_mbs8_log1_zero1.json with fp16
+  // off, and the tuning knobs of its ZeRO-3 examples.
+  const Merged m = merge(R"({
+    "train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 1,
+    "zero_optimization": {"stage": 1, "overlap_comm": true, "contiguous_gradients": true,
+                          "reduce_bucket_size": 5e8, "sub_group_size": 1e9, "elastic_checkpoint": false,
+                          "zero_quantized_weights": false, "mics_shard_size": -1},
+    "gradient_clipping": 1.0, "prescale_gradients": false, "zero_allow_untested_optimizer": true,
+    "fp16": {"enabled": false, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
+             "min_loss_scale": 1, "initial_scale_power": 11},
+    "flops_profiler": {"enabled": true, "profile_step": 1},
+    "tensorboard": {"enabled": false},
+    "wall_clock_breakdown": false
+  })", 2);
+  REQUIRE(m.status.is_ok());
+  CHECK(m.config.zero_stage == 1);
+  CHECK(m.config.global_batch_size == 16);
+  CHECK(m.config.micro_batch_size == 8);
+  // One note per accepted key that does nothing: 7 in zero_optimization, 2 top-level switches, 5
+  // fp16 settings, the profiler, the switched-off monitor.
+  CHECK(m.notes.size() == 7 + 2 + 5 + 1 + 1);
+  for (const std::string& n : m.notes) CHECK_THAT(n, Contains(" in ") && Contains(": "));
+  auto has = [&](const std::string& what) {
+    return std::any_of(m.notes.begin(), m.notes.end(), [&](const std::string& n) { return n.find(what) != std::string::npos; });
+  };
+  CHECK(has("\"prescale_gradients\""));
+  CHECK(has("\"zero_optimization.sub_group_size\""));
+  CHECK(has("\"fp16.hysteresis\""));
+  CHECK(has("\"tensorboard\""));
+  // The same keys with values that would change the results are refused.
+  CHECK_THAT(merge(R"({"zero_optimization": {"mics_shard_size": 8}})").status.message(), Contains("MiCS"));
+  CHECK_THAT(merge(R"({"communication_data_type": "fp16"})").status.message(), Contains("float32"));
+  CHECK_THAT(merge(R"({"curriculum_learning": {"enabled": true}})").status.message(),
+             Contains("\"curriculum_learning.enabled\" is true") && Contains("remove the block"));
+  CHECK_THAT(merge(R"({"zero_optimization": {"reduce_bucket_size": -5}})").status.message(),
+             Contains("must be a number of elements"));
+}
+
+TEST_CASE("deepspeed config: \"auto\" leaves the value of the flags, with a note", "[deepspeed]") {
+  // Hugging Face's Trainer-style file: every value "auto".
+  const Merged m = merge(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                       "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}
+  })");
+  REQUIRE(m.status.is_ok());
+  const TrainConfig defaults;
+  CHECK(m.config.zero_stage == 2);
+  CHECK(m.config.micro_batch_size == defaults.micro_batch_size);
+  CHECK(m.config.global_batch_size == defaults.global_batch_size);
+  CHECK(m.config.clip_grad == defaults.clip_grad);
+  // Not FusedAdam's defaults (lr 1e-3, weight decay 0) nor WarmupDecayLR's (max lr 1e-3, 1000 steps).
+  CHECK(m.config.lr == defaults.lr);
+  CHECK(m.config.weight_decay == defaults.weight_decay);
+  CHECK(m.config.adam_beta2 == defaults.adam_beta2);
+  CHECK(m.config.adam_eps == defaults.adam_eps);
+  CHECK(m.config.lr_warmup_iters == defaults.lr_warmup_iters);
+  CHECK(m.config.lr_decay_iters == defaults.lr_decay_iters);
+  CHECK(m.config.lr_warmup_init == defaults.lr_warmup_init);
+  CHECK(m.config.lr_decay_style == "linear");  // the scheduler's type is not "auto"
+  // One note per "auto": 4 top-level, 4 optimizer, 4 scheduler, 1 ZeRO knob.
+  CHECK(m.notes.size() == 13);
+}
+
+TEST_CASE("deepspeed config: DeepSpeed's TensorBoard monitor writes to troupe's --tensorboard-dir", "[deepspeed]") {
+  CHECK(merge(R"({"tensorboard": {"enabled": true, "output_path": "runs", "job_name": "gpt"}})").config.tensorboard.dir ==
+        "runs/gpt");
+  CHECK(merge(R"({"tensorboard": {"enabled": true}})").config.tensorboard.dir == "DeepSpeedJobName");
+  CHECK(merge(R"({"tensorboard": {"enabled": false, "output_path": "runs"}})").config.tensorboard.dir.empty());
+  CHECK_THAT(merge(R"({"tensorboard": {"enabled": true, "output_pth": "runs"}})").status.message(),
+             Contains("did you mean \"output_path\"?"));
+}
+
+TEST_CASE("deepspeed config: wall_clock_breakdown prints every timer", "[deepspeed]") {
+  CHECK(merge(R"({"wall_clock_breakdown": true})").config.timing_log_level == 2);
+  CHECK(merge(R"({"wall_clock_breakdown": false})").config.timing_log_level == 0);
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// docs/COMPAT.md keeps the tables: every harmless key (by its path) and every switched block.
+TEST_CASE("deepspeed config: docs/COMPAT.md lists every key accepted without effect", "[deepspeed]") {
+  std::ifstream in(test::source_dir() + "/docs/COMPAT.md");
+  REQUIRE(in.good());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  auto listed = [&](const std::string& cell) {
+    INFO(cell);
+    CHECK(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(cell, 0) == 0; }));
+  };
+  for (const DsHarmlessKey& h : deepspeed_harmless_keys())
+    listed("| `" + (h.block.empty() ? h.key : h.block + "." + h.key) + "` |");
+  for (const DsSwitchedBlock& b : deepspeed_switched_blocks()) listed("| `" + b.key + "` |");
 }
 
 }  // namespace
