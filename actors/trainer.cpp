@@ -239,7 +239,7 @@ StepRequest step_request(Self self) {
   const auto& s = self->state;
   const TrainConfig& c = s.spec.config;
   StepRequest req = optimizer_step(c, s.iteration);
-  req.step -= s.spec.optimizer_step_offset;
+  req.adam_step_offset = s.spec.optimizer_step_offset;
   req.stop = s.stop_wanted;
   if (s.spec.control) {
     req.control = s.spec.control->vote();
