@@ -24,6 +24,7 @@
 #include "inspect/trace_command.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
+#include "config/imported_config.hpp"
 #include "config/run_identity.hpp"
 #include "config/stored_config.hpp"
 #include "engine/timeline.hpp"
@@ -35,6 +36,7 @@
 #include "engine/nan_watch.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/hf_import.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
 namespace troupe {
@@ -333,11 +335,51 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   return spec;
 }
 
+// --load of a Hugging Face folder (storage/hf_import.hpp): a fine-tune from its weights. The folder
+// is read and checked against the flags, written as a one-shard troupe checkpoint in a private
+// temporary folder that the ranks load like any other (each process its own: under troupe launch
+// every process reads the folder), and removed again.
+Status load_hf_folder(caf::scoped_actor& self, const group_actor& workers, const TrainConfig& config,
+                      const std::function<void(const std::string&)>& note) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec) / ("troupe-hf-" + std::to_string(::getpid()) + "-" + new_run_id());
+  ResumeCheck check;
+  Status st;
+  {  // the tensors live only until they are staged
+    auto model = read_hf_folder(config.load);
+    if (!model) return model.status();
+    const TrainConfig imported = imported_train_config(*model);
+    check = check_finetune(config, imported);
+    TROUPE_RETURN_IF_ERROR(check.status(config.load, /*finetune=*/true));
+    CheckpointMeta meta;
+    meta.config_json = imported.to_json();
+    st = write_hf_checkpoint(*model, tmp.string(), meta)
+             .with_context("staging the Hugging Face weights in " + tmp.string() + " (set TMPDIR elsewhere): ");
+  }
+  if (st) {
+    LoadRequest req;
+    req.dir = tmp.string();
+    req.iteration = 0;
+    req.load_optimizer = false;
+    st = ask_ok(self, workers, load_atom::value, req);
+  }
+  fs::remove_all(tmp, ec);
+  TROUPE_RETURN_IF_ERROR(st);
+  std::string changes;
+  for (const std::string& c : check.changed) changes += "; changed: " + c;
+  note("fine-tuning from the Hugging Face folder " + config.load +
+       ": its weights, iteration 0, fresh optimizer state and schedule" + changes);
+  return Status::ok();
+}
+
 // Loads --load into the ranks (any version, any layout), or initialises them from the seed, and
-// sets where the trainer starts.
+// sets where the trainer starts. --finetune (and a Hugging Face folder) take the parameters only and
+// start at iteration 0; --no-load-optim takes the parameters and the position, not the moments.
 Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const TrainConfig& config, TrainerSpec& spec,
                     const std::function<void(const std::string&)>& note) {
   if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
+  if (is_hf_folder(config.load)) return load_hf_folder(self, workers, config, note);
   auto it = latest_iteration(config.load);
   if (!it) return it.status().as_bad_input();
   auto meta = read_checkpoint_meta(config.load, it.value());
@@ -345,29 +387,38 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
   auto saved = TrainConfig::from_json(meta.value().config_json);
   if (!saved)
     return saved.status().with_context("the config stored in " + iteration_dir(config.load, it.value()) + ": ").as_bad_input();
-  const ResumeCheck resume = check_resume(config, saved.value());
-  TROUPE_RETURN_IF_ERROR(resume.status(config.load));
-  if (config.use_checkpoint_opt_param_scheduler) use_checkpoint_schedule(spec.config, saved.value());
+  const ResumeCheck resume = config.finetune ? check_finetune(config, saved.value()) : check_resume(config, saved.value());
+  TROUPE_RETURN_IF_ERROR(resume.status(config.load, config.finetune));
+  if (config.use_checkpoint_opt_param_scheduler && !config.finetune) use_checkpoint_schedule(spec.config, saved.value());
   if (!resume.changed.empty()) {
     std::string list;
     for (const std::string& c : resume.changed) list += (list.empty() ? "" : ", ") + c;
-    note("resuming with changes: " + list);
+    note((config.finetune ? "fine-tuning with changes: " : "resuming with changes: ") + list);
   }
   LoadRequest req;
   req.dir = config.load;
   req.iteration = it.value();
-  req.load_optimizer = true;
+  req.load_optimizer = !config.finetune && !config.no_load_optim;
   TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, req));
-  spec.start_iteration = meta.value().iteration;
-  spec.consumed_samples = meta.value().consumed_samples;
   for (int64_t unfinished : unfinished_saves(config.load, it.value()))
     note("ignored " + iteration_dir(config.load, unfinished) +
          ": an unfinished save (shards without metadata.json: the run stopped while saving)");
   const TrainConfig& s = saved.value();
-  note("loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " + std::to_string(s.tensor_model_parallel_size) +
-       ", pp " + std::to_string(s.pipeline_model_parallel_size) + ", ZeRO " + std::to_string(s.zero_stage) +
-       "): iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
-       " samples consumed");
+  const std::string from = "loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " +
+                           std::to_string(s.tensor_model_parallel_size) + ", pp " +
+                           std::to_string(s.pipeline_model_parallel_size) + ", ZeRO " + std::to_string(s.zero_stage) + ")";
+  if (config.finetune) {
+    note(from + ": its parameters only (--finetune): a new run from iteration 0 with fresh optimizer state");
+    return Status::ok();
+  }
+  spec.start_iteration = meta.value().iteration;
+  spec.consumed_samples = meta.value().consumed_samples;
+  // Saves record the Adam steps the moments hold (equal to the iteration unless a --no-load-optim
+  // load restarted them).
+  spec.optimizer_step_offset =
+      config.no_load_optim ? spec.start_iteration : std::max<int64_t>(0, spec.start_iteration - meta.value().optimizer_step);
+  note(from + ": iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
+       " samples consumed" + (config.no_load_optim ? "; the Adam moments start afresh (--no-load-optim)" : ""));
   return Status::ok();
 }
 
@@ -637,7 +688,10 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
 static Status resolve_run(TrainConfig& config, const JobOptions& options,
                           const std::function<void(const std::string&)>& note) {
   std::string loaded_id;
-  if (!config.load.empty()) {
+  // A fine-tune is a new run: it inherits no id from what it loads (a Hugging Face folder has none).
+  if (!config.load.empty() && is_hf_folder(config.load)) config.finetune = true;
+  const bool new_run = config.load.empty() || config.finetune;
+  if (!new_run) {
     auto from = latest_run(config.load);
     if (!from) return from.status();
     loaded_id = from->run_id;
@@ -645,9 +699,10 @@ static Status resolve_run(TrainConfig& config, const JobOptions& options,
   if (options.restarted && !config.save.empty()) {
     auto latest = latest_run(config.save);
     if (!latest) return latest.status();
-    const std::string expected = config.load.empty() ? options.launch_run_id : loaded_id;
+    const std::string expected = new_run ? options.launch_run_id : loaded_id;
     if (latest->found && !expected.empty() && latest->run_id == expected) {
-      config.load = config.save;
+      config.load = config.save;  // this run's own checkpoint, resumed whole
+      config.finetune = config.no_load_optim = false;
       loaded_id = expected;
       note("restarted: resuming this run's latest checkpoint, " + iteration_dir(config.save, latest->iteration));
     } else if (latest->found) {
@@ -656,19 +711,24 @@ static Status resolve_run(TrainConfig& config, const JobOptions& options,
     }
   }
   std::string run_id = !loaded_id.empty()           ? loaded_id
-                       : !config.load.empty()        ? new_run_id()  // a checkpoint from before run ids
+                       : !new_run                    ? new_run_id()  // a checkpoint from before run ids
                        : !options.launch_run_id.empty() ? options.launch_run_id
                                                         : new_run_id();
   if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
-    auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + config.load);
+    auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + (config.finetune ? "F" : "R") +
+                                                                 (config.no_load_optim ? "O" : "-") + config.load);
     if (!all) return all.status();
     const std::string& decided = all.value().front();
     const size_t cut = decided.find('\n');
     run_id = decided.substr(0, cut);
-    config.load = cut == std::string::npos ? "" : decided.substr(cut + 1);
+    const std::string rest = cut == std::string::npos ? "" : decided.substr(cut + 1);
+    config.finetune = rest.size() >= 2 && rest[0] == 'F';
+    config.no_load_optim = rest.size() >= 2 && rest[1] == 'O';
+    config.load = rest.size() >= 2 ? rest.substr(2) : "";
   }
   config.run_id = run_id;
-  return config.save.empty() ? Status::ok() : check_save_folder(config.save, run_id, config.load);
+  return config.save.empty() ? Status::ok()
+                             : check_save_folder(config.save, run_id, config.finetune ? "" : config.load);
 }
 
 Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
@@ -723,7 +783,10 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     if (latest->found && latest->run_id != attempt.run_id && !(latest->run_id.empty() && attempt.load == config.save))
       return Status::error(result.status().message() + " (not restarted: the latest checkpoint in " + config.save +
                            " was written by another run, run id " + latest->run_id + ", and is not this run's to resume)");
-    if (latest->found) attempt.load = config.save;
+    if (latest->found) {  // this run's own checkpoint, resumed whole
+      attempt.load = config.save;
+      attempt.finetune = attempt.no_load_optim = false;
+    }
     note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
          (latest->found ? "from " + iteration_dir(config.save, latest->iteration)
                         : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));

@@ -115,7 +115,7 @@ void save_then(Self self, std::function<void()> next) {
   req.dir = cfg.save;
   req.iteration = st.iteration;
   req.consumed_samples = st.consumed;
-  req.optimizer_step = st.iteration;
+  req.optimizer_step = st.iteration - st.spec.optimizer_step_offset;
   req.config_json = cfg.to_json();
   req.rng_json = "{\"seed\": " + std::to_string(cfg.seed) + ", \"consumed_samples\": " + std::to_string(st.consumed) +
                  ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"}";
@@ -242,6 +242,7 @@ StepRequest step_request(Self self) {
   const auto& s = self->state;
   const TrainConfig& c = s.spec.config;
   StepRequest req = optimizer_step(c, s.iteration, s.consumed);
+  req.adam_step_offset = s.spec.optimizer_step_offset;
   req.stop = s.stop_wanted;
   if (s.spec.control) {
     req.control = s.spec.control->vote();

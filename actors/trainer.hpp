@@ -42,6 +42,9 @@ struct TrainerSpec {
   caf::actor listener;
   int64_t start_iteration = 0;   // iterations already done (from a checkpoint)
   int64_t consumed_samples = 0;
+  // Iterations whose Adam steps the moments do not hold (a --no-load-optim load: its moments start
+  // afresh, so AdamW's bias correction counts from there, as a fresh torch optimizer's does).
+  int64_t optimizer_step_offset = 0;
   int64_t validation_windows = 0;
   double sgemm_peak_gflops = 0;  // for % of peak; 0 when not measured
   // A model given in code (include/troupe/stage.hpp): its loss terms per sample (0: seq_length, a

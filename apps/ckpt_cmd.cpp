@@ -1,4 +1,5 @@
-// `troupe ckpt info DIR` and `troupe ckpt export --load DIR --format hf --output F.h5`.
+// `troupe ckpt info DIR`, `troupe ckpt convert`, `troupe ckpt export --load DIR --format hf --output
+// HF_DIR` (or --format hf-h5 --output F.h5) and `troupe ckpt import --format hf --input HF_DIR --save DIR`.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -8,9 +9,13 @@
 #include <string>
 
 #include "apps/commands.hpp"
+#include "config/imported_config.hpp"
+#include "config/run_identity.hpp"
 #include "engine/checkpoint_convert.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/hf_export.hpp"
+#include "storage/hf_import.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 namespace troupe::apps {
 namespace {
@@ -28,6 +33,11 @@ struct ExportArgs {
   int64_t iteration = -1;
   std::string format = "hf";
   std::string output;
+};
+
+struct ImportArgs {
+  std::string format = "hf";
+  std::string input, save;
 };
 
 struct ConvertArgs {
@@ -153,17 +163,50 @@ int run_info(const InfoArgs& a) {
 }
 
 int run_export(const ExportArgs& a) {
-  if (a.format != "hf")
+  if (a.format != "hf" && a.format != "hf-h5")
     return fail(kExitUsage, "--format '" + a.format +
-                                "' is not supported -- use --format hf (Hugging Face GPT-2)");
+                                "' is not supported -- use --format hf (a Hugging Face folder) or hf-h5 (one HDF5 file)");
+  const bool h5_name = a.output.size() > 3 && a.output.compare(a.output.size() - 3, 3, ".h5") == 0;
+  if (a.format == "hf" && h5_name)
+    return fail(kExitUsage, "--format hf writes a folder (config.json, model.safetensors, ...), but --output " + a.output +
+                                " names an HDF5 file -- pass --format hf-h5 for the HDF5 state dict, or a folder");
   if (std::string p = usage_problem(a.load, a.iteration); !p.empty()) return fail(kExitUsage, p);
   Result<int64_t> it = resolve_iteration(a.load, a.iteration);
   if (!it) return fail(kExitUsage, it.status().message());
   Result<Checkpoint> checkpoint = Checkpoint::open(a.load, *it);
   if (!checkpoint) return fail(exit_code_for(checkpoint.status()), checkpoint.status().message());
-  if (Status st = export_hf(*checkpoint, a.output); !st) return fail(exit_code_for(st), st.message());
-  std::printf("exported iteration %lld of %s to %s (Hugging Face GPT2LMHeadModel state dict)\n",
-              static_cast<long long>(*it), a.load.c_str(), a.output.c_str());
+  const Status st = a.format == "hf" ? export_hf_folder(*checkpoint, a.output) : export_hf(*checkpoint, a.output);
+  if (!st) return fail(exit_code_for(st), st.message());
+  std::printf("exported iteration %lld of %s to %s (%s)\n", static_cast<long long>(*it), a.load.c_str(),
+              a.output.c_str(),
+              a.format == "hf" ? "a Hugging Face folder: GPT2LMHeadModel.from_pretrained reads it"
+                               : "Hugging Face GPT2LMHeadModel state dict, HDF5");
+  return kExitOk;
+}
+
+// A troupe checkpoint at iteration 0 holding the folder's weights, with a fresh run id; --save must
+// not hold a checkpoint yet.
+int run_import(const ImportArgs& a) {
+  if (a.format != "hf")
+    return fail(kExitUsage, "--format '" + a.format + "' is not supported -- use --format hf (a Hugging Face folder)");
+  std::error_code ec;
+  if (std::filesystem::exists(std::filesystem::path(a.save) / "latest_checkpointed_iteration.txt", ec))
+    return fail(kExitUsage, "--save " + a.save + " already holds checkpoints -- import into an empty (or new) folder");
+  Result<HfModel> model = read_hf_folder(a.input);
+  if (!model) return fail(exit_code_for(model.status()), model.status().message());
+  const TrainConfig config = imported_train_config(*model);
+  CheckpointMeta meta;
+  meta.config_json = config.to_json();
+  meta.rng_json = "{\"seed\": " + std::to_string(config.seed) + ", \"consumed_samples\": 0}";
+  meta.run_json = run_json(new_run_id());
+  if (Status st = write_hf_checkpoint(*model, a.save, meta); !st) return fail(exit_code_for(st), st.message());
+  const HfGpt2Config& c = model->config;
+  std::printf("imported %s to %s (iteration 0): %lld layers, hidden %lld, %lld heads, positions %lld, vocab %lld, "
+              "tokenizer %s%s\n",
+              a.input.c_str(), iteration_dir(a.save, 0).c_str(), static_cast<long long>(c.n_layer),
+              static_cast<long long>(c.n_embd), static_cast<long long>(c.n_head), static_cast<long long>(c.n_positions),
+              static_cast<long long>(c.vocab_size), config.tokenizer_type.c_str(),
+              model->vocab_file.empty() ? "" : " (the folder's vocab.json and merges.txt)");
   return kExitOk;
 }
 
@@ -185,7 +228,7 @@ int run_convert(const ConvertArgs& a) {
 
 void add_ckpt_command(CLI::App& app, int* exit_code) {
   CLI::App* ckpt =
-      app.add_subcommand("ckpt", "Inspect, convert (reshard) and export checkpoints");
+      app.add_subcommand("ckpt", "Inspect, convert (reshard), export and import checkpoints");
   ckpt->require_subcommand(1, 1);
 
   auto info_args = std::make_shared<InfoArgs>();
@@ -204,10 +247,20 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
   exp->add_option("--iteration", export_args->iteration,
                   "Iteration to export (default: the latest)");
   exp->add_option("--format", export_args->format,
-                  "Output format: hf (Hugging Face GPT2LMHeadModel, HDF5)")
+                  "Output format: hf (the folder GPT2LMHeadModel.from_pretrained loads: config.json, "
+                  "model.safetensors, ...) or hf-h5 (its state dict in one HDF5 file)")
       ->capture_default_str();
-  exp->add_option("--output", export_args->output, "Output HDF5 file")->required();
+  exp->add_option("--output", export_args->output, "Output folder (hf) or HDF5 file (hf-h5)")->required();
   exp->callback([export_args, exit_code] { *exit_code = run_export(*export_args); });
+
+  auto import_args = std::make_shared<ImportArgs>();
+  CLI::App* imp = ckpt->add_subcommand(
+      "import", "Write a Hugging Face GPT-2 folder's weights as a troupe checkpoint (iteration 0) to train from");
+  imp->add_option("--format", import_args->format, "Input format: hf (a save_pretrained folder)")->capture_default_str();
+  imp->add_option("--input", import_args->input, "The Hugging Face folder (config.json, model.safetensors)")
+      ->required();
+  imp->add_option("--save", import_args->save, "Directory to write the checkpoint to (empty or new)")->required();
+  imp->callback([import_args, exit_code] { *exit_code = run_import(*import_args); });
 
   auto convert_args = std::make_shared<ConvertArgs>();
   CLI::App* conv = ckpt->add_subcommand(

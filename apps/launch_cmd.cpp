@@ -24,7 +24,8 @@
 // from rank 0's) and TORCHELASTIC_RUN_ID; --rdzv-conf join_timeout as TROUPE_RDZV_TIMEOUT.
 //
 // Supervision: when a rank dies (non-zero exit or a signal) the others get SIGTERM, then SIGKILL
-// after --stop-grace seconds (3), and the launcher exits 1 naming the rank, its pid and how it
+// after --stop-grace seconds (3), and the launcher exits 1 (2 when that rank refused its input with
+// exit code 2: bad flags, config or data) naming the rank, its pid and how it
 // died. The signals of --signals-to-handle (SIGINT, SIGTERM, SIGHUP) to the launcher are passed on
 // to every rank (a second one sends SIGKILL at once); ranks then have --stop-grace seconds to
 // finish (default 60 here: troupe train finishes its iteration and saves), and the launcher exits
@@ -406,7 +407,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
     print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " + std::to_string(first_failure->pid) +
                               ") " + describe_status(first_failure->status) + others + " -- see " + where +
                               " for the cause");
-    return kExitFailure;
+    // A refusal of the input is the launch's refusal too: exit 2, as `troupe train` alone would.
+    return bad_input ? kExitUsage : kExitFailure;
   }
   if (forwarded_signal != 0) {
     std::vector<int> needed_kill;

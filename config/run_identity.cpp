@@ -44,6 +44,15 @@ struct Differences {
   }
 };
 
+// The flags the parameters' shapes follow from (the vocabulary apart: its rule differs).
+void shapes_must_agree(Differences& d, const TrainConfig& now, const TrainConfig& saved, const std::string& fix) {
+  d.must_agree("--num-layers", now.model.num_layers, saved.model.num_layers, fix);
+  d.must_agree("--hidden-size", now.model.hidden_size, saved.model.hidden_size, fix);
+  d.must_agree("--num-attention-heads", now.model.num_attention_heads, saved.model.num_attention_heads, fix);
+  d.must_agree("--max-position-embeddings", now.model.max_position_embeddings, saved.model.max_position_embeddings,
+               fix);
+}
+
 int64_t decay_length(const TrainConfig& c) { return c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters; }
 
 // A schedule measured in samples or tokens (Megatron's --train-samples, --lr-warmup-fraction,
@@ -96,9 +105,9 @@ Result<LatestRun> latest_run(const std::string& dir) {
   return out;
 }
 
-Status ResumeCheck::status(const std::string& dir) const {
+Status ResumeCheck::status(const std::string& dir, bool finetune) const {
   if (refused.empty()) return Status::ok();
-  std::string message = "cannot resume the run of the checkpoint in " + dir + ":";
+  std::string message = (finetune ? "cannot fine-tune from the checkpoint in " : "cannot resume the run of the checkpoint in ") + dir + ":";
   for (const std::string& r : refused) message += "\n  " + r;
   return Status::bad_input(message);
 }
@@ -106,12 +115,7 @@ Status ResumeCheck::status(const std::string& dir) const {
 ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   ResumeCheck out;
   Differences d{out};
-  const std::string shape_fix = "the model's shape cannot change on resume; pass the checkpoint's value";
-  d.must_agree("--num-layers", now.model.num_layers, saved.model.num_layers, shape_fix);
-  d.must_agree("--hidden-size", now.model.hidden_size, saved.model.hidden_size, shape_fix);
-  d.must_agree("--num-attention-heads", now.model.num_attention_heads, saved.model.num_attention_heads, shape_fix);
-  d.must_agree("--max-position-embeddings", now.model.max_position_embeddings, saved.model.max_position_embeddings,
-               shape_fix);
+  shapes_must_agree(d, now, saved, "the model's shape cannot change on resume; pass the checkpoint's value");
   d.must_agree("--tokenizer-type", now.tokenizer_type, saved.tokenizer_type,
                "use the tokenizer (and vocabulary files) the checkpoint was trained with");
   if (now.tokenizer_type == saved.tokenizer_type)
@@ -172,6 +176,18 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
     d.may_change("--lr-warmup-iters", now.lr_warmup_iters, saved.lr_warmup_iters);
     d.may_change("the decay length", decay_length(now), decay_length(saved));
   }
+  return out;
+}
+
+ResumeCheck check_finetune(const TrainConfig& now, const TrainConfig& saved) {
+  ResumeCheck out;
+  Differences d{out};
+  shapes_must_agree(d, now, saved, "the parameters' shapes follow from it; pass the checkpoint's value");
+  d.must_agree("the vocabulary size (of --tokenizer-type and its files)", now.model.vocab_size, saved.model.vocab_size,
+               "the embedding has one row per token: use the tokenizer (and vocabulary files) the model was trained "
+               "with");
+  d.may_change("--tokenizer-type", now.tokenizer_type, saved.tokenizer_type);
+  d.may_change("--layernorm-epsilon", now.model.layernorm_epsilon, saved.model.layernorm_epsilon);
   return out;
 }
 

@@ -61,10 +61,16 @@ Result<LatestRun> latest_run(const std::string& dir);
 struct ResumeCheck {
   std::vector<std::string> refused;
   std::vector<std::string> changed;
-  // One bad-input Status listing every refusal (ok when there is none).
-  Status status(const std::string& dir) const;
+  // One bad-input Status listing every refusal (ok when there is none); finetune: check_finetune's.
+  Status status(const std::string& dir, bool finetune = false) const;
 };
 ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved);
+
+// --finetune (and --load of a Hugging Face folder): a new run from the checkpoint's parameters.
+// Only what the parameters' shapes depend on must agree (the layer count, hidden size, heads,
+// positions, the vocabulary size); the seed, schedule and everything else are this run's. Changes
+// of the tokenizer type and the LayerNorm epsilon are reported.
+ResumeCheck check_finetune(const TrainConfig& now, const TrainConfig& saved);
 
 // --use-checkpoint-opt_param-scheduler: the learning-rate schedule's fields of `saved` in `now`
 // (the decay length made explicit, so a changed --train-iters does not move it).

@@ -16,7 +16,10 @@ namespace troupe {
 
 // Optimizer step after the micro-batches of one iteration: clip, AdamW, zero the gradients.
 struct StepRequest {
-  int64_t step = 1;  // 1-based optimizer step (bias correction)
+  int64_t step = 1;  // 1-based optimizer step: the iteration + 1 (bias correction, less adam_step_offset)
+  // Adam steps the moments do not hold (after a --no-load-optim load restarted them): AdamW's bias
+  // correction counts step - adam_step_offset, as a freshly built torch optimizer's would.
+  int64_t adam_step_offset = 0;
   double lr = 0;
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -360,7 +360,7 @@ void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const st
   hp.beta1 = req.beta1;
   hp.beta2 = req.beta2;
   hp.eps = req.eps;
-  hp.step = req.step;
+  hp.step = req.step - req.adam_step_offset;
   for (size_t i = 0; i < segments.size(); ++i) {
     hp.weight_decay = segments[i].decay ? req.weight_decay : 0.0;
     ops::adamw_update(ctx, segments[i].param, segments[i].grad, exp_avg[i], exp_avg_sq[i], hp);

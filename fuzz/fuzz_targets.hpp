@@ -36,7 +36,10 @@
   X(dashboard_request)         \
   X(inspect_merge)             \
   X(data_blend)                \
-  X(launch_flags)
+  X(launch_flags)              \
+  X(hf_safetensors)            \
+  X(hf_index)                  \
+  X(hf_config)
 
 namespace troupe::fuzz {
 

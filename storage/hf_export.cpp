@@ -3,12 +3,17 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <filesystem>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
 
 #include "storage/durable.hpp"
 #include "storage/h5_file.hpp"
+#include "storage/hf_names.hpp"
+#include "storage/safetensors.hpp"
+#include "storage/tokenizer.hpp"
 #include "storage/json_input.hpp"
 #include "storage/shard_file.hpp"
 
@@ -18,60 +23,13 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // Hugging Face export
 
-// GPT2LMHeadModel's Conv1D weights, stored (in, out); troupe stores them (out, in).
-bool is_conv1d_weight(const std::string& name) {
-  for (const char* suffix :
-       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
-    const std::string s = suffix;
-    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
-      return true;
-  }
-  return false;
-}
-
-struct HfTensor {
-  std::string name;  // HF key, also the troupe name of its source except for lm_head.weight
-  Shape troupe_shape;
-};
-
-// GPT2LMHeadModel's state-dict keys in its order, with the troupe shape of each source tensor.
-std::vector<HfTensor> hf_tensors(int64_t layers, int64_t V, int64_t P, int64_t C) {
-  std::vector<HfTensor> out = {{"transformer.wte.weight", {V, C}},
-                               {"transformer.wpe.weight", {P, C}}};
-  for (int64_t i = 0; i < layers; ++i) {
-    const std::string h = "transformer.h." + std::to_string(i) + ".";
-    out.push_back({h + "ln_1.weight", {C}});
-    out.push_back({h + "ln_1.bias", {C}});
-    out.push_back({h + "attn.c_attn.weight", {3 * C, C}});
-    out.push_back({h + "attn.c_attn.bias", {3 * C}});
-    out.push_back({h + "attn.c_proj.weight", {C, C}});
-    out.push_back({h + "attn.c_proj.bias", {C}});
-    out.push_back({h + "ln_2.weight", {C}});
-    out.push_back({h + "ln_2.bias", {C}});
-    out.push_back({h + "mlp.c_fc.weight", {4 * C, C}});
-    out.push_back({h + "mlp.c_fc.bias", {4 * C}});
-    out.push_back({h + "mlp.c_proj.weight", {C, 4 * C}});
-    out.push_back({h + "mlp.c_proj.bias", {C}});
-  }
-  out.push_back({"transformer.ln_f.weight", {C}});
-  out.push_back({"transformer.ln_f.bias", {C}});
-  out.push_back({"lm_head.weight", {V, C}});
-  return out;
-}
-
-// (rows, cols) -> (cols, rows), in cache-sized tiles.
-void transpose(const float* src, int64_t rows, int64_t cols, float* dst) {
-  constexpr int64_t kTile = 32;
-  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
-      for (int64_t r = r0; r < std::min(r0 + kTile, rows); ++r)
-        for (int64_t c = c0; c < std::min(c0 + kTile, cols); ++c)
-          dst[c * rows + r] = src[r * cols + c];
-}
-
 struct HfConfig {
   int64_t n_layer = 0, n_embd = 0, n_head = 0, n_positions = 0, vocab_size = 0;
   double layer_norm_epsilon = 1e-5;
+  double init_method_std = 0.02;
+  // The run's dropout (the config's model.hidden_dropout / attention_dropout), else HF's default.
+  double hidden_dropout = 0.1, attention_dropout = 0.1;
+  std::string tokenizer_type, vocab_file, merge_file;  // the run's, from its config
 };
 
 // The HF config from the checkpoint's config JSON ("model" keys), checked against the tensor shapes
@@ -111,6 +69,21 @@ Result<HfConfig> hf_config(const std::string& config_json, const HfConfig& from_
   }
   if (model.contains("layernorm_epsilon") && model["layernorm_epsilon"].is_number())
     c.layer_norm_epsilon = model["layernorm_epsilon"].get<double>();
+  auto number = [&](const nlohmann::json& o, const char* key, double* out) {
+    if (o.contains(key) && o[key].is_number()) *out = o[key].get<double>();
+  };
+  number(model, "init_method_std", &c.init_method_std);
+  for (const nlohmann::json* o : {&j, &model}) {
+    if (!o->is_object()) continue;
+    number(*o, "hidden_dropout", &c.hidden_dropout);
+    number(*o, "attention_dropout", &c.attention_dropout);
+  }
+  auto text = [&](const char* key) {
+    return j.is_object() && j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  c.tokenizer_type = text("tokenizer_type");
+  c.vocab_file = text("vocab_file");
+  c.merge_file = text("merge_file");
   return c;
 }
 
@@ -148,12 +121,11 @@ Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
         where + "tensors of layer " + std::to_string(c.n_layer - 1) +
         " but not of the layers before it -- the HF export needs a complete GPT-2");
   *has_lm_head = model.count("lm_head.weight") > 0;
-  std::set<std::string> expected;
-  for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
+  std::set<std::string> expected = {"lm_head.weight"};  // optional: tied to wte when absent
+  for (const HfTensor& t : gpt2_hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
     expected.insert(t.name);
     auto it = model.find(t.name);
     if (it == model.end()) {
-      if (t.name == "lm_head.weight") continue;  // tied to wte
       return Status::error(where + "tensor 'model/" + t.name +
                            "' is missing -- the HF export needs every "
                            "GPT-2 tensor; export a complete checkpoint");
@@ -172,25 +144,37 @@ Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
   return c;
 }
 
+// GPT2LMHeadModel's tensors in HF orientation, in its order; lm_head.weight last when `lm_head`
+// (a copy of wte unless the checkpoint holds one of its own).
+Result<std::vector<std::pair<std::string, Tensor>>> hf_state(ShardSetReader& reader, const HfConfig& c,
+                                                             bool has_lm_head, bool lm_head) {
+  std::vector<HfTensor> names = gpt2_hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd);
+  if (lm_head) names.push_back({"lm_head.weight", {c.vocab_size, c.n_embd}, {c.vocab_size, c.n_embd}});
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const HfTensor& t : names) {
+    const std::string source = t.name == "lm_head.weight" && !has_lm_head ? "transformer.wte.weight" : t.name;
+    Tensor x = Tensor::empty(t.troupe_shape);
+    TROUPE_RETURN_IF_ERROR(reader.read(ShardSection::model, source, t.troupe_shape, {{0, x.numel()}}, x));
+    if (is_conv1d_weight(t.name)) {
+      Tensor y = Tensor::empty(t.hf_shape);  // (in, out)
+      transpose(x.data<float>(), t.troupe_shape[0], t.troupe_shape[1], y.data<float>());
+      x = y;
+    }
+    out.emplace_back(t.name, x);
+  }
+  return out;
+}
+
 Status write_hf_file(ShardSetReader& reader, const std::string& out_path, const HfConfig& c,
                      bool has_lm_head, const CheckpointMeta& meta, const std::string& src_file) {
   Result<h5::MemoryFile> f = h5::MemoryFile::create(out_path);
   if (!f) return f.status();
   const hid_t root = f->get();
-  for (const HfTensor& t : hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd)) {
-    const std::string source =
-        t.name == "lm_head.weight" && !has_lm_head ? "transformer.wte.weight" : t.name;
-    Tensor x = Tensor::empty(t.troupe_shape);
-    TROUPE_RETURN_IF_ERROR(
-        reader.read(ShardSection::model, source, t.troupe_shape, {{0, x.numel()}}, x));
-    if (is_conv1d_weight(t.name)) {
-      Tensor y = Tensor::empty(Shape{t.troupe_shape[1], t.troupe_shape[0]});  // (in, out)
-      transpose(x.data<float>(), t.troupe_shape[0], t.troupe_shape[1], y.data<float>());
-      x = y;
-    }
-    TROUPE_RETURN_IF_ERROR(h5::write_f32_dataset(root, t.name, x.shape(), x.data<float>())
-                               .with_context("dataset '" + t.name + "': "));
-  }
+  auto state = hf_state(reader, c, has_lm_head, /*lm_head=*/true);
+  if (!state) return state.status();
+  for (const auto& [name, x] : *state)
+    TROUPE_RETURN_IF_ERROR(h5::write_f32_dataset(root, name, x.shape(), x.data<float>())
+                               .with_context("dataset '" + name + "': "));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "model_type", std::string("gpt2")));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "architectures", std::string("GPT2LMHeadModel")));
   TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "n_layer", c.n_layer));
@@ -206,25 +190,128 @@ Status write_hf_file(ShardSetReader& reader, const std::string& out_path, const 
   return write_file_atomically(out_path, {{image->data.get(), image->size}});
 }
 
+// The end-of-document id of the run's tokenizer (bos and eos of GPT-2's config).
+int64_t eos_token_id(const HfConfig& c) {
+  if (c.tokenizer_type == "ByteLevelTokenizer") return 256;
+  return c.vocab_size >= 50257 ? 50256 : c.vocab_size - 1;
+}
+
+nlohmann::json hf_config_json(const HfConfig& c, int64_t eos, bool tied, const CheckpointMeta& meta,
+                              const std::string& source) {
+  return {{"activation_function", "gelu_new"},  // troupe's GELU is the tanh form
+          {"architectures", {"GPT2LMHeadModel"}},
+          {"attn_pdrop", c.attention_dropout},
+          {"bos_token_id", eos},
+          {"embd_pdrop", c.hidden_dropout},
+          {"eos_token_id", eos},
+          {"initializer_range", c.init_method_std},
+          {"layer_norm_epsilon", c.layer_norm_epsilon},
+          {"model_type", "gpt2"},
+          {"n_ctx", c.n_positions},
+          {"n_embd", c.n_embd},
+          {"n_head", c.n_head},
+          {"n_inner", nullptr},
+          {"n_layer", c.n_layer},
+          {"n_positions", c.n_positions},
+          {"resid_pdrop", c.hidden_dropout},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", tied},
+          {"torch_dtype", "float32"},
+          {"transformers_version", "4.44.0"},  // the version whose save_pretrained layout this follows
+          {"use_cache", true},
+          {"vocab_size", c.vocab_size},
+          {"troupe",
+           {{"tokenizer_type", c.tokenizer_type.empty() ? "GPT2BPETokenizer" : c.tokenizer_type},
+            {"source_checkpoint", source},
+            {"iteration", meta.iteration}}}};
+}
+
+struct FolderFile {
+  std::string name, text;
+};
+
+Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfConfig& c, bool has_lm_head,
+                       const CheckpointMeta& meta, const std::string& source) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return Status::bad_input(dir + " exists and is not a folder -- --format hf writes a folder (the HDF5 state dict "
+                                   "is --format hf-h5); choose another --output");
+  // Everything that can be refused is read first: nothing is written for a refused export.
+  std::vector<FolderFile> small;
+  int64_t eos = eos_token_id(c);
+  if (c.tokenizer_type == "GPT2BPETokenizer" && !c.vocab_file.empty() && !c.merge_file.empty()) {
+    auto bpe = make_gpt2_bpe_tokenizer(c.vocab_file, c.merge_file);  // its end-of-document id
+    if (!bpe)
+      return bpe.status().with_context("the run's tokenizer files cannot be exported: ").as_bad_input();
+    eos = (*bpe)->eod();
+    for (auto [flag, path, name] : {std::tuple{"--vocab-file", &c.vocab_file, "vocab.json"},
+                                    std::tuple{"--merge-file", &c.merge_file, "merges.txt"}}) {
+      Result<std::string> text = read_small_file(*path, size_t{64} << 20);
+      if (!text)
+        return Status::bad_input("the run's " + std::string(flag) + " " + *path + " cannot be copied: " +
+                                 text.status().message() + " -- put the file back (or export from where it is)");
+      small.push_back({name, std::move(text).value()});
+    }
+    const nlohmann::json tokenizer = {{"add_prefix_space", false},      {"bos_token", "<|endoftext|>"},
+                                      {"eos_token", "<|endoftext|>"},   {"unk_token", "<|endoftext|>"},
+                                      {"model_max_length", c.n_positions}, {"tokenizer_class", "GPT2Tokenizer"},
+                                      {"clean_up_tokenization_spaces", true}};
+    small.push_back({"tokenizer_config.json", tokenizer.dump(2) + "\n"});
+  }
+  const bool tied = !has_lm_head;
+  small.push_back({"config.json", hf_config_json(c, eos, tied, meta, source).dump(2) + "\n"});
+  const nlohmann::json generation = {{"bos_token_id", eos}, {"eos_token_id", eos}, {"transformers_version", "4.44.0"}};
+  small.push_back({"generation_config.json", generation.dump(2) + "\n"});
+  auto state = hf_state(reader, c, has_lm_head, /*lm_head=*/!tied);
+  if (!state) return state.status();
+
+  TROUPE_RETURN_IF_ERROR(make_directories(dir));
+  std::vector<SafetensorsInput> tensors;
+  for (const auto& [name, x] : *state) tensors.push_back({name, x.shape(), x.data<float>()});
+  TROUPE_RETURN_IF_ERROR(write_safetensors((fs::path(dir) / "model.safetensors").string(), tensors, {{"format", "pt"}}));
+  for (const FolderFile& f : small)
+    TROUPE_RETURN_IF_ERROR(write_text_atomically((fs::path(dir) / f.name).string(), f.text));
+  return Status::ok();
+}
+
+// The checkpoint's GPT-2: its reader, sizes and config; errors name the checkpoint.
+struct Source {
+  std::unique_ptr<ShardSetReader> reader;
+  HfConfig config;
+  bool has_lm_head = false;
+};
+Result<Source> open_source(const Checkpoint& checkpoint) {
+  Source s;
+  auto reader = checkpoint.reader();
+  if (!reader) return reader.status();
+  s.reader = std::move(reader).value();
+  std::vector<CheckpointTensorInfo> tensors;
+  for (const auto& [name, shape] : s.reader->tensors(ShardSection::model)) tensors.push_back({"model/" + name, shape});
+  const std::string where = "exporting checkpoint " + checkpoint.location() + ": ";
+  Result<HfConfig> sizes = gpt2_sizes(tensors, where, &s.has_lm_head);
+  if (!sizes) return sizes.status();
+  Result<HfConfig> config = hf_config(checkpoint.meta().config_json, *sizes, where);
+  if (!config) return config.status();
+  s.config = *config;
+  return s;
+}
+
 }  // namespace
 
 Status export_hf(const Checkpoint& checkpoint, const std::string& output_file) {
-  const CheckpointMeta* meta = &checkpoint.meta();
-  auto reader = checkpoint.reader();
-  if (!reader) return reader.status();
-  std::vector<CheckpointTensorInfo> tensors;
-  for (const auto& [name, shape] : (*reader)->tensors(ShardSection::model))
-    tensors.push_back({"model/" + name, shape});
-  const std::string& source = checkpoint.location();
-  const std::string where = "exporting checkpoint " + source + ": ";
-  bool has_lm_head = false;
-  Result<HfConfig> sizes = gpt2_sizes(tensors, where, &has_lm_head);
-  if (!sizes) return sizes.status();
-  Result<HfConfig> config = hf_config(meta->config_json, *sizes, where);
-  if (!config) return config.status();
+  auto s = open_source(checkpoint);
+  if (!s) return s.status();
   h5::ErrorScope quiet;
-  Status st = write_hf_file(**reader, output_file, *config, has_lm_head, *meta, source);
+  Status st = write_hf_file(*s->reader, output_file, s->config, s->has_lm_head, checkpoint.meta(), checkpoint.location());
   return st.with_context("exporting to " + output_file + ": ");
+}
+
+Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir) {
+  auto s = open_source(checkpoint);
+  if (!s) return s.status();
+  Status st = write_hf_folder(*s->reader, output_dir, s->config, s->has_lm_head, checkpoint.meta(), checkpoint.location());
+  return st.with_context("exporting to " + output_dir + ": ");
 }
 
 }  // namespace troupe

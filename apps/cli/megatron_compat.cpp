@@ -13,6 +13,7 @@
 
 #include "apps/cli/train_options.hpp"
 #include "base/spelling.hpp"
+#include "storage/hf_import.hpp"
 
 namespace troupe {
 namespace {
@@ -162,6 +163,8 @@ const std::vector<Entry>& entries() {
       {"--disable-bias-linear", 0, Kind::refused, kFamily},
       {"--ffn-hidden-size", 1, Kind::noop, "GPT-2's MLP width, 4 x --hidden-size, which troupe builds", "4h"},
       {"--add-bias-linear", 0, Kind::noop, "GPT-2's linear layers have biases, as troupe's"},
+      {"--no-load-rng", 0, Kind::noop,
+       "troupe keeps no RNG state to load: its random streams are functions of --seed, the iteration and the sample"},
       {"--num-key-value-heads", 1, Kind::refused, kFamily},
       {"--group-query-attention", 0, Kind::refused, kFamily},
       {"--num-query-groups", 1, Kind::refused, kFamily},
@@ -175,8 +178,6 @@ const std::vector<Entry>& entries() {
       {"--reset-position-ids", 0, Kind::refused, "troupe's positions run over the whole sequence -- drop the flag"},
       {"--reset-attention-mask", 0, Kind::refused,
        "troupe's attention spans document boundaries within a sequence -- drop the flag"},
-      {"--no-load-optim", 0, Kind::refused, "troupe loads a checkpoint whole (parameters, optimizer, RNG)"},
-      {"--no-load-rng", 0, Kind::refused, "troupe loads a checkpoint whole (parameters, optimizer, RNG)"},
       {"--no-save-optim", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
       {"--no-save-rng", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
       {"--wandb-project", 1, Kind::refused, kWandb},
@@ -285,7 +286,7 @@ void fresh_start_if_nothing_to_load(std::vector<std::string>& args, std::vector<
   if (st.type() == fs::file_type::not_found) {
     nothing = true;
   } else if (st.type() == fs::file_type::directory) {
-    nothing = !fs::exists(fs::path(load) / "latest_checkpointed_iteration.txt", ec);
+    nothing = !fs::exists(fs::path(load) / "latest_checkpointed_iteration.txt", ec) && !is_hf_folder(load);
     for (fs::directory_iterator it(load, ec), end; nothing && !ec && it != end; it.increment(ec))
       if (it->path().filename().string().rfind("iter_", 0) == 0) nothing = false;
   }

@@ -167,7 +167,15 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(ckpt, "--exit-interval", cfg->exit_interval,
       "Stop (saving a checkpoint when --save is set) once the iteration is a multiple of N");
   opt(ckpt, "--load", cfg->load,
-      "Directory to resume from (holds latest_checkpointed_iteration.txt)");
+      "Directory to resume from (holds latest_checkpointed_iteration.txt), or a Hugging Face GPT-2 folder "
+      "(config.json + model.safetensors: fine-tuned from, as with --finetune)");
+  cmd->add_flag("--finetune", cfg->finetune,
+                "On --load, take the parameters only: a new run from iteration 0 with fresh optimizer state, "
+                "schedule and data position (Megatron's --finetune)")
+      ->group(ckpt);
+  cmd->add_flag("--no-load-optim", cfg->no_load_optim,
+                "On --load, take the parameters, iteration and data position but start the Adam moments afresh")
+      ->group(ckpt);
   cmd->add_flag("--override-opt_param-scheduler,--override-opt-param-scheduler", cfg->override_opt_param_scheduler,
                 "On --load, use this run's learning-rate schedule flags where they differ from the checkpoint's")
       ->group(ckpt);
@@ -340,7 +348,12 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
       iterations += left >= 0 ? left / gbs : -((-left + gbs - 1) / gbs);
       cfg->train_iters = std::max<int64_t>(0, iterations);
     }
-  } else if (cfg->train_tokens > 0 && !given("--train-iters")) {
+  } else if (cfg->rampup() && given("--train-iters") && notes != nullptr) {
+    notes->push_back("--rampup-batch-size with --train-iters: Megatron refuses a ramp-up in an iteration-based run; "
+                     "troupe trains --train-iters iterations with the ramp's batches, the learning rate counting the "
+                     "samples consumed over --lr-decay-iters x --global-batch-size, as Megatron's scheduler does");
+  }
+  if (cfg->train_samples <= 0 && cfg->train_tokens > 0 && !given("--train-iters")) {
     cfg->train_iters = cfg->iterations_to_run();
   }
   TROUPE_RETURN_IF_ERROR(validate_train_config(*cfg, &origins));

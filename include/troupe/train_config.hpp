@@ -116,7 +116,7 @@ struct TrainConfig {
   int64_t train_tokens = 0;
   int64_t lr_warmup_tokens = -1;
   int64_t lr_decay_tokens = 0;
-  // Megatron's --rampup-batch-size START INCREMENT SAMPLES (start 0: none; sample-based runs only):
+  // Megatron's --rampup-batch-size START INCREMENT SAMPLES (start 0: none; also in iteration-based runs):
   // the iteration that begins after `consumed` samples trains START + INCREMENT x floor(consumed /
   // (SAMPLES / ((global_batch_size - START) / INCREMENT))) samples while consumed <= SAMPLES, then
   // global_batch_size (megatron/core/num_microbatches_calculator.py).
@@ -163,6 +163,13 @@ struct TrainConfig {
   // background saves that may be in flight at once (a further save waits for one to finish).
   bool override_opt_param_scheduler = false;
   bool use_checkpoint_opt_param_scheduler = false;
+  // What --load takes (not stored in checkpoints either: they describe one load). finetune
+  // (Megatron's --finetune): the parameters only; the run starts anew at iteration 0 with fresh
+  // optimizer state, schedule, data position and run id. A --load of a Hugging Face folder
+  // (storage/hf_import.hpp) always means it. no_load_optim (--no-load-optim): the parameters,
+  // iteration and data position, fresh Adam moments (and bias correction counted from this load).
+  bool finetune = false;
+  bool no_load_optim = false;
   double exit_duration_in_mins = 0;
   int max_saves_in_flight = 1;
   std::string run_id;  // set by run_training: the run this job continues or starts

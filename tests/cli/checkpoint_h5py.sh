@@ -11,7 +11,7 @@ py=/usr/bin/python3
 "$py" -c "import h5py, numpy" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks h5py/numpy"; exit 77; }
 make_corpus
 small_train --train-iters 4 --save ck > /dev/null
-"$troupe" ckpt export --load ck --format hf --output hf.h5 > /dev/null
+"$troupe" ckpt export --load ck --format hf-h5 --output hf.h5 > /dev/null
 "$py" - <<'PY'
 import json, zlib, h5py, numpy as np
 L, C, V, P = 2, 48, 257, 32

@@ -29,7 +29,7 @@ every_reader_refuses() {
               "train ${tiny[*]} ${par[*]} --train-iters 4 --load $ck --save out"
               "ckpt info $ck"
               "ckpt convert --load $ck --save out --target-tensor-parallel-size 1"
-              "ckpt export --load $ck --format hf --output out.h5")
+              "ckpt export --load $ck --format hf-h5 --output out.h5")
   for c in "${cmds[@]}"; do
     rm -rf out out.h5 rss.txt
     set +e

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real users' scripts (issue 13): shrunk copies of Megatron-LM's own example scripts, under
+# Real users' scripts (issue 13): shrunk copies of Megatron-LM's and Megatron-DeepSpeed's own example scripts, under
 # tests/cli/scripts/, run with only sizes, paths and the launcher changed. Megatron-LM's
 # examples/pretrain_gpt.sh: as written (with --fp16) the one problem reported is --fp16; without it
 # it trains from its empty --load folder (a note says so), the learning rate of every iteration is
@@ -47,4 +47,106 @@ run pretrain_gpt.sh --train-iters 32 --metrics-file m2.jsonl > run2.log 2>&1 || 
 grep -q "note: --load ck" run2.log && fail "the second run started from scratch"
 python3 -c "import json,sys; it=[j['iteration'] for j in map(json.loads, open('m2.jsonl')) if j.get('type')=='train']; sys.exit(0 if it==[31,32] else 1)" ||
   fail "the second run did not continue at iteration 31"
-echo "PASS: Megatron-LM's pretrain_gpt.sh runs with only sizes, paths, the launcher and --fp16 changed"
+echo "ok: Megatron-LM's pretrain_gpt.sh runs with only sizes, paths, the launcher and --fp16 changed"
+
+# Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh under troupe launch (4 ranks: tp 2 x pp 2):
+# the batch-size ramp-up in an iteration-based run (which Megatron itself refuses), TensorBoard.
+port=$(free_port)
+set +e
+MASTER_PORT=$port TROUPE=$troupe bash "$scripts/train_gpt3_175b_distributed.sh" ck175 tb175 "$vocab" "$merges" \
+  web_text_document > g175_fp16.log 2>&1
+rc=$?
+set -e
+(( rc == 2 )) || { cat g175_fp16.log; fail "train_gpt3_175b_distributed.sh with --fp16: rc $rc, not 2"; }
+grep -q "error: --fp16: troupe trains in float32" g175_fp16.log && ! grep -q "problems with the flags" g175_fp16.log ||
+  { cat g175_fp16.log; fail "train_gpt3_175b_distributed.sh: --fp16 should be the one problem"; }
+[[ ! -e ck175 ]] || fail "the refused 175B run created its --save folder"
+port=$(free_port)
+FP16= MASTER_PORT=$port TROUPE=$troupe bash "$scripts/train_gpt3_175b_distributed.sh" ck175 tb175 "$vocab" "$merges" \
+  web_text_document --metrics-file g175.jsonl > g175.log 2>&1 || { tail -30 g175.log; fail "train_gpt3_175b_distributed.sh failed"; }
+for note in "--rampup-batch-size with --train-iters" "--attention-backend auto: no effect" "--load ck175: no checkpoint there yet"; do
+  grep -qF -- "$note" g175.log || { cat g175.log; fail "train_gpt3_175b_distributed.sh: no start-up note '$note'"; }
+done
+python3 - g175.jsonl <<'PY' || fail "the 175B script's ramp-up or learning rate is not Megatron's"
+import json, math, sys
+rows = [j for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
+assert len(rows) == 16, len(rows)
+start, inc, ramp, G = 2, 2, 40, 12
+per = ramp / ((G - start) // inc)
+batch = lambda n: G if n > ramp else start + int(n / per) * inc
+lr, min_lr, D = 6.0e-5, 6.0e-6, 14 * G                # Megatron's iteration-based lengths, in samples
+W = .001 * D
+n = 0
+for j in rows:
+    b = batch(n)
+    if n <= W: want = lr * n / W
+    elif n > D: want = min_lr
+    else: want = min_lr + 0.5 * (math.cos(math.pi * (n - W) / (D - W)) + 1.0) * (lr - min_lr)
+    assert j["global_batch_size"] == b and abs(j["lr"] - want) <= 1e-15 + 1e-12 * want, (j, b, want)
+    n += b
+print("ok: the 175B script's 16 iterations ramp", sorted({j["global_batch_size"] for j in rows}), "with Megatron's rates")
+PY
+ls tb175/events.out.tfevents.* > /dev/null 2>&1 || fail "the 175B script wrote no TensorBoard events into tb175"
+echo "ok: Megatron-LM's train_gpt3_175b_distributed.sh runs under troupe launch with only sizes, paths and the launcher changed"
+
+# Megatron-DeepSpeed's examples_deepspeed/rebase/ds_pretrain_gpt_125M_flashattn.sh with its DeepSpeed
+# JSON template: token-based run and schedule, ZeRO-1 from the JSON, TensorBoard.
+mkdir -p mds && cd mds
+set +e
+TROUPE=$troupe SCRIPT_DIR=$scripts VOCAB_PATH=$vocab MERGE_PATH=$merges DATA_BLEND=../web_text_document \
+  bash "$scripts/ds_pretrain_gpt_125M_flashattn.sh" > fp16.log 2>&1
+rc=$?
+set -e
+(( rc == 2 )) || { cat fp16.log; fail "ds_pretrain_gpt_125M_flashattn.sh as written: rc $rc, not 2"; }
+grep -q "2 problems with the flags" fp16.log && grep -q -- "- --fp16: troupe trains in float32" fp16.log &&
+  grep -q '"fp16.enabled" is true' fp16.log || { cat fp16.log; fail "the 125M script: the precision switches should be the two problems"; }
+echo "ok: ds_pretrain_gpt_125M_flashattn.sh as written: the two refusals are --fp16 and fp16.enabled"
+mkdir -p off && sed 's/"enabled": true/"enabled": false/' "$scripts/ds_config_gpt_TEMPLATE.json" > off/ds_config_gpt_TEMPLATE.json
+FP16= TROUPE=$troupe SCRIPT_DIR=$PWD/off VOCAB_PATH=$vocab MERGE_PATH=$merges DATA_BLEND=../web_text_document \
+  bash "$scripts/ds_pretrain_gpt_125M_flashattn.sh" --metrics-file m125.jsonl > run.log 2>&1 ||
+  { tail -30 run.log; fail "ds_pretrain_gpt_125M_flashattn.sh failed"; }
+for note in '"prescale_gradients" in' '"fp16.hysteresis" in' "--use-flash-attn: no effect" "--hysteresis 2: no effect" \
+            "--deepspeed-activation-checkpointing: no effect" "--checkpoint-activations: read as"; do
+  grep -qF -- "$note" run.log || { cat run.log; fail "the 125M script: no start-up note '$note'"; }
+done
+python3 - m125.jsonl <<'PY' || fail "the 125M script's token schedule is not Megatron-DeepSpeed's"
+import json, math, sys
+rows = [j for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
+assert len(rows) == 10, len(rows)                     # --train-tokens 2560 of 8 x 32 tokens an iteration
+lr, min_lr, Wt, Dt, tok = 6.0e-4, 1.0e-6, 512, 2560, 8 * 32
+for j in rows:
+    t = (j["iteration"] - 1) * tok
+    if t <= Wt: want = lr * t / Wt
+    elif t > Dt: want = min_lr
+    else: want = min_lr + 0.5 * (math.cos(math.pi * (t - Wt) / (Dt - Wt)) + 1.0) * (lr - min_lr)
+    assert abs(j["lr"] - want) <= 1e-15 + 1e-12 * want, (j["iteration"], j["lr"], want)
+print("ok: the 125M script's 10 iterations follow Megatron-DeepSpeed's token schedule")
+PY
+ls output/tensorboard/*/events.out.tfevents.* > /dev/null 2>&1 || fail "the 125M script wrote no TensorBoard events"
+cd ..
+
+# Megatron-DeepSpeed's examples_deepspeed/pretrain_llama2_distributed.sh: LLaMA's architecture
+# flags are the model-family issue's and bf16 the precision issue's. Every one of them is refused in
+# one message (flags and the JSON's bf16 block), nothing else is, exit 2, nothing written.
+mkdir -p llama && : > llama/tokenizer.model
+set +e
+MASTER_PORT=$(free_port) TROUPE=$troupe BASE_PATH=$PWD/llama/tmp DATASET_1=web_text_document \
+  TOKENIZER_PATH=$PWD/llama/tokenizer.model bash "$scripts/pretrain_llama2_distributed.sh" > llama.log 2>&1
+rc=$?
+set -e
+(( rc == 2 )) || { cat llama.log; fail "pretrain_llama2_distributed.sh: rc $rc, not 2"; }
+python3 - llama.log <<'PY' || { cat llama.log; fail "pretrain_llama2_distributed.sh: not exactly the family's and precision's problems"; }
+import re, sys
+text = open(sys.argv[1]).read()
+n = int(re.search(r"error: (\d+) problems with the flags:", text).group(1))
+items = re.findall(r"^  - (.*)$", text, re.M)[:n]
+want = ["--ffn-hidden-size 176", "--tokenizer-model", "--bf16", "--use-rotary-position-embeddings",
+        "--untie-embeddings-and-output-weights", "--swiglu", "--normalization rmsnorm", "--disable-bias-linear",
+        "--num-key-value-heads", "\"bf16.enabled\" is true"]
+assert n == len(want) == len(items), (n, items)
+for w in want:
+    assert sum(w in i for i in items) == 1, (w, items)
+print(f"ok: pretrain_llama2_distributed.sh: its {n} problems, the model family's and bf16, in one message")
+PY
+[[ ! -e llama/tmp/iter_0000001 ]] || fail "the refused LLaMA run wrote a checkpoint"
+echo "PASS: Megatron-LM's pretrain_gpt.sh and train_gpt3_175b_distributed.sh and Megatron-DeepSpeed's ds_pretrain_gpt_125M_flashattn.sh run with only sizes, paths and the launcher changed (and the precision flags, the precision issue's)"

@@ -42,7 +42,7 @@ compare ref.jsonl r1.jsonl || fail "tp2 pp2 dp2 ZeRO-3 -> 1x1x1 differs from the
 "$troupe" ckpt info ck1 > info.txt || fail "ckpt info on a sharded checkpoint failed"
 grep -q '"tensor_model_parallel_size":2' info.txt || { cat info.txt; fail "ckpt info does not show the layout"; }
 grep -q "model/transformer.wte.weight" info.txt || { cat info.txt; fail "ckpt info does not list the tensors"; }
-"$troupe" ckpt export --load ck1 --format hf --output hf.h5 > /dev/null || fail "ckpt export from shards failed"
+"$troupe" ckpt export --load ck1 --format hf-h5 --output hf.h5 > /dev/null || fail "ckpt export from shards failed"
 "$troupe" eval --load ck1 --data-path d_text_document --eval-samples 8 --json > eval.json || fail "eval of shards failed"
 
 # the same layout resumes bitwise: ck1 on tp2 pp2 dp2 ZeRO-3 equals that layout's straight run exactly

@@ -76,7 +76,7 @@ step train "$bin" train --num-layers 2 --hidden-size 48 --num-attention-heads 3 
   --micro-batch-size 3 --global-batch-size 6 --lr 3e-3 --train-iters 4 --data-path d_text_document \
   --tokenizer-type ByteLevelTokenizer --save ckpt --log-interval 1 --eval-interval 1000 --num-threads 1
 
-step export "$bin" ckpt export --load ckpt --format hf --output hf.h5
+step export "$bin" ckpt export --load ckpt --format hf-h5 --output hf.h5
 [[ -s hf.h5 ]] || { echo "FAIL: ckpt export did not create hf.h5"; cat export.log; exit 1; }
 
 # troupe eval's stdout must stay separate from its log lines (stderr): the JSON object is parsed from it.

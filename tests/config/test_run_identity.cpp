@@ -5,11 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "config/imported_config.hpp"
 #include "config/run_identity.hpp"
 #include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
 using namespace troupe;
+using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -211,4 +213,67 @@ TEST_CASE("a --save folder holding another run's checkpoints is refused", "[acto
   REQUIRE(check_save_folder(legacy, "aaaa", "").is_bad_input());
   REQUIRE(check_save_folder(legacy, "aaaa", legacy).is_ok());
   REQUIRE(check_save_folder(legacy, "aaaa", save).is_bad_input());
+}
+
+// --finetune and --load of a Hugging Face folder: only what the parameters' shapes follow from must agree.
+TEST_CASE("finetune: seed, schedule, batch and sequence may differ; shapes may not", "[finetune]") {
+  const TrainConfig saved = base_config();
+  TrainConfig now = base_config();
+  now.seed = saved.seed + 7;
+  now.lr = saved.lr * 3;
+  now.lr_decay_style = "constant";
+  now.train_iters = 5;
+  now.global_batch_size = 8;
+  now.model.seq_length = 9;
+  CHECK(check_finetune(now, saved).refused.empty());
+  CHECK_FALSE(check_resume(now, saved).refused.empty());  // a resume would refuse the seed and schedule
+  now.model.num_layers = 4;
+  now.model.hidden_size = 60;
+  now.model.num_attention_heads = 4;
+  now.model.max_position_embeddings = 32;
+  now.model.vocab_size = 50257;
+  const ResumeCheck r = check_finetune(now, saved);
+  CHECK(r.refused.size() == 5);
+  const std::string m = r.status("hf", /*finetune=*/true).message();
+  CHECK_THAT(m, Contains("cannot fine-tune from the checkpoint in hf") && Contains("--num-layers is 4") &&
+                    Contains("--hidden-size") && Contains("--num-attention-heads") &&
+                    Contains("--max-position-embeddings") && Contains("vocabulary size"));
+  TrainConfig eps = base_config();
+  eps.model.layernorm_epsilon = 1e-6;
+  eps.tokenizer_type = "GPT2BPETokenizer";
+  const ResumeCheck changed = check_finetune(eps, saved);
+  CHECK(changed.refused.empty());
+  CHECK(changed.changed.size() == 2);
+}
+
+TEST_CASE("finetune: the config a Hugging Face folder stands for", "[finetune]") {
+  HfModel m;
+  m.config.n_layer = 2;
+  m.config.n_embd = 64;
+  m.config.n_head = 4;
+  m.config.n_positions = 128;
+  m.config.vocab_size = 257;
+  m.config.layer_norm_epsilon = 1e-6;
+  m.config.tokenizer_type = "ByteLevelTokenizer";
+  TrainConfig c = imported_train_config(m);
+  CHECK(c.model.num_layers == 2);
+  CHECK(c.model.hidden_size == 64);
+  CHECK(c.model.num_attention_heads == 4);
+  CHECK(c.model.max_position_embeddings == 128);
+  CHECK(c.model.seq_length == 128);
+  CHECK(c.model.vocab_size == 257);
+  CHECK(c.model.layernorm_epsilon == 1e-6);
+  CHECK(c.tokenizer_type == "ByteLevelTokenizer");
+  CHECK(c.model.validate().is_ok());
+  m.vocab_file = "/x/vocab.json";
+  m.merge_file = "/x/merges.txt";
+  c = imported_train_config(m);  // the folder's tokenizer files win
+  CHECK(c.tokenizer_type == "GPT2BPETokenizer");
+  CHECK(c.vocab_file == "/x/vocab.json");
+  m = HfModel{};
+  CHECK(imported_train_config(m).tokenizer_type == "GPT2BPETokenizer");
+  // The stored form reads back (the checkpoint ckpt import writes holds it).
+  auto back = TrainConfig::from_json(imported_train_config(m).to_json());
+  REQUIRE(back.is_ok());
+  CHECK(back->model.num_layers == 12);
 }

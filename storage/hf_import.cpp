@@ -1,0 +1,289 @@
+#include "storage/hf_import.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "storage/durable.hpp"
+#include "storage/hf_names.hpp"
+#include "storage/json_input.hpp"
+#include "storage/safetensors.hpp"
+#include "storage/sharded_checkpoint.hpp"
+
+namespace troupe {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kFix = "troupe imports Hugging Face GPT-2 models (GPT2LMHeadModel) only";
+
+Status refused(const std::string& where, const std::vector<std::string>& problems, const std::string& fix) {
+  std::string m = where + "cannot be imported:";
+  for (const std::string& p : problems) m += "\n  " + p;
+  return Status::bad_input(m + "\n(" + fix + ")");
+}
+
+// An integer key of GPT2Config with HF's default when absent.
+void read_size(const json& j, const char* key, int64_t* out, std::vector<std::string>& problems) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (!json_to_integer(*it, 1, std::numeric_limits<int32_t>::max(), out))
+    problems.push_back(fmt::format("{} is {}, not an integer in [1, 2147483647]", key, json_excerpt(*it)));
+}
+
+// A boolean option of GPT2Config that troupe's model has only one way: `want` (HF's default).
+void require_bool(const json& j, const char* key, bool want, const char* why, std::vector<std::string>& problems) {
+  auto it = j.find(key);
+  if (it == j.end() || (it->is_boolean() && it->get<bool>() == want)) return;
+  problems.push_back(fmt::format("{} is {}: {}", key, json_excerpt(*it), why));
+}
+
+// A tensor of the folder: which file holds it and its entry there.
+struct Located {
+  size_t file = 0;
+  SafetensorsTensor entry;
+};
+
+// The troupe name of a key: GPT2Model's keys (the Hub's gpt2 files) lack "transformer.".
+std::string troupe_name(const std::string& key) {
+  for (const char* bare : {"wte.", "wpe.", "ln_f.", "h."})
+    if (key.rfind(bare, 0) == 0) return "transformer." + key;
+  return key;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& where) {
+  Result<json> parsed = parse_json(text, "");
+  if (!parsed) return Status::bad_input(where + "not valid JSON: " + parsed.status().message());
+  const json& j = parsed.value();
+  if (!j.is_object()) return Status::bad_input(where + "not a JSON object -- pass the folder save_pretrained wrote");
+  HfGpt2Config c;
+  std::vector<std::string> problems;
+  auto type = j.find("model_type");
+  if (type == j.end() || !type->is_string() || type->get<std::string>() != "gpt2")
+    problems.push_back("model_type is " + (type == j.end() ? std::string("missing") : json_excerpt(*type)) +
+                       ", not \"gpt2\" (other model families are not troupe's)");
+  if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
+    bool gpt2 = a->is_array() && !a->empty();
+    for (const json& name : a->is_array() ? *a : json::array())
+      gpt2 = gpt2 && name.is_string() &&
+             (name.get<std::string>() == "GPT2LMHeadModel" || name.get<std::string>() == "GPT2Model");
+    if (!gpt2) problems.push_back("architectures is " + json_excerpt(*a) + ", not [\"GPT2LMHeadModel\"]");
+  }
+  read_size(j, "n_layer", &c.n_layer, problems);
+  read_size(j, "n_embd", &c.n_embd, problems);
+  read_size(j, "n_head", &c.n_head, problems);
+  read_size(j, "n_positions", &c.n_positions, problems);
+  read_size(j, "vocab_size", &c.vocab_size, problems);
+  if (c.n_embd % c.n_head != 0)
+    problems.push_back(fmt::format("n_head {} does not divide n_embd {}", c.n_head, c.n_embd));
+  if (auto inner = j.find("n_inner"); inner != j.end() && !inner->is_null()) {
+    int64_t n = 0;
+    if (!json_to_integer(*inner, 1, std::numeric_limits<int64_t>::max(), &n) || n != 4 * c.n_embd)
+      problems.push_back("n_inner is " + json_excerpt(*inner) + ": troupe's MLP is 4 * n_embd = " +
+                         std::to_string(4 * c.n_embd) + " wide (null means that)");
+  }
+  if (auto act = j.find("activation_function"); act != j.end()) {
+    const std::string a = act->is_string() ? act->get<std::string>() : "";
+    if (a != "gelu_new" && a != "gelu_pytorch_tanh")
+      problems.push_back("activation_function is " + json_excerpt(*act) +
+                         ": troupe's GELU is the tanh form (gelu_new, gelu_pytorch_tanh)");
+  }
+  if (auto eps = j.find("layer_norm_epsilon"); eps != j.end())
+    if (!json_to_number(*eps, std::numeric_limits<double>::min(), 1.0, &c.layer_norm_epsilon))
+      problems.push_back("layer_norm_epsilon is " + json_excerpt(*eps) + ", not a number in (0, 1]");
+  require_bool(j, "scale_attn_weights", true, "troupe scales attention scores by 1/sqrt(head size)", problems);
+  require_bool(j, "scale_attn_by_inverse_layer_idx", false, "troupe's attention scaling does not depend on the layer",
+               problems);
+  require_bool(j, "add_cross_attention", false, "troupe's GPT-2 is a decoder without cross-attention", problems);
+  for (auto [key, out] : {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id}})
+    if (auto id = j.find(key); id != j.end() && !id->is_null() &&
+                                !json_to_integer(*id, 0, std::numeric_limits<int32_t>::max(), out))
+      problems.push_back(std::string(key) + " is " + json_excerpt(*id) + ", not a token id");
+  if (auto t = j.find("troupe"); t != j.end() && t->is_object()) {
+    auto type = t->find("tokenizer_type");
+    if (type != t->end() && type->is_string() &&
+        (*type == "GPT2BPETokenizer" || *type == "ByteLevelTokenizer"))
+      c.tokenizer_type = type->get<std::string>();
+  }
+  if (!problems.empty()) return refused(where, problems, kFix);
+  return c;
+}
+
+Result<std::map<std::string, std::string>> parse_safetensors_index(std::string_view text, const std::string& where) {
+  JsonParseOptions options;
+  options.reject_duplicate_keys = true;
+  Result<json> parsed = parse_json(text, "", options);
+  if (!parsed) return Status::bad_input(where + "not valid JSON: " + parsed.status().message());
+  const json& j = parsed.value();
+  auto map = j.is_object() ? j.find("weight_map") : j.end();
+  if (!j.is_object() || map == j.end() || !map->is_object())
+    return Status::bad_input(where + "no \"weight_map\" object -- pass the index save_pretrained wrote");
+  std::vector<std::string> problems;
+  if (auto meta = j.find("metadata"); meta != j.end() && !meta->is_object() && !meta->is_null())
+    problems.push_back("metadata is " + json_excerpt(*meta) + ", not an object");
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : map->items()) {
+    const std::string f = file.is_string() ? file.get<std::string>() : "";
+    // A plain name of a .safetensors file in the folder: no path, so no file outside it is read.
+    if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f[0] == '.' ||
+        f.find('\0') != std::string::npos || !ends_with(f, ".safetensors"))
+      problems.push_back("tensor '" + name + "' maps to " + json_excerpt(file) +
+                         ", not the name of a .safetensors file in the folder");
+    else
+      out[name] = f;
+  }
+  if (out.empty() && problems.empty()) problems.push_back("the weight map is empty");
+  if (!problems.empty()) return refused(where, problems, "write the folder again with save_pretrained");
+  return out;
+}
+
+bool is_hf_folder(const std::string& dir) {
+  std::error_code ec;
+  const fs::path d(dir);
+  return fs::is_regular_file(d / "config.json", ec) &&
+         (fs::is_regular_file(d / "model.safetensors", ec) || fs::is_regular_file(d / "model.safetensors.index.json", ec));
+}
+
+Result<HfModel> read_hf_folder(const std::string& dir) {
+  const fs::path d(dir);
+  const std::string where = "Hugging Face folder " + dir + ": ";
+  std::error_code ec;
+  if (!fs::is_regular_file(d / "config.json", ec))
+    return Status::bad_input(where + "no config.json -- pass the folder save_pretrained wrote");
+  Result<std::string> config_text = read_small_file((d / "config.json").string(), kMaxHfJsonBytes);
+  if (!config_text) return config_text.status().with_context(where).as_bad_input();
+  Result<HfGpt2Config> config = parse_hf_config(*config_text, (d / "config.json").string() + ": ");
+  if (!config) return config.status();
+  HfModel model;
+  model.config = *config;
+
+  // Which files hold the weights: the index's, or model.safetensors alone.
+  std::vector<std::string> files;
+  std::map<std::string, std::string> weight_map;
+  const fs::path index = d / "model.safetensors.index.json";
+  if (fs::is_regular_file(index, ec)) {
+    Result<std::string> text = read_small_file(index.string(), kMaxHfJsonBytes);
+    if (!text) return text.status().with_context(where).as_bad_input();
+    auto parsed = parse_safetensors_index(*text, index.string() + ": ");
+    if (!parsed) return parsed.status();
+    weight_map = std::move(parsed).value();
+    std::set<std::string> unique;
+    for (const auto& [name, file] : weight_map)
+      if (unique.insert(file).second) files.push_back(file);
+  } else if (fs::is_regular_file(d / "model.safetensors", ec)) {
+    files.push_back("model.safetensors");
+  } else {
+    const bool pickle = fs::exists(d / "pytorch_model.bin", ec);
+    return Status::bad_input(where + "no model.safetensors (nor model.safetensors.index.json)" +
+                             (pickle ? std::string(" -- it holds pytorch_model.bin, a pickle, which troupe does not "
+                                                   "read: save it again with save_pretrained(safe_serialization=True)")
+                                     : std::string(" -- pass the folder save_pretrained wrote")));
+  }
+
+  std::vector<std::shared_ptr<h5read::ByteSource>> sources;
+  std::vector<SafetensorsHeader> headers;
+  std::map<std::string, Located> found;  // by troupe name
+  std::vector<std::string> problems;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string path = (d / files[f]).string();
+    auto src = h5read::open_file_source(path);
+    if (!src) return src.status().with_context(where).as_bad_input();
+    auto header = read_safetensors_header(**src, path + ": ");
+    if (!header) return header.status();
+    for (const SafetensorsTensor& t : header->tensors) {
+      if (!weight_map.empty() && weight_map.count(t.name) && weight_map[t.name] != files[f]) continue;
+      if (!weight_map.empty() && !weight_map.count(t.name)) {
+        problems.push_back("tensor '" + t.name + "' of " + files[f] + " is not in the index's weight_map");
+        continue;
+      }
+      if (ends_with(t.name, ".attn.bias") || ends_with(t.name, ".attn.masked_bias")) continue;  // mask buffers
+      const std::string name = troupe_name(t.name);
+      if (!found.emplace(name, Located{f, t}).second)
+        problems.push_back("tensor '" + name + "' appears twice (with and without \"transformer.\")");
+    }
+    sources.push_back(std::move(src).value());
+    headers.push_back(std::move(header).value());
+  }
+  for (const auto& [name, file] : weight_map)
+    if (!found.count(troupe_name(name)) && !ends_with(name, ".attn.bias") && !ends_with(name, ".attn.masked_bias"))
+      problems.push_back("tensor '" + name + "' is listed in the index for " + file + " but not in it");
+
+  const HfGpt2Config& c = model.config;
+  const std::vector<HfTensor> expected = gpt2_hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd);
+  std::set<std::string> known;
+  for (const HfTensor& e : expected) {
+    known.insert(e.name);
+    auto it = found.find(e.name);
+    if (it == found.end())
+      problems.push_back("tensor '" + e.name + "' is missing");
+    else if (!(it->second.entry.shape == e.hf_shape))
+      problems.push_back("tensor '" + e.name + "' has shape " + it->second.entry.shape.str() + " but config.json's " +
+                         fmt::format("n_layer {}, n_embd {}, n_positions {}, vocab_size {}", c.n_layer, c.n_embd,
+                                     c.n_positions, c.vocab_size) +
+                         " make it " + e.hf_shape.str());
+  }
+  const bool has_lm_head = found.count("lm_head.weight") > 0;
+  if (has_lm_head && !(found["lm_head.weight"].entry.shape == Shape{c.vocab_size, c.n_embd}))
+    problems.push_back("tensor 'lm_head.weight' has shape " + found["lm_head.weight"].entry.shape.str() + ", not " +
+                       Shape{c.vocab_size, c.n_embd}.str());
+  for (const auto& [name, where_found] : found)
+    if (!known.count(name) && name != "lm_head.weight")
+      problems.push_back("tensor '" + name + "' (in " + files[where_found.file] + ") has no counterpart in troupe's GPT-2");
+  if (!problems.empty()) return refused(where, problems, kFix);
+
+  auto read = [&](const std::string& name, const Shape& hf_shape) -> Result<Tensor> {
+    const Located& at = found[name];
+    Tensor x = Tensor::empty(hf_shape);
+    TROUPE_RETURN_IF_ERROR(
+        read_safetensors_tensor(*sources[at.file], headers[at.file], at.entry, x, (d / files[at.file]).string() + ": ")
+            .as_bad_input());
+    return x;
+  };
+  for (const HfTensor& e : expected) {
+    Result<Tensor> x = read(e.name, e.hf_shape);
+    if (!x) return x.status();
+    Tensor t = *x;
+    if (is_conv1d_weight(e.name)) {
+      t = Tensor::empty(e.troupe_shape);  // (out, in)
+      transpose(x->data<float>(), e.hf_shape[0], e.hf_shape[1], t.data<float>());
+    }
+    model.params.push_back({e.name, e.troupe_shape, t});
+  }
+  if (has_lm_head) {
+    Result<Tensor> head = read("lm_head.weight", Shape{c.vocab_size, c.n_embd});
+    if (!head) return head.status();
+    if (std::memcmp(head->data<float>(), model.params[0].tensor.data<float>(), head->nbytes()) != 0)
+      return refused(where, {"lm_head.weight differs from transformer.wte.weight: troupe ties the output layer to the "
+                             "token embedding (tie_word_embeddings)"},
+                     kFix);
+  }
+  if (fs::is_regular_file(d / "vocab.json", ec) && fs::is_regular_file(d / "merges.txt", ec)) {
+    model.vocab_file = fs::absolute(d / "vocab.json", ec).string();
+    model.merge_file = fs::absolute(d / "merges.txt", ec).string();
+  }
+  return model;
+}
+
+Status write_hf_checkpoint(const HfModel& model, const std::string& dir, const CheckpointMeta& meta) {
+  CheckpointContents contents;
+  contents.params = model.params;
+  TROUPE_RETURN_IF_ERROR(prepare_iteration_dir(dir, meta.iteration));
+  TROUPE_RETURN_IF_ERROR(write_shard_file(shard_file_path(dir, meta.iteration, 0), 0, whole_tensor_shard(contents)));
+  const std::string layout =
+      R"({"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "data_parallel_size": 1, )"
+      R"("zero_stage": 0, "source": "Hugging Face folder"})";
+  return commit_sharded_checkpoint(dir, meta, layout, shard_file_names(1));
+}
+
+}  // namespace troupe
