@@ -38,6 +38,10 @@ int run_gpt_bench(GptBenchArgs a) {
   cfg.train_iters = a.warmup_iters + a.iters;
   cfg.lr = 1e-4;
   cfg.lr_decay_style = "constant";
+  // The peer (bench/torch_gpt.py) trains without dropout; so does the benchmark, or the ratio would
+  // weigh troupe's masks against nothing.
+  cfg.model.hidden_dropout = 0;
+  cfg.model.attention_dropout = 0;
   cfg.eval_interval = 0;
   cfg.log_interval = 1;
   if (Status st = cfg.model.validate(); !st) {

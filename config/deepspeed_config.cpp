@@ -269,6 +269,14 @@ class DeepSpeedMerger {
     return false;
   }
 
+  // A refusal text of config/deepspeed_keys.cpp, "why -- fix", as error()'s two parts.
+  Status refuse(const std::string& path, const std::string& value_text, const std::string& why_refused,
+                const std::string& default_fix) {
+    const size_t cut = why_refused.find(" -- ");
+    return error(path, value_text + ": " + why_refused.substr(0, cut),
+                 cut == std::string::npos ? default_fix : why_refused.substr(cut + 4));
+  }
+
   // A harmless key: its value as DeepSpeed types it, then a note (or, for a value that would
   // change the results, a problem).
   void check_harmless(const DsHarmlessKey& h, const json& v) {
@@ -298,16 +306,12 @@ class DeepSpeedMerger {
         break;
       case DsValue::false_only:
         if (!v.is_boolean()) return (void)error(path, "must be true or false, got " + json_excerpt(v), "write true or false (no quotes)");
-        if (v.get<bool>()) return (void)error(path, "is true: " + h.why_refused.substr(0, h.why_refused.find(" -- ")),
-                                               h.why_refused.find(" -- ") == std::string::npos ? "remove it" : h.why_refused.substr(h.why_refused.find(" -- ") + 4));
+        if (v.get<bool>()) return (void)refuse(path, "is true", h.why_refused, "remove it");
         note(path, "false: no effect");
         return;
       case DsValue::minus_one_only:
-        if (!v.is_number() || v.get<double>() != -1) {
-          const size_t cut = h.why_refused.find(" -- ");
-          return (void)error(path, "is " + json_excerpt(v) + ": " + h.why_refused.substr(0, cut),
-                             cut == std::string::npos ? "remove it" : h.why_refused.substr(cut + 4));
-        }
+        if (!v.is_number() || v.get<double>() != -1)
+          return (void)refuse(path, "is " + json_excerpt(v), h.why_refused, "remove it");
         note(path, "-1: no effect");
         return;
     }
@@ -330,9 +334,7 @@ class DeepSpeedMerger {
         continue;
       }
       if (enabled != it->end() && enabled->get<bool>()) {
-        const size_t cut = b.why_refused.find(" -- ");
-        (void)error(b.key + ".enabled", "is true: " + b.why_refused.substr(0, cut),
-                    cut == std::string::npos ? "set it to false" : b.why_refused.substr(cut + 4));
+        (void)refuse(b.key + ".enabled", "is true", b.why_refused, "set it to false");
         continue;
       }
       note(b.key, "switched off: no effect");

@@ -640,7 +640,8 @@ void RankEngine::fill_times(StepOutcome& out) const {
   out.busy_us = 0;
   for (size_t i = step_first_span_; i < spans_.size(); ++i)
     if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
-  const std::vector<Span> step(spans_.begin() + static_cast<std::ptrdiff_t>(step_first_span_), spans_.end());
+  // This step's spans in place (no copy on the step's path).
+  const std::span<const Span> step(spans_.data() + step_first_span_, spans_.size() - step_first_span_);
   out.timers = step_timers(step, std::chrono::duration<double, std::micro>(schedule_end_ - step_start_).count());
 }
 

@@ -29,7 +29,7 @@ int timer_level(std::string_view name) {
   return 3;
 }
 
-std::vector<TimerReading> step_timers(const std::vector<Span>& step, double schedule_us) {
+std::vector<TimerReading> step_timers(std::span<const Span> step, double schedule_us) {
   std::array<double, kTimers.size()> us{};
   us[0] = std::max(0.0, schedule_us);
   for (const Span& s : step) {

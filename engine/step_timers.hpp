@@ -11,6 +11,7 @@
 //            backward-recv     waiting for gradients from the next pipeline stage
 // Waits shorter than 20 us are not recorded as spans, so the recv timers leave them out.
 #pragma once
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -19,7 +20,7 @@
 namespace troupe {
 
 // The timers above, in that order, for one step's spans; schedule_us: forward-backward's time.
-std::vector<TimerReading> step_timers(const std::vector<Span>& step, double schedule_us);
+std::vector<TimerReading> step_timers(std::span<const Span> step, double schedule_us);
 
 // The level of a timer name above; 3 for a name that is none of them.
 int timer_level(std::string_view name);
