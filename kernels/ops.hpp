@@ -8,6 +8,7 @@
 // deterministic: reductions run in a fixed order that does not depend on the number of threads.
 // Preconditions are checked (TROUPE_CHECK); a violated one is a bug in the caller.
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "kernels/context.hpp"
@@ -51,6 +52,15 @@ void layernorm_backward(Context& ctx, const Tensor& dx_accumulate /*(N,C)*/, con
                         const Tensor& dbias /*(C)*/, const Tensor& dout /*(N,C)*/, const Tensor& x /*(N,C)*/,
                         const Tensor& weight /*(C)*/, const Tensor& mean /*(N)*/, const Tensor& rstd /*(N)*/);
 
+// ---- RMSNorm over the last dimension (LLaMA): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
+void rmsnorm_forward(Context& ctx, const Tensor& out /*(N,C)*/, const Tensor& rstd /*(N)*/, const Tensor& x /*(N,C)*/,
+                     const Tensor& weight /*(C)*/, double eps);
+// dx += ... (accumulates, as layernorm_backward), dweight += . Split halves as layernorm_backward: dx
+// undefined skips the input gradient, dweight undefined the parameter gradient; each bitwise the full call's.
+void rmsnorm_backward(Context& ctx, const Tensor& dx_accumulate /*(N,C)*/, const Tensor& dweight /*(C)*/,
+                      const Tensor& dout /*(N,C)*/, const Tensor& x /*(N,C)*/, const Tensor& weight /*(C)*/,
+                      const Tensor& rstd /*(N)*/);
+
 // ---- linear: out = x W^T + b (W stored (out_features, in_features), as Megatron/torch) ---------
 void linear_forward(Context& ctx, const Tensor& out /*(N,O)*/, const Tensor& x /*(N,I)*/,
                     const Tensor& weight /*(O,I)*/, const Tensor& bias /*(O) or undefined*/);
@@ -66,6 +76,32 @@ void linear_backward(Context& ctx, const Tensor& dx /*(N,I) or undefined*/,
 void gelu_forward(Context& ctx, const Tensor& out /*(N)*/, const Tensor& x /*(N)*/);
 // dx = dout * gelu'(x); dx may alias dout
 void gelu_backward(Context& ctx, const Tensor& dx /*(N)*/, const Tensor& dout /*(N)*/, const Tensor& x /*(N)*/);
+
+// ---- gated linear units: each row of gate_up holds [gate (F) | up (F)] (Megatron's fc1 halves) ----
+// swiglu: out = silu(gate) * up, silu(x) = x / (1 + exp(-x));  geglu: out = gelu_tanh(gate) * up.
+enum class GluKind : uint8_t { swiglu, geglu };
+void glu_forward(Context& ctx, const Tensor& out /*(N,F)*/, const Tensor& gate_up /*(N,2F)*/, GluKind kind);
+// dgate_up = d(out)/d(gate_up) applied to dout (overwrites)
+void glu_backward(Context& ctx, const Tensor& dgate_up /*(N,2F)*/, const Tensor& dout /*(N,F)*/,
+                  const Tensor& gate_up /*(N,2F)*/, GluKind kind);
+
+// ---- rotary position embedding (RoPE), in place on n_heads heads of head_dim columns ----------
+// The heads start at column col0 of x (B,T,W) (q: col0 0; k: col0 H*hs of a fused qkv). For
+// position p = pos0 + t and pair i < rotary_dim/2, angle = p * base^(-2i / rotary_dim) (computed in
+// double); the pair is (x[i], x[i + rotary_dim/2]) (rotate-half: Hugging Face, Megatron's default)
+// or (x[2i], x[2i+1]) (interleaved: Meta's original, Megatron's --rotary-interleaved), rotated
+// (a, b) -> (a cos - b sin, b cos + a sin). Dims [rotary_dim, head_dim) pass through (--rotary-percent).
+struct RotaryParams {
+  int rotary_dim = 0;     // even, <= head_dim
+  double base = 10000;    // --rotary-base
+  bool interleaved = false;
+  int64_t pos0 = 0;       // position of t = 0
+};
+void rotary_forward(Context& ctx, const Tensor& x /*(B,T,W)*/, int64_t col0, int n_heads, int head_dim,
+                    const RotaryParams& p);
+// The backward is the inverse rotation (angle -> -angle), in place on the gradient, same arguments.
+void rotary_backward(Context& ctx, const Tensor& dx /*(B,T,W)*/, int64_t col0, int n_heads, int head_dim,
+                     const RotaryParams& p);
 
 // ---- residual add ---------------------------------------------------------------------------
 // out = a + b (out may alias a or b). Its backward is the identity into both inputs: callers pass the
@@ -93,6 +129,27 @@ void attention_forward(Context& ctx, const Tensor& out /*(B,T,C)*/, const Tensor
 void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,3C)*/, const Tensor& dout /*(B,T,C)*/,
                         const Tensor& qkv /*(B,T,3C)*/, const Tensor& probs /*(B,H,T,T)*/, int n_head,
                         const DropoutMask& mask = {}, int64_t head0 = 0);
+
+// ---- the general form: grouped-query attention (GQA/MQA), any head size, ALiBi ----------------
+// qkv holds [q (H*hs) | k (G*hs) | v (G*hs)] along the last dim; query head h uses key/value group
+// h / (H/G). out is (B,T,H*hs). ALiBi (BLOOM): score(i, j) = q_i.k_j / sqrt(hs) + slope_h * (j - i)
+// before the causal softmax. The int-n_head overloads above are this with G = H, hs = C/H, no ALiBi.
+struct AttentionLayout {
+  int n_head = 0;    // query heads this call holds
+  int n_group = 0;   // key/value groups this call holds, dividing n_head; 0: n_head
+  int head_dim = 0;  // 0: out's last dim / n_head
+  std::vector<double> alibi_slopes;  // one per held head, or empty: no ALiBi
+};
+void attention_forward(Context& ctx, const Tensor& out /*(B,T,H*hs)*/, const Tensor& probs /*(B,H,T,T)*/,
+                       const Tensor& qkv /*(B,T,(H+2G)*hs)*/, const AttentionLayout& layout,
+                       const DropoutMask& mask = {}, int64_t head0 = 0);
+void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,(H+2G)*hs)*/, const Tensor& dout /*(B,T,H*hs)*/,
+                        const Tensor& qkv /*(B,T,(H+2G)*hs)*/, const Tensor& probs /*(B,H,T,T)*/,
+                        const AttentionLayout& layout, const DropoutMask& mask = {}, int64_t head0 = 0);
+// The ALiBi slopes of a model's n_heads heads (Press et al.; BLOOM's rule): n a power of 2:
+// slope_h = 2^(-8 (h+1) / n); otherwise the slopes of the power of 2 below n, then every other slope of
+// twice that power for the remaining heads. Tensor-parallel rank r takes heads [head0, head0 + H/t).
+std::vector<double> alibi_slopes(int n_heads);
 
 // ---- fused softmax + cross-entropy over the vocabulary ----------------------------------------
 // Only the first `valid` columns of each row are the real vocabulary; the padding columns [valid, Vp)

@@ -4,6 +4,47 @@
 
 namespace troupe {
 
+const char* to_string(Normalization n) { return n == Normalization::rmsnorm ? "RMSNorm" : "LayerNorm"; }
+const char* to_string(PositionEmbedding p) {
+  switch (p) {
+    case PositionEmbedding::learned_absolute: return "learned_absolute";
+    case PositionEmbedding::rope: return "rope";
+    case PositionEmbedding::alibi: return "alibi";
+    case PositionEmbedding::none: return "none";
+  }
+  return "?";
+}
+const char* to_string(MlpActivation a) { return a == MlpActivation::swiglu ? "swiglu" : "gelu"; }
+
+bool parse(const std::string& text, Normalization& out) {
+  for (auto n : {Normalization::layernorm, Normalization::rmsnorm})
+    if (text == to_string(n)) return out = n, true;
+  return false;
+}
+bool parse(const std::string& text, PositionEmbedding& out) {
+  for (auto p : {PositionEmbedding::learned_absolute, PositionEmbedding::rope, PositionEmbedding::alibi,
+                 PositionEmbedding::none})
+    if (text == to_string(p)) return out = p, true;
+  return false;
+}
+bool parse(const std::string& text, MlpActivation& out) {
+  for (auto a : {MlpActivation::gelu, MlpActivation::swiglu})
+    if (text == to_string(a)) return out = a, true;
+  return false;
+}
+
+int GptConfig::ffn_hidden_size() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  if (activation == MlpActivation::swiglu) return static_cast<int>((4.0 * hidden_size * 2 / 3) / 64) * 64;
+  return 4 * hidden_size;
+}
+
+int GptConfig::rotary_dim() const {
+  if (position_embedding != PositionEmbedding::rope) return 0;
+  const int d = static_cast<int>(head_size() * rotary_percent);
+  return d - d % 2;
+}
+
 int64_t GptConfig::padded_vocab_size(int tensor_parallel_size) const {
   const int64_t multiple = static_cast<int64_t>(make_vocab_size_divisible_by) * tensor_parallel_size;
   return (vocab_size + multiple - 1) / multiple * multiple;

@@ -55,6 +55,13 @@ struct ParamSpec {
   ParamSlice slice;
 };
 
+// Names of the other families (the same scheme; docs/MODELS.md maps them to Hugging Face's):
+//   RMSNorm: ln_1/ln_2/ln_f carry .weight only;  --disable-bias-linear: no attn/mlp .bias;
+//   positions other than learned_absolute: no wpe;  --embed-layernorm: transformer.ln_embd.{weight,bias}
+//   after wte;  untied head: lm_head.weight (V, C), vocabulary-parallel like wte, after ln_f;
+//   attn.c_attn.weight ((H + 2G) hs, C) = [q (H hs) | k (G hs) | v (G hs)], 3 parts of unequal size,
+//   tp rank r holding heads [r H/t, (r+1) H/t) and groups [r G/t, (r+1) G/t) of each;
+//   attn.c_proj.weight (C, H hs);  SwiGLU: mlp.c_fc.weight (2F, C) = [gate (F) | up (F)], 2 parts.
 // Specs in a fixed order: wte, wpe, h.0 ... h.{L-1}, ln_f. The single-shard (tp = 1) layout:
 // gpt2_shard_specs(config, 1, 0).
 std::vector<ParamSpec> gpt2_param_specs(const GptConfig& config);

@@ -19,6 +19,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libutf8proc-dev
   libreadline-dev       # troupe inspect's prompt (line editing, history, completion)
   libcpp-httplib-dev    # the dashboard's web server (troupe train --dashboard)
+  libsentencepiece-dev python3-sentencepiece  # SentencePiece tokenizers (LLaMA-2), and their oracle in tests
   chromium curl         # tests/cli/dashboard.sh opens the dashboard headless (skipped without chromium)
   fortunes              # the default training corpus (real text)
   python3 python3-numpy python3-h5py python3-torch   # PyTorch oracle test and benchmark peer

@@ -1,4 +1,8 @@
-// GPT-2 architecture hyper-parameters (Megatron's names) and the derived sizes.
+// Transformer architecture hyper-parameters (Megatron's names) and the derived sizes. The defaults are
+// GPT-2 (LayerNorm, learned absolute positions, GELU MLP of 4h, biases, tied embeddings); the family
+// fields below describe LLaMA (RMSNorm, rotary, SwiGLU, grouped-query attention, no biases, untied
+// head) and BLOOM (ALiBi, LayerNorm on the embeddings) with the same struct. docs/MODELS.md lists
+// each family's flags.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -6,6 +10,24 @@
 #include "troupe/status.hpp"
 
 namespace troupe {
+
+// --normalization (Megatron): LayerNorm (weight and bias) or RMSNorm (weight only).
+enum class Normalization : uint8_t { layernorm, rmsnorm };
+// --position-embedding-type: learned_absolute (a wpe table added to the embeddings), rope (rotary on
+// q and k in every layer), alibi (BLOOM's linear biases on the attention scores), none.
+enum class PositionEmbedding : uint8_t { learned_absolute, rope, alibi, none };
+// The MLP's activation: GPT-2's tanh GELU on one fc1 of F rows, or SwiGLU (--swiglu): fc1 holds
+// 2F rows [gate | up], the MLP computes silu(gate) * up.
+enum class MlpActivation : uint8_t { gelu, swiglu };
+
+// Megatron's spellings ("LayerNorm", "RMSNorm"; "learned_absolute", "rope", "alibi", "none";
+// "gelu", "swiglu"); parse returns false for anything else.
+const char* to_string(Normalization n);
+const char* to_string(PositionEmbedding p);
+const char* to_string(MlpActivation a);
+bool parse(const std::string& text, Normalization& out);
+bool parse(const std::string& text, PositionEmbedding& out);
+bool parse(const std::string& text, MlpActivation& out);
 
 struct GptConfig {
   int num_layers = 4;
@@ -26,8 +48,35 @@ struct GptConfig {
   double hidden_dropout = 0;
   double attention_dropout = 0;
 
-  int ffn_hidden_size() const { return 4 * hidden_size; }
-  int head_size() const { return hidden_size / num_attention_heads; }
+  // ---- architecture family (defaults: GPT-2) ----
+  Normalization normalization = Normalization::layernorm;        // --normalization
+  PositionEmbedding position_embedding = PositionEmbedding::learned_absolute;  // --position-embedding-type
+  MlpActivation activation = MlpActivation::gelu;                // --swiglu
+  bool add_bias_linear = true;                      // --disable-bias-linear sets false: no linear biases
+  bool untie_embeddings_and_output_weights = false; // own output head "lm_head.weight" (Vp, C)
+  bool embed_layernorm = false;                     // BLOOM: a LayerNorm on the embedding output
+  int num_query_groups = 0;       // --num-query-groups / --num-key-value-heads; 0: = heads (MHA); 1: MQA
+  int kv_channels = 0;            // --kv-channels, the head dimension; 0: hidden / heads
+  int ffn_hidden = 0;             // --ffn-hidden-size; 0: 4h (gelu) or Megatron's SwiGLU rule (below)
+  double rotary_percent = 1.0;    // --rotary-percent: the share of each head's dims rotated (0, 1]
+  double rotary_base = 10000;     // --rotary-base (HF's rope_theta)
+  bool rotary_interleaved = false;  // --rotary-interleaved: pairs (2i, 2i+1) (Meta's original);
+                                    // false: rotate-half pairs (i, i + r/2) (HF, Megatron's default)
+
+  // ffn_hidden when set; else 4h for GELU, and for SwiGLU Megatron-LM's rule int((4h * 2/3) / 64) * 64
+  // (two fc1 halves keep the parameter count near the 4h MLP's).
+  int ffn_hidden_size() const;
+  int head_size() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  // Rows of the fused QKV projection: (heads + 2 groups) * head size; GPT-2: 3h.
+  int64_t qkv_size() const {
+    return static_cast<int64_t>(num_attention_heads + 2 * query_groups()) * head_size();
+  }
+  // The attention output width (input of attn.c_proj): heads * head size; GPT-2: h.
+  int64_t attention_size() const { return static_cast<int64_t>(num_attention_heads) * head_size(); }
+  // Dimensions of each head that rotary rotates (even): int(head_size * rotary_percent) rounded down
+  // to even; 0 without rope.
+  int rotary_dim() const;
   // Real vocabulary rounded up to a multiple of make_vocab_size_divisible_by * tp (Megatron's rule).
   int64_t padded_vocab_size(int tensor_parallel_size = 1) const;
   // Parameters of the real model (padding rows excluded), tied embedding counted once.
