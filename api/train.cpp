@@ -50,7 +50,7 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world) {
     return Status::bad_input("--max-restarts " + std::to_string(cfg.max_restarts) +
                              " restarts the actors of one process, but this job has " + std::to_string(world) +
                              " -- pass --max-restarts to troupe launch, which restarts every process");
-  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file);
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
   if (!tokenizer) return tokenizer.status().as_bad_input();
   cfg.model.vocab_size = tokenizer.value()->vocab_size();
   if (Status st = cfg.model.validate(); !st) return st.as_bad_input();

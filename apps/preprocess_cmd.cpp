@@ -63,6 +63,9 @@ void add_preprocess_command(CLI::App& app, int* exit_code) {
       ->required();
   cmd->add_option("--vocab-file", o.vocab_file, "GPT2BPETokenizer: encoder.json");
   cmd->add_option("--merge-file", o.merge_file, "GPT2BPETokenizer: vocab.bpe");
+  cmd->add_option("--tokenizer-model", o.tokenizer_model,
+                  "GPTSentencePieceTokenizer, Llama2Tokenizer: the SentencePiece model; HuggingFaceTokenizer: "
+                  "the folder holding tokenizer.json (and tokenizer_config.json) or tokenizer.json itself");
   cmd->add_option("--json-keys", o.json_keys, "JSONL keys to tokenise, each into its own dataset")
       ->expected(1, -1)
       ->capture_default_str();

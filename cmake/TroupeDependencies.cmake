@@ -22,6 +22,15 @@ set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
 
 pkg_check_modules(UCX REQUIRED IMPORTED_TARGET ucx)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# PCRE2 (8-bit): the Split pre-tokenizer regexes of Hugging Face tokenizer.json files.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# SentencePiece (GPTSentencePieceTokenizer, Llama2Tokenizer): the processor library only; its .pc
+# also names the trainer library, which troupe does not use.
+find_path(SENTENCEPIECE_INCLUDE_DIR sentencepiece_processor.h REQUIRED)
+find_library(SENTENCEPIECE_LIBRARY sentencepiece REQUIRED)
+add_library(sentencepiece::sentencepiece UNKNOWN IMPORTED)
+set_target_properties(sentencepiece::sentencepiece PROPERTIES IMPORTED_LOCATION ${SENTENCEPIECE_LIBRARY}
+                      INTERFACE_INCLUDE_DIRECTORIES ${SENTENCEPIECE_INCLUDE_DIR})
 # cpp-httplib (the dashboard): Debian builds it as a library; its .pc carries the defines
 # (CPPHTTPLIB_OPENSSL_SUPPORT, ...) that every includer must share with it.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

@@ -118,6 +118,7 @@ void visit_train_fields(Config& c, Visitor&& v) {
   v("tokenizer_type", c.tokenizer_type);
   v("vocab_file", c.vocab_file);
   v("merge_file", c.merge_file);
+  v("tokenizer_model", c.tokenizer_model);
   v("no_shuffle", c.no_shuffle);
   v("mock_data", c.mock_data);
   v("split", c.split);

@@ -18,6 +18,7 @@
 #include "storage/data_blend.hpp"
 #include "storage/gpt_dataset.hpp"
 #include "storage/hf_import.hpp"
+#include "storage/tokenizer.hpp"
 
 namespace troupe {
 namespace {
@@ -523,10 +524,16 @@ class Validator {
         if (!fs::is_regular_file(*path, ec))
           return bad(flag, *path + " not found", "check the path");
       }
+    } else if (tokenizer_uses_model(c.tokenizer_type)) {
+      if (c.tokenizer_model.empty())
+        return bad("--tokenizer-model", "is required by --tokenizer-type " + c.tokenizer_type,
+                   c.tokenizer_type == "HuggingFaceTokenizer"
+                       ? "pass the folder holding tokenizer.json (or the file), the one the data was preprocessed with"
+                       : "pass the SentencePiece model file the data was preprocessed with");
+      if (!fs::exists(c.tokenizer_model, ec)) return bad("--tokenizer-model", c.tokenizer_model + " not found", "check the path");
     } else if (c.tokenizer_type != "ByteLevelTokenizer") {
-      return bad(
-          "--tokenizer-type", "is \"" + c.tokenizer_type + "\"",
-          "use GPT2BPETokenizer or ByteLevelTokenizer, the one the data was preprocessed with");
+      return bad("--tokenizer-type", "is \"" + c.tokenizer_type + "\"",
+                 std::string("use one of ") + kTokenizerTypes + ", the one the data was preprocessed with");
     }
     return Status::ok();
   }

@@ -39,7 +39,9 @@
   X(launch_flags)              \
   X(hf_safetensors)            \
   X(hf_index)                  \
-  X(hf_config)
+  X(hf_config)                 \
+  X(hf_tokenizer_json)         \
+  X(sentencepiece_model)
 
 namespace troupe::fuzz {
 

@@ -20,6 +20,7 @@ packages=(
   libreadline-dev       # troupe inspect's prompt (line editing, history, completion)
   libcpp-httplib-dev    # the dashboard's web server (troupe train --dashboard)
   libsentencepiece-dev python3-sentencepiece  # SentencePiece tokenizers (LLaMA-2), and their oracle in tests
+  libpcre2-dev python3-regex  # tokenizer.json's Split regexes (LLaMA-3, BLOOM), and their oracle in tests
   chromium curl         # tests/cli/dashboard.sh opens the dashboard headless (skipped without chromium)
   fortunes              # the default training corpus (real text)
   python3 python3-numpy python3-h5py python3-torch   # PyTorch oracle test and benchmark peer

@@ -308,7 +308,7 @@ std::vector<std::string> split_sentences(const std::string& text, bool keep_newl
 
 Status validate_preprocess_options(const PreprocessOptions& o) {
   TROUPE_RETURN_IF_ERROR(validate_flags(o));
-  auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file);
+  auto tok = make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.tokenizer_model);
   return tok.is_ok() ? Status::ok() : tok.status();
 }
 
@@ -316,7 +316,7 @@ Result<PreprocessSummary> run_preprocess(const PreprocessOptions& options,
                                          const PreprocessProgressFn& progress) {
   TROUPE_RETURN_IF_ERROR(validate_flags(options));
   auto tokenizer_or =
-      make_tokenizer(options.tokenizer_type, options.vocab_file, options.merge_file);
+      make_tokenizer(options.tokenizer_type, options.vocab_file, options.merge_file, options.tokenizer_model);
   if (!tokenizer_or) return tokenizer_or.status();
   const Tokenizer& tokenizer = **tokenizer_or;
   auto jsonl = detect_jsonl(options);

@@ -37,6 +37,7 @@ struct PreprocessOptions {
   std::string tokenizer_type;
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_model;  // --tokenizer-model: SentencePiece model, or tokenizer.json / its folder
   std::vector<std::string> json_keys{"text"};
   bool append_eod = false;
   std::string input_format = "auto";  // "auto" | "jsonl" | "text"

@@ -1,4 +1,5 @@
-// Tokenizers: text <-> token ids. Two kinds, named as Megatron's --tokenizer-type names them:
+// Tokenizers: text <-> token ids. The kinds, named as Megatron's --tokenizer-type names them
+// (docs/TOKENIZERS.md):
 //
 //   ByteLevelTokenizer  ids 0..255 are the UTF-8 bytes, 256 is end-of-document; vocab_size 257.
 //                       Needs no files. Every byte string round-trips.
@@ -6,10 +7,25 @@
 //                       vocab.bpe (--merge-file); EOD is encoder["<|endoftext|>"] (50256),
 //                       vocab_size 50257. Ids equal those of OpenAI's encoder.py (and of the npm
 //                       package gpt-3-encoder).
+//   GPTSentencePieceTokenizer  a SentencePiece model (--tokenizer-model FILE.model) through
+//                       libsentencepiece: ids are SentencePiece's, no BOS added, EOD = eos_id(),
+//                       vocab_size = the number of pieces (Megatron's _GPTSentencePieceTokenizer).
+//   Llama2Tokenizer     the same, but every encode starts with bos_id() (Megatron's
+//                       _Llama2Tokenizer.tokenize(s, bos=True, eos=False)).
+//   HuggingFaceTokenizer  a Hugging Face tokenizer.json (--tokenizer-model DIR or FILE) of the
+//                       byte-level BPE kind (GPT-2, LLaMA-3, BLOOM, ...): added tokens, Split
+//                       regexes, ignore_merges and a TemplateProcessing prefix (a BOS) as Hugging
+//                       Face's tokenizers apply them; EOD is tokenizer_config.json's eos_token,
+//                       vocab_size the number of distinct tokens, added ones included, as
+//                       Megatron's _HuggingFaceTokenizer (len(AutoTokenizer)). Other models,
+//                       normalizers and pre-tokenizers are refused, naming the piece.
 //
 // Contract: encode never adds EOD (callers append eod() where a document ends, as Megatron's
-// --append-eod does). decode(encode(x)) == x for every byte string x, including invalid UTF-8.
-// decode of an id outside [0, vocab_size()) (e.g. a padded vocabulary row) yields U+FFFD.
+// --append-eod does); it adds a BOS where the Megatron tokenizer does (Llama2Tokenizer, a
+// tokenizer.json's template). For the byte-level kinds decode(encode(x)) == x, less that BOS, for
+// every byte string x, including invalid UTF-8; SentencePiece round-trips only what its normalizer
+// leaves unchanged (NFKC, runs of spaces), as in Python. decode of an id outside [0, vocab_size())
+// (e.g. a padded vocabulary row) yields U+FFFD.
 //
 // Thread safety: a Tokenizer is immutable after construction except for internal caches, which are
 // synchronised; encode and decode may be called from any number of threads at once.
@@ -36,17 +52,31 @@ class Tokenizer {
 };
 
 // The --tokenizer-type values make_tokenizer accepts, for help texts.
-inline constexpr const char* kTokenizerTypes = "ByteLevelTokenizer, GPT2BPETokenizer";
+inline constexpr const char* kTokenizerTypes =
+    "ByteLevelTokenizer, GPT2BPETokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer";
 
-// Builds a tokenizer by type name. vocab_file / merge_file are used only by GPT2BPETokenizer (and
-// ignored otherwise). Fails, naming the flag and the fix, on an unknown type or a missing,
-// unreadable or malformed vocab/merge file.
+// Whether the type reads --tokenizer-model (the SentencePiece kinds and HuggingFaceTokenizer).
+bool tokenizer_uses_model(const std::string& type);
+
+// Builds a tokenizer by type name. vocab_file / merge_file are used only by GPT2BPETokenizer,
+// tokenizer_model only by the types tokenizer_uses_model names (each is ignored otherwise). Fails,
+// naming the flag and the fix, on an unknown type or a missing, unreadable, oversized or malformed
+// file (bad input: a hostile file is refused, never a crash).
 Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& type,
                                                   const std::string& vocab_file,
-                                                  const std::string& merge_file);
+                                                  const std::string& merge_file,
+                                                  const std::string& tokenizer_model = "");
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 Result<std::unique_ptr<Tokenizer>> make_gpt2_bpe_tokenizer(const std::string& vocab_file,
                                                            const std::string& merge_file);
+// llama2: Llama2Tokenizer (BOS first) rather than GPTSentencePieceTokenizer.
+Result<std::unique_ptr<Tokenizer>> make_sentencepiece_tokenizer(const std::string& model_file, bool llama2);
+// path: a folder holding tokenizer.json (and tokenizer_config.json), or the tokenizer.json itself.
+Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path);
+// The same from the files' contents (the fuzz target's way in): tokenizer_config may be empty.
+Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer_from_text(const std::string& tokenizer_json,
+                                                               const std::string& tokenizer_config,
+                                                               const std::string& where);
 
 }  // namespace troupe

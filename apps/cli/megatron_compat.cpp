@@ -169,9 +169,6 @@ const std::vector<Entry>& entries() {
       {"--group-query-attention", 0, Kind::refused, kFamily},
       {"--num-query-groups", 1, Kind::refused, kFamily},
       {"--apply-layernorm-1p", 0, Kind::refused, kFamily},
-      {"--tokenizer-model", 1, Kind::refused,
-       "a SentencePiece tokenizer comes with the other model families: troupe reads GPT2BPETokenizer's "
-       "--vocab-file/--merge-file or ByteLevelTokenizer"},
       // Semantics troupe does not have (yet).
       {"--eod-mask-loss", 0, Kind::refused,
        "troupe counts the loss on every token, end-of-document ones included -- drop the flag"},

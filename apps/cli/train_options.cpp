@@ -152,9 +152,13 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   blend_option("--valid-data-path", &cfg->valid_data_path, "Validation datasets (with --train-data-path)");
   blend_option("--test-data-path", &cfg->test_data_path, "Test datasets (with --train-data-path)");
   opt(data, "--split", cfg->split, "Train,validation,test weights over the documents");
-  opt(data, "--tokenizer-type", cfg->tokenizer_type, "GPT2BPETokenizer or ByteLevelTokenizer");
+  opt(data, "--tokenizer-type", cfg->tokenizer_type,
+      "GPT2BPETokenizer, ByteLevelTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or HuggingFaceTokenizer");
   opt(data, "--vocab-file", cfg->vocab_file, "GPT-2 vocab.json (GPT2BPETokenizer)");
   opt(data, "--merge-file", cfg->merge_file, "GPT-2 merges.txt (GPT2BPETokenizer)");
+  opt(data, "--tokenizer-model", cfg->tokenizer_model,
+      "SentencePiece model (GPTSentencePieceTokenizer, Llama2Tokenizer), or tokenizer.json or its folder "
+      "(HuggingFaceTokenizer)");
   cmd->add_flag("--no-shuffle", cfg->no_shuffle, "Read the samples in order instead of shuffled")
       ->group(data);
   cmd->add_flag("--mock-data", cfg->mock_data,

@@ -145,9 +145,12 @@ struct TrainConfig {
   // Or, instead of it, one blend per split (Megatron's --train-data-path, ...; `split` unused).
   std::vector<std::string> data_path;
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
-  std::string tokenizer_type = "GPT2BPETokenizer";  // GPT2BPETokenizer | ByteLevelTokenizer
+  // GPT2BPETokenizer | ByteLevelTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer |
+  // HuggingFaceTokenizer (storage/tokenizer.hpp, docs/TOKENIZERS.md)
+  std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file;
   std::string merge_file;
+  std::string tokenizer_model;  // the SentencePiece model, or tokenizer.json (or its folder)
   bool no_shuffle = false;
   bool mock_data = false;  // Megatron's --mock-data: synthetic tokens, no dataset needed
   std::string split = "969,30,1";  // train, validation, test weights over documents

@@ -140,7 +140,7 @@ import re, sys
 text = open(sys.argv[1]).read()
 n = int(re.search(r"error: (\d+) problems with the flags:", text).group(1))
 items = re.findall(r"^  - (.*)$", text, re.M)[:n]
-want = ["--ffn-hidden-size 176", "--tokenizer-model", "--bf16", "--use-rotary-position-embeddings",
+want = ["--ffn-hidden-size 176", "--bf16", "--use-rotary-position-embeddings",
         "--untie-embeddings-and-output-weights", "--swiglu", "--normalization rmsnorm", "--disable-bias-linear",
         "--num-key-value-heads", "\"bf16.enabled\" is true"]
 assert n == len(want) == len(items), (n, items)
