@@ -9,6 +9,7 @@
 #include "storage/indexed_dataset.hpp"
 #include "storage/preprocess.hpp"
 #include "storage/tokenizer.hpp"
+#include "tests/storage/tokenizer_fixture.hpp"
 #include "tests/test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -399,4 +400,42 @@ TEST_CASE("preprocess: --partitions does not change the output; --log-interval r
   CHECK(reported == std::vector<int64_t>{7, 14, 21});
   o.partitions = 0;
   CHECK_FALSE(run(o).is_ok());
+}
+
+// The model families' tokenizers: the dataset holds the oracle's ids (python3-sentencepiece, the
+// independent byte-level BPE of tokenizer_oracle.py) with Megatron's --append-eod rule, read back
+// by the independent reader; the same with 3 workers.
+TEST_CASE("preprocess: SentencePiece and tokenizer.json datasets hold the oracle's ids", "[preprocess][tokenizer]") {
+  const auto* f = troupe::test::tokenizer_fixture();
+  if (f == nullptr) TROUPE_SKIP("/usr/bin/python3 lacks sentencepiece or regex (scripts/setup.sh installs them)");
+  REQUIRE(f->ok);
+  troupe::test::TempDir dir;
+  std::string jsonl;
+  for (const auto& t : f->texts) jsonl += nlohmann::json({{"text", t}}).dump() + "\n";
+  write_file(dir.str("in.jsonl"), jsonl);
+  for (const std::string name : {"gptsp", "llama2", "llama3", "bloom", "gpt2"}) {
+    INFO(name);
+    const nlohmann::json& want = f->expected.at(name);
+    nlohmann::json docs = nlohmann::json::array();
+    for (const auto& ids : want.at("ids")) {
+      std::vector<int32_t> d = ids.get<std::vector<int32_t>>();
+      if (!d.empty()) d.push_back(want.at("eod").get<int32_t>());  // Megatron ends only documents with tokens
+      docs.push_back(d);
+    }
+    write_file(dir.str(name + ".expected.json"), nlohmann::json({{"dtype", "uint16"}, {"documents", docs}}).dump());
+    for (int workers : {1, 3}) {
+      PreprocessOptions o = byte_options(dir, "in.jsonl");
+      o.tokenizer_type = troupe::test::TokenizerFixture::type_of(name);
+      o.tokenizer_model = f->model_of(name);
+      o.append_eod = true;
+      o.workers = workers;
+      o.output_prefix = dir.str(name + std::to_string(workers));
+      auto s = run(o);
+      REQUIRE(s.is_ok());
+      const std::string cmd = "/usr/bin/python3 '" + troupe::test::source_dir() +
+                              "/tests/storage/megatron_format_check.py' '" + dir.str(name + std::to_string(workers)) +
+                              "_text_document' '" + dir.str(name + ".expected.json") + "'";
+      CHECK(std::system(cmd.c_str()) == 0);
+    }
+  }
 }

@@ -410,6 +410,7 @@ def main():
             json.dump(encode(kind, model, docs), f)
     elif cmd == "all":
         d, seed = sys.argv[2], int(sys.argv[3])
+        os.makedirs(d, exist_ok=True)
         train_sp(d)
         for layout in ("llama3", "bloom", "gpt2"):
             make_hf(os.path.join(d, layout), layout)
