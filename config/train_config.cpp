@@ -96,6 +96,14 @@ void visit_data_fields(Config& c, Visitor&& v) {
   v("test_data_path", c.test_data_path);
 }
 
+// The model families' tokenizers: --tokenizer-model. Absent from files written before them (read as
+// "": their tokenizers needed no model file); present in every file written since, whatever the
+// version, so it is read when there.
+template <class Config, class Visitor>
+void visit_tokenizer_fields(Config& c, Visitor&& v) {
+  v("tokenizer_model", c.tokenizer_model);
+}
+
 template <class Config, class Visitor>
 void visit_train_fields(Config& c, Visitor&& v) {
   v("micro_batch_size", c.micro_batch_size);
@@ -118,7 +126,6 @@ void visit_train_fields(Config& c, Visitor&& v) {
   v("tokenizer_type", c.tokenizer_type);
   v("vocab_file", c.vocab_file);
   v("merge_file", c.merge_file);
-  v("tokenizer_model", c.tokenizer_model);
   v("no_shuffle", c.no_shuffle);
   v("mock_data", c.mock_data);
   v("split", c.split);
@@ -304,6 +311,7 @@ std::string TrainConfig::to_json() const {
   j["schedule"] = std::move(schedule_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  visit_tokenizer_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
 
@@ -383,6 +391,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
   if (version->get<int64_t>() >= 4) visit_data_fields(c, reader);
+  if (j.contains("tokenizer_model")) visit_tokenizer_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
   if (v >= 4)

@@ -85,6 +85,7 @@ TrainConfig all_fields_set() {
   c.tokenizer_type = "ByteLevelTokenizer";
   c.vocab_file = "/v/vocab.json";
   c.merge_file = "/v/merges.txt";
+  c.tokenizer_model = "/v/tokenizer.model";
   c.no_shuffle = true;
   c.split = "98,2,0";
   c.save = "/ckpt/run1";
@@ -153,6 +154,7 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.tokenizer_type == b.tokenizer_type);
   CHECK(a.vocab_file == b.vocab_file);
   CHECK(a.merge_file == b.merge_file);
+  CHECK(a.tokenizer_model == b.tokenizer_model);
   CHECK(a.no_shuffle == b.no_shuffle);
   CHECK(a.split == b.split);
   CHECK(a.save == b.save);
@@ -512,3 +514,18 @@ TEST_CASE("train config: the batch-size ramp-up's samples, in bulk and one itera
   CHECK(none.global_batch_at(77) == 24);
 }
 }  // namespace troupe
+
+TEST_CASE("train config: a file without tokenizer_model (before the model families) loads with none", "[train_config]") {
+  troupe::TrainConfig c;
+  c.tokenizer_model = "/m/tokenizer.json";
+  auto j = nlohmann::json::parse(c.to_json());
+  REQUIRE(j.at("tokenizer_model") == "/m/tokenizer.json");
+  j.erase("tokenizer_model");
+  auto back = troupe::TrainConfig::from_json(j.dump());
+  REQUIRE(back.is_ok());
+  CHECK(back->tokenizer_model.empty());
+  j["tokenizer_model"] = 3;
+  auto bad = troupe::TrainConfig::from_json(j.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("tokenizer_model"));
+}
