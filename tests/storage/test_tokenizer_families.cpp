@@ -152,6 +152,19 @@ TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does",
   CHECK((*tok)->encode("abab<|eos|>ab") == std::vector<int32_t>{257, 'b', 258, 256});
   CHECK((*tok)->eod() == 258);
   CHECK((*tok)->vocab_size() == 259);
+
+  // ignore_merges (LLaMA-3's): a piece that is itself a token is that token, whatever the merges
+  // would make of it; without it, the merges decide.
+  doc["model"]["vocab"]["abab"] = 259;
+  for (bool ignore : {false, true}) {
+    doc["model"]["ignore_merges"] = ignore;
+    write_all(dir.str("tokenizer.json"), doc.dump());
+    auto t = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
+    REQUIRE(t.is_ok());
+    CHECK((*t)->encode("abab") == (ignore ? std::vector<int32_t>{259} : std::vector<int32_t>{257, 'b'}));
+    // " abab" (GPT-2's pattern keeps the space) is no token: BPE either way.
+    CHECK((*t)->encode("ab abab") == std::vector<int32_t>{256, ' ', 257, 'b'});
+  }
 }
 
 TEST_CASE("Regex: Oniguruma's nested classes and \\s become PCRE2's, other constructs are refused", "[tokenizer][hf]") {
