@@ -25,7 +25,8 @@ struct MatchScratch {
   MatchScratch() {
     context = pcre2_match_context_create(nullptr);
     stack = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, nullptr);
-    TROUPE_CHECK(context != nullptr && stack != nullptr, "PCRE2 could not allocate a match context");
+    TROUPE_CHECK(context != nullptr && stack != nullptr,
+                 "PCRE2 could not allocate a match context");
     pcre2_set_match_limit(context, kMatchLimit);
     pcre2_set_depth_limit(context, kDepthLimit);
     pcre2_jit_stack_assign(context, nullptr, stack);
@@ -55,18 +56,26 @@ Result<std::string> Regex::translate(const std::string& p) {
       if (i + 1 >= p.size()) return Status::bad_input("the pattern ends in a lone backslash");
       const char e = p[++i];
       if (depth == 0) {
-        if (e == 's') out += "[\\s\\x{85}]";
-        else if (e == 'S') out += "[^\\s\\x{85}]";
-        else if (e == 'h') out += "[0-9a-fA-F]";
-        else if (e == 'H') out += "[^0-9a-fA-F]";
-        else out += {c, e};
+        if (e == 's')
+          out += "[\\s\\x{85}]";
+        else if (e == 'S')
+          out += "[^\\s\\x{85}]";
+        else if (e == 'h')
+          out += "[0-9a-fA-F]";
+        else if (e == 'H')
+          out += "[^0-9a-fA-F]";
+        else
+          out += {c, e};
       } else {
-        if (e == 's') out += "\\s\\x{85}";
-        else if (e == 'h') out += "0-9a-fA-F";
+        if (e == 's')
+          out += "\\s\\x{85}";
+        else if (e == 'h')
+          out += "0-9a-fA-F";
         else if (e == 'S' || e == 'H')
           return Status::bad_input(std::string("\\") + e + " inside a character class (offset " +
                                    std::to_string(i - 1) + ") is not supported");
-        else out += {c, e};
+        else
+          out += {c, e};
       }
       continue;
     }
@@ -83,7 +92,8 @@ Result<std::string> Regex::translate(const std::string& p) {
     if (c == '[') {
       if (i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] and friends: the same in both
         const size_t close = p.find(":]", i + 2);
-        if (close == std::string::npos) return Status::bad_input("an unterminated [: class :] in the pattern");
+        if (close == std::string::npos)
+          return Status::bad_input("an unterminated [: class :] in the pattern");
         out.append(p, i, close + 2 - i);
         i = close + 1;
         continue;
@@ -99,7 +109,8 @@ Result<std::string> Regex::translate(const std::string& p) {
       continue;
     }
     if (c == '&' && i + 1 < p.size() && p[i + 1] == '&')
-      return Status::bad_input("a class intersection (&&, offset " + std::to_string(i) + ") is not supported");
+      return Status::bad_input("a class intersection (&&, offset " + std::to_string(i) +
+                               ") is not supported");
     out += c;
   }
   if (depth != 0) return Status::bad_input("a character class is not closed");
@@ -115,9 +126,10 @@ Result<Regex> Regex::compile(const std::string& pattern, bool literal) {
   }
   int error = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0u);
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options, &error,
-                                   &offset, nullptr);
+  const uint32_t options =
+      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0u);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
+                                   options, &error, &offset, nullptr);
   if (code == nullptr)
     return Status::bad_input("PCRE2 cannot compile it: " + pcre2_message(error) + " at offset " +
                              std::to_string(offset));

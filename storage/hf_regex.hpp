@@ -2,7 +2,8 @@
 //
 // Hugging Face's tokenizers compiles these patterns with Oniguruma (Ruby syntax). PCRE2 (UTF + UCP)
 // reads the same patterns alike except for three constructs, which compile() rewrites:
-//   - a class nested in a class, as in BLOOM's ` ?[^(\s|[.,!?…。，、।۔،])]+`: Oniguruma takes the inner
+//   - a class nested in a class, as in BLOOM's ` ?[^(\s|[.,!?…。，、।۔،])]+`: Oniguruma takes the
+//   inner
 //     class as a union with the outer one (PCRE2 would read `[` as a literal and fail on the `)`);
 //     its brackets are dropped. A nested negated class or an intersection (&&) is refused.
 //   - \s / \S: Oniguruma's (and Python regex's) \s is Unicode's White_Space, which counts U+0085;

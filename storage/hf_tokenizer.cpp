@@ -31,8 +31,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <queue>
 #include <tuple>
 #include <unordered_map>
@@ -51,19 +51,24 @@ using nlohmann::json;
 // LLaMA-3's tokenizer.json is 9 MB, BLOOM's 14 MB, Gemma-3's 33 MB.
 constexpr size_t kMaxJsonBytes = size_t{128} << 20;
 constexpr size_t kMaxConfigBytes = size_t{4} << 20;
-constexpr size_t kMaxVocab = size_t{1} << 22;   // 4 Mi tokens (the largest real ones: 262k)
+constexpr size_t kMaxVocab = size_t{1} << 22;  // 4 Mi tokens (the largest real ones: 262k)
 constexpr size_t kMaxMerges = size_t{1} << 22;
 constexpr size_t kMaxAddedTokens = size_t{1} << 16;
 constexpr size_t kMaxSplits = 16;
 
 constexpr const char* kFix =
-    "HuggingFaceTokenizer reads byte-level BPE tokenizer.json files (GPT-2, LLaMA-3, BLOOM and their "
-    "kin); use the tokenizer the data was (or is to be) tokenised with, in the form Hugging Face saves it";
+    "HuggingFaceTokenizer reads byte-level BPE tokenizer.json files (GPT-2, LLaMA-3, BLOOM and "
+    "their "
+    "kin); use the tokenizer the data was (or is to be) tokenised with, in the form Hugging Face "
+    "saves it";
 
 // GPT-2's pre-tokenisation pattern: ByteLevel's use_regex.
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-std::string shown(const std::string& s) { return json_excerpt(json(s), 40); }
+std::string shown(const std::string& s) {
+  return json_excerpt(json(s), 40);
+}
 
 // OpenAI's bytes_to_unicode: printable Latin-1 bytes spell themselves, the other 68 map, in byte
 // order, to U+0100, U+0101, ...
@@ -71,19 +76,22 @@ std::array<int32_t, 256> bytes_to_unicode() {
   std::array<int32_t, 256> map{};
   int32_t n = 0;
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const bool printable =
+        (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     map[b] = printable ? b : 256 + n++;
   }
   return map;
 }
 
 // The bytes a byte-level spelling stands for, or nullopt when a character is outside the alphabet.
-std::optional<std::string> unspell(const std::string& token, const std::unordered_map<int32_t, int>& cp_to_byte) {
+std::optional<std::string> unspell(const std::string& token,
+                                   const std::unordered_map<int32_t, int>& cp_to_byte) {
   std::string bytes;
   for (size_t i = 0; i < token.size();) {
     utf8proc_int32_t cp = -1;
-    const utf8proc_ssize_t len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(token.data() + i),
-                                                  static_cast<utf8proc_ssize_t>(token.size() - i), &cp);
+    const utf8proc_ssize_t len =
+        utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(token.data() + i),
+                         static_cast<utf8proc_ssize_t>(token.size() - i), &cp);
     if (len <= 0) return std::nullopt;
     auto it = cp_to_byte.find(cp);
     if (it == cp_to_byte.end()) return std::nullopt;
@@ -150,7 +158,8 @@ class HfTokenizer final : public Tokenizer {
 };
 
 // A string member, or "" when absent or null; a present non-string is reported.
-std::string text_of(const json& obj, const char* key, const std::string& path, std::vector<std::string>* problems) {
+std::string text_of(const json& obj, const char* key, const std::string& path,
+                    std::vector<std::string>* problems) {
   auto it = obj.find(key);
   if (it == obj.end() || it->is_null()) return "";
   if (!it->is_string()) {
@@ -171,19 +180,25 @@ std::string type_of(const json& obj) {
 }
 
 Status HfTokenizer::load_model(const json& model, std::vector<std::string>* problems) {
-  if (!model.is_object()) return Status::bad_input("model is " + json_excerpt(model) + ", not an object");
+  if (!model.is_object())
+    return Status::bad_input("model is " + json_excerpt(model) + ", not an object");
   const std::string type = type_of(model);
   if (!type.empty() && type != "BPE")
-    return Status::bad_input("model.type is " + shown(type) + ", which troupe does not implement (only BPE)");
-  if (auto d = model.find("dropout"); d != model.end() && !d->is_null() && !(d->is_number() && d->get<double>() == 0))
-    problems->push_back("model.dropout " + json_excerpt(*d) + " (BPE-dropout) is not supported: it must be null");
+    return Status::bad_input("model.type is " + shown(type) +
+                             ", which troupe does not implement (only BPE)");
+  if (auto d = model.find("dropout");
+      d != model.end() && !d->is_null() && !(d->is_number() && d->get<double>() == 0))
+    problems->push_back("model.dropout " + json_excerpt(*d) +
+                        " (BPE-dropout) is not supported: it must be null");
   if (!text_of(model, "continuing_subword_prefix", "model", problems).empty())
-    problems->push_back("model.continuing_subword_prefix is not supported (byte-level BPE has none)");
+    problems->push_back(
+        "model.continuing_subword_prefix is not supported (byte-level BPE has none)");
   if (!text_of(model, "end_of_word_suffix", "model", problems).empty())
     problems->push_back("model.end_of_word_suffix is not supported (byte-level BPE has none)");
   if (flag_of(model, "byte_fallback"))
-    problems->push_back("model.byte_fallback (a SentencePiece-style BPE, as LLaMA-2's tokenizer.json) is not "
-                        "supported -- use Llama2Tokenizer with its tokenizer.model");
+    problems->push_back(
+        "model.byte_fallback (a SentencePiece-style BPE, as LLaMA-2's tokenizer.json) is not "
+        "supported -- use Llama2Tokenizer with its tokenizer.model");
   ignore_merges_ = flag_of(model, "ignore_merges");
 
   auto vocab_it = model.find("vocab");
@@ -191,10 +206,12 @@ Status HfTokenizer::load_model(const json& model, std::vector<std::string>* prob
     return Status::bad_input("model.vocab is missing or not an object of token -> id");
   const json& vocab = *vocab_it;
   if (vocab.size() > kMaxVocab)
-    return Status::bad_input("model.vocab has " + std::to_string(vocab.size()) + " tokens, more than the " +
-                             std::to_string(kMaxVocab) + " troupe reads");
+    return Status::bad_input("model.vocab has " + std::to_string(vocab.size()) +
+                             " tokens, more than the " + std::to_string(kMaxVocab) +
+                             " troupe reads");
   for (const auto& [token, value] : vocab.items()) {
-    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() >= int64_t(kMaxVocab)) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+        value.get<int64_t>() >= int64_t(kMaxVocab)) {
       return Status::bad_input("model.vocab[" + shown(token) + "] is " + json_excerpt(value) +
                                ", not an id in [0, " + std::to_string(kMaxVocab) + ")");
     }
@@ -205,8 +222,9 @@ Status HfTokenizer::load_model(const json& model, std::vector<std::string>* prob
   if (merges_it == model.end() || !merges_it->is_array())
     return Status::bad_input("model.merges is missing or not an array");
   if (merges_it->size() > kMaxMerges)
-    return Status::bad_input("model.merges has " + std::to_string(merges_it->size()) + " merges, more than the " +
-                             std::to_string(kMaxMerges) + " troupe reads");
+    return Status::bad_input("model.merges has " + std::to_string(merges_it->size()) +
+                             " merges, more than the " + std::to_string(kMaxMerges) +
+                             " troupe reads");
   merges_.reserve(merges_it->size());
   int32_t rank = 0;
   for (const json& m : *merges_it) {
@@ -229,11 +247,12 @@ Status HfTokenizer::load_model(const json& model, std::vector<std::string>* prob
       return Status::bad_input("model.merges[" + std::to_string(rank) + "] is " + json_excerpt(m) +
                                ", neither \"left right\" nor [\"left\", \"right\"]");
     }
-    auto l = id_of_spelling_.find(left), r = id_of_spelling_.find(right), lr = id_of_spelling_.find(left + right);
+    auto l = id_of_spelling_.find(left), r = id_of_spelling_.find(right),
+         lr = id_of_spelling_.find(left + right);
     if (l == id_of_spelling_.end() || r == id_of_spelling_.end() || lr == id_of_spelling_.end())
-      return Status::bad_input("model.merges[" + std::to_string(rank) + "] merges " + shown(left) + " and " +
-                               shown(right) + ", but model.vocab lacks " +
-                               shown(l == id_of_spelling_.end() ? left
+      return Status::bad_input("model.merges[" + std::to_string(rank) + "] merges " + shown(left) +
+                               " and " + shown(right) + ", but model.vocab lacks " +
+                               shown(l == id_of_spelling_.end()   ? left
                                      : r == id_of_spelling_.end() ? right
                                                                   : left + right));
     // A repeated pair keeps its last rank, as tokenizers' map of merges does.
@@ -257,17 +276,20 @@ Status HfTokenizer::load_pre_tokenizer(const json& pre, std::vector<std::string>
   for (size_t i = 0; i < steps.size(); ++i) {
     const json& s = *steps[i];
     const std::string where = "pre_tokenizer step " + std::to_string(i);
-    if (!s.is_object()) return Status::bad_input(where + " is " + json_excerpt(s) + ", not an object");
+    if (!s.is_object())
+      return Status::bad_input(where + " is " + json_excerpt(s) + ", not an object");
     const std::string type = type_of(s);
     if (byte_level) {
-      problems->push_back(where + " (" + shown(type) + ") comes after ByteLevel: troupe needs ByteLevel last");
+      problems->push_back(where + " (" + shown(type) +
+                          ") comes after ByteLevel: troupe needs ByteLevel last");
       continue;
     }
     if (type == "ByteLevel") {
       byte_level = true;
       prefix_space_ = flag_of(s, "add_prefix_space");
       auto use_regex = s.find("use_regex");
-      gpt2_regex_ = use_regex == s.end() || !use_regex->is_boolean() || use_regex->get<bool>();  // default true
+      gpt2_regex_ = use_regex == s.end() || !use_regex->is_boolean() ||
+                    use_regex->get<bool>();  // default true
       if (gpt2_regex_) {
         auto re = Regex::compile(kGpt2Pattern, false);
         TROUPE_CHECK(re.is_ok(), "GPT-2's pattern must compile: " + re.status().message());
@@ -282,12 +304,13 @@ Status HfTokenizer::load_pre_tokenizer(const json& pre, std::vector<std::string>
       if (behavior != "Isolated")
         problems->push_back(where + " Split has behavior " + shown(behavior) +
                             ", which troupe does not implement (only Isolated)");
-      if (flag_of(s, "invert")) problems->push_back(where + " Split has invert true, which troupe does not implement");
+      if (flag_of(s, "invert"))
+        problems->push_back(where + " Split has invert true, which troupe does not implement");
       auto pattern = s.find("pattern");
-      const bool is_regex = pattern != s.end() && pattern->is_object() && pattern->contains("Regex") &&
-                            (*pattern)["Regex"].is_string();
-      const bool is_string = pattern != s.end() && pattern->is_object() && pattern->contains("String") &&
-                             (*pattern)["String"].is_string();
+      const bool is_regex = pattern != s.end() && pattern->is_object() &&
+                            pattern->contains("Regex") && (*pattern)["Regex"].is_string();
+      const bool is_string = pattern != s.end() && pattern->is_object() &&
+                             pattern->contains("String") && (*pattern)["String"].is_string();
       if (!is_regex && !is_string) {
         problems->push_back(where + " Split has no pattern {\"Regex\": ...} or {\"String\": ...}");
         continue;
@@ -300,8 +323,9 @@ Status HfTokenizer::load_pre_tokenizer(const json& pre, std::vector<std::string>
       }
       splits_.push_back(*re);
     } else {
-      problems->push_back(where + " is " + (type.empty() ? json_excerpt(s) : shown(type)) +
-                          ", a pre-tokenizer troupe does not implement (Split, ByteLevel and Sequence it does)");
+      problems->push_back(
+          where + " is " + (type.empty() ? json_excerpt(s) : shown(type)) +
+          ", a pre-tokenizer troupe does not implement (Split, ByteLevel and Sequence it does)");
     }
   }
   if (!byte_level)
@@ -311,7 +335,8 @@ Status HfTokenizer::load_pre_tokenizer(const json& pre, std::vector<std::string>
 
 void HfTokenizer::load_post_processor(const json& post, std::vector<std::string>* problems) {
   std::vector<const json*> steps;
-  if (post.is_object() && type_of(post) == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+  if (post.is_object() && type_of(post) == "Sequence" && post.contains("processors") &&
+      post["processors"].is_array()) {
     for (const json& p : post["processors"]) steps.push_back(&p);
   } else if (!post.is_null()) {
     steps.push_back(&post);
@@ -337,29 +362,36 @@ void HfTokenizer::load_post_processor(const json& post, std::vector<std::string>
         seen_a = true;
         continue;
       }
-      if (!item.is_object() || !item.contains("SpecialToken") || !item["SpecialToken"].is_object() ||
-          !item["SpecialToken"].contains("id") || !item["SpecialToken"]["id"].is_string()) {
-        problems->push_back("post_processor TemplateProcessing item " + json_excerpt(item) +
-                            " is neither {\"Sequence\": ...} nor {\"SpecialToken\": {\"id\": ...}}");
+      if (!item.is_object() || !item.contains("SpecialToken") ||
+          !item["SpecialToken"].is_object() || !item["SpecialToken"].contains("id") ||
+          !item["SpecialToken"]["id"].is_string()) {
+        problems->push_back(
+            "post_processor TemplateProcessing item " + json_excerpt(item) +
+            " is neither {\"Sequence\": ...} nor {\"SpecialToken\": {\"id\": ...}}");
         continue;
       }
       const std::string name = item["SpecialToken"]["id"].get<std::string>();
       const json* entry = specials != p->end() && specials->is_object() && specials->contains(name)
-                              ? &(*specials)[name] : nullptr;
-      if (entry == nullptr || !entry->is_object() || !entry->contains("ids") || !(*entry)["ids"].is_array()) {
+                              ? &(*specials)[name]
+                              : nullptr;
+      if (entry == nullptr || !entry->is_object() || !entry->contains("ids") ||
+          !(*entry)["ids"].is_array()) {
         problems->push_back("post_processor TemplateProcessing uses " + shown(name) +
                             ", which its special_tokens do not define with \"ids\"");
         continue;
       }
       for (const json& id : (*entry)["ids"]) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= int64_t(kMaxVocab)) {
-          problems->push_back("post_processor special token " + shown(name) + " has id " + json_excerpt(id));
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= int64_t(kMaxVocab)) {
+          problems->push_back("post_processor special token " + shown(name) + " has id " +
+                              json_excerpt(id));
           continue;
         }
         (seen_a ? suffix_ : prefix_).push_back(id.get<int32_t>());
       }
     }
-    if (!seen_a) problems->push_back("post_processor TemplateProcessing's single template has no $A");
+    if (!seen_a)
+      problems->push_back("post_processor TemplateProcessing's single template has no $A");
   }
 }
 
@@ -376,7 +408,9 @@ std::string eos_of(const json& config) {
 }
 
 Status HfTokenizer::load(const json& root, const json& config, const std::string& where) {
-  const auto bad = [&](const std::string& what) { return Status::bad_input(where + what + " -- " + kFix); };
+  const auto bad = [&](const std::string& what) {
+    return Status::bad_input(where + what + " -- " + kFix);
+  };
   if (!root.is_object()) return bad("not a JSON object");
   std::vector<std::string> problems;
   {
@@ -388,14 +422,17 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
     const bool empty_sequence = type_of(*n) == "Sequence" && n->contains("normalizers") &&
                                 (*n)["normalizers"].is_array() && (*n)["normalizers"].empty();
     if (!empty_sequence)
-      problems.push_back("normalizer " + (type_of(*n).empty() ? json_excerpt(*n) : shown(type_of(*n))) +
+      problems.push_back("normalizer " +
+                         (type_of(*n).empty() ? json_excerpt(*n) : shown(type_of(*n))) +
                          " is not implemented (troupe reads tokenizers without a normalizer)");
   }
   {
     auto pre = root.find("pre_tokenizer");
-    if (Status st = load_pre_tokenizer(pre == root.end() ? json() : *pre, &problems); !st) return bad(st.message());
+    if (Status st = load_pre_tokenizer(pre == root.end() ? json() : *pre, &problems); !st)
+      return bad(st.message());
   }
-  if (auto post = root.find("post_processor"); post != root.end()) load_post_processor(*post, &problems);
+  if (auto post = root.find("post_processor"); post != root.end())
+    load_post_processor(*post, &problems);
   {
     auto dec = root.find("decoder");
     const json* d = dec == root.end() ? nullptr : &*dec;
@@ -415,15 +452,18 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
       return bad("added_tokens has " + std::to_string(list->size()) + " tokens, more than the " +
                  std::to_string(kMaxAddedTokens) + " troupe reads");
     for (const json& t : *list) {
-      if (!t.is_object() || !t.contains("content") || !t["content"].is_string() || t["content"].get<std::string>().empty() ||
-          !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
+      if (!t.is_object() || !t.contains("content") || !t["content"].is_string() ||
+          t["content"].get<std::string>().empty() || !t.contains("id") ||
+          !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
           t["id"].get<int64_t>() >= int64_t(kMaxVocab))
-        return bad("added_tokens item " + json_excerpt(t) + " lacks a non-empty \"content\" or an id in [0, " +
-                   std::to_string(kMaxVocab) + ")");
+        return bad("added_tokens item " + json_excerpt(t) +
+                   " lacks a non-empty \"content\" or an id in [0, " + std::to_string(kMaxVocab) +
+                   ")");
       AddedToken a{t["content"].get<std::string>(), t["id"].get<int32_t>()};
       for (const char* key : {"lstrip", "rstrip", "single_word"})
         if (flag_of(t, key))
-          problems.push_back("added token " + shown(a.content) + " has " + key + " true, which troupe does not implement");
+          problems.push_back("added token " + shown(a.content) + " has " + key +
+                             " true, which troupe does not implement");
       added.push_back(std::move(a));
     }
   }
@@ -434,8 +474,8 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
   for (const auto& [token, id] : id_of_spelling_) {
     auto [it, fresh] = token_of_id.emplace(id, token);
     if (!fresh) {
-      problems.push_back("model.vocab gives id " + std::to_string(id) + " to both " + shown(it->second) + " and " +
-                         shown(token));
+      problems.push_back("model.vocab gives id " + std::to_string(id) + " to both " +
+                         shown(it->second) + " and " + shown(token));
       break;
     }
   }
@@ -446,10 +486,12 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
     if ((v != id_of_spelling_.end() && v->second != a.id) || (!fresh && it->second != a.content))
       problems.push_back("added token " + shown(a.content) + " has id " + std::to_string(a.id) +
                          ", which the vocabulary gives to " +
-                         shown(v != id_of_spelling_.end() && v->second != a.id ? a.content + " as " + std::to_string(v->second)
-                                                                               : it->second));
+                         shown(v != id_of_spelling_.end() && v->second != a.id
+                                   ? a.content + " as " + std::to_string(v->second)
+                                   : it->second));
     auto [at, first] = added_id.emplace(a.content, a.id);
-    if (!first && at->second != a.id) problems.push_back("added token " + shown(a.content) + " appears twice");
+    if (!first && at->second != a.id)
+      problems.push_back("added token " + shown(a.content) + " appears twice");
   }
   if (!problems.empty()) {
     std::string message = problems[0];
@@ -463,8 +505,8 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
       if (id != missing) break;
       ++missing;
     }
-    return bad("the token ids are not 0.." + std::to_string(n - 1) + ": no token has id " + std::to_string(missing) +
-               " (an embedding row would have no token)");
+    return bad("the token ids are not 0.." + std::to_string(n - 1) + ": no token has id " +
+               std::to_string(missing) + " (an embedding row would have no token)");
   }
 
   // What each id decodes to: a byte-level spelling's bytes; a token spelt otherwise (an added
@@ -482,7 +524,8 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
     utf8proc_uint8_t buf[4];
-    symbol.assign(reinterpret_cast<const char*>(buf), static_cast<size_t>(utf8proc_encode_char(byte_to_cp[b], buf)));
+    symbol.assign(reinterpret_cast<const char*>(buf),
+                  static_cast<size_t>(utf8proc_encode_char(byte_to_cp[b], buf)));
     auto it = id_of_spelling_.find(symbol);
     if (it == id_of_spelling_.end())
       return bad("model.vocab has no token for byte " + std::to_string(b) + " (" + shown(symbol) +
@@ -494,25 +537,33 @@ Status HfTokenizer::load(const json& root, const json& config, const std::string
     bucket.push_back(std::move(a));
   }
   for (auto& bucket : added_)
-    std::stable_sort(bucket.begin(), bucket.end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+    std::stable_sort(bucket.begin(), bucket.end(), [](const AddedToken& x, const AddedToken& y) {
+      return x.content.size() > y.content.size();
+    });
   for (int32_t id : prefix_)
-    if (id >= static_cast<int32_t>(n)) return bad("post_processor's special token id " + std::to_string(id) + " is outside the vocabulary");
+    if (id >= static_cast<int32_t>(n))
+      return bad("post_processor's special token id " + std::to_string(id) +
+                 " is outside the vocabulary");
   for (int32_t id : suffix_)
-    if (id >= static_cast<int32_t>(n)) return bad("post_processor's special token id " + std::to_string(id) + " is outside the vocabulary");
+    if (id >= static_cast<int32_t>(n))
+      return bad("post_processor's special token id " + std::to_string(id) +
+                 " is outside the vocabulary");
 
   const std::string eos = eos_of(config);
   if (eos.empty())
-    return Status::bad_input(where + "no eos_token: Megatron's HuggingFaceTokenizer ends documents with "
-                             "AutoTokenizer's eos_token_id, which tokenizer_config.json (or special_tokens_map.json) "
-                             "beside tokenizer.json names -- put the model's tokenizer_config.json there");
+    return Status::bad_input(
+        where +
+        "no eos_token: Megatron's HuggingFaceTokenizer ends documents with "
+        "AutoTokenizer's eos_token_id, which tokenizer_config.json (or special_tokens_map.json) "
+        "beside tokenizer.json names -- put the model's tokenizer_config.json there");
   if (auto a = added_id.find(eos); a != added_id.end()) {
     eod_ = a->second;
   } else if (auto v = id_of_spelling_.find(eos); v != id_of_spelling_.end()) {
     eod_ = v->second;
   } else {
     return Status::bad_input(where + "the eos_token " + shown(eos) +
-                             " of tokenizer_config.json is not a token of tokenizer.json -- use the two files of one model");
+                             " of tokenizer_config.json is not a token of tokenizer.json -- use "
+                             "the two files of one model");
   }
   return Status::ok();
 }
@@ -619,7 +670,8 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
   ids.reserve(text.size() / 3 + prefix_.size() + suffix_.size() + 1);
   size_t start = 0;
   for (size_t pos = 0; pos < text.size();) {
-    const AddedToken* a = added_[static_cast<unsigned char>(text[pos])].empty() ? nullptr : added_at(text, pos);
+    const AddedToken* a =
+        added_[static_cast<unsigned char>(text[pos])].empty() ? nullptr : added_at(text, pos);
     if (a == nullptr) {
       ++pos;
       continue;
@@ -679,7 +731,8 @@ Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path) {
   auto text = read_small_file(file.string(), kMaxJsonBytes);
   if (!text)
     return Status::bad_input("--tokenizer-model '" + path + "': " + text.status().message() +
-                             (is_dir ? " (a model folder holds tokenizer.json)" : "") + " -- " + kFix);
+                             (is_dir ? " (a model folder holds tokenizer.json)" : "") + " -- " +
+                             kFix);
   // The eos_token lives beside it: tokenizer_config.json, else special_tokens_map.json.
   std::string config;
   for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {

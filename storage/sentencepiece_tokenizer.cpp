@@ -26,7 +26,8 @@ namespace {
 constexpr size_t kMaxModelBytes = size_t{64} << 20;
 
 constexpr const char* kFix =
-    "pass the SentencePiece model the data was (or is to be) tokenised with, e.g. LLaMA-2's tokenizer.model";
+    "pass the SentencePiece model the data was (or is to be) tokenised with, e.g. LLaMA-2's "
+    "tokenizer.model";
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
@@ -38,8 +39,8 @@ class SentencePieceTokenizer final : public Tokenizer {
     if (!bytes) return Status::bad_input(where + bytes.status().message() + " -- " + kFix);
     if (bytes->empty()) return Status::bad_input(where + "the file is empty -- " + kFix);
     // The library reports most corrupt files as a status, but some by throwing: an empty piece in a
-    // unigram model throws Darts::Details::Exception from its trie builder (found by the fuzz target
-    // sentencepiece_model; kept in fuzz/regressions/). The exception stops here.
+    // unigram model throws Darts::Details::Exception from its trie builder (found by the fuzz
+    // target sentencepiece_model; kept in fuzz/regressions/). The exception stops here.
     std::string error;
     try {
       const auto loaded = sp_.LoadFromSerializedProto(*bytes);
@@ -48,11 +49,12 @@ class SentencePieceTokenizer final : public Tokenizer {
       error = e.what();
     }
     if (!error.empty())
-      return Status::bad_input(where + "not a SentencePiece model (libsentencepiece: " + error + ") -- " + kFix);
+      return Status::bad_input(where + "not a SentencePiece model (libsentencepiece: " + error +
+                               ") -- " + kFix);
     pieces_ = sp_.GetPieceSize();
     if (pieces_ <= 0) return Status::bad_input(where + "the model has no pieces -- " + kFix);
-    // Megatron's eod is eos_id(); a model trained with --eos_id=-1 has none, and Megatron would write
-    // -1 into the dataset. Likewise the BOS Llama2Tokenizer prepends.
+    // Megatron's eod is eos_id(); a model trained with --eos_id=-1 has none, and Megatron would
+    // write -1 into the dataset. Likewise the BOS Llama2Tokenizer prepends.
     const int eos = sp_.eos_id(), bos = sp_.bos_id();
     std::string problems;
     if (eos < 0 || eos >= pieces_)
@@ -63,7 +65,8 @@ class SentencePieceTokenizer final : public Tokenizer {
                   "), which Llama2Tokenizer puts first in every sequence; ";
     if (!problems.empty()) {
       problems.resize(problems.size() - 2);
-      return Status::bad_input(where + problems + " -- use a model trained with eos (and bos) pieces" +
+      return Status::bad_input(where + problems +
+                               " -- use a model trained with eos (and bos) pieces" +
                                (llama2_ ? "" : ", or a tokenizer type that has them"));
     }
     eos_ = eos;
@@ -93,7 +96,8 @@ class SentencePieceTokenizer final : public Tokenizer {
       if (run.empty()) return;
       piece.clear();
       const auto st = sp_.Decode(run, &piece);
-      TROUPE_CHECK(st.ok(), "SentencePiece Decode failed on ids inside the vocabulary: " + st.ToString());
+      TROUPE_CHECK(st.ok(),
+                   "SentencePiece Decode failed on ids inside the vocabulary: " + st.ToString());
       out += piece;
       run.clear();
     };
@@ -111,7 +115,9 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   int64_t vocab_size() const override { return pieces_; }
   int32_t eod() const override { return eos_; }
-  std::string name() const override { return llama2_ ? "Llama2Tokenizer" : "GPTSentencePieceTokenizer"; }
+  std::string name() const override {
+    return llama2_ ? "Llama2Tokenizer" : "GPTSentencePieceTokenizer";
+  }
 
  private:
   sentencepiece::SentencePieceProcessor sp_;
@@ -123,7 +129,8 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 }  // namespace
 
-Result<std::unique_ptr<Tokenizer>> make_sentencepiece_tokenizer(const std::string& model_file, bool llama2) {
+Result<std::unique_ptr<Tokenizer>> make_sentencepiece_tokenizer(const std::string& model_file,
+                                                                bool llama2) {
   auto tok = std::make_unique<SentencePieceTokenizer>(llama2);
   TROUPE_RETURN_IF_ERROR(tok->load(model_file));
   return std::unique_ptr<Tokenizer>(std::move(tok));

@@ -1,6 +1,6 @@
-// A Hugging Face tokenizer.json (HuggingFaceTokenizer's --tokenizer-model) and a text to encode with
-// it: the input is split_two(tokenizer.json, text). The tokenizer_config.json beside it names as
-// eos_token the last added token's content (or "<|endoftext|>"), so that files which load get
+// A Hugging Face tokenizer.json (HuggingFaceTokenizer's --tokenizer-model) and a text to encode
+// with it: the input is split_two(tokenizer.json, text). The tokenizer_config.json beside it names
+// as eos_token the last added token's content (or "<|endoftext|>"), so that files which load get
 // past the eos look-up. Properties of a file that loads: every id lies in the vocabulary, the text
 // comes back inside decode(encode(text)) (a template may add a BOS before it), and encoding twice
 // gives the same ids (the piece cache must not change results).
@@ -26,15 +26,18 @@ Status hf_tokenizer_json(const uint8_t* data, size_t size) {
         eos = last["content"].get<std::string>();
     }
   }
-  const std::string config = nlohmann::json({{"eos_token", eos}}).dump(-1, ' ', false,
-                                                                        nlohmann::json::error_handler_t::replace);
+  const std::string config = nlohmann::json({{"eos_token", eos}})
+                                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   auto tok = make_hf_tokenizer_from_text(std::string(file), config, "tokenizer.json");
   if (!tok) return tok.status();
   const std::vector<int32_t> ids = (*tok)->encode(text);
-  for (int32_t id : ids) TROUPE_CHECK(id >= 0 && id < (*tok)->vocab_size(), "id outside the vocabulary");
-  TROUPE_CHECK((*tok)->decode(ids).find(text) != std::string::npos, "decode(encode(x)) does not hold x");
+  for (int32_t id : ids)
+    TROUPE_CHECK(id >= 0 && id < (*tok)->vocab_size(), "id outside the vocabulary");
+  TROUPE_CHECK((*tok)->decode(ids).find(text) != std::string::npos,
+               "decode(encode(x)) does not hold x");
   TROUPE_CHECK((*tok)->encode(text) == ids, "encoding twice gave different ids");
-  TROUPE_CHECK((*tok)->eod() >= 0 && (*tok)->eod() < (*tok)->vocab_size(), "eod outside the vocabulary");
+  TROUPE_CHECK((*tok)->eod() >= 0 && (*tok)->eod() < (*tok)->vocab_size(),
+               "eod outside the vocabulary");
   return Status::ok();
 }
 

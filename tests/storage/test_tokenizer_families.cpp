@@ -1,7 +1,8 @@
 // The tokenizers of the other model families: GPTSentencePieceTokenizer and Llama2Tokenizer
 // against Debian's python3-sentencepiece, HuggingFaceTokenizer (tokenizer.json in the LLaMA-3,
-// BLOOM and GPT-2 layouts) against an independent BPE in Python (tests/storage/tokenizer_oracle.py),
-// on Unicode-heavy text; round trips; hostile and unsupported files.
+// BLOOM and GPT-2 layouts) against an independent BPE in Python
+// (tests/storage/tokenizer_oracle.py), on Unicode-heavy text; round trips; hostile and unsupported
+// files.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,7 +32,8 @@ void write_all(const std::string& path, const std::string& bytes) {
 
 const troupe::test::TokenizerFixture* fixture_or_skip_reason(std::string* reason) {
   const auto* f = troupe::test::tokenizer_fixture();
-  if (f == nullptr) *reason = "/usr/bin/python3 lacks sentencepiece or regex (scripts/setup.sh installs them)";
+  if (f == nullptr)
+    *reason = "/usr/bin/python3 lacks sentencepiece or regex (scripts/setup.sh installs them)";
   return f;
 }
 
@@ -39,7 +41,8 @@ const troupe::test::TokenizerFixture* fixture_or_skip_reason(std::string* reason
 void check_against_oracle(const troupe::test::TokenizerFixture& f, const std::string& name) {
   INFO(name);
   const json& want = f.expected.at(name);
-  auto tok = troupe::make_tokenizer(troupe::test::TokenizerFixture::type_of(name), "", "", f.model_of(name));
+  auto tok = troupe::make_tokenizer(troupe::test::TokenizerFixture::type_of(name), "", "",
+                                    f.model_of(name));
   REQUIRE(tok.is_ok());
   CHECK((*tok)->vocab_size() == want.at("vocab_size").get<int64_t>());
   CHECK((*tok)->eod() == want.at("eod").get<int32_t>());
@@ -62,8 +65,9 @@ void check_against_oracle(const troupe::test::TokenizerFixture& f, const std::st
 
 }  // namespace
 
-TEST_CASE("SentencePiece: ids, eod and vocab size equal python3-sentencepiece's (Megatron's wrappers)",
-          "[tokenizer][sentencepiece]") {
+TEST_CASE(
+    "SentencePiece: ids, eod and vocab size equal python3-sentencepiece's (Megatron's wrappers)",
+    "[tokenizer][sentencepiece]") {
   std::string why;
   const auto* f = fixture_or_skip_reason(&why);
   if (f == nullptr) TROUPE_SKIP(why);
@@ -87,8 +91,10 @@ TEST_CASE("SentencePiece: ids, eod and vocab size equal python3-sentencepiece's 
   CHECK((*gpt)->decode(padded) == (*gpt)->decode(a) + "\xEF\xBF\xBD");
 }
 
-TEST_CASE("HuggingFaceTokenizer: tokenizer.json (LLaMA-3, BLOOM, GPT-2 layouts) gives the independent BPE's ids",
-          "[tokenizer][hf]") {
+TEST_CASE(
+    "HuggingFaceTokenizer: tokenizer.json (LLaMA-3, BLOOM, GPT-2 layouts) gives the independent "
+    "BPE's ids",
+    "[tokenizer][hf]") {
   std::string why;
   const auto* f = fixture_or_skip_reason(&why);
   if (f == nullptr) TROUPE_SKIP(why);
@@ -102,12 +108,15 @@ TEST_CASE("HuggingFaceTokenizer: tokenizer.json (LLaMA-3, BLOOM, GPT-2 layouts) 
     for (const auto& t : f->texts) {
       std::vector<int32_t> ids = (*tok)->encode(t.get<std::string>());
       REQUIRE(ids.size() >= prefix);
-      CHECK((*tok)->decode(std::vector<int32_t>(ids.begin() + prefix, ids.end())) == t.get<std::string>());
+      CHECK((*tok)->decode(std::vector<int32_t>(ids.begin() + prefix, ids.end())) ==
+            t.get<std::string>());
     }
     // The file itself, not its folder, reads the same (tokenizer_config.json beside it).
-    auto by_file = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", f->model_of(layout) + "/tokenizer.json");
+    auto by_file = troupe::make_tokenizer("HuggingFaceTokenizer", "", "",
+                                          f->model_of(layout) + "/tokenizer.json");
     REQUIRE(by_file.is_ok());
-    CHECK((*by_file)->encode(f->texts[0].get<std::string>()) == (*tok)->encode(f->texts[0].get<std::string>()));
+    CHECK((*by_file)->encode(f->texts[0].get<std::string>()) ==
+          (*tok)->encode(f->texts[0].get<std::string>()));
   }
   // Invalid UTF-8 (no Python string holds it) still encodes to ids that decode back.
   auto tok = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", f->model_of("bloom"));
@@ -119,14 +128,16 @@ TEST_CASE("HuggingFaceTokenizer: tokenizer.json (LLaMA-3, BLOOM, GPT-2 layouts) 
 // Merges apply one at a time, lowest rank then leftmost (tokenizers' Word::merge_all), not every
 // occurrence of a pair at once (GPT-2's encoder.py): with "ab a" ranked before "a b", "abab" is
 // [a b] -> [ab a b] -> [aba b], where encoder.py gives [ab ab].
-TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does", "[tokenizer][hf]") {
+TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does",
+          "[tokenizer][hf]") {
   troupe::test::TempDir dir;
   json vocab = json::object();
   // The byte-level alphabet: printable Latin-1 spells itself, the rest U+0100 on (one id per byte).
   std::vector<std::string> alphabet;
   int n = 0;
   for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const bool printable =
+        (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     const int cp = printable ? b : 256 + n++;
     std::string s;
     if (cp < 0x80) {
@@ -140,10 +151,11 @@ TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does",
   vocab["ab"] = 256;
   vocab["aba"] = 257;
   vocab["<|eos|>"] = 258;
-  json doc = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"ab a", "a b"}}}},
-              {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-              {"decoder", {{"type", "ByteLevel"}}},
-              {"added_tokens", {{{"id", 258}, {"content", "<|eos|>"}, {"special", true}}}}};
+  json doc = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"ab a", "a b"}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", {{{"id", 258}, {"content", "<|eos|>"}, {"special", true}}}}};
   write_all(dir.str("tokenizer.json"), doc.dump());
   write_all(dir.str("tokenizer_config.json"), R"({"eos_token": "<|eos|>"})");
   auto tok = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
@@ -161,13 +173,15 @@ TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does",
     write_all(dir.str("tokenizer.json"), doc.dump());
     auto t = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
     REQUIRE(t.is_ok());
-    CHECK((*t)->encode("abab") == (ignore ? std::vector<int32_t>{259} : std::vector<int32_t>{257, 'b'}));
+    CHECK((*t)->encode("abab") ==
+          (ignore ? std::vector<int32_t>{259} : std::vector<int32_t>{257, 'b'}));
     // " abab" (GPT-2's pattern keeps the space) is no token: BPE either way.
     CHECK((*t)->encode("ab abab") == std::vector<int32_t>{256, ' ', 257, 'b'});
   }
 }
 
-TEST_CASE("Regex: Oniguruma's nested classes and \\s become PCRE2's, other constructs are refused", "[tokenizer][hf]") {
+TEST_CASE("Regex: Oniguruma's nested classes and \\s become PCRE2's, other constructs are refused",
+          "[tokenizer][hf]") {
   auto bloom = troupe::Regex::translate(" ?[^(\\s|[.,!?…。，、।۔،])]+");
   REQUIRE(bloom.is_ok());
   CHECK(*bloom == " ?[^(\\s\\x{85}|.,!?…。，、।۔،)]+");
@@ -175,24 +189,30 @@ TEST_CASE("Regex: Oniguruma's nested classes and \\s become PCRE2's, other const
   REQUIRE(re.is_ok());
   using Spans = std::vector<std::pair<size_t, size_t>>;
   // "ab, c(d)\u0085e": pieces "ab", " c", "d", "e" (U+0085 is White_Space, as in Oniguruma).
-  CHECK(re->find_all("ab, c(d)\xC2\x85" "e") == Spans{{0, 2}, {3, 5}, {6, 7}, {10, 11}});
-  CHECK_THAT(troupe::Regex::translate("[a[^b]]").status().message(), Catch::Contains("negated class nested"));
-  CHECK_THAT(troupe::Regex::translate("[a-z&&[^aeiou]]").status().message(), Catch::Contains("intersection"));
-  CHECK_THAT(troupe::Regex::compile("(a", false).status().message(), Catch::Contains("PCRE2 cannot compile"));
+  CHECK(re->find_all("ab, c(d)\xC2\x85"
+                     "e") == Spans{{0, 2}, {3, 5}, {6, 7}, {10, 11}});
+  CHECK_THAT(troupe::Regex::translate("[a[^b]]").status().message(),
+             Catch::Contains("negated class nested"));
+  CHECK_THAT(troupe::Regex::translate("[a-z&&[^aeiou]]").status().message(),
+             Catch::Contains("intersection"));
+  CHECK_THAT(troupe::Regex::compile("(a", false).status().message(),
+             Catch::Contains("PCRE2 cannot compile"));
   // A catastrophic pattern stops at the match limit instead of running for hours.
   auto slow = troupe::Regex::compile("(a+)+$", false);
   REQUIRE(slow.is_ok());
   CHECK(slow->find_all(std::string(40, 'a') + "!").size() <= 1);
 }
 
-TEST_CASE("HuggingFaceTokenizer: unsupported pieces are refused, all named in one message", "[tokenizer][hf]") {
+TEST_CASE("HuggingFaceTokenizer: unsupported pieces are refused, all named in one message",
+          "[tokenizer][hf]") {
   std::string why;
   const auto* f = fixture_or_skip_reason(&why);
   if (f == nullptr) TROUPE_SKIP(why);
   REQUIRE(f->ok);
   const json base = json::parse(read_all(f->model_of("llama3") + "/tokenizer.json"));
   troupe::test::TempDir dir;
-  write_all(dir.str("tokenizer_config.json"), read_all(f->model_of("llama3") + "/tokenizer_config.json"));
+  write_all(dir.str("tokenizer_config.json"),
+            read_all(f->model_of("llama3") + "/tokenizer_config.json"));
   auto load = [&](const json& doc) {
     write_all(dir.str("tokenizer.json"), doc.dump());
     auto tok = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
@@ -208,8 +228,8 @@ TEST_CASE("HuggingFaceTokenizer: unsupported pieces are refused, all named in on
   d["added_tokens"][0]["lstrip"] = true;
   d["post_processor"] = {{"type", "RobertaProcessing"}};
   const std::string all = load(d);
-  for (const char* piece : {"normalizer \"NFC\"", "MergedWithPrevious", "comes after ByteLevel", "lstrip",
-                            "RobertaProcessing"})
+  for (const char* piece : {"normalizer \"NFC\"", "MergedWithPrevious", "comes after ByteLevel",
+                            "lstrip", "RobertaProcessing"})
     CHECK_THAT(all, Catch::Contains(piece));
   d = base;
   d["model"]["type"] = "WordPiece";
@@ -242,8 +262,9 @@ TEST_CASE("HuggingFaceTokenizer: unsupported pieces are refused, all named in on
   CHECK_THAT(load(base), Catch::Contains("no eos_token"));
 }
 
-TEST_CASE("Tokenizer model files: missing, empty, corrupt, oversized and non-regular files are bad input",
-          "[tokenizer][sentencepiece][hf]") {
+TEST_CASE(
+    "Tokenizer model files: missing, empty, corrupt, oversized and non-regular files are bad input",
+    "[tokenizer][sentencepiece][hf]") {
   troupe::test::TempDir dir;
   auto message = [&](const std::string& type, const std::string& model) {
     auto tok = troupe::make_tokenizer(type, "", "", model);
@@ -251,7 +272,8 @@ TEST_CASE("Tokenizer model files: missing, empty, corrupt, oversized and non-reg
     CHECK(tok.status().is_bad_input());
     return tok.status().message();
   };
-  for (const char* type : {"GPTSentencePieceTokenizer", "Llama2Tokenizer", "HuggingFaceTokenizer"}) {
+  for (const char* type :
+       {"GPTSentencePieceTokenizer", "Llama2Tokenizer", "HuggingFaceTokenizer"}) {
     INFO(type);
     CHECK_THAT(message(type, ""), Catch::Contains("needs --tokenizer-model"));
     CHECK_THAT(message(type, dir.str("nope")), Catch::Contains("does not exist"));
@@ -264,12 +286,14 @@ TEST_CASE("Tokenizer model files: missing, empty, corrupt, oversized and non-reg
   // A sparse file past the bound: refused by its size, nothing read.
   { std::ofstream(dir.str("huge.model")); }
   REQUIRE(::truncate(dir.str("huge.model").c_str(), off_t{65} << 20) == 0);
-  CHECK_THAT(message("GPTSentencePieceTokenizer", dir.str("huge.model")), Catch::Contains("more than"));
+  CHECK_THAT(message("GPTSentencePieceTokenizer", dir.str("huge.model")),
+             Catch::Contains("more than"));
   std::mt19937 rng(3);
   std::string noise(4096, '\0');
   for (char& c : noise) c = static_cast<char>(rng());
   write_all(dir.str("noise.model"), noise);
-  CHECK_THAT(message("GPTSentencePieceTokenizer", dir.str("noise.model")), Catch::Contains("not a SentencePiece model"));
+  CHECK_THAT(message("GPTSentencePieceTokenizer", dir.str("noise.model")),
+             Catch::Contains("not a SentencePiece model"));
   write_all(dir.str("tokenizer.json"), "{\"model\": [1, 2");
   CHECK_THAT(message("HuggingFaceTokenizer", dir.str()), Catch::Contains("tokenizer.json"));
 
@@ -297,6 +321,7 @@ TEST_CASE("Tokenizer model files: missing, empty, corrupt, oversized and non-reg
       CHECK(tok.status().is_bad_input());
       continue;
     }
-    for (int32_t id : (*tok)->encode(f->texts[2].get<std::string>())) CHECK((id >= 0 && id < (*tok)->vocab_size()));
+    for (int32_t id : (*tok)->encode(f->texts[2].get<std::string>()))
+      CHECK((id >= 0 && id < (*tok)->vocab_size()));
   }
 }

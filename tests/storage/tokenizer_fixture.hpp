@@ -23,28 +23,35 @@ struct TokenizerFixture {
   std::string path(const std::string& name) const { return dir.str(name); }
   // The --tokenizer-type and --tokenizer-model of each fixture name.
   static const char* type_of(const std::string& name) {
-    return name == "gptsp" ? "GPTSentencePieceTokenizer" : name == "llama2" ? "Llama2Tokenizer" : "HuggingFaceTokenizer";
+    return name == "gptsp"    ? "GPTSentencePieceTokenizer"
+           : name == "llama2" ? "Llama2Tokenizer"
+                              : "HuggingFaceTokenizer";
   }
   std::string model_of(const std::string& name) const {
-    return name == "gptsp" ? path("unigram.model") : name == "llama2" ? path("bpe.model") : path(name);
+    return name == "gptsp"    ? path("unigram.model")
+           : name == "llama2" ? path("bpe.model")
+                              : path(name);
   }
 };
 
-// /usr/bin/python3 when it has Debian's sentencepiece and regex modules (scripts/setup.sh), else "".
+// /usr/bin/python3 when it has Debian's sentencepiece and regex modules (scripts/setup.sh), else
+// "".
 inline std::string oracle_python() {
   const std::string py = "/usr/bin/python3";
-  if (std::system((py + " -c 'import sentencepiece, regex' >/dev/null 2>&1").c_str()) == 0) return py;
+  if (std::system((py + " -c 'import sentencepiece, regex' >/dev/null 2>&1").c_str()) == 0)
+    return py;
   return "";
 }
 
 // The fixture, built on first use (about 10 s of CPU); null when the oracle's Python is absent.
 inline const TokenizerFixture* tokenizer_fixture() {
-  static const std::unique_ptr<TokenizerFixture> fixture = []() -> std::unique_ptr<TokenizerFixture> {
+  static const std::unique_ptr<TokenizerFixture> fixture =
+      []() -> std::unique_ptr<TokenizerFixture> {
     const std::string py = oracle_python();
     if (py.empty()) return nullptr;
     auto f = std::make_unique<TokenizerFixture>();
-    const std::string cmd = py + " '" + source_dir() + "/tests/storage/tokenizer_oracle.py' all '" + f->dir.str() +
-                            "' 20261202";
+    const std::string cmd = py + " '" + source_dir() + "/tests/storage/tokenizer_oracle.py' all '" +
+                            f->dir.str() + "' 20261202";
     if (std::system(cmd.c_str()) != 0) return f;  // ok stays false: the test fails, saying so
     auto read = [](const std::string& p) {
       std::ifstream in(p, std::ios::binary);
