@@ -183,9 +183,12 @@ Status HfTokenizer::load_model(const json& model, std::vector<std::string>* prob
   if (!model.is_object())
     return Status::bad_input("model is " + json_excerpt(model) + ", not an object");
   const std::string type = type_of(model);
-  if (!type.empty() && type != "BPE")
-    return Status::bad_input("model.type is " + shown(type) +
-                             ", which troupe does not implement (only BPE)");
+  if (!type.empty() && type != "BPE") {
+    // Reported with the file's other problems; its vocabulary is another model's, not read.
+    problems->push_back("model.type is " + shown(type) +
+                        ", which troupe does not implement (only BPE)");
+    return Status::ok();
+  }
   if (auto d = model.find("dropout");
       d != model.end() && !d->is_null() && !(d->is_number() && d->get<double>() == 0))
     problems->push_back("model.dropout " + json_excerpt(*d) +

@@ -233,7 +233,9 @@ TEST_CASE("HuggingFaceTokenizer: unsupported pieces are refused, all named in on
     CHECK_THAT(all, Catch::Contains(piece));
   d = base;
   d["model"]["type"] = "WordPiece";
-  CHECK_THAT(load(d), Catch::Contains("model.type is \"WordPiece\""));
+  d["normalizer"] = {{"type", "BertNormalizer"}};
+  CHECK_THAT(load(d), Catch::Contains("model.type is \"WordPiece\"") &&
+                          Catch::Contains("\"BertNormalizer\""));
   d = base;
   d["model"]["type"] = "Unigram";
   CHECK_THAT(load(d), Catch::Contains("\"Unigram\""));
