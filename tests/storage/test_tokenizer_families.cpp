@@ -165,6 +165,16 @@ TEST_CASE("HuggingFaceTokenizer: merges one pair at a time, as tokenizers does",
   CHECK((*tok)->eod() == 258);
   CHECK((*tok)->vocab_size() == 259);
 
+  // ByteLevel's add_prefix_space: a space before every stretch that lacks one, also after an added
+  // token (tokenizers applies it to each piece the added tokens leave).
+  doc["pre_tokenizer"]["add_prefix_space"] = true;
+  write_all(dir.str("tokenizer.json"), doc.dump());
+  auto spaced = troupe::make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
+  REQUIRE(spaced.is_ok());
+  CHECK((*spaced)->encode("ab<|eos|>ab") == std::vector<int32_t>{' ', 256, 258, ' ', 256});
+  CHECK((*spaced)->encode(" ab") == std::vector<int32_t>{' ', 256});
+  doc["pre_tokenizer"]["add_prefix_space"] = false;
+
   // ignore_merges (LLaMA-3's): a piece that is itself a token is that token, whatever the merges
   // would make of it; without it, the merges decide.
   doc["model"]["vocab"]["abab"] = 259;
