@@ -1,10 +1,14 @@
 // The SentencePiece models and tokenizer.json folders the tokenizer tests read, and their oracle's
-// ids: made once per test process by tests/storage/tokenizer_oracle.py (python3-sentencepiece
-// trains the models; a tiny byte-level BPE is trained in Python in the LLaMA-3, BLOOM and GPT-2
-// layouts; an independent BPE encodes the texts). Nothing is cached in the repository.
+// ids, made by tests/storage/tokenizer_oracle.py (python3-sentencepiece trains the models; a tiny
+// byte-level BPE is trained in Python in the LLaMA-3, BLOOM and GPT-2 layouts; an independent BPE
+// encodes the texts). Nothing is cached in the repository: the files live in the system temp dir,
+// in a folder named after a hash of the script, so that the test processes CTest starts (one per
+// test case) make them once (about 10 s of CPU) and a changed script makes them anew.
 #pragma once
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -15,12 +19,12 @@
 namespace troupe::test {
 
 struct TokenizerFixture {
-  TempDir dir;
+  std::string root;
   nlohmann::json texts;     // [text, ...]
   nlohmann::json expected;  // {name: {"ids": [[...], ...], "eod", "vocab_size"[, "decoded"]}}
   bool ok = false;
 
-  std::string path(const std::string& name) const { return dir.str(name); }
+  std::string path(const std::string& name) const { return root + "/" + name; }
   // The --tokenizer-type and --tokenizer-model of each fixture name.
   static const char* type_of(const std::string& name) {
     return name == "gptsp"    ? "GPTSentencePieceTokenizer"
@@ -43,25 +47,39 @@ inline std::string oracle_python() {
   return "";
 }
 
-// The fixture, built on first use (about 10 s of CPU); null when the oracle's Python is absent.
+// The fixture, built on first use; null when the oracle's Python is absent.
 inline const TokenizerFixture* tokenizer_fixture() {
   static const std::unique_ptr<TokenizerFixture> fixture =
       []() -> std::unique_ptr<TokenizerFixture> {
     const std::string py = oracle_python();
     if (py.empty()) return nullptr;
-    auto f = std::make_unique<TokenizerFixture>();
-    const std::string cmd = py + " '" + source_dir() + "/tests/storage/tokenizer_oracle.py' all '" +
-                            f->dir.str() + "' 20261202";
-    if (std::system(cmd.c_str()) != 0) return f;  // ok stays false: the test fails, saying so
     auto read = [](const std::string& p) {
       std::ifstream in(p, std::ios::binary);
       std::stringstream ss;
       ss << in.rdbuf();
-      return nlohmann::json::parse(ss.str());
+      return ss.str();
     };
-    f->texts = read(f->path("texts.json"));
-    f->expected = read(f->path("expected.json"));
-    f->ok = true;
+    const std::string script = source_dir() + "/tests/storage/tokenizer_oracle.py";
+    const std::string root =
+        (std::filesystem::temp_directory_path() /
+         ("troupe-tokenizer-fixture-" + std::to_string(std::hash<std::string>{}(read(script)))))
+            .string();
+    auto f = std::make_unique<TokenizerFixture>();
+    f->root = root;
+    std::error_code ec;
+    if (!std::filesystem::exists(root + "/expected.json", ec)) {
+      // Made aside and renamed into place: a process that finds the folder finds it whole (two
+      // processes racing each make one; the second rename fails and its copy goes).
+      TempDir scratch;
+      const std::string made = scratch.str("made");
+      const std::string cmd = py + " '" + script + "' all '" + made + "' 20261202";
+      if (std::system(cmd.c_str()) != 0) return f;  // ok stays false: the tests fail, saying so
+      std::filesystem::rename(made, root, ec);
+      if (!std::filesystem::exists(root + "/expected.json", ec)) return f;
+    }
+    f->texts = nlohmann::json::parse(read(f->path("texts.json")), nullptr, false);
+    f->expected = nlohmann::json::parse(read(f->path("expected.json")), nullptr, false);
+    f->ok = f->texts.is_array() && f->expected.is_object();
     return f;
   }();
   return fixture.get();
