@@ -20,12 +20,14 @@
 //                       Megatron's _HuggingFaceTokenizer (len(AutoTokenizer)). Other models,
 //                       normalizers and pre-tokenizers are refused, naming the piece.
 //
-// Contract: encode never adds EOD (callers append eod() where a document ends, as Megatron's
-// --append-eod does); it adds a BOS where the Megatron tokenizer does (Llama2Tokenizer, a
-// tokenizer.json's template). For the byte-level kinds decode(encode(x)) == x, less that BOS, for
-// every byte string x, including invalid UTF-8; SentencePiece round-trips only what its normalizer
-// leaves unchanged (NFKC, runs of spaces), as in Python. decode of an id outside [0, vocab_size())
-// (e.g. a padded vocabulary row) yields U+FFFD.
+// Contract: encode adds no EOD of its own (callers append eod() where a document ends, as
+// Megatron's --append-eod does); it adds what the Megatron tokenizer adds: Llama2Tokenizer's BOS, a
+// tokenizer.json template's specials (LLaMA-3's BOS; a template ending in the eos token gives it
+// too, as Megatron's ids have it). For the byte-level kinds decode(encode(x)) == x, less those
+// specials (and the spaces of a tokenizer.json's add_prefix_space), for every byte string x,
+// including invalid UTF-8; SentencePiece round-trips only what its normalizer leaves unchanged
+// (NFKC, runs of spaces), as in Python. decode of an id outside [0, vocab_size()) (e.g. a padded
+// vocabulary row) yields U+FFFD.
 //
 // Thread safety: a Tokenizer is immutable after construction except for internal caches, which are
 // synchronised; encode and decode may be called from any number of threads at once.
