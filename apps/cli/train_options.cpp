@@ -88,6 +88,10 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
       problems.push_back("--model-preset " + name + " is not a preset -- use one of " + model_preset_names());
     } else {
       apply_model_preset(*preset, &m, given);
+      if (notes != nullptr)
+        notes->push_back("--model-preset " + name + ": " + preset->source + "'s architecture; the vocabulary is "
+                         "--tokenizer-type's (" + name + "'s own tokenizer has " +
+                         std::to_string(preset->model.vocab_size) + " tokens)");
       // A preset's rotary settings go with its rotary positions: overriding the positions drops them.
       if (m.position_embedding != PositionEmbedding::rope) {
         const GptConfig d;
