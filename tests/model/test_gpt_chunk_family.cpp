@@ -1,6 +1,8 @@
 // GptChunk for the families beside GPT-2 (LLaMA: RMSNorm, rotary in both conventions and partial,
 // grouped-query and multi-query attention, head size != C/H, SwiGLU, no biases, untied head; BLOOM:
 // ALiBi with power-of-2 and other head counts, embedding LayerNorm, biases, tied head):
+//   - t = 1, p = 1 is bitwise GptModel (reference/, helper famref's family reference); every TP layout
+//     (SP on and off, dropout on and off) matches it within rounding;
 //   - gradients of the chunk's own loss against central finite differences in double, t = 1 and
 //     t > 1 with sequence parallelism (the TP paths: replicated RMSNorm / ln_embd gradients, split
 //     heads and groups, ALiBi slopes of the rank's heads, vocabulary-parallel lm_head);
@@ -157,6 +159,57 @@ TEST_CASE("families: specs as the chunk holds them (no wpe, ln_embd, lm_head, un
     REQUIRE(b.units().size() == 3);  // wte (the tied head's copy), h.2, ln_f
     REQUIRE(b.specs()[b.units()[0].specs[0]].name == "transformer.wte.weight");
     REQUIRE_FALSE(b.counts_in_norm(b.units()[0].specs[0]));
+  }
+}
+
+TEST_CASE("families, t=1, p=1: loss and gradients are bitwise GptModel's", "[chunk][family]") {
+  for (const Family& f : families(3)) {
+    const auto micro = micro_batches(f.cfg, 2, 35);
+    for (auto [dt, fused] : {std::pair{DType::f32, false}, std::pair{DType::f64, false}, std::pair{DType::f32, true}}) {
+      INFO(f.name << " " << dtype_name(dt) << (fused ? ", the head's backward fused into the forward" : ""));
+      Reference ref = reference(f.cfg, dt, micro);
+      ThreadPool pool(2);  // the reference's pool size
+      Context ctx;
+      ctx.pool = &pool;
+      ChunkSpec s = whole_model(f.cfg);
+      s.micro_batch = kB;
+      s.dtype = dt;
+      GptChunk chunk(s, nullptr);
+      init_chunk(chunk);
+      REQUIRE(bitwise(chunk.flat_params(), ref.model->flat_params()));  // same layout, same values
+      chunk.zero_grad();
+      for (size_t i = 0; i < micro.size(); ++i) {
+        REQUIRE(chunk.forward(ctx, 0, micro[i].tokens, Tensor(), Tensor(), grad_scale(f.cfg), fused) == ref.loss[i]);
+        chunk.backward(ctx, 0, Tensor(), Tensor());
+      }
+      REQUIRE(bitwise(chunk.flat_grads(), ref.model->flat_grads()));
+      REQUIRE(chunk.forward_eval(ctx, micro[0].tokens, Tensor(), Tensor()) ==
+              ref.model->forward_loss(ctx, micro[0].tokens));
+    }
+  }
+}
+
+TEST_CASE("families: every TP layout (SP on and off, dropout on and off) matches GptModel", "[chunk][family][tp]") {
+  for (bool dropout : {false, true}) {
+    for (const Family& f : families(2)) {
+      const GptConfig cfg = dropout ? with_dropout(f.cfg) : f.cfg;
+      std::vector<int> sizes = tp_sizes(cfg);
+      sizes.insert(sizes.begin(), 1);
+      for (int t : sizes) {
+        for (bool sp : {false, true}) {
+          if (t == 1 && sp) continue;
+          for (DType dt : {DType::f32, DType::f64}) {
+            INFO(f.name << (dropout ? " with dropout" : "") << " t=" << t << " sp=" << sp << " " << dtype_name(dt));
+            const auto [loss_err, grad_err] = check_tp_against_reference(cfg, t, sp, dt, sp ? 8 : 0);
+            if (verbose())
+              std::printf("%s%s t=%d sp=%d %s vs GptModel: loss %.3g grad %.3g\n", f.name, dropout ? " dropout" : "", t,
+                          sp, dtype_name(dt), loss_err, grad_err);
+            CHECK(loss_err < (dt == DType::f32 ? 1e-5 : 1e-11));
+            CHECK(grad_err < (dt == DType::f32 ? 1e-5 : 1e-10));
+          }
+        }
+      }
+    }
   }
 }
 
