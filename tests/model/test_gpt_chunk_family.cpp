@@ -12,8 +12,11 @@
 // Tagged [family] so they run alone: build/tests/test_model "[family]".
 #include <cstdio>
 #include <map>
+#include <set>
+#include <tuple>
 
 #include "kernels/ops.hpp"
+#include "model/op_probe.hpp"
 #include "tests/model/chunk_harness.hpp"
 
 using namespace troupe;
@@ -352,4 +355,59 @@ TEST_CASE("families, t=1: a pipeline split chained equals the whole-model chunk"
 TEST_CASE("families: unit hooks give the resident results", "[chunk][family]") {
   check_unit_hooks(llama(3));
   check_unit_hooks(bloom(3));
+}
+
+namespace {
+// Records every point a chunk shows, as (where, tensor, direction).
+class RecordingProbe final : public OpProbe {
+ public:
+  void after(const ProbePoint& at, const Tensor& result) override {
+    REQUIRE(result.defined());
+    const std::string where = at.layer >= 0 ? "layer" : at.layer == kEmbeddingProbe ? "embedding" : "head";
+    seen.insert({where, at.tensor, at.dir});
+  }
+  std::set<std::tuple<std::string, std::string, ProbeDir>> seen;
+};
+}  // namespace
+
+TEST_CASE("families: every point the chunk shows is a NaN-locator name with that direction", "[chunk][family]") {
+  // TROUPE_FAULT_NAN and the NaN watch accept exactly gpt_probe_names(); the family's own points
+  // (attention_rotary, mlp_swiglu, ln_embd) must be among them, and appear.
+  std::map<std::pair<std::string, std::string>, ProbeName> names;
+  for (const ProbeName& n : gpt_probe_names()) names[{n.where, n.tensor}] = n;
+  for (const GptConfig& cfg : {llama(2), bloom(2), tiny(2)}) {
+    RecordingProbe probe;
+    ThreadPool pool(1);
+    Context ctx;
+    ctx.pool = &pool;
+    const auto micro = micro_batches(cfg, 1, 36);
+    for (Recompute rc : {Recompute::none, Recompute::selective}) {
+      ChunkSpec s = whole_model(cfg);
+      s.micro_batch = kB;
+      s.recompute = rc;
+      GptChunk chunk(s, nullptr);
+      init_chunk(chunk);
+      chunk.set_probe(&probe);
+      chunk.forward(ctx, 0, micro[0].tokens, Tensor(), Tensor(), grad_scale(cfg));
+      chunk.backward(ctx, 0, Tensor(), Tensor(), true);
+      chunk.backward_weight(ctx, 0);
+    }
+    for (const auto& [where, tensor, dir] : probe.seen) {
+      INFO(where << ":" << tensor << ":" << probe_dir_name(dir));
+      const auto it = names.find({where, tensor});
+      REQUIRE(it != names.end());
+      REQUIRE((dir == ProbeDir::forward ? it->second.forward : dir == ProbeDir::backward ? it->second.backward
+                                                                                         : it->second.weight));
+    }
+    auto shown = [&](const char* where, const char* tensor) {
+      for (const auto& [w, t, d] : probe.seen)
+        if (w == where && t == tensor) return true;
+      return false;
+    };
+    const bool rope = cfg.position_embedding == PositionEmbedding::rope;
+    CHECK(shown("layer", "attention_rotary") == rope);
+    CHECK(shown("layer", "mlp_swiglu") == (cfg.activation == MlpActivation::swiglu));
+    CHECK(shown("layer", "mlp_gelu") == (cfg.activation == MlpActivation::gelu));
+    CHECK(shown("embedding", "ln_embd") == cfg.embed_layernorm);
+  }
 }
