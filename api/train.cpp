@@ -59,6 +59,15 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world) {
   return Status::ok();
 }
 
+Status refuse_unbuilt_family(const GptConfig& m) {
+  if (m.is_gpt2_family()) return Status::ok();
+  return Status::bad_input(std::string("the ") + m.family_name() +
+                           " architecture (--normalization, --position-embedding-type, --swiglu, grouped-query "
+                           "attention, --kv-channels, --ffn-hidden-size, the biases, the head or the embedding "
+                           "LayerNorm differ from GPT-2's) is not built yet in this troupe: only GPT-2 trains -- "
+                           "drop the family flags (or --model-preset), or use `troupe train --dry-run` for its plan");
+}
+
 Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
   if (cfg.mock_data) return make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed);
   DataPaths paths{cfg.data_path, cfg.train_data_path, cfg.valid_data_path, cfg.test_data_path};
@@ -81,6 +90,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   if (!env) return env.status().as_bad_input();
   const int world = env->world_size;
   TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size));
+  TROUPE_RETURN_IF_ERROR(refuse_unbuilt_family(cfg.model));
   if (!data) {
     auto opened = open_data(cfg);
     if (!opened) return opened.status();
