@@ -19,8 +19,13 @@ bloom=(--position-embedding-type alibi --embed-layernorm)
 check_family() {  # NAME ARCHITECTURE FLAGS...
   local name=$1 arch=$2
   shift 2
-  small_train --train-iters 4 --save "ck_$name" --num-threads 1 --hidden-dropout 0 --attention-dropout 0 "$@" \
-    > "train_$name.log" 2>&1 || { cat "train_$name.log"; fail "$name: training failed"; }
+  if ! small_train --train-iters 4 --save "ck_$name" --num-threads 1 --hidden-dropout 0 --attention-dropout 0 "$@" \
+    > "train_$name.log" 2>&1; then
+    # Until the parallel model's families are switched on, troupe train refuses them by name.
+    grep -q "is not built yet" "train_$name.log" && { echo "SKIP: troupe train does not train $name yet"; exit 77; }
+    cat "train_$name.log"
+    fail "$name: training failed"
+  fi
   "$troupe" ckpt export --load "ck_$name" --format hf --output "hf_$name" > "export_$name.log" 2>&1 ||
     { cat "export_$name.log"; fail "$name: export failed"; }
   grep -q "$arch" "export_$name.log" || fail "$name: the export does not name $arch"
@@ -59,6 +64,9 @@ for n in names:
     assert a[n][...].tobytes() == b[n][...].tobytes(), n
 PY
     fail "$name: export -> import is not bitwise"
+  # Fine-tuning from the folder with the family's flags (troupe train --load HF_DIR).
+  small_train --train-iters 4 --load "hf_$name" --num-threads 1 "$@" > "ft_$name.log" 2>&1 ||
+    { cat "ft_$name.log"; fail "$name: fine-tuning from the folder failed"; }
 }
 
 check_family llama LlamaForCausalLM "${llama[@]}"
@@ -66,7 +74,7 @@ check_family llama_interleaved LlamaForCausalLM "${llama[@]}" --rotary-interleav
 check_family bloom BloomForCausalLM "${bloom[@]}"
 
 # A model no Hugging Face class holds is refused with exit 2, and nothing is written.
-small_train --train-iters 1 --save ck_odd --num-threads 1 --normalization RMSNorm --position-embedding-type alibi \
+small_train --train-iters 4 --save ck_odd --num-threads 1 --normalization RMSNorm --position-embedding-type alibi \
   > /dev/null 2>&1 || fail "training the odd model failed"
 set +e
 "$troupe" ckpt export --load ck_odd --format hf --output hf_odd > odd.log 2>&1
