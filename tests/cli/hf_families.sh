@@ -29,12 +29,14 @@ check_family() {  # NAME ARCHITECTURE FLAGS...
   "$troupe" ckpt export --load "ck_$name" --format hf --output "hf_$name" > "export_$name.log" 2>&1 ||
     { cat "export_$name.log"; fail "$name: export failed"; }
   grep -q "$arch" "export_$name.log" || fail "$name: the export does not name $arch"
-  "$py" - "hf_$name/config.json" "$arch" <<'PY' || fail "$name: config.json is not the class's"
+  "$py" - "hf_$name/config.json" "$arch" "$name" <<'PY' || fail "$name: config.json is not the class's"
 import json, sys
 c = json.load(open(sys.argv[1]))
 assert c["architectures"] == [sys.argv[2]], c["architectures"]
 if sys.argv[2] == "LlamaForCausalLM":
-    assert c["model_type"] == "llama" and c["hidden_act"] == "silu" and c["num_key_value_heads"] == 1, c
+    groups = 2 if sys.argv[3].endswith("_tp") else 1
+    assert c["model_type"] == "llama" and c["hidden_act"] == "silu" and c["num_key_value_heads"] == groups, c
+    assert c["troupe"]["rotary_interleaved"] == ("interleaved" in sys.argv[3] or groups == 2), c
     assert c["head_dim"] == 16 and c["intermediate_size"] == 100 and c["rope_theta"] == 500, c
     assert c["attention_bias"] is False and c["mlp_bias"] is False and c["tie_word_embeddings"] is False, c
 else:
@@ -55,6 +57,12 @@ assert math.isfinite(lt) and abs(lt - lp) <= 1e-6 * lp, (lt, lp)
 assert int(t["tokens"]) == int(p["tokens"]), (t, p)
 PY
   "$troupe" ckpt import --format hf --input "hf_$name" --save "back_$name" > /dev/null || fail "$name: import failed"
+  "$troupe" eval --load "back_$name" --data-path d_text_document --eval-samples 20 --json > "eval_back_$name.json" \
+    2> /dev/null || fail "$name: troupe eval of the imported checkpoint failed"
+  cmp <("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "eval_$name.json") \
+      <("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "eval_back_$name.json") ||
+    fail "$name: the imported checkpoint evaluates differently"
+  [[ -e "ck_$name/iter_0000004/shard_00001.h5" ]] && return 0  # a parallel layout: its shards hold slices
   "$py" - "ck_$name/iter_0000004/shard_00000.h5" "back_$name/iter_0000000/shard_00000.h5" <<'PY' ||
 import h5py, sys
 a, b = h5py.File(sys.argv[1], "r")["model"], h5py.File(sys.argv[2], "r")["model"]
@@ -72,6 +80,12 @@ PY
 check_family llama LlamaForCausalLM "${llama[@]}"
 check_family llama_interleaved LlamaForCausalLM "${llama[@]}" --rotary-interleaved
 check_family bloom BloomForCausalLM "${bloom[@]}"
+# From tp 2 x pp 2 shards: two key/value groups split over the ranks, head size 10, interleaved pairs.
+llama_tp=(--normalization RMSNorm --position-embedding-type rope --swiglu --disable-bias-linear
+          --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --kv-channels 16
+          --ffn-hidden-size 100 --rotary-base 500 --norm-epsilon 1e-6 --rotary-interleaved
+          --num-attention-heads 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+check_family llama_tp LlamaForCausalLM "${llama_tp[@]}"
 
 # A model no Hugging Face class holds is refused with exit 2, and nothing is written.
 small_train --train-iters 4 --save ck_odd --num-threads 1 --normalization RMSNorm --position-embedding-type alibi \
