@@ -175,10 +175,11 @@ int run_export(const ExportArgs& a) {
   if (!it) return fail(kExitUsage, it.status().message());
   Result<Checkpoint> checkpoint = Checkpoint::open(a.load, *it);
   if (!checkpoint) return fail(exit_code_for(checkpoint.status()), checkpoint.status().message());
-  // The run's model decides the Hugging Face class; a config that does not parse (older or foreign
-  // checkpoints) leaves the GPT-2 export, which derives everything from the tensors.
+  // The run's model decides the Hugging Face class; a config that does not parse or validate (older,
+  // foreign or damaged checkpoints) leaves the GPT-2 export, which derives everything from the tensors.
   HfArch arch;
-  if (Result<TrainConfig> run = TrainConfig::from_json(checkpoint->meta().config_json); run) {
+  if (Result<TrainConfig> run = TrainConfig::from_json(checkpoint->meta().config_json);
+      run && run->model.validate().is_ok()) {
     Result<HfArch> of = hf_arch_of(run->model);
     if (!of) return fail(kExitUsage, "exporting checkpoint " + checkpoint->location() + ": " + of.status().message());
     arch = *of;
