@@ -372,6 +372,40 @@ TEST_CASE("grouped-query attention matches the definition, backward matches fini
       }
 }
 
+TEST_CASE("ALiBi with steep slopes: no subnormal probabilities, f32 still agrees with f64", "[kernels][family]") {
+  // Slopes of 1 and 0.5 over 131 positions push distant keys 130 below the row's maximum score: f32
+  // flushes those probabilities to 0 (below exp(-80)) instead of computing subnormal numbers.
+  Fixture f;
+  const int64_t B = 2, T = 131;
+  const int H = 2, G = 1, hs = 8;
+  const int64_t W = (H + 2 * G) * hs, C = int64_t{H} * hs;
+  ops::AttentionLayout layout;
+  layout.n_head = H;
+  layout.n_group = G;
+  layout.head_dim = hs;
+  layout.alibi_slopes = {1.0, 0.5};
+  Tensor q64 = random_tensor({B, T, W}, f.rng).to(DType::f32).to(DType::f64), q32 = q64.to(DType::f32);
+  Tensor o64 = Tensor::empty({B, T, C}, DType::f64), p64 = Tensor::empty({B, H, T, T}, DType::f64);
+  Tensor o32 = Tensor::empty({B, T, C}, DType::f32), p32 = Tensor::empty({B, H, T, T}, DType::f32);
+  ops::attention_forward(f.ctx, o64, p64, q64, layout);
+  ops::attention_forward(f.ctx, o32, p32, q32, layout);
+  int64_t subnormal = 0, zero = 0;
+  for (int64_t i = 0; i < p32.numel(); ++i) {
+    const float v = p32.data<float>()[i];
+    subnormal += v != 0 && std::fpclassify(v) == FP_SUBNORMAL;
+    zero += v == 0;
+  }
+  CHECK(subnormal == 0);
+  CHECK(zero > B * H * T * (T - 1) / 2);  // more than the masked upper triangle: some were flushed
+  CHECK(max_rel_diff(o32, o64) < 2e-6);
+  CHECK(max_rel_diff(p32, p64) < 2e-6);
+  Tensor dout = random_tensor({B, T, C}, f.rng).to(DType::f32);
+  Tensor d64 = Tensor::empty({B, T, W}, DType::f64), d32 = Tensor::empty({B, T, W}, DType::f32);
+  ops::attention_backward(f.ctx, d64, dout.to(DType::f64), q64, p64, layout);
+  ops::attention_backward(f.ctx, d32, dout, q32, p32, layout);
+  CHECK(max_rel_diff(d32, d64) < 1e-5);
+}
+
 TEST_CASE("attention with G = H and no ALiBi is bitwise the multi-head overload", "[kernels][family]") {
   Fixture f;
   const int64_t B = 3, T = 11;
