@@ -31,8 +31,8 @@ constexpr int64_t kBlock = 64;  // query rows per GEMM block
 
 // ALiBi's biases fall by slope * (i - j) along a row, so distant keys get probabilities far below the
 // type's resolution: exp(-80) ~ 2e-35 in float. Left as they are, they and their products (P V,
-// dS = P (dP - dot)) are subnormal numbers, which the CPU computes dozens of times slower (measured:
-// the ALiBi forward and backward at twice MHA's time). Below the threshold they are set to 0: each is
+// dS = P (dP - dot)) are subnormal numbers, on which x86 arithmetic is many times slower (measured:
+// the ALiBi forward and backward took twice MHA's time). Below the threshold they are set to 0: each is
 // under 2e-35 (double: 1e-304) times the row's largest probability. (Without ALiBi such gaps do not
 // arise in practice, and that path stays as it was.)
 template <class T> constexpr T kAlibiFlush = static_cast<T>(-80);
