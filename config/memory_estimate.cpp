@@ -17,6 +17,19 @@ namespace {
 
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 
+// "1.5 GiB", "12.3 MiB": the plan's sizes in the unit that reads.
+std::string size_text(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.3g} GiB", gib(bytes));
+  return fmt::format("{:.3g} MiB", bytes / (1024.0 * 1024.0));
+}
+
+// "6.74 G", "85.3 M", "69744": a parameter count.
+std::string count_text(double n) {
+  if (n >= 1e9) return fmt::format("{:.3g} G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.3g} M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
+
 // A number from a one-value file (cgroup v2: "max" means no limit); negative when unreadable.
 double read_number(const char* path) {
   std::ifstream in(path);
@@ -127,28 +140,28 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size)
   const int dp = c.resolved_dp(std::max(1, world_size));
   std::vector<std::string> out;
   const int64_t tokens = int64_t{c.global_batch_size} * m.seq_length;
-  out.push_back(fmt::format(
-      "model: {} family, {} parameters ({:.4g} G); {:.4g} TFLOPs per iteration of {} tokens (Megatron's count)",
-      m.family_name(), m.num_parameters(), m.num_parameters() / 1e9, m.flops_per_iteration(tokens) / 1e12, tokens));
+  out.push_back(fmt::format("model: {} family, {} parameters ({}); {:.4g} TFLOPs per iteration of {} tokens "
+                            "(Megatron's count)",
+                            m.family_name(), m.num_parameters(), count_text(static_cast<double>(m.num_parameters())),
+                            m.flops_per_iteration(tokens) / 1e12, tokens));
   out.push_back(fmt::format("memory plan per rank (fp32; tp {}, pp {}, dp {}, ZeRO stage {}, recompute {}):",
                             c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp, c.zero_stage,
                             c.recompute_granularity));
-  const size_t shown = std::min<size_t>(e.stages.size(), 4);
-  for (size_t s = 0; s < e.stages.size(); ++s) {
-    if (s >= shown - 1 && s + 1 < e.stages.size()) continue;  // first stages and the last
+  const size_t n = e.stages.size();
+  for (size_t s = 0; s < n; ++s) {
+    if (s >= 3 && s + 1 < n) continue;  // the first three stages and the last
     const StageMemory& st = e.stages[s];
     out.push_back(fmt::format(
-        "  stage {}: {:.4g} M parameters, {:.3g} GiB of weights, gradients and Adam moments; {:.3g} GiB of "
-        "activations ({:g} micro-batch(es) in flight{})",
-        s + 1 == e.stages.size() ? c.pipeline_model_parallel_size - 1 : static_cast<int>(s),
-        st.parameters / 1e6, gib(st.model_state_bytes), gib(st.activation_bytes), st.micro_batches_in_flight,
-        s + 1 == e.stages.size() ? fmt::format(", logits {:.3g} GiB", gib(e.logits_bytes)) : std::string()));
+        "  stage {}: {} parameters, {} of weights, gradients and Adam moments; {} of activations ({:g} "
+        "micro-batch(es) in flight{})",
+        s + 1 == n ? c.pipeline_model_parallel_size - 1 : static_cast<int>(s), count_text(st.parameters),
+        size_text(st.model_state_bytes), size_text(st.activation_bytes), st.micro_batches_in_flight,
+        s + 1 == n ? ", logits " + size_text(e.logits_bytes) : std::string()));
   }
-  out.push_back(fmt::format(
-      "  one micro-batch's activations on stage 0: {:.3g} GiB without recompute, {:.3g} GiB selective, {:.3g} GiB "
-      "full",
-      gib(e.micro_batch_activation_none), gib(e.micro_batch_activation_selective), gib(e.micro_batch_activation_full)));
-  out.push_back(fmt::format("  this process: {:.3g} GiB over {} rank(s)", gib(e.total()), e.ranks_in_process));
+  out.push_back(fmt::format("  one micro-batch's activations on stage 0: {} without recompute, {} selective, {} full",
+                            size_text(e.micro_batch_activation_none), size_text(e.micro_batch_activation_selective),
+                            size_text(e.micro_batch_activation_full)));
+  out.push_back(fmt::format("  this process: {} over {} rank(s)", size_text(e.total()), e.ranks_in_process));
   return out;
 }
 

@@ -67,10 +67,13 @@ void shapes_must_agree(Differences& d, const TrainConfig& now, const TrainConfig
   d.must_agree("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
                b.untie_embeddings_and_output_weights, fix);
   d.must_agree("--embed-layernorm", a.embed_layernorm, b.embed_layernorm, fix);
+  // The derived sizes (groups, head dimension, MLP width: defaults follow the width and heads) only
+  // when the width and heads agree, so that one difference is reported once.
+  if (a.hidden_size != b.hidden_size || a.num_attention_heads != b.num_attention_heads) return;
   d.must_agree("the key/value groups (--num-query-groups / --num-key-value-heads)", a.query_groups(), b.query_groups(),
                fix);
   d.must_agree("the head dimension (--kv-channels)", a.head_size(), b.head_size(), fix);
-  d.must_agree("--ffn-hidden-size", a.ffn_hidden_size(), b.ffn_hidden_size(), fix);
+  if (a.activation == b.activation) d.must_agree("--ffn-hidden-size", a.ffn_hidden_size(), b.ffn_hidden_size(), fix);
 }
 
 // How rotary turns positions into angles: a resumed run continues the same function; a fine-tune

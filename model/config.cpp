@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe {
@@ -177,16 +178,26 @@ std::vector<std::string> GptConfig::architecture_problems() const {
     if (rotary_base != d.rotary_base) bad("--rotary-base", what, fix);
     if (rotary_interleaved) bad("--rotary-interleaved", what, fix);
   }
+  if (out.empty()) {
+    // The count in double first: within int64 with room for the vocabulary's rows (each product of
+    // num_parameters() then fits; a model this size is refused by the memory check long before).
+    const double C = hidden_size, H = num_attention_heads, hs = head_size(), F = ffn_hidden_size();
+    const double layer = C * (H + 2.0 * query_groups()) * hs + H * hs * C + 3 * C * F + 8 * C + 3 * F;
+    if (layer * num_layers > 0x1p60)
+      bad("--num-layers", str(num_layers) + " layers of " + num(layer) + " parameters are beyond 2^60",
+          "make the model smaller");
+  }
   if (!(layernorm_epsilon > 0) || !std::isfinite(layernorm_epsilon))
     bad("--norm-epsilon", "must be a positive number, got " + num(layernorm_epsilon), "use 1e-5");
   if (make_vocab_size_divisible_by <= 0)
     bad("--make-vocab-size-divisible-by", "must be positive", "use the default 128");
   if (!(init_method_std > 0) || !std::isfinite(init_method_std))
     bad("--init-method-std", "must be a positive number, got " + num(init_method_std), "use 0.02");
-  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
-    bad("--hidden-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
-  if (!(attention_dropout >= 0 && attention_dropout < 1))
-    bad("--attention-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
+  for (const auto& [flag, p] : {std::pair{"--hidden-dropout", hidden_dropout},
+                                std::pair{"--attention-dropout", attention_dropout}})
+    if (!(p >= 0 && p < 1))
+      bad(flag, "must be a probability at least 0 and below 1, got " + num(p),
+          "use e.g. 0.1 (Megatron's default), or 0 for no dropout");
   return out;
 }
 

@@ -59,16 +59,18 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
   }
   // Grouped-query attention: Megatron-LM's --num-query-groups counts only with
   // --group-query-attention (and is 1 then by default); Megatron-DeepSpeed's --num-key-value-heads
-  // always.
+  // always. A preset with grouped-query attention (LLaMA-2 70B, LLaMA-3) stands for the switch.
+  const ModelPreset* preset = given("--model-preset") ? find_model_preset(value("--model-preset")) : nullptr;
+  const bool gqa = given("--group-query-attention") || (preset != nullptr && preset->model.num_query_groups > 0);
   int groups = 0, kv_heads = 0;
   const bool groups_given = given("--num-query-groups") && integer("--num-query-groups", &groups);
   const bool kv_given = given("--num-key-value-heads") && integer("--num-key-value-heads", &kv_heads);
   if (kv_given) {
-    if (groups_given && given("--group-query-attention") && groups != kv_heads)
+    if (groups_given && gqa && groups != kv_heads)
       problems.push_back("--num-query-groups " + std::to_string(groups) + " and --num-key-value-heads " +
                          std::to_string(kv_heads) + " disagree -- give one of them");
     m.num_query_groups = kv_heads;
-  } else if (given("--group-query-attention")) {
+  } else if (gqa && (groups_given || given("--group-query-attention"))) {
     m.num_query_groups = groups_given ? groups : 1;
   } else if (groups_given && notes != nullptr) {
     notes->push_back("--num-query-groups " + std::to_string(groups) + ": no effect without --group-query-attention, "
@@ -83,11 +85,14 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
 
   if (given("--model-preset")) {
     const std::string name = value("--model-preset");
-    const ModelPreset* preset = find_model_preset(name);
     if (preset == nullptr) {
       problems.push_back("--model-preset " + name + " is not a preset -- use one of " + model_preset_names());
     } else {
       apply_model_preset(*preset, &m, given);
+      if (notes != nullptr)
+        notes->push_back("--model-preset " + name + ": " + preset->source + "'s architecture; the vocabulary is "
+                         "--tokenizer-type's (" + name + "'s own tokenizer has " +
+                         std::to_string(preset->model.vocab_size) + " tokens)");
       // A preset's rotary settings go with its rotary positions: overriding the positions drops them.
       if (m.position_embedding != PositionEmbedding::rope) {
         const GptConfig d;

@@ -113,6 +113,10 @@ TEST_CASE("family flags: --model-preset, with explicit flags winning", "[family_
   CHECK(o.num_query_groups == 4);
   CHECK(o.normalization == Normalization::layernorm);
   CHECK(o.hidden_dropout == 0.2);
+  // A preset with grouped-query attention stands for --group-query-attention.
+  std::vector<std::string> groups = {"--model-preset", "llama2-70b", "--num-query-groups", "2"};
+  groups.insert(groups.end(), small.begin(), small.end());
+  CHECK(parsed(groups).query_groups() == 2);
   std::vector<std::string> l3 = {"--model-preset", "llama3-8b", "--position-embedding-type", "alibi"};
   l3.insert(l3.end(), small.begin(), small.end());
   CHECK(parsed(l3).rotary_base == 10000);
