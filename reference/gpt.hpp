@@ -20,9 +20,10 @@
 // GPT-2 (the config's defaults) runs exactly the kernels it ran before the families existed, so its
 // results are bitwise what they were.
 //
-// Dropout (the config's hidden_dropout, attention_dropout): forward_backward applies it with the
-// masks of `key`, computed by the reference's own transcription of the rule (reference/dropout.hpp)
-// and, for the attention probabilities, a plain attention of its own; forward_loss never drops.
+// Dropout (the config's hidden_dropout, attention_dropout; the embedding's after BLOOM's ln_embd):
+// forward_backward applies it with the masks of `key`, computed by the reference's own transcription
+// of the rule (reference/dropout.hpp) and, for the attention probabilities, a plain attention of its
+// own (grouped-query, ALiBi); forward_loss never drops.
 // With both probabilities 0 the model runs exactly the kernels it ran before dropout existed.
 //
 // Not thread-safe: one shard (actor) owns a GptModel and calls it from its own thread.

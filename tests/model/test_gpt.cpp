@@ -275,3 +275,38 @@ TEST_CASE("family parameters: the specs the config implies, found by name", "[mo
   CHECK(shapes.at("transformer.ln_embd.bias") == Shape({12}));
   CHECK(!shapes.count("lm_head.weight"));
 }
+
+// The reference's own dropout attention, generalised to grouped-query attention, head sizes other than
+// C/H and ALiBi: gradients with fixed masks (the loss of forward_backward at scale 0 with the same key)
+// against finite differences.
+TEST_CASE("family gradients with dropout match finite differences (double, fixed masks)", "[model][grad][family][dropout]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  for (const char* family : {"llama", "bloom"}) {
+    INFO("family " << family);
+    GptConfig cfg = family_config(family);
+    cfg.hidden_dropout = 0.2;
+    cfg.attention_dropout = 0.25;
+    std::mt19937_64 rng(21);
+    const int B = 2;
+    GptModel model(cfg, B, DType::f64);
+    model.init(3);
+    perturb(model, rng);
+    Tensor tokens = random_windows(rng, B, cfg.seq_length, cfg.vocab_size);
+    const MicroBatchKey key{31, 2, 4};
+    const double scale = 1.0 / (B * cfg.seq_length);
+    model.zero_grad();
+    model.forward_backward(ctx, tokens, scale, key);
+    const Tensor analytic = model.flat_grads().clone();
+    GptModel probe(cfg, B, DType::f64);
+    probe.flat_params().copy_from(model.flat_params());
+    auto objective = [&] {
+      probe.zero_grad();
+      return probe.forward_backward(ctx, tokens, 0.0, key) * scale;
+    };
+    // The masks matter: the dropped loss differs from the undropped one.
+    CHECK(objective() != Approx(probe.forward_loss(ctx, tokens) * scale).epsilon(1e-6));
+    test::check_gradient(objective, probe.flat_params(), analytic, family, 1e-5, 1e-8, 300);
+  }
+}
