@@ -175,12 +175,25 @@ int run_export(const ExportArgs& a) {
   if (!it) return fail(kExitUsage, it.status().message());
   Result<Checkpoint> checkpoint = Checkpoint::open(a.load, *it);
   if (!checkpoint) return fail(exit_code_for(checkpoint.status()), checkpoint.status().message());
-  const Status st = a.format == "hf" ? export_hf_folder(*checkpoint, a.output) : export_hf(*checkpoint, a.output);
+  // The run's model decides the Hugging Face class; a config that does not parse or validate (older,
+  // foreign or damaged checkpoints) leaves the GPT-2 export, which derives everything from the tensors.
+  HfArch arch;
+  if (Result<TrainConfig> run = TrainConfig::from_json(checkpoint->meta().config_json);
+      run && run->model.validate().is_ok()) {
+    Result<HfArch> of = hf_arch_of(run->model);
+    if (!of) return fail(kExitUsage, "exporting checkpoint " + checkpoint->location() + ": " + of.status().message());
+    arch = *of;
+  }
+  if (a.format == "hf-h5" && arch.family != HfFamily::gpt2)
+    return fail(kExitUsage, std::string("--format hf-h5 holds GPT2LMHeadModel state dicts only; the checkpoint is a ") +
+                                hf_architecture(arch.family) + " -- export it with --format hf (a folder)");
+  const Status st = a.format == "hf" ? export_hf_folder(*checkpoint, a.output, arch) : export_hf(*checkpoint, a.output);
   if (!st) return fail(exit_code_for(st), st.message());
+  const std::string what = a.format == "hf" ? std::string("a Hugging Face folder: ") + hf_architecture(arch.family) +
+                                                  ".from_pretrained reads it"
+                                            : std::string("Hugging Face GPT2LMHeadModel state dict, HDF5");
   std::printf("exported iteration %lld of %s to %s (%s)\n", static_cast<long long>(*it), a.load.c_str(),
-              a.output.c_str(),
-              a.format == "hf" ? "a Hugging Face folder: GPT2LMHeadModel.from_pretrained reads it"
-                               : "Hugging Face GPT2LMHeadModel state dict, HDF5");
+              a.output.c_str(), what.c_str());
   return kExitOk;
 }
 
@@ -201,9 +214,10 @@ int run_import(const ImportArgs& a) {
   meta.run_json = run_json(new_run_id());
   if (Status st = write_hf_checkpoint(*model, a.save, meta); !st) return fail(exit_code_for(st), st.message());
   const HfGpt2Config& c = model->config;
-  std::printf("imported %s to %s (iteration 0): %lld layers, hidden %lld, %lld heads, positions %lld, vocab %lld, "
+  std::printf("imported %s (%s) to %s (iteration 0): %lld layers, hidden %lld, %lld heads, positions %lld, vocab %lld, "
               "tokenizer %s%s\n",
-              a.input.c_str(), iteration_dir(a.save, 0).c_str(), static_cast<long long>(c.n_layer),
+              a.input.c_str(), hf_architecture(c.arch.family), iteration_dir(a.save, 0).c_str(),
+              static_cast<long long>(c.n_layer),
               static_cast<long long>(c.n_embd), static_cast<long long>(c.n_head), static_cast<long long>(c.n_positions),
               static_cast<long long>(c.vocab_size), config.tokenizer_type.c_str(),
               model->vocab_file.empty() ? "" : " (the folder's vocab.json and merges.txt)");

@@ -17,7 +17,9 @@
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
 #include "apps/tensorboard_log.hpp"
+#include "api/setup.hpp"
 #include "comm/bootstrap/launch_env.hpp"
+#include "config/memory_estimate.hpp"
 #include "troupe/train.hpp"
 
 namespace troupe::apps {
@@ -38,6 +40,30 @@ extern "C" void on_stop_signal(int sig) {
   std::signal(SIGTERM, SIG_DFL);
 }
 
+// --dry-run: everything troupe::train checks before it starts (the vocabulary from the tokenizer,
+// the model, the memory), then the plan, and no training. The plan is printed even when the memory
+// check fails, so that the numbers say what to change.
+int dry_run(TrainConfig& cfg, const comm::LaunchEnv& env) {
+  const Status st = resolve_config(cfg, env.world_size, env.local_world_size);
+  const bool planned = cfg.model.vocab_size > 0 && cfg.model.validate().is_ok();
+  if (planned && env.rank == 0) {
+    const GptConfig& m = cfg.model;
+    std::printf("troupe train --dry-run: %s %d layers, hidden %d, %d heads (%d key/value groups, head dimension %d), "
+                "MLP %d (%s), %s positions, %s, vocabulary %lld (padded to %lld)\n",
+                m.family_name(), m.num_layers, m.hidden_size, m.num_attention_heads, m.query_groups(), m.head_size(),
+                m.ffn_hidden_size(), to_string(m.activation), to_string(m.position_embedding), to_string(m.normalization),
+                static_cast<long long>(m.vocab_size), static_cast<long long>(m.padded_vocab_size(1)));
+    for (const std::string& note : g_flag_notes) std::printf("  note: %s\n", note.c_str());
+    for (const std::string& line : memory_plan_lines(cfg, env.world_size)) std::printf("  %s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  if (!st) {
+    print_error("train", st);
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
 int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   const std::string name = "train";
   // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
@@ -51,6 +77,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, st);
     return kExitUsage;
   }
+  if (cmd.get_option("--dry-run")->count() > 0) return dry_run(cfg, *env);
   // Set up by troupe::train (include/troupe/train.hpp), which calls on_start once the ranks met:
   // rank 0 prints and writes the metrics; the others stay quiet.
   std::unique_ptr<std::ofstream> metrics;
@@ -72,9 +99,10 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
           [&](const std::string& warning) { printer->line("  warning: " + warning); });
     const GptConfig& m = c.model;
     printer->line(fmt::format(
-        "troupe train: GPT-2 {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
-        m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size, m.padded_vocab_size(1),
-        m.num_parameters() / 1e6));
+        "troupe train: {} {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
+        m.family_name(), m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size,
+        m.padded_vocab_size(1), m.num_parameters() / 1e6));
+    for (const std::string& line : memory_plan_lines(c, world)) printer->line("  " + line);
     const int dp = c.resolved_dp(world);
     printer->line(fmt::format("  batch: micro {} x {} accumulation steps x {} data-parallel = global {} ({} tokens/iteration); "
                               "layout tp {}, pp {}, dp {}{}",

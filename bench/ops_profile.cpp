@@ -1,6 +1,8 @@
 // Times every op of the GPT model at the reference benchmark's sizes (4 layers, hidden 384, 6 heads,
 // seq 256, micro-batch 8, vocabulary 50304) and prints ms per call, GFLOP/s for the GEMM-bound ones,
-// and the share of one iteration's time. Tells where a training step goes.
+// and the share of one iteration's time. Tells where a training step goes. Below it, the model
+// families' ops at the same sizes (RMSNorm, SwiGLU, rotary, grouped-query attention with ALiBi), beside
+// the GPT-2 op each one replaces; they are not part of the iteration's sum.
 //   build/bench/bench_ops [threads]
 #include <chrono>
 #include <cstdio>
@@ -86,15 +88,47 @@ int main(int argc, char** argv) {
   add("embedding fwd", 0, 1, [&] { ops::embedding_forward(ctx, x.view({B, T, C}), targets.view({B, T}), wte, wte.rows(0, T)); });
   add("embedding bwd", 0, 1, [&] { ops::embedding_backward(ctx, dwte, dwte.rows(0, T), x.view({B, T, C}), targets.view({B, T})); });
 
+  // The model families' ops (calls 0: outside the GPT-2 iteration). SwiGLU on Megatron's F = 1024
+  // for C = 384; GQA with 6 query heads of 64 in 2 and 1 key/value groups.
+  const int64_t Fs = 1024;
+  Tensor gate_up = rnd({N, 2 * Fs}, g), glu = rnd({N, Fs}, g), dgate_up = rnd({N, 2 * Fs}, g);
+  add("rmsnorm fwd (N,C)", 0, 0, [&] { ops::rmsnorm_forward(ctx, y, rstd, x, w, 1e-5); });
+  add("rmsnorm bwd (N,C)", 0, 0, [&] { ops::rmsnorm_backward(ctx, dx, dw, y, x, w, rstd); });
+  add("swiglu fwd (N,2F)->(N,F)", 0, 0, [&] { ops::glu_forward(ctx, glu, gate_up, ops::GluKind::swiglu); });
+  add("swiglu bwd", 0, 0, [&] { ops::glu_backward(ctx, dgate_up, glu, gate_up, ops::GluKind::swiglu); });
+  ops::RotaryParams rp;
+  rp.rotary_dim = static_cast<int>(C / H);
+  add("rotary q+k (B,T,3C)", 0, 0, [&] {
+    ops::rotary_forward(ctx, qkv, 0, static_cast<int>(H), static_cast<int>(C / H), rp);
+    ops::rotary_forward(ctx, qkv, C, static_cast<int>(H), static_cast<int>(C / H), rp);
+  });
+  for (int groups : {2, 1}) {
+    ops::AttentionLayout layout;
+    layout.n_head = static_cast<int>(H);
+    layout.n_group = groups;
+    layout.head_dim = static_cast<int>(C / H);
+    const int64_t W = (H + 2 * groups) * (C / H);
+    Tensor gqkv = rnd({B, T, W}, g), gdqkv = rnd({B, T, W}, g);
+    const std::string name = groups == 1 ? "MQA" : "GQA G=" + std::to_string(groups);
+    add("attention fwd " + name, 4.0 * B * H * T * T * (C / H), 0, [&] { ops::attention_forward(ctx, att, probs, gqkv, layout); });
+    add("attention bwd " + name, 8.0 * B * H * T * T * (C / H), 0, [&] { ops::attention_backward(ctx, gdqkv, att, gqkv, probs, layout); });
+    if (groups == 2) {
+      layout.alibi_slopes = ops::alibi_slopes(static_cast<int>(H));
+      add("attention fwd " + name + " ALiBi", 4.0 * B * H * T * T * (C / H), 0, [&] { ops::attention_forward(ctx, att, probs, gqkv, layout); });
+    }
+  }
+
   double total = 0, flops = 0;
   for (auto& r : rows) {
     total += r.ms * r.per_iter;
     flops += r.flops * r.per_iter;
   }
   std::printf("%-26s %9s %9s %8s %7s\n", "op", "ms/call", "GFLOP/s", "calls", "share");
-  for (auto& r : rows)
+  for (auto& r : rows) {
+    if (r.per_iter == 0 && &r != &rows.front() && (&r - 1)->per_iter != 0) std::printf("model families (not in the sum):\n");
     std::printf("%-26s %9.2f %9.1f %8lld %6.1f%%\n", r.name.c_str(), r.ms, r.flops > 0 ? r.flops / r.ms / 1e6 : 0.0,
                 static_cast<long long>(r.per_iter), 100.0 * r.ms * r.per_iter / total);
+  }
   std::printf("sum over one iteration (ops only, no optimizer): %.1f ms, %.1f GFLOP/s on %d thread(s)\n", total,
               flops / total / 1e6, threads);
   return 0;

@@ -5,8 +5,10 @@ Run with Debian's interpreter (/usr/bin/python3: torch, numpy, h5py); the pyenv 
 
 Subcommands:
   train-bench  time fp32 training steps (AdamW, grad clipping) of a GPT-2 model, print one JSON line.
-  eval         load a Hugging Face GPT2LMHeadModel state dict stored in HDF5 (e.g. `troupe ckpt export --format hf`),
-               compute the mean next-token loss over fixed windows of a Megatron MMIDIDX dataset, print one JSON line.
+  eval         load a Hugging Face GPT2LMHeadModel state dict stored in HDF5 (`troupe ckpt export --format hf-h5`) or a
+               Hugging Face folder of a GPT2LMHeadModel, LlamaForCausalLM or BloomForCausalLM (`--format hf`), compute
+               the mean next-token loss over fixed windows of a Megatron MMIDIDX dataset (or a raw int32 token file),
+               print one JSON line.
 
 The model matches troupe's exactly: pre-LayerNorm blocks (eps 1e-5), learned position embeddings, token embedding tied
 with the output head, fused c_attn producing [q | k | v], causal softmax attention scaled by 1/sqrt(head size), MLP with
@@ -335,6 +337,230 @@ def load_hf_h5(path, dtype, n_head_override=None):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Hugging Face folders (config.json + model.safetensors): GPT2LMHeadModel, LlamaForCausalLM, BloomForCausalLM.
+#
+# Written from the published architectures (Hugging Face's modeling_gpt2 / modeling_llama / modeling_bloom semantics),
+# not from troupe's code, as plain functions over a dict of float64 tensors:
+#   LLaMA  x = embed_tokens[ids]; per layer: h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))),
+#          n = RMSNorm_in(x) (x * rsqrt(mean(x^2) + eps) * w); x = h + down_proj(silu(gate_proj(m)) * up_proj(m)),
+#          m = RMSNorm_post(h); logits = lm_head(RMSNorm(x)) (lm_head = embed_tokens when tied). rope: rotate-half
+#          (HF's rotate_half/apply_rotary_pos_emb), inv_freq = rope_theta^(-2i/head_dim); key/value head g serves
+#          query heads [g H/G, (g+1) H/G) (repeat_kv).
+#   BLOOM  x = LayerNorm_emb(word_embeddings[ids]); per layer: qkv = query_key_value(LayerNorm_in(x)) viewed
+#          (B, T, H, 3, hs) (per head [q k v]); scores = q k^T / sqrt(hs) + slope_h * j (build_alibi_tensor: the key
+#          position; constant along a row, so softmax equals slope_h (j - i)); h = x + dense(attn); x = h +
+#          dense_4h_to_h(gelu(dense_h_to_4h(LayerNorm_post(h)))); logits = word_embeddings(ln_f(x)). GELU: the tanh
+#          form with the exact sqrt(2/pi) (HF's bloom_gelu_forward rounds it to 0.79788456, 1e-9 relative).
+
+_ST_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4"}
+
+
+def read_safetensors(path):
+    """{name: numpy array} of a .safetensors file: u64 LE header length, JSON header, raw little-endian data."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError(f"{path}: shorter than a safetensors header")
+    n = int.from_bytes(blob[:8], "little")
+    if 8 + n > len(blob):
+        raise ValueError(f"{path}: header length {n} runs past the end of the file")
+    header = json.loads(blob[8: 8 + n].decode("utf-8"))
+    data = memoryview(blob)[8 + n:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = entry["dtype"]
+        if dtype == "BF16":
+            begin, end = entry["data_offsets"]
+            raw = np.frombuffer(data[begin:end], dtype="<u2").astype(np.uint32) << 16
+            out[name] = raw.view(np.float32).reshape(entry["shape"])
+            continue
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {dtype}, which this reader does not know")
+        begin, end = entry["data_offsets"]
+        arr = np.frombuffer(data[begin:end], dtype=_ST_DTYPES[dtype])
+        out[name] = arr.reshape(entry["shape"])
+    return out
+
+
+def read_hf_folder_tensors(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for name in files:
+        tensors.update(read_safetensors(os.path.join(folder, name)))
+    return tensors
+
+
+class HfCausalLM:
+    """A GPT-2, LLaMA or BLOOM of a Hugging Face folder in float64 (or float32); __call__ returns (logits, loss)."""
+
+    def __init__(self, folder, dtype):
+        _import_torch()
+        with open(os.path.join(folder, "config.json")) as f:
+            self.config = json.load(f)
+        self.kind = self.config.get("model_type")
+        if self.kind not in ("gpt2", "llama", "bloom"):
+            raise ValueError(f"{folder}: model_type {self.kind!r} is not gpt2, llama or bloom")
+        raw = read_hf_folder_tensors(folder)
+        self.w = {k: torch.from_numpy(np.array(v, dtype=np.float64)).to(dtype) for k, v in raw.items()}
+        c = self.config
+        if self.kind == "gpt2":
+            self.w = {k if k.startswith(("transformer.", "lm_head")) else "transformer." + k: v for k, v in self.w.items()}
+            self.n_layer, self.n_head, self.hidden = c["n_layer"], c["n_head"], c["n_embd"]
+            self.eps = c.get("layer_norm_epsilon", 1e-5)
+            self.positions = c["n_positions"]
+            self.vocab_size = c["vocab_size"]
+            self.embed = self.w["transformer.wte.weight"]
+        elif self.kind == "llama":
+            self.n_layer, self.n_head = c["num_hidden_layers"], c["num_attention_heads"]
+            self.hidden = c["hidden_size"]
+            self.n_kv = c.get("num_key_value_heads") or self.n_head
+            self.head_dim = c.get("head_dim") or self.hidden // self.n_head
+            self.eps = c.get("rms_norm_eps", 1e-6)
+            self.theta = float(c.get("rope_theta", 10000.0))
+            self.positions = c.get("max_position_embeddings", 2048)
+            self.vocab_size = c["vocab_size"]
+            if c.get("hidden_act", "silu") != "silu":
+                raise ValueError(f"{folder}: hidden_act {c.get('hidden_act')!r}: only silu is LLaMA's")
+            if c.get("rope_scaling") is not None:
+                raise ValueError(f"{folder}: rope_scaling is not modelled here")
+            self.embed = self.w["model.embed_tokens.weight"]
+        else:
+            self.n_layer = c.get("n_layer", c.get("num_hidden_layers"))
+            self.n_head = c.get("n_head", c.get("num_attention_heads"))
+            self.hidden = c.get("hidden_size", c.get("n_embed"))
+            self.eps = c.get("layer_norm_epsilon", 1e-5)
+            self.positions = None  # ALiBi: no position limit
+            self.vocab_size = c["vocab_size"]
+            if c.get("apply_residual_connection_post_layernorm", False):
+                raise ValueError(f"{folder}: apply_residual_connection_post_layernorm is not modelled here")
+            self.embed = self.w["transformer.word_embeddings.weight"]
+        tied = c.get("tie_word_embeddings", True)
+        self.head = self.w.get("lm_head.weight") if not tied or "lm_head.weight" in self.w else None
+        if self.head is None:
+            self.head = self.embed
+        self.real_vocab = self.vocab_size
+
+    # -- pieces -------------------------------------------------------------------------------------------------------
+    def _linear(self, x, name, bias=True):
+        y = x @ self.w[name + ".weight"].T
+        b = self.w.get(name + ".bias")
+        return y + b if b is not None else y
+
+    def _linear_conv1d(self, x, name):  # GPT-2's Conv1D: weight (in, out)
+        return x @ self.w[name + ".weight"] + self.w[name + ".bias"]
+
+    def _layernorm(self, x, name):
+        return F.layer_norm(x, (x.shape[-1],), self.w[name + ".weight"], self.w[name + ".bias"], self.eps)
+
+    def _rmsnorm(self, x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w[name + ".weight"]
+
+    @staticmethod
+    def _causal_softmax(scores):
+        T = scores.shape[-1]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        return F.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+    def _rope(self, x):  # x (B, heads, T, hd): rotate-half pairs (i, i + hd/2), angle t * theta^(-2i/hd)
+        T, hd = x.shape[2], x.shape[3]
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        rotated = torch.cat((-x[..., hd // 2:], x[..., : hd // 2]), dim=-1)
+        return x * cos + rotated * sin
+
+    @staticmethod
+    def alibi_slopes(n):
+        """BLOOM's build_alibi_tensor slopes: a power of 2 below n, then odd powers of the next one's base."""
+        closest = 2 ** math.floor(math.log2(n))
+        base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+        slopes = [base ** p for p in range(1, closest + 1)]
+        if closest != n:
+            extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+            slopes += [extra ** p for p in range(1, 1 + 2 * min(closest, n - closest), 2)]
+        return slopes
+
+    # -- blocks -------------------------------------------------------------------------------------------------------
+    def _gpt2_layer(self, x, i):
+        p = f"transformer.h.{i}."
+        B, T, C = x.shape
+        H = self.n_head
+        hs = C // H
+        q, k, v = self._linear_conv1d(self._layernorm(x, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
+        q, k, v = (t.view(B, T, H, hs).transpose(1, 2) for t in (q, k, v))
+        y = self._causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(hs)) @ v
+        x = x + self._linear_conv1d(y.transpose(1, 2).reshape(B, T, C), p + "attn.c_proj")
+        m = self._linear_conv1d(self._layernorm(x, p + "ln_2"), p + "mlp.c_fc")
+        return x + self._linear_conv1d(F.gelu(m, approximate="tanh"), p + "mlp.c_proj")
+
+    def _llama_layer(self, x, i):
+        p = f"model.layers.{i}."
+        B, T, _ = x.shape
+        H, G, hd = self.n_head, self.n_kv, self.head_dim
+        n = self._rmsnorm(x, p + "input_layernorm")
+        q = self._linear(n, p + "self_attn.q_proj").view(B, T, H, hd).transpose(1, 2)
+        k = self._linear(n, p + "self_attn.k_proj").view(B, T, G, hd).transpose(1, 2)
+        v = self._linear(n, p + "self_attn.v_proj").view(B, T, G, hd).transpose(1, 2)
+        q, k = self._rope(q), self._rope(k)
+        k = k.repeat_interleave(H // G, dim=1)  # head h reads group h // (H / G)
+        v = v.repeat_interleave(H // G, dim=1)
+        y = self._causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(hd)) @ v
+        h = x + self._linear(y.transpose(1, 2).reshape(B, T, H * hd), p + "self_attn.o_proj")
+        m = self._rmsnorm(h, p + "post_attention_layernorm")
+        gated = F.silu(self._linear(m, p + "mlp.gate_proj")) * self._linear(m, p + "mlp.up_proj")
+        return h + self._linear(gated, p + "mlp.down_proj")
+
+    def _bloom_layer(self, x, i, alibi):
+        p = f"transformer.h.{i}."
+        B, T, C = x.shape
+        H = self.n_head
+        hs = C // H
+        qkv = self._linear(self._layernorm(x, p + "input_layernorm"), p + "self_attention.query_key_value")
+        qkv = qkv.view(B, T, H, 3, hs)
+        q, k, v = (qkv[..., j, :].transpose(1, 2) for j in range(3))  # (B, H, T, hs)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hs) + alibi  # alibi (H, 1, T): slope_h * key position
+        y = self._causal_softmax(scores) @ v
+        h = x + self._linear(y.transpose(1, 2).reshape(B, T, C), p + "self_attention.dense")
+        m = self._linear(self._layernorm(h, p + "post_attention_layernorm"), p + "mlp.dense_h_to_4h")
+        return h + self._linear(F.gelu(m, approximate="tanh"), p + "mlp.dense_4h_to_h")
+
+    def __call__(self, idx, targets=None, reduction="mean"):
+        B, T = idx.shape
+        if self.positions is not None and T > self.positions:
+            raise ValueError(f"sequence length {T} exceeds the model's {self.positions} positions")
+        x = F.embedding(idx, self.embed)
+        if self.kind == "gpt2":
+            x = x + self.w["transformer.wpe.weight"][:T]
+            for i in range(self.n_layer):
+                x = self._gpt2_layer(x, i)
+            x = self._layernorm(x, "transformer.ln_f")
+        elif self.kind == "llama":
+            for i in range(self.n_layer):
+                x = self._llama_layer(x, i)
+            x = self._rmsnorm(x, "model.norm")
+        else:
+            x = self._layernorm(x, "transformer.word_embeddings_layernorm")
+            slopes = torch.tensor(self.alibi_slopes(self.n_head), dtype=x.dtype)
+            alibi = slopes.view(-1, 1, 1) * torch.arange(T, dtype=x.dtype).view(1, 1, T)
+            for i in range(self.n_layer):
+                x = self._bloom_layer(x, i, alibi)
+            x = self._layernorm(x, "transformer.ln_f")
+        logits = x @ self.head.T
+        if targets is None:
+            return logits, None
+        flat = logits.reshape(-1, logits.size(-1))[:, : self.real_vocab]
+        return logits, F.cross_entropy(flat, targets.reshape(-1), reduction=reduction)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Subcommands.
 
 
@@ -431,13 +657,25 @@ def cmd_eval(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.double else torch.float32
-    model = load_hf_h5(args.hf_h5, dtype, args.num_attention_heads)
-    model.eval()
+    if (args.hf_h5 is None) == (args.hf_dir is None):
+        raise SystemExit("pass exactly one of --hf-h5 FILE and --hf-dir FOLDER")
+    if (args.data_prefix is None) == (args.token_file is None):
+        raise SystemExit("pass exactly one of --data-prefix PREFIX and --token-file FILE")
+    if args.hf_h5 is not None:
+        model = load_hf_h5(args.hf_h5, dtype, args.num_attention_heads)
+        model.eval()
+        positions = model.n_positions
+    else:
+        model = HfCausalLM(args.hf_dir, dtype)
+        positions = model.positions
     S = args.seq_length
-    if S > model.n_positions:
-        raise SystemExit(f"--seq-length {S} exceeds the model's n_positions {model.n_positions}")
+    if positions is not None and S > positions:
+        raise SystemExit(f"--seq-length {S} exceeds the model's {positions} positions")
 
-    stream = MMapIndexedDataset(args.data_prefix).token_stream()
+    if args.token_file is not None:  # raw little-endian int32 tokens
+        stream = np.fromfile(args.token_file, dtype="<i4")
+    else:
+        stream = MMapIndexedDataset(args.data_prefix).token_stream()
     windows = (len(stream) - 1) // S if len(stream) > 0 else 0
     K = windows if args.samples is None else args.samples
     if K > windows:
@@ -483,9 +721,12 @@ def main(argv=None):
     tb.add_argument("--no-foreach", action="store_true", help="per-tensor AdamW loop instead of foreach kernels")
     tb.set_defaults(func=cmd_train_bench)
 
-    ev = sub.add_parser("eval", help="mean next-token loss of an HF GPT-2 HDF5 state dict; print one JSON line")
-    ev.add_argument("--hf-h5", required=True)
-    ev.add_argument("--data-prefix", required=True)
+    ev = sub.add_parser("eval", help="mean next-token loss of an HF GPT-2 HDF5 state dict or an HF folder (GPT-2, "
+                                     "LLaMA, BLOOM); print one JSON line")
+    ev.add_argument("--hf-h5", default=None, help="HDF5 GPT2LMHeadModel state dict (troupe ckpt export --format hf-h5)")
+    ev.add_argument("--hf-dir", default=None, help="Hugging Face folder: config.json + model.safetensors")
+    ev.add_argument("--data-prefix", default=None, help="MMIDIDX dataset prefix")
+    ev.add_argument("--token-file", default=None, help="raw little-endian int32 token stream instead of a dataset")
     ev.add_argument("--seq-length", type=int, required=True)
     ev.add_argument("--samples", type=int, default=None, help="number of windows (default: all)")
     ev.add_argument("--double", action="store_true", help="compute in float64")

@@ -1,25 +1,110 @@
 #include "config/imported_config.hpp"
 
+#include <string>
+#include <vector>
+
 namespace troupe {
 
 TrainConfig imported_train_config(const HfModel& m) {
   TrainConfig c;
   const HfGpt2Config& h = m.config;
-  c.model.num_layers = static_cast<int>(h.n_layer);
-  c.model.hidden_size = static_cast<int>(h.n_embd);
-  c.model.num_attention_heads = static_cast<int>(h.n_head);
-  c.model.max_position_embeddings = static_cast<int>(h.n_positions);
-  c.model.seq_length = static_cast<int>(h.n_positions);
-  c.model.vocab_size = h.vocab_size;
-  c.model.layernorm_epsilon = h.layer_norm_epsilon;
-  c.tokenizer_type = !m.vocab_file.empty() ? "GPT2BPETokenizer"
-                     : !h.tokenizer_type.empty() ? h.tokenizer_type
-                                                 : "GPT2BPETokenizer";
+  const HfArch& a = h.arch;
+  GptConfig& g = c.model;
+  g.num_layers = static_cast<int>(h.n_layer);
+  g.hidden_size = static_cast<int>(h.n_embd);
+  g.num_attention_heads = static_cast<int>(h.n_head);
+  g.max_position_embeddings = static_cast<int>(h.n_positions);
+  g.seq_length = static_cast<int>(h.seq_length > 0 ? h.seq_length : h.n_positions);
+  g.vocab_size = h.vocab_size;
+  g.layernorm_epsilon = h.layer_norm_epsilon;
+  if (a.family == HfFamily::llama) {
+    g.normalization = Normalization::rmsnorm;
+    g.position_embedding = PositionEmbedding::rope;
+    g.activation = MlpActivation::swiglu;
+    g.rotary_base = a.rope_theta;
+    g.rotary_interleaved = a.rotary_interleaved;
+    g.ffn_hidden = static_cast<int>(a.ffn);
+    g.num_query_groups = a.groups == a.heads ? 0 : static_cast<int>(a.groups);
+    g.kv_channels = a.head_dim * a.heads == a.hidden ? 0 : static_cast<int>(a.head_dim);
+    g.add_bias_linear = a.bias;
+    g.untie_embeddings_and_output_weights = !a.tied;
+  } else if (a.family == HfFamily::bloom) {
+    g.position_embedding = PositionEmbedding::alibi;
+    g.embed_layernorm = true;
+    g.untie_embeddings_and_output_weights = !a.tied;
+  }
+  const bool gpt2 = a.family == HfFamily::gpt2;
+  if (!m.vocab_file.empty())
+    c.tokenizer_type = "GPT2BPETokenizer";
+  else if (!h.tokenizer_type.empty())
+    c.tokenizer_type = h.tokenizer_type;
+  else if (gpt2)
+    c.tokenizer_type = "GPT2BPETokenizer";
   if (c.tokenizer_type == "GPT2BPETokenizer") {
     c.vocab_file = m.vocab_file;
     c.merge_file = m.merge_file;
   }
   return c;
+}
+
+Result<HfArch> hf_arch_of(const GptConfig& m) {
+  HfArch a;
+  a.layers = m.num_layers;
+  a.hidden = m.hidden_size;
+  a.heads = m.num_attention_heads;
+  a.groups = m.query_groups();
+  a.head_dim = m.head_size();
+  a.ffn = m.ffn_hidden_size();
+  a.vocab = m.vocab_size;
+  a.positions = m.max_position_embeddings;
+  a.eps = m.layernorm_epsilon;
+  a.rope_theta = m.rotary_base;
+  a.bias = m.add_bias_linear;
+  a.tied = !m.untie_embeddings_and_output_weights;
+  a.rotary_interleaved = m.rotary_interleaved;
+  const bool layernorm = m.normalization == Normalization::layernorm, gelu = m.activation == MlpActivation::gelu;
+  const bool mha = a.groups == a.heads && a.head_dim * a.heads == a.hidden;
+  // What each class needs that the model lacks.
+  std::vector<std::string> gpt2, llama, bloom;
+  auto need = [](std::vector<std::string>& v, bool ok, const char* what) {
+    if (!ok) v.push_back(what);
+  };
+  need(gpt2, layernorm, "LayerNorm");
+  need(gpt2, m.position_embedding == PositionEmbedding::learned_absolute, "learned absolute positions");
+  need(gpt2, gelu && a.ffn == 4 * a.hidden, "a GELU MLP of 4h");
+  need(gpt2, m.add_bias_linear, "linear biases");
+  need(gpt2, !m.embed_layernorm, "no embedding LayerNorm");
+  need(gpt2, mha, "multi-head attention with hidden / heads per head");
+  need(llama, !layernorm, "RMSNorm");
+  need(llama, m.position_embedding == PositionEmbedding::rope, "rope positions");
+  need(llama, m.position_embedding != PositionEmbedding::rope || m.rotary_dim() == m.head_size(),
+       "rope over the whole (even) head (--rotary-percent 1)");
+  need(llama, !gelu, "a SwiGLU MLP");
+  need(llama, !m.embed_layernorm, "no embedding LayerNorm");
+  need(bloom, layernorm, "LayerNorm");
+  need(bloom, m.position_embedding == PositionEmbedding::alibi, "ALiBi positions");
+  need(bloom, gelu && a.ffn == 4 * a.hidden, "a GELU MLP of 4h");
+  need(bloom, m.add_bias_linear, "linear biases");
+  need(bloom, m.embed_layernorm, "the embedding LayerNorm");
+  need(bloom, mha, "multi-head attention with hidden / heads per head");
+  if (gpt2.empty()) return a;
+  if (llama.empty()) {
+    a.family = HfFamily::llama;
+    return a;
+  }
+  if (bloom.empty()) {
+    a.family = HfFamily::bloom;
+    return a;
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s;
+  };
+  return Status::bad_input("the model is none of the Hugging Face classes troupe exports:\n  GPT2LMHeadModel needs " +
+                           list(gpt2) + "\n  LlamaForCausalLM needs " + list(llama) + "\n  BloomForCausalLM needs " +
+                           list(bloom) + "\n(export the checkpoint as a troupe checkpoint, or train a model of one of "
+                           "these families: docs/MODELS.md)");
 }
 
 }  // namespace troupe

@@ -1,11 +1,13 @@
 #include "config/memory_estimate.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -14,6 +16,19 @@ namespace troupe {
 namespace {
 
 double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+// "1.5 GiB", "12.3 MiB": the plan's sizes in the unit that reads.
+std::string size_text(double bytes) {
+  if (bytes >= 1024.0 * 1024 * 1024) return fmt::format("{:.3g} GiB", gib(bytes));
+  return fmt::format("{:.3g} MiB", bytes / (1024.0 * 1024.0));
+}
+
+// "6.74 G", "85.3 M", "69744": a parameter count.
+std::string count_text(double n) {
+  if (n >= 1e9) return fmt::format("{:.3g} G", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.3g} M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
 
 // A number from a one-value file (cgroup v2: "max" means no limit); negative when unreadable.
 double read_number(const char* path) {
@@ -27,42 +42,127 @@ double read_number(const char* path) {
 
 }  // namespace
 
+const StageMemory& MemoryEstimate::largest_stage() const {
+  static const StageMemory none;
+  if (stages.empty()) return none;
+  return *std::max_element(stages.begin(), stages.end(),
+                           [](const StageMemory& a, const StageMemory& b) { return a.total() < b.total(); });
+}
+
 MemoryEstimate estimate_memory(const TrainConfig& c, int world_size) {
   const GptConfig& m = c.model;
-  const double tp = std::max(1, c.tensor_model_parallel_size), pp = std::max(1, c.pipeline_model_parallel_size);
-  const double dp = std::max(1, c.resolved_dp(std::max(1, world_size)));
-  const double C = m.hidden_size, L = m.num_layers, H = m.num_attention_heads, T = m.seq_length;
-  const double V = static_cast<double>(m.vocab_size), P = m.max_position_embeddings;
-  const double params = V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C;
-  const double psi = params / (tp * pp);
-  double states = 0;
-  switch (c.zero_stage) {
-    case 0: states = 16 * psi; break;
-    case 1: states = 8 * psi + 8 * psi / dp; break;
-    case 2: states = 4 * psi + 12 * psi / dp; break;
-    default: states = 16 * psi / dp; break;
-  }
-  if (c.offload_optimizer == "nvme") states -= 8 * psi / dp;  // the moments live in swap files
+  const int tp_size = std::max(1, c.tensor_model_parallel_size);
+  const double t = tp_size, p = std::max(1, c.pipeline_model_parallel_size);
+  const double d = std::max(1, c.resolved_dp(std::max(1, world_size)));
+  const double C = m.hidden_size, L = std::max(1, m.num_layers), H = m.num_attention_heads, T = m.seq_length;
+  const double G = m.query_groups(), hs = m.head_size(), F = m.ffn_hidden_size();
+  const double Vp = static_cast<double>(m.padded_vocab_size(tp_size)), P = m.max_position_embeddings;
+  const bool swiglu = m.activation == MlpActivation::swiglu;
+  const double norm = m.normalization == Normalization::rmsnorm ? C : 2 * C;  // weight (+ bias)
+  const double qkv = (H + 2 * G) * hs, attn = H * hs, fc1 = swiglu ? 2 * F : F;
 
+  // One layer on one tensor-parallel rank: column-parallel qkv and fc1 (weights and biases) and
+  // row-parallel projection and fc2 split 1/t; the norms and the row-parallel biases whole.
+  double layer = 2 * norm + (C * qkv + attn * C + C * fc1 + F * C) / t;
+  if (m.add_bias_linear) layer += (qkv + fc1) / t + 2 * C;
+  double embedding = Vp / t * C;  // wte's rows of the padded vocabulary
+  if (m.position_embedding == PositionEmbedding::learned_absolute) embedding += P * C;
+  if (m.embed_layernorm) embedding += norm;
+  // The head: ln_f, and lm_head (untied) or the tied copy of wte the last stage keeps when p > 1.
+  const double head = norm + (m.untie_embeddings_and_output_weights || p > 1 ? Vp / t * C : 0);
+
+  auto states_of = [&](double psi) {
+    double states = 0;
+    switch (c.zero_stage) {
+      case 0: states = 16 * psi; break;
+      case 1: states = 8 * psi + 8 * psi / d; break;
+      case 2: states = 4 * psi + 12 * psi / d; break;
+      default: states = 16 * psi / d; break;
+    }
+    if (c.offload_optimizer == "nvme") states -= 8 * psi / d;  // the moments live in swap files
+    return states;
+  };
+
+  // Activations, floats per token of one layer (Korthikanti et al.'s terms, see the header).
+  const double whole = c.sequence_parallel && tp_size > 1 ? 4 * C / t : 4 * C;
+  const double split = (qkv + attn + (swiglu ? 3 * F : 2 * F)) / t;
+  const double probs = H * T / t;
   const double micro = std::max(1, c.micro_batch_size);
-  const double micro_batches = std::max(1.0, static_cast<double>(c.global_batch_size) / (micro * dp));
-  const double in_flight = c.pipeline_schedule == "gpipe" ? micro_batches : std::min(pp, micro_batches);
-  const double layers = std::max(1.0, L / pp);
   const double tokens = micro * T;
-  const double full_layer = 4 * C + (12 * C + H * T) / tp;  // floats per token
-  double per_micro = 0;
-  if (c.recompute_granularity == "full")
-    per_micro = tokens * (layers * C + full_layer);
-  else if (c.recompute_granularity == "selective")
-    per_micro = tokens * (layers * (4 * C + 12 * C / tp) + H * T / tp);
-  else
-    per_micro = tokens * layers * full_layer;
+  auto micro_batch_bytes = [&](double layers, const std::string& recompute) {
+    double floats = 0;
+    if (recompute == "full") floats = layers * C + whole + split + probs;
+    else if (recompute == "selective") floats = layers * (whole + split) + probs;
+    else floats = layers * (whole + split + probs);
+    return 4 * tokens * floats;
+  };
+  const double micro_batches = std::max(1.0, static_cast<double>(c.global_batch_size) / (micro * d));
 
   MemoryEstimate e;
-  e.ranks_in_process = world_size > 1 ? 1 : static_cast<int>(std::min(1e6, tp * pp * dp));
-  e.model_state_bytes = states * e.ranks_in_process;
-  e.activation_bytes = 4 * per_micro * in_flight * e.ranks_in_process;
+  e.logits_bytes = 4 * tokens * Vp / t;
+  const double first_layers = std::ceil(L / p);
+  e.micro_batch_activation_none = micro_batch_bytes(first_layers, "none");
+  e.micro_batch_activation_selective = micro_batch_bytes(first_layers, "selective");
+  e.micro_batch_activation_full = micro_batch_bytes(first_layers, "full");
+  // Stage s holds floor(L / p) layers, one more for the first L mod p stages (validation bounds p by
+  // L); the first 1023 stages and the last are kept for the plan.
+  const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
+  double sum_states = 0, sum_activations = 0;
+  for (int64_t s = 0; s < stages; ++s) {
+    StageMemory st;
+    const double stage_layers = static_cast<double>(layers / stages + (s < layers % stages ? 1 : 0));
+    st.parameters = stage_layers * layer + (s == 0 ? embedding : 0) + (s == stages - 1 ? head : 0);
+    st.model_state_bytes = states_of(st.parameters);
+    st.micro_batches_in_flight =
+        c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
+    st.activation_bytes = micro_batch_bytes(stage_layers, c.recompute_granularity) * st.micro_batches_in_flight +
+                          (s == stages - 1 ? e.logits_bytes : 0);
+    sum_states += st.model_state_bytes;
+    sum_activations += st.activation_bytes;
+    if (s < 1023 || s == stages - 1) e.stages.push_back(st);
+  }
+  if (world_size > 1) {
+    // One rank per process, of a stage this process cannot tell: the largest.
+    e.ranks_in_process = 1;
+    e.model_state_bytes = e.largest_stage().model_state_bytes;
+    e.activation_bytes = e.largest_stage().activation_bytes;
+  } else {
+    e.ranks_in_process = static_cast<int>(std::min(1e6, t * p * d));
+    e.model_state_bytes = sum_states * t * d;
+    e.activation_bytes = sum_activations * t * d;
+  }
   return e;
+}
+
+std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size) {
+  const GptConfig& m = c.model;
+  const MemoryEstimate e = estimate_memory(c, world_size);
+  const int dp = c.resolved_dp(std::max(1, world_size));
+  std::vector<std::string> out;
+  const int64_t tokens = int64_t{c.global_batch_size} * m.seq_length;
+  out.push_back(fmt::format("model: {} family, {} parameters ({}); {:.4g} TFLOPs per iteration of {} tokens "
+                            "(Megatron's count)",
+                            m.family_name(), m.num_parameters(), count_text(static_cast<double>(m.num_parameters())),
+                            m.flops_per_iteration(tokens) / 1e12, tokens));
+  out.push_back(fmt::format("memory plan per rank (fp32; tp {}, pp {}, dp {}, ZeRO stage {}, recompute {}):",
+                            c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp, c.zero_stage,
+                            c.recompute_granularity));
+  const size_t n = e.stages.size();
+  for (size_t s = 0; s < n; ++s) {
+    if (s >= 3 && s + 1 < n) continue;  // the first three stages and the last
+    const StageMemory& st = e.stages[s];
+    out.push_back(fmt::format(
+        "  stage {}: {} parameters, {} of weights, gradients and Adam moments; {} of activations ({:g} "
+        "micro-batch(es) in flight{})",
+        s + 1 == n ? c.pipeline_model_parallel_size - 1 : static_cast<int>(s), count_text(st.parameters),
+        size_text(st.model_state_bytes), size_text(st.activation_bytes), st.micro_batches_in_flight,
+        s + 1 == n ? ", logits " + size_text(e.logits_bytes) : std::string()));
+  }
+  out.push_back(fmt::format("  one micro-batch's activations on stage 0: {} without recompute, {} selective, {} full",
+                            size_text(e.micro_batch_activation_none), size_text(e.micro_batch_activation_selective),
+                            size_text(e.micro_batch_activation_full)));
+  out.push_back(fmt::format("  this process: {} over {} rank(s)", size_text(e.total()), e.ranks_in_process));
+  return out;
 }
 
 double available_memory_bytes() {

@@ -2,43 +2,75 @@
 // a configuration that cannot fit is refused with the flag to lower (exit 2) instead of dying of an
 // allocation failure or the OOM killer half-way through setup.
 //
-// The estimate is a lower bound of what the job will hold per process (fp32, CPU backend):
-//   model states per rank   ZeRO's formula over this rank's share of the parameters,
-//                           Psi = parameters / (tp x pp): stage 0 16 Psi, 1 8 Psi + 8 Psi/dp,
-//                           2 4 Psi + 12 Psi/dp, 3 16 Psi/dp bytes (the Adam moments, 8 Psi/dp of them,
-//                           are on disk with --offload-optimizer nvme)
-//   activations per rank    per token and layer 4C + (12C + H T) / tp floats (layer norms, residuals;
-//                           qkv, attention output, MLP, attention probabilities split by tensor
-//                           parallelism), for the micro-batches a stage holds at once (1F1B and the
-//                           interleaved and zero-bubble schedules min(pp, m), GPipe m), over the
-//                           stage's L / pp layers; full recompute keeps only each layer's input
-//                           (C floats per token) plus one layer's activations, selective recompute
-//                           drops the attention probabilities
-// times the ranks this process runs (all of them in one process, one under troupe launch). It is
-// compared with the memory this process can have: MemAvailable (/proc/meminfo), and the cgroup's
-// memory.max minus its current use when lower, divided among the ranks started on the host.
-// TROUPE_MEMORY_CHECK=off skips the comparison (the estimate is still printed by callers).
+// The estimate is a lower bound of what the job will hold per process (fp32, CPU backend), computed
+// per pipeline stage s of the layout (tp t, pp p, dp d) and summed over the ranks this process runs:
+//   parameters of a rank    its tensor-parallel shard of the stage's ceil(L / p) layers (qkv, the
+//                           projection, fc1 and fc2 split 1/t; norms and the row-parallel biases
+//                           whole), plus on the first stage wte (Vp/t rows of the padded vocabulary),
+//                           wpe (learned positions) and the embedding LayerNorm, on the last ln_f and
+//                           the head: lm_head (untied) or, with p > 1, the tied copy of wte
+//   model states            ZeRO's formula over those Psi parameters (fp32 weights 4 Psi, gradients
+//                           4 Psi, Adam moments 8 Psi): stage 0 16 Psi, 1 8 Psi + 8 Psi/d, 2 4 Psi +
+//                           12 Psi/d, 3 16 Psi/d bytes (the moments, 8 Psi/d, are on disk with
+//                           --offload-optimizer nvme)
+//   activations             Korthikanti et al.'s per-layer count (Reducing Activation Recomputation
+//                           in Large Transformer Models, 2022, sec. 4) in fp32 and adapted to the
+//                           family: per token and layer 4C floats whole (the two norms' inputs and
+//                           outputs; /t with --sequence-parallel) + (qkv (H + 2G) hs + the attention
+//                           output H hs + the MLP's activations, 2F for GELU and 3F for SwiGLU) / t +
+//                           the attention probabilities H T / t; dropout masks are not stored (they
+//                           are functions of the seed). Selective recompute keeps all but the
+//                           probabilities (one layer's, while it recomputes); full recompute keeps
+//                           each layer's input (C per token) plus one layer's activations. The last
+//                           stage also holds one micro-batch's logits, Vp/t floats per token. Stage s
+//                           holds min(p - s, m) micro-batches at once (1F1B, interleaved, zero-bubble;
+//                           GPipe: m), m the micro-batches per iteration on a replica.
+// It is compared with the memory this process can have: MemAvailable (/proc/meminfo), and the
+// cgroup's memory.max minus its current use when lower, divided among the ranks started on the host.
+// TROUPE_MEMORY_CHECK=off skips the comparison (the plan is still printed by callers).
 //
 // Every product is computed in double: absurd flag values (--hidden-size 2147483644) give a huge
 // estimate, never an integer overflow.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "troupe/train_config.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
 
+// One pipeline stage's figures for one of its ranks.
+struct StageMemory {
+  double parameters = 0;          // this rank's parameters (allocated: padded vocabulary rows included)
+  double model_state_bytes = 0;   // weights, gradients and Adam moments after ZeRO
+  double activation_bytes = 0;    // at the peak: the micro-batches in flight (+ the last stage's logits)
+  double micro_batches_in_flight = 0;
+  double total() const { return model_state_bytes + activation_bytes; }
+};
+
 struct MemoryEstimate {
   double model_state_bytes = 0;  // per process
   double activation_bytes = 0;   // per process
   double total() const { return model_state_bytes + activation_bytes; }
   int ranks_in_process = 1;
+  // The plan per rank: every stage (index = pipeline stage), the activations of one micro-batch on
+  // stage 0 under each recompute granularity (for the plan's comparison), and the logits.
+  std::vector<StageMemory> stages;
+  double micro_batch_activation_none = 0, micro_batch_activation_selective = 0, micro_batch_activation_full = 0;
+  double logits_bytes = 0;
+  // The largest rank's figures (the one that decides whether a GPU or host fits).
+  const StageMemory& largest_stage() const;
 };
 
 // world_size: ranks started (1: every rank of the layout runs in this process).
 MemoryEstimate estimate_memory(const TrainConfig& config, int world_size);
+
+// The plan printed before training and by `troupe train --dry-run`: the model's parameters and
+// FLOPs, then per rank the parameters, model states (ZeRO stage) and activations (recompute), one
+// line each.
+std::vector<std::string> memory_plan_lines(const TrainConfig& config, int world_size);
 
 // Bytes this process may still use: min(MemAvailable, cgroup memory.max - memory.current); a
 // negative value when neither can be read.

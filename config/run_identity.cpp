@@ -22,6 +22,10 @@ std::string text(int64_t v) { return std::to_string(v); }
 std::string text(int v) { return std::to_string(v); }
 std::string text(uint64_t v) { return std::to_string(v); }
 std::string text(const std::string& v) { return v.empty() ? "(none)" : v; }
+std::string text(bool v) { return v ? "on" : "off"; }
+std::string text(Normalization v) { return to_string(v); }
+std::string text(PositionEmbedding v) { return to_string(v); }
+std::string text(MlpActivation v) { return to_string(v); }
 std::string text(const std::vector<std::string>& v) {
   std::string out;
   for (const std::string& item : v) out += (out.empty() ? "" : " ") + item;
@@ -51,6 +55,32 @@ void shapes_must_agree(Differences& d, const TrainConfig& now, const TrainConfig
   d.must_agree("--num-attention-heads", now.model.num_attention_heads, saved.model.num_attention_heads, fix);
   d.must_agree("--max-position-embeddings", now.model.max_position_embeddings, saved.model.max_position_embeddings,
                fix);
+  // The family: which tensors exist and their shapes (norm biases, wpe, the embedding LayerNorm,
+  // linear biases, lm_head, the key/value groups, head dimension, MLP width and its two halves),
+  // and how positions enter (the same tensors mean something else under rope, ALiBi or none).
+  const GptConfig& a = now.model;
+  const GptConfig& b = saved.model;
+  d.must_agree("--normalization", a.normalization, b.normalization, fix);
+  d.must_agree("--position-embedding-type", a.position_embedding, b.position_embedding, fix);
+  d.must_agree("--swiglu (the MLP's activation)", a.activation, b.activation, fix);
+  d.must_agree("the linear layers' biases (--disable-bias-linear)", a.add_bias_linear, b.add_bias_linear, fix);
+  d.must_agree("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
+               b.untie_embeddings_and_output_weights, fix);
+  d.must_agree("--embed-layernorm", a.embed_layernorm, b.embed_layernorm, fix);
+  // The derived sizes (groups, head dimension, MLP width: defaults follow the width and heads) only
+  // when the width and heads agree, so that one difference is reported once.
+  if (a.hidden_size != b.hidden_size || a.num_attention_heads != b.num_attention_heads) return;
+  d.must_agree("the key/value groups (--num-query-groups / --num-key-value-heads)", a.query_groups(), b.query_groups(),
+               fix);
+  d.must_agree("the head dimension (--kv-channels)", a.head_size(), b.head_size(), fix);
+  if (a.activation == b.activation) d.must_agree("--ffn-hidden-size", a.ffn_hidden_size(), b.ffn_hidden_size(), fix);
+}
+
+// How rotary turns positions into angles: a resumed run continues the same function; a fine-tune
+// may change the base (context extension does) but reports it.
+void rotary_must_agree(Differences& d, const GptConfig& a, const GptConfig& b, const std::string& fix) {
+  d.must_agree("--rotary-percent", a.rotary_percent, b.rotary_percent, fix);
+  d.must_agree("--rotary-interleaved", a.rotary_interleaved, b.rotary_interleaved, fix);
 }
 
 int64_t decay_length(const TrainConfig& c) { return c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters; }
@@ -116,6 +146,9 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   ResumeCheck out;
   Differences d{out};
   shapes_must_agree(d, now, saved, "the model's shape cannot change on resume; pass the checkpoint's value");
+  rotary_must_agree(d, now.model, saved.model, "the model cannot change on resume; pass the checkpoint's value");
+  d.must_agree("--rotary-base", now.model.rotary_base, saved.model.rotary_base,
+               "the model cannot change on resume; pass the checkpoint's value");
   d.must_agree("--tokenizer-type", now.tokenizer_type, saved.tokenizer_type,
                "use the tokenizer (and vocabulary files) the checkpoint was trained with");
   if (now.tokenizer_type == saved.tokenizer_type)
@@ -183,6 +216,8 @@ ResumeCheck check_finetune(const TrainConfig& now, const TrainConfig& saved) {
   ResumeCheck out;
   Differences d{out};
   shapes_must_agree(d, now, saved, "the parameters' shapes follow from it; pass the checkpoint's value");
+  rotary_must_agree(d, now.model, saved.model, "the parameters were trained with it; pass the checkpoint's value");
+  d.may_change("--rotary-base", now.model.rotary_base, saved.model.rotary_base);
   d.must_agree("the vocabulary size (of --tokenizer-type and its files)", now.model.vocab_size, saved.model.vocab_size,
                "the embedding has one row per token: use the tokenizer (and vocabulary files) the model was trained "
                "with");

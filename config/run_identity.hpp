@@ -14,7 +14,10 @@
 //   - --load of a checkpoint compares the flags with the config stored in it (Megatron's rules,
 //     megatron/training/checkpointing.py check_checkpoint_args and OptimizerParamScheduler):
 //       must agree     --num-layers, --hidden-size, --num-attention-heads,
-//                      --max-position-embeddings, the vocabulary (tokenizer type and size), --seed
+//                      --max-position-embeddings, the architecture family (--normalization,
+//                      --position-embedding-type, --swiglu, the biases, the head's tying,
+//                      --embed-layernorm, the key/value groups, --kv-channels, --ffn-hidden-size,
+//                      the rotary percent, base and pairing), the vocabulary (tokenizer type and size), --seed
 //                      (it fixes the data order, which the run continues); and the learning-rate
 //                      schedule (--lr, --min-lr, --lr-decay-style, --lr-warmup-*, the decay length
 //                      --lr-decay-iters or --train-iters), unless --override-opt_param-scheduler
@@ -67,9 +70,10 @@ struct ResumeCheck {
 ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved);
 
 // --finetune (and --load of a Hugging Face folder): a new run from the checkpoint's parameters.
-// Only what the parameters' shapes depend on must agree (the layer count, hidden size, heads,
-// positions, the vocabulary size); the seed, schedule and everything else are this run's. Changes
-// of the tokenizer type and the LayerNorm epsilon are reported.
+// Only what the parameters' shapes and meaning depend on must agree (the layer count, hidden size,
+// heads, positions, the family but the rotary base, the vocabulary size); the seed, schedule and
+// everything else are this run's. Changes of the tokenizer type, the norm epsilon and the rotary
+// base (context extension) are reported.
 ResumeCheck check_finetune(const TrainConfig& now, const TrainConfig& saved);
 
 // --use-checkpoint-opt_param-scheduler: the learning-rate schedule's fields of `saved` in `now`

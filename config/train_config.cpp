@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <type_traits>
 
 #include "storage/json_input.hpp"
 
@@ -19,11 +20,12 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 5;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+constexpr int kVersion = 6;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
                               // an array and the per-split data paths, 5 the model's dropout
                               // probabilities (older files: 0, since troupe trained without dropout)
-                              // and the batch-size ramp-up (older files: none)
+                              // and the batch-size ramp-up (older files: none), 6 the architecture
+                              // family (older files: GPT-2's)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -44,6 +46,31 @@ template <class Model, class Visitor>
 void visit_dropout_fields(Model& m, Visitor&& v) {
   v("hidden_dropout", m.hidden_dropout);
   v("attention_dropout", m.attention_dropout);
+}
+
+// Version 6: the architecture family, in the "model" object (absent from older files: GPT-2's
+// values, GptConfig's defaults). The enums are written as Megatron's spellings.
+template <class Model, class Visitor>
+void visit_family_fields(Model& m, Visitor&& v) {
+  v("normalization", m.normalization);
+  v("position_embedding_type", m.position_embedding);
+  v("activation", m.activation);
+  v("add_bias_linear", m.add_bias_linear);
+  v("untie_embeddings_and_output_weights", m.untie_embeddings_and_output_weights);
+  v("embed_layernorm", m.embed_layernorm);
+  v("num_query_groups", m.num_query_groups);
+  v("kv_channels", m.kv_channels);
+  v("ffn_hidden_size", m.ffn_hidden);
+  v("rotary_percent", m.rotary_percent);
+  v("rotary_base", m.rotary_base);
+  v("rotary_interleaved", m.rotary_interleaved);
+}
+
+// A field's JSON value: itself, or an enum's spelling.
+template <class T>
+json json_value(const T& v) {
+  if constexpr (std::is_enum_v<T>) return to_string(v);
+  else return v;
 }
 
 template <class Config, class Visitor>
@@ -171,6 +198,7 @@ const Range* range_of(const std::string& path) {
       {"model.make_vocab_size_divisible_by", {1, kInt32Max}},
       {"model.hidden_dropout", {0, 1}},  // validation refuses 1 itself, with the flag's name
       {"model.attention_dropout", {0, 1}},
+      {"model.rotary_percent", {0, 1}},  // validation refuses 0 itself, with the flag's name
       {"parallel.tensor_model_parallel_size", {1, kInt32Max}},
       {"parallel.pipeline_model_parallel_size", {1, kInt32Max}},
       {"parallel.data_parallel_size", {0, kInt32Max}},
@@ -221,6 +249,18 @@ Status read_value(const json& value, const std::string& path, double* out) {
   const Range* r = range_of(path);
   const double min = r ? r->min : 0.0, max = r ? r->max : std::numeric_limits<double>::max();
   if (Status st = json_to_number(value, min, max, out); !st) return range_error(path, st);
+  return Status::ok();
+}
+// An enum by its spelling (to_string / parse of include/troupe/model_config.hpp).
+template <class Enum, std::enable_if_t<std::is_enum_v<Enum>, int> = 0>
+Status read_value(const json& value, const std::string& path, Enum* out) {
+  if (!value.is_string() || !parse(value.get<std::string>(), *out)) {
+    const char* expected = std::is_same_v<Enum, Normalization> ? "\"LayerNorm\" or \"RMSNorm\""
+                           : std::is_same_v<Enum, PositionEmbedding>
+                               ? "\"learned_absolute\", \"rope\", \"alibi\" or \"none\""
+                               : "\"gelu\" or \"swiglu\"";
+    return type_error(path, expected, value);
+  }
   return Status::ok();
 }
 Status read_value(const json& value, const std::string& path, bool* out) {
@@ -294,6 +334,7 @@ std::string TrainConfig::to_json() const {
   json model_json = json::object();
   visit_model_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
   visit_dropout_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
+  visit_family_fields(model, [&](const char* key, const auto& value) { model_json[key] = json_value(value); });
   json j = json::object();
   j["format"] = kFormat;
   j["version"] = kVersion;
@@ -351,6 +392,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     c.model.hidden_dropout = 0;
     c.model.attention_dropout = 0;
   }
+  if (version->get<int64_t>() >= 6) visit_family_fields(c.model, model_reader);
   TROUPE_RETURN_IF_ERROR(model_reader.finish());
 
   if (version->get<int64_t>() >= 2) {

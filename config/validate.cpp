@@ -54,7 +54,10 @@ class Validator {
       if (!ok) problems.push_back(std::move(st));
       return ok;
     };
-    const bool shape = check(model(c.model)) & check(parallel(c));
+    bool model_ok = check(model_sizes(c.model));
+    if (model_ok)
+      for (const std::string& p : c.model.architecture_problems()) model_ok = check(Status::error(p)) && model_ok;
+    const bool shape = model_ok & check(parallel(c));
     if (shape) check(batch(c));
     check(optimizer(c));
     check(schedule(c));
@@ -122,33 +125,13 @@ class Validator {
                "pass e.g. " + flag + " " + example);
   }
 
-  Status model(const GptConfig& m) const {
+  // The sizes every other check divides by; the rest of the architecture, every problem at once,
+  // is GptConfig::architecture_problems (include/troupe/model_config.hpp).
+  Status model_sizes(const GptConfig& m) const {
     TROUPE_RETURN_IF_ERROR(positive("--num-layers", m.num_layers, "4"));
     TROUPE_RETURN_IF_ERROR(positive("--hidden-size", m.hidden_size, "256"));
     TROUPE_RETURN_IF_ERROR(positive("--num-attention-heads", m.num_attention_heads, "4"));
-    if (m.hidden_size % m.num_attention_heads != 0)
-      return bad(
-          "--num-attention-heads",
-          fmt::format("{} does not divide --hidden-size {}", m.num_attention_heads, m.hidden_size),
-          "choose a head count that divides the hidden size");
     TROUPE_RETURN_IF_ERROR(positive("--seq-length", m.seq_length, "256"));
-    if (m.max_position_embeddings < m.seq_length)
-      return bad(
-          "--max-position-embeddings",
-          fmt::format("{} is smaller than --seq-length {}", m.max_position_embeddings,
-                      m.seq_length),
-          "make it at least the sequence length, or leave it out to use the sequence length");
-    TROUPE_RETURN_IF_ERROR(
-        positive("--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by, "128"));
-    if (!(m.init_method_std > 0) || !std::isfinite(m.init_method_std))
-      return bad("--init-method-std",
-                 fmt::format("must be a positive number, got {}", m.init_method_std),
-                 "use e.g. 0.02");
-    for (const auto& [flag, p] : {std::pair{"--hidden-dropout", m.hidden_dropout},
-                                  std::pair{"--attention-dropout", m.attention_dropout}})
-      if (!(p >= 0 && p < 1))
-        return bad(flag, fmt::format("must be a probability at least 0 and below 1, got {}", p),
-                   "use e.g. 0.1 (Megatron's default), or 0 for no dropout");
     return Status::ok();
   }
 
@@ -234,9 +217,31 @@ class Validator {
     const int tp = c.tensor_model_parallel_size;
     TROUPE_RETURN_IF_ERROR(sizes(c));
 
-    // Each tensor-parallel rank holds whole heads. hidden % heads == 0 (checked in model()) then
-    // makes hidden and the MLP's 4 * hidden divisible by tp too; the vocabulary is padded to a
-    // multiple of tp (GptConfig::padded_vocab_size).
+    // Each tensor-parallel rank holds whole heads and whole key/value groups (Megatron-Core also
+    // replicates groups over tp > groups; troupe does not), and an equal share of the MLP's width
+    // and of the model width (the row-parallel inputs); the vocabulary is padded to a multiple of
+    // tp (GptConfig::padded_vocab_size). Every layout problem at once.
+    std::vector<std::string> split;
+    const int groups = m.num_query_groups;
+    if (groups > 0 && m.num_attention_heads % groups == 0 && groups % tp != 0)
+      split.push_back(bad("--num-query-groups",
+                          fmt::format("{} is not divisible by --tensor-model-parallel-size {}", groups, tp),
+                          "each tensor-parallel rank holds whole key/value groups: use a group count that is a "
+                          "multiple of the tensor-parallel size, or a smaller --tensor-model-parallel-size")
+                          .message());
+    const int ffn = m.ffn_hidden_size();
+    if (ffn > 0 && ffn % tp != 0)
+      split.push_back(bad("--ffn-hidden-size",
+                          fmt::format("{} is not divisible by --tensor-model-parallel-size {}", ffn, tp),
+                          "each tensor-parallel rank holds an equal share of the MLP: use a multiple of the "
+                          "tensor-parallel size")
+                          .message());
+    if (!split.empty() && m.num_attention_heads % tp == 0) {
+      if (split.size() == 1) return Status::error(split[0]);
+      std::string message = split[0];
+      for (size_t i = 1; i < split.size(); ++i) message += "\n  " + split[i];
+      return Status::error(message);
+    }
     if (m.num_attention_heads % tp != 0) {
       int divisor = tp;
       while (m.num_attention_heads % divisor != 0) --divisor;

@@ -2,7 +2,9 @@
 
 #include <filesystem>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "config/stored_config.hpp"
 #include "troupe/train_config.hpp"
@@ -30,13 +32,27 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   const GptConfig& m = cfg.model;
   if (target.tp < 1 || target.pp < 1 || target.dp < 1 || target.zero_stage < 0 || target.zero_stage > 3)
     return Status::bad_input("target sizes must be >= 1 and the ZeRO stage 0..3");
+  // Every problem of the target at once. The tensor-parallel size splits the heads, the key/value
+  // groups (grouped-query attention) and the MLP's hidden size (GptChunk's preconditions).
+  std::vector<std::string> problems;
+  const std::string tp_flag = "--target-tensor-parallel-size " + std::to_string(target.tp);
   if (m.num_attention_heads % target.tp != 0)
-    return Status::bad_input("--target-tensor-parallel-size " + std::to_string(target.tp) + " does not divide the " +
-                         std::to_string(m.num_attention_heads) + " attention heads -- pick a divisor of " +
-                         std::to_string(m.num_attention_heads));
+    problems.push_back(tp_flag + " does not divide the " + std::to_string(m.num_attention_heads) +
+                       " attention heads -- pick a divisor of " + std::to_string(m.num_attention_heads));
+  if (m.query_groups() != m.num_attention_heads && m.query_groups() % target.tp != 0)
+    problems.push_back(tp_flag + " does not divide the " + std::to_string(m.query_groups()) +
+                       " query groups (--num-query-groups) -- pick a divisor of " + std::to_string(m.query_groups()));
+  if (m.ffn_hidden_size() % target.tp != 0)
+    problems.push_back(tp_flag + " does not divide the MLP's hidden size " + std::to_string(m.ffn_hidden_size()) +
+                       " (--ffn-hidden-size) -- pick a divisor of it");
   if (m.num_layers < target.pp * target.virtual_chunks)
-    return Status::bad_input("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
-                         std::to_string(m.num_layers) + " layers -- use at most " + std::to_string(m.num_layers));
+    problems.push_back("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
+                       std::to_string(m.num_layers) + " layers -- use at most " + std::to_string(m.num_layers));
+  if (!problems.empty()) {
+    std::string all = problems.front();
+    for (size_t i = 1; i < problems.size(); ++i) all += "; " + problems[i];
+    return Status::bad_input(all);
+  }
   cfg.tensor_model_parallel_size = target.tp;
   cfg.pipeline_model_parallel_size = target.pp;
   cfg.data_parallel_size = target.dp;

@@ -1,7 +1,8 @@
 // ZeRO for one model chunk of one rank: where its parameters, gradients and Adam moments live, how
 // gradients are reduced over the data-parallel group, and the optimizer step on this rank's partition.
 //
-// Partitioning. Every parameter unit of the chunk (model/stage.hpp; GPT's: wte, wpe, each layer, ln_f)
+// Partitioning. Every parameter unit of the chunk (model/stage.hpp; GPT's: wte, wpe and / or ln_embd,
+// each layer, ln_f, an untied lm_head; model/gpt_chunk.hpp)
 // is split over the dp ranks by element ranges: rank r owns elements [start_r, start_r + count_r)
 // of the unit, count_r = n/dp plus one for the first n % dp ranks (the counts of comm's
 // reduce_scatter_v / all_gather_v). Splitting per unit, not over the whole flat buffer, gives wte the

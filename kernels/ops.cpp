@@ -125,6 +125,35 @@ void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, c
   });
 }
 
+void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                     double eps) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
+  TROUPE_CHECK(out.numel() == x.numel() && rstd.numel() == N, "rmsnorm: out is x's shape (N,C), rstd (N)");
+  TROUPE_CHECK(weight.numel() == C, "rmsnorm: weight is (C)");
+  same_dtype(out, x);
+  same_dtype(x, weight);
+  same_dtype(x, rstd);
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rmsnorm_forward<T>(*ctx.pool, out.data<T>(), rstd.data<T>(), x.data<T>(), weight.data<T>(), N, C, eps);
+  });
+}
+
+void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
+                      const Tensor& weight, const Tensor& rstd) {
+  const int64_t C = x.dim(-1), N = x.numel() / C;
+  TROUPE_CHECK(dout.numel() == x.numel() && rstd.numel() == N, "rmsnorm backward: dout is x's shape, rstd (N)");
+  TROUPE_CHECK(!dx.defined() || (dx.numel() == x.numel() && weight.numel() == C),
+               "rmsnorm backward: dx is x's shape and needs the weight (C)");
+  TROUPE_CHECK(!dweight.defined() || dweight.numel() == C, "rmsnorm backward: dweight is (C)");
+  same_dtype(dout, x);
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rmsnorm_backward<T>(*ctx.pool, ptr_or_null<T>(dx), ptr_or_null<T>(dweight), dout.data<T>(), x.data<T>(),
+                             ptr_or_null<T>(weight), rstd.data<T>(), N, C);
+  });
+}
+
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
   const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
@@ -174,6 +203,57 @@ void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Ten
   });
 }
 
+void glu_forward(Context& ctx, const Tensor& out, const Tensor& gate_up, GluKind kind) {
+  const int64_t F2 = gate_up.dim(-1), N = gate_up.numel() / F2, F = F2 / 2;
+  TROUPE_CHECK(F2 % 2 == 0, "glu: gate_up's last dim holds [gate | up], an even width 2F");
+  TROUPE_CHECK(out.dim(-1) == F && out.numel() == N * F, "glu: out is (N,F) for gate_up (N,2F)");
+  same_dtype(out, gate_up);
+  dispatch(ctx, gate_up.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::glu_forward<T>(*ctx.pool, out.data<T>(), gate_up.data<T>(), N, F, kind == GluKind::swiglu);
+  });
+}
+
+void glu_backward(Context& ctx, const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up, GluKind kind) {
+  const int64_t F2 = gate_up.dim(-1), N = gate_up.numel() / F2, F = F2 / 2;
+  TROUPE_CHECK(F2 % 2 == 0, "glu backward: gate_up's last dim holds [gate | up], an even width 2F");
+  TROUPE_CHECK(dgate_up.numel() == gate_up.numel() && dout.dim(-1) == F && dout.numel() == N * F,
+               "glu backward: dgate_up is gate_up's shape (N,2F), dout (N,F)");
+  same_dtype(dgate_up, gate_up);
+  same_dtype(dout, gate_up);
+  dispatch(ctx, gate_up.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::glu_backward<T>(*ctx.pool, dgate_up.data<T>(), dout.data<T>(), gate_up.data<T>(), N, F,
+                         kind == GluKind::swiglu);
+  });
+}
+
+namespace {
+void rotary_apply(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int head_dim, const RotaryParams& p,
+                  bool inverse) {
+  TROUPE_CHECK(x.rank() == 3, "rotary: x is (B,T,W)");
+  const int64_t B = x.dim(0), T_ = x.dim(1), W = x.dim(2);
+  TROUPE_CHECK(n_heads > 0 && head_dim > 0 && col0 >= 0 && col0 + int64_t{n_heads} * head_dim <= W,
+               "rotary: the heads [col0, col0 + n_heads*head_dim) must lie within x's last dim");
+  TROUPE_CHECK(p.rotary_dim > 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= head_dim,
+               "rotary: rotary_dim must be even, in (0, head_dim]");
+  TROUPE_CHECK(p.base > 0 && p.pos0 >= 0, "rotary: base > 0 and pos0 >= 0");
+  dispatch(ctx, x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rotary<T>(*ctx.pool, x.data<T>(), B, T_, W, col0, n_heads, head_dim, p.rotary_dim, p.base, p.interleaved,
+                   p.pos0, inverse);
+  });
+}
+}  // namespace
+
+void rotary_forward(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  rotary_apply(ctx, x, col0, n_heads, head_dim, p, false);
+}
+
+void rotary_backward(Context& ctx, const Tensor& dx, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  rotary_apply(ctx, dx, col0, n_heads, head_dim, p, true);
+}
+
 void residual_forward(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b) {
   TROUPE_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "residual: shapes");
   dispatch(ctx, a.dtype(), [&](auto tag) {
@@ -205,31 +285,88 @@ void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_
   });
 }
 
+namespace {
+// The general form's sizes, checked against the tensors: (H, G, hs) with G dividing H.
+struct AttentionSizes {
+  int64_t B, T, H, G, hs;
+};
+AttentionSizes attention_sizes(const Tensor& qkv, const Tensor& out, const Tensor& probs,
+                               const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  TROUPE_CHECK(qkv.rank() == 3, "attention: qkv is (B,T,(H+2G)*hs)");
+  const int64_t B = qkv.dim(0), T_ = qkv.dim(1), H = layout.n_head;
+  const int64_t G = layout.n_group > 0 ? layout.n_group : H;
+  TROUPE_CHECK(H > 0 && G > 0 && H % G == 0, "attention: n_head > 0 and n_group divides n_head");
+  const int64_t hs = layout.head_dim > 0 ? layout.head_dim : out.dim(-1) / H;
+  TROUPE_CHECK(hs > 0 && qkv.dim(2) == (H + 2 * G) * hs, "attention: qkv's last dim must be (H + 2G) * head_dim");
+  TROUPE_CHECK(out.numel() == B * T_ * H * hs, "attention: out is (B,T,H*head_dim)");
+  TROUPE_CHECK(probs.numel() == B * H * T_ * T_, "attention: probs is (B,H,T,T)");
+  TROUPE_CHECK(layout.alibi_slopes.empty() || static_cast<int64_t>(layout.alibi_slopes.size()) == H,
+               "attention: alibi_slopes holds one slope per held query head, or none");
+  TROUPE_CHECK(head0 >= 0, "attention: head0 must not be negative");
+  if (mask.active()) check_mask(mask, B, (head0 + H) * T_ * T_);
+  same_dtype(qkv, out);
+  same_dtype(qkv, probs);
+  return {B, T_, H, G, hs};
+}
+
+AttentionLayout multi_head(int n_head, const Tensor& qkv) {
+  TROUPE_CHECK(n_head > 0 && qkv.rank() == 3 && qkv.dim(2) % (3 * int64_t{n_head}) == 0,
+               "attention: qkv is (B,T,3C), H divides C");
+  AttentionLayout layout;
+  layout.n_head = n_head;
+  layout.n_group = n_head;
+  layout.head_dim = static_cast<int>(qkv.dim(2) / 3 / n_head);
+  return layout;
+}
+}  // namespace
+
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv, int n_head,
                        const DropoutMask& mask, int64_t head0) {
-  const int64_t B = qkv.dim(0), T_ = qkv.dim(1), C = qkv.dim(2) / 3;
-  TROUPE_CHECK(qkv.dim(2) == 3 * C && C % n_head == 0, "attention: qkv is (B,T,3C), H divides C");
-  TROUPE_CHECK(out.numel() == B * T_ * C && probs.numel() == B * n_head * T_ * T_, "attention: shapes");
-  TROUPE_CHECK(head0 >= 0, "attention: head0 must not be negative");
-  if (mask.active()) check_mask(mask, B, (head0 + n_head) * T_ * T_);
-  dispatch(ctx, qkv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cpu::attention_forward<T>(*ctx.pool, out.data<T>(), probs.data<T>(), qkv.data<T>(), B, T_, C, n_head,
-                              mask.active() ? &mask : nullptr, head0);
-  });
+  attention_forward(ctx, out, probs, qkv, multi_head(n_head, qkv), mask, head0);
 }
 
 void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                         const Tensor& probs, int n_head, const DropoutMask& mask, int64_t head0) {
-  const int64_t B = qkv.dim(0), T_ = qkv.dim(1), C = qkv.dim(2) / 3;
-  TROUPE_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == B * T_ * C, "attention backward: shapes");
-  TROUPE_CHECK(head0 >= 0, "attention: head0 must not be negative");
-  if (mask.active()) check_mask(mask, B, (head0 + n_head) * T_ * T_);
+  attention_backward(ctx, dqkv, dout, qkv, probs, multi_head(n_head, qkv), mask, head0);
+}
+
+void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv,
+                       const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  const AttentionSizes z = attention_sizes(qkv, out, probs, layout, mask, head0);
+  const double* alibi = layout.alibi_slopes.empty() ? nullptr : layout.alibi_slopes.data();
   dispatch(ctx, qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_backward<T>(*ctx.pool, dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), probs.data<T>(),
-                               B, T_, C, n_head, mask.active() ? &mask : nullptr, head0);
+    cpu::attention_forward<T>(*ctx.pool, out.data<T>(), probs.data<T>(), qkv.data<T>(), z.B, z.T, z.H, z.G, z.hs,
+                              alibi, mask.active() ? &mask : nullptr, head0);
   });
+}
+
+void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                        const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  // The slopes are constants of the scores: the backward only needs the probabilities.
+  const AttentionSizes z = attention_sizes(qkv, dout, probs, layout, mask, head0);
+  TROUPE_CHECK(dqkv.numel() == qkv.numel(), "attention backward: dqkv is qkv's shape");
+  same_dtype(qkv, dqkv);
+  dispatch(ctx, qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_backward<T>(*ctx.pool, dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), probs.data<T>(), z.B, z.T,
+                               z.H, z.G, z.hs, mask.active() ? &mask : nullptr, head0);
+  });
+}
+
+std::vector<double> alibi_slopes(int n_heads) {
+  TROUPE_CHECK(n_heads > 0, "alibi_slopes: n_heads must be positive");
+  // BLOOM's build_alibi_tensor: cp2 = the largest power of 2 <= n; slopes base^1..base^cp2 with
+  // base = 2^(-8/cp2); the remaining n - cp2 heads take extra_base^1, ^3, ^5, ... with extra_base =
+  // 2^(-4/cp2) (= every other slope of 2*cp2 heads). Exponents as exact multiples of 2^(-8/cp2)'s
+  // log: 2^(-8k/cp2) is computed as exp2 of the exact exponent, not as a repeated product.
+  int cp2 = 1;
+  while (cp2 * 2 <= n_heads) cp2 *= 2;
+  std::vector<double> slopes;
+  slopes.reserve(static_cast<size_t>(n_heads));
+  for (int k = 1; k <= cp2; ++k) slopes.push_back(std::exp2(-8.0 * k / cp2));
+  for (int k = 1; static_cast<int>(slopes.size()) < n_heads; k += 2) slopes.push_back(std::exp2(-4.0 * k / cp2));
+  return slopes;
 }
 
 void softmax_cross_entropy(Context& ctx, const Tensor& losses, const Tensor& logits, const Tensor& targets,

@@ -133,7 +133,11 @@ void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,3C)*/, const Ten
 // ---- the general form: grouped-query attention (GQA/MQA), any head size, ALiBi ----------------
 // qkv holds [q (H*hs) | k (G*hs) | v (G*hs)] along the last dim; query head h uses key/value group
 // h / (H/G). out is (B,T,H*hs). ALiBi (BLOOM): score(i, j) = q_i.k_j / sqrt(hs) + slope_h * (j - i)
-// before the causal softmax. The int-n_head overloads above are this with G = H, hs = C/H, no ALiBi.
+// before the causal softmax; with ALiBi, probabilities below exp(-80) (f64: exp(-700)) times the row's
+// largest are stored as 0 (no subnormal numbers). The backward needs no slopes (a constant bias leaves
+// the softmax's backward unchanged); with G < H it allocates a scratch of 2 B (H-G) T hs elements (the
+// dK, dV of each group's other heads, summed in head order after all heads ran). The int-n_head
+// overloads above are this with G = H, hs = C/H, no ALiBi, bitwise.
 struct AttentionLayout {
   int n_head = 0;    // query heads this call holds
   int n_group = 0;   // key/value groups this call holds, dividing n_head; 0: n_head

@@ -1,6 +1,11 @@
 #include "troupe/model_config.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace troupe {
 
@@ -50,55 +55,162 @@ int64_t GptConfig::padded_vocab_size(int tensor_parallel_size) const {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+bool GptConfig::is_gpt2_family() const {
+  const GptConfig gpt2;
+  return normalization == gpt2.normalization && position_embedding == gpt2.position_embedding &&
+         activation == gpt2.activation && add_bias_linear == gpt2.add_bias_linear &&
+         untie_embeddings_and_output_weights == gpt2.untie_embeddings_and_output_weights &&
+         embed_layernorm == gpt2.embed_layernorm && query_groups() == num_attention_heads &&
+         (kv_channels == 0 || int64_t{kv_channels} * num_attention_heads == hidden_size) && ffn_hidden_size() == 4 * hidden_size;
+}
+
+const char* GptConfig::family_name() const {
+  if (is_gpt2_family()) return "GPT-2";
+  if (normalization == Normalization::rmsnorm && position_embedding == PositionEmbedding::rope &&
+      activation == MlpActivation::swiglu)
+    return "LLaMA";
+  if (position_embedding == PositionEmbedding::alibi && embed_layernorm) return "BLOOM";
+  return "custom";
+}
+
 int64_t GptConfig::num_parameters() const {
-  const int64_t C = hidden_size, L = num_layers;
-  const int64_t per_layer = 12 * C * C + 13 * C;
-  return vocab_size * C + static_cast<int64_t>(max_position_embeddings) * C + L * per_layer + 2 * C;
+  const int64_t C = hidden_size, L = num_layers, V = vocab_size, F = ffn_hidden_size();
+  const int64_t norm = normalization == Normalization::rmsnorm ? C : 2 * C;  // weight (+ bias)
+  const int64_t fc1 = activation == MlpActivation::swiglu ? 2 * F : F;      // [gate | up] or one
+  const int64_t qkv = qkv_size(), attn = attention_size();
+  int64_t per_layer = 2 * norm + C * qkv + attn * C + C * fc1 + F * C;
+  if (add_bias_linear) per_layer += qkv + C + fc1 + C;
+  int64_t total = V * C + L * per_layer + norm;  // wte, the layers, ln_f
+  if (position_embedding == PositionEmbedding::learned_absolute) total += int64_t{max_position_embeddings} * C;
+  if (embed_layernorm) total += norm;
+  if (untie_embeddings_and_output_weights) total += V * C;
+  return total;
 }
 
 double GptConfig::flops_per_iteration(int64_t tokens) const {
-  const double s = seq_length, l = num_layers, h = hidden_size;
-  const double V = static_cast<double>(padded_vocab_size(1));
-  return 72.0 * static_cast<double>(tokens) * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+  // Megatron-LM's num_floating_point_operations for a dense model (names as there): 3 passes
+  // (forward, backward wgrad and dgrad) x 2 (an FMA is two operations).
+  const double s = seq_length, L = num_layers, h = hidden_size;
+  const double q = static_cast<double>(attention_size());                             // query_projection_size
+  const double kv = static_cast<double>(query_groups()) * head_size();                // key/value_projection_size
+  const double ffn_expansion = activation == MlpActivation::swiglu ? 3.0 : 2.0;
+  const double Vp = static_cast<double>(padded_vocab_size(1));
+  const double per_token = 6.0 * (L * (h * ffn_hidden_size() * ffn_expansion + h * (q + 2 * kv) + q * h) + h * Vp);
+  // Core attention: QK^T and softmax(QK^T) V, 2 s q each per token, halved by the causal mask.
+  const double core = 6.0 * s * L * q;
+  return static_cast<double>(tokens) * (per_token + core);
+}
+
+std::vector<std::string> GptConfig::architecture_problems() const {
+  std::vector<std::string> out;
+  auto bad = [&out](const std::string& flag, const std::string& what, const std::string& fix) {
+    out.push_back(flag + " " + what + " -- " + fix);
+  };
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  const auto str = [](int64_t v) { return std::to_string(v); };
+  // Upper bounds far beyond any trainable model keep every size product inside int64 and every
+  // per-layer width (2 x the MLP, heads x head size) inside int; the memory check refuses what does
+  // not fit long before.
+  constexpr int kMaxLayers = 1 << 20, kMaxWidth = 1 << 24, kMaxSeq = 1 << 24;
+  if (num_layers <= 0 || num_layers > kMaxLayers)
+    bad("--num-layers", "must be 1 to " + str(kMaxLayers) + ", got " + str(num_layers), "pass e.g. --num-layers 4");
+  const bool width_ok = hidden_size > 0 && hidden_size <= kMaxWidth;
+  if (!width_ok)
+    bad("--hidden-size", "must be 1 to " + str(kMaxWidth) + ", got " + str(hidden_size), "pass e.g. --hidden-size 256");
+  if (seq_length <= 0 || seq_length > kMaxSeq)
+    bad("--seq-length", "must be 1 to " + str(kMaxSeq) + ", got " + str(seq_length), "pass e.g. --seq-length 256");
+  if (max_position_embeddings > kMaxSeq)
+    bad("--max-position-embeddings", "must be at most " + str(kMaxSeq) + ", got " + str(max_position_embeddings),
+        "use a shorter sequence");
+  else if (seq_length > 0 && max_position_embeddings < seq_length)
+    bad("--max-position-embeddings",
+        str(max_position_embeddings) + " is smaller than --seq-length " + str(seq_length),
+        "make it at least the sequence length");
+  const bool heads_ok = num_attention_heads > 0 && num_attention_heads <= kMaxWidth;
+  if (!heads_ok)
+    bad("--num-attention-heads", "must be 1 to " + str(kMaxWidth) + ", got " + str(num_attention_heads),
+        "pass e.g. --num-attention-heads 4");
+  if (kv_channels < 0 || kv_channels > kMaxWidth)
+    bad("--kv-channels", "must be 1 to " + str(kMaxWidth) + ", got " + str(kv_channels),
+        "leave it out for --hidden-size / --num-attention-heads, or pass the head dimension (e.g. 128)");
+  else if (kv_channels == 0 && width_ok && heads_ok && hidden_size % num_attention_heads != 0)
+    bad("--num-attention-heads", str(num_attention_heads) + " does not divide --hidden-size " + str(hidden_size),
+        "choose a head count that divides the hidden size, or give the head dimension with --kv-channels");
+  else if (heads_ok && kv_channels > 0 && int64_t{kv_channels} * num_attention_heads > kMaxWidth)
+    bad("--kv-channels", str(kv_channels) + " x --num-attention-heads " + str(num_attention_heads) +
+        " is above " + str(kMaxWidth), "use fewer heads or a smaller head dimension");
+  if (num_query_groups < 0 || num_query_groups > kMaxWidth)
+    bad("--num-query-groups", "must be positive, got " + str(num_query_groups),
+        "give a group count that divides --num-attention-heads (1: multi-query attention), or leave it out");
+  else if (heads_ok && num_query_groups > 0 && num_attention_heads % num_query_groups != 0)
+    bad("--num-query-groups",
+        str(num_query_groups) + " does not divide --num-attention-heads " + str(num_attention_heads),
+        "each group of key/value heads serves a whole number of query heads: use a divisor of the head count");
+  const bool head_ok = heads_ok && kv_channels >= 0 && kv_channels <= kMaxWidth && width_ok;
+  if (ffn_hidden < 0 || ffn_hidden > 2 * kMaxWidth)
+    bad("--ffn-hidden-size", "must be 1 to " + str(2 * kMaxWidth) + ", got " + str(ffn_hidden),
+        "leave it out for 4 x --hidden-size (Megatron's SwiGLU rule with --swiglu), or pass e.g. 11008");
+  else if (width_ok && ffn_hidden_size() <= 0)
+    bad("--swiglu", "with --hidden-size " + str(hidden_size) +
+        " gives Megatron's default MLP width int(4h x 2/3 / 64) x 64 = 0",
+        "pass --ffn-hidden-size, e.g. " + str(std::max(1, 8 * hidden_size / 3)));
+  if (position_embedding == PositionEmbedding::rope) {
+    if (!(rotary_percent > 0 && rotary_percent <= 1))
+      bad("--rotary-percent", "must be in (0, 1], got " + num(rotary_percent),
+          "use 1.0 (every dimension of a head rotated) or e.g. 0.5");
+    else if (head_ok && (kv_channels > 0 || hidden_size % num_attention_heads == 0) && rotary_dim() < 2)
+      bad("--rotary-percent", num(rotary_percent) + " of the head dimension " + str(head_size()) +
+          " rotates " + str(rotary_dim()) + " dimensions; rotary needs an even count of at least 2",
+          "raise --rotary-percent or the head dimension");
+    if (!(rotary_base > 0) || !std::isfinite(rotary_base))
+      bad("--rotary-base", "must be a positive number, got " + num(rotary_base),
+          "use 10000 (LLaMA-2) or 500000 (LLaMA-3)");
+  } else {
+    // Rotary settings without rotary: a script that meant rope but forgot to select it.
+    const GptConfig d;
+    const std::string fix = "add --position-embedding-type rope (or --use-rotary-position-embeddings), or drop it";
+    const std::string what = std::string("has no effect with --position-embedding-type ") + to_string(position_embedding);
+    if (rotary_percent != d.rotary_percent) bad("--rotary-percent", what, fix);
+    if (rotary_base != d.rotary_base) bad("--rotary-base", what, fix);
+    if (rotary_interleaved) bad("--rotary-interleaved", what, fix);
+  }
+  if (out.empty()) {
+    // The count in double first: within int64 with room for the vocabulary's rows (each product of
+    // num_parameters() then fits; a model this size is refused by the memory check long before).
+    const double C = hidden_size, H = num_attention_heads, hs = head_size(), F = ffn_hidden_size();
+    const double layer = C * (H + 2.0 * query_groups()) * hs + H * hs * C + 3 * C * F + 8 * C + 3 * F;
+    if (layer * num_layers > 0x1p60)
+      bad("--num-layers", str(num_layers) + " layers of " + num(layer) + " parameters are beyond 2^60",
+          "make the model smaller");
+  }
+  if (!(layernorm_epsilon > 0) || !std::isfinite(layernorm_epsilon))
+    bad("--norm-epsilon", "must be a positive number, got " + num(layernorm_epsilon), "use 1e-5");
+  if (make_vocab_size_divisible_by <= 0)
+    bad("--make-vocab-size-divisible-by", "must be positive", "use the default 128");
+  if (!(init_method_std > 0) || !std::isfinite(init_method_std))
+    bad("--init-method-std", "must be a positive number, got " + num(init_method_std), "use 0.02");
+  for (const auto& [flag, p] : {std::pair{"--hidden-dropout", hidden_dropout},
+                                std::pair{"--attention-dropout", attention_dropout}})
+    if (!(p >= 0 && p < 1))
+      bad(flag, "must be a probability at least 0 and below 1, got " + num(p),
+          "use e.g. 0.1 (Megatron's default), or 0 for no dropout");
+  return out;
 }
 
 Status GptConfig::validate() const {
-  auto bad = [](const std::string& flag, const std::string& what, const std::string& fix) {
-    return Status::error(flag + " " + what + " -- " + fix);
-  };
-  // Upper bounds far beyond any trainable model keep every size product inside int64 and every
-  // per-layer size (4 x hidden) inside int; the memory check refuses what does not fit long before.
-  constexpr int kMaxLayers = 1 << 20, kMaxWidth = 1 << 24, kMaxSeq = 1 << 24;
-  if (num_layers <= 0 || num_layers > kMaxLayers)
-    return bad("--num-layers", "must be 1 to " + std::to_string(kMaxLayers) + ", got " + std::to_string(num_layers),
-               "pass e.g. --num-layers 4");
-  if (hidden_size <= 0 || hidden_size > kMaxWidth)
-    return bad("--hidden-size", "must be 1 to " + std::to_string(kMaxWidth) + ", got " + std::to_string(hidden_size),
-               "pass e.g. --hidden-size 256");
-  if (seq_length > kMaxSeq || max_position_embeddings > kMaxSeq)
-    return bad("--seq-length", "and --max-position-embeddings must be at most " + std::to_string(kMaxSeq),
-               "use a shorter sequence");
-  if (num_attention_heads <= 0)
-    return bad("--num-attention-heads", "must be positive", "pass e.g. --num-attention-heads 4");
-  if (hidden_size % num_attention_heads != 0)
-    return bad("--num-attention-heads",
-               std::to_string(num_attention_heads) + " does not divide --hidden-size " + std::to_string(hidden_size),
-               "choose a head count that divides the hidden size");
-  if (seq_length <= 0) return bad("--seq-length", "must be positive", "pass e.g. --seq-length 256");
-  if (max_position_embeddings < seq_length)
-    return bad("--max-position-embeddings",
-               std::to_string(max_position_embeddings) + " is smaller than --seq-length " + std::to_string(seq_length),
-               "make it at least the sequence length");
-  if (make_vocab_size_divisible_by <= 0)
-    return bad("--make-vocab-size-divisible-by", "must be positive", "use the default 128");
-  if (vocab_size <= 0) return bad("vocabulary", "is empty", "check --tokenizer-type and its vocabulary files");
-  if (!(layernorm_epsilon > 0)) return bad("layernorm epsilon", "must be positive", "use 1e-5");
-  if (!(init_method_std > 0)) return bad("--init-method-std", "must be positive", "use 0.02");
-  if (!(hidden_dropout >= 0 && hidden_dropout < 1))
-    return bad("--hidden-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
-  if (!(attention_dropout >= 0 && attention_dropout < 1))
-    return bad("--attention-dropout", "must be at least 0 and below 1", "use e.g. 0.1, or 0 for none");
-  return Status::ok();
+  std::vector<std::string> problems = architecture_problems();
+  if (vocab_size <= 0 || vocab_size > (int64_t{1} << 31) - 1)
+    problems.push_back("vocabulary of " + std::to_string(vocab_size) +
+                       " tokens -- check --tokenizer-type and its vocabulary files");
+  if (problems.empty()) return Status::ok();
+  if (problems.size() == 1) return Status::error(problems[0]);
+  std::string message = std::to_string(problems.size()) + " problems:";
+  for (const std::string& p : problems) message += "\n  - " + p;
+  return Status::error(message);
 }
 
 }  // namespace troupe

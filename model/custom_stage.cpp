@@ -38,7 +38,7 @@ ParamSpec custom_param_spec(const ParamDecl& d, int tp_size, int tp_rank) {
     s.local_shape = local;
     s.slice.dim = d.tp_split_dim;
     s.slice.offsets = {tp_rank * extent};
-    s.slice.extent = extent;
+    s.slice.extents = {extent};
   }
   return s;
 }

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk_impl.hpp"
@@ -20,7 +22,13 @@
 namespace troupe {
 
 namespace {
-constexpr int kParamsPerLayer = 12;
+// The Layer fields' parameter names (after "transformer.h.<l>."), in Layer's and the specs' order.
+constexpr const char* kLayerNames[12] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+// v[i], or an undefined tensor past v's end (a parameter the family lacks: ln_f's bias under RMSNorm).
+Tensor at(const std::vector<Tensor>& v, size_t i) { return i < v.size() ? v[i] : Tensor(); }
 // Logits row-chunk budget in elements: GptModel's, so that t = 1 chunks rows identically.
 constexpr int64_t kLogitChunkElems = int64_t{16} << 20;
 }  // namespace
@@ -48,6 +56,9 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   TROUPE_CHECK(cs.tp_size >= 1 && cs.tp_rank >= 0 && cs.tp_rank < cs.tp_size, "GptChunk: TP rank out of range");
   TROUPE_CHECK(m.num_attention_heads % cs.tp_size == 0,
                "GptChunk: the tensor-parallel size must divide the number of attention heads");
+  TROUPE_CHECK(m.query_groups() % cs.tp_size == 0 && m.num_attention_heads % m.query_groups() == 0,
+               "GptChunk: the tensor-parallel size must divide the query groups, and the groups the heads");
+  TROUPE_CHECK(m.ffn_hidden_size() % cs.tp_size == 0, "GptChunk: the tensor-parallel size must divide the ffn size");
   TROUPE_CHECK(cs.first_layer >= 0 && cs.num_layers >= 0 && cs.first_layer + cs.num_layers <= m.num_layers,
                "GptChunk: layers outside the model (use chunk_layers)");
   TROUPE_CHECK(cs.micro_batch >= 1 && cs.slots >= 1, "GptChunk: micro_batch and slots must be positive");
@@ -70,9 +81,29 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   B = cs.micro_batch;
   T = m.seq_length;
   C = m.hidden_size;
-  Cl = C / t;
-  Fl = m.ffn_hidden_size() / t;
+  hs = m.head_size();
   Hl = m.num_attention_heads / t;
+  Gl = m.query_groups() / t;
+  Al = int64_t{Hl} * hs;
+  QKVl = int64_t{Hl + 2 * Gl} * hs;
+  rms = m.normalization == Normalization::rmsnorm;
+  swiglu = m.activation == MlpActivation::swiglu;
+  rope = m.position_embedding == PositionEmbedding::rope && m.rotary_dim() > 0;
+  ln_embd = m.embed_layernorm;
+  Fl = m.ffn_hidden_size() / t;
+  FCl = swiglu ? 2 * Fl : Fl;
+  const bool alibi = m.position_embedding == PositionEmbedding::alibi;
+  layout.n_head = Hl;
+  layout.n_group = Gl;
+  layout.head_dim = hs;
+  if (alibi) {  // the slopes of this rank's global heads [r Hl, (r+1) Hl)
+    const std::vector<double> all_slopes = ops::alibi_slopes(m.num_attention_heads);
+    layout.alibi_slopes.assign(all_slopes.begin() + int64_t{r} * Hl, all_slopes.begin() + int64_t{r + 1} * Hl);
+  }
+  rotary.rotary_dim = m.rotary_dim();
+  rotary.base = m.rotary_base;
+  rotary.interleaved = m.rotary_interleaved;
+  rotary.pos0 = 0;  // every call sees whole sequences: position = t
   L = cs.num_layers;
   N = B * T;
   loss_rows = N;
@@ -84,6 +115,9 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
 
   // Specs and units: [embedding], layers, [head], each contiguous, spec order of gpt2_param_specs.
   const std::vector<ParamSpec> all = gpt2_shard_specs(m, t, r);
+  std::map<std::string, int> index;
+  for (size_t i = 0; i < all.size(); ++i) index[all[i].name] = static_cast<int>(i);
+  auto present = [&](const std::string& name) { return index.count(name) != 0; };
   auto add_unit = [&](const std::vector<int>& global_indices) {
     UnitInfo u;
     u.param_offset = units.empty() ? 0 : units.back().param_offset + units.back().numel;
@@ -98,17 +132,39 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   };
   // wte is a unit of its own (also the head's copy), so the embedding and the head copy have the same
   // unit layout on any two stages: the runtime sums their gradients partition by partition.
-  if (cs.has_embedding || cs.has_head) wte_unit = add_unit({0});
-  if (cs.has_embedding) wpe_unit = add_unit({1});
+  // An untied head has its own weight (lm_head, a unit of its own), so the head's chunk holds no wte.
+  const bool tied = !m.untie_embeddings_and_output_weights;
+  if (cs.has_embedding || (cs.has_head && tied)) wte_unit = add_unit({index.at("transformer.wte.weight")});
+  if (cs.has_embedding) {
+    // wpe and ln_embd, whichever the family has, in one unit (GPT-2: wpe alone).
+    std::vector<int> e;
+    auto take = [&](const std::string& name, int& at) {
+      if (!present(name)) return;
+      at = static_cast<int>(e.size());
+      e.push_back(index.at(name));
+    };
+    take("transformer.wpe.weight", emb_wpe);
+    take("transformer.ln_embd.weight", emb_ln_w);
+    take("transformer.ln_embd.bias", emb_ln_b);
+    if (!e.empty()) emb_unit = add_unit(e);
+  }
   first_layer_unit = static_cast<int>(units.size());
+  static_assert(sizeof(kLayerNames) / sizeof(kLayerNames[0]) == kLayerFields, "one name per Layer field");
   for (int l = 0; l < L; ++l) {
+    const std::string h = "transformer.h." + std::to_string(cs.first_layer + l) + ".";
     std::vector<int> idx;
-    for (int k = 0; k < kParamsPerLayer; ++k) idx.push_back(2 + kParamsPerLayer * (cs.first_layer + l) + k);
+    for (int k = 0; k < kLayerFields; ++k) {
+      layer_field[k] = present(h + kLayerNames[k]) ? static_cast<int>(idx.size()) : -1;
+      if (layer_field[k] >= 0) idx.push_back(index.at(h + kLayerNames[k]));
+    }
     add_unit(idx);
   }
   if (cs.has_head) {
-    const int lnf = static_cast<int>(all.size()) - 2;
-    head_unit = add_unit({lnf, lnf + 1});
+    std::vector<int> lnf = {index.at("transformer.ln_f.weight")};
+    if (present("transformer.ln_f.bias")) lnf.push_back(index.at("transformer.ln_f.bias"));
+    head_unit = add_unit(lnf);
+    if (!tied) out_unit = add_unit({index.at("lm_head.weight")});
+    out_weight_unit = tied ? wte_unit : out_unit;
   }
   const int64_t total = units.empty() ? 0 : units.back().param_offset + units.back().numel;
   if (!hooks.acquire_params) {
@@ -140,12 +196,12 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     rc = alloc_acts(true);
     rc_res2 = alloc({Nl, C});
     dgelu = alloc({N, Fl});
-    datt = alloc({N, Cl});
+    datt = alloc({N, Al});
     now.dy2 = alloc({N, C});
-    now.dfc = alloc({N, Fl});
+    now.dfc = alloc({N, FCl});
     now.dln2 = alloc({Nl, C});
     now.dy1 = alloc({N, C});
-    now.dqkv = alloc({N, 3 * Cl});
+    now.dqkv = alloc({N, QKVl});
     now.dln1 = alloc({Nl, C});
   }
   if (sp) {
@@ -155,6 +211,10 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   if (sp || cs.has_head) partial = alloc({N, C});
   dres = alloc({Nl, C});
   if (cs.has_embedding) demb_now = alloc({N, C});
+  if (cs.has_embedding && ln_embd) {
+    demb_ln = alloc({Nl, C});
+    dembln_now = alloc({Nl, C});
+  }
   if (cs.has_head) {
     dlnf_now = alloc({Nl, C});
     logits = alloc({head_rows, Vl});
@@ -172,16 +232,16 @@ Tensor GptChunk::Impl::alloc(const Shape& shape, DType type) {
 GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
   LayerActs a;
   a.ln1 = alloc({Nl, C});
-  a.ln1_mean = alloc({Nl});
+  if (!rms) a.ln1_mean = alloc({Nl});
   a.ln1_rstd = alloc({Nl});
-  a.qkv = alloc({N, 3 * Cl});
+  a.qkv = alloc({N, QKVl});
   if (with_probs) a.probs = alloc({B * Hl * T, T});
-  a.att = alloc({N, Cl});
+  a.att = alloc({N, Al});
   a.res1 = alloc({Nl, C});
   a.ln2 = alloc({Nl, C});
-  a.ln2_mean = alloc({Nl});
+  if (!rms) a.ln2_mean = alloc({Nl});
   a.ln2_rstd = alloc({Nl});
-  a.fc = alloc({N, Fl});
+  a.fc = alloc({N, FCl});
   a.fc_gelu = alloc({N, Fl});
   return a;  // res2: the slot's xs[l+1] or a scratch, set by the user
 }
@@ -194,6 +254,11 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
     s.targets = alloc({N}, DType::i32);
   }
   for (int l = 0; l <= L; ++l) s.xs.push_back(alloc({Nl, C}));
+  if (spec.has_embedding && ln_embd) {
+    s.emb = alloc({Nl, C});
+    s.emb_mean = alloc({Nl});
+    s.emb_rstd = alloc({Nl});
+  }
   if (keep_acts) {
     for (int l = 0; l < L; ++l) {
       s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective));
@@ -202,7 +267,7 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
   }
   if (spec.has_head) {
     s.lnf_full = alloc({N, C});
-    s.lnf_mean = alloc({Nl});
+    if (!rms) s.lnf_mean = alloc({Nl});
     s.lnf_rstd = alloc({Nl});
     s.row_max = alloc({N}, DType::f64);
     s.sum_exp = alloc({N}, DType::f64);
@@ -214,14 +279,15 @@ void GptChunk::Impl::alloc_stash(Slot& s) {
   for (int l = 0; l < L; ++l) {
     LayerStash st;
     st.dy2 = alloc({N, C});
-    st.dfc = alloc({N, Fl});
+    st.dfc = alloc({N, FCl});
     st.dln2 = alloc({Nl, C});
     st.dy1 = alloc({N, C});
-    st.dqkv = alloc({N, 3 * Cl});
+    st.dqkv = alloc({N, QKVl});
     st.dln1 = alloc({Nl, C});
     s.stash.push_back(st);
   }
   if (spec.has_embedding) s.demb = alloc({N, C});
+  if (spec.has_embedding && ln_embd) s.dembln = alloc({Nl, C});
   if (spec.has_head) s.dlnf = alloc({Nl, C});
 }
 
@@ -278,8 +344,11 @@ void GptChunk::Impl::grads_ready(int u, int slot) {
   if (hooks.grads_ready) hooks.grads_ready(u, slot);
 }
 
-GptChunk::Impl::Layer GptChunk::Impl::as_layer(const std::vector<Tensor>& v) {
-  return Layer{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+GptChunk::Impl::Layer GptChunk::Impl::as_layer(const std::vector<Tensor>& v) const {
+  Tensor f[kLayerFields];
+  for (int k = 0; k < kLayerFields; ++k)
+    if (layer_field[k] >= 0) f[k] = v[static_cast<size_t>(layer_field[k])];
+  return Layer{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]};
 }
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -305,9 +374,10 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
   key_now = keep ? &s.key : nullptr;  // evaluation: no dropout
   if (spec.has_embedding || spec.has_head) split_tokens(s, tokens);
   if (spec.has_embedding) {
-    const std::vector<Tensor> e = {acquire(wte_unit, Pass::forward)[0], acquire(wpe_unit, Pass::forward)[0]};
-    embedding_forward(ctx, e, s);
-    release(wpe_unit, Pass::forward);
+    const Tensor wte = acquire(wte_unit, Pass::forward)[0];
+    const std::vector<Tensor> e = emb_unit >= 0 ? acquire(emb_unit, Pass::forward) : std::vector<Tensor>{};
+    embedding_forward(ctx, wte, e, s);
+    if (emb_unit >= 0) release(emb_unit, Pass::forward);
     release(wte_unit, Pass::forward);
   } else {
     TROUPE_CHECK(input.defined() && input.dtype() == dtype && input.shape() == Shape({Nl, C}),
@@ -334,13 +404,14 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
     out.copy_from(s.xs[L]);
     return 0.0;
   }
-  const std::vector<Tensor> h = acquire(head_unit, Pass::forward);  // ln_f weight, bias
-  const std::vector<Tensor> w = acquire(wte_unit, Pass::forward);
-  // The fused head adds to wte's gradient now: that unit's buffer of this backward (grad_cache).
+  const std::vector<Tensor> h = acquire(head_unit, Pass::forward);  // ln_f weight, bias (LayerNorm)
+  const std::vector<Tensor> w = acquire(out_weight_unit, Pass::forward);
+  // The fused head adds to its weight's gradient now: that unit's buffer of this backward (grad_cache).
   if (fuse_head) for (auto& g : grad_cache) g.clear();
-  const double loss = head_forward(ctx, s, w[0], h[0], h[1], fuse_head ? unit_grads(wte_unit)[0] : Tensor());
+  const double loss =
+      head_forward(ctx, s, w[0], h[0], at(h, 1), fuse_head ? unit_grads(out_weight_unit)[0] : Tensor());
   s.head_done = fuse_head;
-  release(wte_unit, Pass::forward);
+  release(out_weight_unit, Pass::forward);
   release(head_unit, Pass::forward);
   return loss;
 }
@@ -375,7 +446,7 @@ void GptChunk::set_probe(OpProbe* probe) { impl_->probe = probe; }
 bool GptChunk::counts_in_norm(int i) const {
   const Impl& m = *impl_;
   TROUPE_CHECK(i >= 0 && i < static_cast<int>(m.specs.size()), "counts_in_norm: spec index out of range");
-  if (m.spec.has_head && !m.spec.has_embedding && i == m.units[m.wte_unit].specs[0]) return false;
+  if (m.spec.has_head && !m.spec.has_embedding && m.wte_unit >= 0 && i == m.units[m.wte_unit].specs[0]) return false;
   if (m.specs[i].slice.dim < 0) return m.r == 0;  // replicated over TP: counted once
   return true;
 }
@@ -420,32 +491,34 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
     for (auto& g : m.grad_cache) g.clear();
   const Shape boundary{m.Nl, m.C};
 
+  // The head's weight is wte's unit that the embedding adds to below (tied, one chunk): ready then.
+  const bool head_weight_later = m.spec.has_embedding && m.out_weight_unit == m.wte_unit;
   // Head (or the gradient from the next stage) -> dres = d(chunk output).
   if (s.head_done) {  // the logits' part ran in forward: ln_f is left
     const std::vector<Tensor> h = m.acquire(m.head_unit, Pass::backward);
     const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
-    m.head_backward_ln(ctx, s, h[0], m.dlnf_now, true, hg[0], hg[1]);
+    m.head_backward_ln(ctx, s, h[0], m.dlnf_now, true, hg[0], at(hg, 1));
     m.release(m.head_unit, Pass::backward);
     m.grads_ready(m.head_unit, slot);
-    if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);  // else the embedding adds to it below
+    if (!head_weight_later) m.grads_ready(m.out_weight_unit, slot);
     s.head_done = false;
     m.fused_slot = -1;
   } else if (m.spec.has_head) {
     const std::vector<Tensor> h = m.acquire(m.head_unit, Pass::backward);
-    const std::vector<Tensor> w = m.acquire(m.wte_unit, Pass::backward);
+    const std::vector<Tensor> w = m.acquire(m.out_weight_unit, Pass::backward);
     Tensor dwte, dlnf_w, dlnf_b;
     if (now) {
-      dwte = m.unit_grads(m.wte_unit)[0];
+      dwte = m.unit_grads(m.out_weight_unit)[0];
       const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
       dlnf_w = hg[0];
-      dlnf_b = hg[1];
+      dlnf_b = at(hg, 1);
     }
     m.head_backward(ctx, s, w[0], h[0], now ? m.dlnf_now : s.dlnf, true, dwte, dlnf_w, dlnf_b);
-    m.release(m.wte_unit, Pass::backward);
+    m.release(m.out_weight_unit, Pass::backward);
     m.release(m.head_unit, Pass::backward);
     if (now) {
       m.grads_ready(m.head_unit, slot);
-      if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);  // else the embedding adds to it below
+      if (!head_weight_later) m.grads_ready(m.out_weight_unit, slot);
     }
   } else {
     TROUPE_CHECK(dout.defined() && dout.dtype() == m.dtype && dout.shape() == boundary,
@@ -455,25 +528,30 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
   // Layers, last to first; dres becomes d(layer input).
   for (int l = m.L - 1; l >= 0; --l) {
     const int u = m.layer_unit(l);
-    const Impl::Layer p = Impl::as_layer(m.acquire(u, Pass::backward));
+    const Impl::Layer p = m.as_layer(m.acquire(u, Pass::backward));
     Impl::LayerActs a = m.acts_for_backward(ctx, s, l, p);
     const Impl::LayerStash& st = now ? m.now : s.stash[l];
     m.layer_backward_input(ctx, m.spec.first_layer + l, p, s.xs[l], a, m.dres, st);
     if (now) {
-      m.layer_backward_weight(ctx, m.spec.first_layer + l, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, st);
+      m.layer_backward_weight(ctx, m.spec.first_layer + l, m.as_layer(m.unit_grads(u)), s.xs[l], a, st);
       m.grads_ready(u, slot);
     }
     m.release(u, Pass::backward);
   }
-  // Embedding (needs no parameters: its gradient is a scatter of dres), or d(chunk input).
+  // Embedding (its gradient is a scatter of dres; only ln_embd's backward reads parameters), or
+  // d(chunk input).
   if (m.spec.has_embedding) {
     const Tensor& demb = now ? m.demb_now : s.demb;
-    m.gather_rows(m.dres, demb);  // dual of the forward's all-reduce / reduce-scatter
-    m.drop_rows(ctx, demb, DropoutSite::embedding, 0, 0);  // the forward's mask, on all N rows
+    const Tensor& dembln = now ? m.dembln_now : s.dembln;
+    const bool reads = m.ln_embd;
+    const std::vector<Tensor> e = reads ? m.acquire(m.emb_unit, Pass::backward) : std::vector<Tensor>{};
+    m.embedding_backward_input(ctx, e, s, demb, dembln);
+    if (reads) m.release(m.emb_unit, Pass::backward);
     if (now) {
-      m.embedding_weight(ctx, {m.unit_grads(m.wte_unit)[0], m.unit_grads(m.wpe_unit)[0]}, s, demb);
+      m.embedding_weight(ctx, m.unit_grads(m.wte_unit)[0],
+                         m.emb_unit >= 0 ? m.unit_grads(m.emb_unit) : std::vector<Tensor>{}, s, demb, dembln);
       m.grads_ready(m.wte_unit, slot);
-      m.grads_ready(m.wpe_unit, slot);
+      if (m.emb_unit >= 0) m.grads_ready(m.emb_unit, slot);
     }
   } else {
     TROUPE_CHECK(din.defined() && din.dtype() == m.dtype && din.shape() == boundary,
@@ -492,14 +570,14 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
   m.key_now = &s.key;  // full recompute rebuilds the layers with the forward's masks
   for (auto& g : m.grad_cache) g.clear();
   if (m.spec.has_head) {
-    // The logits are recomputed from the saved ln_f output: only wte is read.
-    const std::vector<Tensor> w = m.acquire(m.wte_unit, Pass::backward);
-    const Tensor dwte = m.unit_grads(m.wte_unit)[0];
+    // The logits are recomputed from the saved ln_f output: only the head's weight is read.
+    const std::vector<Tensor> w = m.acquire(m.out_weight_unit, Pass::backward);
+    const Tensor dwte = m.unit_grads(m.out_weight_unit)[0];
     const std::vector<Tensor>& hg = m.unit_grads(m.head_unit);
-    m.head_backward(ctx, s, w[0], Tensor(), s.dlnf, false, dwte, hg[0], hg[1]);
-    m.release(m.wte_unit, Pass::backward);
+    m.head_backward(ctx, s, w[0], Tensor(), s.dlnf, false, dwte, hg[0], at(hg, 1));
+    m.release(m.out_weight_unit, Pass::backward);
     m.grads_ready(m.head_unit, slot);
-    if (!m.spec.has_embedding) m.grads_ready(m.wte_unit, slot);
+    if (!(m.spec.has_embedding && m.out_weight_unit == m.wte_unit)) m.grads_ready(m.out_weight_unit, slot);
   }
   for (int l = m.L - 1; l >= 0; --l) {
     const int u = m.layer_unit(l);
@@ -507,19 +585,20 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
     const bool recompute = s.acts.empty();
     Impl::LayerActs a;
     if (recompute) {
-      const Impl::Layer p = Impl::as_layer(m.acquire(u, Pass::backward));
+      const Impl::Layer p = m.as_layer(m.acquire(u, Pass::backward));
       a = m.acts_for_backward(ctx, s, l, p);
     } else {
       a = s.acts[l];
     }
-    m.layer_backward_weight(ctx, m.spec.first_layer + l, Impl::as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
+    m.layer_backward_weight(ctx, m.spec.first_layer + l, m.as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
     if (recompute) m.release(u, Pass::backward);
     m.grads_ready(u, slot);
   }
   if (m.spec.has_embedding) {
-    m.embedding_weight(ctx, {m.unit_grads(m.wte_unit)[0], m.unit_grads(m.wpe_unit)[0]}, s, s.demb);
+    m.embedding_weight(ctx, m.unit_grads(m.wte_unit)[0],
+                       m.emb_unit >= 0 ? m.unit_grads(m.emb_unit) : std::vector<Tensor>{}, s, s.demb, s.dembln);
     m.grads_ready(m.wte_unit, slot);
-    m.grads_ready(m.wpe_unit, slot);
+    if (m.emb_unit >= 0) m.grads_ready(m.emb_unit, slot);
   }
   s.state = Impl::SlotState::free;
 }

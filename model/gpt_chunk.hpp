@@ -1,18 +1,24 @@
-// One shard of the GPT-2 model under tensor and pipeline parallelism: the layers of one model chunk
-// (a pipeline stage holds v >= 1 chunks, see include/troupe/schedule.hpp) as seen by one tensor-parallel rank,
-// with Megatron-LM's tensor-parallel scheme:
+// One shard of the GPT model (every family GptConfig describes: GPT-2, LLaMA, BLOOM) under tensor and
+// pipeline parallelism: the layers of one model chunk (a pipeline stage holds v >= 1 chunks, see
+// include/troupe/schedule.hpp) as seen by one tensor-parallel rank, with Megatron-LM's tensor-parallel
+// scheme:
 //   c_attn (fused QKV), mlp.c_fc   column-parallel: rank r holds output rows [r*O/t, (r+1)*O/t) of
-//                                  each of the `tp_split_parts` blocks (q, k, v for c_attn); the
-//                                  attention heads split the same way (H/t heads per rank)
+//                                  each of the `tp_split_parts` blocks (q, k, v for c_attn, unequal
+//                                  with grouped-query attention; gate, up for SwiGLU's c_fc); the
+//                                  attention heads and key/value groups split the same way (H/t
+//                                  heads and G/t groups per rank)
 //   attn.c_proj, mlp.c_proj        row-parallel: rank r holds input columns [r*I/t, (r+1)*I/t); the
 //                                  partial products are all-reduced (forward) and the bias added once
-//   wte                            vocabulary-parallel: rank r holds rows [r*Vp/t, (r+1)*Vp/t) of the
+//   wte, lm_head (untied)          vocabulary-parallel: rank r holds rows [r*Vp/t, (r+1)*Vp/t) of the
 //                                  padded table (Vp = vocab padded to a multiple of 128*t); the
 //                                  embedding lookup is masked and all-reduced; the loss is a
 //                                  vocabulary-parallel cross-entropy (max, sum of exponentials and
 //                                  target logit all-reduced over the TP group) with padding columns
 //                                  masked out, so the loss never depends on t or the padding
-//   LayerNorms, wpe, biases of row-parallel layers: replicated on every TP rank
+//   norms (LayerNorm or RMSNorm, ln_embd), wpe, biases of row-parallel layers: replicated on every
+//                                  TP rank
+// The family's pieces (rotary, ALiBi, SwiGLU, no biases, embedding LayerNorm): model/gpt_chunk_layer.cpp
+// and model/gpt_chunk_tp.cpp.
 // The all-reduce in forward is paired with its dual in backward (Megatron's f and g operators).
 // With sequence_parallel, the rows between the tensor-parallel regions (LayerNorms, residual adds,
 // hidden dropout) are split over the TP ranks: all-gather before each
@@ -28,10 +34,11 @@
 // more (the counts of comm's all_gather_v / reduce_scatter_v).
 //
 // Pipeline. The first chunk of stage 0 (has_embedding) reads token windows; the last chunk of stage
-// p-1 (has_head) holds ln_f and a copy of wte for the tied output head and computes the loss. When
+// p-1 (has_head) holds ln_f and, for the tied output head, a copy of wte, and computes the loss. When
 // both are in one chunk (p == 1) they share one wte. Otherwise the runtime keeps the two copies equal
 // by summing their gradients over the embedding group (first and last stage, same TP rank) before
-// the optimizer step; both start equal because initialisation is defined in global coordinates.
+// the optimizer step; both start equal because initialisation is defined in global coordinates. An
+// untied head (untie_embeddings_and_output_weights) holds lm_head instead and shares nothing.
 //
 // Activation slots. A pipeline stage holds several micro-batches between forward and backward; the
 // chunk keeps `slots` sets of saved activations and every call names its slot (0 .. slots-1).
@@ -54,8 +61,10 @@
 // The sum is bitwise that of an unsplit backward.
 //
 // Parameters, units and ZeRO. Parameters are grouped in units, each contiguous in the flat parameter
-// and gradient buffers, in this order: wte alone (when has_embedding or has_head; one unit even when
-// both), wpe alone (has_embedding), one unit per layer, ln_f (weight, bias; has_head). wte is a unit
+// and gradient buffers, in this order: wte alone (when has_embedding, or has_head with the tied head;
+// one unit even when both), the embedding's others (has_embedding: wpe and / or ln_embd's weight and
+// bias, whichever the family has; none for rotary or ALiBi without ln_embd), one unit per layer, ln_f
+// (weight, and bias for LayerNorm; has_head), lm_head alone (has_head, untied). wte is a unit
 // of its own so that the embedding copy and the head copy on different stages have the same unit
 // layout (the runtime partitions every unit over data-parallel ranks and sums the two copies'
 // gradient partitions). Spec order inside a unit follows gpt2_param_specs. By default the chunk allocates flat_params() and flat_grads() itself. With

@@ -4,41 +4,46 @@
 //   gpt_chunk_tp.cpp     the tensor-parallel pieces: row collectives, vocabulary-parallel embedding
 //                        and the fused vocabulary-parallel head
 // Names: B micro-batch, T sequence, C hidden, t TP size, r TP rank, N = B*T rows, Nl this rank's
-// rows between the TP regions (N/t-ish with sequence parallelism, else N), Cl = C/t, Fl = 4C/t,
-// Hl = H/t, Vl = Vp/t local vocabulary rows starting at v0.
+// rows between the TP regions (N/t-ish with sequence parallelism, else N), hs head size, Hl = H/t
+// query heads and Gl = G/t key/value groups of this rank, Al = Hl*hs the attention width, QKVl =
+// (Hl + 2 Gl) hs the local fused qkv width, Fl = F/t, FCl = Fl (GELU) or 2 Fl (SwiGLU: [gate | up])
+// the local c_fc width, Vl = Vp/t local vocabulary rows starting at v0. GPT-2: Al = C/t, QKVl = 3C/t.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops.hpp"
 #include "model/gpt_chunk.hpp"
 #include "model/op_probe.hpp"
 
 namespace troupe {
 
 struct GptChunk::Impl {
-  // Parameter views of one unit (or their gradients), in the unit's spec order.
+  // Parameter views of one layer's unit (or their gradients). A parameter the family lacks (norm
+  // biases under RMSNorm, linear biases with add_bias_linear off) is an undefined tensor.
   struct Layer {
     Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
+  static constexpr int kLayerFields = 12;
   // What one layer's backward reads. Rows: Nl = this rank's rows, N = all rows (inside the TP region).
   struct LayerActs {
-    Tensor ln1, ln1_mean, ln1_rstd;  // (Nl,C) (Nl) (Nl)  ln_1 output, local rows
-    Tensor qkv;                      // (N,3Cl)           [q_r | k_r | v_r]
+    Tensor ln1, ln1_mean, ln1_rstd;  // (Nl,C) (Nl) (Nl)  ln_1 output, local rows (mean: LayerNorm only)
+    Tensor qkv;                      // (N,QKVl)          [q_r | k_r | v_r], q and k rotated (rope)
     Tensor probs;                    // (B*Hl*T, T)       attention probabilities (scratch when selective)
-    Tensor att;                      // (N,Cl)            attention output, this rank's heads
+    Tensor att;                      // (N,Al)            attention output, this rank's heads
     Tensor res1;                     // (Nl,C)            x + attention branch
     Tensor ln2, ln2_mean, ln2_rstd;  // (Nl,C) (Nl) (Nl)
-    Tensor fc, fc_gelu;              // (N,Fl) (N,Fl)     c_fc output before / after GELU
+    Tensor fc, fc_gelu;              // (N,FCl) (N,Fl)    c_fc output before / after GELU (or SwiGLU)
     Tensor res2;                     // (Nl,C)            layer output = next layer's input
   };
   // Output gradients a layer's weight pass needs; written by its input pass (split backward keeps
   // them in the slot until backward_weight).
   struct LayerStash {
     Tensor dy2;   // (N,C)   d(mlp c_proj output), all rows (gathered under sequence parallelism)
-    Tensor dfc;   // (N,Fl)  d(c_fc output)
+    Tensor dfc;   // (N,FCl) d(c_fc output)
     Tensor dln2;  // (Nl,C)  d(ln_2 output), reduced over TP
     Tensor dy1;   // (N,C)   d(attn c_proj output)
-    Tensor dqkv;  // (N,3Cl) d(c_attn output)
+    Tensor dqkv;  // (N,QKVl) d(c_attn output) (rope: rotated back)
     Tensor dln1;  // (Nl,C)  d(ln_1 output)
   };
   enum class SlotState : uint8_t { free, forwarded, weight_pending };
@@ -48,6 +53,7 @@ struct GptChunk::Impl {
     MicroBatchKey key;             // the dropout masks' key of the micro-batch in the slot
     Tensor inputs, targets;        // (N) i32, when the chunk has the embedding or the head
     std::vector<Tensor> xs;        // L+1 of (Nl,C): xs[l] input of layer l, xs[L] the chunk's output
+    Tensor emb, emb_mean, emb_rstd;  // (Nl,C) (Nl) (Nl) embedding LayerNorm's input (embed_layernorm)
     std::vector<LayerActs> acts;   // per layer; empty under full recompute (and for evaluation)
     Tensor lnf_full;               // (N,C) ln_f output, all rows (this rank's block written, rest gathered)
     Tensor lnf_mean, lnf_rstd;     // (Nl) (Nl)
@@ -56,7 +62,8 @@ struct GptChunk::Impl {
                                    // is in dlnf_now and dwte has this micro-batch's head contribution
     // Split backward only (allocated on first use):
     std::vector<LayerStash> stash;
-    Tensor demb;                   // (N,C) d(embedding output), all rows
+    Tensor demb;                   // (N,C) d(embedding output), all rows (before ln_embd)
+    Tensor dembln;                 // (Nl,C) d(ln_embd output) (embed_layernorm)
     Tensor dlnf;                   // (Nl,C) d(ln_f output)
   };
 
@@ -69,12 +76,26 @@ struct GptChunk::Impl {
   std::vector<ParamSpec> specs;
   std::vector<UnitInfo> units;
   std::vector<int64_t> spec_offset;  // offset of spec i in the flat buffers
-  int wte_unit = -1, wpe_unit = -1, head_unit = -1, first_layer_unit = 0;  // head_unit: ln_f
+  // Units: wte (the embedding's, or the tied head's copy), emb (wpe and / or ln_embd, when the
+  // family has either), the layers, head (ln_f), out (the untied head's lm_head). -1: absent.
+  int wte_unit = -1, emb_unit = -1, head_unit = -1, out_unit = -1, first_layer_unit = 0;
+  int out_weight_unit = -1;   // the head's weight: out_unit untied, else wte_unit
+  // Where each Layer field sits in a layer unit's spec list (-1: not in this family); the same for
+  // every layer. emb unit: wpe, ln_embd weight and bias.
+  int layer_field[kLayerFields] = {};
+  int emb_wpe = -1, emb_ln_w = -1, emb_ln_b = -1;
   int64_t loss_rows = 0;  // rows whose losses the head sums: N, fewer for a padded evaluation batch
   int t = 1, r = 0;
   bool sp = false;                   // sequence parallelism in effect (requested and t > 1)
-  int64_t B = 0, T = 0, C = 0, Cl = 0, Fl = 0, N = 0, Nl = 0, row0 = 0;
-  int Hl = 0, L = 0;
+  int64_t B = 0, T = 0, C = 0, Fl = 0, FCl = 0, Al = 0, QKVl = 0, N = 0, Nl = 0, row0 = 0;
+  int Hl = 0, Gl = 0, hs = 0, L = 0;
+  // The family (GptConfig's fields, resolved once).
+  bool rms = false;                  // RMSNorm (weight only) instead of LayerNorm
+  bool swiglu = false;               // c_fc is [gate | up], the activation silu(gate) * up
+  bool rope = false;                 // rotary on q and k of every layer
+  bool ln_embd = false;              // LayerNorm on the embedding output
+  ops::AttentionLayout layout;       // this rank's heads, groups, head size, ALiBi slopes
+  ops::RotaryParams rotary;
   int64_t Vl = 0, v0 = 0, valid = 0, head_rows = 0;
   DType dtype = DType::f32;
 
@@ -101,8 +122,9 @@ struct GptChunk::Impl {
   void drop_rows(Context& ctx, const Tensor& x /*(rows,C)*/, DropoutSite site, int layer, int64_t first_row);
 
   // The probe's look at an op's result; `layer` global (or a k*Probe value).
+  // A parameter the family lacks (undefined) shows nothing.
   void look(int layer, const char* op, ProbeDir dir, const Tensor& result) const {
-    if (probe != nullptr) probe->after(ProbePoint{layer, op, dir, ""}, result);
+    if (probe != nullptr && result.defined()) probe->after(ProbePoint{layer, op, dir, ""}, result);
   }
 
   // Scratch shared by all slots and layers (each call uses it and leaves nothing in it).
@@ -112,13 +134,15 @@ struct GptChunk::Impl {
   Tensor gathered;               // (N,C) an all-gathered LayerNorm output
   Tensor partial;                // (N,C) row-parallel partial products / column-parallel input grads
   Tensor dres;                   // (Nl,C) gradient of the residual stream
-  Tensor dgelu, datt;            // (N,Fl) (N,Cl)
+  Tensor dgelu, datt;            // (N,Fl) (N,Al)
   LayerStash now;                // the stash when weight gradients are computed at once
   Tensor demb_now, dlnf_now;     // (N,C) (Nl,C)
+  Tensor dembln_now;             // (Nl,C) d(ln_embd output) (embed_layernorm)
   Tensor logits;                 // (head_rows,Vl) one row chunk of logits / their gradient
   Tensor stats;                  // (2*head_rows) f64: [sum_exp | target_logit] of one row chunk
   Tensor losses;                 // (N)
   Tensor ln_grads;               // (2,C) one LayerNorm's weight gradients before the TP all-reduce
+  Tensor demb_ln;                // (Nl,C) d(ln_embd input), local rows (embed_layernorm)
   // Gradient views of each unit for the current backward / backward_weight call (grad_buffer is
   // asked once per unit and call).
   std::vector<std::vector<Tensor>> grad_cache;
@@ -138,13 +162,28 @@ struct GptChunk::Impl {
   const std::vector<Tensor>& unit_grads(int u);
   void grads_ready(int u, int slot);
   int layer_unit(int l) const { return first_layer_unit + l; }
-  static Layer as_layer(const std::vector<Tensor>& v);
+  Layer as_layer(const std::vector<Tensor>& v) const;
 
   // fuse_head: run the head's backward inside the forward (t = 1 only; see GptChunk::forward).
   double forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input, const Tensor& out,
                       bool keep, bool fuse_head = false);
   void split_tokens(Slot& s, const Tensor& tokens);
   LayerActs acts_for_backward(Context& ctx, Slot& s, int l, const Layer& p);
+
+  // ---- the family's ops (gpt_chunk_layer.cpp) ----
+  // The layers' norm (LayerNorm or RMSNorm; mean unused by RMSNorm, b undefined) and its backward
+  // halves, as ops::layernorm_* (dx accumulates; dw / db undefined skip the weight part).
+  void norm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                    const Tensor& w, const Tensor& b);
+  void norm_backward(Context& ctx, const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dout,
+                     const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
+  // The attention core on (N,QKVl) -> (N,Al) (GPT-2's multi-head attention is the layout G = H,
+  // no ALiBi), and its backward into dqkv.
+  void attention_core(Context& ctx, const Tensor& att, const Tensor& probs, const Tensor& qkv, int layer);
+  void attention_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv,
+                               const Tensor& probs, int layer);
+  // Rotary on the q and k columns of a (N,QKVl) qkv (forward), or the inverse on its gradient.
+  void rotate_qk(Context& ctx, const Tensor& qkv, bool inverse);
 
   // ---- one transformer layer (gpt_chunk_layer.cpp); layer: its global index (for the probe) ----
   void layer_forward(Context& ctx, int layer, const Layer& p, const Tensor& x, const LayerActs& a);
@@ -162,19 +201,28 @@ struct GptChunk::Impl {
   // Sum of the ranks' partial (N,X) products: reduce-scatter to this rank's rows with sequence
   // parallelism, else all-reduce (in place when full is local).
   void reduce_rows(const Tensor& full /*(N,X)*/, const Tensor& local /*(Nl,X)*/);
-  // dW += / db += of a LayerNorm applied to this rank's rows: all-reduced over TP under sequence
+  // dW += / db += of a norm applied to this rank's rows: all-reduced over TP under sequence
   // parallelism so the replicated gradient is the sum over every row, identical on all ranks.
+  // layernorm: the norm is a LayerNorm whatever the family's (ln_embd); else the layers' norm.
   void ln_weight_grads(Context& ctx, const Tensor& dw, const Tensor& db, const Tensor& dout, const Tensor& x,
-                       const Tensor& mean, const Tensor& rstd);
-  void embedding_forward(Context& ctx, const std::vector<Tensor>& e, const Slot& s);
-  void embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s, const Tensor& demb);
+                       const Tensor& mean, const Tensor& rstd, bool layernorm = false);
+  // e: wte (Vl,C), and the emb unit's views (or empty when the family has no emb unit).
+  void embedding_forward(Context& ctx, const Tensor& wte, const std::vector<Tensor>& e, const Slot& s);
+  // d(chunk input) in dres -> d(embedding output) of all rows in demb (the dual of the forward's
+  // reduction, the dropout mask, ln_embd's input gradient; keeps d(ln_embd output) in dembln).
+  void embedding_backward_input(Context& ctx, const std::vector<Tensor>& e, const Slot& s, const Tensor& demb,
+                                const Tensor& dembln);
+  // dwte (Vl,C) and the emb unit's gradient views (empty: none).
+  void embedding_weight(Context& ctx, const Tensor& dwte, const std::vector<Tensor>& g, const Slot& s,
+                        const Tensor& demb, const Tensor& dembln);
   // fused_dwte defined (t = 1): GptModel's fused softmax cross-entropy, row chunk by row chunk: the
   // loss, then at once d(ln_f output) into dlnf_now and the head's contribution to fused_dwte, so
   // backward need not recompute the logits.
+  // wte: the head's weight (tied: wte; untied: lm_head), (Vl,C) either way.
   double head_forward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& lnf_b,
                       const Tensor& fused_dwte = Tensor());
   // input: compute d(chunk output) into dres (and keep d(ln_f output) in dlnf); weights: accumulate
-  // the head's parameter gradients (dwte, dlnf_w, dlnf_b; null when !weights).
+  // the head's parameter gradients (dwte: the head weight's, dlnf_w, dlnf_b; null when !weights).
   void head_backward(Context& ctx, Slot& s, const Tensor& wte, const Tensor& lnf_w, const Tensor& dlnf,
                      bool input, const Tensor& dwte, const Tensor& dlnf_w, const Tensor& dlnf_b);
   // What follows the logits in head_backward: d(ln_f output) summed over the vocabulary split into

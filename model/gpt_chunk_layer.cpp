@@ -1,7 +1,15 @@
 // One transformer layer of a GptChunk on one tensor-parallel rank (Megatron-LM's scheme):
 //
-//   res1 = x    + g(c_proj(attn(c_attn(f(ln_1(x))))))     c_attn column-parallel (own heads' q, k, v),
-//   res2 = res1 + g(c_proj(gelu(c_fc(f(ln_2(res1))))))     c_fc column-parallel, both c_proj row-parallel
+//   res1 = x    + g(c_proj(attn(rope(c_attn(f(norm_1(x)))))))   c_attn column-parallel (own heads' q,
+//   res2 = res1 + g(c_proj(act(c_fc(f(norm_2(res1))))))          k, v), c_fc column-parallel, both
+//                                                                 c_proj row-parallel
+// The family picks the pieces (GptConfig): norm LayerNorm or RMSNorm; rope only with rotary
+// positions, on q and k right after c_attn (its inverse on dq, dk before c_attn's backward);
+// attention with this rank's Hl query heads over Gl key/value groups (GQA/MQA), ALiBi biases of the
+// rank's global heads; act GELU or SwiGLU on c_fc's [gate_r | up_r]; biases only with
+// add_bias_linear. GPT-2 (LayerNorm, no rope, MHA, GELU, biases) calls exactly the ops it always did.
+// Positions: every call holds whole sequences inside the TP region (sequence parallelism gathers the
+// rows before c_attn; pipeline stages split layers, not sequences), so row b*T + t is at position t.
 //
 // f enters a tensor-parallel region, g leaves it (their duals run in backward):
 //                      forward                     backward
@@ -9,7 +17,7 @@
 //   f   seq. parallel  all-gather the rows         reduce-scatter to this rank's rows
 //   g   plain          all-reduce partial sums     identity (every rank has the whole gradient)
 //   g   seq. parallel  reduce-scatter to own rows  all-gather the rows
-// Outside the regions (LayerNorms, residual adds) a rank works on Nl rows: all N, or its block with
+// Outside the regions (norms, residual adds) a rank works on Nl rows: all N, or its block with
 // sequence parallelism. A row-parallel bias is added by rank 0 inside its partial product, so the
 // reduction adds it exactly once; with t = 1 this is GptModel's fused bias GEMM, bitwise.
 //
@@ -20,28 +28,70 @@
 // The backward is split in two halves (zero-bubble schedules run them apart): the input pass makes
 // d(layer input) and keeps, in a LayerStash, the output gradients the weight pass needs; the weight
 // pass accumulates the parameter gradients from them. Each half calls the kernels GptModel calls
-// (linear_backward and layernorm_backward split into their dx and dweight halves), so the results are
-// bitwise GptModel's at t = 1.
+// (linear_backward and the norms' backward split into their dx and dweight halves), so the results
+// are bitwise GptModel's at t = 1.
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk_impl.hpp"
 
 namespace troupe {
 
+// ---- the family's ops ---------------------------------------------------------------------------
+
+void GptChunk::Impl::norm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& x, const Tensor& w, const Tensor& b) {
+  const double eps = spec.model.layernorm_epsilon;
+  if (rms) ops::rmsnorm_forward(ctx, out, rstd, x, w, eps);
+  else ops::layernorm_forward(ctx, out, mean, rstd, x, w, b, eps);
+}
+
+void GptChunk::Impl::norm_backward(Context& ctx, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                                   const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd) {
+  if (rms) ops::rmsnorm_backward(ctx, dx, dw, dout, x, w, rstd);
+  else ops::layernorm_backward(ctx, dx, dw, db, dout, x, w, mean, rstd);
+}
+
+void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& probs,
+                                    const Tensor& qkv /*(N,QKVl)*/, int layer) {
+  const DropoutMask m = mask(DropoutSite::attention_probs, layer);
+  const Tensor out = att.view({B, T, Al}), p = probs.view({B, Hl, T, T}), in = qkv.view({B, T, QKVl});
+  ops::attention_forward(ctx, out, p, in, layout, m, int64_t{r} * Hl);
+}
+
+void GptChunk::Impl::attention_core_backward(Context& ctx, const Tensor& dqkv /*(N,QKVl)*/,
+                                             const Tensor& datt /*(N,Al)*/, const Tensor& qkv, const Tensor& probs,
+                                             int layer) {
+  const DropoutMask m = mask(DropoutSite::attention_probs, layer);
+  const Tensor dq = dqkv.view({B, T, QKVl}), dout = datt.view({B, T, Al}), in = qkv.view({B, T, QKVl}),
+               p = probs.view({B, Hl, T, T});
+  ops::attention_backward(ctx, dq, dout, in, p, layout, m, int64_t{r} * Hl);
+}
+
+void GptChunk::Impl::rotate_qk(Context& ctx, const Tensor& qkv /*(N,QKVl)*/, bool inverse) {
+  const Tensor x = qkv.view({B, T, QKVl});
+  auto op = inverse ? &ops::rotary_backward : &ops::rotary_forward;
+  op(ctx, x, 0, Hl, hs, rotary);        // q: this rank's heads, columns [0, Hl hs)
+  op(ctx, x, Al, Gl, hs, rotary);       // k: its groups, columns [Hl hs, (Hl + Gl) hs)
+}
+
+// ---- the layer ------------------------------------------------------------------------------------
+
 void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, const Tensor& x /*(Nl,C)*/,
                                    const LayerActs& a) {
-  const double eps = spec.model.layernorm_epsilon;
   const Tensor none;
   constexpr ProbeDir F = ProbeDir::forward;
   // Attention branch.
-  ops::layernorm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b, eps);  // (Nl,C)
+  norm_forward(ctx, a.ln1, a.ln1_mean, a.ln1_rstd, x, p.ln1_w, p.ln1_b);                 // (Nl,C)
   look(layer, "ln1", F, a.ln1);
   const Tensor ln1 = sp ? gathered : a.ln1;                                              // (N,C)
   gather_rows(a.ln1, ln1);                                                               // f
-  ops::linear_forward(ctx, a.qkv, ln1, p.attn_w, p.attn_b);                              // (N,3Cl)
+  ops::linear_forward(ctx, a.qkv, ln1, p.attn_w, p.attn_b);                              // (N,QKVl)
   look(layer, "attention_qkv", F, a.qkv);
-  const DropoutMask attn_mask = mask(DropoutSite::attention_probs, layer);
-  ops::attention_forward(ctx, a.att.view({B, T, Cl}), a.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
-                         Hl, attn_mask, int64_t{r} * Hl);                                // (N,Cl)
+  if (rope) {
+    rotate_qk(ctx, a.qkv, false);
+    look(layer, "attention_rotary", F, a.qkv);
+  }
+  attention_core(ctx, a.att, a.probs, a.qkv, layer);                                     // (N,Al)
   look(layer, "attention_scores", F, a.probs);
   look(layer, "attention_output", F, a.att);
   const Tensor proj = sp ? partial : a.res1;                                             // (N,C) partial
@@ -52,14 +102,19 @@ void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, cons
   ops::add_inplace(ctx, a.res1, x);
   look(layer, "residual1", F, a.res1);
   // MLP branch.
-  ops::layernorm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b, eps);  // (Nl,C)
+  norm_forward(ctx, a.ln2, a.ln2_mean, a.ln2_rstd, a.res1, p.ln2_w, p.ln2_b);                // (Nl,C)
   look(layer, "ln2", F, a.ln2);
   const Tensor ln2 = sp ? gathered : a.ln2;                                                   // (N,C)
   gather_rows(a.ln2, ln2);                                                                    // f
-  ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                        // (N,Fl)
+  ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                        // (N,FCl)
   look(layer, "mlp_fc1", F, a.fc);
-  ops::gelu_forward(ctx, a.fc_gelu, a.fc);
-  look(layer, "mlp_gelu", F, a.fc_gelu);
+  if (swiglu) {
+    ops::glu_forward(ctx, a.fc_gelu, a.fc, ops::GluKind::swiglu);                            // (N,Fl)
+    look(layer, "mlp_swiglu", F, a.fc_gelu);
+  } else {
+    ops::gelu_forward(ctx, a.fc_gelu, a.fc);
+    look(layer, "mlp_gelu", F, a.fc_gelu);
+  }
   const Tensor mlp = sp ? partial : a.res2;                                                   // (N,C) partial
   ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
   reduce_rows(mlp, a.res2);                                                                   // g -> (Nl,C)
@@ -79,39 +134,45 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   look(layer, "residual2", Bk, st.dy2);
   ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                  // (N,Fl)
   look(layer, "mlp_fc2", Bk, dgelu);
-  ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                            // (N,Fl)
-  look(layer, "mlp_gelu", Bk, st.dfc);
+  if (swiglu) {
+    ops::glu_backward(ctx, st.dfc, dgelu, a.fc, ops::GluKind::swiglu);                     // (N,FCl)
+    look(layer, "mlp_swiglu", Bk, st.dfc);
+  } else {
+    ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                          // (N,Fl)
+    look(layer, "mlp_gelu", Bk, st.dfc);
+  }
   const Tensor dln2 = sp ? partial : st.dln2;  // this rank's share of d(ln_2 output)       (N,C)
   ops::linear_backward(ctx, dln2, none, none, st.dfc, none, p.fc_w);
   reduce_rows(dln2, st.dln2);                  // f's dual                                  (Nl,C)
   look(layer, "mlp_fc1", Bk, st.dln2);
-  ops::layernorm_backward(ctx, dres, none, none, st.dln2, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
+  norm_backward(ctx, dres, none, none, st.dln2, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
   look(layer, "ln2", Bk, dres);
   // Attention branch: dres = d res1, becomes d x.
   gather_rows(dres, st.dy1);                                                                // (N,C)
   drop_rows(ctx, st.dy1, DropoutSite::attention_output, layer, 0);
   look(layer, "residual1", Bk, st.dy1);
-  ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Cl)
+  ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Al)
   look(layer, "attention_proj", Bk, datt);
   Tensor probs = a.probs;
   if (!probs.defined()) {
     // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
-    // saved qkv (same kernel, same inputs: bitwise the forward's).
-    ops::attention_forward(ctx, rc.att.view({B, T, Cl}), rc.probs.view({B, Hl, T, T}), a.qkv.view({B, T, 3 * Cl}),
-                           Hl, mask(DropoutSite::attention_probs, layer), int64_t{r} * Hl);
+    // saved qkv, rotated already (same kernel, same inputs: bitwise the forward's).
+    attention_core(ctx, rc.att, rc.probs, a.qkv, layer);
     look(layer, "attention_scores", ProbeDir::forward, rc.probs);
     look(layer, "attention_output", ProbeDir::forward, rc.att);
     probs = rc.probs;
   }
-  ops::attention_backward(ctx, st.dqkv.view({B, T, 3 * Cl}), datt.view({B, T, Cl}), a.qkv.view({B, T, 3 * Cl}),
-                          probs.view({B, Hl, T, T}), Hl, mask(DropoutSite::attention_probs, layer),
-                          int64_t{r} * Hl);                                                 // (N,3Cl)
+  attention_core_backward(ctx, st.dqkv, datt, a.qkv, probs, layer);                        // (N,QKVl)
   look(layer, "attention_scores", Bk, st.dqkv);
+  if (rope) {  // d(c_attn output): the gradient of the rotated q, k rotated back
+    rotate_qk(ctx, st.dqkv, true);
+    look(layer, "attention_rotary", Bk, st.dqkv);
+  }
   const Tensor dln1 = sp ? partial : st.dln1;                                               // (N,C)
   ops::linear_backward(ctx, dln1, none, none, st.dqkv, none, p.attn_w);
   reduce_rows(dln1, st.dln1);                                                               // (Nl,C)
   look(layer, "attention_qkv", Bk, st.dln1);
-  ops::layernorm_backward(ctx, dres, none, none, st.dln1, x, p.ln1_w, a.ln1_mean, a.ln1_rstd);
+  norm_backward(ctx, dres, none, none, st.dln1, x, p.ln1_w, a.ln1_mean, a.ln1_rstd);
   look(layer, "ln1", Bk, dres);
 }
 

@@ -3,11 +3,15 @@
 // vocab_parallel_cross_entropy).
 //
 // Embedding. Rank r holds rows [v0, v0 + Vl) of the padded table. Every rank looks up all N tokens
-// (zero rows for tokens it does not hold) and rank 0 adds the positions, so the sum over the ranks
-// (g: all-reduce, or reduce-scatter to own rows) is the embedding; with exactly one nonzero term per
-// element the sum is exact, bitwise GptModel's e + p. Backward: the gradient of all N rows (the dual
-// all-gather under sequence parallelism) scatters into the rows this rank holds; wpe's gradient is
-// the same full sum on every rank.
+// (zero rows for tokens it does not hold) and rank 0 adds the positions (learned_absolute only), so
+// the sum over the ranks (g: all-reduce, or reduce-scatter to own rows) is the embedding; with
+// exactly one nonzero term per element the sum is exact, bitwise GptModel's e + p. With
+// embed_layernorm (BLOOM) a LayerNorm follows on this rank's rows, before the embedding dropout (the
+// placement of Megatron-DeepSpeed's --embed-layernorm, on the embedding output). Backward: the
+// gradient of all N rows (the dual all-gather under sequence parallelism) scatters into the rows
+// this rank holds; wpe's gradient is the same full sum on every rank.
+//
+// The head's weight is wte (tied, GPT-2's) or the untied lm_head, vocabulary-parallel the same way.
 //
 // Head. logits = ln_f(x) wte^T is column-parallel over the vocabulary: (N, Vl) per rank, processed in
 // row chunks so no buffer of all N rows' logits exists. Per chunk the cross-entropy needs three
@@ -69,39 +73,80 @@ void GptChunk::Impl::reduce_rows(const Tensor& full, const Tensor& local) {
 }
 
 void GptChunk::Impl::ln_weight_grads(Context& ctx, const Tensor& dw, const Tensor& db, const Tensor& dout,
-                                     const Tensor& x, const Tensor& mean, const Tensor& rstd) {
+                                     const Tensor& x, const Tensor& mean, const Tensor& rstd, bool layernorm) {
   const Tensor none;
+  auto weights = [&](const Tensor& w, const Tensor& b) {
+    if (layernorm) ops::layernorm_backward(ctx, none, w, b, dout, x, none, mean, rstd);
+    else norm_backward(ctx, none, w, b, dout, x, none, mean, rstd);
+  };
   if (!sp) {
-    ops::layernorm_backward(ctx, none, dw, db, dout, x, none, mean, rstd);
+    weights(dw, db);
     return;
   }
   // This micro-batch's part over own rows, summed over the group, then accumulated: reducing the
-  // accumulated buffer instead would count earlier micro-batches t times.
-  ln_grads.zero_();
-  const Tensor gw = ln_grads.rows(0, 1).view({C}), gb = ln_grads.rows(1, 2).view({C});
-  ops::layernorm_backward(ctx, none, gw, gb, dout, x, none, mean, rstd);
-  all_reduce(ln_grads, comm::ReduceOp::sum);
+  // accumulated buffer instead would count earlier micro-batches t times. RMSNorm has no bias row.
+  const bool bias = db.defined();
+  const Tensor both = ln_grads.rows(0, bias ? 2 : 1);
+  both.zero_();
+  const Tensor gw = ln_grads.rows(0, 1).view({C}), gb = bias ? ln_grads.rows(1, 2).view({C}) : Tensor();
+  weights(gw, gb);
+  all_reduce(both, comm::ReduceOp::sum);
   ops::add_inplace(ctx, dw, gw);
-  ops::add_inplace(ctx, db, gb);
+  if (bias) ops::add_inplace(ctx, db, gb);
 }
 
 // ---- vocabulary-parallel embedding ----------------------------------------------------------------
 
-void GptChunk::Impl::embedding_forward(Context& ctx, const std::vector<Tensor>& e /*wte (Vl,C), wpe (P,C)*/,
+void GptChunk::Impl::embedding_forward(Context& ctx, const Tensor& wte /*(Vl,C)*/,
+                                       const std::vector<Tensor>& e /*[wpe (P,C)] [ln_embd w, b (C)]*/,
                                        const Slot& s) {
-  const Tensor full = sp ? partial : s.xs[0];  // (N,C) this rank's term of the sum
-  ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), e[0], v0,
-                               r == 0 ? e[1] : Tensor());
-  reduce_rows(full, s.xs[0]);                  // g -> (Nl,C)
+  const Tensor sum = ln_embd ? s.emb : s.xs[0];  // (Nl,C) the embedding (ln_embd's input)
+  const Tensor full = sp ? partial : sum;        // (N,C) this rank's term of the sum
+  const Tensor wpe = r == 0 && emb_wpe >= 0 ? e[static_cast<size_t>(emb_wpe)] : Tensor();
+  ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), wte, v0, wpe);
+  reduce_rows(full, sum);                        // g -> (Nl,C)
+  if (ln_embd) {
+    look(kEmbeddingProbe, "lookup", ProbeDir::forward, sum);
+    ops::layernorm_forward(ctx, s.xs[0], s.emb_mean, s.emb_rstd, sum, e[static_cast<size_t>(emb_ln_w)],
+                           e[static_cast<size_t>(emb_ln_b)], spec.model.layernorm_epsilon);
+    look(kEmbeddingProbe, "ln_embd", ProbeDir::forward, s.xs[0]);
+    drop_rows(ctx, s.xs[0], DropoutSite::embedding, 0, row0);
+    return;
+  }
   drop_rows(ctx, s.xs[0], DropoutSite::embedding, 0, row0);
   look(kEmbeddingProbe, "lookup", ProbeDir::forward, s.xs[0]);
 }
 
-void GptChunk::Impl::embedding_weight(Context& ctx, const std::vector<Tensor>& g, const Slot& s,
-                                      const Tensor& demb /*(N,C)*/) {
-  ops::vocab_embedding_backward(ctx, g[0], g[1], demb.view({B, T, C}), s.inputs.view({B, T}), v0);
-  look(kEmbeddingProbe, "lookup", ProbeDir::weight, g[0]);
-  look(kEmbeddingProbe, "lookup", ProbeDir::weight, g[1]);
+void GptChunk::Impl::embedding_backward_input(Context& ctx, const std::vector<Tensor>& e, const Slot& s,
+                                              const Tensor& demb /*(N,C)*/, const Tensor& dembln /*(Nl,C)*/) {
+  if (!ln_embd) {
+    gather_rows(dres, demb);                              // dual of the forward's all-reduce / reduce-scatter
+    drop_rows(ctx, demb, DropoutSite::embedding, 0, 0);   // the forward's mask, on all N rows
+    return;
+  }
+  // The mask of this rank's rows (dres is scratch), then ln_embd's backward on them, then the rows
+  // gathered for the scatter into the vocabulary shard.
+  drop_rows(ctx, dres, DropoutSite::embedding, 0, row0);
+  dembln.copy_from(dres);                                 // d(ln_embd output): the weight pass's
+  demb_ln.zero_();
+  ops::layernorm_backward(ctx, demb_ln, Tensor(), Tensor(), dembln, s.emb, e[static_cast<size_t>(emb_ln_w)],
+                          s.emb_mean, s.emb_rstd);
+  look(kEmbeddingProbe, "ln_embd", ProbeDir::backward, demb_ln);
+  gather_rows(demb_ln, demb);
+}
+
+void GptChunk::Impl::embedding_weight(Context& ctx, const Tensor& dwte, const std::vector<Tensor>& g,
+                                      const Slot& s, const Tensor& demb /*(N,C)*/, const Tensor& dembln) {
+  const Tensor dwpe = emb_wpe >= 0 ? g[static_cast<size_t>(emb_wpe)] : Tensor();
+  ops::vocab_embedding_backward(ctx, dwte, dwpe, demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+  look(kEmbeddingProbe, "lookup", ProbeDir::weight, dwte);
+  look(kEmbeddingProbe, "lookup", ProbeDir::weight, dwpe);
+  if (ln_embd) {
+    const Tensor dw = g[static_cast<size_t>(emb_ln_w)], db = g[static_cast<size_t>(emb_ln_b)];
+    ln_weight_grads(ctx, dw, db, dembln, s.emb, s.emb_mean, s.emb_rstd, true);
+    look(kEmbeddingProbe, "ln_embd", ProbeDir::weight, dw);
+    look(kEmbeddingProbe, "ln_embd", ProbeDir::weight, db);
+  }
 }
 
 // ---- vocabulary-parallel head ---------------------------------------------------------------------
@@ -109,7 +154,7 @@ void GptChunk::Impl::embedding_weight(Context& ctx, const std::vector<Tensor>& g
 double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(Vl,C)*/, const Tensor& lnf_w,
                                     const Tensor& lnf_b, const Tensor& fused_dwte) {
   const Tensor lnf = s.lnf_full.rows(row0, row0 + Nl);  // this rank's rows of ln_f's output   (Nl,C)
-  ops::layernorm_forward(ctx, lnf, s.lnf_mean, s.lnf_rstd, s.xs[L], lnf_w, lnf_b, spec.model.layernorm_epsilon);
+  norm_forward(ctx, lnf, s.lnf_mean, s.lnf_rstd, s.xs[L], lnf_w, lnf_b);
   look(kHeadProbe, "ln_f", ProbeDir::forward, lnf);
   gather_rows(lnf, s.lnf_full);                         // f: all rows for the vocabulary split (N,C)
   for (int64_t r0 = 0; r0 < N; r0 += head_rows) {
@@ -182,7 +227,7 @@ void GptChunk::Impl::head_backward_ln(Context& ctx, Slot& s, const Tensor& lnf_w
     reduce_rows(sp ? partial : dlnf, dlnf);  // f's dual -> (Nl,C)
     look(kHeadProbe, "logits", ProbeDir::backward, dlnf);
     dres.zero_();
-    ops::layernorm_backward(ctx, dres, none, none, dlnf, s.xs[L], lnf_w, s.lnf_mean, s.lnf_rstd);
+    norm_backward(ctx, dres, none, none, dlnf, s.xs[L], lnf_w, s.lnf_mean, s.lnf_rstd);
     look(kHeadProbe, "ln_f", ProbeDir::backward, dres);
   }
   if (dlnf_w.defined()) {

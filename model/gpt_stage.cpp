@@ -27,7 +27,8 @@ Tensor GptStage::unit_grads(int unit) const { return flat_range(chunk_.flat_grad
 
 std::vector<int> GptStage::tied_units() const {
   const ChunkSpec& s = chunk_.spec();
-  if (tied_ && s.has_embedding != s.has_head) return {0};  // wte is unit 0 of both chunks
+  // wte is unit 0 of both chunks; an untied head (lm_head) shares nothing with the embedding.
+  if (tied_ && !s.model.untie_embeddings_and_output_weights && s.has_embedding != s.has_head) return {0};
   return {};
 }
 

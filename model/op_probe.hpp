@@ -8,21 +8,25 @@
 //   forward   the op's output, right after the op
 //   backward  what the op's backward writes: the gradient with respect to its input ("grad input")
 //   weight    the op's parameter gradients, after they were accumulated
-// GPT's names (gpt_probe_names(), in the order a layer's forward computes them):
+// GPT's names (gpt_probe_names(), in the order a layer's forward computes them; ln1, ln2 and ln_f
+// are the family's norm, LayerNorm or RMSNorm (weight only)):
 //   layer  ln1               ln_1(x) (Nl,C)              d(layer input) (Nl,C), after ln_1's part   weight, bias
-//          attention_qkv     c_attn: q, k, v (N,3Cl)     d(ln_1 output) (Nl,C), reduced over tp      weight, bias
-//          attention_scores  causal softmax(q k^T / sqrt(hs)) (B*Hl*T,T)   d(q, k, v) (N,3Cl)        -
-//          attention_output  the core's output P v (N,Cl)                  -                         -
-//          attention_proj    c_proj, reduced over tp (Nl,C)  d(attention output) (N,Cl)             weight, bias
+//          attention_qkv     c_attn: q, k, v (N,QKVl)    d(ln_1 output) (Nl,C), reduced over tp      weight, bias
+//          attention_rotary  q, k rotated (rope only) (N,QKVl)  d(c_attn output) (N,QKVl)            -
+//          attention_scores  causal softmax(q k^T / sqrt(hs) [+ ALiBi]) (B*Hl*T,T)   d(q, k, v) (N,QKVl)  -
+//          attention_output  the core's output P v (N,Al)                  -                         -
+//          attention_proj    c_proj, reduced over tp (Nl,C)  d(attention output) (N,Al)             weight, bias
 //          residual1         x + attention_proj (Nl,C)   d(attention branch) (N,C)                   -
 //          ln2               ln_2(residual1) (Nl,C)      d(residual1) (Nl,C), after ln_2's part      weight, bias
 //          mlp_fc1           c_fc (N,Fl)                 d(ln_2 output) (Nl,C), reduced over tp      weight, bias
 //          mlp_gelu          gelu(c_fc) (N,Fl)           d(c_fc output) (N,Fl)                       -
+//          mlp_swiglu        silu(gate) * up (SwiGLU; instead of mlp_gelu) (N,Fl)  d(c_fc output) (N,2Fl)  -
 //          mlp_fc2           c_proj, reduced over tp (Nl,C)  d(gelu output) (N,Fl)                  weight, bias
 //          residual2         residual1 + mlp_fc2: the layer's output (Nl,C)   d(mlp branch) (N,C)   -
 //   embedding lookup         token + position embedding (Nl,C)   -                                   wte, wpe
+//          ln_embd           LayerNorm of the lookup (embed_layernorm) (Nl,C)  d(lookup) (Nl,C)     weight, bias
 //   head   ln_f              ln_f (Nl,C)                 d(chunk output) (Nl,C)                      weight, bias
-//          logits            a row chunk of logits (rows,Vl)  d(ln_f output) (Nl,C), reduced        wte (the head's)
+//          logits            a row chunk of logits (rows,Vl)  d(ln_f output) (Nl,C), reduced        wte or lm_head
 //          loss              a row chunk's token losses (rows)  d(logits) of the row chunk           -
 // A custom block (model/custom_stage.hpp): forward each output tensor by its name and "loss" (the
 // loss block's sum); backward each input's gradient by the input's name; weight "params" (all of

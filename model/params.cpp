@@ -1,5 +1,6 @@
 #include "model/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -44,58 +45,96 @@ ParamSpec spec(std::string name, Shape shape, InitKind init, double std, bool de
   return p;
 }
 
-// Narrows a whole-tensor spec to rank r's slice of a t-way split along spec.tp_split_dim; `padded` is
-// the padded extent of that dimension when it has vocabulary padding (wte), else 0.
-void apply_split(ParamSpec& p, int t, int r, int64_t padded) {
+// Narrows a whole-tensor spec to rank r's slice of a t-way split along spec.tp_split_dim. `part_sizes`:
+// the global sizes of the split dimension's parts, in order (empty: tp_split_parts equal parts of the
+// dimension); the vocabulary's one part is its padded size.
+void apply_split(ParamSpec& p, int t, int r, std::vector<int64_t> part_sizes = {}) {
   if (p.tp_split_dim < 0) return;
   const int d = p.tp_split_dim;
-  const int64_t whole = padded > 0 ? padded : p.global_shape[d];
-  const int64_t part = whole / p.tp_split_parts;
-  TROUPE_CHECK(whole % p.tp_split_parts == 0 && part % t == 0,
-               "tensor-parallel size must divide the split dimension of every parameter (heads, hidden size)");
+  if (part_sizes.empty()) {
+    const int64_t whole = p.global_shape[d];
+    TROUPE_CHECK(whole % p.tp_split_parts == 0, "apply_split: equal parts must divide the dimension");
+    part_sizes.assign(static_cast<size_t>(p.tp_split_parts), whole / p.tp_split_parts);
+  }
+  TROUPE_CHECK(static_cast<int>(part_sizes.size()) == p.tp_split_parts, "apply_split: one size per part");
   ParamSlice& sl = p.slice;
   sl.dim = d;
-  sl.extent = part / t;
   sl.offsets.clear();
-  for (int j = 0; j < p.tp_split_parts; ++j) sl.offsets.push_back(j * part + r * sl.extent);
+  sl.extents.clear();
+  int64_t start = 0;
+  for (int64_t part : part_sizes) {
+    TROUPE_CHECK(part % t == 0,
+                 "tensor-parallel size must divide the split dimension of every parameter (heads, hidden size)");
+    sl.offsets.push_back(start + r * (part / t));
+    sl.extents.push_back(part / t);
+    start += part;
+  }
   Shape local;
-  for (int i = 0; i < p.global_shape.rank(); ++i)
-    local.push_back(i == d ? sl.extent * p.tp_split_parts : p.global_shape[i]);
+  for (int i = 0; i < p.global_shape.rank(); ++i) local.push_back(i == d ? sl.local_extent() : p.global_shape[i]);
   p.local_shape = local;
 }
 
 }  // namespace
 
+int64_t ParamSlice::local_extent() const {
+  int64_t n = 0;
+  for (int64_t e : extents) n += e;
+  return n;
+}
+
 std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_rank) {
   TROUPE_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tensor-parallel rank out of range");
-  const int64_t C = c.hidden_size, F = c.ffn_hidden_size();
+  const int t = tp_size, r = tp_rank;
+  const int H = c.num_attention_heads, G = c.query_groups();
+  TROUPE_CHECK(H % t == 0 && G % t == 0 && H % G == 0,
+               "tensor-parallel size must divide the attention heads and the query groups, and the groups the heads");
+  const int64_t C = c.hidden_size, F = c.ffn_hidden_size(), hs = c.head_size();
+  const int64_t A = c.attention_size();  // H hs: the attention output's width
+  const bool swiglu = c.activation == MlpActivation::swiglu;
+  const bool rms = c.normalization == Normalization::rmsnorm;
+  const bool bias = c.add_bias_linear;
   const double std = c.init_method_std;
   const double residual_std = std / std::sqrt(2.0 * c.num_layers);
+  const int64_t Vp = c.padded_vocab_size(t);
   std::vector<ParamSpec> specs;
+  auto add = [&](ParamSpec p, std::vector<int64_t> parts = {}) {
+    apply_split(p, t, r, std::move(parts));
+    specs.push_back(std::move(p));
+  };
+  // A norm: weight (ones), and a bias (zeros) unless RMSNorm; `layernorm` forces LayerNorm (ln_embd).
+  auto norm = [&](const std::string& n, bool layernorm) {
+    add(spec(n + ".weight", {C}, InitKind::ones, 0, false));
+    if (layernorm) add(spec(n + ".bias", {C}, InitKind::zeros, 0, false));
+  };
   // Vocabulary-parallel embedding, split over rows of the padded table.
-  specs.push_back(spec("transformer.wte.weight", {c.vocab_size, C}, InitKind::normal, std, true, 0));
-  specs.push_back(spec("transformer.wpe.weight", {c.max_position_embeddings, C}, InitKind::normal, std, true));
+  add(spec("transformer.wte.weight", {c.vocab_size, C}, InitKind::normal, std, true, 0), {Vp});
+  if (c.position_embedding == PositionEmbedding::learned_absolute)
+    add(spec("transformer.wpe.weight", {c.max_position_embeddings, C}, InitKind::normal, std, true));
+  if (c.embed_layernorm) norm("transformer.ln_embd", true);
+  // Column-parallel fused QKV: rows [q (H hs) | k (G hs) | v (G hs)], each part split over the ranks.
+  const std::vector<int64_t> qkv_parts = {H * hs, G * hs, G * hs};
+  // c_fc: one part, or SwiGLU's [gate (F) | up (F)].
+  const std::vector<int64_t> fc_parts = swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
+  const int fc_n = swiglu ? 2 : 1;
+  const int64_t fc_rows = fc_n * F;
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
-    specs.push_back(spec(h + "ln_1.weight", {C}, InitKind::ones, 0, false));
-    specs.push_back(spec(h + "ln_1.bias", {C}, InitKind::zeros, 0, false));
-    // Column-parallel fused QKV: rows are [q | k | v], each split over tensor-parallel ranks.
-    specs.push_back(spec(h + "attn.c_attn.weight", {3 * C, C}, InitKind::normal, std, true, 0, 3));
-    specs.push_back(spec(h + "attn.c_attn.bias", {3 * C}, InitKind::zeros, 0, false, 0, 3));
+    norm(h + "ln_1", !rms);
+    add(spec(h + "attn.c_attn.weight", {c.qkv_size(), C}, InitKind::normal, std, true, 0, 3), qkv_parts);
+    if (bias) add(spec(h + "attn.c_attn.bias", {c.qkv_size()}, InitKind::zeros, 0, false, 0, 3), qkv_parts);
     // Row-parallel output projection.
-    specs.push_back(spec(h + "attn.c_proj.weight", {C, C}, InitKind::normal_residual, residual_std, true, 1));
-    specs.push_back(spec(h + "attn.c_proj.bias", {C}, InitKind::zeros, 0, false));
-    specs.push_back(spec(h + "ln_2.weight", {C}, InitKind::ones, 0, false));
-    specs.push_back(spec(h + "ln_2.bias", {C}, InitKind::zeros, 0, false));
-    specs.push_back(spec(h + "mlp.c_fc.weight", {F, C}, InitKind::normal, std, true, 0));
-    specs.push_back(spec(h + "mlp.c_fc.bias", {F}, InitKind::zeros, 0, false, 0));
-    specs.push_back(spec(h + "mlp.c_proj.weight", {C, F}, InitKind::normal_residual, residual_std, true, 1));
-    specs.push_back(spec(h + "mlp.c_proj.bias", {C}, InitKind::zeros, 0, false));
+    add(spec(h + "attn.c_proj.weight", {C, A}, InitKind::normal_residual, residual_std, true, 1));
+    if (bias) add(spec(h + "attn.c_proj.bias", {C}, InitKind::zeros, 0, false));
+    norm(h + "ln_2", !rms);
+    add(spec(h + "mlp.c_fc.weight", {fc_rows, C}, InitKind::normal, std, true, 0, fc_n), fc_parts);
+    if (bias) add(spec(h + "mlp.c_fc.bias", {fc_rows}, InitKind::zeros, 0, false, 0, fc_n), fc_parts);
+    add(spec(h + "mlp.c_proj.weight", {C, F}, InitKind::normal_residual, residual_std, true, 1));
+    if (bias) add(spec(h + "mlp.c_proj.bias", {C}, InitKind::zeros, 0, false));
   }
-  specs.push_back(spec("transformer.ln_f.weight", {C}, InitKind::ones, 0, false));
-  specs.push_back(spec("transformer.ln_f.bias", {C}, InitKind::zeros, 0, false));
-  for (size_t i = 0; i < specs.size(); ++i)
-    apply_split(specs[i], tp_size, tp_rank, i == 0 ? c.padded_vocab_size(tp_size) : 0);
+  norm("transformer.ln_f", !rms);
+  // The untied output head: vocabulary-parallel like wte (Megatron's output_layer).
+  if (c.untie_embeddings_and_output_weights)
+    add(spec("lm_head.weight", {c.vocab_size, C}, InitKind::normal, std, true, 0), {Vp});
   return specs;
 }
 
@@ -110,7 +149,11 @@ int64_t slice_global_index(const ParamSpec& spec, int64_t local_index) {
   const int64_t local_d = spec.local_shape[d], global_d = spec.global_shape[d];
   const int64_t outer = local_index / (local_d * inner);
   const int64_t i_d = local_index / inner % local_d;
-  const int64_t g_d = sl.offsets[static_cast<size_t>(i_d / sl.extent)] + i_d % sl.extent;
+  // The block holding local index i_d (a handful of blocks: a linear walk).
+  size_t j = 0;
+  int64_t within = i_d;
+  while (within >= sl.extents[j]) within -= sl.extents[j++];
+  const int64_t g_d = sl.offsets[j] + within;
   if (g_d >= global_d) return -1;  // vocabulary padding
   return (outer * global_d + g_d) * inner + local_index % inner;
 }
@@ -119,8 +162,10 @@ void init_parameter(const ParamSpec& spec, uint64_t seed, const Tensor& t) {
   TROUPE_CHECK(t.shape() == spec.local_shape, "init_parameter: tensor must have the spec's local shape");
   const ParamSlice& sl = spec.slice;
   TROUPE_CHECK(sl.dim < 0 ? spec.local_shape == spec.global_shape
-                          : sl.dim < spec.local_shape.rank() && sl.extent > 0 &&
-                                spec.local_shape[sl.dim] == static_cast<int64_t>(sl.offsets.size()) * sl.extent,
+                          : sl.dim < spec.local_shape.rank() && !sl.extents.empty() &&
+                                sl.extents.size() == sl.offsets.size() &&
+                                std::all_of(sl.extents.begin(), sl.extents.end(), [](int64_t e) { return e > 0; }) &&
+                                spec.local_shape[sl.dim] == sl.local_extent(),
                "init_parameter: the spec's slice does not describe its local shape");
   const int64_t n = t.numel();
   const uint64_t key = splitmix64(seed ^ splitmix64(fnv1a(spec.name)));

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/ops.hpp"
+
 namespace troupe::ref_dropout {
 
 namespace {
@@ -13,6 +15,12 @@ void mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
   const uint64_t product = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
   *hi = static_cast<uint32_t>(product >> 32);
   *lo = static_cast<uint32_t>(product & 0xffffffffu);
+}
+
+// The model's ALiBi slopes (the product's rule, kernels/ops.hpp), or none.
+std::vector<double> alibi(const GptConfig& model) {
+  if (model.position_embedding != PositionEmbedding::alibi) return {};
+  return ops::alibi_slopes(model.num_attention_heads);
 }
 
 }  // namespace
@@ -50,54 +58,67 @@ double dropout_factor(const GptConfig& model, const MicroBatchKey& key, DropoutS
 template <class T>
 void attention_forward(const GptConfig& model, const MicroBatchKey& key, int layer, T* out, T* probs, const T* qkv,
                        int64_t B) {
-  const int64_t Tn = model.seq_length, C = model.hidden_size, H = model.num_attention_heads, hs = C / H;
+  const int64_t Tn = model.seq_length, H = model.num_attention_heads, G = model.query_groups(), hs = model.head_size();
+  const int64_t W = model.qkv_size(), A = model.attention_size();  // qkv and out row widths
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  const std::vector<double> slopes = alibi(model);
   std::vector<double> s(static_cast<size_t>(Tn));
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kc = H * hs + h / (H / G) * hs, vc = (H + G) * hs + h / (H / G) * hs;  // its group's k, v
       for (int64_t i = 0; i < Tn; ++i) {
-        const T* q = qkv + (b * Tn + i) * 3 * C + h * hs;
+        const T* q = qkv + (b * Tn + i) * W + h * hs;
         double mx = -INFINITY;
         for (int64_t j = 0; j <= i; ++j) {
-          const T* k = qkv + (b * Tn + j) * 3 * C + C + h * hs;
+          const T* k = qkv + (b * Tn + j) * W + kc;
           double dot = 0;
           for (int64_t d = 0; d < hs; ++d) dot += static_cast<double>(q[d]) * static_cast<double>(k[d]);
           s[j] = dot * scale;
+          if (!slopes.empty()) s[j] += slopes[h] * static_cast<double>(j - i);
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
         for (int64_t j = 0; j <= i; ++j) sum += s[j] = std::exp(s[j] - mx);
         T* prow = probs + ((b * H + h) * Tn + i) * Tn;
         for (int64_t j = 0; j < Tn; ++j) prow[j] = j <= i ? static_cast<T>(s[j] / sum) : T(0);
-        T* o = out + (b * Tn + i) * C + h * hs;
+        T* o = out + (b * Tn + i) * A + h * hs;
         for (int64_t d = 0; d < hs; ++d) {
           double acc = 0;
           for (int64_t j = 0; j <= i; ++j) {
             const double f =
                 dropout_factor(model, key, DropoutSite::attention_probs, layer, key.first_sample + b, (h * Tn + i) * Tn + j);
-            acc += static_cast<double>(prow[j]) * f * static_cast<double>(qkv[(b * Tn + j) * 3 * C + 2 * C + h * hs + d]);
+            acc += static_cast<double>(prow[j]) * f * static_cast<double>(qkv[(b * Tn + j) * W + vc + d]);
           }
           o[d] = static_cast<T>(acc);
         }
       }
+    }
 }
 
 template <class T>
 void attention_backward(const GptConfig& model, const MicroBatchKey& key, int layer, T* dqkv, const T* dout,
                         const T* qkv, const T* probs, int64_t B) {
-  const int64_t Tn = model.seq_length, C = model.hidden_size, H = model.num_attention_heads, hs = C / H;
+  const int64_t Tn = model.seq_length, H = model.num_attention_heads, G = model.query_groups(), hs = model.head_size();
+  const int64_t W = model.qkv_size(), A = model.attention_size();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
-  std::fill(dqkv, dqkv + B * Tn * 3 * C, T(0));
+  std::fill(dqkv, dqkv + B * Tn * W, T(0));
+  // ALiBi's bias does not depend on q or k: the score gradient is the same with or without it.
   std::vector<double> dq(static_cast<size_t>(Tn * hs)), dk(dq.size()), dv(dq.size()), dp(static_cast<size_t>(Tn));
-  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) { return (b * Tn + t) * 3 * C + part * C + h * hs + d; };
+  // Column of (part, head or group, d): q heads, then k groups, then v groups.
+  auto at = [&](int64_t b, int64_t t, int64_t part, int64_t h, int64_t d) {
+    return (b * Tn + t) * W + (part == 0 ? 0 : part == 1 ? H * hs : (H + G) * hs) + h * hs + d;
+  };
+  // dk, dv of a group sum its heads' contributions (in head order); kept in double until written.
+  std::vector<double> dk_group(static_cast<size_t>(B * G * Tn * hs), 0.0), dv_group(dk_group.size(), 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
+      const int64_t grp = h / (H / G);
       std::fill(dq.begin(), dq.end(), 0.0);
       std::fill(dk.begin(), dk.end(), 0.0);
       std::fill(dv.begin(), dv.end(), 0.0);
       for (int64_t i = 0; i < Tn; ++i) {
         const T* prow = probs + ((b * H + h) * Tn + i) * Tn;
-        const T* dO = dout + (b * Tn + i) * C + h * hs;
+        const T* dO = dout + (b * Tn + i) * A + h * hs;
         // d(dropped prob) = dO . v_j, and dv_j += dropped prob * dO; d(prob) = its factor times the first.
         double rowdot = 0;
         for (int64_t j = 0; j <= i; ++j) {
@@ -105,7 +126,7 @@ void attention_backward(const GptConfig& model, const MicroBatchKey& key, int la
               dropout_factor(model, key, DropoutSite::attention_probs, layer, key.first_sample + b, (h * Tn + i) * Tn + j);
           double ddrop = 0;
           for (int64_t d = 0; d < hs; ++d) {
-            ddrop += static_cast<double>(dO[d]) * static_cast<double>(qkv[at(b, j, 2, h, d)]);
+            ddrop += static_cast<double>(dO[d]) * static_cast<double>(qkv[at(b, j, 2, grp, d)]);
             dv[j * hs + d] += static_cast<double>(prow[j]) * f * static_cast<double>(dO[d]);
           }
           dp[j] = ddrop * f;
@@ -114,18 +135,37 @@ void attention_backward(const GptConfig& model, const MicroBatchKey& key, int la
         for (int64_t j = 0; j <= i; ++j) {
           const double ds = static_cast<double>(prow[j]) * (dp[j] - rowdot) * scale;  // d(score before scaling)
           for (int64_t d = 0; d < hs; ++d) {
-            dq[i * hs + d] += ds * static_cast<double>(qkv[at(b, j, 1, h, d)]);
+            dq[i * hs + d] += ds * static_cast<double>(qkv[at(b, j, 1, grp, d)]);
             dk[j * hs + d] += ds * static_cast<double>(qkv[at(b, i, 0, h, d)]);
           }
         }
       }
       for (int64_t t = 0; t < Tn; ++t)
-        for (int64_t d = 0; d < hs; ++d) {
-          dqkv[at(b, t, 0, h, d)] = static_cast<T>(dq[t * hs + d]);
-          dqkv[at(b, t, 1, h, d)] = static_cast<T>(dk[t * hs + d]);
-          dqkv[at(b, t, 2, h, d)] = static_cast<T>(dv[t * hs + d]);
+        for (int64_t d = 0; d < hs; ++d) dqkv[at(b, t, 0, h, d)] = static_cast<T>(dq[t * hs + d]);
+      if (G == H) {  // one head per group: written as computed (the GPT-2 rounding of before GQA)
+        for (int64_t t = 0; t < Tn; ++t)
+          for (int64_t d = 0; d < hs; ++d) {
+            dqkv[at(b, t, 1, h, d)] = static_cast<T>(dk[t * hs + d]);
+            dqkv[at(b, t, 2, h, d)] = static_cast<T>(dv[t * hs + d]);
+          }
+      } else {
+        double* gk = dk_group.data() + (b * G + grp) * Tn * hs;
+        double* gv = dv_group.data() + (b * G + grp) * Tn * hs;
+        for (int64_t e = 0; e < Tn * hs; ++e) {
+          gk[e] += dk[e];
+          gv[e] += dv[e];
         }
+      }
     }
+  if (G != H)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t grp = 0; grp < G; ++grp)
+        for (int64_t t = 0; t < Tn; ++t)
+          for (int64_t d = 0; d < hs; ++d) {
+            const size_t e = static_cast<size_t>(((b * G + grp) * Tn + t) * hs + d);
+            dqkv[at(b, t, 1, grp, d)] = static_cast<T>(dk_group[e]);
+            dqkv[at(b, t, 2, grp, d)] = static_cast<T>(dv_group[e]);
+          }
 }
 
 template void attention_forward<float>(const GptConfig&, const MicroBatchKey&, int, float*, float*, const float*,

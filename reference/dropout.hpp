@@ -18,12 +18,13 @@ void philox(uint32_t c[4], uint32_t k0, uint32_t k1);
 double dropout_factor(const GptConfig& model, const MicroBatchKey& key, DropoutSite site, int layer, int64_t sample,
                       int64_t element);
 
-// Causal self-attention with attention dropout, one sample batch of B sequences, all H heads:
-// probs (B,H,T,T) receives the softmax before dropout; out (B,T,C) = dropout(probs) v.
+// Causal self-attention with attention dropout, one sample batch of B sequences, all H heads (grouped-query
+// attention over G groups of head size hs, ALiBi slopes with alibi positions; qkv (B,T,(H+2G)hs)):
+// probs (B,H,T,T) receives the softmax before dropout; out (B,T,H hs) = dropout(probs) v.
 template <class T>
 void attention_forward(const GptConfig& model, const MicroBatchKey& key, int layer, T* out, T* probs, const T* qkv,
                        int64_t B);
-// dqkv (B,T,3C) from dout (B,T,C), the forward's qkv and probs (the masks are regenerated).
+// dqkv (B,T,(H+2G)hs) from dout (B,T,H hs), the forward's qkv and probs (the masks are regenerated).
 template <class T>
 void attention_backward(const GptConfig& model, const MicroBatchKey& key, int layer, T* dqkv, const T* dout,
                         const T* qkv, const T* probs, int64_t B);

@@ -4,6 +4,8 @@
 
 #include <charconv>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <tuple>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -30,6 +32,7 @@ struct HfConfig {
   // The run's dropout (the config's model.hidden_dropout / attention_dropout), else HF's default.
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   std::string tokenizer_type, vocab_file, merge_file;  // the run's, from its config
+  int64_t seq_length = 0;  // the run's model.seq_length (0: not recorded)
 };
 
 // The HF config from the checkpoint's config JSON ("model" keys), checked against the tensor shapes
@@ -73,6 +76,8 @@ Result<HfConfig> hf_config(const std::string& config_json, const HfConfig& from_
     if (o.contains(key) && o[key].is_number()) *out = o[key].get<double>();
   };
   number(model, "init_method_std", &c.init_method_std);
+  if (model.contains("seq_length") && model["seq_length"].is_number_integer())
+    c.seq_length = model["seq_length"].get<int64_t>();
   for (const nlohmann::json* o : {&j, &model}) {
     if (!o->is_object()) continue;
     number(*o, "hidden_dropout", &c.hidden_dropout);
@@ -230,8 +235,13 @@ struct FolderFile {
   std::string name, text;
 };
 
-Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfConfig& c, bool has_lm_head,
-                       const CheckpointMeta& meta, const std::string& source) {
+using HfState = std::vector<std::pair<std::string, Tensor>>;
+
+// Writes the folder: config.json (make_config of the tokenizer's end-of-document id), the weights
+// (make_state), generation_config.json and the GPT-2 BPE tokenizer files of the run.
+Status write_hf_folder(const std::string& dir, const HfConfig& c,
+                       const std::function<nlohmann::json(int64_t eos)>& make_config,
+                       const std::function<Result<HfState>()>& make_state) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
@@ -259,11 +269,10 @@ Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfC
                                       {"clean_up_tokenization_spaces", true}};
     small.push_back({"tokenizer_config.json", tokenizer.dump(2) + "\n"});
   }
-  const bool tied = !has_lm_head;
-  small.push_back({"config.json", hf_config_json(c, eos, tied, meta, source).dump(2) + "\n"});
+  small.push_back({"config.json", make_config(eos).dump(2) + "\n"});
   const nlohmann::json generation = {{"bos_token_id", eos}, {"eos_token_id", eos}, {"transformers_version", "4.44.0"}};
   small.push_back({"generation_config.json", generation.dump(2) + "\n"});
-  auto state = hf_state(reader, c, has_lm_head, /*lm_head=*/!tied);
+  auto state = make_state();
   if (!state) return state.status();
 
   TROUPE_RETURN_IF_ERROR(make_directories(dir));
@@ -273,6 +282,113 @@ Status write_hf_folder(ShardSetReader& reader, const std::string& dir, const HfC
   for (const FolderFile& f : small)
     TROUPE_RETURN_IF_ERROR(write_text_atomically((fs::path(dir) / f.name).string(), f.text));
   return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------------
+// LLaMA and BLOOM folders
+
+// The "troupe" block of config.json: what the HF config cannot say, so that an import restores the
+// run's model exactly.
+nlohmann::json troupe_block(const HfConfig& c, const HfArch& a, const CheckpointMeta& meta, const std::string& source) {
+  nlohmann::json t = {{"tokenizer_type", c.tokenizer_type.empty() ? "GPT2BPETokenizer" : c.tokenizer_type},
+                      {"source_checkpoint", source},
+                      {"iteration", meta.iteration},
+                      {"seq_length", c.seq_length > 0 ? c.seq_length : a.positions},
+                      {"max_position_embeddings", a.positions}};
+  if (a.family == HfFamily::llama) t["rotary_interleaved"] = a.rotary_interleaved;
+  return t;
+}
+
+nlohmann::json family_config_json(const HfConfig& c, const HfArch& a, int64_t eos, const CheckpointMeta& meta,
+                                  const std::string& source) {
+  if (a.family == HfFamily::llama)
+    return {{"architectures", {"LlamaForCausalLM"}},
+            {"attention_bias", a.bias},
+            {"attention_dropout", c.attention_dropout},
+            {"bos_token_id", eos},
+            {"eos_token_id", eos},
+            {"head_dim", a.head_dim},
+            {"hidden_act", "silu"},
+            {"hidden_size", a.hidden},
+            {"initializer_range", c.init_method_std},
+            {"intermediate_size", a.ffn},
+            {"max_position_embeddings", a.positions},
+            {"mlp_bias", a.bias},
+            {"model_type", "llama"},
+            {"num_attention_heads", a.heads},
+            {"num_hidden_layers", a.layers},
+            {"num_key_value_heads", a.groups},
+            {"pretraining_tp", 1},
+            {"rms_norm_eps", a.eps},
+            {"rope_scaling", nullptr},
+            {"rope_theta", a.rope_theta},
+            {"tie_word_embeddings", a.tied},
+            {"torch_dtype", "float32"},
+            {"transformers_version", "4.45.0"},  // the first whose LlamaConfig reads head_dim
+            {"use_cache", true},
+            {"vocab_size", a.vocab},
+            {"troupe", troupe_block(c, a, meta, source)}};
+  return {{"apply_residual_connection_post_layernorm", false},
+          {"architectures", {"BloomForCausalLM"}},
+          {"attention_dropout", c.attention_dropout},
+          {"bos_token_id", eos},
+          {"eos_token_id", eos},
+          {"hidden_dropout", c.hidden_dropout},
+          {"hidden_size", a.hidden},
+          {"initializer_range", c.init_method_std},
+          {"layer_norm_epsilon", a.eps},
+          {"model_type", "bloom"},
+          {"n_head", a.heads},
+          {"n_layer", a.layers},
+          {"pretraining_tp", 1},
+          {"slow_but_exact", false},
+          {"tie_word_embeddings", a.tied},
+          {"torch_dtype", "float32"},
+          {"transformers_version", "4.44.0"},
+          {"use_cache", true},
+          {"vocab_size", a.vocab},
+          {"troupe", troupe_block(c, a, meta, source)}};
+}
+
+// Checks the checkpoint's model tensors against the family's (every problem at once) and returns the
+// troupe parameters the HF tensors are made of, by name, with their shapes.
+Status check_family_tensors(const std::map<std::string, Shape>& model, const std::vector<HfTensor>& hf,
+                            const HfArch& a, const std::string& where) {
+  std::map<std::string, Shape> wanted;
+  for (const HfTensor& t : hf) wanted.emplace(t.troupe_name, t.troupe_shape);
+  std::vector<std::string> problems;
+  for (const auto& [name, shape] : wanted) {
+    auto it = model.find(name);
+    if (it == model.end())
+      problems.push_back("tensor 'model/" + name + "' is missing");
+    else if (!(it->second == shape))
+      problems.push_back("tensor 'model/" + name + "' has shape " + it->second.str() + ", the run's config makes it " +
+                         shape.str());
+  }
+  for (const auto& [name, shape] : model)
+    if (!wanted.count(name))
+      problems.push_back("tensor 'model/" + name + "' has no " + hf_architecture(a.family) + " counterpart");
+  if (problems.empty()) return Status::ok();
+  std::string m = where + "the checkpoint does not hold the " + hf_architecture(a.family) + " its config describes:";
+  for (const std::string& p : problems) m += "\n  " + p;
+  return Status::bad_input(m + "\n(export a complete checkpoint of that run; its config and tensors must agree)");
+}
+
+Result<HfState> family_state(ShardSetReader& reader, const std::vector<HfTensor>& hf) {
+  std::map<std::string, Tensor> troupe;  // whole troupe parameters, read once (c_attn feeds three HF tensors)
+  HfState out;
+  for (const HfTensor& t : hf) {
+    auto it = troupe.find(t.troupe_name);
+    if (it == troupe.end()) {
+      Tensor x = Tensor::empty(t.troupe_shape);
+      TROUPE_RETURN_IF_ERROR(reader.read(ShardSection::model, t.troupe_name, t.troupe_shape, {{0, x.numel()}}, x));
+      it = troupe.emplace(t.troupe_name, x).first;
+    }
+    Tensor y = Tensor::empty(t.hf_shape);
+    rows_to_hf(t, it->second.data<float>(), y.data<float>());
+    out.emplace_back(t.name, y);
+  }
+  return out;
 }
 
 // The checkpoint's GPT-2: its reader, sizes and config; errors name the checkpoint.
@@ -310,7 +426,40 @@ Status export_hf(const Checkpoint& checkpoint, const std::string& output_file) {
 Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir) {
   auto s = open_source(checkpoint);
   if (!s) return s.status();
-  Status st = write_hf_folder(*s->reader, output_dir, s->config, s->has_lm_head, checkpoint.meta(), checkpoint.location());
+  const HfConfig& c = s->config;
+  const bool tied = !s->has_lm_head;
+  const CheckpointMeta& meta = checkpoint.meta();
+  const std::string source = checkpoint.location();
+  ShardSetReader& reader = *s->reader;
+  Status st = write_hf_folder(
+      output_dir, c, [&](int64_t eos) { return hf_config_json(c, eos, tied, meta, source); },
+      [&] { return hf_state(reader, c, !tied, /*lm_head=*/!tied); });
+  return st.with_context("exporting to " + output_dir + ": ");
+}
+
+Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir, const HfArch& arch) {
+  if (arch.family == HfFamily::gpt2) return export_hf_folder(checkpoint, output_dir);
+  auto reader = checkpoint.reader();
+  if (!reader) return reader.status();
+  const std::string where = "exporting checkpoint " + checkpoint.location() + ": ";
+  std::map<std::string, Shape> model;
+  for (const auto& [name, shape] : (*reader)->tensors(ShardSection::model)) model[name] = shape;
+  const std::vector<HfTensor> hf = hf_family_tensors(arch);
+  TROUPE_RETURN_IF_ERROR(check_family_tensors(model, hf, arch, where));
+  HfConfig sizes;
+  sizes.n_layer = arch.layers;
+  sizes.n_embd = arch.hidden;
+  sizes.n_positions = arch.positions;
+  sizes.vocab_size = arch.vocab;
+  Result<HfConfig> config = hf_config(checkpoint.meta().config_json, sizes, where);
+  if (!config) return config.status();
+  const HfConfig& c = *config;
+  const CheckpointMeta& meta = checkpoint.meta();
+  const std::string source = checkpoint.location();
+  ShardSetReader& r = **reader;
+  Status st = write_hf_folder(
+      output_dir, c, [&](int64_t eos) { return family_config_json(c, arch, eos, meta, source); },
+      [&] { return family_state(r, hf); });
   return st.with_context("exporting to " + output_dir + ": ");
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "storage/checkpoint.hpp"
+#include "storage/hf_names.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
@@ -25,6 +26,19 @@ namespace troupe {
 // fsync'd and renamed). Everything is checked and read before the first file is written, so a
 // refused export writes nothing. Errors name the checkpoint, the tensor or the file.
 Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir);
+
+// `--format hf` of a LLaMA or BLOOM: the folder LlamaForCausalLM / BloomForCausalLM.from_pretrained
+// loads. `arch` is the run's model in HF terms (config/imported_config.hpp: hf_arch_of, from the
+// checkpoint's config; GPT-2 takes the overload above). config.json holds the family's keys
+// (LLaMA: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, head_dim, rms_norm_eps, rope_theta, tie_word_embeddings,
+// max_position_embeddings, vocab_size, hidden_act "silu", attention_bias / mlp_bias; BLOOM: n_layer,
+// n_head, hidden_size, layer_norm_epsilon, ...) and a "troupe" block (tokenizer type, seq_length,
+// max_position_embeddings, rotary_interleaved) that the import reads back; model.safetensors the HF
+// names (storage/hf_names.hpp: which rows of which troupe parameter each is). The checkpoint's
+// tensors must be exactly the ones `arch` implies (every mismatch named at once). Files and refusals
+// as above.
+Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir, const HfArch& arch);
 
 // `--format hf-h5`: one HDF5 file whose root datasets are exactly GPT2LMHeadModel's state-dict
 // keys and shapes (lm_head.weight a copy of wte), with the HF config as root attributes (n_layer,

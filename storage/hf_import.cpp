@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -60,6 +61,256 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Buffers some files carry that are no parameters: GPT-2's attention masks, Llama's inverse
+// frequencies of older transformers versions.
+bool is_buffer(const std::string& key, HfFamily family) {
+  if (family == HfFamily::gpt2) return ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias");
+  return family == HfFamily::llama && ends_with(key, ".self_attn.rotary_emb.inv_freq");
+}
+
+void add_tokenizer_files(const fs::path& d, HfModel& model) {
+  std::error_code ec;
+  if (fs::is_regular_file(d / "vocab.json", ec) && fs::is_regular_file(d / "merges.txt", ec)) {
+    model.vocab_file = fs::absolute(d / "vocab.json", ec).string();
+    model.merge_file = fs::absolute(d / "merges.txt", ec).string();
+  }
+}
+
+
+// Bounds on the sizes of a config.json: every tensor's element count stays far inside int64 (the
+// safetensors reader then checks the file holds them), and the sizes fit troupe's int fields.
+constexpr int64_t kMaxWidth = int64_t{1} << 24;     // hidden size, head dim, positions
+constexpr int64_t kMaxAttention = int64_t{1} << 26; // heads * head dim
+constexpr int64_t kMaxFfn = int64_t{1} << 28;
+constexpr int64_t kMaxLayers = int64_t{1} << 20;
+constexpr int64_t kMaxVocab = std::numeric_limits<int32_t>::max();
+
+// A size key with the class's default `out` when absent (or null, where `null_ok`); [1, max].
+void read_bounded(const json& j, const char* key, int64_t max, int64_t* out, std::vector<std::string>& problems,
+                  bool null_ok = false) {
+  auto it = j.find(key);
+  if (it == j.end() || (null_ok && it->is_null())) return;
+  if (!json_to_integer(*it, 1, max, out))
+    problems.push_back(fmt::format("{} is {}, not an integer in [1, {}]", key, json_excerpt(*it), max));
+}
+
+void read_flag(const json& j, const char* key, bool* out, std::vector<std::string>& problems) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (!it->is_boolean())
+    problems.push_back(std::string(key) + " is " + json_excerpt(*it) + ", not true or false");
+  else
+    *out = it->get<bool>();
+}
+
+void read_positive(const json& j, const char* key, double max, double* out, std::vector<std::string>& problems) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (!json_to_number(*it, std::numeric_limits<double>::min(), max, out))
+    problems.push_back(fmt::format("{} is {}, not a number in (0, {}]", key, json_excerpt(*it), max));
+}
+
+// architectures, when present, must name `want` (or the bare model class `bare`).
+void check_architectures(const json& j, const char* want, const char* bare, std::vector<std::string>& problems) {
+  auto a = j.find("architectures");
+  if (a == j.end() || a->is_null()) return;
+  bool ok = a->is_array() && !a->empty();
+  for (const json& name : a->is_array() ? *a : json::array())
+    ok = ok && name.is_string() && (name.get<std::string>() == want || name.get<std::string>() == bare);
+  if (!ok) problems.push_back("architectures is " + json_excerpt(*a) + ", not [\"" + want + "\"]");
+}
+
+// "troupe": {...} of troupe's own exports: the tokenizer type and what the HF config cannot hold.
+void read_troupe_block(const json& j, HfGpt2Config& c, std::vector<std::string>& problems) {
+  auto t = j.find("troupe");
+  if (t == j.end() || !t->is_object()) return;
+  auto type = t->find("tokenizer_type");
+  const std::set<std::string> known = {"GPT2BPETokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer",
+                                       "GPTSentencePieceTokenizer", "Llama2Tokenizer"};
+  if (type != t->end() && type->is_string() && known.count(type->get<std::string>()))
+    c.tokenizer_type = type->get<std::string>();
+  read_bounded(*t, "seq_length", kMaxWidth, &c.seq_length, problems);
+  if (c.arch.family == HfFamily::bloom) read_bounded(*t, "max_position_embeddings", kMaxWidth, &c.n_positions, problems);
+  if (c.arch.family == HfFamily::llama) read_flag(*t, "rotary_interleaved", &c.arch.rotary_interleaved, problems);
+}
+
+void read_token_ids(const json& j, HfGpt2Config& c, std::vector<std::string>& problems) {
+  for (auto [key, out] : {std::pair{"bos_token_id", &c.bos_token_id}, std::pair{"eos_token_id", &c.eos_token_id}})
+    if (auto id = j.find(key); id != j.end() && !id->is_null() &&
+                                !json_to_integer(*id, 0, std::numeric_limits<int32_t>::max(), out))
+      problems.push_back(std::string(key) + " is " + json_excerpt(*id) + ", not a token id");
+}
+
+constexpr const char* kFamilyFix =
+    "troupe imports GPT2LMHeadModel, LlamaForCausalLM and BloomForCausalLM folders with the options its model has";
+
+// LlamaConfig (its defaults where a key is absent).
+Result<HfGpt2Config> parse_llama_config(const json& j, const std::string& where) {
+  HfGpt2Config c;
+  HfArch& a = c.arch;
+  a.family = HfFamily::llama;
+  std::vector<std::string> problems;
+  check_architectures(j, "LlamaForCausalLM", "LlamaModel", problems);
+  int64_t hidden = 4096, ffn = 11008, layers = 32, heads = 32, positions = 2048, vocab = 32000;
+  read_bounded(j, "hidden_size", kMaxWidth, &hidden, problems);
+  read_bounded(j, "intermediate_size", kMaxFfn, &ffn, problems);
+  read_bounded(j, "num_hidden_layers", kMaxLayers, &layers, problems);
+  read_bounded(j, "num_attention_heads", kMaxWidth, &heads, problems);
+  read_bounded(j, "max_position_embeddings", kMaxWidth, &positions, problems);
+  read_bounded(j, "vocab_size", kMaxVocab, &vocab, problems);
+  int64_t groups = heads, head_dim = hidden / std::max<int64_t>(heads, 1);
+  read_bounded(j, "num_key_value_heads", kMaxWidth, &groups, problems, /*null_ok=*/true);
+  read_bounded(j, "head_dim", kMaxWidth, &head_dim, problems, /*null_ok=*/true);
+  if (heads % groups != 0)
+    problems.push_back(fmt::format("num_key_value_heads {} does not divide num_attention_heads {}", groups, heads));
+  if (heads * head_dim > kMaxAttention)
+    problems.push_back(fmt::format("num_attention_heads * head_dim = {} exceeds troupe's bound {}", heads * head_dim,
+                                   kMaxAttention));
+  if (head_dim % 2 != 0 || head_dim == 0)
+    problems.push_back(fmt::format("head_dim {} is odd (or 0): Llama's rotary embedding rotates pairs of dimensions",
+                                   head_dim));
+  if (!j.contains("head_dim") && hidden % heads != 0)
+    problems.push_back(fmt::format("num_attention_heads {} does not divide hidden_size {} (and no head_dim is given)",
+                                   heads, hidden));
+  a.eps = 1e-6;
+  read_positive(j, "rms_norm_eps", 1.0, &a.eps, problems);
+  read_positive(j, "rope_theta", 1e30, &a.rope_theta, problems);
+  bool attention_bias = false, mlp_bias = false;
+  read_flag(j, "attention_bias", &attention_bias, problems);
+  read_flag(j, "mlp_bias", &mlp_bias, problems);
+  if (attention_bias != mlp_bias)
+    problems.push_back(fmt::format("attention_bias is {} but mlp_bias is {}: troupe's linears have biases all or none "
+                                   "(--disable-bias-linear)",
+                                   attention_bias, mlp_bias));
+  a.bias = attention_bias;
+  a.tied = false;  // LlamaConfig's default
+  read_flag(j, "tie_word_embeddings", &a.tied, problems);
+  if (auto act = j.find("hidden_act"); act != j.end() && !(act->is_string() && act->get<std::string>() == "silu"))
+    problems.push_back("hidden_act is " + json_excerpt(*act) + ": troupe's LLaMA MLP is SwiGLU (silu)");
+  if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
+    problems.push_back("rope_scaling is " + json_excerpt(*rs) + ": troupe's rotary embedding has no scaling");
+  if (auto pr = j.find("partial_rotary_factor"); pr != j.end() && !(pr->is_number() && pr->get<double>() == 1.0))
+    problems.push_back("partial_rotary_factor is " + json_excerpt(*pr) + ": LlamaForCausalLM rotates whole heads");
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  read_token_ids(j, c, problems);
+  a.layers = layers;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.groups = groups;
+  a.head_dim = head_dim;
+  a.ffn = ffn;
+  a.vocab = vocab;
+  a.positions = positions;
+  read_troupe_block(j, c, problems);
+  if (!problems.empty()) return refused(where, problems, kFamilyFix);
+  c.n_layer = layers;
+  c.n_embd = hidden;
+  c.n_head = heads;
+  c.n_positions = positions;
+  c.vocab_size = vocab;
+  c.layer_norm_epsilon = a.eps;
+  return c;
+}
+
+// BloomConfig (its defaults where a key is absent). BLOOM has no position limit: troupe's export
+// records one; else kBloomSeqLength.
+Result<HfGpt2Config> parse_bloom_config(const json& j, const std::string& where) {
+  HfGpt2Config c;
+  HfArch& a = c.arch;
+  a.family = HfFamily::bloom;
+  std::vector<std::string> problems;
+  check_architectures(j, "BloomForCausalLM", "BloomModel", problems);
+  int64_t hidden = 64, layers = 2, heads = 8, vocab = 250880;
+  read_bounded(j, "n_embed", kMaxWidth, &hidden, problems);  // BloomConfig's older spelling
+  read_bounded(j, "hidden_size", kMaxWidth, &hidden, problems);
+  read_bounded(j, "n_layer", kMaxLayers, &layers, problems);
+  read_bounded(j, "num_hidden_layers", kMaxLayers, &layers, problems);
+  read_bounded(j, "n_head", kMaxWidth, &heads, problems);
+  read_bounded(j, "num_attention_heads", kMaxWidth, &heads, problems);
+  read_bounded(j, "vocab_size", kMaxVocab, &vocab, problems);
+  if (hidden % heads != 0) problems.push_back(fmt::format("n_head {} does not divide hidden_size {}", heads, hidden));
+  read_positive(j, "layer_norm_epsilon", 1.0, &a.eps, problems);
+  read_flag(j, "tie_word_embeddings", &a.tied, problems);
+  require_bool(j, "apply_residual_connection_post_layernorm", false,
+               "troupe's residual stream adds the block input, not the LayerNorm output", problems);
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  read_token_ids(j, c, problems);
+  c.n_positions = kBloomSeqLength;
+  read_troupe_block(j, c, problems);
+  a.layers = layers;
+  a.hidden = hidden;
+  a.heads = heads;
+  a.groups = heads;
+  a.head_dim = hidden / std::max<int64_t>(heads, 1);
+  a.ffn = 4 * hidden;
+  a.vocab = vocab;
+  a.positions = c.n_positions;
+  if (!problems.empty()) return refused(where, problems, kFamilyFix);
+  c.n_layer = layers;
+  c.n_embd = hidden;
+  c.n_head = heads;
+  c.vocab_size = vocab;
+  c.layer_norm_epsilon = a.eps;
+  return c;
+}
+
+
+// The LLaMA/BLOOM tensors of a folder (found: by HF name) checked against config.json's sizes (every
+// problem at once, with those already found) and assembled into troupe's parameters by the row map.
+Status read_family_tensors(HfModel& model, const std::map<std::string, Located>& found,
+                           std::vector<std::string>& problems, const std::vector<std::string>& files,
+                           const std::function<Result<Tensor>(const std::string&, const Shape&)>& read,
+                           const std::string& where) {
+  const HfArch& a = model.config.arch;
+  const std::vector<HfTensor> expected = hf_family_tensors(a);
+  const std::string embedding = expected.front().name;  // embed_tokens / word_embeddings
+  const std::string sizes =
+      a.family == HfFamily::llama
+          ? fmt::format("num_hidden_layers {}, hidden_size {}, num_attention_heads {}, num_key_value_heads {}, "
+                        "head_dim {}, intermediate_size {}, vocab_size {}",
+                        a.layers, a.hidden, a.heads, a.groups, a.head_dim, a.ffn, a.vocab)
+          : fmt::format("n_layer {}, hidden_size {}, vocab_size {}", a.layers, a.hidden, a.vocab);
+  std::set<std::string> known;
+  for (const HfTensor& e : expected) {
+    known.insert(e.name);
+    auto it = found.find(e.name);
+    if (it == found.end())
+      problems.push_back("tensor '" + e.name + "' is missing" +
+                         (e.name == "lm_head.weight" ? " (tie_word_embeddings is false)" : ""));
+    else if (!(it->second.entry.shape == e.hf_shape))
+      problems.push_back("tensor '" + e.name + "' has shape " + it->second.entry.shape.str() + " but config.json's " +
+                         sizes + " make it " + e.hf_shape.str());
+  }
+  const bool tied_head = a.tied && found.count("lm_head.weight");  // save_pretrained omits it; must equal the embedding
+  if (tied_head && !(found.at("lm_head.weight").entry.shape == Shape{a.vocab, a.hidden}))
+    problems.push_back("tensor 'lm_head.weight' has shape " + found.at("lm_head.weight").entry.shape.str() + ", not " +
+                       Shape{a.vocab, a.hidden}.str());
+  for (const auto& [name, at] : found)
+    if (!known.count(name) && !(tied_head && name == "lm_head.weight"))
+      problems.push_back("tensor '" + name + "' (in " + files[at.file] + ") has no counterpart in troupe's " +
+                         (a.family == HfFamily::llama ? "LLaMA" : "BLOOM"));
+  if (!problems.empty()) return refused(where, problems, kFamilyFix);
+
+  std::map<std::string, size_t> index;  // troupe name -> position in model.params
+  for (const HfTensor& e : expected) {
+    Result<Tensor> x = read(e.name, e.hf_shape);
+    if (!x) return x.status();
+    auto [it, fresh] = index.emplace(e.troupe_name, model.params.size());
+    if (fresh) model.params.push_back({e.troupe_name, e.troupe_shape, Tensor::zeros(e.troupe_shape)});
+    rows_from_hf(e, x->data<float>(), model.params[it->second].tensor.data<float>());
+  }
+  if (tied_head) {
+    Result<Tensor> head = read("lm_head.weight", Shape{a.vocab, a.hidden});
+    if (!head) return head.status();
+    if (std::memcmp(head->data<float>(), model.params[0].tensor.data<float>(), head->nbytes()) != 0)
+      return refused(where, {"lm_head.weight differs from " + embedding + " but tie_word_embeddings is true"},
+                     "set tie_word_embeddings to false in config.json for an untied head, or save the folder again");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& where) {
@@ -70,9 +321,11 @@ Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& w
   HfGpt2Config c;
   std::vector<std::string> problems;
   auto type = j.find("model_type");
+  if (type != j.end() && type->is_string() && type->get<std::string>() == "llama") return parse_llama_config(j, where);
+  if (type != j.end() && type->is_string() && type->get<std::string>() == "bloom") return parse_bloom_config(j, where);
   if (type == j.end() || !type->is_string() || type->get<std::string>() != "gpt2")
     problems.push_back("model_type is " + (type == j.end() ? std::string("missing") : json_excerpt(*type)) +
-                       ", not \"gpt2\" (other model families are not troupe's)");
+                       ", not \"gpt2\", \"llama\" or \"bloom\" (other model families are not troupe's)");
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     bool gpt2 = a->is_array() && !a->empty();
     for (const json& name : a->is_array() ? *a : json::array())
@@ -81,7 +334,7 @@ Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& w
     if (!gpt2) problems.push_back("architectures is " + json_excerpt(*a) + ", not [\"GPT2LMHeadModel\"]");
   }
   read_size(j, "n_layer", &c.n_layer, problems);
-  read_size(j, "n_embd", &c.n_embd, problems);
+  read_bounded(j, "n_embd", kMaxWidth, &c.n_embd, problems);
   read_size(j, "n_head", &c.n_head, problems);
   read_size(j, "n_positions", &c.n_positions, problems);
   read_size(j, "vocab_size", &c.vocab_size, problems);
@@ -117,6 +370,14 @@ Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& w
       c.tokenizer_type = type->get<std::string>();
   }
   if (!problems.empty()) return refused(where, problems, kFix);
+  c.arch.layers = c.n_layer;
+  c.arch.hidden = c.n_embd;
+  c.arch.heads = c.arch.groups = c.n_head;
+  c.arch.head_dim = c.n_embd / c.n_head;
+  c.arch.ffn = 4 * c.n_embd;
+  c.arch.vocab = c.vocab_size;
+  c.arch.positions = c.n_positions;
+  c.arch.eps = c.layer_norm_epsilon;
   return c;
 }
 
@@ -191,6 +452,7 @@ Result<HfModel> read_hf_folder(const std::string& dir) {
                                      : std::string(" -- pass the folder save_pretrained wrote")));
   }
 
+  const HfFamily family = model.config.arch.family;
   std::vector<std::shared_ptr<h5read::ByteSource>> sources;
   std::vector<SafetensorsHeader> headers;
   std::map<std::string, Located> found;  // by troupe name
@@ -207,8 +469,8 @@ Result<HfModel> read_hf_folder(const std::string& dir) {
         problems.push_back("tensor '" + t.name + "' of " + files[f] + " is not in the index's weight_map");
         continue;
       }
-      if (ends_with(t.name, ".attn.bias") || ends_with(t.name, ".attn.masked_bias")) continue;  // mask buffers
-      const std::string name = troupe_name(t.name);
+      if (is_buffer(t.name, family)) continue;
+      const std::string name = family == HfFamily::gpt2 ? troupe_name(t.name) : t.name;
       if (!found.emplace(name, Located{f, t}).second)
         problems.push_back("tensor '" + name + "' appears twice (with and without \"transformer.\")");
     }
@@ -216,8 +478,22 @@ Result<HfModel> read_hf_folder(const std::string& dir) {
     headers.push_back(std::move(header).value());
   }
   for (const auto& [name, file] : weight_map)
-    if (!found.count(troupe_name(name)) && !ends_with(name, ".attn.bias") && !ends_with(name, ".attn.masked_bias"))
+    if (!found.count(family == HfFamily::gpt2 ? troupe_name(name) : name) && !is_buffer(name, family))
       problems.push_back("tensor '" + name + "' is listed in the index for " + file + " but not in it");
+
+  auto read = [&](const std::string& name, const Shape& hf_shape) -> Result<Tensor> {
+    const Located& at = found[name];
+    Tensor x = Tensor::empty(hf_shape);
+    TROUPE_RETURN_IF_ERROR(
+        read_safetensors_tensor(*sources[at.file], headers[at.file], at.entry, x, (d / files[at.file]).string() + ": ")
+            .as_bad_input());
+    return x;
+  };
+  if (family != HfFamily::gpt2) {
+    TROUPE_RETURN_IF_ERROR(read_family_tensors(model, found, problems, files, read, where));
+    add_tokenizer_files(d, model);
+    return model;
+  }
 
   const HfGpt2Config& c = model.config;
   const std::vector<HfTensor> expected = gpt2_hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd);
@@ -241,15 +517,6 @@ Result<HfModel> read_hf_folder(const std::string& dir) {
     if (!known.count(name) && name != "lm_head.weight")
       problems.push_back("tensor '" + name + "' (in " + files[where_found.file] + ") has no counterpart in troupe's GPT-2");
   if (!problems.empty()) return refused(where, problems, kFix);
-
-  auto read = [&](const std::string& name, const Shape& hf_shape) -> Result<Tensor> {
-    const Located& at = found[name];
-    Tensor x = Tensor::empty(hf_shape);
-    TROUPE_RETURN_IF_ERROR(
-        read_safetensors_tensor(*sources[at.file], headers[at.file], at.entry, x, (d / files[at.file]).string() + ": ")
-            .as_bad_input());
-    return x;
-  };
   for (const HfTensor& e : expected) {
     Result<Tensor> x = read(e.name, e.hf_shape);
     if (!x) return x.status();
@@ -268,10 +535,7 @@ Result<HfModel> read_hf_folder(const std::string& dir) {
                              "token embedding (tie_word_embeddings)"},
                      kFix);
   }
-  if (fs::is_regular_file(d / "vocab.json", ec) && fs::is_regular_file(d / "merges.txt", ec)) {
-    model.vocab_file = fs::absolute(d / "vocab.json", ec).string();
-    model.merge_file = fs::absolute(d / "merges.txt", ec).string();
-  }
+  add_tokenizer_files(d, model);
   return model;
 }
 

@@ -1,9 +1,17 @@
-// Hugging Face GPT-2 folders (what GPT2LMHeadModel.save_pretrained writes, and the Hub's released
-// GPT-2 checkpoints) read into troupe's parameters: `troupe ckpt import --format hf` and
-// `troupe train --load HF_FOLDER` (docs/CHECKPOINT.md, "Hugging Face folders").
+// Hugging Face folders of GPT-2, LLaMA and BLOOM (what GPT2LMHeadModel / LlamaForCausalLM /
+// BloomForCausalLM.save_pretrained write, and the Hub's released checkpoints) read into troupe's
+// parameters: `troupe ckpt import --format hf` and `troupe train --load HF_FOLDER`
+// (docs/CHECKPOINT.md, "Hugging Face folders").
 //
 //   DIR/config.json                    GPT2Config: model_type "gpt2", n_layer, n_embd, n_head,
-//                                      n_positions, vocab_size, layer_norm_epsilon, ...
+//                                      n_positions, vocab_size, layer_norm_epsilon, ...;
+//                                      LlamaConfig: model_type "llama", hidden_size,
+//                                      intermediate_size, num_hidden_layers, num_attention_heads,
+//                                      num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
+//                                      attention_bias = mlp_bias, tie_word_embeddings, hidden_act
+//                                      "silu", no rope_scaling;  BloomConfig: model_type "bloom",
+//                                      hidden_size, n_layer, n_head, layer_norm_epsilon, vocab_size,
+//                                      tie_word_embeddings, no apply_residual_connection_post_layernorm
 //   DIR/model.safetensors              the weights (storage/safetensors.hpp), or, sharded:
 //   DIR/model.safetensors.index.json   {"metadata": {...}, "weight_map": {NAME: FILE}} and the FILEs
 //   DIR/vocab.json, DIR/merges.txt     GPT-2's BPE tokenizer files, when present
@@ -15,10 +23,17 @@
 // Conv1D weights, (in, out) in the file, are transposed to troupe's (out, in); F16 and BF16 values
 // are widened to float32 exactly. So an export (storage/hf_export.hpp) imports back bitwise.
 //
-// Refused, every problem at once, as bad input naming the folder and the fix: a config that is not
-// a GPT-2 one (model_type, architectures, an activation other than GELU's tanh form, attention
-// options troupe's model does not have), tensors missing, unexpected or of the wrong shape for
-// that config, a dtype other than F32/F16/BF16, an untied lm_head, and any malformed or hostile
+// LLaMA and BLOOM tensors carry their classes' names (storage/hf_names.hpp maps them to troupe's
+// parameters: q/k/v_proj joined into c_attn, gate/up_proj into c_fc, BLOOM's per-head QKV rows
+// reordered; q and k rows permuted back when troupe's export recorded rotary_interleaved); Llama's
+// rotary_emb.inv_freq buffers are ignored; lm_head.weight is required when untied and must equal the
+// embedding when present in a tied model.
+//
+// Refused, every problem at once, as bad input naming the folder and the fix: a config that is none of
+// the three (or a LLaMA/BLOOM option troupe's model does not have), a GPT-2 config with an
+// activation other than GELU's tanh form or attention options troupe's model does not have, sizes
+// beyond troupe's bounds, tensors missing, unexpected or of the wrong shape for that config, a dtype
+// other than F32/F16/BF16, a GPT-2 lm_head that differs from wte, and any malformed or hostile
 // file (the safetensors reader's rules; config.json and the index are read within bounds:
 // kMaxHfJsonBytes, JSON without exceptions, index file names plain names in the folder).
 //
@@ -31,19 +46,30 @@
 #include <vector>
 
 #include "storage/checkpoint.hpp"
+#include "storage/hf_names.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
 
 inline constexpr size_t kMaxHfJsonBytes = size_t{64} << 20;
 
-// The parts of GPT2Config troupe's model has (its defaults where config.json leaves a key out).
+// The parts of the HF config troupe's model has (the class's defaults where config.json leaves a key
+// out), in GPT2Config's names for the sizes every family has; `arch` holds the family and all its
+// sizes (storage/hf_names.hpp).
 struct HfGpt2Config {
   int64_t n_layer = 12, n_embd = 768, n_head = 12, n_positions = 1024, vocab_size = 50257;
   double layer_norm_epsilon = 1e-5;
   int64_t bos_token_id = 50256, eos_token_id = 50256;
   std::string tokenizer_type;  // "troupe": {"tokenizer_type"} of troupe's own exports, else ""
+  HfArch arch;                 // family gpt2 for a GPT2Config
+  // "troupe": {"seq_length"} of troupe's own exports, else 0 (the import takes the positions; BLOOM,
+  // which has no position limit, kBloomSeqLength).
+  int64_t seq_length = 0;
 };
+
+// The sequence length a BLOOM folder without troupe's record is imported with (BLOOM's training
+// length).
+inline constexpr int64_t kBloomSeqLength = 2048;
 
 // config.json's text. `where` starts every message ("DIR/config.json: ").
 Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& where);

@@ -43,7 +43,8 @@ constexpr const char* kWandb =
     "run needs wandb's service -- drop the --wandb-* flags and give --tensorboard-dir DIR (Megatron's TensorBoard "
     "tags, which wandb's TensorBoard integration imports) or --metrics-file FILE (every iteration as JSON lines)";
 constexpr const char* kFamily =
-    "a model-architecture flag of another model family (LLaMA and the like): troupe builds GPT-2 models only";
+    "an architecture variant troupe does not build (its families are GPT-2, LLaMA and BLOOM: docs/MODELS.md lists "
+    "their flags) -- drop the flag";
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = {
@@ -151,24 +152,11 @@ const std::vector<Entry>& entries() {
        "", "", {"--zero-stage", "1"}},
       {"--cpu-optimizer", 0, Kind::alias, "the optimizer on the host: troupe's --offload-optimizer cpu", "", "",
        {"--offload-optimizer", "cpu"}},
-      // Model families (the LLaMA script's architecture flags); GPT-2's own values are no-ops.
-      {"--normalization", 1, Kind::noop, "GPT-2's layer norm, which troupe uses", "LayerNorm|layernorm", kFamily},
-      {"--position-embedding-type", 1, Kind::noop, "GPT-2's learned position embeddings, which troupe uses",
-       "learned_absolute", kFamily},
-      {"--swiglu", 0, Kind::refused, kFamily},
+      // Model families: troupe's own flags now (docs/MODELS.md); these variants it does not build.
       {"--squared-relu", 0, Kind::refused, kFamily},
-      {"--use-rotary-position-embeddings", 0, Kind::refused, kFamily},
-      {"--rotary-percent", 1, Kind::refused, kFamily},
-      {"--untie-embeddings-and-output-weights", 0, Kind::refused, kFamily},
-      {"--disable-bias-linear", 0, Kind::refused, kFamily},
-      {"--ffn-hidden-size", 1, Kind::noop, "GPT-2's MLP width, 4 x --hidden-size, which troupe builds", "4h"},
-      {"--add-bias-linear", 0, Kind::noop, "GPT-2's linear layers have biases, as troupe's"},
+      {"--apply-layernorm-1p", 0, Kind::refused, kFamily},
       {"--no-load-rng", 0, Kind::noop,
        "troupe keeps no RNG state to load: its random streams are functions of --seed, the iteration and the sample"},
-      {"--num-key-value-heads", 1, Kind::refused, kFamily},
-      {"--group-query-attention", 0, Kind::refused, kFamily},
-      {"--num-query-groups", 1, Kind::refused, kFamily},
-      {"--apply-layernorm-1p", 0, Kind::refused, kFamily},
       // Semantics troupe does not have (yet).
       {"--eod-mask-loss", 0, Kind::refused,
        "troupe counts the loss on every token, end-of-document ones included -- drop the flag"},
@@ -208,7 +196,7 @@ bool is_zero(const std::string& v) {
 
 bool value_ok(const Entry& e, const std::string& v) {
   const std::string ok = e.ok;
-  if (ok.empty() || ok == "4h") return true;  // 4h: checked against --hidden-size by the caller
+  if (ok.empty()) return true;
   if (ok == "0") return is_zero(v);
   size_t start = 0;
   while (start <= ok.size()) {
@@ -376,18 +364,6 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
       problems.push_back(flag + " " + values[0] + ": " + e.otherwise);
       i = j;
       continue;
-    }
-    if (std::string(e.ok) == "4h") {  // GPT-2's MLP width: 4 x --hidden-size, what troupe builds
-      const std::string hidden = last_value(args, "--hidden-size");
-      long long h = TrainConfig{}.model.hidden_size, f = -1;
-      if (!hidden.empty()) std::from_chars(hidden.data(), hidden.data() + hidden.size(), h);
-      std::from_chars(values[0].data(), values[0].data() + values[0].size(), f);
-      if (f != 4 * h) {
-        problems.push_back(fmt::format("{} {}: {} (troupe's MLP is 4 x --hidden-size = {})", flag, values[0], kFamily,
-                                       4 * h));
-        i = j;
-        continue;
-      }
     }
     if (noted.insert(e.flag).second) {
       std::string note = flag + (values.empty() ? "" : " " + values[0]) + ": ";

@@ -5,7 +5,7 @@
 //     loader's worker count): removed, with one line at start-up saying so;
 //   - an alias: an older or other spelling of what troupe does (--checkpoint-activations is
 //     --recompute-granularity full): rewritten, with a line at start-up;
-//   - refused: a flag whose meaning troupe does not have (--fp16, --swiglu): a problem naming the
+//   - refused: a flag whose meaning troupe does not have (--fp16, --squared-relu): a problem naming the
 //     reason and what to do;
 //   - otherwise unknown: a problem with the nearest registered spelling, or troupe's equivalent of
 //     a Megatron flag it lacks.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/deepspeed_config.hpp"
+#include "config/model_presets.hpp"
 #include "config/validate.hpp"
 #include "storage/gpt_dataset.hpp"
 
@@ -19,6 +20,98 @@ namespace troupe {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The family flags' values and combinations (Megatron-LM megatron/training/arguments.py and
+// Megatron-DeepSpeed megatron/arguments.py), then --model-preset for what was not given. Each
+// problem goes to `problems` (reported with validation's); notes are start-up lines.
+void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig& m,
+                        std::vector<std::string>& problems, std::vector<std::string>* notes) {
+  auto value = [&cmd](const char* flag) { return cmd.get_option(flag)->as<std::string>(); };
+  auto integer = [&](const char* flag, int* out) {
+    const std::string v = value(flag);
+    try {
+      size_t used = 0;
+      const long long n = std::stoll(v, &used);
+      if (used == v.size() && n >= INT_MIN && n <= INT_MAX) return *out = static_cast<int>(n), true;
+    } catch (const std::exception&) {
+    }
+    problems.push_back(std::string(flag) + " " + v + " is not an integer -- pass a whole number, e.g. 8");
+    return false;
+  };
+  if (given("--normalization")) {
+    // Megatron-LM spells LayerNorm / RMSNorm, Megatron-DeepSpeed layernorm / rmsnorm.
+    const std::string v = value("--normalization");
+    if (v == "layernorm") m.normalization = Normalization::layernorm;
+    else if (v == "rmsnorm") m.normalization = Normalization::rmsnorm;
+    else if (!parse(v, m.normalization))
+      problems.push_back("--normalization " + v + " is not a normalization -- use LayerNorm or RMSNorm");
+  }
+  if (given("--swiglu")) m.activation = MlpActivation::swiglu;
+  const bool type_given = given("--position-embedding-type");
+  if (type_given && !parse(value("--position-embedding-type"), m.position_embedding))
+    problems.push_back("--position-embedding-type " + value("--position-embedding-type") +
+                       " is not a position embedding -- use learned_absolute, rope, alibi or none");
+  if (given("--use-rotary-position-embeddings")) {
+    if (type_given && m.position_embedding != PositionEmbedding::rope)
+      problems.push_back(std::string("--use-rotary-position-embeddings and --position-embedding-type ") +
+                         to_string(m.position_embedding) + " contradict each other -- keep one of them");
+    m.position_embedding = PositionEmbedding::rope;
+  }
+  // Grouped-query attention: Megatron-LM's --num-query-groups counts only with
+  // --group-query-attention (and is 1 then by default); Megatron-DeepSpeed's --num-key-value-heads
+  // always. A preset with grouped-query attention (LLaMA-2 70B, LLaMA-3) stands for the switch.
+  const ModelPreset* preset = given("--model-preset") ? find_model_preset(value("--model-preset")) : nullptr;
+  const bool gqa = given("--group-query-attention") || (preset != nullptr && preset->model.num_query_groups > 0);
+  int groups = 0, kv_heads = 0;
+  const bool groups_given = given("--num-query-groups") && integer("--num-query-groups", &groups);
+  const bool kv_given = given("--num-key-value-heads") && integer("--num-key-value-heads", &kv_heads);
+  if (kv_given) {
+    if (groups_given && gqa && groups != kv_heads)
+      problems.push_back("--num-query-groups " + std::to_string(groups) + " and --num-key-value-heads " +
+                         std::to_string(kv_heads) + " disagree -- give one of them");
+    m.num_query_groups = kv_heads;
+  } else if (gqa && (groups_given || given("--group-query-attention"))) {
+    m.num_query_groups = groups_given ? groups : 1;
+  } else if (groups_given && notes != nullptr) {
+    notes->push_back("--num-query-groups " + std::to_string(groups) + ": no effect without --group-query-attention, "
+                     "as in Megatron (multi-head attention) -- add --group-query-attention to group the key/value heads");
+  }
+  if (given("--disable-bias-linear") && given("--add-bias-linear"))
+    problems.push_back("--disable-bias-linear and --add-bias-linear contradict each other -- keep one of them");
+  else if (given("--disable-bias-linear"))
+    m.add_bias_linear = false;
+  else if (given("--add-bias-linear"))
+    m.add_bias_linear = true;
+
+  if (given("--model-preset")) {
+    const std::string name = value("--model-preset");
+    if (preset == nullptr) {
+      problems.push_back("--model-preset " + name + " is not a preset -- use one of " + model_preset_names());
+    } else {
+      apply_model_preset(*preset, &m, given);
+      if (notes != nullptr)
+        notes->push_back("--model-preset " + name + ": " + preset->source + "'s architecture; the vocabulary is "
+                         "--tokenizer-type's (" + name + "'s own tokenizer has " +
+                         std::to_string(preset->model.vocab_size) + " tokens)");
+      // A preset's rotary settings go with its rotary positions: overriding the positions drops them.
+      if (m.position_embedding != PositionEmbedding::rope) {
+        const GptConfig d;
+        if (!given("--rotary-base")) m.rotary_base = d.rotary_base;
+        if (!given("--rotary-percent")) m.rotary_percent = d.rotary_percent;
+        if (!given("--rotary-interleaved")) m.rotary_interleaved = d.rotary_interleaved;
+      }
+    }
+  }
+  if (given("--no-position-embedding")) {
+    // Megatron-DeepSpeed: no learned table (beside rotary: the LLaMA scripts); Megatron-LM refuses it
+    // without rope. Alone it means no positions at all.
+    if (type_given && m.position_embedding == PositionEmbedding::learned_absolute)
+      problems.push_back("--no-position-embedding and --position-embedding-type learned_absolute contradict each other "
+                         "-- keep one of them");
+    else if (m.position_embedding == PositionEmbedding::learned_absolute && !type_given)
+      m.position_embedding = PositionEmbedding::none;
+  }
+}
 
 }  // namespace
 
@@ -48,6 +141,68 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Dropout probability on the embeddings and on each residual branch, training only");
   opt(model, "--attention-dropout", m.attention_dropout,
       "Dropout probability on the attention probabilities, training only");
+
+  // The architecture family (docs/MODELS.md): Megatron-LM's flags, and Megatron-DeepSpeed's
+  // spellings beside them. The enum-valued and the combining flags are read by
+  // finalize_train_config (apply_family_flags), so that a bad value is one problem among all.
+  const char* fam = "Model family";
+  cmd->add_option("--model-preset")
+      ->description("A published architecture: " + model_preset_names() +
+                                        " (sizes, heads, groups, MLP, positions, norm epsilon, rotary base, head "
+                                        "tying); flags given beside it win")
+      ->type_name("NAME")
+      ->group(fam);
+  cmd->add_option("--normalization")
+      ->description("LayerNorm or RMSNorm (Megatron-DeepSpeed: layernorm, rmsnorm)")
+      ->type_name("TEXT")
+      ->default_str(to_string(m.normalization))
+      ->group(fam);
+  cmd->add_flag("--swiglu")
+      ->description("SwiGLU MLP: fc1 is [gate | up], silu(gate) * up (default: GELU)")->group(fam);
+  cmd->add_option("--position-embedding-type")
+      ->description("learned_absolute, rope, alibi or none")
+      ->type_name("TEXT")
+      ->default_str(to_string(m.position_embedding))
+      ->group(fam);
+  cmd->add_flag("--use-rotary-position-embeddings")
+      ->description("Same as --position-embedding-type rope (Megatron's older flag)")
+      ->group(fam);
+  cmd->add_flag("--no-position-embedding")
+      ->description("No learned position table: --position-embedding-type none, unless rope or alibi is chosen "
+                "(Megatron-DeepSpeed's switch beside --use-rotary-position-embeddings)")
+      ->group(fam);
+  opt(fam, "--rotary-percent", m.rotary_percent, "Share of each head's dimensions rotary rotates, in (0, 1]");
+  opt(fam, "--rotary-base,--rotary-position-embeddings-theta", m.rotary_base,
+      "Rotary base (Hugging Face's rope_theta; Megatron-DeepSpeed's --rotary-position-embeddings-theta)");
+  cmd->add_flag("--rotary-interleaved", m.rotary_interleaved,
+                "Rotate the pairs (2i, 2i+1) (Meta's original layout) instead of (i, i + d/2)")
+      ->group(fam);
+  cmd->add_flag("--group-query-attention")
+      ->description("Grouped-query attention with --num-query-groups groups (Megatron)")
+      ->group(fam);
+  cmd->add_option("--num-query-groups")
+      ->description("Key/value head groups with --group-query-attention (Megatron's default 1)")
+      ->type_name("INT")
+      ->group(fam);
+  cmd->add_option("--num-key-value-heads")
+      ->description("Key/value heads (Megatron-DeepSpeed's grouped-query attention; default: --num-attention-heads)")
+      ->type_name("INT")
+      ->group(fam);
+  cmd->add_option("--kv-channels", m.kv_channels, "Head dimension (default: --hidden-size / --num-attention-heads)")
+      ->group(fam);
+  cmd->add_option("--ffn-hidden-size", m.ffn_hidden,
+                  "MLP width (default: 4 x --hidden-size; with --swiglu Megatron's int(8h/3 / 64) x 64)")
+      ->group(fam);
+  cmd->add_flag("--disable-bias-linear")
+      ->description("No biases in the linear layers (LLaMA)")->group(fam);
+  cmd->add_flag("--add-bias-linear")
+      ->description("Biases in the linear layers (the default)")->group(fam);
+  cmd->add_flag("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights,
+                "An own output head lm_head.weight instead of the token embedding's transpose")
+      ->group(fam);
+  cmd->add_flag("--embed-layernorm", m.embed_layernorm, "A LayerNorm on the embedding output (BLOOM)")->group(fam);
+  opt(fam, "--norm-epsilon,--layernorm-epsilon", m.layernorm_epsilon,
+      "Epsilon of the LayerNorms / RMSNorms (Megatron-DeepSpeed: --layernorm-epsilon)");
 
   const char* batch = "Batch";
   opt(batch, "--micro-batch-size", cfg->micro_batch_size, "Sequences per forward/backward pass");
@@ -298,6 +453,10 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "DeepSpeed JSON file; flags given on the command line win over it");
   // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted,
   // and meaningless here (troupe always runs its own ZeRO/offload engine).
+  cmd->add_flag("--dry-run")
+      ->description("Validate everything, print the model and the memory plan of each rank, and exit without "
+                    "training")
+      ->group(logs);
   cmd->add_flag("--deepspeed")
       ->description("Accepted for Megatron-DeepSpeed scripts; no effect")
       ->group(logs);
@@ -321,9 +480,13 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
     origins["--pipeline-schedule"] =
         "--num-layers-per-virtual-pipeline-stage, which selects it as in Megatron";
   }
+  std::vector<std::string> flag_problems;
+  apply_family_flags(cmd, given, cfg->model, flag_problems, notes);
   // Megatron: sequence parallelism is meaningless without tensor parallelism; silently off.
   if (cfg->tensor_model_parallel_size == 1) cfg->sequence_parallel = false;
-  if (!given("--max-position-embeddings"))
+  // A preset's table size stays unless --seq-length outgrows it.
+  if (!given("--max-position-embeddings") &&
+      (!given("--model-preset") || cfg->model.max_position_embeddings < cfg->model.seq_length))
     cfg->model.max_position_embeddings = cfg->model.seq_length;
   // Megatron's default global batch: one micro-batch per data-parallel replica.
   if (!given("--global-batch-size") && !global_from_file) {
@@ -360,7 +523,29 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   if (cfg->train_samples <= 0 && cfg->train_tokens > 0 && !given("--train-iters")) {
     cfg->train_iters = cfg->iterations_to_run();
   }
-  TROUPE_RETURN_IF_ERROR(validate_train_config(*cfg, &origins));
+  Status st = validate_train_config(*cfg, &origins);
+  if (!flag_problems.empty()) {
+    // The family flags' own problems first, then validation's, in one list.
+    std::vector<std::string> all = flag_problems;
+    if (!st) {
+      const std::string sep = "\n  - ";
+      const std::string& message = st.message();
+      if (message.find(" problems:" + sep) == std::string::npos) {
+        all.push_back(message);
+      } else {
+        for (size_t at = message.find(sep); at != std::string::npos;) {
+          const size_t next = message.find(sep, at + sep.size());
+          all.push_back(message.substr(at + sep.size(), next == std::string::npos ? next : next - at - sep.size()));
+          at = next;
+        }
+      }
+    }
+    if (all.size() == 1) return Status::error(all[0]);
+    std::string message = fmt::format("{} problems:", all.size());
+    for (const std::string& p : all) message += "\n  - " + p;
+    return Status::error(message);
+  }
+  TROUPE_RETURN_IF_ERROR(st);
   return world_size > 1 ? validate_world(*cfg, world_size) : Status::ok();
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "troupe/status.hpp"
 
@@ -79,13 +80,29 @@ struct GptConfig {
   int rotary_dim() const;
   // Real vocabulary rounded up to a multiple of make_vocab_size_divisible_by * tp (Megatron's rule).
   int64_t padded_vocab_size(int tensor_parallel_size = 1) const;
-  // Parameters of the real model (padding rows excluded), tied embedding counted once.
+  // Whether every family field has GPT-2's value (what the model of this build trains).
+  bool is_gpt2_family() const;
+  // "GPT-2", "LLaMA" (RMSNorm + rope + SwiGLU), "BLOOM" (ALiBi + embedding LayerNorm) or "custom".
+  const char* family_name() const;
+  // Parameters of the real model (padding rows excluded), tied embedding counted once, for every
+  // family: wte V C, wpe P C (learned positions), the embedding LayerNorm, per layer two norms
+  // (LayerNorm 2C, RMSNorm C), qkv C (H + 2G) hs (+ bias), the projection H hs C (+ C), fc1 C F
+  // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C.
   int64_t num_parameters() const;
-  // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, the
-  // Megatron-LM paper's count without recomputation: 72 B s l h^2 (1 + s/6h + V/16lh) for B*s tokens.
+  // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, without
+  // recomputation: Megatron-LM's num_floating_point_operations (megatron/training/training.py, the
+  // dense transformer): 3 (forward, two backward GEMMs) x 2 (FMA) x tokens x [L (C F e + C (q + 2 kv)
+  // + q C) + C Vp] + 3 x 2 x tokens x s x L q (QK^T and PV, halved by the causal mask), with
+  // q = H hs, kv = G hs, e = 3 with SwiGLU else 2, Vp the padded vocabulary (tp 1).
   double flops_per_iteration(int64_t tokens) const;
 
-  // Checks the combination: heads divide hidden size, seq <= positions, sizes positive.
+  // Every problem of the architecture apart from the vocabulary (set later by the tokenizer), one
+  // message each, "FLAG what -- fix": sizes in range (bounds that keep every size product inside
+  // int64 and every width inside int), heads divide the hidden size (without --kv-channels), query
+  // groups divide the heads, a positive MLP width, the rotary settings (rope only; percent in (0, 1],
+  // an even rotary dimension >= 2, a positive base), a positive norm epsilon, dropout in [0, 1).
+  std::vector<std::string> architecture_problems() const;
+  // architecture_problems() and the vocabulary, all at once ("N problems:" and one line each).
   Status validate() const;
 };
 

@@ -50,13 +50,33 @@ template <class T>
 void dropout_rows(ThreadPool& pool, T* x, const DropoutMask& mask, int64_t row0, int64_t rows, int64_t C,
                   int64_t seq_len);
 
-// mask null: no attention dropout.
+// RMSNorm; dx null: no input gradient (then w may be null), dw null: no parameter gradient.
 template <class T>
-void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_,
-                       int64_t C, int64_t H, const DropoutMask* mask, int64_t head0);
+void rmsnorm_forward(ThreadPool& pool, T* out, T* rstd, const T* x, const T* w, int64_t N, int64_t C, double eps);
 template <class T>
-void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs,
-                        int64_t B, int64_t T_, int64_t C, int64_t H, const DropoutMask* mask, int64_t head0);
+void rmsnorm_backward(ThreadPool& pool, T* dx, T* dw, const T* dout, const T* x, const T* w, const T* rstd,
+                      int64_t N, int64_t C);
+
+// Gated linear units on rows [gate (F) | up (F)]; swiglu when `silu`, else geglu (tanh GELU).
+template <class T>
+void glu_forward(ThreadPool& pool, T* out, const T* gate_up, int64_t N, int64_t F, bool silu);
+template <class T>
+void glu_backward(ThreadPool& pool, T* dgate_up, const T* dout, const T* gate_up, int64_t N, int64_t F, bool silu);
+
+// Rotary on x (B*T rows of W columns), heads [col0 + h*head_dim, ...) for h < n_heads; inverse: the
+// backward's rotation by -angle.
+template <class T>
+void rotary(ThreadPool& pool, T* x, int64_t B, int64_t T_, int64_t W, int64_t col0, int64_t n_heads, int64_t head_dim,
+            int64_t rotary_dim, double base, bool interleaved, int64_t pos0, bool inverse);
+
+// Grouped-query causal attention: qkv rows [q (H*hs) | k (G*hs) | v (G*hs)], out rows (H*hs).
+// alibi null: no ALiBi (else H slopes); mask null: no attention dropout.
+template <class T>
+void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t B, int64_t T_, int64_t H,
+                       int64_t G, int64_t hs, const double* alibi, const DropoutMask* mask, int64_t head0);
+template <class T>
+void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B,
+                        int64_t T_, int64_t H, int64_t G, int64_t hs, const DropoutMask* mask, int64_t head0);
 
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,

@@ -30,4 +30,27 @@ inline double fast_exp(double x) { return std::exp(x); }
 inline float fast_tanh(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f); }
 inline double fast_tanh(double u) { return std::tanh(u); }
 
+// GPT-2's tanh GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its derivative, for GeGLU.
+// elementwise.cpp's gelu loops keep their own copy of the formula: moved onto these functions, GCC
+// compiled their loop tails otherwise (other bits at range edges, so results depended on the thread
+// split), and the GPT-2 model's stored results depend on those bits.
+template <class T> constexpr T kGluGeluC = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
+template <class T> constexpr T kGluGeluA = static_cast<T>(0.044715);
+template <class T>
+inline T gelu_tanh(T x) {
+  T u = kGluGeluC<T> * (x + kGluGeluA<T> * x * x * x);
+  return T(0.5) * x * (T(1) + fast_tanh(u));
+}
+template <class T>
+inline T gelu_tanh_grad(T x) {
+  T u = kGluGeluC<T> * (x + kGluGeluA<T> * x * x * x);
+  T th = fast_tanh(u);
+  T du = kGluGeluC<T> * (T(1) + T(3) * kGluGeluA<T> * x * x);
+  return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)) (fast_exp clamps, so large |x| saturates to 0 or 1 without NaN).
+template <class T>
+inline T sigmoid(T x) { return T(1) / (T(1) + fast_exp(-x)); }
+
 }  // namespace troupe::cpu

@@ -109,9 +109,7 @@ TEST_CASE("compat: every no-op and alias is accepted with one note, and aliases 
       {"--local-rank", "3"},               {"--num-workers", "2"},          {"--data-impl", "mmap"},
       {"--dataloader-type", "single"},     {"--optimizer", "adam"},         {"--hysteresis", "2"},
       {"--loss-scale", "1024"},            {"--initial-loss-scale", "4096"}, {"--min-loss-scale", "1"},
-      {"--loss-scale-window", "1000"},
-      {"--normalization", "LayerNorm"},    {"--position-embedding-type", "learned_absolute"},
-      {"--ffn-hidden-size", "192"}};
+      {"--loss-scale-window", "1000"}};
   std::vector<std::string> with_values;
   for (const std::string& f : extra) {
     with_values.push_back(f);
@@ -156,8 +154,8 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     extra.push_back(bad);
     originals.push_back(names[static_cast<size_t>(k)]);
   }
-  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--swiglu",
-                             "--lr-decay-iters-fraction", "0.5", "--zzzz-not-megatron", "7", "--ffn-hidden-size", "100"});
+  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--squared-relu",
+                             "--lr-decay-iters-fraction", "0.5", "--zzzz-not-megatron", "7", "--apply-layernorm-1p"});
   auto s = screen_train_args(base(extra), 1);
   REQUIRE_FALSE(s.is_ok());
   CHECK(s.status().is_bad_input());
@@ -169,10 +167,10 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
   }
   CHECK_THAT(m, Contains("--fp16: troupe trains in float32"));
   CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
-  CHECK_THAT(m, Contains("--swiglu: a model-architecture flag"));
+  CHECK_THAT(m, Contains("--squared-relu: an architecture variant troupe does not build"));
   CHECK_THAT(m, Contains("--lr-decay-iters-fraction: give --lr-decay-iters"));
   CHECK_THAT(m, Contains("--zzzz-not-megatron: not a flag of troupe train -- troupe train --help"));
-  CHECK_THAT(m, Contains("--ffn-hidden-size 100:"));
+  CHECK_THAT(m, Contains("--apply-layernorm-1p: an architecture variant"));
   CHECK_THAT(m, Contains(std::to_string(originals.size() + 6) + " problems with the flags"));
 }
 

@@ -254,14 +254,14 @@ small_train --train-iters 4 --data-path b_text_document --tokenizer-type GPT2BPE
 mkdir llama && "$py" - <<'PY'
 import json
 c = json.load(open("hf/config.json"))
-c.update(model_type="llama", architectures=["LlamaForCausalLM"], activation_function="silu")
+c.update(model_type="mistral", architectures=["MistralForCausalLM"], activation_function="silu")
 json.dump(c, open("llama/config.json", "w"))
 PY
 cp hf/model.safetensors llama/
 set +e
 "$troupe" ckpt import --format hf --input llama --save out_llama > llama.log 2>&1; rc=$?
 set -e
-[[ $rc == 2 ]] || fail "a LLaMA config: exit $rc, not 2"
+[[ $rc == 2 ]] || fail "a Mistral config: exit $rc, not 2"
 for word in model_type architectures activation_function; do grep -q "$word" llama.log || fail "no $word in: $(cat llama.log)"; done
 [[ ! -e out_llama ]] || fail "a refused import wrote out_llama"
 

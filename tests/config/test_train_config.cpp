@@ -11,9 +11,18 @@ namespace {
 
 using nlohmann::json;
 
-// A file as version 4 wrote it: no dropout in "model".
-// A file as version 4 wrote it: no dropout, no batch-size ramp-up.
+// A file as version 5 wrote it: no architecture family in "model".
+json without_family(json j) {
+  for (const char* key : {"normalization", "position_embedding_type", "activation", "add_bias_linear",
+                          "untie_embeddings_and_output_weights", "embed_layernorm", "num_query_groups", "kv_channels",
+                          "ffn_hidden_size", "rotary_percent", "rotary_base", "rotary_interleaved"})
+    j.at("model").erase(key);
+  return j;
+}
+
+// A file as version 4 wrote it: no dropout, no batch-size ramp-up (nor the family).
 json without_dropout(json j) {
+  j = without_family(j);
   for (const char* key : {"hidden_dropout", "attention_dropout"}) j.at("model").erase(key);
   if (j.contains("schedule"))
     for (const char* key : {"rampup_start_batch", "rampup_batch_increment", "rampup_samples"}) j.at("schedule").erase(key);
@@ -40,6 +49,18 @@ TrainConfig all_fields_set() {
   c.model.init_method_std = 0.0125;
   c.model.hidden_dropout = 0.05;
   c.model.attention_dropout = 0.2;
+  c.model.normalization = Normalization::rmsnorm;
+  c.model.position_embedding = PositionEmbedding::rope;
+  c.model.activation = MlpActivation::swiglu;
+  c.model.add_bias_linear = false;
+  c.model.untie_embeddings_and_output_weights = true;
+  c.model.embed_layernorm = true;
+  c.model.num_query_groups = 1;
+  c.model.kv_channels = 40;
+  c.model.ffn_hidden = 250;
+  c.model.rotary_percent = 0.625;
+  c.model.rotary_base = 123456.5;
+  c.model.rotary_interleaved = true;
   c.micro_batch_size = 3;
   c.global_batch_size = 12;
   c.tensor_model_parallel_size = 3;
@@ -112,6 +133,18 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.model.init_method_std == b.model.init_method_std);
   CHECK(a.model.hidden_dropout == b.model.hidden_dropout);
   CHECK(a.model.attention_dropout == b.model.attention_dropout);
+  CHECK(a.model.normalization == b.model.normalization);
+  CHECK(a.model.position_embedding == b.model.position_embedding);
+  CHECK(a.model.activation == b.model.activation);
+  CHECK(a.model.add_bias_linear == b.model.add_bias_linear);
+  CHECK(a.model.untie_embeddings_and_output_weights == b.model.untie_embeddings_and_output_weights);
+  CHECK(a.model.embed_layernorm == b.model.embed_layernorm);
+  CHECK(a.model.num_query_groups == b.model.num_query_groups);
+  CHECK(a.model.kv_channels == b.model.kv_channels);
+  CHECK(a.model.ffn_hidden == b.model.ffn_hidden);
+  CHECK(a.model.rotary_percent == b.model.rotary_percent);
+  CHECK(a.model.rotary_base == b.model.rotary_base);
+  CHECK(a.model.rotary_interleaved == b.model.rotary_interleaved);
   CHECK(a.micro_batch_size == b.micro_batch_size);
   CHECK(a.global_batch_size == b.global_batch_size);
   CHECK(a.tensor_model_parallel_size == b.tensor_model_parallel_size);
@@ -206,10 +239,15 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.at("init_method_std") == 0.0125);
   CHECK(m.at("hidden_dropout") == 0.05);
   CHECK(m.at("attention_dropout") == 0.2);
-  CHECK(m.size() == 11);
+  CHECK(m.at("normalization") == "RMSNorm");
+  CHECK(m.at("position_embedding_type") == "rope");
+  CHECK(m.at("activation") == "swiglu");
+  CHECK(m.at("num_query_groups") == 1);
+  CHECK(m.at("ffn_hidden_size") == 250);
+  CHECK(m.size() == 23);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 5);
+  CHECK(j.at("version") == 6);
 }
 
 TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as it trained", "[train_config]") {
@@ -222,9 +260,10 @@ TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as 
   CHECK(r.value().model.attention_dropout == 0);
   CHECK(!r.value().rampup());
   CHECK(r.value().model.num_layers == 7);
-  CHECK(json::parse(r.value().to_json()).at("version") == 5);
+  CHECK(json::parse(r.value().to_json()).at("version") == 6);
+  CHECK(r.value().model.is_gpt2_family());
   // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
-  json with = json::parse(all_fields_set().to_json());
+  json with = without_family(json::parse(all_fields_set().to_json()));
   with["version"] = 4;
   auto bad = TrainConfig::from_json(with.dump());
   REQUIRE_FALSE(bad.is_ok());
@@ -340,7 +379,7 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
   // Written again, it is version 5.
-  CHECK(json::parse(c.to_json()).at("version") == 5);
+  CHECK(json::parse(c.to_json()).at("version") == 6);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
@@ -398,10 +437,14 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 6; }),
-             Catch::Contains("\"version\" must be 1 to 5") && Catch::Contains("got 6"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 7; }),
+             Catch::Contains("\"version\" must be 1 to 6") && Catch::Contains("got 7"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 5"));
+             Catch::Contains("\"version\" must be 1 to 6"));
+  CHECK_THAT(error_after([](json& j) { j["model"]["position_embedding_type"] = "sinusoidal"; }),
+             Catch::Contains("\"model.position_embedding_type\" must be \"learned_absolute\""));
+  CHECK_THAT(error_after([](json& j) { j["model"].erase("rotary_base"); }),
+             Catch::Contains("missing key \"model.rotary_base\""));
   CHECK_THAT(error_after([](json& j) { j["data_path"] = json::array({"a", 3}); }),
              Catch::Contains("\"data_path\" must be an array of strings"));
   CHECK_THAT(error_after([](json& j) { j.erase("valid_data_path"); }),

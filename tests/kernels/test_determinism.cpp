@@ -200,6 +200,47 @@ std::vector<Tensor> run_all_ops(ThreadPool& pool) {
   ops::attention_backward(ctx, dqkv, datt, qkv, probs, H);
   out.insert(out.end(), {att, probs, dqkv});
 
+  // The model families' ops: RMSNorm, SwiGLU / GeGLU, rotary on q and k of a fused GQA qkv, and
+  // grouped-query attention (MQA and 2 groups) with ALiBi and attention dropout.
+  Tensor rms = Tensor::empty({N, C}), rrstd = Tensor::empty({N});
+  ops::rmsnorm_forward(ctx, rms, rrstd, x, w, 1e-6);
+  Tensor rdx = rnd({N, C}), rdw = rnd({C});
+  ops::rmsnorm_backward(ctx, rdx, rdw, dout, x, w, rrstd);
+  out.insert(out.end(), {rms, rrstd, rdx, rdw});
+  for (ops::GluKind kind : {ops::GluKind::swiglu, ops::GluKind::geglu}) {
+    Tensor gate_up = rnd({N, 2 * C}), glu = Tensor::empty({N, C}), dgate_up = Tensor::empty({N, 2 * C});
+    ops::glu_forward(ctx, glu, gate_up, kind);
+    ops::glu_backward(ctx, dgate_up, dout, gate_up, kind);
+    out.insert(out.end(), {glu, dgate_up});
+  }
+  const int Hq = 6, hs = 9;
+  for (int G : {1, 2}) {
+    const int64_t W = (Hq + 2 * G) * hs, Cq = int64_t{Hq} * hs;
+    Tensor gqkv = rnd({B, Ta, W});
+    ops::RotaryParams rp;
+    rp.rotary_dim = 6;
+    rp.pos0 = 17;
+    rp.interleaved = G == 1;
+    ops::rotary_forward(ctx, gqkv, 0, Hq, hs, rp);
+    ops::rotary_forward(ctx, gqkv, Cq, G, hs, rp);
+    ops::AttentionLayout layout;
+    layout.n_head = Hq;
+    layout.n_group = G;
+    layout.head_dim = hs;
+    layout.alibi_slopes = ops::alibi_slopes(Hq);
+    DropoutMask mask;
+    mask.p = 0.1;
+    mask.seed = 99;
+    mask.first_sample = 3;
+    Tensor gatt = Tensor::empty({B, Ta, Cq}), gprobs = Tensor::empty({B, Hq, Ta, Ta});
+    ops::attention_forward(ctx, gatt, gprobs, gqkv, layout, mask, 2);
+    Tensor gdatt = rnd({B, Ta, Cq}), gdqkv = Tensor::empty({B, Ta, W});
+    ops::attention_backward(ctx, gdqkv, gdatt, gqkv, gprobs, layout, mask, 2);
+    ops::rotary_backward(ctx, gdqkv, Cq, G, hs, rp);
+    ops::rotary_backward(ctx, gdqkv, 0, Hq, hs, rp);
+    out.insert(out.end(), {gqkv, gatt, gprobs, gdqkv});
+  }
+
   const int64_t Vp = 211, valid = 199;
   Tensor logits = rnd({N, Vp}), targets = test::random_tokens(rng, N, valid),
          losses = Tensor::empty({N});

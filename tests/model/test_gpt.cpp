@@ -1,7 +1,9 @@
 // The whole GPT model: gradients against finite differences in double precision, loss independent of
 // the vocabulary padding, initialisation defined in global coordinates.
 #include <cstring>
+#include <map>
 #include <random>
+#include <string>
 
 #include <catch2/catch.hpp>
 
@@ -174,4 +176,137 @@ TEST_CASE("parameter names and shapes follow Hugging Face GPT-2", "[model]") {
   int64_t total = 0;
   for (auto& s : specs) total += s.global_shape.numel();
   REQUIRE(total == cfg.num_parameters());
+}
+
+// ---- the other families ------------------------------------------------------------------------
+
+namespace {
+// Tiny configs with odd sizes; each switches on a different set of the family fields.
+GptConfig family_config(const std::string& family) {
+  GptConfig c = tiny_config();
+  c.hidden_size = 12;
+  c.num_attention_heads = 4;
+  if (family == "llama") {  // RMSNorm, rotate-half rope on 4 of 5 head dims, SwiGLU, GQA 4:2, no biases, untied
+    c.normalization = Normalization::rmsnorm;
+    c.position_embedding = PositionEmbedding::rope;
+    c.activation = MlpActivation::swiglu;
+    c.add_bias_linear = false;
+    c.untie_embeddings_and_output_weights = true;
+    c.num_query_groups = 2;
+    c.kv_channels = 5;
+    c.ffn_hidden = 9;
+    c.rotary_base = 500;
+  } else if (family == "llama-interleaved") {  // interleaved pairs on half the dims, MQA, biases, tied
+    c.normalization = Normalization::rmsnorm;
+    c.position_embedding = PositionEmbedding::rope;
+    c.rotary_interleaved = true;
+    c.rotary_percent = 0.5;
+    c.activation = MlpActivation::swiglu;
+    c.num_query_groups = 1;
+    c.kv_channels = 6;
+    c.ffn_hidden = 7;
+  } else if (family == "bloom") {  // ALiBi over 3 heads (not a power of 2), LayerNorm on the embeddings
+    c.num_attention_heads = 3;
+    c.position_embedding = PositionEmbedding::alibi;
+    c.embed_layernorm = true;
+  } else if (family == "nopos") {  // no position information at all, untied head, GELU of ffn 13
+    c.position_embedding = PositionEmbedding::none;
+    c.untie_embeddings_and_output_weights = true;
+    c.ffn_hidden = 13;
+  }
+  REQUIRE(c.validate().is_ok());
+  return c;
+}
+
+// forward_backward's gradient of (scale * summed loss) against central differences of forward_loss,
+// every real parameter element up to 60 per tensor.
+void check_model_gradient(const GptConfig& cfg, uint64_t seed) {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  std::mt19937_64 rng(seed);
+  const int B = 2;
+  GptModel model(cfg, B, DType::f64);
+  model.init(seed + 1);
+  perturb(model, rng);
+  Tensor tokens = random_windows(rng, B, cfg.seq_length, cfg.vocab_size);
+  const double scale = 1.0 / (B * cfg.seq_length);
+  model.zero_grad();
+  const double loss = model.forward_backward(ctx, tokens, scale);
+  REQUIRE(std::isfinite(loss));
+  std::vector<Tensor> grads;
+  for (const Tensor& g : model.grads()) grads.push_back(g.clone());
+  auto objective = [&] { return scale * model.forward_loss(ctx, tokens); };
+  REQUIRE(objective() == Approx(scale * loss).epsilon(1e-13));
+  for (size_t k = 0; k < model.params().size(); ++k) {
+    const ParamSpec& s = model.specs()[k];
+    Tensor p = model.params()[k].rows(0, s.global_shape[0]);
+    Tensor g = grads[k].rows(0, s.global_shape[0]);
+    test::check_gradient(objective, p, g, s.name.c_str(), 1e-6, 1e-9, 60);
+  }
+}
+}  // namespace
+
+TEST_CASE("family gradients match finite differences of the loss (double)", "[model][grad][family]") {
+  for (const char* family : {"llama", "llama-interleaved", "bloom", "nopos"}) {
+    INFO("family " << family);
+    check_model_gradient(family_config(family), 17);
+  }
+}
+
+TEST_CASE("family parameters: the specs the config implies, found by name", "[model][family]") {
+  const GptConfig llama = family_config("llama");
+  GptModel m(llama, 1, DType::f64);
+  std::map<std::string, Shape> shapes;
+  for (const ParamSpec& s : m.specs()) shapes[s.name] = s.global_shape;
+  CHECK(!shapes.count("transformer.wpe.weight"));
+  CHECK(!shapes.count("transformer.h.0.ln_1.bias"));
+  CHECK(!shapes.count("transformer.h.1.attn.c_attn.bias"));
+  CHECK(shapes.at("transformer.h.0.attn.c_attn.weight") == Shape({(4 + 2 * 2) * 5, 12}));
+  CHECK(shapes.at("transformer.h.0.attn.c_proj.weight") == Shape({12, 4 * 5}));
+  CHECK(shapes.at("transformer.h.0.mlp.c_fc.weight") == Shape({2 * 9, 12}));
+  CHECK(shapes.at("transformer.h.0.mlp.c_proj.weight") == Shape({12, 9}));
+  CHECK(shapes.at("lm_head.weight") == Shape({37, 12}));
+  const GptConfig bloom = family_config("bloom");
+  GptModel b(bloom, 1, DType::f64);
+  shapes.clear();
+  for (const ParamSpec& s : b.specs()) shapes[s.name] = s.global_shape;
+  CHECK(shapes.at("transformer.ln_embd.weight") == Shape({12}));
+  CHECK(shapes.at("transformer.ln_embd.bias") == Shape({12}));
+  CHECK(!shapes.count("lm_head.weight"));
+}
+
+// The reference's own dropout attention, generalised to grouped-query attention, head sizes other than
+// C/H and ALiBi: gradients with fixed masks (the loss of forward_backward at scale 0 with the same key)
+// against finite differences.
+TEST_CASE("family gradients with dropout match finite differences (double, fixed masks)", "[model][grad][family][dropout]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  for (const char* family : {"llama", "bloom"}) {
+    INFO("family " << family);
+    GptConfig cfg = family_config(family);
+    cfg.hidden_dropout = 0.2;
+    cfg.attention_dropout = 0.25;
+    std::mt19937_64 rng(21);
+    const int B = 2;
+    GptModel model(cfg, B, DType::f64);
+    model.init(3);
+    perturb(model, rng);
+    Tensor tokens = random_windows(rng, B, cfg.seq_length, cfg.vocab_size);
+    const MicroBatchKey key{31, 2, 4};
+    const double scale = 1.0 / (B * cfg.seq_length);
+    model.zero_grad();
+    model.forward_backward(ctx, tokens, scale, key);
+    const Tensor analytic = model.flat_grads().clone();
+    GptModel probe(cfg, B, DType::f64);
+    probe.flat_params().copy_from(model.flat_params());
+    auto objective = [&] {
+      probe.zero_grad();
+      return probe.forward_backward(ctx, tokens, 0.0, key) * scale;
+    };
+    // The masks matter: the dropped loss differs from the undropped one.
+    CHECK(objective() != Approx(probe.forward_loss(ctx, tokens) * scale).epsilon(1e-6));
+    test::check_gradient(objective, probe.flat_params(), analytic, family, 1e-5, 1e-8, 300);
+  }
 }

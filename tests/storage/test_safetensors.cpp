@@ -153,6 +153,7 @@ TEST_CASE("safetensors: every malformed file is refused with its reason", "[safe
 }
 
 TEST_CASE("hf config.json: GPT-2 accepted, anything else refused with every reason", "[safetensors][hf]") {
+  // (LLaMA and BLOOM configs: tests/storage/test_hf_families.cpp.)
   auto gpt2 = parse_hf_config(R"({"model_type":"gpt2","architectures":["GPT2LMHeadModel"],"n_layer":3,"n_embd":64,)"
                               R"("n_head":4,"n_positions":128,"vocab_size":1000,"layer_norm_epsilon":1e-6,)"
                               R"("activation_function":"gelu_new","n_inner":null,"eos_token_id":999})",
@@ -167,7 +168,7 @@ TEST_CASE("hf config.json: GPT-2 accepted, anything else refused with every reas
   REQUIRE(defaults.is_ok());
   CHECK(defaults->n_layer == 12);
   CHECK(defaults->vocab_size == 50257);
-  auto llama = parse_hf_config(R"({"model_type":"llama","architectures":["LlamaForCausalLM"],"n_embd":64,"n_head":5,)"
+  auto llama = parse_hf_config(R"({"model_type":"mistral","architectures":["LlamaForCausalLM"],"n_embd":64,"n_head":5,)"
                                R"("activation_function":"silu","n_inner":100,"scale_attn_by_inverse_layer_idx":true})",
                                "c.json: ");
   REQUIRE_FALSE(llama.is_ok());
