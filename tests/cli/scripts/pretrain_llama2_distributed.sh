@@ -2,9 +2,9 @@
 # Megatron-DeepSpeed's examples_deepspeed/pretrain_llama2_distributed.sh, shrunk: the sizes (model,
 # batches, steps, GPUs) made small, the paths given by the caller, `torchrun ... pretrain_gpt.py`
 # replaced by `troupe launch ... -- train`. Its model-architecture flags (LLaMA: rotary, SwiGLU,
-# RMSNorm, GQA, untied head, no biases) are troupe's model-family flags (docs/MODELS.md); its bf16 is
-# the precision issue's and its SentencePiece tokenizer the tokenizer issue's: troupe refuses those,
-# every one in one message, and nothing else.
+# RMSNorm, GQA, untied head, no biases) are troupe's model-family flags (docs/MODELS.md) and its
+# SentencePiece tokenizer troupe's GPTSentencePieceTokenizer (docs/TOKENIZERS.md); its bf16 is the
+# precision issue's: troupe refuses that, in one message, and nothing else.
 set -e
 
 ######################################
