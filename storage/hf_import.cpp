@@ -125,8 +125,9 @@ void read_troupe_block(const json& j, HfGpt2Config& c, std::vector<std::string>&
   auto t = j.find("troupe");
   if (t == j.end() || !t->is_object()) return;
   auto type = t->find("tokenizer_type");
-  if (type != t->end() && type->is_string() && (*type == "GPT2BPETokenizer" || *type == "ByteLevelTokenizer" || *type == "HuggingFaceTokenizer" ||
-                                                  *type == "GPTSentencePieceTokenizer" || *type == "Llama2Tokenizer"))
+  const std::set<std::string> known = {"GPT2BPETokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer",
+                                       "GPTSentencePieceTokenizer", "Llama2Tokenizer"};
+  if (type != t->end() && type->is_string() && known.count(type->get<std::string>()))
     c.tokenizer_type = type->get<std::string>();
   read_bounded(*t, "seq_length", kMaxWidth, &c.seq_length, problems);
   if (c.arch.family == HfFamily::bloom) read_bounded(*t, "max_position_embeddings", kMaxWidth, &c.n_positions, problems);

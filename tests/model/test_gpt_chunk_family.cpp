@@ -110,7 +110,8 @@ std::pair<double, double> tp_vs_one(ChunkSpec s, int t, bool sp, DType dt, const
   for (int r = 0; r < t; ++r) {
     for (size_t i = 0; i < micro.size(); ++i) {
       REQUIRE(res[r].loss[i] == res[0].loss[i]);
-      if (s.has_head) loss_err = std::max(loss_err, std::abs(res[r].loss[i] - one[0].loss[i]) / std::abs(one[0].loss[i]));
+      if (s.has_head)
+        loss_err = std::max(loss_err, std::abs(res[r].loss[i] - one[0].loss[i]) / std::abs(one[0].loss[i]));
       // The boundary tensors: this rank's rows of the single rank's.
       const int64_t rows = sp ? sp_rows(N, t, r) : N, r0 = sp ? sp_offset(N, t, r) : 0;
       if (res[r].din[i].defined())
