@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -38,9 +39,16 @@ int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
   TrainConfig& cfg = a.cfg;
   std::vector<std::string> problems, notes;
   apply_model_family_flags(cmd, &cfg.model, &problems, &notes);
-  if (cmd.count("--model-preset") > 0 && cmd.count("--vocab-size") == 0)
-    if (const ModelPreset* p = find_model_preset(cmd.get_option("--model-preset")->as<std::string>()))
-      a.vocab_size = p->model.vocab_size;
+  // No tokenizer here: a preset's own vocabulary unless --vocab-size is given (train's note about
+  // --tokenizer-type does not apply).
+  if (const ModelPreset* p = cmd.count("--model-preset") > 0
+                                 ? find_model_preset(cmd.get_option("--model-preset")->as<std::string>())
+                                 : nullptr) {
+    std::erase_if(notes, [](const std::string& n) { return n.rfind("--model-preset", 0) == 0; });
+    if (cmd.count("--vocab-size") == 0) a.vocab_size = p->model.vocab_size;
+    notes.push_back(fmt::format("--model-preset {}: {}'s architecture, flags given beside it win; vocabulary {}",
+                                p->name, p->source, a.vocab_size));
+  }
   cfg.model.vocab_size = a.vocab_size;
   if (cfg.model.max_position_embeddings < cfg.model.seq_length) cfg.model.max_position_embeddings = cfg.model.seq_length;
   cfg.global_batch_size = cfg.micro_batch_size;
