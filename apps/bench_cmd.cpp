@@ -1,10 +1,13 @@
 // troupe bench: measured figures, printed the way peers print them.
 //   troupe bench gpt    trains the given GPT on synthetic tokens in the actor runtime; tokens/s, model
-//                       TFLOP/s and the fraction of the sgemm peak measured in the same run.
+//                       TFLOP/s and the fraction of the sgemm peak measured in the same run. The
+//                       family flags of `troupe train` (--model-preset, --swiglu, ...) choose a LLaMA
+//                       or a BLOOM; the FLOPs are GptConfig::flops_per_iteration, family-aware.
 //   troupe bench sgemm  the sgemm peak alone.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -14,8 +17,10 @@
 
 #include "troupe/data_source.hpp"
 #include "actors/job.hpp"
+#include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
+#include "config/model_presets.hpp"
 #include "kernels/peak.hpp"
 
 namespace troupe::apps {
@@ -24,14 +29,26 @@ namespace {
 
 struct GptBenchArgs {
   TrainConfig cfg;
-  int64_t vocab_size = 50304;
+  int64_t vocab_size = 50304;  // a preset's own tokenizer's when --vocab-size is not given
   int64_t warmup_iters = 2;
   int64_t iters = 10;
   bool json = false;
 };
 
-int run_gpt_bench(GptBenchArgs a) {
+int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
   TrainConfig& cfg = a.cfg;
+  std::vector<std::string> problems, notes;
+  apply_model_family_flags(cmd, &cfg.model, &problems, &notes);
+  // No tokenizer here: a preset's own vocabulary unless --vocab-size is given (train's note about
+  // --tokenizer-type does not apply).
+  if (const ModelPreset* p = cmd.count("--model-preset") > 0
+                                 ? find_model_preset(cmd.get_option("--model-preset")->as<std::string>())
+                                 : nullptr) {
+    std::erase_if(notes, [](const std::string& n) { return n.rfind("--model-preset", 0) == 0; });
+    if (cmd.count("--vocab-size") == 0) a.vocab_size = p->model.vocab_size;
+    notes.push_back(fmt::format("--model-preset {}: {}'s architecture, flags given beside it win; vocabulary {}",
+                                p->name, p->source, a.vocab_size));
+  }
   cfg.model.vocab_size = a.vocab_size;
   if (cfg.model.max_position_embeddings < cfg.model.seq_length) cfg.model.max_position_embeddings = cfg.model.seq_length;
   cfg.global_batch_size = cfg.micro_batch_size;
@@ -44,14 +61,31 @@ int run_gpt_bench(GptBenchArgs a) {
   cfg.model.attention_dropout = 0;
   cfg.eval_interval = 0;
   cfg.log_interval = 1;
+  // Every problem at once: the family flags', the architecture's, the run's.
   if (Status st = cfg.model.validate(); !st) {
-    print_error("bench gpt", st);
+    const std::string& m = st.message();
+    const std::string sep = "\n  - ";
+    if (m.find(" problems:" + sep) == std::string::npos) {
+      problems.push_back(m);
+    } else {
+      for (size_t at = m.find(sep); at != std::string::npos;) {
+        const size_t next = m.find(sep, at + sep.size());
+        problems.push_back(m.substr(at + sep.size(), next == std::string::npos ? next : next - at - sep.size()));
+        at = next;
+      }
+    }
+  }
+  if (a.iters <= 0 || a.warmup_iters < 0 || cfg.micro_batch_size <= 0)
+    problems.push_back("--iters and --micro-batch-size must be positive, --warmup-iters >= 0 -- pass e.g. --iters 10");
+  if (!problems.empty()) {
+    std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
+    if (problems.size() > 1)
+      for (const std::string& p : problems) message += "\n  - " + p;
+    print_error("bench gpt", message);
     return kExitUsage;
   }
-  if (a.iters <= 0 || a.warmup_iters < 0 || cfg.micro_batch_size <= 0) {
-    print_error("bench gpt", "--iters and --micro-batch-size must be positive, --warmup-iters >= 0");
-    return kExitUsage;
-  }
+  if (!a.json)
+    for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   std::vector<IterationStats> timed;
   JobCallbacks cb;
   cb.on_iteration = [&](const IterationStats& s) {
@@ -79,12 +113,15 @@ int run_gpt_bench(GptBenchArgs a) {
                       {"model_tflops", tflops},
                       {"sgemm_peak_gflops", peak},
                       {"fraction_of_peak", peak > 0 ? tflops * 1e3 / peak : 0.0},
-                      {"final_loss", result.value().last_loss}};
+                      {"final_loss", result.value().last_loss},
+                      {"family", cfg.model.family_name()},
+                      {"parameters", cfg.model.num_parameters()}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("%s\n", fmt::format("troupe bench gpt: {:.0f} tokens/s, {:.1f} ms/iter, {:.3f} model TFLOP/s = {:.1f}% of "
-                                    "the measured sgemm peak ({:.1f} GFLOP/s)",
+    std::printf("%s\n", fmt::format("troupe bench gpt ({}, {:.1f}M parameters): {:.0f} tokens/s, {:.1f} ms/iter, "
+                                    "{:.3f} model TFLOP/s = {:.1f}% of the measured sgemm peak ({:.1f} GFLOP/s)",
+                                    cfg.model.family_name(), cfg.model.num_parameters() / 1e6,
                                     tokens / (ms / 1e3), ms, tflops, 100.0 * tflops * 1e3 / peak, peak)
                             .c_str());
   }
@@ -118,7 +155,10 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   gpt->add_option("--iters", a->iters, "timed iterations")->capture_default_str();
   gpt->add_option("--seed", a->cfg.seed)->capture_default_str();
   gpt->add_flag("--json", a->json, "print one JSON line");
-  gpt->callback([a, exit_code] { *exit_code = run_gpt_bench(*a); });
+  // The architecture: GPT-2 unless the family flags (or a preset, the flags given beside it winning)
+  // say otherwise, as in `troupe train`.
+  add_model_family_options(gpt, &a->cfg.model);
+  gpt->callback([a, gpt, exit_code] { *exit_code = run_gpt_bench(*a, *gpt); });
 
   add_bench_comm_subcommand(bench, exit_code);
 

@@ -4,13 +4,14 @@
 Run with Debian's interpreter (/usr/bin/python3: torch, numpy, h5py); the pyenv `python3` on PATH has no torch.
 
 Subcommands:
-  train-bench  time fp32 training steps (AdamW, grad clipping) of a GPT-2 model, print one JSON line.
+  train-bench  time fp32 training steps (AdamW, grad clipping) of a GPT-2 model (or with --model llama a LLaMA:
+               RMSNorm, rotary, grouped-query attention, SwiGLU, no biases, untied head), print one JSON line.
   eval         load a Hugging Face GPT2LMHeadModel state dict stored in HDF5 (`troupe ckpt export --format hf-h5`) or a
                Hugging Face folder of a GPT2LMHeadModel, LlamaForCausalLM or BloomForCausalLM (`--format hf`), compute
                the mean next-token loss over fixed windows of a Megatron MMIDIDX dataset (or a raw int32 token file),
                print one JSON line.
 
-The model matches troupe's exactly: pre-LayerNorm blocks (eps 1e-5), learned position embeddings, token embedding tied
+The GPT-2 model matches troupe's exactly: pre-LayerNorm blocks (eps 1e-5), learned position embeddings, token embedding tied
 with the output head, fused c_attn producing [q | k | v], causal softmax attention scaled by 1/sqrt(head size), MLP with
 tanh-approximated GELU, biases on every linear, no dropout. The loss is the cross-entropy over the real vocabulary.
 """
@@ -227,6 +228,106 @@ def build_model_classes():
             return logits, loss
 
     return GPT
+
+
+def build_llama_class():
+    """A LLaMA written the way PyTorch users write it (Hugging Face's LlamaForCausalLM layout and names), for the
+    speed benchmark: RMSNorm in torch ops, rotate-half rotary as HF's apply_rotary_pos_emb, grouped-query attention
+    by repeat_interleave of the key/value heads, SwiGLU as silu(gate_proj) * up_proj, no linear biases, an untied
+    lm_head. Float32 training only; the float64 eval oracle is HfCausalLM below, kept apart."""
+    _import_torch()
+
+    class RMSNorm(nn.Module):
+        def __init__(self, n, eps):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(n))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    class Attention(nn.Module):
+        def __init__(self, n_embd, n_head, n_group, n_positions, base):
+            super().__init__()
+            assert n_embd % n_head == 0 and n_head % n_group == 0, "heads divide hidden, groups divide heads"
+            self.n_head, self.n_group, self.hd = n_head, n_group, n_embd // n_head
+            self.q_proj = nn.Linear(n_embd, n_head * self.hd, bias=False)
+            self.k_proj = nn.Linear(n_embd, n_group * self.hd, bias=False)
+            self.v_proj = nn.Linear(n_embd, n_group * self.hd, bias=False)
+            self.o_proj = nn.Linear(n_head * self.hd, n_embd, bias=False)
+            # HF's LlamaRotaryEmbedding: inv_freq = base^(-2i/hd), the angles of [freqs | freqs] for rotate_half.
+            inv_freq = 1.0 / (base ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+            emb = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv_freq).repeat(1, 2)
+            self.register_buffer("cos", emb.cos(), persistent=False)  # (P, hd)
+            self.register_buffer("sin", emb.sin(), persistent=False)
+            mask = torch.ones(n_positions, n_positions, dtype=torch.bool).tril()
+            self.register_buffer("causal_mask", mask.view(1, 1, n_positions, n_positions), persistent=False)
+
+        def forward(self, x):
+            B, T, C = x.shape
+            H, G, hd = self.n_head, self.n_group, self.hd
+            q = self.q_proj(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
+            k = self.k_proj(x).view(B, T, G, hd).transpose(1, 2)  # (B, G, T, hd)
+            v = self.v_proj(x).view(B, T, G, hd).transpose(1, 2)
+            cos, sin = self.cos[:T], self.sin[:T]
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            k = k.repeat_interleave(H // G, dim=1)  # head h reads group h // (H / G), as HF's repeat_kv
+            v = v.repeat_interleave(H // G, dim=1)
+            att = (q * (1.0 / math.sqrt(hd))) @ k.transpose(-2, -1)  # (B, H, T, T)
+            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+            y = F.softmax(att, dim=-1) @ v  # (B, H, T, hd)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
+
+    class MLP(nn.Module):
+        def __init__(self, n_embd, ffn):
+            super().__init__()
+            self.gate_proj = nn.Linear(n_embd, ffn, bias=False)
+            self.up_proj = nn.Linear(n_embd, ffn, bias=False)
+            self.down_proj = nn.Linear(ffn, n_embd, bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class Block(nn.Module):
+        def __init__(self, n_embd, n_head, n_group, ffn, n_positions, eps, base):
+            super().__init__()
+            self.input_layernorm = RMSNorm(n_embd, eps)
+            self.self_attn = Attention(n_embd, n_head, n_group, n_positions, base)
+            self.post_attention_layernorm = RMSNorm(n_embd, eps)
+            self.mlp = MLP(n_embd, ffn)
+
+        def forward(self, x):
+            x = x + self.self_attn(self.input_layernorm(x))
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Llama(nn.Module):
+        def __init__(self, n_layer, n_embd, n_head, n_group, ffn, n_positions, vocab_size, eps=1e-5, base=10000.0):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(vocab_size, n_embd)
+            self.layers = nn.ModuleList(
+                [Block(n_embd, n_head, n_group, ffn, n_positions, eps, base) for _ in range(n_layer)])
+            self.norm = RMSNorm(n_embd, eps)
+            self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+            for name, p in self.named_parameters():  # normal(0.02), the residual projections scaled (Megatron)
+                if p.dim() >= 2:
+                    std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                    nn.init.normal_(p, mean=0.0, std=std)
+
+        def forward(self, idx, targets=None):
+            x = self.embed_tokens(idx)
+            for block in self.layers:
+                x = block(x)
+            logits = self.lm_head(self.norm(x))
+            if targets is None:
+                return logits, None
+            return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+    return Llama
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -570,19 +671,38 @@ def _set_thread_env(threads):
         os.environ[var] = str(threads)
 
 
-def model_flops_per_iter(B, s, l, h, V):
-    """Megatron paper's count (forward + backward, no recomputation)."""
-    return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+def model_flops_per_iter(B, s, l, h, V, heads, groups=None, ffn=None, swiglu=False, divisible_by=128):
+    """Model FLOPs of one forward + backward without recomputation, in the form of Megatron-LM's
+    num_floating_point_operations (megatron/training/training.py): 12 B s l h^2 [(1 + G/H + s/2h) q/h
+    + (F/h) g + Vp/(2 l h)], q = H (h/H) the query width, g = 3/2 with SwiGLU, Vp the vocabulary padded to a
+    multiple of 128; the attention scores counted over the causal half (s/2h). troupe's GptConfig::
+    flops_per_iteration is the same count written GEMM by GEMM; run_vs_pytorch.sh checks the two agree."""
+    groups = heads if groups is None else groups
+    ffn = 4 * h if ffn is None else ffn
+    q = heads * (h // heads)
+    Vp = -(-V // divisible_by) * divisible_by
+    gated = 1.5 if swiglu else 1.0
+    return 12.0 * B * s * l * h * h * ((1.0 + groups / heads + s / (2.0 * h)) * q / h + (ffn / h) * gated
+                                       + Vp / (2.0 * l * h))
 
 
 def cmd_train_bench(args):
     _set_thread_env(args.threads)
     GPT = build_model_classes()
+    if args.model != "llama" and (args.num_query_groups or args.ffn_hidden_size):
+        raise SystemExit("--num-query-groups and --ffn-hidden-size are LLaMA's -- add --model llama or drop them")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     B, S = args.micro_batch_size, args.seq_length
 
-    model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads, S, args.vocab_size)
+    llama = args.model == "llama"
+    n_groups = args.num_query_groups or args.num_attention_heads
+    ffn = args.ffn_hidden_size or 4 * args.hidden_size
+    if llama:
+        model = build_llama_class()(args.num_layers, args.hidden_size, args.num_attention_heads, n_groups, ffn, S,
+                                    args.vocab_size, eps=args.norm_epsilon, base=args.rotary_base)
+    else:
+        model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads, S, args.vocab_size)
     model.train()
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -629,7 +749,8 @@ def cmd_train_bench(args):
     iters = args.iters
     ms_per_iter = 1000.0 * elapsed / iters if iters > 0 else float("nan")
     tokens_per_sec = B * S * iters / elapsed if iters > 0 and elapsed > 0 else float("nan")
-    flops = model_flops_per_iter(B, S, args.num_layers, args.hidden_size, args.vocab_size)
+    flops = model_flops_per_iter(B, S, args.num_layers, args.hidden_size, args.vocab_size, args.num_attention_heads,
+                                 n_groups, ffn, swiglu=llama)
     out = {
         "impl": "pytorch",
         "torch_version": torch.__version__,
@@ -640,7 +761,9 @@ def cmd_train_bench(args):
         "final_loss": final_loss,
         "model_flops_per_iter": flops,
         "model_tflops": flops / (ms_per_iter / 1000.0) / 1e12 if iters > 0 else float("nan"),
+        "parameters": sum(p.numel() for p in model.parameters()),
         "config": {
+            "model": args.model, "num_query_groups": n_groups, "ffn_hidden_size": ffn,
             "num_layers": args.num_layers, "hidden_size": args.hidden_size,
             "num_attention_heads": args.num_attention_heads, "seq_length": S, "micro_batch_size": B,
             "vocab_size": args.vocab_size, "warmup_iters": args.warmup_iters,
@@ -704,12 +827,18 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
 
     tb = sub.add_parser("train-bench", help="time fp32 training iterations; print one JSON line")
+    tb.add_argument("--model", choices=("gpt2", "llama"), default="gpt2",
+                    help="gpt2: the GPT-2 above; llama: RMSNorm, rotary, GQA, SwiGLU, no biases, untied head")
     tb.add_argument("--num-layers", type=int, default=4)
     tb.add_argument("--hidden-size", type=int, default=384)
     tb.add_argument("--num-attention-heads", type=int, default=6)
     tb.add_argument("--seq-length", type=int, default=256)
     tb.add_argument("--micro-batch-size", type=int, default=8)
     tb.add_argument("--vocab-size", type=int, default=50304)
+    tb.add_argument("--num-query-groups", type=int, default=None, help="LLaMA: key/value heads (default: heads)")
+    tb.add_argument("--ffn-hidden-size", type=int, default=None, help="LLaMA: the SwiGLU width (default: 4 x hidden)")
+    tb.add_argument("--rotary-base", type=float, default=10000.0, help="LLaMA: rope_theta")
+    tb.add_argument("--norm-epsilon", type=float, default=1e-5, help="LLaMA: the RMSNorms' epsilon")
     tb.add_argument("--threads", type=int, default=2)
     tb.add_argument("--warmup-iters", type=int, default=2)
     tb.add_argument("--iters", type=int, default=10)

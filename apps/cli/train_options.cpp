@@ -115,36 +115,24 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
 
 }  // namespace
 
-void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
-  GptConfig& m = cfg->model;
-  // As with Megatron's argparse, a flag given twice takes its last value (scripts append
-  // overrides).
-  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  // Shows the bound value as the default; the two derived defaults say so in their help instead.
+void apply_model_family_flags(const CLI::App& cmd, GptConfig* m, std::vector<std::string>* problems,
+                              std::vector<std::string>* notes) {
+  // A command with fewer flags than `troupe train` (troupe bench gpt): a flag it lacks was not given.
+  const FlagGivenFn given = [&cmd](const char* flag) {
+    const CLI::Option* o = cmd.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
+  apply_family_flags(cmd, given, *m, *problems, notes);
+}
+
+void add_model_family_options(CLI::App* cmd, GptConfig* model) {
+  GptConfig& m = *model;
   auto opt = [cmd](const char* group, const char* name, auto& var, const char* help) {
     return cmd->add_option(name, var, help)->capture_default_str()->group(group);
   };
-  const char* model = "Model";
-  opt(model, "--num-layers", m.num_layers, "Transformer layers");
-  opt(model, "--hidden-size", m.hidden_size, "Hidden size (width of the residual stream)");
-  opt(model, "--num-attention-heads", m.num_attention_heads,
-      "Attention heads; must divide --hidden-size");
-  opt(model, "--seq-length", m.seq_length, "Tokens per training sequence");
-  cmd->add_option("--max-position-embeddings", m.max_position_embeddings,
-                  "Learned position embeddings (default: --seq-length)")
-      ->group(model);
-  opt(model, "--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
-      "Pad the vocabulary to a multiple of this");
-  opt(model, "--init-method-std", m.init_method_std,
-      "Standard deviation of the normal weight init");
-  opt(model, "--hidden-dropout", m.hidden_dropout,
-      "Dropout probability on the embeddings and on each residual branch, training only");
-  opt(model, "--attention-dropout", m.attention_dropout,
-      "Dropout probability on the attention probabilities, training only");
-
   // The architecture family (docs/MODELS.md): Megatron-LM's flags, and Megatron-DeepSpeed's
-  // spellings beside them. The enum-valued and the combining flags are read by
-  // finalize_train_config (apply_family_flags), so that a bad value is one problem among all.
+  // spellings beside them. The enum-valued and the combining flags are read after parsing
+  // (apply_model_family_flags), so that a bad value is one problem among all.
   const char* fam = "Model family";
   cmd->add_option("--model-preset")
       ->description("A published architecture: " + model_preset_names() +
@@ -203,6 +191,36 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   cmd->add_flag("--embed-layernorm", m.embed_layernorm, "A LayerNorm on the embedding output (BLOOM)")->group(fam);
   opt(fam, "--norm-epsilon,--layernorm-epsilon", m.layernorm_epsilon,
       "Epsilon of the LayerNorms / RMSNorms (Megatron-DeepSpeed: --layernorm-epsilon)");
+}
+
+void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
+  GptConfig& m = cfg->model;
+  // As with Megatron's argparse, a flag given twice takes its last value (scripts append
+  // overrides).
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  // Shows the bound value as the default; the two derived defaults say so in their help instead.
+  auto opt = [cmd](const char* group, const char* name, auto& var, const char* help) {
+    return cmd->add_option(name, var, help)->capture_default_str()->group(group);
+  };
+  const char* model = "Model";
+  opt(model, "--num-layers", m.num_layers, "Transformer layers");
+  opt(model, "--hidden-size", m.hidden_size, "Hidden size (width of the residual stream)");
+  opt(model, "--num-attention-heads", m.num_attention_heads,
+      "Attention heads; must divide --hidden-size");
+  opt(model, "--seq-length", m.seq_length, "Tokens per training sequence");
+  cmd->add_option("--max-position-embeddings", m.max_position_embeddings,
+                  "Learned position embeddings (default: --seq-length)")
+      ->group(model);
+  opt(model, "--make-vocab-size-divisible-by", m.make_vocab_size_divisible_by,
+      "Pad the vocabulary to a multiple of this");
+  opt(model, "--init-method-std", m.init_method_std,
+      "Standard deviation of the normal weight init");
+  opt(model, "--hidden-dropout", m.hidden_dropout,
+      "Dropout probability on the embeddings and on each residual branch, training only");
+  opt(model, "--attention-dropout", m.attention_dropout,
+      "Dropout probability on the attention probabilities, training only");
+
+  add_model_family_options(cmd, &m);
 
   const char* batch = "Batch";
   opt(batch, "--micro-batch-size", cfg->micro_batch_size, "Sequences per forward/backward pass");

@@ -51,6 +51,17 @@ namespace troupe {
 // the parse). Help texts show the current values of `*cfg` as defaults.
 void add_train_options(CLI::App* cmd, TrainConfig* cfg);
 
+// The model-family flags alone (--model-preset, --normalization, --swiglu, the rotary and
+// grouped-query flags, --ffn-hidden-size, the biases, the head tying, --norm-epsilon; docs/MODELS.md),
+// bound to `*m`: add_train_options registers them, and so does `troupe bench gpt` beside its own
+// sizes. After the parse, apply_model_family_flags reads the enum-valued and combining ones, then
+// fills the fields whose flags were not given from --model-preset (a flag `cmd` lacks counts as not
+// given). Each bad value or contradiction is appended to `*problems` ("FLAG what -- fix"), for the
+// caller to report with validation's; `*notes` (if given) gets the start-up notes.
+void add_model_family_options(CLI::App* cmd, GptConfig* m);
+void apply_model_family_flags(const CLI::App& cmd, GptConfig* m, std::vector<std::string>* problems,
+                              std::vector<std::string>* notes);
+
 // After `cmd` was parsed: merges the --deepspeed-config file (if given) for the settings whose
 // flags were not given, fills derived defaults, then validates with validate_train_config, and with
 // validate_world when world_size > 1. world_size: the ranks troupe launch started (1 in one
