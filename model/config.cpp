@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,15 +39,26 @@ bool parse(const std::string& text, MlpActivation& out) {
   return false;
 }
 
+namespace {
+// A derived size of an unvalidated config (the flag readers ask before validate() refuses it):
+// saturated into int, never an overflow (validate() bounds the real ones far below).
+int saturate(double v) {
+  if (!(v > std::numeric_limits<int>::min())) return std::numeric_limits<int>::min();
+  if (v >= std::numeric_limits<int>::max()) return std::numeric_limits<int>::max();
+  return static_cast<int>(v);
+}
+}  // namespace
+
 int GptConfig::ffn_hidden_size() const {
   if (ffn_hidden > 0) return ffn_hidden;
-  if (activation == MlpActivation::swiglu) return static_cast<int>((4.0 * hidden_size * 2 / 3) / 64) * 64;
-  return 4 * hidden_size;
+  if (activation == MlpActivation::swiglu)
+    return saturate(std::floor(4.0 * hidden_size * 2 / 3 / 64) * 64);  // int((4h * 2/3) / 64) * 64, h > 0
+  return saturate(4.0 * hidden_size);
 }
 
 int GptConfig::rotary_dim() const {
   if (position_embedding != PositionEmbedding::rope) return 0;
-  const int d = static_cast<int>(head_size() * rotary_percent);
+  const int d = saturate(std::trunc(head_size() * rotary_percent));
   return d - d % 2;
 }
 

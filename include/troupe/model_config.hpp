@@ -67,7 +67,9 @@ struct GptConfig {
   // ffn_hidden when set; else 4h for GELU, and for SwiGLU Megatron-LM's rule int((4h * 2/3) / 64) * 64
   // (two fc1 halves keep the parameter count near the 4h MLP's).
   int ffn_hidden_size() const;
-  int head_size() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int head_size() const {
+    return kv_channels > 0 ? kv_channels : num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+  }
   int query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   // Rows of the fused QKV projection: (heads + 2 groups) * head size; GPT-2: 3h.
   int64_t qkv_size() const {
