@@ -25,11 +25,7 @@ GptConfig llama(int layers, int hidden, int heads, int kv_heads, int ffn, int po
   m.ffn_hidden = ffn;
   m.seq_length = m.max_position_embeddings = positions;
   m.vocab_size = vocab;
-  m.normalization = Normalization::rmsnorm;
-  m.position_embedding = PositionEmbedding::rope;
-  m.activation = MlpActivation::swiglu;
-  m.add_bias_linear = false;
-  m.untie_embeddings_and_output_weights = true;
+  m.set_llama_family();
   m.layernorm_epsilon = 1e-5;  // rms_norm_eps
   m.rotary_base = theta;       // rope_theta
   m.hidden_dropout = m.attention_dropout = 0;
@@ -44,8 +40,7 @@ GptConfig bloom(int layers, int hidden, int heads) {
   m.num_attention_heads = heads;
   m.seq_length = m.max_position_embeddings = 2048;  // the training sequence (ALiBi has no table)
   m.vocab_size = 250880;
-  m.position_embedding = PositionEmbedding::alibi;
-  m.embed_layernorm = true;
+  m.set_bloom_family();
   m.layernorm_epsilon = 1e-5;
   m.hidden_dropout = m.attention_dropout = 0;
   return m;

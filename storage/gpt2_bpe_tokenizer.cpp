@@ -27,6 +27,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "storage/byte_level_bpe.hpp"
 #include "storage/json_input.hpp"
 #include "storage/tokenizer.hpp"
 
@@ -45,18 +46,6 @@ std::string shown(const std::string& s) {
   return json_excerpt(nlohmann::json(s), 40);
 }
 
-// ---- byte-level alphabet (OpenAI's bytes_to_unicode) ----
-
-// Printable Latin-1 bytes map to themselves; the other 68 map, in byte order, to 256, 257, ...
-std::array<int32_t, 256> bytes_to_unicode() {
-  std::array<int32_t, 256> map{};
-  int32_t n = 0;
-  for (int b = 0; b < 256; ++b) {
-    bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    map[b] = printable ? b : 256 + n++;
-  }
-  return map;
-}
 
 void append_utf8(int32_t cp, std::string* out) {
   utf8proc_uint8_t buf[4];
@@ -207,12 +196,6 @@ class PairRanks {
   size_t size_ = 0;
 };
 
-// Heterogeneous lookup: find a string_view without building a std::string.
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
 // Per-thread working memory of bpe(), reused across calls.
 struct BpeScratch {
   std::vector<int32_t> id, next, prev;
@@ -241,15 +224,7 @@ class Gpt2BpeTokenizer final : public Tokenizer {
   PairRanks rank_of_;                    // pair_key(left, right) -> rank
   int32_t eod_ = -1;
 
-  // Cache of piece -> ids, sharded so that worker threads rarely contend.
-  static constexpr size_t kShards = 64;
-  static constexpr size_t kMaxCachedPiece = 64;  // bytes; longer pieces are rare, not worth keeping
-  static constexpr size_t kMaxShardEntries = 1 << 14;
-  struct Shard {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
-  };
-  mutable std::array<Shard, kShards> cache_;
+  PieceCache cache_;
 };
 
 // GPT-2's encoder.json is 1 MB and vocab.bpe 0.5 MB; vocabularies of a few hundred thousand tokens
@@ -460,24 +435,7 @@ void Gpt2BpeTokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) co
 }
 
 void Gpt2BpeTokenizer::bpe_cached(std::string_view piece, std::vector<int32_t>* out) const {
-  if (piece.size() > kMaxCachedPiece) {
-    bpe(piece, out);
-    return;
-  }
-  Shard& shard = cache_[std::hash<std::string_view>{}(piece) % kShards];
-  {
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    auto it = shard.map.find(piece);
-    if (it != shard.map.end()) {
-      out->insert(out->end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  size_t first = out->size();
-  bpe(piece, out);
-  std::lock_guard<std::mutex> lock(shard.mutex);
-  if (shard.map.size() >= kMaxShardEntries) shard.map.clear();  // bounded memory; refills quickly
-  shard.map.emplace(std::string(piece), std::vector<int32_t>(out->begin() + first, out->end()));
+  cache_.encode(piece, out, [this](std::string_view p, std::vector<int32_t>* o) { bpe(p, o); });
 }
 
 std::vector<int32_t> Gpt2BpeTokenizer::encode(std::string_view text) const {

@@ -37,6 +37,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "storage/byte_level_bpe.hpp"
 #include "storage/durable.hpp"
 #include "storage/hf_regex.hpp"
 #include "storage/json_input.hpp"
@@ -70,18 +71,6 @@ std::string shown(const std::string& s) {
   return json_excerpt(json(s), 40);
 }
 
-// OpenAI's bytes_to_unicode: printable Latin-1 bytes spell themselves, the other 68 map, in byte
-// order, to U+0100, U+0101, ...
-std::array<int32_t, 256> bytes_to_unicode() {
-  std::array<int32_t, 256> map{};
-  int32_t n = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable =
-        (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    map[b] = printable ? b : 256 + n++;
-  }
-  return map;
-}
 
 // The bytes a byte-level spelling stands for, or nullopt when a character is outside the alphabet.
 std::optional<std::string> unspell(const std::string& token,
@@ -147,14 +136,7 @@ class HfTokenizer final : public Tokenizer {
   std::vector<int32_t> prefix_, suffix_;
   int32_t eod_ = -1;
 
-  static constexpr size_t kShards = 16;
-  static constexpr size_t kMaxCachedPiece = 64;
-  static constexpr size_t kMaxShardEntries = 1 << 14;
-  struct Shard {
-    std::mutex mutex;
-    std::unordered_map<std::string, std::vector<int32_t>> map;
-  };
-  mutable std::array<Shard, kShards> cache_;
+  PieceCache cache_;
 };
 
 // A string member, or "" when absent or null; a present non-string is reported.
@@ -621,25 +603,7 @@ void HfTokenizer::bpe(std::string_view piece, std::vector<int32_t>* out) const {
 }
 
 void HfTokenizer::bpe_cached(std::string_view piece, std::vector<int32_t>* out) const {
-  if (piece.size() > kMaxCachedPiece) {
-    bpe(piece, out);
-    return;
-  }
-  Shard& shard = cache_[std::hash<std::string_view>{}(piece) % kShards];
-  std::string key(piece);
-  {
-    std::lock_guard<std::mutex> lock(shard.mutex);
-    auto it = shard.map.find(key);
-    if (it != shard.map.end()) {
-      out->insert(out->end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  const size_t first = out->size();
-  bpe(piece, out);
-  std::lock_guard<std::mutex> lock(shard.mutex);
-  if (shard.map.size() >= kMaxShardEntries) shard.map.clear();  // bounded memory; refills quickly
-  shard.map.emplace(std::move(key), std::vector<int32_t>(out->begin() + first, out->end()));
+  cache_.encode(piece, out, [this](std::string_view p, std::vector<int32_t>* o) { bpe(p, o); });
 }
 
 // One stretch of text between added tokens: the pre-tokenizer's pieces, each through BPE.

@@ -64,6 +64,21 @@ struct GptConfig {
   bool rotary_interleaved = false;  // --rotary-interleaved: pairs (2i, 2i+1) (Meta's original);
                                     // false: rotate-half pairs (i, i + r/2) (HF, Megatron's default)
 
+  // The family switches alone, sizes untouched: LLaMA's RMSNorm, rotary (rotate-half), SwiGLU,
+  // bias-free linears and untied head; BLOOM's ALiBi and LayerNorm on the embeddings (its LayerNorm,
+  // GELU MLP, biases and tied head are GPT-2's). The presets (config/model_presets.hpp) start here.
+  void set_llama_family() {
+    normalization = Normalization::rmsnorm;
+    position_embedding = PositionEmbedding::rope;
+    activation = MlpActivation::swiglu;
+    add_bias_linear = false;
+    untie_embeddings_and_output_weights = true;
+  }
+  void set_bloom_family() {
+    position_embedding = PositionEmbedding::alibi;
+    embed_layernorm = true;
+  }
+
   // ffn_hidden when set; else 4h for GELU, and for SwiGLU Megatron-LM's rule int((4h * 2/3) / 64) * 64
   // (two fc1 halves keep the parameter count near the 4h MLP's).
   int ffn_hidden_size() const;

@@ -467,12 +467,8 @@ namespace {
 
 GptConfig llama_model() {
   GptConfig c = small_model();
-  c.normalization = Normalization::rmsnorm;
-  c.position_embedding = PositionEmbedding::rope;
+  c.set_llama_family();
   c.rotary_base = 100;  // the angles turn far within 7 positions
-  c.activation = MlpActivation::swiglu;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
   c.num_attention_heads = 8;
   c.num_query_groups = 4;
   c.kv_channels = 3;
@@ -482,8 +478,7 @@ GptConfig llama_model() {
 
 GptConfig bloom_model() {
   GptConfig c = small_model();
-  c.position_embedding = PositionEmbedding::alibi;
-  c.embed_layernorm = true;
+  c.set_bloom_family();
   return c;
 }
 

@@ -187,11 +187,7 @@ GptConfig family_config(const std::string& family) {
   c.hidden_size = 12;
   c.num_attention_heads = 4;
   if (family == "llama") {  // RMSNorm, rotate-half rope on 4 of 5 head dims, SwiGLU, GQA 4:2, no biases, untied
-    c.normalization = Normalization::rmsnorm;
-    c.position_embedding = PositionEmbedding::rope;
-    c.activation = MlpActivation::swiglu;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
+    c.set_llama_family();
     c.num_query_groups = 2;
     c.kv_channels = 5;
     c.ffn_hidden = 9;
@@ -207,8 +203,7 @@ GptConfig family_config(const std::string& family) {
     c.ffn_hidden = 7;
   } else if (family == "bloom") {  // ALiBi over 3 heads (not a power of 2), LayerNorm on the embeddings
     c.num_attention_heads = 3;
-    c.position_embedding = PositionEmbedding::alibi;
-    c.embed_layernorm = true;
+    c.set_bloom_family();
   } else if (family == "nopos") {  // no position information at all, untied head, GELU of ffn 13
     c.position_embedding = PositionEmbedding::none;
     c.untie_embeddings_and_output_weights = true;

@@ -28,11 +28,7 @@ namespace {
 // SwiGLU of 10, no biases, RMSNorm, untied lm_head.
 GptConfig llama(int layers = 2) {
   GptConfig c = tiny(layers, 4);
-  c.normalization = Normalization::rmsnorm;
-  c.position_embedding = PositionEmbedding::rope;
-  c.activation = MlpActivation::swiglu;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
+  c.set_llama_family();
   c.num_query_groups = 2;
   c.kv_channels = 5;
   c.ffn_hidden = 10;
@@ -67,8 +63,7 @@ GptConfig llama_wide(int layers = 2) {
 // embedding LayerNorm, GELU, biases, LayerNorm, tied.
 GptConfig bloom(int layers = 2, int heads = 4) {
   GptConfig c = tiny(layers, heads);
-  c.position_embedding = PositionEmbedding::alibi;
-  c.embed_layernorm = true;
+  c.set_bloom_family();
   return c;
 }
 

@@ -26,11 +26,7 @@ GptConfig slice_config() {
 // LLaMA-like: RMSNorm, rotary, SwiGLU, GQA (H = 8, G = 4), head size != C/H, no biases, untied head.
 GptConfig llama_config() {
   GptConfig c = slice_config();
-  c.normalization = Normalization::rmsnorm;
-  c.position_embedding = PositionEmbedding::rope;
-  c.activation = MlpActivation::swiglu;
-  c.add_bias_linear = false;
-  c.untie_embeddings_and_output_weights = true;
+  c.set_llama_family();
   c.num_attention_heads = 8;
   c.num_query_groups = 4;
   c.kv_channels = 5;
@@ -41,8 +37,7 @@ GptConfig llama_config() {
 // BLOOM-like: ALiBi (no wpe), LayerNorm on the embeddings, biases, tied.
 GptConfig bloom_config() {
   GptConfig c = slice_config();
-  c.position_embedding = PositionEmbedding::alibi;
-  c.embed_layernorm = true;
+  c.set_bloom_family();
   c.num_attention_heads = 4;
   return c;
 }

@@ -47,11 +47,7 @@ GptConfig tiny(const std::string& family) {
   c.vocab_size = 37;
   c.make_vocab_size_divisible_by = 8;
   if (family == "llama" || family == "llama-interleaved") {
-    c.normalization = Normalization::rmsnorm;
-    c.position_embedding = PositionEmbedding::rope;
-    c.activation = MlpActivation::swiglu;
-    c.add_bias_linear = false;
-    c.untie_embeddings_and_output_weights = true;
+    c.set_llama_family();
     c.num_query_groups = 2;
     c.kv_channels = 6;
     c.ffn_hidden = 11;
@@ -65,8 +61,7 @@ GptConfig tiny(const std::string& family) {
     }
   } else {
     c.num_attention_heads = 3;
-    c.position_embedding = PositionEmbedding::alibi;
-    c.embed_layernorm = true;
+    c.set_bloom_family();
   }
   return c;
 }
