@@ -415,8 +415,26 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
   spec.consumed_samples = meta.value().consumed_samples;
   // Saves record the Adam steps the moments hold (equal to the iteration unless a --no-load-optim
   // load restarted them).
+  // fp16's loss scaling (actors/trainer.cpp's loss_scaling_json): the steps overflows skipped are
+  // neither in the schedule nor in Adam's step count; the scaler goes on where it was.
+  const auto rng = nlohmann::json::parse(meta.value().rng_json, nullptr, false);
+  if (rng.is_object() && rng.contains("skipped_steps") && rng["skipped_steps"].is_number_integer() &&
+      rng.contains("skipped_samples") && rng["skipped_samples"].is_number_integer()) {
+    spec.skipped_steps = std::clamp<int64_t>(rng["skipped_steps"].get<int64_t>(), 0, spec.start_iteration);
+    spec.skipped_samples = std::clamp<int64_t>(rng["skipped_samples"].get<int64_t>(), 0, spec.consumed_samples);
+  }
+  if (rng.is_object() && rng.contains("loss_scaler") && rng["loss_scaler"].is_array() &&
+      config.precision.dtype == PrecisionDType::fp16) {
+    std::vector<double> v;
+    for (const auto& x : rng["loss_scaler"])
+      if (x.is_number()) v.push_back(x.get<double>());
+    auto state = LossScalerState::from_vector(v);
+    if (!state) return state.status().with_context("the loss scaler's state in " + iteration_dir(config.load, it.value()) + ": ").as_bad_input();
+    spec.loss_scaler_state = state.value();
+  }
   spec.optimizer_step_offset =
-      config.no_load_optim ? spec.start_iteration : std::max<int64_t>(0, spec.start_iteration - meta.value().optimizer_step);
+      config.no_load_optim ? spec.start_iteration - spec.skipped_steps
+                           : std::max<int64_t>(0, spec.start_iteration - spec.skipped_steps - meta.value().optimizer_step);
   note(from + ": iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
        " samples consumed" + (config.no_load_optim ? "; the Adam moments start afresh (--no-load-optim)" : ""));
   return Status::ok();
@@ -481,6 +499,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.par = par.value();
   rs.micro_batch_size = config.micro_batch_size;
   rs.micro_batches = config.grad_accumulation_steps(launched);
+  set_precision(rs, config.precision);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));

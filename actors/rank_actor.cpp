@@ -107,6 +107,12 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         hang_if_asked("rank", s.rank, req.step.step);
         auto out = s.engine->compute_gradients(req.tokens, req.grad_scale, req.step);
         if (!out) return rank_error(s.rank, out.status());
+        if (out.value().skipped) {  // the loss scaler's overflow: every rank skips the optimizer step
+          s.engine->skip_step();
+          StepOutcome skipped = out.value();
+          s.engine->fill_times(skipped);
+          return skipped;
+        }
         if (!std::isfinite(out.value().grad_norm))
           return make_actor_error(ActorErrc::diverged,
                                   "the gradient norm is not finite at optimizer step " + std::to_string(req.step.step) +
@@ -321,6 +327,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     GroupStepResult r;
                     r.loss_sum = acc->items[0].loss_sum;
                     r.grad_norm = acc->items[0].grad_norm;
+                    r.skipped = acc->items[0].skipped;
                     r.stop = acc->items[0].stop;
                     r.control = acc->items[0].control;
                     for (size_t k = 0; k < acc->items.size(); ++k)

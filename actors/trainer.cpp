@@ -2,10 +2,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
+#include "engine/loss_scaler.hpp"
 #include "engine/lr_schedule.hpp"
 #include "engine/step_timers.hpp"
 
@@ -46,12 +48,36 @@ struct TrainerState {
   std::string capture_name;
   bool capture_activation = false;  // capture_name is an op (StepRequest::capture_activation)
   int capture_rank = -1, capture_micro = 0;
+  // Mixed precision: the loss scaler (fp16's dynamic or static scale; bf16 and fp32: none), the scale
+  // of the step in flight, and the steps (and their samples) overflows skipped.
+  std::optional<LossScaler> scaler;
+  double step_loss_scale = 1;
+  int64_t skipped_steps = 0, skipped_samples = 0;
 };
 
 using Self = trainer_actor::stateful_pointer<TrainerState>;
 
 void start_iteration(Self self);
 void finish(Self self);
+
+// The loss scaler's part of a checkpoint's rng record (", ..." to append; empty without fp16):
+// its state (LossScalerState::to_vector) and the steps and samples overflows skipped.
+std::string loss_scaling_json(const TrainerState& st) {
+  if (!st.scaler && st.skipped_steps == 0) return "";
+  std::string out = ", \"skipped_steps\": " + std::to_string(st.skipped_steps) +
+                    ", \"skipped_samples\": " + std::to_string(st.skipped_samples);
+  if (st.scaler) {
+    out += ", \"loss_scaler\": [";
+    const std::vector<double> v = st.scaler->state().to_vector();
+    for (size_t i = 0; i < v.size(); ++i) {
+      char num[32];
+      std::snprintf(num, sizeof num, "%.17g", v[i]);  // exact: the state round-trips
+      out += (i ? ", " : "") + std::string(num);
+    }
+    out += "]";
+  }
+  return out;
+}
 void between_iterations(Self self);
 
 void fail(Self self, const std::string& message) {
@@ -115,10 +141,10 @@ void save_then(Self self, std::function<void()> next) {
   req.dir = cfg.save;
   req.iteration = st.iteration;
   req.consumed_samples = st.consumed;
-  req.optimizer_step = st.iteration - st.spec.optimizer_step_offset;
+  req.optimizer_step = st.iteration - st.spec.optimizer_step_offset - st.skipped_steps;
   req.config_json = cfg.to_json();
   req.rng_json = "{\"seed\": " + std::to_string(cfg.seed) + ", \"consumed_samples\": " + std::to_string(st.consumed) +
-                 ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"}";
+                 ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"" + loss_scaling_json(st) + "}";
   const auto t0 = Clock::now();
   auto saved_then = [self, next, t0](const SaveRequest& done) {
     auto& s = self->state;
@@ -201,9 +227,18 @@ void evaluate_then(Self self, std::function<void()> next) {
   evaluate_batch(self, ev);
 }
 
-void on_step(Self self, double grad_norm, double loss_sum, double busy_min, double busy_max,
+void on_step(Self self, double grad_norm, double loss_sum, bool skipped, double busy_min, double busy_max,
              const std::vector<std::vector<TimerReading>>& rank_timers) {
   auto& st = self->state;
+  const double used_scale = st.step_loss_scale;
+  if (st.scaler) {
+    (void)st.scaler->update(skipped);
+    if (st.scaler->exhausted()) {
+      fail(self, "the loss scale reached --min-loss-scale (" + st.scaler->describe() +
+                     ") and the gradients still overflow float16 -- the run diverged: lower --lr, or train with --bf16");
+      return;
+    }
+  }
   const TrainConfig& cfg = st.spec.config;
   const double seconds = std::chrono::duration<double>(Clock::now() - st.started).count();
   const double lr = st.step_lr;
@@ -215,6 +250,12 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min, doub
                                      st.spec.loss_terms_per_sample, st.spec.gpt_flops, batch);
   s.busy_fraction_min = busy_min;
   s.busy_fraction_max = busy_max;
+  s.loss_scale = used_scale;
+  s.skipped = skipped;
+  if (skipped) {
+    st.skipped_steps += 1;
+    st.skipped_samples += batch;
+  }
   s.timers = combine_rank_timers(rank_timers, cfg.timing_log_level);
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
   st.last_loss = s.lm_loss;
@@ -241,8 +282,15 @@ void on_step(Self self, double grad_norm, double loss_sum, double busy_min, doub
 StepRequest step_request(Self self) {
   const auto& s = self->state;
   const TrainConfig& c = s.spec.config;
-  StepRequest req = optimizer_step(c, s.iteration, s.consumed);
-  req.adam_step_offset = s.spec.optimizer_step_offset;
+  // Steps an overflow skipped advance neither the schedule nor Adam's bias correction (Megatron
+  // steps its scheduler only after a successful update; DeepSpeed likewise).
+  StepRequest req = optimizer_step(c, s.iteration - s.skipped_steps, s.consumed - s.skipped_samples);
+  req.step = s.iteration + 1;  // the dropout masks' key stays the iteration
+  req.adam_step_offset = s.spec.optimizer_step_offset + s.skipped_steps;
+  if (s.scaler) {
+    req.loss_scale = s.scaler->scale();
+    req.skip_on_overflow = true;
+  }
   req.stop = s.stop_wanted;
   if (s.spec.control) {
     req.control = s.spec.control->vote();
@@ -359,7 +407,8 @@ void run_micro_batches(Self self, const Tensor& batch) {
   const double scale = 1.0 / (static_cast<double>(batch.dim(0)) * static_cast<double>(per_sample));
   const StepRequest req = step_request(self);
   st.step_lr = req.lr;
-  self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale, req)
+  st.step_loss_scale = req.loss_scale;
+  self->request(st.spec.group, caf::infinite, train_step_atom::value, batch, scale * req.loss_scale, req)
       .then(
           [self](const GroupStepResult& r) {
             if (r.stop) self->state.stop_requested = true;  // every process stops after this step
@@ -369,8 +418,8 @@ void run_micro_batches(Self self, const Tensor& batch) {
               s.capture_seq = 0;
             }
             const bool busy = self->state.spec.report_busy;
-            on_step(self, r.grad_norm, r.loss_sum, busy ? r.busy_fraction_min : -1, busy ? r.busy_fraction_max : -1,
-                    r.rank_timers);
+            on_step(self, r.grad_norm, r.loss_sum, r.skipped, busy ? r.busy_fraction_min : -1,
+                    busy ? r.busy_fraction_max : -1, r.rank_timers);
           },
           on_error(self));
   read_ahead(self);  // overlaps the next batch's reading with this iteration's compute
@@ -442,6 +491,12 @@ trainer_actor::behavior_type trainer_behavior(Self self, TrainerSpec spec) {
   self->state.spec = std::move(spec);
   self->state.iteration = self->state.spec.start_iteration;
   self->state.consumed = self->state.spec.consumed_samples;
+  self->state.skipped_steps = self->state.spec.skipped_steps;
+  self->state.skipped_samples = self->state.spec.skipped_samples;
+  if (const PrecisionConfig& p = self->state.spec.config.precision; p.dtype == PrecisionDType::fp16) {
+    self->state.scaler.emplace(p);
+    if (self->state.spec.loss_scaler_state) self->state.scaler->restore(*self->state.spec.loss_scaler_state);
+  }
   self->monitor(self->state.spec.group);
   self->monitor(self->state.spec.loader);
   self->set_down_handler([self](caf::down_msg& msg) {

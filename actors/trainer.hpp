@@ -18,6 +18,7 @@
 #include "actors/messages.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
+#include "engine/loss_scaler.hpp"
 #include "troupe/train_config.hpp"
 
 namespace troupe {
@@ -45,6 +46,12 @@ struct TrainerSpec {
   // Iterations whose Adam steps the moments do not hold (a --no-load-optim load: its moments start
   // afresh, so AdamW's bias correction counts from there, as a fresh torch optimizer's does).
   int64_t optimizer_step_offset = 0;
+  // Mixed precision's loss scaling (engine/loss_scaler.hpp), from a checkpoint: the scaler's state
+  // (none: a fresh scaler from config.precision) and the steps and samples its overflows skipped
+  // before (they advance neither the learning-rate schedule nor Adam's step count, as in Megatron
+  // and DeepSpeed).
+  std::optional<LossScalerState> loss_scaler_state;
+  int64_t skipped_steps = 0, skipped_samples = 0;
   int64_t validation_windows = 0;
   double sgemm_peak_gflops = 0;  // for % of peak; 0 when not measured
   // A model given in code (include/troupe/stage.hpp): its loss terms per sample (0: seq_length, a

@@ -16,6 +16,7 @@
 #include "actors/rank_actor.hpp"
 #include "api/setup.hpp"
 #include "config/run_identity.hpp"
+#include "engine/loss_scaler.hpp"
 #include "engine/lr_schedule.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/host_pool.hpp"
@@ -30,6 +31,10 @@ struct TrainingActorState {
   RankSet local;
   ParallelConfig par;
   int64_t iteration = 0, consumed = 0;
+  // fp16's loss scaling (as the trainer's, actors/trainer.cpp): skipped steps advance neither the
+  // schedule nor Adam's step count.
+  std::optional<LossScaler> scaler;
+  int64_t skipped_steps = 0, skipped_samples = 0;
 };
 
 using Self = training_actor::stateful_pointer<TrainingActorState>;
@@ -63,6 +68,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
   st.par = std::move(par);
   st.iteration = iteration;
   st.consumed = consumed;
+  if (st.cfg.precision.dtype == PrecisionDType::fp16) st.scaler.emplace(st.cfg.precision);
   // The ranks go with this actor; a rank that dies (the group quits) takes this actor with it.
   self->link_to(st.local.group);
   self->attach_functor([group = st.local.group, ranks = st.local.ranks](const caf::error&) {
@@ -79,13 +85,24 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
         auto windows = windows_of(batch, c);
         if (!windows) return bad_batch(windows.status().message());
         const double scale = 1.0 / (static_cast<double>(c.global_batch_size) * c.model.seq_length);
-        const StepRequest req = optimizer_step(c, s.iteration);
+        StepRequest req = optimizer_step(c, s.iteration - s.skipped_steps, s.consumed - s.skipped_samples);
+        req.step = s.iteration + 1;
+        req.adam_step_offset = s.skipped_steps;
+        if (s.scaler) {
+          req.loss_scale = s.scaler->scale();
+          req.skip_on_overflow = true;
+        }
         auto rp = self->make_response_promise<IterationStats>();
         const auto t0 = std::chrono::steady_clock::now();
-        self->request(s.local.group, caf::infinite, train_step_atom::value, windows.value(), scale, req)
+        self->request(s.local.group, caf::infinite, train_step_atom::value, windows.value(), scale * req.loss_scale, req)
             .then(
                 [self, rp, req, t0](const GroupStepResult& r) mutable {
                   auto& s = self->state;
+                  if (s.scaler) (void)s.scaler->update(r.skipped);
+                  if (r.skipped) {
+                    s.skipped_steps += 1;
+                    s.skipped_samples += s.cfg.global_batch_size;
+                  }
                   s.iteration += 1;
                   s.consumed += s.cfg.global_batch_size;
                   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -100,6 +117,8 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
                                                     " -- the run diverged: lower the learning rate or warm up longer"));
                     return;
                   }
+                  out.loss_scale = req.loss_scale;
+                  out.skipped = r.skipped;
                   out.busy_fraction_min = r.busy_fraction_min;
                   out.busy_fraction_max = r.busy_fraction_max;
                   rp.deliver(out);
@@ -132,7 +151,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
         req.dir = dir;
         req.iteration = s.iteration;
         req.consumed_samples = s.consumed;
-        req.optimizer_step = s.iteration;
+        req.optimizer_step = s.iteration - s.skipped_steps;
         TrainConfig saved = s.cfg;
         saved.save = dir;
         req.config_json = saved.to_json();
@@ -188,6 +207,7 @@ Result<training_actor> spawn_training(caf::actor_system& system, const TrainConf
   spec.par = par.value();
   spec.micro_batch_size = cfg.micro_batch_size;
   spec.micro_batches = cfg.grad_accumulation_steps(1);
+  set_precision(spec, cfg.precision);
   const int threads = cfg.num_threads > 0 ? cfg.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   spec.num_threads = std::max(1, threads / spec.par.world_size());
   OptimizerOffload offload;

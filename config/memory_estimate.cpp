@@ -71,13 +71,21 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size) {
   // The head: ln_f, and lm_head (untied) or the tied copy of wte the last stage keeps when p > 1.
   const double head = norm + (m.untie_embeddings_and_output_weights || p > 1 ? Vp / t * C : 0);
 
+  // Bytes per parameter: the working weights a, their gradients g and the optimizer's o (Adam's two
+  // fp32 moments; under mixed precision also the fp32 master weights, and the fp32 main gradients of
+  // the owned range when the gradients are 16-bit).
+  const bool mixed = c.precision.sixteen_bit();
+  const double a = mixed ? 2 : 4;
+  const double g = mixed && c.precision.grad_dtype(c.zero_stage) != PrecisionDType::fp32 ? 2 : 4;
+  const double o = mixed ? 12 + (g == 2 ? 4 : 0) : 8;
+  const double act = mixed ? 2 : 4;  // bytes of one activation element
   auto states_of = [&](double psi) {
     double states = 0;
     switch (c.zero_stage) {
-      case 0: states = 16 * psi; break;
-      case 1: states = 8 * psi + 8 * psi / d; break;
-      case 2: states = 4 * psi + 12 * psi / d; break;
-      default: states = 16 * psi / d; break;
+      case 0: states = (a + g + o) * psi; break;
+      case 1: states = (a + g) * psi + o * psi / d; break;
+      case 2: states = a * psi + (g + o) * psi / d; break;
+      default: states = (a + g + o) * psi / d; break;
     }
     if (c.offload_optimizer == "nvme") states -= 8 * psi / d;  // the moments live in swap files
     return states;
@@ -94,12 +102,12 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size) {
     if (recompute == "full") floats = layers * C + whole + split + probs;
     else if (recompute == "selective") floats = layers * (whole + split) + probs;
     else floats = layers * (whole + split + probs);
-    return 4 * tokens * floats;
+    return act * tokens * floats;
   };
   const double micro_batches = std::max(1.0, static_cast<double>(c.global_batch_size) / (micro * d));
 
   MemoryEstimate e;
-  e.logits_bytes = 4 * tokens * Vp / t;
+  e.logits_bytes = act * tokens * Vp / t;
   const double first_layers = std::ceil(L / p);
   e.micro_batch_activation_none = micro_batch_bytes(first_layers, "none");
   e.micro_batch_activation_selective = micro_batch_bytes(first_layers, "selective");

@@ -12,7 +12,11 @@
 //   model states            ZeRO's formula over those Psi parameters (fp32 weights 4 Psi, gradients
 //                           4 Psi, Adam moments 8 Psi): stage 0 16 Psi, 1 8 Psi + 8 Psi/d, 2 4 Psi +
 //                           12 Psi/d, 3 16 Psi/d bytes (the moments, 8 Psi/d, are on disk with
-//                           --offload-optimizer nvme)
+//                           --offload-optimizer nvme). Mixed precision (--bf16, --fp16): 16-bit
+//                           weights 2 Psi, gradients 4 Psi (fp32) or 2 Psi, optimizer states 12 Psi
+//                           (fp32 master weights and moments; + 4 Psi of fp32 main gradients with
+//                           16-bit ones), partitioned as above: stage 0 (2+4+12) Psi, ..., and the
+//                           activations and logits in 2-byte elements
 //   activations             Korthikanti et al.'s per-layer count (Reducing Activation Recomputation
 //                           in Large Transformer Models, 2022, sec. 4) in fp32 and adapted to the
 //                           family: per token and layer 4C floats whole (the two norms' inputs and

@@ -208,6 +208,7 @@ void poison(const Tensor& t) {
   if (!t.defined() || t.numel() == 0) return;
   if (t.dtype() == DType::f32) t.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
   if (t.dtype() == DType::f64) t.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+  if (is_16bit(t.dtype())) t.data<uint16_t>()[0] = t.dtype() == DType::bf16 ? 0x7fc0 : 0x7e00;  // a quiet NaN
 }
 
 void WatchProbe::at(int micro_batch, int chunk, int virtual_stage, int pass, int position) {
@@ -242,7 +243,9 @@ void WatchProbe::note(const Tensor& t, int64_t bad, const std::string& what, con
   finding_.non_finite = count_non_finite(t);
   finding_.elements = t.numel();
   finding_.first_index = bad;
-  finding_.first_value = t.dtype() == DType::f32 ? static_cast<double>(t.data<float>()[bad]) : t.data<double>()[bad];
+  finding_.first_value = t.dtype() == DType::f32   ? static_cast<double>(t.data<float>()[bad])
+                         : t.dtype() == DType::f64 ? t.data<double>()[bad]
+                                                   : static_cast<double>(t.view({t.numel()}).rows(bad, bad + 1).to(DType::f32).data<float>()[0]);
   if (at != nullptr) {
     finding_.layer = at->layer;
     finding_.dir = at->dir;

@@ -24,11 +24,13 @@ class CaptureProbe final : public OpProbe {
   void after(const ProbePoint& at, const Tensor& result) override {
     if (inner_ != nullptr) inner_->after(at, result);
     if (got_ || micro_ != want_.micro_batch || !want_.matches(at)) return;
-    if (result.dtype() != DType::f32 && result.dtype() != DType::f64) return;
+    if (result.dtype() != DType::f32 && result.dtype() != DType::f64 && !is_16bit(result.dtype())) return;
     shape_ = result.shape();
     values_ = Tensor::empty({result.numel()});
     float* dst = values_.data<float>();
-    if (result.dtype() == DType::f32) {
+    if (is_16bit(result.dtype())) {  // mixed precision: widened exactly
+      values_.copy_from(result.view({result.numel()}).to(DType::f32));
+    } else if (result.dtype() == DType::f32) {
       std::memcpy(dst, result.data<float>(), static_cast<size_t>(result.numel()) * sizeof(float));
     } else {
       const double* src = result.data<double>();
@@ -226,8 +228,9 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.micro_batch = spec_.micro_batch_size;
     at.slots = slots;
     at.dtype = spec_.dtype;
+    at.grad_dtype = is_16bit(spec_.dtype) ? spec_.grad_dtype : spec_.dtype;
     at.tp = comms_.tp;
-    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, spec_.dtype);
+    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype);
     std::unique_ptr<PipelineStage> chunk = build_stage(model, at, store->hooks());
     store->attach(chunk.get(), &ctx_);
     TROUPE_CHECK(chunk->inputs().size() <= kMaxBoundaryTensors && chunk->outputs().size() <= kMaxBoundaryTensors,
@@ -491,7 +494,7 @@ Status RankEngine::sync_tied_embedding() {
   for (size_t i = 1; i < copies.size(); ++i) ops::add_inplace(ctx_, sum, copies[i]);
   if (comms_.embedding != nullptr && comms_.embedding->size() >= 2)
     TROUPE_RETURN_IF_ERROR(
-        comms_.embedding->all_reduce(sum.raw(), static_cast<size_t>(sum.numel()), spec_.dtype, comm::ReduceOp::sum)->wait());
+        comms_.embedding->all_reduce(sum.raw(), static_cast<size_t>(sum.numel()), sum.dtype(), comm::ReduceOp::sum)->wait());
   for (size_t i = 1; i < copies.size(); ++i) copies[i].copy_from(sum);
   return Status::ok();
 }
@@ -511,6 +514,14 @@ auto returning_collective_failures(F&& body) -> decltype(body()) {
   }
 }
 }  // namespace
+
+void set_precision(RankSpec& spec, const PrecisionConfig& precision) {
+  auto type = [](PrecisionDType d) {
+    return d == PrecisionDType::bf16 ? DType::bf16 : d == PrecisionDType::fp16 ? DType::f16 : DType::f32;
+  };
+  spec.dtype = type(precision.dtype);
+  spec.grad_dtype = type(precision.grad_dtype(spec.par.zero_stage));
+}
 
 Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
   return returning_collective_failures([&]() -> Result<StepOutcome> {
@@ -574,19 +585,29 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     if (comms_.world != nullptr && comms_.world->size() > 1)
       TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 5, DType::f64, comm::ReduceOp::sum)->wait());
     board_->done_waiting();
-    out.grad_norm = std::sqrt(sums[0]);
+    // The gradients are loss_scale times the loss's (mixed precision); the norm is the loss's.
+    out.grad_norm = std::sqrt(sums[0]) / req.loss_scale;
     out.loss_sum = sums[1];
     out.stop = sums[2] > 0;
     out.control = static_cast<int64_t>(sums[4]);
     const int ranks = comms_.world != nullptr ? comms_.world->size() : 1;
     watching_ = sums[3] > ranks - 0.5;
     if (spec_.nan) spec_.nan->set_watching(watching_);
-    if (watching_ && !(std::isfinite(out.grad_norm) && std::isfinite(out.loss_sum)))
+    // An overflow of the scaled gradients is the loss scaler's to handle (fp16), not a NaN to hunt.
+    const bool overflow = !std::isfinite(out.grad_norm) && std::isfinite(out.loss_sum) && req.skip_on_overflow;
+    if (watching_ && !overflow && !(std::isfinite(out.grad_norm) && std::isfinite(out.loss_sum)))
       return locate_nan(std::isfinite(out.loss_sum) ? "the gradient norm" : "the loss", "");
-    if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad) {
-      const double factor = req.clip_grad / (out.grad_norm + 1e-6);
-      for (auto& store : stores_) store->scale_gradients(factor);
+    if (overflow) {
+      out.skipped = true;
+      record("grad reduce", "reduce", t0);
+      return out;
     }
+    // Unscaling and clipping in one pass over the gradients (Megatron unscales, then clips).
+    double factor = 1.0 / req.loss_scale;
+    if (std::isfinite(out.grad_norm) && req.clip_grad > 0 && out.grad_norm > req.clip_grad)
+      factor *= req.clip_grad / (out.grad_norm + 1e-6);
+    if (factor != 1.0)
+      for (auto& store : stores_) store->scale_gradients(factor);
     if (!req.capture_grad.empty()) out.captured = tensor_pieces(req.capture_grad, TensorKind::grad, {}, {});
     record("grad reduce", "reduce", t0);
     board_->set(Doing::optimizer);
@@ -616,8 +637,20 @@ std::vector<AdamSegment> RankEngine::adam_segments() const {
   return out;
 }
 
+void RankEngine::skip_step() {
+  for (auto& store : stores_) store->skip_step();
+  board_->set(Doing::idle);
+  board_->recent().end_step(std::chrono::duration<double, std::micro>(Clock::now() - span_epoch()).count());
+}
+
 Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
   auto out = compute_gradients(tokens, grad_scale, req);
+  if (out && out.value().skipped) {
+    skip_step();
+    StepOutcome done = out.value();
+    fill_times(done);
+    return done;
+  }
   if (!out || !std::isfinite(out.value().grad_norm)) return out;
   const auto t0 = Clock::now();
   const std::vector<AdamSegment> segments = adam_segments();
@@ -761,6 +794,7 @@ Status RankEngine::check_parameters() {
   size_t i = 0;
   for (const auto& store : stores_)
     for (const auto& r : store->param_ranges()) r.values.copy_from(kept_->params[i++]);
+  for (const auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->publish_params());
   return locate_nan("a parameter after the optimizer step", bad);
 }
 
@@ -852,11 +886,12 @@ Result<std::vector<Tensor>> RankEngine::param_values(int c) {
 
 double MemoryReport::formula_bytes() const {
   const double psi = static_cast<double>(shard_params), d = dp;
+  const double a = weight_bytes, g = gradient_bytes, o = optimizer_state_bytes;
   switch (zero_stage) {
-    case 0: return 16 * psi;
-    case 1: return 8 * psi + 8 * psi / d;
-    case 2: return 4 * psi + 12 * psi / d;
-    default: return 16 * psi / d;
+    case 0: return (a + g + o) * psi;
+    case 1: return (a + g) * psi + o * psi / d;
+    case 2: return a * psi + (g + o) * psi / d;
+    default: return (a + g + o) * psi / d;
   }
 }
 
@@ -943,14 +978,16 @@ Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec&
 
 ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                          bool moments_are_copies) const {
-  TROUPE_CHECK(spec_.dtype == DType::f32, "checkpoints hold f32 tensors");
+  TROUPE_CHECK(spec_.dtype == DType::f32 || is_16bit(spec_.dtype),
+               "checkpoints hold f32 tensors (under mixed precision: the f32 master weights)");
   ShardContents out;
   size_t seg = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const PipelineStage& chunk = *chunks_[c];
     const int zero = spec_.par.zero_stage;
+    const bool partitioned = stores_[c]->partitioned_params();
     for (const auto& r : stores_[c]->param_ranges())
-      if (chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
+      if (chunk.counts_in_norm(r.spec) && (partitioned || dp_rank_ == 0))
         out.sections[ShardSection::model].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
@@ -976,7 +1013,8 @@ std::vector<TensorPiece> RankEngine::tensor_pieces(const std::string& name, Tens
     const PipelineStage& chunk = *chunks_[c];
     if (kind == TensorKind::value) {
       for (const auto& r : stores_[c]->param_ranges())
-        if (chunk.specs()[r.spec].name == name && chunk.counts_in_norm(r.spec) && (zero == 3 || dp_rank_ == 0))
+        if (chunk.specs()[r.spec].name == name && chunk.counts_in_norm(r.spec) &&
+            (stores_[c]->partitioned_params() || dp_rank_ == 0))
           out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
       continue;
     }
@@ -1014,6 +1052,8 @@ Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>
           read_range(reader, ShardSection::exp_avg_sq, chunk.specs()[r.spec], r.begin, r.end, exp_avg_sq[i]));
     }
   }
+  // Mixed precision: the master weights just read, rounded into the 16-bit copy (and gathered).
+  for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->publish_params());
   for (auto& store : stores_) store->zero_gradients();
   return Status::ok();
 }
@@ -1032,6 +1072,11 @@ MemoryReport RankEngine::memory() const {
   MemoryReport m;
   m.zero_stage = spec_.par.zero_stage;
   m.dp = spec_.par.dp;
+  if (is_16bit(spec_.dtype)) {
+    m.weight_bytes = 2;
+    m.gradient_bytes = static_cast<double>(dtype_size(spec_.grad_dtype));
+    m.optimizer_state_bytes = 12 + (m.gradient_bytes == 2 ? 4 : 0);
+  }
   for (const auto& chunk : chunks_)
     for (const UnitInfo& u : chunk->units()) m.shard_params += u.numel;
   for (size_t c = 0; c < chunks_.size(); ++c) {

@@ -68,7 +68,8 @@ struct RankSpec {
   int micro_batch_size = 1;
   int micro_batches = 1;  // per dp rank and iteration: global batch / (micro batch * dp)
   int num_threads = 1;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;       // parameters and activations (bf16/f16: mixed precision)
+  DType grad_dtype = DType::f32;  // with a 16-bit dtype: the gradients' (f32 or dtype)
   // Spans of the first this-many steps are kept for the timeline (take_spans); later steps' spans
   // are dropped at the start of the next step (a long run's trace would not fit in memory).
   int keep_span_steps = 0;
@@ -85,6 +86,11 @@ struct RankSpec {
   std::shared_ptr<NanControl> nan;
   std::optional<NanFault> nan_fault;
 };
+
+// The parameter/activation and gradient types of a run's precision (include/troupe/precision.hpp):
+// fp32: f32, f32; bf16: bf16 with its recipe's gradient type (Megatron: f32); fp16: f16, f16 unless
+// gradients accumulate in fp32.
+void set_precision(RankSpec& spec, const PrecisionConfig& precision);
 
 struct RankComms {
   comm::Communicator* tp = nullptr;
@@ -111,14 +117,21 @@ struct StepOutcome {
   bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
   int64_t control = 0;   // rank 0's StepRequest::control: the inspector commands to apply after this step
   std::vector<TensorPiece> captured;  // StepRequest::capture_grad's pieces on this rank
+  // The gradient overflowed under loss scaling (StepRequest::skip_on_overflow): no optimizer step;
+  // the caller calls skip_step() instead (every rank agrees: the norm is all-reduced).
+  bool skipped = false;
 };
 
 struct MemoryReport {
   int64_t shard_params = 0;  // Psi: parameter elements of this rank's (pp, tp) shard, all chunks
   int zero_stage = 0, dp = 1;
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;  // model states, resident
-  // ZeRO's model-state bytes for fp32 training (parameters are the master weights; Adam keeps two
-  // moments): stage 0: 16 Psi; 1: 8 Psi + 8 Psi/dp; 2: 4 Psi + 12 Psi/dp; 3: 16 Psi/dp (4-byte elements).
+  // ZeRO's model-state bytes with a bytes of weights, g of gradients and o of optimizer states per
+  // parameter: stage 0: (a+g+o) Psi; 1: (a+g) Psi + o Psi/dp; 2: a Psi + (g+o) Psi/dp; 3: (a+g+o) Psi/dp.
+  // fp32 training: a = g = 4, o = 8 (the weights are the master weights; Adam's two moments): 16 Psi,
+  // ... Mixed precision: a = 2, g = 4 or 2, o = 12 (master weights and moments; + 4 of fp32 main
+  // gradients when g = 2), ZeRO's paper's K = 12.
+  double weight_bytes = 4, gradient_bytes = 4, optimizer_state_bytes = 8;
   double formula_bytes() const;
   int64_t transient_peak_bytes = 0;  // ZeRO buffers (gathered parameters, gradient buckets)
   int64_t activation_bytes = 0;
@@ -166,6 +179,9 @@ class RankEngine {
   // where the NaN came from and fails with the report (also in RankSpec::nan).
   Result<StepOutcome> compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req);
   Status finish_step();
+  // Instead of AdamW and finish_step when compute_gradients reported skipped (a loss-scaling
+  // overflow): the parameters stay, the gradients are zeroed.
+  void skip_step();
   // What the optimizer partition updates, over every chunk (views into this engine's buffers).
   std::vector<AdamSegment> adam_segments() const;
   // A span from t0 to now: kept for the timeline (take_spans) and in the board's ring of recent

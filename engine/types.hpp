@@ -24,6 +24,12 @@ struct StepRequest {
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_grad = 0;
+  // Mixed precision's loss scale: the step's grad_scale carries it (the gradients are this many times
+  // the loss's), the engine divides it out of the gradient norm and the gradients before clipping.
+  // skip_on_overflow (fp16's dynamic or static loss scaling): a non-finite gradient norm skips the
+  // step (StepOutcome::skipped) instead of failing it as a diverged run.
+  double loss_scale = 1;
+  bool skip_on_overflow = false;
   // This process wants the job to stop after this step (a signal, --exit-duration-in-mins). The
   // processes of a job agree on it inside the step (StepOutcome::stop), so all stop after the same
   // iteration.

@@ -26,6 +26,9 @@ struct ZeroStore::Unit {
   int users = 0;
   // Stages 2, 3: the buffer the current micro-batch's gradients accumulate into.
   Tensor grad_buffer;
+  // Mixed precision: the fp32 master weights of the owned range, and (16-bit gradients) the fp32
+  // main gradients of the same range, widened from the reduced gradients by finish_gradients.
+  Tensor master, main_grads;
 };
 
 namespace {
@@ -36,8 +39,11 @@ Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
 
 }  // namespace
 
-ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType dtype) : stage_(stage), dp_(dp), dtype_(dtype) {
+ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype)
+    : stage_(stage), dp_(dp), dtype_(param_dtype), grad_dtype_(grad_dtype), mixed_(is_16bit(param_dtype)) {
   TROUPE_CHECK(stage >= 0 && stage <= 3, "ZeroStore: stage must be 0..3");
+  TROUPE_CHECK(mixed_ ? (grad_dtype == DType::f32 || grad_dtype == param_dtype) : grad_dtype == param_dtype,
+               "ZeroStore: gradients are the parameters' dtype, or f32 under mixed precision");
   if (dp_ != nullptr) {
     dp_rank_ = dp_->rank();
     dp_size_ = dp_->size();
@@ -91,41 +97,59 @@ void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
       at += n;
     }
     TROUPE_CHECK(at == unit.numel, "ZeroStore: a unit's specs must cover it exactly");
-    if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
+    if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_);
     // PipelineStage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
     // with dp == 1 the partition is the whole unit's gradient.
     if (stage_ == 1) {
       if (dp_size_ > 1) {
-        unit.part_grads = Tensor::zeros({unit.own_count}, dtype_);
+        unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_);
         track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
       } else {
         unit.part_grads = flat(chunk->unit_grads(static_cast<int>(u)));
       }
     }
     if (stage_ == 3) unit.part_params = Tensor::zeros({unit.own_count}, dtype_);
+    if (mixed_) {
+      const int64_t owned = owned_last(unit) - owned_first(unit);
+      unit.master = Tensor::zeros({owned}, DType::f32);
+      if (grad_dtype_ != DType::f32) unit.main_grads = Tensor::zeros({owned}, DType::f32);
+    }
   }
+}
+
+int64_t ZeroStore::owned_first(const Unit& unit) const { return stage_ == 0 ? 0 : unit.own_start; }
+int64_t ZeroStore::owned_last(const Unit& unit) const {
+  return stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
 }
 
 void ZeroStore::init(uint64_t seed) {
   TROUPE_CHECK(chunk_ != nullptr, "ZeroStore: attach() first");
-  if (stage_ < 3) {
+  if (stage_ < 3 && !mixed_) {
     chunk_->init(seed);
     chunk_->zero_grad();
     return;
   }
-  // PipelineStage 3 keeps no full parameters: build one unit at a time and keep the own range.
+  // PipelineStage 3 keeps no full parameters, and mixed precision initialises the fp32 master
+  // weights: build one unit at a time (in f32 under mixed precision) and keep what this rank holds.
   const auto& specs = chunk_->specs();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    Tensor full = Tensor::zeros({unit.numel}, dtype_);
+    Tensor full = Tensor::zeros({unit.numel}, mixed_ ? DType::f32 : dtype_);
     const UnitInfo& info = chunk_->units()[u];
     for (size_t k = 0; k < info.specs.size(); ++k) {
       const ParamSpec& spec = specs[info.specs[k]];
       init_parameter(spec, seed, full.rows(unit.segments[k].begin, unit.segments[k].end).view(spec.local_shape));
     }
-    unit.part_params.copy_from(full.rows(unit.own_start, unit.own_start + unit.own_count));
-    unit.part_grads.zero_();
+    const Tensor own = full.rows(unit.own_start, unit.own_start + unit.own_count);
+    if (mixed_) {
+      unit.master.copy_from(full.rows(owned_first(unit), owned_last(unit)));
+      ops::convert(*ctx_, stage_ == 3 ? unit.part_params : flat(chunk_->unit_params(static_cast<int>(u))),
+                   stage_ == 3 ? own : full);
+    } else {
+      unit.part_params.copy_from(own);
+    }
   }
+  zero_gradients();
 }
 
 void ZeroStore::zero_gradients() {
@@ -175,7 +199,7 @@ void ZeroStore::release(int u, Pass) {
 Tensor ZeroStore::grad_buffer(int u) {
   Unit& unit = units_[u];
   if (!unit.grad_buffer.defined()) {
-    unit.grad_buffer = Tensor::zeros({unit.numel}, dtype_);
+    unit.grad_buffer = Tensor::zeros({unit.numel}, grad_dtype_);
     track_transient(static_cast<int64_t>(unit.grad_buffer.nbytes()));
   }
   return unit.grad_buffer;
@@ -200,9 +224,10 @@ void ZeroStore::on_grads_ready(int u) {
     p.unit = u;
     p.send = unit.grad_buffer;
     unit.grad_buffer = Tensor();
-    p.recv = Tensor::empty({unit.own_count}, dtype_);
+    p.recv = Tensor::empty({unit.own_count}, grad_dtype_);
     track_transient(static_cast<int64_t>(p.recv.nbytes()));
-    p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, dtype_, comm::ReduceOp::sum)
+    p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, grad_dtype_,
+                                                    comm::ReduceOp::sum)
                             : comm::completed_work();
     if (dp_ == nullptr) p.recv.copy_from(p.send);
     pending_.push_back(std::move(p));
@@ -215,9 +240,10 @@ void ZeroStore::on_grads_ready(int u) {
   if (unit.ready < micro_batches_ || dp_ == nullptr || dp_size_ == 1) return;
   Tensor region = flat(chunk_->unit_grads(u));
   if (stage_ == 0) {
-    unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), dtype_, comm::ReduceOp::sum);
+    unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), grad_dtype_, comm::ReduceOp::sum);
   } else {
-    unit.reduce = dp_->reduce_scatter_v(region.raw(), unit.part_grads.raw(), unit.counts, dtype_, comm::ReduceOp::sum);
+    unit.reduce =
+        dp_->reduce_scatter_v(region.raw(), unit.part_grads.raw(), unit.counts, grad_dtype_, comm::ReduceOp::sum);
   }
 }
 
@@ -249,11 +275,18 @@ Status ZeroStore::finish_gradients() {
       unit.gather.reset();
     }
   }
+  // 16-bit gradients: the optimizer's fp32 main gradients of the owned range.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    if (!unit.main_grads.defined()) continue;
+    ops::convert(*ctx_, unit.main_grads, stage_ == 0 ? flat(chunk_->unit_grads(static_cast<int>(u))) : unit.part_grads);
+  }
   return Status::ok();
 }
 
 Tensor ZeroStore::unit_gradient(int u) const {
   const Unit& unit = units_[u];
+  if (unit.main_grads.defined()) return unit.main_grads;
   if (stage_ == 0) return flat(chunk_->unit_grads(u));
   return unit.part_grads;
 }
@@ -288,8 +321,9 @@ std::vector<AdamSegment> ZeroStore::adam_segments() const {
     // [first, last): the range this rank updates, relative to the unit.
     const int64_t first = stage_ == 0 ? 0 : unit.own_start;
     const int64_t last = stage_ == 0 ? unit.numel : unit.own_start + unit.own_count;
-    const Tensor params = stage_ == 3 ? unit.part_params
-                                      : flat(chunk_->unit_params(static_cast<int>(u))).rows(first, last);
+    const Tensor params = mixed_        ? unit.master
+                          : stage_ == 3 ? unit.part_params
+                                        : flat(chunk_->unit_params(static_cast<int>(u))).rows(first, last);
     for (const auto& seg : unit.segments) {
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
       if (lo < hi) out.push_back({params.rows(lo - first, hi - first), grads.rows(lo - first, hi - first), seg.decay});
@@ -303,10 +337,11 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::param_ranges() const {
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = units_[u];
     const UnitInfo& info = chunk_->units()[u];
-    const int64_t first = stage_ == 3 ? unit.own_start : 0;
-    const int64_t last = stage_ == 3 ? unit.own_start + unit.own_count : unit.numel;
-    const Tensor values = stage_ == 3 ? unit.part_params
-                                      : flat(chunk_->unit_params(static_cast<int>(u)));
+    const int64_t first = mixed_ ? owned_first(unit) : stage_ == 3 ? unit.own_start : 0;
+    const int64_t last = mixed_ ? owned_last(unit) : stage_ == 3 ? unit.own_start + unit.own_count : unit.numel;
+    const Tensor values = mixed_        ? unit.master
+                          : stage_ == 3 ? unit.part_params
+                                        : flat(chunk_->unit_params(static_cast<int>(u)));
     for (size_t k = 0; k < unit.segments.size(); ++k) {
       const auto& seg = unit.segments[k];
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
@@ -334,7 +369,35 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::segment_ranges() const {
   return out;
 }
 
+void ZeroStore::round_master() {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = units_[u];
+    const Tensor into = stage_ == 3 ? unit.part_params
+                                    : flat(chunk_->unit_params(static_cast<int>(u))).rows(owned_first(unit), owned_last(unit));
+    ops::convert(*ctx_, into, unit.master);
+  }
+}
+
+Status ZeroStore::publish_params() {
+  if (!mixed_) return Status::ok();
+  round_master();
+  return gather_params();
+}
+
+void ZeroStore::skip_step() { zero_gradients(); }
+
 Status ZeroStore::finish_step() {
+  if (mixed_) round_master();
+  TROUPE_RETURN_IF_ERROR(gather_params());
+  // The next iteration's gradients start from zero.
+  if (stage_ >= 1)
+    for (Unit& unit : units_)
+      if (stage_ >= 2 || dp_size_ > 1) unit.part_grads.zero_();
+  if (stage_ <= 1) chunk_->zero_grad();
+  return Status::ok();
+}
+
+Status ZeroStore::gather_params() {
   std::vector<comm::WorkPtr> gathers;
   if ((stage_ == 1 || stage_ == 2) && dp_ != nullptr && dp_size_ > 1) {
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -344,13 +407,7 @@ Status ZeroStore::finish_step() {
       gathers.push_back(dp_->all_gather_v(own.raw(), region.raw(), unit.counts, dtype_));
     }
   }
-  TROUPE_RETURN_IF_ERROR(comm::wait_all(gathers));
-  // The next iteration's gradients start from zero.
-  if (stage_ >= 1)
-    for (Unit& unit : units_)
-      if (stage_ >= 2 || dp_size_ > 1) unit.part_grads.zero_();
-  if (stage_ <= 1) chunk_->zero_grad();
-  return Status::ok();
+  return comm::wait_all(gathers);
 }
 
 void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const std::vector<Tensor>& exp_avg,
@@ -369,23 +426,26 @@ void adamw_step(Context& ctx, const std::vector<AdamSegment>& segments, const st
 
 Result<Tensor> ZeroStore::unit_params(int u) {
   const Unit& unit = units_[u];
-  Tensor out = Tensor::empty({unit.numel}, dtype_);
-  if (stage_ < 3) {
-    out.copy_from(flat(chunk_->unit_params(u)));
-    return out;
-  }
+  if (mixed_ && stage_ == 0) return unit.master.clone();
+  if (mixed_) return gather_partition(unit, unit.master);
+  if (stage_ < 3) return flat(chunk_->unit_params(u)).clone();
+  return gather_partition(unit, unit.part_params);
+}
+
+Result<Tensor> ZeroStore::gather_partition(const Unit& unit, const Tensor& part) {
+  Tensor out = Tensor::empty({unit.numel}, part.dtype());
   if (dp_ == nullptr) {
-    out.copy_from(unit.part_params);
+    out.copy_from(part);
     return out;
   }
-  TROUPE_RETURN_IF_ERROR(dp_->all_gather_v(unit.part_params.raw(), out.raw(), unit.counts, dtype_)->wait());
+  TROUPE_RETURN_IF_ERROR(dp_->all_gather_v(part.raw(), out.raw(), unit.counts, part.dtype())->wait());
   return out;
 }
 
 Status ZeroStore::begin_replay() {
-  if (stage_ == 3)
+  if (stage_ == 3)  // the working copy the chunk computes with (16-bit under mixed precision)
     for (size_t u = 0; u < units_.size(); ++u) {
-      auto full = unit_params(static_cast<int>(u));
+      auto full = gather_partition(units_[u], units_[u].part_params);
       if (!full) return full.status();
       replay_params_.push_back(std::move(full).value());
     }
@@ -407,13 +467,17 @@ void ZeroStore::end_replay() {
 
 ZeroCounts ZeroStore::counts() const {
   ZeroCounts c;
-  const int64_t esize = static_cast<int64_t>(dtype_size(dtype_));
+  const int64_t esize = static_cast<int64_t>(dtype_size(dtype_)), gsize = static_cast<int64_t>(dtype_size(grad_dtype_));
+  const int64_t msize = mixed_ ? 4 : esize;  // the moments' (and master weights') element size
   for (const Unit& unit : units_) {
-    c.optimizer_bytes += 2 * (stage_ == 0 ? unit.numel : unit.own_count) * esize;  // the optimizer's moments
-    if (stage_ >= 2) c.grad_bytes += unit.own_count * esize;
+    const int64_t owned = owned_last(unit) - owned_first(unit);
+    c.optimizer_bytes += 2 * owned * msize;  // the optimizer's moments
+    if (mixed_) c.optimizer_bytes += owned * 4;  // the fp32 master weights
+    if (unit.main_grads.defined()) c.grad_bytes += owned * 4;
+    if (stage_ >= 2) c.grad_bytes += unit.own_count * gsize;
     if (stage_ == 3) c.param_bytes += unit.own_count * esize;
   }
-  if (stage_ <= 1) c.grad_bytes = chunk_->grad_bytes();
+  if (stage_ <= 1) c.grad_bytes += chunk_->grad_bytes();
   if (stage_ <= 2) c.param_bytes = chunk_->param_bytes();
   c.transient_peak_bytes = transient_peak_;
   return c;

@@ -26,6 +26,17 @@
 //      after use; gradients as in stage 2; the step updates the partition in place, nothing is
 //      gathered after it.
 //
+// Mixed precision (a 16-bit parameter dtype, bf16 or f16): the chunk's parameters are the 16-bit
+// working copy and the store keeps the fp32 master weights of the range this rank's optimizer
+// updates (stage 0: every unit whole; stages 1-3: the own partition), Megatron's and DeepSpeed's
+// recipe. Gradients are the grad dtype (f32: reduced in fp32; 16-bit: reduced in 16 bits, half the
+// bytes, and widened into fp32 main gradients of the owned range after the reduction). The
+// optimizer steps the master weights with the fp32 main gradients (adam_segments); finish_step
+// rounds the updated master range to 16 bits (nearest even) and all-gathers the 16-bit copy
+// (stages 1, 2: half the bytes of fp32). param_ranges() are then the master ranges (what
+// checkpoints hold: fp32 master weights, which load into any precision and layout), partitioned
+// over dp in stages 1-3 (partitioned_params()).
+//
 // Collective order: every dp rank of one (pp, tp) coordinate runs the same schedule, so the chunk
 // calls the hooks in the same order on all of them and their dp collectives match.
 // Not thread-safe: the owning rank's thread calls everything.
@@ -65,7 +76,10 @@ class ZeroStore {
  public:
   // dp: the data-parallel group (size 1 allowed). Call attach() once the chunk exists (the chunk
   // needs hooks() at construction, the store needs the chunk's units).
-  ZeroStore(int stage, comm::Communicator* dp, DType dtype);
+  ZeroStore(int stage, comm::Communicator* dp, DType dtype) : ZeroStore(stage, dp, dtype, dtype) {}
+  // param_dtype 16-bit: mixed precision (above), grad_dtype f32 or param_dtype. Otherwise grad_dtype
+  // must equal param_dtype.
+  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype);
   ~ZeroStore();
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
@@ -104,9 +118,21 @@ class ZeroStore {
   // What this rank's optimizer partition updates: its owned range of every unit (stage 0: all of it),
   // split where the weight-decay flag changes. The optimizer partition actor owns the moments.
   std::vector<AdamSegment> adam_segments() const;
-  // After the optimizer updated the owned ranges: stages 1, 2 all-gather the parameters; every stage
-  // zeroes the gradients for the next iteration.
+  // After the optimizer updated the owned ranges: stages 1, 2 all-gather the parameters (mixed
+  // precision: after rounding the master range into the 16-bit copy); every stage zeroes the
+  // gradients for the next iteration.
   Status finish_step();
+  // Mixed precision: rounds the master ranges into the 16-bit parameters and all-gathers them
+  // (stages 1, 2; collective over dp), as finish_step does, without touching the gradients: after
+  // param_ranges() were written (a checkpoint's load, the NaN watch's restore). Nothing otherwise.
+  Status publish_params();
+  // A step the loss scaler skips (an fp16 overflow): the parameters stay, the gradients are zeroed.
+  void skip_step();
+  bool mixed() const { return mixed_; }
+  // Whether param_ranges() differ between dp ranks (each holds its partition): stage 3, and stages
+  // 1, 2 under mixed precision (the master weights are partitioned). Otherwise every dp rank holds
+  // the same whole parameters.
+  bool partitioned_params() const { return stage_ == 3 || (mixed_ && stage_ >= 1); }
 
   // The NaN locator's replay of an iteration (engine/nan_watch.hpp): until end_replay the chunk's
   // hooks touch no other rank. Stage 3 serves every unit from a copy gathered here (collective over
@@ -116,13 +142,17 @@ class ZeroStore {
   void end_replay();
 
   ZeroCounts counts() const;
-  // A copy of unit u's full parameters (checkpoints, tests). PipelineStage 3: an all-gather over dp, so every
-  // dp rank must call it, in the same order.
+  // A copy of unit u's full parameters (checkpoints, tests; mixed precision: the fp32 master weights).
+  // PipelineStage 3 (and stages 1, 2 under mixed precision): an all-gather over dp, so every dp rank
+  // must call it, in the same order.
   Result<Tensor> unit_params(int unit);
 
  private:
   struct Unit;
   Tensor gather_unit(int unit);
+  Result<Tensor> gather_partition(const Unit& unit, const Tensor& part);  // all of a unit from the partitions
+  void round_master();        // master ranges -> the 16-bit parameters (nearest even)
+  Status gather_params();     // stages 1, 2: the updated partitions into every rank's parameters
   void on_grads_ready(int unit);
   Tensor acquire(int unit, Pass pass);
   void release(int unit, Pass pass);
@@ -137,10 +167,16 @@ class ZeroStore {
     comm::WorkPtr work;
   };
 
+  // The range of unit u this rank's optimizer updates, [first, last) of the unit.
+  int64_t owned_first(const Unit& unit) const;
+  int64_t owned_last(const Unit& unit) const;
+
   int stage_;
   comm::Communicator* dp_;
   int dp_rank_ = 0, dp_size_ = 1;
-  DType dtype_;
+  DType dtype_;       // parameters
+  DType grad_dtype_;  // gradients
+  bool mixed_ = false;
   PipelineStage* chunk_ = nullptr;
   Context* ctx_ = nullptr;
   std::vector<Unit> units_;

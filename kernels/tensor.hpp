@@ -21,6 +21,8 @@ enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u16, u8 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);
+// bf16 or f16: the storage types of mixed precision (every op computes them in f32).
+inline bool is_16bit(DType t) { return t == DType::bf16 || t == DType::f16; }
 const char* dtype_name(DType t);
 const char* device_name(Device d);
 

@@ -62,7 +62,10 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   TROUPE_CHECK(cs.first_layer >= 0 && cs.num_layers >= 0 && cs.first_layer + cs.num_layers <= m.num_layers,
                "GptChunk: layers outside the model (use chunk_layers)");
   TROUPE_CHECK(cs.micro_batch >= 1 && cs.slots >= 1, "GptChunk: micro_batch and slots must be positive");
-  TROUPE_CHECK(cs.dtype == DType::f32 || cs.dtype == DType::f64, "GptChunk computes in f32 or f64");
+  TROUPE_CHECK(cs.dtype == DType::f32 || cs.dtype == DType::f64 || cs.dtype == DType::bf16 || cs.dtype == DType::f16,
+               "GptChunk holds f32, f64, bf16 or f16 tensors");
+  TROUPE_CHECK(!is_16bit(cs.dtype) || cs.grad_dtype == DType::f32 || cs.grad_dtype == cs.dtype,
+               "GptChunk: 16-bit parameters take f32 gradients or gradients of their own type");
   TROUPE_CHECK(cs.head_chunk_rows >= 0, "GptChunk: head_chunk_rows must not be negative");
   if (cs.tp_size > 1) {
     TROUPE_CHECK(tp != nullptr && tp->size() == cs.tp_size && tp->rank() == cs.tp_rank,
@@ -78,6 +81,8 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   any_dropout = m.hidden_dropout > 0 || m.attention_dropout > 0;
   sp = cs.sequence_parallel && t > 1;  // with one rank there is nothing to split
   dtype = cs.dtype;
+  grad_dtype = is_16bit(dtype) ? cs.grad_dtype : dtype;
+  stat_dtype = is_16bit(dtype) ? DType::f32 : dtype;
   B = cs.micro_batch;
   T = m.seq_length;
   C = m.hidden_size;
@@ -174,7 +179,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
                            .view(specs[i].local_shape));
   }
   if (!hooks.grad_buffer) {
-    flat_grads = Tensor::zeros({total}, dtype);
+    flat_grads = Tensor::zeros({total}, grad_dtype);
     for (size_t i = 0; i < specs.size(); ++i)
       grads.push_back(flat_grads.rows(spec_offset[i], spec_offset[i] + specs[i].local_shape.numel())
                           .view(specs[i].local_shape));
@@ -206,7 +211,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   }
   if (sp) {
     gathered = alloc({N, C});
-    ln_grads = alloc({2, C});
+    ln_grads = alloc({2, C}, grad_dtype);
   }
   if (sp || cs.has_head) partial = alloc({N, C});
   dres = alloc({Nl, C});
@@ -219,7 +224,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     dlnf_now = alloc({Nl, C});
     logits = alloc({head_rows, Vl});
     stats = alloc({2 * head_rows}, DType::f64);
-    losses = alloc({N});
+    losses = alloc({N}, stat_dtype);
   }
 }
 
@@ -232,15 +237,15 @@ Tensor GptChunk::Impl::alloc(const Shape& shape, DType type) {
 GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
   LayerActs a;
   a.ln1 = alloc({Nl, C});
-  if (!rms) a.ln1_mean = alloc({Nl});
-  a.ln1_rstd = alloc({Nl});
+  if (!rms) a.ln1_mean = alloc({Nl}, stat_dtype);
+  a.ln1_rstd = alloc({Nl}, stat_dtype);
   a.qkv = alloc({N, QKVl});
   if (with_probs) a.probs = alloc({B * Hl * T, T});
   a.att = alloc({N, Al});
   a.res1 = alloc({Nl, C});
   a.ln2 = alloc({Nl, C});
-  if (!rms) a.ln2_mean = alloc({Nl});
-  a.ln2_rstd = alloc({Nl});
+  if (!rms) a.ln2_mean = alloc({Nl}, stat_dtype);
+  a.ln2_rstd = alloc({Nl}, stat_dtype);
   a.fc = alloc({N, FCl});
   a.fc_gelu = alloc({N, Fl});
   return a;  // res2: the slot's xs[l+1] or a scratch, set by the user
@@ -256,8 +261,8 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
   for (int l = 0; l <= L; ++l) s.xs.push_back(alloc({Nl, C}));
   if (spec.has_embedding && ln_embd) {
     s.emb = alloc({Nl, C});
-    s.emb_mean = alloc({Nl});
-    s.emb_rstd = alloc({Nl});
+    s.emb_mean = alloc({Nl}, stat_dtype);
+    s.emb_rstd = alloc({Nl}, stat_dtype);
   }
   if (keep_acts) {
     for (int l = 0; l < L; ++l) {
@@ -267,8 +272,8 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
   }
   if (spec.has_head) {
     s.lnf_full = alloc({N, C});
-    if (!rms) s.lnf_mean = alloc({Nl});
-    s.lnf_rstd = alloc({Nl});
+    if (!rms) s.lnf_mean = alloc({Nl}, stat_dtype);
+    s.lnf_rstd = alloc({Nl}, stat_dtype);
     s.row_max = alloc({N}, DType::f64);
     s.sum_exp = alloc({N}, DType::f64);
   }
@@ -330,8 +335,8 @@ const std::vector<Tensor>& GptChunk::Impl::unit_grads(int u) {
   const UnitInfo& info = units[u];
   if (hooks.grad_buffer) {
     Tensor got = hooks.grad_buffer(u);
-    TROUPE_CHECK(got.defined() && got.numel() == info.numel && got.dtype() == dtype,
-                 "grad_buffer must return the unit's numel elements in the chunk's dtype");
+    TROUPE_CHECK(got.defined() && got.numel() == info.numel && got.dtype() == grad_dtype,
+                 "grad_buffer must return the unit's numel elements in the chunk's gradient dtype");
     cached = unit_views(got.view({info.numel}), u);
   } else {
     cached = unit_views(flat_grads.rows(info.param_offset, info.param_offset + info.numel), u);

@@ -112,7 +112,13 @@ struct ChunkSpec {
   Recompute recompute = Recompute::none;
   int micro_batch = 1;   // B: sequences per micro-batch
   int slots = 1;         // activation slots (micro-batches in flight on this chunk)
-  DType dtype = DType::f32;  // f64 for gradient checks
+  // Parameters and activations: f32; f64 for gradient checks; bf16 or f16 for mixed precision, where
+  // every op computes in f32 (kernels/ops.hpp) and the normalisation statistics and the token losses
+  // stay f32.
+  DType dtype = DType::f32;
+  // With a 16-bit dtype: the parameter gradients' type (f32: Megatron's main gradients, accumulated and
+  // reduced in fp32; or dtype itself). Ignored otherwise (the gradients are dtype).
+  DType grad_dtype = DType::f32;
   // Rows of logits the fused head handles at a time (bounds its (rows, Vp/t) buffer); 0: GptModel's
   // rule (about 16M elements), which t = 1, p = 1 needs to be bitwise GptModel.
   int64_t head_chunk_rows = 0;

@@ -97,7 +97,9 @@ struct GptChunk::Impl {
   ops::AttentionLayout layout;       // this rank's heads, groups, head size, ALiBi slopes
   ops::RotaryParams rotary;
   int64_t Vl = 0, v0 = 0, valid = 0, head_rows = 0;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;       // parameters and activations
+  DType grad_dtype = DType::f32;  // parameter gradients (dtype, or f32 under mixed precision)
+  DType stat_dtype = DType::f32;  // normalisation statistics and token losses (f32 under mixed precision)
 
   Tensor flat_params, flat_grads;
   std::vector<Tensor> params, grads;  // resident views, spec order

@@ -188,7 +188,7 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
   // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's). Evaluation of a
   // padded micro-batch sums only the rows of its real sequences (loss_rows).
   double total = 0;
-  if (dtype == DType::f32) {
+  if (losses.dtype() == DType::f32) {
     const float* l = losses.data<float>();
     for (int64_t i = 0; i < loss_rows; ++i) total += l[i];
   } else {

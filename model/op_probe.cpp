@@ -86,6 +86,7 @@ int64_t first_non_finite(const Tensor& t) {
   if (!t.defined()) return -1;
   if (t.dtype() == DType::f32) return first_bad(t.data<float>(), t.numel());
   if (t.dtype() == DType::f64) return first_bad(t.data<double>(), t.numel());
+  if (is_16bit(t.dtype())) return first_bad(t.to(DType::f32).data<float>(), t.numel());  // widening keeps Inf/NaN
   return -1;
 }
 
@@ -93,6 +94,7 @@ int64_t count_non_finite(const Tensor& t) {
   if (!t.defined()) return 0;
   if (t.dtype() == DType::f32) return count_bad(t.data<float>(), t.numel());
   if (t.dtype() == DType::f64) return count_bad(t.data<double>(), t.numel());
+  if (is_16bit(t.dtype())) return count_bad(t.to(DType::f32).data<float>(), t.numel());
   return 0;
 }
 

@@ -181,7 +181,12 @@ void init_parameter(const ParamSpec& spec, uint64_t seed, const Tensor& t) {
     }
     return 0.0;
   };
-  if (t.dtype() == DType::f32) {
+  if (is_16bit(t.dtype())) {  // the f32 values, rounded to nearest even: what an f32 master copy holds
+    const Tensor f = Tensor::empty(t.shape(), DType::f32);
+    float* d = f.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(value(i));
+    t.copy_from(f.to(t.dtype()));
+  } else if (t.dtype() == DType::f32) {
     float* d = t.data<float>();
     for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(value(i));
   } else {

@@ -68,6 +68,7 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.micro_batch = at.micro_batch;
   cs.slots = at.slots;
   cs.dtype = at.dtype;
+  cs.grad_dtype = at.grad_dtype;
   return cs;
 }
 
@@ -191,7 +192,8 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
   if (any_custom && job.sequence_parallel && job.tp_size > 1)
     problems.push_back("--sequence-parallel splits GPT's rows over the tensor-parallel ranks, which custom blocks do not "
                        "take -- drop --sequence-parallel");
-  if (any_custom && job.dtype != DType::f32) problems.push_back("custom blocks compute in f32");
+  if (any_custom && job.dtype != DType::f32)
+    problems.push_back("custom blocks compute in f32 only: train a model with custom blocks without --bf16 / --fp16");
   std::set<std::string> names;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Declared& d = blocks[i];

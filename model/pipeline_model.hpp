@@ -17,6 +17,7 @@ struct StageBuild {
   Recompute recompute = Recompute::none;
   int micro_batch = 1, slots = 1;
   DType dtype = DType::f32;
+  DType grad_dtype = DType::f32;  // with a 16-bit dtype: the gradients' (ChunkSpec::grad_dtype)
   comm::Communicator* tp = nullptr;
 };
 

@@ -69,8 +69,15 @@ std::vector<Tensor> make_batches(const GptConfig& c, int global_batch, int steps
 // Adam's eps for the runs of one test case (0: the default 1e-8); see the adapter's test.
 double adam_eps_override = 0;
 
+// Mixed precision for the runs of one test case: the gradients' type under a 16-bit dtype
+// (RankSpec::grad_dtype) and a static loss scale (1: none).
+DType grad_dtype_override = DType::f32;
+double loss_scale_override = 1;
+
 StepRequest step_request(int step) {
   StepRequest r;
+  r.loss_scale = loss_scale_override;
+  r.skip_on_overflow = loss_scale_override != 1;
   r.step = step;
   r.lr = 3e-3 * (1.0 - 0.1 * step);  // changes every step, like a schedule
   r.weight_decay = 0.1;
@@ -112,6 +119,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   spec.seed = kDropoutSeed;
   spec.custom_model = std::move(custom);
   spec.dtype = dtype;
+  spec.grad_dtype = grad_dtype_override;
 
   Run run;
   run.losses.assign(kSteps, 0);
@@ -147,7 +155,8 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
       const Tensor& b = batches[s];
       const int64_t n = b.dim(0);
       auto out = engine.train_step(b.rows(n * d / par.dp, n * (d + 1) / par.dp),
-                                   1.0 / (double(global_batch) * model.seq_length), step_request(s + 1));
+                                   loss_scale_override / (double(global_batch) * model.seq_length),
+                                   step_request(s + 1));
       if (!out) return fail(out.status().message());
       if (rank == 0) {
         run.losses[s] = out.value().loss_sum / (double(global_batch) * model.seq_length);
@@ -732,5 +741,163 @@ TEST_CASE("custom stages: an adapter between GPT's layers, embedding still tied"
       require_close(c.global_batch == 8 ? ref8 : ref6, run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, model),
                     1e-5);
     }
+  }
+}
+
+// ---- mixed precision (docs/PRECISION.md) ------------------------------------------------------------
+// bf16 and fp16 runs keep fp32 master weights and Adam moments; the layouts differ from each other only
+// in where a 16-bit rounding falls (a tensor-parallel partial sum is rounded before the all-reduce, a
+// pipeline boundary's activation is the same 16-bit tensor either way, ZeRO's gathers move the same
+// 16-bit values). Their bounds against the 1x1x1 run of the same precision are measured in
+// docs/PRECISION.md ("Layouts in 16 bits"): kBf16LayoutTol and kFp16LayoutTol hold them with a margin.
+
+namespace {
+
+constexpr double kBf16LayoutTol = 3e-2;
+constexpr double kFp16LayoutTol = 1e-2;
+
+struct MixedReset {
+  ~MixedReset() {
+    grad_dtype_override = DType::f32;
+    loss_scale_override = 1;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("parallel, bf16: every layout equals the 1x1x1 bf16 run within bf16's rounding", "[parallel][mixed]") {
+  MixedReset reset;
+  check_layout_matrix(small_model(), DType::bf16, kBf16LayoutTol);
+}
+
+TEST_CASE("parallel, fp16 (fp16 gradients, loss scale 1024): every layout equals the 1x1x1 fp16 run",
+          "[parallel][mixed]") {
+  MixedReset reset;
+  grad_dtype_override = DType::f16;
+  loss_scale_override = 1024;
+  check_layout_matrix(small_model(), DType::f16, kFp16LayoutTol);
+}
+
+TEST_CASE("mixed precision: 16-bit runs follow the fp32 run", "[parallel][mixed]") {
+  MixedReset reset;
+  const Run f32 = run_layout(small_model(), layout(1, 1, 1), 1, 6);
+  const Run bf16 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::bf16);
+  grad_dtype_override = DType::f16;
+  loss_scale_override = 1024;
+  const Run f16 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::f16);
+  for (int s = 0; s < kSteps; ++s) {
+    INFO("step " << s + 1);
+    // The loss of 16-bit activations against fp32's: bf16's 8-bit mantissa through 4 layers.
+    CHECK(std::abs(bf16.losses[s] - f32.losses[s]) <= 1e-2 * f32.losses[s]);
+    CHECK(std::abs(f16.losses[s] - f32.losses[s]) <= 2e-3 * f32.losses[s]);
+    CHECK(bf16.losses[s] != f32.losses[s]);  // the run did compute in 16 bits
+  }
+}
+
+TEST_CASE("mixed precision: a checkpoint holds the fp32 master weights; any precision and layout loads them",
+          "[parallel][mixed][checkpoint]") {
+  MixedReset reset;
+  test::TempDir dir;
+  Resume save;
+  save.last_step = 3;
+  save.save_dir = dir.path().string();
+  const Run saved = run_layout(small_model(), layout(2, 2, 2, 1), 1, 6, save, nullptr, DType::bf16);
+  Resume load;
+  load.first_step = 4;
+  load.last_step = 3;  // no step: the parameters as loaded
+  load.load_dir = dir.path().string();
+  for (const DType into : {DType::f32, DType::bf16}) {
+    for (const ParallelConfig& to : {layout(1, 1, 1), layout(1, 2, 2, 3), layout(4, 1, 1, 0)}) {
+      INFO("into " << dtype_name(into) << " tp " << to.tp << " pp " << to.pp << " dp " << to.dp);
+      const Run got = run_layout(small_model(), to, 1, 6, load, nullptr, into);
+      REQUIRE(got.params.size() == saved.params.size());
+      for (const auto& [name, want] : saved.params) CHECK(got.params.at(name) == want);  // bitwise
+    }
+  }
+  // And the run goes on in bf16 as the straight bf16 run does: the moments came along.
+  const Run straight = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::bf16);
+  load.last_step = 5;
+  const Run resumed = run_layout(small_model(), layout(1, 2, 2, 2), 1, 6, load, nullptr, DType::bf16);
+  for (int s = 3; s < kSteps; ++s) CHECK(std::abs(resumed.losses[s] - straight.losses[s]) <= kBf16LayoutTol * straight.losses[s]);
+}
+
+TEST_CASE("mixed precision: an overflow skips the step: parameters and moments stay, the run goes on as without it",
+          "[parallel][mixed]") {
+  // Two runs of 3 steps on dp 2 x ZeRO stage z, fp16 gradients; run B has an extra step between
+  // steps 1 and 2 at a loss scale that overflows fp16 (2^40 times the gradients). Every rank must skip
+  // it (the norm is all-reduced), leave parameters and moments as they were and zero the gradients:
+  // B's steps 2 and 3 are then bitwise A's.
+  MixedReset reset;
+  const GptConfig model = small_model();
+  for (int zero = 0; zero <= 3; ++zero) {
+    INFO("ZeRO " << zero);
+    const ParallelConfig par = layout(1, 1, 2, zero);
+    auto topo = comm::Topology::create(comm::ParallelSizes{1, 1, 2}, 2).value();
+    const auto batches = make_batches(model, 4, 4, 77);
+    std::map<int, std::vector<double>> losses;  // run -> per step (rank 0)
+    std::map<int, std::vector<std::vector<double>>> params;
+    std::vector<int> skipped(2, 0);
+    std::vector<std::string> errors;
+    std::mutex mu;
+    for (int run = 0; run < 2; ++run) {
+      auto fabric = comm::LocalFabric::create(2).value();
+      auto body = [&](int rank) {
+        auto w = fabric.world(rank);
+        auto g = [&](const std::vector<int>& m) { return w->group(m).value(); };
+        auto tp = g(topo.tp_group(rank)), dp = g(topo.dp_group(rank)), pp = g(topo.pp_group(rank));
+        auto all = w->everyone().value();
+        RankSpec spec;
+        spec.model = model;
+        spec.par = par;
+        spec.micro_batch_size = 1;
+        spec.micro_batches = 2;
+        spec.num_threads = 1;
+        spec.seed = kDropoutSeed;
+        spec.dtype = DType::f16;
+        spec.grad_dtype = DType::f16;
+        RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), nullptr, all.get()});
+        engine.init(1234);
+        const double per_token = 1.0 / (4.0 * model.seq_length);
+        std::vector<int> plan = run == 0 ? std::vector<int>{0, 1, 2} : std::vector<int>{0, 3, 1, 2};
+        int step = 1;
+        for (int b : plan) {
+          const bool overflow = b == 3;
+          StepRequest req = step_request(step);
+          req.loss_scale = overflow ? std::ldexp(1.0, 40) : 256;
+          req.skip_on_overflow = true;
+          const Tensor& batch = batches[static_cast<size_t>(b)];
+          auto out = engine.train_step(batch.rows(2 * rank, 2 * rank + 2), req.loss_scale * per_token, req);
+          if (!out || out.value().skipped != overflow) {
+            std::lock_guard<std::mutex> lock(mu);
+            errors.push_back("rank " + std::to_string(rank) + ": " +
+                             (out ? "skipped " + std::to_string(out.value().skipped) : out.status().message()));
+            return;
+          }
+          if (overflow) {
+            std::lock_guard<std::mutex> lock(mu);
+            ++skipped[static_cast<size_t>(rank)];
+            continue;  // the step number is not used up: the next step is step 2, as in run A
+          }
+          if (rank == 0) losses[run].push_back(out.value().loss_sum);
+          ++step;
+        }
+        auto v = engine.param_values(0);
+        if (!v || rank != 0) return;
+        std::vector<std::vector<double>> mine;
+        for (const Tensor& t : v.value()) {
+          const Tensor d = t.to(DType::f64);
+          mine.emplace_back(d.data<double>(), d.data<double>() + d.numel());
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        params[run] = std::move(mine);
+      };
+      std::thread t1(body, 1);
+      body(0);
+      t1.join();
+    }
+    for (const auto& e : errors) FAIL(e);
+    CHECK(skipped == std::vector<int>{1, 1});
+    CHECK(losses[1] == losses[0]);
+    CHECK(params[1] == params[0]);
   }
 }
