@@ -2,9 +2,12 @@
 // when ctx.device is cuda the call goes to kernels/cuda (not built yet: a clear abort until then).
 #include "kernels/ops.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <initializer_list>
 
 #include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/half.hpp"
 
 namespace troupe::ops {
 
@@ -30,10 +33,120 @@ void same_dtype(const Tensor& a, const Tensor& b) {
 
 template <class T> T* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; }
 
+bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// Elementwise conversion of src into dst (same numel), split over the pool: each element is converted by
+// itself, so the split cannot change a bit.
+void convert_parallel(ThreadPool& pool, const Tensor& dst, const Tensor& src) {
+  const size_t in = dtype_size(src.dtype()), out = dtype_size(dst.dtype());
+  char* d = static_cast<char*>(dst.raw());
+  const char* s = static_cast<const char*>(src.raw());
+  pool.parallel_for(src.numel(), [&](int64_t b, int64_t e) {
+    half::convert_array(dst.dtype(), d + b * out, src.dtype(), s + b * in, e - b);
+  }, int64_t{1} << 15);
+}
+
+// The 16-bit layer at the top of each public op: "widen, compute in f32, narrow". The op names its
+// floating arguments; when one of them is bf16 or f16 the layer is active and the op hands each
+// argument through in() (read), inout() (read and written: +=, in place) or out() (written only),
+// reading before writing. 16-bit arguments come back as f32 temporaries (widened exactly for in/inout),
+// f32 ones as they are; the op runs again on those, then finish() rounds every written temporary back
+// into its 16-bit tensor (RNE). Arguments with the same data pointer and numel (gelu_backward's dx and
+// dout, residual_forward's out and a) share one temporary, so an alias stays an alias.
+class Widen {
+ public:
+  Widen(Context& ctx, std::initializer_list<const Tensor*> floating) : ctx_(ctx) {
+    for (const Tensor* t : floating) {
+      if (!t->defined() || !is_half(t->dtype())) continue;
+      TROUPE_CHECK(half_ == DType::f32 || half_ == t->dtype(),
+                   "an op takes one 16-bit type per call (bf16 or f16, mixed with f32 only)");
+      half_ = t->dtype();
+    }
+    if (!active()) return;
+    for (const Tensor* t : floating)
+      TROUPE_CHECK(!t->defined() || t->dtype() == half_ || t->dtype() == DType::f32,
+                   "a 16-bit op's other floating arguments must be f32 (f64 stays all-f64)");
+    TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "16-bit ops run on the CPU backend with a pool");
+  }
+  bool active() const { return half_ != DType::f32; }
+
+  Tensor in(const Tensor& t) { return map(t, true, false); }
+  Tensor inout(const Tensor& t) { return map(t, true, true); }
+  Tensor out(const Tensor& t) { return map(t, false, true); }
+
+  void finish() {
+    for (const Entry& e : entries_)
+      if (e.written) convert_parallel(*ctx_.pool, e.narrow, e.wide);
+  }
+
+ private:
+  struct Entry {
+    Tensor narrow, wide;
+    bool widened = false, written = false;
+  };
+  Tensor map(const Tensor& t, bool read, bool written) {
+    if (!t.defined() || !is_half(t.dtype())) return t;
+    Entry* e = nullptr;
+    for (Entry& x : entries_)
+      if (x.narrow.raw() == t.raw() && x.narrow.numel() == t.numel()) e = &x;
+    if (e == nullptr) {
+      entries_.push_back({t, Tensor::empty(t.shape(), DType::f32)});
+      e = &entries_.back();
+    }
+    if (read && !e->widened) {
+      convert_parallel(*ctx_.pool, e->wide, t);
+      e->widened = true;
+    }
+    e->written = e->written || written;
+    return e->wide.view(t.shape());
+  }
+  Context& ctx_;
+  DType half_ = DType::f32;
+  std::vector<Entry> entries_;
+};
+
 }  // namespace
+
+void convert(Context& ctx, const Tensor& dst, const Tensor& src) {
+  TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "convert: a CPU Context needs a ThreadPool");
+  TROUPE_CHECK(dst.numel() == src.numel(), "convert: dst and src hold the same number of elements");
+  TROUPE_CHECK(half::is_float_dtype(dst.dtype()) && half::is_float_dtype(src.dtype()),
+               "convert: f32, f64, bf16 or f16 tensors");
+  convert_parallel(*ctx.pool, dst, src);
+}
+
+int64_t count_nonfinite(Context& ctx, const Tensor& t) {
+  TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "count_nonfinite: a CPU Context needs a ThreadPool");
+  TROUPE_CHECK(half::is_float_dtype(t.dtype()), "count_nonfinite: f32, f64, bf16 or f16 tensors");
+  // Inf or NaN: the exponent field all ones. Counting is exact, so the split does not matter.
+  std::atomic<int64_t> total{0};
+  const DType dt = t.dtype();
+  const void* base = t.raw();
+  ctx.pool->parallel_for(t.numel(), [&](int64_t b, int64_t e) {
+    int64_t c = 0;
+    if (dt == DType::f64) {
+      const auto* p = static_cast<const uint64_t*>(base);
+      for (int64_t i = b; i < e; ++i) c += (p[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    } else if (dt == DType::f32) {
+      const auto* p = static_cast<const uint32_t*>(base);
+      for (int64_t i = b; i < e; ++i) c += (p[i] & 0x7f800000u) == 0x7f800000u;
+    } else {
+      const uint16_t mask = dt == DType::bf16 ? 0x7f80 : 0x7c00;
+      const auto* p = static_cast<const uint16_t*>(base);
+      for (int64_t i = b; i < e; ++i) c += (p[i] & mask) == mask;
+    }
+    total += c;
+  }, int64_t{1} << 15);
+  return total.load();
+}
 
 void embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
                        const Tensor& wpe) {
+  if (Widen w(ctx, {&wte, &wpe, &out}); w.active()) {
+    const Tensor wte_w = w.in(wte), wpe_w = w.in(wpe), out_w = w.out(out);
+    embedding_forward(ctx, out_w, tokens, wte_w, wpe_w);
+    return w.finish();
+  }
   TROUPE_CHECK(out.rank() == 3 && tokens.rank() == 2, "embedding: out (B,T,C), tokens (B,T)");
   const int64_t B = out.dim(0), T_ = out.dim(1), C = out.dim(2);
   TROUPE_CHECK(tokens.dim(0) == B && tokens.dim(1) == T_, "embedding: tokens must be (B,T)");
@@ -51,6 +164,11 @@ void embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, co
 
 void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                         const Tensor& tokens) {
+  if (Widen w(ctx, {&dout, &dwte, &dwpe}); w.active()) {
+    const Tensor dout_w = w.in(dout), dwte_w = w.inout(dwte), dwpe_w = w.inout(dwpe);
+    embedding_backward(ctx, dwte_w, dwpe_w, dout_w, tokens);
+    return w.finish();
+  }
   const int64_t B = dout.dim(0), T_ = dout.dim(1), C = dout.dim(2);
   TROUPE_CHECK(dwte.dim(1) == C && dwpe.dim(1) == C && dwpe.dim(0) >= T_, "embedding: table shapes");
   same_dtype(dout, dwte);
@@ -63,6 +181,11 @@ void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, co
 
 void vocab_embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
                              int64_t vocab_begin, const Tensor& wpe) {
+  if (Widen w(ctx, {&wte, &wpe, &out}); w.active()) {
+    const Tensor wte_w = w.in(wte), wpe_w = w.in(wpe), out_w = w.out(out);
+    vocab_embedding_forward(ctx, out_w, tokens, wte_w, vocab_begin, wpe_w);
+    return w.finish();
+  }
   TROUPE_CHECK(out.rank() == 3 && tokens.rank() == 2, "vocab embedding: out (B,T,C), tokens (B,T)");
   const int64_t B = out.dim(0), T_ = out.dim(1), C = out.dim(2);
   TROUPE_CHECK(tokens.dim(0) == B && tokens.dim(1) == T_, "vocab embedding: tokens must be (B,T)");
@@ -81,6 +204,11 @@ void vocab_embedding_forward(Context& ctx, const Tensor& out, const Tensor& toke
 
 void vocab_embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                               const Tensor& tokens, int64_t vocab_begin) {
+  if (Widen w(ctx, {&dout, &dwte, &dwpe}); w.active()) {
+    const Tensor dout_w = w.in(dout), dwte_w = w.inout(dwte), dwpe_w = w.inout(dwpe);
+    vocab_embedding_backward(ctx, dwte_w, dwpe_w, dout_w, tokens, vocab_begin);
+    return w.finish();
+  }
   TROUPE_CHECK(dout.rank() == 3 && tokens.rank() == 2, "vocab embedding backward: dout (B,T,C), tokens (B,T)");
   const int64_t B = dout.dim(0), T_ = dout.dim(1), C = dout.dim(2);
   TROUPE_CHECK(tokens.dim(0) == B && tokens.dim(1) == T_, "vocab embedding backward: tokens must be (B,T)");
@@ -96,6 +224,12 @@ void vocab_embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dw
 
 void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  if (Widen w(ctx, {&x, &weight, &bias, &out, &mean, &rstd}); w.active()) {
+    const Tensor x_w = w.in(x), weight_w = w.in(weight), bias_w = w.in(bias), out_w = w.out(out),
+                 mean_w = w.out(mean), rstd_w = w.out(rstd);
+    layernorm_forward(ctx, out_w, mean_w, rstd_w, x_w, weight_w, bias_w, eps);
+    return w.finish();
+  }
   const int64_t C = x.dim(-1), N = x.numel() / C;
   TROUPE_CHECK(out.numel() == x.numel() && mean.numel() == N && rstd.numel() == N, "layernorm shapes");
   TROUPE_CHECK(weight.numel() == C && bias.numel() == C, "layernorm: weight and bias are (C)");
@@ -110,6 +244,13 @@ void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, cons
 void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                         const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
+  if (Widen w(ctx, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}); w.active()) {
+    const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), mean_w = w.in(mean),
+                 rstd_w = w.in(rstd), dx_w = w.inout(dx), dweight_w = w.inout(dweight),
+                 dbias_w = w.inout(dbias);
+    layernorm_backward(ctx, dx_w, dweight_w, dbias_w, dout_w, x_w, weight_w, mean_w, rstd_w);
+    return w.finish();
+  }
   const int64_t C = x.dim(-1), N = x.numel() / C;
   TROUPE_CHECK(dout.numel() == x.numel(), "layernorm backward shapes");
   TROUPE_CHECK(!dx.defined() || (dx.numel() == x.numel() && weight.numel() == C), "layernorm backward: dx, weight");
@@ -127,6 +268,11 @@ void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, c
 
 void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                      double eps) {
+  if (Widen w(ctx, {&x, &weight, &out, &rstd}); w.active()) {
+    const Tensor x_w = w.in(x), weight_w = w.in(weight), out_w = w.out(out), rstd_w = w.out(rstd);
+    rmsnorm_forward(ctx, out_w, rstd_w, x_w, weight_w, eps);
+    return w.finish();
+  }
   const int64_t C = x.dim(-1), N = x.numel() / C;
   TROUPE_CHECK(out.numel() == x.numel() && rstd.numel() == N, "rmsnorm: out is x's shape (N,C), rstd (N)");
   TROUPE_CHECK(weight.numel() == C, "rmsnorm: weight is (C)");
@@ -141,6 +287,12 @@ void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const 
 
 void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd) {
+  if (Widen w(ctx, {&dout, &x, &weight, &rstd, &dx, &dweight}); w.active()) {
+    const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), rstd_w = w.in(rstd),
+                 dx_w = w.inout(dx), dweight_w = w.inout(dweight);
+    rmsnorm_backward(ctx, dx_w, dweight_w, dout_w, x_w, weight_w, rstd_w);
+    return w.finish();
+  }
   const int64_t C = x.dim(-1), N = x.numel() / C;
   TROUPE_CHECK(dout.numel() == x.numel() && rstd.numel() == N, "rmsnorm backward: dout is x's shape, rstd (N)");
   TROUPE_CHECK(!dx.defined() || (dx.numel() == x.numel() && weight.numel() == C),
@@ -156,6 +308,11 @@ void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, con
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
+  if (Widen w(ctx, {&x, &weight, &bias, &out}); w.active()) {
+    const Tensor x_w = w.in(x), weight_w = w.in(weight), bias_w = w.in(bias), out_w = w.out(out);
+    linear_forward(ctx, out_w, x_w, weight_w, bias_w);
+    return w.finish();
+  }
   const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
   TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
   TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
@@ -170,6 +327,12 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
 
 void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                      const Tensor& dout, const Tensor& x, const Tensor& weight) {
+  if (Widen w(ctx, {&dout, &x, &weight, &dx, &dweight, &dbias}); w.active()) {
+    const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), dx_w = w.out(dx),
+                 dweight_w = w.inout(dweight), dbias_w = w.inout(dbias);
+    linear_backward(ctx, dx_w, dweight_w, dbias_w, dout_w, x_w, weight_w);
+    return w.finish();
+  }
   // The weight only matters for dx; the weight pass may run without it (ZeRO-3 need not gather it).
   TROUPE_CHECK(weight.defined() || (!dx.defined() && dweight.defined()), "linear backward: dx needs the weight");
   const Tensor& w = weight.defined() ? weight : dweight;
@@ -188,6 +351,11 @@ void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, cons
 }
 
 void gelu_forward(Context& ctx, const Tensor& out, const Tensor& x) {
+  if (Widen w(ctx, {&x, &out}); w.active()) {
+    const Tensor x_w = w.in(x), out_w = w.out(out);
+    gelu_forward(ctx, out_w, x_w);
+    return w.finish();
+  }
   TROUPE_CHECK(out.numel() == x.numel(), "gelu: shapes");
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -196,6 +364,11 @@ void gelu_forward(Context& ctx, const Tensor& out, const Tensor& x) {
 }
 
 void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  if (Widen w(ctx, {&dout, &x, &dx}); w.active()) {
+    const Tensor dout_w = w.in(dout), x_w = w.in(x), dx_w = w.out(dx);
+    gelu_backward(ctx, dx_w, dout_w, x_w);
+    return w.finish();
+  }
   TROUPE_CHECK(dx.numel() == x.numel() && dout.numel() == x.numel(), "gelu backward: shapes");
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -204,6 +377,11 @@ void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Ten
 }
 
 void glu_forward(Context& ctx, const Tensor& out, const Tensor& gate_up, GluKind kind) {
+  if (Widen w(ctx, {&gate_up, &out}); w.active()) {
+    const Tensor gate_up_w = w.in(gate_up), out_w = w.out(out);
+    glu_forward(ctx, out_w, gate_up_w, kind);
+    return w.finish();
+  }
   const int64_t F2 = gate_up.dim(-1), N = gate_up.numel() / F2, F = F2 / 2;
   TROUPE_CHECK(F2 % 2 == 0, "glu: gate_up's last dim holds [gate | up], an even width 2F");
   TROUPE_CHECK(out.dim(-1) == F && out.numel() == N * F, "glu: out is (N,F) for gate_up (N,2F)");
@@ -215,6 +393,11 @@ void glu_forward(Context& ctx, const Tensor& out, const Tensor& gate_up, GluKind
 }
 
 void glu_backward(Context& ctx, const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up, GluKind kind) {
+  if (Widen w(ctx, {&dout, &gate_up, &dgate_up}); w.active()) {
+    const Tensor dout_w = w.in(dout), gate_up_w = w.in(gate_up), dgate_up_w = w.out(dgate_up);
+    glu_backward(ctx, dgate_up_w, dout_w, gate_up_w, kind);
+    return w.finish();
+  }
   const int64_t F2 = gate_up.dim(-1), N = gate_up.numel() / F2, F = F2 / 2;
   TROUPE_CHECK(F2 % 2 == 0, "glu backward: gate_up's last dim holds [gate | up], an even width 2F");
   TROUPE_CHECK(dgate_up.numel() == gate_up.numel() && dout.dim(-1) == F && dout.numel() == N * F,
@@ -231,6 +414,11 @@ void glu_backward(Context& ctx, const Tensor& dgate_up, const Tensor& dout, cons
 namespace {
 void rotary_apply(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int head_dim, const RotaryParams& p,
                   bool inverse) {
+  if (Widen w(ctx, {&x}); w.active()) {
+    const Tensor x_w = w.inout(x);
+    rotary_apply(ctx, x_w, col0, n_heads, head_dim, p, inverse);
+    return w.finish();
+  }
   TROUPE_CHECK(x.rank() == 3, "rotary: x is (B,T,W)");
   const int64_t B = x.dim(0), T_ = x.dim(1), W = x.dim(2);
   TROUPE_CHECK(n_heads > 0 && head_dim > 0 && col0 >= 0 && col0 + int64_t{n_heads} * head_dim <= W,
@@ -255,6 +443,11 @@ void rotary_backward(Context& ctx, const Tensor& dx, int64_t col0, int n_heads, 
 }
 
 void residual_forward(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (Widen w(ctx, {&a, &b, &out}); w.active()) {
+    const Tensor a_w = w.in(a), b_w = w.in(b), out_w = w.out(out);
+    residual_forward(ctx, out_w, a_w, b_w);
+    return w.finish();
+  }
   TROUPE_CHECK(out.numel() == a.numel() && a.numel() == b.numel(), "residual: shapes");
   dispatch(ctx, a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -276,6 +469,11 @@ void check_mask(const DropoutMask& m, int64_t samples, int64_t elements_per_samp
 }  // namespace
 
 void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_t row0, int64_t seq_len) {
+  if (Widen w(ctx, {&x}); w.active()) {
+    const Tensor x_w = w.inout(x);
+    dropout_rows(ctx, x_w, mask, row0, seq_len);
+    return w.finish();
+  }
   TROUPE_CHECK(x.rank() == 2 && row0 >= 0 && seq_len > 0, "dropout_rows: x is (rows, C), row0 >= 0");
   const int64_t rows = x.dim(0), C = x.dim(1);
   check_mask(mask, (row0 + rows + seq_len - 1) / seq_len, seq_len * C);
@@ -332,6 +530,11 @@ void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, co
 
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv,
                        const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  if (Widen w(ctx, {&qkv, &out, &probs}); w.active()) {
+    const Tensor qkv_w = w.in(qkv), out_w = w.out(out), probs_w = w.out(probs);
+    attention_forward(ctx, out_w, probs_w, qkv_w, layout, mask, head0);
+    return w.finish();
+  }
   const AttentionSizes z = attention_sizes(qkv, out, probs, layout, mask, head0);
   const double* alibi = layout.alibi_slopes.empty() ? nullptr : layout.alibi_slopes.data();
   dispatch(ctx, qkv.dtype(), [&](auto tag) {
@@ -343,6 +546,11 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, con
 
 void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  if (Widen w(ctx, {&dout, &qkv, &probs, &dqkv}); w.active()) {
+    const Tensor dout_w = w.in(dout), qkv_w = w.in(qkv), probs_w = w.in(probs), dqkv_w = w.out(dqkv);
+    attention_backward(ctx, dqkv_w, dout_w, qkv_w, probs_w, layout, mask, head0);
+    return w.finish();
+  }
   // The slopes are constants of the scores: the backward only needs the probabilities.
   const AttentionSizes z = attention_sizes(qkv, dout, probs, layout, mask, head0);
   TROUPE_CHECK(dqkv.numel() == qkv.numel(), "attention backward: dqkv is qkv's shape");
@@ -371,6 +579,11 @@ std::vector<double> alibi_slopes(int n_heads) {
 
 void softmax_cross_entropy(Context& ctx, const Tensor& losses, const Tensor& logits, const Tensor& targets,
                            int64_t valid, double grad_scale) {
+  if (Widen w(ctx, {&logits, &losses}); w.active()) {
+    const Tensor logits_w = w.inout(logits), losses_w = w.out(losses);
+    softmax_cross_entropy(ctx, losses_w, logits_w, targets, valid, grad_scale);
+    return w.finish();
+  }
   const int64_t Vp = logits.dim(-1), N = logits.numel() / Vp;
   TROUPE_CHECK(losses.numel() == N && targets.numel() == N, "softmax_cross_entropy: shapes");
   TROUPE_CHECK(valid > 0 && valid <= Vp, "softmax_cross_entropy: 0 < valid <= Vp");
@@ -389,6 +602,11 @@ void check_row_stats(const Tensor& t, int64_t N, const char* what) {
 
 void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_logit, const Tensor& logits,
                       const Tensor& targets, int64_t vocab_begin, int64_t valid) {
+  if (Widen w(ctx, {&logits}); w.active()) {
+    const Tensor logits_w = w.in(logits);
+    xent_local_stats(ctx, row_max, target_logit, logits_w, targets, vocab_begin, valid);
+    return w.finish();
+  }
   const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
   check_row_stats(row_max, N, "xent_local_stats: row_max is (N) f64");
   check_row_stats(target_logit, N, "xent_local_stats: target_logit is (N) f64");
@@ -402,6 +620,11 @@ void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_
 }
 
 void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, const Tensor& row_max, int64_t valid) {
+  if (Widen w(ctx, {&logits}); w.active()) {
+    const Tensor logits_w = w.inout(logits);
+    xent_exp_sum(ctx, sum_exp, logits_w, row_max, valid);
+    return w.finish();
+  }
   const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
   check_row_stats(sum_exp, N, "xent_exp_sum: sum_exp is (N) f64");
   check_row_stats(row_max, N, "xent_exp_sum: row_max is (N) f64");
@@ -414,6 +637,11 @@ void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, con
 
 void xent_loss(Context& ctx, const Tensor& losses, const Tensor& row_max, const Tensor& sum_exp,
                const Tensor& target_logit) {
+  if (Widen w(ctx, {&losses}); w.active()) {
+    const Tensor losses_w = w.out(losses);
+    xent_loss(ctx, losses_w, row_max, sum_exp, target_logit);
+    return w.finish();
+  }
   const int64_t N = losses.numel();
   check_row_stats(row_max, N, "xent_loss: row_max is (N) f64");
   check_row_stats(sum_exp, N, "xent_loss: sum_exp is (N) f64");
@@ -427,6 +655,11 @@ void xent_loss(Context& ctx, const Tensor& losses, const Tensor& row_max, const 
 
 void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
                    const Tensor& targets, int64_t vocab_begin, int64_t valid, double grad_scale) {
+  if (Widen w(ctx, {&logits}); w.active()) {
+    const Tensor logits_w = w.inout(logits);
+    xent_backward(ctx, logits_w, row_max, sum_exp, targets, vocab_begin, valid, grad_scale);
+    return w.finish();
+  }
   const int64_t Vl = logits.dim(-1), N = logits.numel() / Vl;
   check_row_stats(row_max, N, "xent_backward: row_max is (N) f64");
   check_row_stats(sum_exp, N, "xent_backward: sum_exp is (N) f64");
@@ -441,6 +674,12 @@ void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, co
 
 void adamw_update(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, const AdamWParams& p) {
+  if (Widen w(ctx, {&grad, &param, &exp_avg, &exp_avg_sq}); w.active()) {
+    const Tensor grad_w = w.in(grad), param_w = w.inout(param), exp_avg_w = w.inout(exp_avg),
+                 exp_avg_sq_w = w.inout(exp_avg_sq);
+    adamw_update(ctx, param_w, grad_w, exp_avg_w, exp_avg_sq_w, p);
+    return w.finish();
+  }
   const int64_t n = param.numel();
   TROUPE_CHECK(grad.numel() == n && exp_avg.numel() == n && exp_avg_sq.numel() == n, "adamw: shapes");
   TROUPE_CHECK(p.step >= 1, "adamw: step is 1-based");
@@ -452,6 +691,12 @@ void adamw_update(Context& ctx, const Tensor& param, const Tensor& grad, const T
 }
 
 double sum_squares(Context& ctx, const Tensor& t) {
+  if (Widen w(ctx, {&t}); w.active()) {
+    const Tensor t_w = w.in(t);
+    const double s = sum_squares(ctx, t_w);
+    w.finish();
+    return s;
+  }
   double s = 0;
   dispatch(ctx, t.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -461,6 +706,11 @@ double sum_squares(Context& ctx, const Tensor& t) {
 }
 
 void scale_inplace(Context& ctx, const Tensor& t, double factor) {
+  if (Widen w(ctx, {&t}); w.active()) {
+    const Tensor t_w = w.inout(t);
+    scale_inplace(ctx, t_w, factor);
+    return w.finish();
+  }
   dispatch(ctx, t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::scale<T>(*ctx.pool, t.data<T>(), t.numel(), factor);

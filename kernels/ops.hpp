@@ -2,8 +2,14 @@
 // Shapes are written beside each argument; B batch, T sequence, C channels, H heads, hs = C/H,
 // N = B*T rows, V real vocabulary, Vp padded vocabulary (>= V), P max positions.
 //
-// Conventions: f32 and f64 tensors are accepted (f64 exists for the finite-difference tests); all
-// tensors of one call share dtype and device. Gradients of parameters accumulate (+=) so micro-
+// Conventions: every op computes in f32 or f64 (f64 exists for the finite-difference tests). A call is
+// either all-f64, or f32 with any of its floating tensors in one 16-bit storage type (bf16 or f16,
+// not both): 16-bit arguments are widened exactly to f32 temporaries, the f32 op runs, and every
+// written 16-bit argument is rounded back to nearest even (docs/PRECISION.md; kernels/half.hpp). So an
+// op's 16-bit result is bitwise RNE16(op32(widen(inputs))); arguments read and written (+= gradients,
+// in-place ops) are widened first and narrowed after; aliased arguments stay aliased. Statistics (norm
+// mean/rstd, losses) may be f32 beside 16-bit activations; the xent row statistics stay f64. The f32
+// and f64 paths are unchanged by the layer. All tensors of one call share the device. Gradients of parameters accumulate (+=) so micro-
 // batches add up; gradients of activations overwrite unless the name says "accumulate". Every op is
 // deterministic: reductions run in a fixed order that does not depend on the number of threads.
 // Preconditions are checked (TROUPE_CHECK); a violated one is a bug in the caller.
@@ -16,6 +22,13 @@
 #include "kernels/tensor.hpp"
 
 namespace troupe::ops {
+
+// ---- dtype conversion and overflow check (mixed precision) -------------------------------------
+// dst = src element by element (same numel), any of f32, f64, bf16, f16 each way; narrowing rounds to
+// nearest even in one rounding (kernels/half.hpp's rules); parallel over ctx.pool.
+void convert(Context& ctx, const Tensor& dst, const Tensor& src);
+// The number of Inf and NaN elements of a f32, f64, bf16 or f16 tensor (loss scaling's overflow check).
+int64_t count_nonfinite(Context& ctx, const Tensor& t);
 
 // ---- token + position embedding -------------------------------------------------------------
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos0 + t,:]

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/half.hpp"
+
 namespace troupe {
 
 size_t dtype_size(DType t) {
@@ -145,19 +147,11 @@ void Tensor::copy_from(const Tensor& src) const {
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
+  TROUPE_CHECK(device() == Device::cpu, "Tensor::to converts host tensors");
+  TROUPE_CHECK(half::is_float_dtype(dtype_) && half::is_float_dtype(dtype),
+               "Tensor::to converts between f32, f64, bf16 and f16 only");
   Tensor t = empty(shape_, dtype, device());
-  int64_t n = numel();
-  if (dtype_ == DType::f32 && dtype == DType::f64) {
-    const float* s = data<float>();
-    double* d = t.data<double>();
-    for (int64_t i = 0; i < n; ++i) d[i] = s[i];
-  } else if (dtype_ == DType::f64 && dtype == DType::f32) {
-    const double* s = data<double>();
-    float* d = t.data<float>();
-    for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
-  } else {
-    TROUPE_CHECK(false, "Tensor::to converts between f32 and f64 only");
-  }
+  half::convert_array(dtype, t.raw(), dtype_, raw(), numel());
   return t;
 }
 

@@ -16,7 +16,8 @@
 
 namespace troupe {
 
-// fp32 is the compute type today; bf16/fp16 are storage types the CUDA backend will compute in.
+// f32 is the compute type (f64 for the gradient checks); bf16/f16 are storage types: the CPU ops widen
+// them to f32 and round results back (kernels/half.hpp, docs/PRECISION.md).
 enum class DType : uint8_t { f32, f64, bf16, f16, i32, i64, u16, u8 };
 enum class Device : uint8_t { cpu, cuda };
 
@@ -98,7 +99,9 @@ class Tensor {
   Tensor clone() const;
   void zero_() const;
   void copy_from(const Tensor& src) const;  // same shape and dtype
-  Tensor to(DType dtype) const;             // CPU conversion between f32 and f64 (tests, checkpoints)
+  // A new CPU tensor of the given dtype: any of f32, f64, bf16, f16 into any of them, narrowing with
+  // one round-to-nearest-even (kernels/half.hpp's rules); the same dtype gives a clone.
+  Tensor to(DType dtype) const;
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
 
  private:
