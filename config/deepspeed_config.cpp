@@ -116,7 +116,8 @@ std::string lower(std::string s) {
 //     swapper always reads ahead and writes back). ratio (partial offload) must be 1.
 //   offload_param: DeepSpeed moves the parameters to "device". An absent or "none" device is
 //     accepted; any other is an error, since parameter offload is not in this build yet.
-// * fp16 / bf16 .enabled (default false).
+// * fp16 / bf16: see merge_precision (the keys, DeepSpeed's defaults and which loss-scaling rules
+//   follow); communication_data_type: merge_communication_type.
 // Keys that change nothing in troupe (config/deepspeed_keys.cpp: the tuning knobs, fp16's
 // loss-scale settings with fp16 off, profilers and loggers that only print) are accepted with one
 // start-up note each saying why. A key DeepSpeed knows but troupe does not (or a typo) is an error:
@@ -143,9 +144,9 @@ class DeepSpeedMerger {
         top, "",
         {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
          "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-         "zero_optimization", "fp16", "bf16", "tensorboard"});
-    (void)merge_precision(top, "fp16");
-    (void)merge_precision(top, "bf16");
+         "zero_optimization", "fp16", "bf16", "tensorboard", "communication_data_type"});
+    (void)merge_precision(top);
+    (void)merge_communication_type(top);
     (void)merge_zero(top);
     (void)merge_switched_blocks(top);
     merge_tensorboard(top);
@@ -466,18 +467,147 @@ class DeepSpeedMerger {
     (*origins_)[flag] = "\"" + key + "\" in " + file_;
   }
 
-  Status merge_precision(const json& top, const char* key) {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", key, &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, key, {"enabled"}));
-    std::optional<bool> enabled;
-    TROUPE_RETURN_IF_ERROR(get_bool(*block, key, "enabled", &enabled));
-    if (enabled.value_or(false))
-      return error(std::string(key) + ".enabled",
-                   "is true, but mixed precision is not available on the CPU backend (troupe "
-                   "trains in fp32)",
-                   std::string("set \"enabled\": false or remove \"") + key + "\"");
+  // fp16 / bf16 (deepspeed/runtime/config.py: get_fp16_enabled, get_bfloat16_enabled, get_loss_scale,
+  // get_initial_dynamic_scale, get_dynamic_loss_scale_args; the defaults in runtime/constants.py
+  // FP16_*_DEFAULT and BFLOAT16_*_DEFAULT). An enabled block makes the run 16-bit with DeepSpeed's
+  // loss-scaling rules (PrecisionConfig::recipe deepspeed, include/troupe/precision.hpp), each
+  // setting under the flag given on the command line. A switched-off block's keys change nothing
+  // (noted, their types checked). Both enabled, or the block beside the other type's flag: a problem.
+  Status merge_precision(const json& top) {
+    static const std::vector<std::string> fp16_keys = {
+        "enabled",        "loss_scale",     "initial_scale_power", "loss_scale_window",
+        "hysteresis",     "consecutive_hysteresis", "min_loss_scale", "auto_cast",
+        "fp16_master_weights_and_grads"};
+    static const std::vector<std::string> bf16_keys = {"enabled", "immediate_grad_update", "check_grad_overflow"};
+    static const std::set<std::string> bool_keys = {"enabled", "consecutive_hysteresis", "auto_cast",
+                                                    "fp16_master_weights_and_grads", "immediate_grad_update",
+                                                    "check_grad_overflow"};
+    const json* blocks[2] = {nullptr, nullptr};
+    std::optional<bool> on[2];
+    const char* names[2] = {"fp16", "bf16"};
+    for (int i = 0; i < 2; ++i) {
+      TROUPE_RETURN_IF_ERROR(get_object(top, "", names[i], &blocks[i]));
+      if (!blocks[i]) continue;
+      TROUPE_RETURN_IF_ERROR(check_keys(*blocks[i], names[i], i == 0 ? fp16_keys : bf16_keys));
+      TROUPE_RETURN_IF_ERROR(get_bool(*blocks[i], names[i], "enabled", &on[i]));
+    }
+    const bool fp16 = on[0].value_or(false), bf16 = on[1].value_or(false);
+    // A switched-off block: its settings are checked as DeepSpeed types them, and noted.
+    for (int i = 0; i < 2; ++i) {
+      if (!blocks[i] || on[i].value_or(false)) continue;
+      for (const auto& item : blocks[i]->items()) {
+        const std::string& k = item.key();
+        if (k == "enabled") continue;
+        if (std::find(fp16_keys.begin(), fp16_keys.end(), k) == fp16_keys.end() &&
+            std::find(bf16_keys.begin(), bf16_keys.end(), k) == bf16_keys.end())
+          continue;  // check_keys reported it
+        const size_t before = problems_.size();
+        if (bool_keys.count(k)) {
+          std::optional<bool> ignored;
+          (void)get_bool(*blocks[i], names[i], k.c_str(), &ignored);
+        } else {
+          std::optional<double> ignored;
+          (void)get_number(*blocks[i], names[i], k.c_str(), &ignored);
+        }
+        if (problems_.size() == before)
+          note(path_of(names[i], k), std::string("no effect -- \"") + names[i] + "\" is not enabled");
+      }
+    }
+    if (fp16 && bf16)
+      return error("fp16.enabled", "and \"bf16.enabled\" are both true",
+                   "enable one of them: a run computes in one 16-bit type (DeepSpeed refuses both too)");
+    if (!fp16 && !bf16) return Status::ok();
+    const std::string key = fp16 ? "fp16" : "bf16";
+    const char* flag = fp16 ? "--fp16" : "--bf16";
+    const char* other = fp16 ? "--bf16" : "--fp16";
+    if (given_(other))
+      return error(key + ".enabled", std::string("is true, but ") + other + " is given: the file asks for " + key +
+                                         ", the command line for " + (fp16 ? "bf16" : "fp16"),
+                   std::string("drop ") + other + " or set \"" + key + ".enabled\": false");
+    PrecisionConfig& p = cfg_->precision;
+    p.recipe = PrecisionRecipe::deepspeed;
+    p.dtype = fp16 ? PrecisionDType::fp16 : PrecisionDType::bf16;
+    if (!given_(flag)) (*origins_)[flag] = "\"" + key + ".enabled\" in " + file_;
+    const json& block = *blocks[fp16 ? 0 : 1];
+    if (bf16) {
+      std::optional<bool> immediate, check;
+      TROUPE_RETURN_IF_ERROR(get_bool(block, key, "immediate_grad_update", &immediate));
+      TROUPE_RETURN_IF_ERROR(get_bool(block, key, "check_grad_overflow", &check));
+      p.bf16_immediate_grad_update = immediate.value_or(false);
+      p.bf16_check_grad_overflow = check.value_or(false);
+      return Status::ok();
+    }
+    std::optional<bool> auto_cast, master16, consecutive;
+    TROUPE_RETURN_IF_ERROR(get_bool(block, key, "auto_cast", &auto_cast));
+    TROUPE_RETURN_IF_ERROR(get_bool(block, key, "fp16_master_weights_and_grads", &master16));
+    if (auto_cast.value_or(false))
+      (void)error("fp16.auto_cast", "is true: DeepSpeed then casts the module's inputs to fp16 itself",
+                  "set it to false or remove it: troupe's 16-bit engine casts its own activations");
+    if (master16.value_or(false))
+      (void)error("fp16.fp16_master_weights_and_grads",
+                  "is true: DeepSpeed then keeps the master weights and gradients in fp16 (with CPU offload)",
+                  "set it to false or remove it: troupe's master weights and checkpoints are fp32");
+    // DeepSpeed applies its FP16_*_DEFAULT values only when the block names one of the dynamic
+    // settings; otherwise its ZeRO loss scaler keeps its own defaults (include/troupe/precision.hpp).
+    bool named_any = false;
+    for (const char* k : {"initial_scale_power", "loss_scale_window", "min_loss_scale", "hysteresis",
+                          "consecutive_hysteresis"})
+      named_any = named_any || block.contains(k);
+    const PrecisionConfig d = deepspeed_fp16_defaults(named_any);
+    const std::string why_default =
+        named_any ? " (DeepSpeed's default)" : " (DeepSpeed's ZeRO loss scaler's default: the block names no dynamic setting)";
+    auto origin = [&](const char* k, bool present) { return key + "." + k + (present ? "" : why_default); };
+    std::optional<double> loss_scale, power, min_scale;
+    std::optional<int64_t> window, hysteresis;
+    TROUPE_RETURN_IF_ERROR(get_number(block, key, "loss_scale", &loss_scale));
+    TROUPE_RETURN_IF_ERROR(get_number(block, key, "initial_scale_power", &power));
+    TROUPE_RETURN_IF_ERROR(get_number(block, key, "min_loss_scale", &min_scale));
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(block, key, "loss_scale_window", &window));
+    TROUPE_RETURN_IF_ERROR(get_positive_integer(block, key, "hysteresis", &hysteresis));
+    TROUPE_RETURN_IF_ERROR(get_bool(block, key, "consecutive_hysteresis", &consecutive));
+    if (power && !(*power >= -1074 && *power <= 1023))
+      return error("fp16.initial_scale_power", fmt::format("is {}: 2 to that power is not a positive double", *power),
+                   "give the exponent of the initial scale, e.g. 16 for 65536");
+    if (!was_auto("fp16.loss_scale"))
+      apply("--loss-scale", &p.loss_scale, loss_scale.value_or(d.loss_scale), origin("loss_scale", loss_scale.has_value()));
+    if (!was_auto("fp16.initial_scale_power"))
+      apply("--initial-loss-scale", &p.initial_loss_scale, power ? std::pow(2.0, *power) : d.initial_loss_scale,
+            origin("initial_scale_power", power.has_value()));  // DeepSpeed's 2 ** power
+    if (!was_auto("fp16.min_loss_scale"))
+      apply("--min-loss-scale", &p.min_loss_scale, min_scale.value_or(d.min_loss_scale),
+            origin("min_loss_scale", min_scale.has_value()));
+    if (!was_auto("fp16.loss_scale_window"))
+      apply("--loss-scale-window", &p.loss_scale_window, window.value_or(d.loss_scale_window),
+            origin("loss_scale_window", window.has_value()));
+    if (!was_auto("fp16.hysteresis"))
+      apply("--hysteresis", &p.hysteresis, hysteresis.value_or(d.hysteresis), origin("hysteresis", hysteresis.has_value()));
+    p.consecutive_hysteresis = consecutive.value_or(d.consecutive_hysteresis);
+    return Status::ok();
+  }
+
+  // "communication_data_type" (runtime/config.py get_communication_data_type; engine.py
+  // communication_data_type): the type of the gradient all-reduce, "fp16", "bf16" or "fp32"
+  // (lower-cased; default: the model's type). Kept with a 16-bit block (PrecisionConfig::
+  // grad_reduce_dtype); a float32 run communicates in float32, so only "fp32" is harmless there.
+  Status merge_communication_type(const json& top) {
+    const auto it = top.find("communication_data_type");
+    if (it == top.end() || it->is_null() || is_auto(top, "", "communication_data_type")) return Status::ok();
+    if (!it->is_string())
+      return error("communication_data_type", "must be a string, got " + json_excerpt(*it), "write it in quotes");
+    const std::string v = lower(it->get<std::string>());
+    if (v != "fp16" && v != "bf16" && v != "fp32")
+      return error("communication_data_type", "is " + json_excerpt(*it) + "; DeepSpeed knows fp16, bf16 and fp32",
+                   "set one of them or remove it");
+    if (cfg_->precision.recipe != PrecisionRecipe::deepspeed) {
+      if (v != "fp32")
+        return error("communication_data_type",
+                     "is " + json_excerpt(*it) + ", but this run computes and communicates in float32 (no fp16 or "
+                     "bf16 block is enabled)",
+                     "set \"fp32\", remove it, or enable the \"fp16\" / \"bf16\" block");
+      note("communication_data_type", "\"fp32\": no effect -- a float32 run communicates in float32");
+      return Status::ok();
+    }
+    cfg_->precision.communication_data_type = v;
     return Status::ok();
   }
 

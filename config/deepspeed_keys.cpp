@@ -11,7 +11,6 @@ const char* const kZeroTuning =
 const char* const kStage3Tuning =
     "tunes when DeepSpeed's ZeRO-3 gathers and releases parameters, not what it computes; troupe's "
     "ZeRO-3 decides this itself";
-const char* const kFp16Only = "an fp16 loss-scaling setting: troupe trains in float32, which scales nothing";
 const char* const kCheckpointLayout =
     "troupe's checkpoints are layout-free: any layout resumes any other (docs/CHECKPOINT.md)";
 
@@ -37,8 +36,6 @@ const std::vector<DsHarmlessKey>& deepspeed_harmless_keys() {
       {"", "sparse_gradients", DsValue::false_only,
        "", "sparse embedding gradients are not in troupe: its embedding gradient is dense (the same "
        "values) -- set false or remove it"},
-      {"", "communication_data_type", DsValue::string,
-       "the data type of DeepSpeed's gradient all-reduce; troupe reduces in float32", ""},
       {"", "seq_parallel_communication_data_type", DsValue::string,
        "the data type of DeepSpeed-Ulysses' all-to-all; troupe's sequence parallelism is Megatron's", ""},
       {"", "flops_profiler", DsValue::object,
@@ -115,17 +112,6 @@ const std::vector<DsHarmlessKey>& deepspeed_harmless_keys() {
       {"scheduler.params", "last_batch_iteration", DsValue::minus_one_only, "",
        "DeepSpeed's scheduler would start part-way; troupe's schedule starts where the checkpoint "
        "left off -- remove it (or set -1)"},
-      // fp16 (only with "enabled": false; enabled fp16 is refused on its own)
-      {"fp16", "loss_scale", DsValue::number, kFp16Only, ""},
-      {"fp16", "initial_scale_power", DsValue::number, kFp16Only, ""},
-      {"fp16", "loss_scale_window", DsValue::number, kFp16Only, ""},
-      {"fp16", "hysteresis", DsValue::number, kFp16Only, ""},
-      {"fp16", "consecutive_hysteresis", DsValue::boolean, kFp16Only, ""},
-      {"fp16", "min_loss_scale", DsValue::number, kFp16Only, ""},
-      {"fp16", "auto_cast", DsValue::boolean, kFp16Only, ""},
-      {"fp16", "fp16_master_weights_and_grads", DsValue::boolean, kFp16Only, ""},
-      {"bf16", "immediate_grad_update", DsValue::boolean, "a bf16 setting: troupe trains in float32", ""},
-      {"bf16", "check_grad_overflow", DsValue::boolean, "a bf16 setting: troupe trains in float32", ""},
   };
   return keys;
 }

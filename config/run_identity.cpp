@@ -202,6 +202,9 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   d.may_change("--adam-beta1", now.adam_beta1, saved.adam_beta1);
   d.may_change("--adam-beta2", now.adam_beta2, saved.adam_beta2);
   d.may_change("--adam-eps", now.adam_eps, saved.adam_eps);
+  // Checkpoints hold fp32 master weights, so a run may resume in another precision (its loss scale
+  // then starts afresh).
+  d.may_change("precision", std::string(to_string(now.precision.dtype)), std::string(to_string(saved.precision.dtype)));
   if (now.override_opt_param_scheduler) {
     d.may_change("--lr", now.lr, saved.lr);
     d.may_change("--min-lr", now.min_lr, saved.min_lr);

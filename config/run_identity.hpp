@@ -27,7 +27,8 @@
 //       may change     the parallel layout and ZeRO stage, batch sizes, --train-iters (with the
 //                      schedule rule above), the data (--data-path, --split: the run continues at
 //                      its consumed samples), optimizer hyper-parameters (weight decay, betas, eps,
-//                      clipping), offload, recompute, intervals, threads. Each change is reported.
+//                      clipping), offload, recompute, intervals, threads, the precision (--fp16,
+//                      --bf16: the checkpoint's master weights are fp32). Each change is reported.
 //     Everything that must agree and does not is reported at once, as bad input (exit code 2).
 //
 // Pure functions except new_run_id (reads /dev/urandom) and the checks that read a folder.

@@ -20,12 +20,13 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 6;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+constexpr int kVersion = 7;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
                               // an array and the per-split data paths, 5 the model's dropout
                               // probabilities (older files: 0, since troupe trained without dropout)
                               // and the batch-size ramp-up (older files: none), 6 the architecture
-                              // family (older files: GPT-2's)
+                              // family (older files: GPT-2's), 7 the "precision" object (older
+                              // files: fp32, which troupe trained in)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -64,6 +65,26 @@ void visit_family_fields(Model& m, Visitor&& v) {
   v("rotary_percent", m.rotary_percent);
   v("rotary_base", m.rotary_base);
   v("rotary_interleaved", m.rotary_interleaved);
+}
+
+// Version 7: mixed precision (include/troupe/precision.hpp), the "precision" object (absent from older
+// files: fp32 and the Megatron defaults, PrecisionConfig's).
+template <class Config, class Visitor>
+void visit_precision_fields(Config& c, Visitor&& v) {
+  auto& p = c.precision;
+  v("dtype", p.dtype);
+  v("recipe", p.recipe);
+  v("loss_scale", p.loss_scale);
+  v("initial_loss_scale", p.initial_loss_scale);
+  v("min_loss_scale", p.min_loss_scale);
+  v("loss_scale_window", p.loss_scale_window);
+  v("hysteresis", p.hysteresis);
+  v("consecutive_hysteresis", p.consecutive_hysteresis);
+  v("accumulate_allreduce_grads_in_fp32", p.accumulate_allreduce_grads_in_fp32);
+  v("attention_softmax_in_fp32", p.attention_softmax_in_fp32);
+  v("bf16_immediate_grad_update", p.bf16_immediate_grad_update);
+  v("bf16_check_grad_overflow", p.bf16_check_grad_overflow);
+  v("communication_data_type", p.communication_data_type);
 }
 
 // A field's JSON value: itself, or an enum's spelling.
@@ -214,6 +235,11 @@ const Range* range_of(const std::string& path) {
       {"adam_beta2", {0, 1}},
       {"schedule.lr_warmup_fraction", {-1, 1}},
       {"schedule.lr_warmup_tokens", {-1, 9.2e18}},
+      // A loss scale is positive (the smallest positive double up); window and hysteresis count >= 1.
+      {"precision.initial_loss_scale", {4.9406564584124654e-324, std::numeric_limits<double>::max()}},
+      {"precision.min_loss_scale", {4.9406564584124654e-324, std::numeric_limits<double>::max()}},
+      {"precision.loss_scale_window", {1, 9.2e18}},
+      {"precision.hysteresis", {1, 9.2e18}},
   };
   const auto it = ranges.find(path);
   return it == ranges.end() ? nullptr : &it->second;
@@ -256,6 +282,8 @@ template <class Enum, std::enable_if_t<std::is_enum_v<Enum>, int> = 0>
 Status read_value(const json& value, const std::string& path, Enum* out) {
   if (!value.is_string() || !parse(value.get<std::string>(), *out)) {
     const char* expected = std::is_same_v<Enum, Normalization> ? "\"LayerNorm\" or \"RMSNorm\""
+                           : std::is_same_v<Enum, PrecisionDType>           ? "\"fp32\", \"bf16\" or \"fp16\""
+                           : std::is_same_v<Enum, PrecisionRecipe> ? "\"megatron\" or \"deepspeed\""
                            : std::is_same_v<Enum, PositionEmbedding>
                                ? "\"learned_absolute\", \"rope\", \"alibi\" or \"none\""
                                : "\"gelu\" or \"swiglu\"";
@@ -350,6 +378,9 @@ std::string TrainConfig::to_json() const {
   visit_schedule_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
   visit_rampup_fields(*this, [&](const char* key, const auto& value) { schedule_json[key] = value; });
   j["schedule"] = std::move(schedule_json);
+  json precision_json = json::object();
+  visit_precision_fields(*this, [&](const char* key, const auto& value) { precision_json[key] = json_value(value); });
+  j["precision"] = std::move(precision_json);
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_tokenizer_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
@@ -430,13 +461,31 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     TROUPE_RETURN_IF_ERROR(sc_reader.finish());
   }
 
+  if (version->get<int64_t>() >= 7) {
+    const auto pr_it = j.find("precision");
+    if (pr_it == j.end())
+      return Status::bad_input(
+          "train config JSON: missing key \"precision\" -- write the config again with `troupe train`");
+    if (!pr_it->is_object()) return type_error("precision", "an object", *pr_it);
+    ObjectReader pr_reader(*pr_it, "precision.");
+    visit_precision_fields(c, pr_reader);
+    TROUPE_RETURN_IF_ERROR(pr_reader.finish());
+    PrecisionDType ignored = PrecisionDType::fp32;
+    if (!c.precision.communication_data_type.empty() && !parse(c.precision.communication_data_type, ignored))
+      return type_error("precision.communication_data_type", "\"\", \"fp32\", \"bf16\" or \"fp16\"",
+                        *pr_it->find("communication_data_type"));
+  }
+
   ObjectReader reader(j, "");
   visit_train_fields(c, reader);
   if (version->get<int64_t>() >= 4) visit_data_fields(c, reader);
   if (j.contains("tokenizer_model")) visit_tokenizer_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
-  if (v >= 4)
+  if (v >= 7)
+    TROUPE_RETURN_IF_ERROR(
+        reader.finish({"format", "version", "model", "parallel", "runtime", "schedule", "precision"}));
+  else if (v >= 4)
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime", "schedule"}));
   else if (v >= 3)
     TROUPE_RETURN_IF_ERROR(reader.finish({"format", "version", "model", "parallel", "runtime"}));

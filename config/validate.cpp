@@ -60,6 +60,8 @@ class Validator {
     const bool shape = model_ok & check(parallel(c));
     if (shape) check(batch(c));
     check(optimizer(c));
+    check(precision(c));
+    check(precision_not_wired(c));  // PRECISION-NOT-WIRED
     check(schedule(c));
     check(data(c));
     check(checkpoints(c));
@@ -373,6 +375,48 @@ class Validator {
       return bad("--clip-grad", fmt::format("must be >= 0, got {}", c.clip_grad),
                  "use e.g. 1.0, or 0 to disable clipping");
     return Status::ok();
+  }
+
+  // The loss scaling's settings (include/troupe/precision.hpp; engine/loss_scaler.hpp runs them).
+  // Checked whatever the type, as Megatron's argparse reads them whatever the type. Megatron's
+  // DynamicGradScaler asserts min_scale <= initial_scale; DeepSpeed's DynamicLossScaler asserts
+  // nothing (a min above the initial scale lifts the scale at the first halving), so that rule is
+  // Megatron's recipe's only.
+  Status precision(const TrainConfig& c) const {
+    const PrecisionConfig& p = c.precision;
+    if (!(p.loss_scale >= 0) || !std::isfinite(p.loss_scale))
+      return bad("--loss-scale", fmt::format("must be >= 0, got {}", p.loss_scale),
+                 "give a static scale such as 1024, or leave it out (0) for dynamic loss scaling");
+    if (!(p.initial_loss_scale > 0) || !std::isfinite(p.initial_loss_scale))
+      return bad("--initial-loss-scale", fmt::format("must be positive, got {}", p.initial_loss_scale),
+                 "use e.g. 4294967296 (2^32, Megatron's default)");
+    if (!(p.min_loss_scale > 0) || !std::isfinite(p.min_loss_scale))
+      return bad("--min-loss-scale", fmt::format("must be positive, got {}", p.min_loss_scale), "use e.g. 1");
+    if (p.loss_scale_window < 1)
+      return bad("--loss-scale-window", fmt::format("must be at least 1, got {}", p.loss_scale_window),
+                 "use e.g. 1000 (clean steps before the scale doubles)");
+    if (p.hysteresis < 1)
+      return bad("--hysteresis", fmt::format("must be at least 1, got {}", p.hysteresis),
+                 "use e.g. 2 (overflows before the scale halves)");
+    if (p.dynamic_loss_scaling() && p.recipe == PrecisionRecipe::megatron && p.min_loss_scale > p.initial_loss_scale)
+      return bad("--min-loss-scale",
+                 fmt::format("{} is above --initial-loss-scale {}", p.min_loss_scale, p.initial_loss_scale),
+                 "make the minimum at most the initial scale (Megatron asserts it)");
+    PrecisionDType ignored = PrecisionDType::fp32;
+    if (!p.communication_data_type.empty() && !parse(p.communication_data_type, ignored))
+      return bad("communication_data_type", "is \"" + p.communication_data_type + "\"", "use fp16, bf16 or fp32");
+    return Status::ok();
+  }
+
+  // PRECISION-NOT-WIRED: until the engine runs 16-bit parameters and activations (the lead wires it),
+  // a 16-bit config must not train in fp32 unnoticed. Delete this check (and its call in run())
+  // when the engine is wired.
+  Status precision_not_wired(const TrainConfig& c) const {
+    if (!c.precision.sixteen_bit()) return Status::ok();
+    const char* flag = c.precision.dtype == PrecisionDType::fp16 ? "--fp16" : "--bf16";
+    return bad(flag, "asks for 16-bit training, but troupe's engine does not run 16-bit yet (it would train in fp32)",
+               std::string("drop ") + flag + " (and the DeepSpeed file's \"" + to_string(c.precision.dtype) +
+                   "\" block): float32 gives the losses " + to_string(c.precision.dtype) + " approximates");
   }
 
   Status schedule(const TrainConfig& c) const {

@@ -37,7 +37,6 @@ struct Entry {
 };
 
 constexpr const char* kFusion = "a kernel fusion: troupe's kernels are its own, the result is the same";
-constexpr const char* kFp16Only = "a setting of --fp16's loss scaling: troupe trains in float32, so there is none";
 constexpr const char* kWandb =
     "troupe does not write wandb runs: an offline run folder is the wandb package's own record format and an online "
     "run needs wandb's service -- drop the --wandb-* flags and give --tensorboard-dir DIR (Megatron's TensorBoard "
@@ -78,10 +77,8 @@ const std::vector<Entry>& entries() {
       {"--no-scatter-gather-tensors-in-pipeline", 0, Kind::noop,
        "how pipeline messages travel: troupe sends each activation whole"},
       {"--no-query-key-layer-scaling", 0, Kind::noop,
-       "query-key layer scaling changes nothing in float32 (it only guards fp16 against overflow)"},
-      {"--apply-query-key-layer-scaling", 0, Kind::noop,
-       "query-key layer scaling changes nothing in float32 (it only guards fp16 against overflow)"},
-      {"--accumulate-allreduce-grads-in-fp32", 0, Kind::noop, "troupe's gradients are float32 already"},
+       "troupe does not scale the query-key product by the layer number (Megatron's default now): the "
+       "scaling only reorders fp16 rounding, and --apply-query-key-layer-scaling keeps its fp32 softmax"},
       {"--no-contiguous-buffers-in-local-ddp", 0, Kind::noop, "a memory layout of Megatron's DDP"},
       {"--use-contiguous-buffers-in-local-ddp", 0, Kind::noop, "a memory layout of Megatron's DDP"},
       {"--DDP-impl", 1, Kind::noop, "troupe's data parallelism is its own", "local|torch",
@@ -128,18 +125,7 @@ const std::vector<Entry>& entries() {
       {"--log-optimizer-states-to-tensorboard", 0, Kind::noop,
        "Megatron-DeepSpeed's norms of the Adam moments (optimizer/* tags) are not written: troupe keeps the moments "
        "sharded in its optimizer actors; training is the same"},
-      // Precision: the one refusal issue 13 keeps until mixed precision comes.
-      {"--fp16", 0, Kind::refused,
-       "troupe trains in float32 only for now (mixed precision is planned) -- drop --fp16: float32 gives the "
-       "losses fp16 approximates"},
-      {"--bf16", 0, Kind::refused,
-       "troupe trains in float32 only for now (mixed precision is planned) -- drop --bf16: float32 gives the "
-       "losses bf16 approximates"},
-      {"--hysteresis", 1, Kind::noop, kFp16Only},
-      {"--loss-scale", 1, Kind::noop, kFp16Only},
-      {"--initial-loss-scale", 1, Kind::noop, kFp16Only},
-      {"--min-loss-scale", 1, Kind::noop, kFp16Only},
-      {"--loss-scale-window", 1, Kind::noop, kFp16Only},
+      // Precision: --fp16, --bf16 and the loss-scale flags are troupe's own (include/troupe/precision.hpp).
       {"--fp32-residual-connection", 0, Kind::noop, "troupe's residual stream is float32 already"},
       // Other spellings of what troupe does.
       {"--checkpoint-activations", 0, Kind::alias, "Megatron's older spelling of --recompute-granularity full", "", "",

@@ -115,6 +115,53 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
 
 }  // namespace
 
+void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vector<std::string>* problems,
+                           std::vector<std::string>* notes) {
+  PrecisionConfig& p = cfg->precision;
+  const bool fp16 = given("--fp16"), bf16 = given("--bf16");
+  if (fp16 && bf16) {
+    problems->push_back("--fp16 and --bf16 contradict each other -- keep one of them (Megatron asserts the same)");
+  } else if (p.recipe != PrecisionRecipe::deepspeed) {
+    // Without an enabled DeepSpeed block the flags decide, with Megatron's rules.
+    if (fp16) p.dtype = PrecisionDType::fp16;
+    if (bf16) p.dtype = PrecisionDType::bf16;
+  }
+  // Megatron's arguments.py / TransformerConfig: query-key layer scaling implies the fp32 softmax.
+  if (given("--apply-query-key-layer-scaling")) p.attention_softmax_in_fp32 = true;
+  if (notes == nullptr) return;
+  const char* dynamic_flags[] = {"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"};
+  std::string given_dynamic;
+  for (const char* f : dynamic_flags)
+    if (given(f)) given_dynamic += (given_dynamic.empty() ? "" : ", ") + std::string(f);
+  const bool megatron = p.recipe == PrecisionRecipe::megatron;
+  if (p.dtype == PrecisionDType::fp32) {
+    std::string all = given("--loss-scale") ? "--loss-scale" : "";
+    if (!given_dynamic.empty()) all += (all.empty() ? "" : ", ") + given_dynamic;
+    if (!all.empty())
+      notes->push_back(all + ": no effect -- without --fp16 or --bf16 troupe trains in float32, which scales "
+                             "nothing (Megatron's FP32Optimizer has no loss scaler)");
+    if (given("--accumulate-allreduce-grads-in-fp32"))
+      notes->push_back("--accumulate-allreduce-grads-in-fp32: no effect -- float32 gradients are accumulated and "
+                       "all-reduced in float32");
+  } else if (p.dtype == PrecisionDType::bf16) {
+    if (!given_dynamic.empty())
+      notes->push_back(given_dynamic + " with bf16: no effect -- bf16 uses no dynamic loss scaling (Megatron "
+                       "builds its DynamicGradScaler only for --fp16)");
+    if (given("--loss-scale") && megatron)
+      notes->push_back("--loss-scale with --bf16: a constant loss scale, as Megatron's ConstantGradScaler (an "
+                       "overflow skips the step)");
+    else if (given("--loss-scale"))
+      notes->push_back("--loss-scale with the DeepSpeed file's bf16: no effect -- DeepSpeed's bf16 scales nothing");
+    if (given("--accumulate-allreduce-grads-in-fp32"))
+      notes->push_back("--accumulate-allreduce-grads-in-fp32 with bf16: no effect -- bf16 gradients are always "
+                       "accumulated and all-reduced in fp32 (Megatron forces it)");
+  }
+  if (given("--apply-query-key-layer-scaling"))
+    notes->push_back("--apply-query-key-layer-scaling: read as --attention-softmax-in-fp32 -- the scaling divides "
+                     "the scores by the layer number and multiplies it back in the fp32 softmax, the same values "
+                     "up to rounding, which troupe's fp32 softmax gives");
+}
+
 void apply_model_family_flags(const CLI::App& cmd, GptConfig* m, std::vector<std::string>* problems,
                               std::vector<std::string>* notes) {
   // A command with fewer flags than `troupe train` (troupe bench gpt): a flag it lacks was not given.
@@ -305,6 +352,30 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(optim, "--clip-grad", cfg->clip_grad,
       "Clip the global gradient norm to this (0: no clipping)");
   opt(optim, "--seed", cfg->seed, "Random seed of the initialisation and the data order");
+
+  // Mixed precision (include/troupe/precision.hpp): Megatron's flags, read after parsing
+  // (apply_precision_flags), so that a contradiction is one problem among all.
+  const char* prec = "Mixed precision";
+  PrecisionConfig& pr = cfg->precision;
+  cmd->add_flag("--fp16")->description("Train in fp16 with dynamic loss scaling (fp32 master weights)")->group(prec);
+  cmd->add_flag("--bf16")->description("Train in bf16 (fp32 master weights and gradients)")->group(prec);
+  opt(prec, "--loss-scale", pr.loss_scale,
+      "Static loss scale (> 0; also with --bf16, as Megatron); 0: dynamic loss scaling with --fp16");
+  opt(prec, "--initial-loss-scale", pr.initial_loss_scale, "Initial dynamic loss scale (--fp16)");
+  opt(prec, "--min-loss-scale", pr.min_loss_scale, "Minimum dynamic loss scale (--fp16)");
+  opt(prec, "--loss-scale-window", pr.loss_scale_window,
+      "Overflow-free steps before the dynamic loss scale doubles (--fp16)");
+  opt(prec, "--hysteresis", pr.hysteresis, "Overflows before the dynamic loss scale halves (--fp16)");
+  cmd->add_flag("--accumulate-allreduce-grads-in-fp32", pr.accumulate_allreduce_grads_in_fp32,
+                "Accumulate and all-reduce gradients in fp32 with --fp16 (--bf16 always does)")
+      ->group(prec);
+  cmd->add_flag("--attention-softmax-in-fp32", pr.attention_softmax_in_fp32,
+                "Run the attention's masking and softmax in fp32 with --fp16 / --bf16")
+      ->group(prec);
+  cmd->add_flag("--apply-query-key-layer-scaling")
+      ->description("Megatron's query-key layer scaling: troupe computes the same scores; implies "
+                    "--attention-softmax-in-fp32, as in Megatron")
+      ->group(prec);
 
   const char* data = "Data";
   // Megatron's nargs='*' lists (docs/DATA.md, "Blends"): each occurrence replaces the last.
@@ -500,6 +571,7 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   }
   std::vector<std::string> flag_problems;
   apply_family_flags(cmd, given, cfg->model, flag_problems, notes);
+  apply_precision_flags(given, cfg, &flag_problems, notes);
   // Megatron: sequence parallelism is meaningless without tensor parallelism; silently off.
   if (cfg->tensor_model_parallel_size == 1) cfg->sequence_parallel = false;
   // A preset's table size stays unless --seq-length outgrows it.

@@ -23,7 +23,9 @@
 // gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown ->
 // --timing-log-level 2; zero_optimization {stage 0..3 -> --zero-stage, offload_optimizer {device
 // none|cpu|nvme -> --offload-optimizer, nvme_path -> --offload-path}, offload_param only with device
-// "none"}; fp16 / bf16 {enabled false}. The keys that change nothing in troupe
+// "none"}; fp16 {enabled -> --fp16, loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+// consecutive_hysteresis, min_loss_scale; auto_cast and fp16_master_weights_and_grads only false},
+// bf16 {enabled -> --bf16, immediate_grad_update, check_grad_overflow}, communication_data_type. The keys that change nothing in troupe
 // (config/deepspeed_keys.hpp) are accepted with a note each; "auto" leaves the flag's value; any
 // other key, at any depth, is a problem naming its key path and the nearest accepted spelling.
 // docs/COMPAT.md has the tables; deepspeed_config.cpp the DeepSpeed behaviour each mapping
@@ -61,6 +63,15 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg);
 void add_model_family_options(CLI::App* cmd, GptConfig* m);
 void apply_model_family_flags(const CLI::App& cmd, GptConfig* m, std::vector<std::string>* problems,
                               std::vector<std::string>* notes);
+
+// The mixed-precision flags after the parse (and after the DeepSpeed file's merge): --fp16 /
+// --bf16 set the type unless the file enabled a 16-bit block (then DeepSpeed's recipe holds, the
+// flags' loss-scale values still winning field by field: include/troupe/precision.hpp);
+// --apply-query-key-layer-scaling implies --attention-softmax-in-fp32. --fp16 with --bf16 is
+// appended to `*problems`; `*notes` (if given) gets a line for each setting without effect in the
+// chosen type (loss scaling in fp32, the dynamic settings with bf16).
+void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vector<std::string>* problems,
+                           std::vector<std::string>* notes);
 
 // After `cmd` was parsed: merges the --deepspeed-config file (if given) for the settings whose
 // flags were not given, fills derived defaults, then validates with validate_train_config, and with

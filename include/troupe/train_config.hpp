@@ -9,6 +9,7 @@
 
 #include "troupe/status.hpp"
 #include "troupe/model_config.hpp"
+#include "troupe/precision.hpp"
 
 namespace troupe {
 
@@ -87,6 +88,12 @@ struct TrainConfig {
   // op it came from (found by replaying the iteration). The inspector's `watch nan|off` switches it
   // at run time. Like the inspector's flags, not stored in checkpoints.
   bool watch_nan = false;
+
+  // Mixed precision (include/troupe/precision.hpp): --fp16 / --bf16 and the loss scaling, or the
+  // DeepSpeed file's fp16 / bf16 blocks. Stored in checkpoints ("precision"); a checkpoint may be
+  // resumed in another precision (its master weights are fp32), and one written before version 7
+  // reads as fp32.
+  PrecisionConfig precision;
 
   // Optimizer (AdamW) and learning-rate schedule (Megatron's semantics).
   double lr = 6e-4;
@@ -205,11 +212,12 @@ struct TrainConfig {
            offload_optimizer != "none";
   }
 
-  // {"format": "troupe.train_config", "version": 4, "model": {GptConfig's fields}, "parallel": {the
+  // {"format": "troupe.train_config", "version": 7, "model": {GptConfig's fields}, "parallel": {the
   // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts,
-  // distributed_timeout_minutes}, every other field above}, indented; the data paths are arrays of
-  // strings. Versions 1 (no "parallel"), 2 (no "runtime") and 3 (data_path a string, no per-split
-  // paths) still load. from_json requires every key and rejects unknown ones; errors
+  // distributed_timeout_minutes}, "schedule": {...}, "precision": {PrecisionConfig's fields}, every
+  // other field above}, indented; the data paths are arrays of strings. Versions 1 (no "parallel"),
+  // 2 (no "runtime"), 3 (data_path a string, no per-split paths), 4, 5 and 6 (no "precision": fp32)
+  // still load. from_json requires every key and rejects unknown ones; errors
   // name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);

@@ -154,7 +154,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     extra.push_back(bad);
     originals.push_back(names[static_cast<size_t>(k)]);
   }
-  extra.insert(extra.end(), {"--fp16", "--optimizer", "sgd", "--squared-relu",
+  extra.insert(extra.end(), {"--eod-mask-loss", "--optimizer", "sgd", "--squared-relu",
                              "--lr-decay-iters-fraction", "0.5", "--zzzz-not-megatron", "7", "--apply-layernorm-1p"});
   auto s = screen_train_args(base(extra), 1);
   REQUIRE_FALSE(s.is_ok());
@@ -165,7 +165,7 @@ TEST_CASE("compat: every misspelt, refused or unknown flag at once, each with it
     CHECK_THAT(m, Contains(extra[k] + ": not a flag of troupe train"));
     CHECK_THAT(m, Contains(originals[k]));
   }
-  CHECK_THAT(m, Contains("--fp16: troupe trains in float32"));
+  CHECK_THAT(m, Contains("--eod-mask-loss: troupe counts the loss on every token"));
   CHECK_THAT(m, Contains("--optimizer sgd: troupe trains with AdamW only"));
   CHECK_THAT(m, Contains("--squared-relu: an architecture variant troupe does not build"));
   CHECK_THAT(m, Contains("--lr-decay-iters-fraction: give --lr-decay-iters"));
@@ -195,19 +195,19 @@ TEST_CASE("compat: --hidden-dropout and --attention-dropout: Megatron's defaults
 }
 
 TEST_CASE("compat: validation's problems come with the flags' problems", "[compat]") {
-  auto s = screen_train_args(base({"--fp16", "--lr", "-1", "--clip-grad", "-2", "--hidden-dropout", "1"}), 1);
+  auto s = screen_train_args(base({"--eod-mask-loss", "--lr", "-1", "--clip-grad", "-2", "--hidden-dropout", "1"}), 1);
   REQUIRE_FALSE(s.is_ok());
   const std::string m = s.status().message();
   INFO(m);
-  CHECK_THAT(m, Contains("--fp16"));
+  CHECK_THAT(m, Contains("--eod-mask-loss"));
   CHECK_THAT(m, Contains("--lr"));
   CHECK_THAT(m, Contains("--clip-grad"));
   CHECK_THAT(m, Contains("--hidden-dropout must be a probability at least 0 and below 1"));
   CHECK_THAT(m, Contains("4 problems with the flags"));
   // A value CLI11 cannot read is named too.
-  auto t = screen_train_args(base({"--bf16", "--num-layers", "two"}), 1);
+  auto t = screen_train_args(base({"--eod-mask-loss", "--num-layers", "two"}), 1);
   REQUIRE_FALSE(t.is_ok());
-  CHECK_THAT(t.status().message(), Contains("--bf16"));
+  CHECK_THAT(t.status().message(), Contains("--eod-mask-loss"));
   CHECK_THAT(t.status().message(), Contains("two"));
 }
 

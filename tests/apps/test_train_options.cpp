@@ -572,10 +572,10 @@ TEST_CASE("train options: DeepSpeed file errors name the key and the file",
   CHECK_THAT(error(R"({"zero_optimization": {"stage": -1}})"), Contains("ZeRO stages are 0 to 3"));
   CHECK_THAT(error(R"({"zero_optimization": {"stage": "2"}})"),
              Contains("\"zero_optimization.stage\" must be an integer"));
-  CHECK_THAT(error(R"({"fp16": {"enabled": true}})"),
-             Contains("\"fp16.enabled\"") &&
-                 Contains("mixed precision is not available on the CPU backend"));
-  CHECK_THAT(error(R"({"bf16": {"enabled": true}})"), Contains("\"bf16.enabled\""));
+  CHECK_THAT(error(R"({"fp16": {"enabled": true, "auto_cast": true}})"),
+             Contains("\"fp16.auto_cast\" is true") && Contains("set it to false"));
+  CHECK_THAT(error(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+             Contains("\"fp16.enabled\" and \"bf16.enabled\" are both true"));
   CHECK_THAT(error(R"({"fp16": {"enabled": "yes"}})"), Contains("must be true or false"));
   CHECK_THAT(error(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"),
              Contains("adam_w_mode") && Contains("AdamW"));

@@ -11,8 +11,15 @@ namespace {
 
 using nlohmann::json;
 
-// A file as version 5 wrote it: no architecture family in "model".
+// A file as version 6 wrote it: no "precision".
+json without_precision(json j) {
+  j.erase("precision");
+  return j;
+}
+
+// A file as version 5 wrote it: no architecture family in "model" (nor "precision").
 json without_family(json j) {
+  j = without_precision(j);
   for (const char* key : {"normalization", "position_embedding_type", "activation", "add_bias_linear",
                           "untie_embeddings_and_output_weights", "embed_layernorm", "num_query_groups", "kv_channels",
                           "ffn_hidden_size", "rotary_percent", "rotary_base", "rotary_interleaved"})
@@ -118,6 +125,19 @@ TrainConfig all_fields_set() {
   c.metrics_file = "/logs/metrics.jsonl";
   c.num_threads = 6;
   c.deepspeed_config = "ds_config.json";
+  c.precision.dtype = PrecisionDType::fp16;
+  c.precision.recipe = PrecisionRecipe::deepspeed;
+  c.precision.loss_scale = 0.125;
+  c.precision.initial_loss_scale = 65536.5;
+  c.precision.min_loss_scale = 0.25;
+  c.precision.loss_scale_window = 333;
+  c.precision.hysteresis = 5;
+  c.precision.consecutive_hysteresis = true;
+  c.precision.accumulate_allreduce_grads_in_fp32 = true;
+  c.precision.attention_softmax_in_fp32 = true;
+  c.precision.bf16_immediate_grad_update = true;
+  c.precision.bf16_check_grad_overflow = true;
+  c.precision.communication_data_type = "bf16";
   return c;
 }
 
@@ -199,6 +219,7 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.metrics_file == b.metrics_file);
   CHECK(a.num_threads == b.num_threads);
   CHECK(a.deepspeed_config == b.deepspeed_config);
+  CHECK(a.precision == b.precision);
 }
 
 // Parses `c.to_json()`, lets `edit` damage it, and returns from_json's error message.
@@ -247,7 +268,7 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.size() == 23);
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 6);
+  CHECK(j.at("version") == 7);
 }
 
 TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as it trained", "[train_config]") {
@@ -260,7 +281,7 @@ TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as 
   CHECK(r.value().model.attention_dropout == 0);
   CHECK(!r.value().rampup());
   CHECK(r.value().model.num_layers == 7);
-  CHECK(json::parse(r.value().to_json()).at("version") == 6);
+  CHECK(json::parse(r.value().to_json()).at("version") == 7);
   CHECK(r.value().model.is_gpt2_family());
   // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
   json with = without_family(json::parse(all_fields_set().to_json()));
@@ -379,7 +400,7 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
   // Written again, it is version 5.
-  CHECK(json::parse(c.to_json()).at("version") == 6);
+  CHECK(json::parse(c.to_json()).at("version") == 7);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
@@ -437,10 +458,10 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 7; }),
-             Catch::Contains("\"version\" must be 1 to 6") && Catch::Contains("got 7"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 8; }),
+             Catch::Contains("\"version\" must be 1 to 7") && Catch::Contains("got 8"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 6"));
+             Catch::Contains("\"version\" must be 1 to 7"));
   CHECK_THAT(error_after([](json& j) { j["model"]["position_embedding_type"] = "sinusoidal"; }),
              Catch::Contains("\"model.position_embedding_type\" must be \"learned_absolute\""));
   CHECK_THAT(error_after([](json& j) { j["model"].erase("rotary_base"); }),
@@ -572,3 +593,93 @@ TEST_CASE("train config: a file without tokenizer_model (before the model famili
   REQUIRE_FALSE(bad.is_ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("tokenizer_model"));
 }
+
+namespace troupe {
+namespace {
+
+TEST_CASE("train config: the precision sits under \"precision\" (version 7); older files read as fp32",
+          "[train_config]") {
+  const TrainConfig c = all_fields_set();
+  const json j = json::parse(c.to_json());
+  const json& p = j.at("precision");
+  CHECK(p.at("dtype") == "fp16");
+  CHECK(p.at("recipe") == "deepspeed");
+  CHECK(p.at("initial_loss_scale") == 65536.5);
+  CHECK(p.at("hysteresis") == 5);
+  CHECK(p.at("communication_data_type") == "bf16");
+  CHECK(p.size() == 13);
+  // A version 6 (or 5) file has no "precision": fp32 with Megatron's defaults, as troupe trained then.
+  for (int version : {6, 5}) {
+    json old = version == 6 ? without_precision(j) : without_family(j);
+    old["version"] = version;
+    auto r = TrainConfig::from_json(old.dump());
+    INFO(version << ": " << r.status().message());
+    REQUIRE(r.is_ok());
+    CHECK(r.value().precision == PrecisionConfig{});
+    CHECK(r.value().precision.dtype == PrecisionDType::fp32);
+    CHECK(r.value().micro_batch_size == c.micro_batch_size);
+    CHECK(json::parse(r.value().to_json()).at("version") == 7);
+  }
+  // Version 6 never had it: there it is unknown; version 7 needs it, whole.
+  json extra = j;
+  extra["version"] = 6;
+  auto bad = TrainConfig::from_json(extra.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("unknown key \"precision\""));
+  CHECK_THAT(error_after([](json& e) { e.erase("precision"); }), Catch::Contains("missing key \"precision\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"].erase("hysteresis"); }),
+             Catch::Contains("missing key \"precision.hysteresis\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["dtype"] = "fp8"; }),
+             Catch::Contains("\"precision.dtype\" must be \"fp32\", \"bf16\" or \"fp16\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["recipe"] = "apex"; }),
+             Catch::Contains("\"precision.recipe\" must be \"megatron\" or \"deepspeed\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["hysteresis"] = 0; }),
+             Catch::Contains("\"precision.hysteresis\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["min_loss_scale"] = 0; }),
+             Catch::Contains("\"precision.min_loss_scale\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["communication_data_type"] = "int8"; }),
+             Catch::Contains("\"precision.communication_data_type\""));
+  CHECK_THAT(error_after([](json& e) { e["precision"]["loss_scale_factor"] = 2; }),
+             Catch::Contains("unknown key \"precision.loss_scale_factor\""));
+}
+
+TEST_CASE("train config: the gradient types of each recipe", "[train_config]") {
+  using D = PrecisionDType;
+  PrecisionConfig m;  // Megatron: bf16 always fp32; fp16 fp16 unless asked; fp32 fp32
+  for (int stage = 0; stage <= 3; ++stage) {
+    m.dtype = D::bf16;
+    CHECK(m.grad_dtype(stage) == D::fp32);
+    CHECK(m.grad_reduce_dtype(stage) == D::fp32);
+    m.dtype = D::fp16;
+    m.accumulate_allreduce_grads_in_fp32 = false;
+    CHECK(m.grad_dtype(stage) == D::fp16);
+    CHECK(m.grad_reduce_dtype(stage) == D::fp16);
+    m.accumulate_allreduce_grads_in_fp32 = true;
+    CHECK(m.grad_dtype(stage) == D::fp32);
+    CHECK(m.grad_reduce_dtype(stage) == D::fp32);
+    m.communication_data_type = "bf16";  // DeepSpeed's key: not Megatron's
+    CHECK(m.grad_reduce_dtype(stage) == D::fp32);
+    m.communication_data_type.clear();
+    m.dtype = D::fp32;
+    CHECK(m.grad_dtype(stage) == D::fp32);
+  }
+  PrecisionConfig d;  // DeepSpeed's get_data_types / communication_data_type
+  d.recipe = PrecisionRecipe::deepspeed;
+  d.dtype = D::bf16;
+  CHECK(d.grad_dtype(0) == D::fp32);  // the BF16_Optimizer
+  CHECK(d.grad_reduce_dtype(0) == D::bf16);
+  CHECK(d.grad_dtype(2) == D::bf16);  // ZeRO: the model's type
+  d.dtype = D::fp16;
+  d.accumulate_allreduce_grads_in_fp32 = true;  // Megatron's flag: not DeepSpeed's rule
+  CHECK(d.grad_dtype(0) == D::fp16);
+  CHECK(d.grad_reduce_dtype(1) == D::fp16);
+  d.communication_data_type = "fp32";
+  CHECK(d.grad_reduce_dtype(1) == D::fp32);
+  d.dtype = D::fp32;
+  d.communication_data_type.clear();
+  CHECK(d.grad_dtype(3) == D::fp32);
+  CHECK(d.grad_reduce_dtype(3) == D::fp32);
+}
+
+}  // namespace
+}  // namespace troupe
