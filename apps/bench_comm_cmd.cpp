@@ -6,7 +6,9 @@
 // Size is the total buffer as nccl-tests defines it: the all_reduce buffer, reduce_scatter's send
 // buffer (ranks x block), all_gather's receive buffer. time = max over ranks of the mean time per op;
 // algbw = size / time; busbw = algbw x 2(n-1)/n (all_reduce), x (n-1)/n (reduce_scatter, all_gather).
-// The first call of every size is checked exactly against the serial result (integer-valued floats).
+// The first call of every size is checked exactly against the serial result (integer-valued floats,
+// exact in bf16/f16 too). --dtype f32|bf16|f16 picks the element type: a size is bytes, so bf16 at
+// a given size moves as many bytes as f32 (twice the elements); compare equal element counts.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +26,7 @@
 #include "apps/report.hpp"
 #include "comm/bootstrap/caf_bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
+#include "comm/half_convert.hpp"  // MERGE: kernels/half.hpp
 #include "comm/local/local_world.hpp"
 #include "comm/ucx/ucx_world.hpp"
 
@@ -40,6 +43,7 @@ struct CommBenchArgs {
   double seconds_per_size = 0.3;
   int warmup = 2;
   bool json = false;
+  std::string dtype = "f32";
 };
 
 struct Row {
@@ -52,37 +56,55 @@ struct Row {
 using Clock = std::chrono::steady_clock;
 
 // Runs one collective of `op` on `bytes` total; buffers are the caller's and sized for the largest.
-comm::WorkPtr issue(comm::Communicator& c, const std::string& op, int64_t bytes, float* send, float* recv) {
+comm::WorkPtr issue(comm::Communicator& c, const std::string& op, int64_t bytes, DType dtype, float* send,
+                    float* recv) {
   const int n = c.size();
-  const size_t elems = static_cast<size_t>(bytes) / sizeof(float);
-  if (op == "all_reduce") return c.all_reduce(send, elems, DType::f32, comm::ReduceOp::sum);
-  if (op == "reduce_scatter") return c.reduce_scatter(send, recv, elems / n, DType::f32, comm::ReduceOp::sum);
-  return c.all_gather(send, recv, elems / n, DType::f32);
+  const size_t elems = static_cast<size_t>(bytes) / dtype_size(dtype);
+  if (op == "all_reduce") return c.all_reduce(send, elems, dtype, comm::ReduceOp::sum);
+  if (op == "reduce_scatter") return c.reduce_scatter(send, recv, elems / n, dtype, comm::ReduceOp::sum);
+  return c.all_gather(send, recv, elems / n, dtype);
 }
 
-// Exact check of one call with inputs x[i] = rank + 1 + (i % 7) on every rank.
-Status check(comm::Communicator& c, const std::string& op, int64_t bytes, float* send, float* recv) {
+// Element i of a buffer of `dtype` (f32, bf16 or f16), as a float, and written from one.
+float get(const void* p, size_t i, DType dtype) {
+  if (dtype == DType::f32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return dtype == DType::bf16 ? comm::detail::bf16_to_f32(h) : comm::detail::f16_to_f32(h);
+}
+void put(void* p, size_t i, float v, DType dtype) {
+  if (dtype == DType::f32) {
+    static_cast<float*>(p)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p)[i] = dtype == DType::bf16 ? comm::detail::f32_to_bf16(v) : comm::detail::f32_to_f16(v);
+  }
+}
+
+// Exact check of one call with inputs x[i] = rank + 1 + (i % 7) on every rank (sums up to 84 at 8
+// ranks: exact in bf16 and f16 at every partial sum).
+Status check(comm::Communicator& c, const std::string& op, int64_t bytes, DType dtype, float* send, float* recv) {
   const int n = c.size(), r = c.rank();
-  const size_t elems = static_cast<size_t>(bytes) / sizeof(float), block = elems / n;
+  const size_t elems = static_cast<size_t>(bytes) / dtype_size(dtype), block = elems / n;
   auto fill = [&](float* p, size_t count, int rank) {
-    for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 7));
+    for (size_t i = 0; i < count; ++i) put(p, i, static_cast<float>(rank + 1 + static_cast<int>(i % 7)), dtype);
   };
   const double ranks_sum = n * (n + 1) / 2.0;
   size_t bad = 0;
   if (op == "all_reduce") {
     fill(send, elems, r);
-    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send, recv)->wait());
-    for (size_t i = 0; i < elems; ++i) bad += send[i] != static_cast<float>(ranks_sum + n * static_cast<double>(i % 7));
+    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
+    for (size_t i = 0; i < elems; ++i)
+      bad += get(send, i, dtype) != static_cast<float>(ranks_sum + n * static_cast<double>(i % 7));
   } else if (op == "reduce_scatter") {
     fill(send, block * n, r);
-    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send, recv)->wait());
+    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
     for (size_t i = 0; i < block; ++i)
-      bad += recv[i] != static_cast<float>(ranks_sum + n * static_cast<double>((r * block + i) % 7));
+      bad += get(recv, i, dtype) != static_cast<float>(ranks_sum + n * static_cast<double>((r * block + i) % 7));
   } else {
     fill(send, block, r);
-    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send, recv)->wait());
+    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
     for (int q = 0; q < n; ++q)
-      for (size_t i = 0; i < block; ++i) bad += recv[q * block + i] != static_cast<float>(q + 1 + static_cast<int>(i % 7));
+      for (size_t i = 0; i < block; ++i)
+        bad += get(recv, q * block + i, dtype) != static_cast<float>(q + 1 + static_cast<int>(i % 7));
   }
   if (bad) return Status::error(fmt::format("{} of {} bytes on {} ranks: {} wrong elements on rank {}", op, bytes, n, bad, r));
   return Status::ok();
@@ -97,23 +119,26 @@ Result<double> max_over_ranks(comm::Communicator& c, double v) {
 
 // The benchmark loop every rank runs; rows are filled on rank 0.
 Status run_bench(comm::Communicator& c, const CommBenchArgs& a, const std::vector<std::string>& ops,
-                 std::vector<Row>* rows) {
+                 DType dtype, std::vector<Row>* rows) {
   const int n = c.size();
+  const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
   std::vector<float> send(static_cast<size_t>(a.max_bytes / 4) + 64), recv(send.size());
   for (const std::string& op : ops) {
     for (int64_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= 2) {
-      if (bytes / 4 < n) continue;
-      TROUPE_RETURN_IF_ERROR(check(c, op, bytes, send.data(), recv.data()));
-      for (int w = 0; w < a.warmup; ++w) TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send.data(), recv.data())->wait());
+      if (bytes / esz < n) continue;
+      TROUPE_RETURN_IF_ERROR(check(c, op, bytes, dtype, send.data(), recv.data()));
+      for (int w = 0; w < a.warmup; ++w)
+        TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send.data(), recv.data())->wait());
       // Iterations so that one size takes about seconds_per_size; every rank agrees (max of probes).
       auto t0 = Clock::now();
-      TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send.data(), recv.data())->wait());
+      TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send.data(), recv.data())->wait());
       auto probe = max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count());
       if (!probe) return probe.status();
       const int iters = static_cast<int>(std::clamp(a.seconds_per_size / std::max(probe.value(), 1e-7), 3.0, 200.0));
       TROUPE_RETURN_IF_ERROR(c.barrier()->wait());
       t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, send.data(), recv.data())->wait());
+      for (int i = 0; i < iters; ++i)
+        TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send.data(), recv.data())->wait());
       const double mean = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
       auto t = max_over_ranks(c, mean);
       if (!t) return t.status();
@@ -127,16 +152,19 @@ Status run_bench(comm::Communicator& c, const CommBenchArgs& a, const std::vecto
   return Status::ok();
 }
 
-void print_rows(const std::vector<Row>& rows, const std::string& impl, bool json) {
-  if (!json) std::printf("%-15s %6s %12s %12s %12s %12s\n", "op", "ranks", "bytes", "time (us)", "algbw GB/s", "busbw GB/s");
+void print_rows(const std::vector<Row>& rows, const std::string& impl, bool json, DType dtype) {
+  if (!json)
+    std::printf("%-15s %5s %6s %12s %12s %12s %12s\n", "op", "dtype", "ranks", "bytes", "time (us)", "algbw GB/s",
+                "busbw GB/s");
   for (const Row& r : rows) {
     if (json)
-      std::printf("{\"impl\":\"%s\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"time_us\":%.3f,\"algbw_GBps\":%.4f,"
-                  "\"busbw_GBps\":%.4f}\n",
-                  impl.c_str(), r.op.c_str(), r.ranks, static_cast<long long>(r.bytes), r.time_us, r.algbw, r.busbw);
+      std::printf("{\"impl\":\"%s\",\"op\":\"%s\",\"dtype\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"time_us\":%.3f,"
+                  "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f}\n",
+                  impl.c_str(), r.op.c_str(), dtype_name(dtype), r.ranks, static_cast<long long>(r.bytes), r.time_us,
+                  r.algbw, r.busbw);
     else
-      std::printf("%-15s %6d %12lld %12.1f %12.3f %12.3f\n", r.op.c_str(), r.ranks, static_cast<long long>(r.bytes),
-                  r.time_us, r.algbw, r.busbw);
+      std::printf("%-15s %5s %6d %12lld %12.1f %12.3f %12.3f\n", r.op.c_str(), dtype_name(dtype), r.ranks,
+                  static_cast<long long>(r.bytes), r.time_us, r.algbw, r.busbw);
   }
   std::fflush(stdout);
 }
@@ -165,6 +193,15 @@ int run_comm_bench(const CommBenchArgs& a) {
     print_error(name, "--min-bytes must be >= 4 and <= --max-bytes");
     return kExitUsage;
   }
+  DType dtype = DType::f32;
+  if (a.dtype == "bf16") {
+    dtype = DType::bf16;
+  } else if (a.dtype == "f16") {
+    dtype = DType::f16;
+  } else if (a.dtype != "f32") {
+    print_error(name, "--dtype must be f32, bf16 or f16");
+    return kExitUsage;
+  }
   std::vector<Row> rows;
   if (a.backend == "local") {
     if (a.ranks < 1) {
@@ -185,7 +222,7 @@ int run_comm_bench(const CommBenchArgs& a) {
         if (!everyone) {
           status[r] = everyone.status();
         } else {
-          status[r] = run_bench(*everyone.value(), a, ops.value(), &rows);
+          status[r] = run_bench(*everyone.value(), a, ops.value(), dtype, &rows);
         }
         if (!status[r]) fabric.value().abort(r, status[r].message());
       });
@@ -196,7 +233,7 @@ int run_comm_bench(const CommBenchArgs& a) {
         print_error(name, s);
         return kExitFailure;
       }
-    print_rows(rows, "troupe-local", a.json);
+    print_rows(rows, "troupe-local", a.json, dtype);
     return kExitOk;
   }
   if (a.backend != "ucx") {
@@ -223,12 +260,12 @@ int run_comm_bench(const CommBenchArgs& a) {
     print_error(name, everyone.status());
     return kExitFailure;
   }
-  Status st = run_bench(*everyone.value(), a, ops.value(), &rows);
+  Status st = run_bench(*everyone.value(), a, ops.value(), dtype, &rows);
   if (!st) {
     print_error(name, st);
     return kExitFailure;
   }
-  if (env.value().rank == 0) print_rows(rows, "troupe-ucx", a.json);
+  if (env.value().rank == 0) print_rows(rows, "troupe-ucx", a.json, dtype);
   return kExitOk;
 }
 
@@ -246,6 +283,7 @@ void add_bench_comm_subcommand(CLI::App* bench, int* exit_code) {
   cmd->add_option("--seconds-per-size", a->seconds_per_size, "timed work per size")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "untimed calls per size")->capture_default_str();
   cmd->add_flag("--json", a->json, "one JSON line per (op, size)");
+  cmd->add_option("--dtype", a->dtype, "element type: f32, bf16 or f16")->capture_default_str();
   cmd->callback([a, exit_code] { *exit_code = run_comm_bench(*a); });
 }
 

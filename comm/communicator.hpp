@@ -16,6 +16,22 @@
 //     copy it; the equal-count forms pass a temporary).
 //   * Reductions are deterministic for a given group size and count: the same inputs give bitwise the
 //     same outputs on every rank and every run. (Sums of integer-valued floats are exact.)
+//   * Reducible dtypes: f32, f64, i32, i64, bf16, f16 (sum and max; u8 too on nccl). bf16/f16 are
+//     widened to fp32 exactly, combined in fp32 and rounded back to nearest, ties to even (a finite
+//     sum past the format's largest value becomes Inf -- fp16: from 65520 up -- so an overflow stays
+//     visible to a loss scaler; Inf + -Inf and any NaN input give NaN). Where the rounding happens
+//     is part of the result, so each backend states it:
+//       local  every output element is one fp32 fold over the ranks in order 0..n-1, rounded once
+//              (members read every source directly: no partial result travels).
+//       ucx    reduce_scatter below the ring threshold and both collectives through the
+//              shared-memory path: as local, rounded once. The ring (large messages without the
+//              shared-memory path) sends partial results to the next rank in 16 bits, so block b is
+//              rounded at every hop: r(...r(r(x[b+1] + x[b+2]) + x[b+3])... + x[b]), p-1 roundings.
+//              Small all_reduce (recursive doubling) rounds every pairwise combine: floor(log2 p)
+//              rounds, plus the first fold of pairs (2i, 2i+1), i < p - 2^floor(log2 p). (Sending
+//              fp32 partials instead would double the bytes on the wire.)
+//       nccl   NCCL's own (its ring and tree round partial results per step).
+//     max is exact everywhere: its result is one of the inputs.
 //   * send/recv match by (peer, tag); messages with the same (peer, tag) arrive in send order. Tags
 //     below 2^56 are the caller's; the rest is reserved for the backends' collectives.
 //   * A peer that dies makes pending and later operations fail with an error naming the peer; nothing
@@ -138,8 +154,8 @@ class Communicator {
 
   virtual WorkPtr barrier() = 0;
 
-  // Bytes of one element of `dtype`; collectives accept f32, f64, i32, i64 (sum and max) and
-  // bf16/f16/u8 for movement only (broadcast, all_gather, send/recv).
+  // Bytes of one element of `dtype`. Every dtype moves (broadcast, all_gather, send/recv); the
+  // reducible ones are listed in the file comment (f32, f64, i32, i64, bf16, f16).
   static size_t element_size(DType dtype) { return dtype_size(dtype); }
 };
 

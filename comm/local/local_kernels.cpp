@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "comm/half_convert.hpp"
 #include "troupe/status.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -158,6 +159,36 @@ void reduce_typed(std::span<void* const> dsts, std::span<const void* const> srcs
   }
 }
 
+// The 16-bit float dtypes: every source's chunk is widened to fp32 and folded into an fp32
+// accumulator in source order, and the result is rounded to the 16-bit type once (round to nearest
+// even), then written to every destination. One source is a plain copy (no NaN quieting).
+template <class F>
+void reduce_half(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
+                 DType dtype, F f, bool streaming) {
+  constexpr size_t chunk = kChunkBytes / sizeof(uint16_t);
+  alignas(64) float acc[chunk];
+  alignas(64) float in[chunk];
+  alignas(64) uint16_t out[chunk];
+  const size_t n = srcs.size();
+  const void* anchor = dsts.empty() ? srcs[0] : dsts[0];
+  for (size_t base = 0, len = 0; base < count; base += len) {
+    len = chunk_length(anchor, base, count, sizeof(uint16_t));
+    auto src = [&](size_t j) { return static_cast<const uint16_t*>(srcs[j]) + base; };
+    if (n == 1) {
+      std::memcpy(out, src(0), len * sizeof(uint16_t));
+    } else {
+      widen_to_f32(acc, src(0), len, dtype);
+      for (size_t j = 1; j < n; ++j) {
+        widen_to_f32(in, src(j), len, dtype);
+        for (size_t k = 0; k < len; ++k) acc[k] = f(acc[k], in[k]);
+      }
+      narrow_from_f32(out, acc, len, dtype);
+    }
+    for (void* d : dsts)
+      store(static_cast<uint16_t*>(d) + base, out, len * sizeof(uint16_t), streaming);
+  }
+}
+
 template <class F>
 void reduce_with(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
                  DType dtype, F f, bool streaming) {
@@ -170,6 +201,9 @@ void reduce_with(std::span<void* const> dsts, std::span<const void* const> srcs,
       return reduce_typed<int32_t>(dsts, srcs, count, f, streaming);
     case DType::i64:
       return reduce_typed<int64_t>(dsts, srcs, count, f, streaming);
+    case DType::bf16:
+    case DType::f16:
+      return reduce_half(dsts, srcs, count, dtype, f, streaming);
     default:
       TROUPE_CHECK(false,
                    "reduce of a dtype the local backend does not reduce (checked at the call)");

@@ -19,8 +19,10 @@ namespace troupe::comm::detail {
 // For k < count: dsts[d][k] = op(...op(op(srcs[0][k], srcs[1][k]), srcs[2][k])..., srcs[n-1][k])
 // for every d, always in source order, so each destination gets bitwise the serial reduction.
 // A destination may be one of the sources (the same pointer, not a partial overlap): each chunk is
-// reduced into a local accumulator before it is written. dtype: f32, f64, i32 or i64 (a broken
-// invariant otherwise). srcs non-empty; with one source this is a copy.
+// reduced into a local accumulator before it is written. dtype: f32, f64, i32, i64, bf16 or f16
+// (a broken invariant otherwise). bf16/f16 accumulate in fp32 (the op applied to the widened
+// values, in the same order) and round to the 16-bit type once per element, round to nearest even
+// (comm/half_convert.hpp). srcs non-empty; with one source this is a copy.
 void reduce_to(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
                DType dtype, ReduceOp op, bool streaming);
 

@@ -43,7 +43,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 bool reducible(DType t) {
-  return t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64;
+  return t == DType::f32 || t == DType::f64 || t == DType::i32 || t == DType::i64 ||
+         t == DType::bf16 || t == DType::f16;
 }
 
 // Block b of `count` elements cut into n blocks as evenly as possible (the first count % n get
@@ -621,7 +622,7 @@ WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op)
   const bool reduces = slot.kind == OpKind::all_reduce || slot.kind == OpKind::reduce_scatter;
   if (reduces && !reducible(slot.dtype)) {
     return bad_call(name, std::string("cannot reduce ") + dtype_name(slot.dtype) +
-                              "; reduce f32, f64, i32 or i64 (convert first)");
+                              "; reduce f32, f64, bf16, f16, i32 or i64 (convert first)");
   }
   if (slot.kind == OpKind::reduce_scatter || slot.kind == OpKind::all_gather) {
     if (counts.size() != static_cast<size_t>(size())) {

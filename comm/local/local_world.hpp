@@ -14,7 +14,9 @@
 // which is the fewest bytes through DRAM each collective allows (S = one member's buffer):
 //   all_reduce      member i reduces share i over all members' buffers in rank order 0..n-1 (so
 //                   every rank gets bitwise the same result) and writes the result into share i of
-//                   every member's buffer. Reads nS, writes nS in all.
+//                   every member's buffer. Reads nS, writes nS in all. bf16/f16: the fold is in
+//                   fp32 and rounded once (comm/local/local_kernels.hpp), here and in
+//                   reduce_scatter.
 //   reduce_scatter  member i reduces share i of the concatenated send layout (its own block when
 //                   counts are equal), in rank order, into the recv of the block's owner. recv may
 //                   be exactly its own block of send (in place). Reads nS (S: a send), writes S.

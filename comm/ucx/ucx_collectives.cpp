@@ -168,10 +168,12 @@ class DirectReduceScatterOp final : public Op {
       return j == r ? static_cast<const void*>(own_)
                     : tmp_.data() + static_cast<size_t>(j) * block_;
     };
-    // Accumulate in rank r's (unused) place, so recv may alias own block of send.
+    // Accumulate in rank r's (unused) place, so recv may alias own block of send. One
+    // reduce_many: bf16/f16 are summed in fp32 over all p contributions and rounded once.
     char* acc = tmp_.data() + static_cast<size_t>(r) * block_;
-    reduce(acc, contribution(0), contribution(1), n, dtype_, op_);
-    for (int j = 2; j < p; ++j) reduce(acc, acc, contribution(j), n, dtype_, op_);
+    std::vector<const void*> in(static_cast<size_t>(p));
+    for (int j = 0; j < p; ++j) in[static_cast<size_t>(j)] = contribution(j);
+    reduce_many(acc, in.data(), p, n, dtype_, op_);
     if (block_ != 0) std::memcpy(recv_, acc, block_);
     succeed();
   }

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/half_convert.hpp"
 #include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
@@ -41,10 +42,46 @@ void apply(void* out, const void* a, const void* b, size_t n, ReduceOp op) {
 
 constexpr size_t kTileBytes = 8 << 10;  // stays in L1 while every input is folded into it
 
+// The 16-bit floats in tiles of fp32: both operands widened, the op applied as for f32 (the same
+// loops), the result rounded once. Each tile is read whole before its output is written, so out
+// may alias a or b exactly.
+void apply_half(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
+  constexpr size_t per_tile = kTileBytes / sizeof(float);
+  alignas(64) float x[per_tile];
+  alignas(64) float y[per_tile];
+  for (size_t i = 0; i < n; i += per_tile) {
+    const size_t m = std::min(per_tile, n - i);
+    detail::widen_to_f32(x, static_cast<const uint16_t*>(a) + i, m, dtype);
+    detail::widen_to_f32(y, static_cast<const uint16_t*>(b) + i, m, dtype);
+    apply<float, float>(x, x, y, m, op);
+    detail::narrow_from_f32(static_cast<uint16_t*>(out) + i, x, m, dtype);
+  }
+}
+
+// reduce_many for the 16-bit floats: all k inputs folded in fp32, rounded once.
+void reduce_many_half(void* out, const void* const* in, int k, size_t n, DType dtype, ReduceOp op,
+                      bool nontemporal) {
+  constexpr size_t per_tile = kTileBytes / sizeof(float);
+  alignas(64) float acc[per_tile];
+  alignas(64) float x[per_tile];
+  alignas(64) uint16_t result[per_tile];
+  for (size_t i = 0; i < n; i += per_tile) {
+    const size_t m = std::min(per_tile, n - i);
+    detail::widen_to_f32(acc, static_cast<const uint16_t*>(in[0]) + i, m, dtype);
+    for (int j = 1; j < k; ++j) {
+      detail::widen_to_f32(x, static_cast<const uint16_t*>(in[j]) + i, m, dtype);
+      apply<float, float>(acc, acc, x, m, op);
+    }
+    detail::narrow_from_f32(result, acc, m, dtype);
+    copy_bytes(static_cast<uint16_t*>(out) + i, result, m * sizeof(uint16_t), nontemporal);
+  }
+}
+
 }  // namespace
 
 bool reducible(DType dtype) {
-  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::i64;
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::i64 ||
+         detail::is_half(dtype);
 }
 
 void reduce(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
@@ -58,6 +95,9 @@ void reduce(void* out, const void* a, const void* b, size_t n, DType dtype, Redu
       return apply<int32_t, uint32_t>(out, a, b, n, op);
     case DType::i64:
       return apply<int64_t, uint64_t>(out, a, b, n, op);
+    case DType::bf16:
+    case DType::f16:
+      return apply_half(out, a, b, n, dtype, op);
     default:
       break;
   }
@@ -74,6 +114,7 @@ void reduce_many(void* out, const void* const* in, int k, size_t n, DType dtype,
     if (out != in[0]) std::memmove(out, in[0], n * esz);
     return;
   }
+  if (detail::is_half(dtype)) return reduce_many_half(out, in, k, n, dtype, op, nontemporal);
   alignas(64) char tile[kTileBytes];
   const size_t per_tile = kTileBytes / esz;
   for (size_t i = 0; i < n; i += per_tile) {

@@ -123,7 +123,7 @@ class UcxCommunicator final : public Communicator {
   }
   static Status unsupported(const char* op, DType dtype) {
     return Status::error(std::string("ucx ") + op + " cannot reduce " + dtype_name(dtype) +
-                         "; reduce f32, f64, i32 or i64 (convert first)");
+                         "; reduce f32, f64, bf16, f16, i32 or i64 (convert first)");
   }
   Status bad_rank(const char* what, int r) const {
     return Status::error(std::string("ucx ") + what + " " + std::to_string(r) +

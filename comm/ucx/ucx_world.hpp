@@ -24,10 +24,14 @@
 //                most chunk_bytes that move independently (chunks_in_flight at a time), so copies
 //                and reductions of different chunks overlap. Block b is summed along the ring
 //                starting at rank b+1: ((x[b+1] + x[b+2]) + ...) + x[b]; the owner's result is then
-//                copied to everyone, so every rank holds the same bits.
+//                copied to everyone, so every rank holds the same bits. bf16/f16 travel in 16 bits:
+//                each combine is done in fp32 and rounded (ring: once per hop; recursive doubling:
+//                once per combine). Groups with the shared-memory path fold all p inputs of an
+//                element in fp32 in rank order and round once (comm/ucx/ucx_shm_ops.cpp).
 //   reduce_scatter_v  N = sum of all blocks. N < T: every rank sends block j to rank j, which
-//                reduces the p contributions in rank order 0..p-1. N >= T: the ring's
-//                reduce-scatter half with per-rank block sizes.
+//                reduces the p contributions in rank order 0..p-1 (bf16/f16: in fp32, rounded
+//                once). N >= T: the ring's reduce-scatter half with per-rank block sizes (bf16/f16
+//                rounded per hop), or the shared-memory path (rounded once).
 //   all_gather_v N < T: every rank sends its block to every other rank. N >= T: the same in chunks
 //                when the group is on one host with at most direct_max_ranks ranks (shared-memory
 //                transfers are single copies whatever the pair, so the ring's p-1 dependent steps

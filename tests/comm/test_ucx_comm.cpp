@@ -1,6 +1,7 @@
 // The ucx backend end to end: N worker processes ($TROUPE_UCX_WORKER_BIN, tests/comm/workers/
 // ucx_worker.cpp) bootstrap through a FileBootstrap in a fresh directory and run every collective
-// against a serial reference, over shared memory, TCP loopback and UCX's default choice, with the
+// against a serial reference (bf16/f16 reductions against the rounding rule of the algorithm that
+// runs: --half-large names it where the settings decide it), over shared memory, TCP loopback and UCX's default choice, with the
 // shared-memory data path for same-host groups required, off, and falling back for lack of room;
 // then the failure cases: one worker dies in the middle of an all_reduce and the others must
 // report it (exit code 3) within 10 s; one is SIGKILLed at a random moment of mixed traffic, or at
@@ -207,7 +208,7 @@ TEST_CASE("ucx collectives over TCP loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   run_suite({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}},
-            {{1, 0.0}, {2, 1.0}, {3, 0.0}, {4, 0.0}, {5, 0.3}, {8, 0.0}});
+            {{1, 0.0}, {2, 1.0}, {3, 0.0}, {4, 0.0}, {5, 0.3}, {8, 0.0}}, {"--half-large", "ring"});
 }
 
 TEST_CASE("ucx collectives with UCX's default transports", "[comm][ucx]") {
@@ -215,7 +216,7 @@ TEST_CASE("ucx collectives with UCX's default transports", "[comm][ucx]") {
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   // Same-host peers over shared memory (the default), then with UCX error handling (TCP loopback).
   run_suite({}, {{4, 1.0}});
-  run_suite({{"TROUPE_UCX_SAME_HOST", "ucx"}}, {{3, 0.3}});
+  run_suite({{"TROUPE_UCX_SAME_HOST", "ucx"}}, {{3, 0.3}}, {"--half-large", "ring"});
 }
 
 TEST_CASE("ucx algorithm variants: small chunks, ring everywhere, ring all_gather", "[comm][ucx]") {
@@ -227,14 +228,14 @@ TEST_CASE("ucx algorithm variants: small chunks, ring everywhere, ring all_gathe
              {"TROUPE_UCX_SHM", "off"},
              {"TROUPE_UCX_CHUNK_BYTES", "16K"},
              {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "3"}},
-            {{2, 1.0}, {5, 0.3}});
+            {{2, 1.0}, {5, 0.3}}, {"--half-large", "ring"});
   // The large-message algorithms for every size (blocks smaller than one element, empty blocks),
   // and the ring all_gather that one-host groups otherwise skip.
   run_suite({{"UCX_TLS", "sm,self"},
              {"TROUPE_UCX_SHM", "off"},
              {"TROUPE_UCX_RING_THRESHOLD", "0"},
              {"TROUPE_UCX_DIRECT_MAX_RANKS", "0"}},
-            {{4, 0.2}, {7, 0.0}});
+            {{4, 0.2}, {7, 0.0}}, {"--half-large", "ring"});
 }
 
 TEST_CASE("ucx shared-memory path: required, every size, small slots, default transports",
@@ -244,15 +245,15 @@ TEST_CASE("ucx shared-memory path: required, every size, small slots, default tr
   // require: world creation fails unless every same-host pair mapped its segments, so the large
   // collectives below really take the shared-memory path.
   run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}},
-            {{2, 1.0}, {3, 0.3}, {8, 0.3}});
+            {{2, 1.0}, {3, 0.3}, {8, 0.3}}, {"--half-large", "shm"});
   // Every size through it (blocks of 0 and 1 elements), one-page pieces: many chunks per call, and
   // lanes reused across calls and by concurrent calls of one group.
   run_suite({{"UCX_TLS", "sm,self"},
              {"TROUPE_UCX_SHM", "require"},
              {"TROUPE_UCX_RING_THRESHOLD", "0"},
              {"TROUPE_UCX_SHM_SLOT_BYTES", "4096"}},
-            {{4, 0.2}, {5, 0.0}});
-  run_suite({{"TROUPE_UCX_SHM", "require"}}, {{4, 1.0}});
+            {{4, 0.2}, {5, 0.0}}, {"--half-large", "shm"});
+  run_suite({{"TROUPE_UCX_SHM", "require"}}, {{4, 1.0}}, {"--half-large", "shm"});
 }
 
 TEST_CASE("ucx shared-memory path: a member without room makes every member fall back to UCX",

@@ -3,7 +3,7 @@
 //   ucx_worker --rank R --world N --store DIR [--count-scale S] [--kill-rank K]
 //              [--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|
 //              soak] [--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T]
-//              [--rank-env R KEY=VALUE]...
+//              [--rank-env R KEY=VALUE]... [--half-large shm|ring]
 //
 // --rank-env sets KEY=VALUE in rank R's environment before its world is created (one rank with
 // other settings, e.g. a shared-memory segment too small for the groups' staging areas).
@@ -17,6 +17,13 @@
 //                every rank computes the expected result exactly and compares bitwise; checksums of
 //                results that must agree are compared across ranks at the end. Counts: 0, 1, 7,
 //                size-1, 1000, 20000 and, scaled by S (default 1, 0 skips them), 1000003.
+//                bf16 and f16 all_reduce and reduce_scatter(_v) (sum, max) of random non-zero
+//                values, with Inf, +Inf/-Inf and (finite) overflow at fixed indices, against the
+//                rounding rule of the algorithm the contract says runs (tests/comm/
+//                half_reference.hpp): below the ring threshold (TROUPE_UCX_RING_THRESHOLD, read
+//                here too) recursive doubling (all_reduce) or one rounding (reduce_scatter); above
+//                it one rounding (shared-memory path) or the ring's rounding per hop, as
+//                --half-large shm|ring says (absent: either, as a whole buffer).
 //   kill-target  rank K (default N-1) dies by SIGKILL in the middle of a large all_reduce; the
 //                others must see an error naming rank K.
 //   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in.
@@ -58,6 +65,7 @@
 
 #include "comm/bootstrap/file_bootstrap.hpp"
 #include "comm/ucx/ucx_world.hpp"
+#include "tests/comm/half_reference.hpp"
 
 using namespace troupe;
 using namespace troupe::comm;
@@ -111,8 +119,141 @@ void compare(const std::string& check, const T* got, const T* want, size_t n) {
   }
 }
 
+namespace href = troupe::test::half_ref;
+
+// Which rounding rule large 16-bit reductions must follow (--half-large).
+enum class HalfLarge { either, once, ring };
+HalfLarge g_half_large = HalfLarge::either;
+size_t g_ring_threshold = 64 << 10;  // TROUPE_UCX_RING_THRESHOLD, as the world reads it
+
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  char* end = nullptr;
+  size_t v = std::strtoull(s, &end, 10);
+  if (*end == 'k' || *end == 'K') v <<= 10;
+  if (*end == 'm' || *end == 'M') v <<= 20;
+  if (*end == 'g' || *end == 'G') v <<= 30;
+  return v;
+}
+
+// A random non-zero 16-bit value from (rank, index, salt): magnitudes 2^-8 .. 2^8, both signs,
+// rounded to the format by the reference. Index 3: +Inf on the last rank; index 4: +Inf on rank
+// 0 and -Inf on the last (NaN in a sum); index 5: a finite value whose sum over 2+ ranks overflows
+// (f16 40000, bf16 3e38).
+uint16_t half_value(int rank, int p, size_t i, int salt, DType t) {
+  if (i == 3 && rank == p - 1) return href::encode(INFINITY, t);
+  if (i == 4 && p > 1 && (rank == 0 || rank == p - 1))
+    return href::encode(rank == 0 ? INFINITY : -INFINITY, t);
+  if (i == 5) return href::encode(t == DType::f16 ? 40000.0 : 3e38, t);
+  uint64_t z = (static_cast<uint64_t>(rank) << 40) ^ (i << 8) ^ static_cast<uint64_t>(salt) ^
+               0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const double mant = 1.0 + static_cast<double>(z & 0xffffff) / 16777216.0;
+  const int expo = static_cast<int>((z >> 24) % 16) - 8;
+  return href::encode(((z >> 40) & 1 ? -1.0 : 1.0) * std::ldexp(mant, expo), t);
+}
+
+// Bitwise, or both NaN (NaN payloads are not part of the contract).
+bool half_same(uint16_t a, uint16_t b, DType t) {
+  return a == b || (href::is_nan(a, t) && href::is_nan(b, t));
+}
+// The first element where got and want differ, or -1.
+long half_mismatch(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, DType t) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!half_same(got[i], want[i], t)) return static_cast<long>(i);
+  return -1;
+}
+
+// got against the rule(s) that apply: small (below the ring threshold): `small`; large: `once`
+// and/or `ring` as --half-large says.
+void half_compare(const std::string& check, const std::vector<uint16_t>& got, bool small,
+                  const std::vector<uint16_t>& small_want, const std::vector<uint16_t>& once,
+                  const std::vector<uint16_t>& ring, DType t) {
+  long bad = -1;
+  const char* rule = "";
+  if (small) {
+    bad = half_mismatch(got, small_want, t);
+    rule = "small-message rule";
+  } else if (g_half_large == HalfLarge::once) {
+    bad = half_mismatch(got, once, t);
+    rule = "one rounding (shared-memory path)";
+  } else if (g_half_large == HalfLarge::ring) {
+    bad = half_mismatch(got, ring, t);
+    rule = "ring (rounding per hop)";
+  } else {
+    bad = half_mismatch(got, once, t);
+    if (bad >= 0) bad = half_mismatch(got, ring, t);
+    rule = "one rounding or ring";
+  }
+  if (bad >= 0) {
+    const size_t i = static_cast<size_t>(bad);
+    fail(check, std::string("element ") + std::to_string(i) + " of " + std::to_string(got.size()) +
+                    " is " + std::to_string(got[i]) + " (" + std::to_string(href::decode(got[i], t)) +
+                    "), not what the " + rule + " gives (once " + std::to_string(once[i]) +
+                    ", ring " + std::to_string(ring[i]) + ", small " +
+                    std::to_string(small ? small_want[i] : 0) + ")");
+  }
+}
+
 struct Checker {
   std::vector<uint64_t> agreed;  // checksums every rank of the world must share, in order
+
+  void all_reduce_half(Communicator& c, const std::string& tag, size_t count, DType t, ReduceOp op,
+                       int salt, bool shared) {
+    const int p = c.size();
+    const std::string check = tag + " all_reduce " + reduce_op_name(op) + " " + dtype_name(t) +
+                              " count " + std::to_string(count);
+    std::vector<uint16_t> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = half_value(c.rank(), p, i, salt, t);
+    must(c.all_reduce(buf.data(), count, t, op)->wait(), check);
+    // The ring's blocks: count cut into p, the first count % p one longer.
+    std::vector<uint16_t> once(count), ring(count), tree(count), xs(static_cast<size_t>(p));
+    const size_t base = count / static_cast<size_t>(p), rem = count % static_cast<size_t>(p);
+    for (size_t i = 0, b = 0, end = base + (rem > 0); i < count; ++i) {
+      while (i >= end) {
+        ++b;
+        end += base + (b < rem);
+      }
+      for (int q = 0; q < p; ++q) xs[static_cast<size_t>(q)] = half_value(q, p, i, salt, t);
+      once[i] = href::reduce_once(xs, t, op);
+      ring[i] = href::reduce_ring(xs, static_cast<int>(b), t, op);
+      tree[i] = href::reduce_tree(xs, t, op);
+    }
+    half_compare(check, buf, count * 2 < g_ring_threshold, tree, once, ring, t);
+    if (op == ReduceOp::sum && p > 1 && count > 5) {  // the specials, whatever the algorithm
+      if (buf[3] != href::encode(INFINITY, t)) fail(check, "an Inf input did not give Inf");
+      if (!href::is_nan(buf[4], t)) fail(check, "+Inf and -Inf did not give NaN");
+      if (buf[5] != href::encode(INFINITY, t)) fail(check, "an overflowing sum is not Inf");
+    }
+    if (shared) agreed.push_back(fnv(buf.data(), count * sizeof(uint16_t)));
+  }
+
+  void reduce_scatter_half(Communicator& c, const std::string& tag,
+                           const std::vector<size_t>& counts, bool in_place, DType t, ReduceOp op,
+                           int salt) {
+    const int p = c.size();
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    const std::string check = tag + " reduce_scatter_v " + reduce_op_name(op) + " " +
+                              dtype_name(t) + (in_place ? " in place" : "") + " total " +
+                              std::to_string(total);
+    size_t off = 0;
+    for (int q = 0; q < c.rank(); ++q) off += counts[static_cast<size_t>(q)];
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    std::vector<uint16_t> send(total), recv(mine, 0xFFFF);
+    for (size_t i = 0; i < total; ++i) send[i] = half_value(c.rank(), p, i, salt, t);
+    uint16_t* out = in_place ? send.data() + off : recv.data();
+    must(c.reduce_scatter_v(send.data(), out, counts, t, op)->wait(), check);
+    std::vector<uint16_t> got(out, out + mine), once(mine), ring(mine), xs(static_cast<size_t>(p));
+    for (size_t i = 0; i < mine; ++i) {
+      for (int q = 0; q < p; ++q) xs[static_cast<size_t>(q)] = half_value(q, p, off + i, salt, t);
+      once[i] = href::reduce_once(xs, t, op);
+      ring[i] = href::reduce_ring(xs, c.rank(), t, op);
+    }
+    half_compare(check, got, total * 2 < g_ring_threshold, once, once, ring, t);
+  }
 
   template <class T>
   void all_reduce(Communicator& c, const std::string& tag, size_t count, ReduceOp op, int salt,
@@ -273,6 +414,12 @@ void run_suite(Checker& ch, Communicator& c, const std::string& tag, size_t larg
   ch.all_reduce<double>(c, tag, 20000, ReduceOp::sum, ++salt, shared);
   ch.all_reduce<int32_t>(c, tag, 7, ReduceOp::sum, ++salt, shared);
   ch.all_reduce<int64_t>(c, tag, 20000, ReduceOp::max, ++salt, shared);
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (size_t n : counts) {
+      ch.all_reduce_half(c, tag, n, t, ReduceOp::sum, ++salt, shared);
+      ch.all_reduce_half(c, tag, n, t, ReduceOp::max, ++salt, shared);
+    }
+  }
 
   std::vector<size_t> bases = {0, 1, 3, 5000};
   if (large > 0) bases.push_back(large / static_cast<size_t>(p));
@@ -282,6 +429,11 @@ void run_suite(Checker& ch, Communicator& c, const std::string& tag, size_t larg
     ch.reduce_scatter(c, tag, equal, false, ReduceOp::sum, ++salt);
     ch.reduce_scatter(c, tag, uneven, false, ReduceOp::sum, ++salt);
     ch.reduce_scatter(c, tag, uneven, true, ReduceOp::max, ++salt);
+    for (DType t : {DType::bf16, DType::f16}) {
+      ch.reduce_scatter_half(c, tag, equal, false, t, ReduceOp::sum, ++salt);
+      ch.reduce_scatter_half(c, tag, uneven, true, t, ReduceOp::sum, ++salt);
+      ch.reduce_scatter_half(c, tag, uneven, false, t, ReduceOp::max, ++salt);
+    }
     ch.all_gather(c, tag, equal, false, ++salt, shared);
     ch.all_gather(c, tag, uneven, false, ++salt, shared);
     ch.all_gather(c, tag, uneven, true, ++salt, shared);
@@ -644,7 +796,7 @@ int soak(CommWorld& world, const std::string& op, size_t bytes, int iters) {
                "[--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|soak] "
                "[--kill-rank K] "
                "[--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T] "
-               "[--rank-env R KEY=VALUE]...\n",
+               "[--rank-env R KEY=VALUE]... [--half-large shm|ring]\n",
                msg);
   std::exit(2);
 }
@@ -684,6 +836,10 @@ int main(int argc, char** argv) {
       iters = std::atoi(v);
     else if (a == "--op")
       soak_op = v;
+    else if (a == "--half-large")
+      g_half_large = std::string(v) == "shm"    ? HalfLarge::once
+                     : std::string(v) == "ring" ? HalfLarge::ring
+                                                : (usage("--half-large takes shm or ring"), HalfLarge::either);
     else if (a == "--rank-env" && i + 1 < argc)
       rank_env.emplace_back(std::atoi(v), argv[++i]);
     else
@@ -692,6 +848,7 @@ int main(int argc, char** argv) {
   if (rank < 0 || world_size < 1 || store.empty())
     usage("--rank, --world and --store are required");
   g_rank = rank;
+  g_ring_threshold = env_bytes("TROUPE_UCX_RING_THRESHOLD", g_ring_threshold);
   for (const auto& [r, kv] : rank_env) {
     const size_t eq = kv.find('=');
     if (eq == std::string::npos) usage("--rank-env needs KEY=VALUE");
