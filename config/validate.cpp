@@ -61,7 +61,6 @@ class Validator {
     if (shape) check(batch(c));
     check(optimizer(c));
     check(precision(c));
-    check(precision_not_wired(c));  // PRECISION-NOT-WIRED
     check(schedule(c));
     check(data(c));
     check(checkpoints(c));
@@ -406,17 +405,6 @@ class Validator {
     if (!p.communication_data_type.empty() && !parse(p.communication_data_type, ignored))
       return bad("communication_data_type", "is \"" + p.communication_data_type + "\"", "use fp16, bf16 or fp32");
     return Status::ok();
-  }
-
-  // PRECISION-NOT-WIRED: until the engine runs 16-bit parameters and activations (the lead wires it),
-  // a 16-bit config must not train in fp32 unnoticed. Delete this check (and its call in run())
-  // when the engine is wired.
-  Status precision_not_wired(const TrainConfig& c) const {
-    if (!c.precision.sixteen_bit()) return Status::ok();
-    const char* flag = c.precision.dtype == PrecisionDType::fp16 ? "--fp16" : "--bf16";
-    return bad(flag, "asks for 16-bit training, but troupe's engine does not run 16-bit yet (it would train in fp32)",
-               std::string("drop ") + flag + " (and the DeepSpeed file's \"" + to_string(c.precision.dtype) +
-                   "\" block): float32 gives the losses " + to_string(c.precision.dtype) + " approximates");
   }
 
   Status schedule(const TrainConfig& c) const {

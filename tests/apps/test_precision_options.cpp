@@ -1,10 +1,8 @@
 // The mixed-precision settings of `troupe train` (include/troupe/precision.hpp): Megatron's flags,
 // the DeepSpeed file's fp16 / bf16 blocks and communication_data_type, their defaults, precedence
 // and contradictions (every problem in one message), and resuming in another precision.
-//
-// Until the engine runs 16-bit, validation refuses a 16-bit config (PRECISION-NOT-WIRED in
-// config/validate.cpp); these tests read the parsed config past that one problem (without_not_wired),
-// so they keep holding once it is deleted.
+// The engine runs 16-bit, so no validation problem of a 16-bit config remains beyond its own
+// (is_not_wired checks that the old "does not run 16-bit yet" refusal is gone).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <CLI/CLI.hpp>
@@ -94,7 +92,7 @@ Parsed parse_ok(std::vector<std::string> args) {
   Parsed p = parse(std::move(args));
   INFO(p.status.message());
   REQUIRE(p.problems.empty());
-  CHECK(p.not_wired == p.cfg.precision.sixteen_bit());
+  CHECK(!p.not_wired);  // the engine runs 16-bit: no refusal is left
   return p;
 }
 
@@ -131,7 +129,7 @@ TEST_CASE("precision: --fp16 and --bf16 with Megatron's flags", "[precision]") {
                                "--loss-scale-window", "250", "--hysteresis", "3",
                                "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"}));
   const PrecisionConfig& c = p.cfg.precision;
-  CHECK(p.not_wired);  // PRECISION-NOT-WIRED: the engine does not run it yet
+  CHECK(!p.not_wired);  // the engine runs it
   CHECK(c.dtype == PrecisionDType::fp16);
   CHECK(c.recipe == PrecisionRecipe::megatron);
   CHECK(c.dynamic_loss_scaling());
@@ -304,7 +302,7 @@ TEST_CASE("precision: the Megatron flags are troupe's now, not the compatibility
       CHECK(r.flag != f);
   }
   auto s = screen_train_args({"--fp16", "--no-query-key-layer-scaling", "--train-iters", "1"}, 1);
-  // The refusal that is left is PRECISION-NOT-WIRED's (with the data problems), not the table's.
+  // What is left are the data problems, not the table's refusals.
   if (!s.is_ok()) CHECK_THAT(s.status().message(), !Contains("mixed precision is planned"));
 }
 
