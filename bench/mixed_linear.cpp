@@ -31,7 +31,8 @@ std::vector<double> best_ms(const std::vector<std::function<void()>>& fs) {
     for (size_t i = 0; i < fs.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       fs[i]();
-      best[i] = std::min(best[i], std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      best[i] =
+          std::min(best[i], std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
   return best;
 }
@@ -58,9 +59,11 @@ int main(int argc, char** argv) {
     const std::vector<double> fwd = best_ms(fwd_calls), bwd = best_ms(bwd_calls);
     char name[64];
     std::snprintf(name, sizeof name, "linear_forward 384->%lld", static_cast<long long>(O));
-    std::printf("%-26s %10.3f %10.3f %10.2f %10.3f %10.2f\n", name, fwd[0], fwd[1], fwd[1] / fwd[0], fwd[2], fwd[2] / fwd[0]);
+    std::printf("%-26s %10.3f %10.3f %10.2f %10.3f %10.2f\n", name, fwd[0], fwd[1], fwd[1] / fwd[0], fwd[2],
+                fwd[2] / fwd[0]);
     std::snprintf(name, sizeof name, "linear_backward 384->%lld", static_cast<long long>(O));
-    std::printf("%-26s %10.3f %10.3f %10.2f %10.3f %10.2f\n", name, bwd[0], bwd[1], bwd[1] / bwd[0], bwd[2], bwd[2] / bwd[0]);
+    std::printf("%-26s %10.3f %10.3f %10.2f %10.3f %10.2f\n", name, bwd[0], bwd[1], bwd[1] / bwd[0], bwd[2],
+                bwd[2] / bwd[0]);
   }
   return 0;
 }

@@ -239,7 +239,7 @@ TEST_CASE("every fast conversion path equals the generic one bitwise", "[mixed][
   if (tested == 0) WARN("no fast conversion path on this CPU: only the generic one was tested");
 }
 
-TEST_CASE("Tensor::to and ops::convert between f32, f64, bf16, f16; count_nonfinite", "[mixed][convert]") {
+TEST_CASE("Tensor::to and ops::convert between f32, f64, bf16, f16, and count_nonfinite", "[mixed][convert]") {
   ThreadPool pool(3);
   Context ctx;
   ctx.pool = &pool;

@@ -41,10 +41,15 @@ struct Arg {
   bool narrow = true;
   bool result = false;
 };
-Arg in(Tensor t, bool narrow = true) { return {std::move(t), narrow, false}; }
-Arg res(Tensor t, bool narrow = true) { return {std::move(t), narrow, true}; }
+Arg in(Tensor t, bool narrow = true) {
+  return {std::move(t), narrow, false};
+}
+Arg res(Tensor t, bool narrow = true) {
+  return {std::move(t), narrow, true};
+}
 
-using Call = std::function<void(Context&, const std::vector<Tensor>&)>;
+using Args = std::vector<Tensor>;
+using Call = std::function<void(Context&, const Args&)>;
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
@@ -83,18 +88,25 @@ double run_mixed(Fixture& f, DType h, const std::vector<Arg>& args, const Call& 
   return worst;
 }
 
-double unit(DType h) { return h == DType::bf16 ? 0x1p-8 : 0x1p-11; }
+double unit(DType h) {
+  return h == DType::bf16 ? 0x1p-8 : 0x1p-11;
+}
 
 // (b): the worst error within k u; the table of docs/PRECISION.md under TROUPE_PRECISION_REPORT=1.
 void check_bound(const char* op, DType h, double worst, double k) {
   const double in_u = worst / unit(h);
-  if (std::getenv("TROUPE_PRECISION_REPORT")) std::printf("| %-34s | %-4s | %5.2f | %4g |\n", op, dtype_name(h), in_u, k);
+  if (std::getenv("TROUPE_PRECISION_REPORT"))
+    std::printf("| %-34s | %-4s | %5.2f | %4g |\n", op, dtype_name(h), in_u, k);
   INFO(op << " in " << dtype_name(h) << ": worst error " << in_u << " u, bound " << k << " u");
   CHECK(in_u <= k);
 }
 
-Tensor f32(Fixture& f, const Shape& s, double lo = -1, double hi = 1) { return random_tensor(s, f.rng, lo, hi, DType::f32); }
-Tensor zeros32(const Shape& s) { return Tensor::zeros(s, DType::f32); }
+Tensor f32(Fixture& f, const Shape& s, double lo = -1, double hi = 1) {
+  return random_tensor(s, f.rng, lo, hi, DType::f32);
+}
+Tensor zeros32(const Shape& s) {
+  return Tensor::zeros(s, DType::f32);
+}
 
 const DType kHalves[] = {DType::bf16, DType::f16};
 
@@ -106,20 +118,18 @@ TEST_CASE("16-bit embeddings: layer bitwise, error bounded", "[mixed]") {
   const Tensor tokens = random_tokens(f.rng, B * T, Vp).view({B, T});
   for (DType h : kHalves) {
     double e = run_mixed(f, h, {res(zeros32({B, T, C})), in(f32(f, {Vp, C})), in(f32(f, {P, C})), in(tokens, false)},
-                         [](Context& c, const std::vector<Tensor>& a) { ops::embedding_forward(c, a[0], a[3], a[1], a[2]); });
+                         [](Context& c, const Args& a) { ops::embedding_forward(c, a[0], a[3], a[1], a[2]); });
     check_bound("embedding_forward", h, e, 3);
     e = run_mixed(f, h, {res(f32(f, {Vp, C})), res(f32(f, {P, C})), in(f32(f, {B, T, C})), in(tokens, false)},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::embedding_backward(c, a[0], a[1], a[2], a[3]); });
+                  [](Context& c, const Args& a) { ops::embedding_backward(c, a[0], a[1], a[2], a[3]); });
     check_bound("embedding_backward (+=)", h, e, 4);
-    e = run_mixed(f, h, {res(zeros32({B, T, C})), in(f32(f, {Vl, C})), in(f32(f, {P, C})), in(tokens, false)},
-                  [&](Context& c, const std::vector<Tensor>& a) {
-                    ops::vocab_embedding_forward(c, a[0], a[3], a[1], vocab_begin, a[2]);
-                  });
+    e = run_mixed(
+        f, h, {res(zeros32({B, T, C})), in(f32(f, {Vl, C})), in(f32(f, {P, C})), in(tokens, false)},
+        [&](Context& c, const Args& a) { ops::vocab_embedding_forward(c, a[0], a[3], a[1], vocab_begin, a[2]); });
     check_bound("vocab_embedding_forward", h, e, 3);
-    e = run_mixed(f, h, {res(f32(f, {Vl, C})), in(f32(f, {B, T, C})), in(tokens, false)},
-                  [&](Context& c, const std::vector<Tensor>& a) {
-                    ops::vocab_embedding_backward(c, a[0], Tensor(), a[1], a[2], vocab_begin);
-                  });
+    e = run_mixed(
+        f, h, {res(f32(f, {Vl, C})), in(f32(f, {B, T, C})), in(tokens, false)},
+        [&](Context& c, const Args& a) { ops::vocab_embedding_backward(c, a[0], Tensor(), a[1], a[2], vocab_begin); });
     check_bound("vocab_embedding_backward (+=)", h, e, 4);
   }
 }
@@ -132,26 +142,28 @@ TEST_CASE("16-bit LayerNorm and RMSNorm: layer bitwise, error bounded", "[mixed]
     // Statistics f32 beside 16-bit activations, and (layernorm) 16-bit too.
     for (bool stats16 : {false, true}) {
       const double e = run_mixed(
-          f, h, {res(zeros32({N, C})), res(zeros32({N}), stats16), res(zeros32({N}), stats16), in(f32(f, {N, C}, -2, 2)),
-                 in(f32(f, {C}, 0.5, 1.5)), in(f32(f, {C}))},
-          [&](Context& c, const std::vector<Tensor>& a) { ops::layernorm_forward(c, a[0], a[1], a[2], a[3], a[4], a[5], eps); });
+          f, h,
+          {res(zeros32({N, C})), res(zeros32({N}), stats16), res(zeros32({N}), stats16), in(f32(f, {N, C}, -2, 2)),
+           in(f32(f, {C}, 0.5, 1.5)), in(f32(f, {C}))},
+          [&](Context& c, const Args& a) { ops::layernorm_forward(c, a[0], a[1], a[2], a[3], a[4], a[5], eps); });
       check_bound(stats16 ? "layernorm_forward (16-bit stats)" : "layernorm_forward", h, e, 4);
     }
     const Tensor x = f32(f, {N, C}, -2, 2), w = f32(f, {C}, 0.5, 1.5), mean = zeros32({N}), rstd = zeros32({N});
     ops::layernorm_forward(f.ctx, zeros32({N, C}), mean, rstd, x, w, f32(f, {C}), eps);
     double e = run_mixed(
-        f, h, {res(f32(f, {N, C})), res(f32(f, {C})), res(f32(f, {C})), in(f32(f, {N, C})), in(x), in(w), in(mean, false),
-               in(rstd, false)},
-        [](Context& c, const std::vector<Tensor>& a) { ops::layernorm_backward(c, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]); });
+        f, h,
+        {res(f32(f, {N, C})), res(f32(f, {C})), res(f32(f, {C})), in(f32(f, {N, C})), in(x), in(w), in(mean, false),
+         in(rstd, false)},
+        [](Context& c, const Args& a) { ops::layernorm_backward(c, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]); });
     check_bound("layernorm_backward (+=)", h, e, 8);
 
     e = run_mixed(f, h, {res(zeros32({N, C})), res(zeros32({N}), false), in(x), in(w)},
-                  [&](Context& c, const std::vector<Tensor>& a) { ops::rmsnorm_forward(c, a[0], a[1], a[2], a[3], eps); });
+                  [&](Context& c, const Args& a) { ops::rmsnorm_forward(c, a[0], a[1], a[2], a[3], eps); });
     check_bound("rmsnorm_forward", h, e, 4);
     const Tensor rrstd = zeros32({N});
     ops::rmsnorm_forward(f.ctx, zeros32({N, C}), rrstd, x, w, eps);
     e = run_mixed(f, h, {res(f32(f, {N, C})), res(f32(f, {C})), in(f32(f, {N, C})), in(x), in(w), in(rrstd, false)},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::rmsnorm_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
+                  [](Context& c, const Args& a) { ops::rmsnorm_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
     check_bound("rmsnorm_backward (+=)", h, e, 8);
   }
 }
@@ -161,19 +173,21 @@ TEST_CASE("16-bit linear: layer bitwise, error bounded", "[mixed]") {
   const int64_t B = 3, T = 7, N = B * T, I = 13, O = 11;
   for (DType h : kHalves) {
     double e = run_mixed(f, h, {res(zeros32({B, T, O})), in(f32(f, {B, T, I})), in(f32(f, {O, I})), in(f32(f, {O}))},
-                         [](Context& c, const std::vector<Tensor>& a) { ops::linear_forward(c, a[0], a[1], a[2], a[3]); });
+                         [](Context& c, const Args& a) { ops::linear_forward(c, a[0], a[1], a[2], a[3]); });
     check_bound("linear_forward", h, e, 8);
     // An f32 output from 16-bit operands.
     e = run_mixed(f, h, {res(zeros32({N, O}), false), in(f32(f, {N, I})), in(f32(f, {O, I}))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::linear_forward(c, a[0], a[1], a[2], Tensor()); });
+                  [](Context& c, const Args& a) { ops::linear_forward(c, a[0], a[1], a[2], Tensor()); });
     check_bound("linear_forward (f32 out, no bias)", h, e, 8);
-    e = run_mixed(f, h, {res(zeros32({N, I})), res(f32(f, {O, I})), res(f32(f, {O})), in(f32(f, {N, O})), in(f32(f, {N, I})),
-                         in(f32(f, {O, I}))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::linear_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
+    e = run_mixed(f, h,
+                  {res(zeros32({N, I})), res(f32(f, {O, I})), res(f32(f, {O})), in(f32(f, {N, O})), in(f32(f, {N, I})),
+                   in(f32(f, {O, I}))},
+                  [](Context& c, const Args& a) { ops::linear_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
     check_bound("linear_backward", h, e, 8);
     // The split weight half, without the weight.
-    e = run_mixed(f, h, {res(f32(f, {O, I})), res(f32(f, {O})), in(f32(f, {N, O})), in(f32(f, {N, I}))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::linear_backward(c, Tensor(), a[0], a[1], a[2], a[3], Tensor()); });
+    e = run_mixed(
+        f, h, {res(f32(f, {O, I})), res(f32(f, {O})), in(f32(f, {N, O})), in(f32(f, {N, I}))},
+        [](Context& c, const Args& a) { ops::linear_backward(c, Tensor(), a[0], a[1], a[2], a[3], Tensor()); });
     check_bound("linear_backward (weight half)", h, e, 8);
   }
 }
@@ -189,34 +203,34 @@ TEST_CASE("16-bit GELU, GLUs, residual, dropout: layer bitwise (aliases kept), e
   mask.first_sample = 2;
   for (DType h : kHalves) {
     double e = run_mixed(f, h, {res(zeros32({n})), in(f32(f, {n}, -3, 3))},
-                         [](Context& c, const std::vector<Tensor>& a) { ops::gelu_forward(c, a[0], a[1]); });
+                         [](Context& c, const Args& a) { ops::gelu_forward(c, a[0], a[1]); });
     check_bound("gelu_forward", h, e, 3);
     // dx aliases dout: one temporary.
     e = run_mixed(f, h, {res(f32(f, {n})), in(f32(f, {n}, -3, 3))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::gelu_backward(c, a[0], a[0], a[1]); });
+                  [](Context& c, const Args& a) { ops::gelu_backward(c, a[0], a[0], a[1]); });
     check_bound("gelu_backward (dx = dout)", h, e, 4);
     for (GluKind kind : {GluKind::swiglu, GluKind::geglu}) {
       const char* fw = kind == GluKind::swiglu ? "glu_forward swiglu" : "glu_forward geglu";
       const char* bw = kind == GluKind::swiglu ? "glu_backward swiglu" : "glu_backward geglu";
       e = run_mixed(f, h, {res(zeros32({N, F})), in(f32(f, {N, 2 * F}, -3, 3))},
-                    [&](Context& c, const std::vector<Tensor>& a) { ops::glu_forward(c, a[0], a[1], kind); });
+                    [&](Context& c, const Args& a) { ops::glu_forward(c, a[0], a[1], kind); });
       check_bound(fw, h, e, 4);
       e = run_mixed(f, h, {res(zeros32({N, 2 * F})), in(f32(f, {N, F})), in(f32(f, {N, 2 * F}, -3, 3))},
-                    [&](Context& c, const std::vector<Tensor>& a) { ops::glu_backward(c, a[0], a[1], a[2], kind); });
+                    [&](Context& c, const Args& a) { ops::glu_backward(c, a[0], a[1], a[2], kind); });
       check_bound(bw, h, e, 4);
     }
     e = run_mixed(f, h, {res(zeros32({n})), in(f32(f, {n})), in(f32(f, {n}))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::residual_forward(c, a[0], a[1], a[2]); });
+                  [](Context& c, const Args& a) { ops::residual_forward(c, a[0], a[1], a[2]); });
     check_bound("residual_forward", h, e, 3);
     // out aliases a, and an f32 b beside a 16-bit a.
     e = run_mixed(f, h, {res(f32(f, {n})), in(f32(f, {n}), false)},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::residual_forward(c, a[0], a[0], a[1]); });
+                  [](Context& c, const Args& a) { ops::residual_forward(c, a[0], a[0], a[1]); });
     check_bound("residual_forward (out = a)", h, e, 3);
     e = run_mixed(f, h, {res(f32(f, {n})), in(f32(f, {n}))},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::add_inplace(c, a[0], a[1]); });
+                  [](Context& c, const Args& a) { ops::add_inplace(c, a[0], a[1]); });
     check_bound("add_inplace", h, e, 3);
     e = run_mixed(f, h, {res(f32(f, {6, 11}))},
-                  [&](Context& c, const std::vector<Tensor>& a) { ops::dropout_rows(c, a[0], mask, 2, 4); });
+                  [&](Context& c, const Args& a) { ops::dropout_rows(c, a[0], mask, 2, 4); });
     check_bound("dropout_rows", h, e, 2);
   }
 }
@@ -232,10 +246,10 @@ TEST_CASE("16-bit rotary: layer bitwise, error bounded", "[mixed]") {
       p.interleaved = interleaved;
       p.pos0 = 3;
       double e = run_mixed(f, h, {res(f32(f, {B, T, W}))},
-                           [&](Context& c, const std::vector<Tensor>& a) { ops::rotary_forward(c, a[0], 12, 2, 6, p); });
+                           [&](Context& c, const Args& a) { ops::rotary_forward(c, a[0], 12, 2, 6, p); });
       check_bound(interleaved ? "rotary_forward interleaved" : "rotary_forward", h, e, 3);
       e = run_mixed(f, h, {res(f32(f, {B, T, W}))},
-                    [&](Context& c, const std::vector<Tensor>& a) { ops::rotary_backward(c, a[0], 12, 2, 6, p); });
+                    [&](Context& c, const Args& a) { ops::rotary_backward(c, a[0], 12, 2, 6, p); });
       check_bound(interleaved ? "rotary_backward interleaved" : "rotary_backward", h, e, 3);
     }
   }
@@ -258,21 +272,19 @@ TEST_CASE("16-bit attention (MHA, GQA with ALiBi, dropout): layer bitwise, error
     const Tensor qkv = f32(f, {B, T, 27}, -2, 2), probs = zeros32({B, 3, T, T});
     ops::attention_forward(f.ctx, zeros32({B, T, 9}), probs, qkv, 3);
     double e = run_mixed(f, h, {res(zeros32({B, T, 9})), res(zeros32({B, 3, T, T})), in(qkv)},
-                         [](Context& c, const std::vector<Tensor>& a) { ops::attention_forward(c, a[0], a[1], a[2], 3); });
+                         [](Context& c, const Args& a) { ops::attention_forward(c, a[0], a[1], a[2], 3); });
     check_bound("attention_forward", h, e, 8);
     e = run_mixed(f, h, {res(zeros32({B, T, 27})), in(f32(f, {B, T, 9})), in(qkv), in(probs)},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::attention_backward(c, a[0], a[1], a[2], a[3], 3); });
+                  [](Context& c, const Args& a) { ops::attention_backward(c, a[0], a[1], a[2], a[3], 3); });
     check_bound("attention_backward", h, e, 8);
     // GQA (H 4, G 2, hs 5) with ALiBi and attention dropout, heads from head0 = 4 of the model's 8.
     const Tensor gqkv = f32(f, {B, T, 40}, -2, 2), gprobs = zeros32({B, 4, T, T});
     ops::attention_forward(f.ctx, zeros32({B, T, 20}), gprobs, gqkv, gqa, mask, 4);
     e = run_mixed(f, h, {res(zeros32({B, T, 20})), res(zeros32({B, 4, T, T})), in(gqkv)},
-                  [&](Context& c, const std::vector<Tensor>& a) { ops::attention_forward(c, a[0], a[1], a[2], gqa, mask, 4); });
+                  [&](Context& c, const Args& a) { ops::attention_forward(c, a[0], a[1], a[2], gqa, mask, 4); });
     check_bound("attention_forward GQA+ALiBi+dropout", h, e, 8);
     e = run_mixed(f, h, {res(zeros32({B, T, 40})), in(f32(f, {B, T, 20})), in(gqkv), in(gprobs)},
-                  [&](Context& c, const std::vector<Tensor>& a) {
-                    ops::attention_backward(c, a[0], a[1], a[2], a[3], gqa, mask, 4);
-                  });
+                  [&](Context& c, const Args& a) { ops::attention_backward(c, a[0], a[1], a[2], a[3], gqa, mask, 4); });
     check_bound("attention_backward GQA+dropout", h, e, 8);
   }
 }
@@ -284,28 +296,26 @@ TEST_CASE("16-bit cross-entropy, fused and vocabulary-parallel pieces: layer bit
   const Tensor wide_targets = random_tokens(f.rng, N, 30);  // some inside the shard [10, 21), some not
   auto f64z = [](int64_t n) { return Tensor::zeros({n}, DType::f64); };
   for (DType h : kHalves) {
-    double e = run_mixed(f, h, {res(zeros32({N}), false), res(f32(f, {N, Vp}, -3, 3)), in(targets, false)},
-                         [&](Context& c, const std::vector<Tensor>& a) {
-                           ops::softmax_cross_entropy(c, a[0], a[1], a[2], valid, 1.0 / N);
-                         });
+    double e =
+        run_mixed(f, h, {res(zeros32({N}), false), res(f32(f, {N, Vp}, -3, 3)), in(targets, false)},
+                  [&](Context& c, const Args& a) { ops::softmax_cross_entropy(c, a[0], a[1], a[2], valid, 1.0 / N); });
     check_bound("softmax_cross_entropy (+ grad)", h, e, 8);
     const Tensor logits = f32(f, {N, Vl}, -3, 3);
-    e = run_mixed(f, h, {res(f64z(N), false), res(f64z(N), false), in(logits), in(wide_targets, false)},
-                  [&](Context& c, const std::vector<Tensor>& a) {
-                    ops::xent_local_stats(c, a[0], a[1], a[2], a[3], vocab_begin, shard_valid);
-                  });
+    e = run_mixed(
+        f, h, {res(f64z(N), false), res(f64z(N), false), in(logits), in(wide_targets, false)},
+        [&](Context& c, const Args& a) { ops::xent_local_stats(c, a[0], a[1], a[2], a[3], vocab_begin, shard_valid); });
     check_bound("xent_local_stats", h, e, 1);
     const Tensor row_max = f64z(N), target_logit = f64z(N), sum_exp = f64z(N);
     ops::xent_local_stats(f.ctx, row_max, target_logit, logits, wide_targets, vocab_begin, shard_valid);
     ops::xent_exp_sum(f.ctx, sum_exp, logits.clone(), row_max, shard_valid);
     e = run_mixed(f, h, {res(f64z(N), false), res(logits), in(row_max, false)},
-                  [&](Context& c, const std::vector<Tensor>& a) { ops::xent_exp_sum(c, a[0], a[1], a[2], shard_valid); });
+                  [&](Context& c, const Args& a) { ops::xent_exp_sum(c, a[0], a[1], a[2], shard_valid); });
     check_bound("xent_exp_sum", h, e, 8);
     e = run_mixed(f, h, {res(zeros32({N})), in(row_max, false), in(sum_exp, false), in(target_logit, false)},
-                  [](Context& c, const std::vector<Tensor>& a) { ops::xent_loss(c, a[0], a[1], a[2], a[3]); });
+                  [](Context& c, const Args& a) { ops::xent_loss(c, a[0], a[1], a[2], a[3]); });
     check_bound("xent_loss (16-bit losses)", h, e, 1);
     e = run_mixed(f, h, {res(logits), in(row_max, false), in(sum_exp, false), in(wide_targets, false)},
-                  [&](Context& c, const std::vector<Tensor>& a) {
+                  [&](Context& c, const Args& a) {
                     ops::xent_backward(c, a[0], a[1], a[2], a[3], vocab_begin, shard_valid, 0.25);
                   });
     check_bound("xent_backward", h, e, 8);
@@ -322,13 +332,14 @@ TEST_CASE("16-bit optimizer ops: adamw, sum_squares, scale, clip_grad_norm", "[m
   for (DType h : kHalves) {
     // The engine's case: f32 master weights and moments, a 16-bit gradient; then all 16-bit.
     for (bool all16 : {false, true}) {
-      const double e = run_mixed(
-          f, h, {res(f32(f, {n}), all16), in(f32(f, {n})), res(f32(f, {n}, -0.1, 0.1), all16), res(f32(f, {n}, 1e-3, 1e-2), all16)},
-          [&](Context& c, const std::vector<Tensor>& a) { ops::adamw_update(c, a[0], a[1], a[2], a[3], p); });
+      const double e = run_mixed(f, h,
+                                 {res(f32(f, {n}), all16), in(f32(f, {n})), res(f32(f, {n}, -0.1, 0.1), all16),
+                                  res(f32(f, {n}, 1e-3, 1e-2), all16)},
+                                 [&](Context& c, const Args& a) { ops::adamw_update(c, a[0], a[1], a[2], a[3], p); });
       check_bound(all16 ? "adamw_update (all 16-bit)" : "adamw_update (16-bit grad)", h, e, 4);
     }
-    double e = run_mixed(f, h, {res(f32(f, {n}))},
-                         [](Context& c, const std::vector<Tensor>& a) { ops::scale_inplace(c, a[0], 0.37); });
+    double e =
+        run_mixed(f, h, {res(f32(f, {n}))}, [](Context& c, const Args& a) { ops::scale_inplace(c, a[0], 0.37); });
     check_bound("scale_inplace", h, e, 2);
 
     const Tensor x = f32(f, {n});
@@ -340,7 +351,7 @@ TEST_CASE("16-bit optimizer ops: adamw, sum_squares, scale, clip_grad_norm", "[m
 
     // clip_grad_norm over a 16-bit and an f32 gradient, clipping.
     std::vector<double> norms;
-    e = run_mixed(f, h, {res(f32(f, {n})), res(f32(f, {7}), false)}, [&](Context& c, const std::vector<Tensor>& a) {
+    e = run_mixed(f, h, {res(f32(f, {n})), res(f32(f, {7}), false)}, [&](Context& c, const Args& a) {
       norms.push_back(ops::clip_grad_norm(c, {a[0], a[1]}, 1.0));
     });
     REQUIRE(norms.size() == 3);
