@@ -148,6 +148,8 @@ TEST_CASE("16-bit LayerNorm and RMSNorm: layer bitwise, error bounded", "[mixed]
           [&](Context& c, const Args& a) { ops::layernorm_forward(c, a[0], a[1], a[2], a[3], a[4], a[5], eps); });
       check_bound(stats16 ? "layernorm_forward (16-bit stats)" : "layernorm_forward", h, e, 4);
     }
+    // The backward's statistics come from the unrounded x (f32 beside the 16-bit activations), for all
+    // three runs: (a) does not depend on where they came from; (b) includes x's rounding against them.
     const Tensor x = f32(f, {N, C}, -2, 2), w = f32(f, {C}, 0.5, 1.5), mean = zeros32({N}), rstd = zeros32({N});
     ops::layernorm_forward(f.ctx, zeros32({N, C}), mean, rstd, x, w, f32(f, {C}), eps);
     double e = run_mixed(
@@ -156,6 +158,19 @@ TEST_CASE("16-bit LayerNorm and RMSNorm: layer bitwise, error bounded", "[mixed]
          in(rstd, false)},
         [](Context& c, const Args& a) { ops::layernorm_backward(c, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]); });
     check_bound("layernorm_backward (+=)", h, e, 8);
+    // The split halves apart, the parameter half into f32 gradients.
+    e = run_mixed(f, h, {res(f32(f, {N, C})), in(f32(f, {N, C})), in(x), in(w), in(mean, false), in(rstd, false)},
+                  [](Context& c, const Args& a) {
+                    ops::layernorm_backward(c, a[0], Tensor(), Tensor(), a[1], a[2], a[3], a[4], a[5]);
+                  });
+    check_bound("layernorm_backward (dx half)", h, e, 8);
+    e = run_mixed(f, h,
+                  {res(f32(f, {C}), false), res(f32(f, {C}), false), in(f32(f, {N, C})), in(x), in(mean, false),
+                   in(rstd, false)},
+                  [](Context& c, const Args& a) {
+                    ops::layernorm_backward(c, Tensor(), a[0], a[1], a[2], a[3], Tensor(), a[4], a[5]);
+                  });
+    check_bound("layernorm_backward (f32 dw, db half)", h, e, 8);
 
     e = run_mixed(f, h, {res(zeros32({N, C})), res(zeros32({N}), false), in(x), in(w)},
                   [&](Context& c, const Args& a) { ops::rmsnorm_forward(c, a[0], a[1], a[2], a[3], eps); });
@@ -184,6 +199,12 @@ TEST_CASE("16-bit linear: layer bitwise, error bounded", "[mixed]") {
                    in(f32(f, {O, I}))},
                   [](Context& c, const Args& a) { ops::linear_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
     check_bound("linear_backward", h, e, 8);
+    // 16-bit activations with f32 parameter gradients (the engine's master gradients).
+    e = run_mixed(f, h,
+                  {res(zeros32({N, I})), res(f32(f, {O, I}), false), res(f32(f, {O}), false), in(f32(f, {N, O})),
+                   in(f32(f, {N, I})), in(f32(f, {O, I}))},
+                  [](Context& c, const Args& a) { ops::linear_backward(c, a[0], a[1], a[2], a[3], a[4], a[5]); });
+    check_bound("linear_backward (f32 dW, db)", h, e, 8);
     // The split weight half, without the weight.
     e = run_mixed(
         f, h, {res(f32(f, {O, I})), res(f32(f, {O})), in(f32(f, {N, O})), in(f32(f, {N, I}))},
