@@ -9,9 +9,10 @@
 // op's 16-bit result is bitwise RNE16(op32(widen(inputs))); arguments read and written (+= gradients,
 // in-place ops) are widened first and narrowed after; aliased arguments stay aliased. Statistics (norm
 // mean/rstd, losses) may be f32 beside 16-bit activations; the xent row statistics stay f64. The f32
-// and f64 paths are unchanged by the layer. All tensors of one call share the device. Gradients of parameters accumulate (+=) so micro-
-// batches add up; gradients of activations overwrite unless the name says "accumulate". Every op is
-// deterministic: reductions run in a fixed order that does not depend on the number of threads.
+// and f64 paths are unchanged by the layer. All tensors of one call share the device. Gradients of
+// parameters accumulate (+=) so micro-batches add up; gradients of activations overwrite unless the
+// name says "accumulate". Every op is deterministic: reductions run in a fixed order that does not
+// depend on the number of threads.
 // Preconditions are checked (TROUPE_CHECK); a violated one is a bug in the caller.
 #pragma once
 #include <cstdint>
@@ -214,11 +215,14 @@ struct AdamWParams {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   int64_t step = 1;  // 1-based, for the bias corrections 1 - beta^step
 };
-// AdamW (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p)
+// AdamW (Loshchilov & Hutter): p -= lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p). Each of
+// param, grad, exp_avg, exp_avg_sq may be f32 or the call's 16-bit type (mixed precision keeps f32
+// master weights and moments beside a 16-bit gradient; a 16-bit param or moment is rounded back).
 void adamw_update(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, const AdamWParams& p);
 
-// Sum of squares of all elements, accumulated in double in a fixed order.
+// Sum of squares of all elements, accumulated in double in a fixed order (a 16-bit tensor: of its
+// exactly widened values). scale_inplace and clip_grad_norm take 16-bit tensors too (rounded back).
 double sum_squares(Context& ctx, const Tensor& t);
 void scale_inplace(Context& ctx, const Tensor& t, double factor);
 // Global L2 norm over all tensors; when max_norm > 0 and the norm exceeds it, scales every tensor by
