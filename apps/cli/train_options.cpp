@@ -129,14 +129,27 @@ void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vect
   // Megatron's arguments.py / TransformerConfig: query-key layer scaling implies the fp32 softmax.
   if (given("--apply-query-key-layer-scaling")) p.attention_softmax_in_fp32 = true;
   if (notes == nullptr) return;
-  const char* dynamic_flags[] = {"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"};
-  std::string given_dynamic;
-  for (const char* f : dynamic_flags)
-    if (given(f)) given_dynamic += (given_dynamic.empty() ? "" : ", ") + std::string(f);
+  // "--hysteresis 3" for each loss-scale flag given among `flags`, joined by ", ".
+  auto given_with_values = [&](std::initializer_list<const char*> flags) {
+    std::string out;
+    for (const char* f : flags) {
+      if (!given(f)) continue;
+      const std::string f_s = f;
+      const std::string v = f_s == "--loss-scale"           ? fmt::format("{}", p.loss_scale)
+                            : f_s == "--initial-loss-scale" ? fmt::format("{}", p.initial_loss_scale)
+                            : f_s == "--min-loss-scale"     ? fmt::format("{}", p.min_loss_scale)
+                            : f_s == "--loss-scale-window"  ? fmt::format("{}", p.loss_scale_window)
+                                                            : fmt::format("{}", p.hysteresis);
+      out += (out.empty() ? "" : ", ") + f_s + " " + v;
+    }
+    return out;
+  };
+  const std::string dynamic =
+      given_with_values({"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"});
+  const std::string all = given_with_values(
+      {"--loss-scale", "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"});
   const bool megatron = p.recipe == PrecisionRecipe::megatron;
   if (p.dtype == PrecisionDType::fp32) {
-    std::string all = given("--loss-scale") ? "--loss-scale" : "";
-    if (!given_dynamic.empty()) all += (all.empty() ? "" : ", ") + given_dynamic;
     if (!all.empty())
       notes->push_back(all + ": no effect -- without --fp16 or --bf16 troupe trains in float32, which scales "
                              "nothing (Megatron's FP32Optimizer has no loss scaler)");
@@ -144,12 +157,13 @@ void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vect
       notes->push_back("--accumulate-allreduce-grads-in-fp32: no effect -- float32 gradients are accumulated and "
                        "all-reduced in float32");
   } else if (p.dtype == PrecisionDType::bf16) {
-    if (!given_dynamic.empty())
-      notes->push_back(given_dynamic + " with bf16: no effect -- bf16 uses no dynamic loss scaling (Megatron "
+    if (!dynamic.empty())
+      notes->push_back(dynamic + " with bf16: no effect -- bf16 uses no dynamic loss scaling (Megatron "
                        "builds its DynamicGradScaler only for --fp16)");
     if (given("--loss-scale") && megatron)
-      notes->push_back("--loss-scale with --bf16: a constant loss scale, as Megatron's ConstantGradScaler (an "
-                       "overflow skips the step)");
+      notes->push_back(fmt::format("--loss-scale {} with --bf16: a constant loss scale, as Megatron's "
+                                   "ConstantGradScaler (an overflow skips the step)",
+                                   p.loss_scale));
     else if (given("--loss-scale"))
       notes->push_back("--loss-scale with the DeepSpeed file's bf16: no effect -- DeepSpeed's bf16 scales nothing");
     if (given("--accumulate-allreduce-grads-in-fp32"))

@@ -119,7 +119,7 @@ TEST_CASE("precision: fp32 by default, with Megatron's loss-scale defaults", "[p
   // Loss-scale flags without a 16-bit type: accepted, each noted as without effect.
   Parsed q = parse_ok(ws.args({"--loss-scale", "1024", "--hysteresis", "3", "--accumulate-allreduce-grads-in-fp32"}));
   CHECK(q.status.is_ok());
-  CHECK(has_note(q, "--loss-scale, --hysteresis: no effect"));
+  CHECK(has_note(q, "--loss-scale 1024, --hysteresis 3: no effect"));
   CHECK(has_note(q, "--accumulate-allreduce-grads-in-fp32: no effect"));
 }
 
@@ -149,8 +149,8 @@ TEST_CASE("precision: --fp16 and --bf16 with Megatron's flags", "[precision]") {
   CHECK(b.cfg.precision.dtype == PrecisionDType::bf16);
   CHECK(b.cfg.precision.grad_dtype() == PrecisionDType::fp32);
   CHECK(b.cfg.precision.loss_scale == 8);
-  CHECK(has_note(b, "--initial-loss-scale, --hysteresis with bf16: no effect"));
-  CHECK(has_note(b, "--loss-scale with --bf16: a constant loss scale"));
+  CHECK(has_note(b, "--initial-loss-scale 1024, --hysteresis 4 with bf16: no effect"));
+  CHECK(has_note(b, "--loss-scale 8 with --bf16: a constant loss scale"));
 
   // Query-key layer scaling implies the fp32 softmax, as in Megatron.
   Parsed q = parse_ok(ws.args({"--fp16", "--apply-query-key-layer-scaling"}));
