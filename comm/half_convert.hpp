@@ -10,8 +10,8 @@
 //              two (f16: |x| >= 65520), as IEEE 754 says; Inf stays Inf; NaN stays a quiet NaN
 //              (sign and the top payload bits kept); f16 subnormals are produced exactly rounded.
 // Independent of the floating-point environment (integer arithmetic on the bits), so the bulk
-// forms' vectorised paths (F16C for f16, chosen at run time; never required at compile time) give
-// bitwise the scalar results.
+// forms' vectorised paths (AVX-512F, F16C; chosen at run time, never required at compile time)
+// give bitwise the scalar results.
 //
 // MERGE: replace with kernels/half.hpp
 #pragma once
@@ -80,9 +80,18 @@ inline bool is_half(DType dtype) {
   return dtype == DType::bf16 || dtype == DType::f16;
 }
 
-// dst[i] = widened src[i] for i < n; dtype bf16 or f16 (a broken invariant otherwise).
+// The bulk forms' implementations: the scalar functions, F16C (256-bit; f16 only, bf16 falls back
+// to scalar), AVX-512F (both). All give the scalar functions' bits.
+enum class HalfIsa : uint8_t { scalar, f16c, avx512 };
+bool half_isa_available(HalfIsa isa);  // whether this CPU (and build) has it
+HalfIsa best_half_isa();               // the one the plain forms use
+
+// dst[i] = widened src[i] for i < n; dtype bf16 or f16 (a broken invariant otherwise). Thread-safe.
 void widen_to_f32(float* dst, const uint16_t* src, size_t n, DType dtype);
-// dst[i] = narrowed src[i] for i < n (round to nearest even); dtype bf16 or f16.
+// dst[i] = narrowed src[i] for i < n (round to nearest even); dtype bf16 or f16. Thread-safe.
 void narrow_from_f32(uint16_t* dst, const float* src, size_t n, DType dtype);
+// The same with a given implementation (tests run every one available; unavailable: a bug).
+void widen_to_f32(float* dst, const uint16_t* src, size_t n, DType dtype, HalfIsa isa);
+void narrow_from_f32(uint16_t* dst, const float* src, size_t n, DType dtype, HalfIsa isa);
 
 }  // namespace troupe::comm::detail

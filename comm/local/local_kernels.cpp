@@ -165,27 +165,32 @@ void reduce_typed(std::span<void* const> dsts, std::span<const void* const> srcs
 template <class F>
 void reduce_half(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
                  DType dtype, F f, bool streaming) {
-  constexpr size_t chunk = kChunkBytes / sizeof(uint16_t);
-  alignas(64) float acc[chunk];
-  alignas(64) float in[chunk];
-  alignas(64) uint16_t out[chunk];
+  // Sub-chunks of kChunkBytes / 4 elements keep the fp32 accumulator, one widened source and the
+  // rounded result (20 KiB) in L1; the destination writes still follow the chunks' alignment.
+  constexpr size_t sub = kChunkBytes / sizeof(float);
+  alignas(64) float acc[sub];
+  alignas(64) float in[sub];
+  alignas(64) uint16_t out[sub];
   const size_t n = srcs.size();
   const void* anchor = dsts.empty() ? srcs[0] : dsts[0];
   for (size_t base = 0, len = 0; base < count; base += len) {
     len = chunk_length(anchor, base, count, sizeof(uint16_t));
-    auto src = [&](size_t j) { return static_cast<const uint16_t*>(srcs[j]) + base; };
-    if (n == 1) {
-      std::memcpy(out, src(0), len * sizeof(uint16_t));
-    } else {
-      widen_to_f32(acc, src(0), len, dtype);
-      for (size_t j = 1; j < n; ++j) {
-        widen_to_f32(in, src(j), len, dtype);
-        for (size_t k = 0; k < len; ++k) acc[k] = f(acc[k], in[k]);
+    for (size_t at = base, m = 0; at < base + len; at += m) {
+      m = std::min(sub, base + len - at);
+      auto src = [&](size_t j) { return static_cast<const uint16_t*>(srcs[j]) + at; };
+      if (n == 1) {
+        std::memcpy(out, src(0), m * sizeof(uint16_t));
+      } else {
+        widen_to_f32(acc, src(0), m, dtype);
+        for (size_t j = 1; j < n; ++j) {
+          widen_to_f32(in, src(j), m, dtype);
+          for (size_t k = 0; k < m; ++k) acc[k] = f(acc[k], in[k]);
+        }
+        narrow_from_f32(out, acc, m, dtype);
       }
-      narrow_from_f32(out, acc, len, dtype);
+      for (void* d : dsts)
+        store(static_cast<uint16_t*>(d) + at, out, m * sizeof(uint16_t), streaming);
     }
-    for (void* d : dsts)
-      store(static_cast<uint16_t*>(d) + base, out, len * sizeof(uint16_t), streaming);
   }
 }
 

@@ -113,8 +113,9 @@ inline uint16_t reduce_tree(const std::vector<uint16_t>& x, DType t, comm::Reduc
     return encode(apply(widen(a, t), widen(b, t), op), t);
   };
   for (int n = 0; n < p2; ++n) {
-    w[static_cast<size_t>(n)] = n < rem ? combine(x[static_cast<size_t>(2 * n)], x[static_cast<size_t>(2 * n + 1)])
-                                        : x[static_cast<size_t>(n + rem)];
+    w[static_cast<size_t>(n)] =
+        n < rem ? combine(x[static_cast<size_t>(2 * n)], x[static_cast<size_t>(2 * n + 1)])
+                : x[static_cast<size_t>(n + rem)];
   }
   for (int bit = 1; bit < p2; bit *= 2) {
     for (int n = 0; n < p2; ++n) {

@@ -1,10 +1,10 @@
 // bf16 and f16 reductions: the conversions (comm/half_convert.hpp) against the formats' definition
 // (tests/comm/half_reference.hpp) for every 16-bit pattern and a sweep of fp32 values (ties,
-// overflow, subnormals), the bulk (vectorised) forms against the scalar ones; then the local
-// backend's all_reduce and reduce_scatter(_v) for 1..8 ranks and odd counts against the contract's
-// rule (fp32 accumulation in rank order, one rounding) bitwise on every rank, with Inf/NaN
-// propagation and fp16 overflow of finite sums. The ucx backend's 16-bit collectives are checked by
-// tests/comm/workers/ucx_worker.cpp (tests/comm/test_ucx_comm.cpp).
+// overflow, subnormals), every bulk (vectorised) implementation the CPU has against the scalar
+// ones; then the local backend's all_reduce and reduce_scatter(_v) for 1..8 ranks and odd counts
+// against the contract's rule (fp32 accumulation in rank order, one rounding) bitwise on every
+// rank, with Inf/NaN propagation and fp16 overflow of finite sums. The ucx backend's 16-bit
+// collectives are checked by tests/comm/workers/ucx_worker.cpp (tests/comm/test_ucx_comm.cpp).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -26,6 +26,8 @@ namespace ref = troupe::test::half_ref;
 namespace {
 
 const DType kHalves[] = {DType::bf16, DType::f16};
+const detail::HalfIsa kIsas[] = {detail::HalfIsa::scalar, detail::HalfIsa::f16c,
+                                 detail::HalfIsa::avx512};
 
 uint32_t bits_of(float f) {
   uint32_t u;
@@ -57,12 +59,19 @@ TEST_CASE("16-bit widening is exact for every pattern; NaNs stay (quiet) NaNs", 
   for (DType t : kHalves) {
     std::vector<uint16_t> all(65536);
     std::iota(all.begin(), all.end(), uint16_t{0});
-    std::vector<float> bulk(all.size());
-    detail::widen_to_f32(bulk.data(), all.data(), all.size(), t);
+    std::vector<std::vector<float>> bulk;  // one per implementation this CPU has
+    for (detail::HalfIsa isa : kIsas) {
+      if (!detail::half_isa_available(isa)) continue;
+      bulk.emplace_back(all.size());
+      detail::widen_to_f32(bulk.back().data(), all.data(), all.size(), t, isa);
+    }
+    std::vector<float> plain(all.size());
+    detail::widen_to_f32(plain.data(), all.data(), all.size(), t);
+    bulk.push_back(plain);
     for (uint32_t h = 0; h < 65536; ++h) {
       INFO(dtype_name(t) << " pattern " << h);
       const float s = scalar_widen(static_cast<uint16_t>(h), t);
-      REQUIRE(bits_of(bulk[h]) == bits_of(s));
+      for (const auto& b : bulk) REQUIRE(bits_of(b[h]) == bits_of(s));
       if (ref::is_nan(static_cast<uint16_t>(h), t)) {
         REQUIRE(std::isnan(s));
         REQUIRE((bits_of(s) & 0x00400000u) != 0);  // quiet
@@ -76,7 +85,8 @@ TEST_CASE("16-bit widening is exact for every pattern; NaNs stay (quiet) NaNs", 
   }
 }
 
-TEST_CASE("16-bit narrowing rounds to nearest even: ties, overflow, subnormals, NaN", "[comm][half]") {
+TEST_CASE("16-bit narrowing rounds to nearest even: ties, overflow, subnormals, NaN",
+          "[comm][half]") {
   for (DType t : kHalves) {
     std::vector<float> xs;
     // Every pattern's value, the midpoints to its upper neighbour and one fp32 ulp either side.
@@ -84,7 +94,8 @@ TEST_CASE("16-bit narrowing rounds to nearest even: ties, overflow, subnormals, 
       const uint16_t lo = static_cast<uint16_t>(h), hi = static_cast<uint16_t>(h + 1);
       if (ref::is_nan(lo, t) || ref::is_nan(hi, t) || std::isinf(ref::decode(lo, t))) continue;
       const float mid = static_cast<float>((ref::decode(lo, t) + ref::decode(hi, t)) / 2);
-      for (float x : {ref::widen(lo, t), mid, std::nextafter(mid, 0.f), std::nextafter(mid, INFINITY)}) {
+      for (float x :
+           {ref::widen(lo, t), mid, std::nextafter(mid, 0.f), std::nextafter(mid, INFINITY)}) {
         xs.push_back(x);
         xs.push_back(-x);
       }
@@ -99,12 +110,19 @@ TEST_CASE("16-bit narrowing rounds to nearest even: ties, overflow, subnormals, 
     }
     xs.push_back(float_of(0x7fa00001u));  // a signalling NaN
     xs.push_back(float_of(0xffc12345u));  // a quiet negative NaN
-    std::vector<uint16_t> bulk(xs.size());
-    detail::narrow_from_f32(bulk.data(), xs.data(), xs.size(), t);
+    std::vector<std::vector<uint16_t>> bulk;
+    for (detail::HalfIsa isa : kIsas) {
+      if (!detail::half_isa_available(isa)) continue;
+      bulk.emplace_back(xs.size());
+      detail::narrow_from_f32(bulk.back().data(), xs.data(), xs.size(), t, isa);
+    }
+    std::vector<uint16_t> plain(xs.size());
+    detail::narrow_from_f32(plain.data(), xs.data(), xs.size(), t);
+    bulk.push_back(plain);
     for (size_t i = 0; i < xs.size(); ++i) {
       INFO(dtype_name(t) << " x=" << xs[i] << " bits " << bits_of(xs[i]));
       const uint16_t s = scalar_narrow(xs[i], t);
-      REQUIRE(bulk[i] == s);
+      for (const auto& b : bulk) REQUIRE(b[i] == s);
       REQUIRE(narrows_right(xs[i], s, t));
     }
   }
@@ -123,7 +141,8 @@ LocalFabric make_fabric(int n) {
 }
 
 // Runs body(rank) on n threads (Catch2 is not thread-safe: bodies return an error text).
-std::vector<std::string> run_ranks(int n, const std::function<std::string(int, Communicator&)>& body) {
+std::vector<std::string> run_ranks(int n,
+                                   const std::function<std::string(int, Communicator&)>& body) {
   LocalFabric fabric = make_fabric(n);
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
@@ -131,7 +150,8 @@ std::vector<std::string> run_ranks(int n, const std::function<std::string(int, C
     threads.emplace_back([&, r] {
       auto world = fabric.world(r);
       auto comm = world->everyone();
-      errors[static_cast<size_t>(r)] = comm.is_ok() ? body(r, *comm.value()) : comm.status().message();
+      errors[static_cast<size_t>(r)] =
+          comm.is_ok() ? body(r, *comm.value()) : comm.status().message();
     });
   }
   for (auto& t : threads) t.join();
@@ -177,12 +197,14 @@ std::vector<uint16_t> expected_once(const std::vector<std::vector<uint16_t>>& in
 std::string where(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   for (size_t k = 0; k < got.size() && k < want.size(); ++k) {
     if (got[k] != want[k])
-      return "element " + std::to_string(k) + ": " + std::to_string(got[k]) + " vs " + std::to_string(want[k]);
+      return "element " + std::to_string(k) + ": " + std::to_string(got[k]) + " vs " +
+             std::to_string(want[k]);
   }
   return got.size() == want.size() ? "" : "sizes differ";
 }
 
-void check_all_reduce(int n, size_t count, DType t, ReduceOp op, std::vector<std::vector<uint16_t>> in) {
+void check_all_reduce(int n, size_t count, DType t, ReduceOp op,
+                      std::vector<std::vector<uint16_t>> in) {
   INFO("n=" << n << " count=" << count << " " << dtype_name(t) << " " << reduce_op_name(op));
   const std::vector<uint16_t> want = expected_once(in, 0, count, t, op);
   require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
@@ -204,7 +226,8 @@ TEST_CASE("local all_reduce bf16/f16 sum and max: fp32 in rank order, one roundi
       for (DType t : kHalves) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
           std::vector<std::vector<uint16_t>> in;
-          for (int r = 0; r < n; ++r) in.push_back(random_halves(count, t, count * 131 + n * 7 + r));
+          for (int r = 0; r < n; ++r)
+            in.push_back(random_halves(count, t, count * 131 + n * 7 + r));
           check_all_reduce(n, count, t, op, in);
         }
       }
@@ -219,7 +242,8 @@ TEST_CASE("local all_reduce bf16/f16 rounds once, not per rank", "[comm][local][
     const size_t count = 33;
     std::vector<std::vector<uint16_t>> in(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      in[static_cast<size_t>(r)].assign(count, ref::encode(r == 0 ? 1.0 : std::ldexp(1.0, -9), DType::bf16));
+      in[static_cast<size_t>(r)].assign(
+          count, ref::encode(r == 0 ? 1.0 : std::ldexp(1.0, -9), DType::bf16));
     }
     const uint16_t once = ref::encode(1.0 + (n - 1) * std::ldexp(1.0, -9), DType::bf16);
     REQUIRE(once != ref::encode(1.0, DType::bf16));
@@ -240,18 +264,20 @@ TEST_CASE("local bf16/f16 reductions propagate Inf and NaN; fp16 finite sums pas
       for (int r = 0; r < n; ++r) in.push_back(random_halves(count, t, 40 + r));
       const uint16_t inf = ref::encode(INFINITY, t), ninf = ref::encode(-INFINITY, t);
       const uint16_t nan = ref::encode(NAN, t);
-      in[static_cast<size_t>(n - 1)][5] = inf;          // one rank's overflow: Inf
-      in[0][6] = inf;                                    // +Inf and -Inf: NaN
+      in[static_cast<size_t>(n - 1)][5] = inf;  // one rank's overflow: Inf
+      in[0][6] = inf;                           // +Inf and -Inf: NaN
       in[static_cast<size_t>(n - 1)][6] = ninf;
-      in[static_cast<size_t>(n / 2)][1000] = nan;       // a NaN input: NaN
+      in[static_cast<size_t>(n / 2)][1000] = nan;  // a NaN input: NaN
       // Finite values whose sum overflows the format: f16 40000 each (>= 80000), bf16 3e38 each.
       const double big = t == DType::f16 ? 40000.0 : 3e38;
       for (int r = 0; r < n; ++r) in[static_cast<size_t>(r)][9] = ref::encode(big, t);
       std::vector<std::vector<uint16_t>> sums = in, maxes = in;
       require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
-        Status s = c.all_reduce(sums[static_cast<size_t>(r)].data(), count, t, ReduceOp::sum)->wait();
+        Status s =
+            c.all_reduce(sums[static_cast<size_t>(r)].data(), count, t, ReduceOp::sum)->wait();
         if (!s.is_ok()) return s.message();
-        return text(c.all_reduce(maxes[static_cast<size_t>(r)].data(), count, t, ReduceOp::max)->wait());
+        return text(
+            c.all_reduce(maxes[static_cast<size_t>(r)].data(), count, t, ReduceOp::max)->wait());
       }));
       INFO("n=" << n << " " << dtype_name(t));
       for (int r = 0; r < n; ++r) {
@@ -273,11 +299,13 @@ TEST_CASE("local bf16/f16 reductions propagate Inf and NaN; fp16 finite sums pas
   // f16: a finite sum just past 65504 rounds to Inf from 65520 up, and stays finite below.
   {
     const int n = 2;
-    std::vector<std::vector<uint16_t>> in = {{ref::encode(32768.0, DType::f16), ref::encode(32768.0, DType::f16)},
-                                             {ref::encode(32736.0, DType::f16), ref::encode(32752.0, DType::f16)}};
+    std::vector<std::vector<uint16_t>> in = {
+        {ref::encode(32768.0, DType::f16), ref::encode(32768.0, DType::f16)},
+        {ref::encode(32736.0, DType::f16), ref::encode(32752.0, DType::f16)}};
     // 65504 exactly, and 65520 (the tie between 65504 and 2^16: even is 2^16, so Inf).
     require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
-      return text(c.all_reduce(in[static_cast<size_t>(r)].data(), 2, DType::f16, ReduceOp::sum)->wait());
+      return text(
+          c.all_reduce(in[static_cast<size_t>(r)].data(), 2, DType::f16, ReduceOp::sum)->wait());
     }));
     for (int r = 0; r < n; ++r) {
       REQUIRE(in[static_cast<size_t>(r)][0] == ref::encode(65504.0, DType::f16));
@@ -289,38 +317,49 @@ TEST_CASE("local bf16/f16 reductions propagate Inf and NaN; fp16 finite sums pas
 TEST_CASE("local reduce_scatter(_v) bf16/f16: uneven, zero and equal blocks, in place",
           "[comm][local][half]") {
   for (int n = 1; n <= 8; ++n) {
-    std::vector<std::vector<size_t>> count_sets = {std::vector<size_t>(static_cast<size_t>(n), 3),
-                                                   std::vector<size_t>(static_cast<size_t>(n), 4097)};
+    std::vector<std::vector<size_t>> count_sets = {
+        std::vector<size_t>(static_cast<size_t>(n), 3),
+        std::vector<size_t>(static_cast<size_t>(n), 4097)};
     std::vector<size_t> uneven(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) uneven[static_cast<size_t>(r)] = (r % 3 == 1) ? 0 : static_cast<size_t>(r * 37 + 1);
+    for (int r = 0; r < n; ++r)
+      uneven[static_cast<size_t>(r)] = (r % 3 == 1) ? 0 : static_cast<size_t>(r * 37 + 1);
     count_sets.push_back(uneven);
     for (const auto& counts : count_sets) {
       const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
       std::vector<size_t> off(static_cast<size_t>(n) + 1, 0);
-      for (int r = 0; r < n; ++r) off[static_cast<size_t>(r) + 1] = off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
-      const bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
+      for (int r = 0; r < n; ++r)
+        off[static_cast<size_t>(r) + 1] =
+            off[static_cast<size_t>(r)] + counts[static_cast<size_t>(r)];
+      const bool equal =
+          std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
       for (DType t : kHalves) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
-          INFO("n=" << n << " total=" << total << " " << dtype_name(t) << " " << reduce_op_name(op));
+          INFO("n=" << n << " total=" << total << " " << dtype_name(t) << " "
+                    << reduce_op_name(op));
           std::vector<std::vector<uint16_t>> send;
-          for (int r = 0; r < n; ++r) send.push_back(random_halves(total, t, total * 3 + r + n * 100, 0.01f));
+          for (int r = 0; r < n; ++r)
+            send.push_back(random_halves(total, t, total * 3 + r + n * 100, 0.01f));
           std::vector<std::vector<uint16_t>> recv(static_cast<size_t>(n)), in_place = send;
-          for (int r = 0; r < n; ++r) recv[static_cast<size_t>(r)].assign(counts[static_cast<size_t>(r)], 0xFFFF);
+          for (int r = 0; r < n; ++r)
+            recv[static_cast<size_t>(r)].assign(counts[static_cast<size_t>(r)], 0xFFFF);
           require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
             const size_t ur = static_cast<size_t>(r);
             WorkPtr w = equal ? c.reduce_scatter(send[ur].data(), recv[ur].data(), counts[0], t, op)
                               : c.reduce_scatter_v(send[ur].data(), recv[ur].data(), counts, t, op);
             Status s = w->wait();
             if (!s.is_ok()) return s.message();
-            return text(c.reduce_scatter_v(in_place[ur].data(), in_place[ur].data() + off[ur], counts, t, op)->wait());
+            return text(c.reduce_scatter_v(in_place[ur].data(), in_place[ur].data() + off[ur],
+                                           counts, t, op)
+                            ->wait());
           }));
           for (int r = 0; r < n; ++r) {
             const size_t ur = static_cast<size_t>(r);
             const auto want = expected_once(send, off[ur], counts[ur], t, op);
             INFO("rank " << r << " " << where(recv[ur], want));
             REQUIRE(recv[ur] == want);
-            REQUIRE(std::vector<uint16_t>(in_place[ur].begin() + static_cast<std::ptrdiff_t>(off[ur]),
-                                          in_place[ur].begin() + static_cast<std::ptrdiff_t>(off[ur + 1])) == want);
+            REQUIRE(std::vector<uint16_t>(
+                        in_place[ur].begin() + static_cast<std::ptrdiff_t>(off[ur]),
+                        in_place[ur].begin() + static_cast<std::ptrdiff_t>(off[ur + 1])) == want);
           }
         }
       }
@@ -334,7 +373,8 @@ TEST_CASE("reduce_to bf16/f16 at every alignment, streaming or not, equals the o
     for (int n : {1, 2, 4, 7}) {
       for (size_t count : {size_t{1}, size_t{31}, size_t{4096 * 2 + 5}}) {
         for (DType t : kHalves) {
-          INFO("streaming=" << streaming << " n=" << n << " count=" << count << " " << dtype_name(t));
+          INFO("streaming=" << streaming << " n=" << n << " count=" << count << " "
+                            << dtype_name(t));
           std::vector<std::vector<uint16_t>> in;
           for (int j = 0; j < n; ++j) in.push_back(random_halves(count, t, count + j * 31, 3.f));
           const auto want = expected_once(in, 0, count, t, ReduceOp::sum);
@@ -343,7 +383,9 @@ TEST_CASE("reduce_to bf16/f16 at every alignment, streaming or not, equals the o
           std::vector<uint16_t> out(count + 40, 0xABCD);
           void* dst = out.data() + 3;
           detail::reduce_to({&dst, 1}, srcs, count, t, ReduceOp::sum, streaming);
-          REQUIRE(std::vector<uint16_t>(out.begin() + 3, out.begin() + 3 + static_cast<std::ptrdiff_t>(count)) == want);
+          REQUIRE(std::vector<uint16_t>(out.begin() + 3,
+                                        out.begin() + 3 + static_cast<std::ptrdiff_t>(count)) ==
+                  want);
           REQUIRE(out[2] == 0xABCD);
           REQUIRE(out[3 + count] == 0xABCD);
         }

@@ -1,13 +1,13 @@
 // The ucx backend end to end: N worker processes ($TROUPE_UCX_WORKER_BIN, tests/comm/workers/
 // ucx_worker.cpp) bootstrap through a FileBootstrap in a fresh directory and run every collective
 // against a serial reference (bf16/f16 reductions against the rounding rule of the algorithm that
-// runs: --half-large names it where the settings decide it), over shared memory, TCP loopback and UCX's default choice, with the
-// shared-memory data path for same-host groups required, off, and falling back for lack of room;
-// then the failure cases: one worker dies in the middle of an all_reduce and the others must
-// report it (exit code 3) within 10 s; one is SIGKILLed at a random moment of mixed traffic, or at
-// each step of world creation, and the others must fail cleanly naming it (no UCX fatal error,
-// nothing left in /dev/shm); ranks that disagree on a count must all fail (exit code 4).
-// FileBootstrap itself is tested in-process.
+// runs: --half-large names it where the settings decide it), over shared memory, TCP loopback and
+// UCX's default choice, with the shared-memory data path for same-host groups required, off, and
+// falling back for lack of room; then the failure cases: one worker dies in the middle of an
+// all_reduce and the others must report it (exit code 3) within 10 s; one is SIGKILLed at a random
+// moment of mixed traffic, or at each step of world creation, and the others must fail cleanly
+// naming it (no UCX fatal error, nothing left in /dev/shm); ranks that disagree on a count must all
+// fail (exit code 4). FileBootstrap itself is tested in-process.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -244,8 +244,8 @@ TEST_CASE("ucx shared-memory path: required, every size, small slots, default tr
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   // require: world creation fails unless every same-host pair mapped its segments, so the large
   // collectives below really take the shared-memory path.
-  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}},
-            {{2, 1.0}, {3, 0.3}, {8, 0.3}}, {"--half-large", "shm"});
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, {{2, 1.0}, {3, 0.3}, {8, 0.3}},
+            {"--half-large", "shm"});
   // Every size through it (blocks of 0 and 1 elements), one-page pieces: many chunks per call, and
   // lanes reused across calls and by concurrent calls of one group.
   run_suite({{"UCX_TLS", "sm,self"},

@@ -191,9 +191,10 @@ void half_compare(const std::string& check, const std::vector<uint16_t>& got, bo
   if (bad >= 0) {
     const size_t i = static_cast<size_t>(bad);
     fail(check, std::string("element ") + std::to_string(i) + " of " + std::to_string(got.size()) +
-                    " is " + std::to_string(got[i]) + " (" + std::to_string(href::decode(got[i], t)) +
-                    "), not what the " + rule + " gives (once " + std::to_string(once[i]) +
-                    ", ring " + std::to_string(ring[i]) + ", small " +
+                    " is " + std::to_string(got[i]) + " (" +
+                    std::to_string(href::decode(got[i], t)) + "), not what the " + rule +
+                    " gives (once " + std::to_string(once[i]) + ", ring " +
+                    std::to_string(ring[i]) + ", small " +
                     std::to_string(small ? small_want[i] : 0) + ")");
   }
 }
@@ -837,9 +838,10 @@ int main(int argc, char** argv) {
     else if (a == "--op")
       soak_op = v;
     else if (a == "--half-large")
-      g_half_large = std::string(v) == "shm"    ? HalfLarge::once
-                     : std::string(v) == "ring" ? HalfLarge::ring
-                                                : (usage("--half-large takes shm or ring"), HalfLarge::either);
+      g_half_large = std::string(v) == "shm" ? HalfLarge::once
+                     : std::string(v) == "ring"
+                         ? HalfLarge::ring
+                         : (usage("--half-large takes shm or ring"), HalfLarge::either);
     else if (a == "--rank-env" && i + 1 < argc)
       rank_env.emplace_back(std::atoi(v), argv[++i]);
     else
