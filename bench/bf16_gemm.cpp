@@ -6,7 +6,8 @@
 // rows): GPT-2 and LLaMA, 4 layers, hidden 384 (LLaMA: 6 heads in 2 query groups, SwiGLU 1024),
 // forward (x W^T), dx (dout W) and dW (dout^T x) each; GPT-2's tied head on one 320-row chunk of the
 // 50304-column logits; and 2048^3. Then troupe's sgemm peak (kernels/peak.hpp) on the same pool.
-//   build/bench/bench_bf16_gemm [threads]        (bench/bf16_gemm.sh runs 1 and 2 threads)
+//   build/bench/bench_bf16_gemm [threads [name]]   (bench/bf16_gemm.sh runs 1 and 2 threads; name:
+//                                                  only the shapes whose name contains it)
 // Each figure is the best of at least 3 timed calls (and 0.3 s of them) after one warm-up call.
 #include <algorithm>
 #include <chrono>
@@ -59,6 +60,7 @@ void add_linear(std::vector<Case>& cases, const std::string& name, int64_t rows,
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
+  const std::string only = argc > 2 ? argv[2] : "";
   configure_blas_threads();
   ThreadPool pool(threads);
   const int64_t rows = 8 * 256, C = 384;
@@ -82,6 +84,7 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(-1, 1);
   double sum_fast = 0, sum_widen = 0, sum_f32 = 0, flops_all = 0;
   for (const Case& c : cases) {
+    if (c.name.find(only) == std::string::npos) continue;
     const int64_t a_elems = c.M * c.K, b_elems = c.K * c.N;
     std::vector<uint16_t> a16(a_elems), b16(b_elems);
     std::vector<float> a32(a_elems), b32(b_elems), out(c.M * c.N, 0.0f);

@@ -183,8 +183,12 @@ TROUPE_AVX512_BF16 void micro_kernel(int64_t kc, const uint32_t* a, const uint32
     const int64_t n = std::clamp<int64_t>(cols - 16 * j, 0, 16);
     mask[j] = static_cast<__mmask16>((1u << n) - 1u);
   }
-  for (int64_t r = 0; r < rows; ++r) {
+  // Unrolled, so that s stays in registers (a loop over `rows` would index it at run time).
+#pragma GCC unroll 6
+  for (int r = 0; r < kMR; ++r) {
+    if (r >= rows) break;
     Out* cr = c + r * pr.ldc;
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       if (!mask[j]) break;
       __m512 v = _mm512_mul_ps(alpha, s[r][j]);
@@ -253,8 +257,17 @@ void gemm_avx512_bf16(ThreadPool& pool, bool ta, bool tb, int64_t M, int64_t N, 
         pack_b_panel(tb, B, ldb, j * kNR, std::min(kNR, N - j * kNR), K, b_packed + j * Kp * kNR);
     }
   };
+  // Tasks are numbered so that neighbours share the larger packed operand's block: a thread
+  // walking them in order then streams that operand from memory once (a 50304-column head's B is
+  // larger than the last-level cache) and re-reads the smaller one, which stays in cache.
   const int64_t blocks_m = ceil_div(M, kMC), blocks_n = ceil_div(N, kNC);
-  auto compute = [&](int64_t t) { run_task(pr, t / blocks_n, t % blocks_n); };
+  const bool b_larger = b_words > a_words;
+  auto compute = [&](int64_t t) {
+    if (b_larger)
+      run_task(pr, t % blocks_m, t / blocks_m);
+    else
+      run_task(pr, t / blocks_n, t % blocks_n);
+  };
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   if (flops < kSmallFlops) {
     for (int64_t t = 0; t < tasks_a + tasks_b; ++t) pack(t);
