@@ -61,31 +61,110 @@ uint32_t pair_of(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
+// The unpacks and lane shuffle through their masked forms with every lane selected (the same
+// instruction): GCC 12 warns of the plain forms' undefined pass-through operand.
+TROUPE_AVX512_BF16 inline __m512i unpacklo32(__m512i a, __m512i b) {
+  return _mm512_mask_unpacklo_epi32(a, 0xffff, a, b);
+}
+TROUPE_AVX512_BF16 inline __m512i unpackhi32(__m512i a, __m512i b) {
+  return _mm512_mask_unpackhi_epi32(a, 0xffff, a, b);
+}
+TROUPE_AVX512_BF16 inline __m512i unpacklo64(__m512i a, __m512i b) {
+  return _mm512_mask_unpacklo_epi64(a, 0xff, a, b);
+}
+TROUPE_AVX512_BF16 inline __m512i unpackhi64(__m512i a, __m512i b) {
+  return _mm512_mask_unpackhi_epi64(a, 0xff, a, b);
+}
+template <int imm>
+TROUPE_AVX512_BF16 inline __m512i lanes(__m512i a, __m512i b) {
+  return _mm512_mask_shuffle_i32x4(a, 0xffff, a, b, imm);
+}
+
+// 16 x 16 words, rows src + i * ld_src (uint16 units, 16 pairs each) -> rows out + j * ld_out: in
+// 128-bit lanes (unpack of words, then of pairs of words), then across lanes (two lane shuffles).
+TROUPE_AVX512_BF16 void transpose_16x16(const uint16_t* src, int64_t ld_src, uint32_t* out,
+                                        int64_t ld_out) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ld_src);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = unpacklo32(r[i], r[i + 1]);
+    t[i + 1] = unpackhi32(r[i], r[i + 1]);
+  }
+  // r[4g + j], lane L: word 4L + j of rows 4g .. 4g+3.
+  for (int g = 0; g < 16; g += 4) {
+    r[g] = unpacklo64(t[g], t[g + 2]);
+    r[g + 1] = unpackhi64(t[g], t[g + 2]);
+    r[g + 2] = unpacklo64(t[g + 1], t[g + 3]);
+    r[g + 3] = unpackhi64(t[g + 1], t[g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = lanes<0x88>(r[j], r[4 + j]);   // lanes 0, 2 of rows 0-7
+    const __m512i w = lanes<0xdd>(r[j], r[4 + j]);   // lanes 1, 3
+    const __m512i v2 = lanes<0x88>(r[8 + j], r[12 + j]);
+    const __m512i w2 = lanes<0xdd>(r[8 + j], r[12 + j]);
+    _mm512_storeu_si512(out + (j + 0) * ld_out, lanes<0x88>(v, v2));
+    _mm512_storeu_si512(out + (j + 4) * ld_out, lanes<0x88>(w, w2));
+    _mm512_storeu_si512(out + (j + 8) * ld_out, lanes<0xdd>(v, v2));
+    _mm512_storeu_si512(out + (j + 12) * ld_out, lanes<0xdd>(w, w2));
+  }
+}
+
+// Where word j of the k-th 16-word vector of a (16, kMR) block of a panel comes from: pair
+// idx[k][j] of row (16 k + j) % kMR, the rows selected by mask[k][row].
+struct InterleaveTables {
+  alignas(64) int32_t idx[kMR][16];
+  __mmask16 mask[kMR][kMR];
+  constexpr InterleaveTables() : idx{}, mask{} {
+    for (int k = 0; k < kMR; ++k)
+      for (int j = 0; j < 16; ++j) {
+        idx[k][j] = (16 * k + j) / kMR;
+        mask[k][(16 * k + j) % kMR] = static_cast<__mmask16>(mask[k][(16 * k + j) % kMR] | (1u << j));
+      }
+  }
+};
+constexpr InterleaveTables kInterleave;
+
 // Packing. A panel of op(A): rows m0 .. m0+rows (rows <= kMR), out (Kp, kMR) pairs, out[p][r] =
 // (op(A)[m0+r][2p], op(A)[m0+r][2p+1]); rows past `rows` and the element past an odd K are 0.
-void pack_a_panel(bool ta, const uint16_t* A, int64_t lda, int64_t m0, int64_t rows, int64_t K,
-                  uint32_t* out) {
+TROUPE_AVX512_BF16 void pack_a_panel(bool ta, const uint16_t* A, int64_t lda, int64_t m0,
+                                     int64_t rows, int64_t K, uint32_t* out) {
   const int64_t Kp = ceil_div(K, 2), full = K / 2;
-  std::fill(out, out + Kp * kMR, 0u);
   if (!ta) {  // A (M, K): a row's pairs are adjacent
+    int64_t done = 0;  // pairs interleaved 16 at a time
+    if (rows == kMR) {
+      done = full / 16 * 16;
+      for (int64_t p0 = 0; p0 < done; p0 += 16) {
+        __m512i row[kMR];
+        for (int r = 0; r < kMR; ++r) row[r] = _mm512_loadu_si512(A + (m0 + r) * lda + 2 * p0);
+        for (int k = 0; k < kMR; ++k) {
+          const __m512i idx = _mm512_load_si512(kInterleave.idx[k]);
+          __m512i v = _mm512_setzero_si512();
+          for (int r = 0; r < kMR; ++r)
+            v = _mm512_mask_permutexvar_epi32(v, kInterleave.mask[k][r], idx, row[r]);
+          _mm512_storeu_si512(out + p0 * kMR + 16 * k, v);
+        }
+      }
+    }
+    std::fill(out + done * kMR, out + Kp * kMR, 0u);
     for (int64_t r = 0; r < rows; ++r) {
       const uint16_t* src = A + (m0 + r) * lda;
-      for (int64_t p = 0; p < full; ++p) out[p * kMR + r] = pair_of(src[2 * p], src[2 * p + 1]);
+      for (int64_t p = done; p < full; ++p) out[p * kMR + r] = pair_of(src[2 * p], src[2 * p + 1]);
       if (K % 2) out[full * kMR + r] = pair_of(src[K - 1], 0);
     }
   } else {  // A (K, M): a pair is two rows of A
     for (int64_t p = 0; p < Kp; ++p) {
       const uint16_t* r0 = A + 2 * p * lda + m0;
       const uint16_t* r1 = 2 * p + 1 < K ? r0 + lda : nullptr;
-      for (int64_t r = 0; r < rows; ++r) out[p * kMR + r] = pair_of(r0[r], r1 ? r1[r] : 0);
+      for (int64_t r = 0; r < kMR; ++r)
+        out[p * kMR + r] = r < rows ? pair_of(r0[r], r1 ? r1[r] : 0) : 0u;
     }
   }
 }
 
 // A panel of op(B): columns n0 .. n0+cols (cols <= kNR), out (Kp, kNR) pairs, out[p][c] =
 // (op(B)[2p][n0+c], op(B)[2p+1][n0+c]), zero-padded likewise.
-void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t n0, int64_t cols, int64_t K,
-                  uint32_t* out) {
+TROUPE_AVX512_BF16 void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t n0,
+                                     int64_t cols, int64_t K, uint32_t* out) {
   const int64_t Kp = ceil_div(K, 2), full = K / 2;
   if (!tb) {  // B (K, N): a pair is two rows of B
     for (int64_t p = 0; p < Kp; ++p) {
@@ -99,12 +178,18 @@ void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t n0, int64_t c
       }
       std::fill(o + cols, o + kNR, 0u);
     }
-  } else {  // B (N, K): a column's pairs are adjacent
-    if (cols < kNR) std::fill(out, out + Kp * kNR, 0u);
-    for (int64_t c = 0; c < cols; ++c) {
+  } else {  // B (N, K): a column's pairs are adjacent; 16 x 16 blocks are transposed in registers
+    const int64_t vec_cols = cols / 16 * 16, vec_pairs = full / 16 * 16;
+    for (int64_t c0 = 0; c0 < vec_cols; c0 += 16)
+      for (int64_t p0 = 0; p0 < vec_pairs; p0 += 16)
+        transpose_16x16(B + (n0 + c0) * ldb + 2 * p0, ldb, out + p0 * kNR + c0, kNR);
+    for (int64_t c = 0; c < kNR; ++c) {
       const uint16_t* src = B + (n0 + c) * ldb;
-      for (int64_t p = 0; p < full; ++p) out[p * kNR + c] = pair_of(src[2 * p], src[2 * p + 1]);
-      if (K % 2) out[full * kNR + c] = pair_of(src[K - 1], 0);
+      for (int64_t p = c < vec_cols ? vec_pairs : 0; p < Kp; ++p) {
+        uint32_t v = 0;
+        if (c < cols) v = 2 * p + 1 < K ? pair_of(src[2 * p], src[2 * p + 1]) : pair_of(src[K - 1], 0);
+        out[p * kNR + c] = v;
+      }
     }
   }
 }
