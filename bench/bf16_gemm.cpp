@@ -8,7 +8,8 @@
 // 50304-column logits; and 2048^3. Then troupe's sgemm peak (kernels/peak.hpp) on the same pool.
 //   build/bench/bench_bf16_gemm [threads [name]]   (bench/bf16_gemm.sh runs 1 and 2 threads; name:
 //                                                  only the shapes whose name contains it)
-// Each figure is the best of at least 3 timed calls (and 0.3 s of them) after one warm-up call.
+// Each figure is the best of at least 5 timed calls (and 0.5 s of all three) after a warm-up call,
+// the three taking turns.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,16 +29,20 @@ using cpu::Bf16Kernel;
 
 namespace {
 
-double best_seconds(const std::function<void()>& f) {
-  f();
-  double best = 1e30, spent = 0;
-  for (int runs = 0; runs < 3 || spent < 0.3; ++runs) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, t);
-    spent += t;
-  }
+// Best time of each function over rounds that call them in turn (so a busy machine slows all
+// alike): one warm-up call each, then at least 5 rounds and 0.5 s of calls.
+std::vector<double> best_seconds(const std::vector<std::function<void()>>& fs) {
+  std::vector<double> best(fs.size(), 1e30);
+  for (const auto& f : fs) f();
+  double spent = 0;
+  for (int round = 0; round < 5 || spent < 0.5; ++round)
+    for (size_t i = 0; i < fs.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fs[i]();
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best[i] = std::min(best[i], t);
+      spent += t;
+    }
   return best;
 }
 
@@ -94,17 +99,18 @@ int main(int argc, char** argv) {
     const int64_t lda = c.ta ? c.M : c.K, ldb = c.tb ? c.K : c.N;
     const double flops = 2.0 * c.M * c.N * c.K;
     auto bf16 = [&](Bf16Kernel k) {
-      return best_seconds([&] {
+      return [&, k] {
         cpu::gemm_bf16(k, pool, c.ta, c.tb, c.M, c.N, c.K, 1.0f, a16.data(), lda, b16.data(), ldb,
                        0.0f, out.data(), c.N);
-      });
+      };
     };
-    const double t_fast = fast ? bf16(Bf16Kernel::avx512_bf16) : 0;
-    const double t_widen = bf16(Bf16Kernel::widen_sgemm);
-    const double t_f32 = best_seconds([&] {
+    std::vector<std::function<void()>> fs{bf16(Bf16Kernel::widen_sgemm), [&] {
       cpu::gemm<float>(pool, c.ta, c.tb, c.M, c.N, c.K, 1.0f, a32.data(), lda, b32.data(), ldb,
                        0.0f, out.data(), c.N);
-    });
+    }};
+    if (fast) fs.push_back(bf16(Bf16Kernel::avx512_bf16));
+    const std::vector<double> t = best_seconds(fs);
+    const double t_widen = t[0], t_f32 = t[1], t_fast = fast ? t[2] : 0;
     const double g_fast = fast ? flops / t_fast / 1e9 : 0, g_widen = flops / t_widen / 1e9,
                  g_f32 = flops / t_f32 / 1e9;
     std::printf("| %s | %c%c | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.2fx | %.2fx |\n",

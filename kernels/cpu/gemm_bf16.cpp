@@ -161,6 +161,49 @@ TROUPE_AVX512_BF16 void pack_a_panel(bool ta, const uint16_t* A, int64_t lda, in
   }
 }
 
+// kGroupA panels of op(A) = A^T at once, rows m0 .. m0 + kGroupA kMR (all inside M): each pair
+// of rows of A gives 48 pairs in three vectors, six of them per panel. out: the first panel; the
+// others follow it Kp kMR words apart.
+constexpr int64_t kGroupA = 8;
+TROUPE_AVX512_BF16 void pack_a_group_transposed(const uint16_t* A, int64_t lda, int64_t m0,
+                                                int64_t K, uint32_t* out) {
+  static_assert(kGroupA * kMR == 48, "three vectors of 16 pairs");
+  const int64_t Kp = ceil_div(K, 2), full = K / 2;
+  // Panel q's six pairs are words 6q .. 6q+5 of the 48: from vector 6q / 16 and the next.
+  __m512i idx[kGroupA];
+  for (int q = 0; q < kGroupA; ++q) {
+    alignas(64) int32_t w[16] = {};
+    for (int r = 0; r < kMR; ++r) w[r] = (6 * q + r) % 16 + ((6 * q + r) / 16 - (6 * q) / 16) * 16;
+    idx[q] = _mm512_load_si512(w);
+  }
+  for (int64_t p = 0; p < full; ++p) {
+    const uint16_t* r0 = A + 2 * p * lda + m0;
+    const uint16_t* r1 = r0 + lda;
+    __m512i v[4];
+    for (int i = 0; i < 3; ++i) {  // maskz forms: see unpacklo32
+      const __m512i lo = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0 + 16 * i)));
+      const __m512i hi = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1 + 16 * i)));
+      v[i] = _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16));
+    }
+    v[3] = v[2];
+    for (int q = 0; q < kGroupA; ++q) {
+      const int first = 6 * q / 16;
+      const __m512i panel = _mm512_permutex2var_epi32(v[first], idx[q], v[first + 1]);
+      // A full store writes 10 words past the six, which the next pairs overwrite; only the last
+      // two pairs of a panel, whose spill would reach the next panel, are stored masked.
+      if (p + 2 < full)
+        _mm512_storeu_si512(out + q * Kp * kMR + p * kMR, panel);
+      else
+        _mm512_mask_storeu_epi32(out + q * Kp * kMR + p * kMR, 0x3f, panel);
+    }
+  }
+  if (K % 2) {
+    const uint16_t* r0 = A + (K - 1) * lda + m0;
+    for (int q = 0; q < kGroupA; ++q)
+      for (int r = 0; r < kMR; ++r) out[q * Kp * kMR + full * kMR + r] = pair_of(r0[6 * q + r], 0);
+  }
+}
+
 // A panel of op(B): columns n0 .. n0+cols (cols <= kNR), out (Kp, kNR) pairs, out[p][c] =
 // (op(B)[2p][n0+c], op(B)[2p+1][n0+c]), zero-padded likewise.
 TROUPE_AVX512_BF16 void pack_b_panel(bool tb, const uint16_t* B, int64_t ldb, int64_t n0,
@@ -334,8 +377,16 @@ void gemm_avx512_bf16(ThreadPool& pool, bool ta, bool tb, int64_t M, int64_t N, 
   const int64_t tasks_a = ceil_div(panels_a, kPackPanelsA), tasks_b = ceil_div(panels_b, kPackPanelsB);
   auto pack = [&](int64_t t) {
     if (t < tasks_a) {
-      for (int64_t i = t * kPackPanelsA; i < std::min(panels_a, (t + 1) * kPackPanelsA); ++i)
-        pack_a_panel(ta, A, lda, i * kMR, std::min(kMR, M - i * kMR), K, a_packed + i * Kp * kMR);
+      const int64_t end = std::min(panels_a, (t + 1) * kPackPanelsA);
+      for (int64_t i = t * kPackPanelsA; i < end;) {
+        if (ta && i + kGroupA <= end && (i + kGroupA) * kMR <= M) {
+          pack_a_group_transposed(A, lda, i * kMR, K, a_packed + i * Kp * kMR);
+          i += kGroupA;
+        } else {
+          pack_a_panel(ta, A, lda, i * kMR, std::min(kMR, M - i * kMR), K, a_packed + i * Kp * kMR);
+          ++i;
+        }
+      }
     } else {
       t -= tasks_a;
       for (int64_t j = t * kPackPanelsB; j < std::min(panels_b, (t + 1) * kPackPanelsB); ++j)
