@@ -26,7 +26,7 @@
 #include "apps/report.hpp"
 #include "comm/bootstrap/caf_bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
-#include "comm/half_convert.hpp"  // MERGE: kernels/half.hpp
+#include "kernels/half.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/ucx/ucx_world.hpp"
 
@@ -69,13 +69,13 @@ comm::WorkPtr issue(comm::Communicator& c, const std::string& op, int64_t bytes,
 float get(const void* p, size_t i, DType dtype) {
   if (dtype == DType::f32) return static_cast<const float*>(p)[i];
   const uint16_t h = static_cast<const uint16_t*>(p)[i];
-  return dtype == DType::bf16 ? comm::detail::bf16_to_f32(h) : comm::detail::f16_to_f32(h);
+  return dtype == DType::bf16 ? half::bf16_to_f32(h) : half::f16_to_f32(h);
 }
 void put(void* p, size_t i, float v, DType dtype) {
   if (dtype == DType::f32) {
     static_cast<float*>(p)[i] = v;
   } else {
-    static_cast<uint16_t*>(p)[i] = dtype == DType::bf16 ? comm::detail::f32_to_bf16(v) : comm::detail::f32_to_f16(v);
+    static_cast<uint16_t*>(p)[i] = dtype == DType::bf16 ? half::f32_to_bf16(v) : half::f32_to_f16(v);
   }
 }
 

@@ -68,13 +68,16 @@ std::string format_iteration(const IterationStats& s, int64_t skipped, int64_t n
   std::string busy;
   if (s.busy_fraction_min >= 0)
     busy = fmt::format(" | ranks busy: {:.0f}-{:.0f}%", 100.0 * s.busy_fraction_min, 100.0 * s.busy_fraction_max);
+  // As Megatron: a skipped last iteration (an overflow under the loss scaler, or a NaN) has no gradient
+  // norm to show, so the field is left out.
+  const std::string norm = s.skipped ? "" : fmt::format(" grad norm: {:.3f} |", s.grad_norm);
   return fmt::format(
              " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | learning "
-             "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} | grad norm: {:.3f} | "
+             "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} |{} "
              "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | TFLOP/s: "
              "{:.3f} ({:.1f}% of peak)",
              s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch_size, s.lm_loss,
-             s.loss_scale, s.grad_norm, skipped, nan, s.tokens_per_sec, s.model_tflops, 100.0 * s.fraction_of_peak) +
+             s.loss_scale, norm, skipped, nan, s.tokens_per_sec, s.model_tflops, 100.0 * s.fraction_of_peak) +
          busy;
 }
 

@@ -152,7 +152,13 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size)
                             "(Megatron's count)",
                             m.family_name(), m.num_parameters(), count_text(static_cast<double>(m.num_parameters())),
                             m.flops_per_iteration(tokens) / 1e12, tokens));
-  out.push_back(fmt::format("memory plan per rank (fp32; tp {}, pp {}, dp {}, ZeRO stage {}, recompute {}):",
+  const PrecisionDType dt = c.precision.dtype;
+  const std::string precision =
+      dt == PrecisionDType::fp32
+          ? std::string("fp32")
+          : fmt::format("{} weights and activations, {} gradients, fp32 master weights and Adam moments", to_string(dt),
+                        to_string(c.precision.grad_dtype(c.zero_stage)));
+  out.push_back(fmt::format("memory plan per rank ({}; tp {}, pp {}, dp {}, ZeRO stage {}, recompute {}):", precision,
                             c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp, c.zero_stage,
                             c.recompute_granularity));
   const size_t n = e.stages.size();

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "comm/half_convert.hpp"
+#include "kernels/half.hpp"
 #include "troupe/status.hpp"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -181,12 +181,12 @@ void reduce_half(std::span<void* const> dsts, std::span<const void* const> srcs,
       if (n == 1) {
         std::memcpy(out, src(0), m * sizeof(uint16_t));
       } else {
-        widen_to_f32(acc, src(0), m, dtype);
+        half::convert_array(DType::f32, acc, dtype, src(0), static_cast<int64_t>(m));
         for (size_t j = 1; j < n; ++j) {
-          widen_to_f32(in, src(j), m, dtype);
+          half::convert_array(DType::f32, in, dtype, src(j), static_cast<int64_t>(m));
           for (size_t k = 0; k < m; ++k) acc[k] = f(acc[k], in[k]);
         }
-        narrow_from_f32(out, acc, m, dtype);
+        half::convert_array(dtype, out, DType::f32, acc, static_cast<int64_t>(m));
       }
       for (void* d : dsts)
         store(static_cast<uint16_t*>(d) + at, out, m * sizeof(uint16_t), streaming);

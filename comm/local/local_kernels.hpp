@@ -22,7 +22,7 @@ namespace troupe::comm::detail {
 // reduced into a local accumulator before it is written. dtype: f32, f64, i32, i64, bf16 or f16
 // (a broken invariant otherwise). bf16/f16 accumulate in fp32 (the op applied to the widened
 // values, in the same order) and round to the 16-bit type once per element, round to nearest even
-// (comm/half_convert.hpp). srcs non-empty; with one source this is a copy.
+// (kernels/half.hpp). srcs non-empty; with one source this is a copy.
 void reduce_to(std::span<void* const> dsts, std::span<const void* const> srcs, size_t count,
                DType dtype, ReduceOp op, bool streaming);
 

@@ -8,7 +8,7 @@
 #include <immintrin.h>
 #endif
 
-#include "comm/half_convert.hpp"
+#include "kernels/half.hpp"
 #include "troupe/check.hpp"
 
 namespace troupe::comm::ucx {
@@ -51,10 +51,10 @@ void apply_half(void* out, const void* a, const void* b, size_t n, DType dtype, 
   alignas(64) float y[per_tile];
   for (size_t i = 0; i < n; i += per_tile) {
     const size_t m = std::min(per_tile, n - i);
-    detail::widen_to_f32(x, static_cast<const uint16_t*>(a) + i, m, dtype);
-    detail::widen_to_f32(y, static_cast<const uint16_t*>(b) + i, m, dtype);
+    half::convert_array(DType::f32, x, dtype, static_cast<const uint16_t*>(a) + i, static_cast<int64_t>(m));
+    half::convert_array(DType::f32, y, dtype, static_cast<const uint16_t*>(b) + i, static_cast<int64_t>(m));
     apply<float, float>(x, x, y, m, op);
-    detail::narrow_from_f32(static_cast<uint16_t*>(out) + i, x, m, dtype);
+    half::convert_array(dtype, static_cast<uint16_t*>(out) + i, DType::f32, x, static_cast<int64_t>(m));
   }
 }
 
@@ -67,12 +67,12 @@ void reduce_many_half(void* out, const void* const* in, int k, size_t n, DType d
   alignas(64) uint16_t result[per_tile];
   for (size_t i = 0; i < n; i += per_tile) {
     const size_t m = std::min(per_tile, n - i);
-    detail::widen_to_f32(acc, static_cast<const uint16_t*>(in[0]) + i, m, dtype);
+    half::convert_array(DType::f32, acc, dtype, static_cast<const uint16_t*>(in[0]) + i, static_cast<int64_t>(m));
     for (int j = 1; j < k; ++j) {
-      detail::widen_to_f32(x, static_cast<const uint16_t*>(in[j]) + i, m, dtype);
+      half::convert_array(DType::f32, x, dtype, static_cast<const uint16_t*>(in[j]) + i, static_cast<int64_t>(m));
       apply<float, float>(acc, acc, x, m, op);
     }
-    detail::narrow_from_f32(result, acc, m, dtype);
+    half::convert_array(dtype, result, DType::f32, acc, static_cast<int64_t>(m));
     copy_bytes(static_cast<uint16_t*>(out) + i, result, m * sizeof(uint16_t), nontemporal);
   }
 }
@@ -81,7 +81,7 @@ void reduce_many_half(void* out, const void* const* in, int k, size_t n, DType d
 
 bool reducible(DType dtype) {
   return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::i64 ||
-         detail::is_half(dtype);
+         is_16bit(dtype);
 }
 
 void reduce(void* out, const void* a, const void* b, size_t n, DType dtype, ReduceOp op) {
@@ -114,7 +114,7 @@ void reduce_many(void* out, const void* const* in, int k, size_t n, DType dtype,
     if (out != in[0]) std::memmove(out, in[0], n * esz);
     return;
   }
-  if (detail::is_half(dtype)) return reduce_many_half(out, in, k, n, dtype, op, nontemporal);
+  if (is_16bit(dtype)) return reduce_many_half(out, in, k, n, dtype, op, nontemporal);
   alignas(64) char tile[kTileBytes];
   const size_t per_tile = kTileBytes / esz;
   for (size_t i = 0; i < n; i += per_tile) {

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Real users' scripts (issue 13): shrunk copies of Megatron-LM's and Megatron-DeepSpeed's own example scripts, under
 # tests/cli/scripts/, run with only sizes, paths and the launcher changed. Megatron-LM's
-# examples/pretrain_gpt.sh: as written (with --fp16) the one problem reported is --fp16; without it
-# it trains from its empty --load folder (a note says so), the learning rate of every iteration is
-# Megatron's for --lr-warmup-fraction over --lr-decay-iters (computed here from the formula), and
-# run again with the same --save/--load it resumes.
+# examples/pretrain_gpt.sh as written (with --fp16) trains from its empty --load folder (a note says
+# so) under Megatron's dynamic loss scaling, the learning rate of every iteration is Megatron's for
+# --lr-warmup-fraction over --lr-decay-iters (computed here from the formula, skipped iterations not
+# advancing it), and run again with the same --save/--load it resumes.
 source "$(dirname "$0")/common.bash"
 scripts=$src_dir/tests/cli/scripts
 vocab=$src_dir/fuzz/data/gpt2_tiny/encoder.json merges=$src_dir/fuzz/data/gpt2_tiny/vocab.bpe
@@ -13,17 +13,7 @@ head -c 40000 /usr/share/games/fortunes/fortunes 2>/dev/null > corpus.txt || seq
   --tokenizer-type GPT2BPETokenizer --vocab-file "$vocab" --merge-file "$merges" --append-eod > /dev/null
 run() { TROUPE=$troupe DATA_PATH=web_text_document CHECKPOINT_PATH=ck VOCAB=$vocab MERGES=$merges bash "$scripts/$1" "${@:2}"; }
 
-set +e
-FP16=--fp16 run pretrain_gpt.sh > fp16.out 2> fp16.err
-rc=$?
-set -e
-(( rc == 2 )) || { cat fp16.out fp16.err; fail "pretrain_gpt.sh with --fp16: rc $rc, not 2"; }
-grep -q "error: --fp16 asks for 16-bit training" fp16.err && ! grep -q "problems" fp16.err ||
-  { cat fp16.err; fail "pretrain_gpt.sh with --fp16: --fp16 should be the one problem"; }
-[[ ! -e ck ]] || fail "a refused run created its --save folder"
-echo "ok: pretrain_gpt.sh as written: the one refusal is --fp16"
-
-run pretrain_gpt.sh --metrics-file m.jsonl > run1.log 2>&1 || { cat run1.log; fail "pretrain_gpt.sh without --fp16 failed"; }
+run pretrain_gpt.sh --metrics-file m.jsonl > run1.log 2>&1 || { cat run1.log; fail "pretrain_gpt.sh (with --fp16) failed"; }
 for note in "--load ck: no checkpoint there yet" "--checkpoint-activations: read as --recompute-granularity full" \
             "--data-impl mmap: no effect" "--distributed-backend nccl: no effect"; do
   grep -qF -- "note: $note" run1.log || { cat run1.log; fail "no start-up note '$note'"; }
@@ -34,36 +24,40 @@ lr, min_lr, G, decay_iters, frac = 0.00015, 1.0e-5, 4, 24, .13
 D = decay_iters * G; W = frac * D                      # Megatron: samples
 rows = [j for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
 assert len(rows) == 30, len(rows)
-for j in rows:
-    n = (j["iteration"] - 1) * G                        # samples consumed before the step
+assert rows[0]["loss_scale"] == 2.0 ** 32, rows[0]["loss_scale"]  # Megatron's --initial-loss-scale default
+n = 0                                                   # samples of the applied steps before this one:
+for j in rows:                                          # a skipped (overflowed) step does not advance it
     if n <= W: want = lr * n / W
     elif n > D: want = min_lr
     else: want = min_lr + 0.5 * (math.cos(math.pi * (n - W) / (D - W)) + 1.0) * (lr - min_lr)
     assert abs(j["lr"] - want) <= 1e-15 + 1e-12 * want, (j["iteration"], j["lr"], want)
-print("ok: 30 iterations, warm-up over", W, "samples, cosine to", D)
+    n += 0 if j["skipped"] else G
+skipped = sum(j["skipped"] for j in rows)
+assert 0 < skipped < 30, skipped
+print(f"ok: 30 iterations in fp16 ({skipped} skipped by the loss scaler), warm-up over", W, "samples, cosine to", D)
 PY
 [[ -f ck/latest_checkpointed_iteration.txt ]] || fail "no checkpoint in ck"
 run pretrain_gpt.sh --train-iters 32 --metrics-file m2.jsonl > run2.log 2>&1 || { cat run2.log; fail "the second run did not resume"; }
 grep -q "note: --load ck" run2.log && fail "the second run started from scratch"
-python3 -c "import json,sys; it=[j['iteration'] for j in map(json.loads, open('m2.jsonl')) if j.get('type')=='train']; sys.exit(0 if it==[31,32] else 1)" ||
-  fail "the second run did not continue at iteration 31"
-echo "ok: Megatron-LM's pretrain_gpt.sh runs with only sizes, paths, the launcher and --fp16 changed"
+python3 - m.jsonl m2.jsonl <<'PY' || fail "the second run did not continue at iteration 31 with the loss scale saved"
+import json, sys
+first, second = ([j for j in map(json.loads, open(p)) if j.get("type") == "train"] for p in sys.argv[1:3])
+assert [j["iteration"] for j in second] == [31, 32], [j["iteration"] for j in second]
+# The loss scaler's state came along: the resumed run starts from the scale the first run ended on
+# (or its update after iteration 30), not from 2^32 again.
+last = first[-1]["loss_scale"]
+assert second[0]["loss_scale"] in (last, last * 2, last / 2), (last, second[0]["loss_scale"])
+PY
+echo "ok: Megatron-LM's pretrain_gpt.sh runs with only sizes, paths and the launcher changed, --fp16 included"
 
 # Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh under troupe launch (4 ranks: tp 2 x pp 2):
 # the batch-size ramp-up in an iteration-based run (which Megatron itself refuses), TensorBoard.
+# --initial-loss-scale 4096 (the test's, beside the script's --fp16): from Megatron's 2^32 every one of
+# the 16 iterations overflows and the learning rate never leaves 0.
 port=$(free_port)
-set +e
 MASTER_PORT=$port TROUPE=$troupe bash "$scripts/train_gpt3_175b_distributed.sh" ck175 tb175 "$vocab" "$merges" \
-  web_text_document > g175_fp16.log 2>&1
-rc=$?
-set -e
-(( rc == 2 )) || { cat g175_fp16.log; fail "train_gpt3_175b_distributed.sh with --fp16: rc $rc, not 2"; }
-grep -q "error: --fp16 asks for 16-bit training" g175_fp16.log && ! grep -q "problems with the flags" g175_fp16.log ||
-  { cat g175_fp16.log; fail "train_gpt3_175b_distributed.sh: --fp16 should be the one problem"; }
-[[ ! -e ck175 ]] || fail "the refused 175B run created its --save folder"
-port=$(free_port)
-FP16= MASTER_PORT=$port TROUPE=$troupe bash "$scripts/train_gpt3_175b_distributed.sh" ck175 tb175 "$vocab" "$merges" \
-  web_text_document --metrics-file g175.jsonl > g175.log 2>&1 || { tail -30 g175.log; fail "train_gpt3_175b_distributed.sh failed"; }
+  web_text_document --metrics-file g175.jsonl --initial-loss-scale 4096 > g175.log 2>&1 ||
+  { tail -30 g175.log; fail "train_gpt3_175b_distributed.sh failed"; }
 for note in "--rampup-batch-size with --train-iters" "--attention-backend auto: no effect" "--load ck175: no checkpoint there yet"; do
   grep -qF -- "$note" g175.log || { cat g175.log; fail "train_gpt3_175b_distributed.sh: no start-up note '$note'"; }
 done
@@ -76,15 +70,17 @@ per = ramp / ((G - start) // inc)
 batch = lambda n: G if n > ramp else start + int(n / per) * inc
 lr, min_lr, D = 6.0e-5, 6.0e-6, 14 * G                # Megatron's iteration-based lengths, in samples
 W = .001 * D
-n = 0
+n = s = 0    # samples consumed (the ramp-up's clock) and those of the applied steps (the rate's)
 for j in rows:
     b = batch(n)
-    if n <= W: want = lr * n / W
-    elif n > D: want = min_lr
-    else: want = min_lr + 0.5 * (math.cos(math.pi * (n - W) / (D - W)) + 1.0) * (lr - min_lr)
+    if s <= W: want = lr * s / W
+    elif s > D: want = min_lr
+    else: want = min_lr + 0.5 * (math.cos(math.pi * (s - W) / (D - W)) + 1.0) * (lr - min_lr)
     assert j["global_batch_size"] == b and abs(j["lr"] - want) <= 1e-15 + 1e-12 * want, (j, b, want)
     n += b
-print("ok: the 175B script's 16 iterations ramp", sorted({j["global_batch_size"] for j in rows}), "with Megatron's rates")
+    s += 0 if j["skipped"] else b
+print("ok: the 175B script's 16 iterations (fp16,", sum(j["skipped"] for j in rows), "skipped) ramp",
+      sorted({j["global_batch_size"] for j in rows}), "with Megatron's rates")
 PY
 ls tb175/events.out.tfevents.* > /dev/null 2>&1 || fail "the 175B script wrote no TensorBoard events into tb175"
 echo "ok: Megatron-LM's train_gpt3_175b_distributed.sh runs under troupe launch with only sizes, paths and the launcher changed"
@@ -92,72 +88,60 @@ echo "ok: Megatron-LM's train_gpt3_175b_distributed.sh runs under troupe launch 
 # Megatron-DeepSpeed's examples_deepspeed/rebase/ds_pretrain_gpt_125M_flashattn.sh with its DeepSpeed
 # JSON template: token-based run and schedule, ZeRO-1 from the JSON, TensorBoard.
 mkdir -p mds && cd mds
-set +e
 TROUPE=$troupe SCRIPT_DIR=$scripts VOCAB_PATH=$vocab MERGE_PATH=$merges DATA_BLEND=../web_text_document \
-  bash "$scripts/ds_pretrain_gpt_125M_flashattn.sh" > fp16.log 2>&1
-rc=$?
-set -e
-(( rc == 2 )) || { cat fp16.log; fail "ds_pretrain_gpt_125M_flashattn.sh as written: rc $rc, not 2"; }
-grep -q "error: --fp16 asks for 16-bit training" fp16.log && ! grep -q "problems with the flags" fp16.log ||
-  { cat fp16.log; fail "the 125M script: the 16-bit refusal (PRECISION-NOT-WIRED) should be the one problem"; }
-echo "ok: ds_pretrain_gpt_125M_flashattn.sh as written: the one refusal is 16-bit training (--fp16 with fp16.enabled)"
-mkdir -p off && sed 's/"enabled": true/"enabled": false/' "$scripts/ds_config_gpt_TEMPLATE.json" > off/ds_config_gpt_TEMPLATE.json
-FP16= TROUPE=$troupe SCRIPT_DIR=$PWD/off VOCAB_PATH=$vocab MERGE_PATH=$merges DATA_BLEND=../web_text_document \
   bash "$scripts/ds_pretrain_gpt_125M_flashattn.sh" --metrics-file m125.jsonl > run.log 2>&1 ||
-  { tail -30 run.log; fail "ds_pretrain_gpt_125M_flashattn.sh failed"; }
-for note in '"prescale_gradients" in' '"fp16.hysteresis" in' "--use-flash-attn: no effect" "--hysteresis 2: no effect" \
+  { tail -30 run.log; fail "ds_pretrain_gpt_125M_flashattn.sh (fp16, its JSON's fp16 block) failed"; }
+for note in '"prescale_gradients" in' "--use-flash-attn: no effect" \
             "--deepspeed-activation-checkpointing: no effect" "--checkpoint-activations: read as"; do
   grep -qF -- "$note" run.log || { cat run.log; fail "the 125M script: no start-up note '$note'"; }
 done
-python3 - m125.jsonl <<'PY' || fail "the 125M script's token schedule is not Megatron-DeepSpeed's"
+python3 - m125.jsonl <<'PY' || fail "the 125M script's token schedule or loss scale is not Megatron-DeepSpeed's"
 import json, math, sys
 rows = [j for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
 assert len(rows) == 10, len(rows)                     # --train-tokens 2560 of 8 x 32 tokens an iteration
 lr, min_lr, Wt, Dt, tok = 6.0e-4, 1.0e-6, 512, 2560, 8 * 32
-for j in rows:
-    t = (j["iteration"] - 1) * tok
+# The JSON's fp16 block governs the scaler, as DeepSpeed's engine does: 2^initial_scale_power.
+assert rows[0]["loss_scale"] == 2.0 ** 11, rows[0]["loss_scale"]
+t = 0                                                 # tokens of the applied steps (DeepSpeed does not
+for j in rows:                                        # step the schedule on an overflow)
     if t <= Wt: want = lr * t / Wt
     elif t > Dt: want = min_lr
     else: want = min_lr + 0.5 * (math.cos(math.pi * (t - Wt) / (Dt - Wt)) + 1.0) * (lr - min_lr)
     assert abs(j["lr"] - want) <= 1e-15 + 1e-12 * want, (j["iteration"], j["lr"], want)
-print("ok: the 125M script's 10 iterations follow Megatron-DeepSpeed's token schedule")
+    t += 0 if j["skipped"] else tok
+print("ok: the 125M script's 10 fp16 iterations follow Megatron-DeepSpeed's token schedule,",
+      sum(j["skipped"] for j in rows), "skipped")
 PY
 ls output/tensorboard/*/events.out.tfevents.* > /dev/null 2>&1 || fail "the 125M script wrote no TensorBoard events"
 cd ..
 
 # Megatron-DeepSpeed's examples_deepspeed/pretrain_llama2_distributed.sh: LLaMA's architecture
 # flags (rotary, SwiGLU, RMSNorm, GQA, untied head, no biases, --ffn-hidden-size) parse as troupe's
-# model-family flags; bf16 is the precision issue's and the SentencePiece tokenizer the tokenizer
-# issue's. Those, and nothing else, are refused in one message, exit 2, nothing written.
+# model-family flags and its --bf16 (with the file's "bf16" block) as troupe's bf16. With an empty
+# tokenizer model the tokenizer's problems are the only ones, in one message, exit 2, nothing written.
 mkdir -p llama && : > llama/tokenizer.model
 set +e
 MASTER_PORT=$(free_port) TROUPE=$troupe BASE_PATH=$PWD/llama/tmp DATASET_1=web_text_document \
   TOKENIZER_PATH=$PWD/llama/tokenizer.model bash "$scripts/pretrain_llama2_distributed.sh" > llama.log 2>&1
 rc=$?
 set -e
-(( rc == 2 )) || { cat llama.log; fail "pretrain_llama2_distributed.sh: rc $rc, not 2"; }
-python3 - llama.log <<'PY' || { cat llama.log; fail "pretrain_llama2_distributed.sh: not exactly the precision's (and tokenizer's) problems"; }
+(( rc == 2 )) || { cat llama.log; fail "pretrain_llama2_distributed.sh with an empty tokenizer model: rc $rc, not 2"; }
+python3 - llama.log <<'PY' || { cat llama.log; fail "pretrain_llama2_distributed.sh: not exactly the tokenizer's problems"; }
 import re, sys
 text = open(sys.argv[1]).read()
 m = re.search(r"error: (\d+) problems with the flags:", text)
 items = re.findall(r"^  - (.*)$", text, re.M)[:int(m.group(1))] if m else [re.search(r"error: (.*)", text).group(1)]
-must = ["--bf16 asks for 16-bit training"]  # PRECISION-NOT-WIRED's, the file's block agreeing
-for w in must:
-    assert sum(w in i for i in items) == 1, (w, items)
-# Whatever else is refused is the tokenizer's (its model file here is empty): never an architecture flag.
-others = [i for i in items if not any(w in i for w in must)]
-assert all(i.startswith(("--tokenizer-model", "--tokenizer-type")) for i in others), others
-for flag in ["--ffn-hidden-size", "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights",
+assert items and all(i.startswith(("--tokenizer-model", "--tokenizer-type")) for i in items), items
+for flag in ["--bf16", "--ffn-hidden-size", "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights",
              "--swiglu", "--normalization", "--disable-bias-linear", "--num-key-value-heads"]:
     assert not any(i.startswith(flag) for i in items), (flag, items)
-print(f"ok: pretrain_llama2_distributed.sh: {len(items)} problems, bf16's (and the tokenizer's), its architecture flags accepted")
+print(f"ok: pretrain_llama2_distributed.sh: {len(items)} problems, the empty tokenizer model's; bf16 and the architecture accepted")
 PY
 [[ ! -e llama/tmp/iter_0000001 ]] || fail "the refused LLaMA run wrote a checkpoint"
-# The script itself, its precision aside: with a real SentencePiece model (trained here by
+# The script itself as written, --bf16 included: with a real SentencePiece model (trained here by
 # python3-sentencepiece on the corpus) and its data preprocessed with that model's
-# GPTSentencePieceTokenizer, and --bf16 / "bf16.enabled" removed (the precision issue's), it trains
-# under `troupe launch` on its 4 processes, tp 2 x pp 2: 10 iterations of finite losses and the
-# checkpoint it saves at the end.
+# GPTSentencePieceTokenizer, it trains in bf16 under `troupe launch` on its 4 processes, tp 2 x pp 2:
+# 10 iterations of finite losses and the checkpoint it saves at the end.
 if /usr/bin/python3 -c "import sentencepiece" 2> /dev/null; then
   /usr/bin/python3 - corpus.txt llama/sp.model <<'PY'
 import io, sys
@@ -170,18 +154,16 @@ open(sys.argv[2], "wb").write(model.getvalue())
 PY
   "$troupe" preprocess --input corpus.txt --input-format text --text-separator % --output-prefix llama/sp \
     --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model llama/sp.model --append-eod > /dev/null
-  sed -e '/--bf16 \\$/d' -e 's/"enabled": true/"enabled": false/' "$scripts/pretrain_llama2_distributed.sh" \
-    > llama/pretrain_llama2_fp32.sh
-  ! grep -q -- "--bf16" llama/pretrain_llama2_fp32.sh || fail "the script copy still has --bf16"
   MASTER_PORT=$(free_port) TROUPE=$troupe BASE_PATH=$PWD/llama/run DATASET_1=$PWD/llama/sp_text_document \
-    TOKENIZER_PATH=$PWD/llama/sp.model bash llama/pretrain_llama2_fp32.sh > llama_run.log 2>&1 \
-    || { tail -40 llama_run.log; fail "pretrain_llama2_distributed.sh without its bf16 did not train"; }
+    TOKENIZER_PATH=$PWD/llama/sp.model bash "$scripts/pretrain_llama2_distributed.sh" > llama_run.log 2>&1 \
+    || { tail -40 llama_run.log; fail "pretrain_llama2_distributed.sh (bf16) did not train"; }
   /usr/bin/python3 - llama_run.log <<'PY' || { tail -40 llama_run.log; fail "pretrain_llama2_distributed.sh: not 10 finite losses"; }
 import math, re, sys
 text = open(sys.argv[1]).read()
 losses = [float(x) for x in re.findall(r"lm loss: ([0-9.eE+-]+)", text)]
 assert len(losses) >= 10 and all(math.isfinite(x) for x in losses), losses
-print(f"ok: pretrain_llama2_distributed.sh (bf16 removed) trains on tp 2 x pp 2: losses {losses[0]:.3f} -> {losses[-1]:.3f}")
+assert "memory plan per rank (bf16 weights and activations" in text, "the log does not say the run is bf16"
+print(f"ok: pretrain_llama2_distributed.sh trains in bf16 on tp 2 x pp 2: losses {losses[0]:.3f} -> {losses[-1]:.3f}")
 PY
   ls -d llama/run/iter_0000010 > /dev/null 2>&1 || { ls -R llama/run | head; fail "the LLaMA run saved no checkpoint at iteration 10"; }
 fi
@@ -220,4 +202,4 @@ for it in ref:
 assert ref[10] < ref[1], (ref[1], ref[10])
 print(f"ok: the LLaMA architecture trains on tp 2 x pp 2, 10 losses within 1e-5 of 1x1x1 ({ref[1]:.4f} -> {ref[10]:.4f})")
 PY
-echo "PASS: Megatron-LM's pretrain_gpt.sh and train_gpt3_175b_distributed.sh and Megatron-DeepSpeed's ds_pretrain_gpt_125M_flashattn.sh run with only sizes, paths and the launcher changed (and the precision flags, the precision issue's); pretrain_llama2_distributed.sh trains on tp 2 x pp 2 with its bf16 removed"
+echo "PASS: Megatron-LM's pretrain_gpt.sh and train_gpt3_175b_distributed.sh (fp16) and Megatron-DeepSpeed's ds_pretrain_gpt_125M_flashattn.sh (fp16) and pretrain_llama2_distributed.sh (bf16, tp 2 x pp 2) run with only sizes, paths and the launcher changed"

@@ -1,7 +1,7 @@
 // Test-side reference for the 16-bit float reductions (tests/comm/test_half_reduce.cpp and the ucx
 // worker): the bf16/f16 formats decoded and encoded from their definition in double arithmetic
 // (ldexp, frexp, nearbyint under the default round-to-nearest-even mode), independent of the bit
-// tricks in comm/half_convert.hpp, and the reductions the communicator contract states:
+// tricks in kernels/half.hpp, and the reductions the communicator contract states:
 //   once    fp32 accumulation over the ranks in the given order, one rounding at the end;
 //   ring    the ucx ring: block b is op(...op(op(x[b+1], x[b+2]), x[b+3])..., x[b]), rounded
 //           after every op (each hop sends its partial sum in 16 bits);

@@ -1,8 +1,6 @@
-// bf16 and f16 reductions: the conversions (comm/half_convert.hpp) against the formats' definition
-// (tests/comm/half_reference.hpp) for every 16-bit pattern and a sweep of fp32 values (ties,
-// overflow, subnormals), every bulk (vectorised) implementation the CPU has against the scalar
-// ones; then the local backend's all_reduce and reduce_scatter(_v) for 1..8 ranks and odd counts
-// against the contract's rule (fp32 accumulation in rank order, one rounding) bitwise on every
+// bf16 and f16 reductions (the conversions, kernels/half.hpp, are tested by
+// tests/kernels/test_mixed_convert.cpp): the local backend's all_reduce and reduce_scatter(_v) for
+// 1..8 ranks and odd counts against the contract's rule (fp32 accumulation in rank order, one rounding) bitwise on every
 // rank, with Inf/NaN propagation and fp16 overflow of finite sums. The ucx backend's 16-bit
 // collectives are checked by tests/comm/workers/ucx_worker.cpp (tests/comm/test_ucx_comm.cpp).
 #include <catch2/catch.hpp>
@@ -14,7 +12,6 @@
 #include <random>
 #include <thread>
 
-#include "comm/half_convert.hpp"
 #include "comm/local/local_kernels.hpp"
 #include "comm/local/local_world.hpp"
 #include "tests/comm/half_reference.hpp"
@@ -26,113 +23,6 @@ namespace ref = troupe::test::half_ref;
 namespace {
 
 const DType kHalves[] = {DType::bf16, DType::f16};
-const detail::HalfIsa kIsas[] = {detail::HalfIsa::scalar, detail::HalfIsa::f16c,
-                                 detail::HalfIsa::avx512};
-
-uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float scalar_widen(uint16_t h, DType t) {
-  return t == DType::bf16 ? detail::bf16_to_f32(h) : detail::f16_to_f32(h);
-}
-uint16_t scalar_narrow(float f, DType t) {
-  return t == DType::bf16 ? detail::f32_to_bf16(f) : detail::f32_to_f16(f);
-}
-
-// The narrowing of x matches the reference (NaN: a quiet NaN of x's sign).
-bool narrows_right(float x, uint16_t got, DType t) {
-  if (std::isnan(x)) return ref::is_quiet_nan(got, t) && ((got & 0x8000) != 0) == std::signbit(x);
-  return got == ref::encode(x, t);
-}
-
-}  // namespace
-
-TEST_CASE("16-bit widening is exact for every pattern; NaNs stay (quiet) NaNs", "[comm][half]") {
-  for (DType t : kHalves) {
-    std::vector<uint16_t> all(65536);
-    std::iota(all.begin(), all.end(), uint16_t{0});
-    std::vector<std::vector<float>> bulk;  // one per implementation this CPU has
-    for (detail::HalfIsa isa : kIsas) {
-      if (!detail::half_isa_available(isa)) continue;
-      bulk.emplace_back(all.size());
-      detail::widen_to_f32(bulk.back().data(), all.data(), all.size(), t, isa);
-    }
-    std::vector<float> plain(all.size());
-    detail::widen_to_f32(plain.data(), all.data(), all.size(), t);
-    bulk.push_back(plain);
-    for (uint32_t h = 0; h < 65536; ++h) {
-      INFO(dtype_name(t) << " pattern " << h);
-      const float s = scalar_widen(static_cast<uint16_t>(h), t);
-      for (const auto& b : bulk) REQUIRE(bits_of(b[h]) == bits_of(s));
-      if (ref::is_nan(static_cast<uint16_t>(h), t)) {
-        REQUIRE(std::isnan(s));
-        REQUIRE((bits_of(s) & 0x00400000u) != 0);  // quiet
-        REQUIRE(std::signbit(s) == ((h & 0x8000) != 0));
-      } else {
-        REQUIRE(bits_of(s) == bits_of(ref::widen(static_cast<uint16_t>(h), t)));
-        // Narrowing a widened value gives the pattern back.
-        REQUIRE(scalar_narrow(s, t) == h);
-      }
-    }
-  }
-}
-
-TEST_CASE("16-bit narrowing rounds to nearest even: ties, overflow, subnormals, NaN",
-          "[comm][half]") {
-  for (DType t : kHalves) {
-    std::vector<float> xs;
-    // Every pattern's value, the midpoints to its upper neighbour and one fp32 ulp either side.
-    for (uint32_t h = 0; h < 0x7fff; ++h) {
-      const uint16_t lo = static_cast<uint16_t>(h), hi = static_cast<uint16_t>(h + 1);
-      if (ref::is_nan(lo, t) || ref::is_nan(hi, t) || std::isinf(ref::decode(lo, t))) continue;
-      const float mid = static_cast<float>((ref::decode(lo, t) + ref::decode(hi, t)) / 2);
-      for (float x :
-           {ref::widen(lo, t), mid, std::nextafter(mid, 0.f), std::nextafter(mid, INFINITY)}) {
-        xs.push_back(x);
-        xs.push_back(-x);
-      }
-    }
-    // Random fp32 patterns of every exponent, and the specials.
-    std::mt19937 rng(7);
-    for (int i = 0; i < 200000; ++i) xs.push_back(float_of(rng()));
-    for (float x : {0.f, -0.f, INFINITY, -INFINITY, std::numeric_limits<float>::max(),
-                    std::numeric_limits<float>::denorm_min(), 65504.f, 65519.996f, 65520.f,
-                    -65520.f, 65536.f, 1e30f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f}) {
-      xs.push_back(x);
-    }
-    xs.push_back(float_of(0x7fa00001u));  // a signalling NaN
-    xs.push_back(float_of(0xffc12345u));  // a quiet negative NaN
-    std::vector<std::vector<uint16_t>> bulk;
-    for (detail::HalfIsa isa : kIsas) {
-      if (!detail::half_isa_available(isa)) continue;
-      bulk.emplace_back(xs.size());
-      detail::narrow_from_f32(bulk.back().data(), xs.data(), xs.size(), t, isa);
-    }
-    std::vector<uint16_t> plain(xs.size());
-    detail::narrow_from_f32(plain.data(), xs.data(), xs.size(), t);
-    bulk.push_back(plain);
-    for (size_t i = 0; i < xs.size(); ++i) {
-      INFO(dtype_name(t) << " x=" << xs[i] << " bits " << bits_of(xs[i]));
-      const uint16_t s = scalar_narrow(xs[i], t);
-      for (const auto& b : bulk) REQUIRE(b[i] == s);
-      REQUIRE(narrows_right(xs[i], s, t));
-    }
-  }
-  // The f16 overflow threshold: 65504 is the largest finite value; from 65520 up it is Inf.
-  REQUIRE(detail::f32_to_f16(65519.996f) == 0x7bff);
-  REQUIRE(detail::f32_to_f16(65520.f) == 0x7c00);
-  REQUIRE(detail::f32_to_f16(-1e6f) == 0xfc00);
-}
-
-namespace {
 
 LocalFabric make_fabric(int n) {
   auto f = LocalFabric::create(n);

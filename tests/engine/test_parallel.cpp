@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 #include <filesystem>
 #include <thread>
@@ -200,13 +201,30 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
 }
 
 // model: the run's config (the key part of c_attn.bias sits at rows [H hs, (H + G) hs)).
-void require_close(const Run& ref, const Run& got, double tol, const GptConfig& model = small_model()) {
+// Relative bounds on the losses (and the evaluation loss), the gradient norms and the parameters
+// (per tensor, relative L2); one figure for all three in f32 and f64.
+struct Tol {
+  double loss, norm, param;
+  Tol(double all) : loss(all), norm(all), param(all) {}  // NOLINT: a plain figure is a Tol
+  Tol(double l, double n, double p) : loss(l), norm(n), param(p) {}
+};
+
+void require_close(const Run& ref, const Run& got, Tol tol, const GptConfig& model = small_model()) {
   for (int s = 0; s < kSteps; ++s) {
     INFO("step " << s + 1);
-    CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol * std::abs(ref.losses[s]));
-    CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol * std::abs(ref.norms[s]));
+    CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol.loss * std::abs(ref.losses[s]));
+    CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol.norm * std::abs(ref.norms[s]));
   }
-  CHECK(std::abs(got.eval_loss - ref.eval_loss) <= tol * std::abs(ref.eval_loss));
+  CHECK(std::abs(got.eval_loss - ref.eval_loss) <= tol.loss * std::abs(ref.eval_loss));
+  if (std::getenv("TROUPE_TEST_VERBOSE")) {
+    double wl = 0, wn = 0;
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+      wl = std::max(wl, std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
+      wn = std::max(wn, std::abs(got.norms[s] - ref.norms[s]) / std::abs(ref.norms[s]));
+    }
+    std::printf("  losses %.3g norms %.3g eval %.3g (relative)\n", wl, wn,
+                std::abs(got.eval_loss - ref.eval_loss) / std::abs(ref.eval_loss));
+  }
   REQUIRE(got.params.size() == ref.params.size());
   // Parameters: per tensor, the L2 norm of the difference relative to the L2 norm of the reference.
   // One exception: the key part of c_attn.bias ([C, 2C)) has an exactly zero gradient (softmax is
@@ -233,13 +251,13 @@ void require_close(const Run& ref, const Run& got, double tol, const GptConfig& 
       ref2 += want[i] * want[i];
     }
     const double rel = std::sqrt(diff2 / std::max(ref2, 1e-30));
-    if (std::getenv("TROUPE_TEST_VERBOSE") && rel > tol)
+    if (std::getenv("TROUPE_TEST_VERBOSE") && rel > tol.param)
       for (size_t i = 0; i < want.size(); ++i) std::printf("  %s[%zu] ref %.9g got %.9g\n", name.c_str(), i, want[i], have[i]);
     if (rel > worst) {
       worst = rel;
       worst_name = name;
     }
-    CHECK(rel <= tol);
+    CHECK(rel <= tol.param);
   }
   if (std::getenv("TROUPE_TEST_VERBOSE"))
     std::printf("  worst parameter: %s, relative L2 difference %.3g\n", worst_name.c_str(), worst);
@@ -340,7 +358,9 @@ TEST_CASE("parallel: evaluation runs without dropout", "[parallel][dropout]") {
 namespace {
 
 // Every layout of the matrix equals the 1x1x1 run of `model` within `tol`, computing in `dtype`.
-void check_layout_matrix(const GptConfig& model, DType dtype = DType::f32, double tol = 1e-5) {
+// tp_tol: the bound for the layouts with tensor parallelism (default: tol).
+void check_layout_matrix(const GptConfig& model, DType dtype = DType::f32, Tol tol = 1e-5,
+                         std::optional<Tol> tp_tol = std::nullopt) {
   using S = sched::ScheduleType;
   // Micro-batches per replica: global / (micro x dp). 6 / (1 x 1) = 6, 6 / (1 x 2) = 3: with pp 2 and
   // pp 4 neither is a multiple of the stage count.
@@ -386,7 +406,7 @@ void check_layout_matrix(const GptConfig& model, DType dtype = DType::f32, doubl
     INFO(c.name);
     const Run got = run_layout(model, c.par, c.micro_batch, c.global_batch, {}, nullptr, dtype);
     if (std::getenv("TROUPE_TEST_VERBOSE")) std::printf("%s\n", c.name);
-    require_close(c.global_batch == 8 ? ref8 : ref6, got, tol, model);
+    require_close(c.global_batch == 8 ? ref8 : ref6, got, c.par.tp > 1 ? tp_tol.value_or(tol) : tol, model);
   }
 }
 
@@ -748,16 +768,22 @@ TEST_CASE("custom stages: an adapter between GPT's layers, embedding still tied"
 }
 
 // ---- mixed precision (docs/PRECISION.md) ------------------------------------------------------------
-// bf16 and fp16 runs keep fp32 master weights and Adam moments; the layouts differ from each other only
-// in where a 16-bit rounding falls (a tensor-parallel partial sum is rounded before the all-reduce, a
-// pipeline boundary's activation is the same 16-bit tensor either way, ZeRO's gathers move the same
-// 16-bit values). Their bounds against the 1x1x1 run of the same precision are measured in
-// docs/PRECISION.md ("Layouts in 16 bits"): kBf16LayoutTol and kFp16LayoutTol hold them with a margin.
+// bf16 and fp16 runs keep fp32 master weights and Adam moments. With fp32 gradients (bf16's recipe)
+// pipeline and data parallelism move the same 16-bit activations and sum the same fp32 gradients as
+// the 1x1x1 run, so they agree with it as fp32 layouts do (measured: losses bitwise, parameters
+// within 3e-7); tensor parallelism rounds each rank's partial sum to 16 bits before the all-reduce
+// (Megatron does the same), which moves the losses by 16-bit roundings. With fp16 gradients every
+// layout sums them in another order in 16 bits. Measured worst over the matrix (every
+// OPENBLAS_CORETYPE, TROUPE_CPU_FEATURES=generic too): bf16 with tp: losses 5.8e-5, norms 3.6e-3,
+// parameters 4.9e-2 (h.1.ln_2.bias); fp16 (fp16 gradients): losses 2.6e-5, norms 1.0e-3, parameters
+// 2.4e-2 (h.0.attn.c_attn.bias). The parameters' figure is Adam's: an element whose gradient is small
+// against its 16-bit rounding moves by about +-lr per step either way, and the small-norm biases show
+// it most. docs/PRECISION.md ("Layouts in 16 bits") quotes these bounds.
 
 namespace {
 
-constexpr double kBf16LayoutTol = 3e-2;
-constexpr double kFp16LayoutTol = 1e-2;
+const Tol kBf16TpTol{3e-4, 1.5e-2, 8e-2};
+const Tol kFp16LayoutTol{1.5e-4, 5e-3, 5e-2};
 
 struct MixedReset {
   ~MixedReset() {
@@ -770,7 +796,7 @@ struct MixedReset {
 
 TEST_CASE("parallel, bf16: every layout equals the 1x1x1 bf16 run within bf16's rounding", "[parallel][mixed]") {
   MixedReset reset;
-  check_layout_matrix(small_model(), DType::bf16, kBf16LayoutTol);
+  check_layout_matrix(small_model(), DType::bf16, 1e-5, kBf16TpTol);
 }
 
 TEST_CASE("parallel, fp16 (fp16 gradients, loss scale 1024): every layout equals the 1x1x1 fp16 run",
@@ -790,10 +816,20 @@ TEST_CASE("mixed precision: 16-bit runs follow the fp32 run", "[parallel][mixed]
   const Run f16 = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::f16);
   for (int s = 0; s < kSteps; ++s) {
     INFO("step " << s + 1);
-    // The loss of 16-bit activations against fp32's: bf16's 8-bit mantissa through 4 layers.
-    CHECK(std::abs(bf16.losses[s] - f32.losses[s]) <= 1e-2 * f32.losses[s]);
-    CHECK(std::abs(f16.losses[s] - f32.losses[s]) <= 2e-3 * f32.losses[s]);
+    // 16-bit activations against fp32's through 4 layers, measured: losses 4.7e-5 (bf16) and 2.8e-5
+    // (fp16) relative, gradient norms 1.4e-3 and 1.0e-3 (the small model's logits are near zero,
+    // where the loss hardly sees rounding; the gradients do).
+    CHECK(std::abs(bf16.losses[s] - f32.losses[s]) <= 5e-4 * f32.losses[s]);
+    CHECK(std::abs(f16.losses[s] - f32.losses[s]) <= 2.5e-4 * f32.losses[s]);
+    CHECK(std::abs(bf16.norms[s] - f32.norms[s]) <= 1e-2 * f32.norms[s]);
+    CHECK(std::abs(f16.norms[s] - f32.norms[s]) <= 5e-3 * f32.norms[s]);
     CHECK(bf16.losses[s] != f32.losses[s]);  // the run did compute in 16 bits
+    if (std::getenv("TROUPE_TEST_VERBOSE"))
+      std::printf("step %d: bf16 - fp32 %.3g, fp16 - fp32 %.3g (relative); norms %.3g %.3g\n", s + 1,
+                  std::abs(bf16.losses[s] - f32.losses[s]) / f32.losses[s],
+                  std::abs(f16.losses[s] - f32.losses[s]) / f32.losses[s],
+                  std::abs(bf16.norms[s] - f32.norms[s]) / f32.norms[s],
+                  std::abs(f16.norms[s] - f32.norms[s]) / f32.norms[s]);
   }
 }
 
@@ -821,7 +857,7 @@ TEST_CASE("mixed precision: a checkpoint holds the fp32 master weights; any prec
   const Run straight = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::bf16);
   load.last_step = 5;
   const Run resumed = run_layout(small_model(), layout(1, 2, 2, 2), 1, 6, load, nullptr, DType::bf16);
-  for (int s = 3; s < kSteps; ++s) CHECK(std::abs(resumed.losses[s] - straight.losses[s]) <= kBf16LayoutTol * straight.losses[s]);
+  for (int s = 3; s < kSteps; ++s) CHECK(std::abs(resumed.losses[s] - straight.losses[s]) <= kBf16TpTol.loss * straight.losses[s]);
 }
 
 TEST_CASE("mixed precision: an overflow skips the step: parameters and moments stay, the run goes on as without it",

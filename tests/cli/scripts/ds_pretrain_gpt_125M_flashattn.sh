@@ -5,8 +5,7 @@
 # left out, `deepspeed --num_gpus=N pretrain_gpt.py` replaced by `troupe launch --nproc-per-node N
 # -- train`. The flags and the DeepSpeed JSON template (ds_config_gpt_TEMPLATE.json beside it, the
 # generated examples_deepspeed/rebase/ds_config_gbs256_mbs8_log1_zero1.json with its placeholders,
-# filled by sed as the script does) are as Megatron-DeepSpeed wrote them, fp16 included unless FP16
-# is set empty and SCRIPT_DIR names a template with "enabled": false (the precision issue's).
+# filled by sed as the script does) are as Megatron-DeepSpeed wrote them, fp16 included.
 dir=${SCRIPT_DIR:-`pwd`}
 seq_len=32
 
@@ -95,7 +94,6 @@ data_options=" \
          --data-path ${DATA_BLEND} \
          --data-impl mmap"
 
-FP16=${FP16---fp16}
 megatron_options=" \
     --no-gradient-accumulation-fusion \
     --override-opt_param-scheduler \
@@ -127,7 +125,7 @@ megatron_options=" \
     --clip-grad 1.0 \
     --hysteresis 2 \
     --num-workers ${num_workers} \
-    ${FP16} \
+    --fp16 \
     --seed ${seed} \
     --load ${checkpoint_path} \
     --save ${checkpoint_path} \

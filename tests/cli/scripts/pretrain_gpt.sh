@@ -1,8 +1,7 @@
 #! /bin/bash
 # Megatron-LM's examples/pretrain_gpt.sh ("Runs the 345M parameter model"), shrunk: sizes, paths
-# and iteration counts made small, `python pretrain_gpt.py` replaced by troupe train, and --fp16
-# dropped (troupe trains in float32 until mixed precision comes; see docs/COMPAT.md). Every other
-# flag is as Megatron-LM wrote it.
+# and iteration counts made small, `python pretrain_gpt.py` replaced by troupe train. Every other
+# flag is as Megatron-LM wrote it, --fp16 included.
 
 RANK=${RANK:-0}
 WORLD_SIZE=${WORLD_SIZE:-1}
@@ -11,7 +10,6 @@ DATA_PATH=${DATA_PATH:-<Specify path and file prefix>_text_document}
 CHECKPOINT_PATH=${CHECKPOINT_PATH:-<Specify path>}
 VOCAB=${VOCAB:-gpt2-vocab.json}
 MERGES=${MERGES:-gpt2-merges.txt}
-FP16=${FP16-}
 
 ${TROUPE:-troupe} train \
        --num-layers 2 \
@@ -42,4 +40,4 @@ ${TROUPE:-troupe} train \
        --save-interval 10000 \
        --eval-interval 1000 \
        --eval-iters 10 \
-       $FP16 "$@"
+       --fp16 "$@"

@@ -3,8 +3,8 @@
 # batches, steps, GPUs) made small, the paths given by the caller, `torchrun ... pretrain_gpt.py`
 # replaced by `troupe launch ... -- train`. Its model-architecture flags (LLaMA: rotary, SwiGLU,
 # RMSNorm, GQA, untied head, no biases) are troupe's model-family flags (docs/MODELS.md) and its
-# SentencePiece tokenizer troupe's GPTSentencePieceTokenizer (docs/TOKENIZERS.md); its bf16 is the
-# precision issue's: troupe refuses that, in one message, and nothing else.
+# SentencePiece tokenizer troupe's GPTSentencePieceTokenizer (docs/TOKENIZERS.md); its --bf16 (and
+# the DeepSpeed file's "bf16" block) train in bf16 (docs/PRECISION.md).
 set -e
 
 ######################################

@@ -4,7 +4,7 @@
 # shrunk: the sizes (layers, hidden, heads, sequence, batches, iterations, parallel sizes, GPUs per
 # node, the ramp-up's samples, intervals) made small, `torchrun` replaced by `troupe launch ... --`,
 # examples/classes/pretrain_gpt.py by `train`. Every other flag is as Megatron-LM wrote it, --fp16
-# included unless FP16 is set empty (troupe trains in float32 until mixed precision comes).
+# included.
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
@@ -21,7 +21,6 @@ TENSORBOARD_LOGS_PATH=$2 #<Specify path>
 VOCAB_FILE=$3 #<Specify path to file>/gpt2-vocab.json
 MERGE_FILE=$4 #<Specify path to file>/gpt2-merges.txt
 DATA_PATH=$5 #<Specify path and file prefix>_text_document
-FP16=${FP16---fp16}
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE 
@@ -49,7 +48,7 @@ TRAINING_ARGS=(
     --adam-beta2 0.95 
     --init-method-std 0.006 
     --clip-grad 1.0 
-    $FP16
+    --fp16
     --lr 6.0e-5 
     --lr-decay-style cosine 
     --min-lr 6.0e-6
