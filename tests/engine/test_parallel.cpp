@@ -21,6 +21,7 @@
 
 #include "reference/adamw.hpp"
 #include "engine/rank_engine.hpp"
+#include "comm/flight_recorder.hpp"
 #include "comm/local/local_world.hpp"
 #include "comm/topology.hpp"
 #include "reference/gpt.hpp"
@@ -938,5 +939,85 @@ TEST_CASE("mixed precision: an overflow skips the step: parameters and moments s
     CHECK(skipped == std::vector<int>{1, 1});
     CHECK(losses[1] == losses[0]);
     CHECK(params[1] == params[0]);
+  }
+}
+
+namespace {
+
+// Bytes of the dp group's collectives of one kind over a training step and the parameters'
+// initial publication, on dp 2 x ZeRO stage `zero` in `dtype` with `grad_dtype` gradients; the
+// scalar reductions (losses, norms: under 256 bytes) are left out.
+std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_dtype) {
+  const GptConfig model = small_model();
+  const ParallelConfig par = layout(1, 1, 2, zero);
+  auto topo = comm::Topology::create(comm::ParallelSizes{1, 1, 2}, 2).value();
+  auto fabric = comm::LocalFabric::create(2).value();
+  const auto batches = make_batches(model, 4, 1, 5);
+  std::vector<std::map<comm::FlightKind, uint64_t>> per_rank(2);
+  std::vector<std::string> errors(2);
+  auto body = [&](int rank) {
+    auto w = fabric.world(rank);
+    auto g = [&](const std::vector<int>& m) { return w->group(m).value(); };
+    auto recorder = std::make_shared<comm::FlightRecorder>(rank, 100000);
+    auto tp = g(topo.tp_group(rank)), pp = g(topo.pp_group(rank));
+    auto dp = comm::record_flight(g(topo.dp_group(rank)), recorder, "dp", topo.dp_group(rank));
+    auto all = w->everyone().value();
+    RankSpec spec;
+    spec.model = model;
+    spec.par = par;
+    spec.micro_batch_size = 1;
+    spec.micro_batches = 2;
+    spec.num_threads = 1;
+    spec.seed = kDropoutSeed;
+    spec.dtype = dtype;
+    spec.grad_dtype = grad_dtype;
+    RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), nullptr, all.get()});
+    engine.init(1234);
+    StepRequest req = step_request(1);
+    req.loss_scale = dtype == DType::f16 ? 256 : 1;
+    req.skip_on_overflow = dtype == DType::f16;
+    auto out = engine.train_step(batches[0].rows(2 * rank, 2 * rank + 2),
+                                 req.loss_scale / (4.0 * model.seq_length), req);
+    if (!out) errors[static_cast<size_t>(rank)] = out.status().message();
+    for (const comm::FlightOp& op : recorder->snapshot().ops)
+      if (op.bytes >= 256) per_rank[static_cast<size_t>(rank)][op.kind] += op.bytes;
+  };
+  std::thread t1(body, 1);
+  body(0);
+  t1.join();
+  for (const auto& e : errors)
+    if (!e.empty()) FAIL(e);
+  CHECK(per_rank[0] == per_rank[1]);  // every member moves the same bytes
+  return per_rank[0];
+}
+
+}  // namespace
+
+TEST_CASE("mixed precision: ZeRO's parameter gathers, and fp16's gradient reductions, move half of fp32's bytes",
+          "[parallel][mixed]") {
+  using K = comm::FlightKind;
+  for (int zero = 0; zero <= 3; ++zero) {
+    INFO("ZeRO " << zero);
+    auto f32 = dp_bytes(zero, DType::f32, DType::f32);
+    auto bf16 = dp_bytes(zero, DType::bf16, DType::f32);  // Megatron's bf16: fp32 gradients
+    auto f16 = dp_bytes(zero, DType::f16, DType::f16);
+    if (std::getenv("TROUPE_TEST_VERBOSE"))
+      for (K k : {K::all_reduce, K::reduce_scatter, K::all_gather})
+        std::printf("ZeRO %d %s bytes: fp32 %llu, bf16 %llu, fp16 %llu\n", zero, comm::flight_kind_name(k),
+                    static_cast<unsigned long long>(f32[k]), static_cast<unsigned long long>(bf16[k]),
+                    static_cast<unsigned long long>(f16[k]));
+    // The gradients: all-reduced (ZeRO 0) or reduce-scattered (1-3) once per step.
+    const K grads = zero == 0 ? K::all_reduce : K::reduce_scatter;
+    REQUIRE(f32[grads] > 0);
+    CHECK(bf16[grads] == f32[grads]);
+    CHECK(2 * f16[grads] == f32[grads]);
+    // The parameters: ZeRO 1-3 gather the updated partitions (and stage 3 its units before use).
+    if (zero > 0) {
+      REQUIRE(f32[K::all_gather] > 0);
+      CHECK(2 * bf16[K::all_gather] == f32[K::all_gather]);
+      CHECK(2 * f16[K::all_gather] == f32[K::all_gather]);
+    } else {
+      CHECK(f32[K::all_gather] == 0);
+    }
   }
 }
