@@ -2,11 +2,13 @@
 // when ctx.device is cuda the call goes to kernels/cuda (not built yet: a clear abort until then).
 #include "kernels/ops.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
 
 #include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/cpu/gemm_bf16.hpp"
 #include "kernels/half.hpp"
 
 namespace troupe::ops {
@@ -306,8 +308,41 @@ void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, con
   });
 }
 
+namespace {
+
+// bf16 operands on a CPU with AVX512-BF16 (cpu::bf16_gemm_kernel(); TROUPE_CPU_FEATURES=generic turns
+// it off): linear's GEMMs read them as they are (cpu::gemm_bf16, fp32 accumulation) and only the
+// rest (the bias, the output's rounding, the gradients' accumulation) goes through the 16-bit layer.
+bool native_bf16(std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    if (t->defined() && t->dtype() != DType::bf16) return false;
+  return cpu::bf16_gemm_kernel() == cpu::Bf16Kernel::avx512_bf16;
+}
+
+const uint16_t* bf16_data(const Tensor& t) { return t.defined() ? static_cast<const uint16_t*>(t.raw()) : nullptr; }
+
+}  // namespace
+
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
+  if (ctx.device == Device::cpu && ctx.pool != nullptr && native_bf16({&x, &weight})) {
+    const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
+    TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
+    TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
+    Widen w(ctx, {&bias, &out});
+    const Tensor bias_w = w.in(bias), out_w = w.out(out);
+    float* o = out_w.data<float>();
+    if (bias_w.defined()) {
+      const float* b = bias_w.data<float>();
+      ctx.pool->parallel_for(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) std::copy(b, b + O, o + n * O);
+      }, 64);
+    }
+    // out (N,O) = x (N,I) @ W^T (I,O) [+ out]
+    cpu::gemm_bf16(*ctx.pool, false, true, N, O, I, 1.0f, bf16_data(x), I, bf16_data(weight), I,
+                   bias_w.defined() ? 1.0f : 0.0f, o, O);
+    return w.finish();
+  }
   if (Widen w(ctx, {&x, &weight, &bias, &out}); w.active()) {
     const Tensor x_w = w.in(x), weight_w = w.in(weight), bias_w = w.in(bias), out_w = w.out(out);
     linear_forward(ctx, out_w, x_w, weight_w, bias_w);
@@ -327,6 +362,31 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
 
 void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                      const Tensor& dout, const Tensor& x, const Tensor& weight) {
+  if (ctx.device == Device::cpu && ctx.pool != nullptr && dout.dtype() == DType::bf16 &&
+      native_bf16({&dout, &x, &weight})) {
+    TROUPE_CHECK(weight.defined() || (!dx.defined() && dweight.defined()), "linear backward: dx needs the weight");
+    const Tensor& wt = weight.defined() ? weight : dweight;
+    TROUPE_CHECK(wt.rank() == 2, "linear backward: weight is (O,I)");
+    const int64_t O = wt.dim(0), I = wt.dim(1), N = dout.numel() / O;
+    TROUPE_CHECK(dout.dim(-1) == O, "linear backward: dout is (N,O)");
+    TROUPE_CHECK(!dweight.defined() || (dweight.numel() == O * I && x.defined() && x.numel() == N * I),
+                 "linear backward: dweight is (O,I) and needs x (N,I)");
+    TROUPE_CHECK(!dx.defined() || dx.numel() == N * I, "linear backward: dx is (N,I)");
+    TROUPE_CHECK(!dbias.defined() || dbias.numel() == O, "linear backward: dbias is (O)");
+    Widen w(ctx, {&dout, &dx, &dweight, &dbias});
+    const Tensor dx_w = w.out(dx), dweight_w = w.inout(dweight), dbias_w = w.inout(dbias);
+    // dx (N,I) = dout (N,O) @ W (O,I)
+    if (dx_w.defined())
+      cpu::gemm_bf16(*ctx.pool, false, false, N, I, O, 1.0f, bf16_data(dout), O, bf16_data(weight), I, 0.0f,
+                     dx_w.data<float>(), I);
+    // dW (O,I) += dout^T (O,N) @ x (N,I)
+    if (dweight_w.defined())
+      cpu::gemm_bf16(*ctx.pool, true, false, O, I, N, 1.0f, bf16_data(dout), O, bf16_data(x), I, 1.0f,
+                     dweight_w.data<float>(), I);
+    // db (O) += sum over rows of dout (widened: exact)
+    if (dbias_w.defined()) cpu::column_sums_accumulate<float>(*ctx.pool, dbias_w.data<float>(), w.in(dout).data<float>(), N, O);
+    return w.finish();
+  }
   if (Widen w(ctx, {&dout, &x, &weight, &dx, &dweight, &dbias}); w.active()) {
     const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), dx_w = w.out(dx),
                  dweight_w = w.inout(dweight), dbias_w = w.inout(dbias);
