@@ -230,7 +230,8 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.dtype = spec_.dtype;
     at.grad_dtype = is_16bit(spec_.dtype) ? spec_.grad_dtype : spec_.dtype;
     at.tp = comms_.tp;
-    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype);
+    const DType reduce = is_16bit(spec_.dtype) ? spec_.reduce_dtype.value_or(at.grad_dtype) : at.grad_dtype;
+    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype, reduce);
     std::unique_ptr<PipelineStage> chunk = build_stage(model, at, store->hooks());
     store->attach(chunk.get(), &ctx_);
     TROUPE_CHECK(chunk->inputs().size() <= kMaxBoundaryTensors && chunk->outputs().size() <= kMaxBoundaryTensors,
@@ -521,6 +522,7 @@ void set_precision(RankSpec& spec, const PrecisionConfig& precision) {
   };
   spec.dtype = type(precision.dtype);
   spec.grad_dtype = type(precision.grad_dtype(spec.par.zero_stage));
+  spec.reduce_dtype = type(precision.grad_reduce_dtype(spec.par.zero_stage));
 }
 
 Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {

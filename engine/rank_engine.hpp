@@ -70,6 +70,9 @@ struct RankSpec {
   int num_threads = 1;
   DType dtype = DType::f32;       // parameters and activations (bf16/f16: mixed precision)
   DType grad_dtype = DType::f32;  // with a 16-bit dtype: the gradients' (f32 or dtype)
+  // With a 16-bit dtype: the type gradients are reduced in over dp (DeepSpeed's
+  // communication_data_type); unset: grad_dtype.
+  std::optional<DType> reduce_dtype;
   // Spans of the first this-many steps are kept for the timeline (take_spans); later steps' spans
   // are dropped at the start of the next step (a long run's trace would not fit in memory).
   int keep_span_steps = 0;

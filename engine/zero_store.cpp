@@ -29,6 +29,9 @@ struct ZeroStore::Unit {
   // Mixed precision: the fp32 master weights of the owned range, and (16-bit gradients) the fp32
   // main gradients of the same range, widened from the reduced gradients by finish_gradients.
   Tensor master, main_grads;
+  // Stages 0, 1 with a wire type other than the gradients': the unit's gradients (wire) and, stage
+  // 1, the reduced partition (wire_part) in that type while the reduction runs.
+  Tensor wire, wire_part;
 };
 
 namespace {
@@ -39,11 +42,18 @@ Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
 
 }  // namespace
 
-ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype)
-    : stage_(stage), dp_(dp), dtype_(param_dtype), grad_dtype_(grad_dtype), mixed_(is_16bit(param_dtype)) {
+ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype)
+    : stage_(stage),
+      dp_(dp),
+      dtype_(param_dtype),
+      grad_dtype_(grad_dtype),
+      reduce_dtype_(reduce_dtype),
+      mixed_(is_16bit(param_dtype)) {
   TROUPE_CHECK(stage >= 0 && stage <= 3, "ZeroStore: stage must be 0..3");
   TROUPE_CHECK(mixed_ ? (grad_dtype == DType::f32 || grad_dtype == param_dtype) : grad_dtype == param_dtype,
                "ZeroStore: gradients are the parameters' dtype, or f32 under mixed precision");
+  TROUPE_CHECK(mixed_ ? (reduce_dtype == DType::f32 || is_16bit(reduce_dtype)) : reduce_dtype == grad_dtype,
+               "ZeroStore: gradients travel in f32, bf16 or f16 under mixed precision, else in their own type");
   if (dp_ != nullptr) {
     dp_rank_ = dp_->rank();
     dp_size_ = dp_->size();
@@ -54,8 +64,10 @@ ZeroStore::~ZeroStore() {
   // Collectives still in flight use our buffers (after a failure the rank's actor ends mid-step):
   // let them finish or fail first; a failed peer fails them, so this does not hang.
   for (Pending& p : pending_) (void)p.work->wait();
-  for (Unit& u : units_)
+  for (Unit& u : units_) {
     if (u.gather) (void)u.gather->wait();
+    if (u.reduce) (void)u.reduce->wait();
+  }
 }
 
 UnitHooks ZeroStore::hooks() {
@@ -224,9 +236,14 @@ void ZeroStore::on_grads_ready(int u) {
     p.unit = u;
     p.send = unit.grad_buffer;
     unit.grad_buffer = Tensor();
-    p.recv = Tensor::empty({unit.own_count}, grad_dtype_);
+    if (converts_for_wire()) {
+      Tensor wire = to_wire(p.send);
+      track_transient(-static_cast<int64_t>(p.send.nbytes()));
+      p.send = std::move(wire);
+    }
+    p.recv = Tensor::empty({unit.own_count}, reduce_dtype_);
     track_transient(static_cast<int64_t>(p.recv.nbytes()));
-    p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, grad_dtype_,
+    p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, reduce_dtype_,
                                                     comm::ReduceOp::sum)
                             : comm::completed_work();
     if (dp_ == nullptr) p.recv.copy_from(p.send);
@@ -239,12 +256,28 @@ void ZeroStore::on_grads_ready(int u) {
   }
   if (unit.ready < micro_batches_ || dp_ == nullptr || dp_size_ == 1) return;
   Tensor region = flat(chunk_->unit_grads(u));
-  if (stage_ == 0) {
-    unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), grad_dtype_, comm::ReduceOp::sum);
-  } else {
-    unit.reduce =
-        dp_->reduce_scatter_v(region.raw(), unit.part_grads.raw(), unit.counts, grad_dtype_, comm::ReduceOp::sum);
+  if (converts_for_wire()) {
+    unit.wire = to_wire(region);
+    region = unit.wire;
   }
+  if (stage_ == 0) {
+    unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), reduce_dtype_, comm::ReduceOp::sum);
+  } else {
+    Tensor into = unit.part_grads;
+    if (converts_for_wire()) {
+      unit.wire_part = Tensor::empty({unit.own_count}, reduce_dtype_);
+      track_transient(static_cast<int64_t>(unit.wire_part.nbytes()));
+      into = unit.wire_part;
+    }
+    unit.reduce = dp_->reduce_scatter_v(region.raw(), into.raw(), unit.counts, reduce_dtype_, comm::ReduceOp::sum);
+  }
+}
+
+Tensor ZeroStore::to_wire(const Tensor& grads) {
+  Tensor wire = Tensor::empty({grads.numel()}, reduce_dtype_);
+  track_transient(static_cast<int64_t>(wire.nbytes()));
+  ops::convert(*ctx_, wire, grads);
+  return wire;
 }
 
 // Adds finished reductions into their partitions, oldest first; with `all`, waits for every one.
@@ -255,16 +288,39 @@ void ZeroStore::drain_pending(bool all) {
 void ZeroStore::drain_one() {
   Pending& p = pending_.front();
   comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter", comm::WaitGroup::dp);
-  ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
+  if (p.recv.dtype() != grad_dtype_) {
+    Tensor back = Tensor::empty({p.recv.numel()}, grad_dtype_);
+    ops::convert(*ctx_, back, p.recv);
+    ops::add_inplace(*ctx_, units_[p.unit].part_grads, back);
+  } else {
+    ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
+  }
   track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
   pending_.pop_front();
 }
 
 Status ZeroStore::finish_gradients() {
   drain_pending(true);
-  for (Unit& unit : units_) {
+  std::vector<bool> main_done(units_.size(), false);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
     if (unit.reduce) TROUPE_RETURN_IF_ERROR(unit.reduce->wait());
     unit.reduce.reset();
+    if (!unit.wire.defined()) continue;  // reduced in the gradients' own type
+    const Tensor reduced = stage_ == 0 ? unit.wire : unit.wire_part;
+    if (unit.main_grads.defined() && reduce_dtype_ == DType::f32) {
+      // 16-bit gradients summed in fp32: the fp32 sum is the main gradient, not rounded to 16 bits.
+      ops::convert(*ctx_, unit.main_grads, reduced);
+      main_done[u] = true;
+    } else {  // back from the wire type (nearest even into 16-bit gradients)
+      ops::convert(*ctx_, stage_ == 0 ? flat(chunk_->unit_grads(static_cast<int>(u))) : unit.part_grads, reduced);
+    }
+    if (stage_ != 0) {
+      track_transient(-static_cast<int64_t>(unit.wire_part.nbytes()));
+      unit.wire_part = Tensor();
+    }
+    track_transient(-static_cast<int64_t>(unit.wire.nbytes()));
+    unit.wire = Tensor();
   }
   // Prefetched stage-3 units nobody used (the pass ended) are dropped.
   for (Unit& unit : units_) {
@@ -278,7 +334,7 @@ Status ZeroStore::finish_gradients() {
   // 16-bit gradients: the optimizer's fp32 main gradients of the owned range.
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    if (!unit.main_grads.defined()) continue;
+    if (!unit.main_grads.defined() || main_done[u]) continue;
     ops::convert(*ctx_, unit.main_grads, stage_ == 0 ? flat(chunk_->unit_grads(static_cast<int>(u))) : unit.part_grads);
   }
   return Status::ok();

@@ -79,7 +79,13 @@ class ZeroStore {
   ZeroStore(int stage, comm::Communicator* dp, DType dtype) : ZeroStore(stage, dp, dtype, dtype) {}
   // param_dtype 16-bit: mixed precision (above), grad_dtype f32 or param_dtype. Otherwise grad_dtype
   // must equal param_dtype.
-  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype);
+  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype)
+      : ZeroStore(stage, dp, param_dtype, grad_dtype, grad_dtype) {}
+  // reduce_dtype: the type gradients travel in over dp (DeepSpeed's communication_data_type; under
+  // mixed precision f32, bf16 or f16, otherwise grad_dtype). When it differs from grad_dtype each
+  // reduction converts its input into a buffer of that type (nearest even), reduces it and converts
+  // the result back; the sum itself is fp32 in comm whatever the wire type.
+  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype);
   ~ZeroStore();
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
@@ -129,6 +135,7 @@ class ZeroStore {
   // A step the loss scaler skips (an fp16 overflow): the parameters stay, the gradients are zeroed.
   void skip_step();
   bool mixed() const { return mixed_; }
+  DType reduce_dtype() const { return reduce_dtype_; }
   // Whether param_ranges() differ between dp ranks (each holds its partition): stage 3, and stages
   // 1, 2 under mixed precision (the master weights are partitioned). Otherwise every dp rank holds
   // the same whole parameters.
@@ -160,6 +167,8 @@ class ZeroStore {
   void track_transient(int64_t delta);
   void drain_pending(bool all);
   void drain_one();
+  bool converts_for_wire() const { return reduce_dtype_ != grad_dtype_; }
+  Tensor to_wire(const Tensor& grads);  // a transient copy of grads in reduce_dtype_
 
   struct Pending {  // stages 2, 3: one micro-batch's unit gradients being reduce-scattered
     int unit = 0;
@@ -176,6 +185,7 @@ class ZeroStore {
   int dp_rank_ = 0, dp_size_ = 1;
   DType dtype_;       // parameters
   DType grad_dtype_;  // gradients
+  DType reduce_dtype_;  // gradients on the wire
   bool mixed_ = false;
   PipelineStage* chunk_ = nullptr;
   Context* ctx_ = nullptr;

@@ -944,16 +944,23 @@ TEST_CASE("mixed precision: an overflow skips the step: parameters and moments s
 
 namespace {
 
+struct DpTraffic {
+  std::map<comm::FlightKind, uint64_t> bytes;
+  double grad_norm = 0;  // the step's, after the dp reduction
+};
+
 // Bytes of the dp group's collectives of one kind over a training step and the parameters'
-// initial publication, on dp 2 x ZeRO stage `zero` in `dtype` with `grad_dtype` gradients; the
-// scalar reductions (losses, norms: under 256 bytes) are left out.
-std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_dtype) {
+// initial publication, on dp 2 x ZeRO stage `zero` in `dtype` with `grad_dtype` gradients reduced in
+// `reduce_dtype` (unset: grad_dtype); the scalar reductions (losses, norms: under 256 bytes) are
+// left out.
+DpTraffic dp_traffic(int zero, DType dtype, DType grad_dtype, std::optional<DType> reduce_dtype = std::nullopt) {
   const GptConfig model = small_model();
   const ParallelConfig par = layout(1, 1, 2, zero);
   auto topo = comm::Topology::create(comm::ParallelSizes{1, 1, 2}, 2).value();
   auto fabric = comm::LocalFabric::create(2).value();
   const auto batches = make_batches(model, 4, 1, 5);
   std::vector<std::map<comm::FlightKind, uint64_t>> per_rank(2);
+  std::vector<double> norms(2);
   std::vector<std::string> errors(2);
   auto body = [&](int rank) {
     auto w = fabric.world(rank);
@@ -971,6 +978,7 @@ std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_
     spec.seed = kDropoutSeed;
     spec.dtype = dtype;
     spec.grad_dtype = grad_dtype;
+    spec.reduce_dtype = reduce_dtype;
     RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), nullptr, all.get()});
     engine.init(1234);
     StepRequest req = step_request(1);
@@ -979,6 +987,7 @@ std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_
     auto out = engine.train_step(batches[0].rows(2 * rank, 2 * rank + 2),
                                  req.loss_scale / (4.0 * model.seq_length), req);
     if (!out) errors[static_cast<size_t>(rank)] = out.status().message();
+    else norms[static_cast<size_t>(rank)] = out.value().grad_norm;
     for (const comm::FlightOp& op : recorder->snapshot().ops)
       if (op.bytes >= 256) per_rank[static_cast<size_t>(rank)][op.kind] += op.bytes;
   };
@@ -988,7 +997,12 @@ std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_
   for (const auto& e : errors)
     if (!e.empty()) FAIL(e);
   CHECK(per_rank[0] == per_rank[1]);  // every member moves the same bytes
-  return per_rank[0];
+  CHECK(norms[0] == norms[1]);
+  return {per_rank[0], norms[0]};
+}
+
+std::map<comm::FlightKind, uint64_t> dp_bytes(int zero, DType dtype, DType grad_dtype) {
+  return dp_traffic(zero, dtype, grad_dtype).bytes;
 }
 
 }  // namespace
@@ -1019,5 +1033,37 @@ TEST_CASE("mixed precision: ZeRO's parameter gathers, and fp16's gradient reduct
     } else {
       CHECK(f32[K::all_gather] == 0);
     }
+  }
+}
+
+// DeepSpeed's communication_data_type: the gradients travel in it whatever their own type (fp16
+// gradients widened to fp32 for the reduction, fp32 ones narrowed to bf16 -- DeepSpeed's default for
+// bf16 under ZeRO 0), and the reduced gradients are the same within the narrower type's rounding.
+TEST_CASE("mixed precision: gradients are reduced in communication_data_type", "[parallel][mixed]") {
+  using K = comm::FlightKind;
+  for (int zero = 0; zero <= 3; ++zero) {
+    INFO("ZeRO " << zero);
+    const K grads = zero == 0 ? K::all_reduce : K::reduce_scatter;
+    const DpTraffic f32 = dp_traffic(zero, DType::f32, DType::f32);
+    const DpTraffic f16 = dp_traffic(zero, DType::f16, DType::f16);
+    const DpTraffic f16_wide = dp_traffic(zero, DType::f16, DType::f16, DType::f32);
+    const DpTraffic bf16 = dp_traffic(zero, DType::bf16, DType::f32);
+    const DpTraffic bf16_narrow = dp_traffic(zero, DType::bf16, DType::f32, DType::bf16);
+    REQUIRE(f32.bytes.at(grads) > 0);
+    CHECK(f16_wide.bytes.at(grads) == f32.bytes.at(grads));
+    CHECK(2 * f16.bytes.at(grads) == f32.bytes.at(grads));
+    CHECK(2 * bf16_narrow.bytes.at(grads) == f32.bytes.at(grads));
+    // The parameters' gathers keep the working copy's 16 bits.
+    if (zero > 0) {
+      CHECK(f16_wide.bytes.at(K::all_gather) == f16.bytes.at(K::all_gather));
+      CHECK(bf16_narrow.bytes.at(K::all_gather) == bf16.bytes.at(K::all_gather));
+    }
+    // The reduced gradients' norm against fp32's: the rounding to the wire type (or back) and the
+    // 16-bit forward/backward, nothing more (bounds of docs/PRECISION.md's gradient norms).
+    auto rel = [&](const DpTraffic& t) { return std::abs(t.grad_norm - f32.grad_norm) / f32.grad_norm; };
+    CHECK(rel(f16_wide) < 5e-3);
+    CHECK(rel(bf16_narrow) < 1e-2);
+    CHECK(std::abs(f16_wide.grad_norm - f16.grad_norm) / f16.grad_norm < 5e-3);
+    CHECK(std::abs(bf16_narrow.grad_norm - bf16.grad_norm) / bf16.grad_norm < 1e-2);
   }
 }
