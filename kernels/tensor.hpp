@@ -87,6 +87,8 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
   void* raw() const { return static_cast<char*>(storage_->data) + offset_; }
+  // The start of the whole allocation (views start at raw(); device allocators key blocks by this).
+  void* storage_data() const { return storage_ ? storage_->data : nullptr; }
   template <class T> T* data() const {
     TROUPE_CHECK(dtype_ == dtype_of<T>(), "tensor dtype does not match the requested element type");
     return static_cast<T*>(raw());

@@ -1,0 +1,22 @@
+// kernels/device_memory.hpp in a build without the CUDA backend: every call says so. The CUDA
+// build compiles kernels/cuda/device_allocator.cpp instead.
+#ifndef TROUPE_WITH_CUDA
+#include "kernels/device_memory.hpp"
+
+namespace troupe {
+
+namespace {
+Status no_cuda() {
+  return Status::error("this troupe was built without the CUDA backend (TROUPE_CUDA=off, or nvcc / cuBLAS / NCCL "
+                       "not found under /usr/local/cuda): rebuild with scripts/build.sh -DTROUPE_CUDA=on");
+}
+}  // namespace
+
+Result<Tensor> device_empty(const Shape&, DType, int, uint64_t) { return no_cuda(); }
+Status copy_tensor(const Tensor&, const Tensor&, uint64_t) { return no_cuda(); }
+Status record_stream(const Tensor&, uint64_t) { return no_cuda(); }
+Result<CachingAllocatorStats> device_allocator_stats(int) { return no_cuda(); }
+Status device_empty_cache(int) { return no_cuda(); }
+
+}  // namespace troupe
+#endif
