@@ -12,7 +12,10 @@ struct Context {
   Device device = Device::cpu;
   ThreadPool* pool = nullptr;   // CPU backend: must be set
   void* stream = nullptr;       // CUDA backend: cudaStream_t
-  void* blas_handle = nullptr;  // CUDA backend: cublasHandle_t
+  void* blas_handle = nullptr;  // CUDA backend: cublasLtHandle_t
+  void* blas_workspace = nullptr;  // CUDA backend: cuBLASLt's workspace on the device
+  size_t blas_workspace_bytes = 0;
+  int cuda_device = 0;          // CUDA backend: the GPU of stream and tensors
 };
 
 // Makes OpenBLAS single-threaded: troupe splits every GEMM over the rank's own pool instead, which

@@ -1,6 +1,8 @@
-// kernels/device_memory.hpp in a build without the CUDA backend: every call says so. The CUDA
+// kernels/device_memory.hpp and cuda::DeviceContext in a build without the CUDA backend: every call
+// says so (the CUDA ops themselves are only reached through a DeviceContext's Context). The CUDA
 // build compiles kernels/cuda/device_allocator.cpp instead.
 #ifndef TROUPE_WITH_CUDA
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/device_memory.hpp"
 
 namespace troupe {
@@ -17,6 +19,12 @@ Status copy_tensor(const Tensor&, const Tensor&, uint64_t) { return no_cuda(); }
 Status record_stream(const Tensor&, uint64_t) { return no_cuda(); }
 Result<CachingAllocatorStats> device_allocator_stats(int) { return no_cuda(); }
 Status device_empty_cache(int) { return no_cuda(); }
+
+namespace cuda {
+Result<std::unique_ptr<DeviceContext>> DeviceContext::create(int) { return no_cuda(); }
+DeviceContext::~DeviceContext() = default;
+Status DeviceContext::synchronize() { return no_cuda(); }
+}  // namespace cuda
 
 }  // namespace troupe
 #endif

@@ -1,5 +1,5 @@
-// Shape checks and backend dispatch for kernels/ops.hpp. The CUDA backend plugs in at dispatch():
-// when ctx.device is cuda the call goes to kernels/cuda (not built yet: a clear abort until then).
+// Shape checks and backend dispatch for kernels/ops.hpp. An op with a CUDA version hands a call on a
+// CUDA Context to it first thing (TROUPE_ON_CUDA); the others stop at dispatch() with a message.
 #include "kernels/ops.hpp"
 
 #include <algorithm>
@@ -10,6 +10,19 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm_bf16.hpp"
 #include "kernels/half.hpp"
+#include "kernels/device_memory.hpp"
+#ifdef TROUPE_WITH_CUDA
+#include "kernels/cuda/cuda_ops.hpp"
+// A call on a CUDA Context goes to the CUDA backend's version of the op (kernels/cuda/cuda_ops.hpp).
+#define TROUPE_ON_CUDA(ctx, call)                        \
+  do {                                                   \
+    if ((ctx).device == Device::cuda) return cuda::call; \
+  } while (0)
+#else
+#define TROUPE_ON_CUDA(ctx, call) \
+  do {                            \
+  } while (0)
+#endif
 
 namespace troupe::ops {
 
@@ -18,7 +31,9 @@ namespace {
 // Calls fn(T{}) with T = float or double according to `dtype` on the CPU backend.
 template <class Fn>
 void dispatch(Context& ctx, DType dtype, Fn&& fn) {
-  TROUPE_CHECK(ctx.device == Device::cpu, "the CUDA backend's ops are not built in this binary");
+  TROUPE_CHECK(ctx.device == Device::cpu,
+               "this op has no CUDA version yet (kernels/cuda/cuda_ops.hpp lists those that have), or this binary "
+               "was built without the CUDA backend");
   TROUPE_CHECK(ctx.pool != nullptr, "a CPU Context needs a ThreadPool");
   if (dtype == DType::f32) {
     fn(float{});
@@ -110,6 +125,7 @@ class Widen {
 }  // namespace
 
 void convert(Context& ctx, const Tensor& dst, const Tensor& src) {
+  TROUPE_ON_CUDA(ctx, convert(ctx, dst, src));
   TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "convert: a CPU Context needs a ThreadPool");
   TROUPE_CHECK(dst.numel() == src.numel(), "convert: dst and src hold the same number of elements");
   TROUPE_CHECK(half::is_float_dtype(dst.dtype()) && half::is_float_dtype(src.dtype()),
@@ -118,6 +134,7 @@ void convert(Context& ctx, const Tensor& dst, const Tensor& src) {
 }
 
 int64_t count_nonfinite(Context& ctx, const Tensor& t) {
+  TROUPE_ON_CUDA(ctx, count_nonfinite(ctx, t));
   TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "count_nonfinite: a CPU Context needs a ThreadPool");
   TROUPE_CHECK(half::is_float_dtype(t.dtype()), "count_nonfinite: f32, f64, bf16 or f16 tensors");
   // Inf or NaN: the exponent field all ones. Counting is exact, so the split does not matter.
@@ -144,6 +161,7 @@ int64_t count_nonfinite(Context& ctx, const Tensor& t) {
 
 void embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
                        const Tensor& wpe) {
+  TROUPE_ON_CUDA(ctx, embedding_forward(ctx, out, tokens, wte, wpe));
   if (Widen w(ctx, {&wte, &wpe, &out}); w.active()) {
     const Tensor wte_w = w.in(wte), wpe_w = w.in(wpe), out_w = w.out(out);
     embedding_forward(ctx, out_w, tokens, wte_w, wpe_w);
@@ -166,6 +184,7 @@ void embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, co
 
 void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                         const Tensor& tokens) {
+  TROUPE_ON_CUDA(ctx, embedding_backward(ctx, dwte, dwpe, dout, tokens));
   if (Widen w(ctx, {&dout, &dwte, &dwpe}); w.active()) {
     const Tensor dout_w = w.in(dout), dwte_w = w.inout(dwte), dwpe_w = w.inout(dwpe);
     embedding_backward(ctx, dwte_w, dwpe_w, dout_w, tokens);
@@ -183,6 +202,7 @@ void embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, co
 
 void vocab_embedding_forward(Context& ctx, const Tensor& out, const Tensor& tokens, const Tensor& wte,
                              int64_t vocab_begin, const Tensor& wpe) {
+  TROUPE_ON_CUDA(ctx, vocab_embedding_forward(ctx, out, tokens, wte, vocab_begin, wpe));
   if (Widen w(ctx, {&wte, &wpe, &out}); w.active()) {
     const Tensor wte_w = w.in(wte), wpe_w = w.in(wpe), out_w = w.out(out);
     vocab_embedding_forward(ctx, out_w, tokens, wte_w, vocab_begin, wpe_w);
@@ -206,6 +226,7 @@ void vocab_embedding_forward(Context& ctx, const Tensor& out, const Tensor& toke
 
 void vocab_embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                               const Tensor& tokens, int64_t vocab_begin) {
+  TROUPE_ON_CUDA(ctx, vocab_embedding_backward(ctx, dwte, dwpe, dout, tokens, vocab_begin));
   if (Widen w(ctx, {&dout, &dwte, &dwpe}); w.active()) {
     const Tensor dout_w = w.in(dout), dwte_w = w.inout(dwte), dwpe_w = w.inout(dwpe);
     vocab_embedding_backward(ctx, dwte_w, dwpe_w, dout_w, tokens, vocab_begin);
@@ -226,6 +247,7 @@ void vocab_embedding_backward(Context& ctx, const Tensor& dwte, const Tensor& dw
 
 void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  TROUPE_ON_CUDA(ctx, layernorm_forward(ctx, out, mean, rstd, x, weight, bias, eps));
   if (Widen w(ctx, {&x, &weight, &bias, &out, &mean, &rstd}); w.active()) {
     const Tensor x_w = w.in(x), weight_w = w.in(weight), bias_w = w.in(bias), out_w = w.out(out),
                  mean_w = w.out(mean), rstd_w = w.out(rstd);
@@ -246,6 +268,7 @@ void layernorm_forward(Context& ctx, const Tensor& out, const Tensor& mean, cons
 void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                         const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd) {
+  TROUPE_ON_CUDA(ctx, layernorm_backward(ctx, dx, dweight, dbias, dout, x, weight, mean, rstd));
   if (Widen w(ctx, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}); w.active()) {
     const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), mean_w = w.in(mean),
                  rstd_w = w.in(rstd), dx_w = w.inout(dx), dweight_w = w.inout(dweight),
@@ -270,6 +293,7 @@ void layernorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, c
 
 void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                      double eps) {
+  TROUPE_ON_CUDA(ctx, rmsnorm_forward(ctx, out, rstd, x, weight, eps));
   if (Widen w(ctx, {&x, &weight, &out, &rstd}); w.active()) {
     const Tensor x_w = w.in(x), weight_w = w.in(weight), out_w = w.out(out), rstd_w = w.out(rstd);
     rmsnorm_forward(ctx, out_w, rstd_w, x_w, weight_w, eps);
@@ -289,6 +313,7 @@ void rmsnorm_forward(Context& ctx, const Tensor& out, const Tensor& rstd, const 
 
 void rmsnorm_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd) {
+  TROUPE_ON_CUDA(ctx, rmsnorm_backward(ctx, dx, dweight, dout, x, weight, rstd));
   if (Widen w(ctx, {&dout, &x, &weight, &rstd, &dx, &dweight}); w.active()) {
     const Tensor dout_w = w.in(dout), x_w = w.in(x), weight_w = w.in(weight), rstd_w = w.in(rstd),
                  dx_w = w.inout(dx), dweight_w = w.inout(dweight);
@@ -325,6 +350,7 @@ const uint16_t* bf16_data(const Tensor& t) { return t.defined() ? static_cast<co
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
+  TROUPE_ON_CUDA(ctx, linear_forward(ctx, out, x, weight, bias));
   if (ctx.device == Device::cpu && ctx.pool != nullptr && native_bf16({&x, &weight})) {
     const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
     TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
@@ -362,6 +388,7 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
 
 void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                      const Tensor& dout, const Tensor& x, const Tensor& weight) {
+  TROUPE_ON_CUDA(ctx, linear_backward(ctx, dx, dweight, dbias, dout, x, weight));
   if (ctx.device == Device::cpu && ctx.pool != nullptr && dout.dtype() == DType::bf16 &&
       native_bf16({&dout, &x, &weight})) {
     TROUPE_CHECK(weight.defined() || (!dx.defined() && dweight.defined()), "linear backward: dx needs the weight");
@@ -411,6 +438,7 @@ void linear_backward(Context& ctx, const Tensor& dx, const Tensor& dweight, cons
 }
 
 void gelu_forward(Context& ctx, const Tensor& out, const Tensor& x) {
+  TROUPE_ON_CUDA(ctx, gelu_forward(ctx, out, x));
   if (Widen w(ctx, {&x, &out}); w.active()) {
     const Tensor x_w = w.in(x), out_w = w.out(out);
     gelu_forward(ctx, out_w, x_w);
@@ -424,6 +452,7 @@ void gelu_forward(Context& ctx, const Tensor& out, const Tensor& x) {
 }
 
 void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Tensor& x) {
+  TROUPE_ON_CUDA(ctx, gelu_backward(ctx, dx, dout, x));
   if (Widen w(ctx, {&dout, &x, &dx}); w.active()) {
     const Tensor dout_w = w.in(dout), x_w = w.in(x), dx_w = w.out(dx);
     gelu_backward(ctx, dx_w, dout_w, x_w);
@@ -437,6 +466,7 @@ void gelu_backward(Context& ctx, const Tensor& dx, const Tensor& dout, const Ten
 }
 
 void glu_forward(Context& ctx, const Tensor& out, const Tensor& gate_up, GluKind kind) {
+  TROUPE_ON_CUDA(ctx, glu_forward(ctx, out, gate_up, kind));
   if (Widen w(ctx, {&gate_up, &out}); w.active()) {
     const Tensor gate_up_w = w.in(gate_up), out_w = w.out(out);
     glu_forward(ctx, out_w, gate_up_w, kind);
@@ -453,6 +483,7 @@ void glu_forward(Context& ctx, const Tensor& out, const Tensor& gate_up, GluKind
 }
 
 void glu_backward(Context& ctx, const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up, GluKind kind) {
+  TROUPE_ON_CUDA(ctx, glu_backward(ctx, dgate_up, dout, gate_up, kind));
   if (Widen w(ctx, {&dout, &gate_up, &dgate_up}); w.active()) {
     const Tensor dout_w = w.in(dout), gate_up_w = w.in(gate_up), dgate_up_w = w.out(dgate_up);
     glu_backward(ctx, dgate_up_w, dout_w, gate_up_w, kind);
@@ -495,14 +526,17 @@ void rotary_apply(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int 
 }  // namespace
 
 void rotary_forward(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  TROUPE_ON_CUDA(ctx, rotary_forward(ctx, x, col0, n_heads, head_dim, p));
   rotary_apply(ctx, x, col0, n_heads, head_dim, p, false);
 }
 
 void rotary_backward(Context& ctx, const Tensor& dx, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  TROUPE_ON_CUDA(ctx, rotary_backward(ctx, dx, col0, n_heads, head_dim, p));
   rotary_apply(ctx, dx, col0, n_heads, head_dim, p, true);
 }
 
 void residual_forward(Context& ctx, const Tensor& out, const Tensor& a, const Tensor& b) {
+  TROUPE_ON_CUDA(ctx, residual_forward(ctx, out, a, b));
   if (Widen w(ctx, {&a, &b, &out}); w.active()) {
     const Tensor a_w = w.in(a), b_w = w.in(b), out_w = w.out(out);
     residual_forward(ctx, out_w, a_w, b_w);
@@ -529,6 +563,7 @@ void check_mask(const DropoutMask& m, int64_t samples, int64_t elements_per_samp
 }  // namespace
 
 void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_t row0, int64_t seq_len) {
+  TROUPE_ON_CUDA(ctx, dropout_rows(ctx, x, mask, row0, seq_len));
   if (Widen w(ctx, {&x}); w.active()) {
     const Tensor x_w = w.inout(x);
     dropout_rows(ctx, x_w, mask, row0, seq_len);
@@ -590,6 +625,7 @@ void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, co
 
 void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, const Tensor& qkv,
                        const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  TROUPE_ON_CUDA(ctx, attention_forward(ctx, out, probs, qkv, layout, mask, head0));
   if (Widen w(ctx, {&qkv, &out, &probs}); w.active()) {
     const Tensor qkv_w = w.in(qkv), out_w = w.out(out), probs_w = w.out(probs);
     attention_forward(ctx, out_w, probs_w, qkv_w, layout, mask, head0);
@@ -606,6 +642,7 @@ void attention_forward(Context& ctx, const Tensor& out, const Tensor& probs, con
 
 void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const AttentionLayout& layout, const DropoutMask& mask, int64_t head0) {
+  TROUPE_ON_CUDA(ctx, attention_backward(ctx, dqkv, dout, qkv, probs, layout, mask, head0));
   if (Widen w(ctx, {&dout, &qkv, &probs, &dqkv}); w.active()) {
     const Tensor dout_w = w.in(dout), qkv_w = w.in(qkv), probs_w = w.in(probs), dqkv_w = w.out(dqkv);
     attention_backward(ctx, dqkv_w, dout_w, qkv_w, probs_w, layout, mask, head0);
@@ -620,6 +657,15 @@ void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, co
     cpu::attention_backward<T>(*ctx.pool, dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), probs.data<T>(), z.B, z.T,
                                z.H, z.G, z.hs, mask.active() ? &mask : nullptr, head0);
   });
+}
+
+Tensor attention_saved_tensor(Context& ctx, int64_t B, int64_t H, int64_t T, DType activations) {
+  if (ctx.device == Device::cuda) {
+    auto t = device_empty(Shape{B, H, T}, DType::f32, ctx.cuda_device, reinterpret_cast<uint64_t>(ctx.stream));
+    TROUPE_CHECK(t.is_ok(), t.is_ok() ? "" : t.status().message().c_str());
+    return t.value();
+  }
+  return Tensor::zeros(Shape{B, H, T, T}, activations);
 }
 
 std::vector<double> alibi_slopes(int n_heads) {
@@ -639,6 +685,7 @@ std::vector<double> alibi_slopes(int n_heads) {
 
 void softmax_cross_entropy(Context& ctx, const Tensor& losses, const Tensor& logits, const Tensor& targets,
                            int64_t valid, double grad_scale) {
+  TROUPE_ON_CUDA(ctx, softmax_cross_entropy(ctx, losses, logits, targets, valid, grad_scale));
   if (Widen w(ctx, {&logits, &losses}); w.active()) {
     const Tensor logits_w = w.inout(logits), losses_w = w.out(losses);
     softmax_cross_entropy(ctx, losses_w, logits_w, targets, valid, grad_scale);
@@ -662,6 +709,7 @@ void check_row_stats(const Tensor& t, int64_t N, const char* what) {
 
 void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_logit, const Tensor& logits,
                       const Tensor& targets, int64_t vocab_begin, int64_t valid) {
+  TROUPE_ON_CUDA(ctx, xent_local_stats(ctx, row_max, target_logit, logits, targets, vocab_begin, valid));
   if (Widen w(ctx, {&logits}); w.active()) {
     const Tensor logits_w = w.in(logits);
     xent_local_stats(ctx, row_max, target_logit, logits_w, targets, vocab_begin, valid);
@@ -680,6 +728,7 @@ void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_
 }
 
 void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, const Tensor& row_max, int64_t valid) {
+  TROUPE_ON_CUDA(ctx, xent_exp_sum(ctx, sum_exp, logits, row_max, valid));
   if (Widen w(ctx, {&logits}); w.active()) {
     const Tensor logits_w = w.inout(logits);
     xent_exp_sum(ctx, sum_exp, logits_w, row_max, valid);
@@ -697,6 +746,7 @@ void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, con
 
 void xent_loss(Context& ctx, const Tensor& losses, const Tensor& row_max, const Tensor& sum_exp,
                const Tensor& target_logit) {
+  TROUPE_ON_CUDA(ctx, xent_loss(ctx, losses, row_max, sum_exp, target_logit));
   if (Widen w(ctx, {&losses}); w.active()) {
     const Tensor losses_w = w.out(losses);
     xent_loss(ctx, losses_w, row_max, sum_exp, target_logit);
@@ -715,6 +765,7 @@ void xent_loss(Context& ctx, const Tensor& losses, const Tensor& row_max, const 
 
 void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
                    const Tensor& targets, int64_t vocab_begin, int64_t valid, double grad_scale) {
+  TROUPE_ON_CUDA(ctx, xent_backward(ctx, logits, row_max, sum_exp, targets, vocab_begin, valid, grad_scale));
   if (Widen w(ctx, {&logits}); w.active()) {
     const Tensor logits_w = w.inout(logits);
     xent_backward(ctx, logits_w, row_max, sum_exp, targets, vocab_begin, valid, grad_scale);
@@ -734,6 +785,7 @@ void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, co
 
 void adamw_update(Context& ctx, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, const AdamWParams& p) {
+  TROUPE_ON_CUDA(ctx, adamw_update(ctx, param, grad, exp_avg, exp_avg_sq, p));
   if (Widen w(ctx, {&grad, &param, &exp_avg, &exp_avg_sq}); w.active()) {
     const Tensor grad_w = w.in(grad), param_w = w.inout(param), exp_avg_w = w.inout(exp_avg),
                  exp_avg_sq_w = w.inout(exp_avg_sq);
@@ -751,6 +803,7 @@ void adamw_update(Context& ctx, const Tensor& param, const Tensor& grad, const T
 }
 
 double sum_squares(Context& ctx, const Tensor& t) {
+  TROUPE_ON_CUDA(ctx, sum_squares(ctx, t));
   if (Widen w(ctx, {&t}); w.active()) {
     const Tensor t_w = w.in(t);
     const double s = sum_squares(ctx, t_w);
@@ -766,6 +819,7 @@ double sum_squares(Context& ctx, const Tensor& t) {
 }
 
 void scale_inplace(Context& ctx, const Tensor& t, double factor) {
+  TROUPE_ON_CUDA(ctx, scale_inplace(ctx, t, factor));
   if (Widen w(ctx, {&t}); w.active()) {
     const Tensor t_w = w.inout(t);
     scale_inplace(ctx, t_w, factor);

@@ -164,6 +164,10 @@ void attention_forward(Context& ctx, const Tensor& out /*(B,T,H*hs)*/, const Ten
 void attention_backward(Context& ctx, const Tensor& dqkv /*(B,T,(H+2G)*hs)*/, const Tensor& dout /*(B,T,H*hs)*/,
                         const Tensor& qkv /*(B,T,(H+2G)*hs)*/, const Tensor& probs /*(B,H,T,T)*/,
                         const AttentionLayout& layout, const DropoutMask& mask = {}, int64_t head0 = 0);
+// What attention_forward keeps for attention_backward in its `probs` argument, allocated for ctx's
+// backend: the CPU keeps the (B,H,T,T) softmax in the activations' dtype; the CUDA backend (flash
+// attention: no (T,T) matrix) each row's log-sum-exp, (B,H,T) f32.
+Tensor attention_saved_tensor(Context& ctx, int64_t B, int64_t H, int64_t T, DType activations);
 // The ALiBi slopes of a model's n_heads heads (Press et al.; BLOOM's rule): n a power of 2:
 // slope_h = 2^(-8 (h+1) / n); otherwise the slopes of the power of 2 below n, then every other slope of
 // twice that power for the remaining heads. Tensor-parallel rank r takes heads [head0, head0 + H/t).

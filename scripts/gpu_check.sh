@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, run on a machine with a GPU from a bundle made by scripts/device_bundle.sh (or from
 # a local CUDA build when build/ exists and no bundle is there). Writes its log to ${OUT:-.}/gpu_check.log.
-#   what: nvidia-smi, `troupe info` (sees the GPUs), the [gpu]/[nccl] Catch2 cases of test_comm,
+#   what: nvidia-smi, `troupe info` (sees the GPUs), the [gpu]/[nccl] Catch2 cases of test_comm and
+#   the [gpu] cases of test_kernels (CUDA ops vs the CPU, the device allocator),
 #   tests/cli/gpu_devices.sh. Exit status: non-zero when any check fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,8 +15,8 @@ if [[ -f .devcarry/lib.tar.xz ]]; then
   # NCCL and the CUDA runtime come from the GPU machine: its CUDA toolkit, or PyTorch's wheels.
   pydir=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null || true)
   libs=""
-  for want in libnccl.so.2 libcudart.so.13; do
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu ${pydir:+$pydir/nccl/lib $pydir/cuda_runtime/lib $pydir/cu13/lib}; do
+  for want in libnccl.so.2 libcudart.so.13 libcublasLt.so.13 libcublas.so.13; do
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu ${pydir:+$pydir/nccl/lib $pydir/cuda_runtime/lib $pydir/cublas/lib $pydir/cu13/lib}; do
       if [[ -f "$d/$want" ]]; then libs="$libs$d:"; break; fi
     done
   done
@@ -29,6 +30,8 @@ step nvidia-smi -L
 step "$bin/troupe" info
 step "$tests/test_comm" "[nccl]" --durations yes
 step "$tests/test_comm" "[gpu]" -s --durations yes
+# The CUDA op backend and the caching allocator against the CPU backend (tests/kernels/test_cuda_*.cpp).
+step "$tests/test_kernels" "[gpu]" --durations yes
 step env TROUPE_BIN="$PWD/$bin/troupe" bash tests/cli/gpu_devices.sh
 echo; echo "== $fails failed check(s)"
 exit "$fails"
