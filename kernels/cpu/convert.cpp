@@ -1,5 +1,6 @@
 // f32/f64 <-> bf16/fp16 conversions (kernels/half.hpp): the scalar rules, and the AVX2+F16C and
 // AVX-512 paths, each a target-attributed function so the binary runs on any x86-64 CPU.
+#include <cpuid.h>
 #include <immintrin.h>
 
 // GCC 12's AVX-512 intrinsics start some results from a self-initialised `__Y = __Y` (an undefined
@@ -305,14 +306,21 @@ const char* cpu_path_name(CpuPath p) {
   return "?";
 }
 
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+}  // namespace
+
 bool cpu_path_supported(CpuPath p) {
   switch (p) {
     case CpuPath::generic: return true;
-    case CpuPath::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case CpuPath::avx2: return __builtin_cpu_supports("avx2") && cpu_has_f16c();
     case CpuPath::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
-             __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") && cpu_has_f16c();
   }
   return false;
 }
