@@ -74,6 +74,44 @@ __device__ A block_sum(A v, A* shared) {
   return total;
 }
 
+template <class T> constexpr DType storage_dtype();
+template <> constexpr DType storage_dtype<float>() { return DType::f32; }
+template <> constexpr DType storage_dtype<__nv_bfloat16>() { return DType::bf16; }
+template <> constexpr DType storage_dtype<__half>() { return DType::f16; }
+
+// Calls fn(T{}) or fn(float{}) as t is stored in T or in f32 (an undefined t: f32, and dptr gives
+// null). For T = float both are the same instantiation, so a kernel has 1 + 2 * 2^k versions for k
+// such arguments rather than 3^(k+1).
+template <class T, class Fn>
+void with_same_or_f32(const Tensor& t, const char* op, Fn&& fn) {
+  if (!t.defined() || t.dtype() == DType::f32) return fn(float{});
+  TROUPE_CHECK(t.dtype() == storage_dtype<T>(), op);
+  fn(T{});
+}
+
+__device__ __forceinline__ float max_of(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
+
+// The maximum over a block of blockDim.x threads (a multiple of 32); every thread gets it. As
+// block_sum, `shared` holds 32 values. A maximum does not depend on the order.
+template <class A>
+__device__ A block_max(A v, A* shared) {
+  for (int o = 16; o > 0; o >>= 1) v = max_of(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  A m = -INFINITY;
+  const int warps = (blockDim.x + 31) >> 5;
+  for (int w = 0; w < warps; ++w) m = max_of(m, shared[w]);
+  return m;
+}
+
+// Threads per row of the cross-entropy kernels, fused (softmax_xent.cu) and in pieces
+// (xent_parallel.cu): the same in both, so that with one shard the pieces' strided sums equal the
+// fused kernel's bitwise (kernels/ops.hpp).
+constexpr int kXentRowThreads = 256;
+
 // kernels/dropout.hpp's rule on the device: Philox-4x32-10 of (element / 4, sample, iteration,
 // stream) keyed by the seed; element e is kept when word e % 4 >> 8 >= threshold (ceil(p 2^24)).
 struct DeviceDropout {

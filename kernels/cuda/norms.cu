@@ -30,21 +30,6 @@ constexpr int kParamLanes = 8;      // row lanes of a partial-sum block
 constexpr int64_t kParamRows = 64;  // rows of a chunk (one partial per chunk and column)
 constexpr int kMaxRowThreads = 512;
 
-template <class T> constexpr DType storage_dtype();
-template <> constexpr DType storage_dtype<float>() { return DType::f32; }
-template <> constexpr DType storage_dtype<__nv_bfloat16>() { return DType::bf16; }
-template <> constexpr DType storage_dtype<__half>() { return DType::f16; }
-
-// Calls fn(T{}) or fn(float{}) as t is stored in T or in f32 (an undefined t: f32, and dptr gives
-// null). For T = float both are the same instantiation, so each kernel has 1 + 2 * 2^k versions
-// for k such arguments rather than 3^(k+1).
-template <class T, class Fn>
-void with_same_or_f32(const Tensor& t, const char* op, Fn&& fn) {
-  if (!t.defined() || t.dtype() == DType::f32) return fn(float{});
-  TROUPE_CHECK(t.dtype() == storage_dtype<T>(), op);
-  fn(T{});
-}
-
 // A warp multiple covering the row, at most kMaxRowThreads: a function of C only, so the block sums'
 // order does not depend on the device.
 int row_threads(int64_t C) {

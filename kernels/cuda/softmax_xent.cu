@@ -8,7 +8,7 @@
 // One block per row, three passes over it (max, sum, gradient): exp(logit - max) is recomputed in
 // the third pass rather than kept in the logits, so a 16-bit row is rounded once (the gradient), as
 // the CPU's 16-bit layer does; without a gradient the logits are left as they were. The block sums
-// run in a fixed order (each thread's strided columns, then block_sum over a fixed kRowBlock threads):
+// run in a fixed order (each thread's strided columns, then block_sum over a fixed kXentRowThreads threads):
 // deterministic.
 //
 // The CPU stops on a target outside [0, valid); a kernel cannot, so that row's loss is NaN (and its
@@ -22,38 +22,6 @@
 namespace troupe::cuda {
 
 namespace {
-
-// Threads per row, fixed: the same as the vocabulary-parallel pieces' (kernels/cuda/xent_parallel.cu),
-// whose per-thread strided sums and block_sum this kernel repeats, so that with one shard they give
-// this kernel's losses bitwise (kernels/ops.hpp).
-constexpr int kRowBlock = 256;
-
-template <class T> constexpr DType storage_dtype();
-template <> constexpr DType storage_dtype<float>() { return DType::f32; }
-template <> constexpr DType storage_dtype<__nv_bfloat16>() { return DType::bf16; }
-template <> constexpr DType storage_dtype<__half>() { return DType::f16; }
-
-// Calls fn(T{}) or fn(float{}) as t is stored in T or in f32 (the losses beside the logits).
-template <class T, class Fn>
-void with_same_or_f32(const Tensor& t, const char* op, Fn&& fn) {
-  if (t.dtype() == DType::f32) return fn(float{});
-  TROUPE_CHECK(t.dtype() == storage_dtype<T>(), op);
-  fn(T{});
-}
-
-// The maximum over a block of blockDim.x threads (a multiple of 32); every thread gets it. As
-// block_sum, `shared` holds 32 values. A maximum does not depend on the order.
-__device__ float block_max(float v, float* shared) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float m = -INFINITY;
-  const int warps = (blockDim.x + 31) >> 5;
-  for (int w = 0; w < warps; ++w) m = fmaxf(m, shared[w]);
-  return m;
-}
 
 #define ROW_STRIDE(j, n) for (int64_t j = threadIdx.x; j < (n); j += blockDim.x)
 
@@ -110,7 +78,7 @@ void softmax_cross_entropy(Context& ctx, const Tensor& losses, const Tensor& log
     using T = decltype(lt);
     with_same_or_f32<T>(losses, "softmax_cross_entropy: losses are f32 or the logits' dtype", [&](auto ls) {
       using L = decltype(ls);
-      softmax_xent_kernel<T, L><<<static_cast<unsigned>(N), kRowBlock, 0, stream_of(ctx)>>>(
+      softmax_xent_kernel<T, L><<<static_cast<unsigned>(N), kXentRowThreads, 0, stream_of(ctx)>>>(
           dptr<L>(losses), dptr<T>(logits), dptr<int32_t>(targets), Vp, valid, grad_scale);
     });
   });

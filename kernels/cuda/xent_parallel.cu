@@ -11,19 +11,6 @@ namespace troupe::cuda {
 
 namespace {
 
-constexpr int kRowBlock = 256;
-
-__device__ double block_max(double v, double* shared) {
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  double m = -INFINITY;
-  for (int w = 0; w < (blockDim.x + 31) / 32; ++w) m = fmax(m, shared[w]);
-  return m;
-}
-
 template <class T>
 __global__ void local_stats_kernel(double* row_max, double* target_logit, const T* logits, const int32_t* targets,
                                    int64_t Vl, int64_t vocab_begin, int64_t valid) {
@@ -98,7 +85,7 @@ void xent_local_stats(Context& ctx, const Tensor& row_max, const Tensor& target_
   if (N == 0) return;
   with_type(logits.dtype(), "xent", [&](auto tag) {
     using T = decltype(tag);
-    local_stats_kernel<T><<<static_cast<unsigned>(N), kRowBlock, 0, stream_of(ctx)>>>(
+    local_stats_kernel<T><<<static_cast<unsigned>(N), kXentRowThreads, 0, stream_of(ctx)>>>(
         dptr<double>(row_max), dptr<double>(target_logit), dptr<T>(logits), dptr<int32_t>(targets), Vl, vocab_begin,
         valid);
   });
@@ -114,7 +101,7 @@ void xent_exp_sum(Context& ctx, const Tensor& sum_exp, const Tensor& logits, con
   if (N == 0) return;
   with_type(logits.dtype(), "xent", [&](auto tag) {
     using T = decltype(tag);
-    exp_sum_kernel<T><<<static_cast<unsigned>(N), kRowBlock, 0, stream_of(ctx)>>>(
+    exp_sum_kernel<T><<<static_cast<unsigned>(N), kXentRowThreads, 0, stream_of(ctx)>>>(
         dptr<double>(sum_exp), dptr<T>(logits), dptr<double>(row_max), Vl, valid);
   });
   TROUPE_CUDA_LAUNCHED("xent exp sum");
@@ -147,7 +134,7 @@ void xent_backward(Context& ctx, const Tensor& logits, const Tensor& row_max, co
   if (N == 0) return;
   with_type(logits.dtype(), "xent backward", [&](auto tag) {
     using T = decltype(tag);
-    backward_kernel<T><<<static_cast<unsigned>(N), kRowBlock, 0, stream_of(ctx)>>>(
+    backward_kernel<T><<<static_cast<unsigned>(N), kXentRowThreads, 0, stream_of(ctx)>>>(
         dptr<T>(logits), dptr<double>(row_max), dptr<double>(sum_exp), dptr<int32_t>(targets), Vl, vocab_begin, valid,
         grad_scale);
   });
