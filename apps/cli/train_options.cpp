@@ -341,6 +341,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   cmd->add_option_function<std::vector<int64_t>>(
          "--rampup-batch-size",
          [cfg](const std::vector<int64_t>& v) {
+           // CLI11 hands over fewer values than expected() for some spellings (`--rampup-batch-size=2`).
+           if (v.size() != 3)
+             throw CLI::ValidationError("--rampup-batch-size",
+                                        fmt::format("takes exactly 3 values (START INCREMENT SAMPLES), got {} -- "
+                                                    "give e.g. --rampup-batch-size 16 16 5859375",
+                                                    v.size()));
            cfg->rampup_start_batch = v[0];
            cfg->rampup_batch_increment = v[1];
            cfg->rampup_samples = v[2];
@@ -348,6 +354,7 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
          "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT over SAMPLES samples "
          "(Megatron's; with --train-samples)")
       ->expected(3)
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
       ->group(optim);
   cmd->add_option("--lr-warmup-fraction", cfg->lr_warmup_fraction,
                   "Warm up over this share of the decay length (instead of --lr-warmup-iters/-samples)")

@@ -194,6 +194,34 @@ TEST_CASE("compat: --hidden-dropout and --attention-dropout: Megatron's defaults
   }
 }
 
+// Megatron's nargs=3: every spelling with another count is refused with the flag named (CLI11 hands
+// `--rampup-batch-size=2` over as one value; reading three from it overflowed, found by fuzz_train_flags).
+TEST_CASE("compat: --rampup-batch-size takes exactly three values", "[compat]") {
+  const std::vector<std::string> samples = {"--train-samples", "96", "--global-batch-size", "8"};
+  auto with = [&](std::vector<std::string> v) {
+    std::vector<std::string> a = {"--num-layers", "2", "--hidden-size", "48", "--num-attention-heads", "4",
+                                  "--seq-length", "16", "--micro-batch-size", "2", "--mock-data",
+                                  "--tokenizer-type", "ByteLevelTokenizer"};
+    a.insert(a.end(), samples.begin(), samples.end());
+    a.insert(a.end(), v.begin(), v.end());
+    return parse_train_flags(a);
+  };
+  auto good = with({"--rampup-batch-size", "2", "2", "40"});
+  REQUIRE(good.is_ok());
+  CHECK(good.value().rampup_start_batch == 2);
+  CHECK(good.value().rampup_batch_increment == 2);
+  CHECK(good.value().rampup_samples == 40);
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"--rampup-batch-size=2"},
+                                                                {"--rampup-batch-size", "2", "2"},
+                                                                {"--rampup-batch-size", "2", "2", "40", "8"}}) {
+    auto s = with(bad);
+    INFO(bad.back());
+    REQUIRE_FALSE(s.is_ok());
+    CHECK(s.status().is_bad_input());
+    CHECK_THAT(s.status().message(), Contains("--rampup-batch-size"));
+  }
+}
+
 TEST_CASE("compat: validation's problems come with the flags' problems", "[compat]") {
   auto s = screen_train_args(base({"--eod-mask-loss", "--lr", "-1", "--clip-grad", "-2", "--hidden-dropout", "1"}), 1);
   REQUIRE_FALSE(s.is_ok());
