@@ -1,6 +1,17 @@
-// kernels/device_memory.hpp and cuda::DeviceContext in a build without the CUDA backend: every call
-// says so (the CUDA ops themselves are only reached through a DeviceContext's Context). The CUDA
-// build compiles kernels/cuda/device_allocator.cpp instead.
+// kernels/device_memory.hpp: the thread's current placement, and, in a build without the CUDA
+// backend, every device call saying so (the CUDA ops themselves are only reached through a
+// DeviceContext's Context). The CUDA build compiles kernels/cuda/device_allocator.cpp instead.
+#include "kernels/device_memory.hpp"
+
+namespace troupe {
+namespace {
+thread_local DevicePlacement current;
+}  // namespace
+DevicePlacement current_placement() { return current; }
+DeviceScope::DeviceScope(DevicePlacement at) : saved_(current) { current = at; }
+DeviceScope::~DeviceScope() { current = saved_; }
+}  // namespace troupe
+
 #ifndef TROUPE_WITH_CUDA
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/device_memory.hpp"
@@ -19,6 +30,8 @@ Status copy_tensor(const Tensor&, const Tensor&, uint64_t) { return no_cuda(); }
 Status record_stream(const Tensor&, uint64_t) { return no_cuda(); }
 Result<CachingAllocatorStats> device_allocator_stats(int) { return no_cuda(); }
 Status device_empty_cache(int) { return no_cuda(); }
+void device_zero(const Tensor&, uint64_t) { throw DeviceError(no_cuda().message()); }
+void device_copy(const Tensor&, const Tensor&, uint64_t) { throw DeviceError(no_cuda().message()); }
 
 namespace cuda {
 Result<std::unique_ptr<DeviceContext>> DeviceContext::create(int) { return no_cuda(); }

@@ -7,12 +7,45 @@
 // only after that work (the rank actors' one stream each, issue 15).
 #pragma once
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/caching_allocator.hpp"
 #include "kernels/tensor.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
+
+// A device operation failed where there is no Status to return (Tensor's own methods, the ops): the
+// message says what and what to change. Rank engines return it as their step's error.
+class DeviceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The GPU and stream that Tensor::empty(..., Device::cuda), zero_, clone and copy_from use on this
+// thread (stream 0: the device's default stream). A rank engine sets its own for each of its calls.
+struct DevicePlacement {
+  int device = 0;
+  uint64_t stream = 0;  // a cudaStream_t
+};
+DevicePlacement current_placement();
+class DeviceScope {
+ public:
+  explicit DeviceScope(DevicePlacement at);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  DevicePlacement saved_;
+};
+
+// Tensor's methods on device tensors (throw DeviceError): zeroes t on `stream` (no wait); copies src
+// into dst (equal bytes; either may be on the host) on `stream`, waiting for it when either side is
+// host memory.
+void device_zero(const Tensor& t, uint64_t stream);
+void device_copy(const Tensor& dst, const Tensor& src, uint64_t stream);
 
 // An uninitialised tensor on GPU `device`.
 Result<Tensor> device_empty(const Shape& shape, DType dtype, int device = 0, uint64_t stream = 0);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/device_memory.hpp"
 #include "kernels/half.hpp"
 
 namespace troupe {
@@ -72,7 +73,12 @@ std::string Shape::str() const {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  TROUPE_CHECK(device == Device::cpu, "CUDA tensors are allocated by the CUDA backend");
+  if (device == Device::cuda) {
+    const DevicePlacement at = current_placement();
+    auto t = device_empty(shape, dtype, at.device, at.stream);
+    if (!t.is_ok()) throw DeviceError(t.status().message());
+    return t.value();
+  }
   size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -135,22 +141,35 @@ Tensor Tensor::clone() const {
 }
 
 void Tensor::zero_() const {
-  TROUPE_CHECK(device() == Device::cpu, "zero_ on CUDA tensors belongs to the CUDA backend");
+  if (device() == Device::cuda) {
+    device_zero(*this, current_placement().stream);
+    return;
+  }
   if (nbytes()) std::memset(raw(), 0, nbytes());
 }
 
 void Tensor::copy_from(const Tensor& src) const {
   TROUPE_CHECK(src.shape() == shape_ && src.dtype() == dtype_, "copy_from needs equal shape and dtype");
-  TROUPE_CHECK(device() == Device::cpu && src.device() == Device::cpu, "host copy only");
+  if (device() == Device::cuda || src.device() == Device::cuda) {
+    device_copy(*this, src, current_placement().stream);
+    return;
+  }
   if (nbytes()) std::memmove(raw(), src.raw(), nbytes());
 }
 
+Tensor Tensor::on(Device device) const {
+  if (this->device() == device) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
 Tensor Tensor::to(DType dtype) const {
+  if (device() != Device::cpu) return to_host().to(dtype);
   if (dtype == dtype_) return clone();
-  TROUPE_CHECK(device() == Device::cpu, "Tensor::to converts host tensors");
   TROUPE_CHECK(half::is_float_dtype(dtype_) && half::is_float_dtype(dtype),
                "Tensor::to converts between f32, f64, bf16 and f16 only");
-  Tensor t = empty(shape_, dtype, device());
+  Tensor t = empty(shape_, dtype, Device::cpu);
   half::convert_array(dtype, t.raw(), dtype_, raw(), numel());
   return t;
 }

@@ -89,8 +89,11 @@ class Tensor {
   void* raw() const { return static_cast<char*>(storage_->data) + offset_; }
   // The start of the whole allocation (views start at raw(); device allocators key blocks by this).
   void* storage_data() const { return storage_ ? storage_->data : nullptr; }
+  // Host access to the elements: a device tensor's are not addressable here (to_host() first).
   template <class T> T* data() const {
     TROUPE_CHECK(dtype_ == dtype_of<T>(), "tensor dtype does not match the requested element type");
+    TROUPE_CHECK(device() == Device::cpu,
+                 "host code read a GPU tensor's elements: copy it with to_host() first (a bug in troupe)");
     return static_cast<T*>(raw());
   }
 
@@ -98,12 +101,20 @@ class Tensor {
   Tensor view(const Shape& shape) const;
   // Rows [begin, end) along dimension 0, sharing storage.
   Tensor rows(int64_t begin, int64_t end) const;
+  // Device tensors (Device::cuda): empty, zeros, clone, zero_ and copy_from work on the calling
+  // thread's current GPU and stream (kernels/device_memory.hpp: DeviceScope), asynchronously on it,
+  // except that a copy to or from host memory waits for the stream (the host may read or reuse its
+  // buffer at once). Failures (no GPU, out of memory) throw DeviceError with the message to show.
   Tensor clone() const;
   void zero_() const;
-  void copy_from(const Tensor& src) const;  // same shape and dtype
+  void copy_from(const Tensor& src) const;  // same shape and dtype; any devices
   // A new CPU tensor of the given dtype: any of f32, f64, bf16, f16 into any of them, narrowing with
-  // one round-to-nearest-even (kernels/half.hpp's rules); the same dtype gives a clone.
+  // one round-to-nearest-even (kernels/half.hpp's rules); the same dtype gives a host copy. A device
+  // tensor is copied to the host first.
   Tensor to(DType dtype) const;
+  // This tensor on `device`: itself when it is there already, else a copy.
+  Tensor on(Device device) const;
+  Tensor to_host() const { return on(Device::cpu); }
   bool shares_storage(const Tensor& o) const { return storage_ == o.storage_; }
 
  private:

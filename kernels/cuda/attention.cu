@@ -191,9 +191,7 @@ Prepared prepare(Context& ctx, const Tensor& qkv, const Tensor& lse, const ops::
   if (!layout.alibi_slopes.empty()) {
     TROUPE_CHECK(static_cast<int64_t>(layout.alibi_slopes.size()) == H, "attention: one ALiBi slope per head");
     std::vector<float> host(layout.alibi_slopes.begin(), layout.alibi_slopes.end());
-    auto t = device_empty(Shape{H}, DType::f32, ctx.cuda_device, reinterpret_cast<uint64_t>(ctx.stream));
-    TROUPE_CHECK(t.is_ok(), "attention: no device memory for the ALiBi slopes");
-    p.slopes = t.value();
+    p.slopes = scratch(ctx, Shape{H}, DType::f32, "attention: the ALiBi slopes");
     check_cuda(cudaMemcpyAsync(p.slopes.raw(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice,
                                stream_of(ctx)),
                "attention: the ALiBi slopes");
@@ -229,14 +227,13 @@ void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, co
   TROUPE_CHECK(dqkv.dtype() == qkv.dtype() && dqkv.numel() == qkv.numel() && dout.dtype() == qkv.dtype() &&
                    dout.numel() == a.B * a.T * a.H * a.hs,
                "attention backward: dqkv is qkv's shape, dout (B,T,H*hs), one dtype");
-  auto dsum = device_empty(Shape{a.B * a.H * a.T}, DType::f32, ctx.cuda_device, reinterpret_cast<uint64_t>(ctx.stream));
-  TROUPE_CHECK(dsum.is_ok(), "attention backward: no device memory for the row sums");
+  const Tensor dsum = scratch(ctx, Shape{a.B * a.H * a.T}, DType::f32, "attention backward: the row sums");
   with_type(qkv.dtype(), "attention backward", [&](auto tag) {
     using T = decltype(tag);
     attention_dq_kernel<T><<<blocks_for(a.B * a.H * a.T, kRowThreads), kRowThreads, 0, stream_of(ctx)>>>(
-        dptr<T>(dqkv), dptr<float>(dsum.value()), dptr<T>(dout), dptr<T>(qkv), dptr<float>(lse), a);
+        dptr<T>(dqkv), dptr<float>(dsum), dptr<T>(dout), dptr<T>(qkv), dptr<float>(lse), a);
     attention_dkv_kernel<T><<<blocks_for(a.B * a.G * a.T, kRowThreads), kRowThreads, 0, stream_of(ctx)>>>(
-        dptr<T>(dqkv), dptr<T>(dout), dptr<T>(qkv), dptr<float>(lse), dptr<float>(dsum.value()), a);
+        dptr<T>(dqkv), dptr<T>(dout), dptr<T>(qkv), dptr<float>(lse), dptr<float>(dsum), a);
   });
   TROUPE_CUDA_LAUNCHED("attention backward");
 }

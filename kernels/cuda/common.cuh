@@ -9,16 +9,26 @@
 #include <string>
 
 #include "kernels/context.hpp"
+#include "kernels/device_memory.hpp"
 #include "kernels/dropout.hpp"
 #include "troupe/check.hpp"
 
 namespace troupe::cuda {
 
+// A failed CUDA call throws DeviceError (the rank engine returns it as the step's error).
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
-    const std::string m = std::string(what) + ": " + cudaGetErrorString(e);
-    TROUPE_CHECK(false, m.c_str());
+    (void)cudaGetLastError();
+    throw DeviceError(std::string(what) + ": " + cudaGetErrorString(e));
   }
+}
+
+// An op's scratch tensor on its stream; out of device memory throws DeviceError with the
+// allocator's message (what was asked, what is held, which flags lower it).
+inline Tensor scratch(const Context& ctx, const Shape& shape, DType dtype, const char* what) {
+  auto t = device_empty(shape, dtype, ctx.cuda_device, reinterpret_cast<uint64_t>(ctx.stream));
+  if (!t.is_ok()) throw DeviceError(std::string(what) + ": " + t.status().message());
+  return t.value();
 }
 // After a launch: a bad configuration shows here; a fault in the kernel shows at the next sync.
 #define TROUPE_CUDA_LAUNCHED(what) ::troupe::cuda::check_cuda(cudaGetLastError(), what)

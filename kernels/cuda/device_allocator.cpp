@@ -116,6 +116,32 @@ Status copy_tensor(const Tensor& dst, const Tensor& src, uint64_t stream) {
   return Status::ok();
 }
 
+void device_zero(const Tensor& t, uint64_t stream) {
+  if (t.nbytes() == 0) return;
+  const cudaError_t e = cudaMemsetAsync(t.raw(), 0, t.nbytes(), reinterpret_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw DeviceError(cuda_error("zeroing a device tensor", e));
+  }
+}
+
+void device_copy(const Tensor& dst, const Tensor& src, uint64_t stream) {
+  if (dst.nbytes() != src.nbytes())
+    throw DeviceError("device_copy: " + std::to_string(dst.nbytes()) + " bytes from " + std::to_string(src.nbytes()));
+  if (src.nbytes() == 0) return;
+  auto s = reinterpret_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, s);
+  // Host memory on either side may be read, reused or freed as soon as we return.
+  if (e == cudaSuccess && (dst.device() == Device::cpu || src.device() == Device::cpu)) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw DeviceError(cuda_error(dst.device() == Device::cpu   ? "copying a device tensor to the host"
+                                 : src.device() == Device::cpu ? "copying a host tensor to the device"
+                                                               : "copying a device tensor",
+                                 e));
+  }
+}
+
 Status record_stream(const Tensor& t, uint64_t stream) {
   if (t.device() != Device::cuda) return Status::bad_input("record_stream: not a device tensor");
   cudaPointerAttributes attr{};

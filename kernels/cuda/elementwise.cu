@@ -113,10 +113,7 @@ __global__ void glu_backward_kernel(T* dgate_up, const T* dout, const T* gate_up
 // A device scratch buffer of `count` elements of A for the reductions.
 template <class A>
 Tensor scratch(const Context& ctx, int64_t count) {
-  auto t = device_empty(Shape{count * static_cast<int64_t>(sizeof(A))}, DType::u8, ctx.cuda_device,
-                        reinterpret_cast<uint64_t>(ctx.stream));
-  TROUPE_CHECK(t.is_ok(), t.is_ok() ? "" : t.status().message().c_str());
-  return t.value();
+  return troupe::cuda::scratch(ctx, Shape{count * static_cast<int64_t>(sizeof(A))}, DType::u8, "a reduction");
 }
 
 // Sums the kReduceBlocks partials on the device and brings the total to the host.

@@ -70,13 +70,10 @@ void backward(Context& ctx, const Tensor& dwte, const Tensor& dwpe, const Tensor
   const int64_t B = dout.dim(0), T_ = dout.dim(1), C = dout.dim(2), N = B * T_;
   TROUPE_CHECK(dwte.rank() == 2 && dwte.dim(1) == C, "embedding backward: dwte is (V,C)");
   TROUPE_CHECK(!dwpe.defined() || (dwpe.dim(1) == C && dwpe.dim(0) >= T_), "embedding backward: dwpe is (P,C)");
-  const auto stream = reinterpret_cast<uint64_t>(ctx.stream);
   // The table gradient in f32 (a 16-bit one widened into a copy and rounded back once, as the CPU).
   Tensor acc = dwte;
   if (dwte.dtype() != DType::f32) {
-    auto t = device_empty(dwte.shape(), DType::f32, ctx.cuda_device, stream);
-    TROUPE_CHECK(t.is_ok(), "embedding backward: no device memory for the f32 table gradient");
-    acc = t.value();
+    acc = scratch(ctx, dwte.shape(), DType::f32, "embedding backward: the f32 table gradient");
     convert(ctx, acc, dwte);
   }
   with_type(dout.dtype(), "embedding backward", [&](auto tag) {

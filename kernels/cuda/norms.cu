@@ -178,9 +178,7 @@ __global__ void param_finish_kernel(G* grad, const float* partial, int64_t chunk
 // f32 scratch on the call's stream; freed when the host function returns, the allocator reuses it
 // only for later work on the same stream (so after these kernels).
 Tensor scratch_f32(const Context& ctx, int64_t count) {
-  auto t = device_empty(Shape{count}, DType::f32, ctx.cuda_device, reinterpret_cast<uint64_t>(ctx.stream));
-  TROUPE_CHECK(t.is_ok(), t.is_ok() ? "" : t.status().message().c_str());
-  return t.value();
+  return scratch(ctx, Shape{count}, DType::f32, "a norm's parameter-gradient partials");
 }
 
 struct ParamGrid {

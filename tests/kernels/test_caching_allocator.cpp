@@ -11,6 +11,8 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/caching_allocator.hpp"
@@ -281,4 +283,66 @@ TEST_CASE("device memory: tensors on the GPU round-trip host data and reuse cach
   CHECK_FALSE(device_empty(Shape{4}, DType::f32, 1000).is_ok());
   REQUIRE(device_empty_cache(0).is_ok());
   CHECK(device_allocator_stats(0).value().reserved_bytes == 0);
+}
+
+TEST_CASE("device tensors: the thread's placement nests and is per thread", "[allocator]") {
+  CHECK(current_placement().device == 0);
+  CHECK(current_placement().stream == 0);
+  {
+    DeviceScope a(DevicePlacement{2, 17});
+    CHECK(current_placement().device == 2);
+    {
+      DeviceScope b(DevicePlacement{1, 5});
+      CHECK(current_placement().stream == 5);
+      std::thread([] { CHECK(current_placement().stream == 0); }).join();
+    }
+    CHECK(current_placement().device == 2);
+    CHECK(current_placement().stream == 17);
+  }
+  CHECK(current_placement().stream == 0);
+}
+
+TEST_CASE("device tensors: without a usable GPU they are a DeviceError naming why, not an abort", "[allocator]") {
+  if (query_devices().cuda_devices > 0) return;  // the [gpu] case below covers a machine with one
+  try {
+    (void)Tensor::zeros(Shape{5, 3}, DType::f32, Device::cuda);
+    FAIL("no error");
+  } catch (const DeviceError& e) {
+    CHECK((std::string(e.what()).find("CUDA") != std::string::npos));
+  }
+  // Host tensors are untouched by all this: on(cpu) is the tensor itself.
+  Tensor h = Tensor::zeros(Shape{4}, DType::f32);
+  CHECK(h.to_host().shares_storage(h));
+}
+
+TEST_CASE("device tensors: Tensor's own methods copy, zero and convert across host and GPU", "[gpu][allocator]") {
+  if (query_devices().cuda_devices < 1) TROUPE_SKIP("no usable CUDA device");
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3, 3);
+  for (int64_t n : {1, 9, 4099, 1000003}) {
+    INFO("elements " << n);
+    Tensor host = Tensor::empty(Shape{n}, DType::f32);
+    for (int64_t i = 0; i < n; ++i) host.data<float>()[i] = u(rng);
+    const Tensor dev = host.on(Device::cuda);
+    CHECK(dev.device() == Device::cuda);
+    const Tensor copy = dev.clone();  // device to device
+    CHECK(copy.device() == Device::cuda);
+    CHECK_FALSE(copy.shares_storage(dev));
+    dev.zero_();
+    const Tensor back = copy.to_host();
+    CHECK(back.device() == Device::cpu);
+    CHECK(std::memcmp(back.raw(), host.raw(), host.nbytes()) == 0);
+    const Tensor zero = dev.to_host();
+    for (int64_t i = 0; i < n; ++i) REQUIRE(zero.data<float>()[i] == 0.0f);
+    // to(dtype) of a device tensor is a host tensor, rounded as the host's own conversion.
+    const Tensor narrow = copy.to(DType::bf16);
+    CHECK(narrow.device() == Device::cpu);
+    CHECK(std::memcmp(narrow.raw(), host.to(DType::bf16).raw(), narrow.nbytes()) == 0);
+    // Rows of a device tensor copy into rows of a host one.
+    if (n > 2) {
+      Tensor part = Tensor::zeros(Shape{n - 2}, DType::f32);
+      part.copy_from(copy.rows(1, n - 1));
+      CHECK(std::memcmp(part.raw(), host.rows(1, n - 1).raw(), part.nbytes()) == 0);
+    }
+  }
 }
