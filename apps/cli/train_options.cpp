@@ -340,13 +340,15 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(optim);
   cmd->add_option_function<std::vector<int64_t>>(
          "--rampup-batch-size",
-         [cfg](const std::vector<int64_t>& v) {
-           // CLI11 hands over fewer values than expected() for some spellings (`--rampup-batch-size=2`).
-           if (v.size() != 3)
+         [cfg](const std::vector<int64_t>& all) {
+           // Every occurrence's values (CLI11 hands over fewer than expected() for some spellings, e.g.
+           // `--rampup-batch-size=2`): groups of three, the last occurrence winning as in Megatron.
+           if (all.empty() || all.size() % 3 != 0)
              throw CLI::ValidationError("--rampup-batch-size",
                                         fmt::format("takes exactly 3 values (START INCREMENT SAMPLES), got {} -- "
                                                     "give e.g. --rampup-batch-size 16 16 5859375",
-                                                    v.size()));
+                                                    all.size()));
+           const int64_t* v = all.data() + all.size() - 3;
            cfg->rampup_start_batch = v[0];
            cfg->rampup_batch_increment = v[1];
            cfg->rampup_samples = v[2];
@@ -354,7 +356,7 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
          "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT over SAMPLES samples "
          "(Megatron's; with --train-samples)")
       ->expected(3)
-      ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
       ->group(optim);
   cmd->add_option("--lr-warmup-fraction", cfg->lr_warmup_fraction,
                   "Warm up over this share of the decay length (instead of --lr-warmup-iters/-samples)")

@@ -211,6 +211,10 @@ TEST_CASE("compat: --rampup-batch-size takes exactly three values", "[compat]") 
   CHECK(good.value().rampup_start_batch == 2);
   CHECK(good.value().rampup_batch_increment == 2);
   CHECK(good.value().rampup_samples == 40);
+  auto again = with({"--rampup-batch-size", "2", "2", "40", "--rampup-batch-size", "4", "4", "24"});
+  REQUIRE(again.is_ok());  // the last occurrence wins, as with Megatron's argparse
+  CHECK(again.value().rampup_start_batch == 4);
+  CHECK(again.value().rampup_samples == 24);
   for (const auto& bad : std::vector<std::vector<std::string>>{{"--rampup-batch-size=2"},
                                                                 {"--rampup-batch-size", "2", "2"},
                                                                 {"--rampup-batch-size", "2", "2", "40", "8"}}) {
