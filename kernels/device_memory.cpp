@@ -14,7 +14,6 @@ DeviceScope::~DeviceScope() { current = saved_; }
 
 #ifndef TROUPE_WITH_CUDA
 #include "kernels/cuda/cuda_ops.hpp"
-#include "kernels/device_memory.hpp"
 
 namespace troupe {
 

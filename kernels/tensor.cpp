@@ -165,7 +165,10 @@ Tensor Tensor::on(Device device) const {
 }
 
 Tensor Tensor::to(DType dtype) const {
-  if (device() != Device::cpu) return to_host().to(dtype);
+  if (device() != Device::cpu) {
+    const Tensor host = to_host();  // already the copy the same dtype asks for
+    return dtype == dtype_ ? host : host.to(dtype);
+  }
   if (dtype == dtype_) return clone();
   TROUPE_CHECK(half::is_float_dtype(dtype_) && half::is_float_dtype(dtype),
                "Tensor::to converts between f32, f64, bf16 and f16 only");

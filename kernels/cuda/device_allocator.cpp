@@ -106,9 +106,13 @@ Status copy_tensor(const Tensor& dst, const Tensor& src, uint64_t stream) {
   if (dst.dtype() != src.dtype() || dst.numel() != src.numel())
     return Status::bad_input("copy_tensor: " + dst.shape().str() + " " + dtype_name(dst.dtype()) + " from " +
                              src.shape().str() + " " + dtype_name(src.dtype()));
-  auto s = reinterpret_cast<cudaStream_t>(stream);
-  cudaError_t e = cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, s);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  try {
+    device_copy(dst, src, stream);
+  } catch (const DeviceError& e) {
+    return Status::error(std::string("copy_tensor: ") + e.what());
+  }
+  // device_copy waits only when host memory is on one side; this call waits for every copy.
+  const cudaError_t e = cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream));
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     return Status::error(cuda_error("copy_tensor", e));
