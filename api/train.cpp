@@ -26,11 +26,13 @@ namespace {
 
 // The default of RunOptions::on_peer_failure: a rank blocked on a dead peer's data fails by itself
 // (comm/ reports it); one waiting for a hung peer would wait for ever, so the ordinary failure path
-// gets a few seconds, then the process ends naming the cause. The latest checkpoint stays intact (it
-// only moves once a save is complete), and troupe launch --max-restarts restarts from it.
-void end_process_after_peer_failure(int rank, const std::string& why) {
-  std::thread([rank, why] {
-    std::this_thread::sleep_for(std::chrono::seconds(5));
+// gets `grace` (5 s, or half the heartbeat's timeout when that is shorter, so a short
+// --distributed-timeout-minutes is kept end to end), then the process ends naming the cause. The
+// latest checkpoint stays intact (it only moves once a save is complete), and troupe launch
+// --max-restarts restarts from it.
+void end_process_after_peer_failure(int rank, const std::string& why, std::chrono::milliseconds grace) {
+  std::thread([rank, why, grace] {
+    std::this_thread::sleep_for(grace);
     std::fprintf(stderr, "troupe train: error: rank %d: the job failed (%s) -- stopping this rank; restart the job "
                  "from its latest checkpoint (troupe launch --max-restarts N does it)\n", rank, why.c_str());
     std::fflush(stderr);
@@ -91,19 +93,24 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   JobOptions options;
   if (world > 1) {
     comm::CafBootstrapOptions boot_options;
-    auto on_peer_failure = run.on_peer_failure ? run.on_peer_failure : end_process_after_peer_failure;
-    boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
-      on_peer_failure(rank, why);
-    };
     // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
-    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter
-    // (the process then ends 5 s later by default), at least 2 s.
+    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
+    // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
+    // that is shorter: two thirds of the timeout at most, the rest is slack for a loaded host.
     const auto third_timeout =
         std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
     if (third_timeout < boot_options.connection_timeout) {
       boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
       boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
     }
+    const auto grace = std::min(std::chrono::milliseconds(5000),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(boot_options.connection_timeout / 2));
+    std::function<void(int, const std::string&)> on_peer_failure = run.on_peer_failure;
+    if (!on_peer_failure)
+      on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
+    boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
+      on_peer_failure(rank, why);
+    };
     auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
     bootstrap = std::move(b).value();

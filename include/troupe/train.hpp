@@ -70,8 +70,9 @@ struct RunOptions {
   std::shared_ptr<const Model> model;
   // Under a launcher: when the bootstrap reports that another process died or stopped answering,
   // this process cannot finish its collectives. Called with this rank and the reason; default: give
-  // the ordinary failure path 5 s, then end the process with exit code 1 (troupe launch
-  // --max-restarts restarts the job from its latest checkpoint).
+  // the ordinary failure path 5 s (half the heartbeat's timeout when --distributed-timeout-minutes
+  // makes that shorter), then end the process with exit code 1 (troupe launch --max-restarts
+  // restarts the job from its latest checkpoint).
   std::function<void(int rank, const std::string& why)> on_peer_failure;
   // A rank stuck in a handler (found by --distributed-timeout-minutes) cannot be torn down. Called
   // with the message; default: train() returns the error and leaves the stuck threads behind.

@@ -156,7 +156,7 @@ until grep -q "restart 1 of 1" cut.0.log && grep -q "restart 1 of 1" cut.1.log; 
 done
 took=$((SECONDS - cut_at))
 ip -n "${ns[0]}" link set "${veth[0]}" up
-((took <= 15)) || fail "the job took $took s to end after the cut, more than --distributed-timeout-minutes 0.25"
+((took <= 15)) || { cat cut.*.log; fail "the job took $took s to end after the cut, more than --distributed-timeout-minutes 0.25"; }
 grep -q "rank [23] (host host1, pid [0-9]*) disconnected without leaving the job" cut.0.log ||
   { cat cut.0.log; fail "host0 did not name the unreachable host1"; }
 grep -q "lost the rendezvous on rank 0 at host0:" cut.1.log || { cat cut.1.log; fail "host1 did not name host0"; }
