@@ -1,4 +1,5 @@
 #include "actors/job.hpp"
+#include "kernels/device_info.hpp"
 #include "engine/activity.hpp"
 #include "engine/flight_report.hpp"
 #include "model/pipeline_model.hpp"
@@ -501,6 +502,10 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.micro_batches = config.grad_accumulation_steps(launched);
   set_precision(rs, config.precision);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
+  if (config.device == "cuda") {  // validated: one rank (docs/CUDA.md)
+    rs.device = Device::cuda;
+    rs.cuda_device = 0;
+  }
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));
   rs.nan = nan.control;
@@ -514,6 +519,9 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;
   }
+  if (options.model && rs.device == Device::cuda)
+    return Status::bad_input("a model given in code (RunOptions::model) runs on the CPU only for now: its custom stages' "
+                             "own code reads and writes host memory -- use device \"cpu\", or GPT's own blocks");
   if (options.model) {
     StageBuild job;
     job.gpt = config.model;
@@ -558,6 +566,10 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
        " compute thread(s) per rank");
+  if (rs.device == Device::cuda)
+    note("device: GPU " + std::to_string(rs.cuda_device) + " (" + query_devices().cuda_detail +
+         "): parameters, gradients, activations and Adam moments in GPU memory; the rank and its optimizer "
+         "partition each on a CUDA stream of their own");
   if (config.offload_optimizer == "cpu")
     note("optimizer offload: cpu (the Adam moments live in the offload actor's host memory pool" +
          std::string(pool->pinned() ? ", pinned" : "") + "; the step runs on each partition's own threads)");

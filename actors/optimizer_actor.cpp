@@ -5,6 +5,8 @@
 #include "actors/errors.hpp"
 #include "engine/fault_injection.hpp"
 #include "troupe/check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/device_memory.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe {
@@ -17,6 +19,10 @@ struct OptimizerState {
   std::vector<AdamSegment> segments;
   std::shared_ptr<MomentStore> moments;  // zero at the start
   int rank = 0;
+  // A GPU rank's optimizer: its own stream on the rank's GPU (the rank drained its stream before
+  // asking for the step; the step drains this one before replying).
+  std::shared_ptr<cuda::DeviceContext> device;
+  DevicePlacement placement;
 };
 
 caf::error optimizer_error(const Status& st) {
@@ -25,7 +31,7 @@ caf::error optimizer_error(const Status& st) {
 
 optimizer_actor::behavior_type optimizer_behavior(
     optimizer_actor::stateful_pointer<OptimizerState> self, std::vector<AdamSegment> segments,
-    int num_threads, std::shared_ptr<MomentStore> moments, int rank) {
+    int num_threads, std::shared_ptr<MomentStore> moments, int rank, std::shared_ptr<cuda::DeviceContext> device) {
   configure_blas_threads();
   name_exceptions(self, "the optimizer partition of rank " + std::to_string(rank));
   auto& st = self->state;
@@ -33,11 +39,18 @@ optimizer_actor::behavior_type optimizer_behavior(
   st.pool = std::make_unique<ThreadPool>(num_threads);
   st.ctx.device = Device::cpu;
   st.ctx.pool = st.pool.get();
+  if (device) {
+    st.ctx = device->ctx();
+    st.ctx.pool = st.pool.get();
+    st.placement = {st.ctx.cuda_device, reinterpret_cast<uint64_t>(st.ctx.stream)};
+    st.device = std::move(device);
+  }
   st.segments = std::move(segments);
   st.moments = std::move(moments);
   return {
       [self](step_atom, const StepRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
+        DeviceScope placed(s.placement);
         throw_if_asked("optimizer", s.rank, req.step);
         // Piece by piece (AdamW is elementwise: the same numbers as whole segments).
         Status st = s.moments->visit(MomentAccess::read_write, [&](const MomentPiece& p) {
@@ -46,11 +59,13 @@ optimizer_actor::behavior_type optimizer_behavior(
                             seg.decay};
           adamw_step(s.ctx, {piece}, {p.exp_avg}, {p.exp_avg_sq}, req);
         });
+        if (st && s.device) st = s.device->synchronize();
         if (!st) return optimizer_error(st);
         return ok_atom::value;
       },
       [self](save_atom) -> caf::result<OptimizerMoments> {
         auto& s = self->state;
+        DeviceScope placed(s.placement);  // host copies of GPU moments: each waits for its stream
         OptimizerMoments m;
         for (const AdamSegment& seg : s.segments) {
           m.exp_avg.push_back(Tensor::empty(seg.param.shape(), seg.param.dtype()));
@@ -65,6 +80,7 @@ optimizer_actor::behavior_type optimizer_behavior(
       },
       [self](load_atom, const OptimizerMoments& m) -> caf::result<ok_atom> {
         auto& s = self->state;
+        DeviceScope placed(s.placement);
         TROUPE_CHECK(
             m.exp_avg.size() == s.segments.size() && m.exp_avg_sq.size() == s.segments.size(),
             "optimizer moments for other segments");
@@ -82,18 +98,26 @@ optimizer_actor::behavior_type optimizer_behavior(
 
 Result<optimizer_actor> spawn_optimizer(caf::actor_system& system,
                                         std::vector<AdamSegment> segments, int num_threads,
-                                        const OptimizerOffload& offload) {
+                                        const OptimizerOffload& offload, int cuda_device) {
   std::vector<int64_t> counts;
   DType dtype = DType::f32;
   for (const AdamSegment& s : segments) {
     counts.push_back(s.param.numel());
     dtype = s.param.dtype();
   }
-  auto moments = MomentStore::create(offload, counts, dtype);
+  std::shared_ptr<cuda::DeviceContext> device;
+  if (cuda_device >= 0) {
+    auto made = cuda::DeviceContext::create(cuda_device);
+    if (!made) return made.status().with_context("the optimizer partition of rank " + std::to_string(offload.rank) + ": ");
+    device = std::move(made).value();
+  }
+  DeviceScope on(device ? DevicePlacement{cuda_device, reinterpret_cast<uint64_t>(device->ctx().stream)}
+                        : current_placement());
+  auto moments = MomentStore::create(offload, counts, dtype, device ? Device::cuda : Device::cpu);
   if (!moments) return moments.status();
   std::shared_ptr<MomentStore> shared = std::move(moments).value();
   return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads,
-                                     std::move(shared), offload.rank);
+                                     std::move(shared), offload.rank, std::move(device));
 }
 
 }  // namespace troupe

@@ -31,8 +31,10 @@ using optimizer_actor = caf::typed_actor<caf::replies_to<step_atom, StepRequest>
 
 // Creates the moments first (an nvme swap file may fail: no space, no permission) and returns that
 // error without spawning anything.
+// cuda_device >= 0: the segments are on that GPU; the moments go there too and AdamW runs on a
+// stream of the actor's own.
 Result<optimizer_actor> spawn_optimizer(caf::actor_system& system, std::vector<AdamSegment> segments, int num_threads,
-                                        const OptimizerOffload& offload = {});
+                                        const OptimizerOffload& offload = {}, int cuda_device = -1);
 
 }  // namespace troupe
 

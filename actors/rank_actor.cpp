@@ -10,8 +10,10 @@
 #include <set>
 
 #include "actors/errors.hpp"
+#include "kernels/device_memory.hpp"
 #include "engine/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
+#include "kernels/device_memory.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
 
@@ -74,10 +76,15 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
     // within them, the engine's changes of state, so it alone reads the mailbox.
     if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });
-    st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
+    try {
+      st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
+    } catch (const DeviceError& e) {  // its GPU cannot be used, or the model does not fit in it
+      st.created = Status::error(e.what());
+    }
     optimizer_offload.rank = rank;
-    if (!spec.evaluation_only) {
-      auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload);
+    if (st.engine && !spec.evaluation_only) {
+      auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload,
+                                       spec.device == Device::cuda ? spec.cuda_device : -1);
       if (optimizer) {
         st.optimizer = std::move(optimizer).value();
         self->link_to(st.optimizer);  // one fails, both go: the group sees the rank die

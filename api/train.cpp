@@ -18,6 +18,7 @@
 #include "comm/ucx/ucx_world.hpp"
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
+#include "kernels/device_info.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe {
@@ -46,6 +47,13 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world) {
   if (Status st = validate_train_config(cfg); !st) return st.as_bad_input();
   if (world > 1)
     if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
+  if (cfg.device == "cuda") {
+    const DeviceInfo d = query_devices();
+    if (d.cuda_devices < 1)
+      return Status::bad_input("--device cuda, but this troupe has no usable GPU (" +
+                               std::string(d.cuda_built ? "" : "CUDA backend not built; ") + d.cuda_detail +
+                               ") -- run on a machine with an NVIDIA GPU and its driver, or use --device cpu");
+  }
   // Restarts of a multi-process job are the launcher's (every process anew); a restarted process
   // resumes from the latest checkpoint in --save.
   if (world > 1 && cfg.max_restarts > 0)

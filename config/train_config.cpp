@@ -152,6 +152,12 @@ void visit_tokenizer_fields(Config& c, Visitor&& v) {
   v("tokenizer_model", c.tokenizer_model);
 }
 
+// --device: absent from files written before it (read as "cpu"), read when there.
+template <class Config, class Visitor>
+void visit_device_fields(Config& c, Visitor&& v) {
+  v("device", c.device);
+}
+
 template <class Config, class Visitor>
 void visit_train_fields(Config& c, Visitor&& v) {
   v("micro_batch_size", c.micro_batch_size);
@@ -384,6 +390,7 @@ std::string TrainConfig::to_json() const {
   visit_train_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_data_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   visit_tokenizer_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
+  visit_device_fields(*this, [&](const char* key, const auto& value) { j[key] = value; });
   return j.dump(2);
 }
 
@@ -480,6 +487,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
   visit_train_fields(c, reader);
   if (version->get<int64_t>() >= 4) visit_data_fields(c, reader);
   if (j.contains("tokenizer_model")) visit_tokenizer_fields(c, reader);
+  if (j.contains("device")) visit_device_fields(c, reader);
   // Objects of later versions in an older file are unknown, not silently ignored.
   const int64_t v = version->get<int64_t>();
   if (v >= 7)

@@ -17,11 +17,11 @@ std::string mib(int64_t bytes) {
 // none and cpu: whole tensors, from the heap or from the host pool.
 class MemoryMoments final : public MomentStore {
  public:
-  MemoryMoments(const std::vector<int64_t>& counts, DType dtype, HostPool* pool)
-      : pooled_(pool != nullptr) {
+  MemoryMoments(const std::vector<int64_t>& counts, DType dtype, HostPool* pool, Device device)
+      : pooled_(pool != nullptr), device_(device) {
     for (int64_t n : counts) {
-      exp_avg_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype));
-      exp_avg_sq_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype));
+      exp_avg_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype, device));
+      exp_avg_sq_.push_back(pool ? pool->allocate({n}, dtype) : Tensor::zeros({n}, dtype, device));
       bytes_ += 2 * static_cast<int64_t>(exp_avg_.back().nbytes());
     }
   }
@@ -38,11 +38,13 @@ class MemoryMoments final : public MomentStore {
   }
   int64_t resident_bytes() const override { return bytes_; }
   std::string describe() const override {
-    return mib(bytes_) + " of Adam moments in " + (pooled_ ? "the host memory pool" : "memory");
+    return mib(bytes_) + " of Adam moments in " +
+           (pooled_ ? "the host memory pool" : device_ == Device::cuda ? "GPU memory" : "memory");
   }
 
  private:
   bool pooled_;
+  Device device_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   int64_t bytes_ = 0;
 };
@@ -154,7 +156,10 @@ class SwappedMoments final : public MomentStore {
 
 Result<std::unique_ptr<MomentStore>> MomentStore::create(const OptimizerOffload& offload,
                                                          const std::vector<int64_t>& element_counts,
-                                                         DType dtype) {
+                                                         DType dtype, Device device) {
+  if (device != Device::cpu && offload.device != "none")
+    return Status::error("--offload-optimizer " + offload.device + " keeps the moments of a GPU rank on the host, "
+                         "which troupe does not do yet -- leave the moments in GPU memory (--offload-optimizer none)");
   if (offload.device == "nvme") return SwappedMoments::create(offload, element_counts, dtype);
   HostPool* pool = nullptr;
   if (offload.device == "cpu") {
@@ -165,7 +170,7 @@ Result<std::unique_ptr<MomentStore>> MomentStore::create(const OptimizerOffload&
     return Status::error("--offload-optimizer is \"" + offload.device +
                          "\" -- use none, cpu or nvme");
   }
-  return std::unique_ptr<MomentStore>(new MemoryMoments(element_counts, dtype, pool));
+  return std::unique_ptr<MomentStore>(new MemoryMoments(element_counts, dtype, pool, device));
 }
 
 }  // namespace troupe

@@ -45,10 +45,11 @@ class MomentStore {
   static constexpr int kBuffers = 4;
   static constexpr int kReadAhead = 2;
 
-  // element_counts[i]: elements of segment i.
+  // element_counts[i]: elements of segment i. device cuda: in GPU memory (the thread's DeviceScope),
+  // offload none only.
   static Result<std::unique_ptr<MomentStore>> create(const OptimizerOffload& offload,
                                                      const std::vector<int64_t>& element_counts,
-                                                     DType dtype);
+                                                     DType dtype, Device device = Device::cpu);
   virtual ~MomentStore() = default;
 
   // Every piece in segment order. read: fn only reads; write: fn fills the pieces (nothing is read

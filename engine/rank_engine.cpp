@@ -7,6 +7,8 @@
 #include <tuple>
 
 #include "engine/step_timers.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/device_memory.hpp"
 #include "kernels/ops.hpp"
 #include "model/pipeline_model.hpp"
 #include "troupe/check.hpp"
@@ -21,9 +23,10 @@ class CaptureProbe final : public OpProbe {
  public:
   CaptureProbe(NanFault want, OpProbe* inner) : want_(std::move(want)), inner_(inner) {}
   void set_micro(int micro) { micro_ = micro; }
-  void after(const ProbePoint& at, const Tensor& result) override {
-    if (inner_ != nullptr) inner_->after(at, result);
+  void after(const ProbePoint& at, const Tensor& given) override {
+    if (inner_ != nullptr) inner_->after(at, given);
     if (got_ || micro_ != want_.micro_batch || !want_.matches(at)) return;
+    const Tensor result = given.to_host();  // a GPU rank's result, read back
     if (result.dtype() != DType::f32 && result.dtype() != DType::f64 && !is_16bit(result.dtype())) return;
     shape_ = result.shape();
     values_ = Tensor::empty({result.numel()});
@@ -211,6 +214,17 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   pool_ = std::make_unique<ThreadPool>(spec_.num_threads);
   ctx_.device = Device::cpu;
   ctx_.pool = pool_.get();
+  if (spec_.device == Device::cuda) {
+    // The rank's own stream, cuBLASLt handle and workspace: every op, copy and allocation of its
+    // entry points goes to them (Placed).
+    auto made = cuda::DeviceContext::create(spec_.cuda_device);
+    if (!made) throw DeviceError("rank " + std::to_string(rank) + ": " + made.status().message());
+    device_ = std::move(made).value();
+    ctx_ = device_->ctx();
+    ctx_.pool = pool_.get();
+    placement_ = {spec_.cuda_device, reinterpret_cast<uint64_t>(ctx_.stream)};
+  }
+  Placed placed(*this);
 
   const int slots = schedule_.peak_in_flight(stage_) + 1;
   const int virtual_stages = par.pp * par.virtual_chunks;
@@ -229,6 +243,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.slots = slots;
     at.dtype = spec_.dtype;
     at.grad_dtype = is_16bit(spec_.dtype) ? spec_.grad_dtype : spec_.dtype;
+    at.device = spec_.device;
     at.tp = comms_.tp;
     const DType reduce = is_16bit(spec_.dtype) ? spec_.reduce_dtype.value_or(at.grad_dtype) : at.grad_dtype;
     auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype, reduce);
@@ -238,10 +253,10 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
                  "RankEngine: too many tensors between two stages");
     auto buf = std::make_unique<ChunkBuffers>();
     for (int s = 0; s < slots; ++s) {
-      buf->in_act.push_back(boundary_tensors(chunk->inputs(), false));
-      buf->out_grad.push_back(boundary_tensors(chunk->inputs(), true));
-      buf->out_act.push_back(boundary_tensors(chunk->outputs(), false));
-      buf->in_grad.push_back(boundary_tensors(chunk->outputs(), true));
+      buf->in_act.push_back(boundary_tensors(chunk->inputs(), false, spec_.device));
+      buf->out_grad.push_back(boundary_tensors(chunk->inputs(), true, spec_.device));
+      buf->out_act.push_back(boundary_tensors(chunk->outputs(), false, spec_.device));
+      buf->in_grad.push_back(boundary_tensors(chunk->outputs(), true, spec_.device));
       buf->free_slots.push_back(slots - 1 - s);  // pop_back hands out slot 0 first
     }
     buf->sends.resize(slots);
@@ -260,12 +275,14 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
 }
 
 RankEngine::~RankEngine() {
+  Placed placed(*this);
   // Sends still in flight read our buffers: let them finish (a failed peer fails them, no hang).
   for (auto& b : buffers_)
     for (auto& s : b->sends) (void)wait_sends(s);
 }
 
 void RankEngine::init(uint64_t seed) {
+  Placed placed(*this);
   for (auto& store : stores_) store->init(seed);
 }
 
@@ -510,6 +527,8 @@ auto returning_collective_failures(F&& body) -> decltype(body()) {
     return body();
   } catch (const comm::CollectiveFailed& e) {
     return Status::error(e.what());
+  } catch (const DeviceError& e) {  // a CUDA call failed, or the GPU is out of memory
+    return Status::error(e.what());
   } catch (const std::exception& e) {  // thrown by a custom stage's own code (include/troupe/stage.hpp)
     return Status::error(std::string("a custom stage failed: ") + e.what());
   }
@@ -526,7 +545,8 @@ void set_precision(RankSpec& spec, const PrecisionConfig& precision) {
 }
 
 Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req) {
-  return returning_collective_failures([&]() -> Result<StepOutcome> {
+  Placed placed(*this);
+  auto done = returning_collective_failures([&]() -> Result<StepOutcome> {
     ListenScope listen(listener_.get());
     if (steps_++ >= spec_.keep_span_steps) spans_.clear();
     step_first_span_ = spans_.size();
@@ -615,9 +635,14 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     board_->set(Doing::optimizer);
     return out;
   });
+  // On a GPU the optimizer partition (another thread, its own stream) reads the clipped gradients
+  // next: the rank's stream is drained first (a kernel's failure surfaces here, as the step's).
+  if (done && device_) TROUPE_RETURN_IF_ERROR(device_->synchronize());
+  return done;
 }
 
 Status RankEngine::finish_step() {
+  Placed placed(*this);
   return returning_collective_failures([&]() -> Status {
     ListenScope listen(listener_.get());
     const auto t0 = Clock::now();
@@ -640,12 +665,14 @@ std::vector<AdamSegment> RankEngine::adam_segments() const {
 }
 
 void RankEngine::skip_step() {
+  Placed placed(*this);
   for (auto& store : stores_) store->skip_step();
   board_->set(Doing::idle);
   board_->recent().end_step(std::chrono::duration<double, std::micro>(Clock::now() - span_epoch()).count());
 }
 
 Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_scale, const StepRequest& req) {
+  Placed placed(*this);
   auto out = compute_gradients(tokens, grad_scale, req);
   if (out && out.value().skipped) {
     skip_step();
@@ -658,8 +685,8 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
   const std::vector<AdamSegment> segments = adam_segments();
   if (exp_avg_.empty()) {
     for (const AdamSegment& s : segments) {
-      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
-      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype(), ctx_.device));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype(), ctx_.device));
     }
   }
   adamw_step(ctx_, segments, exp_avg_, exp_avg_sq_, req);
@@ -681,6 +708,7 @@ void RankEngine::fill_times(StepOutcome& out) const {
 }
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
+  Placed placed(*this);
   return returning_collective_failures([&]() -> Result<double> {
     ListenScope listen(listener_.get());
     if (probe_) probe_->set_iteration(-1);  // TROUPE_FAULT_NAN is for training steps only
@@ -871,6 +899,7 @@ Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad
 }
 
 Result<std::vector<Tensor>> RankEngine::param_values(int c) {
+  Placed placed(*this);
   const PipelineStage& chunk = *chunks_[c];
   std::vector<Tensor> out(chunk.specs().size());
   for (size_t u = 0; u < chunk.units().size(); ++u) {
@@ -930,8 +959,11 @@ std::vector<std::pair<int64_t, GlobalRun>> local_runs(const ParamSpec& spec, int
 
 // values_are_copies: `values` is already a snapshot nobody changes (the optimizer's copies of the
 // moments), so a piece of one run may view it instead of copying it again.
-TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& values,
+TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& given,
                        bool values_are_copies = false) {
+  // A GPU rank's values: one read-back, itself a copy nobody changes.
+  const Tensor values = given.to_host();
+  values_are_copies = values_are_copies || given.device() != Device::cpu;
   TensorPiece p;
   p.name = spec.name;
   p.global_shape = spec.global_shape;
@@ -956,7 +988,10 @@ TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const 
 }
 
 Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec& spec, int64_t begin, int64_t end,
-                  const Tensor& into) {
+                  const Tensor& target) {
+  // A GPU rank's tensor: filled on the host, then one upload.
+  const bool on_device = target.device() != Device::cpu;
+  const Tensor into = on_device ? Tensor::empty(target.shape(), target.dtype()) : target;
   const auto runs = local_runs(spec, begin, end);
   std::vector<GlobalRun> global;
   int64_t total = 0;
@@ -973,6 +1008,7 @@ Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec&
     std::memcpy(dst + local, src, static_cast<size_t>(run.length) * sizeof(float));
     src += run.length;
   }
+  if (on_device) target.copy_from(into);
   return Status::ok();
 }
 
@@ -980,6 +1016,7 @@ Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec&
 
 ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                          bool moments_are_copies) const {
+  Placed placed(*this);
   TROUPE_CHECK(spec_.dtype == DType::f32 || is_16bit(spec_.dtype),
                "checkpoints hold f32 tensors (under mixed precision: the f32 master weights)");
   ShardContents out;
@@ -1006,6 +1043,7 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
 std::vector<TensorPiece> RankEngine::tensor_pieces(const std::string& name, TensorKind kind,
                                                    const std::vector<Tensor>& exp_avg,
                                                    const std::vector<Tensor>& exp_avg_sq) const {
+  Placed placed(*this);
   std::vector<TensorPiece> out;
   const int zero = spec_.par.zero_stage;
   size_t seg = 0;
@@ -1041,6 +1079,7 @@ std::vector<std::pair<std::string, Shape>> RankEngine::parameter_names() const {
 
 Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg,
                                const std::vector<Tensor>& exp_avg_sq) {
+  Placed placed(*this);
   size_t seg = 0;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const PipelineStage& chunk = *chunks_[c];
@@ -1061,10 +1100,11 @@ Status RankEngine::load_shards(ShardSetReader& reader, const std::vector<Tensor>
 }
 
 Status RankEngine::load_own_shards(ShardSetReader& reader) {
+  Placed placed(*this);
   if (exp_avg_.empty()) {
     for (const AdamSegment& s : adam_segments()) {
-      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
-      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype()));
+      exp_avg_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype(), ctx_.device));
+      exp_avg_sq_.push_back(Tensor::zeros(s.param.shape(), s.param.dtype(), ctx_.device));
     }
   }
   return load_shards(reader, exp_avg_, exp_avg_sq_);

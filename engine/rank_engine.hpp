@@ -40,12 +40,17 @@
 #include "comm/communicator.hpp"
 #include "comm/topology.hpp"
 #include "kernels/context.hpp"
+#include "kernels/device_memory.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/stage.hpp"
 #include "troupe/stage.hpp"
 #include "storage/shard_file.hpp"
 
 namespace troupe {
+
+namespace cuda {
+class DeviceContext;
+}
 
 struct ParallelConfig {
   int tp = 1, pp = 1, dp = 1;
@@ -68,6 +73,11 @@ struct RankSpec {
   int micro_batch_size = 1;
   int micro_batches = 1;  // per dp rank and iteration: global batch / (micro batch * dp)
   int num_threads = 1;
+  // Where the rank computes: the CPU (its num_threads threads), or GPU cuda_device, where it keeps
+  // parameters, gradients, activations and optimizer state and runs every op on a stream of its
+  // own (docs/CUDA.md).
+  Device device = Device::cpu;
+  int cuda_device = 0;
   DType dtype = DType::f32;       // parameters and activations (bf16/f16: mixed precision)
   DType grad_dtype = DType::f32;  // with a 16-bit dtype: the gradients' (f32 or dtype)
   // With a 16-bit dtype: the type gradients are reduced in over dp (DeepSpeed's
@@ -257,6 +267,14 @@ class RankEngine {
   const sched::Schedule& step_schedule();
   std::unique_ptr<ThreadPool> pool_;
   Context ctx_;
+  // On a GPU: the rank's stream, cuBLASLt handle and workspace (ctx_ is its Context), and the
+  // placement each entry point puts on its thread (Placed) so Tensor's methods use that stream.
+  std::unique_ptr<cuda::DeviceContext> device_;
+  DevicePlacement placement_;
+  struct Placed {
+    explicit Placed(const RankEngine& e) : scope(e.placement_) {}
+    DeviceScope scope;
+  };
   std::vector<std::unique_ptr<ZeroStore>> stores_;
   std::vector<std::unique_ptr<PipelineStage>> chunks_;
   bool tied_ = false;  // the model ties GPT's output layer to the embedding (step 3)

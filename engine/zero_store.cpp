@@ -82,6 +82,7 @@ UnitHooks ZeroStore::hooks() {
 }
 
 void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
+  device_ = ctx->device;  // the store's buffers live where the chunk's do
   chunk_ = chunk;
   ctx_ = ctx;
   const auto& specs = chunk->specs();
@@ -109,22 +110,22 @@ void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
       at += n;
     }
     TROUPE_CHECK(at == unit.numel, "ZeroStore: a unit's specs must cover it exactly");
-    if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_);
+    if (stage_ >= 2) unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_, device_);
     // PipelineStage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
     // with dp == 1 the partition is the whole unit's gradient.
     if (stage_ == 1) {
       if (dp_size_ > 1) {
-        unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_);
+        unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_, device_);
         track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
       } else {
         unit.part_grads = flat(chunk->unit_grads(static_cast<int>(u)));
       }
     }
-    if (stage_ == 3) unit.part_params = Tensor::zeros({unit.own_count}, dtype_);
+    if (stage_ == 3) unit.part_params = Tensor::zeros({unit.own_count}, dtype_, device_);
     if (mixed_) {
       const int64_t owned = owned_last(unit) - owned_first(unit);
-      unit.master = Tensor::zeros({owned}, DType::f32);
-      if (grad_dtype_ != DType::f32) unit.main_grads = Tensor::zeros({owned}, DType::f32);
+      unit.master = Tensor::zeros({owned}, DType::f32, device_);
+      if (grad_dtype_ != DType::f32) unit.main_grads = Tensor::zeros({owned}, DType::f32, device_);
     }
   }
 }
@@ -146,7 +147,7 @@ void ZeroStore::init(uint64_t seed) {
   const auto& specs = chunk_->specs();
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
-    Tensor full = Tensor::zeros({unit.numel}, mixed_ ? DType::f32 : dtype_);
+    Tensor full = Tensor::zeros({unit.numel}, mixed_ ? DType::f32 : dtype_, device_);
     const UnitInfo& info = chunk_->units()[u];
     for (size_t k = 0; k < info.specs.size(); ++k) {
       const ParamSpec& spec = specs[info.specs[k]];
@@ -178,7 +179,7 @@ void ZeroStore::track_transient(int64_t delta) {
 Tensor ZeroStore::gather_unit(int u) {
   Unit& unit = units_[u];
   if (!unit.gathered.defined()) {
-    unit.gathered = Tensor::empty({unit.numel}, dtype_);
+    unit.gathered = Tensor::empty({unit.numel}, dtype_, device_);
     track_transient(static_cast<int64_t>(unit.gathered.nbytes()));
     unit.gather = dp_ != nullptr ? dp_->all_gather_v(unit.part_params.raw(), unit.gathered.raw(), unit.counts, dtype_)
                                  : comm::completed_work();
@@ -211,7 +212,7 @@ void ZeroStore::release(int u, Pass) {
 Tensor ZeroStore::grad_buffer(int u) {
   Unit& unit = units_[u];
   if (!unit.grad_buffer.defined()) {
-    unit.grad_buffer = Tensor::zeros({unit.numel}, grad_dtype_);
+    unit.grad_buffer = Tensor::zeros({unit.numel}, grad_dtype_, device_);
     track_transient(static_cast<int64_t>(unit.grad_buffer.nbytes()));
   }
   return unit.grad_buffer;
@@ -241,7 +242,7 @@ void ZeroStore::on_grads_ready(int u) {
       track_transient(-static_cast<int64_t>(p.send.nbytes()));
       p.send = std::move(wire);
     }
-    p.recv = Tensor::empty({unit.own_count}, reduce_dtype_);
+    p.recv = Tensor::empty({unit.own_count}, reduce_dtype_, device_);
     track_transient(static_cast<int64_t>(p.recv.nbytes()));
     p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, reduce_dtype_,
                                                     comm::ReduceOp::sum)
@@ -265,7 +266,7 @@ void ZeroStore::on_grads_ready(int u) {
   } else {
     Tensor into = unit.part_grads;
     if (converts_for_wire()) {
-      unit.wire_part = Tensor::empty({unit.own_count}, reduce_dtype_);
+      unit.wire_part = Tensor::empty({unit.own_count}, reduce_dtype_, device_);
       track_transient(static_cast<int64_t>(unit.wire_part.nbytes()));
       into = unit.wire_part;
     }
@@ -274,7 +275,7 @@ void ZeroStore::on_grads_ready(int u) {
 }
 
 Tensor ZeroStore::to_wire(const Tensor& grads) {
-  Tensor wire = Tensor::empty({grads.numel()}, reduce_dtype_);
+  Tensor wire = Tensor::empty({grads.numel()}, reduce_dtype_, device_);
   track_transient(static_cast<int64_t>(wire.nbytes()));
   ops::convert(*ctx_, wire, grads);
   return wire;
@@ -289,7 +290,7 @@ void ZeroStore::drain_one() {
   Pending& p = pending_.front();
   comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter", comm::WaitGroup::dp);
   if (p.recv.dtype() != grad_dtype_) {
-    Tensor back = Tensor::empty({p.recv.numel()}, grad_dtype_);
+    Tensor back = Tensor::empty({p.recv.numel()}, grad_dtype_, device_);
     ops::convert(*ctx_, back, p.recv);
     ops::add_inplace(*ctx_, units_[p.unit].part_grads, back);
   } else {
@@ -489,7 +490,7 @@ Result<Tensor> ZeroStore::unit_params(int u) {
 }
 
 Result<Tensor> ZeroStore::gather_partition(const Unit& unit, const Tensor& part) {
-  Tensor out = Tensor::empty({unit.numel}, part.dtype());
+  Tensor out = Tensor::empty({unit.numel}, part.dtype(), device_);
   if (dp_ == nullptr) {
     out.copy_from(part);
     return out;

@@ -189,6 +189,7 @@ class ZeroStore {
   bool mixed_ = false;
   PipelineStage* chunk_ = nullptr;
   Context* ctx_ = nullptr;
+  Device device_ = Device::cpu;  // ctx_'s: where every buffer of the store lives
   std::vector<Unit> units_;
   int micro_batches_ = 1;
   int64_t transient_bytes_ = 0, transient_peak_ = 0;

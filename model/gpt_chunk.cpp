@@ -173,13 +173,13 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   }
   const int64_t total = units.empty() ? 0 : units.back().param_offset + units.back().numel;
   if (!hooks.acquire_params) {
-    flat_params = Tensor::zeros({total}, dtype);
+    flat_params = Tensor::zeros({total}, dtype, cs.device);
     for (size_t i = 0; i < specs.size(); ++i)
       params.push_back(flat_params.rows(spec_offset[i], spec_offset[i] + specs[i].local_shape.numel())
                            .view(specs[i].local_shape));
   }
   if (!hooks.grad_buffer) {
-    flat_grads = Tensor::zeros({total}, grad_dtype);
+    flat_grads = Tensor::zeros({total}, grad_dtype, cs.device);
     for (size_t i = 0; i < specs.size(); ++i)
       grads.push_back(flat_grads.rows(spec_offset[i], spec_offset[i] + specs[i].local_shape.numel())
                           .view(specs[i].local_shape));
@@ -229,7 +229,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
 }
 
 Tensor GptChunk::Impl::alloc(const Shape& shape, DType type) {
-  Tensor x = Tensor::empty(shape, type);
+  Tensor x = Tensor::empty(shape, type, spec.device);
   act_bytes += static_cast<int64_t>(x.nbytes());
   return x;
 }
@@ -240,7 +240,9 @@ GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
   if (!rms) a.ln1_mean = alloc({Nl}, stat_dtype);
   a.ln1_rstd = alloc({Nl}, stat_dtype);
   a.qkv = alloc({N, QKVl});
-  if (with_probs) a.probs = alloc({B * Hl * T, T});
+  // What attention's backward reads: the CPU's probabilities (B,Hl,T,T), the GPU's row log-sum-exp
+  // (B,Hl,T) f32 (ops::attention_saved_tensor; flash-style, no (T,T) matrix).
+  if (with_probs) a.probs = spec.device == Device::cuda ? alloc({B * Hl, T}, DType::f32) : alloc({B * Hl * T, T});
   a.att = alloc({N, Al});
   a.res1 = alloc({Nl, C});
   a.ln2 = alloc({Nl, C});
@@ -362,14 +364,24 @@ void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
   TROUPE_CHECK(tokens.defined() && tokens.dtype() == DType::i32 && tokens.rank() == 2 && tokens.dim(0) == B &&
                    tokens.dim(1) == T + 1,
                "GptChunk: tokens must be (micro_batch, seq_length + 1) i32 windows");
-  const int32_t* src = tokens.data<int32_t>();
-  for (int64_t i = 0; i < tokens.numel(); ++i)
+  const Tensor host = tokens.to_host();  // the windows come from the host; a GPU copy is read back
+  const int32_t* src = host.data<int32_t>();
+  for (int64_t i = 0; i < host.numel(); ++i)
     TROUPE_CHECK(src[i] >= 0 && src[i] < spec.model.vocab_size, "GptChunk: token id outside the vocabulary");
-  int32_t* in = s.inputs.data<int32_t>();
-  int32_t* tg = s.targets.data<int32_t>();
+  // On the GPU: split on the host, then one upload each (copy_from waits for it: the staging
+  // tensors are freed right after).
+  const bool on_device = s.inputs.device() != Device::cpu;
+  const Tensor inputs = on_device ? Tensor::empty(s.inputs.shape(), DType::i32) : s.inputs;
+  const Tensor targets = on_device ? Tensor::empty(s.targets.shape(), DType::i32) : s.targets;
+  int32_t* in = inputs.data<int32_t>();
+  int32_t* tg = targets.data<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
     std::memcpy(in + b * T, src + b * (T + 1), T * sizeof(int32_t));
     std::memcpy(tg + b * T, src + b * (T + 1) + 1, T * sizeof(int32_t));
+  }
+  if (on_device) {
+    s.inputs.copy_from(inputs);
+    s.targets.copy_from(targets);
   }
 }
 

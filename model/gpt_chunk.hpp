@@ -122,6 +122,10 @@ struct ChunkSpec {
   // Rows of logits the fused head handles at a time (bounds its (rows, Vp/t) buffer); 0: GptModel's
   // rule (about 16M elements), which t = 1, p = 1 needs to be bitwise GptModel.
   int64_t head_chunk_rows = 0;
+  // Where parameters, gradients and activations live (Device::cuda: on the GPU of the thread's
+  // DeviceScope, kernels/device_memory.hpp; the chunk is then run with that GPU's Context). Token
+  // windows come as host tensors either way: the chunk checks them on the host and uploads them.
+  Device device = Device::cpu;
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per

@@ -152,6 +152,7 @@ struct GptChunk::Impl {
   Tensor alloc(const Shape& shape, DType type);  // counted in act_bytes
   Tensor alloc(const Shape& shape) { return alloc(shape, dtype); }
   LayerActs alloc_acts(bool with_probs);
+  Tensor saved_view(const Tensor& probs) const;
   void alloc_slot(Slot& s, bool keep_acts);
   void alloc_stash(Slot& s);
   int64_t rows_of(int rank) const;     // sequence-parallel row counts (all_gather_v's)

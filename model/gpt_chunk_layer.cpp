@@ -51,10 +51,15 @@ void GptChunk::Impl::norm_backward(Context& ctx, const Tensor& dx, const Tensor&
   else ops::layernorm_backward(ctx, dx, dw, db, dout, x, w, mean, rstd);
 }
 
+// The probabilities (B,Hl,T,T) on the CPU, the rows' log-sum-exp (B,Hl,T) on the GPU (alloc_acts).
+Tensor GptChunk::Impl::saved_view(const Tensor& probs) const {
+  return probs.device() == Device::cuda ? probs.view({B, Hl, T}) : probs.view({B, Hl, T, T});
+}
+
 void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& probs,
                                     const Tensor& qkv /*(N,QKVl)*/, int layer) {
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
-  const Tensor out = att.view({B, T, Al}), p = probs.view({B, Hl, T, T}), in = qkv.view({B, T, QKVl});
+  const Tensor out = att.view({B, T, Al}), p = saved_view(probs), in = qkv.view({B, T, QKVl});
   ops::attention_forward(ctx, out, p, in, layout, m, int64_t{r} * Hl);
 }
 
@@ -63,7 +68,7 @@ void GptChunk::Impl::attention_core_backward(Context& ctx, const Tensor& dqkv /*
                                              int layer) {
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
   const Tensor dq = dqkv.view({B, T, QKVl}), dout = datt.view({B, T, Al}), in = qkv.view({B, T, QKVl}),
-               p = probs.view({B, Hl, T, T});
+               p = saved_view(probs);
   ops::attention_backward(ctx, dq, dout, in, p, layout, m, int64_t{r} * Hl);
 }
 

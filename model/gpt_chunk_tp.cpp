@@ -188,11 +188,12 @@ double GptChunk::Impl::head_forward(Context& ctx, Slot& s, const Tensor& wte /*(
   // Every rank holds the same reduced losses; sum them in a fixed order (GptModel's). Evaluation of a
   // padded micro-batch sums only the rows of its real sequences (loss_rows).
   double total = 0;
-  if (losses.dtype() == DType::f32) {
-    const float* l = losses.data<float>();
+  const Tensor host = losses.rows(0, loss_rows).to_host();  // on the GPU: the step's one read-back per micro-batch
+  if (host.dtype() == DType::f32) {
+    const float* l = host.data<float>();
     for (int64_t i = 0; i < loss_rows; ++i) total += l[i];
   } else {
-    const double* l = losses.data<double>();
+    const double* l = host.data<double>();
     for (int64_t i = 0; i < loss_rows; ++i) total += l[i];
   }
   return total;

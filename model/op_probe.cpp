@@ -82,16 +82,18 @@ int64_t count_bad(const T* p, int64_t n) {
 }
 }  // namespace
 
-int64_t first_non_finite(const Tensor& t) {
-  if (!t.defined()) return -1;
+int64_t first_non_finite(const Tensor& given) {
+  if (!given.defined()) return -1;
+  const Tensor t = given.to_host();  // a GPU tensor is read back (the watch's replay only)
   if (t.dtype() == DType::f32) return first_bad(t.data<float>(), t.numel());
   if (t.dtype() == DType::f64) return first_bad(t.data<double>(), t.numel());
   if (is_16bit(t.dtype())) return first_bad(t.to(DType::f32).data<float>(), t.numel());  // widening keeps Inf/NaN
   return -1;
 }
 
-int64_t count_non_finite(const Tensor& t) {
-  if (!t.defined()) return 0;
+int64_t count_non_finite(const Tensor& given) {
+  if (!given.defined()) return 0;
+  const Tensor t = given.to_host();
   if (t.dtype() == DType::f32) return count_bad(t.data<float>(), t.numel());
   if (t.dtype() == DType::f64) return count_bad(t.data<double>(), t.numel());
   if (is_16bit(t.dtype())) return count_bad(t.to(DType::f32).data<float>(), t.numel());

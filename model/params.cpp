@@ -167,6 +167,12 @@ void init_parameter(const ParamSpec& spec, uint64_t seed, const Tensor& t) {
                                 std::all_of(sl.extents.begin(), sl.extents.end(), [](int64_t e) { return e > 0; }) &&
                                 spec.local_shape[sl.dim] == sl.local_extent(),
                "init_parameter: the spec's slice does not describe its local shape");
+  if (t.device() != Device::cpu) {  // computed on the host, then one upload
+    const Tensor host = Tensor::empty(t.shape(), t.dtype());
+    init_parameter(spec, seed, host);
+    t.copy_from(host);
+    return;
+  }
   const int64_t n = t.numel();
   const uint64_t key = splitmix64(seed ^ splitmix64(fnv1a(spec.name)));
   // Local element i takes the value of its global element: the stream is indexed globally.

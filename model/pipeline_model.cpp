@@ -69,6 +69,7 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.slots = at.slots;
   cs.dtype = at.dtype;
   cs.grad_dtype = at.grad_dtype;
+  cs.device = at.device;
   return cs;
 }
 

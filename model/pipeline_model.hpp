@@ -18,6 +18,7 @@ struct StageBuild {
   int micro_batch = 1, slots = 1;
   DType dtype = DType::f32;
   DType grad_dtype = DType::f32;  // with a 16-bit dtype: the gradients' (ChunkSpec::grad_dtype)
+  Device device = Device::cpu;    // ChunkSpec::device (GPT blocks only: check_model refuses custom ones)
   comm::Communicator* tp = nullptr;
 };
 

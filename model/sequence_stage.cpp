@@ -21,10 +21,10 @@ UnitHooks shifted(const UnitHooks& h, int base) {
 
 }  // namespace
 
-std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads) {
+std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads, Device device) {
   std::vector<Tensor> out;
   for (const BoundaryDecl& d : decls)
-    out.push_back(!grads || d.requires_grad ? Tensor::zeros(d.shape, d.dtype) : Tensor());
+    out.push_back(!grads || d.requires_grad ? Tensor::zeros(d.shape, d.dtype, device) : Tensor());
   return out;
 }
 

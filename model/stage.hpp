@@ -38,7 +38,7 @@ struct BoundaryDecl {
 };
 std::string describe(const std::vector<BoundaryDecl>& decls);  // "hidden (56, 16) f32, ids (56) i32 no-grad"
 // Zeroed tensors for `decls`; grads: only for those that take a gradient (undefined for the others).
-std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads);
+std::vector<Tensor> boundary_tensors(const std::vector<BoundaryDecl>& decls, bool grads, Device device = Device::cpu);
 
 class PipelineStage {
  public:

@@ -561,6 +561,9 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--timeline", cfg->timeline,
       "Write a Chrome trace (chrome://tracing, Perfetto) of every actor's spans to this file");
   opt(logs, "--num-threads", cfg->num_threads, "Compute threads (0: all cores)");
+  opt(logs, "--device", cfg->device,
+      "Where to compute: cpu (default), or cuda (GPU 0, one rank: tensor, pipeline and data parallelism "
+      "on GPUs are not wired yet, docs/CUDA.md)");
   opt(logs, "--deepspeed-config,--deepspeed_config", cfg->deepspeed_config,
       "DeepSpeed JSON file; flags given on the command line win over it");
   // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted,

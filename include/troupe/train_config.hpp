@@ -198,6 +198,9 @@ struct TrainConfig {
   std::string metrics_file;  // one JSON object per iteration
   TensorBoardConfig tensorboard;  // not stored in checkpoints (see above)
   int num_threads = 0;       // compute threads of the process's ranks; 0: all cores
+  // Where the ranks compute: "cpu", or "cuda" (GPU 0; one rank for now: docs/CUDA.md says what the
+  // other layouts still need).
+  std::string device = "cpu";
 
   std::string deepspeed_config;  // the file the values came from, if any (informational)
 

@@ -795,6 +795,35 @@ TEST_CASE("train options: parallel settings are validated with the flag and the 
              Contains("--num-layers-per-virtual-pipeline-stage 2 is only used by"));
 }
 
+TEST_CASE("train options: --device is cpu or cuda; cuda refuses, at once, what one GPU rank cannot run yet",
+          "[train_options]") {
+  TrainConfig c;
+  c.mock_data = true;
+  c.train_iters = 10;
+  c.tokenizer_type = "ByteLevelTokenizer";
+  c.device = "cuda";
+  CHECK(validate_train_config(c).is_ok());  // whether a GPU is there is the run's to find
+  CHECK(validate_world(c, 1).is_ok());
+  CHECK_THAT(validate_world(c, 2).message(),
+             Contains("--device is cuda, which trains one rank for now, but troupe launch started 2") &&
+                 Contains(" -- start one process"));
+  c.tensor_model_parallel_size = 2;
+  c.zero_stage = 1;
+  c.offload_optimizer = "cpu";
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  const std::string message = validate_train_config(c).message();
+  CHECK_THAT(message, Contains("--device is cuda") && Contains("--tensor-model-parallel-size 2") &&
+                          Contains("--zero-stage 1") && Contains("--offload-optimizer cpu") &&
+                          Contains(" -- drop those flags"));
+  c = TrainConfig{};
+  c.mock_data = true;
+  c.train_iters = 10;
+  c.tokenizer_type = "ByteLevelTokenizer";
+  c.device = "gpu";
+  CHECK_THAT(validate_train_config(c).message(), Contains("--device is \"gpu\"") && Contains(" -- use cpu or cuda"));
+}
+
 TEST_CASE("train options: troupe launch's ranks must match tensor x pipeline x data",
           "[train_options][parallel_options]") {
   TrainConfig c;

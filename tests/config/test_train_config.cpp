@@ -124,6 +124,7 @@ TrainConfig all_fields_set() {
   c.log_interval = 2;
   c.metrics_file = "/logs/metrics.jsonl";
   c.num_threads = 6;
+  c.device = "cuda";
   c.deepspeed_config = "ds_config.json";
   c.precision.dtype = PrecisionDType::fp16;
   c.precision.recipe = PrecisionRecipe::deepspeed;
@@ -218,6 +219,7 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.log_interval == b.log_interval);
   CHECK(a.metrics_file == b.metrics_file);
   CHECK(a.num_threads == b.num_threads);
+  CHECK(a.device == b.device);
   CHECK(a.deepspeed_config == b.deepspeed_config);
   CHECK(a.precision == b.precision);
 }
@@ -592,6 +594,21 @@ TEST_CASE("train config: a file without tokenizer_model (before the model famili
   auto bad = troupe::TrainConfig::from_json(j.dump());
   REQUIRE_FALSE(bad.is_ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("tokenizer_model"));
+}
+
+TEST_CASE("train config: a file without device (before the GPU backend) loads as cpu", "[train_config]") {
+  troupe::TrainConfig c;
+  c.device = "cuda";
+  auto j = nlohmann::json::parse(c.to_json());
+  REQUIRE(j.at("device") == "cuda");
+  j.erase("device");
+  auto back = troupe::TrainConfig::from_json(j.dump());
+  REQUIRE(back.is_ok());
+  CHECK(back->device == "cpu");
+  j["device"] = 0;
+  auto bad = troupe::TrainConfig::from_json(j.dump());
+  REQUIRE_FALSE(bad.is_ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("device"));
 }
 
 namespace troupe {

@@ -30,6 +30,7 @@
 #include "examples/zloss_head.hpp"
 #include "tests/engine/adapter_block.hpp"
 #include "storage/shard_file.hpp"
+#include "kernels/device_info.hpp"
 #include "tests/test_util.hpp"
 
 using namespace troupe;
@@ -75,6 +76,9 @@ double adam_eps_override = 0;
 // (RankSpec::grad_dtype) and a static loss scale (1: none).
 DType grad_dtype_override = DType::f32;
 double loss_scale_override = 1;
+
+// Where the runs of one test case compute (OnGpu: the gpu-labelled cases at the end).
+Device device_override = Device::cpu;
 
 StepRequest step_request(int step) {
   StepRequest r;
@@ -122,6 +126,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   spec.custom_model = std::move(custom);
   spec.dtype = dtype;
   spec.grad_dtype = grad_dtype_override;
+  spec.device = device_override;
 
   Run run;
   run.losses.assign(kSteps, 0);
@@ -1065,5 +1070,98 @@ TEST_CASE("mixed precision: gradients are reduced in communication_data_type", "
     CHECK(rel(bf16_narrow) < 1e-2);
     CHECK(std::abs(f16_wide.grad_norm - f16.grad_norm) / f16.grad_norm < 5e-3);
     CHECK(std::abs(bf16_narrow.grad_norm - bf16.grad_norm) / bf16.grad_norm < 1e-2);
+  }
+}
+
+// ---- the same runs on a GPU (label gpu: skipped, and reported skipped, without one) ---------------
+// One rank on GPU 0 against the CPU's 1x1x1 run from the same seed and batches: the losses, gradient
+// norms, evaluation loss and parameters after 5 steps of AdamW with clipping and dropout.
+
+namespace {
+struct OnGpu {
+  OnGpu() { device_override = Device::cuda; }
+  ~OnGpu() { device_override = Device::cpu; }
+};
+#define TROUPE_NEED_GPU()                                                                 \
+  do {                                                                                    \
+    if (::troupe::query_devices().cuda_devices < 1) TROUPE_SKIP("no usable CUDA device"); \
+  } while (0)
+}  // namespace
+
+TEST_CASE("gpu: one rank on a GPU trains as the CPU does (fp32 within 1e-5)", "[gpu][parallel]") {
+  TROUPE_NEED_GPU();
+  const Run& cpu = reference();
+  Run gpu;
+  {
+    OnGpu on;
+    gpu = run_layout(small_model(), layout(1, 1, 1), 1, 6);
+  }
+  require_close(cpu, gpu, 1e-5);
+  // The LLaMA family too: GQA, rotary, SwiGLU, RMSNorm, an untied head.
+  const Run llama_cpu = run_layout(llama_model(), layout(1, 1, 1), 1, 6);
+  Run llama_gpu;
+  {
+    OnGpu on;
+    llama_gpu = run_layout(llama_model(), layout(1, 1, 1), 1, 6);
+  }
+  require_close(llama_cpu, llama_gpu, 1e-5, llama_model());
+}
+
+TEST_CASE("gpu: bf16 and fp16 on a GPU follow the CPU's 16-bit runs", "[gpu][parallel][mixed]") {
+  TROUPE_NEED_GPU();
+  MixedReset reset;
+  // Both backends store 16 bits and compute in f32 registers, in different summation orders, so a
+  // value near a rounding boundary may round to the other neighbour: the bounds of 16-bit against
+  // fp32 ("mixed precision: 16-bit runs follow the fp32 run"), not fp32's.
+  const Tol sixteen(5e-4, 1e-2, 2e-2);
+  const Run bf16_cpu = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::bf16);
+  Run bf16_gpu;
+  {
+    OnGpu on;
+    bf16_gpu = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::bf16);
+  }
+  require_close(bf16_cpu, bf16_gpu, sixteen);
+  grad_dtype_override = DType::f16;
+  loss_scale_override = 1024;
+  const Run f16_cpu = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::f16);
+  Run f16_gpu;
+  {
+    OnGpu on;
+    f16_gpu = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, nullptr, DType::f16);
+  }
+  require_close(f16_cpu, f16_gpu, sixteen);
+}
+
+TEST_CASE("gpu: a checkpoint saved on a GPU resumes on the CPU, and one saved on the CPU on a GPU",
+          "[gpu][parallel][checkpoint]") {
+  TROUPE_NEED_GPU();
+  const Run& ref = reference();
+  for (const bool gpu_first : {true, false}) {
+    INFO((gpu_first ? "GPU, then CPU" : "CPU, then GPU"));
+    test::TempDir dir;
+    Resume first;
+    first.last_step = 3;
+    first.save_dir = dir.path().string();
+    Resume second;
+    second.first_step = 4;
+    second.load_dir = dir.path().string();
+    Run got;
+    if (gpu_first) {
+      {
+        OnGpu on;
+        run_layout(small_model(), layout(1, 1, 1), 1, 6, first);
+      }
+      got = run_layout(small_model(), layout(1, 1, 1), 1, 6, second);
+    } else {
+      run_layout(small_model(), layout(1, 1, 1), 1, 6, first);
+      OnGpu on;
+      got = run_layout(small_model(), layout(1, 1, 1), 1, 6, second);
+    }
+    Run expected = ref;  // steps 1-3 ran in the first half: taken as equal
+    for (int s = 0; s < 3; ++s) {
+      expected.losses[s] = got.losses[s];
+      expected.norms[s] = got.norms[s];
+    }
+    require_close(expected, got, 1e-5);
   }
 }
