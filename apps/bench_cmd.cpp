@@ -33,6 +33,7 @@ struct GptBenchArgs {
   int64_t warmup_iters = 2;
   int64_t iters = 10;
   bool json = false;
+  bool bf16 = false;
 };
 
 int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
@@ -61,6 +62,7 @@ int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
   cfg.model.attention_dropout = 0;
   cfg.eval_interval = 0;
   cfg.log_interval = 1;
+  if (a.bf16) cfg.precision.dtype = PrecisionDType::bf16;
   // Every problem at once: the family flags', the architecture's, the run's.
   if (Status st = cfg.model.validate(); !st) {
     const std::string& m = st.message();
@@ -115,6 +117,8 @@ int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
                       {"fraction_of_peak", peak > 0 ? tflops * 1e3 / peak : 0.0},
                       {"final_loss", result.value().last_loss},
                       {"family", cfg.model.family_name()},
+                      {"device", cfg.device},
+                      {"dtype", a.bf16 ? "bf16" : "fp32"},
                       {"parameters", cfg.model.num_parameters()}};
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -155,6 +159,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   gpt->add_option("--iters", a->iters, "timed iterations")->capture_default_str();
   gpt->add_option("--seed", a->cfg.seed)->capture_default_str();
   gpt->add_flag("--json", a->json, "print one JSON line");
+  gpt->add_option("--device", a->cfg.device, "cpu or cuda (GPU 0), as troupe train's")->capture_default_str();
+  gpt->add_flag("--bf16", a->bf16, "bf16 parameters and activations, fp32 master weights (troupe train's --bf16)");
   // The architecture: GPT-2 unless the family flags (or a preset, the flags given beside it winning)
   // say otherwise, as in `troupe train`.
   add_model_family_options(gpt, &a->cfg.model);

@@ -121,6 +121,11 @@ def _import_torch():
         torch, nn, F = _torch, _nn, _F
 
 
+# train-bench --device cuda: attention through F.scaled_dot_product_attention (what PyTorch's GPT-2s on a GPU
+# use) instead of the explicit softmax the CPU oracle keeps.
+_FUSED_ATTENTION = False
+
+
 def build_model_classes():
     _import_torch()
 
@@ -141,10 +146,13 @@ def build_model_classes():
             q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, H, T, hs)
             k = k.view(B, T, self.n_head, hs).transpose(1, 2)
             v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-            att = (q * (1.0 / math.sqrt(hs))) @ k.transpose(-2, -1)  # (B, H, T, T)
-            att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
-            att = F.softmax(att, dim=-1)
-            y = att @ v  # (B, H, T, hs)
+            if _FUSED_ATTENTION:  # the GPU benchmark: PyTorch's own flash / memory-efficient kernels
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q * (1.0 / math.sqrt(hs))) @ k.transpose(-2, -1)  # (B, H, T, T)
+                att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+                att = F.softmax(att, dim=-1)
+                y = att @ v  # (B, H, T, hs)
             y = y.transpose(1, 2).contiguous().view(B, T, C)
             return self.c_proj(y)
 
@@ -687,8 +695,18 @@ def model_flops_per_iter(B, s, l, h, V, heads, groups=None, ffn=None, swiglu=Fal
 
 
 def cmd_train_bench(args):
+    global _FUSED_ATTENTION
     _set_thread_env(args.threads)
     GPT = build_model_classes()
+    device = torch.device(args.device)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: this PyTorch sees no GPU")
+        _FUSED_ATTENTION = True
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+    elif args.dtype != "fp32" or args.compile:
+        raise SystemExit("--dtype bf16 and --compile are for --device cuda")
     if args.model != "llama" and (args.num_query_groups or args.ffn_hidden_size):
         raise SystemExit("--num-query-groups and --ffn-hidden-size are LLaMA's -- add --model llama or drop them")
     torch.set_num_threads(args.threads)
@@ -703,7 +721,9 @@ def cmd_train_bench(args):
                                     args.vocab_size, eps=args.norm_epsilon, base=args.rotary_base)
     else:
         model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads, S, args.vocab_size)
+    model.to(device)
     model.train()
+    step_model = torch.compile(model) if args.compile else model
 
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -738,11 +758,21 @@ def cmd_train_bench(args):
         if it == args.warmup_iters:
             t0 = time.perf_counter()
         x, y = get_batch()
-        _, loss = model(x, y)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if args.dtype == "bf16":  # autocast: fp32 master weights and optimizer, bf16 GEMMs and activations
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                _, loss = step_model(x, y)
+        else:
+            _, loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.clip_grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if args.device == "cuda" and it + 1 == args.warmup_iters:
+            torch.cuda.synchronize()  # the warm-up (and compilation) ends before the clock starts
+            t0 = time.perf_counter()
+    if args.device == "cuda":
+        torch.cuda.synchronize()
     final_loss = loss.item()
     elapsed = time.perf_counter() - (t0 if t0 is not None else time.perf_counter())
 
@@ -754,6 +784,9 @@ def cmd_train_bench(args):
     out = {
         "impl": "pytorch",
         "torch_version": torch.__version__,
+        "device": args.device,
+        "dtype": args.dtype,
+        "compile": args.compile,
         "threads": args.threads,
         "tokens_per_sec": tokens_per_sec,
         "ms_per_iter": ms_per_iter,
@@ -848,6 +881,10 @@ def main(argv=None):
     tb.add_argument("--weight-decay", type=float, default=0.01)
     tb.add_argument("--clip-grad", type=float, default=1.0)
     tb.add_argument("--no-foreach", action="store_true", help="per-tensor AdamW loop instead of foreach kernels")
+    tb.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    tb.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="cuda: bf16 autocast")
+    tb.add_argument("--compile", action="store_true", help="cuda: torch.compile the model")
+    tb.add_argument("--tf32", action="store_true", help="cuda: TF32 GEMMs for fp32")
     tb.set_defaults(func=cmd_train_bench)
 
     ev = sub.add_parser("eval", help="mean next-token loss of an HF GPT-2 HDF5 state dict or an HF folder (GPT-2, "

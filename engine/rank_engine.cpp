@@ -218,7 +218,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     // The rank's own stream, cuBLASLt handle and workspace: every op, copy and allocation of its
     // entry points goes to them (Placed).
     auto made = cuda::DeviceContext::create(spec_.cuda_device);
-    if (!made) throw DeviceError("rank " + std::to_string(rank) + ": " + made.status().message());
+    if (!made) throw DeviceError(made.status().message());  // the rank actor names the rank
     device_ = std::move(made).value();
     ctx_ = device_->ctx();
     ctx_.pool = pool_.get();

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 out=.devcarry
 grep -qx '/.devcarry/' .git/info/exclude 2>/dev/null || echo '/.devcarry/' >> .git/info/exclude
 rm -rf "$out"; mkdir -p "$out/bin" "$out/lib"
-bins=(build/bin/troupe build/tests/test_comm build/tests/test_kernels)
+bins=(build/bin/troupe build/tests/test_comm build/tests/test_kernels build/tests/test_engine build/bench/bench_cuda_ops)
 cp "${bins[@]}" "$out/bin/"
 skip='^(linux-vdso|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|ld-linux|libcuda|libcudart|libnccl|libcublas)'
 for b in "${bins[@]}"; do

@@ -2,8 +2,11 @@
 # The GPU checks, run on a machine with a GPU from a bundle made by scripts/device_bundle.sh (or from
 # a local CUDA build when build/ exists and no bundle is there). Writes its log to ${OUT:-.}/gpu_check.log.
 #   what: nvidia-smi, `troupe info` (sees the GPUs), the [gpu]/[nccl] Catch2 cases of test_comm and
-#   the [gpu] cases of test_kernels (CUDA ops vs the CPU, the device allocator),
-#   tests/cli/gpu_devices.sh. Exit status: non-zero when any check fails.
+#   the [gpu] cases of test_kernels (CUDA ops vs the CPU, the device allocator) and of test_engine
+#   (one rank on the GPU against the CPU: fp32, bf16, fp16, checkpoints both ways),
+#   tests/cli/gpu_devices.sh and tests/cli/gpu_train.sh (`troupe train --device cuda`), then the
+#   benchmark bench/run_gpu_bench.sh (GPT-2 124M / 350M bf16 vs PyTorch eager and compiled), whose
+#   table goes to ${OUT:-.}/gpu_bench.md. Exit status: the number of failed checks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log="${OUT:-.}/gpu_check.log"
@@ -32,6 +35,11 @@ step "$tests/test_comm" "[nccl]" --durations yes
 step "$tests/test_comm" "[gpu]" -s --durations yes
 # The CUDA op backend and the caching allocator against the CPU backend (tests/kernels/test_cuda_*.cpp).
 step "$tests/test_kernels" "[gpu]" --durations yes
+# The engine on the GPU against the CPU (tests/engine/test_parallel.cpp, the "gpu:" cases).
+step "$tests/test_engine" "[gpu]" --durations yes
 step env TROUPE_BIN="$PWD/$bin/troupe" bash tests/cli/gpu_devices.sh
+step env TROUPE_BIN="$PWD/$bin/troupe" bash tests/cli/gpu_train.sh
+# The benchmark last: the checks above say whether its figures mean anything.
+step env TROUPE_BIN="$PWD/$bin/troupe" bash bench/run_gpu_bench.sh --out "${OUT:-.}/gpu_bench.md" --timeout 150
 echo; echo "== $fails failed check(s)"
 exit "$fails"
