@@ -502,9 +502,20 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   rs.micro_batches = config.grad_accumulation_steps(launched);
   set_precision(rs, config.precision);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
-  if (config.device == "cuda") {  // validated: one rank (docs/CUDA.md)
+  if (config.device == "cuda") {
+    // One process per GPU (troupe launch), each rank on its LOCAL_RANK's GPU, the groups NCCL's; in
+    // one process a single rank (the in-process backend moves host memory only).
+    if (!options.world && world > 1)
+      return Status::bad_input("--device cuda with " + std::to_string(world) +
+                               " ranks in one process: GPU ranks run one per process -- start them with troupe launch "
+                               "--nproc-per-node " + std::to_string(world) +
+                               " (one per GPU), or train this layout on the CPU (--device cpu)");
+    if (!options.world && rs.par.zero_stage > 0)
+      return Status::bad_input("--zero-stage " + std::to_string(rs.par.zero_stage) +
+                               " partitions over data-parallel ranks, and this GPU job has one -- drop --zero-stage, "
+                               "or start data-parallel ranks with troupe launch --nproc-per-node N");
     rs.device = Device::cuda;
-    rs.cuda_device = 0;
+    rs.cuda_device = options.cuda_device;
   }
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
   if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));
@@ -569,7 +580,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   if (rs.device == Device::cuda)
     note("device: GPU " + std::to_string(rs.cuda_device) + " (" + query_devices().cuda_detail +
          "): parameters, gradients, activations and Adam moments in GPU memory; the rank and its optimizer "
-         "partition each on a CUDA stream of their own");
+         "partition each on a CUDA stream of their own" + (options.world ? "; collectives through NCCL" : ""));
   if (config.offload_optimizer == "cpu")
     note("optimizer offload: cpu (the Adam moments live in the offload actor's host memory pool" +
          std::string(pool->pinned() ? ", pinned" : "") + "; the step runs on each partition's own threads)");

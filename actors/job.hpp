@@ -31,6 +31,9 @@ struct JobOptions {
   // parallel layout runs in this process on the local backend.
   std::shared_ptr<comm::CommWorld> world;
   comm::Bootstrap* bootstrap = nullptr;
+  // --device cuda: the GPU of this process's rank (under troupe launch: its LOCAL_RANK; the world
+  // is then NCCL's).
+  int cuda_device = 0;
   // Called with the message when the watchdog (--distributed-timeout-minutes) finds a stuck rank. A
   // stuck actor cannot be torn down: troupe train prints the message and ends the process here.
   // Without it, run_training returns the error and leaves the stuck actors (and their actor system

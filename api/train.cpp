@@ -19,6 +19,9 @@
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
 #include "kernels/device_info.hpp"
+#ifdef TROUPE_WITH_CUDA
+#include "comm/nccl/nccl_world.hpp"
+#endif
 #include "storage/tokenizer.hpp"
 
 namespace troupe {
@@ -122,7 +125,21 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
     bootstrap = std::move(b).value();
-    auto w = comm::create_ucx_world(*bootstrap);
+    // GPU ranks (--device cuda): NCCL on GPU LOCAL_RANK, one process per GPU; CPU ranks: UCX.
+    Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
+    if (cfg.device == "cuda") {
+#ifdef TROUPE_WITH_CUDA
+      comm::NcclOptions nccl;
+      nccl.init_timeout = boot_options.connection_timeout * 4;
+      nccl.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 60'000));
+      w = comm::create_nccl_world(*bootstrap, env->local_rank, nccl);
+      options.cuda_device = env->local_rank;
+#else
+      return Status::bad_input("--device cuda: this troupe was built without the CUDA backend");
+#endif
+    } else {
+      w = comm::create_ucx_world(*bootstrap);
+    }
     if (!w) return w.status().with_context("rank " + std::to_string(env->rank) + ": ");
     options.world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
     options.bootstrap = bootstrap.get();

@@ -79,9 +79,6 @@ class Validator {
     if (world_size < 1)
       return Status::error(fmt::format(
           "troupe launch reported {} ranks -- start at least one (--nproc-per-node)", world_size));
-    if (c.device == "cuda" && world_size > 1)
-      return bad("--device", fmt::format("is cuda, which trains one rank for now, but troupe launch started {}", world_size),
-                 "start one process (--nproc-per-node 1, --nnodes 1), or train on the CPU (--device cpu)");
     TROUPE_RETURN_IF_ERROR(sizes(c));  // so that the arithmetic below is defined
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
     const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
@@ -634,25 +631,22 @@ class Validator {
     return Status::ok();
   }
 
-  // --device cuda runs one rank on GPU 0: the other layouts need the pipeline's and ZeRO's messages
-  // on device buffers through NCCL, and offload needs device-to-host copies (docs/CUDA.md).
+  // --device cuda: one process per GPU. Pipeline stages would exchange activations through NCCL's
+  // point-to-point operations, whose ordering the schedules do not follow yet, and offload needs
+  // device-to-host copies (docs/CUDA.md).
   Status device(const TrainConfig& c) const {
     if (c.device != "cpu" && c.device != "cuda")
       return bad("--device", "is \"" + c.device + "\"", "use cpu or cuda");
     if (c.device == "cpu") return Status::ok();
     std::vector<std::string> parts;
-    if (c.tensor_model_parallel_size > 1)
-      parts.push_back(fmt::format("--tensor-model-parallel-size {}", c.tensor_model_parallel_size));
     if (c.pipeline_model_parallel_size > 1)
       parts.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pipeline_model_parallel_size));
-    if (c.data_parallel_size > 1) parts.push_back(fmt::format("--data-parallel-size {}", c.data_parallel_size));
-    if (c.zero_stage > 0) parts.push_back(fmt::format("--zero-stage {}", c.zero_stage));
     if (c.offload_optimizer != "none") parts.push_back("--offload-optimizer " + c.offload_optimizer);
     if (parts.empty()) return Status::ok();
     std::string list;
     for (const std::string& p : parts) list += (list.empty() ? "" : ", ") + p;
-    return bad("--device", "is cuda, which trains one rank with its moments on the GPU for now, but the job asks for " + list,
-               "drop those flags for a one-GPU run, or train this layout on the CPU (--device cpu)");
+    return bad("--device", "is cuda, which runs tensor and data parallelism and ZeRO on GPUs but not yet " + list,
+               "drop those flags, or train this layout on the CPU (--device cpu)");
   }
 
   Status offload_and_restarts(const TrainConfig& c) const {

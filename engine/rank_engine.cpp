@@ -489,6 +489,31 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
   return Status::ok();
 }
 
+// A GPU rank's groups are NCCL's, which read device memory only: host values travel through a
+// device copy (a few numbers per step).
+Status RankEngine::host_all_reduce(comm::Communicator& c, void* data, size_t count, DType dtype, comm::ReduceOp op) {
+  if (!device_) return c.all_reduce(data, count, dtype, op)->wait();
+  const Tensor host = Tensor::wrap(data, {static_cast<int64_t>(count)}, dtype, nullptr);
+  const Tensor on_device = host.on(Device::cuda);
+  TROUPE_RETURN_IF_ERROR(c.all_reduce(on_device.raw(), count, dtype, op)->wait());
+  host.copy_from(on_device);
+  return Status::ok();
+}
+
+Status RankEngine::host_all_gather_v(comm::Communicator& c, const void* send, void* recv, std::span<const size_t> counts,
+                                     DType dtype) {
+  if (!device_) return c.all_gather_v(send, recv, counts, dtype)->wait();
+  size_t total = 0;
+  for (size_t n : counts) total += n;
+  const size_t mine = counts[static_cast<size_t>(c.rank())];
+  const Tensor host_send = Tensor::wrap(const_cast<void*>(send), {static_cast<int64_t>(mine)}, dtype, nullptr);
+  const Tensor host_recv = Tensor::wrap(recv, {static_cast<int64_t>(total)}, dtype, nullptr);
+  const Tensor d_send = host_send.on(Device::cuda), d_recv = Tensor::empty(host_recv.shape(), dtype, Device::cuda);
+  TROUPE_RETURN_IF_ERROR(c.all_gather_v(d_send.raw(), d_recv.raw(), counts, dtype)->wait());
+  host_recv.copy_from(d_recv);
+  return Status::ok();
+}
+
 WaitTarget RankEngine::collective_wait(const std::string& what, const std::vector<int>& members) const {
   WaitTarget t;
   t.what = what;
@@ -605,7 +630,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(sums, 5, DType::f64, comm::ReduceOp::sum)->wait());
+      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, sums, 5, DType::f64, comm::ReduceOp::sum));
     board_->done_waiting();
     // The gradients are loss_scale times the loss's (mixed precision); the norm is the loss's.
     out.grad_norm = std::sqrt(sums[0]) / req.loss_scale;
@@ -722,7 +747,7 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
     int64_t micros = (rows + B - 1) / B;
     board_->set(Doing::evaluating);
     if (comms_.dp != nullptr && comms_.dp->size() > 1)
-      TROUPE_RETURN_IF_ERROR(comms_.dp->all_reduce(&micros, 1, DType::i64, comm::ReduceOp::max)->wait());
+      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.dp, &micros, 1, DType::i64, comm::ReduceOp::max));
     double loss = 0;
     Tensor padded;
     for (int64_t i = 0; i < micros; ++i) {
@@ -768,7 +793,7 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
     }
     board_->wait(collective_wait("the world's reduction of the evaluation loss", world_members_));
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&loss, 1, DType::f64, comm::ReduceOp::sum)->wait());
+      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, &loss, 1, DType::f64, comm::ReduceOp::sum));
     board_->set(Doing::idle);
     return loss;
   });
@@ -817,7 +842,7 @@ Status RankEngine::check_parameters() {
   double flag = bad.empty() ? 0.0 : 1.0;
   board_->wait(collective_wait("the NaN watch's parameter check", world_members_));
   if (comms_.world != nullptr && comms_.world->size() > 1)
-    TROUPE_RETURN_IF_ERROR(comms_.world->all_reduce(&flag, 1, DType::f64, comm::ReduceOp::max)->wait());
+    TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, &flag, 1, DType::f64, comm::ReduceOp::max));
   board_->done_waiting();
   if (flag == 0) return Status::ok();
   // The replay computes the step again from the parameters it began with.
@@ -886,7 +911,7 @@ Status RankEngine::locate_nan(const std::string& trigger, const std::string& bad
     std::vector<int64_t> gathered(words.size() * static_cast<size_t>(ranks));
     const std::vector<size_t> counts(static_cast<size_t>(ranks), words.size());
     board_->wait(collective_wait("the NaN watch's findings", world_members_));
-    TROUPE_RETURN_IF_ERROR(comms_.world->all_gather_v(words.data(), gathered.data(), counts, DType::i64)->wait());
+    TROUPE_RETURN_IF_ERROR(host_all_gather_v(*comms_.world, words.data(), gathered.data(), counts, DType::i64));
     board_->done_waiting();
     for (int r = 0; r < ranks; ++r)
       all.push_back(decode_finding(gathered.data() + static_cast<size_t>(r) * words.size()));

@@ -29,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,11 @@ class RankEngine {
   // The dropout key of this rank's micro-batch `micro` in the step under way.
   MicroBatchKey micro_key(int micro) const;
   Status sync_tied_embedding();
+  // Collectives over host values (the step's sums and votes, counts, the NaN watch's findings),
+  // through device copies on a GPU rank.
+  Status host_all_reduce(comm::Communicator& c, void* data, size_t count, DType dtype, comm::ReduceOp op);
+  Status host_all_gather_v(comm::Communicator& c, const void* send, void* recv, std::span<const size_t> counts,
+                           DType dtype);
   // The NaN watch: what a watched step keeps, the parameter check, and the replay.
   struct Kept;
   void keep_step(const Tensor& tokens, double grad_scale);

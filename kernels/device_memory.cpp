@@ -8,8 +8,17 @@ namespace {
 thread_local DevicePlacement current;
 }  // namespace
 DevicePlacement current_placement() { return current; }
-DeviceScope::DeviceScope(DevicePlacement at) : saved_(current) { current = at; }
-DeviceScope::~DeviceScope() { current = saved_; }
+// A placement on a stream makes its GPU the thread's current CUDA device too (kernels launch on the
+// current device, and a stream belongs to one); the host-only placement {0, 0} touches no CUDA
+// state, so CPU ranks never initialise the CUDA runtime.
+DeviceScope::DeviceScope(DevicePlacement at) : saved_(current) {
+  current = at;
+  if (at.stream != 0) make_device_current(at.device);
+}
+DeviceScope::~DeviceScope() {
+  current = saved_;
+  if (saved_.stream != 0) make_device_current(saved_.device);
+}
 }  // namespace troupe
 
 #ifndef TROUPE_WITH_CUDA
@@ -29,6 +38,7 @@ Status copy_tensor(const Tensor&, const Tensor&, uint64_t) { return no_cuda(); }
 Status record_stream(const Tensor&, uint64_t) { return no_cuda(); }
 Result<CachingAllocatorStats> device_allocator_stats(int) { return no_cuda(); }
 Status device_empty_cache(int) { return no_cuda(); }
+void make_device_current(int) {}
 void device_zero(const Tensor&, uint64_t) { throw DeviceError(no_cuda().message()); }
 void device_copy(const Tensor&, const Tensor&, uint64_t) { throw DeviceError(no_cuda().message()); }
 

@@ -40,6 +40,9 @@ class DeviceScope {
  private:
   DevicePlacement saved_;
 };
+// cudaSetDevice(device) on this thread (DeviceScope calls it for placements on a stream); nothing
+// without the CUDA backend.
+void make_device_current(int device);
 
 // Tensor's methods on device tensors (throw DeviceError): zeroes t on `stream` (no wait); copies src
 // into dst (equal bytes; either may be on the host) on `stream`, waiting for it when either side is

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/device_memory.hpp"
 #include "troupe/check.hpp"
 
 namespace troupe::comm {
@@ -168,6 +169,7 @@ struct CommCore {
   std::string label;  // "group [0,2] (rank 1 of 2, world rank 2, device 1)"
   NcclOptions options;
   int32_t* scratch = nullptr;  // device: the barrier's element
+  cudaEvent_t ordered = nullptr;  // launch(): the caller's stream's point the operation waits for
 
   std::mutex mu;
   bool aborted = false;
@@ -215,6 +217,7 @@ struct CommCore {
       }
     }
     if (scratch != nullptr) (void)cudaFree(scratch);
+    if (ordered != nullptr) (void)cudaEventDestroy(ordered);
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
   }
 };
@@ -419,6 +422,15 @@ class NcclComm final : public NcclCommunicator {
     std::lock_guard<std::mutex> lock(c.mu);
     if (c.aborted) return completed_work(Status::error(c.failure));
     DeviceGuard guard(c.device);
+    // After the work the calling thread queued on its current stream (DeviceScope,
+    // kernels/device_memory.hpp: a rank engine's entry points set the rank's), so the buffers its
+    // kernels just wrote are complete when NCCL reads them, without the host waiting.
+    if (const DevicePlacement at = current_placement(); at.stream != 0 && at.device == c.device) {
+      cudaError_t e = c.ordered != nullptr ? cudaSuccess : cudaEventCreateWithFlags(&c.ordered, cudaEventDisableTiming);
+      if (e == cudaSuccess) e = cudaEventRecord(c.ordered, reinterpret_cast<cudaStream_t>(at.stream));
+      if (e == cudaSuccess) e = cudaStreamWaitEvent(c.stream, c.ordered, 0);
+      if (e != cudaSuccess) return completed_work(c.fail_locked(what, "ordering it after the caller's stream: " + cuda_text(e)));
+    }
     ncclResult_t r = body(c.comm, c.stream);
     r = settle(c.comm, r, Clock::now() + c.options.op_timeout);
     if (r == ncclInProgress) {

@@ -20,9 +20,11 @@
 // serialised.
 //
 // Buffers are device pointers on the communicator's device. Ordering with compute: the
-// communicator's stream (stream()) is a non-blocking stream that waits for nothing; buffers must be
-// ready when an operation is called (synchronise the producing stream, or make stream() wait on an
-// event of it). Work::wait() returns once the operation's event has completed on the device and
+// communicator's stream (stream()) is a non-blocking stream; each operation first waits (on the
+// device, cudaStreamWaitEvent) for the work the calling thread queued on its current stream
+// (DeviceScope, kernels/device_memory.hpp) when that stream is on the communicator's device.
+// Otherwise buffers must be ready when an operation is called (synchronise the producing stream, or
+// make stream() wait on an event of it). Work::wait() returns once the operation's event has completed on the device and
 // NCCL reports no error; the buffers may then be read by the host or any stream.
 //
 // Operations (all on stream(), in call order):

@@ -91,6 +91,10 @@ Result<CachingAllocator*> allocator_for(int device) {
 
 }  // namespace
 
+void make_device_current(int device) {
+  if (cudaSetDevice(device) != cudaSuccess) (void)cudaGetLastError();  // the next call on it reports why
+}
+
 Result<Tensor> device_empty(const Shape& shape, DType dtype, int device, uint64_t stream) {
   auto alloc = allocator_for(device);
   if (!alloc.is_ok()) return alloc.status();
