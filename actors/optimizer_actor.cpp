@@ -23,6 +23,11 @@ struct OptimizerState {
   // asking for the step; the step drains this one before replying).
   std::shared_ptr<cuda::DeviceContext> device;
   DevicePlacement placement;
+  // A GPU rank with --offload-optimizer (ZeRO-Offload): the moments stay in host memory and AdamW
+  // runs on the CPU (cpu_ctx): each piece's parameters and gradients are copied to the host, stepped
+  // and the parameters copied back.
+  bool host_step = false;
+  Context cpu_ctx;
 };
 
 caf::error optimizer_error(const Status& st) {
@@ -31,7 +36,8 @@ caf::error optimizer_error(const Status& st) {
 
 optimizer_actor::behavior_type optimizer_behavior(
     optimizer_actor::stateful_pointer<OptimizerState> self, std::vector<AdamSegment> segments,
-    int num_threads, std::shared_ptr<MomentStore> moments, int rank, std::shared_ptr<cuda::DeviceContext> device) {
+    int num_threads, std::shared_ptr<MomentStore> moments, int rank, std::shared_ptr<cuda::DeviceContext> device,
+    bool host_step) {
   configure_blas_threads();
   name_exceptions(self, "the optimizer partition of rank " + std::to_string(rank));
   auto& st = self->state;
@@ -39,6 +45,8 @@ optimizer_actor::behavior_type optimizer_behavior(
   st.pool = std::make_unique<ThreadPool>(num_threads);
   st.ctx.device = Device::cpu;
   st.ctx.pool = st.pool.get();
+  st.cpu_ctx = st.ctx;
+  st.host_step = device && host_step;
   if (device) {
     st.ctx = device->ctx();
     st.ctx.pool = st.pool.get();
@@ -57,7 +65,12 @@ optimizer_actor::behavior_type optimizer_behavior(
           const AdamSegment& seg = s.segments[p.segment];
           AdamSegment piece{seg.param.rows(p.begin, p.end), seg.grad.rows(p.begin, p.end),
                             seg.decay};
-          adamw_step(s.ctx, {piece}, {p.exp_avg}, {p.exp_avg_sq}, req);
+          if (!s.host_step) return adamw_step(s.ctx, {piece}, {p.exp_avg}, {p.exp_avg_sq}, req);
+          // The same AdamW on host copies (each copy waits for the stream: the moments' pieces of
+          // an nvme store are reused right after).
+          const AdamSegment host{piece.param.to_host(), piece.grad.to_host(), piece.decay};
+          adamw_step(s.cpu_ctx, {host}, {p.exp_avg}, {p.exp_avg_sq}, req);
+          piece.param.copy_from(host.param);
         });
         if (st && s.device) st = s.device->synchronize();
         if (!st) return optimizer_error(st);
@@ -113,11 +126,13 @@ Result<optimizer_actor> spawn_optimizer(caf::actor_system& system,
   }
   DeviceScope on(device ? DevicePlacement{cuda_device, reinterpret_cast<uint64_t>(device->ctx().stream)}
                         : current_placement());
-  auto moments = MomentStore::create(offload, counts, dtype, device ? Device::cuda : Device::cpu);
+  // Offloaded moments live on the host whatever the parameters' device.
+  const bool host_step = device && offload.device != "none";
+  auto moments = MomentStore::create(offload, counts, dtype, device && !host_step ? Device::cuda : Device::cpu);
   if (!moments) return moments.status();
   std::shared_ptr<MomentStore> shared = std::move(moments).value();
   return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads,
-                                     std::move(shared), offload.rank, std::move(device));
+                                     std::move(shared), offload.rank, std::move(device), host_step);
 }
 
 }  // namespace troupe

@@ -632,8 +632,7 @@ class Validator {
   }
 
   // --device cuda: one process per GPU. Pipeline stages would exchange activations through NCCL's
-  // point-to-point operations, whose ordering the schedules do not follow yet, and offload needs
-  // device-to-host copies (docs/CUDA.md).
+  // point-to-point operations, whose ordering the schedules do not follow yet (docs/CUDA.md).
   Status device(const TrainConfig& c) const {
     if (c.device != "cpu" && c.device != "cuda")
       return bad("--device", "is \"" + c.device + "\"", "use cpu or cuda");
@@ -641,12 +640,11 @@ class Validator {
     std::vector<std::string> parts;
     if (c.pipeline_model_parallel_size > 1)
       parts.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pipeline_model_parallel_size));
-    if (c.offload_optimizer != "none") parts.push_back("--offload-optimizer " + c.offload_optimizer);
     if (parts.empty()) return Status::ok();
     std::string list;
     for (const std::string& p : parts) list += (list.empty() ? "" : ", ") + p;
-    return bad("--device", "is cuda, which runs tensor and data parallelism and ZeRO on GPUs but not yet " + list,
-               "drop those flags, or train this layout on the CPU (--device cpu)");
+    return bad("--device", "is cuda, which runs tensor and data parallelism, ZeRO and optimizer offload on GPUs but not yet " + list,
+               "drop it, or train this layout on the CPU (--device cpu)");
   }
 
   Status offload_and_restarts(const TrainConfig& c) const {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "storage/swap_file.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 
@@ -157,9 +158,7 @@ class SwappedMoments final : public MomentStore {
 Result<std::unique_ptr<MomentStore>> MomentStore::create(const OptimizerOffload& offload,
                                                          const std::vector<int64_t>& element_counts,
                                                          DType dtype, Device device) {
-  if (device != Device::cpu && offload.device != "none")
-    return Status::error("--offload-optimizer " + offload.device + " keeps the moments of a GPU rank on the host, "
-                         "which troupe does not do yet -- leave the moments in GPU memory (--offload-optimizer none)");
+  TROUPE_CHECK(device == Device::cpu || offload.device == "none", "MomentStore: offloaded moments live on the host");
   if (offload.device == "nvme") return SwappedMoments::create(offload, element_counts, dtype);
   HostPool* pool = nullptr;
   if (offload.device == "cpu") {

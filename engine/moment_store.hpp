@@ -45,8 +45,8 @@ class MomentStore {
   static constexpr int kBuffers = 4;
   static constexpr int kReadAhead = 2;
 
-  // element_counts[i]: elements of segment i. device cuda: in GPU memory (the thread's DeviceScope),
-  // offload none only.
+  // element_counts[i]: elements of segment i. device cuda (offload none only): in GPU memory (the
+  // thread's DeviceScope).
   static Result<std::unique_ptr<MomentStore>> create(const OptimizerOffload& offload,
                                                      const std::vector<int64_t>& element_counts,
                                                      DType dtype, Device device = Device::cpu);

@@ -5,6 +5,7 @@
 #     CPU's Philox rule), and the evaluation loss;
 #   - a checkpoint saved on the GPU resumes on the CPU with the straight CPU run's losses, and one
 #     saved on the CPU resumes on the GPU;
+#   - --offload-optimizer cpu on the GPU (moments on the host, AdamW on the CPU) as the CPU's run;
 #   - bf16 on the GPU follows bf16 on the CPU within 16-bit rounding (1e-3 relative per iteration);
 #   - with two GPUs or more: tensor parallelism and data parallelism + ZeRO-2 over two processes
 #     (troupe launch, NCCL) equal the same layouts on the CPU within 1e-5.
@@ -49,6 +50,10 @@ compare cpu cpu_resumed 1e-5 6 || fail "a checkpoint saved on the GPU did not re
 run cpu_half --save "$work/ck_cpu" --save-interval 5 --exit-interval 5
 run gpu_resumed --device cuda --load "$work/ck_cpu" --save "$work/ck_cpu"
 compare cpu gpu_resumed 1e-5 6 || fail "a checkpoint saved on the CPU did not resume on the GPU"
+
+# ZeRO-Offload: the moments in host memory, AdamW on the CPU, parameters and gradients copied.
+run gpu_offload --device cuda --offload-optimizer cpu
+compare cpu gpu_offload 1e-5 || fail "--offload-optimizer cpu on the GPU differs from the CPU"
 
 run cpu_bf16 --bf16
 run gpu_bf16 --bf16 --device cuda
