@@ -23,7 +23,7 @@ namespace {
 
 struct RankState {
   std::shared_ptr<comm::CommWorld> world;
-  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
+  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone, pp_grad;
   std::unique_ptr<RankEngine> engine;
   optimizer_actor optimizer;  // this rank's ZeRO optimizer partition, linked
   offload_actor offload;      // background checkpoint writer of the process (may be null)
@@ -37,8 +37,10 @@ caf::error rank_error(int rank, const Status& st) {
 
 // flight: where the groups' operations are recorded (groups of one rank are not: they never wait
 // on anybody); null: nowhere.
+// gradients_apart: the pipeline's gradients get a communicator of their own (RankComms::pp_grad;
+// GPU ranks, whose NCCL groups match messages in issue order on one stream each).
 Status make_groups(RankState& st, const comm::Topology& topo, int rank,
-                   const std::shared_ptr<comm::FlightRecorder>& flight) {
+                   const std::shared_ptr<comm::FlightRecorder>& flight, bool gradients_apart) {
   auto group = [&](const char* name, const std::vector<int>& members,
                    std::unique_ptr<comm::Communicator>& out) -> Status {
     auto g = st.world->group(members);
@@ -51,6 +53,8 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank,
   TROUPE_RETURN_IF_ERROR(group("tp", topo.tp_group(rank), st.tp));
   TROUPE_RETURN_IF_ERROR(group("dp", topo.dp_group(rank), st.dp));
   TROUPE_RETURN_IF_ERROR(group("pp", topo.pp_group(rank), st.pp));
+  if (gradients_apart && topo.pp_group(rank).size() > 1)
+    TROUPE_RETURN_IF_ERROR(group("pp gradients", topo.pp_group(rank), st.pp_grad));
   // Only the first and last stages are in an embedding group (pp > 1); the middle stages have none.
   if (const auto members = topo.embedding_group(rank); !members.empty())
     TROUPE_RETURN_IF_ERROR(group("embedding", members, st.embedding));
@@ -70,9 +74,9 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.rank = rank;
   st.world = std::move(world);
   st.offload = std::move(offload);
-  st.created = make_groups(st, topo, rank, flight);
+  st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda);
   if (st.created) {
-    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get(), st.pp_grad.get()};
     // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
     // within them, the engine's changes of state, so it alone reads the mailbox.
     if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });

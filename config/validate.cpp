@@ -631,20 +631,18 @@ class Validator {
     return Status::ok();
   }
 
-  // --device cuda: one process per GPU. Pipeline stages would exchange activations through NCCL's
-  // point-to-point operations, whose ordering the schedules do not follow yet (docs/CUDA.md).
+  // --device cuda: one process per GPU. The interleaved schedule's messages go round the ring of
+  // stages, which NCCL's in-order, blocking point-to-point deadlocks without batched exchanges
+  // (tests/engine/test_parallel.cpp, "pipeline on NCCL's terms"; docs/CUDA.md).
   Status device(const TrainConfig& c) const {
     if (c.device != "cpu" && c.device != "cuda")
       return bad("--device", "is \"" + c.device + "\"", "use cpu or cuda");
-    if (c.device == "cpu") return Status::ok();
-    std::vector<std::string> parts;
-    if (c.pipeline_model_parallel_size > 1)
-      parts.push_back(fmt::format("--pipeline-model-parallel-size {}", c.pipeline_model_parallel_size));
-    if (parts.empty()) return Status::ok();
-    std::string list;
-    for (const std::string& p : parts) list += (list.empty() ? "" : ", ") + p;
-    return bad("--device", "is cuda, which runs tensor and data parallelism, ZeRO and optimizer offload on GPUs but not yet " + list,
-               "drop it, or train this layout on the CPU (--device cpu)");
+    if (c.device == "cuda" && c.pipeline_schedule == "interleaved" && c.pipeline_model_parallel_size > 1)
+      return bad("--device", "is cuda, which runs the 1f1b, gpipe and zb-h1 pipeline schedules on GPUs but not yet "
+                             "--pipeline-schedule interleaved",
+                 "use --pipeline-schedule 1f1b (and drop --num-layers-per-virtual-pipeline-stage), or train on the "
+                 "CPU (--device cpu)");
+    return Status::ok();
   }
 
   Status offload_and_restarts(const TrainConfig& c) const {

@@ -343,11 +343,12 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
             static_cast<uint64_t>(dir)) * kMaxBoundaryTensors + tensor;
   };
   // Receives (into `dst`'s defined tensors) and sends (of `src`'s) of one boundary.
+  comm::Communicator* const by_dir[2] = {comms_.pp, comms_.pp_grad != nullptr ? comms_.pp_grad : comms_.pp};
   auto recv_all = [&](const std::vector<Tensor>& dst, int from, int micro, int boundary, int dir) {
     std::vector<comm::WorkPtr> works;
     for (size_t i = 0; i < dst.size(); ++i)
       if (dst[i].defined())
-        works.push_back(comms_.pp->recv(dst[i].raw(), static_cast<size_t>(dst[i].numel()), dst[i].dtype(), from,
+        works.push_back(by_dir[dir]->recv(dst[i].raw(), static_cast<size_t>(dst[i].numel()), dst[i].dtype(), from,
                                         tag(micro, boundary, dir, i)));
     return works;
   };
@@ -355,7 +356,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
                       int boundary, int dir) {
     for (size_t i = 0; i < src.size(); ++i)
       if (src[i].defined())
-        sends.push_back(comms_.pp->send(src[i].raw(), static_cast<size_t>(src[i].numel()), src[i].dtype(), to,
+        sends.push_back(by_dir[dir]->send(src[i].raw(), static_cast<size_t>(src[i].numel()), src[i].dtype(), to,
                                         tag(micro, boundary, dir, i)));
   };
   auto alloc_slot = [&](int c, int micro) -> Result<int> {

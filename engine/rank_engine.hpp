@@ -112,6 +112,10 @@ struct RankComms {
   comm::Communicator* dp = nullptr;
   comm::Communicator* embedding = nullptr;
   comm::Communicator* world = nullptr;
+  // The pipeline's gradients (backward direction), when they travel on a communicator of their own
+  // (GPU ranks: NCCL matches point-to-point messages in issue order on one stream per communicator,
+  // so each direction gets one and neither waits behind the other); null: pp carries both.
+  comm::Communicator* pp_grad = nullptr;
 };
 
 // One span of the timeline (Chrome trace "X" event), microseconds since span_epoch().

@@ -29,6 +29,7 @@
 #include "examples/mlp_stages.hpp"
 #include "examples/zloss_head.hpp"
 #include "tests/engine/adapter_block.hpp"
+#include "tests/engine/in_order_p2p.hpp"
 #include "storage/shard_file.hpp"
 #include "kernels/device_info.hpp"
 #include "tests/test_util.hpp"
@@ -80,6 +81,13 @@ double loss_scale_override = 1;
 // Where the runs of one test case compute (OnGpu: the gpu-labelled cases at the end).
 Device device_override = Device::cpu;
 
+// The pipeline's messages under NCCL's ordering rules (tests/engine/in_order_p2p.hpp), the
+// gradients on a communicator of their own (RankComms::pp_grad) unless `in_order_one_comm`; with
+// `collect_errors` the ranks' errors go there instead of failing the test (and waits time out).
+bool in_order_p2p = false;
+bool in_order_one_comm = false;
+std::vector<std::string>* collect_errors = nullptr;
+
 StepRequest step_request(int step) {
   StepRequest r;
   r.loss_scale = loss_scale_override;
@@ -114,8 +122,18 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   sizes.pp = par.pp;
   sizes.dp = par.dp;
   auto topo = comm::Topology::create(sizes, world).value();
-  auto fabric = comm::LocalFabric::create(world).value();
+  comm::LocalFabricOptions fabric_options;
+  if (collect_errors != nullptr) fabric_options.timeout = std::chrono::milliseconds(20000);
+  auto fabric = comm::LocalFabric::create(world, fabric_options).value();
   const auto batches = make_batches(model, global_batch, kSteps, 99);
+  std::map<std::vector<int>, std::unique_ptr<test::InOrderP2P>> fwd_groups, bwd_groups;
+  if (in_order_p2p)
+    for (int r = 0; r < world; ++r) {
+      const auto members = topo.pp_group(r);
+      if (fwd_groups.count(members)) continue;
+      fwd_groups[members] = std::make_unique<test::InOrderP2P>(par.pp);
+      bwd_groups[members] = std::make_unique<test::InOrderP2P>(par.pp);
+    }
   RankSpec spec;
   spec.model = model;
   spec.par = par;
@@ -136,7 +154,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   auto body = [&](int rank) {
     auto fail = [&](const std::string& what) {
       std::lock_guard<std::mutex> lock(mu);
-      errors.push_back("rank " + std::to_string(rank) + ": " + what);
+      (collect_errors != nullptr ? *collect_errors : errors).push_back("rank " + std::to_string(rank) + ": " + what);
     };
     auto world_r = fabric.world(rank);
     auto g = [&](const std::vector<int>& m) { return world_r->group(m).value(); };
@@ -146,7 +164,19 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     const auto emb_members = topo.embedding_group(rank);
     auto emb = emb_members.empty() ? nullptr : g(emb_members);
     auto all = world_r->everyone().value();
-    RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()});
+    std::unique_ptr<comm::Communicator> ordered_pp, ordered_grad;
+    RankComms comms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()};
+    if (in_order_p2p) {
+      const auto members = topo.pp_group(rank);
+      const int stage = topo.coords(rank).pp;  // the pp group's ranks are stage indices
+      ordered_pp = fwd_groups.at(members)->member(stage);
+      comms.pp = ordered_pp.get();
+      if (!in_order_one_comm) {
+        ordered_grad = bwd_groups.at(members)->member(stage);
+        comms.pp_grad = ordered_grad.get();
+      }
+    }
+    RankEngine engine(spec, topo, rank, comms);
     if (resume.load_dir.empty()) {
       engine.init(1234);
     } else {
@@ -451,6 +481,62 @@ void check_resume(const GptConfig& model, const Run& ref, const ParallelConfig& 
 }
 
 }  // namespace
+
+namespace {
+struct InOrderReset {
+  ~InOrderReset() {
+    in_order_p2p = false;
+    in_order_one_comm = false;
+    collect_errors = nullptr;
+  }
+};
+}  // namespace
+
+// GPU ranks exchange the pipeline's activations and gradients through NCCL, whose point-to-point
+// messages match in issue order and block one stream per communicator (tests/engine/in_order_p2p.hpp
+// models it strictly). With the gradients on a communicator of their own, every schedule's messages
+// arrive in the order they are expected and no stage waits for ever; the results are the 1x1x1 run's.
+TEST_CASE("pipeline on NCCL's terms: every schedule, one communicator per direction, in order and without deadlock",
+          "[parallel][nccl_order]") {
+  InOrderReset reset;
+  std::vector<std::string> errors;
+  const Run& ref = reference();
+  const std::vector<Case> cases = {
+      {"pp2 1f1b", layout(1, 2, 1), 1, 6},
+      {"pp4 1f1b", layout(1, 4, 1), 1, 6},
+      {"pp4 gpipe", layout(1, 4, 1, 0, sched::ScheduleType::gpipe), 1, 6},
+      {"pp2 zb-h1", layout(1, 2, 1, 0, sched::ScheduleType::zb_h1), 1, 6},
+      {"pp4 zb-h1", layout(1, 4, 1, 0, sched::ScheduleType::zb_h1), 1, 6},
+      {"pp2 1f1b zero-2 dp2", layout(1, 2, 2, 2), 1, 6},
+      {"tp2 pp2 dp2 1f1b", layout(2, 2, 2), 1, 6},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    in_order_p2p = true;
+    collect_errors = &errors;
+    const Run got = run_layout(small_model(), c.par, c.micro_batch, c.global_batch);
+    for (const std::string& e : errors) FAIL(e);
+    require_close(ref, got, 1e-5);
+  }
+}
+
+// The model is not too lenient: with both directions on one communicator, stage 1 queues its
+// receive of activation 1 (posted ahead) before its send of gradient 0, stage 0 its receive of
+// gradient 0 before its send of activation 1: both streams stop at a receive.
+TEST_CASE("pipeline on NCCL's terms: both directions on one communicator deadlock under 1F1B", "[parallel][nccl_order]") {
+  InOrderReset reset;
+  std::vector<std::string> errors;
+  in_order_p2p = true;
+  in_order_one_comm = true;
+  collect_errors = &errors;
+  (void)run_layout(small_model(), layout(1, 2, 1), 1, 6);
+  REQUIRE_FALSE(errors.empty());
+  bool named = false;
+  for (const std::string& e : errors) named = named || e.find("deadlock") != std::string::npos || e.find("out of order") != std::string::npos;
+  CHECK(named);
+  if (std::getenv("TROUPE_TEST_VERBOSE"))
+    for (const std::string& e : errors) std::printf("  %s\n", e.c_str());
+}
 
 TEST_CASE("parallel: save on one layout, resume on another, equals the straight run", "[parallel][checkpoint]") {
   using S = sched::ScheduleType;
