@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -23,7 +24,10 @@ namespace {
 
 struct RankState {
   std::shared_ptr<comm::CommWorld> world;
-  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone, pp_grad;
+  std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
+  // GPU ranks: the pipeline's links, one communicator per (direction, sending stage) this stage is
+  // an end of (RankComms::pp_link).
+  std::map<std::pair<int, int>, std::unique_ptr<comm::Communicator>> links;
   std::unique_ptr<RankEngine> engine;
   optimizer_actor optimizer;  // this rank's ZeRO optimizer partition, linked
   offload_actor offload;      // background checkpoint writer of the process (may be null)
@@ -37,10 +41,10 @@ caf::error rank_error(int rank, const Status& st) {
 
 // flight: where the groups' operations are recorded (groups of one rank are not: they never wait
 // on anybody); null: nowhere.
-// gradients_apart: the pipeline's gradients get a communicator of their own (RankComms::pp_grad;
+// links_apart: every pipeline link and direction gets a communicator of its own (RankComms::pp_link;
 // GPU ranks, whose NCCL groups match messages in issue order on one stream each).
 Status make_groups(RankState& st, const comm::Topology& topo, int rank,
-                   const std::shared_ptr<comm::FlightRecorder>& flight, bool gradients_apart) {
+                   const std::shared_ptr<comm::FlightRecorder>& flight, bool links_apart) {
   auto group = [&](const char* name, const std::vector<int>& members,
                    std::unique_ptr<comm::Communicator>& out) -> Status {
     auto g = st.world->group(members);
@@ -53,8 +57,18 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank,
   TROUPE_RETURN_IF_ERROR(group("tp", topo.tp_group(rank), st.tp));
   TROUPE_RETURN_IF_ERROR(group("dp", topo.dp_group(rank), st.dp));
   TROUPE_RETURN_IF_ERROR(group("pp", topo.pp_group(rank), st.pp));
-  if (gradients_apart && topo.pp_group(rank).size() > 1)
-    TROUPE_RETURN_IF_ERROR(group("pp gradients", topo.pp_group(rank), st.pp_grad));
+  // The links in one order on every rank (direction, then sending stage), each made by its two ends.
+  const std::vector<int> stages = topo.pp_group(rank);
+  const int p = static_cast<int>(stages.size());
+  if (links_apart && p > 1)
+    for (int dir = 0; dir < 2; ++dir)
+      for (int s = 0; s < p; ++s) {
+        const int r = dir == 0 ? (s + 1) % p : (s + p - 1) % p;
+        if (rank != stages[static_cast<size_t>(s)] && rank != stages[static_cast<size_t>(r)]) continue;
+        std::vector<int> ends = {stages[static_cast<size_t>(s)], stages[static_cast<size_t>(r)]};
+        std::sort(ends.begin(), ends.end());
+        TROUPE_RETURN_IF_ERROR(group(dir == 0 ? "pp activations" : "pp gradients", ends, st.links[{dir, s}]));
+      }
   // Only the first and last stages are in an embedding group (pp > 1); the middle stages have none.
   if (const auto members = topo.embedding_group(rank); !members.empty())
     TROUPE_RETURN_IF_ERROR(group("embedding", members, st.embedding));
@@ -76,7 +90,16 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.offload = std::move(offload);
   st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda);
   if (st.created) {
-    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get(), st.pp_grad.get()};
+    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    if (!st.links.empty()) {
+      const std::vector<int> stages = topo.pp_group(rank);
+      const int me = topo.coords(rank).pp;
+      comms.pp_link = [links = &st.links, stages, me](int dir, int peer, bool sending) {
+        comm::Communicator* c = links->at({dir, sending ? me : peer}).get();
+        // A link's ranks are its two ends by ascending global rank.
+        return PipeLink{c, stages[static_cast<size_t>(peer)] < stages[static_cast<size_t>(me)] ? 0 : 1};
+      };
+    }
     // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
     // within them, the engine's changes of state, so it alone reads the mailbox.
     if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });

@@ -631,17 +631,10 @@ class Validator {
     return Status::ok();
   }
 
-  // --device cuda: one process per GPU. The interleaved schedule's messages go round the ring of
-  // stages, which NCCL's in-order, blocking point-to-point deadlocks without batched exchanges
-  // (tests/engine/test_parallel.cpp, "pipeline on NCCL's terms"; docs/CUDA.md).
+  // --device: cpu, or cuda (one process per GPU under troupe launch; every layout: docs/CUDA.md).
   Status device(const TrainConfig& c) const {
     if (c.device != "cpu" && c.device != "cuda")
       return bad("--device", "is \"" + c.device + "\"", "use cpu or cuda");
-    if (c.device == "cuda" && c.pipeline_schedule == "interleaved" && c.pipeline_model_parallel_size > 1)
-      return bad("--device", "is cuda, which runs the 1f1b, gpipe and zb-h1 pipeline schedules on GPUs but not yet "
-                             "--pipeline-schedule interleaved",
-                 "use --pipeline-schedule 1f1b (and drop --num-layers-per-virtual-pipeline-stage), or train on the "
-                 "CPU (--device cpu)");
     return Status::ok();
   }
 

@@ -343,21 +343,22 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
             static_cast<uint64_t>(dir)) * kMaxBoundaryTensors + tensor;
   };
   // Receives (into `dst`'s defined tensors) and sends (of `src`'s) of one boundary.
-  comm::Communicator* const by_dir[2] = {comms_.pp, comms_.pp_grad != nullptr ? comms_.pp_grad : comms_.pp};
   auto recv_all = [&](const std::vector<Tensor>& dst, int from, int micro, int boundary, int dir) {
     std::vector<comm::WorkPtr> works;
+    const PipeLink l = link(dir, from, false);
     for (size_t i = 0; i < dst.size(); ++i)
       if (dst[i].defined())
-        works.push_back(by_dir[dir]->recv(dst[i].raw(), static_cast<size_t>(dst[i].numel()), dst[i].dtype(), from,
-                                        tag(micro, boundary, dir, i)));
+        works.push_back(l.comm->recv(dst[i].raw(), static_cast<size_t>(dst[i].numel()), dst[i].dtype(), l.peer,
+                                     tag(micro, boundary, dir, i)));
     return works;
   };
   auto send_all = [&](std::vector<comm::WorkPtr>& sends, const std::vector<Tensor>& src, int to, int micro,
                       int boundary, int dir) {
+    const PipeLink l = link(dir, to, true);
     for (size_t i = 0; i < src.size(); ++i)
       if (src[i].defined())
-        sends.push_back(by_dir[dir]->send(src[i].raw(), static_cast<size_t>(src[i].numel()), src[i].dtype(), to,
-                                        tag(micro, boundary, dir, i)));
+        sends.push_back(l.comm->send(src[i].raw(), static_cast<size_t>(src[i].numel()), src[i].dtype(), l.peer,
+                                     tag(micro, boundary, dir, i)));
   };
   auto alloc_slot = [&](int c, int micro) -> Result<int> {
     ChunkBuffers& b = *buffers_[c];
@@ -488,6 +489,11 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
     for (auto& s : buf->sends) TROUPE_RETURN_IF_ERROR(wait_sends(s));
   board_->done_waiting();
   return Status::ok();
+}
+
+PipeLink RankEngine::link(int dir, int peer_stage, bool sending) const {
+  if (comms_.pp_link) return comms_.pp_link(dir, peer_stage, sending);
+  return {comms_.pp, peer_stage};
 }
 
 // A GPU rank's groups are NCCL's, which read device memory only: host values travel through a
@@ -772,9 +778,12 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
                      kMaxBoundaryTensors + tensor;
         };
         std::vector<comm::WorkPtr> works;
-        for (size_t t = 0; t < b.in_act[0].size(); ++t)
-          works.push_back(comms_.pp->recv(b.in_act[0][t].raw(), static_cast<size_t>(b.in_act[0][t].numel()),
-                                          b.in_act[0][t].dtype(), (k - 1) % p, tag(k - 1, t)));
+        if (!b.in_act[0].empty()) {
+          const PipeLink l = link(kF, (k - 1 + p) % p, false);
+          for (size_t t = 0; t < b.in_act[0].size(); ++t)
+            works.push_back(l.comm->recv(b.in_act[0][t].raw(), static_cast<size_t>(b.in_act[0][t].numel()),
+                                         b.in_act[0][t].dtype(), l.peer, tag(k - 1, t)));
+        }
         if (!works.empty()) {
           const int from = (k - 1 + p) % p;
           board_->wait({"the activation of evaluation micro-batch " + std::to_string(i) + " (chunk " + std::to_string(c) +
@@ -786,9 +795,12 @@ Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {
         board_->set(Doing::evaluating, static_cast<int>(i), c);
         const double l = chunk.forward_eval(ctx_, chunk.reads_batch() ? mb : Tensor(), b.in_act[0], b.out_act[0], valid);
         if (chunk.has_loss() && tp_rank_ == 0) loss += l;
-        for (size_t t = 0; t < b.out_act[0].size(); ++t)
-          works.push_back(comms_.pp->send(b.out_act[0][t].raw(), static_cast<size_t>(b.out_act[0][t].numel()),
-                                          b.out_act[0][t].dtype(), (k + 1) % p, tag(k, t)));
+        if (!b.out_act[0].empty()) {
+          const PipeLink l = link(kF, (k + 1) % p, true);
+          for (size_t t = 0; t < b.out_act[0].size(); ++t)
+            works.push_back(l.comm->send(b.out_act[0][t].raw(), static_cast<size_t>(b.out_act[0][t].numel()),
+                                         b.out_act[0][t].dtype(), l.peer, tag(k, t)));
+        }
         TROUPE_RETURN_IF_ERROR(comm::wait_all(works));
       }
     }

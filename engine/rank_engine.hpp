@@ -25,6 +25,7 @@
 // Failures of a peer surface as errors from train_step, never hangs. Not thread-safe.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -106,16 +107,25 @@ struct RankSpec {
 // gradients accumulate in fp32.
 void set_precision(RankSpec& spec, const PrecisionConfig& precision);
 
+// A pipeline link's communicator for one direction, and the peer's rank in it.
+struct PipeLink {
+  comm::Communicator* comm = nullptr;
+  int peer = 0;
+};
+
 struct RankComms {
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
   comm::Communicator* dp = nullptr;
   comm::Communicator* embedding = nullptr;
   comm::Communicator* world = nullptr;
-  // The pipeline's gradients (backward direction), when they travel on a communicator of their own
-  // (GPU ranks: NCCL matches point-to-point messages in issue order on one stream per communicator,
-  // so each direction gets one and neither waits behind the other); null: pp carries both.
-  comm::Communicator* pp_grad = nullptr;
+  // GPU ranks: the pipeline's messages on communicators of their own, one per link and direction,
+  // each carrying messages one way only (NCCL matches point-to-point messages in issue order,
+  // whatever the tag, and blocks its one stream until the peer's matching operation runs: a stream
+  // holding both a receive and a send can stop at the receive with the send its peer waits for
+  // queued behind). pp_link(dir, peer_stage, sending): dir 0 activations, 1 gradients; this
+  // stage's sends to peer_stage, or its receives from it. Unset: pp carries everything.
+  std::function<PipeLink(int dir, int peer_stage, bool sending)> pp_link;
 };
 
 // One span of the timeline (Chrome trace "X" event), microseconds since span_epoch().
@@ -250,6 +260,9 @@ class RankEngine {
   // The dropout key of this rank's micro-batch `micro` in the step under way.
   MicroBatchKey micro_key(int micro) const;
   Status sync_tied_embedding();
+  // The communicator of this stage's pipeline messages to (sending) or from peer_stage in direction
+  // dir (RankComms::pp_link), and the peer's rank in it.
+  PipeLink link(int dir, int peer_stage, bool sending) const;
   // Collectives over host values (the step's sums and votes, counts, the NaN watch's findings),
   // through device copies on a GPU rank.
   Status host_all_reduce(comm::Communicator& c, void* data, size_t count, DType dtype, comm::ReduceOp op);

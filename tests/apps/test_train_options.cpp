@@ -795,8 +795,7 @@ TEST_CASE("train options: parallel settings are validated with the flag and the 
              Contains("--num-layers-per-virtual-pipeline-stage 2 is only used by"));
 }
 
-TEST_CASE("train options: --device is cpu or cuda; cuda refuses, at once, what GPU ranks cannot run yet",
-          "[train_options]") {
+TEST_CASE("train options: --device is cpu or cuda, and cuda takes every layout", "[train_options]") {
   TrainConfig c;
   c.mock_data = true;
   c.train_iters = 10;
@@ -811,17 +810,13 @@ TEST_CASE("train options: --device is cpu or cuda; cuda refuses, at once, what G
   CHECK(validate_world(c, 4).is_ok());
   c.offload_optimizer = "cpu";  // ZeRO-Offload: the moments on the host, AdamW on the CPU
   CHECK(validate_train_config(c).is_ok());
-  c.pipeline_model_parallel_size = 2;  // 1f1b, gpipe, zb-h1: one NCCL communicator per direction
+  c.pipeline_model_parallel_size = 2;  // one NCCL communicator per pipeline link and direction
   c.global_batch_size = 8;
   CHECK(validate_train_config(c).is_ok());
   c.pipeline_schedule = "interleaved";
   c.num_layers_per_virtual_pipeline_stage = 1;
   c.model.num_layers = 4;
-  const std::string message = validate_train_config(c).message();
-  CHECK_THAT(message, Contains("--device is cuda") && Contains("but not yet --pipeline-schedule interleaved") &&
-                          Contains(" -- use --pipeline-schedule 1f1b"));
-  CHECK_THAT(message, !Contains("--tensor-model-parallel-size") && !Contains("--zero-stage") &&
-                          !Contains("--offload-optimizer"));
+  CHECK(validate_train_config(c).is_ok());
   c = TrainConfig{};
   c.mock_data = true;
   c.train_iters = 10;

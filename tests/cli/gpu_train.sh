@@ -8,7 +8,7 @@
 #   - --offload-optimizer cpu on the GPU (moments on the host, AdamW on the CPU) as the CPU's run;
 #   - bf16 on the GPU follows bf16 on the CPU within 16-bit rounding (1e-3 relative per iteration);
 #   - with two GPUs or more: tensor parallelism, data parallelism + ZeRO-2 and pipeline parallelism
-#     (1f1b, zb-h1) over two processes (troupe launch, NCCL) equal the same layouts on the CPU within
+#     (1f1b, zb-h1, interleaved) over two processes (troupe launch, NCCL) equal the same layouts on the CPU within
 #     1e-5.
 source "$(dirname "$0")/common.bash"
 info=$("$troupe" info)
@@ -63,12 +63,14 @@ compare cpu_bf16 gpu_bf16 1e-3 || fail "bf16 on the GPU does not follow bf16 on 
 # tensor, data (ZeRO-2) and pipeline parallelism against the same layouts on the CPU.
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)
 if ((gpus >= 2)); then
-  flags=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+  flags=(--hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
          --global-batch-size 6 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3 --weight-decay 0.1
          --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 5 --eval-iters 2
          --log-interval 1000 --train-iters 10 --hidden-dropout 0.1 --attention-dropout 0.1)
-  for layout in "--tensor-model-parallel-size 2" "--data-parallel-size 2 --zero-stage 2" \
-                "--pipeline-model-parallel-size 2" "--pipeline-model-parallel-size 2 --pipeline-schedule zb-h1"; do
+  for layout in "--num-layers 2 --tensor-model-parallel-size 2" "--num-layers 2 --data-parallel-size 2 --zero-stage 2" \
+                "--num-layers 2 --pipeline-model-parallel-size 2" \
+                "--num-layers 2 --pipeline-model-parallel-size 2 --pipeline-schedule zb-h1" \
+                "--num-layers 4 --pipeline-model-parallel-size 2 --pipeline-schedule interleaved --num-layers-per-virtual-pipeline-stage 1"; do
     name=$(tr -c 'a-z0-9' _ <<< "$layout")
     # shellcheck disable=SC2086 # the layout's words are flags
     "$troupe" train "${flags[@]}" $layout --metrics-file "$work/cpu$name.jsonl" > "cpu$name.log" 2>&1 ||

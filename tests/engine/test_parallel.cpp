@@ -16,6 +16,7 @@
 #include <random>
 #include <filesystem>
 #include <thread>
+#include <tuple>
 
 #include <catch2/catch.hpp>
 
@@ -81,9 +82,10 @@ double loss_scale_override = 1;
 // Where the runs of one test case compute (OnGpu: the gpu-labelled cases at the end).
 Device device_override = Device::cpu;
 
-// The pipeline's messages under NCCL's ordering rules (tests/engine/in_order_p2p.hpp), the
-// gradients on a communicator of their own (RankComms::pp_grad) unless `in_order_one_comm`; with
-// `collect_errors` the ranks' errors go there instead of failing the test (and waits time out).
+// The pipeline's messages under NCCL's ordering rules (tests/engine/in_order_p2p.hpp), one
+// communicator per link and direction (RankComms::pp_link, as GPU ranks have them) unless
+// `in_order_one_comm` (everything on one); with `collect_errors` the ranks' errors go there instead
+// of failing the test (and waits time out).
 bool in_order_p2p = false;
 bool in_order_one_comm = false;
 std::vector<std::string>* collect_errors = nullptr;
@@ -126,13 +128,17 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
   if (collect_errors != nullptr) fabric_options.timeout = std::chrono::milliseconds(20000);
   auto fabric = comm::LocalFabric::create(world, fabric_options).value();
   const auto batches = make_batches(model, global_batch, kSteps, 99);
-  std::map<std::vector<int>, std::unique_ptr<test::InOrderP2P>> fwd_groups, bwd_groups;
+  // Per pp group: the whole group (in_order_one_comm), or its links, (direction, sending stage) ->
+  // a group of two, the sender its rank 0.
+  std::map<std::vector<int>, std::unique_ptr<test::InOrderP2P>> whole;
+  std::map<std::tuple<std::vector<int>, int, int>, std::unique_ptr<test::InOrderP2P>> links;
   if (in_order_p2p)
     for (int r = 0; r < world; ++r) {
       const auto members = topo.pp_group(r);
-      if (fwd_groups.count(members)) continue;
-      fwd_groups[members] = std::make_unique<test::InOrderP2P>(par.pp);
-      bwd_groups[members] = std::make_unique<test::InOrderP2P>(par.pp);
+      if (whole.count(members)) continue;
+      whole[members] = std::make_unique<test::InOrderP2P>(par.pp);
+      for (int dir = 0; dir < 2; ++dir)
+        for (int s = 0; s < par.pp; ++s) links[{members, dir, s}] = std::make_unique<test::InOrderP2P>(2);
     }
   RankSpec spec;
   spec.model = model;
@@ -164,16 +170,23 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     const auto emb_members = topo.embedding_group(rank);
     auto emb = emb_members.empty() ? nullptr : g(emb_members);
     auto all = world_r->everyone().value();
-    std::unique_ptr<comm::Communicator> ordered_pp, ordered_grad;
+    std::unique_ptr<comm::Communicator> ordered_pp;
+    std::map<std::pair<int, int>, std::unique_ptr<comm::Communicator>> ends;  // (dir, sender) -> this rank's end
     RankComms comms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()};
     if (in_order_p2p) {
       const auto members = topo.pp_group(rank);
       const int stage = topo.coords(rank).pp;  // the pp group's ranks are stage indices
-      ordered_pp = fwd_groups.at(members)->member(stage);
+      ordered_pp = whole.at(members)->member(stage);
       comms.pp = ordered_pp.get();
       if (!in_order_one_comm) {
-        ordered_grad = bwd_groups.at(members)->member(stage);
-        comms.pp_grad = ordered_grad.get();
+        for (int dir = 0; dir < 2; ++dir)
+          for (int s = 0; s < par.pp; ++s) {
+            const int to = dir == 0 ? (s + 1) % par.pp : (s + par.pp - 1) % par.pp;
+            if (s == stage || to == stage) ends[{dir, s}] = links.at({members, dir, s})->member(s == stage ? 0 : 1);
+          }
+        comms.pp_link = [&ends, stage](int dir, int peer, bool sending) {
+          return PipeLink{ends.at({dir, sending ? stage : peer}).get(), sending ? 1 : 0};
+        };
       }
     }
     RankEngine engine(spec, topo, rank, comms);
@@ -506,6 +519,8 @@ TEST_CASE("pipeline on NCCL's terms: every schedule, one communicator per direct
       {"pp4 1f1b", layout(1, 4, 1), 1, 6},
       {"pp4 gpipe", layout(1, 4, 1, 0, sched::ScheduleType::gpipe), 1, 6},
       {"pp2 zb-h1", layout(1, 2, 1, 0, sched::ScheduleType::zb_h1), 1, 6},
+      {"pp2 interleaved v2", layout(1, 2, 1, 0, sched::ScheduleType::interleaved, 2), 1, 6},
+      {"tp2 pp2 dp2 interleaved v2", layout(2, 2, 2, 0, sched::ScheduleType::interleaved, 2), 1, 6},
       {"pp4 zb-h1", layout(1, 4, 1, 0, sched::ScheduleType::zb_h1), 1, 6},
       {"pp2 1f1b zero-2 dp2", layout(1, 2, 2, 2), 1, 6},
       {"tp2 pp2 dp2 1f1b", layout(2, 2, 2), 1, 6},
