@@ -291,6 +291,9 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(batch);
 
   const char* par = "Parallelism";
+  opt(par, "--device", cfg->device,
+      "Where the ranks compute: cpu (default) or cuda (each rank on a GPU: one process per GPU under troupe "
+      "launch, rank LOCAL_RANK's on GPU LOCAL_RANK, the groups NCCL's; docs/CUDA.md)");
   opt(par, "--tensor-model-parallel-size", cfg->tensor_model_parallel_size,
       "Tensor-parallel ranks splitting every layer; must divide --num-attention-heads");
   opt(par, "--pipeline-model-parallel-size", cfg->pipeline_model_parallel_size,
@@ -561,9 +564,7 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(logs, "--timeline", cfg->timeline,
       "Write a Chrome trace (chrome://tracing, Perfetto) of every actor's spans to this file");
   opt(logs, "--num-threads", cfg->num_threads, "Compute threads (0: all cores)");
-  opt(logs, "--device", cfg->device,
-      "Where to compute: cpu (default), or cuda (GPU 0, one rank: tensor, pipeline and data parallelism "
-      "on GPUs are not wired yet, docs/CUDA.md)");
+
   opt(logs, "--deepspeed-config,--deepspeed_config", cfg->deepspeed_config,
       "DeepSpeed JSON file; flags given on the command line win over it");
   // Megatron-DeepSpeed scripts pass a bare --deepspeed switch next to the config file: accepted,
