@@ -204,8 +204,16 @@ std::string NanControl::report_file_error() const {
 
 // ---- the probe ------------------------------------------------------------------------------------
 
-void poison(const Tensor& t) {
-  if (!t.defined() || t.numel() == 0) return;
+void poison(const Tensor& given) {
+  if (!given.defined() || given.numel() == 0) return;
+  if (given.device() != Device::cpu) {  // a GPU rank's tensor: its first element through the host
+    const Tensor first = given.view({given.numel()}).rows(0, 1);
+    const Tensor host = first.to_host();
+    poison(host);
+    first.copy_from(host);
+    return;
+  }
+  const Tensor& t = given;
   if (t.dtype() == DType::f32) t.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
   if (t.dtype() == DType::f64) t.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
   if (is_16bit(t.dtype())) t.data<uint16_t>()[0] = t.dtype() == DType::bf16 ? 0x7fc0 : 0x7e00;  // a quiet NaN
@@ -243,9 +251,8 @@ void WatchProbe::note(const Tensor& t, int64_t bad, const std::string& what, con
   finding_.non_finite = count_non_finite(t);
   finding_.elements = t.numel();
   finding_.first_index = bad;
-  finding_.first_value = t.dtype() == DType::f32   ? static_cast<double>(t.data<float>()[bad])
-                         : t.dtype() == DType::f64 ? t.data<double>()[bad]
-                                                   : static_cast<double>(t.view({t.numel()}).rows(bad, bad + 1).to(DType::f32).data<float>()[0]);
+  // The element alone, widened exactly (through the host for a GPU rank's tensor).
+  finding_.first_value = t.view({t.numel()}).rows(bad, bad + 1).to(DType::f64).data<double>()[0];
   if (at != nullptr) {
     finding_.layer = at->layer;
     finding_.dir = at->dir;
