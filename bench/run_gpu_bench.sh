@@ -7,7 +7,9 @@
 # JSON lines beside it (.jsonl).
 #
 #   bash bench/run_gpu_bench.sh [--out FILE] [--iters N] [--warmup-iters N] [--micro-batch-size B]
-#                               [--peak-tflops T] [--models 124m,350m] [--timeout S]
+#                               [--peak-tflops T] [--models 124m,350m] [--timeout S] [--budget S]
+# --timeout: the most one run may take; --budget: the whole script's seconds (a run that might not
+# fit in what is left is skipped and listed as such; 0: no budget).
 # Environment: TROUPE_BIN (default build/bin/troupe), PYTHON (default python3: the GPU machine's own
 # PyTorch; Debian's has no CUDA).
 set -uo pipefail
@@ -20,6 +22,7 @@ micro=8
 peak=989
 models=124m,350m
 limit=240
+budget=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
@@ -29,11 +32,12 @@ while [[ $# -gt 0 ]]; do
     --peak-tflops) peak="$2"; shift 2 ;;
     --models) models="$2"; shift 2 ;;
     --timeout) limit="$2"; shift 2 ;;
+    --budget) budget="$2"; shift 2 ;;
     -h | --help) sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_gpu_bench.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
-for v in "$iters" "$warmup" "$micro" "$limit"; do
+for v in "$iters" "$warmup" "$micro" "$limit" "$budget"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "run_gpu_bench.sh: expected a non-negative integer, got '$v'" >&2; exit 2; }
 done
 [[ "$peak" =~ ^[0-9]+([.][0-9]+)?$ ]] || { echo "run_gpu_bench.sh: --peak-tflops must be a number, got '$peak'" >&2; exit 2; }
@@ -55,6 +59,10 @@ failures=0
 one() {  # one LABEL MODEL COMMAND...: runs COMMAND, tags its JSON line with LABEL and MODEL
   local label=$1 name=$2
   shift 2
+  if ((budget > 0 && SECONDS + limit > budget)); then
+    echo "-- $name $label skipped: ${SECONDS} s of the ${budget} s budget used" >&2
+    return
+  fi
   echo "== $name $label: $*" >&2
   local line
   if line=$(timeout "$limit" "$@" 2> "$jsonl.$label.$name.err" | tail -1) && [[ "$line" == "{"* ]]; then
@@ -68,19 +76,26 @@ one() {  # one LABEL MODEL COMMAND...: runs COMMAND, tags its JSON line with LAB
   fi
 }
 IFS=, read -ra names <<< "$models"
+common_of() {  # the shared flags of model $1
+  local args
+  args=$(model_args "$1") || return 1
+  echo "$args --seq-length 1024 --micro-batch-size $micro --vocab-size 50304 --warmup-iters $warmup --iters $iters"
+}
+# troupe and PyTorch eager first, then the per-op table, the compiled runs (minutes of compilation) last.
 for name in "${names[@]}"; do
-  args=$(model_args "$name") || exit 2
-  common=($args --seq-length 1024 --micro-batch-size "$micro" --vocab-size 50304 --warmup-iters "$warmup" --iters "$iters")
-  one troupe "$name" "$TROUPE_BIN" bench gpt "${common[@]}" --device cuda --bf16 --json
-  one pytorch_eager "$name" "$PYTHON" "$here/torch_gpt.py" train-bench "${common[@]}" --device cuda --dtype bf16
-  one pytorch_compile "$name" "$PYTHON" "$here/torch_gpt.py" train-bench "${common[@]}" --device cuda --dtype bf16 --compile
+  common=$(common_of "$name") || exit 2
+  # shellcheck disable=SC2086 # the flags' words
+  one troupe "$name" "$TROUPE_BIN" bench gpt $common --device cuda --bf16 --json
+  # shellcheck disable=SC2086
+  one pytorch_eager "$name" "$PYTHON" "$here/torch_gpt.py" train-bench $common --device cuda --dtype bf16
 done
-
 # Each op's TFLOP/s or GB/s at 350M's sizes, against the peaks measured in the same run.
 ops_bin="${OPS_BIN:-$(dirname "$TROUPE_BIN")/bench_cuda_ops}"
 [[ -x "$ops_bin" ]] || ops_bin="$root/build/bench/bench_cuda_ops"
 ops_out="${out%.md}.ops.txt"
-if [[ -x "$ops_bin" ]]; then
+if [[ -x "$ops_bin" ]] && ((budget > 0 && SECONDS + limit > budget)); then
+  echo "-- per-op skipped: ${SECONDS} s of the ${budget} s budget used" >&2
+elif [[ -x "$ops_bin" ]]; then
   echo "== per-op: $ops_bin --peak-tflops $peak" >&2
   timeout "$limit" "$ops_bin" --peak-tflops "$peak" > "$ops_out" 2>&1 || { cat "$ops_out" >&2; failures=$((failures + 1)); }
   cat "$ops_out" >&2
@@ -88,6 +103,12 @@ else
   echo "!! no bench_cuda_ops binary (build/bench/bench_cuda_ops; set OPS_BIN)" >&2
   failures=$((failures + 1))
 fi
+for name in "${names[@]}"; do
+  common=$(common_of "$name") || exit 2
+  # shellcheck disable=SC2086
+  one pytorch_compile "$name" "$PYTHON" "$here/torch_gpt.py" train-bench $common --device cuda --dtype bf16 --compile
+done
+
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null | head -1)
 "$PYTHON" - "$jsonl" "$out" "$peak" "${gpu:-unknown GPU}" "$micro" "$iters" "$warmup" "$ops_out" <<'PY'
 import datetime, json, os, sys
@@ -106,7 +127,7 @@ for name in sorted({r["model_name"] for r in rows}):
     for run in ("troupe", "pytorch_eager", "pytorch_compile"):
         r = by.get((name, run))
         if not r:
-            lines.append(f"| {name} | {run} | failed | | | | |")
+            lines.append(f"| {name} | {run} | failed or skipped (see the log) | | | | |")
             continue
         ratio = f"{t['tokens_per_sec'] / r['tokens_per_sec']:.2f}x" if t and run != "troupe" else ""
         lines.append(f"| {name} | {run} | {r['tokens_per_sec']:.0f} | {r['ms_per_iter']:.1f} | {r['model_tflops']:.1f} | "
