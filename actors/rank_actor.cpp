@@ -14,7 +14,6 @@
 #include "kernels/device_memory.hpp"
 #include "engine/fault_injection.hpp"
 #include "actors/optimizer_actor.hpp"
-#include "kernels/device_memory.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "storage/shard_file.hpp"
 
@@ -63,7 +62,7 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank,
   if (links_apart && p > 1)
     for (int dir = 0; dir < 2; ++dir)
       for (int s = 0; s < p; ++s) {
-        const int r = dir == 0 ? (s + 1) % p : (s + p - 1) % p;
+        const int r = pipe_link_receiver(dir, s, p);
         if (rank != stages[static_cast<size_t>(s)] && rank != stages[static_cast<size_t>(r)]) continue;
         std::vector<int> ends = {stages[static_cast<size_t>(s)], stages[static_cast<size_t>(r)]};
         std::sort(ends.begin(), ends.end());

@@ -112,6 +112,8 @@ struct PipeLink {
   comm::Communicator* comm = nullptr;
   int peer = 0;
 };
+// The stage that stage `sender`'s messages in direction dir (0 activations, 1 gradients) go to, of p.
+inline int pipe_link_receiver(int dir, int sender, int p) { return dir == 0 ? (sender + 1) % p : (sender + p - 1) % p; }
 
 struct RankComms {
   comm::Communicator* tp = nullptr;

@@ -8,6 +8,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "kernels/device_info.hpp"
+
 namespace troupe::test {
 
 // Catch2 v2 has no skip: under CTest (TROUPE_CTEST=1) a skipped case exits with code 4, which CTest
@@ -21,6 +23,12 @@ namespace troupe::test {
     }                                                                \
     WARN("skipped: " << (reason));                                   \
     return;                                                          \
+  } while (0)
+
+// Skips the test case (CTest reports it skipped) without a usable GPU (label gpu).
+#define TROUPE_NEED_GPU()                                                                 \
+  do {                                                                                    \
+    if (::troupe::query_devices().cuda_devices < 1) TROUPE_SKIP("no usable CUDA device"); \
   } while (0)
 
 inline std::string source_dir() {

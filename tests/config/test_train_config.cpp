@@ -581,34 +581,37 @@ TEST_CASE("train config: the batch-size ramp-up's samples, in bulk and one itera
 }
 }  // namespace troupe
 
-TEST_CASE("train config: a file without tokenizer_model (before the model families) loads with none", "[train_config]") {
+namespace {
+// A key older files lack: `set` gives it a value other than the default (written as `written`);
+// the file without it loads with the default (`is_default`), and a value of the wrong type is
+// refused naming the key.
+template <class Set, class IsDefault>
+void check_key_older_files_lack(const char* key, const nlohmann::json& written, Set set, IsDefault is_default) {
   troupe::TrainConfig c;
-  c.tokenizer_model = "/m/tokenizer.json";
+  set(c);
   auto j = nlohmann::json::parse(c.to_json());
-  REQUIRE(j.at("tokenizer_model") == "/m/tokenizer.json");
-  j.erase("tokenizer_model");
+  REQUIRE(j.at(key) == written);
+  j.erase(key);
   auto back = troupe::TrainConfig::from_json(j.dump());
   REQUIRE(back.is_ok());
-  CHECK(back->tokenizer_model.empty());
-  j["tokenizer_model"] = 3;
+  CHECK(is_default(*back));
+  j[key] = 3;
   auto bad = troupe::TrainConfig::from_json(j.dump());
   REQUIRE_FALSE(bad.is_ok());
-  CHECK_THAT(bad.status().message(), Catch::Contains("tokenizer_model"));
+  CHECK_THAT(bad.status().message(), Catch::Contains(key));
+}
+}  // namespace
+
+TEST_CASE("train config: a file without tokenizer_model (before the model families) loads with none", "[train_config]") {
+  check_key_older_files_lack(
+      "tokenizer_model", "/m/tokenizer.json", [](troupe::TrainConfig& c) { c.tokenizer_model = "/m/tokenizer.json"; },
+      [](const troupe::TrainConfig& c) { return c.tokenizer_model.empty(); });
 }
 
 TEST_CASE("train config: a file without device (before the GPU backend) loads as cpu", "[train_config]") {
-  troupe::TrainConfig c;
-  c.device = "cuda";
-  auto j = nlohmann::json::parse(c.to_json());
-  REQUIRE(j.at("device") == "cuda");
-  j.erase("device");
-  auto back = troupe::TrainConfig::from_json(j.dump());
-  REQUIRE(back.is_ok());
-  CHECK(back->device == "cpu");
-  j["device"] = 0;
-  auto bad = troupe::TrainConfig::from_json(j.dump());
-  REQUIRE_FALSE(bad.is_ok());
-  CHECK_THAT(bad.status().message(), Catch::Contains("device"));
+  check_key_older_files_lack(
+      "device", "cuda", [](troupe::TrainConfig& c) { c.device = "cuda"; },
+      [](const troupe::TrainConfig& c) { return c.device == "cpu"; });
 }
 
 namespace troupe {

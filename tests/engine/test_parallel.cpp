@@ -32,7 +32,6 @@
 #include "tests/engine/adapter_block.hpp"
 #include "tests/engine/in_order_p2p.hpp"
 #include "storage/shard_file.hpp"
-#include "kernels/device_info.hpp"
 #include "tests/test_util.hpp"
 
 using namespace troupe;
@@ -181,7 +180,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
       if (!in_order_one_comm) {
         for (int dir = 0; dir < 2; ++dir)
           for (int s = 0; s < par.pp; ++s) {
-            const int to = dir == 0 ? (s + 1) % par.pp : (s + par.pp - 1) % par.pp;
+            const int to = pipe_link_receiver(dir, s, par.pp);
             if (s == stage || to == stage) ends[{dir, s}] = links.at({members, dir, s})->member(s == stage ? 0 : 1);
           }
         comms.pp_link = [&ends, stage](int dir, int peer, bool sending) {
@@ -1183,10 +1182,6 @@ struct OnGpu {
   OnGpu() { device_override = Device::cuda; }
   ~OnGpu() { device_override = Device::cpu; }
 };
-#define TROUPE_NEED_GPU()                                                                 \
-  do {                                                                                    \
-    if (::troupe::query_devices().cuda_devices < 1) TROUPE_SKIP("no usable CUDA device"); \
-  } while (0)
 }  // namespace
 
 TEST_CASE("gpu: one rank on a GPU trains as the CPU does (fp32 within 1e-5)", "[gpu][parallel]") {

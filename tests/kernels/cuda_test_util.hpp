@@ -37,11 +37,6 @@ struct CrossFixture {
   }
 };
 
-// Skips the test case (CTest reports it skipped) without a usable GPU.
-#define TROUPE_NEED_GPU()                                                            \
-  do {                                                                               \
-    if (::troupe::query_devices().cuda_devices < 1) TROUPE_SKIP("no usable CUDA device"); \
-  } while (0)
 
 inline Tensor to_device(const Tensor& host) {
   auto d = device_empty(host.shape(), host.dtype());
