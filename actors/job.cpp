@@ -374,6 +374,33 @@ Status load_hf_folder(caf::scoped_actor& self, const group_actor& workers, const
   return Status::ok();
 }
 
+// A troupe checkpoint in --load, read and checked against the config: its latest iteration, the
+// metadata and the config it stored, and what the resume (or fine-tune) changes. Bad input when it
+// cannot be this run's start. Reads only the metadata (the shards are read by the ranks).
+struct LoadPlan {
+  int64_t iteration = 0;
+  CheckpointMeta meta;
+  TrainConfig saved;
+  ResumeCheck resume;
+};
+
+Result<LoadPlan> plan_load(const TrainConfig& config) {
+  LoadPlan plan;
+  auto it = latest_iteration(config.load);
+  if (!it) return it.status().as_bad_input();
+  plan.iteration = it.value();
+  auto meta = read_checkpoint_meta(config.load, plan.iteration);
+  if (!meta) return meta.status().as_bad_input();
+  plan.meta = std::move(meta).value();
+  auto saved = TrainConfig::from_json(plan.meta.config_json);
+  if (!saved)
+    return saved.status().with_context("the config stored in " + iteration_dir(config.load, plan.iteration) + ": ").as_bad_input();
+  plan.saved = std::move(saved).value();
+  plan.resume = config.finetune ? check_finetune(config, plan.saved) : check_resume(config, plan.saved);
+  TROUPE_RETURN_IF_ERROR(plan.resume.status(config.load, config.finetune));
+  return plan;
+}
+
 // Loads --load into the ranks (any version, any layout), or initialises them from the seed, and
 // sets where the trainer starts. --finetune (and a Hugging Face folder) take the parameters only and
 // start at iteration 0; --no-load-optim takes the parameters and the position, not the moments.
@@ -381,16 +408,10 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
                     const std::function<void(const std::string&)>& note) {
   if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
   if (is_hf_folder(config.load)) return load_hf_folder(self, workers, config, note);
-  auto it = latest_iteration(config.load);
-  if (!it) return it.status().as_bad_input();
-  auto meta = read_checkpoint_meta(config.load, it.value());
-  if (!meta) return meta.status().as_bad_input();
-  auto saved = TrainConfig::from_json(meta.value().config_json);
-  if (!saved)
-    return saved.status().with_context("the config stored in " + iteration_dir(config.load, it.value()) + ": ").as_bad_input();
-  const ResumeCheck resume = config.finetune ? check_finetune(config, saved.value()) : check_resume(config, saved.value());
-  TROUPE_RETURN_IF_ERROR(resume.status(config.load, config.finetune));
-  if (config.use_checkpoint_opt_param_scheduler && !config.finetune) use_checkpoint_schedule(spec.config, saved.value());
+  auto plan = plan_load(config);
+  if (!plan) return plan.status();
+  const ResumeCheck& resume = plan->resume;
+  if (config.use_checkpoint_opt_param_scheduler && !config.finetune) use_checkpoint_schedule(spec.config, plan->saved);
   if (!resume.changed.empty()) {
     std::string list;
     for (const std::string& c : resume.changed) list += (list.empty() ? "" : ", ") + c;
@@ -398,27 +419,27 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
   }
   LoadRequest req;
   req.dir = config.load;
-  req.iteration = it.value();
+  req.iteration = plan->iteration;
   req.load_optimizer = !config.finetune && !config.no_load_optim;
   TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, req));
-  for (int64_t unfinished : unfinished_saves(config.load, it.value()))
+  for (int64_t unfinished : unfinished_saves(config.load, plan->iteration))
     note("ignored " + iteration_dir(config.load, unfinished) +
          ": an unfinished save (shards without metadata.json: the run stopped while saving)");
-  const TrainConfig& s = saved.value();
-  const std::string from = "loaded " + iteration_dir(config.load, it.value()) + " (saved by tp " +
+  const TrainConfig& s = plan->saved;
+  const std::string from = "loaded " + iteration_dir(config.load, plan->iteration) + " (saved by tp " +
                            std::to_string(s.tensor_model_parallel_size) + ", pp " +
                            std::to_string(s.pipeline_model_parallel_size) + ", ZeRO " + std::to_string(s.zero_stage) + ")";
   if (config.finetune) {
     note(from + ": its parameters only (--finetune): a new run from iteration 0 with fresh optimizer state");
     return Status::ok();
   }
-  spec.start_iteration = meta.value().iteration;
-  spec.consumed_samples = meta.value().consumed_samples;
+  spec.start_iteration = plan->meta.iteration;
+  spec.consumed_samples = plan->meta.consumed_samples;
   // Saves record the Adam steps the moments hold (equal to the iteration unless a --no-load-optim
   // load restarted them).
   // fp16's loss scaling (actors/trainer.cpp's loss_scaling_json): the steps overflows skipped are
   // neither in the schedule nor in Adam's step count; the scaler goes on where it was.
-  const auto rng = nlohmann::json::parse(meta.value().rng_json, nullptr, false);
+  const auto rng = nlohmann::json::parse(plan->meta.rng_json, nullptr, false);
   if (rng.is_object() && rng.contains("skipped_steps") && rng["skipped_steps"].is_number_integer() &&
       rng.contains("skipped_samples") && rng["skipped_samples"].is_number_integer()) {
     spec.skipped_steps = std::clamp<int64_t>(rng["skipped_steps"].get<int64_t>(), 0, spec.start_iteration);
@@ -430,12 +451,12 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
     for (const auto& x : rng["loss_scaler"])
       if (x.is_number()) v.push_back(x.get<double>());
     auto state = LossScalerState::from_vector(v);
-    if (!state) return state.status().with_context("the loss scaler's state in " + iteration_dir(config.load, it.value()) + ": ").as_bad_input();
+    if (!state) return state.status().with_context("the loss scaler's state in " + iteration_dir(config.load, plan->iteration) + ": ").as_bad_input();
     spec.loss_scaler_state = state.value();
   }
   spec.optimizer_step_offset =
       config.no_load_optim ? spec.start_iteration - spec.skipped_steps
-                           : std::max<int64_t>(0, spec.start_iteration - spec.skipped_steps - meta.value().optimizer_step);
+                           : std::max<int64_t>(0, spec.start_iteration - spec.skipped_steps - plan->meta.optimizer_step);
   note(from + ": iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
        " samples consumed" + (config.no_load_optim ? "; the Adam moments start afresh (--no-load-optim)" : ""));
   return Status::ok();
@@ -475,16 +496,9 @@ InspectHub::Handler watch_command(const InspectHub& hub, std::shared_ptr<NanCont
 
 }  // namespace
 
-// Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
-// local backend, or this process's one rank under troupe launch), a group actor in front of them,
-// the data loader, the offload actor and the trainer.
-static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config,
-                                           std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                           const JobOptions& options, int threads, double peak, bool* stuck,
-                                           const NanWatchSetup& nan) {
-  auto note = [&](const std::string& s) {
-    if (callbacks.on_note) callbacks.on_note(s);
-  };
+// The rank spec of this process's ranks: the layout against the ranks started, the device, a
+// schedule and a model given in code, each checked (bad input naming the problem) before any actor.
+static Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options, int threads) {
   const int launched = options.world ? options.world->size() : 1;
   auto par = parallel_config(config, launched);
   if (!par) return par.status();
@@ -518,14 +532,6 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     rs.cuda_device = options.cuda_device;
   }
   rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
-  if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));
-  rs.nan = nan.control;
-  rs.nan_fault = nan.fault;
-  // The report file: rank 0's process writes it (the engine, as soon as the ranks agree on it).
-  if (options.bootstrap == nullptr || options.bootstrap->rank() == 0)
-    nan.control->set_report_file((std::filesystem::path(config.save.empty() ? "." : config.save) /
-                                  ("troupe-nan-" + std::to_string(::getpid()) + ".json"))
-                                     .string());
   if (options.schedule) {
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;
@@ -542,6 +548,31 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     TROUPE_RETURN_IF_ERROR(check_model(*options.model, job, rs.par.pp, rs.par.virtual_chunks));
     rs.custom_model = options.model;
   }
+  return rs;
+}
+
+// Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
+// local backend, or this process's one rank under troupe launch), a group actor in front of them,
+// the data loader, the offload actor and the trainer.
+static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config,
+                                           std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
+                                           const JobOptions& options, int threads, double peak, bool* stuck,
+                                           const NanWatchSetup& nan) {
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
+  auto planned = plan_ranks(config, options, threads);
+  if (!planned) return planned.status();
+  RankSpec rs = std::move(planned).value();
+  const int world = rs.par.world_size();
+  if (nan.fault) TROUPE_RETURN_IF_ERROR(check_nan_fault(*nan.fault, config.model.num_layers, world));
+  rs.nan = nan.control;
+  rs.nan_fault = nan.fault;
+  // The report file: rank 0's process writes it (the engine, as soon as the ranks agree on it).
+  if (options.bootstrap == nullptr || options.bootstrap->rank() == 0)
+    nan.control->set_report_file((std::filesystem::path(config.save.empty() ? "." : config.save) /
+                                  ("troupe-nan-" + std::to_string(::getpid()) + ".json"))
+                                     .string());
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();
   Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
@@ -785,8 +816,19 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   if (!fault) return fault.status();
   nan.fault = std::move(fault).value();
   nan.control = std::make_shared<NanControl>(config.watch_nan);
+  // Everything that can refuse the run is checked before the caller's on_start, which only a run that
+  // starts gets; the notes of these checks follow on_start (a caller may set up its printing there).
+  std::vector<std::string> start_notes;
   TrainConfig attempt = config;
-  TROUPE_RETURN_IF_ERROR(resolve_run(attempt, options, note));
+  TROUPE_RETURN_IF_ERROR(resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }));
+  TROUPE_RETURN_IF_ERROR(plan_ranks(attempt, options, threads).status());
+  if (!attempt.load.empty() && !is_hf_folder(attempt.load)) TROUPE_RETURN_IF_ERROR(plan_load(attempt).status());
+  if (callbacks.on_start) {
+    const int rank = options.bootstrap != nullptr ? options.bootstrap->rank() : 0;
+    const int processes = options.world ? options.world->size() : 1;
+    TROUPE_RETURN_IF_ERROR(callbacks.on_start(attempt, *data, rank, processes));
+  }
+  for (const std::string& s : start_notes) note(s);
   double peak = 0;
   if (options.measure_peak) {
     ThreadPool pool(threads);

@@ -18,7 +18,9 @@
 
 namespace troupe {
 
-// The callbacks of troupe::train (on_start is the caller's: run_training does not call it).
+// The callbacks of troupe::train. run_training calls on_start once everything that can refuse the
+// run was checked (the run identity, the layout, a schedule or model given in code, --load's
+// checkpoint against the config), so that on_start sees only a run that starts.
 using JobCallbacks = TrainCallbacks;
 
 struct JobOptions {

@@ -315,15 +315,24 @@ void apply_commands(Self self, std::shared_ptr<std::vector<ControlCommand>> comm
     self->state.spec.control->applied(seq, self->state.iteration);
     apply_commands(self, commands, i + 1, done);
   };
+  // What the inspector answers is read once the command is applied (next() below), so the state a
+  // command changes is published first: a resumed job is not "paused" in its answer.
   if (c.verb == "pause") {
     st.paused = true;
     st.steps_left = -1;
   } else if (c.verb == "resume") {
     st.paused = false;
     st.steps_left = -1;
+    st.spec.control->set_paused(false, st.iteration);
   } else if (c.verb == "step") {
     st.paused = false;
     st.steps_left = std::stoll(c.args.at(0));
+    st.spec.control->set_paused(false, st.iteration);
+  } else if (c.verb == "stop") {  // as SIGINT: save (with --save) after this iteration, then end
+    st.paused = false;
+    st.steps_left = -1;
+    st.stop_requested = true;  // every process applies it after the same iteration: no vote needed
+    st.spec.control->set_paused(false, st.iteration);
   } else if (c.verb == "set" && c.args.at(0) == "lr") {
     st.spec.control->set_lr_override(c.args.at(1) == "schedule" ? std::optional<double>() : std::stod(c.args.at(1)));
   } else if (c.verb == "set" && c.args.at(0) == "log-interval") {

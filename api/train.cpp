@@ -46,8 +46,19 @@ void end_process_after_peer_failure(int rank, const std::string& why, std::chron
 
 }  // namespace
 
-Status resolve_config(TrainConfig& cfg, int world, int local_world) {
-  if (Status st = validate_train_config(cfg); !st) return st.as_bad_input();
+// Whether a model given in code has GPT layers (GPT's architecture rules apply to it).
+static bool has_gpt_layers(const Model& model) {
+  for (const auto& stage : model.stages)
+    for (const Block& b : stage)
+      if (b.kind == Block::Kind::gpt && (b.num_layers > 0 || b.embedding || b.head)) return true;
+  return false;
+}
+
+Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenToRun& given) {
+  GivenInCode in_code;
+  in_code.data = given.data;
+  in_code.model_without_gpt_layers = given.model != nullptr && !has_gpt_layers(*given.model);
+  if (Status st = validate_train_config(cfg, nullptr, in_code); !st) return st.as_bad_input();
   if (world > 1)
     if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
   if (cfg.device == "cuda") {
@@ -66,7 +77,8 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world) {
   auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
   if (!tokenizer) return tokenizer.status().as_bad_input();
   cfg.model.vocab_size = tokenizer.value()->vocab_size();
-  if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
+  if (!in_code.model_without_gpt_layers)
+    if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
   // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
   if (Status st = check_memory(cfg, world, local_world, available_memory_bytes()); !st) return st.as_bad_input();
   return Status::ok();
@@ -93,7 +105,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   auto env = comm::detect_launch_env();
   if (!env) return env.status().as_bad_input();
   const int world = env->world_size;
-  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size));
+  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data != nullptr, run.model.get()}));
   if (!data) {
     auto opened = open_data(cfg);
     if (!opened) return opened.status();
@@ -147,8 +159,6 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   // Ranks sharing a host share its cores: by default each takes its share.
   if (cfg.num_threads == 0 && env->local_world_size > 1)
     cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
-  if (callbacks.on_start)
-    if (Status st = callbacks.on_start(cfg, *data, env->rank, world); !st) return st;
   options.stop = run.stop;
   options.measure_peak = run.measure_peak;
   options.schedule = run.schedule;

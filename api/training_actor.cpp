@@ -197,7 +197,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
 
 Result<training_actor> spawn_training(caf::actor_system& system, const TrainConfig& config) {
   TrainConfig cfg = config;
-  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, 1, 1));
+  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, 1, 1, GivenToRun{/*data=*/true, nullptr}));  // batches come as messages
   if (cfg.run_id.empty()) cfg.run_id = new_run_id();
   auto par = parallel_config(cfg, 1);
   if (!par) return par.status().as_bad_input();

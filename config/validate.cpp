@@ -43,7 +43,7 @@ std::string join_with(const std::vector<std::string>& items, const std::string& 
 // -------------------------------------------------------------------------------------------------
 class Validator {
  public:
-  explicit Validator(const Origins* origins) : origins_(origins) {}
+  explicit Validator(const Origins* origins, GivenInCode given = {}) : origins_(origins), given_(given) {}
 
   // Every area's first problem at once (one run shows what to fix). The batch rules divide by the
   // model's and the layout's numbers, so they are checked only once those are valid.
@@ -54,8 +54,10 @@ class Validator {
       if (!ok) problems.push_back(std::move(st));
       return ok;
     };
-    bool model_ok = check(model_sizes(c.model));
-    if (model_ok)
+    bool model_ok = check(given_.model_without_gpt_layers
+                              ? positive("--seq-length", c.model.seq_length, "256")
+                              : model_sizes(c.model));
+    if (model_ok && !given_.model_without_gpt_layers)
       for (const std::string& p : c.model.architecture_problems()) model_ok = check(Status::error(p)) && model_ok;
     const bool shape = model_ok & check(parallel(c));
     if (shape) check(batch(c));
@@ -494,6 +496,21 @@ class Validator {
 
   // Megatron's rule (arguments.py): one data source, --mock-data, --data-path or the per-split
   // paths; each a blend (storage/data_blend.hpp) whose datasets exist. Every problem at once.
+  // A DataSource given in code is the run's data: a config that also names some would leave one of
+  // the two unused, so it is refused rather than guessed.
+  Status no_data_named(const TrainConfig& c) const {
+    if (c.mock_data)
+      return bad("--mock-data", "is set, but a DataSource was given in code (the run's data)",
+                 "drop mock_data, or pass no DataSource (null) to train on mock data");
+    for (const auto* paths : {&c.data_path, &c.train_data_path, &c.valid_data_path, &c.test_data_path})
+      if (blend_given(*paths))
+        return bad(paths == &c.data_path ? "--data-path" : paths == &c.train_data_path ? "--train-data-path"
+                                       : paths == &c.valid_data_path ? "--valid-data-path" : "--test-data-path",
+                   "names datasets, but a DataSource was given in code (the run's data)",
+                   "clear the config's data paths, or pass no DataSource (null) to open what the config names");
+    return Status::ok();
+  }
+
   Status data_paths(const TrainConfig& c) const {
     const bool per_split =
         blend_given(c.train_data_path) || blend_given(c.valid_data_path) || blend_given(c.test_data_path);
@@ -547,7 +564,7 @@ class Validator {
   }
 
   Status data(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(data_paths(c));
+    TROUPE_RETURN_IF_ERROR(given_.data ? no_data_named(c) : data_paths(c));
     if (c.mock_data) return Status::ok();
     std::error_code ec;
     if (c.tokenizer_type == "GPT2BPETokenizer") {
@@ -720,12 +737,13 @@ class Validator {
   }
 
   const Origins* origins_;
+  GivenInCode given_;
 };
 
 }  // namespace
 
-Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins) {
-  return Validator(origins).run(cfg);
+Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins, const GivenInCode& given) {
+  return Validator(origins, given).run(cfg);
 }
 
 Status validate_world(const TrainConfig& cfg, int world_size) {

@@ -10,11 +10,24 @@
 
 namespace troupe {
 
+// What a program handed troupe::train or spawn_training besides the config, which changes what the
+// config itself must say.
+struct GivenInCode {
+  // A DataSource (troupe::train's data argument), or batches sent as messages (spawn_training): the
+  // config then names no data (no --mock-data, no data paths; naming some is refused as ambiguous),
+  // and the tokenizer only sets the vocabulary.
+  bool data = false;
+  // A model given in code (RunOptions::model) without GPT layers: GPT's architecture rules (heads,
+  // hidden size, MLP, rotary, ...) do not apply; --seq-length still sets the samples' length.
+  bool model_without_gpt_layers = false;
+};
+
 // Checks every setting and the files they name (all except model.vocab_size, which the tokenizer
 // sets later), with the data-parallel size of one process (resolved_dp(1)). Each message names the
 // flag and the fix; origins: where values came from (the DeepSpeed keys, added to their messages).
 // Reads the filesystem, writes nothing.
-Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr);
+Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr,
+                             const GivenInCode& given = {});
 
 // --inspect's "[HOST:]PORT" (HOST 127.0.0.1 when absent; "[::1]:PORT" for IPv6), or nothing when it
 // is not one (port outside 0..65535, empty host, stray characters).

@@ -65,6 +65,9 @@ void ActivityBoard::sample_mailbox() {  // mu_ held
 void ActivityBoard::begin_step(int actions) {
   std::lock_guard<std::mutex> lock(mu_);
   sample_mailbox();
+  const auto t = Clock::now();
+  if (now_.step > 0) now_.last_step_seconds = std::chrono::duration<double>(t - step_began_).count();
+  step_began_ = t;
   now_.step += 1;
   now_.actions = actions;
 }
@@ -122,11 +125,19 @@ std::set<int> members(const Activity& a) {
 
 }  // namespace
 
-WaitGraph wait_graph(const std::vector<Activity>& ranks) {
+double stall_threshold(const std::vector<Activity>& ranks) {
+  double slowest = 0;
+  for (const Activity& a : ranks) slowest = std::max(slowest, a.last_step_seconds);
+  return std::max(1.0, 3 * slowest);
+}
+
+WaitGraph wait_graph(const std::vector<Activity>& ranks, double stall_seconds) {
   WaitGraph g;
   std::map<int, const Activity*> by_rank;
   for (const Activity& a : ranks) by_rank[a.rank] = &a;
   std::map<int, std::vector<int>> out;  // rank -> ranks it waits on
+  double longest_momentary = 0;
+  std::set<int> momentary_ranks;
   for (const Activity& a : ranks) {
     if (a.doing != Doing::waiting) continue;
     for (int peer : a.waiting.ranks) {
@@ -136,14 +147,29 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks) {
         const Activity& p = *it->second;
         if (p.doing == Doing::waiting && p.waiting.collective && members(p) == members(a)) continue;  // arrived
       }
+      if (a.seconds_in_state < stall_seconds) {
+        g.momentary.push_back({a.rank, peer, a.waiting.what});
+        momentary_ranks.insert(a.rank);
+        longest_momentary = std::max(longest_momentary, a.seconds_in_state);
+        continue;
+      }
       g.edges.push_back({a.rank, peer, a.waiting.what});
       out[a.rank].push_back(peer);
     }
   }
   if (g.edges.empty()) {
-    g.summary = "no rank is waiting on another";
+    if (momentary_ranks.empty()) {
+      g.summary = "nothing is stuck: no rank is waiting on another";
+    } else {
+      char t[120];
+      std::snprintf(t, sizeof t, " (at most %.2f s; a stall is a wait over %.1f s)", longest_momentary, stall_seconds);
+      const std::vector<int> list(momentary_ranks.begin(), momentary_ranks.end());
+      g.summary = "nothing is stuck: " + std::string(list.size() == 1 ? "rank " : "ranks ") + rank_list(list) +
+                  (list.size() == 1 ? " waits" : " wait") + " momentarily on neighbours, as a healthy job does" + t;
+    }
     return g;
   }
+  g.stuck = true;
   // Everything reachable from a waiting rank; the culprits are the reachable ranks without
   // outgoing edges. Without any, the waits go round in cycles: a deadlock of the reachable ranks
   // that are on a cycle.
@@ -181,7 +207,8 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks) {
       for (const WaitEdge& e : g.edges)
         if ((e.to == c || behind.count(e.to)) && e.from != c && behind.insert(e.from).second) grew = true;
     }
-    s += (waiting_on_it.size() == 1 ? " -- rank " : " -- ranks ") + rank_list(waiting_on_it) + " wait on it";
+    s += (waiting_on_it.size() == 1 ? " -- rank " : " -- ranks ") + rank_list(waiting_on_it) +
+         (waiting_on_it.size() == 1 ? " waits on it" : " wait on it");
     if (behind.size() > waiting_on_it.size())
       s += ", " + std::to_string(behind.size()) + " ranks in all through them";
   }
@@ -208,16 +235,20 @@ nlohmann::json rank_json(const Activity& a) {
           {"seconds_in_state", a.seconds_in_state},
           {"seconds_since_progress", a.seconds_since_progress},
           {"mailbox", a.mailbox},
+          {"last_step_seconds", a.last_step_seconds},
           {"describe", a.describe()}};
 }
 
 nlohmann::json where_object(const std::vector<Activity>& ranks, const WaitGraph& graph) {
   nlohmann::json j;
   j["summary"] = graph.summary;
+  j["stuck"] = graph.stuck;
   j["deadlock"] = graph.deadlock;
   j["culprits"] = graph.culprits;
   j["edges"] = nlohmann::json::array();
   for (const WaitEdge& e : graph.edges) j["edges"].push_back({{"from", e.from}, {"to", e.to}, {"what", e.what}});
+  j["momentary"] = nlohmann::json::array();
+  for (const WaitEdge& e : graph.momentary) j["momentary"].push_back({{"from", e.from}, {"to", e.to}, {"what", e.what}});
   j["ranks"] = nlohmann::json::array();
   for (const Activity& a : ranks) j["ranks"].push_back(rank_json(a));
   return j;
@@ -282,6 +313,7 @@ Result<std::vector<Activity>> activities_from_status_json(const std::string& tex
       a.seconds_in_state = r.at("seconds_in_state").get<double>();
       a.seconds_since_progress = r.at("seconds_since_progress").get<double>();
       a.mailbox = r.contains("mailbox") ? integer_field<int64_t>(r["mailbox"]) : -1;
+      a.last_step_seconds = r.contains("last_step_seconds") ? r["last_step_seconds"].get<double>() : 0;
       out.push_back(std::move(a));
     }
   } catch (const std::exception&) {  // nlohmann's, or integer_field's

@@ -46,6 +46,7 @@ struct Activity {
   double seconds_in_state = 0;   // since the current state began
   double seconds_since_progress = 0;  // since the rank last changed state
   int64_t mailbox = -1;  // messages waiting in the rank actor's mailbox at its last change of state; -1: unknown
+  double last_step_seconds = 0;  // wall time of the rank's last complete step (begin to begin); 0: none yet
   std::string describe() const;  // "rank 2 (pp 2, tp 0, dp 0) step 1: waiting for ... (0.31 s)"
 };
 
@@ -75,7 +76,7 @@ class ActivityBoard {
   mutable std::mutex mu_;
   Activity now_;
   Doing before_wait_ = Doing::idle;
-  Clock::time_point state_since_, progress_;
+  Clock::time_point state_since_, progress_, step_began_;
   SpanRing recent_;
 };
 
@@ -85,18 +86,27 @@ struct WaitEdge {
 };
 
 struct WaitGraph {
-  std::vector<WaitEdge> edges;
+  std::vector<WaitEdge> edges;     // the waits that count as stalls (longer than stall_seconds)
+  std::vector<WaitEdge> momentary; // shorter waits: a healthy job's passing waits on its neighbours
   std::vector<int> culprits;  // ascending
   bool deadlock = false;      // the culprits wait on each other in a cycle
+  bool stuck = false;         // some wait is a stall
   // One line: "rank 6 (pp 3, tp 0, dp 0) step 0: idle (2.01 s) -- ranks 4, 7 wait on it, 7 ranks in
-  // all through them", or
-  // "deadlock: ranks 0, 1 wait on each other", or "no rank is waiting".
+  // all through them", or "deadlock: ranks 0, 1 wait on each other", or, when nothing is stuck,
+  // "nothing is stuck: no rank is waiting on another" / "nothing is stuck: ranks 1, 3 wait
+  // momentarily (at most 0.08 s; a stall is a wait over 1.0 s)".
   std::string summary;
 };
 
 // `ranks`: one activity per rank of the job (any order). A collective's member counts as arrived
-// (no edge to it) when it waits in a collective of the same members.
-WaitGraph wait_graph(const std::vector<Activity>& ranks);
+// (no edge to it) when it waits in a collective of the same members. A wait is a stall once it has
+// lasted stall_seconds (0: every wait, as after a failure, when the last waits are what stopped).
+WaitGraph wait_graph(const std::vector<Activity>& ranks, double stall_seconds = 0);
+
+// The stall threshold of a running job: three times the slowest rank's last step, at least 1 s (a
+// healthy rank waits on its neighbours for a fraction of a step; a wait of several steps is not
+// that).
+double stall_threshold(const std::vector<Activity>& ranks);
 
 // JSON documents (docs/INSPECT.md has the schema). A rank: {"rank", "pp", "tp", "dp", "step",
 // "doing", "micro_batch", "chunk", "action", "actions", "waiting_for", "waiting_on" [ranks],

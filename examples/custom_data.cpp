@@ -1,6 +1,7 @@
 // Your own data instead of an indexed dataset: a DataSource that makes its windows itself (here a
 // counting pattern a model can learn: each token is the previous one plus one, modulo 40), trained
-// on data-parallel 2 with ZeRO stage 2, equal to the 1x1x1 run and learning.
+// on data-parallel 2 with ZeRO stage 2, equal to the 1x1x1 run and learning. The config names no
+// data at all (no data_path, no mock_data): the DataSource is the run's data.
 #include <memory>
 
 #include "example_util.hpp"
@@ -33,6 +34,7 @@ int main() {
   troupe::TrainConfig cfg = small_gpt(40);
   cfg.lr = 3e-3;
   auto data = std::make_shared<CountingData>(cfg.model.seq_length);
+  check(!cfg.mock_data && cfg.data_path.empty() && cfg.train_data_path.empty(), "the config names no data");
   const std::vector<double> single = losses_of(cfg, data);
 
   troupe::TrainConfig dp = cfg;
@@ -42,5 +44,15 @@ int main() {
   check(same_losses(single, zero), "dp 2 with ZeRO-2 gives the 1x1x1 losses within 1e-5");
   std::printf("loss: first %.4f, last %.4f\n", single.front(), single.back());
   check(single.back() < 0.25 * single.front(), "the model learns the pattern (the loss falls below a quarter)");
+
+  // A config that names data as well would leave one of the two unused: refused, naming both.
+  troupe::TrainConfig both = cfg;
+  both.data_path = {"my_text_document"};
+  auto refused = troupe::train(both, data);
+  check(!refused && refused.status().is_bad_input() &&
+            refused.status().message().find("--data-path") != std::string::npos &&
+            refused.status().message().find("DataSource") != std::string::npos,
+        "a DataSource beside a config that names data is refused: " +
+            (refused ? std::string("(it trained)") : refused.status().message()));
   return 0;
 }

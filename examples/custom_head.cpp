@@ -35,7 +35,7 @@ troupe::RunOptions with_model(troupe::Model m) {
 
 int main() {
   using namespace example;
-  troupe::TrainConfig cfg = small_gpt(6);
+  troupe::TrainConfig cfg = with_mock_data(small_gpt(6));
   const std::vector<double> single = losses_of(cfg, nullptr, with_model(gpt_with_zloss_head(cfg)));
 
   troupe::TrainConfig par = cfg;

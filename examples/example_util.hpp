@@ -1,5 +1,5 @@
-// What the examples share: a small GPT-2 configuration that trains in seconds on synthetic tokens,
-// a run that records its losses, and the checks the examples end with.
+// What the examples share: a small GPT-2 configuration that trains in seconds, a run that records
+// its losses, and the checks the examples end with.
 #pragma once
 #include <cmath>
 #include <cstdio>
@@ -12,6 +12,7 @@
 namespace example {
 
 // 2 layers, hidden 64, 4 heads, 32-token windows, the byte-level tokenizer (no vocabulary files).
+// It names no data: pass your own DataSource to troupe::train, or use with_mock_data.
 inline troupe::TrainConfig small_gpt(int train_iters) {
   troupe::TrainConfig cfg;
   cfg.model.num_layers = 2;
@@ -20,7 +21,6 @@ inline troupe::TrainConfig small_gpt(int train_iters) {
   cfg.model.seq_length = 32;
   cfg.model.max_position_embeddings = 32;
   cfg.tokenizer_type = "ByteLevelTokenizer";
-  cfg.mock_data = true;
   cfg.micro_batch_size = 2;
   cfg.global_batch_size = 8;
   cfg.train_iters = train_iters;
@@ -29,6 +29,12 @@ inline troupe::TrainConfig small_gpt(int train_iters) {
   cfg.log_interval = 1;
   cfg.eval_interval = 1000;  // no evaluation in these short runs
   cfg.num_threads = 2;
+  return cfg;
+}
+
+// The same, trained on Megatron's mock data (synthetic tokens) when no DataSource is given.
+inline troupe::TrainConfig with_mock_data(troupe::TrainConfig cfg) {
+  cfg.mock_data = true;
   return cfg;
 }
 

@@ -49,7 +49,7 @@ int main() {
   using namespace example;
   troupe::TrainConfig cfg = small_gpt(30);
   // Only seq_length matters to this model: the samples' length (features; the label follows). The
-  // data is ours (mock_data stays set, so no --data-path is asked for).
+  // data is ours: the config names none.
   cfg.model.seq_length = kFeatures;
   cfg.model.max_position_embeddings = kFeatures;
   cfg.lr = 1e-2;

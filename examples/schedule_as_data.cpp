@@ -29,7 +29,7 @@ troupe::sched::Schedule hand_written_gpipe(int p, int m) {
 
 int main() {
   using namespace example;
-  troupe::TrainConfig cfg = small_gpt(4);
+  troupe::TrainConfig cfg = with_mock_data(small_gpt(4));
   cfg.pipeline_model_parallel_size = 2;  // 8 / 2 = 4 micro-batches per iteration
   const std::vector<double> generated = losses_of(cfg);
 

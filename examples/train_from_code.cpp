@@ -8,7 +8,7 @@
 
 int main() {
   using namespace example;
-  troupe::TrainConfig cfg = small_gpt(6);
+  troupe::TrainConfig cfg = with_mock_data(small_gpt(6));
   const std::vector<double> single = losses_of(cfg);
   check(single.size() == 6, "the 1x1x1 run reported 6 iterations");
 
@@ -21,7 +21,7 @@ int main() {
   // A stop request: the run ends after the iteration in which it was seen, saving a checkpoint.
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "troupe_example_ckpt";
   std::filesystem::remove_all(dir);
-  troupe::TrainConfig stopping = small_gpt(100);
+  troupe::TrainConfig stopping = with_mock_data(small_gpt(100));
   stopping.save = dir.string();
   std::atomic<bool> stop{false};
   troupe::TrainCallbacks cb;
@@ -47,7 +47,7 @@ int main() {
   std::filesystem::remove_all(dir);
 
   // Bad input is a Status, never a crash: every problem names the setting.
-  troupe::TrainConfig bad = small_gpt(2);
+  troupe::TrainConfig bad = with_mock_data(small_gpt(2));
   bad.model.num_attention_heads = 5;  // does not divide hidden 64
   auto refused = troupe::train(bad, nullptr);
   check(!refused && refused.status().is_bad_input(), "a bad configuration is refused: " + refused.status().message());

@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
   using namespace example;
   if (argc != 2) fail("usage: under_launch LOSSES_FILE");
-  troupe::TrainConfig cfg = small_gpt(5);
+  troupe::TrainConfig cfg = with_mock_data(small_gpt(5));
   cfg.pipeline_model_parallel_size = 2;
   cfg.data_parallel_size = 2;
   cfg.num_threads = 1;

@@ -46,6 +46,7 @@ Result<ControlCommand> parse_control(const std::string& verb, const std::vector<
   };
   if (verb == "pause") return no_args("pause: stop after the current iteration");
   if (verb == "resume") return no_args("resume: go on after a pause");
+  if (verb == "stop") return no_args("stop: save (with --save) after the current iteration and end the job");
   if (verb == "save") {
     if (!args.empty()) return Status::bad_input("save takes no arguments: it saves into the job's --save folder");
     if (!can_save) return Status::bad_input("save needs a checkpoint folder: the job was started without --save");
@@ -84,7 +85,7 @@ Result<ControlCommand> parse_control(const std::string& verb, const std::vector<
     return Status::bad_input("tensor needs a parameter name and what of it (value, grad, exp_avg, exp_avg_sq), or an "
                              "op, activation, a rank and a micro-batch");
   }
-  return Status::bad_input("unknown control command \"" + verb + "\" (pause, resume, step [N], set, save)");
+  return Status::bad_input("unknown control command \"" + verb + "\" (pause, resume, step [N], set, save, stop)");
 }
 
 }  // namespace troupe

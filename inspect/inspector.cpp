@@ -49,7 +49,7 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
       [this](const InspectCall&) {
         std::vector<std::string> unreachable;
         const std::vector<Activity> all = job_activities(unreachable);
-        return with_unreachable(where_json(all, wait_graph(all)), unreachable);
+        return with_unreachable(where_json(all, wait_graph(all, stall_threshold(all))), unreachable);
       });
   add("help", "help", "the commands this job's inspector knows", [this](const InspectCall&) {
     nlohmann::json list = nlohmann::json::array();

@@ -87,6 +87,13 @@ bool JobControl::wait_paused(std::chrono::milliseconds timeout) const {
   return changed_.wait_for(lock, timeout, [&] { return state_.paused; });
 }
 
+bool JobControl::wait_paused_after(int64_t iteration, std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_for(lock, timeout, [&] {
+    return (state_.paused && state_.paused_after >= iteration) || state_.trainer == "finishing";
+  });
+}
+
 JobControl::State JobControl::state() const {
   std::lock_guard<std::mutex> lock(mu_);
   State s = state_;
@@ -98,6 +105,7 @@ JobControl::State JobControl::state() const {
 void JobControl::set_trainer_phase(std::string phase) {
   std::lock_guard<std::mutex> lock(mu_);
   state_.trainer = std::move(phase);
+  changed_.notify_all();
 }
 
 void JobControl::set_trainer_mailbox(int64_t messages) {
@@ -168,6 +176,8 @@ nlohmann::json state_json(const JobControl& control, int64_t iteration) {
 // How long the inspector waits for a command to take effect before answering "pending": an
 // iteration of a large model may take longer (the command still applies after it).
 constexpr std::chrono::seconds kApplyWait{30};
+// How long `step N` waits for its iterations to run (troupe inspect waits 150 s for an answer).
+constexpr std::chrono::seconds kStepWait{120};
 
 // Rank 0's inspector: numbers `c` and hands it to every process, the others first (so they hold it
 // before this process's trainer can vote for it). An empty string, or what went wrong.
@@ -354,6 +364,8 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
       {"set", "set lr X | set lr schedule | set log-interval N",
        "from the next iteration on: a fixed learning rate (or the schedule's again), how often progress is printed"},
       {"save", "save", "a checkpoint after the current iteration (or now, while paused), into --save"},
+      {"stop", "stop", "end the job after the current iteration (or now, while paused), saving into --save first, "
+                       "as Ctrl-C does"},
   };
   hub.set_job_state([&hub, &control] { return state_json(control, hub.iteration()).dump(); });
   for (const Verb& v : verbs) {
@@ -380,11 +392,21 @@ void add_control_commands(InspectHub& hub, JobControl& control, const TrainConfi
       const std::string text = c.text();
       bool done = control.wait_applied(seq, kApplyWait);
       if (done && verb == "pause") done = control.wait_paused(std::chrono::milliseconds(2000));
+      std::string note = done ? "" : "pending: it applies after the current iteration";
+      if (done && verb == "step") {  // answers once its iterations ran and the job paused again
+        const int64_t target = control.state().last_applied_iteration + std::stoll(c.args.at(0));
+        if (!control.wait_paused_after(target, kStepWait)) {
+          done = false;
+          note = "pending: the job pauses again after iteration " + std::to_string(target) + " (it is at " +
+                 std::to_string(hub.iteration()) + ")";
+        }
+      }
       nlohmann::json j = state_json(control, hub.iteration());
       j["command"] = text;
       j["seq"] = seq;
       j["applied"] = done;
-      if (!done) j["note"] = "pending: it applies after the current iteration";
+      if (done && verb == "stop") note = "stopping: the job saves (with --save) and ends";
+      if (!note.empty()) j["note"] = note;
       return j.dump(1) + "\n";
     });
   }

@@ -59,6 +59,9 @@ class JobControl {
   bool wait_applied(int64_t seq, std::chrono::milliseconds timeout) const;
   // The inspector waits (bounded) until the trainer is paused; false on timeout.
   bool wait_paused(std::chrono::milliseconds timeout) const;
+  // The inspector waits (bounded) until the trainer paused after `iteration` or later, or is
+  // finishing (the run ended first); false on timeout.
+  bool wait_paused_after(int64_t iteration, std::chrono::milliseconds timeout) const;
   struct State {
     bool paused = false;
     int64_t paused_after = -1;  // the iteration it stopped after

@@ -35,7 +35,7 @@ namespace {
 // The chunk's interface has no error channel: a failed TP collective (a lost peer) throws
 // comm::CollectiveFailed, which ends the rank's actor with that message (its supervisors see it).
 void wait_ok(const comm::WorkPtr& work, const char* what) {
-  comm::wait_or_throw(work, std::string("GptChunk: tensor-parallel ") + what, comm::WaitGroup::tp);
+  comm::wait_or_throw(work, std::string("the GPT layers' tensor-parallel ") + what, comm::WaitGroup::tp);
 }
 
 }  // namespace

@@ -132,12 +132,22 @@ class Page(html.parser.HTMLParser):
             self.current_curve = a["data-series"]
         if tag == "polyline" and getattr(self, "current_curve", None):
             self.curves[self.current_curve] = (a.get("data-iterations", ""), a.get("data-values", ""))
+            self.points = getattr(self, "points", {})
+            self.points[self.current_curve] = [float(xy.split(",")[0]) for xy in a.get("points", "").split()]
+        if tag == "text" and "last-label" in cls and getattr(self, "current_curve", None):
+            self.labels = getattr(self, "labels", {})
+            self.labels[self.current_curve] = float(a["x"])
+        self.in_header = tag == "span" and a.get("id") == "iteration"
         if tag in ("g", "svg"):
             kind = ("lane", int(a["data-rank"])) if tag == "g" and "lane" in cls else (tag, None)
             self.stack.append(kind)
     def handle_endtag(self, tag):
         if tag in ("g", "svg") and self.stack:
             self.stack.pop()
+    def handle_data(self, data):
+        if getattr(self, "in_header", False):
+            self.header = data
+            self.in_header = False
 
 p = Page()
 p.feed(open(dom).read())
@@ -154,6 +164,10 @@ for i, v in zip(its, values):
     assert v == train[i], (i, v, train[i])            # the job's own number, to the last bit
     assert abs(v - printed[i]) <= 5e-7 * abs(v), (i, v, printed[i])  # and what it printed (7 digits)
 assert p.curves.get("lr") and p.curves.get("grad_norm"), p.curves.keys()
+# The header's iteration is the curves' last; each curve's last-point label sits right of the curve.
+assert p.header == f"iteration {its[-1]}", (p.header, its[-1])
+for series in ("loss", "lr", "grad_norm"):
+    assert p.labels[series] > max(p.points[series]), (series, p.labels[series], max(p.points[series]))
 print(f"ok: the page drew lanes for ranks 0-3 ({', '.join(str(l['spans']) for l in p.lanes.values())} spans) "
       f"and a loss curve of {len(its)} points equal to the printed losses")
 PY

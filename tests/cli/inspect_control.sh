@@ -52,12 +52,12 @@ controlled() {
   [[ $(field '["iteration"]' < status.json) == "$at" && $(field '["job"]["paused"]' < status.json) == True ]] ||
     { cat status.json; fail "$name: the iteration moved while paused (paused after $at)"; }
   [[ $(grep -c "stall:" "$name.log" || true) == "$stalls" ]] || { cat "$name.log"; fail "$name: the pause was reported as a stall"; }
+  # step N answers once its iterations ran and the job paused again: the answer is the state after.
   ask step 2 > step.json
-  for _ in $(seq 1 100); do
-    ask status > status.json
-    [[ $(field '["job"]["paused"]' < status.json) == True && $(field '["iteration"]' < status.json) == $((at + 2)) ]] && break
-    sleep 0.1
-  done
+  [[ $(field '["applied"]' < step.json) == True && $(field '["paused"]' < step.json) == True &&
+     $(field '["paused_after"]' < step.json) == $((at + 2)) && $(field '["iteration"]' < step.json) == $((at + 2)) ]] ||
+    { cat step.json; fail "$name: step 2's answer is not the state after 2 iterations"; }
+  ask status > status.json
   [[ $(field '["iteration"]' < status.json) == $((at + 2)) ]] || { cat status.json; fail "$name: step 2 did not run 2 iterations"; }
   ask save > save.json
   [[ $(field '["applied"]' < save.json) == True ]] || { cat save.json; fail "$name: save while paused"; }
@@ -66,6 +66,8 @@ controlled() {
   # The snapshot is taken before save answers; the offload actor writes it in the background.
   wait_for_checkpoint "$dir"
   ask resume > resume.json || fail "$name: resume failed"
+  [[ $(field '["applied"]' < resume.json) == True && $(field '["paused"]' < resume.json) == False ]] ||
+    { cat resume.json; fail "$name: resume's answer says the job is still paused"; }
   wait $job || { cat "$name.log"; fail "$name: the job failed after resume"; }
   kill_on_exit
 
@@ -93,13 +95,10 @@ ask status > status.json
 python3 -c "import json,sys; j=json.load(open('status.json')); assert sorted(r['rank'] for r in j['ranks'])==[0,1,2,3] and 'unreachable' not in j, j" ||
   fail "launched: status does not cover the 4 processes"
 ask step 1 > step.json
-sleep 1
-ask resume > resume.json || true  # it may still be stepping: then resume after it paused again
-for _ in $(seq 1 50); do
-  [[ $(ask status 2>/dev/null | field '["job"]["paused"]' 2>/dev/null) == True ]] && ask resume > resume.json
-  kill -0 $job 2>/dev/null || break
-  sleep 0.2
-done
+[[ $(field '["paused_after"]' < step.json) == $((at + 1)) && $(field '["paused"]' < step.json) == True ]] ||
+  { cat step.json; fail "launched: step 1 answered before its iteration ran"; }
+ask resume > resume.json
+[[ $(field '["paused"]' < resume.json) == False ]] || { cat resume.json; fail "launched: resume's answer says paused"; }
 wait $job || { cat launched.log; fail "launched: the job failed after resume"; }
 kill_on_exit
 diff <(losses plain_launched.jsonl) <(losses launched.jsonl) > /dev/null ||
@@ -141,4 +140,41 @@ assert all(abs(lrs[i] - 0.000123) > 1e-9 for i in lrs if i <= at), lrs
 print("ok: set lr 0.000123 after iteration", at)
 PY
 grep -q "log interval set to 5 by the inspector" set.log || { cat set.log; fail "set log-interval was not applied"; }
-echo "PASS: pause, step, save, resume (losses equal, one process and under launch), set lr, set log-interval, refusals"
+
+# Every answer is the state after its command (the inspector was once woken before the trainer
+# cleared its paused flag: about 1 resume in 20 answered "paused"): 20 rounds of step, resume and
+# pause. Then stop, as SIGINT: the job saves after the current iteration and ends (exit 0, "stopped
+# early"), here while paused, then while running.
+for mode in paused running; do
+  insp=stop_$mode.json
+  small_train "${model[@]}" --train-iters 100000 --log-interval 1000 --inspect 0 --inspect-file "$work/$insp" \
+    --save "stop_$mode" > "stop_$mode.log" 2>&1 &
+  job=$!
+  kill_on_exit $job "$work/$insp"
+  wait_for_file "$insp"
+  if [[ $mode == paused ]]; then
+    ask pause > round_pause.json
+    r_at=$(field '["paused_after"]' < round_pause.json)
+    for round in $(seq 1 20); do
+      ask step 1 > round_step.json
+      [[ $(field '["paused"]' < round_step.json) == True && $(field '["paused_after"]' < round_step.json) == $((r_at + 1)) ]] ||
+        { cat round_step.json; fail "round $round: step 1 answered a state other than paused after iteration $((r_at + 1))"; }
+      ask resume > round_resume.json
+      [[ $(field '["paused"]' < round_resume.json) == False ]] || { cat round_resume.json; fail "round $round: resume answered paused"; }
+      ask pause > round_pause.json
+      [[ $(field '["paused"]' < round_pause.json) == True ]] || { cat round_pause.json; fail "round $round: pause answered running"; }
+      r_at=$(field '["paused_after"]' < round_pause.json)
+    done
+    echo "ok: 20 rounds of step 1, resume and pause each answered the state after the command"
+  fi
+  ask stop > stop.json || { cat stop.json; fail "stop ($mode) failed"; }
+  [[ $(field '["applied"]' < stop.json) == True ]] || { cat stop.json; fail "stop ($mode) was not applied"; }
+  rc=0
+  wait $job || rc=$?
+  kill_on_exit
+  (( rc == 0 )) && grep -q "(stopped early)" "stop_$mode.log" || { cat "stop_$mode.log"; fail "stop ($mode): rc $rc"; }
+  last=$(cat "stop_$mode/latest_checkpointed_iteration.txt")
+  grep -q "finished at iteration $last/" "stop_$mode.log" || { cat "stop_$mode.log"; fail "stop ($mode) did not save its last iteration"; }
+  echo "ok: stop while $mode: saved iteration $last and ended"
+done
+echo "PASS: pause, step, save, resume, stop (losses equal, one process and under launch), set lr, set log-interval, refusals"

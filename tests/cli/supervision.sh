@@ -116,7 +116,7 @@ grep -q "actor(s) did not stop (stuck in a handler)" stuck.log || fail "the stuc
 # the next stage).
 grep -q "where the ranks were: rank 1 (pp 0, tp 1, dp 0) step 3: idle .* -- ranks 0, 3 wait on it, 3 ranks in all" stuck.log ||
   { cat stuck.log; fail "the wait-for graph did not name the stuck rank"; }
-grep -q "rank 0 (pp 0, tp 0, dp 0) step 4: waiting for GptChunk: tensor-parallel all-reduce" stuck.log ||
+grep -q "rank 0 (pp 0, tp 0, dp 0) step 4: waiting for the GPT layers' tensor-parallel all-reduce" stuck.log ||
   { cat stuck.log; fail "rank 0's wait in the tensor-parallel all-reduce was not shown"; }
 # The stall explainer (--inspect-stall-seconds 1) spoke first, before the 3 s timeout, in one line
 # and in a JSON file in --save.

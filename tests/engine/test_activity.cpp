@@ -42,7 +42,7 @@ TEST_CASE("activity: the culprit of a chain of waits is the rank at its end", "[
   CHECK_FALSE(g.deadlock);
   CHECK(g.edges.size() == 2);
   CHECK_THAT(g.summary, Catch::Contains("rank 2 (pp 0, tp 0, dp 0) step 0: backward") &&
-                            Catch::Contains("rank 1 wait on it, 2 ranks in all through them"));
+                            Catch::Contains("rank 1 waits on it, 2 ranks in all through them"));
 }
 
 TEST_CASE("activity: members that arrived at a collective are not waited on", "[activity]") {
@@ -63,7 +63,39 @@ TEST_CASE("activity: waits in a cycle are a deadlock of the cycle's ranks", "[ac
   CHECK(g.deadlock);
   CHECK(g.culprits == std::vector<int>{0, 1, 2});
   CHECK_THAT(g.summary, Catch::StartsWith("deadlock: ranks 0, 1, 2"));
-  CHECK(wait_graph({busy(0), busy(1)}).summary == "no rank is waiting on another");
+  CHECK(wait_graph({busy(0), busy(1)}).summary == "nothing is stuck: no rank is waiting on another");
+}
+
+TEST_CASE("activity: a healthy job's passing waits are told from a stall by how long they last", "[activity]") {
+  // Steps of 0.4 s: a stall is a wait over 1.2 s (three steps), at least 1 s.
+  auto timed = [](Activity a, double seconds, double step) {
+    a.seconds_in_state = seconds;
+    a.last_step_seconds = step;
+    return a;
+  };
+  std::vector<Activity> healthy = {timed(waits(0, {1}), 0.08, 0.4), timed(busy(1), 0.05, 0.4),
+                                   timed(waits(2, {1}), 0.01, 0.3), timed(busy(3), 0.0, 0.4)};
+  CHECK(stall_threshold(healthy) == Approx(1.2));
+  const WaitGraph ok = wait_graph(healthy, stall_threshold(healthy));
+  CHECK_FALSE(ok.stuck);
+  CHECK(ok.edges.empty());
+  CHECK(ok.momentary.size() == 2);
+  CHECK(ok.culprits.empty());
+  CHECK_THAT(ok.summary, Catch::StartsWith("nothing is stuck: ranks 0, 2 wait momentarily") &&
+                             Catch::Contains("at most 0.08 s") && Catch::Contains("over 1.2 s"));
+  // The same picture with rank 0's wait at 5 s: rank 1 is the culprit, rank 2's short wait is not counted.
+  std::vector<Activity> stalled = healthy;
+  stalled[0].seconds_in_state = 5;
+  const WaitGraph bad = wait_graph(stalled, stall_threshold(stalled));
+  CHECK(bad.stuck);
+  CHECK(bad.culprits == std::vector<int>{1});
+  CHECK(bad.edges.size() == 1);
+  CHECK(bad.momentary.size() == 1);
+  CHECK_THAT(bad.summary, Catch::Contains("rank 0 waits on it"));
+  // No step yet: at least 1 s.
+  CHECK(stall_threshold({busy(0)}) == 1.0);
+  // After a failure every wait counts (threshold 0), as before.
+  CHECK(wait_graph(healthy).stuck);
 }
 
 TEST_CASE("activity: a rank that never starts its step is named by the others' waits", "[activity]") {
