@@ -462,6 +462,20 @@ Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const T
   return Status::ok();
 }
 
+// Removes the unfinished saves in `save` newer than its latest complete checkpoint, one note each.
+void discard_unfinished_saves(const std::string& save, const std::function<void(const std::string&)>& note) {
+  auto latest = latest_run(save);
+  const int64_t complete = latest && latest->found ? latest->iteration : -1;
+  for (int64_t it : unfinished_saves(save, complete)) {
+    const std::string dir = iteration_dir(save, it);
+    const double bytes = static_cast<double>(directory_bytes(dir));
+    discard_unfinished_save(dir);
+    note("removed the unfinished save " + dir + " (shards without metadata.json, " +
+         std::to_string(static_cast<int64_t>(bytes / 1024)) + " KiB): debris of a save that never completed, "
+         "whose space this run's saves need");
+  }
+}
+
 // The NaN watch of a run (engine/nan_watch.hpp): the control its ranks and the inspector share
 // (across restarts: a located NaN ends the run), and TROUPE_FAULT_NAN's fault.
 struct NanWatchSetup {
@@ -829,6 +843,12 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     TROUPE_RETURN_IF_ERROR(callbacks.on_start(attempt, *data, rank, processes));
   }
   for (const std::string& s : start_notes) note(s);
+  // Unfinished saves in --save (shards without metadata.json: a process killed while saving, or a
+  // save that failed in another process) are debris this run's own saves would otherwise have to
+  // find room beside: on a disk that is still full, the save of that iteration again could not. One
+  // process removes them, before any step (no save of this run can be under way yet).
+  if (!attempt.save.empty() && (options.bootstrap == nullptr || options.bootstrap->rank() == 0))
+    discard_unfinished_saves(attempt.save, note);
   double peak = 0;
   if (options.measure_peak) {
     ThreadPool pool(threads);

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -236,9 +238,19 @@ Status make_directories(const std::string& path) {
 
 namespace {
 
+// "0.88 MiB", "12 KiB", "3.1 GiB".
+std::string bytes_text(double bytes) {
+  char t[32];
+  if (bytes >= 1024.0 * 1024 * 1024) std::snprintf(t, sizeof t, "%.3g GiB", bytes / (1024.0 * 1024 * 1024));
+  else if (bytes >= 1024.0 * 1024) std::snprintf(t, sizeof t, "%.3g MiB", bytes / (1024.0 * 1024));
+  else std::snprintf(t, sizeof t, "%.0f KiB", std::ceil(bytes / 1024.0));
+  return t;
+}
+
 // The recipe around `write_body(fd, tmp)`: a fresh temporary, its mode, fsync, rename, the folder's
-// fsync; on failure the temporary goes.
-Status write_durably(const std::string& path,
+// fsync; on failure the temporary goes. `bytes`: what the file will hold; a write that fails where
+// the disk has less free says both figures (the room the user has to make).
+Status write_durably(const std::string& path, uint64_t bytes,
                      const std::function<Status(int, const std::string&)>& write_body) {
   const std::string tmp = path + ".tmp";
   Result<int> created = create_fresh(tmp);
@@ -247,7 +259,12 @@ Status write_durably(const std::string& path,
   auto fail = [&](const Status& st) {
     fd.close();
     ::unlink(tmp.c_str());
-    return st;
+    struct statvfs disk {};
+    if (::statvfs(parent_dir(path).c_str(), &disk) != 0) return st;
+    const double free = static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize);
+    if (free >= static_cast<double>(bytes)) return st;
+    return Status::error(st.message() + " (" + path + " needs " + bytes_text(static_cast<double>(bytes)) +
+                         "; its disk has " + bytes_text(free) + " free)");
   };
   if (Status st = write_body(fd.get(), tmp); !st) return fail(st);
   if (::fchmod(fd.get(), 0644 & ~process_umask()) != 0)
@@ -278,7 +295,9 @@ Status write_paced(int fd, const std::string& tmp, ConstBytes piece,
 }  // namespace
 
 Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces) {
-  return write_durably(path, [&](int fd, const std::string& tmp) {
+  uint64_t bytes = 0;
+  for (const ConstBytes& piece : pieces) bytes += piece.size;
+  return write_durably(path, bytes, [&](int fd, const std::string& tmp) {
     for (const ConstBytes& piece : pieces)
       TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece, nullptr));
     return Status::ok();
@@ -288,7 +307,7 @@ Status write_file_atomically(const std::string& path, const std::vector<ConstByt
 Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
                             const std::function<void(const void*, size_t)>& observe,
                             const std::function<std::string()>& make_head) {
-  return write_durably(path, [&](int fd, const std::string& tmp) {
+  return write_durably(path, head_bytes + body.size, [&](int fd, const std::string& tmp) {
     const std::string zeros(head_bytes, '\0');  // the head's place, written last
     TROUPE_RETURN_IF_ERROR(write_all(fd, zeros.data(), zeros.size(), tmp));
     TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, body, &observe));

@@ -355,6 +355,15 @@ std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest) {
   return out;
 }
 
+uint64_t directory_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration) {
   auto m = read_metadata(dir, iteration);
   if (!m) return m.status();

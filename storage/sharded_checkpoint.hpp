@@ -89,4 +89,7 @@ Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into
 // interrupted (the latest pointer never moved to them). Loads ignore them; callers report them.
 std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest);
 
+// The bytes of the regular files under `dir` (0 when it cannot be read).
+uint64_t directory_bytes(const std::string& dir);
+
 }  // namespace troupe

@@ -63,10 +63,38 @@ if mount -t tmpfs -o size=2m tmpfs full 2> /dev/null; then
   rc=$?
   set -e
   expect_failed_save f2.log full/ck 8 "No space left on device"
+  # The message says how much the file needs and how much the disk has, as df and du see them.
+  python3 - f2.log full/ck/iter_0000008/shard_00000.h5 full <<'PY' || { cat f2.log; fail "the full disk's message lacks the figures"; }
+import os, re, sys
+m = re.search(r"shard_00000\.h5 needs ([0-9.]+) (KiB|MiB); its disk has ([0-9.]+) (KiB|MiB) free", open(sys.argv[1]).read())
+assert m, "no 'needs X; its disk has Y free'"
+unit = {"KiB": 1024, "MiB": 1024 * 1024}
+need, free = float(m[1]) * unit[m[2]], float(m[3]) * unit[m[4]]
+shard = os.path.getsize(sys.argv[2])  # the same model's shard of iteration 8
+st = os.statvfs(sys.argv[3])
+assert abs(need - shard) <= 0.02 * shard, (need, shard)
+assert abs(free - st.f_bavail * st.f_frsize) <= 0.02 * shard, (free, st.f_bavail * st.f_frsize)
+print(f"ok: the message says {m[1]} {m[2]} needed (the shard is {shard} bytes), {m[3]} {m[4]} free")
+PY
   rm -rf full/ck/iter_0000004  # free space
   run --load full/ck --save full/ck --metrics-file f3.jsonl > f3.log 2>&1 || { cat f3.log; fail "resume after freeing space"; }
   [[ $(cat full/ck/latest_checkpointed_iteration.txt) == 12 ]] || fail "the resumed run did not save iteration 12"
   same_losses ref1.jsonl f3.jsonl
+  # An unfinished save (a process killed while writing iteration 12: shards, no metadata.json) fills
+  # the disk's last room: the resume from iteration 8 removes that debris and saves 12 in its place,
+  # needing no space beyond what it writes (before: "No space left on device" until freed by hand).
+  rm -rf full/ck/iter_0000012 full/ck/iter_0000004
+  echo 8 > full/ck/latest_checkpointed_iteration.txt
+  mkdir full/ck/iter_0000012
+  cp full/ck/iter_0000008/shard_00000.h5 full/ck/iter_0000012/shard_00000.h5
+  # The disk now has less free than one shard: the save of iteration 12 fits only in the debris's place.
+  (( $(df -k --output=avail full | tail -1) * 1024 < $(stat -c %s full/ck/iter_0000008/shard_00000.h5) )) ||
+    { df -k full; fail "the planted debris did not fill the disk"; }
+  run --load full/ck --save full/ck --metrics-file f4.jsonl > f4.log 2>&1 || { cat f4.log; df -k full; fail "resume beside an unfinished save"; }
+  grep -q "removed the unfinished save full/ck/iter_0000012" f4.log || { cat f4.log; fail "no note of the removed debris"; }
+  [[ $(cat full/ck/latest_checkpointed_iteration.txt) == 12 && -f full/ck/iter_0000012/metadata.json ]] ||
+    fail "the resume beside debris did not save iteration 12"
+  same_losses ref1.jsonl f4.jsonl
 else
   echo "skipped the real full disk: mount -t tmpfs is not allowed here (not root, or no CAP_SYS_ADMIN)"
 fi
