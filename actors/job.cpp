@@ -327,12 +327,9 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   spec.finalize_save = offloader.commit();
   spec.offload = offloader.actor;
   spec.saves_in_flight = offloader.saves_in_flight;
-  if (options.model) {
-    spec.loss_terms_per_sample = options.model->loss_terms_per_sample;
-    spec.gpt_flops = false;
-    for (const auto& stage : options.model->stages)
-      for (const Block& b : stage) spec.gpt_flops = spec.gpt_flops || (b.kind == Block::Kind::gpt && b.num_layers > 0);
-  }
+  const ModelReport report = model_report(options.model.get());
+  spec.loss_terms_per_sample = report.loss_terms_per_sample;
+  spec.gpt_flops = report.gpt_flops;
   return spec;
 }
 
@@ -510,9 +507,45 @@ InspectHub::Handler watch_command(const InspectHub& hub, std::shared_ptr<NanCont
 
 }  // namespace
 
+ModelReport model_report(const Model* model) {
+  ModelReport r;
+  if (model == nullptr) return r;
+  r.loss_terms_per_sample = model->loss_terms_per_sample;
+  r.gpt_flops = false;
+  for (const auto& stage : model->stages)
+    for (const Block& b : stage) r.gpt_flops = r.gpt_flops || (b.kind == Block::Kind::gpt && b.num_layers > 0);
+  return r;
+}
+
+Status check_model_for_job(const Model& model, const TrainConfig& config, int world_size,
+                           std::vector<StageFootprint>* footprint) {
+  auto par = parallel_config(config, world_size);
+  if (!par) return par.status().as_bad_input();
+  RankSpec precision;
+  set_precision(precision, config.precision);
+  StageBuild job;
+  job.gpt = config.model;
+  job.tp_size = par->tp;
+  job.sequence_parallel = par->sequence_parallel;
+  job.micro_batch = config.micro_batch_size;
+  job.dtype = precision.dtype;
+  TROUPE_RETURN_IF_ERROR(check_model(model, job, par->pp, par->virtual_chunks, footprint));
+  // A custom stage computes on host views (View<float> over host memory, StageContext::gemm on CPU
+  // threads); a GPU rank's tensors live in device memory. GPT's own blocks run anywhere.
+  if (config.device == "cuda")
+    for (const auto& stage : model.stages)
+      for (const Block& b : stage)
+        if (b.kind == Block::Kind::custom)
+          return Status::bad_input("custom block \"" + b.name + "\" on --device cuda: a troupe::Stage computes on "
+                                   "host memory (its views and StageContext::gemm are the CPU's), and a GPU rank keeps "
+                                   "its tensors in device memory -- train a model with custom blocks on the CPU "
+                                   "(--device cpu), or one of GPT's blocks only on the GPU");
+  return Status::ok();
+}
+
 // The rank spec of this process's ranks: the layout against the ranks started, the device, a
 // schedule and a model given in code, each checked (bad input naming the problem) before any actor.
-static Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options, int threads) {
+Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options, int threads) {
   const int launched = options.world ? options.world->size() : 1;
   auto par = parallel_config(config, launched);
   if (!par) return par.status();
@@ -550,16 +583,8 @@ static Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& 
     TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
     rs.par.custom_schedule = options.schedule;
   }
-  if (options.model && rs.device == Device::cuda)
-    return Status::bad_input("a model given in code (RunOptions::model) runs on the CPU only for now: its custom stages' "
-                             "own code reads and writes host memory -- use device \"cpu\", or GPT's own blocks");
   if (options.model) {
-    StageBuild job;
-    job.gpt = config.model;
-    job.tp_size = rs.par.tp;
-    job.sequence_parallel = rs.par.sequence_parallel;
-    job.micro_batch = rs.micro_batch_size;
-    TROUPE_RETURN_IF_ERROR(check_model(*options.model, job, rs.par.pp, rs.par.virtual_chunks));
+    TROUPE_RETURN_IF_ERROR(check_model_for_job(*options.model, config, launched));
     rs.custom_model = options.model;
   }
   return rs;
@@ -927,11 +952,29 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
 }
 
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
-                                   int micro_batch_size, int num_threads) {
+                                   int micro_batch_size, int num_threads, std::shared_ptr<const Model> model) {
   auto it = latest_iteration(dir);
   if (!it) return it.status().as_bad_input();
-  auto cfg = checkpoint_config(dir);
+  auto cfg = stored_config(dir, -1, model != nullptr, model == nullptr || has_gpt_blocks(*model));
   if (!cfg) return cfg.status().as_bad_input();
+  // A model given in code, whatever layout it was trained on: its blocks in order on the one rank.
+  std::shared_ptr<const Model> one;
+  if (model) {
+    TrainConfig job = cfg.value();
+    job.tensor_model_parallel_size = job.pipeline_model_parallel_size = job.data_parallel_size = 1;
+    job.num_layers_per_virtual_pipeline_stage = 0;
+    job.sequence_parallel = false;
+    job.micro_batch_size = micro_batch_size;
+    job.zero_stage = 0;
+    job.device = "cpu";
+    job.precision = PrecisionConfig{};
+    auto flat = std::make_shared<Model>(single_stage(*model));
+    if (Status st = check_model_for_job(*flat, job, 1); !st)
+      return st.with_context("the model given to evaluate " + dir + ": ").as_bad_input();
+    one = flat;
+  }
+  const int64_t terms = model && model->loss_terms_per_sample > 0 ? model->loss_terms_per_sample
+                                                                   : cfg.value().model.seq_length;
   const int64_t available = data->num_windows(DataSplit::train);
   if (samples <= 0) samples = available;
   if (samples > available)
@@ -946,6 +989,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
   spec.micro_batch_size = micro_batch_size;
   spec.num_threads = resolve_threads(num_threads);
   spec.evaluation_only = true;
+  spec.custom_model = one;
   caf::actor_system_config sys_cfg = make_system_config();
   caf::actor_system system{sys_cfg};
   auto local = spawn_ranks(system, spec, nullptr);
@@ -982,7 +1026,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
   shutdown();
   if (!failure.is_ok()) return failure;
   out.samples = samples;
-  out.tokens = samples * cfg.value().model.seq_length;
+  out.tokens = samples * terms;  // loss terms: tokens for GPT's head, the model's own count otherwise
   out.loss = total / static_cast<double>(out.tokens);
   out.perplexity = std::exp(std::min(out.loss, 700.0));
   return out;

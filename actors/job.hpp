@@ -12,6 +12,7 @@
 #include "troupe/train.hpp"
 #include "actors/messages.hpp"
 #include "engine/rank_engine.hpp"
+#include "model/footprint.hpp"
 #include "troupe/train_config.hpp"
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
@@ -61,11 +62,32 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
 
 // Loads the model of checkpoint `dir` (its latest iteration) and returns the mean next-token loss over
 // the first `samples` windows of `data`'s training split read in order (all windows when samples <= 0).
+// model: the model given in code the checkpoint holds (null: GPT's), for any layout it trained on.
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
-                                   int micro_batch_size, int num_threads);
+                                   int micro_batch_size, int num_threads, std::shared_ptr<const Model> model = nullptr);
 
 // The parallel layout a validated config asks for, with world_size ranks started (1: one process).
 Result<ParallelConfig> parallel_config(const TrainConfig& config, int world_size);
+
+// How a run reports a model given in code (null: GPT's): the loss terms per sample (0: seq_length,
+// a loss per token) and whether Megatron's GPT FLOP count applies (the model has GPT layers).
+struct ModelReport {
+  int64_t loss_terms_per_sample = 0;
+  bool gpt_flops = true;
+};
+ModelReport model_report(const Model* model);
+
+// The rank spec of this process's ranks: the layout against the ranks started (options.world's, or
+// one process), the device, a schedule and a model given in code (options.schedule, .model), each
+// checked (bad input naming the problem) before any actor exists. threads: this process's compute
+// threads (split among its ranks in one process).
+Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options, int threads);
+
+// A model given in code against the job `config` describes with world_size ranks started:
+// check_model's rules (every problem at once), and custom blocks refused on --device cuda. Bad input
+// naming each problem; footprint (when given) gets each virtual stage's for the memory estimate.
+Status check_model_for_job(const Model& model, const TrainConfig& config, int world_size,
+                           std::vector<StageFootprint>* footprint = nullptr);
 
 // Model configuration stored in a checkpoint (its latest iteration), accepted only when it describes
 // the tensors the checkpoint holds (config/stored_config.hpp).

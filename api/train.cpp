@@ -19,6 +19,7 @@
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
 #include "kernels/device_info.hpp"
+#include "model/pipeline_model.hpp"
 #ifdef TROUPE_WITH_CUDA
 #include "comm/nccl/nccl_world.hpp"
 #endif
@@ -46,18 +47,10 @@ void end_process_after_peer_failure(int rank, const std::string& why, std::chron
 
 }  // namespace
 
-// Whether a model given in code has GPT layers (GPT's architecture rules apply to it).
-static bool has_gpt_layers(const Model& model) {
-  for (const auto& stage : model.stages)
-    for (const Block& b : stage)
-      if (b.kind == Block::Kind::gpt && (b.num_layers > 0 || b.embedding || b.head)) return true;
-  return false;
-}
-
 Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenToRun& given) {
   GivenInCode in_code;
   in_code.data = given.data;
-  in_code.model_without_gpt_layers = given.model != nullptr && !has_gpt_layers(*given.model);
+  in_code.model_without_gpt_layers = given.model != nullptr && !has_gpt_blocks(*given.model);
   if (Status st = validate_train_config(cfg, nullptr, in_code); !st) return st.as_bad_input();
   if (world > 1)
     if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
@@ -79,12 +72,20 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenT
   cfg.model.vocab_size = tokenizer.value()->vocab_size();
   if (!in_code.model_without_gpt_layers)
     if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
+  // A model given in code: checked against the job here already, for its memory estimate.
+  std::vector<StageFootprint> footprint;
+  if (given.model != nullptr) TROUPE_RETURN_IF_ERROR(check_model_for_job(*given.model, cfg, world, &footprint));
   // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
-  if (Status st = check_memory(cfg, world, local_world, available_memory_bytes()); !st) return st.as_bad_input();
+  if (Status st = check_memory(cfg, world, local_world, available_memory_bytes(), given.model ? &footprint : nullptr); !st)
+    return st.as_bad_input();
   return Status::ok();
 }
 
 Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
+  if (cfg.model.vocab_size <= 0)
+    return Status::bad_input("open_data: config.model.vocab_size is " + std::to_string(cfg.model.vocab_size) +
+                             " -- set it to the tokenizer's vocabulary first (troupe::train does so itself; for "
+                             "the byte-level tokenizer it is 257)");
   if (cfg.mock_data) return make_mock_data(cfg.model.vocab_size, cfg.model.seq_length, cfg.seed);
   DataPaths paths{cfg.data_path, cfg.train_data_path, cfg.valid_data_path, cfg.test_data_path};
   auto data = open_blended_data(paths, cfg.split, cfg.model.seq_length, cfg.seed, cfg.no_shuffle,
@@ -174,8 +175,8 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
 }
 
 Result<EvalSummary> evaluate(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
-                             int micro_batch_size, int num_threads) {
-  return run_evaluation(dir, std::move(data), samples, micro_batch_size, num_threads);
+                             int micro_batch_size, int num_threads, std::shared_ptr<const Model> model) {
+  return run_evaluation(dir, std::move(data), samples, micro_batch_size, num_threads, std::move(model));
 }
 
 }  // namespace troupe

@@ -28,6 +28,7 @@ namespace {
 
 struct TrainingActorState {
   TrainConfig cfg;
+  ModelReport report;  // a model given in code: its loss terms per sample, whether GPT's FLOPs apply
   RankSet local;
   ParallelConfig par;
   int64_t iteration = 0, consumed = 0;
@@ -60,10 +61,16 @@ Result<Tensor> windows_of(const TokenBatch& b, const TrainConfig& cfg) {
   return t;
 }
 
-training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, RankSet local, ParallelConfig par,
-                                                int64_t iteration, int64_t consumed) {
+// The loss terms of one window: the model's (a model given in code), or a loss per token.
+int64_t terms_per_window(const TrainingActorState& s) {
+  return s.report.loss_terms_per_sample > 0 ? s.report.loss_terms_per_sample : s.cfg.model.seq_length;
+}
+
+training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, ModelReport report, RankSet local,
+                                                ParallelConfig par, int64_t iteration, int64_t consumed) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
+  st.report = report;
   st.local = std::move(local);
   st.par = std::move(par);
   st.iteration = iteration;
@@ -84,7 +91,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
                            " windows, not " + std::to_string(batch.sequences) + " -- send whole global batches");
         auto windows = windows_of(batch, c);
         if (!windows) return bad_batch(windows.status().message());
-        const double scale = 1.0 / (static_cast<double>(c.global_batch_size) * c.model.seq_length);
+        const double scale = 1.0 / (static_cast<double>(c.global_batch_size) * static_cast<double>(terms_per_window(s)));
         StepRequest req = optimizer_step(c, s.iteration - s.skipped_steps, s.consumed - s.skipped_samples);
         req.step = s.iteration + 1;
         req.adam_step_offset = s.skipped_steps;
@@ -106,8 +113,8 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
                   s.iteration += 1;
                   s.consumed += s.cfg.global_batch_size;
                   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                  IterationStats out =
-                      iteration_stats(s.cfg, s.iteration, s.consumed, r.loss_sum, r.grad_norm, req.lr, seconds);
+                  IterationStats out = iteration_stats(s.cfg, s.iteration, s.consumed, r.loss_sum, r.grad_norm, req.lr,
+                                                       seconds, s.report.loss_terms_per_sample, s.report.gpt_flops);
                   // As the trainer fails the job: a non-finite loss ends training (the ranks already
                   // refuse a non-finite gradient norm).
                   if (!std::isfinite(out.lm_loss)) {
@@ -131,7 +138,7 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
         auto windows = windows_of(batch, s.cfg);
         if (!windows) return bad_batch(windows.status().message());
         auto rp = self->make_response_promise<EvalStats>();
-        const int64_t tokens = batch.sequences * s.cfg.model.seq_length;
+        const int64_t tokens = batch.sequences * terms_per_window(s);  // loss terms (tokens for GPT's head)
         self->request(s.local.group, caf::infinite, eval_atom::value, windows.value())
             .then(
                 [self, rp, tokens](double loss_sum) mutable {
@@ -195,21 +202,19 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Rank
 
 }  // namespace
 
-Result<training_actor> spawn_training(caf::actor_system& system, const TrainConfig& config) {
+Result<training_actor> spawn_training(caf::actor_system& system, const TrainConfig& config,
+                                      const TrainingOptions& options) {
   TrainConfig cfg = config;
-  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, 1, 1, GivenToRun{/*data=*/true, nullptr}));  // batches come as messages
+  // The batches come as messages: the config names no data.
+  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, 1, 1, GivenToRun{/*data=*/true, options.model.get()}));
   if (cfg.run_id.empty()) cfg.run_id = new_run_id();
-  auto par = parallel_config(cfg, 1);
-  if (!par) return par.status().as_bad_input();
-  RankSpec spec;
-  spec.model = cfg.model;
-  spec.seed = cfg.seed;  // the dropout masks' key
-  spec.par = par.value();
-  spec.micro_batch_size = cfg.micro_batch_size;
-  spec.micro_batches = cfg.grad_accumulation_steps(1);
-  set_precision(spec, cfg.precision);
+  JobOptions job;
+  job.model = options.model;
+  job.schedule = options.schedule;
   const int threads = cfg.num_threads > 0 ? cfg.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  spec.num_threads = std::max(1, threads / spec.par.world_size());
+  auto planned = plan_ranks(cfg, job, threads);
+  if (!planned) return planned.status();
+  RankSpec spec = std::move(planned).value();
   OptimizerOffload offload;
   offload.device = cfg.offload_optimizer;
   offload.path = cfg.offload_path;
@@ -242,7 +247,8 @@ Result<training_actor> spawn_training(caf::actor_system& system, const TrainConf
     local->exit(self.ptr());
     return ready;
   }
-  return system.spawn(training_behavior, cfg, local.value(), par.value(), iteration, consumed);
+  return system.spawn(training_behavior, cfg, model_report(options.model.get()), local.value(), spec.par, iteration,
+                      consumed);
 }
 
 }  // namespace troupe

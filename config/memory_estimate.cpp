@@ -49,7 +49,7 @@ const StageMemory& MemoryEstimate::largest_stage() const {
                            [](const StageMemory& a, const StageMemory& b) { return a.total() < b.total(); });
 }
 
-MemoryEstimate estimate_memory(const TrainConfig& c, int world_size) {
+MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::vector<StageFootprint>* model) {
   const GptConfig& m = c.model;
   const int tp_size = std::max(1, c.tensor_model_parallel_size);
   const double t = tp_size, p = std::max(1, c.pipeline_model_parallel_size);
@@ -108,23 +108,46 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size) {
 
   MemoryEstimate e;
   e.logits_bytes = act * tokens * Vp / t;
-  const double first_layers = std::ceil(L / p);
+  const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
+  // What each pipeline stage holds: GPT's even split (stage s: floor(L / p) layers, one more for the
+  // first L mod p stages; validation bounds p by L), or a model given in code, its virtual stage k on
+  // pipeline stage k mod p.
+  std::vector<StageFootprint> per_stage(static_cast<size_t>(stages));
+  if (model == nullptr) {
+    for (int64_t s = 0; s < stages; ++s) {
+      per_stage[s].gpt_layers = static_cast<int>(layers / stages + (s < layers % stages ? 1 : 0));
+      per_stage[s].embedding = s == 0;
+      per_stage[s].head = s == stages - 1;
+    }
+  } else {
+    for (size_t k = 0; k < model->size(); ++k) {
+      StageFootprint& f = per_stage[k % per_stage.size()];
+      const StageFootprint& v = (*model)[k];
+      f.gpt_layers += v.gpt_layers;
+      f.embedding = f.embedding || v.embedding;
+      f.head = f.head || v.head;
+      f.custom_parameters += v.custom_parameters;
+      f.custom_boundary_elements += v.custom_boundary_elements;
+    }
+  }
+  const double first_layers = per_stage.empty() ? 0 : per_stage[0].gpt_layers;
   e.micro_batch_activation_none = micro_batch_bytes(first_layers, "none");
   e.micro_batch_activation_selective = micro_batch_bytes(first_layers, "selective");
   e.micro_batch_activation_full = micro_batch_bytes(first_layers, "full");
-  // Stage s holds floor(L / p) layers, one more for the first L mod p stages (validation bounds p by
-  // L); the first 1023 stages and the last are kept for the plan.
-  const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
+  // The first 1023 stages and the last are kept for the plan.
   double sum_states = 0, sum_activations = 0;
   for (int64_t s = 0; s < stages; ++s) {
     StageMemory st;
-    const double stage_layers = static_cast<double>(layers / stages + (s < layers % stages ? 1 : 0));
-    st.parameters = stage_layers * layer + (s == 0 ? embedding : 0) + (s == stages - 1 ? head : 0);
+    const StageFootprint& f = per_stage[static_cast<size_t>(s)];
+    const double stage_layers = f.gpt_layers;
+    st.parameters = stage_layers * layer + (f.embedding ? embedding : 0) + (f.head ? head : 0) + f.custom_parameters;
     st.model_state_bytes = states_of(st.parameters);
     st.micro_batches_in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
-    st.activation_bytes = micro_batch_bytes(stage_layers, c.recompute_granularity) * st.micro_batches_in_flight +
-                          (s == stages - 1 ? e.logits_bytes : 0);
+    // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
+    const double micro_batch = (stage_layers > 0 ? micro_batch_bytes(stage_layers, c.recompute_granularity) : 0) +
+                               4 * f.custom_boundary_elements;
+    st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0);
     sum_states += st.model_state_bytes;
     sum_activations += st.activation_bytes;
     if (s < 1023 || s == stages - 1) e.stages.push_back(st);
@@ -200,20 +223,22 @@ double available_memory_bytes() {
   return available;
 }
 
-Status check_memory(const TrainConfig& c, int world_size, int local_ranks, double available) {
+Status check_memory(const TrainConfig& c, int world_size, int local_ranks, double available,
+                    const std::vector<StageFootprint>* model) {
   if (const char* off = std::getenv("TROUPE_MEMORY_CHECK"); off != nullptr && std::strcmp(off, "off") == 0)
     return Status::ok();
   if (!(available > 0)) return Status::ok();  // nothing to compare with
-  const MemoryEstimate e = estimate_memory(c, world_size);
+  const MemoryEstimate e = estimate_memory(c, world_size, model);
   const double share = available / std::max(1, local_ranks);
   if (e.total() <= share) return Status::ok();
   const bool activations = e.activation_bytes >= e.model_state_bytes;
   const std::string fix =
       activations ? "lower --micro-batch-size or --seq-length, or use --recompute-granularity full, more "
                     "--pipeline-model-parallel-size or --tensor-model-parallel-size"
-                  : "lower --hidden-size or --num-layers, or spread the model states: --zero-stage 1-3 with more "
-                    "data-parallel ranks, more --tensor-model-parallel-size / --pipeline-model-parallel-size, "
-                    "--offload-optimizer nvme";
+                  : std::string(model != nullptr ? "declare fewer or smaller parameters in the model given in code"
+                                                 : "lower --hidden-size or --num-layers") +
+                        ", or spread the model states: --zero-stage 1-3 with more data-parallel ranks, more "
+                        "--tensor-model-parallel-size / --pipeline-model-parallel-size, --offload-optimizer nvme";
   return Status::bad_input(fmt::format(
       "this configuration needs at least {:.3g} GiB per process ({:.3g} GiB of parameters, gradients and Adam "
       "moments, {:.3g} GiB of activations, over {} rank(s) in the process) but {:.3g} GiB are available{} -- {} "

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "model/footprint.hpp"
 #include "troupe/train_config.hpp"
 #include "troupe/status.hpp"
 
@@ -68,8 +69,12 @@ struct MemoryEstimate {
   const StageMemory& largest_stage() const;
 };
 
-// world_size: ranks started (1: every rank of the layout runs in this process).
-MemoryEstimate estimate_memory(const TrainConfig& config, int world_size);
+// world_size: ranks started (1: every rank of the layout runs in this process). model: a model given
+// in code, one StageFootprint per virtual stage (check_model fills them): its GPT layers, embedding
+// and head count as GPT's, its custom blocks by their declared parameters (their TP slices) and
+// boundary tensors (per micro-batch in flight); null: GPT's own model of config.model.
+MemoryEstimate estimate_memory(const TrainConfig& config, int world_size,
+                               const std::vector<StageFootprint>* model = nullptr);
 
 // The plan printed before training and by `troupe train --dry-run`: the model's parameters and
 // FLOPs, then per rank the parameters, model states (ZeRO stage) and activations (recompute), one
@@ -82,6 +87,7 @@ double available_memory_bytes();
 
 // Bad input when the estimate exceeds `available` / local_ranks (ranks sharing this host), naming
 // the figures and the flags that lower the biggest part.
-Status check_memory(const TrainConfig& config, int world_size, int local_ranks, double available);
+Status check_memory(const TrainConfig& config, int world_size, int local_ranks, double available,
+                    const std::vector<StageFootprint>* model = nullptr);
 
 }  // namespace troupe

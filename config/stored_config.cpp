@@ -8,7 +8,7 @@
 
 namespace troupe {
 
-Result<TrainConfig> stored_config(const std::string& dir, int64_t iteration) {
+Result<TrainConfig> stored_config(const std::string& dir, int64_t iteration, bool model_in_code, bool gpt_blocks) {
   if (iteration < 0) {
     auto it = latest_iteration(dir);
     if (!it) return it.status().as_bad_input();
@@ -19,13 +19,22 @@ Result<TrainConfig> stored_config(const std::string& dir, int64_t iteration) {
   if (!meta) return meta.status().as_bad_input();
   auto cfg = TrainConfig::from_json(meta.value().config_json);
   if (!cfg) return cfg.status().with_context("the config stored in " + where + ": ").as_bad_input();
-  if (Status st = cfg.value().model.validate(); !st)
-    return st.with_context("the config stored in " + where + ": ").as_bad_input();
   auto tensors = list_checkpoint_tensors(dir, iteration);
   if (!tensors) return tensors.status().as_bad_input();
   std::map<std::string, Shape> model;
   for (const CheckpointTensorInfo& t : tensors.value())
     if (t.path.rfind("model/", 0) == 0) model.emplace(t.path.substr(6), t.shape);
+  if (!model_in_code)
+    for (const auto& [name, shape] : model)
+      if (name.rfind("transformer.", 0) != 0 && name.rfind("lm_head.", 0) != 0)
+        return Status::bad_input(
+            "the checkpoint in " + where + " holds a model given in code (its tensor " + name +
+            " is none of GPT's): troupe eval, ckpt convert and ckpt export read GPT's models -- evaluate it from the "
+            "program that defines the model, with troupe::evaluate(dir, data, samples, micro_batch, threads, model), "
+            "or with its training actor's eval_batch_atom");
+  if (!gpt_blocks) return cfg;  // a model without GPT blocks: the stored GPT sizes describe no tensor
+  if (Status st = cfg.value().model.validate(); !st)
+    return st.with_context("the config stored in " + where + ": ").as_bad_input();
   // Count first: a config claiming a million layers is refused before its specs are even listed.
   GptConfig one = cfg.value().model, two = one;
   one.num_layers = 1;

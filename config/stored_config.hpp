@@ -15,7 +15,11 @@
 
 namespace troupe {
 
-// iteration < 0: the latest.
-Result<TrainConfig> stored_config(const std::string& dir, int64_t iteration = -1);
+// iteration < 0: the latest. A checkpoint of a model given in code (tensors GPT's model does not
+// have) is refused naming one of them and the way to evaluate it, unless model_in_code: then its
+// other tensors are the caller's to check, and GPT's are checked as above only when gpt_blocks (the
+// caller's model has GPT blocks).
+Result<TrainConfig> stored_config(const std::string& dir, int64_t iteration = -1, bool model_in_code = false,
+                                  bool gpt_blocks = true);
 
 }  // namespace troupe

@@ -18,6 +18,16 @@ View<int32_t> TensorView::i32() const {
   return View<int32_t>{static_cast<int32_t*>(data), shape};
 }
 
+View<const float> ConstTensorView::f32() const {
+  if (type != ElementType::f32) throw std::logic_error("ConstTensorView::f32 of an i32 tensor");
+  return View<const float>{static_cast<const float*>(data), shape};
+}
+
+View<const int32_t> ConstTensorView::i32() const {
+  if (type != ElementType::i32) throw std::logic_error("ConstTensorView::i32 of an f32 tensor");
+  return View<const int32_t>{static_cast<const int32_t*>(data), shape};
+}
+
 ParamSpec custom_param_spec(const ParamDecl& d, int tp_size, int tp_rank) {
   ParamSpec s;
   s.name = d.name;
@@ -65,6 +75,16 @@ std::vector<TensorView> views_of(const std::vector<Tensor>& ts) {
   return out;
 }
 
+// Read-only views (forward's inputs, backward's output gradients).
+std::vector<ConstTensorView> const_views_of(const std::vector<Tensor>& ts) {
+  std::vector<ConstTensorView> out;
+  for (const Tensor& t : ts) {
+    const TensorView v = view_of(t);
+    out.push_back(ConstTensorView{v.data, v.shape, v.type});
+  }
+  return out;
+}
+
 // What the user's stage may call: the rank's TP group and compute threads.
 class Calls final : public StageContext {
  public:
@@ -106,6 +126,10 @@ struct CustomStage::Impl {
     Tensor batch;
     double loss_scale = 0;
     std::vector<Tensor> inputs;  // recompute: copies of the inputs
+    // Between a split backward and its weight pass: the output gradients (the engine keeps the
+    // slot's buffers until the weight pass).
+    bool awaiting_weight = false;
+    std::vector<Tensor> dout;
   };
   std::map<int, Saved> saved;
   std::vector<Tensor> scratch_out;  // recompute: the second forward's outputs
@@ -228,7 +252,7 @@ double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const s
   a.slot = m.recompute ? -1 : slot;
   if (!units_.empty()) a.params = m.param_views(p.values, specs_);
   a.batch = reads_batch_ ? batch_view(batch) : View<const int32_t>{};
-  a.inputs = views_of(in);
+  a.inputs = const_views_of(in);
   a.outputs = views_of(out);
   a.valid_samples = m.place.micro_batch;
   a.loss_scale = grad_scale;
@@ -247,14 +271,15 @@ double CustomStage::forward(Context& ctx, int slot, const Tensor& batch, const s
 }
 
 void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,
-                           bool) {
+                           bool defer_weight_grads) {
   Impl& m = *impl_;
   m.calls.bind(ctx);
   auto it = m.saved.find(slot);
-  TROUPE_CHECK(it != m.saved.end(), "CustomStage: backward of a slot without a forward");
-  Impl::Saved s = std::move(it->second);
-  m.saved.erase(it);
+  TROUPE_CHECK(it != m.saved.end() && !it->second.awaiting_weight, "CustomStage: backward of a slot without a forward");
   const bool any = !units_.empty();
+  const bool split = defer_weight_grads && any && m.user->splits_backward();
+  Impl::Saved s = split ? it->second : std::move(it->second);
+  if (!split) m.saved.erase(it);
   ParamsFor p(m.hooks, m.params, any, Pass::backward);
   const View<const int32_t> rows = reads_batch_ ? batch_view(s.batch) : View<const int32_t>{};
   if (m.recompute) {  // the forward again, now keeping what backward needs
@@ -262,7 +287,7 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
     a.slot = slot;
     if (any) a.params = m.param_views(p.values, specs_);
     a.batch = rows;
-    a.inputs = views_of(s.inputs);
+    a.inputs = const_views_of(s.inputs);
     a.outputs = views_of(m.scratch_out);
     a.valid_samples = m.place.micro_batch;
     a.loss_scale = s.loss_scale;
@@ -272,23 +297,47 @@ void CustomStage::backward(Context& ctx, int slot, const std::vector<Tensor>& do
       if (has_loss_) (void)m.look_loss(loss);
     }
   }
-  Tensor grads = any ? (m.hooks.grad_buffer ? m.hooks.grad_buffer(0) : m.grads) : Tensor();
+  Tensor grads = any && !split ? (m.hooks.grad_buffer ? m.hooks.grad_buffer(0) : m.grads) : Tensor();
   BackwardArgs b;
   b.slot = slot;
-  if (any) {
-    b.params = m.param_views(p.values, specs_);
-    b.param_grads = m.grad_views(grads, specs_);
-  }
+  if (any) b.params = m.param_views(p.values, specs_);
+  if (any && !split) b.param_grads = m.grad_views(grads, specs_);
   b.batch = rows;
-  b.output_grads = views_of(dout);
+  b.output_grads = const_views_of(dout);
   b.input_grads = views_of(din);
   b.loss_scale = s.loss_scale;
+  b.weight_grads_later = split;
   m.user->backward(m.calls, b);
-  if (m.probe != nullptr) {
+  if (m.probe != nullptr)
     for (size_t i = 0; i < din.size(); ++i) m.look(inputs_[i].name, ProbeDir::backward, din[i]);
-    if (any) m.look("params", ProbeDir::weight, grads);
+  if (split) {  // the weight pass (backward_weight) comes later, on the same slot
+    it->second.awaiting_weight = true;
+    it->second.dout = dout;
+    return;
   }
+  if (any && m.probe != nullptr) m.look("params", ProbeDir::weight, grads);
   if (any && m.hooks.grads_ready) m.hooks.grads_ready(0, slot);
+}
+
+void CustomStage::backward_weight(Context& ctx, int slot) {
+  Impl& m = *impl_;
+  auto it = m.saved.find(slot);
+  if (it == m.saved.end() || !it->second.awaiting_weight) return;  // computed in backward (no split)
+  m.calls.bind(ctx);
+  Impl::Saved s = std::move(it->second);
+  m.saved.erase(it);
+  ParamsFor p(m.hooks, m.params, true, Pass::backward);
+  Tensor grads = m.hooks.grad_buffer ? m.hooks.grad_buffer(0) : m.grads;
+  BackwardArgs b;
+  b.slot = slot;
+  b.params = m.param_views(p.values, specs_);
+  b.param_grads = m.grad_views(grads, specs_);
+  b.batch = reads_batch_ ? batch_view(s.batch) : View<const int32_t>{};
+  b.output_grads = const_views_of(s.dout);
+  b.loss_scale = s.loss_scale;
+  m.user->backward_weight(m.calls, b);
+  if (m.probe != nullptr) m.look("params", ProbeDir::weight, grads);
+  if (m.hooks.grads_ready) m.hooks.grads_ready(0, slot);
 }
 
 double CustomStage::forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in,
@@ -300,7 +349,7 @@ double CustomStage::forward_eval(Context& ctx, const Tensor& batch, const std::v
   a.slot = -1;
   if (!units_.empty()) a.params = m.param_views(p.values, specs_);
   a.batch = reads_batch_ ? batch_view(batch) : View<const int32_t>{};
-  a.inputs = views_of(in);
+  a.inputs = const_views_of(in);
   a.outputs = views_of(out);
   a.valid_samples = valid < 0 ? m.place.micro_batch : valid;
   return m.user->forward(m.calls, a);

@@ -1,8 +1,9 @@
 // A user's troupe::Stage (include/troupe/stage.hpp) as the engine's (model/stage.hpp): troupe holds its
 // parameters (one unit, ParamDecl order), their tensor-parallel slices and gradients, and calls the
 // user's forward and backward on host views of them and of the boundary tensors. Recompute full
-// keeps only the inputs and runs the user's forward again before backward. A user stage cannot
-// split its backward: it computes weight gradients in backward, and backward_weight does nothing.
+// keeps only the inputs and runs the user's forward again before backward. Under a split schedule
+// (ZB-H1) a user stage that splits_backward() gets backward without parameter gradients and
+// backward_weight later for them; one that does not computes both in backward (W does nothing).
 // Exceptions the user's code throws pass through (the engine returns them as the rank's error).
 #pragma once
 #include <memory>
@@ -42,7 +43,7 @@ class CustomStage final : public PipelineStage {
                  const MicroBatchKey& key) override;
   void backward(Context& ctx, int slot, const std::vector<Tensor>& dout, const std::vector<Tensor>& din,
                 bool defer_weight_grads) override;
-  void backward_weight(Context&, int) override {}
+  void backward_weight(Context& ctx, int slot) override;
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
   // The probe sees each output after forward (by its name; "loss" for the loss block), each input's

@@ -1,5 +1,6 @@
 #include "model/pipeline_model.hpp"
 
+#include <map>
 #include <set>
 
 #include "model/custom_stage.hpp"
@@ -42,6 +43,62 @@ Model gpt_model(const TrainConfig& c, bool with_head) {
   const int per_chunk = c.num_layers_per_virtual_pipeline_stage;
   const int v = per_chunk > 0 ? std::max(1, c.model.num_layers / (pp * per_chunk)) : 1;
   return gpt_model(c.model, pp * v, with_head);
+}
+
+Result<Model> gpt_model(const TrainConfig& c, const std::vector<Insertion>& insertions, bool with_head) {
+  const int L = c.model.num_layers;
+  for (const Insertion& at : insertions)
+    if (at.after_layer < -1 || at.after_layer >= L)
+      return Status::bad_input("an insertion after layer " + std::to_string(at.after_layer) + ": GPT has layers 0.." +
+                               std::to_string(L - 1) + " -- use -1 (right after the embedding) to " +
+                               std::to_string(L - 1) + " (after the last layer, before GPT's head)");
+  Model split = gpt_model(c, with_head);
+  Model m;
+  m.loss_terms_per_sample = split.loss_terms_per_sample;
+  for (const std::vector<Block>& stage : split.stages) {
+    const Block& g = stage.front();  // gpt_model gives one GPT block per virtual stage
+    const int first = g.first_layer, end = g.first_layer + g.num_layers;
+    std::vector<Block> blocks;
+    int cur = first;
+    bool embedding = g.embedding;
+    // Insertions after layer j sit on the stage holding layer j (the embedding's for -1), in order.
+    for (int j = embedding ? -1 : first; j < end; ++j)
+      for (const Insertion& at : insertions) {
+        if (at.after_layer != j) continue;
+        if (j + 1 > cur || embedding) blocks.push_back(Block::gpt(cur, j + 1 - cur, embedding, false));
+        embedding = false;
+        cur = j + 1;
+        blocks.push_back(at.block);
+      }
+    if (end > cur || embedding || g.head) blocks.push_back(Block::gpt(cur, end - cur, embedding, g.head));
+    m.stages.push_back(std::move(blocks));
+  }
+  return m;
+}
+
+bool has_gpt_blocks(const Model& model) {
+  for (const auto& stage : model.stages)
+    for (const Block& b : stage)
+      if (b.kind == Block::Kind::gpt && (b.num_layers > 0 || b.embedding || b.head)) return true;
+  return false;
+}
+
+Model single_stage(const Model& model) {
+  Model one;
+  one.loss_terms_per_sample = model.loss_terms_per_sample;
+  one.stages.emplace_back();
+  std::vector<Block>& blocks = one.stages.front();
+  for (const auto& stage : model.stages)
+    for (const Block& b : stage) {
+      if (!blocks.empty() && b.kind == Block::Kind::gpt && blocks.back().kind == Block::Kind::gpt &&
+          !blocks.back().head && !b.embedding && blocks.back().first_layer + blocks.back().num_layers == b.first_layer) {
+        blocks.back().num_layers += b.num_layers;
+        blocks.back().head = b.head;
+        continue;
+      }
+      blocks.push_back(b);
+    }
+  return one;
 }
 
 bool ties_embedding(const Model& model) {
@@ -96,6 +153,7 @@ std::unique_ptr<PipelineStage> build_block(const Block& b, const StageBuild& at,
 // A block's declarations, as check_model reads them (custom stages built once at tp rank 0).
 struct Declared {
   std::string what;  // "virtual stage 1, block 0 (custom \"head\")"
+  std::string block_name;  // a custom block's name
   std::vector<BoundaryDecl> in, out;
   std::vector<ParamDecl> params;
   bool loss = false, custom = false;
@@ -116,7 +174,8 @@ bool good_shape(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
+Status check_model(const Model& model, const StageBuild& job, int pp, int v, std::vector<StageFootprint>* footprint) {
+  if (footprint != nullptr) footprint->assign(model.stages.size(), StageFootprint{});
   std::vector<std::string> problems;
   const size_t want = static_cast<size_t>(pp) * static_cast<size_t>(v);
   if (model.stages.size() != want)
@@ -150,6 +209,7 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
         d.loss = b.head;
       } else {
         d.what += " (custom \"" + b.name + "\")";
+        d.block_name = b.name;
         d.custom = any_custom = true;
         if (b.name.empty()) problems.push_back(d.what + ": a custom block needs a name -- pass one to Block::custom");
         if (!b.make) {
@@ -184,6 +244,26 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
           }
         }
       }
+      if (footprint != nullptr) {
+        StageFootprint& f = (*footprint)[k];
+        if (b.kind == Block::Kind::gpt) {
+          f.gpt_layers += std::max(0, b.num_layers);
+          f.embedding = f.embedding || b.embedding;
+          f.head = f.head || b.head;
+        } else {
+          for (const ParamDecl& p : d.params) {
+            double n = 1;
+            for (int64_t x : p.shape) n *= static_cast<double>(x);
+            f.custom_parameters += p.tp_split_dim >= 0 ? n / std::max(1, job.tp_size) : n;
+          }
+          for (const auto* list : {&d.in, &d.out})
+            for (const BoundaryDecl& t : *list) {
+              double n = 1;  // in double: a declared shape's product may not fit in int64
+              for (int64_t x : t.shape) n *= static_cast<double>(x);
+              f.custom_boundary_elements += n;
+            }
+        }
+      }
       blocks.push_back(std::move(d));
     }
   }
@@ -195,7 +275,7 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
                        "take -- drop --sequence-parallel");
   if (any_custom && job.dtype != DType::f32)
     problems.push_back("custom blocks compute in f32 only: train a model with custom blocks without --bf16 / --fp16");
-  std::set<std::string> names;
+  std::map<std::string, std::string> first_use;  // a parameter's name -> the block that declared it first
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Declared& d = blocks[i];
     const bool first = i == 0, last = i + 1 == blocks.size();
@@ -208,9 +288,19 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v) {
     if (last && !d.loss) problems.push_back(d.what + ": the model's last block must have the loss (has_loss)");
     if (!last && d.loss) problems.push_back(d.what + ": only the model's last block may have the loss");
     for (const ParamDecl& p : d.params) {
-      if (p.name.empty() || p.name.rfind("transformer.", 0) == 0 || !names.insert(p.name).second)
+      if (p.name.empty()) {
+        problems.push_back(d.what + ": a parameter has no name -- give every parameter a global name of its own, "
+                           "e.g. \"" + (d.custom ? d.block_name : std::string("block")) + ".weight\"");
+      } else if (p.name.rfind("transformer.", 0) == 0 || p.name.rfind("lm_head.", 0) == 0) {
         problems.push_back(d.what + ": parameter name \"" + p.name +
-                           "\" is empty, GPT's (transformer.*) or used twice -- give every parameter its own name");
+                           "\" is reserved: names under transformer. and lm_head. are GPT's own parameters (and "
+                           "its checkpoints') -- choose another prefix, e.g. the block's name");
+      } else if (const auto [it, fresh] = first_use.emplace(p.name, d.what); !fresh) {
+        problems.push_back(d.what + ": parameter name \"" + p.name + "\" is used twice: " +
+                           (it->second == d.what ? std::string("this block declares it") : it->second) +
+                           " declares it first -- give every parameter its own name (checkpoints hold parameters "
+                           "by name)");
+      }
       if (!good_shape(p.shape)) {
         problems.push_back(d.what + ": parameter " + p.name + " has shape " + shape_str(p.shape) +
                            " -- give 1 to 6 positive dimensions");

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 
+#include "model/footprint.hpp"
 #include "model/stage.hpp"
 #include "troupe/stage.hpp"
 
@@ -31,7 +32,18 @@ Model gpt_model(const GptConfig& gpt, int virtual_stages, bool with_head = true)
 // block to the next (names, shapes, types), the loss not on the last block, parameter names used
 // twice, tensor-parallel splits that tp does not divide, sequence parallelism beside custom
 // blocks. Builds each custom stage once (tp rank 0) to read its declarations.
-Status check_model(const Model& model, const StageBuild& job, int pp, int v);
+// footprint (when given): filled with each virtual stage's StageFootprint (model/footprint.hpp),
+// for the memory estimate; meaningful only when the check passes.
+Status check_model(const Model& model, const StageBuild& job, int pp, int v,
+                   std::vector<StageFootprint>* footprint = nullptr);
+
+// Whether the model has any of GPT's blocks (layers, the embedding or the head): GPT's architecture
+// rules and the GPT tensors of its checkpoints apply only then.
+bool has_gpt_blocks(const Model& model);
+
+// The model's blocks in order on one virtual stage (a model of any layout, for one rank), adjacent
+// GPT blocks that continue each other merged into one.
+Model single_stage(const Model& model);
 
 // The model ties GPT's output layer to the token embedding across blocks: its first block is GPT's
 // embedding and its last GPT's head, and they are two blocks (a chunk holding both has one wte).

@@ -29,6 +29,8 @@
 #include <caf/all.hpp>
 
 #include "troupe/reports.hpp"
+#include "troupe/schedule.hpp"
+#include "troupe/stage.hpp"
 #include "troupe/status.hpp"
 #include "troupe/train_config.hpp"
 
@@ -59,13 +61,25 @@ using training_actor = caf::typed_actor<caf::replies_to<train_batch_atom, TokenB
                                         caf::replies_to<save_to_atom, std::string>::with<SavedCheckpoint>,
                                         caf::replies_to<state_atom>::with<TrainingState>>;
 
-// Validates the config (as troupe::train does: the vocabulary from the tokenizer), spawns the ranks
-// in `system`, initialises the model from config.seed or loads config.load (any layout's
-// checkpoint, optimizer state included), and returns the training actor. Blocks until the model is
-// ready. Errors: bad input for a config or checkpoint that cannot work; nothing is left running.
-// config.train_iters bounds nothing here (the caller decides how many batches it sends) but, with
-// the learning-rate schedule's other settings, sets the decay length as in troupe train.
-Result<training_actor> spawn_training(caf::actor_system& system, const TrainConfig& config);
+// What spawn_training takes besides the config, as troupe::RunOptions does for troupe::train.
+struct TrainingOptions {
+  // A model given in code (troupe/stage.hpp: GPT blocks, custom stages or both, one entry per
+  // virtual stage), checked against the job before anything runs; null: GPT's own model.
+  std::shared_ptr<const Model> model;
+  // A pipeline schedule given as data (troupe/schedule.hpp), checked as troupe::train checks it.
+  std::shared_ptr<const sched::Schedule> schedule;
+};
+
+// Validates the config (as troupe::train does: the vocabulary from the tokenizer; the batches you
+// send are the data, so the config names none), spawns the ranks in `system`, initialises the model
+// from config.seed or loads config.load (any layout's checkpoint, optimizer state included), and
+// returns the training actor. Blocks until the model is ready. Errors: bad input for a config,
+// model, schedule or checkpoint that cannot work; nothing is left running. config.train_iters
+// bounds nothing here (the caller decides how many batches it sends) but, with the learning-rate
+// schedule's other settings, sets the decay length as in troupe train. With a model given in code
+// the reported loss is the loss sum over Model::loss_terms_per_sample terms per window.
+Result<training_actor> spawn_training(caf::actor_system& system, const TrainConfig& config,
+                                      const TrainingOptions& options = {});
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenBatch& x) {

@@ -22,8 +22,10 @@
 //                the same (seed, name, element); saved and loaded by global name (checkpoints reload
 //                on any layout); partitioned by ZeRO 1-3 (ZeRO-3 gathers them for each call) and
 //                updated by AdamW; the gradient norm counts them once.
-//   schedules    every schedule runs custom stages (1F1B, GPipe, interleaved, zero-bubble: a custom
-//                stage computes its weight gradients in backward, the W pass does nothing for it).
+//   schedules    every schedule runs custom stages (1F1B, GPipe, interleaved, zero-bubble). Under
+//                the zero-bubble schedule (ZB-H1) a stage that splits_backward() computes its input
+//                gradients in backward and its weight gradients in backward_weight, the W pass;
+//                one that does not computes both in backward (its W pass does nothing).
 //   recompute    --recompute-granularity full: troupe calls forward with slot -1 during the forward
 //                pass (nothing kept) and again with the slot right before backward; selective
 //                recomputes nothing in a custom block (it is the attention core's).
@@ -42,7 +44,11 @@
 //     returns (a stage may keep pointers to them instead of copies); parameter and gradient views
 //     are valid only during the call that gets them (ZeRO-3 gathers parameters for each call);
 //   - backward adds (+=) the parameter gradients into param_grads (they accumulate over the
-//     micro-batches of an iteration) and writes (=) the input gradients;
+//     micro-batches of an iteration) and writes (=) the input gradients; with the split (args.
+//     weight_grads_later) backward writes the input gradients only and backward_weight(slot), called
+//     later, adds the parameter gradients: the slot's batch, inputs and output gradients stay valid
+//     until backward_weight returns;
+//   - inputs (forward) and output gradients (backward) are read-only views (ConstTensorView);
 //   - the loss: forward of the block with has_loss() returns the sum of its loss terms over the
 //     micro-batch's first valid_samples samples (all of them in training), and backward computes the
 //     gradients of loss_scale x that sum. troupe divides the job's loss sum by the global batch's
@@ -58,6 +64,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "troupe/status.hpp"
 
 namespace troupe {
 
@@ -102,13 +110,23 @@ struct View {
   explicit operator bool() const { return data != nullptr; }
 };
 
-// A boundary tensor's view: f32 or i32 by its TensorDecl.
+// A boundary tensor's view: f32 or i32 by its TensorDecl. TensorView is one a stage writes (forward's
+// outputs, backward's input gradients); ConstTensorView one it only reads (forward's inputs,
+// backward's output gradients).
 struct TensorView {
   void* data = nullptr;
   std::vector<int64_t> shape;
   ElementType type = ElementType::f32;
   View<float> f32() const;          // throws std::logic_error when type is not f32
   View<int32_t> i32() const;        // throws std::logic_error when type is not i32
+  explicit operator bool() const { return data != nullptr; }
+};
+struct ConstTensorView {
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+  ElementType type = ElementType::f32;
+  View<const float> f32() const;    // throws std::logic_error when type is not f32
+  View<const int32_t> i32() const;  // throws std::logic_error when type is not i32
   explicit operator bool() const { return data != nullptr; }
 };
 
@@ -144,7 +162,7 @@ struct ForwardArgs {
   int slot = -1;                   // -1: keep nothing (evaluation, recompute's first pass)
   std::vector<View<const float>> params;  // this rank's slices, parameters() order
   View<const int32_t> batch;       // (B, record_length) when reads_batch(), else none
-  std::vector<TensorView> inputs;  // inputs() order (read only)
+  std::vector<ConstTensorView> inputs;  // inputs() order (read only)
   std::vector<TensorView> outputs; // outputs() order: fill every element
   int64_t valid_samples = 0;       // has_loss: sum the loss of samples [0, valid_samples) only
   double loss_scale = 0;           // what backward scales the loss by (1 / the global batch's terms)
@@ -153,11 +171,17 @@ struct ForwardArgs {
 struct BackwardArgs {
   int slot = 0;
   std::vector<View<const float>> params;
-  std::vector<View<float>> param_grads;    // parameters() order: add (+=) into them
+  // parameters() order: add (+=) into them. Empty in a backward with weight_grads_later (they come
+  // in backward_weight's).
+  std::vector<View<float>> param_grads;
   View<const int32_t> batch;
-  std::vector<TensorView> output_grads;    // outputs() order; none for outputs without gradient
-  std::vector<TensorView> input_grads;     // inputs() order: write (=); none without gradient
+  std::vector<ConstTensorView> output_grads;  // outputs() order; none for outputs without gradient
+  // inputs() order: write (=); none without gradient. Empty in backward_weight's.
+  std::vector<TensorView> input_grads;
   double loss_scale = 0;
+  // The zero-bubble split (splits_backward()): this backward writes the input gradients only and
+  // keeps what the weight gradients need; backward_weight(slot) adds them later.
+  bool weight_grads_later = false;
 };
 
 class Stage {
@@ -172,6 +196,13 @@ class Stage {
   // Returns the loss sum when has_loss(), else 0.
   virtual double forward(StageContext& ctx, const ForwardArgs& args) = 0;
   virtual void backward(StageContext& ctx, const BackwardArgs& args) = 0;
+  // The zero-bubble schedules' split backward (Qi et al., ZB-H1): true when this stage computes its
+  // weight gradients apart, in backward_weight. Then, under --pipeline-schedule zb-h1, backward is
+  // called with weight_grads_later and no param_grads, and backward_weight later for the same slot
+  // with params, param_grads, the batch and the output gradients (no input gradients). Under every
+  // other schedule (and with false) backward computes both.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_weight(StageContext& ctx, const BackwardArgs& args) { (void)ctx, (void)args; }
 };
 
 // Makes the stage of one place: once per tensor-parallel rank that holds it, and once more (tp rank
@@ -208,5 +239,19 @@ struct Model {
 // with_head is false (then the model needs a custom block with the loss after it). v from the
 // config's interleaving (num_layers_per_virtual_pipeline_stage).
 Model gpt_model(const TrainConfig& config, bool with_head = true);
+
+// A block of your own in GPT's model: after_layer -1 puts it right after the token embedding (before
+// layer 0), k after GPT layer k (0-based), num_layers - 1 after the last layer, before GPT's head,
+// which stays. It sits on the virtual stage of the layer before it (the embedding's for -1); the
+// layers around it keep GPT's split. Such a block takes and gives {"hidden", {B * seq_length,
+// hidden_size}, f32}.
+struct Insertion {
+  int after_layer = 0;
+  Block block;
+};
+
+// GPT's model as gpt_model(config, with_head) builds it, with `insertions` in place (several after
+// one layer go in the order given). An after_layer outside -1 .. num_layers - 1 is bad input.
+Result<Model> gpt_model(const TrainConfig& config, const std::vector<Insertion>& insertions, bool with_head = true);
 
 }  // namespace troupe

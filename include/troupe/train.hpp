@@ -94,15 +94,18 @@ Result<TrainSummary> train(TrainConfig config, std::shared_ptr<const DataSource>
 struct EvalSummary {
   double loss = 0;        // mean next-token loss
   double perplexity = 0;
-  int64_t tokens = 0;
+  int64_t tokens = 0;    // loss terms (tokens for GPT's head)
   int64_t samples = 0;
   int64_t iteration = 0;  // of the checkpoint
 };
 
 // As `troupe eval`: loads the model of the checkpoint in `dir` (its latest iteration, saved by any
-// layout) into one rank and returns the mean next-token loss over the first `samples` windows of
-// `data`'s training split read in order (all windows when samples <= 0).
+// layout) into one rank and returns the mean loss over the first `samples` windows of `data`'s
+// training split read in order (all windows when samples <= 0). model: for a checkpoint of a model
+// given in code, that model (as RunOptions::model was, for any layout: its blocks run in order on
+// the one rank); the loss is then per Model::loss_terms_per_sample term. Null: GPT's model, and a
+// checkpoint of a model given in code is refused naming one of its tensors.
 Result<EvalSummary> evaluate(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
-                             int micro_batch_size, int num_threads);
+                             int micro_batch_size, int num_threads, std::shared_ptr<const Model> model = nullptr);
 
 }  // namespace troupe

@@ -33,7 +33,7 @@ StepRequest request(int step) {
   return r;
 }
 
-struct Model {
+struct Weights {
   std::vector<Tensor> params, grads;
   std::vector<AdamSegment> segments() const {
     std::vector<AdamSegment> s;
@@ -42,9 +42,9 @@ struct Model {
   }
 };
 
-Model make_model(uint32_t seed) {
+Weights make_model(uint32_t seed) {
   std::mt19937 rng(seed);
-  Model m;
+  Weights m;
   for (int64_t n : kSizes) {
     m.params.push_back(random_vector(n, rng, 1.0f));
     m.grads.push_back(Tensor::zeros({n}, DType::f32));
@@ -52,7 +52,7 @@ Model make_model(uint32_t seed) {
   return m;
 }
 
-void new_gradients(Model& m, int step) {
+void new_gradients(Weights& m, int step) {
   std::mt19937 rng(1000 + step);
   for (Tensor& g : m.grads) g.copy_from(random_vector(g.numel(), rng, 0.1f));
 }
@@ -76,7 +76,7 @@ TEST_CASE("optimizer offload: cpu and nvme equal in-memory AdamW bitwise, save a
           "[optimizer_offload]") {
   const int kStepsBefore = 3, kStepsAfter = 2;
   // Reference: AdamW over whole tensors.
-  Model ref = make_model(7);
+  Weights ref = make_model(7);
   std::vector<Tensor> m_ref, v_ref;
   for (int64_t n : kSizes) {
     m_ref.push_back(Tensor::zeros({n}, DType::f32));
@@ -101,7 +101,7 @@ TEST_CASE("optimizer offload: cpu and nvme equal in-memory AdamW bitwise, save a
       off.path = swap.str();
       off.pool = std::make_shared<HostPool>();
       off.piece_elements = 1000;
-      Model m = make_model(7);
+      Weights m = make_model(7);
       auto first = spawn_optimizer(system, m.segments(), 2, off);
       REQUIRE(first.is_ok());
       // nvme: the swap file is unlinked as soon as it is open.

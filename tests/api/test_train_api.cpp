@@ -161,3 +161,12 @@ TEST_CASE("train api: the training actor takes a config that names no data (its 
   CHECK(loss > 0);
   self->send_exit(*training, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("train api: open_data without a vocabulary size is refused, not a division by zero", "[api]") {
+  troupe::TrainConfig cfg = tiny(1);
+  cfg.mock_data = true;  // vocab_size 0: troupe::train would have set it from the tokenizer
+  auto data = troupe::open_data(cfg);
+  REQUIRE_FALSE(data);
+  CHECK(data.status().is_bad_input());
+  CHECK_THAT(data.status().message(), Contains("vocab_size is 0"));
+}

@@ -34,7 +34,7 @@ if cmake -S toonew -B toonew/build -DCMAKE_PREFIX_PATH="$work/prefix" > toonew.l
   fail "find_package(troupe 99.0) accepted version $(grep -o 'VERSION [0-9.]*' "$src_dir/CMakeLists.txt" | head -1)"
 fi
 
-for example in train_from_code custom_data schedule_as_data megatron_flags user_actor custom_head pipeline_mlp; do
+for example in train_from_code custom_data schedule_as_data megatron_flags user_actor custom_head pipeline_mlp insert_block; do
   echo "== $example"
   "user/build/$example" > "$example.log" 2>&1 || { cat "$example.log"; fail "example $example failed"; }
   cat "$example.log"

@@ -8,7 +8,7 @@
 
 #include "examples/mlp_stages.hpp"
 #include "examples/zloss_head.hpp"
-#include "tests/engine/adapter_block.hpp"
+#include "examples/adapter_block.hpp"
 
 namespace {
 
@@ -80,6 +80,13 @@ std::vector<troupe::TensorView> views(std::vector<std::vector<float>>& ts, const
   return out;
 }
 
+std::vector<troupe::ConstTensorView> const_views(std::vector<std::vector<float>>& ts,
+                                                 const std::vector<troupe::TensorDecl>& d, bool grads) {
+  std::vector<troupe::ConstTensorView> out;
+  for (const troupe::TensorView& v : views(ts, d, grads)) out.push_back({v.data, v.shape, v.type});
+  return out;
+}
+
 double run(Net& n, const std::vector<int32_t>& batch, int64_t B, int64_t R, bool backward, double scale) {
   Serial ctx;
   const troupe::View<const int32_t> rows{batch.data(), {B, R}};
@@ -89,7 +96,7 @@ double run(Net& n, const std::vector<int32_t>& batch, int64_t B, int64_t R, bool
     a.slot = 0;
     for (auto& p : n.params[i]) a.params.push_back({p.data(), {static_cast<int64_t>(p.size())}});
     if (n.blocks[i]->reads_batch()) a.batch = rows;
-    if (i > 0) a.inputs = views(n.acts[i - 1], n.blocks[i]->inputs(), false);
+    if (i > 0) a.inputs = const_views(n.acts[i - 1], n.blocks[i]->inputs(), false);
     a.outputs = views(n.acts[i], n.blocks[i]->outputs(), false);
     a.valid_samples = B;
     a.loss_scale = scale;
@@ -104,7 +111,7 @@ double run(Net& n, const std::vector<int32_t>& batch, int64_t B, int64_t R, bool
       b.param_grads.push_back({g.data(), {static_cast<int64_t>(g.size())}});
     }
     if (n.blocks[i]->reads_batch()) b.batch = rows;
-    b.output_grads = views(n.dacts[i], n.blocks[i]->outputs(), true);
+    b.output_grads = const_views(n.dacts[i], n.blocks[i]->outputs(), true);
     if (i > 0) b.input_grads = views(n.dacts[i - 1], n.blocks[i]->inputs(), true);
     b.loss_scale = scale;
     n.blocks[i]->backward(ctx, b);  // frees the slot even when only the forward is wanted
@@ -205,7 +212,7 @@ TEST_CASE("custom blocks: the adapter's backward equals finite differences", "[c
   at.vocab_size = 11;
   std::vector<std::unique_ptr<troupe::Stage>> blocks;
   blocks.push_back(std::make_unique<Lookup>(B, T, C));
-  blocks.push_back(std::make_unique<user::Adapter>(at, 0, 3));
+  blocks.push_back(std::make_unique<example::Adapter>(at, 0, 3));
   blocks.push_back(std::make_unique<example::ZLossHead>(at, /*z=*/0.05));
   Net n = make_net(std::move(blocks), 13);
   std::mt19937_64 rng(9);

@@ -29,7 +29,7 @@
 #include "model/pipeline_model.hpp"
 #include "examples/mlp_stages.hpp"
 #include "examples/zloss_head.hpp"
-#include "tests/engine/adapter_block.hpp"
+#include "examples/adapter_block.hpp"
 #include "tests/engine/in_order_p2p.hpp"
 #include "storage/shard_file.hpp"
 #include "tests/test_util.hpp"
@@ -369,7 +369,26 @@ void check_engine_vs_reference(const GptConfig& model, const Run& ref, bool bitw
     INFO(m.specs()[i].name);
     const auto& want = ref.params.at(m.specs()[i].name);
     const float* p = m.params()[i].data<float>();
-    for (size_t k = 0; k < want.size(); ++k) REQUIRE(static_cast<double>(p[k]) == Approx(want[k]).margin(1e-6));
+    double diff2 = 0, ref2 = 0, worst = 0;
+    for (size_t k = 0; k < want.size(); ++k) {
+      diff2 += (p[k] - want[k]) * (p[k] - want[k]);
+      ref2 += want[k] * want[k];
+      worst = std::max(worst, std::abs(p[k] - want[k]));
+    }
+    if (std::getenv("TROUPE_TEST_VERBOSE"))
+      std::printf("  %s: relative L2 %.3g, worst element %.3g\n", m.specs()[i].name.c_str(),
+                  std::sqrt(diff2 / std::max(ref2, 1e-30)), worst);
+    // Without dropout both compute the same ops: every element within 1e-6. With dropout the
+    // reference draws its masks and runs its attention by its own code, and Adam turns the rounding
+    // differences of tiny gradients into larger parameter differences: measured on AVX-512 kernels
+    // (OPENBLAS_CORETYPE=SkylakeX, AMD EPYC) LLaMA's h.1.attn.c_proj.weight ends 2.2e-5 apart
+    // relative (L2), its worst element 3.9e-6; Haswell's and Sandybridge's kernels stay under 1e-6.
+    if (bitwise_first) {
+      for (size_t k = 0; k < want.size(); ++k) REQUIRE(static_cast<double>(p[k]) == Approx(want[k]).margin(1e-6));
+    } else {
+      CHECK(std::sqrt(diff2 / std::max(ref2, 1e-30)) <= 1e-4);
+      CHECK(worst <= 2e-5);
+    }
   }
 }
 
@@ -817,7 +836,30 @@ TEST_CASE("custom stages: check_model names every problem at once", "[custom]") 
   job.sequence_parallel = true;
   const std::string msg2 = check_model(twice, job, 1, 1).message();
   CHECK_THAT(msg2, Catch::Contains("drop --sequence-parallel"));
-  CHECK_THAT(msg2, Catch::Contains("\"mlp.hidden.0.weight\" is empty, GPT's (transformer.*) or used twice"));
+  // The rule broken, and where the name was first used.
+  CHECK_THAT(msg2, Catch::Contains("virtual stage 0, block 2 (custom \"mlp.hidden.0\"): parameter name "
+                                   "\"mlp.hidden.0.weight\" is used twice: virtual stage 0, block 1 (custom "
+                                   "\"mlp.hidden.0\") declares it first"));
+  // A name GPT's parameters use, and none at all.
+  Model reserved = example::mlp_model({7, 8, 5}, 2, 1);
+  reserved.stages[0][1] = Block::custom("taken", [](const StagePlace& at) {
+    struct Taken final : troupe::Stage {
+      explicit Taken(const StagePlace& p) : B(p.micro_batch) {}
+      int64_t B;
+      std::vector<TensorDecl> inputs() const override { return {{"h", {B, 8}}, {"label", {B}, ElementType::i32, false}}; }
+      std::vector<TensorDecl> outputs() const override { return inputs(); }
+      std::vector<ParamDecl> parameters() const override { return {{"lm_head.weight", {8, 8}}, {"", {8}}}; }
+      double forward(StageContext&, const ForwardArgs&) override { return 0; }
+      void backward(StageContext&, const BackwardArgs&) override {}
+    };
+    return std::make_unique<Taken>(at);
+  });
+  job.sequence_parallel = false;
+  const std::string msg3 = check_model(reserved, job, 1, 1).message();
+  INFO(msg3);
+  CHECK_THAT(msg3, Catch::Contains("parameter name \"lm_head.weight\" is reserved: names under transformer. and "
+                                   "lm_head. are GPT's own parameters"));
+  CHECK_THAT(msg3, Catch::Contains("a parameter has no name"));
   job.sequence_parallel = false;
   CHECK(check_model(example::mlp_model({7, 8, 5}, 2, 2), job, 2, 1).is_ok());
 }
@@ -826,7 +868,7 @@ namespace {
 
 // GPT's 4 layers with a bottleneck adapter after layer 1, GPT's own tied head at the end.
 std::shared_ptr<const Model> gpt_with_adapter(int virtual_stages) {
-  auto adapter = Block::custom("adapter", [](const StagePlace& at) { return std::make_unique<user::Adapter>(at, 0, 3); });
+  auto adapter = Block::custom("adapter", [](const StagePlace& at) { return std::make_unique<example::Adapter>(at, 0, 3); });
   Model m;
   if (virtual_stages == 1) {
     m.stages = {{Block::gpt(0, 2, true, false), adapter, Block::gpt(2, 2, false, true)}};
@@ -869,6 +911,98 @@ TEST_CASE("custom stages: an adapter between GPT's layers, embedding still tied"
       CHECK(ties_embedding(*model) == (c.par.pp * c.par.virtual_chunks > 1));
       require_close(c.global_batch == 8 ? ref8 : ref6, run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, model),
                     1e-5);
+    }
+  }
+}
+
+namespace {
+
+// troupe::gpt_model with insertions (include/troupe/stage.hpp) for a layout: the TrainConfig it reads.
+std::shared_ptr<const Model> gpt_inserted(const ParallelConfig& par, const std::vector<Insertion>& at) {
+  TrainConfig c;
+  c.model = small_model();
+  c.pipeline_model_parallel_size = par.pp;
+  if (par.virtual_chunks > 1) c.num_layers_per_virtual_pipeline_stage = c.model.num_layers / (par.pp * par.virtual_chunks);
+  auto m = gpt_model(c, at);
+  REQUIRE(m);
+  return std::make_shared<Model>(std::move(m).value());
+}
+
+Block adapter_block(int index) {
+  return Block::custom("adapter" + std::to_string(index),
+                       [index](const StagePlace& at) { return std::make_unique<example::Adapter>(at, index, 3); });
+}
+
+}  // namespace
+
+TEST_CASE("custom stages: gpt_model's insertion points place blocks after the embedding, between layers and "
+          "before GPT's head, equal to 1x1x1 on every layout", "[parallel][custom]") {
+  using S = sched::ScheduleType;
+  adam_eps_override = 1e-6;  // as in the adapter's test above
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
+  // One adapter after layer 1: the same model as the hand-built one of the test above, bitwise.
+  const Run hand = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, gpt_with_adapter(1));
+  const Run helper = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, gpt_inserted(layout(1, 1, 1), {{1, adapter_block(0)}}));
+  CHECK(helper.losses == hand.losses);
+  CHECK(helper.params == hand.params);
+  // Three places: right after the embedding (-1), after layer 1, after the last layer (3) before GPT's
+  // tied head; two blocks after layer 1, in the order given.
+  const std::vector<Insertion> at = {{-1, adapter_block(0)}, {1, adapter_block(1)}, {1, adapter_block(2)}, {3, adapter_block(3)}};
+  const auto one = gpt_inserted(layout(1, 1, 1), at);
+  REQUIRE(one->stages.size() == 1);
+  const std::vector<Block>& b = one->stages[0];
+  REQUIRE(b.size() == 8);  // embedding | a0 | layers 0-1 | a1 | a2 | layers 2-3 | a3 | head
+  CHECK((b[0].kind == Block::Kind::gpt && b[0].embedding && b[0].num_layers == 0));
+  CHECK(b[1].name == "adapter0");
+  CHECK((b[2].kind == Block::Kind::gpt && b[2].first_layer == 0 && b[2].num_layers == 2));
+  CHECK((b[3].name == "adapter1" && b[4].name == "adapter2"));
+  CHECK((b[5].kind == Block::Kind::gpt && b[5].first_layer == 2 && b[5].num_layers == 2 && !b[5].head));
+  CHECK(b[6].name == "adapter3");
+  CHECK((b[7].kind == Block::Kind::gpt && b[7].head && b[7].num_layers == 0 && b[7].first_layer == 4));
+  const Run ref = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, one);
+  CHECK(ref.params.count("adapter.3.down") == 1);
+  for (const Case& c : std::vector<Case>{{"tp2 pp2 dp2 zero1", layout(2, 2, 2, 1), 1, 6},
+                                         {"pp4 1f1b", layout(1, 4, 1), 1, 6},
+                                         {"pp2 interleaved", layout(1, 2, 1, 0, S::interleaved, 2), 1, 6}}) {
+    SECTION(c.name) {
+      const auto model = gpt_inserted(c.par, at);
+      require_model_fits(*model, c.par, c.micro_batch);
+      require_close(ref, run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, model), 1e-5);
+    }
+  }
+  // An insertion point outside the model is bad input.
+  TrainConfig cfg;
+  cfg.model = small_model();
+  for (int bad : {-2, 4}) {
+    auto refused = gpt_model(cfg, {{bad, adapter_block(0)}});
+    REQUIRE_FALSE(refused);
+    CHECK(refused.status().is_bad_input());
+    CHECK_THAT(refused.status().message(), Catch::Contains("use -1 (right after the embedding) to 3"));
+  }
+}
+
+TEST_CASE("custom stages: a stage that splits its backward gets the zero-bubble weight pass", "[parallel][custom]") {
+  adam_eps_override = 1e-6;
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
+  auto split = [](int index) {
+    return Block::custom("adapter" + std::to_string(index),
+                         [index](const StagePlace& at) { return std::make_unique<example::SplitAdapter>(at, index, 3); });
+  };
+  // The reference: the adapter computing everything in backward, 1x1x1 1F1B.
+  const Run ref = run_layout(small_model(), layout(1, 1, 1), 1, 6, {}, gpt_inserted(layout(1, 1, 1), {{1, adapter_block(0)}}));
+  for (const Case& c : std::vector<Case>{{"pp2 zb-h1", layout(1, 2, 1, 0, sched::ScheduleType::zb_h1), 1, 6},
+                                         {"tp2 pp2 dp2 zero3 zb-h1 recompute full",
+                                          layout(2, 2, 2, 3, sched::ScheduleType::zb_h1, 1, Recompute::full), 1, 6}}) {
+    SECTION(c.name) {
+      example::SplitAdapter::weight_passes = 0;
+      const Run got = run_layout(small_model(), c.par, c.micro_batch, c.global_batch, {}, gpt_inserted(c.par, {{1, split(0)}}));
+      // Every micro-batch's weight gradients came from the W pass: kSteps x micro-batches x tp x dp.
+      CHECK(example::SplitAdapter::weight_passes.load() == kSteps * (c.global_batch / c.par.dp) * c.par.tp * c.par.dp);
+      require_close(ref, got, 1e-5);
     }
   }
 }
