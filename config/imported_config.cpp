@@ -1,5 +1,9 @@
 #include "config/imported_config.hpp"
 
+#include <filesystem>
+
+#include "storage/durable.hpp"
+
 #include <string>
 #include <vector>
 
@@ -45,6 +49,46 @@ TrainConfig imported_train_config(const HfModel& m) {
     c.merge_file = m.merge_file;
   }
   return c;
+}
+
+Result<std::string> take_hf_folder_tokenizer(TrainConfig& c) {
+  namespace fs = std::filesystem;
+  if (c.load.empty() || !is_hf_folder(c.load)) return std::string();
+  if (c.tokenizer_type != "GPT2BPETokenizer" || !c.vocab_file.empty() || !c.merge_file.empty() ||
+      !c.tokenizer_model.empty())
+    return std::string();  // the run names its tokenizer
+  const fs::path dir(c.load);
+  std::error_code ec;
+  auto has = [&](const char* name) { return fs::is_regular_file(dir / name, ec); };
+  auto text = read_small_file((dir / "config.json").string(), kMaxHfJsonBytes);
+  if (!text) return text.status().with_context("Hugging Face folder " + c.load + ": ").as_bad_input();
+  auto hf = parse_hf_config(*text, (dir / "config.json").string() + ": ");
+  if (!hf) return hf.status();
+  const std::string& recorded = hf->tokenizer_type;
+  const bool bpe = has("vocab.json") && has("merges.txt"), json = has("tokenizer.json"), sp = has("tokenizer.model");
+  std::string type;
+  if (recorded == "GPT2BPETokenizer" && bpe) type = recorded;
+  else if (recorded == "HuggingFaceTokenizer" && json) type = recorded;
+  else if ((recorded == "Llama2Tokenizer" || recorded == "GPTSentencePieceTokenizer") && sp) type = recorded;
+  else if (bpe) type = "GPT2BPETokenizer";
+  else if (json) type = "HuggingFaceTokenizer";
+  else if (sp) type = "Llama2Tokenizer";
+  else return std::string();
+  c.tokenizer_type = type;
+  std::string files;
+  if (type == "GPT2BPETokenizer") {
+    c.vocab_file = (dir / "vocab.json").string();
+    c.merge_file = (dir / "merges.txt").string();
+    files = "vocab.json and merges.txt";
+  } else if (type == "HuggingFaceTokenizer") {
+    c.tokenizer_model = c.load;
+    files = "tokenizer.json";
+  } else {
+    c.tokenizer_model = (dir / "tokenizer.model").string();
+    files = "tokenizer.model";
+  }
+  return "--load " + c.load + ": its tokenizer (" + files + ", --tokenizer-type " + type +
+         "), as no tokenizer flags were given";
 }
 
 Result<HfArch> hf_arch_of(const GptConfig& m) {

@@ -24,6 +24,15 @@ namespace troupe {
 //          kBloomSeqLength.
 TrainConfig imported_train_config(const HfModel& model);
 
+// --load of a Hugging Face folder by a config that names no tokenizer (TrainConfig's default:
+// GPT2BPETokenizer without vocabulary files, no tokenizer_model): the folder's own tokenizer, the
+// type troupe's export recorded in config.json when its files are there, else vocab.json and
+// merges.txt (GPT2BPETokenizer), tokenizer.json (HuggingFaceTokenizer, the folder), tokenizer.model
+// (Llama2Tokenizer). Returns the start-up note saying what it took ("" when nothing changed: not a
+// Hugging Face folder, a tokenizer named, or none in the folder); bad input for an unreadable
+// config.json.
+Result<std::string> take_hf_folder_tokenizer(TrainConfig& config);
+
 // The Hugging Face class of `model` and its sizes: GPT-2 (the defaults of every family field),
 // LLaMA (RMSNorm, rope over whole heads, SwiGLU, no embedding LayerNorm, no learned positions) or
 // BLOOM (LayerNorm, ALiBi, GELU of 4h, biases, embedding LayerNorm, MHA with hidden / heads per

@@ -31,7 +31,7 @@ struct HfConfig {
   double init_method_std = 0.02;
   // The run's dropout (the config's model.hidden_dropout / attention_dropout), else HF's default.
   double hidden_dropout = 0.1, attention_dropout = 0.1;
-  std::string tokenizer_type, vocab_file, merge_file;  // the run's, from its config
+  std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;  // the run's, from its config
   int64_t seq_length = 0;  // the run's model.seq_length (0: not recorded)
 };
 
@@ -89,6 +89,7 @@ Result<HfConfig> hf_config(const std::string& config_json, const HfConfig& from_
   c.tokenizer_type = text("tokenizer_type");
   c.vocab_file = text("vocab_file");
   c.merge_file = text("merge_file");
+  c.tokenizer_model = text("tokenizer_model");
   return c;
 }
 
@@ -237,8 +238,75 @@ struct FolderFile {
 
 using HfState = std::vector<std::pair<std::string, Tensor>>;
 
+// A file of the run's tokenizer, copied into the folder as `name`.
+Status copy_tokenizer_file(const std::string& flag, const std::string& path, const std::string& name,
+                           std::vector<FolderFile>& small) {
+  Result<std::string> text = read_small_file(path, size_t{64} << 20);
+  if (!text)
+    return Status::bad_input("the run's " + flag + " " + path + " cannot be copied: " + text.status().message() +
+                             " -- put the file back (or export from where it is)");
+  small.push_back({name, std::move(text).value()});
+  return Status::ok();
+}
+
+// The run's tokenizer travels with the weights (docs/CHECKPOINT.md, "Hugging Face folders"): GPT-2's
+// BPE as vocab.json and merges.txt; a SentencePiece model as tokenizer.model with the
+// tokenizer_config.json of Hugging Face's LlamaTokenizer (its special pieces; a BOS added for
+// Llama2Tokenizer, none for GPTSentencePieceTokenizer); a tokenizer.json with the tokenizer_config.json
+// and special_tokens_map.json it was read with. eos: the tokenizer's end-of-document id. A byte-level
+// run has no Hugging Face tokenizer (config.json records its type).
+Status add_tokenizer_files(const HfConfig& c, std::vector<FolderFile>& small, int64_t& eos) {
+  const std::string& type = c.tokenizer_type;
+  const bool sentencepiece = type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+  if ((type == "GPT2BPETokenizer" && (c.vocab_file.empty() || c.merge_file.empty())) ||
+      ((sentencepiece || type == "HuggingFaceTokenizer") && c.tokenizer_model.empty()) ||
+      (!sentencepiece && type != "GPT2BPETokenizer" && type != "HuggingFaceTokenizer"))
+    return Status::ok();
+  auto tok = make_tokenizer(type, c.vocab_file, c.merge_file, c.tokenizer_model);
+  if (!tok) return tok.status().with_context("the run's tokenizer files cannot be exported: ").as_bad_input();
+  eos = (*tok)->eod();
+  namespace fs = std::filesystem;
+  if (type == "GPT2BPETokenizer") {
+    TROUPE_RETURN_IF_ERROR(copy_tokenizer_file("--vocab-file", c.vocab_file, "vocab.json", small));
+    TROUPE_RETURN_IF_ERROR(copy_tokenizer_file("--merge-file", c.merge_file, "merges.txt", small));
+    const nlohmann::json tokenizer = {{"add_prefix_space", false},      {"bos_token", "<|endoftext|>"},
+                                      {"eos_token", "<|endoftext|>"},   {"unk_token", "<|endoftext|>"},
+                                      {"model_max_length", c.n_positions}, {"tokenizer_class", "GPT2Tokenizer"},
+                                      {"clean_up_tokenization_spaces", true}};
+    small.push_back({"tokenizer_config.json", tokenizer.dump(2) + "\n"});
+  } else if (sentencepiece) {
+    auto sp = sentencepiece_specials(c.tokenizer_model);
+    if (!sp) return sp.status().with_context("the run's tokenizer files cannot be exported: ").as_bad_input();
+    TROUPE_RETURN_IF_ERROR(copy_tokenizer_file("--tokenizer-model", c.tokenizer_model, "tokenizer.model", small));
+    auto token = [](const std::string& piece) { return piece.empty() ? nlohmann::json(nullptr) : nlohmann::json(piece); };
+    nlohmann::json specials = {{"bos_token", token(sp->bos)}, {"eos_token", token(sp->eos)}, {"unk_token", token(sp->unk)}};
+    if (!sp->pad.empty()) specials["pad_token"] = sp->pad;
+    nlohmann::json config = specials;
+    config["tokenizer_class"] = "LlamaTokenizer";
+    config["add_bos_token"] = type == "Llama2Tokenizer";  // Megatron's Llama2Tokenizer adds it, GPT's does not
+    config["add_eos_token"] = false;
+    config["legacy"] = true;  // encode as the SentencePiece model itself does
+    config["model_max_length"] = c.n_positions;
+    config["clean_up_tokenization_spaces"] = false;
+    config["sp_model_kwargs"] = nlohmann::json::object();
+    small.push_back({"tokenizer_config.json", config.dump(2) + "\n"});
+    small.push_back({"special_tokens_map.json", specials.dump(2) + "\n"});
+  } else {  // HuggingFaceTokenizer: the folder (or tokenizer.json) it was read from
+    std::error_code ec;
+    const fs::path from = fs::is_directory(c.tokenizer_model, ec) ? fs::path(c.tokenizer_model)
+                                                                    : fs::path(c.tokenizer_model).parent_path();
+    const std::string json = fs::is_directory(c.tokenizer_model, ec) ? (from / "tokenizer.json").string()
+                                                                       : c.tokenizer_model;
+    TROUPE_RETURN_IF_ERROR(copy_tokenizer_file("--tokenizer-model", json, "tokenizer.json", small));
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"})
+      if (fs::is_regular_file(from / name, ec))
+        TROUPE_RETURN_IF_ERROR(copy_tokenizer_file("--tokenizer-model", (from / name).string(), name, small));
+  }
+  return Status::ok();
+}
+
 // Writes the folder: config.json (make_config of the tokenizer's end-of-document id), the weights
-// (make_state), generation_config.json and the GPT-2 BPE tokenizer files of the run.
+// (make_state), generation_config.json and the run's tokenizer files (add_tokenizer_files).
 Status write_hf_folder(const std::string& dir, const HfConfig& c,
                        const std::function<nlohmann::json(int64_t eos)>& make_config,
                        const std::function<Result<HfState>()>& make_state) {
@@ -250,25 +318,7 @@ Status write_hf_folder(const std::string& dir, const HfConfig& c,
   // Everything that can be refused is read first: nothing is written for a refused export.
   std::vector<FolderFile> small;
   int64_t eos = eos_token_id(c);
-  if (c.tokenizer_type == "GPT2BPETokenizer" && !c.vocab_file.empty() && !c.merge_file.empty()) {
-    auto bpe = make_gpt2_bpe_tokenizer(c.vocab_file, c.merge_file);  // its end-of-document id
-    if (!bpe)
-      return bpe.status().with_context("the run's tokenizer files cannot be exported: ").as_bad_input();
-    eos = (*bpe)->eod();
-    for (auto [flag, path, name] : {std::tuple{"--vocab-file", &c.vocab_file, "vocab.json"},
-                                    std::tuple{"--merge-file", &c.merge_file, "merges.txt"}}) {
-      Result<std::string> text = read_small_file(*path, size_t{64} << 20);
-      if (!text)
-        return Status::bad_input("the run's " + std::string(flag) + " " + *path + " cannot be copied: " +
-                                 text.status().message() + " -- put the file back (or export from where it is)");
-      small.push_back({name, std::move(text).value()});
-    }
-    const nlohmann::json tokenizer = {{"add_prefix_space", false},      {"bos_token", "<|endoftext|>"},
-                                      {"eos_token", "<|endoftext|>"},   {"unk_token", "<|endoftext|>"},
-                                      {"model_max_length", c.n_positions}, {"tokenizer_class", "GPT2Tokenizer"},
-                                      {"clean_up_tokenization_spaces", true}};
-    small.push_back({"tokenizer_config.json", tokenizer.dump(2) + "\n"});
-  }
+  TROUPE_RETURN_IF_ERROR(add_tokenizer_files(c, small, eos));
   small.push_back({"config.json", make_config(eos).dump(2) + "\n"});
   const nlohmann::json generation = {{"bos_token_id", eos}, {"eos_token_id", eos}, {"transformers_version", "4.44.0"}};
   small.push_back({"generation_config.json", generation.dump(2) + "\n"});

@@ -120,14 +120,18 @@ void check_architectures(const json& j, const char* want, const char* bare, std:
   if (!ok) problems.push_back("architectures is " + json_excerpt(*a) + ", not [\"" + want + "\"]");
 }
 
+// A tokenizer type troupe's export may record.
+bool known_tokenizer_type(const std::string& type) {
+  return type == "GPT2BPETokenizer" || type == "ByteLevelTokenizer" || type == "HuggingFaceTokenizer" ||
+         type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer";
+}
+
 // "troupe": {...} of troupe's own exports: the tokenizer type and what the HF config cannot hold.
 void read_troupe_block(const json& j, HfGpt2Config& c, std::vector<std::string>& problems) {
   auto t = j.find("troupe");
   if (t == j.end() || !t->is_object()) return;
   auto type = t->find("tokenizer_type");
-  const std::set<std::string> known = {"GPT2BPETokenizer", "ByteLevelTokenizer", "HuggingFaceTokenizer",
-                                       "GPTSentencePieceTokenizer", "Llama2Tokenizer"};
-  if (type != t->end() && type->is_string() && known.count(type->get<std::string>()))
+  if (type != t->end() && type->is_string() && known_tokenizer_type(type->get<std::string>()))
     c.tokenizer_type = type->get<std::string>();
   read_bounded(*t, "seq_length", kMaxWidth, &c.seq_length, problems);
   if (c.arch.family == HfFamily::bloom) read_bounded(*t, "max_position_embeddings", kMaxWidth, &c.n_positions, problems);
@@ -365,8 +369,7 @@ Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& w
       problems.push_back(std::string(key) + " is " + json_excerpt(*id) + ", not a token id");
   if (auto t = j.find("troupe"); t != j.end() && t->is_object()) {
     auto type = t->find("tokenizer_type");
-    if (type != t->end() && type->is_string() &&
-        (*type == "GPT2BPETokenizer" || *type == "ByteLevelTokenizer"))
+    if (type != t->end() && type->is_string() && known_tokenizer_type(type->get<std::string>()))
       c.tokenizer_type = type->get<std::string>();
   }
   if (!problems.empty()) return refused(where, problems, kFix);

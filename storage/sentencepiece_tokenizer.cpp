@@ -151,6 +151,11 @@ class SentencePieceTokenizer final : public Tokenizer {
     return llama2_ ? "Llama2Tokenizer" : "GPTSentencePieceTokenizer";
   }
 
+  SentencePieceSpecials specials() const {
+    auto piece = [&](int id) { return id >= 0 && id < pieces_ ? sp_.IdToPiece(id) : std::string(); };
+    return SentencePieceSpecials{piece(sp_.bos_id()), piece(sp_.eos_id()), piece(sp_.unk_id()), piece(sp_.pad_id())};
+  }
+
  private:
   sentencepiece::SentencePieceProcessor sp_;
   bool llama2_;
@@ -160,6 +165,12 @@ class SentencePieceTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+Result<SentencePieceSpecials> sentencepiece_specials(const std::string& model_file) {
+  SentencePieceTokenizer tok(false);
+  TROUPE_RETURN_IF_ERROR(tok.load(model_file));
+  return tok.specials();
+}
 
 Result<std::unique_ptr<Tokenizer>> make_sentencepiece_tokenizer(const std::string& model_file,
                                                                 bool llama2) {

@@ -74,6 +74,12 @@ Result<std::unique_ptr<Tokenizer>> make_gpt2_bpe_tokenizer(const std::string& vo
                                                            const std::string& merge_file);
 // llama2: Llama2Tokenizer (BOS first) rather than GPTSentencePieceTokenizer.
 Result<std::unique_ptr<Tokenizer>> make_sentencepiece_tokenizer(const std::string& model_file, bool llama2);
+// The special pieces of a SentencePiece model (empty where the model has none), for the
+// tokenizer_config.json of an export.
+struct SentencePieceSpecials {
+  std::string bos, eos, unk, pad;
+};
+Result<SentencePieceSpecials> sentencepiece_specials(const std::string& model_file);
 // path: a folder holding tokenizer.json (and tokenizer_config.json), or the tokenizer.json itself.
 Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path);
 // The same from the files' contents (the fuzz target's way in): tokenizer_config may be empty.

@@ -13,6 +13,7 @@
 
 #include "config/deepspeed_config.hpp"
 #include "config/model_presets.hpp"
+#include "config/imported_config.hpp"
 #include "config/validate.hpp"
 #include "storage/gpt_dataset.hpp"
 
@@ -640,6 +641,11 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   if (cfg->train_samples <= 0 && cfg->train_tokens > 0 && !given("--train-iters")) {
     cfg->train_iters = cfg->iterations_to_run();
   }
+  // --load of a Hugging Face folder without tokenizer flags: the folder's own tokenizer.
+  if (auto taken = take_hf_folder_tokenizer(*cfg); !taken)
+    flag_problems.push_back(taken.status().message());
+  else if (!taken->empty() && notes != nullptr)
+    notes->push_back(*taken);
   Status st = validate_train_config(*cfg, &origins);
   if (!flag_problems.empty()) {
     // The family flags' own problems first, then validation's, in one list.

@@ -54,6 +54,51 @@ PY
   grep -q "finished at iteration 2/2" <<< "$log" || fail "$name: train did not finish"
 done
 
+# The tokenizer travels with the weights: `troupe ckpt export --format hf` of each run writes its
+# tokenizer's files (tokenizer.model with LlamaTokenizer's tokenizer_config.json; tokenizer.json with
+# the configs it was read with), and `troupe train --load` of that folder without tokenizer flags
+# takes them (the same vocabulary, the same ids: python3-sentencepiece on the exported model).
+for name in gptsp llama2 bloom gpt2; do
+  "$troupe" train --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 \
+    --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --train-iters 2 --eval-interval 1000 --log-interval 1 \
+    --data-path "${name}_text_document" --tokenizer-type "${type[$name]}" --tokenizer-model "${model[$name]}" \
+    --num-threads 1 --save "ck_$name" > "save_$name.log" 2>&1 || { cat "save_$name.log"; fail "$name: training to export failed"; }
+  "$troupe" ckpt export --load "ck_$name" --format hf --output "hf_$name" > "export_$name.log" 2>&1 ||
+    { cat "export_$name.log"; fail "$name: export failed"; }
+  "$py" - "$name" "${type[$name]}" "${model[$name]}" "hf_$name" <<'PY' || fail "$name: the exported tokenizer is not the run's"
+import filecmp, json, os, sys
+name, kind, source, out = sys.argv[1:5]
+want = json.load(open("fx/expected.json"))[name]
+config = json.load(open(os.path.join(out, "tokenizer_config.json")))
+if kind != "HuggingFaceTokenizer":
+    import sentencepiece as spm
+    assert filecmp.cmp(source, os.path.join(out, "tokenizer.model"), shallow=False), "tokenizer.model differs"
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "tokenizer.model"))
+    texts = json.load(open("fx/texts.json"))
+    bos = [sp.bos_id()] if kind == "Llama2Tokenizer" else []
+    assert [bos + sp.encode(t) for t in texts] == want["ids"], "the exported model encodes differently"
+    assert config["tokenizer_class"] == "LlamaTokenizer", config
+    assert config["add_bos_token"] == (kind == "Llama2Tokenizer"), config
+    assert config["eos_token"] == sp.id_to_piece(sp.eos_id()) and config["bos_token"] == sp.id_to_piece(sp.bos_id()), config
+    assert sp.piece_to_id(config["eos_token"]) == want["eod"], (config, want["eod"])
+    assert json.load(open(os.path.join(out, "special_tokens_map.json")))["eos_token"] == config["eos_token"]
+else:
+    folder = source if os.path.isdir(source) else os.path.dirname(source)
+    assert filecmp.cmp(os.path.join(folder, "tokenizer.json"), os.path.join(out, "tokenizer.json"), shallow=False)
+    assert filecmp.cmp(os.path.join(folder, "tokenizer_config.json"), os.path.join(out, "tokenizer_config.json"), shallow=False)
+assert json.load(open(os.path.join(out, "config.json")))["eos_token_id"] == want["eod"]
+print(f"ok: {name}: the export holds the run's tokenizer ({kind})")
+PY
+  log=$("$troupe" train --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 \
+    --micro-batch-size 2 --global-batch-size 4 --lr 1e-3 --train-iters 2 --eval-interval 1000 --log-interval 1 \
+    --data-path "${name}_text_document" --load "hf_$name" --num-threads 1 2>&1) ||
+    { echo "$log"; fail "$name: --load of the exported folder without tokenizer flags failed"; }
+  vocab=$("$py" -c "import json; print(json.load(open('fx/expected.json'))['$name']['vocab_size'])")
+  grep -q "its tokenizer (.*--tokenizer-type ${type[$name]})" <<< "$log" && grep -q "vocabulary $vocab (padded" <<< "$log" ||
+    { echo "$log" | head -12; fail "$name: --load hf_$name did not take the folder's tokenizer"; }
+  echo "ok: $name: --load of the exported folder takes its tokenizer (${type[$name]}, vocabulary $vocab)"
+done
+
 # Bad input: a corrupt SentencePiece model, a tokenizer.json troupe does not implement, a missing model.
 head -c 3000 fx/bpe.model > cut.model
 set +e
