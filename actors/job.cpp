@@ -858,10 +858,19 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   // Everything that can refuse the run is checked before the caller's on_start, which only a run that
   // starts gets; the notes of these checks follow on_start (a caller may set up its printing there).
   std::vector<std::string> start_notes;
+  // A refused run's notes (what the checks found on the way) go with its error.
+  auto refused = [&](Status st) {
+    std::string notes;
+    for (const std::string& n : start_notes) notes += "\n  note: " + n;
+    const Status with = Status::error(st.message() + notes);
+    return st.is_bad_input() ? with.as_bad_input() : with;
+  };
   TrainConfig attempt = config;
-  TROUPE_RETURN_IF_ERROR(resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }));
-  TROUPE_RETURN_IF_ERROR(plan_ranks(attempt, options, threads).status());
-  if (!attempt.load.empty() && !is_hf_folder(attempt.load)) TROUPE_RETURN_IF_ERROR(plan_load(attempt).status());
+  if (Status st = resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }); !st)
+    return refused(st);
+  if (Status st = plan_ranks(attempt, options, threads).status(); !st) return refused(st);
+  if (!attempt.load.empty() && !is_hf_folder(attempt.load))
+    if (Status st = plan_load(attempt).status(); !st) return refused(st);
   if (callbacks.on_start) {
     const int rank = options.bootstrap != nullptr ? options.bootstrap->rank() : 0;
     const int processes = options.world ? options.world->size() : 1;
