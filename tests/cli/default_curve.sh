@@ -26,4 +26,4 @@ awk 'NR >= 3 && ($2 >= 5.549 || $2 > prev + 0.3) { printf "iteration %d: loss %.
      { prev = $2 } END { exit bad }' curve.txt ||
   fail "the default job's loss spiked (above): lower --lr or lengthen --lr-warmup-iters in scripts/default_job.bash"
 (( $(wc -l < curve.txt) == 15 )) || fail "expected 15 iterations in m.jsonl, got $(wc -l < curve.txt)"
-echo "PASS: the default job's first 15 iterations: no loss spike ($(tail -1 curve.txt | cut -d' ' -f2) at 15)"
+echo "PASS: the default job's first 15 iterations: no loss spike ($(awk 'END { printf "%.3f", $2 }' curve.txt) at 15)"
