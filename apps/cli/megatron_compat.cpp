@@ -281,6 +281,9 @@ std::string compat_table_markdown() {
       if (rule.when == CompatWhen::dense_model) {
         what += " for a dense model (every `--num-experts` value 1), else refused";
         why += "; with experts: " + std::string(rule.otherwise);
+      } else if (rule.when == CompatWhen::no_value) {
+        what += " without a value, else refused";
+        why += "; with values: " + std::string(rule.otherwise);
       } else if (rule.when == CompatWhen::fresh_start) {
         what += " when `--load` holds no checkpoint, else refused";
         why += "; with a checkpoint to load: " + std::string(rule.otherwise);
@@ -366,6 +369,10 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
     const std::string given = shown(flag, values);
     bool ok = true;
     for (const std::string& v : values) ok = ok && value_ok(rule.ok, v);
+    if (rule.when == CompatWhen::no_value && !values.empty()) {
+      refusals.add(rule.otherwise, given);
+      continue;
+    }
     if (rule.when == CompatWhen::moe || rule.when == CompatWhen::dense_model) {
       const bool accepted = rule.when == CompatWhen::dense_model ? dense : rule.kind == CompatKind::noop && ok;
       if (!accepted) {

@@ -471,6 +471,13 @@ const std::vector<CompatSection>& compat_sections() {
                       "--no-mmap-bin-files", "--enable-msc", "--disable-msc", "--aml-data-download-path V"},
             .kind = CompatKind::noop,
             .text = kDataIndex},
+           {.flags = {"--data-path2 V..."},
+            .kind = CompatKind::noop,
+            .text = "the second validation blend of Megatron's detxoify_lm/finetune_gpt.py (an extra flag of that "
+                    "program), given empty: the validation split of --data-path stays the validation set",
+            .otherwise = "finetune_gpt.py's second validation blend (the 2% validation split of other datasets) is not "
+                         "in troupe -- give --train-data-path and --valid-data-path",
+            .when = CompatWhen::no_value},
            {.flags = {"--no-create-attention-mask-in-dataloader"},
             .kind = CompatKind::noop,
             .text = "the causal mask is not materialised in the batch: the model applies it implicitly, the same "

@@ -22,6 +22,8 @@
 //                (its dense MLP), else refused with the other MoE flags.
 //   fresh_start  no effect when --load holds no checkpoint (the run starts from scratch), else
 //                refused with `otherwise`.
+//   no_value     no effect when given without a value (a script's unset variable), else refused
+//                with `otherwise`.
 // Immutable after first use; thread-safe.
 #pragma once
 #include <vector>
@@ -29,7 +31,7 @@
 namespace troupe {
 
 enum class CompatKind { noop, alias, refused, equivalent };
-enum class CompatWhen { always, moe, dense_model, fresh_start };
+enum class CompatWhen { always, moe, dense_model, fresh_start, no_value };
 
 struct CompatRule {
   std::vector<const char*> flags;

@@ -120,6 +120,15 @@ TEST_CASE("values: --reset-iteration with nothing to load is a no-op; with a che
   CHECK_THAT(m, Contains("--reset-iteration: restarting the iteration and data position of a loaded checkpoint"));
 }
 
+// detxoify_lm's scripts pass --data-path2 ${DATA_BLEND} with DATA_BLEND never set.
+TEST_CASE("values: --data-path2 without a value is a no-op, with one refused", "[compat]") {
+  std::vector<std::string> notes;
+  REQUIRE(parse_train_flags(base({"--data-path2", "--seed", "3"}), 1, &notes).is_ok());
+  CHECK(has_note(notes, "--data-path2: no effect"));
+  CHECK_THAT(problems(base({"--data-path2", "0.5", "a", "0.5", "b"})),
+             Contains("--data-path2 0.5 a 0.5 b: finetune_gpt.py's second validation blend"));
+}
+
 TEST_CASE("values: no-ops for their default values, refused for others", "[compat]") {
   std::vector<std::string> notes;
   auto ok = parse_train_flags(
