@@ -2,8 +2,9 @@
 // code: Megatron-LM megatron/training/arguments.py and its config dataclasses
 // (megatron/training/config/, megatron/core/transformer/transformer_config.py,
 // megatron/core/model_parallel_config.py) at d98e8a6, Megatron-DeepSpeed megatron/arguments.py
-// at 4efb479 and where they read each flag. The two lists the test walks are
-// tests/apps/data/megatron_{lm,deepspeed}_arguments.txt.
+// at 4efb479 and where they read each flag, and ModelOpt's megatron/post_training/arguments.py. The two
+// lists the test walks are tests/apps/data/megatron_{lm,deepspeed}_arguments.txt. One file for ~900
+// flags of data: the sections below keep it navigable, and splitting it would only scatter one table.
 #include "apps/cli/megatron_table.hpp"
 
 namespace troupe {
@@ -1025,6 +1026,37 @@ const std::vector<CompatSection>& compat_sections() {
                       "--rl-verify-model-weights-swap", "--no-rl-verify-model-weights-swap"},
             .kind = CompatKind::noop,
             .text = "a setting of reinforcement learning (--perform-rl-step, refused): no effect on pretraining"},
+       }},
+      {"ModelOpt's flags (Megatron-LM's pretrain_gpt.py adds them with nvidia-modelopt installed)",
+       {
+           {.flags = {"--export-force-local-attention"},
+            .kind = CompatKind::noop,
+            .text = kAttention},
+           {.flags = {"--export-te-mcore-model", "--export-default-te-spec", "--export-legacy-megatron"},
+            .kind = CompatKind::noop,
+            .text = kCkptFormat},
+           {.flags = {"--export-model-type V"},
+            .kind = CompatKind::noop,
+            .text = "the GPT model, troupe's",
+            .ok = "GPTModel",
+            .otherwise = "troupe trains GPT models only (not Mamba or hybrid ones)"},
+           {.flags = {"--modelopt-enabled", "--export-quant-cfg V", "--export-real-quant-cfg V", "--export-kv-cache-quant V",
+                      "--qad-train-target V", "--freeze-base-for-mtp", "--export-offline-model"},
+            .kind = CompatKind::refused,
+            .text = "ModelOpt's post-training (a ModelOpt checkpoint, quantisation-aware training and quantised export, "
+                    "multi-token-prediction heads) is not in troupe"},
+           {.flags = {"--export-kd-teacher-load V", "--export-kd-teacher-model-config V", "--export-kd-teacher-ckpt-format V",
+                      "--export-kd-cfg V"},
+            .kind = CompatKind::refused,
+            .text = "ModelOpt's knowledge distillation from a teacher model is not in troupe: it trains one model on the "
+                    "language-model loss"},
+           {.flags = {"--export-qk-l2-norm", "--export-moe-apply-probs-on-input", "--enable-gpt-oss"},
+            .kind = CompatKind::refused,
+            .text = kFamily},
+           {.flags = {"--finetune-hf-dataset V", "--finetune-data-split V", "--finetune-data-files V..."},
+            .kind = CompatKind::equivalent,
+            .text = "troupe reads no Hugging Face hub dataset: write it out as JSON lines, `troupe preprocess` it and give "
+                    "--data-path"},
        }},
       {"Launchers and DeepSpeed",
        {

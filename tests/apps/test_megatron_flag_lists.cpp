@@ -74,8 +74,8 @@ TEST_CASE("flag lists: every row of the table is a flag of one of the two projec
   for (const char* list : {"megatron_lm_arguments.txt", "megatron_deepspeed_arguments.txt"})
     for (const std::string& f : read_list(list)) known.insert(f);
   // Older spellings of Megatron's own (in neither arguments.py at the anchors' commits, still in
-  // real scripts: sc21's --activations-checkpoint-method, --checkpoint-activations, ...), and an
-  // extra flag of detxoify_lm's finetune_gpt.py that its scripts pass.
+  // real scripts: sc21's --activations-checkpoint-method, --checkpoint-activations, ...), an extra
+  // flag of detxoify_lm's finetune_gpt.py that its scripts pass, and ModelOpt's flags.
   const std::set<std::string> older = {"--activations-checkpoint-method",
                                        "--checkpoint-activations",
                                        "--use-flash-attn-v1",
@@ -103,7 +103,18 @@ TEST_CASE("flag lists: every row of the table is a flag of one of the two projec
                                        "--optimizer",
                                        "--no-pipeline-parallel",
                                        "--batch-size",
-                                       "--check-for-nan-in-loss-and-grad", "--data-path2"};
+                                       "--check-for-nan-in-loss-and-grad", "--data-path2",
+                                       // ModelOpt's (megatron/post_training/arguments.py), added to
+                                       // pretrain_gpt.py's parser with nvidia-modelopt installed
+                                       "--export-force-local-attention", "--export-te-mcore-model",
+                                       "--export-default-te-spec", "--export-legacy-megatron", "--export-model-type",
+                                       "--modelopt-enabled", "--export-quant-cfg", "--export-real-quant-cfg",
+                                       "--export-kv-cache-quant", "--qad-train-target", "--freeze-base-for-mtp",
+                                       "--export-offline-model", "--export-kd-teacher-load",
+                                       "--export-kd-teacher-model-config", "--export-kd-teacher-ckpt-format",
+                                       "--export-kd-cfg", "--export-qk-l2-norm", "--export-moe-apply-probs-on-input",
+                                       "--enable-gpt-oss", "--finetune-hf-dataset", "--finetune-data-split",
+                                       "--finetune-data-files"};
   std::vector<std::string> dead;
   for (const CompatRow& r : compat_table())
     if (known.count(r.flag) == 0 && older.count(r.flag) == 0) dead.push_back(r.flag);
