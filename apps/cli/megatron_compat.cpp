@@ -83,16 +83,24 @@ bool value_ok(const std::string& ok, const std::string& v) {
 }
 
 struct Registered {
-  std::set<std::string> names;  // "--num-layers", ...
+  std::set<std::string> names;         // "--num-layers", ...
+  std::vector<std::string> spellings;  // names and the table's flags, sorted: what a hint offers
 };
 
-Registered registered_flags() {
-  TrainConfig cfg;
-  CLI::App app{"troupe train"};
-  add_train_options(&app, &cfg);
-  Registered r;
-  for (const CLI::Option* o : app.get_options())
-    for (const std::string& n : o->get_lnames()) r.names.insert("--" + n);
+// troupe train's flags, read once (add_train_options registers the same ones every time).
+const Registered& registered_flags() {
+  static const Registered r = [] {
+    TrainConfig cfg;
+    CLI::App app{"troupe train"};
+    add_train_options(&app, &cfg);
+    Registered out;
+    for (const CLI::Option* o : app.get_options())
+      for (const std::string& n : o->get_lnames()) out.names.insert("--" + n);
+    out.spellings.assign(out.names.begin(), out.names.end());
+    for (const auto& [key, f] : table_flags()) out.spellings.push_back(f.name);
+    std::sort(out.spellings.begin(), out.spellings.end());  // ties: the alphabetically first
+    return out;
+  }();
   return r;
 }
 
@@ -114,13 +122,11 @@ bool opposite(const std::string& a, const std::string& b) {
 // The nearest spellings of `flag` among registered flags and the table's (at most two), when near,
 // leaving out its opposite.
 std::vector<std::string> nearest(const std::string& flag, const Registered& reg) {
-  std::vector<std::string> names;
-  for (const std::string& n : reg.names)
-    if (!opposite(flag, n)) names.push_back(n);
-  for (const auto& [key, f] : table_flags())
-    if (!opposite(flag, f.name)) names.push_back(f.name);
-  std::sort(names.begin(), names.end());  // ties: the alphabetically first, as before
-  return nearest_spellings(flag, names);
+  std::vector<std::string> near = nearest_spellings(flag, reg.spellings, reg.spellings.size());
+  near.erase(std::remove_if(near.begin(), near.end(), [&](const std::string& n) { return opposite(flag, n); }),
+             near.end());
+  if (near.size() > 2) near.resize(2);
+  return near;
 }
 
 std::string last_value(const std::vector<std::string>& args, const std::string& flag) {
@@ -302,7 +308,7 @@ std::string compat_table_markdown() {
 }
 
 Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size) {
-  const Registered reg = registered_flags();
+  const Registered& reg = registered_flags();
   const std::map<std::string, Flag>& table = table_flags();
   // A dense model: no --num-experts, or one expert in every layer (Megatron-DeepSpeed's list).
   std::vector<std::string> experts;
@@ -422,8 +428,9 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
   if (!last_value(out.args, "--load").empty())
     for (const auto& [f, given] : fresh_only) {
       refusals.add(f->rule->otherwise, given);
+      const std::string prefix = given + ": ";  // (a lambda cannot capture a structured binding in clang 14)
       out.notes.erase(std::remove_if(out.notes.begin(), out.notes.end(),
-                                     [&](const std::string& n) { return n.rfind(given + ": ", 0) == 0; }),
+                                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; }),
                       out.notes.end());
     }
   refusals.into(problems);

@@ -9,6 +9,7 @@
 
 #include "apps/cli/megatron_compat.hpp"
 #include "apps/cli/train_options.hpp"
+#include "base/spelling.hpp"
 #include "tests/test_util.hpp"
 
 namespace troupe {
@@ -123,4 +124,31 @@ TEST_CASE("flag lists: every row of the table is a flag of one of the two projec
 }
 
 }  // namespace
+TEST_CASE("flag lists: the hint's bounded distance is the distance, up to its bound", "[compat]") {
+  // nearest_spellings stops a comparison once it exceeds its limit (the fuzzers' garbage flags
+  // against ~1,400 names); within the bound the distance must be the full computation's.
+  std::vector<std::string> words = read_list("megatron_deepspeed_arguments.txt");
+  words.resize(120);
+  words.push_back("--num-layrs");
+  words.push_back("--lr-warmup-iters-x-y-z-with-a-long-tail");
+  words.push_back("--\x01\x02garbage_garbage_garbage");
+  int compared = 0, cut = 0;
+  for (const std::string& a : words)
+    for (const std::string& b : words)
+      for (const size_t bound : {size_t{0}, size_t{2}, size_t{5}, size_t{12}}) {
+        const size_t full = spelling_distance(a, b);
+        const size_t bounded = spelling_distance(a, b, bound);
+        INFO(a << " / " << b << " bound " << bound);
+        REQUIRE((full <= bound ? bounded == full : bounded > bound));
+        ++compared;
+        cut += bounded == bound + 1 && full > bound + 1 ? 1 : 0;  // stopped early
+      }
+  CHECK(cut > compared / 4);
+  CHECK(spelling_distance("--num-layers", "--num-layrs") == 1);
+  CHECK(spelling_distance("--num_layers", "--num-layers") == 0);  // '-' and '_' alike
+  CHECK(spelling_distance("--lr", "--rl") == 1);                  // a transposition
+  const std::vector<std::string> near = nearest_spellings("--num-layrs", words);
+  REQUIRE(!near.empty());
+}
+
 }  // namespace troupe
