@@ -162,6 +162,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                     rp.deliver(rank_error(st.rank, done));
                     return;
                   }
+                  outcome.params_norm = st.engine->params_norm();
                   st.engine->fill_times(outcome);
                   rp.deliver(outcome);
                 },
@@ -363,6 +364,8 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     r.skipped = acc->items[0].skipped;
                     r.stop = acc->items[0].stop;
                     r.control = acc->items[0].control;
+                    r.zeros_in_grad = acc->items[0].zeros_in_grad;
+                    r.params_norm = acc->items[0].params_norm;
                     for (size_t k = 0; k < acc->items.size(); ++k)
                       if (!acc->items[k].captured.empty())
                         r.captured.push_back(RankPieces{self->state.global[k], std::move(acc->items[k].captured)});

@@ -52,6 +52,8 @@ struct GroupStepResult {
   std::vector<RankPieces> captured;  // StepRequest::capture_grad's pieces, every local rank's
   int64_t control = 0;  // the inspector commands every process applies after this step (StepOutcome::control)
   std::vector<std::vector<TimerReading>> rank_timers;  // each local rank's StepOutcome::timers, in rank order
+  int64_t zeros_in_grad = -1;                          // StepOutcome::zeros_in_grad (every rank has the same)
+  double params_norm = -1;                             // StepOutcome::params_norm (every rank has the same)
 };
 
 using rank_actor = caf::typed_actor<

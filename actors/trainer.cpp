@@ -227,9 +227,10 @@ void evaluate_then(Self self, std::function<void()> next) {
   evaluate_batch(self, ev);
 }
 
-void on_step(Self self, double grad_norm, double loss_sum, bool skipped, double busy_min, double busy_max,
-             const std::vector<std::vector<TimerReading>>& rank_timers) {
+void on_step(Self self, const GroupStepResult& r) {
   auto& st = self->state;
+  const double grad_norm = r.grad_norm, loss_sum = r.loss_sum;
+  const bool skipped = r.skipped;
   const double used_scale = st.step_loss_scale;
   if (st.scaler) {
     (void)st.scaler->update(skipped);
@@ -248,15 +249,17 @@ void on_step(Self self, double grad_norm, double loss_sum, bool skipped, double 
   st.consumed += batch;
   IterationStats s = iteration_stats(cfg, st.iteration, st.consumed, loss_sum, grad_norm, lr, seconds,
                                      st.spec.loss_terms_per_sample, st.spec.gpt_flops, batch);
-  s.busy_fraction_min = busy_min;
-  s.busy_fraction_max = busy_max;
+  s.busy_fraction_min = st.spec.report_busy ? r.busy_fraction_min : -1;
+  s.busy_fraction_max = st.spec.report_busy ? r.busy_fraction_max : -1;
+  s.params_norm = r.params_norm;
+  s.num_zeros_in_grad = r.zeros_in_grad;
   s.loss_scale = used_scale;
   s.skipped = skipped;
   if (skipped) {
     st.skipped_steps += 1;
     st.skipped_samples += batch;
   }
-  s.timers = combine_rank_timers(rank_timers, cfg.timing_log_level);
+  s.timers = combine_rank_timers(r.rank_timers, cfg.timing_log_level);
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
   st.last_loss = s.lm_loss;
   if (!std::isfinite(s.lm_loss)) {
@@ -426,9 +429,7 @@ void run_micro_batches(Self self, const Tensor& batch) {
               s.spec.control->put_pieces(s.capture_seq, JobControl::Pieces{s.iteration + 1, r.captured});
               s.capture_seq = 0;
             }
-            const bool busy = self->state.spec.report_busy;
-            on_step(self, r.grad_norm, r.loss_sum, r.skipped, busy ? r.busy_fraction_min : -1,
-                    busy ? r.busy_fraction_max : -1, r.rank_timers);
+            on_step(self, r);
           },
           on_error(self));
   read_ahead(self);  // overlaps the next batch's reading with this iteration's compute

@@ -70,7 +70,12 @@ std::string format_iteration(const IterationStats& s, int64_t skipped, int64_t n
     busy = fmt::format(" | ranks busy: {:.0f}-{:.0f}%", 100.0 * s.busy_fraction_min, 100.0 * s.busy_fraction_max);
   // As Megatron: a skipped last iteration (an overflow under the loss scaler, or a NaN) has no gradient
   // norm to show, so the field is left out.
-  const std::string norm = s.skipped ? "" : fmt::format(" grad norm: {:.3f} |", s.grad_norm);
+  std::string norm = s.skipped ? "" : fmt::format(" grad norm: {:.3f} |", s.grad_norm);
+  // Megatron's training_log, after the grad norm: the zero count as the float it reduced it in
+  // ("1234.0"), then the parameter norm.
+  if (s.num_zeros_in_grad >= 0 && !s.skipped)
+    norm += fmt::format(" num zeros: {:.1f} |", static_cast<double>(s.num_zeros_in_grad));
+  if (s.params_norm >= 0) norm += fmt::format(" params norm: {:.3f} |", s.params_norm);
   return fmt::format(
              " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | learning "
              "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} |{} "
@@ -127,6 +132,8 @@ std::string iteration_json(const IterationStats& s) {
                       {"loss_scale", s.loss_scale},
                       {"skipped", s.skipped},
                       {"nan", s.nan_loss}};
+  if (s.params_norm >= 0) j["params_norm"] = s.params_norm;                    // --log-params-norm
+  if (s.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = s.num_zeros_in_grad;  // --log-num-zeros-in-grad
   if (s.busy_fraction_min >= 0) {  // parallel layouts: the ranks' busy share of the step
     j["busy_fraction_min"] = s.busy_fraction_min;
     j["busy_fraction_max"] = s.busy_fraction_max;

@@ -33,6 +33,11 @@ void TensorBoardLog::iteration(const IterationStats& s) {
     if (config_.log_loss_scale) series("loss-scale", s.loss_scale, s.iteration, s.consumed_samples);
     if (config_.log_world_size) series("world-size", static_cast<double>(ranks_), s.iteration, s.consumed_samples);
     series("grad-norm", s.grad_norm, s.iteration, s.consumed_samples);
+    // --log-num-zeros-in-grad and --log-params-norm (Megatron-LM's tags; Megatron-DeepSpeed puts them
+    // under num-zeros/ and params-norm/).
+    if (s.num_zeros_in_grad >= 0 && !s.skipped)  // Megatron has no count for a skipped step
+      series("num-zeros", static_cast<double>(s.num_zeros_in_grad), s.iteration, s.consumed_samples);
+    if (s.params_norm >= 0) series("params-norm", s.params_norm, s.iteration, s.consumed_samples);
   }
   // The timing ones, as Megatron averages them: over the iterations since the last --log-interval
   // boundary (its interval-time / iterations, and its timers normalised by the interval).

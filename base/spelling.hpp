@@ -15,7 +15,9 @@ namespace troupe {
 constexpr size_t kSpellingMaxLength = 256;
 constexpr size_t kSpellingUnrelated = static_cast<size_t>(-1);
 
-size_t spelling_distance(std::string_view a, std::string_view b);
+// With `bound`, any distance above it may be returned as bound + 1 (the computation stops once every
+// alignment costs more).
+size_t spelling_distance(std::string_view a, std::string_view b, size_t bound = kSpellingUnrelated - 1);
 
 // The nearest of `candidates` to `word` (at most `most`, nearest first, ties in the candidates'
 // order), within max(min_edits, (|word| - prefix) / 4) edits, where prefix is the length of a

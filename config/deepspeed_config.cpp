@@ -56,30 +56,12 @@ std::string lower(std::string s) {
 //   ranks, else 1. DeepSpeed fills a missing one from the other two, or with one given: batch only
 //   -> micro = batch / dp, gas = 1; micro only -> batch = micro * dp, gas = 1; all three must
 //   agree. troupe does the same, except that --micro-batch-size can stand in for the missing micro.
-// * optimizer: "type" is compared lower-cased ("Adam"/"AdamW"). The engine builds FusedAdam with
-//   the params, whose defaults are lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0: so a
-//   params key left out of the block means that default, not troupe's. adam_w_mode defaults to true
-//   and type AdamW forces it (effective = type == adamw or adam_w_mode); adam_w_mode false with
-//   type Adam would be Adam with L2 regularisation, which troupe does not implement.
-// * scheduler: the engine steps it after each optimizer step; its counter j starts at -1, where
-//   the lr is warmup_min_lr. All three types use W = max(2, warmup_num_steps) (warmup_num_steps
-//   must be a positive integer, default 1000) and warmup_type "log" by default:
-//     WarmupLR:       lr = min + (max - min) * gamma, for j < W gamma = ln(j + 1) / ln(W) (log) or
-//                     j / W (linear), then 1. warmup_min_lr default 0; warmup_max_lr default:
-//                     the optimizer's lr.
-//     WarmupDecayLR:  the same warm-up, then gamma = max(0, (T - j) / max(1, T - W)), T =
-//                     total_num_steps (required): linear decay to 0 at T. warmup_max_lr default
-//                     1e-3 (its own signature's default, not the optimizer's lr).
-//     WarmupCosineLR: ratio warm-up from warmup_min_ratio (default 0) to 1 over W, then ratio =
-//                     cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * min(1, (j - W + 1) /
-//                     max(1, T - W)))) / 2, times the optimizer's lr. cos_min_ratio default 1e-4.
-//   With iteration k = j + 1 (troupe counts steps taken), every log warm-up and the whole
-//   WarmupCosineLR decay equal lr_schedule's formulas exactly (tests/engine/test_lr_schedule.cpp
-//   checks it step by step), except that WarmupCosineLR runs its very first step at lr 0 where
-//   troupe uses warmup_min_ratio * lr. The linear warm-up and WarmupDecayLR's decay follow
-//   Megatron's convention instead, one step ahead of DeepSpeed's (DeepSpeed's linear warm-up gives
-//   (k - 1) / W, and its decay reaches 0 at k = T + 1). Without a scheduler block the schedule
-//   comes from the flags, as in Megatron-DeepSpeed, where Megatron's own scheduler drives the lr.
+// * optimizer, scheduler: ignored, with a note each. Megatron-DeepSpeed's pretrain_gpt.py builds
+//   Megatron's optimizer and learning-rate scheduler from its flags and hands both to
+//   deepspeed.initialize, and DeepSpeed's engine then uses the client's and builds neither block
+//   (engine.py _configure_optimizer / _configure_lr_scheduler); troupe train is that program, so the
+//   flags (or Megatron's defaults) decide. The keys DeepSpeed honours with a client optimizer stay:
+//   batch sizes, precision, ZeRO, gradient_clipping, ...
 // * gradient_clipping -> --clip-grad; steps_per_print -> --log-interval; wall_clock_breakdown:
 //   DeepSpeed prints its forward/backward/step timers; troupe prints Megatron's timers at every log
 //   interval, all of them (--timing-log-level 2) unless --timing-log-level is given.
@@ -118,6 +100,9 @@ std::string lower(std::string s) {
 //     accepted; any other is an error, since parameter offload is not in this build yet.
 // * fp16 / bf16: see merge_precision (the keys, DeepSpeed's defaults and which loss-scaling rules
 //   follow); communication_data_type: merge_communication_type.
+// * data_types (merge_data_types), compression_training (refused whenever present:
+//   merge_compression), data_efficiency (accepted with every inner feature off:
+//   merge_data_efficiency).
 // Keys that change nothing in troupe (config/deepspeed_keys.cpp: the tuning knobs, fp16's
 // loss-scale settings with fp16 off, profilers and loggers that only print) are accepted with one
 // start-up note each saying why. A key DeepSpeed knows but troupe does not (or a typo) is an error:
@@ -142,9 +127,9 @@ class DeepSpeedMerger {
     // the other parts still run, so that one run lists everything to fix.
     (void)check_keys(
         top, "",
-        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-         "optimizer", "scheduler", "gradient_clipping", "steps_per_print", "wall_clock_breakdown",
-         "zero_optimization", "fp16", "bf16", "tensorboard", "communication_data_type"});
+        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer", "scheduler",
+         "gradient_clipping", "steps_per_print", "wall_clock_breakdown", "zero_optimization", "fp16", "bf16",
+         "tensorboard", "communication_data_type", "data_types", "compression_training", "data_efficiency"});
     (void)merge_precision(top);
     (void)merge_communication_type(top);
     (void)merge_zero(top);
@@ -159,8 +144,10 @@ class DeepSpeedMerger {
     (void)get_integer(top, "", "steps_per_print", &steps_per_print, 1);
     if (steps_per_print)
       apply("--log-interval", &cfg_->log_interval, *steps_per_print, "steps_per_print");
-    (void)merge_optimizer(top);
-    (void)merge_scheduler(top);
+    (void)merge_data_types(top);
+    (void)merge_compression(top);
+    (void)merge_data_efficiency(top);
+    ignore_client_blocks(top);
     if (problems_.empty()) return Status::ok();
     if (problems_.size() == 1) return Status::bad_input(problems_[0]);
     std::string message = fmt::format("--deepspeed-config {} has {} problems:", file_, problems_.size());
@@ -658,9 +645,14 @@ class DeepSpeedMerger {
     TROUPE_RETURN_IF_ERROR(get_integer(*block, path, "buffer_count", &buffers, 1));
     std::optional<double> ratio;
     TROUPE_RETURN_IF_ERROR(get_number(*block, path, "ratio", &ratio));
+    if (ratio && !(*ratio >= 0 && *ratio <= 1))
+      return error(path_of(path, "ratio"), fmt::format("is {}; DeepSpeed takes a share from 0 to 1", *ratio),
+                   "remove \"ratio\" (or set 1.0): the whole optimizer state is offloaded");
     if (ratio && *ratio != 1.0)
       return error(path_of(path, "ratio"),
-                   "is " + std::to_string(*ratio) + ": a partial optimizer offload is not available in troupe",
+                   fmt::format("is {}: a partial optimizer offload (DeepSpeed's ZeRO-3 keeps the first {:.0f}% of the "
+                               "optimizer's sub-groups on the GPU and offloads the rest) is not in troupe",
+                               *ratio, 100 * (1 - *ratio)),
                    "remove \"ratio\" (or set 1.0): the whole optimizer state is offloaded");
     std::optional<std::string> device, nvme_path;
     TROUPE_RETURN_IF_ERROR(get_string(*block, path, "device", &device));
@@ -754,166 +746,187 @@ class DeepSpeedMerger {
     return Status::ok();
   }
 
-  Status merge_optimizer(const json& top) {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", "optimizer", &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, "optimizer", {"type", "params"}));
-    std::optional<std::string> type;
-    TROUPE_RETURN_IF_ERROR(get_string(*block, "optimizer", "type", &type));
-    if (!type)
-      return error("optimizer.type", "is missing",
-                   "add \"type\": \"AdamW\" to the optimizer block");
-    const std::string name = lower(*type);
-    if (name != "adam" && name != "adamw")
-      return error("optimizer.type", "is \"" + *type + "\", which troupe does not implement",
-                   "use \"AdamW\" (or \"Adam\", which DeepSpeed runs as AdamW): troupe's optimizer "
-                   "is AdamW");
-
-    static const json kEmpty = json::object();
-    const json* params = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(*block, "optimizer", "params", &params));
-    if (!params) params = &kEmpty;
-    const std::string p = "optimizer.params";
-    TROUPE_RETURN_IF_ERROR(
-        check_keys(*params, p, {"lr", "betas", "eps", "weight_decay", "adam_w_mode"}));
-
-    std::optional<bool> adam_w_mode;
-    TROUPE_RETURN_IF_ERROR(get_bool(*params, p, "adam_w_mode", &adam_w_mode));
-    if (adam_w_mode && !*adam_w_mode && name == "adam")
-      return error(
-          "optimizer.params.adam_w_mode",
-          "is false, which selects Adam with L2 regularisation; troupe's optimizer is AdamW "
-          "(decoupled weight decay)",
-          "remove adam_w_mode or set it to true");
-
-    // FusedAdam's defaults stand for the params left out (see the comment above the class).
-    std::optional<double> lr, eps, weight_decay;
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "lr", &lr));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "eps", &eps));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "weight_decay", &weight_decay));
-    double beta1 = 0.9, beta2 = 0.999;
-    const bool betas_auto = is_auto(*params, p, "betas");
-    if (const auto it = params->find("betas"); it != params->end() && !betas_auto) {
-      if (!it->is_array() || it->size() != 2 || !(*it)[0].is_number() || !(*it)[1].is_number())
-        return error("optimizer.params.betas",
-                     "must be a list of two numbers, got " + json_excerpt(*it),
-                     "write e.g. [0.9, 0.999]");
-      beta1 = (*it)[0].get<double>();
-      beta2 = (*it)[1].get<double>();
+  // "optimizer" and "scheduler": Megatron-DeepSpeed's pretrain_gpt.py builds Megatron's optimizer
+  // (get_megatron_optimizer: Adam from --lr, --adam-beta1/2, --adam-eps, --weight-decay) and its
+  // learning-rate scheduler (get_optimizer_param_scheduler: --lr-decay-style, --lr-warmup-*, ...) and
+  // passes both to deepspeed.initialize (megatron/training.py setup_model_and_optimizer), so
+  // DeepSpeed's engine uses them and never builds the file's (engine.py _configure_optimizer and
+  // _configure_lr_scheduler take the client's when given; its check that rejects
+  // "optimizer.params.max_grad_norm" runs only for an optimizer it builds). troupe train is that
+  // program: the flags (or Megatron's defaults) decide, and a note names each ignored block. The
+  // blocks are still checked to be objects, as DeepSpeed's config parser reads them.
+  void ignore_client_blocks(const json& top) {
+    const std::pair<const char*, const char*> blocks[] = {
+        {"optimizer",
+         "Megatron-DeepSpeed passes its own optimizer to deepspeed.initialize (Megatron's Adam from --lr, "
+         "--adam-beta1, "
+         "--adam-beta2, --adam-eps, --weight-decay), so DeepSpeed never builds this one; troupe trains with those "
+         "flags "
+         "(or Megatron's defaults) as pretrain_gpt.py does"},
+        {"scheduler",
+         "Megatron-DeepSpeed passes its own learning-rate scheduler to deepspeed.initialize (--lr-decay-style, "
+         "--lr-warmup-iters, --lr-decay-iters, --min-lr, ...), so DeepSpeed never builds this one; troupe follows "
+         "those "
+         "flags as pretrain_gpt.py does"}};
+    for (const auto& [key, why] : blocks) {
+      const json* block = nullptr;
+      (void)get_object(top, "", key, &block);
+      if (!block) continue;
+      std::string keys;
+      if (const auto params = block->find("params"); params != block->end() && params->is_object())
+        for (const auto& item : params->items()) keys += (keys.empty() ? "" : ", ") + item.key();
+      note(key, std::string("ignored") + (keys.empty() ? "" : " (with its params " + keys + ")") + " -- " + why);
     }
-    const auto key = [&](const char* k, bool present) {
-      return p + "." + k + (present ? "" : " (DeepSpeed's default)");
-    };
-    // "auto" leaves the flag's value (not FusedAdam's default).
-    if (!was_auto(p + ".lr")) apply("--lr", &cfg_->lr, lr.value_or(1e-3), key("lr", lr.has_value()));
-    if (!was_auto(p + ".eps")) apply("--adam-eps", &cfg_->adam_eps, eps.value_or(1e-8), key("eps", eps.has_value()));
-    if (!was_auto(p + ".weight_decay"))
-      apply("--weight-decay", &cfg_->weight_decay, weight_decay.value_or(0.0),
-            key("weight_decay", weight_decay.has_value()));
-    if (betas_auto) return Status::ok();
-    const bool has_betas = params->contains("betas");
-    apply("--adam-beta1", &cfg_->adam_beta1, beta1,
-          has_betas ? p + ".betas[0]" : key("betas", false));
-    apply("--adam-beta2", &cfg_->adam_beta2, beta2,
-          has_betas ? p + ".betas[1]" : key("betas", false));
+  }
+
+  // "data_types" (runtime/config.py, engine.py get_data_types / _do_optimizer_sanity_check /
+  // _mixed_precision_dtypes): grad_accum_dtype, the type gradients accumulate in (default: the
+  // model's); param_dtype, which must be the model's (DeepSpeed asserts it); buffer_dtype, the type
+  // module buffers are cast to (default: left as loaded). troupe accumulates every gradient in fp32
+  // and has no buffers to cast (its rotary tables are computed in fp32).
+  Status merge_data_types(const json& top) {
+    const json* block = nullptr;
+    TROUPE_RETURN_IF_ERROR(get_object(top, "", "data_types", &block));
+    if (!block) return Status::ok();
+    const std::string d = "data_types";
+    TROUPE_RETURN_IF_ERROR(check_keys(*block, d, {"grad_accum_dtype", "param_dtype", "buffer_dtype"}));
+    const PrecisionDType model =
+        cfg_->precision.recipe == PrecisionRecipe::deepspeed ? cfg_->precision.dtype : PrecisionDType::fp32;
+    const std::string model_name = model == PrecisionDType::bf16   ? "bf16"
+                                   : model == PrecisionDType::fp16 ? "fp16"
+                                                                   : "fp32";
+    for (const char* key : {"grad_accum_dtype", "param_dtype", "buffer_dtype"}) {
+      const auto it = block->find(key);
+      if (it == block->end() || it->is_null()) continue;
+      const std::string path = path_of(d, key);
+      if (!it->is_string()) {
+        (void)error(path, "must be a string, got " + json_excerpt(*it), "write \"fp32\", \"bf16\" or \"fp16\"");
+        continue;
+      }
+      std::string v = lower(it->get<std::string>());
+      if (v == "float32") v = "fp32";
+      if (v == "bfloat16") v = "bf16";
+      if (v == "float16" || v == "half") v = "fp16";
+      if (v != "fp32" && v != "bf16" && v != "fp16") {
+        (void)error(path, "is " + json_excerpt(*it) + "; DeepSpeed knows fp32, bf16 and fp16",
+                    "set one of them or remove it");
+        continue;
+      }
+      const std::string k = key;
+      if (k == "grad_accum_dtype") {
+        if (v != "fp32")
+          (void)error(path,
+                      "is \"" + v + "\": DeepSpeed would accumulate the gradients in " + v +
+                          ", troupe accumulates every gradient in fp32",
+                      "set \"fp32\" or remove it");
+        else
+          note(path, "\"fp32\": no effect -- troupe accumulates the gradients in fp32");
+      } else if (k == "param_dtype") {
+        if (v != model_name)
+          (void)error(path,
+                      "is \"" + v + "\", but the model trains in " + model_name +
+                          " (DeepSpeed asserts param_dtype matches the enabled fp16 / bf16 block)",
+                      "set \"" + model_name + "\" or remove it");
+        else
+          note(path, "\"" + v + "\": no effect -- the model's own type");
+      } else {
+        if (v != "fp32")
+          (void)error(path,
+                      "is \"" + v + "\": DeepSpeed would cast the model's buffers (such as rotary tables) to " + v +
+                          ", troupe keeps them in fp32",
+                      "set \"fp32\" or remove it");
+        else
+          note(path, "\"fp32\": no effect -- troupe's buffers are fp32");
+      }
+    }
     return Status::ok();
   }
 
-  Status merge_scheduler(const json& top) {
-    const json* block = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(top, "", "scheduler", &block));
-    if (!block) return Status::ok();
-    TROUPE_RETURN_IF_ERROR(check_keys(*block, "scheduler", {"type", "params"}));
-    std::optional<std::string> type;
-    TROUPE_RETURN_IF_ERROR(get_string(*block, "scheduler", "type", &type));
-    const std::string accepted_types = "WarmupLR, WarmupDecayLR, WarmupCosineLR";
-    if (!type)
-      return error("scheduler.type", "is missing", "add \"type\" with one of " + accepted_types);
-    const bool warmup_lr = *type == "WarmupLR", decay_lr = *type == "WarmupDecayLR",
-               cosine_lr = *type == "WarmupCosineLR";
-    if (!warmup_lr && !decay_lr && !cosine_lr)
-      return error(
-          "scheduler.type", "is \"" + *type + "\", which troupe does not implement",
-          "use one of " + accepted_types + " (or remove the scheduler and use --lr-decay-style)");
-
-    static const json kEmpty = json::object();
-    const json* params = nullptr;
-    TROUPE_RETURN_IF_ERROR(get_object(*block, "scheduler", "params", &params));
-    if (!params) params = &kEmpty;
-    const std::string p = "scheduler.params";
-    if (cosine_lr) {
-      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
-                                        {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
-                                         "cos_min_ratio", "warmup_type"}));
-    } else if (decay_lr) {
-      TROUPE_RETURN_IF_ERROR(check_keys(*params, p,
-                                        {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                         "warmup_type", "total_num_steps"}));
-    } else {
-      TROUPE_RETURN_IF_ERROR(check_keys(
-          *params, p, {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}));
+  // "compression_training" (deepspeed/compression/): Megatron-DeepSpeed switches compression on by the
+  // block's mere presence (megatron/training.py: args.compression_training = True, then
+  // init_compression replaces the model's layers by compression-aware ones and redundancy_clean
+  // runs at the end); the block has no top-level "enabled". Each technique has its own
+  // shared_parameters.enabled (layer_reduction: its own enabled). Refused whenever present.
+  Status merge_compression(const json& top) {
+    const auto it = top.find("compression_training");
+    if (it == top.end()) return Status::ok();
+    if (!it->is_object())
+      return error("compression_training", "must be an object, got " + json_excerpt(*it), "write it as {...}");
+    const std::pair<const char*, const char*> techniques[] = {
+        {"weight_quantization", "quantisation-aware training of the weights"},
+        {"activation_quantization", "quantised activations"},
+        {"sparse_pruning", "sparse pruning"},
+        {"row_pruning", "row pruning"},
+        {"head_pruning", "attention-head pruning"},
+        {"channel_pruning", "channel pruning"},
+        {"layer_reduction", "layer reduction (a student with fewer layers)"}};
+    std::string on;
+    for (const auto& [key, what] : techniques) {
+      const auto t = it->find(key);
+      if (t == it->end() || !t->is_object()) continue;
+      const json* switch_holder = &*t;
+      if (std::string(key) != "layer_reduction") {
+        const auto shared = t->find("shared_parameters");
+        if (shared == t->end() || !shared->is_object()) continue;
+        switch_holder = &*shared;
+      }
+      const auto enabled = switch_holder->find("enabled");
+      if (enabled != switch_holder->end() && enabled->is_boolean() && enabled->get<bool>())
+        on += (on.empty() ? "" : ", ") + std::string(key) + " (" + what + ")";
     }
+    return error(
+        "compression_training",
+        "is present: Megatron-DeepSpeed then trains with DeepSpeed's compression, replacing the model's layers "
+        "by compression-aware ones (" +
+            (on.empty() ? std::string("no technique enabled in it, but the layers are still replaced") : on) +
+            "), which is not in troupe",
+        "remove the block to train the uncompressed model");
+  }
 
-    // Shared by the three: warm-up length and shape.
-    std::optional<int64_t> warmup_steps;
-    TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "warmup_num_steps", &warmup_steps));
-    std::optional<std::string> warmup_type;
-    TROUPE_RETURN_IF_ERROR(get_string(*params, p, "warmup_type", &warmup_type));
-    if (warmup_type && *warmup_type != "log" && *warmup_type != "linear")
-      return error(p + ".warmup_type", "is \"" + *warmup_type + "\"", "use \"log\" or \"linear\"");
-    const int64_t steps = warmup_steps.value_or(1000);
-    if (!was_auto(p + ".warmup_num_steps"))
-      apply("--lr-warmup-iters", &cfg_->lr_warmup_iters, std::max<int64_t>(2, steps),
-          p + ".warmup_num_steps" +
-              (!warmup_steps ? " (DeepSpeed's default)"
-               : steps < 2   ? " (DeepSpeed raises it to 2)"
-                             : ""));
-    if (!was_auto(p + ".warmup_type"))
-      apply("--lr-warmup-style", &cfg_->lr_warmup_style, warmup_type.value_or("log"),
-            p + ".warmup_type" + (warmup_type ? "" : " (DeepSpeed's default)"));
-
-    std::optional<int64_t> total_steps;
-    if (decay_lr || cosine_lr) {
-      TROUPE_RETURN_IF_ERROR(get_positive_integer(*params, p, "total_num_steps", &total_steps));
-      if (!total_steps && !was_auto(p + ".total_num_steps") && !params->contains("total_num_steps"))
-        return error(p + ".total_num_steps", "is missing; " + *type + " needs it",
-                     "add the number of optimizer steps the lr decays over");
-      if (total_steps) apply("--lr-decay-iters", &cfg_->lr_decay_iters, *total_steps, p + ".total_num_steps");
+  // "data_efficiency" (runtime/data_pipeline/config.py): its data sampling (DeepSpeed's sampler,
+  // curriculum learning by metrics, dynamic batching) and data routing (random-LTD) each have an
+  // "enabled"; Megatron-DeepSpeed uses them only with --data-efficiency-curriculum-learning and
+  // --random-ltd (refused), and the engine reads the inner switches. With every inner feature off
+  // the block changes nothing, whatever its top-level "enabled" says.
+  Status merge_data_efficiency(const json& top) {
+    const auto it = top.find("data_efficiency");
+    if (it == top.end()) return Status::ok();
+    if (!it->is_object())
+      return error("data_efficiency", "must be an object, got " + json_excerpt(*it), "write it as {...}");
+    const char* const features[][3] = {
+        {"data_sampling", "enabled", "DeepSpeed's data sampler (it draws the samples itself)"},
+        {"data_sampling", "curriculum_learning",
+         "curriculum learning by data metrics (samples admitted by difficulty)"},
+        {"data_sampling", "dynamic_batching", "dynamic batching (batches sized by tokens)"},
+        {"data_routing", "enabled", "data routing (tokens skipping layers)"},
+        {"data_routing", "random_ltd", "random layer-token drop (random-LTD)"}};
+    bool any = false;
+    for (const auto& f : features) {
+      const std::string outer = f[0], inner = f[1];
+      const auto o = it->find(outer);
+      if (o == it->end() || !o->is_object()) continue;
+      const json* holder = &*o;
+      std::string path = "data_efficiency." + outer + ".enabled";
+      if (inner != "enabled") {
+        const auto i = o->find(inner);
+        if (i == o->end() || !i->is_object()) continue;
+        holder = &*i;
+        path = "data_efficiency." + outer + "." + inner + ".enabled";
+      }
+      const auto enabled = holder->find("enabled");
+      if (enabled == holder->end()) continue;
+      if (!enabled->is_boolean()) {
+        (void)error(path, "must be true or false, got " + json_excerpt(*enabled), "write true or false (no quotes)");
+        any = true;
+        continue;
+      }
+      if (enabled->get<bool>()) {
+        (void)error(path, std::string("is true: ") + f[2] + " is not in troupe",
+                    "set it to false (or remove the data_efficiency block)");
+        any = true;
+      }
     }
-
-    if (cosine_lr) {
-      // The peak is the optimizer's lr (already merged, or --lr); the ratios scale it.
-      std::optional<double> warmup_min_ratio, cos_min_ratio;
-      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_ratio", &warmup_min_ratio));
-      TROUPE_RETURN_IF_ERROR(get_number(*params, p, "cos_min_ratio", &cos_min_ratio));
-      if (!was_auto(p + ".warmup_min_ratio"))
-        apply("--lr-warmup-init", &cfg_->lr_warmup_init, warmup_min_ratio.value_or(0.0) * cfg_->lr,
-              p + ".warmup_min_ratio * lr");
-      if (!was_auto(p + ".cos_min_ratio"))
-        apply("--min-lr", &cfg_->min_lr, cos_min_ratio.value_or(1e-4) * cfg_->lr,
-              p + ".cos_min_ratio * lr");
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("cosine"), "scheduler.type");
-      return Status::ok();
-    }
-
-    std::optional<double> min_lr, max_lr;
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_min_lr", &min_lr));
-    TROUPE_RETURN_IF_ERROR(get_number(*params, p, "warmup_max_lr", &max_lr));
-    if (!was_auto(p + ".warmup_min_lr"))
-      apply("--lr-warmup-init", &cfg_->lr_warmup_init, min_lr.value_or(0.0),
-            p + ".warmup_min_lr" + (min_lr ? "" : " (DeepSpeed's default)"));
-    if (max_lr) {
-      apply("--lr", &cfg_->lr, *max_lr, p + ".warmup_max_lr");
-    } else if (decay_lr && !was_auto(p + ".warmup_max_lr")) {
-      apply("--lr", &cfg_->lr, 1e-3, p + ".warmup_max_lr (WarmupDecayLR's default)");
-    }  // WarmupLR without warmup_max_lr keeps the optimizer's lr, as DeepSpeed does.
-    if (warmup_lr) {
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("constant"), "scheduler.type");
-    } else {
-      apply("--lr-decay-style", &cfg_->lr_decay_style, std::string("linear"), "scheduler.type");
-      apply("--min-lr", &cfg_->min_lr, 0.0, "scheduler.type (WarmupDecayLR decays to 0)");
-    }
+    if (!any) note("data_efficiency", "every feature switched off (data_sampling, data_routing): no effect");
     return Status::ok();
   }
 

@@ -27,8 +27,9 @@ struct DsHarmlessKey {
   std::string why_refused;  // false_only / minus_one_only: why the other value cannot be honoured
 };
 
-// A block that is harmless while "enabled" is false (or absent); enabled, troupe refuses it with
-// `why_refused`. Its other keys are not checked (they configure what is off).
+// A block that is harmless while its top-level "enabled" is false (or absent); enabled, troupe
+// refuses it with `why_refused`. Its other keys are not checked (they configure what is off).
+// "compression_training" and "data_efficiency" switch otherwise (config/deepspeed_config.cpp).
 struct DsSwitchedBlock {
   std::string key;
   std::string why_refused;

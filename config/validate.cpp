@@ -39,40 +39,56 @@ std::string join_with(const std::vector<std::string>& items, const std::string& 
 
 // -------------------------------------------------------------------------------------------------
 // Validation. Each message: the flag, what is wrong, where the value came from if it was the file,
-// then " -- " and the fix.
+// then " -- " and the fix. Every area reports all of its problems; a check whose arithmetic needs
+// another setting to be valid (a division by the micro-batch size, say) runs only once that one is.
 // -------------------------------------------------------------------------------------------------
+
+// The problems found so far, in order.
+class Problems {
+ public:
+  // Records a failed check; returns whether it passed.
+  bool check(const Status& st) {
+    if (!st.is_ok()) items_.push_back(st.message());
+    return st.is_ok();
+  }
+  size_t size() const { return items_.size(); }
+  const std::vector<std::string>& items() const { return items_; }
+
+ private:
+  std::vector<std::string> items_;
+};
+
 class Validator {
  public:
   explicit Validator(const Origins* origins, GivenInCode given = {}) : origins_(origins), given_(given) {}
 
-  // Every area's first problem at once (one run shows what to fix). The batch rules divide by the
-  // model's and the layout's numbers, so they are checked only once those are valid.
+  // Every problem at once (one run shows what to fix). The batch rules divide by the model's and the
+  // layout's numbers, so they are checked only once those are valid.
   Status run(const TrainConfig& c) const {
-    std::vector<Status> problems;
-    auto check = [&](Status st) {
-      const bool ok = st.is_ok();
-      if (!ok) problems.push_back(std::move(st));
-      return ok;
-    };
-    bool model_ok = check(given_.model_without_gpt_layers
-                              ? positive("--seq-length", c.model.seq_length, "256")
-                              : model_sizes(c.model));
-    if (model_ok && !given_.model_without_gpt_layers)
-      for (const std::string& p : c.model.architecture_problems()) model_ok = check(Status::error(p)) && model_ok;
-    const bool shape = model_ok & check(parallel(c));
-    if (shape) check(batch(c));
-    check(optimizer(c));
-    check(precision(c));
-    check(schedule(c));
-    check(data(c));
-    check(checkpoints(c));
-    check(offload_and_restarts(c));
-    check(device(c));
-    check(logging(c));
-    if (problems.empty()) return Status::ok();
-    if (problems.size() == 1) return problems[0];
-    std::string message = fmt::format("{} problems:", problems.size());
-    for (const Status& p : problems) message += "\n  - " + p.message();
+    Problems p;
+    bool model_ok = true;
+    if (given_.model_without_gpt_layers) {
+      model_ok = p.check(positive("--seq-length", c.model.seq_length, "256"));
+    } else {
+      model_ok = model_sizes(c.model, p);
+      if (model_ok)
+        for (const std::string& problem : c.model.architecture_problems())
+          model_ok = p.check(Status::error(problem)) && model_ok;
+    }
+    const bool shape = parallel(c, model_ok, p) && model_ok;
+    if (shape) batch(c, p);
+    optimizer(c, p);
+    precision(c, p);
+    schedule(c, p);
+    data(c, p);
+    checkpoints(c, p);
+    offload_and_restarts(c, p);
+    device(c, p);
+    logging(c, p);
+    if (p.size() == 0) return Status::ok();
+    if (p.size() == 1) return Status::error(p.items()[0]);
+    std::string message = fmt::format("{} problems:", p.size());
+    for (const std::string& item : p.items()) message += "\n  - " + item;
     return Status::error(message);
   }
 
@@ -81,7 +97,8 @@ class Validator {
     if (world_size < 1)
       return Status::error(fmt::format(
           "troupe launch reported {} ranks -- start at least one (--nproc-per-node)", world_size));
-    TROUPE_RETURN_IF_ERROR(sizes(c));  // so that the arithmetic below is defined
+    Problems sizes_ok;
+    if (!sizes(c, sizes_ok)) return Status::error(sizes_ok.items()[0]);  // so that the arithmetic below is defined
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
     const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
     const int dp = c.resolved_dp(world_size);
@@ -130,28 +147,27 @@ class Validator {
   }
 
   // The sizes every other check divides by; the rest of the architecture, every problem at once,
-  // is GptConfig::architecture_problems (include/troupe/model_config.hpp).
-  Status model_sizes(const GptConfig& m) const {
-    TROUPE_RETURN_IF_ERROR(positive("--num-layers", m.num_layers, "4"));
-    TROUPE_RETURN_IF_ERROR(positive("--hidden-size", m.hidden_size, "256"));
-    TROUPE_RETURN_IF_ERROR(positive("--num-attention-heads", m.num_attention_heads, "4"));
-    TROUPE_RETURN_IF_ERROR(positive("--seq-length", m.seq_length, "256"));
-    return Status::ok();
+  // is GptConfig::architecture_problems (include/troupe/model_config.hpp). Returns whether all hold.
+  bool model_sizes(const GptConfig& m, Problems& p) const {
+    bool ok = p.check(positive("--num-layers", m.num_layers, "4"));
+    ok = p.check(positive("--hidden-size", m.hidden_size, "256")) && ok;
+    ok = p.check(positive("--num-attention-heads", m.num_attention_heads, "4")) && ok;
+    ok = p.check(positive("--seq-length", m.seq_length, "256")) && ok;
+    return ok;
   }
 
-  Status batch(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
-    TROUPE_RETURN_IF_ERROR(rampup(c));
+  void batch(const TrainConfig& c, Problems& p) const {
+    if (!p.check(positive("--micro-batch-size", c.micro_batch_size, "4"))) return;
+    const bool ramp_ok = p.check(rampup(c));
     // In one process; under troupe launch validate_world checks the dp the ranks give.
-    TROUPE_RETURN_IF_ERROR(batch_divisible(c, c.resolved_dp(1), ""));
+    if (ramp_ok) p.check(batch_divisible(c, c.resolved_dp(1), ""));
     if (c.train_iters <= 0 && c.train_samples <= 0 && c.train_tokens <= 0)
-      return bad("--train-iters", fmt::format("must be positive, got {}", c.train_iters),
-                 "give --train-iters N (or Megatron's --train-samples, Megatron-DeepSpeed's --train-tokens)");
-    if (c.train_iters <= 0)
-      return bad(c.train_samples > 0 ? "--train-samples" : "--train-tokens",
-                 fmt::format("gives no whole iteration of --global-batch-size {}", c.global_batch_size),
-                 "train for at least one global batch");
-    return Status::ok();
+      p.check(bad("--train-iters", fmt::format("must be positive, got {}", c.train_iters),
+                  "give --train-iters N (or Megatron's --train-samples, Megatron-DeepSpeed's --train-tokens)"));
+    else if (c.train_iters <= 0)
+      p.check(bad(c.train_samples > 0 ? "--train-samples" : "--train-tokens",
+                  fmt::format("gives no whole iteration of --global-batch-size {}", c.global_batch_size),
+                  "train for at least one global batch"));
   }
 
   // Megatron's --rampup-batch-size (RampupBatchsizeNumMicroBatchesCalculator's assertions, and its
@@ -159,6 +175,7 @@ class Validator {
   // per replica, i.e. START and INCREMENT are multiples of micro x dp). Megatron's validate_args
   // also refuses a ramp-up in an iteration-based run, which its own
   // examples/gpt3/train_gpt3_175b_distributed.sh asks for; troupe runs it (a start-up note says so).
+  // One problem at most: each rule presumes the ones before it.
   static constexpr int64_t kMaxRampIterations = 100'000'000;
   Status rampup(const TrainConfig& c) const {
     if (!c.rampup() && c.rampup_batch_increment == 0 && c.rampup_samples == 0) return Status::ok();
@@ -215,81 +232,73 @@ class Validator {
   }
 
   // Tensor, pipeline and data parallelism, ZeRO, recomputation. Megatron's rules
-  // (megatron/training/arguments.py) unless a comment says otherwise.
-  Status parallel(const TrainConfig& c) const {
+  // (megatron/training/arguments.py) unless a comment says otherwise. The rules that split the model
+  // run only when its sizes hold (model_ok). Returns whether the layout holds (the batch rules divide
+  // by it).
+  bool parallel(const TrainConfig& c, bool model_ok, Problems& p) const {
+    const size_t before = p.size();
     const GptConfig& m = c.model;
     const int tp = c.tensor_model_parallel_size;
-    TROUPE_RETURN_IF_ERROR(sizes(c));
-
-    // Each tensor-parallel rank holds whole heads and whole key/value groups (Megatron-Core also
-    // replicates groups over tp > groups; troupe does not), and an equal share of the MLP's width
-    // and of the model width (the row-parallel inputs); the vocabulary is padded to a multiple of
-    // tp (GptConfig::padded_vocab_size). Every layout problem at once.
-    std::vector<std::string> split;
-    const int groups = m.num_query_groups;
-    if (groups > 0 && m.num_attention_heads % groups == 0 && groups % tp != 0)
-      split.push_back(bad("--num-query-groups",
-                          fmt::format("{} is not divisible by --tensor-model-parallel-size {}", groups, tp),
-                          "each tensor-parallel rank holds whole key/value groups: use a group count that is a "
-                          "multiple of the tensor-parallel size, or a smaller --tensor-model-parallel-size")
-                          .message());
-    const int ffn = m.ffn_hidden_size();
-    if (ffn > 0 && ffn % tp != 0)
-      split.push_back(bad("--ffn-hidden-size",
-                          fmt::format("{} is not divisible by --tensor-model-parallel-size {}", ffn, tp),
-                          "each tensor-parallel rank holds an equal share of the MLP: use a multiple of the "
-                          "tensor-parallel size")
-                          .message());
-    if (!split.empty() && m.num_attention_heads % tp == 0) {
-      if (split.size() == 1) return Status::error(split[0]);
-      std::string message = split[0];
-      for (size_t i = 1; i < split.size(); ++i) message += "\n  " + split[i];
-      return Status::error(message);
+    if (sizes(c, p) && model_ok) {
+      // Each tensor-parallel rank holds whole heads and whole key/value groups (Megatron-Core also
+      // replicates groups over tp > groups; troupe does not), and an equal share of the MLP's width
+      // and of the model width (the row-parallel inputs); the vocabulary is padded to a multiple of
+      // tp (GptConfig::padded_vocab_size).
+      if (m.num_attention_heads % tp != 0) {
+        int divisor = tp;
+        while (m.num_attention_heads % divisor != 0) --divisor;
+        p.check(bad("--num-attention-heads",
+                    fmt::format("{} is not divisible by --tensor-model-parallel-size {}", m.num_attention_heads, tp),
+                    fmt::format("each tensor-parallel rank holds whole heads: use a head count that "
+                                "is a multiple of {}, or --tensor-model-parallel-size {}",
+                                tp, divisor)));
+      } else {
+        const int groups = m.num_query_groups;
+        if (groups > 0 && m.num_attention_heads % groups == 0 && groups % tp != 0)
+          p.check(bad("--num-query-groups",
+                      fmt::format("{} is not divisible by --tensor-model-parallel-size {}", groups, tp),
+                      "each tensor-parallel rank holds whole key/value groups: use a group count that is a "
+                      "multiple of the tensor-parallel size, or a smaller --tensor-model-parallel-size"));
+        const int ffn = m.ffn_hidden_size();
+        if (ffn > 0 && ffn % tp != 0)
+          p.check(bad("--ffn-hidden-size",
+                      fmt::format("{} is not divisible by --tensor-model-parallel-size {}", ffn, tp),
+                      "each tensor-parallel rank holds an equal share of the MLP: use a multiple of the "
+                      "tensor-parallel size"));
+      }
+      // Megatron turns sequence parallelism off with tp 1 (finalize_train_config does too); it
+      // splits each micro-batch's tokens over the tensor-parallel ranks.
+      if (c.sequence_parallel && tp > 1 && int64_t{c.micro_batch_size} * m.seq_length < tp)
+        p.check(bad("--sequence-parallel",
+                    fmt::format("splits the --micro-batch-size {} x --seq-length {} = {} tokens of a "
+                                "micro-batch over --tensor-model-parallel-size {} ranks, fewer tokens "
+                                "than ranks",
+                                c.micro_batch_size, m.seq_length, int64_t{c.micro_batch_size} * m.seq_length, tp),
+                    "use longer sequences or a larger micro batch, or drop --sequence-parallel"));
+      p.check(pipeline(c));
     }
-    if (m.num_attention_heads % tp != 0) {
-      int divisor = tp;
-      while (m.num_attention_heads % divisor != 0) --divisor;
-      return bad("--num-attention-heads",
-                 fmt::format("{} is not divisible by --tensor-model-parallel-size {}",
-                             m.num_attention_heads, tp),
-                 fmt::format("each tensor-parallel rank holds whole heads: use a head count that "
-                             "is a multiple of {}, or --tensor-model-parallel-size {}",
-                             tp, divisor));
-    }
-    // Megatron turns sequence parallelism off with tp 1 (finalize_train_config does too); it
-    // splits each micro-batch's tokens over the tensor-parallel ranks.
-    if (c.sequence_parallel && tp > 1 && int64_t{c.micro_batch_size} * m.seq_length < tp)
-      return bad("--sequence-parallel",
-                 fmt::format("splits the --micro-batch-size {} x --seq-length {} = {} tokens of a "
-                             "micro-batch over --tensor-model-parallel-size {} ranks, fewer tokens "
-                             "than ranks",
-                             c.micro_batch_size, m.seq_length,
-                             int64_t{c.micro_batch_size} * m.seq_length, tp),
-                 "use longer sequences or a larger micro batch, or drop --sequence-parallel");
-
-    TROUPE_RETURN_IF_ERROR(pipeline(c));
-
     if (c.zero_stage < 0 || c.zero_stage > 3)
-      return bad("--zero-stage", fmt::format("is {}; ZeRO stages are 0 to 3", c.zero_stage),
-                 "use 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)");
+      p.check(bad("--zero-stage", fmt::format("is {}; ZeRO stages are 0 to 3", c.zero_stage),
+                  "use 0 (off), 1 (optimizer states), 2 (+ gradients) or 3 (+ parameters)"));
     const std::string& r = c.recompute_granularity;
     if (r != "none" && r != "full" && r != "selective")
-      return bad("--recompute-granularity", "is \"" + r + "\"",
-                 "use full or selective, or leave the flag out for no recomputation");
-    return Status::ok();
+      p.check(bad("--recompute-granularity", "is \"" + r + "\"",
+                  "use full or selective, or leave the flag out for no recomputation"));
+    return p.size() == before;
   }
 
-  Status sizes(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(
-        positive("--tensor-model-parallel-size", c.tensor_model_parallel_size, "1"));
-    TROUPE_RETURN_IF_ERROR(
-        positive("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "1"));
+  // The three sizes, each checked; returns whether all hold.
+  bool sizes(const TrainConfig& c, Problems& p) const {
+    bool ok = p.check(positive("--tensor-model-parallel-size", c.tensor_model_parallel_size, "1"));
+    ok = p.check(positive("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "1")) && ok;
     if (c.data_parallel_size < 0)
-      return bad("--data-parallel-size", fmt::format("must be >= 0, got {}", c.data_parallel_size),
-                 "use 0 to derive it from the ranks troupe launch starts (1 in one process)");
-    return Status::ok();
+      ok = p.check(bad("--data-parallel-size", fmt::format("must be >= 0, got {}", c.data_parallel_size),
+                       "use 0 to derive it from the ranks troupe launch starts (1 in one process)")) &&
+           ok;
+    return ok;
   }
 
+  // The schedule and its chunks: one problem at most (each rule presumes the ones before it).
   Status pipeline(const TrainConfig& c) const {
     const int layers = c.model.num_layers, pp = c.pipeline_model_parallel_size;
     const int chunk = c.num_layers_per_virtual_pipeline_stage;
@@ -360,23 +369,19 @@ class Validator {
     return Status::ok();
   }
 
-  Status optimizer(const TrainConfig& c) const {
+  void optimizer(const TrainConfig& c, Problems& p) const {
     if (!(c.adam_beta1 >= 0 && c.adam_beta1 < 1))
-      return bad("--adam-beta1", fmt::format("must be in [0, 1), got {}", c.adam_beta1),
-                 "use e.g. 0.9");
+      p.check(bad("--adam-beta1", fmt::format("must be in [0, 1), got {}", c.adam_beta1), "use e.g. 0.9"));
     if (!(c.adam_beta2 >= 0 && c.adam_beta2 < 1))
-      return bad("--adam-beta2", fmt::format("must be in [0, 1), got {}", c.adam_beta2),
-                 "use e.g. 0.999");
+      p.check(bad("--adam-beta2", fmt::format("must be in [0, 1), got {}", c.adam_beta2), "use e.g. 0.999"));
     if (!(c.adam_eps > 0) || !std::isfinite(c.adam_eps))
-      return bad("--adam-eps", fmt::format("must be positive, got {}", c.adam_eps),
-                 "use e.g. 1e-8");
+      p.check(bad("--adam-eps", fmt::format("must be positive, got {}", c.adam_eps), "use e.g. 1e-8"));
     if (!(c.weight_decay >= 0) || !std::isfinite(c.weight_decay))
-      return bad("--weight-decay", fmt::format("must be >= 0, got {}", c.weight_decay),
-                 "use e.g. 0.01, or 0 for none");
+      p.check(
+          bad("--weight-decay", fmt::format("must be >= 0, got {}", c.weight_decay), "use e.g. 0.01, or 0 for none"));
     if (!(c.clip_grad >= 0) || !std::isfinite(c.clip_grad))
-      return bad("--clip-grad", fmt::format("must be >= 0, got {}", c.clip_grad),
-                 "use e.g. 1.0, or 0 to disable clipping");
-    return Status::ok();
+      p.check(bad("--clip-grad", fmt::format("must be >= 0, got {}", c.clip_grad),
+                  "use e.g. 1.0, or 0 to disable clipping"));
   }
 
   // The loss scaling's settings (include/troupe/precision.hpp; engine/loss_scaler.hpp runs them).
@@ -384,151 +389,160 @@ class Validator {
   // DynamicGradScaler asserts min_scale <= initial_scale; DeepSpeed's DynamicLossScaler asserts
   // nothing (a min above the initial scale lifts the scale at the first halving), so that rule is
   // Megatron's recipe's only.
-  Status precision(const TrainConfig& c) const {
-    const PrecisionConfig& p = c.precision;
-    if (!(p.loss_scale >= 0) || !std::isfinite(p.loss_scale))
-      return bad("--loss-scale", fmt::format("must be >= 0, got {}", p.loss_scale),
-                 "give a static scale such as 1024, or leave it out (0) for dynamic loss scaling");
-    if (!(p.initial_loss_scale > 0) || !std::isfinite(p.initial_loss_scale))
-      return bad("--initial-loss-scale", fmt::format("must be positive, got {}", p.initial_loss_scale),
-                 "use e.g. 4294967296 (2^32, Megatron's default)");
-    if (!(p.min_loss_scale > 0) || !std::isfinite(p.min_loss_scale))
-      return bad("--min-loss-scale", fmt::format("must be positive, got {}", p.min_loss_scale), "use e.g. 1");
-    if (p.loss_scale_window < 1)
-      return bad("--loss-scale-window", fmt::format("must be at least 1, got {}", p.loss_scale_window),
-                 "use e.g. 1000 (clean steps before the scale doubles)");
-    if (p.hysteresis < 1)
-      return bad("--hysteresis", fmt::format("must be at least 1, got {}", p.hysteresis),
-                 "use e.g. 2 (overflows before the scale halves)");
-    if (p.dynamic_loss_scaling() && p.recipe == PrecisionRecipe::megatron && p.min_loss_scale > p.initial_loss_scale)
-      return bad("--min-loss-scale",
-                 fmt::format("{} is above --initial-loss-scale {}", p.min_loss_scale, p.initial_loss_scale),
-                 "make the minimum at most the initial scale (Megatron asserts it)");
+  void precision(const TrainConfig& c, Problems& p) const {
+    const PrecisionConfig& pr = c.precision;
+    if (!(pr.loss_scale >= 0) || !std::isfinite(pr.loss_scale))
+      p.check(bad("--loss-scale", fmt::format("must be >= 0, got {}", pr.loss_scale),
+                  "give a static scale such as 1024, or leave it out (0) for dynamic loss scaling"));
+    const bool initial_ok = pr.initial_loss_scale > 0 && std::isfinite(pr.initial_loss_scale);
+    if (!initial_ok)
+      p.check(bad("--initial-loss-scale", fmt::format("must be positive, got {}", pr.initial_loss_scale),
+                  "use e.g. 4294967296 (2^32, Megatron's default)"));
+    const bool min_ok = pr.min_loss_scale > 0 && std::isfinite(pr.min_loss_scale);
+    if (!min_ok)
+      p.check(bad("--min-loss-scale", fmt::format("must be positive, got {}", pr.min_loss_scale), "use e.g. 1"));
+    if (pr.loss_scale_window < 1)
+      p.check(bad("--loss-scale-window", fmt::format("must be at least 1, got {}", pr.loss_scale_window),
+                  "use e.g. 1000 (clean steps before the scale doubles)"));
+    if (pr.hysteresis < 1)
+      p.check(bad("--hysteresis", fmt::format("must be at least 1, got {}", pr.hysteresis),
+                  "use e.g. 2 (overflows before the scale halves)"));
+    if (initial_ok && min_ok && pr.dynamic_loss_scaling() && pr.recipe == PrecisionRecipe::megatron &&
+        pr.min_loss_scale > pr.initial_loss_scale)
+      p.check(bad("--min-loss-scale",
+                  fmt::format("{} is above --initial-loss-scale {}", pr.min_loss_scale, pr.initial_loss_scale),
+                  "make the minimum at most the initial scale (Megatron asserts it)"));
     PrecisionDType ignored = PrecisionDType::fp32;
-    if (!p.communication_data_type.empty() && !parse(p.communication_data_type, ignored))
-      return bad("communication_data_type", "is \"" + p.communication_data_type + "\"", "use fp16, bf16 or fp32");
-    return Status::ok();
+    if (!pr.communication_data_type.empty() && !parse(pr.communication_data_type, ignored))
+      p.check(bad("communication_data_type", "is \"" + pr.communication_data_type + "\"", "use fp16, bf16 or fp32"));
   }
 
-  Status schedule(const TrainConfig& c) const {
-    if (!(c.lr >= 0) || !std::isfinite(c.lr))
-      return bad("--lr", fmt::format("must be >= 0, got {}", c.lr), "use e.g. 6e-4");
-    if (!(c.min_lr >= 0) || c.min_lr > c.lr)
-      return bad("--min-lr", fmt::format("must be in [0, --lr {}], got {}", c.lr, c.min_lr),
-                 "use a value between 0 and the peak learning rate");
+  void schedule(const TrainConfig& c, Problems& p) const {
+    const size_t before = p.size();
+    const bool lr_ok = c.lr >= 0 && std::isfinite(c.lr);
+    if (!lr_ok) p.check(bad("--lr", fmt::format("must be >= 0, got {}", c.lr), "use e.g. 6e-4"));
+    if (lr_ok && (!(c.min_lr >= 0) || c.min_lr > c.lr))
+      p.check(bad("--min-lr", fmt::format("must be in [0, --lr {}], got {}", c.lr, c.min_lr),
+                  "use a value between 0 and the peak learning rate"));
     if (!(c.lr_warmup_init >= 0) || !std::isfinite(c.lr_warmup_init))
-      return bad("--lr-warmup-init", fmt::format("must be >= 0, got {}", c.lr_warmup_init),
-                 "use e.g. 0");
+      p.check(bad("--lr-warmup-init", fmt::format("must be >= 0, got {}", c.lr_warmup_init), "use e.g. 0"));
     const std::string& style = c.lr_decay_style;
     if (style != "constant" && style != "linear" && style != "cosine")
-      return bad("--lr-decay-style", "is \"" + style + "\"", "use constant, linear or cosine");
+      p.check(bad("--lr-decay-style", "is \"" + style + "\"", "use constant, linear or cosine"));
     if (c.lr_warmup_style != "linear" && c.lr_warmup_style != "log")
-      return bad("--lr-warmup-style", "is \"" + c.lr_warmup_style + "\"", "use linear or log");
+      p.check(bad("--lr-warmup-style", "is \"" + c.lr_warmup_style + "\"", "use linear or log"));
     if (c.lr_warmup_iters < 0)
-      return bad("--lr-warmup-iters", fmt::format("must be >= 0, got {}", c.lr_warmup_iters),
-                 "use 0 for no warm-up");
+      p.check(bad("--lr-warmup-iters", fmt::format("must be >= 0, got {}", c.lr_warmup_iters), "use 0 for no warm-up"));
     if (c.lr_warmup_style == "log" && c.lr_warmup_iters == 1)
-      return bad("--lr-warmup-iters", "is 1, too short for the log warm-up (ln 1 = 0)",
-                 "use at least 2 (DeepSpeed rounds up to 2), or --lr-warmup-style linear");
+      p.check(bad("--lr-warmup-iters", "is 1, too short for the log warm-up (ln 1 = 0)",
+                  "use at least 2 (DeepSpeed rounds up to 2), or --lr-warmup-style linear"));
     if (c.lr_decay_iters < 0)
-      return bad("--lr-decay-iters", fmt::format("must be >= 0, got {}", c.lr_decay_iters),
-                 "use 0 to decay over --train-iters");
-    TROUPE_RETURN_IF_ERROR(schedule_units(c));
+      p.check(bad("--lr-decay-iters", fmt::format("must be >= 0, got {}", c.lr_decay_iters),
+                  "use 0 to decay over --train-iters"));
+    schedule_units(c, p);
+    if (p.size() != before) return;  // the lengths below need every setting above
     const TrainConfig::LrLengths l = c.lr_lengths();
     if (c.lr_decay_tokens <= 0 && style != "constant" && l.warmup_samples >= l.decay_samples) {
-      if (c.train_samples > 0 || c.lr_warmup_fraction >= 0)
-        return bad(c.lr_warmup_fraction >= 0 ? "--lr-warmup-fraction" : "--lr-warmup-samples",
-                   fmt::format("gives a warm-up of {} samples, not below the decay's {}", l.warmup_samples,
-                               l.decay_samples),
-                   "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant");
+      if (c.train_samples > 0 || c.lr_warmup_fraction >= 0) {
+        p.check(bad(
+            c.lr_warmup_fraction >= 0 ? "--lr-warmup-fraction" : "--lr-warmup-samples",
+            fmt::format("gives a warm-up of {} samples, not below the decay's {}", l.warmup_samples, l.decay_samples),
+            "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant"));
+        return;
+      }
       const int64_t decay = c.lr_decay_iters > 0 ? c.lr_decay_iters : c.train_iters;
-      return bad("--lr-warmup-iters",
-                 fmt::format("{} is not below the {} decay iterations ({})", c.lr_warmup_iters,
-                             decay, c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--train-iters"),
-                 "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant");
+      p.check(bad("--lr-warmup-iters",
+                  fmt::format("{} is not below the {} decay iterations ({})", c.lr_warmup_iters, decay,
+                              c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--train-iters"),
+                  "shorten the warm-up, lengthen the decay, or use --lr-decay-style constant"));
     }
-    return Status::ok();
   }
 
   // Megatron's rules for the units of a run and its schedule (megatron/training/arguments.py,
   // validate_args): an iteration-based run measures its schedule in iterations, a sample-based one
   // in samples; one warm-up length at most; Megatron-DeepSpeed's token lengths on top.
-  Status schedule_units(const TrainConfig& c) const {
+  void schedule_units(const TrainConfig& c, Problems& p) const {
     const bool by_samples = c.train_samples > 0;
     if (c.train_samples < 0 || c.lr_warmup_samples < 0 || c.lr_decay_samples < 0 || c.train_tokens < 0 ||
-        c.lr_decay_tokens < 0 || c.lr_warmup_tokens < -1)
-      return bad("the sample and token flags", "hold a negative count", "give counts of 0 or more");
+        c.lr_decay_tokens < 0 || c.lr_warmup_tokens < -1) {
+      p.check(bad("the sample and token flags", "hold a negative count", "give counts of 0 or more"));
+      return;  // the lengths below would be meaningless
+    }
     if (!by_samples && (c.lr_warmup_samples > 0 || c.lr_decay_samples > 0))
-      return bad(c.lr_decay_samples > 0 ? "--lr-decay-samples" : "--lr-warmup-samples",
-                 "is given in an iteration-based run (no --train-samples)",
-                 "give --lr-decay-iters / --lr-warmup-iters, or train by --train-samples");
+      p.check(bad(c.lr_decay_samples > 0 ? "--lr-decay-samples" : "--lr-warmup-samples",
+                  "is given in an iteration-based run (no --train-samples)",
+                  "give --lr-decay-iters / --lr-warmup-iters, or train by --train-samples"));
     if (by_samples && (c.lr_warmup_iters > 0 || c.lr_decay_iters > 0))
-      return bad(c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--lr-warmup-iters",
-                 "is given in a sample-based run (--train-samples)",
-                 "give --lr-decay-samples / --lr-warmup-samples, or train by --train-iters");
+      p.check(bad(c.lr_decay_iters > 0 ? "--lr-decay-iters" : "--lr-warmup-iters",
+                  "is given in a sample-based run (--train-samples)",
+                  "give --lr-decay-samples / --lr-warmup-samples, or train by --train-iters"));
     if (c.lr_warmup_fraction >= 0 && (c.lr_warmup_iters > 0 || c.lr_warmup_samples > 0))
-      return bad("--lr-warmup-fraction", "is given with another warm-up length",
-                 "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples");
+      p.check(bad("--lr-warmup-fraction", "is given with another warm-up length",
+                  "give one of --lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples"));
     if (c.lr_warmup_fraction != -1 && !(c.lr_warmup_fraction >= 0 && c.lr_warmup_fraction < 1))
-      return bad("--lr-warmup-fraction", fmt::format("must be in [0, 1), got {}", c.lr_warmup_fraction),
-                 "use e.g. .01");
+      p.check(
+          bad("--lr-warmup-fraction", fmt::format("must be in [0, 1), got {}", c.lr_warmup_fraction), "use e.g. .01"));
     const bool tokens = c.lr_warmup_tokens >= 0 || c.lr_decay_tokens > 0;
     if (c.lr_warmup_style == "log" && (by_samples || c.lr_warmup_fraction >= 0 || tokens))
-      return bad("--lr-warmup-style", "is log (DeepSpeed's, counted in steps) with a sample- or token-based warm-up",
-                 "use --lr-warmup-style linear, or --lr-warmup-iters");
-    if (c.lr_decay_tokens > 0 && c.lr_decay_style != "constant") {
+      p.check(bad("--lr-warmup-style", "is log (DeepSpeed's, counted in steps) with a sample- or token-based warm-up",
+                  "use --lr-warmup-style linear, or --lr-warmup-iters"));
+    if (c.lr_decay_tokens > 0 && c.lr_decay_style != "constant" && c.global_batch_size > 0) {
       const TrainConfig::LrLengths l = c.lr_lengths();
       if (c.lr_warmup_tokens < 0 && l.warmup_samples > 0 &&
-          std::fmod(l.warmup_samples, static_cast<double>(c.global_batch_size)) != 0)
-        return bad("--lr-decay-tokens",
-                   fmt::format("with a warm-up of {} samples, not whole global batches of {}", l.warmup_samples,
-                               c.global_batch_size),
-                   "give --lr-warmup-tokens too (Megatron-DeepSpeed takes the tokens consumed when the warm-up "
-                   "ends, which it never reaches exactly here)");
-      const double w = c.lr_warmup_tokens >= 0 ? static_cast<double>(c.lr_warmup_tokens)
-                                               : l.warmup_samples * c.model.seq_length;
-      if (w >= static_cast<double>(c.lr_decay_tokens))
-        return bad("--lr-decay-tokens", fmt::format("{} is not above the warm-up's {} tokens", c.lr_decay_tokens, w),
-                   "lengthen the decay or shorten the warm-up");
+          std::fmod(l.warmup_samples, static_cast<double>(c.global_batch_size)) != 0) {
+        p.check(bad("--lr-decay-tokens",
+                    fmt::format("with a warm-up of {} samples, not whole global batches of {}", l.warmup_samples,
+                                c.global_batch_size),
+                    "give --lr-warmup-tokens too (Megatron-DeepSpeed takes the tokens consumed when the warm-up "
+                    "ends, which it never reaches exactly here)"));
+      } else {
+        const double w =
+            c.lr_warmup_tokens >= 0 ? static_cast<double>(c.lr_warmup_tokens) : l.warmup_samples * c.model.seq_length;
+        if (w >= static_cast<double>(c.lr_decay_tokens))
+          p.check(bad("--lr-decay-tokens", fmt::format("{} is not above the warm-up's {} tokens", c.lr_decay_tokens, w),
+                      "lengthen the decay or shorten the warm-up"));
+      }
     }
-    return Status::ok();
   }
 
   // Megatron's rule (arguments.py): one data source, --mock-data, --data-path or the per-split
   // paths; each a blend (storage/data_blend.hpp) whose datasets exist. Every problem at once.
   // A DataSource given in code is the run's data: a config that also names some would leave one of
   // the two unused, so it is refused rather than guessed.
-  Status no_data_named(const TrainConfig& c) const {
+  void no_data_named(const TrainConfig& c, Problems& p) const {
     if (c.mock_data)
-      return bad("--mock-data", "is set, but a DataSource was given in code (the run's data)",
-                 "drop mock_data, or pass no DataSource (null) to train on mock data");
+      p.check(bad("--mock-data", "is set, but a DataSource was given in code (the run's data)",
+                  "drop mock_data, or pass no DataSource (null) to train on mock data"));
     for (const auto* paths : {&c.data_path, &c.train_data_path, &c.valid_data_path, &c.test_data_path})
       if (blend_given(*paths))
-        return bad(paths == &c.data_path ? "--data-path" : paths == &c.train_data_path ? "--train-data-path"
-                                       : paths == &c.valid_data_path ? "--valid-data-path" : "--test-data-path",
-                   "names datasets, but a DataSource was given in code (the run's data)",
-                   "clear the config's data paths, or pass no DataSource (null) to open what the config names");
-    return Status::ok();
+        p.check(bad(paths == &c.data_path         ? "--data-path"
+                    : paths == &c.train_data_path ? "--train-data-path"
+                    : paths == &c.valid_data_path ? "--valid-data-path"
+                                                  : "--test-data-path",
+                    "names datasets, but a DataSource was given in code (the run's data)",
+                    "clear the config's data paths, or pass no DataSource (null) to open what the config names"));
   }
 
-  Status data_paths(const TrainConfig& c) const {
+  void data_paths(const TrainConfig& c, Problems& p) const {
     const bool per_split =
         blend_given(c.train_data_path) || blend_given(c.valid_data_path) || blend_given(c.test_data_path);
     const bool data_path = blend_given(c.data_path);
     const int sources = int{c.mock_data} + int{data_path} + int{per_split};
-    if (sources > 1)
-      return bad(c.mock_data ? "--mock-data" : "--data-path",
-                 std::string("and ") +
-                     (c.mock_data && data_path ? "--data-path" : "--train/valid/test-data-path") +
-                     " are both given (Megatron: a single data source)",
-                 "drop all but one: --mock-data (synthetic tokens), --data-path (datasets split by --split), or "
-                 "--train-data-path with --valid-data-path / --test-data-path (a blend per split)");
-    if (c.mock_data) return Status::ok();
-    if (sources == 0)
-      return bad("--data-path", "is required",
-                 "run `troupe preprocess` first and pass its output prefix (PREFIX of PREFIX.bin and PREFIX.idx), "
-                 "or a blend: --data-path 0.3 a_text_document 0.7 b_text_document");
-    std::vector<std::string> problems;
+    if (sources > 1) {
+      p.check(bad(c.mock_data ? "--mock-data" : "--data-path",
+                  std::string("and ") + (c.mock_data && data_path ? "--data-path" : "--train/valid/test-data-path") +
+                      " are both given (Megatron: a single data source)",
+                  "drop all but one: --mock-data (synthetic tokens), --data-path (datasets split by --split), or "
+                  "--train-data-path with --valid-data-path / --test-data-path (a blend per split)"));
+      return;
+    }
+    if (c.mock_data) return;
+    if (sources == 0) {
+      p.check(bad("--data-path", "is required",
+                  "run `troupe preprocess` first and pass its output prefix (PREFIX of PREFIX.bin and PREFIX.idx), "
+                  "or a blend: --data-path 0.3 a_text_document 0.7 b_text_document"));
+      return;
+    }
     const std::pair<const char*, const std::vector<std::string>*> lists[] = {
         {"--data-path", &c.data_path},
         {"--train-data-path", &c.train_data_path},
@@ -537,7 +551,7 @@ class Validator {
     for (const auto& [flag, items] : lists) {
       auto blend = parse_data_blend(*items, flag);
       if (!blend) {
-        problems.push_back(blend.status().message());
+        p.check(blend.status());
         continue;
       }
       std::error_code ec;
@@ -546,51 +560,62 @@ class Validator {
         for (const char* ext : {".bin", ".idx"})
           if (!fs::is_regular_file(prefix + ext, ec)) missing += std::string(missing.empty() ? "" : " and ") + prefix + ext;
         if (!missing.empty())
-          problems.push_back(std::string(flag) + " " + prefix + ": " + missing + " not found -- run `troupe "
-                             "preprocess` first, and pass the prefix it wrote (without .bin/.idx)");
+          p.check(Status::error(std::string(flag) + " " + prefix + ": " + missing +
+                                " not found -- run `troupe "
+                                "preprocess` first, and pass the prefix it wrote (without .bin/.idx)"));
       }
     }
     if (per_split && !blend_given(c.train_data_path))
-      problems.push_back("--valid-data-path / --test-data-path without --train-data-path -- give the training "
-                         "datasets with --train-data-path, or use --data-path with --split");
+      p.check(
+          Status::error("--valid-data-path / --test-data-path without --train-data-path -- give the training "
+                        "datasets with --train-data-path, or use --data-path with --split"));
     // The data loader's own parser (Megatron's rule), so both accept exactly the same strings;
     // Megatron ignores --split with per-split paths.
     if (data_path)
-      if (auto parsed = split_document_indices(1, c.split); !parsed) problems.push_back(parsed.status().message());
-    if (problems.empty()) return Status::ok();
-    std::string message = problems[0];
-    for (size_t i = 1; i < problems.size(); ++i) message += "\n  " + problems[i];
-    return Status::error(message);
+      if (auto parsed = split_document_indices(1, c.split); !parsed) p.check(parsed.status());
   }
 
-  Status data(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(given_.data ? no_data_named(c) : data_paths(c));
-    if (c.mock_data) return Status::ok();
+  void data(const TrainConfig& c, Problems& p) const {
+    if (given_.data)
+      no_data_named(c, p);
+    else
+      data_paths(c, p);
     std::error_code ec;
+    if (c.tokenizer_type == "NullTokenizer") {
+      // Its vocabulary size stands where a model file would (include/troupe/train_config.hpp).
+      const std::string& n = c.tokenizer_model;
+      const bool number = !n.empty() && n.size() <= 10 && n.find_first_not_of("0123456789") == std::string::npos &&
+                          std::stoll(n) >= 2 && std::stoll(n) <= INT_MAX;
+      if (!number)
+        p.check(bad("--tokenizer-type",
+                    "is NullTokenizer, whose vocabulary size is missing or not a size (\"" + n + "\")",
+                    "give --vocab-size N (2 to 2147483647)"));
+      return;
+    }
+    if (c.mock_data) return;
     if (c.tokenizer_type == "GPT2BPETokenizer") {
       const std::pair<const char*, const std::string*> files[] = {{"--vocab-file", &c.vocab_file},
                                                                   {"--merge-file", &c.merge_file}};
       for (const auto& [flag, path] : files) {
         if (path->empty())
-          return bad(
-              flag, "is required by --tokenizer-type GPT2BPETokenizer",
-              "pass GPT-2's vocab.json (--vocab-file) and merges.txt (--merge-file), the ones "
-              "the data was preprocessed with");
-        if (!fs::is_regular_file(*path, ec))
-          return bad(flag, *path + " not found", "check the path");
+          p.check(bad(flag, "is required by --tokenizer-type GPT2BPETokenizer",
+                      "pass GPT-2's vocab.json (--vocab-file) and merges.txt (--merge-file), the ones "
+                      "the data was preprocessed with"));
+        else if (!fs::is_regular_file(*path, ec))
+          p.check(bad(flag, *path + " not found", "check the path"));
       }
     } else if (tokenizer_uses_model(c.tokenizer_type)) {
       if (c.tokenizer_model.empty())
-        return bad("--tokenizer-model", "is required by --tokenizer-type " + c.tokenizer_type,
-                   c.tokenizer_type == "HuggingFaceTokenizer"
-                       ? "pass the folder holding tokenizer.json (or the file), the one the data was preprocessed with"
-                       : "pass the SentencePiece model file the data was preprocessed with");
-      if (!fs::exists(c.tokenizer_model, ec)) return bad("--tokenizer-model", c.tokenizer_model + " not found", "check the path");
+        p.check(bad("--tokenizer-model", "is required by --tokenizer-type " + c.tokenizer_type,
+                    c.tokenizer_type == "HuggingFaceTokenizer" || c.tokenizer_type == "HFTokenizer"
+                        ? "pass the folder holding tokenizer.json (or the file), the one the data was preprocessed with"
+                        : "pass the SentencePiece model file the data was preprocessed with"));
+      else if (!fs::exists(c.tokenizer_model, ec))
+        p.check(bad("--tokenizer-model", c.tokenizer_model + " not found", "check the path"));
     } else if (c.tokenizer_type != "ByteLevelTokenizer") {
-      return bad("--tokenizer-type", "is \"" + c.tokenizer_type + "\"",
-                 std::string("use one of ") + kTokenizerTypes + ", the one the data was preprocessed with");
+      p.check(bad("--tokenizer-type", "is \"" + c.tokenizer_type + "\"",
+                  std::string("use one of ") + kTokenizerTypes + ", the one the data was preprocessed with"));
     }
-    return Status::ok();
   }
 
   // Whether `path` could be created later: it is, or its nearest existing ancestor is, a writable
@@ -616,109 +641,99 @@ class Validator {
     return Status::ok();
   }
 
-  Status checkpoints(const TrainConfig& c) const {
+  void checkpoints(const TrainConfig& c, Problems& p) const {
     if (c.save_interval < 0)
-      return bad("--save-interval", fmt::format("must be >= 0, got {}", c.save_interval),
-                 "use 0 to save only at the end");
+      p.check(bad("--save-interval", fmt::format("must be >= 0, got {}", c.save_interval),
+                  "use 0 to save only at the end"));
     if (c.exit_interval < 0)
-      return bad("--exit-interval", fmt::format("must be >= 0, got {}", c.exit_interval),
-                 "use 0 to train to --train-iters");
+      p.check(bad("--exit-interval", fmt::format("must be >= 0, got {}", c.exit_interval),
+                  "use 0 to train to --train-iters"));
     if (c.override_opt_param_scheduler && c.use_checkpoint_opt_param_scheduler)
-      return bad("--override-opt_param-scheduler", "and --use-checkpoint-opt_param-scheduler are both given",
-                 "keep one: this run's schedule wins (override) or the checkpoint's (use-checkpoint)");
+      p.check(bad("--override-opt_param-scheduler", "and --use-checkpoint-opt_param-scheduler are both given",
+                  "keep one: this run's schedule wins (override) or the checkpoint's (use-checkpoint)"));
     if (!(c.exit_duration_in_mins >= 0) || !std::isfinite(c.exit_duration_in_mins))
-      return bad("--exit-duration-in-mins", fmt::format("must be a non-negative number, got {}", c.exit_duration_in_mins),
-                 "use 0 to train to --train-iters");
+      p.check(bad("--exit-duration-in-mins",
+                  fmt::format("must be a non-negative number, got {}", c.exit_duration_in_mins),
+                  "use 0 to train to --train-iters"));
     if (c.max_saves_in_flight < 1 || c.max_saves_in_flight > 64)
-      return bad("--max-saves-in-flight", fmt::format("must be 1 to 64, got {}", c.max_saves_in_flight),
-                 "use 1 (the default): each save holds a host copy of this process's shards until written");
-    if (!c.save.empty()) TROUPE_RETURN_IF_ERROR(creatable_directory("--save", c.save));
+      p.check(bad("--max-saves-in-flight", fmt::format("must be 1 to 64, got {}", c.max_saves_in_flight),
+                  "use 1 (the default): each save holds a host copy of this process's shards until written"));
+    if (!c.save.empty()) p.check(creatable_directory("--save", c.save));
     if (!c.load.empty()) {
       std::error_code ec;
       if (!fs::is_directory(c.load, ec))
-        return bad(
-            "--load", c.load + " is not a directory",
-            "pass the --save directory of an earlier run, or drop --load to start from scratch");
-      if (!fs::is_regular_file(fs::path(c.load) / "latest_checkpointed_iteration.txt", ec) && !is_hf_folder(c.load))
-        return bad(
-            "--load",
-            c.load + " has no latest_checkpointed_iteration.txt, so no finished checkpoint",
-            "pass the --save directory of a run that saved, or drop --load to start from scratch");
+        p.check(bad("--load", c.load + " is not a directory",
+                    "pass the --save directory of an earlier run, or drop --load to start from scratch"));
+      else if (!fs::is_regular_file(fs::path(c.load) / "latest_checkpointed_iteration.txt", ec) &&
+               !is_hf_folder(c.load))
+        p.check(bad("--load", c.load + " has no latest_checkpointed_iteration.txt, so no finished checkpoint",
+                    "pass the --save directory of a run that saved, or drop --load to start from scratch"));
     }
-    return Status::ok();
   }
 
   // --device: cpu, or cuda (one process per GPU under troupe launch; every layout: docs/CUDA.md).
-  Status device(const TrainConfig& c) const {
-    if (c.device != "cpu" && c.device != "cuda")
-      return bad("--device", "is \"" + c.device + "\"", "use cpu or cuda");
-    return Status::ok();
+  void device(const TrainConfig& c, Problems& p) const {
+    if (c.device != "cpu" && c.device != "cuda") p.check(bad("--device", "is \"" + c.device + "\"", "use cpu or cuda"));
   }
 
-  Status offload_and_restarts(const TrainConfig& c) const {
+  void offload_and_restarts(const TrainConfig& c, Problems& p) const {
     const std::string& device = c.offload_optimizer;
-    if (device != "none" && device != "cpu" && device != "nvme")
-      return bad("--offload-optimizer", "is \"" + device + "\"",
-                 "use cpu (host memory pool) or nvme (files under --offload-path), or none");
-    if (device == "nvme") {
-      if (c.offload_path.empty())
-        return bad("--offload-optimizer", "is nvme but no --offload-path is given",
-                   "add --offload-path DIR, a directory on a fast local disk for the swap files");
+    if (device != "none" && device != "cpu" && device != "nvme") {
+      p.check(bad("--offload-optimizer", "is \"" + device + "\"",
+                  "use cpu (host memory pool) or nvme (files under --offload-path), or none"));
+    } else if (device == "nvme") {
       std::error_code ec;
-      if (!fs::is_directory(c.offload_path, ec))
-        return bad("--offload-path", c.offload_path + " is not a directory",
-                   "create it (mkdir -p) on a fast local disk, or give another directory");
-      if (::access(c.offload_path.c_str(), W_OK | X_OK) != 0)
-        return bad("--offload-path", c.offload_path + " is not writable by this user",
-                   "give a directory you can write to");
+      if (c.offload_path.empty())
+        p.check(bad("--offload-optimizer", "is nvme but no --offload-path is given",
+                    "add --offload-path DIR, a directory on a fast local disk for the swap files"));
+      else if (!fs::is_directory(c.offload_path, ec))
+        p.check(bad("--offload-path", c.offload_path + " is not a directory",
+                    "create it (mkdir -p) on a fast local disk, or give another directory"));
+      else if (::access(c.offload_path.c_str(), W_OK | X_OK) != 0)
+        p.check(bad("--offload-path", c.offload_path + " is not writable by this user",
+                    "give a directory you can write to"));
     } else if (!c.offload_path.empty()) {
-      return bad("--offload-path", "is only used by --offload-optimizer nvme, but that is " + device,
-                 "add --offload-optimizer nvme, or drop --offload-path");
+      p.check(bad("--offload-path", "is only used by --offload-optimizer nvme, but that is " + device,
+                  "add --offload-optimizer nvme, or drop --offload-path"));
     }
     if (c.max_restarts < 0)
-      return bad("--max-restarts", fmt::format("must be >= 0, got {}", c.max_restarts),
-                 "use 0 to stop at the first failure");
+      p.check(bad("--max-restarts", fmt::format("must be >= 0, got {}", c.max_restarts),
+                  "use 0 to stop at the first failure"));
     if (!(c.distributed_timeout_minutes > 0))
-      return bad("--distributed-timeout-minutes", fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
-                 "use e.g. 10 (Megatron's default)");
+      p.check(bad("--distributed-timeout-minutes",
+                  fmt::format("must be positive, got {}", c.distributed_timeout_minutes),
+                  "use e.g. 10 (Megatron's default)"));
     if (!c.inspect.empty() && !parse_inspect_address(c.inspect))
-      return bad("--inspect", "is \"" + c.inspect + "\", not [HOST:]PORT with a port from 0 to 65535",
-                 "use e.g. --inspect 0 (loopback, a free port) or --inspect 0.0.0.0:29600");
+      p.check(bad("--inspect", "is \"" + c.inspect + "\", not [HOST:]PORT with a port from 0 to 65535",
+                  "use e.g. --inspect 0 (loopback, a free port) or --inspect 0.0.0.0:29600"));
     if (!c.dashboard.empty() && !parse_inspect_address(c.dashboard))
-      return bad("--dashboard", "is \"" + c.dashboard + "\", not [HOST:]PORT with a port from 0 to 65535",
-                 "use e.g. --dashboard 0 (loopback, a free port) or --dashboard 0.0.0.0:8080");
+      p.check(bad("--dashboard", "is \"" + c.dashboard + "\", not [HOST:]PORT with a port from 0 to 65535",
+                  "use e.g. --dashboard 0 (loopback, a free port) or --dashboard 0.0.0.0:8080"));
     if (c.inspect.empty() && c.dashboard.empty() && !c.inspect_file.empty())
-      return bad("--inspect-file", "is only used with --inspect or --dashboard",
-                 "add --inspect 0, or drop --inspect-file");
+      p.check(bad("--inspect-file", "is only used with --inspect or --dashboard",
+                  "add --inspect 0, or drop --inspect-file"));
     if (!(c.inspect_stall_seconds >= 0) || !std::isfinite(c.inspect_stall_seconds))
-      return bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
-                 "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)");
+      p.check(bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
+                  "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)"));
     if (c.max_restarts > 0 && c.save.empty())
-      return bad("--max-restarts",
-                 fmt::format("is {}, but without --save there is no checkpoint to restart from",
-                             c.max_restarts),
-                 "add --save DIR and --save-interval N (restarts resume from the latest checkpoint)");
-    return Status::ok();
+      p.check(bad("--max-restarts",
+                  fmt::format("is {}, but without --save there is no checkpoint to restart from", c.max_restarts),
+                  "add --save DIR and --save-interval N (restarts resume from the latest checkpoint)"));
   }
 
-  Status logging(const TrainConfig& c) const {
-    TROUPE_RETURN_IF_ERROR(positive("--eval-interval", c.eval_interval, "1000"));
+  void logging(const TrainConfig& c, Problems& p) const {
+    p.check(positive("--eval-interval", c.eval_interval, "1000"));
     if (c.eval_iters < 0)
-      return bad("--eval-iters", fmt::format("must be >= 0, got {}", c.eval_iters),
-                 "use 0 to skip evaluation");
-    TROUPE_RETURN_IF_ERROR(positive("--log-interval", c.log_interval, "100"));
+      p.check(bad("--eval-iters", fmt::format("must be >= 0, got {}", c.eval_iters), "use 0 to skip evaluation"));
+    p.check(positive("--log-interval", c.log_interval, "100"));
     if (c.num_threads < 0)
-      return bad("--num-threads", fmt::format("must be >= 0, got {}", c.num_threads),
-                 "use 0 for all cores");
-    TROUPE_RETURN_IF_ERROR(output_file("--metrics-file", c.metrics_file, "metrics.jsonl"));
-    TROUPE_RETURN_IF_ERROR(output_file("--timeline", c.timeline, "timeline.json"));
-    return tensorboard(c.tensorboard);
-  }
-
-  Status tensorboard(const TensorBoardConfig& t) const {
-    TROUPE_RETURN_IF_ERROR(positive("--tensorboard-log-interval", t.log_interval, "1"));
-    TROUPE_RETURN_IF_ERROR(positive("--tensorboard-queue-size", t.queue_size, "1000"));
-    return t.dir.empty() ? Status::ok() : creatable_directory("--tensorboard-dir", t.dir);
+      p.check(bad("--num-threads", fmt::format("must be >= 0, got {}", c.num_threads), "use 0 for all cores"));
+    p.check(output_file("--metrics-file", c.metrics_file, "metrics.jsonl"));
+    p.check(output_file("--timeline", c.timeline, "timeline.json"));
+    const TensorBoardConfig& t = c.tensorboard;
+    p.check(positive("--tensorboard-log-interval", t.log_interval, "1"));
+    p.check(positive("--tensorboard-queue-size", t.queue_size, "1000"));
+    if (!t.dir.empty()) p.check(creatable_directory("--tensorboard-dir", t.dir));
   }
 
   // A file written later: not a directory, and its directory exists. Nothing is created here.

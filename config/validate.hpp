@@ -23,9 +23,11 @@ struct GivenInCode {
 };
 
 // Checks every setting and the files they name (all except model.vocab_size, which the tokenizer
-// sets later), with the data-parallel size of one process (resolved_dp(1)). Each message names the
-// flag and the fix; origins: where values came from (the DeepSpeed keys, added to their messages).
-// Reads the filesystem, writes nothing.
+// sets later), with the data-parallel size of one process (resolved_dp(1)), and reports every
+// problem at once ("N problems:" and one "\n  - " line each; a check whose arithmetic needs another
+// setting runs once that one is valid). Each message names the flag and the fix; origins: where
+// values came from (the DeepSpeed keys, added to their messages). Reads the filesystem, writes
+// nothing.
 Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr,
                              const GivenInCode& given = {});
 

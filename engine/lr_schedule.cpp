@@ -15,6 +15,8 @@ StepRequest optimizer_step(const TrainConfig& c, int64_t iteration, int64_t cons
   req.beta2 = c.adam_beta2;
   req.eps = c.adam_eps;
   req.clip_grad = c.clip_grad;
+  req.params_norm = c.log_params_norm;
+  req.zeros_in_grad = c.log_num_zeros_in_grad;
   return req;
 }
 

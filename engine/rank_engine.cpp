@@ -629,16 +629,22 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     board_->wait(collective_wait("the world's reduction of gradient norm, loss and stop votes", world_members_));
     // One all-reduce over the world carries the squared norm, the loss, the stop votes (so every
     // process of a job learns in the same step that one of them wants to stop), the NaN watch's
-    // votes (the step is watched when every rank wanted it as it began: engine/nan_watch.hpp) and
-    // rank 0's latest inspector command (an integer below 2^53: exact in f64).
-    double sums[5] = {0, 0, req.stop ? 1.0 : 0.0, watch_step_ ? 1.0 : 0.0,
-                      rank_ == 0 ? static_cast<double>(req.control) : 0.0};
+    // votes (the step is watched when every rank wanted it as it began: engine/nan_watch.hpp),
+    // rank 0's latest inspector command and, when asked for, the zero gradient elements (integers
+    // below 2^53: exact in f64). Each element of the model counts once, as in the norm.
+    double sums[6] = {
+        0, 0, req.stop ? 1.0 : 0.0, watch_step_ ? 1.0 : 0.0, rank_ == 0 ? static_cast<double>(req.control) : 0.0, 0};
     for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
+    if (req.zeros_in_grad)
+      for (auto& store : stores_) sums[5] += static_cast<double>(store->owned_grad_zeros());
     const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, sums, 5, DType::f64, comm::ReduceOp::sum));
+      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, sums, 6, DType::f64, comm::ReduceOp::sum));
     board_->done_waiting();
+    if (req.zeros_in_grad) out.zeros_in_grad = static_cast<int64_t>(sums[5]);
+    want_params_norm_ = req.params_norm;
+    params_norm_ = -1;
     // The gradients are loss_scale times the loss's (mixed precision); the norm is the loss's.
     out.grad_norm = std::sqrt(sums[0]) / req.loss_scale;
     out.loss_sum = sums[1];
@@ -653,6 +659,11 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
       return locate_nan(std::isfinite(out.loss_sum) ? "the gradient norm" : "the loss", "");
     if (overflow) {
       out.skipped = true;
+      // The parameters stay as they are; every rank skips, so the reduction below matches.
+      if (want_params_norm_) {
+        TROUPE_RETURN_IF_ERROR(reduce_params_norm());
+        out.params_norm = params_norm_;
+      }
       record("grad reduce", "reduce", t0);
       return out;
     }
@@ -682,11 +693,24 @@ Status RankEngine::finish_step() {
     board_->wait(collective_wait("the data-parallel parameter gather", dp_members_));
     for (auto& store : stores_) TROUPE_RETURN_IF_ERROR(store->finish_step());
     if (watching_) TROUPE_RETURN_IF_ERROR(check_parameters());
+    if (want_params_norm_) TROUPE_RETURN_IF_ERROR(reduce_params_norm());
     board_->set(Doing::idle);
     record("param gather", "reduce", t0);
     board_->recent().end_step(std::chrono::duration<double, std::micro>(Clock::now() - span_epoch()).count());
     return Status::ok();
   });
+}
+
+Status RankEngine::reduce_params_norm() {
+  double sum = 0;
+  for (auto& store : stores_) sum += store->owned_param_sum_squares();
+  if (comms_.world != nullptr && comms_.world->size() > 1) {
+    board_->wait(collective_wait("the world's reduction of the parameter norm", world_members_));
+    TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, &sum, 1, DType::f64, comm::ReduceOp::sum));
+    board_->done_waiting();
+  }
+  params_norm_ = std::sqrt(sum);
+  return Status::ok();
 }
 
 std::vector<AdamSegment> RankEngine::adam_segments() const {
@@ -725,6 +749,7 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
   record("optimizer", "optimizer", t0);
   TROUPE_RETURN_IF_ERROR(finish_step());
   StepOutcome done = out.value();
+  done.params_norm = params_norm_;
   fill_times(done);
   return done;
 }

@@ -150,6 +150,13 @@ struct StepOutcome {
   // The gradient overflowed under loss scaling (StepRequest::skip_on_overflow): no optimizer step;
   // the caller calls skip_step() instead (every rank agrees: the norm is all-reduced).
   bool skipped = false;
+  // StepRequest::zeros_in_grad: gradient elements exactly zero, over the whole model (every rank
+  // gets the same); -1 when not asked for.
+  int64_t zeros_in_grad = -1;
+  // StepRequest::params_norm: the parameters' L2 norm after the step (of a skipped step: as they
+  // stand), over the whole model; -1 when not asked for. compute_gradients fills it for a skipped
+  // step; otherwise finish_step computes it (params_norm()).
+  double params_norm = -1;
 };
 
 struct MemoryReport {
@@ -209,6 +216,10 @@ class RankEngine {
   // where the NaN came from and fails with the report (also in RankSpec::nan).
   Result<StepOutcome> compute_gradients(const Tensor& tokens, double grad_scale, const StepRequest& req);
   Status finish_step();
+  // The parameters' L2 norm finish_step all-reduced for the step's StepRequest::params_norm (-1: not
+  // asked for): Megatron's calc_params_l2_norm after the update, each element once (the fp32 master
+  // weights under mixed precision).
+  double params_norm() const { return params_norm_; }
   // Instead of AdamW and finish_step when compute_gradients reported skipped (a loss-scaling
   // overflow): the parameters stay, the gradients are zeroed.
   void skip_step();
@@ -280,6 +291,10 @@ class RankEngine {
   bool probe_injects_ = false;  // the chunks always see probe_ (TROUPE_FAULT_NAN on this rank)
   bool watch_step_ = false;     // this rank wanted the watch when the step began
   bool watching_ = false;       // every rank did: the step is watched
+  bool want_params_norm_ = false;  // StepRequest::params_norm of the step
+  double params_norm_ = -1;        // what finish_step all-reduced for it
+  // The parameters' L2 norm over the world (a collective): this rank's owned, counted elements.
+  Status reduce_params_norm();
   int64_t iteration_ = 0;       // StepRequest::step of the step
   std::unique_ptr<Kept> kept_;
 

@@ -47,6 +47,11 @@ struct StepRequest {
   // tensor-parallel part) in StepOutcome::captured. Empty: none.
   std::string capture_activation;
   int capture_rank = -1, capture_micro = 0;
+  // --log-params-norm and --log-num-zeros-in-grad: the step also reports the parameters' L2 norm after
+  // its update and the count of exactly-zero gradient elements (StepOutcome::params_norm,
+  // zeros_in_grad), each element of the job counted once.
+  bool params_norm = false;
+  bool zeros_in_grad = false;
 };
 
 // Which of a parameter's tensors the inspector reads (troupe inspect's tensor: NAME, NAME.grad,

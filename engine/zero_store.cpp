@@ -2,8 +2,9 @@
 
 #include <algorithm>
 
-#include "troupe/check.hpp"
 #include "kernels/ops.hpp"
+#include "model/params.hpp"
+#include "troupe/check.hpp"
 
 namespace troupe {
 
@@ -14,6 +15,7 @@ struct ZeroStore::Unit {
   struct Segment {  // one parameter of the unit, relative to the unit
     int64_t begin = 0, end = 0;
     bool decay = true, norm = true;
+    int64_t valid_end = 0;  // end, less the vocabulary padding's trailing rows (wte, lm_head)
   };
   std::vector<Segment> segments;
   Tensor part_params;          // stage 3: own partition (own_count)
@@ -39,6 +41,22 @@ namespace {
 constexpr size_t kMaxPendingReduces = 2;
 
 Tensor flat(const Tensor& t) { return t.view(Shape{t.numel()}); }
+
+// The local elements of `spec` before its vocabulary padding (a suffix of rows: model/params.hpp).
+int64_t unpadded_elements(const ParamSpec& spec) {
+  int64_t k = spec.local_shape.numel();
+  while (k > 0 && slice_global_index(spec, k - 1) < 0) --k;
+  return k;
+}
+
+// Exactly zero elements of `t` (any float type; a device tensor is read on the host).
+int64_t count_zeros(const Tensor& t) {
+  const Tensor h = t.to_host().to(DType::f64);
+  const double* x = h.data<double>();
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < h.numel(); ++i) zeros += x[i] == 0.0 ? 1 : 0;
+  return zeros;
+}
 
 }  // namespace
 
@@ -106,7 +124,8 @@ void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
     int64_t at = 0;
     for (int s : info.specs) {
       const int64_t n = specs[s].local_shape.numel();
-      unit.segments.push_back({at, at + n, specs[s].weight_decay, chunk->counts_in_norm(s)});
+      unit.segments.push_back(
+          {at, at + n, specs[s].weight_decay, chunk->counts_in_norm(s), at + unpadded_elements(specs[s])});
       at += n;
     }
     TROUPE_CHECK(at == unit.numel, "ZeroStore: a unit's specs must cover it exactly");
@@ -348,20 +367,45 @@ Tensor ZeroStore::unit_gradient(int u) const {
   return unit.part_grads;
 }
 
+template <class F>
+void ZeroStore::for_counted(const Unit& unit, const Tensor& values, int64_t first, bool without_padding, F&& f) const {
+  for (const auto& seg : unit.segments) {
+    if (!seg.norm) continue;
+    const int64_t end = without_padding ? seg.valid_end : seg.end;
+    const int64_t lo = std::max(seg.begin, unit.own_start), hi = std::min(end, unit.own_start + unit.own_count);
+    if (lo < hi) f(values.rows(lo - first, hi - first));
+  }
+}
+
 // The owned range of each unit: stage 0 counts its dp partition only (every dp rank holds the same
 // reduced gradients), the other stages their partition buffer.
 double ZeroStore::owned_grad_sum_squares() {
   double sum = 0;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for_counted(units_[u], unit_gradient(static_cast<int>(u)), owned_first(units_[u]), false,
+                [&](const Tensor& run) { sum += ops::sum_squares(*ctx_, run); });
+  return sum;
+}
+
+int64_t ZeroStore::owned_grad_zeros() const {
+  int64_t zeros = 0;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for_counted(units_[u], unit_gradient(static_cast<int>(u)), owned_first(units_[u]), true,
+                [&](const Tensor& run) { zeros += count_zeros(run); });
+  return zeros;
+}
+
+// The values adam_segments() updates: the fp32 master range (mixed precision), stage 3's partition,
+// or the chunk's parameters.
+double ZeroStore::owned_param_sum_squares() {
+  double sum = 0;
   for (size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = units_[u];
-    const Tensor grads = unit_gradient(static_cast<int>(u));
-    const int64_t base = stage_ == 0 ? unit.own_start : 0;  // index of the owned range in `grads`
-    for (const auto& seg : unit.segments) {
-      if (!seg.norm) continue;
-      const int64_t lo = std::max(seg.begin, unit.own_start), hi = std::min(seg.end, unit.own_start + unit.own_count);
-      if (lo >= hi) continue;
-      sum += ops::sum_squares(*ctx_, grads.rows(lo - unit.own_start + base, hi - unit.own_start + base));
-    }
+    const Tensor values = mixed_        ? unit.master
+                          : stage_ == 3 ? unit.part_params
+                                        : flat(chunk_->unit_params(static_cast<int>(u)));
+    const int64_t first = mixed_ ? owned_first(unit) : stage_ == 3 ? unit.own_start : 0;
+    for_counted(unit, values, first, false, [&](const Tensor& run) { sum += ops::sum_squares(*ctx_, run); });
   }
   return sum;
 }

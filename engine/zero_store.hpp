@@ -107,6 +107,14 @@ class ZeroStore {
   // Sum of squares of the gradients this rank owns, counting only elements whose spec counts in the
   // norm (PipelineStage::counts_in_norm), in double, in a fixed order.
   double owned_grad_sum_squares();
+  // The same elements, after finish_gradients: how many are exactly zero, the vocabulary padding's
+  // rows left out (their gradient is always zero: the loss leaves the padded logits out).
+  // Megatron's count_zeros_fp32 over the gradients its optimizer steps on. Reads device gradients
+  // on the host.
+  int64_t owned_grad_zeros() const;
+  // Sum of squares of the parameters this rank's optimizer updates (the fp32 master range under
+  // mixed precision), over the same elements: Megatron's calc_params_l2_norm counts each once.
+  double owned_param_sum_squares();
   // Scales the owned gradients (clipping).
   void scale_gradients(double factor);
   // Element ranges of the chunk's parameters (spec index into the chunk's specs, [begin, end) in the
@@ -176,6 +184,10 @@ class ZeroStore {
     comm::WorkPtr work;
   };
 
+  // Calls f(run) for each run of unit's own partition whose spec counts in the norm, `values` holding
+  // the unit's elements from `first` on; without_padding: each spec's vocabulary padding left out.
+  template <class F>
+  void for_counted(const Unit& unit, const Tensor& values, int64_t first, bool without_padding, F&& f) const;
   // The range of unit u this rank's optimizer updates, [first, last) of the unit.
   int64_t owned_first(const Unit& unit) const;
   int64_t owned_last(const Unit& unit) const;

@@ -1,6 +1,7 @@
 #include "storage/gpt_dataset.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -38,11 +39,6 @@ class CounterRng {
  private:
   uint64_t state_;
 };
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
 
 }  // namespace
 
@@ -97,23 +93,24 @@ Result<std::array<int64_t, 4>> split_document_indices(int64_t num_documents,
   const std::string fix =
       " -- pass up to three non-negative weights for train, validation and test, "
       "e.g. --split 969,30,1";
-  char sep =
-      split.find(',') != std::string::npos ? ',' : (split.find('/') != std::string::npos ? '/' : 0);
+  // Megatron-LM's parse_and_normalize_split: every run of digits and dots is a weight
+  // (re.findall(r"[.0-9]+")), anything else separates them, so "'99,1,0'" (quotes a script left in)
+  // and "99/1/0" read as 99, 1, 0; a run that is no number ("1.2.3") is an error, as float() raises.
   std::vector<double> weights;
-  size_t start = 0;
-  for (;;) {
-    size_t end = sep ? split.find(sep, start) : std::string::npos;
-    std::string field =
-        trim(split.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    char* stop = nullptr;
-    double w = std::strtod(field.c_str(), &stop);
-    if (field.empty() || *stop != '\0' || !std::isfinite(w) || w < 0) {
-      return Status::bad_input("--split '" + split + "': '" + field + "' is not a non-negative number" +
-                           fix);
+  for (size_t i = 0; i < split.size();) {
+    if (!(std::isdigit(static_cast<unsigned char>(split[i])) || split[i] == '.')) {
+      ++i;
+      continue;
     }
+    size_t end = i;
+    while (end < split.size() && (std::isdigit(static_cast<unsigned char>(split[end])) || split[end] == '.')) ++end;
+    const std::string field = split.substr(i, end - i);
+    char* stop = nullptr;
+    const double w = std::strtod(field.c_str(), &stop);
+    if (*stop != '\0' || !std::isfinite(w))
+      return Status::bad_input("--split '" + split + "': '" + field + "' is not a number" + fix);
     weights.push_back(w);
-    if (end == std::string::npos) break;
-    start = end + 1;
+    i = end;
   }
   if (weights.size() > 3) {
     return Status::bad_input("--split '" + split + "' has " + std::to_string(weights.size()) +

@@ -59,11 +59,12 @@ class GptWindows {
 // The permutation of 0..n-1 GptWindows uses for (seed, epoch); exposed for tests and docs.
 std::vector<int64_t> window_permutation(int64_t n, uint64_t seed, int64_t epoch);
 
-// Megatron's --split: "969,30,1" (or "969/30/1"; one to three non-negative weights, missing ones
-// are 0) divides the DOCUMENTS by get_train_valid_test_split_'s rule: normalise the weights;
-// index[0] = 0, index[i+1] = index[i] + round(w_i * num_docs) (Python's round, ties to even);
-// subtract diff = index[3] - num_docs from index[1..3]. Returns the stream token ranges [begin,
-// end) of the train, validation and test documents. A malformed string is an error naming --split.
+// Megatron's --split: "969,30,1" (one to three non-negative weights, missing ones 0, read as
+// Megatron-LM reads them: every run of digits and dots a weight, anything else a separator, so
+// "969/30/1" and a quoted "'99,1,0'" work too) divides the DOCUMENTS by get_train_valid_test_split_'s rule: normalise
+// the weights; index[0] = 0, index[i+1] = index[i] + round(w_i * num_docs) (Python's round, ties to even); subtract
+// diff = index[3] - num_docs from index[1..3]. Returns the stream token ranges [begin, end) of the train, validation
+// and test documents. A malformed string is an error naming --split.
 Result<std::array<int64_t, 4>> split_document_indices(int64_t num_documents,
                                                       const std::string& split);
 Result<std::array<std::pair<int64_t, int64_t>, 3>> split_token_ranges(const IndexedDataset& dataset,

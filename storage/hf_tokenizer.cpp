@@ -101,13 +101,18 @@ struct AddedToken {
 
 class HfTokenizer final : public Tokenizer {
  public:
+  // base_vocabulary: Megatron-DeepSpeed's HFTokenizer, whose vocabulary is the model's own tokens
+  // (AutoTokenizer's vocab_size), without added tokens whose ids lie past them.
+  explicit HfTokenizer(bool base_vocabulary) : base_vocabulary_(base_vocabulary) {}
   Status load(const json& root, const json& config, const std::string& where);
 
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
-  int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
+  int64_t vocab_size() const override {
+    return base_vocabulary_ ? static_cast<int64_t>(id_of_spelling_.size()) : static_cast<int64_t>(id_bytes_.size());
+  }
   int32_t eod() const override { return eod_; }
-  std::string name() const override { return "HuggingFaceTokenizer"; }
+  std::string name() const override { return base_vocabulary_ ? "HFTokenizer" : "HuggingFaceTokenizer"; }
 
  private:
   Status load_model(const json& model, std::vector<std::string>* problems);
@@ -118,6 +123,7 @@ class HfTokenizer final : public Tokenizer {
   void bpe_cached(std::string_view piece, std::vector<int32_t>* out) const;
   const AddedToken* added_at(std::string_view text, size_t pos) const;
 
+  bool base_vocabulary_ = false;
   // Model.
   std::unordered_map<std::string, int32_t> id_of_spelling_;  // tokens as the file spells them
   std::unordered_map<std::string, int32_t> id_of_bytes_;     // byte-level tokens by their bytes
@@ -656,7 +662,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text) const {
 std::string HfTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {
-    if (id >= 0 && id < static_cast<int32_t>(id_bytes_.size())) {
+    if (id >= 0 && id < vocab_size()) {
       out += id_bytes_[id];
     } else {
       out += "\xEF\xBF\xBD";  // U+FFFD
@@ -675,7 +681,7 @@ Result<json> parse(const std::string& text, const std::string& what) {
 
 Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer_from_text(const std::string& tokenizer_json,
                                                                const std::string& tokenizer_config,
-                                                               const std::string& where) {
+                                                               const std::string& where, bool base_vocabulary) {
   auto root = parse(tokenizer_json, where);
   if (!root) return Status::bad_input(root.status().message() + " -- " + kFix);
   json config;
@@ -684,12 +690,12 @@ Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer_from_text(const std::string
     if (!parsed) return Status::bad_input(parsed.status().message() + " -- " + kFix);
     config = std::move(*parsed);
   }
-  auto tok = std::make_unique<HfTokenizer>();
+  auto tok = std::make_unique<HfTokenizer>(base_vocabulary);
   TROUPE_RETURN_IF_ERROR(tok->load(*root, config, where + ": "));
   return std::unique_ptr<Tokenizer>(std::move(tok));
 }
 
-Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path) {
+Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path, bool base_vocabulary) {
   std::error_code ec;
   const bool is_dir = fs::is_directory(path, ec);
   const fs::path file = is_dir ? fs::path(path) / "tokenizer.json" : fs::path(path);
@@ -714,7 +720,7 @@ Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path) {
       break;
     }
   }
-  return make_hf_tokenizer_from_text(*text, config, where);
+  return make_hf_tokenizer_from_text(*text, config, where, base_vocabulary);
 }
 
 }  // namespace troupe

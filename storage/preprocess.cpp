@@ -203,6 +203,10 @@ void print_progress(const PreprocessProgress& p) {
 
 // Everything but the tokenizer, which run_preprocess loads once itself.
 Status validate_flags(const PreprocessOptions& o) {
+  if (o.tokenizer_type == "NullTokenizer")
+    return Status::bad_input(
+        "--tokenizer-type NullTokenizer has no text to tokenise with (it is for --mock-data and "
+        "plans) -- preprocess with the tokenizer the model trains with");
   if (o.input.empty())
     return Status::bad_input("--input is required -- pass the JSONL or text file to tokenise");
   std::error_code ec;

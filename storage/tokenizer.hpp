@@ -19,6 +19,15 @@
 //                       vocab_size the number of distinct tokens, added ones included, as
 //                       Megatron's _HuggingFaceTokenizer (len(AutoTokenizer)). Other models,
 //                       normalizers and pre-tokenizers are refused, naming the piece.
+//   HFTokenizer         Megatron-DeepSpeed's name for a tokenizer.json (its _HFTokenizer, AutoTokenizer
+//                       with use_fast=False): the same ids and EOD, but vocab_size is the model's own
+//                       tokens (AutoTokenizer's vocab_size), without added tokens whose ids lie past
+//                       them (LLaMA-3's 256 specials); the [PAD] it adds when a tokenizer has none is
+//                       such a token and only pads its fine-tuning prompts.
+//   NullTokenizer       no files: a vocabulary of N ids (the --vocab-size given as the "model"), EOD
+//                       N - 1, text the ids in decimal separated by single spaces (Megatron-LM's
+//                       NullTokenizer; Megatron-DeepSpeed's _NullTokenizer has N + 1 ids, EOD N). For
+//                       mock data and plans; encode maps a word that is not an id below N to N - 1.
 //
 // Contract: encode adds no EOD of its own (callers append eod() where a document ends, as
 // Megatron's --append-eod does); it adds what the Megatron tokenizer adds: Llama2Tokenizer's BOS, a
@@ -55,13 +64,16 @@ class Tokenizer {
 
 // The --tokenizer-type values make_tokenizer accepts, for help texts.
 inline constexpr const char* kTokenizerTypes =
-    "ByteLevelTokenizer, GPT2BPETokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer";
+    "ByteLevelTokenizer, GPT2BPETokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
+    "HFTokenizer, NullTokenizer";
 
-// Whether the type reads --tokenizer-model (the SentencePiece kinds and HuggingFaceTokenizer).
+// Whether the type reads --tokenizer-model as a file (the SentencePiece kinds, HuggingFaceTokenizer
+// and HFTokenizer).
 bool tokenizer_uses_model(const std::string& type);
 
 // Builds a tokenizer by type name. vocab_file / merge_file are used only by GPT2BPETokenizer,
-// tokenizer_model only by the types tokenizer_uses_model names (each is ignored otherwise). Fails,
+// tokenizer_model only by the types tokenizer_uses_model names and by NullTokenizer (its vocabulary
+// size in decimal); each is ignored otherwise. Fails,
 // naming the flag and the fix, on an unknown type or a missing, unreadable, oversized or malformed
 // file (bad input: a hostile file is refused, never a crash).
 Result<std::unique_ptr<Tokenizer>> make_tokenizer(const std::string& type,
@@ -81,10 +93,13 @@ struct SentencePieceSpecials {
 };
 Result<SentencePieceSpecials> sentencepiece_specials(const std::string& model_file);
 // path: a folder holding tokenizer.json (and tokenizer_config.json), or the tokenizer.json itself.
-Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path);
+// base_vocabulary: HFTokenizer's vocabulary size (above) instead of HuggingFaceTokenizer's.
+Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer(const std::string& path, bool base_vocabulary = false);
 // The same from the files' contents (the fuzz target's way in): tokenizer_config may be empty.
 Result<std::unique_ptr<Tokenizer>> make_hf_tokenizer_from_text(const std::string& tokenizer_json,
                                                                const std::string& tokenizer_config,
-                                                               const std::string& where);
+                                                               const std::string& where, bool base_vocabulary = false);
+// NullTokenizer with `vocab_size` ids (>= 2).
+Result<std::unique_ptr<Tokenizer>> make_null_tokenizer(int64_t vocab_size);
 
 }  // namespace troupe

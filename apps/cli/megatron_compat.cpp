@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 
+#include "apps/cli/megatron_table.hpp"
 #include "apps/cli/train_options.hpp"
 #include "base/spelling.hpp"
 #include "storage/hf_import.hpp"
@@ -18,152 +19,24 @@
 namespace troupe {
 namespace {
 
-enum class Kind { noop, alias, refused, equivalent };
+// A flag of a row, as argparse reads it (apps/cli/megatron_table.hpp's notation).
+enum class Arity { none, one, list, optional };
 
-// One flag of Megatron-LM or Megatron-DeepSpeed that troupe does not register. values: how many
-// values follow it (0: a switch). ok: for a flag with a value, the values for which it is a no-op
-// or alias ("" any; "a|b" those; "0" a number equal to zero); other values make it refused with
-// `otherwise`. alias: the troupe flags it stands for (placed first, so a flag given explicitly
-// wins). Sources: Megatron-LM megatron/training/arguments.py, Megatron-DeepSpeed
-// megatron/arguments.py (the flags' help and their use).
-struct Entry {
-  const char* flag;
-  int values;
-  Kind kind;
-  const char* text;
-  const char* ok = "";
-  const char* otherwise = "";
-  std::vector<std::string> alias = {};
+struct Flag {
+  std::string name;  // "--cross-entropy-loss-fusion"
+  Arity arity = Arity::none;
+  const CompatRule* rule = nullptr;
 };
 
-constexpr const char* kFusion = "a kernel fusion: troupe's kernels are its own, the result is the same";
-constexpr const char* kWandb =
-    "troupe does not write wandb runs: an offline run folder is the wandb package's own record format and an online "
-    "run needs wandb's service -- drop the --wandb-* flags and give --tensorboard-dir DIR (Megatron's TensorBoard "
-    "tags, which wandb's TensorBoard integration imports) or --metrics-file FILE (every iteration as JSON lines)";
-constexpr const char* kFamily =
-    "an architecture variant troupe does not build (its families are GPT-2, LLaMA and BLOOM: docs/MODELS.md lists "
-    "their flags) -- drop the flag";
-
-const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = {
-      // Implementation switches: troupe computes the same thing its own way.
-      {"--use-flash-attn", 0, Kind::noop, "troupe's attention is its own fused kernel (the same softmax(QK^T)V)"},
-      {"--use-flash-attn-v1", 0, Kind::noop, "troupe's attention is its own fused kernel (the same softmax(QK^T)V)"},
-      {"--use-flash-attn-v2", 0, Kind::noop, "troupe's attention is its own fused kernel (the same softmax(QK^T)V)"},
-      {"--use-flash-attn-triton", 0, Kind::noop, "troupe's attention is its own fused kernel (the same softmax(QK^T)V)"},
-      {"--attention-backend", 1, Kind::noop, "troupe's attention is its own fused kernel (the same softmax(QK^T)V)",
-       "flash|fused|unfused|local|auto", "Megatron knows flash, fused, unfused, local and auto"},
-      {"--transformer-impl", 1, Kind::noop, "troupe's layers are its own (the same GPT-2 block)",
-       "local|transformer_engine", "Megatron knows local and transformer_engine"},
-      {"--use-mcore-models", 0, Kind::noop, "troupe has one implementation of the model"},
-      {"--use-legacy-models", 0, Kind::noop, "troupe has one implementation of the model"},
-      {"--no-masked-softmax-fusion", 0, Kind::noop, kFusion},
-      {"--no-bias-dropout-fusion", 0, Kind::noop, kFusion},
-      {"--no-bias-swiglu-fusion", 0, Kind::noop, kFusion},
-      {"--no-rope-fusion", 0, Kind::noop, kFusion},
-      {"--no-persist-layer-norm", 0, Kind::noop, kFusion},
-      {"--no-gradient-accumulation-fusion", 0, Kind::noop, kFusion},
-      {"--no-bias-gelu-fusion", 0, Kind::noop,
-       "troupe's GELU is always the tanh form (Megatron's fused bias-GELU and --openai-gelu); without the fusion "
-       "Megatron computes the erf form, which differs by less than 1e-3"},
-      {"--openai-gelu", 0, Kind::noop, "troupe's GELU is the tanh form this selects"},
-      {"--no-async-tensor-model-parallel-allreduce", 0, Kind::noop,
-       "an overlap of communication: troupe's tensor-parallel all-reduces give the same sums"},
-      {"--async-tensor-model-parallel-allreduce", 0, Kind::noop,
-       "an overlap of communication: troupe's tensor-parallel all-reduces give the same sums"},
-      {"--overlap-grad-reduce", 0, Kind::noop, "an overlap of communication: the gradients are the same"},
-      {"--overlap-param-gather", 0, Kind::noop, "an overlap of communication: the parameters are the same"},
-      {"--no-scatter-gather-tensors-in-pipeline", 0, Kind::noop,
-       "how pipeline messages travel: troupe sends each activation whole"},
-      {"--no-query-key-layer-scaling", 0, Kind::noop,
-       "troupe does not scale the query-key product by the layer number (Megatron's default now): the "
-       "scaling only reorders fp16 rounding, and --apply-query-key-layer-scaling keeps its fp32 softmax"},
-      {"--no-contiguous-buffers-in-local-ddp", 0, Kind::noop, "a memory layout of Megatron's DDP"},
-      {"--use-contiguous-buffers-in-local-ddp", 0, Kind::noop, "a memory layout of Megatron's DDP"},
-      {"--DDP-impl", 1, Kind::noop, "troupe's data parallelism is its own", "local|torch",
-       "Megatron knows local and torch"},
-      {"--use-cpu-initialization", 0, Kind::noop, "troupe initialises on the host and the result does not depend on it"},
-      {"--empty-unused-memory-level", 1, Kind::noop, "a PyTorch allocator setting"},
-      {"--manual-gc", 0, Kind::noop, "a Python garbage-collector setting"},
-      {"--check-for-nan-in-loss-and-grad", 0, Kind::noop,
-       "troupe always stops on a non-finite gradient norm, naming the iteration (--watch-nan finds the op)"},
-      {"--deepspeed-activation-checkpointing", 0, Kind::noop,
-       "which library recomputes: troupe recomputes itself as --recompute-granularity says"},
-      {"--partition-activations", 0, Kind::noop, "where DeepSpeed keeps recomputation inputs: memory only"},
-      {"--contigious-checkpointing", 0, Kind::noop, "where DeepSpeed keeps recomputation inputs: memory only"},
-      {"--contiguous-checkpointing", 0, Kind::noop, "where DeepSpeed keeps recomputation inputs: memory only"},
-      {"--synchronize-each-layer", 0, Kind::noop, "a DeepSpeed checkpointing debug switch"},
-      {"--profile-backward", 0, Kind::noop, "a DeepSpeed checkpointing debug switch"},
-      {"--distribute-checkpointed-activations", 0, Kind::noop, "where recomputation inputs are kept: memory only"},
-      {"--distribute-saved-activations", 0, Kind::noop, "where recomputation inputs are kept: memory only"},
-      {"--recompute-method", 1, Kind::noop,
-       "which layers Megatron recomputes with --recompute-granularity full; troupe recomputes every layer of a "
-       "chunk: memory only",
-       "uniform|block", "Megatron knows uniform and block"},
-      {"--recompute-num-layers", 1, Kind::noop, "see --recompute-method: memory only"},
-      {"--checkpoint-num-layers", 1, Kind::noop, "see --recompute-method: memory only"},
-      {"--no-pipeline-parallel", 0, Kind::noop,
-       "Megatron-DeepSpeed's switch off its pipeline engine; troupe's pipeline follows "
-       "--pipeline-model-parallel-size"},
-      // The process and its data loader.
-      {"--distributed-backend", 1, Kind::noop,
-       "troupe picks its transport itself (shared memory, UCX or NCCL; troupe info lists them)", "nccl|gloo|ucc|mpi|ccl",
-       "Megatron knows nccl, gloo, ucc and mpi"},
-      {"--local_rank", 1, Kind::noop, "troupe launch gives each process its rank itself"},  // and --local-rank
-      {"--num-workers", 1, Kind::noop, "troupe's loader actor reads the next batch ahead in its own thread"},
-      {"--data-impl", 1, Kind::noop, "troupe reads Megatron's mmap .bin/.idx format", "mmap|infer",
-       "troupe reads only the mmap format (MMIDIDX): rewrite the data with troupe preprocess"},
-      {"--dataloader-type", 1, Kind::noop, "Megatron's default sampler, which troupe's loader reproduces", "single",
-       "troupe's loader is Megatron's single sampler: drop the flag"},
-      {"--optimizer", 1, Kind::noop, "troupe's optimizer is Megatron's adam (AdamW, decoupled weight decay)",
-       "adam|adamw", "troupe trains with AdamW only (Megatron's adam): drop the flag"},
-      // TensorBoard switches whose tags troupe has nothing for (the others are troupe's flags).
-      {"--log-memory-to-tensorboard", 0, Kind::noop,
-       "Megatron writes PyTorch's CUDA caching-allocator counters (mem-*-bytes); troupe has no such allocator, so "
-       "no memory tags are written (the run's peak resident memory is printed at its end)"},
-      {"--log-optimizer-states-to-tensorboard", 0, Kind::noop,
-       "Megatron-DeepSpeed's norms of the Adam moments (optimizer/* tags) are not written: troupe keeps the moments "
-       "sharded in its optimizer actors; training is the same"},
-      // Precision: --fp16, --bf16 and the loss-scale flags are troupe's own (include/troupe/precision.hpp).
-      {"--fp32-residual-connection", 0, Kind::noop, "troupe's residual stream is float32 already"},
-      // Other spellings of what troupe does.
-      {"--checkpoint-activations", 0, Kind::alias, "Megatron's older spelling of --recompute-granularity full", "", "",
-       {"--recompute-granularity", "full"}},
-      {"--recompute-activations", 0, Kind::alias, "Megatron's spelling of --recompute-granularity selective", "", "",
-       {"--recompute-granularity", "selective"}},
-      {"--use-distributed-optimizer", 0, Kind::alias,
-       "Megatron's distributed optimizer shards the optimizer state over the data-parallel ranks: troupe's "
-       "--zero-stage 1 (the same updates)",
-       "", "", {"--zero-stage", "1"}},
-      {"--cpu-optimizer", 0, Kind::alias, "the optimizer on the host: troupe's --offload-optimizer cpu", "", "",
-       {"--offload-optimizer", "cpu"}},
-      // Model families: troupe's own flags now (docs/MODELS.md); these variants it does not build.
-      {"--squared-relu", 0, Kind::refused, kFamily},
-      {"--apply-layernorm-1p", 0, Kind::refused, kFamily},
-      {"--no-load-rng", 0, Kind::noop,
-       "troupe keeps no RNG state to load: its random streams are functions of --seed, the iteration and the sample"},
-      // Semantics troupe does not have (yet).
-      {"--eod-mask-loss", 0, Kind::refused,
-       "troupe counts the loss on every token, end-of-document ones included -- drop the flag"},
-      {"--reset-position-ids", 0, Kind::refused, "troupe's positions run over the whole sequence -- drop the flag"},
-      {"--reset-attention-mask", 0, Kind::refused,
-       "troupe's attention spans document boundaries within a sequence -- drop the flag"},
-      {"--no-save-optim", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
-      {"--no-save-rng", 0, Kind::refused, "troupe saves a checkpoint whole, so that it resumes exactly"},
-      {"--wandb-project", 1, Kind::refused, kWandb},
-      {"--wandb-exp-name", 1, Kind::refused, kWandb},
-      {"--wandb-save-dir", 1, Kind::refused, kWandb},
-      {"--wandb-entity", 1, Kind::refused, kWandb},
-      // Megatron flags troupe lacks, with what to give instead.
-      {"--lr-decay-iters-fraction", 1, Kind::equivalent, "give --lr-decay-iters"},
-      {"--micro-batch", 1, Kind::equivalent, "--micro-batch-size"},
-      {"--batch-size", 1, Kind::equivalent,
-       "--micro-batch-size (Megatron's older --batch-size is the micro-batch size)"},
-      {"--model-parallel-size", 1, Kind::equivalent, "--tensor-model-parallel-size"},
-      {"--warmup", 1, Kind::equivalent, "--lr-warmup-iters (Megatron's older --warmup is a fraction)"},
-  };
-  return table;
+Flag parse_flag_spec(const char* spec, const CompatRule* rule) {
+  std::string s = spec;
+  Flag f;
+  f.rule = rule;
+  const size_t space = s.find(' ');
+  f.name = s.substr(0, space);
+  const std::string tail = space == std::string::npos ? "" : s.substr(space + 1);
+  f.arity = tail.empty() ? Arity::none : tail == "V" ? Arity::one : tail == "V..." ? Arity::list : Arity::optional;
+  return f;
 }
 
 std::string normalise(const std::string& flag) {
@@ -172,18 +45,33 @@ std::string normalise(const std::string& flag) {
   return s;
 }
 
-bool is_flag(const std::string& token) { return token.size() > 2 && token.compare(0, 2, "--") == 0; }
-
-bool is_zero(const std::string& v) {
-  double x = 0;
-  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  return ec == std::errc() && p == v.data() + v.size() && x == 0.0;
+// Every row's flags by normalised name.
+const std::map<std::string, Flag>& table_flags() {
+  static const std::map<std::string, Flag> flags = [] {
+    std::map<std::string, Flag> out;
+    for (const CompatSection& section : compat_sections())
+      for (const CompatRule& rule : section.rules)
+        for (const char* spec : rule.flags) {
+          Flag f = parse_flag_spec(spec, &rule);
+          out.emplace(normalise(f.name), f);
+        }
+    return out;
+  }();
+  return flags;
 }
 
-bool value_ok(const Entry& e, const std::string& v) {
-  const std::string ok = e.ok;
+bool is_flag(const std::string& token) { return token.size() > 2 && token.compare(0, 2, "--") == 0; }
+
+bool is_number(const std::string& v, double want) {
+  double x = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  return ec == std::errc() && p == v.data() + v.size() && x == want;
+}
+
+// Whether `v` is one of the values `ok` names (apps/cli/megatron_table.hpp).
+bool value_ok(const std::string& ok, const std::string& v) {
   if (ok.empty()) return true;
-  if (ok == "0") return is_zero(v);
+  if (ok == "0" || ok == "1" || ok == "-1") return is_number(v, std::stod(ok));
   size_t start = 0;
   while (start <= ok.size()) {
     const size_t bar = ok.find('|', start);
@@ -195,25 +83,50 @@ bool value_ok(const Entry& e, const std::string& v) {
 }
 
 struct Registered {
-  std::set<std::string> names;  // "--num-layers", ...
+  std::set<std::string> names;         // "--num-layers", ...
+  std::vector<std::string> spellings;  // names and the table's flags, sorted: what a hint offers
 };
 
-Registered registered_flags() {
-  TrainConfig cfg;
-  CLI::App app{"troupe train"};
-  add_train_options(&app, &cfg);
-  Registered r;
-  for (const CLI::Option* o : app.get_options())
-    for (const std::string& n : o->get_lnames()) r.names.insert("--" + n);
+// troupe train's flags, read once (add_train_options registers the same ones every time).
+const Registered& registered_flags() {
+  static const Registered r = [] {
+    TrainConfig cfg;
+    CLI::App app{"troupe train"};
+    add_train_options(&app, &cfg);
+    Registered out;
+    for (const CLI::Option* o : app.get_options())
+      for (const std::string& n : o->get_lnames()) out.names.insert("--" + n);
+    out.spellings.assign(out.names.begin(), out.names.end());
+    for (const auto& [key, f] : table_flags()) out.spellings.push_back(f.name);
+    std::sort(out.spellings.begin(), out.spellings.end());  // ties: the alphabetically first
+    return out;
+  }();
   return r;
 }
 
-// The nearest spellings of `flag` among registered flags and the table's (at most two), when near.
+// "--no-x" and "--disable-x" say the opposite of "--x" and "--enable-x": a hint must not offer one
+// for the other (a script that turns a check off must not be told to turn it on).
+bool opposite(const std::string& a, const std::string& b) {
+  auto split = [](const std::string& flag) {
+    std::string core = normalise(flag).substr(2);
+    for (const char* negative : {"no-", "disable-"})
+      if (core.rfind(negative, 0) == 0) return std::make_pair(false, core.substr(std::string(negative).size()));
+    if (core.rfind("enable-", 0) == 0) return std::make_pair(true, core.substr(7));
+    return std::make_pair(true, core);
+  };
+  const auto [pa, ca] = split(a);
+  const auto [pb, cb] = split(b);
+  return ca == cb && pa != pb;
+}
+
+// The nearest spellings of `flag` among registered flags and the table's (at most two), when near,
+// leaving out its opposite.
 std::vector<std::string> nearest(const std::string& flag, const Registered& reg) {
-  std::vector<std::string> names(reg.names.begin(), reg.names.end());
-  for (const Entry& e : entries()) names.push_back(e.flag);
-  std::sort(names.begin(), names.end());  // ties: the alphabetically first, as before
-  return nearest_spellings(flag, names);
+  std::vector<std::string> near = nearest_spellings(flag, reg.spellings, reg.spellings.size());
+  near.erase(std::remove_if(near.begin(), near.end(), [&](const std::string& n) { return opposite(flag, n); }),
+             near.end());
+  if (near.size() > 2) near.resize(2);
+  return near;
 }
 
 std::string last_value(const std::vector<std::string>& args, const std::string& flag) {
@@ -223,6 +136,36 @@ std::string last_value(const std::vector<std::string>& args, const std::string& 
     if (args[i].rfind(flag + "=", 0) == 0) v = args[i].substr(flag.size() + 1);
   }
   return v;
+}
+
+// The values given to `flag` (its last occurrence, a list's every value; '-' and '_' alike), and
+// whether it is given at all.
+bool given_values(const std::vector<std::string>& args, const std::string& flag, std::vector<std::string>* values) {
+  bool found = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!is_flag(args[i])) continue;
+    const size_t eq = args[i].find('=');
+    if (normalise(args[i].substr(0, eq)) != normalise(flag)) continue;
+    found = true;
+    values->clear();
+    if (eq != std::string::npos) {
+      values->push_back(args[i].substr(eq + 1));
+      continue;
+    }
+    for (size_t j = i + 1; j < args.size() && !is_flag(args[j]); ++j) values->push_back(args[j]);
+  }
+  return found;
+}
+
+// The ZeRO stage Megatron FSDP's sharding strategy (or FSDP2's resharding) stands for; -1 for a
+// strategy Megatron does not know.
+int fsdp_zero_stage(const std::string& flag, const std::vector<std::string>& args) {
+  std::vector<std::string> v;
+  if (normalise(flag) == "--use-torch-fsdp2")
+    return given_values(args, "--torch-fsdp2-no-reshard-after-forward", &v) ? 2 : 3;
+  if (!given_values(args, "--data-parallel-sharding-strategy", &v) || v.empty()) return 3;
+  const std::string& s = v.back();
+  return s == "no_shard" ? 0 : s == "optim" ? 1 : s == "optim_grads" ? 2 : s == "optim_grads_params" ? 3 : -1;
 }
 
 // "N problems:\n  - a\n  - b" (validation's) as its items; any other message as one.
@@ -280,25 +223,103 @@ void fresh_start_if_nothing_to_load(std::vector<std::string>& args, std::vector<
 
 size_t flag_distance(const std::string& a, const std::string& b) { return spelling_distance(a, b); }
 
+namespace {
+
+const char* kind_name(CompatKind kind) {
+  return kind == CompatKind::noop      ? "no-op"
+         : kind == CompatKind::alias   ? "alias"
+         : kind == CompatKind::refused ? "refused"
+                                       : "equivalent";
+}
+
+// "--flag v1 v2" as given, for messages.
+std::string shown(const std::string& flag, const std::vector<std::string>& values) {
+  std::string s = flag;
+  for (const std::string& v : values) s += " " + v;
+  return s;
+}
+
+// Where a screened row lands: the problems of one row (or of mixture of experts) go into one line.
+struct Refusals {
+  std::vector<std::pair<std::string, std::vector<std::string>>> lines;  // (reason, flags as given)
+  void add(const std::string& reason, const std::string& given) {
+    for (auto& [r, flags] : lines)
+      if (r == reason) {
+        flags.push_back(given);
+        return;
+      }
+    lines.push_back({reason, {given}});
+  }
+  void into(std::vector<std::string>& problems) const {
+    for (const auto& [reason, flags] : lines) {
+      std::string p;
+      for (const std::string& f : flags) p += (p.empty() ? "" : ", ") + f;
+      problems.push_back(p + ": " + reason);
+    }
+  }
+};
+
+}  // namespace
+
 std::vector<CompatRow> compat_table() {
   std::vector<CompatRow> rows;
-  for (const Entry& e : entries()) {
-    const char* kind = e.kind == Kind::noop      ? "no-op"
-                       : e.kind == Kind::alias   ? "alias"
-                       : e.kind == Kind::refused ? "refused"
-                                                 : "equivalent";
-    rows.push_back({e.flag, kind, e.text});
-  }
+  for (const CompatSection& section : compat_sections())
+    for (const CompatRule& rule : section.rules)
+      for (const char* spec : rule.flags)
+        rows.push_back({parse_flag_spec(spec, &rule).name, kind_name(rule.kind), rule.text});
   return rows;
 }
 
+std::string compat_table_markdown() {
+  std::string out;
+  for (const CompatSection& section : compat_sections()) {
+    out += fmt::format("\n#### {}\n\n| flags | troupe | why, or what to give |\n|---|---|---|\n", section.name);
+    for (const CompatRule& rule : section.rules) {
+      std::string flags;
+      for (const char* spec : rule.flags) flags += (flags.empty() ? "`" : " `") + std::string(spec) + "`";
+      std::string what = kind_name(rule.kind);
+      if (rule.kind == CompatKind::alias) {
+        std::string as;
+        for (const char* a : rule.alias) as += (as.empty() ? "" : " ") + std::string(a);
+        what = "alias of `" + as + "`";
+      }
+      std::string why = rule.text;
+      if (rule.when == CompatWhen::dense_model) {
+        what += " for a dense model (every `--num-experts` value 1), else refused";
+        why += "; with experts: " + std::string(rule.otherwise);
+      } else if (rule.when == CompatWhen::no_value) {
+        what += " without a value, else refused";
+        why += "; with values: " + std::string(rule.otherwise);
+      } else if (rule.when == CompatWhen::fresh_start) {
+        what += " when `--load` holds no checkpoint, else refused";
+        why += "; with a checkpoint to load: " + std::string(rule.otherwise);
+      } else if (*rule.ok != '\0') {
+        std::string ok;
+        for (const char* c = rule.ok; *c != '\0'; ++c) ok += *c == '|' ? std::string("`, `") : std::string(1, *c);
+        what += " for `" + ok + "`, else refused";
+        why += "; other values: " + std::string(rule.otherwise);
+      } else if (rule.when == CompatWhen::moe) {
+        why += " (reported with the other mixture-of-experts flags)";
+      }
+      out += "| " + flags + " | " + what + " | " + why + " |\n";
+    }
+  }
+  return out;
+}
+
 Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size) {
-  const Registered reg = registered_flags();
-  std::map<std::string, const Entry*> table;
-  for (const Entry& e : entries()) table.emplace(normalise(e.flag), &e);
+  const Registered& reg = registered_flags();
+  const std::map<std::string, Flag>& table = table_flags();
+  // A dense model: no --num-experts, or one expert in every layer (Megatron-DeepSpeed's list).
+  std::vector<std::string> experts;
+  bool dense = !given_values(args, "--num-experts", &experts) || !experts.empty();
+  for (const std::string& e : experts) dense = dense && is_number(e, 1);
   ScreenedTrainArgs out;
   std::vector<std::string> front;  // the aliases' flags: first, so that explicit flags win
   std::vector<std::string> problems;
+  Refusals refusals;
+  std::vector<std::string> moe;                                 // the mixture-of-experts flags refused, as given
+  std::vector<std::pair<const Flag*, std::string>> fresh_only;  // accepted only without a checkpoint to load
   std::set<std::string> noted;
   for (size_t i = 0; i < args.size();) {
     const std::string& token = args[i];
@@ -330,43 +351,94 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
       i = next;
       continue;
     }
-    const Entry& e = *it->second;
-    // The entry's values: inline (--flag=v) or the tokens that follow.
+    const Flag& f = it->second;
+    const CompatRule& rule = *f.rule;
+    // The row's values: inline (--flag=v) or the tokens that follow, as many as argparse takes.
     std::vector<std::string> values;
-    if (inline_value) values.push_back(*inline_value);
     size_t j = i + 1;
-    while (static_cast<int>(values.size()) < e.values && j < args.size() && !is_flag(args[j])) values.push_back(args[j++]);
-    if (static_cast<int>(values.size()) < e.values) {
-      problems.push_back(fmt::format("{}: needs {} value(s)", flag, e.values));
-      i = j;
+    if (inline_value) {
+      values.push_back(*inline_value);
+    } else if (f.arity == Arity::one || f.arity == Arity::optional) {
+      if (j < next) values.push_back(args[j++]);
+    } else if (f.arity == Arity::list) {
+      for (; j < next; ++j) values.push_back(args[j]);
+    }
+    i = j;
+    if (f.arity == Arity::one && values.empty()) {
+      problems.push_back(flag + ": needs a value");
       continue;
     }
-    if (e.kind == Kind::refused || e.kind == Kind::equivalent) {
-      problems.push_back(flag + ": " + e.text);
-      i = j;
+    if (f.arity == Arity::none && inline_value) {
+      problems.push_back(flag + "=" + *inline_value + ": " + flag + " is a switch and takes no value");
       continue;
     }
-    if (!values.empty() && !value_ok(e, values[0])) {
-      problems.push_back(flag + " " + values[0] + ": " + e.otherwise);
-      i = j;
+    const std::string given = shown(flag, values);
+    bool ok = true;
+    for (const std::string& v : values) ok = ok && value_ok(rule.ok, v);
+    if (rule.when == CompatWhen::no_value && !values.empty()) {
+      refusals.add(rule.otherwise, given);
       continue;
     }
-    if (noted.insert(e.flag).second) {
-      std::string note = flag + (values.empty() ? "" : " " + values[0]) + ": ";
-      if (e.kind == Kind::alias) {
+    if (rule.when == CompatWhen::moe || rule.when == CompatWhen::dense_model) {
+      const bool accepted = rule.when == CompatWhen::dense_model ? dense : rule.kind == CompatKind::noop && ok;
+      if (!accepted) {
+        moe.push_back(given);
+        continue;
+      }
+    } else if (rule.kind == CompatKind::refused || rule.kind == CompatKind::equivalent) {
+      refusals.add(rule.text, given);
+      continue;
+    } else if (!ok) {
+      refusals.add(rule.otherwise, given);
+      continue;
+    }
+    if (rule.when == CompatWhen::fresh_start) fresh_only.push_back({&f, given});
+    std::vector<std::string> alias;
+    for (const char* a : rule.alias) {
+      std::string s = a;
+      if (s == "{}") s = values.empty() ? "" : values.back();
+      if (s == "{fsdp}") {
+        const int stage = fsdp_zero_stage(flag, args);
+        if (stage < 0) {
+          refusals.add("Megatron knows the sharding strategies no_shard, optim, optim_grads and optim_grads_params",
+                       "--data-parallel-sharding-strategy " + last_value(args, "--data-parallel-sharding-strategy"));
+          alias.clear();
+          break;
+        }
+        s = std::to_string(stage);
+      }
+      alias.push_back(s);
+    }
+    if (noted.insert(normalise(flag)).second) {
+      std::string note = given + ": ";
+      if (rule.kind == CompatKind::alias) {
         std::string as;
-        for (const std::string& a : e.alias) as += (as.empty() ? "" : " ") + a;
-        note += "read as " + as + " -- " + e.text;
+        for (const std::string& a : alias) as += (as.empty() ? "" : " ") + a;
+        note += "read as " + as + " -- " + rule.text;
       } else {
-        note += "no effect -- " + std::string(e.text);
+        note += "no effect -- " + std::string(rule.text);
       }
       out.notes.push_back(note);
     }
-    if (e.kind == Kind::alias) front.insert(front.end(), e.alias.begin(), e.alias.end());
-    i = j;
+    if (rule.kind == CompatKind::alias) front.insert(front.end(), alias.begin(), alias.end());
   }
   out.args.insert(out.args.begin(), front.begin(), front.end());
   fresh_start_if_nothing_to_load(out.args, out.notes);
+  // A row accepted only when nothing is loaded: a --load left after the fresh-start check loads one.
+  if (!last_value(out.args, "--load").empty())
+    for (const auto& [f, given] : fresh_only) {
+      refusals.add(f->rule->otherwise, given);
+      const std::string prefix = given + ": ";  // (a lambda cannot capture a structured binding in clang 14)
+      out.notes.erase(std::remove_if(out.notes.begin(), out.notes.end(),
+                                     [&](const std::string& n) { return n.rfind(prefix, 0) == 0; }),
+                      out.notes.end());
+    }
+  refusals.into(problems);
+  if (!moe.empty()) {
+    std::string flags;
+    for (const std::string& m : moe) flags += (flags.empty() ? "" : ", ") + m;
+    problems.push_back(flags + ": " + std::string(compat_moe_reason()));
+  }
   if (problems.empty()) return out;
   // Everything else wrong too, so that one run lists it all: the first value CLI11 cannot read,
   // or else validation's problems.

@@ -1,20 +1,18 @@
 // Megatron-LM's and Megatron-DeepSpeed's command lines as they come: before CLI11 parses the
-// flags of `troupe train`, every flag troupe does not register is looked up in a table of theirs
-// (docs/COMPAT.md prints it):
-//   - a no-op: a switch that changes nothing in troupe (a fusion, an attention kernel, a data
-//     loader's worker count): removed, with one line at start-up saying so;
-//   - an alias: an older or other spelling of what troupe does (--checkpoint-activations is
-//     --recompute-granularity full): rewritten, with a line at start-up;
-//   - refused: a flag whose meaning troupe does not have (--fp16, --squared-relu): a problem naming the
-//     reason and what to do;
-//   - otherwise unknown: a problem with the nearest registered spelling, or troupe's equivalent of
-//     a Megatron flag it lacks.
-// Flags with constrained values (--data-impl mmap, --optimizer adam, ...)
-// are no-ops for the values that change nothing and refused for the others.
+// flags of `troupe train`, every flag troupe does not register is looked up in the table of theirs
+// (apps/cli/megatron_table.hpp, which says what each row means; docs/COMPAT.md prints it):
+//   - a no-op: removed, with one line at start-up saying why it changes nothing;
+//   - an alias: rewritten to what troupe does, with a line at start-up;
+//   - refused or equivalent: a problem naming the feature and what to do; the flags of one row are
+//     reported in one problem, every mixture-of-experts flag in one;
+//   - otherwise unknown: a problem with the nearest spelling among troupe's flags and the table's,
+//     never a flag's opposite (--no-x for --x).
+// Rows with constrained values (--data-impl mmap, --context-parallel-size 1, ...) are no-ops for the
+// values that change nothing and refused for the others.
 //
 // All problems are reported at once: the screen's own, the first value CLI11 cannot convert, and
 // every validation problem of what remains (so one run shows everything to fix). Nothing is
-// written. Thread-safe (no shared state).
+// written. Thread-safe (no shared state but the immutable table).
 #pragma once
 #include <string>
 #include <vector>
@@ -37,11 +35,14 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
 // measure of "nearest spelling" (exposed for tests).
 size_t flag_distance(const std::string& a, const std::string& b);
 
-// The table's rows, for docs and tests: name, what troupe does with it ("no-op", "alias",
+// The table's flags, one row each, for tests: name, what troupe does with it ("no-op", "alias",
 // "refused", "equivalent") and the sentence shown.
 struct CompatRow {
   std::string flag, disposition, text;
 };
 std::vector<CompatRow> compat_table();
+
+// The table as docs/COMPAT.md prints it: one markdown table per section (tests compare the two).
+std::string compat_table_markdown();
 
 }  // namespace troupe

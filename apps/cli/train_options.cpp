@@ -114,6 +114,44 @@ void apply_family_flags(const CLI::App& cmd, const FlagGivenFn& given, GptConfig
   }
 }
 
+// --tokenizer-type NullTokenizer takes its vocabulary size from --vocab-size (Megatron asserts it is
+// given); the other tokenizers from their files, Megatron reading --vocab-size only for NullTokenizer
+// and TikTokenizer.
+void apply_tokenizer_flags(const CLI::App& cmd, const FlagGivenFn& given, TrainConfig* cfg,
+                           std::vector<std::string>& problems, std::vector<std::string>* notes) {
+  const std::string size = given("--vocab-size") ? cmd.get_option("--vocab-size")->as<std::string>() : "";
+  if (cfg->tokenizer_type != "NullTokenizer") {
+    if (!size.empty() && notes != nullptr)
+      notes->push_back("--vocab-size " + size +
+                       ": no effect -- Megatron reads it for NullTokenizer only (and "
+                       "TikTokenizer); --tokenizer-type " +
+                       cfg->tokenizer_type + " sets the vocabulary");
+    return;
+  }
+  if (size.empty()) {
+    problems.push_back(
+        "--tokenizer-type NullTokenizer needs --vocab-size N, its vocabulary size (Megatron asserts "
+        "it too)");
+    return;
+  }
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(size, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != size.size() || n < 2 || n > INT_MAX) {
+    problems.push_back("--vocab-size " + size +
+                       " is not a vocabulary size -- give a whole number of tokens from 2 "
+                       "to 2147483647, e.g. 50257");
+    return;
+  }
+  if (given("--tokenizer-model") && notes != nullptr)
+    notes->push_back("--tokenizer-model: no effect with NullTokenizer, which has no files (as in Megatron)");
+  cfg->tokenizer_model = std::to_string(n);
+}
+
 }  // namespace
 
 void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vector<std::string>* problems,
@@ -283,6 +321,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Dropout probability on the attention probabilities, training only");
 
   add_model_family_options(cmd, &m);
+  cmd->add_flag("--apply-layernorm-1p")
+      ->description(
+          "Megatron's LayerNorm 1p (weights stored as gamma - 1): the same function and, with norm "
+          "weights free of weight decay as in Megatron and troupe, the same training in float32; refused "
+          "with --fp16 / --bf16, where the 16-bit copy of gamma - 1 rounds differently")
+      ->group(model);
 
   const char* batch = "Batch";
   opt(batch, "--micro-batch-size", cfg->micro_batch_size, "Sequences per forward/backward pass");
@@ -424,7 +468,12 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   blend_option("--test-data-path", &cfg->test_data_path, "Test datasets (with --train-data-path)");
   opt(data, "--split", cfg->split, "Train,validation,test weights over the documents");
   opt(data, "--tokenizer-type", cfg->tokenizer_type,
-      "GPT2BPETokenizer, ByteLevelTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer or HuggingFaceTokenizer");
+      "GPT2BPETokenizer, ByteLevelTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, HuggingFaceTokenizer, "
+      "HFTokenizer (Megatron-DeepSpeed's) or NullTokenizer (no files: --vocab-size tokens, for --mock-data)");
+  cmd->add_option("--vocab-size",
+                  "NullTokenizer's vocabulary size (Megatron's; the other tokenizers take theirs from their files, "
+                  "as Megatron does)")
+      ->group(data);
   opt(data, "--vocab-file", cfg->vocab_file, "GPT-2 vocab.json (GPT2BPETokenizer)");
   opt(data, "--merge-file", cfg->merge_file, "GPT-2 merges.txt (GPT2BPETokenizer)");
   opt(data, "--tokenizer-model", cfg->tokenizer_model,
@@ -526,6 +575,14 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->check(CLI::IsMember({"minmax", "max", "all"}));
   opt(logs, "--metrics-file", cfg->metrics_file,
       "Append one JSON object per iteration to this file");
+  cmd->add_flag("--log-params-norm", cfg->log_params_norm,
+                "Also report the L2 norm of the parameters after each step (params norm on the progress line, "
+                "params-norm in TensorBoard), as Megatron's flag")
+      ->group(logs);
+  cmd->add_flag("--log-num-zeros-in-grad", cfg->log_num_zeros_in_grad,
+                "Also report how many gradient elements are exactly zero in each step (num zeros on the progress "
+                "line, num-zeros in TensorBoard), as Megatron's flag")
+      ->group(logs);
   // Megatron's TensorBoard flags (docs/COMPAT.md, "TensorBoard"), with its spellings: the
   // learning-rate switch is --no-log-learnig-rate-to-tensorboard in Megatron (sic); current
   // Megatron-LM also spells the negative switches --disable-*.
@@ -600,6 +657,23 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   std::vector<std::string> flag_problems;
   apply_family_flags(cmd, given, cfg->model, flag_problems, notes);
   apply_precision_flags(given, cfg, &flag_problems, notes);
+  apply_tokenizer_flags(cmd, given, cfg, flag_problems, notes);
+  // Megatron's LayerNorm 1p stores gamma - 1 and adds the 1 in fp32 inside the norm: a
+  // reparameterisation (the same function; the same AdamW steps, since neither Megatron nor troupe
+  // decays norm weights: model/params.hpp). In 16 bits the working copy of gamma - 1 (near 0) rounds
+  // more finely than troupe's of gamma (near 1), so only a float32 run trains the same.
+  if (given("--apply-layernorm-1p")) {
+    if (cfg->precision.dtype != PrecisionDType::fp32)
+      flag_problems.push_back(
+          "--apply-layernorm-1p with a 16-bit run: Megatron keeps gamma - 1 in 16 bits and adds 1 in fp32, which "
+          "rounds the norm weights differently from troupe's 16-bit gamma -- drop the flag (the model is the same up "
+          "to that rounding) or train in float32");
+    else if (notes != nullptr)
+      notes->push_back(
+          "--apply-layernorm-1p: no effect -- Megatron stores the norm weights as gamma - 1 and adds 1 in "
+          "the norm: the same function, and in float32 the same training, since norm weights get no "
+          "weight decay in Megatron or troupe (troupe stores gamma itself)");
+  }
   // Megatron: sequence parallelism is meaningless without tensor parallelism; silently off.
   if (cfg->tensor_model_parallel_size == 1) cfg->sequence_parallel = false;
   // A preset's table size stays unless --seq-length outgrows it.

@@ -43,6 +43,12 @@ struct IterationStats {
   bool nan_loss = false;
   // The iteration's timers (wall_clock_breakdown / --timing-log-level): empty when not asked for.
   std::vector<TimerReading> timers;
+  // Megatron's --log-params-norm: the L2 norm of the parameters after the iteration's update (the
+  // fp32 master weights, each element of the model once); --log-num-zeros-in-grad: how many elements
+  // of the iteration's gradients are exactly zero (each once; the vocabulary padding left out).
+  // Negative when not asked for.
+  double params_norm = -1;
+  int64_t num_zeros_in_grad = -1;
 };
 
 struct EvalStats {

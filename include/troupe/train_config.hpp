@@ -153,11 +153,13 @@ struct TrainConfig {
   std::vector<std::string> data_path;
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   // GPT2BPETokenizer | ByteLevelTokenizer | GPTSentencePieceTokenizer | Llama2Tokenizer |
-  // HuggingFaceTokenizer (storage/tokenizer.hpp, docs/TOKENIZERS.md)
+  // HuggingFaceTokenizer | HFTokenizer | NullTokenizer (storage/tokenizer.hpp, docs/TOKENIZERS.md)
   std::string tokenizer_type = "GPT2BPETokenizer";
   std::string vocab_file;
   std::string merge_file;
-  std::string tokenizer_model;  // the SentencePiece model, or tokenizer.json (or its folder)
+  // The SentencePiece model, or tokenizer.json (or its folder); for NullTokenizer, which has no
+  // files, its vocabulary size in decimal (the command line's --vocab-size).
+  std::string tokenizer_model;
   bool no_shuffle = false;
   bool mock_data = false;  // Megatron's --mock-data: synthetic tokens, no dataset needed
   std::string split = "969,30,1";  // train, validation, test weights over documents
@@ -196,6 +198,12 @@ struct TrainConfig {
   int timing_log_level = 0;
   std::string timing_log_option = "minmax";
   std::string metrics_file;  // one JSON object per iteration
+  // Megatron's --log-params-norm and --log-num-zeros-in-grad: every iteration also reports the L2
+  // norm of the parameters after its update (the fp32 master weights, each element once over the
+  // job) and how many elements of the gradients the optimizer steps on are exactly zero (each once;
+  // the vocabulary padding's rows left out). Logging only: not stored in checkpoints.
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
   TensorBoardConfig tensorboard;  // not stored in checkpoints (see above)
   int num_threads = 0;       // compute threads of the process's ranks; 0: all cores
   // Where the ranks compute: "cpu", or "cuda" (GPU 0; one rank for now: docs/CUDA.md says what the

@@ -181,9 +181,11 @@ TEST_CASE("precision: contradictions and bad values come in one message with eve
   const std::string& m = p.status.message();
   CHECK_THAT(m, Contains("--fp16 and --bf16 contradict each other -- keep one of them"));
   CHECK_THAT(m, Contains("--lr must be >= 0"));
-  // The precision area reports its first problem, as each area of validation does.
+  // The precision area reports every problem at once, as each area of validation does.
   CHECK_THAT(m, Contains("--min-loss-scale must be positive"));
-  CHECK(p.problems.size() == 3);
+  CHECK_THAT(m, Contains("--loss-scale-window must be at least 1"));
+  CHECK_THAT(m, Contains("--hysteresis must be at least 1"));
+  CHECK(p.problems.size() == 5);
   // Each bad value alone names its flag.
   CHECK_THAT(parse(ws.args({"--hysteresis", "0"})).status.message(), Contains("--hysteresis must be at least 1"));
   CHECK_THAT(parse(ws.args({"--loss-scale-window", "0"})).status.message(),

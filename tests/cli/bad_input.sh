@@ -63,8 +63,8 @@ head -c 1000 d_text_document.bin > short_text_document.bin
 expect_error "short_text_document.bin" t --data-path short_text_document
 
 # DeepSpeed config: unknown key, malformed JSON, missing file.
-echo '{"train_micro_batch_size_per_gpu": 3, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "foo": 1}}}' > ds_bad_key.json
-expect_error "optimizer.params.foo" t --deepspeed-config ds_bad_key.json
+echo '{"train_micro_batch_size_per_gpu": 3, "zero_optimization": {"stage": 1, "foo": 1}}' > ds_bad_key.json
+expect_error "zero_optimization.foo" t --deepspeed-config ds_bad_key.json
 echo '{"train_batch_size": 6,' > ds_broken.json
 expect_error "ds_broken.json" t --deepspeed-config ds_broken.json
 expect_error "missing.json" t --deepspeed-config missing.json

@@ -97,13 +97,13 @@ size_t count_of(const std::string& text, const std::string& what) {
 
 TEST_CASE("deepspeed config: every problem of the file at once, unknown keys with their nearest spelling",
           "[deepspeed]") {
-  // Five problems in four blocks: two misspelt keys, a wrong type, an optimizer troupe lacks, a
-  // ZeRO++ switch that would change the results.
+  // Five problems in four blocks: two misspelt keys, a wrong type, a gradient accumulation type troupe
+  // lacks, a ZeRO++ switch that would change the results.
   const Merged m = merge(R"({
     "train_batch_sise": 8,
     "zero_optimization": {"stage": 2, "overlap_com": true, "zero_quantized_gradients": true},
     "gradient_clipping": "one",
-    "optimizer": {"type": "Lamb"}
+    "data_types": {"grad_accum_dtype": "bf16"}
   })");
   REQUIRE_FALSE(m.status.is_ok());
   const std::string& text = m.status.message();
@@ -113,7 +113,7 @@ TEST_CASE("deepspeed config: every problem of the file at once, unknown keys wit
   CHECK_THAT(text, Contains("\"zero_optimization.overlap_com\"") && Contains("did you mean \"overlap_comm\"?"));
   CHECK_THAT(text, Contains("\"zero_optimization.zero_quantized_gradients\" is true"));
   CHECK_THAT(text, Contains("\"gradient_clipping\" must be a number"));
-  CHECK_THAT(text, Contains("\"optimizer.type\" is \"Lamb\""));
+  CHECK_THAT(text, Contains("\"data_types.grad_accum_dtype\" is \"bf16\""));
   // A key near nothing lists what is accepted there instead.
   CHECK_THAT(merge(R"({"zzzzzzzzzzzzzzzz": 1})").status.message(), Contains("accepted keys at the top level"));
 }
@@ -152,7 +152,8 @@ TEST_CASE("deepspeed config: keys that change nothing are accepted with one note
   CHECK_THAT(merge(R"({"zero_optimization": {"mics_shard_size": 8}})").status.message(), Contains("MiCS"));
   CHECK_THAT(merge(R"({"communication_data_type": "fp16"})").status.message(), Contains("float32"));
   CHECK_THAT(merge(R"({"curriculum_learning": {"enabled": true}})").status.message(),
-             Contains("\"curriculum_learning.enabled\" is true") && Contains("remove the block"));
+             Contains("\"curriculum_learning.enabled\" is true") && Contains("legacy curriculum learning") &&
+                 Contains("fixed_linear, fixed_root or fixed_discrete") && Contains("\"enabled\": false"));
   CHECK_THAT(merge(R"({"zero_optimization": {"reduce_bucket_size": -5}})").status.message(),
              Contains("must be a number of elements"));
 }
@@ -181,9 +182,109 @@ TEST_CASE("deepspeed config: \"auto\" leaves the value of the flags, with a note
   CHECK(m.config.lr_warmup_iters == defaults.lr_warmup_iters);
   CHECK(m.config.lr_decay_iters == defaults.lr_decay_iters);
   CHECK(m.config.lr_warmup_init == defaults.lr_warmup_init);
-  CHECK(m.config.lr_decay_style == "linear");  // the scheduler's type is not "auto"
-  // One note per "auto": 4 top-level, 4 optimizer, 4 scheduler, 1 ZeRO knob.
-  CHECK(m.notes.size() == 13);
+  CHECK(m.config.lr_decay_style == defaults.lr_decay_style);
+  // One note per "auto" (4 top-level, 1 ZeRO knob) and one per block Megatron-DeepSpeed ignores.
+  CHECK(m.notes.size() == 7);
+}
+
+// Megatron-DeepSpeed's pretrain_gpt.py hands deepspeed.initialize its own optimizer and scheduler, so
+// DeepSpeed builds neither block: the flags (and Megatron's defaults) decide, as in
+// curriculum_learning/ds_zero_stage_1_config_*.json, whose betas [0.9, 0.95] and max_grad_norm
+// Megatron-DeepSpeed never uses.
+TEST_CASE("deepspeed config: the optimizer and scheduler blocks are Megatron-DeepSpeed's to ignore", "[deepspeed]") {
+  const Merged m = merge(R"({
+    "train_batch_size": 8, "gradient_clipping": 0.5,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.00015, "max_grad_norm": 1.0, "betas": [0.9, 0.95], "eps": 1e-8}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.1, "warmup_num_steps": 100}}
+  })");
+  REQUIRE(m.status.is_ok());
+  const TrainConfig defaults;
+  CHECK(m.config.lr == defaults.lr);
+  CHECK(m.config.adam_beta2 == defaults.adam_beta2);  // Megatron's 0.999, not the file's 0.95
+  CHECK(m.config.weight_decay == defaults.weight_decay);
+  CHECK(m.config.lr_warmup_iters == defaults.lr_warmup_iters);
+  CHECK(m.config.lr_decay_style == defaults.lr_decay_style);
+  CHECK(m.config.lr_warmup_style == "linear");
+  CHECK(m.config.clip_grad == 0.5);  // the keys DeepSpeed honours with a client optimizer stay
+  CHECK(m.config.global_batch_size == 8);
+  REQUIRE(m.notes.size() == 2);
+  CHECK_THAT(m.notes[0], Contains("\"optimizer\" in") &&
+                             Contains("ignored (with its params betas, eps, lr, max_grad_norm)") &&
+                             Contains("passes its own optimizer to deepspeed.initialize"));
+  CHECK_THAT(m.notes[1], Contains("\"scheduler\" in") && Contains("learning-rate scheduler"));
+  // A type or key troupe would not build is no problem either: DeepSpeed never reads them there.
+  CHECK(merge(R"({"optimizer": {"type": "Lamb", "params": {"amsgrad": true}}})").status.is_ok());
+  CHECK_THAT(merge(R"({"optimizer": 3})").status.message(), Contains("\"optimizer\" must be an object"));
+}
+
+TEST_CASE("deepspeed config: data_types, dataloader_drop_last and offload ratios", "[deepspeed]") {
+  const Merged fp32 = merge(R"({"data_types": {"grad_accum_dtype": "fp32"}, "dataloader_drop_last": true,
+                                "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.0}}})");
+  REQUIRE(fp32.status.is_ok());
+  CHECK(fp32.config.offload_optimizer == "cpu");
+  auto has = [](const Merged& m, const std::string& what) {
+    return std::any_of(m.notes.begin(), m.notes.end(),
+                       [&](const std::string& n) { return n.find(what) != std::string::npos; });
+  };
+  CHECK(has(fp32, "\"data_types.grad_accum_dtype\" in"));
+  CHECK(has(fp32, "\"dataloader_drop_last\" in"));
+  // bf16 accumulation, a param_dtype other than the model's, buffers cast to 16 bits: refused.
+  const Merged bad = merge(R"({"bf16": {"enabled": true},
+                               "data_types": {"grad_accum_dtype": "bf16", "param_dtype": "fp16", "buffer_dtype": "bf16"}})");
+  REQUIRE_FALSE(bad.status.is_ok());
+  CHECK_THAT(bad.status.message(),
+             Contains("has 3 problems") &&
+                 Contains("\"data_types.grad_accum_dtype\" is \"bf16\": DeepSpeed would accumulate") &&
+                 Contains("\"data_types.param_dtype\" is \"fp16\", but the model trains in bf16") &&
+                 Contains("\"data_types.buffer_dtype\" is \"bf16\""));
+  CHECK(merge(R"({"bf16": {"enabled": true}, "data_types": {"param_dtype": "bf16"}})").status.is_ok());
+  CHECK_THAT(merge(R"({"data_types": {"grad_accum_dtype": "fp8"}})").status.message(),
+             Contains("knows fp32, bf16 and fp16"));
+  // offload_pp/ds_config: a partial offload names itself.
+  const Merged partial =
+      merge(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  CHECK_THAT(partial.status.message(), Contains("\"zero_optimization.offload_optimizer.ratio\" is 0.3: a partial "
+                                                "optimizer offload") &&
+                                           Contains("70%"));
+  CHECK_THAT(merge(R"({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}})").status.message(),
+             Contains("from 0 to 1"));
+}
+
+// DeepSpeed's compression block has no top-level "enabled": Megatron-DeepSpeed compresses whenever it
+// is there (compression/125M-Int8-test-64gpu-distilled-group48.sh's ds_config).
+TEST_CASE("deepspeed config: compression_training is refused whenever present, naming its techniques", "[deepspeed]") {
+  const Merged m = merge(R"({"compression_training": {
+      "weight_quantization": {"shared_parameters": {"enabled": true, "quantizer_kernel": false, "schedule_offset": 50},
+                              "different_groups": {"wq1": {"params": {"start_bits": 12, "target_bits": 4}}}},
+      "activation_quantization": {"shared_parameters": {"enabled": true}},
+      "sparse_pruning": {"shared_parameters": {"enabled": false}}}})");
+  REQUIRE_FALSE(m.status.is_ok());
+  CHECK_THAT(m.status.message(), Contains("\"compression_training\" is present: Megatron-DeepSpeed then trains with "
+                                          "DeepSpeed's compression") &&
+                                     Contains("weight_quantization (quantisation-aware training of the weights), "
+                                              "activation_quantization (quantised activations))") &&
+                                     Contains("remove the block"));
+  CHECK_THAT(merge(R"({"compression_training": {}})").status.message(), Contains("no technique enabled in it"));
+}
+
+TEST_CASE("deepspeed config: data_efficiency with every feature off is no effect; a feature on names itself",
+          "[deepspeed]") {
+  // data_efficiency/gpt/pretrain's baseline setups: the block enabled, its sampling and routing off.
+  const Merged off = merge(R"({"data_efficiency": {"enabled": true, "seed": 1234,
+      "data_routing": {"enabled": false, "random_ltd": {"enabled": false}},
+      "data_sampling": {"enabled": false, "num_workers": 0, "curriculum_learning": {"enabled": false}}}})");
+  REQUIRE(off.status.is_ok());
+  REQUIRE(off.notes.size() == 1);
+  CHECK_THAT(off.notes[0], Contains("every feature switched off"));
+  const Merged on = merge(R"({"data_efficiency": {"enabled": true,
+      "data_routing": {"enabled": true, "random_ltd": {"enabled": true}},
+      "data_sampling": {"enabled": true, "curriculum_learning": {"enabled": true}}}})");
+  REQUIRE_FALSE(on.status.is_ok());
+  CHECK_THAT(on.status.message(), Contains("has 4 problems") &&
+                                      Contains("\"data_efficiency.data_sampling.curriculum_learning.enabled\" is true: "
+                                               "curriculum learning by data metrics") &&
+                                      Contains("\"data_efficiency.data_routing.random_ltd.enabled\" is true: random "
+                                               "layer-token drop"));
 }
 
 TEST_CASE("deepspeed config: DeepSpeed's TensorBoard monitor writes to troupe's --tensorboard-dir", "[deepspeed]") {

@@ -1,0 +1,240 @@
+// The rows of apps/cli/megatron_table.hpp whose decision depends on values or on other flags: the
+// layout sizes at 1 and above, mixture of experts (a dense model's flags accepted, real experts
+// refused in one problem), --reset-iteration with and without a checkpoint, --split as Megatron-LM
+// reads it, the tokenizer flags (NullTokenizer, HFTokenizer, --vocab-size), --apply-layernorm-1p by
+// precision, and the nearest-spelling hint that never offers a flag's opposite.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "apps/cli/megatron_compat.hpp"
+#include "apps/cli/train_options.hpp"
+#include "tests/test_util.hpp"
+#include "troupe/flags.hpp"
+
+namespace troupe {
+namespace {
+
+using Catch::Contains;
+
+std::vector<std::string> base(std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"--num-layers",          "2",
+                                "--hidden-size",         "48",
+                                "--num-attention-heads", "4",
+                                "--seq-length",          "16",
+                                "--micro-batch-size",    "2",
+                                "--train-iters",         "5",
+                                "--mock-data",           "--tokenizer-type",
+                                "ByteLevelTokenizer"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::string problems(const std::vector<std::string>& args) {
+  auto s = parse_train_flags(args);
+  REQUIRE_FALSE(s.is_ok());
+  CHECK(s.status().is_bad_input());
+  return s.status().message();
+}
+
+bool has_note(const std::vector<std::string>& notes, const std::string& start) {
+  return std::any_of(notes.begin(), notes.end(), [&](const std::string& n) { return n.rfind(start, 0) == 0; });
+}
+
+TEST_CASE("values: layout sizes of 1 are no-ops, larger ones are refused naming the issue", "[compat]") {
+  std::vector<std::string> notes;
+  auto ones = parse_train_flags(base({"--context-parallel-size", "1", "--cp-comm-type", "p2p",
+                                      "--ds-sequence-parallel-size", "1", "--expert-model-parallel-size", "1",
+                                      "--expert-tensor-parallel-size", "1", "--moe-expert-parallel-size", "1"}),
+                                1, &notes);
+  REQUIRE(ones.is_ok());
+  for (const char* f : {"--context-parallel-size 1: no effect", "--ds-sequence-parallel-size 1: no effect",
+                        "--expert-model-parallel-size 1: no effect", "--cp-comm-type p2p: no effect"})
+    CHECK(has_note(notes, f));
+  const std::string cp = problems(base({"--context-parallel-size", "2"}));
+  CHECK_THAT(cp, Contains("--context-parallel-size 2: context parallelism"));
+  CHECK_THAT(cp, Contains("(issue 29)"));
+  const std::string sp = problems(base({"--ds-sequence-parallel-size", "4"}));
+  CHECK_THAT(sp, Contains("--ds-sequence-parallel-size 4: DeepSpeed-Ulysses"));
+  CHECK_THAT(sp, Contains("(issue 29)"));
+  const std::string ep = problems(base({"--expert-model-parallel-size", "8"}));
+  CHECK_THAT(ep, Contains("--expert-model-parallel-size 8: mixture of experts is not in troupe yet (issue 28)"));
+}
+
+// Megatron-DeepSpeed's dense scripts (MoE/ds_pretrain_gpt_1.3B_dense.sh and others) pass
+// --num-experts 1 with the whole DeepSpeed-MoE flag set: its transformer builds the dense MLP then.
+TEST_CASE("values: a dense model's MoE flags are no-ops; real experts are one problem", "[compat]") {
+  const std::vector<std::string> moe_set = {"--moe-expert-parallel-size",
+                                            "1",
+                                            "--moe-loss-coeff",
+                                            "0.01",
+                                            "--moe-train-capacity-factor",
+                                            "1.0",
+                                            "--moe-eval-capacity-factor",
+                                            "1.0",
+                                            "--moe-min-capacity",
+                                            "4",
+                                            "--create-moe-param-group",
+                                            "--mlp-type",
+                                            "standard",
+                                            "--topk",
+                                            "1"};
+  std::vector<std::string> dense = {"--num-experts", "1"};
+  dense.insert(dense.end(), moe_set.begin(), moe_set.end());
+  std::vector<std::string> notes;
+  auto ok = parse_train_flags(base(dense), 1, &notes);
+  REQUIRE(ok.is_ok());
+  CHECK(has_note(notes, "--num-experts 1: no effect"));
+  CHECK(has_note(notes, "--moe-loss-coeff 0.01: no effect"));
+  // A list of one expert per MoE layer (Megatron-DeepSpeed's nargs='+') is dense too.
+  REQUIRE(parse_train_flags(base({"--num-experts", "1", "1", "--moe-loss-coeff", "0.1"})).is_ok());
+  // Without --num-experts, Megatron-DeepSpeed's default is [1].
+  REQUIRE(parse_train_flags(base({"--moe-loss-coeff", "0.1", "--moe-min-capacity", "4"})).is_ok());
+
+  std::vector<std::string> experts = {"--num-experts", "128"};
+  experts.insert(experts.end(), moe_set.begin(), moe_set.end());
+  experts.insert(experts.end(), {"--moe-router-topk", "2", "--lr", "-1"});
+  const std::string m = problems(base(experts));
+  INFO(m);
+  // --moe-expert-parallel-size 1 stays accepted: no expert parallelism, whatever the experts.
+  CHECK_THAT(m, Contains("--num-experts 128, --moe-loss-coeff 0.01, --moe-train-capacity-factor 1.0"));
+  CHECK_THAT(m, Contains("--moe-router-topk 2: mixture of experts is not in troupe yet (issue 28)"));
+  CHECK_THAT(m, Contains("--lr must be >= 0"));  // and the rest of the command line's problems
+  CHECK_THAT(m, Contains("2 problems with the flags"));
+  // Megatron-LM's MoE flags are MoE's whatever --num-experts says.
+  CHECK_THAT(problems(base({"--moe-grouped-gemm"})), Contains("--moe-grouped-gemm: mixture of experts"));
+}
+
+TEST_CASE("values: --reset-iteration with nothing to load is a no-op; with a checkpoint it is refused", "[compat]") {
+  test::TempDir dir;
+  std::vector<std::string> notes;
+  auto fresh =
+      parse_train_flags(base({"--load", dir.str("none"), "--reset-iteration", "--no-load-lr-state"}), 1, &notes);
+  REQUIRE(fresh.is_ok());
+  CHECK(has_note(notes, "--reset-iteration: no effect"));
+  CHECK(has_note(notes,
+                 "--no-load-lr-state: no effect -- defined in Megatron-DeepSpeed's arguments.py but read nowhere"));
+  std::filesystem::create_directories(dir.str("ck"));
+  std::ofstream(dir.str("ck/latest_checkpointed_iteration.txt")) << "5";
+  const std::string m = problems(base({"--load", dir.str("ck"), "--reset-iteration"}));
+  CHECK_THAT(m, Contains("--reset-iteration: restarting the iteration and data position of a loaded checkpoint"));
+}
+
+// detxoify_lm's scripts pass --data-path2 ${DATA_BLEND} with DATA_BLEND never set.
+TEST_CASE("values: --data-path2 without a value is a no-op, with one refused", "[compat]") {
+  std::vector<std::string> notes;
+  REQUIRE(parse_train_flags(base({"--data-path2", "--seed", "3"}), 1, &notes).is_ok());
+  CHECK(has_note(notes, "--data-path2: no effect"));
+  CHECK_THAT(problems(base({"--data-path2", "0.5", "a", "0.5", "b"})),
+             Contains("--data-path2 0.5 a 0.5 b: finetune_gpt.py's second validation blend"));
+}
+
+TEST_CASE("values: no-ops for their default values, refused for others", "[compat]") {
+  std::vector<std::string> notes;
+  auto ok = parse_train_flags(
+      base({"--softmax-type", "vanilla", "--glu-linear-offset", "0.0", "--rope-type", "rope", "--exp-avg-dtype", "fp32",
+            "--optimizer-offload-fraction", "1.0", "--null-tokenizer-pad-id", "-1", "--weight-decay-incr-style",
+            "constant", "--activations-checkpoint-method", "uniform"}),
+      1, &notes);
+  REQUIRE(ok.is_ok());
+  CHECK(has_note(notes,
+                 "--activations-checkpoint-method uniform: no effect -- Megatron's 2021 name of --recompute-method"));
+  const std::string m = problems(base({"--softmax-type", "learnable", "--rope-type", "yarn", "--exp-avg-dtype", "bf16",
+                                       "--optimizer-offload-fraction", "0.5", "--activations-checkpoint-method", "x"}));
+  INFO(m);
+  CHECK_THAT(m, Contains("--softmax-type learnable: attention with an off-by-one or learnable softmax"));
+  CHECK_THAT(m, Contains("--rope-type yarn: YaRN rotary scaling is not in troupe"));
+  CHECK_THAT(
+      m, Contains("--exp-avg-dtype bf16: troupe keeps the master weights, main gradients and Adam moments in fp32"));
+  CHECK_THAT(m, Contains("--optimizer-offload-fraction 0.5: a partial optimizer offload"));
+  CHECK_THAT(m, Contains("--activations-checkpoint-method x: Megatron knew uniform and block"));
+  CHECK_THAT(m, Contains("5 problems with the flags"));
+}
+
+// The flags of one refused row come in one problem; the features are named.
+TEST_CASE("values: refused features name themselves, one problem per row", "[compat]") {
+  const std::string m = problems(
+      base({"--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--kd", "--kd-beta-ce", "1", "--load-teacher",
+            "t", "--qk-layernorm", "--decoupled-lr", "5e-4", "--decoupled-min-lr", "4.5e-5", "--random-ltd"}));
+  INFO(m);
+  CHECK_THAT(m, Contains("--fp8-format hybrid, --fp8-amax-history-len 1024: FP8 and FP4 training"));
+  CHECK_THAT(m, Contains("--kd, --kd-beta-ce 1, --load-teacher t: knowledge distillation from a teacher model"));
+  CHECK_THAT(m, Contains("--qk-layernorm: query/key normalisation"));
+  CHECK_THAT(m, Contains("--decoupled-lr 5e-4, --decoupled-min-lr 4.5e-5: a separate learning rate"));
+  CHECK_THAT(m, Contains("--random-ltd: random layer-token drop"));
+  CHECK_THAT(m, Contains("5 problems with the flags"));
+}
+
+TEST_CASE("values: plain no-ops of the real scripts", "[compat]") {
+  std::vector<std::string> notes;
+  auto ok = parse_train_flags(base({"--calculate-per-token-loss",
+                                    "--no-check-for-nan-in-loss-and-grad",
+                                    "--cross-entropy-loss-fusion",
+                                    "--logging-level",
+                                    "40",
+                                    "--init-model-with-meta-device",
+                                    "--data-cache-path",
+                                    "cache",
+                                    "--no-create-attention-mask-in-dataloader",
+                                    "--no-mmap-bin-files",
+                                    "--ckpt-format",
+                                    "torch_dist",
+                                    "--auto-detect-ckpt-format",
+                                    "--universal-checkpoint",
+                                    "--repeated-dataloader",
+                                    "--recompute-modules",
+                                    "mlp",
+                                    "moe",
+                                    "layernorm",
+                                    "--cross-entropy-fusion-impl",
+                                    "te",
+                                    "--manual-gc-interval",
+                                    "10"}),
+                              1, &notes);
+  REQUIRE(ok.is_ok());
+  CHECK(has_note(notes, "--calculate-per-token-loss: no effect -- the loss is the sum over the global batch's tokens"));
+  CHECK(has_note(notes,
+                 "--no-check-for-nan-in-loss-and-grad: no effect -- Megatron would train on past a NaN; troupe "
+                 "still stops"));
+  CHECK(has_note(notes, "--recompute-modules mlp moe layernorm: no effect"));
+  CHECK(has_note(notes, "--universal-checkpoint: no effect"));
+}
+
+TEST_CASE("values: the nearest-spelling hint never offers a flag's opposite", "[compat]") {
+  // Unknown flags one negation away from a flag troupe has (the report's --no-check-for-nan case).
+  const std::string a = problems(base({"--no-override-opt-param-scheduler"}));
+  CHECK_THAT(a, Contains("--no-override-opt-param-scheduler: not a flag of troupe train"));
+  CHECK_THAT(a, !Contains("did you mean --override-opt-param-scheduler"));
+  const std::string b = problems(base({"--enable-log-loss-scale-to-tensorboard"}));
+  CHECK_THAT(b, !Contains("--disable-log-loss-scale-to-tensorboard"));
+  // A plain misspelling still gets its hint.
+  CHECK_THAT(problems(base({"--overide-opt-param-scheduler"})),
+             Contains("did you mean --override-opt-param-scheduler"));
+}
+
+TEST_CASE("values: --tokenizer-type NullTokenizer takes its vocabulary from --vocab-size", "[compat]") {
+  std::vector<std::string> args = base({"--tokenizer-type", "NullTokenizer", "--vocab-size", "500"});
+  auto ok = parse_train_flags(args);
+  REQUIRE(ok.is_ok());
+  CHECK(ok.value().tokenizer_type == "NullTokenizer");
+  CHECK(ok.value().tokenizer_model == "500");
+  CHECK_THAT(problems(base({"--tokenizer-type", "NullTokenizer"})), Contains("NullTokenizer needs --vocab-size N"));
+  CHECK_THAT(problems(base({"--tokenizer-type", "NullTokenizer", "--vocab-size", "ten"})),
+             Contains("--vocab-size ten is not a vocabulary size"));
+  // Other tokenizers take the size from their files, as Megatron does: a note.
+  std::vector<std::string> notes;
+  REQUIRE(parse_train_flags(base({"--vocab-size", "128256"}), 1, &notes).is_ok());
+  CHECK(has_note(notes, "--vocab-size 128256: no effect -- Megatron reads it for NullTokenizer only"));
+}
+
+TEST_CASE("values: --apply-layernorm-1p trains the same in float32 and is refused in 16 bits", "[compat]") {
+  std::vector<std::string> notes;
+  REQUIRE(parse_train_flags(base({"--apply-layernorm-1p"}), 1, &notes).is_ok());
+  CHECK(has_note(notes, "--apply-layernorm-1p: no effect -- Megatron stores the norm weights as gamma - 1"));
+  auto bf16 = parse_train_flags(base({"--apply-layernorm-1p", "--bf16"}));
+  REQUIRE_FALSE(bf16.is_ok());
+  CHECK_THAT(bf16.status().message(), Contains("--apply-layernorm-1p with a 16-bit run"));
+}
+
+}  // namespace
+}  // namespace troupe
