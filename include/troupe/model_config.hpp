@@ -21,14 +21,97 @@ enum class PositionEmbedding : uint8_t { learned_absolute, rope, alibi, none };
 // 2F rows [gate | up], the MLP computes silu(gate) * up.
 enum class MlpActivation : uint8_t { gelu, swiglu };
 
+// ---- mixture of experts (docs/MOE.md) ----
+// Which anchor's gating an MoE layer follows (the two dialects of the flags, docs/COMPAT.md):
+//   deepspeed  DeepSpeed-MoE as Megatron-DeepSpeed builds it (deepspeed/moe/sharded_moe.py): softmax
+//              over all experts; top-1 (the combine weight is the chosen expert's probability, Random
+//              Token Selection picks which tokens an over-full expert keeps) or top-2 (the second
+//              expert by Gumbel-max sampling on the logits, dropping by position with every first
+//              choice ahead of any second, the two kept weights renormalised); capacity
+//              ceil(S k / E * factor) raised to min_capacity; l_aux = E * sum_e mean_s(p_se) *
+//              mean_s(first choice of s is e); the experts' c_proj bias unused (Megatron-DeepSpeed
+//              drops it: "Ignore the bias term").
+//   megatron   Megatron-Core's TopKRouter (megatron/core/transformer/moe/router.py): top-k of the
+//              logits, softmax over the k (or, pre_softmax, top-k of the softmax over all experts);
+//              dropless, or capacity ceil(S k / E * factor) per expert dropping by probability or
+//              position; the switch load-balancing loss (aux_loss, seq_aux_loss) on the softmax over
+//              all experts and the z-loss on the logits.
+// Tokens are ordered as both anchors order them, position-major (row t * B + b of a micro-batch of B
+// sequences of T tokens): "first come" means an earlier position across the micro-batch.
+enum class MoeRouter : uint8_t { deepspeed, megatron };
+// --moe-router-load-balancing-type (Megatron-Core; the deepspeed router always has its l_aux).
+enum class MoeLoadBalancing : uint8_t { aux_loss, seq_aux_loss, none };
+// --moe-token-drop-policy (Megatron-Core): which tokens an over-full expert keeps.
+enum class MoeDropPolicy : uint8_t { probs, position };
+
 // Megatron's spellings ("LayerNorm", "RMSNorm"; "learned_absolute", "rope", "alibi", "none";
 // "gelu", "swiglu"); parse returns false for anything else.
 const char* to_string(Normalization n);
 const char* to_string(PositionEmbedding p);
 const char* to_string(MlpActivation a);
+const char* to_string(MoeRouter r);         // "deepspeed", "megatron"
+const char* to_string(MoeLoadBalancing b);  // "aux_loss", "seq_aux_loss", "none"
+const char* to_string(MoeDropPolicy d);     // "probs", "position"
 bool parse(const std::string& text, Normalization& out);
 bool parse(const std::string& text, PositionEmbedding& out);
 bool parse(const std::string& text, MlpActivation& out);
+bool parse(const std::string& text, MoeRouter& out);
+bool parse(const std::string& text, MoeLoadBalancing& out);
+bool parse(const std::string& text, MoeDropPolicy& out);
+
+// Mixture-of-experts layers (empty num_experts: a dense model). A MoE layer replaces the MLP of its
+// transformer layer by a router (E, C) and E experts, each an MLP of the model's family (GELU, or
+// SwiGLU for LLaMA/Mixtral) of width expert_ffn_hidden; residual adds PR-MoE's dense MLP and its
+// two-way mixing coefficient, shared_expert_ffn Megatron-Core's shared expert. The routing of a
+// micro-batch depends on its S = B * T tokens only, never on the layout (docs/MOE.md).
+struct MoeConfig {
+  // Experts of each MoE layer: one value for every MoE layer, or one per MoE layer in order
+  // (Megatron-DeepSpeed's --num-experts list). Each >= 1 (1: an MoE layer of one expert).
+  std::vector<int> num_experts;
+  // Layer n (counted from 1) is an MoE layer when n % layer_freq == 0 (Megatron-DeepSpeed's
+  // --expert-interval, default 2 there; Megatron-Core's integer --moe-layer-freq, default 1).
+  int layer_freq = 1;
+  // Megatron-Core's --moe-layer-freq as a list: one 0/1 per layer; non-empty overrides layer_freq.
+  std::vector<int> layer_pattern;
+  MoeRouter router = MoeRouter::megatron;
+  int topk = 2;                      // --topk / --moe-router-topk: k; deepspeed: 1 or 2
+  int ffn_hidden = 0;                // --moe-ffn-hidden-size: each expert's width; 0: the model's
+  // Capacity per expert of a micro-batch of S tokens: ceil(S * k / E * factor), at least
+  // min_capacity. drop_tokens false: dropless (every routed token is computed).
+  bool drop_tokens = true;           // deepspeed: !--disable-moe-token-dropping; megatron: a factor given
+  double capacity_factor = 1.0;      // training: --moe-train-capacity-factor / --moe-expert-capacity-factor
+  double eval_capacity_factor = 1.0; // evaluation: --moe-eval-capacity-factor (megatron: the same factor)
+  int min_capacity = 0;              // --moe-min-capacity (deepspeed; Megatron-DeepSpeed's default 4)
+  MoeDropPolicy drop_policy = MoeDropPolicy::probs;  // megatron router
+  bool pad_to_capacity = false;      // --moe-pad-expert-input-to-capacity: accepted, the same result
+  // deepspeed router's random draws (training only; evaluation draws nothing: RTS keeps by position,
+  // the second expert is the second-largest logit):
+  bool random_token_selection = true;        // top-1 RTS (DeepSpeed's use_rts default)
+  bool second_expert_sampling = true;        // top-2 Gumbel sampling (!--disable-moe-top2-2nd-expert-sampling)
+  // megatron router:
+  MoeLoadBalancing load_balancing = MoeLoadBalancing::aux_loss;
+  bool pre_softmax = false;          // --moe-router-pre-softmax
+  double z_loss_coeff = 0;           // --moe-z-loss-coeff
+  double input_jitter_eps = 0;       // --moe-input-jitter-eps: router input * U(1 - eps, 1 + eps), training
+  // The load-balancing loss's coefficient (--moe-loss-coeff, --moe-aux-loss-coeff): the objective of
+  // a micro-batch is its mean LM loss + aux_loss_coeff * the sum over MoE layers of their l_aux
+  // (deepspeed) or load-balancing loss (megatron), + the z-losses.
+  double aux_loss_coeff = 0;
+  bool residual = false;             // --mlp-type residual (PR-MoE)
+  int shared_expert_ffn = 0;         // --moe-shared-expert-intermediate-size (0: none)
+
+  bool enabled() const { return !num_experts.empty(); }
+  // Whether global layer `layer` (0-based) of a model of `num_layers` layers is an MoE layer.
+  bool is_moe_layer(int layer, int num_layers) const;
+  // How many MoE layers a model of num_layers has, and the index among them of an MoE layer.
+  int moe_layers(int num_layers) const;
+  int moe_index(int layer, int num_layers) const;
+  // Experts of global layer `layer` (0 for a dense layer).
+  int experts_of(int layer, int num_layers) const;
+  // The capacity of an expert for S tokens (training or evaluation factor); S when not dropping.
+  int64_t capacity(int64_t tokens, int experts, bool training) const;
+  bool operator==(const MoeConfig&) const = default;
+};
 
 struct GptConfig {
   int num_layers = 4;
@@ -63,6 +146,7 @@ struct GptConfig {
   double rotary_base = 10000;     // --rotary-base (HF's rope_theta)
   bool rotary_interleaved = false;  // --rotary-interleaved: pairs (2i, 2i+1) (Meta's original);
                                     // false: rotate-half pairs (i, i + r/2) (HF, Megatron's default)
+  MoeConfig moe;                    // mixture of experts (none by default)
 
   // The family switches alone, sizes untouched: LLaMA's RMSNorm, rotary (rotate-half), SwiGLU,
   // bias-free linears and untied head; BLOOM's ALiBi and LayerNorm on the embeddings (its LayerNorm,
@@ -82,6 +166,8 @@ struct GptConfig {
   // ffn_hidden when set; else 4h for GELU, and for SwiGLU Megatron-LM's rule int((4h * 2/3) / 64) * 64
   // (two fc1 halves keep the parameter count near the 4h MLP's).
   int ffn_hidden_size() const;
+  // An expert's MLP width: moe.ffn_hidden when set, else ffn_hidden_size().
+  int expert_ffn_hidden_size() const { return moe.ffn_hidden > 0 ? moe.ffn_hidden : ffn_hidden_size(); }
   int head_size() const {
     return kv_channels > 0 ? kv_channels : num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
   }

@@ -54,6 +54,14 @@ struct TrainConfig {
   int num_layers_per_virtual_pipeline_stage = 0;  // interleaved: layers per model chunk
   std::string recompute_granularity = "none";     // none | full | selective
   bool sequence_parallel = false;
+  // Mixture of experts (model.moe, docs/MOE.md): the experts of each MoE layer are split over
+  // expert_model_parallel_size ranks of the data-parallel group (--moe-expert-parallel-size,
+  // --expert-model-parallel-size; it divides the data-parallel size and every layer's experts), each
+  // expert over expert_tensor_parallel_size ranks: 1 (whole experts, replicated over TP) or the
+  // tensor-parallel size (--enable-expert-tensor-parallelism; --expert-tensor-parallel-size;
+  // 0: Megatron-Core's default, the tensor-parallel size).
+  int expert_model_parallel_size = 1;
+  int expert_tensor_parallel_size = 0;
   std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
 
   // Optimizer offload (DeepSpeed's zero_optimization.offload_optimizer): where the Adam moments of
