@@ -39,6 +39,70 @@ bool parse(const std::string& text, MlpActivation& out) {
   return false;
 }
 
+const char* to_string(MoeRouter r) { return r == MoeRouter::deepspeed ? "deepspeed" : "megatron"; }
+const char* to_string(MoeLoadBalancing b) {
+  switch (b) {
+    case MoeLoadBalancing::aux_loss: return "aux_loss";
+    case MoeLoadBalancing::seq_aux_loss: return "seq_aux_loss";
+    case MoeLoadBalancing::none: return "none";
+  }
+  return "?";
+}
+const char* to_string(MoeDropPolicy d) { return d == MoeDropPolicy::position ? "position" : "probs"; }
+bool parse(const std::string& text, MoeRouter& out) {
+  for (auto r : {MoeRouter::deepspeed, MoeRouter::megatron})
+    if (text == to_string(r)) return out = r, true;
+  return false;
+}
+bool parse(const std::string& text, MoeLoadBalancing& out) {
+  for (auto b : {MoeLoadBalancing::aux_loss, MoeLoadBalancing::seq_aux_loss, MoeLoadBalancing::none})
+    if (text == to_string(b)) return out = b, true;
+  return false;
+}
+bool parse(const std::string& text, MoeDropPolicy& out) {
+  for (auto d : {MoeDropPolicy::probs, MoeDropPolicy::position})
+    if (text == to_string(d)) return out = d, true;
+  return false;
+}
+
+bool MoeConfig::is_moe_layer(int layer, int num_layers) const {
+  if (!enabled() || layer < 0 || layer >= num_layers) return false;
+  if (!layer_pattern.empty())
+    return layer < static_cast<int>(layer_pattern.size()) && layer_pattern[static_cast<size_t>(layer)] != 0;
+  return layer_freq > 0 && (layer + 1) % layer_freq == 0;
+}
+
+int MoeConfig::moe_layers(int num_layers) const {
+  int n = 0;
+  for (int l = 0; l < num_layers; ++l) n += is_moe_layer(l, num_layers) ? 1 : 0;
+  return n;
+}
+
+int MoeConfig::moe_index(int layer, int num_layers) const {
+  if (!is_moe_layer(layer, num_layers)) return -1;
+  int n = 0;
+  for (int l = 0; l < layer; ++l) n += is_moe_layer(l, num_layers) ? 1 : 0;
+  return n;
+}
+
+int MoeConfig::experts_of(int layer, int num_layers) const {
+  const int i = moe_index(layer, num_layers);
+  if (i < 0) return 0;
+  if (num_experts.size() == 1) return num_experts[0];
+  return i < static_cast<int>(num_experts.size()) ? num_experts[static_cast<size_t>(i)] : 0;
+}
+
+int64_t MoeConfig::capacity(int64_t tokens, int experts, bool training) const {
+  if (!drop_tokens || experts <= 0) return tokens;
+  const double factor = training ? capacity_factor : eval_capacity_factor;
+  // ceil(S * k / E * factor) as DeepSpeed's _capacity (ceil((S / E) * (factor * k))) and Megatron-Core's
+  // get_capacity(S * k, E, factor) compute it, in double.
+  const double c = std::ceil(static_cast<double>(tokens) * topk / experts * factor);
+  int64_t cap = c >= static_cast<double>(tokens) * topk ? tokens * topk : static_cast<int64_t>(c);
+  if (cap < min_capacity) cap = min_capacity;
+  return cap;
+}
+
 namespace {
 // A derived size of an unvalidated config (the flag readers ask before validate() refuses it):
 // saturated into int, never an overflow (validate() bounds the real ones far below).
