@@ -95,9 +95,11 @@ int MoeConfig::experts_of(int layer, int num_layers) const {
 int64_t MoeConfig::capacity(int64_t tokens, int experts, bool training) const {
   if (!drop_tokens || experts <= 0) return tokens;
   const double factor = training ? capacity_factor : eval_capacity_factor;
-  // ceil(S * k / E * factor) as DeepSpeed's _capacity (ceil((S / E) * (factor * k))) and Megatron-Core's
-  // get_capacity(S * k, E, factor) compute it, in double.
-  const double c = std::ceil(static_cast<double>(tokens) * topk / experts * factor);
+  // ceil(S * k / E * factor), rounded as each anchor computes it in double (the ceiling of a product
+  // that lands near an integer depends on the order): DeepSpeed's _capacity ceil((S / E) * (factor * k)),
+  // Megatron-Core's get_capacity(S * k, E, factor) = ceil((S * k / E) * factor).
+  const double S = static_cast<double>(tokens), E = experts, k = topk;
+  const double c = router == MoeRouter::deepspeed ? std::ceil((S / E) * (factor * k)) : std::ceil((S * k / E) * factor);
   int64_t cap = c >= static_cast<double>(tokens) * topk ? tokens * topk : static_cast<int64_t>(c);
   if (cap < min_capacity) cap = min_capacity;
   return cap;
