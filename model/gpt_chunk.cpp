@@ -119,7 +119,8 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   valid = std::clamp<int64_t>(m.vocab_size - v0, 0, Vl);
 
   // Specs and units: [embedding], layers, [head], each contiguous, spec order of gpt2_param_specs.
-  const std::vector<ParamSpec> all = gpt2_shard_specs(m, t, r);
+  const std::vector<ParamSpec> all = gpt2_shard_specs(m, t, r, ExpertShard{1, 0, cs.expert_tensor_parallel});
+  const char* kMlp[4] = {"c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"};
   std::map<std::string, int> index;
   for (size_t i = 0; i < all.size(); ++i) index[all[i].name] = static_cast<int>(i);
   auto present = [&](const std::string& name) { return index.count(name) != 0; };
@@ -153,16 +154,56 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     take("transformer.ln_embd.bias", emb_ln_b);
     if (!e.empty()) emb_unit = add_unit(e);
   }
-  first_layer_unit = static_cast<int>(units.size());
   static_assert(sizeof(kLayerNames) / sizeof(kLayerNames[0]) == kLayerFields, "one name per Layer field");
+  layer_fields.resize(static_cast<size_t>(L));
+  moe_layout.resize(static_cast<size_t>(L));
   for (int l = 0; l < L; ++l) {
-    const std::string h = "transformer.h." + std::to_string(cs.first_layer + l) + ".";
+    const int g = cs.first_layer + l;
+    const std::string h = "transformer.h." + std::to_string(g) + ".";
     std::vector<int> idx;
-    for (int k = 0; k < kLayerFields; ++k) {
-      layer_field[k] = present(h + kLayerNames[k]) ? static_cast<int>(idx.size()) : -1;
-      if (layer_field[k] >= 0) idx.push_back(index.at(h + kLayerNames[k]));
+    auto take = [&](const std::string& name) {
+      if (!present(name)) return -1;
+      idx.push_back(index.at(name));
+      return static_cast<int>(idx.size()) - 1;
+    };
+    for (int k = 0; k < kLayerFields; ++k) layer_fields[l][k] = take(h + kLayerNames[k]);
+    MoeLayout& mo = moe_layout[l];
+    mo.E = m.moe.experts_of(g, m.num_layers);
+    if (mo.E > 0) {
+      any_moe = true;
+      mo.router = take(h + "mlp.router.weight");
+      mo.coef_w = take(h + "mlp.coefficient.weight");
+      mo.coef_b = take(h + "mlp.coefficient.bias");
+      for (int f = 0; f < 4; ++f) mo.sh[f] = take(h + "mlp.shared_expert." + kMlp[f]);
     }
-    add_unit(idx);
+    layer_units.push_back(add_unit(idx));
+    expert_units.push_back(-1);
+    if (mo.E > 0) {
+      // The experts this shard holds (every one: expert parallelism is not in this chunk's spec yet).
+      std::vector<int> ex;
+      for (int e = 0; e < mo.E; ++e) {
+        const std::string eh = h + "mlp.experts." + std::to_string(e) + ".";
+        if (!present(eh + kMlp[0])) continue;
+        if (mo.El == 0) mo.e0 = e;
+        ++mo.El;
+        std::array<int, 4> f{};
+        for (int i = 0; i < 4; ++i) {
+          f[i] = present(eh + kMlp[i]) ? static_cast<int>(ex.size()) : -1;
+          if (f[i] >= 0) ex.push_back(index.at(eh + kMlp[i]));
+        }
+        mo.ex.push_back(f);
+      }
+      TROUPE_CHECK(mo.El > 0 && mo.router >= 0, "GptChunk: an MoE layer without its router or experts");
+      const ParamSpec& fc = all[static_cast<size_t>(ex[static_cast<size_t>(mo.ex[0][0])])];
+      mo.split = fc.slice.dim >= 0 && t > 1;
+      mo.FCe = fc.local_shape[0];
+      mo.Fe = swiglu ? mo.FCe / 2 : mo.FCe;
+      if (mo.sh[0] >= 0) {
+        mo.FCs = all[static_cast<size_t>(idx[static_cast<size_t>(mo.sh[0])])].local_shape[0];
+        mo.Fs = swiglu ? mo.FCs / 2 : mo.FCs;
+      }
+      expert_units.back() = add_unit(ex);
+    }
   }
   if (cs.has_head) {
     std::vector<int> lnf = {index.at("transformer.ln_f.weight")};
@@ -208,12 +249,16 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     now.dy1 = alloc({N, C});
     now.dqkv = alloc({N, QKVl});
     now.dln1 = alloc({Nl, C});
+    if (any_moe) {
+      rc.moe = std::make_shared<MoeActs>();
+      now.moe = std::make_shared<MoeStash>();
+    }
   }
   if (sp) {
     gathered = alloc({N, C});
     ln_grads = alloc({2, C}, grad_dtype);
   }
-  if (sp || cs.has_head) partial = alloc({N, C});
+  if (sp || cs.has_head || any_moe) partial = alloc({N, C});
   dres = alloc({Nl, C});
   if (cs.has_embedding) demb_now = alloc({N, C});
   if (cs.has_embedding && ln_embd) {
@@ -270,6 +315,7 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
     for (int l = 0; l < L; ++l) {
       s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective));
       s.acts.back().res2 = s.xs[l + 1];
+      if (moe_layout[l].E > 0) s.acts.back().moe = std::make_shared<MoeActs>();
     }
   }
   if (spec.has_head) {
@@ -291,6 +337,7 @@ void GptChunk::Impl::alloc_stash(Slot& s) {
     st.dy1 = alloc({N, C});
     st.dqkv = alloc({N, QKVl});
     st.dln1 = alloc({Nl, C});
+    if (moe_layout[l].E > 0) st.moe = std::make_shared<MoeStash>();
     s.stash.push_back(st);
   }
   if (spec.has_embedding) s.demb = alloc({N, C});
@@ -351,11 +398,45 @@ void GptChunk::Impl::grads_ready(int u, int slot) {
   if (hooks.grads_ready) hooks.grads_ready(u, slot);
 }
 
-GptChunk::Impl::Layer GptChunk::Impl::as_layer(const std::vector<Tensor>& v) const {
+GptChunk::Impl::Layer GptChunk::Impl::as_layer(int l, const std::vector<Tensor>& v,
+                                               const std::vector<Tensor>& experts) const {
   Tensor f[kLayerFields];
   for (int k = 0; k < kLayerFields; ++k)
-    if (layer_field[k] >= 0) f[k] = v[static_cast<size_t>(layer_field[k])];
-  return Layer{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]};
+    if (layer_fields[l][k] >= 0) f[k] = v[static_cast<size_t>(layer_fields[l][k])];
+  Layer p{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], {}};
+  const MoeLayout& mo = moe_layout[l];
+  if (mo.E == 0) return p;
+  auto pick = [](const std::vector<Tensor>& from, int i) { return i >= 0 ? from[static_cast<size_t>(i)] : Tensor(); };
+  p.moe.router = pick(v, mo.router);
+  p.moe.coef_w = pick(v, mo.coef_w);
+  p.moe.coef_b = pick(v, mo.coef_b);
+  p.moe.sh_fc_w = pick(v, mo.sh[0]);
+  p.moe.sh_fc_b = pick(v, mo.sh[1]);
+  p.moe.sh_proj_w = pick(v, mo.sh[2]);
+  p.moe.sh_proj_b = pick(v, mo.sh[3]);
+  for (const auto& e : mo.ex) p.moe.experts.push_back({pick(experts, e[0]), pick(experts, e[1]), pick(experts, e[2]), pick(experts, e[3])});
+  return p;
+}
+
+GptChunk::Impl::Layer GptChunk::Impl::acquire_layer(int l, Pass pass) {
+  const std::vector<Tensor> v = acquire(layer_units[l], pass);
+  const std::vector<Tensor> e = expert_units[l] >= 0 ? acquire(expert_units[l], pass) : std::vector<Tensor>{};
+  return as_layer(l, v, e);
+}
+
+void GptChunk::Impl::release_layer(int l, Pass pass) {
+  if (expert_units[l] >= 0) release(expert_units[l], pass);
+  release(layer_units[l], pass);
+}
+
+GptChunk::Impl::Layer GptChunk::Impl::layer_grads(int l) {
+  const std::vector<Tensor>& v = unit_grads(layer_units[l]);
+  return as_layer(l, v, expert_units[l] >= 0 ? unit_grads(expert_units[l]) : std::vector<Tensor>{});
+}
+
+void GptChunk::Impl::layer_grads_ready(int l, int slot) {
+  if (expert_units[l] >= 0) grads_ready(expert_units[l], slot);
+  grads_ready(layer_units[l], slot);
 }
 
 // ---- forward --------------------------------------------------------------------------------------
@@ -401,9 +482,9 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
                  "GptChunk::forward: input must be (boundary_rows(), hidden_size) in the chunk's dtype");
     s.xs[0].copy_from(input);  // the caller may reuse its buffer; backward needs the layer input
   }
+  count_moe = keep;  // the training forward's routing is counted (not a recompute's, not evaluation's)
   for (int l = 0; l < L; ++l) {
-    const int u = layer_unit(l);
-    const Layer p = as_layer(acquire(u, Pass::forward));
+    const Layer p = acquire_layer(l, Pass::forward);
     LayerActs a;
     if (keep && !s.acts.empty()) {
       a = s.acts[l];
@@ -411,10 +492,12 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
     } else {
       a = rc;
       a.res2 = s.xs[l + 1];
+      if (moe_layout[l].E == 0) a.moe = nullptr;
     }
     layer_forward(ctx, spec.first_layer + l, p, s.xs[l], a);
-    release(u, Pass::forward);
+    release_layer(l, Pass::forward);
   }
+  count_moe = false;
   if (!spec.has_head) {
     TROUPE_CHECK(out.defined() && out.dtype() == dtype && out.shape() == Shape({Nl, C}),
                  "GptChunk::forward: out must be (boundary_rows(), hidden_size) in the chunk's dtype");
@@ -439,6 +522,8 @@ GptChunk::Impl::LayerActs GptChunk::Impl::acts_for_backward(Context& ctx, Slot& 
   if (!s.acts.empty()) return s.acts[l];
   LayerActs a = rc;
   a.res2 = rc_res2;
+  if (moe_layout[l].E == 0) a.moe = nullptr;
+  count_moe = false;
   layer_forward(ctx, spec.first_layer + l, p, s.xs[l], a);
   return a;
 }
@@ -543,17 +628,17 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
     m.dres.copy_from(dout);
   }
   // Layers, last to first; dres becomes d(layer input).
+  m.moe_loss_weight = s.grad_scale * static_cast<double>(m.N);
   for (int l = m.L - 1; l >= 0; --l) {
-    const int u = m.layer_unit(l);
-    const Impl::Layer p = m.as_layer(m.acquire(u, Pass::backward));
+    const Impl::Layer p = m.acquire_layer(l, Pass::backward);
     Impl::LayerActs a = m.acts_for_backward(ctx, s, l, p);
     const Impl::LayerStash& st = now ? m.now : s.stash[l];
     m.layer_backward_input(ctx, m.spec.first_layer + l, p, s.xs[l], a, m.dres, st);
     if (now) {
-      m.layer_backward_weight(ctx, m.spec.first_layer + l, m.as_layer(m.unit_grads(u)), s.xs[l], a, st);
-      m.grads_ready(u, slot);
+      m.layer_backward_weight(ctx, m.spec.first_layer + l, m.layer_grads(l), s.xs[l], a, st);
+      m.layer_grads_ready(l, slot);
     }
-    m.release(u, Pass::backward);
+    m.release_layer(l, Pass::backward);
   }
   // Embedding (its gradient is a scatter of dres; only ln_embd's backward reads parameters), or
   // d(chunk input).
@@ -597,19 +682,18 @@ void GptChunk::backward_weight(Context& ctx, int slot) {
     if (!(m.spec.has_embedding && m.out_weight_unit == m.wte_unit)) m.grads_ready(m.out_weight_unit, slot);
   }
   for (int l = m.L - 1; l >= 0; --l) {
-    const int u = m.layer_unit(l);
     // Only full recompute reads the parameters here (to rebuild the activations).
     const bool recompute = s.acts.empty();
     Impl::LayerActs a;
     if (recompute) {
-      const Impl::Layer p = m.as_layer(m.acquire(u, Pass::backward));
+      const Impl::Layer p = m.acquire_layer(l, Pass::backward);
       a = m.acts_for_backward(ctx, s, l, p);
     } else {
       a = s.acts[l];
     }
-    m.layer_backward_weight(ctx, m.spec.first_layer + l, m.as_layer(m.unit_grads(u)), s.xs[l], a, s.stash[l]);
-    if (recompute) m.release(u, Pass::backward);
-    m.grads_ready(u, slot);
+    m.layer_backward_weight(ctx, m.spec.first_layer + l, m.layer_grads(l), s.xs[l], a, s.stash[l]);
+    if (recompute) m.release_layer(l, Pass::backward);
+    m.layer_grads_ready(l, slot);
   }
   if (m.spec.has_embedding) {
     m.embedding_weight(ctx, m.unit_grads(m.wte_unit)[0],
@@ -630,6 +714,12 @@ double GptChunk::forward_eval(Context& ctx, const Tensor& tokens, const Tensor& 
   const double loss = m.forward_impl(ctx, m.eval_slot, tokens, input, out, false);
   m.loss_rows = m.N;
   return loss;
+}
+
+std::vector<MoeLayerStats> GptChunk::take_moe_stats() {
+  std::vector<MoeLayerStats> out;
+  out.swap(impl_->moe_stats);
+  return out;
 }
 
 int64_t GptChunk::param_bytes() const {

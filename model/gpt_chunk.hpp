@@ -126,12 +126,25 @@ struct ChunkSpec {
   // DeviceScope, kernels/device_memory.hpp; the chunk is then run with that GPU's Context). Token
   // windows come as host tensors either way: the chunk checks them on the host and uploads them.
   Device device = Device::cpu;
+  // MoE layers: each expert split over the TP ranks like the MLP (expert-TP = TP), or whole on every
+  // TP rank (expert-TP 1; model/params.hpp's ExpertShard).
+  bool expert_tensor_parallel = true;
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per
 // stage: virtual stage k = chunk*p + stage gets layers [k*L/(p*v), (k+1)*L/(p*v)) rounded so the
 // first (L mod p*v) virtual stages get one more. has_embedding for k == 0, has_head for k == p*v-1.
 ChunkSpec chunk_layers(const GptConfig& model, int stages, int chunks, int stage, int chunk);
+
+// One MoE layer's routing statistics, summed over the training micro-batches since the last
+// take_moe_stats (a recompute's forward is not counted again).
+struct MoeLayerStats {
+  int layer = 0;                       // global transformer layer
+  int64_t micro_batches = 0;
+  double lb_loss = 0, z_loss = 0;      // sums over the micro-batches, before their coefficients
+  std::vector<int64_t> routed, kept;   // (E) assignments per expert before / after the capacity
+  int64_t dropped = 0;
+};
 
 struct UnitInfo {
   int64_t param_offset = 0;  // into the flat parameter / gradient buffers
@@ -212,6 +225,9 @@ class GptChunk {
 
   // Bytes this chunk holds, by kind (for the memory report): resident parameters, resident
   // gradients, and activation slots plus scratch.
+  // The MoE layers' statistics since the last call (empty without MoE layers), and resets them.
+  std::vector<MoeLayerStats> take_moe_stats();
+
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
   int64_t activation_bytes() const;

@@ -9,22 +9,71 @@
 // (Hl + 2 Gl) hs the local fused qkv width, Fl = F/t, FCl = Fl (GELU) or 2 Fl (SwiGLU: [gate | up])
 // the local c_fc width, Vl = Vp/t local vocabulary rows starting at v0. GPT-2: Al = C/t, QKVl = 3C/t.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk.hpp"
+#include "model/moe_routing.hpp"
 #include "model/op_probe.hpp"
 
 namespace troupe {
 
 struct GptChunk::Impl {
+  // An MoE layer's own parameters (or their gradients), model/params.hpp's names: the router, PR-MoE's
+  // coefficient (its dense MLP is the Layer's fc fields), the shared expert, and the local experts
+  // (c_fc weight, c_fc bias, c_proj weight, c_proj bias; undefined where absent).
+  struct MoeParams {
+    Tensor router, coef_w, coef_b;
+    Tensor sh_fc_w, sh_fc_b, sh_proj_w, sh_proj_b;
+    std::vector<std::array<Tensor, 4>> experts;
+  };
   // Parameter views of one layer's unit (or their gradients). A parameter the family lacks (norm
   // biases under RMSNorm, linear biases with add_bias_linear off) is an undefined tensor.
   struct Layer {
     Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+    MoeParams moe;  // MoE layers only
   };
   static constexpr int kLayerFields = 12;
+  // Where an MoE layer's parameters sit: its global expert count, the local experts [e0, e0 + El),
+  // widths (local: split over TP or whole), and the views' positions in the layer unit (router, ...)
+  // and in its experts unit (4 per expert, -1: absent).
+  struct MoeLayout {
+    int E = 0, El = 0, e0 = 0;
+    bool split = true;                // experts split over the TP ranks
+    int64_t Fe = 0, FCe = 0;          // an expert's local width, c_fc's local rows
+    int64_t Fs = 0, FCs = 0;          // the shared expert's
+    int router = -1, coef_w = -1, coef_b = -1;
+    int sh[4] = {-1, -1, -1, -1};
+    std::vector<std::array<int, 4>> ex;
+  };
+  // What an MoE layer's backward reads (model/gpt_chunk_moe.cpp), filled by each forward: the
+  // routing, and the K kept assignments of the local experts as dispatch rows, expert by expert.
+  struct MoeActs {
+    Tensor xr;                        // (N,C) the router's jittered input (input jitter only)
+    Tensor logits;                    // (N,E)
+    MoeRouting routing;
+    std::vector<int64_t> offs;        // (El+1) first dispatch row of each local expert
+    std::vector<int64_t> token;       // (K) the token row of each dispatch row
+    std::vector<int64_t> assign;      // (K) its assignment n * k + j
+    std::vector<int64_t> row_of;      // (N*k) the dispatch row of each assignment, -1 dropped
+    Tensor xd, h, act, y;             // (K,C) (K,FCe) (K,Fe) (K,C): inputs, c_fc, activation, outputs (whole)
+    Tensor routed;                    // (N,C) sum of weighted expert outputs (residual only)
+    Tensor sh_fc, sh_act;             // (N,FCs) (N,Fs) the shared expert
+    Tensor mlp_fc, mlp_act, mlp_out;  // (N,FCl) (N,Fl) (N,C) PR-MoE's dense MLP (its output whole)
+    std::vector<double> coef;         // (N*2) PR-MoE's mixing weights
+  };
+  // What an MoE layer's weight pass needs from its input pass.
+  struct MoeStash {
+    Tensor dy;                        // (K,C) d(expert outputs)
+    Tensor dh;                        // (K,FCe) d(c_fc outputs)
+    Tensor dlogits;                   // (N,E)
+    Tensor dsh_fc;                    // (N,FCs)
+    Tensor dmlp_out, dmlp_fc;         // (N,C) (N,FCl)
+    Tensor dcoef;                     // (N,2) d(coefficient logits)
+  };
   // What one layer's backward reads. Rows: Nl = this rank's rows, N = all rows (inside the TP region).
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd;  // (Nl,C) (Nl) (Nl)  ln_1 output, local rows (mean: LayerNorm only)
@@ -35,6 +84,7 @@ struct GptChunk::Impl {
     Tensor ln2, ln2_mean, ln2_rstd;  // (Nl,C) (Nl) (Nl)
     Tensor fc, fc_gelu;              // (N,FCl) (N,Fl)    c_fc output before / after GELU (or SwiGLU)
     Tensor res2;                     // (Nl,C)            layer output = next layer's input
+    std::shared_ptr<MoeActs> moe;    // MoE layers: the MoE block's
   };
   // Output gradients a layer's weight pass needs; written by its input pass (split backward keeps
   // them in the slot until backward_weight).
@@ -45,6 +95,7 @@ struct GptChunk::Impl {
     Tensor dy1;   // (N,C)   d(attn c_proj output)
     Tensor dqkv;  // (N,QKVl) d(c_attn output) (rope: rotated back)
     Tensor dln1;  // (Nl,C)  d(ln_1 output)
+    std::shared_ptr<MoeStash> moe;  // MoE layers
   };
   enum class SlotState : uint8_t { free, forwarded, weight_pending };
   struct Slot {
@@ -78,11 +129,18 @@ struct GptChunk::Impl {
   std::vector<int64_t> spec_offset;  // offset of spec i in the flat buffers
   // Units: wte (the embedding's, or the tied head's copy), emb (wpe and / or ln_embd, when the
   // family has either), the layers, head (ln_f), out (the untied head's lm_head). -1: absent.
-  int wte_unit = -1, emb_unit = -1, head_unit = -1, out_unit = -1, first_layer_unit = 0;
+  int wte_unit = -1, emb_unit = -1, head_unit = -1, out_unit = -1;
+  std::vector<int> layer_units;   // (L) each layer's unit
+  std::vector<int> expert_units;  // (L) an MoE layer's experts unit (right after its layer unit), else -1
   int out_weight_unit = -1;   // the head's weight: out_unit untied, else wte_unit
-  // Where each Layer field sits in a layer unit's spec list (-1: not in this family); the same for
-  // every layer. emb unit: wpe, ln_embd weight and bias.
-  int layer_field[kLayerFields] = {};
+  // Where each Layer field sits in a layer unit's spec list (-1: not in this family or not in this
+  // layer: an MoE layer has no dense MLP but PR-MoE's). emb unit: wpe, ln_embd weight and bias.
+  std::vector<std::array<int, kLayerFields>> layer_fields;
+  std::vector<MoeLayout> moe_layout;  // (L) E = 0 for a dense layer
+  bool any_moe = false;
+  // MoE statistics of the training forwards since the last take_moe_stats (recomputes not counted).
+  std::vector<MoeLayerStats> moe_stats;
+  bool count_moe = false;
   int emb_wpe = -1, emb_ln_w = -1, emb_ln_b = -1;
   int64_t loss_rows = 0;  // rows whose losses the head sums: N, fewer for a padded evaluation batch
   int t = 1, r = 0;
@@ -164,8 +222,14 @@ struct GptChunk::Impl {
   void release(int u, Pass pass);
   const std::vector<Tensor>& unit_grads(int u);
   void grads_ready(int u, int slot);
-  int layer_unit(int l) const { return first_layer_unit + l; }
-  Layer as_layer(const std::vector<Tensor>& v) const;
+  int layer_unit(int l) const { return layer_units[l]; }
+  // Layer l's parameters (its unit and, for an MoE layer, its experts unit), acquired / released together;
+  // its gradient views; its units' grads_ready.
+  Layer acquire_layer(int l, Pass pass);
+  void release_layer(int l, Pass pass);
+  Layer layer_grads(int l);
+  void layer_grads_ready(int l, int slot);
+  Layer as_layer(int l, const std::vector<Tensor>& v, const std::vector<Tensor>& experts) const;
 
   // fuse_head: run the head's backward inside the forward (t = 1 only; see GptChunk::forward).
   double forward_impl(Context& ctx, Slot& s, const Tensor& tokens, const Tensor& input, const Tensor& out,
@@ -195,6 +259,18 @@ struct GptChunk::Impl {
                             const Tensor& dres, const LayerStash& st);
   void layer_backward_weight(Context& ctx, int layer, const Layer& g, const Tensor& x, const LayerActs& a,
                              const LayerStash& st);
+
+  // ---- an MoE layer's MLP (gpt_chunk_moe.cpp); l local, layer global ----
+  // x: ln_2's output, all N rows (gathered); out: (N,C) the MoE output, whole on every TP rank.
+  void moe_forward(Context& ctx, int l, int layer, const Layer& p, const Tensor& x, MoeActs& a, const Tensor& out);
+  // dy: d(MoE output), all rows, alike on every TP rank; dx: (N,C) this rank's share of d(x) (the TP
+  // reduction of the shares is the gradient), overwritten.
+  void moe_backward_input(Context& ctx, int l, int layer, const Layer& p, const Tensor& x, const MoeActs& a,
+                          const Tensor& dy, MoeStash& st, const Tensor& dx);
+  void moe_backward_weight(Context& ctx, int l, int layer, const Layer& g, const Tensor& x, const MoeActs& a,
+                           const Tensor& dy, const MoeStash& st);
+  // The objective's weight on the micro-batch's load-balancing and z losses (grad_scale * N).
+  double moe_loss_weight = 0;
 
   // ---- tensor-parallel pieces (gpt_chunk_tp.cpp) ----
   void all_reduce(const Tensor& t, comm::ReduceOp op);

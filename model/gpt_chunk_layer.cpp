@@ -111,18 +111,24 @@ void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, cons
   look(layer, "ln2", F, a.ln2);
   const Tensor ln2 = sp ? gathered : a.ln2;                                                   // (N,C)
   gather_rows(a.ln2, ln2);                                                                    // f
-  ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                        // (N,FCl)
-  look(layer, "mlp_fc1", F, a.fc);
-  if (swiglu) {
-    ops::glu_forward(ctx, a.fc_gelu, a.fc, ops::GluKind::swiglu);                            // (N,Fl)
-    look(layer, "mlp_swiglu", F, a.fc_gelu);
+  if (a.moe) {  // an MoE layer (gpt_chunk_moe.cpp): its output is whole on every rank
+    const Tensor moe = sp ? partial : a.res2;                                                 // (N,C) whole
+    moe_forward(ctx, layer - spec.first_layer, layer, p, ln2, *a.moe, moe);
+    if (sp) a.res2.copy_from(partial.rows(row0, row0 + Nl));                                  // this rank's rows
   } else {
-    ops::gelu_forward(ctx, a.fc_gelu, a.fc);
-    look(layer, "mlp_gelu", F, a.fc_gelu);
+    ops::linear_forward(ctx, a.fc, ln2, p.fc_w, p.fc_b);                                      // (N,FCl)
+    look(layer, "mlp_fc1", F, a.fc);
+    if (swiglu) {
+      ops::glu_forward(ctx, a.fc_gelu, a.fc, ops::GluKind::swiglu);                          // (N,Fl)
+      look(layer, "mlp_swiglu", F, a.fc_gelu);
+    } else {
+      ops::gelu_forward(ctx, a.fc_gelu, a.fc);
+      look(layer, "mlp_gelu", F, a.fc_gelu);
+    }
+    const Tensor mlp = sp ? partial : a.res2;                                                 // (N,C) partial
+    ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
+    reduce_rows(mlp, a.res2);                                                                 // g -> (Nl,C)
   }
-  const Tensor mlp = sp ? partial : a.res2;                                                   // (N,C) partial
-  ops::linear_forward(ctx, mlp, a.fc_gelu, p.fcproj_w, r == 0 ? p.fcproj_b : none);
-  reduce_rows(mlp, a.res2);                                                                   // g -> (Nl,C)
   look(layer, "mlp_fc2", F, a.res2);
   drop_rows(ctx, a.res2, DropoutSite::mlp_output, layer, row0);
   ops::add_inplace(ctx, a.res2, a.res1);
@@ -137,17 +143,21 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   gather_rows(dres, st.dy2);  // g's dual; without SP a copy, since dres changes below    (N,C)
   drop_rows(ctx, st.dy2, DropoutSite::mlp_output, layer, 0);  // d(c_proj output): the forward's mask
   look(layer, "residual2", Bk, st.dy2);
-  ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                  // (N,Fl)
-  look(layer, "mlp_fc2", Bk, dgelu);
-  if (swiglu) {
-    ops::glu_backward(ctx, st.dfc, dgelu, a.fc, ops::GluKind::swiglu);                     // (N,FCl)
-    look(layer, "mlp_swiglu", Bk, st.dfc);
-  } else {
-    ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                          // (N,Fl)
-    look(layer, "mlp_gelu", Bk, st.dfc);
-  }
   const Tensor dln2 = sp ? partial : st.dln2;  // this rank's share of d(ln_2 output)       (N,C)
-  ops::linear_backward(ctx, dln2, none, none, st.dfc, none, p.fc_w);
+  if (a.moe) {
+    moe_backward_input(ctx, layer - spec.first_layer, layer, p, Tensor(), *a.moe, st.dy2, *st.moe, dln2);
+  } else {
+    ops::linear_backward(ctx, dgelu, none, none, st.dy2, none, p.fcproj_w);                // (N,Fl)
+    look(layer, "mlp_fc2", Bk, dgelu);
+    if (swiglu) {
+      ops::glu_backward(ctx, st.dfc, dgelu, a.fc, ops::GluKind::swiglu);                   // (N,FCl)
+      look(layer, "mlp_swiglu", Bk, st.dfc);
+    } else {
+      ops::gelu_backward(ctx, st.dfc, dgelu, a.fc);                                        // (N,Fl)
+      look(layer, "mlp_gelu", Bk, st.dfc);
+    }
+    ops::linear_backward(ctx, dln2, none, none, st.dfc, none, p.fc_w);
+  }
   reduce_rows(dln2, st.dln2);                  // f's dual                                  (Nl,C)
   look(layer, "mlp_fc1", Bk, st.dln2);
   norm_backward(ctx, dres, none, none, st.dln2, a.res1, p.ln2_w, a.ln2_mean, a.ln2_rstd);
@@ -185,18 +195,22 @@ void GptChunk::Impl::layer_backward_weight(Context& ctx, int layer, const Layer&
                                            const LayerActs& a, const LayerStash& st) {
   const Tensor none;
   constexpr ProbeDir W = ProbeDir::weight;
-  // Row-parallel c_proj: dW from this rank's input columns; the replicated bias from all N rows of
-  // d(output), which every rank holds alike, so its gradient is identical on every rank.
-  ops::linear_backward(ctx, none, g.fcproj_w, g.fcproj_b, st.dy2, a.fc_gelu, none);
-  look(layer, "mlp_fc2", W, g.fcproj_w);
-  look(layer, "mlp_fc2", W, g.fcproj_b);
   // Column-parallel c_fc reads ln_2's output on all rows; sequence parallelism kept only this rank's
   // rows, so they are gathered again (as Megatron does) rather than kept N rows wide.
   const Tensor ln2 = sp ? gathered : a.ln2;
   gather_rows(a.ln2, ln2);
-  ops::linear_backward(ctx, none, g.fc_w, g.fc_b, st.dfc, ln2, none);
-  look(layer, "mlp_fc1", W, g.fc_w);
-  look(layer, "mlp_fc1", W, g.fc_b);
+  if (a.moe) {
+    moe_backward_weight(ctx, layer - spec.first_layer, layer, g, ln2, *a.moe, st.dy2, *st.moe);
+  } else {
+    // Row-parallel c_proj: dW from this rank's input columns; the replicated bias from all N rows of
+    // d(output), which every rank holds alike, so its gradient is identical on every rank.
+    ops::linear_backward(ctx, none, g.fcproj_w, g.fcproj_b, st.dy2, a.fc_gelu, none);
+    look(layer, "mlp_fc2", W, g.fcproj_w);
+    look(layer, "mlp_fc2", W, g.fcproj_b);
+    ops::linear_backward(ctx, none, g.fc_w, g.fc_b, st.dfc, ln2, none);
+    look(layer, "mlp_fc1", W, g.fc_w);
+    look(layer, "mlp_fc1", W, g.fc_b);
+  }
   ln_weight_grads(ctx, g.ln2_w, g.ln2_b, st.dln2, a.res1, a.ln2_mean, a.ln2_rstd);
   look(layer, "ln2", W, g.ln2_w);
   look(layer, "ln2", W, g.ln2_b);

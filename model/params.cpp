@@ -82,7 +82,9 @@ int64_t ParamSlice::local_extent() const {
   return n;
 }
 
-std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_rank) {
+bool is_expert_param(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
+std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_rank, const ExpertShard& ex) {
   TROUPE_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, "tensor-parallel rank out of range");
   const int t = tp_size, r = tp_rank;
   const int H = c.num_attention_heads, G = c.query_groups();
@@ -114,9 +116,17 @@ std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_
   // Column-parallel fused QKV: rows [q (H hs) | k (G hs) | v (G hs)], each part split over the ranks.
   const std::vector<int64_t> qkv_parts = {H * hs, G * hs, G * hs};
   // c_fc: one part, or SwiGLU's [gate (F) | up (F)].
-  const std::vector<int64_t> fc_parts = swiglu ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
   const int fc_n = swiglu ? 2 : 1;
-  const int64_t fc_rows = fc_n * F;
+  // An MLP of width `width` under `prefix` (c_fc, c_proj): split over the TP ranks like Megatron's
+  // (split false: whole on every rank); c_proj's bias with biases and `proj_bias`.
+  auto mlp = [&](const std::string& prefix, int64_t width, bool split, bool proj_bias) {
+    const std::vector<int64_t> parts = swiglu ? std::vector<int64_t>{width, width} : std::vector<int64_t>{width};
+    const int tp_dim0 = split ? 0 : -1, tp_dim1 = split ? 1 : -1;
+    add(spec(prefix + "c_fc.weight", {fc_n * width, C}, InitKind::normal, std, true, tp_dim0, fc_n), parts);
+    if (bias) add(spec(prefix + "c_fc.bias", {fc_n * width}, InitKind::zeros, 0, false, tp_dim0, fc_n), parts);
+    add(spec(prefix + "c_proj.weight", {C, width}, InitKind::normal_residual, residual_std, true, tp_dim1));
+    if (bias && proj_bias) add(spec(prefix + "c_proj.bias", {C}, InitKind::zeros, 0, false));
+  };
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
     norm(h + "ln_1", !rms);
@@ -126,10 +136,24 @@ std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_
     add(spec(h + "attn.c_proj.weight", {C, A}, InitKind::normal_residual, residual_std, true, 1));
     if (bias) add(spec(h + "attn.c_proj.bias", {C}, InitKind::zeros, 0, false));
     norm(h + "ln_2", !rms);
-    add(spec(h + "mlp.c_fc.weight", {fc_rows, C}, InitKind::normal, std, true, 0, fc_n), fc_parts);
-    if (bias) add(spec(h + "mlp.c_fc.bias", {fc_rows}, InitKind::zeros, 0, false, 0, fc_n), fc_parts);
-    add(spec(h + "mlp.c_proj.weight", {C, F}, InitKind::normal_residual, residual_std, true, 1));
-    if (bias) add(spec(h + "mlp.c_proj.bias", {C}, InitKind::zeros, 0, false));
+    const int E = c.moe.experts_of(i, c.num_layers);
+    if (E == 0 || c.moe.residual) {
+      mlp(h + "mlp.", F, true, E == 0 || c.moe.router == MoeRouter::megatron);
+    }
+    if (E > 0) {
+      add(spec(h + "mlp.router.weight", {E, C}, InitKind::normal, std, true));
+      if (c.moe.residual) {
+        add(spec(h + "mlp.coefficient.weight", {2, C}, InitKind::normal, std, true));
+        add(spec(h + "mlp.coefficient.bias", {2}, InitKind::zeros, 0, false));
+      }
+      if (c.moe.shared_expert_ffn > 0) mlp(h + "mlp.shared_expert.", c.moe.shared_expert_ffn, true, true);
+      TROUPE_CHECK(ex.ep_size >= 1 && ex.ep_rank >= 0 && ex.ep_rank < ex.ep_size && E % ex.ep_size == 0,
+                   "gpt2_shard_specs: the expert-parallel size must divide every layer's experts");
+      const int local = E / ex.ep_size;
+      for (int e = ex.ep_rank * local; e < (ex.ep_rank + 1) * local; ++e)
+        mlp(h + "mlp.experts." + std::to_string(e) + ".", c.expert_ffn_hidden_size(), ex.tensor_parallel,
+            c.moe.router == MoeRouter::megatron);
+    }
   }
   norm("transformer.ln_f", !rms);
   // The untied output head: vocabulary-parallel like wte (Megatron's output_layer).

@@ -83,7 +83,25 @@ std::vector<ParamSpec> gpt2_param_specs(const GptConfig& config);
 //   everything else (wpe, norms, row-parallel biases) replicated.
 // local_shape is the slice's shape. A size that t does not divide (heads, query groups, hidden size,
 // ffn size) is a bug in the caller (TROUPE_CHECK): validate the layout first.
-std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& config, int tp_size, int tp_rank);
+//
+// Mixture of experts (config.moe): an MoE layer's mlp holds, after ln_2, in this order:
+//   [mlp.c_fc.*, mlp.c_proj.weight]   PR-MoE's dense MLP (residual; deepspeed router: no c_proj bias)
+//   mlp.router.weight (E, C)          replicated
+//   [mlp.coefficient.weight (2, C), mlp.coefficient.bias (2)]   residual: replicated
+//   [mlp.shared_expert.c_fc.*, mlp.shared_expert.c_proj.*]      the shared expert, split like the MLP
+//   mlp.experts.<e>.c_fc.weight, [.bias], mlp.experts.<e>.c_proj.weight, [.bias]  for each expert e the
+//                                     shard holds (global index e), split like the MLP when the experts
+//                                     are tensor-parallel, else whole on every TP rank; the c_proj bias
+//                                     only for the megatron router with biases (Megatron-DeepSpeed
+//                                     never adds its experts' output bias)
+struct ExpertShard {
+  int ep_size = 1, ep_rank = 0;  // the shard holds experts [ep_rank E/ep, (ep_rank + 1) E/ep) of each layer
+  bool tensor_parallel = true;   // experts split over the TP ranks (expert-TP = TP), or whole (expert-TP 1)
+};
+std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& config, int tp_size, int tp_rank,
+                                        const ExpertShard& experts = {});
+// Whether a spec name belongs to an expert (".mlp.experts."): reduced over the expert-data-parallel group.
+bool is_expert_param(const std::string& name);
 
 // Row-major index into the global tensor (global_shape) of the local element `local_index`
 // (row-major in local_shape), or -1 for a vocabulary padding element.

@@ -296,6 +296,46 @@ inline bool verbose() { return std::getenv("TROUPE_TEST_VERBOSE") != nullptr; }
 inline ChunkSpec whole_model(const GptConfig& cfg) { return chunk_layers(cfg, 1, 1, 0, 0); }
 
 
+// The t = 1 chunk's gradient of `name` (a full tensor, wte / lm_head padded).
+inline const Tensor& grad_of(const RankResult& one, const std::string& name) {
+  for (size_t k = 0; k < one.specs.size(); ++k)
+    if (one.specs[k].name == name) return one.grad_views[k];
+  FAIL("no parameter " << name);
+  return one.grad_views[0];
+}
+
+// Runs `s` on t TP ranks and on one; returns (max loss rel error, max gradient rel error), every
+// rank's slice of every gradient compared with the single rank's, replicated ones bitwise alike.
+inline std::pair<double, double> tp_vs_one(ChunkSpec s, int t, bool sp, DType dt, const std::vector<Micro>& micro,
+                                    const std::string& script) {
+  s.sequence_parallel = false;
+  const auto one = run_chunk(s, 1, dt, micro, script);
+  s.sequence_parallel = sp;
+  const auto res = run_chunk(s, t, dt, micro, script);
+  double loss_err = 0, grad_err = 0;
+  const int64_t N = kB * s.model.seq_length;
+  for (int r = 0; r < t; ++r) {
+    for (size_t i = 0; i < micro.size(); ++i) {
+      REQUIRE(res[r].loss[i] == res[0].loss[i]);
+      if (s.has_head)
+        loss_err = std::max(loss_err, std::abs(res[r].loss[i] - one[0].loss[i]) / std::abs(one[0].loss[i]));
+      // The boundary tensors: this rank's rows of the single rank's.
+      const int64_t rows = sp ? sp_rows(N, t, r) : N, r0 = sp ? sp_offset(N, t, r) : 0;
+      if (res[r].din[i].defined())
+        grad_err = std::max(grad_err, test::max_rel_diff(res[r].din[i], row_block(one[0].din[i], r0, rows)));
+      if (res[r].out[i].defined())
+        grad_err = std::max(grad_err, test::max_rel_diff(res[r].out[i], row_block(one[0].out[i], r0, rows)));
+    }
+    for (size_t k = 0; k < res[r].specs.size(); ++k) {
+      const ParamSpec& ps = res[r].specs[k];
+      INFO("rank " << r << " " << ps.name);
+      grad_err = std::max(grad_err, test::max_rel_diff(res[r].grad_views[k], slice_of(grad_of(one[0], ps.name), ps)));
+      if (ps.slice.dim < 0) REQUIRE(bitwise(res[r].grad_views[k], res[0].grad_views[k]));
+    }
+  }
+  return {loss_err, grad_err};
+}
+
 // Runs `spec` (whole model or a p = 2 stage) on t TP ranks and checks loss and every gradient slice
 // against GptModel. Returns (max loss rel error, max gradient rel error).
 inline std::pair<double, double> check_tp_against_reference(const GptConfig& cfg, int t, bool sp, DType dt,

@@ -1,0 +1,410 @@
+// An MoE layer's MLP on one tensor-parallel rank (docs/MOE.md):
+//
+//   logits = x_r W_router^T                   x_r = x, or x * U(1 - eps, 1 + eps) (input jitter)
+//   routing = moe_route(logits)               model/moe_routing.hpp: experts, drops, weights, losses
+//   y_i = expert_e(x_n)                       for every kept assignment i = (token n, expert e), the
+//                                             local experts' rows gathered expert by expert
+//   routed_n = sum_j w_nj y_(n,j)             in assignment order j
+//   out = routed [+ shared_expert(x)]         or PR-MoE: routed * c0 + mlp(x) * c1 with
+//                                             c = softmax(x W_coef^T + b_coef)
+//
+// Tensor parallelism. Every TP rank sees all N rows of x (gathered under sequence parallelism) and the
+// same replicated router, so every rank routes alike. Experts split over TP (expert-TP = TP) are
+// column/row-parallel like the MLP: their outputs y are partial sums, all-reduced over TP before they
+// are weighted (the weights' gradient needs the whole y); whole experts (expert-TP 1) compute y
+// whole on every rank. The shared expert and PR-MoE's dense MLP are split like the MLP and
+// all-reduced. So the output is whole on every rank, and the layer takes its rows of it.
+// In backward, d(out) is whole and alike on every rank; d(x) is returned as this rank's share: the
+// split pieces' input gradients (partial sums) plus, on TP rank 0 only, the gradients every rank
+// computes whole (router, coefficient, whole experts), so the TP reduction of the layer sums each
+// once. Gradients of replicated parameters come from whole tensors and are alike on every rank.
+//
+// The objective adds moe_loss_weight * (aux_loss_coeff * lb_loss + z_loss_coeff * z_loss) per
+// micro-batch (moe_loss_weight = grad_scale * N: the head's weight on a micro-batch's mean loss).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/ops.hpp"
+#include "model/gpt_chunk_impl.hpp"
+
+namespace troupe {
+
+namespace {
+
+// The stream of an MoE layer's draws, apart from the dropout masks' (4 * layer + site).
+constexpr uint32_t kMoeStream = 0x40000000u;
+constexpr int kJitter = 2;  // the third purpose besides MoeDraw::rts, MoeDraw::gumbel
+
+// u in (0, 1) for element `element` of global sample `sample` of stream `purpose` of `layer`.
+double uniform_at(const MicroBatchKey& key, int layer, int purpose, int64_t sample, int64_t element) {
+  DropoutMask m;
+  m.seed = key.seed;
+  m.iteration = static_cast<uint32_t>(key.iteration);
+  m.stream = kMoeStream + 4 * static_cast<uint32_t>(layer) + static_cast<uint32_t>(purpose);
+  uint32_t w[4];
+  m.words(sample, element / 4, w);
+  return (static_cast<double>(w[element % 4]) + 0.5) * 0x1p-32;
+}
+
+Tensor& ensure(Tensor& t, const Shape& shape, DType dtype, Device device) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != dtype) t = Tensor::empty(shape, dtype, device);
+  return t;
+}
+
+std::vector<double> host_values(const Tensor& t) {
+  const Tensor h = t.dtype() == DType::f64 ? t.to_host() : t.to(DType::f64);
+  const double* d = h.data<double>();
+  return std::vector<double>(d, d + h.numel());
+}
+
+void set_values(const Tensor& t, const std::vector<double>& v) {
+  const Tensor h = Tensor::wrap(const_cast<double*>(v.data()), t.shape(), DType::f64, nullptr);
+  t.copy_from(t.dtype() == DType::f64 ? h : h.to(t.dtype()));
+}
+
+// Elementwise host loops on f32 or f64 tensors (MoE layers run in either).
+template <class F>
+void with_type(DType dtype, F&& f) {
+  if (dtype == DType::f64) f(double{});
+  else if (dtype == DType::f32) f(float{});
+  else TROUPE_CHECK(false, "MoE layers compute in f32 or f64");
+}
+
+}  // namespace
+
+void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p, const Tensor& x, MoeActs& a,
+                                 const Tensor& out) {
+  const MoeLayout& mo = moe_layout[l];
+  const MoeConfig& cfg = spec.model.moe;
+  const int64_t E = mo.E, k = cfg.topk;
+  const Device dev = spec.device;
+  const MicroBatchKey* key = key_now;
+  const bool training = key != nullptr;
+  const Tensor none;
+  constexpr ProbeDir F = ProbeDir::forward;
+
+  // The router's input and logits.
+  Tensor xr = x;
+  if (training && cfg.input_jitter_eps > 0) {
+    ensure(a.xr, {N, C}, dtype, dev);
+    const double eps = cfg.input_jitter_eps;
+    with_type(dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      const T_* src = x.data<T_>();
+      T_* dst = a.xr.data<T_>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+          dst[n * C + c] = static_cast<T_>(src[n * C + c] * (1 - eps + 2 * eps * u));
+        }
+    });
+    xr = a.xr;
+  } else {
+    a.xr = Tensor();
+  }
+  ensure(a.logits, {N, E}, dtype, dev);
+  ops::linear_forward(ctx, a.logits, xr, p.moe.router, none);
+  look(layer, "moe_router", F, a.logits);
+  const std::vector<double> logits = host_values(a.logits);
+  MoeDraws draws;
+  if (training) {
+    const MicroBatchKey kk = *key;
+    const int64_t TT = T;
+    draws = [kk, layer, TT, E](MoeDraw purpose, int64_t row, int64_t e) {
+      return uniform_at(kk, layer, static_cast<int>(purpose), kk.first_sample + row / TT, (row % TT) * E + e);
+    };
+  }
+  a.routing = moe_route(cfg, logits.data(), B, T, E, training, draws);
+  const MoeRouting& rt = a.routing;
+
+  // Dispatch rows: the local experts' kept assignments, expert by expert, tokens in row order.
+  a.offs.assign(static_cast<size_t>(mo.El) + 1, 0);
+  a.token.clear();
+  a.assign.clear();
+  a.row_of.assign(static_cast<size_t>(N * k), -1);
+  for (int e = 0; e < mo.El; ++e) {
+    a.offs[e] = static_cast<int64_t>(a.token.size());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t i = n * k + j;
+        if (!rt.kept[i] || rt.expert[i] != mo.e0 + e) continue;
+        a.row_of[i] = static_cast<int64_t>(a.token.size());
+        a.token.push_back(n);
+        a.assign.push_back(i);
+      }
+  }
+  const int64_t K = static_cast<int64_t>(a.token.size());
+  a.offs[mo.El] = K;
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(dtype);
+  ensure(a.xd, {std::max<int64_t>(K, 1), C}, dtype, dev);
+  ensure(a.h, {std::max<int64_t>(K, 1), mo.FCe}, dtype, dev);
+  ensure(a.act, {std::max<int64_t>(K, 1), mo.Fe}, dtype, dev);
+  ensure(a.y, {std::max<int64_t>(K, 1), C}, dtype, dev);
+  {
+    const char* src = static_cast<const char*>(x.raw());
+    char* dst = static_cast<char*>(a.xd.raw());
+    for (int64_t i = 0; i < K; ++i) std::memcpy(dst + i * row_bytes, src + a.token[i] * row_bytes, row_bytes);
+  }
+  for (int e = 0; e < mo.El; ++e) {
+    const int64_t r0 = a.offs[e], r1 = a.offs[e + 1];
+    if (r1 == r0) continue;
+    const auto& w = p.moe.experts[static_cast<size_t>(e)];
+    const Tensor h = a.h.rows(r0, r1), act = a.act.rows(r0, r1);
+    ops::linear_forward(ctx, h, a.xd.rows(r0, r1), w[0], w[1]);
+    if (swiglu) ops::glu_forward(ctx, act, h, ops::GluKind::swiglu);
+    else ops::gelu_forward(ctx, act, h);
+    // A split expert's c_proj bias is added once, by TP rank 0, inside the sum the reduction forms.
+    ops::linear_forward(ctx, a.y.rows(r0, r1), act, w[2], mo.split && r != 0 ? none : w[3]);
+  }
+  if (mo.split && K > 0) all_reduce(a.y.rows(0, K), comm::ReduceOp::sum);
+  look(layer, "moe_experts", F, K > 0 ? a.y.rows(0, K) : Tensor());
+
+  // routed = sum_j w_nj y_(n,j), assignments in order.
+  const bool residual = mo.coef_w >= 0;
+  with_type(dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    T_* o = out.data<T_>();
+    const T_* y = a.y.data<T_>();
+    std::fill(o, o + N * C, T_(0));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t row = a.row_of[n * k + j];
+        if (row < 0) continue;
+        const T_ wt = static_cast<T_>(rt.weight[n * k + j]);
+        for (int64_t c = 0; c < C; ++c) o[n * C + c] += wt * y[row * C + c];
+      }
+  });
+  // A dense MLP of this layer on all rows, whole (all-reduced over TP): PR-MoE's or the shared expert.
+  auto dense = [&](const Tensor& fc, const Tensor& act, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                   const Tensor& b2, const Tensor& result) {
+    ops::linear_forward(ctx, fc, x, w1, b1);
+    if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
+    else ops::gelu_forward(ctx, act, fc);
+    ops::linear_forward(ctx, result, act, w2, r == 0 ? b2 : none);
+    if (t > 1) all_reduce(result, comm::ReduceOp::sum);
+  };
+  if (residual) {
+    ensure(a.routed, {N, C}, dtype, dev).copy_from(out);
+    ensure(a.mlp_fc, {N, FCl}, dtype, dev);
+    ensure(a.mlp_act, {N, Fl}, dtype, dev);
+    ensure(a.mlp_out, {N, C}, dtype, dev);
+    dense(a.mlp_fc, a.mlp_act, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b, a.mlp_out);
+    Tensor cl = Tensor::empty({N, 2}, dtype, dev);
+    ops::linear_forward(ctx, cl, x, p.moe.coef_w, p.moe.coef_b);
+    const std::vector<double> z = host_values(cl);
+    a.coef.resize(static_cast<size_t>(N * 2));
+    for (int64_t n = 0; n < N; ++n) {
+      const double m = std::max(z[n * 2], z[n * 2 + 1]);
+      const double e0 = std::exp(z[n * 2] - m), e1 = std::exp(z[n * 2 + 1] - m);
+      a.coef[n * 2] = e0 / (e0 + e1);
+      a.coef[n * 2 + 1] = e1 / (e0 + e1);
+    }
+    with_type(dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      T_* o = out.data<T_>();
+      const T_* mo_ = a.routed.data<T_>();
+      const T_* ml = a.mlp_out.data<T_>();
+      for (int64_t n = 0; n < N; ++n) {
+        const T_ c0 = static_cast<T_>(a.coef[n * 2]), c1 = static_cast<T_>(a.coef[n * 2 + 1]);
+        for (int64_t c = 0; c < C; ++c) o[n * C + c] = mo_[n * C + c] * c0 + ml[n * C + c] * c1;
+      }
+    });
+  }
+  if (mo.FCs > 0) {
+    ensure(a.sh_fc, {N, mo.FCs}, dtype, dev);
+    ensure(a.sh_act, {N, mo.Fs}, dtype, dev);
+    Tensor sh = Tensor::empty({N, C}, dtype, dev);
+    dense(a.sh_fc, a.sh_act, p.moe.sh_fc_w, p.moe.sh_fc_b, p.moe.sh_proj_w, p.moe.sh_proj_b, sh);
+    ops::add_inplace(ctx, out, sh);
+  }
+  look(layer, "moe_output", F, out);
+
+  if (count_moe) {
+    MoeLayerStats* st = nullptr;
+    for (auto& s : moe_stats)
+      if (s.layer == layer) st = &s;
+    if (st == nullptr) {
+      moe_stats.push_back(MoeLayerStats{});
+      st = &moe_stats.back();
+      st->layer = layer;
+      st->routed.assign(static_cast<size_t>(E), 0);
+      st->kept.assign(static_cast<size_t>(E), 0);
+    }
+    ++st->micro_batches;
+    st->lb_loss += rt.lb_loss;
+    st->z_loss += rt.z_loss;
+    for (int64_t e = 0; e < E; ++e) {
+      st->routed[e] += rt.routed[e];
+      st->kept[e] += rt.kept_count[e];
+    }
+    st->dropped += rt.dropped;
+  }
+}
+
+void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const Layer& p, const Tensor& x,
+                                        const MoeActs& a, const Tensor& dy, MoeStash& st, const Tensor& dx) {
+  (void)x;
+  const MoeLayout& mo = moe_layout[l];
+  const MoeConfig& cfg = spec.model.moe;
+  const int64_t E = mo.E, k = cfg.topk;
+  const Device dev = spec.device;
+  const MoeRouting& rt = a.routing;
+  const int64_t K = a.offs.empty() ? 0 : a.offs.back();
+  const Tensor none;
+  constexpr ProbeDir Bk = ProbeDir::backward;
+  const bool residual = p.moe.coef_w.defined();
+
+  dx.zero_();
+  Tensor whole = Tensor::zeros({N, C}, dtype, dev);  // gradients every rank computes whole
+  Tensor tmp = Tensor::empty({N, C}, dtype, dev);
+  // d(routed): dy, or PR-MoE's share dy * c0; PR-MoE's dense MLP and coefficient.
+  Tensor droute = dy;
+  if (residual) {
+    droute = Tensor::empty({N, C}, dtype, dev);
+    ensure(st.dmlp_out, {N, C}, dtype, dev);
+    ensure(st.dmlp_fc, {N, FCl}, dtype, dev);
+    ensure(st.dcoef, {N, 2}, dtype, dev);
+    std::vector<double> dcl(static_cast<size_t>(N * 2));
+    with_type(dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      const T_* g = dy.data<T_>();
+      const T_* ro = a.routed.data<T_>();
+      const T_* ml = a.mlp_out.data<T_>();
+      T_* dr = droute.data<T_>();
+      T_* dm = st.dmlp_out.data<T_>();
+      for (int64_t n = 0; n < N; ++n) {
+        const double c0 = a.coef[n * 2], c1 = a.coef[n * 2 + 1];
+        double d0 = 0, d1 = 0;
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t i = n * C + c;
+          dr[i] = static_cast<T_>(g[i] * static_cast<T_>(c0));
+          dm[i] = static_cast<T_>(g[i] * static_cast<T_>(c1));
+          d0 += static_cast<double>(g[i]) * ro[i];
+          d1 += static_cast<double>(g[i]) * ml[i];
+        }
+        const double dot = c0 * d0 + c1 * d1;
+        dcl[n * 2] = c0 * (d0 - dot);
+        dcl[n * 2 + 1] = c1 * (d1 - dot);
+      }
+    });
+    set_values(st.dcoef, dcl);
+    ops::linear_backward(ctx, tmp, none, none, st.dcoef, none, p.moe.coef_w);
+    ops::add_inplace(ctx, whole, tmp);
+    Tensor dact = Tensor::empty({N, Fl}, dtype, dev);
+    ops::linear_backward(ctx, dact, none, none, st.dmlp_out, none, p.fcproj_w);
+    if (swiglu) ops::glu_backward(ctx, st.dmlp_fc, dact, a.mlp_fc, ops::GluKind::swiglu);
+    else ops::gelu_backward(ctx, st.dmlp_fc, dact, a.mlp_fc);
+    ops::linear_backward(ctx, tmp, none, none, st.dmlp_fc, none, p.fc_w);
+    ops::add_inplace(ctx, dx, tmp);
+  }
+
+  // The experts: d(y_i) = w_i d(routed)_n, d(w_i) = <d(routed)_n, y_i>.
+  std::vector<double> dweight(static_cast<size_t>(N * k), 0.0);
+  ensure(st.dy, {std::max<int64_t>(K, 1), C}, dtype, dev);
+  ensure(st.dh, {std::max<int64_t>(K, 1), mo.FCe}, dtype, dev);
+  with_type(dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    const T_* g = droute.data<T_>();
+    const T_* y = a.y.data<T_>();
+    T_* d = st.dy.data<T_>();
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t n = a.token[i], as = a.assign[i];
+      const T_ wt = static_cast<T_>(rt.weight[as]);
+      double dot = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        d[i * C + c] = wt * g[n * C + c];
+        dot += static_cast<double>(g[n * C + c]) * y[i * C + c];
+      }
+      dweight[as] = dot;
+    }
+  });
+  Tensor dxd = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
+  for (int e = 0; e < mo.El; ++e) {
+    const int64_t r0 = a.offs[e], r1 = a.offs[e + 1];
+    if (r1 == r0) continue;
+    const auto& w = p.moe.experts[static_cast<size_t>(e)];
+    Tensor dact = Tensor::empty({r1 - r0, mo.Fe}, dtype, dev);
+    ops::linear_backward(ctx, dact, none, none, st.dy.rows(r0, r1), none, w[2]);
+    if (swiglu) ops::glu_backward(ctx, st.dh.rows(r0, r1), dact, a.h.rows(r0, r1), ops::GluKind::swiglu);
+    else ops::gelu_backward(ctx, st.dh.rows(r0, r1), dact, a.h.rows(r0, r1));
+    ops::linear_backward(ctx, dxd.rows(r0, r1), none, none, st.dh.rows(r0, r1), none, w[0]);
+  }
+  look(layer, "moe_experts", Bk, K > 0 ? dxd.rows(0, K) : Tensor());
+  // Split experts give partial sums (this rank's share); whole ones the whole gradient.
+  with_type(dtype, [&](auto zero) {
+    using T_ = decltype(zero);
+    const T_* src = dxd.data<T_>();
+    T_* dst = (mo.split ? dx : whole).data<T_>();
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t n = a.token[i];
+      for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
+    }
+  });
+
+  // The router: its logits' gradient from the weights and the auxiliary losses.
+  const std::vector<double> logits = host_values(a.logits);
+  std::vector<double> dl(static_cast<size_t>(N * E));
+  moe_route_backward(cfg, rt, logits.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
+                     moe_loss_weight * cfg.z_loss_coeff, dl.data());
+  ensure(st.dlogits, {N, E}, dtype, dev);
+  set_values(st.dlogits, dl);
+  look(layer, "moe_router", Bk, st.dlogits);
+  ops::linear_backward(ctx, tmp, none, none, st.dlogits, none, p.moe.router);
+  if (a.xr.defined()) {  // through the jitter: d x = d x_r * factor
+    const MicroBatchKey* key = key_now;
+    TROUPE_CHECK(key != nullptr, "MoE: a jittered router input without the micro-batch's key");
+    const double eps = cfg.input_jitter_eps;
+    with_type(dtype, [&](auto zero) {
+      using T_ = decltype(zero);
+      T_* d = tmp.data<T_>();
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+          d[n * C + c] = static_cast<T_>(d[n * C + c] * (1 - eps + 2 * eps * u));
+        }
+    });
+  }
+  ops::add_inplace(ctx, whole, tmp);
+
+  // The shared expert (split over TP: partial sums).
+  if (mo.FCs > 0) {
+    ensure(st.dsh_fc, {N, mo.FCs}, dtype, dev);
+    Tensor dact = Tensor::empty({N, mo.Fs}, dtype, dev);
+    ops::linear_backward(ctx, dact, none, none, dy, none, p.moe.sh_proj_w);
+    if (swiglu) ops::glu_backward(ctx, st.dsh_fc, dact, a.sh_fc, ops::GluKind::swiglu);
+    else ops::gelu_backward(ctx, st.dsh_fc, dact, a.sh_fc);
+    ops::linear_backward(ctx, tmp, none, none, st.dsh_fc, none, p.moe.sh_fc_w);
+    ops::add_inplace(ctx, dx, tmp);
+  }
+  if (r == 0) ops::add_inplace(ctx, dx, whole);
+}
+
+void GptChunk::Impl::moe_backward_weight(Context& ctx, int l, int layer, const Layer& g, const Tensor& x,
+                                         const MoeActs& a, const Tensor& dy, const MoeStash& st) {
+  const MoeLayout& mo = moe_layout[l];
+  const Tensor none;
+  constexpr ProbeDir W = ProbeDir::weight;
+  const int64_t K = a.offs.empty() ? 0 : a.offs.back();
+  ops::linear_backward(ctx, none, g.moe.router, none, st.dlogits, a.xr.defined() ? a.xr : x, none);
+  look(layer, "moe_router", W, g.moe.router);
+  if (g.moe.coef_w.defined()) {
+    ops::linear_backward(ctx, none, g.moe.coef_w, g.moe.coef_b, st.dcoef, x, none);
+    ops::linear_backward(ctx, none, g.fcproj_w, g.fcproj_b, st.dmlp_out, a.mlp_act, none);
+    ops::linear_backward(ctx, none, g.fc_w, g.fc_b, st.dmlp_fc, x, none);
+  }
+  if (mo.FCs > 0) {
+    ops::linear_backward(ctx, none, g.moe.sh_proj_w, g.moe.sh_proj_b, dy, a.sh_act, none);
+    ops::linear_backward(ctx, none, g.moe.sh_fc_w, g.moe.sh_fc_b, st.dsh_fc, x, none);
+  }
+  for (int e = 0; e < mo.El; ++e) {
+    const int64_t r0 = a.offs[e], r1 = a.offs[e + 1];
+    if (r1 == r0) continue;
+    const auto& w = g.moe.experts[static_cast<size_t>(e)];
+    ops::linear_backward(ctx, none, w[2], w[3], st.dy.rows(r0, r1), a.act.rows(r0, r1), none);
+    ops::linear_backward(ctx, none, w[0], w[1], st.dh.rows(r0, r1), a.xd.rows(r0, r1), none);
+  }
+  (void)K;
+}
+
+}  // namespace troupe
