@@ -283,6 +283,7 @@ struct GroupState {
   std::optional<comm::Topology> topo;  // Topology has no empty state
   std::vector<rank_actor> ranks;
   std::vector<int> global;
+  int micro_batch = 1;
   std::set<int> waiting;  // global ranks that have not answered the current step or evaluation
 };
 
@@ -309,8 +310,9 @@ caf::result<ok_atom> all_ok(group_actor::stateful_pointer<GroupState> self, Atom
 }
 
 group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupState> self, comm::Topology topo,
-                                          std::vector<rank_actor> ranks, std::vector<int> global) {
+                                          std::vector<rank_actor> ranks, std::vector<int> global, int micro_batch) {
   name_exceptions(self, "the replica group");
+  self->state.micro_batch = micro_batch;
   self->state.topo = std::move(topo);
   self->state.ranks = std::move(ranks);
   self->state.global = std::move(global);
@@ -320,10 +322,9 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
 
   // Windows [d*n/dp, (d+1)*n/dp) of n go to replica d.
   auto replica_rows = [self](const Tensor& batch, int rank) {
-    const int dp = self->state.topo->sizes().dp;
-    const int d = self->state.topo->coords(rank).dp;
-    const int64_t n = batch.dim(0);
-    return batch.rows(n * d / dp, n * (d + 1) / dp);
+    const auto [lo, hi] = replica_windows(batch.dim(0), self->state.micro_batch, self->state.topo->sizes().dp,
+                                          self->state.topo->coords(rank).dp);
+    return batch.rows(lo, hi);
   };
 
   return {
@@ -490,8 +491,8 @@ rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const com
 }
 
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
-                        std::vector<int> global_ranks) {
-  return system.spawn(group_behavior, topology, std::move(ranks), std::move(global_ranks));
+                        std::vector<int> global_ranks, int micro_batch) {
+  return system.spawn(group_behavior, topology, std::move(ranks), std::move(global_ranks), micro_batch);
 }
 
 void RankSet::exit(caf::local_actor* self) const {
@@ -538,7 +539,7 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
       global.push_back(r);
     }
   }
-  out.group = spawn_group(system, topo.value(), out.ranks, global);
+  out.group = spawn_group(system, topo.value(), out.ranks, global, spec.micro_batch_size);
   return out;
 }
 

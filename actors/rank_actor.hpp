@@ -92,9 +92,10 @@ rank_actor spawn_rank(caf::actor_system& system, const RankSpec& spec, const com
                       OptimizerOffload optimizer_offload = {}, std::shared_ptr<ActivityBoard> board = nullptr,
                       std::shared_ptr<comm::FlightRecorder> flight = nullptr);
 
-// ranks: the rank actors of this process with their global ranks.
+// ranks: the rank actors of this process with their global ranks. micro_batch: the ranks' micro-batch
+// size (batches are split over replicas in whole micro-batches: replica_windows).
 group_actor spawn_group(caf::actor_system& system, const comm::Topology& topology, std::vector<rank_actor> ranks,
-                        std::vector<int> global_ranks);
+                        std::vector<int> global_ranks, int micro_batch);
 
 // The ranks of a layout that this process runs, and their group.
 struct RankSet {

@@ -66,6 +66,13 @@ using Clock = std::chrono::steady_clock;
 
 // steady_clock is CLOCK_MONOTONIC (time since boot), shared by every process of a host: the spans of a
 // multi-process job on one host line up without any clock exchange.
+std::pair<int64_t, int64_t> replica_windows(int64_t n, int micro_batch, int dp, int d) {
+  TROUPE_CHECK(micro_batch >= 1 && dp >= 1 && d >= 0 && d < dp && n >= 0, "replica_windows: bad arguments");
+  const int64_t micro = (n + micro_batch - 1) / micro_batch;
+  const int64_t lo = micro * d / dp, hi = micro * (d + 1) / dp;
+  return {std::min(n, lo * micro_batch), std::min(n, hi * micro_batch)};
+}
+
 std::string ParallelConfig::to_json() const {
   return "{\"tensor_model_parallel_size\": " + std::to_string(tp) + ", \"pipeline_model_parallel_size\": " +
          std::to_string(pp) + ", \"data_parallel_size\": " + std::to_string(dp) + ", \"zero_stage\": " +
@@ -238,6 +245,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.tp_size = par.tp;
     at.tp_rank = tp_rank_;
     at.sequence_parallel = par.sequence_parallel && par.tp > 1;
+    at.expert_tensor_parallel = par.expert_tensor_parallel;
     at.recompute = par.recompute;
     at.micro_batch = spec_.micro_batch_size;
     at.slots = slots;

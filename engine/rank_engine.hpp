@@ -61,6 +61,8 @@ struct ParallelConfig {
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;
+  // MoE layers: experts split over the TP ranks (expert-TP = TP) or whole on each (expert-TP 1).
+  bool expert_tensor_parallel = true;
   // A schedule given as data (troupe::RunOptions::schedule) instead of the generated one of
   // `schedule`: checked by check_custom_schedule before any rank is built.
   std::shared_ptr<const sched::Schedule> custom_schedule;
@@ -68,6 +70,13 @@ struct ParallelConfig {
   // The layout as a JSON object (recorded in checkpoints: informational).
   std::string to_json() const;
 };
+
+// The windows [first, second) of a batch of n that data-parallel replica d of dp takes: whole
+// micro-batches of micro_batch windows (the last one partial), replica d the d-th contiguous share of
+// them. So every micro-batch holds the windows the 1x1x1 run's does, whatever dp: an MoE layer routes a
+// micro-batch's tokens as one group (capacity, drops). A training batch (a multiple of
+// micro_batch * dp) splits evenly.
+std::pair<int64_t, int64_t> replica_windows(int64_t n, int micro_batch, int dp, int d);
 
 struct RankSpec {
   GptConfig model;

@@ -115,7 +115,16 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       return uniform_at(kk, layer, static_cast<int>(purpose), kk.first_sample + row / TT, (row % TT) * E + e);
     };
   }
-  a.routing = moe_route(cfg, logits.data(), B, T, E, training, draws);
+  // An evaluation batch padded to B sequences routes its valid sequences only: padding takes no
+  // expert's capacity and gets no output.
+  const int64_t routed_seqs = training ? B : std::max<int64_t>(1, loss_rows / T);
+  a.routing = moe_route(cfg, logits.data(), routed_seqs, T, E, training, draws);
+  if (routed_seqs < B) {
+    MoeRouting& pad = a.routing;
+    pad.expert.resize(static_cast<size_t>(N * k), -1);
+    pad.kept.resize(static_cast<size_t>(N * k), 0);
+    pad.weight.resize(static_cast<size_t>(N * k), 0.0);
+  }
   const MoeRouting& rt = a.routing;
 
   // Dispatch rows: the local experts' kept assignments, expert by expert, tokens in row order.

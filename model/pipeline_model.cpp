@@ -121,6 +121,7 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.tp_size = at.tp_size;
   cs.tp_rank = at.tp_rank;
   cs.sequence_parallel = at.sequence_parallel && at.tp_size > 1;
+  cs.expert_tensor_parallel = at.expert_tensor_parallel;
   cs.recompute = at.recompute;
   cs.micro_batch = at.micro_batch;
   cs.slots = at.slots;

@@ -15,6 +15,7 @@ struct StageBuild {
   int virtual_stage = 0, virtual_stages = 1;
   int tp_size = 1, tp_rank = 0;
   bool sequence_parallel = false;
+  bool expert_tensor_parallel = true;  // ChunkSpec::expert_tensor_parallel
   Recompute recompute = Recompute::none;
   int micro_batch = 1, slots = 1;
   DType dtype = DType::f32;
