@@ -65,12 +65,33 @@ bool parse(const std::string& text, MoeDropPolicy& out) {
   return false;
 }
 
-bool MoeConfig::is_moe_layer(int layer, int num_layers) const {
-  if (!enabled() || layer < 0 || layer >= num_layers) return false;
-  if (!layer_pattern.empty())
-    return layer < static_cast<int>(layer_pattern.size()) && layer_pattern[static_cast<size_t>(layer)] != 0;
-  return layer_freq > 0 && (layer + 1) % layer_freq == 0;
+namespace {
+// Whether layer `layer` (0-based) is in the MoE layers' pattern, and which of them it is (-1: not).
+int pattern_index(const MoeConfig& m, int layer, int num_layers) {
+  if (!m.enabled() || layer < 0 || layer >= num_layers) return -1;
+  auto in = [&](int l) {
+    if (!m.layer_pattern.empty())
+      return l < static_cast<int>(m.layer_pattern.size()) && m.layer_pattern[static_cast<size_t>(l)] != 0;
+    return m.layer_freq > 0 && (l + 1) % m.layer_freq == 0;
+  };
+  if (!in(layer)) return -1;
+  int n = 0;
+  for (int l = 0; l < layer; ++l) n += in(l) ? 1 : 0;
+  return n;
 }
+}  // namespace
+
+int MoeConfig::experts_of(int layer, int num_layers) const {
+  const int i = pattern_index(*this, layer, num_layers);
+  if (i < 0) return 0;
+  int e = 0;
+  if (num_experts.size() == 1) e = num_experts[0];
+  else if (i < static_cast<int>(num_experts.size())) e = num_experts[static_cast<size_t>(i)];
+  // Megatron-DeepSpeed: a layer of one expert is a dense layer ("dense, not MoE").
+  return router == MoeRouter::deepspeed && e <= 1 ? 0 : std::max(e, 0);
+}
+
+bool MoeConfig::is_moe_layer(int layer, int num_layers) const { return experts_of(layer, num_layers) > 0; }
 
 int MoeConfig::moe_layers(int num_layers) const {
   int n = 0;
@@ -85,24 +106,21 @@ int MoeConfig::moe_index(int layer, int num_layers) const {
   return n;
 }
 
-int MoeConfig::experts_of(int layer, int num_layers) const {
-  const int i = moe_index(layer, num_layers);
-  if (i < 0) return 0;
-  if (num_experts.size() == 1) return num_experts[0];
-  return i < static_cast<int>(num_experts.size()) ? num_experts[static_cast<size_t>(i)] : 0;
-}
-
 int64_t MoeConfig::capacity(int64_t tokens, int experts, bool training) const {
-  if (!drop_tokens || experts <= 0) return tokens;
+  if (!drop_tokens || experts <= 0) return tokens * topk;
   const double factor = training ? capacity_factor : eval_capacity_factor;
-  // ceil(S * k / E * factor), rounded as each anchor computes it in double (the ceiling of a product
-  // that lands near an integer depends on the order): DeepSpeed's _capacity ceil((S / E) * (factor * k)),
-  // Megatron-Core's get_capacity(S * k, E, factor) = ceil((S * k / E) * factor).
+  // ceil(S * k / E * factor), rounded as each anchor computes it (the ceiling of a product that lands
+  // near an integer depends on the arithmetic): DeepSpeed's _capacity in float32,
+  // ceil(fp32(S / E) * fp32(factor * k)), raised to min_capacity; Megatron-Core's get_capacity in
+  // double, ceil((S * k / E) * factor), without a minimum.
   const double S = static_cast<double>(tokens), E = experts, k = topk;
-  const double c = router == MoeRouter::deepspeed ? std::ceil((S / E) * (factor * k)) : std::ceil((S * k / E) * factor);
-  int64_t cap = c >= static_cast<double>(tokens) * topk ? tokens * topk : static_cast<int64_t>(c);
-  if (cap < min_capacity) cap = min_capacity;
-  return cap;
+  if (router == MoeRouter::deepspeed) {
+    const float c = std::ceil(static_cast<float>(S / E) * static_cast<float>(factor * k));
+    const int64_t cap = c >= static_cast<float>(tokens * topk) ? tokens * topk : static_cast<int64_t>(c);
+    return std::max<int64_t>(cap, min_capacity);
+  }
+  const double c = std::ceil((S * k / E) * factor);
+  return c >= S * k ? tokens * topk : static_cast<int64_t>(c);
 }
 
 namespace {

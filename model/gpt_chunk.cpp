@@ -172,6 +172,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     if (mo.E > 0) {
       any_moe = true;
       mo.router = take(h + "mlp.router.weight");
+      mo.router_b = take(h + "mlp.router.bias");
       mo.coef_w = take(h + "mlp.coefficient.weight");
       mo.coef_b = take(h + "mlp.coefficient.bias");
       for (int f = 0; f < 4; ++f) mo.sh[f] = take(h + "mlp.shared_expert." + kMlp[f]);
@@ -408,6 +409,7 @@ GptChunk::Impl::Layer GptChunk::Impl::as_layer(int l, const std::vector<Tensor>&
   if (mo.E == 0) return p;
   auto pick = [](const std::vector<Tensor>& from, int i) { return i >= 0 ? from[static_cast<size_t>(i)] : Tensor(); };
   p.moe.router = pick(v, mo.router);
+  p.moe.router_b = pick(v, mo.router_b);
   p.moe.coef_w = pick(v, mo.coef_w);
   p.moe.coef_b = pick(v, mo.coef_b);
   p.moe.sh_fc_w = pick(v, mo.sh[0]);

@@ -26,7 +26,7 @@ struct GptChunk::Impl {
   // coefficient (its dense MLP is the Layer's fc fields), the shared expert, and the local experts
   // (c_fc weight, c_fc bias, c_proj weight, c_proj bias; undefined where absent).
   struct MoeParams {
-    Tensor router, coef_w, coef_b;
+    Tensor router, router_b, coef_w, coef_b;
     Tensor sh_fc_w, sh_fc_b, sh_proj_w, sh_proj_b;
     std::vector<std::array<Tensor, 4>> experts;
   };
@@ -45,7 +45,7 @@ struct GptChunk::Impl {
     bool split = true;                // experts split over the TP ranks
     int64_t Fe = 0, FCe = 0;          // an expert's local width, c_fc's local rows
     int64_t Fs = 0, FCs = 0;          // the shared expert's
-    int router = -1, coef_w = -1, coef_b = -1;
+    int router = -1, router_b = -1, coef_w = -1, coef_b = -1;
     int sh[4] = {-1, -1, -1, -1};
     std::vector<std::array<int, 4>> ex;
   };

@@ -1,6 +1,6 @@
 // An MoE layer's MLP on one tensor-parallel rank (docs/MOE.md):
 //
-//   logits = x_r W_router^T                   x_r = x, or x * U(1 - eps, 1 + eps) (input jitter)
+//   logits = x_r W_router^T [+ b_router]      x_r = x, or x * U(1 - eps, 1 + eps) (input jitter)
 //   routing = moe_route(logits)               model/moe_routing.hpp: experts, drops, weights, losses
 //   y_i = expert_e(x_n)                       for every kept assignment i = (token n, expert e), the
 //                                             local experts' rows gathered expert by expert
@@ -104,7 +104,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
     a.xr = Tensor();
   }
   ensure(a.logits, {N, E}, dtype, dev);
-  ops::linear_forward(ctx, a.logits, xr, p.moe.router, none);
+  ops::linear_forward(ctx, a.logits, xr, p.moe.router, p.moe.router_b);
   look(layer, "moe_router", F, a.logits);
   const std::vector<double> logits = host_values(a.logits);
   MoeDraws draws;
@@ -395,7 +395,7 @@ void GptChunk::Impl::moe_backward_weight(Context& ctx, int l, int layer, const L
   const Tensor none;
   constexpr ProbeDir W = ProbeDir::weight;
   const int64_t K = a.offs.empty() ? 0 : a.offs.back();
-  ops::linear_backward(ctx, none, g.moe.router, none, st.dlogits, a.xr.defined() ? a.xr : x, none);
+  ops::linear_backward(ctx, none, g.moe.router, g.moe.router_b, st.dlogits, a.xr.defined() ? a.xr : x, none);
   look(layer, "moe_router", W, g.moe.router);
   if (g.moe.coef_w.defined()) {
     ops::linear_backward(ctx, none, g.moe.coef_w, g.moe.coef_b, st.dcoef, x, none);

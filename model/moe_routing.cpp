@@ -57,7 +57,6 @@ MoeRouting moe_route(const MoeConfig& moe, const double* logits, int64_t B, int6
   const int64_t S = B * T, k = moe.topk;
   TROUPE_CHECK(k >= 1 && k <= E, "moe_route: top-k must be between 1 and the number of experts");
   const bool ds = moe.router == MoeRouter::deepspeed;
-  TROUPE_CHECK(!ds || k <= 2, "moe_route: DeepSpeed's gating is top-1 or top-2");
   MoeRouting r;
   r.S = S;
   r.E = E;
@@ -80,7 +79,37 @@ MoeRouting moe_route(const MoeConfig& moe, const double* logits, int64_t B, int6
   const double* p = r.probs.data();
   const bool drop = moe.drop_tokens;
 
-  if (ds) {
+  if (ds && k > 2) {
+    // topkgating: the k largest probabilities; l_aux over all k choices; each expert keeps its
+    // capacity of largest probabilities; the kept weights renormalised.
+    for (int64_t n = 0; n < S; ++n) {
+      const std::vector<int32_t> top = top_indices(p + n * E, E, k);
+      for (int64_t j = 0; j < k; ++j) r.expert[n * k + j] = top[j];
+    }
+    for (int64_t i = 0; i < S * k; ++i) ++r.routed[r.expert[i]];
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      double me = 0;
+      for (int64_t n = 0; n < S; ++n) me += p[n * E + e];
+      sum += (me / S) * (static_cast<double>(r.routed[e]) / S);
+    }
+    r.lb_loss = sum * E / k;
+    if (drop) {
+      std::vector<std::vector<int64_t>> lists(static_cast<size_t>(E));
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t j = 0; j < k; ++j) lists[r.expert[order[s] * k + j]].push_back(order[s] * k + j);
+      auto prob = [&](int64_t i) { return p[(i / k) * E + r.expert[i]]; };
+      for (auto& list : lists)
+        keep_capacity(list, r.capacity, r.kept, [&](int64_t a, int64_t b) { return prob(a) > prob(b); });
+    }
+    for (int64_t n = 0; n < S; ++n) {
+      double d = 0;
+      for (int64_t j = 0; j < k; ++j) d += r.kept[n * k + j] ? p[n * E + r.expert[n * k + j]] : 0.0;
+      d = std::max(d, static_cast<double>(FLT_EPSILON));
+      for (int64_t j = 0; j < k; ++j)
+        r.weight[n * k + j] = r.kept[n * k + j] ? p[n * E + r.expert[n * k + j]] / d : 0.0;
+    }
+  } else if (ds) {
     std::vector<int64_t> first(static_cast<size_t>(E), 0);  // first choices per expert
     for (int64_t n = 0; n < S; ++n) {
       const int32_t e1 = argmax(p + n * E, E);
@@ -216,7 +245,26 @@ void moe_route_backward(const MoeConfig& moe, const MoeRouting& r, const double*
   const double* p = r.probs.data();
   std::vector<double> dp(static_cast<size_t>(S * E), 0.0);  // d/d(probs over all experts)
   std::fill(dlogits, dlogits + S * E, 0.0);
-  if (moe.router == MoeRouter::deepspeed) {
+  if (moe.router == MoeRouter::deepspeed && k > 2) {
+    for (int64_t n = 0; n < S; ++n) {
+      double d = 0, dot = 0;
+      for (int64_t j = 0; j < k; ++j)
+        if (r.kept[n * k + j]) {
+          d += p[n * E + r.expert[n * k + j]];
+          dot += r.weight[n * k + j] * dweight[n * k + j];
+        }
+      const bool clamped = d < static_cast<double>(FLT_EPSILON);
+      for (int64_t j = 0; j < k; ++j) {
+        if (!r.kept[n * k + j]) continue;
+        dp[n * E + r.expert[n * k + j]] += clamped ? dweight[n * k + j] / FLT_EPSILON : (dweight[n * k + j] - dot) / d;
+      }
+    }
+    if (lb_scale != 0)  // l_aux = E / k sum_e mean_s(p_se) routed_e / S
+      for (int64_t e = 0; e < E; ++e) {
+        const double g = lb_scale * E / k * (static_cast<double>(r.routed[e]) / S) / S;
+        for (int64_t n = 0; n < S; ++n) dp[n * E + e] += g;
+      }
+  } else if (moe.router == MoeRouter::deepspeed) {
     for (int64_t n = 0; n < S; ++n) {
       if (k == 1) {
         if (r.kept[n]) dp[n * E + r.expert[n]] += dweight[n];

@@ -56,6 +56,9 @@ const std::vector<ProbeName>& gpt_probe_names() {
       {"layer", "mlp_fc1", true, true, true},
       {"layer", "mlp_gelu", true, true, false},
       {"layer", "mlp_swiglu", true, true, false},
+      {"layer", "moe_router", true, true, true},  // MoE layers: the router's logits
+      {"layer", "moe_experts", true, true, false},  // the experts' outputs, d(their inputs)
+      {"layer", "moe_output", true, false, false},  // the MoE block's output before the residual
       {"layer", "mlp_fc2", true, true, true},
       {"layer", "residual2", true, true, false},
       {"embedding", "lookup", true, false, true},

@@ -118,14 +118,14 @@ std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_
   // c_fc: one part, or SwiGLU's [gate (F) | up (F)].
   const int fc_n = swiglu ? 2 : 1;
   // An MLP of width `width` under `prefix` (c_fc, c_proj): split over the TP ranks like Megatron's
-  // (split false: whole on every rank); c_proj's bias with biases and `proj_bias`.
-  auto mlp = [&](const std::string& prefix, int64_t width, bool split, bool proj_bias) {
+  // (split false: whole on every rank).
+  auto mlp = [&](const std::string& prefix, int64_t width, bool split) {
     const std::vector<int64_t> parts = swiglu ? std::vector<int64_t>{width, width} : std::vector<int64_t>{width};
     const int tp_dim0 = split ? 0 : -1, tp_dim1 = split ? 1 : -1;
     add(spec(prefix + "c_fc.weight", {fc_n * width, C}, InitKind::normal, std, true, tp_dim0, fc_n), parts);
     if (bias) add(spec(prefix + "c_fc.bias", {fc_n * width}, InitKind::zeros, 0, false, tp_dim0, fc_n), parts);
     add(spec(prefix + "c_proj.weight", {C, width}, InitKind::normal_residual, residual_std, true, tp_dim1));
-    if (bias && proj_bias) add(spec(prefix + "c_proj.bias", {C}, InitKind::zeros, 0, false));
+    if (bias) add(spec(prefix + "c_proj.bias", {C}, InitKind::zeros, 0, false));
   };
   for (int i = 0; i < c.num_layers; ++i) {
     const std::string h = "transformer.h." + std::to_string(i) + ".";
@@ -137,22 +137,20 @@ std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_
     if (bias) add(spec(h + "attn.c_proj.bias", {C}, InitKind::zeros, 0, false));
     norm(h + "ln_2", !rms);
     const int E = c.moe.experts_of(i, c.num_layers);
-    if (E == 0 || c.moe.residual) {
-      mlp(h + "mlp.", F, true, E == 0 || c.moe.router == MoeRouter::megatron);
-    }
+    if (E == 0 || c.moe.residual) mlp(h + "mlp.", F, true);
     if (E > 0) {
       add(spec(h + "mlp.router.weight", {E, C}, InitKind::normal, std, true));
+      if (bias && c.moe.router == MoeRouter::megatron) add(spec(h + "mlp.router.bias", {E}, InitKind::zeros, 0, false));
       if (c.moe.residual) {
         add(spec(h + "mlp.coefficient.weight", {2, C}, InitKind::normal, std, true));
         add(spec(h + "mlp.coefficient.bias", {2}, InitKind::zeros, 0, false));
       }
-      if (c.moe.shared_expert_ffn > 0) mlp(h + "mlp.shared_expert.", c.moe.shared_expert_ffn, true, true);
+      if (c.moe.shared_expert_ffn > 0) mlp(h + "mlp.shared_expert.", c.moe.shared_expert_ffn, true);
       TROUPE_CHECK(ex.ep_size >= 1 && ex.ep_rank >= 0 && ex.ep_rank < ex.ep_size && E % ex.ep_size == 0,
                    "gpt2_shard_specs: the expert-parallel size must divide every layer's experts");
       const int local = E / ex.ep_size;
       for (int e = ex.ep_rank * local; e < (ex.ep_rank + 1) * local; ++e)
-        mlp(h + "mlp.experts." + std::to_string(e) + ".", c.expert_ffn_hidden_size(), ex.tensor_parallel,
-            c.moe.router == MoeRouter::megatron);
+        mlp(h + "mlp.experts." + std::to_string(e) + ".", c.expert_ffn_hidden_size(), ex.tensor_parallel);
     }
   }
   norm("transformer.ln_f", !rms);

@@ -85,15 +85,13 @@ std::vector<ParamSpec> gpt2_param_specs(const GptConfig& config);
 // ffn size) is a bug in the caller (TROUPE_CHECK): validate the layout first.
 //
 // Mixture of experts (config.moe): an MoE layer's mlp holds, after ln_2, in this order:
-//   [mlp.c_fc.*, mlp.c_proj.weight]   PR-MoE's dense MLP (residual; deepspeed router: no c_proj bias)
-//   mlp.router.weight (E, C)          replicated
+//   [mlp.c_fc.*, mlp.c_proj.*]        PR-MoE's dense MLP (residual)
+//   mlp.router.weight (E, C), [mlp.router.bias (E): megatron router with biases]   replicated
 //   [mlp.coefficient.weight (2, C), mlp.coefficient.bias (2)]   residual: replicated
 //   [mlp.shared_expert.c_fc.*, mlp.shared_expert.c_proj.*]      the shared expert, split like the MLP
 //   mlp.experts.<e>.c_fc.weight, [.bias], mlp.experts.<e>.c_proj.weight, [.bias]  for each expert e the
 //                                     shard holds (global index e), split like the MLP when the experts
-//                                     are tensor-parallel, else whole on every TP rank; the c_proj bias
-//                                     only for the megatron router with biases (Megatron-DeepSpeed
-//                                     never adds its experts' output bias)
+//                                     are tensor-parallel, else whole on every TP rank
 struct ExpertShard {
   int ep_size = 1, ep_rank = 0;  // the shard holds experts [ep_rank E/ep, (ep_rank + 1) E/ep) of each layer
   bool tensor_parallel = true;   // experts split over the TP ranks (expert-TP = TP), or whole (expert-TP 1)

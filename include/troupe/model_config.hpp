@@ -22,22 +22,29 @@ enum class PositionEmbedding : uint8_t { learned_absolute, rope, alibi, none };
 enum class MlpActivation : uint8_t { gelu, swiglu };
 
 // ---- mixture of experts (docs/MOE.md) ----
-// Which anchor's gating an MoE layer follows (the two dialects of the flags, docs/COMPAT.md):
+// Which anchor's gating an MoE layer follows (the two dialects of the flags, docs/COMPAT.md; the
+// anchors' code read in docs/MOE_SEMANTICS.md):
 //   deepspeed  DeepSpeed-MoE as Megatron-DeepSpeed builds it (deepspeed/moe/sharded_moe.py): softmax
 //              over all experts; top-1 (the combine weight is the chosen expert's probability, Random
-//              Token Selection picks which tokens an over-full expert keeps) or top-2 (the second
+//              Token Selection picks which tokens an over-full expert keeps), top-2 (the second
 //              expert by Gumbel-max sampling on the logits, dropping by position with every first
-//              choice ahead of any second, the two kept weights renormalised); capacity
-//              ceil(S k / E * factor) raised to min_capacity; l_aux = E * sum_e mean_s(p_se) *
-//              mean_s(first choice of s is e); the experts' c_proj bias unused (Megatron-DeepSpeed
-//              drops it: "Ignore the bias term").
-//   megatron   Megatron-Core's TopKRouter (megatron/core/transformer/moe/router.py): top-k of the
-//              logits, softmax over the k (or, pre_softmax, top-k of the softmax over all experts);
-//              dropless, or capacity ceil(S k / E * factor) per expert dropping by probability or
-//              position; the switch load-balancing loss (aux_loss, seq_aux_loss) on the softmax over
-//              all experts and the z-loss on the logits.
+//              choice ahead of any second, the kept weights renormalised) or top-k, k > 2 (keeping
+//              the largest probabilities, the kept weights renormalised); capacity
+//              ceil(S / E * factor * k) in float32 as DeepSpeed rounds it, raised to min_capacity;
+//              l_aux = E * sum_e mean_s(p_se) * mean_s(s's first choice is e) (k > 2: all k choices,
+//              divided by k). A layer given one expert is a dense layer, as in Megatron-DeepSpeed.
+//   megatron   Megatron-Core's TopKRouter (megatron/core/transformer/moe/router.py): logits with a
+//              bias when the model has biases; top-k of the logits and a softmax over the k (or,
+//              pre_softmax, top-k of the softmax over all experts); dropless, or capacity
+//              ceil(S k / E * factor) per expert dropping by probability or position; the switch
+//              load-balancing loss (aux_loss, seq_aux_loss) on the softmax over all experts and the
+//              z-loss on the logits.
 // Tokens are ordered as both anchors order them, position-major (row t * B + b of a micro-batch of B
-// sequences of T tokens): "first come" means an earlier position across the micro-batch.
+// sequences of T tokens): "first come" means an earlier position across the micro-batch; ties (of
+// weights, of RTS draws, of tokens that are all routed alike) keep the earlier position.
+// Where troupe differs on purpose: every random draw comes from the counter-based generator keyed by
+// global token position (the same on every layout), and evaluation draws nothing (no RTS, no Gumbel
+// noise, no jitter: DeepSpeed draws in evaluation too), so an evaluation is deterministic.
 enum class MoeRouter : uint8_t { deepspeed, megatron };
 // --moe-router-load-balancing-type (Megatron-Core; the deepspeed router always has its l_aux).
 enum class MoeLoadBalancing : uint8_t { aux_loss, seq_aux_loss, none };
@@ -61,27 +68,28 @@ bool parse(const std::string& text, MoeDropPolicy& out);
 
 // Mixture-of-experts layers (empty num_experts: a dense model). A MoE layer replaces the MLP of its
 // transformer layer by a router (E, C) and E experts, each an MLP of the model's family (GELU, or
-// SwiGLU for LLaMA/Mixtral) of width expert_ffn_hidden; residual adds PR-MoE's dense MLP and its
-// two-way mixing coefficient, shared_expert_ffn Megatron-Core's shared expert. The routing of a
-// micro-batch depends on its S = B * T tokens only, never on the layout (docs/MOE.md).
+// SwiGLU for LLaMA/Mixtral, with the model's biases) of width expert_ffn_hidden; residual adds PR-MoE's
+// dense MLP and its two-way mixing coefficient, shared_expert_ffn Megatron-Core's shared expert. The
+// routing of a micro-batch depends on its S = B * T tokens only, never on the layout (docs/MOE.md).
 struct MoeConfig {
   // Experts of each MoE layer: one value for every MoE layer, or one per MoE layer in order
-  // (Megatron-DeepSpeed's --num-experts list). Each >= 1 (1: an MoE layer of one expert).
+  // (Megatron-DeepSpeed's --num-experts list). Each >= 1 (deepspeed: 1 makes the layer dense).
   std::vector<int> num_experts;
   // Layer n (counted from 1) is an MoE layer when n % layer_freq == 0 (Megatron-DeepSpeed's
-  // --expert-interval, default 2 there; Megatron-Core's integer --moe-layer-freq, default 1).
+  // --expert-interval, default 2 there). Megatron-Core's --moe-layer-freq N (0-based layer i when
+  // i % N == 0) and its lists are read into layer_pattern.
   int layer_freq = 1;
-  // Megatron-Core's --moe-layer-freq as a list: one 0/1 per layer; non-empty overrides layer_freq.
+  // One 0/1 per layer (Megatron-Core's --moe-layer-freq); non-empty overrides layer_freq.
   std::vector<int> layer_pattern;
   MoeRouter router = MoeRouter::megatron;
-  int topk = 2;                      // --topk / --moe-router-topk: k; deepspeed: 1 or 2
+  int topk = 2;                      // --topk / --moe-router-topk: k
   int ffn_hidden = 0;                // --moe-ffn-hidden-size: each expert's width; 0: the model's
   // Capacity per expert of a micro-batch of S tokens: ceil(S * k / E * factor), at least
   // min_capacity. drop_tokens false: dropless (every routed token is computed).
   bool drop_tokens = true;           // deepspeed: !--disable-moe-token-dropping; megatron: a factor given
   double capacity_factor = 1.0;      // training: --moe-train-capacity-factor / --moe-expert-capacity-factor
   double eval_capacity_factor = 1.0; // evaluation: --moe-eval-capacity-factor (megatron: the same factor)
-  int min_capacity = 0;              // --moe-min-capacity (deepspeed; Megatron-DeepSpeed's default 4)
+  int min_capacity = 0;              // --moe-min-capacity (deepspeed only; Megatron-DeepSpeed's default 4)
   MoeDropPolicy drop_policy = MoeDropPolicy::probs;  // megatron router
   bool pad_to_capacity = false;      // --moe-pad-expert-input-to-capacity: accepted, the same result
   // deepspeed router's random draws (training only; evaluation draws nothing: RTS keeps by position,
@@ -108,7 +116,7 @@ struct MoeConfig {
   int moe_index(int layer, int num_layers) const;
   // Experts of global layer `layer` (0 for a dense layer).
   int experts_of(int layer, int num_layers) const;
-  // The capacity of an expert for S tokens (training or evaluation factor); S when not dropping.
+  // The capacity of an expert for S tokens (training or evaluation factor); S * k when not dropping.
   int64_t capacity(int64_t tokens, int experts, bool training) const;
   bool operator==(const MoeConfig&) const = default;
 };

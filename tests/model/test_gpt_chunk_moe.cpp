@@ -308,3 +308,149 @@ TEST_CASE("moe: the routing statistics count each training forward once, not a r
     CHECK(c.take_moe_stats().empty());
   }
 }
+
+// ---- the float64 oracle's inputs (tests/moe/moe_oracle.py; run by tests/cli/moe_oracle.sh) --------
+
+namespace {
+
+// A .npy file (format 1.0) of a f64 tensor or an i64 vector.
+void write_npy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape, const void* data,
+               size_t bytes) {
+  std::string dims;
+  for (int64_t d : shape) dims += std::to_string(d) + ", ";
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  std::fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+  std::fwrite(&len, 2, 1, f);
+  std::fwrite(header.data(), 1, header.size(), f);
+  std::fwrite(data, 1, bytes, f);
+  std::fclose(f);
+}
+void write_tensor(const std::string& dir, const std::string& name, const Tensor& t) {
+  const Tensor h = t.to(DType::f64);
+  std::vector<int64_t> shape;
+  for (int i = 0; i < h.rank(); ++i) shape.push_back(h.dim(i));
+  write_npy(dir + "/" + name + ".npy", "<f8", shape, h.raw(), h.nbytes());
+}
+void write_ints(const std::string& dir, const std::string& name, const std::vector<int64_t>& v) {
+  write_npy(dir + "/" + name + ".npy", "<i8", {static_cast<int64_t>(v.size())}, v.data(), v.size() * 8);
+}
+void write_scalar(const std::string& dir, const std::string& name, double v) {
+  write_npy(dir + "/" + name + ".npy", "<f8", {}, &v, 8);
+}
+
+// Catches the MoE layer's input (ln_2's output), output, output gradient and input gradient.
+struct MoeProbe final : OpProbe {
+  Tensor x, y, dy, dx;
+  void after(const ProbePoint& at, const Tensor& r) override {
+    const std::string op = at.tensor;
+    if (op == "ln2" && at.dir == ProbeDir::forward) x = r.clone();
+    if (op == "mlp_fc2" && at.dir == ProbeDir::forward) y = r.clone();
+    if (op == "residual2" && at.dir == ProbeDir::backward) dy = r.clone();
+    if (op == "mlp_fc1" && at.dir == ProbeDir::backward) dx = r.clone();
+  }
+};
+
+// One MoE layer in f64 on one rank: the oracle's config, x, dy, the weights (the oracle's names), and
+// troupe's y, dx, losses, counts and weight gradients, as .npy files under dir.
+void dump_case(const std::string& dir, const GptConfig& cfg) {
+  ChunkSpec s = whole_model(cfg);
+  s.micro_batch = kB;
+  s.dtype = DType::f64;
+  GptChunk c(s, nullptr);
+  init_chunk(c);
+  c.zero_grad();
+  MoeProbe probe;
+  c.set_probe(&probe);
+  ThreadPool pool(1);
+  Context ctx;
+  ctx.pool = &pool;
+  const auto micro = micro_batches(cfg, 1, 51);
+  c.forward(ctx, 0, micro[0].tokens, Tensor(), Tensor(), grad_scale(cfg), false, micro[0].key);
+  const auto stats = c.take_moe_stats();
+  c.backward(ctx, 0, Tensor(), Tensor());
+  REQUIRE(stats.size() == 1);
+  REQUIRE(probe.x.defined());
+  REQUIRE(probe.dx.defined());
+  const MoeConfig& m = cfg.moe;
+  const std::string prefix = "transformer.h.0.mlp.";
+  std::string weights;
+  for (size_t i = 0; i < c.specs().size(); ++i) {
+    const std::string& name = c.specs()[i].name;
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::string local = name.substr(prefix.size());
+    if (local.rfind("c_fc", 0) == 0 || local.rfind("c_proj", 0) == 0) local = "mlp." + local;
+    write_tensor(dir, "w." + local, c.params()[i]);
+    write_tensor(dir, "grad." + local, c.grads()[i]);
+  }
+  write_tensor(dir, "x", probe.x);
+  write_tensor(dir, "dy", probe.dy);
+  write_tensor(dir, "y", probe.y);
+  write_tensor(dir, "dx", probe.dx);
+  write_scalar(dir, "lb_loss", stats[0].lb_loss);
+  write_scalar(dir, "z_loss", stats[0].z_loss);
+  write_ints(dir, "tokens_per_expert", stats[0].routed);
+  write_ints(dir, "kept_per_expert", stats[0].kept);
+  write_ints(dir, "dropped", {stats[0].dropped});
+  const bool bias = cfg.add_bias_linear;
+  FILE* f = std::fopen((dir + "/config.json").c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fprintf(f,
+               "{\"router\": \"%s\", \"topk\": %d, \"num_experts\": %d, \"drop_tokens\": %s, "
+               "\"capacity_factor\": %.17g, \"eval_capacity_factor\": %.17g, \"min_capacity\": %d, "
+               "\"drop_policy\": \"%s\", \"pad_to_capacity\": %s, \"load_balancing\": \"%s\", \"pre_softmax\": %s, "
+               "\"aux_loss_coeff\": %.17g, \"z_loss_coeff\": %.17g, \"residual\": %s, \"shared_expert_ffn\": %d, "
+               "\"activation\": \"%s\", \"add_bias_linear\": %s, \"B\": %d, \"T\": %d, \"training\": true, "
+               "\"aux_weight\": %.17g, \"deepspeed_proj_bias\": true, \"router_bias\": %s}\n",
+               to_string(m.router), m.topk, m.num_experts[0], m.drop_tokens ? "true" : "false", m.capacity_factor,
+               m.eval_capacity_factor, m.min_capacity, to_string(m.drop_policy), m.pad_to_capacity ? "true" : "false",
+               to_string(m.load_balancing), m.pre_softmax ? "true" : "false", m.aux_loss_coeff, m.z_loss_coeff,
+               m.residual ? "true" : "false", m.shared_expert_ffn, to_string(cfg.activation), bias ? "true" : "false",
+               kB, cfg.seq_length, grad_scale(cfg) * kB * cfg.seq_length,
+               bias && m.router == MoeRouter::megatron ? "true" : "false");
+  std::fclose(f);
+}
+
+}  // namespace
+
+// Hidden: tests/cli/moe_oracle.sh runs it with TROUPE_MOE_DUMP_DIR set and compares every case with
+// the float64 PyTorch oracle (forward, losses, counts, gradients within 1e-9).
+TEST_CASE("moe: one MoE layer's inputs, weights and results for the float64 oracle", "[.moe_dump]") {
+  const char* root = std::getenv("TROUPE_MOE_DUMP_DIR");
+  REQUIRE(root != nullptr);
+  auto one_layer = [](GptConfig c) {
+    c.num_layers = 1;
+    c.moe.layer_freq = 1;
+    c.moe.random_token_selection = false;  // the oracle does not share the random stream
+    c.moe.second_expert_sampling = false;
+    c.moe.input_jitter_eps = 0;
+    return c;
+  };
+  GptConfig ds3 = deepspeed_top2(1);
+  ds3.moe.num_experts = {5};
+  ds3.moe.topk = 3;
+  ds3.moe.capacity_factor = ds3.moe.eval_capacity_factor = 0.6;
+  GptConfig dense_top1 = megatron_moe(1);
+  dense_top1.moe.topk = 1;
+  dense_top1.moe.pre_softmax = true;
+  dense_top1.moe.drop_tokens = false;
+  const std::vector<std::pair<std::string, GptConfig>> all = {
+      {"deepspeed_top1_residual", one_layer(deepspeed_top1(1))},
+      {"deepspeed_top2", one_layer(deepspeed_top2(1))},
+      {"deepspeed_top3", one_layer(ds3)},
+      {"megatron_top2_probs", one_layer(megatron_moe(1))},
+      {"megatron_top3_position", one_layer(megatron_position(1))},
+      {"mixtral_shared_seq_aux", one_layer(mixtral(1))},
+      {"megatron_top1_dropless", one_layer(dense_top1)},
+  };
+  for (const auto& [name, cfg] : all) {
+    INFO(name);
+    const std::string dir = std::string(root) + "/" + name;
+    REQUIRE(std::system(("mkdir -p '" + dir + "'").c_str()) == 0);
+    dump_case(dir, cfg);
+  }
+}
