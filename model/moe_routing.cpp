@@ -228,10 +228,11 @@ MoeRouting moe_route(const MoeConfig& moe, const double* logits, int64_t B, int6
       }
       r.lb_loss = total / B;
     }
-    double z = 0;
-    for (int64_t n = 0; n < S; ++n) z += lse[n] * lse[n];
-    r.z_loss = z / S;
   }
+  // The z-loss (Megatron-Core's; reported for every router, in the objective with its coefficient).
+  double z = 0;
+  for (int64_t n = 0; n < S; ++n) z += lse[n] * lse[n];
+  r.z_loss = z / S;
   for (int64_t i = 0; i < S * k; ++i) {
     if (r.kept[i]) ++r.kept_count[r.expert[i]];
     else ++r.dropped;
@@ -326,16 +327,16 @@ void moe_route_backward(const MoeConfig& moe, const MoeRouting& r, const double*
             dp[(b * T + t) * E + e] += lb_scale / B * (count[e] * E / (static_cast<double>(T) * k)) / T;
       }
     }
-    if (z_scale != 0) {
-      for (int64_t n = 0; n < S; ++n) {
-        const double* x = logits + n * E;
-        double m = x[0];
-        for (int64_t e = 1; e < E; ++e) m = std::max(m, x[e]);
-        double sum = 0;
-        for (int64_t e = 0; e < E; ++e) sum += std::exp(x[e] - m);
-        const double lse = m + std::log(sum);
-        for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] += z_scale * 2 * lse * p[n * E + e] / S;
-      }
+  }
+  if (z_scale != 0) {  // z = mean_s lse_s^2: d logit_se = 2 lse_s p_se / S
+    for (int64_t n = 0; n < S; ++n) {
+      const double* x = logits + n * E;
+      double m = x[0];
+      for (int64_t e = 1; e < E; ++e) m = std::max(m, x[e]);
+      double sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += std::exp(x[e] - m);
+      const double lse = m + std::log(sum);
+      for (int64_t e = 0; e < E; ++e) dlogits[n * E + e] += z_scale * 2 * lse * p[n * E + e] / S;
     }
   }
   // Softmax backward of dp into dlogits: d logit_e += p_e (dp_e - sum_i p_i dp_i).

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <set>
 
+#include "model/op_probe.hpp"
 #include "tests/model/chunk_harness.hpp"
 
 using namespace troupe;
@@ -175,14 +176,16 @@ TEST_CASE("moe: specs hold the router, the experts by global index, PR-MoE's and
   const GptConfig c = deepspeed_top1(2);
   std::set<std::string> names;
   for (const ParamSpec& s : gpt2_param_specs(c)) names.insert(s.name);
-  // Layer 1 (the second) is the MoE layer: router, coefficient, the dense MLP without c_proj's bias,
-  // three experts without c_proj's bias (Megatron-DeepSpeed never adds it).
+  // Layer 1 (the second) is the MoE layer: router (no bias under DeepSpeed), coefficient, the dense
+  // MLP, three experts with the model's biases.
   CHECK(names.count("transformer.h.1.mlp.router.weight"));
+  CHECK_FALSE(names.count("transformer.h.1.mlp.router.bias"));
   CHECK(names.count("transformer.h.1.mlp.coefficient.weight"));
   CHECK(names.count("transformer.h.1.mlp.c_fc.weight"));
-  CHECK_FALSE(names.count("transformer.h.1.mlp.c_proj.bias"));
+  CHECK(names.count("transformer.h.1.mlp.c_proj.bias"));
   CHECK(names.count("transformer.h.1.mlp.experts.2.c_fc.bias"));
-  CHECK_FALSE(names.count("transformer.h.1.mlp.experts.2.c_proj.bias"));
+  CHECK(names.count("transformer.h.1.mlp.experts.2.c_proj.bias"));
+  CHECK_FALSE(names.count("transformer.h.1.mlp.experts.3.c_fc.weight"));
   CHECK_FALSE(names.count("transformer.h.0.mlp.router.weight"));
   CHECK(names.count("transformer.h.0.mlp.c_proj.bias"));
   // Expert parallelism: a shard holds its experts by their global index.
@@ -191,6 +194,7 @@ TEST_CASE("moe: specs hold the router, the experts by global index, PR-MoE's and
   for (const ParamSpec& s : shard) held.insert(s.name);
   CHECK(held.count("transformer.h.0.mlp.experts.2.c_proj.bias"));
   CHECK(held.count("transformer.h.0.mlp.experts.3.c_fc.weight"));
+  CHECK(held.count("transformer.h.0.mlp.router.bias"));  // Megatron-Core's router with biases
   CHECK_FALSE(held.count("transformer.h.0.mlp.experts.1.c_fc.weight"));
   CHECK(is_expert_param("transformer.h.0.mlp.experts.3.c_fc.weight"));
   CHECK_FALSE(is_expert_param("transformer.h.0.mlp.router.weight"));
