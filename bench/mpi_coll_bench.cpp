@@ -162,10 +162,10 @@ int main(int argc, char** argv) {
   if (!err.empty()) {
     if (rank == 0) {
       if (err != "help") std::fprintf(stderr, "mpi_coll_bench: %s\n", err.c_str());
-      std::fprintf(
-          stderr,
-          "usage: mpirun -np N mpi_coll_bench [--min-bytes 4096] [--max-bytes 268435456]\n"
-          "       [--ops all_reduce,reduce_scatter,all_gather,all_to_all] [--iters 20] [--warmup 5]\n");
+      std::fprintf(stderr,
+                   "usage: mpirun -np N mpi_coll_bench [--min-bytes 4096] [--max-bytes 268435456]\n"
+                   "       [--ops all_reduce,reduce_scatter,all_gather,all_to_all] [--iters 20] "
+                   "[--warmup 5]\n");
     }
     MPI_Finalize();
     return err == "help" ? 0 : 2;
@@ -194,7 +194,8 @@ int main(int argc, char** argv) {
         b.displs.resize(static_cast<size_t>(nranks));
         for (int q = 0; q < nranks; ++q) {
           b.displs[static_cast<size_t>(q)] = q * static_cast<int>(block);
-          for (size_t i = 0; i < block; ++i) b.send[static_cast<size_t>(q) * block + i] = a2a_value(rank, q, i);
+          for (size_t i = 0; i < block; ++i)
+            b.send[static_cast<size_t>(q) * block + i] = a2a_value(rank, q, i);
         }
       }
       std::fill(b.recv.begin(), b.recv.end(), -1.0f);

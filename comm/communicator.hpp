@@ -15,11 +15,11 @@
 //     an error naming both counts where the backend can see it (local: always, every member; ucx:
 //     the receiving rank of that pair; nccl: cannot, see comm/nccl/nccl_world.hpp), never memory
 //     written past recv. It moves bytes (any dtype, no reduction); send and recv must not overlap.
-//   * Counts are in elements. Any count works for all_reduce and broadcast (including counts smaller
-//     than the group or not divisible by it). reduce_scatter / all_gather / all_to_all take one count
-//     per rank (counts may differ; the equal-count forms are shorthand), so a buffer whose size the
-//     group does not divide is split without padding. The counts spans need only live for the call
-//     (backends copy them; the equal-count forms pass a temporary).
+//   * Counts are in elements. Any count works for all_reduce and broadcast (including counts
+//     smaller than the group or not divisible by it). reduce_scatter / all_gather / all_to_all take
+//     one count per rank (counts may differ; the equal-count forms are shorthand), so a buffer whose
+//     size the group does not divide is split without padding. The counts spans need only live for
+//     the call (backends copy them; the equal-count forms pass a temporary).
 //   * Reductions are deterministic for a given group size and count: the same inputs give bitwise the
 //     same outputs on every rank and every run. (Sums of integer-valued floats are exact.)
 //   * Reducible dtypes: f32, f64, i32, i64, bf16, f16 (sum and max; u8 too on nccl). bf16/f16 are

@@ -160,7 +160,14 @@ class LocalWork final : public Work {
 };
 
 // One group's shared state: its barrier, collective slots and point-to-point mailboxes.
-enum class OpKind : uint8_t { all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, barrier };
+enum class OpKind : uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  all_to_all,
+  broadcast,
+  barrier
+};
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
@@ -653,9 +660,8 @@ WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op,
   }
   // all_to_all never skips: this member's counts being zero says nothing about the others', and a
   // mismatch must be seen by everyone (check_all_to_all).
-  if (slot.kind == OpKind::all_to_all &&
-      (counts.size() != static_cast<size_t>(size()) ||
-       recv_counts.size() != static_cast<size_t>(size()))) {
+  if (slot.kind == OpKind::all_to_all && (counts.size() != static_cast<size_t>(size()) ||
+                                          recv_counts.size() != static_cast<size_t>(size()))) {
     return bad_call(name, "got " + std::to_string(counts.size()) + " send counts and " +
                               std::to_string(recv_counts.size()) + " recv counts for a group of " +
                               std::to_string(size()) + "; pass one count per rank in each");

@@ -408,8 +408,9 @@ class NcclComm final : public NcclCommunicator {
             if (res != ncclSuccess && res != ncclInProgress) return res;
           }
           if (in > 0) {
-            const ncclResult_t res = ncclRecv(static_cast<char*>(recv) + byte_count(recv_offset, dtype),
-                                              in, ncclUint8, r, comm, s);
+            const ncclResult_t res =
+                ncclRecv(static_cast<char*>(recv) + byte_count(recv_offset, dtype), in, ncclUint8,
+                         r, comm, s);
             if (res != ncclSuccess && res != ncclInProgress) return res;
           }
           send_offset += send_counts[r];

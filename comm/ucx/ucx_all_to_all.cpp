@@ -1,19 +1,19 @@
 // all_to_all_v of the ucx backend: pairwise exchange over tagged messages.
 //
-// Step k = 1 .. p-1: rank r receives from (r - k) mod p and sends to (r + k) mod p, so in every step
-// each rank sends to exactly one peer and receives from exactly one (the steps are permutations):
-// no rank is flooded by all the others at once, and each pair's transfer is one message (eager or
-// a zero-copy rendezvous, whichever UCX picks for its size). Up to chunks_in_flight steps run at
-// once, started in step order as earlier ones finish; step k of a rank needs only step k of its two
-// partners, so the window never deadlocks. This rank's own block is copied locally while the first
-// steps are in flight.
+// Step k = 1 .. p-1: rank r receives from (r - k) mod p and sends to (r + k) mod p, so in every
+// step each rank sends to exactly one peer and receives from exactly one (the steps are
+// permutations): no rank is flooded by all the others at once, and each pair's transfer is one
+// message (eager or a zero-copy rendezvous, whichever UCX picks for its size). Up to
+// chunks_in_flight steps run at once, started in step order as earlier ones finish; step k of a
+// rank needs only step k of its two partners, so the window never deadlocks. This rank's own block
+// is copied locally while the first steps are in flight.
 //
 // Every pair exchanges a message, empty blocks too: a rank cannot tell from its own counts that its
 // partner has nothing for it, and the receive's expected size is what detects a mismatch (the
 // receiver's recv_counts[j] against the sender's send_counts[r]: shorter arrives short, longer is
-// truncated by UCX; either fails the receiver's operation naming both counts, and nothing is written
-// past its block). Tags carry the sender's group rank (the step and chunk fields), as in the other
-// direct algorithms: a group has at most 2^24 ranks.
+// truncated by UCX; either fails the receiver's operation naming both counts, and nothing is
+// written past its block). Tags carry the sender's group rank (the step and chunk fields), as in
+// the other direct algorithms: a group has at most 2^24 ranks.
 #include <algorithm>
 #include <cstring>
 
@@ -64,9 +64,9 @@ class PairwiseAllToAllOp final : public Op {
     const int k = next_step_++;
     const auto from = static_cast<size_t>((r_ + p_ - k) % p_);
     const auto to = static_cast<size_t>((r_ + k) % p_);
-    recv_from(static_cast<int>(from), recv_ + recv_offsets_[from] * esz_,
-              recv_counts_[from] * esz_, sender_step(static_cast<int>(from)),
-              sender_chunk(static_cast<int>(from)), k, static_cast<int>(from));
+    recv_from(static_cast<int>(from), recv_ + recv_offsets_[from] * esz_, recv_counts_[from] * esz_,
+              sender_step(static_cast<int>(from)), sender_chunk(static_cast<int>(from)), k,
+              static_cast<int>(from));
     send_to(static_cast<int>(to), send_ + send_offsets_[to] * esz_, send_counts_[to] * esz_,
             sender_step(r_), sender_chunk(r_), k, static_cast<int>(to));
   }
@@ -83,8 +83,8 @@ class PairwiseAllToAllOp final : public Op {
   // In the caller's terms: elements and counts (m.b is the partner's group rank).
   std::string size_mismatch(const Msg& m) const override {
     const auto q = static_cast<size_t>(m.b);
-    const std::string partner = "rank " + std::to_string(m.peer) + " (group rank " +
-                                std::to_string(m.b) + ")";
+    const std::string partner =
+        "rank " + std::to_string(m.peer) + " (group rank " + std::to_string(m.b) + ")";
     const std::string rule =
         "; recv_counts[p] must equal what group rank p passes as send_counts[rank()]";
     if (m.is_send) {
@@ -93,10 +93,10 @@ class PairwiseAllToAllOp final : public Op {
              "] gives it (its recv_counts for this rank differs)" + rule;
     }
     const bool unknown = m.status == UCS_ERR_MESSAGE_TRUNCATED && m.length <= m.expected;
-    const std::string sent = unknown ? "more than " + std::to_string(recv_counts_[q])
-                                     : std::to_string(m.length / esz_);
-    return partner + " sends " + sent + " elements to this rank (group rank " +
-           std::to_string(r_) + "), whose recv_counts[" + std::to_string(m.b) + "] is " +
+    const std::string sent =
+        unknown ? "more than " + std::to_string(recv_counts_[q]) : std::to_string(m.length / esz_);
+    return partner + " sends " + sent + " elements to this rank (group rank " + std::to_string(r_) +
+           "), whose recv_counts[" + std::to_string(m.b) + "] is " +
            std::to_string(recv_counts_[q]) + rule;
   }
 

@@ -1,9 +1,9 @@
-// Private to the ucx backend: the collective algorithms (described in comm/ucx/ucx_world.hpp) as Ops.
-// Each factory picks the algorithm from the message size and the engine's ring threshold, which all
-// ranks share, so every member builds the same state machine. Preconditions (checked by the caller,
-// UcxCommunicator): group size >= 2, a reducible dtype for reductions, counts.size() == group size,
-// at least one element in all (all_to_all: any counts). Buffers are the caller's and must outlive
-// the Work.
+// Private to the ucx backend: the collective algorithms (described in comm/ucx/ucx_world.hpp) as
+// Ops. Each factory picks the algorithm from the message size and the engine's ring threshold,
+// which all ranks share, so every member builds the same state machine. Preconditions (checked by
+// the caller, UcxCommunicator): group size >= 2, a reducible dtype for reductions, counts.size() ==
+// group size, at least one element in all (all_to_all: any counts). Buffers are the caller's and
+// must outlive the Work.
 #pragma once
 #include <memory>
 #include <string>

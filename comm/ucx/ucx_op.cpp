@@ -124,8 +124,8 @@ Status Op::failure_for(const Msg& m) const {
 std::string Op::size_mismatch(const Msg& m) const {
   const bool unknown = m.status == UCS_ERR_MESSAGE_TRUNCATED && m.length <= m.expected;
   return "rank " + std::to_string(m.peer) + " sent " +
-         (unknown ? std::string("more than") : std::to_string(m.length)) +
-         " bytes where " + std::to_string(m.expected) +
+         (unknown ? std::string("more than") : std::to_string(m.length)) + " bytes where " +
+         std::to_string(m.expected) +
          " were expected: the ranks called this operation with different counts, dtypes or "
          "roots, or in a different order; every member must make the same calls";
 }

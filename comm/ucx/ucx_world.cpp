@@ -79,8 +79,10 @@ class UcxCommunicator final : public Communicator {
 
   WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
                        std::span<const size_t> recv_counts, DType dtype) override {
-    if (Status s = check_counts("all_to_all send", send_counts); !s.is_ok()) return completed_work(s);
-    if (Status s = check_counts("all_to_all recv", recv_counts); !s.is_ok()) return completed_work(s);
+    if (Status s = check_counts("all_to_all send", send_counts); !s.is_ok())
+      return completed_work(s);
+    if (Status s = check_counts("all_to_all recv", recv_counts); !s.is_ok())
+      return completed_work(s);
     const size_t esz = dtype_size(dtype);
     const size_t send_bytes = total(send_counts) * esz, recv_bytes = total(recv_counts) * esz;
     const auto* s = static_cast<const char*>(send);
@@ -101,9 +103,10 @@ class UcxCommunicator final : public Communicator {
     }
     // No shortcut for zero counts: the peers' counts decide whether this rank takes part.
     const uint64_t seq = seq_++;
-    return engine_->submit(ucx::make_all_to_all(
-        *engine_, group_, seq, name("all_to_all", seq), send, {send_counts.begin(), send_counts.end()},
-        recv, {recv_counts.begin(), recv_counts.end()}, esz));
+    return engine_->submit(ucx::make_all_to_all(*engine_, group_, seq, name("all_to_all", seq),
+                                                send, {send_counts.begin(), send_counts.end()},
+                                                recv, {recv_counts.begin(), recv_counts.end()},
+                                                esz));
   }
 
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {

@@ -1,11 +1,11 @@
 // Test-side reference for all_to_all_v (tests/comm/test_all_to_all.cpp, the ucx worker, the nccl
 // test): a counts matrix, every rank's send buffer, and the serial exchange that gives every rank's
-// expected recv from all ranks' send buffers. Everything is a function of a seed, so each process of
-// a multi-process job builds the same matrix and buffers without talking to the others.
+// expected recv from all ranks' send buffers. Everything is a function of a seed, so each process
+// of a multi-process job builds the same matrix and buffers without talking to the others.
 //
 // all_to_all only copies, so element values are raw bits: random bytes, whatever the dtype (f32 and
-// bf16 patterns include NaNs and Infs; results are compared bytewise). The dtype matters through its
-// size, which sets every offset.
+// bf16 patterns include NaNs and Infs; results are compared bytewise). The dtype matters through
+// its size, which sets every offset.
 #pragma once
 #include <algorithm>
 #include <cstddef>

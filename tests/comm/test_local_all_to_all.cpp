@@ -1,9 +1,10 @@
-// all_to_all_v on the local backend against the serial exchange (tests/comm/all_to_all_reference.hpp):
-// 1, 2, 3, 4 and 8 ranks (threads), random counts per (sender, receiver) pair with zeros and odd
-// sizes, f32/f64/i32/bf16 (raw bits: it is a copy), several operations in flight at once, the
-// equal-count shorthand; counts that disagree between a pair, overlapping buffers and wrong count
-// lists fail on every member with a message and leave recv untouched. Seeds are fixed. Rank
-// threads record results; the main thread checks (Catch2 assertions are not thread-safe).
+// all_to_all_v on the local backend against the serial exchange
+// (tests/comm/all_to_all_reference.hpp): 1, 2, 3, 4 and 8 ranks (threads), random counts per
+// (sender, receiver) pair with zeros and odd sizes, f32/f64/i32/bf16 (raw bits: it is a copy),
+// several operations in flight at once, the equal-count shorthand; counts that disagree between a
+// pair, overlapping buffers and wrong count lists fail on every member with a message and leave
+// recv untouched. Seeds are fixed. Rank threads record results; the main thread checks (Catch2
+// assertions are not thread-safe).
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
@@ -89,9 +90,10 @@ std::vector<a2a::Case> cases_for(int n, DType dtype, uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("local all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, random counts, "
-          "f32 f64 i32 bf16",
-          "[comm][local][all_to_all]") {
+TEST_CASE(
+    "local all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, random counts, "
+    "f32 f64 i32 bf16",
+    "[comm][local][all_to_all]") {
   const DType dtypes[] = {DType::f32, DType::f64, DType::i32, DType::bf16};
   for (int n : {1, 2, 3, 4, 8}) {
     // Built before the threads start (each rank reads every case, writes only its own recvs).
@@ -109,7 +111,8 @@ TEST_CASE("local all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks
         std::vector<a2a::Bytes> recvs;
         std::vector<WorkPtr> works;
         for (const a2a::Case& c : cases[d]) {
-          const std::vector<size_t> sc = a2a::send_counts(c.counts, r), rc = a2a::recv_counts(c.counts, r);
+          const std::vector<size_t> sc = a2a::send_counts(c.counts, r),
+                                    rc = a2a::recv_counts(c.counts, r);
           recvs.push_back(guarded(a2a::total(rc) * esz));
           works.push_back(comm->all_to_all_v(c.sends[static_cast<size_t>(r)].data(), sc,
                                              recvs.back().data(), rc, dtype));
@@ -127,9 +130,9 @@ TEST_CASE("local all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks
       // The equal-count shorthand: 5 elements per peer.
       const a2a::Case eq = a2a::make_case(a2a::equal_counts(n, 5), 4, 7);
       a2a::Bytes out(5 * 4 * static_cast<size_t>(n));
-      if (Status st = comm->all_to_all(eq.sends[static_cast<size_t>(r)].data(), out.data(), 5,
-                                       DType::f32)
-                          ->wait();
+      if (Status st =
+              comm->all_to_all(eq.sends[static_cast<size_t>(r)].data(), out.data(), 5, DType::f32)
+                  ->wait();
           !st.is_ok())
         return st.message();
       if (out != eq.expected[static_cast<size_t>(r)]) return "all_to_all (equal counts) is wrong";
@@ -138,9 +141,10 @@ TEST_CASE("local all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks
   }
 }
 
-TEST_CASE("local all_to_all_v: counts that disagree between a pair fail every member, naming both "
-          "counts, and write nothing",
-          "[comm][local][all_to_all]") {
+TEST_CASE(
+    "local all_to_all_v: counts that disagree between a pair fail every member, naming both "
+    "counts, and write nothing",
+    "[comm][local][all_to_all]") {
   const int n = 3;
   const size_t esz = 4;
   const a2a::Case c = a2a::make_case(a2a::random_counts(n, 5, 20), esz, 5);

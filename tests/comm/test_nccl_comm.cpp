@@ -249,9 +249,10 @@ void check_all_to_all(Communicator& c, Errors& errors) {
     for (size_t max : {size_t{37}, size_t{70000}, size_t{0}}) {
       const uint64_t seed = 500 + static_cast<uint64_t>(salt++);
       const a2a::Case k = a2a::make_case(a2a::random_counts(n, seed, max), esz, seed);
-      const std::string what = std::string("all_to_all_v ") + dtype_name(dtype) + " max " +
-                               std::to_string(max);
-      const std::vector<size_t> sc = a2a::send_counts(k.counts, r), rc = a2a::recv_counts(k.counts, r);
+      const std::string what =
+          std::string("all_to_all_v ") + dtype_name(dtype) + " max " + std::to_string(max);
+      const std::vector<size_t> sc = a2a::send_counts(k.counts, r),
+                                rc = a2a::recv_counts(k.counts, r);
       const a2a::Bytes& mine = k.sends[static_cast<size_t>(r)];
       const a2a::Bytes& want = k.expected[static_cast<size_t>(r)];
       DeviceArray<unsigned char> dsend(mine.size()), drecv(want.size());

@@ -290,9 +290,10 @@ TEST_CASE("ucx: ranks that disagree on a large collective's count all fail inste
   }
 }
 
-TEST_CASE("ucx all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, shared memory, "
-          "TCP, default transports, shared-memory path required",
-          "[comm][ucx][all_to_all]") {
+TEST_CASE(
+    "ucx all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, shared memory, "
+    "TCP, default transports, shared-memory path required",
+    "[comm][ucx][all_to_all]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   // all_to_all has no shared-memory path of its own; the variants check that it meets the other
@@ -307,9 +308,10 @@ TEST_CASE("ucx all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, 
   run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "16"}}, {{7, 0.3}}, check);
 }
 
-TEST_CASE("ucx all_to_all_v: counts that disagree fail every receiver that sees it, naming both "
-          "counts, without a hang or a write past recv",
-          "[comm][ucx][all_to_all]") {
+TEST_CASE(
+    "ucx all_to_all_v: counts that disagree fail every receiver that sees it, naming both "
+    "counts, without a hang or a write past recv",
+    "[comm][ucx][all_to_all]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
   // Eager truncated (0 -> 1), short (1 -> 2), rendezvous truncated (2 -> 0); see ucx_worker.cpp.
@@ -325,7 +327,8 @@ TEST_CASE("ucx all_to_all_v: counts that disagree fail every receiver that sees 
            {{"UCX_TLS", "sm,self"}},
            {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}},
            {{"TROUPE_UCX_SAME_HOST", "ucx"}}}) {
-    JobResult r = run_job(worker_bin(), 3, {"--check", "a2a-mismatch"}, env, std::chrono::seconds(30));
+    JobResult r =
+        run_job(worker_bin(), 3, {"--check", "a2a-mismatch"}, env, std::chrono::seconds(30));
     INFO(r.logs);
     REQUIRE_FALSE(r.timed_out);
     for (size_t q = 0; q < 3; ++q) {

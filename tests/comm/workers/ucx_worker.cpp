@@ -26,10 +26,10 @@
 //                it one rounding (shared-memory path) or the ring's rounding per hop, as
 //                --half-large shm|ring says (absent: either, as a whole buffer).
 //   all_to_all   all_to_all_v against the serial exchange (tests/comm/all_to_all_reference.hpp):
-//                random counts per pair (zeros, odd sizes; blocks up to 700 elements, and with S > 0
-//                up to 40000 S: rendezvous), f32/f64/i32/bf16, several calls in flight, all zeros,
-//                the equal-count shorthand; on the world, the even/odd groups, and the world in
-//                reverse order on a second thread while the world runs.
+//                random counts per pair (zeros, odd sizes; blocks up to 700 elements, and up to
+//                40000 S with S > 0: rendezvous), f32/f64/i32/bf16, several calls in flight, all
+//                zeros, the equal-count shorthand; on the world, the even/odd groups, and the world
+//                in reverse order on a second thread while the world runs.
 //   a2a-mismatch (3 ranks) all_to_all_v where every rank's recv_counts disagree with one sender:
 //                0 -> 1 sends 7 where 5 are expected (eager, truncated), 1 -> 2 sends 3 where 6 are
 //                expected (short), 2 -> 0 sends 300000 f32 where 299999 are expected (rendezvous,
@@ -589,7 +589,8 @@ void all_to_all_cases(Communicator& c, const std::string& tag, DType dtype, size
   std::vector<a2a::Case> cases;
   cases.push_back(a2a::make_case(a2a::random_counts(p, seed, 37), esz, seed));
   cases.push_back(a2a::make_case(a2a::random_counts(p, seed + 1, 700), esz, seed + 1));
-  if (large > 0) cases.push_back(a2a::make_case(a2a::random_counts(p, seed + 2, large), esz, seed + 2));
+  if (large > 0)
+    cases.push_back(a2a::make_case(a2a::random_counts(p, seed + 2, large), esz, seed + 2));
   cases.push_back(a2a::make_case(a2a::equal_counts(p, 0), esz, seed + 3));
   std::vector<a2a::Bytes> recvs;
   std::vector<WorkPtr> works;
@@ -669,7 +670,8 @@ int check_a2a_mismatch(CommWorld& world) {
   const size_t bytes = a2a::total(rc) * 4;
   a2a::Bytes recv(bytes + 4096, 0xCD);
   const Status s =
-      all.all_to_all_v(send.data(), a2a::send_counts(sends, r), recv.data(), rc, DType::f32)->wait();
+      all.all_to_all_v(send.data(), a2a::send_counts(sends, r), recv.data(), rc, DType::f32)
+          ->wait();
   for (size_t i = bytes; i < recv.size(); ++i)
     if (recv[i] != 0xCD) fail("a2a-mismatch", "a byte past recv was written");
   if (s.is_ok()) fail("a2a-mismatch", "an all_to_all_v with disagreeing counts succeeded");
@@ -694,10 +696,9 @@ int check_kill(CommWorld& world, int target, bool idle, const std::string& op) {
   for (int iter = 0; iter < 1000; ++iter) {
     if (world.rank() == target && idle) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      std::fprintf(
-          stderr,
-          "ucx_worker rank %d: dying now (SIGKILL) while the others wait in an %s\n", target,
-          op.c_str());
+      std::fprintf(stderr,
+                   "ucx_worker rank %d: dying now (SIGKILL) while the others wait in an %s\n",
+                   target, op.c_str());
       std::fflush(stderr);
       raise(SIGKILL);
     }
@@ -705,9 +706,8 @@ int check_kill(CommWorld& world, int target, bool idle, const std::string& op) {
                                    : all.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
     if (world.rank() == target) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      std::fprintf(stderr,
-                   "ucx_worker rank %d: dying now (SIGKILL) in the middle of an %s\n", target,
-                   op.c_str());
+      std::fprintf(stderr, "ucx_worker rank %d: dying now (SIGKILL) in the middle of an %s\n",
+                   target, op.c_str());
       std::fflush(stderr);
       raise(SIGKILL);
     }
@@ -724,8 +724,7 @@ int check_kill(CommWorld& world, int target, bool idle, const std::string& op) {
     }
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) break;
   }
-  fail("peer failure",
-       op + " kept succeeding although rank " + std::to_string(target) + " died");
+  fail("peer failure", op + " kept succeeding although rank " + std::to_string(target) + " died");
 }
 
 // Traffic of every kind for `seconds` (small and large collectives of the world and of a second
@@ -789,7 +788,8 @@ int chaos(CommWorld& world, double seconds) {
     ok(all.reduce_scatter(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32,
                           ReduceOp::sum)
            ->wait());
-    ok(all.all_to_all(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32)->wait());
+    ok(all.all_to_all(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32)
+           ->wait());
     std::vector<WorkPtr> w;
     const size_t bytes = iter % 2 ? large : 3;  // rendezvous and eager
     w.push_back(all.recv(in.data(), bytes, DType::f32, (r + n - 1) % n, 1));
