@@ -4,8 +4,9 @@
 // bench/run_comm_bench.sh can put troupe and Open MPI side by side.
 //
 // Size is the total buffer as nccl-tests defines it: the all_reduce buffer, reduce_scatter's send
-// buffer (ranks x block), all_gather's receive buffer. time = max over ranks of the mean time per op;
-// algbw = size / time; busbw = algbw x 2(n-1)/n (all_reduce), x (n-1)/n (reduce_scatter, all_gather).
+// buffer (ranks x block), all_gather's receive buffer, all_to_all's send buffer on each rank (ranks x
+// the block for one peer; equal counts). time = max over ranks of the mean time per op; algbw = size
+// / time; busbw = algbw x 2(n-1)/n (all_reduce), x (n-1)/n (reduce_scatter, all_gather, all_to_all).
 // The first call of every size is checked exactly against the serial result (integer-valued floats,
 // exact in bf16/f16 too). --dtype f32|bf16|f16 picks the element type: a size is bytes, so bf16 at
 // a given size moves as many bytes as f32 (twice the elements); compare equal element counts.
@@ -62,6 +63,7 @@ comm::WorkPtr issue(comm::Communicator& c, const std::string& op, int64_t bytes,
   const size_t elems = static_cast<size_t>(bytes) / dtype_size(dtype);
   if (op == "all_reduce") return c.all_reduce(send, elems, dtype, comm::ReduceOp::sum);
   if (op == "reduce_scatter") return c.reduce_scatter(send, recv, elems / n, dtype, comm::ReduceOp::sum);
+  if (op == "all_to_all") return c.all_to_all(send, recv, elems / n, dtype);
   return c.all_gather(send, recv, elems / n, dtype);
 }
 
@@ -99,6 +101,14 @@ Status check(comm::Communicator& c, const std::string& op, int64_t bytes, DType 
     TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
     for (size_t i = 0; i < block; ++i)
       bad += get(recv, i, dtype) != static_cast<float>(ranks_sum + n * static_cast<double>((r * block + i) % 7));
+  } else if (op == "all_to_all") {
+    // Element i of the block from rank s to rank d: a small integer of (s, d, i), exact in 16 bits.
+    auto value = [](int s, int d, size_t i) { return static_cast<float>((s * 7 + d * 3 + static_cast<int>(i % 5)) % 97); };
+    for (int d = 0; d < n; ++d)
+      for (size_t i = 0; i < block; ++i) put(send, d * block + i, value(r, d, i), dtype);
+    TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
+    for (int s = 0; s < n; ++s)
+      for (size_t i = 0; i < block; ++i) bad += get(recv, s * block + i, dtype) != value(s, r, i);
   } else {
     fill(send, block, r);
     TROUPE_RETURN_IF_ERROR(issue(c, op, bytes, dtype, send, recv)->wait());
@@ -174,8 +184,9 @@ Result<std::vector<std::string>> parse_ops(const std::string& list) {
   std::stringstream ss(list);
   std::string op;
   while (std::getline(ss, op, ',')) {
-    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather")
-      return Status::error("--ops: unknown collective '" + op + "' -- use all_reduce, reduce_scatter, all_gather");
+    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather" && op != "all_to_all")
+      return Status::error("--ops: unknown collective '" + op +
+                           "' -- use all_reduce, reduce_scatter, all_gather, all_to_all");
     ops.push_back(op);
   }
   if (ops.empty()) return Status::error("--ops is empty -- name at least one collective");
@@ -277,7 +288,8 @@ void add_bench_comm_subcommand(CLI::App* bench, int* exit_code) {
   cmd->add_option("--backend", a->backend, "local (threads of this process) or ucx (ranks of a launched job)")
       ->capture_default_str();
   cmd->add_option("--ranks", a->ranks, "ranks for --backend local")->capture_default_str();
-  cmd->add_option("--ops", a->ops, "comma-separated collectives")->capture_default_str();
+  cmd->add_option("--ops", a->ops, "comma-separated collectives: all_reduce, reduce_scatter, all_gather, all_to_all")
+      ->capture_default_str();
   cmd->add_option("--min-bytes", a->min_bytes, "smallest total size")->capture_default_str();
   cmd->add_option("--max-bytes", a->max_bytes, "largest total size")->capture_default_str();
   cmd->add_option("--seconds-per-size", a->seconds_per_size, "timed work per size")->capture_default_str();

@@ -1,15 +1,17 @@
 // Open MPI collectives measured the way nccl-tests measures NCCL: the peer that troupe's
 // `bench comm` is compared with (bench/run_comm_bench.sh).
 //   mpirun -np N build/bench/mpi_coll_bench [--min-bytes 4096] [--max-bytes 268435456]
-//          [--ops all_reduce,reduce_scatter,all_gather] [--iters 20] [--warmup 5]
+//          [--ops all_reduce,reduce_scatter,all_gather,all_to_all] [--iters 20] [--warmup 5]
 //
 // size = the total buffer in bytes, as nccl-tests defines it: all_reduce the buffer; reduce_scatter
-// the send buffer (ranks x recv block); all_gather the recv buffer (ranks x send block). Sizes
+// the send buffer (ranks x recv block); all_gather the recv buffer (ranks x send block); all_to_all
+// each rank's send buffer (ranks x the block for one peer), run as MPI_Alltoallv with equal counts
+// (the call troupe's all_to_all_v is compared with; MoE exchanges have uneven counts). Sizes
 // double from --min-bytes to --max-bytes, rounded down to a multiple of 4 x ranks (float elements,
 // equal blocks); the JSON reports the size actually moved. Per (op, size): `warmup` untimed calls,
 // then `iters` timed calls back to back (both scaled down above 8 MiB, at least 3 timed), after a
 // barrier. time = max over ranks of (elapsed / iters); algbw = size / time; busbw = algbw x
-// 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter and all_gather (nccl-tests'
+// 2(n-1)/n for all_reduce, x (n-1)/n for reduce_scatter, all_gather and all_to_all (nccl-tests'
 // PERFORMANCE.md). Rank 0 prints one JSON line per (op, size):
 //   {"impl":"openmpi","op":"all_reduce","ranks":4,"bytes":1048576,"time_us":..,
 //    "algbw_GBps":..,"busbw_GBps":..}  (on one line)
@@ -88,10 +90,11 @@ std::string parse_args(int argc, char** argv, Args* a) {
   if (a->min_bytes == 0 || a->min_bytes > a->max_bytes)
     return "need 0 < --min-bytes <= --max-bytes";
   if (a->iters < 1 || a->warmup < 0) return "need --iters >= 1 and --warmup >= 0";
-  if (a->ops.empty()) return "--ops is empty; give some of all_reduce,reduce_scatter,all_gather";
+  if (a->ops.empty())
+    return "--ops is empty; give some of all_reduce,reduce_scatter,all_gather,all_to_all";
   for (const auto& op : a->ops) {
-    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather") {
-      return "unknown op '" + op + "'; --ops takes all_reduce,reduce_scatter,all_gather";
+    if (op != "all_reduce" && op != "reduce_scatter" && op != "all_gather" && op != "all_to_all") {
+      return "unknown op '" + op + "'; --ops takes all_reduce,reduce_scatter,all_gather,all_to_all";
     }
   }
   return "";
@@ -102,14 +105,23 @@ float input_value(int rank, size_t i) {
   return static_cast<float>((rank + 1) * static_cast<int>(i % 7 + 1));
 }
 
+// all_to_all: element i of the block rank `from` sends rank `to` (small integers, exact).
+float a2a_value(int from, int to, size_t i) {
+  return static_cast<float>((from * 7 + to * 3 + static_cast<int>(i % 5)) % 97);
+}
+
 struct Buffers {
   std::vector<float> send, recv;
+  std::vector<int> counts, displs;  // all_to_all: per peer, in elements (the same both ways)
 };
 
-// One call of `op`. count = all_reduce elements, or the per-rank block of the other two.
+// One call of `op`. count = all_reduce elements, or the per-rank block of the others.
 void run_op(const std::string& op, Buffers& b, size_t count) {
   const int c = static_cast<int>(count);
-  if (op == "all_reduce") {
+  if (op == "all_to_all") {
+    MPI_Alltoallv(b.send.data(), b.counts.data(), b.displs.data(), MPI_FLOAT, b.recv.data(),
+                  b.counts.data(), b.displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
+  } else if (op == "all_reduce") {
     MPI_Allreduce(b.send.data(), b.recv.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
   } else if (op == "reduce_scatter") {
     MPI_Reduce_scatter_block(b.send.data(), b.recv.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -123,7 +135,9 @@ int64_t check(const std::string& op, const Buffers& b, size_t count, int rank, i
   const float ranks_sum = static_cast<float>(nranks * (nranks + 1) / 2);
   for (size_t i = 0; i < b.recv.size(); ++i) {
     float want;
-    if (op == "all_reduce") {
+    if (op == "all_to_all") {
+      want = a2a_value(static_cast<int>(i / count), rank, i % count);
+    } else if (op == "all_reduce") {
       want = ranks_sum * static_cast<float>(i % 7 + 1);
     } else if (op == "reduce_scatter") {
       want = ranks_sum * static_cast<float>((rank * count + i) % 7 + 1);
@@ -148,10 +162,10 @@ int main(int argc, char** argv) {
   if (!err.empty()) {
     if (rank == 0) {
       if (err != "help") std::fprintf(stderr, "mpi_coll_bench: %s\n", err.c_str());
-      std::fprintf(
-          stderr,
-          "usage: mpirun -np N mpi_coll_bench [--min-bytes 4096] [--max-bytes 268435456]\n"
-          "       [--ops all_reduce,reduce_scatter,all_gather] [--iters 20] [--warmup 5]\n");
+      std::fprintf(stderr,
+                   "usage: mpirun -np N mpi_coll_bench [--min-bytes 4096] [--max-bytes 268435456]\n"
+                   "       [--ops all_reduce,reduce_scatter,all_gather,all_to_all] [--iters 20] "
+                   "[--warmup 5]\n");
     }
     MPI_Finalize();
     return err == "help" ? 0 : 2;
@@ -170,11 +184,20 @@ int main(int argc, char** argv) {
         break;
       }
       Buffers b;
-      const bool ar = op == "all_reduce", rs = op == "reduce_scatter";
-      b.send.resize(ar || rs ? total : block);
+      const bool ar = op == "all_reduce", rs = op == "reduce_scatter", a2a = op == "all_to_all";
+      b.send.resize(ar || rs || a2a ? total : block);
       b.recv.resize(ar || !rs ? total : block);
       const size_t count = ar ? total : block;
       for (size_t i = 0; i < b.send.size(); ++i) b.send[i] = input_value(rank, i);
+      if (a2a) {
+        b.counts.assign(static_cast<size_t>(nranks), static_cast<int>(block));
+        b.displs.resize(static_cast<size_t>(nranks));
+        for (int q = 0; q < nranks; ++q) {
+          b.displs[static_cast<size_t>(q)] = q * static_cast<int>(block);
+          for (size_t i = 0; i < block; ++i)
+            b.send[static_cast<size_t>(q) * block + i] = a2a_value(rank, q, i);
+        }
+      }
       std::fill(b.recv.begin(), b.recv.end(), -1.0f);
 
       // Scale the calls down for large sizes so a 256 MiB point takes seconds, not minutes.
@@ -209,7 +232,7 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         const double n = nranks;
         const double algbw = double(bytes) / seconds / 1e9;
-        const double factor = ar ? 2.0 * (n - 1) / n : (n - 1) / n;
+        const double factor = ar ? 2.0 * (n - 1) / n : (n - 1) / n;  // all_to_all: (n-1)/n
         std::printf(
             "{\"impl\":\"openmpi\",\"op\":\"%s\",\"ranks\":%d,\"bytes\":%zu,\"time_us\":%.2f,"
             "\"algbw_GBps\":%.4f,\"busbw_GBps\":%.4f}\n",

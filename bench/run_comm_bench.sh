@@ -4,7 +4,8 @@
 # nccl-tests way (bus bandwidth, busbw). Prints one Markdown table per op and writes it to --out.
 #
 #   bench/run_comm_bench.sh [--ranks "2 4 8"] [--min-bytes 4096] [--max-bytes 268435456]
-#                           [--ops all_reduce,reduce_scatter,all_gather] [--out bench/results/comm_latest.md]
+#                           [--ops all_reduce,reduce_scatter,all_gather,all_to_all]
+#                           [--out bench/results/comm_latest.md]
 #                           [--timeout 1800]
 #   env: TROUPE_BIN (default build/bin/troupe), MPI_BENCH (default build/bench/mpi_coll_bench),
 #        MPIRUN_ARGS (default "--mca pml ob1 --mca btl self,vader": Open MPI 4's shared-memory path on
@@ -12,8 +13,10 @@
 #
 # Every program prints JSON lines {"impl","op","ranks","bytes","time_us","algbw_GBps","busbw_GBps"}
 # (rank 0 only); the raw lines go to <out without .md>.jsonl. A program that is missing or fails
-# leaves its column "n/a" and the reason in the notes. Build first: scripts/build.sh (and
-# scripts/setup.sh --bench for Open MPI).
+# leaves its column "n/a" and the reason in the notes; without mpirun or build/bench/mpi_coll_bench
+# troupe's side still runs and the notes (and stderr) say Open MPI was skipped. all_to_all is
+# troupe's all_to_all (equal counts) against MPI_Alltoallv. Build first: scripts/build.sh (and
+# scripts/setup.sh --bench for Open MPI, then rebuild so CMake finds it).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -31,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     --ops) ops="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --timeout) run_timeout="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "run_comm_bench.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -76,7 +79,8 @@ for n in $ranks_list; do
     run "Open MPI, $n ranks" mpirun --allow-run-as-root --oversubscribe -np "$n" $MPIRUN_ARGS \
       "$MPI_BENCH" "${flags[@]}"
   else
-    echo "- Open MPI, $n ranks: $MPI_BENCH or mpirun not found (scripts/setup.sh --bench, then rebuild)" >> "$notes"
+    echo "- Open MPI, $n ranks: skipped, $MPI_BENCH or mpirun not found (scripts/setup.sh --bench, then rebuild)" >> "$notes"
+    echo ">> Open MPI, $n ranks: skipped ($MPI_BENCH or mpirun not found)" >&2
   fi
 done
 
@@ -113,8 +117,9 @@ lines = ["# troupe vs Open MPI: collective bus bandwidth (host memory, one machi
          "- troupe-local: ranks are threads of one process; troupe-ucx: one process per rank "
          "(`troupe launch`); Open MPI: `mpirun " + mpirun_args + "`",
          "- busbw as nccl-tests defines it: algbw = size / time, x 2(n-1)/n for all_reduce, "
-         "x (n-1)/n for reduce_scatter and all_gather; time = max over ranks of the mean; GB/s = 1e9 B/s",
-         "- size: all_reduce the buffer; reduce_scatter the send buffer; all_gather the recv buffer"]
+         "x (n-1)/n for reduce_scatter, all_gather and all_to_all; time = max over ranks of the mean; GB/s = 1e9 B/s",
+         "- size: all_reduce the buffer; reduce_scatter the send buffer; all_gather the recv buffer; "
+         "all_to_all each rank's send buffer (equal blocks; Open MPI: MPI_Alltoallv)"]
 over = [n for n in ranks if n > cores]
 if over:
     lines.append(f"- **note**: {cores} cores, so {', '.join(map(str, over))} ranks are oversubscribed "

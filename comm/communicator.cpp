@@ -112,6 +112,11 @@ WorkPtr Communicator::all_gather(const void* send, void* recv, size_t send_count
   return all_gather_v(send, recv, counts, dtype);
 }
 
+WorkPtr Communicator::all_to_all(const void* send, void* recv, size_t count_per_peer, DType dtype) {
+  const std::vector<size_t> counts(static_cast<size_t>(size()), count_per_peer);
+  return all_to_all_v(send, counts, recv, counts, dtype);
+}
+
 Result<std::unique_ptr<Communicator>> CommWorld::everyone() {
   std::vector<int> members(static_cast<size_t>(size()));
   std::iota(members.begin(), members.end(), 0);

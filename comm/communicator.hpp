@@ -9,11 +9,17 @@
 //     Calls return at once with a Work handle; the operation completes in the background (backends
 //     make progress without the caller), and Work::wait() returns when this rank's part is done and its
 //     buffers may be reused. Buffers must stay alive and untouched until then.
-//   * Counts are in elements. Any count works for all_reduce and broadcast (including counts smaller
-//     than the group or not divisible by it). reduce_scatter / all_gather take one count per rank
-//     (counts may differ; the equal-count forms are shorthand), so a buffer whose size the group does
-//     not divide is split without padding. The counts span need only live for the call (backends
-//     copy it; the equal-count forms pass a temporary).
+//   * all_to_all_v (mixture-of-experts token exchange) takes counts per peer on both sides: rank r
+//     sends send_counts[p] elements to p, and its recv_counts[p] must equal what p passes as
+//     send_counts[r] (counts may differ between pairs, may be zero, all of them too). A mismatch is
+//     an error naming both counts where the backend can see it (local: always, every member; ucx:
+//     the receiving rank of that pair; nccl: cannot, see comm/nccl/nccl_world.hpp), never memory
+//     written past recv. It moves bytes (any dtype, no reduction); send and recv must not overlap.
+//   * Counts are in elements. Any count works for all_reduce and broadcast (including counts
+//     smaller than the group or not divisible by it). reduce_scatter / all_gather / all_to_all take
+//     one count per rank (counts may differ; the equal-count forms are shorthand), so a buffer whose
+//     size the group does not divide is split without padding. The counts spans need only live for
+//     the call (backends copy them; the equal-count forms pass a temporary).
 //   * Reductions are deterministic for a given group size and count: the same inputs give bitwise the
 //     same outputs on every rank and every run. (Sums of integer-valued floats are exact.)
 //   * Reducible dtypes: f32, f64, i32, i64, bf16, f16 (sum and max; u8 too on nccl). bf16/f16 are
@@ -141,9 +147,17 @@ class Communicator {
   // sum(counts[:r]). send may alias its own block of recv.
   virtual WorkPtr all_gather_v(const void* send, void* recv, std::span<const size_t> counts, DType dtype) = 0;
 
-  // Equal blocks: recv_count / send_count elements per rank.
+  // send: sum(send_counts) elements, the block for peer p at offset sum(send_counts[:p]); recv:
+  // sum(recv_counts) elements, peer p's block at offset sum(recv_counts[:p]). Both spans have
+  // size() entries; recv_counts[p] == peer p's send_counts[rank()]. The block for this rank itself
+  // is a local copy. send and recv must not overlap.
+  virtual WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                               std::span<const size_t> recv_counts, DType dtype) = 0;
+
+  // Equal blocks: recv_count / send_count / count_per_peer elements per rank.
   WorkPtr reduce_scatter(const void* send, void* recv, size_t recv_count, DType dtype, ReduceOp op);
   WorkPtr all_gather(const void* send, void* recv, size_t send_count, DType dtype);
+  WorkPtr all_to_all(const void* send, void* recv, size_t count_per_peer, DType dtype);
 
   // In place: every rank's buf becomes root's.
   virtual WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) = 0;
@@ -154,8 +168,8 @@ class Communicator {
 
   virtual WorkPtr barrier() = 0;
 
-  // Bytes of one element of `dtype`. Every dtype moves (broadcast, all_gather, send/recv); the
-  // reducible ones are listed in the file comment (f32, f64, i32, i64, bf16, f16).
+  // Bytes of one element of `dtype`. Every dtype moves (broadcast, all_gather, all_to_all,
+  // send/recv); the reducible ones are listed in the file comment (f32, f64, i32, i64, bf16, f16).
   static size_t element_size(DType dtype) { return dtype_size(dtype); }
 };
 

@@ -49,6 +49,12 @@ class FlightCommunicator final : public Communicator {
         collective(FlightKind::all_gather, dtype, ReduceOp::sum, total(counts) * dtype_size(dtype));
     return attach(inner_->all_gather_v(send, recv, counts, dtype), id);
   }
+  WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                       std::span<const size_t> recv_counts, DType dtype) override {
+    const uint64_t id = collective(FlightKind::all_to_all, dtype, ReduceOp::sum,
+                                   total(send_counts) * dtype_size(dtype));
+    return attach(inner_->all_to_all_v(send, send_counts, recv, recv_counts, dtype), id);
+  }
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
     const uint64_t id = collective(FlightKind::broadcast, dtype, ReduceOp::sum,
                                    count * dtype_size(dtype), world(root));
@@ -132,6 +138,8 @@ const char* flight_kind_name(FlightKind kind) {
       return "send";
     case FlightKind::recv:
       return "recv";
+    case FlightKind::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }

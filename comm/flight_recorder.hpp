@@ -11,15 +11,16 @@
 //
 // What is recorded, by record_flight's communicator (once, for every backend): each call of the
 // Communicator interface is an operation, numbered
-//   * collectives (all_reduce, reduce_scatter, all_gather, broadcast, barrier): seq 1, 2, ... per
-//     group, so the k-th collective of a group is seq k on every member (they call the group's
-//     collectives in the same order: comm/communicator.hpp);
+//   * collectives (all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, barrier): seq 1,
+//     2, ... per group, so the k-th collective of a group is seq k on every member (they call the
+//     group's collectives in the same order: comm/communicator.hpp);
 //   * send and recv: seq 1, 2, ... per (group, peer, direction): the k-th send of rank a to b in a
 //     group; it is b's k-th recv from a when b posts its receives from a in a's send order (the tag
 //     is recorded to match them otherwise).
 // bytes: all_reduce and broadcast the buffer, reduce_scatter the whole input (every member's
 // blocks), all_gather the whole output, send/recv the message: the same on every member of a
-// collective.
+// collective; except all_to_all: what this rank sends (its whole send buffer), which differs
+// between members when their counts do.
 // States: scheduled when issued; started when the rank's thread begins to wait for it
 // (Work::wait) before it is done; completed or failed when it is done: the local and ucx backends
 // say so from the thread that finishes it (Work::completed), the nccl backend's operations are
@@ -52,7 +53,8 @@ enum class FlightKind : uint8_t {
   broadcast,
   barrier,
   send,
-  recv
+  recv,
+  all_to_all
 };
 const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv"
 bool is_collective(FlightKind kind);

@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <vector>
@@ -159,7 +160,14 @@ class LocalWork final : public Work {
 };
 
 // One group's shared state: its barrier, collective slots and point-to-point mailboxes.
-enum class OpKind : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier };
+enum class OpKind : uint8_t {
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  all_to_all,
+  broadcast,
+  barrier
+};
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
@@ -169,6 +177,8 @@ const char* op_kind_name(OpKind k) {
       return "reduce_scatter";
     case OpKind::all_gather:
       return "all_gather";
+    case OpKind::all_to_all:
+      return "all_to_all";
     case OpKind::broadcast:
       return "broadcast";
     case OpKind::barrier:
@@ -183,7 +193,8 @@ struct Slot {
   ReduceOp op = ReduceOp::sum;
   int root = 0;
   size_t count = 0;                             // all_reduce, broadcast
-  const std::vector<size_t>* counts = nullptr;  // reduce_scatter, all_gather
+  const std::vector<size_t>* counts = nullptr;  // reduce_scatter, all_gather; all_to_all: sends
+  const std::vector<size_t>* recv_counts = nullptr;  // all_to_all
   const void* send = nullptr;
   void* recv = nullptr;  // all_reduce and broadcast: the buffer
 };
@@ -538,6 +549,17 @@ class LocalComm final : public Communicator {
     return collective(s, std::vector<size_t>(counts.begin(), counts.end()), false);
   }
 
+  WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                       std::span<const size_t> recv_counts, DType dtype) override {
+    Slot s;
+    s.kind = OpKind::all_to_all;
+    s.dtype = dtype;
+    s.send = send;
+    s.recv = recv;
+    return collective(s, std::vector<size_t>(send_counts.begin(), send_counts.end()), false,
+                      std::vector<size_t>(recv_counts.begin(), recv_counts.end()));
+  }
+
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
     if (root < 0 || root >= size()) {
       return bad_call("broadcast", "root " + std::to_string(root) +
@@ -586,9 +608,13 @@ class LocalComm final : public Communicator {
     return work;
   }
 
-  WorkPtr collective(Slot slot, std::vector<size_t> counts, bool no_op);
+  // recv_counts: all_to_all only.
+  WorkPtr collective(Slot slot, std::vector<size_t> counts, bool no_op,
+                     std::vector<size_t> recv_counts = {});
   Status run_collective(Slot& slot, const std::string& what);
   Status check_agreement(const Slot* slots) const;
+  Status check_all_to_all(const Slot* slots) const;
+  void run_all_to_all(const Slot* slots) const;
   WorkPtr point_to_point(void* buf, size_t count, DType dtype, int peer, uint64_t tag,
                          bool is_send);
 
@@ -617,7 +643,8 @@ class LocalComm final : public Communicator {
   std::thread thread_;  // last: starts once the members above exist
 };
 
-WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op) {
+WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op,
+                              std::vector<size_t> recv_counts) {
   const char* name = op_kind_name(slot.kind);
   const bool reduces = slot.kind == OpKind::all_reduce || slot.kind == OpKind::reduce_scatter;
   if (reduces && !reducible(slot.dtype)) {
@@ -631,14 +658,24 @@ WorkPtr LocalComm::collective(Slot slot, std::vector<size_t> counts, bool no_op)
     }
     no_op = std::all_of(counts.begin(), counts.end(), [](size_t c) { return c == 0; });
   }
+  // all_to_all never skips: this member's counts being zero says nothing about the others', and a
+  // mismatch must be seen by everyone (check_all_to_all).
+  if (slot.kind == OpKind::all_to_all && (counts.size() != static_cast<size_t>(size()) ||
+                                          recv_counts.size() != static_cast<size_t>(size()))) {
+    return bad_call(name, "got " + std::to_string(counts.size()) + " send counts and " +
+                              std::to_string(recv_counts.size()) + " recv counts for a group of " +
+                              std::to_string(size()) + "; pass one count per rank in each");
+  }
   auto work = std::make_shared<LocalWork>(fabric_, describe(name), false, group_->world_rank(me_));
   if (no_op) {  // every member sees the same counts, so every member skips alike
     return submit(work, [this, work] {
       work->finish(fabric_->failed.load() ? fabric_->failure_status() : Status::ok());
     });
   }
-  return submit(work, [this, work, slot, counts = std::move(counts)]() mutable {
+  return submit(work, [this, work, slot, counts = std::move(counts),
+                       recv_counts = std::move(recv_counts)]() mutable {
     slot.counts = &counts;
+    if (slot.kind == OpKind::all_to_all) slot.recv_counts = &recv_counts;
     work->finish(run_collective(slot, work->what()));
   });
 }
@@ -658,7 +695,7 @@ Status LocalComm::check_agreement(const Slot* slots) const {
       diff = "count " + std::to_string(a.count) + " vs " + std::to_string(b.count);
     } else if (a.root != b.root) {
       diff = "root " + std::to_string(a.root) + " vs " + std::to_string(b.root);
-    } else if (a.counts && b.counts && *a.counts != *b.counts) {
+    } else if (a.kind != OpKind::all_to_all && a.counts && b.counts && *a.counts != *b.counts) {
       diff = "different per-rank counts";
     }
     if (!diff.empty()) {
@@ -669,7 +706,61 @@ Status LocalComm::check_agreement(const Slot* slots) const {
           "same arguments");
     }
   }
+  return a.kind == OpKind::all_to_all ? check_all_to_all(slots) : Status::ok();
+}
+
+// Every member sees every member's counts, so each finds the same first mismatch (pairs in order).
+Status LocalComm::check_all_to_all(const Slot* slots) const {
+  const int n = size();
+  const size_t esz = dtype_size(slots[0].dtype);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const size_t sent = (*slots[i].counts)[j], expected = (*slots[j].recv_counts)[i];
+      if (sent != expected) {
+        return Status::error(
+            "rank " + std::to_string(group_->world_rank(i)) + " sends " + std::to_string(sent) +
+            " elements to rank " + std::to_string(group_->world_rank(j)) + ", whose recv_counts[" +
+            std::to_string(i) + "] is " + std::to_string(expected) +
+            "; recv_counts[p] must equal what group rank p passes as send_counts[rank()]");
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const Slot& m = slots[i];
+    const auto* s = static_cast<const char*>(m.send);
+    const auto* r = static_cast<const char*>(m.recv);
+    const size_t sb = std::accumulate(m.counts->begin(), m.counts->end(), size_t{0}) * esz;
+    const size_t rb =
+        std::accumulate(m.recv_counts->begin(), m.recv_counts->end(), size_t{0}) * esz;
+    if (sb > 0 && rb > 0 && s < r + rb && r < s + sb) {
+      return Status::error("rank " + std::to_string(group_->world_rank(i)) +
+                           " passed overlapping send and recv buffers; all_to_all needs two "
+                           "separate buffers");
+    }
+  }
   return Status::ok();
+}
+
+// Member i pulls its recv from the senders' buffers (block i of each send, in place), starting
+// with rank i+1 so the members do not all read rank 0 first. Each byte is read and written once.
+void LocalComm::run_all_to_all(const Slot* slots) const {
+  const int n = size();
+  const size_t esz = dtype_size(slots[0].dtype);
+  const Slot& mine = slots[me_];
+  const std::vector<size_t> recv_offsets = prefix_sums(*mine.recv_counts);
+  size_t total = 0;  // bytes every member receives, together: read once and written once
+  for (int j = 0; j < n; ++j)
+    total += std::accumulate(slots[j].counts->begin(), slots[j].counts->end(), size_t{0}) * esz;
+  const bool streaming = streams(total, total);
+  for (int k = 1; k <= n; ++k) {
+    const int j = (me_ + k) % n;
+    const size_t count = (*mine.recv_counts)[j];
+    if (count == 0) continue;
+    const std::vector<size_t>& sent = *slots[j].counts;
+    const size_t offset = std::accumulate(sent.begin(), sent.begin() + me_, size_t{0});
+    void* dst = at(mine.recv, recv_offsets[j], esz);
+    copy_to({&dst, 1}, at(slots[j].send, offset, esz), count * esz, streaming);
+  }
 }
 
 Status LocalComm::run_collective(Slot& slot, const std::string& what) {
@@ -739,6 +830,9 @@ Status LocalComm::run_collective(Slot& slot, const std::string& what) {
       }
       break;
     }
+    case OpKind::all_to_all:
+      run_all_to_all(slots);
+      break;
     case OpKind::barrier:
       break;
   }

@@ -23,6 +23,11 @@
 //   all_gather      member i reads share i of the concatenated layout from the senders and writes
 //                   it into every member's recv (a send that is its own block of recv is left in
 //                   place). Reads S, writes nS (S: a recv).
+//   all_to_all      member i copies block i of every sender's send straight into its own recv
+//                   (pull; senders in the order i+1, i+2, ..., i, the own block included), so each
+//                   byte is read once and written once. Members that received more do more of the
+//                   work: the counts decide the balance, not the shares. Reads S, writes S (S: all
+//                   members' sends together).
 //   broadcast       member i reads share i of root's buffer and writes it into every other
 //                   member's. Reads S, writes (n-1)S.
 //   send / recv     a mailbox per (sender, receiver) pair of the group: whichever side is posted
@@ -34,7 +39,8 @@
 // Writes are streaming (non-temporal) stores when a collective's buffers together exceed the
 // last-level cache (the data would not stay cached anyway), except all_reduce's: its destination
 // lines were just read, so they are in cache.
-// A count of 0 (or _v counts that are all 0) is a no-op that involves no other rank.
+// A count of 0 (or _v counts that are all 0) is a no-op that involves no other rank, except in
+// all_to_all: one member's zero counts say nothing about the others', so it always meets them.
 //
 // Progress: each Communicator owns one progress thread that runs its operations in issue order;
 // calls return at once. Communicators of one rank (tp and dp, say) run concurrently. Waiting (for
@@ -49,8 +55,9 @@
 // the fabric the same way, naming the ranks that did not arrive and the ranks that were not blocked
 // in any Work::wait at that moment (computing, or stuck: usually the culprit). A fabric does not recover: build a
 // new one to restart. Misuse that every rank sees alike (a dtype that cannot be reduced, members
-// that disagree on a collective's count, dtype, op or root, a send/recv size mismatch) fails the
-// operation with a message.
+// that disagree on a collective's count, dtype, op or root, a send/recv size mismatch, an
+// all_to_all whose recv_counts[p] differs from p's send_counts[rank], naming both counts, or
+// whose send and recv overlap on some member) fails the operation with a message on every member.
 //
 // Thread safety: LocalFabric is a handle; copies share one fabric, and any thread may use it. A
 // CommWorld or Communicator from it is used by one thread at a time (its owner), as in

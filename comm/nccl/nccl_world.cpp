@@ -385,6 +385,42 @@ class NcclComm final : public NcclCommunicator {
     });
   }
 
+  WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                       std::span<const size_t> recv_counts, DType dtype) override {
+    TROUPE_CHECK(send_counts.size() == static_cast<size_t>(size()) &&
+                     recv_counts.size() == static_cast<size_t>(size()),
+                 "all_to_all_v takes one send count and one recv count per rank");
+    const size_t sent = total(send_counts), received = total(recv_counts);
+    if (sent == 0 && received == 0) return completed_work();
+    // launch() runs the body before it returns: the spans are still the caller's.
+    return launch(describe("all_to_all", sent, dtype), [&](ncclComm_t comm, cudaStream_t s) {
+      return grouped([&] {
+        // Every pair's blocks, this rank's own included (NCCL copies a send to self locally);
+        // empty blocks are skipped on both sides alike when the counts agree.
+        size_t send_offset = 0, recv_offset = 0;
+        for (int r = 0; r < size(); ++r) {
+          const size_t out = byte_count(send_counts[r], dtype);
+          const size_t in = byte_count(recv_counts[r], dtype);
+          if (out > 0) {
+            const ncclResult_t res =
+                ncclSend(static_cast<const char*>(send) + byte_count(send_offset, dtype), out,
+                         ncclUint8, r, comm, s);
+            if (res != ncclSuccess && res != ncclInProgress) return res;
+          }
+          if (in > 0) {
+            const ncclResult_t res =
+                ncclRecv(static_cast<char*>(recv) + byte_count(recv_offset, dtype), in, ncclUint8,
+                         r, comm, s);
+            if (res != ncclSuccess && res != ncclInProgress) return res;
+          }
+          send_offset += send_counts[r];
+          recv_offset += recv_counts[r];
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
     TROUPE_CHECK(root >= 0 && root < size(), "broadcast root must be a rank of the group");
     if (count == 0) return completed_work();

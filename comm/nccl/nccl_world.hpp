@@ -36,6 +36,13 @@
 //                   reduces keep NCCL's reduction order, so results stay deterministic.)
 //   all_gather      equal counts: ncclAllGather (in place when send is recv's own block). Uneven
 //                   counts (_v): one ncclBroadcast per block (root = the owner) in one group.
+//   all_to_all      ncclSend / ncclRecv of every non-empty block, this rank's own included (NCCL
+//                   copies a send to self locally), in one ncclGroupStart/End: one fused launch,
+//                   NCCL orders the pairs. Neither this backend nor NCCL checks the counts (that
+//                   would take an exchange of them first): a recv_counts[p] that differs from p's
+//                   send_counts[rank] is undefined in NCCL; expect the pair to stall until
+//                   op_timeout aborts the communicator (an error naming the operation, not the
+//                   counts). A rank whose counts are all zero completes at once.
 //   broadcast       ncclBroadcast, in place.
 //   send / recv     ncclSend / ncclRecv. NCCL has no tags: messages between two ranks match in the
 //                   order they are issued, whatever the tag, so a rank must post its recvs from a
@@ -46,7 +53,7 @@
 //                   other before receiving deadlock (beyond NCCL's buffering) until op_timeout.
 //                   Order exchanges (the lower rank sends first) or use batch_p2p(). No self-send.
 //   barrier         a one-element ncclAllReduce; wait() returns once every member has reached it.
-//   Movement (broadcast, all_gather, send/recv) is done in bytes, so any dtype works.
+//   Movement (broadcast, all_gather, all_to_all, send/recv) is done in bytes, so any dtype works.
 // Counts of zero complete at once. Determinism: NCCL gives every rank the same bits, and the same
 // bits run to run while it picks the same algorithm (same NCCL version, topology and
 // NCCL_ALGO/NCCL_PROTO).

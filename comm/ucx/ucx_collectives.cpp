@@ -11,15 +11,6 @@ namespace troupe::comm::ucx {
 
 namespace {
 
-// The direct algorithms receive one message from every rank in the same step, so the tag must tell
-// the senders apart: the sender's group rank goes into the step and chunk fields (24 bits).
-uint32_t sender_step(int sender) {
-  return static_cast<uint32_t>(sender) >> kTagChunkBits;
-}
-uint32_t sender_chunk(int sender) {
-  return static_cast<uint32_t>(sender) & ((1u << kTagChunkBits) - 1);
-}
-
 // Recursive doubling all_reduce. With p = 2^k + rem, ranks 2i and 2i+1 (i < rem) fold first: 2i
 // sends its buffer to 2i+1 (step 0) and waits for the result (step k+1); the remaining 2^k ranks
 // exchange full buffers with partner newrank ^ 2^j at step j+1 and combine op(lower rank's, higher

@@ -1,8 +1,9 @@
-// Private to the ucx backend: the collective algorithms (described in comm/ucx/ucx_world.hpp) as Ops.
-// Each factory picks the algorithm from the message size and the engine's ring threshold, which all
-// ranks share, so every member builds the same state machine. Preconditions (checked by the caller,
-// UcxCommunicator): group size >= 2, a reducible dtype for reductions, counts.size() == group size,
-// at least one element in all. Buffers are the caller's and must outlive the Work.
+// Private to the ucx backend: the collective algorithms (described in comm/ucx/ucx_world.hpp) as
+// Ops. Each factory picks the algorithm from the message size and the engine's ring threshold,
+// which all ranks share, so every member builds the same state machine. Preconditions (checked by
+// the caller, UcxCommunicator): group size >= 2, a reducible dtype for reductions, counts.size() ==
+// group size, at least one element in all (all_to_all: any counts). Buffers are the caller's and
+// must outlive the Work.
 #pragma once
 #include <memory>
 #include <string>
@@ -26,6 +27,20 @@ std::unique_ptr<Op> make_all_gather(Engine& engine, GroupPtr group, uint64_t seq
 std::unique_ptr<Op> make_broadcast(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
                                    void* buf, size_t bytes, int root);
 std::unique_ptr<Op> make_barrier(Engine& engine, GroupPtr group, uint64_t seq, std::string name);
+// all_to_all_v by pairwise exchange (ucx_all_to_all.cpp); esz: bytes per element. Counts need not
+// be checked against the peers': a mismatch fails the receiving rank's operation.
+std::unique_ptr<Op> make_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
+                                    const void* send, std::vector<size_t> send_counts, void* recv,
+                                    std::vector<size_t> recv_counts, size_t esz);
+
+// The direct algorithms receive one message from every rank in the same step, so the tag must tell
+// the senders apart: the sender's group rank goes into the step and chunk fields (24 bits).
+inline uint32_t sender_step(int sender) {
+  return static_cast<uint32_t>(sender) >> kTagChunkBits;
+}
+inline uint32_t sender_chunk(int sender) {
+  return static_cast<uint32_t>(sender) & ((1u << kTagChunkBits) - 1);
+}
 
 // The large-message algorithms (ucx_ring.cpp), used by the factories above.
 enum class RingMode { all_reduce, reduce_scatter, all_gather };

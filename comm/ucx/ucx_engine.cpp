@@ -484,7 +484,9 @@ void Engine::recv_cb(void* req, ucs_status_t status, const ucp_tag_recv_info_t* 
                      void* user_data) {
   auto* m = static_cast<Msg*>(user_data);
   ucp_request_free(req);
-  m->op->engine_.complete_msg(m, status, status == UCS_OK && info != nullptr ? info->length : 0);
+  // On truncation UCX reports the sender's length too (what a mismatch message names).
+  const bool sized = status == UCS_OK || status == UCS_ERR_MESSAGE_TRUNCATED;
+  m->op->engine_.complete_msg(m, status, sized && info != nullptr ? info->length : 0);
 }
 
 void Engine::am_data_cb(void* req, ucs_status_t status, size_t length, void* user_data) {

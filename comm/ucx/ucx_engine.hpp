@@ -126,6 +126,10 @@ class Op {
   virtual void on_complete(Msg& m) = 0;  // a request of this op succeeded
   virtual void on_fail() {}              // hook: undo registrations (p2p matching)
   void succeed();                        // all requests done; completes the Work with ok
+  // Why request m moved another size than it expected (m.length: what arrived; on truncation
+  // what the sender sent when UCX says, else 0): the ranks disagree. Ops that take counts from
+  // the caller say it in the caller's terms.
+  virtual std::string size_mismatch(const Msg& m) const;
 
   // Collective messages to/from group rank `peer`, tagged (group, seq, step, chunk).
   Msg* send_to(int peer, const void* buf, size_t bytes, uint32_t step, uint32_t chunk, int a = 0,

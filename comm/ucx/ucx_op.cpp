@@ -114,17 +114,20 @@ Msg* Op::recv_from(int peer, void* buf, size_t bytes, uint32_t step, uint32_t ch
 Status Op::failure_for(const Msg& m) const {
   Status peer = engine_.peer_status(m.peer);
   if (!peer.is_ok()) return Status::error(name_ + ": " + peer.message());
-  if (m.status == UCS_ERR_MESSAGE_TRUNCATED || (m.status == UCS_OK && m.length != m.expected)) {
-    return Status::error(
-        name_ + ": rank " + std::to_string(m.peer) + " sent " +
-        (m.status == UCS_OK ? std::to_string(m.length) : std::string("more than")) +
-        " bytes where " + std::to_string(m.expected) +
-        " were expected: the ranks called this operation with different counts, dtypes or "
-        "roots, or in a different order; every member must make the same calls");
-  }
+  if (m.status == UCS_ERR_MESSAGE_TRUNCATED || (m.status == UCS_OK && m.length != m.expected))
+    return Status::error(name_ + ": " + size_mismatch(m));
   return Status::error(name_ + ": communication with " + engine_.who(m.peer) + " failed (" +
                        ucs_status_string(m.status) +
                        "); the process may have died or the network failed");
+}
+
+std::string Op::size_mismatch(const Msg& m) const {
+  const bool unknown = m.status == UCS_ERR_MESSAGE_TRUNCATED && m.length <= m.expected;
+  return "rank " + std::to_string(m.peer) + " sent " +
+         (unknown ? std::string("more than") : std::to_string(m.length)) + " bytes where " +
+         std::to_string(m.expected) +
+         " were expected: the ranks called this operation with different counts, dtypes or "
+         "roots, or in a different order; every member must make the same calls";
 }
 
 void Op::deliver(Msg* m) {

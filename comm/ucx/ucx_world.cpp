@@ -77,6 +77,38 @@ class UcxCommunicator final : public Communicator {
                                                 recv, {counts.begin(), counts.end()}, dtype));
   }
 
+  WorkPtr all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                       std::span<const size_t> recv_counts, DType dtype) override {
+    if (Status s = check_counts("all_to_all send", send_counts); !s.is_ok())
+      return completed_work(s);
+    if (Status s = check_counts("all_to_all recv", recv_counts); !s.is_ok())
+      return completed_work(s);
+    const size_t esz = dtype_size(dtype);
+    const size_t send_bytes = total(send_counts) * esz, recv_bytes = total(recv_counts) * esz;
+    const auto* s = static_cast<const char*>(send);
+    const auto* r = static_cast<const char*>(recv);
+    if (send_bytes > 0 && recv_bytes > 0 && s < r + recv_bytes && r < s + send_bytes) {
+      return completed_work(Status::error(
+          "ucx all_to_all: send and recv overlap; all_to_all needs two separate buffers"));
+    }
+    if (size() == 1) {
+      if (send_counts[0] != recv_counts[0]) {
+        return completed_work(Status::error(
+            "ucx all_to_all: this rank sends itself " + std::to_string(send_counts[0]) +
+            " elements but its recv_counts[0] is " + std::to_string(recv_counts[0]) +
+            "; recv_counts[p] must equal what group rank p passes as send_counts[rank()]"));
+      }
+      if (send_bytes != 0) std::memcpy(recv, send, send_bytes);
+      return completed_work();
+    }
+    // No shortcut for zero counts: the peers' counts decide whether this rank takes part.
+    const uint64_t seq = seq_++;
+    return engine_->submit(ucx::make_all_to_all(*engine_, group_, seq, name("all_to_all", seq),
+                                                send, {send_counts.begin(), send_counts.end()},
+                                                recv, {recv_counts.begin(), recv_counts.end()},
+                                                esz));
+  }
+
   WorkPtr broadcast(void* buf, size_t count, DType dtype, int root) override {
     if (root < 0 || root >= size()) return completed_work(bad_rank("broadcast root", root));
     if (count == 0 || size() == 1) return completed_work();

@@ -133,6 +133,7 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
       std::vector<float> gathered(total);
       std::vector<double> b(13, r);
       std::vector<int32_t> i(5, r);
+      std::vector<int32_t> to_all(3 * static_cast<size_t>(n), r), from_all(to_all.size());
       std::vector<WorkPtr> works;
       works.push_back(world->all_reduce(a.data(), a.size(), DType::f32, ReduceOp::sum));
       works.push_back(
@@ -140,6 +141,7 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
       works.push_back(world->all_gather_v(send.data(), gathered.data(), counts, DType::f32));
       works.push_back(world->broadcast(b.data(), b.size(), DType::f64, n - 1));
       works.push_back(world->barrier());
+      works.push_back(world->all_to_all(to_all.data(), from_all.data(), 3, DType::i32));
       if (pair) works.push_back(pair->all_reduce(i.data(), i.size(), DType::i32, ReduceOp::sum));
       works.push_back(world->all_reduce(one.data(), 1, DType::f32, ReduceOp::sum));
       // Some waited, some only tested until done.
@@ -150,7 +152,8 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
           while (!works[k]->test()) std::this_thread::yield();
         }
       }
-      if (a[6] != static_cast<float>(n) || one[0] != 2.0f * n || b[12] != n - 1)
+      if (a[6] != static_cast<float>(n) || one[0] != 2.0f * n || b[12] != n - 1 ||
+          from_all[3 * static_cast<size_t>(n) - 1] != n - 1)
         return "wrong results";
       return "";
     });
@@ -161,25 +164,27 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
         seen;
     for (int r = 0; r < n; ++r) {
       const FlightRecord rec = recs[static_cast<size_t>(r)]->snapshot();
-      CHECK(rec.recorded == (r < 2 ? 7u : 6u));
+      CHECK(rec.recorded == (r < 2 ? 8u : 7u));
       for (const FlightOp& op : rec.ops) {
         CHECK(op.state == FlightState::completed);
         CHECK(op.finished_ns >= op.enqueued_ns);
         seen[{rec.groups[static_cast<size_t>(op.group)].members, op.seq}][r] = {op.kind, op.bytes};
       }
-      // The world's collectives in issue order, seq 1..6, with their bytes.
+      // The world's collectives in issue order, seq 1..7, with their bytes (all_to_all: what this
+      // rank sends).
       std::vector<FlightOp> world_ops;
       for (const FlightOp& op : rec.ops)
         if (rec.groups[static_cast<size_t>(op.group)].name == "world") world_ops.push_back(op);
-      REQUIRE(world_ops.size() == 6);
+      REQUIRE(world_ops.size() == 7);
       const std::vector<std::pair<FlightKind, uint64_t>> expected{
           {FlightKind::all_reduce, 7 * 4},
           {FlightKind::reduce_scatter, total * 4},
           {FlightKind::all_gather, total * 4},
           {FlightKind::broadcast, 13 * 8},
           {FlightKind::barrier, 0},
+          {FlightKind::all_to_all, 3 * static_cast<uint64_t>(n) * 4},
           {FlightKind::all_reduce, 4}};
-      for (size_t k = 0; k < 6; ++k) {
+      for (size_t k = 0; k < 7; ++k) {
         CHECK(world_ops[k].seq == k + 1);
         CHECK(world_ops[k].kind == expected[k].first);
         CHECK(world_ops[k].bytes == expected[k].second);
@@ -187,6 +192,8 @@ TEST_CASE("every member of a group records its collectives with the same seq, ki
       CHECK(world_ops[3].peer == n - 1);  // the broadcast's root
       CHECK(world_ops[1].op == ReduceOp::max);
       CHECK(world_ops[3].dtype == DType::f64);
+      CHECK(std::string(flight_kind_name(world_ops[5].kind)) == "all_to_all");
+      CHECK(is_collective(world_ops[5].kind));
     }
     for (const auto& [key, by_rank] : seen) {
       INFO("group of " << key.first.size() << ", seq " << key.second);

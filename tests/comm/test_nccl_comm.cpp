@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "comm/nccl/nccl_world.hpp"
+#include "tests/comm/all_to_all_reference.hpp"
 #include "tests/test_util.hpp"
 
 namespace {
@@ -237,6 +238,41 @@ void check_broadcast(Communicator& c, Errors& errors) {
   }
 }
 
+// all_to_all_v against the serial exchange (tests/comm/all_to_all_reference.hpp): random counts
+// with zeros and odd sizes in four dtypes (raw bits), all zeros, and the equal-count shorthand.
+void check_all_to_all(Communicator& c, Errors& errors) {
+  namespace a2a = troupe::test::a2a;
+  const int r = c.rank(), n = c.size();
+  int salt = 0;
+  for (DType dtype : {DType::f32, DType::f64, DType::i32, DType::bf16}) {
+    const size_t esz = dtype_size(dtype);
+    for (size_t max : {size_t{37}, size_t{70000}, size_t{0}}) {
+      const uint64_t seed = 500 + static_cast<uint64_t>(salt++);
+      const a2a::Case k = a2a::make_case(a2a::random_counts(n, seed, max), esz, seed);
+      const std::string what =
+          std::string("all_to_all_v ") + dtype_name(dtype) + " max " + std::to_string(max);
+      const std::vector<size_t> sc = a2a::send_counts(k.counts, r),
+                                rc = a2a::recv_counts(k.counts, r);
+      const a2a::Bytes& mine = k.sends[static_cast<size_t>(r)];
+      const a2a::Bytes& want = k.expected[static_cast<size_t>(r)];
+      DeviceArray<unsigned char> dsend(mine.size()), drecv(want.size());
+      dsend.upload(mine);
+      if (!ok(c.all_to_all_v(dsend.get(), sc, drecv.get(), rc, dtype)->wait(), what, r, errors))
+        continue;
+      const std::string diff = a2a::first_difference(drecv.download(), want, esz);
+      if (!diff.empty()) errors.add(what + " on rank " + std::to_string(r) + ": " + diff);
+    }
+  }
+  const a2a::Case eq = a2a::make_case(a2a::equal_counts(n, 1001), 4, 77);
+  DeviceArray<unsigned char> dsend(eq.sends[static_cast<size_t>(r)].size()),
+      drecv(eq.expected[static_cast<size_t>(r)].size());
+  dsend.upload(eq.sends[static_cast<size_t>(r)]);
+  if (ok(c.all_to_all(dsend.get(), drecv.get(), 1001, DType::f32)->wait(), "all_to_all", r,
+         errors) &&
+      drecv.download() != eq.expected[static_cast<size_t>(r)])
+    errors.add("all_to_all (equal counts) on rank " + std::to_string(r) + " is wrong");
+}
+
 // Pairs (0,1), (2,3), ...: two messages each way, tags in order; the lower rank sends first, so the
 // unbatched calls cannot deadlock. Then a ring through batch_p2p, where every rank sends first.
 void check_send_recv(NcclCommunicator& c, Errors& errors) {
@@ -297,6 +333,7 @@ void exercise(Communicator& c, Errors& errors) {
     uneven[q] = static_cast<size_t>((q * 5 + 3) % 8) * 1000;  // 3000, 0, 5000, 2000..
   check_scatter_gather(c, uneven, errors);
   check_broadcast(c, errors);
+  check_all_to_all(c, errors);
   if (auto* nc = dynamic_cast<NcclCommunicator*>(&c)) check_send_recv(*nc, errors);
   ok(c.barrier()->wait(), "barrier", c.rank(), errors);
   if (c.all_reduce(nullptr, 0, DType::f32, ReduceOp::sum)->wait().is_ok() == false) {

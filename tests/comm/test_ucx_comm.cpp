@@ -7,7 +7,9 @@
 // all_reduce and the others must report it (exit code 3) within 10 s; one is SIGKILLed at a random
 // moment of mixed traffic, or at each step of world creation, and the others must fail cleanly
 // naming it (no UCX fatal error, nothing left in /dev/shm); ranks that disagree on a count must all
-// fail (exit code 4). FileBootstrap itself is tested in-process.
+// fail (exit code 4); all_to_all_v against its serial reference on 1..8 ranks and, with counts
+// that disagree between pairs, failing on every receiver that sees it, naming both counts.
+// FileBootstrap itself is tested in-process.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -179,11 +181,13 @@ void run_suite(const std::map<std::string, std::string>& env,
   }
 }
 
-// One worker (the last, or `victim`) dies in the middle of an all_reduce: it must die by SIGKILL,
-// and every other one must exit with code 3 ("peer failed, and the error named it") within 10 s of
-// it.
-void run_peer_death(const std::map<std::string, std::string>& env, int n, const std::string& mode) {
-  JobResult r = run_job(worker_bin(), n, {"--check", mode}, env, std::chrono::seconds(30));
+// One worker (the last, or `victim`) dies in the middle of an all_reduce (or `op`): it must die by
+// SIGKILL, and every other one must exit with code 3 ("peer failed, and the error named it") within
+// 10 s of it.
+void run_peer_death(const std::map<std::string, std::string>& env, int n, const std::string& mode,
+                    const std::string& op = "all_reduce") {
+  JobResult r =
+      run_job(worker_bin(), n, {"--check", mode, "--op", op}, env, std::chrono::seconds(30));
   INFO(r.logs);
   REQUIRE_FALSE(r.timed_out);
   const Exit& victim = r.exits.back();
@@ -286,6 +290,55 @@ TEST_CASE("ucx: ranks that disagree on a large collective's count all fail inste
   }
 }
 
+TEST_CASE(
+    "ucx all_to_all_v equals the serial exchange: 1, 2, 3, 4 and 8 ranks, shared memory, "
+    "TCP, default transports, shared-memory path required",
+    "[comm][ucx][all_to_all]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // all_to_all has no shared-memory path of its own; the variants check that it meets the other
+  // collectives' settings (and their traffic on the same worlds) without harm.
+  const std::vector<std::string> check = {"--check", "all_to_all"};
+  run_suite({{"UCX_TLS", "sm,self"}}, {{1, 1.0}, {2, 1.0}, {3, 1.0}, {4, 1.0}, {8, 0.5}}, check);
+  run_suite({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, {{3, 1.0}}, check);
+  run_suite({}, {{4, 1.0}}, check);
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_SHM", "require"}}, {{5, 1.0}}, check);
+  // One step in flight at a time (the strict pairwise order) and many.
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "1"}}, {{4, 0.3}}, check);
+  run_suite({{"UCX_TLS", "sm,self"}, {"TROUPE_UCX_CHUNKS_IN_FLIGHT", "16"}}, {{7, 0.3}}, check);
+}
+
+TEST_CASE(
+    "ucx all_to_all_v: counts that disagree fail every receiver that sees it, naming both "
+    "counts, without a hang or a write past recv",
+    "[comm][ucx][all_to_all]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // Eager truncated (0 -> 1), short (1 -> 2), rendezvous truncated (2 -> 0); see ucx_worker.cpp.
+  const std::vector<std::string> want = {
+      "rank 2 (group rank 2) sends 300000 elements to this rank (group rank 0), whose "
+      "recv_counts[2] is 299999",
+      "rank 0 (group rank 0) sends 7 elements to this rank (group rank 1), whose recv_counts[0] "
+      "is 5",
+      "rank 1 (group rank 1) sends 3 elements to this rank (group rank 2), whose recv_counts[1] "
+      "is 6"};
+  for (const std::map<std::string, std::string>& env :
+       std::vector<std::map<std::string, std::string>>{
+           {{"UCX_TLS", "sm,self"}},
+           {{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}},
+           {{"TROUPE_UCX_SAME_HOST", "ucx"}}}) {
+    JobResult r =
+        run_job(worker_bin(), 3, {"--check", "a2a-mismatch"}, env, std::chrono::seconds(30));
+    INFO(r.logs);
+    REQUIRE_FALSE(r.timed_out);
+    for (size_t q = 0; q < 3; ++q) {
+      CHECK(r.exits[q].signal == 0);
+      CHECK(r.exits[q].code == 4);
+      CHECK(r.rank_logs[q].find(want[q]) != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, naming it",
           "[comm][ucx]") {
   if (worker_bin() == nullptr)
@@ -310,6 +363,13 @@ TEST_CASE("ucx: a rank that dies mid-collective fails the others' operations, na
   }
   SECTION("default transports (shared memory, process watch), dies while the others wait for it") {
     run_peer_death({}, 3, "kill-target-idle");
+  }
+  SECTION("all_to_all, UCX's shared memory and cma, dies in the middle of it") {
+    run_peer_death({{"UCX_TLS", "sm,self"}}, 4, "kill-target", "all_to_all");
+  }
+  SECTION("all_to_all, TCP loopback, dies while the others wait for it") {
+    run_peer_death({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, 3, "kill-target-idle",
+                   "all_to_all");
   }
 }
 

@@ -193,6 +193,9 @@ class InOrderP2P::Member final : public comm::Communicator {
     return unsupported();
   }
   comm::WorkPtr all_gather_v(const void*, void*, std::span<const size_t>, DType) override { return unsupported(); }
+  comm::WorkPtr all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>, DType) override {
+    return unsupported();
+  }
   comm::WorkPtr broadcast(void*, size_t, DType, int) override { return unsupported(); }
   comm::WorkPtr barrier() override { return unsupported(); }
 

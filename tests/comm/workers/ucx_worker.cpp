@@ -1,8 +1,9 @@
 // One rank of a ucx-backend test job (started N times by tests/comm/test_ucx_comm.cpp, or by hand):
 //
 //   ucx_worker --rank R --world N --store DIR [--count-scale S] [--kill-rank K]
-//              [--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|
-//              soak] [--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T]
+//              [--check all|all_to_all|a2a-mismatch|kill-target|kill-target-idle|chaos|ucx-fatal|
+//              mismatch|bench|soak] [--bench-max BYTES] [--iters I] [--op OP] [--seconds S]
+//              [--boot-timeout T]
 //              [--rank-env R KEY=VALUE]... [--half-large shm|ring]
 //
 // --rank-env sets KEY=VALUE in rank R's environment before its world is created (one rank with
@@ -24,8 +25,18 @@
 //                here too) recursive doubling (all_reduce) or one rounding (reduce_scatter); above
 //                it one rounding (shared-memory path) or the ring's rounding per hop, as
 //                --half-large shm|ring says (absent: either, as a whole buffer).
-//   kill-target  rank K (default N-1) dies by SIGKILL in the middle of a large all_reduce; the
-//                others must see an error naming rank K.
+//   all_to_all   all_to_all_v against the serial exchange (tests/comm/all_to_all_reference.hpp):
+//                random counts per pair (zeros, odd sizes; blocks up to 700 elements, and up to
+//                40000 S with S > 0: rendezvous), f32/f64/i32/bf16, several calls in flight, all
+//                zeros, the equal-count shorthand; on the world, the even/odd groups, and the world
+//                in reverse order on a second thread while the world runs.
+//   a2a-mismatch (3 ranks) all_to_all_v where every rank's recv_counts disagree with one sender:
+//                0 -> 1 sends 7 where 5 are expected (eager, truncated), 1 -> 2 sends 3 where 6 are
+//                expected (short), 2 -> 0 sends 300000 f32 where 299999 are expected (rendezvous,
+//                truncated). Every rank must fail (exit 4) with an error naming its counts, write
+//                nothing past its recv, and meet the others at a barrier afterwards (no hang).
+//   kill-target  rank K (default N-1) dies by SIGKILL in the middle of a large all_reduce (or
+//                all_to_all with --op all_to_all); the others must see an error naming rank K.
 //   kill-target-idle  the same, but rank K dies before it joins the all_reduce the others are in.
 //   chaos        every kind of traffic for --seconds S (default 2) while the test SIGKILLs some
 //                rank from outside: a survivor prints its first failure and exits 3 (after a
@@ -65,6 +76,7 @@
 
 #include "comm/bootstrap/file_bootstrap.hpp"
 #include "comm/ucx/ucx_world.hpp"
+#include "tests/comm/all_to_all_reference.hpp"
 #include "tests/comm/half_reference.hpp"
 
 using namespace troupe;
@@ -564,32 +576,138 @@ int check_all(CommWorld& world, size_t large) {
   return 0;
 }
 
+namespace a2a = troupe::test::a2a;
+
+[[noreturn]] void usage(const char* msg);
+
+// all_to_all_v cases of one dtype on `c`, all in flight at once, each rank's recv against the
+// serial exchange of every rank's send buffer (each process builds them all from the seed).
+void all_to_all_cases(Communicator& c, const std::string& tag, DType dtype, size_t large,
+                      uint64_t seed) {
+  const int p = c.size(), r = c.rank();
+  const size_t esz = dtype_size(dtype);
+  std::vector<a2a::Case> cases;
+  cases.push_back(a2a::make_case(a2a::random_counts(p, seed, 37), esz, seed));
+  cases.push_back(a2a::make_case(a2a::random_counts(p, seed + 1, 700), esz, seed + 1));
+  if (large > 0)
+    cases.push_back(a2a::make_case(a2a::random_counts(p, seed + 2, large), esz, seed + 2));
+  cases.push_back(a2a::make_case(a2a::equal_counts(p, 0), esz, seed + 3));
+  std::vector<a2a::Bytes> recvs;
+  std::vector<WorkPtr> works;
+  for (const a2a::Case& k : cases) {
+    const std::vector<size_t> rc = a2a::recv_counts(k.counts, r);
+    recvs.emplace_back(a2a::total(rc) * esz + 64, 0xCD);
+    works.push_back(c.all_to_all_v(k.sends[static_cast<size_t>(r)].data(),
+                                   a2a::send_counts(k.counts, r), recvs.back().data(), rc, dtype));
+  }
+  const std::string check = tag + " all_to_all_v " + dtype_name(dtype);
+  must(wait_all(works), check);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const a2a::Bytes& want = cases[k].expected[static_cast<size_t>(r)];
+    const std::string what = check + " case " + std::to_string(k);
+    for (size_t i = want.size(); i < recvs[k].size(); ++i)
+      if (recvs[k][i] != 0xCD) fail(what, "a byte past recv was written");
+    recvs[k].resize(want.size());
+    const std::string diff = a2a::first_difference(recvs[k], want, esz);
+    if (!diff.empty()) fail(what, diff);
+  }
+}
+
+void all_to_all_suite(Communicator& c, const std::string& tag, size_t large, uint64_t seed) {
+  int d = 0;
+  for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16})
+    all_to_all_cases(c, tag, t, large, seed + 10 * static_cast<uint64_t>(d++));
+  const a2a::Case eq = a2a::make_case(a2a::equal_counts(c.size(), 5), 4, seed + 99);
+  a2a::Bytes out(eq.expected[static_cast<size_t>(c.rank())].size());
+  must(c.all_to_all(eq.sends[static_cast<size_t>(c.rank())].data(), out.data(), 5, DType::i32)
+           ->wait(),
+       tag + " all_to_all");
+  if (out != eq.expected[static_cast<size_t>(c.rank())])
+    fail(tag + " all_to_all", "the equal-count shorthand's result is wrong");
+}
+
+int check_all_to_all(CommWorld& world, double scale) {
+  const size_t large = scale > 0 ? static_cast<size_t>(40000 * scale) : 0;
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  all_to_all_suite(all, "world", large, 1);
+  const int n = world.size();
+  std::vector<int> mine;
+  for (int r = world.rank() % 2; r < n; r += 2) mine.push_back(r);
+  auto half = world.group(mine);
+  must(half.status().is_ok() ? Status::ok() : half.status(), "group(even/odd)");
+  all_to_all_suite(**half, world.rank() % 2 ? "odd" : "even", large / 3, 1000 + mine.size());
+  // Two communicators of this rank at once: the world, and the world in reverse on a thread.
+  std::vector<int> reversed(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) reversed[static_cast<size_t>(i)] = n - 1 - i;
+  auto rev = world.group(reversed);
+  must(rev.status().is_ok() ? Status::ok() : rev.status(), "group(reversed)");
+  std::thread t([&] { all_to_all_suite(**rev, "reversed", large / 2, 2000); });
+  all_to_all_suite(all, "world+reversed", large / 2, 3000);
+  t.join();
+  must(all.barrier()->wait(), "final barrier");
+  std::printf("ucx_worker rank %d/%d: all_to_all checks passed\n", world.rank(), n);
+  return 0;
+}
+
+int check_a2a_mismatch(CommWorld& world) {
+  if (world.size() != 3) usage("--check a2a-mismatch runs on 3 ranks");
+  auto everyone = world.everyone();
+  must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
+  Communicator& all = **everyone;
+  a2a::Matrix sends = a2a::random_counts(3, 42, 20);
+  sends[0][1] = 7;
+  sends[1][2] = 3;
+  sends[2][0] = 300000;
+  a2a::Matrix expected = sends;
+  expected[0][1] = 5;
+  expected[1][2] = 6;
+  expected[2][0] = 299999;
+  const int r = world.rank();
+  const a2a::Bytes send = a2a::send_buffer(sends, r, 4, 42);
+  const std::vector<size_t> rc = a2a::recv_counts(expected, r);
+  const size_t bytes = a2a::total(rc) * 4;
+  a2a::Bytes recv(bytes + 4096, 0xCD);
+  const Status s =
+      all.all_to_all_v(send.data(), a2a::send_counts(sends, r), recv.data(), rc, DType::f32)
+          ->wait();
+  for (size_t i = bytes; i < recv.size(); ++i)
+    if (recv[i] != 0xCD) fail("a2a-mismatch", "a byte past recv was written");
+  if (s.is_ok()) fail("a2a-mismatch", "an all_to_all_v with disagreeing counts succeeded");
+  std::fprintf(stderr, "ucx_worker rank %d: mismatch reported: %s\n", r, s.message().c_str());
+  std::fflush(stderr);
+  must(all.barrier()->wait(), "barrier after the mismatch");
+  return 4;
+}
+
 // idle: the target dies while the others wait for it inside the all_reduce, before it sent
 // anything.
-int check_kill(CommWorld& world, int target, bool idle) {
+// op: all_reduce, or all_to_all (--op).
+int check_kill(CommWorld& world, int target, bool idle, const std::string& op) {
   auto everyone = world.everyone();
   must(everyone.status().is_ok() ? Status::ok() : everyone.status(), "everyone()");
   Communicator& all = **everyone;
   must(all.barrier()->wait(), "barrier before the kill");
   const size_t n = 4 << 20;  // 16 MiB of f32: long enough to be in the middle of it
-  std::vector<float> buf(n, 1.0f);
+  std::vector<float> buf(n, 1.0f), out(op == "all_to_all" ? n : 0);
+  const size_t per_peer = n / static_cast<size_t>(world.size());
   const auto t0 = std::chrono::steady_clock::now();
   for (int iter = 0; iter < 1000; ++iter) {
     if (world.rank() == target && idle) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      std::fprintf(
-          stderr,
-          "ucx_worker rank %d: dying now (SIGKILL) while the others wait in an all_reduce\n",
-          target);
+      std::fprintf(stderr,
+                   "ucx_worker rank %d: dying now (SIGKILL) while the others wait in an %s\n",
+                   target, op.c_str());
       std::fflush(stderr);
       raise(SIGKILL);
     }
-    WorkPtr w = all.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
+    WorkPtr w = op == "all_to_all" ? all.all_to_all(buf.data(), out.data(), per_peer, DType::f32)
+                                   : all.all_reduce(buf.data(), n, DType::f32, ReduceOp::sum);
     if (world.rank() == target) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      std::fprintf(stderr,
-                   "ucx_worker rank %d: dying now (SIGKILL) in the middle of an all_reduce\n",
-                   target);
+      std::fprintf(stderr, "ucx_worker rank %d: dying now (SIGKILL) in the middle of an %s\n",
+                   target, op.c_str());
       std::fflush(stderr);
       raise(SIGKILL);
     }
@@ -598,16 +716,15 @@ int check_kill(CommWorld& world, int target, bool idle) {
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const std::string needle = "rank " + std::to_string(target);
-      std::fprintf(stderr, "ucx_worker rank %d: all_reduce failed after %.2f s: %s\n", world.rank(),
-                   secs, s.message().c_str());
+      std::fprintf(stderr, "ucx_worker rank %d: %s failed after %.2f s: %s\n", world.rank(),
+                   op.c_str(), secs, s.message().c_str());
       if (s.message().find(needle) == std::string::npos)
         fail("peer failure", "the error does not name " + needle);
       return 3;
     }
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(30)) break;
   }
-  fail("peer failure",
-       "all_reduce kept succeeding although rank " + std::to_string(target) + " died");
+  fail("peer failure", op + " kept succeeding although rank " + std::to_string(target) + " died");
 }
 
 // Traffic of every kind for `seconds` (small and large collectives of the world and of a second
@@ -670,6 +787,8 @@ int chaos(CommWorld& world, double seconds) {
            ->wait());
     ok(all.reduce_scatter(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32,
                           ReduceOp::sum)
+           ->wait());
+    ok(all.all_to_all(buf.data(), gather.data(), large / static_cast<size_t>(n), DType::f32)
            ->wait());
     std::vector<WorkPtr> w;
     const size_t bytes = iter % 2 ? large : 3;  // rendezvous and eager
@@ -794,7 +913,8 @@ int soak(CommWorld& world, const std::string& op, size_t bytes, int iters) {
 [[noreturn]] void usage(const char* msg) {
   std::fprintf(stderr,
                "ucx_worker: %s\nusage: ucx_worker --rank R --world N --store DIR [--count-scale S] "
-               "[--check all|kill-target|kill-target-idle|chaos|ucx-fatal|mismatch|bench|soak] "
+               "[--check all|all_to_all|a2a-mismatch|kill-target|kill-target-idle|chaos|ucx-fatal|"
+               "mismatch|bench|soak] "
                "[--kill-rank K] "
                "[--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T] "
                "[--rank-env R KEY=VALUE]... [--half-large shm|ring]\n",
@@ -875,9 +995,11 @@ int main(int argc, char** argv) {
   size_t large = 0;
   if (scale > 0) large = static_cast<size_t>(std::llround(1000003 * scale)) | 1;  // odd
   if (check == "all") return check_all(**world, large);
+  if (check == "all_to_all") return check_all_to_all(**world, scale);
+  if (check == "a2a-mismatch") return check_a2a_mismatch(**world);
   if (check == "kill-target" || check == "kill-target-idle") {
     return check_kill(**world, kill_rank >= 0 ? kill_rank : world_size - 1,
-                      check == "kill-target-idle");
+                      check == "kill-target-idle", soak_op);
   }
   if (check == "mismatch") return check_mismatch(**world);
   if (check == "bench") return bench(**world, bench_max, iters);
