@@ -54,7 +54,7 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenT
   in_code.model_without_gpt_layers = given.model != nullptr && !has_gpt_blocks(*given.model);
   // --load of a Hugging Face folder by a config that names no tokenizer: the folder's own.
   if (auto taken = take_hf_folder_tokenizer(cfg); !taken) return taken.status().as_bad_input();
-  if (Status st = validate_train_config(cfg, nullptr, in_code); !st) return st.as_bad_input();
+  if (Status st = validate_train_config(cfg, nullptr, in_code, std::max(1, world)); !st) return st.as_bad_input();
   if (world > 1)
     if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
   if (cfg.device == "cuda") {
