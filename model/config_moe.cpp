@@ -34,7 +34,9 @@ int64_t moe_mlp_parameters(const GptConfig& m, int experts) {
   const int64_t expert = C * fc1e + Fe * C + (bias ? fc1e : 0);
   const int64_t c_proj_bias = bias && moe.router == MoeRouter::megatron ? C : 0;
   int64_t total = E * C + E * (expert + c_proj_bias);  // router (E, C), no bias in either anchor
-  if (moe.residual) total += expert + c_proj_bias + 2 * C + 2;  // PR-MoE's MLP (a copy of the expert) + Linear(C, 2)
+  if (moe.residual)
+    total +=
+        expert + c_proj_bias + 2 * C + 2;  // PR-MoE's MLP (a copy of the expert) + Linear(C, 2)
   if (moe.shared_expert_ffn > 0) {
     const int64_t Fs = moe.shared_expert_ffn, fc1s = swiglu ? 2 * Fs : Fs;
     total += C * fc1s + Fs * C + (bias ? fc1s + C : 0);
@@ -44,7 +46,8 @@ int64_t moe_mlp_parameters(const GptConfig& m, int experts) {
 
 double moe_mlp_macs_per_token(const GptConfig& m, int experts) {
   const double C = m.hidden_size, Fe = m.expert_ffn_hidden_size();
-  const double e = m.activation == MlpActivation::swiglu ? 3.0 : 2.0;  // fc1 (2 halves with SwiGLU) + fc2
+  const double e =
+      m.activation == MlpActivation::swiglu ? 3.0 : 2.0;  // fc1 (2 halves with SwiGLU) + fc2
   const MoeConfig& moe = m.moe;
   double macs = moe.topk * C * Fe * e + C * experts;  // k experts, the router
   if (moe.residual) macs += C * Fe * e + 2 * C;
@@ -91,32 +94,36 @@ void append_moe_problems(const GptConfig& m, std::vector<std::string>& out) {
   } else {
     for (const int v : moe.layer_pattern)
       if (v != 0 && v != 1) {
-        bad("--moe-layer-freq", "pattern holds " + str(v) + ": each layer's entry is 1 (MoE) or 0 (dense)",
+        bad("--moe-layer-freq",
+            "pattern holds " + str(v) + ": each layer's entry is 1 (MoE) or 0 (dense)",
             "write e.g. \"([1]*3+[0]*1)*2\"");
         layers_ok = false;
         break;
       }
     if (static_cast<int64_t>(moe.layer_pattern.size()) != m.num_layers) {
       bad("--moe-layer-freq",
-          "pattern has " + str(static_cast<int64_t>(moe.layer_pattern.size())) + " entries but --num-layers is " +
-              str(m.num_layers),
-          "give one 0/1 per layer (Megatron-LM asserts the same), e.g. \"[1]*" + str(std::max(1, m.num_layers)) + "\"");
+          "pattern has " + str(static_cast<int64_t>(moe.layer_pattern.size())) +
+              " entries but --num-layers is " + str(m.num_layers),
+          "give one 0/1 per layer (Megatron-LM asserts the same), e.g. \"[1]*" +
+              str(std::max(1, m.num_layers)) + "\"");
       layers_ok = false;
     }
   }
   if (layers_ok) {
     const int moe_layers = moe.moe_layers(m.num_layers);
-    const std::string rule = moe.layer_pattern.empty()
-                                 ? freq_flag + " " + str(moe.layer_freq) + " of --num-layers " + str(m.num_layers)
-                                 : "--moe-layer-freq's pattern";
+    const std::string rule = moe.layer_pattern.empty() ? freq_flag + " " + str(moe.layer_freq) +
+                                                             " of --num-layers " + str(m.num_layers)
+                                                       : "--moe-layer-freq's pattern";
     if (moe_layers == 0) {
       bad(freq_flag, "leaves no layer with experts (" + rule + ")",
           "choose an interval of at most --num-layers, or drop the MoE flags for a dense model");
-    } else if (moe.num_experts.size() > 1 && static_cast<int>(moe.num_experts.size()) != moe_layers) {
+    } else if (moe.num_experts.size() > 1 &&
+               static_cast<int>(moe.num_experts.size()) != moe_layers) {
       bad("--num-experts",
-          "lists " + str(static_cast<int64_t>(moe.num_experts.size())) + " values but the model has " + str(moe_layers) +
-              " MoE layers (" + rule + ")",
-          "give one value for every MoE layer, or one per MoE layer in order (Megatron-DeepSpeed asserts the same)");
+          "lists " + str(static_cast<int64_t>(moe.num_experts.size())) +
+              " values but the model has " + str(moe_layers) + " MoE layers (" + rule + ")",
+          "give one value for every MoE layer, or one per MoE layer in order (Megatron-DeepSpeed "
+          "asserts the same)");
     } else if (counts_ok && moe.topk >= 1) {
       int fewest = INT_MAX, at = -1;
       for (int l = 0; l < m.num_layers; ++l)
@@ -126,17 +133,21 @@ void append_moe_problems(const GptConfig& m, std::vector<std::string>& out) {
         }
       if (moe.topk > fewest)
         bad(topk_flag,
-            str(moe.topk) + " routes each token to more experts than the " + str(fewest) + " of layer " + str(at + 1),
+            str(moe.topk) + " routes each token to more experts than the " + str(fewest) +
+                " of layer " + str(at + 1),
             "lower k, or give that layer more experts");
     }
   }
   if (moe.topk < 1)
-    bad(topk_flag, "must be at least 1, got " + str(moe.topk), ds ? "use --topk 1 or 2" : "use e.g. --moe-router-topk 2");
+    bad(topk_flag, "must be at least 1, got " + str(moe.topk),
+        ds ? "use --topk 1 or 2" : "use e.g. --moe-router-topk 2");
   else if (ds && moe.topk > 2)
-    bad("--topk", str(moe.topk) + ": DeepSpeed-MoE's gating is top-1 or top-2", "use --topk 1 or 2");
+    bad("--topk", str(moe.topk) + ": DeepSpeed-MoE's gating is top-1 or top-2",
+        "use --topk 1 or 2");
   else if (!ds && moe.topk == 1 && !moe.pre_softmax)
     bad("--moe-router-topk",
-        "1 without --moe-router-pre-softmax: the softmax over the one chosen expert is always 1, so the router "
+        "1 without --moe-router-pre-softmax: the softmax over the one chosen expert is always 1, "
+        "so the router "
         "would never learn (Megatron-Core refuses it too)",
         "add --moe-router-pre-softmax, or route to 2 experts");
 
@@ -145,19 +156,23 @@ void append_moe_problems(const GptConfig& m, std::vector<std::string>& out) {
     bad("--moe-ffn-hidden-size", "must be 1 to " + str(kMaxWidth) + ", got " + str(moe.ffn_hidden),
         "leave it out for --ffn-hidden-size, or give each expert's width");
   if (moe.shared_expert_ffn < 0 || moe.shared_expert_ffn > kMaxWidth)
-    bad("--moe-shared-expert-intermediate-size", "must be 1 to " + str(kMaxWidth) + ", got " + str(moe.shared_expert_ffn),
+    bad("--moe-shared-expert-intermediate-size",
+        "must be 1 to " + str(kMaxWidth) + ", got " + str(moe.shared_expert_ffn),
         "give the shared experts' total width, or leave it out for none");
 
   // Capacity and the losses.
   if (moe.drop_tokens) {
     if (!(moe.capacity_factor > 0) || !std::isfinite(moe.capacity_factor))
-      bad(cap_flag, "must be positive when tokens over capacity are dropped, got " + num(moe.capacity_factor),
-          ds ? "use 1.0 (Megatron-DeepSpeed's default), or --disable-moe-token-dropping for no capacity limit"
+      bad(cap_flag,
+          "must be positive when tokens over capacity are dropped, got " + num(moe.capacity_factor),
+          ds ? "use 1.0 (Megatron-DeepSpeed's default), or --disable-moe-token-dropping for no "
+               "capacity limit"
              : "use e.g. 1.0, or leave --moe-expert-capacity-factor out for dropless routing");
     if ((ds || moe.eval_capacity_factor != moe.capacity_factor) &&
         (!(moe.eval_capacity_factor > 0) || !std::isfinite(moe.eval_capacity_factor)))
       bad(ds ? "--moe-eval-capacity-factor" : "the evaluation capacity factor",
-          "must be positive when tokens over capacity are dropped, got " + num(moe.eval_capacity_factor),
+          "must be positive when tokens over capacity are dropped, got " +
+              num(moe.eval_capacity_factor),
           "use 1.0 (Megatron-DeepSpeed's default)");
   }
   if (moe.min_capacity < 0)
@@ -165,20 +180,26 @@ void append_moe_problems(const GptConfig& m, std::vector<std::string>& out) {
         "use 4 (Megatron-DeepSpeed's default) or 0 (no minimum)");
   if (!(moe.aux_loss_coeff >= 0) || !std::isfinite(moe.aux_loss_coeff))
     bad(aux_flag, "must be >= 0, got " + num(moe.aux_loss_coeff),
-        ds ? "use e.g. 0.01 (Megatron-DeepSpeed's scripts) or 0" : "use e.g. 0.01 (Megatron-LM's suggestion) or 0");
+        ds ? "use e.g. 0.01 (Megatron-DeepSpeed's scripts) or 0"
+           : "use e.g. 0.01 (Megatron-LM's suggestion) or 0");
   if (!(moe.z_loss_coeff >= 0) || !std::isfinite(moe.z_loss_coeff))
-    bad("--moe-z-loss-coeff", "must be >= 0, got " + num(moe.z_loss_coeff), "use e.g. 1e-3, or leave it out for none");
+    bad("--moe-z-loss-coeff", "must be >= 0, got " + num(moe.z_loss_coeff),
+        "use e.g. 1e-3, or leave it out for none");
   if (!(moe.input_jitter_eps >= 0 && moe.input_jitter_eps < 1))
     bad("--moe-input-jitter-eps", "must be in [0, 1), got " + num(moe.input_jitter_eps),
         "use e.g. 0.01, or leave it out for no jitter");
 
   // Each router's own settings.
   if (!ds && moe.residual)
-    bad("--mlp-type", "residual (PR-MoE, Megatron-DeepSpeed's) with the megatron router, which has no residual MLP",
-        "use --moe-shared-expert-intermediate-size (Megatron-Core's shared expert) or drop --mlp-type residual");
+    bad("--mlp-type",
+        "residual (PR-MoE, Megatron-DeepSpeed's) with the megatron router, which has no residual "
+        "MLP",
+        "use --moe-shared-expert-intermediate-size (Megatron-Core's shared expert) or drop "
+        "--mlp-type residual");
   if (ds) {
-    const std::string what = "is Megatron-Core's router setting; the deepspeed router (Megatron-DeepSpeed's "
-                             "DeepSpeed-MoE gating) has none";
+    const std::string what =
+        "is Megatron-Core's router setting; the deepspeed router (Megatron-DeepSpeed's "
+        "DeepSpeed-MoE gating) has none";
     const std::string fix = "drop it, or write the MoE flags in Megatron-LM's spelling throughout";
     if (moe.shared_expert_ffn > 0)
       bad("--moe-shared-expert-intermediate-size", what,
@@ -193,12 +214,13 @@ void append_moe_problems(const GptConfig& m, std::vector<std::string>& out) {
       bad(std::string("--moe-token-drop-policy ") + to_string(moe.drop_policy), what, fix);
   }
   if (moe.pad_to_capacity && !moe.drop_tokens)
-    bad("--moe-pad-expert-input-to-capacity", "needs a capacity (Megatron-Core refuses it without one)",
+    bad("--moe-pad-expert-input-to-capacity",
+        "needs a capacity (Megatron-Core refuses it without one)",
         "add --moe-expert-capacity-factor F, or drop the flag");
 
   // The size, once every part of it is valid: within 2^60 parameters, as the dense layers are.
-  if (out.size() == before && layers_ok && m.hidden_size > 0 && m.hidden_size <= (1 << 24) && m.ffn_hidden_size() > 0 &&
-      m.ffn_hidden_size() <= kMaxWidth) {
+  if (out.size() == before && layers_ok && m.hidden_size > 0 && m.hidden_size <= (1 << 24) &&
+      m.ffn_hidden_size() > 0 && m.ffn_hidden_size() <= kMaxWidth) {
     const double C = m.hidden_size, Fe = m.expert_ffn_hidden_size(), Fs = moe.shared_expert_ffn;
     double total = 0;
     for (int l = 0; l < m.num_layers; ++l)

@@ -14,8 +14,8 @@ namespace troupe {
 // experts, the residual MLP and its coefficient, the shared expert.
 int64_t moe_mlp_parameters(const GptConfig& m, int experts);
 
-// What one token computes in that MLP, in multiply-adds (the caller multiplies by 2 x 3): k experts,
-// the router, the residual MLP and coefficient, the shared expert.
+// What one token computes in that MLP, in multiply-adds (the caller multiplies by 2 x 3): k
+// experts, the router, the residual MLP and coefficient, the shared expert.
 double moe_mlp_macs_per_token(const GptConfig& m, int experts);
 
 // MoeConfig's problems ("FLAG what -- fix"), appended to `out`; nothing without experts.

@@ -873,8 +873,8 @@ const std::vector<CompatSection>& compat_sections() {
             .text = "the experts of each MoE layer: one number (both projects), or one per MoE layer "
                   "(Megatron-DeepSpeed); every value 1 (Megatron-DeepSpeed's default [1]) or Megatron-LM's 0 is the "
                   "dense model. Read as Megatron-DeepSpeed's or Megatron-LM's by the other MoE flags (see below)"},
-           {.flags = {"--expert-interval V", "--topk V", "--moe-train-capacity-factor V", "--moe-eval-capacity-factor V",
-                      "--moe-min-capacity V", "--moe-loss-coeff V", "--disable-moe-token-dropping",
+           {.flags = {"--expert-interval V", "--topk V", "--moe-train-capacity-factor V",
+                      "--moe-eval-capacity-factor V", "--moe-min-capacity V", "--moe-loss-coeff V", "--disable-moe-token-dropping",
                       "--disable-moe-top2-2nd-expert-sampling", "--mlp-type V", "--moe-expert-parallel-size V",
                       "--enable-expert-tensor-parallelism"},
             .kind = CompatKind::implemented,
@@ -912,7 +912,8 @@ const std::vector<CompatSection>& compat_sections() {
                          "bf16 or drop the flag"},
            {.flags = {"--moe-grouped-gemm", "--moe-use-grouped-tensor", "--moe-single-grouped-weight",
                       "--moe-single-grouped-bias", "--moe-permute-fusion", "--moe-permute-fusion-into-hybridep",
-                      "--moe-router-fusion", "--moe-mlp-glu-interleave-size V", "--moe-shared-expert-glu-interleave-size V",
+                      "--moe-router-fusion", "--moe-mlp-glu-interleave-size V",
+                      "--moe-shared-expert-glu-interleave-size V",
                       "--use-grouped-gemm-for-shared-expert", "--use-fused-weighted-squared-relu"},
             .kind = CompatKind::noop,
             .text = kMoeGrouping},

@@ -1,9 +1,9 @@
-// The mixture-of-experts flags of `troupe train` (docs/COMPAT.md, "Mixture of experts"): Megatron-LM's
-// and Megatron-DeepSpeed's, read into GptConfig::moe and TrainConfig's expert sizes as the dialect
-// the command line is written in means them. The two projects give --num-experts different
-// meanings (Megatron-DeepSpeed: DeepSpeed-MoE in every --expert-interval'th layer, top-1, capacity
-// 1.0 with token dropping; Megatron-LM: Megatron-Core's router in every layer, top-2, dropless), so
-// the dialect decides:
+// The mixture-of-experts flags of `troupe train` (docs/COMPAT.md, "Mixture of experts"):
+// Megatron-LM's and Megatron-DeepSpeed's, read into GptConfig::moe and TrainConfig's expert sizes
+// as the dialect the command line is written in means them. The two projects give --num-experts
+// different meanings (Megatron-DeepSpeed: DeepSpeed-MoE in every --expert-interval'th layer, top-1,
+// capacity 1.0 with token dropping; Megatron-LM: Megatron-Core's router in every layer, top-2,
+// dropless), so the dialect decides:
 //   - Megatron-DeepSpeed's when the command line gives one of that project's own MoE flags (--topk,
 //     --expert-interval, --moe-expert-parallel-size, --moe-loss-coeff, ..., or a --num-experts list
 //     of several values);
@@ -14,9 +14,9 @@
 //     Megatron-LM's.
 // Own flags of both projects together are a problem. Each dialect's defaults are its arguments.py's
 // (Megatron-DeepSpeed megatron/arguments.py, Megatron-LM megatron/training/arguments.py and
-// TransformerConfig, at the commits docs/COMPAT.md names). A dense model's MoE flags (no --num-experts,
-// every value 1, or Megatron-LM's 0) change nothing: one note each. With experts, the reading taken
-// is one start-up note ("--num-experts 8: read as Megatron-DeepSpeed's ...").
+// TransformerConfig, at the commits docs/COMPAT.md names). A dense model's MoE flags (no
+// --num-experts, every value 1, or Megatron-LM's 0) change nothing: one note each. With experts,
+// the reading taken is one start-up note ("--num-experts 8: read as Megatron-DeepSpeed's ...").
 //
 // The flags troupe implements under these names are registered here; the table
 // (apps/cli/megatron_table.cpp) lists them too, beside the MoE flags it accepts without effect or
