@@ -1,5 +1,6 @@
 // apps/cli/moe_flags.hpp. The defaults below are the anchors' (argparse defaults and
-// TransformerConfig fields): Megatron-DeepSpeed megatron/arguments.py (--num-experts [1],
+// TransformerConfig fields). Megatron-DeepSpeed megatron/arguments.py, read at f4157be of
+// microsoft/Megatron-DeepSpeed (the same MoE flags as the list at 4efb479): --num-experts [1],
 // --expert-interval 2, --topk 1, capacity factors 1.0, --moe-min-capacity 4, --moe-loss-coeff 0.1,
 // token dropping and top-2 sampling on, --moe-expert-parallel-size 1) and its MoE layer
 // (megatron/model/transformer.py: DeepSpeed's MoE with use_rts left at True, the dense MLP where a
