@@ -237,6 +237,8 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
                 : c.recompute_granularity == "selective" ? Recompute::selective
                                                          : Recompute::none;
   p.sequence_parallel = c.sequence_parallel && p.tp > 1;
+  // Experts whole on every TP rank (expert-TP 1) or split like the MLP (expert-TP = TP; 0: TP).
+  p.expert_tensor_parallel = c.expert_tensor_parallel_size != 1 || p.tp == 1;
   return p;
 }
 

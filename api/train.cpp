@@ -54,7 +54,7 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenT
   in_code.model_without_gpt_layers = given.model != nullptr && !has_gpt_blocks(*given.model);
   // --load of a Hugging Face folder by a config that names no tokenizer: the folder's own.
   if (auto taken = take_hf_folder_tokenizer(cfg); !taken) return taken.status().as_bad_input();
-  if (Status st = validate_train_config(cfg, nullptr, in_code); !st) return st.as_bad_input();
+  if (Status st = validate_train_config(cfg, nullptr, in_code, std::max(1, world)); !st) return st.as_bad_input();
   if (world > 1)
     if (Status st = validate_world(cfg, world); !st) return st.as_bad_input();
   if (cfg.device == "cuda") {
@@ -81,6 +81,8 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenT
   // Before anything is allocated: a configuration that cannot fit is refused naming the flag to lower.
   if (Status st = check_memory(cfg, world, local_world, available_memory_bytes(), given.model ? &footprint : nullptr); !st)
     return st.as_bad_input();
+  // Mixture of experts is read and checked, but not trained yet (config/validate.hpp): delete with it.
+  TROUPE_RETURN_IF_ERROR(moe_runnable(cfg));
   return Status::ok();
 }
 

@@ -48,6 +48,29 @@ struct Differences {
   }
 };
 
+// The experts of each layer, "0 8 0 8" (0: the dense MLP), or "none" without experts.
+std::string experts_per_layer(const GptConfig& m) {
+  if (!m.moe.enabled()) return "none";
+  std::string out;
+  for (int l = 0; l < m.num_layers && l < (1 << 20); ++l)
+    out += (out.empty() ? "" : " ") + std::to_string(m.moe.experts_of(l, m.num_layers));
+  return out;
+}
+
+// Mixture of experts: which tensors an MoE layer has (its router and experts, their widths; the
+// experts' c_proj bias only with Megatron-Core's router; PR-MoE's MLP; the shared expert).
+void experts_must_agree(Differences& d, const GptConfig& a, const GptConfig& b, const std::string& fix) {
+  d.must_agree("the experts of each layer (--num-experts and its layer rule)", experts_per_layer(a),
+               experts_per_layer(b), fix);
+  if (!a.moe.enabled() || !b.moe.enabled()) return;
+  d.must_agree("the MoE router (Megatron-DeepSpeed's or Megatron-LM's flags)", std::string(to_string(a.moe.router)),
+               std::string(to_string(b.moe.router)), fix);
+  d.must_agree("each expert's width (--moe-ffn-hidden-size)", a.expert_ffn_hidden_size(), b.expert_ffn_hidden_size(),
+               fix);
+  d.must_agree("--mlp-type residual", a.moe.residual, b.moe.residual, fix);
+  d.must_agree("--moe-shared-expert-intermediate-size", a.moe.shared_expert_ffn, b.moe.shared_expert_ffn, fix);
+}
+
 // The flags the parameters' shapes follow from (the vocabulary apart: its rule differs).
 void shapes_must_agree(Differences& d, const TrainConfig& now, const TrainConfig& saved, const std::string& fix) {
   d.must_agree("--num-layers", now.model.num_layers, saved.model.num_layers, fix);
@@ -60,6 +83,7 @@ void shapes_must_agree(Differences& d, const TrainConfig& now, const TrainConfig
   // and how positions enter (the same tensors mean something else under rope, ALiBi or none).
   const GptConfig& a = now.model;
   const GptConfig& b = saved.model;
+  experts_must_agree(d, a, b, fix);
   d.must_agree("--normalization", a.normalization, b.normalization, fix);
   d.must_agree("--position-embedding-type", a.position_embedding, b.position_embedding, fix);
   d.must_agree("--swiglu (the MLP's activation)", a.activation, b.activation, fix);
@@ -185,6 +209,17 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   d.may_change("pipeline-parallel size", now.pipeline_model_parallel_size, saved.pipeline_model_parallel_size);
   d.may_change("data-parallel size", now.data_parallel_size, saved.data_parallel_size);
   d.may_change("ZeRO stage", now.zero_stage, saved.zero_stage);
+  d.may_change("expert-parallel size", now.expert_model_parallel_size, saved.expert_model_parallel_size);
+  d.may_change("expert tensor-parallel size", now.expert_tensor_parallel_size, saved.expert_tensor_parallel_size);
+  if (now.model.moe.enabled() && saved.model.moe.enabled()) {
+    // The routing settings may change, as Megatron's resume lets them (the parameters are the same).
+    const MoeConfig& a = now.model.moe;
+    const MoeConfig& b = saved.model.moe;
+    d.may_change("MoE top-k", a.topk, b.topk);
+    d.may_change("MoE token dropping", a.drop_tokens, b.drop_tokens);
+    d.may_change("MoE capacity factor", a.capacity_factor, b.capacity_factor);
+    d.may_change("MoE load-balancing coefficient", a.aux_loss_coeff, b.aux_loss_coeff);
+  }
   d.may_change("micro-batch size", now.micro_batch_size, saved.micro_batch_size);
   d.may_change("global batch size", now.global_batch_size, saved.global_batch_size);
   d.may_change("--train-iters", now.train_iters, saved.train_iters);

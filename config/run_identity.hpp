@@ -17,17 +17,20 @@
 //                      --max-position-embeddings, the architecture family (--normalization,
 //                      --position-embedding-type, --swiglu, the biases, the head's tying,
 //                      --embed-layernorm, the key/value groups, --kv-channels, --ffn-hidden-size,
-//                      the rotary percent, base and pairing), the vocabulary (tokenizer type and size), --seed
+//                      the rotary percent, base and pairing), the experts of each layer and what
+//                      shapes them (the MoE router's dialect, the expert width, PR-MoE's residual
+//                      MLP, the shared expert), the vocabulary (tokenizer type and size), --seed
 //                      (it fixes the data order, which the run continues); and the learning-rate
 //                      schedule (--lr, --min-lr, --lr-decay-style, --lr-warmup-*, the decay length
 //                      --lr-decay-iters or --train-iters), unless --override-opt_param-scheduler
 //                      (this run's values win) or --use-checkpoint-opt_param-scheduler (the
 //                      checkpoint's win). Values the schedule does not depend on are not compared
 //                      (a constant schedule has no decay length, so --train-iters may grow).
-//       may change     the parallel layout and ZeRO stage, batch sizes, --train-iters (with the
-//                      schedule rule above), the data (--data-path, --split: the run continues at
-//                      its consumed samples), optimizer hyper-parameters (weight decay, betas, eps,
-//                      clipping), offload, recompute, intervals, threads, the precision (--fp16,
+//       may change     the parallel layout (expert sizes included) and ZeRO stage, the MoE routing
+//                      settings (k, capacity, the load-balancing coefficient), batch sizes,
+//                      --train-iters (with the schedule rule above), the data (--data-path,
+//                      --split: the run continues at its consumed samples), optimizer
+//                      hyper-parameters (weight decay, betas, eps, clipping), offload, recompute, intervals, threads, the precision (--fp16,
 //                      --bf16: the checkpoint's master weights are fp32). Each change is reported.
 //     Everything that must agree and does not is reported at once, as bad input (exit code 2).
 //

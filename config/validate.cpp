@@ -60,7 +60,8 @@ class Problems {
 
 class Validator {
  public:
-  explicit Validator(const Origins* origins, GivenInCode given = {}) : origins_(origins), given_(given) {}
+  explicit Validator(const Origins* origins, GivenInCode given = {}, int world_size = 1)
+      : origins_(origins), given_(given), world_size_(world_size) {}
 
   // Every problem at once (one run shows what to fix). The batch rules divide by the model's and the
   // layout's numbers, so they are checked only once those are valid.
@@ -76,6 +77,7 @@ class Validator {
           model_ok = p.check(Status::error(problem)) && model_ok;
     }
     const bool shape = parallel(c, model_ok, p) && model_ok;
+    if (!given_.model_without_gpt_layers) experts(c, p);
     if (shape) batch(c, p);
     optimizer(c, p);
     precision(c, p);
@@ -285,6 +287,83 @@ class Validator {
       p.check(bad("--recompute-granularity", "is \"" + r + "\"",
                   "use full or selective, or leave the flag out for no recomputation"));
     return p.size() == before;
+  }
+
+  // Mixture of experts over the layout (include/troupe/train_config.hpp): each MoE layer's experts
+  // split over expert_model_parallel_size ranks of the data-parallel group (Megatron-Core and
+  // DeepSpeed alike: it divides every layer's experts and the data-parallel size), each expert whole
+  // on every tensor-parallel rank or split like the dense MLP. The flags named are the router's
+  // dialect's. Model-only rules are GptConfig::architecture_problems'.
+  void experts(const TrainConfig& c, Problems& p) const {
+    const GptConfig& m = c.model;
+    const bool ds = m.moe.router == MoeRouter::deepspeed;
+    const std::string ep_flag = ds ? "--moe-expert-parallel-size" : "--expert-model-parallel-size";
+    const int ep = c.expert_model_parallel_size, etp = c.expert_tensor_parallel_size;
+    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
+    if (ep < 1)
+      p.check(bad(ep_flag, fmt::format("must be positive, got {}", ep),
+                  "use 1 (every rank holds every expert) or a divisor of the experts"));
+    if (etp < 0)
+      p.check(bad("--expert-tensor-parallel-size", fmt::format("must be >= 0, got {}", etp),
+                  "leave it out (Megatron-LM's default: the tensor-parallel size) or give 1"));
+    if (!m.moe.enabled()) {
+      if (ep > 1)
+        p.check(bad(ep_flag, fmt::format("{} splits experts over ranks, but the model has none", ep),
+                    "add --num-experts N (a multiple of it), or drop the flag (Megatron-LM asserts the same)"));
+      return;
+    }
+    // The rules below read each MoE layer's experts: only once those are valid (else
+    // architecture_problems reports them), whatever else is wrong with the model.
+    const MoeConfig& moe = m.moe;
+    const int layers = m.num_layers;
+    bool shape_ok = tp >= 1 && layers >= 1 && layers <= (1 << 20) &&
+                    (moe.layer_pattern.empty() ? moe.layer_freq >= 1
+                                               : static_cast<size_t>(layers) == moe.layer_pattern.size());
+    for (const int e : moe.num_experts) shape_ok = shape_ok && e >= 1;
+    if (!shape_ok || (moe.num_experts.size() > 1 && static_cast<int>(moe.num_experts.size()) != moe.moe_layers(layers)))
+      return;
+    if (ep >= 1) {
+      std::vector<std::string> uneven;  // the expert counts ep does not divide, once each
+      for (int l = 0; l < m.num_layers; ++l) {
+        const std::string e = std::to_string(m.moe.experts_of(l, m.num_layers));
+        if (m.moe.is_moe_layer(l, m.num_layers) && m.moe.experts_of(l, m.num_layers) % ep != 0 &&
+            std::find(uneven.begin(), uneven.end(), e) == uneven.end())
+          uneven.push_back(e);
+      }
+      if (!uneven.empty())
+        p.check(bad(ep_flag,
+                    fmt::format("{} does not divide the {} experts of an MoE layer", ep, join_with(uneven, " or ")),
+                    "each expert-parallel rank holds an equal share of a layer's experts: use a divisor of every "
+                    "--num-experts value"));
+      // The data-parallel size of one process, or of the ranks troupe launch starts (validate_world
+      // reports a layout that does not match them).
+      const int dp = c.resolved_dp(world_size_);
+      const bool layout_known = world_size_ <= 1 || (pp > 0 && int64_t{tp} * pp * dp == world_size_);
+      if (layout_known && dp > 0 && dp % ep != 0)
+        p.check(bad(ep_flag, fmt::format("{} does not divide the data-parallel size {}", ep, dp),
+                    "the experts are split over ranks of the data-parallel group: use a divisor of the data-parallel "
+                    "size, or more data-parallel ranks"));
+    }
+    if (etp != 0 && etp != 1 && etp != tp) {
+      p.check(bad("--expert-tensor-parallel-size",
+                  fmt::format("{} is neither 1 nor --tensor-model-parallel-size {}", etp, tp),
+                  "each expert is whole on every tensor-parallel rank (1) or split as the dense MLP is (the "
+                  "tensor-parallel size, Megatron-LM's default)"));
+    } else if (etp >= 0) {
+      const int split = etp == 0 ? tp : etp;
+      const int width = m.expert_ffn_hidden_size();
+      if (width > 0 && width % split != 0)
+        p.check(bad(m.moe.ffn_hidden > 0 ? "--moe-ffn-hidden-size" : "--ffn-hidden-size",
+                    fmt::format("{} (each expert's width) is not divisible by the expert tensor-parallel size {}",
+                                width, split),
+                    "each rank of a split expert holds an equal share of its width: use a multiple of it, or "
+                    "--expert-tensor-parallel-size 1"));
+    }
+    const int shared = m.moe.shared_expert_ffn;
+    if (shared > 0 && shared % tp != 0)
+      p.check(bad("--moe-shared-expert-intermediate-size",
+                  fmt::format("{} is not divisible by --tensor-model-parallel-size {}", shared, tp),
+                  "the shared expert is split as the dense MLP is: use a multiple of the tensor-parallel size"));
   }
 
   // The three sizes, each checked; returns whether all hold.
@@ -674,6 +753,9 @@ class Validator {
   // --device: cpu, or cuda (one process per GPU under troupe launch; every layout: docs/CUDA.md).
   void device(const TrainConfig& c, Problems& p) const {
     if (c.device != "cpu" && c.device != "cuda") p.check(bad("--device", "is \"" + c.device + "\"", "use cpu or cuda"));
+    if (c.device == "cuda" && c.model.moe.enabled())
+      p.check(bad("--device", "cuda with mixture of experts (--num-experts): the CUDA backend has no MoE kernels yet",
+                  "train the MoE model with --device cpu, or a model without experts on the GPU"));
   }
 
   void offload_and_restarts(const TrainConfig& c, Problems& p) const {
@@ -753,16 +835,29 @@ class Validator {
 
   const Origins* origins_;
   GivenInCode given_;
+  int world_size_ = 1;  // the ranks troupe launch starts (1: one process)
 };
 
 }  // namespace
 
-Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins, const GivenInCode& given) {
-  return Validator(origins, given).run(cfg);
+Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins, const GivenInCode& given,
+                             int world_size) {
+  return Validator(origins, given, world_size).run(cfg);
 }
 
 Status validate_world(const TrainConfig& cfg, int world_size) {
   return Validator(nullptr).world(cfg, world_size);
+}
+
+// ---- Expert parallelism is not wired into the engine yet (issue 28): MoE layers train on every
+// tp x pp x dp layout with each rank holding every expert. Delete this function and its one call
+// (api/train.cpp, resolve_config) once the engine exchanges tokens over the expert-parallel group. ----
+Status moe_runnable(const TrainConfig& cfg) {
+  if (!cfg.model.moe.enabled() || cfg.expert_model_parallel_size <= 1) return Status::ok();
+  return Status::bad_input(
+      "--expert-model-parallel-size / --moe-expert-parallel-size " + std::to_string(cfg.expert_model_parallel_size) +
+      ": expert parallelism is not wired into the engine yet (issue 28); the MoE layers train on every tp x pp x dp "
+      "layout with every rank holding all experts -- use an expert-parallel size of 1");
 }
 
 std::optional<InspectAddress> parse_inspect_address(const std::string& text) {

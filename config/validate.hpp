@@ -26,10 +26,18 @@ struct GivenInCode {
 // sets later), with the data-parallel size of one process (resolved_dp(1)), and reports every
 // problem at once ("N problems:" and one "\n  - " line each; a check whose arithmetic needs another
 // setting runs once that one is valid). Each message names the flag and the fix; origins: where
-// values came from (the DeepSpeed keys, added to their messages). Reads the filesystem, writes
+// values came from (the DeepSpeed keys, added to their messages). world_size: the ranks troupe
+// launch starts (1 in one process), for the one rule that needs the derived data-parallel size
+// before validate_world runs (the expert-parallel size divides it). Reads the filesystem, writes
 // nothing.
 Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr,
-                             const GivenInCode& given = {});
+                             const GivenInCode& given = {}, int world_size = 1);
+
+// Whether the engine can train cfg's model: MoE layers yes, expert parallelism (an expert-parallel
+// size > 1) not yet (issue 28). Bad input naming the reason, ok otherwise. Called last by
+// resolve_config (api/train.cpp), so that `troupe train --dry-run` still prints the plan and the MoE
+// reading. To be deleted with its call once the engine exchanges tokens between expert ranks.
+Status moe_runnable(const TrainConfig& cfg);
 
 // --inspect's "[HOST:]PORT" (HOST 127.0.0.1 when absent; "[::1]:PORT" for IPv6), or nothing when it
 // is not one (port outside 0..65535, empty host, stray characters).

@@ -1,5 +1,7 @@
 #include "troupe/model_config.hpp"
 
+#include "model/config_moe.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -180,6 +182,12 @@ int64_t GptConfig::num_parameters() const {
   if (position_embedding == PositionEmbedding::learned_absolute) total += int64_t{max_position_embeddings} * C;
   if (embed_layernorm) total += norm;
   if (untie_embeddings_and_output_weights) total += V * C;
+  if (moe.enabled()) {
+    // Each MoE layer's MLP in place of the dense one (model/config_moe.cpp).
+    const int64_t dense_mlp = C * fc1 + F * C + (add_bias_linear ? fc1 + C : 0);
+    for (int l = 0; l < num_layers; ++l)
+      if (moe.is_moe_layer(l, num_layers)) total += moe_mlp_parameters(*this, moe.experts_of(l, num_layers)) - dense_mlp;
+  }
   return total;
 }
 
@@ -191,9 +199,18 @@ double GptConfig::flops_per_iteration(int64_t tokens) const {
   const double kv = static_cast<double>(query_groups()) * head_size();                // key/value_projection_size
   const double ffn_expansion = activation == MlpActivation::swiglu ? 3.0 : 2.0;
   const double Vp = static_cast<double>(padded_vocab_size(1));
-  const double per_token = 6.0 * (L * (h * ffn_hidden_size() * ffn_expansion + h * (q + 2 * kv) + q * h) + h * Vp);
   // Core attention: QK^T and softmax(QK^T) V, 2 s q each per token, halved by the causal mask.
   const double core = 6.0 * s * L * q;
+  if (!moe.enabled()) {
+    const double per_token = 6.0 * (L * (h * ffn_hidden_size() * ffn_expansion + h * (q + 2 * kv) + q * h) + h * Vp);
+    return static_cast<double>(tokens) * (per_token + core);
+  }
+  // With experts, each layer's MLP as one token computes it (model/config_moe.cpp).
+  double mlp = 0;
+  for (int l = 0; l < num_layers; ++l)
+    mlp += moe.is_moe_layer(l, num_layers) ? moe_mlp_macs_per_token(*this, moe.experts_of(l, num_layers))
+                                           : h * ffn_hidden_size() * ffn_expansion;
+  const double per_token = 6.0 * (mlp + L * (h * (q + 2 * kv) + q * h) + h * Vp);
   return static_cast<double>(tokens) * (per_token + core);
 }
 
@@ -294,6 +311,7 @@ std::vector<std::string> GptConfig::architecture_problems() const {
     if (!(p >= 0 && p < 1))
       bad(flag, "must be a probability at least 0 and below 1, got " + num(p),
           "use e.g. 0.1 (Megatron's default), or 0 for no dropout");
+  append_moe_problems(*this, out);
   return out;
 }
 

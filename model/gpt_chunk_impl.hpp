@@ -62,7 +62,7 @@ struct GptChunk::Impl {
     Tensor xd, h, act, y;             // (K,C) (K,FCe) (K,Fe) (K,C): inputs, c_fc, activation, outputs (whole)
     Tensor routed;                    // (N,C) sum of weighted expert outputs (residual only)
     Tensor sh_fc, sh_act;             // (N,FCs) (N,Fs) the shared expert
-    Tensor mlp_fc, mlp_act, mlp_out;  // (N,FCl) (N,Fl) (N,C) PR-MoE's dense MLP (its output whole)
+    Tensor mlp_fc, mlp_act, mlp_out;  // (N,FCe) (N,Fe) (N,C) PR-MoE's dense MLP, split over TP (its output whole)
     std::vector<double> coef;         // (N*2) PR-MoE's mixing weights
   };
   // What an MoE layer's weight pass needs from its input pass.
@@ -71,7 +71,7 @@ struct GptChunk::Impl {
     Tensor dh;                        // (K,FCe) d(c_fc outputs)
     Tensor dlogits;                   // (N,E)
     Tensor dsh_fc;                    // (N,FCs)
-    Tensor dmlp_out, dmlp_fc;         // (N,C) (N,FCl)
+    Tensor dmlp_out, dmlp_fc;         // (N,C) (N,FCe)
     Tensor dcoef;                     // (N,2) d(coefficient logits)
   };
   // What one layer's backward reads. Rows: Nl = this rank's rows, N = all rows (inside the TP region).

@@ -195,8 +195,8 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   };
   if (residual) {
     ensure(a.routed, {N, C}, dtype, dev).copy_from(out);
-    ensure(a.mlp_fc, {N, FCl}, dtype, dev);
-    ensure(a.mlp_act, {N, Fl}, dtype, dev);
+    ensure(a.mlp_fc, {N, p.fc_w.dim(0)}, dtype, dev);
+    ensure(a.mlp_act, {N, p.fcproj_w.dim(1)}, dtype, dev);
     ensure(a.mlp_out, {N, C}, dtype, dev);
     dense(a.mlp_fc, a.mlp_act, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b, a.mlp_out);
     Tensor cl = Tensor::empty({N, 2}, dtype, dev);
@@ -272,7 +272,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   if (residual) {
     droute = Tensor::empty({N, C}, dtype, dev);
     ensure(st.dmlp_out, {N, C}, dtype, dev);
-    ensure(st.dmlp_fc, {N, FCl}, dtype, dev);
+    ensure(st.dmlp_fc, {N, p.fc_w.dim(0)}, dtype, dev);
     ensure(st.dcoef, {N, 2}, dtype, dev);
     std::vector<double> dcl(static_cast<size_t>(N * 2));
     with_type(dtype, [&](auto zero) {
@@ -300,7 +300,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     set_values(st.dcoef, dcl);
     ops::linear_backward(ctx, tmp, none, none, st.dcoef, none, p.moe.coef_w);
     ops::add_inplace(ctx, whole, tmp);
-    Tensor dact = Tensor::empty({N, Fl}, dtype, dev);
+    Tensor dact = Tensor::empty({N, p.fcproj_w.dim(1)}, dtype, dev);
     ops::linear_backward(ctx, dact, none, none, st.dmlp_out, none, p.fcproj_w);
     if (swiglu) ops::glu_backward(ctx, st.dmlp_fc, dact, a.mlp_fc, ops::GluKind::swiglu);
     else ops::gelu_backward(ctx, st.dmlp_fc, dact, a.mlp_fc);

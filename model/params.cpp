@@ -137,7 +137,8 @@ std::vector<ParamSpec> gpt2_shard_specs(const GptConfig& c, int tp_size, int tp_
     if (bias) add(spec(h + "attn.c_proj.bias", {C}, InitKind::zeros, 0, false));
     norm(h + "ln_2", !rms);
     const int E = c.moe.experts_of(i, c.num_layers);
-    if (E == 0 || c.moe.residual) mlp(h + "mlp.", F, true);
+    // A dense layer's MLP, or PR-MoE's, a copy of the expert (Megatron-DeepSpeed deep-copies one MLP).
+    if (E == 0 || c.moe.residual) mlp(h + "mlp.", E == 0 ? F : c.expert_ffn_hidden_size(), true);
     if (E > 0) {
       add(spec(h + "mlp.router.weight", {E, C}, InitKind::normal, std, true));
       if (bias && c.moe.router == MoeRouter::megatron) add(spec(h + "mlp.router.bias", {E}, InitKind::zeros, 0, false));

@@ -52,6 +52,7 @@ const std::map<std::string, Flag>& table_flags() {
     for (const CompatSection& section : compat_sections())
       for (const CompatRule& rule : section.rules)
         for (const char* spec : rule.flags) {
+          if (rule.kind == CompatKind::implemented) continue;  // registered: never screened
           Flag f = parse_flag_spec(spec, &rule);
           out.emplace(normalise(f.name), f);
         }
@@ -226,7 +227,8 @@ size_t flag_distance(const std::string& a, const std::string& b) { return spelli
 namespace {
 
 const char* kind_name(CompatKind kind) {
-  return kind == CompatKind::noop      ? "no-op"
+  return kind == CompatKind::implemented ? "implemented"
+         : kind == CompatKind::noop      ? "no-op"
          : kind == CompatKind::alias   ? "alias"
          : kind == CompatKind::refused ? "refused"
                                        : "equivalent";
@@ -284,10 +286,7 @@ std::string compat_table_markdown() {
         what = "alias of `" + as + "`";
       }
       std::string why = rule.text;
-      if (rule.when == CompatWhen::dense_model) {
-        what += " for a dense model (every `--num-experts` value 1), else refused";
-        why += "; with experts: " + std::string(rule.otherwise);
-      } else if (rule.when == CompatWhen::no_value) {
+      if (rule.when == CompatWhen::no_value) {
         what += " without a value, else refused";
         why += "; with values: " + std::string(rule.otherwise);
       } else if (rule.when == CompatWhen::fresh_start) {
@@ -298,8 +297,6 @@ std::string compat_table_markdown() {
         for (const char* c = rule.ok; *c != '\0'; ++c) ok += *c == '|' ? std::string("`, `") : std::string(1, *c);
         what += " for `" + ok + "`, else refused";
         why += "; other values: " + std::string(rule.otherwise);
-      } else if (rule.when == CompatWhen::moe) {
-        why += " (reported with the other mixture-of-experts flags)";
       }
       out += "| " + flags + " | " + what + " | " + why + " |\n";
     }
@@ -310,15 +307,10 @@ std::string compat_table_markdown() {
 Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size) {
   const Registered& reg = registered_flags();
   const std::map<std::string, Flag>& table = table_flags();
-  // A dense model: no --num-experts, or one expert in every layer (Megatron-DeepSpeed's list).
-  std::vector<std::string> experts;
-  bool dense = !given_values(args, "--num-experts", &experts) || !experts.empty();
-  for (const std::string& e : experts) dense = dense && is_number(e, 1);
   ScreenedTrainArgs out;
   std::vector<std::string> front;  // the aliases' flags: first, so that explicit flags win
   std::vector<std::string> problems;
   Refusals refusals;
-  std::vector<std::string> moe;                                 // the mixture-of-experts flags refused, as given
   std::vector<std::pair<const Flag*, std::string>> fresh_only;  // accepted only without a checkpoint to load
   std::set<std::string> noted;
   for (size_t i = 0; i < args.size();) {
@@ -379,13 +371,7 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
       refusals.add(rule.otherwise, given);
       continue;
     }
-    if (rule.when == CompatWhen::moe || rule.when == CompatWhen::dense_model) {
-      const bool accepted = rule.when == CompatWhen::dense_model ? dense : rule.kind == CompatKind::noop && ok;
-      if (!accepted) {
-        moe.push_back(given);
-        continue;
-      }
-    } else if (rule.kind == CompatKind::refused || rule.kind == CompatKind::equivalent) {
+    if (rule.kind == CompatKind::refused || rule.kind == CompatKind::equivalent) {
       refusals.add(rule.text, given);
       continue;
     } else if (!ok) {
@@ -434,11 +420,6 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
                       out.notes.end());
     }
   refusals.into(problems);
-  if (!moe.empty()) {
-    std::string flags;
-    for (const std::string& m : moe) flags += (flags.empty() ? "" : ", ") + m;
-    problems.push_back(flags + ": " + std::string(compat_moe_reason()));
-  }
   if (problems.empty()) return out;
   // Everything else wrong too, so that one run lists it all: the first value CLI11 cannot read,
   // or else validation's problems.

@@ -4,7 +4,7 @@
 //   - a no-op: removed, with one line at start-up saying why it changes nothing;
 //   - an alias: rewritten to what troupe does, with a line at start-up;
 //   - refused or equivalent: a problem naming the feature and what to do; the flags of one row are
-//     reported in one problem, every mixture-of-experts flag in one;
+//     reported in one problem;
 //   - otherwise unknown: a problem with the nearest spelling among troupe's flags and the table's,
 //     never a flag's opposite (--no-x for --x).
 // Rows with constrained values (--data-impl mmap, --context-parallel-size 1, ...) are no-ops for the

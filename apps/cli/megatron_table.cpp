@@ -30,8 +30,14 @@ constexpr const char* kContextParallel =
 constexpr const char* kUlysses =
     "DeepSpeed-Ulysses sequence parallelism (the attention split over ranks by heads, and FPDT on top of it) is not "
     "in troupe yet (issue 29) -- train with --ds-sequence-parallel-size 1";
-constexpr const char* kMoE =
-    "mixture of experts is not in troupe yet (issue 28) -- train the dense model (--num-experts 1, or no MoE flags)";
+constexpr const char* kMoeDispatch =
+    "how tokens travel to their experts and back (Megatron-Core's dispatchers and their backends, DeepEP, HybridEP, "
+    "NCCL-EP, Tutel): troupe picks its own dispatch; the routing and the results do not depend on it";
+constexpr const char* kMoeGrouping =
+    "how the experts' GEMMs are grouped, fused or laid out (grouped GEMM, permutation fusion, interleaved GLU "
+    "weights): troupe groups its experts itself; the results do not depend on it";
+constexpr const char* kMoeOverlap =
+    "an overlap of expert-parallel communication with compute: the values are the same";
 constexpr const char* kReducedGrads =
     "troupe reduces and accumulates gradients in fp32 (a bf16 reduction is the DeepSpeed JSON's "
     "\"communication_data_type\": \"bf16\" in a 16-bit run)";
@@ -70,8 +76,6 @@ constexpr const char* kOtherProgram =
     "troupe train";
 
 }  // namespace
-
-const char* compat_moe_reason() { return kMoE; }
 
 const std::vector<CompatSection>& compat_sections() {
   static const std::vector<CompatSection> sections = {
@@ -287,18 +291,6 @@ const std::vector<CompatSection>& compat_sections() {
            {.flags = {"--force-ds-sequence-parallel"},
             .kind = CompatKind::noop,
             .text = "DeepSpeed-Ulysses forced on at one rank per group: the same attention"},
-           {.flags = {"--expert-model-parallel-size V", "--moe-expert-parallel-size V"},
-            .kind = CompatKind::noop,
-            .text = "no expert parallelism: one rank holds every expert",
-            .ok = "1",
-            .otherwise = kMoE,
-            .when = CompatWhen::moe},
-           {.flags = {"--expert-tensor-parallel-size V"},
-            .kind = CompatKind::noop,
-            .text = "no expert tensor parallelism: the experts (if any) are not split",
-            .ok = "1",
-            .otherwise = kMoE,
-            .when = CompatWhen::moe},
            {.flags = {"--use-distributed-optimizer"},
             .kind = CompatKind::alias,
             .text = "Megatron's distributed optimizer shards the optimizer state over the data-parallel ranks: "
@@ -871,58 +863,150 @@ const std::vector<CompatSection>& compat_sections() {
             .text = "Megatron's name of --seq-length for encoder-only and GPT models",
             .alias = {"--seq-length", "{}"}},
        }},
-      {"Mixture of experts (issue 28)",
+      // Mixture of experts (docs/COMPAT.md, "Mixture of experts"): the implemented flags are
+      // registered (apps/cli/moe_flags.hpp reads them in each project's dialect); these rows list
+      // them beside the ones accepted without effect and the ones refused.
+      {"Mixture of experts",
        {
            {.flags = {"--num-experts V..."},
+            .kind = CompatKind::implemented,
+            .text = "the experts of each MoE layer: one number (both projects), or one per MoE layer "
+                  "(Megatron-DeepSpeed); every value 1 (Megatron-DeepSpeed's default [1]) or Megatron-LM's 0 is the "
+                  "dense model. Read as Megatron-DeepSpeed's or Megatron-LM's by the other MoE flags (see below)"},
+           {.flags = {"--expert-interval V", "--topk V", "--moe-train-capacity-factor V",
+                      "--moe-eval-capacity-factor V", "--moe-min-capacity V", "--moe-loss-coeff V", "--disable-moe-token-dropping",
+                      "--disable-moe-top2-2nd-expert-sampling", "--mlp-type V", "--moe-expert-parallel-size V",
+                      "--enable-expert-tensor-parallelism"},
+            .kind = CompatKind::implemented,
+            .text = "Megatron-DeepSpeed's DeepSpeed-MoE, with its defaults (every 2nd layer, top-1, capacity factors "
+                  "1.0, at least 4 tokens, --moe-loss-coeff 0.1, token dropping with random token selection, top-2's "
+                  "second expert sampled; --mlp-type standard or residual; experts whole on every tensor-parallel "
+                  "rank unless --enable-expert-tensor-parallelism)"},
+           {.flags = {"--moe-layer-freq V", "--moe-ffn-hidden-size V", "--moe-router-topk V",
+                      "--moe-router-load-balancing-type V...", "--moe-aux-loss-coeff V...", "--moe-z-loss-coeff V",
+                      "--moe-router-pre-softmax", "--moe-expert-capacity-factor V", "--moe-token-drop-policy V",
+                      "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-intermediate-size V",
+                      "--moe-input-jitter-eps V", "--expert-model-parallel-size V", "--expert-tensor-parallel-size V"},
+            .kind = CompatKind::implemented,
+            .text = "Megatron-LM's Megatron-Core MoE, with its defaults (every layer, top-2, dropless unless "
+                  "--moe-expert-capacity-factor, aux_loss with coefficient 0; load-balancing types aux_loss, "
+                  "seq_aux_loss, none; sinkhorn, global_aux_loss, quantile_balancing and several types at once "
+                  "refused; --expert-tensor-parallel-size 1 or the tensor-parallel size, its default)"},
+           {.flags = {"--moe-token-dispatcher-type V"},
             .kind = CompatKind::noop,
-            .text = "one expert per layer: Megatron-DeepSpeed builds its dense MLP (its default, [1]); Megatron-LM "
-                  "a one-expert layer whose router gives every token weight 1, the same function",
-            .ok = "1",
-            .otherwise = kMoE,
-            .when = CompatWhen::moe},
-           {.flags = {"--moe-loss-coeff V", "--moe-train-capacity-factor V", "--moe-eval-capacity-factor V",
-                      "--moe-min-capacity V", "--create-moe-param-group", "--mlp-type V", "--topk V",
-                      "--expert-interval V", "--disable-moe-token-dropping",
-                      "--disable-moe-top2-2nd-expert-sampling", "--use-tutel", "--enable-expert-tensor-parallelism"},
-            .kind = CompatKind::noop,
-            .text = "a DeepSpeed-MoE setting: with one expert per layer Megatron-DeepSpeed builds the dense MLP and "
-                  "adds no MoE loss, so it has no effect",
-            .otherwise = kMoE,
-            .when = CompatWhen::dense_model},
-           {.flags = {"--num-experts-switch V", "--moe-apply-probs-on-input", "--moe-aux-loss-coeff V...",
-                      "--moe-combine-bwd-dtype V", "--moe-deepep-num-sms V", "--moe-dispatch-fwd-dtype V",
-                      "--moe-enable-deepep", "--moe-enable-routing-replay", "--moe-expert-capacity-factor V",
-                      "--moe-expert-rank-capacity-factor V", "--moe-ffn-hidden-size V",
-                      "--moe-flex-dispatcher-backend V", "--moe-flex-dispatcher-num-sms V", "--moe-grouped-gemm",
+            .text = kMoeDispatch,
+            .ok = "allgather|alltoall|alltoall_seq|flex",
+            .otherwise = "Megatron knows allgather, alltoall, alltoall_seq (older releases) and flex"},
+           {.flags = {"--moe-enable-deepep", "--moe-flex-dispatcher-backend V", "--moe-flex-dispatcher-num-sms V",
+                      "--moe-deepep-num-sms V", "--moe-hybridep-num-sms V", "--moe-hybridep-num-sms-preprocessing V",
                       "--moe-hybridep-num-blocks-permute V", "--moe-hybridep-num-blocks-unpermute V",
-                      "--moe-hybridep-num-sms V", "--moe-hybridep-num-sms-preprocessing V",
-                      "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-input-jitter-eps V", "--moe-latent-size V",
-                      "--moe-layer-freq V", "--moe-layer-recompute", "--moe-mlp-glu-interleave-size V",
-                      "--moe-ncclep-zero-copy", "--moe-pad-expert-input-to-capacity",
-                      "--moe-pad-experts-for-cuda-graph-inference", "--moe-paged-stash",
-                      "--moe-paged-stash-buffer-size-factor-cpu V", "--moe-paged-stash-buffer-size-factor-cuda V",
-                      "--moe-paged-stash-page-size V", "--moe-per-layer-logging", "--moe-permute-fusion",
-                      "--moe-permute-fusion-into-hybridep", "--moe-router-bias-update-rate V",
-                      "--moe-router-dtype V", "--moe-router-enable-expert-bias", "--moe-router-force-biased V",
-                      "--moe-router-force-load-balancing", "--moe-router-fusion", "--moe-router-group-topk V",
-                      "--moe-router-load-balancing-type V...", "--moe-router-num-groups V",
-                      "--moe-router-padding-for-fp8", "--moe-router-padding-for-quantization",
-                      "--moe-router-pre-softmax", "--moe-router-quantile-balancing-ema V",
-                      "--moe-router-score-function V", "--moe-router-topk V", "--moe-router-topk-scaling-factor V",
-                      "--moe-routing-trace-capture-hidden-states", "--moe-routing-trace-capture-logits",
-                      "--moe-routing-trace-dump-weights", "--moe-routing-trace-max-training-iters V",
-                      "--moe-routing-trace-path V", "--moe-shared-expert-gate",
-                      "--moe-shared-expert-glu-interleave-size V", "--moe-shared-expert-intermediate-size V",
-                      "--moe-shared-expert-overlap", "--moe-single-grouped-bias", "--moe-single-grouped-weight",
-                      "--moe-token-dispatcher-type V", "--moe-token-drop-policy V", "--moe-upcycling-granularity V",
-                      "--moe-use-grouped-tensor", "--moe-use-upcycling", "--moe-z-loss-coeff V",
-                      "--use-fused-weighted-squared-relu", "--use-grouped-gemm-for-shared-expert",
-                      "--overlap-moe-expert-parallel-comm", "--overlap-dispatch-backward-with-experts-wgrad",
-                      "--ep-overlap-early-attn-memory-release", "--high-priority-a2a-comm-stream",
-                      "--expert-tensor-parallel-num-weight-shards V"},
+                      "--moe-hybridep-pad-uneven-dispatch-inputs", "--moe-ncclep-zero-copy", "--use-tutel"},
+            .kind = CompatKind::noop,
+            .text = kMoeDispatch},
+           {.flags = {"--moe-dispatch-fwd-dtype V", "--moe-combine-bwd-dtype V"},
+            .kind = CompatKind::noop,
+            .text = "the wire type of the tokens and gradients between expert-parallel ranks: bf16 is a bf16 run's "
+                  "own type",
+            .ok = "bf16",
+            .otherwise = "MXFP8 on the wire (NCCL-EP) quantises what the experts see, which troupe does not -- give "
+                         "bf16 or drop the flag"},
+           {.flags = {"--moe-grouped-gemm", "--moe-use-grouped-tensor", "--moe-single-grouped-weight",
+                      "--moe-single-grouped-bias", "--moe-permute-fusion", "--moe-permute-fusion-into-hybridep",
+                      "--moe-router-fusion", "--moe-mlp-glu-interleave-size V",
+                      "--moe-shared-expert-glu-interleave-size V",
+                      "--use-grouped-gemm-for-shared-expert", "--use-fused-weighted-squared-relu"},
+            .kind = CompatKind::noop,
+            .text = kMoeGrouping},
+           {.flags = {"--create-moe-param-group"},
+            .kind = CompatKind::noop,
+            .text = "DeepSpeed's separate optimizer groups for the experts' parameters (for ZeRO), with the same "
+                  "hyper-parameters: the updates are the same"},
+           {.flags = {"--moe-shared-expert-overlap", "--overlap-moe-expert-parallel-comm",
+                      "--overlap-dispatch-backward-with-experts-wgrad", "--ep-overlap-early-attn-memory-release",
+                      "--high-priority-a2a-comm-stream"},
+            .kind = CompatKind::noop,
+            .text = kMoeOverlap},
+           {.flags = {"--moe-layer-recompute", "--moe-paged-stash", "--moe-paged-stash-page-size V",
+                      "--moe-paged-stash-buffer-size-factor-cuda V", "--moe-paged-stash-buffer-size-factor-cpu V"},
+            .kind = CompatKind::noop,
+            .text = "where the MoE layers' activations are kept or whether they are recomputed: memory only, the "
+                  "result is the same"},
+           {.flags = {"--moe-per-layer-logging", "--moe-routing-trace-path V", "--moe-routing-trace-capture-logits",
+                      "--moe-routing-trace-capture-hidden-states", "--moe-routing-trace-dump-weights",
+                      "--moe-routing-trace-max-training-iters V"},
+            .kind = CompatKind::noop,
+            .text = "Megatron's MoE logging (per-layer losses, routing traces): training is the same"},
+           {.flags = {"--moe-pad-experts-for-cuda-graph-inference"},
+            .kind = CompatKind::noop,
+            .text = "an inference setting: training is the same"},
+           {.flags = {"--moe-enable-routing-replay"},
+            .kind = CompatKind::noop,
+            .text = "replays routing decisions that reinforcement learning recorded (--perform-rl-step, refused): "
+                  "pretraining routes as usual"},
+           {.flags = {"--moe-router-bias-update-rate V"},
+            .kind = CompatKind::noop,
+            .text = "read only with --moe-router-enable-expert-bias (refused)"},
+           {.flags = {"--moe-router-quantile-balancing-ema V"},
+            .kind = CompatKind::noop,
+            .text = "read only with --moe-router-load-balancing-type quantile_balancing (refused)"},
+           {.flags = {"--moe-upcycling-granularity V"},
+            .kind = CompatKind::noop,
+            .text = "read only with --moe-use-upcycling (refused)"},
+           {.flags = {"--expert-tensor-parallel-num-weight-shards V"},
+            .kind = CompatKind::noop,
+            .text = kCommTuning},
+           {.flags = {"--moe-router-score-function V"},
+            .kind = CompatKind::noop,
+            .text = "the softmax: troupe's routers score with it (Megatron-Core's default)",
+            .ok = "softmax",
+            .otherwise = "sigmoid and sqrt-softplus router scores (DeepSeek-V3's) are not in troupe: its routers "
+                         "score with the softmax -- drop the flag"},
+           {.flags = {"--moe-router-dtype V"},
+            .kind = CompatKind::noop,
+            .text = "fp32: troupe computes the routing in fp32",
+            .ok = "fp32",
+            .otherwise = "routing in fp64 is not in troupe: it routes in fp32 -- give fp32 or drop the flag"},
+           {.flags = {"--moe-router-topk-scaling-factor V"},
+            .kind = CompatKind::noop,
+            .text = "1: the routing weights unscaled",
+            .ok = "1",
+            .otherwise = "scaling the top-k routing weights (DeepSeek's routed_scaling_factor) is not in troupe -- "
+                         "drop the flag"},
+           {.flags = {"--moe-router-num-groups V", "--moe-router-group-topk V"},
             .kind = CompatKind::refused,
-            .text = kMoE,
-            .when = CompatWhen::moe},
+            .text = "group-limited routing (the experts in groups, each token's top groups first: DeepSeek's device- "
+                  "and node-limited routing) is not in troupe -- drop these flags"},
+           {.flags = {"--moe-router-enable-expert-bias"},
+            .kind = CompatKind::refused,
+            .text = "aux-loss-free load balancing (a per-expert bias on the routing scores, updated from the token "
+                  "counts: DeepSeek-V3's) is not in troupe -- balance with --moe-aux-loss-coeff"},
+           {.flags = {"--moe-router-force-load-balancing", "--moe-router-force-biased V"},
+            .kind = CompatKind::refused,
+            .text = "benchmark routing (random logits or random biases) is not in troupe: its routers route by the "
+                  "logits"},
+           {.flags = {"--moe-router-padding-for-quantization", "--moe-router-padding-for-fp8"},
+            .kind = CompatKind::refused,
+            .text = kFp8},
+           {.flags = {"--moe-expert-rank-capacity-factor V"},
+            .kind = CompatKind::refused,
+            .text = "a token budget per expert-parallel rank (HybridEP's and NCCL-EP's dropping) is not in troupe -- "
+                  "give --moe-expert-capacity-factor (per expert) instead"},
+           {.flags = {"--moe-apply-probs-on-input"},
+            .kind = CompatKind::refused,
+            .text = "the routing weights applied to the experts' input instead of their output is not in troupe"},
+           {.flags = {"--moe-latent-size V"},
+            .kind = CompatKind::refused,
+            .text = "latent MoE (experts on a down-projected latent of the hidden state) is not in troupe"},
+           {.flags = {"--moe-shared-expert-gate"},
+            .kind = CompatKind::refused,
+            .text = "a gate on the shared expert (Qwen-MoE's) is not in troupe: its shared expert adds ungated"},
+           {.flags = {"--moe-use-upcycling"},
+            .kind = CompatKind::refused,
+            .text = "upcycling (a dense checkpoint turned into an MoE model) is not in troupe"},
+           {.flags = {"--num-experts-switch V"},
+            .kind = CompatKind::refused,
+            .text = "Megatron-DeepSpeed's Switch MLP (Megatron-LM's older top-1 MoE) is not in troupe -- give "
+                  "--num-experts (DeepSpeed-MoE)"},
        }},
       {"Other training modes",
        {

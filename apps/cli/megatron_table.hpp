@@ -1,13 +1,16 @@
 // Megatron-LM's and Megatron-DeepSpeed's flags that `troupe train` does not register, each with
 // what troupe does with it (apps/cli/megatron_compat.hpp screens a command line against these rows;
 // docs/COMPAT.md prints them). Every flag of both projects' arguments.py is either registered or in
-// one row here (tests/apps/test_megatron_flag_lists.cpp walks the two lists).
+// one row here (tests/apps/test_megatron_flag_lists.cpp walks the two lists); the implemented
+// mixture-of-experts flags are both.
 //
 // A row's flags are written as argparse reads them: "--name" (a switch), "--name V" (one value),
 // "--name V..." (a list: every value up to the next flag), "--name [V]" (a value if one follows: the
 // two projects disagree). Flags compare with '-' and '_' alike.
 //
 // What a row says (CompatKind):
+//   implemented troupe train registers the flag and reads it (the mixture-of-experts flags,
+//               apps/cli/moe_flags.hpp): the row only documents it; the screen never sees it.
 //   noop        accepted; it changes nothing in troupe, one start-up note says why. With `ok`, only
 //               for those values (each value of a list): "a|b" these strings, "0" / "1" / "-1" a
 //               number equal to it; other values are refused with `otherwise`.
@@ -16,10 +19,6 @@
 //   refused     troupe does not have its meaning: a problem naming the feature and why.
 //   equivalent  troupe has it under another name or command: a problem saying what to give.
 // When the decision depends on other flags (CompatWhen):
-//   moe          part of mixture of experts: accepted where `ok` holds (a dense model: one expert, no
-//                expert parallelism), else refused, all such flags in one problem (issue 28).
-//   dense_model  Megatron-DeepSpeed's MoE settings: no effect when every --num-experts value is 1
-//                (its dense MLP), else refused with the other MoE flags.
 //   fresh_start  no effect when --load holds no checkpoint (the run starts from scratch), else
 //                refused with `otherwise`.
 //   no_value     no effect when given without a value (a script's unset variable), else refused
@@ -30,8 +29,8 @@
 
 namespace troupe {
 
-enum class CompatKind { noop, alias, refused, equivalent };
-enum class CompatWhen { always, moe, dense_model, fresh_start, no_value };
+enum class CompatKind { implemented, noop, alias, refused, equivalent };
+enum class CompatWhen { always, fresh_start, no_value };
 
 struct CompatRule {
   std::vector<const char*> flags;
@@ -50,8 +49,5 @@ struct CompatSection {
 };
 
 const std::vector<CompatSection>& compat_sections();
-
-// The reason every refused mixture-of-experts flag is reported with (one problem for all of them).
-const char* compat_moe_reason();
 
 }  // namespace troupe

@@ -14,6 +14,7 @@
 #include "config/deepspeed_config.hpp"
 #include "config/model_presets.hpp"
 #include "config/imported_config.hpp"
+#include "apps/cli/moe_flags.hpp"
 #include "config/validate.hpp"
 #include "storage/gpt_dataset.hpp"
 
@@ -321,6 +322,7 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       "Dropout probability on the attention probabilities, training only");
 
   add_model_family_options(cmd, &m);
+  add_moe_options(cmd);
   cmd->add_flag("--apply-layernorm-1p")
       ->description(
           "Megatron's LayerNorm 1p (weights stored as gamma - 1): the same function and, with norm "
@@ -656,6 +658,7 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   }
   std::vector<std::string> flag_problems;
   apply_family_flags(cmd, given, cfg->model, flag_problems, notes);
+  apply_moe_flags(cmd, given, cfg, &flag_problems, notes);
   apply_precision_flags(given, cfg, &flag_problems, notes);
   apply_tokenizer_flags(cmd, given, cfg, flag_problems, notes);
   // Megatron's LayerNorm 1p stores gamma - 1 and adds the 1 in fp32 inside the norm: a
@@ -720,7 +723,7 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
     flag_problems.push_back(taken.status().message());
   else if (!taken->empty() && notes != nullptr)
     notes->push_back(*taken);
-  Status st = validate_train_config(*cfg, &origins);
+  Status st = validate_train_config(*cfg, &origins, {}, std::max(1, world_size));
   if (!flag_problems.empty()) {
     // The family flags' own problems first, then validation's, in one list.
     std::vector<std::string> all = flag_problems;

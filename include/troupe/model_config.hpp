@@ -75,11 +75,13 @@ struct MoeConfig {
   // Experts of each MoE layer: one value for every MoE layer, or one per MoE layer in order
   // (Megatron-DeepSpeed's --num-experts list). Each >= 1 (deepspeed: 1 makes the layer dense).
   std::vector<int> num_experts;
-  // Layer n (counted from 1) is an MoE layer when n % layer_freq == 0 (Megatron-DeepSpeed's
-  // --expert-interval, default 2 there). Megatron-Core's --moe-layer-freq N (0-based layer i when
-  // i % N == 0) and its lists are read into layer_pattern.
+  // Layer n (counted from 1) is an MoE layer when n % layer_freq == 0: Megatron-DeepSpeed's
+  // --expert-interval (default 2 there), and Megatron-Core's --moe-layer-freq 1 (its default).
   int layer_freq = 1;
-  // One 0/1 per layer (Megatron-Core's --moe-layer-freq); non-empty overrides layer_freq.
+  // One 0/1 per layer (1: MoE); non-empty overrides layer_freq. Megatron-Core's --moe-layer-freq as
+  // a list, and its integer N > 1 too, which selects layers 0, N, 2N, ... counted from 0 (not
+  // layer_freq's rule); Megatron-DeepSpeed's --num-experts list with some values 1 (those layers
+  // keep the dense MLP there).
   std::vector<int> layer_pattern;
   MoeRouter router = MoeRouter::megatron;
   int topk = 2;                      // --topk / --moe-router-topk: k
@@ -199,19 +201,33 @@ struct GptConfig {
   // family: wte V C, wpe P C (learned positions), the embedding LayerNorm, per layer two norms
   // (LayerNorm 2C, RMSNorm C), qkv C (H + 2G) hs (+ bias), the projection H hs C (+ C), fc1 C F
   // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C.
+  // An MoE layer of E experts of width Fe (expert_ffn_hidden_size) has, in place of the MLP: the
+  // router E C (no bias, both anchors); per expert fc1 C Fe (x2 with SwiGLU, + bias) and fc2 Fe C,
+  // + C of bias only with the megatron router (Megatron-DeepSpeed ignores the experts' c_proj bias);
+  // residual (PR-MoE): a dense MLP shaped as an expert (its c_proj bias ignored alike) and the
+  // mixing coefficient Linear(C, 2) with bias, 2C + 2; a shared expert of width Fs: fc1 C Fs (x2
+  // with SwiGLU, + bias) and fc2 Fs C (+ C), as the dense MLP.
   int64_t num_parameters() const;
   // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, without
   // recomputation: Megatron-LM's num_floating_point_operations (megatron/training/training.py, the
   // dense transformer): 3 (forward, two backward GEMMs) x 2 (FMA) x tokens x [L (C F e + C (q + 2 kv)
   // + q C) + C Vp] + 3 x 2 x tokens x s x L q (QK^T and PV, halved by the causal mask), with
-  // q = H hs, kv = G hs, e = 3 with SwiGLU else 2, Vp the padded vocabulary (tp 1).
+  // q = H hs, kv = G hs, e = 3 with SwiGLU else 2, Vp the padded vocabulary (tp 1). On an MoE
+  // layer C F e becomes what one token computes: k experts C Fe e, the router C E, the residual
+  // MLP C Fe e + 2C, the shared expert C Fs e (Megatron-LM counts the k experts and the shared
+  // expert, not the router; dropped tokens are counted as computed).
   double flops_per_iteration(int64_t tokens) const;
 
   // Every problem of the architecture apart from the vocabulary (set later by the tokenizer), one
   // message each, "FLAG what -- fix": sizes in range (bounds that keep every size product inside
   // int64 and every width inside int), heads divide the hidden size (without --kv-channels), query
   // groups divide the heads, a positive MLP width, the rotary settings (rope only; percent in (0, 1],
-  // an even rotary dimension >= 2, a positive base), a positive norm epsilon, dropout in [0, 1).
+  // an even rotary dimension >= 2, a positive base), a positive norm epsilon, dropout in [0, 1);
+  // with experts, MoeConfig's (model/config_moe.cpp): counts >= 1, the layer rule and its lists'
+  // lengths, k in [1, every layer's experts] (1 or 2 with the deepspeed router), the capacity,
+  // coefficients >= 0, jitter in [0, 1), and each router's own settings only with it (residual:
+  // deepspeed; shared expert, z-loss, jitter, pre-softmax, load-balancing type: megatron). The
+  // flags named are the router's dialect's (--topk or --moe-router-topk).
   std::vector<std::string> architecture_problems() const;
   // architecture_problems() and the vocabulary, all at once ("N problems:" and one line each).
   Status validate() const;
