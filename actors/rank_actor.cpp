@@ -24,6 +24,7 @@ namespace {
 struct RankState {
   std::shared_ptr<comm::CommWorld> world;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
+  std::unique_ptr<comm::Communicator> ep, expert_dp;  // expert parallelism (ep > 1) only
   // GPU ranks: the pipeline's links, one communicator per (direction, sending stage) this stage is
   // an end of (RankComms::pp_link).
   std::map<std::pair<int, int>, std::unique_ptr<comm::Communicator>> links;
@@ -43,7 +44,7 @@ caf::error rank_error(int rank, const Status& st) {
 // links_apart: every pipeline link and direction gets a communicator of its own (RankComms::pp_link;
 // GPU ranks, whose NCCL groups match messages in issue order on one stream each).
 Status make_groups(RankState& st, const comm::Topology& topo, int rank,
-                   const std::shared_ptr<comm::FlightRecorder>& flight, bool links_apart) {
+                   const std::shared_ptr<comm::FlightRecorder>& flight, bool links_apart, int ep) {
   auto group = [&](const char* name, const std::vector<int>& members,
                    std::unique_ptr<comm::Communicator>& out) -> Status {
     auto g = st.world->group(members);
@@ -56,6 +57,10 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank,
   TROUPE_RETURN_IF_ERROR(group("tp", topo.tp_group(rank), st.tp));
   TROUPE_RETURN_IF_ERROR(group("dp", topo.dp_group(rank), st.dp));
   TROUPE_RETURN_IF_ERROR(group("pp", topo.pp_group(rank), st.pp));
+  if (ep > 1) {
+    TROUPE_RETURN_IF_ERROR(group("ep", topo.expert_parallel_group(rank, ep), st.ep));
+    TROUPE_RETURN_IF_ERROR(group("expert dp", topo.expert_data_parallel_group(rank, ep), st.expert_dp));
+  }
   // The links in one order on every rank (direction, then sending stage), each made by its two ends.
   const std::vector<int> stages = topo.pp_group(rank);
   const int p = static_cast<int>(stages.size());
@@ -87,9 +92,11 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.rank = rank;
   st.world = std::move(world);
   st.offload = std::move(offload);
-  st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda);
+  st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda, spec.par.ep);
   if (st.created) {
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    comms.ep = st.ep.get();
+    comms.expert_dp = st.expert_dp.get();
     if (!st.links.empty()) {
       const std::vector<int> stages = topo.pp_group(rank);
       const int me = topo.coords(rank).pp;

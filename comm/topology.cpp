@@ -273,4 +273,20 @@ std::string Topology::describe() const {
   return sizes_text(sizes_) + " (world " + std::to_string(world_size_) + ", order " + order_ + ")";
 }
 
+std::vector<int> Topology::expert_parallel_group(int rank, int ep) const {
+  const std::vector<int> dp = dp_group(rank);
+  TROUPE_CHECK(ep >= 1 && dp.size() % static_cast<size_t>(ep) == 0, "Topology: ep must divide the dp size");
+  const int d = coords(rank).dp;
+  return std::vector<int>(dp.begin() + (d / ep) * ep, dp.begin() + (d / ep) * ep + ep);
+}
+
+std::vector<int> Topology::expert_data_parallel_group(int rank, int ep) const {
+  const std::vector<int> dp = dp_group(rank);
+  TROUPE_CHECK(ep >= 1 && dp.size() % static_cast<size_t>(ep) == 0, "Topology: ep must divide the dp size");
+  const int d = coords(rank).dp;
+  std::vector<int> out;
+  for (size_t i = static_cast<size_t>(d % ep); i < dp.size(); i += static_cast<size_t>(ep)) out.push_back(dp[i]);
+  return out;
+}
+
 }  // namespace troupe::comm

@@ -103,6 +103,16 @@ class Topology {
   std::vector<int> pp_group(int rank) const { return group(GroupKind::pp, rank); }
   std::vector<int> mp_group(int rank) const { return group(GroupKind::mp, rank); }
   std::vector<int> embedding_group(int rank) const { return group(GroupKind::embedding, rank); }
+  // Expert parallelism as DeepSpeed (deepspeed/utils/groups.py) and Megatron-Core (ep after tp in
+  // the order) form it, carved out of dp: the rank's dp group, listed by dp coordinate d, splits
+  // into expert-parallel groups of ep consecutive coordinates (d's group: [ep*(d/ep), ep*(d/ep) + ep),
+  // its rank there d % ep: which slice of the experts it holds) and expert-data-parallel groups of
+  // every ep-th coordinate (d's: those congruent to d mod ep, its rank there d / ep: the replicas of
+  // the same experts). ep must divide the dp size. Example: tp 2, dp 4, ep 2, world 8, rank =
+  // tp + 2 dp: rank 3 (tp 1, dp 1): dp group {1,3,5,7}, expert-parallel {1,3}, expert-data-parallel
+  // {3,7}.
+  std::vector<int> expert_parallel_group(int rank, int ep) const;
+  std::vector<int> expert_data_parallel_group(int rank, int ep) const;
 
   bool is_first_stage(int rank) const { return coords(rank).pp == 0; }
   bool is_last_stage(int rank) const { return coords(rank).pp == sizes_.pp - 1; }

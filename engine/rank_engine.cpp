@@ -246,6 +246,9 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.tp_rank = tp_rank_;
     at.sequence_parallel = par.sequence_parallel && par.tp > 1;
     at.expert_tensor_parallel = par.expert_tensor_parallel;
+    at.ep_size = par.ep;
+    at.ep_rank = dp_rank_ % par.ep;
+    at.ep = par.ep > 1 ? comms_.ep : nullptr;
     at.recompute = par.recompute;
     at.micro_batch = spec_.micro_batch_size;
     at.slots = slots;
@@ -254,7 +257,8 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.device = spec_.device;
     at.tp = comms_.tp;
     const DType reduce = is_16bit(spec_.dtype) ? spec_.reduce_dtype.value_or(at.grad_dtype) : at.grad_dtype;
-    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype, reduce);
+    auto store = std::make_unique<ZeroStore>(par.zero_stage, comms_.dp, at.dtype, at.grad_dtype, reduce,
+                                             par.ep > 1 ? comms_.expert_dp : nullptr);
     std::unique_ptr<PipelineStage> chunk = build_stage(model, at, store->hooks());
     store->attach(chunk.get(), &ctx_);
     TROUPE_CHECK(chunk->inputs().size() <= kMaxBoundaryTensors && chunk->outputs().size() <= kMaxBoundaryTensors,
@@ -1097,11 +1101,11 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
     const int zero = spec_.par.zero_stage;
     const bool partitioned = stores_[c]->partitioned_params();
     for (const auto& r : stores_[c]->param_ranges())
-      if (chunk.counts_in_norm(r.spec) && (partitioned || dp_rank_ == 0))
+      if (chunk.counts_in_norm(r.spec) && (partitioned || r.first_replica))
         out.sections[ShardSection::model].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
-      if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
+      if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && !r.first_replica)) continue;
       out.sections[ShardSection::exp_avg].push_back(
           make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i], moments_are_copies));
       out.sections[ShardSection::exp_avg_sq].push_back(
@@ -1125,13 +1129,14 @@ std::vector<TensorPiece> RankEngine::tensor_pieces(const std::string& name, Tens
     if (kind == TensorKind::value) {
       for (const auto& r : stores_[c]->param_ranges())
         if (chunk.specs()[r.spec].name == name && chunk.counts_in_norm(r.spec) &&
-            (stores_[c]->partitioned_params() || dp_rank_ == 0))
+            (stores_[c]->partitioned_params() || r.first_replica))
           out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
       continue;
     }
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
-      if (chunk.specs()[r.spec].name != name || !chunk.counts_in_norm(r.spec) || (zero == 0 && dp_rank_ != 0)) continue;
+      if (chunk.specs()[r.spec].name != name || !chunk.counts_in_norm(r.spec) || (zero == 0 && !r.first_replica))
+        continue;
       const Tensor& values = kind == TensorKind::grad      ? segments.at(i).grad
                              : kind == TensorKind::exp_avg ? exp_avg.at(i)
                                                            : exp_avg_sq.at(i);

@@ -56,6 +56,9 @@ class DeviceContext;
 
 struct ParallelConfig {
   int tp = 1, pp = 1, dp = 1;
+  // Expert parallelism (MoE layers): the dp ranks form groups of ep consecutive dp ranks that split
+  // each MoE layer's experts (comm/topology.hpp: expert_parallel_group); ep divides dp.
+  int ep = 1;
   int zero_stage = 0;
   sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b;
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)
@@ -130,6 +133,11 @@ struct RankComms {
   comm::Communicator* dp = nullptr;
   comm::Communicator* embedding = nullptr;
   comm::Communicator* world = nullptr;
+  // Expert parallelism (ParallelConfig::ep > 1): the expert-parallel group (tokens to the experts'
+  // holders and back) and the expert-data-parallel group (the replicas of the same experts, over
+  // which their gradients are reduced). Null without expert parallelism (expert_dp: dp's role).
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* expert_dp = nullptr;
   // GPU ranks: the pipeline's messages on communicators of their own, one per link and direction,
   // each carrying messages one way only (NCCL matches point-to-point messages in issue order,
   // whatever the tag, and blocks its one stream until the peer's matching operation runs: a stream

@@ -10,7 +10,11 @@ namespace troupe {
 
 struct ZeroStore::Unit {
   int64_t numel = 0;
-  std::vector<size_t> counts;     // dp partition, one count per rank
+  // The group the unit is reduced and partitioned over: dp, or for an MoE layer's experts the
+  // expert-data-parallel group (null: none); this rank's place in it.
+  comm::Communicator* comm = nullptr;
+  int rank = 0, size = 1;
+  std::vector<size_t> counts;     // the group's partition, one count per rank
   int64_t own_start = 0, own_count = 0;
   struct Segment {  // one parameter of the unit, relative to the unit
     int64_t begin = 0, end = 0;
@@ -60,9 +64,11 @@ int64_t count_zeros(const Tensor& t) {
 
 }  // namespace
 
-ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype)
+ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype,
+                     comm::Communicator* expert_dp)
     : stage_(stage),
       dp_(dp),
+      expert_dp_(expert_dp != nullptr ? expert_dp : dp),
       dtype_(param_dtype),
       grad_dtype_(grad_dtype),
       reduce_dtype_(reduce_dtype),
@@ -72,10 +78,6 @@ ZeroStore::ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType
                "ZeroStore: gradients are the parameters' dtype, or f32 under mixed precision");
   TROUPE_CHECK(mixed_ ? (reduce_dtype == DType::f32 || is_16bit(reduce_dtype)) : reduce_dtype == grad_dtype,
                "ZeroStore: gradients travel in f32, bf16 or f16 under mixed precision, else in their own type");
-  if (dp_ != nullptr) {
-    dp_rank_ = dp_->rank();
-    dp_size_ = dp_->size();
-  }
 }
 
 ZeroStore::~ZeroStore() {
@@ -110,12 +112,15 @@ void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
     const UnitInfo& info = chunk->units()[u];
     Unit& unit = units_[u];
     unit.numel = info.numel;
-    unit.counts.resize(dp_size_);
+    unit.comm = info.expert ? expert_dp_ : dp_;
+    unit.rank = unit.comm != nullptr ? unit.comm->rank() : 0;
+    unit.size = unit.comm != nullptr ? unit.comm->size() : 1;
+    unit.counts.resize(unit.size);
     int64_t start = 0;
-    for (int r = 0; r < dp_size_; ++r) {
-      const int64_t c = unit.numel / dp_size_ + (r < unit.numel % dp_size_ ? 1 : 0);
+    for (int r = 0; r < unit.size; ++r) {
+      const int64_t c = unit.numel / unit.size + (r < unit.numel % unit.size ? 1 : 0);
       unit.counts[r] = static_cast<size_t>(c);
-      if (r == dp_rank_) {
+      if (r == unit.rank) {
         unit.own_start = start;
         unit.own_count = c;
       }
@@ -133,7 +138,7 @@ void ZeroStore::attach(PipelineStage* chunk, Context* ctx) {
     // PipelineStage 1 reduces into a partition buffer of its own (kept: the optimizer's views point into it);
     // with dp == 1 the partition is the whole unit's gradient.
     if (stage_ == 1) {
-      if (dp_size_ > 1) {
+      if (unit.size > 1) {
         unit.part_grads = Tensor::zeros({unit.own_count}, grad_dtype_, device_);
         track_transient(static_cast<int64_t>(unit.part_grads.nbytes()));
       } else {
@@ -200,8 +205,9 @@ Tensor ZeroStore::gather_unit(int u) {
   if (!unit.gathered.defined()) {
     unit.gathered = Tensor::empty({unit.numel}, dtype_, device_);
     track_transient(static_cast<int64_t>(unit.gathered.nbytes()));
-    unit.gather = dp_ != nullptr ? dp_->all_gather_v(unit.part_params.raw(), unit.gathered.raw(), unit.counts, dtype_)
-                                 : comm::completed_work();
+    unit.gather = unit.comm != nullptr
+                      ? unit.comm->all_gather_v(unit.part_params.raw(), unit.gathered.raw(), unit.counts, dtype_)
+                      : comm::completed_work();
   }
   return unit.gathered;
 }
@@ -263,10 +269,10 @@ void ZeroStore::on_grads_ready(int u) {
     }
     p.recv = Tensor::empty({unit.own_count}, reduce_dtype_, device_);
     track_transient(static_cast<int64_t>(p.recv.nbytes()));
-    p.work = dp_ != nullptr ? dp_->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts, reduce_dtype_,
-                                                    comm::ReduceOp::sum)
-                            : comm::completed_work();
-    if (dp_ == nullptr) p.recv.copy_from(p.send);
+    p.work = unit.comm != nullptr ? unit.comm->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts,
+                                                                reduce_dtype_, comm::ReduceOp::sum)
+                                  : comm::completed_work();
+    if (unit.comm == nullptr) p.recv.copy_from(p.send);
     pending_.push_back(std::move(p));
     drain_pending(false);
     // A bound on gradient buckets in flight (DeepSpeed's reduce_bucket_size, counted in units): the
@@ -274,14 +280,15 @@ void ZeroStore::on_grads_ready(int u) {
     while (pending_.size() > kMaxPendingReduces) drain_one();
     return;
   }
-  if (unit.ready < micro_batches_ || dp_ == nullptr || dp_size_ == 1) return;
+  if (unit.ready < micro_batches_ || unit.comm == nullptr || unit.size == 1) return;
   Tensor region = flat(chunk_->unit_grads(u));
   if (converts_for_wire()) {
     unit.wire = to_wire(region);
     region = unit.wire;
   }
   if (stage_ == 0) {
-    unit.reduce = dp_->all_reduce(region.raw(), static_cast<size_t>(unit.numel), reduce_dtype_, comm::ReduceOp::sum);
+    unit.reduce =
+        unit.comm->all_reduce(region.raw(), static_cast<size_t>(unit.numel), reduce_dtype_, comm::ReduceOp::sum);
   } else {
     Tensor into = unit.part_grads;
     if (converts_for_wire()) {
@@ -289,7 +296,7 @@ void ZeroStore::on_grads_ready(int u) {
       track_transient(static_cast<int64_t>(unit.wire_part.nbytes()));
       into = unit.wire_part;
     }
-    unit.reduce = dp_->reduce_scatter_v(region.raw(), into.raw(), unit.counts, reduce_dtype_, comm::ReduceOp::sum);
+    unit.reduce = unit.comm->reduce_scatter_v(region.raw(), into.raw(), unit.counts, reduce_dtype_, comm::ReduceOp::sum);
   }
 }
 
@@ -446,7 +453,8 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::param_ranges() const {
     for (size_t k = 0; k < unit.segments.size(); ++k) {
       const auto& seg = unit.segments[k];
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
-      if (lo < hi) out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, values.rows(lo - first, hi - first)});
+      if (lo < hi)
+        out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, values.rows(lo - first, hi - first), unit.rank == 0});
     }
   }
   return out;
@@ -464,7 +472,7 @@ std::vector<ZeroStore::OwnedRange> ZeroStore::segment_ranges() const {
     for (size_t k = 0; k < unit.segments.size(); ++k) {
       const auto& seg = unit.segments[k];
       const int64_t lo = std::max(seg.begin, first), hi = std::min(seg.end, last);
-      if (lo < hi) out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, segments[i++].param});
+      if (lo < hi) out.push_back({info.specs[k], lo - seg.begin, hi - seg.begin, segments[i++].param, unit.rank == 0});
     }
   }
   return out;
@@ -493,19 +501,20 @@ Status ZeroStore::finish_step() {
   // The next iteration's gradients start from zero.
   if (stage_ >= 1)
     for (Unit& unit : units_)
-      if (stage_ >= 2 || dp_size_ > 1) unit.part_grads.zero_();
+      if (stage_ >= 2 || unit.size > 1) unit.part_grads.zero_();
   if (stage_ <= 1) chunk_->zero_grad();
   return Status::ok();
 }
 
 Status ZeroStore::gather_params() {
   std::vector<comm::WorkPtr> gathers;
-  if ((stage_ == 1 || stage_ == 2) && dp_ != nullptr && dp_size_ > 1) {
+  if (stage_ == 1 || stage_ == 2) {
     for (size_t u = 0; u < units_.size(); ++u) {
       const Unit& unit = units_[u];
+      if (unit.comm == nullptr || unit.size == 1) continue;
       Tensor region = flat(chunk_->unit_params(static_cast<int>(u)));
       Tensor own = region.rows(unit.own_start, unit.own_start + unit.own_count);
-      gathers.push_back(dp_->all_gather_v(own.raw(), region.raw(), unit.counts, dtype_));
+      gathers.push_back(unit.comm->all_gather_v(own.raw(), region.raw(), unit.counts, dtype_));
     }
   }
   return comm::wait_all(gathers);
@@ -535,11 +544,11 @@ Result<Tensor> ZeroStore::unit_params(int u) {
 
 Result<Tensor> ZeroStore::gather_partition(const Unit& unit, const Tensor& part) {
   Tensor out = Tensor::empty({unit.numel}, part.dtype(), device_);
-  if (dp_ == nullptr) {
+  if (unit.comm == nullptr) {
     out.copy_from(part);
     return out;
   }
-  TROUPE_RETURN_IF_ERROR(dp_->all_gather_v(part.raw(), out.raw(), unit.counts, part.dtype())->wait());
+  TROUPE_RETURN_IF_ERROR(unit.comm->all_gather_v(part.raw(), out.raw(), unit.counts, part.dtype())->wait());
   return out;
 }
 

@@ -7,7 +7,10 @@
 // of the unit, count_r = n/dp plus one for the first n % dp ranks (the counts of comm's
 // reduce_scatter_v / all_gather_v). Splitting per unit, not over the whole flat buffer, gives wte the
 // same partition on the first and the last pipeline stage, so the tied embedding's two gradient
-// copies are summed partition by partition.
+// copies are summed partition by partition. An MoE layer's experts (UnitInfo::expert) are held only
+// by the ranks of their expert-parallel shard: their units are reduced and split over the
+// expert-data-parallel group instead (the dp ranks holding the same experts; docs/MOE.md), and
+// "dp" below means the unit's group.
 //
 // Stages (fp32: parameters are the master weights; Psi = parameters of the chunk):
 // The Adam moments live with the optimizer partition (actors/optimizer_actor.hpp), which updates the
@@ -85,7 +88,10 @@ class ZeroStore {
   // mixed precision f32, bf16 or f16, otherwise grad_dtype). When it differs from grad_dtype each
   // reduction converts its input into a buffer of that type (nearest even), reduces it and converts
   // the result back; the sum itself is fp32 in comm whatever the wire type.
-  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype);
+  // expert_dp: the expert-data-parallel group, which the units of MoE experts (UnitInfo::expert) are
+  // reduced and partitioned over (null: dp, as without expert parallelism).
+  ZeroStore(int stage, comm::Communicator* dp, DType param_dtype, DType grad_dtype, DType reduce_dtype,
+            comm::Communicator* expert_dp = nullptr);
   ~ZeroStore();
   ZeroStore(const ZeroStore&) = delete;
   ZeroStore& operator=(const ZeroStore&) = delete;
@@ -125,6 +131,9 @@ class ZeroStore {
     int spec = 0;
     int64_t begin = 0, end = 0;
     Tensor values;  // 1-D view, end - begin elements
+    // The unit's group rank is 0: where a range every replica of the group holds alike (stage 0,
+    // unpartitioned parameters) is written once.
+    bool first_replica = true;
   };
   std::vector<OwnedRange> param_ranges() const;
   std::vector<OwnedRange> segment_ranges() const;
@@ -194,7 +203,7 @@ class ZeroStore {
 
   int stage_;
   comm::Communicator* dp_;
-  int dp_rank_ = 0, dp_size_ = 1;
+  comm::Communicator* expert_dp_;  // MoE experts' units (dp when there is no expert parallelism)
   DType dtype_;       // parameters
   DType grad_dtype_;  // gradients
   DType reduce_dtype_;  // gradients on the wire

@@ -49,8 +49,8 @@ ChunkSpec chunk_layers(const GptConfig& model, int stages, int chunks, int stage
 
 // ---- layout -------------------------------------------------------------------------------------
 
-GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks h)
-    : spec(cs), tp(tp_comm), hooks(std::move(h)) {
+GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks h, comm::Communicator* ep_comm)
+    : spec(cs), tp(tp_comm), ep(ep_comm), hooks(std::move(h)) {
   const GptConfig& m = cs.model;
   TROUPE_CHECK(m.validate().is_ok(), "GptChunk needs a validated GptConfig");
   TROUPE_CHECK(cs.tp_size >= 1 && cs.tp_rank >= 0 && cs.tp_rank < cs.tp_size, "GptChunk: TP rank out of range");
@@ -73,6 +73,9 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   } else {
     TROUPE_CHECK(tp == nullptr || tp->size() == 1, "GptChunk: tp_size 1 with a larger TP communicator");
   }
+  TROUPE_CHECK(cs.ep_size >= 1 && cs.ep_rank >= 0 && cs.ep_rank < cs.ep_size &&
+                   (cs.ep_size == 1 || (ep != nullptr && ep->size() == cs.ep_size && ep->rank() == cs.ep_rank)),
+               "GptChunk: the expert-parallel communicator must have ep_size ranks, this one at ep_rank");
   TROUPE_CHECK(static_cast<bool>(hooks.acquire_params) == static_cast<bool>(hooks.release_params),
                "UnitHooks: acquire_params and release_params come together");
 
@@ -119,7 +122,8 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   valid = std::clamp<int64_t>(m.vocab_size - v0, 0, Vl);
 
   // Specs and units: [embedding], layers, [head], each contiguous, spec order of gpt2_param_specs.
-  const std::vector<ParamSpec> all = gpt2_shard_specs(m, t, r, ExpertShard{1, 0, cs.expert_tensor_parallel});
+  const std::vector<ParamSpec> all =
+      gpt2_shard_specs(m, t, r, ExpertShard{cs.ep_size, cs.ep_rank, cs.expert_tensor_parallel});
   const char* kMlp[4] = {"c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"};
   std::map<std::string, int> index;
   for (size_t i = 0; i < all.size(); ++i) index[all[i].name] = static_cast<int>(i);
@@ -180,7 +184,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     layer_units.push_back(add_unit(idx));
     expert_units.push_back(-1);
     if (mo.E > 0) {
-      // The experts this shard holds (every one: expert parallelism is not in this chunk's spec yet).
+      // The experts this shard holds: [ep_rank E/ep, (ep_rank + 1) E/ep).
       std::vector<int> ex;
       for (int e = 0; e < mo.E; ++e) {
         const std::string eh = h + "mlp.experts." + std::to_string(e) + ".";
@@ -204,6 +208,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
         mo.Fs = swiglu ? mo.FCs / 2 : mo.FCs;
       }
       expert_units.back() = add_unit(ex);
+      units.back().expert = true;
     }
   }
   if (cs.has_head) {
@@ -532,8 +537,8 @@ GptChunk::Impl::LayerActs GptChunk::Impl::acts_for_backward(Context& ctx, Slot& 
 
 // ---- public API -------------------------------------------------------------------------------------
 
-GptChunk::GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks)
-    : impl_(std::make_unique<Impl>(spec, tp, std::move(hooks))) {}
+GptChunk::GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep)
+    : impl_(std::make_unique<Impl>(spec, tp, std::move(hooks), ep)) {}
 
 GptChunk::~GptChunk() = default;
 

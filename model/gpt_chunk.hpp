@@ -129,6 +129,10 @@ struct ChunkSpec {
   // MoE layers: each expert split over the TP ranks like the MLP (expert-TP = TP), or whole on every
   // TP rank (expert-TP 1; model/params.hpp's ExpertShard).
   bool expert_tensor_parallel = true;
+  // Expert parallelism: this shard holds experts [ep_rank E/ep, (ep_rank + 1) E/ep) of each MoE layer
+  // and exchanges tokens with the other ep_size - 1 shards of its expert-parallel group (the
+  // communicator given to the constructor; replicas running the same schedule).
+  int ep_size = 1, ep_rank = 0;
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per
@@ -149,6 +153,9 @@ struct MoeLayerStats {
 struct UnitInfo {
   int64_t param_offset = 0;  // into the flat parameter / gradient buffers
   int64_t numel = 0;
+  // An MoE layer's experts: reduced and partitioned over the expert-data-parallel group (the replicas
+  // holding the same experts) instead of the data-parallel group.
+  bool expert = false;
   std::vector<int> specs;    // indices into specs()
 };
 
@@ -169,7 +176,8 @@ struct UnitHooks {
 class GptChunk {
  public:
   // hooks.acquire_params set: no parameter storage is allocated (flat_params() undefined).
-  GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks = {});
+  // ep: the expert-parallel group (ep_size ranks, this one at ep_rank); null when ep_size is 1.
+  GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks = {}, comm::Communicator* ep = nullptr);
 
   const ChunkSpec& spec() const;
   // This shard's parameters: global name and shape, the local (slice) shape, and where the slice sits

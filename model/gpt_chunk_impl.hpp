@@ -55,11 +55,17 @@ struct GptChunk::Impl {
     Tensor xr;                        // (N,C) the router's jittered input (input jitter only)
     Tensor logits;                    // (N,E)
     MoeRouting routing;
-    std::vector<int64_t> offs;        // (El+1) first dispatch row of each local expert
-    std::vector<int64_t> token;       // (K) the token row of each dispatch row
-    std::vector<int64_t> assign;      // (K) its assignment n * k + j
-    std::vector<int64_t> row_of;      // (N*k) the dispatch row of each assignment, -1 dropped
+    // Send side (this rank's tokens): the Ks kept assignments n * k + j, peer by peer, expert by
+    // expert, rows in order; each assignment's send row (-1: dropped); the rows to each peer.
+    std::vector<int64_t> send_assign;
+    std::vector<int64_t> row_of;      // (N*k)
+    std::vector<size_t> send_rows, recv_rows;  // (P) rows to / from each peer of the ep group
+    std::vector<int64_t> recv_cnt;    // (P*El) rows from peer q for local expert j
+    // Expert side (the rows the ep group sent to this rank's El experts), expert-major: K rows, expert
+    // j's from offs[j]; perm[r]: the received (peer-major) row of row r.
+    std::vector<int64_t> offs, perm;
     Tensor xd, h, act, y;             // (K,C) (K,FCe) (K,Fe) (K,C): inputs, c_fc, activation, outputs (whole)
+    Tensor y_mine;                    // (Ks,C) the outputs of this rank's assignments (y itself when P = 1)
     Tensor routed;                    // (N,C) sum of weighted expert outputs (residual only)
     Tensor sh_fc, sh_act;             // (N,FCs) (N,Fs) the shared expert
     Tensor mlp_fc, mlp_act, mlp_out;  // (N,FCe) (N,Fe) (N,C) PR-MoE's dense MLP, split over TP (its output whole)
@@ -118,11 +124,12 @@ struct GptChunk::Impl {
     Tensor dlnf;                   // (Nl,C) d(ln_f output)
   };
 
-  Impl(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks);
+  Impl(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep);
 
   // ---- layout (gpt_chunk.cpp) ----
   ChunkSpec spec;
   comm::Communicator* tp = nullptr;
+  comm::Communicator* ep = nullptr;  // the expert-parallel group (null: ep_size 1)
   UnitHooks hooks;
   std::vector<ParamSpec> specs;
   std::vector<UnitInfo> units;
@@ -269,6 +276,11 @@ struct GptChunk::Impl {
                           const Tensor& dy, MoeStash& st, const Tensor& dx);
   void moe_backward_weight(Context& ctx, int l, int layer, const Layer& g, const Tensor& x, const MoeActs& a,
                            const Tensor& dy, const MoeStash& st);
+  // Expert parallelism: rows to and from the ep group's peers (all_to_all_v of whole rows), and a
+  // row permutation (to[r] = from[perm[r]]; inverse: to[perm[r]] = from[r]).
+  void moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
+                    const std::vector<size_t>& recv_rows);
+  void permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm, bool inverse);
   // The objective's weight on the micro-batch's load-balancing and z losses (grad_scale * N).
   double moe_loss_weight = 0;
 

@@ -73,6 +73,28 @@ void with_type(DType dtype, F&& f) {
 
 }  // namespace
 
+void GptChunk::Impl::moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
+                                  const std::vector<size_t>& recv_rows) {
+  std::vector<size_t> sc(send_rows.size()), rc(recv_rows.size());
+  for (size_t q = 0; q < sc.size(); ++q) {
+    sc[q] = send_rows[q] * static_cast<size_t>(C);
+    rc[q] = recv_rows[q] * static_cast<size_t>(C);
+  }
+  comm::wait_or_throw(ep->all_to_all_v(send.raw(), sc, recv.raw(), rc, dtype), "MoE token all-to-all",
+                      comm::WaitGroup::dp);
+}
+
+void GptChunk::Impl::permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm,
+                                  bool inverse) {
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(dtype);
+  const char* src = static_cast<const char*>(from.raw());
+  char* dst = static_cast<char*>(to.raw());
+  for (size_t r = 0; r < perm.size(); ++r) {
+    const size_t a = inverse ? static_cast<size_t>(perm[r]) : r, b = inverse ? r : static_cast<size_t>(perm[r]);
+    std::memcpy(dst + a * row_bytes, src + b * row_bytes, row_bytes);
+  }
+}
+
 void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p, const Tensor& x, MoeActs& a,
                                  const Tensor& out) {
   const MoeLayout& mo = moe_layout[l];
@@ -127,35 +149,77 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   }
   const MoeRouting& rt = a.routing;
 
-  // Dispatch rows: the local experts' kept assignments, expert by expert, tokens in row order.
-  a.offs.assign(static_cast<size_t>(mo.El) + 1, 0);
-  a.token.clear();
-  a.assign.clear();
+  // Dispatch (EP: the expert-parallel group's P ranks, rank q holding experts [q El, (q+1) El)). Send
+  // side: this rank's kept assignments, peer by peer, expert by expert, tokens in row order. Expert
+  // side: the rows every peer sent for this rank's experts, expert by expert, peers in order. With
+  // P = 1 the two orders are one and nothing moves.
+  const int P = spec.ep_size;
+  const int El = mo.El;
+  a.send_assign.clear();
   a.row_of.assign(static_cast<size_t>(N * k), -1);
-  for (int e = 0; e < mo.El; ++e) {
-    a.offs[e] = static_cast<int64_t>(a.token.size());
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t i = n * k + j;
-        if (!rt.kept[i] || rt.expert[i] != mo.e0 + e) continue;
-        a.row_of[i] = static_cast<int64_t>(a.token.size());
-        a.token.push_back(n);
-        a.assign.push_back(i);
-      }
+  std::vector<int64_t> cnt(static_cast<size_t>(P * El), 0);
+  for (int q = 0; q < P; ++q)
+    for (int j = 0; j < El; ++j) {
+      const int e = q * El + j;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t jj = 0; jj < k; ++jj) {
+          const int64_t i = n * k + jj;
+          if (!rt.kept[i] || rt.expert[i] != e) continue;
+          a.row_of[i] = static_cast<int64_t>(a.send_assign.size());
+          a.send_assign.push_back(i);
+          ++cnt[static_cast<size_t>(q * El + j)];
+        }
+    }
+  const int64_t Ks = static_cast<int64_t>(a.send_assign.size());
+  a.recv_cnt = cnt;
+  if (P > 1) {
+    a.recv_cnt.assign(cnt.size(), 0);
+    comm::wait_or_throw(ep->all_to_all(cnt.data(), a.recv_cnt.data(), static_cast<size_t>(El), DType::i64),
+                        "MoE token counts all-to-all", comm::WaitGroup::dp);
   }
-  const int64_t K = static_cast<int64_t>(a.token.size());
-  a.offs[mo.El] = K;
+  a.send_rows.assign(static_cast<size_t>(P), 0);
+  a.recv_rows.assign(static_cast<size_t>(P), 0);
+  for (int q = 0; q < P; ++q)
+    for (int j = 0; j < El; ++j) {
+      a.send_rows[q] += static_cast<size_t>(cnt[static_cast<size_t>(q * El + j)]);
+      a.recv_rows[q] += static_cast<size_t>(a.recv_cnt[static_cast<size_t>(q * El + j)]);
+    }
+  // perm[r]: the received row (peer-major) of expert-major row r; offs: each local expert's rows.
+  int64_t K = 0;
+  a.offs.assign(static_cast<size_t>(El) + 1, 0);
+  a.perm.clear();
+  {
+    std::vector<int64_t> peer0(static_cast<size_t>(P) + 1, 0);
+    for (int q = 0; q < P; ++q) peer0[q + 1] = peer0[q] + static_cast<int64_t>(a.recv_rows[q]);
+    for (int j = 0; j < El; ++j) {
+      a.offs[j] = K;
+      for (int q = 0; q < P; ++q) {
+        int64_t at = peer0[q];
+        for (int jj = 0; jj < j; ++jj) at += a.recv_cnt[static_cast<size_t>(q * El + jj)];
+        for (int64_t i = 0; i < a.recv_cnt[static_cast<size_t>(q * El + j)]; ++i) a.perm.push_back(at + i);
+        K += a.recv_cnt[static_cast<size_t>(q * El + j)];
+      }
+    }
+    a.offs[El] = K;
+  }
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(dtype);
   ensure(a.xd, {std::max<int64_t>(K, 1), C}, dtype, dev);
   ensure(a.h, {std::max<int64_t>(K, 1), mo.FCe}, dtype, dev);
   ensure(a.act, {std::max<int64_t>(K, 1), mo.Fe}, dtype, dev);
   ensure(a.y, {std::max<int64_t>(K, 1), C}, dtype, dev);
   {
+    Tensor xs = P > 1 ? Tensor::empty({std::max<int64_t>(Ks, 1), C}, dtype, dev) : a.xd;
     const char* src = static_cast<const char*>(x.raw());
-    char* dst = static_cast<char*>(a.xd.raw());
-    for (int64_t i = 0; i < K; ++i) std::memcpy(dst + i * row_bytes, src + a.token[i] * row_bytes, row_bytes);
+    char* dst = static_cast<char*>(xs.raw());
+    for (int64_t i = 0; i < Ks; ++i)
+      std::memcpy(dst + i * row_bytes, src + (a.send_assign[i] / k) * row_bytes, row_bytes);
+    if (P > 1) {
+      Tensor xr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
+      moe_exchange(xs, a.send_rows, xr, a.recv_rows);
+      permute_rows(xr, a.xd, a.perm, false);
+    }
   }
-  for (int e = 0; e < mo.El; ++e) {
+  for (int e = 0; e < El; ++e) {
     const int64_t r0 = a.offs[e], r1 = a.offs[e + 1];
     if (r1 == r0) continue;
     const auto& w = p.moe.experts[static_cast<size_t>(e)];
@@ -168,13 +232,22 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   }
   if (mo.split && K > 0) all_reduce(a.y.rows(0, K), comm::ReduceOp::sum);
   look(layer, "moe_experts", F, K > 0 ? a.y.rows(0, K) : Tensor());
+  // The outputs of this rank's assignments, in send order.
+  if (P > 1) {
+    Tensor yr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
+    permute_rows(a.y, yr, a.perm, true);
+    ensure(a.y_mine, {std::max<int64_t>(Ks, 1), C}, dtype, dev);
+    moe_exchange(yr, a.recv_rows, a.y_mine, a.send_rows);
+  } else {
+    a.y_mine = a.y;
+  }
 
   // routed = sum_j w_nj y_(n,j), assignments in order.
   const bool residual = mo.coef_w >= 0;
   with_type(dtype, [&](auto zero) {
     using T_ = decltype(zero);
     T_* o = out.data<T_>();
-    const T_* y = a.y.data<T_>();
+    const T_* y = a.y_mine.data<T_>();
     std::fill(o, o + N * C, T_(0));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < k; ++j) {
@@ -308,17 +381,22 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     ops::add_inplace(ctx, dx, tmp);
   }
 
-  // The experts: d(y_i) = w_i d(routed)_n, d(w_i) = <d(routed)_n, y_i>.
+  // The experts: d(y_i) = w_i d(routed)_n, d(w_i) = <d(routed)_n, y_i>, on the send side; then
+  // d(y) to the experts' ranks, their input gradients back.
+  const int P = spec.ep_size;
+  const int64_t Ks = static_cast<int64_t>(a.send_assign.size());
   std::vector<double> dweight(static_cast<size_t>(N * k), 0.0);
+  Tensor dy_mine = P > 1 ? Tensor::empty({std::max<int64_t>(Ks, 1), C}, dtype, dev) : Tensor();
   ensure(st.dy, {std::max<int64_t>(K, 1), C}, dtype, dev);
   ensure(st.dh, {std::max<int64_t>(K, 1), mo.FCe}, dtype, dev);
+  if (P == 1) dy_mine = st.dy;
   with_type(dtype, [&](auto zero) {
     using T_ = decltype(zero);
     const T_* g = droute.data<T_>();
-    const T_* y = a.y.data<T_>();
-    T_* d = st.dy.data<T_>();
-    for (int64_t i = 0; i < K; ++i) {
-      const int64_t n = a.token[i], as = a.assign[i];
+    const T_* y = a.y_mine.data<T_>();
+    T_* d = dy_mine.data<T_>();
+    for (int64_t i = 0; i < Ks; ++i) {
+      const int64_t as = a.send_assign[i], n = as / k;
       const T_ wt = static_cast<T_>(rt.weight[as]);
       double dot = 0;
       for (int64_t c = 0; c < C; ++c) {
@@ -328,6 +406,11 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
       dweight[as] = dot;
     }
   });
+  if (P > 1) {
+    Tensor dr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
+    moe_exchange(dy_mine, a.send_rows, dr, a.recv_rows);
+    permute_rows(dr, st.dy, a.perm, false);
+  }
   Tensor dxd = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
   for (int e = 0; e < mo.El; ++e) {
     const int64_t r0 = a.offs[e], r1 = a.offs[e + 1];
@@ -340,13 +423,20 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     ops::linear_backward(ctx, dxd.rows(r0, r1), none, none, st.dh.rows(r0, r1), none, w[0]);
   }
   look(layer, "moe_experts", Bk, K > 0 ? dxd.rows(0, K) : Tensor());
+  Tensor dx_mine = dxd;
+  if (P > 1) {
+    Tensor dr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
+    permute_rows(dxd, dr, a.perm, true);
+    dx_mine = Tensor::empty({std::max<int64_t>(Ks, 1), C}, dtype, dev);
+    moe_exchange(dr, a.recv_rows, dx_mine, a.send_rows);
+  }
   // Split experts give partial sums (this rank's share); whole ones the whole gradient.
   with_type(dtype, [&](auto zero) {
     using T_ = decltype(zero);
-    const T_* src = dxd.data<T_>();
+    const T_* src = dx_mine.data<T_>();
     T_* dst = (mo.split ? dx : whole).data<T_>();
-    for (int64_t i = 0; i < K; ++i) {
-      const int64_t n = a.token[i];
+    for (int64_t i = 0; i < Ks; ++i) {
+      const int64_t n = a.send_assign[i] / k;
       for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
     }
   });

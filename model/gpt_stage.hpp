@@ -12,7 +12,7 @@ namespace troupe {
 
 class GptStage final : public PipelineStage {
  public:
-  GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied);
+  GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied, comm::Communicator* ep = nullptr);
   GptChunk& chunk() { return chunk_; }
   const GptChunk& chunk() const { return chunk_; }
 

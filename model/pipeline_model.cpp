@@ -122,6 +122,8 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.tp_rank = at.tp_rank;
   cs.sequence_parallel = at.sequence_parallel && at.tp_size > 1;
   cs.expert_tensor_parallel = at.expert_tensor_parallel;
+  cs.ep_size = at.ep_size;
+  cs.ep_rank = at.ep_rank;
   cs.recompute = at.recompute;
   cs.micro_batch = at.micro_batch;
   cs.slots = at.slots;
@@ -146,7 +148,8 @@ StagePlace place_of(const StageBuild& at) {
 }
 
 std::unique_ptr<PipelineStage> build_block(const Block& b, const StageBuild& at, UnitHooks hooks, bool tied) {
-  if (b.kind == Block::Kind::gpt) return std::make_unique<GptStage>(gpt_chunk_spec(b, at), at.tp, std::move(hooks), tied);
+  if (b.kind == Block::Kind::gpt)
+    return std::make_unique<GptStage>(gpt_chunk_spec(b, at), at.tp, std::move(hooks), tied, at.ep);
   return std::make_unique<CustomStage>(b.make(place_of(at)), place_of(at), at.tp, std::move(hooks), at.recompute,
                                        at.dtype, b.name);
 }

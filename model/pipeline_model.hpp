@@ -16,6 +16,8 @@ struct StageBuild {
   int tp_size = 1, tp_rank = 0;
   bool sequence_parallel = false;
   bool expert_tensor_parallel = true;  // ChunkSpec::expert_tensor_parallel
+  int ep_size = 1, ep_rank = 0;        // ChunkSpec's; ep: the expert-parallel group (null: ep_size 1)
+  comm::Communicator* ep = nullptr;
   Recompute recompute = Recompute::none;
   int micro_batch = 1, slots = 1;
   DType dtype = DType::f32;

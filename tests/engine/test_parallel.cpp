@@ -172,6 +172,13 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     std::unique_ptr<comm::Communicator> ordered_pp;
     std::map<std::pair<int, int>, std::unique_ptr<comm::Communicator>> ends;  // (dir, sender) -> this rank's end
     RankComms comms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()};
+    std::unique_ptr<comm::Communicator> ep, expert_dp;
+    if (par.ep > 1) {  // as actors/rank_actor.cpp's make_groups forms them
+      ep = g(topo.expert_parallel_group(rank, par.ep));
+      expert_dp = g(topo.expert_data_parallel_group(rank, par.ep));
+      comms.ep = ep.get();
+      comms.expert_dp = expert_dp.get();
+    }
     if (in_order_p2p) {
       const auto members = topo.pp_group(rank);
       const int stage = topo.coords(rank).pp;  // the pp group's ranks are stage indices
@@ -226,10 +233,13 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     for (size_t c = 0; c < engine.chunks().size(); ++c) {
       auto values = engine.param_values(static_cast<int>(c));
       if (!values) return fail(values.status().message());
-      if (d != 0) continue;  // dp replicas hold the same parameters
+      // dp replicas hold the same parameters; with expert parallelism the first ep replicas hold
+      // one slice of the experts each.
+      if (d >= par.ep) continue;
       const auto& specs = engine.chunks()[c]->specs();
       std::lock_guard<std::mutex> lock(mu);
       for (size_t i = 0; i < specs.size(); ++i) {
+        if (d != 0 && !is_expert_param(specs[i].name)) continue;
         auto& dst = run.params[specs[i].name];
         dst.resize(static_cast<size_t>(specs[i].global_shape.numel()), std::nan(""));
         const Tensor v = values.value()[i].to(DType::f64);
@@ -467,6 +477,35 @@ void check_layout_matrix(const GptConfig& model, DType dtype = DType::f32, Tol t
                         layout(2, 2, 2, 3, S::one_f_one_b, 1, Recompute::full), 1, 6}}) {
       c.par.expert_tensor_parallel = false;
       all.push_back(c);
+    }
+    // Expert parallelism, where every MoE layer's experts split evenly.
+    auto divides = [&](int ep) {
+      for (int l = 0; l < model.num_layers; ++l)
+        if (model.moe.experts_of(l, model.num_layers) % ep != 0) return false;
+      return true;
+    };
+    struct EpCase {
+      Case c;
+      int ep;
+      bool whole;
+    };
+    const std::vector<EpCase> ep_cases = {
+        {{"dp2 ep2 zero0", layout(1, 1, 2, 0), 1, 6}, 2, false},
+        {{"dp2 ep2 zero3", layout(1, 1, 2, 3), 1, 6}, 2, false},
+        {{"dp4 ep2 zero1", layout(1, 1, 4, 1), 1, 8}, 2, false},
+        {{"dp4 ep4 zero2", layout(1, 1, 4, 2), 1, 8}, 4, false},
+        {{"tp2 sp dp2 ep2 zero2", layout(2, 1, 2, 2, S::one_f_one_b, 1, Recompute::none, true), 1, 6}, 2, false},
+        {{"tp2 dp2 ep2 zero1, experts whole", layout(2, 1, 2, 1), 1, 6}, 2, true},
+        {{"pp2 dp2 ep2 zb-h1 zero1", layout(1, 2, 2, 1, S::zb_h1), 1, 6}, 2, false},
+        {{"tp2 pp2 dp2 ep2 interleaved full recompute zero3",
+          layout(2, 2, 2, 3, S::interleaved, 2, Recompute::full), 1, 8}, 2, false},
+        {{"pp2 dp4 ep4 gpipe selective zero0", layout(1, 2, 4, 0, S::gpipe, 1, Recompute::selective), 1, 8}, 4, false},
+    };
+    for (EpCase e : ep_cases) {
+      if (!divides(e.ep)) continue;
+      e.c.par.ep = e.ep;
+      e.c.par.expert_tensor_parallel = !e.whole;
+      all.push_back(e.c);
     }
   }
   // Adam's eps 1e-6, as in the custom stages' tests below: with dropout one element of h.0.ln_2.bias
