@@ -239,6 +239,8 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   p.sequence_parallel = c.sequence_parallel && p.tp > 1;
   // Experts whole on every TP rank (expert-TP 1) or split like the MLP (expert-TP = TP; 0: TP).
   p.expert_tensor_parallel = c.expert_tensor_parallel_size != 1 || p.tp == 1;
+  // Expert parallelism: groups of ep consecutive dp ranks split the experts (validated to divide dp).
+  p.ep = c.model.moe.enabled() ? std::max(1, c.expert_model_parallel_size) : 1;
   return p;
 }
 

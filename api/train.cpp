@@ -82,7 +82,6 @@ Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenT
   if (Status st = check_memory(cfg, world, local_world, available_memory_bytes(), given.model ? &footprint : nullptr); !st)
     return st.as_bad_input();
   // Mixture of experts is read and checked, but not trained yet (config/validate.hpp): delete with it.
-  TROUPE_RETURN_IF_ERROR(moe_runnable(cfg));
   return Status::ok();
 }
 

@@ -849,17 +849,6 @@ Status validate_world(const TrainConfig& cfg, int world_size) {
   return Validator(nullptr).world(cfg, world_size);
 }
 
-// ---- Expert parallelism is not wired into the engine yet (issue 28): MoE layers train on every
-// tp x pp x dp layout with each rank holding every expert. Delete this function and its one call
-// (api/train.cpp, resolve_config) once the engine exchanges tokens over the expert-parallel group. ----
-Status moe_runnable(const TrainConfig& cfg) {
-  if (!cfg.model.moe.enabled() || cfg.expert_model_parallel_size <= 1) return Status::ok();
-  return Status::bad_input(
-      "--expert-model-parallel-size / --moe-expert-parallel-size " + std::to_string(cfg.expert_model_parallel_size) +
-      ": expert parallelism is not wired into the engine yet (issue 28); the MoE layers train on every tp x pp x dp "
-      "layout with every rank holding all experts -- use an expert-parallel size of 1");
-}
-
 std::optional<InspectAddress> parse_inspect_address(const std::string& text) {
   InspectAddress a;
   std::string port = text;

@@ -33,12 +33,6 @@ struct GivenInCode {
 Status validate_train_config(const TrainConfig& cfg, const FlagOrigins* origins = nullptr,
                              const GivenInCode& given = {}, int world_size = 1);
 
-// Whether the engine can train cfg's model: MoE layers yes, expert parallelism (an expert-parallel
-// size > 1) not yet (issue 28). Bad input naming the reason, ok otherwise. Called last by
-// resolve_config (api/train.cpp), so that `troupe train --dry-run` still prints the plan and the MoE
-// reading. To be deleted with its call once the engine exchanges tokens between expert ranks.
-Status moe_runnable(const TrainConfig& cfg);
-
 // --inspect's "[HOST:]PORT" (HOST 127.0.0.1 when absent; "[::1]:PORT" for IPv6), or nothing when it
 // is not one (port outside 0..65535, empty host, stray characters).
 struct InspectAddress {

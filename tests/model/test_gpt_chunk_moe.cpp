@@ -429,6 +429,7 @@ TEST_CASE("moe: one MoE layer's inputs, weights and results for the float64 orac
   auto one_layer = [](GptConfig c) {
     c.num_layers = 1;
     c.moe.layer_freq = 1;
+    c.moe.num_experts.resize(1);
     c.moe.random_token_selection = false;  // the oracle does not share the random stream
     c.moe.second_expert_sampling = false;
     c.moe.input_jitter_eps = 0;
