@@ -492,7 +492,6 @@ TEST_CASE("moe flags: every bad input at once, each with its fix, before anythin
   INFO(ds);
   for (const char* p : {"--num-experts lists 3 values but the model has 2 MoE layers "
                         "(--expert-interval 1 of --num-layers 2) -- ",
-                        "--topk 3: DeepSpeed-MoE's gating is top-1 or top-2 -- use --topk 1 or 2",
                         "--moe-min-capacity must be >= 0, got -1 -- ",
                         "--moe-eval-capacity-factor must be positive when tokens over capacity are "
                         "dropped, got 0 -- ",

@@ -61,11 +61,12 @@ int64_t count_tensors(const GptConfig& m) {
     const int64_t E = moe.experts_of(l, m.num_layers);
     const int64_t Fe = moe.ffn_hidden > 0 ? moe.ffn_hidden : F;
     const bool megatron = moe.router == MoeRouter::megatron;
-    tensor(E, C);  // router: gate.wg (E, C), no bias
+    tensor(E, C);                       // router: gate.wg (E, C)
+    if (bias && megatron) tensor(E, 1);  // Megatron-Core's router bias
     for (int64_t e = 0; e < E; ++e)
-      mlp(Fe, bias, bias && megatron);  // DeepSpeed ignores c_proj's bias
+      mlp(Fe, bias, bias);  // both anchors add the experts' c_proj bias (docs/MOE_SEMANTICS.md)
     if (moe.residual) {
-      mlp(Fe, bias, false);  // PR-MoE's MLP, the expert's copy
+      mlp(Fe, bias, bias);  // PR-MoE's MLP, the expert's copy
       tensor(2, C);          // coefficient: Linear(C, 2)
       tensor(2, 1);
     }
@@ -100,9 +101,8 @@ TEST_CASE(
   ds.moe.residual = true;
   CHECK(ds.num_parameters() == count_tensors(ds));
   // By hand: each MoE layer replaces the dense MLP (8x32 + 32 + 32x8 + 8 = 552) by the router 4 x
-  // 8, four experts of 552 - 8 (no c_proj bias), the residual MLP 544 and its coefficient 2 x 8
-  // + 2.
-  CHECK(ds.num_parameters() - dense.num_parameters() == 2 * (32 + 4 * 544 + 544 + 18 - 552));
+  // 8, four experts of 552, the residual MLP 552 and its coefficient 2 x 8 + 2.
+  CHECK(ds.num_parameters() - dense.num_parameters() == 2 * (32 + 4 * 552 + 552 + 18 - 552));
   // Megatron-Core: per-layer counts by a pattern, experts of their own width, a shared expert,
   // c_proj's bias kept.
   GptConfig lm = dense;

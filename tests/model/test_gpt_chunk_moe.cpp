@@ -196,6 +196,13 @@ TEST_CASE("moe: specs hold the router, the experts by global index, PR-MoE's and
   CHECK(held.count("transformer.h.0.mlp.experts.3.c_fc.weight"));
   CHECK(held.count("transformer.h.0.mlp.router.bias"));  // Megatron-Core's router with biases
   CHECK_FALSE(held.count("transformer.h.0.mlp.experts.1.c_fc.weight"));
+  // GptConfig::num_parameters (the memory plan's and the FLOPs' count) is what the specs hold.
+  for (const Case& c : cases()) {
+    int64_t held_total = 0;
+    for (const ParamSpec& ps : gpt2_param_specs(c.cfg)) held_total += ps.global_shape.numel();
+    INFO(c.name);
+    CHECK(held_total == c.cfg.num_parameters());
+  }
   CHECK(is_expert_param("transformer.h.0.mlp.experts.3.c_fc.weight"));
   CHECK_FALSE(is_expert_param("transformer.h.0.mlp.router.weight"));
 }
@@ -425,7 +432,10 @@ void dump_case(const std::string& dir, const GptConfig& cfg) {
 // the float64 PyTorch oracle (forward, losses, counts, gradients within 1e-9).
 TEST_CASE("moe: one MoE layer's inputs, weights and results for the float64 oracle", "[.moe_dump]") {
   const char* root = std::getenv("TROUPE_MOE_DUMP_DIR");
-  REQUIRE(root != nullptr);
+  if (root == nullptr) {  // run by name without the script: nothing to write
+    WARN("TROUPE_MOE_DUMP_DIR is not set: tests/cli/moe_oracle.sh runs this case");
+    return;
+  }
   auto one_layer = [](GptConfig c) {
     c.num_layers = 1;
     c.moe.layer_freq = 1;
