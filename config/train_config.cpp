@@ -20,13 +20,15 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 7;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+constexpr int kVersion = 8;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
                               // an array and the per-split data paths, 5 the model's dropout
                               // probabilities (older files: 0, since troupe trained without dropout)
                               // and the batch-size ramp-up (older files: none), 6 the architecture
                               // family (older files: GPT-2's), 7 the "precision" object (older
-                              // files: fp32, which troupe trained in)
+                              // files: fp32, which troupe trained in), 8 mixture of experts: the
+                              // "moe" object in "model" and the expert sizes in "parallel" (older
+                              // files: a dense model, expert sizes 1 and 0)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -65,6 +67,40 @@ void visit_family_fields(Model& m, Visitor&& v) {
   v("rotary_percent", m.rotary_percent);
   v("rotary_base", m.rotary_base);
   v("rotary_interleaved", m.rotary_interleaved);
+}
+
+// Version 8: mixture of experts (include/troupe/model_config.hpp, MoeConfig), the "moe" object inside
+// "model" (absent from older files: no experts). The enums are written as their spellings.
+template <class Moe, class Visitor>
+void visit_moe_fields(Moe& m, Visitor&& v) {
+  v("num_experts", m.num_experts);
+  v("layer_freq", m.layer_freq);
+  v("layer_pattern", m.layer_pattern);
+  v("router", m.router);
+  v("topk", m.topk);
+  v("ffn_hidden_size", m.ffn_hidden);
+  v("drop_tokens", m.drop_tokens);
+  v("capacity_factor", m.capacity_factor);
+  v("eval_capacity_factor", m.eval_capacity_factor);
+  v("min_capacity", m.min_capacity);
+  v("drop_policy", m.drop_policy);
+  v("pad_to_capacity", m.pad_to_capacity);
+  v("random_token_selection", m.random_token_selection);
+  v("second_expert_sampling", m.second_expert_sampling);
+  v("load_balancing", m.load_balancing);
+  v("pre_softmax", m.pre_softmax);
+  v("z_loss_coeff", m.z_loss_coeff);
+  v("input_jitter_eps", m.input_jitter_eps);
+  v("aux_loss_coeff", m.aux_loss_coeff);
+  v("residual", m.residual);
+  v("shared_expert_ffn_hidden_size", m.shared_expert_ffn);
+}
+
+// Version 8: the expert-parallel sizes, in the "parallel" object (absent from older files: 1 and 0).
+template <class Config, class Visitor>
+void visit_expert_parallel_fields(Config& c, Visitor&& v) {
+  v("expert_model_parallel_size", c.expert_model_parallel_size);
+  v("expert_tensor_parallel_size", c.expert_tensor_parallel_size);
 }
 
 // Version 7: mixed precision (include/troupe/precision.hpp), the "precision" object (absent from older
@@ -231,6 +267,10 @@ const Range* range_of(const std::string& path) {
       {"parallel.data_parallel_size", {0, kInt32Max}},
       {"parallel.zero_stage", {0, 3}},
       {"parallel.num_layers_per_virtual_pipeline_stage", {0, kInt32Max}},
+      {"parallel.expert_model_parallel_size", {1, kInt32Max}},
+      // Unused without dropping (Megatron-LM's negative factor means dropless): any number.
+      {"model.moe.capacity_factor", {std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()}},
+      {"model.moe.eval_capacity_factor", {std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()}},
       {"runtime.max_restarts", {0, kInt32Max}},
       {"micro_batch_size", {1, kInt32Max}},
       {"global_batch_size", {1, kInt32Max}},
@@ -290,6 +330,9 @@ Status read_value(const json& value, const std::string& path, Enum* out) {
     const char* expected = std::is_same_v<Enum, Normalization> ? "\"LayerNorm\" or \"RMSNorm\""
                            : std::is_same_v<Enum, PrecisionDType>           ? "\"fp32\", \"bf16\" or \"fp16\""
                            : std::is_same_v<Enum, PrecisionRecipe> ? "\"megatron\" or \"deepspeed\""
+                           : std::is_same_v<Enum, MoeRouter>       ? "\"deepspeed\" or \"megatron\""
+                           : std::is_same_v<Enum, MoeLoadBalancing> ? "\"aux_loss\", \"seq_aux_loss\" or \"none\""
+                           : std::is_same_v<Enum, MoeDropPolicy>    ? "\"probs\" or \"position\""
                            : std::is_same_v<Enum, PositionEmbedding>
                                ? "\"learned_absolute\", \"rope\", \"alibi\" or \"none\""
                                : "\"gelu\" or \"swiglu\"";
@@ -318,6 +361,18 @@ Status read_value(const json& value, const std::string& path, std::vector<std::s
   for (const json& item : value) {
     if (!item.is_string()) return type_error(path, "an array of strings", value);
     out->push_back(item.get<std::string>());
+  }
+  return Status::ok();
+}
+
+// An array of integers in [0, the int maximum] (MoE's expert counts and layer pattern).
+Status read_value(const json& value, const std::string& path, std::vector<int>* out) {
+  out->clear();
+  if (!value.is_array()) return type_error(path, "an array of integers", value);
+  for (const json& item : value) {
+    int64_t v = 0;
+    if (Status st = json_to_integer(item, 0, std::numeric_limits<int>::max(), &v); !st) return range_error(path, st);
+    out->push_back(static_cast<int>(v));
   }
   return Status::ok();
 }
@@ -369,6 +424,9 @@ std::string TrainConfig::to_json() const {
   visit_model_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
   visit_dropout_fields(model, [&](const char* key, const auto& value) { model_json[key] = value; });
   visit_family_fields(model, [&](const char* key, const auto& value) { model_json[key] = json_value(value); });
+  json moe_json = json::object();
+  visit_moe_fields(model.moe, [&](const char* key, const auto& value) { moe_json[key] = json_value(value); });
+  model_json["moe"] = std::move(moe_json);
   json j = json::object();
   j["format"] = kFormat;
   j["version"] = kVersion;
@@ -376,6 +434,7 @@ std::string TrainConfig::to_json() const {
   json parallel_json = json::object();
   visit_parallel_fields(*this,
                         [&](const char* key, const auto& value) { parallel_json[key] = value; });
+  visit_expert_parallel_fields(*this, [&](const char* key, const auto& value) { parallel_json[key] = value; });
   j["parallel"] = std::move(parallel_json);
   json runtime_json = json::object();
   visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
@@ -431,7 +490,20 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     c.model.attention_dropout = 0;
   }
   if (version->get<int64_t>() >= 6) visit_family_fields(c.model, model_reader);
-  TROUPE_RETURN_IF_ERROR(model_reader.finish());
+  if (version->get<int64_t>() >= 8) {
+    const auto moe_it = model_it->find("moe");
+    if (moe_it == model_it->end())
+      return Status::bad_input(
+          "train config JSON: missing key \"model.moe\" -- the file was written by another troupe version or edited; "
+          "write it again with `troupe train`");
+    if (!moe_it->is_object()) return type_error("model.moe", "an object", *moe_it);
+    ObjectReader moe_reader(*moe_it, "model.moe.");
+    visit_moe_fields(c.model.moe, moe_reader);
+    TROUPE_RETURN_IF_ERROR(moe_reader.finish());
+    TROUPE_RETURN_IF_ERROR(model_reader.finish({"moe"}));
+  } else {
+    TROUPE_RETURN_IF_ERROR(model_reader.finish());
+  }
 
   if (version->get<int64_t>() >= 2) {
     const auto par_it = j.find("parallel");
@@ -442,6 +514,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     if (!par_it->is_object()) return type_error("parallel", "an object", *par_it);
     ObjectReader par_reader(*par_it, "parallel.");
     visit_parallel_fields(c, par_reader);
+    if (version->get<int64_t>() >= 8) visit_expert_parallel_fields(c, par_reader);
     TROUPE_RETURN_IF_ERROR(par_reader.finish());
   }
 

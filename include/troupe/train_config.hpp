@@ -231,13 +231,13 @@ struct TrainConfig {
            offload_optimizer != "none";
   }
 
-  // {"format": "troupe.train_config", "version": 7, "model": {GptConfig's fields}, "parallel": {the
-  // parallelism fields}, "runtime": {offload_optimizer, offload_path, max_restarts,
-  // distributed_timeout_minutes}, "schedule": {...}, "precision": {PrecisionConfig's fields}, every
-  // other field above}, indented; the data paths are arrays of strings. Versions 1 (no "parallel"),
-  // 2 (no "runtime"), 3 (data_path a string, no per-split paths), 4, 5 and 6 (no "precision": fp32)
-  // still load. from_json requires every key and rejects unknown ones; errors
-  // name the key.
+  // {"format": "troupe.train_config", "version": 8, "model": {GptConfig's fields, "moe": {MoeConfig's
+  // fields}}, "parallel": {the parallelism fields, the expert sizes}, "runtime": {offload_optimizer,
+  // offload_path, max_restarts, distributed_timeout_minutes}, "schedule": {...}, "precision":
+  // {PrecisionConfig's fields}, every other field above}, indented; the data paths are arrays of
+  // strings. Versions 1 (no "parallel"), 2 (no "runtime"), 3 (data_path a string, no per-split
+  // paths), 4, 5, 6 (no "precision": fp32) and 7 (no "moe": a dense model, expert sizes 1 and 0)
+  // still load. from_json requires every key and rejects unknown ones; errors name the key.
   std::string to_json() const;
   static Result<TrainConfig> from_json(const std::string& json);
 };

@@ -11,8 +11,17 @@ namespace {
 
 using nlohmann::json;
 
-// A file as version 6 wrote it: no "precision".
+// A file as version 7 wrote it: no mixture of experts ("model.moe", the expert sizes in "parallel").
+json without_moe(json j) {
+  j.at("model").erase("moe");
+  if (j.contains("parallel"))
+    for (const char* key : {"expert_model_parallel_size", "expert_tensor_parallel_size"}) j.at("parallel").erase(key);
+  return j;
+}
+
+// A file as version 6 wrote it: no "precision" (nor mixture of experts).
 json without_precision(json j) {
+  j = without_moe(j);
   j.erase("precision");
   return j;
 }
@@ -68,6 +77,30 @@ TrainConfig all_fields_set() {
   c.model.rotary_percent = 0.625;
   c.model.rotary_base = 123456.5;
   c.model.rotary_interleaved = true;
+  MoeConfig& moe = c.model.moe;  // every field off its default (validation would refuse some together)
+  moe.num_experts = {4, 8, 2};
+  moe.layer_freq = 3;
+  moe.layer_pattern = {0, 1, 1, 0, 1, 0, 0};
+  moe.router = MoeRouter::deepspeed;
+  moe.topk = 1;
+  moe.ffn_hidden = 64;
+  moe.drop_tokens = false;
+  moe.capacity_factor = -1.25;
+  moe.eval_capacity_factor = 2.5;
+  moe.min_capacity = 4;
+  moe.drop_policy = MoeDropPolicy::position;
+  moe.pad_to_capacity = true;
+  moe.random_token_selection = false;
+  moe.second_expert_sampling = false;
+  moe.load_balancing = MoeLoadBalancing::seq_aux_loss;
+  moe.pre_softmax = true;
+  moe.z_loss_coeff = 1e-3;
+  moe.input_jitter_eps = 0.01;
+  moe.aux_loss_coeff = 0.1;
+  moe.residual = true;
+  moe.shared_expert_ffn = 96;
+  c.expert_model_parallel_size = 2;
+  c.expert_tensor_parallel_size = 3;
   c.micro_batch_size = 3;
   c.global_batch_size = 12;
   c.tensor_model_parallel_size = 3;
@@ -166,6 +199,9 @@ void require_equal(const TrainConfig& a, const TrainConfig& b) {
   CHECK(a.model.rotary_percent == b.model.rotary_percent);
   CHECK(a.model.rotary_base == b.model.rotary_base);
   CHECK(a.model.rotary_interleaved == b.model.rotary_interleaved);
+  CHECK(a.model.moe == b.model.moe);
+  CHECK(a.expert_model_parallel_size == b.expert_model_parallel_size);
+  CHECK(a.expert_tensor_parallel_size == b.expert_tensor_parallel_size);
   CHECK(a.micro_batch_size == b.micro_batch_size);
   CHECK(a.global_batch_size == b.global_batch_size);
   CHECK(a.tensor_model_parallel_size == b.tensor_model_parallel_size);
@@ -267,10 +303,10 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.at("activation") == "swiglu");
   CHECK(m.at("num_query_groups") == 1);
   CHECK(m.at("ffn_hidden_size") == 250);
-  CHECK(m.size() == 23);
+  CHECK(m.size() == 24);  // with "moe"
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 7);
+  CHECK(j.at("version") == 8);
 }
 
 TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as it trained", "[train_config]") {
@@ -283,7 +319,7 @@ TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as 
   CHECK(r.value().model.attention_dropout == 0);
   CHECK(!r.value().rampup());
   CHECK(r.value().model.num_layers == 7);
-  CHECK(json::parse(r.value().to_json()).at("version") == 7);
+  CHECK(json::parse(r.value().to_json()).at("version") == 8);
   CHECK(r.value().model.is_gpt2_family());
   // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
   json with = without_family(json::parse(all_fields_set().to_json()));
@@ -342,7 +378,9 @@ TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]")
   CHECK(p.at("recompute_granularity") == "selective");
   CHECK(p.at("sequence_parallel") == true);
   CHECK(p.at("timeline") == "/logs/timeline.json");
-  CHECK(p.size() == 9);
+  CHECK(p.at("expert_model_parallel_size") == 2);
+  CHECK(p.at("expert_tensor_parallel_size") == 3);
+  CHECK(p.size() == 11);
   CHECK_FALSE(j.contains("zero_stage"));  // not duplicated at the top level
 
   // The defaults: 1 x 1 x derived, no ZeRO, 1F1B, no recomputation.
@@ -402,7 +440,7 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
   // Written again, it is version 5.
-  CHECK(json::parse(c.to_json()).at("version") == 7);
+  CHECK(json::parse(c.to_json()).at("version") == 8);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
@@ -460,10 +498,10 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 8; }),
-             Catch::Contains("\"version\" must be 1 to 7") && Catch::Contains("got 8"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 9; }),
+             Catch::Contains("\"version\" must be 1 to 8") && Catch::Contains("got 9"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 7"));
+             Catch::Contains("\"version\" must be 1 to 8"));
   CHECK_THAT(error_after([](json& j) { j["model"]["position_embedding_type"] = "sinusoidal"; }),
              Catch::Contains("\"model.position_embedding_type\" must be \"learned_absolute\""));
   CHECK_THAT(error_after([](json& j) { j["model"].erase("rotary_base"); }),
@@ -479,8 +517,8 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("missing key \"parallel\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"] = 4; }),
              Catch::Contains("\"parallel\" must be an object"));
-  CHECK_THAT(error_after([](json& j) { j["parallel"]["expert_model_parallel_size"] = 2; }),
-             Catch::Contains("unknown key \"parallel.expert_model_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["context_parallel_size"] = 2; }),
+             Catch::Contains("unknown key \"parallel.context_parallel_size\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"].erase("zero_stage"); }),
              Catch::Contains("missing key \"parallel.zero_stage\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"]["sequence_parallel"] = "yes"; }),
@@ -638,10 +676,10 @@ TEST_CASE("train config: the precision sits under \"precision\" (version 7); old
     CHECK(r.value().precision == PrecisionConfig{});
     CHECK(r.value().precision.dtype == PrecisionDType::fp32);
     CHECK(r.value().micro_batch_size == c.micro_batch_size);
-    CHECK(json::parse(r.value().to_json()).at("version") == 7);
+    CHECK(json::parse(r.value().to_json()).at("version") == 8);
   }
   // Version 6 never had it: there it is unknown; version 7 needs it, whole.
-  json extra = j;
+  json extra = without_moe(j);
   extra["version"] = 6;
   auto bad = TrainConfig::from_json(extra.dump());
   REQUIRE_FALSE(bad.is_ok());
