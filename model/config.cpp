@@ -66,8 +66,9 @@ bool parse(const std::string& text, MoeDropPolicy& out) {
 }
 
 namespace {
-// Whether layer `layer` (0-based) is in the MoE layers' pattern, and which of them it is (-1: not).
-int pattern_index(const MoeConfig& m, int layer, int num_layers) {
+// Whether layer `layer` (0-based) is in the MoE layers' pattern, and which of them it is (-1: not);
+// without `count`, 0 for any layer in it (O(1) but for the count, which the lists of experts need).
+int pattern_index(const MoeConfig& m, int layer, int num_layers, bool count = true) {
   if (!m.enabled() || layer < 0 || layer >= num_layers) return -1;
   auto in = [&](int l) {
     if (!m.layer_pattern.empty())
@@ -75,6 +76,7 @@ int pattern_index(const MoeConfig& m, int layer, int num_layers) {
     return m.layer_freq > 0 && (l + 1) % m.layer_freq == 0;
   };
   if (!in(layer)) return -1;
+  if (!count) return 0;
   int n = 0;
   for (int l = 0; l < layer; ++l) n += in(l) ? 1 : 0;
   return n;
@@ -82,7 +84,7 @@ int pattern_index(const MoeConfig& m, int layer, int num_layers) {
 }  // namespace
 
 int MoeConfig::experts_of(int layer, int num_layers) const {
-  const int i = pattern_index(*this, layer, num_layers);
+  const int i = pattern_index(*this, layer, num_layers, /*count=*/num_experts.size() > 1);
   if (i < 0) return 0;
   int e = 0;
   if (num_experts.size() == 1) e = num_experts[0];
@@ -180,6 +182,22 @@ int64_t GptConfig::num_parameters() const {
   if (position_embedding == PositionEmbedding::learned_absolute) total += int64_t{max_position_embeddings} * C;
   if (embed_layernorm) total += norm;
   if (untie_embeddings_and_output_weights) total += V * C;
+  if (!moe.enabled()) return total;
+  // An MoE layer's MLP in place of the dense one, as model/params.cpp lays it out.
+  auto mlp = [&](int64_t width) {  // c_fc ([gate | up] with SwiGLU), c_proj, their biases
+    const int64_t fc = activation == MlpActivation::swiglu ? 2 * width : width;
+    return C * fc + width * C + (add_bias_linear ? fc + C : 0);
+  };
+  const int64_t dense = mlp(F);
+  for (int l = 0; l < num_layers; ++l) {
+    const int64_t E = moe.experts_of(l, num_layers);
+    if (E == 0) continue;
+    int64_t layer = E * C + E * mlp(expert_ffn_hidden_size());  // the router and the experts
+    if (add_bias_linear && moe.router == MoeRouter::megatron) layer += E;  // the router's bias
+    if (moe.residual) layer += dense + 2 * C + 2;  // PR-MoE's dense MLP and its coefficient (2, C) + (2)
+    if (moe.shared_expert_ffn > 0) layer += mlp(moe.shared_expert_ffn);
+    total += layer - dense;
+  }
   return total;
 }
 

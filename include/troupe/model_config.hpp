@@ -198,7 +198,11 @@ struct GptConfig {
   // Parameters of the real model (padding rows excluded), tied embedding counted once, for every
   // family: wte V C, wpe P C (learned positions), the embedding LayerNorm, per layer two norms
   // (LayerNorm 2C, RMSNorm C), qkv C (H + 2G) hs (+ bias), the projection H hs C (+ C), fc1 C F
-  // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C.
+  // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C. An MoE layer
+  // of E experts of width Fe has in place of its MLP (model/params.hpp's tensors): the router E C
+  // (+ E, the megatron router with biases), E experts each an MLP of width Fe (biases as the MLP's),
+  // PR-MoE's dense MLP and coefficient 2C + 2 (residual), the shared expert's MLP of its width.
+  // Mixtral-8x7B: 46,702,792,704.
   int64_t num_parameters() const;
   // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, without
   // recomputation: Megatron-LM's num_floating_point_operations (megatron/training/training.py, the
