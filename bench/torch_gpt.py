@@ -446,15 +446,20 @@ def load_hf_h5(path, dtype, n_head_override=None):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Hugging Face folders (config.json + model.safetensors): GPT2LMHeadModel, LlamaForCausalLM, BloomForCausalLM.
+# Hugging Face folders (config.json + model.safetensors): GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM,
+# BloomForCausalLM.
 #
-# Written from the published architectures (Hugging Face's modeling_gpt2 / modeling_llama / modeling_bloom semantics),
-# not from troupe's code, as plain functions over a dict of float64 tensors:
+# Written from the published architectures (Hugging Face's modeling_gpt2 / modeling_llama / modeling_mixtral /
+# modeling_bloom semantics), not from troupe's code, as plain functions over a dict of float64 tensors:
 #   LLaMA  x = embed_tokens[ids]; per layer: h = x + o_proj(attn(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))),
 #          n = RMSNorm_in(x) (x * rsqrt(mean(x^2) + eps) * w); x = h + down_proj(silu(gate_proj(m)) * up_proj(m)),
 #          m = RMSNorm_post(h); logits = lm_head(RMSNorm(x)) (lm_head = embed_tokens when tied). rope: rotate-half
 #          (HF's rotate_half/apply_rotary_pos_emb), inv_freq = rope_theta^(-2i/head_dim); key/value head g serves
 #          query heads [g H/G, (g+1) H/G) (repeat_kv).
+#   Mixtral  LLaMA's layer with the MLP replaced by the sparse MoE block (MixtralSparseMoeBlock) on m:
+#          router_logits = gate(m) (E per token); p = softmax over all E experts; the top num_experts_per_tok
+#          experts by p, their p renormalised to sum to 1; y = sum over the chosen e of p_e * w2_e(silu(w1_e m) *
+#          w3_e m). Evaluation: no router jitter, no capacity (every chosen expert computes its tokens).
 #   BLOOM  x = LayerNorm_emb(word_embeddings[ids]); per layer: qkv = query_key_value(LayerNorm_in(x)) viewed
 #          (B, T, H, 3, hs) (per head [q k v]); scores = q k^T / sqrt(hs) + slope_h * j (build_alibi_tensor: the key
 #          position; constant along a row, so softmax equals slope_h (j - i)); h = x + dense(attn); x = h +
@@ -507,15 +512,16 @@ def read_hf_folder_tensors(folder):
 
 
 class HfCausalLM:
-    """A GPT-2, LLaMA or BLOOM of a Hugging Face folder in float64 (or float32); __call__ returns (logits, loss)."""
+    """A GPT-2, LLaMA, Mixtral or BLOOM of a Hugging Face folder in float64 (or float32); __call__ returns
+    (logits, loss)."""
 
     def __init__(self, folder, dtype):
         _import_torch()
         with open(os.path.join(folder, "config.json")) as f:
             self.config = json.load(f)
         self.kind = self.config.get("model_type")
-        if self.kind not in ("gpt2", "llama", "bloom"):
-            raise ValueError(f"{folder}: model_type {self.kind!r} is not gpt2, llama or bloom")
+        if self.kind not in ("gpt2", "llama", "mixtral", "bloom"):
+            raise ValueError(f"{folder}: model_type {self.kind!r} is not gpt2, llama, mixtral or bloom")
         raw = read_hf_folder_tensors(folder)
         self.w = {k: torch.from_numpy(np.array(v, dtype=np.float64)).to(dtype) for k, v in raw.items()}
         c = self.config
@@ -526,19 +532,24 @@ class HfCausalLM:
             self.positions = c["n_positions"]
             self.vocab_size = c["vocab_size"]
             self.embed = self.w["transformer.wte.weight"]
-        elif self.kind == "llama":
+        elif self.kind in ("llama", "mixtral"):
+            mixtral = self.kind == "mixtral"
             self.n_layer, self.n_head = c["num_hidden_layers"], c["num_attention_heads"]
             self.hidden = c["hidden_size"]
-            self.n_kv = c.get("num_key_value_heads") or self.n_head
+            self.n_kv = c.get("num_key_value_heads") or (8 if mixtral else self.n_head)  # the configs' defaults
             self.head_dim = c.get("head_dim") or self.hidden // self.n_head
-            self.eps = c.get("rms_norm_eps", 1e-6)
-            self.theta = float(c.get("rope_theta", 10000.0))
-            self.positions = c.get("max_position_embeddings", 2048)
+            self.eps = c.get("rms_norm_eps", 1e-5 if mixtral else 1e-6)
+            self.theta = float(c.get("rope_theta", 1e6 if mixtral else 10000.0))
+            self.positions = c.get("max_position_embeddings", 4096 * 32 if mixtral else 2048)
             self.vocab_size = c["vocab_size"]
             if c.get("hidden_act", "silu") != "silu":
-                raise ValueError(f"{folder}: hidden_act {c.get('hidden_act')!r}: only silu is LLaMA's")
+                raise ValueError(f"{folder}: hidden_act {c.get('hidden_act')!r}: only silu is LLaMA's and Mixtral's")
             if c.get("rope_scaling") is not None:
                 raise ValueError(f"{folder}: rope_scaling is not modelled here")
+            if mixtral:
+                self.n_experts = c.get("num_local_experts", 8)
+                self.topk = c.get("num_experts_per_tok", 2)
+                self.window = c.get("sliding_window")  # None: every earlier position (checked against T below)
             self.embed = self.w["model.embed_tokens.weight"]
         else:
             self.n_layer = c.get("n_layer", c.get("num_hidden_layers"))
@@ -624,8 +635,23 @@ class HfCausalLM:
         y = self._causal_softmax(q @ k.transpose(-2, -1) / math.sqrt(hd)) @ v
         h = x + self._linear(y.transpose(1, 2).reshape(B, T, H * hd), p + "self_attn.o_proj")
         m = self._rmsnorm(h, p + "post_attention_layernorm")
+        if self.kind == "mixtral":
+            return h + self._sparse_moe(m, p + "block_sparse_moe.")
         gated = F.silu(self._linear(m, p + "mlp.gate_proj")) * self._linear(m, p + "mlp.up_proj")
         return h + self._linear(gated, p + "mlp.down_proj")
+
+    def _sparse_moe(self, m, p):
+        """Mixtral's block: softmax over all experts, the top k, renormalised; each chosen expert's SwiGLU."""
+        probs = F.softmax(self._linear(m, p + "gate"), dim=-1)  # (B, T, E)
+        weights, chosen = torch.topk(probs, self.topk, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        combine = torch.zeros_like(probs).scatter(-1, chosen, weights)  # (B, T, E): 0 for the others
+        y = torch.zeros_like(m)
+        for e in range(self.n_experts):
+            x = f"{p}experts.{e}."
+            expert = self._linear(F.silu(self._linear(m, x + "w1")) * self._linear(m, x + "w3"), x + "w2")
+            y = y + combine[..., e: e + 1] * expert
+        return y
 
     def _bloom_layer(self, x, i, alibi):
         p = f"transformer.h.{i}."
@@ -651,7 +677,9 @@ class HfCausalLM:
             for i in range(self.n_layer):
                 x = self._gpt2_layer(x, i)
             x = self._layernorm(x, "transformer.ln_f")
-        elif self.kind == "llama":
+        elif self.kind in ("llama", "mixtral"):
+            if self.kind == "mixtral" and self.window is not None and T > self.window:
+                raise ValueError(f"sequence length {T} exceeds the sliding window {self.window}: not modelled here")
             for i in range(self.n_layer):
                 x = self._llama_layer(x, i)
             x = self._rmsnorm(x, "model.norm")

@@ -21,7 +21,7 @@ TrainConfig imported_train_config(const HfModel& m) {
   g.seq_length = static_cast<int>(h.seq_length > 0 ? h.seq_length : h.n_positions);
   g.vocab_size = h.vocab_size;
   g.layernorm_epsilon = h.layer_norm_epsilon;
-  if (a.family == HfFamily::llama) {
+  if (a.family == HfFamily::llama || a.family == HfFamily::mixtral) {
     g.normalization = Normalization::rmsnorm;
     g.position_embedding = PositionEmbedding::rope;
     g.activation = MlpActivation::swiglu;
@@ -32,6 +32,21 @@ TrainConfig imported_train_config(const HfModel& m) {
     g.kv_channels = a.head_dim * a.heads == a.hidden ? 0 : static_cast<int>(a.head_dim);
     g.add_bias_linear = a.bias;
     g.untie_embeddings_and_output_weights = !a.tied;
+    if (a.family == HfFamily::mixtral) {
+      // HF's router: softmax over every expert, the top k, renormalised to sum to 1 = Megatron-Core's
+      // softmax over the top k logits (no pre-softmax), every token computed (dropless).
+      MoeConfig& moe = g.moe;
+      moe.num_experts = {static_cast<int>(a.experts)};
+      moe.layer_freq = 1;
+      moe.router = MoeRouter::megatron;
+      moe.topk = static_cast<int>(a.topk);
+      moe.drop_tokens = false;
+      moe.pre_softmax = false;
+      moe.aux_loss_coeff = a.aux_loss_coef;
+      parse(a.load_balancing, moe.load_balancing);  // checked by the import
+      moe.z_loss_coeff = a.z_loss_coeff;
+      moe.input_jitter_eps = a.input_jitter_eps;
+    }
   } else if (a.family == HfFamily::bloom) {
     g.position_embedding = PositionEmbedding::alibi;
     g.embed_layernorm = true;
@@ -91,6 +106,56 @@ Result<std::string> take_hf_folder_tokenizer(TrainConfig& c) {
          "), as no tokenizer flags were given";
 }
 
+namespace {
+
+// An MoE model: MixtralForCausalLM or nothing. `llama`: what LLaMA's attention, norms and head need
+// that the model lacks. Mixtral's block (HF's MixtralSparseMoeBlock) is Megatron-Core's router
+// without pre-softmax (softmax over all experts, the top k renormalised = softmax over the top k
+// logits), dropless, on every layer, with the same number of bias-free SwiGLU experts everywhere.
+Result<HfArch> mixtral_arch_of(const GptConfig& m, HfArch a, std::vector<std::string> need) {
+  const MoeConfig& moe = m.moe;
+  auto lacks = [&](bool ok, const char* what) {
+    if (!ok) need.push_back(what);
+  };
+  lacks(!m.add_bias_linear, "no linear biases (--disable-bias-linear): Mixtral's linears and router have none");
+  lacks(moe.router == MoeRouter::megatron,
+        "Megatron-Core's router (Megatron-LM's --moe-* flags), not DeepSpeed's gating (--num-experts with --topk)");
+  lacks(!moe.pre_softmax,
+        "the top-k softmax (no --moe-router-pre-softmax): Mixtral renormalises the k chosen probabilities");
+  lacks(!moe.drop_tokens, "dropless experts (no --moe-expert-capacity-factor): Mixtral computes every routed token");
+  lacks(!moe.residual, "no PR-MoE residual MLP (--mlp-type standard)");
+  lacks(moe.shared_expert_ffn == 0, "no shared expert (no --moe-shared-expert-intermediate-size)");
+  int experts = 0;
+  bool every_layer = true, same = true;
+  for (int l = 0; l < m.num_layers; ++l) {
+    const int e = moe.experts_of(l, m.num_layers);
+    every_layer = every_layer && e > 0;
+    if (e > 0 && experts > 0 && e != experts) same = false;
+    if (experts == 0) experts = e;
+  }
+  lacks(every_layer, "an MoE block in every layer (--moe-layer-freq 1)");
+  lacks(same, "the same number of experts in every layer (one --num-experts value)");
+  if (!need.empty()) {
+    std::string s;
+    for (const std::string& x : need) s += "\n  " + x;
+    return Status::bad_input("the model has experts, and MixtralForCausalLM, the one Hugging Face class troupe exports "
+                             "them as, needs:" + s +
+                             "\n(export the checkpoint as a troupe checkpoint, or train a model Mixtral can hold: "
+                             "docs/MODELS.md, \"Mixtral\")");
+  }
+  a.family = HfFamily::mixtral;
+  a.ffn = m.expert_ffn_hidden_size();
+  a.experts = experts;
+  a.topk = moe.topk;
+  a.aux_loss_coef = moe.aux_loss_coeff;
+  a.load_balancing = to_string(moe.load_balancing);
+  a.z_loss_coeff = moe.z_loss_coeff;
+  a.input_jitter_eps = moe.input_jitter_eps;
+  return a;
+}
+
+}  // namespace
+
 Result<HfArch> hf_arch_of(const GptConfig& m) {
   HfArch a;
   a.layers = m.num_layers;
@@ -131,6 +196,7 @@ Result<HfArch> hf_arch_of(const GptConfig& m) {
   need(bloom, m.add_bias_linear, "linear biases");
   need(bloom, m.embed_layernorm, "the embedding LayerNorm");
   need(bloom, mha, "multi-head attention with hidden / heads per head");
+  if (m.moe.enabled()) return mixtral_arch_of(m, a, llama);
   if (gpt2.empty()) return a;
   if (llama.empty()) {
     a.family = HfFamily::llama;

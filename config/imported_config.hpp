@@ -19,6 +19,12 @@ namespace troupe {
 //          rope_theta), SwiGLU of intermediate_size, num_query_groups = num_key_value_heads,
 //          kv_channels = head_dim (when not hidden / heads), biases = attention_bias, untied unless
 //          tie_word_embeddings; seq_length = the recorded one, else max_position_embeddings.
+//   Mixtral  LLaMA's, no biases, and an MoE block in every layer: num_local_experts experts of width
+//          intermediate_size (ffn_hidden_size), Megatron-Core's router (moe.router megatron, no
+//          pre-softmax: HF's renormalised top k is the softmax over the top k logits), topk =
+//          num_experts_per_tok, dropless, the load-balancing aux loss with aux_loss_coeff =
+//          router_aux_loss_coef (troupe's export records its own load-balancing type, z-loss and
+//          jitter in config.json's "troupe" block; they are restored).
 //   BLOOM  LayerNorm, ALiBi, GELU of 4h, biases, LayerNorm on the embeddings, tied unless
 //          tie_word_embeddings is false; positions and seq_length the recorded ones, else
 //          kBloomSeqLength.
@@ -36,7 +42,9 @@ Result<std::string> take_hf_folder_tokenizer(TrainConfig& config);
 // The Hugging Face class of `model` and its sizes: GPT-2 (the defaults of every family field),
 // LLaMA (RMSNorm, rope over whole heads, SwiGLU, no embedding LayerNorm, no learned positions) or
 // BLOOM (LayerNorm, ALiBi, GELU of 4h, biases, embedding LayerNorm, MHA with hidden / heads per
-// head). Anything else is refused as bad input naming, for each class, what the model lacks.
+// head); a model with experts: Mixtral (LLaMA's without biases, Megatron-Core's router without
+// pre-softmax, dropless, an MoE block in every layer with one expert count, no PR-MoE, no shared
+// expert). Anything else is refused as bad input naming, for each class, what the model lacks.
 Result<HfArch> hf_arch_of(const GptConfig& model);
 
 }  // namespace troupe

@@ -59,12 +59,52 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const double Vp = static_cast<double>(m.padded_vocab_size(tp_size)), P = m.max_position_embeddings;
   const bool swiglu = m.activation == MlpActivation::swiglu;
   const double norm = m.normalization == Normalization::rmsnorm ? C : 2 * C;  // weight (+ bias)
-  const double qkv = (H + 2 * G) * hs, attn = H * hs, fc1 = swiglu ? 2 * F : F;
+  const double qkv = (H + 2 * G) * hs, attn = H * hs;
 
   // One layer on one tensor-parallel rank: column-parallel qkv and fc1 (weights and biases) and
-  // row-parallel projection and fc2 split 1/t; the norms and the row-parallel biases whole.
-  double layer = 2 * norm + (C * qkv + attn * C + C * fc1 + F * C) / t;
-  if (m.add_bias_linear) layer += (qkv + fc1) / t + 2 * C;
+  // row-parallel projection and fc2 split 1/t; the norms and the row-parallel biases whole. An MoE
+  // layer's MLP: the router whole, E/ep experts of width Fe split over expert-TP (t or 1), PR-MoE's
+  // dense MLP split like the MLP with its coefficient whole, the shared expert split like the MLP.
+  const MoeConfig& moe = m.moe;
+  const double ep = std::max(1, c.expert_model_parallel_size);
+  const double et = c.expert_tensor_parallel_size == 1 ? 1 : t;  // 0: Megatron-Core's default, TP
+  const double Fe = m.expert_ffn_hidden_size();
+  const double attention = 2 * norm + (C * qkv + attn * C) / t + (m.add_bias_linear ? qkv / t + C : 0);
+  auto mlp = [&](double width, double split) {  // c_fc, c_proj and their biases on one rank
+    const double fc = swiglu ? 2 * width : width;
+    return (C * fc + width * C) / split + (m.add_bias_linear ? fc / split + C : 0);
+  };
+  const double mlp_act = swiglu ? 3 : 2;  // per unit of width: fc1's output(s) and the activation
+  struct Layer {
+    double dense = 0;    // parameters every data-parallel rank holds
+    double experts = 0;  // the experts' parameters (states partitioned over the d / ep ranks of their group)
+    double split = 0;    // activation floats per token of the tensor-parallel part (see the header)
+  };
+  auto layer_of = [&](int l) {
+    Layer y;
+    const double E = moe.experts_of(l, m.num_layers);
+    y.dense = attention;
+    y.split = (qkv + attn) / t;
+    if (E == 0) {
+      y.dense += mlp(F, t);
+      y.split += mlp_act * F / t;
+      return y;
+    }
+    y.dense += E * C + (m.add_bias_linear && moe.router == MoeRouter::megatron ? E : 0);
+    y.experts = E / ep * mlp(Fe, et);
+    // Each token's k expert activations (dropless; a capacity only lowers it), its router logits and
+    // probabilities.
+    y.split += moe.topk * mlp_act * Fe / et + 2 * E;
+    if (moe.residual) {
+      y.dense += mlp(F, t) + 2 * C + 2;
+      y.split += mlp_act * F / t + 2;
+    }
+    if (moe.shared_expert_ffn > 0) {
+      y.dense += mlp(moe.shared_expert_ffn, t);
+      y.split += mlp_act * moe.shared_expert_ffn / t;
+    }
+    return y;
+  };
   double embedding = Vp / t * C;  // wte's rows of the padded vocabulary
   if (m.position_embedding == PositionEmbedding::learned_absolute) embedding += P * C;
   if (m.embed_layernorm) embedding += norm;
@@ -79,29 +119,53 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const double g = mixed && c.precision.grad_dtype(c.zero_stage) != PrecisionDType::fp32 ? 2 : 4;
   const double o = mixed ? 12 + (g == 2 ? 4 : 0) : 8;
   const double act = mixed ? 2 : 4;  // bytes of one activation element
-  auto states_of = [&](double psi) {
+  // ZeRO partitions over the `dp` ranks that hold the same parameters: d, or d / ep for experts.
+  auto states_of = [&](double psi, double dp) {
     double states = 0;
     switch (c.zero_stage) {
       case 0: states = (a + g + o) * psi; break;
-      case 1: states = (a + g) * psi + o * psi / d; break;
-      case 2: states = a * psi + (g + o) * psi / d; break;
-      default: states = (a + g + o) * psi / d; break;
+      case 1: states = (a + g) * psi + o * psi / dp; break;
+      case 2: states = a * psi + (g + o) * psi / dp; break;
+      default: states = (a + g + o) * psi / dp; break;
     }
-    if (c.offload_optimizer == "nvme") states -= 8 * psi / d;  // the moments live in swap files
+    if (c.offload_optimizer == "nvme") states -= 8 * psi / dp;  // the moments live in swap files
     return states;
   };
 
   // Activations, floats per token of one layer (Korthikanti et al.'s terms, see the header).
   const double whole = c.sequence_parallel && tp_size > 1 ? 4 * C / t : 4 * C;
-  const double split = (qkv + attn + (swiglu ? 3 * F : 2 * F)) / t;
   const double probs = H * T / t;
   const double micro = std::max(1, c.micro_batch_size);
   const double tokens = micro * T;
-  auto micro_batch_bytes = [&](double layers, const std::string& recompute) {
+  // The sums over layers [first, first + n) of their parameters and of whole + split, and the largest
+  // layer's whole + split + probs: n times one layer for a dense model, layer by layer with experts.
+  struct Sums {
+    double dense = 0, experts = 0, floats = 0, largest = 0;
+  };
+  auto sums_of = [&](int first, int n) {
+    Sums u;
+    if (n <= 0) return u;
+    if (!moe.enabled()) {
+      const Layer y = layer_of(first);
+      u = {n * y.dense, 0, n * (whole + y.split), whole + y.split + probs};
+      return u;
+    }
+    for (int l = first; l < first + n; ++l) {
+      const Layer y = layer_of(l);
+      u.dense += y.dense;
+      u.experts += y.experts;
+      u.floats += whole + y.split;
+      u.largest = std::max(u.largest, whole + y.split + probs);
+    }
+    return u;
+  };
+  // One micro-batch's activations on a stage of n layers.
+  auto micro_batch_bytes = [&](const Sums& u, double n, const std::string& recompute) {
     double floats = 0;
-    if (recompute == "full") floats = layers * C + whole + split + probs;
-    else if (recompute == "selective") floats = layers * (whole + split) + probs;
-    else floats = layers * (whole + split + probs);
+    if (n <= 0) floats = 0;
+    else if (recompute == "full") floats = n * C + u.largest;
+    else if (recompute == "selective") floats = u.floats + probs;
+    else floats = u.floats + n * probs;
     return act * tokens * floats;
   };
   const double micro_batches = std::max(1.0, static_cast<double>(c.global_batch_size) / (micro * d));
@@ -111,13 +175,24 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
   // What each pipeline stage holds: GPT's even split (stage s: floor(L / p) layers, one more for the
   // first L mod p stages; validation bounds p by L), or a model given in code, its virtual stage k on
-  // pipeline stage k mod p.
+  // pipeline stage k mod p. The GPT layers are numbered in order of the (virtual) stages.
   std::vector<StageFootprint> per_stage(static_cast<size_t>(stages));
+  std::vector<Sums> held(static_cast<size_t>(stages));
+  int next_layer = 0;
+  auto take_layers = [&](size_t s, int n) {
+    const Sums u = sums_of(next_layer, n);
+    next_layer += n;
+    held[s].dense += u.dense;
+    held[s].experts += u.experts;
+    held[s].floats += u.floats;
+    held[s].largest = std::max(held[s].largest, u.largest);
+  };
   if (model == nullptr) {
     for (int64_t s = 0; s < stages; ++s) {
       per_stage[s].gpt_layers = static_cast<int>(layers / stages + (s < layers % stages ? 1 : 0));
       per_stage[s].embedding = s == 0;
       per_stage[s].head = s == stages - 1;
+      take_layers(static_cast<size_t>(s), per_stage[s].gpt_layers);
     }
   } else {
     for (size_t k = 0; k < model->size(); ++k) {
@@ -128,24 +203,27 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
       f.head = f.head || v.head;
       f.custom_parameters += v.custom_parameters;
       f.custom_boundary_elements += v.custom_boundary_elements;
+      take_layers(k % per_stage.size(), v.gpt_layers);
     }
   }
   const double first_layers = per_stage.empty() ? 0 : per_stage[0].gpt_layers;
-  e.micro_batch_activation_none = micro_batch_bytes(first_layers, "none");
-  e.micro_batch_activation_selective = micro_batch_bytes(first_layers, "selective");
-  e.micro_batch_activation_full = micro_batch_bytes(first_layers, "full");
+  const Sums first_sums = held.empty() ? Sums{} : held[0];
+  e.micro_batch_activation_none = micro_batch_bytes(first_sums, first_layers, "none");
+  e.micro_batch_activation_selective = micro_batch_bytes(first_sums, first_layers, "selective");
+  e.micro_batch_activation_full = micro_batch_bytes(first_sums, first_layers, "full");
   // The first 1023 stages and the last are kept for the plan.
   double sum_states = 0, sum_activations = 0;
   for (int64_t s = 0; s < stages; ++s) {
     StageMemory st;
     const StageFootprint& f = per_stage[static_cast<size_t>(s)];
-    const double stage_layers = f.gpt_layers;
-    st.parameters = stage_layers * layer + (f.embedding ? embedding : 0) + (f.head ? head : 0) + f.custom_parameters;
-    st.model_state_bytes = states_of(st.parameters);
+    const Sums& u = held[static_cast<size_t>(s)];
+    const double dense = u.dense + (f.embedding ? embedding : 0) + (f.head ? head : 0) + f.custom_parameters;
+    st.parameters = dense + u.experts;
+    st.model_state_bytes = states_of(dense, d) + states_of(u.experts, std::max(1.0, d / ep));
     st.micro_batches_in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
-    const double micro_batch = (stage_layers > 0 ? micro_batch_bytes(stage_layers, c.recompute_granularity) : 0) +
+    const double micro_batch = micro_batch_bytes(u, f.gpt_layers, c.recompute_granularity) +
                                4 * f.custom_boundary_elements;
     st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0);
     sum_states += st.model_state_bytes;

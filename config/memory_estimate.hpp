@@ -8,7 +8,12 @@
 //                           projection, fc1 and fc2 split 1/t; norms and the row-parallel biases
 //                           whole), plus on the first stage wte (Vp/t rows of the padded vocabulary),
 //                           wpe (learned positions) and the embedding LayerNorm, on the last ln_f and
-//                           the head: lm_head (untied) or, with p > 1, the tied copy of wte
+//                           the head: lm_head (untied) or, with p > 1, the tied copy of wte. An
+//                           MoE layer (model.moe) holds, in place of the MLP: the router (E, C)
+//                           whole, E / ep of its experts (expert_model_parallel_size) each split 1/t
+//                           when expert-TP is TP (expert_tensor_parallel_size 0 or t) or whole when
+//                           it is 1, PR-MoE's dense MLP (split) and coefficient (whole), the shared
+//                           expert (split like the MLP)
 //   model states            ZeRO's formula over those Psi parameters (fp32 weights 4 Psi, gradients
 //                           4 Psi, Adam moments 8 Psi): stage 0 16 Psi, 1 8 Psi + 8 Psi/d, 2 4 Psi +
 //                           12 Psi/d, 3 16 Psi/d bytes (the moments, 8 Psi/d, are on disk with
@@ -16,12 +21,15 @@
 //                           weights 2 Psi, gradients 4 Psi (fp32) or 2 Psi, optimizer states 12 Psi
 //                           (fp32 master weights and moments; + 4 Psi of fp32 main gradients with
 //                           16-bit ones), partitioned as above: stage 0 (2+4+12) Psi, ..., and the
-//                           activations and logits in 2-byte elements
+//                           activations and logits in 2-byte elements. The experts' states are
+//                           partitioned over their expert-data-parallel group, d / ep ranks
 //   activations             Korthikanti et al.'s per-layer count (Reducing Activation Recomputation
 //                           in Large Transformer Models, 2022, sec. 4) in fp32 and adapted to the
 //                           family: per token and layer 4C floats whole (the two norms' inputs and
 //                           outputs; /t with --sequence-parallel) + (qkv (H + 2G) hs + the attention
-//                           output H hs + the MLP's activations, 2F for GELU and 3F for SwiGLU) / t +
+//                           output H hs + the MLP's activations, 2F for GELU and 3F for SwiGLU; an
+//                           MoE layer's: k experts' 2Fe or 3Fe / expert-TP, the router's 2E, and
+//                           the residual MLP's and shared expert's like the MLP's) / t +
 //                           the attention probabilities H T / t; dropout masks are not stored (they
 //                           are functions of the seed). Selective recompute keeps all but the
 //                           probabilities (one layer's, while it recomputes); full recompute keeps

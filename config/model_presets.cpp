@@ -32,6 +32,22 @@ GptConfig llama(int layers, int hidden, int heads, int kv_heads, int ffn, int po
   return m;
 }
 
+// Mixtral: LLaMA's family with a sparse MoE block in every layer (HF's MixtralSparseMoeBlock:
+// Megatron-Core's router without pre-softmax, dropless); the expert width is the MLP width, as
+// Megatron-LM's Mixtral scripts give it (--ffn-hidden-size). Trained at `seq` tokens, positions up to
+// `positions`.
+GptConfig mixtral(int layers, int hidden, int heads, int kv_heads, int ffn, int experts, int topk, int positions,
+                  int seq, int64_t vocab, double theta) {
+  GptConfig m = llama(layers, hidden, heads, kv_heads, ffn, positions, vocab, theta);
+  m.seq_length = seq;
+  m.moe.num_experts = {experts};
+  m.moe.router = MoeRouter::megatron;
+  m.moe.topk = topk;
+  m.moe.drop_tokens = false;
+  m.moe.aux_loss_coeff = 0.02;  // router_aux_loss_coef of the published config
+  return m;
+}
+
 // BLOOM: ALiBi, a LayerNorm on the embeddings, GELU MLP of 4h with biases, tied head.
 GptConfig bloom(int layers, int hidden, int heads) {
   GptConfig m;
@@ -58,6 +74,8 @@ const std::vector<ModelPreset>& model_presets() {
       {"llama2-13b", "meta-llama/Llama-2-13b-hf", llama(40, 5120, 40, 40, 13824, 4096, 32000, 10000), 13'015'864'320},
       {"llama2-70b", "meta-llama/Llama-2-70b-hf", llama(80, 8192, 64, 8, 28672, 4096, 32000, 10000), 68'976'648'192},
       {"llama3-8b", "meta-llama/Meta-Llama-3-8B", llama(32, 4096, 32, 8, 14336, 8192, 128256, 500000), 8'030'261'248},
+      {"mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1",
+       mixtral(32, 4096, 32, 8, 14336, 8, 2, 32768, 4096, 32000, 1e6), 46'702'792'704},
       {"bloom-560m", "bigscience/bloom-560m", bloom(24, 1024, 16), 559'214'592},
       {"bloom-176b", "bigscience/bloom", bloom(70, 14336, 112), 176'247'271'424},
   };
@@ -110,6 +128,12 @@ void apply_model_preset(const ModelPreset& preset, GptConfig* m, const FlagGiven
   take({"--init-method-std"}, m->init_method_std, p.init_method_std);
   take({"--hidden-dropout"}, m->hidden_dropout, p.hidden_dropout);
   take({"--attention-dropout"}, m->attention_dropout, p.attention_dropout);
+  // The experts go whole: with any mixture-of-experts flag the command line describes them itself.
+  take({"--num-experts", "--moe-router-topk", "--topk", "--moe-ffn-hidden-size", "--moe-layer-freq",
+        "--expert-interval", "--moe-aux-loss-coeff", "--moe-loss-coeff", "--moe-router-load-balancing-type",
+        "--moe-expert-capacity-factor", "--moe-train-capacity-factor", "--moe-router-pre-softmax",
+        "--moe-shared-expert-intermediate-size", "--mlp-type", "--disable-moe-token-dropping"},
+       m->moe, p.moe);
 }
 
 }  // namespace troupe

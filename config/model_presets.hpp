@@ -1,4 +1,4 @@
-// --model-preset NAME: the architectures of published models (GPT-2, LLaMA-2, LLaMA-3, BLOOM) as
+// --model-preset NAME: the architectures of published models (GPT-2, LLaMA-2, LLaMA-3, Mixtral, BLOOM) as
 // GptConfig values, taken from their published configurations (the Hugging Face config.json of each
 // model: sizes, heads, key/value heads, MLP width, positions, norm epsilon, rotary base, tied or
 // untied head, vocabulary). docs/MODELS.md lists them with their parameter counts.
@@ -35,7 +35,8 @@ std::string model_preset_names();
 // --max-position-embeddings, --ffn-hidden-size, --num-query-groups / --num-key-value-heads /
 // --group-query-attention, --kv-channels, --normalization, --position-embedding-type and its aliases,
 // --rotary-*, --swiglu, --disable-bias-linear / --add-bias-linear, --untie-embeddings-and-output-weights,
-// --embed-layernorm, --norm-epsilon, --init-method-std, the dropouts). The vocabulary is left alone.
+// --embed-layernorm, --norm-epsilon, --init-method-std, the dropouts; the mixture of experts as a
+// whole, unless a mixture-of-experts flag is given). The vocabulary is left alone.
 void apply_model_preset(const ModelPreset& preset, GptConfig* m, const FlagGivenFn& given);
 
 }  // namespace troupe

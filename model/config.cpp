@@ -68,8 +68,9 @@ bool parse(const std::string& text, MoeDropPolicy& out) {
 }
 
 namespace {
-// Whether layer `layer` (0-based) is in the MoE layers' pattern, and which of them it is (-1: not).
-int pattern_index(const MoeConfig& m, int layer, int num_layers) {
+// Whether layer `layer` (0-based) is in the MoE layers' pattern, and which of them it is (-1: not);
+// without `count`, 0 for any layer in it (O(1) but for the count, which the lists of experts need).
+int pattern_index(const MoeConfig& m, int layer, int num_layers, bool count = true) {
   if (!m.enabled() || layer < 0 || layer >= num_layers) return -1;
   auto in = [&](int l) {
     if (!m.layer_pattern.empty())
@@ -77,6 +78,7 @@ int pattern_index(const MoeConfig& m, int layer, int num_layers) {
     return m.layer_freq > 0 && (l + 1) % m.layer_freq == 0;
   };
   if (!in(layer)) return -1;
+  if (!count) return 0;
   int n = 0;
   for (int l = 0; l < layer; ++l) n += in(l) ? 1 : 0;
   return n;
@@ -84,7 +86,7 @@ int pattern_index(const MoeConfig& m, int layer, int num_layers) {
 }  // namespace
 
 int MoeConfig::experts_of(int layer, int num_layers) const {
-  const int i = pattern_index(*this, layer, num_layers);
+  const int i = pattern_index(*this, layer, num_layers, /*count=*/num_experts.size() > 1);
   if (i < 0) return 0;
   int e = 0;
   if (num_experts.size() == 1) e = num_experts[0];

@@ -335,7 +335,7 @@ Status write_hf_folder(const std::string& dir, const HfConfig& c,
 }
 
 // ------------------------------------------------------------------------------------------------
-// LLaMA and BLOOM folders
+// LLaMA, Mixtral and BLOOM folders
 
 // The "troupe" block of config.json: what the HF config cannot say, so that an import restores the
 // run's model exactly.
@@ -345,12 +345,54 @@ nlohmann::json troupe_block(const HfConfig& c, const HfArch& a, const Checkpoint
                       {"iteration", meta.iteration},
                       {"seq_length", c.seq_length > 0 ? c.seq_length : a.positions},
                       {"max_position_embeddings", a.positions}};
-  if (a.family == HfFamily::llama) t["rotary_interleaved"] = a.rotary_interleaved;
+  if (a.family == HfFamily::llama || a.family == HfFamily::mixtral) t["rotary_interleaved"] = a.rotary_interleaved;
+  if (a.family == HfFamily::mixtral)  // the router's training-only settings MixtralConfig has no key for
+    t["moe"] = {{"load_balancing", a.load_balancing},
+                {"z_loss_coeff", a.z_loss_coeff},
+                {"input_jitter_eps", a.input_jitter_eps}};
   return t;
+}
+
+// MixtralConfig: LlamaConfig's sizes without its bias switches (Mixtral has none), the sparse MoE
+// block's keys, no sliding window (troupe's attention is fully causal).
+nlohmann::json mixtral_config_json(const HfConfig& c, const HfArch& a, int64_t eos, const CheckpointMeta& meta,
+                                   const std::string& source) {
+  return {{"architectures", {"MixtralForCausalLM"}},
+          {"attention_dropout", c.attention_dropout},
+          {"bos_token_id", eos},
+          {"eos_token_id", eos},
+          {"head_dim", a.head_dim},
+          {"hidden_act", "silu"},
+          {"hidden_size", a.hidden},
+          {"initializer_range", c.init_method_std},
+          {"intermediate_size", a.ffn},
+          {"max_position_embeddings", a.positions},
+          {"model_type", "mixtral"},
+          {"num_attention_heads", a.heads},
+          {"num_experts_per_tok", a.topk},
+          {"num_hidden_layers", a.layers},
+          {"num_key_value_heads", a.groups},
+          {"num_local_experts", a.experts},
+          {"output_router_logits", false},
+          {"rms_norm_eps", a.eps},
+          {"rope_scaling", nullptr},
+          {"rope_theta", a.rope_theta},
+          {"router_aux_loss_coef", a.aux_loss_coef},
+          {"router_jitter_noise", 0.0},  // HF's jitter scales the experts' input too: troupe's is in "troupe"
+          {"sliding_window", nullptr},
+          {"tie_word_embeddings", a.tied},
+          {"torch_dtype", "float32"},
+          // head_dim differs from hidden / heads only with --kv-channels: such a model needs a
+          // transformers whose MixtralConfig reads head_dim (older ones assume hidden / heads).
+          {"transformers_version", "4.45.0"},
+          {"use_cache", true},
+          {"vocab_size", a.vocab},
+          {"troupe", troupe_block(c, a, meta, source)}};
 }
 
 nlohmann::json family_config_json(const HfConfig& c, const HfArch& a, int64_t eos, const CheckpointMeta& meta,
                                   const std::string& source) {
+  if (a.family == HfFamily::mixtral) return mixtral_config_json(c, a, eos, meta, source);
   if (a.family == HfFamily::llama)
     return {{"architectures", {"LlamaForCausalLM"}},
             {"attention_bias", a.bias},

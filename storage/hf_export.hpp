@@ -27,14 +27,18 @@ namespace troupe {
 // refused export writes nothing. Errors name the checkpoint, the tensor or the file.
 Status export_hf_folder(const Checkpoint& checkpoint, const std::string& output_dir);
 
-// `--format hf` of a LLaMA or BLOOM: the folder LlamaForCausalLM / BloomForCausalLM.from_pretrained
-// loads. `arch` is the run's model in HF terms (config/imported_config.hpp: hf_arch_of, from the
-// checkpoint's config; GPT-2 takes the overload above). config.json holds the family's keys
+// `--format hf` of a LLaMA, Mixtral or BLOOM: the folder LlamaForCausalLM / MixtralForCausalLM /
+// BloomForCausalLM.from_pretrained loads. `arch` is the run's model in HF terms
+// (config/imported_config.hpp: hf_arch_of, from the checkpoint's config; GPT-2 takes the overload
+// above). config.json holds the family's keys
 // (LLaMA: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads, head_dim, rms_norm_eps, rope_theta, tie_word_embeddings,
-// max_position_embeddings, vocab_size, hidden_act "silu", attention_bias / mlp_bias; BLOOM: n_layer,
-// n_head, hidden_size, layer_norm_epsilon, ...) and a "troupe" block (tokenizer type, seq_length,
-// max_position_embeddings, rotary_interleaved) that the import reads back; model.safetensors the HF
+// max_position_embeddings, vocab_size, hidden_act "silu", attention_bias / mlp_bias; Mixtral:
+// LLaMA's without the bias switches, intermediate_size the experts' width, num_local_experts,
+// num_experts_per_tok, router_aux_loss_coef, sliding_window null; BLOOM: n_layer, n_head,
+// hidden_size, layer_norm_epsilon, ...) and a "troupe" block (tokenizer type, seq_length,
+// max_position_embeddings, rotary_interleaved; Mixtral: "moe" with the router's training-only
+// settings) that the import reads back; model.safetensors the HF
 // names (storage/hf_names.hpp: which rows of which troupe parameter each is). The checkpoint's
 // tensors must be exactly the ones `arch` implies (every mismatch named at once). Files and refusals
 // as above.

@@ -65,7 +65,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // frequencies of older transformers versions.
 bool is_buffer(const std::string& key, HfFamily family) {
   if (family == HfFamily::gpt2) return ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias");
-  return family == HfFamily::llama && ends_with(key, ".self_attn.rotary_emb.inv_freq");
+  return (family == HfFamily::llama || family == HfFamily::mixtral) && ends_with(key, ".self_attn.rotary_emb.inv_freq");
 }
 
 void add_tokenizer_files(const fs::path& d, HfModel& model) {
@@ -135,7 +135,8 @@ void read_troupe_block(const json& j, HfGpt2Config& c, std::vector<std::string>&
     c.tokenizer_type = type->get<std::string>();
   read_bounded(*t, "seq_length", kMaxWidth, &c.seq_length, problems);
   if (c.arch.family == HfFamily::bloom) read_bounded(*t, "max_position_embeddings", kMaxWidth, &c.n_positions, problems);
-  if (c.arch.family == HfFamily::llama) read_flag(*t, "rotary_interleaved", &c.arch.rotary_interleaved, problems);
+  if (c.arch.family == HfFamily::llama || c.arch.family == HfFamily::mixtral)
+    read_flag(*t, "rotary_interleaved", &c.arch.rotary_interleaved, problems);
 }
 
 void read_token_ids(const json& j, HfGpt2Config& c, std::vector<std::string>& problems) {
@@ -146,23 +147,76 @@ void read_token_ids(const json& j, HfGpt2Config& c, std::vector<std::string>& pr
 }
 
 constexpr const char* kFamilyFix =
-    "troupe imports GPT2LMHeadModel, LlamaForCausalLM and BloomForCausalLM folders with the options its model has";
+    "troupe imports GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM and BloomForCausalLM folders with the "
+    "options its model has";
 
-// LlamaConfig (its defaults where a key is absent).
-Result<HfGpt2Config> parse_llama_config(const json& j, const std::string& where) {
+constexpr int64_t kMaxExperts = int64_t{1} << 20;
+
+// MixtralConfig's sparse MoE block: experts, top-k and the aux-loss coefficient; HF's router jitter
+// (which scales the experts' input too) and a sliding window troupe's attention does not have are
+// refused. Reads troupe's own record of the router's training-only settings.
+void read_mixtral_moe(const json& j, HfArch& a, std::vector<std::string>& problems) {
+  a.experts = 8;
+  a.topk = 2;
+  a.aux_loss_coef = 0.001;
+  read_bounded(j, "num_local_experts", kMaxExperts, &a.experts, problems);
+  read_bounded(j, "num_experts_per_tok", kMaxExperts, &a.topk, problems);
+  if (a.topk > a.experts)
+    problems.push_back(fmt::format("num_experts_per_tok {} exceeds num_local_experts {}", a.topk, a.experts));
+  if (auto c = j.find("router_aux_loss_coef");
+      c != j.end() && !json_to_number(*c, 0.0, std::numeric_limits<double>::max(), &a.aux_loss_coef))
+    problems.push_back("router_aux_loss_coef is " + json_excerpt(*c) + ", not a number >= 0");
+  if (auto n = j.find("router_jitter_noise"); n != j.end() && !(n->is_number() && n->get<double>() == 0.0))
+    problems.push_back("router_jitter_noise is " + json_excerpt(*n) +
+                       ": troupe's router jitter (--moe-input-jitter-eps) scales the router's input only, HF's the "
+                       "experts' too; set it to 0.0 (it acts in training only)");
+  int64_t window = 0;
+  if (auto w = j.find("sliding_window"); w != j.end() && !w->is_null() &&
+                                         (!json_to_integer(*w, 1, std::numeric_limits<int64_t>::max(), &window) ||
+                                          window < a.positions))
+    problems.push_back("sliding_window is " + json_excerpt(*w) +
+                       ": troupe's attention sees every earlier position (null, or at least max_position_embeddings " +
+                       std::to_string(a.positions) + ", means that)");
+  auto t = j.find("troupe");
+  if (t == j.end() || !t->is_object() || !t->contains("moe") || !(*t)["moe"].is_object()) return;
+  const json& moe = (*t)["moe"];
+  if (auto lb = moe.find("load_balancing"); lb != moe.end()) {
+    const std::string v = lb->is_string() ? lb->get<std::string>() : "";
+    if (v == "aux_loss" || v == "seq_aux_loss" || v == "none")
+      a.load_balancing = v;
+    else
+      problems.push_back("troupe.moe.load_balancing is " + json_excerpt(*lb) +
+                         ", not \"aux_loss\", \"seq_aux_loss\" or \"none\"");
+  }
+  if (auto z = moe.find("z_loss_coeff");
+      z != moe.end() && !json_to_number(*z, 0.0, std::numeric_limits<double>::max(), &a.z_loss_coeff))
+    problems.push_back("troupe.moe.z_loss_coeff is " + json_excerpt(*z) + ", not a number >= 0");
+  if (auto eps = moe.find("input_jitter_eps");
+      eps != moe.end() && !(json_to_number(*eps, 0.0, 1.0, &a.input_jitter_eps) && a.input_jitter_eps < 1))
+    problems.push_back("troupe.moe.input_jitter_eps is " + json_excerpt(*eps) + ", not a number in [0, 1)");
+}
+
+// LlamaConfig, or MixtralConfig (LLaMA's keys, no biases, a sparse MoE block in every layer), with the
+// class's defaults where a key is absent.
+Result<HfGpt2Config> parse_llama_config(const json& j, const std::string& where, HfFamily family) {
   HfGpt2Config c;
   HfArch& a = c.arch;
-  a.family = HfFamily::llama;
+  a.family = family;
+  const bool mixtral = family == HfFamily::mixtral;
   std::vector<std::string> problems;
-  check_architectures(j, "LlamaForCausalLM", "LlamaModel", problems);
-  int64_t hidden = 4096, ffn = 11008, layers = 32, heads = 32, positions = 2048, vocab = 32000;
+  if (mixtral)
+    check_architectures(j, "MixtralForCausalLM", "MixtralModel", problems);
+  else
+    check_architectures(j, "LlamaForCausalLM", "LlamaModel", problems);
+  int64_t hidden = 4096, ffn = mixtral ? 14336 : 11008, layers = 32, heads = 32;
+  int64_t positions = mixtral ? 4096 * 32 : 2048, vocab = 32000;
   read_bounded(j, "hidden_size", kMaxWidth, &hidden, problems);
   read_bounded(j, "intermediate_size", kMaxFfn, &ffn, problems);
   read_bounded(j, "num_hidden_layers", kMaxLayers, &layers, problems);
   read_bounded(j, "num_attention_heads", kMaxWidth, &heads, problems);
   read_bounded(j, "max_position_embeddings", kMaxWidth, &positions, problems);
   read_bounded(j, "vocab_size", kMaxVocab, &vocab, problems);
-  int64_t groups = heads, head_dim = hidden / std::max<int64_t>(heads, 1);
+  int64_t groups = mixtral ? 8 : heads, head_dim = hidden / std::max<int64_t>(heads, 1);
   read_bounded(j, "num_key_value_heads", kMaxWidth, &groups, problems, /*null_ok=*/true);
   read_bounded(j, "head_dim", kMaxWidth, &head_dim, problems, /*null_ok=*/true);
   if (heads % groups != 0)
@@ -176,21 +230,25 @@ Result<HfGpt2Config> parse_llama_config(const json& j, const std::string& where)
   if (!j.contains("head_dim") && hidden % heads != 0)
     problems.push_back(fmt::format("num_attention_heads {} does not divide hidden_size {} (and no head_dim is given)",
                                    heads, hidden));
-  a.eps = 1e-6;
+  a.eps = mixtral ? 1e-5 : 1e-6;
+  a.rope_theta = mixtral ? 1e6 : 10000;
   read_positive(j, "rms_norm_eps", 1.0, &a.eps, problems);
   read_positive(j, "rope_theta", 1e30, &a.rope_theta, problems);
   bool attention_bias = false, mlp_bias = false;
-  read_flag(j, "attention_bias", &attention_bias, problems);
-  read_flag(j, "mlp_bias", &mlp_bias, problems);
+  if (!mixtral) {  // MixtralForCausalLM has no biases, whatever its config says
+    read_flag(j, "attention_bias", &attention_bias, problems);
+    read_flag(j, "mlp_bias", &mlp_bias, problems);
+  }
   if (attention_bias != mlp_bias)
     problems.push_back(fmt::format("attention_bias is {} but mlp_bias is {}: troupe's linears have biases all or none "
                                    "(--disable-bias-linear)",
                                    attention_bias, mlp_bias));
   a.bias = attention_bias;
-  a.tied = false;  // LlamaConfig's default
+  a.tied = false;  // LlamaConfig's and MixtralConfig's default
   read_flag(j, "tie_word_embeddings", &a.tied, problems);
   if (auto act = j.find("hidden_act"); act != j.end() && !(act->is_string() && act->get<std::string>() == "silu"))
-    problems.push_back("hidden_act is " + json_excerpt(*act) + ": troupe's LLaMA MLP is SwiGLU (silu)");
+    problems.push_back("hidden_act is " + json_excerpt(*act) + ": troupe's " +
+                       (mixtral ? "Mixtral experts are" : "LLaMA MLP is") + " SwiGLU (silu)");
   if (auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
     problems.push_back("rope_scaling is " + json_excerpt(*rs) + ": troupe's rotary embedding has no scaling");
   if (auto pr = j.find("partial_rotary_factor"); pr != j.end() && !(pr->is_number() && pr->get<double>() == 1.0))
@@ -206,6 +264,7 @@ Result<HfGpt2Config> parse_llama_config(const json& j, const std::string& where)
   a.ffn = ffn;
   a.vocab = vocab;
   a.positions = positions;
+  if (mixtral) read_mixtral_moe(j, a, problems);
   read_troupe_block(j, c, problems);
   if (!problems.empty()) return refused(where, problems, kFamilyFix);
   c.n_layer = layers;
@@ -270,12 +329,13 @@ Status read_family_tensors(HfModel& model, const std::map<std::string, Located>&
   const HfArch& a = model.config.arch;
   const std::vector<HfTensor> expected = hf_family_tensors(a);
   const std::string embedding = expected.front().name;  // embed_tokens / word_embeddings
-  const std::string sizes =
-      a.family == HfFamily::llama
+  std::string sizes =
+      a.family != HfFamily::bloom
           ? fmt::format("num_hidden_layers {}, hidden_size {}, num_attention_heads {}, num_key_value_heads {}, "
                         "head_dim {}, intermediate_size {}, vocab_size {}",
                         a.layers, a.hidden, a.heads, a.groups, a.head_dim, a.ffn, a.vocab)
           : fmt::format("n_layer {}, hidden_size {}, vocab_size {}", a.layers, a.hidden, a.vocab);
+  if (a.family == HfFamily::mixtral) sizes += fmt::format(", num_local_experts {}", a.experts);
   std::set<std::string> known;
   for (const HfTensor& e : expected) {
     known.insert(e.name);
@@ -294,7 +354,7 @@ Status read_family_tensors(HfModel& model, const std::map<std::string, Located>&
   for (const auto& [name, at] : found)
     if (!known.count(name) && !(tied_head && name == "lm_head.weight"))
       problems.push_back("tensor '" + name + "' (in " + files[at.file] + ") has no counterpart in troupe's " +
-                         (a.family == HfFamily::llama ? "LLaMA" : "BLOOM"));
+                         (a.family == HfFamily::llama ? "LLaMA" : a.family == HfFamily::mixtral ? "Mixtral" : "BLOOM"));
   if (!problems.empty()) return refused(where, problems, kFamilyFix);
 
   std::map<std::string, size_t> index;  // troupe name -> position in model.params
@@ -325,11 +385,14 @@ Result<HfGpt2Config> parse_hf_config(std::string_view text, const std::string& w
   HfGpt2Config c;
   std::vector<std::string> problems;
   auto type = j.find("model_type");
-  if (type != j.end() && type->is_string() && type->get<std::string>() == "llama") return parse_llama_config(j, where);
+  if (type != j.end() && type->is_string() && type->get<std::string>() == "llama")
+    return parse_llama_config(j, where, HfFamily::llama);
+  if (type != j.end() && type->is_string() && type->get<std::string>() == "mixtral")
+    return parse_llama_config(j, where, HfFamily::mixtral);
   if (type != j.end() && type->is_string() && type->get<std::string>() == "bloom") return parse_bloom_config(j, where);
   if (type == j.end() || !type->is_string() || type->get<std::string>() != "gpt2")
     problems.push_back("model_type is " + (type == j.end() ? std::string("missing") : json_excerpt(*type)) +
-                       ", not \"gpt2\", \"llama\" or \"bloom\" (other model families are not troupe's)");
+                       ", not \"gpt2\", \"llama\", \"mixtral\" or \"bloom\" (other model families are not troupe's)");
   if (auto a = j.find("architectures"); a != j.end() && !a->is_null()) {
     bool gpt2 = a->is_array() && !a->empty();
     for (const json& name : a->is_array() ? *a : json::array())

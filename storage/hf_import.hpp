@@ -1,7 +1,7 @@
-// Hugging Face folders of GPT-2, LLaMA and BLOOM (what GPT2LMHeadModel / LlamaForCausalLM /
-// BloomForCausalLM.save_pretrained write, and the Hub's released checkpoints) read into troupe's
-// parameters: `troupe ckpt import --format hf` and `troupe train --load HF_FOLDER`
-// (docs/CHECKPOINT.md, "Hugging Face folders").
+// Hugging Face folders of GPT-2, LLaMA, Mixtral and BLOOM (what GPT2LMHeadModel / LlamaForCausalLM /
+// MixtralForCausalLM / BloomForCausalLM.save_pretrained write, and the Hub's released checkpoints)
+// read into troupe's parameters: `troupe ckpt import --format hf` and `troupe train --load
+// HF_FOLDER` (docs/CHECKPOINT.md, "Hugging Face folders").
 //
 //   DIR/config.json                    GPT2Config: model_type "gpt2", n_layer, n_embd, n_head,
 //                                      n_positions, vocab_size, layer_norm_epsilon, ...;
@@ -9,7 +9,11 @@
 //                                      intermediate_size, num_hidden_layers, num_attention_heads,
 //                                      num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
 //                                      attention_bias = mlp_bias, tie_word_embeddings, hidden_act
-//                                      "silu", no rope_scaling;  BloomConfig: model_type "bloom",
+//                                      "silu", no rope_scaling;  MixtralConfig: model_type
+//                                      "mixtral", LlamaConfig's sizes (no bias switches),
+//                                      num_local_experts, num_experts_per_tok,
+//                                      router_aux_loss_coef, router_jitter_noise 0, sliding_window
+//                                      null or >= max_position_embeddings;  BloomConfig: model_type "bloom",
 //                                      hidden_size, n_layer, n_head, layer_norm_epsilon, vocab_size,
 //                                      tie_word_embeddings, no apply_residual_connection_post_layernorm
 //   DIR/model.safetensors              the weights (storage/safetensors.hpp), or, sharded:
@@ -23,11 +27,11 @@
 // Conv1D weights, (in, out) in the file, are transposed to troupe's (out, in); F16 and BF16 values
 // are widened to float32 exactly. So an export (storage/hf_export.hpp) imports back bitwise.
 //
-// LLaMA and BLOOM tensors carry their classes' names (storage/hf_names.hpp maps them to troupe's
-// parameters: q/k/v_proj joined into c_attn, gate/up_proj into c_fc, BLOOM's per-head QKV rows
-// reordered; q and k rows permuted back when troupe's export recorded rotary_interleaved); Llama's
-// rotary_emb.inv_freq buffers are ignored; lm_head.weight is required when untied and must equal the
-// embedding when present in a tied model.
+// LLaMA, Mixtral and BLOOM tensors carry their classes' names (storage/hf_names.hpp maps them to
+// troupe's parameters: q/k/v_proj joined into c_attn, gate/up_proj (Mixtral's experts' w1/w3) into
+// c_fc, BLOOM's per-head QKV rows reordered; q and k rows permuted back when troupe's export
+// recorded rotary_interleaved); Llama's rotary_emb.inv_freq buffers are ignored; lm_head.weight is
+// required when untied and must equal the embedding when present in a tied model.
 //
 // Refused, every problem at once, as bad input naming the folder and the fix: a config that is none of
 // the three (or a LLaMA/BLOOM option troupe's model does not have), a GPT-2 config with an

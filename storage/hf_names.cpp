@@ -50,6 +50,7 @@ const char* hf_architecture(HfFamily f) {
     case HfFamily::gpt2: return "GPT2LMHeadModel";
     case HfFamily::llama: return "LlamaForCausalLM";
     case HfFamily::bloom: return "BloomForCausalLM";
+    case HfFamily::mixtral: return "MixtralForCausalLM";
   }
   return "?";
 }
@@ -72,7 +73,7 @@ std::vector<HfTensor> hf_family_tensors(const HfArch& a) {
     t.heads = H;
     out.push_back(std::move(t));
   };
-  if (a.family == HfFamily::llama) {
+  if (a.family == HfFamily::llama || a.family == HfFamily::mixtral) {
     // q and k rows in HF's rotate-half order: permuted per head when troupe's pairs are interleaved.
     const HfRows qk = a.rotary_interleaved ? HfRows::rotary : HfRows::copy;
     add("model.embed_tokens.weight", {V, C}, "transformer.wte.weight", {V, C});
@@ -90,6 +91,18 @@ std::vector<HfTensor> hf_family_tensors(const HfArch& a) {
       add(hf + "self_attn.o_proj.weight", {C, H * hd}, t + "attn.c_proj.weight", {C, H * hd});
       if (a.bias) add(hf + "self_attn.o_proj.bias", {C}, t + "attn.c_proj.bias", {C});
       add(hf + "post_attention_layernorm.weight", {C}, t + "ln_2.weight", {C});
+      if (a.family == HfFamily::mixtral) {  // the sparse MoE block (no biases in Mixtral)
+        const int64_t E = a.experts;
+        add(hf + "block_sparse_moe.gate.weight", {E, C}, t + "mlp.router.weight", {E, C});
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string x = hf + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          const std::string y = t + "mlp.experts." + std::to_string(e) + ".";
+          add(x + "w1.weight", {F, C}, y + "c_fc.weight", {2 * F, C}, HfRows::copy, 0);
+          add(x + "w2.weight", {C, F}, y + "c_proj.weight", {C, F});
+          add(x + "w3.weight", {F, C}, y + "c_fc.weight", {2 * F, C}, HfRows::copy, F);
+        }
+        continue;
+      }
       add(hf + "mlp.gate_proj.weight", {F, C}, t + "mlp.c_fc.weight", {2 * F, C}, HfRows::copy, 0);
       if (a.bias) add(hf + "mlp.gate_proj.bias", {F}, t + "mlp.c_fc.bias", {2 * F}, HfRows::copy, 0);
       add(hf + "mlp.up_proj.weight", {F, C}, t + "mlp.c_fc.weight", {2 * F, C}, HfRows::copy, F);

@@ -5,7 +5,7 @@
 // orientation of the four Conv1D weights per layer: troupe stores linear weights (out, in) as
 // torch.nn.Linear does, HF's Conv1D stores them (in, out).
 //
-// LlamaForCausalLM and BloomForCausalLM (HfArch): every HF tensor is a set of rows of one troupe
+// LlamaForCausalLM, MixtralForCausalLM and BloomForCausalLM (HfArch): every HF tensor is a set of rows of one troupe
 // parameter (a 1-D tensor's rows are its elements), so an export and an import are the same row map
 // read in the two directions, and a round trip is bitwise:
 //   LLaMA  model.embed_tokens.weight = transformer.wte.weight;  per layer N (model.layers.N.):
@@ -17,6 +17,10 @@
 //          (2i, 2i+1) exports its q and k rows permuted within each head (HF row i <- troupe row 2i,
 //          HF row hd/2 + i <- troupe row 2i + 1): q.k is unchanged by a common permutation of the
 //          dimensions, and the permuted rows rotate in HF's pairs exactly as troupe's did in its own.
+//   Mixtral  LLaMA's names for the embeddings, attention, norms and head; in place of the MLP, per
+//          layer N (model.layers.N.block_sparse_moe.): gate = mlp.router (E, C);  per expert e
+//          (experts.e.): w1 = the gate half of mlp.experts.e.c_fc (rows [0, F)), w3 = its up half
+//          (rows [F, 2F)), w2 = mlp.experts.e.c_proj (C, F). Experts by global index, every layer.
 //   BLOOM  transformer.word_embeddings = wte;  word_embeddings_layernorm = ln_embd;  per layer
 //          (transformer.h.N.): input_layernorm = ln_1;  self_attention.query_key_value = attn.c_attn
 //          with BLOOM's per-head [q k v] rows: HF row (h*3 + j)*hs + d <- troupe row j*C + h*hs + d;
@@ -59,25 +63,34 @@ bool is_conv1d_weight(const std::string& name);
 // (rows, cols) row-major -> (cols, rows), in cache-sized tiles.
 void transpose(const float* src, int64_t rows, int64_t cols, float* dst);
 
-enum class HfFamily : uint8_t { gpt2, llama, bloom };
-const char* hf_architecture(HfFamily f);  // "GPT2LMHeadModel", "LlamaForCausalLM", "BloomForCausalLM"
+enum class HfFamily : uint8_t { gpt2, llama, bloom, mixtral };
+// "GPT2LMHeadModel", "LlamaForCausalLM", "BloomForCausalLM", "MixtralForCausalLM"
+const char* hf_architecture(HfFamily f);
 
-// The sizes of a LLaMA or BLOOM in Hugging Face's terms (and GPT-2's, which uses the first six).
+// The sizes of a LLaMA, Mixtral or BLOOM in Hugging Face's terms (and GPT-2's, which uses the first
+// six). Mixtral is LLaMA's attention and norms with a sparse MoE block in every layer.
 struct HfArch {
   HfFamily family = HfFamily::gpt2;
   int64_t layers = 0, hidden = 0, heads = 0, vocab = 0, positions = 0;
   int64_t groups = 0;    // key/value heads (LLaMA's num_key_value_heads); = heads otherwise
   int64_t head_dim = 0;  // hidden / heads unless LLaMA's head_dim says otherwise
-  int64_t ffn = 0;       // intermediate_size (LLaMA), 4 hidden (BLOOM, GPT-2)
+  int64_t ffn = 0;       // intermediate_size (LLaMA; Mixtral: each expert's), 4 hidden (BLOOM, GPT-2)
   double eps = 1e-5;     // rms_norm_eps / layer_norm_epsilon
   double rope_theta = 10000;
   bool bias = true;                // LLaMA's attention_bias and mlp_bias (troupe has one switch for both)
   bool tied = true;                // tie_word_embeddings: no lm_head.weight of its own
-  bool rotary_interleaved = false; // LLaMA: troupe's model pairs (2i, 2i+1) (export permutes q and k)
+  bool rotary_interleaved = false; // LLaMA, Mixtral: troupe's model pairs (2i, 2i+1) (export permutes q and k)
+  // Mixtral: num_local_experts, num_experts_per_tok, router_aux_loss_coef (troupe's aux_loss_coeff),
+  // and troupe's training-only router settings that MixtralConfig cannot hold (its "troupe" block
+  // keeps them, so an import of troupe's own export restores them).
+  int64_t experts = 0, topk = 0;
+  double aux_loss_coef = 0;
+  std::string load_balancing = "aux_loss";  // MoeLoadBalancing's spelling
+  double z_loss_coeff = 0, input_jitter_eps = 0;
 };
 
-// The HF tensors of a LLaMA or BLOOM in save_pretrained's order (lm_head.weight last, when untied),
-// each with the troupe parameter and rows it holds (troupe names: model/params.hpp).
+// The HF tensors of a LLaMA, Mixtral or BLOOM in save_pretrained's order (lm_head.weight last, when
+// untied), each with the troupe parameter and rows it holds (troupe names: model/params.hpp).
 std::vector<HfTensor> hf_family_tensors(const HfArch& arch);
 
 // The troupe row of HF row `hf_row` of `t` (rows: dimension 0; 1-D tensors: elements).

@@ -640,7 +640,11 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
 
 Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size,
                              std::vector<std::string>* notes) {
-  const FlagGivenFn given = [&cmd](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  // A flag this build does not register (a preset asks after the mixture-of-experts flags) was not given.
+  const FlagGivenFn given = [&cmd](const char* flag) {
+    const CLI::Option* o = cmd.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
   FlagOrigins origins;
   // The data-parallel size DeepSpeed's batch rule and the derived global batch multiply by (an
   // invalid one is reported by validation).

@@ -200,13 +200,11 @@ struct GptConfig {
   // Parameters of the real model (padding rows excluded), tied embedding counted once, for every
   // family: wte V C, wpe P C (learned positions), the embedding LayerNorm, per layer two norms
   // (LayerNorm 2C, RMSNorm C), qkv C (H + 2G) hs (+ bias), the projection H hs C (+ C), fc1 C F
-  // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C.
-  // An MoE layer of E experts of width Fe (expert_ffn_hidden_size) has, in place of the MLP: the
-  // router E C (no bias, both anchors); per expert fc1 C Fe (x2 with SwiGLU, + bias) and fc2 Fe C,
-  // + C of bias only with the megatron router (Megatron-DeepSpeed ignores the experts' c_proj bias);
-  // residual (PR-MoE): a dense MLP shaped as an expert (its c_proj bias ignored alike) and the
-  // mixing coefficient Linear(C, 2) with bias, 2C + 2; a shared expert of width Fs: fc1 C Fs (x2
-  // with SwiGLU, + bias) and fc2 Fs C (+ C), as the dense MLP.
+  // (x2 with SwiGLU, + bias), fc2 F C (+ C), the final norm, and an untied head V C. An MoE layer
+  // of E experts of width Fe has in place of its MLP (model/params.hpp's tensors): the router E C
+  // (+ E, the megatron router with biases), E experts each an MLP of width Fe (biases as the MLP's),
+  // PR-MoE's dense MLP (a copy of the expert) and coefficient 2C + 2 (residual), the shared expert's
+  // MLP of its width. Mixtral-8x7B: 46,702,792,704.
   int64_t num_parameters() const;
   // Model FLOPs of one forward+backward over `tokens` tokens in sequences of seq_length, without
   // recomputation: Megatron-LM's num_floating_point_operations (megatron/training/training.py, the

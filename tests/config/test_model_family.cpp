@@ -51,12 +51,22 @@ int64_t count_tensors(const GptConfig& m) {
     if (bias) t.push_back({h + ".attn.c_proj.bias", C});
     norm(h + ".ln_2");
     const int64_t halves = m.activation == MlpActivation::swiglu ? 2 : 1;
-    for (int64_t k = 0; k < halves; ++k) {
-      t.push_back({h + ".mlp.c_fc.weight (part)", F * C});
-      if (bias) t.push_back({h + ".mlp.c_fc.bias (part)", F});
-    }
-    t.push_back({h + ".mlp.c_proj.weight", C * F});
-    if (bias) t.push_back({h + ".mlp.c_proj.bias", C});
+    auto mlp = [&](const std::string& prefix, int64_t width) {
+      for (int64_t k = 0; k < halves; ++k) {
+        t.push_back({prefix + "c_fc.weight (part)", width * C});
+        if (bias) t.push_back({prefix + "c_fc.bias (part)", width});
+      }
+      t.push_back({prefix + "c_proj.weight", C * width});
+      if (bias) t.push_back({prefix + "c_proj.bias", C});
+    };
+    const int64_t E = m.moe.experts_of(l, m.num_layers);  // an MoE layer: the router and E experts
+    if (E == 0 || m.moe.residual) mlp(h + ".mlp.", F);
+    if (E == 0) continue;
+    t.push_back({h + ".mlp.router.weight", E * C});
+    if (bias && m.moe.router == MoeRouter::megatron) t.push_back({h + ".mlp.router.bias", E});
+    if (m.moe.residual) t.push_back({h + ".mlp.coefficient", 2 * C + 2});
+    if (m.moe.shared_expert_ffn > 0) mlp(h + ".mlp.shared_expert.", m.moe.shared_expert_ffn);
+    for (int64_t e = 0; e < E; ++e) mlp(h + ".mlp.experts." + std::to_string(e) + ".", m.expert_ffn_hidden_size());
   }
   norm("transformer.ln_f");
   if (m.untie_embeddings_and_output_weights) t.push_back({"lm_head.weight", V * C});
@@ -108,6 +118,7 @@ TEST_CASE("model family: the presets have the published parameter counts and voc
       {"gpt2-774m", {774'030'080, 50257}},        {"gpt2-1.5b", {1'557'611'200, 50257}},
       {"llama2-7b", {6'738'415'616, 32000}},      {"llama2-13b", {13'015'864'320, 32000}},
       {"llama2-70b", {68'976'648'192, 32000}},    {"llama3-8b", {8'030'261'248, 128256}},
+      {"mixtral-8x7b", {46'702'792'704, 32000}},
       {"bloom-560m", {559'214'592, 250880}},      {"bloom-176b", {176'247'271'424, 250880}}};
   REQUIRE(model_presets().size() == published.size());
   for (const ModelPreset& p : model_presets()) {
@@ -125,6 +136,10 @@ TEST_CASE("model family: the presets have the published parameter counts and voc
   CHECK(std::string(find_model_preset("bloom-560m")->model.family_name()) == "BLOOM");
   CHECK(find_model_preset("gpt2-124m")->model.is_gpt2_family());
   CHECK(find_model_preset("llama3-8b")->model.rotary_base == 500000);
+  const GptConfig& mixtral = find_model_preset("mixtral-8x7b")->model;
+  CHECK((mixtral.moe.num_experts == std::vector<int>{8} && mixtral.moe.topk == 2 && !mixtral.moe.drop_tokens));
+  CHECK((mixtral.expert_ffn_hidden_size() == 14336 && mixtral.query_groups() == 8 && mixtral.rotary_base == 1e6));
+  CHECK((mixtral.seq_length == 4096 && mixtral.max_position_embeddings == 32768));
   CHECK(find_model_preset("gpt-5") == nullptr);
 }
 

@@ -12,6 +12,7 @@
 
 #include "model/op_probe.hpp"
 #include "tests/model/chunk_harness.hpp"
+#include "tests/test_util.hpp"
 
 using namespace troupe;
 using namespace troupe::chunk_test;
@@ -432,10 +433,8 @@ void dump_case(const std::string& dir, const GptConfig& cfg) {
 // the float64 PyTorch oracle (forward, losses, counts, gradients within 1e-9).
 TEST_CASE("moe: one MoE layer's inputs, weights and results for the float64 oracle", "[.moe_dump]") {
   const char* root = std::getenv("TROUPE_MOE_DUMP_DIR");
-  if (root == nullptr) {  // run by name without the script: nothing to write
-    WARN("TROUPE_MOE_DUMP_DIR is not set: tests/cli/moe_oracle.sh runs this case");
-    return;
-  }
+  // CTest lists hidden cases too: without the folder (tests/cli/moe_oracle.sh sets it) it is skipped.
+  if (root == nullptr) TROUPE_SKIP("TROUPE_MOE_DUMP_DIR is not set: tests/cli/moe_oracle.sh runs this case");
   auto one_layer = [](GptConfig c) {
     c.num_layers = 1;
     c.moe.layer_freq = 1;

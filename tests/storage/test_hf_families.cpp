@@ -152,7 +152,7 @@ TEST_CASE("hf families: LlamaConfig and BloomConfig read, every unsupported opti
   REQUIRE_FALSE(bad_bloom.is_ok());
   CHECK_THAT(bad_bloom.status().message(),
              Contains("n_head 4 does not divide hidden_size 10") && Contains("apply_residual_connection_post_layernorm"));
-  CHECK_THAT(parse_hf_config(R"({"model_type":"mistral"})", "").status().message(), Contains("\"llama\" or \"bloom\""));
+  CHECK_THAT(parse_hf_config(R"({"model_type":"mistral"})", "").status().message(), Contains("\"llama\", \"mixtral\" or \"bloom\""));
 }
 
 TEST_CASE("hf families: the row map covers every troupe row once and inverts bitwise", "[hf][family]") {
