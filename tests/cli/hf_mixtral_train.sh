@@ -61,7 +61,7 @@ for n in names:
 PY
 
 # Pre-softmax weights are not renormalised: no Mixtral. Refused by the export, exit 2, nothing written.
-small_train --train-iters 2 --save ck_pre --num-threads 1 "${mixtral[@]}" --moe-router-pre-softmax > /dev/null 2>&1 ||
+small_train --train-iters 4 --save ck_pre --num-threads 1 "${mixtral[@]}" --moe-router-pre-softmax > /dev/null 2>&1 ||
   fail "training the pre-softmax model failed"
 set +e
 "$troupe" ckpt export --load ck_pre --format hf --output hf_pre > pre.log 2>&1
