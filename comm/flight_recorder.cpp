@@ -132,6 +132,8 @@ const char* flight_kind_name(FlightKind kind) {
       return "send";
     case FlightKind::recv:
       return "recv";
+    case FlightKind::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }

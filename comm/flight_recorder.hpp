@@ -11,7 +11,7 @@
 //
 // What is recorded, by record_flight's communicator (once, for every backend): each call of the
 // Communicator interface is an operation, numbered
-//   * collectives (all_reduce, reduce_scatter, all_gather, broadcast, barrier): seq 1, 2, ... per
+//   * collectives (all_reduce, reduce_scatter, all_gather, broadcast, barrier, all_to_all): seq 1, 2, ... per
 //     group, so the k-th collective of a group is seq k on every member (they call the group's
 //     collectives in the same order: comm/communicator.hpp);
 //   * send and recv: seq 1, 2, ... per (group, peer, direction): the k-th send of rank a to b in a
@@ -19,7 +19,7 @@
 //     is recorded to match them otherwise).
 // bytes: all_reduce and broadcast the buffer, reduce_scatter the whole input (every member's
 // blocks), all_gather the whole output, send/recv the message: the same on every member of a
-// collective.
+// collective; all_to_all (not issued yet) what this member sends, which differs between members.
 // States: scheduled when issued; started when the rank's thread begins to wait for it
 // (Work::wait) before it is done; completed or failed when it is done: the local and ucx backends
 // say so from the thread that finishes it (Work::completed), the nccl backend's operations are
@@ -52,9 +52,12 @@ enum class FlightKind : uint8_t {
   broadcast,
   barrier,
   send,
-  recv
+  recv,
+  // A variable-size all-to-all (an MoE layer's token dispatch): named here so a backend's all_to_all_v
+  // can be recorded; the Communicator interface has none yet. bytes: what this member sends.
+  all_to_all
 };
-const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv"
+const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv", "all_to_all"
 bool is_collective(FlightKind kind);
 
 enum class FlightState : uint8_t { scheduled, started, completed, failed };
