@@ -657,7 +657,8 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
       if (tp_rank_ == 0) moe_tally_.add(moe_slots, stats);  // every TP rank routes alike
     }
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum));
+      TROUPE_RETURN_IF_ERROR(
+          host_all_reduce(*comms_.world, sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum));
     board_->done_waiting();
     out.moe = moe_tally_.loads(moe_slots);
     if (req.zeros_in_grad) out.zeros_in_grad = static_cast<int64_t>(sums[5]);
