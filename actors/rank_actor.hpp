@@ -54,6 +54,7 @@ struct GroupStepResult {
   std::vector<std::vector<TimerReading>> rank_timers;  // each local rank's StepOutcome::timers, in rank order
   int64_t zeros_in_grad = -1;                          // StepOutcome::zeros_in_grad (every rank has the same)
   double params_norm = -1;                             // StepOutcome::params_norm (every rank has the same)
+  std::vector<MoeLayerLoad> moe;                       // StepOutcome::moe: job-wide, every rank has the same
 };
 
 using rank_actor = caf::typed_actor<

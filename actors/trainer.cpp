@@ -9,6 +9,7 @@
 #include "engine/fault_injection.hpp"
 #include "engine/loss_scaler.hpp"
 #include "engine/lr_schedule.hpp"
+#include "engine/moe_tally.hpp"
 #include "engine/step_timers.hpp"
 
 namespace troupe {
@@ -253,6 +254,8 @@ void on_step(Self self, const GroupStepResult& r) {
   s.busy_fraction_max = st.spec.report_busy ? r.busy_fraction_max : -1;
   s.params_norm = r.params_norm;
   s.num_zeros_in_grad = r.zeros_in_grad;
+  s.moe = r.moe;
+  s.moe_loss = moe_loss(cfg.model.moe, s.moe);
   s.loss_scale = used_scale;
   s.skipped = skipped;
   if (skipped) {

@@ -18,6 +18,7 @@
 #include "config/run_identity.hpp"
 #include "engine/loss_scaler.hpp"
 #include "engine/lr_schedule.hpp"
+#include "engine/moe_tally.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/host_pool.hpp"
 #include "storage/sharded_checkpoint.hpp"
@@ -128,6 +129,8 @@ training_actor::behavior_type training_behavior(Self self, TrainConfig cfg, Mode
                   out.skipped = r.skipped;
                   out.busy_fraction_min = r.busy_fraction_min;
                   out.busy_fraction_max = r.busy_fraction_max;
+                  out.moe = r.moe;
+                  out.moe_loss = moe_loss(s.cfg.model.moe, out.moe);
                   rp.deliver(out);
                 },
                 [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });

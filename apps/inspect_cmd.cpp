@@ -149,6 +149,34 @@ std::string human_history(const nlohmann::json& j) {
   return out;
 }
 
+// moe: per layer a summary line, then per expert the tokens routed and kept, its share of the
+// layer's tokens and a bar (40 characters for the busiest expert).
+std::string human_moe(const nlohmann::json& j) {
+  const auto& layers = j["layers"];
+  if (layers.empty()) return "no MoE layers have reported (a dense model, or no iteration finished yet)\n";
+  std::string out = fmt::format("MoE load of iteration {} (moe loss {:.6E})\n", j.value("iteration", int64_t{0}),
+                                j["moe_loss"].is_number() ? j["moe_loss"].get<double>() : NAN);
+  for (const auto& l : layers) {
+    const std::vector<int64_t> routed = l["routed"].get<std::vector<int64_t>>();
+    const std::vector<int64_t> kept = l["kept"].get<std::vector<int64_t>>();
+    int64_t total = 0, most = 1;
+    for (int64_t r : routed) total += r, most = std::max(most, r);
+    const int64_t dropped = l.value("dropped", int64_t{0});
+    auto num = [&](const char* key) { return l[key].is_number() ? l[key].get<double>() : NAN; };
+    out += fmt::format("layer {}: {} experts, {} micro-batches, {} tokens routed, {} dropped ({:.1f}%); lb loss {:.6g}, "
+                       "z loss {:.6g}\n",
+                       l.value("layer", 0), routed.size(), l.value("micro_batches", int64_t{0}), total, dropped,
+                       total > 0 ? 100.0 * static_cast<double>(dropped) / static_cast<double>(total) : 0.0,
+                       num("lb_loss"), num("z_loss"));
+    out += "  expert    routed      kept   share\n";
+    for (size_t e = 0; e < routed.size(); ++e)
+      out += fmt::format("  {:>6} {:>9} {:>9} {:>6.1f}% {}\n", e, routed[e], e < kept.size() ? kept[e] : 0,
+                         total > 0 ? 100.0 * static_cast<double>(routed[e]) / static_cast<double>(total) : 0.0,
+                         std::string(static_cast<size_t>(40 * routed[e] / most), '#'));
+  }
+  return out;
+}
+
 std::string rank_list(const nlohmann::json& ranks) {
   std::string s;
   for (const auto& r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r.get<int>());
@@ -299,6 +327,8 @@ std::string human(const std::string& command, const nlohmann::json& j) {
     out = human_plan(j);
   } else if (verb == "history" && j.contains("iteration")) {
     out = human_history(j);
+  } else if (verb == "moe" && j.contains("layers")) {
+    out = human_moe(j);
   } else {
     out = j.dump(1) + "\n";
   }
@@ -588,7 +618,7 @@ void add_inspect_command(CLI::App& app, int* exit_code) {
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
   cmd->add_option("--exec", *command,
                   "One command, then exit (for scripts): status, where, pause, step N, resume, set lr X, save, "
-                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, flight [RANK], stacks, trace, top, help... Without it: an interactive prompt");
+                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, moe, flight [RANK], stacks, trace, top, help... Without it: an interactive prompt");
   cmd->add_flag("--json", *json, "Print the answers as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
     auto t = resolve_target(*target);

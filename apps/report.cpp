@@ -22,6 +22,7 @@ void IntervalAverage::add(const IterationStats& s) {
   } else {
     ++advanced_;
     loss_sum_ += s.lm_loss;
+    moe_loss_sum_ += s.moe_loss;
   }
   ms_sum_ += s.ms_per_iter;
   tokens_sum_ += s.tokens_per_sec * s.ms_per_iter / 1e3;
@@ -46,6 +47,7 @@ IterationStats IntervalAverage::mean() const {
   if (count_ == 0) return m;
   const double n = static_cast<double>(count_);
   m.lm_loss = advanced_ > 0 ? loss_sum_ / static_cast<double>(advanced_) : 0.0;
+  m.moe_loss = advanced_ > 0 ? moe_loss_sum_ / static_cast<double>(advanced_) : 0.0;
   m.ms_per_iter = ms_sum_ / n;
   // Throughput over the interval's time: tokens (tokens/s x seconds of each iteration) over seconds.
   m.tokens_per_sec = ms_sum_ > 0 ? tokens_sum_ / (ms_sum_ / 1e3) : 0.0;
@@ -76,12 +78,14 @@ std::string format_iteration(const IterationStats& s, int64_t skipped, int64_t n
   if (s.num_zeros_in_grad >= 0 && !s.skipped)
     norm += fmt::format(" num zeros: {:.1f} |", static_cast<double>(s.num_zeros_in_grad));
   if (s.params_norm >= 0) norm += fmt::format(" params norm: {:.3f} |", s.params_norm);
+  // An MoE model's auxiliary losses as Megatron-DeepSpeed logs its loss_dict: "moe loss" after "lm loss".
+  const std::string moe = s.moe.empty() ? "" : fmt::format(" moe loss: {:.6E} |", s.moe_loss);
   return fmt::format(
              " iteration {:>8}/{:>8} | consumed samples: {:>12} | elapsed time per iteration (ms): {:.1f} | learning "
-             "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} | loss scale: {:.1f} |{} "
+             "rate: {:.6E} | global batch size: {:>5} | lm loss: {:.6E} |{} loss scale: {:.1f} |{} "
              "number of skipped iterations: {:>3} | number of nan iterations: {:>3} | tokens/s: {:.0f} | TFLOP/s: "
              "{:.3f} ({:.1f}% of peak)",
-             s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch_size, s.lm_loss,
+             s.iteration, s.train_iters, s.consumed_samples, s.ms_per_iter, s.lr, s.global_batch_size, s.lm_loss, moe,
              s.loss_scale, norm, skipped, nan, s.tokens_per_sec, s.model_tflops, 100.0 * s.fraction_of_peak) +
          busy;
 }
@@ -137,6 +141,19 @@ std::string iteration_json(const IterationStats& s) {
   if (s.busy_fraction_min >= 0) {  // parallel layouts: the ranks' busy share of the step
     j["busy_fraction_min"] = s.busy_fraction_min;
     j["busy_fraction_max"] = s.busy_fraction_max;
+  }
+  if (!s.moe.empty()) {  // an MoE model: its auxiliary losses and each MoE layer's load (troupe/reports.hpp)
+    j["moe_loss"] = s.moe_loss;
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerLoad& l : s.moe)
+      layers.push_back({{"layer", l.layer},
+                        {"micro_batches", l.micro_batches},
+                        {"routed", l.routed},
+                        {"kept", l.kept},
+                        {"dropped", l.dropped},
+                        {"lb_loss", l.lb_loss},
+                        {"z_loss", l.z_loss}});
+    j["moe"] = std::move(layers);
   }
   if (!s.timers.empty()) {  // --timing-log-level's timers of this iteration, ms: [min, max]
     nlohmann::json t = nlohmann::json::object();

@@ -13,11 +13,12 @@ namespace troupe::apps {
 void print_error(const std::string& command, const std::string& message);
 inline void print_error(const std::string& command, const Status& st) { print_error(command, st.message()); }
 
-// The iterations since the last log line, as Megatron's training_log sums them: the loss averaged
-// over the iterations whose loss was finite and whose step was not skipped, the time per iteration
-// (and so tokens/s and TFLOP/s) over all of them, the skipped and nan counts, the timers averaged
-// per iteration (Megatron's normalizer = the log interval); the learning rate, gradient norm,
-// batch size, loss scale and consumed samples are the last iteration's.
+// The iterations since the last log line, as Megatron's training_log sums them: the loss (and an
+// MoE model's moe loss) averaged over the iterations whose loss was finite and whose step was not
+// skipped, the time per iteration (and so tokens/s and TFLOP/s) over all of them, the skipped and
+// nan counts, the timers averaged per iteration (Megatron's normalizer = the log interval); the
+// learning rate, gradient norm, batch size, loss scale, consumed samples and MoE layer loads are
+// the last iteration's.
 class IntervalAverage {
  public:
   void add(const IterationStats& s);
@@ -30,7 +31,7 @@ class IntervalAverage {
  private:
   IterationStats last_;
   int64_t count_ = 0, advanced_ = 0, skipped_ = 0, nan_ = 0;
-  double loss_sum_ = 0, ms_sum_ = 0, tokens_sum_ = 0, tflops_sum_ = 0, peak_sum_ = 0;
+  double loss_sum_ = 0, moe_loss_sum_ = 0, ms_sum_ = 0, tokens_sum_ = 0, tflops_sum_ = 0, peak_sum_ = 0;
   double busy_min_sum_ = 0, busy_max_sum_ = 0;
   std::vector<TimerReading> timers_;  // sums (ms, min_ms, ranks_ms) per name
 };

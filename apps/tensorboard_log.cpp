@@ -7,8 +7,9 @@
 namespace troupe::apps {
 
 TensorBoardLog::TensorBoardLog(const TensorBoardConfig& config, int64_t log_interval, int ranks, int64_t seq_length,
-                               std::function<void(const std::string&)> warn)
+                               std::function<void(const std::string&)> warn, MoeConfig moe)
     : config_(config),
+      moe_(std::move(moe)),
       log_interval_(log_interval > 0 ? log_interval : 1),
       ranks_(std::max(1, ranks)),
       seq_length_(seq_length),
@@ -38,6 +39,7 @@ void TensorBoardLog::iteration(const IterationStats& s) {
     if (s.num_zeros_in_grad >= 0 && !s.skipped)  // Megatron has no count for a skipped step
       series("num-zeros", static_cast<double>(s.num_zeros_in_grad), s.iteration, s.consumed_samples);
     if (s.params_norm >= 0) series("params-norm", s.params_norm, s.iteration, s.consumed_samples);
+    if (!s.moe.empty()) moe_tags(s);
   }
   // The timing ones, as Megatron averages them: over the iterations since the last --log-interval
   // boundary (its interval-time / iterations, and its timers normalised by the interval).
@@ -59,6 +61,33 @@ void TensorBoardLog::iteration(const IterationStats& s) {
     interval_timer_ms_.clear();
   }
   flush();
+}
+
+void TensorBoardLog::moe_tags(const IterationStats& s) {
+  series("moe loss", s.moe_loss, s.iteration, s.consumed_samples);
+  // Megatron-Core's names: which load-balancing loss the router has, and the z-loss when it is in the
+  // objective (its track_names); the mean over the MoE layers (sum / the MoE layers), then each layer.
+  std::string lb = "load_balancing_loss";
+  if (moe_.router == MoeRouter::megatron && moe_.load_balancing == MoeLoadBalancing::seq_aux_loss)
+    lb = "seq_load_balancing_loss";
+  if (moe_.router == MoeRouter::megatron && moe_.load_balancing == MoeLoadBalancing::none) lb.clear();
+  const bool z = moe_.z_loss_coeff != 0;
+  const double n = static_cast<double>(s.moe.size());
+  double lb_sum = 0, z_sum = 0;
+  for (const MoeLayerLoad& l : s.moe) lb_sum += l.lb_loss, z_sum += l.z_loss;
+  if (!lb.empty()) writer_.add_scalar(lb, lb_sum / n, s.iteration);
+  if (z) writer_.add_scalar("z_loss", z_sum / n, s.iteration);
+  for (const MoeLayerLoad& l : s.moe) {
+    const std::string layer = "_layer_" + std::to_string(l.layer);
+    if (!lb.empty()) writer_.add_scalar("moe/" + lb + layer, l.lb_loss, s.iteration);
+    if (z) writer_.add_scalar("moe/z_loss" + layer, l.z_loss, s.iteration);
+    for (size_t e = 0; e < l.routed.size(); ++e) {
+      const std::string expert = layer + "/expert_" + std::to_string(e);
+      writer_.add_scalar("moe/tokens_per_expert" + expert, static_cast<double>(l.routed[e]), s.iteration);
+      writer_.add_scalar("moe/kept_tokens_per_expert" + expert, static_cast<double>(l.kept[e]), s.iteration);
+    }
+    writer_.add_scalar("moe/dropped_tokens" + layer, static_cast<double>(l.dropped), s.iteration);
+  }
 }
 
 void TensorBoardLog::eval(const EvalStats& e) {

@@ -13,6 +13,14 @@
 //     IterationStats::timers, throughput (TFLOP/s per rank, also --log-throughput);
 //   every evaluation: lm loss validation and, with --log-validation-ppl-to-tensorboard,
 //     lm loss validation ppl (exp(min(20, loss)), as Megatron), each also vs samples and vs tokens.
+//   an MoE model, every --tensorboard-log-interval iterations (the iteration's values; docs/COMPAT.md):
+//     moe loss (Megatron-DeepSpeed's loss_dict key; also vs samples and vs tokens);
+//     Megatron-Core's track_moe_metrics: load_balancing_loss (seq_load_balancing_loss for
+//     seq_aux_loss; none when the router has no such loss) and z_loss (with a z-loss coefficient),
+//     the mean over the MoE layers, and per layer moe/load_balancing_loss_layer_N, moe/z_loss_layer_N
+//     (N the 0-based global layer; what --moe-per-layer-logging writes);
+//     troupe's own per layer: moe/tokens_per_expert_layer_N/expert_E (routed),
+//     moe/kept_tokens_per_expert_layer_N/expert_E, moe/dropped_tokens_layer_N.
 // An I/O failure is reported once through `warn`; the log is off from then on and training goes on.
 // Not thread-safe (the callbacks of troupe::train run on one thread).
 #pragma once
@@ -22,6 +30,7 @@
 #include <string>
 
 #include "storage/tfevents.hpp"
+#include "troupe/model_config.hpp"
 #include "troupe/reports.hpp"
 #include "troupe/train_config.hpp"
 
@@ -31,8 +40,10 @@ class TensorBoardLog {
  public:
   // ranks: tp x pp x dp of the job (world-size; throughput is per rank). seq_length: tokens per
   // sample (the vs tokens steps). log_interval: --log-interval.
+  // moe: the model's MoE settings (which loss tags an MoE model's iterations get; unused when they
+  // carry no MoE loads).
   TensorBoardLog(const TensorBoardConfig& config, int64_t log_interval, int ranks, int64_t seq_length,
-                 std::function<void(const std::string&)> warn);
+                 std::function<void(const std::string&)> warn, MoeConfig moe = {});
   void iteration(const IterationStats& s);
   void eval(const EvalStats& e);
   void set_log_interval(int64_t n) { log_interval_ = n > 0 ? n : 1; }
@@ -40,9 +51,11 @@ class TensorBoardLog {
  private:
   // TAG, TAG vs samples, TAG vs tokens.
   void series(const std::string& tag, double value, int64_t iteration, int64_t samples);
+  void moe_tags(const IterationStats& s);
   void flush();
 
   TensorBoardConfig config_;
+  MoeConfig moe_;
   int64_t log_interval_;
   int ranks_;
   int64_t seq_length_;

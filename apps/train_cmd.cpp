@@ -96,7 +96,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
       tensorboard = std::make_unique<TensorBoardLog>(
           c.tensorboard, c.log_interval,
           c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.resolved_dp(world), c.model.seq_length,
-          [&](const std::string& warning) { printer->line("  warning: " + warning); });
+          [&](const std::string& warning) { printer->line("  warning: " + warning); }, c.model.moe);
     const GptConfig& m = c.model;
     printer->line(fmt::format(
         "troupe train: {} {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",

@@ -56,7 +56,7 @@ enum class FlightKind : uint8_t {
   recv,
   all_to_all
 };
-const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv"
+const char* flight_kind_name(FlightKind kind);  // "all_reduce", ..., "recv", "all_to_all"
 bool is_collective(FlightKind kind);
 
 enum class FlightState : uint8_t { scheduled, started, completed, failed };

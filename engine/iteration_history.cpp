@@ -17,6 +17,12 @@ void IterationHistory::add(const IterationStats& s) {
   ring_[next_] = {s.iteration, s.lm_loss, s.lr, s.grad_norm, s.ms_per_iter};
   next_ = (next_ + 1) % ring_.size();
   filled_ = std::min(filled_ + 1, ring_.size());
+  if (!s.moe.empty()) moe_ = {s.iteration, s.moe_loss, s.moe};
+}
+
+MoeSnapshot IterationHistory::last_moe() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return moe_;
 }
 
 std::vector<HistoryPoint> IterationHistory::points(int64_t since, size_t last) const {
@@ -41,6 +47,21 @@ std::string history_json(const std::vector<HistoryPoint>& points, size_t kept) {
   }
   return nlohmann::json{{"kept", kept}, {"iteration", it}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", ms}}
              .dump() +
+         "\n";
+}
+
+std::string moe_json(const MoeSnapshot& snapshot) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const MoeLayerLoad& l : snapshot.layers)
+    layers.push_back({{"layer", l.layer},
+                      {"experts", l.routed.size()},
+                      {"micro_batches", l.micro_batches},
+                      {"routed", l.routed},
+                      {"kept", l.kept},
+                      {"dropped", l.dropped},
+                      {"lb_loss", l.lb_loss},
+                      {"z_loss", l.z_loss}});
+  return nlohmann::json{{"iteration", snapshot.iteration}, {"moe_loss", snapshot.moe_loss}, {"layers", layers}}.dump() +
          "\n";
 }
 

@@ -202,7 +202,7 @@ sched::Schedule job_schedule(const RankSpec& spec) {
 
 RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int rank, RankComms comms,
                        std::shared_ptr<ActivityBoard> board)
-    : spec_(spec), rank_(rank), comms_(comms), board_(std::move(board)) {
+    : moe_tally_(spec.model), spec_(spec), rank_(rank), comms_(comms), board_(std::move(board)) {
   const comm::Coords at = topology.coords(rank);
   stage_ = at.pp;
   tp_rank_ = at.tp;
@@ -629,6 +629,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
       }
     }
     for (auto& store : stores_) store->begin_iteration(micro_batches_);
+    for (auto& chunk : chunks_) (void)chunk->take_moe_stats();  // anything an earlier, failed step left
     std::vector<double> micro_losses(static_cast<size_t>(micro_batches_), 0.0);
     TROUPE_RETURN_IF_ERROR(run_schedule(tokens, grad_scale, micro_losses));
     schedule_end_ = Clock::now();
@@ -643,17 +644,27 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     // process of a job learns in the same step that one of them wants to stop), the NaN watch's
     // votes (the step is watched when every rank wanted it as it began: engine/nan_watch.hpp),
     // rank 0's latest inspector command and, when asked for, the zero gradient elements (integers
-    // below 2^53: exact in f64). Each element of the model counts once, as in the norm.
-    double sums[6] = {
-        0, 0, req.stop ? 1.0 : 0.0, watch_step_ ? 1.0 : 0.0, rank_ == 0 ? static_cast<double>(req.control) : 0.0, 0};
+    // below 2^53: exact in f64). Each element of the model counts once, as in the norm. An MoE
+    // model's layers add their step's load after those six (engine/moe_tally.hpp).
+    std::vector<double> sums(6 + moe_tally_.size(), 0.0);
+    sums[2] = req.stop ? 1.0 : 0.0;
+    sums[3] = watch_step_ ? 1.0 : 0.0;
+    sums[4] = rank_ == 0 ? static_cast<double>(req.control) : 0.0;
     for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
     if (req.zeros_in_grad)
       for (auto& store : stores_) sums[5] += static_cast<double>(store->owned_grad_zeros());
     const bool adds_loss = tp_rank_ == 0;  // every TP rank of the last stage has the same loss
     for (double l : micro_losses) sums[1] += adds_loss ? l : 0.0;
+    const std::span<double> moe_slots(sums.data() + 6, moe_tally_.size());
+    for (auto& chunk : chunks_) {
+      const std::vector<MoeLayerStats> stats = chunk->take_moe_stats();
+      if (tp_rank_ == 0) moe_tally_.add(moe_slots, stats);  // every TP rank routes alike
+    }
     if (comms_.world != nullptr && comms_.world->size() > 1)
-      TROUPE_RETURN_IF_ERROR(host_all_reduce(*comms_.world, sums, 6, DType::f64, comm::ReduceOp::sum));
+      TROUPE_RETURN_IF_ERROR(
+          host_all_reduce(*comms_.world, sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum));
     board_->done_waiting();
+    out.moe = moe_tally_.loads(moe_slots);
     if (req.zeros_in_grad) out.zeros_in_grad = static_cast<int64_t>(sums[5]);
     want_params_norm_ = req.params_norm;
     params_norm_ = -1;

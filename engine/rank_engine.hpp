@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "engine/activity.hpp"
+#include "engine/moe_tally.hpp"
 #include "engine/nan_watch.hpp"
 #include "engine/types.hpp"
 #include "troupe/schedule.hpp"
@@ -174,6 +175,9 @@ struct StepOutcome {
   // stand), over the whole model; -1 when not asked for. compute_gradients fills it for a skipped
   // step; otherwise finish_step computes it (params_norm()).
   double params_norm = -1;
+  // Each MoE layer's load in the step over the whole job (engine/moe_tally.hpp: carried by the
+  // norm's all-reduce, so every rank gets the same); empty for a dense model.
+  std::vector<MoeLayerLoad> moe;
 };
 
 struct MemoryReport {
@@ -313,6 +317,7 @@ class RankEngine {
   // The parameters' L2 norm over the world (a collective): this rank's owned, counted elements.
   Status reduce_params_norm();
   int64_t iteration_ = 0;       // StepRequest::step of the step
+  MoeTally moe_tally_;          // the MoE layers' slots in the step's all-reduce (none: dense)
   std::unique_ptr<Kept> kept_;
 
   RankSpec spec_;

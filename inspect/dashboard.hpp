@@ -1,14 +1,15 @@
 // The live dashboard (troupe train --dashboard [HOST:]PORT; docs/INSPECT.md): one self-contained
 // web page, served by rank 0's process with cpp-httplib while the job runs, that polls JSON
 // endpoints every second and draws each rank's measured timeline beside the planned schedule, the
-// loss, learning-rate and gradient-norm curves, each rank's utilisation, and the wait-for graph
-// when ranks wait. The endpoints are the inspector's answers (inspect/inspector.hpp), so the page
-// shows what `troupe inspect` shows:
+// loss, learning-rate and gradient-norm curves, each rank's utilisation, the wait-for graph when
+// ranks wait, and each MoE layer's expert load when the model has MoE layers. The endpoints are the
+// inspector's answers (inspect/inspector.hpp), so the page shows what `troupe inspect` shows:
 //   GET /                  the page (inspect/dashboard_page.html, compiled in)
 //   GET /api/status        status             GET /api/where    where
 //   GET /api/stages        stages --spans 2 [--last N from ?last=N]
 //   GET /api/plan          plan [RANK from ?rank=N]
 //   GET /api/history       history [--since ITERATION from ?since=N] [--last N from ?last=N]
+//   GET /api/moe           moe                (each MoE layer's load in the last iteration)
 //
 // Security: every request, the page included, needs the dashboard's token: a fresh one, not the job
 // token (the dashboard only shows; the inspector also controls the job), in the query (?token=...,

@@ -57,9 +57,12 @@ DashboardRoute route_dashboard_request(const std::string& token, const std::stri
   } else if (path == "/api/history") {
     r.command = "history";
     if (number_param(query, "since", "--since", r)) number_param(query, "last", "--last", r);
+  } else if (path == "/api/moe") {
+    r.command = "moe";
   } else {
     return refuse(404, "no such page: " + path.substr(0, 64) +
-                           " (the dashboard serves /, /api/status, /api/where, /api/stages, /api/plan, /api/history)");
+                           " (the dashboard serves /, /api/status, /api/where, /api/stages, /api/plan, /api/history, "
+                           "/api/moe)");
   }
   return r;
 }

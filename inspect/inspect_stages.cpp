@@ -143,6 +143,13 @@ void add_stage_commands(InspectHub& hub, StageSources sources) {
             if (!src->history) return history_json({}, 0);
             return history_json(src->history->points(since, last), capacity);
           });
+  hub.add("moe", "moe",
+          "each MoE layer's load in the last iteration: tokens routed to and kept by each expert, dropped, and "
+          "the load-balancing and z losses",
+          [src](const InspectCall& call) {
+            if (!call.args.empty()) return inspect_error("moe: takes no arguments -- usage: moe");
+            return moe_json(src->history ? src->history->last_moe() : MoeSnapshot{});
+          });
 }
 
 }  // namespace troupe

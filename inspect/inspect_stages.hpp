@@ -1,4 +1,4 @@
-// The inspector's `stages`, `plan` and `history` (docs/INSPECT.md), registered on the job's
+// The inspector's `stages`, `plan`, `history` and `moe` (docs/INSPECT.md), registered on the job's
 // InspectHub (inspect/inspector.hpp) by run_ranks:
 //   stages [--last N] [--spans N]
 //                                per rank over the last N iterations every rank completed (default
@@ -13,6 +13,9 @@
 //   history [--last N] [--since ITER]
 //                                the job's iterations (loss, lr, grad norm, ms), as drive_trainer
 //                                received them: the process's own record, the same in every process.
+//   moe                          each MoE layer's load in the last iteration (tokens per expert routed
+//                                and kept, dropped, lb and z losses), from the same record; a dense
+//                                model's answer has no layers.
 // The handlers read only what other threads publish: the boards' span rings, the history (both
 // locked), and the schedule, which is fixed for the job.
 #pragma once

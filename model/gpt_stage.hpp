@@ -37,6 +37,7 @@ class GptStage final : public PipelineStage {
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
   void set_probe(OpProbe* probe) override { chunk_.set_probe(probe); }
+  std::vector<MoeLayerStats> take_moe_stats() override { return chunk_.take_moe_stats(); }
   int64_t param_bytes() const override { return chunk_.param_bytes(); }
   int64_t grad_bytes() const override { return chunk_.grad_bytes(); }
   int64_t activation_bytes() const override { return chunk_.activation_bytes(); }

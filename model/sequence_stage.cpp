@@ -156,6 +156,13 @@ void SequenceStage::set_probe(OpProbe* probe) {
   for (auto& b : blocks_) b->set_probe(probe);
 }
 
+std::vector<MoeLayerStats> SequenceStage::take_moe_stats() {
+  std::vector<MoeLayerStats> out;
+  for (auto& b : blocks_)
+    for (MoeLayerStats& st : b->take_moe_stats()) out.push_back(std::move(st));
+  return out;
+}
+
 int64_t SequenceStage::param_bytes() const {
   int64_t n = 0;
   for (const auto& b : blocks_) n += b->param_bytes();

@@ -38,6 +38,7 @@ class SequenceStage final : public PipelineStage {
   double forward_eval(Context& ctx, const Tensor& batch, const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                       int64_t valid) override;
   void set_probe(OpProbe* probe) override;
+  std::vector<MoeLayerStats> take_moe_stats() override;  // every block's, in block order
   int64_t param_bytes() const override;
   int64_t grad_bytes() const override;
   int64_t activation_bytes() const override;

@@ -77,6 +77,11 @@ class PipelineStage {
   // Shows every op's result to `probe` (model/op_probe.hpp), or to nobody (null, the default).
   virtual void set_probe(OpProbe* probe) = 0;
 
+  // The routing statistics of the stage's MoE layers over the training forwards since the last call
+  // (model/gpt_chunk.hpp's MoeLayerStats, one per layer that routed; recomputes and evaluation are
+  // not counted), and resets them. Stages without MoE layers have none.
+  virtual std::vector<MoeLayerStats> take_moe_stats() { return {}; }
+
   virtual int64_t param_bytes() const = 0;
   virtual int64_t grad_bytes() const = 0;
   virtual int64_t activation_bytes() const = 0;

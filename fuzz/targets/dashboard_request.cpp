@@ -21,7 +21,7 @@ constexpr std::string_view kToken = "0123456789abcdef0123456789abcdef0123456789a
 
 bool digits(std::string_view s) { return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos; }
 
-// "stages --spans 2 --last 3", "plan 2", "history --since 4 --last 9", "status", "where".
+// "stages --spans 2 --last 3", "plan 2", "history --since 4 --last 9", "status", "where", "moe".
 bool a_dashboard_command(std::string_view c) {
   auto take = [&](std::string_view word) {
     if (c.substr(0, word.size()) != word) return false;
@@ -35,7 +35,7 @@ bool a_dashboard_command(std::string_view c) {
     c.remove_prefix(d.size());
     return digits(d);
   };
-  if (c == "status" || c == "where") return true;
+  if (c == "status" || c == "where" || c == "moe") return true;
   if (take("stages --spans 2")) return c.empty() || (take(" --last") && number() && c.empty());
   if (take("plan")) return c.empty() || (number() && c.empty());
   if (take("history")) {

@@ -95,11 +95,16 @@ typename Inspector::result_type inspect(Inspector& f, TimerReading& x) {
   return f(caf::meta::type_name("TimerReading"), x.name, x.ms, x.min_ms, x.ranks_ms);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, MoeLayerLoad& x) {
+  return f(caf::meta::type_name("MoeLayerLoad"), x.layer, x.micro_batches, x.routed, x.kept, x.dropped, x.lb_loss,
+           x.z_loss);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, IterationStats& x) {
   return f(caf::meta::type_name("IterationStats"), x.iteration, x.train_iters, x.lm_loss, x.lr, x.grad_norm,
            x.ms_per_iter, x.tokens_per_sec, x.model_tflops, x.fraction_of_peak, x.consumed_samples,
            x.busy_fraction_min, x.busy_fraction_max, x.global_batch_size, x.loss_scale, x.skipped,
-           x.nan_loss, x.timers);
+           x.nan_loss, x.timers, x.moe, x.moe_loss);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {

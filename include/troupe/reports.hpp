@@ -19,6 +19,19 @@ struct TimerReading {
   std::vector<double> ranks_ms;
 };
 
+// One mixture-of-experts layer's routing over one iteration: every training micro-batch of every
+// data-parallel replica (a recomputed forward is not counted again). Token counts are (token, expert)
+// assignments: top-k routing makes k of each token.
+struct MoeLayerLoad {
+  int layer = 0;                      // global transformer layer, 0-based
+  int64_t micro_batches = 0;          // routed by the layer in the iteration, over all replicas
+  std::vector<int64_t> routed, kept;  // (E) per expert: assignments routed to it, those its capacity kept
+  int64_t dropped = 0;                // assignments past an expert's capacity (sum of routed - kept)
+  // Means over the micro-batches, before their coefficients: the load-balancing loss (DeepSpeed's
+  // l_aux, Megatron-Core's aux_loss or seq_aux_loss; 0 when the router has none) and the z-loss.
+  double lb_loss = 0, z_loss = 0;
+};
+
 struct IterationStats {
   int64_t iteration = 0;  // 1-based: iterations completed
   int64_t train_iters = 0;
@@ -49,6 +62,12 @@ struct IterationStats {
   // Negative when not asked for.
   double params_norm = -1;
   int64_t num_zeros_in_grad = -1;
+  // Mixture of experts (empty for a dense model): each MoE layer's load in this iteration, in layer
+  // order, and Megatron-DeepSpeed's "moe loss": what the auxiliary losses add to the objective,
+  // sum over MoE layers of (aux_loss_coeff * lb_loss + z_loss_coeff * z_loss), averaged over the
+  // micro-batches (0 for a dense model).
+  std::vector<MoeLayerLoad> moe;
+  double moe_loss = 0;
 };
 
 struct EvalStats {

@@ -163,6 +163,41 @@ TEST_CASE("dashboard: the reply to a request, apart from HTTP", "[dashboard]") {
   CHECK(dashboard_reply(*job.hub, "", "GET", "/api/status", {}, "").status == 401);
 }
 
+TEST_CASE("dashboard: /api/moe answers the inspector's moe, the last MoE iteration's load per layer",
+          "[dashboard][moe]") {
+  Job job;
+  const std::string token(64, 'd');
+  auto reply = [&](const std::string& path) { return dashboard_reply(*job.hub, token, "GET", path, {}, token); };
+  // A dense job (or none reported yet): no layers, and the page hides its MoE panel.
+  auto dense = reply("/api/moe");
+  CHECK(dense.status == 200);
+  CHECK(nlohmann::json::parse(dense.body) ==
+        nlohmann::json::parse(R"({"iteration": 0, "moe_loss": 0.0, "layers": []})"));
+  IterationStats s;
+  s.iteration = 4;
+  s.moe_loss = 0.0125;
+  s.moe = {MoeLayerLoad{1, 6, {30, 12, 0, 42}, {28, 12, 0, 40}, 4, 1.25, 3.5},
+           MoeLayerLoad{3, 6, {40, 44}, {40, 40}, 4, 1.0, 2.0}};
+  job.history->add(s);
+  IterationStats dense_after;  // an iteration without loads (none in an MoE job) leaves the last ones
+  dense_after.iteration = 5;
+  job.history->add(dense_after);
+  auto moe = reply("/api/moe");
+  REQUIRE(moe.status == 200);
+  const auto j = nlohmann::json::parse(moe.body);
+  CHECK(j["iteration"] == 4);
+  CHECK(j["moe_loss"] == 0.0125);
+  REQUIRE(j["layers"].size() == 2);
+  CHECK(j["layers"][0] == nlohmann::json::parse(R"({"layer": 1, "experts": 4, "micro_batches": 6,
+      "routed": [30, 12, 0, 42], "kept": [28, 12, 0, 40], "dropped": 4, "lb_loss": 1.25, "z_loss": 3.5})"));
+  CHECK(j["layers"][1]["experts"] == 2);
+  CHECK(job.hub->answer("moe") == moe.body);
+  CHECK_THAT(job.hub->answer("moe 1"), Catch::Contains("takes no arguments"));
+  CHECK_THAT(job.hub->answer("help"), Catch::Contains("\"moe\""));
+  // The page polls it and has the panel the chart goes into.
+  CHECK_THAT(dashboard_page(), Catch::Contains("/api/moe") && Catch::Contains("id=\"moe-box\" hidden"));
+}
+
 TEST_CASE("dashboard: connections that say nothing hold a bounded number of descriptors", "[dashboard]") {
   Job job;
   auto bound = Dashboard::bind("127.0.0.1:0", *job.hub);

@@ -162,6 +162,68 @@ TEST_CASE("train api: the training actor takes a config that names no data (its 
   self->send_exit(*training, caf::exit_reason::user_shutdown);
 }
 
+// An MoE model through troupe::train: every iteration reports each MoE layer's load, the same on a
+// pipeline 2 x data 2 layout (4 rank actors, the group answering for them) as in one rank, and the
+// moe loss the objective adds; a dense model reports none.
+TEST_CASE("train api: an MoE model's iterations carry each MoE layer's load, whatever the layout", "[api][moe]") {
+  auto data = std::make_shared<RandomTokens>(16);
+  troupe::TrainConfig cfg = tiny(3);
+  cfg.micro_batch_size = 1;
+  cfg.model.moe.router = troupe::MoeRouter::megatron;
+  cfg.model.moe.num_experts = {4};
+  cfg.model.moe.topk = 2;
+  cfg.model.moe.capacity_factor = 1.0;
+  cfg.model.moe.aux_loss_coeff = 0.01;
+  cfg.model.moe.z_loss_coeff = 0.001;
+  auto run = [&](int pp, int dp) {
+    troupe::TrainConfig c = cfg;
+    c.pipeline_model_parallel_size = pp;
+    c.data_parallel_size = dp;
+    std::vector<troupe::IterationStats> its;
+    troupe::TrainCallbacks cb;
+    cb.on_iteration = [&](const troupe::IterationStats& s) { its.push_back(s); };
+    auto r = troupe::train(c, data, cb, quick());
+    INFO((r ? std::string("ok") : r.status().message()));
+    REQUIRE(r);
+    return its;
+  };
+  const auto one = run(1, 1), four = run(2, 2);
+  REQUIRE(one.size() == 3);
+  REQUIRE(four.size() == 3);
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("iteration " << i + 1);
+    REQUIRE(one[i].moe.size() == 2);  // both layers are MoE layers
+    double expected_moe_loss = 0;
+    for (size_t l = 0; l < one[i].moe.size(); ++l) {
+      const troupe::MoeLayerLoad& a = one[i].moe[l];
+      const troupe::MoeLayerLoad& b = four[i].moe.at(l);
+      CHECK(a.layer == static_cast<int>(l));
+      CHECK(a.micro_batches == cfg.global_batch_size);  // micro-batches of one window
+      int64_t routed = 0, kept = 0;
+      for (size_t e = 0; e < a.routed.size(); ++e) routed += a.routed[e], kept += a.kept[e];
+      CHECK(routed == int64_t{cfg.global_batch_size} * cfg.model.seq_length * 2);
+      CHECK(kept + a.dropped == routed);
+      CHECK(b.routed == a.routed);
+      CHECK(b.kept == a.kept);
+      CHECK(b.dropped == a.dropped);
+      CHECK(b.lb_loss == Approx(a.lb_loss).epsilon(1e-5));
+      CHECK(b.z_loss == Approx(a.z_loss).epsilon(1e-5));
+      expected_moe_loss += 0.01 * a.lb_loss + 0.001 * a.z_loss;
+    }
+    CHECK(one[i].moe_loss == Approx(expected_moe_loss).epsilon(1e-12));
+    CHECK(four[i].moe_loss == Approx(one[i].moe_loss).epsilon(1e-5));
+    CHECK(four[i].lm_loss == Approx(one[i].lm_loss).epsilon(1e-5));
+  }
+  troupe::TrainConfig dense = tiny(1);
+  troupe::TrainCallbacks cb;
+  std::vector<troupe::IterationStats> its;
+  cb.on_iteration = [&](const troupe::IterationStats& s) { its.push_back(s); };
+  REQUIRE(troupe::train(dense, data, cb, quick()));
+  REQUIRE(its.size() == 1);
+  CHECK(its[0].moe.empty());
+  CHECK(its[0].moe_loss == 0);
+}
+
 TEST_CASE("train api: open_data without a vocabulary size is refused, not a division by zero", "[api]") {
   troupe::TrainConfig cfg = tiny(1);
   cfg.mock_data = true;  // vocab_size 0: troupe::train would have set it from the tokenizer

@@ -7,7 +7,9 @@
 # Chromium opens the page: a lane with measured spans for each of the 4 ranks, and a loss curve
 # whose points are the losses the job printed. The dashboard goes with the job. Under troupe launch
 # (4 processes) rank 0's serves it and stages gathers every rank. A stalled job's page draws the
-# waits with rank 1 the culprit. Chromium absent: those parts are skipped, said so.
+# waits with rank 1 the culprit. A dense job's `moe` has no layers and its page no MoE panel; an MoE
+# job's (tests/api/workers/moe_train.cpp) `moe` holds the load of its last iteration, and its page
+# draws each MoE layer's tokens per expert. Chromium absent: those parts are skipped, said so.
 # TROUPE_DASHBOARD_SCREENSHOT=PATH: also save the page as a PNG there (docs/dashboard.png).
 source "$(dirname "$0")/common.bash"
 model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
@@ -28,7 +30,7 @@ token=${url##*token=}
   fail "the dashboard's token is the job token"
 
 # No token, another token: 401 and nothing of the job, on every path.
-for path in "" api/status api/where api/stages api/plan api/history; do
+for path in "" api/status api/where api/stages api/plan api/history api/moe; do
   code=$(curl -s -o none.txt -w '%{http_code}' "$base$path")
   [[ $code == 401 ]] || fail "$base$path without a token: HTTP $code"
   code=$(curl -s -o wrong.txt -w '%{http_code}' -H "X-Troupe-Token: ${token//?/0}" "$base$path?token=${token//?/1}")
@@ -92,6 +94,11 @@ assert len(history["iteration"]) == 2 and history["iteration"][1] == history["it
 print("ok: stages of iterations", stages["iterations"], "bubble", round(stages["bubble"], 3), "predicted 1/3;",
       "plan and history")
 PY
+# A dense model: `moe` has no layers to show.
+"$troupe" inspect run/insp.json --exec moe --json > dense_moe.json || fail "moe failed on a dense job"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['layers'] == [] and j['iteration'] == 0, j" \
+  dense_moe.json || fail "a dense job's moe: $(cat dense_moe.json)"
+"$troupe" inspect run/insp.json --exec moe | grep -q "no MoE layers have reported" || fail "a dense job's moe for people"
 "$troupe" inspect run/insp.json --exec "stages --last 3" > stages.txt || fail "stages for people failed"
 grep -q "^  rank 3 (pp 1, tp 1, dp 0): busy [0-9.]*%, idle" stages.txt || { cat stages.txt; fail "stages for people"; }
 "$troupe" inspect run/insp.json --exec "plan 0" > plan.txt || fail "plan for people failed"
@@ -168,6 +175,8 @@ assert p.curves.get("lr") and p.curves.get("grad_norm"), p.curves.keys()
 assert p.header == f"iteration {its[-1]}", (p.header, its[-1])
 for series in ("loss", "lr", "grad_norm"):
     assert p.labels[series] > max(p.points[series]), (series, p.labels[series], max(p.points[series]))
+# A dense model has no MoE layers: the expert-load panel stays hidden.
+assert 'id="moe-box" hidden' in open(dom).read(), "a dense job's page shows the MoE panel"
 print(f"ok: the page drew lanes for ranks 0-3 ({', '.join(str(l['spans']) for l in p.lanes.values())} spans) "
       f"and a loss curve of {len(its)} points equal to the printed losses")
 PY
@@ -245,5 +254,79 @@ PY
   kill -9 $job 2> /dev/null || true
   wait $job 2> /dev/null || true
   kill_on_exit
+fi
+# An MoE model (tests/api/workers/moe_train.cpp: troupe::train, tp 2 x pp 2, layers 1 and 3 MoE
+# layers of 4 and 6 experts): `moe` answers each layer's load of the last iteration, and the page
+# draws a chart per MoE layer, one bar per expert with the tokens routed to it and kept.
+worker=${TROUPE_MOE_TRAIN_BIN:-$src_dir/build/tests/moe_train}
+if [[ ! -x $worker ]]; then
+  echo "skipped: the moe_train worker is not built ($worker): no MoE page"
+else
+  "$worker" moe.jsonl --iters 100000 --tp 2 --pp 2 --dashboard --inspect-file moe.inspect > moe.log 2>&1 &
+  job=$!
+  kill_on_exit $job
+  wait_for_file moe.inspect
+  for _ in $(seq 1 600); do
+    n=$(grep -c '"moe"' moe.jsonl 2>/dev/null || true)
+    (( ${n:-0} >= 2 )) && break
+    sleep 0.1
+  done
+  "$troupe" inspect moe.inspect --exec moe --json > moe.json || fail "moe failed"
+  "$troupe" inspect moe.inspect --exec moe > moe.txt || fail "moe for people failed"
+  grep -q "^layer 3: 6 experts, 4 micro-batches, 256 tokens routed, [0-9]* dropped" moe.txt ||
+    { cat moe.txt; fail "moe for people lacks layer 3's line"; }
+  (( $(grep -c "^ *[0-9] *[0-9]* *[0-9]* *[0-9.]*% #*" moe.txt) == 10 )) || { cat moe.txt; fail "moe for people: not 4 + 6 experts"; }
+  moe_url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" moe.inspect)
+  if command -v chromium > /dev/null; then
+    timeout 120 "${chrome[@]}" --dump-dom "$moe_url" > moe_dom.html 2>> chromium.err || fail "chromium failed on the MoE job"
+  fi
+  kill -INT $job
+  wait $job || { cat moe.log; fail "the MoE job did not stop cleanly"; }
+  kill_on_exit
+  python3 - moe.json moe.jsonl moe_dom.html <<'PY' || { cat moe.log; fail "the MoE load is not what the job reported"; }
+import html.parser, json, os, sys
+answer, rows = json.load(open(sys.argv[1])), [json.loads(l) for l in open(sys.argv[2])]
+by_it = {j["iteration"]: j for j in rows}
+assert answer["iteration"] in by_it, answer
+j = by_it[answer["iteration"]]
+assert answer["moe_loss"] == j["moe_loss"], (answer, j)
+assert [l["layer"] for l in answer["layers"]] == [1, 3] and [l["experts"] for l in answer["layers"]] == [4, 6], answer
+for a, b in zip(answer["layers"], j["moe"]):
+    for key in ("layer", "micro_batches", "routed", "kept", "dropped", "lb_loss", "z_loss"):
+        assert a[key] == b[key], (key, a, b)
+if os.path.exists(sys.argv[3]):
+    class Page(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.layers, self.box_hidden, self.cur = {}, None, None
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            cls = a.get("class", "").split()
+            if a.get("id") == "moe-box":
+                self.box_hidden = "hidden" in a
+            if tag == "g" and "moe-layer" in cls:
+                self.cur = int(a["data-layer"])
+                self.layers[self.cur] = {"routed": [int(x) for x in a["data-routed"].split()],
+                                         "kept": [int(x) for x in a["data-kept"].split()], "bars": []}
+            if tag == "g" and "moe-expert" in cls:
+                self.layers[self.cur]["bars"].append((int(a["data-routed"]), int(a["data-kept"])))
+            if tag == "rect" and "moe-kept" in cls:
+                self.layers[self.cur].setdefault("kept_rects", 0)
+                self.layers[self.cur]["kept_rects"] += 1
+    p = Page()
+    p.feed(open(sys.argv[3]).read())
+    assert p.box_hidden is False, "the MoE panel is hidden on an MoE job's page"
+    assert sorted(p.layers) == [1, 3], p.layers
+    for layer, experts in ((1, 4), (3, 6)):
+        l = p.layers[layer]
+        assert len(l["bars"]) == experts and l["kept_rects"] == experts, (layer, l)
+        assert l["bars"] == list(zip(l["routed"], l["kept"])), (layer, l)
+        assert sum(l["routed"]) == 8 * 16 * 2 and all(k <= r for r, k in l["bars"]), (layer, l)
+        # The page's iteration is one the job reported: its counts are that iteration's.
+        assert any(m["layer"] == layer and m["routed"] == l["routed"] and m["kept"] == l["kept"]
+                   for r in rows for m in r["moe"]), (layer, l)
+    print("ok: the page drew the expert load of MoE layers 1 and 3 (4 and 6 experts) from the job's numbers")
+print("ok: moe answered iteration", answer["iteration"], "with the metrics file's loads")
+PY
 fi
 echo "PASS: troupe train --dashboard: token required, stages/plan/history, the page in Chromium from live data"

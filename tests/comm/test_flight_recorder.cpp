@@ -387,3 +387,21 @@ TEST_CASE("flight_record_json writes the documented fields", "[comm][flight]") {
   CHECK(r["wait_us"].get<double>() >= 0);
   CHECK(r["enqueued_unix_us"].get<int64_t>() >= s["enqueued_unix_us"].get<int64_t>());
 }
+
+TEST_CASE("an all_to_all is a collective named all_to_all, ready for a backend that issues one", "[comm][flight]") {
+  CHECK(std::string(flight_kind_name(FlightKind::all_to_all)) == "all_to_all");
+  CHECK(is_collective(FlightKind::all_to_all));
+  FlightRecorder rec(0, 4);
+  FlightOp op;
+  op.seq = 1;
+  op.kind = FlightKind::all_to_all;
+  op.group = rec.add_group("ep", {0, 1});
+  op.bytes = 96;
+  rec.finished(rec.issue(op), true);
+  const auto j = nlohmann::json::parse(flight_record_json(rec.snapshot()));
+  REQUIRE(j["ops"].size() == 1);
+  CHECK(j["ops"][0]["kind"] == "all_to_all");
+  CHECK(j["ops"][0]["op"].is_null());
+  CHECK(j["ops"][0]["peer"].is_null());
+  CHECK(j["ops"][0]["bytes"] == 96);
+}
