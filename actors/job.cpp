@@ -246,6 +246,19 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
 
 namespace {
 
+// The world's layout (Topology::describe): expert parallelism is carved out of dp (docs/MOE.md), not
+// a dimension of the world, so its size is shown there.
+std::string layout_description(const comm::Topology& topo, int ep) {
+  std::string d = topo.describe();
+  if (ep > 1) {
+    const size_t at = d.find(" ep=1");
+    const std::string shown = " ep=" + std::to_string(ep) + " (of dp)";
+    if (at != std::string::npos) d.replace(at, 5, shown);
+    else d += shown;
+  }
+  return d;
+}
+
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
 // checkpoint shards of this process in the background, then completes each save: after a barrier
 // over the job's processes, one of them writes the metadata and the latest pointer.
@@ -646,7 +659,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   // prints what it always printed.
   const bool layout_notes = config.parallel() || options.world;
   if (layout_notes)
-    note("parallel layout: " + topo.describe() + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
+    note("parallel layout: " + layout_description(topo, rs.par.ep) + ", ZeRO stage " + std::to_string(rs.par.zero_stage) +
        ", schedule " + (options.schedule ? std::string("given as data") : config.pipeline_schedule) +
        (rs.par.virtual_chunks > 1 ? " (" + std::to_string(rs.par.virtual_chunks) + " chunks per stage)" : "") + ", " +
        std::to_string(rs.micro_batches) + " micro-batches per replica, " + std::to_string(rs.num_threads) +
