@@ -73,10 +73,12 @@ Status launch_flags(const uint8_t* data, size_t size) {
                                     "--node-rank",    std::to_string(o->node_rank),
                                     "--nproc-per-node", std::to_string(o->nproc_per_node),
                                     "--max-restarts", std::to_string(o->max_restarts),
-                                    "--role",         o->role};
-  if (o->master_addr_given) again.insert(again.end(), {"--master-addr", o->master_addr});
+                                    "--role=" + o->role};
+  // Strings as --flag=value: a value that starts with '-' (an endpoint "-host:port" is accepted)
+  // would read as a flag after a space, on any command line.
+  if (o->master_addr_given) again.push_back("--master-addr=" + o->master_addr);
   again.insert(again.end(), {"--master-port", std::to_string(o->master_port)});
-  if (!o->rdzv_id.empty()) again.insert(again.end(), {"--rdzv-id", o->rdzv_id});
+  if (!o->rdzv_id.empty()) again.push_back("--rdzv-id=" + o->rdzv_id);
   if (o->no_python) again.push_back("--no-python");
   if (o->run_path) again.push_back("--run-path");
   again.push_back("--");
