@@ -26,6 +26,7 @@
 #include "model/params.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/hf_export.hpp"
+#include "tests/storage/hf_checkpoint_util.hpp"
 #include "storage/hf_import.hpp"
 #include "storage/hf_names.hpp"
 #include "storage/safetensors.hpp"
@@ -33,6 +34,7 @@
 #include "troupe/train_config.hpp"
 
 using namespace troupe;
+using namespace troupe::hf_test;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -86,34 +88,6 @@ std::string config_json(const GptConfig& model) {
   return t.to_json();
 }
 
-// The troupe parameters of `cfg` (global shapes, real vocabulary, f32) with random values.
-std::vector<NamedTensor> random_params(const GptConfig& cfg, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::vector<NamedTensor> out;
-  for (const ParamSpec& s : gpt2_param_specs(cfg)) {
-    Tensor t = Tensor::empty(s.global_shape);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-    out.push_back({s.name, s.global_shape, t});
-  }
-  return out;
-}
-
-// A troupe checkpoint (iteration 0, one shard) of `params` in dir.
-void write_checkpoint(const std::string& dir, const std::vector<NamedTensor>& params, const std::string& config) {
-  HfModel m;
-  m.params = params;
-  CheckpointMeta meta;
-  meta.config_json = config;
-  meta.rng_json = R"({"seed": 1, "consumed_samples": 0})";
-  REQUIRE(write_hf_checkpoint(m, dir, meta).message() == "");
-}
-
-Status export_of(const std::string& ckpt, const std::string& out, const HfArch& arch) {
-  auto c = Checkpoint::open(ckpt, 0);
-  REQUIRE(c.is_ok());
-  return export_hf_folder(*c, out, arch);
-}
 
 // The safetensors of a folder, by name.
 std::map<std::string, Tensor> folder_tensors(const std::string& file) {
