@@ -54,6 +54,7 @@ struct GptChunk::Impl {
   struct MoeActs {
     Tensor xr;                        // (N,C) the router's jittered input (input jitter only)
     Tensor logits;                    // (N,E)
+    std::vector<double> logits_host;  // (N*E) the same in double: what the routing and its backward read
     MoeRouting routing;
     // Send side (this rank's tokens): the Ks kept assignments n * k + j, peer by peer, expert by
     // expert, rows in order; each assignment's send row (-1: dropped); the rows to each peer.

@@ -128,7 +128,8 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   ensure(a.logits, {N, E}, dtype, dev);
   ops::linear_forward(ctx, a.logits, xr, p.moe.router, p.moe.router_b);
   look(layer, "moe_router", F, a.logits);
-  const std::vector<double> logits = host_values(a.logits);
+  a.logits_host = host_values(a.logits);
+  const std::vector<double>& logits = a.logits_host;
   MoeDraws draws;
   if (training) {
     const MicroBatchKey kk = *key;
@@ -158,18 +159,20 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   a.send_assign.clear();
   a.row_of.assign(static_cast<size_t>(N * k), -1);
   std::vector<int64_t> cnt(static_cast<size_t>(P * El), 0);
-  for (int q = 0; q < P; ++q)
-    for (int j = 0; j < El; ++j) {
-      const int e = q * El + j;
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t jj = 0; jj < k; ++jj) {
-          const int64_t i = n * k + jj;
-          if (!rt.kept[i] || rt.expert[i] != e) continue;
-          a.row_of[i] = static_cast<int64_t>(a.send_assign.size());
-          a.send_assign.push_back(i);
-          ++cnt[static_cast<size_t>(q * El + j)];
-        }
+  // One pass over the assignments (rows in order) into per-expert lists, then expert by expert:
+  // expert e = q El + j is peer q's j-th, so expert order is peer-then-expert order.
+  {
+    std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
+    for (int64_t i = 0; i < N * k; ++i)
+      if (rt.kept[i]) by_expert[static_cast<size_t>(rt.expert[i])].push_back(i);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t i : by_expert[static_cast<size_t>(e)]) {
+        a.row_of[i] = static_cast<int64_t>(a.send_assign.size());
+        a.send_assign.push_back(i);
+      }
+      cnt[static_cast<size_t>(e)] = static_cast<int64_t>(by_expert[static_cast<size_t>(e)].size());
     }
+  }
   const int64_t Ks = static_cast<int64_t>(a.send_assign.size());
   a.recv_cnt = cnt;
   if (P > 1) {
@@ -442,9 +445,8 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   });
 
   // The router: its logits' gradient from the weights and the auxiliary losses.
-  const std::vector<double> logits = host_values(a.logits);
   std::vector<double> dl(static_cast<size_t>(N * E));
-  moe_route_backward(cfg, rt, logits.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
+  moe_route_backward(cfg, rt, a.logits_host.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
                      moe_loss_weight * cfg.z_loss_coeff, dl.data());
   ensure(st.dlogits, {N, E}, dtype, dev);
   set_values(st.dlogits, dl);
