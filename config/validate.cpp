@@ -756,9 +756,6 @@ class Validator {
     if (c.device == "cuda" && c.model.moe.enabled())
       p.check(bad("--device", "cuda with mixture of experts (--num-experts): the CUDA backend has no MoE kernels yet",
                   "train the MoE model with --device cpu, or a model without experts on the GPU"));
-    if (c.precision.sixteen_bit() && c.model.moe.enabled())
-      p.check(bad("--bf16 / --fp16", "with mixture of experts (--num-experts): the MoE layers compute in fp32 only so far",
-                  "train the MoE model in fp32 (drop --bf16 / --fp16)"));
   }
 
   void offload_and_restarts(const TrainConfig& c, Problems& p) const {

@@ -63,12 +63,30 @@ void set_values(const Tensor& t, const std::vector<double>& v) {
   t.copy_from(t.dtype() == DType::f64 ? h : h.to(t.dtype()));
 }
 
-// Elementwise host loops on f32 or f64 tensors (MoE layers run in either).
+// Elementwise host loops on f32 or f64 tensors: the compute type (below).
 template <class F>
 void with_type(DType dtype, F&& f) {
   if (dtype == DType::f64) f(double{});
   else if (dtype == DType::f32) f(float{});
-  else TROUPE_CHECK(false, "MoE layers compute in f32 or f64");
+  else TROUPE_CHECK(false, "MoE host loops compute in f32 or f64");
+}
+
+// What the host loops, the router and PR-MoE's coefficient compute in: f64 in an f64 model, else f32.
+// A 16-bit model's tensors are widened exactly for them and their results rounded once into the
+// model's dtype, as every op does (kernels/ops.hpp); the router's logits, its input and their
+// gradients stay f32 (DeepSpeed's gate always runs in fp32; Megatron-Core's with --moe-router-dtype fp32).
+DType compute_type(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+// t in the compute type ct: t itself, or a widened host copy.
+Tensor widened(const Tensor& t, DType ct) { return t.dtype() == ct ? t : t.to(ct); }
+
+// Where a loop writes dst's values in the compute type: dst itself, or a temporary that narrow_into
+// rounds into dst afterwards.
+Tensor result_buffer(const Tensor& dst, DType ct) {
+  return dst.dtype() == ct ? dst : Tensor::empty(dst.shape(), ct, Device::cpu);
+}
+void narrow_into(Context& ctx, const Tensor& dst, const Tensor& buffer) {
+  if (buffer.raw() != dst.raw()) ops::convert(ctx, dst, buffer);
 }
 
 }  // namespace
@@ -107,13 +125,15 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   constexpr ProbeDir F = ProbeDir::forward;
 
   // The router's input and logits.
+  const DType ct = compute_type(dtype);
   Tensor xr = x;
   if (training && cfg.input_jitter_eps > 0) {
-    ensure(a.xr, {N, C}, dtype, dev);
+    ensure(a.xr, {N, C}, ct, dev);
     const double eps = cfg.input_jitter_eps;
-    with_type(dtype, [&](auto zero) {
+    const Tensor xw = widened(x, ct);
+    with_type(ct, [&](auto zero) {
       using T_ = decltype(zero);
-      const T_* src = x.data<T_>();
+      const T_* src = xw.data<T_>();
       T_* dst = a.xr.data<T_>();
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < C; ++c) {
@@ -125,7 +145,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   } else {
     a.xr = Tensor();
   }
-  ensure(a.logits, {N, E}, dtype, dev);
+  ensure(a.logits, {N, E}, ct, dev);
   ops::linear_forward(ctx, a.logits, xr, p.moe.router, p.moe.router_b);
   look(layer, "moe_router", F, a.logits);
   a.logits_host = host_values(a.logits);
@@ -247,10 +267,12 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
 
   // routed = sum_j w_nj y_(n,j), assignments in order.
   const bool residual = mo.coef_w >= 0;
-  with_type(dtype, [&](auto zero) {
+  {
+    const Tensor ob = result_buffer(out, ct), yw = widened(a.y_mine, ct);
+    with_type(ct, [&](auto zero) {
     using T_ = decltype(zero);
-    T_* o = out.data<T_>();
-    const T_* y = a.y_mine.data<T_>();
+    T_* o = ob.data<T_>();
+    const T_* y = yw.data<T_>();
     std::fill(o, o + N * C, T_(0));
     for (int64_t n = 0; n < N; ++n)
       for (int64_t j = 0; j < k; ++j) {
@@ -259,7 +281,9 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
         const T_ wt = static_cast<T_>(rt.weight[n * k + j]);
         for (int64_t c = 0; c < C; ++c) o[n * C + c] += wt * y[row * C + c];
       }
-  });
+    });
+    narrow_into(ctx, out, ob);
+  }
   // A dense MLP of this layer on all rows, whole (all-reduced over TP): PR-MoE's or the shared expert.
   auto dense = [&](const Tensor& fc, const Tensor& act, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                    const Tensor& b2, const Tensor& result) {
@@ -275,7 +299,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
     ensure(a.mlp_act, {N, p.fcproj_w.dim(1)}, dtype, dev);
     ensure(a.mlp_out, {N, C}, dtype, dev);
     dense(a.mlp_fc, a.mlp_act, p.fc_w, p.fc_b, p.fcproj_w, p.fcproj_b, a.mlp_out);
-    Tensor cl = Tensor::empty({N, 2}, dtype, dev);
+    Tensor cl = Tensor::empty({N, 2}, ct, dev);
     ops::linear_forward(ctx, cl, x, p.moe.coef_w, p.moe.coef_b);
     const std::vector<double> z = host_values(cl);
     a.coef.resize(static_cast<size_t>(N * 2));
@@ -285,16 +309,18 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       a.coef[n * 2] = e0 / (e0 + e1);
       a.coef[n * 2 + 1] = e1 / (e0 + e1);
     }
-    with_type(dtype, [&](auto zero) {
+    const Tensor ob = result_buffer(out, ct), rw = widened(a.routed, ct), mw = widened(a.mlp_out, ct);
+    with_type(ct, [&](auto zero) {
       using T_ = decltype(zero);
-      T_* o = out.data<T_>();
-      const T_* mo_ = a.routed.data<T_>();
-      const T_* ml = a.mlp_out.data<T_>();
+      T_* o = ob.data<T_>();
+      const T_* mo_ = rw.data<T_>();
+      const T_* ml = mw.data<T_>();
       for (int64_t n = 0; n < N; ++n) {
         const T_ c0 = static_cast<T_>(a.coef[n * 2]), c1 = static_cast<T_>(a.coef[n * 2 + 1]);
         for (int64_t c = 0; c < C; ++c) o[n * C + c] = mo_[n * C + c] * c0 + ml[n * C + c] * c1;
       }
     });
+    narrow_into(ctx, out, ob);
   }
   if (mo.FCs > 0) {
     ensure(a.sh_fc, {N, mo.FCs}, dtype, dev);
@@ -339,6 +365,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   const Tensor none;
   constexpr ProbeDir Bk = ProbeDir::backward;
   const bool residual = p.moe.coef_w.defined();
+  const DType ct = compute_type(dtype);
 
   dx.zero_();
   Tensor whole = Tensor::zeros({N, C}, dtype, dev);  // gradients every rank computes whole
@@ -349,15 +376,17 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     droute = Tensor::empty({N, C}, dtype, dev);
     ensure(st.dmlp_out, {N, C}, dtype, dev);
     ensure(st.dmlp_fc, {N, p.fc_w.dim(0)}, dtype, dev);
-    ensure(st.dcoef, {N, 2}, dtype, dev);
+    ensure(st.dcoef, {N, 2}, ct, dev);
     std::vector<double> dcl(static_cast<size_t>(N * 2));
-    with_type(dtype, [&](auto zero) {
+    const Tensor gw = widened(dy, ct), rw = widened(a.routed, ct), mw = widened(a.mlp_out, ct);
+    const Tensor drb = result_buffer(droute, ct), dmb = result_buffer(st.dmlp_out, ct);
+    with_type(ct, [&](auto zero) {
       using T_ = decltype(zero);
-      const T_* g = dy.data<T_>();
-      const T_* ro = a.routed.data<T_>();
-      const T_* ml = a.mlp_out.data<T_>();
-      T_* dr = droute.data<T_>();
-      T_* dm = st.dmlp_out.data<T_>();
+      const T_* g = gw.data<T_>();
+      const T_* ro = rw.data<T_>();
+      const T_* ml = mw.data<T_>();
+      T_* dr = drb.data<T_>();
+      T_* dm = dmb.data<T_>();
       for (int64_t n = 0; n < N; ++n) {
         const double c0 = a.coef[n * 2], c1 = a.coef[n * 2 + 1];
         double d0 = 0, d1 = 0;
@@ -373,6 +402,8 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
         dcl[n * 2 + 1] = c1 * (d1 - dot);
       }
     });
+    narrow_into(ctx, droute, drb);
+    narrow_into(ctx, st.dmlp_out, dmb);
     set_values(st.dcoef, dcl);
     ops::linear_backward(ctx, tmp, none, none, st.dcoef, none, p.moe.coef_w);
     ops::add_inplace(ctx, whole, tmp);
@@ -393,11 +424,13 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   ensure(st.dy, {std::max<int64_t>(K, 1), C}, dtype, dev);
   ensure(st.dh, {std::max<int64_t>(K, 1), mo.FCe}, dtype, dev);
   if (P == 1) dy_mine = st.dy;
-  with_type(dtype, [&](auto zero) {
+  {
+    const Tensor gw = widened(droute, ct), yw = widened(a.y_mine, ct), db = result_buffer(dy_mine, ct);
+    with_type(ct, [&](auto zero) {
     using T_ = decltype(zero);
-    const T_* g = droute.data<T_>();
-    const T_* y = a.y_mine.data<T_>();
-    T_* d = dy_mine.data<T_>();
+    const T_* g = gw.data<T_>();
+    const T_* y = yw.data<T_>();
+    T_* d = db.data<T_>();
     for (int64_t i = 0; i < Ks; ++i) {
       const int64_t as = a.send_assign[i], n = as / k;
       const T_ wt = static_cast<T_>(rt.weight[as]);
@@ -408,7 +441,9 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
       }
       dweight[as] = dot;
     }
-  });
+    });
+    narrow_into(ctx, dy_mine, db);
+  }
   if (P > 1) {
     Tensor dr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
     moe_exchange(dy_mine, a.send_rows, dr, a.recv_rows);
@@ -434,31 +469,37 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     moe_exchange(dr, a.recv_rows, dx_mine, a.send_rows);
   }
   // Split experts give partial sums (this rank's share); whole ones the whole gradient.
-  with_type(dtype, [&](auto zero) {
-    using T_ = decltype(zero);
-    const T_* src = dx_mine.data<T_>();
-    T_* dst = (mo.split ? dx : whole).data<T_>();
-    for (int64_t i = 0; i < Ks; ++i) {
-      const int64_t n = a.send_assign[i] / k;
-      for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
-    }
-  });
+  {
+    const Tensor& into = mo.split ? dx : whole;
+    const Tensor sw = widened(dx_mine, ct), ib = widened(into, ct);
+    with_type(ct, [&](auto zero) {
+      using T_ = decltype(zero);
+      const T_* src = sw.data<T_>();
+      T_* dst = ib.data<T_>();
+      for (int64_t i = 0; i < Ks; ++i) {
+        const int64_t n = a.send_assign[i] / k;
+        for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
+      }
+    });
+    narrow_into(ctx, into, ib);
+  }
 
   // The router: its logits' gradient from the weights and the auxiliary losses.
   std::vector<double> dl(static_cast<size_t>(N * E));
   moe_route_backward(cfg, rt, a.logits_host.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
                      moe_loss_weight * cfg.z_loss_coeff, dl.data());
-  ensure(st.dlogits, {N, E}, dtype, dev);
+  ensure(st.dlogits, {N, E}, ct, dev);
   set_values(st.dlogits, dl);
   look(layer, "moe_router", Bk, st.dlogits);
-  ops::linear_backward(ctx, tmp, none, none, st.dlogits, none, p.moe.router);
+  const Tensor dxr = ct == dtype ? tmp : Tensor::empty({N, C}, ct, dev);  // the router's input gradient
+  ops::linear_backward(ctx, dxr, none, none, st.dlogits, none, p.moe.router);
   if (a.xr.defined()) {  // through the jitter: d x = d x_r * factor
     const MicroBatchKey* key = key_now;
     TROUPE_CHECK(key != nullptr, "MoE: a jittered router input without the micro-batch's key");
     const double eps = cfg.input_jitter_eps;
-    with_type(dtype, [&](auto zero) {
+    with_type(ct, [&](auto zero) {
       using T_ = decltype(zero);
-      T_* d = tmp.data<T_>();
+      T_* d = dxr.data<T_>();
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = 0; c < C; ++c) {
           const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
@@ -466,7 +507,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
         }
     });
   }
-  ops::add_inplace(ctx, whole, tmp);
+  ops::add_inplace(ctx, whole, dxr);
 
   // The shared expert (split over TP: partial sums).
   if (mo.FCs > 0) {
