@@ -592,12 +592,13 @@ GptConfig moe_model(int which) {
 // layouts' summation orders amplified by the cancellation (measured: up to 4.6e-5 relative L2 in
 // transformer.h.0.mlp.experts.0.c_proj.bias, Megatron-Core's router, tp2 with whole experts), and at
 // the default eps a LayerNorm bias element with a near-zero first gradient does what the dense
-// matrix's comment says (8.2e-5 in h.0.ln_1.bias, tp2 pp2 micro-batch 2), so the fp32 parameter
-// bound is 1e-4 (docs/MOE.md, "Exactness").
+// matrix's comment says (8.2e-5 in h.0.ln_1.bias, tp2 pp2 micro-batch 2), so the fp32 bound per
+// tensor is 1e-4; all parameters together are within 1e-5 (measured 7.8e-7, 1.6e-6 under
+// OPENBLAS_CORETYPE=Haswell and Sandybridge; docs/MOE.md, "Exactness").
 TEST_CASE("parallel, MoE: every layout equals the 1x1x1 run", "[parallel][moe]") {
   for (int which : {0, 1, 2}) {
     INFO("MoE model " << which << " fp32");
-    check_layout_matrix(moe_model(which), DType::f32, Tol(1e-5, 1e-5, 1e-4), std::nullopt, 0);
+    check_layout_matrix(moe_model(which), DType::f32, Tol(1e-5, 1e-5, 1e-4, 1e-5), std::nullopt, 0);
   }
   for (int which : {0, 1, 2}) {
     INFO("MoE model " << which << " f64, default Adam eps");
