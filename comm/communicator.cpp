@@ -90,6 +90,10 @@ void wait_or_throw(const WorkPtr& work, const std::string& what, WaitGroup group
   if (!st.is_ok()) throw CollectiveFailed(what + " failed: " + st.message());
 }
 
+void report_collective_span(const std::string& what, std::chrono::steady_clock::time_point issued) {
+  if (thread_listener != nullptr) thread_listener->collective_span(what, issued);
+}
+
 Status wait_all(const std::vector<WorkPtr>& works) {
   // Waits for every one even after a failure, so no buffer is still in use when this returns.
   Status first;

@@ -46,6 +46,7 @@
 // Different communicators (e.g. the TP and DP groups of one rank) may be used concurrently.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -121,7 +122,15 @@ class WaitListener {
   virtual ~WaitListener() = default;
   virtual void begin(const std::string& what, WaitGroup group) = 0;
   virtual void end(bool ok) = 0;
+  // A collective inside a layer that the timeline shows as a span of its own (the MoE layers' token
+  // all-to-alls), told when it has completed: its name and when it was issued; it ended now.
+  virtual void collective_span(const std::string& what, std::chrono::steady_clock::time_point issued) {
+    (void)what;
+    (void)issued;
+  }
 };
+// Tells this thread's listener, if any, of a completed collective issued at `issued`.
+void report_collective_span(const std::string& what, std::chrono::steady_clock::time_point issued);
 // Sets this thread's listener (null: none); returns the previous one.
 WaitListener* set_thread_wait_listener(WaitListener* listener);
 

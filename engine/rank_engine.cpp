@@ -129,6 +129,10 @@ struct RankEngine::Listener final : comm::WaitListener {
   void end(bool ok) override {
     if (ok) engine->board_->done_waiting();  // a failed wait stays on the board: where the rank stopped
   }
+  // Inside the forward, backward or weight span that is running: the timeline nests it there.
+  void collective_span(const std::string& what, Clock::time_point issued) override {
+    engine->record(what, kCollectiveSpan, issued);
+  }
 };
 
 namespace {
@@ -781,7 +785,7 @@ void RankEngine::fill_times(StepOutcome& out) const {
   out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start_).count();
   out.busy_us = 0;
   for (size_t i = step_first_span_; i < spans_.size(); ++i)
-    if (spans_[i].cat != "wait") out.busy_us += spans_[i].dur_us;
+    if (spans_[i].cat != "wait" && spans_[i].cat != kCollectiveSpan) out.busy_us += spans_[i].dur_us;
   // This step's spans in place (no copy on the step's path).
   const std::span<const Span> step(spans_.data() + step_first_span_, spans_.size() - step_first_span_);
   out.timers = step_timers(step, std::chrono::duration<double, std::micro>(schedule_end_ - step_start_).count());

@@ -149,9 +149,13 @@ struct RankComms {
 };
 
 // One span of the timeline (Chrome trace "X" event), microseconds since span_epoch().
+// The category of a collective inside a layer (the MoE token all-to-alls): its span lies inside the
+// forward, backward or weight span that issued it, and counts in no busy time of its own.
+inline constexpr const char* kCollectiveSpan = "collective";
+
 struct Span {
-  std::string name;  // "F3", "B3.1" (micro 3, chunk 1), "W2", "optimizer", ...
-  std::string cat;   // forward | backward | weight | wait | reduce | optimizer
+  std::string name;  // "F3", "B3.1" (micro 3, chunk 1), "W2", "optimizer", "MoE dispatch, layer 2", ...
+  std::string cat;   // forward | backward | weight | wait | reduce | optimizer | collective
   double start_us = 0, dur_us = 0;
 };
 

@@ -277,10 +277,11 @@ struct GptChunk::Impl {
                           const Tensor& dy, MoeStash& st, const Tensor& dx);
   void moe_backward_weight(Context& ctx, int l, int layer, const Layer& g, const Tensor& x, const MoeActs& a,
                            const Tensor& dy, const MoeStash& st);
-  // Expert parallelism: rows to and from the ep group's peers (all_to_all_v of whole rows), and a
-  // row permutation (to[r] = from[perm[r]]; inverse: to[perm[r]] = from[r]).
+  // Expert parallelism: rows to and from the ep group's peers (all_to_all_v of whole rows; `what` and
+  // the global `layer` name its span on the timeline), and a row permutation (to[r] = from[perm[r]];
+  // inverse: to[perm[r]] = from[r]).
   void moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
-                    const std::vector<size_t>& recv_rows);
+                    const std::vector<size_t>& recv_rows, const char* what, int layer);
   void permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm, bool inverse);
   // The objective's weight on the micro-batch's load-balancing and z losses (grad_scale * N).
   double moe_loss_weight = 0;

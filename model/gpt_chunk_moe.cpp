@@ -22,8 +22,11 @@
 // The objective adds moe_loss_weight * (aux_loss_coeff * lb_loss + z_loss_coeff * z_loss) per
 // micro-batch (moe_loss_weight = grad_scale * N: the head's weight on a micro-batch's mean loss).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk_impl.hpp"
@@ -92,14 +95,16 @@ void narrow_into(Context& ctx, const Tensor& dst, const Tensor& buffer) {
 }  // namespace
 
 void GptChunk::Impl::moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
-                                  const std::vector<size_t>& recv_rows) {
+                                  const std::vector<size_t>& recv_rows, const char* what, int layer) {
   std::vector<size_t> sc(send_rows.size()), rc(recv_rows.size());
   for (size_t q = 0; q < sc.size(); ++q) {
     sc[q] = send_rows[q] * static_cast<size_t>(C);
     rc[q] = recv_rows[q] * static_cast<size_t>(C);
   }
+  const auto issued = std::chrono::steady_clock::now();
   comm::wait_or_throw(ep->all_to_all_v(send.raw(), sc, recv.raw(), rc, dtype), "MoE token all-to-all",
                       comm::WaitGroup::dp);
+  comm::report_collective_span(fmt::format("MoE {} all-to-all, h.{}", what, layer), issued);
 }
 
 void GptChunk::Impl::permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm,
@@ -197,8 +202,10 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   a.recv_cnt = cnt;
   if (P > 1) {
     a.recv_cnt.assign(cnt.size(), 0);
+    const auto issued = std::chrono::steady_clock::now();
     comm::wait_or_throw(ep->all_to_all(cnt.data(), a.recv_cnt.data(), static_cast<size_t>(El), DType::i64),
                         "MoE token counts all-to-all", comm::WaitGroup::dp);
+    comm::report_collective_span(fmt::format("MoE counts all-to-all, h.{}", layer), issued);
   }
   a.send_rows.assign(static_cast<size_t>(P), 0);
   a.recv_rows.assign(static_cast<size_t>(P), 0);
@@ -238,7 +245,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       std::memcpy(dst + i * row_bytes, src + (a.send_assign[i] / k) * row_bytes, row_bytes);
     if (P > 1) {
       Tensor xr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
-      moe_exchange(xs, a.send_rows, xr, a.recv_rows);
+      moe_exchange(xs, a.send_rows, xr, a.recv_rows, "dispatch", layer);
       permute_rows(xr, a.xd, a.perm, false);
     }
   }
@@ -260,7 +267,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
     Tensor yr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
     permute_rows(a.y, yr, a.perm, true);
     ensure(a.y_mine, {std::max<int64_t>(Ks, 1), C}, dtype, dev);
-    moe_exchange(yr, a.recv_rows, a.y_mine, a.send_rows);
+    moe_exchange(yr, a.recv_rows, a.y_mine, a.send_rows, "combine", layer);
   } else {
     a.y_mine = a.y;
   }
@@ -446,7 +453,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   }
   if (P > 1) {
     Tensor dr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
-    moe_exchange(dy_mine, a.send_rows, dr, a.recv_rows);
+    moe_exchange(dy_mine, a.send_rows, dr, a.recv_rows, "combine-gradient", layer);
     permute_rows(dr, st.dy, a.perm, false);
   }
   Tensor dxd = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
@@ -466,7 +473,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     Tensor dr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
     permute_rows(dxd, dr, a.perm, true);
     dx_mine = Tensor::empty({std::max<int64_t>(Ks, 1), C}, dtype, dev);
-    moe_exchange(dr, a.recv_rows, dx_mine, a.send_rows);
+    moe_exchange(dr, a.recv_rows, dx_mine, a.send_rows, "dispatch-gradient", layer);
   }
   // Split experts give partial sums (this rank's share); whole ones the whole gradient.
   {

@@ -48,9 +48,25 @@ done
 
 # Two processes: dp 2 with ep 2, the experts' tokens through UCX.
 "$troupe" launch --nproc-per-node 2 -- train "${common[@]}" "${lm[@]}" --train-iters 6 \
-  --expert-model-parallel-size 2 --zero-stage 2 --metrics-file launch.jsonl > launch.log 2>&1 \
-  || { cat launch.log; fail "2 processes, dp 2, ep 2 failed"; }
+  --expert-model-parallel-size 2 --zero-stage 2 --metrics-file launch.jsonl --timeline launch-trace.json \
+  > launch.log 2>&1 || { cat launch.log; fail "2 processes, dp 2, ep 2 failed"; }
 compare lm-ref.jsonl launch.jsonl || fail "2 processes with ep 2 differ from 1x1x1"
+# The token all-to-alls on the timeline: spans of their own, each inside the rank's forward or backward
+# span that issued it, on both ranks.
+python3 - <<'PY' || fail "the timeline does not show the MoE all-to-alls inside the compute spans"
+import json
+ev = [e for e in json.load(open("launch-trace.json"))["traceEvents"] if e["ph"] == "X"]
+a2a = [e for e in ev if e["cat"] == "collective"]
+assert {e["tid"] for e in a2a} == {0, 1}, {e["tid"] for e in a2a}
+for what, inside in (("dispatch", "forward"), ("combine", "forward"), ("counts", "forward"),
+                     ("combine-gradient", "backward"), ("dispatch-gradient", "backward")):
+    spans = [e for e in a2a if e["name"].startswith("MoE %s all-to-all, h." % what)]
+    assert spans, what
+    for s in spans:
+        parents = [p for p in ev if p["tid"] == s["tid"] and p["cat"] in ("forward", "backward")
+                   and p["ts"] <= s["ts"] and s["ts"] + s["dur"] <= p["ts"] + p["dur"] + 1]
+        assert len(parents) == 1 and parents[0]["cat"] == inside, (s, parents)
+PY
 
 # Save with ep 2 (dp 2, ZeRO 1) after 3 iterations, resume on 1x1x1 for the other 3.
 "$troupe" train "${common[@]}" "${lm[@]}" --train-iters 3 --lr-decay-iters 6 --num-threads 1 --data-parallel-size 2 \
