@@ -231,10 +231,12 @@ int run_convert(const ConvertArgs& a) {
     return fail(kExitUsage, "--save " + a.save + " is the --load directory -- write the converted checkpoint elsewhere");
   Result<int64_t> it = resolve_iteration(a.load, a.iteration);
   if (!it) return fail(kExitUsage, it.status().message());
-  if (Status st = convert_checkpoint(a.load, *it, a.save, a.target); !st) return fail(exit_code_for(st), st.message());
-  std::printf("converted iteration %lld of %s to %s: tensor %d x pipeline %d x data %d, ZeRO %d (%d shard files)\n",
+  Result<int> ep = convert_checkpoint(a.load, *it, a.save, a.target);
+  if (!ep) return fail(exit_code_for(ep.status()), ep.status().message());
+  std::printf("converted iteration %lld of %s to %s: tensor %d x pipeline %d x data %d%s, ZeRO %d (%d shard files)\n",
               static_cast<long long>(*it), a.load.c_str(), a.save.c_str(), a.target.tp, a.target.pp, a.target.dp,
-              a.target.zero_stage, a.target.tp * a.target.pp * a.target.dp);
+              *ep > 1 ? (" (expert-parallel " + std::to_string(*ep) + ")").c_str() : "", a.target.zero_stage,
+              a.target.tp * a.target.pp * a.target.dp);
   return kExitOk;
 }
 
@@ -290,6 +292,9 @@ void add_ckpt_command(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   conv->add_option("--target-zero-stage", convert_args->target.zero_stage, "ZeRO stage (partitions of the shards)")
       ->capture_default_str();
+  conv->add_option("--target-expert-model-parallel-size", convert_args->target.ep,
+                   "Expert-parallel size, of the data-parallel ranks (MoE models; default: the checkpoint's, "
+                   "where the target's data-parallel size holds it, else 1)");
   conv->callback([convert_args, exit_code] { *exit_code = run_convert(*convert_args); });
 }
 

@@ -16,8 +16,8 @@
 
 namespace troupe {
 
-Status convert_checkpoint(const std::string& in, int64_t iteration, const std::string& out,
-                          const ConvertTarget& target) {
+Result<int> convert_checkpoint(const std::string& in, int64_t iteration, const std::string& out,
+                               const ConvertTarget& target) {
   if (iteration < 0) {
     auto it = latest_iteration(in);
     if (!it) return it.status();
@@ -30,8 +30,15 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   if (!config) return config.status();
   TrainConfig cfg = config.value();
   const GptConfig& m = cfg.model;
-  if (target.tp < 1 || target.pp < 1 || target.dp < 1 || target.zero_stage < 0 || target.zero_stage > 3)
+  if (target.tp < 1 || target.pp < 1 || target.dp < 1 || target.zero_stage < 0 || target.zero_stage > 3 ||
+      target.ep < 0)
     return Status::bad_input("target sizes must be >= 1 and the ZeRO stage 0..3");
+  // The expert-parallel size: given, or the checkpoint's where the target's dp holds it.
+  int ep = 1;
+  if (m.moe.enabled()) {
+    const int stored = std::max(1, cfg.expert_model_parallel_size);
+    ep = target.ep > 0 ? target.ep : (target.dp % stored == 0 ? stored : 1);
+  }
   // Every problem of the target at once. The tensor-parallel size splits the heads, the key/value
   // groups (grouped-query attention) and the MLP's hidden size (GptChunk's preconditions).
   std::vector<std::string> problems;
@@ -48,6 +55,27 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   if (m.num_layers < target.pp * target.virtual_chunks)
     problems.push_back("--target-pipeline-parallel-size " + std::to_string(target.pp) + " exceeds the " +
                        std::to_string(m.num_layers) + " layers -- use at most " + std::to_string(m.num_layers));
+  const bool expert_split = cfg.expert_tensor_parallel_size != 1 || target.tp == 1;
+  if (m.moe.enabled()) {
+    const std::string ep_flag = "--target-expert-model-parallel-size " + std::to_string(ep);
+    if (target.dp % ep != 0)
+      problems.push_back(ep_flag + " does not divide --target-data-parallel-size " + std::to_string(target.dp) +
+                         " (expert parallelism is carved out of data parallelism) -- pick a divisor of it");
+    for (int l = 0; l < m.num_layers; ++l) {
+      const int experts = m.moe.experts_of(l, m.num_layers);
+      if (experts > 1 && experts % ep != 0) {
+        problems.push_back(ep_flag + " does not divide layer " + std::to_string(l) + "'s " + std::to_string(experts) +
+                           " experts -- pick a divisor of every MoE layer's expert count");
+        break;
+      }
+    }
+    if (expert_split && m.expert_ffn_hidden_size() % target.tp != 0)
+      problems.push_back(tp_flag + " does not divide the experts' hidden size " +
+                         std::to_string(m.expert_ffn_hidden_size()) + " -- pick a divisor of it");
+  } else if (target.ep > 1) {
+    problems.push_back("--target-expert-model-parallel-size " + std::to_string(target.ep) +
+                       " is for a model with experts, and this checkpoint's has none -- drop it");
+  }
   if (!problems.empty()) {
     std::string all = problems.front();
     for (size_t i = 1; i < problems.size(); ++i) all += "; " + problems[i];
@@ -57,6 +85,7 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   cfg.pipeline_model_parallel_size = target.pp;
   cfg.data_parallel_size = target.dp;
   cfg.zero_stage = target.zero_stage;
+  if (m.moe.enabled()) cfg.expert_model_parallel_size = ep;
 
   ParallelConfig par;
   par.tp = target.tp;
@@ -65,6 +94,8 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
   par.zero_stage = target.zero_stage;
   par.virtual_chunks = target.virtual_chunks;
   if (target.virtual_chunks > 1) par.schedule = sched::ScheduleType::interleaved;
+  par.ep = ep;
+  par.expert_tensor_parallel = expert_split;
   const int world = par.world_size();
   comm::ParallelSizes sizes;
   sizes.tp = par.tp;
@@ -104,11 +135,17 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
     Result<std::unique_ptr<comm::Communicator>> emb = emb_members.empty()
                                                           ? Result<std::unique_ptr<comm::Communicator>>(nullptr)
                                                           : group(emb_members);
+    Result<std::unique_ptr<comm::Communicator>> epg(nullptr), expert_dp(nullptr);
+    if (ep > 1) {
+      epg = group(topo.value().expert_parallel_group(rank, ep));
+      expert_dp = group(topo.value().expert_data_parallel_group(rank, ep));
+    }
     auto all = w->everyone();
-    if (!emb || !all) return record(Status::error("cannot create the rank's groups"));
-    RankEngine engine(spec, topo.value(), rank,
-                      RankComms{tp.value().get(), pp.value().get(), dp.value().get(), emb.value().get(),
-                                all.value().get()});
+    if (!emb || !all || !epg || !expert_dp) return record(Status::error("cannot create the rank's groups"));
+    RankComms comms{tp.value().get(), pp.value().get(), dp.value().get(), emb.value().get(), all.value().get()};
+    comms.ep = epg.value().get();
+    comms.expert_dp = expert_dp.value().get();
+    RankEngine engine(spec, topo.value(), rank, comms);
     auto reader = ShardSetReader::open(files);
     if (!reader) return record(reader.status());
     if (Status st = engine.load_own_shards(**reader); !st) return record(st);
@@ -122,7 +159,8 @@ Status convert_checkpoint(const std::string& in, int64_t iteration, const std::s
 
   CheckpointMeta saved = *meta;
   saved.config_json = cfg.to_json();
-  return commit_sharded_checkpoint(out, saved, par.to_json(), shard_file_names(world));
+  TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(out, saved, par.to_json(), shard_file_names(world)));
+  return ep;
 }
 
 }  // namespace troupe

@@ -77,7 +77,9 @@ std::string ParallelConfig::to_json() const {
   return "{\"tensor_model_parallel_size\": " + std::to_string(tp) + ", \"pipeline_model_parallel_size\": " +
          std::to_string(pp) + ", \"data_parallel_size\": " + std::to_string(dp) + ", \"zero_stage\": " +
          std::to_string(zero_stage) + ", \"schedule\": \"" + sched::schedule_name(schedule) +
-         "\", \"virtual_chunks\": " + std::to_string(virtual_chunks) + "}";
+         "\", \"virtual_chunks\": " + std::to_string(virtual_chunks) +
+         (ep > 1 ? ", \"expert_model_parallel_size\": " + std::to_string(ep) : std::string()) +
+         (tp > 1 && !expert_tensor_parallel ? ", \"expert_tensor_parallel_size\": 1" : "") + "}";
 }
 
 std::chrono::steady_clock::time_point span_epoch() { return Clock::time_point{}; }

@@ -5,7 +5,8 @@
 # dp 2 with ep 2 and ZeRO 1 in one process, and dp 2 with ep 2 over two processes (troupe launch: the
 # tokens cross processes in UCX's all-to-all) -- every iteration's loss within 1e-5 of the 1x1x1
 # run; a checkpoint saved with ep 2 resumes on 1x1x1 (experts by their global index, Adam's moments
-# included) with the straight run's losses. Bad MoE input is refused with every problem at once.
+# included) with the straight run's losses, and so does its offline resharding to tp 2 x dp 4 with ep 4
+# (troupe ckpt convert). Bad MoE input is refused with every problem at once.
 source "$(dirname "$0")/common.bash"
 make_corpus
 
@@ -72,6 +73,24 @@ PY
 "$troupe" train "${common[@]}" "${lm[@]}" --train-iters 3 --lr-decay-iters 6 --num-threads 1 --data-parallel-size 2 \
   --expert-model-parallel-size 2 --zero-stage 1 --save ckpt --save-interval 3 > save.log 2>&1 \
   || { cat save.log; fail "the ep 2 run that saves failed"; }
+# Offline resharding of that checkpoint (troupe ckpt convert) to tp 2 x dp 4 with ep 4 and ZeRO 3:
+# 8 shard files, and the run that loads them goes on as the straight run.
+"$troupe" ckpt convert --load ckpt --save conv --target-tensor-parallel-size 2 --target-data-parallel-size 4 \
+  --target-expert-model-parallel-size 4 --target-zero-stage 3 > convert.log 2>&1 || { cat convert.log; fail "ckpt convert to ep 4 failed"; }
+[[ $(find conv -name '*.h5' -o -name '*.shard' -o -name 'shard*' | wc -l) -ge 8 ]] || { find conv; fail "the converted checkpoint has not 8 shards"; }
+"$troupe" train "${common[@]}" "${lm[@]}" --train-iters 6 --lr-decay-iters 6 --num-threads 1 --load conv \
+  --tensor-model-parallel-size 2 --data-parallel-size 4 --expert-model-parallel-size 4 --zero-stage 3 \
+  --metrics-file converted.jsonl > converted.log 2>&1 || { cat converted.log; fail "resuming the converted ep 4 checkpoint failed"; }
+compare lm-ref.jsonl converted.jsonl || fail "the run from the converted checkpoint differs from the straight run"
+set +e
+"$troupe" ckpt convert --load ckpt --save conv-bad --target-data-parallel-size 4 --target-expert-model-parallel-size 3 \
+  > convert-bad.log 2>&1
+code=$?
+set -e
+[[ $code -eq 2 ]] || { cat convert-bad.log; fail "ckpt convert with ep 3: exit $code, not 2"; }
+for want in "does not divide --target-data-parallel-size 4" "experts --"; do
+  grep -qF -- "$want" convert-bad.log || { cat convert-bad.log; fail "ckpt convert with ep 3: '$want' not named"; }
+done
 "$troupe" train "${common[@]}" "${lm[@]}" --train-iters 6 --lr-decay-iters 6 --num-threads 1 --load ckpt --save ckpt \
   --save-interval 1000 --metrics-file resumed.jsonl > resumed.log 2>&1 \
   || { cat resumed.log; fail "resuming the ep 2 checkpoint on 1x1x1 failed"; }
