@@ -3,6 +3,9 @@
 //                       TFLOP/s and the fraction of the sgemm peak measured in the same run. The
 //                       family flags of `troupe train` (--model-preset, --swiglu, ...) choose a LLaMA
 //                       or a BLOOM; the FLOPs are GptConfig::flops_per_iteration, family-aware.
+//                       The mixture-of-experts flags of `troupe train` (--num-experts 8
+//                       --moe-router-topk 2, ...) make MoE layers; their FLOPs are what one token
+//                       computes (k experts and the router), as GptConfig::flops_per_iteration counts.
 //   troupe bench sgemm  the sgemm peak alone.
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 #include "troupe/data_source.hpp"
 #include "actors/job.hpp"
+#include "apps/cli/moe_flags.hpp"
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/report.hpp"
@@ -40,6 +44,13 @@ int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
   TrainConfig& cfg = a.cfg;
   std::vector<std::string> problems, notes;
   apply_model_family_flags(cmd, &cfg.model, &problems, &notes);
+  // The MoE flags as `troupe train` reads them (Megatron-LM's or Megatron-DeepSpeed's dialect); a flag
+  // this command lacks (--deepspeed) was not given.
+  const FlagGivenFn given = [&cmd](const char* flag) {
+    const CLI::Option* o = cmd.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
+  apply_moe_flags(cmd, given, &cfg, &problems, &notes);
   // No tokenizer here: a preset's own vocabulary unless --vocab-size is given (train's note about
   // --tokenizer-type does not apply).
   if (const ModelPreset* p = cmd.count("--model-preset") > 0
@@ -117,6 +128,7 @@ int run_gpt_bench(GptBenchArgs a, const CLI::App& cmd) {
                       {"fraction_of_peak", peak > 0 ? tflops * 1e3 / peak : 0.0},
                       {"final_loss", result.value().last_loss},
                       {"family", cfg.model.family_name()},
+                      {"moe", describe_moe(cfg)},
                       {"device", cfg.device},
                       {"dtype", a.bf16 ? "bf16" : "fp32"},
                       {"parameters", cfg.model.num_parameters()}};
@@ -164,6 +176,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   // The architecture: GPT-2 unless the family flags (or a preset, the flags given beside it winning)
   // say otherwise, as in `troupe train`.
   add_model_family_options(gpt, &a->cfg.model);
+  add_moe_options(gpt);
   gpt->callback([a, gpt, exit_code] { *exit_code = run_gpt_bench(*a, *gpt); });
 
   add_bench_comm_subcommand(bench, exit_code);

@@ -2,10 +2,15 @@
 # troupe vs PyTorch training throughput, fp32, same thread count, both measured in this one invocation:
 #   --model gpt2 (default): the reference GPT-2 (4 layers, hidden 384, 6 heads, seq 256, micro-batch 8, vocab 50304);
 #   --model llama: a LLaMA of the same scale (RMSNorm, rotary base 10000, 2 query groups, SwiGLU ffn 1024,
-#                  no linear biases, untied head, vocab 32000).
-# Prints a Markdown table and writes it to --out (default bench/results/latest.md, latest_llama.md for llama).
+#                  no linear biases, untied head, vocab 32000);
+#   --model moe: the GPT-2 with every MLP a mixture of 8 GELU experts of width 4·hidden, Megatron-Core's top-2
+#                router (softmax, the two largest renormalised), dropless, load-balancing aux loss x 0.01
+#                (troupe: --num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.01; torch_gpt.py: router
+#                nn.Linear, torch.topk, index_select dispatch per expert, index_add_ combine).
+# Prints a Markdown table and writes it to --out (default bench/results/latest.md, latest_llama.md for llama,
+# latest_moe.md for moe).
 #
-# Usage: bench/run_vs_pytorch.sh [--model gpt2|llama] [--iters N] [--warmup-iters N] [--threads N] [--out FILE]
+# Usage: bench/run_vs_pytorch.sh [--model gpt2|llama|moe] [--iters N] [--warmup-iters N] [--threads N] [--out FILE]
 # Environment: TROUPE_BIN (default build/bin/troupe), PYTHON (default /usr/bin/python3, Debian's, with torch).
 set -euo pipefail
 
@@ -18,7 +23,7 @@ threads=2
 model=gpt2
 out=""
 
-usage() { sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -42,7 +47,8 @@ done
 case "$model" in
   gpt2) out="${out:-$root/bench/results/latest.md}" ;;
   llama) out="${out:-$root/bench/results/latest_llama.md}" ;;
-  *) echo "run_vs_pytorch.sh: --model $model is not a benchmark model -- use gpt2 or llama" >&2; exit 2 ;;
+  moe) out="${out:-$root/bench/results/latest_moe.md}" ;;
+  *) echo "run_vs_pytorch.sh: --model $model is not a benchmark model -- use gpt2, llama or moe" >&2; exit 2 ;;
 esac
 
 TROUPE_BIN="${TROUPE_BIN:-$root/build/bin/troupe}"
@@ -66,6 +72,13 @@ if [[ "$model" == llama ]]; then
   torch_family=(--model llama --rotary-base 10000)
   model_line="LLaMA: 4 layers, hidden 384, 6 heads in 2 query groups (GQA), SwiGLU ffn 1024, RMSNorm, rotary \
 (rotate-half, base 10000), no linear biases, untied head, seq 256, micro-batch 8, vocab 32000"
+elif [[ "$model" == moe ]]; then
+  model_args+=(--vocab-size 50304)
+  troupe_family=(--num-experts 8 --moe-router-topk 2 --moe-aux-loss-coeff 0.01)
+  torch_family=(--num-experts 8 --topk 2 --moe-aux-loss-coeff 0.01)
+  model_line="GPT-2 MoE: 4 layers, hidden 384, 6 heads, seq 256, micro-batch 8, vocab 50304; every layer's MLP 8 GELU \
+experts of width 1536, Megatron-Core's top-2 router (softmax, the two largest renormalised), dropless, load-balancing \
+aux loss x 0.01"
 else
   model_args+=(--vocab-size 50304)
   troupe_family=()
@@ -145,7 +158,7 @@ rows = [
     (f"PyTorch {pt.get('torch_version', '')}".strip(), pt["tokens_per_sec"], pt["ms_per_iter"], pt_tflops, pt_frac, 1.0),
 ]
 lines = [
-    f"# troupe vs PyTorch: {'LLaMA' if model == 'llama' else 'GPT-2'} training throughput (fp32, CPU)",
+    f"# troupe vs PyTorch: {dict(llama='LLaMA', moe='GPT-2 MoE').get(model, 'GPT-2')} training throughput (fp32, CPU)",
     "",
     f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
     f"- machine: {cpu}, {ncpu} logical CPUs; {threads} threads for both",
@@ -153,7 +166,8 @@ lines = [
     "one micro-batch per iteration)",
     f"- {warmup} warm-up + {iters} timed iterations each; model FLOPs per iteration {flops:.4g} "
     "(Megatron-LM's count: 12·B·s·l·h²·((1 + G/H + s/2h)·q/h + g·F/h + Vp/2lh), the attention scores over the "
-    "causal half)",
+    "causal half" + ("; an MoE layer's F·g is what one token computes: k experts' and the router's E/2)"
+                     if model == "moe" else ")"),
     f"- sgemm peak measured by troupe: {peak_gflops:.1f} GFLOP/s",
     "",
     "| implementation | tokens/s | ms/iter | model TFLOP/s | % of sgemm peak | tokens/s vs PyTorch |",

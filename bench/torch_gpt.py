@@ -5,7 +5,8 @@ Run with Debian's interpreter (/usr/bin/python3: torch, numpy, h5py); the pyenv 
 
 Subcommands:
   train-bench  time fp32 training steps (AdamW, grad clipping) of a GPT-2 model (or with --model llama a LLaMA:
-               RMSNorm, rotary, grouped-query attention, SwiGLU, no biases, untied head), print one JSON line.
+               RMSNorm, rotary, grouped-query attention, SwiGLU, no biases, untied head; or with --num-experts E
+               --topk k a GPT-2 whose every MLP is a dropless top-k mixture of E GELU experts), print one JSON line.
   eval         load a Hugging Face GPT2LMHeadModel state dict stored in HDF5 (`troupe ckpt export --format hf-h5`) or a
                Hugging Face folder of a GPT2LMHeadModel, LlamaForCausalLM or BloomForCausalLM (`--format hf`), compute
                the mean next-token loss over fixed windows of a Megatron MMIDIDX dataset (or a raw int32 token file),
@@ -157,21 +158,54 @@ def build_model_classes():
             return self.c_proj(y)
 
     class MLP(nn.Module):
-        def __init__(self, n_embd):
+        def __init__(self, n_embd, ffn=None):
             super().__init__()
-            self.c_fc = nn.Linear(n_embd, 4 * n_embd)
-            self.c_proj = nn.Linear(4 * n_embd, n_embd)
+            ffn = 4 * n_embd if ffn is None else ffn
+            self.c_fc = nn.Linear(n_embd, ffn)
+            self.c_proj = nn.Linear(ffn, n_embd)
 
         def forward(self, x):
             return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
+    class MoE(nn.Module):
+        """A mixture-of-experts MLP as PyTorch users write one (Megatron-Core's top-k router, dropless): a linear
+        router, softmax over the experts, torch.topk with the k probabilities renormalised, each expert's tokens
+        gathered by index_select, its GELU MLP, the weighted outputs summed back with index_add_. aux_loss: the
+        switch load-balancing loss E / (k S^2) sum_e (sum_s p_se) * tokens_e (Megatron-Core's switch_load_balancing
+        _loss_func), kept for the model to add."""
+
+        def __init__(self, n_embd, n_experts, topk, ffn):
+            super().__init__()
+            self.n_experts, self.topk = n_experts, topk
+            self.router = nn.Linear(n_embd, n_experts)  # troupe's Megatron router has a bias when the linears do
+            self.experts = nn.ModuleList([MLP(n_embd, ffn) for _ in range(n_experts)])
+            self.aux_loss = None
+
+        def forward(self, x):
+            B, T, C = x.shape
+            flat = x.reshape(-1, C)  # (S, C)
+            probs = F.softmax(self.router(flat), dim=-1)  # (S, E)
+            weights, chosen = torch.topk(probs, self.topk, dim=-1)  # (S, k)
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+            out = torch.zeros_like(flat)
+            for e, expert in enumerate(self.experts):
+                token, slot = torch.where(chosen == e)
+                if token.numel() == 0:
+                    continue
+                y = expert(flat.index_select(0, token)) * weights[token, slot].unsqueeze(-1)
+                out.index_add_(0, token, y)
+            tokens_per_expert = torch.bincount(chosen.flatten(), minlength=self.n_experts)
+            S = flat.shape[0]
+            self.aux_loss = (probs.sum(dim=0) * tokens_per_expert).sum() * (self.n_experts / (self.topk * S * S))
+            return out.view(B, T, C)
+
     class Block(nn.Module):
-        def __init__(self, n_embd, n_head, n_positions, eps):
+        def __init__(self, n_embd, n_head, n_positions, eps, moe=None):
             super().__init__()
             self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
             self.attn = CausalSelfAttention(n_embd, n_head, n_positions)
             self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
-            self.mlp = MLP(n_embd)
+            self.mlp = MLP(n_embd) if moe is None else MoE(n_embd, *moe)
 
         def forward(self, x):
             x = x + self.attn(self.ln_1(x))
@@ -182,11 +216,13 @@ def build_model_classes():
         """GPT-2 with Hugging Face parameter names (nn.Linear orientation: weights are (out, in)).
 
         vocab_size: rows of wte (and logits computed); real_vocab: how many of them the loss uses (troupe masks the
-        padding rows out of the softmax), default all.
+        padding rows out of the softmax), default all. moe: (experts, k, expert ffn, aux loss coefficient) makes every
+        layer's MLP a MoE; the loss then adds the coefficient times the sum of the layers' load-balancing losses.
         """
 
-        def __init__(self, n_layer, n_embd, n_head, n_positions, vocab_size, real_vocab=None, eps=1e-5):
+        def __init__(self, n_layer, n_embd, n_head, n_positions, vocab_size, real_vocab=None, eps=1e-5, moe=None):
             super().__init__()
+            self.aux_loss_coeff = 0.0 if moe is None else moe[3]
             self.n_layer, self.n_embd, self.n_head = n_layer, n_embd, n_head
             self.n_positions, self.vocab_size = n_positions, vocab_size
             self.real_vocab = vocab_size if real_vocab is None else real_vocab
@@ -194,7 +230,8 @@ def build_model_classes():
                 dict(
                     wte=nn.Embedding(vocab_size, n_embd),
                     wpe=nn.Embedding(n_positions, n_embd),
-                    h=nn.ModuleList([Block(n_embd, n_head, n_positions, eps) for _ in range(n_layer)]),
+                    h=nn.ModuleList([Block(n_embd, n_head, n_positions, eps, None if moe is None else moe[:3])
+                                     for _ in range(n_layer)]),
                     ln_f=nn.LayerNorm(n_embd, eps=eps),
                 )
             )
@@ -233,6 +270,8 @@ def build_model_classes():
             if self.real_vocab != self.vocab_size:
                 flat = flat[:, : self.real_vocab]
             loss = F.cross_entropy(flat, targets.reshape(-1), reduction=reduction)
+            if self.aux_loss_coeff != 0:
+                loss = loss + self.aux_loss_coeff * sum(block.mlp.aux_loss for block in self.transformer.h)
             return logits, loss
 
     return GPT
@@ -707,18 +746,22 @@ def _set_thread_env(threads):
         os.environ[var] = str(threads)
 
 
-def model_flops_per_iter(B, s, l, h, V, heads, groups=None, ffn=None, swiglu=False, divisible_by=128):
+def model_flops_per_iter(B, s, l, h, V, heads, groups=None, ffn=None, swiglu=False, divisible_by=128, experts=0,
+                         topk=0):
     """Model FLOPs of one forward + backward without recomputation, in the form of Megatron-LM's
     num_floating_point_operations (megatron/training/training.py): 12 B s l h^2 [(1 + G/H + s/2h) q/h
     + (F/h) g + Vp/(2 l h)], q = H (h/H) the query width, g = 3/2 with SwiGLU, Vp the vocabulary padded to a
-    multiple of 128; the attention scores counted over the causal half (s/2h). troupe's GptConfig::
+    multiple of 128; the attention scores counted over the causal half (s/2h). With experts (every layer an MoE
+    of `experts` experts of width ffn, top-k) the MLP term is what one token computes: k experts' F g and the
+    router's E/2 (an E-wide GEMM, 2 h E per token where the MLP is 4 h F g). troupe's GptConfig::
     flops_per_iteration is the same count written GEMM by GEMM; run_vs_pytorch.sh checks the two agree."""
     groups = heads if groups is None else groups
     ffn = 4 * h if ffn is None else ffn
     q = heads * (h // heads)
     Vp = -(-V // divisible_by) * divisible_by
     gated = 1.5 if swiglu else 1.0
-    return 12.0 * B * s * l * h * h * ((1.0 + groups / heads + s / (2.0 * h)) * q / h + (ffn / h) * gated
+    mlp = ffn * gated if experts == 0 else topk * ffn * gated + experts / 2.0
+    return 12.0 * B * s * l * h * h * ((1.0 + groups / heads + s / (2.0 * h)) * q / h + mlp / h
                                        + Vp / (2.0 * l * h))
 
 
@@ -737,6 +780,12 @@ def cmd_train_bench(args):
         raise SystemExit("--dtype bf16 and --compile are for --device cuda")
     if args.model != "llama" and (args.num_query_groups or args.ffn_hidden_size):
         raise SystemExit("--num-query-groups and --ffn-hidden-size are LLaMA's -- add --model llama or drop them")
+    if args.num_experts < 0 or (args.num_experts > 0 and not 1 <= args.topk <= args.num_experts):
+        raise SystemExit("--num-experts must be >= 0 and --topk 1 to --num-experts -- pass e.g. --num-experts 8 --topk 2")
+    if args.num_experts > 0 and args.model == "llama":
+        raise SystemExit("--num-experts: the MoE variant is GPT-2's (GELU experts) -- drop --model llama")
+    if args.num_experts == 0 and (args.moe_ffn_hidden_size or args.moe_aux_loss_coeff):
+        raise SystemExit("--moe-ffn-hidden-size and --moe-aux-loss-coeff need --num-experts")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     B, S = args.micro_batch_size, args.seq_length
@@ -744,7 +793,11 @@ def cmd_train_bench(args):
     llama = args.model == "llama"
     n_groups = args.num_query_groups or args.num_attention_heads
     ffn = args.ffn_hidden_size or 4 * args.hidden_size
-    if llama:
+    if args.num_experts > 0:
+        ffn = args.moe_ffn_hidden_size or 4 * args.hidden_size
+        moe = (args.num_experts, args.topk, ffn, args.moe_aux_loss_coeff)
+        model = GPT(args.num_layers, args.hidden_size, args.num_attention_heads, S, args.vocab_size, moe=moe)
+    elif llama:
         model = build_llama_class()(args.num_layers, args.hidden_size, args.num_attention_heads, n_groups, ffn, S,
                                     args.vocab_size, eps=args.norm_epsilon, base=args.rotary_base)
     else:
@@ -808,7 +861,7 @@ def cmd_train_bench(args):
     ms_per_iter = 1000.0 * elapsed / iters if iters > 0 else float("nan")
     tokens_per_sec = B * S * iters / elapsed if iters > 0 and elapsed > 0 else float("nan")
     flops = model_flops_per_iter(B, S, args.num_layers, args.hidden_size, args.vocab_size, args.num_attention_heads,
-                                 n_groups, ffn, swiglu=llama)
+                                 n_groups, ffn, swiglu=llama, experts=args.num_experts, topk=args.topk)
     out = {
         "impl": "pytorch",
         "torch_version": torch.__version__,
@@ -828,6 +881,8 @@ def cmd_train_bench(args):
             "num_layers": args.num_layers, "hidden_size": args.hidden_size,
             "num_attention_heads": args.num_attention_heads, "seq_length": S, "micro_batch_size": B,
             "vocab_size": args.vocab_size, "warmup_iters": args.warmup_iters,
+            "num_experts": args.num_experts, "topk": args.topk if args.num_experts else 0,
+            "moe_aux_loss_coeff": args.moe_aux_loss_coeff,
             "data": args.data_prefix or "random",
         },
     }
@@ -900,6 +955,11 @@ def main(argv=None):
     tb.add_argument("--ffn-hidden-size", type=int, default=None, help="LLaMA: the SwiGLU width (default: 4 x hidden)")
     tb.add_argument("--rotary-base", type=float, default=10000.0, help="LLaMA: rope_theta")
     tb.add_argument("--norm-epsilon", type=float, default=1e-5, help="LLaMA: the RMSNorms' epsilon")
+    tb.add_argument("--num-experts", type=int, default=0,
+                    help="GPT-2 with every MLP a mixture of this many GELU experts (dropless top-k router)")
+    tb.add_argument("--topk", type=int, default=2, help="MoE: experts per token")
+    tb.add_argument("--moe-ffn-hidden-size", type=int, default=None, help="MoE: each expert's width (default 4 x hidden)")
+    tb.add_argument("--moe-aux-loss-coeff", type=float, default=0.0, help="MoE: the load-balancing loss's coefficient")
     tb.add_argument("--threads", type=int, default=2)
     tb.add_argument("--warmup-iters", type=int, default=2)
     tb.add_argument("--iters", type=int, default=10)
