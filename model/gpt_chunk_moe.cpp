@@ -25,8 +25,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-
-#include <fmt/format.h>
+#include <functional>
+#include <string>
 
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk_impl.hpp"
@@ -92,6 +92,13 @@ void narrow_into(Context& ctx, const Tensor& dst, const Tensor& buffer) {
   if (buffer.raw() != dst.raw()) ops::convert(ctx, dst, buffer);
 }
 
+// fn(first, last) over ranges of rows [0, n) on the rank's pool, for loops in which every row is
+// computed by itself (so where the ranges fall changes no bit).
+void for_rows(Context& ctx, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (ctx.pool != nullptr && n > 64) ctx.pool->parallel_for(n, fn, 64);
+  else fn(0, n);
+}
+
 }  // namespace
 
 void GptChunk::Impl::moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
@@ -104,7 +111,7 @@ void GptChunk::Impl::moe_exchange(const Tensor& send, const std::vector<size_t>&
   const auto issued = std::chrono::steady_clock::now();
   comm::wait_or_throw(ep->all_to_all_v(send.raw(), sc, recv.raw(), rc, dtype), "MoE token all-to-all",
                       comm::WaitGroup::dp);
-  comm::report_collective_span(fmt::format("MoE {} all-to-all, h.{}", what, layer), issued);
+  comm::report_collective_span(std::string("MoE ") + what + " all-to-all, h." + std::to_string(layer), issued);
 }
 
 void GptChunk::Impl::permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm,
@@ -140,11 +147,13 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       using T_ = decltype(zero);
       const T_* src = xw.data<T_>();
       T_* dst = a.xr.data<T_>();
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c) {
-          const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
-          dst[n * C + c] = static_cast<T_>(src[n * C + c] * (1 - eps + 2 * eps * u));
-        }
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c) {
+            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+            dst[n * C + c] = static_cast<T_>(src[n * C + c] * (1 - eps + 2 * eps * u));
+          }
+      });
     });
     xr = a.xr;
   } else {
@@ -205,7 +214,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
     const auto issued = std::chrono::steady_clock::now();
     comm::wait_or_throw(ep->all_to_all(cnt.data(), a.recv_cnt.data(), static_cast<size_t>(El), DType::i64),
                         "MoE token counts all-to-all", comm::WaitGroup::dp);
-    comm::report_collective_span(fmt::format("MoE counts all-to-all, h.{}", layer), issued);
+    comm::report_collective_span("MoE counts all-to-all, h." + std::to_string(layer), issued);
   }
   a.send_rows.assign(static_cast<size_t>(P), 0);
   a.recv_rows.assign(static_cast<size_t>(P), 0);
@@ -241,8 +250,10 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
     Tensor xs = P > 1 ? Tensor::empty({std::max<int64_t>(Ks, 1), C}, dtype, dev) : a.xd;
     const char* src = static_cast<const char*>(x.raw());
     char* dst = static_cast<char*>(xs.raw());
-    for (int64_t i = 0; i < Ks; ++i)
-      std::memcpy(dst + i * row_bytes, src + (a.send_assign[i] / k) * row_bytes, row_bytes);
+    for_rows(ctx, Ks, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i)
+        std::memcpy(dst + i * row_bytes, src + (a.send_assign[i] / k) * row_bytes, row_bytes);
+    });
     if (P > 1) {
       Tensor xr = Tensor::empty({std::max<int64_t>(K, 1), C}, dtype, dev);
       moe_exchange(xs, a.send_rows, xr, a.recv_rows, "dispatch", layer);
@@ -277,17 +288,19 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   {
     const Tensor ob = result_buffer(out, ct), yw = widened(a.y_mine, ct);
     with_type(ct, [&](auto zero) {
-    using T_ = decltype(zero);
-    T_* o = ob.data<T_>();
-    const T_* y = yw.data<T_>();
-    std::fill(o, o + N * C, T_(0));
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t row = a.row_of[n * k + j];
-        if (row < 0) continue;
-        const T_ wt = static_cast<T_>(rt.weight[n * k + j]);
-        for (int64_t c = 0; c < C; ++c) o[n * C + c] += wt * y[row * C + c];
-      }
+      using T_ = decltype(zero);
+      T_* o = ob.data<T_>();
+      const T_* y = yw.data<T_>();
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        std::fill(o + n0 * C, o + n1 * C, T_(0));
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t row = a.row_of[n * k + j];
+            if (row < 0) continue;
+            const T_ wt = static_cast<T_>(rt.weight[n * k + j]);
+            for (int64_t c = 0; c < C; ++c) o[n * C + c] += wt * y[row * C + c];
+          }
+      });
     });
     narrow_into(ctx, out, ob);
   }
@@ -322,10 +335,12 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       T_* o = ob.data<T_>();
       const T_* mo_ = rw.data<T_>();
       const T_* ml = mw.data<T_>();
-      for (int64_t n = 0; n < N; ++n) {
-        const T_ c0 = static_cast<T_>(a.coef[n * 2]), c1 = static_cast<T_>(a.coef[n * 2 + 1]);
-        for (int64_t c = 0; c < C; ++c) o[n * C + c] = mo_[n * C + c] * c0 + ml[n * C + c] * c1;
-      }
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+          const T_ c0 = static_cast<T_>(a.coef[n * 2]), c1 = static_cast<T_>(a.coef[n * 2 + 1]);
+          for (int64_t c = 0; c < C; ++c) o[n * C + c] = mo_[n * C + c] * c0 + ml[n * C + c] * c1;
+        }
+      });
     });
     narrow_into(ctx, out, ob);
   }
@@ -394,20 +409,22 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
       const T_* ml = mw.data<T_>();
       T_* dr = drb.data<T_>();
       T_* dm = dmb.data<T_>();
-      for (int64_t n = 0; n < N; ++n) {
-        const double c0 = a.coef[n * 2], c1 = a.coef[n * 2 + 1];
-        double d0 = 0, d1 = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t i = n * C + c;
-          dr[i] = static_cast<T_>(g[i] * static_cast<T_>(c0));
-          dm[i] = static_cast<T_>(g[i] * static_cast<T_>(c1));
-          d0 += static_cast<double>(g[i]) * ro[i];
-          d1 += static_cast<double>(g[i]) * ml[i];
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+          const double c0 = a.coef[n * 2], c1 = a.coef[n * 2 + 1];
+          double d0 = 0, d1 = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            const int64_t i = n * C + c;
+            dr[i] = static_cast<T_>(g[i] * static_cast<T_>(c0));
+            dm[i] = static_cast<T_>(g[i] * static_cast<T_>(c1));
+            d0 += static_cast<double>(g[i]) * ro[i];
+            d1 += static_cast<double>(g[i]) * ml[i];
+          }
+          const double dot = c0 * d0 + c1 * d1;
+          dcl[n * 2] = c0 * (d0 - dot);
+          dcl[n * 2 + 1] = c1 * (d1 - dot);
         }
-        const double dot = c0 * d0 + c1 * d1;
-        dcl[n * 2] = c0 * (d0 - dot);
-        dcl[n * 2 + 1] = c1 * (d1 - dot);
-      }
+      });
     });
     narrow_into(ctx, droute, drb);
     narrow_into(ctx, st.dmlp_out, dmb);
@@ -434,20 +451,22 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
   {
     const Tensor gw = widened(droute, ct), yw = widened(a.y_mine, ct), db = result_buffer(dy_mine, ct);
     with_type(ct, [&](auto zero) {
-    using T_ = decltype(zero);
-    const T_* g = gw.data<T_>();
-    const T_* y = yw.data<T_>();
-    T_* d = db.data<T_>();
-    for (int64_t i = 0; i < Ks; ++i) {
-      const int64_t as = a.send_assign[i], n = as / k;
-      const T_ wt = static_cast<T_>(rt.weight[as]);
-      double dot = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        d[i * C + c] = wt * g[n * C + c];
-        dot += static_cast<double>(g[n * C + c]) * y[i * C + c];
-      }
-      dweight[as] = dot;
-    }
+      using T_ = decltype(zero);
+      const T_* g = gw.data<T_>();
+      const T_* y = yw.data<T_>();
+      T_* d = db.data<T_>();
+      for_rows(ctx, Ks, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t as = a.send_assign[i], n = as / k;
+          const T_ wt = static_cast<T_>(rt.weight[as]);
+          double dot = 0;
+          for (int64_t c = 0; c < C; ++c) {
+            d[i * C + c] = wt * g[n * C + c];
+            dot += static_cast<double>(g[n * C + c]) * y[i * C + c];
+          }
+          dweight[as] = dot;
+        }
+      });
     });
     narrow_into(ctx, dy_mine, db);
   }
@@ -483,10 +502,15 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
       using T_ = decltype(zero);
       const T_* src = sw.data<T_>();
       T_* dst = ib.data<T_>();
-      for (int64_t i = 0; i < Ks; ++i) {
-        const int64_t n = a.send_assign[i] / k;
-        for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
-      }
+      // Row n gathers its kept assignments' gradients, j = 0 .. k-1 (send row row_of[n k + j]).
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t j = 0; j < k; ++j) {
+            const int64_t i = a.row_of[n * k + j];
+            if (i < 0) continue;
+            for (int64_t c = 0; c < C; ++c) dst[n * C + c] += src[i * C + c];
+          }
+      });
     });
     narrow_into(ctx, into, ib);
   }
@@ -507,11 +531,13 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
     with_type(ct, [&](auto zero) {
       using T_ = decltype(zero);
       T_* d = dxr.data<T_>();
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = 0; c < C; ++c) {
-          const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
-          d[n * C + c] = static_cast<T_>(d[n * C + c] * (1 - eps + 2 * eps * u));
-        }
+      for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t c = 0; c < C; ++c) {
+            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+            d[n * C + c] = static_cast<T_>(d[n * C + c] * (1 - eps + 2 * eps * u));
+          }
+      });
     });
   }
   ops::add_inplace(ctx, whole, dxr);
