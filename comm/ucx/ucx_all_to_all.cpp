@@ -116,6 +116,17 @@ class PairwiseAllToAllOp final : public Op {
 std::unique_ptr<Op> make_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
                                     const void* send, std::vector<size_t> send_counts, void* recv,
                                     std::vector<size_t> recv_counts, size_t esz) {
+  if (group->channel != nullptr && group->size() >= 2 &&
+      send_counts.size() == static_cast<size_t>(group->size()) && recv_counts.size() == send_counts.size())
+    return make_shm_all_to_all(engine, std::move(group), seq, std::move(name), send, std::move(send_counts), recv,
+                               std::move(recv_counts), esz);
+  return make_pairwise_all_to_all(engine, std::move(group), seq, std::move(name), send, std::move(send_counts),
+                                  recv, std::move(recv_counts), esz);
+}
+
+std::unique_ptr<Op> make_pairwise_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
+                                             const void* send, std::vector<size_t> send_counts, void* recv,
+                                             std::vector<size_t> recv_counts, size_t esz) {
   TROUPE_CHECK(group->size() >= 2 && group->size() <= (1 << (kTagStepBits + kTagChunkBits)) &&
                    send_counts.size() == static_cast<size_t>(group->size()) &&
                    recv_counts.size() == send_counts.size(),

@@ -27,11 +27,21 @@ std::unique_ptr<Op> make_all_gather(Engine& engine, GroupPtr group, uint64_t seq
 std::unique_ptr<Op> make_broadcast(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
                                    void* buf, size_t bytes, int root);
 std::unique_ptr<Op> make_barrier(Engine& engine, GroupPtr group, uint64_t seq, std::string name);
-// all_to_all_v by pairwise exchange (ucx_all_to_all.cpp); esz: bytes per element. Counts need not
-// be checked against the peers': a mismatch fails the receiving rank's operation.
+// all_to_all_v (ucx_all_to_all.cpp): through shared memory for groups with a channel
+// (make_shm_all_to_all), else by pairwise exchange; esz: bytes per element. Counts need not be
+// checked against the peers': a mismatch fails the receiving rank's operation.
 std::unique_ptr<Op> make_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
                                     const void* send, std::vector<size_t> send_counts, void* recv,
                                     std::vector<size_t> recv_counts, size_t esz);
+// The pairwise exchange over UCX messages alone (the shared-memory path's fallback).
+std::unique_ptr<Op> make_pairwise_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
+                                             const void* send, std::vector<size_t> send_counts, void* recv,
+                                             std::vector<size_t> recv_counts, size_t esz);
+// all_to_all_v through shared memory (ucx_shm_ops.cpp), for groups with a channel; falls back to
+// the pairwise exchange on every member alike when some member has no room for the staging area.
+std::unique_ptr<Op> make_shm_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
+                                        const void* send, std::vector<size_t> send_counts, void* recv,
+                                        std::vector<size_t> recv_counts, size_t esz);
 
 // The direct algorithms receive one message from every rank in the same step, so the tag must tell
 // the senders apart: the sender's group rank goes into the step and chunk fields (24 bits).

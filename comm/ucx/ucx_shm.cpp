@@ -67,7 +67,7 @@ bool ShmChannel::lane_free(int lane) {
   LaneUse& u = lanes[lane];
   if (u.token == 0) return true;
   for (int q = 0; q < size(); ++q) {
-    if (q == rank) continue;
+    if (q == rank || ((u.readers >> q) & 1) == 0) continue;
     if (u.need_in && ack_in(rank, lane, q)->v.load(std::memory_order_acquire) != u.token)
       return false;
     if (u.need_out && ack_out(rank, lane, q)->v.load(std::memory_order_acquire) != u.token)

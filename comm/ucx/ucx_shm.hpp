@@ -92,6 +92,7 @@ struct ShmChannel {
   struct LaneUse {           // what the last chunk written into own lane L still waits for
     uint64_t token = 0;
     bool need_in = false, need_out = false;
+    uint64_t readers = ~uint64_t{0};  // the group ranks whose acknowledgements it waits for
   };
   LaneUse lanes[kShmLanes];
   std::deque<Op*> queue;  // its shared-memory collectives; the front one runs

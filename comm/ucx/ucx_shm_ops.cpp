@@ -38,6 +38,39 @@ namespace {
 
 using detail::mix;
 
+// Publishes this rank's area of the channel's group (at its first collective) and finds every
+// member's. False while some member has not published yet, or with *error set (the directory is
+// full); true once the channel's state is ready or fallback (some member has no room: all fall back
+// alike).
+bool resolve_channel(Engine& engine, ShmChannel& ch, const std::vector<int>& members, Status* error) {
+  if (!ch.own_published) {
+    auto area = engine.shm_own_area(ch.group_id, ch.layout.area_bytes());
+    if (!area.is_ok()) {
+      *error = area.status();
+      return false;
+    }
+    ch.own_published = true;
+    ch.areas[static_cast<size_t>(ch.rank)] = area.value();
+    if (area.value() == nullptr) {
+      ch.state = ShmChannel::State::fallback;
+      return true;
+    }
+  }
+  bool missing = false;
+  for (size_t q = 0; q < members.size(); ++q) {
+    if (ch.areas[q] != nullptr) continue;
+    const int found = engine.shm_find_area(members[q], ch.group_id, &ch.areas[q]);
+    if (found < 0) {
+      ch.state = ShmChannel::State::fallback;
+      return true;
+    }
+    missing = missing || found == 0;
+  }
+  if (missing) return false;  // that member has not reached its first collective of the group
+  ch.state = ShmChannel::State::ready;
+  return true;
+}
+
 class ShmCollectiveOp final : public Op {
  public:
   ShmCollectiveOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name, RingMode mode,
@@ -198,33 +231,10 @@ void ShmCollectiveOp::mismatch(int q) {
 }
 
 bool ShmCollectiveOp::resolve() {
-  ShmChannel& ch = *channel_;
-  if (!ch.own_published) {
-    auto area = engine_.shm_own_area(ch.group_id, ch.layout.area_bytes());
-    if (!area.is_ok()) {
-      finish(Status::error(name() + ": " + area.status().message()));
-      return false;
-    }
-    ch.own_published = true;
-    ch.areas[static_cast<size_t>(ch.rank)] = area.value();
-    if (area.value() == nullptr) {
-      ch.state = ShmChannel::State::fallback;
-      return true;
-    }
-  }
-  bool missing = false;
-  for (int q = 0; q < p_; ++q) {
-    if (ch.areas[static_cast<size_t>(q)] != nullptr) continue;
-    const int found = engine_.shm_find_area(world_of(q), ch.group_id, &ch.areas[static_cast<size_t>(q)]);
-    if (found < 0) {
-      ch.state = ShmChannel::State::fallback;  // some member has no room: all fall back alike
-      return true;
-    }
-    missing = missing || found == 0;
-  }
-  if (missing) return false;  // that member has not reached its first collective of the group
-  ch.state = ShmChannel::State::ready;
-  return true;
+  Status error;
+  const bool resolved = resolve_channel(engine_, *channel_, group_->members, &error);
+  if (!error.is_ok()) finish(Status::error(name() + ": " + error.message()));
+  return resolved && error.is_ok();
 }
 
 void ShmCollectiveOp::spawn_fallback() {
@@ -411,6 +421,316 @@ bool ShmCollectiveOp::waits_on(int world_rank) const {
   return false;
 }
 
+// all_to_all_v through shared memory. Rank r cuts its block for each peer j (send_counts[j]
+// elements) into chunks of cap = slot_bytes - kA2aHeader bytes; chunk c of every block goes into
+// piece j of r's lane c mod kShmLanes behind a header holding the block's whole byte length (read
+// from chunk 0, the one chunk every pair moves), and
+// peer j copies piece r of r's lane into its recv block and acknowledges it (ack_in). A pair moves
+// max(1, ceil(bytes / cap)) chunks: an empty block still moves its header, so every reader learns
+// what every writer sends. Before reusing a lane the writer waits only for the readers its chunk held
+// something for (LaneUse::readers). Ranks cut different numbers of chunks, so each call takes a fixed
+// stride of the channel's chunk sequence (kA2aStride), the same on every member.
+// A reader whose recv_counts[q] disagree with q's send_counts[r] learns it from the header: it still
+// consumes and acknowledges every chunk q sends, copies no more than its block holds, and fails the
+// call naming both counts, so nobody hangs and the channel stays usable.
+// The call is done here once this rank holds its results and staged all its chunks: what peers still
+// read stays in its lanes (a later call reuses a lane only after its readers acknowledged it).
+constexpr size_t kA2aHeader = 64;  // a piece's first bytes: the block's byte length (u64), then padding
+constexpr uint64_t kA2aStride = uint64_t{1} << 32;
+
+class ShmAllToAllOp final : public Op {
+ public:
+  ShmAllToAllOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name, const void* send,
+                std::vector<size_t> send_counts, void* recv, std::vector<size_t> recv_counts, size_t esz)
+      : Op(engine, std::move(group), seq, std::move(name)),
+        channel_(group_->channel),
+        send_(static_cast<const char*>(send)),
+        recv_(static_cast<char*>(recv)),
+        send_counts_(std::move(send_counts)),
+        recv_counts_(std::move(recv_counts)),
+        esz_(esz) {
+    p_ = group_->size();
+    r_ = group_->rank;
+    cap_ = channel_->layout.slot_bytes - kA2aHeader;
+    send_off_.assign(static_cast<size_t>(p_), 0);
+    recv_off_.assign(static_cast<size_t>(p_), 0);
+    for (int j = 1; j < p_; ++j) {
+      send_off_[j] = send_off_[j - 1] + send_counts_[j - 1] * esz_;
+      recv_off_[j] = recv_off_[j - 1] + recv_counts_[j - 1] * esz_;
+    }
+    need_.assign(static_cast<size_t>(p_), 0);
+    sent_.assign(static_cast<size_t>(p_), 0);
+    known_.assign(static_cast<size_t>(p_), 0);
+    for (int j = 0; j < p_; ++j) {
+      if (j == r_) continue;
+      send_chunks_ = std::max(send_chunks_, pair_chunks(send_counts_[j] * esz_));
+      need_[j] = pair_chunks(recv_counts_[j] * esz_);
+      nchunks_ = std::max(nchunks_, need_[j]);
+    }
+    nchunks_ = std::max(nchunks_, send_chunks_);
+    sig_ = mix(0xa11702a11ull, esz_) | 1;  // the counts differ between ranks by design
+    // Streaming stores into recv when it will not stay in cache anyway (as the other collectives).
+    stream_ = engine_.stream_stores(recv_off_.back() + recv_counts_.back() * esz_);
+    copied_.assign(static_cast<size_t>(kShmLanes) * static_cast<size_t>(p_), 0);
+  }
+
+  bool poll() override;
+  bool waits_on(int world_rank) const override;
+
+ private:
+  void start() override;
+  void on_complete(Msg&) override {}
+  void on_fail() override;
+
+  size_t pair_chunks(size_t bytes) const { return std::max<size_t>(1, (bytes + cap_ - 1) / cap_); }
+  int lane_of(size_t c) const { return static_cast<int>(c % kShmLanes); }
+  uint64_t token_of(size_t c) const { return channel_->token(seq0_ + c); }
+  uint8_t& copied(size_t c, int q) {
+    return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
+  }
+  uint8_t copied(size_t c, int q) const {
+    return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
+  }
+  bool run();
+  void stage(size_t c, int lane);
+  bool advance(size_t c);
+  bool chunk_done(size_t c) const {
+    for (int q = 0; q < p_; ++q)
+      if (q != r_ && (!known_[q] || (c < need_[q] && !copied(c, q)))) return false;
+    return true;
+  }
+  void leave_queue();
+  void finish(const Status& status);
+  std::string count_mismatch(int q) const;
+
+  std::shared_ptr<ShmChannel> channel_;
+  const char* send_;
+  char* recv_;
+  std::vector<size_t> send_counts_, recv_counts_;
+  std::vector<size_t> send_off_, recv_off_;  // bytes
+  size_t esz_;
+  size_t cap_ = 0;
+  int p_ = 0, r_ = 0;
+  uint64_t sig_ = 0;
+  bool stream_ = false;
+  size_t send_chunks_ = 0;  // chunks this rank stages (its longest block's)
+  size_t nchunks_ = 1;      // chunks this call goes through (grows if a writer sends more than expected)
+  std::vector<size_t> need_;    // per peer: chunks to read from it (from its header once known)
+  std::vector<size_t> sent_;    // per peer: the bytes its header says it sends
+  std::vector<uint8_t> known_;  // per peer: its header was read
+  std::vector<int> mismatched_;  // peers whose block is not the size recv_counts say
+  bool own_mismatch_ = false;
+  bool queued_ = false, begun_ = false;
+  uint64_t seq0_ = 0;
+  size_t lo_ = 0, hi_ = 0;
+  std::vector<uint8_t> copied_;
+  WorkPtr child_;
+};
+
+void ShmAllToAllOp::start() {
+  // This rank's own block, while the peers copy.
+  const size_t own = send_counts_[static_cast<size_t>(r_)] * esz_;
+  const size_t room = recv_counts_[static_cast<size_t>(r_)] * esz_;
+  own_mismatch_ = own != room;
+  if (std::min(own, room) != 0)
+    std::memcpy(recv_ + recv_off_[static_cast<size_t>(r_)], send_ + send_off_[static_cast<size_t>(r_)],
+                std::min(own, room));
+  ShmChannel& ch = *channel_;
+  ch.queue.push_back(this);
+  queued_ = true;
+  if (ch.queue.front() == this) engine_.add_poller(this);
+}
+
+void ShmAllToAllOp::leave_queue() {
+  if (!queued_) return;
+  queued_ = false;
+  engine_.remove_poller(this);
+  auto& q = channel_->queue;
+  const bool was_front = !q.empty() && q.front() == this;
+  q.erase(std::find(q.begin(), q.end(), this));
+  if (was_front && !q.empty()) engine_.add_poller(q.front());
+}
+
+void ShmAllToAllOp::on_fail() {
+  if (begun_ && child_ == nullptr && lo_ < nchunks_ && channel_->state == ShmChannel::State::ready) {
+    channel_->state = ShmChannel::State::broken;
+    channel_->broken_reason = "an earlier shared-memory collective of this group failed";
+  }
+  leave_queue();
+}
+
+void ShmAllToAllOp::finish(const Status& status) {
+  leave_queue();
+  if (status.is_ok()) succeed();
+  else fail(status);
+}
+
+std::string ShmAllToAllOp::count_mismatch(int q) const {
+  const std::string rule = "; recv_counts[p] must equal what group rank p passes as send_counts[rank()]";
+  if (q == r_) {
+    return "this rank's send_counts[" + std::to_string(r_) + "] is " + std::to_string(send_counts_[q]) +
+           " but its recv_counts[" + std::to_string(r_) + "] is " + std::to_string(recv_counts_[q]) + rule;
+  }
+  const size_t sent = sent_[static_cast<size_t>(q)];
+  const std::string elements = sent % esz_ == 0 ? std::to_string(sent / esz_) : std::to_string(sent) + " bytes' worth of";
+  return "rank " + std::to_string(world_of(q)) + " (group rank " + std::to_string(q) + ") sends " + elements +
+         " elements to this rank (group rank " + std::to_string(r_) + "), whose recv_counts[" + std::to_string(q) +
+         "] is " + std::to_string(recv_counts_[static_cast<size_t>(q)]) + rule;
+}
+
+bool ShmAllToAllOp::poll() {
+  if (failing() || !queued_) return false;
+  if (child_ != nullptr) {
+    if (!child_->test()) return false;
+    finish(child_->wait());
+    return true;
+  }
+  ShmChannel& ch = *channel_;
+  bool did = false;
+  if (ch.state == ShmChannel::State::unresolved) {
+    Status error;
+    if (!resolve_channel(engine_, ch, group_->members, &error)) {
+      if (!error.is_ok()) finish(Status::error(name() + ": " + error.message()));
+      return !queued_;
+    }
+    did = true;
+  }
+  switch (ch.state) {
+    case ShmChannel::State::fallback: {
+      auto child = make_pairwise_all_to_all(engine_, group_, seq_, name(), send_, send_counts_, recv_,
+                                            recv_counts_, esz_);
+      child_ = child->work();
+      engine_.adopt(std::move(child));
+      return true;
+    }
+    case ShmChannel::State::broken:
+      finish(Status::error(name() + ": " + ch.broken_reason +
+                           ", so its shared-memory channel is unusable; create the group again"));
+      return true;
+    default:
+      break;
+  }
+  if (!begun_) {
+    begun_ = true;
+    seq0_ = ch.next_seq;
+    ch.next_seq += kA2aStride;
+  }
+  return run() || did;
+}
+
+bool ShmAllToAllOp::run() {
+  ShmChannel& ch = *channel_;
+  bool did = false;
+  while (hi_ < nchunks_ && hi_ - lo_ < static_cast<size_t>(kShmLanes)) {
+    const int lane = lane_of(hi_);
+    if (hi_ < send_chunks_ && !ch.lane_free(lane)) break;
+    std::fill_n(copied_.begin() + static_cast<std::ptrdiff_t>(lane) * p_, p_, uint8_t{0});
+    if (hi_ < send_chunks_) stage(hi_, lane);
+    ++hi_;
+    did = true;
+  }
+  for (size_t c = lo_; c < hi_ && queued_; ++c) did = advance(c) || did;
+  if (!queued_) return true;  // failed (another collective on the channel)
+  while (lo_ < hi_ && chunk_done(lo_)) ++lo_;
+  if (did) engine_.shm_notify(group_->members);
+  if (lo_ == nchunks_ && hi_ >= send_chunks_) {
+    if (own_mismatch_) {
+      finish(Status::error(name() + ": " + count_mismatch(r_)));
+    } else if (!mismatched_.empty()) {
+      finish(Status::error(name() + ": " + count_mismatch(mismatched_.front())));
+    } else {
+      finish(Status::ok());
+    }
+    return true;
+  }
+  return did;
+}
+
+void ShmAllToAllOp::stage(size_t c, int lane) {
+  ShmChannel& ch = *channel_;
+  uint64_t readers = 0;
+  for (int j = 0; j < p_; ++j) {
+    const size_t total = send_counts_[static_cast<size_t>(j)] * esz_;
+    if (j == r_ || c >= pair_chunks(total)) continue;
+    char* piece = ch.piece(r_, lane, j);
+    const uint64_t header = total;
+    std::memcpy(piece, &header, sizeof header);
+    const size_t begin = c * cap_;
+    if (begin < total)
+      copy_bytes(piece + kA2aHeader, send_ + send_off_[static_cast<size_t>(j)] + begin,
+                 std::min(cap_, total - begin), false);
+    readers |= uint64_t{1} << j;
+  }
+  const uint64_t tok = token_of(c);
+  LaneHead* h = ch.head(r_, lane);
+  h->sig.store(sig_, std::memory_order_relaxed);
+  h->in_tok.store(tok, std::memory_order_release);
+  ch.lanes[lane] = ShmChannel::LaneUse{tok, true, false, readers};
+}
+
+bool ShmAllToAllOp::advance(size_t c) {
+  ShmChannel& ch = *channel_;
+  const int lane = lane_of(c);
+  const uint64_t tok = token_of(c);
+  bool did = false;
+  for (int i = 1; i < p_; ++i) {
+    const int q = (r_ + i) % p_;
+    const auto qs = static_cast<size_t>(q);
+    // Only chunk 0 is written for every reader: a later chunk's piece for this rank may be another
+    // call's, so nothing is read from it before chunk 0 told this pair's length.
+    if (known_[qs] ? c >= need_[qs] : c != 0) continue;
+    if (copied(c, q)) continue;
+    const LaneHead* h = ch.head(q, lane);
+    if (h->in_tok.load(std::memory_order_acquire) != tok) continue;
+    if (h->sig.load(std::memory_order_relaxed) != sig_) {
+      channel_->state = ShmChannel::State::broken;
+      channel_->broken_reason = "the members disagreed on an earlier collective";
+      finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) +
+                           " runs another collective here (different operation or dtype): every member "
+                           "must make the same calls in the same order"));
+      return true;
+    }
+    const char* piece = ch.piece(q, lane, r_);
+    uint64_t total = 0;
+    std::memcpy(&total, piece, sizeof total);
+    if (!known_[qs]) {  // chunk 0's header settles the pair
+      known_[qs] = 1;
+      sent_[qs] = total;
+      need_[qs] = pair_chunks(total);
+      nchunks_ = std::max(nchunks_, need_[qs]);
+      if (total != recv_counts_[qs] * esz_) mismatched_.push_back(q);
+    }
+    const size_t room = recv_counts_[qs] * esz_, begin = c * cap_;
+    if (begin < total && begin < room)
+      copy_bytes(recv_ + recv_off_[qs] + begin, piece + kA2aHeader, std::min({cap_, total - begin, room - begin}),
+                 stream_);
+    ch.ack_in(q, lane, r_)->v.store(tok, std::memory_order_release);
+    copied(c, q) = 1;
+    did = true;
+  }
+  return did;
+}
+
+bool ShmAllToAllOp::waits_on(int world_rank) const {
+  // world_rank departed: what it published stays readable in its segment, so this call is stuck
+  // only if it needs a chunk that rank never staged.
+  if (!queued_ || child_ != nullptr) return Op::waits_on(world_rank);
+  int q = -1;
+  for (int i = 0; i < p_; ++i)
+    if (world_of(i) == world_rank) q = i;
+  if (q < 0 || q == r_) return false;
+  const ShmChannel& ch = *channel_;
+  if (!begun_ || ch.areas[static_cast<size_t>(q)] == nullptr) return true;
+  const auto qs = static_cast<size_t>(q);
+  for (size_t c = lo_; c < nchunks_; ++c) {
+    if (known_[qs] && c >= need_[qs]) continue;
+    if (c < hi_ && copied(c, q)) continue;
+    if (c >= lo_ + kShmLanes) return true;  // q cannot have staged it yet
+    if (ch.head(q, lane_of(c))->in_tok.load(std::memory_order_acquire) != token_of(c)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::unique_ptr<Op> make_shm_collective(Engine& engine, GroupPtr group, uint64_t seq,
@@ -422,6 +742,17 @@ std::unique_ptr<Op> make_shm_collective(Engine& engine, GroupPtr group, uint64_t
                "rank");
   return std::make_unique<ShmCollectiveOp>(engine, std::move(group), seq, std::move(name), mode,
                                            src, dst, std::move(counts), dtype, op);
+}
+
+std::unique_ptr<Op> make_shm_all_to_all(Engine& engine, GroupPtr group, uint64_t seq, std::string name,
+                                        const void* send, std::vector<size_t> send_counts, void* recv,
+                                        std::vector<size_t> recv_counts, size_t esz) {
+  TROUPE_CHECK(group->channel != nullptr && send_counts.size() == static_cast<size_t>(group->size()) &&
+                   recv_counts.size() == send_counts.size() && group->size() <= 64,
+               "make_shm_all_to_all needs a group of at most 64 ranks with a shared-memory channel and one "
+               "count per rank each way");
+  return std::make_unique<ShmAllToAllOp>(engine, std::move(group), seq, std::move(name), send,
+                                         std::move(send_counts), recv, std::move(recv_counts), esz);
 }
 
 }  // namespace troupe::comm::ucx

@@ -36,11 +36,16 @@
 //                when the group is on one host with at most direct_max_ranks ranks (shared-memory
 //                transfers are single copies whatever the pair, so the ring's p-1 dependent steps
 //                buy nothing), else the ring's all-gather half with per-rank block sizes.
-//   all_to_all_v pairwise exchange, whatever N: in step k = 1..p-1 rank r sends its block for r+k
-//                and receives r-k's block for it, one message per pair (empty blocks too, so the
-//                receiver sees a count mismatch), chunks_in_flight steps at once; the own block is
-//                a local copy. Each block moves once (eager, or UCX's zero-copy rendezvous: cma on
-//                one host), so the shared-memory path, which would add a copy, is not used.
+//   all_to_all_v whatever N: a group with a shared-memory channel stages every pair's block in its
+//                writer's lanes, chunk by chunk behind a length header, and each reader copies its
+//                pieces (comm/ucx/ucx_shm_ops.cpp, ShmAllToAllOp: a count mismatch is seen in the
+//                header, consumed, and fails the reader naming both counts). Other groups: pairwise
+//                exchange, in step k = 1..p-1 rank r sends its block for r+k and receives r-k's
+//                block for it, one message per pair (empty blocks too, so the receiver sees a count
+//                mismatch), chunks_in_flight steps at once; the own block is a local copy. On one
+//                host the message path's per-collective cost dominated blocks below ~1 MiB
+//                (docs/PERFORMANCE.md: 0.3-0.7x Open MPI), which the extra copy of the staging
+//                area does not.
 //   broadcast    N < T: binomial tree rooted at root. N >= T: pipelined chain root -> root+1 -> ...
 //                in chunks.
 //   barrier      dissemination (ceil(log2 p) rounds of empty messages).

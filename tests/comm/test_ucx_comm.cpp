@@ -296,8 +296,9 @@ TEST_CASE(
     "[comm][ucx][all_to_all]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
-  // all_to_all has no shared-memory path of its own; the variants check that it meets the other
-  // collectives' settings (and their traffic on the same worlds) without harm.
+  // Same-host groups run all_to_all through shared memory (ucx_shm_ops.cpp: chunks of every pair
+  // behind a length header, a 128 KiB slot, so the 40000-element blocks take several chunks), the
+  // others by pairwise UCX messages (TCP; TROUPE_UCX_SAME_HOST=ucx in the mismatch test).
   const std::vector<std::string> check = {"--check", "all_to_all"};
   run_suite({{"UCX_TLS", "sm,self"}}, {{1, 1.0}, {2, 1.0}, {3, 1.0}, {4, 1.0}, {8, 0.5}}, check);
   run_suite({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, {{3, 1.0}}, check);
