@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm_bf16.hpp"
@@ -656,6 +657,111 @@ void attention_backward(Context& ctx, const Tensor& dqkv, const Tensor& dout, co
     using T = decltype(tag);
     cpu::attention_backward<T>(*ctx.pool, dqkv.data<T>(), dout.data<T>(), qkv.data<T>(), probs.data<T>(), z.B, z.T,
                                z.H, z.G, z.hs, mask.active() ? &mask : nullptr, head0);
+  });
+}
+
+namespace {
+// A block call's sizes, checked against its tensors.
+struct BlockSizes {
+  int64_t B, Tq, Tk, H, G, hs;
+};
+BlockSizes block_sizes(const Tensor& qkv, const Tensor& kv, const AttentionBlock& block, const DropoutMask& mask,
+                       int64_t head0) {
+  const AttentionLayout& layout = block.layout;
+  const int64_t H = layout.n_head, G = layout.n_group > 0 ? layout.n_group : H, hs = layout.head_dim;
+  TROUPE_CHECK(H > 0 && G > 0 && H % G == 0 && hs > 0,
+               "attention block: n_head > 0, n_group divides it, head_dim given");
+  TROUPE_CHECK(qkv.rank() == 3 && qkv.dim(2) == (H + 2 * G) * hs, "attention block: qkv is (B,Tq,(H+2G)*hs)");
+  TROUPE_CHECK(kv.rank() == 3 && kv.dim(0) == qkv.dim(0) && kv.dim(2) == 2 * G * hs,
+               "attention block: kv is (B,Tk,2G*hs)");
+  const int64_t B = qkv.dim(0), Tq = qkv.dim(1), Tk = kv.dim(1);
+  TROUPE_CHECK(static_cast<int64_t>(block.qpos.size()) == Tq && static_cast<int64_t>(block.kpos.size()) == Tk,
+               "attention block: one position per query row and per key row");
+  for (int64_t p : block.qpos) TROUPE_CHECK(p >= 0 && p < block.seq_len, "attention block: positions in [0, seq_len)");
+  for (int64_t p : block.kpos) TROUPE_CHECK(p >= 0 && p < block.seq_len, "attention block: positions in [0, seq_len)");
+  TROUPE_CHECK(layout.alibi_slopes.empty() || static_cast<int64_t>(layout.alibi_slopes.size()) == H,
+               "attention block: alibi_slopes holds one slope per held query head, or none");
+  TROUPE_CHECK(head0 >= 0, "attention block: head0 must not be negative");
+  if (mask.active()) check_mask(mask, B, (head0 + H) * block.seq_len * block.seq_len);
+  same_dtype(qkv, kv);
+  return {B, Tq, Tk, H, G, hs};
+}
+void check_state(const Tensor& t, int64_t n, DType dtype, const char* what) {
+  TROUPE_CHECK(t.numel() == n && t.dtype() == dtype, what);
+}
+}  // namespace
+
+void attention_block_begin(Context& ctx, const Tensor& acc, const Tensor& m, const Tensor& l) {
+  TROUPE_CHECK(ctx.device == Device::cpu, "attention blocks run on the CPU only so far");
+  acc.zero_();
+  l.zero_();
+  dispatch(ctx, m.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    std::fill(m.data<T>(), m.data<T>() + m.numel(), -std::numeric_limits<T>::infinity());
+  });
+}
+
+void attention_block_forward(Context& ctx, const Tensor& acc, const Tensor& m, const Tensor& l, const Tensor& qkv,
+                             const Tensor& kv, const AttentionBlock& block, const DropoutMask& mask, int64_t head0) {
+  const BlockSizes z = block_sizes(qkv, kv, block, mask, head0);
+  check_state(acc, z.B * z.Tq * z.H * z.hs, qkv.dtype(), "attention block: acc is (B,Tq,H*hs) of qkv's dtype");
+  check_state(m, z.B * z.H * z.Tq, qkv.dtype(), "attention block: m is (B,H,Tq) of qkv's dtype");
+  check_state(l, z.B * z.H * z.Tq, qkv.dtype(), "attention block: l is (B,H,Tq) of qkv's dtype");
+  const double* alibi = block.layout.alibi_slopes.empty() ? nullptr : block.layout.alibi_slopes.data();
+  dispatch(ctx, qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_block_forward<T>(*ctx.pool, acc.data<T>(), m.data<T>(), l.data<T>(), qkv.data<T>(), kv.data<T>(),
+                                    z.B, z.Tq, z.Tk, z.H, z.G, z.hs, block.qpos.data(), block.kpos.data(),
+                                    block.seq_len, alibi, mask.active() ? &mask : nullptr, head0);
+  });
+}
+
+void attention_block_finish(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& acc, const Tensor& m,
+                            const Tensor& l) {
+  TROUPE_CHECK(out.rank() == 3 && m.rank() == 3 && m.dim(0) == out.dim(0) && m.dim(2) == out.dim(1),
+               "attention block finish: out is (B,Tq,H*hs), m (B,H,Tq)");
+  const int64_t B = out.dim(0), Tq = out.dim(1), H = m.dim(1), hs = out.dim(2) / H;
+  TROUPE_CHECK(hs * H == out.dim(2), "attention block finish: H divides out's last dim");
+  check_state(acc, out.numel(), out.dtype(), "attention block finish: acc is out's shape and dtype");
+  check_state(lse, m.numel(), out.dtype(), "attention block finish: lse is (B,H,Tq)");
+  check_state(l, m.numel(), out.dtype(), "attention block finish: l is (B,H,Tq)");
+  same_dtype(m, out);
+  dispatch(ctx, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_block_finish<T>(out.data<T>(), lse.data<T>(), acc.data<T>(), m.data<T>(), l.data<T>(), B, Tq, H,
+                                   hs);
+  });
+}
+
+void attention_block_delta(Context& ctx, const Tensor& delta, const Tensor& dout, const Tensor& out) {
+  TROUPE_CHECK(delta.rank() == 3 && out.rank() == 3 && delta.dim(0) == out.dim(0) && delta.dim(2) == out.dim(1) &&
+                   out.dim(2) % delta.dim(1) == 0 && dout.numel() == out.numel(),
+               "attention block delta: delta (B,H,Tq), dout and out (B,Tq,H*hs)");
+  same_dtype(dout, out);
+  same_dtype(delta, out);
+  const int64_t B = out.dim(0), Tq = out.dim(1), H = delta.dim(1), hs = out.dim(2) / H;
+  dispatch(ctx, out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_block_delta<T>(delta.data<T>(), dout.data<T>(), out.data<T>(), B, Tq, H, hs);
+  });
+}
+
+void attention_block_backward(Context& ctx, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                              const Tensor& delta, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                              const AttentionBlock& block, const DropoutMask& mask, int64_t head0) {
+  const BlockSizes z = block_sizes(qkv, kv, block, mask, head0);
+  check_state(dq, z.B * z.Tq * z.H * z.hs, qkv.dtype(), "attention block backward: dq is (B,Tq,H*hs)");
+  check_state(dout, z.B * z.Tq * z.H * z.hs, qkv.dtype(), "attention block backward: dout is (B,Tq,H*hs)");
+  check_state(dkv, kv.numel(), qkv.dtype(), "attention block backward: dkv is kv's shape");
+  check_state(delta, z.B * z.H * z.Tq, qkv.dtype(), "attention block backward: delta is (B,H,Tq)");
+  check_state(lse, z.B * z.H * z.Tq, qkv.dtype(), "attention block backward: lse is (B,H,Tq)");
+  const double* alibi = block.layout.alibi_slopes.empty() ? nullptr : block.layout.alibi_slopes.data();
+  dispatch(ctx, qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_block_backward<T>(*ctx.pool, dq.data<T>(), dkv.data<T>(), dout.data<T>(), delta.data<T>(),
+                                     lse.data<T>(), qkv.data<T>(), kv.data<T>(), z.B, z.Tq, z.Tk, z.H, z.G, z.hs,
+                                     block.qpos.data(), block.kpos.data(), block.seq_len, alibi,
+                                     mask.active() ? &mask : nullptr, head0);
   });
 }
 

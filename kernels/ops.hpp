@@ -173,6 +173,43 @@ Tensor attention_saved_tensor(Context& ctx, int64_t B, int64_t H, int64_t T, DTy
 // twice that power for the remaining heads. Tensor-parallel rank r takes heads [head0, head0 + H/t).
 std::vector<double> alibi_slopes(int n_heads);
 
+// ---- blockwise causal attention (context parallelism) ------------------------------------------
+// A rank's queries meet the keys and values one block at a time (context parallelism's ring), with
+// flash attention's online softmax. Positions are global: query row i of the block sits at qpos[i]
+// of a sequence of seq_len rows, key row j at kpos[j]; key j is seen by query i when kpos[j] <=
+// qpos[i] (causal); ALiBi adds slope_h * (kpos[j] - qpos[i]); attention dropout keeps element
+// ((head0 + h) * seq_len + qpos[i]) * seq_len + kpos[j] of the sample, as attention_forward does over
+// the whole sequence. So a query block that meets every key block (in any order) and is finished
+// equals attention_forward's rows at qpos up to rounding, and the backward's dQ and the dK, dV summed
+// over the query blocks equal attention_backward's. All tensors f32, or all f64 (the gradient checks).
+struct AttentionBlock {
+  AttentionLayout layout;     // this rank's heads and key/value groups (head_dim required)
+  int64_t seq_len = 0;        // the whole sequence: the dropout element's T
+  std::vector<int64_t> qpos;  // (Tq) global positions of the query rows
+  std::vector<int64_t> kpos;  // (Tk) global positions of the key/value rows
+};
+// The running state of a query block, per (b, head, row): m the largest visible score so far, l the
+// sum of exp(score - m), acc the sum of exp(score - m) * dropout factor * v. begin: m = -inf, l = 0,
+// acc = 0.
+void attention_block_begin(Context& ctx, const Tensor& acc /*(B,Tq,H*hs)*/, const Tensor& m /*(B,H,Tq)*/,
+                           const Tensor& l /*(B,H,Tq)*/);
+// Adds key/value block kv (rows [k (G*hs) | v (G*hs)]) to the state of the queries in qkv's q part.
+void attention_block_forward(Context& ctx, const Tensor& acc /*(B,Tq,H*hs)*/, const Tensor& m /*(B,H,Tq)*/,
+                             const Tensor& l /*(B,H,Tq)*/, const Tensor& qkv /*(B,Tq,(H+2G)*hs)*/,
+                             const Tensor& kv /*(B,Tk,2G*hs)*/, const AttentionBlock& block,
+                             const DropoutMask& mask = {}, int64_t head0 = 0);
+// out = acc / l; lse = m + log(l), each row's log-sum-exp, which the backward reads.
+void attention_block_finish(Context& ctx, const Tensor& out /*(B,Tq,H*hs)*/, const Tensor& lse /*(B,H,Tq)*/,
+                            const Tensor& acc, const Tensor& m, const Tensor& l);
+// delta = rowsum(dout * out) per head (accumulated in double): the softmax backward's row term.
+void attention_block_delta(Context& ctx, const Tensor& delta /*(B,H,Tq)*/, const Tensor& dout /*(B,Tq,H*hs)*/,
+                           const Tensor& out /*(B,Tq,H*hs)*/);
+// One key/value block's share of the backward: dq += (B,Tq,H*hs), dkv += (B,Tk,2G*hs) (the block's dK,
+// dV, which travel back to its owner). A group's query heads add into its dK, dV in head order.
+void attention_block_backward(Context& ctx, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                              const Tensor& delta, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                              const AttentionBlock& block, const DropoutMask& mask = {}, int64_t head0 = 0);
+
 // ---- fused softmax + cross-entropy over the vocabulary ----------------------------------------
 // Only the first `valid` columns of each row are the real vocabulary; the padding columns [valid, Vp)
 // are masked out of the softmax, so the loss never depends on the padding. losses[n] =

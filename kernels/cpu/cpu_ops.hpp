@@ -78,6 +78,23 @@ template <class T>
 void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, const T* probs, int64_t B,
                         int64_t T_, int64_t H, int64_t G, int64_t hs, const DropoutMask* mask, int64_t head0);
 
+// Blockwise causal attention (kernels/ops.hpp, "blockwise causal attention"): queries (q of qkv rows,
+// Tq) against one key/value block (kv rows [k (G*hs) | v (G*hs)], Tk) at global positions.
+template <class T>
+void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv, const T* kv, int64_t B, int64_t Tq,
+                             int64_t Tk, int64_t H, int64_t G, int64_t hs, const int64_t* qpos, const int64_t* kpos,
+                             int64_t seq_len, const double* alibi, const DropoutMask* mask, int64_t head0);
+template <class T>
+void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, const T* delta, const T* lse,
+                              const T* qkv, const T* kv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                              int64_t hs, const int64_t* qpos, const int64_t* kpos, int64_t seq_len,
+                              const double* alibi, const DropoutMask* mask, int64_t head0);
+template <class T>
+void attention_block_finish(T* out, T* lse, const T* acc, const T* m, const T* l, int64_t B, int64_t Tq, int64_t H,
+                            int64_t hs);
+template <class T>
+void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int64_t Tq, int64_t H, int64_t hs);
+
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,
                            int64_t Vp, int64_t valid, double grad_scale);

@@ -1,0 +1,209 @@
+// Blockwise causal attention on the CPU (kernels/ops.hpp, "blockwise causal attention"): a block of
+// queries against one block of keys and values at a time, with flash attention's online softmax, for
+// context parallelism's ring. Positions are global, so blocks met in any order give the whole
+// sequence's attention up to rounding.
+//
+// Forward, one task per (batch, query head): S = scale Q K^T for the block (one GEMM), then per row the
+// visible scores (kpos[j] <= qpos[i], plus ALiBi's slope * (kpos[j] - qpos[i])) update the running
+// maximum m and sum l (both rescaled by exp(m_old - m_new)), the row's accumulator is rescaled alike,
+// and acc += P~ V with P~ = exp(s - m) times the dropout factor (one GEMM).
+// Backward, one task per (batch, key/value group), the group's query heads in order (they add into the
+// same dK, dV rows, so the sum runs in a fixed order whatever the thread count): P = exp(s - lse) from
+// the finished rows' log-sum-exp, Pd = P * factor, dV += Pd^T dO, dP = (dO V^T) * factor,
+// dS = P (dP - delta) with delta = rowsum(dO * O), dQ += scale dS K, dK += scale dS^T Q.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.hpp"
+#include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/vec_math.hpp"
+
+namespace troupe::cpu {
+
+namespace {
+
+template <class T>
+T* block_scratch(size_t n, int which) {
+  thread_local std::vector<T> buf[4];
+  if (buf[which].size() < n) buf[which].resize(n);
+  return buf[which].data();
+}
+
+// f[j] = the dropout factor of key j for query row i of head hg (element (hg T + qpos) T + kpos[j] of
+// the sample), runs of consecutive key positions drawn together.
+template <class T>
+void block_factors(const DropoutMask& mask, int64_t sample, int64_t hg, int64_t seq_len, int64_t qpos,
+                   const int64_t* kpos, int64_t Tk, T keep_scale, T* f) {
+  const int64_t base = (hg * seq_len + qpos) * seq_len;
+  for (int64_t j0 = 0; j0 < Tk;) {
+    int64_t j1 = j0 + 1;
+    while (j1 < Tk && kpos[j1] == kpos[j1 - 1] + 1) ++j1;
+    mask.factors(sample, base + kpos[j0], j1 - j0, keep_scale, f + j0);
+    j0 = j1;
+  }
+}
+
+// Row i of S (scaled scores) with ALiBi's bias added and the invisible keys set to -inf.
+template <class T>
+void visible_scores(T* row, const int64_t* kpos, int64_t Tk, int64_t qpos, const double* alibi, int64_t h) {
+  for (int64_t j = 0; j < Tk; ++j) {
+    if (kpos[j] > qpos) {
+      row[j] = -std::numeric_limits<T>::infinity();
+    } else if (alibi) {
+      row[j] += static_cast<T>(alibi[h] * static_cast<double>(kpos[j] - qpos));
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv, const T* kv, int64_t B, int64_t Tq,
+                             int64_t Tk, int64_t H, int64_t G, int64_t hs, const int64_t* qpos, const int64_t* kpos,
+                             int64_t seq_len, const double* alibi, const DropoutMask* mask, int64_t head0) {
+  const int64_t C = H * hs, ldq = (H + 2 * G) * hs, ldkv = 2 * G * hs, R = H / G;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
+    T* S = block_scratch<T>(static_cast<size_t>(Tq * Tk), 0);
+    T* f = mask ? block_scratch<T>(static_cast<size_t>(Tk), 1) : nullptr;
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / H, h = task % H, g = h / R;
+      const T* q = qkv + b * Tq * ldq + h * hs;
+      const T* k = kv + b * Tk * ldkv + g * hs;
+      const T* v = k + G * hs;
+      T* a = acc + b * Tq * C + h * hs;  // (Tq, hs), row stride C
+      T* mr = m + task * Tq;
+      T* lr = l + task * Tq;
+      gemm_serial<T>(false, true, Tq, Tk, hs, scale, q, ldq, k, ldkv, T(0), S, Tk);
+      for (int64_t i = 0; i < Tq; ++i) {
+        T* row = S + i * Tk;
+        visible_scores(row, kpos, Tk, qpos[i], alibi, h);
+        T mx = mr[i];
+        for (int64_t j = 0; j < Tk; ++j) mx = std::max(mx, row[j]);
+        if (mx == neg_inf) {  // no visible key in this block yet: nothing to add
+          std::fill(row, row + Tk, T(0));
+          continue;
+        }
+        const T corr = mr[i] == neg_inf ? T(0) : fast_exp(mr[i] - mx);
+        T sum = 0;
+        for (int64_t j = 0; j < Tk; ++j) {
+          row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - mx);
+          sum += row[j];
+        }
+        lr[i] = lr[i] * corr + sum;
+        mr[i] = mx;
+        if (corr != T(1))
+          for (int64_t c = 0; c < hs; ++c) a[i * C + c] *= corr;
+        if (mask) {
+          block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i], kpos, Tk, keep_scale, f);
+          for (int64_t j = 0; j < Tk; ++j) row[j] *= f[j];
+        }
+      }
+      gemm_serial<T>(false, false, Tq, hs, Tk, T(1), S, Tk, v, ldkv, T(1), a, C);
+    }
+  });
+}
+
+template <class T>
+void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, const T* delta, const T* lse,
+                              const T* qkv, const T* kv, int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t G,
+                              int64_t hs, const int64_t* qpos, const int64_t* kpos, int64_t seq_len,
+                              const double* alibi, const DropoutMask* mask, int64_t head0) {
+  const int64_t C = H * hs, ldq = (H + 2 * G) * hs, ldkv = 2 * G * hs, R = H / G;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  pool.parallel_for(B * G, [&](int64_t task0, int64_t task1) {
+    T* P = block_scratch<T>(static_cast<size_t>(Tq * Tk), 0);   // P, then dS
+    T* D = block_scratch<T>(static_cast<size_t>(Tq * Tk), 1);   // dO V^T, then dP
+    T* Pd = mask ? block_scratch<T>(static_cast<size_t>(Tq * Tk), 2) : nullptr;
+    T* F = mask ? block_scratch<T>(static_cast<size_t>(Tq * Tk), 3) : nullptr;
+    for (int64_t task = task0; task < task1; ++task) {
+      const int64_t b = task / G, g = task % G;
+      const T* k = kv + b * Tk * ldkv + g * hs;
+      const T* v = k + G * hs;
+      T* dk = dkv + b * Tk * ldkv + g * hs;
+      T* dv = dk + G * hs;
+      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
+        const T* q = qkv + b * Tq * ldq + h * hs;
+        const T* go = dout + b * Tq * C + h * hs;
+        T* gq = dq + b * Tq * C + h * hs;
+        const T* ls = lse + (b * H + h) * Tq;
+        const T* dl = delta + (b * H + h) * Tq;
+        gemm_serial<T>(false, true, Tq, Tk, hs, scale, q, ldq, k, ldkv, T(0), P, Tk);
+        for (int64_t i = 0; i < Tq; ++i) {
+          T* row = P + i * Tk;
+          visible_scores(row, kpos, Tk, qpos[i], alibi, h);
+          for (int64_t j = 0; j < Tk; ++j) row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - ls[i]);
+          if (mask) {
+            T* fr = F + i * Tk;
+            block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i], kpos, Tk, keep_scale, fr);
+            for (int64_t j = 0; j < Tk; ++j) Pd[i * Tk + j] = row[j] * fr[j];
+          }
+        }
+        // dV += Pd^T dO
+        gemm_serial<T>(true, false, Tk, hs, Tq, T(1), mask ? Pd : P, Tk, go, C, T(1), dv, ldkv);
+        // dP = (dO V^T) * factor; dS = P (dP - delta)
+        gemm_serial<T>(false, true, Tq, Tk, hs, T(1), go, C, v, ldkv, T(0), D, Tk);
+        for (int64_t i = 0; i < Tq; ++i) {
+          T* row = P + i * Tk;
+          const T* dp = D + i * Tk;
+          const T* fr = mask ? F + i * Tk : nullptr;
+          for (int64_t j = 0; j < Tk; ++j) row[j] *= (fr ? dp[j] * fr[j] : dp[j]) - dl[i];
+        }
+        // dQ += scale dS K; dK += scale dS^T Q
+        gemm_serial<T>(false, false, Tq, hs, Tk, scale, P, Tk, k, ldkv, T(1), gq, C);
+        gemm_serial<T>(true, false, Tk, hs, Tq, scale, P, Tk, q, ldq, T(1), dk, ldkv);
+      }
+    }
+  });
+}
+
+template <class T>
+void attention_block_finish(T* out, T* lse, const T* acc, const T* m, const T* l, int64_t B, int64_t Tq, int64_t H,
+                            int64_t hs) {
+  const int64_t C = H * hs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t s = (b * H + h) * Tq + i;
+        const T inv = l[s] > T(0) ? T(1) / l[s] : T(0);
+        lse[s] = l[s] > T(0) ? m[s] + std::log(l[s]) : -std::numeric_limits<T>::infinity();
+        const T* a = acc + (b * Tq + i) * C + h * hs;
+        T* o = out + (b * Tq + i) * C + h * hs;
+        for (int64_t c = 0; c < hs; ++c) o[c] = a[c] * inv;
+      }
+}
+
+template <class T>
+void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int64_t Tq, int64_t H, int64_t hs) {
+  const int64_t C = H * hs;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const T* o = out + (b * Tq + i) * C + h * hs;
+        const T* go = dout + (b * Tq + i) * C + h * hs;
+        double s = 0;
+        for (int64_t c = 0; c < hs; ++c) s += static_cast<double>(o[c]) * go[c];
+        delta[(b * H + h) * Tq + i] = static_cast<T>(s);
+      }
+}
+
+#define TROUPE_ATTENTION_BLOCK(T)                                                                                  \
+  template void attention_block_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                           int64_t, int64_t, int64_t, const int64_t*, const int64_t*, int64_t,     \
+                                           const double*, const DropoutMask*, int64_t);                          \
+  template void attention_block_backward<T>(ThreadPool&, T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                            int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, \
+                                            const int64_t*, int64_t, const double*, const DropoutMask*, int64_t); \
+  template void attention_block_finish<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t); \
+  template void attention_block_delta<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);
+TROUPE_ATTENTION_BLOCK(float)
+TROUPE_ATTENTION_BLOCK(double)
+#undef TROUPE_ATTENTION_BLOCK
+
+}  // namespace troupe::cpu

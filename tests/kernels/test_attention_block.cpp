@@ -1,0 +1,194 @@
+// Blockwise causal attention (context parallelism's kernel, kernels/ops.hpp): the sequence cut into
+// Megatron's load-balanced chunks (2 cp chunks, rank r holding chunks r and 2cp-1-r), each rank's
+// queries meeting every rank's key/value block in ring order, equal attention_forward and
+// attention_backward over the whole sequence: f64 to 1e-12, f32 to 1e-5, with grouped-query
+// attention, ALiBi, attention dropout, and odd chunk lengths.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "kernels/ops.hpp"
+#include "kernels/thread_pool.hpp"
+#include "tests/kernels/grad_check.hpp"
+
+namespace troupe {
+namespace {
+
+using test::random_tensor;
+
+struct Fixture {
+  ThreadPool pool{3};
+  Context ctx;
+  std::mt19937_64 rng{20261205};
+  Fixture() { ctx.pool = &pool; }
+};
+
+DropoutMask block_mask() {
+  DropoutMask m;
+  m.p = 0.25;
+  m.seed = 0xfeedbeef12ull;
+  m.stream = 9;
+  m.iteration = 4;
+  m.first_sample = 3;
+  return m;
+}
+
+// The global positions rank r of cp holds: chunks r and 2cp-1-r of a sequence of T rows (chunk k holds
+// rows [k T / 2cp, (k+1) T / 2cp)).
+std::vector<int64_t> rank_positions(int64_t T, int cp, int r) {
+  std::vector<int64_t> pos;
+  for (int k : {r, 2 * cp - 1 - r})
+    for (int64_t i = k * T / (2 * cp); i < (k + 1) * T / (2 * cp); ++i) pos.push_back(i);
+  return pos;
+}
+
+// Rows `pos` of a (B, T, W) tensor, columns [c0, c0 + w).
+Tensor take_rows(const Tensor& t, const std::vector<int64_t>& pos, int64_t c0, int64_t w) {
+  const int64_t B = t.dim(0), T = t.dim(1), W = t.dim(2), n = static_cast<int64_t>(pos.size());
+  const Tensor h = t.to(DType::f64);
+  Tensor out = Tensor::empty({B, n, w}, DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < w; ++c)
+        out.data<double>()[(b * n + i) * w + c] = h.data<double>()[(b * T + pos[static_cast<size_t>(i)]) * W + c0 + c];
+  return out.to(t.dtype());
+}
+
+// Adds a (B, n, w) tensor into rows `pos`, columns [c0, c0 + w) of a (B, T, W) f64 tensor.
+void add_rows(const Tensor& into, const Tensor& part, const std::vector<int64_t>& pos, int64_t c0) {
+  const int64_t B = into.dim(0), T = into.dim(1), W = into.dim(2), n = part.dim(1), w = part.dim(2);
+  const Tensor p = part.to(DType::f64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < w; ++c)
+        into.data<double>()[(b * T + pos[static_cast<size_t>(i)]) * W + c0 + c] += p.data<double>()[(b * n + i) * w + c];
+}
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  const Tensor g = got.to(DType::f64), w = want.to(DType::f64);
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < w.numel(); ++i) {
+    diff = std::max(diff, std::abs(g.data<double>()[i] - w.data<double>()[i]));
+    scale = std::max(scale, std::abs(w.data<double>()[i]));
+  }
+  return diff / std::max(scale, 1e-300);
+}
+
+struct Result {
+  Tensor out, dqkv;  // (B, T, C) and (B, T, W) over the whole sequence, f64
+};
+
+// Context parallelism of cp ranks, simulated: rank r's queries meet the key/value blocks of ranks
+// r, r-1, ... (the ring's order) in the forward, the same in the backward; each block's dK, dV is added
+// at its owner's rows.
+Result ring(Context& ctx, const Tensor& qkv, const Tensor& dout, const ops::AttentionLayout& layout, int cp,
+            const DropoutMask& mask) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), W = qkv.dim(2);
+  const int64_t H = layout.n_head, G = layout.n_group, hs = layout.head_dim, C = H * hs;
+  const DType dt = qkv.dtype();
+  std::vector<std::vector<int64_t>> pos(static_cast<size_t>(cp));
+  std::vector<Tensor> q(static_cast<size_t>(cp)), kv(static_cast<size_t>(cp));
+  for (int r = 0; r < cp; ++r) {
+    pos[r] = rank_positions(T, cp, r);
+    q[r] = take_rows(qkv, pos[r], 0, W);
+    kv[r] = take_rows(qkv, pos[r], C, 2 * G * hs);
+  }
+  Result res{Tensor::zeros({B, T, C}, DType::f64), Tensor::zeros({B, T, W}, DType::f64)};
+  std::vector<Tensor> dkv(static_cast<size_t>(cp));
+  for (int r = 0; r < cp; ++r) dkv[r] = Tensor::zeros(kv[r].shape(), dt);
+  for (int r = 0; r < cp; ++r) {
+    const int64_t n = static_cast<int64_t>(pos[r].size());
+    Tensor acc = Tensor::empty({B, n, C}, dt), m = Tensor::empty({B, H, n}, dt), l = Tensor::empty({B, H, n}, dt);
+    ops::attention_block_begin(ctx, acc, m, l);
+    ops::AttentionBlock blk;
+    blk.layout = layout;
+    blk.seq_len = T;
+    blk.qpos = pos[r];
+    for (int s = 0; s < cp; ++s) {
+      const int owner = (r - s + cp) % cp;
+      blk.kpos = pos[owner];
+      ops::attention_block_forward(ctx, acc, m, l, q[r], kv[owner], blk, mask);
+    }
+    Tensor out = Tensor::empty({B, n, C}, dt), lse = Tensor::empty({B, H, n}, dt);
+    ops::attention_block_finish(ctx, out, lse, acc, m, l);
+    add_rows(res.out, out, pos[r], 0);
+    // Backward.
+    const Tensor go = take_rows(dout, pos[r], 0, C);
+    Tensor delta = Tensor::empty({B, H, n}, dt), dq = Tensor::zeros({B, n, C}, dt);
+    ops::attention_block_delta(ctx, delta, go, out);
+    for (int s = 0; s < cp; ++s) {
+      const int owner = (r - s + cp) % cp;
+      blk.kpos = pos[owner];
+      ops::attention_block_backward(ctx, dq, dkv[owner], go, delta, lse, q[r], kv[owner], blk, mask);
+    }
+    add_rows(res.dqkv, dq, pos[r], 0);
+  }
+  for (int r = 0; r < cp; ++r) add_rows(res.dqkv, dkv[r], pos[r], C);
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("attention blocks: every rank's queries against every key block in ring order equal attention over "
+          "the whole sequence, forward and backward",
+          "[kernels][attention_block]") {
+  Fixture f;
+  const int64_t B = 2, T = 26;  // chunks of 6 and 7 rows at cp 2, of 3 and 4 at cp 4
+  const int H = 4, hs = 6;
+  for (DType dt : {DType::f64, DType::f32})
+    for (int G : {4, 2, 1})
+      for (bool alibi : {false, true})
+        for (bool dropout : {false, true})
+          for (int cp : {1, 2, 4}) {
+            INFO(dtype_name(dt) << " G " << G << " alibi " << alibi << " dropout " << dropout << " cp " << cp);
+            ops::AttentionLayout layout;
+            layout.n_head = H;
+            layout.n_group = G;
+            layout.head_dim = hs;
+            if (alibi) layout.alibi_slopes = ops::alibi_slopes(H);
+            const DropoutMask mask = dropout ? block_mask() : DropoutMask{};
+            const int64_t W = (H + 2 * G) * hs, C = int64_t{H} * hs;
+            const Tensor qkv = random_tensor({B, T, W}, f.rng, -2, 2, dt), dout = random_tensor({B, T, C}, f.rng, -1, 1, dt);
+            Tensor out = Tensor::empty({B, T, C}, dt), probs = Tensor::empty({B, H, T, T}, dt);
+            ops::attention_forward(f.ctx, out, probs, qkv, layout, mask);
+            Tensor dqkv = Tensor::zeros({B, T, W}, dt);
+            ops::attention_backward(f.ctx, dqkv, dout, qkv, probs, layout, mask);
+            const Result got = ring(f.ctx, qkv, dout, layout, cp, mask);
+            const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+            const double e_out = max_rel(got.out, out), e_grad = max_rel(got.dqkv, dqkv);
+            if (std::getenv("TROUPE_TEST_VERBOSE"))
+              std::printf("%s G %d alibi %d dropout %d cp %d: out %.3g grad %.3g\n", dtype_name(dt), G, alibi, dropout,
+                          cp, e_out, e_grad);
+            CHECK(e_out <= tol);
+            CHECK(e_grad <= tol);
+          }
+}
+
+TEST_CASE("attention blocks: a block with no visible key leaves the state as it was", "[kernels][attention_block]") {
+  Fixture f;
+  const int64_t B = 1, H = 2, hs = 4, W = 3 * H * hs;
+  ops::AttentionLayout layout;
+  layout.n_head = H;
+  layout.n_group = H;
+  layout.head_dim = hs;
+  ops::AttentionBlock blk;
+  blk.layout = layout;
+  blk.seq_len = 10;
+  blk.qpos = {0, 1, 2};
+  blk.kpos = {7, 8};  // all after every query: causally invisible
+  const Tensor qkv = random_tensor({B, 3, W}, f.rng), kv = random_tensor({B, 2, 2 * H * hs}, f.rng);
+  Tensor acc = Tensor::empty({B, 3, H * hs}, DType::f64), m = Tensor::empty({B, H, 3}, DType::f64),
+         l = Tensor::empty({B, H, 3}, DType::f64);
+  ops::attention_block_begin(f.ctx, acc, m, l);
+  ops::attention_block_forward(f.ctx, acc, m, l, qkv, kv, blk);
+  for (int64_t i = 0; i < acc.numel(); ++i) CHECK(acc.data<double>()[i] == 0.0);
+  for (int64_t i = 0; i < l.numel(); ++i) {
+    CHECK(l.data<double>()[i] == 0.0);
+    CHECK(std::isinf(m.data<double>()[i]));
+  }
+}
+
+}  // namespace troupe
