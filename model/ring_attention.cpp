@@ -1,0 +1,144 @@
+// model/ring_attention.hpp.
+#include "model/ring_attention.hpp"
+
+#include <cstring>
+#include <utility>
+
+#include "troupe/check.hpp"
+
+namespace troupe {
+
+namespace {
+
+constexpr uint64_t kRingTag = 0x52494e47000000ull;  // "RING": forward steps, then backward, then the return
+
+// Rows [c0, c0 + w) of every row of a (B, T, W) tensor into a new (B, T, w) tensor.
+Tensor columns(const Tensor& t, int64_t c0, int64_t w) {
+  const int64_t B = t.dim(0), T = t.dim(1), W = t.dim(2), esz = static_cast<int64_t>(dtype_size(t.dtype()));
+  Tensor out = Tensor::empty({B, T, w}, t.dtype());
+  const char* src = static_cast<const char*>(t.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t row = 0; row < B * T; ++row) std::memcpy(dst + row * w * esz, src + (row * W + c0) * esz, w * esz);
+  return out;
+}
+
+struct Sizes {
+  int64_t B, Tl, H, G, hs, C, W, KV;
+};
+
+Sizes sizes_of(const RingAttentionSpec& spec, const Tensor& qkv, int cp_size, int rank) {
+  const ops::AttentionLayout& l = spec.layout;
+  const int64_t H = l.n_head, G = l.n_group > 0 ? l.n_group : H, hs = l.head_dim;
+  TROUPE_CHECK(H > 0 && G > 0 && H % G == 0 && hs > 0, "ring attention: the layout needs heads, groups and head_dim");
+  TROUPE_CHECK(static_cast<int>(spec.positions.size()) == cp_size, "ring attention: one position list per cp rank");
+  TROUPE_CHECK(qkv.rank() == 3 && qkv.dim(1) == static_cast<int64_t>(spec.positions[rank].size()) &&
+                   qkv.dim(2) == (H + 2 * G) * hs,
+               "ring attention: qkv is (B, this rank's rows, (H+2G)*hs)");
+  return {qkv.dim(0), qkv.dim(1), H, G, hs, H * hs, (H + 2 * G) * hs, 2 * G * hs};
+}
+
+ops::AttentionBlock block_of(const RingAttentionSpec& spec, int rank) {
+  ops::AttentionBlock b;
+  b.layout = spec.layout;
+  if (b.layout.n_group == 0) b.layout.n_group = b.layout.n_head;
+  b.seq_len = spec.seq_len;
+  b.qpos = spec.positions[static_cast<size_t>(rank)];
+  return b;
+}
+
+void wait(const comm::WorkPtr& w, const char* what) { comm::wait_or_throw(w, what, comm::WaitGroup::other); }
+
+}  // namespace
+
+std::vector<int64_t> context_parallel_positions(int64_t seq_len, int cp, int r) {
+  TROUPE_CHECK(cp >= 1 && r >= 0 && r < cp && seq_len >= 2 * cp, "context_parallel_positions: 0 <= r < cp, seq_len >= 2 cp");
+  std::vector<int64_t> pos;
+  for (int k : {r, 2 * cp - 1 - r})
+    for (int64_t i = k * seq_len / (2 * cp); i < (k + 1) * seq_len / (2 * cp); ++i) pos.push_back(i);
+  return pos;
+}
+
+void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Tensor& qkv,
+                            const Tensor& out, const Tensor& lse) {
+  const int P = cp.size(), r = cp.rank();
+  const Sizes z = sizes_of(spec, qkv, P, r);
+  const DType dt = qkv.dtype();
+  ops::AttentionBlock blk = block_of(spec, r);
+  Tensor acc = Tensor::empty({z.B, z.Tl, z.C}, dt), m = Tensor::empty({z.B, z.H, z.Tl}, dt),
+         l = Tensor::empty({z.B, z.H, z.Tl}, dt);
+  ops::attention_block_begin(ctx, acc, m, l);
+  Tensor cur = columns(qkv, z.C, z.KV);  // the block in hand: this rank's, then its predecessors'
+  const int next = (r + 1) % P, prev = (r + P - 1) % P;
+  for (int s = 0; s < P; ++s) {
+    const int owner = (r - s + P) % P;
+    comm::WorkPtr sent, got;
+    Tensor incoming;
+    if (s + 1 < P) {  // the next block in flight while this one is computed
+      const int from = (owner - 1 + P) % P;
+      incoming = Tensor::empty({z.B, static_cast<int64_t>(spec.positions[from].size()), z.KV}, dt);
+      got = cp.recv(incoming.raw(), static_cast<size_t>(incoming.numel()), dt, prev, kRingTag + s);
+      sent = cp.send(cur.raw(), static_cast<size_t>(cur.numel()), dt, next, kRingTag + s);
+    }
+    blk.kpos = spec.positions[static_cast<size_t>(owner)];
+    ops::attention_block_forward(ctx, acc, m, l, qkv, cur, blk, spec.mask, spec.head0);
+    if (s + 1 < P) {
+      wait(got, "ring attention: receiving a key/value block");
+      wait(sent, "ring attention: sending a key/value block");
+      cur = std::move(incoming);
+    }
+  }
+  ops::attention_block_finish(ctx, out, lse, acc, m, l);
+}
+
+void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dqkv) {
+  const int P = cp.size(), r = cp.rank();
+  const Sizes z = sizes_of(spec, qkv, P, r);
+  const DType dt = qkv.dtype();
+  TROUPE_CHECK(dqkv.numel() == qkv.numel() && dqkv.dtype() == dt, "ring attention backward: dqkv is qkv's shape");
+  ops::AttentionBlock blk = block_of(spec, r);
+  Tensor delta = Tensor::empty({z.B, z.H, z.Tl}, dt), dq = Tensor::zeros({z.B, z.Tl, z.C}, dt);
+  ops::attention_block_delta(ctx, delta, dout, out);
+  // The block in hand and the dK, dV its visitors added so far; both move on together.
+  Tensor cur = columns(qkv, z.C, z.KV), dcur = Tensor::zeros({z.B, z.Tl, z.KV}, dt);
+  const int next = (r + 1) % P, prev = (r + P - 1) % P;
+  const uint64_t base = kRingTag + 2 * static_cast<uint64_t>(P);
+  for (int s = 0; s < P; ++s) {
+    const int owner = (r - s + P) % P;
+    blk.kpos = spec.positions[static_cast<size_t>(owner)];
+    ops::attention_block_backward(ctx, dq, dcur, dout, delta, lse, qkv, cur, blk, spec.mask, spec.head0);
+    // Pass both on; after the last step the gradient goes home to its owner (the next rank).
+    const int from = (owner - 1 + P) % P;
+    const int64_t rows_in = static_cast<int64_t>(spec.positions[static_cast<size_t>(s + 1 < P ? from : r)].size());
+    if (P == 1) break;
+    Tensor dnext = Tensor::empty({z.B, rows_in, z.KV}, dt);
+    comm::WorkPtr got_d = cp.recv(dnext.raw(), static_cast<size_t>(dnext.numel()), dt, prev, base + 2 * s);
+    comm::WorkPtr sent_d = cp.send(dcur.raw(), static_cast<size_t>(dcur.numel()), dt, next, base + 2 * s);
+    comm::WorkPtr got_kv, sent_kv;
+    Tensor knext;
+    if (s + 1 < P) {
+      knext = Tensor::empty({z.B, rows_in, z.KV}, dt);
+      got_kv = cp.recv(knext.raw(), static_cast<size_t>(knext.numel()), dt, prev, base + 2 * s + 1);
+      sent_kv = cp.send(cur.raw(), static_cast<size_t>(cur.numel()), dt, next, base + 2 * s + 1);
+    }
+    wait(got_d, "ring attention: receiving a key/value gradient");
+    wait(sent_d, "ring attention: sending a key/value gradient");
+    if (s + 1 < P) {
+      wait(got_kv, "ring attention: receiving a key/value block");
+      wait(sent_kv, "ring attention: sending a key/value block");
+      cur = std::move(knext);
+    }
+    dcur = std::move(dnext);
+  }
+  // dcur is now this rank's own block's whole dK, dV; dq its queries' gradient.
+  const int64_t esz = static_cast<int64_t>(dtype_size(dt));
+  const char* q = static_cast<const char*>(dq.raw());
+  const char* kv = static_cast<const char*>(dcur.raw());
+  char* d = static_cast<char*>(dqkv.raw());
+  for (int64_t row = 0; row < z.B * z.Tl; ++row) {
+    std::memcpy(d + row * z.W * esz, q + row * z.C * esz, z.C * esz);
+    std::memcpy(d + (row * z.W + z.C) * esz, kv + row * z.KV * esz, z.KV * esz);
+  }
+}
+
+}  // namespace troupe

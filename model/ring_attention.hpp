@@ -1,0 +1,43 @@
+// Ring attention: causal self-attention over a sequence split between the cp ranks of a
+// context-parallel group (issue 29; docs/PARALLEL.md, "Long sequences"). Rank r holds the rows at
+// global positions positions[r] (Megatron's load balancing: chunks r and 2cp-1-r of 2cp) of every
+// sequence of the micro-batch; its queries meet every rank's keys and values as those travel the
+// ring r -> r+1, each block sent on while the current one is computed, with the online softmax of
+// ops::attention_block_* (kernels/ops.hpp). In the backward the key/value blocks travel again, each
+// with the dK, dV its visitors added so far, and a last hop returns every block's gradient to its
+// owner. Every rank computes its rows exactly as attention over the whole sequence would, up to
+// rounding: positions, causality, ALiBi and attention dropout are global.
+//
+// Collectives: point-to-point messages on `cp` only (tags kRingTag + step), issued in the same order
+// on every rank; a failed peer surfaces as comm::CollectiveFailed from the wait.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/ops.hpp"
+
+namespace troupe {
+
+struct RingAttentionSpec {
+  ops::AttentionLayout layout;                   // this rank's heads and groups (head_dim set)
+  int64_t seq_len = 0;                           // the whole sequence
+  std::vector<std::vector<int64_t>> positions;   // per cp rank: its rows' global positions
+  DropoutMask mask;                              // attention dropout (inactive: none)
+  int64_t head0 = 0;                             // global index of the first held head
+};
+
+// The positions rank r of cp holds in a sequence of seq_len rows: chunks r and 2cp-1-r of 2cp, chunk
+// k being rows [k seq_len / 2cp, (k+1) seq_len / 2cp).
+std::vector<int64_t> context_parallel_positions(int64_t seq_len, int cp, int r);
+
+// out (B,Tl,H*hs) and lse (B,H,Tl) (each row's log-sum-exp, for the backward) of this rank's rows;
+// qkv (B,Tl,(H+2G)*hs) its rows' fused projections. All f32 or all f64.
+void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Tensor& qkv,
+                            const Tensor& out, const Tensor& lse);
+// dqkv (B,Tl,(H+2G)*hs) = the gradient of this rank's rows of qkv (overwritten), from dout and the
+// forward's out and lse.
+void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dqkv);
+
+}  // namespace troupe
