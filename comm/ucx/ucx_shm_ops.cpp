@@ -71,12 +71,123 @@ bool resolve_channel(Engine& engine, ShmChannel& ch, const std::vector<int>& mem
   return true;
 }
 
-class ShmCollectiveOp final : public Op {
+// What the shared-memory collectives share: their place in the channel's queue (one runs at a time,
+// in call order, the front one polled), resolving the channel at a group's first call, the fallback to
+// the UCX algorithm of the same call (on every member alike), the chunk sequence numbers a call takes,
+// and its window of chunks [lo, hi) staged and not yet done here.
+class ShmQueuedOp : public Op {
+ public:
+  bool poll() final;
+
+ protected:
+  ShmQueuedOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name)
+      : Op(engine, std::move(group), seq, std::move(name)), channel_(group_->channel) {}
+  void enqueue();  // joins the channel's queue (from start())
+  void leave_queue();
+  void finish(const Status& status);
+  void on_fail() override;
+  // Member q runs another collective at this point: the channel is unusable from now on.
+  void disagree(int q, const char* differences);
+  virtual std::unique_ptr<Op> fallback() = 0;  // the UCX algorithm of this call
+  virtual uint64_t sequence_span() const = 0;  // chunk sequence numbers the call takes (equal on all)
+  virtual bool run() = 0;                       // stages, copies and finishes; true if it did something
+  int lane_of(size_t c) const { return static_cast<int>(c % kShmLanes); }
+  uint64_t token_of(size_t c) const { return channel_->token(seq0_ + c); }
+
+  std::shared_ptr<ShmChannel> channel_;
+  size_t nchunks_ = 1;
+  bool queued_ = false;     // in the channel's queue
+  bool begun_ = false;      // took its chunk sequence numbers
+  uint64_t seq0_ = 0;
+  size_t lo_ = 0, hi_ = 0;  // chunks [lo, hi) are staged and not yet done here
+  WorkPtr child_;           // the UCX algorithm, when the group falls back
+};
+
+void ShmQueuedOp::enqueue() {
+  ShmChannel& ch = *channel_;
+  ch.queue.push_back(this);
+  queued_ = true;
+  if (ch.queue.front() == this) engine_.add_poller(this);
+}
+
+void ShmQueuedOp::leave_queue() {
+  if (!queued_) return;
+  queued_ = false;
+  engine_.remove_poller(this);
+  auto& q = channel_->queue;
+  const bool was_front = !q.empty() && q.front() == this;
+  q.erase(std::find(q.begin(), q.end(), this));
+  if (was_front && !q.empty()) engine_.add_poller(q.front());
+}
+
+void ShmQueuedOp::on_fail() {
+  // Stopped in the middle: the lanes are in an unknown state on some members.
+  if (begun_ && child_ == nullptr && lo_ < nchunks_ && channel_->state == ShmChannel::State::ready) {
+    channel_->state = ShmChannel::State::broken;
+    channel_->broken_reason = "an earlier shared-memory collective of this group failed";
+  }
+  leave_queue();
+}
+
+void ShmQueuedOp::finish(const Status& status) {
+  leave_queue();
+  if (status.is_ok()) {
+    succeed();
+  } else {
+    fail(status);
+  }
+}
+
+void ShmQueuedOp::disagree(int q, const char* differences) {
+  channel_->state = ShmChannel::State::broken;
+  channel_->broken_reason = "the members disagreed on an earlier collective";
+  finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) + " runs another collective here (" +
+                       differences + "): every member must make the same calls in the same order"));
+}
+
+bool ShmQueuedOp::poll() {
+  if (failing() || !queued_) return false;
+  if (child_ != nullptr) {
+    if (!child_->test()) return false;
+    finish(child_->wait());
+    return true;
+  }
+  ShmChannel& ch = *channel_;
+  bool did = false;
+  if (ch.state == ShmChannel::State::unresolved) {
+    Status error;
+    const bool resolved = resolve_channel(engine_, ch, group_->members, &error);
+    if (!error.is_ok()) finish(Status::error(name() + ": " + error.message()));
+    if (!resolved || !error.is_ok()) return !queued_;
+    did = true;
+  }
+  switch (ch.state) {
+    case ShmChannel::State::fallback: {
+      std::unique_ptr<Op> child = fallback();
+      child_ = child->work();
+      engine_.adopt(std::move(child));
+      return true;
+    }
+    case ShmChannel::State::broken:
+      finish(Status::error(name() + ": " + ch.broken_reason +
+                           ", so its shared-memory channel is unusable; create the group again"));
+      return true;
+    default:
+      break;
+  }
+  if (!begun_) {
+    begun_ = true;
+    seq0_ = ch.next_seq;
+    ch.next_seq += sequence_span();
+  }
+  return run() || did;
+}
+
+class ShmCollectiveOp final : public ShmQueuedOp {
  public:
   ShmCollectiveOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name, RingMode mode,
                   const void* src, void* dst, std::vector<size_t> counts, DType dtype, ReduceOp op)
-      : Op(engine, std::move(group), seq, std::move(name)),
-        channel_(group_->channel),
+      : ShmQueuedOp(engine, std::move(group), seq, std::move(name)),
         mode_(mode),
         src_(static_cast<const char*>(src)),
         dst_(static_cast<char*>(dst)),
@@ -113,7 +224,6 @@ class ShmCollectiveOp final : public Op {
     copied_.assign(static_cast<size_t>(kShmLanes) * static_cast<size_t>(p_), 0);
   }
 
-  bool poll() override;
   bool waits_on(int world_rank) const override;
 
  private:
@@ -122,9 +232,8 @@ class ShmCollectiveOp final : public Op {
     int left = 0;  // result pieces still to gather
   };
 
-  void start() override;
+  void start() override { enqueue(); }
   void on_complete(Msg&) override {}  // no UCX requests of its own
-  void on_fail() override;
 
   size_t chunk_begin(int b, size_t c) const {  // within block b
     const size_t n = counts_[static_cast<size_t>(b)];
@@ -144,26 +253,21 @@ class ShmCollectiveOp final : public Op {
     if (mode_ == RingMode::reduce_scatter) return dst_ + chunk_begin(b, c) * esz_;
     return dst_ + (offsets_[static_cast<size_t>(b)] + chunk_begin(b, c)) * esz_;
   }
-  // Chunk c always uses lane c mod kShmLanes, so back-to-back calls of a few chunks keep reusing
-  // the same (cached) lanes instead of cycling through all of them.
-  int lane_of(size_t c) const { return static_cast<int>(c % kShmLanes); }
-  uint64_t token_of(size_t c) const { return channel_->token(seq0_ + c); }
+  // Chunk c always uses lane c mod kShmLanes (lane_of), so back-to-back calls of a few chunks keep
+  // reusing the same (cached) lanes instead of cycling through all of them.
   Slot& slot(size_t c) { return slots_[c % kShmLanes]; }
   uint8_t& copied(size_t c, int q) {
     return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
   }
 
-  bool resolve();
-  void spawn_fallback();
-  bool run();
+  std::unique_ptr<Op> fallback() override;
+  uint64_t sequence_span() const override { return nchunks_; }
+  bool run() override;
   void stage(size_t c, int lane);
   bool advance(size_t c);
   bool chunk_done(size_t c) { return (!reduces_ || slot(c).reduced) && (!gathers_ || slot(c).left == 0); }
-  void mismatch(int q);
-  void leave_queue();
-  void finish(const Status& status);
+  void mismatch(int q) { disagree(q, "different operation, counts, dtype or reduction"); }
 
-  std::shared_ptr<ShmChannel> channel_;
   RingMode mode_;
   const char* src_;
   char* dst_;
@@ -174,114 +278,16 @@ class ShmCollectiveOp final : public Op {
   size_t esz_;
   int p_ = 0, r_ = 0;
   uint64_t sig_ = 0;
-  size_t nchunks_ = 1;
   bool reduces_ = false, gathers_ = false, stream_ = false, in_place_ = false;
-  bool queued_ = false;  // in the channel's queue
-  bool begun_ = false;   // took its chunk sequence numbers
-  uint64_t seq0_ = 0;
-  size_t lo_ = 0, hi_ = 0;  // chunks [lo, hi) are staged and not yet done here
   Slot slots_[kShmLanes];
   std::vector<uint8_t> copied_;  // (lane, peer): its result piece is gathered
-  WorkPtr child_;                // the UCX algorithm, when the group falls back
   std::vector<const void*> inputs_;
 };
 
-void ShmCollectiveOp::start() {
-  ShmChannel& ch = *channel_;
-  ch.queue.push_back(this);
-  queued_ = true;
-  if (ch.queue.front() == this) engine_.add_poller(this);
-}
-
-void ShmCollectiveOp::leave_queue() {
-  if (!queued_) return;
-  queued_ = false;
-  engine_.remove_poller(this);
-  auto& q = channel_->queue;
-  const bool was_front = !q.empty() && q.front() == this;
-  q.erase(std::find(q.begin(), q.end(), this));
-  if (was_front && !q.empty()) engine_.add_poller(q.front());
-}
-
-void ShmCollectiveOp::on_fail() {
-  // Stopped in the middle: the lanes are in an unknown state on some members.
-  if (begun_ && child_ == nullptr && lo_ < nchunks_ &&
-      channel_->state == ShmChannel::State::ready) {
-    channel_->state = ShmChannel::State::broken;
-    channel_->broken_reason = "an earlier shared-memory collective of this group failed";
-  }
-  leave_queue();
-}
-
-void ShmCollectiveOp::finish(const Status& status) {
-  leave_queue();
-  if (status.is_ok()) {
-    succeed();
-  } else {
-    fail(status);
-  }
-}
-
-void ShmCollectiveOp::mismatch(int q) {
-  channel_->state = ShmChannel::State::broken;
-  channel_->broken_reason = "the members disagreed on an earlier collective";
-  finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) +
-                       " runs another collective here (different operation, counts, dtype or "
-                       "reduction): every member must make the same calls in the same order"));
-}
-
-bool ShmCollectiveOp::resolve() {
-  Status error;
-  const bool resolved = resolve_channel(engine_, *channel_, group_->members, &error);
-  if (!error.is_ok()) finish(Status::error(name() + ": " + error.message()));
-  return resolved && error.is_ok();
-}
-
-void ShmCollectiveOp::spawn_fallback() {
-  std::unique_ptr<Op> child;
-  if (mode_ == RingMode::all_gather) {
-    if (group_->size() <= engine_.options().direct_max_ranks) {
-      child = make_direct_all_gather(engine_, group_, seq_, name(), src_, dst_, counts_, esz_);
-    } else {
-      child = make_ring(engine_, group_, seq_, name(), mode_, src_, dst_, counts_, dtype_, op_);
-    }
-  } else {
-    child = make_ring(engine_, group_, seq_, name(), mode_, src_, dst_, counts_, dtype_, op_);
-  }
-  child_ = child->work();
-  engine_.adopt(std::move(child));
-}
-
-bool ShmCollectiveOp::poll() {
-  if (failing() || !queued_) return false;
-  if (child_ != nullptr) {
-    if (!child_->test()) return false;
-    finish(child_->wait());
-    return true;
-  }
-  ShmChannel& ch = *channel_;
-  bool did = false;
-  if (ch.state == ShmChannel::State::unresolved) {
-    if (!resolve()) return !queued_;
-    did = true;
-  }
-  switch (ch.state) {
-    case ShmChannel::State::fallback:
-      spawn_fallback();
-      return true;
-    case ShmChannel::State::broken:
-      finish(Status::error(name() + ": " + ch.broken_reason +
-                           ", so its shared-memory channel is unusable; create the group again"));
-      return true;
-    default:
-      break;
-  }
-  if (!begun_) {
-    begun_ = true;
-    seq0_ = ch.next_seq;
-    ch.next_seq += nchunks_;
-  }
-  return run() || did;
+std::unique_ptr<Op> ShmCollectiveOp::fallback() {
+  if (mode_ == RingMode::all_gather && group_->size() <= engine_.options().direct_max_ranks)
+    return make_direct_all_gather(engine_, group_, seq_, name(), src_, dst_, counts_, esz_);
+  return make_ring(engine_, group_, seq_, name(), mode_, src_, dst_, counts_, dtype_, op_);
 }
 
 bool ShmCollectiveOp::run() {
@@ -438,12 +444,11 @@ bool ShmCollectiveOp::waits_on(int world_rank) const {
 constexpr size_t kA2aHeader = 64;  // a piece's first bytes: the block's byte length (u64), then padding
 constexpr uint64_t kA2aStride = uint64_t{1} << 32;
 
-class ShmAllToAllOp final : public Op {
+class ShmAllToAllOp final : public ShmQueuedOp {
  public:
   ShmAllToAllOp(Engine& engine, GroupPtr group, uint64_t seq, std::string name, const void* send,
                 std::vector<size_t> send_counts, void* recv, std::vector<size_t> recv_counts, size_t esz)
-      : Op(engine, std::move(group), seq, std::move(name)),
-        channel_(group_->channel),
+      : ShmQueuedOp(engine, std::move(group), seq, std::move(name)),
         send_(static_cast<const char*>(send)),
         recv_(static_cast<char*>(recv)),
         send_counts_(std::move(send_counts)),
@@ -474,24 +479,24 @@ class ShmAllToAllOp final : public Op {
     copied_.assign(static_cast<size_t>(kShmLanes) * static_cast<size_t>(p_), 0);
   }
 
-  bool poll() override;
   bool waits_on(int world_rank) const override;
 
  private:
   void start() override;
   void on_complete(Msg&) override {}
-  void on_fail() override;
 
   size_t pair_chunks(size_t bytes) const { return std::max<size_t>(1, (bytes + cap_ - 1) / cap_); }
-  int lane_of(size_t c) const { return static_cast<int>(c % kShmLanes); }
-  uint64_t token_of(size_t c) const { return channel_->token(seq0_ + c); }
   uint8_t& copied(size_t c, int q) {
     return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
   }
   uint8_t copied(size_t c, int q) const {
     return copied_[(c % kShmLanes) * static_cast<size_t>(p_) + static_cast<size_t>(q)];
   }
-  bool run();
+  std::unique_ptr<Op> fallback() override {
+    return make_pairwise_all_to_all(engine_, group_, seq_, name(), send_, send_counts_, recv_, recv_counts_, esz_);
+  }
+  uint64_t sequence_span() const override { return kA2aStride; }
+  bool run() override;
   void stage(size_t c, int lane);
   bool advance(size_t c);
   bool chunk_done(size_t c) const {
@@ -499,11 +504,8 @@ class ShmAllToAllOp final : public Op {
       if (q != r_ && (!known_[q] || (c < need_[q] && !copied(c, q)))) return false;
     return true;
   }
-  void leave_queue();
-  void finish(const Status& status);
   std::string count_mismatch(int q) const;
 
-  std::shared_ptr<ShmChannel> channel_;
   const char* send_;
   char* recv_;
   std::vector<size_t> send_counts_, recv_counts_;
@@ -513,18 +515,14 @@ class ShmAllToAllOp final : public Op {
   int p_ = 0, r_ = 0;
   uint64_t sig_ = 0;
   bool stream_ = false;
-  size_t send_chunks_ = 0;  // chunks this rank stages (its longest block's)
-  size_t nchunks_ = 1;      // chunks this call goes through (grows if a writer sends more than expected)
+  size_t send_chunks_ = 0;  // chunks this rank stages (its longest block's); nchunks_: the chunks this
+                            // call goes through (grows if a writer sends more than expected)
   std::vector<size_t> need_;    // per peer: chunks to read from it (from its header once known)
   std::vector<size_t> sent_;    // per peer: the bytes its header says it sends
   std::vector<uint8_t> known_;  // per peer: its header was read
   std::vector<int> mismatched_;  // peers whose block is not the size recv_counts say
   bool own_mismatch_ = false;
-  bool queued_ = false, begun_ = false;
-  uint64_t seq0_ = 0;
-  size_t lo_ = 0, hi_ = 0;
   std::vector<uint8_t> copied_;
-  WorkPtr child_;
 };
 
 void ShmAllToAllOp::start() {
@@ -535,34 +533,7 @@ void ShmAllToAllOp::start() {
   if (std::min(own, room) != 0)
     std::memcpy(recv_ + recv_off_[static_cast<size_t>(r_)], send_ + send_off_[static_cast<size_t>(r_)],
                 std::min(own, room));
-  ShmChannel& ch = *channel_;
-  ch.queue.push_back(this);
-  queued_ = true;
-  if (ch.queue.front() == this) engine_.add_poller(this);
-}
-
-void ShmAllToAllOp::leave_queue() {
-  if (!queued_) return;
-  queued_ = false;
-  engine_.remove_poller(this);
-  auto& q = channel_->queue;
-  const bool was_front = !q.empty() && q.front() == this;
-  q.erase(std::find(q.begin(), q.end(), this));
-  if (was_front && !q.empty()) engine_.add_poller(q.front());
-}
-
-void ShmAllToAllOp::on_fail() {
-  if (begun_ && child_ == nullptr && lo_ < nchunks_ && channel_->state == ShmChannel::State::ready) {
-    channel_->state = ShmChannel::State::broken;
-    channel_->broken_reason = "an earlier shared-memory collective of this group failed";
-  }
-  leave_queue();
-}
-
-void ShmAllToAllOp::finish(const Status& status) {
-  leave_queue();
-  if (status.is_ok()) succeed();
-  else fail(status);
+  enqueue();
 }
 
 std::string ShmAllToAllOp::count_mismatch(int q) const {
@@ -576,46 +547,6 @@ std::string ShmAllToAllOp::count_mismatch(int q) const {
   return "rank " + std::to_string(world_of(q)) + " (group rank " + std::to_string(q) + ") sends " + elements +
          " elements to this rank (group rank " + std::to_string(r_) + "), whose recv_counts[" + std::to_string(q) +
          "] is " + std::to_string(recv_counts_[static_cast<size_t>(q)]) + rule;
-}
-
-bool ShmAllToAllOp::poll() {
-  if (failing() || !queued_) return false;
-  if (child_ != nullptr) {
-    if (!child_->test()) return false;
-    finish(child_->wait());
-    return true;
-  }
-  ShmChannel& ch = *channel_;
-  bool did = false;
-  if (ch.state == ShmChannel::State::unresolved) {
-    Status error;
-    if (!resolve_channel(engine_, ch, group_->members, &error)) {
-      if (!error.is_ok()) finish(Status::error(name() + ": " + error.message()));
-      return !queued_;
-    }
-    did = true;
-  }
-  switch (ch.state) {
-    case ShmChannel::State::fallback: {
-      auto child = make_pairwise_all_to_all(engine_, group_, seq_, name(), send_, send_counts_, recv_,
-                                            recv_counts_, esz_);
-      child_ = child->work();
-      engine_.adopt(std::move(child));
-      return true;
-    }
-    case ShmChannel::State::broken:
-      finish(Status::error(name() + ": " + ch.broken_reason +
-                           ", so its shared-memory channel is unusable; create the group again"));
-      return true;
-    default:
-      break;
-  }
-  if (!begun_) {
-    begun_ = true;
-    seq0_ = ch.next_seq;
-    ch.next_seq += kA2aStride;
-  }
-  return run() || did;
 }
 
 bool ShmAllToAllOp::run() {
@@ -683,17 +614,20 @@ bool ShmAllToAllOp::advance(size_t c) {
     const LaneHead* h = ch.head(q, lane);
     if (h->in_tok.load(std::memory_order_acquire) != tok) continue;
     if (h->sig.load(std::memory_order_relaxed) != sig_) {
-      channel_->state = ShmChannel::State::broken;
-      channel_->broken_reason = "the members disagreed on an earlier collective";
-      finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) +
-                           " runs another collective here (different operation or dtype): every member "
-                           "must make the same calls in the same order"));
+      disagree(q, "different operation or dtype");
       return true;
     }
     const char* piece = ch.piece(q, lane, r_);
     uint64_t total = 0;
     std::memcpy(&total, piece, sizeof total);
     if (!known_[qs]) {  // chunk 0's header settles the pair
+      if (total / cap_ >= kA2aStride - 1) {  // more chunks than a call's sequence span holds: not a length
+        channel_->state = ShmChannel::State::broken;
+        channel_->broken_reason = "a member published a block length no call can have";
+        finish(Status::error(name() + ": rank " + std::to_string(world_of(q)) + " published a block of " +
+                             std::to_string(total) + " bytes for this rank, more than a call can move"));
+        return true;
+      }
       known_[qs] = 1;
       sent_[qs] = total;
       need_[qs] = pair_chunks(total);

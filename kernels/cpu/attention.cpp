@@ -22,6 +22,7 @@
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace troupe::cpu {
@@ -38,13 +39,6 @@ constexpr int64_t kBlock = 64;  // query rows per GEMM block
 template <class T> constexpr T kAlibiFlush = static_cast<T>(-80);
 template <> constexpr double kAlibiFlush<double> = -700;
 
-// Scratch that lives with the thread: grown once, so a call allocates nothing after the first.
-template <class T>
-T* scratch(size_t n, int which) {
-  thread_local std::vector<T> buf[3];
-  if (buf[which].size() < n) buf[which].resize(n);
-  return buf[which].data();
-}
 
 // Pd row i (columns 0..i) = P row i * factors; f receives the factors (columns 0..i).
 template <class T>
@@ -62,10 +56,10 @@ void attention_forward(ThreadPool& pool, T* out, T* probs, const T* qkv, int64_t
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    T* pd = mask ? scratch<T>(static_cast<size_t>(kBlock * T_), 0) : nullptr;  // (kBlock, T) dropped rows
-    T* f = mask ? scratch<T>(static_cast<size_t>(T_), 1) : nullptr;            // (T) one row's factors
+    T* pd = mask ? thread_scratch<T>(static_cast<size_t>(kBlock * T_), 0) : nullptr;  // (kBlock, T) dropped rows
+    T* f = mask ? thread_scratch<T>(static_cast<size_t>(T_), 1) : nullptr;            // (T) one row's factors
     // (T) ALiBi biases of the head, bias[m] = slope * (m - (T - 1)): row i adds bias[j - i + T - 1] at j <= i.
-    T* bias = alibi ? scratch<T>(static_cast<size_t>(T_), 2) : nullptr;
+    T* bias = alibi ? thread_scratch<T>(static_cast<size_t>(T_), 2) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H, g = h / R;
       if (alibi)
@@ -139,7 +133,7 @@ void attention_backward(ThreadPool& pool, T* dqkv, const T* dout, const T* qkv, 
     // (T, T) dP, then dS in place; with dropout also (T, T) Pd and (T) one row's factors, in the
     // thread's scratch (no allocation per call); without, a buffer of the call as before dropout.
     std::vector<T> plain_buf(mask ? 0 : static_cast<size_t>(T_ * T_));
-    T* dP = mask ? scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0) : plain_buf.data();
+    T* dP = mask ? thread_scratch<T>(static_cast<size_t>(2 * T_ * T_ + T_), 0) : plain_buf.data();
     T* pd = dP + T_ * T_;
     T* f = pd + T_ * T_;
     for (int64_t task = task0; task < task1; ++task) {

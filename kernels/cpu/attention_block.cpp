@@ -18,18 +18,12 @@
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm.hpp"
+#include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vec_math.hpp"
 
 namespace troupe::cpu {
 
 namespace {
-
-template <class T>
-T* block_scratch(size_t n, int which) {
-  thread_local std::vector<T> buf[4];
-  if (buf[which].size() < n) buf[which].resize(n);
-  return buf[which].data();
-}
 
 // f[j] = the dropout factor of key j for query row i of head hg (element (hg T + qpos) T + kpos[j] of
 // the sample), runs of consecutive key positions drawn together.
@@ -68,8 +62,8 @@ void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv,
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    T* S = block_scratch<T>(static_cast<size_t>(Tq * Tk), 0);
-    T* f = mask ? block_scratch<T>(static_cast<size_t>(Tk), 1) : nullptr;
+    T* S = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 0);
+    T* f = mask ? thread_scratch<T>(static_cast<size_t>(Tk), 1) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H, g = h / R;
       const T* q = qkv + b * Tq * ldq + h * hs;
@@ -118,10 +112,10 @@ void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, co
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
   pool.parallel_for(B * G, [&](int64_t task0, int64_t task1) {
-    T* P = block_scratch<T>(static_cast<size_t>(Tq * Tk), 0);   // P, then dS
-    T* D = block_scratch<T>(static_cast<size_t>(Tq * Tk), 1);   // dO V^T, then dP
-    T* Pd = mask ? block_scratch<T>(static_cast<size_t>(Tq * Tk), 2) : nullptr;
-    T* F = mask ? block_scratch<T>(static_cast<size_t>(Tq * Tk), 3) : nullptr;
+    T* P = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 0);   // P, then dS
+    T* D = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 1);   // dO V^T, then dP
+    T* Pd = mask ? thread_scratch<T>(static_cast<size_t>(Tq * Tk), 2) : nullptr;
+    T* F = mask ? thread_scratch<T>(static_cast<size_t>(Tq * Tk), 3) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / G, g = task % G;
       const T* k = kv + b * Tk * ldkv + g * hs;
