@@ -25,6 +25,7 @@ struct RankState {
   std::shared_ptr<comm::CommWorld> world;
   std::unique_ptr<comm::Communicator> tp, pp, dp, embedding, everyone;
   std::unique_ptr<comm::Communicator> ep, expert_dp;  // expert parallelism (ep > 1) only
+  std::unique_ptr<comm::Communicator> cp;             // context parallelism (cp > 1) only
   // GPU ranks: the pipeline's links, one communicator per (direction, sending stage) this stage is
   // an end of (RankComms::pp_link).
   std::map<std::pair<int, int>, std::unique_ptr<comm::Communicator>> links;
@@ -55,8 +56,11 @@ Status make_groups(RankState& st, const comm::Topology& topo, int rank,
   };
   // The same order on every rank: creating a group is collective among its members.
   TROUPE_RETURN_IF_ERROR(group("tp", topo.tp_group(rank), st.tp));
-  TROUPE_RETURN_IF_ERROR(group("dp", topo.dp_group(rank), st.dp));
+  // The gradients' group: dp, or dp x cp under context parallelism (RankComms::dp).
+  const bool cp = topo.sizes().cp > 1;
+  TROUPE_RETURN_IF_ERROR(group(cp ? "dp x cp" : "dp", topo.dp_cp_group(rank), st.dp));
   TROUPE_RETURN_IF_ERROR(group("pp", topo.pp_group(rank), st.pp));
+  if (cp) TROUPE_RETURN_IF_ERROR(group("cp", topo.cp_group(rank), st.cp));
   if (ep > 1) {
     TROUPE_RETURN_IF_ERROR(group("ep", topo.expert_parallel_group(rank, ep), st.ep));
     TROUPE_RETURN_IF_ERROR(group("expert dp", topo.expert_data_parallel_group(rank, ep), st.expert_dp));
@@ -97,6 +101,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
     comms.ep = st.ep.get();
     comms.expert_dp = st.expert_dp.get();
+    comms.cp = st.cp.get();
     if (!st.links.empty()) {
       const std::vector<int> stages = topo.pp_group(rank);
       const int me = topo.coords(rank).pp;
@@ -515,6 +520,7 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
   sizes.tp = spec.par.tp;
   sizes.pp = spec.par.pp;
   sizes.dp = spec.par.dp;
+  sizes.cp = spec.par.cp;
   const int size = spec.par.world_size();
   auto topo = comm::Topology::create(sizes, size);
   if (!topo) return topo.status();

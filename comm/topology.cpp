@@ -63,6 +63,8 @@ const char* group_kind_name(GroupKind kind) {
       return "mp";
     case GroupKind::embedding:
       return "embedding";
+    case GroupKind::dp_cp:
+      return "dp_cp";
   }
   return "?";
 }
@@ -247,6 +249,8 @@ std::vector<int> Topology::group(GroupKind kind, int rank) const {
       return vary(rank, bit(Dim::pp));
     case GroupKind::mp:
       return vary(rank, bit(Dim::tp) | bit(Dim::pp));
+    case GroupKind::dp_cp:
+      return vary(rank, bit(Dim::dp) | bit(Dim::cp));
     case GroupKind::embedding: {
       std::vector<int> pp = vary(rank, bit(Dim::pp));
       if (pp.size() == 1) return pp;

@@ -35,6 +35,9 @@
 //   tp cp ep dp pp  vary that one coordinate.
 //   mp              model parallel: vary tp and pp (Megatron's model-parallel group, used for
 //                   gradient-norm reductions).
+//   dp_cp           vary dp and cp (Megatron's data-parallel group with context parallelism): the
+//                   ranks holding the same parameters, over which gradients are reduced and ZeRO
+//                   partitions; the dp group itself when cp == 1.
 //   embedding       the first and last rank of the rank's pp group (tied input/output embedding
 //                   gradients are all-reduced between them); one rank when pp == 1. As in
 //                   Megatron, a rank gets the group only if it is a member: ranks on middle stages
@@ -76,7 +79,7 @@ struct Coords {
   bool operator==(const Coords&) const = default;
 };
 
-enum class GroupKind : uint8_t { tp, cp, ep, dp, pp, mp, embedding };
+enum class GroupKind : uint8_t { tp, cp, ep, dp, pp, mp, embedding, dp_cp };
 const char* group_kind_name(GroupKind kind);  // "tp", ..., "mp", "embedding"
 
 class Topology {
@@ -102,6 +105,7 @@ class Topology {
   std::vector<int> dp_group(int rank) const { return group(GroupKind::dp, rank); }
   std::vector<int> pp_group(int rank) const { return group(GroupKind::pp, rank); }
   std::vector<int> mp_group(int rank) const { return group(GroupKind::mp, rank); }
+  std::vector<int> dp_cp_group(int rank) const { return group(GroupKind::dp_cp, rank); }
   std::vector<int> embedding_group(int rank) const { return group(GroupKind::embedding, rank); }
   // Expert parallelism as DeepSpeed (deepspeed/utils/groups.py) and Megatron-Core (ep after tp in
   // the order) form it, carved out of dp: the rank's dp group, listed by dp coordinate d, splits

@@ -79,6 +79,7 @@ std::string ParallelConfig::to_json() const {
          std::to_string(zero_stage) + ", \"schedule\": \"" + sched::schedule_name(schedule) +
          "\", \"virtual_chunks\": " + std::to_string(virtual_chunks) +
          (ep > 1 ? ", \"expert_model_parallel_size\": " + std::to_string(ep) : std::string()) +
+         (cp > 1 ? ", \"context_parallel_size\": " + std::to_string(cp) : std::string()) +
          (tp > 1 && !expert_tensor_parallel ? ", \"expert_tensor_parallel_size\": 1" : "") + "}";
 }
 
@@ -218,7 +219,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   listener_->engine = this;
   pp_members_ = topology.pp_group(rank);
   tp_members_ = topology.tp_group(rank);
-  dp_members_ = topology.dp_group(rank);
+  dp_members_ = topology.dp_cp_group(rank);  // the gradients' group (RankComms::dp)
   for (int r = 0; r < topology.world_size(); ++r) world_members_.push_back(r);
   const ParallelConfig& par = spec_.par;
   schedule_ = job_schedule(spec_);
@@ -240,6 +241,9 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   Placed placed(*this);
 
   const int slots = schedule_.peak_in_flight(stage_) + 1;
+  const int at_cp = at.cp;
+  TROUPE_CHECK(par.cp == 1 || (comms_.cp != nullptr && comms_.cp->size() == par.cp && comms_.cp->rank() == at_cp),
+               "RankEngine: context parallelism needs the cp group (RankComms::cp)");
   const int virtual_stages = par.pp * par.virtual_chunks;
   const Model model = spec_.custom_model ? *spec_.custom_model : gpt_model(spec_.model, virtual_stages);
   tied_ = ties_embedding(model);
@@ -255,6 +259,9 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.ep_size = par.ep;
     at.ep_rank = dp_rank_ % par.ep;
     at.ep = par.ep > 1 ? comms_.ep : nullptr;
+    at.cp_size = par.cp;
+    at.cp_rank = at_cp;
+    at.cp = par.cp > 1 ? comms_.cp : nullptr;
     at.recompute = par.recompute;
     at.micro_batch = spec_.micro_batch_size;
     at.slots = slots;

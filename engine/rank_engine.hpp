@@ -60,6 +60,10 @@ struct ParallelConfig {
   // Expert parallelism (MoE layers): the dp ranks form groups of ep consecutive dp ranks that split
   // each MoE layer's experts (comm/topology.hpp: expert_parallel_group); ep divides dp.
   int ep = 1;
+  // Context parallelism (--context-parallel-size): every sequence split over cp ranks
+  // (model/ring_attention.hpp); the parameters are replicated over them as over dp, so gradients are
+  // reduced, and ZeRO partitions, over the dp x cp ranks (RankComms::dp).
+  int cp = 1;
   int zero_stage = 0;
   sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b;
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)
@@ -70,7 +74,7 @@ struct ParallelConfig {
   // A schedule given as data (troupe::RunOptions::schedule) instead of the generated one of
   // `schedule`: checked by check_custom_schedule before any rank is built.
   std::shared_ptr<const sched::Schedule> custom_schedule;
-  int world_size() const { return tp * pp * dp; }
+  int world_size() const { return tp * cp * pp * dp; }
   // The layout as a JSON object (recorded in checkpoints: informational).
   std::string to_json() const;
 };
@@ -131,6 +135,8 @@ inline int pipe_link_receiver(int dir, int sender, int p) { return dir == 0 ? (s
 struct RankComms {
   comm::Communicator* tp = nullptr;
   comm::Communicator* pp = nullptr;
+  // The ranks holding the same parameters, over which gradients are reduced and ZeRO partitions:
+  // the dp group, or with context parallelism the dp x cp group (Topology::dp_cp_group).
   comm::Communicator* dp = nullptr;
   comm::Communicator* embedding = nullptr;
   comm::Communicator* world = nullptr;
@@ -139,6 +145,9 @@ struct RankComms {
   // which their gradients are reduced). Null without expert parallelism (expert_dp: dp's role).
   comm::Communicator* ep = nullptr;
   comm::Communicator* expert_dp = nullptr;
+  // Context parallelism (ParallelConfig::cp > 1): the cp group, over which ring attention passes
+  // key/value blocks. Null otherwise.
+  comm::Communicator* cp = nullptr;
   // GPU ranks: the pipeline's messages on communicators of their own, one per link and direction,
   // each carrying messages one way only (NCCL matches point-to-point messages in issue order,
   // whatever the tag, and blocks its one stream until the peer's matching operation runs: a stream

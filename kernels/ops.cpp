@@ -7,6 +7,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <string>
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm_bf16.hpp"
@@ -518,20 +519,31 @@ void rotary_apply(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int 
   TROUPE_CHECK(p.rotary_dim > 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= head_dim,
                "rotary: rotary_dim must be even, in (0, head_dim]");
   TROUPE_CHECK(p.base > 0 && p.pos0 >= 0, "rotary: base > 0 and pos0 >= 0");
+  TROUPE_CHECK(p.positions.empty() || static_cast<int64_t>(p.positions.size()) == T_,
+               "rotary: positions name one position per t");
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::rotary<T>(*ctx.pool, x.data<T>(), B, T_, W, col0, n_heads, head_dim, p.rotary_dim, p.base, p.interleaved,
-                   p.pos0, inverse);
+                   p.pos0, inverse, p.positions.empty() ? nullptr : p.positions.data());
   });
 }
 }  // namespace
 
+namespace {
+void cpu_only_positions(const Context& ctx, bool any, const char* what) {
+  TROUPE_CHECK(!any || ctx.device == Device::cpu,
+               std::string(what) + ": positions other than 0..T-1 (context parallelism) run on the CPU only");
+}
+}  // namespace
+
 void rotary_forward(Context& ctx, const Tensor& x, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  cpu_only_positions(ctx, !p.positions.empty(), "rotary");
   TROUPE_ON_CUDA(ctx, rotary_forward(ctx, x, col0, n_heads, head_dim, p));
   rotary_apply(ctx, x, col0, n_heads, head_dim, p, false);
 }
 
 void rotary_backward(Context& ctx, const Tensor& dx, int64_t col0, int n_heads, int head_dim, const RotaryParams& p) {
+  cpu_only_positions(ctx, !p.positions.empty(), "rotary");
   TROUPE_ON_CUDA(ctx, rotary_backward(ctx, dx, col0, n_heads, head_dim, p));
   rotary_apply(ctx, dx, col0, n_heads, head_dim, p, true);
 }
@@ -563,19 +575,29 @@ void check_mask(const DropoutMask& m, int64_t samples, int64_t elements_per_samp
 }
 }  // namespace
 
-void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_t row0, int64_t seq_len) {
+void dropout_rows(Context& ctx, const Tensor& x, const DropoutMask& mask, int64_t row0, int64_t seq_len,
+                  const std::vector<int64_t>& positions) {
+  cpu_only_positions(ctx, !positions.empty(), "dropout_rows");
   TROUPE_ON_CUDA(ctx, dropout_rows(ctx, x, mask, row0, seq_len));
   if (Widen w(ctx, {&x}); w.active()) {
     const Tensor x_w = w.inout(x);
-    dropout_rows(ctx, x_w, mask, row0, seq_len);
+    dropout_rows(ctx, x_w, mask, row0, seq_len, positions);
     return w.finish();
   }
   TROUPE_CHECK(x.rank() == 2 && row0 >= 0 && seq_len > 0, "dropout_rows: x is (rows, C), row0 >= 0");
+  TROUPE_CHECK(positions.empty() || static_cast<int64_t>(positions.size()) == seq_len,
+               "dropout_rows: positions name one position per row of a sequence");
+  int64_t span = seq_len;  // the elements a sample's mask covers: up to the last position's row
+  for (int64_t p : positions) {
+    TROUPE_CHECK(p >= 0, "dropout_rows: positions must not be negative");
+    span = std::max(span, p + 1);
+  }
   const int64_t rows = x.dim(0), C = x.dim(1);
-  check_mask(mask, (row0 + rows + seq_len - 1) / seq_len, seq_len * C);
+  check_mask(mask, (row0 + rows + seq_len - 1) / seq_len, span * C);
   dispatch(ctx, x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::dropout_rows<T>(*ctx.pool, x.data<T>(), mask, row0, rows, C, seq_len);
+    cpu::dropout_rows<T>(*ctx.pool, x.data<T>(), mask, row0, rows, C, seq_len,
+                         positions.empty() ? nullptr : positions.data());
   });
 }
 

@@ -110,6 +110,9 @@ struct RotaryParams {
   double base = 10000;    // --rotary-base
   bool interleaved = false;
   int64_t pos0 = 0;       // position of t = 0
+  // Context parallelism: the position of each t (T of them; a rank's rows are not one range), used
+  // instead of pos0 + t; empty: pos0 + t. CPU only.
+  std::vector<int64_t> positions;
 };
 void rotary_forward(Context& ctx, const Tensor& x /*(B,T,W)*/, int64_t col0, int n_heads, int head_dim,
                     const RotaryParams& p);
@@ -127,8 +130,10 @@ void add_inplace(Context& ctx, const Tensor& dst, const Tensor& src);  // dst +=
 // In place on rows [row0, row0 + rows) of a micro-batch's (B*T, C) activation, row g = b*T + t being
 // element t*C + c of sample mask.first_sample + b: x *= factor. The backward is the same call on the
 // gradient (same mask, same scale). mask.p must be > 0 (callers skip the op at p = 0).
+// positions (context parallelism, CPU only): row g is at position positions[g % seq_len] of its
+// sequence (seq_len: the rows a sequence has here, positions' size) instead of g % seq_len.
 void dropout_rows(Context& ctx, const Tensor& x /*(rows,C)*/, const DropoutMask& mask, int64_t row0,
-                  int64_t seq_len);
+                  int64_t seq_len, const std::vector<int64_t>& positions = {});
 
 // ---- causal multi-head self-attention -------------------------------------------------------
 // qkv holds [q | k | v] along the last dim, head h in columns [h*hs, (h+1)*hs) of each part.

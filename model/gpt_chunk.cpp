@@ -49,8 +49,9 @@ ChunkSpec chunk_layers(const GptConfig& model, int stages, int chunks, int stage
 
 // ---- layout -------------------------------------------------------------------------------------
 
-GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks h, comm::Communicator* ep_comm)
-    : spec(cs), tp(tp_comm), ep(ep_comm), hooks(std::move(h)) {
+GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks h, comm::Communicator* ep_comm,
+                     comm::Communicator* cp_comm)
+    : spec(cs), tp(tp_comm), ep(ep_comm), cp(cp_comm), hooks(std::move(h)) {
   const GptConfig& m = cs.model;
   TROUPE_CHECK(m.validate().is_ok(), "GptChunk needs a validated GptConfig");
   TROUPE_CHECK(cs.tp_size >= 1 && cs.tp_rank >= 0 && cs.tp_rank < cs.tp_size, "GptChunk: TP rank out of range");
@@ -76,6 +77,13 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   TROUPE_CHECK(cs.ep_size >= 1 && cs.ep_rank >= 0 && cs.ep_rank < cs.ep_size &&
                    (cs.ep_size == 1 || (ep != nullptr && ep->size() == cs.ep_size && ep->rank() == cs.ep_rank)),
                "GptChunk: the expert-parallel communicator must have ep_size ranks, this one at ep_rank");
+  TROUPE_CHECK(cs.cp_size >= 1 && cs.cp_rank >= 0 && cs.cp_rank < cs.cp_size &&
+                   (cs.cp_size == 1 || (cp != nullptr && cp->size() == cs.cp_size && cp->rank() == cs.cp_rank)),
+               "GptChunk: the context-parallel communicator must have cp_size ranks, this one at cp_rank");
+  TROUPE_CHECK(cs.cp_size == 1 || m.seq_length % (2 * cs.cp_size) == 0,
+               "GptChunk: context parallelism needs a sequence length divisible by 2 cp");
+  TROUPE_CHECK(cs.cp_size == 1 || cs.device == Device::cpu, "GptChunk: context parallelism runs on the CPU only");
+  TROUPE_CHECK(cs.cp_size == 1 || !m.moe.enabled(), "GptChunk: context parallelism does not run MoE layers yet");
   TROUPE_CHECK(static_cast<bool>(hooks.acquire_params) == static_cast<bool>(hooks.release_params),
                "UnitHooks: acquire_params and release_params come together");
 
@@ -87,7 +95,11 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   grad_dtype = is_16bit(dtype) ? cs.grad_dtype : dtype;
   stat_dtype = is_16bit(dtype) ? DType::f32 : dtype;
   B = cs.micro_batch;
-  T = m.seq_length;
+  cps = cs.cp_size;
+  cpr = cs.cp_rank;
+  Tg = m.seq_length;
+  T = Tg / cps;
+  if (cps > 1) pos = context_parallel_positions(Tg, cps, cpr);
   C = m.hidden_size;
   hs = m.head_size();
   Hl = m.num_attention_heads / t;
@@ -111,7 +123,14 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   rotary.rotary_dim = m.rotary_dim();
   rotary.base = m.rotary_base;
   rotary.interleaved = m.rotary_interleaved;
-  rotary.pos0 = 0;  // every call sees whole sequences: position = t
+  rotary.pos0 = 0;  // every call sees whole sequences: position = t (context parallelism: pos[t])
+  rotary.positions = pos;
+  if (cps > 1) {
+    ring.layout = layout;
+    ring.seq_len = Tg;
+    for (int q = 0; q < cps; ++q) ring.positions.push_back(context_parallel_positions(Tg, cps, q));
+    ring.head0 = int64_t{r} * Hl;
+  }
   L = cs.num_layers;
   N = B * T;
   loss_rows = N;
@@ -267,6 +286,10 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   if (sp || cs.has_head || any_moe) partial = alloc({N, C});
   dres = alloc({Nl, C});
   if (cs.has_embedding) demb_now = alloc({N, C});
+  if (cs.has_embedding && emb_wpe >= 0 && cps > 1) {
+    wpe_rows = alloc({T, C});
+    dwpe_rows = alloc({T, C}, grad_dtype);
+  }
   if (cs.has_embedding && ln_embd) {
     demb_ln = alloc({Nl, C});
     dembln_now = alloc({Nl, C});
@@ -292,8 +315,12 @@ GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
   a.ln1_rstd = alloc({Nl}, stat_dtype);
   a.qkv = alloc({N, QKVl});
   // What attention's backward reads: the CPU's probabilities (B,Hl,T,T), the GPU's row log-sum-exp
-  // (B,Hl,T) f32 (ops::attention_saved_tensor; flash-style, no (T,T) matrix).
-  if (with_probs) a.probs = spec.device == Device::cuda ? alloc({B * Hl, T}, DType::f32) : alloc({B * Hl * T, T});
+  // (B,Hl,T) f32 (ops::attention_saved_tensor; flash-style, no (T,T) matrix); ring attention's row
+  // log-sum-exp (B,Hl,T), f32 for 16-bit activations.
+  if (with_probs) {
+    if (cps > 1) a.probs = alloc({B * Hl, T}, is_16bit(dtype) ? DType::f32 : dtype);
+    else a.probs = spec.device == Device::cuda ? alloc({B * Hl, T}, DType::f32) : alloc({B * Hl * T, T});
+  }
   a.att = alloc({N, Al});
   a.res1 = alloc({Nl, C});
   a.ln2 = alloc({Nl, C});
@@ -319,7 +346,9 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
   }
   if (keep_acts) {
     for (int l = 0; l < L; ++l) {
-      s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective));
+      // Selective recompute drops the (T,T) probabilities; ring attention keeps only each row's
+      // log-sum-exp, which stays.
+      s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective || cps > 1));
       s.acts.back().res2 = s.xs[l + 1];
       if (moe_layout[l].E > 0) s.acts.back().moe = std::make_shared<MoeActs>();
     }
@@ -353,7 +382,7 @@ void GptChunk::Impl::alloc_stash(Slot& s) {
 
 void GptChunk::Impl::drop_rows(Context& ctx, const Tensor& x, DropoutSite site, int layer, int64_t first_row) {
   const DropoutMask m = mask(site, layer);
-  if (m.active()) ops::dropout_rows(ctx, x, m, first_row, T);
+  if (m.active()) ops::dropout_rows(ctx, x, m, first_row, T, pos);
 }
 
 int64_t GptChunk::Impl::rows_of(int rank) const { return N / t + (rank < N % t ? 1 : 0); }
@@ -450,7 +479,7 @@ void GptChunk::Impl::layer_grads_ready(int l, int slot) {
 
 void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
   TROUPE_CHECK(tokens.defined() && tokens.dtype() == DType::i32 && tokens.rank() == 2 && tokens.dim(0) == B &&
-                   tokens.dim(1) == T + 1,
+                   tokens.dim(1) == Tg + 1,
                "GptChunk: tokens must be (micro_batch, seq_length + 1) i32 windows");
   const Tensor host = tokens.to_host();  // the windows come from the host; a GPU copy is read back
   const int32_t* src = host.data<int32_t>();
@@ -464,8 +493,16 @@ void GptChunk::Impl::split_tokens(Slot& s, const Tensor& tokens) {
   int32_t* in = inputs.data<int32_t>();
   int32_t* tg = targets.data<int32_t>();
   for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(in + b * T, src + b * (T + 1), T * sizeof(int32_t));
-    std::memcpy(tg + b * T, src + b * (T + 1) + 1, T * sizeof(int32_t));
+    const int32_t* window = src + b * (Tg + 1);
+    if (cps == 1) {
+      std::memcpy(in + b * T, window, T * sizeof(int32_t));
+      std::memcpy(tg + b * T, window + 1, T * sizeof(int32_t));
+      continue;
+    }
+    for (int64_t i = 0; i < T; ++i) {  // context parallelism: this rank's positions
+      in[b * T + i] = window[pos[static_cast<size_t>(i)]];
+      tg[b * T + i] = window[pos[static_cast<size_t>(i)] + 1];
+    }
   }
   if (on_device) {
     s.inputs.copy_from(inputs);
@@ -495,7 +532,7 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
     LayerActs a;
     if (keep && !s.acts.empty()) {
       a = s.acts[l];
-      if (spec.recompute == Recompute::selective) a.probs = rc.probs;  // not kept: recomputed in backward
+      if (spec.recompute == Recompute::selective && cps == 1) a.probs = rc.probs;  // not kept: recomputed in backward
     } else {
       a = rc;
       a.res2 = s.xs[l + 1];
@@ -537,8 +574,9 @@ GptChunk::Impl::LayerActs GptChunk::Impl::acts_for_backward(Context& ctx, Slot& 
 
 // ---- public API -------------------------------------------------------------------------------------
 
-GptChunk::GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep)
-    : impl_(std::make_unique<Impl>(spec, tp, std::move(hooks), ep)) {}
+GptChunk::GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep,
+                   comm::Communicator* cp)
+    : impl_(std::make_unique<Impl>(spec, tp, std::move(hooks), ep, cp)) {}
 
 GptChunk::~GptChunk() = default;
 

@@ -28,7 +28,8 @@
 // rank 0, inside the sum the reduction forms; their gradients come from the full-row output gradient
 // every rank holds, so they need no reduction and are identical on every rank as well.)
 //
-// Rows. A micro-batch of B sequences of T tokens is N = B*T rows of C channels, row n = b*T + t. The
+// Rows. A micro-batch of B sequences of T tokens is N = B*T rows of C channels, row n = b*T + t
+// (context parallelism: T = seq_length / cp rows of each sequence, row t at global position pos[t]). The
 // activation passed between pipeline stages is (N, C), or with sequence_parallel this rank's row
 // block: rows [rows_offset(r), rows_offset(r) + rows(r)) with rows(r) = N/t, the first N % t ranks one
 // more (the counts of comm's all_gather_v / reduce_scatter_v).
@@ -133,6 +134,12 @@ struct ChunkSpec {
   // and exchanges tokens with the other ep_size - 1 shards of its expert-parallel group (the
   // communicator given to the constructor; replicas running the same schedule).
   int ep_size = 1, ep_rank = 0;
+  // Context parallelism (docs/PARALLEL.md, "Long sequences"): the sequence is split over the cp_size
+  // ranks of the context-parallel group (the communicator given to the constructor), this shard
+  // holding rows at positions context_parallel_positions(seq_length, cp_size, cp_rank) of every
+  // sequence (Megatron's load balancing); attention is ring attention over that group
+  // (model/ring_attention.hpp). seq_length must be a multiple of 2 cp_size; CPU only; no MoE layers.
+  int cp_size = 1, cp_rank = 0;
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per
@@ -177,7 +184,9 @@ class GptChunk {
  public:
   // hooks.acquire_params set: no parameter storage is allocated (flat_params() undefined).
   // ep: the expert-parallel group (ep_size ranks, this one at ep_rank); null when ep_size is 1.
-  GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks = {}, comm::Communicator* ep = nullptr);
+  // cp: the context-parallel group (cp_size ranks, this one at cp_rank); null when cp_size is 1.
+  GptChunk(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks = {}, comm::Communicator* ep = nullptr,
+           comm::Communicator* cp = nullptr);
 
   const ChunkSpec& spec() const;
   // This shard's parameters: global name and shape, the local (slice) shape, and where the slice sits
@@ -204,10 +213,12 @@ class GptChunk {
   // nobody (null, the default). The probe outlives the calls it sees.
   void set_probe(OpProbe* probe);
 
-  // Forward of one micro-batch into `slot`. tokens: (B, T+1) i32 windows, needed when has_embedding
+  // Forward of one micro-batch into `slot`. tokens: (B, seq_length+1) i32 windows (whole sequences,
+  // also under context parallelism), needed when has_embedding
   // (inputs) or has_head (targets), else undefined. input: (boundary_rows(), C) unless
   // has_embedding. out: (boundary_rows(), C) unless has_head. With has_head returns the sum of the
-  // B*T token losses (identical on every TP rank) and keeps what backward needs for
+  // B*T token losses (identical on every TP rank; under context parallelism this rank's rows', which
+  // the cp group's ranks add up) and keeps what backward needs for
   // grad_scale * d(sum)/d(logits): the reduced row max and sum of exponentials (backward recomputes
   // the logits chunk by chunk, so no (B*T, Vp/t) buffer stays per slot); else returns 0. tokens may
   // be passed (and are then ignored) when neither is needed.

@@ -18,6 +18,7 @@
 #include "model/gpt_chunk.hpp"
 #include "model/moe_routing.hpp"
 #include "model/op_probe.hpp"
+#include "model/ring_attention.hpp"
 
 namespace troupe {
 
@@ -125,12 +126,22 @@ struct GptChunk::Impl {
     Tensor dlnf;                   // (Nl,C) d(ln_f output)
   };
 
-  Impl(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep);
+  Impl(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, comm::Communicator* ep,
+       comm::Communicator* cp);
 
   // ---- layout (gpt_chunk.cpp) ----
   ChunkSpec spec;
   comm::Communicator* tp = nullptr;
   comm::Communicator* ep = nullptr;  // the expert-parallel group (null: ep_size 1)
+  // Context parallelism (cps > 1): the group, the sequence's length Tg (T = Tg / cps rows of each
+  // sequence here), the global position of each of this rank's T rows, and the ring's spec (every
+  // cp rank's positions, this rank's heads; the attention dropout mask set per call).
+  comm::Communicator* cp = nullptr;
+  int cps = 1, cpr = 0;
+  int64_t Tg = 0;
+  std::vector<int64_t> pos;          // (T) empty without context parallelism (position = t)
+  RingAttentionSpec ring;
+  Tensor wpe_rows, dwpe_rows;        // (T,C) wpe's rows at pos, their gradient (cp > 1, with wpe)
   UnitHooks hooks;
   std::vector<ParamSpec> specs;
   std::vector<UnitInfo> units;
@@ -255,8 +266,15 @@ struct GptChunk::Impl {
   // The attention core on (N,QKVl) -> (N,Al) (GPT-2's multi-head attention is the layout G = H,
   // no ALiBi), and its backward into dqkv.
   void attention_core(Context& ctx, const Tensor& att, const Tensor& probs, const Tensor& qkv, int layer);
+  // att: the forward's output (context parallelism's backward reads it; probs is then each row's
+  // log-sum-exp, (B,Hl,T)).
   void attention_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv,
-                               const Tensor& probs, int layer);
+                               const Tensor& probs, const Tensor& att, int layer);
+  // Ring attention over the cp group (cps > 1): the same contract as attention_core with probs the
+  // rows' log-sum-exp; 16-bit activations go through f32 copies.
+  void ring_core(Context& ctx, const Tensor& att, const Tensor& lse, const Tensor& qkv, int layer);
+  void ring_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv,
+                          const Tensor& lse, const Tensor& att, int layer);
   // Rotary on the q and k columns of a (N,QKVl) qkv (forward), or the inverse on its gradient.
   void rotate_qk(Context& ctx, const Tensor& qkv, bool inverse);
 

@@ -9,7 +9,9 @@
 // rank's global heads; act GELU or SwiGLU on c_fc's [gate_r | up_r]; biases only with
 // add_bias_linear. GPT-2 (LayerNorm, no rope, MHA, GELU, biases) calls exactly the ops it always did.
 // Positions: every call holds whole sequences inside the TP region (sequence parallelism gathers the
-// rows before c_attn; pipeline stages split layers, not sequences), so row b*T + t is at position t.
+// rows before c_attn; pipeline stages split layers, not sequences), so row b*T + t is at position t;
+// under context parallelism each sequence's T rows here sit at global positions pos[t] (rotary,
+// dropout), and attention is ring attention over the cp group (model/ring_attention.hpp).
 //
 // f enters a tensor-parallel region, g leaves it (their duals run in backward):
 //                      forward                     backward
@@ -53,11 +55,36 @@ void GptChunk::Impl::norm_backward(Context& ctx, const Tensor& dx, const Tensor&
 
 // The probabilities (B,Hl,T,T) on the CPU, the rows' log-sum-exp (B,Hl,T) on the GPU (alloc_acts).
 Tensor GptChunk::Impl::saved_view(const Tensor& probs) const {
-  return probs.device() == Device::cuda ? probs.view({B, Hl, T}) : probs.view({B, Hl, T, T});
+  return probs.device() == Device::cuda || cps > 1 ? probs.view({B, Hl, T}) : probs.view({B, Hl, T, T});
+}
+
+namespace {
+// x in f32 when it is 16-bit (a copy), else x itself.
+Tensor widened(const Tensor& x) { return is_16bit(x.dtype()) ? x.to(DType::f32) : x; }
+}  // namespace
+
+void GptChunk::Impl::ring_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& lse /*(B*Hl,T)*/,
+                               const Tensor& qkv /*(N,QKVl)*/, int layer) {
+  ring.mask = mask(DropoutSite::attention_probs, layer);
+  const Tensor in = widened(qkv).view({B, T, QKVl});
+  const Tensor out = is_16bit(dtype) ? Tensor::empty({B, T, Al}, DType::f32) : att.view({B, T, Al});
+  ring_attention_forward(ctx, *cp, ring, in, out, lse.view({B, Hl, T}));
+  if (is_16bit(dtype)) att.copy_from(out.to(dtype).view({N, Al}));
+}
+
+void GptChunk::Impl::ring_core_backward(Context& ctx, const Tensor& dqkv /*(N,QKVl)*/, const Tensor& datt /*(N,Al)*/,
+                                        const Tensor& qkv, const Tensor& lse, const Tensor& att, int layer) {
+  ring.mask = mask(DropoutSite::attention_probs, layer);
+  const Tensor in = widened(qkv).view({B, T, QKVl}), out = widened(att).view({B, T, Al}),
+               dout = widened(datt).view({B, T, Al});
+  const Tensor dq = is_16bit(dtype) ? Tensor::empty({B, T, QKVl}, DType::f32) : dqkv.view({B, T, QKVl});
+  ring_attention_backward(ctx, *cp, ring, in, out, lse.view({B, Hl, T}), dout, dq);
+  if (is_16bit(dtype)) dqkv.copy_from(dq.to(dtype).view({N, QKVl}));
 }
 
 void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& probs,
                                     const Tensor& qkv /*(N,QKVl)*/, int layer) {
+  if (cps > 1) return ring_core(ctx, att, probs, qkv, layer);
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
   const Tensor out = att.view({B, T, Al}), p = saved_view(probs), in = qkv.view({B, T, QKVl});
   ops::attention_forward(ctx, out, p, in, layout, m, int64_t{r} * Hl);
@@ -65,7 +92,8 @@ void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, 
 
 void GptChunk::Impl::attention_core_backward(Context& ctx, const Tensor& dqkv /*(N,QKVl)*/,
                                              const Tensor& datt /*(N,Al)*/, const Tensor& qkv, const Tensor& probs,
-                                             int layer) {
+                                             const Tensor& att, int layer) {
+  if (cps > 1) return ring_core_backward(ctx, dqkv, datt, qkv, probs, att, layer);
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
   const Tensor dq = dqkv.view({B, T, QKVl}), dout = datt.view({B, T, Al}), in = qkv.view({B, T, QKVl}),
                p = saved_view(probs);
@@ -168,7 +196,7 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   look(layer, "residual1", Bk, st.dy1);
   ops::linear_backward(ctx, datt, none, none, st.dy1, none, p.proj_w);                     // (N,Al)
   look(layer, "attention_proj", Bk, datt);
-  Tensor probs = a.probs;
+  Tensor probs = a.probs, att = a.att;
   if (!probs.defined()) {
     // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
     // saved qkv, rotated already (same kernel, same inputs: bitwise the forward's).
@@ -176,8 +204,9 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
     look(layer, "attention_scores", ProbeDir::forward, rc.probs);
     look(layer, "attention_output", ProbeDir::forward, rc.att);
     probs = rc.probs;
+    att = rc.att;
   }
-  attention_core_backward(ctx, st.dqkv, datt, a.qkv, probs, layer);                        // (N,QKVl)
+  attention_core_backward(ctx, st.dqkv, datt, a.qkv, probs, att, layer);                        // (N,QKVl)
   look(layer, "attention_scores", Bk, st.dqkv);
   if (rope) {  // d(c_attn output): the gradient of the rotated q, k rotated back
     rotate_qk(ctx, st.dqkv, true);

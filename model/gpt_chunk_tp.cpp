@@ -102,7 +102,11 @@ void GptChunk::Impl::embedding_forward(Context& ctx, const Tensor& wte /*(Vl,C)*
                                        const Slot& s) {
   const Tensor sum = ln_embd ? s.emb : s.xs[0];  // (Nl,C) the embedding (ln_embd's input)
   const Tensor full = sp ? partial : sum;        // (N,C) this rank's term of the sum
-  const Tensor wpe = r == 0 && emb_wpe >= 0 ? e[static_cast<size_t>(emb_wpe)] : Tensor();
+  Tensor wpe = r == 0 && emb_wpe >= 0 ? e[static_cast<size_t>(emb_wpe)] : Tensor();
+  if (wpe.defined() && cps > 1) {  // context parallelism: the rows of this rank's positions
+    for (int64_t i = 0; i < T; ++i) wpe_rows.rows(i, i + 1).copy_from(wpe.rows(pos[i], pos[i] + 1));
+    wpe = wpe_rows;
+  }
   ops::vocab_embedding_forward(ctx, full.view({B, T, C}), s.inputs.view({B, T}), wte, v0, wpe);
   reduce_rows(full, sum);                        // g -> (Nl,C)
   if (ln_embd) {
@@ -138,7 +142,13 @@ void GptChunk::Impl::embedding_backward_input(Context& ctx, const std::vector<Te
 void GptChunk::Impl::embedding_weight(Context& ctx, const Tensor& dwte, const std::vector<Tensor>& g,
                                       const Slot& s, const Tensor& demb /*(N,C)*/, const Tensor& dembln) {
   const Tensor dwpe = emb_wpe >= 0 ? g[static_cast<size_t>(emb_wpe)] : Tensor();
-  ops::vocab_embedding_backward(ctx, dwte, dwpe, demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+  if (dwpe.defined() && cps > 1) {  // context parallelism: this rank's positions' rows of dwpe
+    dwpe_rows.zero_();
+    ops::vocab_embedding_backward(ctx, dwte, dwpe_rows, demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+    for (int64_t i = 0; i < T; ++i) ops::add_inplace(ctx, dwpe.rows(pos[i], pos[i] + 1), dwpe_rows.rows(i, i + 1));
+  } else {
+    ops::vocab_embedding_backward(ctx, dwte, dwpe, demb.view({B, T, C}), s.inputs.view({B, T}), v0);
+  }
   look(kEmbeddingProbe, "lookup", ProbeDir::weight, dwte);
   look(kEmbeddingProbe, "lookup", ProbeDir::weight, dwpe);
   if (ln_embd) {

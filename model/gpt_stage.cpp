@@ -15,8 +15,9 @@ const Tensor& one(const std::vector<Tensor>& v) {
 }
 }  // namespace
 
-GptStage::GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied, comm::Communicator* ep)
-    : chunk_(spec, tp, std::move(hooks), ep), tied_(tied) {
+GptStage::GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied, comm::Communicator* ep,
+                   comm::Communicator* cp)
+    : chunk_(spec, tp, std::move(hooks), ep, cp), tied_(tied) {
   const BoundaryDecl hidden{"hidden", Shape{chunk_.boundary_rows(), spec.model.hidden_size}, spec.dtype, true};
   if (!spec.has_embedding) inputs_.push_back(hidden);
   if (!spec.has_head) outputs_.push_back(hidden);

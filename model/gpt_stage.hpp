@@ -12,7 +12,8 @@ namespace troupe {
 
 class GptStage final : public PipelineStage {
  public:
-  GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied, comm::Communicator* ep = nullptr);
+  GptStage(const ChunkSpec& spec, comm::Communicator* tp, UnitHooks hooks, bool tied, comm::Communicator* ep = nullptr,
+           comm::Communicator* cp = nullptr);
   GptChunk& chunk() { return chunk_; }
   const GptChunk& chunk() const { return chunk_; }
 

@@ -124,6 +124,8 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.expert_tensor_parallel = at.expert_tensor_parallel;
   cs.ep_size = at.ep_size;
   cs.ep_rank = at.ep_rank;
+  cs.cp_size = at.cp_size;
+  cs.cp_rank = at.cp_rank;
   cs.recompute = at.recompute;
   cs.micro_batch = at.micro_batch;
   cs.slots = at.slots;
@@ -149,7 +151,7 @@ StagePlace place_of(const StageBuild& at) {
 
 std::unique_ptr<PipelineStage> build_block(const Block& b, const StageBuild& at, UnitHooks hooks, bool tied) {
   if (b.kind == Block::Kind::gpt)
-    return std::make_unique<GptStage>(gpt_chunk_spec(b, at), at.tp, std::move(hooks), tied, at.ep);
+    return std::make_unique<GptStage>(gpt_chunk_spec(b, at), at.tp, std::move(hooks), tied, at.ep, at.cp);
   return std::make_unique<CustomStage>(b.make(place_of(at)), place_of(at), at.tp, std::move(hooks), at.recompute,
                                        at.dtype, b.name);
 }
@@ -277,6 +279,9 @@ Status check_model(const Model& model, const StageBuild& job, int pp, int v, std
   if (any_custom && job.sequence_parallel && job.tp_size > 1)
     problems.push_back("--sequence-parallel splits GPT's rows over the tensor-parallel ranks, which custom blocks do not "
                        "take -- drop --sequence-parallel");
+  if (any_custom && job.cp_size > 1)
+    problems.push_back("--context-parallel-size splits GPT's sequences over ranks, which custom blocks do not take -- "
+                       "drop --context-parallel-size");
   if (any_custom && job.dtype != DType::f32)
     problems.push_back("custom blocks compute in f32 only: train a model with custom blocks without --bf16 / --fp16");
   std::map<std::string, std::string> first_use;  // a parameter's name -> the block that declared it first

@@ -48,7 +48,7 @@ void add(ThreadPool& pool, T* out, const T* a, const T* b, int64_t n);
 
 template <class T>
 void dropout_rows(ThreadPool& pool, T* x, const DropoutMask& mask, int64_t row0, int64_t rows, int64_t C,
-                  int64_t seq_len);
+                  int64_t seq_len, const int64_t* positions = nullptr);
 
 // RMSNorm; dx null: no input gradient (then w may be null), dw null: no parameter gradient.
 template <class T>
@@ -67,7 +67,8 @@ void glu_backward(ThreadPool& pool, T* dgate_up, const T* dout, const T* gate_up
 // backward's rotation by -angle.
 template <class T>
 void rotary(ThreadPool& pool, T* x, int64_t B, int64_t T_, int64_t W, int64_t col0, int64_t n_heads, int64_t head_dim,
-            int64_t rotary_dim, double base, bool interleaved, int64_t pos0, bool inverse);
+            int64_t rotary_dim, double base, bool interleaved, int64_t pos0, bool inverse,
+            const int64_t* positions = nullptr);
 
 // Grouped-query causal attention: qkv rows [q (H*hs) | k (G*hs) | v (G*hs)], out rows (H*hs).
 // alibi null: no ALiBi (else H slopes); mask null: no attention dropout.

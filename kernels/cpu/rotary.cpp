@@ -30,16 +30,16 @@ inline void rotate_pairs(T* a, T* b, const T* c, const T* s, int64_t n) {
 
 template <class T>
 void rotary(ThreadPool& pool, T* x, int64_t B, int64_t T_, int64_t W, int64_t col0, int64_t n_heads, int64_t head_dim,
-            int64_t rotary_dim, double base, bool interleaved, int64_t pos0, bool inverse) {
+            int64_t rotary_dim, double base, bool interleaved, int64_t pos0, bool inverse, const int64_t* positions) {
   const int64_t half = rotary_dim / 2;
-  // cos_sin[t] = (cos (half) | sin (half)) of position pos0 + t; sin negated for the inverse.
+  // cos_sin[t] = (cos (half) | sin (half)) of position pos0 + t (or positions[t]); sin negated for the inverse.
   std::vector<T> cos_sin(static_cast<size_t>(T_ * 2 * half));
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rotary_dim));
   pool.parallel_for(T_, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const double p = static_cast<double>(pos0 + t);
+      const double p = static_cast<double>(positions != nullptr ? positions[t] : pos0 + t);
       T* row = cos_sin.data() + t * 2 * half;
       for (int64_t i = 0; i < half; ++i) {
         const double angle = p * inv_freq[i];
@@ -65,8 +65,8 @@ void rotary(ThreadPool& pool, T* x, int64_t B, int64_t T_, int64_t W, int64_t co
 }
 
 template void rotary<float>(ThreadPool&, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                            bool, int64_t, bool);
+                            bool, int64_t, bool, const int64_t*);
 template void rotary<double>(ThreadPool&, double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                             double, bool, int64_t, bool);
+                             double, bool, int64_t, bool, const int64_t*);
 
 }  // namespace troupe::cpu

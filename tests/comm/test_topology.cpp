@@ -21,7 +21,7 @@ Topology make(ParallelSizes s, int world, std::string_view order = Topology::kDe
 }
 
 constexpr GroupKind kPartitionKinds[] = {GroupKind::tp, GroupKind::cp, GroupKind::ep,
-                                         GroupKind::dp, GroupKind::pp, GroupKind::mp};
+                                         GroupKind::dp, GroupKind::pp, GroupKind::mp, GroupKind::dp_cp};
 
 // The dimensions a group kind varies.
 std::vector<Dim> varied(GroupKind k) {
@@ -40,6 +40,8 @@ std::vector<Dim> varied(GroupKind k) {
       return {Dim::tp, Dim::pp};
     case GroupKind::embedding:
       return {Dim::pp};
+    case GroupKind::dp_cp:
+      return {Dim::dp, Dim::cp};
   }
   return {};
 }
