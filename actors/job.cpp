@@ -241,6 +241,8 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   p.expert_tensor_parallel = c.expert_tensor_parallel_size != 1 || p.tp == 1;
   // Expert parallelism: groups of ep consecutive dp ranks split the experts (validated to divide dp).
   p.ep = c.model.moe.enabled() ? std::max(1, c.expert_model_parallel_size) : 1;
+  p.cp = std::max(1, c.context_parallel_size);
+  p.cp_comm = c.cp_comm_type == "all_gather" ? CpComm::all_gather : CpComm::p2p;
   return p;
 }
 
@@ -544,6 +546,7 @@ Status check_model_for_job(const Model& model, const TrainConfig& config, int wo
   job.gpt = config.model;
   job.tp_size = par->tp;
   job.sequence_parallel = par->sequence_parallel;
+  job.cp_size = par->cp;
   job.micro_batch = config.micro_batch_size;
   job.dtype = precision.dtype;
   TROUPE_RETURN_IF_ERROR(check_model(model, job, par->pp, par->virtual_chunks, footprint));
@@ -988,6 +991,7 @@ Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const
   if (model) {
     TrainConfig job = cfg.value();
     job.tensor_model_parallel_size = job.pipeline_model_parallel_size = job.data_parallel_size = 1;
+    job.context_parallel_size = 1;
     job.num_layers_per_virtual_pipeline_stage = 0;
     job.sequence_parallel = false;
     job.micro_batch_size = micro_batch_size;

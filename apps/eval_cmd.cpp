@@ -45,6 +45,7 @@ int run_eval(const EvalArgs& a) {
   TrainConfig sized = cfg.value();
   sized.micro_batch_size = sized.global_batch_size = a.micro_batch_size;
   sized.tensor_model_parallel_size = sized.pipeline_model_parallel_size = sized.data_parallel_size = 1;
+  sized.context_parallel_size = sized.ds_sequence_parallel_size = 1;
   sized.zero_stage = 0;
   sized.offload_optimizer = "none";
   sized.recompute_granularity = "none";

@@ -95,7 +95,8 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     if (reporter && !c.tensorboard.dir.empty())
       tensorboard = std::make_unique<TensorBoardLog>(
           c.tensorboard, c.log_interval,
-          c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.resolved_dp(world), c.model.seq_length,
+          c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.context_parallel_size * c.resolved_dp(world),
+          c.model.seq_length,
           [&](const std::string& warning) { printer->line("  warning: " + warning); }, c.model.moe);
     const GptConfig& m = c.model;
     printer->line(fmt::format(
@@ -105,10 +106,16 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     for (const std::string& line : memory_plan_lines(c, world)) printer->line("  " + line);
     const int dp = c.resolved_dp(world);
     printer->line(fmt::format("  batch: micro {} x {} accumulation steps x {} data-parallel = global {} ({} tokens/iteration); "
-                              "layout tp {}, pp {}, dp {}{}",
+                              "layout tp {}, pp {}, dp {}{}{}",
                               c.micro_batch_size, c.grad_accumulation_steps(world), dp, c.global_batch_size,
                               int64_t{c.global_batch_size} * m.seq_length, c.tensor_model_parallel_size,
-                              c.pipeline_model_parallel_size, dp, c.parallel() || world > 1 ? "" : " (one shard)"));
+                              c.pipeline_model_parallel_size, dp,
+                              c.context_parallel_size > 1
+                                  ? fmt::format(", cp {} ({} tokens of each sequence per rank, {} ring)",
+                                                c.context_parallel_size, m.seq_length / c.context_parallel_size,
+                                                c.cp_comm_type)
+                                  : std::string(),
+                              c.parallel() || world > 1 ? "" : " (one shard)"));
     printer->line("  data: " + data.describe());
     if (tensorboard) printer->line("  tensorboard: event files in " + c.tensorboard.dir + " (Megatron's tags)");
     for (const std::string& note : g_flag_notes) printer->line("  note: " + note);

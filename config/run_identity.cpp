@@ -210,6 +210,8 @@ ResumeCheck check_resume(const TrainConfig& now, const TrainConfig& saved) {
   d.may_change("data-parallel size", now.data_parallel_size, saved.data_parallel_size);
   d.may_change("ZeRO stage", now.zero_stage, saved.zero_stage);
   d.may_change("expert-parallel size", now.expert_model_parallel_size, saved.expert_model_parallel_size);
+  d.may_change("context-parallel size", now.context_parallel_size, saved.context_parallel_size);
+  d.may_change("Ulysses sequence-parallel size", now.ds_sequence_parallel_size, saved.ds_sequence_parallel_size);
   d.may_change("expert tensor-parallel size", now.expert_tensor_parallel_size, saved.expert_tensor_parallel_size);
   if (now.model.moe.enabled() && saved.model.moe.enabled()) {
     // The routing settings may change, as Megatron's resume lets them (the parameters are the same).

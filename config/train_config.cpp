@@ -20,7 +20,7 @@ using nlohmann::json;
 // The JSON written into checkpoints: {"format", "version", "model": {...}, "parallel": {...},
 // <every other TrainConfig field>}.
 constexpr const char* kFormat = "troupe.train_config";
-constexpr int kVersion = 8;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
+constexpr int kVersion = 9;  // 2 added the "parallel" object (version 1 files read as 1x1x1), 3 "runtime",
                               // 4 "schedule" (older files: an iteration-based schedule), data_path as
                               // an array and the per-split data paths, 5 the model's dropout
                               // probabilities (older files: 0, since troupe trained without dropout)
@@ -28,7 +28,8 @@ constexpr int kVersion = 8;  // 2 added the "parallel" object (version 1 files r
                               // family (older files: GPT-2's), 7 the "precision" object (older
                               // files: fp32, which troupe trained in), 8 mixture of experts: the
                               // "moe" object in "model" and the expert sizes in "parallel" (older
-                              // files: a dense model, expert sizes 1 and 0)
+                              // files: a dense model, expert sizes 1 and 0), 9 long sequences: the
+                              // context-parallel and Ulysses sizes in "parallel" (older files: 1)
 
 // One list of fields serves both directions, so a field cannot be written and forgotten when read.
 template <class Model, class Visitor>
@@ -101,6 +102,14 @@ template <class Config, class Visitor>
 void visit_expert_parallel_fields(Config& c, Visitor&& v) {
   v("expert_model_parallel_size", c.expert_model_parallel_size);
   v("expert_tensor_parallel_size", c.expert_tensor_parallel_size);
+}
+
+// Version 9: long sequences, in the "parallel" object (absent from older files: 1, p2p, 1).
+template <class Config, class Visitor>
+void visit_long_sequence_fields(Config& c, Visitor&& v) {
+  v("context_parallel_size", c.context_parallel_size);
+  v("cp_comm_type", c.cp_comm_type);
+  v("ds_sequence_parallel_size", c.ds_sequence_parallel_size);
 }
 
 // Version 7: mixed precision (include/troupe/precision.hpp), the "precision" object (absent from older
@@ -268,6 +277,8 @@ const Range* range_of(const std::string& path) {
       {"parallel.zero_stage", {0, 3}},
       {"parallel.num_layers_per_virtual_pipeline_stage", {0, kInt32Max}},
       {"parallel.expert_model_parallel_size", {1, kInt32Max}},
+      {"parallel.context_parallel_size", {1, kInt32Max}},
+      {"parallel.ds_sequence_parallel_size", {1, kInt32Max}},
       // Unused without dropping (Megatron-LM's negative factor means dropless): any number.
       {"model.moe.capacity_factor", {std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()}},
       {"model.moe.eval_capacity_factor", {std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max()}},
@@ -435,6 +446,7 @@ std::string TrainConfig::to_json() const {
   visit_parallel_fields(*this,
                         [&](const char* key, const auto& value) { parallel_json[key] = value; });
   visit_expert_parallel_fields(*this, [&](const char* key, const auto& value) { parallel_json[key] = value; });
+  visit_long_sequence_fields(*this, [&](const char* key, const auto& value) { parallel_json[key] = value; });
   j["parallel"] = std::move(parallel_json);
   json runtime_json = json::object();
   visit_runtime_fields(*this, [&](const char* key, const auto& value) { runtime_json[key] = value; });
@@ -515,6 +527,7 @@ Result<TrainConfig> TrainConfig::from_json(const std::string& text) {
     ObjectReader par_reader(*par_it, "parallel.");
     visit_parallel_fields(c, par_reader);
     if (version->get<int64_t>() >= 8) visit_expert_parallel_fields(c, par_reader);
+    if (version->get<int64_t>() >= 9) visit_long_sequence_fields(c, par_reader);
     TROUPE_RETURN_IF_ERROR(par_reader.finish());
   }
 
@@ -660,7 +673,7 @@ int64_t TrainConfig::iterations_to_run() const {
 
 int TrainConfig::resolved_dp(int world_size) const {
   if (data_parallel_size > 0) return data_parallel_size;
-  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size;
+  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size * std::max(1, context_parallel_size);
   return world_size > 1 && mp > 0 ? std::max(1, world_size / mp) : 1;
 }
 

@@ -102,9 +102,9 @@ class Validator {
     Problems sizes_ok;
     if (!sizes(c, sizes_ok)) return Status::error(sizes_ok.items()[0]);  // so that the arithmetic below is defined
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
-    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size;
+    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size, cp = c.context_parallel_size;
     const int dp = c.resolved_dp(world_size);
-    const int64_t model_parallel = int64_t{tp} * pp;
+    const int64_t model_parallel = int64_t{tp} * pp * cp;
     const int64_t needed = model_parallel * dp;
     if (needed != world_size) {
       const std::string dp_text =
@@ -119,13 +119,14 @@ class Validator {
       else
         fix = fmt::format(
             "start a multiple of --tensor-model-parallel-size x "
-            "--pipeline-model-parallel-size = {} ranks (e.g. {}), or change those "
+            "--pipeline-model-parallel-size{} = {} ranks (e.g. {}), or change those "
             "sizes",
-            model_parallel, needed);
+            cp > 1 ? " x --context-parallel-size" : "", model_parallel, needed);
       return bad("--tensor-model-parallel-size",
-                 fmt::format("{} x --pipeline-model-parallel-size {} x {} = {} ranks, but troupe "
+                 fmt::format("{} x --pipeline-model-parallel-size {}{} x {} = {} ranks, but troupe "
                              "launch started {}",
-                             tp, pp, dp_text, needed, world_size),
+                             tp, pp, cp > 1 ? fmt::format(" x --context-parallel-size {}", cp) : std::string(),
+                             dp_text, needed, world_size),
                  fix);
     }
     return batch_divisible(c, dp, fmt::format(" (troupe launch started {} ranks)", world_size));
@@ -278,6 +279,7 @@ class Validator {
                                 c.micro_batch_size, m.seq_length, int64_t{c.micro_batch_size} * m.seq_length, tp),
                     "use longer sequences or a larger micro batch, or drop --sequence-parallel"));
       p.check(pipeline(c));
+      long_sequences(c, p);
     }
     if (c.zero_stage < 0 || c.zero_stage > 3)
       p.check(bad("--zero-stage", fmt::format("is {}; ZeRO stages are 0 to 3", c.zero_stage),
@@ -287,6 +289,52 @@ class Validator {
       p.check(bad("--recompute-granularity", "is \"" + r + "\"",
                   "use full or selective, or leave the flag out for no recomputation"));
     return p.size() == before;
+  }
+
+  // Context parallelism and Ulysses (docs/PARALLEL.md, "Long sequences"): Megatron's load balancing
+  // cuts every sequence into 2 cp equal chunks (megatron/core/utils.py asserts the divisibility too).
+  void long_sequences(const TrainConfig& c, Problems& p) const {
+    const GptConfig& m = c.model;
+    const int cp = c.context_parallel_size;
+    const std::string& type = c.cp_comm_type;
+    if (type != "p2p" && type != "all_gather" && type != "a2a")
+      p.check(bad("--cp-comm-type", "is \"" + type + "\"", "use p2p (a ring of key/value blocks) or all_gather"));
+    else if (type == "a2a" && cp > 1)
+      p.check(bad("--cp-comm-type", "a2a (Transformer Engine's all-to-all by heads) is not in troupe yet",
+                  "use p2p or all_gather"));
+    if (c.ds_sequence_parallel_size > 1)
+      p.check(bad("--ds-sequence-parallel-size",
+                  fmt::format("{}: DeepSpeed-Ulysses is not in troupe yet (issue 29)", c.ds_sequence_parallel_size),
+                  "train with --context-parallel-size instead, or --ds-sequence-parallel-size 1"));
+    if (cp <= 1) return;
+    if (m.seq_length % (2 * cp) != 0) {
+      std::vector<std::string> sizes;  // the cp sizes that divide the sequence into 2 cp chunks
+      for (int d = 2; int64_t{2} * d <= m.seq_length && sizes.size() < 6; ++d)
+        if (m.seq_length % (2 * d) == 0) sizes.push_back(std::to_string(d));
+      p.check(bad("--seq-length",
+                  fmt::format("{} is not divisible by 2 x --context-parallel-size {} = {}", m.seq_length, cp, 2 * cp),
+                  fmt::format("each context-parallel rank holds 2 equal chunks of every sequence (Megatron's load "
+                              "balancing): use a multiple of {}{}",
+                              2 * cp,
+                              sizes.empty() ? std::string()
+                                            : ", or --context-parallel-size " + join_with(sizes, " or "))));
+    }
+    if (m.moe.enabled())
+      p.check(bad("--context-parallel-size",
+                  fmt::format("{} with MoE layers is not in troupe yet", cp),
+                  "train the MoE model with --context-parallel-size 1 (expert, tensor, pipeline and data parallelism "
+                  "all combine with it)"));
+    if (c.device == "cuda")
+      p.check(bad("--context-parallel-size", fmt::format("{} runs on the CPU only so far", cp),
+                  "use --device cpu, or --context-parallel-size 1 on GPUs"));
+    const int64_t rows = int64_t{c.micro_batch_size} * (m.seq_length / cp);
+    if (c.sequence_parallel && c.tensor_model_parallel_size > 1 && rows < c.tensor_model_parallel_size)
+      p.check(bad("--sequence-parallel",
+                  fmt::format("splits a context-parallel rank's {} tokens of a micro-batch over "
+                              "--tensor-model-parallel-size {} ranks, fewer tokens than ranks",
+                              rows, c.tensor_model_parallel_size),
+                  "use longer sequences, a larger micro batch or a smaller --context-parallel-size, or drop "
+                  "--sequence-parallel"));
   }
 
   // Mixture of experts over the layout (include/troupe/train_config.hpp): each MoE layer's experts
@@ -338,7 +386,8 @@ class Validator {
       // The data-parallel size of one process, or of the ranks troupe launch starts (validate_world
       // reports a layout that does not match them).
       const int dp = c.resolved_dp(world_size_);
-      const bool layout_known = world_size_ <= 1 || (pp > 0 && int64_t{tp} * pp * dp == world_size_);
+      const bool layout_known =
+          world_size_ <= 1 || (pp > 0 && int64_t{tp} * pp * std::max(1, c.context_parallel_size) * dp == world_size_);
       if (layout_known && dp > 0 && dp % ep != 0)
         p.check(bad(ep_flag, fmt::format("{} does not divide the data-parallel size {}", ep, dp),
                     "the experts are split over ranks of the data-parallel group: use a divisor of the data-parallel "
@@ -370,6 +419,8 @@ class Validator {
   bool sizes(const TrainConfig& c, Problems& p) const {
     bool ok = p.check(positive("--tensor-model-parallel-size", c.tensor_model_parallel_size, "1"));
     ok = p.check(positive("--pipeline-model-parallel-size", c.pipeline_model_parallel_size, "1")) && ok;
+    ok = p.check(positive("--context-parallel-size", c.context_parallel_size, "1")) && ok;
+    ok = p.check(positive("--ds-sequence-parallel-size", c.ds_sequence_parallel_size, "1")) && ok;
     if (c.data_parallel_size < 0)
       ok = p.check(bad("--data-parallel-size", fmt::format("must be >= 0, got {}", c.data_parallel_size),
                        "use 0 to derive it from the ranks troupe launch starts (1 in one process)")) &&

@@ -261,6 +261,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.ep = par.ep > 1 ? comms_.ep : nullptr;
     at.cp_size = par.cp;
     at.cp_rank = at_cp;
+    at.cp_comm = par.cp_comm;
     at.cp = par.cp > 1 ? comms_.cp : nullptr;
     at.recompute = par.recompute;
     at.micro_batch = spec_.micro_batch_size;

@@ -64,6 +64,7 @@ struct ParallelConfig {
   // (model/ring_attention.hpp); the parameters are replicated over them as over dp, so gradients are
   // reduced, and ZeRO partitions, over the dp x cp ranks (RankComms::dp).
   int cp = 1;
+  CpComm cp_comm = CpComm::p2p;  // --cp-comm-type
   int zero_stage = 0;
   sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b;
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)

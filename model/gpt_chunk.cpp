@@ -130,6 +130,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     ring.seq_len = Tg;
     for (int q = 0; q < cps; ++q) ring.positions.push_back(context_parallel_positions(Tg, cps, q));
     ring.head0 = int64_t{r} * Hl;
+    ring.comm = cs.cp_comm;
   }
   L = cs.num_layers;
   N = B * T;

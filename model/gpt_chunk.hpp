@@ -94,6 +94,7 @@
 #include "model/dropout.hpp"
 #include "troupe/model_config.hpp"
 #include "model/params.hpp"
+#include "model/ring_attention.hpp"
 
 namespace troupe {
 
@@ -140,6 +141,7 @@ struct ChunkSpec {
   // sequence (Megatron's load balancing); attention is ring attention over that group
   // (model/ring_attention.hpp). seq_length must be a multiple of 2 cp_size; CPU only; no MoE layers.
   int cp_size = 1, cp_rank = 0;
+  CpComm cp_comm = CpComm::p2p;  // how the key/value blocks travel (--cp-comm-type)
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per

@@ -19,6 +19,7 @@ struct StageBuild {
   int ep_size = 1, ep_rank = 0;        // ChunkSpec's; ep: the expert-parallel group (null: ep_size 1)
   comm::Communicator* ep = nullptr;
   int cp_size = 1, cp_rank = 0;        // ChunkSpec's; cp: the context-parallel group (null: cp_size 1)
+  CpComm cp_comm = CpComm::p2p;
   comm::Communicator* cp = nullptr;
   Recompute recompute = Recompute::none;
   int micro_batch = 1, slots = 1;

@@ -48,6 +48,18 @@ ops::AttentionBlock block_of(const RingAttentionSpec& spec, int rank) {
 
 void wait(const comm::WorkPtr& w, const char* what) { comm::wait_or_throw(w, what, comm::WaitGroup::other); }
 
+// dqkv's rows = [dq | dkv].
+void join_rows(const Tensor& dq, const Tensor& dkv, const Tensor& dqkv, const Sizes& z) {
+  const int64_t esz = static_cast<int64_t>(dtype_size(dq.dtype()));
+  const char* q = static_cast<const char*>(dq.raw());
+  const char* kv = static_cast<const char*>(dkv.raw());
+  char* d = static_cast<char*>(dqkv.raw());
+  for (int64_t row = 0; row < z.B * z.Tl; ++row) {
+    std::memcpy(d + row * z.W * esz, q + row * z.C * esz, z.C * esz);
+    std::memcpy(d + (row * z.W + z.C) * esz, kv + row * z.KV * esz, z.KV * esz);
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> context_parallel_positions(int64_t seq_len, int cp, int r) {
@@ -58,10 +70,65 @@ std::vector<int64_t> context_parallel_positions(int64_t seq_len, int cp, int r) 
   return pos;
 }
 
+namespace {
+
+void check_equal_blocks(const RingAttentionSpec& spec) {
+  for (const auto& p : spec.positions)
+    TROUPE_CHECK(p.size() == spec.positions.front().size(), "ring attention, all_gather: every rank holds as many rows");
+}
+
+// cp_comm_type all_gather: every rank's key/value block at once, then the blocks in rank order.
+void gathered_forward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Sizes& z,
+                      const Tensor& qkv, const Tensor& out, const Tensor& lse) {
+  const int P = cp.size(), r = cp.rank();
+  check_equal_blocks(spec);
+  const DType dt = qkv.dtype();
+  ops::AttentionBlock blk = block_of(spec, r);
+  Tensor acc = Tensor::empty({z.B, z.Tl, z.C}, dt), m = Tensor::empty({z.B, z.H, z.Tl}, dt),
+         l = Tensor::empty({z.B, z.H, z.Tl}, dt);
+  ops::attention_block_begin(ctx, acc, m, l);
+  const Tensor mine = columns(qkv, z.C, z.KV);
+  const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
+  const size_t n = static_cast<size_t>(mine.numel());
+  wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
+  for (int q = 0; q < P; ++q) {
+    blk.kpos = spec.positions[static_cast<size_t>(q)];
+    ops::attention_block_forward(ctx, acc, m, l, qkv, all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
+  }
+  ops::attention_block_finish(ctx, out, lse, acc, m, l);
+}
+
+// Its backward: every block's dK, dV here, then one reduce-scatter returns each owner the sum.
+Tensor gathered_backward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Sizes& z,
+                         const Tensor& qkv, const Tensor& lse, const Tensor& dout, const Tensor& delta,
+                         const Tensor& dq) {
+  const int P = cp.size(), r = cp.rank();
+  check_equal_blocks(spec);
+  const DType dt = qkv.dtype();
+  ops::AttentionBlock blk = block_of(spec, r);
+  const Tensor mine = columns(qkv, z.C, z.KV);
+  const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
+  const size_t n = static_cast<size_t>(mine.numel());
+  wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
+  const Tensor dall = Tensor::zeros({P * z.B, z.Tl, z.KV}, dt);
+  for (int q = 0; q < P; ++q) {
+    blk.kpos = spec.positions[static_cast<size_t>(q)];
+    ops::attention_block_backward(ctx, dq, dall.rows(q * z.B, (q + 1) * z.B), dout, delta, lse, qkv,
+                                  all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
+  }
+  Tensor dmine = Tensor::empty({z.B, z.Tl, z.KV}, dt);
+  wait(cp.reduce_scatter(dall.raw(), dmine.raw(), n, dt, comm::ReduceOp::sum),
+       "ring attention: returning the key/value gradients");
+  return dmine;
+}
+
+}  // namespace
+
 void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Tensor& qkv,
                             const Tensor& out, const Tensor& lse) {
   const int P = cp.size(), r = cp.rank();
   const Sizes z = sizes_of(spec, qkv, P, r);
+  if (spec.comm == CpComm::all_gather) return gathered_forward(ctx, cp, spec, z, qkv, out, lse);
   const DType dt = qkv.dtype();
   ops::AttentionBlock blk = block_of(spec, r);
   Tensor acc = Tensor::empty({z.B, z.Tl, z.C}, dt), m = Tensor::empty({z.B, z.H, z.Tl}, dt),
@@ -99,6 +166,10 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
   ops::AttentionBlock blk = block_of(spec, r);
   Tensor delta = Tensor::empty({z.B, z.H, z.Tl}, dt), dq = Tensor::zeros({z.B, z.Tl, z.C}, dt);
   ops::attention_block_delta(ctx, delta, dout, out);
+  if (spec.comm == CpComm::all_gather) {
+    const Tensor dkv = gathered_backward(ctx, cp, spec, z, qkv, lse, dout, delta, dq);
+    return join_rows(dq, dkv, dqkv, z);
+  }
   // The block in hand and the dK, dV its visitors added so far; both move on together.
   Tensor cur = columns(qkv, z.C, z.KV), dcur = Tensor::zeros({z.B, z.Tl, z.KV}, dt);
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -131,14 +202,7 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
     dcur = std::move(dnext);
   }
   // dcur is now this rank's own block's whole dK, dV; dq its queries' gradient.
-  const int64_t esz = static_cast<int64_t>(dtype_size(dt));
-  const char* q = static_cast<const char*>(dq.raw());
-  const char* kv = static_cast<const char*>(dcur.raw());
-  char* d = static_cast<char*>(dqkv.raw());
-  for (int64_t row = 0; row < z.B * z.Tl; ++row) {
-    std::memcpy(d + row * z.W * esz, q + row * z.C * esz, z.C * esz);
-    std::memcpy(d + (row * z.W + z.C) * esz, kv + row * z.KV * esz, z.KV * esz);
-  }
+  join_rows(dq, dcur, dqkv, z);
 }
 
 }  // namespace troupe

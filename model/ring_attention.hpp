@@ -19,8 +19,15 @@
 
 namespace troupe {
 
+// How the key/value blocks reach every rank (Megatron's --cp-comm-type): p2p, the ring above, each
+// block in flight while the one before it is computed; all_gather, one all-gather of every rank's
+// block before any is computed, and in the backward one reduce-scatter of the blocks' dK, dV (more
+// memory, no overlap, two collectives per layer instead of 2 (cp - 1) messages each way).
+enum class CpComm : uint8_t { p2p, all_gather };
+
 struct RingAttentionSpec {
   ops::AttentionLayout layout;                   // this rank's heads and groups (head_dim set)
+  CpComm comm = CpComm::p2p;
   int64_t seq_len = 0;                           // the whole sequence
   std::vector<std::vector<int64_t>> positions;   // per cp rank: its rows' global positions
   DropoutMask mask;                              // attention dropout (inactive: none)

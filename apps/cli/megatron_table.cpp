@@ -25,8 +25,8 @@ constexpr const char* kParamOffload =
     "ZeRO-3 parameter offload (deepspeed.zero.Init's remote device) is not in troupe -- drop the flag (or give "
     "none): the parameters stay in memory";
 constexpr const char* kContextParallel =
-    "context parallelism (each sequence split over ranks) is not in troupe yet (issue 29) -- train with "
-    "--context-parallel-size 1";
+    "hierarchical, hybrid and variable-length context parallelism are not in troupe -- give --context-parallel-size "
+    "with --cp-comm-type p2p or all_gather";
 constexpr const char* kUlysses =
     "DeepSpeed-Ulysses sequence parallelism (the attention split over ranks by heads, and FPDT on top of it) is not "
     "in troupe yet (issue 29) -- train with --ds-sequence-parallel-size 1";
@@ -267,19 +267,16 @@ const std::vector<CompatSection>& compat_sections() {
        }},
       {"Parallel layout",
        {
-           {.flags = {"--context-parallel-size V"},
-            .kind = CompatKind::noop,
-            .text = "one rank per context-parallel group: the sequence is not split",
-            .ok = "1",
-            .otherwise = kContextParallel},
+           {.flags = {"--context-parallel-size V", "--cp-comm-type V..."},
+            .kind = CompatKind::implemented,
+            .text = "Megatron-LM's context parallelism: each sequence split over the ranks in Megatron's "
+                  "load-balanced chunks, attention by a ring of key/value blocks (p2p, the default) or an all-gather "
+                  "of them (all_gather); one --cp-comm-type for every layer (docs/PARALLEL.md)"},
            {.flags = {"--ds-sequence-parallel-size V"},
             .kind = CompatKind::noop,
             .text = "DeepSpeed-Ulysses with one rank per sequence-parallel group: the attention is not split",
             .ok = "1",
             .otherwise = kUlysses},
-           {.flags = {"--cp-comm-type V..."},
-            .kind = CompatKind::noop,
-            .text = "how context-parallel ranks exchange keys and values: no effect with --context-parallel-size 1"},
            {.flags = {"--hierarchical-context-parallel-sizes V...", "--hybrid-context-parallel",
                       "--max-seqlen-per-dp-cp-rank V"},
             .kind = CompatKind::refused,

@@ -359,6 +359,24 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(par);
   opt(par, "--recompute-granularity", cfg->recompute_granularity,
       "Activation recomputation: full or selective (none: keep all activations)");
+  opt(par, "--context-parallel-size", cfg->context_parallel_size,
+      "Context-parallel ranks splitting every sequence (Megatron's load-balanced chunks; attention by a ring of "
+      "key/value blocks); 2 x the size must divide --seq-length");
+  cmd->add_option_function<std::vector<std::string>>(
+         "--cp-comm-type",
+         [cfg](const std::vector<std::string>& types) {
+           // Megatron takes one type, or one per layer; troupe runs one type for every layer.
+           for (const std::string& t : types)
+             if (t != types.front())
+               throw CLI::ValidationError("--cp-comm-type",
+                                          fmt::format("gives {} and {} for different layers; troupe exchanges keys "
+                                                      "and values one way in every layer -- give one type",
+                                                      types.front(), t));
+           if (!types.empty()) cfg->cp_comm_type = types.front();
+         },
+         "How context-parallel ranks exchange keys and values: p2p (a ring, the transfer overlapping the "
+         "attention; default) or all_gather")
+      ->group(par);
   cmd->add_flag("--sequence-parallel", cfg->sequence_parallel,
                 "Split layer-norm and dropout activations along the sequence over the "
                 "tensor-parallel ranks (ignored with --tensor-model-parallel-size 1, as in "

@@ -48,7 +48,7 @@ struct TrainConfig {
   // tp x pp x dp must equal the ranks started (data_parallel_size 0: ranks / (tp x pp)).
   int tensor_model_parallel_size = 1;
   int pipeline_model_parallel_size = 1;
-  int data_parallel_size = 0;  // 0: 1 in one process, ranks / (tp x pp) under troupe launch
+  int data_parallel_size = 0;  // 0: 1 in one process, ranks / (tp x cp x pp) under troupe launch
   int zero_stage = 0;          // 0..3
   std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe | interleaved | zb-h1
   int num_layers_per_virtual_pipeline_stage = 0;  // interleaved: layers per model chunk
@@ -62,6 +62,14 @@ struct TrainConfig {
   // 0: Megatron-Core's default, the tensor-parallel size).
   int expert_model_parallel_size = 1;
   int expert_tensor_parallel_size = 0;
+  // Long sequences (docs/PARALLEL.md, "Long sequences"). Context parallelism: each sequence split over
+  // context_parallel_size ranks (Megatron's --context-parallel-size; the job's ranks are tp x cp x pp
+  // x dp), attention by the ring exchange of key/value blocks (cp_comm_type p2p, Megatron's default)
+  // or by an all-gather of them (all_gather). DeepSpeed-Ulysses (--ds-sequence-parallel-size): the
+  // sequence split over ranks, attention by heads after an all-to-all.
+  int context_parallel_size = 1;
+  std::string cp_comm_type = "p2p";  // p2p | all_gather | a2a
+  int ds_sequence_parallel_size = 1;
   std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
 
   // Optimizer offload (DeepSpeed's zero_optimization.offload_optimizer): where the Adam moments of
@@ -227,7 +235,8 @@ struct TrainConfig {
     return global_batch_size / (micro_batch_size * resolved_dp(world_size));
   }
   bool parallel() const {
-    return tensor_model_parallel_size * pipeline_model_parallel_size * resolved_dp() > 1 || zero_stage > 0 ||
+    return tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size * resolved_dp() > 1 ||
+           zero_stage > 0 ||
            offload_optimizer != "none";
   }
 

@@ -48,13 +48,14 @@ TEST_CASE("values: layout sizes of 1 are no-ops, larger ones are refused naming 
                                       "--expert-tensor-parallel-size", "1"}),
                                 1, &notes);
   REQUIRE(ones.is_ok());
-  for (const char* f : {"--context-parallel-size 1: no effect", "--ds-sequence-parallel-size 1: no effect",
-                        "--expert-model-parallel-size 1: no effect", "--expert-tensor-parallel-size 1: no effect",
-                        "--cp-comm-type p2p: no effect"})
+  for (const char* f : {"--ds-sequence-parallel-size 1: no effect", "--expert-model-parallel-size 1: no effect",
+                        "--expert-tensor-parallel-size 1: no effect"})
     CHECK(has_note(notes, f));
-  const std::string cp = problems(base({"--context-parallel-size", "2"}));
-  CHECK_THAT(cp, Contains("--context-parallel-size 2: context parallelism"));
-  CHECK_THAT(cp, Contains("(issue 29)"));
+  // Context parallelism is troupe's own (tests/apps/test_context_parallel_flags.cpp).
+  auto cp = parse_train_flags(base({"--context-parallel-size", "2", "--cp-comm-type", "all_gather"}));
+  REQUIRE(cp.is_ok());
+  CHECK(cp.value().context_parallel_size == 2);
+  CHECK(cp.value().cp_comm_type == "all_gather");
   const std::string sp = problems(base({"--ds-sequence-parallel-size", "4"}));
   CHECK_THAT(sp, Contains("--ds-sequence-parallel-size 4: DeepSpeed-Ulysses"));
   CHECK_THAT(sp, Contains("(issue 29)"));

@@ -257,7 +257,7 @@ TEST_CASE("model family: the stored config keeps the family; version 5 files rea
   CHECK(b.rotary_interleaved);
   CHECK(b.num_parameters() == c.model.num_parameters());
   auto j = nlohmann::json::parse(c.to_json());
-  CHECK(j["version"] == 8);
+  CHECK(j["version"] == 9);
   CHECK(j["model"]["normalization"] == "RMSNorm");
   CHECK(j["model"]["position_embedding_type"] == "rope");
 
@@ -269,6 +269,7 @@ TEST_CASE("model family: the stored config keeps the family; version 5 files rea
   old["model"].erase("moe");  // version 8's
   old["parallel"].erase("expert_model_parallel_size");
   old["parallel"].erase("expert_tensor_parallel_size");
+  for (const char* key : {"context_parallel_size", "cp_comm_type", "ds_sequence_parallel_size"}) old["parallel"].erase(key);
   for (const char* key : {"normalization", "position_embedding_type", "activation", "add_bias_linear",
                           "untie_embeddings_and_output_weights", "embed_layernorm", "num_query_groups", "kv_channels",
                           "ffn_hidden_size", "rotary_percent", "rotary_base", "rotary_interleaved"})

@@ -185,7 +185,7 @@ TEST_CASE(
   c.expert_model_parallel_size = 4;
   c.expert_tensor_parallel_size = 1;
   const json j = json::parse(c.to_json());
-  CHECK(j.at("version") == 8);
+  CHECK(j.at("version") == 9);
   const json& m = j.at("model").at("moe");
   CHECK(m.at("num_experts") == json::array({8}));
   CHECK(m.at("router") == "deepspeed");
@@ -205,6 +205,7 @@ TEST_CASE(
   json old = j;
   old["version"] = 7;
   old["model"].erase("moe");
+  for (const char* key : {"context_parallel_size", "cp_comm_type", "ds_sequence_parallel_size"}) old["parallel"].erase(key);
   old["parallel"].erase("expert_model_parallel_size");
   old["parallel"].erase("expert_tensor_parallel_size");
   auto dense = TrainConfig::from_json(old.dump());

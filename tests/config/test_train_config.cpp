@@ -11,8 +11,17 @@ namespace {
 
 using nlohmann::json;
 
+// A file as version 8 wrote it: no context-parallel or Ulysses sizes in "parallel".
+json without_long_sequences(json j) {
+  if (j.contains("parallel"))
+    for (const char* key : {"context_parallel_size", "cp_comm_type", "ds_sequence_parallel_size"})
+      j.at("parallel").erase(key);
+  return j;
+}
+
 // A file as version 7 wrote it: no mixture of experts ("model.moe", the expert sizes in "parallel").
 json without_moe(json j) {
+  j = without_long_sequences(j);
   j.at("model").erase("moe");
   if (j.contains("parallel"))
     for (const char* key : {"expert_model_parallel_size", "expert_tensor_parallel_size"}) j.at("parallel").erase(key);
@@ -101,6 +110,9 @@ TrainConfig all_fields_set() {
   moe.shared_expert_ffn = 96;
   c.expert_model_parallel_size = 2;
   c.expert_tensor_parallel_size = 3;
+  c.context_parallel_size = 4;
+  c.cp_comm_type = "all_gather";
+  c.ds_sequence_parallel_size = 2;
   c.micro_batch_size = 3;
   c.global_batch_size = 12;
   c.tensor_model_parallel_size = 3;
@@ -306,7 +318,7 @@ TEST_CASE("train config: the model sits under \"model\" with Megatron's names", 
   CHECK(m.size() == 24);  // with "moe"
   CHECK(j.at("lr") == 3.3e-4);
   CHECK(j.at("format") == "troupe.train_config");
-  CHECK(j.at("version") == 8);
+  CHECK(j.at("version") == 9);
 }
 
 TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as it trained", "[train_config]") {
@@ -319,7 +331,7 @@ TEST_CASE("train config: a version 4 file (no dropout) loads with dropout 0, as 
   CHECK(r.value().model.attention_dropout == 0);
   CHECK(!r.value().rampup());
   CHECK(r.value().model.num_layers == 7);
-  CHECK(json::parse(r.value().to_json()).at("version") == 8);
+  CHECK(json::parse(r.value().to_json()).at("version") == 9);
   CHECK(r.value().model.is_gpt2_family());
   // Version 4 never had dropout: a key of it there is unknown; version 5 needs both.
   json with = without_family(json::parse(all_fields_set().to_json()));
@@ -380,7 +392,10 @@ TEST_CASE("train config: parallelism sits under \"parallel\"", "[train_config]")
   CHECK(p.at("timeline") == "/logs/timeline.json");
   CHECK(p.at("expert_model_parallel_size") == 2);
   CHECK(p.at("expert_tensor_parallel_size") == 3);
-  CHECK(p.size() == 11);
+  CHECK(p.at("context_parallel_size") == 4);
+  CHECK(p.at("cp_comm_type") == "all_gather");
+  CHECK(p.at("ds_sequence_parallel_size") == 2);
+  CHECK(p.size() == 14);
   CHECK_FALSE(j.contains("zero_stage"));  // not duplicated at the top level
 
   // The defaults: 1 x 1 x derived, no ZeRO, 1F1B, no recomputation.
@@ -440,7 +455,7 @@ TEST_CASE("train config: a version 1 file (no \"parallel\") loads as one shard",
   CHECK(c.micro_batch_size == 3);
   CHECK(c.lr == 3.3e-4);
   // Written again, it is version 5.
-  CHECK(json::parse(c.to_json()).at("version") == 8);
+  CHECK(json::parse(c.to_json()).at("version") == 9);
 
   // Version 1 never had "parallel": one there is unknown.
   json with_parallel = without_data_paths(json::parse(all_fields_set().to_json()));
@@ -498,10 +513,10 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("unknown key \"model.dropout\""));
   CHECK_THAT(error_after([](json& j) { j["lr_sched"] = "x"; }),
              Catch::Contains("unknown key \"lr_sched\""));
-  CHECK_THAT(error_after([](json& j) { j["version"] = 9; }),
-             Catch::Contains("\"version\" must be 1 to 8") && Catch::Contains("got 9"));
+  CHECK_THAT(error_after([](json& j) { j["version"] = 10; }),
+             Catch::Contains("\"version\" must be 1 to 9") && Catch::Contains("got 10"));
   CHECK_THAT(error_after([](json& j) { j["version"] = 0; }),
-             Catch::Contains("\"version\" must be 1 to 8"));
+             Catch::Contains("\"version\" must be 1 to 9"));
   CHECK_THAT(error_after([](json& j) { j["model"]["position_embedding_type"] = "sinusoidal"; }),
              Catch::Contains("\"model.position_embedding_type\" must be \"learned_absolute\""));
   CHECK_THAT(error_after([](json& j) { j["model"].erase("rotary_base"); }),
@@ -517,8 +532,26 @@ TEST_CASE("train config: from_json names the missing or mistyped key", "[train_c
              Catch::Contains("missing key \"parallel\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"] = 4; }),
              Catch::Contains("\"parallel\" must be an object"));
-  CHECK_THAT(error_after([](json& j) { j["parallel"]["context_parallel_size"] = 2; }),
-             Catch::Contains("unknown key \"parallel.context_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["tensor_parallel_size"] = 2; }),
+             Catch::Contains("unknown key \"parallel.tensor_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"]["context_parallel_size"] = 0; }),
+             Catch::Contains("\"parallel.context_parallel_size\""));
+  CHECK_THAT(error_after([](json& j) { j["parallel"].erase("cp_comm_type"); }),
+             Catch::Contains("missing key \"parallel.cp_comm_type\""));
+  // A version 8 file has no long-sequence keys: cp 1, p2p, Ulysses 1; one there is unknown.
+  {
+    json old = without_long_sequences(json::parse(all_fields_set().to_json()));
+    old["version"] = 8;
+    auto r = TrainConfig::from_json(old.dump());
+    INFO(r.status().message());
+    REQUIRE(r.is_ok());
+    CHECK(r.value().context_parallel_size == 1);
+    CHECK(r.value().cp_comm_type == "p2p");
+    CHECK(r.value().ds_sequence_parallel_size == 1);
+    old["parallel"]["context_parallel_size"] = 2;
+    CHECK_THAT(TrainConfig::from_json(old.dump()).status().message(),
+               Catch::Contains("unknown key \"parallel.context_parallel_size\""));
+  }
   CHECK_THAT(error_after([](json& j) { j["parallel"].erase("zero_stage"); }),
              Catch::Contains("missing key \"parallel.zero_stage\""));
   CHECK_THAT(error_after([](json& j) { j["parallel"]["sequence_parallel"] = "yes"; }),
@@ -676,7 +709,7 @@ TEST_CASE("train config: the precision sits under \"precision\" (version 7); old
     CHECK(r.value().precision == PrecisionConfig{});
     CHECK(r.value().precision.dtype == PrecisionDType::fp32);
     CHECK(r.value().micro_batch_size == c.micro_batch_size);
-    CHECK(json::parse(r.value().to_json()).at("version") == 8);
+    CHECK(json::parse(r.value().to_json()).at("version") == 9);
   }
   // Version 6 never had it: there it is unknown; version 7 needs it, whole.
   json extra = without_moe(j);

@@ -873,8 +873,9 @@ GptConfig long_model(GptConfig c) {
   return c;
 }
 
-ParallelConfig with_cp(ParallelConfig p, int cp) {
+ParallelConfig with_cp(ParallelConfig p, int cp, CpComm comm = CpComm::p2p) {
   p.cp = cp;
+  p.cp_comm = comm;
   return p;
 }
 
@@ -894,6 +895,9 @@ void check_cp_matrix(const GptConfig& model, DType dtype, Tol tol) {
       {"cp4 pp2 interleaved", with_cp(layout(1, 2, 1, 0, S::interleaved, 2), 4), 1, 8},
       {"cp2 tp2 pp2 dp2 zero2 sp full recompute",
        with_cp(layout(2, 2, 2, 2, S::one_f_one_b, 1, Recompute::full, true), 2), 1, 8},
+      {"cp4 all_gather", with_cp(layout(1, 1, 1), 4, CpComm::all_gather), 1, 6},
+      {"cp2 all_gather tp2 sp pp2 zb-h1 dp2 zero3",
+       with_cp(layout(2, 2, 2, 3, S::zb_h1, 1, Recompute::none, true), 2, CpComm::all_gather), 1, 8},
   };
   const Run ref6 = run_layout(model, layout(1, 1, 1), 1, 6, {}, nullptr, dtype);
   const Run ref8 = run_layout(model, layout(1, 1, 1), 1, 8, {}, nullptr, dtype);
