@@ -66,6 +66,7 @@ Tensor widened(const Tensor& x) { return is_16bit(x.dtype()) ? x.to(DType::f32) 
 void GptChunk::Impl::ring_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& lse /*(B*Hl,T)*/,
                                const Tensor& qkv /*(N,QKVl)*/, int layer) {
   ring.mask = mask(DropoutSite::attention_probs, layer);
+  ring.layer = layer;
   const Tensor in = widened(qkv).view({B, T, QKVl});
   const Tensor out = is_16bit(dtype) ? Tensor::empty({B, T, Al}, DType::f32) : att.view({B, T, Al});
   ring_attention_forward(ctx, *cp, ring, in, out, lse.view({B, Hl, T}));
@@ -75,6 +76,7 @@ void GptChunk::Impl::ring_core(Context& ctx, const Tensor& att /*(N,Al)*/, const
 void GptChunk::Impl::ring_core_backward(Context& ctx, const Tensor& dqkv /*(N,QKVl)*/, const Tensor& datt /*(N,Al)*/,
                                         const Tensor& qkv, const Tensor& lse, const Tensor& att, int layer) {
   ring.mask = mask(DropoutSite::attention_probs, layer);
+  ring.layer = layer;
   const Tensor in = widened(qkv).view({B, T, QKVl}), out = widened(att).view({B, T, Al}),
                dout = widened(datt).view({B, T, Al});
   const Tensor dq = is_16bit(dtype) ? Tensor::empty({B, T, QKVl}, DType::f32) : dqkv.view({B, T, QKVl});

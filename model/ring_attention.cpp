@@ -1,7 +1,10 @@
 // model/ring_attention.hpp.
 #include "model/ring_attention.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "troupe/check.hpp"
@@ -48,6 +51,24 @@ ops::AttentionBlock block_of(const RingAttentionSpec& spec, int rank) {
 
 void wait(const comm::WorkPtr& w, const char* what) { comm::wait_or_throw(w, what, comm::WaitGroup::other); }
 
+using Clock = std::chrono::steady_clock;
+
+std::string layer_suffix(const RingAttentionSpec& spec) {
+  return spec.layer >= 0 ? ", h." + std::to_string(spec.layer) : std::string();
+}
+
+// Ring step s's transfer of `what` on the timeline (comm::report_collective_span: the rank's listener
+// records it inside the pass that issued it): from its posting to its completion, and the part the
+// step's computation did not hide, from the computation's end on ("exposed"; none when the transfer
+// ended first).
+void step_span(const RingAttentionSpec& spec, const char* what, int s, int P, Clock::time_point issued,
+               Clock::time_point computed) {
+  const std::string name = std::string("cp ring ") + what + " " + std::to_string(s + 1) + "/" + std::to_string(P) +
+                           layer_suffix(spec);
+  comm::report_collective_span(name, issued);
+  if (Clock::now() > computed) comm::report_collective_span(name + " (exposed)", std::max(issued, computed));
+}
+
 // dqkv's rows = [dq | dkv].
 void join_rows(const Tensor& dq, const Tensor& dkv, const Tensor& dqkv, const Sizes& z) {
   const int64_t esz = static_cast<int64_t>(dtype_size(dq.dtype()));
@@ -90,7 +111,9 @@ void gathered_forward(Context& ctx, comm::Communicator& cp, const RingAttentionS
   const Tensor mine = columns(qkv, z.C, z.KV);
   const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
   const size_t n = static_cast<size_t>(mine.numel());
+  const Clock::time_point issued = Clock::now();
   wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
+  comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
   for (int q = 0; q < P; ++q) {
     blk.kpos = spec.positions[static_cast<size_t>(q)];
     ops::attention_block_forward(ctx, acc, m, l, qkv, all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
@@ -109,7 +132,9 @@ Tensor gathered_backward(Context& ctx, comm::Communicator& cp, const RingAttenti
   const Tensor mine = columns(qkv, z.C, z.KV);
   const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
   const size_t n = static_cast<size_t>(mine.numel());
+  const Clock::time_point issued = Clock::now();
   wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
+  comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
   const Tensor dall = Tensor::zeros({P * z.B, z.Tl, z.KV}, dt);
   for (int q = 0; q < P; ++q) {
     blk.kpos = spec.positions[static_cast<size_t>(q)];
@@ -117,8 +142,10 @@ Tensor gathered_backward(Context& ctx, comm::Communicator& cp, const RingAttenti
                                   all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
   }
   Tensor dmine = Tensor::empty({z.B, z.Tl, z.KV}, dt);
+  const Clock::time_point scattered = Clock::now();
   wait(cp.reduce_scatter(dall.raw(), dmine.raw(), n, dt, comm::ReduceOp::sum),
        "ring attention: returning the key/value gradients");
+  comm::report_collective_span("cp reduce-scatter dK/dV" + layer_suffix(spec), scattered);
   return dmine;
 }
 
@@ -140,6 +167,7 @@ void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAtte
     const int owner = (r - s + P) % P;
     comm::WorkPtr sent, got;
     Tensor incoming;
+    const Clock::time_point issued = Clock::now();
     if (s + 1 < P) {  // the next block in flight while this one is computed
       const int from = (owner - 1 + P) % P;
       incoming = Tensor::empty({z.B, static_cast<int64_t>(spec.positions[from].size()), z.KV}, dt);
@@ -148,9 +176,11 @@ void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAtte
     }
     blk.kpos = spec.positions[static_cast<size_t>(owner)];
     ops::attention_block_forward(ctx, acc, m, l, qkv, cur, blk, spec.mask, spec.head0);
+    const Clock::time_point computed = Clock::now();
     if (s + 1 < P) {
       wait(got, "ring attention: receiving a key/value block");
       wait(sent, "ring attention: sending a key/value block");
+      step_span(spec, "K/V", s, P, issued, computed);
       cur = std::move(incoming);
     }
   }
@@ -170,36 +200,58 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
     const Tensor dkv = gathered_backward(ctx, cp, spec, z, qkv, lse, dout, delta, dq);
     return join_rows(dq, dkv, dqkv, z);
   }
-  // The block in hand and the dK, dV its visitors added so far; both move on together.
-  Tensor cur = columns(qkv, z.C, z.KV), dcur = Tensor::zeros({z.B, z.Tl, z.KV}, dt);
+  // Step s: the block of rank r - s is in hand; the next one is already on its way (posted before the
+  // block's computation), and so is the dK, dV the block's earlier visitors added up (sent by the
+  // previous rank after its step s - 1), added to this rank's share once that is computed; the sum
+  // goes on to the next rank, and after the last step home to the block's owner.
+  Tensor cur = columns(qkv, z.C, z.KV), dcur;
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const uint64_t base = kRingTag + 2 * static_cast<uint64_t>(P);
+  comm::WorkPtr got_d, sent_d;
+  Tensor dprev;      // the earlier visitors' dK, dV of the block in hand (in flight until waited)
+  Tensor held_send;  // what sent_d reads
+  Clock::time_point d_issued{};
   for (int s = 0; s < P; ++s) {
-    const int owner = (r - s + P) % P;
-    blk.kpos = spec.positions[static_cast<size_t>(owner)];
-    ops::attention_block_backward(ctx, dq, dcur, dout, delta, lse, qkv, cur, blk, spec.mask, spec.head0);
-    // Pass both on; after the last step the gradient goes home to its owner (the next rank).
-    const int from = (owner - 1 + P) % P;
-    const int64_t rows_in = static_cast<int64_t>(spec.positions[static_cast<size_t>(s + 1 < P ? from : r)].size());
-    if (P == 1) break;
-    Tensor dnext = Tensor::empty({z.B, rows_in, z.KV}, dt);
-    comm::WorkPtr got_d = cp.recv(dnext.raw(), static_cast<size_t>(dnext.numel()), dt, prev, base + 2 * s);
-    comm::WorkPtr sent_d = cp.send(dcur.raw(), static_cast<size_t>(dcur.numel()), dt, next, base + 2 * s);
+    const int owner = (r - s + P) % P, from = (owner - 1 + P) % P;
     comm::WorkPtr got_kv, sent_kv;
     Tensor knext;
+    const Clock::time_point kv_issued = Clock::now();
     if (s + 1 < P) {
-      knext = Tensor::empty({z.B, rows_in, z.KV}, dt);
+      knext = Tensor::empty({z.B, static_cast<int64_t>(spec.positions[static_cast<size_t>(from)].size()), z.KV}, dt);
       got_kv = cp.recv(knext.raw(), static_cast<size_t>(knext.numel()), dt, prev, base + 2 * s + 1);
       sent_kv = cp.send(cur.raw(), static_cast<size_t>(cur.numel()), dt, next, base + 2 * s + 1);
     }
-    wait(got_d, "ring attention: receiving a key/value gradient");
-    wait(sent_d, "ring attention: sending a key/value gradient");
+    blk.kpos = spec.positions[static_cast<size_t>(owner)];
+    dcur = Tensor::zeros({z.B, static_cast<int64_t>(blk.kpos.size()), z.KV}, dt);  // this rank's share
+    ops::attention_block_backward(ctx, dq, dcur, dout, delta, lse, qkv, cur, blk, spec.mask, spec.head0);
+    const Clock::time_point computed = Clock::now();
+    if (P == 1) break;
+    if (s > 0) {  // the earlier visitors' share of this block
+      wait(got_d, "ring attention: receiving a key/value gradient");
+      wait(sent_d, "ring attention: sending a key/value gradient");
+      step_span(spec, "dK/dV", s - 1, P, d_issued, computed);
+      ops::add_inplace(ctx, dcur, dprev);
+    }
+    // On to the next rank (after the last step: home), and the share of the next block from the
+    // previous one (after the last step: this rank's own block, complete).
+    const int64_t rows_in = static_cast<int64_t>(spec.positions[static_cast<size_t>(s + 1 < P ? from : r)].size());
+    dprev = Tensor::empty({z.B, rows_in, z.KV}, dt);
+    Tensor dsend = dcur.clone();
+    d_issued = Clock::now();
+    got_d = cp.recv(dprev.raw(), static_cast<size_t>(dprev.numel()), dt, prev, base + 2 * s);
+    sent_d = cp.send(dsend.raw(), static_cast<size_t>(dsend.numel()), dt, next, base + 2 * s);
     if (s + 1 < P) {
       wait(got_kv, "ring attention: receiving a key/value block");
       wait(sent_kv, "ring attention: sending a key/value block");
+      step_span(spec, "K/V", s, P, kv_issued, computed);
       cur = std::move(knext);
+    } else {
+      wait(got_d, "ring attention: receiving this rank's key/value gradient");
+      wait(sent_d, "ring attention: sending a key/value gradient home");
+      step_span(spec, "dK/dV", s, P, d_issued, d_issued);
+      dcur = dprev;
     }
-    dcur = std::move(dnext);
+    held_send = std::move(dsend);  // sent_d reads it until waited (next step)
   }
   // dcur is now this rank's own block's whole dK, dV; dq its queries' gradient.
   join_rows(dq, dcur, dqkv, z);

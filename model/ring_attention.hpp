@@ -9,7 +9,15 @@
 // rounding: positions, causality, ALiBi and attention dropout are global.
 //
 // Collectives: point-to-point messages on `cp` only (tags kRingTag + step), issued in the same order
-// on every rank; a failed peer surfaces as comm::CollectiveFailed from the wait.
+// on every rank (all_gather: one all-gather, and in the backward one reduce-scatter); a failed peer
+// surfaces as comm::CollectiveFailed from the wait. Every transfer is a span on the rank's timeline
+// (comm::report_collective_span, category collective: "cp ring K/V 1/2, h.3", and the part of it
+// the block's computation did not hide, "... (exposed)").
+//
+// Overlap. Forward: step s posts the receive of the next block and the send of the one in hand, then
+// computes on it. Backward: step s posts the next block's transfer likewise, computes the block's
+// dQ and this rank's share of its dK, dV, then adds the share the block's earlier visitors sent
+// (in flight during the computation) and sends the sum on; after the last step the sum goes home.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -32,6 +40,7 @@ struct RingAttentionSpec {
   std::vector<std::vector<int64_t>> positions;   // per cp rank: its rows' global positions
   DropoutMask mask;                              // attention dropout (inactive: none)
   int64_t head0 = 0;                             // global index of the first held head
+  int layer = -1;                                // the global layer, for the timeline's span names
 };
 
 // The positions rank r of cp holds in a sequence of seq_len rows: chunks r and 2cp-1-r of 2cp, chunk
