@@ -528,7 +528,7 @@ Result<RankSet> spawn_ranks(caf::actor_system& system, const RankSpec& spec, std
   out.topology = topo.value();
   auto board = [&](int r) {
     const comm::Coords at = topo.value().coords(r);
-    auto b = std::make_shared<ActivityBoard>(r, at.pp, at.tp, at.dp);
+    auto b = std::make_shared<ActivityBoard>(r, at.pp, at.tp, at.dp, spec.par.cp > 1 ? at.cp : -1);
     out.boards.push_back(b);
     return b;
   };

@@ -68,6 +68,12 @@ Result<Target> resolve_target(const std::string& target) {
   return t;
 }
 
+// ", cp 1" for a rank of a context-parallel job (its documents carry "cp"), else nothing.
+std::string cp_text(const nlohmann::json& r) {
+  return r.contains("cp") && r["cp"].is_number_integer() ? ", cp " + std::to_string(r["cp"].get<int64_t>())
+                                                          : std::string();
+}
+
 std::string percent(const nlohmann::json& v) {
   if (!v.is_number()) return "-";
   char s[32];
@@ -98,7 +104,7 @@ std::string human_stages(const nlohmann::json& j) {
          (pass["W"].get<double>() > 0 ? ", W " + number("%.2f", pass["W"]) + " ms" : "") + "\n";
   for (const auto& r : j["ranks"]) {
     out += "  rank " + std::to_string(r.value("rank", 0)) + " (pp " + std::to_string(r.value("pp", 0)) + ", tp " +
-           std::to_string(r.value("tp", 0)) + ", dp " + std::to_string(r.value("dp", 0)) + "): busy " +
+           std::to_string(r.value("tp", 0)) + ", dp " + std::to_string(r.value("dp", 0)) + cp_text(r) + "): busy " +
            percent(r["busy"]) + ", idle " + percent(r["idle"]) + ", bubble " + percent(r["bubble"]) + " (predicted " +
            percent(r["predicted_bubble"]) + ") | per iteration " + number("%.2f", r["step_ms"]) + " ms: F " +
            number("%.2f", r["f_ms"]) + ", B " + number("%.2f", r["b_ms"]) +
@@ -392,7 +398,8 @@ int run_top(const Session& session, const std::vector<std::string>& args, bool j
         const std::string doing = r.value("doing", std::string()) +
                                   (r.value("micro_batch", -1) >= 0 ? " mb " + std::to_string(r.value("micro_batch", -1)) : "");
         screen += fmt::format("{:>5} {:>4} {:>4} {:>4} {:>6}  {:<22} {:>9.2f}  {}\n", r.value("rank", 0), r.value("pp", 0),
-                              r.value("tp", 0), r.value("dp", 0), r.value("step", int64_t{0}), doing,
+                              r.value("tp", 0), r.value("dp", 0), r.value("step", int64_t{0}),
+                              doing + (r.contains("cp") ? " (cp " + std::to_string(r.value("cp", 0)) + ")" : ""),
                               r.value("seconds_in_state", 0.0), r.value("waiting_for", std::string()));
       }
     }
@@ -455,8 +462,8 @@ int write_trace(const nlohmann::json& t, bool json) {
   int64_t first = -1;  // the oldest iteration some rank still had
   for (const auto& r : t["ranks"]) {
     const int rank = r.value("rank", 0);
-    const std::string label = fmt::format("rank {} (pp {}, tp {}, dp {})", rank, r.value("pp", 0), r.value("tp", 0),
-                                          r.value("dp", 0));
+    const std::string label = fmt::format("rank {} (pp {}, tp {}, dp {}{})", rank, r.value("pp", 0), r.value("tp", 0),
+                                          r.value("dp", 0), cp_text(r));
     events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", label}}}});
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
     for (const auto& s : r["steps"]) {

@@ -54,6 +54,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const int tp_size = std::max(1, c.tensor_model_parallel_size);
   const double t = tp_size, p = std::max(1, c.pipeline_model_parallel_size);
   const double d = std::max(1, c.resolved_dp(std::max(1, world_size)));
+  // Context parallelism: a rank holds T / cp rows of every sequence; the parameters are replicated
+  // over cp as over dp, so ZeRO partitions over d x cp ranks.
+  const double cp = std::max(1, c.context_parallel_size);
   const double C = m.hidden_size, L = std::max(1, m.num_layers), H = m.num_attention_heads, T = m.seq_length;
   const double G = m.query_groups(), hs = m.head_size(), F = m.ffn_hidden_size();
   const double Vp = static_cast<double>(m.padded_vocab_size(tp_size)), P = m.max_position_embeddings;
@@ -134,9 +137,11 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
 
   // Activations, floats per token of one layer (Korthikanti et al.'s terms, see the header).
   const double whole = c.sequence_parallel && tp_size > 1 ? 4 * C / t : 4 * C;
-  const double probs = H * T / t;
+  // The attention's saved state per token: the probabilities (H/t rows of T), or under context
+  // parallelism each row's log-sum-exp (ring attention keeps no (T, T) matrix).
+  const double probs = cp > 1 ? H / t : H * T / t;
   const double micro = std::max(1, c.micro_batch_size);
-  const double tokens = micro * T;
+  const double tokens = micro * T / cp;
   // The sums over layers [first, first + n) of their parameters and of whole + split, and the largest
   // layer's whole + split + probs: n times one layer for a dense model, layer by layer with experts.
   struct Sums {
@@ -219,7 +224,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     const Sums& u = held[static_cast<size_t>(s)];
     const double dense = u.dense + (f.embedding ? embedding : 0) + (f.head ? head : 0) + f.custom_parameters;
     st.parameters = dense + u.experts;
-    st.model_state_bytes = states_of(dense, d) + states_of(u.experts, std::max(1.0, d / ep));
+    st.model_state_bytes = states_of(dense, d * cp) + states_of(u.experts, std::max(1.0, d * cp / ep));
     st.micro_batches_in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
@@ -236,9 +241,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     e.model_state_bytes = e.largest_stage().model_state_bytes;
     e.activation_bytes = e.largest_stage().activation_bytes;
   } else {
-    e.ranks_in_process = static_cast<int>(std::min(1e6, t * p * d));
-    e.model_state_bytes = sum_states * t * d;
-    e.activation_bytes = sum_activations * t * d;
+    e.ranks_in_process = static_cast<int>(std::min(1e6, t * p * d * cp));
+    e.model_state_bytes = sum_states * t * d * cp;
+    e.activation_bytes = sum_activations * t * d * cp;
   }
   return e;
 }
@@ -259,9 +264,11 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size)
           ? std::string("fp32")
           : fmt::format("{} weights and activations, {} gradients, fp32 master weights and Adam moments", to_string(dt),
                         to_string(c.precision.grad_dtype(c.zero_stage)));
-  out.push_back(fmt::format("memory plan per rank ({}; tp {}, pp {}, dp {}, ZeRO stage {}, recompute {}):", precision,
-                            c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp, c.zero_stage,
-                            c.recompute_granularity));
+  out.push_back(fmt::format("memory plan per rank ({}; tp {}, pp {}, dp {}{}, ZeRO stage {}, recompute {}):", precision,
+                            c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp,
+                            c.context_parallel_size > 1 ? fmt::format(", cp {}", c.context_parallel_size)
+                                                        : std::string(),
+                            c.zero_stage, c.recompute_granularity));
   const size_t n = e.stages.size();
   for (size_t s = 0; s < n; ++s) {
     if (s >= 3 && s + 1 < n) continue;  // the first three stages and the last

@@ -37,6 +37,9 @@
 //                           stage also holds one micro-batch's logits, Vp/t floats per token. Stage s
 //                           holds min(p - s, m) micro-batches at once (1F1B, interleaved, zero-bubble;
 //                           GPipe: m), m the micro-batches per iteration on a replica.
+// Context parallelism (cp > 1): every per-token figure counts the T / cp tokens of each sequence a rank
+// holds, the probabilities become each row's log-sum-exp (H / t floats per token: ring attention
+// keeps no (T, T) matrix), and ZeRO partitions over the d x cp ranks that hold the same parameters.
 // It is compared with the memory this process can have: MemAvailable (/proc/meminfo), and the
 // cgroup's memory.max minus its current use when lower, divided among the ranks started on the host.
 // TROUPE_MEMORY_CHECK=off skips the comparison (the plan is still printed by callers).

@@ -28,7 +28,8 @@ const char* doing_name(Doing d) {
 
 std::string Activity::describe() const {
   std::string s = "rank " + std::to_string(rank) + " (pp " + std::to_string(stage) + ", tp " + std::to_string(tp) +
-                  ", dp " + std::to_string(dp) + ") step " + std::to_string(step) + ": ";
+                  ", dp " + std::to_string(dp) + (cp >= 0 ? ", cp " + std::to_string(cp) : std::string()) + ") step " +
+                  std::to_string(step) + ": ";
   if (doing == Doing::waiting) {
     s += "waiting for " + waiting.what;
   } else {
@@ -44,7 +45,8 @@ std::string Activity::describe() const {
   return s + t;
 }
 
-ActivityBoard::ActivityBoard(int rank, int stage, int tp, int dp) {
+ActivityBoard::ActivityBoard(int rank, int stage, int tp, int dp, int cp) {
+  now_.cp = cp;
   now_.rank = rank;
   now_.stage = stage;
   now_.tp = tp;
@@ -219,7 +221,7 @@ WaitGraph wait_graph(const std::vector<Activity>& ranks, double stall_seconds) {
 namespace {
 
 nlohmann::json rank_json(const Activity& a) {
-  return {{"rank", a.rank},
+  nlohmann::json j = {{"rank", a.rank},
           {"pp", a.stage},
           {"tp", a.tp},
           {"dp", a.dp},
@@ -237,6 +239,8 @@ nlohmann::json rank_json(const Activity& a) {
           {"mailbox", a.mailbox},
           {"last_step_seconds", a.last_step_seconds},
           {"describe", a.describe()}};
+  if (a.cp >= 0) j["cp"] = a.cp;
+  return j;
 }
 
 nlohmann::json where_object(const std::vector<Activity>& ranks, const WaitGraph& graph) {
@@ -297,6 +301,7 @@ Result<std::vector<Activity>> activities_from_status_json(const std::string& tex
       a.stage = integer_field<int>(r.at("pp"));
       a.tp = integer_field<int>(r.at("tp"));
       a.dp = integer_field<int>(r.at("dp"));
+      if (r.contains("cp")) a.cp = integer_field<int>(r.at("cp"));
       a.step = integer_field<int64_t>(r.at("step"));
       const std::string doing = r.at("doing").get<std::string>();
       a.doing = Doing::idle;

@@ -38,6 +38,7 @@ struct WaitTarget {
 
 struct Activity {
   int rank = 0, stage = 0, tp = 0, dp = 0;  // global rank and coordinates
+  int cp = -1;                              // context-parallel coordinate; -1: the job has no cp (size 1)
   int64_t step = 0;                         // steps this rank has begun (0: none yet)
   Doing doing = Doing::idle;
   int micro = -1, chunk = -1;    // of the running (or awaited) action; -1: none
@@ -47,12 +48,12 @@ struct Activity {
   double seconds_since_progress = 0;  // since the rank last changed state
   int64_t mailbox = -1;  // messages waiting in the rank actor's mailbox at its last change of state; -1: unknown
   double last_step_seconds = 0;  // wall time of the rank's last complete step (begin to begin); 0: none yet
-  std::string describe() const;  // "rank 2 (pp 2, tp 0, dp 0) step 1: waiting for ... (0.31 s)"
+  std::string describe() const;  // "rank 2 (pp 2, tp 0, dp 0) step 1: waiting for ... (0.31 s)"; ", cp 1" after dp
 };
 
 class ActivityBoard {
  public:
-  ActivityBoard(int rank, int stage, int tp, int dp);
+  ActivityBoard(int rank, int stage, int tp, int dp, int cp = -1);
   void begin_step(int actions);
   // A new state: an action (micro, chunk, its index in the table) or a phase of the step.
   void set(Doing doing, int micro = -1, int chunk = -1, int action = -1);

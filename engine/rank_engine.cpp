@@ -214,7 +214,8 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   stage_ = at.pp;
   tp_rank_ = at.tp;
   dp_rank_ = at.dp;
-  if (!board_) board_ = std::make_shared<ActivityBoard>(rank, at.pp, at.tp, at.dp);
+  if (!board_)
+    board_ = std::make_shared<ActivityBoard>(rank, at.pp, at.tp, at.dp, topology.sizes().cp > 1 ? at.cp : -1);
   listener_ = std::make_unique<Listener>();
   listener_->engine = this;
   pp_members_ = topology.pp_group(rank);

@@ -107,6 +107,7 @@ StagesReport stage_figures(const std::vector<RankSteps>& ranks, const sched::Sch
     rf.stage = r.stage;
     rf.tp = r.tp;
     rf.dp = r.dp;
+    rf.cp = r.cp;
     if (r.stage >= 0 && r.stage < static_cast<int>(unit.per_stage.size())) rf.predicted_bubble = unit.per_stage[r.stage];
     double compute_us = 0, step_us = 0, span_us = 0;
     for (int64_t it : its) {
@@ -169,7 +170,9 @@ std::string rank_steps_json(const std::vector<RankSteps>& ranks) {
       for (const StepSpan& sp : s.spans) spans.push_back(span_array(sp));
       steps.push_back({{"iteration", s.iteration}, {"start_us", s.start_us}, {"dur_us", s.dur_us}, {"spans", spans}});
     }
-    list.push_back({{"rank", r.rank}, {"pp", r.stage}, {"tp", r.tp}, {"dp", r.dp}, {"steps", steps}});
+    json one = {{"rank", r.rank}, {"pp", r.stage}, {"tp", r.tp}, {"dp", r.dp}, {"steps", steps}};
+    if (r.cp >= 0) one["cp"] = r.cp;
+    list.push_back(std::move(one));
   }
   return json{{"ranks", list}}.dump() + "\n";
 }
@@ -194,6 +197,10 @@ Result<std::vector<RankSteps>> rank_steps_from_json(const std::string& text) {
       rs.stage = r["pp"].get<int>();
       rs.tp = r["tp"].get<int>();
       rs.dp = r["dp"].get<int>();
+      if (r.contains("cp")) {
+        if (!small_int(r["cp"], 0, kMaxIndex)) return Status::error("a rank's \"cp\" is not a rank index");
+        rs.cp = r["cp"].get<int>();
+      }
       for (const json& s : r.at("steps")) {
         StepRecord rec;
         if (!small_int(s.at("iteration"), 0, INT64_MAX)) return Status::error("a step's \"iteration\" is not a count");
@@ -259,7 +266,7 @@ std::string stages_json(const StagesReport& report, const sched::Schedule& sched
       }
       steps.push_back(std::move(s));
     }
-    j["ranks"].push_back({{"rank", r.rank},
+    json one = {{"rank", r.rank},
                           {"pp", r.stage},
                           {"tp", r.tp},
                           {"dp", r.dp},
@@ -274,7 +281,9 @@ std::string stages_json(const StagesReport& report, const sched::Schedule& sched
                           {"wait_ms", r.wait_ms},
                           {"reduce_ms", r.reduce_ms},
                           {"optimizer_ms", r.optimizer_ms},
-                          {"steps", steps}});
+                          {"steps", steps}};
+    if (r.cp >= 0) one["cp"] = r.cp;
+    j["ranks"].push_back(std::move(one));
   }
   return j.dump(1) + "\n";
 }
@@ -306,8 +315,10 @@ std::string plan_json(const sched::Schedule& sc, bool given_as_data, const std::
     json at = json::array();
     for (const Activity& a : ranks) {
       if (a.stage != s || (only_rank >= 0 && a.rank != only_rank)) continue;
-      at.push_back({{"rank", a.rank}, {"tp", a.tp}, {"dp", a.dp}, {"step", a.step}, {"action", a.action},
-                    {"doing", doing_name(a.doing)}, {"describe", a.describe()}});
+      json one = {{"rank", a.rank}, {"tp", a.tp}, {"dp", a.dp}, {"step", a.step}, {"action", a.action},
+                  {"doing", doing_name(a.doing)}, {"describe", a.describe()}};
+      if (a.cp >= 0) one["cp"] = a.cp;
+      at.push_back(std::move(one));
     }
     j["stages"].push_back({{"stage", s}, {"actions", actions}, {"at", at}});
   }

@@ -37,6 +37,7 @@ namespace troupe {
 struct RankSteps {
   int rank = 0, stage = 0, tp = 0, dp = 0;
   std::vector<StepRecord> steps;  // oldest first
+  int cp = -1;  // -1: the job has no context parallelism
 };
 
 struct StepFigures {
@@ -49,6 +50,7 @@ struct StepFigures {
 
 struct RankFigures {
   int rank = 0, stage = 0, tp = 0, dp = 0;
+  int cp = -1;
   std::vector<StepFigures> steps;  // the iterations counted, oldest first
   // Means per step (ms) and shares over the steps.
   double step_ms = 0, f_ms = 0, b_ms = 0, w_ms = 0, wait_ms = 0, reduce_ms = 0, optimizer_ms = 0;

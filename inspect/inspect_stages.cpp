@@ -43,7 +43,14 @@ std::vector<RankSteps> local_steps(const StageSources& src, int last, int64_t si
   std::vector<RankSteps> out;
   for (const auto& board : src.boards) {
     const Activity a = board->snapshot();
-    out.push_back({a.rank, a.stage, a.tp, a.dp, board->recent().snapshot(last, since)});
+    RankSteps r;
+    r.rank = a.rank;
+    r.stage = a.stage;
+    r.tp = a.tp;
+    r.dp = a.dp;
+    r.cp = a.cp;
+    r.steps = board->recent().snapshot(last, since);
+    out.push_back(std::move(r));
   }
   return out;
 }

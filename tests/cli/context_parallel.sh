@@ -90,6 +90,32 @@ its = [j["iteration"] for j in map(json.loads, open("resumed.jsonl")) if j.get("
 assert its and min(its) == 4, its
 PY
 
+# A running cp 2 x tp 2 job: status, stages and plan name every rank's cp coordinate (rank = tp + 2 cp).
+"$troupe" train "${common[@]}" --train-iters 100000 --context-parallel-size 2 --tensor-model-parallel-size 2 \
+  --inspect 0 --inspect-file run/insp.json > inspect.log 2>&1 &
+job=$!
+kill_on_exit $job "$work/run/insp.json"
+wait_for_file run/insp.json
+sleep 1
+for verb in status stages plan; do
+  "$troupe" inspect run/insp.json --exec "$verb" --json > "$verb.json" || { cat inspect.log; fail "$verb failed"; }
+done
+"$troupe" inspect run/insp.json --exec status > status.txt || fail "status for people failed"
+kill -9 $job 2>/dev/null || true
+wait $job 2>/dev/null || true
+kill_on_exit
+python3 - <<'PY' || fail "inspection does not show the cp coordinates"
+import json
+s = json.load(open("status.json"))
+assert sorted((r["rank"], r["tp"], r["cp"]) for r in s["ranks"]) == [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)], s["ranks"]
+st = json.load(open("stages.json"))
+assert sorted((r["rank"], r["cp"]) for r in st["ranks"]) == [(0, 0), (1, 0), (2, 1), (3, 1)], st["ranks"]
+p = json.load(open("plan.json"))
+assert sorted((a["rank"], a["cp"]) for s in p["stages"] for a in s["at"]) == [(0, 0), (1, 0), (2, 1), (3, 1)], p
+print("status, stages and plan show the cp coordinates")
+PY
+grep -q "^  rank 3 (pp 0, tp 1, dp 0, cp 1) step" status.txt || { cat status.txt; fail "status for people lacks rank 3's cp"; }
+
 # Every problem at once, exit 2: a sequence 2 x cp does not divide, MoE layers, and a ring type.
 set +e
 "$troupe" train "${common[@]}" --train-iters 1 --seq-length 30 --context-parallel-size 4 --num-experts 4 \

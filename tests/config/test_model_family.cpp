@@ -367,6 +367,20 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   REQUIRE(plan.size() >= 4);
   CHECK_THAT(plan[0], Contains("LLaMA family, 6738415616 parameters"));
   CHECK_THAT(plan[1], Contains("tp 2, pp 2, dp 2, ZeRO stage 1"));
+
+  // Context parallelism 4 (16 ranks): each rank holds 1024 tokens of a sequence and, instead of the
+  // probabilities, each row's log-sum-exp (32 heads / 2 floats per token); ZeRO-1 partitions the
+  // moments over dp x cp = 8 ranks.
+  c.sequence_parallel = false;
+  c.context_parallel_size = 4;
+  const MemoryEstimate q = estimate_memory(c, 1);
+  const double per_layer_cp = 4 * 4096 + (12288 + 4096 + 3 * 11008) / 2.0 + 32 / 2.0;
+  const double micro_cp = 4.0 * 1024 * 16 * per_layer_cp;
+  CHECK(q.micro_batch_activation_none == Approx(micro_cp));
+  CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 8 * first / 8));
+  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000));
+  CHECK(q.ranks_in_process == 32);
+  CHECK_THAT(memory_plan_lines(c, 1)[1], Contains("tp 2, pp 2, dp 2, cp 4, ZeRO stage 1"));
 }
 
 TEST_CASE("memory plan: a stage's shards add up to the model on any layout", "[family][memory]") {
