@@ -101,6 +101,7 @@ for verb in status stages plan; do
   "$troupe" inspect run/insp.json --exec "$verb" --json > "$verb.json" || { cat inspect.log; fail "$verb failed"; }
 done
 "$troupe" inspect run/insp.json --exec status > status.txt || fail "status for people failed"
+"$troupe" inspect run/insp.json --exec "flight 2" > flight.txt || fail "flight failed"
 kill -9 $job 2>/dev/null || true
 wait $job 2>/dev/null || true
 kill_on_exit
@@ -115,6 +116,10 @@ assert sorted((a["rank"], a["cp"]) for s in p["stages"] for a in s["at"]) == [(0
 print("status, stages and plan show the cp coordinates")
 PY
 grep -q "^  rank 3 (pp 0, tp 1, dp 0, cp 1) step" status.txt || { cat status.txt; fail "status for people lacks rank 3's cp"; }
+# The flight recorder has the ring's messages on the cp group {0, 2}.
+for op in send recv; do
+  grep -q "cp \[0, 2\] .*$op" flight.txt || { head -40 flight.txt; fail "the flight recorder has no cp $op"; }
+done
 
 # Every problem at once, exit 2: a sequence 2 x cp does not divide, MoE layers, and a ring type.
 set +e
