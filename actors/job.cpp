@@ -242,7 +242,14 @@ Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
   // Expert parallelism: groups of ep consecutive dp ranks split the experts (validated to divide dp).
   p.ep = c.model.moe.enabled() ? std::max(1, c.expert_model_parallel_size) : 1;
   p.cp = std::max(1, c.context_parallel_size);
-  p.cp_comm = c.cp_comm_type == "all_gather" ? CpComm::all_gather : CpComm::p2p;
+  p.cp_comm = c.cp_comm_type == "all_gather" ? CpComm::all_gather
+              : c.cp_comm_type == "a2a"      ? CpComm::a2a
+                                             : CpComm::p2p;
+  if (c.ds_sequence_parallel_size > 1) {  // DeepSpeed-Ulysses: the sequence dimension, contiguous rows
+    p.cp = c.ds_sequence_parallel_size;
+    p.cp_comm = CpComm::a2a;
+    p.cp_contiguous = true;
+  }
   return p;
 }
 

@@ -95,7 +95,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     if (reporter && !c.tensorboard.dir.empty())
       tensorboard = std::make_unique<TensorBoardLog>(
           c.tensorboard, c.log_interval,
-          c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.context_parallel_size * c.resolved_dp(world),
+          c.tensor_model_parallel_size * c.pipeline_model_parallel_size * c.sequence_ranks() * c.resolved_dp(world),
           c.model.seq_length,
           [&](const std::string& warning) { printer->line("  warning: " + warning); }, c.model.moe);
     const GptConfig& m = c.model;
@@ -110,10 +110,16 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
                               c.micro_batch_size, c.grad_accumulation_steps(world), dp, c.global_batch_size,
                               int64_t{c.global_batch_size} * m.seq_length, c.tensor_model_parallel_size,
                               c.pipeline_model_parallel_size, dp,
-                              c.context_parallel_size > 1
-                                  ? fmt::format(", cp {} ({} tokens of each sequence per rank, {} ring)",
+                              c.ds_sequence_parallel_size > 1
+                                  ? fmt::format(", Ulysses {} ({} tokens of each sequence per rank, attention by heads "
+                                                "after an all-to-all)",
+                                                c.ds_sequence_parallel_size, m.seq_length / c.ds_sequence_parallel_size)
+                              : c.context_parallel_size > 1
+                                  ? fmt::format(", cp {} ({} tokens of each sequence per rank, {})",
                                                 c.context_parallel_size, m.seq_length / c.context_parallel_size,
-                                                c.cp_comm_type)
+                                                c.cp_comm_type == "p2p"          ? "p2p ring"
+                                                : c.cp_comm_type == "all_gather" ? "all-gathered keys and values"
+                                                                                 : "attention by heads after an all-to-all")
                                   : std::string(),
                               c.parallel() || world > 1 ? "" : " (one shard)"));
     printer->line("  data: " + data.describe());

@@ -56,7 +56,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const double d = std::max(1, c.resolved_dp(std::max(1, world_size)));
   // Context parallelism: a rank holds T / cp rows of every sequence; the parameters are replicated
   // over cp as over dp, so ZeRO partitions over d x cp ranks.
-  const double cp = std::max(1, c.context_parallel_size);
+  const double cp = c.sequence_ranks();
+  // All-to-all attention (Ulysses, --cp-comm-type a2a) runs whole sequences of H / cp heads: the
+  // probabilities per local token stay H T / t, and it keeps the gathered q, k, v besides.
+  const bool a2a = cp > 1 && (c.ds_sequence_parallel_size > 1 || c.cp_comm_type == "a2a");
   const double C = m.hidden_size, L = std::max(1, m.num_layers), H = m.num_attention_heads, T = m.seq_length;
   const double G = m.query_groups(), hs = m.head_size(), F = m.ffn_hidden_size();
   const double Vp = static_cast<double>(m.padded_vocab_size(tp_size)), P = m.max_position_embeddings;
@@ -87,7 +90,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     Layer y;
     const double E = moe.experts_of(l, m.num_layers);
     y.dense = attention;
-    y.split = (qkv + attn) / t;
+    y.split = (qkv + attn) / t + (a2a ? qkv / t : 0);
     if (E == 0) {
       y.dense += mlp(F, t);
       y.split += mlp_act * F / t;
@@ -139,7 +142,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const double whole = c.sequence_parallel && tp_size > 1 ? 4 * C / t : 4 * C;
   // The attention's saved state per token: the probabilities (H/t rows of T), or under context
   // parallelism each row's log-sum-exp (ring attention keeps no (T, T) matrix).
-  const double probs = cp > 1 ? H / t : H * T / t;
+  const double probs = cp > 1 && !a2a ? H / t : H * T / t;
   const double micro = std::max(1, c.micro_batch_size);
   const double tokens = micro * T / cp;
   // The sums over layers [first, first + n) of their parameters and of whole + split, and the largest
@@ -266,8 +269,9 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size)
                         to_string(c.precision.grad_dtype(c.zero_stage)));
   out.push_back(fmt::format("memory plan per rank ({}; tp {}, pp {}, dp {}{}, ZeRO stage {}, recompute {}):", precision,
                             c.tensor_model_parallel_size, c.pipeline_model_parallel_size, dp,
-                            c.context_parallel_size > 1 ? fmt::format(", cp {}", c.context_parallel_size)
-                                                        : std::string(),
+                            c.ds_sequence_parallel_size > 1 ? fmt::format(", Ulysses {}", c.ds_sequence_parallel_size)
+                            : c.context_parallel_size > 1   ? fmt::format(", cp {}", c.context_parallel_size)
+                                                            : std::string(),
                             c.zero_stage, c.recompute_granularity));
   const size_t n = e.stages.size();
   for (size_t s = 0; s < n; ++s) {

@@ -673,7 +673,7 @@ int64_t TrainConfig::iterations_to_run() const {
 
 int TrainConfig::resolved_dp(int world_size) const {
   if (data_parallel_size > 0) return data_parallel_size;
-  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size * std::max(1, context_parallel_size);
+  const int mp = tensor_model_parallel_size * pipeline_model_parallel_size * sequence_ranks();
   return world_size > 1 && mp > 0 ? std::max(1, world_size / mp) : 1;
 }
 

@@ -102,7 +102,7 @@ class Validator {
     Problems sizes_ok;
     if (!sizes(c, sizes_ok)) return Status::error(sizes_ok.items()[0]);  // so that the arithmetic below is defined
     TROUPE_RETURN_IF_ERROR(positive("--micro-batch-size", c.micro_batch_size, "4"));
-    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size, cp = c.context_parallel_size;
+    const int tp = c.tensor_model_parallel_size, pp = c.pipeline_model_parallel_size, cp = c.sequence_ranks();
     const int dp = c.resolved_dp(world_size);
     const int64_t model_parallel = int64_t{tp} * pp * cp;
     const int64_t needed = model_parallel * dp;
@@ -121,11 +121,16 @@ class Validator {
             "start a multiple of --tensor-model-parallel-size x "
             "--pipeline-model-parallel-size{} = {} ranks (e.g. {}), or change those "
             "sizes",
-            cp > 1 ? " x --context-parallel-size" : "", model_parallel, needed);
+            cp > 1 ? (c.ds_sequence_parallel_size > 1 ? " x --ds-sequence-parallel-size" : " x --context-parallel-size")
+                   : "",
+            model_parallel, needed);
       return bad("--tensor-model-parallel-size",
                  fmt::format("{} x --pipeline-model-parallel-size {}{} x {} = {} ranks, but troupe "
                              "launch started {}",
-                             tp, pp, cp > 1 ? fmt::format(" x --context-parallel-size {}", cp) : std::string(),
+                             tp, pp,
+                             cp > 1 ? fmt::format(" x --{}-parallel-size {}",
+                                                  c.ds_sequence_parallel_size > 1 ? "ds-sequence" : "context", cp)
+                                    : std::string(),
                              dp_text, needed, world_size),
                  fix);
     }
@@ -291,50 +296,70 @@ class Validator {
     return p.size() == before;
   }
 
-  // Context parallelism and Ulysses (docs/PARALLEL.md, "Long sequences"): Megatron's load balancing
-  // cuts every sequence into 2 cp equal chunks (megatron/core/utils.py asserts the divisibility too).
+  // Context parallelism and Ulysses (docs/PARALLEL.md, "Long sequences"). Megatron's load balancing
+  // cuts every sequence into 2 cp equal chunks (megatron/core/utils.py asserts the divisibility too);
+  // Ulysses gives each rank one contiguous chunk. The all-to-all (Ulysses, --cp-comm-type a2a) hands
+  // each rank whole heads and key/value groups of the tensor-parallel rank's (DeepSpeed asserts the
+  // heads divisible; its uneven-heads form is not troupe's).
   void long_sequences(const TrainConfig& c, Problems& p) const {
     const GptConfig& m = c.model;
-    const int cp = c.context_parallel_size;
+    const int cp = c.context_parallel_size, u = c.ds_sequence_parallel_size, tp = c.tensor_model_parallel_size;
     const std::string& type = c.cp_comm_type;
     if (type != "p2p" && type != "all_gather" && type != "a2a")
-      p.check(bad("--cp-comm-type", "is \"" + type + "\"", "use p2p (a ring of key/value blocks) or all_gather"));
-    else if (type == "a2a" && cp > 1)
-      p.check(bad("--cp-comm-type", "a2a (Transformer Engine's all-to-all by heads) is not in troupe yet",
-                  "use p2p or all_gather"));
-    if (c.ds_sequence_parallel_size > 1)
+      p.check(bad("--cp-comm-type", "is \"" + type + "\"",
+                  "use p2p (a ring of key/value blocks), all_gather or a2a (an all-to-all to whole sequences of "
+                  "fewer heads)"));
+    if (cp > 1 && u > 1) {
       p.check(bad("--ds-sequence-parallel-size",
-                  fmt::format("{}: DeepSpeed-Ulysses is not in troupe yet (issue 29)", c.ds_sequence_parallel_size),
-                  "train with --context-parallel-size instead, or --ds-sequence-parallel-size 1"));
-    if (cp <= 1) return;
-    if (m.seq_length % (2 * cp) != 0) {
-      std::vector<std::string> sizes;  // the cp sizes that divide the sequence into 2 cp chunks
-      for (int d = 2; int64_t{2} * d <= m.seq_length && sizes.size() < 6; ++d)
-        if (m.seq_length % (2 * d) == 0) sizes.push_back(std::to_string(d));
+                  fmt::format("{} with --context-parallel-size {}: troupe splits a sequence one way at a time", u, cp),
+                  "give one of them (--cp-comm-type a2a is Ulysses' all-to-all with Megatron's chunks)"));
+      return;
+    }
+    const int n = cp * u;
+    if (n <= 1) return;
+    const std::string flag = u > 1 ? "--ds-sequence-parallel-size" : "--context-parallel-size";
+    const int chunks = u > 1 ? n : 2 * n;  // Ulysses: one contiguous chunk per rank
+    if (m.seq_length % chunks != 0) {
+      std::vector<std::string> sizes;  // the sizes that divide the sequence as needed
+      for (int d = 2; int64_t{chunks / n} * d <= m.seq_length && sizes.size() < 6; ++d)
+        if (m.seq_length % (chunks / n * d) == 0) sizes.push_back(std::to_string(d));
       p.check(bad("--seq-length",
-                  fmt::format("{} is not divisible by 2 x --context-parallel-size {} = {}", m.seq_length, cp, 2 * cp),
-                  fmt::format("each context-parallel rank holds 2 equal chunks of every sequence (Megatron's load "
-                              "balancing): use a multiple of {}{}",
-                              2 * cp,
-                              sizes.empty() ? std::string()
-                                            : ", or --context-parallel-size " + join_with(sizes, " or "))));
+                  u > 1 ? fmt::format("{} is not divisible by {} {}", m.seq_length, flag, n)
+                        : fmt::format("{} is not divisible by 2 x {} {} = {}", m.seq_length, flag, n, chunks),
+                  fmt::format("{}: use a multiple of {}{}",
+                              u > 1 ? "each Ulysses rank holds an equal, contiguous part of every sequence"
+                                    : "each context-parallel rank holds 2 equal chunks of every sequence (Megatron's "
+                                      "load balancing)",
+                              chunks, sizes.empty() ? std::string() : ", or " + flag + " " + join_with(sizes, " or "))));
+    }
+    if (u > 1 || type == "a2a") {
+      const int heads = m.num_attention_heads, groups = m.query_groups();
+      if (tp > 0 && heads % tp == 0 && (heads / tp) % n != 0)
+        p.check(bad(flag,
+                    fmt::format("{} does not divide the {} attention heads of each tensor-parallel rank ({} / "
+                                "--tensor-model-parallel-size {})",
+                                n, heads / tp, heads, tp),
+                    "the all-to-all hands each rank whole heads: use a size that divides them, or more heads"));
+      else if (tp > 0 && groups > 0 && groups % tp == 0 && (groups / tp) % n != 0)
+        p.check(bad(flag,
+                    fmt::format("{} does not divide the {} key/value groups of each tensor-parallel rank", n,
+                                groups / tp),
+                    "the all-to-all hands each rank whole key/value groups: use a size that divides them, more "
+                    "--num-query-groups, or --context-parallel-size with the p2p ring"));
     }
     if (m.moe.enabled())
-      p.check(bad("--context-parallel-size",
-                  fmt::format("{} with MoE layers is not in troupe yet", cp),
-                  "train the MoE model with --context-parallel-size 1 (expert, tensor, pipeline and data parallelism "
-                  "all combine with it)"));
+      p.check(bad(flag, fmt::format("{} with MoE layers is not in troupe yet", n),
+                  "train the MoE model with " + flag + " 1 (expert, tensor, pipeline and data parallelism all combine "
+                  "with it)"));
     if (c.device == "cuda")
-      p.check(bad("--context-parallel-size", fmt::format("{} runs on the CPU only so far", cp),
-                  "use --device cpu, or --context-parallel-size 1 on GPUs"));
-    const int64_t rows = int64_t{c.micro_batch_size} * (m.seq_length / cp);
-    if (c.sequence_parallel && c.tensor_model_parallel_size > 1 && rows < c.tensor_model_parallel_size)
+      p.check(bad(flag, fmt::format("{} runs on the CPU only so far", n), "use --device cpu, or " + flag + " 1 on GPUs"));
+    const int64_t rows = int64_t{c.micro_batch_size} * (m.seq_length / n);
+    if (c.sequence_parallel && tp > 1 && rows < tp)
       p.check(bad("--sequence-parallel",
                   fmt::format("splits a context-parallel rank's {} tokens of a micro-batch over "
                               "--tensor-model-parallel-size {} ranks, fewer tokens than ranks",
-                              rows, c.tensor_model_parallel_size),
-                  "use longer sequences, a larger micro batch or a smaller --context-parallel-size, or drop "
-                  "--sequence-parallel"));
+                              rows, tp),
+                  "use longer sequences, a larger micro batch or a smaller " + flag + ", or drop --sequence-parallel"));
   }
 
   // Mixture of experts over the layout (include/troupe/train_config.hpp): each MoE layer's experts
@@ -387,7 +412,7 @@ class Validator {
       // reports a layout that does not match them).
       const int dp = c.resolved_dp(world_size_);
       const bool layout_known =
-          world_size_ <= 1 || (pp > 0 && int64_t{tp} * pp * std::max(1, c.context_parallel_size) * dp == world_size_);
+          world_size_ <= 1 || (pp > 0 && int64_t{tp} * pp * c.sequence_ranks() * dp == world_size_);
       if (layout_known && dp > 0 && dp % ep != 0)
         p.check(bad(ep_flag, fmt::format("{} does not divide the data-parallel size {}", ep, dp),
                     "the experts are split over ranks of the data-parallel group: use a divisor of the data-parallel "

@@ -263,6 +263,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
     at.cp_size = par.cp;
     at.cp_rank = at_cp;
     at.cp_comm = par.cp_comm;
+    at.cp_contiguous = par.cp_contiguous;
     at.cp = par.cp > 1 ? comms_.cp : nullptr;
     at.recompute = par.recompute;
     at.micro_batch = spec_.micro_batch_size;

@@ -65,6 +65,8 @@ struct ParallelConfig {
   // reduced, and ZeRO partitions, over the dp x cp ranks (RankComms::dp).
   int cp = 1;
   CpComm cp_comm = CpComm::p2p;  // --cp-comm-type
+  // DeepSpeed-Ulysses (--ds-sequence-parallel-size): cp ranks holding contiguous rows, cp_comm a2a.
+  bool cp_contiguous = false;
   int zero_stage = 0;
   sched::ScheduleType schedule = sched::ScheduleType::one_f_one_b;
   int virtual_chunks = 1;  // v, from --num-layers-per-virtual-pipeline-stage (interleaved only)

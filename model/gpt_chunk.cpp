@@ -80,8 +80,10 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   TROUPE_CHECK(cs.cp_size >= 1 && cs.cp_rank >= 0 && cs.cp_rank < cs.cp_size &&
                    (cs.cp_size == 1 || (cp != nullptr && cp->size() == cs.cp_size && cp->rank() == cs.cp_rank)),
                "GptChunk: the context-parallel communicator must have cp_size ranks, this one at cp_rank");
-  TROUPE_CHECK(cs.cp_size == 1 || m.seq_length % (2 * cs.cp_size) == 0,
-               "GptChunk: context parallelism needs a sequence length divisible by 2 cp");
+  TROUPE_CHECK(cs.cp_size == 1 || m.seq_length % ((cs.cp_contiguous ? 1 : 2) * cs.cp_size) == 0,
+               "GptChunk: context parallelism needs a sequence length divisible by 2 cp (Ulysses: by cp)");
+  TROUPE_CHECK(!cs.cp_contiguous || cs.cp_comm == CpComm::a2a,
+               "GptChunk: contiguous context-parallel rows (Ulysses) go with the all-to-all attention");
   TROUPE_CHECK(cs.cp_size == 1 || cs.device == Device::cpu, "GptChunk: context parallelism runs on the CPU only");
   TROUPE_CHECK(cs.cp_size == 1 || !m.moe.enabled(), "GptChunk: context parallelism does not run MoE layers yet");
   TROUPE_CHECK(static_cast<bool>(hooks.acquire_params) == static_cast<bool>(hooks.release_params),
@@ -99,7 +101,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   cpr = cs.cp_rank;
   Tg = m.seq_length;
   T = Tg / cps;
-  if (cps > 1) pos = context_parallel_positions(Tg, cps, cpr);
+  a2a = cps > 1 && cs.cp_comm == CpComm::a2a;
   C = m.hidden_size;
   hs = m.head_size();
   Hl = m.num_attention_heads / t;
@@ -124,13 +126,39 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   rotary.base = m.rotary_base;
   rotary.interleaved = m.rotary_interleaved;
   rotary.pos0 = 0;  // every call sees whole sequences: position = t (context parallelism: pos[t])
-  rotary.positions = pos;
   if (cps > 1) {
     ring.layout = layout;
     ring.seq_len = Tg;
-    for (int q = 0; q < cps; ++q) ring.positions.push_back(context_parallel_positions(Tg, cps, q));
+    // Megatron's load-balanced chunks, or (Ulysses) one contiguous range per rank.
+    for (int q = 0; q < cps; ++q) {
+      if (!cs.cp_contiguous) {
+        ring.positions.push_back(context_parallel_positions(Tg, cps, q));
+        continue;
+      }
+      std::vector<int64_t> range(static_cast<size_t>(T));
+      for (int64_t i = 0; i < T; ++i) range[static_cast<size_t>(i)] = q * T + i;
+      ring.positions.push_back(std::move(range));
+    }
+    pos = ring.positions[static_cast<size_t>(cpr)];
     ring.head0 = int64_t{r} * Hl;
     ring.comm = cs.cp_comm;
+  }
+  rotary.positions = pos;
+  if (a2a) {
+    TROUPE_CHECK(Hl % cps == 0 && Gl % cps == 0,
+                 "GptChunk: all-to-all attention needs the context-parallel size to divide each tensor-parallel "
+                 "rank's heads and key/value groups");
+    Hu = Hl / cps;
+    Gu = Gl / cps;
+    Au = int64_t{Hu} * hs;
+    Wu = int64_t{Hu + 2 * Gu} * hs;
+    u_head0 = int64_t{r} * Hl + int64_t{cpr} * Hu;
+    ulayout.n_head = Hu;
+    ulayout.n_group = Gu;
+    ulayout.head_dim = hs;
+    if (!layout.alibi_slopes.empty())
+      ulayout.alibi_slopes.assign(layout.alibi_slopes.begin() + int64_t{cpr} * Hu,
+                                  layout.alibi_slopes.begin() + int64_t{cpr + 1} * Hu);
   }
   L = cs.num_layers;
   N = B * T;
@@ -275,6 +303,10 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     now.dy1 = alloc({N, C});
     now.dqkv = alloc({N, QKVl});
     now.dln1 = alloc({Nl, C});
+    if (a2a) {
+      u_att = alloc({B * Tg, Au});
+      u_dqkv = alloc({B * Tg, Wu});
+    }
     if (any_moe) {
       rc.moe = std::make_shared<MoeActs>();
       now.moe = std::make_shared<MoeStash>();
@@ -318,8 +350,10 @@ GptChunk::Impl::LayerActs GptChunk::Impl::alloc_acts(bool with_probs) {
   // What attention's backward reads: the CPU's probabilities (B,Hl,T,T), the GPU's row log-sum-exp
   // (B,Hl,T) f32 (ops::attention_saved_tensor; flash-style, no (T,T) matrix); ring attention's row
   // log-sum-exp (B,Hl,T), f32 for 16-bit activations.
+  if (a2a) a.qkv_u = alloc({B * Tg, Wu});  // the all-to-all's q, k, v of whole sequences
   if (with_probs) {
-    if (cps > 1) a.probs = alloc({B * Hl, T}, is_16bit(dtype) ? DType::f32 : dtype);
+    if (a2a) a.probs = alloc({B * Hu * Tg, Tg});
+    else if (cps > 1) a.probs = alloc({B * Hl, T}, is_16bit(dtype) ? DType::f32 : dtype);
     else a.probs = spec.device == Device::cuda ? alloc({B * Hl, T}, DType::f32) : alloc({B * Hl * T, T});
   }
   a.att = alloc({N, Al});
@@ -349,7 +383,7 @@ void GptChunk::Impl::alloc_slot(Slot& s, bool keep_acts) {
     for (int l = 0; l < L; ++l) {
       // Selective recompute drops the (T,T) probabilities; ring attention keeps only each row's
       // log-sum-exp, which stays.
-      s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective || cps > 1));
+      s.acts.push_back(alloc_acts(spec.recompute != Recompute::selective || (cps > 1 && !a2a)));
       s.acts.back().res2 = s.xs[l + 1];
       if (moe_layout[l].E > 0) s.acts.back().moe = std::make_shared<MoeActs>();
     }
@@ -533,7 +567,7 @@ double GptChunk::Impl::forward_impl(Context& ctx, Slot& s, const Tensor& tokens,
     LayerActs a;
     if (keep && !s.acts.empty()) {
       a = s.acts[l];
-      if (spec.recompute == Recompute::selective && cps == 1) a.probs = rc.probs;  // not kept: recomputed in backward
+      if (spec.recompute == Recompute::selective && (cps == 1 || a2a)) a.probs = rc.probs;  // recomputed in backward
     } else {
       a = rc;
       a.res2 = s.xs[l + 1];

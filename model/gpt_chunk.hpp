@@ -142,6 +142,9 @@ struct ChunkSpec {
   // (model/ring_attention.hpp). seq_length must be a multiple of 2 cp_size; CPU only; no MoE layers.
   int cp_size = 1, cp_rank = 0;
   CpComm cp_comm = CpComm::p2p;  // how the key/value blocks travel (--cp-comm-type)
+  // Rank r holds rows [r T/cp, (r+1) T/cp) instead of Megatron's load-balanced chunks: DeepSpeed-
+  // Ulysses' layout (--ds-sequence-parallel-size), with cp_comm a2a; seq_length a multiple of cp.
+  bool cp_contiguous = false;
 };
 
 // Which layers model chunk `chunk` of pipeline stage `stage` holds, with p stages and v chunks per

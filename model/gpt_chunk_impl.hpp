@@ -86,6 +86,7 @@ struct GptChunk::Impl {
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd;  // (Nl,C) (Nl) (Nl)  ln_1 output, local rows (mean: LayerNorm only)
     Tensor qkv;                      // (N,QKVl)          [q_r | k_r | v_r], q and k rotated (rope)
+    Tensor qkv_u;                    // (B*Tg,Wu)         a2a: qkv of whole sequences, this rank's heads
     Tensor probs;                    // (B*Hl*T, T)       attention probabilities (scratch when selective)
     Tensor att;                      // (N,Al)            attention output, this rank's heads
     Tensor res1;                     // (Nl,C)            x + attention branch
@@ -142,6 +143,15 @@ struct GptChunk::Impl {
   std::vector<int64_t> pos;          // (T) empty without context parallelism (position = t)
   RingAttentionSpec ring;
   Tensor wpe_rows, dwpe_rows;        // (T,C) wpe's rows at pos, their gradient (cp > 1, with wpe)
+  // All-to-all attention (cp_comm a2a: Ulysses; model/gpt_chunk_ulysses.cpp): Hu = Hl / cp heads and
+  // Gu = Gl / cp groups of whole sequences, Wu = (Hu + 2 Gu) hs, Au = Hu hs; their layout (ALiBi
+  // slopes) and first global head; the output and its gradient (B*Tg, Au) and the q/k/v gradient
+  // (B*Tg, Wu) of whole sequences (scratch).
+  bool a2a = false;
+  int Hu = 0, Gu = 0;
+  int64_t Wu = 0, Au = 0, u_head0 = 0;
+  ops::AttentionLayout ulayout;
+  Tensor u_att, u_dqkv;
   UnitHooks hooks;
   std::vector<ParamSpec> specs;
   std::vector<UnitInfo> units;
@@ -265,16 +275,29 @@ struct GptChunk::Impl {
                      const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd);
   // The attention core on (N,QKVl) -> (N,Al) (GPT-2's multi-head attention is the layout G = H,
   // no ALiBi), and its backward into dqkv.
-  void attention_core(Context& ctx, const Tensor& att, const Tensor& probs, const Tensor& qkv, int layer);
+  // qkv_u: the a2a path's (B*Tg, Wu) buffer of whole sequences (undefined otherwise).
+  void attention_core(Context& ctx, const Tensor& att, const Tensor& probs, const Tensor& qkv, const Tensor& qkv_u,
+                      int layer);
   // att: the forward's output (context parallelism's backward reads it; probs is then each row's
   // log-sum-exp, (B,Hl,T)).
   void attention_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv,
-                               const Tensor& probs, const Tensor& att, int layer);
+                               const Tensor& probs, const Tensor& att, const Tensor& qkv_u, int layer);
   // Ring attention over the cp group (cps > 1): the same contract as attention_core with probs the
   // rows' log-sum-exp; 16-bit activations go through f32 copies.
   void ring_core(Context& ctx, const Tensor& att, const Tensor& lse, const Tensor& qkv, int layer);
   void ring_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv,
                           const Tensor& lse, const Tensor& att, int layer);
+  // The a2a path (model/gpt_chunk_ulysses.cpp): probs (B*Hu*Tg, Tg) of whole sequences; qkv_u keeps
+  // the gathered q, k, v for the backward (and selective recompute, which needs no communication).
+  void ulysses_core(Context& ctx, const Tensor& att, const Tensor& probs, const Tensor& qkv, const Tensor& qkv_u,
+                    int layer);
+  void ulysses_recompute(Context& ctx, const Tensor& probs, const Tensor& qkv_u, int layer);
+  void ulysses_core_backward(Context& ctx, const Tensor& dqkv, const Tensor& datt, const Tensor& qkv_u,
+                             const Tensor& probs, int layer);
+  // The two all-to-alls: this rank's rows of every head (local (B,T,W)) <-> whole sequences of its
+  // heads (whole (B,Tg,W/cp)); qkv_columns: the columns are q, k, v (else the attention output's).
+  void ulysses_to_heads(const Tensor& local, const Tensor& whole, bool qkv_columns, const char* what, int layer);
+  void ulysses_to_rows(const Tensor& whole, const Tensor& local, bool qkv_columns, const char* what, int layer);
   // Rotary on the q and k columns of a (N,QKVl) qkv (forward), or the inverse on its gradient.
   void rotate_qk(Context& ctx, const Tensor& qkv, bool inverse);
 

@@ -55,6 +55,7 @@ void GptChunk::Impl::norm_backward(Context& ctx, const Tensor& dx, const Tensor&
 
 // The probabilities (B,Hl,T,T) on the CPU, the rows' log-sum-exp (B,Hl,T) on the GPU (alloc_acts).
 Tensor GptChunk::Impl::saved_view(const Tensor& probs) const {
+  if (a2a) return probs.view({B, Hu, Tg, Tg});
   return probs.device() == Device::cuda || cps > 1 ? probs.view({B, Hl, T}) : probs.view({B, Hl, T, T});
 }
 
@@ -85,7 +86,8 @@ void GptChunk::Impl::ring_core_backward(Context& ctx, const Tensor& dqkv /*(N,QK
 }
 
 void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, const Tensor& probs,
-                                    const Tensor& qkv /*(N,QKVl)*/, int layer) {
+                                    const Tensor& qkv /*(N,QKVl)*/, const Tensor& qkv_u, int layer) {
+  if (a2a) return ulysses_core(ctx, att, probs, qkv, qkv_u, layer);
   if (cps > 1) return ring_core(ctx, att, probs, qkv, layer);
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
   const Tensor out = att.view({B, T, Al}), p = saved_view(probs), in = qkv.view({B, T, QKVl});
@@ -94,7 +96,8 @@ void GptChunk::Impl::attention_core(Context& ctx, const Tensor& att /*(N,Al)*/, 
 
 void GptChunk::Impl::attention_core_backward(Context& ctx, const Tensor& dqkv /*(N,QKVl)*/,
                                              const Tensor& datt /*(N,Al)*/, const Tensor& qkv, const Tensor& probs,
-                                             const Tensor& att, int layer) {
+                                             const Tensor& att, const Tensor& qkv_u, int layer) {
+  if (a2a) return ulysses_core_backward(ctx, dqkv, datt, qkv_u, probs, layer);
   if (cps > 1) return ring_core_backward(ctx, dqkv, datt, qkv, probs, att, layer);
   const DropoutMask m = mask(DropoutSite::attention_probs, layer);
   const Tensor dq = dqkv.view({B, T, QKVl}), dout = datt.view({B, T, Al}), in = qkv.view({B, T, QKVl}),
@@ -126,7 +129,7 @@ void GptChunk::Impl::layer_forward(Context& ctx, int layer, const Layer& p, cons
     rotate_qk(ctx, a.qkv, false);
     look(layer, "attention_rotary", F, a.qkv);
   }
-  attention_core(ctx, a.att, a.probs, a.qkv, layer);                                     // (N,Al)
+  attention_core(ctx, a.att, a.probs, a.qkv, a.qkv_u, layer);                            // (N,Al)
   look(layer, "attention_scores", F, a.probs);
   look(layer, "attention_output", F, a.att);
   const Tensor proj = sp ? partial : a.res1;                                             // (N,C) partial
@@ -202,13 +205,14 @@ void GptChunk::Impl::layer_backward_input(Context& ctx, int layer, const Layer& 
   if (!probs.defined()) {
     // Selective recompute: the probabilities were not kept; the attention core is rebuilt from the
     // saved qkv, rotated already (same kernel, same inputs: bitwise the forward's).
-    attention_core(ctx, rc.att, rc.probs, a.qkv, layer);
+    if (a2a) ulysses_recompute(ctx, rc.probs, a.qkv_u, layer);  // from the kept q, k, v: no all-to-all
+    else attention_core(ctx, rc.att, rc.probs, a.qkv, Tensor(), layer);
     look(layer, "attention_scores", ProbeDir::forward, rc.probs);
     look(layer, "attention_output", ProbeDir::forward, rc.att);
     probs = rc.probs;
     att = rc.att;
   }
-  attention_core_backward(ctx, st.dqkv, datt, a.qkv, probs, att, layer);                        // (N,QKVl)
+  attention_core_backward(ctx, st.dqkv, datt, a.qkv, probs, att, a.qkv_u, layer);                        // (N,QKVl)
   look(layer, "attention_scores", Bk, st.dqkv);
   if (rope) {  // d(c_attn output): the gradient of the rotated q, k rotated back
     rotate_qk(ctx, st.dqkv, true);

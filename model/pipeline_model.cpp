@@ -127,6 +127,7 @@ ChunkSpec gpt_chunk_spec(const Block& b, const StageBuild& at) {
   cs.cp_size = at.cp_size;
   cs.cp_rank = at.cp_rank;
   cs.cp_comm = at.cp_comm;
+  cs.cp_contiguous = at.cp_contiguous;
   cs.recompute = at.recompute;
   cs.micro_batch = at.micro_batch;
   cs.slots = at.slots;

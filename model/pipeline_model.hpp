@@ -20,6 +20,7 @@ struct StageBuild {
   comm::Communicator* ep = nullptr;
   int cp_size = 1, cp_rank = 0;        // ChunkSpec's; cp: the context-parallel group (null: cp_size 1)
   CpComm cp_comm = CpComm::p2p;
+  bool cp_contiguous = false;          // ChunkSpec's (Ulysses' layout)
   comm::Communicator* cp = nullptr;
   Recompute recompute = Recompute::none;
   int micro_batch = 1, slots = 1;

@@ -31,11 +31,14 @@ namespace troupe {
 // block in flight while the one before it is computed; all_gather, one all-gather of every rank's
 // block before any is computed, and in the backward one reduce-scatter of the blocks' dK, dV (more
 // memory, no overlap, two collectives per layer instead of 2 (cp - 1) messages each way).
-enum class CpComm : uint8_t { p2p, all_gather };
+// a2a is not a ring: the context-parallel group's all-to-all from rows to heads and back around
+// attention over whole sequences (model/gpt_chunk_ulysses.cpp; DeepSpeed-Ulysses, Transformer
+// Engine's a2a); ring_attention_* do not take it.
+enum class CpComm : uint8_t { p2p, all_gather, a2a };
 
 struct RingAttentionSpec {
   ops::AttentionLayout layout;                   // this rank's heads and groups (head_dim set)
-  CpComm comm = CpComm::p2p;
+  CpComm comm = CpComm::p2p;  // p2p or all_gather
   int64_t seq_len = 0;                           // the whole sequence
   std::vector<std::vector<int64_t>> positions;   // per cp rank: its rows' global positions
   DropoutMask mask;                              // attention dropout (inactive: none)

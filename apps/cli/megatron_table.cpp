@@ -28,8 +28,8 @@ constexpr const char* kContextParallel =
     "hierarchical, hybrid and variable-length context parallelism are not in troupe -- give --context-parallel-size "
     "with --cp-comm-type p2p or all_gather";
 constexpr const char* kUlysses =
-    "DeepSpeed-Ulysses sequence parallelism (the attention split over ranks by heads, and FPDT on top of it) is not "
-    "in troupe yet (issue 29) -- train with --ds-sequence-parallel-size 1";
+    "FPDT (DeepSpeed's chunked, offloaded Ulysses) is not in troupe -- drop the flag: --ds-sequence-parallel-size "
+    "alone runs Ulysses";
 constexpr const char* kMoeDispatch =
     "how tokens travel to their experts and back (Megatron-Core's dispatchers and their backends, DeepEP, HybridEP, "
     "NCCL-EP, Tutel): troupe picks its own dispatch; the routing and the results do not depend on it";
@@ -270,13 +270,14 @@ const std::vector<CompatSection>& compat_sections() {
            {.flags = {"--context-parallel-size V", "--cp-comm-type V..."},
             .kind = CompatKind::implemented,
             .text = "Megatron-LM's context parallelism: each sequence split over the ranks in Megatron's "
-                  "load-balanced chunks, attention by a ring of key/value blocks (p2p, the default) or an all-gather "
-                  "of them (all_gather); one --cp-comm-type for every layer (docs/PARALLEL.md)"},
+                  "load-balanced chunks, attention by a ring of key/value blocks (p2p, the default), an all-gather of "
+                  "them (all_gather) or an all-to-all to whole sequences of fewer heads (a2a); one --cp-comm-type for "
+                  "every layer (docs/PARALLEL.md)"},
            {.flags = {"--ds-sequence-parallel-size V"},
-            .kind = CompatKind::noop,
-            .text = "DeepSpeed-Ulysses with one rank per sequence-parallel group: the attention is not split",
-            .ok = "1",
-            .otherwise = kUlysses},
+            .kind = CompatKind::implemented,
+            .text = "Megatron-DeepSpeed's DeepSpeed-Ulysses: each sequence split over the ranks in contiguous parts, "
+                  "attention by whole sequences of fewer heads between two all-to-alls; beside tensor and pipeline "
+                  "parallelism too, which Megatron-DeepSpeed refuses (docs/PARALLEL.md)"},
            {.flags = {"--hierarchical-context-parallel-sizes V...", "--hybrid-context-parallel",
                       "--max-seqlen-per-dp-cp-rank V"},
             .kind = CompatKind::refused,

@@ -375,8 +375,11 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
            if (!types.empty()) cfg->cp_comm_type = types.front();
          },
          "How context-parallel ranks exchange keys and values: p2p (a ring, the transfer overlapping the "
-         "attention; default) or all_gather")
+         "attention; default), all_gather, or a2a (an all-to-all to whole sequences of fewer heads)")
       ->group(par);
+  opt(par, "--ds-sequence-parallel-size", cfg->ds_sequence_parallel_size,
+      "DeepSpeed-Ulysses ranks splitting every sequence in contiguous parts; attention by whole sequences of "
+      "1/N of the heads between two all-to-alls (N must divide each tensor-parallel rank's heads)");
   cmd->add_flag("--sequence-parallel", cfg->sequence_parallel,
                 "Split layer-norm and dropout activations along the sequence over the "
                 "tensor-parallel ranks (ignored with --tensor-model-parallel-size 1, as in "

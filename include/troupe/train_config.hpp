@@ -70,6 +70,9 @@ struct TrainConfig {
   int context_parallel_size = 1;
   std::string cp_comm_type = "p2p";  // p2p | all_gather | a2a
   int ds_sequence_parallel_size = 1;
+  // The ranks every sequence is split over: the context-parallel or the Ulysses size (validation
+  // refuses both above 1 at once).
+  int sequence_ranks() const { return std::max(1, context_parallel_size) * std::max(1, ds_sequence_parallel_size); }
   std::string timeline;  // Chrome trace JSON of every actor's spans ("": none)
 
   // Optimizer offload (DeepSpeed's zero_optimization.offload_optimizer): where the Adam moments of
@@ -235,7 +238,7 @@ struct TrainConfig {
     return global_batch_size / (micro_batch_size * resolved_dp(world_size));
   }
   bool parallel() const {
-    return tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size * resolved_dp() > 1 ||
+    return tensor_model_parallel_size * pipeline_model_parallel_size * sequence_ranks() * resolved_dp() > 1 ||
            zero_stage > 0 ||
            offload_optimizer != "none";
   }

@@ -50,6 +50,36 @@ TEST_CASE("cp flags: the sizes and the ring's type; the ranks are tp x cp x pp x
   CHECK(launched.value().cp_comm_type == "all_gather");
 }
 
+TEST_CASE("Ulysses flags: the size, the ranks, and what the all-to-all needs", "[compat][cp]") {
+  auto u = parse_train_flags(base({"--ds-sequence-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                                   "--pipeline-model-parallel-size", "2", "--global-batch-size", "4"}),
+                             16);
+  INFO((u.is_ok() ? "" : u.status().message()));
+  REQUIRE(u.is_ok());
+  CHECK(u.value().ds_sequence_parallel_size == 2);
+  CHECK(u.value().sequence_ranks() == 2);
+  CHECK(u.value().resolved_dp(16) == 2);  // 16 / (tp 2 x pp 2 x Ulysses 2)
+  // Heads per tensor-parallel rank (4 / 2 = 2) not divisible by 4; a sequence 4 does not divide (26);
+  // both ways at once; and with cp's all-to-all, the key/value groups.
+  const std::string all = problems(base({"--ds-sequence-parallel-size", "4", "--tensor-model-parallel-size", "2",
+                                         "--seq-length", "26", "--context-parallel-size", "2"}));
+  CHECK_THAT(all, Contains("--ds-sequence-parallel-size 4 with --context-parallel-size 2: troupe splits a sequence one "
+                           "way at a time"));
+  const std::string heads =
+      problems(base({"--ds-sequence-parallel-size", "4", "--tensor-model-parallel-size", "2", "--seq-length", "26"}));
+  CHECK_THAT(heads, Contains("--seq-length 26 is not divisible by --ds-sequence-parallel-size 4 -- each Ulysses rank "
+                             "holds an equal, contiguous part of every sequence: use a multiple of 4, or "
+                             "--ds-sequence-parallel-size 2, 13 or 26"));
+  CHECK_THAT(heads, Contains("--ds-sequence-parallel-size 4 does not divide the 2 attention heads of each "
+                             "tensor-parallel rank (4 / --tensor-model-parallel-size 2)"));
+  CHECK_THAT(problems(base({"--context-parallel-size", "2", "--cp-comm-type", "a2a", "--group-query-attention",
+                            "--num-query-groups", "1"})),
+             Contains("--context-parallel-size 2 does not divide the 1 key/value groups of each tensor-parallel rank"));
+  auto a2a = parse_train_flags(base({"--context-parallel-size", "2", "--cp-comm-type", "a2a"}));
+  REQUIRE(a2a.is_ok());
+  CHECK(a2a.value().cp_comm_type == "a2a");
+}
+
 TEST_CASE("cp flags: every problem at once, each with its fix", "[compat][cp]") {
   // Sequence 24 over cp 5: not 10 equal chunks; MoE layers; the GPU; a type troupe does not know.
   const std::string all = problems(base({"--context-parallel-size", "5", "--num-experts", "4", "--device", "cuda",
@@ -59,10 +89,7 @@ TEST_CASE("cp flags: every problem at once, each with its fix", "[compat][cp]") 
   CHECK_THAT(all, Contains("--context-parallel-size 5 with MoE layers is not in troupe yet"));
   CHECK_THAT(all, Contains("--context-parallel-size 5 runs on the CPU only so far"));
   CHECK_THAT(all, Contains("--cp-comm-type is \"ring\" -- use p2p"));
-  // Transformer Engine's a2a is not in troupe; one type per layer.
-  CHECK_THAT(problems(base({"--context-parallel-size", "2", "--cp-comm-type", "a2a"})),
-             Contains("--cp-comm-type a2a (Transformer Engine's all-to-all by heads) is not in troupe yet -- use p2p "
-                      "or all_gather"));
+  // One type per layer.
   CHECK_THAT(problems(base({"--context-parallel-size", "2", "--cp-comm-type", "p2p", "all_gather"})),
              Contains("gives p2p and all_gather for different layers"));
   CHECK_THAT(problems(base({"--context-parallel-size", "0"})),

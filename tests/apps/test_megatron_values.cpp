@@ -48,17 +48,19 @@ TEST_CASE("values: layout sizes of 1 are no-ops, larger ones are refused naming 
                                       "--expert-tensor-parallel-size", "1"}),
                                 1, &notes);
   REQUIRE(ones.is_ok());
-  for (const char* f : {"--ds-sequence-parallel-size 1: no effect", "--expert-model-parallel-size 1: no effect",
-                        "--expert-tensor-parallel-size 1: no effect"})
+  for (const char* f : {"--expert-model-parallel-size 1: no effect", "--expert-tensor-parallel-size 1: no effect"})
     CHECK(has_note(notes, f));
-  // Context parallelism is troupe's own (tests/apps/test_context_parallel_flags.cpp).
+  // Context parallelism and Ulysses are troupe's own (tests/apps/test_context_parallel_flags.cpp).
   auto cp = parse_train_flags(base({"--context-parallel-size", "2", "--cp-comm-type", "all_gather"}));
   REQUIRE(cp.is_ok());
   CHECK(cp.value().context_parallel_size == 2);
   CHECK(cp.value().cp_comm_type == "all_gather");
-  const std::string sp = problems(base({"--ds-sequence-parallel-size", "4"}));
-  CHECK_THAT(sp, Contains("--ds-sequence-parallel-size 4: DeepSpeed-Ulysses"));
-  CHECK_THAT(sp, Contains("(issue 29)"));
+  auto sp = parse_train_flags(base({"--ds-sequence-parallel-size", "4"}));
+  REQUIRE(sp.is_ok());
+  CHECK(sp.value().ds_sequence_parallel_size == 4);
+  // FPDT is not: the flag is refused, --ds-sequence-parallel-size alone named as what runs.
+  CHECK_THAT(problems(base({"--ds-sequence-parallel-size", "2", "--ds-sequence-parallel-fpdt"})),
+             Contains("--ds-sequence-parallel-fpdt: FPDT (DeepSpeed's chunked, offloaded Ulysses) is not in troupe"));
   // Expert parallelism without experts: Megatron-LM asserts the same.
   const std::string ep = problems(base({"--expert-model-parallel-size", "8"}));
   CHECK_THAT(ep, Contains("--expert-model-parallel-size 8 splits experts over ranks, but the model has none"));

@@ -14,7 +14,8 @@
 #  - Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh: refused with exactly its four
 #    problems (FP8, the decoupled learning rate, bf16 gradient reduction, 1p norms in bf16) at once;
 #    without those flags the rest of it (NullTokenizer --vocab-size, mock data, --split '99,1,0'
-#    with its quotes, --data-cache-path, --no-mmap-bin-files, ...) trains;
+#    with its quotes, --data-cache-path, --no-mmap-bin-files, ...) trains, in bf16 with its
+#    --context-parallel-size 2 over two processes (issue 29);
 #  - mixture of experts with expert parallelism 2 (troupe launch): Megatron-DeepSpeed's
 #    MoE/ds_pretrain_gpt_125M_MoE64.sh (top-1, 4 experts, ep 2 on 2 ranks) and
 #    ds_pretrain_gpt_1.3B_PR-MoE64or128.sh (the pyramid "4 8" with the residual MLP, ZeRO 2, ep 2 on
@@ -59,7 +60,7 @@ mkdir uc && cp "$real"/universal_checkpointing/*.sh uc/
 (cd uc && MASTER_PORT=$(free_port) bash run_bf16.sh > save.log 2>&1) || { tail -30 uc/save.log; fail "run_bf16.sh failed"; }
 grep -q "saved checkpoint at iteration 2 to z1_uni_ckpt/checkpoints/gpt2/z1/bf16/tp2_pp1_dp2_sp1_toy" uc/save.log ||
   { cat uc/save.log; fail "run_bf16.sh did not save at its exit interval"; }
-has_notes uc/save.log "--ds-sequence-parallel-size 1: no effect" '"data_types.grad_accum_dtype" in' \
+has_notes uc/save.log '"data_types.grad_accum_dtype" in' \
   "--loss-scale with the DeepSpeed file's bf16: no effect"
 (cd uc && MASTER_PORT=$(free_port) bash run_universal_bf16.sh > load.log 2>&1) ||
   { tail -30 uc/load.log; fail "run_universal_bf16.sh failed"; }
@@ -130,7 +131,7 @@ text = open(sys.argv[1]).read()
 m = re.search(r"error: (\d+) problems with the flags:", text)
 assert m and m.group(1) == "4", m
 items = re.findall(r"^  - (.*)$", text, re.M)
-starts = sorted(i.split(":")[0] for i in items)
+starts = sorted({i.split(":")[0] for i in items})  # both ranks of the cp 2 launch say it
 assert starts == ["--apply-layernorm-1p with a 16-bit run", "--decoupled-lr 5.0e-4, --decoupled-min-lr 4.5e-5",
                   "--fp8-format hybrid, --fp8-amax-history-len 1024, --fp8-amax-compute-algo max, --fp8-param-gather",
                   "--grad-reduce-in-bf16"], starts
@@ -157,10 +158,11 @@ chmod +x drop_refused.sh
   bash train_llama3_8b_h100_fp8.sh ck tb > rest.log 2>&1) || { tail -30 llama/rest.log; fail "the rest of the llama3 script failed"; }
 grep -q "finished at iteration 3/3" llama/rest.log || { cat llama/rest.log; fail "the rest of the llama3 script did not train"; }
 for want in "LLaMA 2 layers, hidden 64, 4 heads, seq 32, vocabulary 512 (padded to 512)" \
-            "data: mock data: uniform random tokens over a vocabulary of 512"; do
+            "data: mock data: uniform random tokens over a vocabulary of 512" \
+            "cp 2 (16 tokens of each sequence per rank, p2p ring)"; do
   grep -qF -- "$want" llama/rest.log || { cat llama/rest.log; fail "the rest of the llama3 script: no line '$want'"; }
 done
-has_notes llama/rest.log "--calculate-per-token-loss: no effect" "--context-parallel-size 1: no effect" \
+has_notes llama/rest.log "--calculate-per-token-loss: no effect" \
   "--data-cache-path" "--no-mmap-bin-files: no effect" "--cross-entropy-loss-fusion: no effect" "--ckpt-format torch_dist: no effect"
 echo "ok: the llama3 FP8 script is refused with its four problems; the rest of it trains (losses $(losses llama/rest.log 3))"
 

@@ -879,6 +879,14 @@ ParallelConfig with_cp(ParallelConfig p, int cp, CpComm comm = CpComm::p2p) {
   return p;
 }
 
+// DeepSpeed-Ulysses of size u: contiguous rows, attention by heads after an all-to-all.
+ParallelConfig ulysses(ParallelConfig p, int u) {
+  p.cp = u;
+  p.cp_comm = CpComm::a2a;
+  p.cp_contiguous = true;
+  return p;
+}
+
 // Every context-parallel layout against the 1x1x1 run of the same model, at Adam's default eps.
 void check_cp_matrix(const GptConfig& model, DType dtype, Tol tol) {
   using S = sched::ScheduleType;
@@ -896,6 +904,13 @@ void check_cp_matrix(const GptConfig& model, DType dtype, Tol tol) {
       {"cp2 tp2 pp2 dp2 zero2 sp full recompute",
        with_cp(layout(2, 2, 2, 2, S::one_f_one_b, 1, Recompute::full, true), 2), 1, 8},
       {"cp4 all_gather", with_cp(layout(1, 1, 1), 4, CpComm::all_gather), 1, 6},
+      {"cp2 a2a pp2 selective", with_cp(layout(1, 2, 1, 0, S::one_f_one_b, 1, Recompute::selective), 2, CpComm::a2a), 1, 6},
+      {"ulysses2", ulysses(layout(1, 1, 1), 2), 1, 6},
+      {"ulysses4, micro-batch 2", ulysses(layout(1, 1, 1), 4), 2, 6},
+      {"ulysses2 tp2 sp dp2 zero3 selective",
+       ulysses(layout(2, 1, 2, 3, S::one_f_one_b, 1, Recompute::selective, true), 2), 1, 8},
+      {"ulysses2 pp2 interleaved full recompute", ulysses(layout(1, 2, 1, 0, S::interleaved, 2, Recompute::full), 2), 1, 8},
+      {"ulysses4 pp2 zb-h1 dp2 zero1", ulysses(layout(1, 2, 2, 1, S::zb_h1), 4), 1, 8},
       {"cp2 all_gather tp2 sp pp2 zb-h1 dp2 zero3",
        with_cp(layout(2, 2, 2, 3, S::zb_h1, 1, Recompute::none, true), 2, CpComm::all_gather), 1, 8},
   };
@@ -938,9 +953,9 @@ TEST_CASE("context parallel: LLaMA and BLOOM in f32, every cp layout equals the 
 }
 
 // cp never appears in a checkpoint: the shards of a cp run hold each parameter and moment once (the
-// dp x cp group's first replica, or its ZeRO partitions), so a run saved at cp 4 resumes at cp 1 and
-// at cp 2 with other tp, pp, dp and ZeRO, and a cp 1 run resumes at cp 4, Adam's moments included,
-// as the straight 1x1x1 run goes on.
+// dp x cp group's first replica, or its ZeRO partitions), so a run saved at cp 4 resumes at cp 1, at
+// cp 2 with other tp, pp, dp and ZeRO, and at Ulysses 2; a cp 1 run resumes at cp 4 and a Ulysses 4
+// run at cp 2 with the all-to-all, Adam's moments included, as the straight 1x1x1 run goes on.
 TEST_CASE("context parallel: save at one cp, resume at another, equals the straight run", "[parallel][cp][checkpoint]") {
   using S = sched::ScheduleType;
   for (const GptConfig& model : {long_model(llama_model()), long_model(bloom_model())}) {
@@ -950,6 +965,8 @@ TEST_CASE("context parallel: save at one cp, resume at another, equals the strai
         {with_cp(layout(1, 1, 1), 4), layout(1, 1, 1)},
         {with_cp(layout(1, 1, 2, 3), 4), with_cp(layout(2, 2, 1, 0, S::one_f_one_b, 1, Recompute::none, true), 2)},
         {layout(2, 1, 2, 1), with_cp(layout(1, 2, 1, 2), 4)},
+        {with_cp(layout(1, 1, 2, 2), 4), ulysses(layout(2, 1, 1), 2)},
+        {ulysses(layout(1, 2, 1, 0, S::gpipe), 4), with_cp(layout(1, 1, 2, 3), 2, CpComm::a2a)},
     };
     for (size_t i = 0; i < pairs.size(); ++i) {
       INFO("pair " << i);

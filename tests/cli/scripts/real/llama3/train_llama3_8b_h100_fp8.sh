@@ -1,6 +1,6 @@
 #!/bin/bash
 # NVIDIA/Megatron-LM d98e8a64ddf34856e74b24714e3bedb2f5a39553 examples/llama/train_llama3_8b_h100_fp8.sh
-# Shrunk for troupe's CI (tests/cli/megatron_real_scripts.sh): sizes, paths and the launcher changed, nothing else. One rank, mock data (its MOCK default); `torchrun pretrain_gpt.py` becomes troupe launch -- train (the check for pretrain_gpt.py left out). troupe refuses FP8, the decoupled learning rate, bf16 gradient reduction and 1p norms under bf16, each named.
+# Shrunk for troupe's CI (tests/cli/megatron_real_scripts.sh): sizes, paths and the launcher changed, nothing else. Two ranks (context parallelism 2: each sequence split over two processes), mock data (its MOCK default); `torchrun pretrain_gpt.py` becomes troupe launch -- train (the check for pretrain_gpt.py left out). troupe refuses FP8, the decoupled learning rate, bf16 gradient reduction and 1p norms under bf16, each named.
 
 # Environment variables for performance tuning
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
@@ -21,7 +21,7 @@ mkdir -p "$(dirname "$CHECKPOINT_PATH")"
 mkdir -p "$(dirname "$TENSORBOARD_LOGS_PATH")"
 
 # Distributed training setup
-GPUS_PER_NODE=1
+GPUS_PER_NODE=2
 NUM_NODES=1
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
@@ -33,7 +33,7 @@ PRETRAIN_SCRIPT_PATH="train"
 
 # Fixed model and training parameters
 TP_SIZE=1     
-CP_SIZE=1     
+CP_SIZE=2     
 PP_SIZE=1     
 MICRO_BATCH_SIZE=1
 GLOBAL_BATCH_SIZE=2
