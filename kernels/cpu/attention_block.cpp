@@ -3,6 +3,8 @@
 // context parallelism's ring. Positions are global, so blocks met in any order give the whole
 // sequence's attention up to rounding.
 //
+// Only the rows and keys causality leaves are computed (visible_part): with Megatron's load-balanced
+// chunks a block of another rank costs half of the diagonal one.
 // Forward, one task per (batch, query head): S = scale Q K^T for the block (one GEMM), then per row the
 // visible scores (kpos[j] <= qpos[i], plus ALiBi's slope * (kpos[j] - qpos[i])) update the running
 // maximum m and sum l (both rescaled by exp(m_old - m_new)), the row's accumulator is rescaled alike,
@@ -39,6 +41,26 @@ void block_factors(const DropoutMask& mask, int64_t sample, int64_t hg, int64_t 
   }
 }
 
+// The part of a block causality leaves: query rows from i0 on (the rows before see no key of the
+// block) against keys below kt (the keys from kt on are after every query). With Megatron's
+// load-balanced chunks this is half the block whenever the key block belongs to another rank (the
+// first query chunk sees nothing of a later rank's block; no query sees an earlier rank's second
+// chunk), so those steps cost half a diagonal one's.
+struct Visible {
+  int64_t i0 = 0, kt = 0;
+  bool empty(int64_t Tq) const { return i0 >= Tq || kt == 0; }
+};
+inline Visible visible_part(const int64_t* qpos, int64_t Tq, const int64_t* kpos, int64_t Tk) {
+  int64_t qmax = std::numeric_limits<int64_t>::min(), kmin = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < Tq; ++i) qmax = std::max(qmax, qpos[i]);
+  for (int64_t j = 0; j < Tk; ++j) kmin = std::min(kmin, kpos[j]);
+  Visible v;
+  while (v.i0 < Tq && qpos[v.i0] < kmin) ++v.i0;
+  v.kt = Tk;
+  while (v.kt > 0 && kpos[v.kt - 1] > qmax) --v.kt;
+  return v;
+}
+
 // Row i of S (scaled scores) with ALiBi's bias added and the invisible keys set to -inf.
 template <class T>
 void visible_scores(T* row, const int64_t* kpos, int64_t Tk, int64_t qpos, const double* alibi, int64_t h) {
@@ -61,30 +83,33 @@ void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv,
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  const Visible vis = visible_part(qpos, Tq, kpos, Tk);
+  if (vis.empty(Tq)) return;  // no query sees any key of this block
+  const int64_t i0 = vis.i0, Tr = Tq - i0, Kt = vis.kt;
   pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    T* S = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 0);
-    T* f = mask ? thread_scratch<T>(static_cast<size_t>(Tk), 1) : nullptr;
+    T* S = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 0);
+    T* f = mask ? thread_scratch<T>(static_cast<size_t>(Kt), 1) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / H, h = task % H, g = h / R;
-      const T* q = qkv + b * Tq * ldq + h * hs;
+      const T* q = qkv + (b * Tq + i0) * ldq + h * hs;
       const T* k = kv + b * Tk * ldkv + g * hs;
       const T* v = k + G * hs;
-      T* a = acc + b * Tq * C + h * hs;  // (Tq, hs), row stride C
-      T* mr = m + task * Tq;
-      T* lr = l + task * Tq;
-      gemm_serial<T>(false, true, Tq, Tk, hs, scale, q, ldq, k, ldkv, T(0), S, Tk);
-      for (int64_t i = 0; i < Tq; ++i) {
-        T* row = S + i * Tk;
-        visible_scores(row, kpos, Tk, qpos[i], alibi, h);
+      T* a = acc + (b * Tq + i0) * C + h * hs;  // (Tr, hs), row stride C
+      T* mr = m + task * Tq + i0;
+      T* lr = l + task * Tq + i0;
+      gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), S, Kt);
+      for (int64_t i = 0; i < Tr; ++i) {
+        T* row = S + i * Kt;
+        visible_scores(row, kpos, Kt, qpos[i0 + i], alibi, h);
         T mx = mr[i];
-        for (int64_t j = 0; j < Tk; ++j) mx = std::max(mx, row[j]);
+        for (int64_t j = 0; j < Kt; ++j) mx = std::max(mx, row[j]);
         if (mx == neg_inf) {  // no visible key in this block yet: nothing to add
-          std::fill(row, row + Tk, T(0));
+          std::fill(row, row + Kt, T(0));
           continue;
         }
         const T corr = mr[i] == neg_inf ? T(0) : fast_exp(mr[i] - mx);
         T sum = 0;
-        for (int64_t j = 0; j < Tk; ++j) {
+        for (int64_t j = 0; j < Kt; ++j) {
           row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - mx);
           sum += row[j];
         }
@@ -93,11 +118,11 @@ void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv,
         if (corr != T(1))
           for (int64_t c = 0; c < hs; ++c) a[i * C + c] *= corr;
         if (mask) {
-          block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i], kpos, Tk, keep_scale, f);
-          for (int64_t j = 0; j < Tk; ++j) row[j] *= f[j];
+          block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i0 + i], kpos, Kt, keep_scale, f);
+          for (int64_t j = 0; j < Kt; ++j) row[j] *= f[j];
         }
       }
-      gemm_serial<T>(false, false, Tq, hs, Tk, T(1), S, Tk, v, ldkv, T(1), a, C);
+      gemm_serial<T>(false, false, Tr, hs, Kt, T(1), S, Kt, v, ldkv, T(1), a, C);
     }
   });
 }
@@ -111,11 +136,14 @@ void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, co
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  const Visible vis = visible_part(qpos, Tq, kpos, Tk);
+  if (vis.empty(Tq)) return;  // no query sees any key of this block: no gradient
+  const int64_t i0 = vis.i0, Tr = Tq - i0, Kt = vis.kt;
   pool.parallel_for(B * G, [&](int64_t task0, int64_t task1) {
-    T* P = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 0);   // P, then dS
-    T* D = thread_scratch<T>(static_cast<size_t>(Tq * Tk), 1);   // dO V^T, then dP
-    T* Pd = mask ? thread_scratch<T>(static_cast<size_t>(Tq * Tk), 2) : nullptr;
-    T* F = mask ? thread_scratch<T>(static_cast<size_t>(Tq * Tk), 3) : nullptr;
+    T* P = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 0);   // P, then dS
+    T* D = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 1);   // dO V^T, then dP
+    T* Pd = mask ? thread_scratch<T>(static_cast<size_t>(Tr * Kt), 2) : nullptr;
+    T* F = mask ? thread_scratch<T>(static_cast<size_t>(Tr * Kt), 3) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / G, g = task % G;
       const T* k = kv + b * Tk * ldkv + g * hs;
@@ -123,35 +151,35 @@ void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, co
       T* dk = dkv + b * Tk * ldkv + g * hs;
       T* dv = dk + G * hs;
       for (int64_t h = g * R; h < (g + 1) * R; ++h) {
-        const T* q = qkv + b * Tq * ldq + h * hs;
-        const T* go = dout + b * Tq * C + h * hs;
-        T* gq = dq + b * Tq * C + h * hs;
-        const T* ls = lse + (b * H + h) * Tq;
-        const T* dl = delta + (b * H + h) * Tq;
-        gemm_serial<T>(false, true, Tq, Tk, hs, scale, q, ldq, k, ldkv, T(0), P, Tk);
-        for (int64_t i = 0; i < Tq; ++i) {
-          T* row = P + i * Tk;
-          visible_scores(row, kpos, Tk, qpos[i], alibi, h);
-          for (int64_t j = 0; j < Tk; ++j) row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - ls[i]);
+        const T* q = qkv + (b * Tq + i0) * ldq + h * hs;
+        const T* go = dout + (b * Tq + i0) * C + h * hs;
+        T* gq = dq + (b * Tq + i0) * C + h * hs;
+        const T* ls = lse + (b * H + h) * Tq + i0;
+        const T* dl = delta + (b * H + h) * Tq + i0;
+        gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), P, Kt);
+        for (int64_t i = 0; i < Tr; ++i) {
+          T* row = P + i * Kt;
+          visible_scores(row, kpos, Kt, qpos[i0 + i], alibi, h);
+          for (int64_t j = 0; j < Kt; ++j) row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - ls[i]);
           if (mask) {
-            T* fr = F + i * Tk;
-            block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i], kpos, Tk, keep_scale, fr);
-            for (int64_t j = 0; j < Tk; ++j) Pd[i * Tk + j] = row[j] * fr[j];
+            T* fr = F + i * Kt;
+            block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i0 + i], kpos, Kt, keep_scale, fr);
+            for (int64_t j = 0; j < Kt; ++j) Pd[i * Kt + j] = row[j] * fr[j];
           }
         }
         // dV += Pd^T dO
-        gemm_serial<T>(true, false, Tk, hs, Tq, T(1), mask ? Pd : P, Tk, go, C, T(1), dv, ldkv);
+        gemm_serial<T>(true, false, Kt, hs, Tr, T(1), mask ? Pd : P, Kt, go, C, T(1), dv, ldkv);
         // dP = (dO V^T) * factor; dS = P (dP - delta)
-        gemm_serial<T>(false, true, Tq, Tk, hs, T(1), go, C, v, ldkv, T(0), D, Tk);
-        for (int64_t i = 0; i < Tq; ++i) {
-          T* row = P + i * Tk;
-          const T* dp = D + i * Tk;
-          const T* fr = mask ? F + i * Tk : nullptr;
-          for (int64_t j = 0; j < Tk; ++j) row[j] *= (fr ? dp[j] * fr[j] : dp[j]) - dl[i];
+        gemm_serial<T>(false, true, Tr, Kt, hs, T(1), go, C, v, ldkv, T(0), D, Kt);
+        for (int64_t i = 0; i < Tr; ++i) {
+          T* row = P + i * Kt;
+          const T* dp = D + i * Kt;
+          const T* fr = mask ? F + i * Kt : nullptr;
+          for (int64_t j = 0; j < Kt; ++j) row[j] *= (fr ? dp[j] * fr[j] : dp[j]) - dl[i];
         }
         // dQ += scale dS K; dK += scale dS^T Q
-        gemm_serial<T>(false, false, Tq, hs, Tk, scale, P, Tk, k, ldkv, T(1), gq, C);
-        gemm_serial<T>(true, false, Tk, hs, Tq, scale, P, Tk, q, ldq, T(1), dk, ldkv);
+        gemm_serial<T>(false, false, Tr, hs, Kt, scale, P, Kt, k, ldkv, T(1), gq, C);
+        gemm_serial<T>(true, false, Kt, hs, Tr, scale, P, Kt, q, ldq, T(1), dk, ldkv);
       }
     }
   });

@@ -21,7 +21,10 @@
 #    ds_pretrain_gpt_1.3B_PR-MoE64or128.sh (the pyramid "4 8" with the residual MLP, ZeRO 2, ep 2 on
 #    2 ranks), and Megatron-LM's mixtral/train_mixtral_8x7b_distributed.sh (pp 2 x dp 2, ep 2, top-2
 #    of 4): each trains as written, the DeepSpeed ones in fp16 with the JSON's dynamic loss scaler,
-#    Mixtral's in bf16.
+#    Mixtral's in bf16;
+#  - long sequences (issue 29): Megatron-DeepSpeed's sequence_parallel/ds_pretrain_gpt_1.3B_seq_parallel_32k.sh
+#    (DeepSpeed-Ulysses, --ds-sequence-parallel-size 2 on 2 ranks, fp16) trains as written, and so does
+#    the llama3 script's rest above with its --context-parallel-size 2.
 source "$(dirname "$0")/common.bash"
 real=$src_dir/tests/cli/scripts/real
 vocab=$src_dir/fuzz/data/gpt2_tiny/encoder.json merges=$src_dir/fuzz/data/gpt2_tiny/vocab.bpe
@@ -190,6 +193,17 @@ for want in "experts 4, 8 (one count per MoE layer) in every 2nd layer (layers 2
   grep -qF -- "$want" "$log" || { cat "$log"; fail "PR-MoE64or128: no '$want'"; }
 done
 echo "ok: MoE's ds_pretrain_gpt_1.3B_PR-MoE64or128.sh trains as written (fp16): the pyramid with ep 2 on dp 2, ZeRO 2 (losses $(losses "$log" 3))"
+
+# --- long sequences: Megatron-DeepSpeed's DeepSpeed-Ulysses script, as written (fp16, sp 2) ------------
+mkdir ulysses && cp "$real"/seq_parallel/* ulysses/
+(cd ulysses && bash ds_pretrain_gpt_1.3B_seq_parallel_32k.sh > run.log 2>&1) ||
+  { tail -30 ulysses/run.log; fail "ds_pretrain_gpt_1.3B_seq_parallel_32k.sh failed"; }
+for want in "finished at iteration 3/" "fp16 weights and activations" \
+            "Ulysses 2 (32 tokens of each sequence per rank, attention by heads after an all-to-all)"; do
+  grep -qF -- "$want" ulysses/run.log || { cat ulysses/run.log; fail "the Ulysses script: no '$want'"; }
+done
+has_notes ulysses/run.log "--use-flash-attn-v2: no effect" "--checkpoint-activations: read as --recompute-granularity full"
+echo "ok: sequence_parallel's ds_pretrain_gpt_1.3B_seq_parallel_32k.sh trains as written (fp16) with Ulysses 2 on 2 ranks (loss at iteration 3: $(losses ulysses/run.log 1))"
 
 sp=$src_dir/fuzz/corpus/sentencepiece_model/bpe_byte_fallback.model
 "$troupe" preprocess --input corpus.txt --input-format text --text-separator % --output-prefix sp \
