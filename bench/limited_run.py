@@ -24,7 +24,9 @@ SECONDS (default 1800) and --method:
            overshoot by what it touches in one interval;
   prlimit  RLIMIT_AS (what prlimit --as sets) on the command: it limits address space, not resident memory, and a
            troupe process reserves far more than it touches (thread stacks, malloc arenas: 2.9 GB of address space
-           for 213 MB resident at cp 4, hidden 64), so it fails earlier than the limit suggests;
+           for 213 MB resident at cp 4, hidden 64), so it fails earlier than the limit suggests; worse, OpenBLAS's
+           blas_memory_alloc retries a refused 128 MiB buffer forever (seen: troupe at cp 4 under a 1 GiB RLIMIT_AS
+           spinning at 100% CPU), so such a try ends only at the time limit;
   none     no limit (the peak is still sampled);
   auto     (default) systemd when a probe scope starts, else watch.
 Whatever the method, the tree's peak resident memory is sampled. The time limit sends SIGTERM to the tree, then

@@ -19,7 +19,8 @@
 # systemd-run --scope -p MemoryMax when a systemd manager answers, else a watchdog that samples the resident memory of
 # the process tree and kills it above the limit (--limit-method prlimit: RLIMIT_AS, which counts address space, not
 # memory). troupe's own start-up memory check is switched off (TROUPE_MEMORY_CHECK=off) so that the limit decides,
-# unless --troupe-memory-check is given.
+# unless --troupe-memory-check is given. A table run whose plan is already over the limit is skipped (listed as
+# such) unless --run-over-plan: it could not fit, and driving the machine to the limit risks the kernel's OOM killer.
 #
 # Usage: bench/long_sequence_memory.sh [options] [SEQ ...]
 #        bench/long_sequence_memory.sh --longest [--torch] [options]
@@ -28,7 +29,7 @@
 #          --mem-limit 22G  --time-limit 1800  --limit-method auto|systemd|watch|prlimit|none
 #          --start 4096  --max-seq N  (--longest)   --torch  (--longest: also PyTorch)
 #          --scratch DIR (default: a new mktemp -d directory, kept)  --out FILE (also write the table there)
-#          --troupe-memory-check (leave troupe's start-up check on)
+#          --troupe-memory-check (leave troupe's start-up check on)  --run-over-plan (do not skip those runs)
 # Environment: TROUPE_BIN (default build/bin/troupe), PYTHON (default /usr/bin/python3; Debian's, with torch, for
 # --torch; the rest needs only the standard library).
 # Full size, e.g.: nice bash bench/long_sequence_memory.sh --out bench/results/long_sequence_memory.md
@@ -58,8 +59,9 @@ with_torch=0
 scratch=""
 out=""
 memory_check=0
+run_over_plan=0
 
-usage() { sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 need() { [[ $# -ge 2 ]] || { echo "long_sequence_memory.sh: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -82,6 +84,7 @@ while [[ $# -gt 0 ]]; do
     --longest) longest=1; shift ;;
     --torch) with_torch=1; shift ;;
     --troupe-memory-check) memory_check=1; shift ;;
+    --run-over-plan) run_over_plan=1; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "long_sequence_memory.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     *) seqs+=("$1"); shift ;;
@@ -154,7 +157,15 @@ if [[ $longest == 0 ]]; then
         fi
         plan "$tag" "$seq" "$cp" "$rc"
         echo "== [$n/$total] seq $seq, cp $cp, recompute $rc: $(grep -m1 -o 'this process: .*' "$scratch/$tag.plan" || echo 'no plan') planned" >&2
-        rm -f "$scratch/$tag.metrics.jsonl"
+        rm -f "$scratch/$tag.metrics.jsonl" "$scratch/$tag.skipped"
+        planned_bytes="$(sed -n 's/.*this process: \([0-9.]*\) \([MGT]\)iB over.*/\1 \2/p' "$scratch/$tag.plan" | head -1 |
+          awk '{ printf "%.0f", $1 * ($2 == "M" ? 2^20 : $2 == "G" ? 2^30 : 2^40) }')"
+        if [[ $run_over_plan == 0 && -n "$planned_bytes" ]] && (( planned_bytes > mem_bytes )); then
+          echo "   skipped: the plan is over the memory limit (--run-over-plan runs it anyway)" >&2
+          : >"$scratch/$tag.skipped"
+          printf '%s\t%s\t%s\t%s\n' "$seq" "$cp" "$rc" "$tag" >>"$manifest"
+          continue
+        fi
         "${limited[@]}" run "${limits[@]}" --stdout "$scratch/$tag.out" --stderr "$scratch/$tag.err" \
           --report "$scratch/$tag.json" -- ${timed[@]+"${timed[@]}"} "$TROUPE_BIN" train "${model[@]}" \
           --seq-length "$seq" --context-parallel-size "$cp" --recompute-granularity "$rc" --train-iters "$iters" \
@@ -240,6 +251,8 @@ if not longest:
         rep = json.loads(read(os.path.join(scratch, tag + ".json")) or "{}")
         err, outt = read(os.path.join(scratch, tag + ".err")), read(os.path.join(scratch, tag + ".out"))
         status = rep.get("status", "not run")
+        if os.path.exists(os.path.join(scratch, tag + ".skipped")):
+            status = "skipped: planned over the limit"
         measured = time_peak_mib(err)
         own = troupe_peak_mib(outt)
         if measured is None and status == "ok":

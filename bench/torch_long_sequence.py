@@ -185,7 +185,21 @@ def search(a):
     return 0
 
 
+def ensure_torch_interpreter(argv):
+    """Re-runs this script under Debian's /usr/bin/python3 when this interpreter has no torch (the pyenv python3
+    on PATH has none), so that `python3 bench/torch_long_sequence.py ...` works too."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return
+    debian = "/usr/bin/python3"
+    if os.path.realpath(sys.executable) != os.path.realpath(debian) and os.access(debian, os.X_OK):
+        os.execv(debian, [debian, os.path.abspath(__file__)] + argv)
+    sys.exit(f"torch_long_sequence.py: {sys.executable} cannot import torch (run it with Debian's /usr/bin/python3)")
+
+
 def main(argv):
+    ensure_torch_interpreter(argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--seq", type=int, help="train one iteration at this sequence length")

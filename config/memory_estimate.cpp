@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -180,6 +181,18 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
 
   MemoryEstimate e;
   e.logits_bytes = act * tokens * Vp / t;
+  // Ring attention's scratch (cp > 1, p2p or all_gather): each compute thread of a rank holds the
+  // scores of a tile of 128 query rows against a key block, 128 T/cp elements, 2 of them in the
+  // backward (4 with attention dropout), in f32 (the kernel widens 16-bit activations).
+  if (cp > 1 && !a2a) {
+    const double Tl = T / cp;
+    const double threads = std::max(1.0, static_cast<double>(c.num_threads > 0 ? c.num_threads
+                                                                            : std::thread::hardware_concurrency()));
+    const double ranks_here = world_size > 1 ? 1.0 : std::max(1.0, t * p * d * cp);
+    const double per_rank = std::max(1.0, std::floor(threads / ranks_here));
+    const double tasks = micro * std::max(1.0, G / t);
+    e.attention_scratch_bytes = std::min(per_rank, tasks) * (m.attention_dropout > 0 ? 4 : 2) * 128 * Tl * 4;
+  }
   const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
   // What each pipeline stage holds: GPT's even split (stage s: floor(L / p) layers, one more for the
   // first L mod p stages; validation bounds p by L), or a model given in code, its virtual stage k on
@@ -233,7 +246,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
     const double micro_batch = micro_batch_bytes(u, f.gpt_layers, c.recompute_granularity) +
                                4 * f.custom_boundary_elements;
-    st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0);
+    st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0) +
+                          (f.gpt_layers > 0 ? e.attention_scratch_bytes : 0);
     sum_states += st.model_state_bytes;
     sum_activations += st.activation_bytes;
     if (s < 1023 || s == stages - 1) e.stages.push_back(st);

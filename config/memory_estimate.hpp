@@ -39,7 +39,11 @@
 //                           GPipe: m), m the micro-batches per iteration on a replica.
 // Context parallelism (cp > 1): every per-token figure counts the T / cp tokens of each sequence a rank
 // holds, the probabilities become each row's log-sum-exp (H / t floats per token: ring attention
-// keeps no (T, T) matrix), and ZeRO partitions over the d x cp ranks that hold the same parameters.
+// keeps no (T, T) matrix) plus the compute threads' score tiles while a block is computed (128 x
+// T/cp per thread, 2 in the backward, 4 with attention dropout, f32), and ZeRO partitions
+// over the d x cp ranks that hold the same parameters. The all-to-all (Ulysses, --cp-comm-type a2a)
+// keeps the probabilities of whole sequences of H / (t cp) heads (H T / t per local token, as
+// without cp) and the gathered q, k, v.
 // It is compared with the memory this process can have: MemAvailable (/proc/meminfo), and the
 // cgroup's memory.max minus its current use when lower, divided among the ranks started on the host.
 // TROUPE_MEMORY_CHECK=off skips the comparison (the plan is still printed by callers).
@@ -76,6 +80,10 @@ struct MemoryEstimate {
   std::vector<StageMemory> stages;
   double micro_batch_activation_none = 0, micro_batch_activation_selective = 0, micro_batch_activation_full = 0;
   double logits_bytes = 0;
+  // Ring attention's per-rank scratch (context parallelism, p2p or all_gather): the compute threads'
+  // score tiles, 128 x T/cp f32 elements each, 2 per thread in the backward (4 with attention
+  // dropout); included in each stage's activation_bytes.
+  double attention_scratch_bytes = 0;
   // The largest rank's figures (the one that decides whether a GPU or host fits).
   const StageMemory& largest_stage() const;
 };

@@ -3,14 +3,14 @@
 // context parallelism's ring. Positions are global, so blocks met in any order give the whole
 // sequence's attention up to rounding.
 //
-// Only the rows and keys causality leaves are computed (visible_part): with Megatron's load-balanced
-// chunks a block of another rank costs half of the diagonal one.
-// Forward, one task per (batch, query head): S = scale Q K^T for the block (one GEMM), then per row the
-// visible scores (kpos[j] <= qpos[i], plus ALiBi's slope * (kpos[j] - qpos[i])) update the running
+// The queries go in row tiles, each against only the keys causality lets it see (tile_keys).
+// Forward, one task per (batch, query head, row tile): S = scale Q K^T for the tile (one GEMM), then
+// per row the visible scores (kpos[j] <= qpos[i], plus ALiBi's slope * (kpos[j] - qpos[i])) update the running
 // maximum m and sum l (both rescaled by exp(m_old - m_new)), the row's accumulator is rescaled alike,
 // and acc += P~ V with P~ = exp(s - m) times the dropout factor (one GEMM).
-// Backward, one task per (batch, key/value group), the group's query heads in order (they add into the
-// same dK, dV rows, so the sum runs in a fixed order whatever the thread count): P = exp(s - lse) from
+// Backward, one task per (batch, key/value group), the group's query heads and their row tiles in
+// order (they add into the same dK, dV rows, so the sum runs in a fixed order whatever the thread
+// count): P = exp(s - lse) from
 // the finished rows' log-sum-exp, Pd = P * factor, dV += Pd^T dO, dP = (dO V^T) * factor,
 // dS = P (dP - delta) with delta = rowsum(dO * O), dQ += scale dS K, dK += scale dS^T Q.
 #include <algorithm>
@@ -41,24 +41,20 @@ void block_factors(const DropoutMask& mask, int64_t sample, int64_t hg, int64_t 
   }
 }
 
-// The part of a block causality leaves: query rows from i0 on (the rows before see no key of the
-// block) against keys below kt (the keys from kt on are after every query). With Megatron's
-// load-balanced chunks this is half the block whenever the key block belongs to another rank (the
-// first query chunk sees nothing of a later rank's block; no query sees an earlier rank's second
-// chunk), so those steps cost half a diagonal one's.
-struct Visible {
-  int64_t i0 = 0, kt = 0;
-  bool empty(int64_t Tq) const { return i0 >= Tq || kt == 0; }
-};
-inline Visible visible_part(const int64_t* qpos, int64_t Tq, const int64_t* kpos, int64_t Tk) {
-  int64_t qmax = std::numeric_limits<int64_t>::min(), kmin = std::numeric_limits<int64_t>::max();
-  for (int64_t i = 0; i < Tq; ++i) qmax = std::max(qmax, qpos[i]);
-  for (int64_t j = 0; j < Tk; ++j) kmin = std::min(kmin, kpos[j]);
-  Visible v;
-  while (v.i0 < Tq && qpos[v.i0] < kmin) ++v.i0;
-  v.kt = Tk;
-  while (v.kt > 0 && kpos[v.kt - 1] > qmax) --v.kt;
-  return v;
+// Row tiles. The queries are taken kRowTile rows at a time; a tile meets only the keys up to the last
+// one some row of it can see (keys are in ascending position within a block: a rank's chunks in
+// order). So the work follows the causal triangle as flash attention's tiles do: a block of another
+// rank under Megatron's chunks costs half the diagonal one, the diagonal about half a full block, and
+// the scratch per thread is a tile of scores, not a block.
+constexpr int64_t kRowTile = 128;
+
+// The keys rows [i0, i1) meet: [0, kt), kt one past the last key some row of the tile sees (0: none).
+inline int64_t tile_keys(const int64_t* qpos, int64_t i0, int64_t i1, const int64_t* kpos, int64_t Tk) {
+  int64_t qmax = std::numeric_limits<int64_t>::min();
+  for (int64_t i = i0; i < i1; ++i) qmax = std::max(qmax, qpos[i]);
+  int64_t kt = Tk;
+  while (kt > 0 && kpos[kt - 1] > qmax) --kt;
+  return kt;
 }
 
 // Row i of S (scaled scores) with ALiBi's bias added and the invisible keys set to -inf.
@@ -83,20 +79,21 @@ void attention_block_forward(ThreadPool& pool, T* acc, T* m, T* l, const T* qkv,
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const Visible vis = visible_part(qpos, Tq, kpos, Tk);
-  if (vis.empty(Tq)) return;  // no query sees any key of this block
-  const int64_t i0 = vis.i0, Tr = Tq - i0, Kt = vis.kt;
-  pool.parallel_for(B * H, [&](int64_t task0, int64_t task1) {
-    T* S = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 0);
-    T* f = mask ? thread_scratch<T>(static_cast<size_t>(Kt), 1) : nullptr;
+  const int64_t tiles = (Tq + kRowTile - 1) / kRowTile;
+  pool.parallel_for(B * H * tiles, [&](int64_t task0, int64_t task1) {
+    T* S = thread_scratch<T>(static_cast<size_t>(kRowTile * Tk), 0);
+    T* f = mask ? thread_scratch<T>(static_cast<size_t>(Tk), 1) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
-      const int64_t b = task / H, h = task % H, g = h / R;
+      const int64_t bh = task / tiles, b = bh / H, h = bh % H, g = h / R;
+      const int64_t i0 = (task % tiles) * kRowTile, Tr = std::min(kRowTile, Tq - i0);
+      const int64_t Kt = tile_keys(qpos, i0, i0 + Tr, kpos, Tk);
+      if (Kt == 0) continue;  // no row of the tile sees a key of this block
       const T* q = qkv + (b * Tq + i0) * ldq + h * hs;
       const T* k = kv + b * Tk * ldkv + g * hs;
       const T* v = k + G * hs;
       T* a = acc + (b * Tq + i0) * C + h * hs;  // (Tr, hs), row stride C
-      T* mr = m + task * Tq + i0;
-      T* lr = l + task * Tq + i0;
+      T* mr = m + bh * Tq + i0;
+      T* lr = l + bh * Tq + i0;
       gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), S, Kt);
       for (int64_t i = 0; i < Tr; ++i) {
         T* row = S + i * Kt;
@@ -136,51 +133,55 @@ void attention_block_backward(ThreadPool& pool, T* dq, T* dkv, const T* dout, co
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   const T keep_scale = mask ? static_cast<T>(1.0 / (1.0 - mask->p)) : T(1);
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const Visible vis = visible_part(qpos, Tq, kpos, Tk);
-  if (vis.empty(Tq)) return;  // no query sees any key of this block: no gradient
-  const int64_t i0 = vis.i0, Tr = Tq - i0, Kt = vis.kt;
+  const size_t tile = static_cast<size_t>(kRowTile * Tk);
   pool.parallel_for(B * G, [&](int64_t task0, int64_t task1) {
-    T* P = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 0);   // P, then dS
-    T* D = thread_scratch<T>(static_cast<size_t>(Tr * Kt), 1);   // dO V^T, then dP
-    T* Pd = mask ? thread_scratch<T>(static_cast<size_t>(Tr * Kt), 2) : nullptr;
-    T* F = mask ? thread_scratch<T>(static_cast<size_t>(Tr * Kt), 3) : nullptr;
+    T* P = thread_scratch<T>(tile, 0);   // P, then dS
+    T* D = thread_scratch<T>(tile, 1);   // dO V^T, then dP
+    T* Pd = mask ? thread_scratch<T>(tile, 2) : nullptr;
+    T* F = mask ? thread_scratch<T>(tile, 3) : nullptr;
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t b = task / G, g = task % G;
       const T* k = kv + b * Tk * ldkv + g * hs;
       const T* v = k + G * hs;
       T* dk = dkv + b * Tk * ldkv + g * hs;
       T* dv = dk + G * hs;
-      for (int64_t h = g * R; h < (g + 1) * R; ++h) {
-        const T* q = qkv + (b * Tq + i0) * ldq + h * hs;
-        const T* go = dout + (b * Tq + i0) * C + h * hs;
-        T* gq = dq + (b * Tq + i0) * C + h * hs;
-        const T* ls = lse + (b * H + h) * Tq + i0;
-        const T* dl = delta + (b * H + h) * Tq + i0;
-        gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), P, Kt);
-        for (int64_t i = 0; i < Tr; ++i) {
-          T* row = P + i * Kt;
-          visible_scores(row, kpos, Kt, qpos[i0 + i], alibi, h);
-          for (int64_t j = 0; j < Kt; ++j) row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - ls[i]);
-          if (mask) {
-            T* fr = F + i * Kt;
-            block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i0 + i], kpos, Kt, keep_scale, fr);
-            for (int64_t j = 0; j < Kt; ++j) Pd[i * Kt + j] = row[j] * fr[j];
+      // The group's heads in order, each head's row tiles in order: dK, dV sum in a fixed order.
+      for (int64_t h = g * R; h < (g + 1) * R; ++h)
+        for (int64_t i0 = 0; i0 < Tq; i0 += kRowTile) {
+          const int64_t Tr = std::min(kRowTile, Tq - i0);
+          const int64_t Kt = tile_keys(qpos, i0, i0 + Tr, kpos, Tk);
+          if (Kt == 0) continue;
+          const T* q = qkv + (b * Tq + i0) * ldq + h * hs;
+          const T* go = dout + (b * Tq + i0) * C + h * hs;
+          T* gq = dq + (b * Tq + i0) * C + h * hs;
+          const T* ls = lse + (b * H + h) * Tq + i0;
+          const T* dl = delta + (b * H + h) * Tq + i0;
+          gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), P, Kt);
+          for (int64_t i = 0; i < Tr; ++i) {
+            T* row = P + i * Kt;
+            visible_scores(row, kpos, Kt, qpos[i0 + i], alibi, h);
+            for (int64_t j = 0; j < Kt; ++j) row[j] = row[j] == neg_inf ? T(0) : fast_exp(row[j] - ls[i]);
+            if (mask) {
+              T* fr = F + i * Kt;
+              block_factors(*mask, mask->first_sample + b, head0 + h, seq_len, qpos[i0 + i], kpos, Kt, keep_scale,
+                            fr);
+              for (int64_t j = 0; j < Kt; ++j) Pd[i * Kt + j] = row[j] * fr[j];
+            }
           }
+          // dV += Pd^T dO
+          gemm_serial<T>(true, false, Kt, hs, Tr, T(1), mask ? Pd : P, Kt, go, C, T(1), dv, ldkv);
+          // dP = (dO V^T) * factor; dS = P (dP - delta)
+          gemm_serial<T>(false, true, Tr, Kt, hs, T(1), go, C, v, ldkv, T(0), D, Kt);
+          for (int64_t i = 0; i < Tr; ++i) {
+            T* row = P + i * Kt;
+            const T* dp = D + i * Kt;
+            const T* fr = mask ? F + i * Kt : nullptr;
+            for (int64_t j = 0; j < Kt; ++j) row[j] *= (fr ? dp[j] * fr[j] : dp[j]) - dl[i];
+          }
+          // dQ += scale dS K; dK += scale dS^T Q
+          gemm_serial<T>(false, false, Tr, hs, Kt, scale, P, Kt, k, ldkv, T(1), gq, C);
+          gemm_serial<T>(true, false, Kt, hs, Tr, scale, P, Kt, q, ldq, T(1), dk, ldkv);
         }
-        // dV += Pd^T dO
-        gemm_serial<T>(true, false, Kt, hs, Tr, T(1), mask ? Pd : P, Kt, go, C, T(1), dv, ldkv);
-        // dP = (dO V^T) * factor; dS = P (dP - delta)
-        gemm_serial<T>(false, true, Tr, Kt, hs, T(1), go, C, v, ldkv, T(0), D, Kt);
-        for (int64_t i = 0; i < Tr; ++i) {
-          T* row = P + i * Kt;
-          const T* dp = D + i * Kt;
-          const T* fr = mask ? F + i * Kt : nullptr;
-          for (int64_t j = 0; j < Kt; ++j) row[j] *= (fr ? dp[j] * fr[j] : dp[j]) - dl[i];
-        }
-        // dQ += scale dS K; dK += scale dS^T Q
-        gemm_serial<T>(false, false, Tr, hs, Kt, scale, P, Kt, k, ldkv, T(1), gq, C);
-        gemm_serial<T>(true, false, Kt, hs, Tr, scale, P, Kt, q, ldq, T(1), dk, ldkv);
-      }
     }
   });
 }

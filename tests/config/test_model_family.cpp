@@ -373,12 +373,16 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   // moments over dp x cp = 8 ranks.
   c.sequence_parallel = false;
   c.context_parallel_size = 4;
+  c.num_threads = 64;  // 2 per rank of the 32 in the process
   const MemoryEstimate q = estimate_memory(c, 1);
+  // The ring's score tiles: 2 threads x 2 (backward, no attention dropout) x 128 x 1024 f32 elements.
+  REQUIRE(c.model.attention_dropout == 0);
+  CHECK(q.attention_scratch_bytes == 2.0 * 2 * 128 * 1024 * 4);
   const double per_layer_cp = 4 * 4096 + (12288 + 4096 + 3 * 11008) / 2.0 + 32 / 2.0;
   const double micro_cp = 4.0 * 1024 * 16 * per_layer_cp;
   CHECK(q.micro_batch_activation_none == Approx(micro_cp));
   CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 8 * first / 8));
-  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000));
+  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes));
   CHECK(q.ranks_in_process == 32);
   CHECK_THAT(memory_plan_lines(c, 1)[1], Contains("tp 2, pp 2, dp 2, cp 4, ZeRO stage 1"));
 }

@@ -167,6 +167,36 @@ TEST_CASE("attention blocks: every rank's queries against every key block in rin
           }
 }
 
+// Blocks of several row tiles (the kernels take 128 query rows at a time, each tile against the keys
+// it can see): a 2 x 530-row sequence at cp 1 (5 tiles, the last partial) and cp 2 (265 rows a rank,
+// chunks of 132 and 133 rows, tiles straddling the two chunks), GQA, ALiBi and dropout on.
+TEST_CASE("attention blocks: row tiles across chunk boundaries equal attention over the whole sequence",
+          "[kernels][attention_block]") {
+  Fixture f;
+  const int64_t B = 2, T = 530;
+  const int H = 4, G = 2, hs = 6;
+  for (DType dt : {DType::f64, DType::f32})
+    for (int cp : {1, 2}) {
+      INFO(dtype_name(dt) << " cp " << cp);
+      ops::AttentionLayout layout;
+      layout.n_head = H;
+      layout.n_group = G;
+      layout.head_dim = hs;
+      layout.alibi_slopes = ops::alibi_slopes(H);
+      const DropoutMask mask = block_mask();
+      const int64_t W = (H + 2 * G) * hs, C = int64_t{H} * hs;
+      const Tensor qkv = random_tensor({B, T, W}, f.rng, -2, 2, dt), dout = random_tensor({B, T, C}, f.rng, -1, 1, dt);
+      Tensor out = Tensor::empty({B, T, C}, dt), probs = Tensor::empty({B, H, T, T}, dt);
+      ops::attention_forward(f.ctx, out, probs, qkv, layout, mask);
+      Tensor dqkv = Tensor::zeros({B, T, W}, dt);
+      ops::attention_backward(f.ctx, dqkv, dout, qkv, probs, layout, mask);
+      const Result got = ring(f.ctx, qkv, dout, layout, cp, mask);
+      const double tol = dt == DType::f64 ? 1e-12 : 1e-5;
+      CHECK(max_rel(got.out, out) <= tol);
+      CHECK(max_rel(got.dqkv, dqkv) <= tol);
+    }
+}
+
 TEST_CASE("attention blocks: a block with no visible key leaves the state as it was", "[kernels][attention_block]") {
   Fixture f;
   const int64_t B = 1, H = 2, hs = 4, W = 3 * H * hs;
