@@ -601,7 +601,7 @@ GptConfig moe_model(int which) {
 TEST_CASE("parallel, MoE: every layout equals the 1x1x1 run", "[parallel][moe]") {
   for (int which : {0, 1, 2}) {
     INFO("MoE model " << which << " fp32");
-    check_layout_matrix(moe_model(which), DType::f32, 1e-5, std::nullopt, 0);
+    check_layout_matrix(moe_model(which), DType::f32, Tol(1e-5, 1e-5, 1e-4, 1e-5), std::nullopt, 0);
   }
   for (int which : {0, 1, 2}) {
     INFO("MoE model " << which << " f64, default Adam eps");
@@ -673,7 +673,7 @@ TEST_CASE("parallel, MoE: save on one expert layout, resume on another, equals t
     for (const Pair& p : pairs) {
       INFO("MoE model " << which << ": " << p.name);
       if (!refs.count(p.global_batch)) refs.emplace(p.global_batch, run_layout(model, layout(1, 1, 1), 1, p.global_batch));
-      check_resume(model, refs.at(p.global_batch), p.from, p.to, 1e-5, p.global_batch);
+      check_resume(model, refs.at(p.global_batch), p.from, p.to, Tol(1e-5, 1e-5, 1e-4, 1e-5), p.global_batch);
     }
   }
 }
