@@ -142,6 +142,7 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     pos = ring.positions[static_cast<size_t>(cpr)];
     ring.head0 = int64_t{r} * Hl;
     ring.comm = cs.cp_comm;
+    ring.workspace = &ring_ws;
   }
   rotary.positions = pos;
   if (a2a) {

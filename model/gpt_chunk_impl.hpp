@@ -142,6 +142,7 @@ struct GptChunk::Impl {
   int64_t Tg = 0;
   std::vector<int64_t> pos;          // (T) empty without context parallelism (position = t)
   RingAttentionSpec ring;
+  RingWorkspace ring_ws;             // the ring's buffers, reused by every layer and call
   Tensor wpe_rows, dwpe_rows;        // (T,C) wpe's rows at pos, their gradient (cp > 1, with wpe)
   // All-to-all attention (cp_comm a2a: Ulysses; model/gpt_chunk_ulysses.cpp): Hu = Hl / cp heads and
   // Gu = Gl / cp groups of whole sequences, Wu = (Hu + 2 Gu) hs, Au = Hu hs; their layout (ALiBi

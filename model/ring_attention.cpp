@@ -15,10 +15,9 @@ namespace {
 
 constexpr uint64_t kRingTag = 0x52494e47000000ull;  // "RING": forward steps, then backward, then the return
 
-// Rows [c0, c0 + w) of every row of a (B, T, W) tensor into a new (B, T, w) tensor.
-Tensor columns(const Tensor& t, int64_t c0, int64_t w) {
+// Columns [c0, c0 + w) of every row of a (B, T, W) tensor into out (B, T, w).
+Tensor columns(const Tensor& t, int64_t c0, int64_t w, Tensor out) {
   const int64_t B = t.dim(0), T = t.dim(1), W = t.dim(2), esz = static_cast<int64_t>(dtype_size(t.dtype()));
-  Tensor out = Tensor::empty({B, T, w}, t.dtype());
   const char* src = static_cast<const char*>(t.raw());
   char* dst = static_cast<char*>(out.raw());
   for (int64_t row = 0; row < B * T; ++row) std::memcpy(dst + row * w * esz, src + (row * W + c0) * esz, w * esz);
@@ -50,6 +49,16 @@ ops::AttentionBlock block_of(const RingAttentionSpec& spec, int rank) {
 }
 
 void wait(const comm::WorkPtr& w, const char* what) { comm::wait_or_throw(w, what, comm::WaitGroup::other); }
+
+// A buffer of the spec's workspace, or a new tensor without one.
+Tensor buffer(const RingAttentionSpec& spec, RingWorkspace::Slot s, const Shape& shape, DType dt) {
+  return spec.workspace != nullptr ? spec.workspace->get(s, shape, dt) : Tensor::empty(shape, dt);
+}
+Tensor zeroed(const RingAttentionSpec& spec, RingWorkspace::Slot s, const Shape& shape, DType dt) {
+  Tensor t = buffer(spec, s, shape, dt);
+  t.zero_();
+  return t;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -83,6 +92,13 @@ void join_rows(const Tensor& dq, const Tensor& dkv, const Tensor& dqkv, const Si
 
 }  // namespace
 
+Tensor RingWorkspace::get(Slot s, const Shape& shape, DType dtype) {
+  Tensor& b = buf_[s];
+  const int64_t n = shape.numel();
+  if (!b.defined() || b.dtype() != dtype || b.numel() < n) b = Tensor::empty({n}, dtype);
+  return b.rows(0, n).view(shape);
+}
+
 std::vector<int64_t> context_parallel_positions(int64_t seq_len, int cp, int r) {
   TROUPE_CHECK(cp >= 1 && r >= 0 && r < cp && seq_len >= 2 * cp, "context_parallel_positions: 0 <= r < cp, seq_len >= 2 cp");
   std::vector<int64_t> pos;
@@ -105,11 +121,12 @@ void gathered_forward(Context& ctx, comm::Communicator& cp, const RingAttentionS
   check_equal_blocks(spec);
   const DType dt = qkv.dtype();
   ops::AttentionBlock blk = block_of(spec, r);
-  Tensor acc = Tensor::empty({z.B, z.Tl, z.C}, dt), m = Tensor::empty({z.B, z.H, z.Tl}, dt),
-         l = Tensor::empty({z.B, z.H, z.Tl}, dt);
+  const Tensor acc = buffer(spec, RingWorkspace::acc, {z.B, z.Tl, z.C}, dt),
+               m = buffer(spec, RingWorkspace::m, {z.B, z.H, z.Tl}, dt),
+               l = buffer(spec, RingWorkspace::l, {z.B, z.H, z.Tl}, dt);
   ops::attention_block_begin(ctx, acc, m, l);
-  const Tensor mine = columns(qkv, z.C, z.KV);
-  const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
+  const Tensor mine = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));
+  const Tensor all = buffer(spec, RingWorkspace::all, {P * z.B, z.Tl, z.KV}, dt);
   const size_t n = static_cast<size_t>(mine.numel());
   const Clock::time_point issued = Clock::now();
   wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
@@ -129,19 +146,19 @@ Tensor gathered_backward(Context& ctx, comm::Communicator& cp, const RingAttenti
   check_equal_blocks(spec);
   const DType dt = qkv.dtype();
   ops::AttentionBlock blk = block_of(spec, r);
-  const Tensor mine = columns(qkv, z.C, z.KV);
-  const Tensor all = Tensor::empty({P * z.B, z.Tl, z.KV}, dt);
+  const Tensor mine = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));
+  const Tensor all = buffer(spec, RingWorkspace::all, {P * z.B, z.Tl, z.KV}, dt);
   const size_t n = static_cast<size_t>(mine.numel());
   const Clock::time_point issued = Clock::now();
   wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
   comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
-  const Tensor dall = Tensor::zeros({P * z.B, z.Tl, z.KV}, dt);
+  const Tensor dall = zeroed(spec, RingWorkspace::dall, {P * z.B, z.Tl, z.KV}, dt);
   for (int q = 0; q < P; ++q) {
     blk.kpos = spec.positions[static_cast<size_t>(q)];
     ops::attention_block_backward(ctx, dq, dall.rows(q * z.B, (q + 1) * z.B), dout, delta, lse, qkv,
                                   all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
   }
-  Tensor dmine = Tensor::empty({z.B, z.Tl, z.KV}, dt);
+  Tensor dmine = buffer(spec, RingWorkspace::dmine, {z.B, z.Tl, z.KV}, dt);
   const Clock::time_point scattered = Clock::now();
   wait(cp.reduce_scatter(dall.raw(), dmine.raw(), n, dt, comm::ReduceOp::sum),
        "ring attention: returning the key/value gradients");
@@ -158,10 +175,12 @@ void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAtte
   if (spec.comm == CpComm::all_gather) return gathered_forward(ctx, cp, spec, z, qkv, out, lse);
   const DType dt = qkv.dtype();
   ops::AttentionBlock blk = block_of(spec, r);
-  Tensor acc = Tensor::empty({z.B, z.Tl, z.C}, dt), m = Tensor::empty({z.B, z.H, z.Tl}, dt),
-         l = Tensor::empty({z.B, z.H, z.Tl}, dt);
+  const Tensor acc = buffer(spec, RingWorkspace::acc, {z.B, z.Tl, z.C}, dt),
+               m = buffer(spec, RingWorkspace::m, {z.B, z.H, z.Tl}, dt),
+               l = buffer(spec, RingWorkspace::l, {z.B, z.H, z.Tl}, dt);
   ops::attention_block_begin(ctx, acc, m, l);
-  Tensor cur = columns(qkv, z.C, z.KV);  // the block in hand: this rank's, then its predecessors'
+  // (Two key/value buffers in turn: the block in hand and the next one.)
+  Tensor cur = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));  // the block in hand: this rank's, then its predecessors'
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   for (int s = 0; s < P; ++s) {
     const int owner = (r - s + P) % P;
@@ -170,7 +189,8 @@ void ring_attention_forward(Context& ctx, comm::Communicator& cp, const RingAtte
     const Clock::time_point issued = Clock::now();
     if (s + 1 < P) {  // the next block in flight while this one is computed
       const int from = (owner - 1 + P) % P;
-      incoming = Tensor::empty({z.B, static_cast<int64_t>(spec.positions[from].size()), z.KV}, dt);
+      incoming = buffer(spec, s % 2 == 0 ? RingWorkspace::kv1 : RingWorkspace::kv0,
+                        {z.B, static_cast<int64_t>(spec.positions[from].size()), z.KV}, dt);
       got = cp.recv(incoming.raw(), static_cast<size_t>(incoming.numel()), dt, prev, kRingTag + s);
       sent = cp.send(cur.raw(), static_cast<size_t>(cur.numel()), dt, next, kRingTag + s);
     }
@@ -194,7 +214,8 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
   const DType dt = qkv.dtype();
   TROUPE_CHECK(dqkv.numel() == qkv.numel() && dqkv.dtype() == dt, "ring attention backward: dqkv is qkv's shape");
   ops::AttentionBlock blk = block_of(spec, r);
-  Tensor delta = Tensor::empty({z.B, z.H, z.Tl}, dt), dq = Tensor::zeros({z.B, z.Tl, z.C}, dt);
+  const Tensor delta = buffer(spec, RingWorkspace::delta, {z.B, z.H, z.Tl}, dt),
+               dq = zeroed(spec, RingWorkspace::dq, {z.B, z.Tl, z.C}, dt);
   ops::attention_block_delta(ctx, delta, dout, out);
   if (spec.comm == CpComm::all_gather) {
     const Tensor dkv = gathered_backward(ctx, cp, spec, z, qkv, lse, dout, delta, dq);
@@ -204,12 +225,12 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
   // block's computation), and so is the dK, dV the block's earlier visitors added up (sent by the
   // previous rank after its step s - 1), added to this rank's share once that is computed; the sum
   // goes on to the next rank, and after the last step home to the block's owner.
-  Tensor cur = columns(qkv, z.C, z.KV), dcur;
+  Tensor cur = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt)), dcur;
   const int next = (r + 1) % P, prev = (r + P - 1) % P;
   const uint64_t base = kRingTag + 2 * static_cast<uint64_t>(P);
   comm::WorkPtr got_d, sent_d;
-  Tensor dprev;      // the earlier visitors' dK, dV of the block in hand (in flight until waited)
-  Tensor held_send;  // what sent_d reads
+  Tensor dprev;    // the earlier visitors' dK, dV of the block in hand (in flight until waited)
+  Tensor sending;  // what sent_d reads until it is waited (without a workspace: kept alive here)
   Clock::time_point d_issued{};
   for (int s = 0; s < P; ++s) {
     const int owner = (r - s + P) % P, from = (owner - 1 + P) % P;
@@ -217,12 +238,15 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
     Tensor knext;
     const Clock::time_point kv_issued = Clock::now();
     if (s + 1 < P) {
-      knext = Tensor::empty({z.B, static_cast<int64_t>(spec.positions[static_cast<size_t>(from)].size()), z.KV}, dt);
+      knext = buffer(spec, s % 2 == 0 ? RingWorkspace::kv1 : RingWorkspace::kv0,
+                     {z.B, static_cast<int64_t>(spec.positions[static_cast<size_t>(from)].size()), z.KV}, dt);
       got_kv = cp.recv(knext.raw(), static_cast<size_t>(knext.numel()), dt, prev, base + 2 * s + 1);
       sent_kv = cp.send(cur.raw(), static_cast<size_t>(cur.numel()), dt, next, base + 2 * s + 1);
     }
     blk.kpos = spec.positions[static_cast<size_t>(owner)];
-    dcur = Tensor::zeros({z.B, static_cast<int64_t>(blk.kpos.size()), z.KV}, dt);  // this rank's share
+    // This rank's share, in two buffers in turn: step s's is sent on and read until step s + 1 waits.
+    dcur = zeroed(spec, s % 2 == 0 ? RingWorkspace::dkv0 : RingWorkspace::dkv1,
+                  {z.B, static_cast<int64_t>(blk.kpos.size()), z.KV}, dt);
     ops::attention_block_backward(ctx, dq, dcur, dout, delta, lse, qkv, cur, blk, spec.mask, spec.head0);
     const Clock::time_point computed = Clock::now();
     if (P == 1) break;
@@ -235,11 +259,11 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
     // On to the next rank (after the last step: home), and the share of the next block from the
     // previous one (after the last step: this rank's own block, complete).
     const int64_t rows_in = static_cast<int64_t>(spec.positions[static_cast<size_t>(s + 1 < P ? from : r)].size());
-    dprev = Tensor::empty({z.B, rows_in, z.KV}, dt);
-    Tensor dsend = dcur.clone();
+    dprev = buffer(spec, RingWorkspace::dprev, {z.B, rows_in, z.KV}, dt);
     d_issued = Clock::now();
     got_d = cp.recv(dprev.raw(), static_cast<size_t>(dprev.numel()), dt, prev, base + 2 * s);
-    sent_d = cp.send(dsend.raw(), static_cast<size_t>(dsend.numel()), dt, next, base + 2 * s);
+    sent_d = cp.send(dcur.raw(), static_cast<size_t>(dcur.numel()), dt, next, base + 2 * s);
+    sending = dcur;
     if (s + 1 < P) {
       wait(got_kv, "ring attention: receiving a key/value block");
       wait(sent_kv, "ring attention: sending a key/value block");
@@ -251,7 +275,6 @@ void ring_attention_backward(Context& ctx, comm::Communicator& cp, const RingAtt
       step_span(spec, "dK/dV", s, P, d_issued, d_issued);
       dcur = dprev;
     }
-    held_send = std::move(dsend);  // sent_d reads it until waited (next step)
   }
   // dcur is now this rank's own block's whole dK, dV; dq its queries' gradient.
   join_rows(dq, dcur, dqkv, z);

@@ -36,6 +36,19 @@ namespace troupe {
 // Engine's a2a); ring_attention_* do not take it.
 enum class CpComm : uint8_t { p2p, all_gather, a2a };
 
+// Buffers the ring reuses from call to call (each grows to the largest size asked for and stays): a
+// rank's blocks, accumulators and gradients are then allocated once, not per step and layer, which the
+// allocator would otherwise keep around as freed blocks. Owned by the caller (a chunk); one per thread.
+class RingWorkspace {
+ public:
+  enum Slot : int { acc, m, l, kv0, kv1, delta, dq, dkv0, dkv1, dprev, all, dall, dmine, kSlots };
+  // Slot `s` as a tensor of `shape` and `dtype` (contents undefined).
+  Tensor get(Slot s, const Shape& shape, DType dtype);
+
+ private:
+  Tensor buf_[kSlots];
+};
+
 struct RingAttentionSpec {
   ops::AttentionLayout layout;                   // this rank's heads and groups (head_dim set)
   CpComm comm = CpComm::p2p;  // p2p or all_gather
@@ -44,6 +57,7 @@ struct RingAttentionSpec {
   DropoutMask mask;                              // attention dropout (inactive: none)
   int64_t head0 = 0;                             // global index of the first held head
   int layer = -1;                                // the global layer, for the timeline's span names
+  RingWorkspace* workspace = nullptr;            // reused buffers; null: every call allocates its own
 };
 
 // The positions rank r of cp holds in a sequence of seq_len rows: chunks r and 2cp-1-r of 2cp, chunk
