@@ -22,12 +22,17 @@ namespace {
 // The column segments of a (rows, W) tensor, each split in cp slices.
 struct Segments {
   std::vector<int64_t> offset, width;  // width: the whole segment's
-  int64_t slice_width() const {
+  int64_t slice_width(int P) const {   // one slice of every segment
     int64_t w = 0;
-    for (int64_t x : width) w += x;
+    for (int64_t x : width) w += x / P;
     return w;
   }
 };
+
+// q, k, v of a fused qkv (A = Hl hs query columns, K = Gl hs each for k and v), or the attention output.
+Segments segments_of(bool qkv_columns, int64_t A, int64_t K) {
+  return qkv_columns ? Segments{{0, A, A + K}, {A, K, K}} : Segments{{0}, {A}};
+}
 
 }  // namespace
 
@@ -35,12 +40,10 @@ struct Segments {
 // `what`, `layer`: the span's name on the timeline.
 void GptChunk::Impl::ulysses_to_heads(const Tensor& local, const Tensor& whole, bool qkv_columns, const char* what,
                                       int layer) {
-  const Segments seg = qkv_columns ? Segments{{0, Al, Al + int64_t{Gl} * hs}, {Al, int64_t{Gl} * hs, int64_t{Gl} * hs}}
-                                   : Segments{{0}, {Al}};
+  const Segments seg = segments_of(qkv_columns, Al, int64_t{Gl} * hs);
   const int P = cps;
   const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
-  int64_t wu = 0;  // the columns rank j gets: slice j of every segment
-  for (int64_t w : seg.width) wu += w / P;
+  const int64_t wu = seg.slice_width(P);  // the columns rank j gets: slice j of every segment
   const int64_t W = local.dim(2);
   // Send: block j = (B, T, wu), slice j of each segment.
   Tensor send = Tensor::empty({int64_t{P} * B * T * wu}, dtype);
@@ -84,12 +87,10 @@ void GptChunk::Impl::ulysses_to_heads(const Tensor& local, const Tensor& whole, 
 // rank's rows.
 void GptChunk::Impl::ulysses_to_rows(const Tensor& whole, const Tensor& local, bool qkv_columns, const char* what,
                                      int layer) {
-  const Segments seg = qkv_columns ? Segments{{0, Al, Al + int64_t{Gl} * hs}, {Al, int64_t{Gl} * hs, int64_t{Gl} * hs}}
-                                   : Segments{{0}, {Al}};
+  const Segments seg = segments_of(qkv_columns, Al, int64_t{Gl} * hs);
   const int P = cps;
   const int64_t esz = static_cast<int64_t>(dtype_size(dtype));
-  int64_t wu = 0;
-  for (int64_t w : seg.width) wu += w / P;
+  const int64_t wu = seg.slice_width(P);  // the columns rank j gets: slice j of every segment
   const int64_t W = local.dim(2);
   // Send: block i = (B, rank i's rows, wu).
   Tensor send = Tensor::empty({B * Tg * wu}, dtype);

@@ -114,6 +114,18 @@ void check_equal_blocks(const RingAttentionSpec& spec) {
     TROUPE_CHECK(p.size() == spec.positions.front().size(), "ring attention, all_gather: every rank holds as many rows");
 }
 
+// Every rank's key/value block, (P*B, Tl, KV) in rank order: one all-gather (its span on the timeline).
+Tensor gather_blocks(comm::Communicator& cp, const RingAttentionSpec& spec, const Sizes& z, const Tensor& qkv) {
+  const DType dt = qkv.dtype();
+  const Tensor mine = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));
+  const Tensor all = buffer(spec, RingWorkspace::all, {cp.size() * z.B, z.Tl, z.KV}, dt);
+  const Clock::time_point issued = Clock::now();
+  wait(cp.all_gather(mine.raw(), all.raw(), static_cast<size_t>(mine.numel()), dt),
+       "ring attention: gathering the key/value blocks");
+  comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
+  return all;
+}
+
 // cp_comm_type all_gather: every rank's key/value block at once, then the blocks in rank order.
 void gathered_forward(Context& ctx, comm::Communicator& cp, const RingAttentionSpec& spec, const Sizes& z,
                       const Tensor& qkv, const Tensor& out, const Tensor& lse) {
@@ -125,12 +137,7 @@ void gathered_forward(Context& ctx, comm::Communicator& cp, const RingAttentionS
                m = buffer(spec, RingWorkspace::m, {z.B, z.H, z.Tl}, dt),
                l = buffer(spec, RingWorkspace::l, {z.B, z.H, z.Tl}, dt);
   ops::attention_block_begin(ctx, acc, m, l);
-  const Tensor mine = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));
-  const Tensor all = buffer(spec, RingWorkspace::all, {P * z.B, z.Tl, z.KV}, dt);
-  const size_t n = static_cast<size_t>(mine.numel());
-  const Clock::time_point issued = Clock::now();
-  wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
-  comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
+  const Tensor all = gather_blocks(cp, spec, z, qkv);
   for (int q = 0; q < P; ++q) {
     blk.kpos = spec.positions[static_cast<size_t>(q)];
     ops::attention_block_forward(ctx, acc, m, l, qkv, all.rows(q * z.B, (q + 1) * z.B), blk, spec.mask, spec.head0);
@@ -146,12 +153,8 @@ Tensor gathered_backward(Context& ctx, comm::Communicator& cp, const RingAttenti
   check_equal_blocks(spec);
   const DType dt = qkv.dtype();
   ops::AttentionBlock blk = block_of(spec, r);
-  const Tensor mine = columns(qkv, z.C, z.KV, buffer(spec, RingWorkspace::kv0, {z.B, z.Tl, z.KV}, dt));
-  const Tensor all = buffer(spec, RingWorkspace::all, {P * z.B, z.Tl, z.KV}, dt);
-  const size_t n = static_cast<size_t>(mine.numel());
-  const Clock::time_point issued = Clock::now();
-  wait(cp.all_gather(mine.raw(), all.raw(), n, dt), "ring attention: gathering the key/value blocks");
-  comm::report_collective_span("cp all-gather K/V" + layer_suffix(spec), issued);
+  const Tensor all = gather_blocks(cp, spec, z, qkv);
+  const size_t n = static_cast<size_t>(z.B * z.Tl * z.KV);
   const Tensor dall = zeroed(spec, RingWorkspace::dall, {P * z.B, z.Tl, z.KV}, dt);
   for (int q = 0; q < P; ++q) {
     blk.kpos = spec.positions[static_cast<size_t>(q)];
