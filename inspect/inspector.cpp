@@ -41,6 +41,10 @@ InspectHub::InspectHub(std::vector<std::shared_ptr<const ActivityBoard>> boards,
         if (job_state) {
           auto j = nlohmann::json::parse(answer);
           j["job"] = nlohmann::json::parse(job_state());
+          // The job's state may know a later iteration than the driver's last progress (a pause).
+          if (j["job"].contains("iteration") && j["job"]["iteration"].is_number_integer() &&
+              j["job"]["iteration"].get<int64_t>() > j.value("iteration", int64_t{0}))
+            j["iteration"] = j["job"]["iteration"];
           answer = j.dump(1) + "\n";
         }
         return with_unreachable(std::move(answer), unreachable);

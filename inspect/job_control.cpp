@@ -162,6 +162,9 @@ namespace {
 
 nlohmann::json state_json(const JobControl& control, int64_t iteration) {
   const JobControl::State s = control.state();
+  // The trainer pauses before the driver hears of the iteration it paused after: while paused, that
+  // iteration is the job's (an answer must not show the state before its command).
+  if (s.paused) iteration = std::max(iteration, s.paused_after);
   nlohmann::json j{{"iteration", iteration},
                    {"paused", s.paused},
                    {"trainer", s.trainer},
