@@ -285,11 +285,12 @@ std::vector<int> Topology::expert_parallel_group(int rank, int ep) const {
 }
 
 std::vector<int> Topology::expert_data_parallel_group(int rank, int ep) const {
-  const std::vector<int> dp = dp_group(rank);
-  TROUPE_CHECK(ep >= 1 && dp.size() % static_cast<size_t>(ep) == 0, "Topology: ep must divide the dp size");
+  TROUPE_CHECK(ep >= 1 && dp_group(rank).size() % static_cast<size_t>(ep) == 0, "Topology: ep must divide the dp size");
   const int d = coords(rank).dp;
+  // The dp x cp ranks holding the same experts: every cp rank's tokens reach them too.
   std::vector<int> out;
-  for (size_t i = static_cast<size_t>(d % ep); i < dp.size(); i += static_cast<size_t>(ep)) out.push_back(dp[i]);
+  for (const int other : dp_cp_group(rank))
+    if (coords(other).dp % ep == d % ep) out.push_back(other);
   return out;
 }
 

@@ -114,7 +114,9 @@ class Topology {
   // every ep-th coordinate (d's: those congruent to d mod ep, its rank there d / ep: the replicas of
   // the same experts). ep must divide the dp size. Example: tp 2, dp 4, ep 2, world 8, rank =
   // tp + 2 dp: rank 3 (tp 1, dp 1): dp group {1,3,5,7}, expert-parallel {1,3}, expert-data-parallel
-  // {3,7}.
+  // {3,7}. With context parallelism the expert-data-parallel group spans the cp ranks too (every cp
+  // rank's tokens reach the same experts, whose gradients add over them; Megatron-Core's expert data
+  // parallelism over dp x cp), in dp_cp_group's order; the expert-parallel group keeps one cp rank.
   std::vector<int> expert_parallel_group(int rank, int ep) const;
   std::vector<int> expert_data_parallel_group(int rank, int ep) const;
 

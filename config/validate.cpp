@@ -347,10 +347,6 @@ class Validator {
                     "the all-to-all hands each rank whole key/value groups: use a size that divides them, more "
                     "--num-query-groups, or --context-parallel-size with the p2p ring"));
     }
-    if (m.moe.enabled())
-      p.check(bad(flag, fmt::format("{} with MoE layers is not in troupe yet", n),
-                  "train the MoE model with " + flag + " 1 (expert, tensor, pipeline and data parallelism all combine "
-                  "with it)"));
     if (c.device == "cuda")
       p.check(bad(flag, fmt::format("{} runs on the CPU only so far", n), "use --device cpu, or " + flag + " 1 on GPUs"));
     const int64_t rows = int64_t{c.micro_batch_size} * (m.seq_length / n);

@@ -213,6 +213,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   const comm::Coords at = topology.coords(rank);
   stage_ = at.pp;
   tp_rank_ = at.tp;
+  cp_rank_ = at.cp;
   dp_rank_ = at.dp;
   if (!board_)
     board_ = std::make_shared<ActivityBoard>(rank, at.pp, at.tp, at.dp, topology.sizes().cp > 1 ? at.cp : -1);
@@ -674,7 +675,8 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     const std::span<double> moe_slots(sums.data() + 6, moe_tally_.size());
     for (auto& chunk : chunks_) {
       const std::vector<MoeLayerStats> stats = chunk->take_moe_stats();
-      if (tp_rank_ == 0) moe_tally_.add(moe_slots, stats);  // every TP rank routes alike
+      // Every TP rank routes alike, and every cp rank routes the whole sequences (model/gpt_chunk_moe.cpp).
+      if (tp_rank_ == 0 && cp_rank_ == 0) moe_tally_.add(moe_slots, stats);
     }
     if (comms_.world != nullptr && comms_.world->size() > 1)
       TROUPE_RETURN_IF_ERROR(

@@ -337,7 +337,7 @@ class RankEngine {
   std::unique_ptr<Kept> kept_;
 
   RankSpec spec_;
-  int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0;
+  int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0, cp_rank_ = 0;
   RankComms comms_;
   sched::Schedule schedule_;                    // for spec_.micro_batches
   std::map<int, sched::Schedule> ramp_schedules_;  // by micro-batch count, for ramp-up steps

@@ -85,7 +85,6 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
   TROUPE_CHECK(!cs.cp_contiguous || cs.cp_comm == CpComm::a2a,
                "GptChunk: contiguous context-parallel rows (Ulysses) go with the all-to-all attention");
   TROUPE_CHECK(cs.cp_size == 1 || cs.device == Device::cpu, "GptChunk: context parallelism runs on the CPU only");
-  TROUPE_CHECK(cs.cp_size == 1 || !m.moe.enabled(), "GptChunk: context parallelism does not run MoE layers yet");
   TROUPE_CHECK(static_cast<bool>(hooks.acquire_params) == static_cast<bool>(hooks.release_params),
                "UnitHooks: acquire_params and release_params come together");
 
@@ -709,7 +708,7 @@ void GptChunk::backward(Context& ctx, int slot, const Tensor& dout, const Tensor
     m.dres.copy_from(dout);
   }
   // Layers, last to first; dres becomes d(layer input).
-  m.moe_loss_weight = s.grad_scale * static_cast<double>(m.N);
+  m.moe_loss_weight = s.grad_scale * static_cast<double>(m.B * m.Tg);  // the whole sequences' tokens
   for (int l = m.L - 1; l >= 0; --l) {
     const Impl::Layer p = m.acquire_layer(l, Pass::backward);
     Impl::LayerActs a = m.acts_for_backward(ctx, s, l, p);

@@ -56,7 +56,11 @@ struct GptChunk::Impl {
     Tensor xr;                        // (N,C) the router's jittered input (input jitter only)
     Tensor logits;                    // (N,E)
     std::vector<double> logits_host;  // (N*E) the same in double: what the routing and its backward read
-    MoeRouting routing;
+    MoeRouting routing;               // this rank's rows (N)
+    // Context parallelism: the whole sequences' logits (B*Tg*E, global rows b*Tg + position) and
+    // their routing, alike on every cp rank; `routing` holds this rank's rows of it.
+    std::vector<double> logits_whole;
+    MoeRouting routing_whole;
     // Send side (this rank's tokens): the Ks kept assignments n * k + j, peer by peer, expert by
     // expert, rows in order; each assignment's send row (-1: dropped); the rows to each peer.
     std::vector<int64_t> send_assign;
@@ -325,7 +329,16 @@ struct GptChunk::Impl {
   void moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
                     const std::vector<size_t>& recv_rows, const char* what, int layer);
   void permute_rows(const Tensor& from, const Tensor& to, const std::vector<int64_t>& perm, bool inverse);
-  // The objective's weight on the micro-batch's load-balancing and z losses (grad_scale * N).
+  // Context parallelism: route the whole sequences from every cp rank's logits (a.logits_host) into
+  // a.routing_whole, alike on every cp rank, and keep this rank's rows in a.routing; the backward's
+  // logits gradient of this rank's rows from the whole routing and every rank's dweight.
+  void moe_route_whole(const MoeConfig& cfg, int64_t E, int64_t routed_seqs, bool training, const MoeDraws& draws,
+                       MoeActs& a, int layer);
+  void moe_route_whole_backward(const MoeConfig& cfg, const MoeActs& a, const std::vector<double>& dweight,
+                                double lb_scale, double z_scale, std::vector<double>& dlogits, int layer);
+  // The global position of row n's token (context parallelism: pos, else n % T).
+  int64_t position_of(int64_t n) const { return pos.empty() ? n % T : pos[static_cast<size_t>(n % T)]; }
+  // The objective's weight on the micro-batch's load-balancing and z losses (grad_scale * B * Tg).
   double moe_loss_weight = 0;
 
   // ---- tensor-parallel pieces (gpt_chunk_tp.cpp) ----

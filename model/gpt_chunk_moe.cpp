@@ -125,6 +125,81 @@ void GptChunk::Impl::permute_rows(const Tensor& from, const Tensor& to, const st
   }
 }
 
+// Context parallelism (docs/MOE.md, "Long sequences"): the routing reads the whole micro-batch in
+// the anchors' order (capacity, drops, the load-balancing loss's sums), so every cp rank gathers the
+// others' logits (B*T*E doubles each: small beside the tokens), places them at their global rows, and
+// routes the B whole sequences alike; each keeps its rows. The losses are the whole micro-batch's,
+// on every cp rank: the statistics count cp rank 0's (engine/rank_engine.cpp), and the logits'
+// gradient of each rank's rows is its share of one objective term.
+void GptChunk::Impl::moe_route_whole(const MoeConfig& cfg, int64_t E, int64_t routed_seqs, bool training,
+                                     const MoeDraws& draws, MoeActs& a, int layer) {
+  const int64_t k = cfg.topk;
+  std::vector<double> all(static_cast<size_t>(cps * N * E));
+  const auto issued = std::chrono::steady_clock::now();
+  comm::wait_or_throw(cp->all_gather(a.logits_host.data(), all.data(), static_cast<size_t>(N * E), DType::f64),
+                      "MoE router logits all-gather over cp", comm::WaitGroup::other);
+  comm::report_collective_span("cp all-gather MoE logits, h." + std::to_string(layer), issued);
+  a.logits_whole.assign(static_cast<size_t>(B * Tg * E), 0.0);
+  for (int q = 0; q < cps; ++q) {
+    const std::vector<int64_t>& at = ring.positions[static_cast<size_t>(q)];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        std::copy_n(all.data() + ((q * B + b) * T + i) * E, E,
+                    a.logits_whole.data() + (b * Tg + at[static_cast<size_t>(i)]) * E);
+  }
+  a.routing_whole = moe_route(cfg, a.logits_whole.data(), routed_seqs, Tg, E, training, draws);
+  const MoeRouting& w = a.routing_whole;
+  MoeRouting& mine = a.routing;
+  mine = MoeRouting{};
+  mine.S = N;
+  mine.E = E;
+  mine.k = k;
+  mine.B = B;
+  mine.T = T;
+  mine.capacity = w.capacity;
+  mine.expert.assign(static_cast<size_t>(N * k), -1);
+  mine.kept.assign(static_cast<size_t>(N * k), 0);
+  mine.weight.assign(static_cast<size_t>(N * k), 0.0);
+  for (int64_t b = 0; b < routed_seqs; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t from = static_cast<size_t>((b * Tg + pos[static_cast<size_t>(i)]) * k + j);
+        const size_t to = static_cast<size_t>((b * T + i) * k + j);
+        mine.expert[to] = w.expert[from];
+        mine.kept[to] = w.kept[from];
+        mine.weight[to] = w.weight[from];
+      }
+  // The whole micro-batch's figures, for the statistics.
+  mine.routed = w.routed;
+  mine.kept_count = w.kept_count;
+  mine.dropped = w.dropped;
+  mine.lb_loss = w.lb_loss;
+  mine.z_loss = w.z_loss;
+}
+
+void GptChunk::Impl::moe_route_whole_backward(const MoeConfig& cfg, const MoeActs& a, const std::vector<double>& dweight,
+                                              double lb_scale, double z_scale, std::vector<double>& dlogits,
+                                              int layer) {
+  const int64_t k = cfg.topk, E = a.routing_whole.E;
+  std::vector<double> all(static_cast<size_t>(cps * N * k));
+  const auto issued = std::chrono::steady_clock::now();
+  comm::wait_or_throw(cp->all_gather(dweight.data(), all.data(), static_cast<size_t>(N * k), DType::f64),
+                      "MoE combine-weight gradient all-gather over cp", comm::WaitGroup::other);
+  comm::report_collective_span("cp all-gather MoE weight gradient, h." + std::to_string(layer), issued);
+  std::vector<double> whole(static_cast<size_t>(B * Tg * k), 0.0);
+  for (int q = 0; q < cps; ++q) {
+    const std::vector<int64_t>& at = ring.positions[static_cast<size_t>(q)];
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        std::copy_n(all.data() + ((q * B + b) * T + i) * k, k, whole.data() + (b * Tg + at[static_cast<size_t>(i)]) * k);
+  }
+  std::vector<double> dwhole(static_cast<size_t>(B * Tg * E));
+  moe_route_backward(cfg, a.routing_whole, a.logits_whole.data(), whole.data(), lb_scale, z_scale, dwhole.data());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i)
+      std::copy_n(dwhole.data() + (b * Tg + pos[static_cast<size_t>(i)]) * E, E, dlogits.data() + (b * T + i) * E);
+}
+
 void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p, const Tensor& x, MoeActs& a,
                                  const Tensor& out) {
   const MoeLayout& mo = moe_layout[l];
@@ -150,7 +225,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
       for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t c = 0; c < C; ++c) {
-            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, position_of(n) * C + c);
             dst[n * C + c] = static_cast<T_>(src[n * C + c] * (1 - eps + 2 * eps * u));
           }
       });
@@ -167,7 +242,7 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   MoeDraws draws;
   if (training) {
     const MicroBatchKey kk = *key;
-    const int64_t TT = T;
+    const int64_t TT = Tg;  // draws by global row: whole sequences (context parallelism routes them whole)
     draws = [kk, layer, TT, E](MoeDraw purpose, int64_t row, int64_t e) {
       return uniform_at(kk, layer, static_cast<int>(purpose), kk.first_sample + row / TT, (row % TT) * E + e);
     };
@@ -175,7 +250,8 @@ void GptChunk::Impl::moe_forward(Context& ctx, int l, int layer, const Layer& p,
   // An evaluation batch padded to B sequences routes its valid sequences only: padding takes no
   // expert's capacity and gets no output.
   const int64_t routed_seqs = training ? B : std::max<int64_t>(1, loss_rows / T);
-  a.routing = moe_route(cfg, logits.data(), routed_seqs, T, E, training, draws);
+  if (cps > 1) moe_route_whole(cfg, E, routed_seqs, training, draws, a, layer);
+  else a.routing = moe_route(cfg, logits.data(), routed_seqs, T, E, training, draws);
   if (routed_seqs < B) {
     MoeRouting& pad = a.routing;
     pad.expert.resize(static_cast<size_t>(N * k), -1);
@@ -517,8 +593,12 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
 
   // The router: its logits' gradient from the weights and the auxiliary losses.
   std::vector<double> dl(static_cast<size_t>(N * E));
-  moe_route_backward(cfg, rt, a.logits_host.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
-                     moe_loss_weight * cfg.z_loss_coeff, dl.data());
+  if (cps > 1)
+    moe_route_whole_backward(cfg, a, dweight, moe_loss_weight * cfg.aux_loss_coeff, moe_loss_weight * cfg.z_loss_coeff,
+                             dl, layer);
+  else
+    moe_route_backward(cfg, rt, a.logits_host.data(), dweight.data(), moe_loss_weight * cfg.aux_loss_coeff,
+                       moe_loss_weight * cfg.z_loss_coeff, dl.data());
   ensure(st.dlogits, {N, E}, ct, dev);
   set_values(st.dlogits, dl);
   look(layer, "moe_router", Bk, st.dlogits);
@@ -534,7 +614,7 @@ void GptChunk::Impl::moe_backward_input(Context& ctx, int l, int layer, const La
       for_rows(ctx, N, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t c = 0; c < C; ++c) {
-            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, (n % T) * C + c);
+            const double u = uniform_at(*key, layer, kJitter, key->first_sample + n / T, position_of(n) * C + c);
             d[n * C + c] = static_cast<T_>(d[n * C + c] * (1 - eps + 2 * eps * u));
           }
       });

@@ -80,6 +80,7 @@ Loads run(const GptConfig& model, const ParallelConfig& par, int micro_batch, in
   sizes.tp = par.tp;
   sizes.pp = par.pp;
   sizes.dp = par.dp;
+  sizes.cp = par.cp;
   auto topo = comm::Topology::create(sizes, world).value();
   auto fabric = comm::LocalFabric::create(world).value();
   std::mt19937_64 rng(77);
@@ -103,12 +104,15 @@ Loads run(const GptConfig& model, const ParallelConfig& par, int micro_batch, in
     auto w = fabric.world(rank);
     auto g = [&](const std::vector<int>& m) { return w->group(m).value(); };
     auto tp = g(topo.tp_group(rank));
-    auto dp = g(topo.dp_group(rank));
+    auto dp = g(topo.dp_cp_group(rank));  // as actors/rank_actor.cpp's make_groups forms it
     auto pp = g(topo.pp_group(rank));
+    auto cp = par.cp > 1 ? g(topo.cp_group(rank)) : nullptr;
     const auto emb_members = topo.embedding_group(rank);
     auto emb = emb_members.empty() ? nullptr : g(emb_members);
     auto all = w->everyone().value();
-    RankEngine engine(spec, topo, rank, RankComms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()});
+    RankComms comms{tp.get(), pp.get(), dp.get(), emb.get(), all.get()};
+    comms.cp = cp.get();
+    RankEngine engine(spec, topo, rank, comms);
     engine.init(1234);
     const int d = topo.coords(rank).dp;
     for (int s = 0; s < kSteps; ++s) {
@@ -185,6 +189,36 @@ TEST_CASE("moe stats: every layout reports the 1x1x1 run's load per layer, on ev
           CHECK(l.z_loss > 0);
         }
         CHECK(std::any_of(want.begin(), want.end(), [](const MoeLayerLoad& l) { return l.dropped > 0; }));
+        for (size_t r = 0; r < got[static_cast<size_t>(s)].size(); ++r) {
+          INFO("rank " << r);
+          require_same(want, got[static_cast<size_t>(s)][r]);
+        }
+      }
+    }
+  }
+}
+
+// Context parallelism: every cp rank routes the whole sequences (model/gpt_chunk_moe.cpp), and only
+// cp rank 0's count, so a cp 2 (and a Ulysses 2 x tp 2 x pp 2) job reports the 1x1x1 run's load,
+// each micro-batch once.
+TEST_CASE("moe stats: context parallelism reports the whole micro-batch's load once", "[moe][moe_stats][cp]") {
+  ParallelConfig cp2 = layout(1, 1, 1), ulysses = layout(2, 2, 1, 0, Recompute::selective, true);
+  cp2.cp = 2;
+  ulysses.cp = 2;
+  ulysses.cp_comm = CpComm::a2a;
+  ulysses.cp_contiguous = true;
+  for (const bool megatron : {true, false}) {
+    GptConfig model = moe_model(megatron);
+    model.seq_length = 8;  // 2 * cp chunks
+    const Loads ref = run(model, layout(1, 1, 1), 1, 4);
+    for (const ParallelConfig& par : {cp2, ulysses}) {
+      INFO((megatron ? "megatron top-2, " : "deepspeed top-1, ") << (par.tp > 1 ? "ulysses 2 tp 2 pp 2" : "cp 2"));
+      const Loads got = run(model, par, 1, 4);
+      for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1);
+        const auto& want = ref[static_cast<size_t>(s)][0];
+        REQUIRE(static_cast<int>(want.size()) == model.moe.moe_layers(model.num_layers));
+        for (const MoeLayerLoad& l : want) CHECK(l.micro_batches == 4);
         for (size_t r = 0; r < got[static_cast<size_t>(s)].size(); ++r) {
           INFO("rank " << r);
           require_same(want, got[static_cast<size_t>(s)][r]);

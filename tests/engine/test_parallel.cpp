@@ -975,6 +975,99 @@ TEST_CASE("context parallel: save at one cp, resume at another, equals the strai
   }
 }
 
+// Mixture of experts with context parallelism (docs/MOE.md, "Long sequences"): every cp rank gathers
+// the router logits of the whole sequences and routes them as the 1x1x1 run does (capacity and drops
+// in the anchors' global order, the load-balancing and z losses over the whole micro-batch, the RTS,
+// Gumbel and jitter draws by global position); the experts' gradients add over dp x cp. The three
+// MoE models of the layout matrix at sequence 24, against the 1x1x1 run of the same micro-batch
+// size, with cp 2/4 (p2p, all_gather, a2a), Ulysses, tp with sp and whole experts, pp schedules,
+// recompute, ZeRO 0-3 and expert parallelism (where every MoE layer's experts split evenly).
+namespace {
+
+void check_cp_moe_matrix(const GptConfig& model, DType dtype, Tol tol) {
+  using S = sched::ScheduleType;
+  struct EpCase {
+    Case c;
+    int ep;
+  };
+  const std::vector<EpCase> cases = {
+      {{"cp2", with_cp(layout(1, 1, 1), 2), 1, 6}, 1},
+      {{"cp4, micro-batch 2", with_cp(layout(1, 1, 1), 4), 2, 6}, 1},
+      {{"cp2 tp2 sp selective", with_cp(layout(2, 1, 1, 0, S::one_f_one_b, 1, Recompute::selective, true), 2), 1, 6}, 1},
+      {{"cp2 pp2 dp2 zero3 full recompute", with_cp(layout(1, 2, 2, 3, S::one_f_one_b, 1, Recompute::full), 2), 1, 6}, 1},
+      {{"cp4 all_gather pp2 interleaved", with_cp(layout(1, 2, 1, 0, S::interleaved, 2), 4, CpComm::all_gather), 1, 8}, 1},
+      {{"ulysses2 tp2 sp zb-h1 pp2", ulysses(layout(2, 2, 1, 0, S::zb_h1, 1, Recompute::none, true), 2), 1, 6}, 1},
+      {{"cp2 dp2 ep2 zero1", with_cp(layout(1, 1, 2, 1), 2), 1, 6}, 2},
+      {{"cp2 a2a tp2 dp2 ep2 zero3 selective",
+        with_cp(layout(2, 1, 2, 3, S::one_f_one_b, 1, Recompute::selective), 2, CpComm::a2a), 1, 6}, 2},
+      {{"ulysses2 pp2 dp2 ep2 gpipe zero2", ulysses(layout(1, 2, 2, 2, S::gpipe), 2), 1, 8}, 2},
+  };
+  auto divides = [&](int ep) {
+    for (int l = 0; l < model.num_layers; ++l)
+      if (model.moe.experts_of(l, model.num_layers) % ep != 0) return false;
+    return true;
+  };
+  std::map<std::pair<int, int>, Run> refs;
+  for (EpCase e : cases) {
+    if (!divides(e.ep)) continue;
+    e.c.par.ep = e.ep;
+    INFO(e.c.name);
+    const std::pair<int, int> key{e.c.micro_batch, e.c.global_batch};
+    if (!refs.count(key)) refs.emplace(key, run_layout(model, layout(1, 1, 1), key.first, key.second, {}, nullptr, dtype));
+    const Run got = run_layout(model, e.c.par, e.c.micro_batch, e.c.global_batch, {}, nullptr, dtype);
+    if (std::getenv("TROUPE_TEST_VERBOSE")) std::printf("%s\n", e.c.name);
+    require_close(refs.at(key), got, tol, model);
+  }
+}
+
+}  // namespace
+
+// f64 at Adam's default eps: every tensor within 1e-10 of the 1x1x1 run (measured at most 1.0e-11,
+// an expert's c_proj.bias; all parameters 3.8e-14). fp32 at eps 1e-6, as the dense layout matrix: at
+// the default eps, Megatron's model has an element (h.1.mlp.experts.2.c_proj.bias[11]) whose first
+// gradient is near 1e-8, so its first Adam step is -0.00163 in f64 and -0.00176 in the fp32 1x1x1 run
+// itself; any other summation order moves it again and the runs part by 1.5e-5 in the gradient norm.
+// At eps 1e-6: losses within 1.7e-8, norms 1.7e-6, all parameters 6.4e-7 (bound 1e-5); per tensor
+// 1e-3, for the sums that cancel (the MoE matrix's comment): PR-MoE's two-element coefficient bias
+// (its two gradients are g and -g summed over tokens) at most 3.1e-4, an expert's c_proj.bias 1.8e-4.
+TEST_CASE("context parallel, MoE: every cp layout equals the 1x1x1 run (DeepSpeed top-1 and top-2, Megatron top-2)",
+          "[parallel][cp][moe]") {
+  for (const int which : {0, 1, 2}) {
+    {
+      INFO("MoE model " << which << " f64");
+      check_cp_moe_matrix(long_model(moe_model(which)), DType::f64, 1e-10);
+    }
+    INFO("MoE model " << which << " fp32");
+    adam_eps_override = 1e-6;
+    struct Reset {
+      ~Reset() { adam_eps_override = 0; }
+    } reset;
+    check_cp_moe_matrix(long_model(moe_model(which)), DType::f32, Tol(1e-5, 1e-5, 1e-3, 1e-5));
+  }
+}
+
+// cp and ep in checkpoints: an MoE run saved at cp 2 with experts over ep 2 resumes at cp 1 without
+// expert parallelism, and one saved without either at Ulysses 2 with ep 2 and ZeRO-3 (fp32 at eps
+// 1e-6, the bounds above).
+TEST_CASE("context parallel, MoE: save at one cp and ep, resume at another, equals the straight run",
+          "[parallel][cp][moe][checkpoint]") {
+  using S = sched::ScheduleType;
+  adam_eps_override = 1e-6;
+  struct Reset {
+    ~Reset() { adam_eps_override = 0; }
+  } reset;
+  ParallelConfig cp2_ep2 = with_cp(layout(1, 2, 2, 1), 2), u2_ep2 = ulysses(layout(2, 1, 2, 3, S::one_f_one_b, 1,
+                                                                                      Recompute::selective, true), 2);
+  cp2_ep2.ep = u2_ep2.ep = 2;
+  for (const int which : {0, 2}) {  // model 1's 3 experts in one layer do not split over ep 2
+    INFO("MoE model " << which);
+    const GptConfig model = long_model(moe_model(which));
+    const Run ref = run_layout(model, layout(1, 1, 1), 1, 6);
+    check_resume(model, ref, cp2_ep2, layout(1, 1, 1), Tol(1e-5, 1e-5, 1e-3, 1e-5));
+    check_resume(model, ref, layout(1, 1, 1), u2_ep2, Tol(1e-5, 1e-5, 1e-3, 1e-5));
+  }
+}
+
 // ---- custom stages (include/troupe/stage.hpp) ----------------------------------------------------
 // The user-side blocks are the examples' own (examples/zloss_head.hpp, examples/mlp_stages.hpp).
 
