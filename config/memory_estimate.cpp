@@ -184,15 +184,40 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   // Ring attention's scratch (cp > 1, p2p or all_gather): each compute thread of a rank holds the
   // scores of a tile of 128 query rows against a key block, 128 T/cp elements, 2 of them in the
   // backward (4 with attention dropout), in f32 (the kernel widens 16-bit activations).
+  // The CPU's whole-sequence kernel (no cp, or the all-to-all's whole sequences of H / (t cp) heads)
+  // holds a (T, T) dP per busy thread in the backward, (2 T + 1) T with attention dropout.
+  const double threads = std::max(1.0, static_cast<double>(c.num_threads > 0 ? c.num_threads
+                                                                          : std::thread::hardware_concurrency()));
+  const double ranks_here = world_size > 1 ? 1.0 : std::max(1.0, t * p * d * cp);
+  const double per_rank = std::max(1.0, std::floor(threads / ranks_here));
   if (cp > 1 && !a2a) {
     const double Tl = T / cp;
-    const double threads = std::max(1.0, static_cast<double>(c.num_threads > 0 ? c.num_threads
-                                                                            : std::thread::hardware_concurrency()));
-    const double ranks_here = world_size > 1 ? 1.0 : std::max(1.0, t * p * d * cp);
-    const double per_rank = std::max(1.0, std::floor(threads / ranks_here));
     const double tasks = micro * std::max(1.0, G / t);
     e.attention_scratch_bytes = std::min(per_rank, tasks) * (m.attention_dropout > 0 ? 4 : 2) * 128 * Tl * 4;
+  } else if (c.device != "cuda") {
+    const double tasks = micro * std::max(1.0, H / t / (a2a ? cp : 1));
+    e.attention_scratch_bytes = std::min(per_rank, tasks) * (m.attention_dropout > 0 ? 2 * T + 1 : T) * T * 4;
   }
+  // The chunk's scratch (model/gpt_chunk.cpp, Impl's constructor): buffers a rank holds once, whatever
+  // the micro-batches in flight, which every training step writes. Floats per token: the backward's
+  // gradients of one layer (d fc, d gelu, d qkv, d att and the four (rows, C) ones; those between the
+  // TP regions 1/t of the rows under sequence parallelism) and d(layer input); the gathered rows and
+  // the TP partial sums; with the all-to-all, the whole sequences' attention output and q, k, v
+  // gradient (per local token: Al and QKVl). One layer's recompute buffers are in the recompute
+  // terms above (full: `largest`; selective: the probabilities).
+  const double sp_rows = c.sequence_parallel && tp_size > 1 ? 1 / t : 1;
+  const bool moe_any = moe.enabled();
+  double layer_scratch = F / t + attn / t + 2 * C + (swiglu ? 2 : 1) * F / t + qkv / t + 3 * C * sp_rows;
+  if (c.sequence_parallel && tp_size > 1) layer_scratch += C;          // gathered
+  if ((c.sequence_parallel && tp_size > 1) || moe_any) layer_scratch += C;  // partial
+  if (a2a) layer_scratch += attn / t + qkv / t;
+  layer_scratch *= act * tokens;
+  // The first stage: d(embedding output), and under cp the position table's rows and their gradient;
+  // the last: d(ln_f output), the partial sums and the per-token losses (f32).
+  double embedding_scratch = act * tokens * C;
+  if (cp > 1 && m.position_embedding == PositionEmbedding::learned_absolute)
+    embedding_scratch += 2 * act * (T / cp) * C;
+  const double head_scratch = act * tokens * (C * sp_rows + C) + 4 * tokens;
   const int64_t stages = static_cast<int64_t>(p), layers = static_cast<int64_t>(L);
   // What each pipeline stage holds: GPT's even split (stage s: floor(L / p) layers, one more for the
   // first L mod p stages; validation bounds p by L), or a model given in code, its virtual stage k on
@@ -247,7 +272,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     const double micro_batch = micro_batch_bytes(u, f.gpt_layers, c.recompute_granularity) +
                                4 * f.custom_boundary_elements;
     st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0) +
-                          (f.gpt_layers > 0 ? e.attention_scratch_bytes : 0);
+                          (f.gpt_layers > 0 ? e.attention_scratch_bytes + layer_scratch : 0) +
+                          (f.embedding ? embedding_scratch : 0) + (f.head ? head_scratch : 0);
     sum_states += st.model_state_bytes;
     sum_activations += st.activation_bytes;
     if (s < 1023 || s == stages - 1) e.stages.push_back(st);

@@ -80,9 +80,11 @@ struct MemoryEstimate {
   std::vector<StageMemory> stages;
   double micro_batch_activation_none = 0, micro_batch_activation_selective = 0, micro_batch_activation_full = 0;
   double logits_bytes = 0;
-  // Ring attention's per-rank scratch (context parallelism, p2p or all_gather): the compute threads'
-  // score tiles, 128 x T/cp f32 elements each, 2 per thread in the backward (4 with attention
-  // dropout); included in each stage's activation_bytes.
+  // Attention's per-rank scratch on the CPU, in each stage's activation_bytes: ring attention's
+  // (context parallelism, p2p or all_gather) score tiles of the compute threads, 128 x T/cp f32
+  // elements each, 2 per thread in the backward (4 with attention dropout); otherwise the
+  // whole-sequence kernel's (T, T) gradient of the probabilities per busy thread ((2T + 1) T with
+  // attention dropout).
   double attention_scratch_bytes = 0;
   // The largest rank's figures (the one that decides whether a GPU or host fits).
   const StageMemory& largest_stage() const;

@@ -324,6 +324,7 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   c.zero_stage = 1;
   c.micro_batch_size = 1;
   c.global_batch_size = 8;  // 4 micro-batches per replica
+  c.num_threads = 8;        // one per rank of the 8 in the process
   // One layer on one tensor-parallel rank: two RMSNorm weights whole; qkv (3 x 4096 rows), the
   // projection, fc1 (2 x 11008 rows) and fc2 split in two.
   const double layer = 2 * 4096 + (4096.0 * 12288 + 4096.0 * 4096 + 4096.0 * 22016 + 11008.0 * 4096) / 2;
@@ -344,22 +345,34 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   REQUIRE(per_layer == 106'624);
   const double micro = 4.0 * 4096 * 16 * per_layer;  // bytes of one micro-batch of 4096 tokens
   CHECK(e.micro_batch_activation_none == Approx(micro));
+  // The chunk's scratch, once per rank, floats per token: one layer's gradients, d fc1 (2 x 11008 / 2),
+  // d SwiGLU (11008 / 2), d qkv (12288 / 2), d attention (4096 / 2) and five of 4096 (the two branches'
+  // output gradients, the two norms' and d(layer input)); stage 0 adds d(embedding), the last stage
+  // d(ln_f), the TP partial sums and the f32 losses.
+  const double layer_scratch = 11008 + 5504 + 6144 + 2048 + 5 * 4096;
+  REQUIRE(layer_scratch == 45184);
+  // The attention kernel's backward: one thread per rank, its (T, T) f32 dP.
+  const double attention = 4.0 * 4096 * 4096;
+  CHECK(e.attention_scratch_bytes == attention);
+  const double scratch0 = 4.0 * 4096 * (layer_scratch + 4096) + attention;
+  const double scratch1 = 4.0 * 4096 * (layer_scratch + 2 * 4096) + 4.0 * 4096 + attention;
   CHECK(e.stages[0].micro_batches_in_flight == 2);  // 1F1B: stage 0 of 2 holds 2
-  CHECK(e.stages[0].activation_bytes == Approx(2 * micro));
-  CHECK(e.stages[1].activation_bytes == Approx(micro + 4.0 * 4096 * 16000));  // + the logits' half
+  CHECK(e.stages[0].activation_bytes == Approx(2 * micro + scratch0));
+  CHECK(e.stages[1].activation_bytes == Approx(micro + 4.0 * 4096 * 16000 + scratch1));  // + the logits' half
   CHECK(e.micro_batch_activation_full == Approx(4.0 * 4096 * (16 * 4096 + per_layer)));
   CHECK(e.micro_batch_activation_selective == Approx(4.0 * 4096 * (16 * (per_layer - 65536) + 65536)));
   // One process runs all 8 ranks: tp x dp = 4 ranks of each stage.
   CHECK(e.ranks_in_process == 8);
   CHECK(e.model_state_bytes == Approx(4 * 12 * (first + last)));
-  CHECK(e.activation_bytes == Approx(4 * (2 * micro + micro + 4.0 * 4096 * 16000)));
+  CHECK(e.activation_bytes == Approx(4 * (2 * micro + micro + 4.0 * 4096 * 16000 + scratch0 + scratch1)));
   // Under troupe launch each process holds one rank: the larger stage.
   const MemoryEstimate one = estimate_memory(c, 8);
   CHECK(one.ranks_in_process == 1);
-  CHECK(one.total() == Approx(12 * first + 2 * micro));
+  // (its 8 threads all busy in the attention's backward: 16 heads of a micro-batch)
+  CHECK(one.total() == Approx(12 * first + 2 * micro + scratch0 + 7 * attention));
   // Full recompute keeps the layer inputs only; sequence parallelism splits the whole part too.
   c.recompute_granularity = "full";
-  CHECK(estimate_memory(c, 1).stages[0].activation_bytes == Approx(2 * e.micro_batch_activation_full));
+  CHECK(estimate_memory(c, 1).stages[0].activation_bytes == Approx(2 * e.micro_batch_activation_full + scratch0));
   c.recompute_granularity = "none";
   c.sequence_parallel = true;
   CHECK(estimate_memory(c, 1).micro_batch_activation_none == Approx(micro - 4.0 * 4096 * 16 * 2 * 4096));
@@ -382,7 +395,9 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   const double micro_cp = 4.0 * 1024 * 16 * per_layer_cp;
   CHECK(q.micro_batch_activation_none == Approx(micro_cp));
   CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 8 * first / 8));
-  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes));
+  // The scratch per token as above, of 1024 tokens (rotary: no position table to gather).
+  CHECK(q.stages[1].activation_bytes ==
+        Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes + (scratch1 - attention) / 4));
   CHECK(q.ranks_in_process == 32);
   CHECK_THAT(memory_plan_lines(c, 1)[1], Contains("tp 2, pp 2, dp 2, cp 4, ZeRO stage 1"));
 }
