@@ -194,6 +194,13 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     const double Tl = T / cp;
     const double tasks = micro * std::max(1.0, G / t);
     e.attention_scratch_bytes = std::min(per_rank, tasks) * (m.attention_dropout > 0 ? 4 : 2) * 128 * Tl * 4;
+    // The ring's workspace (model/ring_attention.hpp, RingWorkspace), f32 per local token: the forward's
+    // accumulator and dQ (Al each), the row statistics m, l and delta (H/t each), and the K/V blocks
+    // of 2 G hs / t: two in hand and three of gradients (p2p), or the gathered blocks and their
+    // gradients of all cp ranks besides this rank's and its gradient (all_gather).
+    const double kv = 2 * G * hs / t;
+    const double blocks = c.cp_comm_type == "all_gather" ? 2 + 2 * cp : 5;
+    e.ring_workspace_bytes = 4 * tokens * (2 * attn / t + 3 * H / t + blocks * kv);
   } else if (c.device != "cuda") {
     const double tasks = micro * std::max(1.0, H / t / (a2a ? cp : 1));
     e.attention_scratch_bytes = std::min(per_rank, tasks) * (m.attention_dropout > 0 ? 2 * T + 1 : T) * T * 4;
@@ -272,7 +279,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     const double micro_batch = micro_batch_bytes(u, f.gpt_layers, c.recompute_granularity) +
                                4 * f.custom_boundary_elements;
     st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0) +
-                          (f.gpt_layers > 0 ? e.attention_scratch_bytes + layer_scratch : 0) +
+                          (f.gpt_layers > 0 ? e.attention_scratch_bytes + e.ring_workspace_bytes + layer_scratch : 0) +
                           (f.embedding ? embedding_scratch : 0) + (f.head ? head_scratch : 0);
     sum_states += st.model_state_bytes;
     sum_activations += st.activation_bytes;

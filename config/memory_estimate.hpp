@@ -86,6 +86,9 @@ struct MemoryEstimate {
   // whole-sequence kernel's (T, T) gradient of the probabilities per busy thread ((2T + 1) T with
   // attention dropout).
   double attention_scratch_bytes = 0;
+  // Ring attention's buffers, allocated once per rank (cp > 1, p2p or all_gather): K/V blocks in
+  // hand and in flight, their gradients, the accumulators; in each stage's activation_bytes.
+  double ring_workspace_bytes = 0;
   // The largest rank's figures (the one that decides whether a GPU or host fits).
   const StageMemory& largest_stage() const;
 };

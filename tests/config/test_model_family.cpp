@@ -396,8 +396,11 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   CHECK(q.micro_batch_activation_none == Approx(micro_cp));
   CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 8 * first / 8));
   // The scratch per token as above, of 1024 tokens (rotary: no position table to gather).
-  CHECK(q.stages[1].activation_bytes ==
-        Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes + (scratch1 - attention) / 4));
+  // The ring's workspace, f32 per token: accumulator and dQ (2048 each), m, l, delta (16 heads each),
+  // five K/V blocks of 2 x 16 heads x 128.
+  CHECK(q.ring_workspace_bytes == 4.0 * 1024 * (2 * 2048 + 3 * 16 + 5 * 4096));
+  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes +
+                                               q.ring_workspace_bytes + (scratch1 - attention) / 4));
   CHECK(q.ranks_in_process == 32);
   CHECK_THAT(memory_plan_lines(c, 1)[1], Contains("tp 2, pp 2, dp 2, cp 4, ZeRO stage 1"));
 }
