@@ -54,7 +54,8 @@ int dry_run(TrainConfig& cfg, const comm::LaunchEnv& env) {
                 m.ffn_hidden_size(), to_string(m.activation), to_string(m.position_embedding), to_string(m.normalization),
                 static_cast<long long>(m.vocab_size), static_cast<long long>(m.padded_vocab_size(1)));
     for (const std::string& note : g_flag_notes) std::printf("  note: %s\n", note.c_str());
-    for (const std::string& line : memory_plan_lines(cfg, env.world_size)) std::printf("  %s\n", line.c_str());
+    for (const std::string& line : memory_plan_lines(cfg, env.world_size, resident_bytes_now()))
+      std::printf("  %s\n", line.c_str());
     std::fflush(stdout);
   }
   if (!st) {
@@ -103,7 +104,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
         "troupe train: {} {} layers, hidden {}, {} heads, seq {}, vocabulary {} (padded to {}), {:.2f}M parameters",
         m.family_name(), m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.vocab_size,
         m.padded_vocab_size(1), m.num_parameters() / 1e6));
-    for (const std::string& line : memory_plan_lines(c, world)) printer->line("  " + line);
+    for (const std::string& line : memory_plan_lines(c, world, resident_bytes_now())) printer->line("  " + line);
     const int dp = c.resolved_dp(world);
     printer->line(fmt::format("  batch: micro {} x {} accumulation steps x {} data-parallel = global {} ({} tokens/iteration); "
                               "layout tp {}, pp {}, dp {}{}{}",

@@ -6,9 +6,9 @@
 # "none full"), trains --train-iters iterations (default 2) of a GPT-2 (4 layers, hidden 512, 8 heads, vocabulary 512,
 # micro-batch 1, global batch 1, mock data, no dropout) and records the process's peak resident memory (GNU time's
 # "Maximum resident set size"; troupe's own "peak resident memory of this process" line beside it) against the plan
-# `troupe train ... --dry-run` prints ("this process: X over N rank(s)"). Prints a Markdown table: seq, cp, recompute,
-# measured peak MiB, planned MiB, measured / planned. The measured peak includes what the process holds before
-# training (binary, libraries, thread pools): the table's notes give the dry run's own peak as that base.
+# `troupe train ... --dry-run` prints ("this process: X over N rank(s)", and "expected peak of this process: Y", the plan
+# and what the process holds already: binary, libraries, allocator). Prints a Markdown table: seq, cp, recompute,
+# measured peak MiB, planned MiB, expected peak MiB, measured / expected; the notes give the dry run's own peak.
 #
 # --longest: searches, for cp 1 and cp 4 (--cp to change) with --recompute-granularity full, the longest sequence that
 # trains 1 iteration under the memory limit: doubling from --start (default 4096), then bisecting to a multiple of
@@ -218,6 +218,12 @@ def planned_mib(tag):
         return None
     return float(m.group(1)) * {"MiB": 1, "GiB": 1024, "TiB": 1024 * 1024}[m.group(2)]
 
+def expected_mib(tag):
+    m = re.search(r"expected peak of this process: ([0-9.]+) (MiB|GiB|TiB)", read(os.path.join(scratch, tag + ".plan")))
+    if not m:
+        return None
+    return float(m.group(1)) * {"MiB": 1, "GiB": 1024, "TiB": 1024 * 1024}[m.group(2)]
+
 def time_peak_mib(text):
     m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
     return int(m.group(1)) / 1024 if m else None
@@ -244,8 +250,8 @@ lines = [
 bases = []
 if not longest:
     lines[-1:-1] = [f"- {iters} training iterations per run"]
-    lines += ["", "| seq | cp | recompute | measured peak MiB | planned MiB | measured / planned | "
-              "(measured - base) / planned | troupe's peak MiB | s/iter (last) | status |",
+    lines += ["", "| seq | cp | recompute | measured peak MiB | planned MiB | expected peak MiB | "
+              "measured / expected | troupe's peak MiB | s/iter (last) | status |",
               "|---:|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for seq, cp, rc, tag in manifest:
         rep = json.loads(read(os.path.join(scratch, tag + ".json")) or "{}")
@@ -276,13 +282,14 @@ if not longest:
             status = f"time limit ({rep.get('wall_s', 0):.0f} s)"
         elif status == "failed":
             status = f"failed (exit {rep.get('rc')})"
-        ratio = measured / plan if measured is not None and plan else None
-        above = (measured - base) / plan if measured is not None and base is not None and plan else None
-        lines.append(f"| {seq} | {cp} | {rc} | {fmt(measured)} | {fmt(plan)} | {fmt(ratio, '.2f')} | "
-                     f"{fmt(above, '.2f')} | {fmt(own)} | {fmt(None if ms is None else ms / 1000, '.2f')} | {status} |")
+        expected = expected_mib(tag)
+        ratio = measured / expected if measured is not None and expected else None
+        lines.append(f"| {seq} | {cp} | {rc} | {fmt(measured)} | {fmt(plan)} | {fmt(expected)} | {fmt(ratio, '.2f')} | "
+                     f"{fmt(own)} | {fmt(None if ms is None else ms / 1000, '.2f')} | {status} |")
     lines += ["", "measured: GNU time's maximum resident set size of the process; planned: the `--dry-run` plan's "
-              "\"this process\" line (weights, gradients, Adam moments and activations of its ranks); troupe's peak: "
-              "its own getrusage line at the end of the run."]
+              "\"this process\" line (weights, gradients, Adam moments and activations of its ranks); expected: its "
+              "\"expected peak of this process\" line (the plan and what the dry-run process held already); "
+              "troupe's peak: its own getrusage line at the end of the run."]
     if bases:
         lines.append(f"base: the peak of that configuration's `--dry-run` process ({min(bases):,.0f}-{max(bases):,.0f} "
                      "MiB here: binary, libraries, allocator, nothing of the plan), which every measured peak includes.")

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 namespace troupe {
 
@@ -298,7 +299,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   return e;
 }
 
-std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size) {
+std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size, double resident_now) {
   const GptConfig& m = c.model;
   const MemoryEstimate e = estimate_memory(c, world_size);
   const int dp = c.resolved_dp(std::max(1, world_size));
@@ -335,7 +336,20 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size)
                             size_text(e.micro_batch_activation_none), size_text(e.micro_batch_activation_selective),
                             size_text(e.micro_batch_activation_full)));
   out.push_back(fmt::format("  this process: {} over {} rank(s)", size_text(e.total()), e.ranks_in_process));
+  if (resident_now > 0)
+    out.push_back(fmt::format("  expected peak of this process: {} (the plan and the {} it holds already: binary, "
+                              "libraries, allocator)",
+                              size_text(e.total() + resident_now), size_text(resident_now)));
   return out;
+}
+
+double resident_bytes_now() {
+  long long pages = 0, resident = 0;
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  const bool ok = std::fscanf(f, "%lld %lld", &pages, &resident) == 2;
+  std::fclose(f);
+  return ok && resident > 0 ? static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) : -1;
 }
 
 double available_memory_bytes() {

@@ -102,8 +102,12 @@ MemoryEstimate estimate_memory(const TrainConfig& config, int world_size,
 
 // The plan printed before training and by `troupe train --dry-run`: the model's parameters and
 // FLOPs, then per rank the parameters, model states (ZeRO stage) and activations (recompute), one
-// line each.
-std::vector<std::string> memory_plan_lines(const TrainConfig& config, int world_size);
+// line each. resident_now > 0: the bytes this process holds already (resident_bytes_now()), added
+// for the expected peak of the process.
+std::vector<std::string> memory_plan_lines(const TrainConfig& config, int world_size, double resident_now = -1);
+
+// This process's resident memory now (/proc/self/statm); negative when unreadable.
+double resident_bytes_now();
 
 // Bytes this process may still use: min(MemAvailable, cgroup memory.max - memory.current); a
 // negative value when neither can be read.
