@@ -24,7 +24,8 @@
 #
 # Usage: bench/long_sequence_memory.sh [options] [SEQ ...]
 #        bench/long_sequence_memory.sh --longest [--torch] [options]
-# Options: --cp "1 2 4"  --recompute "none full"  --train-iters 2  --threads N (default: all cores)
+# Options: --cp "1 2 4"  --ulysses (the sizes as --ds-sequence-parallel-size: DeepSpeed-Ulysses' all-to-all)
+#          --recompute "none full"  --train-iters 2  --threads N (default: all cores)
 #          --num-layers 4  --hidden-size 512  --num-attention-heads 8  --vocab-size 512  --dropout 0
 #          --mem-limit 22G  --time-limit 1800  --limit-method auto|systemd|watch|prlimit|none
 #          --start 4096  --max-seq N  (--longest)   --torch  (--longest: also PyTorch)
@@ -41,6 +42,7 @@ root="$(cd "$here/.." && pwd)"
 
 seqs=()
 cps=""
+cp_flag=--context-parallel-size
 recomputes="none full"
 iters=2
 threads="$(nproc 2>/dev/null || echo 1)"
@@ -61,11 +63,12 @@ out=""
 memory_check=0
 run_over_plan=0
 
-usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 need() { [[ $# -ge 2 ]] || { echo "long_sequence_memory.sh: $1 needs a value" >&2; exit 2; }; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cp) need "$@"; cps="$2"; shift 2 ;;
+    --ulysses) cp_flag=--ds-sequence-parallel-size; shift ;;
     --recompute) need "$@"; recomputes="$2"; shift 2 ;;
     --train-iters) need "$@"; iters="$2"; shift 2 ;;
     --threads) need "$@"; threads="$2"; shift 2 ;;
@@ -136,7 +139,7 @@ timed=()
 
 # plan TAG SEQ CP RECOMPUTE: the dry run's plan (TAG.plan) and its own peak (GNU time, TAG.plan.err)
 plan() {
-  timeout 600 ${timed[@]+"${timed[@]}"} "$TROUPE_BIN" train "${model[@]}" --seq-length "$2" --context-parallel-size "$3" \
+  timeout 600 ${timed[@]+"${timed[@]}"} "$TROUPE_BIN" train "${model[@]}" --seq-length "$2" "$cp_flag" "$3" \
     --recompute-granularity "$4" --train-iters 1 --dry-run >"$scratch/$1.plan" 2>"$scratch/$1.plan.err" \
     || echo "long_sequence_memory.sh: the dry run of $1 failed (see $scratch/$1.plan.err)" >&2
 }
@@ -168,7 +171,7 @@ if [[ $longest == 0 ]]; then
         fi
         "${limited[@]}" run "${limits[@]}" --stdout "$scratch/$tag.out" --stderr "$scratch/$tag.err" \
           --report "$scratch/$tag.json" -- ${timed[@]+"${timed[@]}"} "$TROUPE_BIN" train "${model[@]}" \
-          --seq-length "$seq" --context-parallel-size "$cp" --recompute-granularity "$rc" --train-iters "$iters" \
+          --seq-length "$seq" "$cp_flag" "$cp" --recompute-granularity "$rc" --train-iters "$iters" \
           --metrics-file "$scratch/$tag.metrics.jsonl" || true
         echo "   $("$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("%s in %.1f s, sampled peak %.0f MiB" % (r["status"], r["wall_s"], r["peak_tree_rss_mib"]))' "$scratch/$tag.json")" >&2
         printf '%s\t%s\t%s\t%s\n' "$seq" "$cp" "$rc" "$tag" >>"$manifest"
@@ -181,7 +184,7 @@ else
     echo "== longest sequence at cp $cp, recompute full (granule $granule, from $start${max_seq:+, at most $max_seq})" >&2
     "${limited[@]}" longest "${limits[@]}" --granule "$granule" --start "$start" ${max_seq:+--max-seq "$max_seq"} \
       --log-dir "$scratch/longest-cp$cp" --report "$scratch/longest-cp$cp.json" -- "$TROUPE_BIN" train "${model[@]}" \
-      --seq-length '{seq}' --context-parallel-size "$cp" --recompute-granularity full --train-iters 1 >/dev/null
+      --seq-length '{seq}' "$cp_flag" "$cp" --recompute-granularity full --train-iters 1 >/dev/null
     best="$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["longest"] or "")' "$scratch/longest-cp$cp.json")"
     [[ -z "$best" ]] || plan "longest-cp$cp" "$best" "$cp" full
     printf '%s\t%s\t%s\t%s\n' troupe "$cp" full "longest-cp$cp" >>"$manifest"
@@ -198,11 +201,11 @@ fi
 
 cpu="$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | sed 's/.*: //' || true)"
 "$PYTHON" - "$scratch" "$longest" "${out:-}" "${cpu:-unknown CPU}" "$(nproc 2>/dev/null || echo '?')" "$threads" \
-  "$layers" "$hidden" "$heads" "$vocab" "$dropout" "$iters" "$mem_limit" "$method" "$time_limit" "$TROUPE_BIN" <<'EOF'
+  "$layers" "$hidden" "$heads" "$vocab" "$dropout" "$iters" "$mem_limit" "$method" "$time_limit" "$TROUPE_BIN" "$cp_flag" <<'EOF'
 import datetime, json, os, re, sys
 
 (scratch, longest, out, cpu, ncpu, threads, layers, hidden, heads, vocab, dropout, iters, mem_limit, method,
- time_limit, binary) = sys.argv[1:17]
+ time_limit, binary, cp_flag) = sys.argv[1:18]
 longest = longest == "1"
 
 def read(path):
@@ -246,6 +249,8 @@ lines = [
     f"- model: GPT-2, {layers} layers, hidden {hidden}, {heads} heads, vocabulary {vocab}, learned positions as long "
     f"as the sequence, micro-batch 1, global batch 1, mock data, dropout {dropout}, AdamW",
     f"- limits: {limit_text}; troupe: {binary}",
+    f"- cp: troupe's {cp_flag}" + (" (DeepSpeed-Ulysses: all-to-all attention)" if "ds-sequence" in cp_flag else
+                                    " (ring attention, p2p)"),
 ]
 bases = []
 if not longest:

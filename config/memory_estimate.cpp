@@ -211,14 +211,14 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   // gradients of one layer (d fc, d gelu, d qkv, d att and the four (rows, C) ones; those between the
   // TP regions 1/t of the rows under sequence parallelism) and d(layer input); the gathered rows and
   // the TP partial sums; with the all-to-all, the whole sequences' attention output and q, k, v
-  // gradient (per local token: Al and QKVl). One layer's recompute buffers are in the recompute
+  // gradient (per local token: Al and QKVl) and the exchanges' send and receive staging (QKVl each). One layer's recompute buffers are in the recompute
   // terms above (full: `largest`; selective: the probabilities).
   const double sp_rows = c.sequence_parallel && tp_size > 1 ? 1 / t : 1;
   const bool moe_any = moe.enabled();
   double layer_scratch = F / t + attn / t + 2 * C + (swiglu ? 2 : 1) * F / t + qkv / t + 3 * C * sp_rows;
   if (c.sequence_parallel && tp_size > 1) layer_scratch += C;          // gathered
   if ((c.sequence_parallel && tp_size > 1) || moe_any) layer_scratch += C;  // partial
-  if (a2a) layer_scratch += attn / t + qkv / t;
+  if (a2a) layer_scratch += attn / t + 3 * qkv / t;  // and the all-to-alls' send and receive staging
   layer_scratch *= act * tokens;
   // The first stage: d(embedding output), and under cp the position table's rows and their gradient;
   // the last: d(ln_f output), the partial sums and the per-token losses (f32).

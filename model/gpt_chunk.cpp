@@ -306,6 +306,8 @@ GptChunk::Impl::Impl(const ChunkSpec& cs, comm::Communicator* tp_comm, UnitHooks
     if (a2a) {
       u_att = alloc({B * Tg, Au});
       u_dqkv = alloc({B * Tg, Wu});
+      u_send = alloc({N * QKVl});
+      u_recv = alloc({N * QKVl});
     }
     if (any_moe) {
       rc.moe = std::make_shared<MoeActs>();

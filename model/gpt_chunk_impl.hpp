@@ -157,6 +157,8 @@ struct GptChunk::Impl {
   int64_t Wu = 0, Au = 0, u_head0 = 0;
   ops::AttentionLayout ulayout;
   Tensor u_att, u_dqkv;
+  // The all-to-alls' send and receive staging, once per chunk: (N * QKVl) each, the widest exchange's.
+  Tensor u_send, u_recv;
   UnitHooks hooks;
   std::vector<ParamSpec> specs;
   std::vector<UnitInfo> units;

@@ -34,6 +34,12 @@ Segments segments_of(bool qkv_columns, int64_t A, int64_t K) {
   return qkv_columns ? Segments{{0, A, A + K}, {A, K, K}} : Segments{{0}, {A}};
 }
 
+// The first n elements of a staging buffer (allocated once for the widest exchange, q, k and v).
+Tensor staging(const Tensor& buffer, int64_t n) {
+  TROUPE_CHECK(n <= buffer.numel(), "Ulysses: an all-to-all wider than its staging buffer");
+  return buffer.rows(0, n);
+}
+
 }  // namespace
 
 // local (B, T, W) -> whole (B, Tg, W / cp): slice `cpr` of every segment of every rank's rows.
@@ -46,8 +52,7 @@ void GptChunk::Impl::ulysses_to_heads(const Tensor& local, const Tensor& whole, 
   const int64_t wu = seg.slice_width(P);  // the columns rank j gets: slice j of every segment
   const int64_t W = local.dim(2);
   // Send: block j = (B, T, wu), slice j of each segment.
-  Tensor send = Tensor::empty({int64_t{P} * B * T * wu}, dtype);
-  Tensor recv = Tensor::empty({B * Tg * wu}, dtype);
+  const Tensor send = staging(u_send, int64_t{P} * B * T * wu), recv = staging(u_recv, B * Tg * wu);
   const char* src = static_cast<const char*>(local.raw());
   char* out = static_cast<char*>(send.raw());
   for (int j = 0; j < P; ++j)
@@ -93,8 +98,7 @@ void GptChunk::Impl::ulysses_to_rows(const Tensor& whole, const Tensor& local, b
   const int64_t wu = seg.slice_width(P);  // the columns rank j gets: slice j of every segment
   const int64_t W = local.dim(2);
   // Send: block i = (B, rank i's rows, wu).
-  Tensor send = Tensor::empty({B * Tg * wu}, dtype);
-  Tensor recv = Tensor::empty({int64_t{P} * B * T * wu}, dtype);
+  const Tensor send = staging(u_send, B * Tg * wu), recv = staging(u_recv, int64_t{P} * B * T * wu);
   const char* src = static_cast<const char*>(whole.raw());
   char* out = static_cast<char*>(send.raw());
   std::vector<size_t> sc(static_cast<size_t>(P)), rc(static_cast<size_t>(P));
