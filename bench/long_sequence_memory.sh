@@ -133,7 +133,8 @@ echo "== long_sequence_memory.sh: $TROUPE_BIN, files in $scratch; memory limit $
 
 model=(--num-layers "$layers" --hidden-size "$hidden" --num-attention-heads "$heads" --micro-batch-size 1
        --global-batch-size 1 --mock-data --tokenizer-type NullTokenizer --vocab-size "$vocab"
-       --hidden-dropout "$dropout" --attention-dropout "$dropout" --num-threads "$threads" --log-interval 1)
+       --hidden-dropout "$dropout" --attention-dropout "$dropout" --num-threads "$threads" --log-interval 1
+       --distributed-timeout-minutes "$(( time_limit / 60 + 1 ))")  # an iteration may take longer than the default 10
 timed=()
 [[ -x /usr/bin/time ]] && timed=(/usr/bin/time -v)
 
