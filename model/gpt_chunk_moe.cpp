@@ -99,6 +99,19 @@ void for_rows(Context& ctx, int64_t n, const std::function<void(int64_t, int64_t
   else fn(0, n);
 }
 
+// Every cp rank's gathered rows (rank-major, (B, T, width) each) placed at their global rows
+// b * Tg + position: the whole sequences' (B * Tg, width).
+std::vector<double> whole_rows(const std::vector<double>& gathered, const std::vector<std::vector<int64_t>>& positions,
+                               int64_t B, int64_t T, int64_t Tg, int64_t width) {
+  std::vector<double> out(static_cast<size_t>(B * Tg * width), 0.0);
+  for (size_t q = 0; q < positions.size(); ++q)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < T; ++i)
+        std::copy_n(gathered.data() + ((static_cast<int64_t>(q) * B + b) * T + i) * width, width,
+                    out.data() + (b * Tg + positions[q][static_cast<size_t>(i)]) * width);
+  return out;
+}
+
 }  // namespace
 
 void GptChunk::Impl::moe_exchange(const Tensor& send, const std::vector<size_t>& send_rows, const Tensor& recv,
@@ -139,14 +152,7 @@ void GptChunk::Impl::moe_route_whole(const MoeConfig& cfg, int64_t E, int64_t ro
   comm::wait_or_throw(cp->all_gather(a.logits_host.data(), all.data(), static_cast<size_t>(N * E), DType::f64),
                       "MoE router logits all-gather over cp", comm::WaitGroup::other);
   comm::report_collective_span("cp all-gather MoE logits, h." + std::to_string(layer), issued);
-  a.logits_whole.assign(static_cast<size_t>(B * Tg * E), 0.0);
-  for (int q = 0; q < cps; ++q) {
-    const std::vector<int64_t>& at = ring.positions[static_cast<size_t>(q)];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i)
-        std::copy_n(all.data() + ((q * B + b) * T + i) * E, E,
-                    a.logits_whole.data() + (b * Tg + at[static_cast<size_t>(i)]) * E);
-  }
+  a.logits_whole = whole_rows(all, ring.positions, B, T, Tg, E);
   a.routing_whole = moe_route(cfg, a.logits_whole.data(), routed_seqs, Tg, E, training, draws);
   const MoeRouting& w = a.routing_whole;
   MoeRouting& mine = a.routing;
@@ -186,13 +192,7 @@ void GptChunk::Impl::moe_route_whole_backward(const MoeConfig& cfg, const MoeAct
   comm::wait_or_throw(cp->all_gather(dweight.data(), all.data(), static_cast<size_t>(N * k), DType::f64),
                       "MoE combine-weight gradient all-gather over cp", comm::WaitGroup::other);
   comm::report_collective_span("cp all-gather MoE weight gradient, h." + std::to_string(layer), issued);
-  std::vector<double> whole(static_cast<size_t>(B * Tg * k), 0.0);
-  for (int q = 0; q < cps; ++q) {
-    const std::vector<int64_t>& at = ring.positions[static_cast<size_t>(q)];
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < T; ++i)
-        std::copy_n(all.data() + ((q * B + b) * T + i) * k, k, whole.data() + (b * Tg + at[static_cast<size_t>(i)]) * k);
-  }
+  const std::vector<double> whole = whole_rows(all, ring.positions, B, T, Tg, k);
   std::vector<double> dwhole(static_cast<size_t>(B * Tg * E));
   moe_route_backward(cfg, a.routing_whole, a.logits_whole.data(), whole.data(), lb_scale, z_scale, dwhole.data());
   for (int64_t b = 0; b < B; ++b)
