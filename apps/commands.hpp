@@ -38,5 +38,10 @@ void add_launch_command(CLI::App& app, int* exit_code);  // launch and its compa
 // main() calls it before CLI11 parses. subcommands: troupe's subcommand names. Returns the exit code.
 int run_launch_command(const std::vector<std::string>& args, const std::set<std::string>& subcommands);
 void add_inspect_command(CLI::App& app, int* exit_code);
+// troupe plan (apps/plan_cmd.cpp): train's flags for the model and batch plus the cluster's. Before
+// the parse main() takes plan's own flags out of `args` (returned), screens the rest as train's and
+// puts them back together.
+void add_plan_command(CLI::App& app, int* exit_code);
+std::vector<std::string> split_plan_args(std::vector<std::string>& args);
 
 }  // namespace troupe::apps

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   troupe::apps::add_plot_command(app, &exit_code);
   troupe::apps::add_launch_command(app, &exit_code);
   troupe::apps::add_inspect_command(app, &exit_code);
+  troupe::apps::add_plan_command(app, &exit_code);
   // troupe train: Megatron's and DeepSpeed's flags screened before CLI11 sees them.
   std::vector<std::string> args(argv + 1, argv + argc);
   // troupe launch: torchrun's grammar, where the command's first word ends the flags.
@@ -43,6 +44,14 @@ int main(int argc, char** argv) {
     std::vector<std::string> flags(args.begin() + 1, args.end());
     if (!troupe::apps::screen_train_command(flags)) return troupe::apps::kExitUsage;
     args.resize(1);
+    args.insert(args.end(), flags.begin(), flags.end());
+  }
+  if (!args.empty() && args[0] == "plan") {
+    std::vector<std::string> flags(args.begin() + 1, args.end());
+    std::vector<std::string> own = troupe::apps::split_plan_args(flags);
+    if (!troupe::apps::screen_train_command(flags)) return troupe::apps::kExitUsage;
+    args.resize(1);
+    args.insert(args.end(), own.begin(), own.end());
     args.insert(args.end(), flags.begin(), flags.end());
   }
   try {

@@ -128,16 +128,15 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   const double o = mixed ? 12 + (g == 2 ? 4 : 0) : 8;
   const double act = mixed ? 2 : 4;  // bytes of one activation element
   // ZeRO partitions over the `dp` ranks that hold the same parameters: d, or d / ep for experts.
+  // The model states of psi parameters partitioned over dp ranks, as {weights, gradients, optimizer}.
+  struct States {
+    double weights = 0, gradients = 0, optimizer = 0;
+  };
   auto states_of = [&](double psi, double dp) {
-    double states = 0;
-    switch (c.zero_stage) {
-      case 0: states = (a + g + o) * psi; break;
-      case 1: states = (a + g) * psi + o * psi / dp; break;
-      case 2: states = a * psi + (g + o) * psi / dp; break;
-      default: states = (a + g + o) * psi / dp; break;
-    }
-    if (c.offload_optimizer == "nvme") states -= 8 * psi / dp;  // the moments live in swap files
-    return states;
+    const int z = c.zero_stage;
+    States st{a * psi / (z >= 3 ? dp : 1), g * psi / (z >= 2 ? dp : 1), o * psi / (z >= 1 ? dp : 1)};
+    if (c.offload_optimizer == "nvme") st.optimizer -= 8 * psi / dp;  // the moments live in swap files
+    return st;
   };
 
   // Activations, floats per token of one layer (Korthikanti et al.'s terms, see the header).
@@ -273,7 +272,11 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     const Sums& u = held[static_cast<size_t>(s)];
     const double dense = u.dense + (f.embedding ? embedding : 0) + (f.head ? head : 0) + f.custom_parameters;
     st.parameters = dense + u.experts;
-    st.model_state_bytes = states_of(dense, d * cp) + states_of(u.experts, std::max(1.0, d * cp / ep));
+    const States dense_states = states_of(dense, d * cp), expert_states = states_of(u.experts, std::max(1.0, d * cp / ep));
+    st.weight_bytes = dense_states.weights + expert_states.weights;
+    st.gradient_bytes = dense_states.gradients + expert_states.gradients;
+    st.optimizer_bytes = dense_states.optimizer + expert_states.optimizer;
+    st.model_state_bytes = st.weight_bytes + st.gradient_bytes + st.optimizer_bytes;
     st.micro_batches_in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.

@@ -159,7 +159,9 @@ struct Execution {
 // action and on one dependency's completion, so sweeping the stages round-robin and advancing each
 // as far as it can gives the event-driven times regardless of sweep order. A sweep that advances no
 // stage while work remains is a deadlock.
-Execution execute(const Schedule& sc, double f, double b, double w) {
+// cost(s, a): the duration of action a on stage s; hop: added to a dependency on another stage.
+template <class Cost>
+Execution execute(const Schedule& sc, const Cost& cost_of, double hop) {
   const ScheduleSpec& spec = sc.spec;
   const int p = spec.stages;
   const bool show_chunk = spec.chunks > 1;
@@ -182,8 +184,9 @@ Execution execute(const Schedule& sc, double f, double b, double w) {
         if (const auto dep = dependency(spec, s, a)) {
           ready = done[slot(spec, dep->stage, dep->action)];
           if (ready < 0) break;
+          if (dep->stage != s) ready += hop;
         }
-        const double cost = a.kind == Kind::forward ? f : a.kind == Kind::backward ? b : w;
+        const double cost = cost_of(s, a);
         ex.result.start[s][next[s]] = std::max(free_at[s], ready);
         free_at[s] = ex.result.start[s][next[s]] + cost;
         done[slot(spec, s, a)] = free_at[s];
@@ -360,14 +363,35 @@ Result<Schedule> make_schedule(const ScheduleSpec& spec) {
 
 Status validate(const Schedule& schedule) {
   TROUPE_RETURN_IF_ERROR(check_contents(schedule));
-  return execute(schedule, 1, 1, 1).status;
+  return execute(schedule, [](int, const Action&) { return 1.0; }, 0.0).status;
 }
 
 SimResult simulate(const Schedule& schedule, double f, double b, double w) {
   TROUPE_CHECK(f >= 0 && b >= 0 && w >= 0, "action costs are durations, never negative");
   const Status contents = check_contents(schedule);
   TROUPE_CHECK(contents.is_ok(), contents.message());
-  Execution ex = execute(schedule, f, b, w);
+  const auto cost = [&](int, const Action& a) { return a.kind == Kind::forward ? f : a.kind == Kind::backward ? b : w; };
+  Execution ex = execute(schedule, cost, 0.0);
+  TROUPE_CHECK(ex.status.is_ok(), ex.status.message());
+  return std::move(ex.result);
+}
+
+SimResult simulate(const Schedule& schedule, const StageCosts& costs) {
+  const ScheduleSpec& spec = schedule.spec;
+  const size_t n = static_cast<size_t>(spec.stages) * spec.chunks;
+  TROUPE_CHECK(costs.forward.size() == n && costs.backward.size() == n && costs.weight.size() == n,
+               "StageCosts holds one figure per (stage, chunk) of each kind");
+  TROUPE_CHECK(costs.hop >= 0, "the hop is a duration, never negative");
+  for (size_t i = 0; i < n; ++i)
+    TROUPE_CHECK(costs.forward[i] >= 0 && costs.backward[i] >= 0 && costs.weight[i] >= 0,
+                 "action costs are durations, never negative");
+  const Status contents = check_contents(schedule);
+  TROUPE_CHECK(contents.is_ok(), contents.message());
+  const auto cost = [&](int s, const Action& a) {
+    const size_t i = static_cast<size_t>(s) * spec.chunks + a.chunk;
+    return a.kind == Kind::forward ? costs.forward[i] : a.kind == Kind::backward ? costs.backward[i] : costs.weight[i];
+  };
+  Execution ex = execute(schedule, cost, costs.hop);
   TROUPE_CHECK(ex.status.is_ok(), ex.status.message());
   return std::move(ex.result);
 }

@@ -41,7 +41,8 @@
   X(hf_index)                  \
   X(hf_config)                 \
   X(hf_tokenizer_json)         \
-  X(sentencepiece_model)
+  X(sentencepiece_model)       \
+  X(cluster_json)
 
 namespace troupe::fuzz {
 

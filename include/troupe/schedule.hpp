@@ -76,6 +76,16 @@ struct SimResult {
 };
 SimResult simulate(const Schedule& schedule, double f, double b, double w);
 
+// Stages of unequal cost (the first holds the embedding, the last the head; `troupe plan`'s costs):
+// one figure per (stage s, chunk c) at index s * v + c, and `hop`, the time a micro-batch's
+// activation or gradient takes from one stage to the next, added to every dependency on another
+// stage.
+struct StageCosts {
+  std::vector<double> forward, backward, weight;
+  double hop = 0;
+};
+SimResult simulate(const Schedule& schedule, const StageCosts& costs);
+
 // The bubble fraction theory predicts, as a fraction of the iteration time (idle / (p * makespan)),
 // for equal-cost chunks with forward f, backward b (input gradient) and weight pass w:
 //   gpipe, 1f1b:  (p-1)/(m+p-1)

@@ -12,6 +12,7 @@
 #   config/                      base/, kernels/, model/, storage/, config/
 #   engine/                      base/, kernels/, model/, storage/, config/, comm/*.hpp, comm/local/, engine/
 #   reference/                   base/, kernels/, model/, engine/, reference/ (nothing but tests uses it)
+#   plan/                        base/, kernels/, model/, storage/, config/, plan/ (troupe plan's model)
 #   inspect/                     base/, kernels/, model/, storage/, config/, comm/ (any part), engine/, inspect/
 #   actors/                      all of the above, comm/ (any backend), inspect/, actors/ -- never apps/
 #   api/                         everything but reference/ (troupe::train's set-up)
@@ -37,6 +38,7 @@ allowed() {
     inspect) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/)' ;;
     actors) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/|actors/)' ;;
     reference) echo '^(troupe/|base/|kernels/|model/|engine/|reference/)' ;;
+    plan) echo '^(troupe/|base/|kernels/|model/|storage/|config/|plan/)' ;;
     api) echo '^(troupe/|base/|kernels/|model/|storage/|config/|comm/|engine/|inspect/|actors/|apps/cli/|api/)' ;;
     apps/cli) echo '^(troupe/|base/|kernels/|model/|storage/|config/|apps/cli/)' ;;
     comm/*) echo "^(troupe/|base/|kernels/|comm/[a-z_]+\\.hpp\$|$1/)" ;;
@@ -45,7 +47,7 @@ allowed() {
 
 bad=0 checked=0
 for folder in base kernels kernels/cpu kernels/cuda model storage comm comm/local comm/ucx comm/nccl comm/bootstrap \
-    config engine reference inspect actors api apps/cli include/troupe; do
+    config engine reference plan inspect actors api apps/cli include/troupe; do
   [[ -d $folder ]] || { echo "layering: no folder $folder (update this test's rules)" >&2; exit 1; }
   rule=$(allowed "$folder")
   # Only the folder's own files (not its sub-folders, which have their own rule).
@@ -70,12 +72,12 @@ for file in actors/*.cpp actors/*.hpp; do
 done
 while IFS= read -r file; do
   echo "layering: $file uses CAF, which only actors/, comm/bootstrap/ and include/troupe/actors.hpp may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference inspect apps/cli |
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*<caf/' include base kernels model storage config engine reference plan inspect apps/cli |
          grep -v '^include/troupe/actors\.hpp$' || true)
 # The reference model is the tests' yardstick: no folder but tests/ and reference/ includes it.
 while IFS= read -r file; do
   echo "layering: $file includes reference/, which only the tests may" >&2; bad=$((bad + 1))
-done < <(grep -rlE '#[[:space:]]*include[[:space:]]*"reference/' include base kernels model storage comm config engine actors api apps bench examples 2>/dev/null || true)
+done < <(grep -rlE '#[[:space:]]*include[[:space:]]*"reference/' include base kernels model storage comm config engine plan actors api apps bench examples 2>/dev/null || true)
 ((checked > 50)) || { echo "layering: only $checked includes seen -- is $src the source tree?" >&2; exit 1; }
 ((bad == 0)) || { echo "layering: $bad problem(s) against the layers' rules" >&2; exit 1; }
 echo "ok: $checked includes follow the layers' rules"

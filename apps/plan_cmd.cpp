@@ -1,0 +1,368 @@
+// troupe plan: the best layouts of a model on a cluster, predicted (plan/). It takes troupe train's
+// flags for the model, batch and precision (Megatron's names, screened like train's), any parallel
+// size given is fixed and the rest searched, and the cluster from --gpu/--nodes/--gpus-per-node, a
+// --cluster file, or this machine (the default, measured on the spot). docs/PLAN.md.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "apps/cli/train_options.hpp"
+#include "apps/commands.hpp"
+#include "apps/report.hpp"
+#include "config/memory_estimate.hpp"
+#include "kernels/peak.hpp"
+#include "kernels/thread_pool.hpp"
+#include "plan/search.hpp"
+#include "storage/tokenizer.hpp"
+
+namespace troupe::apps {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct PlanOptions {
+  std::string cluster_file, gpu, profile = "troupe";
+  int nodes = 0, gpus_per_node = 0;  // 0: the preset's or the file's
+  double gpu_memory_gib = 0, peak_tflops = 0, memory_bandwidth_gbps = 0, nvlink_gbps = 0, network_gbps = 0;
+  int top = 5;
+  bool json = false;
+};
+
+// The flags `plan` adds to train's, with whether each takes a value.
+constexpr std::pair<const char*, bool> kPlanFlags[] = {
+    {"--cluster", true},        {"--gpu", true},          {"--nodes", true},
+    {"--gpus-per-node", true},  {"--gpu-memory-gib", true}, {"--peak-tflops", true},
+    {"--memory-bandwidth-gbps", true}, {"--nvlink-gbps", true}, {"--network-gbps", true},
+    {"--profile", true},        {"--top", true},          {"--json", false},
+};
+
+// This machine's memory bandwidth: the best of a few copies of 64 MiB (one thread: a lower bound of
+// what all cores reach together).
+double measure_copy_bandwidth() {
+  const size_t n = size_t{64} << 20;
+  std::unique_ptr<char[]> a(new char[n]), b(new char[n]);
+  std::memset(a.get(), 1, n);
+  std::memset(b.get(), 2, n);
+  double best = 0;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.get(), a.get(), n);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n / s);
+    std::swap(a, b);
+  }
+  return best;
+}
+
+Result<plan::Cluster> make_cluster(const PlanOptions& o) {
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  auto measured_cpu = [&](int ranks) {
+    ThreadPool pool(cores);
+    const double peak = measure_sgemm_peak_gflops(pool, 0.5);
+    const double available = available_memory_bytes();
+    return plan::measured_cpu_cluster(ranks, cores, peak, measure_copy_bandwidth(),
+                                      available > 0 ? available : 4 * kGiB);
+  };
+  plan::Cluster c;
+  if (!o.cluster_file.empty()) {
+    std::ifstream in(o.cluster_file, std::ios::binary);
+    if (!in) return Status::bad_input("--cluster " + o.cluster_file + " cannot be read -- check the path");
+    std::string text;
+    char buf[65536];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+      text.append(buf, static_cast<size_t>(in.gcount()));
+      if (text.size() > (size_t{1} << 20))
+        return Status::bad_input("--cluster " + o.cluster_file + " is over 1 MiB -- a cluster file is a small JSON object");
+    }
+    auto parsed = plan::parse_cluster_json(text, o.cluster_file);
+    if (!parsed) return parsed.status();
+    if (parsed.value().is_cpu()) {
+      const plan::Cluster base = measured_cpu(std::max(1, o.gpus_per_node));
+      parsed = plan::parse_cluster_json(text, o.cluster_file, &base);
+      if (!parsed) return parsed.status();
+    }
+    c = parsed.value();
+  } else {
+    auto preset = plan::cluster_preset(o.gpu.empty() ? "cpu" : o.gpu);
+    if (!preset) return preset.status();
+    c = preset.value();
+    if (c.is_cpu()) c = measured_cpu(std::max(1, o.gpus_per_node));
+  }
+  if (o.nodes > 0) c.nodes = o.nodes;
+  if (o.gpus_per_node > 0) c.devices_per_node = o.gpus_per_node;
+  if (o.gpu_memory_gib > 0) c.device.memory_bytes = o.gpu_memory_gib * kGiB;
+  if (o.peak_tflops > 0) c.device.peak_flops = o.peak_tflops * 1e12;
+  if (o.memory_bandwidth_gbps > 0) c.device.memory_bandwidth = o.memory_bandwidth_gbps * 1e9;
+  if (o.nvlink_gbps > 0) c.intra_node_bandwidth = o.nvlink_gbps * 1e9;
+  if (o.network_gbps > 0) c.inter_node_bandwidth = o.network_gbps * 1e9;
+  if (Status st = plan::validate_cluster(c); !st) return st;
+  return c;
+}
+
+std::string gib_text(double bytes) { return fmt::format("{:.1f}", bytes / kGiB); }
+
+// "bubble 12%" or "communication 8%": what the layout loses most to.
+std::string loss_text(const plan::Prediction& p) {
+  double comm = 0;
+  for (const auto& c : p.collectives) comm += c.exposed;
+  const double comm_share = p.iteration_seconds > 0 ? comm / p.iteration_seconds : 0;
+  if (p.bubble_fraction >= comm_share) return fmt::format("bubble {:.0f}%", 100 * p.bubble_fraction);
+  return fmt::format("communication {:.0f}%", 100 * comm_share);
+}
+
+nlohmann::json layout_json(const plan::Candidate& c, int64_t world) {
+  const TrainConfig& l = c.layout;
+  const plan::Prediction& p = c.prediction;
+  const int v = l.pipeline_schedule == "interleaved" && l.num_layers_per_virtual_pipeline_stage > 0
+                    ? l.model.num_layers / (l.pipeline_model_parallel_size * l.num_layers_per_virtual_pipeline_stage)
+                    : 1;
+  nlohmann::json j;
+  j["tp"] = l.tensor_model_parallel_size;
+  j["pp"] = l.pipeline_model_parallel_size;
+  j["vpp"] = v;
+  j["dp"] = l.resolved_dp(static_cast<int>(std::min<int64_t>(world, 1 << 30)));
+  j["cp"] = l.context_parallel_size;
+  j["ulysses"] = l.ds_sequence_parallel_size;
+  j["ep"] = l.expert_model_parallel_size;
+  j["zero_stage"] = l.zero_stage;
+  j["micro_batch_size"] = l.micro_batch_size;
+  j["recompute"] = l.recompute_granularity;
+  j["offload"] = l.offload_optimizer;
+  j["schedule"] = l.pipeline_schedule;
+  j["sequence_parallel"] = l.sequence_parallel;
+  j["fits"] = p.fits;
+  if (!p.fits) j["why_not"] = p.why_not;
+  j["memory_per_rank_bytes"] = p.memory_per_rank_bytes;
+  j["memory"] = {{"weights_bytes", p.weight_bytes},       {"gradients_bytes", p.gradient_bytes},
+                 {"optimizer_bytes", p.optimizer_bytes},  {"activations_bytes", p.activation_bytes},
+                 {"capacity_bytes", p.memory_capacity_bytes}};
+  j["bubble_fraction"] = p.bubble_fraction;
+  j["bubble_simulated"] = p.simulated;
+  j["iteration_seconds"] = p.iteration_seconds;
+  j["tokens_per_second"] = p.tokens_per_second;
+  j["model_tflops_per_gpu"] = p.model_tflops_per_gpu;
+  j["hardware_tflops_per_gpu"] = p.hardware_tflops_per_gpu;
+  j["mfu"] = p.mfu;
+  j["forward_seconds"] = p.forward_seconds;
+  j["backward_seconds"] = p.backward_seconds;
+  j["optimizer_seconds"] = p.optimizer_seconds;
+  nlohmann::json colls = nlohmann::json::array();
+  for (const auto& c2 : p.collectives)
+    colls.push_back({{"name", c2.name}, {"group_size", c2.group_size}, {"crosses_nodes", c2.crosses_nodes},
+                     {"bytes", c2.bytes}, {"seconds", c2.seconds}, {"exposed_seconds", c2.exposed}});
+  j["collectives"] = colls;
+  return j;
+}
+
+void print_text(const TrainConfig& cfg, const plan::Cluster& cluster, const plan::Profile& profile,
+                const plan::SearchResult& r, double seconds) {
+  const GptConfig& m = cfg.model;
+  const int64_t world = cluster.world();
+  std::printf("troupe plan: %s %d layers, hidden %d, %d heads, seq %d, %.2f B parameters; global batch %d (%.3g M tokens), %s\n",
+              m.family_name(), m.num_layers, m.hidden_size, m.num_attention_heads, m.seq_length, m.num_parameters() / 1e9,
+              cfg.global_batch_size, static_cast<double>(cfg.global_batch_size) * m.seq_length / 1e6,
+              cfg.precision.sixteen_bit() ? (cfg.precision.dtype == PrecisionDType::bf16 ? "bf16" : "fp16") : "fp32");
+  std::printf("  cluster: %s; profile %s\n", plan::describe(cluster).c_str(), profile.name.c_str());
+  std::printf("  searched %lld layouts in %.2f s: %lld out of memory, %lld not runnable by troupe, %lld costed, %lld simulated\n",
+              static_cast<long long>(r.considered), seconds, static_cast<long long>(r.out_of_memory),
+              static_cast<long long>(r.not_runnable), static_cast<long long>(r.costed), static_cast<long long>(r.simulated));
+  if (!r.not_runnable_example.empty()) std::printf("    not runnable, e.g. %s\n", r.not_runnable_example.c_str());
+  std::printf("\n  %2s  %-84s %9s %11s %15s %5s %18s %9s\n", "#", "layout", "iter (s)", "tokens/s", "TFLOP/s mdl/hw",
+              "MFU", "loses most to", "GiB/rank");
+  for (size_t i = 0; i < r.best.size(); ++i) {
+    const plan::Prediction& p = r.best[i].prediction;
+    std::printf("  %2zu  %-84s %9.3f %11.4g %7.1f/%-7.1f %4.0f%% %18s %9s\n", i + 1,
+                plan::layout_text(r.best[i].layout, world).c_str(), p.iteration_seconds, p.tokens_per_second,
+                p.model_tflops_per_gpu, p.hardware_tflops_per_gpu, 100 * p.mfu, loss_text(p).c_str(),
+                gib_text(p.memory_per_rank_bytes).c_str());
+  }
+  if (!r.best.empty()) {
+    const plan::Prediction& p = r.best[0].prediction;
+    std::printf("\n  the best in detail:\n");
+    std::printf("    memory per rank: %s GiB of %s (weights %s, gradients %s, optimizer %s, activations %s)\n",
+                gib_text(p.memory_per_rank_bytes).c_str(), gib_text(p.memory_capacity_bytes).c_str(),
+                gib_text(p.weight_bytes).c_str(), gib_text(p.gradient_bytes).c_str(), gib_text(p.optimizer_bytes).c_str(),
+                gib_text(p.activation_bytes).c_str());
+    std::printf("    one micro-batch on the busiest stage: forward %.2f ms, backward %.2f ms; pipeline %.3f s, bubble %.1f%%%s\n",
+                1e3 * p.forward_seconds, 1e3 * p.backward_seconds, p.pipeline_seconds, 100 * p.bubble_fraction,
+                p.simulated ? " (simulated on the schedule's action list)" : " (theory)");
+    for (const auto& c : p.collectives)
+      std::printf("    %-32s group %-5d %-13s %9.3g GB %9.4f s, exposed %.4f s\n", c.name.c_str(), c.group_size,
+                  c.crosses_nodes ? "across nodes" : "in a node", c.bytes / 1e9, c.seconds, c.exposed);
+    std::printf("    optimizer step %.4f s; data-parallel time exposed %.4f s\n", p.optimizer_seconds, p.dp_exposed_seconds);
+  }
+  if (!r.not_fitting.empty()) {
+    std::printf("\n  rejected for memory (%lld layouts), the closest:\n", static_cast<long long>(r.out_of_memory));
+    for (const auto& c : r.not_fitting)
+      std::printf("    %s: %s\n", plan::layout_text(c.layout, world).c_str(), c.prediction.why_not.c_str());
+  }
+}
+
+int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
+  const std::string name = "plan";
+  // The data, checkpoints and logs of a train command are not the plan's: the plan reads no files
+  // but the tokenizer's (for the vocabulary) and the cluster's.
+  cfg.data_path.clear();
+  cfg.train_data_path.clear();
+  cfg.valid_data_path.clear();
+  cfg.test_data_path.clear();
+  cfg.mock_data = true;
+  cfg.load.clear();
+  cfg.save.clear();
+  // The length of the run changes no iteration's cost.
+  if (cfg.train_iters <= 0 && cfg.train_samples <= 0 && cfg.train_tokens <= 0) cfg.train_iters = 1;
+  std::vector<std::string> notes;
+  std::vector<std::string> problems;
+  if (cmd.get_option("--global-batch-size")->count() == 0 && cfg.deepspeed_config.empty())
+    problems.push_back("--global-batch-size is not given -- troupe plan searches the data-parallel size, so give the "
+                       "global batch in sequences (e.g. --global-batch-size 1536)");
+  if (Status st = finalize_train_config(cmd, &cfg, 1, &notes); !st) problems.push_back(st.message());
+  if (!problems.empty()) {
+    std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
+    if (problems.size() > 1)
+      for (const auto& p : problems) message += "\n  - " + p;
+    print_error(name, message);
+    return kExitUsage;
+  }
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
+  if (!tokenizer) {
+    print_error(name, tokenizer.status());
+    return kExitUsage;
+  }
+  cfg.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = cfg.model.validate(); !st) {
+    print_error(name, st);
+    return kExitUsage;
+  }
+  if (cfg.model.moe.enabled()) {
+    print_error(name, "--num-experts: troupe plan does not cost mixture-of-experts layers yet -- plan the dense model "
+                      "(without --num-experts), or check the MoE layout's memory with troupe train --dry-run");
+    return kExitUsage;
+  }
+  auto cluster = make_cluster(o);
+  if (!cluster) {
+    print_error(name, cluster.status());
+    return kExitUsage;
+  }
+  auto profile = plan::profile_named(o.profile, cluster.value());
+  if (!profile) {
+    print_error(name, profile.status());
+    return kExitUsage;
+  }
+  plan::Fixed fixed;
+  auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
+  if (given("--tensor-model-parallel-size")) fixed.tp = cfg.tensor_model_parallel_size;
+  if (given("--pipeline-model-parallel-size")) fixed.pp = cfg.pipeline_model_parallel_size;
+  if (given("--data-parallel-size")) fixed.dp = cfg.data_parallel_size;
+  if (given("--context-parallel-size")) fixed.cp = cfg.context_parallel_size;
+  if (given("--ds-sequence-parallel-size")) fixed.ulysses = cfg.ds_sequence_parallel_size;
+  if (given("--cp-comm-type")) fixed.cp_comm_type = cfg.cp_comm_type;
+  if (given("--micro-batch-size")) fixed.micro_batch = cfg.micro_batch_size;
+  if (given("--zero-stage") || !cfg.deepspeed_config.empty()) fixed.zero = cfg.zero_stage;
+  if (given("--num-layers-per-virtual-pipeline-stage")) fixed.layers_per_virtual_stage = cfg.num_layers_per_virtual_pipeline_stage;
+  if (given("--sequence-parallel")) fixed.sequence_parallel = cfg.sequence_parallel;
+  if (given("--recompute-granularity")) fixed.recompute = cfg.recompute_granularity;
+  if (given("--offload-optimizer")) fixed.offload = cfg.offload_optimizer;
+  if (given("--pipeline-schedule")) fixed.schedule = cfg.pipeline_schedule;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = plan::search_layouts(cfg, fixed, cluster.value(), profile.value(), std::max(1, o.top));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!result) {
+    print_error(name, result.status());
+    return kExitUsage;
+  }
+  const plan::SearchResult& r = result.value();
+  if (o.json) {
+    nlohmann::json j;
+    j["cluster"] = {{"device", cluster.value().device.name},
+                    {"nodes", cluster.value().nodes},
+                    {"gpus_per_node", cluster.value().devices_per_node},
+                    {"memory_bytes", cluster.value().device.memory_bytes},
+                    {"peak_flops", cluster.value().device.peak_flops}};
+    j["profile"] = profile.value().name;
+    j["searched"] = {{"layouts", r.considered}, {"out_of_memory", r.out_of_memory}, {"not_runnable", r.not_runnable},
+                     {"costed", r.costed},      {"simulated", r.simulated},         {"seconds", seconds}};
+    nlohmann::json layouts = nlohmann::json::array(), over = nlohmann::json::array();
+    for (const auto& c : r.best) layouts.push_back(layout_json(c, cluster.value().world()));
+    for (const auto& c : r.not_fitting) over.push_back(layout_json(c, cluster.value().world()));
+    j["layouts"] = layouts;
+    j["not_fitting"] = over;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    print_text(cfg, cluster.value(), profile.value(), r, seconds);
+  }
+  if (r.best.empty()) {
+    const int nodes = plan::smallest_fitting_nodes(cfg, fixed, cluster.value(), 1 << 16);
+    std::string message = fmt::format("the model fits no layout of {} devices", cluster.value().world());
+    if (!r.not_fitting.empty()) message += " (the closest: " + r.not_fitting[0].prediction.why_not + ")";
+    message += nodes > 0 ? fmt::format(" -- it fits on {} nodes of {} (--nodes {}), or lower --micro-batch-size, or "
+                                       "allow recompute and ZeRO (leave them out to search them)",
+                                       nodes, cluster.value().devices_per_node, nodes)
+                         : " -- no cluster of this kind up to 65536 nodes fits it with these fixed sizes: leave sizes "
+                           "out so that they are searched, or use devices with more memory";
+    print_error(name, message);
+    return kExitUsage;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+std::vector<std::string> split_plan_args(std::vector<std::string>& args) {
+  std::vector<std::string> own, rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    bool taken = false;
+    for (const auto& [flag, value] : kPlanFlags) {
+      const std::string f = flag;
+      if (a == f) {
+        own.push_back(a);
+        if (value && i + 1 < args.size()) own.push_back(args[++i]);
+        taken = true;
+        break;
+      }
+      if (value && a.rfind(f + "=", 0) == 0) {
+        own.push_back(a);
+        taken = true;
+        break;
+      }
+    }
+    if (!taken) rest.push_back(a);
+  }
+  args = std::move(rest);
+  return own;
+}
+
+void add_plan_command(CLI::App& app, int* exit_code) {
+  auto cfg = std::make_shared<TrainConfig>();
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict and rank the layouts of a model on a cluster (troupe train's model and batch flags; docs/PLAN.md)");
+  add_train_options(cmd, cfg.get());
+  const std::string g = "Cluster (docs/PLAN.md)";
+  cmd->add_option("--cluster", o->cluster_file, "A JSON file describing the cluster (keys in docs/PLAN.md)")->group(g);
+  cmd->add_option("--gpu", o->gpu, "A preset: " + plan::cluster_preset_names() + " (default: cpu, this machine, measured)")
+      ->group(g);
+  cmd->add_option("--nodes", o->nodes, "Nodes of the cluster")->group(g);
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "Devices per node (cpu: ranks on this host, default 1)")->group(g);
+  cmd->add_option("--gpu-memory-gib", o->gpu_memory_gib, "Override: device memory, GiB")->group(g);
+  cmd->add_option("--peak-tflops", o->peak_tflops, "Override: dense 16-bit TFLOP/s of a device")->group(g);
+  cmd->add_option("--memory-bandwidth-gbps", o->memory_bandwidth_gbps, "Override: device memory GB/s")->group(g);
+  cmd->add_option("--nvlink-gbps", o->nvlink_gbps, "Override: NVLink GB/s per device, one direction")->group(g);
+  cmd->add_option("--network-gbps", o->network_gbps, "Override: network GB/s per node, one direction")->group(g);
+  cmd->add_option("--profile", o->profile, "Whose execution: troupe (default) or megatron (Megatron-LM as published)")
+      ->group(g);
+  cmd->add_option("--top", o->top, "Layouts to list (default 5)")->group(g);
+  cmd->add_flag("--json", o->json, "Print {\"layouts\": [...]} as JSON, best first")->group(g);
+  cmd->callback([cmd, cfg, o, exit_code] { *exit_code = run_plan(*cmd, *cfg, *o); });
+}
+
+}  // namespace troupe::apps

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# troupe plan end to end (docs/PLAN.md): GPT-3 175B on 128 DGX A100 nodes as JSON (the best layouts
+# in order, each dividing the 1024 GPUs, with every key the issue names), the text table, fixed sizes
+# kept fixed, Megatron's own flags (the sc21 Table 1 script's, 1T parameters on 3072 GPUs), the memory
+# per rank equal to `troupe train --dry-run`'s plan, and bad input (an unknown preset, a model too
+# large for the cluster, a cluster file with several problems, no global batch) refused with the fix,
+# exit 2.
+source "$(dirname "$0")/common.bash"
+
+gpt3=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048
+      --global-batch-size 1536 --tokenizer-type NullTokenizer --vocab-size 51200 --bf16)
+
+"$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 128 --gpus-per-node 8 --json --top 8 > gpt3.json 2> gpt3.err \
+  || { cat gpt3.err; fail "plan of GPT-3 175B failed"; }
+python3 - gpt3.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+layouts = j["layouts"]
+assert len(layouts) == 8, len(layouts)
+keys = ["tp", "pp", "vpp", "dp", "cp", "ep", "zero_stage", "micro_batch_size", "recompute", "offload", "fits",
+        "memory_per_rank_bytes", "bubble_fraction", "iteration_seconds", "tokens_per_second", "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu", "mfu"]
+for l in layouts:
+    missing = [k for k in keys if k not in l]
+    assert not missing, missing
+    assert l["tp"] * l["pp"] * l["dp"] * l["cp"] == 1024, l
+    assert l["fits"] and 0 < l["memory_per_rank_bytes"] <= 80 * 2**30, l
+    assert 0 < l["mfu"] < 1 and l["hardware_tflops_per_gpu"] >= l["model_tflops_per_gpu"] > 0, l
+    assert abs(l["tokens_per_second"] * l["iteration_seconds"] - 1536 * 2048) < 1e-6 * 1536 * 2048, l
+    assert 0 <= l["bubble_fraction"] < 1, l
+its = [l["iteration_seconds"] for l in layouts]
+assert its == sorted(its), its
+s = j["searched"]
+assert s["layouts"] > 1000 and s["out_of_memory"] > 0 and s["simulated"] >= 8, s
+best = layouts[0]
+print(f"GPT-3 175B on 1024 A100: {s['layouts']} layouts in {s['seconds']:.2f} s; best tp {best['tp']} pp {best['pp']} "
+      f"vpp {best['vpp']} dp {best['dp']} mbs {best['micro_batch_size']} ZeRO-{best['zero_stage']} "
+      f"recompute {best['recompute']}: {best['iteration_seconds']:.2f} s/iteration, "
+      f"{best['model_tflops_per_gpu']:.0f} TFLOP/s model, MFU {100 * best['mfu']:.0f}%")
+PY
+
+"$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 128 --gpus-per-node 8 > gpt3.txt
+grep -q "the best in detail" gpt3.txt || { cat gpt3.txt; fail "the text plan has no detail of the best layout"; }
+grep -q "rejected for memory" gpt3.txt || { cat gpt3.txt; fail "the text plan names no layout rejected for memory"; }
+
+# Fixed sizes stay fixed.
+"$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 128 --gpus-per-node 8 --tensor-model-parallel-size 8 \
+  --pipeline-model-parallel-size 16 --recompute-granularity full --json > fixed.json
+python3 - fixed.json <<'PY'
+import json, sys
+for l in json.load(open(sys.argv[1]))["layouts"]:
+    assert (l["tp"], l["pp"], l["dp"], l["recompute"]) == (8, 16, 8, "full"), l
+PY
+
+# Megatron's own flags: the sc21 scripts' (examples/academic_paper_scripts/sc21/CONFIG.sh with
+# run_table_1.sh's 1T row), the data and tokenizer files aside, on the 384 nodes the script asks for.
+"$troupe" plan --tensor-model-parallel-size 8 --pipeline-model-parallel-size 64 --micro-batch-size 1 \
+  --global-batch-size 3072 --num-layers 128 --hidden-size 25600 --num-attention-heads 160 --DDP-impl local \
+  --tokenizer-type NullTokenizer --vocab-size 51200 --log-interval 5 --seq-length 2048 --max-position-embeddings 2048 \
+  --train-iters 500 --lr-decay-iters 320 --lr 0.0001 --min-lr 0.00001 --lr-decay-style cosine \
+  --lr-warmup-fraction 0.01 --split 969,30,1 --eval-iters 100 --eval-interval 1000 --clip-grad 1.0 --fp16 \
+  --loss-scale 8192 --recompute-granularity full --recompute-method uniform \
+  --gpu A100-80GB --nodes 384 --gpus-per-node 8 --profile megatron --json > sc21.json 2> sc21.err \
+  || { cat sc21.err; fail "plan of the sc21 1T script failed"; }
+python3 - sc21.json <<'PY'
+import json, sys
+l = json.load(open(sys.argv[1]))["layouts"][0]
+assert (l["tp"], l["pp"], l["dp"], l["micro_batch_size"]) == (8, 64, 6, 1), l
+print(f"sc21 1T row: predicted {l['hardware_tflops_per_gpu']:.0f} TFLOP/s per GPU with recompute "
+      f"(published 163), bubble {100 * l['bubble_fraction']:.1f}%")
+PY
+
+# The memory per rank is the --dry-run plan's (the CPU, one thread per rank as in one process).
+small=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 128 --micro-batch-size 2
+       --global-batch-size 8 --tokenizer-type NullTokenizer --vocab-size 500 --tensor-model-parallel-size 2
+       --pipeline-model-parallel-size 2 --data-parallel-size 2 --zero-stage 1 --num-threads 1
+       --recompute-granularity none --pipeline-schedule 1f1b --offload-optimizer none)
+"$troupe" train "${small[@]}" --mock-data --train-iters 1 --dry-run > dry.txt
+"$troupe" plan "${small[@]}" --gpu cpu --gpus-per-node 8 --json > small.json
+python3 - dry.txt small.json <<'PY'
+import json, re, sys
+stages = []
+for line in open(sys.argv[1]):
+    m = re.search(r"stage \d+: \d+ parameters, ([\d.]+) MiB of weights.*?; ([\d.]+) MiB of activations", line)
+    if m:
+        stages.append(float(m.group(1)) + float(m.group(2)))
+assert stages, "no stage lines in the dry run"
+layouts = [l for l in json.load(open(sys.argv[2]))["layouts"] if not l["sequence_parallel"]]
+assert layouts, "no layout without sequence parallelism"
+plan = layouts[0]["memory_per_rank_bytes"] / 2**20
+assert abs(plan - max(stages)) <= 0.01 * max(stages), (plan, stages)
+print(f"memory per rank: plan {plan:.3f} MiB, --dry-run {max(stages):.3f} MiB")
+PY
+
+# Bad input: exit 2 with the fix.
+expect_refusal() {  # name, pattern, command...
+  local name=$1 pattern=$2
+  shift 2
+  set +e
+  "$@" > "$name.out" 2> "$name.err"
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
+  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
+}
+expect_refusal preset "A100-40GB, A100-80GB, H100-80GB, H200, cpu" "$troupe" plan "${gpt3[@]}" --gpu A100
+expect_refusal too_big "it fits on" "$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 1 --gpus-per-node 8
+printf '{"gpu": "H100-80GB", "nodes": 0, "nvlnk_gbps": 300, "memory_gib": "80"}' > bad_cluster.json
+expect_refusal cluster_file "3 problems" "$troupe" plan "${gpt3[@]}" --cluster bad_cluster.json
+grep -q 'did you mean "nvlink_gbps"' cluster_file.err || { cat cluster_file.err; fail "no spelling hint"; }
+expect_refusal no_batch "--global-batch-size is not given" "$troupe" plan --num-layers 2 --hidden-size 64 \
+  --num-attention-heads 4 --tokenizer-type NullTokenizer --vocab-size 100 --gpu H200
+echo "PASS"
