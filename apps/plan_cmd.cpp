@@ -3,6 +3,7 @@
 // size given is fixed and the rest searched, and the cluster from --gpu/--nodes/--gpus-per-node, a
 // --cluster file, or this machine (the default, measured on the spot). docs/PLAN.md.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "config/memory_estimate.hpp"
 #include "kernels/peak.hpp"
 #include "kernels/thread_pool.hpp"
+#include "plan/goodput.hpp"
 #include "plan/search.hpp"
 #include "storage/tokenizer.hpp"
 
@@ -32,6 +34,7 @@ struct PlanOptions {
   std::string cluster_file, gpu, profile = "troupe";
   int nodes = 0, gpus_per_node = 0;  // 0: the preset's or the file's
   double gpu_memory_gib = 0, peak_tflops = 0, memory_bandwidth_gbps = 0, nvlink_gbps = 0, network_gbps = 0;
+  double failures_per_gpu_hour = -1, storage_gbps = 0;  // -1, 0: the preset's or the file's
   int top = 5;
   bool json = false;
 };
@@ -42,6 +45,7 @@ constexpr std::pair<const char*, bool> kPlanFlags[] = {
     {"--gpus-per-node", true},  {"--gpu-memory-gib", true}, {"--peak-tflops", true},
     {"--memory-bandwidth-gbps", true}, {"--nvlink-gbps", true}, {"--network-gbps", true},
     {"--profile", true},        {"--top", true},          {"--json", false},
+    {"--failures-per-gpu-hour", true}, {"--storage-gbps", true},
 };
 
 // This machine's memory bandwidth: the best of a few copies of 64 MiB (one thread: a lower bound of
@@ -103,6 +107,8 @@ Result<plan::Cluster> make_cluster(const PlanOptions& o) {
   if (o.memory_bandwidth_gbps > 0) c.device.memory_bandwidth = o.memory_bandwidth_gbps * 1e9;
   if (o.nvlink_gbps > 0) c.intra_node_bandwidth = o.nvlink_gbps * 1e9;
   if (o.network_gbps > 0) c.inter_node_bandwidth = o.network_gbps * 1e9;
+  if (o.failures_per_gpu_hour >= 0) c.failures_per_device_hour = o.failures_per_gpu_hour;
+  if (o.storage_gbps > 0) c.storage_bandwidth = o.storage_gbps * 1e9;
   if (Status st = plan::validate_cluster(c); !st) return st;
   return c;
 }
@@ -118,7 +124,8 @@ std::string loss_text(const plan::Prediction& p) {
   return fmt::format("communication {:.0f}%", 100 * comm_share);
 }
 
-nlohmann::json layout_json(const plan::Candidate& c, int64_t world) {
+nlohmann::json layout_json(const plan::Candidate& c, const plan::Cluster& cluster) {
+  const int64_t world = cluster.world();
   const TrainConfig& l = c.layout;
   const plan::Prediction& p = c.prediction;
   const int v = l.pipeline_schedule == "interleaved" && l.num_layers_per_virtual_pipeline_stage > 0
@@ -159,6 +166,11 @@ nlohmann::json layout_json(const plan::Candidate& c, int64_t world) {
     colls.push_back({{"name", c2.name}, {"group_size", c2.group_size}, {"crosses_nodes", c2.crosses_nodes},
                      {"bytes", c2.bytes}, {"seconds", c2.seconds}, {"exposed_seconds", c2.exposed}});
   j["collectives"] = colls;
+  const plan::SavePlan save = plan::plan_saves(l, p, cluster);
+  j["save_interval"] = save.save_interval;
+  j["goodput"] = save.goodput;
+  j["checkpoint_bytes"] = save.checkpoint_bytes;
+  j["mtbf_seconds"] = std::isfinite(save.mtbf_seconds) ? nlohmann::json(save.mtbf_seconds) : nlohmann::json(nullptr);
   return j;
 }
 
@@ -198,6 +210,14 @@ void print_text(const TrainConfig& cfg, const plan::Cluster& cluster, const plan
       std::printf("    %-32s group %-5d %-13s %9.3g GB %9.4f s, exposed %.4f s\n", c.name.c_str(), c.group_size,
                   c.crosses_nodes ? "across nodes" : "in a node", c.bytes / 1e9, c.seconds, c.exposed);
     std::printf("    optimizer step %.4f s; data-parallel time exposed %.4f s\n", p.optimizer_seconds, p.dp_exposed_seconds);
+    const plan::SavePlan save = plan::plan_saves(r.best[0].layout, p, cluster);
+    if (std::isfinite(save.mtbf_seconds))
+      std::printf("    failures: one every %.2f h (%.3g per GPU-hour x %lld devices); a save stalls %.2f s and writes %.3g GB in "
+                  "%.1f s, a restart and load take %.0f s; best --save-interval %lld (every %.0f s, Young/Daly): goodput "
+                  "%.1f%%\n",
+                  save.mtbf_seconds / 3600, cluster.failures_per_device_hour, static_cast<long long>(world),
+                  save.save_stall_seconds, save.checkpoint_bytes / 1e9, save.save_write_seconds, save.recovery_seconds,
+                  static_cast<long long>(save.save_interval), save.interval_seconds, 100 * save.goodput);
   }
   if (!r.not_fitting.empty()) {
     std::printf("\n  rejected for memory (%lld layouts), the closest:\n", static_cast<long long>(r.out_of_memory));
@@ -291,8 +311,8 @@ int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
     j["searched"] = {{"layouts", r.considered}, {"out_of_memory", r.out_of_memory}, {"not_runnable", r.not_runnable},
                      {"costed", r.costed},      {"simulated", r.simulated},         {"seconds", seconds}};
     nlohmann::json layouts = nlohmann::json::array(), over = nlohmann::json::array();
-    for (const auto& c : r.best) layouts.push_back(layout_json(c, cluster.value().world()));
-    for (const auto& c : r.not_fitting) over.push_back(layout_json(c, cluster.value().world()));
+    for (const auto& c : r.best) layouts.push_back(layout_json(c, cluster.value()));
+    for (const auto& c : r.not_fitting) over.push_back(layout_json(c, cluster.value()));
     j["layouts"] = layouts;
     j["not_fitting"] = over;
     std::printf("%s\n", j.dump(2).c_str());
@@ -362,6 +382,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
       ->group(g);
   cmd->add_option("--top", o->top, "Layouts to list (default 5)")->group(g);
   cmd->add_flag("--json", o->json, "Print {\"layouts\": [...]} as JSON, best first")->group(g);
+  cmd->add_option("--failures-per-gpu-hour", o->failures_per_gpu_hour,
+                  "Failures per device and hour for the save interval and goodput (default 1.97e-5, LLaMA 3's run)")
+      ->group(g);
+  cmd->add_option("--storage-gbps", o->storage_gbps, "Checkpoint storage GB/s per node (default 5)")->group(g);
   cmd->callback([cmd, cfg, o, exit_code] { *exit_code = run_plan(*cmd, *cfg, *o); });
 }
 

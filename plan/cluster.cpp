@@ -84,6 +84,9 @@ const std::vector<Key>& keys() {
       {"host_memory_bandwidth_gbps", 1e-3, 1e6, false, [](Cluster& c, double v) { c.host_memory_bandwidth = v * kGB; }},
       {"intra_node_latency_us", 0, 1e6, false, [](Cluster& c, double v) { c.intra_node_latency = v * 1e-6; }},
       {"inter_node_latency_us", 0, 1e6, false, [](Cluster& c, double v) { c.inter_node_latency = v * 1e-6; }},
+      {"failures_per_gpu_hour", 0, 1, false, [](Cluster& c, double v) { c.failures_per_device_hour = v; }},
+      {"storage_gbps", 1e-3, 1e6, false, [](Cluster& c, double v) { c.storage_bandwidth = v * kGB; }},
+      {"restart_seconds", 0, 1e6, false, [](Cluster& c, double v) { c.restart_seconds = v; }},
   };
   return k;
 }
@@ -224,6 +227,11 @@ Status validate_cluster(const Cluster& c) {
   positive(c.host_memory_bandwidth, "the host memory bandwidth (host_memory_bandwidth_gbps)", "give GB/s per node");
   if (!(c.device.memory_reserve_bytes >= 0) || c.device.memory_reserve_bytes >= c.device.memory_bytes)
     problems.push_back("the memory reserve (memory_reserve_gib) is not below the device memory -- lower it");
+  positive(c.storage_bandwidth, "the storage bandwidth (storage_gbps, --storage-gbps)", "give GB/s per node");
+  if (!(c.failures_per_device_hour >= 0) || c.failures_per_device_hour > 1)
+    problems.push_back("the failure rate (failures_per_gpu_hour, --failures-per-gpu-hour) is outside [0, 1] -- give failures "
+                       "per device and hour, e.g. 2e-5");
+  if (!(c.restart_seconds >= 0)) problems.push_back("restart_seconds is negative -- give seconds >= 0");
   if (!(c.intra_node_latency >= 0) || !(c.inter_node_latency >= 0))
     problems.push_back("a latency is negative -- give microseconds >= 0");
   return join(problems);

@@ -120,6 +120,64 @@ std::string first_problem(const std::string& message) {
   return next == std::string::npos ? message.substr(0, nl) : message.substr(next + 2, end == std::string::npos ? std::string::npos : end - next - 2);
 }
 
+// The fixed sizes' own problems, each naming its flag and the sizes that would do, all at once.
+Status check_fixed(const TrainConfig& base, const Fixed& f, const Cluster& cluster) {
+  std::vector<std::string> problems;
+  const GptConfig& m = base.model;
+  const int64_t world = cluster.world(), node = cluster.devices_per_node;
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size() && i < 12; ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+    return out;
+  };
+  if (f.tp) {
+    std::vector<int> ok;
+    for (int t : divisors(node, node))
+      if (m.num_attention_heads % t == 0 && m.query_groups() % t == 0) ok.push_back(t);
+    if (std::find(ok.begin(), ok.end(), *f.tp) == ok.end())
+      problems.push_back(fmt::format("--tensor-model-parallel-size {}: tensor parallelism stays inside a node ({} devices) and "
+                                     "divides the heads ({}) and key/value groups ({}) -- use one of {}",
+                                     *f.tp, node, m.num_attention_heads, m.query_groups(), list(ok)));
+  }
+  const int t = f.tp.value_or(1), q = f.ulysses.value_or(f.cp.value_or(1));
+  if (f.pp && (*f.pp < 1 || *f.pp > m.num_layers))
+    problems.push_back(fmt::format("--pipeline-model-parallel-size {}: a stage needs a layer and there are {} -- use 1 to {}",
+                                   *f.pp, m.num_layers, m.num_layers));
+  const int64_t fixed_product = int64_t{t} * q * f.pp.value_or(1) * f.dp.value_or(1);
+  if (fixed_product > 0 && world % fixed_product != 0)
+    problems.push_back(fmt::format("the fixed sizes (tensor {} x sequence {} x pipeline {} x data {}) do not divide the {} "
+                                   "devices -- tensor x context x pipeline x data-parallel must equal the devices",
+                                   t, q, f.pp.value_or(1), f.dp.value_or(1), world));
+  else if (f.tp && f.pp && f.dp && (f.cp || f.ulysses || m.seq_length < 16384) && fixed_product != world)
+    problems.push_back(fmt::format("tensor {} x sequence {} x pipeline {} x data {} = {} devices, but the cluster has {} -- "
+                                   "leave --data-parallel-size out (it is what the others leave) or change --nodes",
+                                   t, q, *f.pp, *f.dp, fixed_product, world));
+  if (q > 1 && m.seq_length % (2 * q) != 0)
+    problems.push_back(fmt::format("--seq-length {} is not divisible by 2 x the sequence-parallel size {} -- use a multiple "
+                                   "of {}", m.seq_length, q, 2 * q));
+  if (f.dp && base.global_batch_size % *f.dp != 0)
+    problems.push_back(fmt::format("--global-batch-size {} does not split over --data-parallel-size {} -- use a multiple of {}",
+                                   base.global_batch_size, *f.dp, *f.dp));
+  if (f.micro_batch && f.dp && base.global_batch_size % (int64_t{*f.micro_batch} * *f.dp) != 0)
+    problems.push_back(fmt::format("--global-batch-size {} is not a whole number of micro-batches of {} on {} data-parallel "
+                                   "replicas -- use a multiple of {}", base.global_batch_size, *f.micro_batch, *f.dp,
+                                   int64_t{*f.micro_batch} * *f.dp));
+  if (problems.empty()) return Status::ok();
+  if (problems.size() == 1) return Status::bad_input(problems[0]);
+  std::string message = fmt::format("{} problems:", problems.size());
+  for (const std::string& p : problems) message += "\n  - " + p;
+  return Status::bad_input(message);
+}
+
+// Two layouts that differ only in what does not change the memory story much (offload, schedule,
+// sequence parallelism): the rejected list shows one of them.
+bool same_shape(const TrainConfig& a, const TrainConfig& b) {
+  return a.tensor_model_parallel_size == b.tensor_model_parallel_size &&
+         a.pipeline_model_parallel_size == b.pipeline_model_parallel_size &&
+         a.data_parallel_size == b.data_parallel_size && a.micro_batch_size == b.micro_batch_size &&
+         a.context_parallel_size == b.context_parallel_size;
+}
+
 }  // namespace
 
 std::string layout_text(const TrainConfig& c, int64_t world) {
@@ -143,12 +201,21 @@ std::string layout_text(const TrainConfig& c, int64_t world) {
 
 Result<SearchResult> search_layouts(const TrainConfig& base, const Fixed& fixed, const Cluster& cluster,
                                     const Profile& profile, int keep) {
+  TROUPE_RETURN_IF_ERROR(check_fixed(base, fixed, cluster));
   SearchResult out;
   const int world = static_cast<int>(std::min<int64_t>(cluster.world(), 1 << 30));
   std::vector<Candidate> fitting;
   std::vector<Candidate> over;
   auto note_over = [&](Candidate&& c) {
-    // Keep the few that miss by the least memory: what to say when nothing fits.
+    // Keep the few that miss by the least memory, of different sizes: what to say when nothing fits.
+    for (Candidate& o : over)
+      if (same_shape(o.layout, c.layout)) {
+        if (c.prediction.memory_per_rank_bytes < o.prediction.memory_per_rank_bytes) o = std::move(c);
+        std::sort(over.begin(), over.end(), [](const Candidate& a, const Candidate& b) {
+          return a.prediction.memory_per_rank_bytes < b.prediction.memory_per_rank_bytes;
+        });
+        return;
+      }
     over.push_back(std::move(c));
     std::sort(over.begin(), over.end(), [](const Candidate& a, const Candidate& b) {
       return a.prediction.memory_per_rank_bytes < b.prediction.memory_per_rank_bytes;

@@ -3,11 +3,13 @@
 // memory half against the memory plan, and the search against an exhaustive costing of every layout.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
+#include "plan/goodput.hpp"
 #include "plan/search.hpp"
 #include "troupe/schedule.hpp"
 
@@ -320,7 +322,16 @@ TEST_CASE("plan: fixed sizes stay fixed, and an impossible one names the constra
   auto none = search_layouts(base, impossible, c, p, 5);
   REQUIRE_FALSE(none.is_ok());
   CHECK(none.status().is_bad_input());
+  CHECK_THAT(none.status().message(), Contains("2 problems"));
+  CHECK_THAT(none.status().message(), Contains("--tensor-model-parallel-size 3: tensor parallelism stays inside a node "
+                                               "(8 devices) and divides the heads (8) and key/value groups (8) -- use one "
+                                               "of 1, 2, 4, 8"));
   CHECK_THAT(none.status().message(), Contains("must equal the devices"));
+  Fixed wrong_world;
+  wrong_world.tp = 2;
+  wrong_world.pp = 2;
+  wrong_world.dp = 2;  // 8 of the 16 devices
+  CHECK_THAT(search_layouts(base, wrong_world, c, p, 5).status().message(), Contains("but the cluster has 16"));
 }
 
 TEST_CASE("plan: a model too large for the cluster names the nodes it needs", "[plan]") {
@@ -351,6 +362,46 @@ TEST_CASE("plan: a model too large for the cluster names the nodes it needs", "[
   fewer.nodes = nodes - 1;
   auto less = search_layouts(big, {}, fewer, p, 1);  // bad input when no layout divides at all
   CHECK((!less.is_ok() || less.value().best.empty()));
+}
+
+TEST_CASE("plan: the save interval is Daly's optimum and the goodput its expected loss", "[plan]") {
+  Cluster c = a100(64, 8);
+  const Profile p = profile_named("troupe", c).value();
+  TrainConfig job = small_job();
+  job.model.num_layers = 32;
+  job.model.hidden_size = 4096;
+  job.model.num_attention_heads = 32;
+  job.global_batch_size = 512;
+  job.tensor_model_parallel_size = 8;
+  job.data_parallel_size = 64;
+  job.zero_stage = 1;
+  job.recompute_granularity = "selective";
+  const Prediction r = predict(job, c, p).value();
+  const SavePlan s = plan_saves(job, r, c);
+  const double M = 3600 / (c.failures_per_device_hour * 512);
+  CHECK(s.mtbf_seconds == Approx(M));
+  CHECK(s.checkpoint_bytes == Approx(12.0 * job.model.num_parameters()));
+  // ZeRO-1: every rank snapshots its 1/512 over PCIe; 64 nodes write their shares.
+  CHECK(s.save_stall_seconds == Approx(s.checkpoint_bytes / 512 / c.pcie_bandwidth));
+  CHECK(s.save_write_seconds == Approx(s.checkpoint_bytes / (64 * c.storage_bandwidth)));
+  const double d = s.save_stall_seconds;
+  const double daly = std::sqrt(2 * d * M) * (1 + std::sqrt(d / (2 * M)) / 3 + d / (18 * M)) - d;
+  const double want = std::max({daly, s.save_write_seconds, r.iteration_seconds});
+  CHECK(s.save_interval == static_cast<int64_t>(std::ceil(want / r.iteration_seconds)));
+  // The expected loss is smallest near the chosen interval: halving or doubling it loses more.
+  auto loss = [&](double tau) { return d / tau + (tau / 2 + s.recovery_seconds) / M; };
+  CHECK(1 - s.goodput == Approx(loss(s.interval_seconds)));
+  if (daly > s.save_write_seconds && daly > 4 * r.iteration_seconds) {
+    CHECK(loss(s.interval_seconds) < loss(s.interval_seconds / 2));
+    CHECK(loss(s.interval_seconds) < loss(s.interval_seconds * 2));
+  }
+  // More failures, less goodput; none, all of it.
+  Cluster worse = c;
+  worse.failures_per_device_hour *= 10;
+  CHECK(plan_saves(job, r, worse).goodput < s.goodput);
+  Cluster never = c;
+  never.failures_per_device_hour = 0;
+  CHECK(plan_saves(job, r, never).goodput == 1);
 }
 
 }  // namespace
