@@ -16,11 +16,11 @@
 
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/plan_flags.hpp"
 #include "apps/report.hpp"
 #include "config/memory_estimate.hpp"
-#include "kernels/peak.hpp"
-#include "kernels/thread_pool.hpp"
 #include "plan/goodput.hpp"
+#include "plan/host.hpp"
 #include "plan/search.hpp"
 #include "storage/tokenizer.hpp"
 
@@ -48,33 +48,8 @@ constexpr std::pair<const char*, bool> kPlanFlags[] = {
     {"--failures-per-gpu-hour", true}, {"--storage-gbps", true},
 };
 
-// This machine's memory bandwidth: the best of a few copies of 64 MiB (one thread: a lower bound of
-// what all cores reach together).
-double measure_copy_bandwidth() {
-  const size_t n = size_t{64} << 20;
-  std::unique_ptr<char[]> a(new char[n]), b(new char[n]);
-  std::memset(a.get(), 1, n);
-  std::memset(b.get(), 2, n);
-  double best = 0;
-  for (int i = 0; i < 4; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::memcpy(b.get(), a.get(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0) best = std::max(best, 2.0 * n / s);
-    std::swap(a, b);
-  }
-  return best;
-}
-
 Result<plan::Cluster> make_cluster(const PlanOptions& o) {
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  auto measured_cpu = [&](int ranks) {
-    ThreadPool pool(cores);
-    const double peak = measure_sgemm_peak_gflops(pool, 0.5);
-    const double available = available_memory_bytes();
-    return plan::measured_cpu_cluster(ranks, cores, peak, measure_copy_bandwidth(),
-                                      available > 0 ? available : 4 * kGiB);
-  };
+  auto measured_cpu = [](int ranks) { return plan::this_host_cluster(ranks); };
   plan::Cluster c;
   if (!o.cluster_file.empty()) {
     std::ifstream in(o.cluster_file, std::ios::binary);
@@ -277,21 +252,7 @@ int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
     print_error(name, profile.status());
     return kExitUsage;
   }
-  plan::Fixed fixed;
-  auto given = [&](const char* flag) { return cmd.get_option(flag)->count() > 0; };
-  if (given("--tensor-model-parallel-size")) fixed.tp = cfg.tensor_model_parallel_size;
-  if (given("--pipeline-model-parallel-size")) fixed.pp = cfg.pipeline_model_parallel_size;
-  if (given("--data-parallel-size")) fixed.dp = cfg.data_parallel_size;
-  if (given("--context-parallel-size")) fixed.cp = cfg.context_parallel_size;
-  if (given("--ds-sequence-parallel-size")) fixed.ulysses = cfg.ds_sequence_parallel_size;
-  if (given("--cp-comm-type")) fixed.cp_comm_type = cfg.cp_comm_type;
-  if (given("--micro-batch-size")) fixed.micro_batch = cfg.micro_batch_size;
-  if (given("--zero-stage") || !cfg.deepspeed_config.empty()) fixed.zero = cfg.zero_stage;
-  if (given("--num-layers-per-virtual-pipeline-stage")) fixed.layers_per_virtual_stage = cfg.num_layers_per_virtual_pipeline_stage;
-  if (given("--sequence-parallel")) fixed.sequence_parallel = cfg.sequence_parallel;
-  if (given("--recompute-granularity")) fixed.recompute = cfg.recompute_granularity;
-  if (given("--offload-optimizer")) fixed.offload = cfg.offload_optimizer;
-  if (given("--pipeline-schedule")) fixed.schedule = cfg.pipeline_schedule;
+  const plan::Fixed fixed = fixed_sizes(cmd, cfg);
   const auto t0 = std::chrono::steady_clock::now();
   auto result = plan::search_layouts(cfg, fixed, cluster.value(), profile.value(), std::max(1, o.top));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -335,6 +296,30 @@ int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
 }
 
 }  // namespace
+
+plan::Fixed fixed_sizes(const CLI::App& cmd, const TrainConfig& cfg) {
+  plan::Fixed fixed;
+  auto given = [&](const char* flag) {
+    const CLI::Option* o = cmd.get_option_no_throw(flag);
+    return o != nullptr && o->count() > 0;
+  };
+  if (given("--tensor-model-parallel-size")) fixed.tp = cfg.tensor_model_parallel_size;
+  if (given("--pipeline-model-parallel-size")) fixed.pp = cfg.pipeline_model_parallel_size;
+  if (given("--data-parallel-size")) fixed.dp = cfg.data_parallel_size;
+  if (given("--context-parallel-size")) fixed.cp = cfg.context_parallel_size;
+  if (given("--ds-sequence-parallel-size")) fixed.ulysses = cfg.ds_sequence_parallel_size;
+  if (given("--cp-comm-type")) fixed.cp_comm_type = cfg.cp_comm_type;
+  if (given("--micro-batch-size")) fixed.micro_batch = cfg.micro_batch_size;
+  // A DeepSpeed file names the ZeRO stage (and with it the micro-batch) as a choice already made.
+  if (given("--zero-stage") || !cfg.deepspeed_config.empty()) fixed.zero = cfg.zero_stage;
+  if (given("--num-layers-per-virtual-pipeline-stage"))
+    fixed.layers_per_virtual_stage = cfg.num_layers_per_virtual_pipeline_stage;
+  if (given("--sequence-parallel")) fixed.sequence_parallel = cfg.sequence_parallel;
+  if (given("--recompute-granularity")) fixed.recompute = cfg.recompute_granularity;
+  if (given("--offload-optimizer")) fixed.offload = cfg.offload_optimizer;
+  if (given("--pipeline-schedule")) fixed.schedule = cfg.pipeline_schedule;
+  return fixed;
+}
 
 std::vector<std::string> split_plan_args(std::vector<std::string>& args) {
   std::vector<std::string> own, rest;

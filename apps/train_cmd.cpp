@@ -15,11 +15,15 @@
 #include "apps/cli/megatron_compat.hpp"
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/plan_flags.hpp"
 #include "apps/report.hpp"
 #include "apps/tensorboard_log.hpp"
 #include "api/setup.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "config/memory_estimate.hpp"
+#include "config/validate.hpp"
+#include "plan/auto_layout.hpp"
+#include "storage/tokenizer.hpp"
 #include "troupe/train.hpp"
 
 namespace troupe::apps {
@@ -65,6 +69,40 @@ int dry_run(TrainConfig& cfg, const comm::LaunchEnv& env) {
   return kExitOk;
 }
 
+// --auto-layout: troupe plan's choice on this machine replaces the sizes the command line left out
+// (plan/auto_layout.hpp); its lines join the start-up notes.
+Status auto_layout(const CLI::App& cmd, TrainConfig& cfg, const comm::LaunchEnv& env) {
+  if (env.world_size > 1)
+    return Status::bad_input(
+        "--auto-layout chooses the layout of a job in one process; under troupe launch every process would measure "
+        "this machine on its own -- run troupe plan --gpu cpu --gpus-per-node N and pass the sizes it prints");
+  if (cfg.device != "cpu")
+    return Status::bad_input("--auto-layout plans CPU jobs for now -- run troupe plan --gpu NAME and pass its sizes");
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
+  if (!tokenizer) return tokenizer.status().as_bad_input();
+  TrainConfig base = cfg;
+  base.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = base.model.validate(); !st) return st.as_bad_input();
+  auto chosen = plan::choose_layout(base, fixed_sizes(cmd, cfg), env.world_size, env.local_world_size);
+  if (!chosen) return chosen.status();
+  const TrainConfig& l = chosen.value().best.layout;
+  cfg.tensor_model_parallel_size = l.tensor_model_parallel_size;
+  cfg.pipeline_model_parallel_size = l.pipeline_model_parallel_size;
+  cfg.data_parallel_size = l.data_parallel_size;
+  cfg.context_parallel_size = l.context_parallel_size;
+  cfg.ds_sequence_parallel_size = l.ds_sequence_parallel_size;
+  cfg.cp_comm_type = l.cp_comm_type;
+  cfg.micro_batch_size = l.micro_batch_size;
+  cfg.zero_stage = l.zero_stage;
+  cfg.pipeline_schedule = l.pipeline_schedule;
+  cfg.num_layers_per_virtual_pipeline_stage = l.num_layers_per_virtual_pipeline_stage;
+  cfg.recompute_granularity = l.recompute_granularity;
+  cfg.sequence_parallel = l.sequence_parallel;
+  cfg.offload_optimizer = l.offload_optimizer;
+  for (const std::string& line : chosen.value().lines) g_flag_notes.push_back(line);
+  return validate_train_config(cfg, nullptr, {}, 1).as_bad_input();
+}
+
 int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   const std::string name = "train";
   // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
@@ -78,6 +116,11 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, st);
     return kExitUsage;
   }
+  if (cmd.get_option("--auto-layout")->count() > 0)
+    if (Status st = auto_layout(cmd, cfg, *env); !st) {
+      print_error(name, st);
+      return exit_code_for(st);
+    }
   if (cmd.get_option("--dry-run")->count() > 0) return dry_run(cfg, *env);
   // Set up by troupe::train (include/troupe/train.hpp), which calls on_start once the ranks met:
   // rank 0 prints and writes the metrics; the others stay quiet.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -249,8 +250,16 @@ Result<SearchResult> search_layouts(const TrainConfig& base, const Fixed& fixed,
         "the global batch ({}) must split into micro-batches on every data-parallel replica, and tensor parallelism "
         "stays in a node ({} devices) and divides the heads ({}) -- change the fixed sizes or the cluster",
         cluster.world(), base.global_batch_size, cluster.devices_per_node, base.model.num_attention_heads));
+  // Faster first; at the same predicted time (ZeRO's stages on one replica, say) the simpler layout:
+  // the lower ZeRO stage, no offload, less recomputation.
   auto faster = [](const Candidate& a, const Candidate& b) {
-    return a.prediction.iteration_seconds < b.prediction.iteration_seconds;
+    const double x = a.prediction.iteration_seconds, y = b.prediction.iteration_seconds;
+    if (std::abs(x - y) > 1e-9 * std::max(x, y)) return x < y;
+    auto rank = [](const TrainConfig& c) {
+      const int r = c.recompute_granularity == "none" ? 0 : c.recompute_granularity == "selective" ? 1 : 2;
+      return std::make_tuple(c.zero_stage, c.offload_optimizer != "none", r, c.sequence_parallel);
+    };
+    return rank(a.layout) < rank(b.layout);
   };
   std::sort(fitting.begin(), fitting.end(), faster);
   // The best by theory's bubble, run through the simulator and ranked again.

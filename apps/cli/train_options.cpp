@@ -657,6 +657,10 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   cmd->add_flag("--deepspeed")
       ->description("Accepted for Megatron-DeepSpeed scripts; no effect")
       ->group(logs);
+  cmd->add_flag("--auto-layout")
+      ->description("Choose the layout troupe plan predicts fastest on this machine (the sizes given stay fixed; "
+                    "docs/PLAN.md), print it and the runner-up, and train with it")
+      ->group(logs);
 }
 
 Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size,

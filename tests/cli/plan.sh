@@ -92,6 +92,19 @@ assert abs(plan - max(stages)) <= 0.01 * max(stages), (plan, stages)
 print(f"memory per rank: plan {plan:.3f} MiB, --dry-run {max(stages):.3f} MiB")
 PY
 
+# troupe train --auto-layout: the layout plan predicts fastest here, printed with the runner-up, trains;
+# a size given stays fixed; the dry run's memory plan is the one of the chosen layout.
+tiny=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --mock-data
+      --tokenizer-type NullTokenizer --vocab-size 300 --log-interval 1 --train-iters 2)
+"$troupe" train "${tiny[@]}" --auto-layout > auto.log 2>&1 || { cat auto.log; fail "--auto-layout training failed"; }
+grep -q "auto-layout (troupe plan's model of this host" auto.log || { cat auto.log; fail "no auto-layout line"; }
+grep -q "runner-up: " auto.log || { cat auto.log; fail "no runner-up line"; }
+grep -q "finished at iteration 2/2" auto.log || { cat auto.log; fail "--auto-layout did not train"; }
+"$troupe" train "${tiny[@]}" --auto-layout --tensor-model-parallel-size 2 > auto_tp.log 2>&1 \
+  || { cat auto_tp.log; fail "--auto-layout with tp 2 failed"; }
+grep -q "auto-layout .*: tp 2, " auto_tp.log || { cat auto_tp.log; fail "the fixed tp 2 was not kept"; }
+grep -q "layout tp 2, " auto_tp.log || { cat auto_tp.log; fail "the job did not run at tp 2"; }
+
 # Bad input: exit 2 with the fix.
 expect_refusal() {  # name, pattern, command...
   local name=$1 pattern=$2
