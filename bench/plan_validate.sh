@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# troupe plan against measured runs on this machine (docs/PLAN.md, "Validation here"; issue 30).
+# For each layout of two model sizes -- 1x1x1, tp 2, pp 2 under each schedule, dp 2 with ZeRO 0-3,
+# recompute full and selective, optimizer offload, and dp 2 and tp 2 over two processes (troupe
+# launch, UCX) -- the prediction of `troupe plan --gpu cpu --gpus-per-node RANKS` with every size
+# fixed, against a measured run of the same flags:
+#   time    the median ms/iteration of iterations 3..N (--metrics-file)
+#   memory  the process's peak resident memory (GNU time: under launch the largest of the processes it
+#           waited for) less the
+#           --dry-run process's own peak (binary, libraries, allocator: none of it the plan's),
+#           against the plan's memory of the process (its ranks' sum; one rank per process under launch)
+# Then: each prediction's error, and whether the predicted best three come in the measured order.
+#   bench/plan_validate.sh [--iters 8] [--threads N] [--only small|large] [--max-layouts N] [--out FILE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ITERS=8 THREADS=$(nproc) ONLY="" OUT="" MAX_LAYOUTS=1000
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --iters) ITERS="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --max-layouts) MAX_LAYOUTS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "plan_validate.sh: unknown flag $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+troupe="$(pwd)/${TROUPE_BIN:-build/bin/troupe}"
+[[ -x "$troupe" ]] || { echo "plan_validate.sh: no troupe at $troupe (build it, or set TROUPE_BIN)" >&2; exit 1; }
+[[ -x /usr/bin/time ]] || { echo "plan_validate.sh: needs /usr/bin/time (apt-get install time)" >&2; exit 2; }
+work=$(mktemp -d /var/tmp/troupe-planvalidate.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# name | layers hidden heads seq vocab global-batch micro-batch
+models=("small|4 256 8 256 4096 8 2" "large|8 512 8 512 8192 8 2")
+# label | ranks | processes | flags
+layouts=(
+  "1x1x1|1|1|"
+  "tp 2|2|1|--tensor-model-parallel-size 2"
+  "pp 2 1f1b|2|1|--pipeline-model-parallel-size 2 --pipeline-schedule 1f1b"
+  "pp 2 gpipe|2|1|--pipeline-model-parallel-size 2 --pipeline-schedule gpipe"
+  "pp 2 interleaved|2|1|--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage HALF"
+  "pp 2 zb-h1|2|1|--pipeline-model-parallel-size 2 --pipeline-schedule zb-h1"
+  "dp 2 ZeRO-0|2|1|--data-parallel-size 2 --zero-stage 0"
+  "dp 2 ZeRO-1|2|1|--data-parallel-size 2 --zero-stage 1"
+  "dp 2 ZeRO-2|2|1|--data-parallel-size 2 --zero-stage 2"
+  "dp 2 ZeRO-3|2|1|--data-parallel-size 2 --zero-stage 3"
+  "recompute full|1|1|--recompute-granularity full"
+  "recompute selective|1|1|--recompute-granularity selective"
+  "offload cpu|1|1|--zero-stage 1 --offload-optimizer cpu"
+  "dp 2, 2 processes|2|2|--zero-stage 1"
+  "tp 2, 2 processes|2|2|--tensor-model-parallel-size 2"
+)
+# Every size the search would otherwise choose is given: what is not named above is 1 / none / 1f1b.
+defaults() {
+  local flags=" $1 "
+  local out=()
+  [[ $flags == *" --tensor-model-parallel-size "* ]] || out+=(--tensor-model-parallel-size 1)
+  [[ $flags == *" --pipeline-model-parallel-size "* ]] || out+=(--pipeline-model-parallel-size 1)
+  [[ $flags == *" --zero-stage "* ]] || out+=(--zero-stage 0)
+  [[ $flags == *" --recompute-granularity "* ]] || out+=(--recompute-granularity none)
+  [[ $flags == *" --offload-optimizer "* ]] || out+=(--offload-optimizer none)
+  [[ $flags == *" --pipeline-schedule "* || $flags == *" --num-layers-per-virtual-pipeline-stage "* ]] ||
+    out+=(--pipeline-schedule 1f1b)
+  echo "${out[*]}"
+}
+
+: > "$work/rows.tsv"
+for model in "${models[@]}"; do
+  name=${model%%|*}
+  [[ -z "$ONLY" || "$ONLY" == "$name" ]] || continue
+  read -r L H A S V G M <<< "${model#*|}"
+  base=(--num-layers "$L" --hidden-size "$H" --num-attention-heads "$A" --seq-length "$S" --max-position-embeddings "$S"
+        --global-batch-size "$G" --micro-batch-size "$M" --tokenizer-type NullTokenizer --vocab-size "$V"
+        --hidden-dropout 0 --attention-dropout 0)
+  for entry in "${layouts[@]:0:$MAX_LAYOUTS}"; do
+    IFS='|' read -r label ranks procs flags <<< "$entry"
+    flags=${flags//HALF/$((L / 4))}
+    read -r -a extra <<< "$flags $(defaults "$flags")"
+    tag="$name-$(echo "$label" | tr -c 'a-z0-9' '_')"
+    threads=$THREADS
+    (( procs > 1 )) && threads=$(( THREADS / procs > 0 ? THREADS / procs : 1 ))
+    echo "== $name, $label" >&2
+    "$troupe" plan "${base[@]}" "${extra[@]}" --num-threads "$threads" --gpu cpu --gpus-per-node "$ranks" --json --top 50 \
+      > "$work/$tag.plan.json" 2> "$work/$tag.plan.err" || { cat "$work/$tag.plan.err" >&2; exit 1; }
+    train=("$troupe" train "${base[@]}" "${extra[@]}" --mock-data --train-iters "$ITERS" --log-interval 1
+           --eval-interval 100000 --eval-iters 0 --num-threads "$threads")
+    /usr/bin/time -v "${train[@]}" --dry-run > "$work/$tag.dry" 2> "$work/$tag.dry.time" \
+      || { cat "$work/$tag.dry" "$work/$tag.dry.time" >&2; exit 1; }
+    if (( procs > 1 )); then
+      /usr/bin/time -v "$troupe" launch --nproc-per-node "$procs" --log-dir "$work/$tag.logs" -- train "${base[@]}" "${extra[@]}" \
+        --mock-data --train-iters "$ITERS" --log-interval 1 --eval-interval 100000 --eval-iters 0 --num-threads "$threads" \
+        --metrics-file "$work/$tag.jsonl" > "$work/$tag.log" 2> "$work/$tag.time" \
+        || { cat "$work/$tag.log" "$work/$tag.time" >&2; exit 1; }
+    else
+      /usr/bin/time -v "${train[@]}" --metrics-file "$work/$tag.jsonl" > "$work/$tag.log" 2> "$work/$tag.time" \
+        || { cat "$work/$tag.log" "$work/$tag.time" >&2; exit 1; }
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$label" "$ranks" "$procs" "$tag" >> "$work/rows.tsv"
+  done
+done
+
+python3 - "$work" "$ITERS" "$THREADS" "${OUT:-}" <<'PY'
+import glob, json, os, re, statistics, sys
+work, iters, threads, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+def peak_mib(path):
+    m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", open(path).read())
+    return int(m.group(1)) / 1024 if m else float("nan")
+
+def process_peak(tag, procs):
+    # GNU time reports the largest resident set among the process and the children it waited for:
+    # under troupe launch, the largest rank's process.
+    return peak_mib(f"{work}/{tag}.time")
+
+rows = []
+for line in open(f"{work}/rows.tsv"):
+    name, label, ranks, procs, tag = line.rstrip("\n").split("\t")
+    ranks, procs = int(ranks), int(procs)
+    plan = json.load(open(f"{work}/{tag}.plan.json"))["layouts"]
+    plan = [l for l in plan if not l["sequence_parallel"]][0]
+    train = [json.loads(l) for l in open(f"{work}/{tag}.jsonl") if l.strip()]
+    train = [j for j in train if j.get("type") == "train"]
+    measured_s = statistics.median(j["ms_per_iter"] for j in train[2:]) / 1e3
+    dry = open(f"{work}/{tag}.dry").read()
+    m = re.search(r"this process: ([\d.]+) ([MG])iB", dry)
+    planned_process = float(m.group(1)) * (1024 if m.group(2) == "G" else 1) if m else float("nan")
+    base = peak_mib(f"{work}/{tag}.dry.time")
+    per_rank = plan["memory_per_rank_bytes"] / 2**20
+    predicted_mib = per_rank if procs > 1 else planned_process
+    measured_mib = process_peak(tag, procs) - base
+    rows.append(dict(model=name, layout=label, ranks=ranks, procs=procs, predicted_s=plan["iteration_seconds"],
+                     measured_s=measured_s, predicted_mib=predicted_mib, measured_mib=measured_mib,
+                     plan_per_rank_mib=per_rank))
+
+lines = ["# troupe plan against measured runs on this machine", "",
+         f"- {os.cpu_count()} logical CPUs; --num-threads {threads} per process; {iters} iterations per run, the median "
+         "of iterations 3.. measured", "- predicted: `troupe plan --gpu cpu --gpus-per-node RANKS` with every size fixed "
+         "(profile troupe); memory: the process's peak RSS less the --dry-run process's own peak, against the plan's "
+         "memory of the process", "",
+         "| model | layout | ranks | processes | predicted s/iter | measured s/iter | time error | predicted MiB | measured MiB | memory error |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+ok_time = ok_mem = 0
+for r in rows:
+    te = r["predicted_s"] / r["measured_s"] - 1
+    me = r["predicted_mib"] / r["measured_mib"] - 1 if r["measured_mib"] > 0 else float("nan")
+    ok_time += abs(te) <= 0.15
+    ok_mem += abs(me) <= 0.10
+    lines.append(f"| {r['model']} | {r['layout']} | {r['ranks']} | {r['procs']} | {r['predicted_s']:.4f} | "
+                 f"{r['measured_s']:.4f} | {100 * te:+.1f}% | {r['predicted_mib']:.1f} | {r['measured_mib']:.1f} | {100 * me:+.1f}% |")
+lines.append("")
+lines.append(f"within 15% of the measured time: {ok_time} of {len(rows)}; within 10% of the measured memory: {ok_mem} of {len(rows)}")
+for model in sorted({r["model"] for r in rows}):
+    rs = [r for r in rows if r["model"] == model]
+    by_pred = [r["layout"] for r in sorted(rs, key=lambda r: r["predicted_s"])][:3]
+    by_meas = [r["layout"] for r in sorted(rs, key=lambda r: r["measured_s"])][:3]
+    lines.append(f"{model}: predicted best three {by_pred}; measured {by_meas}: {'same order' if by_pred == by_meas else 'differ'}")
+text = "\n".join(lines)
+print(text)
+if out:
+    open(out, "w").write(text + "\n")
+PY
