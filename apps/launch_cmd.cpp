@@ -39,6 +39,7 @@
 // they meet again at the same MASTER_ADDR:MASTER_PORT with the same token. TROUPE_RUN_ID (32 hex
 // digits, one per launch, the same for every restart) names the run; with several nodes node 0's
 // is the run's.
+#include <algorithm>
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -60,6 +61,7 @@
 
 #include "apps/cli/launch_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/plan_flags.hpp"
 #include "apps/launch_output.hpp"
 #include "apps/report.hpp"
 #include "comm/bootstrap/launch_env.hpp"
@@ -526,6 +528,27 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
   }
   // What each rank execs.
   l.troupe_command = command_kind(o, subcommands) == CommandKind::troupe;
+  // train --auto-layout: the launcher plans once for the job's processes and passes every process
+  // the same sizes (each process measuring the machine on its own could choose differently).
+  if (l.troupe_command && !o.command.empty() && o.command[0] == "train" &&
+      std::find(o.command.begin(), o.command.end(), "--auto-layout") != o.command.end()) {
+    if (o.nnodes != 1) {
+      print_error("launch", "train --auto-layout under troupe launch plans one host's job for now (--nnodes 1) -- run "
+                            "troupe plan --gpu cpu --nodes N --gpus-per-node P and pass the sizes it prints");
+      return kExitUsage;
+    }
+    std::vector<std::string> lines;
+    auto resolved = resolve_auto_layout({o.command.begin() + 1, o.command.end()}, o.nproc_per_node, o.nproc_per_node,
+                                        &lines);
+    if (!resolved) {
+      print_error("launch", resolved.status());
+      return exit_code_for(resolved.status());
+    }
+    for (const std::string& line : lines) std::printf("troupe launch: %s\n", line.c_str());
+    std::fflush(stdout);
+    o.command.resize(1);
+    o.command.insert(o.command.end(), resolved.value().begin(), resolved.value().end());
+  }
   if (l.troupe_command) {
     char exe_buf[4096];
     const ssize_t len = readlink("/proc/self/exe", exe_buf, sizeof exe_buf - 1);

@@ -16,7 +16,9 @@
 
 #include "apps/cli/train_options.hpp"
 #include "apps/commands.hpp"
+#include "apps/cli/megatron_compat.hpp"
 #include "apps/plan_flags.hpp"
+#include "plan/auto_layout.hpp"
 #include "apps/report.hpp"
 #include "config/memory_estimate.hpp"
 #include "plan/goodput.hpp"
@@ -319,6 +321,59 @@ plan::Fixed fixed_sizes(const CLI::App& cmd, const TrainConfig& cfg) {
   if (given("--offload-optimizer")) fixed.offload = cfg.offload_optimizer;
   if (given("--pipeline-schedule")) fixed.schedule = cfg.pipeline_schedule;
   return fixed;
+}
+
+Result<std::vector<std::string>> resolve_auto_layout(const std::vector<std::string>& train_args, int world, int local,
+                                                     std::vector<std::string>* lines) {
+  // The flags as `troupe train` reads them: screened, parsed, finalized for the world.
+  auto screened = screen_train_args(train_args, world);
+  if (!screened) return screened.status();
+  CLI::App app;
+  TrainConfig cfg;
+  CLI::App* cmd = app.add_subcommand("train");
+  add_train_options(cmd, &cfg);
+  std::vector<std::string> argv{"train"};
+  argv.insert(argv.end(), screened.value().args.begin(), screened.value().args.end());
+  try {
+    std::vector<std::string> reversed(argv.rbegin(), argv.rend());
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return Status::bad_input(std::string("train: ") + e.what());
+  }
+  if (Status st = finalize_train_config(*cmd, &cfg, world); !st) return st.as_bad_input();
+  auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
+  if (!tokenizer) return tokenizer.status().as_bad_input();
+  cfg.model.vocab_size = tokenizer.value()->vocab_size();
+  if (Status st = cfg.model.validate(); !st) return st.as_bad_input();
+  const plan::Fixed fixed = fixed_sizes(*cmd, cfg);
+  auto chosen = plan::choose_layout(cfg, fixed, world, local);
+  if (!chosen) return chosen.status();
+  if (lines != nullptr) *lines = chosen.value().lines;
+  const TrainConfig& l = chosen.value().best.layout;
+  // The sizes the command line left open, as flags; the ones it gave stay as they are.
+  std::vector<std::string> out;
+  for (const std::string& a : train_args)
+    if (a != "--auto-layout") out.push_back(a);
+  auto add = [&](bool given, const char* flag, const std::string& value) {
+    if (!given) {
+      out.push_back(flag);
+      out.push_back(value);
+    }
+  };
+  add(fixed.tp.has_value(), "--tensor-model-parallel-size", std::to_string(l.tensor_model_parallel_size));
+  add(fixed.pp.has_value(), "--pipeline-model-parallel-size", std::to_string(l.pipeline_model_parallel_size));
+  add(fixed.dp.has_value(), "--data-parallel-size", std::to_string(l.data_parallel_size));
+  add(fixed.micro_batch.has_value(), "--micro-batch-size", std::to_string(l.micro_batch_size));
+  add(fixed.zero.has_value(), "--zero-stage", std::to_string(l.zero_stage));
+  add(fixed.recompute.has_value(), "--recompute-granularity", l.recompute_granularity);
+  add(fixed.offload.has_value(), "--offload-optimizer", l.offload_optimizer);
+  add(fixed.schedule.has_value() || fixed.layers_per_virtual_stage.has_value(), "--pipeline-schedule", l.pipeline_schedule);
+  if (l.num_layers_per_virtual_pipeline_stage > 0)
+    add(fixed.layers_per_virtual_stage.has_value(), "--num-layers-per-virtual-pipeline-stage",
+        std::to_string(l.num_layers_per_virtual_pipeline_stage));
+  if (l.context_parallel_size > 1) add(fixed.cp.has_value(), "--context-parallel-size", std::to_string(l.context_parallel_size));
+  if (l.sequence_parallel && !fixed.sequence_parallel.has_value()) out.push_back("--sequence-parallel");
+  return out;
 }
 
 std::vector<std::string> split_plan_args(std::vector<std::string>& args) {

@@ -30,14 +30,16 @@ Result<AutoLayout> choose_layout(const TrainConfig& base, const Fixed& fixed, in
   else
     for (int w = 1; w <= host.cores; ++w) worlds.push_back(w);
   for (int w : worlds) {
-    Cluster c = this_host_cluster(world_size > 1 ? local : w);
+    const int on_host = world_size > 1 ? local : w;  // ranks sharing this host
+    Cluster c = this_host_cluster(on_host);
     if (world_size > 1) c.nodes = std::max(1, world_size / local);
-    // A process's ranks share its threads: with --num-threads, that many cores among them.
-    if (base.num_threads > 0 && base.num_threads < host.cores) {
-      const double share = static_cast<double>(base.num_threads) / host.cores;
-      c.device.peak_flops *= share;
-      c.device.peak_flops_fp32 *= share;
-    }
+    // The cores the ranks compute on: --num-threads per process (all cores when 0), at most the host's;
+    // this_host_cluster shares all of them among the host's ranks.
+    const int processes = world_size > 1 ? local : 1;
+    const int threads = base.num_threads > 0 ? std::min(host.cores, base.num_threads * processes) : host.cores;
+    const double share = static_cast<double>(threads) / host.cores;
+    c.device.peak_flops *= share;
+    c.device.peak_flops_fp32 *= share;
     const Profile profile = profile_named("troupe", c).value();
     auto r = search_layouts(base, fixed, c, profile, 10);
     if (!r) {

@@ -105,6 +105,13 @@ grep -q "finished at iteration 2/2" auto.log || { cat auto.log; fail "--auto-lay
 grep -q "auto-layout .*: tp 2, " auto_tp.log || { cat auto_tp.log; fail "the fixed tp 2 was not kept"; }
 grep -q "layout tp 2, " auto_tp.log || { cat auto_tp.log; fail "the job did not run at tp 2"; }
 
+# Under troupe launch the launcher plans once for its processes and every process runs that layout.
+"$troupe" launch --nproc-per-node 2 -- train "${tiny[@]}" --auto-layout --num-threads 1 > auto_launch.log 2>&1 \
+  || { cat auto_launch.log; fail "--auto-layout under troupe launch failed"; }
+grep -q "troupe launch: auto-layout (troupe plan's model of this host" auto_launch.log \
+  || { cat auto_launch.log; fail "the launcher printed no auto-layout line"; }
+grep -q "finished at iteration 2/2" auto_launch.log || { cat auto_launch.log; fail "the launched job did not train"; }
+
 # Bad input: exit 2 with the fix.
 expect_refusal() {  # name, pattern, command...
   local name=$1 pattern=$2
