@@ -280,9 +280,16 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     st.micro_batches_in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
-    const double micro_batch = micro_batch_bytes(u, f.gpt_layers, c.recompute_granularity) +
-                               4 * f.custom_boundary_elements;
-    st.activation_bytes = micro_batch * st.micro_batches_in_flight + (f.head ? e.logits_bytes : 0) +
+    // What recomputation rebuilds lives in one buffer of the chunk (model/gpt_chunk.cpp: `rc`), not in
+    // each micro-batch's slot: full recompute's one layer of activations, selective's probabilities.
+    // A slot keeps the rest (full: the layer inputs).
+    const std::string& rc = c.recompute_granularity;
+    const double rebuilt = f.gpt_layers <= 0 ? 0
+                           : rc == "full"    ? act * tokens * u.largest
+                           : rc == "selective" ? act * tokens * probs
+                                               : 0;
+    const double micro_batch = micro_batch_bytes(u, f.gpt_layers, rc) - rebuilt + 4 * f.custom_boundary_elements;
+    st.activation_bytes = micro_batch * st.micro_batches_in_flight + rebuilt + (f.head ? e.logits_bytes : 0) +
                           (f.gpt_layers > 0 ? e.attention_scratch_bytes + e.ring_workspace_bytes + layer_scratch : 0) +
                           (f.embedding ? embedding_scratch : 0) + (f.head ? head_scratch : 0);
     sum_states += st.model_state_bytes;

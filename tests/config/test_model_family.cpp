@@ -370,9 +370,15 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   CHECK(one.ranks_in_process == 1);
   // (its 8 threads all busy in the attention's backward: 16 heads of a micro-batch)
   CHECK(one.total() == Approx(12 * first + 2 * micro + scratch0 + 7 * attention));
-  // Full recompute keeps the layer inputs only; sequence parallelism splits the whole part too.
+  // Full recompute keeps the layer inputs in each micro-batch's slot, and one layer's activations
+  // once (the buffer it recomputes into); selective keeps all but the probabilities in the slots and
+  // one layer's probabilities once. Sequence parallelism splits the whole part too.
   c.recompute_granularity = "full";
-  CHECK(estimate_memory(c, 1).stages[0].activation_bytes == Approx(2 * e.micro_batch_activation_full + scratch0));
+  CHECK(estimate_memory(c, 1).stages[0].activation_bytes ==
+        Approx(2 * 4.0 * 4096 * 16 * 4096 + 4.0 * 4096 * per_layer + scratch0));
+  c.recompute_granularity = "selective";
+  CHECK(estimate_memory(c, 1).stages[0].activation_bytes ==
+        Approx(2 * 4.0 * 4096 * 16 * (per_layer - 65536) + 4.0 * 4096 * 65536 + scratch0));
   c.recompute_granularity = "none";
   c.sequence_parallel = true;
   CHECK(estimate_memory(c, 1).micro_batch_activation_none == Approx(micro - 4.0 * 4096 * 16 * 2 * 4096));
