@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "config/memory_estimate.hpp"
+#include "plan/host.hpp"
 #include "troupe/schedule.hpp"
 
 namespace troupe::plan {
@@ -49,9 +50,12 @@ Result<Profile> profile_named(const std::string& name, const Cluster& cluster) {
   if (name == "troupe") {
     p.name = "troupe";
     if (cluster.is_cpu()) {
-      // The peak is the sgemm measured on the spot, so a large GEMM runs at it; OpenBLAS has no waves.
+      // The peak is the sgemm measured on the spot, and every GEMM shape's efficiency is measured
+      // here too, on the rank's cores.
       p.gemm_efficiency = 1.0;
       p.gemm_tile = 0;
+      const int threads = std::max(1, cluster.device.compute_units);
+      p.measured_gemm = [threads](double m, double n, double k) { return measured_gemm_efficiency(threads, m, n, k); };
       p.memory_efficiency = 0.7;
       p.kernel_seconds = 2e-6;
       p.link_efficiency = 0.7;
@@ -87,6 +91,7 @@ double gemm_seconds(double m, double n, double k, double batch, double bytes, do
                     const Profile& profile) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0;
   const double flops = 2 * m * n * k * batch;
+  if (profile.measured_gemm) return flops / (peak * profile.measured_gemm(m, n, k)) + batch * profile.kernel_seconds;
   double utilisation = 1;
   if (profile.gemm_tile > 0) {
     const double tile = profile.gemm_tile;

@@ -34,6 +34,7 @@
 // Mixture-of-experts models are not costed yet: predict refuses them (bad input naming the flag).
 // Thread safety: pure functions of their arguments.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,10 @@ struct Profile {
   double dp_overlap = 0;          // fraction of the gradients' reduction hidden behind the backward
   double zero3_overlap = 0.5;     // fraction of ZeRO-3's parameter gathers hidden behind compute
   bool scatter_gather = true;     // a pipeline send across nodes goes 1/t per tensor-parallel rank
+  // Measured GEMM efficiency by shape (the CPU: plan/host.hpp's measured_gemm_efficiency on the
+  // rank's cores): when set, a GEMM takes 2MNK / (peak x this(M, N, K)) and the tile, wave and
+  // memory terms above do not apply (the measurement has them).
+  std::function<double(double m, double n, double k)> measured_gemm;
 };
 
 // troupe's own execution on `cluster` (the default profile), and Megatron-LM's as published in

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "config/memory_estimate.hpp"
 #include "kernels/peak.hpp"
@@ -44,6 +48,28 @@ const HostFigures& this_host() {
     return h;
   }();
   return figures;
+}
+
+double measured_gemm_efficiency(int threads, double m, double n, double k) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, int>, double> measured;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
+  const HostFigures& h = this_host();
+  threads = std::clamp(threads, 1, h.cores);
+  auto bucket = [](double x) {
+    const double clamped = std::clamp(x, 1.0, 4096.0);
+    return static_cast<int>(std::lround(std::exp2(std::round(std::log2(clamped)))));
+  };
+  const auto key = std::make_tuple(threads, bucket(m), bucket(n), bucket(k));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = measured.find(key); it != measured.end()) return it->second;
+  auto& pool = pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
+  const double gflops = measure_sgemm_gflops(*pool, std::get<1>(key), std::get<2>(key), std::get<3>(key));
+  const double share = h.sgemm_peak_gflops * threads / h.cores;
+  const double efficiency = std::clamp(gflops / std::max(1e-9, share), 1e-4, 1.0);
+  measured.emplace(key, efficiency);
+  return efficiency;
 }
 
 Cluster this_host_cluster(int ranks) {

@@ -10,6 +10,7 @@
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
 #include "plan/goodput.hpp"
+#include "plan/host.hpp"
 #include "plan/search.hpp"
 #include "troupe/schedule.hpp"
 
@@ -125,6 +126,19 @@ TEST_CASE("plan: a GEMM one tile over the compute units runs a second wave", "[p
   // A thin GEMM is memory-bound: its operands' bytes over the bandwidth.
   const double thin = gemm_seconds(4096, 1, 1, 1, 2, peak, c, p);
   CHECK(thin == Approx(2.0 * (4096 + 1 + 4096) / (c.device.memory_bandwidth * p.memory_efficiency)));
+}
+
+TEST_CASE("plan: on the CPU a GEMM's efficiency is measured by shape, once per bucket", "[plan]") {
+  const double e = measured_gemm_efficiency(1, 300, 500, 700);
+  CHECK(e > 0);
+  CHECK(e <= 1);
+  CHECK(measured_gemm_efficiency(1, 256, 512, 640) == e);  // the same power-of-two bucket: kept, not measured again
+  const Cluster c = this_host_cluster(1);
+  const Profile p = profile_named("troupe", c).value();
+  REQUIRE(p.measured_gemm);
+  CHECK(gemm_seconds(256, 512, 512, 1, 4, c.device.peak_flops, c, p) ==
+        Approx(2.0 * 256 * 512 * 512 / (c.device.peak_flops * measured_gemm_efficiency(c.device.compute_units, 256, 512, 512)) +
+               p.kernel_seconds));
 }
 
 TEST_CASE("plan: the simulator takes each stage's own costs and a hop between stages", "[plan]") {
