@@ -11,8 +11,8 @@
 # measured peak MiB, planned MiB, expected peak MiB, measured / expected; the notes give the dry run's own peak.
 #
 # --longest: searches, for cp 1 and cp 4 (--cp to change) with --recompute-granularity full, the longest sequence that
-# trains 1 iteration under the memory limit: doubling from --start (default 4096), then bisecting to a multiple of
-# 2 x cp x 64. A try fails when it exits non-zero, goes over --mem-limit or runs past --time-limit. With --torch the
+# trains 1 iteration under the memory limit: doubling from --start (default 4096), then bisecting to a multiple of the
+# granule (--granule, default 2 x cp x 64). A try fails when it exits non-zero, goes over --mem-limit or runs past --time-limit. With --torch the
 # same search runs bench/torch_long_sequence.py (PyTorch, the same model, one process) under the same limits.
 #
 # Every run is under the memory limit (default 22G) and the time limit (default 1800 s), by bench/limited_run.py:
@@ -28,7 +28,7 @@
 #          --recompute "none full"  --train-iters 2  --threads N (default: all cores)
 #          --num-layers 4  --hidden-size 512  --num-attention-heads 8  --vocab-size 512  --dropout 0
 #          --mem-limit 22G  --time-limit 1800  --limit-method auto|systemd|watch|prlimit|none
-#          --start 4096  --max-seq N  (--longest)   --torch  (--longest: also PyTorch)
+#          --start 4096  --max-seq N  --granule N (--longest; default 2 x cp x 64)   --torch  (--longest: also PyTorch)
 #          --scratch DIR (default: a new mktemp -d directory, kept)  --out FILE (also write the table there)
 #          --troupe-memory-check (leave troupe's start-up check on)  --run-over-plan (do not skip those runs)
 # Environment: TROUPE_BIN (default build/bin/troupe), PYTHON (default /usr/bin/python3; Debian's, with torch, for
@@ -56,6 +56,7 @@ time_limit=1800
 limit_method=auto
 start=4096
 max_seq=""
+granule_opt=""
 longest=0
 with_torch=0
 scratch=""
@@ -82,6 +83,7 @@ while [[ $# -gt 0 ]]; do
     --limit-method) need "$@"; limit_method="$2"; shift 2 ;;
     --start) need "$@"; start="$2"; shift 2 ;;
     --max-seq) need "$@"; max_seq="$2"; shift 2 ;;
+    --granule) need "$@"; granule_opt="$2"; shift 2 ;;
     --scratch) need "$@"; scratch="$2"; shift 2 ;;
     --out) need "$@"; out="$2"; shift 2 ;;
     --longest) longest=1; shift ;;
@@ -181,7 +183,11 @@ if [[ $longest == 0 ]]; then
   done
 else
   for cp in "${cp_list[@]}"; do
-    granule=$((2 * cp * 64))
+    granule=${granule_opt:-$((2 * cp * 64))}
+    if (( granule % (2 * cp) != 0 )); then
+      echo "long_sequence_memory.sh: --granule $granule is not a multiple of 2 x cp = $((2 * cp)) (take a multiple of $((2 * cp * 64)))" >&2
+      exit 2
+    fi
     echo "== longest sequence at cp $cp, recompute full (granule $granule, from $start${max_seq:+, at most $max_seq})" >&2
     "${limited[@]}" longest "${limits[@]}" --granule "$granule" --start "$start" ${max_seq:+--max-seq "$max_seq"} \
       --log-dir "$scratch/longest-cp$cp" --report "$scratch/longest-cp$cp.json" -- "$TROUPE_BIN" train "${model[@]}" \
