@@ -150,13 +150,14 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   // layer's whole + split + probs: n times one layer for a dense model, layer by layer with experts.
   struct Sums {
     double dense = 0, experts = 0, floats = 0, largest = 0;
+    double unit = 0;  // the largest ZeRO unit among the layers: a layer's dense parameters or its experts
   };
   auto sums_of = [&](int first, int n) {
     Sums u;
     if (n <= 0) return u;
     if (!moe.enabled()) {
       const Layer y = layer_of(first);
-      u = {n * y.dense, 0, n * (whole + y.split), whole + y.split + probs};
+      u = {n * y.dense, 0, n * (whole + y.split), whole + y.split + probs, y.dense};
       return u;
     }
     for (int l = first; l < first + n; ++l) {
@@ -165,6 +166,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
       u.experts += y.experts;
       u.floats += whole + y.split;
       u.largest = std::max(u.largest, whole + y.split + probs);
+      u.unit = std::max({u.unit, y.dense, y.experts});
     }
     return u;
   };
@@ -239,6 +241,7 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     held[s].experts += u.experts;
     held[s].floats += u.floats;
     held[s].largest = std::max(held[s].largest, u.largest);
+    held[s].unit = std::max(held[s].unit, u.unit);
   };
   if (model == nullptr) {
     for (int64_t s = 0; s < stages; ++s) {
@@ -289,7 +292,19 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
                            : rc == "selective" ? act * tokens * probs
                                                : 0;
     const double micro_batch = micro_batch_bytes(u, f.gpt_layers, rc) - rebuilt + 4 * f.custom_boundary_elements;
-    st.activation_bytes = micro_batch * st.micro_batches_in_flight + rebuilt + (f.head ? e.logits_bytes : 0) +
+    // ZeRO's transient buffers (engine/zero_store.cpp), of the stage's largest unit U (a layer, wte's
+    // rows, the head): stages 2 and 3 reduce-scatter every micro-batch's unit gradients from a fresh
+    // buffer, at most two in flight beside the one filling (3 U gradients, and each in-flight one's
+    // received partition); stage 3 also gathers the unit in use and prefetches the next (2 U weights).
+    double unit = u.unit;
+    if (f.embedding) unit = std::max(unit, Vp / t * C);
+    if (f.head && (m.untie_embeddings_and_output_weights || p > 1)) unit = std::max(unit, Vp / t * C);
+    const double zero_dp = d * cp;
+    st.zero_buffer_bytes = 0;
+    if (c.zero_stage >= 2 && zero_dp > 1) st.zero_buffer_bytes = 3 * unit * g + 2 * unit / zero_dp * g;
+    if (c.zero_stage >= 3 && zero_dp > 1) st.zero_buffer_bytes += 2 * unit * a;
+    st.activation_bytes = micro_batch * st.micro_batches_in_flight + rebuilt + st.zero_buffer_bytes +
+                          (f.head ? e.logits_bytes : 0) +
                           (f.gpt_layers > 0 ? e.attention_scratch_bytes + e.ring_workspace_bytes + layer_scratch : 0) +
                           (f.embedding ? embedding_scratch : 0) + (f.head ? head_scratch : 0);
     sum_states += st.model_state_bytes;
@@ -340,7 +355,8 @@ std::vector<std::string> memory_plan_lines(const TrainConfig& c, int world_size,
         "micro-batch(es) in flight{})",
         s + 1 == n ? c.pipeline_model_parallel_size - 1 : static_cast<int>(s), count_text(st.parameters),
         size_text(st.model_state_bytes), size_text(st.activation_bytes), st.micro_batches_in_flight,
-        s + 1 == n ? ", logits " + size_text(e.logits_bytes) : std::string()));
+        (s + 1 == n ? ", logits " + size_text(e.logits_bytes) : std::string()) +
+            (st.zero_buffer_bytes > 0 ? ", ZeRO's buffers " + size_text(st.zero_buffer_bytes) : std::string())));
   }
   out.push_back(fmt::format("  one micro-batch's activations on stage 0: {} without recompute, {} selective, {} full",
                             size_text(e.micro_batch_activation_none), size_text(e.micro_batch_activation_selective),

@@ -66,7 +66,9 @@ struct StageMemory {
   double parameters = 0;          // this rank's parameters (allocated: padded vocabulary rows included)
   double model_state_bytes = 0;   // weights, gradients and Adam moments after ZeRO: the sum of
   double weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;  // these three
-  double activation_bytes = 0;    // at the peak: the micro-batches in flight (+ the last stage's logits)
+  double activation_bytes = 0;    // at the peak: the micro-batches in flight (+ the last stage's logits),
+                                  // the scratch and ZeRO's transient buffers, of which
+  double zero_buffer_bytes = 0;   // ZeRO-2/3's gradient buffers in flight and ZeRO-3's gathered units
   double micro_batches_in_flight = 0;
   double total() const { return model_state_bytes + activation_bytes; }
 };

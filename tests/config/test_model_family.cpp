@@ -379,6 +379,20 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   c.recompute_granularity = "selective";
   CHECK(estimate_memory(c, 1).stages[0].activation_bytes ==
         Approx(2 * 4.0 * 4096 * 16 * (per_layer - 65536) + 4.0 * 4096 * 65536 + scratch0));
+  // ZeRO-2 over the 2 replicas: three of the stage's largest unit's gradients in flight (a layer's
+  // shard, larger than wte's half of 16000 x 4096) and two received halves; ZeRO-3 also gathers two
+  // units' weights.
+  c.recompute_granularity = "none";
+  c.zero_stage = 2;
+  REQUIRE(layer > 16000.0 * 4096);
+  CHECK(estimate_memory(c, 1).stages[0].zero_buffer_bytes == Approx(3 * layer * 4 + 2 * layer / 2 * 4));
+  CHECK(estimate_memory(c, 1).stages[0].activation_bytes ==
+        Approx(2 * micro + scratch0 + 3 * layer * 4 + 2 * layer / 2 * 4));
+  c.zero_stage = 3;
+  CHECK(estimate_memory(c, 1).stages[0].zero_buffer_bytes ==
+        Approx(3 * layer * 4 + 2 * layer / 2 * 4 + 2 * layer * 4));
+  c.zero_stage = 1;
+  CHECK(estimate_memory(c, 1).stages[0].zero_buffer_bytes == 0);
   c.recompute_granularity = "none";
   c.sequence_parallel = true;
   CHECK(estimate_memory(c, 1).micro_batch_activation_none == Approx(micro - 4.0 * 4096 * 16 * 2 * 4096));
