@@ -34,9 +34,10 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 struct PlanOptions {
   std::string cluster_file, gpu, profile = "troupe";
-  int nodes = 0, gpus_per_node = 0;  // 0: the preset's or the file's
-  double gpu_memory_gib = 0, peak_tflops = 0, memory_bandwidth_gbps = 0, nvlink_gbps = 0, network_gbps = 0;
-  double failures_per_gpu_hour = -1, storage_gbps = 0;  // -1, 0: the preset's or the file's
+  // -1: not given (the preset's or the file's value); a given value is checked by validate_cluster.
+  int nodes = -1, gpus_per_node = -1;
+  double gpu_memory_gib = -1, peak_tflops = -1, memory_bandwidth_gbps = -1, nvlink_gbps = -1, network_gbps = -1;
+  double failures_per_gpu_hour = -1, storage_gbps = -1;
   int top = 5;
   bool json = false;
 };
@@ -77,15 +78,16 @@ Result<plan::Cluster> make_cluster(const PlanOptions& o) {
     c = preset.value();
     if (c.is_cpu()) c = measured_cpu(std::max(1, o.gpus_per_node));
   }
-  if (o.nodes > 0) c.nodes = o.nodes;
-  if (o.gpus_per_node > 0) c.devices_per_node = o.gpus_per_node;
-  if (o.gpu_memory_gib > 0) c.device.memory_bytes = o.gpu_memory_gib * kGiB;
-  if (o.peak_tflops > 0) c.device.peak_flops = o.peak_tflops * 1e12;
-  if (o.memory_bandwidth_gbps > 0) c.device.memory_bandwidth = o.memory_bandwidth_gbps * 1e9;
-  if (o.nvlink_gbps > 0) c.intra_node_bandwidth = o.nvlink_gbps * 1e9;
-  if (o.network_gbps > 0) c.inter_node_bandwidth = o.network_gbps * 1e9;
-  if (o.failures_per_gpu_hour >= 0) c.failures_per_device_hour = o.failures_per_gpu_hour;
-  if (o.storage_gbps > 0) c.storage_bandwidth = o.storage_gbps * 1e9;
+  auto given = [](double v) { return v != -1; };
+  if (given(o.nodes)) c.nodes = o.nodes;
+  if (given(o.gpus_per_node)) c.devices_per_node = o.gpus_per_node;
+  if (given(o.gpu_memory_gib)) c.device.memory_bytes = o.gpu_memory_gib * kGiB;
+  if (given(o.peak_tflops)) c.device.peak_flops = o.peak_tflops * 1e12;
+  if (given(o.memory_bandwidth_gbps)) c.device.memory_bandwidth = o.memory_bandwidth_gbps * 1e9;
+  if (given(o.nvlink_gbps)) c.intra_node_bandwidth = o.nvlink_gbps * 1e9;
+  if (given(o.network_gbps)) c.inter_node_bandwidth = o.network_gbps * 1e9;
+  if (given(o.failures_per_gpu_hour)) c.failures_per_device_hour = o.failures_per_gpu_hour;
+  if (given(o.storage_gbps)) c.storage_bandwidth = o.storage_gbps * 1e9;
   if (Status st = plan::validate_cluster(c); !st) return st;
   return c;
 }

@@ -128,6 +128,7 @@ expect_refusal too_big "it fits on" "$troupe" plan "${gpt3[@]}" --gpu A100-80GB 
 printf '{"gpu": "H100-80GB", "nodes": 0, "nvlnk_gbps": 300, "memory_gib": "80"}' > bad_cluster.json
 expect_refusal cluster_file "3 problems" "$troupe" plan "${gpt3[@]}" --cluster bad_cluster.json
 grep -q 'did you mean "nvlink_gbps"' cluster_file.err || { cat cluster_file.err; fail "no spelling hint"; }
+expect_refusal zero_nodes "--nodes is 0 -- give at least 1" "$troupe" plan "${gpt3[@]}" --gpu H100-80GB --nodes 0
 expect_refusal no_batch "--global-batch-size is not given" "$troupe" plan --num-layers 2 --hidden-size 64 \
   --num-attention-heads 4 --tokenizer-type NullTokenizer --vocab-size 100 --gpu H200
 echo "PASS"
