@@ -59,7 +59,9 @@ Result<Profile> profile_named(const std::string& name, const Cluster& cluster) {
       p.memory_efficiency = 0.7;
       p.kernel_seconds = 2e-6;
       p.link_efficiency = 0.7;
-      p.attention_efficiency = 0.6;
+      // Whole sequences: kernels/cpu/attention.cpp skips the masked blocks but keeps the (T, T)
+      // probabilities; ring attention (cp > 1) is tiled.
+      p.tiled_attention = false;
     }
     // troupe reduces each unit's gradients as the last micro-batch's backward completes it
     // (docs/PARALLEL.md, "ZeRO"), prefetches ZeRO-3's next unit, and overlaps the ring's exchange.
@@ -73,7 +75,8 @@ Result<Profile> profile_named(const std::string& name, const Cluster& cluster) {
     // (T, T) scores through memory, blocking tensor- and pipeline-parallel communication, the
     // gradients' all-reduce after the backward, and the scatter-gather sends across nodes.
     p.name = "megatron";
-    p.flash_attention = false;
+    p.tiled_attention = false;
+    p.causal_skip = false;
     p.tp_overlap = 0;
     p.pp_overlap = 0;
     p.dp_overlap = 0;
@@ -222,19 +225,25 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   if (ring) queries = s / cp;
   if (ulysses) heads = b * H / (t * cp);
   double attention_backward = 0;
-  if (profile.flash_attention) {
-    const double flops = 2 * 2 * heads * queries * keys * hs * 0.5;  // masked blocks skipped
+  // What of the (T, T) products runs: half with the masked blocks skipped.
+  const double causal = profile.causal_skip ? 0.5 : 1;
+  if (profile.tiled_attention || ring) {
+    // Tiled (flash) attention, and ring attention's blocks on every device: no (T, T) through memory.
+    const double flops = 2 * 2 * heads * queries * keys * hs * causal;
     L.attention_forward = flops / (peak * profile.gemm_efficiency * profile.attention_efficiency) + profile.kernel_seconds;
     attention_backward = 2.5 * L.attention_forward;  // dQ, dK, dV, dP and the scores again
   } else {
-    const double scores = heads * queries * keys;  // elements of (T, T) per head
+    // The scores and probabilities of every head pass through memory (Megatron's 2021 kernels: the
+    // fused scale-mask-softmax reads the scores and writes the probabilities, dropout reads them and
+    // writes them with a byte of mask; troupe's CPU kernel for whole sequences keeps the
+    // probabilities for the backward, in f32).
+    const double pbytes = cluster.is_cpu() ? 4 : act;
+    const double scores = heads * queries * keys * causal;  // elements of (T, T) computed
     const double drop = m.attention_dropout > 0 ? 1 : 0;
-    const double qk = gemm_seconds(queries, keys, hs, heads, act, peak, cluster, profile);
-    const double pv = gemm_seconds(queries, hs, keys, heads, act, peak, cluster, profile);
-    // The fused scale-mask-softmax reads the scores and writes the probabilities; dropout reads them
-    // and writes them with a byte of mask.
-    L.attention_forward = qk + pv + memory(scores * 2 * act) + drop * memory(scores * (2 * act + 1));
-    attention_backward = 2 * (qk + pv) + memory(scores * 3 * act) + drop * memory(scores * (2 * act + 1));
+    const double qk = causal * gemm_seconds(queries, keys, hs, heads, act, peak, cluster, profile);
+    const double pv = causal * gemm_seconds(queries, hs, keys, heads, act, peak, cluster, profile);
+    L.attention_forward = qk + pv + memory(scores * 2 * pbytes) + drop * memory(scores * (2 * pbytes + 1));
+    attention_backward = 2 * (qk + pv) + memory(scores * 3 * pbytes) + drop * memory(scores * (2 * pbytes + 1));
   }
   // Element-wise kernels, bytes per token: the two norms (read, write C), the two dropout + residual
   // adds (read 2C, write C, a mask byte per element with dropout), bias + activation (GELU: read and

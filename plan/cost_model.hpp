@@ -9,9 +9,10 @@
 //                  take through memory, whichever is longer, plus a kernel's fixed cost. Each
 //                  layer's qkv, projection, fc1 and fc2 on the rank's tensor-parallel shard; the
 //                  backward's input- and weight-gradient GEMMs (their own shapes); the head's.
-//   attention      QK^T and PV as batched GEMMs of (queries x keys x head size) per head; tiled
-//                  (flash) attention skips the masked half and keeps (T, T) out of memory, otherwise
-//                  the scores, the softmax and the dropout pass through memory.
+//   attention      QK^T and PV as batched GEMMs of (queries x keys x head size) per head, half of
+//                  them when the masked blocks are skipped; tiled (flash, ring) attention keeps
+//                  (T, T) out of memory, otherwise the scores, the softmax and the dropout pass
+//                  through memory.
 //   element-wise   norms, bias + activation, dropout + residual, rotary: bytes through memory.
 //   collectives    alpha-beta over the groups as they lie on the nodes (Megatron's rank order
 //                  tp-cp-ep-dp-pp): a group inside a node runs at the NVLink bandwidth, one that
@@ -53,7 +54,8 @@ struct Profile {
   double memory_efficiency = 0.8; // of the memory bandwidth, for element-wise kernels and GEMM operands
   double kernel_seconds = 4e-6;   // fixed cost of one kernel (launch and tail)
   double link_efficiency = 0.8;   // of a link's bandwidth, for a collective's bytes (NCCL's bus bandwidth)
-  bool flash_attention = true;    // tiled attention: masked blocks skipped, no (T, T) through memory
+  bool tiled_attention = true;    // flash-style tiles: no (T, T) scores or probabilities through memory
+  bool causal_skip = true;        // the blocks above the diagonal are not computed
   double attention_efficiency = 0.5;  // tiled attention's FLOP rate, of the GEMM rate
   double tp_overlap = 0;          // fraction of tensor-parallel communication hidden behind compute
   double cp_overlap = 0.8;        // fraction of the ring's key/value exchange hidden behind attention
