@@ -160,6 +160,7 @@ Prediction predict_memory(const TrainConfig& layout, const Cluster& cluster) {
   p.optimizer_bytes = s.optimizer_bytes;
   p.activation_bytes = s.activation_bytes;
   p.memory_per_rank_bytes = s.total();
+  p.parameters_per_rank = s.parameters;
   p.memory_capacity_bytes = cluster.device.memory_bytes - cluster.device.memory_reserve_bytes;
   p.fits = p.memory_per_rank_bytes <= p.memory_capacity_bytes;
   if (!p.fits)
@@ -409,11 +410,7 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   }
 
   // ---- data parallelism and the optimizer ----
-  const double psi = [&] {
-    TrainConfig c = layout;
-    if (!cluster.is_cpu()) c.device = "cuda";
-    return estimate_memory(c, world).largest_stage().parameters;
-  }();
+  const double psi = out.parameters_per_rank;  // the memory half's estimate, not computed again
   const double g_bytes = mixed && layout.precision.grad_dtype(layout.zero_stage) != PrecisionDType::fp32 ? 2 : 4;
   const double dcp = d * cp;
   const int zero = layout.zero_stage;

@@ -91,6 +91,7 @@ struct Prediction {
   double weight_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   double memory_per_rank_bytes = 0;
   double memory_capacity_bytes = 0;  // the device's memory less its reserve
+  double parameters_per_rank = 0;    // the largest stage's parameters on one rank (what dp reduces)
   // Time.
   double forward_seconds = 0, backward_seconds = 0;  // one micro-batch on the busiest (virtual) stage
   double bubble_fraction = 0;       // idle share of the pipeline (from the simulator, or theory when not simulated)
