@@ -26,6 +26,7 @@
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
 #include "config/imported_config.hpp"
+#include "config/memory_estimate.hpp"
 #include "config/run_identity.hpp"
 #include "config/stored_config.hpp"
 #include "engine/timeline.hpp"
@@ -928,6 +929,12 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
            " thread(s)");
     }
   }
+  // What the process holds before its ranks allocate anything (binary, libraries, the actor system,
+  // the sgemm measurement's thread buffers): the memory plan's figures come on top of it, and
+  // bench/plan_validate.sh measures the peak against it.
+  if (const double resident = resident_bytes_now(); resident > 0)
+    note("resident before the ranks: " + std::to_string(static_cast<long long>(resident / (1024.0 * 1024.0))) +
+         " MiB (the memory plan's figures come on top of it)");
 
 
   // Supervision: a failed attempt (an actor that threw, a rank whose peer died, a failed save) is

@@ -6,12 +6,18 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 #include <unistd.h>
+
+#include "troupe/schedule.hpp"
 
 namespace troupe {
 
@@ -40,6 +46,45 @@ double read_number(const char* path) {
   char* end = nullptr;
   const double v = std::strtod(word.c_str(), &end);
   return end != nullptr && *end == '\0' ? v : -1;
+}
+
+// The activation slots of each (stage, chunk) as the rank engine uses them: `held` (those written,
+// Schedule::slots_held, what occupies host memory) and `allocated` (peak_in_flight + 1 per chunk, what
+// the engine reserves: device memory). Tables are made once per (schedule, p, m, v) and kept; one too
+// large to make (over a million actions) gets none, and the caller falls back on the closed forms.
+struct SlotCounts {
+  std::vector<std::vector<int>> held;  // [stage][chunk]
+  std::vector<int> allocated;          // [stage], per chunk
+};
+
+std::shared_ptr<const SlotCounts> schedule_slots(const std::string& type_name, int p, int m, int v) {
+  auto type = sched::parse_schedule(type_name);
+  if (!type.is_ok() || p < 1 || m < 1 || v < 1 || static_cast<double>(p) * m * v * 3 > 1e6) return nullptr;
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const SlotCounts>> made;
+  const auto key = std::make_tuple(static_cast<int>(type.value()), p, m, v);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = made.find(key); it != made.end()) return it->second;
+  }
+  sched::ScheduleSpec spec;
+  spec.type = type.value();
+  spec.stages = p;
+  spec.micro_batches = m;
+  spec.chunks = type.value() == sched::ScheduleType::interleaved ? v : 1;
+  auto table = sched::make_schedule(spec);
+  if (!table.is_ok()) return nullptr;
+  auto counts = std::make_shared<SlotCounts>();
+  for (int s = 0; s < p; ++s) {
+    std::vector<int> chunks;
+    for (int k = 0; k < spec.chunks; ++k) chunks.push_back(table.value().slots_held(s, k, s > 0 || k > 0));
+    counts->held.push_back(std::move(chunks));
+    counts->allocated.push_back(table.value().peak_in_flight(s) + 1);
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (made.size() > 4096) made.clear();
+  made.emplace(key, counts);
+  return counts;
 }
 
 }  // namespace
@@ -134,7 +179,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   };
   auto states_of = [&](double psi, double dp) {
     const int z = c.zero_stage;
-    States st{a * psi / (z >= 3 ? dp : 1), g * psi / (z >= 2 ? dp : 1), o * psi / (z >= 1 ? dp : 1)};
+    // ZeRO-1 keeps the whole gradients and, over more than one rank, the partition its reduce-scatter
+    // writes (engine/zero_store.cpp: the optimizer's views point into it).
+    States st{a * psi / (z >= 3 ? dp : 1), g * psi / (z >= 2 ? dp : 1) + (z == 1 && dp > 1 ? g * psi / dp : 0),
+              o * psi / (z >= 1 ? dp : 1)};
     if (c.offload_optimizer == "nvme") st.optimizer -= 8 * psi / dp;  // the moments live in swap files
     return st;
   };
@@ -267,6 +315,30 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   e.micro_batch_activation_none = micro_batch_bytes(first_sums, first_layers, "none");
   e.micro_batch_activation_selective = micro_batch_bytes(first_sums, first_layers, "selective");
   e.micro_batch_activation_full = micro_batch_bytes(first_sums, first_layers, "full");
+  // The activation slots each stage's chunks hold (Schedule::slots_held; on a GPU the engine's
+  // allocation, peak_in_flight + 1 per chunk). A chunk's slot holds its share of the stage's layers;
+  // the stage's figure is in stage-sized slots. Without a table (over a million actions), 1F1B's
+  // closed form: min(p - s, m) in flight, one more taken ahead by a later stage's receive.
+  const int chunks = model != nullptr ? std::max<int>(1, static_cast<int>(model->size() / per_stage.size()))
+                     : c.pipeline_schedule == "interleaved" && c.num_layers_per_virtual_pipeline_stage > 0
+                         ? std::max(1, m.num_layers / (static_cast<int>(p) * c.num_layers_per_virtual_pipeline_stage))
+                         : 1;
+  const double whole_micro_batches = std::floor(std::min(micro_batches, 1e9));
+  const std::shared_ptr<const SlotCounts> table =
+      schedule_slots(c.pipeline_schedule, static_cast<int>(p), static_cast<int>(whole_micro_batches), chunks);
+  const bool device_slots = c.device == "cuda";
+  auto slots_of = [&](int64_t s, int k) -> double {
+    if (table && s < static_cast<int64_t>(table->held.size()) && k < static_cast<int>(table->held[s].size()))
+      return device_slots ? table->allocated[s] : table->held[s][k];
+    const double in_flight =
+        c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
+    return in_flight + (s > 0 && in_flight < micro_batches ? 1 : 0);
+  };
+  // zb-h1's split backward keeps, per slot, each layer's output gradients for its W pass
+  // (GptChunk::Impl::LayerStash: dy2, dy1, d fc, d qkv on all rows; d ln2, d ln1 on this rank's),
+  // and d(embedding output) / d(ln_f output) on the chunks that have them.
+  const bool split_backward = c.pipeline_schedule == "zb-h1";
+  const double stash_floats = 2 * C + 2 * C * sp_rows + (swiglu ? 2 : 1) * F / t + qkv / t;
   // The first 1023 stages and the last are kept for the plan.
   double sum_states = 0, sum_activations = 0;
   for (int64_t s = 0; s < stages; ++s) {
@@ -280,8 +352,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     st.gradient_bytes = dense_states.gradients + expert_states.gradients;
     st.optimizer_bytes = dense_states.optimizer + expert_states.optimizer;
     st.model_state_bytes = st.weight_bytes + st.gradient_bytes + st.optimizer_bytes;
-    st.micro_batches_in_flight =
-        c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
+    double slot_sum = 0;
+    for (int k = 0; k < chunks; ++k) slot_sum += slots_of(s, k);
+    st.micro_batches_in_flight = slot_sum / chunks;
     // A GPT layer's activations need one; a custom block's boundary tensors are all it is known to keep.
     // What recomputation rebuilds lives in one buffer of the chunk (model/gpt_chunk.cpp: `rc`), not in
     // each micro-batch's slot: full recompute's one layer of activations, selective's probabilities.
@@ -291,7 +364,21 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
                            : rc == "full"    ? act * tokens * u.largest
                            : rc == "selective" ? act * tokens * probs
                                                : 0;
-    const double micro_batch = micro_batch_bytes(u, f.gpt_layers, rc) - rebuilt + 4 * f.custom_boundary_elements;
+    double micro_batch = micro_batch_bytes(u, f.gpt_layers, rc) - rebuilt + 4 * f.custom_boundary_elements;
+    if (split_backward && f.gpt_layers > 0) micro_batch += act * tokens * f.gpt_layers * stash_floats;
+    double stash_ends = 0;  // the embedding's and the head's gradients, in their chunks' slots
+    if (split_backward && f.embedding)
+      stash_ends += slots_of(s, 0) * act * tokens * (C + (m.embed_layernorm ? C * sp_rows : 0));
+    if (split_backward && f.head) stash_ends += slots_of(s, chunks - 1) * act * tokens * C * sp_rows;
+    // The rank engine's boundary buffers per slot of a GPT chunk (engine/rank_engine.cpp): the
+    // activation received and its gradient sent back where the chunk has a stage before it, the
+    // activation sent and the gradient received where it has one after it; (rows, C) each (a model
+    // given in code is counted as GPT's hidden state crossing).
+    double boundary = 0;
+    for (int k = 0; k < chunks; ++k) {
+      const bool has_input = s > 0 || k > 0, has_output = s < stages - 1 || k < chunks - 1;
+      boundary += slots_of(s, k) * act * tokens * C * sp_rows * (2.0 * has_input + 2.0 * has_output);
+    }
     // ZeRO's transient buffers (engine/zero_store.cpp), of the stage's largest unit U (a layer, wte's
     // rows, the head): stages 2 and 3 reduce-scatter every micro-batch's unit gradients from a fresh
     // buffer, at most two in flight beside the one filling (3 U gradients, and each in-flight one's
@@ -303,9 +390,11 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     st.zero_buffer_bytes = 0;
     if (c.zero_stage >= 2 && zero_dp > 1) st.zero_buffer_bytes = 3 * unit * g + 2 * unit / zero_dp * g;
     if (c.zero_stage >= 3 && zero_dp > 1) st.zero_buffer_bytes += 2 * unit * a;
-    st.activation_bytes = micro_batch * st.micro_batches_in_flight + rebuilt + st.zero_buffer_bytes +
-                          (f.head ? e.logits_bytes : 0) +
-                          (f.gpt_layers > 0 ? e.attention_scratch_bytes + e.ring_workspace_bytes + layer_scratch : 0) +
+    // Each chunk has its own scratch and recompute buffer (an interleaved stage's v chunks: v of each).
+    st.activation_bytes = micro_batch * st.micro_batches_in_flight + stash_ends + boundary + rebuilt * chunks +
+                          st.zero_buffer_bytes + (f.head ? e.logits_bytes : 0) +
+                          (f.gpt_layers > 0 ? e.attention_scratch_bytes + e.ring_workspace_bytes + layer_scratch * chunks
+                                            : 0) +
                           (f.embedding ? embedding_scratch : 0) + (f.head ? head_scratch : 0);
     sum_states += st.model_state_bytes;
     sum_activations += st.activation_bytes;

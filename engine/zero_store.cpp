@@ -195,6 +195,34 @@ void ZeroStore::zero_gradients() {
     if (unit.part_grads.defined()) unit.part_grads.zero_();
 }
 
+Tensor ZeroStore::take(int64_t numel, DType dtype) {
+  // The smallest free buffer of the type that holds numel, if it is at most twice as large.
+  auto best = pool_.end();
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->dtype() == dtype && it->numel() >= numel && it->numel() <= 2 * std::max<int64_t>(numel, 1) &&
+        (best == pool_.end() || it->numel() < best->numel()))
+      best = it;
+  Tensor whole;
+  if (best != pool_.end()) {
+    whole = std::move(*best);
+    pool_.erase(best);
+  } else {
+    whole = Tensor::empty({std::max<int64_t>(numel, 1)}, dtype, device_);
+  }
+  lent_[whole.raw()] = whole;
+  return whole.rows(0, numel);
+}
+
+void ZeroStore::give(Tensor& t) {
+  if (!t.defined()) return;
+  auto it = lent_.find(t.raw());
+  if (it != lent_.end()) {
+    pool_.push_back(std::move(it->second));
+    lent_.erase(it);
+  }
+  t = Tensor();
+}
+
 void ZeroStore::track_transient(int64_t delta) {
   transient_bytes_ += delta;
   transient_peak_ = std::max(transient_peak_, transient_bytes_);
@@ -203,7 +231,7 @@ void ZeroStore::track_transient(int64_t delta) {
 Tensor ZeroStore::gather_unit(int u) {
   Unit& unit = units_[u];
   if (!unit.gathered.defined()) {
-    unit.gathered = Tensor::empty({unit.numel}, dtype_, device_);
+    unit.gathered = take(unit.numel, dtype_);
     track_transient(static_cast<int64_t>(unit.gathered.nbytes()));
     unit.gather = unit.comm != nullptr
                       ? unit.comm->all_gather_v(unit.part_params.raw(), unit.gathered.raw(), unit.counts, dtype_)
@@ -230,14 +258,15 @@ void ZeroStore::release(int u, Pass) {
   TROUPE_CHECK(unit.users > 0, "ZeroStore: release without acquire");
   if (--unit.users > 0) return;
   track_transient(-static_cast<int64_t>(unit.gathered.nbytes()));
-  unit.gathered = Tensor();
+  give(unit.gathered);
   unit.gather.reset();
 }
 
 Tensor ZeroStore::grad_buffer(int u) {
   Unit& unit = units_[u];
   if (!unit.grad_buffer.defined()) {
-    unit.grad_buffer = Tensor::zeros({unit.numel}, grad_dtype_, device_);
+    unit.grad_buffer = take(unit.numel, grad_dtype_);
+    unit.grad_buffer.zero_();
     track_transient(static_cast<int64_t>(unit.grad_buffer.nbytes()));
   }
   return unit.grad_buffer;
@@ -265,9 +294,10 @@ void ZeroStore::on_grads_ready(int u) {
     if (converts_for_wire()) {
       Tensor wire = to_wire(p.send);
       track_transient(-static_cast<int64_t>(p.send.nbytes()));
+      give(p.send);
       p.send = std::move(wire);
     }
-    p.recv = Tensor::empty({unit.own_count}, reduce_dtype_, device_);
+    p.recv = take(unit.own_count, reduce_dtype_);
     track_transient(static_cast<int64_t>(p.recv.nbytes()));
     p.work = unit.comm != nullptr ? unit.comm->reduce_scatter_v(p.send.raw(), p.recv.raw(), unit.counts,
                                                                 reduce_dtype_, comm::ReduceOp::sum)
@@ -292,7 +322,7 @@ void ZeroStore::on_grads_ready(int u) {
   } else {
     Tensor into = unit.part_grads;
     if (converts_for_wire()) {
-      unit.wire_part = Tensor::empty({unit.own_count}, reduce_dtype_, device_);
+      unit.wire_part = take(unit.own_count, reduce_dtype_);
       track_transient(static_cast<int64_t>(unit.wire_part.nbytes()));
       into = unit.wire_part;
     }
@@ -301,7 +331,7 @@ void ZeroStore::on_grads_ready(int u) {
 }
 
 Tensor ZeroStore::to_wire(const Tensor& grads) {
-  Tensor wire = Tensor::empty({grads.numel()}, reduce_dtype_, device_);
+  Tensor wire = take(grads.numel(), reduce_dtype_);
   track_transient(static_cast<int64_t>(wire.nbytes()));
   ops::convert(*ctx_, wire, grads);
   return wire;
@@ -316,13 +346,16 @@ void ZeroStore::drain_one() {
   Pending& p = pending_.front();
   comm::wait_or_throw(p.work, "ZeRO gradient reduce-scatter", comm::WaitGroup::dp);
   if (p.recv.dtype() != grad_dtype_) {
-    Tensor back = Tensor::empty({p.recv.numel()}, grad_dtype_, device_);
+    Tensor back = take(p.recv.numel(), grad_dtype_);
     ops::convert(*ctx_, back, p.recv);
     ops::add_inplace(*ctx_, units_[p.unit].part_grads, back);
+    give(back);
   } else {
     ops::add_inplace(*ctx_, units_[p.unit].part_grads, p.recv);
   }
   track_transient(-static_cast<int64_t>(p.send.nbytes() + p.recv.nbytes()));
+  give(p.send);
+  give(p.recv);
   pending_.pop_front();
 }
 
@@ -344,17 +377,17 @@ Status ZeroStore::finish_gradients() {
     }
     if (stage_ != 0) {
       track_transient(-static_cast<int64_t>(unit.wire_part.nbytes()));
-      unit.wire_part = Tensor();
+      give(unit.wire_part);
     }
     track_transient(-static_cast<int64_t>(unit.wire.nbytes()));
-    unit.wire = Tensor();
+    give(unit.wire);
   }
   // Prefetched stage-3 units nobody used (the pass ended) are dropped.
   for (Unit& unit : units_) {
     if (unit.gathered.defined() && unit.users == 0) {
       if (unit.gather) TROUPE_RETURN_IF_ERROR(unit.gather->wait());
       track_transient(-static_cast<int64_t>(unit.gathered.nbytes()));
-      unit.gathered = Tensor();
+      give(unit.gathered);
       unit.gather.reset();
     }
   }

@@ -54,6 +54,13 @@ struct Schedule {
   // Most micro-batch activations alive at once on stage s (forward done, backward not yet), counting
   // (micro, chunk) pairs: the activation slots the stage must hold.
   int peak_in_flight(int stage) const;
+  // The activation slots chunk `chunk` of stage `stage` holds at most at once as the rank engine runs
+  // the table (engine/rank_engine.cpp): a forward's slot is taken when its input's receive is posted,
+  // one action ahead of the action it follows (`receives`: the chunk reads an activation from the
+  // stage before), or when the forward runs (the first virtual stage, which reads tokens); B frees it,
+  // or W with a split backward. A chunk's slots are handed out last freed first, so these are also
+  // the distinct slots it ever writes: the memory its activations occupy on the CPU.
+  int slots_held(int stage, int chunk, bool receives) const;
   std::string to_string() const;  // one line per stage, e.g. "s0: F0 F1 B0 F2 B1 ..." (chunk as F0.1)
 };
 

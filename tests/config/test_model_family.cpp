@@ -337,8 +337,9 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   CHECK(e.stages[1].parameters == last);
   // The two stages' shards, each tp rank's, make the whole model once the replicated norms count once.
   CHECK(2 * (first + last) - (32 * 2 * 4096 + 4096) == c.model.num_parameters());
-  // ZeRO-1 over 2 replicas: weights and gradients 8 bytes, the moments' 8 bytes halved.
-  CHECK(e.stages[0].model_state_bytes == Approx(12 * first));
+  // ZeRO-1 over 2 replicas: weights and gradients 8 bytes, the moments' 8 bytes halved, and the
+  // half of the gradients its reduce-scatter writes (kept: the optimizer reads it), 2 bytes.
+  CHECK(e.stages[0].model_state_bytes == Approx(14 * first));
   // Activations per token of one layer, in floats: 4 x 4096 whole; (qkv 12288 + attention output
   // 4096 + SwiGLU 3 x 11008) / 2; probabilities 32 heads x 4096 / 2.
   const double per_layer = 4 * 4096 + (12288 + 4096 + 3 * 11008) / 2.0 + 32 * 4096 / 2.0;
@@ -354,22 +355,28 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   // The attention kernel's backward: one thread per rank, its (T, T) f32 dP.
   const double attention = 4.0 * 4096 * 4096;
   CHECK(e.attention_scratch_bytes == attention);
-  const double scratch0 = 4.0 * 4096 * (layer_scratch + 4096) + attention;
-  const double scratch1 = 4.0 * 4096 * (layer_scratch + 2 * 4096) + 4.0 * 4096 + attention;
-  CHECK(e.stages[0].micro_batches_in_flight == 2);  // 1F1B: stage 0 of 2 holds 2
+  // The rank engine's boundary buffers: each stage's 2 slots keep the activation and the gradient it
+  // exchanges with the other stage, (4096, 4096) f32 each.
+  const double boundary = 2 * 2 * 4.0 * 4096 * 4096;
+  const double scratch0 = 4.0 * 4096 * (layer_scratch + 4096) + attention + boundary;
+  const double scratch1 = 4.0 * 4096 * (layer_scratch + 2 * 4096) + 4.0 * 4096 + attention + boundary;
+  // 1F1B: stage 0 of 2 holds 2 micro-batches in flight; stage 1 holds 1, and takes the next one's
+  // slot when it posts its receive, one action ahead of the backward that frees one: 2 slots.
+  CHECK(e.stages[0].micro_batches_in_flight == 2);
+  CHECK(e.stages[1].micro_batches_in_flight == 2);
   CHECK(e.stages[0].activation_bytes == Approx(2 * micro + scratch0));
-  CHECK(e.stages[1].activation_bytes == Approx(micro + 4.0 * 4096 * 16000 + scratch1));  // + the logits' half
+  CHECK(e.stages[1].activation_bytes == Approx(2 * micro + 4.0 * 4096 * 16000 + scratch1));  // + the logits' half
   CHECK(e.micro_batch_activation_full == Approx(4.0 * 4096 * (16 * 4096 + per_layer)));
   CHECK(e.micro_batch_activation_selective == Approx(4.0 * 4096 * (16 * (per_layer - 65536) + 65536)));
   // One process runs all 8 ranks: tp x dp = 4 ranks of each stage.
   CHECK(e.ranks_in_process == 8);
-  CHECK(e.model_state_bytes == Approx(4 * 12 * (first + last)));
-  CHECK(e.activation_bytes == Approx(4 * (2 * micro + micro + 4.0 * 4096 * 16000 + scratch0 + scratch1)));
-  // Under troupe launch each process holds one rank: the larger stage.
+  CHECK(e.model_state_bytes == Approx(4 * 14 * (first + last)));
+  CHECK(e.activation_bytes == Approx(4 * (2 * micro + 2 * micro + 4.0 * 4096 * 16000 + scratch0 + scratch1)));
+  // Under troupe launch each process holds one rank: the larger stage, the last.
   const MemoryEstimate one = estimate_memory(c, 8);
   CHECK(one.ranks_in_process == 1);
   // (its 8 threads all busy in the attention's backward: 16 heads of a micro-batch)
-  CHECK(one.total() == Approx(12 * first + 2 * micro + scratch0 + 7 * attention));
+  CHECK(one.total() == Approx(14 * last + 2 * micro + 4.0 * 4096 * 16000 + scratch1 + 7 * attention));
   // Full recompute keeps the layer inputs in each micro-batch's slot, and one layer's activations
   // once (the buffer it recomputes into); selective keeps all but the probabilities in the slots and
   // one layer's probabilities once. Sequence parallelism splits the whole part too.
@@ -414,12 +421,12 @@ TEST_CASE("memory plan: LLaMA-2 7B on tp 2 x pp 2 x dp 2, by hand", "[family][me
   const double per_layer_cp = 4 * 4096 + (12288 + 4096 + 3 * 11008) / 2.0 + 32 / 2.0;
   const double micro_cp = 4.0 * 1024 * 16 * per_layer_cp;
   CHECK(q.micro_batch_activation_none == Approx(micro_cp));
-  CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 8 * first / 8));
+  CHECK(q.stages[0].model_state_bytes == Approx(8 * first + 12 * first / 8));
   // The scratch per token as above, of 1024 tokens (rotary: no position table to gather).
   // The ring's workspace, f32 per token: accumulator and dQ (2048 each), m, l, delta (16 heads each),
   // five K/V blocks of 2 x 16 heads x 128.
   CHECK(q.ring_workspace_bytes == 4.0 * 1024 * (2 * 2048 + 3 * 16 + 5 * 4096));
-  CHECK(q.stages[1].activation_bytes == Approx(micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes +
+  CHECK(q.stages[1].activation_bytes == Approx(2 * micro_cp + 4.0 * 1024 * 16000 + q.attention_scratch_bytes +
                                                q.ring_workspace_bytes + (scratch1 - attention) / 4));
   CHECK(q.ranks_in_process == 32);
   CHECK_THAT(memory_plan_lines(c, 1)[1], Contains("tp 2, pp 2, dp 2, cp 4, ZeRO stage 1"));

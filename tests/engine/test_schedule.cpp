@@ -163,6 +163,67 @@ TEST_CASE("schedule: the simulated timeline keeps each dependency and each stage
   }
 }
 
+// The rank engine's slot handling written out again: per chunk a stack of free slot indices, slot 0 on
+// top; before running action j it posts the receives of j and j + 1, and a forward's receive pops a
+// slot (the first virtual stage pops when its forward runs); B (W with a split backward) pushes it
+// back. Returns the distinct slots each chunk's forwards wrote.
+std::vector<int> slots_written(const Schedule& sc, int s) {
+  const int v = sc.spec.chunks, m = sc.spec.micro_batches;
+  const Kind frees = sc.split_backward ? Kind::weight : Kind::backward;
+  std::vector<std::vector<int>> free(static_cast<size_t>(v));
+  for (auto& f : free)
+    for (int k = m; k >= 0; --k) f.push_back(k);  // more than enough: m + 1
+  std::map<std::pair<int, int>, int> slot_of;      // (chunk, micro) -> slot
+  std::vector<std::vector<bool>> written(static_cast<size_t>(v), std::vector<bool>(static_cast<size_t>(m) + 1, false));
+  const auto& acts = sc.stages[static_cast<size_t>(s)];
+  auto pop = [&](const Action& a) {
+    if (a.kind != Kind::forward || slot_of.count({a.chunk, a.micro})) return;
+    slot_of[{a.chunk, a.micro}] = free[a.chunk].back();
+    free[a.chunk].pop_back();
+  };
+  for (size_t j = 0; j < acts.size(); ++j) {
+    const Action& a = acts[j];
+    const bool reads_tokens = s == 0 && a.chunk == 0;
+    if (!reads_tokens) pop(a);
+    if (j + 1 < acts.size() && !(s == 0 && acts[j + 1].chunk == 0)) pop(acts[j + 1]);
+    if (a.kind == Kind::forward) {
+      if (reads_tokens) pop(a);
+      written[a.chunk][static_cast<size_t>(slot_of.at({a.chunk, a.micro}))] = true;
+    }
+    if (a.kind == frees) {
+      free[a.chunk].push_back(slot_of.at({a.chunk, a.micro}));
+      slot_of.erase({a.chunk, a.micro});
+    }
+  }
+  std::vector<int> out;
+  for (const auto& w : written) out.push_back(static_cast<int>(std::count(w.begin(), w.end(), true)));
+  return out;
+}
+
+// The slots the memory plan counts (Schedule::slots_held) are those the engine's free lists hand
+// out and its forwards write; within the engine's allocation (peak_in_flight + 1 per chunk); and
+// for 1F1B and GPipe as their construction says.
+TEST_CASE("schedule: activation slots the engine writes", "[schedule]") {
+  for (const ScheduleSpec& spec : all_specs()) {
+    const Schedule sc = build(spec);
+    const int p = spec.stages, m = spec.micro_batches;
+    for (int s = 0; s < p; ++s) {
+      INFO(describe(spec) << " stage " << s);
+      const std::vector<int> written = slots_written(sc, s);
+      int sum = 0;
+      for (int c = 0; c < spec.chunks; ++c) {
+        const int held = sc.slots_held(s, c, s > 0 || c > 0);
+        CHECK(held == written[static_cast<size_t>(c)]);
+        CHECK(held <= sc.peak_in_flight(s) + 1);
+        sum += held;
+      }
+      CHECK(sum >= sc.peak_in_flight(s));
+      if (spec.type == ScheduleType::gpipe) CHECK(sum == m);
+      if (spec.type == ScheduleType::one_f_one_b) CHECK(sum == std::min(p - s, m) + (s > 0 && m > p - s ? 1 : 0));
+    }
+  }
+}
+
 TEST_CASE("schedule: activations in flight", "[schedule]") {
   for (int p : kStages) {
     for (int m : kMicros) {

@@ -278,6 +278,32 @@ int Schedule::peak_in_flight(int stage) const {
   return peak;
 }
 
+int Schedule::slots_held(int stage, int chunk, bool receives) const {
+  TROUPE_CHECK(stage >= 0 && stage < static_cast<int>(stages.size()), "stage out of range");
+  const Kind frees = split_backward ? Kind::weight : Kind::backward;
+  const std::vector<Action>& acts = stages[stage];
+  std::vector<char> holding(static_cast<size_t>(std::max(1, spec.micro_batches)), 0);
+  int held = 0, peak = 0;
+  auto take = [&](const Action& a) {
+    if (a.kind != Kind::forward || a.chunk != chunk || a.micro < 0 || a.micro >= static_cast<int>(holding.size()) ||
+        holding[a.micro])
+      return;
+    holding[a.micro] = 1;
+    peak = std::max(peak, ++held);
+  };
+  for (size_t j = 0; j < acts.size(); ++j) {
+    take(acts[j]);
+    if (receives && j + 1 < acts.size()) take(acts[j + 1]);
+    const Action& a = acts[j];
+    if (a.chunk == chunk && a.kind == frees && a.micro >= 0 && a.micro < static_cast<int>(holding.size()) &&
+        holding[a.micro]) {
+      holding[a.micro] = 0;
+      --held;
+    }
+  }
+  return peak;
+}
+
 std::string Schedule::to_string() const {
   std::string out;
   for (size_t s = 0; s < stages.size(); ++s) {
