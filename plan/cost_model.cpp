@@ -68,6 +68,7 @@ Result<Profile> profile_named(const std::string& name, const Cluster& cluster) {
     p.dp_overlap = 1.0;
     p.zero3_overlap = 0.5;
     p.cp_overlap = 0.8;
+    p.head_recompute = true;
     return p;
   }
   if (name == "megatron") {
@@ -313,16 +314,22 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
       memory(n * C * act * 2) + (t > 1 ? collective_seconds(Collective::all_reduce, n * C * act, tp_group, profile) : 0);
   const double embedding_backward = memory(n * C * act * 2);
   const Shape head{n, Vp / t, C};
-  const double head_forward = gemm(head) + memory(n * Vp / t * act * 2) + memory(n * C * act * 2);
-  const double head_backward = gemm({head.m, head.k, head.n}) + gemm({head.k, head.n, head.m}) + memory(n * Vp / t * act * 2);
+  const bool interleaved = layout.pipeline_schedule == "interleaved";
+  const bool split = layout.pipeline_schedule == "zb-h1";
+  const double logits = gemm(head), softmax = memory(n * Vp / t * act * 2);
+  const double head_forward = logits + softmax + memory(n * C * act * 2);
+  // The head's input-gradient half (B) and weight-gradient half (W), each with the logits computed
+  // again where the profile's execution does (Profile::head_recompute).
+  const bool head_fused = t == 1 && !split && !interleaved && layout.pipeline_schedule != "gpipe";
+  const double head_again = profile.head_recompute && !head_fused ? logits + softmax : 0;
+  const double head_input = gemm({head.m, head.k, head.n}) + softmax + head_again;
+  const double head_weight = gemm({head.k, head.n, head.m}) + (split ? head_again : 0);
 
   // ---- the pipeline ----
-  const bool interleaved = layout.pipeline_schedule == "interleaved";
   const int v = interleaved && layout.num_layers_per_virtual_pipeline_stage > 0
                     ? std::max(1, m.num_layers / (static_cast<int>(p) * layout.num_layers_per_virtual_pipeline_stage))
                     : 1;
   const int stages = static_cast<int>(p);
-  const bool split = layout.pipeline_schedule == "zb-h1";
   sched::StageCosts costs;
   const size_t slots = static_cast<size_t>(stages) * v;
   costs.forward.assign(slots, 0);
@@ -333,14 +340,17 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
       const size_t i = static_cast<size_t>(st) * v + c;
       const double layers = v > 1 ? layout.num_layers_per_virtual_pipeline_stage
                                   : std::floor(m.num_layers / p) + (st < m.num_layers % stages ? 1 : 0);
-      double f = layers * L.forward, bk = layers * (L.backward_input + L.recompute), w = layers * L.backward_weight;
+      // zb-h1's W under full recompute rebuilds the layers' activations again (GptChunk::backward_weight).
+      double f = layers * L.forward, bk = layers * (L.backward_input + L.recompute),
+             w = layers * (L.backward_weight + (split && recompute == "full" ? L.recompute : 0));
       if (st == 0 && c == 0) {
         f += embedding_forward;
         bk += embedding_backward;
       }
       if (st == stages - 1 && c == v - 1) {
         f += head_forward;
-        bk += head_backward;
+        bk += head_input;
+        w += head_weight;
       }
       costs.forward[i] = f;
       if (split) {

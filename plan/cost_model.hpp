@@ -63,6 +63,11 @@ struct Profile {
   double dp_overlap = 0;          // fraction of the gradients' reduction hidden behind the backward
   double zero3_overlap = 0.5;     // fraction of ZeRO-3's parameter gathers hidden behind compute
   bool scatter_gather = true;     // a pipeline send across nodes goes 1/t per tensor-parallel rank
+  // The head's backward computes the logits again from the saved ln_f output (troupe keeps no (n, V)
+  // logits per micro-batch): once in a backward, and in zb-h1's B and W each, except where the
+  // backward follows its forward at once and runs inside it (1F1B's last stage without tensor
+  // parallelism). Megatron keeps the logits: false.
+  bool head_recompute = false;
   // Measured GEMM efficiency by shape (the CPU: plan/host.hpp's measured_gemm_efficiency on the
   // rank's cores): when set, a GEMM takes 2MNK / (peak x this(M, N, K)) and the tile, wave and
   // memory terms above do not apply (the measurement has them).
