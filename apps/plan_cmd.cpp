@@ -241,11 +241,6 @@ int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
     print_error(name, st);
     return kExitUsage;
   }
-  if (cfg.model.moe.enabled()) {
-    print_error(name, "--num-experts: troupe plan does not cost mixture-of-experts layers yet -- plan the dense model "
-                      "(without --num-experts), or check the MoE layout's memory with troupe train --dry-run");
-    return kExitUsage;
-  }
   auto cluster = make_cluster(o);
   if (!cluster) {
     print_error(name, cluster.status());
@@ -314,6 +309,8 @@ plan::Fixed fixed_sizes(const CLI::App& cmd, const TrainConfig& cfg) {
   if (given("--ds-sequence-parallel-size")) fixed.ulysses = cfg.ds_sequence_parallel_size;
   if (given("--cp-comm-type")) fixed.cp_comm_type = cfg.cp_comm_type;
   if (given("--micro-batch-size")) fixed.micro_batch = cfg.micro_batch_size;
+  if (given("--expert-model-parallel-size") || given("--moe-expert-parallel-size"))
+    fixed.ep = cfg.expert_model_parallel_size;
   // A DeepSpeed file names the ZeRO stage (and with it the micro-batch) as a choice already made.
   if (given("--zero-stage") || !cfg.deepspeed_config.empty()) fixed.zero = cfg.zero_stage;
   if (given("--num-layers-per-virtual-pipeline-stage"))

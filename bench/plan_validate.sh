@@ -10,7 +10,8 @@
 #           rank 0's process, against the plan's memory of the process (its ranks' sum; one rank per
 #           process under launch)
 # Then: each prediction's error, and whether the predicted best three come in the measured order.
-#   bench/plan_validate.sh [--iters 8] [--threads N] [--only small|large] [--max-layouts N] [--out FILE]
+# A third model, with 4 experts (top-2), runs 1x1x1, dp 2 with and without ep 2, and ep 2 over two processes.
+#   bench/plan_validate.sh [--iters 8] [--threads N] [--only small|large|moe] [--max-layouts N] [--out FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ITERS=8 THREADS=$(nproc) ONLY="" OUT="" MAX_LAYOUTS=1000
@@ -30,8 +31,9 @@ troupe="$(pwd)/${TROUPE_BIN:-build/bin/troupe}"
 work=$(mktemp -d /var/tmp/troupe-planvalidate.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# name | layers hidden heads seq vocab global-batch micro-batch
-models=("small|4 256 8 256 4096 8 2" "large|8 512 8 512 8192 8 2")
+# name | layers hidden heads seq vocab global-batch micro-batch | the model's own flags
+models=("small|4 256 8 256 4096 8 2|" "large|8 512 8 512 8192 8 2|"
+        "moe|4 256 8 256 4096 8 2|--num-experts 4 --moe-router-topk 2")
 # label | ranks | processes | flags
 layouts=(
   "1x1x1|1|1|"
@@ -50,6 +52,13 @@ layouts=(
   "dp 2, 2 processes|2|2|--zero-stage 1"
   "tp 2, 2 processes|2|2|--tensor-model-parallel-size 2"
 )
+# The MoE model's layouts: its experts whole on one rank, and split over an expert-parallel group.
+moe_layouts=(
+  "1x1x1|1|1|"
+  "dp 2 ZeRO-1|2|1|--data-parallel-size 2 --zero-stage 1"
+  "dp 2 ep 2 ZeRO-1|2|1|--data-parallel-size 2 --zero-stage 1 --expert-model-parallel-size 2"
+  "dp 2 ep 2, 2 processes|2|2|--zero-stage 1 --expert-model-parallel-size 2"
+)
 # Every size the search would otherwise choose is given: what is not named above is 1 / none / 1f1b.
 defaults() {
   local flags=" $1 "
@@ -61,21 +70,26 @@ defaults() {
   [[ $flags == *" --offload-optimizer "* ]] || out+=(--offload-optimizer none)
   [[ $flags == *" --pipeline-schedule "* || $flags == *" --num-layers-per-virtual-pipeline-stage "* ]] ||
     out+=(--pipeline-schedule 1f1b)
+  [[ -z "$2" || $flags == *" --expert-model-parallel-size "* ]] || out+=(--expert-model-parallel-size 1)
   echo "${out[*]}"
 }
 
 : > "$work/rows.tsv"
 for model in "${models[@]}"; do
-  name=${model%%|*}
+  IFS='|' read -r name dims model_flags <<< "$model"
   [[ -z "$ONLY" || "$ONLY" == "$name" ]] || continue
-  read -r L H A S V G M <<< "${model#*|}"
+  read -r L H A S V G M <<< "$dims"
   base=(--num-layers "$L" --hidden-size "$H" --num-attention-heads "$A" --seq-length "$S" --max-position-embeddings "$S"
         --global-batch-size "$G" --micro-batch-size "$M" --tokenizer-type NullTokenizer --vocab-size "$V"
         --hidden-dropout 0 --attention-dropout 0)
-  for entry in "${layouts[@]:0:$MAX_LAYOUTS}"; do
+  read -r -a own <<< "$model_flags"
+  base+=("${own[@]}")
+  list=("${layouts[@]:0:$MAX_LAYOUTS}")
+  [[ -n "$model_flags" ]] && list=("${moe_layouts[@]:0:$MAX_LAYOUTS}")
+  for entry in "${list[@]}"; do
     IFS='|' read -r label ranks procs flags <<< "$entry"
     flags=${flags//HALF/$((L / 4))}
-    read -r -a extra <<< "$flags $(defaults "$flags")"
+    read -r -a extra <<< "$flags $(defaults "$flags" "$model_flags")"
     tag="$name-$(echo "$label" | tr -c 'a-z0-9' '_')"
     threads=$THREADS
     (( procs > 1 )) && threads=$(( THREADS / procs > 0 ? THREADS / procs : 1 ))

@@ -1,6 +1,7 @@
 #include "plan/cost_model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -174,9 +175,6 @@ Prediction predict_memory(const TrainConfig& layout, const Cluster& cluster) {
 
 Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, const Profile& profile, bool simulate) {
   const GptConfig& m = layout.model;
-  if (m.moe.enabled())
-    return Status::bad_input("--num-experts: troupe plan does not cost mixture-of-experts layers yet -- plan the dense "
-                             "model (without --num-experts) for its layout, or measure the MoE run with --dry-run");
   Prediction out = predict_memory(layout, cluster);
 
   const bool mixed = layout.precision.sixteen_bit();
@@ -309,6 +307,65 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   if (recompute == "full") L.recompute = L.forward;
   else if (recompute == "selective") L.recompute = L.attention_forward;
 
+  // ---- mixture-of-experts layers: what replaces the dense MLP (docs/MOE.md) ----
+  // Routing assumed balanced: each of the rank's n tokens goes to k experts, and the ranks of an
+  // expert-parallel group send each other equal shares, so the rank's E / ep experts run n k rows
+  // between them (a capacity factor of 1 or more drops nothing then). An MoE layer's cost is the
+  // dense layer's without its MLP, plus the router (a GEMM to E logits, the softmax and top-k through
+  // memory), the experts' GEMMs (one per local expert, n k ep / E rows each, width Fe / expert-TP),
+  // their activation, the dispatch and combine (gathers through memory and, over ep > 1, two
+  // all-to-alls of the n k rows forward and two backward, none hidden), and PR-MoE's dense MLP or a
+  // shared expert where the model has one. Tensor-parallel traffic stays the dense layer's.
+  const MoeConfig& moe = m.moe;
+  const double ep = std::max(1, layout.expert_model_parallel_size);
+  const double et = layout.expert_tensor_parallel_size == 1 ? 1 : t;
+  const double Fe = m.expert_ffn_hidden_size(), k_top = std::max(1, moe.topk);
+  auto mlp_of = [&](double width, double split, double rows, double batch) {  // {forward, dgrad, wgrad}
+    const double w = width / split, fc = (swiglu ? 2 : 1) * w;
+    const double e = memory(batch * rows * act * (swiglu ? 3 : 2) * w);
+    auto g = [&](double mm, double nn, double kk) { return gemm_seconds(mm, nn, kk, batch, act, peak, cluster, profile); };
+    return std::array<double, 3>{g(rows, fc, C) + g(rows, C, w) + e, g(rows, C, fc) + g(rows, w, C) + 2 * e,
+                                 g(C, fc, rows) + g(w, C, rows)};
+  };
+  const std::array<double, 3> dense_mlp = mlp_of(F, t, n, 1);
+  const GroupPlacement ep_group = place_group(static_cast<int64_t>(t * cp), static_cast<int>(ep), cluster);
+  double ep_bytes_per_layer = 0, ep_seconds_per_layer = 0;
+  auto moe_layer = [&](int experts) {
+    LayerCost y = L;
+    const double E = std::max(1, experts), local = std::max(1.0, E / ep), rows = n * k_top * ep / E;
+    const std::array<double, 3> routed = mlp_of(Fe, et, rows, local);
+    std::array<double, 3> extra{0, 0, 0};
+    if (moe.residual) extra = dense_mlp;
+    if (moe.shared_expert_ffn > 0) extra = mlp_of(moe.shared_expert_ffn, t, n, 1);
+    const double router_f = gemm({n, E, C}) + memory(n * E * 4 * 3);
+    const double router_b = gemm({n, C, E}) + memory(n * E * 4 * 2), router_w = gemm({C, E, n});
+    const double moved = memory(2 * n * k_top * C * act);  // the rows gathered to their experts, and back
+    double a2a = 0;
+    if (ep > 1) {
+      a2a = 2 * collective_seconds(Collective::all_to_all, n * k_top * C * act, ep_group, profile);
+      ep_bytes_per_layer = 4 * n * k_top * C * act;
+      ep_seconds_per_layer = 2 * a2a;
+    }
+    y.forward += router_f + routed[0] + extra[0] + moved + a2a - dense_mlp[0];
+    y.backward_input += router_b + routed[1] + extra[1] + moved + a2a - dense_mlp[1];
+    y.backward_weight += router_w + routed[2] + extra[2] - dense_mlp[2];
+    if (recompute == "full") y.recompute = y.forward;
+    return y;
+  };
+  // Layer l's cost (0-based, global).
+  std::vector<LayerCost> moe_costs;  // by number of experts, made once each (never reallocated)
+  std::vector<int> moe_made;
+  moe_costs.reserve(static_cast<size_t>(std::max(1, m.num_layers)));
+  auto layer_cost = [&](int l) -> const LayerCost& {
+    const int E = moe.enabled() ? moe.experts_of(l, m.num_layers) : 0;
+    if (E <= 0) return L;
+    for (size_t i = 0; i < moe_made.size(); ++i)
+      if (moe_made[i] == E) return moe_costs[i];
+    moe_made.push_back(E);
+    moe_costs.push_back(moe_layer(E));
+    return moe_costs.back();
+  };
+
   // ---- the embedding and the head ----
   const double embedding_forward =
       memory(n * C * act * 2) + (t > 1 ? collective_seconds(Collective::all_reduce, n * C * act, tp_group, profile) : 0);
@@ -335,14 +392,28 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   costs.forward.assign(slots, 0);
   costs.backward.assign(slots, 0);
   costs.weight.assign(slots, 0);
+  // Each virtual stage's first layer: the GPT layers are numbered in the order of the virtual stages
+  // (chunk c of stage st holds virtual stage c p + st).
+  std::vector<int> first_layer(slots + 1, 0);
+  for (size_t k = 0; k < slots; ++k) {
+    const int st = static_cast<int>(k % static_cast<size_t>(stages));
+    const int count = v > 1 ? layout.num_layers_per_virtual_pipeline_stage
+                            : m.num_layers / stages + (st < m.num_layers % stages ? 1 : 0);
+    first_layer[k + 1] = first_layer[k] + count;
+  }
+  const bool any_moe = moe.enabled();
   for (int c = 0; c < v; ++c) {
     for (int st = 0; st < stages; ++st) {
       const size_t i = static_cast<size_t>(st) * v + c;
-      const double layers = v > 1 ? layout.num_layers_per_virtual_pipeline_stage
-                                  : std::floor(m.num_layers / p) + (st < m.num_layers % stages ? 1 : 0);
+      const size_t k = static_cast<size_t>(c) * stages + st;
       // zb-h1's W under full recompute rebuilds the layers' activations again (GptChunk::backward_weight).
-      double f = layers * L.forward, bk = layers * (L.backward_input + L.recompute),
-             w = layers * (L.backward_weight + (split && recompute == "full" ? L.recompute : 0));
+      double f = 0, bk = 0, w = 0;
+      for (int l = first_layer[k]; l < first_layer[k + 1]; ++l) {
+        const LayerCost& y = any_moe ? layer_cost(l) : L;
+        f += y.forward;
+        bk += y.backward_input + y.recompute;
+        w += y.backward_weight + (split && recompute == "full" ? y.recompute : 0);
+      }
       if (st == 0 && c == 0) {
         f += embedding_forward;
         bk += embedding_backward;
@@ -429,6 +500,12 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
     add_collective(out.collectives, sp ? "tp all-gather + reduce-scatter" : "tp all-reduce", tp_group,
                    per_layer * m.num_layers / p * micro_batches, L.tp_seconds * m.num_layers / p * micro_batches,
                    L.tp_exposed * m.num_layers / p * micro_batches);
+  }
+  if (any_moe && ep > 1) {
+    double moe_layers = 0;
+    for (int l = 0; l < m.num_layers; ++l) moe_layers += moe.experts_of(l, m.num_layers) > 0 ? 1 : 0;
+    add_collective(out.collectives, "ep all-to-all", ep_group, ep_bytes_per_layer * moe_layers / p * micro_batches,
+                   ep_seconds_per_layer * moe_layers / p * micro_batches, ep_seconds_per_layer * moe_layers / p * micro_batches);
   }
   if (cp > 1)
     add_collective(out.collectives, ring ? (layout.cp_comm_type == "p2p" ? "cp ring" : "cp all-gather") : "ulysses all-to-all",

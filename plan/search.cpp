@@ -78,6 +78,20 @@ int64_t enumerate(const TrainConfig& base, const Fixed& fixed, const Cluster& cl
             schedules.emplace_back("zb-h1", 0);
           }
         }
+        // Expert parallelism (MoE models): sizes dividing dp and every MoE layer's experts.
+        std::vector<int> eps{1};
+        if (m.moe.enabled()) {
+          eps.clear();
+          for (int e : divisors(d, d)) {
+            bool splits = true;
+            for (int l = 0; l < layers && splits; ++l) {
+              const int experts = m.moe.experts_of(l, layers);
+              splits = experts == 0 || experts % e == 0;
+            }
+            if (splits) eps.push_back(e);
+          }
+        }
+        for (int ep : either<int>(fixed.ep, eps))
         for (int mbs : either<int>(fixed.micro_batch, divisors(per_replica, 64))) {
           if (mbs < 1 || per_replica % mbs != 0) continue;
           for (const auto& [schedule, chunk_layers] : schedules) {
@@ -100,6 +114,7 @@ int64_t enumerate(const TrainConfig& base, const Fixed& fixed, const Cluster& cl
                     c.zero_stage = z;
                     c.recompute_granularity = r;
                     c.offload_optimizer = o;
+                    c.expert_model_parallel_size = ep;
                     ++built;
                     each(c);
                   }
@@ -195,6 +210,7 @@ std::string layout_text(const TrainConfig& c, int64_t world) {
   }
   s += fmt::format(", dp {}, mbs {}, ZeRO-{}, recompute {}", c.resolved_dp(static_cast<int>(std::min<int64_t>(world, 1 << 30))),
                    c.micro_batch_size, c.zero_stage, c.recompute_granularity);
+  if (c.expert_model_parallel_size > 1) s += fmt::format(", ep {}", c.expert_model_parallel_size);
   if (c.sequence_parallel) s += ", sp";
   if (c.offload_optimizer != "none") s += ", offload " + c.offload_optimizer;
   return s;

@@ -1,4 +1,4 @@
-// The layout search of `troupe plan`: every tensor-, context- and pipeline-parallel size, schedule
+// The layout search of `troupe plan`: every tensor-, context-, pipeline- and expert-parallel size, schedule
 // (with its virtual stages), micro-batch size, ZeRO stage, recompute granularity, sequence
 // parallelism and optimizer offload the command line left open, on all of the cluster's devices
 // (the data-parallel size is what remains), ranked by predicted iteration time.
@@ -21,7 +21,7 @@ namespace troupe::plan {
 
 // What the command line fixed; everything absent is searched.
 struct Fixed {
-  std::optional<int> tp, pp, dp, cp, ulysses, micro_batch, zero, layers_per_virtual_stage;
+  std::optional<int> tp, pp, dp, cp, ulysses, ep, micro_batch, zero, layers_per_virtual_stage;
   std::optional<bool> sequence_parallel;
   std::optional<std::string> recompute, offload, schedule, cp_comm_type;
 };

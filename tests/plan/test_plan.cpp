@@ -232,6 +232,64 @@ TEST_CASE("plan: FLOP counts and the pipeline's time are consistent", "[plan]") 
   CHECK(predict(spread, fast, p).value().iteration_seconds <= base);
 }
 
+// Mixture of experts: one expert of the MLP's width that every token takes costs the dense MLP plus
+// the router and the gathers; k experts of width F / k cost about the dense layer too (the same
+// FLOPs); expert parallelism adds its all-to-alls, 4 n k C bytes per MoE layer and micro-batch; and
+// the search tries ep.
+TEST_CASE("plan: an MoE layer costs its experts' share, the router and the all-to-alls", "[plan][moe]") {
+  const Cluster c = a100(1, 8);
+  const Profile p = profile_named("troupe", c).value();
+  TrainConfig dense = small_job();
+  dense.tensor_model_parallel_size = 1;
+  dense.pipeline_model_parallel_size = 1;
+  dense.data_parallel_size = 8;
+  dense.micro_batch_size = 2;
+  dense.model.hidden_size = 1024;
+  dense.model.num_attention_heads = 16;
+  const Prediction d = predict(dense, c, p).value();
+  TrainConfig one = dense;
+  one.model.moe.num_experts = {1};
+  one.model.moe.topk = 1;
+  const Prediction e1 = predict(one, c, p).value();
+  INFO("dense " << d.forward_seconds << " + " << d.backward_seconds << ", one expert " << e1.forward_seconds << " + "
+                << e1.backward_seconds);
+  CHECK(e1.forward_seconds > d.forward_seconds);
+  CHECK(e1.forward_seconds < 1.15 * d.forward_seconds);
+  CHECK(e1.backward_seconds < 1.15 * d.backward_seconds);
+  TrainConfig eight = dense;
+  eight.model.moe.num_experts = {8};
+  eight.model.moe.topk = 2;
+  eight.model.moe.ffn_hidden = dense.model.ffn_hidden_size() / 2;  // top-2 of width F / 2: the dense FLOPs
+  const Prediction e8 = predict(eight, c, p).value();
+  CHECK(e8.forward_seconds == Approx(e1.forward_seconds).epsilon(0.25));
+  REQUIRE(e8.collectives.end() == std::find_if(e8.collectives.begin(), e8.collectives.end(),
+                                               [](const CollectiveCost& x) { return x.name == "ep all-to-all"; }));
+  eight.expert_model_parallel_size = 4;
+  const Prediction ep4 = predict(eight, c, p).value();
+  auto a2a = std::find_if(ep4.collectives.begin(), ep4.collectives.end(),
+                          [](const CollectiveCost& x) { return x.name == "ep all-to-all"; });
+  REQUIRE(a2a != ep4.collectives.end());
+  CHECK(a2a->group_size == 4);
+  CHECK_FALSE(a2a->crosses_nodes);
+  const double n = 2 * 512, micro_batches = 16 / (2 * 8);
+  CHECK(a2a->bytes == Approx(4 * n * 2 * 1024 * 2 * 8 * micro_batches));  // 8 MoE layers, bf16
+  CHECK(ep4.forward_seconds > e8.forward_seconds);
+  // The search tries each expert-parallel size that divides dp and the experts.
+  Fixed fixed;
+  fixed.tp = 1;
+  fixed.pp = 1;
+  fixed.micro_batch = 2;
+  fixed.zero = 1;
+  fixed.recompute = "none";
+  fixed.offload = "none";
+  const SearchResult r = search_layouts(eight, fixed, c, p, 100).value();
+  std::vector<int> eps;
+  for (const Candidate& k : r.best) eps.push_back(k.layout.expert_model_parallel_size);
+  std::sort(eps.begin(), eps.end());
+  eps.erase(std::unique(eps.begin(), eps.end()), eps.end());
+  CHECK(eps == std::vector<int>{1, 2, 4, 8});
+}
+
 TEST_CASE("plan: 1F1B's simulated bubble on equal stages is theory's", "[plan]") {
   // Without the embedding's and head's extra work (a model whose head is tiny against its layers),
   // the simulated bubble approaches (p - 1) / (m + p - 1).
