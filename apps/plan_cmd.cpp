@@ -223,7 +223,21 @@ int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
   if (cmd.get_option("--global-batch-size")->count() == 0 && cfg.deepspeed_config.empty())
     problems.push_back("--global-batch-size is not given -- troupe plan searches the data-parallel size, so give the "
                        "global batch in sequences (e.g. --global-batch-size 1536)");
-  if (Status st = finalize_train_config(cmd, &cfg, 1, &notes); !st) problems.push_back(st.message());
+  // The flags are checked as for one rank of each size given; an expert-parallel size needs as many
+  // data-parallel ranks (every layout the search builds has a multiple of it), so it is checked on
+  // the smallest world that has them.
+  TrainConfig checked = cfg;
+  Status finalized = finalize_train_config(cmd, &checked, 1, &notes);
+  if (!finalized && checked.expert_model_parallel_size > 1) {
+    const int64_t smallest = int64_t{std::max(1, checked.tensor_model_parallel_size)} *
+                             std::max(1, checked.pipeline_model_parallel_size) * std::max(1, checked.sequence_ranks()) *
+                             checked.expert_model_parallel_size;
+    checked = cfg;
+    notes.clear();
+    finalized = finalize_train_config(cmd, &checked, static_cast<int>(std::min<int64_t>(smallest, 1 << 30)), &notes);
+  }
+  cfg = checked;
+  if (!finalized) problems.push_back(finalized.message());
   if (!problems.empty()) {
     std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
     if (problems.size() > 1)

@@ -125,6 +125,22 @@ expect_refusal() {  # name, pattern, command...
 }
 expect_refusal preset "A100-40GB, A100-80GB, H100-80GB, H200, cpu" "$troupe" plan "${gpt3[@]}" --gpu A100
 expect_refusal too_big "it fits on" "$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 1 --gpus-per-node 8
+# A mixture-of-experts model (Mixtral-like routing, 8 experts, top-2) with its expert-parallel size
+# fixed and the data-parallel size searched: every layout keeps ep 4, on a dp it divides.
+"$troupe" plan --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
+  --max-position-embeddings 2048 --global-batch-size 256 --tokenizer-type NullTokenizer --vocab-size 51200 --bf16 --num-experts 8 \
+  --moe-router-topk 2 --expert-model-parallel-size 4 --gpu A100-80GB --nodes 4 --gpus-per-node 8 --json --top 5 \
+  > moe.json 2> moe.err || { cat moe.err; fail "plan of an MoE model with ep 4 failed"; }
+python3 - moe.json <<'PY'
+import json, sys
+layouts = json.load(open(sys.argv[1]))["layouts"]
+assert layouts, "no layout"
+for l in layouts:
+    assert l["ep"] == 4 and l["dp"] % 4 == 0, l
+print(f"MoE with ep 4: best tp {layouts[0]['tp']} pp {layouts[0]['pp']} dp {layouts[0]['dp']}, "
+      f"{layouts[0]['iteration_seconds']:.2f} s/iteration")
+PY
+
 printf '{"gpu": "H100-80GB", "nodes": 0, "nvlnk_gbps": 300, "memory_gib": "80"}' > bad_cluster.json
 expect_refusal cluster_file "3 problems" "$troupe" plan "${gpt3[@]}" --cluster bad_cluster.json
 grep -q 'did you mean "nvlink_gbps"' cluster_file.err || { cat cluster_file.err; fail "no spelling hint"; }
