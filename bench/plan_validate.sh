@@ -103,7 +103,13 @@ for model in "${models[@]}"; do
     done
     train=("$troupe" train "${base[@]}" "${extra[@]}" --mock-data --train-iters "$ITERS" --log-interval 1
            --eval-interval 100000 --eval-iters 0 --num-threads "$threads")
-    "${train[@]}" --dry-run > "$work/$tag.dry" 2> "$work/$tag.dry.err" || { cat "$work/$tag.dry" "$work/$tag.dry.err" >&2; exit 1; }
+    # The plan of the process (one process: all its ranks; under launch each process is one rank,
+    # whose figure the plan's JSON gives).
+    if (( procs == 1 )); then
+      "${train[@]}" --dry-run > "$work/$tag.dry" 2> "$work/$tag.dry.err" || { cat "$work/$tag.dry" "$work/$tag.dry.err" >&2; exit 1; }
+    else
+      : > "$work/$tag.dry"
+    fi
     if (( procs > 1 )); then
       "$troupe" launch --nproc-per-node "$procs" --log-dir "$work/$tag.logs" -- train "${base[@]}" "${extra[@]}" \
         --mock-data --train-iters "$ITERS" --log-interval 1 --eval-interval 100000 --eval-iters 0 --num-threads "$threads" \
