@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -329,7 +330,9 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   };
   const std::array<double, 3> dense_mlp = mlp_of(F, t, n, 1);
   const GroupPlacement ep_group = place_group(static_cast<int64_t>(t * cp), static_cast<int>(ep), cluster);
-  double ep_bytes_per_layer = 0, ep_seconds_per_layer = 0;
+  // One direction's pair of all-to-alls (dispatch and combine), the same for every MoE layer.
+  const double ep_a2a =
+      ep > 1 ? 2 * collective_seconds(Collective::all_to_all, n * k_top * C * act, ep_group, profile) : 0;
   auto moe_layer = [&](int experts) {
     LayerCost y = L;
     const double E = std::max(1, experts), local = std::max(1.0, E / ep), rows = n * k_top * ep / E;
@@ -340,30 +343,20 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
     const double router_f = gemm({n, E, C}) + memory(n * E * 4 * 3);
     const double router_b = gemm({n, C, E}) + memory(n * E * 4 * 2), router_w = gemm({C, E, n});
     const double moved = memory(2 * n * k_top * C * act);  // the rows gathered to their experts, and back
-    double a2a = 0;
-    if (ep > 1) {
-      a2a = 2 * collective_seconds(Collective::all_to_all, n * k_top * C * act, ep_group, profile);
-      ep_bytes_per_layer = 4 * n * k_top * C * act;
-      ep_seconds_per_layer = 2 * a2a;
-    }
-    y.forward += router_f + routed[0] + extra[0] + moved + a2a - dense_mlp[0];
-    y.backward_input += router_b + routed[1] + extra[1] + moved + a2a - dense_mlp[1];
+    y.forward += router_f + routed[0] + extra[0] + moved + ep_a2a - dense_mlp[0];
+    y.backward_input += router_b + routed[1] + extra[1] + moved + ep_a2a - dense_mlp[1];
     y.backward_weight += router_w + routed[2] + extra[2] - dense_mlp[2];
     if (recompute == "full") y.recompute = y.forward;
     return y;
   };
-  // Layer l's cost (0-based, global).
-  std::vector<LayerCost> moe_costs;  // by number of experts, made once each (never reallocated)
-  std::vector<int> moe_made;
-  moe_costs.reserve(static_cast<size_t>(std::max(1, m.num_layers)));
+  // Layer l's cost (0-based, global): the dense layer's, or its expert count's, made once per count.
+  std::map<int, LayerCost> moe_costs;
   auto layer_cost = [&](int l) -> const LayerCost& {
     const int E = moe.enabled() ? moe.experts_of(l, m.num_layers) : 0;
     if (E <= 0) return L;
-    for (size_t i = 0; i < moe_made.size(); ++i)
-      if (moe_made[i] == E) return moe_costs[i];
-    moe_made.push_back(E);
-    moe_costs.push_back(moe_layer(E));
-    return moe_costs.back();
+    auto it = moe_costs.find(E);
+    if (it == moe_costs.end()) it = moe_costs.emplace(E, moe_layer(E)).first;
+    return it->second;
   };
 
   // ---- the embedding and the head ----
@@ -501,11 +494,10 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
                    per_layer * m.num_layers / p * micro_batches, L.tp_seconds * m.num_layers / p * micro_batches,
                    L.tp_exposed * m.num_layers / p * micro_batches);
   }
-  if (any_moe && ep > 1) {
-    double moe_layers = 0;
-    for (int l = 0; l < m.num_layers; ++l) moe_layers += moe.experts_of(l, m.num_layers) > 0 ? 1 : 0;
-    add_collective(out.collectives, "ep all-to-all", ep_group, ep_bytes_per_layer * moe_layers / p * micro_batches,
-                   ep_seconds_per_layer * moe_layers / p * micro_batches, ep_seconds_per_layer * moe_layers / p * micro_batches);
+  if (any_moe && ep > 1) {  // four all-to-alls of n k C elements per MoE layer and micro-batch, none hidden
+    const double calls = moe.moe_layers(m.num_layers) / p * micro_batches;
+    add_collective(out.collectives, "ep all-to-all", ep_group, calls * 4 * n * k_top * C * act, calls * 2 * ep_a2a,
+                   calls * 2 * ep_a2a);
   }
   if (cp > 1)
     add_collective(out.collectives, ring ? (layout.cp_comm_type == "p2p" ? "cp ring" : "cp all-gather") : "ulysses all-to-all",

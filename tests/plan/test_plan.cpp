@@ -45,6 +45,16 @@ TrainConfig small_job() {
   return c;
 }
 
+// small_job() on 8 data-parallel replicas of one device each, micro-batch 2.
+TrainConfig replicated_job() {
+  TrainConfig c = small_job();
+  c.tensor_model_parallel_size = 1;
+  c.pipeline_model_parallel_size = 1;
+  c.data_parallel_size = 8;
+  c.micro_batch_size = 2;
+  return c;
+}
+
 TEST_CASE("plan: a cluster file reads on top of its preset, every problem at once", "[plan]") {
   auto c = parse_cluster_json(R"({"gpu": "H100-80GB", "nodes": 4, "network_gbps": 100})", "c.json");
   REQUIRE(c.is_ok());
@@ -203,11 +213,7 @@ TEST_CASE("plan: the memory half is the memory plan's largest rank", "[plan]") {
 TEST_CASE("plan: FLOP counts and the pipeline's time are consistent", "[plan]") {
   const Cluster c = a100(1, 8);
   const Profile p = profile_named("troupe", c).value();
-  TrainConfig job = small_job();
-  job.tensor_model_parallel_size = 1;
-  job.pipeline_model_parallel_size = 1;
-  job.data_parallel_size = 8;
-  job.micro_batch_size = 2;
+  TrainConfig job = replicated_job();
   job.recompute_granularity = "full";
   const Prediction r = predict(job, c, p).value();
   const double tokens = 16.0 * 512;
@@ -239,11 +245,7 @@ TEST_CASE("plan: FLOP counts and the pipeline's time are consistent", "[plan]") 
 TEST_CASE("plan: an MoE layer costs its experts' share, the router and the all-to-alls", "[plan][moe]") {
   const Cluster c = a100(1, 8);
   const Profile p = profile_named("troupe", c).value();
-  TrainConfig dense = small_job();
-  dense.tensor_model_parallel_size = 1;
-  dense.pipeline_model_parallel_size = 1;
-  dense.data_parallel_size = 8;
-  dense.micro_batch_size = 2;
+  TrainConfig dense = replicated_job();
   dense.model.hidden_size = 1024;
   dense.model.num_attention_heads = 16;
   const Prediction d = predict(dense, c, p).value();
