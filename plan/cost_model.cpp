@@ -86,6 +86,11 @@ Result<Profile> profile_named(const std::string& name, const Cluster& cluster) {
     p.zero3_overlap = 0;
     p.cp_overlap = 0;
     p.scatter_gather = true;
+    p.blocking_p2p = true;
+    p.fp32_cross_entropy = true;
+    p.accumulation_pass = true;
+    p.zero1_all_reduce = true;
+    p.unfused_optimizer = true;
     return p;
   }
   return Status::bad_input("--profile " + (name.size() > 64 ? name.substr(0, 64) + "..." : name) +
@@ -367,12 +372,16 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   const bool interleaved = layout.pipeline_schedule == "interleaved";
   const bool split = layout.pipeline_schedule == "zb-h1";
   const double logits = gemm(head), softmax = memory(n * Vp / t * act * 2);
-  const double head_forward = logits + softmax + memory(n * C * act * 2);
+  // Megatron's fp32 cross-entropy: the conversion (read 16-bit, write fp32), max, subtract, exp, sum
+  // and divide forward; the scale by the loss's gradient and the conversion back backward.
+  const double loss_forward = profile.fp32_cross_entropy ? memory(n * Vp / t * (act + 4 + 4 + 8 + 8 + 4 + 8)) : softmax;
+  const double loss_backward = profile.fp32_cross_entropy ? memory(n * Vp / t * (8 + 4 + act)) : softmax;
+  const double head_forward = logits + loss_forward + memory(n * C * act * 2);
   // The head's input-gradient half (B) and weight-gradient half (W), each with the logits computed
   // again where the profile's execution does (Profile::head_recompute).
   const bool head_fused = t == 1 && !split && !interleaved && layout.pipeline_schedule != "gpipe";
   const double head_again = profile.head_recompute && !head_fused ? logits + softmax : 0;
-  const double head_input = gemm({head.m, head.k, head.n}) + softmax + head_again;
+  const double head_input = gemm({head.m, head.k, head.n}) + loss_backward + head_again;
   const double head_weight = gemm({head.k, head.n, head.m}) + (split ? head_again : 0);
 
   // ---- the pipeline ----
@@ -437,6 +446,26 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
     costs.hop = hop * (1 - profile.pp_overlap);
     const double sends = 2 * micro_batches * v;
     add_collective(out.collectives, "pp send", pp_group, sends * bytes, sends * hop, sends * costs.hop);
+    if (profile.blocking_p2p) {
+      // The exchange occupies the stage, and its data is there when the sender's exchange ends. 1F1B
+      // exchanges after each forward that sends on and after each backward that sends back;
+      // interleaved once per forward-backward pair, both directions together (half to each).
+      const double share = v > 1 ? 0.5 : 1;
+      for (int c = 0; c < v; ++c)
+        for (int st = 0; st < stages; ++st) {
+          const size_t i = static_cast<size_t>(st) * v + c, k = static_cast<size_t>(c) * stages + st;
+          if (k + 1 < slots) costs.forward[i] += share * costs.hop;
+          if (k > 0) costs.backward[i] += share * costs.hop;
+        }
+      costs.hop = 0;
+    }
+  }
+  // Megatron's gradient accumulation: every micro-batch's gradients added into the sum by a pass over
+  // the chunk's parameters (read the new one, read and write the sum) at the end of its backward.
+  const double g_bytes = mixed && layout.precision.grad_dtype(layout.zero_stage) != PrecisionDType::fp32 ? 2 : 4;
+  if (profile.accumulation_pass) {
+    const double pass = memory(out.parameters_per_rank / v * (act + 2 * g_bytes));
+    for (size_t i = 0; i < slots; ++i) (split ? costs.weight[i] : costs.backward[i]) += pass;
   }
   // The busiest stage's work per micro-batch (all its chunks).
   double busiest = 0, busiest_backward = 0;
@@ -485,7 +514,6 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
 
   // ---- data parallelism and the optimizer ----
   const double psi = out.parameters_per_rank;  // the memory half's estimate, not computed again
-  const double g_bytes = mixed && layout.precision.grad_dtype(layout.zero_stage) != PrecisionDType::fp32 ? 2 : 4;
   const double dcp = d * cp;
   const int zero = layout.zero_stage;
   if (t > 1) {
@@ -508,9 +536,11 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
     const double last_backward = busiest_backward;  // the gradients' reduction runs beside the last backward
     if (zero <= 1) {
       const double bytes = psi * g_bytes;
-      const Collective kind = zero == 0 ? Collective::all_reduce : Collective::reduce_scatter;
+      // DeepSpeed's BF16_Optimizer all-reduces ZeRO-1's fp32 gradients (buffered_allreduce_fallback).
+      const bool reduce = zero == 0 || (profile.zero1_all_reduce && layout.precision.dtype == PrecisionDType::bf16);
+      const Collective kind = reduce ? Collective::all_reduce : Collective::reduce_scatter;
       const double sec = collective_seconds(kind, bytes, dp_group, profile);
-      dp_exposed += add_collective(out.collectives, zero == 0 ? "dp all-reduce" : "dp reduce-scatter", dp_group, bytes, sec,
+      dp_exposed += add_collective(out.collectives, reduce ? "dp all-reduce" : "dp reduce-scatter", dp_group, bytes, sec,
                                    std::max(0.0, sec - profile.dp_overlap * last_backward));
     } else {
       const double bytes = psi * g_bytes;
@@ -542,7 +572,15 @@ Result<Prediction> predict(const TrainConfig& layout, const Cluster& cluster, co
   // Adam: the fp32 master weights and both moments read and written, the gradient read, the working
   // copy written; partitioned over dp x cp from ZeRO-1 on.
   const double part = psi / (zero >= 1 ? dcp : 1);
-  const double step_bytes = part * (8 + 16 + g_bytes + (mixed ? 2 : 0));
+  double step_bytes = part * (8 + 16 + g_bytes + (mixed ? 2 : 0));
+  if (profile.unfused_optimizer) {
+    // Megatron's Float16Optimizer, pass by pass: 16-bit gradients copied to fp32 (read 2, write 4),
+    // fp16's unscale and inf check (read and write 4), the norm (read 4), Adam (read the weight,
+    // gradient and both moments, write three), the weights copied back (read 4, write the 16-bit
+    // copy), and every gradient zeroed for the next iteration.
+    const double copy = g_bytes == 2 ? 2 + 4 : 0, unscale = layout.precision.dtype == PrecisionDType::fp16 ? 8 : 0;
+    step_bytes = part * (copy + unscale + 4 + 28 + (mixed ? 4 + act : 0)) + psi * g_bytes;
+  }
   if (layout.offload_optimizer == "cpu") {
     const double host = cluster.host_memory_bandwidth / std::max(1, cluster.devices_per_node) * profile.memory_efficiency;
     out.optimizer_seconds = part * (g_bytes + act) / (cluster.pcie_bandwidth * profile.link_efficiency) + step_bytes / host;

@@ -68,6 +68,27 @@ struct Profile {
   // backward follows its forward at once and runs inside it (1F1B's last stage without tensor
   // parallelism). Megatron keeps the logits: false.
   bool head_recompute = false;
+  // Megatron's execution as its code runs it (docs/PLAN.md, "Profiles", cites each):
+  // the pipeline's exchanges block the stage (batch_isend_irecv, wait, torch.cuda.synchronize; the
+  // receiver gathers the scatter-gather pieces after): 1F1B exchanges after each forward and each
+  // backward, interleaved once per forward-backward pair; the stage computes nothing meanwhile.
+  bool blocking_p2p = false;
+  // The logits go to fp32 for the vocab-parallel cross-entropy (no --fp16-lm-cross-entropy): the
+  // conversion, max, subtract, exp, sum and divide forward, the scale and conversion back backward,
+  // in bytes per logit (38 forward, 14 backward); otherwise the softmax reads and writes the 16-bit
+  // logits once each way.
+  bool fp32_cross_entropy = false;
+  // Each micro-batch's gradients added into the accumulated ones by an element-wise pass (Megatron's
+  // main_grad hook: read the new gradient, read and write the sum; DeepSpeed's BF16_Optimizer adds the
+  // bf16 gradients into fp32 copies the same way). troupe's weight-gradient GEMMs accumulate in place.
+  bool accumulation_pass = false;
+  // ZeRO-1 in bf16 as DeepSpeed's BF16_Optimizer runs it: the fp32 gradients all-reduced over dp
+  // (buffered_allreduce_fallback), not reduce-scattered.
+  bool zero1_all_reduce = false;
+  // The optimizer step as separate passes (Megatron's Float16Optimizer: 16-bit gradients copied to
+  // fp32, fp16's unscale with the inf check, the gradients' norm, Adam, the fp32 weights copied back,
+  // the gradients zeroed); otherwise troupe's one fused pass.
+  bool unfused_optimizer = false;
   // Measured GEMM efficiency by shape (the CPU: plan/host.hpp's measured_gemm_efficiency on the
   // rank's cores): when set, a GEMM takes 2MNK / (peak x this(M, N, K)) and the tile, wave and
   // memory terms above do not apply (the measurement has them).
