@@ -26,7 +26,7 @@ void add_train_command(CLI::App& app, int* exit_code);
 // Before the parse: the `troupe train` flags screened for Megatron's and DeepSpeed's
 // (apps/cli/megatron_compat.hpp). Rewrites `args` (the flags after "train") and keeps the notes for
 // the start-up lines; false (the problems printed, exit 2) when any flag is refused or unknown.
-bool screen_train_command(std::vector<std::string>& args);
+bool screen_train_command(std::vector<std::string>& args, bool for_plan = false);
 void add_eval_command(CLI::App& app, int* exit_code);
 void add_ckpt_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);

@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   if (!args.empty() && args[0] == "plan") {
     std::vector<std::string> flags(args.begin() + 1, args.end());
     std::vector<std::string> own = troupe::apps::split_plan_args(flags);
-    if (!troupe::apps::screen_train_command(flags)) return troupe::apps::kExitUsage;
+    if (!troupe::apps::screen_train_command(flags, /*for_plan=*/true)) return troupe::apps::kExitUsage;
     args.resize(1);
     args.insert(args.end(), own.begin(), own.end());
     args.insert(args.end(), flags.begin(), flags.end());

@@ -207,17 +207,8 @@ void print_text(const TrainConfig& cfg, const plan::Cluster& cluster, const plan
 
 int run_plan(const CLI::App& cmd, TrainConfig& cfg, const PlanOptions& o) {
   const std::string name = "plan";
-  // The data, checkpoints and logs of a train command are not the plan's: the plan reads no files
-  // but the tokenizer's (for the vocabulary) and the cluster's.
-  cfg.data_path.clear();
-  cfg.train_data_path.clear();
-  cfg.valid_data_path.clear();
-  cfg.test_data_path.clear();
-  cfg.mock_data = true;
-  cfg.load.clear();
-  cfg.save.clear();
-  // The length of the run changes no iteration's cost.
-  if (cfg.train_iters <= 0 && cfg.train_samples <= 0 && cfg.train_tokens <= 0) cfg.train_iters = 1;
+  // The plan reads no files but the tokenizer's (for the vocabulary) and the cluster's.
+  waive_run_inputs_for_plan(&cfg);
   std::vector<std::string> notes;
   std::vector<std::string> problems;
   if (cmd.get_option("--global-batch-size")->count() == 0 && cfg.deepspeed_config.empty())

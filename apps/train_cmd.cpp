@@ -234,11 +234,11 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
 
 }  // namespace
 
-bool screen_train_command(std::vector<std::string>& args) {
+bool screen_train_command(std::vector<std::string>& args, bool for_plan) {
   auto env = comm::detect_launch_env();
-  auto screened = screen_train_args(args, env ? env->world_size : 1);
+  auto screened = screen_train_args(args, env ? env->world_size : 1, for_plan ? ScreenFor::plan : ScreenFor::train);
   if (!screened) {
-    print_error("train", screened.status());
+    print_error(for_plan ? "plan" : "train", screened.status());
     return false;
   }
   args = std::move(screened.value().args);

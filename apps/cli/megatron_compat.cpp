@@ -304,7 +304,8 @@ std::string compat_table_markdown() {
   return out;
 }
 
-Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size) {
+Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size, ScreenFor screen_for) {
+  const char* command = screen_for == ScreenFor::plan ? "troupe plan" : "troupe train";
   const Registered& reg = registered_flags();
   const std::map<std::string, Flag>& table = table_flags();
   ScreenedTrainArgs out;
@@ -336,9 +337,9 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
     const auto it = table.find(normalise(flag));
     if (it == table.end()) {
       const std::vector<std::string> near = nearest(flag, reg);
-      std::string p = flag + ": not a flag of troupe train";
+      std::string p = flag + ": not a flag of " + command;
       if (!near.empty()) p += " -- did you mean " + near[0] + (near.size() > 1 ? " or " + near[1] : "") + "?";
-      else p += " -- troupe train --help lists the flags, docs/COMPAT.md Megatron's and DeepSpeed's";
+      else p += std::string(" -- ") + command + " --help lists the flags, docs/COMPAT.md Megatron's and DeepSpeed's";
       problems.push_back(p);
       i = next;
       continue;
@@ -424,11 +425,12 @@ Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args
   // Everything else wrong too, so that one run lists it all: the first value CLI11 cannot read,
   // or else validation's problems.
   TrainConfig cfg;
-  CLI::App app{"troupe train"};
+  CLI::App app{command};
   add_train_options(&app, &cfg);
   std::vector<std::string> reversed(out.args.rbegin(), out.args.rend());
   try {
     app.parse(reversed);
+    if (screen_for == ScreenFor::plan) waive_run_inputs_for_plan(&cfg);
     if (Status st = finalize_train_config(app, &cfg, world_size); !st) append_problems(problems, st.message());
   } catch (const CLI::CallForHelp&) {
   } catch (const CLI::ParseError& e) {

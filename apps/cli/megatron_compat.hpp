@@ -26,10 +26,16 @@ struct ScreenedTrainArgs {
   std::vector<std::string> notes;  // one line per no-op or alias, for the start-up lines
 };
 
+// Whose flags are screened: `troupe train`'s, or `troupe plan`'s model and batch flags (the same
+// table; a problem names plan, and the rest of the check waives what a plan does not read: data,
+// checkpoints, the run's length).
+enum class ScreenFor { train, plan };
+
 // args: the flags of `troupe train` in command-line order (no program or subcommand name).
 // world_size: the ranks the job will have (1 in one process), for validation's problems.
 // Fails (bad input) with every problem, one per line.
-Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size);
+Result<ScreenedTrainArgs> screen_train_args(const std::vector<std::string>& args, int world_size,
+                                            ScreenFor screen_for = ScreenFor::train);
 
 // Optimal string alignment distance between two flag names, '-' and '_' counted as equal: the
 // measure of "nearest spelling" (exposed for tests).

@@ -778,4 +778,15 @@ Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_si
   return world_size > 1 ? validate_world(*cfg, world_size) : Status::ok();
 }
 
+void waive_run_inputs_for_plan(TrainConfig* cfg) {
+  cfg->data_path.clear();
+  cfg->train_data_path.clear();
+  cfg->valid_data_path.clear();
+  cfg->test_data_path.clear();
+  cfg->mock_data = true;
+  cfg->load.clear();
+  cfg->save.clear();
+  if (cfg->train_iters <= 0 && cfg->train_samples <= 0 && cfg->train_tokens <= 0) cfg->train_iters = 1;
+}
+
 }  // namespace troupe

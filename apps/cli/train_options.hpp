@@ -80,6 +80,10 @@ void apply_precision_flags(const FlagGivenFn& given, TrainConfig* cfg, std::vect
 // rule and the default global batch multiply by. `cmd` must be the App that add_train_options
 // registered on. `*notes` (if given) gets the start-up notes of the DeepSpeed file (keys accepted
 // without effect, "auto" values). On failure `*cfg` may be partly merged: discard it.
+// What `troupe plan` does not read of a train command: the data (mock data instead), checkpoints
+// and, when none is given, the run's length (one iteration; the length changes no iteration's cost).
+void waive_run_inputs_for_plan(TrainConfig* cfg);
+
 Status finalize_train_config(const CLI::App& cmd, TrainConfig* cfg, int world_size = 1,
                              std::vector<std::string>* notes = nullptr);
 

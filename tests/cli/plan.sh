@@ -145,6 +145,12 @@ printf '{"gpu": "H100-80GB", "nodes": 0, "nvlnk_gbps": 300, "memory_gib": "80"}'
 expect_refusal cluster_file "3 problems" "$troupe" plan "${gpt3[@]}" --cluster bad_cluster.json
 grep -q 'did you mean "nvlink_gbps"' cluster_file.err || { cat cluster_file.err; fail "no spelling hint"; }
 expect_refusal zero_nodes "--nodes is 0 -- give at least 1" "$troupe" plan "${gpt3[@]}" --gpu H100-80GB --nodes 0
+# An unknown flag beside a bad head count: both named at once, as plan's, and nothing a plan does not
+# read (no data path, no run length) asked for.
+expect_refusal unknown_flag "--bogus-flag: not a flag of troupe plan" "$troupe" plan --num-layers 2 --hidden-size 64 \
+  --num-attention-heads 5 --tokenizer-type NullTokenizer --vocab-size 100 --global-batch-size 8 --gpu H200 --bogus-flag
+grep -q -- "--num-attention-heads 5 does not divide" unknown_flag.err || { cat unknown_flag.err; fail "the head count is not named"; }
+! grep -q -- "--data-path\|--train-iters\|troupe train" unknown_flag.err || { cat unknown_flag.err; fail "train's problems in plan's message"; }
 expect_refusal no_batch "--global-batch-size is not given" "$troupe" plan --num-layers 2 --hidden-size 64 \
   --num-attention-heads 4 --tokenizer-type NullTokenizer --vocab-size 100 --gpu H200
 echo "PASS"
