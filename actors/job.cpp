@@ -589,6 +589,13 @@ Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options
   rs.par = par.value();
   rs.micro_batch_size = config.micro_batch_size;
   rs.micro_batches = config.grad_accumulation_steps(launched);
+  // A batch-size ramp-up's steps: START, START + INCREMENT, ... below the global batch, each split
+  // over the data-parallel ranks and into micro-batches as the engine splits it.
+  if (config.rampup() && config.rampup_batch_increment > 0)
+    for (int64_t b = config.rampup_start_batch; b < config.global_batch_size; b += config.rampup_batch_increment) {
+      const int64_t count = b / std::max(1, par.value().dp) / std::max(1, config.micro_batch_size);
+      if (count >= 1 && count < rs.micro_batches) rs.ramp_micro_batches.push_back(static_cast<int>(count));
+    }
   set_precision(rs, config.precision);
   rs.num_threads = options.world ? threads : std::max(1, threads / world);
   if (config.device == "cuda") {

@@ -48,21 +48,23 @@ double read_number(const char* path) {
   return end != nullptr && *end == '\0' ? v : -1;
 }
 
-// The activation slots of each (stage, chunk) as the rank engine uses them: `held` (those written,
-// Schedule::slots_held, what occupies host memory) and `allocated` (peak_in_flight + 1 per chunk, what
-// the engine reserves: device memory). Tables are made once per (schedule, p, m, v) and kept; one too
-// large to make (over a million actions) gets none, and the caller falls back on the closed forms.
+// The activation slots of each (stage, chunk) as the rank engine uses them (Schedule::slots_held:
+// what the engine allocates for the chunk, on a device too, and writes). Tables are made once per
+// (schedule, p, m, v) and kept; one too large to make (over a million actions) gets none, and the
+// caller falls back on the closed forms.
 struct SlotCounts {
   std::vector<std::vector<int>> held;  // [stage][chunk]
-  std::vector<int> allocated;          // [stage], per chunk
 };
 
-std::shared_ptr<const SlotCounts> schedule_slots(const std::string& type_name, int p, int m, int v) {
+std::shared_ptr<const SlotCounts> schedule_slots(const std::string& type_name, int p, int m, int v,
+                                                 const std::vector<int>& ramp) {
   auto type = sched::parse_schedule(type_name);
-  if (!type.is_ok() || p < 1 || m < 1 || v < 1 || static_cast<double>(p) * m * v * 3 > 1e6) return nullptr;
+  const double actions = static_cast<double>(p) * m * v * 3;
+  if (!type.is_ok() || p < 1 || m < 1 || v < 1 || actions > 1e6 || actions * static_cast<double>(ramp.size()) > 1e7)
+    return nullptr;
   static std::mutex mutex;
-  static std::map<std::tuple<int, int, int, int>, std::shared_ptr<const SlotCounts>> made;
-  const auto key = std::make_tuple(static_cast<int>(type.value()), p, m, v);
+  static std::map<std::tuple<int, int, int, int, std::vector<int>>, std::shared_ptr<const SlotCounts>> made;
+  const auto key = std::make_tuple(static_cast<int>(type.value()), p, m, v, ramp);
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (auto it = made.find(key); it != made.end()) return it->second;
@@ -75,12 +77,7 @@ std::shared_ptr<const SlotCounts> schedule_slots(const std::string& type_name, i
   auto table = sched::make_schedule(spec);
   if (!table.is_ok()) return nullptr;
   auto counts = std::make_shared<SlotCounts>();
-  for (int s = 0; s < p; ++s) {
-    std::vector<int> chunks;
-    for (int k = 0; k < spec.chunks; ++k) chunks.push_back(table.value().slots_held(s, k, s > 0 || k > 0));
-    counts->held.push_back(std::move(chunks));
-    counts->allocated.push_back(table.value().peak_in_flight(s) + 1);
-  }
+  for (int s = 0; s < p; ++s) counts->held.push_back(sched::engine_slots(table.value(), s, ramp));
   std::lock_guard<std::mutex> lock(mutex);
   if (made.size() > 4096) made.clear();
   made.emplace(key, counts);
@@ -315,8 +312,8 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   e.micro_batch_activation_none = micro_batch_bytes(first_sums, first_layers, "none");
   e.micro_batch_activation_selective = micro_batch_bytes(first_sums, first_layers, "selective");
   e.micro_batch_activation_full = micro_batch_bytes(first_sums, first_layers, "full");
-  // The activation slots each stage's chunks hold (Schedule::slots_held; on a GPU the engine's
-  // allocation, peak_in_flight + 1 per chunk). A chunk's slot holds its share of the stage's layers;
+  // The activation slots each stage's chunks hold (Schedule::slots_held, what the engine allocates
+  // per chunk). A chunk's slot holds its share of the stage's layers;
   // the stage's figure is in stage-sized slots. Without a table (over a million actions), 1F1B's
   // closed form: min(p - s, m) in flight, one more taken ahead by a later stage's receive.
   const int chunks = model != nullptr ? std::max<int>(1, static_cast<int>(model->size() / per_stage.size()))
@@ -324,12 +321,18 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
                          ? std::max(1, m.num_layers / (static_cast<int>(p) * c.num_layers_per_virtual_pipeline_stage))
                          : 1;
   const double whole_micro_batches = std::floor(std::min(micro_batches, 1e9));
+  // A batch-size ramp-up's smaller steps, as the job hands them to the engine (actors/job.cpp).
+  std::vector<int> ramp;
+  if (c.rampup() && c.rampup_batch_increment > 0)
+    for (int64_t b = c.rampup_start_batch; b < c.global_batch_size && ramp.size() < 4096; b += c.rampup_batch_increment) {
+      const int64_t count = b / static_cast<int64_t>(d) / std::max(1, c.micro_batch_size);
+      if (count >= 1 && count < whole_micro_batches) ramp.push_back(static_cast<int>(count));
+    }
   const std::shared_ptr<const SlotCounts> table =
-      schedule_slots(c.pipeline_schedule, static_cast<int>(p), static_cast<int>(whole_micro_batches), chunks);
-  const bool device_slots = c.device == "cuda";
+      schedule_slots(c.pipeline_schedule, static_cast<int>(p), static_cast<int>(whole_micro_batches), chunks, ramp);
   auto slots_of = [&](int64_t s, int k) -> double {
     if (table && s < static_cast<int64_t>(table->held.size()) && k < static_cast<int>(table->held[s].size()))
-      return device_slots ? table->allocated[s] : table->held[s][k];
+      return std::max(1, table->held[s][k]);
     const double in_flight =
         c.pipeline_schedule == "gpipe" ? micro_batches : std::min(static_cast<double>(stages - s), micro_batches);
     return in_flight + (s > 0 && in_flight < micro_batches ? 1 : 0);

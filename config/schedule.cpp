@@ -440,4 +440,22 @@ double theoretical_bubble(const ScheduleSpec& spec, double f, double b, double w
   return 0;
 }
 
+std::vector<int> engine_slots(const Schedule& table, int stage, const std::vector<int>& fewer) {
+  const int chunks = std::max(1, table.spec.chunks);
+  std::vector<int> slots(static_cast<size_t>(chunks), 1);
+  auto take = [&](const Schedule& t) {
+    for (int c = 0; c < chunks; ++c)
+      slots[static_cast<size_t>(c)] = std::max(slots[static_cast<size_t>(c)], t.slots_held(stage, c, stage > 0 || c > 0));
+  };
+  take(table);
+  for (int m : fewer) {
+    if (m < 1 || m == table.spec.micro_batches) continue;
+    ScheduleSpec smaller = table.spec;
+    smaller.micro_batches = m;
+    auto made = make_schedule(smaller);
+    if (made.is_ok()) take(made.value());
+  }
+  return slots;
+}
+
 }  // namespace troupe::sched

@@ -242,7 +242,11 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   }
   Placed placed(*this);
 
-  const int slots = schedule_.peak_in_flight(stage_) + 1;
+  // Each chunk's activation slots: what its free list hands out as the schedule runs (slots taken a
+  // receive ahead, freed by B or W, last freed first: Schedule::slots_held), so a device reserves
+  // what the chunk writes and no more (peak in flight + 1 per chunk had been up to v times that).
+  const std::vector<int> chunk_slots =
+      sched::engine_slots(schedule_, stage_, par.custom_schedule ? std::vector<int>{} : spec_.ramp_micro_batches);
   const int at_cp = at.cp;
   TROUPE_CHECK(par.cp == 1 || (comms_.cp != nullptr && comms_.cp->size() == par.cp && comms_.cp->rank() == at_cp),
                "RankEngine: context parallelism needs the cp group (RankComms::cp)");
@@ -250,6 +254,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   const Model model = spec_.custom_model ? *spec_.custom_model : gpt_model(spec_.model, virtual_stages);
   tied_ = ties_embedding(model);
   for (int c = 0; c < par.virtual_chunks; ++c) {
+    const int slots = chunk_slots[static_cast<size_t>(c)];
     StageBuild at;
     at.gpt = spec_.model;
     at.virtual_stage = c * par.pp + stage_;
@@ -352,8 +357,10 @@ const sched::Schedule& RankEngine::step_schedule() {
     RankSpec smaller = spec_;
     smaller.micro_batches = micro_batches_;
     it = ramp_schedules_.emplace(micro_batches_, job_schedule(smaller)).first;
-    TROUPE_CHECK(it->second.peak_in_flight(stage_) <= schedule_.peak_in_flight(stage_),
-                 "RankEngine: a ramp-up step keeps more micro-batches in flight than the job's schedule");
+    for (int c = 0; c < spec_.par.virtual_chunks; ++c)
+      TROUPE_CHECK(it->second.slots_held(stage_, c, stage_ > 0 || c > 0) <= static_cast<int>(buffers_[c]->in_act.size()),
+                   "RankEngine: a ramp-up step of " + std::to_string(micro_batches_) +
+                       " micro-batches holds more activations than RankSpec::ramp_micro_batches allowed for");
   }
   return it->second;
 }
@@ -391,7 +398,7 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
   };
   auto alloc_slot = [&](int c, int micro) -> Result<int> {
     ChunkBuffers& b = *buffers_[c];
-    TROUPE_CHECK(!b.free_slots.empty(), "RankEngine: more micro-batches in flight than the schedule's peak");
+    TROUPE_CHECK(!b.free_slots.empty(), "RankEngine: more micro-batches in flight than the schedule's slots_held");
     const int slot = b.free_slots.back();
     b.free_slots.pop_back();
     TROUPE_RETURN_IF_ERROR(wait_sends(b.sends[slot]));  // the slot's buffers are ours again

@@ -94,6 +94,9 @@ struct RankSpec {
   ParallelConfig par;
   int micro_batch_size = 1;
   int micro_batches = 1;  // per dp rank and iteration: global batch / (micro batch * dp)
+  // The counts a batch-size ramp-up's steps run before reaching micro_batches (empty: no ramp-up);
+  // each chunk's activation slots cover them too (sched::engine_slots).
+  std::vector<int> ramp_micro_batches;
   int num_threads = 1;
   // Where the rank computes: the CPU (its num_threads threads), or GPU cuda_device, where it keeps
   // parameters, gradients, activations and optimizer state and runs every op on a stream of its

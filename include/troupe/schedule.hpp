@@ -67,6 +67,12 @@ struct Schedule {
 // Errors name the flag: e.g. interleaved with chunks < 2, a non-positive size.
 Result<Schedule> make_schedule(const ScheduleSpec& spec);
 
+// The activation slots the rank engine gives each chunk of `stage` (engine/rank_engine.cpp) for a job
+// of `table`'s micro-batches and, during a batch-size ramp-up, of each count in `fewer` (the same
+// type's tables for those counts; an interleaved table of a partial round can hold more in a chunk
+// than the whole job's): the most slots_held of any of them, at least 1 per chunk.
+std::vector<int> engine_slots(const Schedule& table, int stage, const std::vector<int>& fewer = {});
+
 // Every (micro, chunk) appears exactly once per kind on each stage, and executing every stage's table
 // in order under the dependencies above completes (no deadlock). Returns the first violation.
 Status validate(const Schedule& schedule);
