@@ -12,11 +12,13 @@
 #include <cstdlib>
 #include <thread>
 
+
 #include "actors/job.hpp"
 #include "comm/bootstrap/caf_bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "comm/ucx/ucx_world.hpp"
 #include "config/imported_config.hpp"
+#include "config/layout_text.hpp"
 #include "config/memory_estimate.hpp"
 #include "config/validate.hpp"
 #include "kernels/device_info.hpp"
@@ -103,6 +105,28 @@ Result<std::shared_ptr<DataSource>> open_data(const TrainConfig& cfg) {
   return data;
 }
 
+namespace {
+
+// RunOptions::choose_layout over the job: rank 0 chooses, every rank takes its choice (or its error).
+Status agree_on_layout(TrainConfig& cfg, comm::Bootstrap& bootstrap, const RunOptions& run, int local_world) {
+  std::string mine;
+  if (bootstrap.rank() == 0) {
+    auto chosen = run.choose_layout(cfg, bootstrap.world_size(), local_world);
+    mine = chosen ? "ok\n" + layout_text(chosen.value())
+                  : std::string(chosen.status().is_bad_input() ? "bad\n" : "error\n") + chosen.status().message();
+  }
+  auto all = bootstrap.all_gather("auto-layout", mine);
+  if (!all) return all.status();
+  const std::string& sent = all.value().front();
+  const size_t eol = sent.find('\n');
+  const std::string head = sent.substr(0, eol), body = eol == std::string::npos ? "" : sent.substr(eol + 1);
+  if (head == "bad") return Status::bad_input(body);
+  if (head != "ok") return Status::error(head == "error" ? body : "auto-layout: rank 0 sent no layout");
+  return apply_layout_text(body, cfg);
+}
+
+}  // namespace
+
 Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> data, const TrainCallbacks& callbacks,
                            const RunOptions& run) {
   // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
@@ -110,17 +134,12 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   auto env = comm::detect_launch_env();
   if (!env) return env.status().as_bad_input();
   const int world = env->world_size;
-  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data != nullptr, run.model.get()}));
-  if (!data) {
-    auto opened = open_data(cfg);
-    if (!opened) return opened.status();
-    data = std::move(opened).value();
-  }
-  // The ranks meet at the rendezvous and build the UCX world before anything is reported.
+  // The ranks meet at the rendezvous and build the UCX world before anything is reported; with a
+  // layout to choose they meet first, and rank 0's choice is every rank's config.
   std::unique_ptr<comm::CafBootstrap> bootstrap;
-  JobOptions options;
-  if (world > 1) {
-    comm::CafBootstrapOptions boot_options;
+  comm::CafBootstrapOptions boot_options;
+  auto meet = [&]() -> Status {
+    if (bootstrap) return Status::ok();
     // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
     // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
     // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
@@ -142,6 +161,21 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     auto b = comm::create_caf_bootstrap(*env, boot_options);
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
     bootstrap = std::move(b).value();
+    return Status::ok();
+  };
+  if (world > 1 && run.choose_layout) {
+    TROUPE_RETURN_IF_ERROR(meet());
+    TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *bootstrap, run, env->local_world_size));
+  }
+  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data != nullptr, run.model.get()}));
+  if (!data) {
+    auto opened = open_data(cfg);
+    if (!opened) return opened.status();
+    data = std::move(opened).value();
+  }
+  JobOptions options;
+  if (world > 1) {
+    TROUPE_RETURN_IF_ERROR(meet());
     // GPU ranks (--device cuda): NCCL on GPU LOCAL_RANK, one process per GPU; CPU ranks: UCX.
     Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
     if (cfg.device == "cuda") {

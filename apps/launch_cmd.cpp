@@ -528,15 +528,12 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
   }
   // What each rank execs.
   l.troupe_command = command_kind(o, subcommands) == CommandKind::troupe;
-  // train --auto-layout: the launcher plans once for the job's processes and passes every process
-  // the same sizes (each process measuring the machine on its own could choose differently).
-  if (l.troupe_command && !o.command.empty() && o.command[0] == "train" &&
+  // train --auto-layout on one host: the launcher plans once for the job's processes and passes
+  // every process the same sizes (each process measuring the machine on its own could choose
+  // differently). Over several hosts the ranks' rank 0 plans once they have met and sends its choice
+  // to the others (RunOptions::choose_layout).
+  if (l.troupe_command && !o.command.empty() && o.command[0] == "train" && o.nnodes == 1 &&
       std::find(o.command.begin(), o.command.end(), "--auto-layout") != o.command.end()) {
-    if (o.nnodes != 1) {
-      print_error("launch", "train --auto-layout under troupe launch plans one host's job for now (--nnodes 1) -- run "
-                            "troupe plan --gpu cpu --nodes N --gpus-per-node P and pass the sizes it prints");
-      return kExitUsage;
-    }
     std::vector<std::string> lines;
     auto resolved = resolve_auto_layout({o.command.begin() + 1, o.command.end()}, o.nproc_per_node, o.nproc_per_node,
                                         &lines);

@@ -69,13 +69,11 @@ int dry_run(TrainConfig& cfg, const comm::LaunchEnv& env) {
   return kExitOk;
 }
 
-// --auto-layout: troupe plan's choice on this machine replaces the sizes the command line left out
-// (plan/auto_layout.hpp); its lines join the start-up notes.
-Status auto_layout(const CLI::App& cmd, TrainConfig& cfg, const comm::LaunchEnv& env) {
-  if (env.world_size > 1)
-    return Status::bad_input(
-        "--auto-layout chooses the layout of a job in one process; under troupe launch every process would measure "
-        "this machine on its own -- run troupe plan --gpu cpu --gpus-per-node N and pass the sizes it prints");
+// --auto-layout: troupe plan's choice for `world` ranks, `local` on each host (this one measured),
+// replaces the sizes the command line left out (plan/auto_layout.hpp); its lines join the start-up
+// notes. In one process the ranks are chosen too; under a launcher with several processes rank 0
+// chooses once the ranks met (RunOptions::choose_layout) and every rank takes its choice.
+Status auto_layout(const CLI::App& cmd, TrainConfig& cfg, int world, int local) {
   if (cfg.device != "cpu")
     return Status::bad_input("--auto-layout plans CPU jobs for now -- run troupe plan --gpu NAME and pass its sizes");
   auto tokenizer = make_tokenizer(cfg.tokenizer_type, cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model);
@@ -83,7 +81,7 @@ Status auto_layout(const CLI::App& cmd, TrainConfig& cfg, const comm::LaunchEnv&
   TrainConfig base = cfg;
   base.model.vocab_size = tokenizer.value()->vocab_size();
   if (Status st = base.model.validate(); !st) return st.as_bad_input();
-  auto chosen = plan::choose_layout(base, fixed_sizes(cmd, cfg), env.world_size, env.local_world_size);
+  auto chosen = plan::choose_layout(base, fixed_sizes(cmd, cfg), world, local);
   if (!chosen) return chosen.status();
   const TrainConfig& l = chosen.value().best.layout;
   cfg.tensor_model_parallel_size = l.tensor_model_parallel_size;
@@ -100,7 +98,7 @@ Status auto_layout(const CLI::App& cmd, TrainConfig& cfg, const comm::LaunchEnv&
   cfg.sequence_parallel = l.sequence_parallel;
   cfg.offload_optimizer = l.offload_optimizer;
   for (const std::string& line : chosen.value().lines) g_flag_notes.push_back(line);
-  return validate_train_config(cfg, nullptr, {}, 1).as_bad_input();
+  return validate_train_config(cfg, nullptr, {}, world).as_bad_input();
 }
 
 int run_train(const CLI::App& cmd, TrainConfig& cfg) {
@@ -112,16 +110,27 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     print_error(name, env.status());
     return kExitUsage;
   }
-  if (Status st = finalize_train_config(cmd, &cfg, env->world_size, &g_flag_notes); !st) {
+  // With --auto-layout the flags are checked as for one rank (the sizes are not chosen yet: troupe
+  // plan checks them so too); the chosen layout is validated for the job's world.
+  const bool auto_layout_flag = cmd.get_option("--auto-layout")->count() > 0;
+  if (Status st = finalize_train_config(cmd, &cfg, auto_layout_flag ? 1 : env->world_size, &g_flag_notes); !st) {
     print_error(name, st);
     return kExitUsage;
   }
-  if (cmd.get_option("--auto-layout")->count() > 0)
-    if (Status st = auto_layout(cmd, cfg, *env); !st) {
+  if (auto_layout_flag && env->world_size == 1)
+    if (Status st = auto_layout(cmd, cfg, 1, 1); !st) {
       print_error(name, st);
       return exit_code_for(st);
     }
-  if (cmd.get_option("--dry-run")->count() > 0) return dry_run(cfg, *env);
+  if (cmd.get_option("--dry-run")->count() > 0) {
+    // A dry run trains nothing: each process shows the layout its own host's plan chooses.
+    if (auto_layout_flag && env->world_size > 1)
+      if (Status st = auto_layout(cmd, cfg, env->world_size, env->local_world_size); !st) {
+        print_error(name, st);
+        return exit_code_for(st);
+      }
+    return dry_run(cfg, *env);
+  }
   // Set up by troupe::train (include/troupe/train.hpp), which calls on_start once the ranks met:
   // rank 0 prints and writes the metrics; the others stay quiet.
   std::unique_ptr<std::ofstream> metrics;
@@ -200,6 +209,18 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   };
   RunOptions options;
   options.stop = &g_stop;
+  if (auto_layout_flag && env->world_size > 1) {
+    if (cfg.device != "cpu") {
+      print_error(name, Status::bad_input("--auto-layout plans CPU jobs for now -- run troupe plan --gpu NAME and pass "
+                                          "its sizes"));
+      return kExitUsage;
+    }
+    options.choose_layout = [&cmd](const TrainConfig& c, int world, int local) -> Result<TrainConfig> {
+      TrainConfig chosen = c;
+      TROUPE_RETURN_IF_ERROR(auto_layout(cmd, chosen, world, local));
+      return chosen;
+    };
+  }
   // A stuck rank's actor cannot be torn down, so the process ends here (troupe launch --max-restarts
   // starts it again).
   options.on_stuck = [&](const std::string& message) {

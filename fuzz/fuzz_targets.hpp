@@ -42,7 +42,8 @@
   X(hf_config)                 \
   X(hf_tokenizer_json)         \
   X(sentencepiece_model)       \
-  X(cluster_json)
+  X(cluster_json)              \
+  X(layout_text)
 
 namespace troupe::fuzz {
 

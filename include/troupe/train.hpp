@@ -77,6 +77,12 @@ struct RunOptions {
   // A rank stuck in a handler (found by --distributed-timeout-minutes) cannot be torn down. Called
   // with the message; default: train() returns the error and leaves the stuck threads behind.
   std::function<void(const std::string& message)> on_stuck;
+  // Under a launcher with several processes (troupe train --auto-layout over several hosts): rank 0
+  // calls this once the ranks have met, and every rank trains with the layout it returns — the
+  // parallel sizes, micro-batch size, ZeRO stage, recompute, optimizer offload, pipeline schedule and
+  // sequence parallelism; the rest of the config stays each rank's own. Its failure fails every rank
+  // with its message. Unset, or in one process: not called.
+  std::function<Result<TrainConfig>(const TrainConfig& config, int world_size, int local_world_size)> choose_layout;
 };
 
 // The data a config names: synthetic tokens (mock_data), the indexed dataset (or blend) at data_path

@@ -5,6 +5,7 @@
 #   - the ranks meet through MASTER_ADDR given as a hostname, each on its host;
 #   - tp 2 x dp 2 across the hosts gives the in-process losses within 1e-5, and the data-parallel
 #     gradients really cross the veth (its byte counter grows by at least their volume);
+#   - train --auto-layout: rank 0 plans for both hosts once the ranks met, every rank runs its choice;
 #   - rank 0 and UCX listen on host0's 10.77.0.1 only;
 #   - cutting the link mid-run (ip link set down) ends the job on both hosts within
 #     --distributed-timeout-minutes with messages naming the unreachable host, and --max-restarts
@@ -125,6 +126,21 @@ echo "$listening" | awk '{print $4}' | while read -r local; do
   [[ "$local" == "${addr[0]}":* ]] || fail "host0 listens on $local, not on ${addr[0]} only"
 done
 echo "ok: host0 listens on ${addr[0]} only: $(echo "$listening" | awk '{print $4}' | tr '\n' ' ')"
+
+# --- train --auto-layout over the two hosts: rank 0 plans for 2 hosts x 2 ranks once the ranks met
+# (host0 measured), every rank takes its choice, and the job runs the layout the plan printed -----
+auto=(--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --global-batch-size 8 --mock-data
+      --tokenizer-type NullTokenizer --vocab-size 300 --log-interval 1 --train-iters 3 --num-threads 1 --auto-layout)
+launch_both auto -- train "${auto[@]}"
+wait_both || { cat auto.0.log auto.1.log; fail "--auto-layout over two hosts failed"; }
+chosen=$(sed -n "s/.*auto-layout (troupe plan's model of this host[^)]*): tp \([0-9]*\), pp \([0-9]*\), dp \([0-9]*\),.*/\1 \2 \3/p" auto.0.log)
+[[ $(echo "$chosen" | grep -c .) == 1 ]] || { cat auto.0.log; fail "rank 0 did not print one auto-layout choice"; }
+read -r tp pp dp <<< "$chosen"
+(( tp * pp * dp == 4 )) || fail "the choice tp $tp pp $pp dp $dp is not 4 ranks"
+grep -q "layout tp $tp, pp $pp, dp $dp" auto.0.log || { cat auto.0.log; fail "the job did not run the chosen layout"; }
+grep -q "finished at iteration 3/3" auto.0.log || { cat auto.0.log; fail "--auto-layout over two hosts did not train"; }
+! grep -q "auto-layout (troupe plan" auto.1.log || { cat auto.1.log; fail "host1 planned too"; }
+echo "ok: --auto-layout over two hosts: rank 0 chose tp $tp, pp $pp, dp $dp and every rank trained it"
 
 # --- namespaces that share one hostname (containers often do) are still two hosts ------------------
 # Troupe's same-host shared memory must not bridge them: the gradients still cross the veth.
