@@ -143,8 +143,9 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
     y.dense += E * C + (m.add_bias_linear && moe.router == MoeRouter::megatron ? E : 0);
     y.experts = E / ep * mlp(Fe, et);
     // Each token's k expert activations (dropless; a capacity only lowers it), its router logits and
-    // probabilities.
-    y.split += moe.topk * mlp_act * Fe / et + 2 * E;
+    // probabilities; the k rows gathered to their experts and the experts' outputs (MoeActs::xd, y),
+    // and over ep > 1 the outputs of this rank's own assignments sent back (y_mine).
+    y.split += moe.topk * mlp_act * Fe / et + 2 * E + moe.topk * C * (2 + (ep > 1 ? 1 : 0));
     if (moe.residual) {
       y.dense += mlp(F, t) + 2 * C + 2;
       y.split += mlp_act * F / t + 2;
@@ -265,6 +266,10 @@ MemoryEstimate estimate_memory(const TrainConfig& c, int world_size, const std::
   if (c.sequence_parallel && tp_size > 1) layer_scratch += C;          // gathered
   if ((c.sequence_parallel && tp_size > 1) || moe_any) layer_scratch += C;  // partial
   if (a2a) layer_scratch += attn / t + 3 * qkv / t;  // and the all-to-alls' send and receive staging
+  // An MoE layer's backward (model/gpt_chunk_moe.cpp) allocates per step d(expert outputs), the
+  // gradients of the gathered rows and their scatter back, (k rows, C) each, two more over ep > 1
+  // (this rank's assignments' before and after the exchange); the heap keeps them.
+  if (moe_any) layer_scratch += moe.topk * C * (3 + (c.expert_model_parallel_size > 1 ? 2 : 0));
   layer_scratch *= act * tokens;
   // The first stage: d(embedding output), and under cp the position table's rows and their gradient;
   // the last: d(ln_f output), the partial sums and the per-token losses (f32).

@@ -100,8 +100,10 @@ TEST_CASE("memory plan: Mixtral-8x7B on tp 2 x pp 2 x dp 4 with ep 2, by hand", 
   CHECK(2 * (first_dense + last_dense) - replicated + 2 * 2 * 32 * experts ==
         static_cast<double>(c.model.num_parameters()));
   // Activations of a layer per token, in floats: 4 x 4096 whole; (qkv 6144 + attention output 4096 +
-  // 2 experts x 3 x 14336) / 2 + the router's logits and probabilities (2 x 8); probabilities 32 x 4096 / 2.
-  const double per_layer = 4 * 4096 + (6144 + 4096 + 2 * 3 * 14336) / 2.0 + 16 + 32 * 4096 / 2.0;
+  // 2 experts x 3 x 14336) / 2 + the router's logits and probabilities (2 x 8) + the 2 rows gathered
+  // to their experts, their outputs and (ep 2) the outputs of this rank's own assignments, 4096 each;
+  // probabilities 32 x 4096 / 2.
+  const double per_layer = 4 * 4096 + (6144 + 4096 + 2 * 3 * 14336) / 2.0 + 16 + 2 * 3 * 4096 + 32 * 4096 / 2.0;
   CHECK(e.micro_batch_activation_none == Approx(4.0 * 4096 * 16 * per_layer));
 
   // Whole experts on every TP rank (expert-TP 1): each rank holds 4 unsplit experts.
