@@ -90,7 +90,8 @@ void Decoder::norm(Context& ctx, const Tensor& out, const Tensor& x, const Tenso
 }
 
 Result<std::vector<std::vector<float>>> Decoder::feed(Context& ctx, const std::vector<int>& ids,
-                                                      const std::vector<std::vector<int32_t>>& tokens) {
+                                                      const std::vector<std::vector<int32_t>>& tokens,
+                                                      bool every_token) {
   if (ids.size() != tokens.size() || ids.empty())
     return Status::bad_input("Decoder::feed: one token list per sequence, at least one sequence");
   const GptConfig& m = config_;
@@ -196,18 +197,25 @@ Result<std::vector<std::vector<float>>> Decoder::feed(Context& ctx, const std::v
   }
   for (size_t i = 0; i < ids.size(); ++i) sequences_[ids[i]].length += row0[i + 1] - row0[i];
 
-  // The head on each sequence's last row.
+  // The head on each sequence's last row (or on every row).
   const int64_t S = static_cast<int64_t>(ids.size());
-  Tensor last = Tensor::empty({S, C}, DType::f32);
-  for (int64_t i = 0; i < S; ++i) last.rows(i, i + 1).copy_from(x.rows(row0[i + 1] - 1, row0[i + 1]));
-  Tensor normed = Tensor::empty({S, C}, DType::f32);
+  const int64_t heads = every_token ? R : S;
+  Tensor last = every_token ? x : Tensor::empty({S, C}, DType::f32);
+  if (!every_token)
+    for (int64_t i = 0; i < S; ++i) last.rows(i, i + 1).copy_from(x.rows(row0[i + 1] - 1, row0[i + 1]));
+  Tensor normed = Tensor::empty({heads, C}, DType::f32);
   norm(ctx, normed, last, lnf_w_, lnf_b_);
-  Tensor logits = Tensor::empty({S, head_.dim(0)}, DType::f32);
+  const int64_t Vp = head_.dim(0), V = m.vocab_size;
+  Tensor logits = Tensor::empty({heads, Vp}, DType::f32);
   ops::linear_forward(ctx, logits, normed, head_, Tensor());
   std::vector<std::vector<float>> out(static_cast<size_t>(S));
   const float* lg = logits.data<float>();
-  for (int64_t i = 0; i < S; ++i)
-    out[static_cast<size_t>(i)].assign(lg + i * head_.dim(0), lg + i * head_.dim(0) + m.vocab_size);
+  for (int64_t i = 0; i < S; ++i) {
+    std::vector<float>& o = out[static_cast<size_t>(i)];
+    const int64_t r0 = every_token ? row0[i] : i, r1 = every_token ? row0[i + 1] : i + 1;
+    o.reserve(static_cast<size_t>((r1 - r0) * V));
+    for (int64_t r = r0; r < r1; ++r) o.insert(o.end(), lg + r * Vp, lg + r * Vp + V);
+  }
   return out;
 }
 

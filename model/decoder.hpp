@@ -46,9 +46,11 @@ class Decoder {
 
   // Appends tokens[i] to sequence ids[i] (each non-empty; the sequence's length plus its tokens at
   // most max_position_embeddings: bad input otherwise) and returns, per sequence, the logits of
-  // its last token over the real vocabulary (vocab_size floats).
+  // its last token over the real vocabulary (vocab_size floats); with every_token, of each of its
+  // new tokens one after the other (tokens[i].size() x vocab_size floats).
   Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
-                                               const std::vector<std::vector<int32_t>>& tokens);
+                                               const std::vector<std::vector<int32_t>>& tokens,
+                                               bool every_token = false);
 
  private:
   struct Sequence {

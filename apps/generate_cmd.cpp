@@ -1,0 +1,186 @@
+// troupe generate: text from a checkpoint (docs/SERVE.md). Megatron's names for the sampling
+// (--tokens-to-generate, --top-k, --top-p, --temperature, --seed); the checkpoint's own tokenizer;
+// every prompt its own sequence in the decoder's cache, all generated together.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/job.hpp"
+#include "apps/commands.hpp"
+#include "apps/report.hpp"
+#include "kernels/thread_pool.hpp"
+#include "model/generation.hpp"
+#include "storage/checkpoint.hpp"
+#include "storage/tokenizer.hpp"
+
+namespace troupe::apps {
+
+namespace {
+
+struct GenerateArgs {
+  std::string load;
+  int64_t iteration = -1;
+  std::vector<std::string> prompts;
+  std::string prompts_file;
+  int tokens_to_generate = 64;
+  int top_k = 0;
+  double top_p = 0;
+  double temperature = 1.0;
+  uint64_t seed = 0;
+  std::vector<int> stop_tokens;
+  std::vector<std::string> stop_strings;
+  bool no_stop_on_eod = false;
+  bool logprobs = false;
+  bool json = false;
+  int num_threads = 0;
+};
+
+// The prompts of a JSONL file: one per line, a JSON string or an object with a "prompt" string; blank
+// lines skipped. Problems name the line.
+Result<std::vector<std::string>> read_prompts(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::bad_input("--prompts-file " + path + " cannot be read -- check the path");
+  std::vector<std::string> out, problems;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_string()) out.push_back(j.get<std::string>());
+    else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) out.push_back(j["prompt"].get<std::string>());
+    else if (problems.size() < 10)
+      problems.push_back(fmt::format("--prompts-file {} line {}: not a JSON string or an object with a \"prompt\" string",
+                                     path, number));
+  }
+  if (!problems.empty()) {
+    std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
+    if (problems.size() > 1)
+      for (const std::string& p : problems) message += "\n  - " + p;
+    return Status::bad_input(message + " -- write one prompt per line, e.g. {\"prompt\": \"Once upon a time\"}");
+  }
+  return out;
+}
+
+int run_generate(const GenerateArgs& a) {
+  const std::string name = "generate";
+  std::vector<std::string> prompts = a.prompts;
+  if (!a.prompts_file.empty()) {
+    auto read = read_prompts(a.prompts_file);
+    if (!read) {
+      print_error(name, read.status());
+      return kExitUsage;
+    }
+    prompts.insert(prompts.end(), read.value().begin(), read.value().end());
+  }
+  auto cfg = checkpoint_config(a.load);
+  if (!cfg) {
+    print_error(name, cfg.status().with_context("--load " + a.load + ": "));
+    return kExitUsage;
+  }
+  const TrainConfig& c = cfg.value();
+  if (const std::string why = Decoder::check(c.model); !why.empty()) {
+    print_error(name, "--load " + a.load + ": " + why);
+    return kExitUsage;
+  }
+  auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
+  if (!tokenizer) {
+    print_error(name, tokenizer.status().with_context("the checkpoint's tokenizer: "));
+    return kExitUsage;
+  }
+  const Tokenizer& tok = *tokenizer.value();
+  if (tok.vocab_size() != c.model.vocab_size) {
+    print_error(name, fmt::format("the tokenizer ({}) has {} tokens, the checkpoint's model {} -- generate with the "
+                                  "tokenizer the model was trained with",
+                                  tok.name(), tok.vocab_size(), c.model.vocab_size));
+    return kExitUsage;
+  }
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& p : prompts) ids.push_back(tok.encode(p));
+
+  auto checkpoint = a.iteration < 0 ? Checkpoint::open_latest(a.load) : Checkpoint::open(a.load, a.iteration);
+  if (!checkpoint) {
+    print_error(name, checkpoint.status().with_context("--load " + a.load + ": "));
+    return kExitUsage;
+  }
+  Decoder decoder(c.model);
+  CheckpointContents contents;
+  for (size_t i = 0; i < decoder.specs().size(); ++i)
+    contents.params.push_back({decoder.specs()[i].name, decoder.specs()[i].global_shape, decoder.params()[i]});
+  if (Status st = checkpoint.value().load(contents, /*load_optimizer=*/false); !st) {
+    print_error(name, st.with_context("--load " + a.load + ": "));
+    return exit_code_for(st);
+  }
+
+  GenerationOptions options;
+  options.sampling = {a.top_k, a.top_p, a.temperature, a.seed};
+  options.tokens_to_generate = a.tokens_to_generate;
+  options.stop_tokens.assign(a.stop_tokens.begin(), a.stop_tokens.end());
+  if (!a.no_stop_on_eod) options.stop_tokens.push_back(tok.eod());
+  if (!a.stop_strings.empty())
+    options.stop = [&](size_t, const std::vector<int32_t>& generated) {
+      const std::string text = tok.decode(generated);
+      for (const std::string& s : a.stop_strings)
+        if (!s.empty() && text.find(s) != std::string::npos) return true;
+      return false;
+    };
+  ThreadPool pool(a.num_threads > 0 ? a.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  Context ctx;
+  ctx.pool = &pool;
+  auto result = generate(ctx, decoder, ids, options);
+  if (!result) {
+    print_error(name, result.status());
+    return exit_code_for(result.status());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Generation& g = result.value()[i];
+    std::string text = tok.decode(g.tokens);
+    if (g.finish_reason == "stop")  // cut at the first stop string
+      for (const std::string& s : a.stop_strings)
+        if (size_t at = text.find(s); !s.empty() && at != std::string::npos) text.resize(at);
+    if (a.json) {
+      nlohmann::json j = {{"prompt", prompts[i]}, {"text", text}, {"tokens", g.tokens}, {"finish_reason", g.finish_reason}};
+      if (a.logprobs) {
+        j["log_probs"] = g.log_probs;
+        j["prompt_log_probs"] = g.prompt_log_probs;
+      }
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("%s%s\n", prompts[i].c_str(), text.c_str());
+      if (prompts.size() > 1 && i + 1 < prompts.size()) std::printf("\n");
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a checkpoint (Megatron's sampling; docs/SERVE.md)");
+  cmd->add_option("--load", a->load, "checkpoint directory (as written by --save)")->required();
+  cmd->add_option("--iteration", a->iteration, "the checkpoint's iteration (default: the latest)");
+  cmd->add_option("--prompt", a->prompts, "a prompt (repeat for several, generated together)");
+  cmd->add_option("--prompts-file", a->prompts_file, "JSONL: one prompt per line, a string or {\"prompt\": ...}");
+  cmd->add_option("--tokens-to-generate", a->tokens_to_generate, "tokens to generate per prompt")->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "1: greedy; k > 1: sample from the k most probable; 0: off")->capture_default_str();
+  cmd->add_option("--top-p", a->top_p, "(0, 1]: sample from the smallest set reaching this mass; 0: off")
+      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "divides the logits before sampling (> 0)")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "sampling seed: the same seed gives the same text")->capture_default_str();
+  cmd->add_option("--stop-token", a->stop_tokens, "a token id that ends a sequence (repeatable; EOD always, unless "
+                                                  "--no-stop-on-eod)");
+  cmd->add_option("--stop-string", a->stop_strings, "text that ends a sequence, cut from the output (repeatable)");
+  cmd->add_flag("--no-stop-on-eod", a->no_stop_on_eod, "keep generating past the end-of-document token");
+  cmd->add_flag("--logprobs", a->logprobs, "with --json: each token's log-probability (prompt and generated)");
+  cmd->add_flag("--json", a->json, "one JSON object per prompt: prompt, text, tokens, finish_reason");
+  cmd->add_option("--num-threads", a->num_threads, "compute threads (0: all cores)")->capture_default_str();
+  cmd->callback([a, exit_code] { *exit_code = run_generate(*a); });
+}
+
+}  // namespace troupe::apps

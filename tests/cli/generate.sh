@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# troupe generate (docs/SERVE.md): a GPT-2, a LLaMA (RMSNorm, rope, SwiGLU, grouped-query attention,
+# untied head) and a BLOOM (ALiBi, embedding LayerNorm) trained by troupe generate greedily, for two
+# prompts of different lengths batched together, exactly the tokens bench/torch_gpt.py's float64
+# models of their Hugging Face exports choose when they recompute the whole sequence at every step,
+# with the log-probabilities (prompt and generated) within 1e-6; sampling with a seed repeats itself;
+# a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way; bad input is refused
+# with the fix, exit 2.
+source "$(dirname "$0")/common.bash"
+py=/usr/bin/python3
+"$py" -c "import torch, numpy, h5py" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/h5py"; exit 77; }
+make_corpus
+
+llama=(--normalization RMSNorm --position-embedding-type rope --swiglu --disable-bias-linear
+       --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 1 --kv-channels 16
+       --ffn-hidden-size 100 --rotary-base 500 --norm-epsilon 1e-6)
+bloom=(--position-embedding-type alibi --embed-layernorm)
+prompts=(--prompt "The " --prompt "Q: Why did the chicken")
+
+for name in gpt2 llama bloom gpt2_pp2; do
+  # gpt2_pp2: a checkpoint saved by a pipeline of two stages loads whole into the generator.
+  case $name in llama) flags=("${llama[@]}") ;; bloom) flags=("${bloom[@]}") ;;
+    gpt2_pp2) flags=(--pipeline-model-parallel-size 2 --data-parallel-size 2) ;; *) flags=() ;; esac
+  small_train --train-iters 20 --save "ck_$name" --num-threads 1 --hidden-dropout 0 --attention-dropout 0 \
+    "${flags[@]}" > "train_$name.log" 2>&1 || { cat "train_$name.log"; fail "$name: training failed"; }
+  "$troupe" ckpt export --load "ck_$name" --format hf --output "hf_$name" > /dev/null 2>&1 || fail "$name: export failed"
+  "$troupe" generate --load "ck_$name" "${prompts[@]}" --top-k 1 --tokens-to-generate 9 --no-stop-on-eod --json \
+    --logprobs --num-threads 1 > "gen_$name.jsonl" 2> "gen_$name.err" || { cat "gen_$name.err"; fail "$name: generate failed"; }
+  "$py" - "$src_dir/bench" "hf_$name" "gen_$name.jsonl" "$name" <<'PY' || fail "$name: not the float64 oracle's generation"
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch_gpt
+torch_gpt._import_torch()
+import torch
+model = torch_gpt.HfCausalLM(sys.argv[2], torch.float64)
+rows = [json.loads(l) for l in open(sys.argv[3])]
+assert len(rows) == 2, rows
+worst = 0.0
+for row in rows:
+    ids = list(row["prompt"].encode("utf-8"))  # the byte-level tokenizer: a token per byte
+    want_prompt = []
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+        lp = torch.log_softmax(logits[0, :, : model.real_vocab], dim=-1)
+        want_prompt = [lp[t, ids[t + 1]].item() for t in range(len(ids) - 1)]
+        tokens, logprobs = [], []
+        seq = list(ids)
+        for _ in range(9):  # the whole sequence recomputed at every step: no cache
+            logits, _ = model(torch.tensor([seq]))
+            lp = torch.log_softmax(logits[0, -1, : model.real_vocab], dim=-1)
+            nxt = int(torch.argmax(lp).item())
+            tokens.append(nxt)
+            logprobs.append(lp[nxt].item())
+            seq.append(nxt)
+    assert row["tokens"] == tokens, (row["prompt"], row["tokens"], tokens)
+    for a, b in zip(row["log_probs"] + row["prompt_log_probs"], logprobs + want_prompt):
+        worst = max(worst, abs(a - b))
+    assert len(row["prompt_log_probs"]) == len(want_prompt)
+print(f"{sys.argv[4]}: greedy tokens equal the float64 oracle's; log-probabilities within {worst:.1e}")
+assert worst <= 1e-6, worst
+PY
+done
+
+# Sampling: the same seed gives the same text, another seed (almost surely) other text.
+sample() { "$troupe" generate --load ck_gpt2 --prompt "The " --tokens-to-generate 24 --top-p 0.95 --temperature 1.3 \
+  --no-stop-on-eod --json --num-threads 1 "$@"; }
+sample --seed 7 > s7a.json && sample --seed 7 > s7b.json && sample --seed 8 > s8.json || fail "sampling failed"
+cmp -s s7a.json s7b.json || fail "the same seed gave different text"
+! cmp -s s7a.json s8.json || fail "seeds 7 and 8 gave the same 24 tokens"
+"$troupe" generate --load ck_gpt2 --prompt "The " --tokens-to-generate 24 --top-k 5 --seed 3 --stop-string " " \
+  --json > stop.json || fail "--stop-string failed"
+"$py" -c 'import json,sys; j=json.load(open(sys.argv[1])); assert " " not in j["text"] and j["finish_reason"] in ("stop", "stop token", "length"), j' stop.json ||
+  fail "--stop-string did not cut the text"
+
+expect_refusal() {  # name, pattern, command...
+  local name=$1 pattern=$2
+  shift 2
+  set +e
+  "$@" > "$name.out" 2> "$name.err"
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
+  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
+}
+expect_refusal empty "prompt 2 is empty" "$troupe" generate --load ck_gpt2 --prompt "a" --prompt ""
+expect_refusal too_long "over the model's 32 positions" "$troupe" generate --load ck_gpt2 --prompt "$(printf 'x%.0s' {1..30})"
+expect_refusal top_p "outside (0, 1]" "$troupe" generate --load ck_gpt2 --prompt "a" --top-p 1.5 --top-k 0
+expect_refusal both "are both set" "$troupe" generate --load ck_gpt2 --prompt "a" --top-p 0.5 --top-k 3 --tokens-to-generate 4
+expect_refusal no_checkpoint "--load nowhere" "$troupe" generate --load nowhere --prompt "a"
+printf '{"prompt": "ok"}\n[1, 2]\n' > bad.jsonl
+expect_refusal bad_file "bad.jsonl line 2" "$troupe" generate --load ck_gpt2 --prompts-file bad.jsonl
+echo "PASS: troupe generate equals the float64 oracle for GPT-2, LLaMA and BLOOM; sampling repeats with its seed"
