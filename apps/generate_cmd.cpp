@@ -2,7 +2,6 @@
 // (--tokens-to-generate, --top-k, --top-p, --temperature, --seed); the checkpoint's own tokenizer;
 // every prompt its own sequence in the decoder's cache, all generated together.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -16,6 +15,7 @@
 #include "kernels/thread_pool.hpp"
 #include "model/generation.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/prompts_file.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe::apps {
@@ -40,38 +40,11 @@ struct GenerateArgs {
   int num_threads = 0;
 };
 
-// The prompts of a JSONL file: one per line, a JSON string or an object with a "prompt" string; blank
-// lines skipped. Problems name the line.
-Result<std::vector<std::string>> read_prompts(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::bad_input("--prompts-file " + path + " cannot be read -- check the path");
-  std::vector<std::string> out, problems;
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_string()) out.push_back(j.get<std::string>());
-    else if (j.is_object() && j.contains("prompt") && j["prompt"].is_string()) out.push_back(j["prompt"].get<std::string>());
-    else if (problems.size() < 10)
-      problems.push_back(fmt::format("--prompts-file {} line {}: not a JSON string or an object with a \"prompt\" string",
-                                     path, number));
-  }
-  if (!problems.empty()) {
-    std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
-    if (problems.size() > 1)
-      for (const std::string& p : problems) message += "\n  - " + p;
-    return Status::bad_input(message + " -- write one prompt per line, e.g. {\"prompt\": \"Once upon a time\"}");
-  }
-  return out;
-}
-
 int run_generate(const GenerateArgs& a) {
   const std::string name = "generate";
   std::vector<std::string> prompts = a.prompts;
   if (!a.prompts_file.empty()) {
-    auto read = read_prompts(a.prompts_file);
+    auto read = read_prompts_file(a.prompts_file);
     if (!read) {
       print_error(name, read.status());
       return kExitUsage;

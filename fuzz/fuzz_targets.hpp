@@ -43,7 +43,8 @@
   X(hf_tokenizer_json)         \
   X(sentencepiece_model)       \
   X(cluster_json)              \
-  X(layout_text)
+  X(layout_text)               \
+  X(prompts_jsonl)
 
 namespace troupe::fuzz {
 

@@ -43,7 +43,10 @@ rm -f "$run/metrics.jsonl"
   --eval-interval 50 --eval-iters 2 --log-interval 10 \
   --save "$run/checkpoints" --save-interval 50 --metrics-file "$run/metrics.jsonl" "$@"
 
-# 3. Evaluate the checkpoint and plot the loss curve.
+# 3. Evaluate the checkpoint, plot the loss curve, and show what the model writes (docs/SERVE.md).
 "$troupe" eval --load "$run/checkpoints" --data-path "$data" --eval-samples 64
 "$troupe" plot --metrics-file "$run/metrics.jsonl" --output "$run/loss.svg"
+echo "run_default: a sample of what the model writes (troupe generate, top-p 0.9, seed 1):"
+"$troupe" generate --load "$run/checkpoints" --prompt "The " --prompt "Q: " --tokens-to-generate 120 \
+  --top-p 0.9 --temperature 0.8 --seed 1
 echo "run_default: checkpoint in $run/checkpoints, metrics in $run/metrics.jsonl, loss curve in $run/loss.svg"
