@@ -87,89 +87,177 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& o,
   return order[keep - 1];
 }
 
+namespace {
+
+// What is wrong with one prompt and its options, each problem with its fix (`which`: "prompt 2").
+void check_request(const std::vector<int32_t>& prompt, const GenerationOptions& options, const GptConfig& m,
+                   const std::string& which, std::vector<std::string>& problems) {
+  if (prompt.empty()) {
+    problems.push_back(which + " is empty -- give it some text (at least one token)");
+    return;
+  }
+  const int64_t total = static_cast<int64_t>(prompt.size()) + options.tokens_to_generate;
+  if (total > m.max_position_embeddings)
+    problems.push_back(fmt::format("{} is {} tokens, and with {} to generate {} is over the model's {} positions "
+                                   "-- shorten it or lower --tokens-to-generate",
+                                   which, prompt.size(), options.tokens_to_generate, total, m.max_position_embeddings));
+}
+
+Status problems_status(const std::vector<std::string>& problems) {
+  if (problems.empty()) return Status::ok();
+  std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
+  if (problems.size() > 1)
+    for (const std::string& p : problems) message += "\n  - " + p;
+  return Status::bad_input(message);
+}
+
+}  // namespace
+
+BatchGenerator::~BatchGenerator() {
+  for (Running& r : running_) decoder_.close_sequence(r.id);
+}
+
+Status BatchGenerator::add(Request r) {
+  std::vector<std::string> problems = check_sampling(r.options.sampling);
+  if (r.options.tokens_to_generate < 0)
+    problems.push_back(fmt::format("--tokens-to-generate {} is negative -- give 0 or more", r.options.tokens_to_generate));
+  check_request(r.prompt, r.options, decoder_.config(), fmt::format("prompt {}", r.index + 1), problems);
+  TROUPE_RETURN_IF_ERROR(problems_status(problems));
+  queued_.push_back(std::move(r));
+  return Status::ok();
+}
+
+bool BatchGenerator::advance(Running& r) {
+  const GenerationOptions& o = r.request.options;
+  if (r.step >= o.tokens_to_generate) {
+    r.out.finish_reason = "length";
+    return false;
+  }
+  const int32_t token = sample_token(r.last, o.sampling, r.request.index, r.step);
+  const double lp = token_log_prob(r.last, token);
+  ++r.step;
+  r.out.tokens.push_back(token);
+  r.out.log_probs.push_back(lp);
+  if (r.request.on_token) r.request.on_token(token, lp);
+  if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), token) != o.stop_tokens.end()) {
+    r.out.finish_reason = "stop token";
+    return false;
+  }
+  if (o.stop && o.stop(static_cast<size_t>(r.request.index), r.out.tokens)) {
+    r.out.finish_reason = "stop";
+    return false;
+  }
+  if (r.step >= o.tokens_to_generate) {
+    r.out.finish_reason = "length";
+    return false;
+  }
+  return true;
+}
+
+Result<bool> BatchGenerator::step(Context& ctx) {
+  if (queued_.empty() && running_.empty()) return false;
+  const size_t V = static_cast<size_t>(decoder_.config().vocab_size);
+  std::vector<Running> next;
+  // The sequences that go on: the running ones after their sampled token, and the new ones.
+  std::vector<int> ids;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<size_t> fed;  // into `next`
+  auto finish = [&](Running& r) {
+    decoder_.close_sequence(r.id);
+    if (r.request.on_done) r.request.on_done(std::move(r.out));
+  };
+  for (Running& r : running_) {
+    if (advance(r)) {
+      ids.push_back(r.id);
+      tokens.push_back({r.out.tokens.back()});
+      fed.push_back(next.size());
+      next.push_back(std::move(r));
+    } else {
+      finish(r);
+    }
+  }
+  // New prompts join: their logits of every prompt row (the prompt's own log-probabilities).
+  const size_t first_new = next.size();
+  for (Request& q : queued_) {
+    Running r;
+    r.request = std::move(q);
+    r.id = decoder_.open_sequence();
+    ids.push_back(r.id);
+    tokens.push_back(r.request.prompt);
+    fed.push_back(next.size());
+    next.push_back(std::move(r));
+  }
+  queued_.clear();
+  running_.clear();
+  if (!ids.empty()) {
+    // One feed: the running sequences' last tokens (their logits only) and the new prompts (every
+    // row). Two calls when both kinds are there: feed takes one every_token for all.
+    const size_t old_count = first_new;
+    auto run = [&](size_t from, size_t to, bool every) -> Status {
+      if (from == to) return Status::ok();
+      std::vector<int> sub_ids(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.begin() + static_cast<std::ptrdiff_t>(to));
+      std::vector<std::vector<int32_t>> sub(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                            tokens.begin() + static_cast<std::ptrdiff_t>(to));
+      auto logits = decoder_.feed(ctx, sub_ids, sub, every);
+      if (!logits) return logits.status();
+      for (size_t j = from; j < to; ++j) {
+        Running& r = next[fed[j]];
+        std::vector<float>& all = logits.value()[j - from];
+        if (every) {
+          const size_t rows = r.request.prompt.size();
+          for (size_t t = 0; t + 1 < rows; ++t) {
+            const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>(t * V),
+                                         all.begin() + static_cast<std::ptrdiff_t>((t + 1) * V));
+            r.out.prompt_log_probs.push_back(token_log_prob(row, r.request.prompt[t + 1]));
+          }
+          r.last.assign(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
+        } else {
+          r.last = std::move(all);
+        }
+      }
+      return Status::ok();
+    };
+    if (Status st = run(0, old_count, false); !st) return st;
+    if (Status st = run(old_count, ids.size(), true); !st) return st;
+  }
+  running_ = std::move(next);
+  // A new request with nothing to generate is done at once.
+  std::vector<Running> still;
+  for (Running& r : running_) {
+    if (r.request.options.tokens_to_generate == 0) {
+      r.out.finish_reason = "length";
+      finish(r);
+    } else {
+      still.push_back(std::move(r));
+    }
+  }
+  running_ = std::move(still);
+  return true;
+}
+
 Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                          const GenerationOptions& options) {
-  const GptConfig& m = decoder.config();
   std::vector<std::string> problems = check_sampling(options.sampling);
   if (options.tokens_to_generate < 0)
     problems.push_back(fmt::format("--tokens-to-generate {} is negative -- give 0 or more", options.tokens_to_generate));
   if (prompts.empty()) problems.push_back("no prompt -- give --prompt TEXT or --prompts-file FILE");
+  for (size_t i = 0; i < prompts.size(); ++i)
+    check_request(prompts[i], options, decoder.config(), fmt::format("prompt {}", i + 1), problems);
+  TROUPE_RETURN_IF_ERROR(problems_status(problems));
+  std::vector<Generation> out(prompts.size());
+  BatchGenerator batch(decoder);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    if (prompts[i].empty()) {
-      problems.push_back(fmt::format("prompt {} is empty -- give it some text (at least one token)", i + 1));
-      continue;
-    }
-    const int64_t total = static_cast<int64_t>(prompts[i].size()) + options.tokens_to_generate;
-    if (total > m.max_position_embeddings)
-      problems.push_back(fmt::format("prompt {} is {} tokens, and with {} to generate {} is over the model's {} positions "
-                                     "-- shorten it or lower --tokens-to-generate",
-                                     i + 1, prompts[i].size(), options.tokens_to_generate, total,
-                                     m.max_position_embeddings));
+    BatchGenerator::Request r;
+    r.prompt = prompts[i];
+    r.options = options;
+    r.index = static_cast<int64_t>(i);
+    r.on_done = [&out, i](Generation g) { out[i] = std::move(g); };
+    TROUPE_RETURN_IF_ERROR(batch.add(std::move(r)));
   }
-  if (!problems.empty()) {
-    std::string message = problems.size() == 1 ? problems[0] : fmt::format("{} problems:", problems.size());
-    if (problems.size() > 1)
-      for (const std::string& p : problems) message += "\n  - " + p;
-    return Status::bad_input(message);
-  }
-
-  const size_t n = prompts.size();
-  std::vector<Generation> out(n);
-  std::vector<int> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = decoder.open_sequence();
-  struct Closer {
-    Decoder& d;
-    std::vector<int>& ids;
-    ~Closer() {
-      for (int id : ids) d.close_sequence(id);
-    }
-  } closer{decoder, ids};
-  // The prompts, all rows' logits: the prompt's own log-probabilities, and the first token's.
-  auto first = decoder.feed(ctx, ids, prompts, /*every_token=*/true);
-  if (!first) return first.status();
-  const size_t V = static_cast<size_t>(m.vocab_size);
-  std::vector<std::vector<float>> last(n);
-  for (size_t i = 0; i < n; ++i) {
-    const std::vector<float>& all = first.value()[i];
-    const size_t rows = prompts[i].size();
-    for (size_t r = 0; r + 1 < rows; ++r) {
-      const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>(r * V),
-                                   all.begin() + static_cast<std::ptrdiff_t>((r + 1) * V));
-      out[i].prompt_log_probs.push_back(token_log_prob(row, prompts[i][r + 1]));
-    }
-    last[i].assign(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
-  }
-  std::vector<size_t> active(n);
-  std::iota(active.begin(), active.end(), 0);
-  if (options.tokens_to_generate == 0)
-    for (Generation& g : out) g.finish_reason = "length";
-  for (int step = 0; step < options.tokens_to_generate && !active.empty(); ++step) {
-    std::vector<size_t> next;
-    std::vector<int> feed_ids;
-    std::vector<std::vector<int32_t>> feed_tokens;
-    for (size_t i : active) {
-      const int32_t token = sample_token(last[i], options.sampling, static_cast<int64_t>(i), step);
-      Generation& g = out[i];
-      g.tokens.push_back(token);
-      g.log_probs.push_back(token_log_prob(last[i], token));
-      if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), token) != options.stop_tokens.end()) {
-        g.finish_reason = "stop token";
-      } else if (options.stop && options.stop(i, g.tokens)) {
-        g.finish_reason = "stop";
-      } else if (step + 1 == options.tokens_to_generate) {
-        g.finish_reason = "length";
-      } else {
-        next.push_back(i);
-        feed_ids.push_back(ids[i]);
-        feed_tokens.push_back({token});
-      }
-    }
-    if (!next.empty()) {
-      auto logits = decoder.feed(ctx, feed_ids, feed_tokens);
-      if (!logits) return logits.status();
-      for (size_t j = 0; j < next.size(); ++j) last[next[j]] = std::move(logits.value()[j]);
-    }
-    active = std::move(next);
+  for (;;) {
+    auto stepped = batch.step(ctx);
+    if (!stepped) return stepped.status();
+    if (!stepped.value()) break;
   }
   return out;
 }

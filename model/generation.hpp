@@ -52,8 +52,49 @@ struct Generation {
 
 // Generates for every prompt (each non-empty, prompt + tokens_to_generate within the model's
 // positions: bad input naming the prompt otherwise). Prompts share the decoder's batch: each step
-// feeds every unfinished sequence its last token.
+// feeds every unfinished sequence its last token. (A BatchGenerator run until it is idle.)
 Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                          const GenerationOptions& options);
+
+// Continuous batching: requests join between decode steps. Each step first feeds the prompts of the
+// requests added since the last one (all together, sampling their first tokens), then feeds every
+// other running sequence its last token. A sequence's tokens depend only on its own prompt,
+// options and index (the sampling draw's key), not on what else runs beside it.
+class BatchGenerator {
+ public:
+  struct Request {
+    std::vector<int32_t> prompt;
+    GenerationOptions options;  // `stop` is called with `index` as the prompt
+    int64_t index = 0;          // the sampling draw's prompt key (its place in its own request)
+    // Called on the stepping thread: each generated token (with its log-probability), then once the
+    // whole generation. Either may be empty.
+    std::function<void(int32_t token, double log_prob)> on_token;
+    std::function<void(Generation)> on_done;
+  };
+  explicit BatchGenerator(Decoder& decoder) : decoder_(decoder) {}
+  ~BatchGenerator();  // closes the running sequences (their on_done is not called)
+  BatchGenerator(const BatchGenerator&) = delete;
+  BatchGenerator& operator=(const BatchGenerator&) = delete;
+  // Why `r` cannot run (empty prompt, too long, bad sampling options): bad input; else it is queued.
+  Status add(Request r);
+  // One step over the queued and running requests; false when there was nothing to do.
+  Result<bool> step(Context& ctx);
+  size_t running() const { return running_.size(); }
+  size_t queued() const { return queued_.size(); }
+
+ private:
+  struct Running {
+    Request request;
+    int id = -1;  // the decoder's sequence
+    Generation out;
+    std::vector<float> last;  // the logits the next token is drawn from
+    int64_t step = 0;
+  };
+  // Samples the next token of `r`; true when the sequence goes on.
+  bool advance(Running& r);
+  Decoder& decoder_;
+  std::vector<Request> queued_;
+  std::vector<Running> running_;
+};
 
 }  // namespace troupe

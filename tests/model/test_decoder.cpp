@@ -10,6 +10,7 @@
 #include <random>
 
 #include "model/decoder.hpp"
+#include "model/generation.hpp"
 #include "reference/gpt.hpp"
 
 namespace troupe {
@@ -103,6 +104,57 @@ TEST_CASE("decoder: the cache's log-probabilities are the training model's loss"
     auto outside = dec.feed(ctx, {one}, {{static_cast<int32_t>(m.vocab_size)}});
     REQUIRE_FALSE(outside.is_ok());
   }
+}
+
+TEST_CASE("decoder: a request's tokens do not depend on what runs beside it", "[decoder]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  const GptConfig m = family("llama");
+  GptModel ref(m, 1);
+  ref.init(3);
+  Decoder dec(m);
+  for (size_t i = 0; i < dec.params().size(); ++i) dec.params()[i].copy_from(ref.params()[i]);
+  GenerationOptions o;
+  o.sampling.top_p = 0.9;
+  o.sampling.temperature = 1.5;
+  o.sampling.seed = 17;
+  o.tokens_to_generate = 9;
+  const std::vector<int32_t> a{3, 1, 4, 1, 5}, b{9, 2, 6};
+  auto alone = [&](const std::vector<int32_t>& prompt, int64_t index) {
+    BatchGenerator batch(dec);
+    Generation out;
+    BatchGenerator::Request r{prompt, o, index, {}, [&](Generation g) { out = std::move(g); }};
+    REQUIRE(batch.add(std::move(r)).is_ok());
+    while (batch.step(ctx).value()) {
+    }
+    return out;
+  };
+  const Generation a1 = alone(a, 0), b1 = alone(b, 1);
+  REQUIRE(a1.tokens.size() == 9);
+  // b joins after a's third step; a also as index 1 to see the key matter.
+  BatchGenerator batch(dec);
+  Generation a2, b2;
+  std::vector<int32_t> streamed;
+  REQUIRE(batch.add({a, o, 0, [&](int32_t t, double) { streamed.push_back(t); }, [&](Generation g) { a2 = std::move(g); }})
+              .is_ok());
+  for (int s = 0; s < 3; ++s) REQUIRE(batch.step(ctx).value());
+  CHECK(batch.running() == 1);
+  REQUIRE(batch.add({b, o, 1, {}, [&](Generation g) { b2 = std::move(g); }}).is_ok());
+  while (batch.step(ctx).value()) {
+  }
+  CHECK(a2.tokens == a1.tokens);
+  CHECK(streamed == a1.tokens);
+  CHECK(b2.tokens == b1.tokens);
+  CHECK(b2.prompt_log_probs.size() == b.size() - 1);
+  for (size_t i = 0; i < a1.log_probs.size(); ++i) CHECK(a2.log_probs[i] == Approx(a1.log_probs[i]).margin(1e-6));
+  const Generation other_key = alone(a, 1);
+  CHECK(other_key.tokens != a1.tokens);
+  // Bad requests are refused before they join.
+  CHECK(batch.add({{}, o, 0, {}, {}}).is_bad_input());
+  GenerationOptions wide = o;
+  wide.tokens_to_generate = m.max_position_embeddings;
+  CHECK(batch.add({a, wide, 0, {}, {}}).is_bad_input());
 }
 
 }  // namespace troupe
