@@ -29,6 +29,7 @@ void add_train_command(CLI::App& app, int* exit_code);
 bool screen_train_command(std::vector<std::string>& args, bool for_plan = false);
 void add_eval_command(CLI::App& app, int* exit_code);
 void add_generate_command(CLI::App& app, int* exit_code);
+void add_serve_command(CLI::App& app, int* exit_code);
 void add_ckpt_command(CLI::App& app, int* exit_code);
 void add_bench_command(CLI::App& app, int* exit_code);
 void add_bench_comm_subcommand(CLI::App* bench, int* exit_code);  // troupe bench comm

@@ -11,6 +11,7 @@
 
 #include "actors/job.hpp"
 #include "apps/commands.hpp"
+#include "apps/generation_model.hpp"
 #include "apps/report.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/generation.hpp"
@@ -19,6 +20,30 @@
 #include "storage/tokenizer.hpp"
 
 namespace troupe::apps {
+
+Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration) {
+  auto cfg = checkpoint_config(dir);
+  if (!cfg) return cfg.status().with_context("--load " + dir + ": ").as_bad_input();
+  const TrainConfig& c = cfg.value();
+  if (const std::string why = Decoder::check(c.model); !why.empty()) return Status::bad_input("--load " + dir + ": " + why);
+  auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
+  if (!tokenizer) return tokenizer.status().with_context("the checkpoint's tokenizer: ").as_bad_input();
+  if (tokenizer.value()->vocab_size() != c.model.vocab_size)
+    return Status::bad_input(fmt::format("the tokenizer ({}) has {} tokens, the checkpoint's model {} -- generate with the "
+                                         "tokenizer the model was trained with",
+                                         tokenizer.value()->name(), tokenizer.value()->vocab_size(), c.model.vocab_size));
+  auto checkpoint = iteration < 0 ? Checkpoint::open_latest(dir) : Checkpoint::open(dir, iteration);
+  if (!checkpoint) return checkpoint.status().with_context("--load " + dir + ": ").as_bad_input();
+  GenerationModel out;
+  out.decoder = std::make_unique<Decoder>(c.model);
+  CheckpointContents contents;
+  for (size_t i = 0; i < out.decoder->specs().size(); ++i)
+    contents.params.push_back({out.decoder->specs()[i].name, out.decoder->specs()[i].global_shape, out.decoder->params()[i]});
+  if (Status st = checkpoint.value().load(contents, /*load_optimizer=*/false); !st) return st.with_context("--load " + dir + ": ");
+  out.tokenizer = std::move(tokenizer).value();
+  out.iteration = checkpoint.value().iteration();
+  return out;
+}
 
 namespace {
 
@@ -51,44 +76,15 @@ int run_generate(const GenerateArgs& a) {
     }
     prompts.insert(prompts.end(), read.value().begin(), read.value().end());
   }
-  auto cfg = checkpoint_config(a.load);
-  if (!cfg) {
-    print_error(name, cfg.status().with_context("--load " + a.load + ": "));
-    return kExitUsage;
+  auto loaded = load_generation_model(a.load, a.iteration);
+  if (!loaded) {
+    print_error(name, loaded.status());
+    return exit_code_for(loaded.status());
   }
-  const TrainConfig& c = cfg.value();
-  if (const std::string why = Decoder::check(c.model); !why.empty()) {
-    print_error(name, "--load " + a.load + ": " + why);
-    return kExitUsage;
-  }
-  auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
-  if (!tokenizer) {
-    print_error(name, tokenizer.status().with_context("the checkpoint's tokenizer: "));
-    return kExitUsage;
-  }
-  const Tokenizer& tok = *tokenizer.value();
-  if (tok.vocab_size() != c.model.vocab_size) {
-    print_error(name, fmt::format("the tokenizer ({}) has {} tokens, the checkpoint's model {} -- generate with the "
-                                  "tokenizer the model was trained with",
-                                  tok.name(), tok.vocab_size(), c.model.vocab_size));
-    return kExitUsage;
-  }
+  Decoder& decoder = *loaded.value().decoder;
+  const Tokenizer& tok = *loaded.value().tokenizer;
   std::vector<std::vector<int32_t>> ids;
   for (const std::string& p : prompts) ids.push_back(tok.encode(p));
-
-  auto checkpoint = a.iteration < 0 ? Checkpoint::open_latest(a.load) : Checkpoint::open(a.load, a.iteration);
-  if (!checkpoint) {
-    print_error(name, checkpoint.status().with_context("--load " + a.load + ": "));
-    return kExitUsage;
-  }
-  Decoder decoder(c.model);
-  CheckpointContents contents;
-  for (size_t i = 0; i < decoder.specs().size(); ++i)
-    contents.params.push_back({decoder.specs()[i].name, decoder.specs()[i].global_shape, decoder.params()[i]});
-  if (Status st = checkpoint.value().load(contents, /*load_optimizer=*/false); !st) {
-    print_error(name, st.with_context("--load " + a.load + ": "));
-    return exit_code_for(st);
-  }
 
   GenerationOptions options;
   options.sampling = {a.top_k, a.top_p, a.temperature, a.seed};

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   troupe::apps::add_train_command(app, &exit_code);
   troupe::apps::add_eval_command(app, &exit_code);
   troupe::apps::add_generate_command(app, &exit_code);
+  troupe::apps::add_serve_command(app, &exit_code);
   troupe::apps::add_ckpt_command(app, &exit_code);
   troupe::apps::add_bench_command(app, &exit_code);
   troupe::apps::add_info_command(app, &exit_code);

@@ -44,7 +44,8 @@
   X(sentencepiece_model)       \
   X(cluster_json)              \
   X(layout_text)               \
-  X(prompts_jsonl)
+  X(prompts_jsonl)             \
+  X(serve_request)
 
 namespace troupe::fuzz {
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# troupe serve (docs/SERVE.md) through real HTTP requests: Megatron's PUT /api gives, for two prompts
+# greedily, the tokens and log-probabilities `troupe generate` gives (prompt + generated, as Megatron
+# returns them); eight clients at once, each sampling with its own seed, get what each gets alone
+# (continuous batching changes no one's tokens); /v1/completions streamed as server-sent events adds
+# up to the unstreamed text; bad requests get 400 with Megatron's reasons; /metrics counts them in
+# Prometheus' format; a bearer token, when set, is required, and binding beyond loopback without one
+# is refused (exit 2).
+source "$(dirname "$0")/common.bash"
+make_corpus
+small_train --train-iters 60 --save ck --num-threads 1 --hidden-dropout 0 --attention-dropout 0 > train.log 2>&1 ||
+  { cat train.log; fail "training failed"; }
+"$troupe" generate --load ck --prompt "The " --prompt "Q: Why did" --top-k 1 --tokens-to-generate 10 --json --logprobs \
+  --num-threads 1 > gen.jsonl || fail "generate failed"
+
+serve_pid=""
+stop_server() { [[ -n "$serve_pid" ]] && kill "$serve_pid" 2> /dev/null && wait "$serve_pid" 2> /dev/null; serve_pid=""; }
+trap 'stop_server; rm -rf "$work"' EXIT
+start_server() {  # LOG FLAGS...: starts troupe serve on a free port, sets $port
+  local log=$1
+  shift
+  "$troupe" serve --load ck --port 0 --num-threads 1 "$@" > "$log" 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 1 100); do
+    port=$(sed -n 's/.*:\([0-9]*\) (PUT \/api.*/\1/p' "$log")
+    [[ -n "$port" ]] && return 0
+    sleep 0.1
+  done
+  cat "$log"
+  fail "troupe serve did not start"
+}
+start_server serve.log
+python3 - "$port" gen.jsonl <<'PY' || fail "the server's answers are wrong"
+import http.client, json, sys, threading
+port = int(sys.argv[1])
+def call(method, path, body, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request(method, path, body if isinstance(body, (str, bytes)) else json.dumps(body),
+              {"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    return r.status, data
+
+# Megatron's API against troupe generate.
+gen = [json.loads(l) for l in open(sys.argv[2])]
+status, body = call("PUT", "/api", {"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1,
+                                     "logprobs": True})
+assert status == 200, (status, body)
+out = json.loads(body)
+for i, g in enumerate(gen):
+    prompt_ids = list(g["prompt"].encode())
+    assert out["tokens"][i] == prompt_ids + g["tokens"], (out["tokens"][i], g["tokens"])
+    assert out["text"][i] == g["prompt"] + g["text"], (out["text"][i], g["text"])
+    want = g["prompt_log_probs"] + g["log_probs"]
+    # The same tokens; the log-probabilities to float32 rounding (the rows batched differ)
+    assert len(out["logprobs"][i]) == len(want) and max(abs(a - b) for a, b in zip(out["logprobs"][i], want)) < 1e-5
+    assert len(out["segments"][i]) == len(out["tokens"][i])
+print("ok: PUT /api equals troupe generate")
+
+# Eight clients at once, each with its own seed: what each gets alone.
+reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
+        for k in range(8)]
+alone = [json.loads(call("PUT", "/api", r)[1])["tokens"] for r in reqs]
+together = [None] * 8
+def run(k):
+    together[k] = json.loads(call("PUT", "/api", reqs[k])[1])["tokens"]
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert together == alone, "a request's tokens changed with the others beside it"
+assert len({json.dumps(a) for a in alone}) > 1, "every seed gave the same tokens"
+print("ok: 8 concurrent clients get what each gets alone")
+
+# Completions, unstreamed and streamed.
+req = {"prompt": "The ", "max_tokens": 10, "temperature": 0, "model": "tiny"}
+status, body = call("POST", "/v1/completions", req)
+assert status == 200, (status, body)
+plain = json.loads(body)
+assert plain["object"] == "text_completion" and plain["model"] == "tiny", plain
+assert plain["choices"][0]["text"] == gen[0]["text"], (plain, gen[0])
+assert plain["usage"]["prompt_tokens"] == 4 and plain["usage"]["completion_tokens"] == len(gen[0]["tokens"]), plain
+status, body = call("POST", "/v1/completions", {**req, "stream": True})
+assert status == 200, status
+events = [l[len("data: "):] for l in body.split("\n") if l.startswith("data: ")]
+assert events[-1] == "[DONE]", events[-3:]
+chunks = [json.loads(e) for e in events[:-1]]
+streamed = "".join(c["choices"][0]["text"] for c in chunks)
+assert streamed == plain["choices"][0]["text"], (streamed, plain)
+assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop") and len(chunks) >= 2, chunks[-1]
+assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1]), chunks
+status, body = call("POST", "/v1/completions", {"prompt": "The ", "max_tokens": 12, "temperature": 0, "stop": " "})
+assert status == 200 and " " not in json.loads(body)["choices"][0]["text"], body
+print(f"ok: /v1/completions, and streamed in {len(chunks)} events to the same text")
+
+# Bad requests: 400 with the reason.
+bad = [("PUT", "/api", {"tokens_to_generate": 3}, "prompts argument required"),
+       ("PUT", "/api", {"prompts": "x"}, "prompts is not a list of strings"),
+       ("PUT", "/api", {"prompts": ["x"], "top_p": 1}, "top_p must be a positive float"),
+       ("PUT", "/api", {"prompts": ["x"], "top_p": 0.5, "top_k": 3}, "cannot set both"),
+       ("PUT", "/api", {"prompts": ["x"], "tokens_to_generate": 0}, "implies logprobs"),
+       ("PUT", "/api", {"prompts": [""]}, "Empty prompts require add_BOS"),
+       ("PUT", "/api", {"prompts": ["x" * 40]}, "over the model's 32 positions"),
+       ("PUT", "/api", {"prompts": ["x"], "beam_width": 2}, "beam search"),
+       ("PUT", "/api", "{not json", "not JSON"),
+       ("POST", "/v1/completions", {"prompt": 3}, "prompt must be"),
+       ("POST", "/v1/completions", {"prompt": "x", "n": 2}, "n must be 1")]
+for method, path, body, reason in bad:
+    status, text = call(method, path, body)
+    assert status == 400 and reason in text, (body, status, text)
+print(f"ok: {len(bad)} bad requests answered 400 with the reason")
+
+status, text = call("GET", "/metrics", "")
+assert status == 200, status
+assert 'troupe_serve_requests_total{api="megatron",code="400"} 9' in text, text
+assert "troupe_serve_request_seconds_count" in text and "troupe_serve_time_to_first_token_seconds_bucket" in text
+print("ok: /metrics")
+PY
+stop_server
+
+# A bearer token: required when set; beyond loopback without one: refused.
+"$troupe" launch --new-token > token.txt
+start_server serve_token.log --token-file token.txt
+python3 - "$port" token.txt <<'PY' || fail "the token is not enforced"
+import http.client, json, sys
+port, token = int(sys.argv[1]), open(sys.argv[2]).read().strip()
+def call(headers):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("PUT", "/api", json.dumps({"prompts": ["a"], "tokens_to_generate": 2}), headers)
+    r = c.getresponse()
+    r.read()
+    return r.status
+assert call({}) == 401
+assert call({"Authorization": "Bearer wrong"}) == 401
+assert call({"Authorization": "Bearer " + token}) == 200
+print("ok: the bearer token is required")
+PY
+stop_server
+set +e
+"$troupe" serve --load ck --bind 0.0.0.0 --port 0 > open.log 2>&1
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "needs a bearer token\|requests need a bearer token" open.log || { cat open.log; fail "binding beyond loopback without a token was not refused"; }
+echo "PASS: troupe serve answers Megatron's and OpenAI-style requests as troupe generate does"
