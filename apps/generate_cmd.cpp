@@ -2,6 +2,7 @@
 // (--tokens-to-generate, --top-k, --top-p, --temperature, --seed); the checkpoint's own tokenizer;
 // every prompt its own sequence in the decoder's cache, all generated together.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -15,13 +16,49 @@
 #include "apps/report.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/generation.hpp"
+#include "config/imported_config.hpp"
 #include "storage/checkpoint.hpp"
+#include "storage/hf_import.hpp"
 #include "storage/prompts_file.hpp"
 #include "storage/tokenizer.hpp"
 
 namespace troupe::apps {
 
+namespace {
+
+// A Hugging Face folder (storage/hf_import.hpp): its config and tokenizer as `troupe train --load`
+// imports them, its weights straight into the decoder.
+Result<GenerationModel> load_hf_generation_model(const std::string& dir) {
+  auto model = read_hf_folder(dir);
+  if (!model) return model.status().as_bad_input();
+  const TrainConfig c = imported_train_config(model.value());
+  if (const std::string why = Decoder::check(c.model); !why.empty()) return Status::bad_input("--load " + dir + ": " + why);
+  if (c.tokenizer_type.empty())
+    return Status::bad_input("--load " + dir + ": the folder names no tokenizer troupe reads (no vocab.json and "
+                             "merges.txt, no troupe export) -- generate from a troupe checkpoint of it (troupe ckpt "
+                             "import --format hf) with --tokenizer flags at import");
+  auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
+  if (!tokenizer) return tokenizer.status().with_context("the folder's tokenizer: ").as_bad_input();
+  GenerationModel out;
+  out.decoder = std::make_unique<Decoder>(c.model);
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : model.value().params) by_name[t.name] = &t;
+  for (size_t i = 0; i < out.decoder->specs().size(); ++i) {
+    const ParamSpec& spec = out.decoder->specs()[i];
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end()) return Status::bad_input("--load " + dir + ": the folder has no " + spec.name);
+    const Tensor& src = it->second->tensor;
+    const Tensor& dst = out.decoder->params()[i];
+    dst.rows(0, src.dim(0)).copy_from(src);  // wte: the padding rows stay zero
+  }
+  out.tokenizer = std::move(tokenizer).value();
+  return out;
+}
+
+}  // namespace
+
 Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration) {
+  if (is_hf_folder(dir)) return load_hf_generation_model(dir);
   auto cfg = checkpoint_config(dir);
   if (!cfg) return cfg.status().with_context("--load " + dir + ": ").as_bad_input();
   const TrainConfig& c = cfg.value();

@@ -4,7 +4,8 @@
 # prompts of different lengths batched together, exactly the tokens bench/torch_gpt.py's float64
 # models of their Hugging Face exports choose when they recompute the whole sequence at every step,
 # with the log-probabilities (prompt and generated) within 1e-6; sampling with a seed repeats itself;
-# a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way; bad input is refused
+# a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way, and each Hugging Face
+# folder as its checkpoint does; bad input is refused
 # with the fix, exit 2.
 source "$(dirname "$0")/common.bash"
 py=/usr/bin/python3
@@ -59,6 +60,11 @@ for row in rows:
 print(f"{sys.argv[4]}: greedy tokens equal the float64 oracle's; log-probabilities within {worst:.1e}")
 assert worst <= 1e-6, worst
 PY
+  # The Hugging Face folder itself generates the same tokens (--load HF_FOLDER).
+  "$troupe" generate --load "hf_$name" "${prompts[@]}" --top-k 1 --tokens-to-generate 9 --no-stop-on-eod --json \
+    --num-threads 1 > "gen_hf_$name.jsonl" 2> "gen_hf_$name.err" || { cat "gen_hf_$name.err"; fail "$name: generate from the folder failed"; }
+  "$py" -c 'import json,sys; a=[json.loads(l)["tokens"] for l in open(sys.argv[1])]; b=[json.loads(l)["tokens"] for l in open(sys.argv[2])]; assert a == b, (a, b)' \
+    "gen_$name.jsonl" "gen_hf_$name.jsonl" || fail "$name: the folder generates other tokens than its checkpoint"
 done
 
 # Sampling: the same seed gives the same text, another seed (almost surely) other text.
