@@ -99,6 +99,7 @@ struct GenerateArgs {
   bool no_stop_on_eod = false;
   bool logprobs = false;
   bool json = false;
+  bool timing = false;
   int num_threads = 0;
 };
 
@@ -138,7 +139,8 @@ int run_generate(const GenerateArgs& a) {
   ThreadPool pool(a.num_threads > 0 ? a.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   Context ctx;
   ctx.pool = &pool;
-  auto result = generate(ctx, decoder, ids, options);
+  GenerationTimes times;
+  auto result = generate(ctx, decoder, ids, options, &times);
   if (!result) {
     print_error(name, result.status());
     return exit_code_for(result.status());
@@ -150,7 +152,8 @@ int run_generate(const GenerateArgs& a) {
       for (const std::string& s : a.stop_strings)
         if (size_t at = text.find(s); !s.empty() && at != std::string::npos) text.resize(at);
     if (a.json) {
-      nlohmann::json j = {{"prompt", prompts[i]}, {"text", text}, {"tokens", g.tokens}, {"finish_reason", g.finish_reason}};
+      nlohmann::json j = {{"prompt", prompts[i]}, {"prompt_tokens", ids[i]}, {"text", text}, {"tokens", g.tokens},
+                          {"finish_reason", g.finish_reason}};
       if (a.logprobs) {
         j["log_probs"] = g.log_probs;
         j["prompt_log_probs"] = g.prompt_log_probs;
@@ -161,6 +164,11 @@ int run_generate(const GenerateArgs& a) {
       if (prompts.size() > 1 && i + 1 < prompts.size()) std::printf("\n");
     }
   }
+  if (a.timing)
+    std::fprintf(stderr, "troupe generate: %zu prompts: prompts fed in %.4f s (time to first token); %lld tokens in %.4f s "
+                         "(%.1f tokens/s)\n",
+                 prompts.size(), times.prefill_seconds, static_cast<long long>(times.tokens), times.decode_seconds,
+                 times.decode_seconds > 0 ? static_cast<double>(times.tokens) / times.decode_seconds : 0.0);
   return kExitOk;
 }
 
@@ -186,6 +194,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--logprobs", a->logprobs, "with --json: each token's log-probability (prompt and generated)");
   cmd->add_flag("--json", a->json, "one JSON object per prompt: prompt, text, tokens, finish_reason");
   cmd->add_option("--num-threads", a->num_threads, "compute threads (0: all cores)")->capture_default_str();
+  cmd->add_flag("--timing", a->timing, "print to stderr the time to first token and the decode rate");
   cmd->callback([a, exit_code] { *exit_code = run_generate(*a); });
 }
 

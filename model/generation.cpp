@@ -2,6 +2,7 @@
 #include "model/generation.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -236,7 +237,7 @@ Result<bool> BatchGenerator::step(Context& ctx) {
 }
 
 Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
-                                         const GenerationOptions& options) {
+                                         const GenerationOptions& options, GenerationTimes* times) {
   std::vector<std::string> problems = check_sampling(options.sampling);
   if (options.tokens_to_generate < 0)
     problems.push_back(fmt::format("--tokens-to-generate {} is negative -- give 0 or more", options.tokens_to_generate));
@@ -254,10 +255,18 @@ Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const s
     r.on_done = [&out, i](Generation g) { out[i] = std::move(g); };
     TROUPE_RETURN_IF_ERROR(batch.add(std::move(r)));
   }
-  for (;;) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  for (bool first = true;; first = false) {
     auto stepped = batch.step(ctx);
     if (!stepped) return stepped.status();
+    if (first && times != nullptr) times->prefill_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!stepped.value()) break;
+  }
+  if (times != nullptr) {
+    times->decode_seconds = std::chrono::duration<double>(Clock::now() - t0).count() - times->prefill_seconds;
+    times->tokens = 0;
+    for (const Generation& g : out) times->tokens += static_cast<int64_t>(g.tokens.size());
   }
   return out;
 }

@@ -50,11 +50,17 @@ struct Generation {
   std::string finish_reason;       // "length", "stop token", "stop"
 };
 
+// Where generate's time went: the prompts fed (to the first tokens' logits) and the rest.
+struct GenerationTimes {
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t tokens = 0;  // generated, all prompts
+};
+
 // Generates for every prompt (each non-empty, prompt + tokens_to_generate within the model's
 // positions: bad input naming the prompt otherwise). Prompts share the decoder's batch: each step
 // feeds every unfinished sequence its last token. (A BatchGenerator run until it is idle.)
 Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
-                                         const GenerationOptions& options);
+                                         const GenerationOptions& options, GenerationTimes* times = nullptr);
 
 // Continuous batching: requests join between decode steps. Each step first feeds the prompts of the
 // requests added since the last one (all together, sampling their first tokens), then feeds every
