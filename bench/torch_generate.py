@@ -64,7 +64,7 @@ def main():
             x = x + conv1d(y.transpose(1, 2).reshape(B, T, C), p + "attn.c_proj")
             m = conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc")
             x = x + conv1d(F.gelu(m, approximate="tanh"), p + "mlp.c_proj")
-        return ln(x[:, -1, :], "transformer.ln_f") @ wte.T
+        return F.linear(ln(x[:, -1, :], "transformer.ln_f"), wte)  # as GPT2LMHeadModel's lm_head
 
     prompt = json.loads(a.prompt_ids)
     ids = torch.tensor([prompt] * a.batch, dtype=torch.long)
