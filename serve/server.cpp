@@ -20,6 +20,7 @@
 
 #include "kernels/thread_pool.hpp"
 #include "model/generation.hpp"
+#include "serve/page.hpp"
 #include "serve/request.hpp"
 
 namespace troupe {
@@ -473,6 +474,14 @@ Result<std::unique_ptr<InferenceServer>> InferenceServer::start(std::unique_ptr<
   s.Put("/api", [self](const httplib::Request& req, httplib::Response& res) { self->megatron(req, res); });
   s.Post("/v1/completions", [self](const httplib::Request& req, httplib::Response& res) { self->completions(req, res); });
   s.Post("/completions", [self](const httplib::Request& req, httplib::Response& res) { self->completions(req, res); });
+  s.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Cache-Control", "no-store");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                   "frame-ancestors 'none'");
+    res.set_content(serve_page(), "text/html; charset=utf-8");
+  });
   s.Get("/metrics", [self](const httplib::Request& req, httplib::Response& res) {
     if (!self->authorized(req)) return self->refuse(res, "metrics", 401, "a bearer token is required");
     res.set_content(self->metrics(), "text/plain; version=0.0.4");

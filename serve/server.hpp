@@ -1,6 +1,6 @@
 // troupe serve's HTTP server (docs/SERVE.md): Megatron's `PUT /api`, OpenAI-style
 // `POST /v1/completions` (with `stream`: server-sent events), `GET /metrics` (Prometheus' text format)
-// over cpp-httplib. One generation thread owns the decoder and runs a BatchGenerator: requests from
+// and `GET /` (a page to type prompts and watch the tokens stream, serve/page.cpp) over cpp-httplib. One generation thread owns the decoder and runs a BatchGenerator: requests from
 // any number of connections join the running batch between decode steps (continuous batching), so
 // a request's tokens are what `troupe generate` gives for it alone. A bearer token, when set, is
 // required on every request (`Authorization: Bearer TOKEN`); the command refuses to listen beyond

@@ -5,7 +5,7 @@
 # (continuous batching changes no one's tokens); /v1/completions streamed as server-sent events adds
 # up to the unstreamed text; bad requests get 400 with Megatron's reasons; /metrics counts them in
 # Prometheus' format; a bearer token, when set, is required, and binding beyond loopback without one
-# is refused (exit 2).
+# is refused (exit 2); the page at / streams a completion in headless Chromium.
 source "$(dirname "$0")/common.bash"
 make_corpus
 small_train --train-iters 60 --save ck --num-threads 1 --hidden-dropout 0 --attention-dropout 0 > train.log 2>&1 ||
@@ -116,6 +116,42 @@ assert 'troupe_serve_requests_total{api="megatron",code="400"} 9' in text, text
 assert "troupe_serve_request_seconds_count" in text and "troupe_serve_time_to_first_token_seconds_bucket" in text
 print("ok: /metrics")
 PY
+
+# The page (GET /) in headless Chromium: it streams the completion into #out and ends "done" with the
+# text the API gives.
+if ! command -v chromium > /dev/null; then
+  echo "skipped: no chromium (the page was not opened in a browser)"
+else
+  python3 -c 'import http.client,json,sys; c=http.client.HTTPConnection("127.0.0.1", int(sys.argv[1])); c.request("POST", "/v1/completions", json.dumps({"prompt": "The ", "max_tokens": 10, "temperature": 0})); print(json.loads(c.getresponse().read())["choices"][0]["text"], end="")' "$port" > want_page.txt
+  timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$work/chrome" \
+    --virtual-time-budget=20000 --dump-dom "http://127.0.0.1:$port/?prompt=The%20&max_tokens=10&temperature=0&autorun=1" \
+    > page.html 2> chromium.err || { tail chromium.err; fail "chromium failed"; }
+  python3 - page.html want_page.txt <<'PY' || { head -c 3000 page.html; fail "the page did not stream the completion"; }
+import html.parser, sys
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.depth, self.state, self.text = 0, None, ""
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id") == "out":
+            self.depth, self.state = 1, a.get("data-state")
+        elif self.depth:
+            self.depth += 1
+    def handle_endtag(self, tag):
+        if self.depth:
+            self.depth -= 1
+    def handle_data(self, data):
+        if self.depth:
+            self.text += data
+p = Page()
+p.feed(open(sys.argv[1]).read())
+want = "The " + open(sys.argv[2]).read()
+assert p.state == "done", p.state
+assert p.text == want, (p.text, want)
+print(f"ok: the page streamed {len(want) - 4} characters of completion in Chromium, the API's text")
+PY
+fi
 stop_server
 
 # A bearer token: required when set; beyond loopback without one: refused.
