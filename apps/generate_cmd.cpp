@@ -101,6 +101,8 @@ struct GenerateArgs {
   bool json = false;
   bool timing = false;
   int num_threads = 0;
+  int beam_width = 0;
+  double length_penalty = 1.0;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -124,6 +126,32 @@ int run_generate(const GenerateArgs& a) {
   std::vector<std::vector<int32_t>> ids;
   for (const std::string& p : prompts) ids.push_back(tok.encode(p));
 
+  if (a.beam_width > 0) {
+    // Megatron's beam search: one prompt, every hypothesis best first.
+    if (ids.size() != 1) {
+      print_error(name, fmt::format("--beam-width searches one prompt, {} given -- give one --prompt", ids.size()));
+      return kExitUsage;
+    }
+    ThreadPool pool(a.num_threads > 0 ? a.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    Context ctx;
+    ctx.pool = &pool;
+    auto hyps = beam_search(ctx, decoder, ids[0], a.beam_width, a.tokens_to_generate, a.no_stop_on_eod ? -1 : tok.eod(),
+                            a.length_penalty);
+    if (!hyps) {
+      print_error(name, hyps.status());
+      return exit_code_for(hyps.status());
+    }
+    if (a.json) {
+      nlohmann::json beams = nlohmann::json::array();
+      for (const BeamHypothesis& h : hyps.value())
+        beams.push_back({{"text", tok.decode(h.tokens)}, {"tokens", h.tokens}, {"score", h.score}});
+      std::printf("%s\n", nlohmann::json{{"prompt", prompts[0]}, {"prompt_tokens", ids[0]}, {"beams", beams}}
+                               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    } else {
+      std::printf("%s%s\n", prompts[0].c_str(), tok.decode(hyps.value().front().tokens).c_str());
+    }
+    return kExitOk;
+  }
   GenerationOptions options;
   options.sampling = {a.top_k, a.top_p, a.temperature, a.seed};
   options.tokens_to_generate = a.tokens_to_generate;
@@ -195,6 +223,8 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", a->json, "one JSON object per prompt: prompt, text, tokens, finish_reason");
   cmd->add_option("--num-threads", a->num_threads, "compute threads (0: all cores)")->capture_default_str();
   cmd->add_flag("--timing", a->timing, "print to stderr the time to first token and the decode rate");
+  cmd->add_option("--beam-width", a->beam_width, "beam search with this many beams (one prompt; Megatron's)");
+  cmd->add_option("--length-penalty", a->length_penalty, "beam search: scores are sum / length^this")->capture_default_str();
   cmd->callback([a, exit_code] { *exit_code = run_generate(*a); });
 }
 

@@ -66,6 +66,18 @@ int Decoder::open_sequence() {
   return static_cast<int>(id);
 }
 
+int Decoder::copy_sequence(int from) {
+  TROUPE_CHECK(from >= 0 && from < static_cast<int>(sequences_.size()) && sequences_[from].open,
+               "Decoder: no sequence " + std::to_string(from));
+  const int id = open_sequence();  // may grow sequences_: index afresh below
+  const Sequence& src = sequences_[static_cast<size_t>(from)];
+  Sequence& dst = sequences_[static_cast<size_t>(id)];
+  for (size_t l = 0; l < src.kv.size(); ++l)
+    if (src.length > 0) dst.kv[l].rows(0, src.length).copy_from(src.kv[l].rows(0, src.length));
+  dst.length = src.length;
+  return id;
+}
+
 void Decoder::close_sequence(int id) {
   TROUPE_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[id].open, "Decoder: no sequence " +
                                                                                                    std::to_string(id));

@@ -42,6 +42,8 @@ class Decoder {
   // A new empty sequence (its cache grows to the model's max_position_embeddings); its id.
   int open_sequence();
   void close_sequence(int id);
+  // A new sequence holding a copy of sequence `id`'s tokens so far (its cache copied): a beam's fork.
+  int copy_sequence(int id);
   int64_t length(int id) const;  // tokens fed so far
 
   // Appends tokens[i] to sequence ids[i] (each non-empty; the sequence's length plus its tokens at

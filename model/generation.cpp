@@ -271,4 +271,102 @@ Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const s
   return out;
 }
 
+Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, Decoder& decoder, const std::vector<int32_t>& prompt,
+                                                int beam_width, int tokens_to_generate, int32_t stop_token,
+                                                double length_penalty) {
+  std::vector<std::string> problems;
+  if (beam_width < 1) problems.push_back(fmt::format("--beam-width {} -- give 1 or more", beam_width));
+  if (tokens_to_generate < 1)
+    problems.push_back(fmt::format("--tokens-to-generate {} -- beam search generates 1 or more", tokens_to_generate));
+  GenerationOptions o;
+  o.tokens_to_generate = std::max(0, tokens_to_generate);
+  check_request(prompt, o, decoder.config(), "the prompt", problems);
+  TROUPE_RETURN_IF_ERROR(problems_status(problems));
+  const size_t V = static_cast<size_t>(decoder.config().vocab_size);
+  struct Beam {
+    int id = -1;
+    std::vector<int32_t> tokens;
+    double score = 0;
+    std::vector<float> logits;
+  };
+  std::vector<BeamHypothesis> hyps;  // the best beam_width, kept sorted best first
+  auto add = [&](std::vector<int32_t> tokens, double sum, int64_t length) {
+    const double score = sum / std::pow(static_cast<double>(length), length_penalty);
+    if (static_cast<int>(hyps.size()) >= beam_width && score <= hyps.back().score) return;
+    hyps.push_back({std::move(tokens), score});
+    std::stable_sort(hyps.begin(), hyps.end(), [](const BeamHypothesis& a, const BeamHypothesis& b) { return a.score > b.score; });
+    if (static_cast<int>(hyps.size()) > beam_width) hyps.pop_back();
+  };
+  std::vector<Beam> beams(1);
+  beams[0].id = decoder.open_sequence();
+  auto first = decoder.feed(ctx, {beams[0].id}, {prompt});
+  if (!first) {
+    decoder.close_sequence(beams[0].id);
+    return first.status();
+  }
+  beams[0].logits = std::move(first.value()[0]);
+  bool done = false;
+  for (int step = 0; step < tokens_to_generate && !done; ++step) {
+    // Candidates (score, beam, token), best first; ties: lower beam, then lower token.
+    struct Cand {
+      double score;
+      size_t beam;
+      int32_t token;
+    };
+    std::vector<Cand> cands;
+    for (size_t b = 0; b < beams.size(); ++b) {
+      const std::vector<float>& lg = beams[b].logits;
+      double mx = -INFINITY, sum = 0;
+      for (float v : lg) mx = std::max(mx, static_cast<double>(v));
+      for (float v : lg) sum += std::exp(static_cast<double>(v) - mx);
+      const double lse = mx + std::log(sum);
+      for (size_t t = 0; t < V; ++t) cands.push_back({beams[b].score + static_cast<double>(lg[t]) - lse, b, static_cast<int32_t>(t)});
+    }
+    const size_t keep = std::min(cands.size(), static_cast<size_t>(2 * beam_width));
+    std::partial_sort(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(keep), cands.end(), [](const Cand& a, const Cand& b) {
+      return a.score > b.score || (a.score == b.score && (a.beam < b.beam || (a.beam == b.beam && a.token < b.token)));
+    });
+    std::vector<Beam> next;
+    for (size_t rank = 0; rank < keep && static_cast<int>(next.size()) < beam_width; ++rank) {
+      const Cand& c = cands[rank];
+      if (c.token == stop_token) {
+        if (static_cast<int>(rank) < beam_width) add(beams[c.beam].tokens, c.score, step + 1);
+        continue;
+      }
+      Beam n;
+      n.id = decoder.copy_sequence(beams[c.beam].id);
+      n.tokens = beams[c.beam].tokens;
+      n.tokens.push_back(c.token);
+      n.score = c.score;
+      next.push_back(std::move(n));
+    }
+    for (Beam& b : beams) decoder.close_sequence(b.id);
+    beams = std::move(next);
+    if (beams.empty()) break;
+    // Done when the hypotheses are full and no running beam could beat the worst of them.
+    double best = -INFINITY;
+    for (const Beam& b : beams) best = std::max(best, b.score);
+    if (static_cast<int>(hyps.size()) >= beam_width &&
+        hyps.back().score >= best / std::pow(static_cast<double>(step + 1), length_penalty))
+      done = true;
+    if (done || step + 1 == tokens_to_generate) break;
+    std::vector<int> ids;
+    std::vector<std::vector<int32_t>> feed;
+    for (const Beam& b : beams) {
+      ids.push_back(b.id);
+      feed.push_back({b.tokens.back()});
+    }
+    auto logits = decoder.feed(ctx, ids, feed);
+    if (!logits) {
+      for (Beam& b : beams) decoder.close_sequence(b.id);
+      return logits.status();
+    }
+    for (size_t b = 0; b < beams.size(); ++b) beams[b].logits = std::move(logits.value()[b]);
+  }
+  if (!done)
+    for (const Beam& b : beams) add(b.tokens, b.score, static_cast<int64_t>(b.tokens.size()));
+  for (Beam& b : beams) decoder.close_sequence(b.id);
+  return hyps;
+}
+
 }  // namespace troupe

@@ -62,6 +62,20 @@ struct GenerationTimes {
 Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                          const GenerationOptions& options, GenerationTimes* times = nullptr);
 
+// Megatron's beam search (megatron/text_generation/generation.py, beam_search_and_return_on_first_stage):
+// one prompt, `beam_width` beams; each step keeps the best beam_width continuations (beam score +
+// log-probability) among the best 2 x beam_width, a continuation by `stop_token` ending a hypothesis
+// (unless it ranks below beam_width) scored sum / length^length_penalty; done when beam_width
+// hypotheses are in and none of the running beams could beat the worst; at the end the running
+// beams join too. The hypotheses, best first (tokens generated, the stop token not among them).
+struct BeamHypothesis {
+  std::vector<int32_t> tokens;
+  double score = 0;  // sum of log-probabilities / length^length_penalty
+};
+Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, Decoder& decoder, const std::vector<int32_t>& prompt,
+                                                int beam_width, int tokens_to_generate, int32_t stop_token,
+                                                double length_penalty = 1.0);
+
 // Continuous batching: requests join between decode steps. Each step first feeds the prompts of the
 // requests added since the last one (all together, sampling their first tokens), then feeds every
 // other running sequence its last token. A sequence's tokens depend only on its own prompt,

@@ -110,15 +110,21 @@ Result<ServeRequest> parse_megatron_request(std::string_view body) {
   }
   if (j.contains("beam_width")) {
     if (!is_int(j["beam_width"])) return bad("beam_width must be integer");
-    return bad("beam_width: beam search is not supported by troupe serve yet -- leave it out and sample (top_k 1 is "
-               "greedy)");
+    if (!int_in(j["beam_width"], 1, 128, v)) return bad("beam_width must be an integer > 1");
+    if (r.prompts.size() > 1) return bad("When doing beam_search, batch size must be 1");
+    r.beam_width = static_cast<int>(v);
   }
   if (j.contains("stop_token")) {
     if (!int_in(j["stop_token"], 0, INT32_MAX, v)) return bad("stop_token must be an integer");
     r.has_stop_token = true;
     r.stop_token = static_cast<int32_t>(v);
   }
-  if (j.contains("length_penalty") && !j["length_penalty"].is_number_float()) return bad("length_penalty must be a float");
+  if (j.contains("length_penalty")) {
+    if (!j["length_penalty"].is_number_float()) return bad("length_penalty must be a float");
+    r.length_penalty = j["length_penalty"].get<double>();
+    if (!std::isfinite(r.length_penalty) || std::abs(r.length_penalty) > 100)
+      return bad("length_penalty must be a float in [-100, 100]");
+  }
   return r;
 }
 

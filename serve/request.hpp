@@ -30,12 +30,14 @@ struct ServeRequest {
   bool stream = false;            // completions: server-sent events
   bool echo = false;              // completions: the prompt before the text
   std::string model;              // completions: echoed back
+  int beam_width = 0;             // megatron: > 0: beam search (one prompt)
+  double length_penalty = 1.0;    // megatron: beam search's length penalty
 };
 
 // Megatron's PUT /api body. Its limits: 1 to 128 prompts, tokens_to_generate >= 0 (0 needs
 // logprobs), temperature in (0, 100], top_k in [0, 1000], top_p a float in [0, 1] and not with
-// top_k, an empty prompt only with add_BOS, random_seed >= 0; beam_width is refused (beam search is
-// not built yet).
+// top_k, an empty prompt only with add_BOS, random_seed >= 0; beam_width >= 1 with one prompt (beam
+// search), length_penalty a float.
 Result<ServeRequest> parse_megatron_request(std::string_view body);
 // The OpenAI-style completions body: prompt (a string or 1 to 128 strings), max_tokens (16),
 // temperature (1; 0 is greedy), top_p (1: off), top_k (an extension; 0), stop (a string or up to 4),

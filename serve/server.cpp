@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -100,6 +101,7 @@ struct InferenceServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<BatchGenerator::Request> pending;
+  std::vector<std::function<void(Context&)>> tasks;  // run on the generation thread between steps
   bool stopping = false;
   std::atomic<size_t> running{0};
   std::atomic<uint64_t> seed_counter{0};
@@ -123,14 +125,20 @@ struct InferenceServer::Impl {
     Context ctx;
     ctx.pool = &pool;
     BatchGenerator batch(*decoder);
+    std::vector<std::function<void(Context&)>> run;
     for (;;) {
       std::vector<BatchGenerator::Request> admit;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !pending.empty() || batch.running() > 0 || batch.queued() > 0; });
+        cv.wait(lock, [&] {
+          return stopping || !pending.empty() || !tasks.empty() || batch.running() > 0 || batch.queued() > 0;
+        });
         if (stopping) break;
         admit.swap(pending);
+        run.swap(tasks);
       }
+      for (auto& task : run) task(ctx);
+      run.clear();
       for (BatchGenerator::Request& r : admit) {
         auto on_done = r.on_done;
         if (Status st = batch.add(std::move(r)); !st && on_done) {
@@ -266,6 +274,7 @@ struct InferenceServer::Impl {
     auto ids = prepare(q.value(), o);
     if (!ids) return refuse(res, api, 400, ids.status().message());
     const auto t0 = Clock::now();
+    if (q.value().beam_width > 0) return beam(q.value(), ids.value()[0], res, t0);
     std::vector<std::shared_ptr<Job>> jobs;
     for (size_t i = 0; i < ids.value().size(); ++i) jobs.push_back(submit(ids.value()[i], o, static_cast<int64_t>(i)));
     nlohmann::json text = nlohmann::json::array(), segments = nlohmann::json::array(), tokens = nlohmann::json::array(),
@@ -289,6 +298,38 @@ struct InferenceServer::Impl {
     nlohmann::json out = {{"text", text}, {"segments", segments}, {"tokens", tokens}};
     if (q.value().logprobs) out["logprobs"] = logprobs;
     reply(res, api, 200, out);
+  }
+
+  // Megatron's beam search answer: every hypothesis (best first) with its score.
+  void beam(const ServeRequest& q, const std::vector<int32_t>& prompt, httplib::Response& res, Clock::time_point t0) {
+    const std::string api = "megatron";
+    auto job = std::make_shared<Job>();
+    auto hyps = std::make_shared<Result<std::vector<BeamHypothesis>>>(std::vector<BeamHypothesis>{});
+    const int32_t stop = q.has_stop_token ? q.stop_token : tokenizer->eod();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      tasks.push_back([this, job, hyps, q, prompt, stop](Context& ctx) {
+        *hyps = beam_search(ctx, *decoder, prompt, q.beam_width, q.tokens_to_generate, stop, q.length_penalty);
+        std::lock_guard<std::mutex> g(job->mu);
+        job->done = true;
+        job->cv.notify_all();
+      });
+    }
+    cv.notify_all();
+    if (!wait(*job)) return refuse(res, api, 503, "the server is stopping");
+    if (!hyps->is_ok()) return refuse(res, api, hyps->status().is_bad_input() ? 400 : 500, hyps->status().message());
+    nlohmann::json text = nlohmann::json::array(), segments = nlohmann::json::array(), scores = nlohmann::json::array();
+    for (const BeamHypothesis& h : hyps->value()) {
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), h.tokens.begin(), h.tokens.end());
+      text.push_back(q.prompts[0] + tokenizer->decode(h.tokens));
+      nlohmann::json seg = nlohmann::json::array();
+      for (int32_t t : all) seg.push_back(tokenizer->decode({t}));
+      segments.push_back(seg);
+      scores.push_back(h.score);
+    }
+    latency.observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    reply(res, api, 200, {{"text", text}, {"segments", segments}, {"scores", scores}});
   }
 
   nlohmann::json completion_logprobs(const std::vector<int32_t>& tokens, const std::vector<double>& lps) const {

@@ -6,6 +6,7 @@
 // give what each gives alone.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -155,6 +156,61 @@ TEST_CASE("decoder: a request's tokens do not depend on what runs beside it", "[
   GenerationOptions wide = o;
   wide.tokens_to_generate = m.max_position_embeddings;
   CHECK(batch.add({a, wide, 0, {}, {}}).is_bad_input());
+}
+
+TEST_CASE("decoder: beam search finds the exhaustive search's best when it is wide enough", "[decoder]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  GptConfig m = family("gpt2");
+  m.vocab_size = 6;
+  GptModel ref(m, 1);
+  ref.init(23);
+  Decoder dec(m);
+  for (size_t i = 0; i < dec.params().size(); ++i) dec.params()[i].copy_from(ref.params()[i]);
+  const std::vector<int32_t> prompt{1, 4, 2};
+  // Every continuation of 3 tokens, scored by its summed log-probability.
+  double best = -INFINITY;
+  std::vector<int32_t> best_tokens;
+  for (int32_t a = 0; a < 6; ++a)
+    for (int32_t b = 0; b < 6; ++b)
+      for (int32_t c = 0; c < 6; ++c) {
+        const int id = dec.open_sequence();
+        double sum = 0;
+        std::vector<int32_t> seq = prompt;
+        for (int32_t t : {a, b, c}) {
+          const std::vector<float> lg = dec.feed(ctx, {id}, {seq}).value()[0];
+          sum += token_log_prob(lg, t);
+          seq = {t};
+        }
+        dec.close_sequence(id);
+        if (sum > best) {
+          best = sum;
+          best_tokens = {a, b, c};
+        }
+      }
+  // Width 36 keeps every 2-token prefix: the best of all 216 is found, its score sum / 3.
+  auto wide = beam_search(ctx, dec, prompt, 36, 3, /*stop_token=*/-1, 1.0);
+  REQUIRE(wide.is_ok());
+  REQUIRE(wide.value().size() == 36);
+  CHECK(wide.value()[0].tokens == best_tokens);
+  CHECK(wide.value()[0].score == Approx(best / 3).epsilon(1e-6));  // logits of batched rows: float32 rounding
+  for (size_t i = 1; i < wide.value().size(); ++i) CHECK(wide.value()[i].score <= wide.value()[i - 1].score);
+  // Width 1 is greedy.
+  GenerationOptions greedy;
+  greedy.sampling.top_k = 1;
+  greedy.tokens_to_generate = 3;
+  auto g = generate(ctx, dec, {prompt}, greedy);
+  auto one = beam_search(ctx, dec, prompt, 1, 3, -1, 1.0);
+  REQUIRE(one.is_ok());
+  CHECK(one.value()[0].tokens == g.value()[0].tokens);
+  // A stop token ends hypotheses without itself; the result is still best first.
+  auto stopped = beam_search(ctx, dec, prompt, 4, 5, best_tokens[1], 1.0);
+  REQUIRE(stopped.is_ok());
+  for (const BeamHypothesis& h : stopped.value())
+    CHECK(std::find(h.tokens.begin(), h.tokens.end(), best_tokens[1]) == h.tokens.end());
+  CHECK_FALSE(beam_search(ctx, dec, {}, 2, 3, -1).is_ok());
+  CHECK(beam_search(ctx, dec, prompt, 0, 3, -1).status().is_bad_input());
 }
 
 }  // namespace troupe
