@@ -103,7 +103,12 @@ async function generate() {
   }
 }
 $("form").addEventListener("submit", (e) => { e.preventDefault(); generate(); });
-if (query.get("autorun") === "1") generate();
+if (query.get("autorun") === "1") {
+  // Headless browsers with virtual time jump it past idle gaps (a streamed body's pauses): a timer
+  // ticking until the text is in keeps virtual time to a pace the stream can follow.
+  const tick = setInterval(() => {}, 5);
+  generate().finally(() => clearInterval(tick));
+}
 </script>
 </body>
 </html>

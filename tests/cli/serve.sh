@@ -135,12 +135,13 @@ if ! command -v chromium > /dev/null; then
   echo "skipped: no chromium (the page was not opened in a browser)"
 else
   python3 -c 'import http.client,json,sys; c=http.client.HTTPConnection("127.0.0.1", int(sys.argv[1])); c.request("POST", "/v1/completions", json.dumps({"prompt": "The ", "max_tokens": 10, "temperature": 0})); print(json.loads(c.getresponse().read())["choices"][0]["text"], end="")' "$port" > want_page.txt
-  # Headless Chromium's virtual time sometimes dumps the DOM before a streamed fetch's last read has
-  # resolved (about 1 run in 10 here, the page still "running"): such a run is repeated, up to 6.
+  # Headless Chromium's virtual time jumps past a streamed body's pauses; the page (autorun) keeps a
+  # 5 ms timer ticking while it streams, so a budget of 600 s virtual is some 120,000 ticks of real
+  # work; a run that still dumps the page "running" is repeated, up to 6.
   for attempt in 1 2 3 4 5 6; do
     rm -rf "$work/chrome"
     timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$work/chrome" \
-      --virtual-time-budget=20000 --dump-dom "http://127.0.0.1:$port/?prompt=The%20&max_tokens=10&temperature=0&autorun=1" \
+      --virtual-time-budget=600000 --dump-dom "http://127.0.0.1:$port/?prompt=The%20&max_tokens=10&temperature=0&autorun=1" \
       > page.html 2> chromium.err || { tail chromium.err; fail "chromium failed"; }
     grep -q 'data-state="running"' page.html || break
   done
