@@ -13,6 +13,18 @@ work=$(mktemp -d /tmp/troupe-cli.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 
+# expect_refusal NAME PATTERN COMMAND...: COMMAND exits 2 and its stderr names PATTERN (bad input's contract).
+expect_refusal() {  # name, pattern, command...
+  local name=$1 pattern=$2
+  shift 2
+  set +e
+  "$@" > "$name.out" 2> "$name.err"
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
+  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
+}
+
 fail() {
   echo "FAIL: $*" >&2
   exit 1

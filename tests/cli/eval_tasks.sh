@@ -86,16 +86,6 @@ PY
     fail "$name: the tasks differ from the float64 oracle"
 done
 
-expect_refusal() {  # name, pattern, command...
-  local name=$1 pattern=$2
-  shift 2
-  set +e
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
-  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
-}
 expect_refusal task "is not a task" "$troupe" eval --load ck_gpt2 --task squad --input text.txt
 expect_refusal no_input "needs --input" "$troupe" eval --load ck_gpt2 --task lambada
 printf '{"text": "one"}\n' > short.jsonl

@@ -78,16 +78,6 @@ cmp -s s7a.json s7b.json || fail "the same seed gave different text"
 "$py" -c 'import json,sys; j=json.load(open(sys.argv[1])); assert " " not in j["text"] and j["finish_reason"] in ("stop", "stop token", "length"), j' stop.json ||
   fail "--stop-string did not cut the text"
 
-expect_refusal() {  # name, pattern, command...
-  local name=$1 pattern=$2
-  shift 2
-  set +e
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
-  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
-}
 expect_refusal empty "prompt 2 is empty" "$troupe" generate --load ck_gpt2 --prompt "a" --prompt ""
 expect_refusal too_long "over the model's 32 positions" "$troupe" generate --load ck_gpt2 --prompt "$(printf 'x%.0s' {1..30})"
 expect_refusal top_p "outside (0, 1]" "$troupe" generate --load ck_gpt2 --prompt "a" --top-p 1.5 --top-k 0

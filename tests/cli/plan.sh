@@ -113,16 +113,6 @@ grep -q "troupe launch: auto-layout (troupe plan's model of this host" auto_laun
 grep -q "finished at iteration 2/2" auto_launch.log || { cat auto_launch.log; fail "the launched job did not train"; }
 
 # Bad input: exit 2 with the fix.
-expect_refusal() {  # name, pattern, command...
-  local name=$1 pattern=$2
-  shift 2
-  set +e
-  "$@" > "$name.out" 2> "$name.err"
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || { cat "$name.out" "$name.err"; fail "$name: exit $rc, not 2"; }
-  grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
-}
 expect_refusal preset "A100-40GB, A100-80GB, H100-80GB, H200, cpu" "$troupe" plan "${gpt3[@]}" --gpu A100
 expect_refusal too_big "it fits on" "$troupe" plan "${gpt3[@]}" --gpu A100-80GB --nodes 1 --gpus-per-node 8
 # A mixture-of-experts model (Mixtral-like routing, 8 experts, top-2) with its expert-parallel size
