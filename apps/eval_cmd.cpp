@@ -84,7 +84,7 @@ int run_task(const EvalArgs& a) {
     print_error(name, loaded.status());
     return exit_code_for(loaded.status());
   }
-  Decoder& decoder = *loaded.value().decoder;
+  SequenceDecoder& decoder = *loaded.value().decoder;
   const Tokenizer& tok = *loaded.value().tokenizer;
   ThreadPool pool(a.num_threads > 0 ? a.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   Context ctx;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "actors/decode_actors.hpp"
 #include "actors/job.hpp"
 #include "apps/commands.hpp"
 #include "apps/generation_model.hpp"
@@ -26,13 +27,23 @@ namespace troupe::apps {
 
 namespace {
 
+// Whether `model` can be decoded on the layout (before its weights are read, where that can be).
+Status check_layout(const std::string& dir, const GptConfig& model, const DecodeLayout& layout) {
+  const std::string why = check_decoder_layout(model, layout.tp, layout.pp);
+  if (why.empty()) return Status::ok();
+  if (layout.tp * layout.pp == 1 || model.moe.enabled()) return Status::bad_input("--load " + dir + ": " + why);
+  return Status::bad_input(fmt::format("--load {}: its model cannot be decoded on --tensor-model-parallel-size {} x "
+                                       "--pipeline-model-parallel-size {}: {}",
+                                       dir, layout.tp, layout.pp, why));
+}
+
 // A Hugging Face folder (storage/hf_import.hpp): its config and tokenizer as `troupe train --load`
 // imports them, its weights straight into the decoder.
-Result<GenerationModel> load_hf_generation_model(const std::string& dir) {
+Result<GenerationModel> load_hf_generation_model(const std::string& dir, const DecodeLayout& layout) {
   auto model = read_hf_folder(dir);
   if (!model) return model.status().as_bad_input();
   const TrainConfig c = imported_train_config(model.value());
-  if (const std::string why = Decoder::check(c.model); !why.empty()) return Status::bad_input("--load " + dir + ": " + why);
+  if (Status st = check_layout(dir, c.model, layout); !st) return st;
   if (c.tokenizer_type.empty())
     return Status::bad_input("--load " + dir + ": the folder names no tokenizer troupe reads (no vocab.json and "
                              "merges.txt, no troupe export) -- generate from a troupe checkpoint of it (troupe ckpt "
@@ -40,29 +51,32 @@ Result<GenerationModel> load_hf_generation_model(const std::string& dir) {
   auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
   if (!tokenizer) return tokenizer.status().with_context("the folder's tokenizer: ").as_bad_input();
   GenerationModel out;
-  out.decoder = std::make_unique<Decoder>(c.model);
+  auto decoder = std::make_unique<Decoder>(c.model);
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : model.value().params) by_name[t.name] = &t;
-  for (size_t i = 0; i < out.decoder->specs().size(); ++i) {
-    const ParamSpec& spec = out.decoder->specs()[i];
+  for (size_t i = 0; i < decoder->specs().size(); ++i) {
+    const ParamSpec& spec = decoder->specs()[i];
     auto it = by_name.find(spec.name);
     if (it == by_name.end()) return Status::bad_input("--load " + dir + ": the folder has no " + spec.name);
     const Tensor& src = it->second->tensor;
-    const Tensor& dst = out.decoder->params()[i];
+    const Tensor& dst = decoder->params()[i];
     dst.rows(0, src.dim(0)).copy_from(src);  // wte: the padding rows stay zero
   }
+  out.decoder = std::move(decoder);
   out.tokenizer = std::move(tokenizer).value();
   return out;
 }
 
 }  // namespace
 
-Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration) {
-  if (is_hf_folder(dir)) return load_hf_generation_model(dir);
+namespace {
+
+Result<GenerationModel> load_whole_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout) {
+  if (is_hf_folder(dir)) return load_hf_generation_model(dir, layout);
   auto cfg = checkpoint_config(dir);
   if (!cfg) return cfg.status().with_context("--load " + dir + ": ").as_bad_input();
   const TrainConfig& c = cfg.value();
-  if (const std::string why = Decoder::check(c.model); !why.empty()) return Status::bad_input("--load " + dir + ": " + why);
+  if (Status st = check_layout(dir, c.model, layout); !st) return st;
   auto tokenizer = make_tokenizer(c.tokenizer_type, c.vocab_file, c.merge_file, c.tokenizer_model);
   if (!tokenizer) return tokenizer.status().with_context("the checkpoint's tokenizer: ").as_bad_input();
   if (tokenizer.value()->vocab_size() != c.model.vocab_size)
@@ -72,14 +86,39 @@ Result<GenerationModel> load_generation_model(const std::string& dir, int64_t it
   auto checkpoint = iteration < 0 ? Checkpoint::open_latest(dir) : Checkpoint::open(dir, iteration);
   if (!checkpoint) return checkpoint.status().with_context("--load " + dir + ": ").as_bad_input();
   GenerationModel out;
-  out.decoder = std::make_unique<Decoder>(c.model);
+  auto decoder = std::make_unique<Decoder>(c.model);
   CheckpointContents contents;
-  for (size_t i = 0; i < out.decoder->specs().size(); ++i)
-    contents.params.push_back({out.decoder->specs()[i].name, out.decoder->specs()[i].global_shape, out.decoder->params()[i]});
+  for (size_t i = 0; i < decoder->specs().size(); ++i)
+    contents.params.push_back({decoder->specs()[i].name, decoder->specs()[i].global_shape, decoder->params()[i]});
   if (Status st = checkpoint.value().load(contents, /*load_optimizer=*/false); !st) return st.with_context("--load " + dir + ": ");
+  out.decoder = std::move(decoder);
   out.tokenizer = std::move(tokenizer).value();
   out.iteration = checkpoint.value().iteration();
   return out;
+}
+
+}  // namespace
+
+Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout) {
+  auto loaded = load_whole_generation_model(dir, iteration, layout);
+  if (!loaded || layout.tp * layout.pp == 1) return loaded;
+  // The whole model read once, then split over the shard actors, each copying its slice.
+  GenerationModel out = std::move(loaded).value();
+  const auto* whole = dynamic_cast<const Decoder*>(out.decoder.get());
+  auto parallel = ParallelDecoder::create(*whole, {layout.tp, layout.pp, layout.num_threads, 0});
+  if (!parallel) return parallel.status().with_context("--load " + dir + ": ");
+  out.decoder = std::move(parallel).value();
+  return out;
+}
+
+void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout) {
+  cmd->add_option("--tensor-model-parallel-size", layout.tp, "decode on this many tensor-parallel shard actors")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--pipeline-model-parallel-size", layout.pp,
+                  "decode on this many pipeline stages (a feed's sequences flow through them in micro-batches)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
 }
 
 namespace {
@@ -103,6 +142,7 @@ struct GenerateArgs {
   int num_threads = 0;
   int beam_width = 0;
   double length_penalty = 1.0;
+  DecodeLayout layout;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -116,12 +156,14 @@ int run_generate(const GenerateArgs& a) {
     }
     prompts.insert(prompts.end(), read.value().begin(), read.value().end());
   }
-  auto loaded = load_generation_model(a.load, a.iteration);
+  DecodeLayout layout = a.layout;
+  layout.num_threads = a.num_threads;
+  auto loaded = load_generation_model(a.load, a.iteration, layout);
   if (!loaded) {
     print_error(name, loaded.status());
     return exit_code_for(loaded.status());
   }
-  Decoder& decoder = *loaded.value().decoder;
+  SequenceDecoder& decoder = *loaded.value().decoder;
   const Tokenizer& tok = *loaded.value().tokenizer;
   std::vector<std::vector<int32_t>> ids;
   for (const std::string& p : prompts) ids.push_back(tok.encode(p));
@@ -225,6 +267,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
   cmd->add_flag("--timing", a->timing, "print to stderr the time to first token and the decode rate");
   cmd->add_option("--beam-width", a->beam_width, "beam search with this many beams (one prompt; Megatron's)");
   cmd->add_option("--length-penalty", a->length_penalty, "beam search: scores are sum / length^this")->capture_default_str();
+  add_decode_layout_options(cmd, a->layout);
   cmd->callback([a, exit_code] { *exit_code = run_generate(*a); });
 }
 

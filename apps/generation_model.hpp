@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "model/decoder.hpp"
 #include "storage/tokenizer.hpp"
 #include "troupe/status.hpp"
@@ -11,13 +13,23 @@
 namespace troupe::apps {
 
 struct GenerationModel {
-  std::unique_ptr<Decoder> decoder;
+  std::unique_ptr<SequenceDecoder> decoder;  // a Decoder, or a ParallelDecoder (tp x pp > 1)
   std::unique_ptr<Tokenizer> tokenizer;
   int64_t iteration = 0;
 };
 
+// How the model is decoded: tp x pp shard actors (actors/decode_actors.hpp) or, 1 x 1, one decoder.
+struct DecodeLayout {
+  int tp = 1, pp = 1;
+  int num_threads = 0;  // 0: every core
+};
+
 // iteration < 0: the latest. Bad input naming --load and the fix: not a checkpoint, a model generation
-// does not run (MoE), a tokenizer whose vocabulary is not the model's.
-Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration);
+// does not run (MoE), a tokenizer whose vocabulary is not the model's, a layout the model cannot be
+// split into (all of the layout's problems).
+Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout = {});
+
+// Megatron's --tensor-model-parallel-size and --pipeline-model-parallel-size on `cmd`.
+void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout);
 
 }  // namespace troupe::apps

@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string token_file;
   int num_threads = 0;
   int http_threads = 16;
+  DecodeLayout layout;
 };
 
 bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
@@ -62,7 +63,9 @@ int run_serve(const ServeArgs& a) {
     print_error(name, fmt::format("--port {} is not a port -- give 0 to 65535 (0: a free one)", a.port));
     return kExitUsage;
   }
-  auto loaded = load_generation_model(a.load, a.iteration);
+  DecodeLayout layout = a.layout;
+  layout.num_threads = o.threads;
+  auto loaded = load_generation_model(a.load, a.iteration, layout);
   if (!loaded) {
     print_error(name, loaded.status());
     return exit_code_for(loaded.status());
@@ -98,6 +101,7 @@ void add_serve_command(CLI::App& app, int* exit_code) {
                                                   "(or TROUPE_SERVE_TOKEN)");
   cmd->add_option("--num-threads", a->num_threads, "compute threads (0: all cores)")->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "connections served at once")->capture_default_str();
+  add_decode_layout_options(cmd, a->layout);
   cmd->callback([a, exit_code] { *exit_code = run_serve(*a); });
 }
 

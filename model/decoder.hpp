@@ -12,6 +12,8 @@
 // (tests/model/test_decoder.cpp); the training model's loss over a sequence equals the sum of its
 // log-probabilities here.
 //
+// The computation is model/decoder_shard.hpp's, the whole model as one shard.
+//
 // Not thread-safe; one owner (a generation actor or command) calls it.
 #pragma once
 #include <cstdint>
@@ -21,13 +23,49 @@
 
 #include "kernels/context.hpp"
 #include "kernels/tensor.hpp"
+#include "model/decoder_shard.hpp"
 #include "model/params.hpp"
 #include "troupe/model_config.hpp"
 #include "troupe/status.hpp"
 
 namespace troupe {
 
-class Decoder {
+// What generation needs of a decoder (model/generation.hpp): sequences with a key/value cache, fed new
+// tokens, giving next-token logits. Decoder runs it on one thread; ParallelDecoder
+// (actors/decode_actors.hpp) on tensor- and pipeline-parallel shards that are actors.
+class SequenceDecoder {
+ public:
+  virtual ~SequenceDecoder() = default;
+  virtual const GptConfig& config() const = 0;
+  // A new empty sequence (its cache grows to the model's max_position_embeddings); its id.
+  virtual int open_sequence() = 0;
+  virtual void close_sequence(int id) = 0;
+  // A new sequence holding a copy of sequence `id`'s tokens so far (its cache copied): a beam's fork.
+  virtual int copy_sequence(int id) = 0;
+  virtual int64_t length(int id) const = 0;  // tokens fed so far
+  // Appends tokens[i] to sequence ids[i] (each non-empty; the sequence's length plus its tokens at
+  // most max_position_embeddings: bad input otherwise) and returns, per sequence, the logits of
+  // its last token over the real vocabulary (vocab_size floats); with every_token, of each of its
+  // new tokens one after the other (tokens[i].size() x vocab_size floats).
+  virtual Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
+                                                       const std::vector<std::vector<int32_t>>& tokens,
+                                                       bool every_token = false) = 0;
+};
+
+// Sequence ids and lengths as a decoder's owner keeps them: ids reused lowest first.
+class SequenceBook {
+ public:
+  int open();
+  void close(int id);
+  bool is_open(int id) const;
+  int64_t length(int id) const;  // an id that is not open is a bug
+  void grow(int id, int64_t tokens);
+
+ private:
+  std::vector<int64_t> length_;  // -1: closed
+};
+
+class Decoder : public SequenceDecoder {
  public:
   // Parameters allocated (zero) for `config` (a dense model: mixture-of-experts layers are refused
   // by check()). Fill them through params() (by spec name, e.g. from a checkpoint).
@@ -35,43 +73,23 @@ class Decoder {
   // Why `config` cannot be decoded here (empty: it can).
   static std::string check(const GptConfig& config);
 
-  const GptConfig& config() const { return config_; }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
-  const std::vector<Tensor>& params() const { return params_; }  // spec order, f32, whole (tp = 1)
+  const GptConfig& config() const override { return shard_.config(); }
+  const std::vector<ParamSpec>& specs() const { return shard_.specs(); }
+  const std::vector<Tensor>& params() const { return shard_.params(); }  // spec order, f32, whole (tp = 1)
+  // The parameter named `name` (empty when the model has none).
+  Tensor param(const std::string& name) const;
 
-  // A new empty sequence (its cache grows to the model's max_position_embeddings); its id.
-  int open_sequence();
-  void close_sequence(int id);
-  // A new sequence holding a copy of sequence `id`'s tokens so far (its cache copied): a beam's fork.
-  int copy_sequence(int id);
-  int64_t length(int id) const;  // tokens fed so far
-
-  // Appends tokens[i] to sequence ids[i] (each non-empty; the sequence's length plus its tokens at
-  // most max_position_embeddings: bad input otherwise) and returns, per sequence, the logits of
-  // its last token over the real vocabulary (vocab_size floats); with every_token, of each of its
-  // new tokens one after the other (tokens[i].size() x vocab_size floats).
+  int open_sequence() override;
+  void close_sequence(int id) override;
+  int copy_sequence(int id) override;
+  int64_t length(int id) const override;
   Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
                                                const std::vector<std::vector<int32_t>>& tokens,
-                                               bool every_token = false);
+                                               bool every_token = false) override;
 
  private:
-  struct Sequence {
-    bool open = false;
-    int64_t length = 0;
-    std::vector<Tensor> kv;  // per layer (max_positions, 2 G hs): [k | v] rows, k rotated
-  };
-  struct Layer {
-    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
-  };
-  void norm(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b) const;
-
-  GptConfig config_;
-  std::vector<ParamSpec> specs_;
-  std::vector<Tensor> params_;
-  Tensor wte_, wpe_, ln_embd_w_, ln_embd_b_, lnf_w_, lnf_b_, head_;
-  std::vector<Layer> layers_;
-  std::vector<double> alibi_;
-  std::vector<Sequence> sequences_;
+  DecoderShard shard_;
+  SequenceBook book_;
 };
 
 }  // namespace troupe

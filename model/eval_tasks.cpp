@@ -9,7 +9,7 @@
 
 namespace troupe {
 
-Result<WindowedLoss> windowed_loss(Context& ctx, Decoder& decoder, const std::vector<int32_t>& tokens, int window,
+Result<WindowedLoss> windowed_loss(Context& ctx, SequenceDecoder& decoder, const std::vector<int32_t>& tokens, int window,
                                    int stride) {
   const int64_t positions = decoder.config().max_position_embeddings;
   if (tokens.size() < 2) return Status::bad_input("the text is under 2 tokens -- give a longer text");
@@ -43,7 +43,7 @@ Result<WindowedLoss> windowed_loss(Context& ctx, Decoder& decoder, const std::ve
   return out;
 }
 
-Result<LastWordResult> last_word_accuracy(Context& ctx, Decoder& decoder, const std::vector<LastWordExample>& examples) {
+Result<LastWordResult> last_word_accuracy(Context& ctx, SequenceDecoder& decoder, const std::vector<LastWordExample>& examples) {
   const int64_t positions = decoder.config().max_position_embeddings;
   const size_t V = static_cast<size_t>(decoder.config().vocab_size);
   LastWordResult out;

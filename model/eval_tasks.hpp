@@ -23,7 +23,7 @@ struct WindowedLoss {
 };
 // tokens: at least 2; window in [2, max positions]; stride in [1, window - 1] (the windows overlap by
 // window - stride), or stride == window for disjoint windows.
-Result<WindowedLoss> windowed_loss(Context& ctx, Decoder& decoder, const std::vector<int32_t>& tokens, int window,
+Result<WindowedLoss> windowed_loss(Context& ctx, SequenceDecoder& decoder, const std::vector<int32_t>& tokens, int window,
                                    int stride);
 
 struct LastWordExample {
@@ -33,6 +33,6 @@ struct LastWordResult {
   int64_t correct = 0, total = 0;
   std::vector<bool> each;
 };
-Result<LastWordResult> last_word_accuracy(Context& ctx, Decoder& decoder, const std::vector<LastWordExample>& examples);
+Result<LastWordResult> last_word_accuracy(Context& ctx, SequenceDecoder& decoder, const std::vector<LastWordExample>& examples);
 
 }  // namespace troupe

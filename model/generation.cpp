@@ -236,7 +236,7 @@ Result<bool> BatchGenerator::step(Context& ctx) {
   return true;
 }
 
-Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
+Result<std::vector<Generation>> generate(Context& ctx, SequenceDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                          const GenerationOptions& options, GenerationTimes* times) {
   std::vector<std::string> problems = check_sampling(options.sampling);
   if (options.tokens_to_generate < 0)
@@ -271,7 +271,7 @@ Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const s
   return out;
 }
 
-Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, Decoder& decoder, const std::vector<int32_t>& prompt,
+Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, SequenceDecoder& decoder, const std::vector<int32_t>& prompt,
                                                 int beam_width, int tokens_to_generate, int32_t stop_token,
                                                 double length_penalty) {
   std::vector<std::string> problems;

@@ -59,7 +59,7 @@ struct GenerationTimes {
 // Generates for every prompt (each non-empty, prompt + tokens_to_generate within the model's
 // positions: bad input naming the prompt otherwise). Prompts share the decoder's batch: each step
 // feeds every unfinished sequence its last token. (A BatchGenerator run until it is idle.)
-Result<std::vector<Generation>> generate(Context& ctx, Decoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
+Result<std::vector<Generation>> generate(Context& ctx, SequenceDecoder& decoder, const std::vector<std::vector<int32_t>>& prompts,
                                          const GenerationOptions& options, GenerationTimes* times = nullptr);
 
 // Megatron's beam search (megatron/text_generation/generation.py, beam_search_and_return_on_first_stage):
@@ -72,7 +72,7 @@ struct BeamHypothesis {
   std::vector<int32_t> tokens;
   double score = 0;  // sum of log-probabilities / length^length_penalty
 };
-Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, Decoder& decoder, const std::vector<int32_t>& prompt,
+Result<std::vector<BeamHypothesis>> beam_search(Context& ctx, SequenceDecoder& decoder, const std::vector<int32_t>& prompt,
                                                 int beam_width, int tokens_to_generate, int32_t stop_token,
                                                 double length_penalty = 1.0);
 
@@ -91,7 +91,7 @@ class BatchGenerator {
     std::function<void(int32_t token, double log_prob)> on_token;
     std::function<void(Generation)> on_done;
   };
-  explicit BatchGenerator(Decoder& decoder) : decoder_(decoder) {}
+  explicit BatchGenerator(SequenceDecoder& decoder) : decoder_(decoder) {}
   ~BatchGenerator();  // closes the running sequences (their on_done is not called)
   BatchGenerator(const BatchGenerator&) = delete;
   BatchGenerator& operator=(const BatchGenerator&) = delete;
@@ -112,7 +112,7 @@ class BatchGenerator {
   };
   // Samples the next token of `r`; true when the sequence goes on.
   bool advance(Running& r);
-  Decoder& decoder_;
+  SequenceDecoder& decoder_;
   std::vector<Request> queued_;
   std::vector<Running> running_;
 };

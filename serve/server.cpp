@@ -91,7 +91,7 @@ size_t sendable(const std::string& text, size_t hold) {
 }  // namespace
 
 struct InferenceServer::Impl {
-  std::unique_ptr<Decoder> decoder;
+  std::unique_ptr<SequenceDecoder> decoder;
   std::unique_ptr<Tokenizer> tokenizer;
   ServeOptions options;
   httplib::Server http;
@@ -493,7 +493,7 @@ struct InferenceServer::Impl {
 
 InferenceServer::InferenceServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-Result<std::unique_ptr<InferenceServer>> InferenceServer::start(std::unique_ptr<Decoder> decoder,
+Result<std::unique_ptr<InferenceServer>> InferenceServer::start(std::unique_ptr<SequenceDecoder> decoder,
                                                                 std::unique_ptr<Tokenizer> tokenizer,
                                                                 const ServeOptions& options) {
   auto impl = std::make_unique<Impl>();

@@ -27,7 +27,7 @@ struct ServeOptions {
 class InferenceServer {
  public:
   // Binds and starts serving (bad input when the address cannot be bound: in use, or not this host's).
-  static Result<std::unique_ptr<InferenceServer>> start(std::unique_ptr<Decoder> decoder,
+  static Result<std::unique_ptr<InferenceServer>> start(std::unique_ptr<SequenceDecoder> decoder,
                                                         std::unique_ptr<Tokenizer> tokenizer, const ServeOptions& options);
   ~InferenceServer();
   int port() const;

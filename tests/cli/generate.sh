@@ -5,8 +5,9 @@
 # models of their Hugging Face exports choose when they recompute the whole sequence at every step,
 # with the log-probabilities (prompt and generated) within 1e-6; sampling with a seed repeats itself;
 # a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way, and each Hugging Face
-# folder as its checkpoint does; bad input is refused
-# with the fix, exit 2.
+# folder as its checkpoint does; decoding on tensor- and pipeline-parallel shard actors (tp 2, pp 2,
+# tp 2 x pp 2; 4 heads, 3 layers: an uneven split) gives the one-decoder tokens, greedy and sampled
+# with a seed; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
 source "$(dirname "$0")/common.bash"
 py=/usr/bin/python3
 "$py" -c "import torch, numpy, h5py" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/h5py"; exit 77; }
@@ -17,13 +18,15 @@ llama=(--normalization RMSNorm --position-embedding-type rope --swiglu --disable
        --ffn-hidden-size 100 --rotary-base 500 --norm-epsilon 1e-6)
 bloom=(--position-embedding-type alibi --embed-layernorm)
 prompts=(--prompt "The " --prompt "Q: Why did the chicken")
+# 4 heads (2 query groups for the LLaMA) and 3 layers: tp 2 splits them, pp 2 unevenly.
+shape=(--num-attention-heads 4 --num-layers 3)
 
 for name in gpt2 llama bloom gpt2_pp2; do
   # gpt2_pp2: a checkpoint saved by a pipeline of two stages loads whole into the generator.
-  case $name in llama) flags=("${llama[@]}") ;; bloom) flags=("${bloom[@]}") ;;
+  case $name in llama) flags=("${llama[@]}" --num-query-groups 2) ;; bloom) flags=("${bloom[@]}") ;;
     gpt2_pp2) flags=(--pipeline-model-parallel-size 2 --data-parallel-size 2) ;; *) flags=() ;; esac
   small_train --train-iters 20 --save "ck_$name" --num-threads 1 --hidden-dropout 0 --attention-dropout 0 \
-    "${flags[@]}" > "train_$name.log" 2>&1 || { cat "train_$name.log"; fail "$name: training failed"; }
+    "${shape[@]}" "${flags[@]}" > "train_$name.log" 2>&1 || { cat "train_$name.log"; fail "$name: training failed"; }
   "$troupe" ckpt export --load "ck_$name" --format hf --output "hf_$name" > /dev/null 2>&1 || fail "$name: export failed"
   "$troupe" generate --load "ck_$name" "${prompts[@]}" --top-k 1 --tokens-to-generate 9 --no-stop-on-eod --json \
     --logprobs --num-threads 1 > "gen_$name.jsonl" 2> "gen_$name.err" || { cat "gen_$name.err"; fail "$name: generate failed"; }
@@ -65,6 +68,23 @@ PY
     --num-threads 1 > "gen_hf_$name.jsonl" 2> "gen_hf_$name.err" || { cat "gen_hf_$name.err"; fail "$name: generate from the folder failed"; }
   "$py" -c 'import json,sys; a=[json.loads(l)["tokens"] for l in open(sys.argv[1])]; b=[json.loads(l)["tokens"] for l in open(sys.argv[2])]; assert a == b, (a, b)' \
     "gen_$name.jsonl" "gen_hf_$name.jsonl" || fail "$name: the folder generates other tokens than its checkpoint"
+  # Every decoding layout: the one decoder's tokens, greedy and sampled with a seed.
+  sampled=(--top-p 0.95 --temperature 1.3 --seed 7)
+  "$troupe" generate --load "ck_$name" "${prompts[@]}" "${sampled[@]}" --tokens-to-generate 9 --no-stop-on-eod --json \
+    --num-threads 2 > "sam_$name.jsonl" 2>&1 || fail "$name: sampling failed"
+  for layout in "2 1" "1 2" "2 2"; do
+    read -r tp pp <<< "$layout"
+    at=(--tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" --num-threads 2)
+    "$troupe" generate --load "ck_$name" "${prompts[@]}" --top-k 1 --tokens-to-generate 9 --no-stop-on-eod --json \
+      "${at[@]}" > "gen_${name}_$tp$pp.jsonl" 2> "gen_${name}_$tp$pp.err" || { cat "gen_${name}_$tp$pp.err"; fail "$name: tp $tp x pp $pp failed"; }
+    "$troupe" generate --load "ck_$name" "${prompts[@]}" "${sampled[@]}" --tokens-to-generate 9 --no-stop-on-eod --json \
+      "${at[@]}" > "sam_${name}_$tp$pp.jsonl" 2>&1 || fail "$name: sampling on tp $tp x pp $pp failed"
+    for kind in gen sam; do
+      "$py" -c 'import json,sys; a=[json.loads(l)["tokens"] for l in open(sys.argv[1])]; b=[json.loads(l)["tokens"] for l in open(sys.argv[2])]; assert a == b and len(a) == 2, (a, b)' \
+        "${kind}_$name.jsonl" "${kind}_${name}_$tp$pp.jsonl" || fail "$name: tp $tp x pp $pp ($kind) generates other tokens than one decoder"
+    done
+  done
+  echo "$name: tp 2, pp 2 and tp 2 x pp 2 generate the one decoder's tokens, greedy and sampled"
 done
 
 # Sampling: the same seed gives the same text, another seed (almost surely) other text.
@@ -83,6 +103,10 @@ expect_refusal too_long "over the model's 32 positions" "$troupe" generate --loa
 expect_refusal top_p "outside (0, 1]" "$troupe" generate --load ck_gpt2 --prompt "a" --top-p 1.5 --top-k 0
 expect_refusal both "are both set" "$troupe" generate --load ck_gpt2 --prompt "a" --top-p 0.5 --top-k 3 --tokens-to-generate 4
 expect_refusal no_checkpoint "--load nowhere" "$troupe" generate --load nowhere --prompt "a"
+expect_refusal layout "does not divide the model's attention heads (4)" "$troupe" generate --load ck_gpt2 --prompt "a" \
+  --tensor-model-parallel-size 3
+expect_refusal deep "more than the model's 3 layers" "$troupe" generate --load ck_gpt2 --prompt "a" \
+  --pipeline-model-parallel-size 4
 printf '{"prompt": "ok"}\n[1, 2]\n' > bad.jsonl
 expect_refusal bad_file "bad.jsonl line 2" "$troupe" generate --load ck_gpt2 --prompts-file bad.jsonl
-echo "PASS: troupe generate equals the float64 oracle for GPT-2, LLaMA and BLOOM; sampling repeats with its seed"
+echo "PASS: troupe generate equals the float64 oracle for GPT-2, LLaMA and BLOOM on every decoding layout; sampling repeats with its seed"

@@ -5,7 +5,8 @@
 # (continuous batching changes no one's tokens); /v1/completions streamed as server-sent events adds
 # up to the unstreamed text; bad requests get 400 with Megatron's reasons; /metrics counts them in
 # Prometheus' format; a bearer token, when set, is required, and binding beyond loopback without one
-# is refused (exit 2); the page at / streams a completion in headless Chromium.
+# is refused (exit 2); the page at / streams a completion in headless Chromium; a server decoding on
+# tp 3 x pp 2 shard actors answers as the one-decoder server does.
 source "$(dirname "$0")/common.bash"
 make_corpus
 small_train --train-iters 60 --save ck --num-threads 1 --hidden-dropout 0 --attention-dropout 0 > train.log 2>&1 ||
@@ -82,6 +83,7 @@ threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
 [t.join() for t in threads]
 assert together == alone, "a request's tokens changed with the others beside it"
 assert len({json.dumps(a) for a in alone}) > 1, "every seed gave the same tokens"
+json.dump(alone, open("alone.json", "w"))  # the layout server below must give the same
 print("ok: 8 concurrent clients get what each gets alone")
 
 # Completions, unstreamed and streamed.
@@ -173,22 +175,39 @@ PY
 fi
 stop_server
 
-# A bearer token: required when set; beyond loopback without one: refused.
+# A bearer token: required when set; beyond loopback without one: refused. This server decodes on
+# tp 3 x pp 2 shard actors: greedy and 8 concurrent seeded clients get the one-decoder server's tokens.
 "$troupe" launch --new-token > token.txt
-start_server serve_token.log --token-file token.txt
-python3 - "$port" token.txt <<'PY' || fail "the token is not enforced"
-import http.client, json, sys
+start_server serve_token.log --token-file token.txt --tensor-model-parallel-size 3 --pipeline-model-parallel-size 2
+python3 - "$port" token.txt gen.jsonl alone.json <<'PY' || fail "the token is not enforced, or the layout changed tokens"
+import http.client, json, sys, threading
 port, token = int(sys.argv[1]), open(sys.argv[2]).read().strip()
-def call(headers):
+def call(headers, body={"prompts": ["a"], "tokens_to_generate": 2}):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("PUT", "/api", json.dumps({"prompts": ["a"], "tokens_to_generate": 2}), headers)
+    c.request("PUT", "/api", json.dumps(body), headers)
     r = c.getresponse()
-    r.read()
-    return r.status
-assert call({}) == 401
-assert call({"Authorization": "Bearer wrong"}) == 401
-assert call({"Authorization": "Bearer " + token}) == 200
+    data = r.read()
+    return r.status, data
+assert call({})[0] == 401
+assert call({"Authorization": "Bearer wrong"})[0] == 401
+auth = {"Authorization": "Bearer " + token}
+assert call(auth)[0] == 200
 print("ok: the bearer token is required")
+gen = [json.loads(l) for l in open(sys.argv[3])]
+status, body = call(auth, {"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1})
+assert status == 200, (status, body)
+for i, g in enumerate(gen):
+    assert json.loads(body)["tokens"][i] == list(g["prompt"].encode()) + g["tokens"], (body, g)
+reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
+        for k in range(8)]
+together = [None] * 8
+def run(k):
+    together[k] = json.loads(call(auth, reqs[k])[1])["tokens"]
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert together == json.load(open(sys.argv[4])), "tp 3 x pp 2 gave other tokens than one decoder"
+print("ok: on tp 3 x pp 2, greedy and 8 concurrent seeded clients get the one decoder's tokens")
 PY
 stop_server
 set +e

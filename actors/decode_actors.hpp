@@ -1,0 +1,61 @@
+// Parallel decoding (docs/SERVE.md, "Layouts"): the decoder as t x p shard actors, like training's
+// ranks. Rank stage * t + r holds tensor-parallel rank r of pipeline stage `stage`
+// (model/decoder_shard.hpp: its heads' key/value cache, its slice of every linear), on a detached
+// actor of its own (its own thread and compute pool), with the communicators of its tensor-parallel
+// group and of its pipeline (a local fabric: the ranks are threads of this process).
+//
+// Each feed is one message to every rank, in the same order to all (their collectives match). A
+// feed's sequences are cut into micro-batches (at most p, by rows); stage s embeds (s = 0) or
+// receives micro-batch k, runs its layers, and sends it on while it goes on with k + 1, so the p
+// stages work on different micro-batches at once; the last stage's tensor-parallel rank 0 replies
+// with the logits. Opening, closing and copying sequences travel with the next feed.
+//
+// A rank that fails (a bug, memory) aborts the fabric: every other rank's pending exchange fails,
+// each replies the error, the feed returns it, and the decoder refuses every later feed. Nothing
+// waits for ever.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/decoder.hpp"
+#include "troupe/status.hpp"
+
+namespace troupe {
+
+struct ParallelDecodeOptions {
+  int tp = 1, pp = 1;
+  int num_threads = 0;    // compute threads of all the ranks together (0: every core); each rank gets its share
+  int micro_batches = 0;  // a feed's sequences split into at most this many groups (0: pp)
+};
+
+class ParallelDecoder : public SequenceDecoder {
+ public:
+  // t x p shard actors filled from `whole` (a Decoder holding the whole model; it may be freed once
+  // this returns). Bad input when the model cannot be split so (check_decoder_layout's reasons).
+  static Result<std::unique_ptr<ParallelDecoder>> create(const Decoder& whole, const ParallelDecodeOptions& options);
+  ~ParallelDecoder() override;
+  ParallelDecoder(const ParallelDecoder&) = delete;
+  ParallelDecoder& operator=(const ParallelDecoder&) = delete;
+
+  const GptConfig& config() const override { return config_; }
+  int open_sequence() override;
+  void close_sequence(int id) override;
+  int copy_sequence(int id) override;
+  int64_t length(int id) const override;
+  // `ctx` is not used: each rank computes on its own pool.
+  Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
+                                               const std::vector<std::vector<int32_t>>& tokens,
+                                               bool every_token = false) override;
+
+  struct Impl;
+
+ private:
+  ParallelDecoder(GptConfig config, std::unique_ptr<Impl> impl);
+  GptConfig config_;
+  std::unique_ptr<Impl> impl_;
+  SequenceBook book_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,376 @@
+// model/decoder_shard.hpp.
+#include "model/decoder_shard.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "kernels/ops.hpp"
+#include "model/gpt_chunk.hpp"
+
+namespace troupe {
+
+namespace {
+
+const char* const kLayerNames[12] = {"ln_1.weight",      "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
+                                     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",     "ln_2.bias",
+                                     "mlp.c_fc.weight",  "mlp.c_fc.bias", "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+// The transformer layer a parameter name belongs to ("transformer.h.<l>."), or -1.
+int layer_of(const std::string& name) {
+  const std::string prefix = "transformer.h.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  return std::stoi(name.substr(prefix.size()));
+}
+
+}  // namespace
+
+DecoderShardSpec DecoderShardSpec::whole(const GptConfig& config) { return of(config, 1, 0, 1, 0); }
+
+DecoderShardSpec DecoderShardSpec::of(const GptConfig& config, int tp_size, int tp_rank, int stages, int stage) {
+  const ChunkSpec cs = chunk_layers(config, stages, 1, stage, 0);
+  DecoderShardSpec s;
+  s.tp_size = tp_size;
+  s.tp_rank = tp_rank;
+  s.first_layer = cs.first_layer;
+  s.num_layers = cs.num_layers;
+  s.embedding = cs.has_embedding;
+  s.head = cs.has_head;
+  return s;
+}
+
+std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages) {
+  if (Status st = config.validate(); !st) return st.message();
+  if (config.moe.enabled())
+    return "the model has mixture-of-experts layers, which generation does not run yet -- generate from a dense "
+           "model";
+  std::vector<std::string> problems;
+  if (tp_size < 1) problems.push_back(fmt::format("the tensor-parallel size is {} -- give 1 or more", tp_size));
+  if (stages < 1) problems.push_back(fmt::format("the pipeline-parallel size is {} -- give 1 or more", stages));
+  if (tp_size > 1) {
+    auto divides = [&](int64_t n, const char* what) {
+      if (n % tp_size != 0)
+        problems.push_back(fmt::format("--tensor-model-parallel-size {} does not divide the model's {} ({}) -- give a "
+                                       "size that does",
+                                       tp_size, what, n));
+    };
+    divides(config.num_attention_heads, "attention heads");
+    divides(config.query_groups(), "query groups");
+    divides(config.ffn_hidden_size(), "MLP hidden size");
+  }
+  if (stages > config.num_layers)
+    problems.push_back(fmt::format("--pipeline-model-parallel-size {} is more than the model's {} layers -- give at "
+                                   "most {}",
+                                   stages, config.num_layers, config.num_layers));
+  if (problems.empty()) return {};
+  std::string out = problems.size() == 1 ? "" : fmt::format("{} problems: ", problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) out += (i > 0 ? "; " : "") + problems[i];
+  return out;
+}
+
+DecodeRows DecodeRows::part(size_t begin, size_t end) const {
+  DecodeRows out;
+  out.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(begin), ids.begin() + static_cast<std::ptrdiff_t>(end));
+  for (size_t i = begin; i <= end; ++i) out.row0.push_back(row0[i] - row0[begin]);
+  return out;
+}
+
+Result<DecodeRows> plan_feed(const GptConfig& m, const std::vector<int>& ids, const std::vector<std::vector<int32_t>>& tokens,
+                             const std::function<bool(int)>& is_open, const std::function<int64_t(int)>& length) {
+  if (ids.size() != tokens.size() || ids.empty())
+    return Status::bad_input("Decoder::feed: one token list per sequence, at least one sequence");
+  DecodeRows rows;
+  rows.ids = ids;
+  rows.row0.assign(ids.size() + 1, 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int id = ids[i];
+    if (!is_open(id)) return Status::bad_input("Decoder::feed: no open sequence " + std::to_string(id));
+    for (size_t j = 0; j < i; ++j)
+      if (ids[j] == id) return Status::bad_input("Decoder::feed: sequence " + std::to_string(id) + " given twice");
+    if (tokens[i].empty()) return Status::bad_input("Decoder::feed: no tokens for sequence " + std::to_string(id));
+    const int64_t end = length(id) + static_cast<int64_t>(tokens[i].size());
+    if (end > m.max_position_embeddings)
+      return Status::bad_input("the sequence would be " + std::to_string(end) + " tokens, over the model's " +
+                               std::to_string(m.max_position_embeddings) +
+                               " positions (--max-position-embeddings) -- shorten the prompt or generate fewer tokens");
+    for (int32_t t : tokens[i])
+      if (t < 0 || t >= m.vocab_size)
+        return Status::bad_input("token " + std::to_string(t) + " is outside the model's vocabulary of " +
+                                 std::to_string(m.vocab_size) + " -- tokenize with the checkpoint's tokenizer");
+    rows.row0[i + 1] = rows.row0[i] + static_cast<int64_t>(tokens[i].size());
+  }
+  return rows;
+}
+
+DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec, comm::Communicator* tp)
+    : config_(config), spec_(spec), tp_(spec.tp_size > 1 ? tp : nullptr) {
+  const std::string why = check_decoder_layout(config, spec.tp_size, 1);
+  TROUPE_CHECK(why.empty(), "DecoderShard: " + why);
+  TROUPE_CHECK(spec.tp_size == 1 || (tp != nullptr && tp->size() == spec.tp_size && tp->rank() == spec.tp_rank),
+               "DecoderShard: the tensor-parallel communicator does not match the shard");
+  heads_ = config.num_attention_heads / spec.tp_size;
+  groups_ = config.query_groups() / spec.tp_size;
+  const bool tied = !config.untie_embeddings_and_output_weights;
+  for (ParamSpec& s : gpt2_shard_specs(config, spec.tp_size, spec.tp_rank)) {
+    const int layer = layer_of(s.name);
+    bool keep = false;
+    if (layer >= 0) keep = layer >= spec.first_layer && layer < spec.first_layer + spec.num_layers;
+    else if (s.name == "transformer.wte.weight") keep = spec.embedding || (spec.head && tied);
+    else if (s.name.rfind("transformer.wpe.", 0) == 0 || s.name.rfind("transformer.ln_embd.", 0) == 0) keep = spec.embedding;
+    else keep = spec.head;  // ln_f, lm_head
+    if (!keep) continue;
+    params_.push_back(Tensor::zeros(s.local_shape, DType::f32));
+    specs_.push_back(std::move(s));
+  }
+  std::map<std::string, Tensor> by_name;
+  for (size_t i = 0; i < specs_.size(); ++i) by_name[specs_[i].name] = params_[i];
+  auto find = [&](const std::string& name) {
+    auto it = by_name.find(name);
+    return it == by_name.end() ? Tensor() : it->second;
+  };
+  wte_ = find("transformer.wte.weight");
+  wpe_ = find("transformer.wpe.weight");
+  ln_embd_w_ = find("transformer.ln_embd.weight");
+  ln_embd_b_ = find("transformer.ln_embd.bias");
+  lnf_w_ = find("transformer.ln_f.weight");
+  lnf_b_ = find("transformer.ln_f.bias");
+  head_ = spec.head ? (tied ? wte_ : find("lm_head.weight")) : Tensor();
+  vocab_begin_ = config.padded_vocab_size(spec.tp_size) / spec.tp_size * spec.tp_rank;
+  for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
+    Tensor t[12];
+    for (int k = 0; k < 12; ++k) t[k] = find("transformer.h." + std::to_string(l) + "." + kLayerNames[k]);
+    layers_.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]});
+  }
+  if (config.position_embedding == PositionEmbedding::alibi) {
+    const std::vector<double> all = ops::alibi_slopes(config.num_attention_heads);
+    alibi_.assign(all.begin() + heads_ * spec.tp_rank, all.begin() + heads_ * (spec.tp_rank + 1));
+  }
+}
+
+void DecoderShard::load_from_whole(const std::function<Tensor(const std::string&)>& whole) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& spec = specs_[i];
+    const Tensor src = whole(spec.name);
+    TROUPE_CHECK(src.defined() && src.dtype() == DType::f32 && src.numel() >= spec.global_shape.numel(),
+                 "DecoderShard::load_from_whole: no whole tensor " + spec.name);
+    const float* s = src.data<float>();
+    float* d = params_[i].data<float>();
+    const int64_t n = params_[i].numel();
+    if (spec.slice.dim < 0) {
+      std::copy_n(s, n, d);
+      continue;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t g = slice_global_index(spec, k);
+      d[k] = g < 0 ? 0.0f : s[g];
+    }
+  }
+}
+
+DecoderShard::Sequence& DecoderShard::sequence(int id) {
+  TROUPE_CHECK(id >= 0 && id < static_cast<int>(sequences_.size()) && sequences_[static_cast<size_t>(id)].open,
+               "DecoderShard: no sequence " + std::to_string(id));
+  return sequences_[static_cast<size_t>(id)];
+}
+const DecoderShard::Sequence& DecoderShard::sequence(int id) const {
+  return const_cast<DecoderShard*>(this)->sequence(id);
+}
+
+void DecoderShard::open(int id) {
+  TROUPE_CHECK(id >= 0, "DecoderShard: sequence ids are non-negative");
+  if (static_cast<size_t>(id) >= sequences_.size()) sequences_.resize(static_cast<size_t>(id) + 1);
+  Sequence& s = sequences_[static_cast<size_t>(id)];
+  TROUPE_CHECK(!s.open, "DecoderShard: sequence " + std::to_string(id) + " is already open");
+  s.open = true;
+  s.length = 0;
+  if (s.kv.empty()) {  // kept from a closed sequence of the same slot otherwise
+    const int64_t width = 2 * groups_ * config_.head_size();
+    for (int l = 0; l < spec_.num_layers; ++l)
+      s.kv.push_back(Tensor::empty({config_.max_position_embeddings, width}, DType::f32));
+  }
+}
+
+void DecoderShard::close(int id) { sequence(id).open = false; }
+
+void DecoderShard::copy(int from, int to) {
+  const int64_t n = sequence(from).length;
+  open(to);
+  const Sequence& src = sequence(from);  // open() may have grown sequences_
+  Sequence& dst = sequence(to);
+  if (n > 0)
+    for (size_t l = 0; l < src.kv.size(); ++l) dst.kv[l].rows(0, n).copy_from(src.kv[l].rows(0, n));
+  dst.length = n;
+}
+
+int64_t DecoderShard::length(int id) const { return sequence(id).length; }
+
+void DecoderShard::norm(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b) const {
+  const int64_t n = x.dim(0);
+  Tensor rstd = Tensor::empty({n}, DType::f32);
+  if (config_.normalization == Normalization::rmsnorm) {
+    ops::rmsnorm_forward(ctx, out, rstd, x, w, config_.layernorm_epsilon);
+  } else {
+    Tensor mean = Tensor::empty({n}, DType::f32);
+    ops::layernorm_forward(ctx, out, mean, rstd, x, w, b, config_.layernorm_epsilon);
+  }
+}
+
+void DecoderShard::all_reduce(const Tensor& t, const char* what) const {
+  comm::wait_or_throw(tp_->all_reduce(t.data<float>(), static_cast<size_t>(t.numel()), DType::f32, comm::ReduceOp::sum),
+                      what, comm::WaitGroup::tp);
+}
+
+void DecoderShard::linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
+                          bool row_parallel) const {
+  if (!row_parallel || tp_ == nullptr) {
+    ops::linear_forward(ctx, out, x, w, b);
+    return;
+  }
+  ops::linear_forward(ctx, out, x, w, Tensor());
+  all_reduce(out, "decode: a row-parallel linear's all-reduce");
+  if (!b.defined()) return;
+  const int64_t n = out.dim(0), o = out.dim(1);
+  float* d = out.data<float>();
+  const float* bias = b.data<float>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < o; ++c) d[r * o + c] += bias[c];
+}
+
+Tensor DecoderShard::embed(Context& ctx, const DecodeRows& rows, const std::vector<std::vector<int32_t>>& tokens) const {
+  TROUPE_CHECK(spec_.embedding, "DecoderShard::embed: the shard holds no embedding");
+  const int64_t C = config_.hidden_size, R = rows.rows(), vocab_rows = wte_.dim(0);
+  Tensor x = Tensor::empty({R, C}, DType::f32);
+  float* xd = x.data<float>();
+  const float* te = wte_.data<float>();
+  for (size_t i = 0; i < rows.ids.size(); ++i)
+    for (size_t j = 0; j < tokens[i].size(); ++j) {
+      float* row = xd + (rows.row0[i] + static_cast<int64_t>(j)) * C;
+      const int64_t v = tokens[i][j] - vocab_begin_;
+      if (v >= 0 && v < vocab_rows) std::copy_n(te + v * C, C, row);
+      else std::fill_n(row, C, 0.0f);
+    }
+  if (tp_ != nullptr) all_reduce(x, "decode: the vocabulary-parallel embedding's all-reduce");
+  if (wpe_.defined()) {
+    const float* pe = wpe_.data<float>();
+    for (size_t i = 0; i < rows.ids.size(); ++i) {
+      const int64_t pos0 = length(rows.ids[i]);
+      for (size_t j = 0; j < tokens[i].size(); ++j) {
+        float* row = xd + (rows.row0[i] + static_cast<int64_t>(j)) * C;
+        const float* p = pe + (pos0 + static_cast<int64_t>(j)) * C;
+        for (int64_t c = 0; c < C; ++c) row[c] += p[c];
+      }
+    }
+  }
+  if (config_.embed_layernorm) {
+    Tensor normed = Tensor::empty({R, C}, DType::f32);
+    Tensor mean = Tensor::empty({R}, DType::f32), rstd = Tensor::empty({R}, DType::f32);
+    ops::layernorm_forward(ctx, normed, mean, rstd, x, ln_embd_w_, ln_embd_b_, config_.layernorm_epsilon);
+    x = normed;
+  }
+  return x;
+}
+
+void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x) {
+  const GptConfig& m = config_;
+  const int64_t R = rows.rows(), C = m.hidden_size, H = heads_, G = groups_, hs = m.head_size();
+  const int64_t qkv_width = (H + 2 * G) * hs, kv_width = 2 * G * hs;
+  ops::RotaryParams rotary_base;
+  rotary_base.rotary_dim = m.rotary_dim();
+  rotary_base.base = m.rotary_base;
+  rotary_base.interleaved = m.rotary_interleaved;
+  ops::AttentionLayout layout;
+  layout.n_head = static_cast<int>(H);
+  layout.n_group = static_cast<int>(G);
+  layout.head_dim = static_cast<int>(hs);
+  layout.alibi_slopes = alibi_;
+  const int64_t F = m.ffn_hidden_size() / spec_.tp_size, FC = m.activation == MlpActivation::swiglu ? 2 * F : F;
+  Tensor a = Tensor::empty({R, C}, DType::f32), qkv = Tensor::empty({R, qkv_width}, DType::f32);
+  Tensor att = Tensor::empty({R, H * hs}, DType::f32), branch = Tensor::empty({R, C}, DType::f32);
+  Tensor fc = Tensor::empty({R, FC}, DType::f32), act = Tensor::empty({R, F}, DType::f32);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& p = layers_[l];
+    norm(ctx, a, x, p.ln1_w, p.ln1_b);
+    linear(ctx, qkv, a, p.attn_w, p.attn_b, false);
+    for (size_t i = 0; i < rows.ids.size(); ++i) {
+      Sequence& s = sequence(rows.ids[i]);
+      const int64_t r0 = rows.row0[i], Tq = rows.row0[i + 1] - r0, Tk = s.length + Tq;
+      const Tensor q = qkv.rows(r0, r0 + Tq).view({1, Tq, qkv_width});
+      if (m.position_embedding == PositionEmbedding::rope) {
+        ops::RotaryParams rotary = rotary_base;
+        rotary.pos0 = s.length;
+        ops::rotary_forward(ctx, q, 0, static_cast<int>(H), static_cast<int>(hs), rotary);
+        ops::rotary_forward(ctx, q, H * hs, static_cast<int>(G), static_cast<int>(hs), rotary);
+      }
+      // The new keys and values join the cache: [k | v] of each new row.
+      const Tensor& cache = s.kv[l];
+      {
+        const float* src = qkv.data<float>();
+        float* dst = cache.data<float>();
+        for (int64_t r = 0; r < Tq; ++r)
+          std::copy_n(src + (r0 + r) * qkv_width + H * hs, kv_width, dst + (s.length + r) * kv_width);
+      }
+      ops::AttentionBlock block;
+      block.layout = layout;
+      block.seq_len = Tk;
+      for (int64_t r = 0; r < Tq; ++r) block.qpos.push_back(s.length + r);
+      for (int64_t r = 0; r < Tk; ++r) block.kpos.push_back(r);
+      Tensor acc = Tensor::empty({1, Tq, H * hs}, DType::f32);
+      Tensor mx = Tensor::empty({1, H, Tq}, DType::f32), sum = Tensor::empty({1, H, Tq}, DType::f32);
+      Tensor lse = Tensor::empty({1, H, Tq}, DType::f32);
+      ops::attention_block_begin(ctx, acc, mx, sum);
+      ops::attention_block_forward(ctx, acc, mx, sum, q, cache.rows(0, Tk).view({1, Tk, kv_width}), block);
+      ops::attention_block_finish(ctx, att.rows(r0, r0 + Tq).view({1, Tq, H * hs}), lse, acc, mx, sum);
+    }
+    linear(ctx, branch, att, p.proj_w, p.proj_b, true);
+    ops::add_inplace(ctx, x, branch);
+    norm(ctx, a, x, p.ln2_w, p.ln2_b);
+    linear(ctx, fc, a, p.fc_w, p.fc_b, false);
+    if (m.activation == MlpActivation::swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
+    else ops::gelu_forward(ctx, act, fc);
+    linear(ctx, branch, act, p.fcproj_w, p.fcproj_b, true);
+    ops::add_inplace(ctx, x, branch);
+  }
+}
+
+void DecoderShard::advance(const DecodeRows& rows) {
+  for (size_t i = 0; i < rows.ids.size(); ++i) sequence(rows.ids[i]).length += rows.row0[i + 1] - rows.row0[i];
+}
+
+std::vector<std::vector<float>> DecoderShard::head(Context& ctx, const DecodeRows& rows, const Tensor& x,
+                                                   bool every_token) const {
+  TROUPE_CHECK(spec_.head, "DecoderShard::head: the shard holds no head");
+  const int64_t C = config_.hidden_size, S = static_cast<int64_t>(rows.ids.size()), R = rows.rows();
+  const int64_t n = every_token ? R : S;
+  Tensor last = every_token ? x : Tensor::empty({S, C}, DType::f32);
+  if (!every_token)
+    for (int64_t i = 0; i < S; ++i) last.rows(i, i + 1).copy_from(x.rows(rows.row0[i + 1] - 1, rows.row0[i + 1]));
+  Tensor normed = Tensor::empty({n, C}, DType::f32);
+  norm(ctx, normed, last, lnf_w_, lnf_b_);
+  const int64_t Vt = head_.dim(0), V = config_.vocab_size, t = spec_.tp_size;
+  Tensor logits = Tensor::empty({n, Vt}, DType::f32);
+  ops::linear_forward(ctx, logits, normed, head_, Tensor());
+  // gathered: the shards' (n, Vt) blocks one after the other; vocabulary row v is in block v / Vt.
+  Tensor gathered = logits;
+  if (tp_ != nullptr) {
+    gathered = Tensor::empty({t * n, Vt}, DType::f32);
+    comm::wait_or_throw(tp_->all_gather(logits.data<float>(), gathered.data<float>(), static_cast<size_t>(n * Vt),
+                                        DType::f32),
+                        "decode: the vocabulary-parallel head's all-gather", comm::WaitGroup::tp);
+  }
+  std::vector<std::vector<float>> out(static_cast<size_t>(S));
+  const float* g = gathered.data<float>();
+  for (int64_t i = 0; i < S; ++i) {
+    std::vector<float>& o = out[static_cast<size_t>(i)];
+    const int64_t r0 = every_token ? rows.row0[i] : i, r1 = every_token ? rows.row0[i + 1] : i + 1;
+    o.reserve(static_cast<size_t>((r1 - r0) * V));
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t b = 0; b * Vt < V; ++b) {
+        const float* src = g + (b * n + r) * Vt;
+        o.insert(o.end(), src, src + std::min(Vt, V - b * Vt));
+      }
+  }
+  return out;
+}
+
+}  // namespace troupe

@@ -1,0 +1,125 @@
+// One shard of the decoder (model/decoder.hpp): tensor-parallel rank r of t over one pipeline stage's
+// layers, with the stage's embedding and/or head, and the key/value cache of its own query groups.
+// The whole model on one thread is the shard t = 1 with every layer, the embedding and the head
+// (Decoder); a parallel decoder (actors/decode_actors.hpp) runs t x p of them, each on its own thread
+// with its tensor-parallel group's communicator, and moves the hidden rows between stages.
+//
+// Megatron's split (model/params.hpp, gpt2_shard_specs): the embedding is vocabulary-parallel (a token
+// outside the shard's rows contributes zeros; one all-reduce over the group), the fused qkv and the
+// first MLP linear are column-parallel (the shard holds H/t heads and G/t key/value groups, and caches
+// those), the attention's and the MLP's output linears row-parallel (partial sums, one all-reduce each,
+// the bias added after), the head vocabulary-parallel (the shard's logits, then an all-gather). Norms,
+// positions and the biases of the row-parallel linears are replicated.
+//
+// The caller owns the sequences' bookkeeping: it checks a feed (plan_feed) and gives every shard the
+// same ids and rows in the same order; a shard keeps, per sequence id, its cache and how many tokens
+// it holds.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "kernels/context.hpp"
+#include "kernels/tensor.hpp"
+#include "model/params.hpp"
+#include "troupe/model_config.hpp"
+#include "troupe/status.hpp"
+
+namespace troupe {
+
+struct DecoderShardSpec {
+  int tp_size = 1, tp_rank = 0;
+  int first_layer = 0, num_layers = 0;  // global transformer layers [first, first + num)
+  bool embedding = true, head = true;
+  // The whole model: t = 1, every layer, the embedding and the head.
+  static DecoderShardSpec whole(const GptConfig& config);
+  // Tensor-parallel rank `tp_rank` of `tp_size` on pipeline stage `stage` of `stages` (Megatron's
+  // layer split, model/gpt_chunk.hpp's chunk_layers).
+  static DecoderShardSpec of(const GptConfig& config, int tp_size, int tp_rank, int stages, int stage);
+};
+
+// Why `config` cannot be decoded on t x p shards (empty: it can): a dense model whose heads, query
+// groups and sizes t divides, no more stages than layers.
+std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages);
+
+// A feed's rows: the sequences' new tokens one after the other.
+struct DecodeRows {
+  std::vector<int> ids;          // sequence ids
+  std::vector<int64_t> row0;     // ids.size() + 1 offsets: sequence i's rows are [row0[i], row0[i+1])
+  int64_t rows() const { return row0.empty() ? 0 : row0.back(); }
+  // Sequences [begin, end) of these rows, renumbered from row 0.
+  DecodeRows part(size_t begin, size_t end) const;
+};
+
+// Checks a feed (one non-empty token list per open sequence, none twice, tokens in the vocabulary,
+// each sequence within the model's positions given `length(id)` tokens before) and lays out its
+// rows. `is_open(id)` says whether id names an open sequence.
+Result<DecodeRows> plan_feed(const GptConfig& config, const std::vector<int>& ids,
+                             const std::vector<std::vector<int32_t>>& tokens, const std::function<bool(int)>& is_open,
+                             const std::function<int64_t(int)>& length);
+
+class DecoderShard {
+ public:
+  // Parameters allocated (zero) for the shard's slice, f32; `tp` is the tensor-parallel group's
+  // communicator (size spec.tp_size, rank spec.tp_rank), null when tp_size is 1.
+  DecoderShard(const GptConfig& config, const DecoderShardSpec& spec, comm::Communicator* tp = nullptr);
+
+  const GptConfig& config() const { return config_; }
+  const DecoderShardSpec& spec() const { return spec_; }
+  // The shard's parameters: gpt2_shard_specs(config, t, r) of its layers, its embedding's and its
+  // head's (a tied head holds wte), in that function's order.
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  // Fills every parameter from the whole model's tensors: whole(name) returns the tensor whose
+  // leading elements are the global tensor `name` in row-major order (further rows: padding).
+  void load_from_whole(const std::function<Tensor(const std::string&)>& whole);
+
+  // Sequence slots (ids chosen by the caller, any non-negative int).
+  void open(int id);
+  void close(int id);
+  void copy(int from, int to);  // `to` opened holding `from`'s tokens so far
+  int64_t length(int id) const;
+
+  // The embedded rows of a feed (first stage): (rows, C).
+  Tensor embed(Context& ctx, const DecodeRows& rows, const std::vector<std::vector<int32_t>>& tokens) const;
+  // The stage's layers over `x` (rows, C), in place; each sequence's new keys and values join its
+  // cache at its length.
+  void layers(Context& ctx, const DecodeRows& rows, const Tensor& x);
+  // Each sequence's length grows by its rows (after the feed's layers, on every shard).
+  void advance(const DecodeRows& rows);
+  // The head (last stage): per sequence, the logits over the real vocabulary of its last row, or of
+  // every row one after the other.
+  std::vector<std::vector<float>> head(Context& ctx, const DecodeRows& rows, const Tensor& x, bool every_token) const;
+
+ private:
+  struct Sequence {
+    bool open = false;
+    int64_t length = 0;
+    std::vector<Tensor> kv;  // per layer of the shard: (max_positions, 2 G/t hs) rows [k | v], k rotated
+  };
+  struct Layer {
+    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  };
+  void norm(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b) const;
+  // out = x w^T (+ b): column-parallel (the shard's slice) or, row_parallel, summed over the group.
+  void linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, bool row_parallel) const;
+  void all_reduce(const Tensor& t, const char* what) const;
+  Sequence& sequence(int id);
+  const Sequence& sequence(int id) const;
+
+  GptConfig config_;
+  DecoderShardSpec spec_;
+  comm::Communicator* tp_ = nullptr;
+  int64_t heads_ = 0, groups_ = 0;  // this shard's
+  std::vector<ParamSpec> specs_;
+  std::vector<Tensor> params_;
+  Tensor wte_, wpe_, ln_embd_w_, ln_embd_b_, lnf_w_, lnf_b_, head_;
+  int64_t vocab_begin_ = 0;  // the first (padded) vocabulary row wte_ and head_ hold
+  std::vector<Layer> layers_;
+  std::vector<double> alibi_;  // this shard's heads' slopes
+  std::vector<Sequence> sequences_;
+};
+
+}  // namespace troupe
