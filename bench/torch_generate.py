@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""GPT-2 greedy decoding in PyTorch with a key/value cache, the peer of `troupe generate --timing`
-(bench/generate_vs_pytorch.sh): the weights of a Hugging Face GPT-2 folder (a troupe export) in
-float32, torch.no_grad(), the attention as matrix products (Debian's torch has no
-scaled_dot_product_attention), the prompts fed at once (time to first token), then one token per sequence
-per step against the cache. Prints one JSON object: prefill_seconds, decode_seconds, tokens,
+"""GPT-2 or LLaMA greedy decoding in PyTorch with a key/value cache, the peer of `troupe generate
+--timing` (bench/generate_vs_pytorch.sh): the weights of a Hugging Face GPT-2 or LLaMA folder (a troupe
+export) in float32, torch.no_grad(), the attention as matrix products (Debian's torch has no
+scaled_dot_product_attention; LLaMA: RMSNorm, rotate-half rotary from a precomputed table, grouped-query
+attention by repeating the key/value heads as Hugging Face's modeling_llama does, SwiGLU, untied head),
+the prompts fed at once (time to first token), then one token per sequence per step against the cache. Prints one JSON object: prefill_seconds, decode_seconds, tokens,
 tokens_per_second and the generated token ids (to check they are troupe's).
 
   torch_generate.py --hf-dir DIR --prompt-ids JSON --batch B --tokens N [--threads T]
@@ -33,8 +34,10 @@ def main():
 
     torch.set_num_threads(a.threads)
     w = {k: torch.tensor(v, dtype=torch.float32) for k, v in torch_gpt.read_hf_folder_tensors(a.hf_dir).items()}
-    w = {(k if k.startswith("transformer.") or k == "lm_head.weight" else "transformer." + k): v for k, v in w.items()}
     cfg = json.load(open(os.path.join(a.hf_dir, "config.json")))
+    if cfg.get("model_type") == "llama":
+        return run(a, torch, llama_forward(torch, F, w, cfg), cfg["num_hidden_layers"], cfg["vocab_size"])
+    w = {(k if k.startswith("transformer.") or k == "lm_head.weight" else "transformer." + k): v for k, v in w.items()}
     L, C, H = cfg["n_layer"], cfg["n_embd"], cfg["n_head"]
     hs, eps, V = C // H, cfg.get("layer_norm_epsilon", 1e-5), cfg["vocab_size"]
     wte, wpe = w["transformer.wte.weight"], w["transformer.wpe.weight"]
@@ -66,6 +69,59 @@ def main():
             x = x + conv1d(F.gelu(m, approximate="tanh"), p + "mlp.c_proj")
         return F.linear(ln(x[:, -1, :], "transformer.ln_f"), wte)  # as GPT2LMHeadModel's lm_head
 
+    return run(a, torch, forward, L, V)
+
+
+def llama_forward(torch, F, w, cfg):
+    L, C, H = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"]
+    G = cfg.get("num_key_value_heads") or H
+    hd = cfg.get("head_dim") or C // H
+    eps, theta = cfg.get("rms_norm_eps", 1e-6), float(cfg.get("rope_theta", 10000.0))
+    positions = cfg.get("max_position_embeddings", 2048)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos_table, sin_table = emb.cos().float(), emb.sin().float()
+    embed = w["model.embed_tokens.weight"]
+    head = w.get("lm_head.weight", embed)
+
+    def rms(x, name):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[name + ".weight"]
+
+    def rope(x, pos0):  # x (B, heads, T, hd)
+        T = x.shape[2]
+        cos, sin = cos_table[pos0:pos0 + T], sin_table[pos0:pos0 + T]
+        return x * cos + torch.cat((-x[..., hd // 2:], x[..., : hd // 2]), dim=-1) * sin
+
+    def forward(ids, pos0, cache):
+        B, T = ids.shape
+        x = embed[ids]
+        for i in range(L):
+            p = f"model.layers.{i}."
+            n = rms(x, p + "input_layernorm")
+            q = F.linear(n, w[p + "self_attn.q_proj.weight"]).view(B, T, H, hd).transpose(1, 2)
+            k = F.linear(n, w[p + "self_attn.k_proj.weight"]).view(B, T, G, hd).transpose(1, 2)
+            v = F.linear(n, w[p + "self_attn.v_proj.weight"]).view(B, T, G, hd).transpose(1, 2)
+            q, k = rope(q, pos0), rope(k, pos0)
+            if cache[i] is not None:
+                k = torch.cat((cache[i][0], k), dim=2)
+                v = torch.cat((cache[i][1], v), dim=2)
+            cache[i] = (k, v)
+            kr, vr = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+            scores = (q @ kr.transpose(-2, -1)) / math.sqrt(hd)
+            if T > 1:
+                scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+            y = torch.softmax(scores, dim=-1) @ vr
+            x = x + F.linear(y.transpose(1, 2).reshape(B, T, H * hd), w[p + "self_attn.o_proj.weight"])
+            m = rms(x, p + "post_attention_layernorm")
+            gated = F.silu(F.linear(m, w[p + "mlp.gate_proj.weight"])) * F.linear(m, w[p + "mlp.up_proj.weight"])
+            x = x + F.linear(gated, w[p + "mlp.down_proj.weight"])
+        return F.linear(rms(x[:, -1, :], "model.norm"), head)
+
+    return forward
+
+
+def run(a, torch, forward, L, V):
     prompt = json.loads(a.prompt_ids)
     ids = torch.tensor([prompt] * a.batch, dtype=torch.long)
     out = []

@@ -2,20 +2,18 @@
 #include "model/decoder_shard.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include <fmt/format.h>
 
 #include "kernels/ops.hpp"
 #include "model/gpt_chunk.hpp"
+#include "model/moe_routing.hpp"
 
 namespace troupe {
 
 namespace {
-
-const char* const kLayerNames[12] = {"ln_1.weight",      "ln_1.bias",     "attn.c_attn.weight", "attn.c_attn.bias",
-                                     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",     "ln_2.bias",
-                                     "mlp.c_fc.weight",  "mlp.c_fc.bias", "mlp.c_proj.weight",  "mlp.c_proj.bias"};
 
 // The transformer layer a parameter name belongs to ("transformer.h.<l>."), or -1.
 int layer_of(const std::string& name) {
@@ -42,9 +40,6 @@ DecoderShardSpec DecoderShardSpec::of(const GptConfig& config, int tp_size, int 
 
 std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages) {
   if (Status st = config.validate(); !st) return st.message();
-  if (config.moe.enabled())
-    return "the model has mixture-of-experts layers, which generation does not run yet -- generate from a dense "
-           "model";
   std::vector<std::string> problems;
   if (tp_size < 1) problems.push_back(fmt::format("the tensor-parallel size is {} -- give 1 or more", tp_size));
   if (stages < 1) problems.push_back(fmt::format("the pipeline-parallel size is {} -- give 1 or more", stages));
@@ -58,6 +53,8 @@ std::string check_decoder_layout(const GptConfig& config, int tp_size, int stage
     divides(config.num_attention_heads, "attention heads");
     divides(config.query_groups(), "query groups");
     divides(config.ffn_hidden_size(), "MLP hidden size");
+    if (config.moe.enabled()) divides(config.expert_ffn_hidden_size(), "experts' hidden size");
+    if (config.moe.shared_expert_ffn > 0) divides(config.moe.shared_expert_ffn, "shared expert's hidden size");
   }
   if (stages > config.num_layers)
     problems.push_back(fmt::format("--pipeline-model-parallel-size {} is more than the model's {} layers -- give at "
@@ -138,9 +135,33 @@ DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec
   head_ = spec.head ? (tied ? wte_ : find("lm_head.weight")) : Tensor();
   vocab_begin_ = config.padded_vocab_size(spec.tp_size) / spec.tp_size * spec.tp_rank;
   for (int l = spec.first_layer; l < spec.first_layer + spec.num_layers; ++l) {
-    Tensor t[12];
-    for (int k = 0; k < 12; ++k) t[k] = find("transformer.h." + std::to_string(l) + "." + kLayerNames[k]);
-    layers_.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]});
+    const std::string h = "transformer.h." + std::to_string(l) + ".";
+    auto mlp_at = [&](const std::string& prefix) {
+      return Mlp{find(prefix + "c_fc.weight"), find(prefix + "c_fc.bias"), find(prefix + "c_proj.weight"),
+                 find(prefix + "c_proj.bias")};
+    };
+    Layer y;
+    y.index = l;
+    y.ln1_w = find(h + "ln_1.weight");
+    y.ln1_b = find(h + "ln_1.bias");
+    y.attn_w = find(h + "attn.c_attn.weight");
+    y.attn_b = find(h + "attn.c_attn.bias");
+    y.proj_w = find(h + "attn.c_proj.weight");
+    y.proj_b = find(h + "attn.c_proj.bias");
+    y.ln2_w = find(h + "ln_2.weight");
+    y.ln2_b = find(h + "ln_2.bias");
+    y.mlp = mlp_at(h + "mlp.");
+    const int E = config.moe.experts_of(l, config.num_layers);
+    if (E > 0) {
+      y.moe = true;
+      y.router_w = find(h + "mlp.router.weight");
+      y.router_b = find(h + "mlp.router.bias");
+      y.coef_w = find(h + "mlp.coefficient.weight");
+      y.coef_b = find(h + "mlp.coefficient.bias");
+      y.shared = mlp_at(h + "mlp.shared_expert.");
+      for (int e = 0; e < E; ++e) y.experts.push_back(mlp_at(h + "mlp.experts." + std::to_string(e) + "."));
+    }
+    layers_.push_back(std::move(y));
   }
   if (config.position_embedding == PositionEmbedding::alibi) {
     const std::vector<double> all = ops::alibi_slopes(config.num_attention_heads);
@@ -284,10 +305,8 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
   layout.n_group = static_cast<int>(G);
   layout.head_dim = static_cast<int>(hs);
   layout.alibi_slopes = alibi_;
-  const int64_t F = m.ffn_hidden_size() / spec_.tp_size, FC = m.activation == MlpActivation::swiglu ? 2 * F : F;
   Tensor a = Tensor::empty({R, C}, DType::f32), qkv = Tensor::empty({R, qkv_width}, DType::f32);
   Tensor att = Tensor::empty({R, H * hs}, DType::f32), branch = Tensor::empty({R, C}, DType::f32);
-  Tensor fc = Tensor::empty({R, FC}, DType::f32), act = Tensor::empty({R, F}, DType::f32);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& p = layers_[l];
     norm(ctx, a, x, p.ln1_w, p.ln1_b);
@@ -325,11 +344,78 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
     linear(ctx, branch, att, p.proj_w, p.proj_b, true);
     ops::add_inplace(ctx, x, branch);
     norm(ctx, a, x, p.ln2_w, p.ln2_b);
-    linear(ctx, fc, a, p.fc_w, p.fc_b, false);
-    if (m.activation == MlpActivation::swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
-    else ops::gelu_forward(ctx, act, fc);
-    linear(ctx, branch, act, p.fcproj_w, p.fcproj_b, true);
+    if (p.moe) moe_mlp(ctx, p, a, branch);
+    else mlp(ctx, p.mlp, a, branch);
     ops::add_inplace(ctx, x, branch);
+  }
+}
+
+void DecoderShard::mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor& out) const {
+  const int64_t R = a.dim(0), FC = m.fc_w.dim(0);
+  const bool swiglu = config_.activation == MlpActivation::swiglu;
+  Tensor fc = Tensor::empty({R, FC}, DType::f32), act = Tensor::empty({R, swiglu ? FC / 2 : FC}, DType::f32);
+  linear(ctx, fc, a, m.fc_w, m.fc_b, false);
+  if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
+  else ops::gelu_forward(ctx, act, fc);
+  linear(ctx, out, act, m.proj_w, m.proj_b, true);
+}
+
+void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const {
+  const int64_t R = a.dim(0), C = config_.hidden_size, E = static_cast<int64_t>(p.experts.size());
+  MoeConfig dropless = config_.moe;
+  dropless.drop_tokens = false;
+  const int64_t k = dropless.topk;
+  Tensor logits = Tensor::empty({R, E}, DType::f32);
+  ops::linear_forward(ctx, logits, a, p.router_w, p.router_b);
+  std::vector<double> z(static_cast<size_t>(R * E));
+  std::copy_n(logits.data<float>(), R * E, z.data());
+  const MoeRouting rt = moe_route(dropless, z.data(), 1, R, E, /*training=*/false, {});
+  // routed = sum_j w_nj expert_(n,j)(a_n): each expert over its rows at once; partial sums over the
+  // group (c_proj's bias on rank 0 only, inside the sum), reduced once.
+  std::fill_n(out.data<float>(), R * C, 0.0f);
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
+  for (int64_t i = 0; i < R * k; ++i)
+    if (rt.kept[static_cast<size_t>(i)]) by_expert[static_cast<size_t>(rt.expert[static_cast<size_t>(i)])].push_back(i);
+  const bool swiglu = config_.activation == MlpActivation::swiglu;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int64_t>& assigned = by_expert[static_cast<size_t>(e)];
+    if (assigned.empty()) continue;
+    const Mlp& w = p.experts[static_cast<size_t>(e)];
+    const int64_t n = static_cast<int64_t>(assigned.size()), FC = w.fc_w.dim(0);
+    Tensor xe = Tensor::empty({n, C}, DType::f32), fc = Tensor::empty({n, FC}, DType::f32);
+    Tensor act = Tensor::empty({n, swiglu ? FC / 2 : FC}, DType::f32), ye = Tensor::empty({n, C}, DType::f32);
+    for (int64_t i = 0; i < n; ++i) xe.rows(i, i + 1).copy_from(a.rows(assigned[i] / k, assigned[i] / k + 1));
+    ops::linear_forward(ctx, fc, xe, w.fc_w, w.fc_b);
+    if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
+    else ops::gelu_forward(ctx, act, fc);
+    ops::linear_forward(ctx, ye, act, w.proj_w, spec_.tp_rank == 0 ? w.proj_b : Tensor());
+    float* o = out.data<float>();
+    const float* y = ye.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float wt = static_cast<float>(rt.weight[static_cast<size_t>(assigned[i])]);
+      float* row = o + (assigned[i] / k) * C;
+      for (int64_t c = 0; c < C; ++c) row[c] += wt * y[i * C + c];
+    }
+  }
+  if (tp_ != nullptr) all_reduce(out, "decode: the experts' all-reduce");
+  if (p.coef_w.defined()) {  // PR-MoE: routed * c0 + mlp * c1, c = softmax(a W_coef^T + b_coef)
+    Tensor dense = Tensor::empty({R, C}, DType::f32), cl = Tensor::empty({R, 2}, DType::f32);
+    mlp(ctx, p.mlp, a, dense);
+    ops::linear_forward(ctx, cl, a, p.coef_w, p.coef_b);
+    float* o = out.data<float>();
+    const float* d = dense.data<float>();
+    const float* zc = cl.data<float>();
+    for (int64_t r = 0; r < R; ++r) {
+      const double mx = std::max<double>(zc[r * 2], zc[r * 2 + 1]);
+      const double e0 = std::exp(zc[r * 2] - mx), e1 = std::exp(zc[r * 2 + 1] - mx);
+      const float c0 = static_cast<float>(e0 / (e0 + e1)), c1 = static_cast<float>(e1 / (e0 + e1));
+      for (int64_t c = 0; c < C; ++c) o[r * C + c] = o[r * C + c] * c0 + d[r * C + c] * c1;
+    }
+  }
+  if (p.shared.defined()) {
+    Tensor sh = Tensor::empty({R, C}, DType::f32);
+    mlp(ctx, p.shared, a, sh);
+    ops::add_inplace(ctx, out, sh);
   }
 }
 

@@ -11,6 +11,12 @@
 // the bias added after), the head vocabulary-parallel (the shard's logits, then an all-gather). Norms,
 // positions and the biases of the row-parallel linears are replicated.
 //
+// Mixture-of-experts layers (docs/MOE.md): the router on every row (replicated), each token to its top-k
+// experts as moe_route decides without a capacity (dropless: a token's continuation must not depend
+// on the rows fed beside it; training's capacity, where the model has one, belongs to a batch), the
+// experts split like the MLP and their weighted outputs summed over the group once; PR-MoE's dense
+// MLP mixed by its coefficient, the shared expert added.
+//
 // The caller owns the sequences' bookkeeping: it checks a feed (plan_feed) and gives every shard the
 // same ids and rows in the same order; a shard keeps, per sequence id, its cache and how many tokens
 // it holds.
@@ -40,8 +46,8 @@ struct DecoderShardSpec {
   static DecoderShardSpec of(const GptConfig& config, int tp_size, int tp_rank, int stages, int stage);
 };
 
-// Why `config` cannot be decoded on t x p shards (empty: it can): a dense model whose heads, query
-// groups and sizes t divides, no more stages than layers.
+// Why `config` cannot be decoded on t x p shards (empty: it can): heads, query groups and MLP widths
+// (the experts' and the shared expert's too) that t divides, no more stages than layers.
 std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages);
 
 // A feed's rows: the sequences' new tokens one after the other.
@@ -99,13 +105,30 @@ class DecoderShard {
     int64_t length = 0;
     std::vector<Tensor> kv;  // per layer of the shard: (max_positions, 2 G/t hs) rows [k | v], k rotated
   };
+  struct Mlp {
+    Tensor fc_w, fc_b, proj_w, proj_b;  // column-parallel, row-parallel
+    bool defined() const { return fc_w.defined(); }
+  };
   struct Layer {
-    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+    int index = 0;  // global
+    Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b;
+    Mlp mlp;  // the dense MLP (an MoE layer: PR-MoE's, or none)
+    // An MoE layer (moe false: dense): the router and PR-MoE's coefficient (replicated), the shared
+    // expert and every expert (split like the MLP: expert-TP = TP).
+    bool moe = false;
+    Tensor router_w, router_b, coef_w, coef_b;
+    Mlp shared;
+    std::vector<Mlp> experts;
   };
   void norm(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b) const;
   // out = x w^T (+ b): column-parallel (the shard's slice) or, row_parallel, summed over the group.
   void linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, bool row_parallel) const;
   void all_reduce(const Tensor& t, const char* what) const;
+  // out = the MLP of `a` (R, C), summed over the group (the bias of c_proj added once).
+  void mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor& out) const;
+  // out = an MoE layer's MLP of `a`: every token to its top-k experts, dropless (moe_route with no
+  // capacity: a token's experts do not depend on the other rows of the feed).
+  void moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const;
   Sequence& sequence(int id);
   const Sequence& sequence(int id) const;
 

@@ -192,6 +192,15 @@ Result<ServeRequest> parse_completions_request(std::string_view body) {
     if (!j["stream"].is_boolean()) return bad("stream must be a boolean");
     r.stream = j["stream"].get<bool>();
   }
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const nlohmann::json& so = j["stream_options"];
+    if (!so.is_object()) return bad("stream_options must be an object such as {\"include_usage\": true}");
+    if (!r.stream) return bad("stream_options is only allowed when stream is true");
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) return bad("stream_options.include_usage must be a boolean");
+      r.include_usage = so["include_usage"].get<bool>();
+    }
+  }
   if (j.contains("echo") && !j["echo"].is_null()) {
     if (!j["echo"].is_boolean()) return bad("echo must be a boolean");
     r.echo = j["echo"].get<bool>();

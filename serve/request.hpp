@@ -28,6 +28,7 @@ struct ServeRequest {
   int32_t stop_token = 0;
   std::vector<std::string> stop;  // completions' "stop" strings
   bool stream = false;            // completions: server-sent events
+  bool include_usage = false;     // completions: stream_options.include_usage (a usage chunk before [DONE])
   bool echo = false;              // completions: the prompt before the text
   std::string model;              // completions: echoed back
   int beam_width = 0;             // megatron: > 0: beam search (one prompt)

@@ -390,13 +390,17 @@ struct InferenceServer::Impl {
     for (const std::string& s : q.stop) hold = std::max(hold, s.size() - 1);
     struct StreamState {
       size_t prompt = 0, sent = 0;
+      size_t seen = 0;  // the prompt's tokens already looked at: wait for more than these
+      int64_t completion_tokens = 0;
       bool echoed = false, finished = false;
     };
     auto state = std::make_shared<StreamState>();
+    int64_t prompt_tokens = 0;
+    for (const auto& p : ids.value()) prompt_tokens += static_cast<int64_t>(p.size());
     res.set_header("Cache-Control", "no-store");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, q, jobs, state, hold, id, created, model, t0](size_t, httplib::DataSink& sink) {
+        [this, q, jobs, state, hold, id, created, model, t0, prompt_tokens](size_t, httplib::DataSink& sink) {
           auto event = [&](const nlohmann::json& j) {
             const std::string line = "data: " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -407,6 +411,12 @@ struct InferenceServer::Impl {
           };
           if (state->finished) return false;
           if (state->prompt >= jobs.size()) {
+            if (q.include_usage &&  // OpenAI's stream_options.include_usage: no choices, the request's usage
+                !event({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                        {"choices", nlohmann::json::array()},
+                        {"usage", {{"prompt_tokens", prompt_tokens}, {"completion_tokens", state->completion_tokens},
+                                   {"total_tokens", prompt_tokens + state->completion_tokens}}}}))
+              return false;
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
             latency.observe(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -424,8 +434,10 @@ struct InferenceServer::Impl {
           std::string error;
           {
             std::unique_lock<std::mutex> lock(job.mu);
-            job.cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return job.done || job.tokens.size() > 0; });
+            job.cv.wait_for(lock, std::chrono::milliseconds(200),
+                            [&] { return job.done || job.tokens.size() > state->seen; });
             tokens = job.tokens;
+            state->seen = tokens.size();
             done = job.done;
             error = job.error;
             if (done) tokens = job.result.tokens;
@@ -451,8 +463,10 @@ struct InferenceServer::Impl {
               reason = job.result.finish_reason == "length" ? "length" : "stop";
             }
             if (!chunk(state->prompt, "", reason)) return false;
+            state->completion_tokens += static_cast<int64_t>(tokens.size());
             ++state->prompt;
             state->sent = 0;
+            state->seen = 0;
             state->echoed = false;
           }
           return true;

@@ -103,6 +103,13 @@ streamed = "".join(c["choices"][0]["text"] for c in chunks)
 assert streamed == plain["choices"][0]["text"], (streamed, plain)
 assert chunks[-1]["choices"][0]["finish_reason"] in ("length", "stop") and len(chunks) >= 2, chunks[-1]
 assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1]), chunks
+# stream_options.include_usage: one more chunk before [DONE], no choices, the unstreamed usage.
+status, body = call("POST", "/v1/completions", {**req, "stream": True, "stream_options": {"include_usage": True}})
+events = [l[len("data: "):] for l in body.split("\n") if l.startswith("data: ")]
+assert status == 200 and events[-1] == "[DONE]", (status, events[-3:])
+usage = json.loads(events[-2])
+assert usage["choices"] == [] and usage["usage"] == plain["usage"], (usage, plain)
+assert len(events) == len(chunks) + 2, (len(events), len(chunks))
 status, body = call("POST", "/v1/completions", {"prompt": "The ", "max_tokens": 12, "temperature": 0, "stop": " "})
 assert status == 200 and " " not in json.loads(body)["choices"][0]["text"], body
 print(f"ok: /v1/completions, and streamed in {len(chunks)} events to the same text")
@@ -118,7 +125,8 @@ bad = [("PUT", "/api", {"tokens_to_generate": 3}, "prompts argument required"),
        ("PUT", "/api", {"prompts": ["x", "y"], "beam_width": 2}, "batch size must be 1"),
        ("PUT", "/api", "{not json", "not JSON"),
        ("POST", "/v1/completions", {"prompt": 3}, "prompt must be"),
-       ("POST", "/v1/completions", {"prompt": "x", "n": 2}, "n must be 1")]
+       ("POST", "/v1/completions", {"prompt": "x", "n": 2}, "n must be 1"),
+       ("POST", "/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "only allowed when stream")]
 for method, path, body, reason in bad:
     status, text = call(method, path, body)
     assert status == 400 and reason in text, (body, status, text)
@@ -127,6 +135,7 @@ print(f"ok: {len(bad)} bad requests answered 400 with the reason")
 status, text = call("GET", "/metrics", "")
 assert status == 200, status
 assert 'troupe_serve_requests_total{api="megatron",code="400"} 9' in text, text
+assert 'troupe_serve_requests_total{api="completions",code="400"} 3' in text, text
 assert "troupe_serve_request_seconds_count" in text and "troupe_serve_time_to_first_token_seconds_bucket" in text
 print("ok: /metrics")
 PY
