@@ -3,7 +3,8 @@
 // LayerNorm) of odd sizes (3 layers: an uneven pipeline split; a vocabulary of 37 that tp 2 splits 19 + 18 and pads),
 // random weights, on tp 2, pp 2 and tp 2 x pp 2: ragged prompts fed together (cut into micro-batches
 // through the pipeline) give the one-thread logits up to rounding; greedy and seeded sampled
-// generation give its tokens; beam search (copied caches) its hypotheses.
+// generation give its tokens; beam search (copied caches) its hypotheses. A Mixtral-like MoE (experts
+// split like the MLP, a shared expert) too.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -25,11 +26,20 @@ GptConfig family(const std::string& name) {
   m.max_position_embeddings = 40;
   m.vocab_size = 37;
   m.make_vocab_size_divisible_by = 1;  // tp 2: 19 rows of the vocabulary each, the last one padding
-  if (name == "llama") {
+  if (name == "llama" || name == "mixtral") {
     m.set_llama_family();
     m.num_query_groups = 2;
     m.ffn_hidden = 52;
     m.rotary_base = 500;
+    if (name == "mixtral") {  // dropless top-2 of 4 experts pre-softmax, a shared expert, every layer
+      m.moe.num_experts = {4};
+      m.moe.router = MoeRouter::megatron;
+      m.moe.topk = 2;
+      m.moe.drop_tokens = false;
+      m.moe.pre_softmax = true;
+      m.moe.shared_expert_ffn = 6;
+      m.init_method_std = 0.2;  // routers and logits far from uniform
+    }
   } else if (name == "bloom") {
     m.set_bloom_family();
     m.hidden_size = 36;
@@ -52,12 +62,16 @@ TEST_CASE("parallel decoding: every layout gives the one-thread decoder's logits
   ThreadPool pool(2);
   Context ctx;
   ctx.pool = &pool;
-  for (const std::string name : {"gpt2", "llama", "bloom"}) {
+  for (const std::string name : {"gpt2", "llama", "bloom", "mixtral"}) {
     const GptConfig m = family(name);
-    GptModel ref(m, 1);
-    ref.init(19);
     Decoder one(m);
-    for (size_t i = 0; i < one.params().size(); ++i) one.params()[i].copy_from(ref.params()[i]);
+    if (m.moe.enabled()) {  // the reference model has no experts: the specs' own initial values
+      for (size_t i = 0; i < one.params().size(); ++i) init_parameter(one.specs()[i], 19, one.params()[i]);
+    } else {
+      GptModel ref(m, 1);
+      ref.init(19);
+      for (size_t i = 0; i < one.params().size(); ++i) one.params()[i].copy_from(ref.params()[i]);
+    }
     std::mt19937 rng(7);
     std::vector<std::vector<int32_t>> prompts;
     for (int len : {5, 1, 9, 3, 7}) {

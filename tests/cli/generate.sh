@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # troupe generate (docs/SERVE.md): a GPT-2, a LLaMA (RMSNorm, rope, SwiGLU, grouped-query attention,
-# untied head) and a BLOOM (ALiBi, embedding LayerNorm) trained by troupe generate greedily, for two
+# untied head), a BLOOM (ALiBi, embedding LayerNorm) and a Mixtral (the LLaMA with 4 experts, top-2,
+# Megatron's router, dropless) trained by troupe generate greedily, for two
 # prompts of different lengths batched together, exactly the tokens bench/torch_gpt.py's float64
 # models of their Hugging Face exports choose when they recompute the whole sequence at every step,
 # with the log-probabilities (prompt and generated) within 1e-6; sampling with a seed repeats itself;
@@ -21,9 +22,10 @@ prompts=(--prompt "The " --prompt "Q: Why did the chicken")
 # 4 heads (2 query groups for the LLaMA) and 3 layers: tp 2 splits them, pp 2 unevenly.
 shape=(--num-attention-heads 4 --num-layers 3)
 
-for name in gpt2 llama bloom gpt2_pp2; do
+for name in gpt2 llama bloom mixtral gpt2_pp2; do
   # gpt2_pp2: a checkpoint saved by a pipeline of two stages loads whole into the generator.
-  case $name in llama) flags=("${llama[@]}" --num-query-groups 2) ;; bloom) flags=("${bloom[@]}") ;;
+  case $name in llama) flags=("${llama[@]}" --num-query-groups 2) ;;
+    mixtral) flags=("${llama[@]}" --num-query-groups 2 --num-experts 4 --moe-router-topk 2 --moe-aux-loss-coeff 0.01) ;; bloom) flags=("${bloom[@]}") ;;
     gpt2_pp2) flags=(--pipeline-model-parallel-size 2 --data-parallel-size 2) ;; *) flags=() ;; esac
   small_train --train-iters 20 --save "ck_$name" --num-threads 1 --hidden-dropout 0 --attention-dropout 0 \
     "${shape[@]}" "${flags[@]}" > "train_$name.log" 2>&1 || { cat "train_$name.log"; fail "$name: training failed"; }
@@ -109,4 +111,4 @@ expect_refusal deep "more than the model's 3 layers" "$troupe" generate --load c
   --pipeline-model-parallel-size 4
 printf '{"prompt": "ok"}\n[1, 2]\n' > bad.jsonl
 expect_refusal bad_file "bad.jsonl line 2" "$troupe" generate --load ck_gpt2 --prompts-file bad.jsonl
-echo "PASS: troupe generate equals the float64 oracle for GPT-2, LLaMA and BLOOM on every decoding layout; sampling repeats with its seed"
+echo "PASS: troupe generate equals the float64 oracle for GPT-2, LLaMA, BLOOM and Mixtral on every decoding layout; sampling repeats with its seed"

@@ -3,7 +3,8 @@
 // LayerNorm) of odd sizes with random weights: feeding a sequence token by token through the key/value
 // cache gives log-probabilities whose sum is the training model's loss on it; feeding it whole gives
 // the last token's logits of the token-by-token run; sequences of different lengths fed together
-// give what each gives alone.
+// give what each gives alone. Mixture-of-experts models (both anchors' routers, PR-MoE, a shared expert,
+// expert counts per layer; dropless) against the training chunk's evaluation forward.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "model/decoder.hpp"
 #include "model/generation.hpp"
+#include "model/gpt_chunk.hpp"
 #include "reference/gpt.hpp"
 
 namespace troupe {
@@ -211,6 +213,84 @@ TEST_CASE("decoder: beam search finds the exhaustive search's best when it is wi
     CHECK(std::find(h.tokens.begin(), h.tokens.end(), best_tokens[1]) == h.tokens.end());
   CHECK_FALSE(beam_search(ctx, dec, {}, 2, 3, -1).is_ok());
   CHECK(beam_search(ctx, dec, prompt, 0, 3, -1).status().is_bad_input());
+}
+
+namespace {
+
+// Dropless MoE models of both anchors' routers (a capacity belongs to a batch; generation routes
+// every token to its top-k experts, docs/SERVE.md).
+std::vector<std::pair<std::string, GptConfig>> moe_models() {
+  std::vector<std::pair<std::string, GptConfig>> out;
+  GptConfig megatron = family("gpt2");  // biases: the router's too
+  megatron.moe.num_experts = {4};
+  megatron.moe.router = MoeRouter::megatron;
+  megatron.moe.topk = 2;
+  megatron.moe.drop_tokens = false;
+  megatron.moe.ffn_hidden = 18;
+  out.emplace_back("megatron top-2", megatron);
+  GptConfig mixtral = family("llama");
+  mixtral.moe.num_experts = {4};
+  mixtral.moe.router = MoeRouter::megatron;
+  mixtral.moe.topk = 2;
+  mixtral.moe.drop_tokens = false;
+  mixtral.moe.pre_softmax = true;
+  mixtral.moe.shared_expert_ffn = 6;
+  out.emplace_back("mixtral pre-softmax, shared expert", mixtral);
+  GptConfig pr = family("gpt2");
+  pr.moe.num_experts = {3};
+  pr.moe.layer_freq = 2;
+  pr.moe.router = MoeRouter::deepspeed;
+  pr.moe.topk = 1;
+  pr.moe.drop_tokens = false;
+  pr.moe.residual = true;
+  out.emplace_back("deepspeed top-1 PR-MoE", pr);
+  GptConfig ds2 = family("bloom");
+  ds2.moe.num_experts = {4, 2};
+  ds2.moe.router = MoeRouter::deepspeed;
+  ds2.moe.topk = 2;
+  ds2.moe.drop_tokens = false;
+  out.emplace_back("deepspeed top-2, 4 and 2 experts", ds2);
+  for (auto& [name, c] : out) REQUIRE(c.validate().is_ok());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("decoder: mixture-of-experts models give the training chunk's loss", "[decoder][moe]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  for (const auto& [name, m] : moe_models()) {
+    INFO(name);
+    ChunkSpec spec = chunk_layers(m, 1, 1, 0, 0);
+    GptChunk chunk(spec, nullptr);
+    chunk.init(31);
+    Decoder dec(m);
+    REQUIRE(dec.params().size() == chunk.params().size());
+    for (size_t i = 0; i < dec.specs().size(); ++i) {
+      REQUIRE(dec.specs()[i].name == chunk.specs()[i].name);
+      dec.params()[i].copy_from(chunk.params()[i]);
+    }
+    std::mt19937 rng(9);
+    const int T = m.seq_length;
+    Tensor tokens = Tensor::empty({1, T + 1}, DType::i32);
+    for (int t = 0; t <= T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % m.vocab_size);
+    const int32_t* tok = tokens.data<int32_t>();
+    const double loss = chunk.forward_eval(ctx, tokens, Tensor(), Tensor());
+    // Token by token through the cache: each token's experts chosen alone.
+    const int one = dec.open_sequence();
+    double sum = 0;
+    std::vector<float> last;
+    for (int t = 0; t < T; ++t) {
+      last = dec.feed(ctx, {one}, {{tok[t]}}).value()[0];
+      sum -= log_prob(last, tok[t + 1]);
+    }
+    CHECK(sum == Approx(loss).epsilon(1e-5));
+    // Whole at once: the same logits.
+    const int whole = dec.open_sequence();
+    auto at_once = dec.feed(ctx, {whole}, {std::vector<int32_t>(tok, tok + T)}).value()[0];
+    for (size_t v = 0; v < last.size(); ++v) CHECK(at_once[v] == Approx(last[v]).margin(1e-5));
+  }
 }
 
 }  // namespace troupe
