@@ -83,7 +83,9 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
     st.pp = std::move(pp).value();
     st.pool = std::make_unique<ThreadPool>(threads);
     st.ctx.pool = st.pool.get();
-    st.shard = std::make_unique<DecoderShard>(config, DecoderShardSpec::of(config, o.tp, tp_rank, o.pp, stage), st.tp.get());
+    DecoderShardSpec spec = DecoderShardSpec::of(config, o.tp, tp_rank, o.pp, stage);
+    spec.dtype = o.dtype;
+    st.shard = std::make_unique<DecoderShard>(config, spec, st.tp.get());
     // The whole model's tensors, read while create() waits for every rank's init.
     st.shard->load_from_whole([whole](const std::string& name) { return whole->param(name); });
   }
@@ -122,8 +124,8 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
                                                              w->tokens.begin() + static_cast<std::ptrdiff_t>(end));
               x = shard.embed(st.ctx, part, tokens);
             } else {
-              x = Tensor::empty({part.rows(), C}, DType::f32);
-              comm::wait_or_throw(st.pp->recv(x.data<float>(), static_cast<size_t>(x.numel()), DType::f32, stage - 1, k),
+              x = Tensor::empty({part.rows(), C}, shard.spec().dtype);
+              comm::wait_or_throw(st.pp->recv(x.raw(), static_cast<size_t>(x.numel()), x.dtype(), stage - 1, k),
                                   "decode: a micro-batch from the previous stage");
             }
             shard.layers(st.ctx, part, x);
@@ -132,7 +134,7 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
               if (collects)
                 for (auto& l : logits) reply.logits.push_back(std::move(l));
             } else {
-              sends.emplace_back(st.pp->send(x.data<float>(), static_cast<size_t>(x.numel()), DType::f32, stage + 1, k), x);
+              sends.emplace_back(st.pp->send(x.raw(), static_cast<size_t>(x.numel()), x.dtype(), stage + 1, k), x);
             }
             begin = end;
           }
@@ -198,6 +200,7 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const Decoder& 
   const GptConfig& config = whole.config();
   if (const std::string why = check_decoder_layout(config, options.tp, options.pp); !why.empty())
     return Status::bad_input(why);
+  TROUPE_CHECK(whole.dtype() == DType::f32, "ParallelDecoder: the whole model must be f32");
   const int size = options.tp * options.pp;
   auto fabric = comm::LocalFabric::create(size);
   if (!fabric) return fabric.status();

@@ -28,12 +28,13 @@ struct ParallelDecodeOptions {
   int tp = 1, pp = 1;
   int num_threads = 0;    // compute threads of all the ranks together (0: every core); each rank gets its share
   int micro_batches = 0;  // a feed's sequences split into at most this many groups (0: pp)
+  DType dtype = DType::f32;  // the shards' (model/decoder_shard.hpp): f32, bf16 or f16
 };
 
 class ParallelDecoder : public SequenceDecoder {
  public:
-  // t x p shard actors filled from `whole` (a Decoder holding the whole model; it may be freed once
-  // this returns). Bad input when the model cannot be split so (check_decoder_layout's reasons).
+  // t x p shard actors filled from `whole` (an f32 Decoder holding the whole model; it may be freed
+  // once this returns). Bad input when the model cannot be split so (check_decoder_layout's reasons).
   static Result<std::unique_ptr<ParallelDecoder>> create(const Decoder& whole, const ParallelDecodeOptions& options);
   ~ParallelDecoder() override;
   ParallelDecoder(const ParallelDecoder&) = delete;

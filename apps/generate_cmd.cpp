@@ -30,11 +30,14 @@ namespace {
 // Whether `model` can be decoded on the layout (before its weights are read, where that can be).
 Status check_layout(const std::string& dir, const GptConfig& model, const DecodeLayout& layout) {
   const std::string why = check_decoder_layout(model, layout.tp, layout.pp);
-  if (why.empty()) return Status::ok();
-  if (layout.tp * layout.pp == 1 || model.moe.enabled()) return Status::bad_input("--load " + dir + ": " + why);
+  const std::string both = layout.bf16 && layout.fp16 ? "--bf16 and --fp16 are both set -- give one of them" : "";
+  if (why.empty() && both.empty()) return Status::ok();
+  if (why.empty()) return Status::bad_input(both);
+  const std::string also = both.empty() ? "" : "; and " + both;
+  if (layout.tp * layout.pp == 1) return Status::bad_input("--load " + dir + ": " + why + also);
   return Status::bad_input(fmt::format("--load {}: its model cannot be decoded on --tensor-model-parallel-size {} x "
-                                       "--pipeline-model-parallel-size {}: {}",
-                                       dir, layout.tp, layout.pp, why));
+                                       "--pipeline-model-parallel-size {}: {}{}",
+                                       dir, layout.tp, layout.pp, why, also));
 }
 
 // A Hugging Face folder (storage/hf_import.hpp): its config and tokenizer as `troupe train --load`
@@ -99,13 +102,22 @@ Result<GenerationModel> load_whole_generation_model(const std::string& dir, int6
 
 }  // namespace
 
-Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout) {
+Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout_in) {
+  DecodeLayout layout = layout_in;
+  if (layout.bf16) layout.dtype = DType::bf16;
+  if (layout.fp16) layout.dtype = DType::f16;
   auto loaded = load_whole_generation_model(dir, iteration, layout);
-  if (!loaded || layout.tp * layout.pp == 1) return loaded;
-  // The whole model read once, then split over the shard actors, each copying its slice.
+  if (!loaded || (layout.tp * layout.pp == 1 && layout.dtype == DType::f32)) return loaded;
   GenerationModel out = std::move(loaded).value();
   const auto* whole = dynamic_cast<const Decoder*>(out.decoder.get());
-  auto parallel = ParallelDecoder::create(*whole, {layout.tp, layout.pp, layout.num_threads, 0});
+  if (layout.tp * layout.pp == 1) {  // one 16-bit decoder, its values the f32 ones rounded
+    auto half = std::make_unique<Decoder>(whole->config(), layout.dtype);
+    half->load_from(*whole);
+    out.decoder = std::move(half);
+    return out;
+  }
+  // The whole model read once, then split over the shard actors, each copying its slice.
+  auto parallel = ParallelDecoder::create(*whole, {layout.tp, layout.pp, layout.num_threads, 0, layout.dtype});
   if (!parallel) return parallel.status().with_context("--load " + dir + ": ");
   out.decoder = std::move(parallel).value();
   return out;
@@ -119,6 +131,8 @@ void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout) {
                   "decode on this many pipeline stages (a feed's sequences flow through them in micro-batches)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  cmd->add_flag("--bf16", layout.bf16, "decode in bf16: weights, activations and the cache (the 16-bit forward)");
+  cmd->add_flag("--fp16", layout.fp16, "decode in fp16: weights, activations and the cache (the 16-bit forward)");
 }
 
 namespace {

@@ -22,6 +22,8 @@ struct GenerationModel {
 struct DecodeLayout {
   int tp = 1, pp = 1;
   int num_threads = 0;  // 0: every core
+  DType dtype = DType::f32;  // --bf16, --fp16: the 16-bit forward (model/decoder_shard.hpp)
+  bool bf16 = false, fp16 = false;  // the flags, resolved into dtype by load_generation_model
 };
 
 // iteration < 0: the latest. Bad input naming --load and the fix: not a checkpoint, a model generation
@@ -29,7 +31,7 @@ struct DecodeLayout {
 // split into (all of the layout's problems).
 Result<GenerationModel> load_generation_model(const std::string& dir, int64_t iteration, const DecodeLayout& layout = {});
 
-// Megatron's --tensor-model-parallel-size and --pipeline-model-parallel-size on `cmd`.
+// Megatron's --tensor-model-parallel-size, --pipeline-model-parallel-size, --bf16 and --fp16 on `cmd`.
 void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout);
 
 }  // namespace troupe::apps

@@ -32,7 +32,20 @@ void SequenceBook::grow(int id, int64_t tokens) {
 
 std::string Decoder::check(const GptConfig& config) { return check_decoder_layout(config, 1, 1); }
 
-Decoder::Decoder(const GptConfig& config) : shard_(config, DecoderShardSpec::whole(config)) {}
+namespace {
+DecoderShardSpec whole_in(const GptConfig& config, DType dtype) {
+  DecoderShardSpec s = DecoderShardSpec::whole(config);
+  s.dtype = dtype;
+  return s;
+}
+}  // namespace
+
+Decoder::Decoder(const GptConfig& config, DType dtype) : shard_(config, whole_in(config, dtype)) {}
+
+void Decoder::load_from(const Decoder& whole) {
+  TROUPE_CHECK(whole.dtype() == DType::f32, "Decoder::load_from: the whole model must be f32");
+  shard_.load_from_whole([&whole](const std::string& name) { return whole.param(name); });
+}
 
 Tensor Decoder::param(const std::string& name) const {
   for (size_t i = 0; i < specs().size(); ++i)

@@ -67,9 +67,10 @@ class SequenceBook {
 
 class Decoder : public SequenceDecoder {
  public:
-  // Parameters allocated (zero) for `config` (a dense model: mixture-of-experts layers are refused
-  // by check()). Fill them through params() (by spec name, e.g. from a checkpoint).
-  explicit Decoder(const GptConfig& config);
+  // Parameters allocated (zero) for `config`, in `dtype` (f32, or bf16 / f16: the 16-bit forward,
+  // model/decoder_shard.hpp). Fill them through params() (by spec name, e.g. from a checkpoint) or
+  // load_from.
+  explicit Decoder(const GptConfig& config, DType dtype = DType::f32);
   // Why `config` cannot be decoded here (empty: it can).
   static std::string check(const GptConfig& config);
 
@@ -78,6 +79,9 @@ class Decoder : public SequenceDecoder {
   const std::vector<Tensor>& params() const { return shard_.params(); }  // spec order, f32, whole (tp = 1)
   // The parameter named `name` (empty when the model has none).
   Tensor param(const std::string& name) const;
+  DType dtype() const { return shard_.spec().dtype; }
+  // Every parameter from an f32 decoder of the same model (rounded to this one's type).
+  void load_from(const Decoder& whole);
 
   int open_sequence() override;
   void close_sequence(int id) override;

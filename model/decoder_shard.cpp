@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include <fmt/format.h>
@@ -117,7 +118,7 @@ DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec
     else if (s.name.rfind("transformer.wpe.", 0) == 0 || s.name.rfind("transformer.ln_embd.", 0) == 0) keep = spec.embedding;
     else keep = spec.head;  // ln_f, lm_head
     if (!keep) continue;
-    params_.push_back(Tensor::zeros(s.local_shape, DType::f32));
+    params_.push_back(Tensor::zeros(s.local_shape, spec.dtype));
     specs_.push_back(std::move(s));
   }
   std::map<std::string, Tensor> by_name;
@@ -176,16 +177,18 @@ void DecoderShard::load_from_whole(const std::function<Tensor(const std::string&
     TROUPE_CHECK(src.defined() && src.dtype() == DType::f32 && src.numel() >= spec.global_shape.numel(),
                  "DecoderShard::load_from_whole: no whole tensor " + spec.name);
     const float* s = src.data<float>();
-    float* d = params_[i].data<float>();
-    const int64_t n = params_[i].numel();
+    const Tensor local = spec_.dtype == DType::f32 ? params_[i] : Tensor::empty(spec.local_shape, DType::f32);
+    float* d = local.data<float>();
+    const int64_t n = local.numel();
     if (spec.slice.dim < 0) {
       std::copy_n(s, n, d);
-      continue;
+    } else {
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t g = slice_global_index(spec, k);
+        d[k] = g < 0 ? 0.0f : s[g];
+      }
     }
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t g = slice_global_index(spec, k);
-      d[k] = g < 0 ? 0.0f : s[g];
-    }
+    if (spec_.dtype != DType::f32) params_[i].copy_from(local.to(spec_.dtype));
   }
 }
 
@@ -208,7 +211,7 @@ void DecoderShard::open(int id) {
   if (s.kv.empty()) {  // kept from a closed sequence of the same slot otherwise
     const int64_t width = 2 * groups_ * config_.head_size();
     for (int l = 0; l < spec_.num_layers; ++l)
-      s.kv.push_back(Tensor::empty({config_.max_position_embeddings, width}, DType::f32));
+      s.kv.push_back(Tensor::empty({config_.max_position_embeddings, width}, spec_.dtype));
   }
 }
 
@@ -238,8 +241,19 @@ void DecoderShard::norm(Context& ctx, const Tensor& out, const Tensor& x, const 
 }
 
 void DecoderShard::all_reduce(const Tensor& t, const char* what) const {
-  comm::wait_or_throw(tp_->all_reduce(t.data<float>(), static_cast<size_t>(t.numel()), DType::f32, comm::ReduceOp::sum),
-                      what, comm::WaitGroup::tp);
+  comm::wait_or_throw(tp_->all_reduce(t.raw(), static_cast<size_t>(t.numel()), t.dtype(), comm::ReduceOp::sum), what,
+                      comm::WaitGroup::tp);
+}
+
+void DecoderShard::add_bias(const Tensor& out, const Tensor& bias) const {
+  const Tensor o32 = out.dtype() == DType::f32 ? out : out.to(DType::f32);
+  const Tensor b32 = bias.dtype() == DType::f32 ? bias : bias.to(DType::f32);
+  const int64_t n = o32.dim(0), o = o32.dim(1);
+  float* d = o32.data<float>();
+  const float* b = b32.data<float>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < o; ++c) d[r * o + c] += b[c];
+  if (out.dtype() != DType::f32) out.copy_from(o32.to(out.dtype()));
 }
 
 void DecoderShard::linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -250,41 +264,37 @@ void DecoderShard::linear(Context& ctx, const Tensor& out, const Tensor& x, cons
   }
   ops::linear_forward(ctx, out, x, w, Tensor());
   all_reduce(out, "decode: a row-parallel linear's all-reduce");
-  if (!b.defined()) return;
-  const int64_t n = out.dim(0), o = out.dim(1);
-  float* d = out.data<float>();
-  const float* bias = b.data<float>();
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < o; ++c) d[r * o + c] += bias[c];
+  if (b.defined()) add_bias(out, b);
 }
 
 Tensor DecoderShard::embed(Context& ctx, const DecodeRows& rows, const std::vector<std::vector<int32_t>>& tokens) const {
   TROUPE_CHECK(spec_.embedding, "DecoderShard::embed: the shard holds no embedding");
   const int64_t C = config_.hidden_size, R = rows.rows(), vocab_rows = wte_.dim(0);
+  // In fp32: the token's row (+ its position's), rounded once to the shard's type.
+  const bool f32 = spec_.dtype == DType::f32;
   Tensor x = Tensor::empty({R, C}, DType::f32);
   float* xd = x.data<float>();
-  const float* te = wte_.data<float>();
   for (size_t i = 0; i < rows.ids.size(); ++i)
     for (size_t j = 0; j < tokens[i].size(); ++j) {
       float* row = xd + (rows.row0[i] + static_cast<int64_t>(j)) * C;
       const int64_t v = tokens[i][j] - vocab_begin_;
-      if (v >= 0 && v < vocab_rows) std::copy_n(te + v * C, C, row);
-      else std::fill_n(row, C, 0.0f);
+      if (v < 0 || v >= vocab_rows) std::fill_n(row, C, 0.0f);
+      else if (f32) std::copy_n(wte_.data<float>() + v * C, C, row);
+      else std::copy_n(wte_.rows(v, v + 1).to(DType::f32).data<float>(), C, row);
     }
   if (tp_ != nullptr) all_reduce(x, "decode: the vocabulary-parallel embedding's all-reduce");
   if (wpe_.defined()) {
-    const float* pe = wpe_.data<float>();
     for (size_t i = 0; i < rows.ids.size(); ++i) {
-      const int64_t pos0 = length(rows.ids[i]);
-      for (size_t j = 0; j < tokens[i].size(); ++j) {
-        float* row = xd + (rows.row0[i] + static_cast<int64_t>(j)) * C;
-        const float* p = pe + (pos0 + static_cast<int64_t>(j)) * C;
-        for (int64_t c = 0; c < C; ++c) row[c] += p[c];
-      }
+      const int64_t pos0 = length(rows.ids[i]), n = static_cast<int64_t>(tokens[i].size());
+      const Tensor pe = f32 ? wpe_.rows(pos0, pos0 + n) : wpe_.rows(pos0, pos0 + n).to(DType::f32);
+      const float* p = pe.data<float>();
+      float* row = xd + rows.row0[i] * C;
+      for (int64_t e = 0; e < n * C; ++e) row[e] += p[e];
     }
   }
+  if (!f32) x = x.to(spec_.dtype);
   if (config_.embed_layernorm) {
-    Tensor normed = Tensor::empty({R, C}, DType::f32);
+    Tensor normed = Tensor::empty({R, C}, spec_.dtype);
     Tensor mean = Tensor::empty({R}, DType::f32), rstd = Tensor::empty({R}, DType::f32);
     ops::layernorm_forward(ctx, normed, mean, rstd, x, ln_embd_w_, ln_embd_b_, config_.layernorm_epsilon);
     x = normed;
@@ -305,8 +315,10 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
   layout.n_group = static_cast<int>(G);
   layout.head_dim = static_cast<int>(hs);
   layout.alibi_slopes = alibi_;
-  Tensor a = Tensor::empty({R, C}, DType::f32), qkv = Tensor::empty({R, qkv_width}, DType::f32);
-  Tensor att = Tensor::empty({R, H * hs}, DType::f32), branch = Tensor::empty({R, C}, DType::f32);
+  const DType dt = spec_.dtype;
+  const size_t es = dtype_size(dt);
+  Tensor a = Tensor::empty({R, C}, dt), qkv = Tensor::empty({R, qkv_width}, dt);
+  Tensor att = Tensor::empty({R, H * hs}, dt), branch = Tensor::empty({R, C}, dt);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& p = layers_[l];
     norm(ctx, a, x, p.ln1_w, p.ln1_b);
@@ -324,10 +336,10 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
       // The new keys and values join the cache: [k | v] of each new row.
       const Tensor& cache = s.kv[l];
       {
-        const float* src = qkv.data<float>();
-        float* dst = cache.data<float>();
+        const char* src = static_cast<const char*>(qkv.raw());
+        char* dst = static_cast<char*>(cache.raw());
         for (int64_t r = 0; r < Tq; ++r)
-          std::copy_n(src + (r0 + r) * qkv_width + H * hs, kv_width, dst + (s.length + r) * kv_width);
+          std::memcpy(dst + (s.length + r) * kv_width * es, src + ((r0 + r) * qkv_width + H * hs) * es, kv_width * es);
       }
       ops::AttentionBlock block;
       block.layout = layout;
@@ -337,9 +349,16 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
       Tensor acc = Tensor::empty({1, Tq, H * hs}, DType::f32);
       Tensor mx = Tensor::empty({1, H, Tq}, DType::f32), sum = Tensor::empty({1, H, Tq}, DType::f32);
       Tensor lse = Tensor::empty({1, H, Tq}, DType::f32);
+      // The blockwise kernels are fp32: a 16-bit shard's rows and cache widened (exactly), the
+      // result rounded once.
+      const bool f32 = dt == DType::f32;
+      const Tensor kv = cache.rows(0, Tk).view({1, Tk, kv_width});
+      const Tensor out = att.rows(r0, r0 + Tq).view({1, Tq, H * hs});
+      const Tensor out32 = f32 ? out : Tensor::empty({1, Tq, H * hs}, DType::f32);
       ops::attention_block_begin(ctx, acc, mx, sum);
-      ops::attention_block_forward(ctx, acc, mx, sum, q, cache.rows(0, Tk).view({1, Tk, kv_width}), block);
-      ops::attention_block_finish(ctx, att.rows(r0, r0 + Tq).view({1, Tq, H * hs}), lse, acc, mx, sum);
+      ops::attention_block_forward(ctx, acc, mx, sum, f32 ? q : q.to(DType::f32), f32 ? kv : kv.to(DType::f32), block);
+      ops::attention_block_finish(ctx, out32, lse, acc, mx, sum);
+      if (!f32) out.copy_from(out32.to(dt));
     }
     linear(ctx, branch, att, p.proj_w, p.proj_b, true);
     ops::add_inplace(ctx, x, branch);
@@ -353,7 +372,7 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
 void DecoderShard::mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor& out) const {
   const int64_t R = a.dim(0), FC = m.fc_w.dim(0);
   const bool swiglu = config_.activation == MlpActivation::swiglu;
-  Tensor fc = Tensor::empty({R, FC}, DType::f32), act = Tensor::empty({R, swiglu ? FC / 2 : FC}, DType::f32);
+  Tensor fc = Tensor::empty({R, FC}, spec_.dtype), act = Tensor::empty({R, swiglu ? FC / 2 : FC}, spec_.dtype);
   linear(ctx, fc, a, m.fc_w, m.fc_b, false);
   if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
   else ops::gelu_forward(ctx, act, fc);
@@ -362,17 +381,20 @@ void DecoderShard::mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor
 
 void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const {
   const int64_t R = a.dim(0), C = config_.hidden_size, E = static_cast<int64_t>(p.experts.size());
+  const DType dt = spec_.dtype;
+  const bool f32 = dt == DType::f32;
   MoeConfig dropless = config_.moe;
   dropless.drop_tokens = false;
   const int64_t k = dropless.topk;
-  Tensor logits = Tensor::empty({R, E}, DType::f32);
+  Tensor logits = Tensor::empty({R, E}, dt);
   ops::linear_forward(ctx, logits, a, p.router_w, p.router_b);
+  const Tensor logits32 = f32 ? logits : logits.to(DType::f32);
   std::vector<double> z(static_cast<size_t>(R * E));
-  std::copy_n(logits.data<float>(), R * E, z.data());
+  std::copy_n(logits32.data<float>(), R * E, z.data());
   const MoeRouting rt = moe_route(dropless, z.data(), 1, R, E, /*training=*/false, {});
-  // routed = sum_j w_nj expert_(n,j)(a_n): each expert over its rows at once; partial sums over the
-  // group (c_proj's bias on rank 0 only, inside the sum), reduced once.
-  std::fill_n(out.data<float>(), R * C, 0.0f);
+  // routed = sum_j w_nj expert_(n,j)(a_n), in fp32: each expert over its rows at once; partial sums
+  // over the group (c_proj's bias on rank 0 only, inside the sum), reduced once.
+  const Tensor routed = Tensor::zeros({R, C}, DType::f32);
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
   for (int64_t i = 0; i < R * k; ++i)
     if (rt.kept[static_cast<size_t>(i)]) by_expert[static_cast<size_t>(rt.expert[static_cast<size_t>(i)])].push_back(i);
@@ -382,29 +404,31 @@ void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const 
     if (assigned.empty()) continue;
     const Mlp& w = p.experts[static_cast<size_t>(e)];
     const int64_t n = static_cast<int64_t>(assigned.size()), FC = w.fc_w.dim(0);
-    Tensor xe = Tensor::empty({n, C}, DType::f32), fc = Tensor::empty({n, FC}, DType::f32);
-    Tensor act = Tensor::empty({n, swiglu ? FC / 2 : FC}, DType::f32), ye = Tensor::empty({n, C}, DType::f32);
+    Tensor xe = Tensor::empty({n, C}, dt), fc = Tensor::empty({n, FC}, dt);
+    Tensor act = Tensor::empty({n, swiglu ? FC / 2 : FC}, dt), ye = Tensor::empty({n, C}, dt);
     for (int64_t i = 0; i < n; ++i) xe.rows(i, i + 1).copy_from(a.rows(assigned[i] / k, assigned[i] / k + 1));
     ops::linear_forward(ctx, fc, xe, w.fc_w, w.fc_b);
     if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
     else ops::gelu_forward(ctx, act, fc);
     ops::linear_forward(ctx, ye, act, w.proj_w, spec_.tp_rank == 0 ? w.proj_b : Tensor());
-    float* o = out.data<float>();
-    const float* y = ye.data<float>();
+    const Tensor ye32 = f32 ? ye : ye.to(DType::f32);
+    float* o = routed.data<float>();
+    const float* y = ye32.data<float>();
     for (int64_t i = 0; i < n; ++i) {
       const float wt = static_cast<float>(rt.weight[static_cast<size_t>(assigned[i])]);
       float* row = o + (assigned[i] / k) * C;
       for (int64_t c = 0; c < C; ++c) row[c] += wt * y[i * C + c];
     }
   }
-  if (tp_ != nullptr) all_reduce(out, "decode: the experts' all-reduce");
+  if (tp_ != nullptr) all_reduce(routed, "decode: the experts' all-reduce");
   if (p.coef_w.defined()) {  // PR-MoE: routed * c0 + mlp * c1, c = softmax(a W_coef^T + b_coef)
-    Tensor dense = Tensor::empty({R, C}, DType::f32), cl = Tensor::empty({R, 2}, DType::f32);
+    Tensor dense = Tensor::empty({R, C}, dt), cl = Tensor::empty({R, 2}, dt);
     mlp(ctx, p.mlp, a, dense);
     ops::linear_forward(ctx, cl, a, p.coef_w, p.coef_b);
-    float* o = out.data<float>();
-    const float* d = dense.data<float>();
-    const float* zc = cl.data<float>();
+    const Tensor dense32 = f32 ? dense : dense.to(DType::f32), cl32 = f32 ? cl : cl.to(DType::f32);
+    float* o = routed.data<float>();
+    const float* d = dense32.data<float>();
+    const float* zc = cl32.data<float>();
     for (int64_t r = 0; r < R; ++r) {
       const double mx = std::max<double>(zc[r * 2], zc[r * 2 + 1]);
       const double e0 = std::exp(zc[r * 2] - mx), e1 = std::exp(zc[r * 2 + 1] - mx);
@@ -412,8 +436,9 @@ void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const 
       for (int64_t c = 0; c < C; ++c) o[r * C + c] = o[r * C + c] * c0 + d[r * C + c] * c1;
     }
   }
+  out.copy_from(f32 ? routed : routed.to(dt));
   if (p.shared.defined()) {
-    Tensor sh = Tensor::empty({R, C}, DType::f32);
+    Tensor sh = Tensor::empty({R, C}, dt);
     mlp(ctx, p.shared, a, sh);
     ops::add_inplace(ctx, out, sh);
   }
@@ -428,14 +453,16 @@ std::vector<std::vector<float>> DecoderShard::head(Context& ctx, const DecodeRow
   TROUPE_CHECK(spec_.head, "DecoderShard::head: the shard holds no head");
   const int64_t C = config_.hidden_size, S = static_cast<int64_t>(rows.ids.size()), R = rows.rows();
   const int64_t n = every_token ? R : S;
-  Tensor last = every_token ? x : Tensor::empty({S, C}, DType::f32);
+  Tensor last = every_token ? x : Tensor::empty({S, C}, spec_.dtype);
   if (!every_token)
     for (int64_t i = 0; i < S; ++i) last.rows(i, i + 1).copy_from(x.rows(rows.row0[i + 1] - 1, rows.row0[i + 1]));
-  Tensor normed = Tensor::empty({n, C}, DType::f32);
+  Tensor normed = Tensor::empty({n, C}, spec_.dtype);
   norm(ctx, normed, last, lnf_w_, lnf_b_);
   const int64_t Vt = head_.dim(0), V = config_.vocab_size, t = spec_.tp_size;
-  Tensor logits = Tensor::empty({n, Vt}, DType::f32);
+  // The logits as the model holds them (a 16-bit model's rounded, as its training loss reads them).
+  Tensor logits = Tensor::empty({n, Vt}, spec_.dtype);
   ops::linear_forward(ctx, logits, normed, head_, Tensor());
+  if (spec_.dtype != DType::f32) logits = logits.to(DType::f32);
   // gathered: the shards' (n, Vt) blocks one after the other; vocabulary row v is in block v / Vt.
   Tensor gathered = logits;
   if (tp_ != nullptr) {

@@ -39,6 +39,10 @@ struct DecoderShardSpec {
   int tp_size = 1, tp_rank = 0;
   int first_layer = 0, num_layers = 0;  // global transformer layers [first, first + num)
   bool embedding = true, head = true;
+  // Parameters, activations and the key/value cache: f32, or bf16 / f16 as a mixed-precision run's
+  // forward holds them (every op computes in fp32 and rounds its result once; the attention over the
+  // cache and the logits stay fp32).
+  DType dtype = DType::f32;
   // The whole model: t = 1, every layer, the embedding and the head.
   static DecoderShardSpec whole(const GptConfig& config);
   // Tensor-parallel rank `tp_rank` of `tp_size` on pipeline stage `stage` of `stages` (Megatron's
@@ -74,12 +78,13 @@ class DecoderShard {
 
   const GptConfig& config() const { return config_; }
   const DecoderShardSpec& spec() const { return spec_; }
-  // The shard's parameters: gpt2_shard_specs(config, t, r) of its layers, its embedding's and its
-  // head's (a tied head holds wte), in that function's order.
+  // The shard's parameters (spec.dtype): gpt2_shard_specs(config, t, r) of its layers, its
+  // embedding's and its head's (a tied head holds wte), in that function's order.
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const std::vector<Tensor>& params() const { return params_; }
-  // Fills every parameter from the whole model's tensors: whole(name) returns the tensor whose
-  // leading elements are the global tensor `name` in row-major order (further rows: padding).
+  // Fills every parameter from the whole model's tensors: whole(name) returns the f32 tensor whose
+  // leading elements are the global tensor `name` in row-major order (further rows: padding); a
+  // 16-bit shard rounds them to nearest.
   void load_from_whole(const std::function<Tensor(const std::string&)>& whole);
 
   // Sequence slots (ids chosen by the caller, any non-negative int).
@@ -124,6 +129,8 @@ class DecoderShard {
   // out = x w^T (+ b): column-parallel (the shard's slice) or, row_parallel, summed over the group.
   void linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, bool row_parallel) const;
   void all_reduce(const Tensor& t, const char* what) const;
+  // out (R, O) += bias (O), in fp32, rounded once.
+  void add_bias(const Tensor& out, const Tensor& bias) const;
   // out = the MLP of `a` (R, C), summed over the group (the bias of c_proj added once).
   void mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor& out) const;
   // out = an MoE layer's MLP of `a`: every token to its top-k experts, dropless (moe_route with no

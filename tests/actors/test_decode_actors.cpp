@@ -144,6 +144,35 @@ TEST_CASE("parallel decoding: every layout gives the one-thread decoder's logits
   }
 }
 
+TEST_CASE("parallel decoding: bf16 and fp16 shards give the 16-bit decoder's logits to 16-bit rounding",
+          "[decode_actors]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  GptConfig m = family("mixtral");
+  Decoder whole(m);
+  for (size_t i = 0; i < whole.params().size(); ++i) init_parameter(whole.specs()[i], 23, whole.params()[i]);
+  const std::vector<std::vector<int32_t>> prompts = {{3, 1, 4, 1, 5}, {9, 2}, {6, 5, 3, 5, 8, 9, 7}};
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    Decoder one(m, dt);
+    one.load_from(whole);
+    auto made = ParallelDecoder::create(whole, {2, 2, 2, 0, dt});
+    REQUIRE(made.is_ok());
+    ParallelDecoder& par = *made.value();
+    std::vector<int> a, b;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      a.push_back(one.open_sequence());
+      b.push_back(par.open_sequence());
+    }
+    const auto x = one.feed(ctx, a, prompts, true).value(), y = par.feed(ctx, b, prompts, true).value();
+    const auto x32 = whole.feed(ctx, {whole.open_sequence()}, {prompts[0]}, true).value();
+    const double tol = dt == DType::bf16 ? 0.1 : 0.02;
+    for (size_t i = 0; i < prompts.size(); ++i) CHECK(max_diff(x[i], y[i]) < tol);
+    CHECK(max_diff(x[0], x32[0]) > 0);  // 16 bits, not f32
+  }
+}
+
 TEST_CASE("parallel decoding: a layout the model cannot take is refused with the reason", "[decode_actors]") {
   const GptConfig m = family("llama");  // 4 heads, 2 query groups, 3 layers
   Decoder one(m);

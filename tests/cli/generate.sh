@@ -8,7 +8,7 @@
 # a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way, and each Hugging Face
 # folder as its checkpoint does; decoding on tensor- and pipeline-parallel shard actors (tp 2, pp 2,
 # tp 2 x pp 2; 4 heads, 3 layers: an uneven split) gives the one-decoder tokens, greedy and sampled
-# with a seed; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
+# with a seed; --bf16 and --fp16 decode a bf16-trained checkpoint within 16-bit rounding of f32; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
 source "$(dirname "$0")/common.bash"
 py=/usr/bin/python3
 "$py" -c "import torch, numpy, h5py" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/h5py"; exit 77; }
@@ -88,6 +88,29 @@ PY
   done
   echo "$name: tp 2, pp 2 and tp 2 x pp 2 generate the one decoder's tokens, greedy and sampled"
 done
+
+# 16-bit decoding (--bf16, --fp16) of a checkpoint trained in bf16, at 1 x 1 and tp 2 x pp 2: the
+# prompt's log-probabilities within 16-bit rounding of the f32 decoder's, and not equal to them.
+small_train --train-iters 20 --save ck_bf16 --bf16 --num-threads 1 "${shape[@]}" > train_bf16.log 2>&1 ||
+  { cat train_bf16.log; fail "bf16 training failed"; }
+half=(--load ck_bf16 --prompt "Q: Why did the chicken" --top-k 1 --tokens-to-generate 4 --json --logprobs --num-threads 2)
+"$troupe" generate "${half[@]}" > h_f32.json || fail "generate from the bf16 checkpoint failed"
+for prec in bf16 fp16; do
+  "$troupe" generate "${half[@]}" --$prec > "h_$prec.json" || fail "--$prec failed"
+  "$troupe" generate "${half[@]}" --$prec --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+    > "h_${prec}_22.json" || fail "--$prec on tp 2 x pp 2 failed"
+  "$py" - h_f32.json "h_$prec.json" "h_${prec}_22.json" "$prec" <<'PY' || fail "--$prec: not the 16-bit model's log-probabilities"
+import json, sys
+f32, half, layout = (json.load(open(p))["prompt_log_probs"] for p in sys.argv[1:4])
+tol = 0.05 if sys.argv[4] == "bf16" else 0.01
+d = max(abs(a - b) for a, b in zip(f32, half))
+assert len(f32) == len(half) == len(layout) and 0 < d < tol, (d, f32, half)
+e = max(abs(a - b) for a, b in zip(half, layout))
+assert e < tol, (e, half, layout)
+print(f"{sys.argv[4]}: the prompt's log-probabilities {d:.1e} from f32 (1 x 1), {e:.1e} between 1 x 1 and tp 2 x pp 2")
+PY
+done
+expect_refusal both_half "--bf16 and --fp16 are both set" "$troupe" generate --load ck_gpt2 --prompt a --bf16 --fp16
 
 # Sampling: the same seed gives the same text, another seed (almost surely) other text.
 sample() { "$troupe" generate --load ck_gpt2 --prompt "The " --tokens-to-generate 24 --top-p 0.95 --temperature 1.3 \

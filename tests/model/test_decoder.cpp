@@ -293,4 +293,58 @@ TEST_CASE("decoder: mixture-of-experts models give the training chunk's loss", "
   }
 }
 
+TEST_CASE("decoder: bf16 and fp16 give the training chunk's 16-bit loss to 16-bit rounding", "[decoder][half]") {
+  ThreadPool pool(2);
+  Context ctx;
+  ctx.pool = &pool;
+  auto models = moe_models();
+  for (const std::string name : {"gpt2", "llama", "bloom"}) models.emplace_back(name, family(name));
+  for (const auto& [name, base] : models) {
+    GptConfig m = base;
+    m.init_method_std = 0.1;  // logits far from uniform: 16-bit rounding shows in the loss
+    std::mt19937 rng(4);
+    const int T = m.seq_length;
+    Tensor tokens = Tensor::empty({1, T + 1}, DType::i32);
+    for (int t = 0; t <= T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % m.vocab_size);
+    const int32_t* tok = tokens.data<int32_t>();
+    // The f32 model's loss, and each 16-bit model's: the chunk's forward over the whole sequence
+    // against the decoder's token by token through a 16-bit cache.
+    ChunkSpec spec32 = chunk_layers(m, 1, 1, 0, 0);
+    GptChunk chunk32(spec32, nullptr);
+    chunk32.init(5);
+    const double loss32 = chunk32.forward_eval(ctx, tokens, Tensor(), Tensor());
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      INFO(name << " " << dtype_name(dt));
+      ChunkSpec spec = spec32;
+      spec.dtype = dt;
+      GptChunk chunk(spec, nullptr);
+      chunk.init(5);
+      const double loss = chunk.forward_eval(ctx, tokens, Tensor(), Tensor());
+      Decoder whole(m);
+      for (size_t i = 0; i < whole.specs().size(); ++i) whole.params()[i].copy_from(chunk32.params()[i]);
+      Decoder dec(m, dt);
+      dec.load_from(whole);  // rounded: the 16-bit chunk's values
+      for (size_t i = 0; i < dec.specs().size(); ++i) {
+        REQUIRE(dec.params()[i].dtype() == dt);
+        const Tensor a = dec.params()[i].to(DType::f32), b = chunk.params()[i].to(DType::f32);
+        REQUIRE(std::equal(a.data<float>(), a.data<float>() + a.numel(), b.data<float>()));
+      }
+      const int one = dec.open_sequence(), ref = whole.open_sequence();
+      double sum = 0, moved = 0;
+      for (int t = 0; t < T; ++t) {
+        const std::vector<float> lg = dec.feed(ctx, {one}, {{tok[t]}}).value()[0];
+        const std::vector<float> lg32 = whole.feed(ctx, {ref}, {{tok[t]}}).value()[0];
+        sum -= log_prob(lg, tok[t + 1]);
+        for (size_t v = 0; v < lg.size(); ++v) moved = std::max(moved, std::fabs(static_cast<double>(lg[v]) - lg32[v]));
+      }
+      // Not bitwise: where a 16-bit value rounds differs between the sequence at once and one token at
+      // a time (GEMM blockings, the attention's blocks), so the two agree to 16-bit rounding.
+      INFO("16-bit chunk " << loss << ", decoder " << sum << ", f32 " << loss32 << "; logits moved " << moved);
+      CHECK(std::fabs(sum - loss) < 1e-3 * std::fabs(loss));
+      CHECK(moved > 0);      // it computes in 16 bits
+      CHECK(moved < 0.05);   // and only rounds
+    }
+  }
+}
+
 }  // namespace troupe
