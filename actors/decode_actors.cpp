@@ -28,7 +28,7 @@ struct DecodeWork {
   std::vector<SlotOp> ops;
   DecodeRows rows;  // empty: the ops only
   std::vector<std::vector<int32_t>> tokens;
-  bool every_token = false;
+  std::vector<uint8_t> every;  // per sequence: the logits of every new row, or of its last
   std::vector<size_t> group_end;  // micro-batch k holds sequences [group_end[k-1], group_end[k])
 };
 using DecodeWorkPtr = std::shared_ptr<const DecodeWork>;
@@ -130,7 +130,9 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
             }
             shard.layers(st.ctx, part, x);
             if (shard.spec().head) {
-              auto logits = shard.head(st.ctx, part, x, w->every_token);
+              const std::vector<uint8_t> every(w->every.begin() + static_cast<std::ptrdiff_t>(begin),
+                                               w->every.begin() + static_cast<std::ptrdiff_t>(end));
+              auto logits = shard.head(st.ctx, part, x, every);
               if (collects)
                 for (auto& l : logits) reply.logits.push_back(std::move(l));
             } else {
@@ -248,10 +250,11 @@ int ParallelDecoder::copy_sequence(int from) {
 
 int64_t ParallelDecoder::length(int id) const { return book_.length(id); }
 
-Result<std::vector<std::vector<float>>> ParallelDecoder::feed(Context& ctx, const std::vector<int>& ids,
-                                                              const std::vector<std::vector<int32_t>>& tokens,
-                                                              bool every_token) {
+Result<std::vector<std::vector<float>>> ParallelDecoder::feed_each(Context& ctx, const std::vector<int>& ids,
+                                                                   const std::vector<std::vector<int32_t>>& tokens,
+                                                                   const std::vector<uint8_t>& every) {
   (void)ctx;
+  if (every.size() != ids.size()) return Status::bad_input("ParallelDecoder::feed: one every-token flag per sequence");
   if (!impl_->failed) return impl_->failed;
   auto rows = plan_feed(config_, ids, tokens, [&](int id) { return book_.is_open(id); },
                         [&](int id) { return book_.length(id); });
@@ -261,7 +264,7 @@ Result<std::vector<std::vector<float>>> ParallelDecoder::feed(Context& ctx, cons
   impl_->pending.clear();
   work->rows = rows.value();
   work->tokens = tokens;
-  work->every_token = every_token;
+  work->every = every;
   // Micro-batches of about equal rows, each at least one sequence.
   const size_t S = ids.size(), m = std::min(S, static_cast<size_t>(impl_->options.micro_batches));
   const int64_t R = work->rows.rows();

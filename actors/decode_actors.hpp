@@ -46,9 +46,9 @@ class ParallelDecoder : public SequenceDecoder {
   int copy_sequence(int id) override;
   int64_t length(int id) const override;
   // `ctx` is not used: each rank computes on its own pool.
-  Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
-                                               const std::vector<std::vector<int32_t>>& tokens,
-                                               bool every_token = false) override;
+  Result<std::vector<std::vector<float>>> feed_each(Context& ctx, const std::vector<int>& ids,
+                                                    const std::vector<std::vector<int32_t>>& tokens,
+                                                    const std::vector<uint8_t>& every) override;
 
   struct Impl;
 

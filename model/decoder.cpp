@@ -74,9 +74,10 @@ void Decoder::close_sequence(int id) {
 
 int64_t Decoder::length(int id) const { return book_.length(id); }
 
-Result<std::vector<std::vector<float>>> Decoder::feed(Context& ctx, const std::vector<int>& ids,
-                                                      const std::vector<std::vector<int32_t>>& tokens,
-                                                      bool every_token) {
+Result<std::vector<std::vector<float>>> Decoder::feed_each(Context& ctx, const std::vector<int>& ids,
+                                                           const std::vector<std::vector<int32_t>>& tokens,
+                                                           const std::vector<uint8_t>& every) {
+  if (every.size() != ids.size()) return Status::bad_input("Decoder::feed: one every-token flag per sequence");
   auto rows = plan_feed(config(), ids, tokens, [&](int id) { return book_.is_open(id); },
                         [&](int id) { return book_.length(id); });
   if (!rows) return rows.status();
@@ -84,7 +85,7 @@ Result<std::vector<std::vector<float>>> Decoder::feed(Context& ctx, const std::v
   shard_.layers(ctx, rows.value(), x);
   shard_.advance(rows.value());
   for (size_t i = 0; i < ids.size(); ++i) book_.grow(ids[i], static_cast<int64_t>(tokens[i].size()));
-  return shard_.head(ctx, rows.value(), x, every_token);
+  return shard_.head(ctx, rows.value(), x, every);
 }
 
 }  // namespace troupe

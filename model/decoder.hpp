@@ -45,11 +45,16 @@ class SequenceDecoder {
   virtual int64_t length(int id) const = 0;  // tokens fed so far
   // Appends tokens[i] to sequence ids[i] (each non-empty; the sequence's length plus its tokens at
   // most max_position_embeddings: bad input otherwise) and returns, per sequence, the logits of
-  // its last token over the real vocabulary (vocab_size floats); with every_token, of each of its
-  // new tokens one after the other (tokens[i].size() x vocab_size floats).
-  virtual Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
-                                                       const std::vector<std::vector<int32_t>>& tokens,
-                                                       bool every_token = false) = 0;
+  // its last token over the real vocabulary (vocab_size floats); with every[i], of each of its new
+  // tokens one after the other (tokens[i].size() x vocab_size floats).
+  virtual Result<std::vector<std::vector<float>>> feed_each(Context& ctx, const std::vector<int>& ids,
+                                                            const std::vector<std::vector<int32_t>>& tokens,
+                                                            const std::vector<uint8_t>& every) = 0;
+  // feed_each with every_token for every sequence.
+  Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
+                                               const std::vector<std::vector<int32_t>>& tokens, bool every_token = false) {
+    return feed_each(ctx, ids, tokens, std::vector<uint8_t>(ids.size(), every_token ? 1 : 0));
+  }
 };
 
 // Sequence ids and lengths as a decoder's owner keeps them: ids reused lowest first.
@@ -87,9 +92,9 @@ class Decoder : public SequenceDecoder {
   void close_sequence(int id) override;
   int copy_sequence(int id) override;
   int64_t length(int id) const override;
-  Result<std::vector<std::vector<float>>> feed(Context& ctx, const std::vector<int>& ids,
-                                               const std::vector<std::vector<int32_t>>& tokens,
-                                               bool every_token = false) override;
+  Result<std::vector<std::vector<float>>> feed_each(Context& ctx, const std::vector<int>& ids,
+                                                    const std::vector<std::vector<int32_t>>& tokens,
+                                                    const std::vector<uint8_t>& every) override;
 
  private:
   DecoderShard shard_;

@@ -449,13 +449,26 @@ void DecoderShard::advance(const DecodeRows& rows) {
 }
 
 std::vector<std::vector<float>> DecoderShard::head(Context& ctx, const DecodeRows& rows, const Tensor& x,
-                                                   bool every_token) const {
+                                                   const std::vector<uint8_t>& every) const {
   TROUPE_CHECK(spec_.head, "DecoderShard::head: the shard holds no head");
-  const int64_t C = config_.hidden_size, S = static_cast<int64_t>(rows.ids.size()), R = rows.rows();
-  const int64_t n = every_token ? R : S;
-  Tensor last = every_token ? x : Tensor::empty({S, C}, spec_.dtype);
-  if (!every_token)
-    for (int64_t i = 0; i < S; ++i) last.rows(i, i + 1).copy_from(x.rows(rows.row0[i + 1] - 1, rows.row0[i + 1]));
+  TROUPE_CHECK(every.size() == rows.ids.size(), "DecoderShard::head: one every-token flag per sequence");
+  const int64_t C = config_.hidden_size, S = static_cast<int64_t>(rows.ids.size());
+  // The rows the head runs on: each sequence's last, or all of its rows; hrow0[i] is where
+  // sequence i's start among them.
+  std::vector<int64_t> hrow0(static_cast<size_t>(S) + 1, 0);
+  bool all = true;
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t own = every[static_cast<size_t>(i)] ? rows.row0[i + 1] - rows.row0[i] : 1;
+    all = all && own == rows.row0[i + 1] - rows.row0[i];
+    hrow0[static_cast<size_t>(i) + 1] = hrow0[static_cast<size_t>(i)] + own;
+  }
+  const int64_t n = hrow0.back();
+  Tensor last = all ? x : Tensor::empty({n, C}, spec_.dtype);
+  if (!all)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t h0 = hrow0[static_cast<size_t>(i)], h1 = hrow0[static_cast<size_t>(i) + 1];
+      last.rows(h0, h1).copy_from(x.rows(rows.row0[i + 1] - (h1 - h0), rows.row0[i + 1]));
+    }
   Tensor normed = Tensor::empty({n, C}, spec_.dtype);
   norm(ctx, normed, last, lnf_w_, lnf_b_);
   const int64_t Vt = head_.dim(0), V = config_.vocab_size, t = spec_.tp_size;
@@ -475,7 +488,7 @@ std::vector<std::vector<float>> DecoderShard::head(Context& ctx, const DecodeRow
   const float* g = gathered.data<float>();
   for (int64_t i = 0; i < S; ++i) {
     std::vector<float>& o = out[static_cast<size_t>(i)];
-    const int64_t r0 = every_token ? rows.row0[i] : i, r1 = every_token ? rows.row0[i + 1] : i + 1;
+    const int64_t r0 = hrow0[static_cast<size_t>(i)], r1 = hrow0[static_cast<size_t>(i) + 1];
     o.reserve(static_cast<size_t>((r1 - r0) * V));
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t b = 0; b * Vt < V; ++b) {

@@ -100,9 +100,10 @@ class DecoderShard {
   void layers(Context& ctx, const DecodeRows& rows, const Tensor& x);
   // Each sequence's length grows by its rows (after the feed's layers, on every shard).
   void advance(const DecodeRows& rows);
-  // The head (last stage): per sequence, the logits over the real vocabulary of its last row, or of
-  // every row one after the other.
-  std::vector<std::vector<float>> head(Context& ctx, const DecodeRows& rows, const Tensor& x, bool every_token) const;
+  // The head (last stage): per sequence, the logits over the real vocabulary of its last row, or
+  // (every[i]) of each of its rows one after the other.
+  std::vector<std::vector<float>> head(Context& ctx, const DecodeRows& rows, const Tensor& x,
+                                       const std::vector<uint8_t>& every) const;
 
  private:
   struct Sequence {

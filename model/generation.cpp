@@ -192,34 +192,26 @@ Result<bool> BatchGenerator::step(Context& ctx) {
   running_.clear();
   if (!ids.empty()) {
     // One feed: the running sequences' last tokens (their logits only) and the new prompts (every
-    // row). Two calls when both kinds are there: feed takes one every_token for all.
-    const size_t old_count = first_new;
-    auto run = [&](size_t from, size_t to, bool every) -> Status {
-      if (from == to) return Status::ok();
-      std::vector<int> sub_ids(ids.begin() + static_cast<std::ptrdiff_t>(from), ids.begin() + static_cast<std::ptrdiff_t>(to));
-      std::vector<std::vector<int32_t>> sub(tokens.begin() + static_cast<std::ptrdiff_t>(from),
-                                            tokens.begin() + static_cast<std::ptrdiff_t>(to));
-      auto logits = decoder_.feed(ctx, sub_ids, sub, every);
-      if (!logits) return logits.status();
-      for (size_t j = from; j < to; ++j) {
-        Running& r = next[fed[j]];
-        std::vector<float>& all = logits.value()[j - from];
-        if (every) {
-          const size_t rows = r.request.prompt.size();
-          for (size_t t = 0; t + 1 < rows; ++t) {
-            const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>(t * V),
-                                         all.begin() + static_cast<std::ptrdiff_t>((t + 1) * V));
-            r.out.prompt_log_probs.push_back(token_log_prob(row, r.request.prompt[t + 1]));
-          }
-          r.last.assign(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
-        } else {
-          r.last = std::move(all);
+    // row: the prompt's own log-probabilities).
+    std::vector<uint8_t> every(ids.size(), 0);
+    std::fill(every.begin() + static_cast<std::ptrdiff_t>(first_new), every.end(), 1);
+    auto logits = decoder_.feed_each(ctx, ids, tokens, every);
+    if (!logits) return logits.status();
+    for (size_t j = 0; j < ids.size(); ++j) {
+      Running& r = next[fed[j]];
+      std::vector<float>& all = logits.value()[j];
+      if (every[j]) {
+        const size_t rows = r.request.prompt.size();
+        for (size_t t = 0; t + 1 < rows; ++t) {
+          const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>(t * V),
+                                       all.begin() + static_cast<std::ptrdiff_t>((t + 1) * V));
+          r.out.prompt_log_probs.push_back(token_log_prob(row, r.request.prompt[t + 1]));
         }
+        r.last.assign(all.end() - static_cast<std::ptrdiff_t>(V), all.end());
+      } else {
+        r.last = std::move(all);
       }
-      return Status::ok();
-    };
-    if (Status st = run(0, old_count, false); !st) return st;
-    if (Status st = run(old_count, ids.size(), true); !st) return st;
+    }
   }
   running_ = std::move(next);
   // A new request with nothing to generate is done at once.
