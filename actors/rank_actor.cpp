@@ -380,6 +380,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     r.zeros_in_grad = acc->items[0].zeros_in_grad;
                     r.params_norm = acc->items[0].params_norm;
                     r.moe = std::move(acc->items[0].moe);
+                    r.world_sections = std::move(acc->items[0].world_sections);
                     for (size_t k = 0; k < acc->items.size(); ++k)
                       if (!acc->items[k].captured.empty())
                         r.captured.push_back(RankPieces{self->state.global[k], std::move(acc->items[k].captured)});

@@ -55,6 +55,7 @@ struct GroupStepResult {
   int64_t zeros_in_grad = -1;                          // StepOutcome::zeros_in_grad (every rank has the same)
   double params_norm = -1;                             // StepOutcome::params_norm (every rank has the same)
   std::vector<MoeLayerLoad> moe;                       // StepOutcome::moe: job-wide, every rank has the same
+  std::vector<double> world_sections;                  // StepOutcome::world_sections (every rank has the same)
 };
 
 using rank_actor = caf::typed_actor<

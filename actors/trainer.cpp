@@ -11,6 +11,7 @@
 #include "engine/lr_schedule.hpp"
 #include "engine/moe_tally.hpp"
 #include "engine/step_timers.hpp"
+#include "engine/stragglers.hpp"
 
 namespace troupe {
 
@@ -54,6 +55,9 @@ struct TrainerState {
   std::optional<LossScaler> scaler;
   double step_loss_scale = 1;
   int64_t skipped_steps = 0, skipped_samples = 0;
+  // Every rank's compute sections, one step late (engine/stragglers.hpp); made at the first step
+  // that carries them (a job of more than one rank).
+  std::optional<StragglerTracker> stragglers;
 };
 
 using Self = trainer_actor::stateful_pointer<TrainerState>;
@@ -263,6 +267,19 @@ void on_step(Self self, const GroupStepResult& r) {
     st.skipped_samples += batch;
   }
   s.timers = combine_rank_timers(r.rank_timers, cfg.timing_log_level);
+  if (!r.world_sections.empty()) {
+    const int ranks = static_cast<int>(r.world_sections.size()) / kStragglerSections;
+    if (!st.stragglers || st.stragglers->ranks() != ranks) {
+      // Global ranks list pipeline stages slowest (comm/topology.hpp): stage = rank / (ranks / pp).
+      const int per_stage = std::max(1, ranks / std::max(1, cfg.pipeline_model_parallel_size));
+      std::vector<int> stage_of;
+      for (int q = 0; q < ranks; ++q) stage_of.push_back(q / per_stage);
+      st.stragglers.emplace(std::move(stage_of));
+    }
+    st.stragglers->add(r.world_sections);
+    s.rank_scores = st.stragglers->scores();
+    s.straggler_threshold = st.stragglers->threshold();
+  }
   s.fraction_of_peak = st.spec.sgemm_peak_gflops > 0 ? s.model_tflops * 1e3 / st.spec.sgemm_peak_gflops : 0;
   st.last_loss = s.lm_loss;
   if (!std::isfinite(s.lm_loss)) {

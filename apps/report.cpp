@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "engine/stragglers.hpp"
+
 namespace troupe::apps {
 
 void print_error(const std::string& command, const std::string& message) {
@@ -155,6 +157,21 @@ std::string iteration_json(const IterationStats& s) {
                         {"z_loss", l.z_loss}});
     j["moe"] = std::move(layers);
   }
+  if (!s.rank_scores.empty()) {  // straggler scores (engine/stragglers.hpp): the slowest rank, and every straggler
+    const StragglerScore& worst = s.rank_scores.front();
+    j["slowest_rank"] = {{"rank", worst.rank}, {"relative_score", worst.relative}, {"individual_score", worst.individual}};
+    nlohmann::json list = nlohmann::json::array();
+    for (const StragglerScore& r : s.rank_scores)
+      if (r.relative < s.straggler_threshold)
+        list.push_back({{"rank", r.rank},
+                        {"stage", r.stage},
+                        {"relative_score", r.relative},
+                        {"individual_score", r.individual},
+                        {"section", r.section},
+                        {"section_ms", r.section_ms},
+                        {"fastest_section_ms", r.fastest_section_ms}});
+    j["stragglers"] = std::move(list);
+  }
   if (!s.timers.empty()) {  // --timing-log-level's timers of this iteration, ms: [min, max]
     nlohmann::json t = nlohmann::json::object();
     for (const TimerReading& r : s.timers) t[r.name] = {r.min_ms, r.ms};
@@ -186,6 +203,8 @@ void ProgressPrinter::iteration(const IterationStats& s) {
     const IterationStats mean = interval_.mean();
     line(format_iteration(mean, interval_.skipped(), interval_.nan()));
     if (const std::string timers = format_timers(mean.timers, timing_log_option_); !timers.empty()) line(timers);
+    for (const StragglerScore& r : s.rank_scores)  // the latest iteration's, lowest first
+      if (r.relative < s.straggler_threshold) line("  straggler: " + describe_straggler(r));
     interval_.reset();
     return;
   }

@@ -40,6 +40,14 @@ void TensorBoardLog::iteration(const IterationStats& s) {
       series("num-zeros", static_cast<double>(s.num_zeros_in_grad), s.iteration, s.consumed_samples);
     if (s.params_norm >= 0) series("params-norm", s.params_norm, s.iteration, s.consumed_samples);
     if (!s.moe.empty()) moe_tags(s);
+    if (!s.rank_scores.empty()) {  // the slowest rank's straggler scores (engine/stragglers.hpp)
+      series("straggler relative score", s.rank_scores.front().relative, s.iteration, s.consumed_samples);
+      series("straggler slowest rank", static_cast<double>(s.rank_scores.front().rank), s.iteration,
+             s.consumed_samples);
+      double individual = 1;
+      for (const StragglerScore& r : s.rank_scores) individual = std::min(individual, r.individual);
+      series("straggler individual score", individual, s.iteration, s.consumed_samples);
+    }
   }
   // The timing ones, as Megatron averages them: over the iterations since the last --log-interval
   // boundary (its interval-time / iterations, and its timers normalised by the interval).

@@ -52,6 +52,15 @@ void crash_if_asked(int64_t iteration) {
   std::raise(SIGKILL);
 }
 
+double slow_forward_ms(int rank) {
+  const char* spec = std::getenv("TROUPE_FAULT_SLOW");
+  if (spec == nullptr || restarted_process()) return 0;
+  int r = -1;
+  double ms = 0;
+  if (std::sscanf(spec, "rank%d:%lf", &r, &ms) != 2 || r != rank || !(ms > 0 && ms < 3.6e6)) return 0;
+  return ms;
+}
+
 }  // namespace troupe
 
 namespace troupe {

@@ -7,6 +7,9 @@
 //       partition), trainer, offload (while writing that iteration's checkpoint shard).
 //   TROUPE_FAULT_HANG=ACTOR@ITERATION    the chosen actor (rankN) never returns from that
 //       iteration: a stuck rank whose process stays alive.
+//   TROUPE_FAULT_SLOW=rankN:MS           rank N (global) sleeps MS milliseconds inside each of its
+//       forward passes, every iteration: a slow rank for the straggler scores (engine/stragglers.hpp).
+//       Unlike the others it fires on every pass.
 //   TROUPE_FAULT_KILL_AFTER_SHARD=N      the process kills itself (SIGKILL: no clean-up of any
 //       kind) right after a shard of checkpoint iteration N was written, in the middle of the save.
 //   TROUPE_FAULT_NAN=[rankN/]WHERE:TENSOR[:forward|:backward|:weight]@ITERATION[/MICRO]
@@ -53,5 +56,7 @@ void throw_if_asked(const std::string& kind, int index, int64_t iteration);
 // Sleeps for ever when TROUPE_FAULT_HANG names this actor and iteration.
 void hang_if_asked(const std::string& kind, int index, int64_t iteration);
 void crash_if_asked(int64_t iteration);
+// TROUPE_FAULT_SLOW's milliseconds for global rank `rank` (0: none; a malformed value: none).
+double slow_forward_ms(int rank);
 
 }  // namespace troupe

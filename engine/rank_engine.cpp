@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <tuple>
 
+#include "engine/fault_injection.hpp"
 #include "engine/step_timers.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/device_memory.hpp"
@@ -214,6 +216,7 @@ RankEngine::RankEngine(const RankSpec& spec, const comm::Topology& topology, int
   stage_ = at.pp;
   tp_rank_ = at.tp;
   cp_rank_ = at.cp;
+  slow_forward_ms_ = slow_forward_ms(rank);
   dp_rank_ = at.dp;
   if (!board_)
     board_ = std::make_shared<ActivityBoard>(rank, at.pp, at.tp, at.dp, topology.sizes().cp > 1 ? at.cp : -1);
@@ -499,6 +502,8 @@ Status RankEngine::run_schedule(const Tensor& tokens, double grad_scale, std::ve
                                  actions[j + 1].chunk == a.chunk;
       const double loss =
           chunk.forward(ctx_, slot, mb, b.in_act[slot], b.out_act[slot], grad_scale, backward_next, micro_key(a.micro));
+      if (slow_forward_ms_ > 0)  // TROUPE_FAULT_SLOW: a slow rank, inside its forward's span
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(slow_forward_ms_));
       record(label, "forward", t0, a.micro, a.chunk);
       if (chunk.has_loss()) micro_losses[a.micro] = loss;
       send_all(b.sends[slot], b.out_act[slot], (k + 1) % p, a.micro, k, kF);
@@ -670,7 +675,14 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     // rank 0's latest inspector command and, when asked for, the zero gradient elements (integers
     // below 2^53: exact in f64). Each element of the model counts once, as in the norm. An MoE
     // model's layers add their step's load after those six (engine/moe_tally.hpp).
-    std::vector<double> sums(6 + moe_tally_.size(), 0.0);
+    // After them every rank's sections of its previous step (engine/stragglers.hpp): each rank
+    // writes its own row, the sum is the gather.
+    const int world = comms_.world != nullptr ? comms_.world->size() : 1;
+    const size_t sections_at = 6 + moe_tally_.size();
+    std::vector<double> sums(sections_at + (world > 1 ? static_cast<size_t>(world) * kStragglerSections : 0), 0.0);
+    if (world > 1)
+      std::copy(last_sections_.begin(), last_sections_.end(),
+                sums.begin() + static_cast<std::ptrdiff_t>(sections_at + static_cast<size_t>(rank_) * kStragglerSections));
     sums[2] = req.stop ? 1.0 : 0.0;
     sums[3] = watch_step_ ? 1.0 : 0.0;
     sums[4] = rank_ == 0 ? static_cast<double>(req.control) : 0.0;
@@ -690,6 +702,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
           host_all_reduce(*comms_.world, sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum));
     board_->done_waiting();
     out.moe = moe_tally_.loads(moe_slots);
+    if (world > 1) out.world_sections.assign(sums.begin() + static_cast<std::ptrdiff_t>(sections_at), sums.end());
     if (req.zeros_in_grad) out.zeros_in_grad = static_cast<int64_t>(sums[5]);
     want_params_norm_ = req.params_norm;
     params_norm_ = -1;
@@ -802,7 +815,7 @@ Result<StepOutcome> RankEngine::train_step(const Tensor& tokens, double grad_sca
   return done;
 }
 
-void RankEngine::fill_times(StepOutcome& out) const {
+void RankEngine::fill_times(StepOutcome& out) {
   out.step_us = std::chrono::duration<double, std::micro>(Clock::now() - step_start_).count();
   out.busy_us = 0;
   for (size_t i = step_first_span_; i < spans_.size(); ++i)
@@ -810,6 +823,9 @@ void RankEngine::fill_times(StepOutcome& out) const {
   // This step's spans in place (no copy on the step's path).
   const std::span<const Span> step(spans_.data() + step_first_span_, spans_.size() - step_first_span_);
   out.timers = step_timers(step, std::chrono::duration<double, std::micro>(schedule_end_ - step_start_).count());
+  for (int k = 0; k < kStragglerSections; ++k)
+    for (const TimerReading& t : out.timers)
+      if (t.name == kStragglerSectionNames[static_cast<size_t>(k)]) last_sections_[static_cast<size_t>(k)] = t.ms;
 }
 
 Result<double> RankEngine::eval_loss_sum(const Tensor& tokens) {

@@ -24,6 +24,7 @@
 // stage indices (the topology lists members by ascending global rank, pp slowest).
 // Failures of a peer surface as errors from train_step, never hangs. Not thread-safe.
 #pragma once
+#include <array>
 #include <chrono>
 #include <functional>
 #include <cstdint>
@@ -37,6 +38,7 @@
 #include "engine/activity.hpp"
 #include "engine/moe_tally.hpp"
 #include "engine/nan_watch.hpp"
+#include "engine/stragglers.hpp"
 #include "engine/types.hpp"
 #include "troupe/schedule.hpp"
 #include "engine/zero_store.hpp"
@@ -197,6 +199,10 @@ struct StepOutcome {
   // Each MoE layer's load in the step over the whole job (engine/moe_tally.hpp: carried by the
   // norm's all-reduce, so every rank gets the same); empty for a dense model.
   std::vector<MoeLayerLoad> moe;
+  // Every rank's compute sections of its previous step (engine/stragglers.hpp: world size x
+  // kStragglerSections milliseconds, rank-major; carried by the norm's all-reduce, so every rank gets
+  // the same); empty for a job of one rank. All zero in the first step.
+  std::vector<double> world_sections;
 };
 
 struct MemoryReport {
@@ -270,7 +276,7 @@ class RankEngine {
   void record(const std::string& name, const char* cat, std::chrono::steady_clock::time_point t0, int micro = -1,
               int chunk = -1);
   // Busy and wall time of the step begun by compute_gradients, up to now.
-  void fill_times(StepOutcome& out) const;
+  void fill_times(StepOutcome& out);  // and keeps this step's sections for the next
   // Sum of the token losses of `tokens` (this dp rank's windows, any count divisible by nothing),
   // forward only, micro-batch by micro-batch, all-reduced over the world.
   Result<double> eval_loss_sum(const Tensor& tokens);
@@ -341,6 +347,8 @@ class RankEngine {
 
   RankSpec spec_;
   int rank_ = 0, stage_ = 0, tp_rank_ = 0, dp_rank_ = 0, cp_rank_ = 0;
+  double slow_forward_ms_ = 0;                       // TROUPE_FAULT_SLOW (engine/fault_injection.hpp)
+  std::array<double, kStragglerSections> last_sections_{};  // this rank's previous step, for the world
   RankComms comms_;
   sched::Schedule schedule_;                    // for spec_.micro_batches
   std::map<int, sched::Schedule> ramp_schedules_;  // by micro-batch count, for ramp-up steps

@@ -1,10 +1,13 @@
 // `troupe preprocess` on an arbitrary input file (run_preprocess): JSONL records or plain text,
 // tokenised and written as MMIDIDX datasets. The first byte picks the options (bits 0-1: input
 // format auto / jsonl / text / auto, bit 2: --text-separator %, bit 3: --append-eod, bit 4: GPT-2
-// BPE (fuzz/data/gpt2_tiny) instead of bytes, bit 5: --json-keys text title, bit 6: 2 workers, bit 7:
+// BPE (fuzz/data/gpt2_tiny) instead of bytes, bit 5: --json-keys text title, bit 6: 2 workers (1 under
+// TROUPE_FUZZ_ONE_THREAD, which fuzz/run.sh --runs sets: threads' interleaving changes the coverage
+// libFuzzer sees, and those runs must repeat themselves), bit 7:
 // --split-sentences, with --keep-newlines when the input's length is even); the rest is the input.
 // Property: every dataset it writes opens and holds the documents, sequences and tokens the summary
 // reports (empty documents included).
+#include <cstdlib>
 #include <filesystem>
 
 #include "fuzz/fuzz_targets.hpp"
@@ -34,7 +37,8 @@ Status preprocess_input(const uint8_t* data, size_t size) {
     o.tokenizer_type = "ByteLevelTokenizer";
   }
   if (flags & 32) o.json_keys = {"text", "title"};
-  o.workers = (flags & 64) ? 2 : 1;
+  static const bool one_thread = std::getenv("TROUPE_FUZZ_ONE_THREAD") != nullptr;
+  o.workers = (flags & 64) && !one_thread ? 2 : 1;
   o.split_sentences = (flags & 128) != 0;
   o.keep_newlines = size % 2 == 0;
 

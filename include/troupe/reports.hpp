@@ -32,6 +32,17 @@ struct MoeLayerLoad {
   double lb_loss = 0, z_loss = 0;
 };
 
+// How one rank compares (engine/stragglers.hpp computes it from every rank's activity timers).
+struct StragglerScore {
+  int rank = 0;
+  int stage = 0;          // its pipeline stage: its peers are the ranks of the same stage
+  double relative = 1;    // the stage's fastest rank's compute time / this rank's
+  double individual = 1;  // this rank's best compute time over its recent steps / now
+  std::string section;    // where its time goes beyond the fastest peer's ("" for none)
+  double section_ms = 0, fastest_section_ms = 0;
+  double compute_ms = 0;  // forward, backward and optimizer compute together
+};
+
 struct IterationStats {
   int64_t iteration = 0;  // 1-based: iterations completed
   int64_t train_iters = 0;
@@ -68,6 +79,10 @@ struct IterationStats {
   // micro-batches (0 for a dense model).
   std::vector<MoeLayerLoad> moe;
   double moe_loss = 0;
+  // Straggler scores of the previous iteration (engine/stragglers.hpp), every rank of a job of more
+  // than one, lowest relative score first; a rank below straggler_threshold is a straggler.
+  std::vector<StragglerScore> rank_scores;
+  double straggler_threshold = 0;
 };
 
 struct EvalStats {

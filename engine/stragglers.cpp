@@ -1,0 +1,86 @@
+// engine/stragglers.hpp.
+#include "engine/stragglers.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "troupe/check.hpp"
+
+namespace troupe {
+
+const std::array<const char*, kStragglerSections> kStragglerSectionNames = {"forward-compute", "backward-compute",
+                                                                            "optimizer"};
+
+StragglerTracker::StragglerTracker(std::vector<int> stage_of, int history, double threshold)
+    : stage_of_(std::move(stage_of)), history_(std::max(1, history)), threshold_(threshold),
+      past_(stage_of_.size()) {}
+
+void StragglerTracker::add(const std::vector<double>& sections) {
+  TROUPE_CHECK(sections.size() == stage_of_.size() * kStragglerSections,
+               "StragglerTracker::add: one row of sections per rank");
+  if (std::all_of(sections.begin(), sections.end(), [](double v) { return v == 0; })) return;
+  // The previous latest joins the history before the new one replaces it.
+  if (!latest_.empty())
+    for (int r = 0; r < ranks(); ++r) {
+      double total = 0;
+      for (int k = 0; k < kStragglerSections; ++k) total += latest_[static_cast<size_t>(r * kStragglerSections + k)];
+      auto& past = past_[static_cast<size_t>(r)];
+      past.push_back(total);
+      if (static_cast<int>(past.size()) > history_) past.pop_front();
+    }
+  latest_ = sections;
+}
+
+std::vector<StragglerScore> StragglerTracker::scores() const {
+  std::vector<StragglerScore> out;
+  if (latest_.empty()) return out;
+  auto at = [&](int r, int k) { return latest_[static_cast<size_t>(r * kStragglerSections + k)]; };
+  auto total = [&](int r) {
+    double t = 0;
+    for (int k = 0; k < kStragglerSections; ++k) t += at(r, k);
+    return t;
+  };
+  for (int r = 0; r < ranks(); ++r) {
+    StragglerScore s;
+    s.rank = r;
+    s.stage = stage_of_[static_cast<size_t>(r)];
+    s.compute_ms = total(r);
+    int fastest = r;
+    for (int q = 0; q < ranks(); ++q)
+      if (stage_of_[static_cast<size_t>(q)] == s.stage && total(q) < total(fastest)) fastest = q;
+    s.relative = s.compute_ms > 0 ? total(fastest) / s.compute_ms : 1.0;
+    double excess = 0;
+    for (int k = 0; k < kStragglerSections; ++k)
+      if (at(r, k) - at(fastest, k) > excess) {
+        excess = at(r, k) - at(fastest, k);
+        s.section = kStragglerSectionNames[static_cast<size_t>(k)];
+        s.section_ms = at(r, k);
+        s.fastest_section_ms = at(fastest, k);
+      }
+    const auto& past = past_[static_cast<size_t>(r)];
+    if (!past.empty() && s.compute_ms > 0)
+      s.individual = std::min(1.0, *std::min_element(past.begin(), past.end()) / s.compute_ms);
+    out.push_back(std::move(s));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const StragglerScore& a, const StragglerScore& b) { return a.relative < b.relative; });
+  return out;
+}
+
+std::vector<StragglerScore> StragglerTracker::stragglers() const {
+  std::vector<StragglerScore> out;
+  for (StragglerScore& s : scores())
+    if (s.relative < threshold_) out.push_back(std::move(s));
+  return out;
+}
+
+std::string describe_straggler(const StragglerScore& s) {
+  std::string out = fmt::format("rank {} (stage {}): {:.2f} of its stage's fastest", s.rank, s.stage, s.relative);
+  if (!s.section.empty())
+    out += fmt::format(", {} {:.1f} ms against {:.1f} ms", s.section, s.section_ms, s.fastest_section_ms);
+  out += fmt::format("; {:.2f} of its own best", s.individual);
+  return out;
+}
+
+}  // namespace troupe
