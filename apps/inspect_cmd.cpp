@@ -183,6 +183,24 @@ std::string human_moe(const nlohmann::json& j) {
   return out;
 }
 
+// stragglers: a line per rank, lowest relative score first, the stragglers marked.
+std::string human_stragglers(const nlohmann::json& j) {
+  const auto& ranks = j["ranks"];
+  if (ranks.empty()) return "no straggler scores yet (a job of one rank, or no iteration finished yet)\n";
+  auto num = [](const nlohmann::json& r, const char* key) { return r[key].is_number() ? r[key].get<double>() : NAN; };
+  std::string out = fmt::format("straggler scores of iteration {} (a straggler: below {:.2f} of its stage's fastest)\n",
+                                j.value("iteration", int64_t{0}), j["threshold"].is_number() ? j["threshold"].get<double>() : NAN);
+  out += "  rank stage relative individual  compute ms  where\n";
+  for (const auto& r : ranks) {
+    std::string where = r.value("section", std::string());
+    if (!where.empty()) where += fmt::format(" {:.1f} ms against {:.1f} ms", num(r, "section_ms"), num(r, "fastest_section_ms"));
+    out += fmt::format("  {:>4} {:>5} {:>8.2f} {:>10.2f} {:>11.1f}  {}{}\n", r.value("rank", 0), r.value("stage", 0),
+                       num(r, "relative_score"), num(r, "individual_score"), num(r, "compute_ms"), where,
+                       r.value("straggler", false) ? "  <- straggler" : "");
+  }
+  return out;
+}
+
 std::string rank_list(const nlohmann::json& ranks) {
   std::string s;
   for (const auto& r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r.get<int>());
@@ -335,6 +353,8 @@ std::string human(const std::string& command, const nlohmann::json& j) {
     out = human_history(j);
   } else if (verb == "moe" && j.contains("layers")) {
     out = human_moe(j);
+  } else if (verb == "stragglers" && j.contains("ranks")) {
+    out = human_stragglers(j);
   } else {
     out = j.dump(1) + "\n";
   }
@@ -625,7 +645,7 @@ void add_inspect_command(CLI::App& app, int* exit_code) {
   cmd->add_option("target", *target, "The job's inspect file, or HOST:PORT with TROUPE_JOB_TOKEN set")->required();
   cmd->add_option("--exec", *command,
                   "One command, then exit (for scripts): status, where, pause, step N, resume, set lr X, save, "
-                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, moe, flight [RANK], stacks, trace, top, help... Without it: an interactive prompt");
+                  "tensor NAME, dump NAME FILE.h5, stages, plan, history, moe, stragglers, flight [RANK], stacks, trace, top, help... Without it: an interactive prompt");
   cmd->add_flag("--json", *json, "Print the answers as JSON (docs/INSPECT.md)");
   cmd->callback([=] {
     auto t = resolve_target(*target);

@@ -18,11 +18,32 @@ void IterationHistory::add(const IterationStats& s) {
   next_ = (next_ + 1) % ring_.size();
   filled_ = std::min(filled_ + 1, ring_.size());
   if (!s.moe.empty()) moe_ = {s.iteration, s.moe_loss, s.moe};
+  if (!s.rank_scores.empty()) stragglers_ = {s.iteration, s.straggler_threshold, s.rank_scores};
 }
 
 MoeSnapshot IterationHistory::last_moe() const {
   std::lock_guard<std::mutex> lock(mu_);
   return moe_;
+}
+
+StragglerSnapshot IterationHistory::last_stragglers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stragglers_;
+}
+
+std::string stragglers_json(const StragglerSnapshot& snapshot) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const StragglerScore& r : snapshot.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"stage", r.stage},
+                     {"relative_score", r.relative},
+                     {"individual_score", r.individual},
+                     {"straggler", r.relative < snapshot.threshold},
+                     {"section", r.section},
+                     {"section_ms", r.section_ms},
+                     {"fastest_section_ms", r.fastest_section_ms},
+                     {"compute_ms", r.compute_ms}});
+  return nlohmann::json{{"iteration", snapshot.iteration}, {"threshold", snapshot.threshold}, {"ranks", ranks}}.dump();
 }
 
 std::vector<HistoryPoint> IterationHistory::points(int64_t since, size_t last) const {

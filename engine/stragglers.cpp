@@ -12,30 +12,40 @@ namespace troupe {
 const std::array<const char*, kStragglerSections> kStragglerSectionNames = {"forward-compute", "backward-compute",
                                                                             "optimizer"};
 
-StragglerTracker::StragglerTracker(std::vector<int> stage_of, int history, double threshold)
+StragglerTracker::StragglerTracker(std::vector<int> stage_of, int history, double threshold, int window, int min_steps)
     : stage_of_(std::move(stage_of)), history_(std::max(1, history)), threshold_(threshold),
-      past_(stage_of_.size()) {}
+      window_(std::max(1, window)), min_steps_(std::max(1, min_steps)), past_(stage_of_.size()) {}
 
 void StragglerTracker::add(const std::vector<double>& sections) {
   TROUPE_CHECK(sections.size() == stage_of_.size() * kStragglerSections,
                "StragglerTracker::add: one row of sections per rank");
   if (std::all_of(sections.begin(), sections.end(), [](double v) { return v == 0; })) return;
-  // The previous latest joins the history before the new one replaces it.
-  if (!latest_.empty())
-    for (int r = 0; r < ranks(); ++r) {
-      double total = 0;
-      for (int k = 0; k < kStragglerSections; ++k) total += latest_[static_cast<size_t>(r * kStragglerSections + k)];
-      auto& past = past_[static_cast<size_t>(r)];
-      past.push_back(total);
-      if (static_cast<int>(past.size()) > history_) past.pop_front();
-    }
-  latest_ = sections;
+  ++steps_;
+  recent_.push_back(sections);
+  if (static_cast<int>(recent_.size()) > window_) recent_.pop_front();
+  for (int r = 0; r < ranks(); ++r) {
+    double total = 0;
+    for (int k = 0; k < kStragglerSections; ++k) total += sections[static_cast<size_t>(r * kStragglerSections + k)];
+    auto& past = past_[static_cast<size_t>(r)];
+    past.push_back(total);
+    if (static_cast<int>(past.size()) > history_) past.pop_front();
+  }
 }
 
 std::vector<StragglerScore> StragglerTracker::scores() const {
   std::vector<StragglerScore> out;
-  if (latest_.empty()) return out;
-  auto at = [&](int r, int k) { return latest_[static_cast<size_t>(r * kStragglerSections + k)]; };
+  if (!has_scores()) return out;
+  // Each rank's sections: the medians over the window.
+  std::vector<double> med(static_cast<size_t>(ranks() * kStragglerSections));
+  std::vector<double> column;
+  for (size_t i = 0; i < med.size(); ++i) {
+    column.clear();
+    for (const auto& step : recent_) column.push_back(step[i]);
+    std::sort(column.begin(), column.end());
+    const size_t n = column.size();
+    med[i] = n % 2 == 1 ? column[n / 2] : (column[n / 2 - 1] + column[n / 2]) / 2;
+  }
+  auto at = [&](int r, int k) { return med[static_cast<size_t>(r * kStragglerSections + k)]; };
   auto total = [&](int r) {
     double t = 0;
     for (int k = 0; k < kStragglerSections; ++k) t += at(r, k);

@@ -5,9 +5,11 @@
 // backward-compute, optimizer (milliseconds) -- to the world's all-reduce the step already does
 // (engine/rank_engine.cpp), so every rank learns every rank's sections one step late, at no extra
 // collective. A rank is compared with its peers: the ranks of its pipeline stage (its tensor- and
-// data-parallel neighbours do the same work per micro-batch; another stage does other work):
+// data-parallel neighbours do the same work per micro-batch; another stage does other work). Each
+// section is taken as the median of the rank's last `window` steps, so one step that the machine's
+// other work delayed does not make a straggler; a rank is scored from `min_steps` steps on:
 //   relative score    the fastest peer's compute time / the rank's (1: as fast as the fastest)
-//   individual score  the rank's own best compute time over its last `history` steps / now
+//   individual score  the rank's own best step over its last `history` steps / its median now
 //   section           where the rank's time goes beyond the fastest peer's: the section with the
 //                     largest excess, with the rank's and the fastest peer's milliseconds
 // A rank whose relative score is below the threshold is a straggler (nvidia-resiliency-ext's
@@ -29,14 +31,16 @@ extern const std::array<const char*, kStragglerSections> kStragglerSectionNames;
 class StragglerTracker {
  public:
   // stage_of[r]: rank r's pipeline stage (its peers share it).
-  explicit StragglerTracker(std::vector<int> stage_of, int history = 20, double threshold = 0.75);
+  explicit StragglerTracker(std::vector<int> stage_of, int history = 20, double threshold = 0.75, int window = 5,
+                            int min_steps = 3);
   int ranks() const { return static_cast<int>(stage_of_.size()); }
   double threshold() const { return threshold_; }
   // One step's sections: ranks() x kStragglerSections milliseconds, rank-major. A step whose
   // sections are all zero (the first: nothing measured yet) is ignored.
   void add(const std::vector<double>& sections);
-  bool has_scores() const { return !latest_.empty(); }
-  // The latest step's scores, every rank, lowest relative score first (ties: lower rank).
+  bool has_scores() const { return steps_ >= min_steps_; }
+  // The scores of the latest window, every rank, lowest relative score first (ties: lower rank);
+  // empty before min_steps steps.
   std::vector<StragglerScore> scores() const;
   // The ranks below the threshold, lowest first.
   std::vector<StragglerScore> stragglers() const;
@@ -45,8 +49,10 @@ class StragglerTracker {
   std::vector<int> stage_of_;
   int history_;
   double threshold_;
-  std::vector<double> latest_;
-  std::vector<std::deque<double>> past_;  // per rank: compute ms of the steps before, newest last
+  int window_, min_steps_;
+  int64_t steps_ = 0;
+  std::deque<std::vector<double>> recent_;  // the last `window` steps' sections, newest last
+  std::vector<std::deque<double>> past_;    // per rank: compute ms of its last `history` steps, newest last
 };
 
 // "rank 3 (stage 1): 0.41 of its stage's fastest, forward-compute 310.2 ms against 120.5 ms; 0.44 of

@@ -157,6 +157,13 @@ void add_stage_commands(InspectHub& hub, StageSources sources) {
             if (!call.args.empty()) return inspect_error("moe: takes no arguments -- usage: moe");
             return moe_json(src->history ? src->history->last_moe() : MoeSnapshot{});
           });
+  hub.add("stragglers", "stragglers",
+          "every rank's straggler scores in the last iteration: against its stage's fastest rank and its own "
+          "history, and the section where its time goes",
+          [src](const InspectCall& call) {
+            if (!call.args.empty()) return inspect_error("stragglers: takes no arguments -- usage: stragglers");
+            return stragglers_json(src->history ? src->history->last_stragglers() : StragglerSnapshot{});
+          });
 }
 
 }  // namespace troupe

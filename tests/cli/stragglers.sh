@@ -3,7 +3,8 @@
 # sleeps 80 ms in each forward pass (TROUPE_FAULT_SLOW), in one process and in two (troupe launch),
 # names rank 1 as a straggler, with
 # forward-compute as the section where its time goes, within 10 iterations, in the log and in the
-# --metrics-file lines; rank 0 is never named; the same job without the fault names no rank in most
+# --metrics-file lines, and by `troupe inspect FILE --exec stragglers` while it runs; rank 0 is never
+# named; the same job without the fault names no rank in most
 # iterations.
 source "$(dirname "$0")/common.bash"
 make_corpus
@@ -24,6 +25,32 @@ echo "named: $(sed -n "${first}p" slow.log)"
 # The log's iteration lines before the first naming: at most 10 iterations in.
 before=$(head -n "$first" slow.log | grep -c "iteration" || true)
 ((before <= 10)) || fail "rank 1 was named only after $before iterations"
+# The inspector's `stragglers` (a running job, rank 1 slowed): rank 1 first and marked, for programs
+# and for people.
+TROUPE_FAULT_SLOW=rank1:80 small_train --train-iters 100000 --log-interval 1000 --data-parallel-size 2 \
+  --num-threads 2 --inspect 0 --inspect-file run/insp.json > inspect_job.log 2>&1 &
+job=$!
+kill_on_exit $job run/insp.json
+wait_for_file run/insp.json
+for _ in $(seq 1 300); do
+  "$troupe" inspect run/insp.json --exec stragglers --json > stragglers.json 2> /dev/null || true
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if j.get("ranks") else 1)' stragglers.json 2> /dev/null && break
+  sleep 0.2
+done
+"$troupe" inspect run/insp.json --exec stragglers > stragglers.txt || fail "inspect stragglers failed"
+kill $job 2> /dev/null || true
+wait $job 2> /dev/null || true
+kill_on_exit
+python3 - stragglers.json <<'PY' || { cat stragglers.json; fail "inspect stragglers does not name rank 1"; }
+import json, sys
+j = json.load(open(sys.argv[1]))
+r = j["ranks"]
+assert [x["rank"] for x in r] == [1, 0] and r[0]["straggler"] and not r[1]["straggler"], j
+assert r[0]["section"] == "forward-compute" and r[0]["relative_score"] < j["threshold"] == 0.75, j
+print(f"inspect stragglers: iteration {j['iteration']}, rank 1 at {r[0]['relative_score']:.2f}")
+PY
+grep -q "<- straggler" stragglers.txt && grep -q "forward-compute" stragglers.txt || { cat stragglers.txt; fail "the human answer"; }
+
 # Two processes (troupe launch, UCX): rank 1 is the other process; rank 0's log names it.
 TROUPE_FAULT_SLOW=rank1:80 "$troupe" launch --nproc-per-node 2 -- train --num-layers 2 --hidden-size 48 \
   --num-attention-heads 3 --seq-length 32 --micro-batch-size 3 --global-batch-size 6 --lr 3e-3 \
