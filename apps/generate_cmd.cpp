@@ -211,6 +211,7 @@ int run_generate(const GenerateArgs& a) {
   GenerationOptions options;
   options.sampling = {a.top_k, a.top_p, a.temperature, a.seed};
   options.tokens_to_generate = a.tokens_to_generate;
+  options.prompt_log_probs = a.json && a.logprobs;  // printed only then
   options.stop_tokens.assign(a.stop_tokens.begin(), a.stop_tokens.end());
   if (!a.no_stop_on_eod) options.stop_tokens.push_back(tok.eod());
   if (!a.stop_strings.empty())

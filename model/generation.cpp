@@ -192,9 +192,9 @@ Result<bool> BatchGenerator::step(Context& ctx) {
   running_.clear();
   if (!ids.empty()) {
     // One feed: the running sequences' last tokens (their logits only) and the new prompts (every
-    // row: the prompt's own log-probabilities).
+    // row when their own log-probabilities are wanted, else the last).
     std::vector<uint8_t> every(ids.size(), 0);
-    std::fill(every.begin() + static_cast<std::ptrdiff_t>(first_new), every.end(), 1);
+    for (size_t j = first_new; j < ids.size(); ++j) every[j] = next[fed[j]].request.options.prompt_log_probs ? 1 : 0;
     auto logits = decoder_.feed_each(ctx, ids, tokens, every);
     if (!logits) return logits.status();
     for (size_t j = 0; j < ids.size(); ++j) {

@@ -38,6 +38,9 @@ struct GenerationOptions {
   SamplingOptions sampling;
   int tokens_to_generate = 64;
   std::vector<int32_t> stop_tokens;  // a generated token among them ends its sequence (and is kept)
+  // Generation::prompt_log_probs wanted: the head then runs on every prompt row, not only the last
+  // (a long prompt's first token comes later).
+  bool prompt_log_probs = true;
   // Called after each generated token with the prompt's index and its generated tokens so far;
   // true ends that sequence (stop strings: the command decodes and looks).
   std::function<bool(size_t prompt, const std::vector<int32_t>& generated)> stop;
@@ -46,7 +49,8 @@ struct GenerationOptions {
 struct Generation {
   std::vector<int32_t> tokens;     // generated, the stop token included
   std::vector<double> log_probs;   // one per generated token
-  std::vector<double> prompt_log_probs;  // of prompt tokens 1.. given the ones before (Megatron's)
+  std::vector<double> prompt_log_probs;  // of prompt tokens 1.. given the ones before (Megatron's);
+                                         // empty unless GenerationOptions::prompt_log_probs
   std::string finish_reason;       // "length", "stop token", "stop"
 };
 

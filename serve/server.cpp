@@ -272,6 +272,7 @@ struct InferenceServer::Impl {
     if (!q) return refuse(res, api, 400, q.status().message());
     GenerationOptions o;
     auto ids = prepare(q.value(), o);
+    o.prompt_log_probs = q.value().logprobs;  // Megatron's answer carries them then
     if (!ids) return refuse(res, api, 400, ids.status().message());
     const auto t0 = Clock::now();
     if (q.value().beam_width > 0) return beam(q.value(), ids.value()[0], res, t0);
@@ -353,6 +354,7 @@ struct InferenceServer::Impl {
     const ServeRequest q = parsed.value();
     GenerationOptions o;
     auto ids = prepare(q, o);
+    o.prompt_log_probs = false;  // the completions' logprobs are the generated tokens' own
     if (!ids) return refuse(res, api, 400, ids.status().message());
     const auto t0 = Clock::now();
     const std::string id = fmt::format("cmpl-{:x}{:x}", seed_base, seed_counter++);
