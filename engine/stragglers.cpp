@@ -2,6 +2,7 @@
 #include "engine/stragglers.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -51,14 +52,18 @@ std::vector<StragglerScore> StragglerTracker::scores() const {
     for (int k = 0; k < kStragglerSections; ++k) t += at(r, k);
     return t;
   };
+  // Each stage's fastest rank, in one pass (a job of thousands of ranks scores every step).
+  std::map<int, int> fastest_of;
+  for (int r = 0; r < ranks(); ++r) {
+    auto [it, fresh] = fastest_of.try_emplace(stage_of_[static_cast<size_t>(r)], r);
+    if (!fresh && total(r) < total(it->second)) it->second = r;
+  }
   for (int r = 0; r < ranks(); ++r) {
     StragglerScore s;
     s.rank = r;
     s.stage = stage_of_[static_cast<size_t>(r)];
     s.compute_ms = total(r);
-    int fastest = r;
-    for (int q = 0; q < ranks(); ++q)
-      if (stage_of_[static_cast<size_t>(q)] == s.stage && total(q) < total(fastest)) fastest = q;
+    const int fastest = fastest_of.at(s.stage);
     s.relative = s.compute_ms > 0 ? total(fastest) / s.compute_ms : 1.0;
     double excess = 0;
     for (int k = 0; k < kStragglerSections; ++k)

@@ -142,7 +142,6 @@ DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec
                  find(prefix + "c_proj.bias")};
     };
     Layer y;
-    y.index = l;
     y.ln1_w = find(h + "ln_1.weight");
     y.ln1_b = find(h + "ln_1.bias");
     y.attn_w = find(h + "attn.c_attn.weight");

@@ -116,7 +116,6 @@ class DecoderShard {
     bool defined() const { return fc_w.defined(); }
   };
   struct Layer {
-    int index = 0;  // global
     Tensor ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b;
     Mlp mlp;  // the dense MLP (an MoE layer: PR-MoE's, or none)
     // An MoE layer (moe false: dense): the router and PR-MoE's coefficient (replicated), the shared
