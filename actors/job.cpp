@@ -276,6 +276,7 @@ struct Offload {
   offload_actor actor;
   std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0);
   std::shared_ptr<std::atomic<int64_t>> mailbox = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<bool>> draining = std::make_shared<std::atomic<bool>>(false);
   // The trainer's completion of a save: the workers handed their snapshots to the offload actor,
   // which writes them and then commits, in that order, while training goes on.
   std::function<Status(const SaveRequest&)> commit() const {
@@ -309,17 +310,18 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
   Offload offload;
   offload.actor =
       spawn_offload(system, commit, caf::actor_cast<caf::actor>(self), std::move(pool), offload.saves_in_flight,
-                    offload.mailbox);
+                    offload.mailbox, offload.draining);
   self->monitor(offload.actor);
   return offload;
 }
 
 // No save is lost: waits for the offload actor's queue (shards and commits) before the job ends; a
 // failed background save fails a job that otherwise succeeded.
-void flush_saves(caf::scoped_actor& self, const offload_actor& offload, const TrainConfig& config,
+void flush_saves(caf::scoped_actor& self, const Offload& offload, const TrainConfig& config,
                  const JobCallbacks& callbacks, Result<TrainSummary>& result) {
   if (config.save.empty()) return;
-  Status flushed = ask_ok(self, offload, flush_atom::value);
+  offload.draining->store(true);  // training is over: the writer stops yielding the cores
+  Status flushed = ask_ok(self, offload.actor, flush_atom::value);
   if (result && !flushed) result = flushed;
   // The saves completed during the flush reported themselves before its reply: pass them on.
   for (bool more = true; more;) {
@@ -762,7 +764,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
       for (const Activity& a : now) note("  " + a.describe());
     }
   }
-  flush_saves(self, offload, config, callbacks, result);
+  flush_saves(self, offloader, config, callbacks, result);
   // A failed job may leave ranks blocked in a collective whose peer gave up: failing the fabric
   // fails their pending operations, so every rank actor returns and the actor system can shut down.
   if (!result && ranks.fabric) ranks.fabric->abort(0, result.status().message());

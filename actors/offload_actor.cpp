@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <thread>
 
@@ -37,8 +38,9 @@ int runnable_threads() {
 // (TROUPE_SAVE_DUTY, default 0.1); with idle cores it writes at full speed. Measured on 2 cores
 // that both compute (bench/run_save_bench.sh, 292 MiB): unpaced, the lowest priority alone still
 // slowed the overlapping step by +40%; duty 0.2 gave +16-20% over ~3 s of writing, 0.1 +2-4% over
-// ~6 s.
-std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_in_flight) {
+// ~6 s. Once the job drains its queue (training over) it writes at full speed.
+std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_in_flight,
+                                       std::shared_ptr<std::atomic<bool>> draining) {
   double duty = 0.1;
   if (const char* d = std::getenv("TROUPE_SAVE_DUTY")) duty = std::clamp(std::atof(d), 0.01, 1.0);
   cpu_set_t set;
@@ -47,12 +49,33 @@ std::function<void(double)> make_pacer(std::shared_ptr<std::atomic<int>> saves_i
   // A core counts as idle only after 3 samples in a row found one: compute threads that happen to wait
   // at one sample (a collective, the optimizer) must not turn the pacing off.
   auto idle_streak = std::make_shared<int>(0);
-  return [duty, cores, saves_in_flight, idle_streak](double seconds) {
-    if (duty >= 1.0 || saves_in_flight->load() > 1) return;
+  return [duty, cores, saves_in_flight, draining, idle_streak](double seconds) {
+    if (duty >= 1.0 || saves_in_flight->load() > 1 || draining->load()) return;
     *idle_streak = runnable_threads() - 1 < cores ? *idle_streak + 1 : 0;  // minus this writer
     if (*idle_streak >= 3) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (1.0 - duty) / duty));
   };
+}
+
+// Runs one shard's write on a thread of its own (its exceptions passed back): while the ranks train
+// (`yielding`) at the lowest priority, so that it takes the cores' slack (and a small share when there
+// is none) and a save barely slows training yet still finishes; once the job drains, at the process's
+// own priority (a thread cannot raise its priority back without privileges, hence a thread per write:
+// on a machine busy with other work, the lowest priority left a job's last save crawling for minutes).
+Status write_on_own_thread(bool yielding, const std::function<Status()>& write) {
+  Status st;
+  std::exception_ptr error;
+  std::thread worker([&] {
+    if (yielding) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    try {
+      st = write();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  worker.join();
+  if (error) std::rethrow_exception(error);
+  return st;
 }
 
 struct OffloadState {
@@ -63,6 +86,7 @@ struct OffloadState {
       started;  // iteration -> first shard queued
   std::shared_ptr<std::atomic<int>> saves_in_flight;
   std::shared_ptr<std::atomic<int64_t>> mailbox;
+  std::shared_ptr<std::atomic<bool>> draining;
   Status failure;
 };
 
@@ -70,16 +94,15 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
                                               std::function<Status(const SaveRequest&)> commit,
                                               caf::actor listener, std::shared_ptr<HostPool> pool,
                                               std::shared_ptr<std::atomic<int>> saves_in_flight,
-                                              std::shared_ptr<std::atomic<int64_t>> mailbox) {
-  // The writer yields to the compute threads: at the lowest priority it takes the cores' slack (and
-  // a small share when there is none), so a save barely slows training and still finishes.
-  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+                                              std::shared_ptr<std::atomic<int64_t>> mailbox,
+                                              std::shared_ptr<std::atomic<bool>> draining) {
   name_exceptions(self, "the offload actor");
   self->state.commit = std::move(commit);
   self->state.listener = std::move(listener);
   self->state.pool = std::move(pool);
   self->state.saves_in_flight = std::move(saves_in_flight);
   self->state.mailbox = std::move(mailbox);
+  self->state.draining = std::move(draining);
   auto gauge = [self] { self->state.mailbox->store(static_cast<int64_t>(self->mailbox().size())); };
   auto failed = [self](const Status& st) {
     if (!self->state.failure) return;  // the first failure is the one reported
@@ -93,9 +116,14 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         if (!self->state.failure) return;  // a save already failed: the job is stopping
         throw_if_asked("offload", -1, w.iteration);
         self->state.started.emplace(w.iteration, std::chrono::steady_clock::now());
-        const WritePacing pacing(make_pacer(self->state.saves_in_flight));
-        // Moved: each piece's snapshot is freed once it is in the file's image (1x the shard, not 2x).
-        if (Status st = write_shard_file(w.path, w.rank, std::move(w.contents)); !st) return failed(st);
+        const bool yielding = !self->state.draining->load();
+        if (Status st = write_on_own_thread(yielding, [&] {
+              const WritePacing pacing(make_pacer(self->state.saves_in_flight, self->state.draining));
+              // Moved: each piece's snapshot is freed once it is in the file's image (1x the shard, not 2x).
+              return write_shard_file(w.path, w.rank, std::move(w.contents));
+            });
+            !st)
+          return failed(st);
         crash_if_asked(w.iteration);
       },
       [self, failed, gauge](commit_atom, const SaveRequest& r) {
@@ -129,9 +157,11 @@ offload_actor spawn_offload(caf::actor_system& system,
                             std::function<Status(const SaveRequest&)> commit, caf::actor listener,
                             std::shared_ptr<HostPool> pool,
                             std::shared_ptr<std::atomic<int>> saves_in_flight,
-                            std::shared_ptr<std::atomic<int64_t>> mailbox) {
+                            std::shared_ptr<std::atomic<int64_t>> mailbox,
+                            std::shared_ptr<std::atomic<bool>> draining) {
   return system.spawn<caf::detached>(offload_behavior, std::move(commit), std::move(listener),
-                                     std::move(pool), std::move(saves_in_flight), std::move(mailbox));
+                                     std::move(pool), std::move(saves_in_flight), std::move(mailbox),
+                                     std::move(draining));
 }
 
 }  // namespace troupe

@@ -43,10 +43,14 @@ using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
 // commit is done; while more than one save is in flight the writer does not pace itself (it is behind:
 // catching up beats holding several snapshots in memory).
 // mailbox: the messages (shards, commits) waiting behind the one the actor takes up, for the inspector.
+// draining: set by the job once training is over and it waits for the queue (flush): from then on the
+// writer does not pace itself (no step is left to protect; paced on a machine busy with other work,
+// a job's last save took minutes).
 offload_actor spawn_offload(caf::actor_system& system, std::function<Status(const SaveRequest&)> commit,
                             caf::actor listener, std::shared_ptr<HostPool> pool = std::make_shared<HostPool>(),
                             std::shared_ptr<std::atomic<int>> saves_in_flight = std::make_shared<std::atomic<int>>(0),
-                            std::shared_ptr<std::atomic<int64_t>> mailbox = std::make_shared<std::atomic<int64_t>>(0));
+                            std::shared_ptr<std::atomic<int64_t>> mailbox = std::make_shared<std::atomic<int64_t>>(0),
+                            std::shared_ptr<std::atomic<bool>> draining = std::make_shared<std::atomic<bool>>(false));
 
 }  // namespace troupe
 
