@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -368,14 +369,27 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
   }
 }
 
+Tensor DecoderShard::scratch(size_t slot, const Shape& shape, DType dtype) const {
+  if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+  const int64_t bytes = shape.numel() * static_cast<int64_t>(dtype_size(dtype));
+  Tensor& buf = scratch_[slot];
+  if (!buf.defined() || buf.numel() < bytes) buf = Tensor::empty({bytes}, DType::u8);
+  return Tensor::wrap(buf.raw(), shape, dtype, std::make_shared<Tensor>(buf));  // keeps the buffer alive
+}
+
 void DecoderShard::mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor& out) const {
   const int64_t R = a.dim(0), FC = m.fc_w.dim(0);
   const bool swiglu = config_.activation == MlpActivation::swiglu;
-  Tensor fc = Tensor::empty({R, FC}, spec_.dtype), act = Tensor::empty({R, swiglu ? FC / 2 : FC}, spec_.dtype);
+  const Tensor fc = scratch(0, {R, FC}, spec_.dtype);
   linear(ctx, fc, a, m.fc_w, m.fc_b, false);
-  if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
-  else ops::gelu_forward(ctx, act, fc);
-  linear(ctx, out, act, m.proj_w, m.proj_b, true);
+  if (swiglu) {
+    const Tensor act = scratch(1, {R, FC / 2}, spec_.dtype);
+    ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
+    linear(ctx, out, act, m.proj_w, m.proj_b, true);
+  } else {
+    ops::gelu_forward(ctx, fc, fc);  // elementwise: in place
+    linear(ctx, out, fc, m.proj_w, m.proj_b, true);
+  }
 }
 
 void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const {

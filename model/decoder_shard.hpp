@@ -138,6 +138,9 @@ class DecoderShard {
   void moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const;
   Sequence& sequence(int id);
   const Sequence& sequence(int id) const;
+  // A (shape, dtype) tensor over grow-only buffer `slot`, kept across calls: the MLP's (rows, ffn)
+  // intermediates are the prefill's largest, and fresh ones each layer cost page faults.
+  Tensor scratch(size_t slot, const Shape& shape, DType dtype) const;
 
   GptConfig config_;
   DecoderShardSpec spec_;
@@ -150,6 +153,7 @@ class DecoderShard {
   std::vector<Layer> layers_;
   std::vector<double> alibi_;  // this shard's heads' slopes
   std::vector<Sequence> sequences_;
+  mutable std::vector<Tensor> scratch_;  // bytes; the shard runs on one thread at a time
 };
 
 }  // namespace troupe

@@ -65,6 +65,18 @@ kill_on_exit() {
   fi
 }
 
+# stop_job PID INSPECT_FILE: ends a background job started with --inspect-file INSPECT_FILE (an
+# absolute path in this test's scratch dir): PID, and the troupe process itself, which is not PID
+# when the job was a shell function run with & (PID is then the subshell, and killing it alone left
+# the job training after the test had ended); waits until no such process is left (at most 10 s).
+stop_job() {
+  kill "$1" 2> /dev/null || true
+  pkill -f -- "inspect-file $2" 2> /dev/null || true
+  wait "$1" 2> /dev/null || true
+  for _ in $(seq 1 100); do pgrep -f -- "inspect-file $2" > /dev/null || return 0; sleep 0.1; done
+  pkill -9 -f -- "inspect-file $2" 2> /dev/null || true
+}
+
 # Waits (at most 90 s: a loaded machine starts troupe launch's processes slowly) until file $1
 # exists and is not empty: the inspect file a job writes.
 wait_for_file() {

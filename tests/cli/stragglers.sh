@@ -28,9 +28,9 @@ before=$(head -n "$first" slow.log | grep -c "iteration" || true)
 # The inspector's `stragglers` (a running job, rank 1 slowed): rank 1 first and marked, for programs
 # and for people.
 TROUPE_FAULT_SLOW=rank1:80 small_train --train-iters 100000 --log-interval 1000 --data-parallel-size 2 \
-  --num-threads 2 --inspect 0 --inspect-file run/insp.json > inspect_job.log 2>&1 &
+  --num-threads 2 --inspect 0 --inspect-file "$work/run/insp.json" > inspect_job.log 2>&1 &
 job=$!
-kill_on_exit $job run/insp.json
+kill_on_exit $job "$work/run/insp.json"
 wait_for_file run/insp.json
 for _ in $(seq 1 300); do
   "$troupe" inspect run/insp.json --exec stragglers --json > stragglers.json 2> /dev/null || true
@@ -38,8 +38,7 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 "$troupe" inspect run/insp.json --exec stragglers > stragglers.txt || fail "inspect stragglers failed"
-kill $job 2> /dev/null || true
-wait $job 2> /dev/null || true
+stop_job $job "$work/run/insp.json"
 kill_on_exit
 python3 - stragglers.json <<'PY' || { cat stragglers.json; fail "inspect stragglers does not name rank 1"; }
 import json, sys
