@@ -35,6 +35,7 @@
 #include "comm/topology.hpp"
 #include "config/validate.hpp"
 #include "engine/fault_injection.hpp"
+#include "engine/goodput.hpp"
 #include "engine/nan_watch.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
@@ -884,6 +885,29 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
                                   const JobCallbacks& callbacks, const JobOptions& options) {
   (void)training_started();
   const int threads = resolve_threads(config.num_threads);
+  // Where the run's time goes (engine/goodput.hpp), fed by every attempt's events.
+  auto seconds_now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  auto ledger = std::make_shared<GoodputLedger>(
+      std::chrono::duration<double>(training_started().time_since_epoch()).count(), options.restarted);
+  JobCallbacks counted = callbacks;
+  counted.on_iteration = [&callbacks, ledger, seconds_now, pp = config.pipeline_model_parallel_size](const IterationStats& s) {
+    const double now = seconds_now(), seconds = s.ms_per_iter / 1e3;
+    if (!ledger->in_attempt()) ledger->attempt_started(now - seconds);
+    ledger->step(now, s.iteration, seconds, GoodputLedger::bubble_seconds(s, pp), GoodputLedger::straggler_seconds(s));
+    if (callbacks.on_iteration) callbacks.on_iteration(s);
+  };
+  counted.on_eval = [&callbacks, ledger, seconds_now](const EvalStats& e) {
+    ledger->evaluation(seconds_now(), e.seconds);
+    if (callbacks.on_eval) callbacks.on_eval(e);
+  };
+  counted.on_saved = [&callbacks, ledger, seconds_now](const SavedCheckpoint& c) {
+    if (!c.committed) ledger->save(seconds_now(), c.seconds);  // the snapshot: in the training path
+    if (callbacks.on_saved) callbacks.on_saved(c);
+  };
+  auto with_goodput = [&](Result<TrainSummary> r) {
+    if (r) r.value().goodput = ledger->report(seconds_now());
+    return r;
+  };
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
@@ -952,11 +976,11 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   // yet); another run's checkpoint there is never resumed.
   for (int restart = 1;; ++restart) {
     bool stuck = false;
-    auto result = run_attempt(attempt, data, callbacks, options, threads, peak, &stuck, nan);
+    auto result = run_attempt(attempt, data, counted, options, threads, peak, &stuck, nan);
     if (nan.control->report()) return result;  // the NaN watch stops the run: a restart would meet it again
     const bool stopped = options.stop != nullptr && options.stop->load();
     // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
-    if (result || stopped || stuck || restart > config.max_restarts || options.world) return result;
+    if (result || stopped || stuck || restart > config.max_restarts || options.world) return with_goodput(result);
     if (result.status().is_bad_input()) return result;  // the same input would be refused again
     auto latest = latest_run(config.save);
     if (!latest) return latest.status();
@@ -968,6 +992,7 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
       attempt.load = config.save;
       attempt.finetune = attempt.no_load_optim = false;
     }
+    ledger->failed(seconds_now(), latest->found ? latest->iteration : 0);
     note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
          (latest->found ? "from " + iteration_dir(config.save, latest->iteration)
                         : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));

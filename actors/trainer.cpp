@@ -123,17 +123,19 @@ void read_ahead(Self self) {
           on_error(self));
 }
 
-void save_then(Self self, std::function<void()> next) {
+// `since`: when the save came due (a wait for the writer counts as the save's time).
+void save_then(Self self, std::function<void()> next, std::optional<Clock::time_point> since = std::nullopt) {
   auto& st = self->state;
+  const auto t0 = since.value_or(Clock::now());
   const TrainConfig& cfg = st.spec.config;
   if (st.spec.saves_in_flight && st.spec.offload && st.spec.saves_in_flight->load() >= cfg.max_saves_in_flight) {
     // The writer is behind: wait until what it holds is on disk (a failed save fails the job here).
     st.spec.saves_in_flight->fetch_add(1);
     self->request(st.spec.offload, caf::infinite, flush_atom::value)
         .then(
-            [self, next](ok_atom) {
+            [self, next, t0](ok_atom) {
               self->state.spec.saves_in_flight->fetch_sub(1);
-              save_then(self, next);
+              save_then(self, next, t0);
             },
             [self](caf::error& err) {
               self->state.spec.saves_in_flight->fetch_sub(1);
@@ -150,7 +152,6 @@ void save_then(Self self, std::function<void()> next) {
   req.config_json = cfg.to_json();
   req.rng_json = "{\"seed\": " + std::to_string(cfg.seed) + ", \"consumed_samples\": " + std::to_string(st.consumed) +
                  ", \"data_order\": \"splitmix64 Fisher-Yates permutation per epoch\"" + loss_scaling_json(st) + "}";
-  const auto t0 = Clock::now();
   auto saved_then = [self, next, t0](const SaveRequest& done) {
     auto& s = self->state;
     if (s.spec.finalize_save) {
@@ -178,6 +179,7 @@ struct EvalProgress {
   int64_t tokens = 0;
   int64_t terms = 0;  // loss terms (tokens, or the custom model's terms per sample)
   std::function<void()> next;  // continuation once done
+  Clock::time_point started = Clock::now();
 };
 
 void finish_evaluation(Self self, const std::shared_ptr<EvalProgress>& ev) {
@@ -186,6 +188,7 @@ void finish_evaluation(Self self, const std::shared_ptr<EvalProgress>& ev) {
   stats.loss = ev->loss_sum / static_cast<double>(ev->terms);
   stats.perplexity = std::exp(std::min(stats.loss, 700.0));
   stats.tokens = ev->tokens;
+  stats.seconds = std::chrono::duration<double>(Clock::now() - ev->started).count();
   self->state.last_eval_loss = stats.loss;
   caf::anon_send(self->state.spec.listener, eval_atom::value, stats);
   ev->next();

@@ -17,6 +17,7 @@
 #include "apps/commands.hpp"
 #include "apps/plan_flags.hpp"
 #include "apps/report.hpp"
+#include "engine/goodput.hpp"
 #include "apps/tensorboard_log.hpp"
 #include "api/setup.hpp"
 #include "comm/bootstrap/launch_env.hpp"
@@ -246,6 +247,8 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   if (!s.last_checkpoint.empty()) final_line += " | checkpoint: " + s.last_checkpoint;
   if (s.stopped_early) final_line += " (stopped early)";
   printer->line(final_line);
+  printer->line("  " + format_goodput(s.goodput));
+  if (metrics) *metrics << goodput_json(s.goodput) << "\n" << std::flush;
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0)  // ru_maxrss: KiB on Linux
     printer->line(fmt::format("  peak resident memory of this process: {:.0f} MiB", usage.ru_maxrss / 1024.0));

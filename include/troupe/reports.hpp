@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace troupe {
@@ -90,6 +91,7 @@ struct EvalStats {
   double loss = 0;
   double perplexity = 0;
   int64_t tokens = 0;
+  double seconds = 0;  // the validation pass's wall time
 };
 
 struct SavedCheckpoint {
@@ -99,12 +101,29 @@ struct SavedCheckpoint {
   bool committed = false;  // sent again by the offload actor once the save is complete on disk
 };
 
+// Where a run's wall-clock time went (engine/goodput.hpp): the productive part and the time lost by
+// cause, in this order: startup, failures, recovery, saves, evaluation, stragglers, pipeline bubble,
+// other.
+struct GoodputReport {
+  double wall_seconds = 0;
+  double productive_seconds = 0;
+  double goodput = 0;  // productive / wall (0 for an empty run)
+  int64_t iterations_lost = 0;  // steps a failure undid (computed again after the restart)
+  std::vector<std::pair<std::string, double>> lost_seconds;
+  double lost(const std::string& cause) const {
+    for (const auto& [c, s] : lost_seconds)
+      if (c == cause) return s;
+    return 0;
+  }
+};
+
 struct TrainSummary {
   int64_t iteration = 0;  // last completed iteration
   double last_loss = 0;
   double last_eval_loss = -1;  // < 0: never evaluated
   bool stopped_early = false;
   std::string last_checkpoint;
+  GoodputReport goodput;  // this process's view of the run, restarts in it included
 };
 
 }  // namespace troupe

@@ -17,6 +17,11 @@ named = [r["iteration"] for r in rows if any(s["rank"] == 1 and s["section"] == 
 assert named and named[0] <= 10, [r.get("stragglers") for r in rows]
 assert all(s["rank"] != 0 for r in rows for s in r.get("stragglers", [])), rows
 print(f"metrics file: rank 1 a straggler from iteration {named[0]}, slowest rank {rows[-1]['slowest_rank']}")
+# Goodput: the iterations that named rank 1 each waited about 80 ms for it.
+g = [json.loads(l) for l in open(sys.argv[1]) if '"goodput"' in l][-1]
+waited = g["lost_seconds"]["stragglers"]
+assert waited >= 0.04 * len(named), (waited, len(named), g)
+print(f"goodput: {waited:.2f} s lost to stragglers over {len(named)} iterations")
 PY
 grep -q "straggler: rank 1 (stage 0): .* forward-compute" slow.log || { cat slow.log; fail "rank 1 was not named a straggler"; }
 first=$(grep -n "straggler: rank 1" slow.log | head -1 | cut -d: -f1)
