@@ -270,6 +270,30 @@ std::string layout_description(const comm::Topology& topo, int ep) {
   return d;
 }
 
+// This process's folder of in-memory snapshots: under --save-memory-dir, or /dev/shm (the temporary
+// directory where there is no /dev/shm).
+std::string memory_snapshot_dir(const TrainConfig& config) {
+  std::string base = config.save_memory_dir;
+  if (base.empty()) {
+    std::error_code ec;
+    base = std::filesystem::is_directory("/dev/shm", ec) ? "/dev/shm" : std::filesystem::temp_directory_path(ec).string();
+  }
+  return (std::filesystem::path(base) / ("troupe-memory-" + std::to_string(::getpid()))).string();
+}
+
+// Removes the iteration folders of `dir` older than `iteration` (an in-memory snapshot's
+// predecessors, once it is complete).
+void drop_older_iterations(const std::string& dir, int64_t iteration) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
+        name.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    if (std::stoll(name.substr(5)) < iteration) std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
 // checkpoint shards of this process in the background, then completes each save: after a barrier
 // over the job's processes, one of them writes the metadata and the latest pointer.
@@ -297,15 +321,16 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
       // Another process failed before its shards were written: this save cannot complete, and its
       // shards of this process are freed (no empty or unfinished iter_ folder stays behind).
       if (Status st = options.bootstrap->barrier(key + " shards"); !st) {
-        discard_unfinished_save(iteration_dir(config.save, r.iteration));
+        discard_unfinished_save(iteration_dir(r.dir, r.iteration));
         return st;
       }
     }
     if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
-      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(config.save, checkpoint_meta(r, run_json(config.run_id)), layout,
+      TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(r.dir, checkpoint_meta(r, run_json(config.run_id)), layout,
                                                        shard_file_names(world)));
     }
     if (options.bootstrap != nullptr) TROUPE_RETURN_IF_ERROR(options.bootstrap->barrier(key + " committed"));
+    if (r.memory) drop_older_iterations(r.dir, r.iteration);  // memory holds the newest snapshot only
     return Status::ok();
   };
   Offload offload;
@@ -357,6 +382,7 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   spec.finalize_save = offloader.commit();
   spec.offload = offloader.actor;
   spec.saves_in_flight = offloader.saves_in_flight;
+  spec.memory_dir = config.save_memory_interval > 0 ? memory_snapshot_dir(config) : std::string();
   const ModelReport report = model_report(options.model.get());
   spec.loss_terms_per_sample = report.loss_terms_per_sample;
   spec.gpt_flops = report.gpt_flops;
@@ -938,6 +964,30 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     TROUPE_RETURN_IF_ERROR(callbacks.on_start(attempt, *data, rank, processes));
   }
   for (const std::string& s : start_notes) note(s);
+  // In-memory snapshots: a folder of this process on a tmpfs, gone when the run ends however it ends.
+  struct MemorySnapshots {
+    std::string dir;
+    ~MemorySnapshots() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } memory;
+  if (config.save_memory_interval > 0) {
+    if (options.world && options.world->size() > 1)
+      return refused(Status::bad_input(
+          "--save-memory-interval serves restarts inside one process, and this job spans " +
+          std::to_string(options.world->size()) +
+          " processes (troupe launch restarts them from --save) -- drop --save-memory-interval, or run in one process"));
+    memory.dir = memory_snapshot_dir(config);
+    std::error_code ec;
+    std::filesystem::remove_all(memory.dir, ec);  // a folder of an earlier process with this pid
+    std::filesystem::create_directories(memory.dir, ec);
+    if (ec)
+      return refused(Status::bad_input("--save-memory-dir: cannot create " + memory.dir + " (" + ec.message() +
+                                       ") -- give a writable directory on a tmpfs"));
+    note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + memory.dir +
+         " (a restart resumes from the newest snapshot or save)");
+  }
   // Unfinished saves in --save (shards without metadata.json: a process killed while saving, or a
   // save that failed in another process) are debris this run's own saves would otherwise have to
   // find room beside: on a disk that is still full, the save of that iteration again could not. One
@@ -982,20 +1032,35 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
     if (result || stopped || stuck || restart > config.max_restarts || options.world) return with_goodput(result);
     if (result.status().is_bad_input()) return result;  // the same input would be refused again
-    auto latest = latest_run(config.save);
-    if (!latest) return latest.status();
+    LatestRun latest;
+    if (!config.save.empty()) {
+      auto on_disk = latest_run(config.save);
+      if (!on_disk) return on_disk.status();
+      latest = std::move(on_disk).value();
+    }
     note("the job failed: " + result.status().message());
-    if (latest->found && latest->run_id != attempt.run_id && !(latest->run_id.empty() && attempt.load == config.save))
+    if (latest.found && latest.run_id != attempt.run_id && !(latest.run_id.empty() && attempt.load == config.save))
       return Status::error(result.status().message() + " (not restarted: the latest checkpoint in " + config.save +
-                           " was written by another run, run id " + latest->run_id + ", and is not this run's to resume)");
-    if (latest->found) {  // this run's own checkpoint, resumed whole
+                           " was written by another run, run id " + latest.run_id + ", and is not this run's to resume)");
+    std::string from = latest.found ? iteration_dir(config.save, latest.iteration) : std::string();
+    if (latest.found) {  // this run's own checkpoint, resumed whole
       attempt.load = config.save;
       attempt.finetune = attempt.no_load_optim = false;
     }
-    ledger->failed(seconds_now(), latest->found ? latest->iteration : 0);
+    if (!memory.dir.empty()) {  // the in-memory snapshot, when it is newer
+      discard_unfinished_saves(memory.dir, [](const std::string&) {});  // one the failure interrupted
+      auto snapshot = latest_run(memory.dir);
+      if (snapshot && snapshot->found && (!latest.found || snapshot->iteration > latest.iteration)) {
+        attempt.load = memory.dir;
+        attempt.finetune = attempt.no_load_optim = false;
+        latest = std::move(snapshot).value();
+        from = "the in-memory snapshot of iteration " + std::to_string(latest.iteration) + " (" + memory.dir + ")";
+      }
+    }
+    ledger->failed(seconds_now(), latest.found ? latest.iteration : 0);
     note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
-         (latest->found ? "from " + iteration_dir(config.save, latest->iteration)
-                        : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
+         (latest.found ? "from " + from
+                       : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
   }
 }
 

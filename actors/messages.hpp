@@ -38,7 +38,7 @@ typename Inspector::result_type inspect(Inspector& f, StepRequest& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SaveRequest& x) {
   return f(caf::meta::type_name("SaveRequest"), x.dir, x.iteration, x.consumed_samples, x.optimizer_step,
-           x.config_json, x.rng_json);
+           x.config_json, x.rng_json, x.memory);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, LoadRequest& x) {

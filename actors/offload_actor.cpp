@@ -136,6 +136,7 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         done.iteration = r.iteration;
         done.path = r.dir;
         done.committed = true;
+        done.memory = r.memory;
         if (auto it = self->state.started.find(r.iteration); it != self->state.started.end()) {
           done.seconds =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();

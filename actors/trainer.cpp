@@ -123,8 +123,10 @@ void read_ahead(Self self) {
           on_error(self));
 }
 
-// `since`: when the save came due (a wait for the writer counts as the save's time).
-void save_then(Self self, std::function<void()> next, std::optional<Clock::time_point> since = std::nullopt) {
+// `since`: when the save came due (a wait for the writer counts as the save's time). `memory`: an
+// in-memory snapshot into spec.memory_dir instead of a save into --save.
+void save_then(Self self, std::function<void()> next, bool memory = false,
+               std::optional<Clock::time_point> since = std::nullopt) {
   auto& st = self->state;
   const auto t0 = since.value_or(Clock::now());
   const TrainConfig& cfg = st.spec.config;
@@ -133,9 +135,9 @@ void save_then(Self self, std::function<void()> next, std::optional<Clock::time_
     st.spec.saves_in_flight->fetch_add(1);
     self->request(st.spec.offload, caf::infinite, flush_atom::value)
         .then(
-            [self, next, t0](ok_atom) {
+            [self, next, memory, t0](ok_atom) {
               self->state.spec.saves_in_flight->fetch_sub(1);
-              save_then(self, next, t0);
+              save_then(self, next, memory, t0);
             },
             [self](caf::error& err) {
               self->state.spec.saves_in_flight->fetch_sub(1);
@@ -143,9 +145,12 @@ void save_then(Self self, std::function<void()> next, std::optional<Clock::time_
             });
     return;
   }
-  if (st.spec.control) st.spec.control->set_trainer_phase("saving iteration " + std::to_string(st.iteration));
+  if (st.spec.control)
+    st.spec.control->set_trainer_phase((memory ? "snapshotting iteration " : "saving iteration ") +
+                                       std::to_string(st.iteration));
   SaveRequest req;
-  req.dir = cfg.save;
+  req.dir = memory ? st.spec.memory_dir : cfg.save;
+  req.memory = memory;
   req.iteration = st.iteration;
   req.consumed_samples = st.consumed;
   req.optimizer_step = st.iteration - st.spec.optimizer_step_offset - st.skipped_steps;
@@ -157,12 +162,15 @@ void save_then(Self self, std::function<void()> next, std::optional<Clock::time_
     if (s.spec.finalize_save) {
       if (Status st = s.spec.finalize_save(done); !st) return fail(self, st.message());
     }
-    s.last_saved = s.iteration;
     SavedCheckpoint saved;
     saved.iteration = s.iteration;
-    saved.path = s.spec.config.save;
+    saved.path = done.dir;
     saved.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    s.last_checkpoint = saved.path;
+    saved.memory = done.memory;
+    if (!done.memory) {
+      s.last_saved = s.iteration;
+      s.last_checkpoint = saved.path;
+    }
     caf::anon_send(s.spec.listener, save_atom::value, saved);
     next();
   };
@@ -296,6 +304,8 @@ void on_step(Self self, const GroupStepResult& r) {
     const TrainConfig& c = s2.spec.config;
     if (!c.save.empty() && c.save_interval > 0 && s2.iteration % c.save_interval == 0)
       save_then(self, [self] { between_iterations(self); });
+    else if (c.save_memory_interval > 0 && s2.iteration % c.save_memory_interval == 0 && !s2.spec.memory_dir.empty())
+      save_then(self, [self] { between_iterations(self); }, /*memory=*/true);
     else
       between_iterations(self);
   };

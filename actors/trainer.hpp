@@ -39,6 +39,8 @@ struct TrainerSpec {
   // waiting behind). Null: no waiting.
   std::shared_ptr<std::atomic<int>> saves_in_flight;
   offload_actor offload;
+  // Where in-memory snapshots go (config.save_memory_interval > 0), resolved by the job.
+  std::string memory_dir;
   data_loader_actor loader;
   caf::actor listener;
   int64_t start_iteration = 0;   // iterations already done (from a checkpoint)

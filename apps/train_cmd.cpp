@@ -198,6 +198,13 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     if (tensorboard) tensorboard->eval(e);
   };
   cb.on_saved = [&](const SavedCheckpoint& c) {
+    if (c.memory) {  // every few iterations: the metrics file only
+      if (metrics)
+        *metrics << fmt::format(R"({{"type":"{}","iteration":{},"seconds":{}}})",
+                                c.committed ? "memory_snapshot_committed" : "memory_snapshot", c.iteration, c.seconds)
+                 << "\n" << std::flush;
+      return;
+    }
     if (c.committed)
       printer->line(fmt::format("  checkpoint of iteration {} in {} complete on disk (written in the background in {:.2f} s)",
                                 c.iteration, c.path, c.seconds));

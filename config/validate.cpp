@@ -806,6 +806,12 @@ class Validator {
       p.check(bad("--exit-duration-in-mins",
                   fmt::format("must be a non-negative number, got {}", c.exit_duration_in_mins),
                   "use 0 to train to --train-iters"));
+    if (c.save_memory_interval < 0)
+      p.check(bad("--save-memory-interval", fmt::format("must be >= 0, got {}", c.save_memory_interval),
+                  "use 0 for no in-memory snapshots, or e.g. 10"));
+    if (c.save_memory_interval == 0 && !c.save_memory_dir.empty())
+      p.check(bad("--save-memory-dir", "is only used with --save-memory-interval",
+                  "add --save-memory-interval N, or drop --save-memory-dir"));
     if (c.max_saves_in_flight < 1 || c.max_saves_in_flight > 64)
       p.check(bad("--max-saves-in-flight", fmt::format("must be 1 to 64, got {}", c.max_saves_in_flight),
                   "use 1 (the default): each save holds a host copy of this process's shards until written"));
@@ -869,10 +875,11 @@ class Validator {
     if (!(c.inspect_stall_seconds >= 0) || !std::isfinite(c.inspect_stall_seconds))
       p.check(bad("--inspect-stall-seconds", fmt::format("must be >= 0, got {}", c.inspect_stall_seconds),
                   "use 0 for the default (the smaller of 60 s and half of --distributed-timeout-minutes)"));
-    if (c.max_restarts > 0 && c.save.empty())
+    if (c.max_restarts > 0 && c.save.empty() && c.save_memory_interval == 0)
       p.check(bad("--max-restarts",
                   fmt::format("is {}, but without --save there is no checkpoint to restart from", c.max_restarts),
-                  "add --save DIR and --save-interval N (restarts resume from the latest checkpoint)"));
+                  "add --save DIR and --save-interval N, or --save-memory-interval N (restarts resume from the latest "
+                  "checkpoint)"));
   }
 
   void logging(const TrainConfig& c, Problems& p) const {

@@ -73,6 +73,7 @@ struct SaveRequest {
   int64_t optimizer_step = 0;
   std::string config_json;
   std::string rng_json;
+  bool memory = false;  // an in-memory snapshot (TrainConfig::save_memory_interval) in `dir`
 };
 
 struct LoadRequest {

@@ -112,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, EvalStats& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SavedCheckpoint& x) {
-  return f(caf::meta::type_name("SavedCheckpoint"), x.iteration, x.path, x.seconds, x.committed);
+  return f(caf::meta::type_name("SavedCheckpoint"), x.iteration, x.path, x.seconds, x.committed, x.memory);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TrainSummary& x) {

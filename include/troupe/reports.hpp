@@ -99,6 +99,7 @@ struct SavedCheckpoint {
   std::string path;
   double seconds = 0;      // in the training path (the snapshot); committed: the background write
   bool committed = false;  // sent again by the offload actor once the save is complete on disk
+  bool memory = false;     // an in-memory snapshot (--save-memory-interval), not a save in --save
 };
 
 // Where a run's wall-clock time went (engine/goodput.hpp): the productive part and the time lost by

@@ -203,6 +203,13 @@ struct TrainConfig {
   bool no_load_optim = false;
   double exit_duration_in_mins = 0;
   int max_saves_in_flight = 1;
+  // In-memory snapshots (docs/RESILIENCE.md, "Memory snapshots"): every save_memory_interval
+  // iterations (0: never) the job's model and optimizer state is snapshotted, in the background, as a
+  // checkpoint in save_memory_dir (a tmpfs: host memory; empty: /dev/shm/troupe-memory-<pid>), the
+  // previous one dropped once the new one is complete; a restart (max_restarts) resumes from it when
+  // it is newer than the latest save in --save. The directory goes when the run ends.
+  int64_t save_memory_interval = 0;
+  std::string save_memory_dir;
   std::string run_id;  // set by run_training: the run this job continues or starts
 
   // Evaluation and logging.

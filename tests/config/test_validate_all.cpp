@@ -97,7 +97,15 @@ TEST_CASE("validate: every problem of the schedule, precision, checkpoints and l
   k.save_interval = -1;
   k.exit_interval = -1;
   k.max_saves_in_flight = 0;
-  expect(validate_train_config(k), {"--save-interval", "--exit-interval", "--max-saves-in-flight"});
+  k.save_memory_interval = -1;
+  expect(validate_train_config(k), {"--save-interval", "--exit-interval", "--save-memory-interval", "--max-saves-in-flight"});
+  TrainConfig m = valid();
+  m.save_memory_dir = "/dev/shm";  // without an interval
+  m.max_restarts = 2;              // with neither --save nor snapshots
+  m.save.clear();
+  expect(validate_train_config(m), {"--save-memory-dir", "--max-restarts"});
+  m.save_memory_interval = 5;  // snapshots are something to restart from
+  CHECK(validate_train_config(m).is_ok());
   TrainConfig l = valid();
   l.eval_iters = -1;
   l.log_interval = 0;

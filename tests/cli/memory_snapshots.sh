@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# In-memory snapshots (docs/RESILIENCE.md, "Memory snapshots"): with --save-memory-interval N the job
+# snapshots its state every N iterations into a folder on a tmpfs, in the background; a restart
+# (--max-restarts) resumes from the newest of that snapshot and the latest save in --save. A rank
+# that throws at iteration 17 with snapshots every 5 iterations loses only iteration 16, and the
+# losses after the restart equal an uninterrupted run's bitwise (one rank, and pp 2 x dp 2); an older
+# snapshot than the latest save is not taken; the folder is gone when the run ends; a job of several
+# processes is refused (exit 2).
+source "$(dirname "$0")/common.bash"
+make_corpus
+same_losses() {  # A.jsonl B.jsonl: every iteration's last loss in B equals A's, bitwise
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        j = json.loads(line)
+        if j.get("type") == "train":
+            out[j["iteration"]] = j["lm_loss"]
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == sorted(b) == list(range(1, max(a) + 1)), (sorted(a), sorted(b))
+diff = [i for i in a if a[i] != b[i]]
+assert not diff, [(i, a[i], b[i]) for i in diff]
+print(f"{sys.argv[2]}: the {len(a)} losses equal the uninterrupted run's bitwise")
+PY
+}
+lost() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"goodput\"" in l][-1]["iterations_lost"])' "$1"; }
+
+small_train --train-iters 30 --log-interval 1 --metrics-file plain.jsonl > plain.log 2>&1 || { cat plain.log; fail "the plain run failed"; }
+mkdir shm
+TROUPE_FAULT_THROW=rank0@17 small_train --train-iters 30 --log-interval 1 --save-memory-interval 5 --save-memory-dir "$work/shm" \
+  --max-restarts 1 --metrics-file mem.jsonl > mem.log 2>&1 || { cat mem.log; fail "the job with memory snapshots failed"; }
+grep -q "restart 1 of 1: every actor anew, from the in-memory snapshot of iteration 15" mem.log ||
+  { cat mem.log; fail "the restart did not resume from the snapshot of iteration 15"; }
+same_losses plain.jsonl mem.jsonl || fail "the losses after the restart from memory differ"
+[[ $(lost mem.jsonl) == 1 ]] || fail "the restart from memory lost $(lost mem.jsonl) iterations, not 1"
+[[ $(grep -c '"memory_snapshot"' mem.jsonl) -ge 5 ]] || fail "the metrics file misses the snapshots"
+[[ -z $(ls -A shm) ]] || { ls -laR shm; fail "the snapshot folder outlived the run"; }
+
+# pp 2 x dp 2, a save every 5 on disk and a snapshot every 3 in memory: the failure at 13 resumes
+# from memory's 12, not disk's 10.
+par=(--pipeline-model-parallel-size 2 --data-parallel-size 2 --num-threads 2 --train-iters 16 --log-interval 1)
+small_train "${par[@]}" --metrics-file par_plain.jsonl > par_plain.log 2>&1 || { cat par_plain.log; fail "pp2 x dp2 failed"; }
+TROUPE_FAULT_THROW=rank1@13 small_train "${par[@]}" --save ck --save-interval 5 --save-memory-interval 3 \
+  --save-memory-dir "$work/shm" --max-restarts 1 --metrics-file par.jsonl > par.log 2>&1 || { cat par.log; fail "pp2 x dp2 with snapshots failed"; }
+grep -q "from the in-memory snapshot of iteration 12" par.log || { cat par.log; fail "pp2 x dp2 did not resume from memory's 12"; }
+same_losses par_plain.jsonl par.jsonl || fail "pp2 x dp2: the losses after the restart from memory differ"
+
+# A snapshot older than the latest save: the save is taken (disk 12, memory 10).
+TROUPE_FAULT_THROW=rank0@14 small_train --train-iters 16 --log-interval 1 --save ck2 --save-interval 4 \
+  --save-memory-interval 5 --save-memory-dir "$work/shm" --max-restarts 1 > older.log 2>&1 || { cat older.log; fail "older snapshot run failed"; }
+grep -q "restart 1 of 1: every actor anew, from ck2/iter_0000012" older.log || { cat older.log; fail "the newer save was not taken"; }
+
+# Several processes: refused before anything runs.
+set +e
+"$troupe" launch --nproc-per-node 2 -- train --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 \
+  --micro-batch-size 3 --global-batch-size 6 --lr 3e-3 --data-path d_text_document --tokenizer-type ByteLevelTokenizer \
+  --train-iters 4 --num-threads 1 --save-memory-interval 2 > launch.log 2>&1
+rc=$?
+set -e
+((rc == 2)) && grep -q "save-memory-interval serves restarts inside one process" launch.log || { cat launch.log; fail "launch: rc $rc"; }
+echo PASS
