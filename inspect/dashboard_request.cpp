@@ -59,10 +59,12 @@ DashboardRoute route_dashboard_request(const std::string& token, const std::stri
     if (number_param(query, "since", "--since", r)) number_param(query, "last", "--last", r);
   } else if (path == "/api/moe") {
     r.command = "moe";
+  } else if (path == "/api/stragglers") {
+    r.command = "stragglers";
   } else {
     return refuse(404, "no such page: " + path.substr(0, 64) +
                            " (the dashboard serves /, /api/status, /api/where, /api/stages, /api/plan, /api/history, "
-                           "/api/moe)");
+                           "/api/moe, /api/stragglers)");
   }
   return r;
 }

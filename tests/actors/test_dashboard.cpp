@@ -230,3 +230,36 @@ TEST_CASE("dashboard: connections that say nothing hold a bounded number of desc
   d.stop();
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
 }
+
+TEST_CASE("dashboard: /api/stragglers answers the inspector's stragglers, and the page has their panel",
+          "[dashboard][stragglers]") {
+  Job job;
+  const std::string token(64, 'e');
+  auto reply = [&](const std::string& path) { return dashboard_reply(*job.hub, token, "GET", path, {}, token); };
+  IterationStats s;
+  s.iteration = 7;
+  s.straggler_threshold = 0.75;
+  StragglerScore slow, fast;
+  slow.rank = 1;
+  slow.relative = 0.2;
+  slow.individual = 0.9;
+  slow.section = "forward-compute";
+  slow.section_ms = 85;
+  slow.fastest_section_ms = 2;
+  slow.compute_ms = 90;
+  fast.rank = 0;
+  fast.compute_ms = 7;
+  s.rank_scores = {slow, fast};
+  job.history->add(s);
+  auto r = reply("/api/stragglers");
+  REQUIRE(r.status == 200);
+  CHECK(r.body == job.hub->answer("stragglers"));
+  const auto j = nlohmann::json::parse(r.body);
+  CHECK(j["iteration"] == 7);
+  REQUIRE(j["ranks"].size() == 2);
+  CHECK(j["ranks"][0]["rank"] == 1);
+  CHECK(j["ranks"][0]["straggler"] == true);
+  CHECK(j["ranks"][1]["straggler"] == false);
+  CHECK_THAT(dashboard_page(),
+             Catch::Contains("/api/stragglers") && Catch::Contains("id=\"stragglers-box\" hidden"));
+}

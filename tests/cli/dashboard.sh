@@ -30,7 +30,7 @@ token=${url##*token=}
   fail "the dashboard's token is the job token"
 
 # No token, another token: 401 and nothing of the job, on every path.
-for path in "" api/status api/where api/stages api/plan api/history api/moe; do
+for path in "" api/status api/where api/stages api/plan api/history api/moe api/stragglers; do
   code=$(curl -s -o none.txt -w '%{http_code}' "$base$path")
   [[ $code == 401 ]] || fail "$base$path without a token: HTTP $code"
   code=$(curl -s -o wrong.txt -w '%{http_code}' -H "X-Troupe-Token: ${token//?/0}" "$base$path?token=${token//?/1}")

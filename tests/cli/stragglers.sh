@@ -31,9 +31,9 @@ echo "named: $(sed -n "${first}p" slow.log)"
 before=$(head -n "$first" slow.log | grep -c "iteration" || true)
 ((before <= 10)) || fail "rank 1 was named only after $before iterations"
 # The inspector's `stragglers` (a running job, rank 1 slowed): rank 1 first and marked, for programs
-# and for people.
+# and for people, and on the dashboard's page (headless Chromium, when there is one).
 TROUPE_FAULT_SLOW=rank1:80 small_train --train-iters 100000 --log-interval 1000 --data-parallel-size 2 \
-  --num-threads 2 --inspect 0 --inspect-file "$work/run/insp.json" > inspect_job.log 2>&1 &
+  --num-threads 2 --inspect 0 --dashboard 0 --inspect-file "$work/run/insp.json" > inspect_job.log 2>&1 &
 job=$!
 kill_on_exit $job "$work/run/insp.json"
 wait_for_file run/insp.json
@@ -43,6 +43,33 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 "$troupe" inspect run/insp.json --exec stragglers > stragglers.txt || fail "inspect stragglers failed"
+if command -v chromium > /dev/null; then
+  url=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['dashboard'])" run/insp.json)
+  timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --user-data-dir="$work/chrome" \
+    --virtual-time-budget=6000 --window-size=1400,1100 --dump-dom "$url" > dom.html 2> chromium.err ||
+    { tail chromium.err; fail "chromium failed"; }
+  python3 - dom.html <<'PY' || { head -c 3000 dom.html; fail "the dashboard does not show rank 1 a straggler"; }
+import html.parser, sys
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ranks, self.hidden = {}, None
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section" and a.get("id") == "stragglers-box":
+            self.hidden = "hidden" in a
+        if tag == "g" and "straggler-rank" in a.get("class", ""):
+            self.ranks[int(a["data-rank"])] = (a["data-straggler"], a["data-section"], float(a["data-relative"]))
+p = Page()
+p.feed(open(sys.argv[1]).read())
+assert p.hidden is False, "the stragglers panel is hidden"
+assert sorted(p.ranks) == [0, 1], p.ranks
+assert p.ranks[1][0] == "1" and p.ranks[1][1] == "forward-compute" and p.ranks[0][0] == "0", p.ranks
+print(f"dashboard: rank 1 drawn a straggler at {p.ranks[1][2]:.2f} of its stage's fastest, rank 0 not")
+PY
+else
+  echo "skipped: no chromium (the dashboard's stragglers panel was not opened in a browser)"
+fi
 stop_job $job "$work/run/insp.json"
 kill_on_exit
 python3 - stragglers.json <<'PY' || { cat stragglers.json; fail "inspect stragglers does not name rank 1"; }
