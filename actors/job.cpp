@@ -35,6 +35,7 @@
 #include "comm/topology.hpp"
 #include "config/validate.hpp"
 #include "engine/fault_injection.hpp"
+#include "comm/bootstrap/launch_env.hpp"
 #include "engine/goodput.hpp"
 #include "engine/nan_watch.hpp"
 #include "kernels/peak.hpp"
@@ -270,15 +271,12 @@ std::string layout_description(const comm::Topology& topo, int ep) {
   return d;
 }
 
-// This process's folder of in-memory snapshots: under --save-memory-dir, or /dev/shm (the temporary
-// directory where there is no /dev/shm).
-std::string memory_snapshot_dir(const TrainConfig& config) {
-  std::string base = config.save_memory_dir;
-  if (base.empty()) {
-    std::error_code ec;
-    base = std::filesystem::is_directory("/dev/shm", ec) ? "/dev/shm" : std::filesystem::temp_directory_path(ec).string();
-  }
-  return (std::filesystem::path(base) / ("troupe-memory-" + std::to_string(::getpid()))).string();
+// The job's folder of in-memory snapshots (storage/sharded_checkpoint.hpp): one per process, or
+// under troupe launch one per launched run, which the launcher's restarts share and the launcher
+// removes.
+std::string memory_snapshot_dir(const TrainConfig& config, const JobOptions& options) {
+  return troupe::memory_snapshot_dir(config.save_memory_dir,
+                             options.launch_run_id.empty() ? std::to_string(::getpid()) : options.launch_run_id);
 }
 
 // Removes the iteration folders of `dir` older than `iteration` (an in-memory snapshot's
@@ -382,7 +380,7 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   spec.finalize_save = offloader.commit();
   spec.offload = offloader.actor;
   spec.saves_in_flight = offloader.saves_in_flight;
-  spec.memory_dir = config.save_memory_interval > 0 ? memory_snapshot_dir(config) : std::string();
+  spec.memory_dir = config.save_memory_interval > 0 ? memory_snapshot_dir(config, options) : std::string();
   const ModelReport report = model_report(options.model.get());
   spec.loss_terms_per_sample = report.loss_terms_per_sample;
   spec.gpt_flops = report.gpt_flops;
@@ -872,18 +870,39 @@ static Status resolve_run(TrainConfig& config, const JobOptions& options,
     if (!from) return from.status();
     loaded_id = from->run_id;
   }
-  if (options.restarted && !config.save.empty()) {
-    auto latest = latest_run(config.save);
-    if (!latest) return latest.status();
+  if (options.restarted && (!config.save.empty() || config.save_memory_interval > 0)) {
+    LatestRun latest;
+    if (!config.save.empty()) {
+      auto on_disk = latest_run(config.save);
+      if (!on_disk) return on_disk.status();
+      latest = std::move(on_disk).value();
+    }
     const std::string expected = new_run ? options.launch_run_id : loaded_id;
-    if (latest->found && !expected.empty() && latest->run_id == expected) {
+    const bool ours = latest.found && !expected.empty() && latest.run_id == expected;
+    // This run's in-memory snapshot (the launcher's restarts share its folder), when it is newer.
+    std::string memory;
+    int64_t snapshot = -1;
+    if (config.save_memory_interval > 0) {
+      memory = memory_snapshot_dir(config, options);
+      auto in_memory = latest_run(memory);
+      if (in_memory && in_memory->found && !expected.empty() && in_memory->run_id == expected &&
+          (!ours || in_memory->iteration > latest.iteration))
+        snapshot = in_memory->iteration;
+    }
+    if (snapshot >= 0) {
+      config.load = memory;
+      config.finetune = config.no_load_optim = false;
+      loaded_id = expected;
+      note("restarted: resuming this run's in-memory snapshot of iteration " + std::to_string(snapshot) + " (" + memory +
+           ")");
+    } else if (ours) {
       config.load = config.save;  // this run's own checkpoint, resumed whole
       config.finetune = config.no_load_optim = false;
       loaded_id = expected;
-      note("restarted: resuming this run's latest checkpoint, " + iteration_dir(config.save, latest->iteration));
-    } else if (latest->found) {
+      note("restarted: resuming this run's latest checkpoint, " + iteration_dir(config.save, latest.iteration));
+    } else if (latest.found) {
       note("restarted: the latest checkpoint in " + config.save + " is not this run's (run id " +
-           (latest->run_id.empty() ? std::string("none") : latest->run_id) + "): not resuming it");
+           (latest.run_id.empty() ? std::string("none") : latest.run_id) + "): not resuming it");
     }
   }
   std::string run_id = !loaded_id.empty()           ? loaded_id
@@ -964,27 +983,35 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     TROUPE_RETURN_IF_ERROR(callbacks.on_start(attempt, *data, rank, processes));
   }
   for (const std::string& s : start_notes) note(s);
-  // In-memory snapshots: a folder of this process on a tmpfs, gone when the run ends however it ends.
+  // In-memory snapshots: a folder on a tmpfs, of this process (gone when the run ends however it
+  // ends) or, under troupe launch, of the launched run (its restarted ranks resume from it; the
+  // launcher removes it when it ends). Every process of the job must see it: one host.
   struct MemorySnapshots {
     std::string dir;
+    bool owned = false;
     ~MemorySnapshots() {
       std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+      if (owned) std::filesystem::remove_all(dir, ec);
     }
   } memory;
   if (config.save_memory_interval > 0) {
-    if (options.world && options.world->size() > 1)
+    auto launch = comm::detect_launch_env();
+    if (options.world && options.world->size() > 1 && (!launch || launch->local_world_size != options.world->size()))
       return refused(Status::bad_input(
-          "--save-memory-interval serves restarts inside one process, and this job spans " +
+          "--save-memory-interval keeps its snapshots in one host's memory, and this job's " +
           std::to_string(options.world->size()) +
-          " processes (troupe launch restarts them from --save) -- drop --save-memory-interval, or run in one process"));
-    memory.dir = memory_snapshot_dir(config);
+          " processes span several hosts -- drop --save-memory-interval (a copy on another host is to come), or run "
+          "on one host"));
+    memory.dir = memory_snapshot_dir(config, options);
+    memory.owned = options.launch_run_id.empty();
     std::error_code ec;
-    std::filesystem::remove_all(memory.dir, ec);  // a folder of an earlier process with this pid
+    if (memory.owned) std::filesystem::remove_all(memory.dir, ec);  // a folder of an earlier process with this pid
     std::filesystem::create_directories(memory.dir, ec);
     if (ec)
       return refused(Status::bad_input("--save-memory-dir: cannot create " + memory.dir + " (" + ec.message() +
                                        ") -- give a writable directory on a tmpfs"));
+    // A snapshot a killed process left unfinished is debris its iteration's next snapshot would meet.
+    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) discard_unfinished_saves(memory.dir, note);
     note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + memory.dir +
          " (a restart resumes from the newest snapshot or save)");
   }

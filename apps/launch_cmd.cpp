@@ -55,6 +55,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -66,6 +67,7 @@
 #include "apps/report.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "kernels/device_info.hpp"
+#include "storage/sharded_checkpoint.hpp"
 
 extern char** environ;
 
@@ -627,6 +629,26 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
                          "unset, so %d ranks do not overload the host; set it to tune)\n",
                  o.nproc_per_node);
 
+  // troupe train --save-memory-interval keeps the run's in-memory snapshots in a tmpfs folder named
+  // by the run id, which every restart of the ranks resumes from and the launcher removes at its end.
+  struct MemorySnapshots {
+    std::string dir;
+    ~MemorySnapshots() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } memory;
+  if (l.troupe_command && std::find(l.argv.begin(), l.argv.end(), "train") != l.argv.end()) {
+    std::string base;
+    bool snapshots = false;
+    for (size_t i = 0; i < l.argv.size(); ++i) {
+      const std::string& a = l.argv[i];
+      if (a == "--save-memory-interval" || a.rfind("--save-memory-interval=", 0) == 0) snapshots = true;
+      if (a == "--save-memory-dir" && i + 1 < l.argv.size()) base = l.argv[i + 1];
+      else if (a.rfind("--save-memory-dir=", 0) == 0) base = a.substr(18);
+    }
+    if (snapshots) memory.dir = memory_snapshot_dir(base, l.run_id);
+  }
   for (int restart = 0;; ++restart) {
     bool restartable = false;
     const int code = run_ranks(l, restart, &restartable);

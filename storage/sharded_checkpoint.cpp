@@ -47,6 +47,15 @@ std::string iteration_dir(const std::string& dir, int64_t iteration) {
   return (fs::path(dir) / fmt::format("iter_{:07d}", iteration)).string();
 }
 
+std::string memory_snapshot_dir(const std::string& base, const std::string& key) {
+  std::string dir = base;
+  if (dir.empty()) {
+    std::error_code ec;
+    dir = std::filesystem::is_directory("/dev/shm", ec) ? "/dev/shm" : std::filesystem::temp_directory_path(ec).string();
+  }
+  return (std::filesystem::path(dir) / ("troupe-memory-" + key)).string();
+}
+
 std::string shard_file_path(const std::string& dir, int64_t iteration, int rank) {
   return (fs::path(iteration_dir(dir, iteration)) / fmt::format("shard_{:05d}.h5", rank)).string();
 }

@@ -36,6 +36,10 @@
 namespace troupe {
 
 std::string iteration_dir(const std::string& dir, int64_t iteration);  // "DIR/iter_0000010"
+// The folder of a run's in-memory snapshots (--save-memory-interval): BASE/troupe-memory-KEY, BASE
+// /dev/shm when empty (the temporary directory where there is no /dev/shm); KEY the launcher's run id
+// under troupe launch (its restarted ranks find the folder again), else the process id.
+std::string memory_snapshot_dir(const std::string& base, const std::string& key);
 std::string shard_file_path(const std::string& dir, int64_t iteration,
                             int rank);  // ".../shard_00003.h5"
 // Checks that DIR (or, when missing, the folder it would be created in) can be written; creates

@@ -544,10 +544,11 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
       ->group(ckpt);
   opt(ckpt, "--save-memory-interval", cfg->save_memory_interval,
       "Snapshot the model and optimizer state into host memory (a tmpfs) every N iterations, in the background; a "
-      "restart (--max-restarts) resumes from the newest snapshot, in memory or in --save (0: none; one process)");
+      "restart (--max-restarts, or troupe launch's) resumes from the newest snapshot, in memory or in --save (0: none; "
+      "one host)");
   opt(ckpt, "--save-memory-dir", cfg->save_memory_dir,
-      "Where the in-memory snapshots go: a directory on a tmpfs (default /dev/shm/troupe-memory-<pid>; removed "
-      "when the run ends)");
+      "Where the in-memory snapshots go: a directory on a tmpfs (default /dev/shm; the folder troupe-memory-<pid> "
+      "in it, or troupe-memory-<run id> under troupe launch, removed when the run ends)");
   opt(ckpt, "--max-saves-in-flight", cfg->max_saves_in_flight,
       "Background checkpoint saves written at once; a further save waits for one to finish (bounds memory and how "
       "far the latest durable checkpoint trails)");

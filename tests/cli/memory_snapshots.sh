@@ -4,8 +4,8 @@
 # (--max-restarts) resumes from the newest of that snapshot and the latest save in --save. A rank
 # that throws at iteration 17 with snapshots every 5 iterations loses only iteration 16, and the
 # losses after the restart equal an uninterrupted run's bitwise (one rank, and pp 2 x dp 2); an older
-# snapshot than the latest save is not taken; the folder is gone when the run ends; a job of several
-# processes is refused (exit 2).
+# snapshot than the latest save is not taken; the folder is gone when the run ends. Under troupe
+# launch (two processes, no --save) the restarted processes resume from the run's snapshot.
 source "$(dirname "$0")/common.bash"
 make_corpus
 same_losses() {  # A.jsonl B.jsonl: every iteration's last loss in B equals A's, bitwise
@@ -52,12 +52,20 @@ TROUPE_FAULT_THROW=rank0@14 small_train --train-iters 16 --log-interval 1 --save
   --save-memory-interval 5 --save-memory-dir "$work/shm" --max-restarts 1 > older.log 2>&1 || { cat older.log; fail "older snapshot run failed"; }
 grep -q "restart 1 of 1: every actor anew, from ck2/iter_0000012" older.log || { cat older.log; fail "the newer save was not taken"; }
 
-# Several processes: refused before anything runs.
-set +e
-"$troupe" launch --nproc-per-node 2 -- train --num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 \
-  --micro-batch-size 3 --global-batch-size 6 --lr 3e-3 --data-path d_text_document --tokenizer-type ByteLevelTokenizer \
-  --train-iters 4 --num-threads 1 --save-memory-interval 2 > launch.log 2>&1
-rc=$?
-set -e
-((rc == 2)) && grep -q "save-memory-interval serves restarts inside one process" launch.log || { cat launch.log; fail "launch: rc $rc"; }
+# Two processes under troupe launch, no --save at all: rank 1 throws at iteration 11, the launcher
+# starts both again, and they resume from the run's snapshot of iteration 8 in the tmpfs folder the
+# launcher keeps across restarts (and removes at its end).
+lrun=(--num-layers 2 --hidden-size 48 --num-attention-heads 3 --seq-length 32 --micro-batch-size 3 --global-batch-size 6
+      --lr 3e-3 --data-path d_text_document --tokenizer-type ByteLevelTokenizer --train-iters 16 --num-threads 1
+      --log-interval 1)
+"$troupe" launch --nproc-per-node 2 -- train "${lrun[@]}" --metrics-file lplain.jsonl > lplain.log 2>&1 ||
+  { cat lplain.log; fail "the launched plain run failed"; }
+mkdir shm2
+TROUPE_FAULT_THROW=rank1@11 "$troupe" launch --nproc-per-node 2 --max-restarts 1 -- train "${lrun[@]}" \
+  --save-memory-interval 4 --save-memory-dir "$work/shm2" --metrics-file lmem.jsonl > lmem.log 2>&1 ||
+  { cat lmem.log; fail "the launched job with memory snapshots failed"; }
+grep -q "restarted: resuming this run's in-memory snapshot of iteration 8" lmem.log ||
+  { cat lmem.log; fail "the restarted processes did not resume from the snapshot of iteration 8"; }
+same_losses lplain.jsonl lmem.jsonl || fail "launch: the losses after the restart from memory differ"
+[[ -z $(ls -A shm2) ]] || { ls -laR shm2; fail "the launched run's snapshot folder outlived the launcher"; }
 echo PASS
