@@ -98,7 +98,12 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   st.offload = std::move(offload);
   st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda, spec.par.ep);
   if (st.created) {
-    RankComms comms{st.tp.get(), st.pp.get(), st.dp.get(), st.embedding.get(), st.everyone.get()};
+    RankComms comms;
+    comms.tp = st.tp.get();
+    comms.pp = st.pp.get();
+    comms.dp = st.dp.get();
+    comms.embedding = st.embedding.get();
+    comms.world = st.everyone.get();
     comms.ep = st.ep.get();
     comms.expert_dp = st.expert_dp.get();
     comms.cp = st.cp.get();

@@ -142,7 +142,12 @@ Result<int> convert_checkpoint(const std::string& in, int64_t iteration, const s
     }
     auto all = w->everyone();
     if (!emb || !all || !epg || !expert_dp) return record(Status::error("cannot create the rank's groups"));
-    RankComms comms{tp.value().get(), pp.value().get(), dp.value().get(), emb.value().get(), all.value().get()};
+    RankComms comms;
+    comms.tp = tp.value().get();
+    comms.pp = pp.value().get();
+    comms.dp = dp.value().get();
+    comms.embedding = emb.value().get();
+    comms.world = all.value().get();
     comms.ep = epg.value().get();
     comms.expert_dp = expert_dp.value().get();
     RankEngine engine(spec, topo.value(), rank, comms);
