@@ -343,7 +343,8 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
 // failed background save fails a job that otherwise succeeded.
 void flush_saves(caf::scoped_actor& self, const Offload& offload, const TrainConfig& config,
                  const JobCallbacks& callbacks, Result<TrainSummary>& result) {
-  if (config.save.empty()) return;
+  // In-memory snapshots too: a failed attempt's restart resumes from the one it handed over last.
+  if (config.save.empty() && config.save_memory_interval == 0) return;
   offload.draining->store(true);  // training is over: the writer stops yielding the cores
   Status flushed = ask_ok(self, offload.actor, flush_atom::value);
   if (result && !flushed) result = flushed;
