@@ -25,7 +25,8 @@ start_server() {  # LOG FLAGS...: starts troupe serve on a free port, sets $port
   "$troupe" serve --load ck --port 0 --num-threads 1 "$@" > "$log" 2>&1 &
   serve_pid=$!
   for _ in $(seq 1 100); do
-    port=$(sed -n 's/.*:\([0-9]*\) (PUT \/api.*/\1/p' "$log")
+    # The server's shell may not have opened the log yet (the redirection is the background job's).
+    port=$(sed -n 's/.*:\([0-9]*\) (PUT \/api.*/\1/p' "$log" 2> /dev/null || true)
     [[ -n "$port" ]] && return 0
     sleep 0.1
   done
