@@ -279,19 +279,6 @@ std::string memory_snapshot_dir(const TrainConfig& config, const JobOptions& opt
                              options.launch_run_id.empty() ? std::to_string(::getpid()) : options.launch_run_id);
 }
 
-// Removes the iteration folders of `dir` older than `iteration` (an in-memory snapshot's
-// predecessors, once it is complete).
-void drop_older_iterations(const std::string& dir, int64_t iteration) {
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() != 12 || name.rfind("iter_", 0) != 0 ||
-        name.find_first_not_of("0123456789", 5) != std::string::npos)
-      continue;
-    if (std::stoll(name.substr(5)) < iteration) std::filesystem::remove_all(e.path(), ec);
-  }
-}
-
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
 // checkpoint shards of this process in the background, then completes each save: after a barrier
 // over the job's processes, one of them writes the metadata and the latest pointer.

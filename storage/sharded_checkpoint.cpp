@@ -364,6 +364,14 @@ std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest) {
   return out;
 }
 
+void drop_older_iterations(const std::string& dir, int64_t iteration) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_iteration_name(name) && std::stoll(name.substr(5)) < iteration) fs::remove_all(e.path(), ec);
+  }
+}
+
 uint64_t directory_bytes(const std::string& dir) {
   uint64_t n = 0;
   std::error_code ec;

@@ -92,6 +92,9 @@ Status read_whole_tensors(ShardSetReader& reader, const CheckpointContents& into
 // Iteration directories newer than `latest` that hold shards but no metadata.json: saves a crash
 // interrupted (the latest pointer never moved to them). Loads ignore them; callers report them.
 std::vector<int64_t> unfinished_saves(const std::string& dir, int64_t latest);
+// Removes DIR's iteration folders older than `iteration` (an in-memory snapshot's predecessors, once
+// it is complete).
+void drop_older_iterations(const std::string& dir, int64_t iteration);
 
 // The bytes of the regular files under `dir` (0 when it cannot be read).
 uint64_t directory_bytes(const std::string& dir);
