@@ -37,6 +37,8 @@
 #include "engine/fault_injection.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "engine/goodput.hpp"
+#include "engine/lifecycle.hpp"
+#include "engine/run_start.hpp"
 #include "engine/nan_watch.hpp"
 #include "kernels/peak.hpp"
 #include "storage/checkpoint.hpp"
@@ -46,12 +48,6 @@
 namespace troupe {
 
 namespace {
-
-int resolve_threads(int requested) {
-  if (requested > 0) return requested;
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
-}
 
 // Compute runs on the shards' own threads; CAF's scheduler only routes messages, so a small pool with
 // the condition-variable ("sharing") policy keeps it from spinning against the compute threads.
@@ -224,38 +220,6 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
   return *summary;
 }
 
-Result<ParallelConfig> parallel_config(const TrainConfig& c, int world_size) {
-  ParallelConfig p;
-  p.tp = c.tensor_model_parallel_size;
-  p.pp = c.pipeline_model_parallel_size;
-  p.dp = c.resolved_dp(world_size);
-  p.zero_stage = c.zero_stage;
-  auto schedule = sched::parse_schedule(c.pipeline_schedule);
-  if (!schedule) return schedule.status();
-  p.schedule = schedule.value();
-  p.virtual_chunks = c.num_layers_per_virtual_pipeline_stage > 0
-                         ? c.model.num_layers / (p.pp * c.num_layers_per_virtual_pipeline_stage)
-                         : 1;
-  p.recompute = c.recompute_granularity == "full"        ? Recompute::full
-                : c.recompute_granularity == "selective" ? Recompute::selective
-                                                         : Recompute::none;
-  p.sequence_parallel = c.sequence_parallel && p.tp > 1;
-  // Experts whole on every TP rank (expert-TP 1) or split like the MLP (expert-TP = TP; 0: TP).
-  p.expert_tensor_parallel = c.expert_tensor_parallel_size != 1 || p.tp == 1;
-  // Expert parallelism: groups of ep consecutive dp ranks split the experts (validated to divide dp).
-  p.ep = c.model.moe.enabled() ? std::max(1, c.expert_model_parallel_size) : 1;
-  p.cp = std::max(1, c.context_parallel_size);
-  p.cp_comm = c.cp_comm_type == "all_gather" ? CpComm::all_gather
-              : c.cp_comm_type == "a2a"      ? CpComm::a2a
-                                             : CpComm::p2p;
-  if (c.ds_sequence_parallel_size > 1) {  // DeepSpeed-Ulysses: the sequence dimension, contiguous rows
-    p.cp = c.ds_sequence_parallel_size;
-    p.cp_comm = CpComm::a2a;
-    p.cp_contiguous = true;
-  }
-  return p;
-}
-
 namespace {
 
 // The world's layout (Topology::describe): expert parallelism is carved out of dp (docs/MOE.md), not
@@ -269,14 +233,6 @@ std::string layout_description(const comm::Topology& topo, int ep) {
     else d += shown;
   }
   return d;
-}
-
-// The job's folder of in-memory snapshots (storage/sharded_checkpoint.hpp): one per process, or
-// under troupe launch one per launched run, which the launcher's restarts share and the launcher
-// removes.
-std::string memory_snapshot_dir(const TrainConfig& config, const JobOptions& options) {
-  return troupe::memory_snapshot_dir(config.save_memory_dir,
-                             options.launch_run_id.empty() ? std::to_string(::getpid()) : options.launch_run_id);
 }
 
 // The process's offload actor (monitored by `self`: its death stops the job): it writes the
@@ -368,151 +324,44 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
   spec.finalize_save = offloader.commit();
   spec.offload = offloader.actor;
   spec.saves_in_flight = offloader.saves_in_flight;
-  spec.memory_dir = config.save_memory_interval > 0 ? memory_snapshot_dir(config, options) : std::string();
+  spec.memory_dir = config.save_memory_interval > 0 ? job_memory_snapshot_dir(config, options) : std::string();
   const ModelReport report = model_report(options.model.get());
   spec.loss_terms_per_sample = report.loss_terms_per_sample;
   spec.gpt_flops = report.gpt_flops;
   return spec;
 }
 
-// --load of a Hugging Face folder (storage/hf_import.hpp): a fine-tune from its weights. The folder
-// is read and checked against the flags, written as a one-shard troupe checkpoint in a private
-// temporary folder that the ranks load like any other (each process its own: under troupe launch
-// every process reads the folder), and removed again.
-Status load_hf_folder(caf::scoped_actor& self, const group_actor& workers, const TrainConfig& config,
-                      const std::function<void(const std::string&)>& note) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path tmp = fs::temp_directory_path(ec) / ("troupe-hf-" + std::to_string(::getpid()) + "-" + new_run_id());
-  ResumeCheck check;
-  Status st;
-  {  // the tensors live only until they are staged
-    auto model = read_hf_folder(config.load);
-    if (!model) return model.status();
-    const TrainConfig imported = imported_train_config(*model);
-    check = check_finetune(config, imported);
-    TROUPE_RETURN_IF_ERROR(check.status(config.load, /*finetune=*/true));
-    CheckpointMeta meta;
-    meta.config_json = imported.to_json();
-    st = write_hf_checkpoint(*model, tmp.string(), meta)
-             .with_context("staging the Hugging Face weights in " + tmp.string() + " (set TMPDIR elsewhere): ");
-  }
-  if (st) {
-    LoadRequest req;
-    req.dir = tmp.string();
-    req.iteration = 0;
-    req.load_optimizer = false;
-    st = ask_ok(self, workers, load_atom::value, req);
-  }
-  fs::remove_all(tmp, ec);
-  TROUPE_RETURN_IF_ERROR(st);
-  std::string changes;
-  for (const std::string& c : check.changed) changes += "; changed: " + c;
-  note("fine-tuning from the Hugging Face folder " + config.load +
-       ": its weights, iteration 0, fresh optimizer state and schedule" + changes);
-  return Status::ok();
-}
-
-// A troupe checkpoint in --load, read and checked against the config: its latest iteration, the
-// metadata and the config it stored, and what the resume (or fine-tune) changes. Bad input when it
-// cannot be this run's start. Reads only the metadata (the shards are read by the ranks).
-struct LoadPlan {
-  int64_t iteration = 0;
-  CheckpointMeta meta;
-  TrainConfig saved;
-  ResumeCheck resume;
-};
-
-Result<LoadPlan> plan_load(const TrainConfig& config) {
-  LoadPlan plan;
-  auto it = latest_iteration(config.load);
-  if (!it) return it.status().as_bad_input();
-  plan.iteration = it.value();
-  auto meta = read_checkpoint_meta(config.load, plan.iteration);
-  if (!meta) return meta.status().as_bad_input();
-  plan.meta = std::move(meta).value();
-  auto saved = TrainConfig::from_json(plan.meta.config_json);
-  if (!saved)
-    return saved.status().with_context("the config stored in " + iteration_dir(config.load, plan.iteration) + ": ").as_bad_input();
-  plan.saved = std::move(saved).value();
-  plan.resume = config.finetune ? check_finetune(config, plan.saved) : check_resume(config, plan.saved);
-  TROUPE_RETURN_IF_ERROR(plan.resume.status(config.load, config.finetune));
-  return plan;
-}
-
-// Loads --load into the ranks (any version, any layout), or initialises them from the seed, and
-// sets where the trainer starts. --finetune (and a Hugging Face folder) take the parameters only and
-// start at iteration 0; --no-load-optim takes the parameters and the position, not the moments.
+// Loads --load into the ranks (a troupe checkpoint of any version and layout, or a Hugging Face
+// folder staged as one: engine/run_start.hpp), or initialises them from the seed, and sets where
+// the trainer starts.
 Status load_or_init(caf::scoped_actor& self, const group_actor& workers, const TrainConfig& config, TrainerSpec& spec,
                     const std::function<void(const std::string&)>& note) {
   if (config.load.empty()) return ask_ok(self, workers, init_atom::value, config.seed);
-  if (is_hf_folder(config.load)) return load_hf_folder(self, workers, config, note);
+  if (is_hf_folder(config.load)) {
+    auto staged = stage_hf_folder(config);
+    if (!staged) return staged.status();
+    TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, staged.value()->request()));
+    note(staged.value()->loaded_note(config));
+    return Status::ok();
+  }
   auto plan = plan_load(config);
   if (!plan) return plan.status();
-  const ResumeCheck& resume = plan->resume;
+  auto point = resume_point(config, plan.value());
+  if (!point) return point.status();
   if (config.use_checkpoint_opt_param_scheduler && !config.finetune) use_checkpoint_schedule(spec.config, plan->saved);
-  if (!resume.changed.empty()) {
-    std::string list;
-    for (const std::string& c : resume.changed) list += (list.empty() ? "" : ", ") + c;
-    note((config.finetune ? "fine-tuning with changes: " : "resuming with changes: ") + list);
-  }
-  LoadRequest req;
-  req.dir = config.load;
-  req.iteration = plan->iteration;
-  req.load_optimizer = !config.finetune && !config.no_load_optim;
-  TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, req));
+  for (const std::string& n : point->before) note(n);
+  TROUPE_RETURN_IF_ERROR(ask_ok(self, workers, load_atom::value, point->request));
   for (int64_t unfinished : unfinished_saves(config.load, plan->iteration))
     note("ignored " + iteration_dir(config.load, unfinished) +
          ": an unfinished save (shards without metadata.json: the run stopped while saving)");
-  const TrainConfig& s = plan->saved;
-  const std::string from = "loaded " + iteration_dir(config.load, plan->iteration) + " (saved by tp " +
-                           std::to_string(s.tensor_model_parallel_size) + ", pp " +
-                           std::to_string(s.pipeline_model_parallel_size) + ", ZeRO " + std::to_string(s.zero_stage) + ")";
-  if (config.finetune) {
-    note(from + ": its parameters only (--finetune): a new run from iteration 0 with fresh optimizer state");
-    return Status::ok();
-  }
-  spec.start_iteration = plan->meta.iteration;
-  spec.consumed_samples = plan->meta.consumed_samples;
-  // Saves record the Adam steps the moments hold (equal to the iteration unless a --no-load-optim
-  // load restarted them).
-  // fp16's loss scaling (actors/trainer.cpp's loss_scaling_json): the steps overflows skipped are
-  // neither in the schedule nor in Adam's step count; the scaler goes on where it was.
-  const auto rng = nlohmann::json::parse(plan->meta.rng_json, nullptr, false);
-  if (rng.is_object() && rng.contains("skipped_steps") && rng["skipped_steps"].is_number_integer() &&
-      rng.contains("skipped_samples") && rng["skipped_samples"].is_number_integer()) {
-    spec.skipped_steps = std::clamp<int64_t>(rng["skipped_steps"].get<int64_t>(), 0, spec.start_iteration);
-    spec.skipped_samples = std::clamp<int64_t>(rng["skipped_samples"].get<int64_t>(), 0, spec.consumed_samples);
-  }
-  if (rng.is_object() && rng.contains("loss_scaler") && rng["loss_scaler"].is_array() &&
-      config.precision.dtype == PrecisionDType::fp16) {
-    std::vector<double> v;
-    for (const auto& x : rng["loss_scaler"])
-      if (x.is_number()) v.push_back(x.get<double>());
-    auto state = LossScalerState::from_vector(v);
-    if (!state) return state.status().with_context("the loss scaler's state in " + iteration_dir(config.load, plan->iteration) + ": ").as_bad_input();
-    spec.loss_scaler_state = state.value();
-  }
-  spec.optimizer_step_offset =
-      config.no_load_optim ? spec.start_iteration - spec.skipped_steps
-                           : std::max<int64_t>(0, spec.start_iteration - spec.skipped_steps - plan->meta.optimizer_step);
-  note(from + ": iteration " + std::to_string(spec.start_iteration) + ", " + std::to_string(spec.consumed_samples) +
-       " samples consumed" + (config.no_load_optim ? "; the Adam moments start afresh (--no-load-optim)" : ""));
+  spec.start_iteration = point->start_iteration;
+  spec.consumed_samples = point->consumed_samples;
+  spec.skipped_steps = point->skipped_steps;
+  spec.skipped_samples = point->skipped_samples;
+  spec.loss_scaler_state = point->loss_scaler_state;
+  spec.optimizer_step_offset = point->optimizer_step_offset;
+  note(point->loaded);
   return Status::ok();
-}
-
-// Removes the unfinished saves in `save` newer than its latest complete checkpoint, one note each.
-void discard_unfinished_saves(const std::string& save, const std::function<void(const std::string&)>& note) {
-  auto latest = latest_run(save);
-  const int64_t complete = latest && latest->found ? latest->iteration : -1;
-  for (int64_t it : unfinished_saves(save, complete)) {
-    const std::string dir = iteration_dir(save, it);
-    const double bytes = static_cast<double>(directory_bytes(dir));
-    discard_unfinished_save(dir);
-    note("removed the unfinished save " + dir + " (shards without metadata.json, " +
-         std::to_string(static_cast<int64_t>(bytes / 1024)) + " KiB): debris of a save that never completed, "
-         "whose space this run's saves need");
-  }
 }
 
 // The NaN watch of a run (engine/nan_watch.hpp): the control its ranks and the inspector share
@@ -521,6 +370,23 @@ struct NanWatchSetup {
   std::shared_ptr<NanControl> control;
   std::optional<NanFault> fault;
 };
+
+// What every attempt of a run shares: the data, the callbacks (feeding the goodput ledger), the
+// process's options and compute threads, the measured sgemm peak, the NaN watch and the lifecycle
+// the attempt moves on (starting -> training -> stopping).
+struct AttemptContext {
+  std::shared_ptr<const DataSource> data;
+  JobCallbacks callbacks;
+  const JobOptions* options = nullptr;
+  int threads = 1;
+  double peak = 0;
+  NanWatchSetup nan;
+  JobLifecycle* lifecycle = nullptr;
+};
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // The inspector's `watch [nan|off]`: this process's wish, and with rank 0's the other processes'.
 InspectHub::Handler watch_command(const InspectHub& hub, std::shared_ptr<NanControl> nan) {
@@ -549,104 +415,16 @@ InspectHub::Handler watch_command(const InspectHub& hub, std::shared_ptr<NanCont
 
 }  // namespace
 
-ModelReport model_report(const Model* model) {
-  ModelReport r;
-  if (model == nullptr) return r;
-  r.loss_terms_per_sample = model->loss_terms_per_sample;
-  r.gpt_flops = false;
-  for (const auto& stage : model->stages)
-    for (const Block& b : stage) r.gpt_flops = r.gpt_flops || (b.kind == Block::Kind::gpt && b.num_layers > 0);
-  return r;
-}
-
-Status check_model_for_job(const Model& model, const TrainConfig& config, int world_size,
-                           std::vector<StageFootprint>* footprint) {
-  auto par = parallel_config(config, world_size);
-  if (!par) return par.status().as_bad_input();
-  RankSpec precision;
-  set_precision(precision, config.precision);
-  StageBuild job;
-  job.gpt = config.model;
-  job.tp_size = par->tp;
-  job.sequence_parallel = par->sequence_parallel;
-  job.cp_size = par->cp;
-  job.micro_batch = config.micro_batch_size;
-  job.dtype = precision.dtype;
-  TROUPE_RETURN_IF_ERROR(check_model(model, job, par->pp, par->virtual_chunks, footprint));
-  // A custom stage computes on host views (View<float> over host memory, StageContext::gemm on CPU
-  // threads); a GPU rank's tensors live in device memory. GPT's own blocks run anywhere.
-  if (config.device == "cuda")
-    for (const auto& stage : model.stages)
-      for (const Block& b : stage)
-        if (b.kind == Block::Kind::custom)
-          return Status::bad_input("custom block \"" + b.name + "\" on --device cuda: a troupe::Stage computes on "
-                                   "host memory (its views and StageContext::gemm are the CPU's), and a GPU rank keeps "
-                                   "its tensors in device memory -- train a model with custom blocks on the CPU "
-                                   "(--device cpu), or one of GPT's blocks only on the GPU");
-  return Status::ok();
-}
-
-// The rank spec of this process's ranks: the layout against the ranks started, the device, a
-// schedule and a model given in code, each checked (bad input naming the problem) before any actor.
-Result<RankSpec> plan_ranks(const TrainConfig& config, const JobOptions& options, int threads) {
-  const int launched = options.world ? options.world->size() : 1;
-  auto par = parallel_config(config, launched);
-  if (!par) return par.status();
-  const int world = par.value().world_size();
-  if (options.world && world != launched)
-    return Status::error("tensor " + std::to_string(par.value().tp) + " x pipeline " + std::to_string(par.value().pp) +
-                         " x data " + std::to_string(par.value().dp) + " = " + std::to_string(world) +
-                         " ranks, but troupe launch started " + std::to_string(launched) +
-                         " -- change the parallel sizes or the number of processes");
-  RankSpec rs;
-  rs.model = config.model;
-  rs.seed = config.seed;  // the dropout masks' key
-  rs.par = par.value();
-  rs.micro_batch_size = config.micro_batch_size;
-  rs.micro_batches = config.grad_accumulation_steps(launched);
-  // A batch-size ramp-up's steps: START, START + INCREMENT, ... below the global batch, each split
-  // over the data-parallel ranks and into micro-batches as the engine splits it.
-  if (config.rampup() && config.rampup_batch_increment > 0)
-    for (int64_t b = config.rampup_start_batch; b < config.global_batch_size; b += config.rampup_batch_increment) {
-      const int64_t count = b / std::max(1, par.value().dp) / std::max(1, config.micro_batch_size);
-      if (count >= 1 && count < rs.micro_batches) rs.ramp_micro_batches.push_back(static_cast<int>(count));
-    }
-  set_precision(rs, config.precision);
-  rs.num_threads = options.world ? threads : std::max(1, threads / world);
-  if (config.device == "cuda") {
-    // One process per GPU (troupe launch), each rank on its LOCAL_RANK's GPU, the groups NCCL's; in
-    // one process a single rank (the in-process backend moves host memory only).
-    if (!options.world && world > 1)
-      return Status::bad_input("--device cuda with " + std::to_string(world) +
-                               " ranks in one process: GPU ranks run one per process -- start them with troupe launch "
-                               "--nproc-per-node " + std::to_string(world) +
-                               " (one per GPU), or train this layout on the CPU (--device cpu)");
-    if (!options.world && rs.par.zero_stage > 0)
-      return Status::bad_input("--zero-stage " + std::to_string(rs.par.zero_stage) +
-                               " partitions over data-parallel ranks, and this GPU job has one -- drop --zero-stage, "
-                               "or start data-parallel ranks with troupe launch --nproc-per-node N");
-    rs.device = Device::cuda;
-    rs.cuda_device = options.cuda_device;
-  }
-  rs.keep_span_steps = config.timeline.empty() ? 0 : 20;
-  if (options.schedule) {
-    TROUPE_RETURN_IF_ERROR(check_custom_schedule(*options.schedule, rs.par, rs.micro_batches));
-    rs.par.custom_schedule = options.schedule;
-  }
-  if (options.model) {
-    TROUPE_RETURN_IF_ERROR(check_model_for_job(*options.model, config, launched));
-    rs.custom_model = options.model;
-  }
-  return rs;
-}
-
 // Every layout, 1x1x1 included: the tp x pp x dp rank actors of this process (all of them on the
 // local backend, or this process's one rank under troupe launch), a group actor in front of them,
 // the data loader, the offload actor and the trainer.
-static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config,
-                                           std::shared_ptr<const DataSource> data, const JobCallbacks& callbacks,
-                                           const JobOptions& options, int threads, double peak, bool* stuck,
-                                           const NanWatchSetup& nan) {
+static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConfig& config, const AttemptContext& run,
+                                      bool* stuck) {
+  const JobCallbacks& callbacks = run.callbacks;
+  const JobOptions& options = *run.options;
+  const int threads = run.threads;
+  const NanWatchSetup& nan = run.nan;
+  const std::shared_ptr<const DataSource>& data = run.data;
   auto note = [&](const std::string& s) {
     if (callbacks.on_note) callbacks.on_note(s);
   };
@@ -708,7 +486,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     note("optimizer offload: nvme (the Adam moments live in swap files under " + config.offload_path +
          ", read ahead and written back in pieces of " + std::to_string(MomentStore::kPieceElements >> 10) +
          " Ki elements; the files are deleted on exit)");
-  TrainerSpec spec = trainer_spec(config, options, loader, self, *data, peak, offloader);
+  TrainerSpec spec = trainer_spec(config, options, loader, self, *data, run.peak, offloader);
   spec.group = group;
   spec.report_busy = layout_notes;
   if (Status st = load_or_init(self, group, config, spec, note); !st) return shutdown(), st;
@@ -754,7 +532,9 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
     dashboard.value()->start();
     note("dashboard on " + dashboard.value()->url());
   }
+  run.lifecycle->enter(JobPhase::training);
   auto result = drive_trainer(system, self, spec, fed, options, stuck, ranks.boards, ranks.flights, &iteration_now);
+  if (result) run.lifecycle->enter(JobPhase::stopping, result->stopped_early ? "stopped early" : "");
   control->set_wake(nullptr);
   if (dashboard.value()) dashboard.value()->stop();  // served only while the job runs
   if (const auto report = nan.control->report(); !result && report) {  // one line, and where the details are
@@ -839,255 +619,36 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   return result;
 }
 
-static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
-                                        const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak, bool* stuck, const NanWatchSetup& nan);
+namespace {
 
-// This run's identity and where it starts (config/run_identity.hpp): a restarted process resumes the
-// latest checkpoint in --save only when it belongs to this run; a new run inherits the id of what it
-// loads or takes the launcher's (or a fresh) one; --save must not hold another run's checkpoints.
-// Under troupe launch rank 0 decides and every rank follows (a save could land between their reads).
-static Status resolve_run(TrainConfig& config, const JobOptions& options,
-                          const std::function<void(const std::string&)>& note) {
-  std::string loaded_id;
-  // A fine-tune is a new run: it inherits no id from what it loads (a Hugging Face folder has none).
-  if (!config.load.empty() && is_hf_folder(config.load)) config.finetune = true;
-  const bool new_run = config.load.empty() || config.finetune;
-  if (!new_run) {
-    auto from = latest_run(config.load);
-    if (!from) return from.status();
-    loaded_id = from->run_id;
-  }
-  if (options.restarted && (!config.save.empty() || config.save_memory_interval > 0)) {
-    LatestRun latest;
-    if (!config.save.empty()) {
-      auto on_disk = latest_run(config.save);
-      if (!on_disk) return on_disk.status();
-      latest = std::move(on_disk).value();
-    }
-    const std::string expected = new_run ? options.launch_run_id : loaded_id;
-    const bool ours = latest.found && !expected.empty() && latest.run_id == expected;
-    // This run's in-memory snapshot (the launcher's restarts share its folder), when it is newer.
-    std::string memory;
-    int64_t snapshot = -1;
-    if (config.save_memory_interval > 0) {
-      memory = memory_snapshot_dir(config, options);
-      auto in_memory = latest_run(memory);
-      if (in_memory && in_memory->found && !expected.empty() && in_memory->run_id == expected &&
-          (!ours || in_memory->iteration > latest.iteration))
-        snapshot = in_memory->iteration;
-    }
-    if (snapshot >= 0) {
-      config.load = memory;
-      config.finetune = config.no_load_optim = false;
-      loaded_id = expected;
-      note("restarted: resuming this run's in-memory snapshot of iteration " + std::to_string(snapshot) + " (" + memory +
-           ")");
-    } else if (ours) {
-      config.load = config.save;  // this run's own checkpoint, resumed whole
-      config.finetune = config.no_load_optim = false;
-      loaded_id = expected;
-      note("restarted: resuming this run's latest checkpoint, " + iteration_dir(config.save, latest.iteration));
-    } else if (latest.found) {
-      note("restarted: the latest checkpoint in " + config.save + " is not this run's (run id " +
-           (latest.run_id.empty() ? std::string("none") : latest.run_id) + "): not resuming it");
-    }
-  }
-  std::string run_id = !loaded_id.empty()           ? loaded_id
-                       : !new_run                    ? new_run_id()  // a checkpoint from before run ids
-                       : !options.launch_run_id.empty() ? options.launch_run_id
-                                                        : new_run_id();
-  if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
-    auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + (config.finetune ? "F" : "R") +
-                                                                 (config.no_load_optim ? "O" : "-") + config.load);
-    if (!all) return all.status();
-    const std::string& decided = all.value().front();
-    const size_t cut = decided.find('\n');
-    run_id = decided.substr(0, cut);
-    const std::string rest = cut == std::string::npos ? "" : decided.substr(cut + 1);
-    config.finetune = rest.size() >= 2 && rest[0] == 'F';
-    config.no_load_optim = rest.size() >= 2 && rest[1] == 'O';
-    config.load = rest.size() >= 2 ? rest.substr(2) : "";
-  }
-  config.run_id = run_id;
-  return config.save.empty() ? Status::ok()
-                             : check_save_folder(config.save, run_id, config.finetune ? "" : config.load);
-}
-
-Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
-                                  const JobCallbacks& callbacks, const JobOptions& options) {
-  (void)training_started();
-  const int threads = resolve_threads(config.num_threads);
-  // Where the run's time goes (engine/goodput.hpp), fed by every attempt's events.
-  auto seconds_now = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  auto ledger = std::make_shared<GoodputLedger>(
-      std::chrono::duration<double>(training_started().time_since_epoch()).count(), options.restarted);
+// The callbacks of an attempt: the caller's, with the goodput ledger fed on the way
+// (engine/goodput.hpp: every step, evaluation and save of every attempt).
+JobCallbacks counted_callbacks(const JobCallbacks& callbacks, std::shared_ptr<GoodputLedger> ledger, int pp) {
   JobCallbacks counted = callbacks;
-  counted.on_iteration = [&callbacks, ledger, seconds_now, pp = config.pipeline_model_parallel_size](const IterationStats& s) {
-    const double now = seconds_now(), seconds = s.ms_per_iter / 1e3;
+  counted.on_iteration = [on = callbacks.on_iteration, ledger, pp](const IterationStats& s) {
+    const double now = steady_seconds(), seconds = s.ms_per_iter / 1e3;
     if (!ledger->in_attempt()) ledger->attempt_started(now - seconds);
     ledger->step(now, s.iteration, seconds, GoodputLedger::bubble_seconds(s, pp), GoodputLedger::straggler_seconds(s));
-    if (callbacks.on_iteration) callbacks.on_iteration(s);
+    if (on) on(s);
   };
-  counted.on_eval = [&callbacks, ledger, seconds_now](const EvalStats& e) {
-    ledger->evaluation(seconds_now(), e.seconds);
-    if (callbacks.on_eval) callbacks.on_eval(e);
+  counted.on_eval = [on = callbacks.on_eval, ledger](const EvalStats& e) {
+    ledger->evaluation(steady_seconds(), e.seconds);
+    if (on) on(e);
   };
-  counted.on_saved = [&callbacks, ledger, seconds_now](const SavedCheckpoint& c) {
-    if (!c.committed) ledger->save(seconds_now(), c.seconds);  // the snapshot: in the training path
-    if (callbacks.on_saved) callbacks.on_saved(c);
+  counted.on_saved = [on = callbacks.on_saved, ledger](const SavedCheckpoint& c) {
+    if (!c.committed) ledger->save(steady_seconds(), c.seconds);  // the snapshot: in the training path
+    if (on) on(c);
   };
-  auto with_goodput = [&](Result<TrainSummary> r) {
-    if (r) r.value().goodput = ledger->report(seconds_now());
-    return r;
-  };
-  auto note = [&](const std::string& s) {
-    if (callbacks.on_note) callbacks.on_note(s);
-  };
-  NanWatchSetup nan;
-  auto fault = nan_fault_from_env();  // TROUPE_FAULT_NAN (engine/fault_injection.hpp)
-  if (!fault) return fault.status();
-  nan.fault = std::move(fault).value();
-  nan.control = std::make_shared<NanControl>(config.watch_nan);
-  // Everything that can refuse the run is checked before the caller's on_start, which only a run that
-  // starts gets; the notes of these checks follow on_start (a caller may set up its printing there).
-  std::vector<std::string> start_notes;
-  // A refused run's notes (what the checks found on the way) go with its error.
-  auto refused = [&](Status st) {
-    std::string notes;
-    for (const std::string& n : start_notes) notes += "\n  note: " + n;
-    const Status with = Status::error(st.message() + notes);
-    return st.is_bad_input() ? with.as_bad_input() : with;
-  };
-  TrainConfig attempt = config;
-  if (Status st = resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }); !st)
-    return refused(st);
-  if (Status st = plan_ranks(attempt, options, threads).status(); !st) return refused(st);
-  if (!attempt.load.empty() && !is_hf_folder(attempt.load))
-    if (Status st = plan_load(attempt).status(); !st) return refused(st);
-  if (callbacks.on_start) {
-    const int rank = options.bootstrap != nullptr ? options.bootstrap->rank() : 0;
-    const int processes = options.world ? options.world->size() : 1;
-    TROUPE_RETURN_IF_ERROR(callbacks.on_start(attempt, *data, rank, processes));
-  }
-  for (const std::string& s : start_notes) note(s);
-  // In-memory snapshots: a folder on a tmpfs, of this process (gone when the run ends however it
-  // ends) or, under troupe launch, of the launched run (its restarted ranks resume from it; the
-  // launcher removes it when it ends). Every process of the job must see it: one host.
-  struct MemorySnapshots {
-    std::string dir;
-    bool owned = false;
-    ~MemorySnapshots() {
-      std::error_code ec;
-      if (owned) std::filesystem::remove_all(dir, ec);
-    }
-  } memory;
-  if (config.save_memory_interval > 0) {
-    auto launch = comm::detect_launch_env();
-    if (options.world && options.world->size() > 1 && (!launch || launch->local_world_size != options.world->size()))
-      return refused(Status::bad_input(
-          "--save-memory-interval keeps its snapshots in one host's memory, and this job's " +
-          std::to_string(options.world->size()) +
-          " processes span several hosts -- drop --save-memory-interval (a copy on another host is to come), or run "
-          "on one host"));
-    memory.dir = memory_snapshot_dir(config, options);
-    memory.owned = options.launch_run_id.empty();
-    std::error_code ec;
-    if (memory.owned) std::filesystem::remove_all(memory.dir, ec);  // a folder of an earlier process with this pid
-    std::filesystem::create_directories(memory.dir, ec);
-    if (ec)
-      return refused(Status::bad_input("--save-memory-dir: cannot create " + memory.dir + " (" + ec.message() +
-                                       ") -- give a writable directory on a tmpfs"));
-    // A snapshot a killed process left unfinished is debris its iteration's next snapshot would meet.
-    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) discard_unfinished_saves(memory.dir, note);
-    note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + memory.dir +
-         " (a restart resumes from the newest snapshot or save)");
-  }
-  // Unfinished saves in --save (shards without metadata.json: a process killed while saving, or a
-  // save that failed in another process) are debris this run's own saves would otherwise have to
-  // find room beside: on a disk that is still full, the save of that iteration again could not. One
-  // process removes them, before any step (no save of this run can be under way yet).
-  if (!attempt.save.empty() && (options.bootstrap == nullptr || options.bootstrap->rank() == 0))
-    discard_unfinished_saves(attempt.save, note);
-  double peak = 0;
-  if (options.measure_peak) {
-    ThreadPool pool(threads);
-    peak = measure_sgemm_peak_gflops(pool);
-    if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
-      // The job's peak is the sum of its processes' peaks, measured at the same time (so ranks that
-      // share a host share its cores, as they will while training).
-      auto all = options.bootstrap->all_gather("sgemm_peak", std::to_string(peak));
-      if (!all) return all.status();
-      peak = 0;
-      for (const std::string& p : all.value()) peak += std::stod(p);
-      note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s over the job's " +
-           std::to_string(all.value().size()) + " processes");
-    } else {
-      note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s on " + std::to_string(threads) +
-           " thread(s)");
-    }
-  }
-  // What the process holds before its ranks allocate anything (binary, libraries, the actor system,
-  // the sgemm measurement's thread buffers): the memory plan's figures come on top of it, and
-  // bench/plan_validate.sh measures the peak against it.
-  if (const double resident = resident_bytes_now(); resident > 0)
-    note("resident before the ranks: " + std::to_string(static_cast<long long>(resident / (1024.0 * 1024.0))) +
-         " MiB (the memory plan's figures come on top of it)");
-
-
-  // Supervision: a failed attempt (an actor that threw, a rank whose peer died, a failed save) is
-  // restarted up to --max-restarts times, every actor anew in a fresh actor system, from the latest
-  // checkpoint in --save when this run wrote it (from the start, or --load, when nothing was saved
-  // yet); another run's checkpoint there is never resumed.
-  for (int restart = 1;; ++restart) {
-    bool stuck = false;
-    auto result = run_attempt(attempt, data, counted, options, threads, peak, &stuck, nan);
-    if (nan.control->report()) return result;  // the NaN watch stops the run: a restart would meet it again
-    const bool stopped = options.stop != nullptr && options.stop->load();
-    // A stuck rank's thread stays behind: this process cannot restart cleanly (troupe launch can).
-    if (result || stopped || stuck || restart > config.max_restarts || options.world) return with_goodput(result);
-    if (result.status().is_bad_input()) return result;  // the same input would be refused again
-    LatestRun latest;
-    if (!config.save.empty()) {
-      auto on_disk = latest_run(config.save);
-      if (!on_disk) return on_disk.status();
-      latest = std::move(on_disk).value();
-    }
-    note("the job failed: " + result.status().message());
-    if (latest.found && latest.run_id != attempt.run_id && !(latest.run_id.empty() && attempt.load == config.save))
-      return Status::error(result.status().message() + " (not restarted: the latest checkpoint in " + config.save +
-                           " was written by another run, run id " + latest.run_id + ", and is not this run's to resume)");
-    std::string from = latest.found ? iteration_dir(config.save, latest.iteration) : std::string();
-    if (latest.found) {  // this run's own checkpoint, resumed whole
-      attempt.load = config.save;
-      attempt.finetune = attempt.no_load_optim = false;
-    }
-    if (!memory.dir.empty()) {  // the in-memory snapshot, when it is newer
-      discard_unfinished_saves(memory.dir, [](const std::string&) {});  // one the failure interrupted
-      auto snapshot = latest_run(memory.dir);
-      if (snapshot && snapshot->found && (!latest.found || snapshot->iteration > latest.iteration)) {
-        attempt.load = memory.dir;
-        attempt.finetune = attempt.no_load_optim = false;
-        latest = std::move(snapshot).value();
-        from = "the in-memory snapshot of iteration " + std::to_string(latest.iteration) + " (" + memory.dir + ")";
-      }
-    }
-    ledger->failed(seconds_now(), latest.found ? latest.iteration : 0);
-    note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) + ": every actor anew, " +
-         (latest.found ? "from " + from
-                       : attempt.load.empty() ? std::string("from the start (nothing saved yet)") : "from " + attempt.load));
-  }
+  return counted;
 }
 
 // One attempt of run_training: an actor system with every actor of the job, from `config.load` or
 // from the seed. When a rank is stuck its actor can never be torn down, and the actor system would
 // wait for it for ever on destruction: it is left behind (with its threads) and the error returned.
-static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_ptr<const DataSource> data,
-                                        const JobCallbacks& callbacks, const JobOptions& options, int threads,
-                                        double peak, bool* stuck, const NanWatchSetup& nan) {
+Result<TrainSummary> run_attempt(const TrainConfig& config, const AttemptContext& run, bool* stuck) {
   auto sys_cfg = std::make_unique<caf::actor_system_config>(make_system_config());
   auto system = std::make_unique<caf::actor_system>(*sys_cfg);
-  auto result = run_ranks(*system, config, data, callbacks, options, threads, peak, stuck, nan);
+  auto result = run_ranks(*system, config, run, stuck);
   // Every actor was told to exit; one that does not within seconds is stuck in a handler (a failed
   // job whose stuck rank the fabric's timeout named, rather than the watchdog).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -1098,7 +659,7 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
     const std::string message =
         (result ? std::string("the job finished") : result.status().message()) + "; " +
         std::to_string(system->registry().running()) + " actor(s) did not stop (stuck in a handler)";
-    if (options.on_stuck) options.on_stuck(message);
+    if (run.options->on_stuck) run.options->on_stuck(message);
     if (result) result = Status::error(message);
   }
   if (*stuck) {  // deliberately leaked: see above
@@ -1106,6 +667,122 @@ static Result<TrainSummary> run_attempt(const TrainConfig& config, std::shared_p
     (void)sys_cfg.release();
   }
   return result;
+}
+
+}  // namespace
+
+// The supervisor of a run in this process: it moves the job through its lifecycle
+// (engine/lifecycle.hpp), and these are its phases in order.
+//   resolving   the run's identity and start (engine/run_start.hpp), the layout, everything that can
+//               refuse the run; then on_start, the in-memory snapshot folder, the sgemm peak.
+//   starting    an attempt: a fresh actor system, the ranks spawned and loaded (run_ranks), then
+//   training    the trainer driven to its end (drive_trainer);
+//   stopping    the last saves flushed, reports gathered, the actors torn down; then finished.
+//   recovering  a failed attempt (an actor that threw, a rank whose peer died, a failed save), up to
+//               --max-restarts times: every actor anew from the newer of this run's latest checkpoint
+//               in --save and its in-memory snapshot (from the start, or --load, when there is
+//               neither); another run's checkpoint is never resumed. Then starting again.
+//   failed      refused, or a failure that is not restarted.
+Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<const DataSource> data,
+                                  const JobCallbacks& callbacks, const JobOptions& options) {
+  (void)training_started();
+  JobLifecycle lifecycle(callbacks.on_phase);
+  auto failed = [&](Status st) {
+    lifecycle.enter(JobPhase::failed, st.message());
+    return st;
+  };
+  auto note = [&](const std::string& s) {
+    if (callbacks.on_note) callbacks.on_note(s);
+  };
+  // Where the run's time goes (engine/goodput.hpp), fed by every attempt's events.
+  auto ledger = std::make_shared<GoodputLedger>(
+      std::chrono::duration<double>(training_started().time_since_epoch()).count(), options.restarted);
+  AttemptContext run;
+  run.data = std::move(data);
+  run.callbacks = counted_callbacks(callbacks, ledger, config.pipeline_model_parallel_size);
+  run.options = &options;
+  run.threads = resolve_threads(config.num_threads);
+  run.lifecycle = &lifecycle;
+  auto fault = nan_fault_from_env();  // TROUPE_FAULT_NAN (engine/fault_injection.hpp)
+  if (!fault) return failed(fault.status());
+  run.nan.fault = std::move(fault).value();
+  run.nan.control = std::make_shared<NanControl>(config.watch_nan);
+
+  // resolving. Everything that can refuse the run is checked before the caller's on_start, which
+  // only a run that starts gets; the notes of these checks follow on_start (a caller may set up its
+  // printing there), or go with the error of a refused run.
+  std::vector<std::string> start_notes;
+  auto refused = [&](Status st) {
+    std::string notes;
+    for (const std::string& n : start_notes) notes += "\n  note: " + n;
+    const Status with = Status::error(st.message() + notes);
+    return failed(st.is_bad_input() ? with.as_bad_input() : with);
+  };
+  TrainConfig attempt = config;
+  if (Status st = resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }); !st)
+    return refused(st);
+  if (Status st = plan_ranks(attempt, options, run.threads).status(); !st) return refused(st);
+  if (!attempt.load.empty() && !is_hf_folder(attempt.load))
+    if (Status st = plan_load(attempt).status(); !st) return refused(st);
+  if (callbacks.on_start) {
+    const int rank = options.bootstrap != nullptr ? options.bootstrap->rank() : 0;
+    const int processes = options.world ? options.world->size() : 1;
+    if (Status st = callbacks.on_start(attempt, *run.data, rank, processes); !st) return failed(st);
+  }
+  for (const std::string& s : start_notes) note(s);
+  // In-memory snapshots: a folder on a tmpfs, of this process (gone when the run ends however it
+  // ends) or, under troupe launch, of the launched run (its restarted ranks resume from it; the
+  // launcher removes it when it ends). Every process of the job must see it: one host.
+  MemorySnapshotFolder memory;
+  if (config.save_memory_interval > 0) {
+    auto launch = comm::detect_launch_env();
+    const bool spans_hosts = options.world && options.world->size() > 1 &&
+                             (!launch || launch->local_world_size != options.world->size());
+    if (Status st = memory.open(config, options, spans_hosts, note); !st) return refused(st);
+  }
+  // Unfinished saves in --save (shards without metadata.json: a process killed while saving, or a
+  // save that failed in another process) are debris this run's own saves would otherwise have to
+  // find room beside: on a disk that is still full, the save of that iteration again could not. One
+  // process removes them, before any step (no save of this run can be under way yet).
+  if (!attempt.save.empty() && (options.bootstrap == nullptr || options.bootstrap->rank() == 0))
+    discard_unfinished_saves(attempt.save, note);
+  if (options.measure_peak) {
+    auto peak = measure_job_peak(run.threads, options.bootstrap, note);
+    if (!peak) return failed(peak.status());
+    run.peak = peak.value();
+  }
+  // What the process holds before its ranks allocate anything (binary, libraries, the actor system,
+  // the sgemm measurement's thread buffers): the memory plan's figures come on top of it, and
+  // bench/plan_validate.sh measures the peak against it.
+  if (const double resident = resident_bytes_now(); resident > 0)
+    note("resident before the ranks: " + std::to_string(static_cast<long long>(resident / (1024.0 * 1024.0))) +
+         " MiB (the memory plan's figures come on top of it)");
+
+  for (int restart = 1;; ++restart) {
+    lifecycle.enter(JobPhase::starting, restart == 1 ? "" : "restart " + std::to_string(restart - 1));
+    bool stuck = false;
+    auto result = run_attempt(attempt, run, &stuck);  // starting -> training -> stopping (when it succeeded)
+    if (result) {
+      result.value().goodput = ledger->report(steady_seconds());
+      lifecycle.enter(JobPhase::finished);
+      return result;
+    }
+    // The NaN watch stops the run (a restart would meet it again); the same bad input would be
+    // refused again; a stuck rank's thread stays behind, so this process cannot restart cleanly
+    // (troupe launch can); under troupe launch the launcher restarts the processes.
+    const bool stopped = options.stop != nullptr && options.stop->load();
+    if (run.nan.control->report() || stopped || stuck || restart > config.max_restarts || options.world ||
+        result.status().is_bad_input())
+      return failed(result.status());
+    // recovering
+    lifecycle.enter(JobPhase::recovering, result.status().message());
+    note("the job failed: " + result.status().message());
+    auto point = restart_point(config, attempt, memory.dir(), result.status());
+    if (!point) return failed(point.status());
+    ledger->failed(steady_seconds(), point->found ? point->iteration : 0);
+    note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) +
+         ": every actor anew, from " + point->from);
+  }
 }
 
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,

@@ -18,6 +18,7 @@
 #include "apps/plan_flags.hpp"
 #include "apps/report.hpp"
 #include "engine/goodput.hpp"
+#include "engine/lifecycle.hpp"
 #include "apps/tensorboard_log.hpp"
 #include "api/setup.hpp"
 #include "comm/bootstrap/launch_env.hpp"
@@ -214,6 +215,9 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
       *metrics << fmt::format(R"({{"type":"{}","iteration":{},"seconds":{}}})",
                               c.committed ? "checkpoint_committed" : "checkpoint_snapshot", c.iteration, c.seconds)
                << "\n" << std::flush;
+  };
+  cb.on_phase = [&](const PhaseChange& c) {  // the metrics file only: the notes say what happens
+    if (metrics) *metrics << phase_json(c) << "\n" << std::flush;
   };
   RunOptions options;
   options.stop = &g_stop;

@@ -10,6 +10,32 @@
 
 namespace troupe {
 
+// A training job's phases in this process (docs/ARCHITECTURE.md, "The job's lifecycle"): resolving
+// what the run is and loads, starting an attempt's actors, training, recovering from a failed
+// attempt (choosing where the next one starts), stopping (the last saves flushed), and the end:
+// finished or failed. TrainCallbacks::on_phase gets each change.
+enum class JobPhase { resolving, starting, training, recovering, stopping, finished, failed };
+
+inline const char* phase_name(JobPhase phase) {
+  switch (phase) {
+    case JobPhase::resolving: return "resolving";
+    case JobPhase::starting: return "starting";
+    case JobPhase::training: return "training";
+    case JobPhase::recovering: return "recovering";
+    case JobPhase::stopping: return "stopping";
+    case JobPhase::finished: return "finished";
+    case JobPhase::failed: return "failed";
+  }
+  return "unknown";
+}
+
+struct PhaseChange {
+  JobPhase from = JobPhase::resolving, to = JobPhase::resolving;
+  double seconds = 0;  // since the run began
+  int attempt = 0;     // 1 for the first attempt, 2 after the first restart, ...
+  std::string why;     // what moved it (the failure, for recovering and failed)
+};
+
 // One of Megatron's timers over one iteration (its names: "forward-compute", "backward-compute",
 // "all-grads-sync", "optimizer", ...; engine/step_timers.hpp): milliseconds, the most any rank of
 // this process spent (ms), the least (min_ms), and each rank's (ranks_ms, in rank order).

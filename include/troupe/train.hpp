@@ -48,6 +48,8 @@ struct TrainCallbacks {
   std::function<void(const SavedCheckpoint&)> on_saved;     // snapshot taken, then durable on disk
   // `troupe inspect ... set log-interval N` changed how often progress should be printed.
   std::function<void(int64_t)> on_log_interval;
+  // The job moved from one phase of its lifecycle to another (troupe/reports.hpp's JobPhase).
+  std::function<void(const PhaseChange&)> on_phase;
 };
 
 struct RunOptions {

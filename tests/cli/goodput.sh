@@ -27,6 +27,18 @@ TROUPE_FAULT_THROW=rank0@17 small_train --train-iters 30 --save ck --save-interv
 grep -q "restart 1 of 1: every actor anew, from ck/iter_0000010" restart.log || { cat restart.log; fail "no restart from iteration 10"; }
 grep -q "goodput .* failures.*(6 iteration(s) computed again after failures)" restart.log ||
   { cat restart.log; fail "the summary does not give the failure's loss"; }
+# The lifecycle (engine/lifecycle.hpp) in the metrics file: the failed attempt recovered, the second
+# finished.
+python3 - restart.jsonl <<'PY' || fail "the restarted job's phases"
+import json, sys
+p = [json.loads(l) for l in open(sys.argv[1]) if '"type": "phase"' in l or '"type":"phase"' in l]
+seq = [x["phase"] for x in p]
+want = ["starting", "training", "recovering", "starting", "training", "stopping", "finished"]
+assert seq == want, seq
+assert [x["attempt"] for x in p] == [1, 1, 1, 2, 2, 2, 2], p
+assert "rank0" in p[2]["why"] or "rank 0" in p[2]["why"], p[2]
+print("phases:", " -> ".join(["resolving"] + seq))
+PY
 check_goodput restart.jsonl 'g["iterations_lost"] == 6' 'lost["failures"] > 0' 'lost["saves"] > 0' \
   'lost["pipeline bubble"] == 0' || fail "the restarted job's goodput"
 
