@@ -738,6 +738,37 @@ void attention_block_forward(Context& ctx, const Tensor& acc, const Tensor& m, c
   });
 }
 
+void attention_cached_forward(Context& ctx, const Tensor& out, const Tensor& qkv, const std::vector<int64_t>& row0,
+                              const std::vector<Tensor>& kv, const std::vector<int64_t>& kv_len,
+                              const AttentionLayout& layout) {
+  TROUPE_CHECK(ctx.device == Device::cpu, "cached attention runs on the CPU only so far");
+  const int64_t H = layout.n_head, G = layout.n_group > 0 ? layout.n_group : H, n = static_cast<int64_t>(kv.size());
+  TROUPE_CHECK(H > 0 && H % G == 0 && qkv.rank() == 2 && out.rank() == 2 && out.dim(0) == qkv.dim(0) &&
+                   out.dim(1) % H == 0,
+               "cached attention: qkv is (R,(H+2G)*hs), out (R,H*hs), G divides H");
+  const int64_t hs = layout.head_dim > 0 ? layout.head_dim : out.dim(1) / H;
+  TROUPE_CHECK(out.dim(1) == H * hs && qkv.dim(1) == (H + 2 * G) * hs && qkv.dtype() == DType::f32 &&
+                   out.dtype() == DType::f32,
+               "cached attention: f32 qkv (R,(H+2G)*hs) and out (R,H*hs)");
+  TROUPE_CHECK(static_cast<int64_t>(row0.size()) == n + 1 && static_cast<int64_t>(kv_len.size()) == n &&
+                   row0.front() == 0 && row0.back() == qkv.dim(0),
+               "cached attention: row0 holds one start per sequence and the rows' end; one kv_len per sequence");
+  TROUPE_CHECK(layout.alibi_slopes.empty() || static_cast<int64_t>(layout.alibi_slopes.size()) == H,
+               "cached attention: alibi_slopes holds one slope per held query head, or none");
+  std::vector<const float*> caches(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& c = kv[static_cast<size_t>(i)];
+    const int64_t Tq = row0[i + 1] - row0[i];
+    TROUPE_CHECK(Tq >= 1 && kv_len[i] >= Tq && c.dtype() == DType::f32 && c.rank() == 2 && c.dim(1) == 2 * G * hs &&
+                     c.dim(0) >= kv_len[i],
+                 "cached attention: each sequence has rows, and an f32 cache (rows, 2G*hs) holding them and what came before");
+    caches[static_cast<size_t>(i)] = c.data<float>();
+  }
+  cpu::attention_cached_forward<float>(*ctx.pool, out.data<float>(), H * hs, qkv.data<float>(), (H + 2 * G) * hs, n,
+                                       row0.data(), caches.data(), kv_len.data(), H, G, hs,
+                                       layout.alibi_slopes.empty() ? nullptr : layout.alibi_slopes.data());
+}
+
 void attention_block_finish(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& acc, const Tensor& m,
                             const Tensor& l) {
   TROUPE_CHECK(out.rank() == 3 && m.rank() == 3 && m.dim(0) == out.dim(0) && m.dim(2) == out.dim(1),

@@ -214,6 +214,15 @@ void attention_block_delta(Context& ctx, const Tensor& delta /*(B,H,Tq)*/, const
 void attention_block_backward(Context& ctx, const Tensor& dq, const Tensor& dkv, const Tensor& dout,
                               const Tensor& delta, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
                               const AttentionBlock& block, const DropoutMask& mask = {}, int64_t head0 = 0);
+// Decoding (model/decoder_shard.cpp): several sequences' new rows attend to their key/value caches in
+// one pass over the pool. Sequence i's rows [row0[i], row0[i+1]) of qkv (its q part) are the last of
+// the sequence, at positions kv_len[i] - Tq_i ...; each sees, causally, the first kv_len[i] rows of
+// kv[i] ([k (G*hs) | v (G*hs)] rows), with the layout's ALiBi and grouped-query. out (R, H*hs) gets
+// the rows' attention: bit for bit what attention_block_begin, _forward and _finish give over each
+// sequence alone, with one task per (sequence, head, row tile). fp32 on the CPU.
+void attention_cached_forward(Context& ctx, const Tensor& out /*(R,H*hs)*/, const Tensor& qkv /*(R,(H+2G)*hs)*/,
+                              const std::vector<int64_t>& row0, const std::vector<Tensor>& kv,
+                              const std::vector<int64_t>& kv_len, const AttentionLayout& layout);
 
 // ---- fused softmax + cross-entropy over the vocabulary ----------------------------------------
 // Only the first `valid` columns of each row are the real vocabulary; the padding columns [valid, Vp)

@@ -319,46 +319,39 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
   const size_t es = dtype_size(dt);
   Tensor a = Tensor::empty({R, C}, dt), qkv = Tensor::empty({R, qkv_width}, dt);
   Tensor att = Tensor::empty({R, H * hs}, dt), branch = Tensor::empty({R, C}, dt);
+  const bool f32 = dt == DType::f32;
+  std::vector<Tensor> caches(rows.ids.size());
+  std::vector<int64_t> kv_len(rows.ids.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& p = layers_[l];
     norm(ctx, a, x, p.ln1_w, p.ln1_b);
     linear(ctx, qkv, a, p.attn_w, p.attn_b, false);
+    // Per sequence: rotary at its positions, its new keys and values into its cache ([k | v] of each
+    // new row); then every sequence's rows over its cache at once.
     for (size_t i = 0; i < rows.ids.size(); ++i) {
       Sequence& s = sequence(rows.ids[i]);
-      const int64_t r0 = rows.row0[i], Tq = rows.row0[i + 1] - r0, Tk = s.length + Tq;
-      const Tensor q = qkv.rows(r0, r0 + Tq).view({1, Tq, qkv_width});
+      const int64_t r0 = rows.row0[i], Tq = rows.row0[i + 1] - r0;
       if (m.position_embedding == PositionEmbedding::rope) {
+        const Tensor q = qkv.rows(r0, r0 + Tq).view({1, Tq, qkv_width});
         ops::RotaryParams rotary = rotary_base;
         rotary.pos0 = s.length;
         ops::rotary_forward(ctx, q, 0, static_cast<int>(H), static_cast<int>(hs), rotary);
         ops::rotary_forward(ctx, q, H * hs, static_cast<int>(G), static_cast<int>(hs), rotary);
       }
-      // The new keys and values join the cache: [k | v] of each new row.
-      const Tensor& cache = s.kv[l];
-      {
-        const char* src = static_cast<const char*>(qkv.raw());
-        char* dst = static_cast<char*>(cache.raw());
-        for (int64_t r = 0; r < Tq; ++r)
-          std::memcpy(dst + (s.length + r) * kv_width * es, src + ((r0 + r) * qkv_width + H * hs) * es, kv_width * es);
-      }
-      ops::AttentionBlock block;
-      block.layout = layout;
-      block.seq_len = Tk;
-      for (int64_t r = 0; r < Tq; ++r) block.qpos.push_back(s.length + r);
-      for (int64_t r = 0; r < Tk; ++r) block.kpos.push_back(r);
-      Tensor acc = Tensor::empty({1, Tq, H * hs}, DType::f32);
-      Tensor mx = Tensor::empty({1, H, Tq}, DType::f32), sum = Tensor::empty({1, H, Tq}, DType::f32);
-      Tensor lse = Tensor::empty({1, H, Tq}, DType::f32);
-      // The blockwise kernels are fp32: a 16-bit shard's rows and cache widened (exactly), the
-      // result rounded once.
-      const bool f32 = dt == DType::f32;
-      const Tensor kv = cache.rows(0, Tk).view({1, Tk, kv_width});
-      const Tensor out = att.rows(r0, r0 + Tq).view({1, Tq, H * hs});
-      const Tensor out32 = f32 ? out : Tensor::empty({1, Tq, H * hs}, DType::f32);
-      ops::attention_block_begin(ctx, acc, mx, sum);
-      ops::attention_block_forward(ctx, acc, mx, sum, f32 ? q : q.to(DType::f32), f32 ? kv : kv.to(DType::f32), block);
-      ops::attention_block_finish(ctx, out32, lse, acc, mx, sum);
-      if (!f32) out.copy_from(out32.to(dt));
+      const char* src = static_cast<const char*>(qkv.raw());
+      char* dst = static_cast<char*>(s.kv[l].raw());
+      for (int64_t r = 0; r < Tq; ++r)
+        std::memcpy(dst + (s.length + r) * kv_width * es, src + ((r0 + r) * qkv_width + H * hs) * es, kv_width * es);
+      kv_len[i] = s.length + Tq;
+      // The attention kernel is fp32: a 16-bit shard's cache widened (exactly), the result rounded once.
+      caches[i] = f32 ? s.kv[l] : s.kv[l].rows(0, kv_len[i]).to(DType::f32);
+    }
+    if (f32) {
+      ops::attention_cached_forward(ctx, att, qkv, rows.row0, caches, kv_len, layout);
+    } else {
+      const Tensor att32 = Tensor::empty({R, H * hs}, DType::f32);
+      ops::attention_cached_forward(ctx, att32, qkv.to(DType::f32), rows.row0, caches, kv_len, layout);
+      att.copy_from(att32.to(dt));
     }
     linear(ctx, branch, att, p.proj_w, p.proj_b, true);
     ops::add_inplace(ctx, x, branch);

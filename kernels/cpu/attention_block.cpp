@@ -216,6 +216,54 @@ void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int
       }
 }
 
+template <class T>
+void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
+                              const int64_t* row0, const T* const* kv, const int64_t* Tk, int64_t H, int64_t G,
+                              int64_t hs, const double* alibi) {
+  const int64_t ldkv = 2 * G * hs, R = H / G;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
+  // Task t: sequence i, head h, row tile; first[i] is sequence i's first task.
+  std::vector<int64_t> first(static_cast<size_t>(n_seq) + 1, 0);
+  for (int64_t i = 0; i < n_seq; ++i) {
+    const int64_t tiles = (row0[i + 1] - row0[i] + kRowTile - 1) / kRowTile;
+    first[static_cast<size_t>(i) + 1] = first[static_cast<size_t>(i)] + H * tiles;
+  }
+  pool.for_each_task(first.back(), [&](int64_t task) {
+    const int64_t i = std::upper_bound(first.begin(), first.end(), task) - first.begin() - 1;
+    const int64_t local = task - first[static_cast<size_t>(i)];
+    const int64_t Tq = row0[i + 1] - row0[i], tiles = (Tq + kRowTile - 1) / kRowTile;
+    const int64_t h = local / tiles, g = h / R, r0 = (local % tiles) * kRowTile, Tr = std::min(kRowTile, Tq - r0);
+    const int64_t pos0 = Tk[i] - Tq + r0;  // the tile's first row's position
+    const int64_t Kt = pos0 + Tr;          // the keys its last row sees
+    T* S = thread_scratch<T>(static_cast<size_t>(kRowTile * Kt), 0);
+    const T* q = qkv + (row0[i] + r0) * ldq + h * hs;
+    const T* k = kv[i] + g * hs;
+    const T* v = k + G * hs;
+    T* o = out + (row0[i] + r0) * ldo + h * hs;
+    gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), S, Kt);
+    std::vector<T> inv(static_cast<size_t>(Tr));
+    for (int64_t r = 0; r < Tr; ++r) {
+      T* row = S + r * Kt;
+      const int64_t pos = pos0 + r;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j <= pos; ++j) {
+        if (alibi) row[j] += static_cast<T>(alibi[h] * static_cast<double>(j - pos));
+        mx = std::max(mx, row[j]);
+      }
+      T sum = 0;
+      for (int64_t j = 0; j <= pos; ++j) {
+        row[j] = fast_exp(row[j] - mx);
+        sum += row[j];
+      }
+      std::fill(row + pos + 1, row + Kt, T(0));
+      inv[static_cast<size_t>(r)] = T(1) / sum;
+    }
+    gemm_serial<T>(false, false, Tr, hs, Kt, T(1), S, Kt, v, ldkv, T(0), o, ldo);
+    for (int64_t r = 0; r < Tr; ++r)
+      for (int64_t c = 0; c < hs; ++c) o[r * ldo + c] *= inv[static_cast<size_t>(r)];
+  });
+}
+
 #define TROUPE_ATTENTION_BLOCK(T)                                                                                  \
   template void attention_block_forward<T>(ThreadPool&, T*, T*, T*, const T*, const T*, int64_t, int64_t, int64_t, \
                                            int64_t, int64_t, int64_t, const int64_t*, const int64_t*, int64_t,     \
@@ -224,7 +272,9 @@ void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int
                                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, \
                                             const int64_t*, int64_t, const double*, const DropoutMask*, int64_t); \
   template void attention_block_finish<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t); \
-  template void attention_block_delta<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);
+  template void attention_block_delta<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
+  template void attention_cached_forward<T>(ThreadPool&, T*, int64_t, const T*, int64_t, int64_t, const int64_t*,  \
+                                            const T* const*, const int64_t*, int64_t, int64_t, int64_t, const double*);
 TROUPE_ATTENTION_BLOCK(float)
 TROUPE_ATTENTION_BLOCK(double)
 #undef TROUPE_ATTENTION_BLOCK

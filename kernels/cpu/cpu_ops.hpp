@@ -95,6 +95,11 @@ void attention_block_finish(T* out, T* lse, const T* acc, const T* m, const T* l
                             int64_t hs);
 template <class T>
 void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int64_t Tq, int64_t H, int64_t hs);
+// Several sequences' new rows over their key/value caches (ops::attention_cached_forward).
+template <class T>
+void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
+                              const int64_t* row0, const T* const* kv, const int64_t* Tk, int64_t H, int64_t G,
+                              int64_t hs, const double* alibi);
 
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,

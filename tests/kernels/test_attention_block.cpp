@@ -5,6 +5,7 @@
 // attention, ALiBi, attention dropout, and odd chunk lengths.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -218,6 +219,63 @@ TEST_CASE("attention blocks: a block with no visible key leaves the state as it 
   for (int64_t i = 0; i < l.numel(); ++i) {
     CHECK(l.data<double>()[i] == 0.0);
     CHECK(std::isinf(m.data<double>()[i]));
+  }
+}
+
+// Decoding's cached attention: several sequences' new rows (a long prompt past one row tile, a
+// prompt, single decode rows) over caches that already hold earlier rows give, bit for bit, what the
+// blockwise kernels give each sequence alone; grouped-query, with and without ALiBi, any pool size.
+TEST_CASE("attention blocks: cached attention of ragged sequences equals each sequence's blocks bitwise",
+          "[attention_block]") {
+  Fixture f;
+  const int64_t H = 6, G = 2, hs = 8, W = (H + 2 * G) * hs, kvw = 2 * G * hs;
+  // (rows fed now, rows in the cache before)
+  const std::vector<std::pair<int64_t, int64_t>> seqs = {{131, 0}, {17, 0}, {1, 40}, {5, 3}, {1, 0}, {200, 9}};
+  std::vector<int64_t> row0{0}, kv_len;
+  for (auto [tq, before] : seqs) {
+    row0.push_back(row0.back() + tq);
+    kv_len.push_back(before + tq);
+  }
+  const int64_t R = row0.back();
+  for (bool alibi : {false, true}) {
+    ops::AttentionLayout layout;
+    layout.n_head = static_cast<int>(H);
+    layout.n_group = static_cast<int>(G);
+    layout.head_dim = static_cast<int>(hs);
+    if (alibi) layout.alibi_slopes = ops::alibi_slopes(static_cast<int>(H));
+    const Tensor qkv = random_tensor({R, W}, f.rng, -1.0, 1.0, DType::f32);
+    std::vector<Tensor> caches;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Tensor c = random_tensor({kv_len[i] + 3, kvw}, f.rng, -1.0, 1.0, DType::f32);  // rows past kv_len unused
+      for (int64_t r = 0; r < seqs[i].first; ++r)  // the new rows' keys and values are in the cache
+        std::copy_n(qkv.data<float>() + (row0[i] + r) * W + H * hs, kvw, c.data<float>() + (seqs[i].second + r) * kvw);
+      caches.push_back(c);
+    }
+    Tensor got = Tensor::empty({R, H * hs}, DType::f32);
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      Context ctx;
+      ctx.pool = &pool;
+      ops::attention_cached_forward(ctx, got, qkv, row0, caches, kv_len, layout);
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t Tq = seqs[i].first, Tk = kv_len[i];
+        ops::AttentionBlock block;
+        block.layout = layout;
+        block.seq_len = Tk;
+        for (int64_t r = 0; r < Tq; ++r) block.qpos.push_back(Tk - Tq + r);
+        for (int64_t r = 0; r < Tk; ++r) block.kpos.push_back(r);
+        Tensor acc = Tensor::empty({1, Tq, H * hs}, DType::f32), want = Tensor::empty({1, Tq, H * hs}, DType::f32);
+        Tensor m = Tensor::empty({1, H, Tq}, DType::f32), l = Tensor::empty({1, H, Tq}, DType::f32);
+        Tensor lse = Tensor::empty({1, H, Tq}, DType::f32);
+        ops::attention_block_begin(f.ctx, acc, m, l);
+        ops::attention_block_forward(f.ctx, acc, m, l, qkv.rows(row0[i], row0[i] + Tq).view({1, Tq, W}),
+                                     caches[i].rows(0, Tk).view({1, Tk, kvw}), block);
+        ops::attention_block_finish(f.ctx, want, lse, acc, m, l);
+        INFO("sequence " << i << ", alibi " << alibi << ", threads " << threads);
+        CHECK(std::memcmp(want.data<float>(), got.data<float>() + row0[i] * H * hs,
+                          static_cast<size_t>(Tq * H * hs) * sizeof(float)) == 0);
+      }
+    }
   }
 }
 
