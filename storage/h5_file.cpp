@@ -13,11 +13,6 @@
 #include <cstring>
 #include <functional>
 
-#if __has_include(<zlib.h>)
-#include <zlib.h>
-#define TROUPE_HAVE_ZLIB 1
-#endif
-
 #include "storage/write_pacing.hpp"
 
 namespace troupe::h5 {
@@ -83,17 +78,6 @@ Result<Handle> create_attr(hid_t obj, const std::string& name, hid_t type) {
   return a;
 }
 
-#ifndef TROUPE_HAVE_ZLIB
-std::array<uint32_t, 256> crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-#endif
 
 }  // namespace
 
@@ -291,29 +275,6 @@ Status write_attr(hid_t obj, const std::string& name, const std::string& value) 
   if (H5Awrite(a->get(), type.get(), &p) < 0)
     return error("cannot write attribute '" + name + "'", "check free disk space");
   return Status::ok();
-}
-
-uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
-  const auto* p = static_cast<const unsigned char*>(data);
-#ifdef TROUPE_HAVE_ZLIB
-  uLong c = crc;
-  while (bytes > 0) {  // zlib takes 32-bit lengths
-    const size_t n = std::min<size_t>(bytes, size_t{1} << 30);
-    c = ::crc32(c, p, static_cast<uInt>(n));
-    p += n;
-    bytes -= n;
-  }
-  return static_cast<uint32_t>(c);
-#else
-  static const std::array<uint32_t, 256> table = crc_table();
-  uint32_t c = crc ^ 0xFFFFFFFFu;
-  for (size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
-#endif
-}
-
-uint32_t crc32(const void* data, size_t bytes) {
-  return crc32_update(0, data, bytes);
 }
 
 namespace {

@@ -107,6 +107,11 @@ Status write_attr(hid_t obj, const std::string& name, const std::string& value);
 // continues a CRC over more bytes: crc32(ab) == crc32_update(crc32(a), b).
 uint32_t crc32(const void* data, size_t bytes);
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
+// Which implementation computes it on this CPU (storage/crc32.cpp): "pclmul" (carry-less
+// multiplication) or "zlib" (also where TROUPE_CRC32=portable asks for it).
+const char* crc32_implementation();
+// zlib's crc32_update whatever the CPU (the tests hold the other path to it).
+uint32_t crc32_update_zlib(uint32_t crc, const void* data, size_t bytes);
 
 // Name of the per-dataset checksum attribute: int64 holding the CRC-32 of the dataset's bytes
 // (little-endian f32, row-major).
