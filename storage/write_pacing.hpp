@@ -1,7 +1,8 @@
 // Pacing of background writes: while a WritePacing lives on a thread, that thread's checkpoint
 // dataset writes go in blocks of at most kPacedBlockBytes (one-dimensional data, i.e. shard pieces,
 // is split; checksums included), and after each block or smaller dataset `after_block` is called
-// with the seconds it took; it may sleep, so that a background writer (the offload actor) leaves
+// with the CPU seconds the thread spent on it (not the wall time: at the lowest priority a writer
+// waits for a core longer than it works); it may sleep, so that a background writer (the offload actor) leaves
 // the cores to the training.
 #pragma once
 #include <cstddef>
