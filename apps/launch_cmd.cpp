@@ -647,7 +647,16 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
       if (a == "--save-memory-dir" && i + 1 < l.argv.size()) base = l.argv[i + 1];
       else if (a.rfind("--save-memory-dir=", 0) == 0) base = a.substr(18);
     }
-    if (snapshots) memory.dir = memory_snapshot_dir(base, l.run_id);
+    if (snapshots) {
+      memory.dir = memory_snapshot_dir(base, l.run_id);
+      // The launcher owns the folder (its ranks come and go with restarts); folders of launchers or
+      // processes killed before they could remove theirs go now.
+      std::error_code ec;
+      std::filesystem::create_directories(memory.dir, ec);
+      if (!ec) (void)write_snapshot_owner(memory.dir, ::getpid());
+      for (const std::string& gone : sweep_abandoned_snapshot_folders(memory.dir))
+        std::fprintf(stderr, "troupe launch: removed %s: the in-memory snapshots of a process that is gone\n", gone.c_str());
+    }
   }
   for (int restart = 0;; ++restart) {
     bool restartable = false;

@@ -45,7 +45,8 @@
   X(cluster_json)              \
   X(layout_text)               \
   X(prompts_jsonl)             \
-  X(serve_request)
+  X(serve_request)             \
+  X(snapshot_owner)
 
 namespace troupe::fuzz {
 

@@ -39,32 +39,39 @@ uint32_t crc32_update_zlib(uint32_t crc, const void* data, size_t bytes) {
 namespace {
 
 #if defined(__x86_64__)
+#define TROUPE_PCLMUL __attribute__((target("pclmul,sse4.1")))
+
+TROUPE_PCLMUL inline __m128i load16(const unsigned char* q) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+}
+
+// x * (x^(n+32) mod P, x^(n-32) mod P) + data: the register folded over n bits onto the next data.
+TROUPE_PCLMUL inline __m128i fold(__m128i x, __m128i k, __m128i data) {
+  return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), data);
+}
+
 // The reflected CRC register over the first 16 * (bytes / 16) bytes (bytes >= 64), starting from
 // `reg` (zlib's running CRC, inverted); returns the register after them.
-__attribute__((target("pclmul,sse4.1"))) uint32_t fold_pclmul(uint32_t reg, const unsigned char* p, size_t bytes) {
+TROUPE_PCLMUL uint32_t fold_pclmul(uint32_t reg, const unsigned char* p, size_t bytes) {
   const __m128i k1k2 = _mm_set_epi64x(0x1c6e41596, 0x154442bd4);  // x^(4*128+32), x^(4*128-32) mod P, reflected
   const __m128i k3k4 = _mm_set_epi64x(0x0ccaa009e, 0x1751997d0);  // x^(128+32), x^(128-32)
   const __m128i k5 = _mm_set_epi64x(0, 0x163cd6124);              // x^64
   const __m128i poly_mu = _mm_set_epi64x(0x1f7011641, 0x1db710641);  // u' = x^64 / P, and P
   const __m128i mask32 = _mm_set_epi32(0, 0, 0, -1);
-  auto load = [](const unsigned char* q) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)); };
-  auto fold = [](__m128i x, __m128i k, __m128i data) {
-    return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), data);
-  };
-  __m128i x0 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
-  __m128i x1 = load(p + 16), x2 = load(p + 32), x3 = load(p + 48);
+  __m128i x0 = _mm_xor_si128(load16(p), _mm_cvtsi32_si128(static_cast<int>(reg)));
+  __m128i x1 = load16(p + 16), x2 = load16(p + 32), x3 = load16(p + 48);
   p += 64;
   bytes -= 64;
   for (; bytes >= 64; p += 64, bytes -= 64) {
-    x0 = fold(x0, k1k2, load(p));
-    x1 = fold(x1, k1k2, load(p + 16));
-    x2 = fold(x2, k1k2, load(p + 32));
-    x3 = fold(x3, k1k2, load(p + 48));
+    x0 = fold(x0, k1k2, load16(p));
+    x1 = fold(x1, k1k2, load16(p + 16));
+    x2 = fold(x2, k1k2, load16(p + 32));
+    x3 = fold(x3, k1k2, load16(p + 48));
   }
   x0 = fold(x0, k3k4, x1);
   x0 = fold(x0, k3k4, x2);
   x0 = fold(x0, k3k4, x3);
-  for (; bytes >= 16; p += 16, bytes -= 16) x0 = fold(x0, k3k4, load(p));
+  for (; bytes >= 16; p += 16, bytes -= 16) x0 = fold(x0, k3k4, load16(p));
   // 128 -> 64 bits, 64 -> 32 bits, then Barrett's reduction to the 32-bit remainder.
   x0 = _mm_xor_si128(_mm_clmulepi64_si128(x0, k3k4, 0x10), _mm_srli_si128(x0, 8));
   x0 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x0, mask32), k5, 0x00), _mm_srli_si128(x0, 4));

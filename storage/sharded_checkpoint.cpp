@@ -10,6 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <sstream>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -54,6 +57,82 @@ std::string memory_snapshot_dir(const std::string& base, const std::string& key)
     dir = std::filesystem::is_directory("/dev/shm", ec) ? "/dev/shm" : std::filesystem::temp_directory_path(ec).string();
   }
   return (std::filesystem::path(dir) / ("troupe-memory-" + key)).string();
+}
+
+namespace {
+
+// Field 22 of /proc/PID/stat (the start time in clock ticks since boot), or -1 when there is no such
+// process. The command name (field 2) may hold spaces and parentheses: fields are counted after the
+// last ')'.
+int64_t process_start_ticks(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (!in.good() && stat.empty()) return -1;
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(rest >> field)) return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(field.c_str(), &end, 10);
+  return end != nullptr && *end == '\0' ? v : -1;
+}
+
+}  // namespace
+
+Status write_snapshot_owner(const std::string& dir, int pid) {
+  const int64_t start = process_start_ticks(pid);
+  std::ofstream out(fs::path(dir) / "owner", std::ios::trunc);
+  out << pid << " " << start << "\n";
+  out.close();
+  if (!out) return Status::error("cannot write " + (fs::path(dir) / "owner").string());
+  return Status::ok();
+}
+
+std::optional<SnapshotOwner> parse_snapshot_owner(std::string_view text) {
+  if (text.size() > kMaxOwnerBytes || text.empty() || text.back() != '\n') return std::nullopt;
+  text.remove_suffix(1);
+  const size_t space = text.find(' ');
+  if (space == std::string_view::npos) return std::nullopt;
+  auto number = [](std::string_view t, bool negative_one_ok) -> std::optional<int64_t> {
+    if (negative_one_ok && t == "-1") return -1;
+    if (t.empty() || t.size() > 18 || (t.size() > 1 && t[0] == '0')) return std::nullopt;
+    int64_t v = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const auto pid = number(text.substr(0, space), false);
+  const auto start = number(text.substr(space + 1), true);
+  if (!pid || !start || *pid < 1 || *pid > (int64_t{1} << 22)) return std::nullopt;
+  return SnapshotOwner{static_cast<int>(*pid), *start};
+}
+
+std::vector<std::string> sweep_abandoned_snapshot_folders(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  const fs::path base = fs::path(dir).parent_path();
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("troupe-memory-", 0) != 0 || e.path() == fs::path(dir)) continue;
+    struct stat st {};
+    // A real folder of this user (never a link, never another user's: /dev/shm is everyone's).
+    if (::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    std::ifstream in(e.path() / "owner", std::ios::binary);
+    std::string text(kMaxOwnerBytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+    const auto owner = parse_snapshot_owner(text);
+    if (!owner) continue;  // no owner recorded: not ours to judge
+    const int64_t now = process_start_ticks(owner->pid);
+    if (now >= 0 && now == owner->start) continue;  // its owner lives
+    fs::remove_all(e.path(), ec);
+    if (!ec) removed.push_back(e.path().string());
+  }
+  return removed;
 }
 
 std::string shard_file_path(const std::string& dir, int64_t iteration, int rank) {

@@ -40,6 +40,23 @@ std::string iteration_dir(const std::string& dir, int64_t iteration);  // "DIR/i
 // /dev/shm when empty (the temporary directory where there is no /dev/shm); KEY the launcher's run id
 // under troupe launch (its restarted ranks find the folder again), else the process id.
 std::string memory_snapshot_dir(const std::string& base, const std::string& key);
+// Who owns a snapshot folder: DIR/owner holds "PID START" of the process that removes the folder at
+// its end (the training process, or under troupe launch the launcher), START its start time in clock
+// ticks since boot (/proc/PID/stat), so that a reused pid is not taken for the owner.
+Status write_snapshot_owner(const std::string& dir, int pid);
+// An owner file's text, "PID START" and a newline (at most kMaxOwnerBytes; PID 1..2^22, START -1 or
+// more): anything else is no owner (the folder is left alone).
+inline constexpr size_t kMaxOwnerBytes = 64;
+struct SnapshotOwner {
+  int pid = 0;
+  int64_t start = 0;
+};
+std::optional<SnapshotOwner> parse_snapshot_owner(std::string_view text);
+// Removes the snapshot folders (troupe-memory-*) beside `dir` whose owner is gone: a process killed
+// with SIGKILL (or by the OOM killer) cannot remove its folder, and a tmpfs keeps it in memory until
+// the machine restarts. Folders without an owner file, or whose owner lives, stay. Returns the
+// folders removed.
+std::vector<std::string> sweep_abandoned_snapshot_folders(const std::string& dir);
 std::string shard_file_path(const std::string& dir, int64_t iteration,
                             int rank);  // ".../shard_00003.h5"
 // Checks that DIR (or, when missing, the folder it would be created in) can be written; creates

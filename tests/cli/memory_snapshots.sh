@@ -40,6 +40,22 @@ same_losses plain.jsonl mem.jsonl || fail "the losses after the restart from mem
 [[ $(grep -c '"memory_snapshot"' mem.jsonl) -ge 5 ]] || fail "the metrics file misses the snapshots"
 [[ -z $(ls -A shm) ]] || { ls -laR shm; fail "the snapshot folder outlived the run"; }
 
+# Folders of processes that are gone (killed before they could remove theirs: a tmpfs keeps them in
+# memory until the machine restarts) are swept when a run opens its own; a live owner's folder, one
+# without an owner file, and one whose pid lives but started at another time (a reused pid) are told
+# apart.
+mkdir -p shm3/troupe-memory-dead/iter_0000004 shm3/troupe-memory-live shm3/troupe-memory-reused shm3/troupe-memory-noowner
+sleep 0 & dead=$!; wait $dead
+echo "$dead 12345" > shm3/troupe-memory-dead/owner
+my_start=$(sed 's/.*) //' /proc/$$/stat | awk '{print $20}')
+echo "$$ $my_start" > shm3/troupe-memory-live/owner
+echo "$$ $((my_start + 1))" > shm3/troupe-memory-reused/owner
+small_train --train-iters 6 --save-memory-interval 2 --save-memory-dir "$work/shm3" > sweep.log 2>&1 || { cat sweep.log; fail "the sweeping run failed"; }
+[[ ! -e shm3/troupe-memory-dead && ! -e shm3/troupe-memory-reused ]] || { ls -la shm3; fail "abandoned snapshot folders stayed"; }
+[[ -d shm3/troupe-memory-live && -d shm3/troupe-memory-noowner ]] || { ls -la shm3; fail "a folder with a live owner or none was removed"; }
+grep -q "removed .*troupe-memory-dead: the in-memory snapshots of a process that is gone" sweep.log || { cat sweep.log; fail "no note of the sweep"; }
+[[ $(ls shm3 | wc -l) == 2 ]] || { ls -la shm3; fail "the run's own folder outlived it"; }
+
 # pp 2 x dp 2, a save every 5 on disk and a snapshot every 3 in memory: the failure at 13 resumes
 # from memory's 12, not disk's 10.
 par=(--pipeline-model-parallel-size 2 --data-parallel-size 2 --num-threads 2 --train-iters 16 --log-interval 1)
