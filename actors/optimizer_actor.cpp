@@ -28,6 +28,7 @@ struct OptimizerState {
   // and the parameters copied back.
   bool host_step = false;
   Context cpu_ctx;
+  std::shared_ptr<BufferRecycler> snapshot_buffers;  // the moments' snapshot copies (null: fresh)
 };
 
 caf::error optimizer_error(const Status& st) {
@@ -37,7 +38,7 @@ caf::error optimizer_error(const Status& st) {
 optimizer_actor::behavior_type optimizer_behavior(
     optimizer_actor::stateful_pointer<OptimizerState> self, std::vector<AdamSegment> segments,
     int num_threads, std::shared_ptr<MomentStore> moments, int rank, std::shared_ptr<cuda::DeviceContext> device,
-    bool host_step) {
+    bool host_step, std::shared_ptr<BufferRecycler> snapshot_buffers) {
   configure_blas_threads();
   name_exceptions(self, "the optimizer partition of rank " + std::to_string(rank));
   auto& st = self->state;
@@ -55,6 +56,7 @@ optimizer_actor::behavior_type optimizer_behavior(
   }
   st.segments = std::move(segments);
   st.moments = std::move(moments);
+  st.snapshot_buffers = std::move(snapshot_buffers);
   return {
       [self](step_atom, const StepRequest& req) -> caf::result<ok_atom> {
         auto& s = self->state;
@@ -80,9 +82,13 @@ optimizer_actor::behavior_type optimizer_behavior(
         auto& s = self->state;
         DeviceScope placed(s.placement);  // host copies of GPU moments: each waits for its stream
         OptimizerMoments m;
+        auto host_copy = [&](const AdamSegment& seg) {
+          return s.snapshot_buffers ? s.snapshot_buffers->take(seg.param.shape(), seg.param.dtype())
+                                    : Tensor::empty(seg.param.shape(), seg.param.dtype());
+        };
         for (const AdamSegment& seg : s.segments) {
-          m.exp_avg.push_back(Tensor::empty(seg.param.shape(), seg.param.dtype()));
-          m.exp_avg_sq.push_back(Tensor::empty(seg.param.shape(), seg.param.dtype()));
+          m.exp_avg.push_back(host_copy(seg));
+          m.exp_avg_sq.push_back(host_copy(seg));
         }
         Status st = s.moments->visit(MomentAccess::read, [&](const MomentPiece& p) {
           m.exp_avg[p.segment].rows(p.begin, p.end).copy_from(p.exp_avg);
@@ -132,7 +138,8 @@ Result<optimizer_actor> spawn_optimizer(caf::actor_system& system,
   if (!moments) return moments.status();
   std::shared_ptr<MomentStore> shared = std::move(moments).value();
   return system.spawn<caf::detached>(optimizer_behavior, std::move(segments), num_threads,
-                                     std::move(shared), offload.rank, std::move(device), host_step);
+                                     std::move(shared), offload.rank, std::move(device), host_step,
+                                     offload.snapshot_buffers);
 }
 
 }  // namespace troupe

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/zero_store.hpp"
+#include "engine/buffer_recycler.hpp"
 #include "storage/host_pool.hpp"
 
 namespace troupe {
@@ -29,6 +30,9 @@ struct OptimizerOffload {
   std::shared_ptr<HostPool> pool;  // cpu, nvme: the process's pool (the offload actor's)
   int rank = 0;                    // names the swap file
   int64_t piece_elements = 0;      // nvme: elements per piece (0: MomentStore::kPieceElements)
+  // Where the moments' snapshot copies come from (in-memory snapshots: buffers reused from one
+  // snapshot to the next); null: fresh memory each time.
+  std::shared_ptr<BufferRecycler> snapshot_buffers;
 };
 
 struct MomentPiece {

@@ -1087,7 +1087,7 @@ std::vector<std::pair<int64_t, GlobalRun>> local_runs(const ParamSpec& spec, int
 // values_are_copies: `values` is already a snapshot nobody changes (the optimizer's copies of the
 // moments), so a piece of one run may view it instead of copying it again.
 TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const Tensor& given,
-                       bool values_are_copies = false) {
+                       bool values_are_copies = false, BufferRecycler* buffers = nullptr) {
   // A GPU rank's values: one read-back, itself a copy nobody changes.
   const Tensor values = given.to_host();
   values_are_copies = values_are_copies || given.device() != Device::cpu;
@@ -1103,7 +1103,7 @@ TensorPiece make_piece(const ParamSpec& spec, int64_t begin, int64_t end, const 
   }
   int64_t total = 0;
   for (const auto& [local, run] : runs) total += run.length;
-  p.values = Tensor::empty({total});
+  p.values = buffers != nullptr ? buffers->take({total}, DType::f32) : Tensor::empty({total});
   const float* src = values.data<float>();
   float* dst = p.values.data<float>();
   for (const auto& [local, run] : runs) {
@@ -1154,7 +1154,8 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
     const bool partitioned = stores_[c]->partitioned_params();
     for (const auto& r : stores_[c]->param_ranges())
       if (chunk.counts_in_norm(r.spec) && (partitioned || r.first_replica))
-        out.sections[ShardSection::model].push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
+        out.sections[ShardSection::model].push_back(
+            make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values, false, spec_.snapshot_buffers.get()));
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
       if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && !r.first_replica)) continue;

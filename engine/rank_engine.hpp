@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/buffer_recycler.hpp"
 #include "engine/activity.hpp"
 #include "engine/moe_tally.hpp"
 #include "engine/nan_watch.hpp"
@@ -125,6 +126,9 @@ struct RankSpec {
   // inspector (null: the watch is never on), and the NaN TROUPE_FAULT_NAN asks to inject.
   std::shared_ptr<NanControl> nan;
   std::optional<NanFault> nan_fault;
+  // Where shard_contents' copies come from (in-memory snapshots: buffers reused from one snapshot to
+  // the next, engine/buffer_recycler.hpp); null: fresh memory each time.
+  std::shared_ptr<BufferRecycler> snapshot_buffers;
 };
 
 // The parameter/activation and gradient types of a run's precision (include/troupe/precision.hpp):
