@@ -226,10 +226,12 @@ Status MemorySnapshotFolder::open(const TrainConfig& config, const JobOptions& o
                              ") -- give a writable directory on a tmpfs");
   // This process removes its own folder at its end (under troupe launch the launcher, which owns it);
   // folders whose owner was killed before it could are removed here.
-  if (owned_) TROUPE_RETURN_IF_ERROR(write_snapshot_owner(dir_, ::getpid()));
-  if (options.bootstrap == nullptr || options.bootstrap->rank() == 0)
+  // (The launcher swept when it made a launched run's folder.)
+  if (owned_) {
+    TROUPE_RETURN_IF_ERROR(write_snapshot_owner(dir_, ::getpid()));
     for (const std::string& gone : sweep_abandoned_snapshot_folders(dir_))
       note("removed " + gone + ": the in-memory snapshots of a process that is gone (killed before it could)");
+  }
   // A snapshot a killed process left unfinished is debris its iteration's next snapshot would meet.
   if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) discard_unfinished_saves(dir_, note);
   note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + dir_ +

@@ -241,7 +241,7 @@ void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qk
     const T* v = k + G * hs;
     T* o = out + (row0[i] + r0) * ldo + h * hs;
     gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), S, Kt);
-    std::vector<T> inv(static_cast<size_t>(Tr));
+    T* inv = thread_scratch<T>(static_cast<size_t>(kRowTile), 1);  // 1 / each row's sum
     for (int64_t r = 0; r < Tr; ++r) {
       T* row = S + r * Kt;
       const int64_t pos = pos0 + r;
@@ -256,11 +256,11 @@ void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qk
         sum += row[j];
       }
       std::fill(row + pos + 1, row + Kt, T(0));
-      inv[static_cast<size_t>(r)] = T(1) / sum;
+      inv[r] = T(1) / sum;
     }
     gemm_serial<T>(false, false, Tr, hs, Kt, T(1), S, Kt, v, ldkv, T(0), o, ldo);
     for (int64_t r = 0; r < Tr; ++r)
-      for (int64_t c = 0; c < hs; ++c) o[r * ldo + c] *= inv[static_cast<size_t>(r)];
+      for (int64_t c = 0; c < hs; ++c) o[r * ldo + c] *= inv[r];
   });
 }
 
