@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm_bf16.hpp"
+#include "kernels/cpu/gemm_half_weight.hpp"
 #include "kernels/half.hpp"
 #include "kernels/device_memory.hpp"
 #ifdef TROUPE_WITH_CUDA
@@ -348,6 +349,7 @@ bool native_bf16(std::initializer_list<const Tensor*> operands) {
 
 const uint16_t* bf16_data(const Tensor& t) { return t.defined() ? static_cast<const uint16_t*>(t.raw()) : nullptr; }
 
+
 }  // namespace
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
@@ -369,6 +371,28 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
     // out (N,O) = x (N,I) @ W^T (I,O) [+ out]
     cpu::gemm_bf16(*ctx.pool, false, true, N, O, I, 1.0f, bf16_data(x), I, bf16_data(weight), I,
                    bias_w.defined() ? 1.0f : 0.0f, o, O);
+    return w.finish();
+  }
+  // A 16-bit weight where native_bf16 does not apply (fp16; bf16 without AVX512-BF16): widened a block
+  // at a time in cache (cpu::gemm_f32_half_bt), not into one f32 copy per call. Decoding's few rows
+  // made that copy the call's time (fp16 decoding ran 2.5-4x slower than f32); at training's rows it
+  // costs as much or less than the copy (build/bench/bench_mixed_linear).
+  if (ctx.device == Device::cpu && ctx.pool != nullptr && is_half(weight.dtype()) && weight.rank() == 2) {
+    const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
+    TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
+    TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
+    Widen w(ctx, {&x, &weight, &bias, &out});
+    const Tensor x_w = w.in(x), bias_w = w.in(bias), out_w = w.out(out);
+    float* o = out_w.data<float>();
+    if (bias_w.defined()) {
+      const float* b = bias_w.data<float>();
+      ctx.pool->parallel_for(N, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) std::copy(b, b + O, o + n * O);
+      }, 64);
+    }
+    // out (N,O) = x (N,I) @ W^T (I,O) [+ out], W widened a block at a time
+    cpu::gemm_f32_half_bt(*ctx.pool, N, O, I, x_w.data<float>(), I, weight.dtype(), weight.raw(), I,
+                          bias_w.defined() ? 1.0f : 0.0f, o, O);
     return w.finish();
   }
   if (Widen w(ctx, {&x, &weight, &bias, &out}); w.active()) {
