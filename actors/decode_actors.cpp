@@ -2,6 +2,9 @@
 #include "actors/decode_actors.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -10,6 +13,7 @@
 #include "actors/messages.hpp"
 #include "comm/local/local_world.hpp"
 #include "kernels/thread_pool.hpp"
+#include "model/decode_work.hpp"
 #include "model/decoder_shard.hpp"
 
 namespace troupe {
@@ -18,19 +22,6 @@ void configure_blas_threads();
 
 namespace {
 
-// A change to the sequences, applied by every rank before the feed it travels with.
-struct SlotOp {
-  enum Kind : uint8_t { open, close, copy } kind = open;
-  int id = 0, from = 0;  // copy: `from` into `id`
-};
-
-struct DecodeWork {
-  std::vector<SlotOp> ops;
-  DecodeRows rows;  // empty: the ops only
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<uint8_t> every;  // per sequence: the logits of every new row, or of its last
-  std::vector<size_t> group_end;  // micro-batch k holds sequences [group_end[k-1], group_end[k])
-};
 using DecodeWorkPtr = std::shared_ptr<const DecodeWork>;
 
 struct DecodeReply {
@@ -54,7 +45,7 @@ using decode_rank_actor = caf::typed_actor<caf::replies_to<init_atom>::with<ok_a
 
 struct DecodeRankState {
   int rank = 0;
-  std::unique_ptr<comm::CommWorld> world;
+  std::shared_ptr<comm::CommWorld> world;
   std::unique_ptr<comm::Communicator> tp, pp;
   std::unique_ptr<ThreadPool> pool;
   Context ctx;
@@ -62,15 +53,23 @@ struct DecodeRankState {
   Status created;
 };
 
+// How a rank reaches the others: its world (a local fabric's, or the job's UCX world when the ranks
+// are processes), and what failing does to them (a local fabric is aborted, so no rank waits on this
+// one; a process's peers see it exit).
+struct RankLink {
+  std::shared_ptr<comm::CommWorld> world;
+  std::function<void(const std::string& why)> abort;
+};
+
 decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer<DecodeRankState> self,
-                                             comm::LocalFabric fabric, GptConfig config, ParallelDecodeOptions o,
+                                             RankLink link, GptConfig config, ParallelDecodeOptions o,
                                              int rank, int threads, const Decoder* whole) {
   configure_blas_threads();
   name_exceptions(self, "decode rank " + std::to_string(rank));
   auto& st = self->state;
   st.rank = rank;
   const int stage = rank / o.tp, tp_rank = rank % o.tp;
-  st.world = fabric.world(rank);
+  st.world = link.world;
   std::vector<int> tp_members, pp_members;
   for (int r = 0; r < o.tp; ++r) tp_members.push_back(stage * o.tp + r);
   for (int s = 0; s < o.pp; ++s) pp_members.push_back(s * o.tp + tp_rank);
@@ -89,9 +88,9 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
     // The whole model's tensors, read while create() waits for every rank's init.
     st.shard->load_from_whole([whole](const std::string& name) { return whole->param(name); });
   }
-  auto fail = [self, fabric](const std::string& why) {
+  auto fail = [self, abort = link.abort](const std::string& why) {
     const std::string what = "decode rank " + std::to_string(self->state.rank) + ": " + why;
-    fabric.abort(self->state.rank, what);
+    if (abort) abort(what);
     return make_actor_error(ActorErrc::failed, what);
   };
   return {
@@ -157,39 +156,101 @@ caf::actor_system_config decode_system_config() {
   return cfg;
 }
 
+
+// The collector (the last stage's tensor-parallel rank 0) and a work's wire header.
+int collector_rank(const ParallelDecodeOptions& o) { return (o.pp - 1) * o.tp; }
+constexpr int64_t kStopFeeds = -1;  // the header that ends a follower's loop
+constexpr uint64_t kLogitsTag = 1;  // the collector's logits to rank 0
+
+// Spawns this process's ranks [first, first + count) and waits for each one's init.
+Status spawn_ranks(caf::actor_system& system, std::vector<decode_rank_actor>& out, const std::vector<RankLink>& links,
+                   const GptConfig& config, const ParallelDecodeOptions& o, int first, int threads, const Decoder& whole) {
+  for (size_t i = 0; i < links.size(); ++i)
+    out.push_back(system.spawn<caf::detached>(decode_rank, links[i], config, o, first + static_cast<int>(i), threads, &whole));
+  Status status;
+  caf::scoped_actor self{system};
+  for (const auto& r : out)
+    self->request(r, caf::infinite, init_atom::value)
+        .receive([](ok_atom) {},
+                 [&](caf::error& err) {
+                   if (status) status = to_status(err);
+                 });
+  return status;
+}
+
+// Sends `work` to this process's ranks and waits for all; the logits of the one at `collector`
+// (an index into ranks), if any.
+Result<std::vector<std::vector<float>>> run_local(caf::actor_system& system, const std::vector<decode_rank_actor>& ranks,
+                                                  const DecodeWorkPtr& work, std::optional<size_t> collector) {
+  caf::scoped_actor self{system};
+  Status status;
+  std::vector<std::vector<float>> logits;
+  std::vector<decltype(self->request(ranks[0], caf::infinite, decode_atom::value, work))> handles;
+  for (const auto& r : ranks) handles.push_back(self->request(r, caf::infinite, decode_atom::value, work));
+  for (size_t i = 0; i < handles.size(); ++i)
+    handles[i].receive(
+        [&](DecodeReply& reply) {
+          if (collector && i == *collector) logits = std::move(reply.logits);
+        },
+        [&](caf::error& err) {
+          if (status) status = to_status(err);
+        });
+  if (!status) return status;
+  return logits;
+}
+
+// The rows a sequence's logits cover in the collector's flat buffer, split back per sequence.
+std::vector<std::vector<float>> split_logits(const DecodeWork& w, const std::vector<float>& flat, int64_t vocab) {
+  std::vector<std::vector<float>> out;
+  size_t at = 0;
+  for (size_t i = 0; i < w.tokens.size(); ++i) {
+    const size_t n = (w.every[i] ? w.tokens[i].size() : 1) * static_cast<size_t>(vocab);
+    out.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return out;
+}
+
 }  // namespace
 
 struct ParallelDecoder::Impl {
   ParallelDecodeOptions options;
   caf::actor_system_config config = decode_system_config();
   caf::actor_system system{config};
-  std::vector<decode_rank_actor> ranks;
+  std::vector<decode_rank_actor> ranks;  // this process's: all t x p, or (processes) rank 0 alone
   std::vector<SlotOp> pending;  // sequence changes not yet sent
   Status failed;                // a feed failed: the fabric is gone
+  // Ranks in processes of their own: the world, and the group of every process over which rank 0
+  // (this one) broadcasts each feed and the collector returns its logits.
+  std::shared_ptr<comm::CommWorld> world;
+  std::unique_ptr<comm::Communicator> control;
 
   ~Impl() {
+    if (control && failed) {  // the followers' loops end; a failed job's processes end with it
+      int64_t stop = kStopFeeds;
+      (void)control->broadcast(&stop, 1, DType::i64, 0)->wait();
+    }
     caf::scoped_actor self{system};
     for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
   }
 
   // Sends `work` to every rank and waits for all; the last stage's tp rank 0's logits.
-  Result<std::vector<std::vector<float>>> run(const DecodeWorkPtr& work) {
-    caf::scoped_actor self{system};
-    Status status;
-    std::vector<std::vector<float>> logits;
-    const size_t collector = ranks.size() - static_cast<size_t>(options.tp);  // last stage, tp rank 0
-    std::vector<decltype(self->request(ranks[0], caf::infinite, decode_atom::value, work))> handles;
-    for (const auto& r : ranks) handles.push_back(self->request(r, caf::infinite, decode_atom::value, work));
-    for (size_t i = 0; i < handles.size(); ++i)
-      handles[i].receive(
-          [&](DecodeReply& reply) {
-            if (i == collector) logits = std::move(reply.logits);
-          },
-          [&](caf::error& err) {
-            if (status) status = to_status(err);
-          });
-    if (!status) return status;
-    return logits;
+  Result<std::vector<std::vector<float>>> run(const DecodeWorkPtr& work, int64_t vocab) {
+    const int collector = collector_rank(options);
+    if (!control)
+      return run_local(system, ranks, work, static_cast<size_t>(collector));
+    // Every process gets the feed's bytes (its size first), then each runs its rank.
+    const std::string bytes = encode_decode_work(*work);
+    int64_t size = static_cast<int64_t>(bytes.size());
+    if (Status st = control->broadcast(&size, 1, DType::i64, 0)->wait(); !st) return st;
+    if (Status st = control->broadcast(const_cast<char*>(bytes.data()), bytes.size(), DType::u8, 0)->wait(); !st) return st;
+    if (collector == 0) return run_local(system, ranks, work, size_t{0});
+    std::vector<float> flat(decode_logits_count(*work, vocab));
+    comm::WorkPtr logits = control->recv(flat.data(), flat.size(), DType::f32, collector, kLogitsTag);
+    auto mine = run_local(system, ranks, work, std::nullopt);
+    if (!mine) return mine.status();
+    if (Status st = logits->wait(); !st) return st.with_context("decode: the logits from rank " + std::to_string(collector) + ": ");
+    return split_logits(*work, flat, vocab);
   }
 };
 
@@ -211,22 +272,120 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const Decoder& 
   if (impl->options.micro_batches <= 0) impl->options.micro_batches = options.pp;
   const int cores = options.num_threads > 0 ? options.num_threads
                                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const int threads = std::max(1, cores / size);
+  std::vector<RankLink> links;
   for (int r = 0; r < size; ++r)
-    impl->ranks.push_back(impl->system.spawn<caf::detached>(decode_rank, fabric.value(), config, impl->options, r,
-                                                            threads, &whole));
-  Status status;
-  {
-    caf::scoped_actor self{impl->system};
-    for (const auto& r : impl->ranks)
-      self->request(r, caf::infinite, init_atom::value)
-          .receive([](ok_atom) {},
-                   [&](caf::error& err) {
-                     if (status) status = to_status(err);
-                   });
-  }
-  if (!status) return status;
+    links.push_back({std::shared_ptr<comm::CommWorld>(fabric.value().world(r)),
+                     [f = fabric.value(), r](const std::string& why) { f.abort(r, why); }});
+  if (Status st = spawn_ranks(impl->system, impl->ranks, links, config, impl->options, 0, std::max(1, cores / size), whole); !st)
+    return st;
   return std::unique_ptr<ParallelDecoder>(new ParallelDecoder(config, std::move(impl)));
+}
+
+namespace {
+
+// A process rank's checks before it takes part: the layout against the world.
+Status check_process_layout(const GptConfig& config, const ParallelDecodeOptions& o, const comm::CommWorld& world) {
+  if (const std::string why = check_decoder_layout(config, o.tp, o.pp); !why.empty()) return Status::bad_input(why);
+  if (world.size() != o.tp * o.pp)
+    return Status::bad_input("tensor " + std::to_string(o.tp) + " x pipeline " + std::to_string(o.pp) + " = " +
+                             std::to_string(o.tp * o.pp) + " decode ranks, but troupe launch started " +
+                             std::to_string(world.size()) + " processes -- start one process per rank");
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create_distributed(const Decoder& whole, const ParallelDecodeOptions& options,
+                                                                              std::shared_ptr<comm::CommWorld> world) {
+  const GptConfig& config = whole.config();
+  TROUPE_CHECK(world && world->rank() == 0, "ParallelDecoder::create_distributed runs on rank 0 (the others follow)");
+  TROUPE_CHECK(whole.dtype() == DType::f32, "ParallelDecoder: the whole model must be f32");
+  if (Status st = check_process_layout(config, options, *world); !st) return st;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (impl->options.micro_batches <= 0) impl->options.micro_batches = options.pp;
+  impl->world = world;
+  auto control = world->everyone();  // before the rank's own groups, on every process
+  if (!control) return control.status();
+  impl->control = std::move(control).value();
+  const int threads = options.num_threads > 0 ? options.num_threads
+                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (Status st = spawn_ranks(impl->system, impl->ranks, {{world, nullptr}}, config, impl->options, 0, threads, whole); !st) {
+    impl->failed = st;
+    return st;
+  }
+  return std::unique_ptr<ParallelDecoder>(new ParallelDecoder(config, std::move(impl)));
+}
+
+Status run_decode_follower(const Decoder& whole, const ParallelDecodeOptions& options_in,
+                           std::shared_ptr<comm::CommWorld> world) {
+  const GptConfig& config = whole.config();
+  TROUPE_CHECK(world && world->rank() > 0, "run_decode_follower runs on ranks other than 0");
+  if (Status st = check_process_layout(config, options_in, *world); !st) return st;
+  ParallelDecodeOptions o = options_in;
+  if (o.micro_batches <= 0) o.micro_batches = o.pp;
+  auto control = world->everyone();
+  if (!control) return control.status();
+  caf::actor_system_config cfg = decode_system_config();
+  caf::actor_system system{cfg};
+  std::vector<decode_rank_actor> ranks;
+  const int threads = o.num_threads > 0 ? o.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int rank = world->rank();
+  Status status = spawn_ranks(system, ranks, {{world, nullptr}}, config, o, rank, threads, whole);
+  // Rank 0's sequences as this process sees them, to check each feed as rank 0 did (plan_feed).
+  std::map<int, int64_t> open;
+  while (status) {
+    int64_t size = 0;
+    if (status = control.value()->broadcast(&size, 1, DType::i64, 0)->wait(); !status) break;
+    if (size == kStopFeeds) break;
+    if (size < 0 || size > (int64_t{1} << 32)) {
+      status = Status::bad_input("a decode feed of " + std::to_string(size) + " bytes from rank 0");
+      break;
+    }
+    std::string bytes(static_cast<size_t>(size), '\0');
+    if (status = control.value()->broadcast(bytes.data(), bytes.size(), DType::u8, 0)->wait(); !status) break;
+    auto parsed = parse_decode_work(bytes, config.vocab_size);
+    if (!parsed) {
+      status = parsed.status();
+      break;
+    }
+    for (const SlotOp& op : parsed.value().ops) {
+      const bool to_open = open.count(op.id) != 0, from_open = open.count(op.from) != 0;
+      if (op.kind == SlotOp::close ? !to_open : to_open || (op.kind == SlotOp::copy && !from_open)) {
+        status = Status::bad_input("a decode feed from rank 0 changes sequence " + std::to_string(op.id) +
+                                   " in a way its state does not allow");
+        break;
+      }
+      if (op.kind == SlotOp::close) open.erase(op.id);
+      else open[op.id] = op.kind == SlotOp::copy ? open[op.from] : 0;
+    }
+    if (!status) break;
+    const DecodeWork& w = parsed.value();
+    if (!w.rows.ids.empty()) {
+      auto rows = plan_feed(config, w.rows.ids, w.tokens, [&](int id) { return open.count(id) != 0; },
+                            [&](int id) { return open.at(id); });
+      if (!rows) {
+        status = rows.status().with_context("a decode feed from rank 0: ");
+        break;
+      }
+    }
+    const bool collects = rank == collector_rank(o);
+    auto logits = run_local(system, ranks, std::make_shared<const DecodeWork>(std::move(parsed).value()),
+                            collects ? std::optional<size_t>(0) : std::nullopt);
+    if (!logits) {
+      status = logits.status();
+      break;
+    }
+    if (collects && !logits.value().empty()) {
+      std::vector<float> flat;
+      for (const auto& l : logits.value()) flat.insert(flat.end(), l.begin(), l.end());
+      status = control.value()->send(flat.data(), flat.size(), DType::f32, 0, kLogitsTag)->wait();
+    }
+    for (size_t i = 0; i < w.rows.ids.size(); ++i) open[w.rows.ids[i]] += static_cast<int64_t>(w.tokens[i].size());
+  }
+  caf::scoped_actor self{system};
+  for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);
+  return status;
 }
 
 int ParallelDecoder::open_sequence() {
@@ -265,19 +424,8 @@ Result<std::vector<std::vector<float>>> ParallelDecoder::feed_each(Context& ctx,
   work->rows = rows.value();
   work->tokens = tokens;
   work->every = every;
-  // Micro-batches of about equal rows, each at least one sequence.
-  const size_t S = ids.size(), m = std::min(S, static_cast<size_t>(impl_->options.micro_batches));
-  const int64_t R = work->rows.rows();
-  size_t end = 0;
-  for (size_t k = 1; k < m; ++k) {
-    const int64_t target = R * static_cast<int64_t>(k) / static_cast<int64_t>(m);
-    ++end;
-    while (end < S && work->rows.row0[end] < target) ++end;
-    end = std::min(end, S - (m - k));  // room for the groups after
-    work->group_end.push_back(end);
-  }
-  work->group_end.push_back(S);
-  auto logits = impl_->run(work);
+  work->group_end = split_micro_batches(work->rows.row0, impl_->options.micro_batches);
+  auto logits = impl_->run(work, config_.vocab_size);
   if (!logits) {
     impl_->failed = logits.status();
     return logits.status();

@@ -10,6 +10,11 @@
 // stages work on different micro-batches at once; the last stage's tensor-parallel rank 0 replies
 // with the logits. Opening, closing and copying sequences travel with the next feed.
 //
+// The ranks may also be processes (troupe launch, one rank each, over UCX): rank 0 holds the
+// decoder and its own rank's actor, broadcasts each feed's bytes (model/decode_work.hpp) to the
+// other processes, whose run_decode_follower hands them to their rank's actor; the collector sends
+// its logits to rank 0.
+//
 // A rank that fails (a bug, memory) aborts the fabric: every other rank's pending exchange fails,
 // each replies the error, the feed returns it, and the decoder refuses every later feed. Nothing
 // waits for ever.
@@ -19,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/world.hpp"
 #include "model/decoder.hpp"
 #include "troupe/status.hpp"
 
@@ -36,6 +42,11 @@ class ParallelDecoder : public SequenceDecoder {
   // t x p shard actors filled from `whole` (an f32 Decoder holding the whole model; it may be freed
   // once this returns). Bad input when the model cannot be split so (check_decoder_layout's reasons).
   static Result<std::unique_ptr<ParallelDecoder>> create(const Decoder& whole, const ParallelDecodeOptions& options);
+  // The ranks as the processes of a `troupe launch` (one rank each, world rank = stage * t + tensor rank;
+  // `world` their UCX world, of t x p processes): this is rank 0's decoder, whose feeds it broadcasts
+  // to the others, which run run_decode_follower until it is destroyed. Every process holds `whole`.
+  static Result<std::unique_ptr<ParallelDecoder>> create_distributed(const Decoder& whole, const ParallelDecodeOptions& options,
+                                                                     std::shared_ptr<comm::CommWorld> world);
   ~ParallelDecoder() override;
   ParallelDecoder(const ParallelDecoder&) = delete;
   ParallelDecoder& operator=(const ParallelDecoder&) = delete;
@@ -58,5 +69,11 @@ class ParallelDecoder : public SequenceDecoder {
   std::unique_ptr<Impl> impl_;
   SequenceBook book_;
 };
+
+// The other processes' side of create_distributed: this process's rank takes part in each feed rank 0
+// broadcasts (checked as rank 0 checked it: parse_decode_work, then plan_feed against the sequences
+// its changes open) and, as the collector, sends rank 0 the logits; returns when rank 0's decoder is
+// destroyed (ok) or the job fails (why).
+Status run_decode_follower(const Decoder& whole, const ParallelDecodeOptions& options, std::shared_ptr<comm::CommWorld> world);
 
 }  // namespace troupe

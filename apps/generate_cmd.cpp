@@ -15,6 +15,8 @@
 #include "apps/commands.hpp"
 #include "apps/generation_model.hpp"
 #include "apps/report.hpp"
+#include "comm/bootstrap/launch_env.hpp"
+#include "comm/ucx/ucx_world.hpp"
 #include "kernels/thread_pool.hpp"
 #include "model/generation.hpp"
 #include "config/imported_config.hpp"
@@ -107,20 +109,53 @@ Result<GenerationModel> load_generation_model(const std::string& dir, int64_t it
   if (layout.bf16) layout.dtype = DType::bf16;
   if (layout.fp16) layout.dtype = DType::f16;
   auto loaded = load_whole_generation_model(dir, iteration, layout);
-  if (!loaded || (layout.tp * layout.pp == 1 && layout.dtype == DType::f32)) return loaded;
+  if (!loaded || (layout.tp * layout.pp == 1 && layout.dtype == DType::f32 && !layout.world)) return loaded;
   GenerationModel out = std::move(loaded).value();
   const auto* whole = dynamic_cast<const Decoder*>(out.decoder.get());
-  if (layout.tp * layout.pp == 1) {  // one 16-bit decoder, its values the f32 ones rounded
+  if (layout.tp * layout.pp == 1 && !layout.world) {  // one 16-bit decoder, its values the f32 ones rounded
     auto half = std::make_unique<Decoder>(whole->config(), layout.dtype);
     half->load_from(*whole);
     out.decoder = std::move(half);
     return out;
   }
   // The whole model read once, then split over the shard actors, each copying its slice.
-  auto parallel = ParallelDecoder::create(*whole, {layout.tp, layout.pp, layout.num_threads, 0, layout.dtype});
+  const ParallelDecodeOptions options{layout.tp, layout.pp, layout.num_threads, 0, layout.dtype};
+  auto parallel = layout.world ? ParallelDecoder::create_distributed(*whole, options, layout.world)
+                               : ParallelDecoder::create(*whole, options);
   if (!parallel) return parallel.status().with_context("--load " + dir + ": ");
   out.decoder = std::move(parallel).value();
   return out;
+}
+
+Result<DecodeProcesses> join_decode_processes() {
+  DecodeProcesses out;
+  auto env = comm::detect_launch_env();
+  if (!env) return env.status().as_bad_input();
+  if (env.value().world_size <= 1) return out;
+  auto bootstrap = comm::create_caf_bootstrap(env.value());
+  if (!bootstrap) return bootstrap.status();
+  auto world = comm::create_ucx_world(*bootstrap.value());
+  if (!world) return world.status();
+  out.bootstrap = std::move(bootstrap).value();
+  out.world = std::move(world).value();
+  out.local_world_size = std::max(1, env.value().local_world_size);
+  return out;
+}
+
+int follow_decode(const std::string& name, const std::string& dir, int64_t iteration, const DecodeLayout& layout_in,
+                  const DecodeProcesses& procs) {
+  DecodeLayout layout = layout_in;
+  if (layout.bf16) layout.dtype = DType::bf16;
+  if (layout.fp16) layout.dtype = DType::f16;
+  auto loaded = load_whole_generation_model(dir, iteration, layout);
+  Status st = loaded.status();
+  if (loaded) {
+    const auto& whole = dynamic_cast<const Decoder&>(*loaded.value().decoder);
+    st = run_decode_follower(whole, {layout.tp, layout.pp, layout.num_threads, 0, layout.dtype}, procs.world);
+  }
+  if (st) return kExitOk;
+  print_error(name, st.with_context("rank " + std::to_string(procs.world->rank()) + ": "));
+  return exit_code_for(st);
 }
 
 void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout) {
@@ -172,6 +207,18 @@ int run_generate(const GenerateArgs& a) {
   }
   DecodeLayout layout = a.layout;
   layout.num_threads = a.num_threads;
+  // Under troupe launch: one process per rank; rank 0 generates, the others follow it.
+  auto procs = join_decode_processes();
+  if (!procs) {
+    print_error(name, procs.status());
+    return exit_code_for(procs.status());
+  }
+  if (procs.value().world) {
+    if (layout.num_threads <= 0)
+      layout.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / procs.value().local_world_size);
+    layout.world = procs.value().world;
+  }
+  if (procs.value().follower()) return follow_decode(name, a.load, a.iteration, layout, procs.value());
   auto loaded = load_generation_model(a.load, a.iteration, layout);
   if (!loaded) {
     print_error(name, loaded.status());

@@ -46,7 +46,8 @@
   X(layout_text)               \
   X(prompts_jsonl)             \
   X(serve_request)             \
-  X(snapshot_owner)
+  X(snapshot_owner)            \
+  X(decode_work)
 
 namespace troupe::fuzz {
 

@@ -8,7 +8,7 @@
 # a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way, and each Hugging Face
 # folder as its checkpoint does; decoding on tensor- and pipeline-parallel shard actors (tp 2, pp 2,
 # tp 2 x pp 2; 4 heads, 3 layers: an uneven split) gives the one-decoder tokens, greedy and sampled
-# with a seed; --bf16 and --fp16 decode a bf16-trained checkpoint within 16-bit rounding of f32; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
+# with a seed, in one process and as processes of troupe launch; --bf16 and --fp16 decode a bf16-trained checkpoint within 16-bit rounding of f32; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
 source "$(dirname "$0")/common.bash"
 py=/usr/bin/python3
 "$py" -c "import torch, numpy, h5py" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/h5py"; exit 77; }
@@ -87,7 +87,26 @@ PY
     done
   done
   echo "$name: tp 2, pp 2 and tp 2 x pp 2 generate the one decoder's tokens, greedy and sampled"
+  # The same layouts with the ranks as processes of troupe launch (UCX between them; rank 0 generates):
+  # the one decoder's tokens again, and the bytes the in-process layout prints.
+  [[ $name == gpt2 || $name == mixtral ]] || continue
+  for layout in "2 1 2" "1 2 2" "2 2 4"; do
+    read -r tp pp n <<< "$layout"
+    at=(--tensor-model-parallel-size "$tp" --pipeline-model-parallel-size "$pp" --num-threads 1)
+    for kind in gen sam; do
+      if [[ $kind == gen ]]; then how=(--top-k 1); else how=("${sampled[@]}"); fi
+      timeout 120 "$troupe" launch --nproc-per-node "$n" -- generate --load "ck_$name" "${prompts[@]}" "${how[@]}" \
+        --tokens-to-generate 9 --no-stop-on-eod --json "${at[@]}" > "mp_${kind}_${name}_$tp$pp.jsonl" 2> mp.err ||
+        { cat mp.err; fail "$name: tp $tp x pp $pp on $n processes ($kind) failed"; }
+      cmp -s "${kind}_${name}_$tp$pp.jsonl" "mp_${kind}_${name}_$tp$pp.jsonl" ||
+        fail "$name: tp $tp x pp $pp on $n processes ($kind) printed other than in one process"
+    done
+  done
+  echo "$name: tp 2, pp 2 and tp 2 x pp 2 on 2, 2 and 4 processes print what one process prints"
 done
+expect_refusal processes "= 4 decode ranks, but troupe launch started 2 processes" \
+  "$troupe" launch --nproc-per-node 2 -- generate --load ck_gpt2 --prompt a --tensor-model-parallel-size 2 \
+  --pipeline-model-parallel-size 2
 
 # 16-bit decoding (--bf16, --fp16) of a checkpoint trained in bf16, at 1 x 1 and tp 2 x pp 2: the
 # prompt's log-probabilities within 16-bit rounding of the f32 decoder's, and not equal to them.

@@ -6,7 +6,8 @@
 # up to the unstreamed text; bad requests get 400 with Megatron's reasons; /metrics counts them in
 # Prometheus' format; a bearer token, when set, is required, and binding beyond loopback without one
 # is refused (exit 2); the page at / streams a completion in headless Chromium; a server decoding on
-# tp 3 x pp 2 shard actors answers as the one-decoder server does.
+# tp 3 x pp 2 shard actors answers as the one-decoder server does, and so does one whose tp 3 ranks
+# are the processes of troupe launch (and killing one of them ends the job, no process left).
 source "$(dirname "$0")/common.bash"
 make_corpus
 small_train --train-iters 60 --save ck --num-threads 1 --hidden-dropout 0 --attention-dropout 0 > train.log 2>&1 ||
@@ -221,6 +222,57 @@ assert together == json.load(open(sys.argv[4])), "tp 3 x pp 2 gave other tokens 
 print("ok: on tp 3 x pp 2, greedy and 8 concurrent seeded clients get the one decoder's tokens")
 PY
 stop_server
+
+# The ranks as processes: troupe launch --nproc-per-node 3 -- serve on tp 3 (rank 0 serves, UCX between
+# them) answers as the one-decoder server does; a rank killed ends the whole job (exit 1), no process left.
+"$troupe" launch --nproc-per-node 3 -- serve --load ck --port 0 --num-threads 1 --tensor-model-parallel-size 3 \
+  > serve_mp.log 2>&1 &
+serve_pid=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(sed -n 's/.*:\([0-9]*\) (PUT \/api.*/\1/p' serve_mp.log 2> /dev/null || true)
+  [[ -n "$port" ]] && break
+  sleep 0.1
+done
+[[ -n "$port" ]] || { cat serve_mp.log; fail "troupe serve on 3 processes did not start"; }
+python3 - "$port" gen.jsonl alone.json <<'PY' || fail "the server on 3 processes gave other tokens"
+import http.client, json, sys, threading
+port = int(sys.argv[1])
+def call(body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("PUT", "/api", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    return r.status, r.read()
+gen = [json.loads(l) for l in open(sys.argv[2])]
+status, body = call({"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1})
+assert status == 200, (status, body)
+for i, g in enumerate(gen):
+    assert json.loads(body)["tokens"][i] == list(g["prompt"].encode()) + g["tokens"], (body, g)
+reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
+        for k in range(8)]
+together = [None] * 8
+def run(k):
+    together[k] = json.loads(call(reqs[k])[1])["tokens"]
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert together == json.load(open(sys.argv[3])), "tp 3 on 3 processes gave other tokens than one decoder"
+print("ok: on tp 3 as 3 processes, greedy and 8 concurrent seeded clients get the one decoder's tokens")
+PY
+ranks=$(pgrep -P "$serve_pid" || true)
+[[ $(wc -w <<< "$ranks") == 3 ]] || fail "troupe launch runs $(wc -w <<< "$ranks") ranks, not 3"
+victim=$(for p in $ranks; do tr '\0' '\n' < "/proc/$p/environ" | grep -qx TROUPE_RANK=2 && echo "$p"; done)
+kill -9 "$victim"
+set +e
+timeout 30 tail --pid="$serve_pid" -f /dev/null
+wait "$serve_pid"
+rc=$?
+set -e
+serve_pid=""
+[[ $rc == 1 ]] || { cat serve_mp.log; fail "killing rank 2 ended the job with exit $rc, not 1"; }
+for p in $ranks; do ! kill -0 "$p" 2> /dev/null || fail "rank process $p outlived the job"; done
+grep -q "rank 2 (pid $victim) was killed by signal 9" serve_mp.log || { cat serve_mp.log; fail "the launcher did not name rank 2"; }
+echo "ok: a rank of the 3-process server killed: the job ended (exit 1), naming it, no process left"
 set +e
 "$troupe" serve --load ck --bind 0.0.0.0 --port 0 > open.log 2>&1
 rc=$?
