@@ -5,6 +5,7 @@
 #   - the ranks meet through MASTER_ADDR given as a hostname, each on its host;
 #   - tp 2 x dp 2 across the hosts gives the in-process losses within 1e-5, and the data-parallel
 #     gradients really cross the veth (its byte counter grows by at least their volume);
+#   - troupe generate on tp 2 x pp 2 across the hosts prints what one process prints;
 #   - train --auto-layout: rank 0 plans for both hosts once the ranks met, every rank runs its choice;
 #   - rank 0 and UCX listen on host0's 10.77.0.1 only;
 #   - cutting the link mid-run (ip link set down) ends the job on both hosts within
@@ -94,7 +95,8 @@ model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 -
        --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
        --num-threads 1 --train-iters 600 --log-interval 200
        --tensor-model-parallel-size 2 --data-parallel-size 2)
-"$troupe" train "${model[@]}" --metrics-file "$work/inproc.jsonl" > inproc.log 2>&1 || { cat inproc.log; fail "in-process run failed"; }
+"$troupe" train "${model[@]}" --metrics-file "$work/inproc.jsonl" --save "$work/ck_gen" > inproc.log 2>&1 ||
+  { cat inproc.log; fail "in-process run failed"; }
 tx0=$(tx_bytes)
 launch_both two -- train "${model[@]}" --metrics-file "$work/two.jsonl"
 listening=""
@@ -126,6 +128,22 @@ echo "$listening" | awk '{print $4}' | while read -r local; do
   [[ "$local" == "${addr[0]}":* ]] || fail "host0 listens on $local, not on ${addr[0]} only"
 done
 echo "ok: host0 listens on ${addr[0]} only: $(echo "$listening" | awk '{print $4}' | tr '\n' ' ')"
+
+# --- troupe generate on tp 2 x pp 2 over the two hosts (stage 0 on host0, stage 1 on host1): the
+# bytes the same layout prints in one process, greedy and sampled ------------------------------------
+gen=(--load "$work/ck_gen" --prompt "The " --prompt "Q: Why did the chicken" --tokens-to-generate 9 --no-stop-on-eod
+     --json --num-threads 1 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+for how in "--top-k 1" "--top-p 0.95 --temperature 1.3 --seed 7"; do
+  read -r -a how_flags <<< "$how"
+  "$troupe" generate "${gen[@]}" "${how_flags[@]}" > gen_inproc.jsonl 2> gen_inproc.err ||
+    { cat gen_inproc.err; fail "generate in one process failed"; }
+  launch_both gen -- generate "${gen[@]}" "${how_flags[@]}"
+  wait_both || { cat gen.*.log; fail "generate over two hosts ($how) failed"; }
+  grep '^{' gen.0.log > gen_two.jsonl || true
+  cmp -s gen_inproc.jsonl gen_two.jsonl || { cat gen.0.log gen.1.log; fail "generate over two hosts ($how) printed other than one process"; }
+  [[ ! -s gen.1.log ]] || grep -qv '^{' gen.1.log || fail "host1 printed a generation (only rank 0 prints)"
+done
+echo "ok: troupe generate on tp 2 x pp 2 over two hosts prints what one process prints, greedy and sampled"
 
 # --- train --auto-layout over the two hosts: rank 0 plans for 2 hosts x 2 ranks once the ranks met
 # (host0 measured), every rank takes its choice, and the job runs the layout the plan printed -----
