@@ -84,6 +84,7 @@ decode_rank_actor::behavior_type decode_rank(decode_rank_actor::stateful_pointer
     st.ctx.pool = st.pool.get();
     DecoderShardSpec spec = DecoderShardSpec::of(config, o.tp, tp_rank, o.pp, stage);
     spec.dtype = o.dtype;
+    spec.expert_parallel = o.expert_parallel;
     st.shard = std::make_unique<DecoderShard>(config, spec, st.tp.get());
     // The whole model's tensors, read while create() waits for every rank's init.
     st.shard->load_from_whole([whole](const std::string& name) { return whole->param(name); });
@@ -261,7 +262,7 @@ ParallelDecoder::~ParallelDecoder() = default;
 
 Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const Decoder& whole, const ParallelDecodeOptions& options) {
   const GptConfig& config = whole.config();
-  if (const std::string why = check_decoder_layout(config, options.tp, options.pp); !why.empty())
+  if (const std::string why = check_decoder_layout(config, options.tp, options.pp, options.expert_parallel); !why.empty())
     return Status::bad_input(why);
   TROUPE_CHECK(whole.dtype() == DType::f32, "ParallelDecoder: the whole model must be f32");
   const int size = options.tp * options.pp;
@@ -285,7 +286,7 @@ namespace {
 
 // A process rank's checks before it takes part: the layout against the world.
 Status check_process_layout(const GptConfig& config, const ParallelDecodeOptions& o, const comm::CommWorld& world) {
-  if (const std::string why = check_decoder_layout(config, o.tp, o.pp); !why.empty()) return Status::bad_input(why);
+  if (const std::string why = check_decoder_layout(config, o.tp, o.pp, o.expert_parallel); !why.empty()) return Status::bad_input(why);
   if (world.size() != o.tp * o.pp)
     return Status::bad_input("tensor " + std::to_string(o.tp) + " x pipeline " + std::to_string(o.pp) + " = " +
                              std::to_string(o.tp * o.pp) + " decode ranks, but troupe launch started " +

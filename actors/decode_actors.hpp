@@ -35,6 +35,7 @@ struct ParallelDecodeOptions {
   int num_threads = 0;    // compute threads of all the ranks together (0: every core); each rank gets its share
   int micro_batches = 0;  // a feed's sequences split into at most this many groups (0: pp)
   DType dtype = DType::f32;  // the shards' (model/decoder_shard.hpp): f32, bf16 or f16
+  bool expert_parallel = false;  // experts whole, E/tp per tensor-parallel rank (DecoderShardSpec)
 };
 
 class ParallelDecoder : public SequenceDecoder {

@@ -31,7 +31,12 @@ namespace {
 
 // Whether `model` can be decoded on the layout (before its weights are read, where that can be).
 Status check_layout(const std::string& dir, const GptConfig& model, const DecodeLayout& layout) {
-  const std::string why = check_decoder_layout(model, layout.tp, layout.pp);
+  std::string why = check_decoder_layout(model, layout.tp, layout.pp, layout.ep > 1);
+  if (layout.ep > 1 && layout.ep != layout.tp)
+    why += std::string(why.empty() ? "" : "; ") +
+           fmt::format("--expert-model-parallel-size {} is not the tensor-parallel size {}: decoding spreads the "
+                       "experts over the tensor-parallel group -- give {} or 1",
+                       layout.ep, layout.tp, layout.tp);
   const std::string both = layout.bf16 && layout.fp16 ? "--bf16 and --fp16 are both set -- give one of them" : "";
   if (why.empty() && both.empty()) return Status::ok();
   if (why.empty()) return Status::bad_input(both);
@@ -119,7 +124,7 @@ Result<GenerationModel> load_generation_model(const std::string& dir, int64_t it
     return out;
   }
   // The whole model read once, then split over the shard actors, each copying its slice.
-  const ParallelDecodeOptions options{layout.tp, layout.pp, layout.num_threads, 0, layout.dtype};
+  const ParallelDecodeOptions options{layout.tp, layout.pp, layout.num_threads, 0, layout.dtype, layout.ep > 1};
   auto parallel = layout.world ? ParallelDecoder::create_distributed(*whole, options, layout.world)
                                : ParallelDecoder::create(*whole, options);
   if (!parallel) return parallel.status().with_context("--load " + dir + ": ");
@@ -151,7 +156,7 @@ int follow_decode(const std::string& name, const std::string& dir, int64_t itera
   Status st = loaded.status();
   if (loaded) {
     const auto& whole = dynamic_cast<const Decoder&>(*loaded.value().decoder);
-    st = run_decode_follower(whole, {layout.tp, layout.pp, layout.num_threads, 0, layout.dtype}, procs.world);
+    st = run_decode_follower(whole, {layout.tp, layout.pp, layout.num_threads, 0, layout.dtype, layout.ep > 1}, procs.world);
   }
   if (st) return kExitOk;
   print_error(name, st.with_context("rank " + std::to_string(procs.world->rank()) + ": "));
@@ -164,6 +169,11 @@ void add_decode_layout_options(CLI::App* cmd, DecodeLayout& layout) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--pipeline-model-parallel-size", layout.pp,
                   "decode on this many pipeline stages (a feed's sequences flow through them in micro-batches)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--expert-model-parallel-size", layout.ep,
+                  "1: each expert split over the tensor-parallel ranks like the MLP; the tensor-parallel size: "
+                  "the experts whole, spread over those ranks")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd->add_flag("--bf16", layout.bf16, "decode in bf16: weights, activations and the cache (the 16-bit forward)");

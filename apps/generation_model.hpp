@@ -23,6 +23,7 @@ struct GenerationModel {
 // How the model is decoded: tp x pp shard actors (actors/decode_actors.hpp) or, 1 x 1, one decoder.
 struct DecodeLayout {
   int tp = 1, pp = 1;
+  int ep = 1;  // --expert-model-parallel-size: 1, or tp (the experts whole, spread over the tensor-parallel group)
   int num_threads = 0;  // 0: every core
   DType dtype = DType::f32;  // --bf16, --fp16: the 16-bit forward (model/decoder_shard.hpp)
   bool bf16 = false, fp16 = false;  // the flags, resolved into dtype by load_generation_model

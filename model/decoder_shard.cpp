@@ -40,7 +40,7 @@ DecoderShardSpec DecoderShardSpec::of(const GptConfig& config, int tp_size, int 
   return s;
 }
 
-std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages) {
+std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages, bool expert_parallel) {
   if (Status st = config.validate(); !st) return st.message();
   std::vector<std::string> problems;
   if (tp_size < 1) problems.push_back(fmt::format("the tensor-parallel size is {} -- give 1 or more", tp_size));
@@ -55,9 +55,19 @@ std::string check_decoder_layout(const GptConfig& config, int tp_size, int stage
     divides(config.num_attention_heads, "attention heads");
     divides(config.query_groups(), "query groups");
     divides(config.ffn_hidden_size(), "MLP hidden size");
-    if (config.moe.enabled()) divides(config.expert_ffn_hidden_size(), "experts' hidden size");
+    if (config.moe.enabled() && !expert_parallel) divides(config.expert_ffn_hidden_size(), "experts' hidden size");
+    if (expert_parallel)
+      for (int l = 0; l < config.num_layers; ++l)
+        if (const int E = config.moe.experts_of(l, config.num_layers); E > 0 && E % tp_size != 0) {
+          problems.push_back(fmt::format("--expert-model-parallel-size {} does not divide layer {}'s {} experts -- give a "
+                                         "size that does, or leave the experts split like the MLP (1)",
+                                         tp_size, l, E));
+          break;
+        }
     if (config.moe.shared_expert_ffn > 0) divides(config.moe.shared_expert_ffn, "shared expert's hidden size");
   }
+  if (expert_parallel && !config.moe.enabled())
+    problems.push_back("--expert-model-parallel-size is set, but the model has no experts -- leave it out");
   if (stages > config.num_layers)
     problems.push_back(fmt::format("--pipeline-model-parallel-size {} is more than the model's {} layers -- give at "
                                    "most {}",
@@ -104,14 +114,16 @@ Result<DecodeRows> plan_feed(const GptConfig& m, const std::vector<int>& ids, co
 
 DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec, comm::Communicator* tp)
     : config_(config), spec_(spec), tp_(spec.tp_size > 1 ? tp : nullptr) {
-  const std::string why = check_decoder_layout(config, spec.tp_size, 1);
+  const std::string why = check_decoder_layout(config, spec.tp_size, 1, spec.expert_parallel && spec.tp_size > 1);
   TROUPE_CHECK(why.empty(), "DecoderShard: " + why);
   TROUPE_CHECK(spec.tp_size == 1 || (tp != nullptr && tp->size() == spec.tp_size && tp->rank() == spec.tp_rank),
                "DecoderShard: the tensor-parallel communicator does not match the shard");
   heads_ = config.num_attention_heads / spec.tp_size;
   groups_ = config.query_groups() / spec.tp_size;
   const bool tied = !config.untie_embeddings_and_output_weights;
-  for (ParamSpec& s : gpt2_shard_specs(config, spec.tp_size, spec.tp_rank)) {
+  const bool ep = spec.expert_parallel && spec.tp_size > 1;
+  const ExpertShard experts{ep ? spec.tp_size : 1, ep ? spec.tp_rank : 0, !ep};
+  for (ParamSpec& s : gpt2_shard_specs(config, spec.tp_size, spec.tp_rank, experts)) {
     const int layer = layer_of(s.name);
     bool keep = false;
     if (layer >= 0) keep = layer >= spec.first_layer && layer < spec.first_layer + spec.num_layers;
@@ -160,7 +172,10 @@ DecoderShard::DecoderShard(const GptConfig& config, const DecoderShardSpec& spec
       y.coef_w = find(h + "mlp.coefficient.weight");
       y.coef_b = find(h + "mlp.coefficient.bias");
       y.shared = mlp_at(h + "mlp.shared_expert.");
-      for (int e = 0; e < E; ++e) y.experts.push_back(mlp_at(h + "mlp.experts." + std::to_string(e) + "."));
+      const int count = E / experts.ep_size;
+      y.expert0 = static_cast<int64_t>(count) * experts.ep_rank;
+      for (int e = 0; e < count; ++e)
+        y.experts.push_back(mlp_at(h + "mlp.experts." + std::to_string(y.expert0 + e) + "."));
     }
     layers_.push_back(std::move(y));
   }
@@ -386,7 +401,7 @@ void DecoderShard::mlp(Context& ctx, const Mlp& m, const Tensor& a, const Tensor
 }
 
 void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const Tensor& out) const {
-  const int64_t R = a.dim(0), C = config_.hidden_size, E = static_cast<int64_t>(p.experts.size());
+  const int64_t R = a.dim(0), C = config_.hidden_size, E = p.router_w.dim(0);
   const DType dt = spec_.dtype;
   const bool f32 = dt == DType::f32;
   MoeConfig dropless = config_.moe;
@@ -399,14 +414,16 @@ void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const 
   std::copy_n(logits32.data<float>(), R * E, z.data());
   const MoeRouting rt = moe_route(dropless, z.data(), 1, R, E, /*training=*/false, {});
   // routed = sum_j w_nj expert_(n,j)(a_n), in fp32: each expert over its rows at once; partial sums
-  // over the group (c_proj's bias on rank 0 only, inside the sum), reduced once.
+  // over the group, reduced once: slices of every expert (c_proj's bias on rank 0 only, inside the
+  // sum), or whole experts of the shard's own (each with its bias).
+  const bool whole_experts = spec_.expert_parallel || spec_.tp_size == 1;
   const Tensor routed = Tensor::zeros({R, C}, DType::f32);
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
   for (int64_t i = 0; i < R * k; ++i)
     if (rt.kept[static_cast<size_t>(i)]) by_expert[static_cast<size_t>(rt.expert[static_cast<size_t>(i)])].push_back(i);
   const bool swiglu = config_.activation == MlpActivation::swiglu;
-  for (int64_t e = 0; e < E; ++e) {
-    const std::vector<int64_t>& assigned = by_expert[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < static_cast<int64_t>(p.experts.size()); ++e) {
+    const std::vector<int64_t>& assigned = by_expert[static_cast<size_t>(p.expert0 + e)];
     if (assigned.empty()) continue;
     const Mlp& w = p.experts[static_cast<size_t>(e)];
     const int64_t n = static_cast<int64_t>(assigned.size()), FC = w.fc_w.dim(0);
@@ -416,7 +433,7 @@ void DecoderShard::moe_mlp(Context& ctx, const Layer& p, const Tensor& a, const 
     ops::linear_forward(ctx, fc, xe, w.fc_w, w.fc_b);
     if (swiglu) ops::glu_forward(ctx, act, fc, ops::GluKind::swiglu);
     else ops::gelu_forward(ctx, act, fc);
-    ops::linear_forward(ctx, ye, act, w.proj_w, spec_.tp_rank == 0 ? w.proj_b : Tensor());
+    ops::linear_forward(ctx, ye, act, w.proj_w, whole_experts || spec_.tp_rank == 0 ? w.proj_b : Tensor());
     const Tensor ye32 = f32 ? ye : ye.to(DType::f32);
     float* o = routed.data<float>();
     const float* y = ye32.data<float>();

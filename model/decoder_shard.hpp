@@ -43,6 +43,10 @@ struct DecoderShardSpec {
   // forward holds them (every op computes in fp32 and rounds its result once; the attention over the
   // cache and the logits stay fp32).
   DType dtype = DType::f32;
+  // Experts: split like the MLP over the tensor-parallel group (false: expert-TP = TP), or whole, each
+  // rank holding E/t of every MoE layer's experts (true: expert parallelism over the group, EP = t,
+  // expert-TP = 1, as Megatron's --expert-model-parallel-size with --expert-tensor-parallel-size 1).
+  bool expert_parallel = false;
   // The whole model: t = 1, every layer, the embedding and the head.
   static DecoderShardSpec whole(const GptConfig& config);
   // Tensor-parallel rank `tp_rank` of `tp_size` on pipeline stage `stage` of `stages` (Megatron's
@@ -51,8 +55,10 @@ struct DecoderShardSpec {
 };
 
 // Why `config` cannot be decoded on t x p shards (empty: it can): heads, query groups and MLP widths
-// (the experts' and the shared expert's too) that t divides, no more stages than layers.
-std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages);
+// (the experts' and the shared expert's too) that t divides, no more stages than layers; with
+// expert_parallel, a model with experts whose every MoE layer's count t divides (the experts' width
+// then need not be).
+std::string check_decoder_layout(const GptConfig& config, int tp_size, int stages, bool expert_parallel = false);
 
 // A feed's rows: the sequences' new tokens one after the other.
 struct DecodeRows {
@@ -123,7 +129,8 @@ class DecoderShard {
     bool moe = false;
     Tensor router_w, router_b, coef_w, coef_b;
     Mlp shared;
-    std::vector<Mlp> experts;
+    std::vector<Mlp> experts;  // the shard's: global experts [expert0, expert0 + size) of the router's E
+    int64_t expert0 = 0;
   };
   void norm(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b) const;
   // out = x w^T (+ b): column-parallel (the shard's slice) or, row_parallel, summed over the group.

@@ -4,11 +4,12 @@
 // random weights, on tp 2, pp 2 and tp 2 x pp 2: ragged prompts fed together (cut into micro-batches
 // through the pipeline) give the one-thread logits up to rounding; greedy and seeded sampled
 // generation give its tokens; beam search (copied caches) its hypotheses. A Mixtral-like MoE (experts
-// split like the MLP, a shared expert) too.
+// split like the MLP, a shared expert) too, and with its experts whole, two per tensor-parallel rank.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "actors/decode_actors.hpp"
 #include "model/generation.hpp"
@@ -91,9 +92,14 @@ TEST_CASE("parallel decoding: every layout gives the one-thread decoder's logits
     const auto sampled1 = generate(ctx, one, prompts, sampled).value();
     const auto beams1 = beam_search(ctx, one, prompts[2], 3, 5, /*stop_token=*/-1).value();
 
-    for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
-      INFO(name << " tp " << tp << " pp " << pp);
-      auto made = ParallelDecoder::create(one, {tp, pp, 2, 0});
+    std::vector<std::tuple<int, int, bool>> layouts = {{2, 1, false}, {1, 2, false}, {2, 2, false}};
+    if (m.moe.enabled()) {  // and the experts whole, two per tensor-parallel rank (EP = tp)
+      layouts.emplace_back(2, 1, true);
+      layouts.emplace_back(2, 2, true);
+    }
+    for (const auto& [tp, pp, ep] : layouts) {
+      INFO(name << " tp " << tp << " pp " << pp << (ep ? " experts whole over the tp ranks" : ""));
+      auto made = ParallelDecoder::create(one, {tp, pp, 2, 0, DType::f32, ep});
       REQUIRE(made.is_ok());
       ParallelDecoder& par = *made.value();
       // Ragged prompts together (every row's logits), then a step of one token each.
@@ -183,6 +189,17 @@ TEST_CASE("parallel decoding: a layout the model cannot take is refused with the
   auto deep = ParallelDecoder::create(one, {1, 4, 1, 0});
   REQUIRE_FALSE(deep.is_ok());
   CHECK_THAT(deep.status().message(), Catch::Contains("3 layers"));
+  // Experts whole over the tensor-parallel ranks: a count the group does not divide; a dense model.
+  auto ep_dense = ParallelDecoder::create(one, {2, 1, 1, 0, DType::f32, true});
+  REQUIRE_FALSE(ep_dense.is_ok());
+  CHECK_THAT(ep_dense.status().message(), Catch::Contains("the model has no experts"));
+  GptConfig odd = family("mixtral");
+  odd.moe.num_experts = {3};
+  Decoder three_experts(odd);
+  auto ep_odd = ParallelDecoder::create(three_experts, {2, 1, 1, 0, DType::f32, true});
+  REQUIRE_FALSE(ep_odd.is_ok());
+  CHECK_THAT(ep_odd.status().message(), Catch::Contains("does not divide layer 0's 3 experts"));
+  CHECK(ParallelDecoder::create(three_experts, {2, 1, 1, 0}).is_ok());  // split like the MLP, 3 experts work
 }
 
 }  // namespace troupe

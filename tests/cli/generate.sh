@@ -8,7 +8,8 @@
 # a checkpoint of a pipeline-parallel run (pp 2 x dp 2) generates the same way, and each Hugging Face
 # folder as its checkpoint does; decoding on tensor- and pipeline-parallel shard actors (tp 2, pp 2,
 # tp 2 x pp 2; 4 heads, 3 layers: an uneven split) gives the one-decoder tokens, greedy and sampled
-# with a seed, in one process and as processes of troupe launch; --bf16 and --fp16 decode a bf16-trained checkpoint within 16-bit rounding of f32; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
+# with a seed, in one process and as processes of troupe launch (the Mixtral also with its experts
+# whole over the tensor-parallel ranks); --bf16 and --fp16 decode a bf16-trained checkpoint within 16-bit rounding of f32; bad input (a layout the model cannot take among it) is refused with the fix, exit 2.
 source "$(dirname "$0")/common.bash"
 py=/usr/bin/python3
 "$py" -c "import torch, numpy, h5py" 2> /dev/null || { echo "SKIP: /usr/bin/python3 lacks torch/numpy/h5py"; exit 77; }
@@ -87,6 +88,22 @@ PY
     done
   done
   echo "$name: tp 2, pp 2 and tp 2 x pp 2 generate the one decoder's tokens, greedy and sampled"
+  if [[ $name == mixtral ]]; then  # the experts whole, two per tensor-parallel rank (EP = tp)
+    for pp in 1 2; do
+      at=(--tensor-model-parallel-size 2 --expert-model-parallel-size 2 --pipeline-model-parallel-size "$pp" --num-threads 2)
+      "$troupe" generate --load "ck_$name" "${prompts[@]}" --top-k 1 --tokens-to-generate 9 --no-stop-on-eod --json \
+        "${at[@]}" > "gen_${name}_ep_$pp.jsonl" 2> ep.err || { cat ep.err; fail "$name: ep 2 on tp 2 x pp $pp failed"; }
+      "$troupe" generate --load "ck_$name" "${prompts[@]}" "${sampled[@]}" --tokens-to-generate 9 --no-stop-on-eod --json \
+        "${at[@]}" > "sam_${name}_ep_$pp.jsonl" 2> ep.err || { cat ep.err; fail "$name: sampling, ep 2 on tp 2 x pp $pp failed"; }
+      for kind in gen sam; do
+        "$py" -c 'import json,sys; a=[json.loads(l)["tokens"] for l in open(sys.argv[1])]; b=[json.loads(l)["tokens"] for l in open(sys.argv[2])]; assert a == b and len(a) == 2, (a, b)' \
+          "${kind}_$name.jsonl" "${kind}_${name}_ep_$pp.jsonl" || fail "$name: ep 2 on tp 2 x pp $pp ($kind) generates other tokens than one decoder"
+      done
+    done
+    expect_refusal ep_not_tp "is not the tensor-parallel size 1" "$troupe" generate --load "ck_$name" --prompt a \
+      --expert-model-parallel-size 2
+    echo "$name: its 4 experts whole over the tp 2 ranks (tp 2, tp 2 x pp 2) generate the one decoder's tokens"
+  fi
   # The same layouts with the ranks as processes of troupe launch (UCX between them; rank 0 generates):
   # the one decoder's tokens again, and the bytes the in-process layout prints.
   [[ $name == gpt2 || $name == mixtral ]] || continue
@@ -149,6 +166,8 @@ expect_refusal both "are both set" "$troupe" generate --load ck_gpt2 --prompt "a
 expect_refusal no_checkpoint "--load nowhere" "$troupe" generate --load nowhere --prompt "a"
 expect_refusal layout "does not divide the model's attention heads (4)" "$troupe" generate --load ck_gpt2 --prompt "a" \
   --tensor-model-parallel-size 3
+expect_refusal ep_dense "the model has no experts" "$troupe" generate --load ck_gpt2 --prompt "a" \
+  --tensor-model-parallel-size 2 --expert-model-parallel-size 2
 expect_refusal deep "more than the model's 3 layers" "$troupe" generate --load ck_gpt2 --prompt "a" \
   --pipeline-model-parallel-size 4
 printf '{"prompt": "ok"}\n[1, 2]\n' > bad.jsonl
