@@ -349,13 +349,20 @@ bool native_bf16(std::initializer_list<const Tensor*> operands) {
 
 const uint16_t* bf16_data(const Tensor& t) { return t.defined() ? static_cast<const uint16_t*>(t.raw()) : nullptr; }
 
+// The native bf16 GEMM packs all of the weight on every call; for a few rows of x (a decoding step at
+// batch 1 to 8) that packing is the call's time, and linear's forward widens the weight a block at a
+// time instead (gemm_f32_half_bt: 1 x 768 -> 50257 in 10 ms against 17 packed; from 16 rows on the
+// packed kernel is faster: build/bench/bench_mixed_linear).
+constexpr int64_t kNativeBf16MinRows = 8;
+
 
 }  // namespace
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
   TROUPE_ON_CUDA(ctx, linear_forward(ctx, out, x, weight, bias));
-  if (ctx.device == Device::cpu && ctx.pool != nullptr && native_bf16({&x, &weight})) {
+  if (ctx.device == Device::cpu && ctx.pool != nullptr && native_bf16({&x, &weight}) && weight.rank() == 2 &&
+      x.numel() / std::max<int64_t>(1, weight.dim(1)) > kNativeBf16MinRows) {
     const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
     TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
     TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
@@ -373,10 +380,10 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
                    bias_w.defined() ? 1.0f : 0.0f, o, O);
     return w.finish();
   }
-  // A 16-bit weight where native_bf16 does not apply (fp16; bf16 without AVX512-BF16): widened a block
-  // at a time in cache (cpu::gemm_f32_half_bt), not into one f32 copy per call. Decoding's few rows
-  // made that copy the call's time (fp16 decoding ran 2.5-4x slower than f32); at training's rows it
-  // costs as much or less than the copy (build/bench/bench_mixed_linear).
+  // A 16-bit weight where the native bf16 GEMM does not apply (fp16; bf16 without AVX512-BF16; bf16 on
+  // a few rows): widened a block at a time in cache (cpu::gemm_f32_half_bt), not into one f32 copy per
+  // call. Decoding's few rows made that copy the call's time (fp16 decoding ran 2.5-4x slower than
+  // f32); at training's rows it costs as much or less than the copy (build/bench/bench_mixed_linear).
   if (ctx.device == Device::cpu && ctx.pool != nullptr && is_half(weight.dtype()) && weight.rank() == 2) {
     const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
     TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");

@@ -1,7 +1,7 @@
 // gemm_f32_half_bt (kernels/cpu/gemm_half_weight.hpp), the linear forward with a 16-bit weight read a
 // block at a time: against a double-precision product of the same (widened, exact) values within the
 // fp32 bound, bitwise the same on 1..4 threads, leading dimensions wider than the matrices, beta 0
-// reading no C, and ops::linear_forward taking it for few rows of fp16.
+// reading no C, and ops::linear_forward taking it for few rows of fp16 and bf16.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -88,9 +88,10 @@ TEST_CASE("gemm_f32_half_bt: the fp32 bound, bitwise on every pool size", "[kern
   CHECK(cpu::half_weight_block_rows(0) % 16 == 0);
 }
 
-TEST_CASE("fp16 linear_forward on few rows reads the weight a block at a time", "[kernels][mixed]") {
-  // One decoding step's shape (3 tokens, odd widths, five weight blocks): the 16-bit op equals the
-  // product of the widened operands within the fp32 bound, rounded once to fp16.
+TEST_CASE("16-bit linear_forward on few rows reads the weight a block at a time", "[kernels][mixed]") {
+  // One decoding step's shape (3 tokens, odd widths, five weight blocks), fp16 and bf16 (which takes
+  // this path below 9 rows even where the native bf16 GEMM runs): the 16-bit op equals the product of
+  // the widened operands within the fp32 bound, rounded once to 16 bits.
   std::mt19937_64 rng(0x1f16);
   ThreadPool pool(3);
   Context ctx;
@@ -100,23 +101,26 @@ TEST_CASE("fp16 linear_forward on few rows reads the weight a block at a time", 
   Tensor x = Tensor::empty({N, I}), w = Tensor::empty({O, I}), b = Tensor::empty({O});
   for (Tensor* t : {&x, &w, &b})
     for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = u(rng);
-  const Tensor x16 = x.to(DType::f16), w16 = w.to(DType::f16), b16 = b.to(DType::f16);
-  const Tensor out16 = Tensor::empty({N, O}, DType::f16), out32 = Tensor::empty({N, O});
-  ops::linear_forward(ctx, out16, x16, w16, b16);
-  ops::linear_forward(ctx, out32, x16, w16, b16);  // f32 output: the value before fp16's rounding
-  const Tensor xw = x16.to(DType::f32), ww = w16.to(DType::f32), bw = b16.to(DType::f32);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t o = 0; o < O; ++o) {
-      double dot = bw.data<float>()[o], mag = std::abs(dot);
-      for (int64_t i = 0; i < I; ++i) {
-        const double p = static_cast<double>(xw.data<float>()[n * I + i]) * ww.data<float>()[o * I + i];
-        dot += p;
-        mag += std::abs(p);
+  for (DType h : {DType::f16, DType::bf16}) {
+    INFO(dtype_name(h));
+    const Tensor x16 = x.to(h), w16 = w.to(h), b16 = b.to(h);
+    const Tensor out16 = Tensor::empty({N, O}, h), out32 = Tensor::empty({N, O});
+    ops::linear_forward(ctx, out16, x16, w16, b16);
+    ops::linear_forward(ctx, out32, x16, w16, b16);  // f32 output: the value before the 16-bit rounding
+    const Tensor xw = x16.to(DType::f32), ww = w16.to(DType::f32), bw = b16.to(DType::f32);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        double dot = bw.data<float>()[o], mag = std::abs(dot);
+        for (int64_t i = 0; i < I; ++i) {
+          const double p = static_cast<double>(xw.data<float>()[n * I + i]) * ww.data<float>()[o * I + i];
+          dot += p;
+          mag += std::abs(p);
+        }
+        const float got32 = out32.data<float>()[n * O + o];
+        INFO("row " << n << " output " << o);
+        REQUIRE(std::abs(got32 - dot) <= (I + 2) * 0x1p-24 * mag);
+        const uint16_t got16 = static_cast<const uint16_t*>(out16.raw())[n * O + o];
+        REQUIRE(got16 == narrow(h, got32));
       }
-      const float got32 = out32.data<float>()[n * O + o];
-      INFO("row " << n << " output " << o);
-      REQUIRE(std::abs(got32 - dot) <= (I + 2) * 0x1p-24 * mag);
-      const uint16_t got16 = static_cast<const uint16_t*>(out16.raw())[n * O + o];
-      REQUIRE(got16 == half::f32_to_f16(got32));
-    }
+  }
 }
