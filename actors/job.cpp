@@ -25,6 +25,7 @@
 #include "inspect/trace_command.hpp"
 #include "actors/offload_actor.hpp"
 #include "actors/rank_actor.hpp"
+#include "actors/supervisor.hpp"
 #include "config/imported_config.hpp"
 #include "config/memory_estimate.hpp"
 #include "config/run_identity.hpp"
@@ -675,8 +676,9 @@ Result<TrainSummary> run_attempt(const TrainConfig& config, const AttemptContext
 
 }  // namespace
 
-// The supervisor of a run in this process: it moves the job through its lifecycle
-// (engine/lifecycle.hpp), and these are its phases in order.
+// A run in this process: it resolves the run here, then hands it to the supervisor actor
+// (actors/supervisor.hpp), which moves the job through the rest of its lifecycle
+// (engine/lifecycle.hpp). The phases in order:
 //   resolving   the run's identity and start (engine/run_start.hpp), the layout, everything that can
 //               refuse the run; then on_start, the in-memory snapshot folder, the sgemm peak.
 //   starting    an attempt: a fresh actor system, the ranks spawned and loaded (run_ranks), then
@@ -762,31 +764,35 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     note("resident before the ranks: " + std::to_string(static_cast<long long>(resident / (1024.0 * 1024.0))) +
          " MiB (the memory plan's figures come on top of it)");
 
-  for (int restart = 1;; ++restart) {
-    lifecycle.enter(JobPhase::starting, restart == 1 ? "" : "restart " + std::to_string(restart - 1));
-    bool stuck = false;
-    auto result = run_attempt(attempt, run, &stuck);  // starting -> training -> stopping (when it succeeded)
-    if (result) {
-      result.value().goodput = ledger->report(steady_seconds());
-      lifecycle.enter(JobPhase::finished);
-      return result;
-    }
-    // The NaN watch stops the run (a restart would meet it again); the same bad input would be
-    // refused again; a stuck rank's thread stays behind, so this process cannot restart cleanly
-    // (troupe launch can); under troupe launch the launcher restarts the processes.
+  // starting, training, stopping, recovering: the supervisor actor (actors/supervisor.hpp) runs the
+  // attempts and decides after each.
+  SupervisorHooks hooks;
+  hooks.attempt = [&](int) {
+    AttemptOutcome out;
+    out.result = run_attempt(attempt, run, &out.stuck);  // starting -> training -> stopping (when it succeeded)
+    return out;
+  };
+  // The NaN watch stops the run (a restart would meet it again); the same bad input would be refused
+  // again; a stuck rank's thread stays behind, so this process cannot restart cleanly (troupe launch
+  // can); under troupe launch the launcher restarts the processes.
+  hooks.may_restart = [&](const AttemptOutcome& out, int n) {
     const bool stopped = options.stop != nullptr && options.stop->load();
-    if (run.nan.control->report() || stopped || stuck || restart > config.max_restarts || options.world ||
-        result.status().is_bad_input())
-      return failed(result.status());
-    // recovering
-    lifecycle.enter(JobPhase::recovering, result.status().message());
-    note("the job failed: " + result.status().message());
-    auto point = restart_point(config, attempt, memory.dir(), result.status());
-    if (!point) return failed(point.status());
+    if (run.nan.control->report() || stopped || out.stuck || n > config.max_restarts || options.world ||
+        out.result.status().is_bad_input())
+      return out.result.status();
+    return Status::ok();
+  };
+  hooks.restart_from = [&](const AttemptOutcome& out, int n) -> Result<std::string> {
+    note("the job failed: " + out.result.status().message());
+    auto point = restart_point(config, attempt, memory.dir(), out.result.status());
+    if (!point) return point.status();
     ledger->failed(steady_seconds(), point->found ? point->iteration : 0);
-    note("restart " + std::to_string(restart) + " of " + std::to_string(config.max_restarts) +
-         ": every actor anew, from " + point->from);
-  }
+    note("restart " + std::to_string(n) + " of " + std::to_string(config.max_restarts) + ": every actor anew, from " +
+         point->from);
+    return point->from;
+  };
+  hooks.finished = [&](TrainSummary& summary) { summary.goodput = ledger->report(steady_seconds()); };
+  return supervise(lifecycle, hooks);
 }
 
 Result<EvalSummary> run_evaluation(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,
