@@ -349,6 +349,15 @@ bool native_bf16(std::initializer_list<const Tensor*> operands) {
 
 const uint16_t* bf16_data(const Tensor& t) { return t.defined() ? static_cast<const uint16_t*>(t.raw()) : nullptr; }
 
+// out (N, O) f32 = the bias in every row (nothing when it is undefined): the GEMM then adds onto it.
+void fill_rows_with_bias(ThreadPool& pool, float* out, const Tensor& bias, int64_t N, int64_t O) {
+  if (!bias.defined()) return;
+  const float* b = bias.data<float>();
+  pool.parallel_for(N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) std::copy(b, b + O, out + n * O);
+  }, 64);
+}
+
 // The native bf16 GEMM packs all of the weight on every call; for a few rows of x (a decoding step at
 // batch 1 to 8) that packing is the call's time, and linear's forward widens the weight a block at a
 // time instead (gemm_f32_half_bt: 1 x 768 -> 50257 in 10 ms against 17 packed; from 16 rows on the
@@ -369,12 +378,7 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
     Widen w(ctx, {&bias, &out});
     const Tensor bias_w = w.in(bias), out_w = w.out(out);
     float* o = out_w.data<float>();
-    if (bias_w.defined()) {
-      const float* b = bias_w.data<float>();
-      ctx.pool->parallel_for(N, [&](int64_t n0, int64_t n1) {
-        for (int64_t n = n0; n < n1; ++n) std::copy(b, b + O, o + n * O);
-      }, 64);
-    }
+    fill_rows_with_bias(*ctx.pool, o, bias_w, N, O);
     // out (N,O) = x (N,I) @ W^T (I,O) [+ out]
     cpu::gemm_bf16(*ctx.pool, false, true, N, O, I, 1.0f, bf16_data(x), I, bf16_data(weight), I,
                    bias_w.defined() ? 1.0f : 0.0f, o, O);
@@ -391,12 +395,7 @@ void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tens
     Widen w(ctx, {&x, &weight, &bias, &out});
     const Tensor x_w = w.in(x), bias_w = w.in(bias), out_w = w.out(out);
     float* o = out_w.data<float>();
-    if (bias_w.defined()) {
-      const float* b = bias_w.data<float>();
-      ctx.pool->parallel_for(N, [&](int64_t n0, int64_t n1) {
-        for (int64_t n = n0; n < n1; ++n) std::copy(b, b + O, o + n * O);
-      }, 64);
-    }
+    fill_rows_with_bias(*ctx.pool, o, bias_w, N, O);
     // out (N,O) = x (N,I) @ W^T (I,O) [+ out], W widened a block at a time
     cpu::gemm_f32_half_bt(*ctx.pool, N, O, I, x_w.data<float>(), I, weight.dtype(), weight.raw(), I,
                           bias_w.defined() ? 1.0f : 0.0f, o, O);
