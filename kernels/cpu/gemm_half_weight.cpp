@@ -9,9 +9,14 @@
 
 namespace troupe::cpu {
 
-int64_t half_weight_block_rows(int64_t K) {
-  constexpr int64_t kBlockFloats = 64 * 1024;  // 256 KiB of f32
-  return std::max<int64_t>(16, kBlockFloats / std::max<int64_t>(1, K) / 16 * 16);
+int64_t half_weight_block_rows(int64_t K, int64_t M) {
+  constexpr int64_t kBlockFloats = 64 * 1024;     // 256 KiB of f32
+  constexpr int64_t kMaxBlockFloats = 256 * 1024;  // 1 MiB
+  const int64_t k = std::max<int64_t>(1, K);
+  // Each block's call packs all of A again: with many rows of A a block grows to M / 2 rows of B, so
+  // that packing stays a small part of the block's work, as long as it fits kMaxBlockFloats.
+  const int64_t rows = std::max(kBlockFloats / k, std::min(M / 2, kMaxBlockFloats / k));
+  return std::max<int64_t>(16, rows / 16 * 16);
 }
 
 void gemm_f32_half_bt(ThreadPool& pool, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
@@ -21,7 +26,7 @@ void gemm_f32_half_bt(ThreadPool& pool, int64_t M, int64_t N, int64_t K, const f
   TROUPE_CHECK(lda >= std::max<int64_t>(1, K) && ldb >= std::max<int64_t>(1, K) && ldc >= std::max<int64_t>(1, N),
                "gemm_f32_half_bt: leading dimension below the matrix width");
   if (M == 0 || N == 0) return;
-  const int64_t rows = half_weight_block_rows(K);
+  const int64_t rows = half_weight_block_rows(K, M);
   const int64_t blocks = (N + rows - 1) / rows;
   const auto* b = static_cast<const uint16_t*>(B);
   pool.for_each_task(blocks, [&](int64_t t) {

@@ -4,7 +4,7 @@
 // What the 16-bit layer does otherwise (widen the whole weight to an f32 temporary, then gemm()) moves
 // six bytes per weight element through memory before the GEMM reads four more; with few rows (decoding:
 // one to a few dozen tokens per step) that traffic, not the arithmetic, is the call's time, so fp16
-// decoding ran 2.5-4x slower than f32. Here B is cut into blocks of rows chosen from K alone; a task
+// decoding ran 2.5-4x slower than f32. Here B is cut into blocks of rows chosen from the shape alone; a task
 // widens its block (exact: half::convert_array) into scratch that stays in cache and multiplies it by all
 // of A in one OpenBLAS call. Each weight element is read once, as two bytes, and widened once.
 //
@@ -19,9 +19,9 @@
 
 namespace troupe::cpu {
 
-// Rows of B per block for a depth K: a block of widened rows fills about 256 KiB (a multiple of 16
-// rows, at least 16).
-int64_t half_weight_block_rows(int64_t K);
+// Rows of B per block for depth K and M rows of A: about 256 KiB of widened rows, or up to M / 2 rows
+// within 1 MiB (many rows of A: each block's call packs all of A again); a multiple of 16, at least 16.
+int64_t half_weight_block_rows(int64_t K, int64_t M);
 
 // b_type is DType::bf16 or DType::f16; B points at its bit patterns. beta == 0 reads no C.
 void gemm_f32_half_bt(ThreadPool& pool, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,

@@ -78,14 +78,17 @@ void check_case(DType t, const Case& c, std::mt19937_64& rng) {
 
 TEST_CASE("gemm_f32_half_bt: the fp32 bound, bitwise on every pool size", "[kernels][mixed]") {
   std::mt19937_64 rng(0x16b7);
-  // Block rows: K = 700 -> 80 rows, so N = 333 is five blocks, the last one short; K = 37 -> 1760 rows.
+  // Block rows: K = 700 -> 80 rows, so N = 333 is five blocks, the last one short; K = 37 -> 1760 rows;
+  // 200 rows of A and K = 64: 1024 rows.
   const Case cases[] = {{1, 1, 1, 0.0f}, {1, 333, 700, 0.0f}, {7, 333, 700, 1.0f}, {17, 45, 37, 0.5f},
-                        {3, 9, 0, 1.0f}, {2, 1, 129, 0.0f}};
+                        {3, 9, 0, 1.0f}, {2, 1, 129, 0.0f}, {200, 2100, 64, 1.0f}};
   for (DType t : {DType::bf16, DType::f16})
     for (const Case& c : cases) check_case(t, c, rng);
-  CHECK(cpu::half_weight_block_rows(700) == 80);
-  CHECK(cpu::half_weight_block_rows(1 << 20) == 16);
-  CHECK(cpu::half_weight_block_rows(0) % 16 == 0);
+  CHECK(cpu::half_weight_block_rows(700, 7) == 80);
+  CHECK(cpu::half_weight_block_rows(700, 800) == 368);  // M / 2 = 400 rows would pass 1 MiB: 374 -> 368
+  CHECK(cpu::half_weight_block_rows(768, 416) == 208);
+  CHECK(cpu::half_weight_block_rows(1 << 20, 1) == 16);
+  CHECK(cpu::half_weight_block_rows(0, 0) % 16 == 0);
 }
 
 TEST_CASE("16-bit linear_forward on few rows reads the weight a block at a time", "[kernels][mixed]") {
