@@ -785,18 +785,27 @@ void attention_cached_forward(Context& ctx, const Tensor& out, const Tensor& qkv
                "cached attention: row0 holds one start per sequence and the rows' end; one kv_len per sequence");
   TROUPE_CHECK(layout.alibi_slopes.empty() || static_cast<int64_t>(layout.alibi_slopes.size()) == H,
                "cached attention: alibi_slopes holds one slope per held query head, or none");
-  std::vector<const float*> caches(static_cast<size_t>(n));
+  const DType kv_type = kv.empty() ? DType::f32 : kv.front().dtype();
+  TROUPE_CHECK(kv_type == DType::f32 || is_half(kv_type), "cached attention: f32, bf16 or f16 caches");
+  std::vector<const void*> caches(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& c = kv[static_cast<size_t>(i)];
     const int64_t Tq = row0[i + 1] - row0[i];
-    TROUPE_CHECK(Tq >= 1 && kv_len[i] >= Tq && c.dtype() == DType::f32 && c.rank() == 2 && c.dim(1) == 2 * G * hs &&
+    TROUPE_CHECK(Tq >= 1 && kv_len[i] >= Tq && c.dtype() == kv_type && c.rank() == 2 && c.dim(1) == 2 * G * hs &&
                      c.dim(0) >= kv_len[i],
-                 "cached attention: each sequence has rows, and an f32 cache (rows, 2G*hs) holding them and what came before");
-    caches[static_cast<size_t>(i)] = c.data<float>();
+                 "cached attention: each sequence has rows, and a cache (rows, 2G*hs) of one type holding them and what "
+                 "came before");
+    caches[static_cast<size_t>(i)] = c.raw();
   }
-  cpu::attention_cached_forward<float>(*ctx.pool, out.data<float>(), H * hs, qkv.data<float>(), (H + 2 * G) * hs, n,
-                                       row0.data(), caches.data(), kv_len.data(), H, G, hs,
-                                       layout.alibi_slopes.empty() ? nullptr : layout.alibi_slopes.data());
+  const double* alibi = layout.alibi_slopes.empty() ? nullptr : layout.alibi_slopes.data();
+  if (kv_type == DType::f32)
+    cpu::attention_cached_forward<float>(*ctx.pool, out.data<float>(), H * hs, qkv.data<float>(), (H + 2 * G) * hs, n,
+                                         row0.data(), reinterpret_cast<const float* const*>(caches.data()),
+                                         kv_len.data(), H, G, hs, alibi);
+  else
+    cpu::attention_cached_forward_half(*ctx.pool, out.data<float>(), H * hs, qkv.data<float>(), (H + 2 * G) * hs, n,
+                                       row0.data(), reinterpret_cast<const uint16_t* const*>(caches.data()), kv_type,
+                                       kv_len.data(), H, G, hs, alibi);
 }
 
 void attention_block_finish(Context& ctx, const Tensor& out, const Tensor& lse, const Tensor& acc, const Tensor& m,

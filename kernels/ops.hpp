@@ -219,7 +219,10 @@ void attention_block_backward(Context& ctx, const Tensor& dq, const Tensor& dkv,
 // the sequence, at positions kv_len[i] - Tq_i ...; each sees, causally, the first kv_len[i] rows of
 // kv[i] ([k (G*hs) | v (G*hs)] rows), with the layout's ALiBi and grouped-query. out (R, H*hs) gets
 // the rows' attention: bit for bit what attention_block_begin, _forward and _finish give over each
-// sequence alone, with one task per (sequence, head, row tile). fp32 on the CPU.
+// sequence alone, with one task per (sequence, head, row tile). fp32 qkv and out on the CPU; the
+// caches f32, or all bf16 or all f16 (a 16-bit decoder's: each task widens its group's keys and values,
+// exactly, so the result is what the f32 kernel gives on the widened caches, without widening whole
+// caches every step).
 void attention_cached_forward(Context& ctx, const Tensor& out /*(R,H*hs)*/, const Tensor& qkv /*(R,(H+2G)*hs)*/,
                               const std::vector<int64_t>& row0, const std::vector<Tensor>& kv,
                               const std::vector<int64_t>& kv_len, const AttentionLayout& layout);

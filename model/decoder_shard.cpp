@@ -358,9 +358,10 @@ void DecoderShard::layers(Context& ctx, const DecodeRows& rows, const Tensor& x)
       for (int64_t r = 0; r < Tq; ++r)
         std::memcpy(dst + (s.length + r) * kv_width * es, src + ((r0 + r) * qkv_width + H * hs) * es, kv_width * es);
       kv_len[i] = s.length + Tq;
-      // The attention kernel is fp32: a 16-bit shard's cache widened (exactly), the result rounded once.
-      caches[i] = f32 ? s.kv[l] : s.kv[l].rows(0, kv_len[i]).to(DType::f32);
+      caches[i] = s.kv[l];
     }
+    // The attention kernel is fp32: a 16-bit shard's queries widened and its caches read widened
+    // (exactly, a task's group at a time), the result rounded once.
     if (f32) {
       ops::attention_cached_forward(ctx, att, qkv, rows.row0, caches, kv_len, layout);
     } else {

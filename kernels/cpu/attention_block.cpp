@@ -22,6 +22,7 @@
 #include "kernels/cpu/gemm.hpp"
 #include "kernels/cpu/scratch.hpp"
 #include "kernels/cpu/vec_math.hpp"
+#include "kernels/half.hpp"
 
 namespace troupe::cpu {
 
@@ -216,11 +217,22 @@ void attention_block_delta(T* delta, const T* dout, const T* out, int64_t B, int
       }
 }
 
+namespace {
+
+// A task's keys and values: k and v (Kt rows each, leading dimension ld) of query group g.
 template <class T>
-void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
-                              const int64_t* row0, const T* const* kv, const int64_t* Tk, int64_t H, int64_t G,
-                              int64_t hs, const double* alibi) {
-  const int64_t ldkv = 2 * G * hs, R = H / G;
+struct CachedKv {
+  const T* k;
+  const T* v;
+  int64_t ld;
+};
+
+// The tasks of attention_cached_forward; kv_at(i, g, Kt) gives sequence i's keys and values of group g.
+template <class T, class KvAt>
+void cached_attention_tasks(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
+                            const int64_t* row0, const int64_t* Tk, int64_t H, int64_t G, int64_t hs,
+                            const double* alibi, const KvAt& kv_at) {
+  const int64_t R = H / G;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(hs)));
   // Task t: sequence i, head h, row tile; first[i] is sequence i's first task.
   std::vector<int64_t> first(static_cast<size_t>(n_seq) + 1, 0);
@@ -235,12 +247,11 @@ void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qk
     const int64_t h = local / tiles, g = h / R, r0 = (local % tiles) * kRowTile, Tr = std::min(kRowTile, Tq - r0);
     const int64_t pos0 = Tk[i] - Tq + r0;  // the tile's first row's position
     const int64_t Kt = pos0 + Tr;          // the keys its last row sees
+    const CachedKv<T> kv = kv_at(i, g, Kt);
     T* S = thread_scratch<T>(static_cast<size_t>(kRowTile * Kt), 0);
     const T* q = qkv + (row0[i] + r0) * ldq + h * hs;
-    const T* k = kv[i] + g * hs;
-    const T* v = k + G * hs;
     T* o = out + (row0[i] + r0) * ldo + h * hs;
-    gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, k, ldkv, T(0), S, Kt);
+    gemm_serial<T>(false, true, Tr, Kt, hs, scale, q, ldq, kv.k, kv.ld, T(0), S, Kt);
     T* inv = thread_scratch<T>(static_cast<size_t>(kRowTile), 1);  // 1 / each row's sum
     for (int64_t r = 0; r < Tr; ++r) {
       T* row = S + r * Kt;
@@ -258,10 +269,40 @@ void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qk
       std::fill(row + pos + 1, row + Kt, T(0));
       inv[r] = T(1) / sum;
     }
-    gemm_serial<T>(false, false, Tr, hs, Kt, T(1), S, Kt, v, ldkv, T(0), o, ldo);
+    gemm_serial<T>(false, false, Tr, hs, Kt, T(1), S, Kt, kv.v, kv.ld, T(0), o, ldo);
     for (int64_t r = 0; r < Tr; ++r)
       for (int64_t c = 0; c < hs; ++c) o[r * ldo + c] *= inv[r];
   });
+}
+
+}  // namespace
+
+template <class T>
+void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
+                              const int64_t* row0, const T* const* kv, const int64_t* Tk, int64_t H, int64_t G,
+                              int64_t hs, const double* alibi) {
+  const int64_t ldkv = 2 * G * hs;
+  cached_attention_tasks<T>(pool, out, ldo, qkv, ldq, n_seq, row0, Tk, H, G, hs, alibi, [&](int64_t i, int64_t g, int64_t) {
+    return CachedKv<T>{kv[i] + g * hs, kv[i] + G * hs + g * hs, ldkv};
+  });
+}
+
+void attention_cached_forward_half(ThreadPool& pool, float* out, int64_t ldo, const float* qkv, int64_t ldq,
+                                   int64_t n_seq, const int64_t* row0, const uint16_t* const* kv, DType kv_type,
+                                   const int64_t* Tk, int64_t H, int64_t G, int64_t hs, const double* alibi) {
+  const int64_t ldkv = 2 * G * hs;
+  cached_attention_tasks<float>(pool, out, ldo, qkv, ldq, n_seq, row0, Tk, H, G, hs, alibi,
+                                [&](int64_t i, int64_t g, int64_t Kt) {
+                                  // The task's group widened (exactly) into compact rows of its own scratch.
+                                  float* k = thread_scratch<float>(static_cast<size_t>(Kt * hs), 2);
+                                  float* v = thread_scratch<float>(static_cast<size_t>(Kt * hs), 3);
+                                  const uint16_t* src = kv[i];
+                                  for (int64_t j = 0; j < Kt; ++j) {
+                                    half::convert_array(DType::f32, k + j * hs, kv_type, src + j * ldkv + g * hs, hs);
+                                    half::convert_array(DType::f32, v + j * hs, kv_type, src + j * ldkv + (G + g) * hs, hs);
+                                  }
+                                  return CachedKv<float>{k, v, hs};
+                                });
 }
 
 #define TROUPE_ATTENTION_BLOCK(T)                                                                                  \

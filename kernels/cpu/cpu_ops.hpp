@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/dropout.hpp"
+#include "kernels/tensor.hpp"
 #include "kernels/thread_pool.hpp"
 
 namespace troupe::cpu {
@@ -100,6 +101,11 @@ template <class T>
 void attention_cached_forward(ThreadPool& pool, T* out, int64_t ldo, const T* qkv, int64_t ldq, int64_t n_seq,
                               const int64_t* row0, const T* const* kv, const int64_t* Tk, int64_t H, int64_t G,
                               int64_t hs, const double* alibi);
+// The same over 16-bit caches (kv_type bf16 or f16: each task widens its group's keys and values,
+// exactly, into scratch of its own), f32 queries and output.
+void attention_cached_forward_half(ThreadPool& pool, float* out, int64_t ldo, const float* qkv, int64_t ldq,
+                                   int64_t n_seq, const int64_t* row0, const uint16_t* const* kv, DType kv_type,
+                                   const int64_t* Tk, int64_t H, int64_t G, int64_t hs, const double* alibi);
 
 template <class T>
 void softmax_cross_entropy(ThreadPool& pool, T* losses, T* logits, const int32_t* targets, int64_t N,

@@ -224,7 +224,8 @@ TEST_CASE("attention blocks: a block with no visible key leaves the state as it 
 
 // Decoding's cached attention: several sequences' new rows (a long prompt past one row tile, a
 // prompt, single decode rows) over caches that already hold earlier rows give, bit for bit, what the
-// blockwise kernels give each sequence alone; grouped-query, with and without ALiBi, any pool size.
+// blockwise kernels give each sequence alone; grouped-query, with and without ALiBi, any pool size;
+// over bf16 and fp16 caches, what the f32 kernel gives over them widened.
 TEST_CASE("attention blocks: cached attention of ragged sequences equals each sequence's blocks bitwise",
           "[attention_block]") {
   Fixture f;
@@ -274,6 +275,19 @@ TEST_CASE("attention blocks: cached attention of ragged sequences equals each se
         INFO("sequence " << i << ", alibi " << alibi << ", threads " << threads);
         CHECK(std::memcmp(want.data<float>(), got.data<float>() + row0[i] * H * hs,
                           static_cast<size_t>(Tq * H * hs) * sizeof(float)) == 0);
+      }
+      // 16-bit caches (a bf16 or fp16 decoder's): bit for bit the f32 kernel over the caches widened.
+      for (DType h : {DType::bf16, DType::f16}) {
+        std::vector<Tensor> narrow, widened;
+        for (const Tensor& c : caches) {
+          narrow.push_back(c.to(h));
+          widened.push_back(narrow.back().to(DType::f32));
+        }
+        Tensor want = Tensor::empty({R, H * hs}, DType::f32), half_got = Tensor::empty({R, H * hs}, DType::f32);
+        ops::attention_cached_forward(ctx, want, qkv, row0, widened, kv_len, layout);
+        ops::attention_cached_forward(ctx, half_got, qkv, row0, narrow, kv_len, layout);
+        INFO(dtype_name(h) << " caches, alibi " << alibi << ", threads " << threads);
+        CHECK(std::memcmp(want.data<float>(), half_got.data<float>(), static_cast<size_t>(R * H * hs) * sizeof(float)) == 0);
       }
     }
   }
