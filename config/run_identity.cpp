@@ -52,8 +52,10 @@ struct Differences {
 std::string experts_per_layer(const GptConfig& m) {
   if (!m.moe.enabled()) return "none";
   std::string out;
-  for (int l = 0; l < m.num_layers && l < (1 << 20); ++l)
-    out += (out.empty() ? "" : " ") + std::to_string(m.moe.experts_of(l, m.num_layers));
+  for (int l = 0; l < m.num_layers && l < (1 << 20); ++l) {
+    if (!out.empty()) out += ' ';
+    out += std::to_string(m.moe.experts_of(l, m.num_layers));
+  }
   return out;
 }
 

@@ -218,7 +218,7 @@ void GptModel::forward_trunk(Context& ctx, int B) {
   const int64_t T = config_.seq_length, C = config_.hidden_size, N = B * T;
   const int H = config_.num_attention_heads, G = config_.query_groups(), hs = config_.head_size();
   const bool rope = config_.position_embedding == PositionEmbedding::rope;
-  const ops::RotaryParams rotary{config_.rotary_dim(), config_.rotary_base, config_.rotary_interleaved, 0};
+  const ops::RotaryParams rotary{config_.rotary_dim(), config_.rotary_base, config_.rotary_interleaved, 0, {}};
   const ops::AttentionLayout layout = attention_layout();
   const Tensor tokens = inputs_.rows(0, N).view({B, T});
   Tensor x = embed_.rows(0, N);  // (N,C)
@@ -305,7 +305,7 @@ void GptModel::backward_trunk(Context& ctx, int B) {
   const int64_t T = config_.seq_length, C = config_.hidden_size, N = B * T;
   const int H = config_.num_attention_heads, G = config_.query_groups(), hs = config_.head_size();
   const bool rope = config_.position_embedding == PositionEmbedding::rope;
-  const ops::RotaryParams rotary{config_.rotary_dim(), config_.rotary_base, config_.rotary_interleaved, 0};
+  const ops::RotaryParams rotary{config_.rotary_dim(), config_.rotary_base, config_.rotary_interleaved, 0, {}};
   const ops::AttentionLayout layout = attention_layout();
   const int64_t A = config_.attention_size();
   Tensor dres = dres_.rows(0, N);  // gradient of the residual stream, (N,C)
