@@ -120,6 +120,13 @@ PY
     done
   done
   echo "$name: tp 2, pp 2 and tp 2 x pp 2 on 2, 2 and 4 processes print what one process prints"
+  # Beam search copies sequences' caches: over processes too, the one decoder's hypotheses.
+  beam=(--load "ck_$name" --prompt "Q: Why did" --beam-width 3 --tokens-to-generate 6 --json --num-threads 1)
+  "$troupe" generate "${beam[@]}" > beam_one.json || fail "$name: beam search failed"
+  timeout 120 "$troupe" launch --nproc-per-node 2 -- generate "${beam[@]}" --tensor-model-parallel-size 2 \
+    > beam_mp.json 2> mp.err || { cat mp.err; fail "$name: beam search on 2 processes failed"; }
+  "$py" -c 'import json,sys; a=json.load(open(sys.argv[1]))["beams"]; b=json.load(open(sys.argv[2]))["beams"]; assert [x["tokens"] for x in a] == [x["tokens"] for x in b] and max(abs(x["score"] - y["score"]) for x, y in zip(a, b)) < 1e-5, (a, b)' \
+    beam_one.json beam_mp.json || fail "$name: beam search on 2 processes found other hypotheses"
 done
 expect_refusal processes "= 4 decode ranks, but troupe launch started 2 processes" \
   "$troupe" launch --nproc-per-node 2 -- generate --load ck_gpt2 --prompt a --tensor-model-parallel-size 2 \
