@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -200,6 +201,14 @@ Result<std::vector<std::vector<float>>> run_local(caf::actor_system& system, con
   return logits;
 }
 
+// A receive left in flight by a failed feed, with its buffer: never freed (the process is ending).
+void keep_until_exit(std::shared_ptr<std::vector<float>> buffer, comm::WorkPtr work) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::pair<std::shared_ptr<std::vector<float>>, comm::WorkPtr>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->emplace_back(std::move(buffer), std::move(work));
+}
+
 // The rows a sequence's logits cover in the collector's flat buffer, split back per sequence.
 std::vector<std::vector<float>> split_logits(const DecodeWork& w, const std::vector<float>& flat, int64_t vocab) {
   std::vector<std::vector<float>> out;
@@ -246,12 +255,18 @@ struct ParallelDecoder::Impl {
     if (Status st = control->broadcast(&size, 1, DType::i64, 0)->wait(); !st) return st;
     if (Status st = control->broadcast(const_cast<char*>(bytes.data()), bytes.size(), DType::u8, 0)->wait(); !st) return st;
     if (collector == 0) return run_local(system, ranks, work, size_t{0});
-    std::vector<float> flat(decode_logits_count(*work, vocab));
-    comm::WorkPtr logits = control->recv(flat.data(), flat.size(), DType::f32, collector, kLogitsTag);
+    auto flat = std::make_shared<std::vector<float>>(decode_logits_count(*work, vocab));
+    comm::WorkPtr logits = control->recv(flat->data(), flat->size(), DType::f32, collector, kLogitsTag);
     auto mine = run_local(system, ranks, work, std::nullopt);
-    if (!mine) return mine.status();
+    if (!mine) {
+      // The receive may still complete (the collector may yet send) and write into its buffer, and
+      // waiting for it could be for ever (the collector may wait on this rank): the failed decoder's
+      // process keeps both until it exits.
+      keep_until_exit(flat, logits);
+      return mine.status();
+    }
     if (Status st = logits->wait(); !st) return st.with_context("decode: the logits from rank " + std::to_string(collector) + ": ");
-    return split_logits(*work, flat, vocab);
+    return split_logits(*work, *flat, vocab);
   }
 };
 
