@@ -132,7 +132,7 @@ Result<GenerationModel> load_generation_model(const std::string& dir, int64_t it
   return out;
 }
 
-Result<DecodeProcesses> join_decode_processes() {
+Result<DecodeProcesses> join_decode_processes(DecodeLayout& layout, int num_threads) {
   DecodeProcesses out;
   auto env = comm::detect_launch_env();
   if (!env) return env.status().as_bad_input();
@@ -144,6 +144,9 @@ Result<DecodeProcesses> join_decode_processes() {
   out.bootstrap = std::move(bootstrap).value();
   out.world = std::move(world).value();
   out.local_world_size = std::max(1, env.value().local_world_size);
+  layout.world = out.world;
+  if (num_threads <= 0)  // this process's share of the host's cores
+    layout.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / out.local_world_size);
   return out;
 }
 
@@ -218,15 +221,10 @@ int run_generate(const GenerateArgs& a) {
   DecodeLayout layout = a.layout;
   layout.num_threads = a.num_threads;
   // Under troupe launch: one process per rank; rank 0 generates, the others follow it.
-  auto procs = join_decode_processes();
+  auto procs = join_decode_processes(layout, a.num_threads);
   if (!procs) {
     print_error(name, procs.status());
     return exit_code_for(procs.status());
-  }
-  if (procs.value().world) {
-    if (layout.num_threads <= 0)
-      layout.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / procs.value().local_world_size);
-    layout.world = procs.value().world;
   }
   if (procs.value().follower()) return follow_decode(name, a.load, a.iteration, layout, procs.value());
   auto loaded = load_generation_model(a.load, a.iteration, layout);

@@ -39,9 +39,10 @@ struct DecodeProcesses {
   int local_world_size = 1;
   bool follower() const { return world && world->rank() > 0; }
 };
-// Joins the job when it has more than one process; nothing otherwise. Errors name the launcher's
-// variable or the connection and the fix.
-Result<DecodeProcesses> join_decode_processes();
+// Joins the job when it has more than one process (nothing otherwise): sets layout.world and, where
+// num_threads (the --num-threads given) is 0, layout.num_threads to this process's share of the
+// host's cores. Errors name the launcher's variable or the connection and the fix.
+Result<DecodeProcesses> join_decode_processes(DecodeLayout& layout, int num_threads);
 // A process other than rank 0: reads the model whole, takes its rank's part of every feed rank 0
 // sends and returns its exit code when rank 0 is done (errors printed under `name`).
 int follow_decode(const std::string& name, const std::string& dir, int64_t iteration, const DecodeLayout& layout,

@@ -66,15 +66,10 @@ int run_serve(const ServeArgs& a) {
   DecodeLayout layout = a.layout;
   layout.num_threads = o.threads;
   // Under troupe launch: one process per decode rank; rank 0 serves, the others follow it.
-  auto procs = join_decode_processes();
+  auto procs = join_decode_processes(layout, a.num_threads);
   if (!procs) {
     print_error(name, procs.status());
     return exit_code_for(procs.status());
-  }
-  if (procs.value().world) {
-    if (a.num_threads <= 0)
-      layout.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / procs.value().local_world_size);
-    layout.world = procs.value().world;
   }
   if (procs.value().follower()) return follow_decode(name, a.load, a.iteration, layout, procs.value());
   auto loaded = load_generation_model(a.load, a.iteration, layout);

@@ -20,10 +20,10 @@ small_train --train-iters 60 --save ck --num-threads 1 --hidden-dropout 0 --atte
 serve_pid=""
 stop_server() { [[ -n "$serve_pid" ]] && kill "$serve_pid" 2> /dev/null && wait "$serve_pid" 2> /dev/null; serve_pid=""; }
 trap 'stop_server; rm -rf "$work"' EXIT
-start_server() {  # LOG FLAGS...: starts troupe serve on a free port, sets $port
+start_command() {  # LOG COMMAND...: starts a troupe serve COMMAND in the background, sets $serve_pid and $port
   local log=$1
   shift
-  "$troupe" serve --load ck --port 0 --num-threads 1 "$@" > "$log" 2>&1 &
+  "$@" > "$log" 2>&1 &
   serve_pid=$!
   for _ in $(seq 1 100); do
     # The server's shell may not have opened the log yet (the redirection is the background job's).
@@ -33,6 +33,40 @@ start_server() {  # LOG FLAGS...: starts troupe serve on a free port, sets $port
   done
   cat "$log"
   fail "troupe serve did not start"
+}
+start_server() {  # LOG FLAGS...: starts troupe serve on a free port, sets $port
+  local log=$1
+  shift
+  start_command "$log" "$troupe" serve --load ck --port 0 --num-threads 1 "$@"
+}
+# answers_as_one_decoder WHAT [TOKEN_FILE]: the server at $port gives troupe generate's greedy tokens,
+# and 8 concurrent seeded clients what each got alone from the one-decoder server (alone.json).
+answers_as_one_decoder() {
+  python3 - "$port" gen.jsonl alone.json "$1" "${2:-}" <<'PY'
+import http.client, json, sys, threading
+port, what = int(sys.argv[1]), sys.argv[4]
+auth = {"Authorization": "Bearer " + open(sys.argv[5]).read().strip()} if sys.argv[5] else {}
+def call(body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("PUT", "/api", json.dumps(body), {"Content-Type": "application/json", **auth})
+    r = c.getresponse()
+    return r.status, r.read()
+gen = [json.loads(l) for l in open(sys.argv[2])]
+status, body = call({"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1})
+assert status == 200, (status, body)
+for i, g in enumerate(gen):
+    assert json.loads(body)["tokens"][i] == list(g["prompt"].encode()) + g["tokens"], (body, g)
+reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
+        for k in range(8)]
+together = [None] * 8
+def run(k):
+    together[k] = json.loads(call(reqs[k])[1])["tokens"]
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+assert together == json.load(open(sys.argv[3])), what + " gave other tokens than one decoder"
+print("ok: on " + what + ", greedy and 8 concurrent seeded clients get the one decoder's tokens")
+PY
 }
 start_server serve.log
 python3 - "$port" gen.jsonl beam.json <<'PY' || fail "the server's answers are wrong"
@@ -191,8 +225,8 @@ stop_server
 # tp 3 x pp 2 shard actors: greedy and 8 concurrent seeded clients get the one-decoder server's tokens.
 "$troupe" launch --new-token > token.txt
 start_server serve_token.log --token-file token.txt --tensor-model-parallel-size 3 --pipeline-model-parallel-size 2
-python3 - "$port" token.txt gen.jsonl alone.json <<'PY' || fail "the token is not enforced, or the layout changed tokens"
-import http.client, json, sys, threading
+python3 - "$port" token.txt <<'PY' || fail "the token is not enforced"
+import http.client, json, sys
 port, token = int(sys.argv[1]), open(sys.argv[2]).read().strip()
 def call(headers, body={"prompts": ["a"], "tokens_to_generate": 2}):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -202,63 +236,17 @@ def call(headers, body={"prompts": ["a"], "tokens_to_generate": 2}):
     return r.status, data
 assert call({})[0] == 401
 assert call({"Authorization": "Bearer wrong"})[0] == 401
-auth = {"Authorization": "Bearer " + token}
-assert call(auth)[0] == 200
+assert call({"Authorization": "Bearer " + token})[0] == 200
 print("ok: the bearer token is required")
-gen = [json.loads(l) for l in open(sys.argv[3])]
-status, body = call(auth, {"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1})
-assert status == 200, (status, body)
-for i, g in enumerate(gen):
-    assert json.loads(body)["tokens"][i] == list(g["prompt"].encode()) + g["tokens"], (body, g)
-reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
-        for k in range(8)]
-together = [None] * 8
-def run(k):
-    together[k] = json.loads(call(auth, reqs[k])[1])["tokens"]
-threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
-[t.start() for t in threads]
-[t.join() for t in threads]
-assert together == json.load(open(sys.argv[4])), "tp 3 x pp 2 gave other tokens than one decoder"
-print("ok: on tp 3 x pp 2, greedy and 8 concurrent seeded clients get the one decoder's tokens")
 PY
+answers_as_one_decoder "tp 3 x pp 2" token.txt || fail "tp 3 x pp 2 changed tokens"
 stop_server
 
 # The ranks as processes: troupe launch --nproc-per-node 3 -- serve on tp 3 (rank 0 serves, UCX between
 # them) answers as the one-decoder server does; a rank killed ends the whole job (exit 1), no process left.
-"$troupe" launch --nproc-per-node 3 -- serve --load ck --port 0 --num-threads 1 --tensor-model-parallel-size 3 \
-  > serve_mp.log 2>&1 &
-serve_pid=$!
-port=""
-for _ in $(seq 1 100); do
-  port=$(sed -n 's/.*:\([0-9]*\) (PUT \/api.*/\1/p' serve_mp.log 2> /dev/null || true)
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { cat serve_mp.log; fail "troupe serve on 3 processes did not start"; }
-python3 - "$port" gen.jsonl alone.json <<'PY' || fail "the server on 3 processes gave other tokens"
-import http.client, json, sys, threading
-port = int(sys.argv[1])
-def call(body):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    c.request("PUT", "/api", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    return r.status, r.read()
-gen = [json.loads(l) for l in open(sys.argv[2])]
-status, body = call({"prompts": [g["prompt"] for g in gen], "tokens_to_generate": 10, "top_k": 1})
-assert status == 200, (status, body)
-for i, g in enumerate(gen):
-    assert json.loads(body)["tokens"][i] == list(g["prompt"].encode()) + g["tokens"], (body, g)
-reqs = [{"prompts": [f"Q{k}: what"], "tokens_to_generate": 14, "top_p": 0.9, "temperature": 1.2, "random_seed": k}
-        for k in range(8)]
-together = [None] * 8
-def run(k):
-    together[k] = json.loads(call(reqs[k])[1])["tokens"]
-threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
-[t.start() for t in threads]
-[t.join() for t in threads]
-assert together == json.load(open(sys.argv[3])), "tp 3 on 3 processes gave other tokens than one decoder"
-print("ok: on tp 3 as 3 processes, greedy and 8 concurrent seeded clients get the one decoder's tokens")
-PY
+start_command serve_mp.log "$troupe" launch --nproc-per-node 3 -- serve --load ck --port 0 --num-threads 1 \
+  --tensor-model-parallel-size 3
+answers_as_one_decoder "tp 3 as 3 processes" || fail "the server on 3 processes gave other tokens"
 ranks=$(pgrep -P "$serve_pid" || true)
 [[ $(wc -w <<< "$ranks") == 3 ]] || fail "troupe launch runs $(wc -w <<< "$ranks") ranks, not 3"
 victim=$(for p in $ranks; do tr '\0' '\n' < "/proc/$p/environ" | grep -qx TROUPE_RANK=2 && echo "$p"; done)
