@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -159,6 +158,15 @@ caf::actor_system_config decode_system_config() {
 }
 
 
+// The options with their defaults filled in: micro-batches (0: pp) and compute threads (0: every core;
+// the ranks of one process share them).
+ParallelDecodeOptions resolved(const ParallelDecodeOptions& options) {
+  ParallelDecodeOptions o = options;
+  if (o.micro_batches <= 0) o.micro_batches = o.pp;
+  if (o.num_threads <= 0) o.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return o;
+}
+
 // The collector (the last stage's tensor-parallel rank 0) and a work's wire header.
 int collector_rank(const ParallelDecodeOptions& o) { return (o.pp - 1) * o.tp; }
 constexpr int64_t kStopFeeds = -1;  // the header that ends a follower's loop
@@ -284,15 +292,13 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const Decoder& 
   auto fabric = comm::LocalFabric::create(size);
   if (!fabric) return fabric.status();
   auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  if (impl->options.micro_batches <= 0) impl->options.micro_batches = options.pp;
-  const int cores = options.num_threads > 0 ? options.num_threads
-                                            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  impl->options = resolved(options);
   std::vector<RankLink> links;
   for (int r = 0; r < size; ++r)
     links.push_back({std::shared_ptr<comm::CommWorld>(fabric.value().world(r)),
                      [f = fabric.value(), r](const std::string& why) { f.abort(r, why); }});
-  if (Status st = spawn_ranks(impl->system, impl->ranks, links, config, impl->options, 0, std::max(1, cores / size), whole); !st)
+  const int threads = std::max(1, impl->options.num_threads / size);
+  if (Status st = spawn_ranks(impl->system, impl->ranks, links, config, impl->options, 0, threads, whole); !st)
     return st;
   return std::unique_ptr<ParallelDecoder>(new ParallelDecoder(config, std::move(impl)));
 }
@@ -318,15 +324,14 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create_distributed(con
   TROUPE_CHECK(whole.dtype() == DType::f32, "ParallelDecoder: the whole model must be f32");
   if (Status st = check_process_layout(config, options, *world); !st) return st;
   auto impl = std::make_unique<Impl>();
-  impl->options = options;
-  if (impl->options.micro_batches <= 0) impl->options.micro_batches = options.pp;
+  impl->options = resolved(options);
   impl->world = world;
   auto control = world->everyone();  // before the rank's own groups, on every process
   if (!control) return control.status();
   impl->control = std::move(control).value();
-  const int threads = options.num_threads > 0 ? options.num_threads
-                                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  if (Status st = spawn_ranks(impl->system, impl->ranks, {{world, nullptr}}, config, impl->options, 0, threads, whole); !st) {
+  if (Status st = spawn_ranks(impl->system, impl->ranks, {{world, nullptr}}, config, impl->options, 0,
+                              impl->options.num_threads, whole);
+      !st) {
     impl->failed = st;
     return st;
   }
@@ -338,18 +343,15 @@ Status run_decode_follower(const Decoder& whole, const ParallelDecodeOptions& op
   const GptConfig& config = whole.config();
   TROUPE_CHECK(world && world->rank() > 0, "run_decode_follower runs on ranks other than 0");
   if (Status st = check_process_layout(config, options_in, *world); !st) return st;
-  ParallelDecodeOptions o = options_in;
-  if (o.micro_batches <= 0) o.micro_batches = o.pp;
+  const ParallelDecodeOptions o = resolved(options_in);
   auto control = world->everyone();
   if (!control) return control.status();
   caf::actor_system_config cfg = decode_system_config();
   caf::actor_system system{cfg};
   std::vector<decode_rank_actor> ranks;
-  const int threads = o.num_threads > 0 ? o.num_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int rank = world->rank();
-  Status status = spawn_ranks(system, ranks, {{world, nullptr}}, config, o, rank, threads, whole);
-  // Rank 0's sequences as this process sees them, to check each feed as rank 0 did (plan_feed).
-  std::map<int, int64_t> open;
+  Status status = spawn_ranks(system, ranks, {{world, nullptr}}, config, o, rank, o.num_threads, whole);
+  FeedBook book(config);  // rank 0's sequences as this process sees them
   while (status) {
     int64_t size = 0;
     if (status = control.value()->broadcast(&size, 1, DType::i64, 0)->wait(); !status) break;
@@ -365,29 +367,10 @@ Status run_decode_follower(const Decoder& whole, const ParallelDecodeOptions& op
       status = parsed.status();
       break;
     }
-    for (const SlotOp& op : parsed.value().ops) {
-      const bool to_open = open.count(op.id) != 0, from_open = open.count(op.from) != 0;
-      if (op.kind == SlotOp::close ? !to_open : to_open || (op.kind == SlotOp::copy && !from_open)) {
-        status = Status::bad_input("a decode feed from rank 0 changes sequence " + std::to_string(op.id) +
-                                   " in a way its state does not allow");
-        break;
-      }
-      if (op.kind == SlotOp::close) open.erase(op.id);
-      else open[op.id] = op.kind == SlotOp::copy ? open[op.from] : 0;
-    }
-    if (!status) break;
-    const DecodeWork& w = parsed.value();
-    if (!w.rows.ids.empty()) {
-      auto rows = plan_feed(config, w.rows.ids, w.tokens, [&](int id) { return open.count(id) != 0; },
-                            [&](int id) { return open.at(id); });
-      if (!rows) {
-        status = rows.status().with_context("a decode feed from rank 0: ");
-        break;
-      }
-    }
+    const auto work = std::make_shared<const DecodeWork>(std::move(parsed).value());
+    if (status = book.accept(*work); !status) break;
     const bool collects = rank == collector_rank(o);
-    auto logits = run_local(system, ranks, std::make_shared<const DecodeWork>(std::move(parsed).value()),
-                            collects ? std::optional<size_t>(0) : std::nullopt);
+    auto logits = run_local(system, ranks, work, collects ? std::optional<size_t>(0) : std::nullopt);
     if (!logits) {
       status = logits.status();
       break;
@@ -397,7 +380,6 @@ Status run_decode_follower(const Decoder& whole, const ParallelDecodeOptions& op
       for (const auto& l : logits.value()) flat.insert(flat.end(), l.begin(), l.end());
       status = control.value()->send(flat.data(), flat.size(), DType::f32, 0, kLogitsTag)->wait();
     }
-    for (size_t i = 0; i < w.rows.ids.size(); ++i) open[w.rows.ids[i]] += static_cast<int64_t>(w.tokens[i].size());
   }
   caf::scoped_actor self{system};
   for (const auto& r : ranks) self->send_exit(r, caf::exit_reason::user_shutdown);

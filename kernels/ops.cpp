@@ -364,41 +364,33 @@ void fill_rows_with_bias(ThreadPool& pool, float* out, const Tensor& bias, int64
 // packed kernel is faster: build/bench/bench_mixed_linear).
 constexpr int64_t kNativeBf16MinRows = 8;
 
-
 }  // namespace
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {
   TROUPE_ON_CUDA(ctx, linear_forward(ctx, out, x, weight, bias));
-  if (ctx.device == Device::cpu && ctx.pool != nullptr && native_bf16({&x, &weight}) && weight.rank() == 2 &&
-      x.numel() / std::max<int64_t>(1, weight.dim(1)) > kNativeBf16MinRows) {
-    const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
-    TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
-    TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
-    Widen w(ctx, {&bias, &out});
-    const Tensor bias_w = w.in(bias), out_w = w.out(out);
-    float* o = out_w.data<float>();
-    fill_rows_with_bias(*ctx.pool, o, bias_w, N, O);
-    // out (N,O) = x (N,I) @ W^T (I,O) [+ out]
-    cpu::gemm_bf16(*ctx.pool, false, true, N, O, I, 1.0f, bf16_data(x), I, bf16_data(weight), I,
-                   bias_w.defined() ? 1.0f : 0.0f, o, O);
-    return w.finish();
-  }
-  // A 16-bit weight where the native bf16 GEMM does not apply (fp16; bf16 without AVX512-BF16; bf16 on
-  // a few rows): widened a block at a time in cache (cpu::gemm_f32_half_bt), not into one f32 copy per
-  // call. Decoding's few rows made that copy the call's time (fp16 decoding ran 2.5-4x slower than
-  // f32); at training's rows it costs as much or less than the copy (build/bench/bench_mixed_linear).
+  // A 16-bit weight on the CPU is never widened into one f32 copy per call. bf16 operands on a CPU with
+  // AVX512-BF16 and more than kNativeBf16MinRows rows: the native bf16 GEMM reads them as they are.
+  // Otherwise (fp16; bf16 without AVX512-BF16; bf16 on a few rows) the weight is widened a block at a
+  // time in cache (cpu::gemm_f32_half_bt): decoding's few rows made the whole copy the call's time
+  // (fp16 decoding ran 2.5-4x slower than f32), and at training's rows it costs as much or less than
+  // the copy (build/bench/bench_mixed_linear). The bias, x where it is widened, and the output's
+  // rounding go through the 16-bit layer.
   if (ctx.device == Device::cpu && ctx.pool != nullptr && is_half(weight.dtype()) && weight.rank() == 2) {
-    const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / I;
+    const int64_t O = weight.dim(0), I = weight.dim(1), N = x.numel() / std::max<int64_t>(1, I);
     TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear: shapes");
     TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear: bias is (O)");
+    const bool native = native_bf16({&x, &weight}) && N > kNativeBf16MinRows;
     Widen w(ctx, {&x, &weight, &bias, &out});
-    const Tensor x_w = w.in(x), bias_w = w.in(bias), out_w = w.out(out);
+    const Tensor x_w = native ? Tensor() : w.in(x), bias_w = w.in(bias), out_w = w.out(out);
     float* o = out_w.data<float>();
     fill_rows_with_bias(*ctx.pool, o, bias_w, N, O);
-    // out (N,O) = x (N,I) @ W^T (I,O) [+ out], W widened a block at a time
-    cpu::gemm_f32_half_bt(*ctx.pool, N, O, I, x_w.data<float>(), I, weight.dtype(), weight.raw(), I,
-                          bias_w.defined() ? 1.0f : 0.0f, o, O);
+    const float beta = bias_w.defined() ? 1.0f : 0.0f;
+    // out (N,O) = x (N,I) @ W^T (I,O) [+ out]
+    if (native)
+      cpu::gemm_bf16(*ctx.pool, false, true, N, O, I, 1.0f, bf16_data(x), I, bf16_data(weight), I, beta, o, O);
+    else
+      cpu::gemm_f32_half_bt(*ctx.pool, N, O, I, x_w.data<float>(), I, weight.dtype(), weight.raw(), I, beta, o, O);
     return w.finish();
   }
   if (Widen w(ctx, {&x, &weight, &bias, &out}); w.active()) {

@@ -15,6 +15,7 @@
 // question (plan_feed), as it is rank 0's.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,5 +49,21 @@ Result<DecodeWork> parse_decode_work(std::string_view bytes, int64_t vocab_size)
 
 // How many logits the collecting rank returns for `work`: per sequence, (every ? its rows : 1) x vocab.
 size_t decode_logits_count(const DecodeWork& work, int64_t vocab_size);
+
+// Another process's view of rank 0's sequences: accept() checks a parsed feed as rank 0 checked it
+// (its sequence changes against the open sequences -- open a new id, close or copy an open one --
+// then plan_feed: open ids, each once, within the model's positions) and, when it passes, applies
+// the changes and grows the sequences by their rows. Nothing changes when it fails.
+class FeedBook {
+ public:
+  explicit FeedBook(GptConfig config) : config_(std::move(config)) {}
+  Status accept(const DecodeWork& work);
+  bool is_open(int id) const { return length_.count(id) != 0; }
+  int64_t length(int id) const { return length_.at(id); }
+
+ private:
+  GptConfig config_;
+  std::map<int, int64_t> length_;  // open sequences' tokens so far
+};
 
 }  // namespace troupe

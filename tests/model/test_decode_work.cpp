@@ -6,6 +6,7 @@
 #include <random>
 
 #include "model/decode_work.hpp"
+#include "troupe/model_config.hpp"
 
 using namespace troupe;
 
@@ -102,4 +103,46 @@ TEST_CASE("decode work: what a rank must not run is refused, naming it", "[decod
   auto r = parse_decode_work(huge, 61);
   REQUIRE_FALSE(r);
   CHECK_THAT(r.status().message(), Catch::Contains("4294967295 sequence changes"));
+}
+
+TEST_CASE("decode work: a follower's book checks feeds as rank 0 does and grows the sequences", "[decoder]") {
+  GptConfig m;
+  m.num_layers = 1;
+  m.hidden_size = 8;
+  m.num_attention_heads = 2;
+  m.seq_length = 8;
+  m.max_position_embeddings = 10;
+  m.vocab_size = 50;
+  REQUIRE(m.validate().is_ok());
+  FeedBook book(m);
+  auto feed = [](std::vector<SlotOp> ops, std::vector<int> ids, std::vector<std::vector<int32_t>> tokens) {
+    DecodeWork w;
+    w.ops = std::move(ops);
+    w.rows.ids = std::move(ids);
+    w.tokens = std::move(tokens);
+    w.every.assign(w.tokens.size(), 0);
+    w.rows.row0.assign(w.tokens.empty() ? 0 : 1, 0);
+    for (const auto& t : w.tokens) w.rows.row0.push_back(w.rows.row0.back() + static_cast<int64_t>(t.size()));
+    w.group_end = split_micro_batches(w.rows.row0, 1);
+    return w;
+  };
+  // Lengths grow with every feed: 6 + 3 fit the 10 positions, one more row then does not.
+  REQUIRE(book.accept(feed({{SlotOp::open, 4, 0}}, {4}, {{1, 2, 3, 4, 5, 6}})));
+  REQUIRE(book.accept(feed({}, {4}, {{7, 8, 9}})));
+  CHECK(book.length(4) == 9);
+  auto too_long = book.accept(feed({}, {4}, {{1, 2}}));
+  REQUIRE_FALSE(too_long);
+  CHECK_THAT(too_long.message(), Catch::Contains("positions"));
+  CHECK(book.length(4) == 9);  // a refused feed changes nothing
+  // A copy holds its source's tokens; closing ends a sequence; reopening an open id is refused.
+  REQUIRE(book.accept(feed({{SlotOp::copy, 2, 4}}, {2}, {{5}})));
+  CHECK(book.length(2) == 10);
+  REQUIRE(book.accept(feed({{SlotOp::close, 4, 0}}, {}, {})));
+  CHECK_FALSE(book.is_open(4));
+  CHECK_FALSE(book.accept(feed({}, {4}, {{1}})));                      // closed
+  CHECK_FALSE(book.accept(feed({{SlotOp::open, 2, 0}}, {}, {})));      // already open
+  CHECK_FALSE(book.accept(feed({{SlotOp::copy, 7, 4}}, {}, {})));      // from a closed one
+  CHECK_FALSE(book.accept(feed({{SlotOp::close, 9, 0}}, {}, {})));     // never opened
+  CHECK_FALSE(book.accept(feed({{SlotOp::open, 3, 0}}, {3, 3}, {{1}, {2}})));  // a sequence twice
+  CHECK_FALSE(book.is_open(3));
 }
