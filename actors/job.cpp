@@ -28,6 +28,7 @@
 #include "actors/supervisor.hpp"
 #include "config/imported_config.hpp"
 #include "config/memory_estimate.hpp"
+#include "engine/snapshot_copies.hpp"
 #include "config/run_identity.hpp"
 #include "config/stored_config.hpp"
 #include "engine/timeline.hpp"
@@ -256,8 +257,9 @@ struct Offload {
 };
 
 Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
-                      const JobOptions& options, int world, std::string layout_json, std::shared_ptr<HostPool> pool) {
-  auto commit = [&config, &options, world, layout = std::move(layout_json)](const SaveRequest& r) {
+                      const JobOptions& options, int world, std::string layout_json, std::shared_ptr<HostPool> pool,
+                      SnapshotCopies* copies) {
+  auto commit = [&config, &options, world, layout = std::move(layout_json), copies](const SaveRequest& r) {
     const std::string key = "save " + std::to_string(r.iteration);
     if (options.bootstrap != nullptr) {
       // Another process failed before its shards were written: this save cannot complete, and its
@@ -267,7 +269,18 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
         return st;
       }
     }
-    if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
+    if (r.memory && copies != nullptr) {
+      // A snapshot over several hosts: each shard also goes to the buddy's host folder, and each
+      // host's first process commits its folder (every shard's digest in its metadata.json).
+      auto digests = copies->exchange(r.dir, r.iteration);
+      if (!digests) {
+        discard_unfinished_save(iteration_dir(r.dir, r.iteration));
+        return digests.status();
+      }
+      if (copies->first_of_host())
+        TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(r.dir, checkpoint_meta(r, run_json(config.run_id)), layout,
+                                                         shard_file_names(world), digests.value()));
+    } else if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
       TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(r.dir, checkpoint_meta(r, run_json(config.run_id)), layout,
                                                        shard_file_names(world)));
     }
@@ -383,6 +396,7 @@ struct AttemptContext {
   double peak = 0;
   NanWatchSetup nan;
   JobLifecycle* lifecycle = nullptr;
+  SnapshotCopies* copies = nullptr;  // in-memory snapshots over several hosts, else null
 };
 
 double steady_seconds() {
@@ -443,7 +457,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
                                      .string());
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();
-  Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool);
+  Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool, run.copies);
   offload_actor offload = offloader.actor;
   OptimizerOffload optimizer_offload;
   optimizer_offload.device = config.offload_optimizer;
@@ -725,7 +739,21 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     return failed(st.is_bad_input() ? with.as_bad_input() : with);
   };
   TrainConfig attempt = config;
-  if (Status st = resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }); !st)
+  // In-memory snapshots over several hosts: a copy of each shard on the next host
+  // (engine/snapshot_copies.hpp), agreed on at the start before anything loads.
+  std::unique_ptr<SnapshotCopies> copies;
+  if (config.save_memory_interval > 0 && options.world && options.bootstrap != nullptr && options.world->size() > 1) {
+    auto launch = comm::detect_launch_env();
+    if (!launch) return refused(launch.status());
+    if (launch->local_world_size != options.world->size()) {
+      auto opened = SnapshotCopies::open(*options.bootstrap, *options.world, launch->node_rank, launch->local_rank);
+      if (!opened) return refused(opened.status());
+      copies = std::move(opened).value();
+    }
+  }
+  run.copies = copies.get();
+  if (Status st = resolve_run(attempt, options, [&](const std::string& s) { start_notes.push_back(s); }, copies.get());
+      !st)
     return refused(st);
   if (Status st = plan_ranks(attempt, options, run.threads).status(); !st) return refused(st);
   if (!attempt.load.empty() && !is_hf_folder(attempt.load))
@@ -737,15 +765,11 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   }
   for (const std::string& s : start_notes) note(s);
   // In-memory snapshots: a folder on a tmpfs, of this process (gone when the run ends however it
-  // ends) or, under troupe launch, of the launched run (its restarted ranks resume from it; the
-  // launcher removes it when it ends). Every process of the job must see it: one host.
+  // ends) or, under troupe launch, of the launched run on this host (its restarted ranks resume from
+  // it; the launcher removes it when it ends).
   MemorySnapshotFolder memory;
-  if (config.save_memory_interval > 0) {
-    auto launch = comm::detect_launch_env();
-    const bool spans_hosts = options.world && options.world->size() > 1 &&
-                             (!launch || launch->local_world_size != options.world->size());
-    if (Status st = memory.open(config, options, spans_hosts, note); !st) return refused(st);
-  }
+  if (config.save_memory_interval > 0)
+    if (Status st = memory.open(config, options, copies.get(), note); !st) return refused(st);
   // Unfinished saves in --save (shards without metadata.json: a process killed while saving, or a
   // save that failed in another process) are debris this run's own saves would otherwise have to
   // find room beside: on a disk that is still full, the save of that iteration again could not. One

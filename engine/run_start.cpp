@@ -12,6 +12,7 @@
 #include "config/imported_config.hpp"
 #include "kernels/peak.hpp"
 #include "kernels/thread_pool.hpp"
+#include "engine/snapshot_copies.hpp"
 #include "storage/hf_import.hpp"
 #include "storage/sharded_checkpoint.hpp"
 
@@ -22,7 +23,7 @@ std::string job_memory_snapshot_dir(const TrainConfig& config, const JobOptions&
                              options.launch_run_id.empty() ? std::to_string(::getpid()) : options.launch_run_id);
 }
 
-Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn& note) {
+Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn& note, SnapshotCopies* copies) {
   std::string loaded_id;
   // A fine-tune is a new run: it inherits no id from what it loads (a Hugging Face folder has none).
   if (!config.load.empty() && is_hf_folder(config.load)) config.finetune = true;
@@ -32,7 +33,11 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
     if (!from) return from.status();
     loaded_id = from->run_id;
   }
-  if (options.restarted && (!config.save.empty() || config.save_memory_interval > 0)) {
+  // The snapshots of a job over several hosts: every process reports what its host holds, restarted
+  // or not (a replaced host's processes are new), and rank 0's decision holds.
+  const bool collective = copies != nullptr && config.save_memory_interval > 0;
+  bool from_memory = false;
+  if ((options.restarted || collective) && (!config.save.empty() || config.save_memory_interval > 0)) {
     LatestRun latest;
     if (!config.save.empty()) {
       auto on_disk = latest_run(config.save);
@@ -46,12 +51,27 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
     int64_t snapshot = -1;
     if (config.save_memory_interval > 0) {
       memory = job_memory_snapshot_dir(config, options);
-      auto in_memory = latest_run(memory);
-      if (in_memory && in_memory->found && !expected.empty() && in_memory->run_id == expected &&
-          (!ours || in_memory->iteration > latest.iteration))
-        snapshot = in_memory->iteration;
+      if (collective) {
+        SnapshotReport mine;
+        mine.restarted = options.restarted;
+        mine.expected_run = expected;
+        mine.disk_latest = ours ? latest.iteration : -1;
+        mine.held = held_iterations(memory);
+        auto got = copies->recover(memory, mine);
+        if (!got) return got.status();
+        snapshot = got->iteration;
+        if (snapshot >= 0) note(got->note);
+      } else {
+        auto in_memory = latest_run(memory);
+        if (in_memory && in_memory->found && !expected.empty() && in_memory->run_id == expected &&
+            (!ours || in_memory->iteration > latest.iteration))
+          snapshot = in_memory->iteration;
+      }
     }
-    if (snapshot >= 0) {
+    if (!options.restarted) {
+      // Not restarted itself: rank 0's decision, gathered below, says where it starts.
+    } else if (snapshot >= 0) {
+      from_memory = true;
       config.load = memory;
       config.finetune = config.no_load_optim = false;
       loaded_id = expected;
@@ -73,15 +93,18 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
                                                         : new_run_id();
   if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
     auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + (config.finetune ? "F" : "R") +
-                                                                 (config.no_load_optim ? "O" : "-") + config.load);
+                                                                 (config.no_load_optim ? "O" : "-") +
+                                                                 (from_memory ? "M" : "-") + config.load);
     if (!all) return all.status();
     const std::string& decided = all.value().front();
     const size_t cut = decided.find('\n');
     run_id = decided.substr(0, cut);
     const std::string rest = cut == std::string::npos ? "" : decided.substr(cut + 1);
-    config.finetune = rest.size() >= 2 && rest[0] == 'F';
-    config.no_load_optim = rest.size() >= 2 && rest[1] == 'O';
-    config.load = rest.size() >= 2 ? rest.substr(2) : "";
+    config.finetune = rest.size() >= 3 && rest[0] == 'F';
+    config.no_load_optim = rest.size() >= 3 && rest[1] == 'O';
+    // An in-memory snapshot: each process loads its own host's folder (which the recovery completed).
+    const bool memory = rest.size() >= 3 && rest[2] == 'M';
+    config.load = memory ? job_memory_snapshot_dir(config, options) : rest.size() >= 3 ? rest.substr(3) : "";
   }
   config.run_id = run_id;
   return config.save.empty() ? Status::ok()
@@ -208,14 +231,8 @@ MemorySnapshotFolder::~MemorySnapshotFolder() {
   if (owned_) std::filesystem::remove_all(dir_, ec);
 }
 
-Status MemorySnapshotFolder::open(const TrainConfig& config, const JobOptions& options, bool spans_hosts,
+Status MemorySnapshotFolder::open(const TrainConfig& config, const JobOptions& options, const SnapshotCopies* copies,
                                   const NoteFn& note) {
-  if (spans_hosts)
-    return Status::bad_input(
-        "--save-memory-interval keeps its snapshots in one host's memory, and this job's " +
-        std::to_string(options.world ? options.world->size() : 1) +
-        " processes span several hosts -- drop --save-memory-interval (a copy on another host is to come), or run "
-        "on one host");
   dir_ = job_memory_snapshot_dir(config, options);
   owned_ = options.launch_run_id.empty();
   std::error_code ec;
@@ -233,9 +250,15 @@ Status MemorySnapshotFolder::open(const TrainConfig& config, const JobOptions& o
       note("removed " + gone + ": the in-memory snapshots of a process that is gone (killed before it could)");
   }
   // A snapshot a killed process left unfinished is debris its iteration's next snapshot would meet.
-  if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) discard_unfinished_saves(dir_, note);
-  note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + dir_ +
-       " (a restart resumes from the newest snapshot or save)");
+  if (copies != nullptr ? copies->first_of_host() : options.bootstrap == nullptr || options.bootstrap->rank() == 0)
+    discard_unfinished_saves(dir_, note);
+  if (copies != nullptr)
+    note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + dir_ +
+         " on this host, each shard copied to a process of the next of the job's " + std::to_string(copies->hosts()) +
+         " hosts (a restart resumes from the newest snapshot whole over the hosts, or save)");
+  else
+    note("in-memory snapshots every " + std::to_string(config.save_memory_interval) + " iterations in " + dir_ +
+         " (a restart resumes from the newest snapshot or save)");
   return Status::ok();
 }
 

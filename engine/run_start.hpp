@@ -28,8 +28,12 @@ using NoteFn = std::function<void(const std::string&)>;
 // in --save, never another run's; a new run inherits the id of what it loads or takes the
 // launcher's (or a fresh) one; --save must not hold another run's checkpoints. Under troupe launch
 // rank 0 decides and every rank follows (a save could land between their reads). Sets config.load,
-// .finetune, .no_load_optim and .run_id.
-Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn& note);
+// .finetune, .no_load_optim and .run_id. `copies` (a job whose in-memory snapshots span hosts:
+// engine/snapshot_copies.hpp): every process takes part in finding the newest snapshot whole over
+// the hosts, and a host fetches the shards it lacks; each process then loads its own host's folder.
+class SnapshotCopies;
+Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn& note,
+                   SnapshotCopies* copies = nullptr);
 
 // The job's folder of in-memory snapshots (storage/sharded_checkpoint.hpp's memory_snapshot_dir):
 // one per process, or under troupe launch one per launched run (its restarts share it).
@@ -96,7 +100,8 @@ class MemorySnapshotFolder {
   MemorySnapshotFolder(const MemorySnapshotFolder&) = delete;
   MemorySnapshotFolder& operator=(const MemorySnapshotFolder&) = delete;
   const std::string& dir() const { return dir_; }
-  Status open(const TrainConfig& config, const JobOptions& options, bool spans_hosts, const NoteFn& note);
+  // `copies`: the snapshots span hosts (null: one host); its first process on each host keeps the folder tidy.
+  Status open(const TrainConfig& config, const JobOptions& options, const SnapshotCopies* copies, const NoteFn& note);
 
  private:
   std::string dir_;

@@ -47,6 +47,7 @@
   X(prompts_jsonl)             \
   X(serve_request)             \
   X(snapshot_owner)            \
+  X(snapshot_report)           \
   X(decode_work)
 
 namespace troupe::fuzz {

@@ -324,6 +324,26 @@ Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path) {
   return d;
 }
 
+Result<ShardDigest> verify_shard_bytes(std::string_view bytes, const std::string& name) {
+  struct View final : h5read::ByteSource {
+    std::string_view b;
+    uint64_t size() const override { return b.size(); }
+    Status read(uint64_t offset, void* out, size_t n) const override {
+      if (offset > b.size() || n > b.size() - offset) return Status::bad_input("read past the end");
+      std::memcpy(out, b.data() + offset, n);
+      return Status::ok();
+    }
+  } view;
+  view.b = bytes;
+  auto d = parse_header(view);
+  if (!d) return d.status().with_context("checkpoint shard " + name + ": ");
+  if (!d->has_value()) return Status::bad_input("checkpoint shard " + name + " has no integrity header" + kDamagedFix);
+  const ShardDigest digest = **d;
+  if (h5::crc32(bytes.data() + kHeaderBytes, bytes.size() - kHeaderBytes) != digest.crc32)
+    return Status::bad_input("checkpoint shard " + name + ": its data does not match its checksum" + kDamagedFix);
+  return digest;
+}
+
 // ---- reading
 // ---------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/status.hpp"
@@ -86,6 +87,9 @@ struct ShardDigest {
 // The digest in a shard's header after checking the header itself (not the data it covers);
 // nullopt for a file without one (format versions 1 and 2). Errors name the file.
 Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path);
+// The digest of a whole shard file held in memory (a copy received from another process) after
+// checking its header and the CRC-32 of its data against it. Errors name `name`.
+Result<ShardDigest> verify_shard_bytes(std::string_view bytes, const std::string& name);
 
 // A file to read, by name (for messages) and bytes.
 struct ShardSource {

@@ -191,6 +191,27 @@ bool is_sharded_checkpoint(const std::string& dir, int64_t iteration) {
 Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                                  const std::string& layout_json,
                                  const std::vector<std::string>& shard_names) {
+  std::vector<ShardDigest> digests;
+  for (const std::string& name : shard_names) {
+    const std::string path = (fs::path(iteration_dir(dir, meta.iteration)) / name).string();
+    auto digest = read_shard_digest(path);
+    if (digest && !digest->has_value())
+      digest = Status::error(path + " has no integrity header -- report this");
+    if (!digest) {
+      auto latest = latest_iteration(dir);
+      if (!latest || latest.value() != meta.iteration) discard_unfinished_save(iteration_dir(dir, meta.iteration));
+      return digest.status().with_context("saving checkpoint " + iteration_dir(dir, meta.iteration) + ": ");
+    }
+    digests.push_back(**digest);
+  }
+  return commit_sharded_checkpoint(dir, meta, layout_json, shard_names, digests);
+}
+
+Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                                 const std::string& layout_json,
+                                 const std::vector<std::string>& shard_names,
+                                 const std::vector<ShardDigest>& digests) {
+  TROUPE_CHECK(digests.size() == shard_names.size(), "commit_sharded_checkpoint: one digest per shard");
   const std::string it = iteration_dir(dir, meta.iteration);
   const std::string where = "saving checkpoint " + it + ": ";
   json layout, run = json::object();
@@ -211,14 +232,8 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
     return st.with_context(where);
   };
   json shards = json::array();
-  for (const std::string& name : shard_names) {
-    const std::string path = (fs::path(it) / name).string();
-    auto digest = read_shard_digest(path);
-    if (!digest) return fail(digest.status());
-    if (!digest->has_value())
-      return fail(Status::error(path + " has no integrity header -- report this"));
-    shards.push_back({{"file", name}, {"bytes", (*digest)->bytes}, {"crc32", (*digest)->crc32}});
-  }
+  for (size_t i = 0; i < shard_names.size(); ++i)
+    shards.push_back({{"file", shard_names[i]}, {"bytes", digests[i].bytes}, {"crc32", digests[i].crc32}});
   const json m = {{"format", "troupe-checkpoint"},
                   {"format_version", kMetadataVersion},
                   {"iteration", meta.iteration},
@@ -350,6 +365,69 @@ Result<CheckpointMetadata> read_metadata(const std::string& dir, int64_t iterati
 }
 
 }  // namespace
+
+Result<std::string> read_checkpoint_metadata_text(const std::string& dir, int64_t iteration) {
+  const std::string path = (fs::path(iteration_dir(dir, iteration)) / kMetadata).string();
+  Result<std::string> text = read_small_file(path, kMaxMetadataBytes);
+  if (!text) return text.status().with_context("checkpoint " + iteration_dir(dir, iteration) + ": ");
+  auto m = parse_checkpoint_metadata(text.value(), path);
+  if (!m) return m.status();
+  if (m->meta.iteration != iteration)
+    return Status::bad_input(path + " records iteration " + std::to_string(m->meta.iteration) +
+                             " -- rename the directory back");
+  return text;
+}
+
+Status install_checkpoint_metadata(const std::string& dir, int64_t iteration, const std::string& metadata_text) {
+  const std::string it = iteration_dir(dir, iteration);
+  const std::string path = (fs::path(it) / kMetadata).string();
+  auto m = parse_checkpoint_metadata(metadata_text, "the metadata.json copied into " + it);
+  if (!m) return m.status();
+  if (m->meta.iteration != iteration)
+    return Status::bad_input("the metadata.json copied into " + it + " records iteration " +
+                             std::to_string(m->meta.iteration) + " -- report this");
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) {
+    TROUPE_RETURN_IF_ERROR(make_directories(it));
+    TROUPE_RETURN_IF_ERROR(write_text_atomically(path, metadata_text));
+  }
+  TROUPE_RETURN_IF_ERROR(write_text_atomically((fs::path(dir) / kLatest).string(), std::to_string(iteration) + "\n"));
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (is_iteration_name(name) && std::stoll(name.substr(5)) > iteration) fs::remove_all(e.path(), ec);
+  }
+  return Status::ok();
+}
+
+std::vector<HeldIteration> held_iterations(const std::string& dir) {
+  std::vector<HeldIteration> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!is_iteration_name(name)) continue;
+    const int64_t iteration = std::stoll(name.substr(5));
+    auto text = read_checkpoint_metadata_text(dir, iteration);
+    if (!text) continue;
+    auto m = parse_checkpoint_metadata(text.value(), name);
+    if (!m) continue;
+    HeldIteration h;
+    h.iteration = iteration;
+    h.shards = static_cast<int>(m->shards.size());
+    try {
+      const json run = json::parse(m->meta.run_json.empty() ? std::string("{}") : m->meta.run_json);
+      if (run.is_object() && run.contains("id") && run["id"].is_string()) h.run_id = run["id"].get<std::string>();
+    } catch (const json::exception&) {
+    }
+    for (size_t i = 0; i < m->shards.size(); ++i) {
+      if (m->shards[i] != fmt::format("shard_{:05d}.h5", i) || !m->digests[i]) continue;
+      auto have = read_shard_digest((e.path() / m->shards[i]).string());
+      if (have && have->has_value() && **have == *m->digests[i]) h.present.push_back(static_cast<int>(i));
+    }
+    out.push_back(std::move(h));
+  }
+  std::sort(out.begin(), out.end(), [](const HeldIteration& a, const HeldIteration& b) { return a.iteration < b.iteration; });
+  return out;
+}
 
 Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir,
                                                           int64_t iteration) {

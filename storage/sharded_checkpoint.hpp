@@ -81,6 +81,31 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
                                  const std::string& layout_json,
                                  const std::vector<std::string>& shard_names);
 
+// As above with every shard's digest given (one per name) instead of read from the headers: a
+// host's folder of a multi-host in-memory snapshot holds only some of the shards it lists.
+Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                                 const std::string& layout_json,
+                                 const std::vector<std::string>& shard_names,
+                                 const std::vector<ShardDigest>& digests);
+// metadata.json of DIR/iter_N as text (at most kMaxMetadataBytes, parsed and checked).
+Result<std::string> read_checkpoint_metadata_text(const std::string& dir, int64_t iteration);
+// Makes DIR/iter_N the latest checkpoint of DIR: writes `metadata_text` (another folder's
+// metadata.json of that iteration; it must parse and record N) as its metadata.json unless one is
+// there, then moves the latest pointer, and removes the iteration folders after N (snapshots no
+// other folder completed). The shards are copied in first.
+Status install_checkpoint_metadata(const std::string& dir, int64_t iteration, const std::string& metadata_text);
+
+// What DIR holds of each finished iteration (metadata.json readable): the run id it records, how
+// many shards it lists, and which of them are present with the header metadata.json records (their
+// data's checksums are checked when they are read). Iterations ascending; unreadable ones skipped.
+struct HeldIteration {
+  int64_t iteration = 0;
+  std::string run_id;
+  int shards = 0;
+  std::vector<int> present;  // ascending shard indices
+};
+std::vector<HeldIteration> held_iterations(const std::string& dir);
+
 // metadata.json, parsed and checked (the fuzz target's entry). `where` starts error messages.
 inline constexpr size_t kMaxMetadataBytes = size_t{64} << 20;
 struct CheckpointMetadata {

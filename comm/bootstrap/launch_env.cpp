@@ -1,5 +1,6 @@
 #include "comm/bootstrap/launch_env.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -296,7 +297,18 @@ Result<LaunchEnv> detect_source(const EnvLookup& env) {
 
 Result<LaunchEnv> detect_launch_env(const EnvLookup& env) {
   auto e = detect_source(env);
-  if (e) e->rdzv_id = env("TROUPE_RDZV_ID").value_or("");
+  if (!e) return e;
+  e->rdzv_id = env("TROUPE_RDZV_ID").value_or("");
+  const bool slurm = e->source == "SLURM";
+  const bool torchrun = e->source == "troupe launch" || e->source == "torchrun env";
+  auto node = slurm || torchrun ? read_int(env, {slurm ? "SLURM_NODEID" : "GROUP_RANK"})
+                                : Result<std::optional<int>>(std::optional<int>());
+  if (!node) return node.status();
+  e->node_rank = node->value_or((e->rank - e->local_rank) / std::max(1, e->local_world_size));
+  if (e->node_rank < 0 || e->node_rank >= e->world_size)
+    return Status::error(std::string(slurm ? "SLURM_NODEID" : "GROUP_RANK") + "=" + std::to_string(e->node_rank) +
+                         " is not a node of a job of " + std::to_string(e->world_size) +
+                         " rank(s) -- unset it or give the node's index (0 for the first node)");
   return e;
 }
 

@@ -51,6 +51,9 @@ struct LaunchEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // This node's index in the job: GROUP_RANK (troupe launch, torchrun), SLURM_NODEID (SLURM), else
+  // (rank - local_rank) / local_world_size (ranks placed node by node, as mpirun --map-by node does not).
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;
   std::string token;  // secret shared by the job's ranks (hex); never printed

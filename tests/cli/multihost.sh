@@ -8,6 +8,9 @@
 #   - troupe generate on tp 2 x pp 2 across the hosts prints what one process prints;
 #   - train --auto-layout: rank 0 plans for both hosts once the ranks met, every rank runs its choice;
 #   - rank 0 and UCX listen on host0's 10.77.0.1 only;
+#   - in-memory snapshots (--save-memory-interval) over the hosts: each host's folder holds its
+#     shards and the other host's copies; when host1 loses its memory with its ranks, the restart
+#     refills its folder from host0's and resumes the snapshot with the uninterrupted losses;
 #   - cutting the link mid-run (ip link set down) ends the job on both hosts within
 #     --distributed-timeout-minutes with messages naming the unreachable host, and --max-restarts
 #     resumes from the shared --save folder once the link is back, finishing every iteration with
@@ -173,6 +176,60 @@ wait_both || { cat shared.*.log; fail "the run on two namespaces with one hostna
 moved=$(($(tx_bytes) - tx2))
 python3 -c "import sys; need = 0.5 * 50 * 2 * $shard_mib * 2**20; print(f'one hostname: {$moved} bytes over the veth, gradients need >= {need:.0f}'); sys.exit(0 if $moved >= need else 1)" ||
   fail "with one hostname the gradients did not cross the veth (troupe's shared memory bridged the namespaces)"
+
+# --- in-memory snapshots over the two hosts: each host's folder holds its own shards and copies of
+# the other host's; host1's memory is lost with its ranks (a host that rebooted): the restarted job
+# refills host1's folder from host0's copies and resumes the snapshot with the uninterrupted losses --
+mem_launch=()
+for k in 0 1; do
+  on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 \
+    -- train "${model[@]}" --save-memory-interval 50 --save-memory-dir "$work/shm$k" \
+    --metrics-file "$work/mem.jsonl" > "mem.$k.log" 2>&1 &
+  pids+=($!)
+  launchers[k]=$!
+done
+snapshot_at() { cat "$work"/shm"$1"/troupe-memory-*/latest_checkpointed_iteration.txt 2> /dev/null || echo 0; }
+for _ in $(seq 1 600); do
+  (($(snapshot_at 0) >= 150 && $(snapshot_at 1) >= 150)) && break
+  sleep 0.05
+done
+(($(snapshot_at 1) >= 150)) || { cat mem.*.log; fail "no in-memory snapshot of iteration 150 on both hosts"; }
+for k in 0 1; do
+  folder=$(echo "$work"/shm"$k"/troupe-memory-*)
+  it=$(cat "$folder/latest_checkpointed_iteration.txt")
+  held=$(ls "$folder/iter_$(printf %07d "$it")" | grep -c '^shard_0000[0-3].h5$')
+  ((held == 4)) || { ls -R "$folder"; fail "host$k's folder holds $held of the 4 shards of snapshot $it (own 2, the other host's 2)"; }
+done
+echo "ok: each host's snapshot folder holds its own 2 shards and the other host's 2"
+launcher1=$(pgrep -P "${launchers[1]}")  # on_host runs in a subshell: the launcher is its child
+kill -STOP "$launcher1"  # host1 goes down: its launcher paused, one rank killed, the other ends
+ranks1=$(pgrep -P "$launcher1" | tr '\n' ' ')
+kill -9 $(echo "$ranks1" | awk '{print $1}')
+for _ in $(seq 1 400); do
+  alive=0
+  for p in $ranks1; do [[ $(awk '{print $3}' "/proc/$p/stat" 2> /dev/null || echo Z) != Z ]] && alive=1; done
+  ((alive == 0)) && break
+  sleep 0.05
+done
+((alive == 0)) || { cat mem.*.log; fail "host1's other rank did not end after its peer was killed"; }
+lost=$(cat "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt)
+rm -rf "$work"/shm1/troupe-memory-*/iter_* "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
+kill -CONT "$launcher1"
+wait_both || { tail -n 30 mem.*.log; fail "the job did not resume after host1 lost its memory"; }
+grep -q "finished at iteration 600/600" mem.0.log || { cat mem.0.log; fail "the resumed job did not finish"; }
+grep -q "snapshot of iteration $lost is whole over the job's 2 hosts; fetched from the other hosts 4 of 4 shards into node 1's folder" mem.0.log ||
+  { cat mem.0.log; fail "host1 did not fetch the lost snapshot's shards from host0"; }
+grep -q "restarted: resuming this run's in-memory snapshot of iteration $lost" mem.0.log ||
+  { cat mem.0.log; fail "the restarted job did not resume the in-memory snapshot of iteration $lost"; }
+python3 - "$work/two.jsonl" "$work/mem.jsonl" <<'PY' || fail "the resumed run's losses differ from the uninterrupted run"
+import json, sys
+def losses(path):  # the last line per iteration: a restart repeats the iterations after the snapshot
+    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == sorted(b), "iterations differ"
+assert all(a[i] == b[i] for i in a), "losses differ"
+PY
+echo "ok: host1's snapshot folder lost with its ranks: refilled from host0's copies, resumed iteration $lost, 600/600 with the uninterrupted losses"
 
 # --- a link cut mid-run: the job ends naming the unreachable host; --max-restarts resumes ---------
 launch_both cut --max-restarts 1 -- train "${model[@]}" --save "$work/ck" --save-interval 100 \

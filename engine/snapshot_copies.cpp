@@ -1,0 +1,273 @@
+// engine/snapshot_copies.hpp.
+#include "engine/snapshot_copies.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "storage/durable.hpp"
+#include "storage/shard_file.hpp"
+
+namespace troupe {
+
+namespace {
+
+using snapshot_detail::parse_count;
+using snapshot_detail::split;
+
+// Processes by node, each node's in world-rank order; nodes ascending.
+std::map<int, std::vector<int>> processes_by_node(const std::vector<SnapshotPeer>& peers) {
+  std::map<int, std::vector<int>> by_node;
+  for (size_t p = 0; p < peers.size(); ++p) by_node[peers[p].node].push_back(static_cast<int>(p));
+  return by_node;
+}
+
+// Tags of the copies' communicator (below 2^56): a snapshot's exchange by iteration, a start's
+// fetches by shard; each a size message, then the bytes.
+constexpr uint64_t kFetchTags = uint64_t{1} << 52;
+uint64_t exchange_tag(int64_t iteration, int kind) {
+  return ((static_cast<uint64_t>(iteration) & ((uint64_t{1} << 48) - 1)) << 2) | static_cast<uint64_t>(kind);
+}
+uint64_t fetch_tag(int shard, int kind) { return kFetchTags | (static_cast<uint64_t>(shard) << 2) | static_cast<uint64_t>(kind); }
+
+// The most bytes a copy received may claim: the machine's memory (a peer's size is checked before
+// anything is allocated for it).
+uint64_t max_copy_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : uint64_t{1} << 40;
+}
+
+struct Outgoing {
+  int peer = 0;
+  uint64_t tag = 0;  // the size goes under tag, the bytes under tag + 1
+  std::string bytes;
+};
+struct Incoming {
+  int peer = 0;
+  uint64_t tag = 0;
+  std::string bytes;
+};
+
+// Sends and receives whole files between processes: the sizes first, then the bytes, every
+// operation posted before any is waited for (so no order of peers can deadlock).
+Status move_files(comm::Communicator& comm, std::vector<Outgoing>& out, std::vector<Incoming>& in) {
+  std::vector<uint64_t> sizes(out.size()), got(in.size());
+  std::vector<comm::WorkPtr> work;
+  for (size_t i = 0; i < out.size(); ++i) {
+    sizes[i] = out[i].bytes.size();
+    work.push_back(comm.send(&sizes[i], 1, DType::i64, out[i].peer, out[i].tag));
+  }
+  for (size_t i = 0; i < in.size(); ++i) work.push_back(comm.recv(&got[i], 1, DType::i64, in[i].peer, in[i].tag));
+  Status st = Status::ok();
+  for (auto& w : work)
+    if (Status s = w->wait(); !s && st) st = s;
+  TROUPE_RETURN_IF_ERROR(st);
+  work.clear();
+  const uint64_t max = max_copy_bytes();
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (got[i] > max)
+      return Status::error(fmt::format("process {} announced a snapshot shard of {} bytes, more than this host's "
+                                       "memory -- report this",
+                                       in[i].peer, got[i]));
+    in[i].bytes.assign(static_cast<size_t>(got[i]), '\0');
+  }
+  for (Outgoing& o : out)
+    if (!o.bytes.empty()) work.push_back(comm.send(o.bytes.data(), o.bytes.size(), DType::u8, o.peer, o.tag + 1));
+  for (Incoming& i : in)
+    if (!i.bytes.empty()) work.push_back(comm.recv(i.bytes.data(), i.bytes.size(), DType::u8, i.peer, i.tag + 1));
+  for (auto& w : work)
+    if (Status s = w->wait(); !s && st) st = s;
+  return st;
+}
+
+// A received copy, checked against its checksum, into `path`.
+Status write_copy(const std::string& path, const std::string& bytes, int from) {
+  auto digest = verify_shard_bytes(bytes, path + fmt::format(" (as received from process {})", from));
+  if (!digest) return digest.status();
+  TROUPE_RETURN_IF_ERROR(make_directories(parent_dir(path)));
+  return write_file_atomically(path, {{bytes.data(), bytes.size()}});
+}
+
+Result<std::string> read_shard(const std::string& path) { return read_small_file(path, max_copy_bytes()); }
+
+}  // namespace
+
+std::vector<int> snapshot_buddies(const std::vector<SnapshotPeer>& peers) {
+  std::vector<int> buddies(peers.size(), -1);
+  const auto by_node = processes_by_node(peers);
+  if (by_node.size() < 2) return buddies;
+  for (auto it = by_node.begin(); it != by_node.end(); ++it) {
+    auto next = std::next(it) == by_node.end() ? by_node.begin() : std::next(it);
+    const std::vector<int>& there = next->second;
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      const int p = it->second[i];
+      const size_t place = static_cast<size_t>(std::max(0, peers[static_cast<size_t>(p)].local_rank)) % there.size();
+      buddies[static_cast<size_t>(p)] = there[place];
+    }
+  }
+  return buddies;
+}
+
+RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers) {
+  RecoveryPlan plan;
+  const int world = static_cast<int>(peers.size());
+  if (reports.size() != peers.size() || reports.empty()) return plan;
+  const SnapshotReport& lead = reports[0];
+  if (!lead.restarted || lead.expected_run.empty()) return plan;
+  // Which processes' hosts hold each iteration's shards.
+  std::map<int64_t, std::vector<std::vector<int>>> holders;  // iteration -> shard -> processes
+  std::map<int64_t, int> with_metadata;
+  for (int p = 0; p < world; ++p)
+    for (const HeldIteration& h : reports[static_cast<size_t>(p)].held) {
+      if (h.run_id != lead.expected_run || h.shards != world || h.iteration <= lead.disk_latest) continue;
+      auto& by_shard = holders[h.iteration];
+      by_shard.resize(static_cast<size_t>(world));
+      for (int s : h.present)
+        if (s >= 0 && s < world) by_shard[static_cast<size_t>(s)].push_back(p);
+      with_metadata.emplace(h.iteration, p);
+    }
+  for (auto it = holders.rbegin(); it != holders.rend(); ++it) {
+    const auto& by_shard = it->second;
+    if (!std::all_of(by_shard.begin(), by_shard.end(), [](const std::vector<int>& h) { return !h.empty(); })) continue;
+    plan.iteration = it->first;
+    plan.metadata_from = with_metadata.at(it->first);
+    for (const auto& [node, procs] : processes_by_node(peers)) {
+      std::set<int> here;
+      for (int s = 0; s < world; ++s)
+        for (int q : by_shard[static_cast<size_t>(s)])
+          if (peers[static_cast<size_t>(q)].node == node) here.insert(s);
+      for (int s = 0; s < world; ++s) {
+        if (here.count(s) != 0) continue;
+        const std::vector<int>& from = by_shard[static_cast<size_t>(s)];
+        plan.fetches.push_back({s, from[static_cast<size_t>(s) % from.size()], procs[static_cast<size_t>(s) % procs.size()]});
+      }
+    }
+    break;
+  }
+  return plan;
+}
+
+SnapshotCopies::SnapshotCopies(comm::Bootstrap& bootstrap, std::unique_ptr<comm::Communicator> comm,
+                               std::vector<SnapshotPeer> peers, int rank)
+    : bootstrap_(bootstrap), comm_(std::move(comm)), peers_(std::move(peers)), rank_(rank) {
+  buddies_ = snapshot_buddies(peers_);
+  const auto by_node = processes_by_node(peers_);
+  hosts_ = static_cast<int>(by_node.size());
+  first_of_host_ = by_node.at(peers_[static_cast<size_t>(rank_)].node).front() == rank_;
+}
+
+Result<std::unique_ptr<SnapshotCopies>> SnapshotCopies::open(comm::Bootstrap& bootstrap, comm::CommWorld& world,
+                                                             int node, int local_rank) {
+  auto all = bootstrap.all_gather("snapshot hosts", std::to_string(node) + " " + std::to_string(local_rank));
+  if (!all) return all.status();
+  std::vector<SnapshotPeer> peers;
+  for (const std::string& s : all.value()) {
+    const auto f = split(s, ' ');
+    int64_t n = 0, l = 0;
+    if (f.size() != 2 || !parse_count(f[0], kMaxSnapshotShards, &n) || !parse_count(f[1], kMaxSnapshotShards, &l))
+      return Status::bad_input("a process reported its host as '" + s.substr(0, 64) +
+                               "' -- every process of the job must run the same troupe");
+    peers.push_back({static_cast<int>(n), static_cast<int>(l)});
+  }
+  if (static_cast<int>(peers.size()) != world.size())
+    return Status::error("the bootstrap and the world disagree on the job's size -- report this");
+  auto everyone = world.everyone();
+  if (!everyone) return everyone.status();
+  return std::unique_ptr<SnapshotCopies>(
+      new SnapshotCopies(bootstrap, std::move(everyone).value(), std::move(peers), world.rank()));
+}
+
+Result<std::vector<ShardDigest>> SnapshotCopies::exchange(const std::string& dir, int64_t iteration) {
+  std::vector<Outgoing> out;
+  std::vector<Incoming> in;
+  const std::string own = shard_file_path(dir, iteration, rank_);
+  if (buddy() >= 0) {
+    auto bytes = read_shard(own);
+    if (!bytes) return bytes.status();
+    out.push_back({buddy(), exchange_tag(iteration, 0), std::move(bytes).value()});
+  }
+  for (size_t p = 0; p < buddies_.size(); ++p)
+    if (buddies_[p] == rank_) in.push_back({static_cast<int>(p), exchange_tag(iteration, 0), {}});
+  if (Status st = move_files(*comm_, out, in); !st)
+    return st.with_context("copying snapshot " + std::to_string(iteration) + " to the buddy host: ");
+  for (Incoming& i : in) TROUPE_RETURN_IF_ERROR(write_copy(shard_file_path(dir, iteration, i.peer), i.bytes, i.peer));
+  // Every shard's digest, from its writer (the header of its own file).
+  auto digest = read_shard_digest(own);
+  if (!digest) return digest.status();
+  if (!digest->has_value()) return Status::error(own + " has no integrity header -- report this");
+  auto all = bootstrap_.all_gather("snapshot digests " + std::to_string(iteration),
+                                   fmt::format("{} {}", (*digest)->bytes, (*digest)->crc32));
+  if (!all) return all.status();
+  std::vector<ShardDigest> digests;
+  for (const std::string& s : all.value()) {
+    const auto f = split(s, ' ');
+    int64_t bytes = 0, crc = 0;
+    if (f.size() != 2 || !parse_count(f[0], std::numeric_limits<int64_t>::max() / 2, &bytes) ||
+        !parse_count(f[1], 0xffffffffLL, &crc))
+      return Status::bad_input("a process reported its snapshot shard's digest as '" + s.substr(0, 64) +
+                               "' -- every process of the job must run the same troupe");
+    digests.push_back({static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)});
+  }
+  return digests;
+}
+
+Result<SnapshotCopies::Recovered> SnapshotCopies::recover(const std::string& dir, const SnapshotReport& mine) {
+  auto all = bootstrap_.all_gather("snapshot recovery", encode_snapshot_report(mine));
+  if (!all) return all.status();
+  std::vector<SnapshotReport> reports;
+  for (const std::string& s : all.value()) {
+    auto r = parse_snapshot_report(s);
+    if (!r) return r.status();
+    reports.push_back(std::move(r).value());
+  }
+  const RecoveryPlan plan = plan_snapshot_recovery(reports, peers_);
+  Recovered got;
+  got.iteration = plan.iteration;
+  if (plan.iteration < 0) return got;
+  std::vector<Outgoing> out;
+  std::vector<Incoming> in;
+  std::vector<int> into_shard;
+  for (const ShardFetch& f : plan.fetches) {
+    if (f.from == rank_) {
+      auto bytes = read_shard(shard_file_path(dir, plan.iteration, f.shard));
+      if (!bytes) return bytes.status();
+      out.push_back({f.to, fetch_tag(f.shard, 0), std::move(bytes).value()});
+    }
+    if (f.to == rank_) {
+      in.push_back({f.from, fetch_tag(f.shard, 0), {}});
+      into_shard.push_back(f.shard);
+    }
+  }
+  if (Status st = move_files(*comm_, out, in); !st)
+    return st.with_context("fetching the shards of snapshot " + std::to_string(plan.iteration) + " from the other hosts: ");
+  for (size_t i = 0; i < in.size(); ++i)
+    TROUPE_RETURN_IF_ERROR(write_copy(shard_file_path(dir, plan.iteration, into_shard[i]), in[i].bytes, in[i].peer));
+  // The host's folder: the snapshot's metadata.json where it is missing, its latest pointer.
+  std::string text;
+  if (rank_ == plan.metadata_from) {
+    auto t = read_checkpoint_metadata_text(dir, plan.iteration);
+    if (!t) return t.status();
+    text = std::move(t).value();
+  }
+  auto texts = bootstrap_.all_gather("snapshot metadata " + std::to_string(plan.iteration), text);
+  if (!texts) return texts.status();
+  if (first_of_host_)
+    TROUPE_RETURN_IF_ERROR(install_checkpoint_metadata(dir, plan.iteration, (*texts)[static_cast<size_t>(plan.metadata_from)]));
+  TROUPE_RETURN_IF_ERROR(bootstrap_.barrier("snapshot installed " + std::to_string(plan.iteration)));
+  std::map<int, int> fetched_by_host;
+  for (const ShardFetch& f : plan.fetches) ++fetched_by_host[peers_[static_cast<size_t>(f.to)].node];
+  std::string fetched;
+  for (const auto& [node, count] : fetched_by_host)
+    fetched += fmt::format("{}{} of {} shards into node {}'s folder", fetched.empty() ? "" : ", ", count, peers_.size(), node);
+  got.note = fmt::format("the in-memory snapshot of iteration {} is whole over the job's {} hosts; {}", plan.iteration, hosts_,
+                         fetched.empty() ? std::string("every host's folder held it") : "fetched from the other hosts " + fetched);
+  return got;
+}
+
+}  // namespace troupe
