@@ -57,6 +57,24 @@ TEST_CASE("troupe launch variables", "[launch_env]") {
   CHECK_THAT(describe_launch(e), !Contains(kToken));
 }
 
+TEST_CASE("the node's index: GROUP_RANK, SLURM_NODEID, else from the ranks", "[launch_env]") {
+  const Vars launch = {{"TROUPE_RANK", "5"},         {"TROUPE_WORLD_SIZE", "8"},          {"TROUPE_LOCAL_RANK", "1"},
+                       {"TROUPE_LOCAL_WORLD_SIZE", "2"}, {"TROUPE_MASTER_ADDR", "node01"}, {"TROUPE_JOB_TOKEN", kToken}};
+  CHECK(detect_ok(launch).node_rank == 2);  // (5 - 1) / 2
+  Vars given = launch;
+  given["GROUP_RANK"] = "3";
+  CHECK(detect_ok(given).node_rank == 3);
+  given["GROUP_RANK"] = "8";
+  CHECK_THAT(detect_error(given), Contains("GROUP_RANK=8 is not a node of a job of 8"));
+  given["GROUP_RANK"] = "x";
+  CHECK_THAT(detect_error(given), Contains("GROUP_RANK"));
+  const Vars slurm = {{"SLURM_PROCID", "3"},  {"SLURM_NTASKS", "4"},   {"SLURM_LOCALID", "1"},
+                      {"SLURM_NODEID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
+                      {"TROUPE_JOB_TOKEN", kToken}};
+  CHECK(detect_ok(slurm).node_rank == 1);
+  CHECK(detect_ok({}).node_rank == 0);
+}
+
 TEST_CASE("torchrun variables, and troupe launch's win over them and over SLURM", "[launch_env]") {
   Vars torchrun = {{"RANK", "2"},
                    {"WORLD_SIZE", "4"},
