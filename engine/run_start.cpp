@@ -86,6 +86,9 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
       note("restarted: the latest checkpoint in " + config.save + " is not this run's (run id " +
            (latest.run_id.empty() ? std::string("none") : latest.run_id) + "): not resuming it");
     }
+    if (options.restarted && snapshot < 0 && !ours)
+      note(std::string("restarted: resuming this run's start, iteration 0: nothing of it is saved yet") +
+           (collective ? " (no in-memory snapshot is whole over the hosts)" : ""));
   }
   std::string run_id = !loaded_id.empty()               ? loaded_id
                        : !new_run                        ? new_run_id()  // a checkpoint from before run ids

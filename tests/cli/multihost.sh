@@ -17,72 +17,7 @@
 #     the uninterrupted losses.
 # Needs root and iproute2; skips (77) where network namespaces cannot be created.
 source "$(dirname "$0")/common.bash"
-[[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
-command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
-command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
-
-ns=(troupe-h0-$$ troupe-h1-$$)
-veth=(tr$$a tr$$b)
-addr=(10.77.0.1 10.77.0.2)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2> /dev/null || true; done
-  for n in "${ns[@]}"; do
-    ip netns pids "$n" 2> /dev/null | xargs -r kill -9 2> /dev/null || true
-    ip netns del "$n" 2> /dev/null || true
-    rm -rf "/etc/netns/$n"
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-if ! err=$(ip netns add "${ns[0]}" 2>&1); then
-  echo "SKIP: cannot create a network namespace here (ip netns add: $err)"
-  exit 77
-fi
-ip netns add "${ns[1]}"
-ip link add "${veth[0]}" type veth peer name "${veth[1]}"
-for k in 0 1; do
-  ip link set "${veth[k]}" netns "${ns[k]}"
-  ip -n "${ns[k]}" addr add "${addr[k]}/24" dev "${veth[k]}"
-  ip -n "${ns[k]}" link set "${veth[k]}" up
-  ip -n "${ns[k]}" link set lo up
-  mkdir -p "/etc/netns/${ns[k]}"
-  printf '127.0.0.1 localhost\n%s host0\n%s host1\n' "${addr[0]}" "${addr[1]}" > "/etc/netns/${ns[k]}/hosts"
-done
-if ! err=$(ip netns exec "${ns[0]}" unshare --uts sh -c 'hostname host0 && hostname' 2>&1) || [[ "$err" != host0 ]]; then
-  echo "SKIP: cannot give a namespace its own hostname (unshare --uts: $err)"
-  exit 77
-fi
-make_corpus
-export TROUPE_JOB_TOKEN=$("$troupe" launch --new-token)
-
-# on_host K COMMAND...: runs COMMAND as host K (its network namespace, hostname hostK).
-on_host() {
-  local k=$1
-  shift
-  ip netns exec "${ns[k]}" unshare --uts sh -c 'hostname "$0"; exec "$@"' "host$k" "$@"
-}
-# launch_both OUT_PREFIX LAUNCH_FLAGS -- SUBCOMMAND...: one launcher per host, in the background.
-launch_both() {
-  local out=$1
-  shift
-  local flags=()
-  while [[ $1 != -- ]]; do flags+=("$1"); shift; done
-  shift
-  for k in 0 1; do
-    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 \
-      "${flags[@]}" -- "$@" > "$out.$k.log" 2>&1 &
-    pids+=($!)
-    launchers[k]=$!
-  done
-}
-wait_both() {
-  local rc=0
-  wait "${launchers[0]}" || rc=1
-  wait "${launchers[1]}" || rc=1
-  return $rc
-}
-tx_bytes() { ip netns exec "${ns[0]}" cat "/sys/class/net/${veth[0]}/statistics/tx_bytes"; }
+source "$(dirname "$0")/two_hosts.bash"
 
 # --- the ranks meet through a hostname, each on its own host --------------------------------------
 launch_both check -- comm-check

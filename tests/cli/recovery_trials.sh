@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Failures at random moments of a job over two hosts (tests/cli/two_hosts.bash: network namespaces),
+# with in-memory snapshots (--save-memory-interval, each shard also on the other host) and
+# `troupe launch --max-restarts`: 20 trials, each one failure -- a rank killed with SIGKILL, the link
+# between the hosts cut until the job notices, or host1 lost with its memory (its launcher paused,
+# its ranks killed, its snapshot folder emptied) -- struck once the job has passed a random iteration.
+# Every trial must recover and finish with the uninterrupted run's losses, bitwise, leave no process
+# and no snapshot folder behind, and say how long recovery took (the failure to the first iteration
+# trained after it) and how many iterations it lost; then the same kills with only a save to disk
+# every 100 iterations, for comparison (docs/RESILIENCE.md keeps the table). Fixed seed.
+# Needs root and iproute2; skips (77) where network namespaces cannot be created.
+source "$(dirname "$0")/common.bash"
+source "$(dirname "$0")/two_hosts.bash"
+
+iters=300
+model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
+       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
+       --num-threads 1 --train-iters "$iters" --log-interval 100
+       --tensor-model-parallel-size 2 --data-parallel-size 2 --distributed-timeout-minutes 0.25)
+launch_both ref -- train "${model[@]}" --metrics-file "$work/ref.jsonl"
+wait_both || { cat ref.*.log; fail "the uninterrupted run failed"; }
+
+RANDOM=32  # the trials' kinds and moments
+now() { date +%s.%N; }
+# iteration_reached FILE: the last iteration of FILE's train lines (0 before the first).
+iteration_reached() { { grep '"type":"train"' "$1" 2> /dev/null || true; } | tail -n 1 | grep -o '"iteration":[0-9]*' |
+  cut -d: -f2 | grep . || echo 0; }
+no_orphans() {
+  for n in "${ns[@]}"; do
+    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
+  done
+}
+
+# trial NAME KIND STORAGE: one run struck once by KIND (kill | cut | host); STORAGE: memory or disk.
+trial() {
+  local name=$1 kind=$2 storage=$3
+  local metrics="$work/$name.jsonl" extra=()
+  rm -rf "$work/shm0" "$work/shm1" "$work/ck_$name"
+  if [[ $storage == memory ]]; then
+    extra=(--save-memory-interval 20)
+  else
+    extra=(--save "$work/ck_$name" --save-interval 100)
+  fi
+  local k here
+  for k in 0 1; do
+    here=()
+    [[ $storage == memory ]] && here=(--save-memory-dir "$work/shm$k")
+    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 \
+      -- train "${model[@]}" "${extra[@]}" "${here[@]}" --metrics-file "$metrics" > "$name.$k.log" 2>&1 &
+    pids+=($!)
+    launchers[k]=$!
+  done
+  local at=$((30 + RANDOM % 220))
+  [[ $storage == disk ]] && at=$((110 + RANDOM % 140))  # after the first save
+  local deadline=$((SECONDS + 60))
+  until (($(iteration_reached "$metrics") >= at)); do
+    ((SECONDS < deadline)) || { cat "$name".*.log; fail "$name: the job never reached iteration $at"; }
+    sleep 0.02
+  done
+  local struck before
+  before=$(iteration_reached "$metrics")
+  struck=$(now)
+  case "$kind" in
+    kill)
+      local victims=()
+      for k in 0 1; do victims+=($(pgrep -P "$(pgrep -P "${launchers[k]}")")); done
+      kill -9 "${victims[$((RANDOM % ${#victims[@]}))]}"
+      ;;
+    cut)
+      ip -n "${ns[0]}" link set "${veth[0]}" down
+      until grep -q "restart 1 of 1" "$name.0.log" && grep -q "restart 1 of 1" "$name.1.log"; do
+        (($(echo "$(now) - $struck < 40" | bc))) || { cat "$name".*.log; fail "$name: the cut was not noticed in 40 s"; }
+        sleep 0.05
+      done
+      ip -n "${ns[0]}" link set "${veth[0]}" up
+      ;;
+    host)
+      local launcher1 ranks1 p
+      launcher1=$(pgrep -P "${launchers[1]}")
+      kill -STOP "$launcher1"
+      ranks1=$(pgrep -P "$launcher1")
+      kill -9 $ranks1
+      for p in $ranks1; do
+        until [[ $(awk '{print $3}' "/proc/$p/stat" 2> /dev/null || echo Z) == Z ]]; do sleep 0.02; done
+      done
+      rm -rf "$work"/shm1/troupe-memory-*/iter_* "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
+      kill -CONT "$launcher1"
+      ;;
+  esac
+  # Recovered: the first iteration trained after the restarted job said where it resumes.
+  local resumed="" lines=0 recovered=""
+  deadline=$((SECONDS + 90))
+  while [[ -z $recovered ]]; do
+    ((SECONDS < deadline)) || {
+      grep -hv "^ iteration \|^(min, max)\|^  " "$name".*.log | cut -c1-400
+      fail "$name: no recovery within 90 s (struck after iteration $before)"
+    }
+    if [[ -z $resumed ]]; then
+      resumed=$(grep -o "restarted: resuming this run's .*" "$name.0.log" | head -n 1 | grep -o '\(iteration \|iter_0*\)[0-9]*' |
+        head -n 1 | grep -o '[0-9]*$' || true)
+      [[ -n $resumed ]] && lines=$(grep -c '"type":"train"' "$metrics")
+    elif (($(grep -c '"type":"train"' "$metrics") > lines)); then
+      recovered=$(now)
+    fi
+    sleep 0.02
+  done
+  wait_both || { cat "$name".*.log; fail "$name: the job did not finish after the failure"; }
+  grep -q "finished at iteration $iters/$iters" "$name.0.log" || { cat "$name.0.log"; fail "$name: did not finish"; }
+  no_orphans || fail "$name: processes left behind in the namespaces"
+  [[ -z $(ls -d "$work"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "$name: a snapshot folder was left behind"
+  python3 - "$work/ref.jsonl" "$metrics" "$name" "$kind" "$storage" "$lines" "$before" "$resumed" \
+    "$(echo "$recovered - $struck" | bc)" >> "$work/trials.txt" <<'PY' || fail "$name: the losses differ from the uninterrupted run"
+import json, sys
+ref, got, name, kind, storage, lines, before, resumed, seconds = sys.argv[1:]
+def losses(path):  # the last line per iteration: a restart repeats the iterations after its start
+    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
+a, b = losses(ref), losses(got)
+assert sorted(a) == sorted(b), "iterations differ"
+assert all(a[i] == b[i] for i in a), "losses differ"
+its = [j["iteration"] for j in map(json.loads, open(got)) if j.get("type") == "train"]
+lost = max(its[: int(lines)]) - int(resumed)  # trained before the restart, beyond where it resumed
+print(f"{name} {kind} {storage} struck_after={before} resumed={resumed} lost={lost} recovery_s={float(seconds):.2f}")
+PY
+  tail -n 1 "$work/trials.txt"
+}
+
+kinds=(kill kill kill kill kill kill kill kill kill kill kill kill host host host host host cut cut cut)
+for t in $(seq 0 19); do trial "t$t" "${kinds[t]}" memory; done
+for t in 0 1 2; do trial "d$t" kill disk; done
+python3 - "$work/trials.txt" <<'PY'
+import statistics, sys
+rows = [dict(kv.split("=") for kv in l.split()[3:]) | {"kind": l.split()[1], "storage": l.split()[2]} for l in open(sys.argv[1])]
+def summary(sel, what):
+    lost = [int(r["lost"]) for r in sel]
+    secs = [float(r["recovery_s"]) for r in sel]
+    print(f"{what}: {len(sel)} trials recovered; recovery median {statistics.median(secs):.2f} s, max {max(secs):.2f} s; "
+          f"iterations lost median {statistics.median(lost)}, max {max(lost)}")
+mem = [r for r in rows if r["storage"] == "memory"]
+for kind in ("kill", "host", "cut"):
+    summary([r for r in mem if r["kind"] == kind], f"memory snapshots every 20, {kind}")
+summary(mem, "memory snapshots every 20, all")
+summary([r for r in rows if r["storage"] == "disk"], "a save to disk every 100, kill")
+assert len(mem) == 20
+PY
+echo PASS
