@@ -2,8 +2,8 @@
 # and host1, each with its own hostname (a UTS namespace), a veth link and 10.77.0.x addresses, names
 # in /etc/netns/<ns>/hosts; everything removed on exit. Skips the test (77) where namespaces cannot
 # be made. Gives: on_host K COMMAND... (COMMAND as host K), launch_both OUT_PREFIX LAUNCH_FLAGS --
-# SUBCOMMAND... (one `troupe launch --nnodes 2` per host in the background; their shells' pids in
-# launchers[]), wait_both, tx_bytes (bytes host0 sent over the veth), the corpus (make_corpus) and
+# SUBCOMMAND... (one `troupe launch --nnodes 2` per host in the background, $nproc_per_node ranks
+# each, default 2; their shells' pids in launchers[]), wait_both, tx_bytes (bytes host0 sent over the veth), the corpus (make_corpus) and
 # TROUPE_JOB_TOKEN.
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
@@ -58,7 +58,7 @@ launch_both() {
   while [[ $1 != -- ]]; do flags+=("$1"); shift; done
   shift
   for k in 0 1; do
-    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 \
+    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node "${nproc_per_node:-2}" \
       "${flags[@]}" -- "$@" > "$out.$k.log" 2>&1 &
     pids+=($!)
     launchers[k]=$!
