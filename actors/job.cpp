@@ -746,6 +746,11 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
     auto launch = comm::detect_launch_env();
     if (!launch) return refused(launch.status());
     if (launch->local_world_size != options.world->size()) {
+      if (options.world->backend() != "ucx")
+        return refused(Status::bad_input(
+            "--save-memory-interval over several hosts copies each snapshot shard to another host over the job's UCX "
+            "world, and this job's world is " + options.world->backend() +
+            " (GPU buffers only) -- drop --save-memory-interval and use --save, or run on one host"));
       auto opened = SnapshotCopies::open(*options.bootstrap, *options.world, launch->node_rank, launch->local_rank);
       if (!opened) return refused(opened.status());
       copies = std::move(opened).value();
