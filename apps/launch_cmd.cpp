@@ -397,7 +397,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
     for (const auto& c : children) {
       if (&c == first_failure || succeeded(c.status)) continue;
       stopped.push_back(c.rank);
-      if (WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) needed_kill.push_back(c.rank);
+      // Only a SIGKILL the launcher sent (one from elsewhere killed a rank that was already gone).
+      if (killed && WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) needed_kill.push_back(c.rank);
     }
     std::string others;
     if (!stopped.empty()) others = "; stopped rank(s) " + rank_list(stopped);
@@ -417,7 +418,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
   if (forwarded_signal != 0) {
     std::vector<int> needed_kill;
     for (const auto& c : children)
-      if (WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) needed_kill.push_back(c.rank);
+      // Only a SIGKILL the launcher sent (one from elsewhere killed a rank that was already gone).
+      if (killed && WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) needed_kill.push_back(c.rank);
     print_error("launch", std::string("stopped by SIG") + sigabbrev_np(forwarded_signal) +
                               (needed_kill.empty() ? std::string()
                                                    : " (rank(s) " + rank_list(needed_kill) + " only by SIGKILL after the " +

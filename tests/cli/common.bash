@@ -1,5 +1,5 @@
 # Shared helpers for the CLI tests (sourced). Provides $troupe, a scratch dir $work (removed on exit),
-# make_corpus (a small real-text byte-level dataset "$work/d_text_document"), fail and pass.
+# make_corpus (a small real-text byte-level dataset "$work/d_text_document") and fail.
 set -eEuo pipefail
 # A command that fails outside a condition names itself and its line, so a failed run says where.
 trap 'err_rc=$?; [[ $- != *e* ]] || echo "FAIL: line $LINENO: \"$BASH_COMMAND\" exited $err_rc" >&2' ERR
