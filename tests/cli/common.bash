@@ -25,6 +25,26 @@ expect_refusal() {  # name, pattern, command...
   grep -q -- "$pattern" "$name.err" || { cat "$name.err"; fail "$name: no '$pattern' in the message"; }
 }
 
+# same_losses A.jsonl B.jsonl: every iteration's last loss in B (a restart repeats the iterations after
+# where it resumed) equals A's, bitwise, iterations 1..N in both.
+same_losses() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for line in open(path):
+        j = json.loads(line)
+        if j.get("type") == "train":
+            out[j["iteration"]] = j["lm_loss"]
+    return out
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(a) == sorted(b) == list(range(1, max(a) + 1)), (sorted(a), sorted(b))
+diff = [i for i in a if a[i] != b[i]]
+assert not diff, [(i, a[i], b[i]) for i in diff]
+print(f"{sys.argv[2]}: the {len(a)} losses equal the uninterrupted run's bitwise")
+PY
+}
+
 fail() {
   echo "FAIL: $*" >&2
   exit 1

@@ -10,23 +10,6 @@
 # flushes the writer's queue), so the restart point does not depend on the writer's speed.
 source "$(dirname "$0")/common.bash"
 make_corpus
-same_losses() {  # A.jsonl B.jsonl: every iteration's last loss in B equals A's, bitwise
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-def losses(path):
-    out = {}
-    for line in open(path):
-        j = json.loads(line)
-        if j.get("type") == "train":
-            out[j["iteration"]] = j["lm_loss"]
-    return out
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert sorted(a) == sorted(b) == list(range(1, max(a) + 1)), (sorted(a), sorted(b))
-diff = [i for i in a if a[i] != b[i]]
-assert not diff, [(i, a[i], b[i]) for i in diff]
-print(f"{sys.argv[2]}: the {len(a)} losses equal the uninterrupted run's bitwise")
-PY
-}
 lost() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"goodput\"" in l][-1]["iterations_lost"])' "$1"; }
 
 small_train --train-iters 30 --log-interval 1 --metrics-file plain.jsonl > plain.log 2>&1 || { cat plain.log; fail "the plain run failed"; }

@@ -156,14 +156,7 @@ grep -q "snapshot of iteration $lost is whole over the job's 2 hosts; fetched fr
   { cat mem.0.log; fail "host1 did not fetch the lost snapshot's shards from host0"; }
 grep -q "restarted: resuming this run's in-memory snapshot of iteration $lost" mem.0.log ||
   { cat mem.0.log; fail "the restarted job did not resume the in-memory snapshot of iteration $lost"; }
-python3 - "$work/two.jsonl" "$work/mem.jsonl" <<'PY' || fail "the resumed run's losses differ from the uninterrupted run"
-import json, sys
-def losses(path):  # the last line per iteration: a restart repeats the iterations after the snapshot
-    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert sorted(a) == sorted(b), "iterations differ"
-assert all(a[i] == b[i] for i in a), "losses differ"
-PY
+same_losses "$work/two.jsonl" "$work/mem.jsonl" || fail "the resumed run's losses differ from the uninterrupted run"
 echo "ok: host1's snapshot folder lost with its ranks: refilled from host0's copies, resumed iteration $lost, 600/600 with the uninterrupted losses"
 
 # --- a link cut mid-run: the job ends naming the unreachable host; --max-restarts resumes ---------
@@ -189,13 +182,6 @@ grep -q "lost the rendezvous on rank 0 at host0:" cut.1.log || { cat cut.1.log; 
 wait_both || { cat cut.*.log; fail "the job did not resume after the link came back"; }
 grep -q "finished at iteration 600/600" cut.0.log || { cat cut.0.log; fail "the resumed job did not finish"; }
 grep -q "loaded $work/ck/iter_" cut.0.log || fail "the restarted job did not resume from the checkpoint"
-python3 - "$work/two.jsonl" "$work/cut.jsonl" <<'PY' || fail "the resumed run's losses differ from the uninterrupted run"
-import json, sys
-def losses(path):  # the last line per iteration: a restart repeats the iterations after the checkpoint
-    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
-a, b = losses(sys.argv[1]), losses(sys.argv[2])
-assert sorted(a) == sorted(b), "iterations differ"
-assert all(a[i] == b[i] for i in a), "losses differ"
-PY
+same_losses "$work/two.jsonl" "$work/cut.jsonl" || fail "the resumed run's losses differ from the uninterrupted run"
 echo "ok: link cut ended the job on both hosts in $took s naming the other host; resumed and finished 600/600 with the uninterrupted losses"
 echo PASS

@@ -110,15 +110,11 @@ trial() {
   grep -q "finished at iteration $iters/$iters" "$name.0.log" || { cat "$name.0.log"; fail "$name: did not finish"; }
   no_orphans || fail "$name: processes left behind in the namespaces"
   [[ -z $(ls -d "$work"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "$name: a snapshot folder was left behind"
-  python3 - "$work/ref.jsonl" "$metrics" "$name" "$kind" "$storage" "$lines" "$before" "$resumed" \
-    "$(echo "$recovered - $struck" | bc)" >> "$work/trials.txt" <<'PY' || fail "$name: the losses differ from the uninterrupted run"
+  same_losses "$work/ref.jsonl" "$metrics" > /dev/null || fail "$name: the losses differ from the uninterrupted run"
+  python3 - "$metrics" "$name" "$kind" "$storage" "$lines" "$before" "$resumed" \
+    "$(echo "$recovered - $struck" | bc)" >> "$work/trials.txt" <<'PY'
 import json, sys
-ref, got, name, kind, storage, lines, before, resumed, seconds = sys.argv[1:]
-def losses(path):  # the last line per iteration: a restart repeats the iterations after its start
-    return {j["iteration"]: j["lm_loss"] for j in map(json.loads, open(path)) if j.get("type") == "train"}
-a, b = losses(ref), losses(got)
-assert sorted(a) == sorted(b), "iterations differ"
-assert all(a[i] == b[i] for i in a), "losses differ"
+got, name, kind, storage, lines, before, resumed, seconds = sys.argv[1:]
 its = [j["iteration"] for j in map(json.loads, open(got)) if j.get("type") == "train"]
 lost = max(its[: int(lines)]) - int(resumed)  # trained before the restart, beyond where it resumed
 print(f"{name} {kind} {storage} struck_after={before} resumed={resumed} lost={lost} recovery_s={float(seconds):.2f}")
