@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include <linux/magic.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -252,6 +254,11 @@ Status MemorySnapshotFolder::open(const TrainConfig& config, const JobOptions& o
     for (const std::string& gone : sweep_abandoned_snapshot_folders(dir_))
       note("removed " + gone + ": the in-memory snapshots of a process that is gone (killed before it could)");
   }
+  // On a disk every snapshot is synced like a save: its cost and, on a busy disk, stalls of seconds.
+  if (struct statfs fs {}; ::statfs(dir_.c_str(), &fs) == 0 && fs.f_type != TMPFS_MAGIC && fs.f_type != RAMFS_MAGIC)
+    note("the in-memory snapshots' folder " + dir_ + " is not on a tmpfs: each in-memory snapshot is written to "
+         "its disk and synced, as a save is (slower; a busy disk can stall it for seconds) -- give a folder of "
+         "/dev/shm or another tmpfs");
   // A snapshot a killed process left unfinished is debris its iteration's next snapshot would meet.
   if (copies != nullptr ? copies->first_of_host() : options.bootstrap == nullptr || options.bootstrap->rank() == 0)
     discard_unfinished_saves(dir_, note);

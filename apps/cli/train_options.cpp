@@ -545,7 +545,7 @@ void add_train_options(CLI::App* cmd, TrainConfig* cfg) {
   opt(ckpt, "--save-memory-interval", cfg->save_memory_interval,
       "Snapshot the model and optimizer state into host memory (a tmpfs) every N iterations, in the background; a "
       "restart (--max-restarts, or troupe launch's) resumes from the newest snapshot, in memory or in --save (0: none; "
-      "one host)");
+      "over several hosts each shard is also copied to a process of the next host)");
   opt(ckpt, "--save-memory-dir", cfg->save_memory_dir,
       "Where the in-memory snapshots go: a directory on a tmpfs (default /dev/shm; the folder troupe-memory-<pid> "
       "in it, or troupe-memory-<run id> under troupe launch, removed when the run ends)");

@@ -22,6 +22,12 @@ same_losses plain.jsonl mem.jsonl || fail "the losses after the restart from mem
 [[ $(lost mem.jsonl) == 1 ]] || fail "the restart from memory lost $(lost mem.jsonl) iterations, not 1"
 [[ $(grep -c '"memory_snapshot"' mem.jsonl) -ge 5 ]] || fail "the metrics file misses the snapshots"
 [[ -z $(ls -A shm) ]] || { ls -laR shm; fail "the snapshot folder outlived the run"; }
+# A folder on a disk works, synced as a save is, and the job says so (tests/cli/multihost.sh: none on /dev/shm).
+if [[ $(stat -f -c %T "$work") == tmpfs ]]; then
+  ! grep -q "is not on a tmpfs" mem.log || fail "a tmpfs folder was taken for a disk"
+else
+  grep -q "folder $work/shm/troupe-memory-[0-9]* is not on a tmpfs" mem.log || { cat mem.log; fail "no word that the snapshots go to a disk"; }
+fi
 
 # Folders of processes that are gone (killed before they could remove theirs: a tmpfs keeps them in
 # memory until the machine restarts) are swept when a run opens its own; a live owner's folder, one

@@ -118,19 +118,19 @@ python3 -c "import sys; need = 0.5 * 50 * 2 * $shard_mib * 2**20; print(f'one ho
 mem_launch=()
 for k in 0 1; do
   on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 \
-    -- train "${model[@]}" --save-memory-interval 50 --save-memory-dir "$work/shm$k" \
+    -- train "${model[@]}" --save-memory-interval 50 --save-memory-dir "$shm/shm$k" \
     --metrics-file "$work/mem.jsonl" > "mem.$k.log" 2>&1 &
   pids+=($!)
   launchers[k]=$!
 done
-snapshot_at() { cat "$work"/shm"$1"/troupe-memory-*/latest_checkpointed_iteration.txt 2> /dev/null || echo 0; }
+snapshot_at() { cat "$shm"/shm"$1"/troupe-memory-*/latest_checkpointed_iteration.txt 2> /dev/null || echo 0; }
 for _ in $(seq 1 600); do
   (($(snapshot_at 0) >= 150 && $(snapshot_at 1) >= 150)) && break
   sleep 0.05
 done
 (($(snapshot_at 1) >= 150)) || { cat mem.*.log; fail "no in-memory snapshot of iteration 150 on both hosts"; }
 for k in 0 1; do
-  folder=$(echo "$work"/shm"$k"/troupe-memory-*)
+  folder=$(echo "$shm"/shm"$k"/troupe-memory-*)
   it=$(cat "$folder/latest_checkpointed_iteration.txt")
   held=$(ls "$folder/iter_$(printf %07d "$it")" | grep -c '^shard_0000[0-3].h5$')
   ((held == 4)) || { ls -R "$folder"; fail "host$k's folder holds $held of the 4 shards of snapshot $it (own 2, the other host's 2)"; }
@@ -147,8 +147,8 @@ for _ in $(seq 1 400); do
   sleep 0.05
 done
 ((alive == 0)) || { cat mem.*.log; fail "host1's other rank did not end after its peer was killed"; }
-lost=$(cat "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt)
-rm -rf "$work"/shm1/troupe-memory-*/iter_* "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
+lost=$(cat "$shm"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt)
+rm -rf "$shm"/shm1/troupe-memory-*/iter_* "$shm"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
 kill -CONT "$launcher1"
 wait_both || { tail -n 30 mem.*.log; fail "the job did not resume after host1 lost its memory"; }
 grep -q "finished at iteration 600/600" mem.0.log || { cat mem.0.log; fail "the resumed job did not finish"; }
@@ -156,6 +156,7 @@ grep -q "snapshot of iteration $lost is whole over the job's 2 hosts; fetched fr
   { cat mem.0.log; fail "host1 did not fetch the lost snapshot's shards from host0"; }
 grep -q "restarted: resuming this run's in-memory snapshot of iteration $lost" mem.0.log ||
   { cat mem.0.log; fail "the restarted job did not resume the in-memory snapshot of iteration $lost"; }
+! grep -q "is not on a tmpfs" mem.0.log mem.1.log || fail "a folder of /dev/shm was taken for a disk"
 same_losses "$work/two.jsonl" "$work/mem.jsonl" || fail "the resumed run's losses differ from the uninterrupted run"
 echo "ok: host1's snapshot folder lost with its ranks: refilled from host0's copies, resumed iteration $lost, 600/600 with the uninterrupted losses"
 

@@ -37,7 +37,7 @@ no_orphans() {
 trial() {
   local name=$1 kind=$2 storage=$3
   local metrics="$work/$name.jsonl" extra=()
-  rm -rf "$work/shm0" "$work/shm1" "$work/ck_$name"
+  rm -rf "$shm/shm0" "$shm/shm1" "$work/ck_$name"
   if [[ $storage == memory ]]; then
     extra=(--save-memory-interval 20)
   else
@@ -46,7 +46,7 @@ trial() {
   local k here
   for k in 0 1; do
     here=()
-    [[ $storage == memory ]] && here=(--save-memory-dir "$work/shm$k")
+    [[ $storage == memory ]] && here=(--save-memory-dir "$shm/shm$k")
     on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 \
       -- train "${model[@]}" "${extra[@]}" "${here[@]}" --metrics-file "$metrics" > "$name.$k.log" 2>&1 &
     pids+=($!)
@@ -85,7 +85,7 @@ trial() {
       for p in $ranks1; do
         until [[ $(awk '{print $3}' "/proc/$p/stat" 2> /dev/null || echo Z) == Z ]]; do sleep 0.02; done
       done
-      rm -rf "$work"/shm1/troupe-memory-*/iter_* "$work"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
+      rm -rf "$shm"/shm1/troupe-memory-*/iter_* "$shm"/shm1/troupe-memory-*/latest_checkpointed_iteration.txt
       kill -CONT "$launcher1"
       ;;
   esac
@@ -95,6 +95,7 @@ trial() {
   while [[ -z $recovered ]]; do
     ((SECONDS < deadline)) || {
       grep -hv "^ iteration \|^(min, max)\|^  " "$name".*.log | cut -c1-400
+      show_stuck
       fail "$name: no recovery within 90 s (struck after iteration $before)"
     }
     if [[ -z $resumed ]]; then
@@ -106,10 +107,10 @@ trial() {
     fi
     sleep 0.02
   done
-  wait_both || { cat "$name".*.log; fail "$name: the job did not finish after the failure"; }
+  wait_both || { cat "$name".*.log; show_stuck; fail "$name: the job did not finish after the failure"; }
   grep -q "finished at iteration $iters/$iters" "$name.0.log" || { cat "$name.0.log"; fail "$name: did not finish"; }
   no_orphans || fail "$name: processes left behind in the namespaces"
-  [[ -z $(ls -d "$work"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "$name: a snapshot folder was left behind"
+  [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "$name: a snapshot folder was left behind"
   same_losses "$work/ref.jsonl" "$metrics" > /dev/null || fail "$name: the losses differ from the uninterrupted run"
   python3 - "$metrics" "$name" "$kind" "$storage" "$lines" "$before" "$resumed" \
     "$(echo "$recovered - $struck" | bc)" >> "$work/trials.txt" <<'PY'

@@ -3,13 +3,16 @@
 # in /etc/netns/<ns>/hosts; everything removed on exit. Skips the test (77) where namespaces cannot
 # be made. Gives: on_host K COMMAND... (COMMAND as host K), launch_both OUT_PREFIX LAUNCH_FLAGS --
 # SUBCOMMAND... (one `troupe launch --nnodes 2` per host in the background, $nproc_per_node ranks
-# each, default 2; their shells' pids in launchers[]), wait_both, tx_bytes (bytes host0 sent over the veth), the corpus (make_corpus) and
-# TROUPE_JOB_TOKEN.
+# each, default 2; their shells' pids in launchers[]), wait_both, tx_bytes (bytes host0 sent over the veth), the corpus (make_corpus),
+# TROUPE_JOB_TOKEN, $shm (a folder on the tmpfs /dev/shm for the hosts' --save-memory-dir, as users give
+# it: under $work, on the disk, every snapshot is synced and a disk loaded by other tests stalls it) and
+# show_stuck (each process of the namespaces: its threads' states and kernel wait channels).
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
 command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
 
 ns=(troupe-h0-$$ troupe-h1-$$)
+shm=$(mktemp -d /dev/shm/troupe-cli.XXXXXX)
 veth=(tr$$a tr$$b)
 addr=(10.77.0.1 10.77.0.2)
 pids=()
@@ -20,7 +23,7 @@ cleanup() {
     ip netns del "$n" 2> /dev/null || true
     rm -rf "/etc/netns/$n"
   done
-  rm -rf "$work"
+  rm -rf "$work" "$shm"
 }
 trap cleanup EXIT
 if ! err=$(ip netns add "${ns[0]}" 2>&1); then
@@ -72,3 +75,14 @@ wait_both() {
 }
 tx_bytes() { ip netns exec "${ns[0]}" cat "/sys/class/net/${veth[0]}/statistics/tx_bytes"; }
 
+# show_stuck: what each process left in the namespaces is doing (for a test's failure message).
+show_stuck() {
+  local n p
+  for n in "${ns[@]}"; do
+    for p in $(ip netns pids "$n" 2> /dev/null); do
+      echo "== $n pid $p: $(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null | cut -c1-120)"
+      ps -L -o tid,stat,wchan:32,comm -p "$p" 2> /dev/null
+      cat /proc/"$p"/task/*/stack 2> /dev/null | sort | uniq -c | sort -rn | head -n 12
+    done
+  done
+}
