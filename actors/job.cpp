@@ -102,7 +102,18 @@ Result<TrainSummary> drive_trainer(caf::actor_system& system, caf::scoped_actor&
                        std::chrono::seconds(2);
   auto last_progress = Clock::now();
   int64_t last_iteration = spec.start_iteration;
+  bool regroup_noted = false;
   auto check_stop = [&] {
+    if (options.regroup && options.regroup->load() && !regroup_noted) {
+      regroup_noted = true;
+      const bool memory = config.save_memory_interval > 0;
+      note(memory || !config.save.empty()
+               ? "a node asks to join the job: stopping " +
+                     std::string(memory ? "at the next in-memory snapshot" : "after this iteration, saving a checkpoint") +
+                     ", for the launchers to start a round with it"
+               : "a node asks to join the job, but there is nothing to resume from (no --save-memory-interval, no "
+                 "--save): it waits for the next restart");
+    }
     if (options.stop && options.stop->load() && !stop_sent) {
       stop_sent = true;
       self->send(trainer, stop_atom::value);
@@ -327,6 +338,7 @@ TrainerSpec trainer_spec(const TrainConfig& config, const JobOptions& options, c
                          caf::scoped_actor& self, const DataSource& data, double peak, const Offload& offloader) {
   TrainerSpec spec;
   spec.agree_on_stop = options.world != nullptr && options.world->size() > 1;
+  spec.regroup = options.regroup;
   if (config.exit_duration_in_mins > 0)
     spec.exit_deadline = training_started() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                                   std::chrono::duration<double, std::ratio<60>>(config.exit_duration_in_mins));

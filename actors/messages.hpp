@@ -32,7 +32,7 @@ using control_atom = caf::atom_constant<caf::atom("control")>;
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepRequest& x) {
   return f(caf::meta::type_name("StepRequest"), x.step, x.adam_step_offset, x.lr, x.weight_decay, x.beta1, x.beta2,
-           x.eps, x.clip_grad, x.loss_scale, x.skip_on_overflow, x.stop, x.control, x.capture_grad,
+           x.eps, x.clip_grad, x.loss_scale, x.skip_on_overflow, x.stop, x.regroup, x.control, x.capture_grad,
            x.capture_activation, x.capture_rank, x.capture_micro, x.params_norm, x.zeros_in_grad);
 }
 template <class Inspector>

@@ -381,6 +381,7 @@ group_actor::behavior_type group_behavior(group_actor::stateful_pointer<GroupSta
                     r.grad_norm = acc->items[0].grad_norm;
                     r.skipped = acc->items[0].skipped;
                     r.stop = acc->items[0].stop;
+                    r.regroup = acc->items[0].regroup;
                     r.control = acc->items[0].control;
                     r.zeros_in_grad = acc->items[0].zeros_in_grad;
                     r.params_norm = acc->items[0].params_norm;

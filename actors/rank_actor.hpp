@@ -48,6 +48,7 @@ struct GroupStepResult {
   double step_us = 0;
   double busy_fraction_min = 0, busy_fraction_max = 0;  // busy / step time over this process's ranks
   bool stop = false;  // the job's processes agreed to stop after this step (StepOutcome::stop)
+  bool regroup = false;  // ... for a node that asks to join (StepOutcome::regroup)
   bool skipped = false;  // the loss scaler's overflow: no optimizer step (StepOutcome::skipped)
   std::vector<RankPieces> captured;  // StepRequest::capture_grad's pieces, every local rank's
   int64_t control = 0;  // the inspector commands every process applies after this step (StepOutcome::control)

@@ -26,6 +26,7 @@ struct TrainerState {
   bool running = false;
   bool stop_requested = false;  // stop after the current iteration
   bool stop_wanted = false;     // agree_on_stop: ask the other processes with the next step
+  bool regrouping = false;      // the job agreed to stop for a node that asks to join
   bool finished = false;
   // Current iteration.
   Clock::time_point started;
@@ -328,6 +329,13 @@ StepRequest step_request(Self self) {
     req.skip_on_overflow = true;
   }
   req.stop = s.stop_wanted;
+  if (s.spec.regroup != nullptr && s.spec.regroup->load()) {
+    // With in-memory snapshots the job stops at the next one (nothing trained is lost, no extra
+    // snapshot); otherwise now, saving with --save.
+    // With neither there is nothing to resume from, and the run goes on (job.cpp notes it).
+    const int64_t every = s.spec.memory_dir.empty() ? 0 : c.save_memory_interval;
+    req.regroup = every > 0 ? req.step % every == 0 : !c.save.empty();
+  }
   if (s.spec.control) {
     req.control = s.spec.control->vote();
     if (const auto lr = s.spec.control->state().lr_override) req.lr = *lr;
@@ -457,6 +465,7 @@ void run_micro_batches(Self self, const Tensor& batch) {
       .then(
           [self](const GroupStepResult& r) {
             if (r.stop) self->state.stop_requested = true;  // every process stops after this step
+            if (r.regroup) self->state.regrouping = true;
             self->state.agreed = r.control;
             if (auto& s = self->state; s.capture_seq > 0) {  // the gradient a tensor command asked for
               s.spec.control->put_pieces(s.capture_seq, JobControl::Pieces{s.iteration + 1, r.captured});
@@ -519,6 +528,7 @@ void finish(Self self) {
     sum.last_loss = s.last_loss;
     sum.last_eval_loss = s.last_eval_loss;
     sum.stopped_early = s.iteration < s.spec.config.iterations_to_run();
+    sum.regrouped = s.regrouping && sum.stopped_early;
     sum.last_checkpoint = s.last_checkpoint;
     caf::anon_send(s.spec.listener, done_atom::value, sum);
     self->quit();

@@ -66,6 +66,9 @@ struct TrainerSpec {
   // trainer stops after the step in which any of them asked, so all save the same iteration.
   bool agree_on_stop = false;
   std::optional<std::chrono::steady_clock::time_point> exit_deadline;
+  // RunOptions::regroup: while it is true this process votes, with the step of the next in-memory
+  // snapshot's iteration (any step without snapshots), for the job to stop there (regrouped).
+  const std::atomic<bool>* regroup = nullptr;
   // The inspector's commands (inspect/job_control.hpp): pause, step, resume, set, save between
   // iterations, after the same iteration in every process. Null: none. A (control_atom) message
   // tells the trainer that a command arrived.

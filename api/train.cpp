@@ -199,6 +199,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   if (cfg.num_threads == 0 && env->local_world_size > 1)
     cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
   options.stop = run.stop;
+  options.regroup = run.regroup;
   options.measure_peak = run.measure_peak;
   options.schedule = run.schedule;
   options.model = run.model;

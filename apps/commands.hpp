@@ -16,6 +16,9 @@ namespace troupe::apps {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
+// troupe train under troupe launch --nnodes MIN:MAX stopped for a node that asks to join; the
+// launchers start the next round (not a failure: no restart is counted). EX_TEMPFAIL's number.
+inline constexpr int kExitRegroup = 75;
 // 128 + the signal after a graceful stop on SIGINT (130) or SIGTERM (143).
 
 // The exit code of a failed Status: 2 when it is bad input (troupe/status.hpp), else 1.

@@ -36,7 +36,11 @@
 // again with TROUPE_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT raised; troupe train then resumes
 // this run's latest checkpoint in its --save. With several nodes each node's launcher does this on
 // its own: a failure on one node ends the job on every node, every launcher restarts its ranks, and
-// they meet again at the same MASTER_ADDR:MASTER_PORT with the same token. TROUPE_RUN_ID (32 hex
+// they meet again at the same MASTER_ADDR:MASTER_PORT with the same token. With --nnodes MIN:MAX
+// (elastic, apps/launch_elastic.hpp) every attempt is a round of the nodes there, formed by node 0's
+// launcher on MASTER_PORT; the round's ranks meet at MASTER_PORT + 1 with TROUPE_ELASTIC set and
+// SIGUSR2 blocked (node 0 sends it when a node asks to join; troupe train then stops at its next
+// snapshot and exits 75, which starts the next round without counting a restart). TROUPE_RUN_ID (32 hex
 // digits, one per launch, the same for every restart) names the run; with several nodes node 0's
 // is the run's.
 #include <algorithm>
@@ -63,6 +67,7 @@
 #include "apps/cli/launch_options.hpp"
 #include "apps/commands.hpp"
 #include "apps/plan_flags.hpp"
+#include "apps/launch_elastic.hpp"
 #include "apps/launch_output.hpp"
 #include "apps/report.hpp"
 #include "comm/bootstrap/launch_env.hpp"
@@ -89,6 +94,8 @@ struct Launch {
   std::string rdzv_id;                 // TROUPE_RDZV_ID, "" when no id was given
   std::string run_log_dir;             // "" without log files
   std::vector<int> signals;            // passed on to the ranks
+  bool elastic = false;                // --nnodes MIN:MAX (the ranks get TROUPE_ELASTIC)
+  int max_nnodes = 1;                  // its MAX (the options' nnodes is the round's)
 };
 
 struct Child {
@@ -115,6 +122,8 @@ std::string seconds_text(double s) {
 }
 
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+// troupe train stopped for a node that asks to join (elastic): the next round, not a failure.
+bool regrouped(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kExitRegroup; }
 
 // The child's environment: ours, minus the variables the launcher sets or clears, plus those set.
 std::vector<std::string> child_environment(const Launch& l, int rank, int local_rank, int restart,
@@ -151,13 +160,15 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   set.push_back({"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl != nullptr ? nccl : "1"});
   if (a.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) set.push_back({"OMP_NUM_THREADS", "1"});
   if (!l.rdzv_id.empty()) set.push_back({"TROUPE_RDZV_ID", l.rdzv_id});
+  if (l.elastic) set.push_back({"TROUPE_ELASTIC", std::to_string(a.min_nnodes) + ":" + std::to_string(l.max_nnodes)});
   if (a.join_timeout_given) set.push_back({"TROUPE_RDZV_TIMEOUT", std::to_string(a.join_timeout_s)});
   if (!error_file.empty()) set.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
   // --local-addr on node 0: where rank 0's rendezvous listens (a TROUPE_BIND_ADDR of the user's wins).
   if (!a.local_addr.empty() && a.node_rank == 0 && std::getenv("TROUPE_BIND_ADDR") == nullptr)
     set.push_back({"TROUPE_BIND_ADDR", a.local_addr});
   // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
-  const std::set<std::string> cleared = {"TROUPE_RDZV_ID", "TROUPE_RDZV_TIMEOUT", "TORCHELASTIC_ERROR_FILE"};
+  const std::set<std::string> cleared = {"TROUPE_RDZV_ID", "TROUPE_RDZV_TIMEOUT", "TORCHELASTIC_ERROR_FILE",
+                                         "TROUPE_ELASTIC"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -267,8 +278,10 @@ StreamPlan stream_plan(const Launch& l, int rank, int local, int which, const st
 }
 
 // Starts every rank of this node (attempt `restart`, 0 first) and waits for them: the exit code of
-// the launch; *restartable when ranks failed by themselves (not stopped by a signal to the launcher).
-int run_ranks(const Launch& l, int restart, bool* restartable) {
+// the launch (kExitRegroup: they stopped for a node that asks to join); *restartable when ranks
+// failed by themselves (not stopped by a signal to the launcher). elastic (node 0 of an elastic
+// job, else null): a node asking to join gets the ranks SIGUSR2, once.
+int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMembership* elastic) {
   const LaunchOptions& a = l.o;
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
@@ -290,6 +303,9 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
   }
   std::vector<Child> children(a.nproc_per_node);
   OutputRouter router;
+  // Elastic: SIGUSR2 (a node asks to join) stays pending in a rank until troupe train takes it.
+  sigset_t child_mask = old_mask;
+  if (l.elastic) sigaddset(&child_mask, SIGUSR2);
   for (int local = 0; local < a.nproc_per_node; ++local) {
     Child& c = children[local];
     c.rank = a.node_rank * a.nproc_per_node + local;
@@ -300,7 +316,7 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
     Status st = !out ? out.status() : !err ? err.status() : Status::ok();
     if (st) {
       const std::string error_file = attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(local) + "/error.json";
-      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, restart, error_file), old_mask,
+      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, restart, error_file), child_mask,
                        out->child_fd, err->child_fd, c);
       // The rank holds its ends now; the router copies the rest.
       for (const auto* e : {&*out, &*err})
@@ -326,7 +342,7 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
   int running = a.nproc_per_node;
   const Child* first_failure = nullptr;
   int forwarded_signal = 0;
-  bool stopping = false, killed = false;
+  bool stopping = false, killed = false, regroup_asked = false;
   Clock::time_point kill_at{}, give_up_at{};
   auto begin_stop = [&] {
     stopping = true;
@@ -363,7 +379,7 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
         c.running = false;
         c.status = status;
         --running;
-        if (!succeeded(status) &&
+        if (!succeeded(status) && !regrouped(status) &&
             (failed_now == nullptr || (WIFSIGNALED(status) && !WIFSIGNALED(failed_now->status))))
           failed_now = &c;
       }
@@ -373,6 +389,13 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
       std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; stopping the other ranks\n", failed_now->rank,
                    failed_now->pid, describe_status(failed_now->status).c_str());
       begin_stop();
+    }
+    if (elastic != nullptr && !regroup_asked && !stopping && elastic->newcomer_waiting()) {
+      regroup_asked = true;
+      std::fprintf(stderr, "troupe launch: a node asks to join: the ranks stop at the job's next snapshot and the next "
+                           "round takes it in\n");
+      for (auto& c : children)
+        if (c.running) kill(c.pid, SIGUSR2);
     }
     if (stopping && !killed && running > 0 && Clock::now() >= kill_at) {
       signal_all(children, SIGKILL);
@@ -427,14 +450,17 @@ int run_ranks(const Launch& l, int restart, bool* restartable) {
     return 128 + forwarded_signal;
   }
   std::vector<int> failed;
-  for (const auto& c : children)
-    if (!succeeded(c.status)) failed.push_back(c.rank);
+  bool regroup = false;
+  for (const auto& c : children) {
+    if (regrouped(c.status)) regroup = true;
+    else if (!succeeded(c.status)) failed.push_back(c.rank);
+  }
   if (!failed.empty()) {
     *restartable = true;
     print_error("launch", "rank(s) " + rank_list(failed) + " failed");
     return kExitFailure;
   }
-  return kExitOk;
+  return regroup ? kExitRegroup : kExitOk;
 }
 
 // An executable regular file named `name` on PATH, or "".
@@ -660,20 +686,58 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
         std::fprintf(stderr, "troupe launch: removed %s: the in-memory snapshots of a process that is gone\n", gone.c_str());
     }
   }
+  // --nnodes MIN:MAX: each attempt is a round of the nodes there (apps/launch_elastic.hpp).
+  std::unique_ptr<ElasticMembership> elastic;
+  l.elastic = o.elastic();
+  l.max_nnodes = o.nnodes;
+  if (o.elastic()) {
+    auto started = ElasticMembership::start(o, l.token, l.run_id);
+    if (!started) {
+      print_error("launch", started.status());
+      return exit_code_for(started.status());
+    }
+    elastic = std::move(started).value();
+  }
+  int last_round = -1;
   for (int restart = 0;; ++restart) {
+    Launch attempt = l;
+    int count = restart;  // TROUPE_RESTART_COUNT: the round's number when elastic
+    if (elastic) {
+      auto round = elastic->next_round(last_round);
+      if (!round) {
+        print_error("launch", round.status());
+        return exit_code_for(round.status());
+      }
+      if (!round->has_value()) return kExitOk;
+      const comm::RoundAssignment& r = **round;
+      last_round = count = r.round;
+      attempt.o.nnodes = r.nodes;
+      attempt.o.node_rank = r.group_rank;
+      attempt.o.master_port = o.master_port + 1;
+    }
     bool restartable = false;
-    const int code = run_ranks(l, restart, &restartable);
-    if (code == kExitOk || restart >= o.max_restarts) return code;
+    const int code = run_ranks(attempt, count, &restartable, elastic && o.node_rank == 0 ? elastic.get() : nullptr);
+    if (code == kExitRegroup && elastic) {
+      std::fprintf(stderr, "troupe launch: round %d ended for a node that asks to join; forming the next\n", last_round);
+      --restart;  // a new member is not a failure: no restart counted
+      continue;
+    }
+    if (code == kExitOk || restart >= o.max_restarts) {
+      if (elastic) elastic->finish(code != kExitOk);
+      return code;
+    }
     if (!restartable) {
       std::fprintf(stderr, "troupe launch: not restarting: the ranks were stopped by a signal or refused their "
                            "input (exit code 2)\n");
+      if (elastic) elastic->finish(true);
       return code;
     }
     if (o.nnodes == 1 && !o.master_port_given) {
       if (const int port = free_local_port(); port > 0) o.master_port = port;
     }
     std::fprintf(stderr, "troupe launch: restart %d of %d: starting all %d rank(s)%s again (TROUPE_RESTART_COUNT=%d)\n",
-                 restart + 1, o.max_restarts, o.nproc_per_node, o.nnodes > 1 ? " of this node" : "", restart + 1);
+                 restart + 1, o.max_restarts, o.nproc_per_node, o.nnodes > 1 ? " of this node" : "",
+                 elastic ? last_round + 1 : restart + 1);
   }
 }
 

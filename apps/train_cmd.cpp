@@ -4,6 +4,8 @@
 #include <sys/resource.h>
 
 #include <csignal>
+#include <pthread.h>
+#include <signal.h>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -35,6 +37,9 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::vector<std::string> g_flag_notes;  // screen_train_command's, for the start-up lines
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_regroup{false};  // SIGUSR2 under an elastic launch: a node asks to join
+
+extern "C" void on_regroup_signal(int) { g_regroup.store(true); }
 
 // SIGINT (Ctrl-C) and SIGTERM (SLURM before a time limit, on preemption; troupe launch passing one
 // on) both stop the job gracefully: the current iteration finishes, a checkpoint is saved with
@@ -221,6 +226,17 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   };
   RunOptions options;
   options.stop = &g_stop;
+  // troupe launch --nnodes MIN:MAX (apps/launch_elastic.hpp): node 0's launcher sends SIGUSR2 when a
+  // node asks to join; the job stops at its next snapshot and exits kExitRegroup for the next round.
+  const char* elastic = std::getenv("TROUPE_ELASTIC");
+  if (elastic != nullptr && *elastic != '\0') {
+    std::signal(SIGUSR2, on_regroup_signal);
+    sigset_t usr2;
+    sigemptyset(&usr2);
+    sigaddset(&usr2, SIGUSR2);
+    pthread_sigmask(SIG_UNBLOCK, &usr2, nullptr);  // the launcher starts the ranks with it blocked
+    options.regroup = &g_regroup;
+  }
   if (auto_layout_flag && env->world_size > 1) {
     if (cfg.device != "cpu") {
       print_error(name, Status::bad_input("--auto-layout plans CPU jobs for now -- run troupe plan --gpu NAME and pass "
@@ -264,6 +280,12 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   if (getrusage(RUSAGE_SELF, &usage) == 0)  // ru_maxrss: KiB on Linux
     printer->line(fmt::format("  peak resident memory of this process: {:.0f} MiB", usage.ru_maxrss / 1024.0));
   if (const int sig = g_signal.load(); sig != 0) return 128 + sig;  // stopped (and saved) on a signal
+  if (s.regrouped) {
+    printer->line(fmt::format("troupe train: stopped at iteration {} for a node that asks to join: the launchers start "
+                              "the next round (exit code {})",
+                              s.iteration, kExitRegroup));
+    return kExitRegroup;
+  }
   return kExitOk;
 }
 

@@ -26,6 +26,7 @@ struct JobOptions {
   // Polled a few times a second; when it becomes true the trainer stops after the current iteration
   // (saving a checkpoint when --save is set).
   const std::atomic<bool>* stop = nullptr;
+  const std::atomic<bool>* regroup = nullptr;  // RunOptions::regroup
   // Under `troupe launch`: this process's view of the job's UCX world (it holds one rank) and the
   // bootstrap its ranks met through (the timeline is gathered over it). Null: every rank of a
   // parallel layout runs in this process on the local backend.

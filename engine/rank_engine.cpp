@@ -683,7 +683,9 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     if (world > 1)
       std::copy(last_sections_.begin(), last_sections_.end(),
                 sums.begin() + static_cast<std::ptrdiff_t>(sections_at + static_cast<size_t>(rank_) * kStragglerSections));
-    sums[2] = req.stop ? 1.0 : 0.0;
+    // A regroup vote counts kRegroupVote (more than the ranks of any job), a stop vote one.
+    constexpr double kRegroupVote = 16777216.0;
+    sums[2] = (req.stop ? 1.0 : 0.0) + (req.regroup ? kRegroupVote : 0.0);
     sums[3] = watch_step_ ? 1.0 : 0.0;
     sums[4] = rank_ == 0 ? static_cast<double>(req.control) : 0.0;
     for (auto& store : stores_) sums[0] += store->owned_grad_sum_squares();
@@ -710,6 +712,7 @@ Result<StepOutcome> RankEngine::compute_gradients(const Tensor& tokens, double g
     out.grad_norm = std::sqrt(sums[0]) / req.loss_scale;
     out.loss_sum = sums[1];
     out.stop = sums[2] > 0;
+    out.regroup = sums[2] >= kRegroupVote;
     out.control = static_cast<int64_t>(sums[4]);
     const int ranks = comms_.world != nullptr ? comms_.world->size() : 1;
     watching_ = sums[3] > ranks - 0.5;

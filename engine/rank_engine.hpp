@@ -188,6 +188,7 @@ struct StepOutcome {
   // This rank's step by Megatron's timer names (step_timers in engine/types.hpp), milliseconds.
   std::vector<TimerReading> timers;
   bool stop = false;     // a process of the job asked to stop after this step (StepRequest::stop)
+  bool regroup = false;  // ... for a node that asks to join (StepRequest::regroup; stop is set too)
   int64_t control = 0;   // rank 0's StepRequest::control: the inspector commands to apply after this step
   std::vector<TensorPiece> captured;  // StepRequest::capture_grad's pieces on this rank
   // The gradient overflowed under loss scaling (StepRequest::skip_on_overflow): no optimizer step;

@@ -120,29 +120,33 @@ RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, 
   if (reports.size() != peers.size() || reports.empty()) return plan;
   const SnapshotReport& lead = reports[0];
   if (!lead.restarted || lead.expected_run.empty()) return plan;
-  // Which processes' hosts hold each iteration's shards.
+  // Which processes' hosts hold each iteration's shards. A snapshot's shard count is its own
+  // layout's, which need not be this job's (an elastic round of more or fewer nodes loads it
+  // resharded); reports that disagree on it are left out.
   std::map<int64_t, std::vector<std::vector<int>>> holders;  // iteration -> shard -> processes
   std::map<int64_t, int> with_metadata;
   for (int p = 0; p < world; ++p)
     for (const HeldIteration& h : reports[static_cast<size_t>(p)].held) {
-      if (h.run_id != lead.expected_run || h.shards != world || h.iteration <= lead.disk_latest) continue;
+      if (h.run_id != lead.expected_run || h.shards < 1 || h.iteration <= lead.disk_latest) continue;
       auto& by_shard = holders[h.iteration];
-      by_shard.resize(static_cast<size_t>(world));
+      if (by_shard.empty()) by_shard.resize(static_cast<size_t>(h.shards));
+      if (by_shard.size() != static_cast<size_t>(h.shards)) continue;
       for (int s : h.present)
-        if (s >= 0 && s < world) by_shard[static_cast<size_t>(s)].push_back(p);
+        if (s >= 0 && s < h.shards) by_shard[static_cast<size_t>(s)].push_back(p);
       with_metadata.emplace(h.iteration, p);
     }
   for (auto it = holders.rbegin(); it != holders.rend(); ++it) {
     const auto& by_shard = it->second;
+    const int shards = static_cast<int>(by_shard.size());
     if (!std::all_of(by_shard.begin(), by_shard.end(), [](const std::vector<int>& h) { return !h.empty(); })) continue;
     plan.iteration = it->first;
     plan.metadata_from = with_metadata.at(it->first);
     for (const auto& [node, procs] : processes_by_node(peers)) {
       std::set<int> here;
-      for (int s = 0; s < world; ++s)
+      for (int s = 0; s < shards; ++s)
         for (int q : by_shard[static_cast<size_t>(s)])
           if (peers[static_cast<size_t>(q)].node == node) here.insert(s);
-      for (int s = 0; s < world; ++s) {
+      for (int s = 0; s < shards; ++s) {
         if (here.count(s) != 0) continue;
         const std::vector<int>& from = by_shard[static_cast<size_t>(s)];
         plan.fetches.push_back({s, from[static_cast<size_t>(s) % from.size()], procs[static_cast<size_t>(s) % procs.size()]});

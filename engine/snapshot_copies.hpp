@@ -71,7 +71,8 @@ struct RecoveryPlan {
   int metadata_from = -1;  // the first process whose host's folder has the iteration's metadata.json
 };
 // Decided by rank 0's report (restarted, run id, --save's newest): the newest iteration of that run,
-// newer than --save's, whose shards (as many as processes) are together on the hosts; each missing
+// newer than --save's, whose shards (as many as the processes of the job that wrote it: an elastic
+// round may have more or fewer) are together on the hosts; each missing
 // shard is fetched by one process of the host that lacks it (its shards spread over the host's
 // processes) from one that holds it (spread over the holders).
 RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers);

@@ -34,6 +34,9 @@ struct StepRequest {
   // processes of a job agree on it inside the step (StepOutcome::stop), so all stop after the same
   // iteration.
   bool stop = false;
+  // This process wants the job to stop after this step for a node that asks to join (elastic:
+  // RunOptions::regroup); agreed like stop, and it implies stop (StepOutcome::regroup).
+  bool regroup = false;
   // The latest command of the job's inspector (troupe inspect: pause, set lr, save...) that rank 0's
   // process holds; rides on the step like the stop votes, so every process applies it after the
   // same step (StepOutcome::control). 0: none. Only global rank 0's value counts.

@@ -106,7 +106,7 @@ std::string strip_brackets(const std::string& addr) {
 
 void apply_rdzv_conf(LaunchOptions& o, const std::string& label, const std::string& value, Problems& problems) {
   // torchrun's keys (torch/distributed/elastic/rendezvous): what troupe's rendezvous does with each.
-  static const std::set<std::string> no_effect = {"read_timeout", "last_call_timeout", "close_timeout",
+  static const std::set<std::string> no_effect = {"read_timeout", "close_timeout",
                                                   "keep_alive_interval", "keep_alive_max_attempt",
                                                   "heartbeat", "is_host", "use_libuv", "store_type"};
   for (const std::string& item : split(value, ',')) {
@@ -124,6 +124,14 @@ void apply_rdzv_conf(LaunchOptions& o, const std::string& label, const std::stri
         o.join_timeout_s = *s;
         o.join_timeout_given = true;
       }
+    } else if (key == "last_call_timeout") {
+      const auto s = to_seconds(v);
+      if (!s || *s < 0 || *s > 86400) {
+        problems.push_back(label + " last_call_timeout=" + v + ": the last call must be seconds in [0, 86400]");
+      } else {
+        o.last_call_s = *s;
+        o.last_call_given = true;
+      }
     } else if (no_effect.count(key) > 0) {
       o.notes.push_back(label + " " + key + "=" + v +
                         ": no effect -- troupe's rendezvous has no such setting (its peers are watched by "
@@ -133,7 +141,8 @@ void apply_rdzv_conf(LaunchOptions& o, const std::string& label, const std::stri
     } else {
       problems.push_back(label + " " + key + "=" + v +
                          ": not a rendezvous setting troupe knows -- join_timeout sets how long rank 0 waits "
-                         "for every rank to join; read_timeout, last_call_timeout, close_timeout, "
+                         "for every rank to join, last_call_timeout how long an elastic round waits for more "
+                         "nodes once MIN are there; read_timeout, close_timeout, "
                          "keep_alive_interval, keep_alive_max_attempt, is_host, use_libuv are accepted "
                          "without effect");
     }
@@ -150,20 +159,19 @@ int signal_of(const std::string& name) {
 const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
       {{"--nnodes"}, true, true,
-       "implemented: N, or MIN:MAX with MIN = MAX (troupe has no elastic membership: a range is refused)",
+       "implemented: N, or MIN:MAX (elastic: a round runs on the nodes there, at least MIN, the data-parallel size "
+       "following them; a lost node is left out, one that comes back joins at the next snapshot)",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          const auto parts = split(v, ':');
          const auto lo = to_int(parts[0]), hi = parts.size() == 2 ? to_int(parts[1]) : lo;
          if (parts.size() > 2 || !lo || !hi || *lo < 1 || *hi < 1 || *lo > 100000 || *hi > 100000) {
-           p.push_back(label + " " + v + ": not a node count -- give N or MIN:MAX (e.g. 2 or 2:2)");
-         } else if (*lo != *hi) {
-           p.push_back(label + " " + v +
-                       ": troupe has no elastic membership (nodes cannot join or leave a running job, and a "
-                       "restart meets the same nodes again) -- give one count, e.g. " +
-                       label + " " + std::to_string(*hi) + " (or " + std::to_string(*hi) + ":" +
-                       std::to_string(*hi) + ")");
+           p.push_back(label + " " + v + ": not a node count -- give N or MIN:MAX (e.g. 2 or 1:4)");
+         } else if (*lo > *hi) {
+           p.push_back(label + " " + v + ": MIN is above MAX -- give MIN:MAX with MIN <= MAX (e.g. " + label + " " +
+                       std::to_string(*hi) + ":" + std::to_string(*lo) + ")");
          } else {
-           o.nnodes = static_cast<int>(*lo);
+           o.min_nnodes = static_cast<int>(*lo);
+           o.nnodes = static_cast<int>(*hi);
          }
        }},
       {{"--nproc-per-node", "--nproc_per_node"}, true, true,
@@ -254,7 +262,8 @@ const std::vector<Flag>& flags() {
        }},
       {{"--rdzv-conf", "--rdzv_conf"}, true, true,
        "join_timeout=S (alias timeout) implemented: how long rank 0 waits for every rank to join (600 s); "
-       "torchrun's other keys accepted without effect; unknown keys refused",
+       "last_call_timeout=S implemented with --nnodes MIN:MAX: how long a round waits for more nodes once MIN are "
+       "there (30 s); torchrun's other keys accepted without effect; unknown keys refused",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          apply_rdzv_conf(o, label, v, p);
        }},
@@ -610,6 +619,28 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
   if (o.nnodes > 1 && o.master_addr_given && o.master_port == 0)
     problems.push_back("port 0 (a free port) works on one node only: with --nnodes " + std::to_string(o.nnodes) +
                        " every node must be told the same port -- give one, e.g. 29500");
+  if (o.elastic()) {
+    const std::string range = "--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes);
+    if (!o.node_rank_given)
+      problems.push_back(range + " needs each node's --node-rank (0 .. " + std::to_string(o.nnodes - 1) +
+                         ", node 0 at --master-addr hosts the rounds; the others are numbered within each round)");
+    if (o.master_port >= 65535)
+      problems.push_back(range + ": the ranks meet at the master's port + 1 -- give a --master-port below 65535");
+    if (!o.command.empty() && o.command.front() == "train" && command_kind(o, subcommands) == CommandKind::troupe) {
+      auto given = [&](const std::string& flag) {
+        return std::any_of(o.command.begin(), o.command.end(),
+                           [&](const std::string& a) { return a == flag || a.rfind(flag + "=", 0) == 0; });
+      };
+      if (given("--data-parallel-size"))
+        problems.push_back(range + " with train --data-parallel-size: the data-parallel size follows the nodes of "
+                           "each round -- leave it out (troupe derives it from the world, as Megatron does)");
+      if (!given("--global-batch-size"))
+        problems.push_back(range + " with train and no --global-batch-size: the batch would follow the nodes of "
+                           "each round -- give --global-batch-size (kept by more or fewer accumulation steps)");
+    }
+  } else if (o.last_call_given) {
+    o.notes.push_back("--rdzv-conf last_call_timeout: no effect without --nnodes MIN:MAX (a fixed membership)");
+  }
   if (o.nnodes > 1 && o.rdzv_backend == "c10d" && !o.node_rank_given)
     problems.push_back("--rdzv-backend c10d with --nnodes " + std::to_string(o.nnodes) +
                        " and no --node-rank: troupe's rendezvous does not hand out node ranks as torchrun's c10d "

@@ -61,7 +61,8 @@ enum class CommandKind {
 
 struct LaunchOptions {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  int nnodes = 1;      // MAX of --nnodes MIN:MAX
+  int min_nnodes = 1;  // MIN (= nnodes unless a range: elastic membership, apps/launch_elastic.hpp)
   int node_rank = 0;
   bool node_rank_given = false;
   std::string master_addr = "127.0.0.1";
@@ -72,6 +73,8 @@ struct LaunchOptions {
   std::string rdzv_id;              // empty: not given (children see TORCHELASTIC_RUN_ID=none)
   double join_timeout_s = 600;      // --rdzv-conf join_timeout (torchrun's default 600 s)
   bool join_timeout_given = false;
+  double last_call_s = 30;          // --rdzv-conf last_call_timeout (elastic: torchrun's default 30 s)
+  bool last_call_given = false;
   bool standalone = false;
   int max_restarts = 0;
   std::string role = "default";
@@ -90,6 +93,8 @@ struct LaunchOptions {
   bool help = false;
   std::vector<std::string> command;  // what each rank runs (the "troupe" word dropped)
   std::vector<std::string> notes;    // one line per flag accepted without effect, or resolved
+
+  bool elastic() const { return min_nnodes < nnodes; }
 };
 
 using LaunchEnvLookup = std::function<std::optional<std::string>(const std::string& name)>;

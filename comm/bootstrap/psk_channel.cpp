@@ -134,7 +134,7 @@ struct PskServer::Impl {
 };
 
 Result<std::unique_ptr<PskServer>> PskServer::start(const std::string& host, int port, const std::string& token,
-                                                    Handler handler) {
+                                                    Handler handler, const std::string& what) {
   auto context = tls::PskContext::create(token);
   if (!context) return context.status();
   addrinfo hints{};
@@ -144,7 +144,7 @@ Result<std::unique_ptr<PskServer>> PskServer::start(const std::string& host, int
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);
   if (::getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || found == nullptr)
-    return Status::bad_input("--inspect " + host + ":" + service + ": not a numeric address to listen on -- use e.g. "
+    return Status::bad_input(what + " " + host + ":" + service + ": not a numeric address to listen on -- use e.g. "
                              "127.0.0.1:0 (loopback, a free port) or 0.0.0.0:29600");
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> hold(found, ::freeaddrinfo);
   Fd fd(::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -152,7 +152,7 @@ Result<std::unique_ptr<PskServer>> PskServer::start(const std::string& host, int
   const int one = 1;
   ::setsockopt(fd.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd.fd, found->ai_addr, found->ai_addrlen) != 0)
-    return Status::bad_input("--inspect " + host + ":" + service + ": cannot listen there (" + std::strerror(errno) +
+    return Status::bad_input(what + " " + host + ":" + service + ": cannot listen there (" + std::strerror(errno) +
                              ") -- pick another port, or 0 for a free one");
   if (::listen(fd.fd, 8) != 0) return Status::error(std::string("inspector: listen: ") + std::strerror(errno));
   sockaddr_storage bound{};

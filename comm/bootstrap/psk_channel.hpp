@@ -24,9 +24,10 @@ class PskServer {
  public:
   // Called on the server's thread with the request line (without '\n'); returns the answer.
   using Handler = std::function<std::string(const std::string& request)>;
-  // host: an address to listen on ("127.0.0.1", "0.0.0.0", "::1"); port 0 picks a free one.
+  // host: an address to listen on ("127.0.0.1", "0.0.0.0", "::1"); port 0 picks a free one. what:
+  // the flag or role that named the address, for the messages.
   static Result<std::unique_ptr<PskServer>> start(const std::string& host, int port, const std::string& token,
-                                                  Handler handler);
+                                                  Handler handler, const std::string& what = "--inspect");
   ~PskServer();  // stops the thread (a connection in progress is cut)
   PskServer(const PskServer&) = delete;
   PskServer& operator=(const PskServer&) = delete;

@@ -56,6 +56,11 @@ struct RunOptions {
   // Polled a few times a second: once it is true the run stops after the current iteration (saving
   // a checkpoint when config.save is set) and train() returns a summary with stopped_early.
   const std::atomic<bool>* stop = nullptr;
+  // Polled like stop: once it is true a node asks to join the job (troupe launch --nnodes MIN:MAX):
+  // the run stops at its next in-memory snapshot (with --save-memory-interval; otherwise after the
+  // current iteration, saving with --save) and train() returns a summary with regrouped, for the
+  // launchers to start a round with the new node. Without either it is noted and ignored.
+  const std::atomic<bool>* regroup = nullptr;
   // Measure the sgemm peak at start-up (IterationStats::fraction_of_peak; about a second).
   bool measure_peak = true;
   // A pipeline schedule given as data instead of config.pipeline_schedule's generated one. It must

@@ -3,6 +3,9 @@
 // that start.
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <memory>
 #include <random>
 
@@ -231,4 +234,48 @@ TEST_CASE("train api: open_data without a vocabulary size is refused, not a divi
   REQUIRE_FALSE(data);
   CHECK(data.status().is_bad_input());
   CHECK_THAT(data.status().message(), Contains("vocab_size is 0"));
+}
+
+TEST_CASE("train api: a regroup (a node asks to join) stops the run at its next in-memory snapshot, or now with a save",
+          "[api]") {
+  auto data = std::make_shared<RandomTokens>(16);
+  const std::string dir = std::filesystem::temp_directory_path() / ("troupe-regroup-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::atomic<bool> regroup{true};  // a node asks from the start
+  std::vector<int64_t> seen;
+  troupe::TrainCallbacks cb;
+  cb.on_iteration = [&](const troupe::IterationStats& s) { seen.push_back(s.iteration); };
+  troupe::RunOptions run = quick();
+  run.regroup = &regroup;
+  SECTION("snapshots every 5: the run stops at 5") {
+    troupe::TrainConfig cfg = tiny(12);
+    cfg.save_memory_interval = 5;
+    cfg.save_memory_dir = dir;
+    auto r = troupe::train(cfg, data, cb, run);
+    REQUIRE(r);
+    CHECK(r->regrouped);
+    CHECK(r->stopped_early);
+    CHECK(r->iteration == 5);
+    CHECK(seen.back() == 5);
+  }
+  SECTION("a save and no snapshots: the run stops after its iteration and saves it") {
+    troupe::TrainConfig cfg = tiny(12);
+    cfg.save = dir + "/ck";
+    cfg.save_interval = 100;
+    auto r = troupe::train(cfg, data, cb, run);
+    REQUIRE(r);
+    CHECK(r->regrouped);
+    CHECK(r->iteration == 1);
+    std::ifstream latest(cfg.save + "/latest_checkpointed_iteration.txt");
+    int64_t saved = -1;
+    latest >> saved;
+    CHECK(saved == r->iteration);
+  }
+  SECTION("nothing to resume from: the run goes on to its end") {
+    auto r = troupe::train(tiny(6), data, cb, run);
+    REQUIRE(r);
+    CHECK_FALSE(r->regrouped);
+    CHECK(r->iteration == 6);
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -1,5 +1,6 @@
 // `troupe launch` flags (apps/cli/launch_options.hpp): torchrun's grammar and meanings, checked on
 // random command lines against the values they were written from, and every refusal at once.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <map>
@@ -132,13 +133,39 @@ TEST_CASE("launch flags: --nproc-per-node auto, cpu, gpu as torchrun resolves th
   CHECK_FALSE(parse({"--nproc-per-node", "xpu", "train"}));
 }
 
-TEST_CASE("launch flags: --nnodes MIN:MAX needs MIN = MAX (no elastic membership)", "[launch]") {
+TEST_CASE("launch flags: --nnodes MIN:MAX is elastic, with node ranks and a fixed global batch", "[launch]") {
+  const std::vector<std::string> train = {"train", "--global-batch-size", "12"};
   for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
-           {"2:2", true}, {"2", true}, {"1:4", false}, {"3:2", false}, {"0", false}, {"1:2:3", false}, {"x", false}}) {
-    auto o = parse({"--nnodes", text, "--node-rank", "0", "--master-addr", "node0", "train"});
+           {"2:2", true}, {"2", true}, {"1:4", true}, {"3:2", false}, {"0", false}, {"1:2:3", false}, {"x", false}}) {
+    std::vector<std::string> args = {"--nnodes", text, "--node-rank", "0", "--master-addr", "node0"};
+    args.insert(args.end(), train.begin(), train.end());
+    auto o = parse(args);
     CHECK(bool(o) == ok);
-    if (!o && text == "1:4") CHECK_THAT(o.status().message(), Contains("no elastic membership"));
+    if (o) CHECK(o->elastic() == (text == "1:4"));
+    if (!o && text == "3:2") CHECK_THAT(o.status().message(), Contains("MIN is above MAX"));
   }
+  auto o = parse({"--nnodes", "1:4", "--node-rank", "3", "--master-addr", "node0", "--rdzv-conf", "last_call_timeout=2",
+                  "train", "--global-batch-size", "12"});
+  REQUIRE(o);
+  CHECK(o->min_nnodes == 1);
+  CHECK(o->nnodes == 4);
+  CHECK(o->last_call_s == 2);
+  // Each problem of an elastic train at once: no node rank, a fixed data-parallel size, no global batch.
+  const std::string m = parse({"--nnodes", "1:2", "--master-addr", "node0", "--master-port", "65535", "train",
+                               "--data-parallel-size", "2"})
+                            .status()
+                            .message();
+  CHECK_THAT(m, Contains("4 problems"));
+  CHECK_THAT(m, Contains("--nnodes 1:2 needs each node's --node-rank"));
+  CHECK_THAT(m, Contains("the master's port + 1"));
+  CHECK_THAT(m, Contains("with train --data-parallel-size: the data-parallel size follows the nodes"));
+  CHECK_THAT(m, Contains("no --global-batch-size"));
+  // A fixed membership: the last call is noted as having no effect.
+  auto fixed = parse({"--rdzv-conf", "last_call_timeout=5", "train"});
+  REQUIRE(fixed);
+  CHECK_FALSE(fixed->elastic());
+  CHECK(std::any_of(fixed->notes.begin(), fixed->notes.end(),
+                    [](const std::string& n) { return n.find("last_call_timeout: no effect") != std::string::npos; }));
 }
 
 TEST_CASE("launch flags: every problem at once, with the fix", "[launch]") {
@@ -147,8 +174,9 @@ TEST_CASE("launch flags: every problem at once, with the fix", "[launch]") {
   REQUIRE_FALSE(o);
   CHECK(o.status().is_bad_input());
   const std::string m = o.status().message();
-  CHECK_THAT(m, Contains("8 problems with the flags of troupe launch:"));
-  CHECK_THAT(m, Contains("--nnodes 1:2: troupe has no elastic membership"));
+  CHECK_THAT(m, Contains("9 problems with the flags of troupe launch:"));
+  CHECK_THAT(m, Contains("--nnodes 1:2 needs each node's --node-rank"));
+  CHECK_THAT(m, Contains("--nnodes 2 needs the host of node 0"));
   CHECK_THAT(m, Contains("--rdzv-backend etcd-v2: troupe's rendezvous is its own"));
   CHECK_THAT(m, Contains("--tee 9: give 0 (none)"));
   CHECK_THAT(m, Contains("--nprocs: not a flag of troupe launch"));
@@ -189,8 +217,8 @@ TEST_CASE("launch flags: torchrun's PET_ variables fill what the command line le
   CHECK(o->rdzv_id == "fromenv");
   CHECK_FALSE(o->standalone);
   CHECK(o->max_restarts == 1);  // the command line wins
-  vars["PET_NNODES"] = "1:3";
-  CHECK_THAT(parse({"train"}, host(), env).status().message(), Contains("PET_NNODES 1:3: troupe has no elastic"));
+  vars["PET_NNODES"] = "3:1";
+  CHECK_THAT(parse({"train"}, host(), env).status().message(), Contains("PET_NNODES 3:1: MIN is above MAX"));
 }
 
 TEST_CASE("launch flags: the command, --no-python, --run-path, --standalone, abbreviations", "[launch]") {

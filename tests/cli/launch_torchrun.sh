@@ -137,7 +137,7 @@ rc=$?
 set -e
 [[ $rc -eq 2 ]] || { cat bad.err >&2; fail "bad flags: exit $rc, want 2"; }
 [[ ! -e started ]] || fail "bad flags still started the command"
-for want in "7 problems" "--nnodes 1:4: troupe has no elastic membership" "--rdzv-backend etcd" "--tee 5" \
+for want in "8 problems" "--nnodes 1:4 needs each node's --node-rank" "--nnodes 4 needs the host of node 0" "--rdzv-backend etcd" "--tee 5" \
   "--start-method thread" "bogus=1" "--nproc-pre-node: not a flag of troupe launch -- did you mean --nproc-per-node?" \
   "--module: troupe cannot run Python modules in-process"; do
   grep -qF -- "$want" bad.err || { cat bad.err >&2; fail "the refusal does not say '$want'"; }

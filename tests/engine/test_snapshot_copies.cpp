@@ -173,6 +173,27 @@ TEST_CASE("snapshot recovery plan: rank 0 decides; the newest whole snapshot; th
   // A shard on no host: that snapshot cannot be resumed.
   r3[0].held = {held(8, "ab", 3, {0})};
   CHECK(plan_snapshot_recovery(r3, three).iteration == -1);
+  // An elastic round of another size: a snapshot written by 2 processes (host 0 alone), resumed by
+  // 4 on two hosts -- the new host fetches both shards; one of 6 processes likewise.
+  auto grown = reports(true, "ab", -1);
+  for (int p : {0, 1}) grown[static_cast<size_t>(p)].held = {held(140, "ab", 2, {0, 1})};
+  plan = plan_snapshot_recovery(grown, peers);
+  CHECK(plan.iteration == 140);
+  REQUIRE(plan.fetches.size() == 2);
+  CHECK(plan.fetches[0].shard == 0);
+  CHECK(plan.fetches[1].shard == 1);
+  for (const ShardFetch& f : plan.fetches) CHECK(peers[static_cast<size_t>(f.to)].node == 1);
+  CHECK(plan.fetches[0].to != plan.fetches[1].to);  // spread over host 1's processes
+  auto shrunk = reports(true, "ab", -1);
+  for (int p : {0, 1}) shrunk[static_cast<size_t>(p)].held = {held(60, "ab", 6, {0, 1, 2, 3, 4, 5})};
+  plan = plan_snapshot_recovery(shrunk, peers);
+  CHECK(plan.iteration == 60);
+  CHECK(plan.fetches.size() == 6);
+  // Reports that disagree on an iteration's shard count: the disagreeing one is left out.
+  grown[2].held = {held(140, "ab", 3, {0, 1, 2})};
+  plan = plan_snapshot_recovery(grown, peers);
+  CHECK(plan.iteration == 140);
+  CHECK(plan.fetches.size() == 2);
 }
 
 // Ranks as threads, `nodes[r]` their hosts, each host a folder of its own.

@@ -1,0 +1,223 @@
+// comm/bootstrap/elastic_rendezvous.hpp: the launchers' round protocol and node 0's side of it.
+#include "comm/bootstrap/elastic_rendezvous.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+namespace troupe::comm {
+
+namespace {
+
+std::vector<std::string_view> fields(std::string_view s) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == ' ') {
+      out.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  return out;
+}
+
+// A decimal count in [0, max], one spelling (no sign, no leading zero).
+std::optional<int> count(std::string_view s, int max) {
+  if (s.empty() || s.size() > 9 || s[0] < '0' || s[0] > '9' || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  int v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v > max) return std::nullopt;
+  return v;
+}
+
+bool is_run_id(std::string_view s) {
+  return s.size() == 32 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+bool printable(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+}
+
+Status bad(std::string_view what, std::string_view line) {
+  const std::string shown(line.substr(0, 80));
+  return Status::bad_input("elastic rendezvous: " + std::string(what) + " in '" + (printable(shown) ? shown : "(binary)") +
+                           "' -- every node's launcher must be this troupe's (troupe launch --nnodes MIN:MAX)");
+}
+
+}  // namespace
+
+std::string encode_join(const JoinRequest& r) {
+  return "troupe-rdzv 1 join " + std::to_string(r.node) + " " + std::to_string(r.nproc) + " " +
+         std::to_string(r.min_nodes) + " " + std::to_string(r.max_nodes) + " " + std::to_string(r.last_round);
+}
+
+Result<JoinRequest> parse_join(std::string_view line) {
+  if (line.size() > kMaxRendezvousLine) return bad("a request longer than 1024 bytes", line);
+  const auto f = fields(line);
+  if (f.size() != 8 || f[0] != "troupe-rdzv" || f[2] != "join") return bad("not a join request", line);
+  if (f[1] != "1") return bad("protocol version " + std::string(f[1].substr(0, 8)) + ", not 1", line);
+  JoinRequest r;
+  const auto node = count(f[3], kMaxElasticNodes - 1), nproc = count(f[4], 4096),
+             lo = count(f[5], kMaxElasticNodes), hi = count(f[6], kMaxElasticNodes);
+  std::optional<int> last;
+  if (f[7] == "-1") last = -1;
+  else last = count(f[7], 1'000'000'000);
+  if (!node || !nproc || !lo || !hi || !last) return bad("a field that is not a count", line);
+  r.node = *node;
+  r.nproc = *nproc;
+  r.min_nodes = *lo;
+  r.max_nodes = *hi;
+  r.last_round = *last;
+  if (r.nproc < 1 || r.min_nodes < 1 || r.min_nodes > r.max_nodes || r.node >= r.max_nodes)
+    return bad("sizes out of range", line);
+  return r;
+}
+
+std::string encode_answer(const JoinAnswer& a) {
+  switch (a.kind) {
+    case JoinAnswer::Kind::wait:
+      return "wait " + std::to_string(a.round) + " " + std::to_string(a.present);
+    case JoinAnswer::Kind::go:
+      return "go " + std::to_string(a.go.round) + " " + std::to_string(a.go.group_rank) + " " +
+             std::to_string(a.go.nodes) + " " + a.go.run_id;
+    case JoinAnswer::Kind::done:
+      return "done";
+    case JoinAnswer::Kind::failed:
+      return "failed";
+    case JoinAnswer::Kind::refused:
+      return "refused " + a.reason;
+  }
+  return "refused unknown answer";
+}
+
+Result<JoinAnswer> parse_answer(std::string_view line) {
+  if (line.size() > kMaxRendezvousLine) return bad("an answer longer than 1024 bytes", line);
+  JoinAnswer a;
+  if (line == "done" || line == "failed") {
+    a.kind = line == "done" ? JoinAnswer::Kind::done : JoinAnswer::Kind::failed;
+    return a;
+  }
+  if (line.rfind("refused ", 0) == 0) {
+    a.kind = JoinAnswer::Kind::refused;
+    a.reason = std::string(line.substr(8));
+    if (a.reason.empty() || !printable(a.reason)) return bad("a refusal without a printable reason", line);
+    return a;
+  }
+  const auto f = fields(line);
+  if (f[0] == "wait" && f.size() == 3) {
+    const auto round = count(f[1], 1'000'000'000), present = count(f[2], kMaxElasticNodes);
+    if (!round || !present || *present < 1) return bad("a wait answer with bad counts", line);
+    a.round = *round;
+    a.present = *present;
+    return a;
+  }
+  if (f[0] == "go" && f.size() == 5) {
+    const auto round = count(f[1], 1'000'000'000), rank = count(f[2], kMaxElasticNodes - 1),
+               nodes = count(f[3], kMaxElasticNodes);
+    if (!round || !rank || !nodes || *rank >= *nodes || !is_run_id(f[4])) return bad("a go answer with bad fields", line);
+    a.kind = JoinAnswer::Kind::go;
+    a.go = {*round, *rank, *nodes, std::string(f[4])};
+    return a;
+  }
+  return bad("not an answer", line);
+}
+
+RendezvousHost::RendezvousHost(Settings s) : s_(std::move(s)) {}
+
+std::vector<int> RendezvousHost::present_locked(Clock::time_point now) const {
+  std::vector<int> out = {0};
+  for (const auto& [node, at] : seen_)
+    if (now - at <= s_.stale) out.push_back(node);
+  return out;  // ascending: seen_ is ordered and holds no node 0
+}
+
+std::string RendezvousHost::answer(std::string_view request, Clock::time_point now) {
+  JoinAnswer a;
+  auto r = parse_join(request);
+  if (!r) {
+    a.kind = JoinAnswer::Kind::refused;
+    a.reason = r.status().message();
+    for (char& c : a.reason)
+      if (c < 0x20 || c >= 0x7f) c = '?';
+    return encode_answer(a);
+  }
+  const JoinRequest& j = r.value();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (j.nproc != s_.nproc || j.min_nodes != s_.min_nodes || j.max_nodes != s_.max_nodes || j.node == 0) {
+    a.kind = JoinAnswer::Kind::refused;
+    a.reason = j.node == 0 ? "node rank 0 is this launcher's own (it hosts the rendezvous) -- give each other node "
+                             "its own --node-rank 1 .. " + std::to_string(s_.max_nodes - 1)
+                           : "node " + std::to_string(j.node) + " runs --nproc-per-node " + std::to_string(j.nproc) +
+                                 " --nnodes " + std::to_string(j.min_nodes) + ":" + std::to_string(j.max_nodes) +
+                                 ", node 0 " + std::to_string(s_.nproc) + " and " + std::to_string(s_.min_nodes) +
+                                 ":" + std::to_string(s_.max_nodes) + " -- give every node the same flags";
+    return encode_answer(a);
+  }
+  if (done_) {
+    a.kind = failed_ ? JoinAnswer::Kind::failed : JoinAnswer::Kind::done;
+    return encode_answer(a);
+  }
+  seen_[j.node] = now;
+  const bool member = std::find(members_.begin(), members_.end(), j.node) != members_.end();
+  if (!open_ && round_ > j.last_round && member) {
+    a.kind = JoinAnswer::Kind::go;
+    a.go.round = round_;
+    a.go.group_rank = static_cast<int>(std::find(members_.begin(), members_.end(), j.node) - members_.begin());
+    a.go.nodes = static_cast<int>(members_.size());
+    a.go.run_id = s_.run_id;
+    return encode_answer(a);
+  }
+  a.round = open_ ? round_ + 1 : std::max(round_, 0);
+  a.present = static_cast<int>(present_locked(now).size());
+  return encode_answer(a);
+}
+
+void RendezvousHost::open_round(Clock::time_point) {
+  std::lock_guard<std::mutex> lock(mu_);
+  open_ = true;
+  min_since_.reset();
+}
+
+std::optional<RendezvousHost::Round> RendezvousHost::try_form(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_) return std::nullopt;
+  std::vector<int> here = present_locked(now);
+  const int n = static_cast<int>(here.size());
+  if (n < s_.min_nodes) {
+    min_since_.reset();
+    return std::nullopt;
+  }
+  if (!min_since_) min_since_ = now;
+  if (n < s_.max_nodes && now - *min_since_ < s_.last_call) return std::nullopt;
+  ++round_;
+  open_ = false;
+  members_ = std::move(here);
+  min_since_.reset();
+  return Round{round_, members_};
+}
+
+std::vector<int> RendezvousHost::present(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return present_locked(now);
+}
+
+double RendezvousHost::last_call_left(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!open_ || !min_since_) return -1;
+  return std::max(0.0, std::chrono::duration<double>(s_.last_call - (now - *min_since_)).count());
+}
+
+bool RendezvousHost::newcomer_waiting(Clock::time_point now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_ || round_ < 0) return false;
+  for (int node : present_locked(now))
+    if (std::find(members_.begin(), members_.end(), node) == members_.end()) return true;
+  return false;
+}
+
+void RendezvousHost::finish(bool failed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  failed_ = failed;
+}
+
+}  // namespace troupe::comm

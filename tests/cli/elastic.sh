@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Elastic membership (troupe launch --nnodes MIN:MAX, docs/RESILIENCE.md "Elastic") over two hosts
+# (tests/cli/two_hosts.bash: network namespaces): tp 2 x dp 2 with in-memory snapshots, each shard
+# also on the other host. Host1 is lost for good (its launcher and ranks killed, its snapshot folder
+# gone): host0's launcher forms the next round without it once the last call has passed, and the
+# job goes on on host0 alone as tp 2 x dp 1 -- the same global batch by twice the accumulation
+# steps, resumed from host0's folder (its own shards and host1's copies) -- and finishes with the
+# losses of the uninterrupted two-host run within 1e-5, every iteration once. Then host1 comes back
+# (a new launcher): host0's launcher asks the job to stop at its next snapshot, and the next round
+# takes host1 in (tp 2 x dp 2 again), with the same losses.
+# Needs root and iproute2; skips (77) where network namespaces cannot be created.
+source "$(dirname "$0")/common.bash"
+source "$(dirname "$0")/two_hosts.bash"
+
+iters=240
+model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
+       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
+       --num-threads 1 --train-iters "$iters" --log-interval 40 --tensor-model-parallel-size 2
+       --use-distributed-optimizer --distributed-timeout-minutes 0.25)
+elastic=(--nnodes 1:2 --master-addr host0 --nproc-per-node 2 --max-restarts 2 --rdzv-conf last_call_timeout=2)
+iteration_reached() { { grep '"type":"train"' "$1" 2> /dev/null || true; } | tail -n 1 | grep -o '"iteration":[0-9]*' |
+  cut -d: -f2 | grep . || echo 0; }
+# close_losses REF GOT: every iteration 1..N in GOT (those trained again after a restart twice), each loss within 1e-5 of REF's.
+close_losses() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for j in map(json.loads, open(path)):
+        if j.get("type") == "train":
+            out.setdefault(j["iteration"], []).append(j["lm_loss"])
+    return out
+ref, got = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(got) == list(range(1, len(ref) + 1)), f"iterations {min(got)}..{max(got)}, {len(got)} of {len(ref)}"
+worst = max(abs(v - ref[i][0]) for i, vs in got.items() for v in vs)
+print(f"{len(got)} iterations, largest loss difference {worst:.2e}")
+assert worst <= 1e-5
+PY
+}
+
+# --- the uninterrupted run: both hosts, one round --------------------------------------------------
+for k in 0 1; do
+  on_host "$k" "$troupe" launch "${elastic[@]}" --node-rank "$k" -- train "${model[@]}" --metrics-file "$work/ref.jsonl" \
+    > "ref.$k.log" 2>&1 &
+  pids+=($!)
+  launchers[k]=$!
+done
+wait_both || { cat ref.*.log; fail "the uninterrupted elastic run failed"; }
+grep -q "round 0: 2 of 1..2 node(s), node ranks 0, 1" ref.0.log || { cat ref.0.log; fail "round 0 was not both hosts"; }
+grep -q "round 0: node 1 of 2" ref.1.log || { cat ref.1.log; fail "host1 was not node 1 of round 0"; }
+grep -q "x 2 accumulation steps x 2 data-parallel = global 12" ref.0.log || { cat ref.0.log; fail "round 0 was not dp 2"; }
+
+# --- host1 lost for good: the job goes on on host0; then host1 comes back ----------------------------
+start_host() {  # K: host K's launcher of the elastic job, in the background
+  on_host "$1" "$troupe" launch "${elastic[@]}" --node-rank "$1" -- train "${model[@]}" --save-memory-interval 20 \
+    --save-memory-dir "$shm/shm$1" --metrics-file "$work/el.jsonl" >> "el.$1.log" 2>&1 &
+  pids+=($!)
+  launchers[$1]=$!
+}
+# wait_for_iteration N: until the job has trained iteration N (since the last restart: the last line's).
+wait_for_iteration() {
+  local deadline=$((SECONDS + 120))
+  until (($(iteration_reached "$work/el.jsonl") >= $1)); do
+    ((SECONDS < deadline)) || { cat el.*.log; fail "the job never reached iteration $1"; }
+    sleep 0.05
+  done
+}
+start_host 0
+start_host 1
+wait_for_iteration 70
+launcher1=$(pgrep -P "${launchers[1]}")  # on_host runs in a subshell: the launcher is its child
+kill -STOP "$launcher1"
+kill -9 $(pgrep -P "$launcher1") "$launcher1"
+rm -rf "$shm/shm1"
+struck=$(iteration_reached "$work/el.jsonl")
+wait "${launchers[1]}" 2> /dev/null || true
+deadline=$((SECONDS + 60))
+until grep -q "round 1: 1 of 1..2 node(s), node ranks 0; this node is node 0" el.0.log; do
+  ((SECONDS < deadline)) || { cat el.0.log; show_stuck; fail "no round of host0 alone within 60 s of losing host1"; }
+  sleep 0.05
+done
+# Round 1 trains on host0 alone past a snapshot or two; then host1 comes back.
+sleep 1
+wait_for_iteration 130
+back=$(iteration_reached "$work/el.jsonl")
+start_host 1
+wait_both || { cat el.*.log; show_stuck; fail "the elastic job did not finish"; }
+grep -q "finished at iteration $iters/$iters" el.0.log || { cat el.0.log; fail "the job did not finish"; }
+grep -qE "restarted: resuming this run's in-memory snapshot of iteration (60|40) " el.0.log ||
+  { cat el.0.log; fail "round 1 did not resume an in-memory snapshot"; }
+grep -q "x 4 accumulation steps x 1 data-parallel = global 12" el.0.log || { cat el.0.log; fail "round 1 was not dp 1"; }
+grep -q "a node asks to join: the ranks stop at the job's next snapshot" el.0.log ||
+  { cat el.0.log; fail "host0's launcher did not take host1's return in"; }
+grep -qE "stopped at iteration (140|160) for a node that asks to join" el.0.log ||
+  { cat el.0.log; fail "round 1 did not stop at its next snapshot after host1 came back"; }
+grep -q "round 2: 2 of 1..2 node(s), node ranks 0, 1" el.0.log || { cat el.0.log; fail "round 2 was not both hosts"; }
+grep -q "round 2: node 1 of 2" el.1.log || { cat el.1.log; fail "host1 did not join round 2"; }
+[[ $(grep -c "x 2 accumulation steps x 2 data-parallel = global 12" el.0.log) == 2 ]] ||
+  { cat el.0.log; fail "rounds 0 and 2 were not dp 2"; }
+grep -q "fetched from the other hosts" el.0.log || { cat el.0.log; fail "host1 did not fetch the snapshot from host0"; }
+close_losses "$work/ref.jsonl" "$work/el.jsonl" || fail "the elastic run's losses differ from the uninterrupted run's"
+python3 - "$work/el.jsonl" <<'PY' || fail "iterations were trained again after host1 came back"
+import json, sys
+its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
+again = [b for a, b in zip(its, its[1:]) if b <= a]
+assert len(again) == 1, f"{len(again)} restarts went back: {again}"  # host1's loss only
+PY
+[[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"
+echo "ok: host1 lost after iteration $struck: round 1 on host0 alone (dp 1); host1 back after iteration $back: round 2 on both (dp 2); the losses of the uninterrupted run"
+echo PASS
