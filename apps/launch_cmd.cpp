@@ -686,11 +686,11 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
         std::fprintf(stderr, "troupe launch: removed %s: the in-memory snapshots of a process that is gone\n", gone.c_str());
     }
   }
-  // --nnodes MIN:MAX: each attempt is a round of the nodes there (apps/launch_elastic.hpp).
+  // --nnodes MIN:MAX or --spares K: each attempt is a round of the nodes there (apps/launch_elastic.hpp).
   std::unique_ptr<ElasticMembership> elastic;
-  l.elastic = o.elastic();
+  l.elastic = o.rounds();
   l.max_nnodes = o.nnodes;
-  if (o.elastic()) {
+  if (o.rounds()) {
     auto started = ElasticMembership::start(o, l.token, l.run_id);
     if (!started) {
       print_error("launch", started.status());

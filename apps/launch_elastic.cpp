@@ -44,6 +44,7 @@ Result<std::unique_ptr<ElasticMembership>> ElasticMembership::start(const Launch
   comm::RendezvousHost::Settings settings;
   settings.min_nodes = o.min_nnodes;
   settings.max_nodes = o.nnodes;
+  settings.spares = o.spares;
   settings.nproc = o.nproc_per_node;
   settings.run_id = run_id;
   settings.last_call = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.last_call_s));
@@ -55,9 +56,10 @@ Result<std::unique_ptr<ElasticMembership>> ElasticMembership::start(const Launch
   if (!server) return server.status();
   s.server = std::move(server).value();
   std::fprintf(stderr,
-               "troupe launch: hosting the rounds of an elastic job of %d to %d node(s) on port %d; each round's ranks "
-               "meet on port %d\n",
-               o.min_nnodes, o.nnodes, o.master_port, o.master_port + 1);
+               "troupe launch: hosting the rounds of a job of %d to %d node(s)%s on port %d; each round's ranks meet on "
+               "port %d\n",
+               o.min_nnodes, o.nnodes, o.spares > 0 ? (" and " + std::to_string(o.spares) + " spare(s)").c_str() : "",
+               o.master_port, o.master_port + 1);
   return m;
 }
 
@@ -99,17 +101,21 @@ Result<std::optional<comm::RoundAssignment>> ElasticMembership::host_round() {
 
 Result<std::optional<comm::RoundAssignment>> ElasticMembership::join_round(int last_round) {
   Impl& s = *impl_;
-  const comm::JoinRequest request{s.o.node_rank, s.o.nproc_per_node, s.o.min_nnodes, s.o.nnodes, last_round};
+  const comm::JoinRequest request{s.o.node_rank, s.o.nproc_per_node, s.o.min_nnodes, s.o.nnodes, s.o.spares, last_round};
   const std::string line = comm::encode_join(request);
-  const auto began = Clock::now();
-  auto report_at = began + kProgressEvery;
-  std::string last_problem = "no answer yet";
+  // join_timeout bounds the time without an answer from node 0; told to wait (a round forming, or
+  // running without this node: a spare, a node back too late for it) it waits as long as the job runs.
+  auto answered = Clock::now();
+  auto report_at = answered + kProgressEvery;
+  std::string last_problem = "no answer yet", reported;
   for (;;) {
     auto answer = comm::psk_request(s.o.master_addr, s.o.master_port, s.token, line, std::chrono::seconds(5));
+    const auto now = Clock::now();
     if (answer) {
       auto parsed = comm::parse_answer(answer.value());
       if (!parsed) return parsed.status();
       const comm::JoinAnswer& a = parsed.value();
+      answered = now;
       switch (a.kind) {
         case comm::JoinAnswer::Kind::go:
           std::fprintf(stderr, "troupe launch: round %d: node %d of %d (this launcher's --node-rank %d)\n", a.go.round,
@@ -123,22 +129,24 @@ Result<std::optional<comm::RoundAssignment>> ElasticMembership::join_round(int l
         case comm::JoinAnswer::Kind::refused:
           return Status::bad_input("node 0 refused this node: " + a.reason);
         case comm::JoinAnswer::Kind::wait:
-          last_problem = "round " + std::to_string(a.round) + " forming or running, " + std::to_string(a.present) +
+          last_problem = "waiting for a place: round " + std::to_string(a.round) + ", " + std::to_string(a.present) +
                          " node(s) asking";
           break;
       }
     } else {
       last_problem = answer.status().message();
     }
-    const auto now = Clock::now();
-    if (seconds(now - began) > s.o.join_timeout_s)
-      return Status::error("no round for this node within " + std::to_string(static_cast<int>(s.o.join_timeout_s)) +
-                           " s at " + s.o.master_addr + ":" + std::to_string(s.o.master_port) + " (" + last_problem +
+    if (seconds(now - answered) > s.o.join_timeout_s)
+      return Status::error("no answer from node 0 at " + s.o.master_addr + ":" + std::to_string(s.o.master_port) +
+                           " for " + std::to_string(static_cast<int>(s.o.join_timeout_s)) + " s (" + last_problem +
                            ") -- check that node 0's launcher runs and this host reaches it");
-    if (now >= report_at) {
-      report_at += kProgressEvery;
-      std::fprintf(stderr, "troupe launch: waiting to join the job at %s:%d (%s)\n", s.o.master_addr.c_str(),
-                   s.o.master_port, last_problem.c_str());
+    // Progress every 10 s while node 0 does not answer; while it says wait, when that changes.
+    const bool waiting = seconds(now - answered) < 1;
+    if ((!waiting && now >= report_at) || (waiting && last_problem != reported && now >= report_at)) {
+      report_at = now + kProgressEvery;
+      reported = last_problem;
+      std::fprintf(stderr, "troupe launch: joining the job at %s:%d (%s)\n", s.o.master_addr.c_str(), s.o.master_port,
+                   last_problem.c_str());
     }
     std::this_thread::sleep_for(kPoll);
   }

@@ -423,6 +423,12 @@ const std::vector<Flag>& flags() {
          o.stop_grace = *s;
          o.stop_grace_given = true;
        }},
+      {{"--spares"}, true, false,
+       "troupe's: K nodes beyond --nnodes (--node-rank N .. N+K-1, the same flag on every node) wait to replace a "
+       "lost node at once: the next round takes them in without waiting for the last call",
+       [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
+         int_in(label, v, 0, 1024, &o.spares, "give a number of spare nodes from 0 to 1024", p);
+       }},
       {{"--new-token"}, false, false, "troupe's: print a fresh job token and exit",
        [](LaunchOptions& o, const std::string&, const std::string&, const HostFacts&, Problems&) {
          o.new_token = true;
@@ -603,26 +609,28 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
     o.rdzv_backend = "c10d";
     o.rdzv_id.clear();  // the launcher makes a fresh one
   }
-  if (o.node_rank >= o.nnodes)
-    problems.push_back("--node-rank " + std::to_string(o.node_rank) + " is outside [0, " + std::to_string(o.nnodes) +
-                       ") for --nnodes " + std::to_string(o.nnodes) + " -- number the nodes 0 .. " +
-                       std::to_string(o.nnodes - 1));
-  if (o.nnodes > 1 && !o.master_addr_given)
+  if (o.node_rank >= o.nnodes + o.spares)
+    problems.push_back("--node-rank " + std::to_string(o.node_rank) + " is outside [0, " +
+                       std::to_string(o.nnodes + o.spares) + ") for --nnodes " + std::to_string(o.nnodes) +
+                       (o.spares > 0 ? " --spares " + std::to_string(o.spares) : std::string()) +
+                       " -- number the nodes 0 .. " + std::to_string(o.nnodes + o.spares - 1));
+  if (o.nnodes + o.spares > 1 && !o.master_addr_given)
     problems.push_back("--nnodes " + std::to_string(o.nnodes) +
                        " needs the host of node 0, reachable from every node -- give --master-addr HOST or "
                        "--rdzv-endpoint HOST:PORT");
-  if (o.nnodes > 1 && o.master_addr_given &&
+  if (o.nnodes + o.spares > 1 && o.master_addr_given &&
       (o.master_addr == "localhost" || o.master_addr.rfind("127.", 0) == 0 || o.master_addr == "::1"))
     problems.push_back("--nnodes " + std::to_string(o.nnodes) + " with the master at " + o.master_addr +
                        ", a loopback address: the other nodes cannot reach it -- give the network address or "
                        "name of node 0's host");
-  if (o.nnodes > 1 && o.master_addr_given && o.master_port == 0)
+  if (o.nnodes + o.spares > 1 && o.master_addr_given && o.master_port == 0)
     problems.push_back("port 0 (a free port) works on one node only: with --nnodes " + std::to_string(o.nnodes) +
                        " every node must be told the same port -- give one, e.g. 29500");
-  if (o.elastic()) {
-    const std::string range = "--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes);
+  if (o.rounds()) {
+    const std::string range = o.elastic() ? "--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes)
+                                          : "--spares " + std::to_string(o.spares);
     if (!o.node_rank_given)
-      problems.push_back(range + " needs each node's --node-rank (0 .. " + std::to_string(o.nnodes - 1) +
+      problems.push_back(range + " needs each node's --node-rank (0 .. " + std::to_string(o.nnodes + o.spares - 1) +
                          ", node 0 at --master-addr hosts the rounds; the others are numbered within each round)");
     if (o.master_port >= 65535)
       problems.push_back(range + ": the ranks meet at the master's port + 1 -- give a --master-port below 65535");
@@ -631,14 +639,15 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
         return std::any_of(o.command.begin(), o.command.end(),
                            [&](const std::string& a) { return a == flag || a.rfind(flag + "=", 0) == 0; });
       };
-      if (given("--data-parallel-size"))
+      if (given("--data-parallel-size") && o.elastic())
         problems.push_back(range + " with train --data-parallel-size: the data-parallel size follows the nodes of "
                            "each round -- leave it out (troupe derives it from the world, as Megatron does)");
-      if (!given("--global-batch-size"))
+      if (!given("--global-batch-size") && o.elastic())
         problems.push_back(range + " with train and no --global-batch-size: the batch would follow the nodes of "
                            "each round -- give --global-batch-size (kept by more or fewer accumulation steps)");
     }
-  } else if (o.last_call_given) {
+  }
+  if (!o.elastic() && o.last_call_given) {
     o.notes.push_back("--rdzv-conf last_call_timeout: no effect without --nnodes MIN:MAX (a fixed membership)");
   }
   if (o.nnodes > 1 && o.rdzv_backend == "c10d" && !o.node_rank_given)

@@ -63,6 +63,7 @@ struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;      // MAX of --nnodes MIN:MAX
   int min_nnodes = 1;  // MIN (= nnodes unless a range: elastic membership, apps/launch_elastic.hpp)
+  int spares = 0;      // --spares K: nodes nnodes .. nnodes+K-1 wait to replace a lost one
   int node_rank = 0;
   bool node_rank_given = false;
   std::string master_addr = "127.0.0.1";
@@ -95,6 +96,8 @@ struct LaunchOptions {
   std::vector<std::string> notes;    // one line per flag accepted without effect, or resolved
 
   bool elastic() const { return min_nnodes < nnodes; }
+  // Rounds formed by node 0's launcher (apps/launch_elastic.hpp): an elastic size or spares.
+  bool rounds() const { return elastic() || spares > 0; }
 };
 
 using LaunchEnvLookup = std::function<std::optional<std::string>(const std::string& name)>;

@@ -47,27 +47,29 @@ Status bad(std::string_view what, std::string_view line) {
 
 std::string encode_join(const JoinRequest& r) {
   return "troupe-rdzv 1 join " + std::to_string(r.node) + " " + std::to_string(r.nproc) + " " +
-         std::to_string(r.min_nodes) + " " + std::to_string(r.max_nodes) + " " + std::to_string(r.last_round);
+         std::to_string(r.min_nodes) + " " + std::to_string(r.max_nodes) + " " + std::to_string(r.spares) + " " +
+         std::to_string(r.last_round);
 }
 
 Result<JoinRequest> parse_join(std::string_view line) {
   if (line.size() > kMaxRendezvousLine) return bad("a request longer than 1024 bytes", line);
   const auto f = fields(line);
-  if (f.size() != 8 || f[0] != "troupe-rdzv" || f[2] != "join") return bad("not a join request", line);
+  if (f.size() != 9 || f[0] != "troupe-rdzv" || f[2] != "join") return bad("not a join request", line);
   if (f[1] != "1") return bad("protocol version " + std::string(f[1].substr(0, 8)) + ", not 1", line);
   JoinRequest r;
-  const auto node = count(f[3], kMaxElasticNodes - 1), nproc = count(f[4], 4096),
-             lo = count(f[5], kMaxElasticNodes), hi = count(f[6], kMaxElasticNodes);
+  const auto node = count(f[3], 2 * kMaxElasticNodes), nproc = count(f[4], 4096),
+             lo = count(f[5], kMaxElasticNodes), hi = count(f[6], kMaxElasticNodes), spares = count(f[7], 1024);
   std::optional<int> last;
-  if (f[7] == "-1") last = -1;
-  else last = count(f[7], 1'000'000'000);
-  if (!node || !nproc || !lo || !hi || !last) return bad("a field that is not a count", line);
+  if (f[8] == "-1") last = -1;
+  else last = count(f[8], 1'000'000'000);
+  if (!node || !nproc || !lo || !hi || !spares || !last) return bad("a field that is not a count", line);
   r.node = *node;
   r.nproc = *nproc;
   r.min_nodes = *lo;
   r.max_nodes = *hi;
+  r.spares = *spares;
   r.last_round = *last;
-  if (r.nproc < 1 || r.min_nodes < 1 || r.min_nodes > r.max_nodes || r.node >= r.max_nodes)
+  if (r.nproc < 1 || r.min_nodes < 1 || r.min_nodes > r.max_nodes || r.node >= r.max_nodes + r.spares)
     return bad("sizes out of range", line);
   return r;
 }
@@ -142,14 +144,16 @@ std::string RendezvousHost::answer(std::string_view request, Clock::time_point n
   }
   const JoinRequest& j = r.value();
   std::lock_guard<std::mutex> lock(mu_);
-  if (j.nproc != s_.nproc || j.min_nodes != s_.min_nodes || j.max_nodes != s_.max_nodes || j.node == 0) {
+  if (j.nproc != s_.nproc || j.min_nodes != s_.min_nodes || j.max_nodes != s_.max_nodes || j.spares != s_.spares ||
+      j.node == 0) {
     a.kind = JoinAnswer::Kind::refused;
     a.reason = j.node == 0 ? "node rank 0 is this launcher's own (it hosts the rendezvous) -- give each other node "
                              "its own --node-rank 1 .. " + std::to_string(s_.max_nodes - 1)
                            : "node " + std::to_string(j.node) + " runs --nproc-per-node " + std::to_string(j.nproc) +
                                  " --nnodes " + std::to_string(j.min_nodes) + ":" + std::to_string(j.max_nodes) +
-                                 ", node 0 " + std::to_string(s_.nproc) + " and " + std::to_string(s_.min_nodes) +
-                                 ":" + std::to_string(s_.max_nodes) + " -- give every node the same flags";
+                                 " --spares " + std::to_string(j.spares) + ", node 0 " + std::to_string(s_.nproc) +
+                                 ", " + std::to_string(s_.min_nodes) + ":" + std::to_string(s_.max_nodes) + " and " +
+                                 std::to_string(s_.spares) + " -- give every node the same flags";
     return encode_answer(a);
   }
   if (done_) {
@@ -180,7 +184,7 @@ void RendezvousHost::open_round(Clock::time_point) {
 std::optional<RendezvousHost::Round> RendezvousHost::try_form(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!open_) return std::nullopt;
-  std::vector<int> here = present_locked(now);
+  const std::vector<int> here = present_locked(now);
   const int n = static_cast<int>(here.size());
   if (n < s_.min_nodes) {
     min_since_.reset();
@@ -188,9 +192,17 @@ std::optional<RendezvousHost::Round> RendezvousHost::try_form(Clock::time_point 
   }
   if (!min_since_) min_since_ = now;
   if (n < s_.max_nodes && now - *min_since_ < s_.last_call) return std::nullopt;
+  // At most MAX: node 0, the last round's members still here, then the lowest node ranks.
+  std::vector<int> chosen = {0};
+  auto was_member = [&](int node) { return std::find(members_.begin(), members_.end(), node) != members_.end(); };
+  for (int pass = 0; pass < 2; ++pass)
+    for (int node : here)
+      if (node != 0 && was_member(node) == (pass == 0) && static_cast<int>(chosen.size()) < s_.max_nodes)
+        chosen.push_back(node);
+  std::sort(chosen.begin(), chosen.end());
   ++round_;
   open_ = false;
-  members_ = std::move(here);
+  members_ = std::move(chosen);
   min_since_.reset();
   return Round{round_, members_};
 }
@@ -208,7 +220,7 @@ double RendezvousHost::last_call_left(Clock::time_point now) const {
 
 bool RendezvousHost::newcomer_waiting(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (open_ || round_ < 0) return false;
+  if (open_ || round_ < 0 || static_cast<int>(members_.size()) >= s_.max_nodes) return false;
   for (int node : present_locked(now))
     if (std::find(members_.begin(), members_.end(), node) == members_.end()) return true;
   return false;

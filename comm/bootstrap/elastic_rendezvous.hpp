@@ -1,15 +1,20 @@
-// Elastic membership for `troupe launch --nnodes MIN:MAX` (docs/RESILIENCE.md, "Elastic"): before
+// Rounds of nodes for `troupe launch --nnodes MIN:MAX` and `--spares K` (docs/RESILIENCE.md,
+// "Elastic"): before
 // each attempt ("round") the nodes' launchers meet at node 0's launcher, which decides who is in the
 // round and numbers them; the ranks of the round then meet as usual (their own rendezvous, at the
 // master's port + 1). A node lost for good is left out of the next round once MIN nodes are there
 // and the last call has passed; a node that comes back asks to join and node 0 takes it in at the
-// job's next snapshot (the running round stops there, all rejoin).
+// job's next snapshot (the running round stops there, all rejoin). Spare nodes (node ranks MAX ..
+// MAX+K-1) ask like any other and wait: a round takes at most MAX nodes (node 0, then the last
+// round's members, then the lowest node ranks), so a lost node's place is filled at once.
 //
 // Protocol: one request line, one answer, over the job token's TLS channel (psk_channel.hpp: a
 // launcher without the token is never answered). Request, every 0.2 s while a launcher waits:
 //
-//   troupe-rdzv 1 join NODE NPROC MIN MAX LAST     NODE: its --node-rank (1 .. MAX-1; node 0 hosts),
-//                                                   LAST: the last round it ran, -1 before its first
+//   troupe-rdzv 1 join NODE NPROC MIN MAX SPARES LAST
+//        NODE: its --node-rank (1 .. MAX+SPARES-1; node 0 hosts); NPROC, MIN, MAX, SPARES: its
+//        --nproc-per-node, --nnodes MIN:MAX and --spares (node 0 refuses others than its own);
+//        LAST: the last round it ran, -1 before its first
 // Answers:
 //   wait ROUND PRESENT                 ROUND being formed (or running, the asker not in it); PRESENT
 //                                      nodes asking now, node 0 counted
@@ -42,6 +47,7 @@ struct JoinRequest {
   int nproc = 0;        // its --nproc-per-node
   int min_nodes = 0;    // its --nnodes MIN:MAX
   int max_nodes = 0;
+  int spares = 0;       // its --spares
   int last_round = -1;  // the last round it ran (-1: none yet)
 };
 
@@ -74,6 +80,7 @@ class RendezvousHost {
   struct Settings {
     int min_nodes = 1;
     int max_nodes = 1;
+    int spares = 0;
     int nproc = 1;
     std::string run_id;
     Clock::duration last_call = std::chrono::seconds(30);  // torchrun's last_call_timeout
@@ -91,13 +98,15 @@ class RendezvousHost {
   // Node 0 enters the rendezvous of the next round (after the first start or a failed round).
   void open_round(Clock::time_point now);
   // The open round, formed once MAX nodes ask, or MIN and the last call has passed since MIN were
-  // there; nullopt while it waits. Node 0 is always members[0].
+  // there; nullopt while it waits. Node 0 is always members[0]; of more than MAX asking (spares),
+  // the last round's members come first, then the lowest node ranks.
   std::optional<Round> try_form(Clock::time_point now);
   // The nodes asking now (node 0 first), and the seconds left of the last call (-1: not running).
   std::vector<int> present(Clock::time_point now) const;
   double last_call_left(Clock::time_point now) const;
-  // A node asks to join while a round runs without it: the running round should end at its next
-  // snapshot so that the next round takes the node in.
+  // A node asks to join while a round of fewer than MAX runs without it: the running round should
+  // end at its next snapshot so that the next round takes the node in. (A spare of a full round
+  // waits.)
   bool newcomer_waiting(Clock::time_point now) const;
   // The job ended: every further request is answered `done`, or `failed`.
   void finish(bool failed);

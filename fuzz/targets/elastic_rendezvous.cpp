@@ -15,6 +15,7 @@ Status elastic_rendezvous(const uint8_t* data, size_t size) {
   s.min_nodes = 1;
   s.max_nodes = 4;
   s.nproc = 2;
+  s.spares = 1;
   s.run_id = "0123456789abcdef0123456789abcdef";
   comm::RendezvousHost host(s);
   const auto now = comm::RendezvousHost::Clock::now();
@@ -26,8 +27,8 @@ Status elastic_rendezvous(const uint8_t* data, size_t size) {
   auto answer = comm::parse_answer(text);
   if (join) {
     const comm::JoinRequest& r = join.value();
-    TROUPE_CHECK(r.node >= 0 && r.node < r.max_nodes && r.min_nodes >= 1 && r.min_nodes <= r.max_nodes &&
-                     r.nproc >= 1 && r.last_round >= -1,
+    TROUPE_CHECK(r.node >= 0 && r.min_nodes >= 1 && r.min_nodes <= r.max_nodes &&
+                     r.nproc >= 1 && r.spares >= 0 && r.node < r.max_nodes + r.spares && r.last_round >= -1,
                  "a join request out of bounds accepted");
     TROUPE_CHECK(comm::encode_join(r) == text, "a join request has one spelling");
   }

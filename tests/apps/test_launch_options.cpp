@@ -160,6 +160,19 @@ TEST_CASE("launch flags: --nnodes MIN:MAX is elastic, with node ranks and a fixe
   CHECK_THAT(m, Contains("the master's port + 1"));
   CHECK_THAT(m, Contains("with train --data-parallel-size: the data-parallel size follows the nodes"));
   CHECK_THAT(m, Contains("no --global-batch-size"));
+  // Spares: node ranks up to N+K-1, node ranks needed, a master others reach.
+  auto spare = parse({"--nnodes", "2", "--spares", "1", "--node-rank", "2", "--master-addr", "node0", "train"});
+  REQUIRE(spare);
+  CHECK(spare->rounds());
+  CHECK_FALSE(spare->elastic());
+  CHECK_THAT(parse({"--nnodes", "2", "--spares", "1", "--node-rank", "3", "--master-addr", "node0", "train"})
+                 .status()
+                 .message(),
+             Contains("--node-rank 3 is outside [0, 3) for --nnodes 2 --spares 1"));
+  const std::string sm = parse({"--nnodes", "1", "--spares", "2", "train"}).status().message();
+  CHECK_THAT(sm, Contains("--spares 2 needs each node's --node-rank (0 .. 2"));
+  CHECK_THAT(sm, Contains("needs the host of node 0"));
+  CHECK_FALSE(parse({"--spares", "-1", "train"}));
   // A fixed membership: the last call is noted as having no effect.
   auto fixed = parse({"--rdzv-conf", "last_call_timeout=5", "train"});
   REQUIRE(fixed);

@@ -7,7 +7,8 @@
 # steps, resumed from host0's folder (its own shards and host1's copies) -- and finishes with the
 # losses of the uninterrupted two-host run within 1e-5, every iteration once. Then host1 comes back
 # (a new launcher): host0's launcher asks the job to stop at its next snapshot, and the next round
-# takes host1 in (tp 2 x dp 2 again), with the same losses.
+# takes host1 in (tp 2 x dp 2 again), with the same losses. Last, --nnodes 2 --spares 1: the spare
+# node takes a lost node's place at once, and the losses are the uninterrupted run's bitwise.
 # Needs root and iproute2; skips (77) where network namespaces cannot be created.
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
@@ -108,4 +109,47 @@ assert len(again) == 1, f"{len(again)} restarts went back: {again}"  # host1's l
 PY
 [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"
 echo "ok: host1 lost after iteration $struck: round 1 on host0 alone (dp 1); host1 back after iteration $back: round 2 on both (dp 2); the losses of the uninterrupted run"
+
+# --- a spare: --nnodes 2 --spares 1, node 1 lost; the spare (node rank 2, its own folder, here on
+# host1's namespace) takes its place at once, no last call, the same layout: the losses bitwise ----
+rm -rf "$shm"/shm*
+spare=(--nnodes 2 --spares 1 --master-addr host0 --nproc-per-node 2 --max-restarts 1)
+start_spare_job() {  # K NODE_RANK: a launcher of the spare job on host K
+  on_host "$1" "$troupe" launch "${spare[@]}" --node-rank "$2" -- train "${model[@]}" --save-memory-interval 20 \
+    --save-memory-dir "$shm/shm$2" --metrics-file "$work/sp.jsonl" > "sp.$2.log" 2>&1 &
+  pids+=($!)
+  sp_launchers[$2]=$!
+}
+start_spare_job 0 0
+start_spare_job 1 1
+deadline=$((SECONDS + 60))
+until grep -q "round 0: 2 of 2..2 node(s), node ranks 0, 1" sp.0.log; do  # then the spare (a round takes
+  ((SECONDS < deadline)) || { cat sp.*.log; fail "round 0 was not nodes 0 and 1"; }  # the first MAX to ask)
+  sleep 0.05
+done
+start_spare_job 1 2
+deadline=$((SECONDS + 120))
+until (($(iteration_reached "$work/sp.jsonl") >= 70)); do
+  ((SECONDS < deadline)) || { cat sp.*.log; fail "the job with a spare never reached iteration 70"; }
+  sleep 0.05
+done
+launcher1=$(pgrep -P "${sp_launchers[1]}")
+kill -STOP "$launcher1"
+kill -9 $(pgrep -P "$launcher1") "$launcher1"
+rm -rf "$shm/shm1"
+lost_at=$(date +%s.%N)
+wait "${sp_launchers[1]}" 2> /dev/null || true
+deadline=$((SECONDS + 60))
+until grep -q "round 1: 2 of 2..2 node(s), node ranks 0, 2" sp.0.log; do
+  ((SECONDS < deadline)) || { cat sp.*.log; show_stuck; fail "the spare did not take node 1's place within 60 s"; }
+  sleep 0.05
+done
+took=$(echo "$(date +%s.%N) - $lost_at" | bc)
+wait "${sp_launchers[0]}" || { cat sp.0.log; fail "the job with a spare did not finish"; }
+wait "${sp_launchers[2]}" || { cat sp.2.log; fail "the spare's launcher failed"; }
+grep -q "finished at iteration $iters/$iters" sp.0.log || { cat sp.0.log; fail "the job with a spare did not finish"; }
+grep -q "round 1: node 1 of 2 (this launcher's --node-rank 2)" sp.2.log || { cat sp.2.log; fail "the spare was not node 1 of round 1"; }
+grep -q "fetched from the other hosts" sp.0.log || { cat sp.0.log; fail "the spare did not fetch the snapshot's shards"; }
+same_losses "$work/ref.jsonl" "$work/sp.jsonl" > /dev/null || fail "with the spare the losses differ from the uninterrupted run"
+echo "ok: node 1 lost; the spare's round formed $(printf %.1f "$took") s after node 1 was lost; the losses bitwise"
 echo PASS

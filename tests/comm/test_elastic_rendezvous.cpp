@@ -31,8 +31,15 @@ RendezvousHost::Settings settings(int min_nodes, int max_nodes) {
   return s;
 }
 
-JoinAnswer ask(RendezvousHost& host, int node, int last, Clock::time_point now, int min_nodes, int max_nodes) {
-  auto a = parse_answer(host.answer(encode_join({node, 2, min_nodes, max_nodes, last}), now));
+RendezvousHost::Settings with_spares(int min_nodes, int max_nodes, int spares) {
+  RendezvousHost::Settings s = settings(min_nodes, max_nodes);
+  s.spares = spares;
+  return s;
+}
+
+JoinAnswer ask(RendezvousHost& host, int node, int last, Clock::time_point now, int min_nodes, int max_nodes,
+               int spares = 0) {
+  auto a = parse_answer(host.answer(encode_join({node, 2, min_nodes, max_nodes, spares, last}), now));
   REQUIRE(a);
   return a.value();
 }
@@ -93,6 +100,39 @@ TEST_CASE("elastic rendezvous: all nodes form a round at once; a lost node is le
   CHECK(ask(host, 2, -1, t + seconds(6), 1, 3).kind == JoinAnswer::Kind::done);
 }
 
+TEST_CASE("elastic rendezvous: a spare fills a lost node's place at once; a full round keeps it waiting",
+          "[elastic]") {
+  RendezvousHost host(with_spares(2, 2, 1));  // --nnodes 2 --spares 1: node ranks 0, 1 and the spare 2
+  auto t = Clock::now();
+  host.open_round(t);
+  ask(host, 2, -1, t, 2, 2, 1);  // the spare asks first
+  ask(host, 1, -1, t, 2, 2, 1);
+  auto r0 = host.try_form(t);
+  REQUIRE(r0);  // 3 asking, 2 wanted: at once
+  CHECK(r0->members == std::vector<int>{0, 1});  // the lowest node ranks
+  CHECK(ask(host, 2, -1, t, 2, 2, 1).kind == JoinAnswer::Kind::wait);
+  CHECK_FALSE(host.newcomer_waiting(t));  // a full round: the spare waits, the job is not stopped for it
+  // Node 1 is lost; the spare keeps asking: the next round forms at once, the spare in node 1's place.
+  t += seconds(10);
+  host.open_round(t);
+  ask(host, 2, -1, t, 2, 2, 1);
+  auto r1 = host.try_form(t);
+  REQUIRE(r1);
+  CHECK(r1->members == std::vector<int>{0, 2});
+  const JoinAnswer go = ask(host, 2, -1, t, 2, 2, 1);
+  REQUIRE(go.kind == JoinAnswer::Kind::go);
+  CHECK(go.go.group_rank == 1);
+  // Node 1 comes back and asks: now the spare, it waits (the last round's members come first).
+  t += seconds(10);
+  ask(host, 1, 0, t, 2, 2, 1);
+  CHECK_FALSE(host.newcomer_waiting(t));
+  host.open_round(t);
+  ask(host, 2, 1, t, 2, 2, 1);
+  auto r2 = host.try_form(t);
+  REQUIRE(r2);
+  CHECK(r2->members == std::vector<int>{0, 2});
+}
+
 TEST_CASE("elastic rendezvous: below MIN nothing forms; mismatched flags and node 0 are refused", "[elastic]") {
   RendezvousHost host(settings(3, 4));
   const auto t0 = Clock::now();
@@ -105,9 +145,10 @@ TEST_CASE("elastic rendezvous: below MIN nothing forms; mismatched flags and nod
     CHECK(a->kind == JoinAnswer::Kind::refused);
     CHECK_THAT(a->reason, Contains(why));
   };
-  refused({2, 3, 3, 4, -1}, "node 2 runs --nproc-per-node 3 --nnodes 3:4, node 0 2 and 3:4");
-  refused({2, 2, 2, 4, -1}, "give every node the same flags");
-  refused({0, 2, 3, 4, -1}, "node rank 0 is this launcher's own");
+  refused({2, 3, 3, 4, 0, -1}, "node 2 runs --nproc-per-node 3 --nnodes 3:4 --spares 0, node 0 2, 3:4 and 0");
+  refused({2, 2, 2, 4, 0, -1}, "give every node the same flags");
+  refused({2, 2, 3, 4, 1, -1}, "give every node the same flags");
+  refused({0, 2, 3, 4, 0, -1}, "node rank 0 is this launcher's own");
   auto junk = parse_answer(host.answer("GET / HTTP/1.1", t0));
   REQUIRE(junk);
   CHECK(junk->kind == JoinAnswer::Kind::refused);
@@ -160,15 +201,16 @@ TEST_CASE("elastic rendezvous: random arrivals and losses; every round is what t
 }
 
 TEST_CASE("elastic rendezvous: each line has one spelling; strict readers", "[elastic]") {
-  const JoinRequest r{7, 8, 2, 16, 41};
+  const JoinRequest r{7, 8, 2, 16, 3, 41};
   auto back = parse_join(encode_join(r));
   REQUIRE(back);
   CHECK(encode_join(back.value()) == encode_join(r));
-  CHECK(parse_join("troupe-rdzv 1 join 1 2 1 2 -1"));
-  for (const char* bad : {"troupe-rdzv 1 join 1 2 1 2", "troupe-rdzv 2 join 1 2 1 2 -1", "troupe-rdzv 1 join 01 2 1 2 -1",
-                          "troupe-rdzv 1 join 1 2 1 2 -2", "troupe-rdzv 1 join 2 2 1 2 -1", "troupe-rdzv 1 join 1 0 1 2 -1",
-                          "troupe-rdzv 1 join 1 2 3 2 -1", "troupe-rdzv 1 join 1 2 1 2 -1 ", "troupe-rdzv  1 join 1 2 1 2 -1",
-                          "troupe-rdzv 1 join +1 2 1 2 -1", ""})
+  CHECK(parse_join("troupe-rdzv 1 join 1 2 1 2 0 -1"));
+  CHECK(parse_join("troupe-rdzv 1 join 2 2 1 2 1 -1"));  // a spare
+  for (const char* bad : {"troupe-rdzv 1 join 1 2 1 2 0", "troupe-rdzv 2 join 1 2 1 2 0 -1", "troupe-rdzv 1 join 01 2 1 2 0 -1",
+                          "troupe-rdzv 1 join 1 2 1 2 0 -2", "troupe-rdzv 1 join 2 2 1 2 0 -1", "troupe-rdzv 1 join 1 0 1 2 0 -1",
+                          "troupe-rdzv 1 join 1 2 3 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 0 -1 ", "troupe-rdzv  1 join 1 2 1 2 0 -1",
+                          "troupe-rdzv 1 join +1 2 1 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 -1 -1", "troupe-rdzv 1 join 3 2 1 2 1 -1", ""})
     CHECK_FALSE(parse_join(bad));
   for (const char* good : {"wait 3 2", "go 4 1 3 0123456789abcdef0123456789abcdef", "done", "failed", "refused no"}) {
     auto a = parse_answer(good);
@@ -190,11 +232,11 @@ TEST_CASE("elastic rendezvous: a round over the job token's TLS channel; a wrong
       "the elastic rendezvous");
   REQUIRE(server);
   host.open_round(Clock::now());
-  auto asked = psk_request("127.0.0.1", server.value()->port(), token.value(), encode_join({1, 2, 1, 2, -1}));
+  auto asked = psk_request("127.0.0.1", server.value()->port(), token.value(), encode_join({1, 2, 1, 2, 0, -1}));
   REQUIRE(asked);
   CHECK(parse_answer(asked.value())->kind == JoinAnswer::Kind::wait);
   REQUIRE(host.try_form(Clock::now()));  // both of 2
-  asked = psk_request("127.0.0.1", server.value()->port(), token.value(), encode_join({1, 2, 1, 2, -1}));
+  asked = psk_request("127.0.0.1", server.value()->port(), token.value(), encode_join({1, 2, 1, 2, 0, -1}));
   REQUIRE(asked);
   auto go = parse_answer(asked.value());
   REQUIRE(go);
@@ -202,5 +244,5 @@ TEST_CASE("elastic rendezvous: a round over the job token's TLS channel; a wrong
   CHECK(go->go.nodes == 2);
   auto other = generate_job_token();
   REQUIRE(other);
-  CHECK_FALSE(psk_request("127.0.0.1", server.value()->port(), other.value(), encode_join({1, 2, 1, 2, -1})));
+  CHECK_FALSE(psk_request("127.0.0.1", server.value()->port(), other.value(), encode_join({1, 2, 1, 2, 0, -1})));
 }
