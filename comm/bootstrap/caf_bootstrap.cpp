@@ -29,11 +29,29 @@ struct JoinRequest {
   std::string host;  // as the joiner names itself (for logs)
   int32_t pid = 0;
   std::string rdzv_id;  // the launcher's --rdzv-id (TROUPE_RDZV_ID), "" when none was given
+  int32_t attempt = 0;  // TROUPE_RESTART_COUNT: which start of the job's processes this is
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
-  return f(caf::meta::type_name("troupe.JoinRequest3"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id);
+  return f(caf::meta::type_name("troupe.JoinRequest4"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id, x.attempt);
+}
+
+// A restarted rank that reaches the failed rank 0 of the attempt before its own (still ending on the
+// same port) is told so with this text, and tries again until its own rank 0 listens.
+constexpr const char* kEarlierAttempt = "rank 0 there is of an earlier attempt of the job";
+
+// TROUPE_RESTART_COUNT (troupe launch) or TORCHELASTIC_RESTART_COUNT (torchrun): 0 when unset or not
+// a count.
+int32_t attempt_from_env() {
+  for (const char* name : {"TROUPE_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end == '\0' && n >= 0 && n < (1L << 30)) return static_cast<int32_t>(n);
+  }
+  return 0;
 }
 
 using join_atom = caf::atom_constant<caf::atom("bs_join")>;
@@ -130,6 +148,7 @@ struct RendezvousSetup {
   std::chrono::milliseconds join_timeout{0};
   std::chrono::milliseconds report_interval{0};
   std::string rdzv_id;     // rank 0's; a joiner's must be the same
+  int32_t attempt = 0;     // rank 0's JoinRequest::attempt; a joiner of a later one is told to retry
   int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
   // "addr:port" of the rendezvous, for the messages: set once published (the port may be the
   // kernel's pick), read by the rendezvous's reports.
@@ -343,6 +362,12 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
         const std::string claim = "a peer claiming rank " + std::to_string(req.rank) + " of " +
                                   std::to_string(req.world_size) + " (host " + req.host + ", pid " +
                                   std::to_string(req.pid) + ")";
+        // Before the failure check: a restarted rank may meet the failed attempt's rank 0, which
+        // has not yet left the port to its own successor. (A healthy rank 0 of an earlier count
+        // takes it: the nodes' launchers count their restarts each on its own.)
+        if (req.attempt > st.setup.attempt && !st.failure.empty())
+          return bootstrap_error(std::string(kEarlierAttempt) + " (" + std::to_string(st.setup.attempt) + ", this rank's " +
+                                 std::to_string(req.attempt) + ")");
         if (!st.failure.empty())
           return bootstrap_error("the job has already failed: " + st.failure);
         if (req.world_size != st.world_size) {
@@ -774,6 +799,7 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.join_timeout = b.options.join_timeout;
   setup.report_interval = b.options.wait_report_interval;
   setup.rdzv_id = env.rdzv_id;
+  setup.attempt = attempt_from_env();
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
   const auto where = setup.where;
@@ -914,26 +940,35 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     b->middleman = b->transport->spawn_middleman(*b->sys);
     ensure_descriptors(env.world_size, b->options.max_pending_handshakes);
   }
-  if (env.rank == 0) {
-    TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
-  } else {
-    b->port = env.master_port;
-    TROUPE_RETURN_IF_ERROR(connect(*b, env));
-  }
-  const std::string where = "rank 0 at " +
-                            (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
-                            std::to_string(b->port);
-  b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health,
-                           b->options.on_job_failed, b->logger());
   JoinRequest req;
   req.rank = env.rank;
   req.world_size = env.world_size;
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
   req.rdzv_id = env.rdzv_id;
-  auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
-  if (!joined) return joined.status();
-  return std::make_unique<CafBootstrap>(std::move(b));
+  req.attempt = attempt_from_env();
+  const auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
+  for (;;) {
+    if (env.rank == 0) {
+      TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
+    } else {
+      b->port = env.master_port;
+      TROUPE_RETURN_IF_ERROR(connect(*b, env));
+    }
+    const std::string where = "rank 0 at " + (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
+                              std::to_string(b->port);
+    b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->options.on_job_failed, b->logger());
+    auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
+    if (joined) return std::make_unique<CafBootstrap>(std::move(b));
+    if (env.rank == 0 || joined.status().message().find(kEarlierAttempt) == std::string::npos ||
+        std::chrono::steady_clock::now() >= give_up)
+      return joined.status();
+    // The failed attempt's rank 0 still holds the port: let go of it (before it ends, so its end is
+    // not this rank's failure) and reach the port again until its successor answers.
+    caf::anon_send_exit(b->agent, caf::exit_reason::user_shutdown);
+    b->rendezvous = nullptr;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
 }
 
 }  // namespace

@@ -500,5 +500,52 @@ TEST_CASE("no rendezvous: the connect gives up after its timeout, naming the add
   CHECK(seconds_since(start) < 5);
 }
 
+// A restart races the failed attempt's end: the restarted rank 1 (attempt 1) reaches the port while
+// the failed attempt's rank 0 (attempt 0) still holds it. It must not join that one (a job that has
+// failed, or is about to), but reach the port again until its own rank 0 answers.
+TEST_CASE("a restarted rank that meets the failed attempt's rank 0 waits for its successor", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  // Attempt 0: rank 0, and a rank 2 that dies at once: its job has failed.
+  Peer old_rank0({"rank0-exit", "2.5"}, [] {
+    auto vars = peer_env(0, 3, 1);
+    vars["BOOTSTRAP_PEER_EPHEMERAL_PORT"] = "1";
+    vars["TROUPE_RESTART_COUNT"] = "0";
+    return vars;
+  }());
+  const std::string line = old_rank0.read_line();
+  REQUIRE(line.rfind("port ", 0) == 0);
+  const int port = std::stoi(line.substr(5));
+  Peer old_rank2({"join-exit"}, [&] {
+    auto vars = peer_env(2, 3, port);
+    vars["TROUPE_RESTART_COUNT"] = "0";
+    return vars;
+  }());
+  REQUIRE(old_rank2.read_line() == "joined");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its end reaches rank 0
+  ::setenv("TROUPE_RESTART_COUNT", "1", 1);
+  LogSink sink;
+  const auto start = Clock::now();
+  Result<std::unique_ptr<CafBootstrap>> r1 = Status::error("not run");
+  std::thread joiner([&] { r1 = create_caf_bootstrap(make_env(1, 2, port), options_with(sink)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // the old rank 0 is gone at 2.5 s
+  auto r0 = create_caf_bootstrap(make_env(0, 2, port), options_with(sink));
+  joiner.join();
+  ::unsetenv("TROUPE_RESTART_COUNT");
+  REQUIRE(r0);
+  INFO((r1 ? std::string("joined") : r1.status().message()));
+  REQUIRE(r1);
+  CHECK(seconds_since(start) > 2);
+  std::vector<std::string> got0, got1;
+  std::thread g([&] {
+    auto a = r1.value()->all_gather("after", "one");
+    if (a) got1 = *a;
+  });
+  auto b = r0.value()->all_gather("after", "zero");
+  g.join();
+  REQUIRE(b);
+  CHECK(*b == std::vector<std::string>{"zero", "one"});
+  CHECK(got1 == *b);
+}
+
 }  // namespace
 }  // namespace troupe::comm
