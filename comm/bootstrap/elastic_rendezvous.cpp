@@ -128,7 +128,7 @@ RendezvousHost::RendezvousHost(Settings s) : s_(std::move(s)) {}
 std::vector<int> RendezvousHost::present_locked(Clock::time_point now) const {
   std::vector<int> out = {0};
   for (const auto& [node, at] : seen_)
-    if (now - at <= s_.stale) out.push_back(node);
+    if (now - at <= s_.stale && (!open_ || at >= opened_)) out.push_back(node);
   return out;  // ascending: seen_ is ordered and holds no node 0
 }
 
@@ -175,9 +175,10 @@ std::string RendezvousHost::answer(std::string_view request, Clock::time_point n
   return encode_answer(a);
 }
 
-void RendezvousHost::open_round(Clock::time_point) {
+void RendezvousHost::open_round(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   open_ = true;
+  opened_ = now;
   min_since_.reset();
 }
 

@@ -101,7 +101,9 @@ class RendezvousHost {
   // there; nullopt while it waits. Node 0 is always members[0]; of more than MAX asking (spares),
   // the last round's members come first, then the lowest node ranks.
   std::optional<Round> try_form(Clock::time_point now);
-  // The nodes asking now (node 0 first), and the seconds left of the last call (-1: not running).
+  // The nodes asking now (node 0 first): while a round is being formed, those that asked since it
+  // was opened (a member of the last round asked before its end is no proof it outlived it), and
+  // within the stale time; and the seconds left of the last call (-1: not running).
   std::vector<int> present(Clock::time_point now) const;
   double last_call_left(Clock::time_point now) const;
   // A node asks to join while a round of fewer than MAX runs without it: the running round should
@@ -122,6 +124,7 @@ class RendezvousHost {
   std::vector<int> members_;  // of round_
   std::map<int, Clock::time_point> seen_;  // node -> when it last asked (node 0 excluded)
   std::optional<Clock::time_point> min_since_;
+  Clock::time_point opened_{};  // when the round being formed was opened
 };
 
 }  // namespace troupe::comm

@@ -78,7 +78,7 @@ struck=$(iteration_reached "$work/el.jsonl")
 wait "${launchers[1]}" 2> /dev/null || true
 deadline=$((SECONDS + 60))
 until grep -q "round 1: 1 of 1..2 node(s), node ranks 0; this node is node 0" el.0.log; do
-  ((SECONDS < deadline)) || { cat el.0.log; show_stuck; fail "no round of host0 alone within 60 s of losing host1"; }
+  ((SECONDS < deadline)) || { cat el.*.log; show_stuck; fail "no round of host0 alone within 60 s of losing host1"; }
   sleep 0.05
 done
 # Round 1 trains on host0 alone past a snapshot or two; then host1 comes back.

@@ -70,6 +70,21 @@ TEST_CASE("elastic rendezvous: all nodes form a round at once; a lost node is le
   // Having run round 0, a node asking again waits for the next round (never round 0 twice).
   CHECK(ask(host, 1, 0, t0 + seconds(1), 1, 3).kind == JoinAnswer::Kind::wait);
   CHECK_FALSE(host.newcomer_waiting(t0 + seconds(1)));  // node 1 is in the running round
+  // Round 0 failed soon after it began, node 2 with it; its last question (1 s before the next
+  // round opened, well within the stale time) is no proof it is there: only asking after counts.
+  {
+    RendezvousHost quick(settings(1, 2));
+    quick.open_round(t0);
+    ask(quick, 1, -1, t0, 1, 2);
+    REQUIRE(quick.try_form(t0));
+    CHECK(ask(quick, 1, -1, t0 + milliseconds(100), 1, 2).kind == JoinAnswer::Kind::go);
+    quick.open_round(t0 + seconds(1));
+    CHECK(quick.present(t0 + seconds(1)) == std::vector<int>{0});
+    CHECK_FALSE(quick.try_form(t0 + seconds(1)));  // 1 of 2: the last call runs, without node 1
+    auto lone = quick.try_form(t0 + seconds(7));
+    REQUIRE(lone);
+    CHECK(lone->members == std::vector<int>{0});
+  }
   // Round 0 failed; node 2 is gone. Node 1 asks; the round forms after the last call without node 2.
   const auto t1 = t0 + seconds(10);
   host.open_round(t1);
