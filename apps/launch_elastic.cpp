@@ -141,8 +141,7 @@ Result<std::optional<comm::RoundAssignment>> ElasticMembership::join_round(int l
                            " for " + std::to_string(static_cast<int>(s.o.join_timeout_s)) + " s (" + last_problem +
                            ") -- check that node 0's launcher runs and this host reaches it");
     // Progress every 10 s while node 0 does not answer; while it says wait, when that changes.
-    const bool waiting = seconds(now - answered) < 1;
-    if ((!waiting && now >= report_at) || (waiting && last_problem != reported && now >= report_at)) {
+    if (now >= report_at && (last_problem != reported || seconds(now - answered) >= 1)) {
       report_at = now + kProgressEvery;
       reported = last_problem;
       std::fprintf(stderr, "troupe launch: joining the job at %s:%d (%s)\n", s.o.master_addr.c_str(), s.o.master_port,

@@ -14,14 +14,9 @@ source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
 
 iters=240
-model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
-       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
-       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
-       --num-threads 1 --train-iters "$iters" --log-interval 40 --tensor-model-parallel-size 2
-       --use-distributed-optimizer --distributed-timeout-minutes 0.25)
+model=("${host_model[@]}" --train-iters "$iters" --log-interval 40 --use-distributed-optimizer
+       --distributed-timeout-minutes 0.25)
 elastic=(--nnodes 1:2 --master-addr host0 --nproc-per-node 2 --max-restarts 2 --rdzv-conf last_call_timeout=2)
-iteration_reached() { { grep '"type":"train"' "$1" 2> /dev/null || true; } | tail -n 1 | grep -o '"iteration":[0-9]*' |
-  cut -d: -f2 | grep . || echo 0; }
 # close_losses REF GOT: every iteration 1..N in GOT (those trained again after a restart twice), each loss within 1e-5 of REF's.
 close_losses() {
   python3 - "$1" "$2" <<'PY'
@@ -59,31 +54,25 @@ start_host() {  # K: host K's launcher of the elastic job, in the background
   pids+=($!)
   launchers[$1]=$!
 }
-# wait_for_iteration N: until the job has trained iteration N (since the last restart: the last line's).
-wait_for_iteration() {
-  local deadline=$((SECONDS + 120))
-  until (($(iteration_reached "$work/el.jsonl") >= $1)); do
-    ((SECONDS < deadline)) || { cat el.*.log; fail "the job never reached iteration $1"; }
-    sleep 0.05
-  done
+# lose_host SUBSHELL FOLDER: a host lost for good -- the launcher (on_host's child) paused, it and its
+# ranks killed, its snapshot folder gone.
+lose_host() {
+  local launcher
+  launcher=$(pgrep -P "$1")
+  kill -STOP "$launcher"
+  kill -9 $(pgrep -P "$launcher") "$launcher"
+  rm -rf "$2"
+  wait "$1" 2> /dev/null || true
 }
 start_host 0
 start_host 1
-wait_for_iteration 70
-launcher1=$(pgrep -P "${launchers[1]}")  # on_host runs in a subshell: the launcher is its child
-kill -STOP "$launcher1"
-kill -9 $(pgrep -P "$launcher1") "$launcher1"
-rm -rf "$shm/shm1"
+wait_for_iteration "$work/el.jsonl" 70
+lose_host "${launchers[1]}" "$shm/shm1"
 struck=$(iteration_reached "$work/el.jsonl")
-wait "${launchers[1]}" 2> /dev/null || true
-deadline=$((SECONDS + 60))
-until grep -q "round 1: 1 of 1..2 node(s), node ranks 0; this node is node 0" el.0.log; do
-  ((SECONDS < deadline)) || { cat el.*.log; show_stuck; fail "no round of host0 alone within 60 s of losing host1"; }
-  sleep 0.05
-done
+wait_for_line el.0.log "round 1: 1 of 1..2 node(s), node ranks 0; this node is node 0" 60 "no round of host0 alone"
 # Round 1 trains on host0 alone past a snapshot or two; then host1 comes back.
 sleep 1
-wait_for_iteration 130
+wait_for_iteration "$work/el.jsonl" 130
 back=$(iteration_reached "$work/el.jsonl")
 start_host 1
 wait_both || { cat el.*.log; show_stuck; fail "the elastic job did not finish"; }
@@ -122,28 +111,13 @@ start_spare_job() {  # K NODE_RANK: a launcher of the spare job on host K
 }
 start_spare_job 0 0
 start_spare_job 1 1
-deadline=$((SECONDS + 60))
-until grep -q "round 0: 2 of 2..2 node(s), node ranks 0, 1" sp.0.log; do  # then the spare (a round takes
-  ((SECONDS < deadline)) || { cat sp.*.log; fail "round 0 was not nodes 0 and 1"; }  # the first MAX to ask)
-  sleep 0.05
-done
+# Then the spare (a round takes the first MAX to ask).
+wait_for_line sp.0.log "round 0: 2 of 2..2 node(s), node ranks 0, 1" 60 "round 0 was not nodes 0 and 1"
 start_spare_job 1 2
-deadline=$((SECONDS + 120))
-until (($(iteration_reached "$work/sp.jsonl") >= 70)); do
-  ((SECONDS < deadline)) || { cat sp.*.log; fail "the job with a spare never reached iteration 70"; }
-  sleep 0.05
-done
-launcher1=$(pgrep -P "${sp_launchers[1]}")
-kill -STOP "$launcher1"
-kill -9 $(pgrep -P "$launcher1") "$launcher1"
-rm -rf "$shm/shm1"
+wait_for_iteration "$work/sp.jsonl" 70
 lost_at=$(date +%s.%N)
-wait "${sp_launchers[1]}" 2> /dev/null || true
-deadline=$((SECONDS + 60))
-until grep -q "round 1: 2 of 2..2 node(s), node ranks 0, 2" sp.0.log; do
-  ((SECONDS < deadline)) || { cat sp.*.log; show_stuck; fail "the spare did not take node 1's place within 60 s"; }
-  sleep 0.05
-done
+lose_host "${sp_launchers[1]}" "$shm/shm1"
+wait_for_line sp.0.log "round 1: 2 of 2..2 node(s), node ranks 0, 2" 60 "the spare did not take node 1's place"
 took=$(echo "$(date +%s.%N) - $lost_at" | bc)
 wait "${sp_launchers[0]}" || { cat sp.0.log; fail "the job with a spare did not finish"; }
 wait "${sp_launchers[2]}" || { cat sp.2.log; fail "the spare's launcher failed"; }

@@ -28,11 +28,7 @@ grep -q "comm-check: all 4 rank(s) ok" check.0.log || fail "comm-check did not p
 echo "ok: 4 ranks on host0 and host1 met at MASTER_ADDR=host0"
 
 # --- tp 2 x dp 2 across the hosts equals the in-process run --------------------------------------
-model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
-       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
-       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
-       --num-threads 1 --train-iters 600 --log-interval 200
-       --tensor-model-parallel-size 2 --data-parallel-size 2)
+model=("${host_model[@]}" --train-iters 600 --log-interval 200 --data-parallel-size 2)
 "$troupe" train "${model[@]}" --metrics-file "$work/inproc.jsonl" --save "$work/ck_gen" > inproc.log 2>&1 ||
   { cat inproc.log; fail "in-process run failed"; }
 tx0=$(tx_bytes)

@@ -14,19 +14,13 @@ source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
 
 iters=300
-model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
-       --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
-       --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
-       --num-threads 1 --train-iters "$iters" --log-interval 100
-       --tensor-model-parallel-size 2 --data-parallel-size 2 --distributed-timeout-minutes 0.25)
+model=("${host_model[@]}" --train-iters "$iters" --log-interval 100 --data-parallel-size 2
+       --distributed-timeout-minutes 0.25)
 launch_both ref -- train "${model[@]}" --metrics-file "$work/ref.jsonl"
 wait_both || { cat ref.*.log; fail "the uninterrupted run failed"; }
 
 RANDOM=32  # the trials' kinds and moments
 now() { date +%s.%N; }
-# iteration_reached FILE: the last iteration of FILE's train lines (0 before the first).
-iteration_reached() { { grep '"type":"train"' "$1" 2> /dev/null || true; } | tail -n 1 | grep -o '"iteration":[0-9]*' |
-  cut -d: -f2 | grep . || echo 0; }
 no_orphans() {
   for n in "${ns[@]}"; do
     [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }

@@ -6,7 +6,9 @@
 # each, default 2; their shells' pids in launchers[]), wait_both, tx_bytes (bytes host0 sent over the veth), the corpus (make_corpus),
 # TROUPE_JOB_TOKEN, $shm (a folder on the tmpfs /dev/shm for the hosts' --save-memory-dir, as users give
 # it: under $work, on the disk, every snapshot is synced and a disk loaded by other tests stalls it) and
-# show_stuck (each process of the namespaces: its threads' states and kernel wait channels).
+# show_stuck (each process of the namespaces: its threads' states and kernel wait channels), host_model
+# (the two-host tests' model: each adds its iterations, log interval and the rest of its layout),
+# iteration_reached METRICS, wait_for_iteration METRICS N and wait_for_line FILE TEXT SECONDS WHAT.
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
 command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
@@ -84,5 +86,32 @@ show_stuck() {
       ps -L -o tid,stat,wchan:32,comm -p "$p" 2> /dev/null
       cat /proc/"$p"/task/*/stack 2> /dev/null | sort | uniq -c | sort -rn | head -n 12
     done
+  done
+}
+
+# GPT-2 of 2 layers, hidden 48, global batch 12 of 3-sample micro-batches, tp 2, a 5 s heartbeat.
+host_model=(--num-layers 2 --hidden-size 48 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3
+            --global-batch-size 12 --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 3
+            --data-path "$work/d_text_document" --tokenizer-type ByteLevelTokenizer --eval-interval 100000
+            --num-threads 1 --tensor-model-parallel-size 2)
+# iteration_reached METRICS: the last iteration of its train lines (0 before the first).
+iteration_reached() { { grep '"type":"train"' "$1" 2> /dev/null || true; } | tail -n 1 | grep -o '"iteration":[0-9]*' |
+  cut -d: -f2 | grep . || echo 0; }
+# wait_for_line FILE TEXT SECONDS WHAT: until FILE has a line with TEXT (a fixed string); after
+# SECONDS the logs and the namespaces' processes are shown and the test fails, naming WHAT.
+wait_for_line() {
+  local deadline=$((SECONDS + $3))
+  until grep -qF -- "$2" "$1" 2> /dev/null; do
+    ((SECONDS < deadline)) || { cat ./*.log; show_stuck; fail "$4 (within $3 s)"; }
+    sleep 0.05
+  done
+}
+# wait_for_iteration METRICS N: until the job has trained iteration N (the last line's: since its last
+# restart); fails after 120 s.
+wait_for_iteration() {
+  local deadline=$((SECONDS + 120))
+  until (($(iteration_reached "$1") >= $2)); do
+    ((SECONDS < deadline)) || { cat ./*.log; fail "the job never reached iteration $2"; }
+    sleep 0.05
   done
 }
