@@ -794,7 +794,7 @@ Result<TrainSummary> run_training(const TrainConfig& config, std::shared_ptr<con
   if (!attempt.save.empty() && (options.bootstrap == nullptr || options.bootstrap->rank() == 0))
     discard_unfinished_saves(attempt.save, note);
   if (options.measure_peak) {
-    auto peak = measure_job_peak(run.threads, options.bootstrap, note);
+    auto peak = measure_job_peak(run.threads, options.bootstrap, note, options.local_peak);
     if (!peak) return failed(peak.status());
     run.peak = peak.value();
   }

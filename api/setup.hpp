@@ -18,4 +18,14 @@ struct GivenToRun {
 // the setting and the fix.
 Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenToRun& given = {});
 
+// troupe launch --in-job-recovery, as its processes see it (TROUPE_IN_JOB_RECOVERY=1, the launch's
+// --max-restarts in TORCHELASTIC_MAX_RESTARTS, TROUPE_REPLACEMENT=1 in a process started in a failed
+// one's place): off for a job of one process or without restarts.
+struct InJobRecovery {
+  bool enabled = false;
+  bool replacement = false;  // started in a failed process's place: joins whichever generation forms
+  int max_recoveries = 0;    // how often a process may rejoin
+};
+InJobRecovery in_job_recovery_from_env(int world);
+
 }  // namespace troupe

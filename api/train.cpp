@@ -7,9 +7,11 @@
 #include "api/setup.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 
@@ -48,7 +50,41 @@ void end_process_after_peer_failure(int rank, const std::string& why, std::chron
   }).detach();
 }
 
+// How many attempts of troupe::train ended in this process (in-job recovery's watchdog below).
+std::atomic<int> g_attempts_ended{0};
+void attempt_ended() { g_attempts_ended.fetch_add(1); }
+
+// Under in-job recovery the default of RunOptions::on_peer_failure: the attempt fails by itself
+// (comm/ fails every operation with the lost peer, the bootstrap every request) and this process
+// rejoins; only an attempt that has not ended `grace` x 6 (at least 30 s) later -- a rank blocked on
+// a hung peer -- ends the process, which the launcher then replaces.
+void recover_after_peer_failure(int rank, const std::string& why, std::chrono::milliseconds grace) {
+  const int ended = g_attempts_ended.load();
+  const auto wait = std::max(std::chrono::milliseconds(30'000), grace * 6);
+  std::thread([rank, why, wait, ended] {
+    std::this_thread::sleep_for(wait);
+    if (g_attempts_ended.load() != ended) return;
+    std::fprintf(stderr, "troupe train: error: rank %d: the job failed (%s) and this rank's attempt did not end "
+                 "within %.0f s -- stopping this rank (the launcher starts it again)\n", rank, why.c_str(),
+                 std::chrono::duration<double>(wait).count());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }).detach();
+}
+
 }  // namespace
+
+InJobRecovery in_job_recovery_from_env(int world) {
+  InJobRecovery r;
+  const char* on = std::getenv("TROUPE_IN_JOB_RECOVERY");
+  if (world <= 1 || on == nullptr || std::string(on) != "1") return r;
+  const char* max = std::getenv("TORCHELASTIC_MAX_RESTARTS");
+  r.max_recoveries = max != nullptr ? std::max(0, std::atoi(max)) : 0;
+  r.enabled = r.max_recoveries > 0;
+  const char* replacement = std::getenv("TROUPE_REPLACEMENT");
+  r.replacement = r.enabled && replacement != nullptr && std::string(replacement) == "1";
+  return r;
+}
 
 Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenToRun& given) {
   GivenInCode in_code;
@@ -134,83 +170,150 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   auto env = comm::detect_launch_env();
   if (!env) return env.status().as_bad_input();
   const int world = env->world_size;
-  // The ranks meet at the rendezvous and build the UCX world before anything is reported; with a
-  // layout to choose they meet first, and rank 0's choice is every rank's config.
-  std::unique_ptr<comm::CafBootstrap> bootstrap;
-  comm::CafBootstrapOptions boot_options;
-  auto meet = [&]() -> Status {
-    if (bootstrap) return Status::ok();
-    // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
-    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
-    // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
-    // that is shorter: two thirds of the timeout at most, the rest is slack for a loaded host.
-    const auto third_timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
-    if (third_timeout < boot_options.connection_timeout) {
-      boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
-      boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
-    }
-    const auto grace = std::min(std::chrono::milliseconds(5000),
-                                std::chrono::duration_cast<std::chrono::milliseconds>(boot_options.connection_timeout / 2));
-    std::function<void(int, const std::string&)> on_peer_failure = run.on_peer_failure;
-    if (!on_peer_failure)
-      on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
-    boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
-      on_peer_failure(rank, why);
-    };
-    auto b = comm::create_caf_bootstrap(*env, boot_options);
-    if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
-    bootstrap = std::move(b).value();
-    return Status::ok();
-  };
-  if (world > 1 && run.choose_layout) {
-    TROUPE_RETURN_IF_ERROR(meet());
-    TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *bootstrap, run, env->local_world_size));
-  }
-  TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data != nullptr, run.model.get()}));
-  if (!data) {
-    auto opened = open_data(cfg);
-    if (!opened) return opened.status();
-    data = std::move(opened).value();
-  }
-  JobOptions options;
-  if (world > 1) {
-    TROUPE_RETURN_IF_ERROR(meet());
-    // GPU ranks (--device cuda): NCCL on GPU LOCAL_RANK, one process per GPU; CPU ranks: UCX.
-    Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
-    if (cfg.device == "cuda") {
-#ifdef TROUPE_WITH_CUDA
-      comm::NcclOptions nccl;
-      nccl.init_timeout = boot_options.connection_timeout * 4;
-      nccl.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 60'000));
-      w = comm::create_nccl_world(*bootstrap, env->local_rank, nccl);
-      options.cuda_device = env->local_rank;
-#else
-      return Status::bad_input("--device cuda: this troupe was built without the CUDA backend");
-#endif
-    } else {
-      w = comm::create_ucx_world(*bootstrap);
-    }
-    if (!w) return w.status().with_context("rank " + std::to_string(env->rank) + ": ");
-    options.world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
-    options.bootstrap = bootstrap.get();
-  }
-  // Ranks sharing a host share its cores: by default each takes its share.
-  if (cfg.num_threads == 0 && env->local_world_size > 1)
-    cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
-  options.stop = run.stop;
-  options.regroup = run.regroup;
-  options.measure_peak = run.measure_peak;
-  options.schedule = run.schedule;
-  options.model = run.model;
-  options.job_token = env->token;
-  options.on_stuck = run.on_stuck;
   // A process troupe launch restarted resumes this run's latest checkpoint in --save (run_training
   // decides, config/run_identity.hpp); the launcher names the run in TROUPE_RUN_ID.
   const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
-  options.restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
-  if (const char* id = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = id;
-  return run_training(cfg, data, callbacks, options);
+  const bool restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
+  // troupe launch --in-job-recovery (docs/RESILIENCE.md, "In-job recovery"): this process outlives a
+  // failure of another and rejoins the job, up to the launch's --max-restarts times.
+  const InJobRecovery recovery = in_job_recovery_from_env(world);
+  const TrainConfig given = cfg;
+  const bool data_given = data != nullptr;  // the caller's (not the data a recovered attempt keeps)
+  std::unique_ptr<comm::CafBootstrap> bootstrap;
+  std::shared_ptr<comm::CommWorld> comm_world;
+  double local_peak = 0;  // this process's sgemm peak, measured once
+  // In-job recovery: the world a job failure reported by the bootstrap gives up (CommWorld::abort),
+  // so the attempt's ranks stop waiting on peers that moved on; cleared before the world goes.
+  struct WorldSlot {
+    std::mutex mu;
+    std::shared_ptr<comm::CommWorld> world;
+  };
+  auto slot = std::make_shared<WorldSlot>();
+  int32_t generation = recovery.replacement ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
+  for (int recovered = 0;; ++recovered) {
+    cfg = given;
+    comm::CafBootstrapOptions boot_options;
+    // The ranks meet at the rendezvous and build the UCX world before anything is reported; with a
+    // layout to choose they meet first, and rank 0's choice is every rank's config.
+    auto meet = [&]() -> Status {
+      if (bootstrap) return Status::ok();
+      // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
+      // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
+      // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
+      // that is shorter: two thirds of the timeout at most, the rest is slack for a loaded host.
+      const auto third_timeout =
+          std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
+      if (third_timeout < boot_options.connection_timeout) {
+        boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
+        boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
+      }
+      const auto grace = std::min(std::chrono::milliseconds(5000),
+                                  std::chrono::duration_cast<std::chrono::milliseconds>(boot_options.connection_timeout / 2));
+      std::function<void(int, const std::string&)> on_peer_failure = run.on_peer_failure;
+      if (!on_peer_failure && recovery.enabled)
+        on_peer_failure = [grace, slot](int rank, const std::string& why) {
+          {
+            std::lock_guard<std::mutex> lock(slot->mu);
+            if (slot->world) slot->world->abort("the job failed: " + why);
+          }
+          recover_after_peer_failure(rank, why, grace);
+        };
+      if (!on_peer_failure)
+        on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
+      boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
+        on_peer_failure(rank, why);
+      };
+      boot_options.in_job_recovery = recovery.enabled;
+      if (recovery.enabled) boot_options.attempt = generation;
+      auto b = comm::create_caf_bootstrap(*env, boot_options);
+      if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
+      bootstrap = std::move(b).value();
+      // The job's generation from here on: the newest any process brought (replacements bring none).
+      if (recovery.enabled) {
+        auto all = bootstrap->all_gather("generation", std::to_string(generation));
+        if (!all) return all.status();
+        for (const std::string& g : all.value()) generation = std::max(generation, static_cast<int32_t>(std::atoi(g.c_str())));
+        generation = std::max<int32_t>(generation, 0);
+      }
+      return Status::ok();
+    };
+    if (world > 1 && run.choose_layout) {
+      TROUPE_RETURN_IF_ERROR(meet());
+      TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *bootstrap, run, env->local_world_size));
+    }
+    TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data_given, run.model.get()}));
+    if (!data) {
+      auto opened = open_data(cfg);
+      if (!opened) return opened.status();
+      data = std::move(opened).value();
+    }
+    JobOptions options;
+    if (world > 1) {
+      TROUPE_RETURN_IF_ERROR(meet());
+      // GPU ranks (--device cuda): NCCL on GPU LOCAL_RANK, one process per GPU; CPU ranks: UCX.
+      Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
+      if (cfg.device == "cuda") {
+#ifdef TROUPE_WITH_CUDA
+        comm::NcclOptions nccl;
+        nccl.init_timeout = boot_options.connection_timeout * 4;
+        nccl.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 60'000));
+        w = comm::create_nccl_world(*bootstrap, env->local_rank, nccl);
+        options.cuda_device = env->local_rank;
+#else
+        return Status::bad_input("--device cuda: this troupe was built without the CUDA backend");
+#endif
+      } else {
+        w = comm::create_ucx_world(*bootstrap);
+      }
+      if (!w) return w.status().with_context("rank " + std::to_string(env->rank) + ": ");
+      comm_world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
+      {
+        std::lock_guard<std::mutex> lock(slot->mu);
+        slot->world = comm_world;
+      }
+      // A failure reported while the world was being built: give it up at once.
+      if (recovery.enabled && !bootstrap->job_failure().empty()) comm_world->abort(bootstrap->job_failure());
+      options.world = comm_world;
+      options.bootstrap = bootstrap.get();
+    }
+    // Ranks sharing a host share its cores: by default each takes its share.
+    if (cfg.num_threads == 0 && env->local_world_size > 1)
+      cfg.num_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / env->local_world_size);
+    options.stop = run.stop;
+    options.regroup = run.regroup;
+    options.measure_peak = run.measure_peak;
+    options.local_peak = &local_peak;
+    options.schedule = run.schedule;
+    options.model = run.model;
+    options.job_token = env->token;
+    options.on_stuck = run.on_stuck;
+    options.restarted = restarted || recovered > 0;
+    if (const char* id = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = id;
+    auto result = run_training(cfg, data, callbacks, options);
+    attempt_ended();
+    const bool stopping = run.stop != nullptr && run.stop->load();
+    if (!recovery.enabled || result || result.status().is_bad_input() || stopping) return result;
+    if (recovered >= recovery.max_recoveries) {
+      return Status::error(result.status().message() + " (and this process has recovered in the job " +
+                           std::to_string(recovered) + " time(s), the launch's --max-restarts)");
+    }
+    // In-job recovery: this process stays, its actors are gone with the attempt; the world and the
+    // rendezvous of the failed generation go, and the next generation meets.
+    // Every process says it (on stderr, as the failure path without recovery does): rank 0 may be
+    // the one that was lost.
+    std::fprintf(stderr, "troupe train: rank %d: the job failed (%s) -- recovering in the job (%d of %d): this process "
+                 "stays and rejoins as generation %d\n", env->rank, result.status().message().c_str(), recovered + 1,
+                 recovery.max_recoveries, generation + 1);
+    std::fflush(stderr);
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      slot->world.reset();
+    }
+    options.world.reset();
+    comm_world.reset();
+    bootstrap.reset();
+    ++generation;
+  }
 }
 
 Result<EvalSummary> evaluate(const std::string& dir, std::shared_ptr<const DataSource> data, int64_t samples,

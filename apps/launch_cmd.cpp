@@ -127,7 +127,7 @@ bool regrouped(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 
 
 // The child's environment: ours, minus the variables the launcher sets or clears, plus those set.
 std::vector<std::string> child_environment(const Launch& l, int rank, int local_rank, int restart,
-                                           const std::string& error_file) {
+                                           const std::string& error_file, bool replacement = false) {
   const LaunchOptions& a = l.o;
   const int world = a.nnodes * a.nproc_per_node;
   std::vector<std::pair<std::string, std::string>> set = {
@@ -162,13 +162,15 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   if (!l.rdzv_id.empty()) set.push_back({"TROUPE_RDZV_ID", l.rdzv_id});
   if (l.elastic) set.push_back({"TROUPE_ELASTIC", std::to_string(a.min_nnodes) + ":" + std::to_string(l.max_nnodes)});
   if (a.join_timeout_given) set.push_back({"TROUPE_RDZV_TIMEOUT", std::to_string(a.join_timeout_s)});
+  if (a.in_job_recovery) set.push_back({"TROUPE_IN_JOB_RECOVERY", "1"});
+  if (replacement) set.push_back({"TROUPE_REPLACEMENT", "1"});
   if (!error_file.empty()) set.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
   // --local-addr on node 0: where rank 0's rendezvous listens (a TROUPE_BIND_ADDR of the user's wins).
   if (!a.local_addr.empty() && a.node_rank == 0 && std::getenv("TROUPE_BIND_ADDR") == nullptr)
     set.push_back({"TROUPE_BIND_ADDR", a.local_addr});
   // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
-  const std::set<std::string> cleared = {"TROUPE_RDZV_ID", "TROUPE_RDZV_TIMEOUT", "TORCHELASTIC_ERROR_FILE",
-                                         "TROUPE_ELASTIC"};
+  const std::set<std::string> cleared = {"TROUPE_RDZV_ID",  "TROUPE_RDZV_TIMEOUT",    "TORCHELASTIC_ERROR_FILE",
+                                         "TROUPE_ELASTIC", "TROUPE_IN_JOB_RECOVERY", "TROUPE_REPLACEMENT"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -280,8 +282,11 @@ StreamPlan stream_plan(const Launch& l, int rank, int local, int which, const st
 // Starts every rank of this node (attempt `restart`, 0 first) and waits for them: the exit code of
 // the launch (kExitRegroup: they stopped for a node that asks to join); *restartable when ranks
 // failed by themselves (not stopped by a signal to the launcher). elastic (node 0 of an elastic
-// job, else null): a node asking to join gets the ranks SIGUSR2, once.
-int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMembership* elastic) {
+// job, else null): a node asking to join gets the ranks SIGUSR2, once. replaced (--in-job-recovery,
+// else null): the restarts spent so far; while fewer than --max-restarts, ranks that fail are started
+// again alone (TROUPE_REPLACEMENT=1; the ranks found dead in one sweep count as one restart) and the
+// others stay.
+int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMembership* elastic, int* replaced) {
   const LaunchOptions& a = l.o;
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
@@ -302,21 +307,23 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
     attempt_dir = *dir;
   }
   std::vector<Child> children(a.nproc_per_node);
-  OutputRouter router;
+  // One router for the first start, one for each replacement (a router takes no streams once started).
+  std::vector<std::unique_ptr<OutputRouter>> routers;
+  routers.push_back(std::make_unique<OutputRouter>());
   // Elastic: SIGUSR2 (a node asks to join) stays pending in a rank until troupe train takes it.
   sigset_t child_mask = old_mask;
   if (l.elastic) sigaddset(&child_mask, SIGUSR2);
-  for (int local = 0; local < a.nproc_per_node; ++local) {
+  auto start_child = [&](int local, int count, bool replacement, const std::string& dir, OutputRouter& router) {
     Child& c = children[local];
     c.rank = a.node_rank * a.nproc_per_node + local;
-    const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, attempt_dir);
-    const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, attempt_dir);
+    const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, dir);
+    const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, dir);
     auto out = open_stream(out_plan);
     auto err = out ? open_stream(err_plan) : out;
     Status st = !out ? out.status() : !err ? err.status() : Status::ok();
     if (st) {
-      const std::string error_file = attempt_dir.empty() ? "" : attempt_dir + "/" + std::to_string(local) + "/error.json";
-      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, restart, error_file), child_mask,
+      const std::string error_file = dir.empty() ? "" : dir + "/" + std::to_string(local) + "/error.json";
+      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, count, error_file, replacement), child_mask,
                        out->child_fd, err->child_fd, c);
       // The rank holds its ends now; the router copies the rest.
       for (const auto* e : {&*out, &*err})
@@ -324,17 +331,24 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
       router.add(*out, stdout, out_plan.prefix);
       router.add(*err, stderr, err_plan.prefix);
     }
+    return st;
+  };
+  auto finish_routers = [&](std::chrono::milliseconds grace) {
+    for (auto& r : routers) r->finish(grace);
+  };
+  for (int local = 0; local < a.nproc_per_node; ++local) {
+    Status st = start_child(local, restart, false, attempt_dir, *routers.front());
     if (!st) {
       print_error("launch", st);
       signal_all(children, SIGKILL);
       for (auto& other : children)
         if (other.running) waitpid(other.pid, nullptr, 0);
-      router.finish(std::chrono::milliseconds(0));
+      finish_routers(std::chrono::milliseconds(0));
       restore();
       return kExitFailure;
     }
   }
-  router.start();
+  routers.front()->start();
 
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(a.stop_grace * 1000));
   const double signal_grace_s = a.stop_grace_given ? a.stop_grace : 60.0;
@@ -384,6 +398,38 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
           failed_now = &c;
       }
     }
+    // In-job recovery: the ranks that failed start again alone; the others rejoin the job. Not once
+    // a rank has finished (the job is ending: nobody would rejoin) nor while stopping.
+    const bool any_finished = std::any_of(children.begin(), children.end(),
+                                          [](const Child& c) { return !c.running && succeeded(c.status); });
+    if (failed_now != nullptr && replaced != nullptr && *replaced < a.max_restarts && !stopping && !any_finished &&
+        forwarded_signal == 0 && !(WIFEXITED(failed_now->status) && WEXITSTATUS(failed_now->status) == kExitUsage)) {
+      ++*replaced;
+      std::string dir;
+      if (!l.run_log_dir.empty()) {
+        dir = l.run_log_dir + "/attempt_" + std::to_string(*replaced);
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+      }
+      routers.push_back(std::make_unique<OutputRouter>());
+      Status st = Status::ok();
+      for (int local = 0; local < a.nproc_per_node && st; ++local) {
+        Child& c = children[local];
+        if (c.running || succeeded(c.status) || regrouped(c.status)) continue;
+        std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; in-job recovery %d of %d: starting it again, the "
+                             "other ranks rejoin the job\n", c.rank, c.pid, describe_status(c.status).c_str(),
+                     *replaced, a.max_restarts);
+        if (!dir.empty()) {
+          std::error_code ec;
+          std::filesystem::create_directories(dir + "/" + std::to_string(local), ec);
+        }
+        st = start_child(local, *replaced, true, dir, *routers.back());
+        if (st) ++running;
+      }
+      routers.back()->start();
+      if (st) continue;
+      print_error("launch", st);
+    }
     if (failed_now != nullptr && first_failure == nullptr && !stopping) {
       first_failure = failed_now;
       std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; stopping the other ranks\n", failed_now->rank,
@@ -412,7 +458,7 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
       break;
     }
   }
-  router.finish(std::chrono::milliseconds(1000));
+  finish_routers(std::chrono::milliseconds(1000));
   restore();
 
   if (first_failure != nullptr) {
@@ -716,7 +762,14 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
       attempt.o.master_port = o.master_port + 1;
     }
     bool restartable = false;
-    const int code = run_ranks(attempt, count, &restartable, elastic && o.node_rank == 0 ? elastic.get() : nullptr);
+    int replaced = 0;  // --in-job-recovery: the restarts spent on single ranks
+    const int code = run_ranks(attempt, count, &restartable, elastic && o.node_rank == 0 ? elastic.get() : nullptr,
+                               o.in_job_recovery ? &replaced : nullptr);
+    if (o.in_job_recovery) {
+      if (code != kExitOk && restartable && replaced >= o.max_restarts)
+        std::fprintf(stderr, "troupe launch: not restarting: in-job recovery spent its %d restart(s)\n", o.max_restarts);
+      return code;
+    }
     if (code == kExitRegroup && elastic) {
       std::fprintf(stderr, "troupe launch: round %d ended for a node that asks to join; forming the next\n", last_round);
       --restart;  // a new member is not a failure: no restart counted

@@ -7,6 +7,8 @@
 // middleman, used by `troupe launch`, SLURM and mpirun starts) and, for ranks that are threads of one
 // process, an in-process one.
 #pragma once
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,18 @@ class Bootstrap {
   // The network devices UCX should use for this job (UCX_NET_DEVICES syntax, e.g. "lo" for a
   // one-host job: comm/bootstrap/net_plan.hpp); "" leaves UCX's own choice. create_ucx_world applies it.
   virtual std::string ucx_net_devices() const { return {}; }
+  // How often `what` was asked for on this bootstrap object before (0 the first time): every rank
+  // makes the same calls in the same order, so collectives repeated over one bootstrap (worlds
+  // created on it) get keys of their own. Kept in the object, so a new bootstrap (a process that
+  // rejoins after a failure) counts from 0 like a new process. Any thread.
+  int next_use(const std::string& what) {
+    std::lock_guard<std::mutex> lock(uses_mu_);
+    return uses_[what]++;
+  }
+
+ private:
+  std::mutex uses_mu_;
+  std::map<std::string, int> uses_;
 };
 
 }  // namespace troupe::comm

@@ -20,6 +20,11 @@ class CommWorld {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
   virtual Result<std::unique_ptr<Communicator>> group(const std::vector<int>& members) = 0;
+  // This process gives the world up (the job failed elsewhere and this process rejoins it: troupe
+  // launch --in-job-recovery): every pending and later operation of its communicators fails soon,
+  // with `why`, instead of waiting on peers that moved on. Any thread; the world must still be
+  // destroyed after its users. Default: nothing (the operations fail by the backend's own means).
+  virtual void abort(const std::string& why) { (void)why; }
   // The communicator over every rank.
   Result<std::unique_ptr<Communicator>> everyone();
 };

@@ -23,6 +23,9 @@ using JobCallbacks = TrainCallbacks;
 
 struct JobOptions {
   bool measure_peak = true;
+  // This process's own sgemm peak (GFLOP/s): > 0 is taken instead of measuring again (a process
+  // that recovers in the job measured it before), 0 is measured and stored here. Null: measured.
+  double* local_peak = nullptr;
   // Polled a few times a second; when it becomes true the trainer stops after the current iteration
   // (saving a checkpoint when --save is set).
   const std::atomic<bool>* stop = nullptr;

@@ -429,6 +429,12 @@ const std::vector<Flag>& flags() {
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          int_in(label, v, 0, 1024, &o.spares, "give a number of spare nodes from 0 to 1024", p);
        }},
+      {{"--in-job-recovery"}, false, false,
+       "troupe's: when a rank's process fails, start that process alone again (up to --max-restarts times); "
+       "the others keep running and rejoin the job, which resumes its in-memory snapshot",
+       [](LaunchOptions& o, const std::string&, const std::string&, const HostFacts&, Problems&) {
+         o.in_job_recovery = true;
+       }},
       {{"--new-token"}, false, false, "troupe's: print a fresh job token and exit",
        [](LaunchOptions& o, const std::string&, const std::string&, const HostFacts&, Problems&) {
          o.new_token = true;
@@ -647,6 +653,13 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
                            "each round -- give --global-batch-size (kept by more or fewer accumulation steps)");
     }
   }
+  if (o.in_job_recovery && o.max_restarts < 1)
+    problems.push_back("--in-job-recovery needs --max-restarts N (N >= 1): how often a failed process is started "
+                       "again and the others rejoin");
+  if (o.in_job_recovery && o.rounds())
+    problems.push_back(std::string("--in-job-recovery with ") + (o.elastic() ? "--nnodes MIN:MAX" : "--spares") +
+                       ": rounds start every node's ranks anew; in-job recovery keeps a fixed membership -- "
+                       "choose one");
   if (!o.elastic() && o.last_call_given) {
     o.notes.push_back("--rdzv-conf last_call_timeout: no effect without --nnodes MIN:MAX (a fixed membership)");
   }

@@ -64,6 +64,8 @@ struct LaunchOptions {
   int nnodes = 1;      // MAX of --nnodes MIN:MAX
   int min_nnodes = 1;  // MIN (= nnodes unless a range: elastic membership, apps/launch_elastic.hpp)
   int spares = 0;      // --spares K: nodes nnodes .. nnodes+K-1 wait to replace a lost one
+  // --in-job-recovery: a failed rank's process alone is started again; the others stay and rejoin.
+  bool in_job_recovery = false;
   int node_rank = 0;
   bool node_rank_given = false;
   std::string master_addr = "127.0.0.1";

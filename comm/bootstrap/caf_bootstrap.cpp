@@ -29,7 +29,7 @@ struct JoinRequest {
   std::string host;  // as the joiner names itself (for logs)
   int32_t pid = 0;
   std::string rdzv_id;  // the launcher's --rdzv-id (TROUPE_RDZV_ID), "" when none was given
-  int32_t attempt = 0;  // TROUPE_RESTART_COUNT: which start of the job's processes this is
+  int32_t attempt = 0;  // TROUPE_RESTART_COUNT, or the generation of in-job recovery (kAnyGeneration)
 };
 
 template <class Inspector>
@@ -40,6 +40,9 @@ typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
 // A restarted rank that reaches the failed rank 0 of the attempt before its own (still ending on the
 // same port) is told so with this text, and tries again until its own rank 0 listens.
 constexpr const char* kEarlierAttempt = "rank 0 there is of an earlier attempt of the job";
+// The rendezvous went away (before the join was answered: the failed attempt's rank 0 ending as a
+// restarted rank reached it).
+constexpr const char* kLostRendezvous = "lost the rendezvous on ";
 
 // TROUPE_RESTART_COUNT (troupe launch) or TORCHELASTIC_RESTART_COUNT (torchrun): 0 when unset or not
 // a count.
@@ -149,6 +152,7 @@ struct RendezvousSetup {
   std::chrono::milliseconds report_interval{0};
   std::string rdzv_id;     // rank 0's; a joiner's must be the same
   int32_t attempt = 0;     // rank 0's JoinRequest::attempt; a joiner of a later one is told to retry
+  bool in_job = false;     // in-job recovery: the generations' rules (CafBootstrapOptions::in_job_recovery)
   int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
   // "addr:port" of the rendezvous, for the messages: set once published (the port may be the
   // kernel's pick), read by the rendezvous's reports.
@@ -365,9 +369,19 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
         // Before the failure check: a restarted rank may meet the failed attempt's rank 0, which
         // has not yet left the port to its own successor. (A healthy rank 0 of an earlier count
         // takes it: the nodes' launchers count their restarts each on its own.)
-        if (req.attempt > st.setup.attempt && !st.failure.empty())
-          return bootstrap_error(std::string(kEarlierAttempt) + " (" + std::to_string(st.setup.attempt) + ", this rank's " +
-                                 std::to_string(req.attempt) + ")");
+        const auto earlier = [&] {
+          return bootstrap_error(std::string(kEarlierAttempt) + " (" + std::to_string(st.setup.attempt) +
+                                 ", this rank's " + std::to_string(req.attempt) + ")");
+        };
+        if (req.attempt > st.setup.attempt && !st.failure.empty()) return earlier();
+        // In-job recovery: a generation's rank 0 that has not yet noticed the failure its survivors
+        // rejoin for is as earlier as a failed one, and a replacement process (any generation) waits
+        // for a rendezvous that is healthy and whose place for it is free.
+        if (st.setup.in_job && req.attempt == kAnyGeneration && !st.failure.empty()) return earlier();
+        if (st.setup.in_job && st.setup.attempt != kAnyGeneration && req.attempt > st.setup.attempt) return earlier();
+        if (st.setup.in_job && req.attempt == kAnyGeneration && req.rank >= 0 && req.rank < st.world_size &&
+            st.members[req.rank])
+          return earlier();
         if (!st.failure.empty())
           return bootstrap_error("the job has already failed: " + st.failure);
         if (req.world_size != st.world_size) {
@@ -529,18 +543,19 @@ struct AgentState {
   std::map<uint64_t, caf::response_promise> pending;
   uint64_t next_id = 0;
   std::string closed;  // why requests fail from now on; empty while usable
+  bool joined = false;  // the join was answered: from now on a lost rendezvous is the job's failure
   static inline const char* name = "troupe.bootstrap_agent";
 };
 
 using AgentPtr = agent_actor::stateful_pointer<AgentState>;
 
-// Fails every pending and later request with `why`; a failure (not an orderly close) is also
-// recorded as the job's.
+// Fails every pending and later request with `why`; a failure (not an orderly close) of a joined
+// agent is also recorded as the job's (before the join it is only the join's: join() may try again).
 void close_agent(AgentPtr self, const std::string& why, bool job_failed) {
   auto& st = self->state;
   if (!st.closed.empty()) return;
   st.closed = why;
-  if (job_failed) {
+  if (job_failed && st.joined) {
     st.health->set(why);
     st.log("the job failed: " + why);
     if (st.on_job_failed) st.on_job_failed(why);
@@ -551,7 +566,8 @@ void close_agent(AgentPtr self, const std::string& why, bool job_failed) {
 }
 
 // Sends the request to the rendezvous and answers the caller when it replies or the agent closes.
-template <class Reply, class... Ts>
+// Joins: the request is the join, whose answer makes the agent a member.
+template <class Reply, bool Joins = false, class... Ts>
 caf::result<Reply> relay(AgentPtr self, Ts... xs) {
   auto& st = self->state;
   if (!st.closed.empty()) return bootstrap_error(st.closed);
@@ -566,7 +582,10 @@ caf::result<Reply> relay(AgentPtr self, Ts... xs) {
     p.deliver(std::forward<decltype(answer)>(answer));
   };
   self->request(st.rendezvous, caf::infinite, xs...)
-      .then([finish](Reply& r) mutable { finish(std::move(r)); },
+      .then([self, finish](Reply& r) mutable {
+              if constexpr (Joins) self->state.joined = true;
+              finish(std::move(r));
+            },
             [finish](caf::error& e) mutable { finish(e); });
   return promise;
 }
@@ -589,13 +608,13 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
                   false);
     else
       close_agent(self,
-                  "lost the rendezvous on " + self->state.where + " (" + render(dm.reason) +
+                  std::string(kLostRendezvous) + self->state.where + " (" + render(dm.reason) +
                       "): rank 0 died, hung past the heartbeat timeout or the network failed",
                   true);
   });
   return {
       [self](join_atom, const JoinRequest& req) -> caf::result<int32_t> {
-        return relay<int32_t>(self, join_atom::value, req);
+        return relay<int32_t, true>(self, join_atom::value, req);
       },
       [self](gather_atom, const std::string& key,
              const std::string& blob) -> caf::result<std::vector<std::string>> {
@@ -799,7 +818,8 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.join_timeout = b.options.join_timeout;
   setup.report_interval = b.options.wait_report_interval;
   setup.rdzv_id = env.rdzv_id;
-  setup.attempt = attempt_from_env();
+  setup.attempt = b.options.attempt.value_or(attempt_from_env());
+  setup.in_job = b.options.in_job_recovery;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
   const auto where = setup.where;
@@ -946,7 +966,7 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
   req.rdzv_id = env.rdzv_id;
-  req.attempt = attempt_from_env();
+  req.attempt = b->options.attempt.value_or(attempt_from_env());
   const auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
   for (;;) {
     if (env.rank == 0) {
@@ -960,9 +980,13 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->options.on_job_failed, b->logger());
     auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
     if (joined) return std::make_unique<CafBootstrap>(std::move(b));
-    if (env.rank == 0 || joined.status().message().find(kEarlierAttempt) == std::string::npos ||
-        std::chrono::steady_clock::now() >= give_up)
-      return joined.status();
+    // A later attempt (a restarted process, or one that rejoins in the job) meets the failed one's
+    // rank 0: told so, or losing it while the join is under way as it ends.
+    const std::string& why = joined.status().message();
+    const bool later = req.attempt != 0 || b->options.in_job_recovery;
+    const bool retry = why.find(kEarlierAttempt) != std::string::npos ||
+                       (later && why.find(kLostRendezvous) != std::string::npos);
+    if (env.rank == 0 || !retry || std::chrono::steady_clock::now() >= give_up) return joined.status();
     // The failed attempt's rank 0 still holds the port: let go of it (before it ends, so its end is
     // not this rank's failure) and reach the port again until its successor answers.
     caf::anon_send_exit(b->agent, caf::exit_reason::user_shutdown);

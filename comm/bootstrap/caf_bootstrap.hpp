@@ -41,6 +41,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@
 #include "comm/bootstrap/secure_transport.hpp"
 
 namespace troupe::comm {
+
+// The join attempt of a process that replaces a failed one under in-job recovery: it joins whichever
+// generation is forming.
+constexpr int32_t kAnyGeneration = -1;
 
 struct CafBootstrapOptions {
   // Ranks > 0 retry reaching the rendezvous this long (rank 0 may start later).
@@ -77,6 +82,16 @@ struct CafBootstrapOptions {
   // TROUPE_HANDSHAKE_TIMEOUT, seconds, wins), how many at once.
   std::chrono::milliseconds handshake_timeout{10'000};
   int max_pending_handshakes = 64;
+  // Which start of the job this process's join belongs to: unset = TROUPE_RESTART_COUNT (or
+  // TORCHELASTIC_RESTART_COUNT). A joiner of a later start than a failed rank 0's is told to try
+  // again (the failed start's rank 0 may still hold the port) until its own rank 0 answers.
+  std::optional<int32_t> attempt;
+  // In-job recovery (troupe launch --in-job-recovery): the processes that survive a failure keep
+  // running and rejoin with their generation + 1, a replacement process with kAnyGeneration; rank 0
+  // tells a joiner to try again while its own generation is older (it has not noticed the failure
+  // yet), and a replacement while the rendezvous has failed or its rank's place is still held (its
+  // predecessor's loss not yet noticed). Every process of a job sets it alike.
+  bool in_job_recovery = false;
   // Called once, from an actor thread, when the job is known to have failed (a lost rank or
   // rendezvous).
   std::function<void(const std::string& why)> on_job_failed;

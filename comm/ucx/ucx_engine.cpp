@@ -245,13 +245,7 @@ Status Engine::connect(const std::vector<std::string>& addresses,
 
 Result<std::shared_ptr<Engine>> Engine::create(Bootstrap& bootstrap, const UcxOptions& options) {
   // The n-th world over one bootstrap object uses key n on every rank.
-  static std::mutex key_mu;
-  static std::map<const Bootstrap*, int> worlds_per_bootstrap;
-  int index;
-  {
-    std::lock_guard<std::mutex> lock(key_mu);
-    index = worlds_per_bootstrap[&bootstrap]++;
-  }
+  const int index = bootstrap.next_use("ucx world");
   std::shared_ptr<Engine> e(new Engine(bootstrap.rank(), bootstrap.world_size(), options));
   install_fatal_handler(e->rank_);
   TROUPE_RETURN_IF_ERROR(e->init_ucx());

@@ -230,6 +230,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // world).
   Status peer_status(int r) const;
   bool peer_failed(int r) const { return peer_state_[static_cast<size_t>(r)] == PeerState::failed; }
+  // CommWorld::abort: every peer counts as failed with `why` from the progress thread's next check
+  // (at most ~20 ms of progress later): pending and later operations fail. Any thread.
+  void request_abort(const std::string& why);
   // "rank R (host H, pid P)": how failure messages name world rank r.
   const std::string& who(int r) const { return peer_names_[static_cast<size_t>(r)]; }
   // Scratch buffers of options().chunk_bytes for the ring, recycled (freed with the engine).
@@ -278,7 +281,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void watch_process(int r, const std::string& identity);  // own liveness check (MODE_NONE peers)
   std::vector<pollfd> wait_fds() const;  // the event fd and the pidfds of live watched peers
   void handle_watch(const std::vector<pollfd>& fds);  // marks peers whose pidfd fired as failed
-  void periodic_checks();  // /proc checks and stale failures, at most every 20 ms
+  void periodic_checks();  // /proc checks, an abort asked for, and stale failures, at most every 20 ms
   void abandon_stale_failures();
   void run();   // the progress thread
   bool pump();  // one round of everything; true if anything happened (token held)
@@ -345,6 +348,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::multiset<uint32_t> live_tag_ids_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  // request_abort (any thread): every peer is failed with the reason at the next periodic check.
+  std::atomic<bool> abort_requested_{false};
+  bool aborted_ = false;  // drive-token holder's
+  std::mutex abort_mu_;
+  std::string abort_reason_;
 
   // Drive-token holder's state.
   std::list<std::unique_ptr<Op>> ops_;

@@ -124,7 +124,28 @@ void Engine::handle_watch(const std::vector<pollfd>& fds) {
   }
 }
 
+void Engine::request_abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_reason_.empty()) abort_reason_ = why;
+  }
+  abort_requested_.store(true, std::memory_order_release);
+  if (worker_ != nullptr) ucp_worker_signal(worker_);  // safe from any thread: wakes a sleeping driver
+}
+
 void Engine::periodic_checks() {
+  // Not rate-limited: request_abort's signal wakes a driver for it.
+  if (abort_requested_.load(std::memory_order_acquire) && !aborted_ && !stopping_) {
+    aborted_ = true;
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      why = abort_reason_;
+    }
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && peer_state_[static_cast<size_t>(r)] == PeerState::alive)
+        mark_failed(r, "this rank gave the world up (" + why + ")", false);
+  }
   const auto now = std::chrono::steady_clock::now();
   if (now < next_check_) return;
   next_check_ = now + std::chrono::milliseconds(20);

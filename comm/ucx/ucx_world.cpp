@@ -178,6 +178,7 @@ class UcxWorld final : public CommWorld {
   int rank() const override { return engine_->rank(); }
   int size() const override { return engine_->size(); }
   std::string backend() const override { return "ucx"; }
+  void abort(const std::string& why) override { engine_->request_abort(why); }
   Result<std::unique_ptr<Communicator>> group(const std::vector<int>& members) override {
     auto info = engine_->make_group(members);
     if (!info.is_ok()) return info.status();
@@ -284,21 +285,16 @@ Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
                          " must lie in [1, 1024]");
   }
   const std::string devices = o.net_devices.empty() ? bootstrap.ucx_net_devices() : o.net_devices;
-  if (!devices.empty()) {
-    // UCX drops a device that is down when the context is created, for good. Once every rank has
-    // joined, the path toward rank 0 works (after a restart it may just have come back).
-    static std::mutex key_mu;
-    static std::map<const Bootstrap*, int> barriers;
-    int n;
-    {
-      std::lock_guard<std::mutex> lock(key_mu);
-      n = barriers[&bootstrap]++;
-    }
-    TROUPE_RETURN_IF_ERROR(
-        bootstrap.barrier("ucx/devices" + std::to_string(n))
-            .with_context("ucx: waiting for every rank before opening " + devices + ": "));
-    apply_net_devices(devices);
-  }
+  // UCX drops a device that is down when the context is created, for good. Once every rank has
+  // joined, the path toward rank 0 works (after a restart it may just have come back). Every rank
+  // waits, whatever its devices: which it has may differ (a process that rejoins after a failure
+  // finds UCX_NET_DEVICES set by its first world, a replacement does not), the barrier may not.
+  const int n = bootstrap.next_use("ucx devices");
+  TROUPE_RETURN_IF_ERROR(
+      bootstrap.barrier("ucx/devices" + std::to_string(n))
+          .with_context("ucx: waiting for every rank before opening " + (devices.empty() ? std::string("UCX") : devices) +
+                        ": "));
+  if (!devices.empty()) apply_net_devices(devices);
   auto engine = Engine::create(bootstrap, o);
   if (!engine.is_ok()) return engine.status();
   return std::unique_ptr<CommWorld>(new UcxWorld(std::move(engine).value()));

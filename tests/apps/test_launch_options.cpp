@@ -181,6 +181,26 @@ TEST_CASE("launch flags: --nnodes MIN:MAX is elastic, with node ranks and a fixe
                     [](const std::string& n) { return n.find("last_call_timeout: no effect") != std::string::npos; }));
 }
 
+TEST_CASE("launch flags: in-job recovery needs restarts and a fixed membership", "[launch]") {
+  auto o = parse({"--nproc-per-node", "2", "--max-restarts", "3", "--in-job-recovery", "train"});
+  REQUIRE(o);
+  CHECK(o->in_job_recovery);
+  CHECK(o->max_restarts == 3);
+  CHECK_FALSE(parse({"--nproc-per-node", "2", "train"})->in_job_recovery);
+  const std::string m = parse({"--nnodes", "1:2", "--node-rank", "0", "--master-addr", "node0", "--in-job-recovery",
+                               "train", "--global-batch-size", "8"})
+                            .status()
+                            .message();
+  CHECK_THAT(m, Contains("2 problems"));
+  CHECK_THAT(m, Contains("--in-job-recovery needs --max-restarts N"));
+  CHECK_THAT(m, Contains("--in-job-recovery with --nnodes MIN:MAX"));
+  CHECK_THAT(parse({"--nnodes", "2", "--spares", "1", "--node-rank", "0", "--master-addr", "node0", "--max-restarts",
+                    "1", "--in-job-recovery", "train"})
+                 .status()
+                 .message(),
+             Contains("--in-job-recovery with --spares"));
+}
+
 TEST_CASE("launch flags: every problem at once, with the fix", "[launch]") {
   auto o = parse({"--nnodes", "1:2", "--rdzv-backend", "etcd-v2", "--tee", "9", "--nprocs", "4", "-m",
                   "--rdzv-conf", "join_timeout=-1,read_timeout=5", "--logs-specs", "x", "--", "x.py"});

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Failures at random moments of a job over two hosts (tests/cli/two_hosts.bash: network namespaces),
 # with in-memory snapshots (--save-memory-interval, each shard also on the other host) and
-# `troupe launch --max-restarts`: 20 trials, each one failure -- a rank killed with SIGKILL or the
-# link between the hosts cut until the job notices (host1 lost with its memory, its launcher paused,
-# its ranks killed, its folder emptied, is a kind here too but not run: see below) -- struck once the
-# job has passed a random iteration.
+# `troupe launch --in-job-recovery --max-restarts 1`: 20 trials, each one failure -- a rank killed
+# with SIGKILL or the link between the hosts cut until the job notices (host1 lost with its memory,
+# its launcher paused, its ranks killed, its folder emptied, is a kind here too but not run: see
+# below) -- struck once the job has passed a random iteration. The killed rank's process alone is
+# started again; every other process must be the same process after the recovery (and after a cut,
+# all of them).
 # Every trial must recover and finish with the uninterrupted run's losses, bitwise, leave no process
 # and no snapshot folder behind, and say how long recovery took (the failure to the first iteration
-# trained after it) and how many iterations it lost; then the same kills with only a save to disk
-# every 100 iterations, for comparison (docs/RESILIENCE.md keeps the table). Fixed seed.
+# trained after it) and how many iterations it lost; then, for comparison, the same kills with every
+# process restarted (--max-restarts without --in-job-recovery), and with only a save to disk every
+# 100 iterations (docs/RESILIENCE.md keeps the table). Fixed seed.
 # Needs root and iproute2; skips (77) where network namespaces cannot be created.
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
@@ -27,10 +30,17 @@ no_orphans() {
   done
 }
 
-# trial NAME KIND STORAGE: one run struck once by KIND (kill | cut | host); STORAGE: memory or disk.
+ranks_of_launchers() {  # the pids of the ranks both launchers run now
+  local k
+  for k in 0 1; do pgrep -P "$(pgrep -P "${launchers[k]}")" || true; done | sort
+}
+
+# trial NAME KIND STORAGE RECOVERY: one run struck once by KIND (kill | cut | host); STORAGE: memory
+# or disk; RECOVERY: injob (--in-job-recovery) or restart (every process started again).
 trial() {
-  local name=$1 kind=$2 storage=$3
-  local metrics="$work/$name.jsonl" extra=()
+  local name=$1 kind=$2 storage=$3 recovery=$4
+  local metrics="$work/$name.jsonl" extra=() how=()
+  [[ $recovery == injob ]] && how=(--in-job-recovery)
   rm -rf "$shm/shm0" "$shm/shm1" "$work/ck_$name"
   if [[ $storage == memory ]]; then
     extra=(--save-memory-interval 20)
@@ -41,7 +51,7 @@ trial() {
   for k in 0 1; do
     here=()
     [[ $storage == memory ]] && here=(--save-memory-dir "$shm/shm$k")
-    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 \
+    on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 2 --max-restarts 1 "${how[@]}" \
       -- train "${model[@]}" "${extra[@]}" "${here[@]}" --metrics-file "$metrics" > "$name.$k.log" 2>&1 &
     pids+=($!)
     launchers[k]=$!
@@ -53,18 +63,21 @@ trial() {
     ((SECONDS < deadline)) || { cat "$name".*.log; fail "$name: the job never reached iteration $at"; }
     sleep 0.02
   done
-  local struck before
+  local struck before victim="" ranks_before
+  ranks_before=$(ranks_of_launchers)
   before=$(iteration_reached "$metrics")
   struck=$(now)
+  local noticed="restart 1 of 1"
+  [[ $recovery == injob ]] && noticed="recovering in the job (1 of 1)"
   case "$kind" in
     kill)
-      local victims=()
-      for k in 0 1; do victims+=($(pgrep -P "$(pgrep -P "${launchers[k]}")")); done
-      kill -9 "${victims[$((RANDOM % ${#victims[@]}))]}"
+      local victims=($ranks_before)
+      victim=${victims[$((RANDOM % ${#victims[@]}))]}
+      kill -9 "$victim"
       ;;
     cut)
       ip -n "${ns[0]}" link set "${veth[0]}" down
-      until grep -q "restart 1 of 1" "$name.0.log" && grep -q "restart 1 of 1" "$name.1.log"; do
+      until grep -qF "$noticed" "$name.0.log" && grep -qF "$noticed" "$name.1.log"; do
         (($(echo "$(now) - $struck < 40" | bc))) || { cat "$name".*.log; fail "$name: the cut was not noticed in 40 s"; }
         sleep 0.05
       done
@@ -101,12 +114,22 @@ trial() {
     fi
     sleep 0.02
   done
+  if [[ $recovery == injob ]]; then
+    # The survivors are the processes they were: only the killed rank's process is new.
+    local survivors p
+    survivors=$(grep -vx "${victim:-none}" <<< "$ranks_before")
+    for p in $survivors; do
+      grep -qx "$p" <<< "$(ranks_of_launchers)" || { cat "$name".*.log; fail "$name: rank process $p did not survive the recovery"; }
+    done
+    [[ -z $victim ]] || grep -q "in-job recovery 1 of 1: starting it again" "$name".*.log ||
+      { cat "$name".*.log; fail "$name: no launcher started the killed rank again"; }
+  fi
   wait_both || { cat "$name".*.log; show_stuck; fail "$name: the job did not finish after the failure"; }
   grep -q "finished at iteration $iters/$iters" "$name.0.log" || { cat "$name.0.log"; fail "$name: did not finish"; }
   no_orphans || fail "$name: processes left behind in the namespaces"
   [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "$name: a snapshot folder was left behind"
   same_losses "$work/ref.jsonl" "$metrics" > /dev/null || fail "$name: the losses differ from the uninterrupted run"
-  python3 - "$metrics" "$name" "$kind" "$storage" "$lines" "$before" "$resumed" \
+  python3 - "$metrics" "$name" "$kind" "$storage-$recovery" "$lines" "$before" "$resumed" \
     "$(echo "$recovered - $struck" | bc)" >> "$work/trials.txt" <<'PY'
 import json, sys
 got, name, kind, storage, lines, before, resumed, seconds = sys.argv[1:]
@@ -120,8 +143,9 @@ PY
 # (The host kind is kept but not in the list: in one CI run a host1 rank SIGKILLed while its launcher
 # was paused did not end for 80 s, and the restart failed; tests/cli/multihost.sh covers a lost host.)
 kinds=(kill kill kill kill kill kill kill kill kill kill kill kill kill kill kill kill kill cut cut cut)
-for t in $(seq 0 19); do trial "t$t" "${kinds[t]}" memory; done
-for t in 0 1 2; do trial "d$t" kill disk; done
+for t in $(seq 0 19); do trial "t$t" "${kinds[t]}" memory injob; done
+for t in 0 1 2; do trial "r$t" kill memory restart; done
+for t in 0 1 2; do trial "d$t" kill disk restart; done
 python3 - "$work/trials.txt" <<'PY'
 import statistics, sys
 rows = [dict(kv.split("=") for kv in l.split()[3:]) | {"kind": l.split()[1], "storage": l.split()[2]} for l in open(sys.argv[1])]
@@ -130,11 +154,12 @@ def summary(sel, what):
     secs = [float(r["recovery_s"]) for r in sel]
     print(f"{what}: {len(sel)} trials recovered; recovery median {statistics.median(secs):.2f} s, max {max(secs):.2f} s; "
           f"iterations lost median {statistics.median(lost)}, max {max(lost)}")
-mem = [r for r in rows if r["storage"] == "memory"]
+injob = [r for r in rows if r["storage"] == "memory-injob"]
 for kind in ("kill", "cut"):
-    summary([r for r in mem if r["kind"] == kind], f"memory snapshots every 20, {kind}")
-summary(mem, "memory snapshots every 20, all")
-summary([r for r in rows if r["storage"] == "disk"], "a save to disk every 100, kill")
-assert len(mem) == 20
+    summary([r for r in injob if r["kind"] == kind], f"in-job recovery, memory snapshots every 20, {kind}")
+summary(injob, "in-job recovery, memory snapshots every 20, all")
+summary([r for r in rows if r["storage"] == "memory-restart"], "every process restarted, memory snapshots every 20, kill")
+summary([r for r in rows if r["storage"] == "disk-restart"], "every process restarted, a save to disk every 100, kill")
+assert len(injob) == 20
 PY
 echo PASS

@@ -547,5 +547,98 @@ TEST_CASE("a restarted rank that meets the failed attempt's rank 0 waits for its
   CHECK(got1 == *b);
 }
 
+// In-job recovery (troupe launch --in-job-recovery): rank 2 dies; the survivors (ranks 0 and 1)
+// stay and rejoin as generation 1, and a replacement rank 2 joins whichever generation forms. The
+// survivor rank 1 and the replacement both reach the port while the failed generation's rank 0
+// still holds it; neither may join that one (nor fail), and all three meet in generation 1 once
+// rank 0 has rejoined.
+TEST_CASE("in-job recovery: the survivors and a replacement form the next generation", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) {
+    CafBootstrapOptions o = options_with(sink);
+    o.in_job_recovery = true;
+    o.attempt = attempt;
+    return o;
+  };
+  auto r0 = create_caf_bootstrap(make_env(0, 3, 0), in_job(0));
+  REQUIRE(r0);
+  const int port = r0.value()->port();
+  Result<std::unique_ptr<CafBootstrap>> r1 = Status::error("not run");
+  std::thread first([&] { r1 = create_caf_bootstrap(make_env(1, 3, port), in_job(0)); });
+  Peer dying({"join-exit"}, peer_env(2, 3, port));
+  REQUIRE(dying.read_line() == "joined");
+  first.join();
+  REQUIRE(r1);
+  const auto failed_by = Clock::now() + 10s;
+  while ((r0.value()->job_failure().empty() || r1.value()->job_failure().empty()) && Clock::now() < failed_by)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE_FALSE(r0.value()->job_failure().empty());
+  REQUIRE_FALSE(r1.value()->job_failure().empty());
+
+  // Generation 1: the survivor rank 1 lets go of its old rendezvous and rejoins; the replacement of
+  // rank 2 starts; both meet the failed generation's rank 0 first.
+  const auto start = Clock::now();
+  r1 = Status::error("not run");
+  Result<std::unique_ptr<CafBootstrap>> again1 = Status::error("not run"), replacement = Status::error("not run");
+  std::thread survivor([&] { again1 = create_caf_bootstrap(make_env(1, 3, port), in_job(1)); });
+  std::thread fresh([&] { replacement = create_caf_bootstrap(make_env(2, 3, port), in_job(kAnyGeneration)); });
+  std::this_thread::sleep_for(1500ms);
+  r0 = Status::error("rejoining");  // the failed generation's rendezvous closes
+  auto again0 = create_caf_bootstrap(make_env(0, 3, port), in_job(1));
+  survivor.join();
+  fresh.join();
+  REQUIRE(again0);
+  INFO((again1 ? std::string("joined") : again1.status().message()));
+  REQUIRE(again1);
+  INFO((replacement ? std::string("joined") : replacement.status().message()));
+  REQUIRE(replacement);
+  CHECK(seconds_since(start) > 1.4);
+  std::vector<std::string> got1, got2;
+  std::thread g1([&] {
+    auto a = again1.value()->all_gather("generation 1", "one");
+    if (a) got1 = *a;
+  });
+  std::thread g2([&] {
+    auto a = replacement.value()->all_gather("generation 1", "two");
+    if (a) got2 = *a;
+  });
+  auto b = again0.value()->all_gather("generation 1", "zero");
+  g1.join();
+  g2.join();
+  REQUIRE(b);
+  CHECK(*b == std::vector<std::string>{"zero", "one", "two"});
+  CHECK(got1 == *b);
+  CHECK(got2 == *b);
+}
+
+// A generation's rank 0 that has not noticed the failure yet (healthy) tells a survivor of the next
+// generation to try again rather than letting it join, and takes it once it rejoins itself.
+TEST_CASE("in-job recovery: a rank 0 of an older generation sends a later one's joiner back", "[bootstrap]") {
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) {
+    CafBootstrapOptions o = options_with(sink);
+    o.in_job_recovery = true;
+    o.attempt = attempt;
+    return o;
+  };
+  auto old0 = create_caf_bootstrap(make_env(0, 2, 0), in_job(3));
+  REQUIRE(old0);
+  const int port = old0.value()->port();
+  Result<std::unique_ptr<CafBootstrap>> r1 = Status::error("not run");
+  std::thread joiner([&] { r1 = create_caf_bootstrap(make_env(1, 2, port), in_job(4)); });
+  std::this_thread::sleep_for(1000ms);
+  CHECK(old0.value()->job_failure().empty());  // healthy, and the joiner was not taken
+  old0 = Status::error("rejoining");
+  auto new0 = create_caf_bootstrap(make_env(0, 2, port), in_job(4));
+  joiner.join();
+  REQUIRE(new0);
+  INFO((r1 ? std::string("joined") : r1.status().message()));
+  REQUIRE(r1);
+  std::thread g([&] { (void)r1.value()->barrier("met"); });
+  CHECK(new0.value()->barrier("met"));
+  g.join();
+}
+
 }  // namespace
 }  // namespace troupe::comm
