@@ -181,7 +181,8 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   const bool data_given = data != nullptr;  // the caller's (not the data a recovered attempt keeps)
   std::unique_ptr<comm::CafBootstrap> bootstrap;
   std::shared_ptr<comm::CommWorld> comm_world;
-  double local_peak = 0;  // this process's sgemm peak, measured once
+  // This process's sgemm peak, measured once; a replacement does not measure it (the others wait).
+  double local_peak = recovery.replacement ? -1 : 0;
   // In-job recovery: the world a job failure reported by the bootstrap gives up (CommWorld::abort),
   // so the attempt's ranks stop waiting on peers that moved on; cleared before the world goes.
   struct WorldSlot {

@@ -306,16 +306,25 @@ Result<RestartPoint> restart_point(const TrainConfig& config, TrainConfig& attem
 
 Result<double> measure_job_peak(int threads, comm::Bootstrap* bootstrap, const NoteFn& note, double* local) {
   double peak = local != nullptr ? *local : 0;
-  if (peak <= 0) {
+  const bool several = bootstrap != nullptr && bootstrap->world_size() > 1;
+  if (peak == 0 || (peak < 0 && !several)) {
     ThreadPool pool(threads);
     peak = measure_sgemm_peak_gflops(pool);
     if (local != nullptr) *local = peak;
   }
-  if (bootstrap != nullptr && bootstrap->world_size() > 1) {
-    auto all = bootstrap->all_gather("sgemm_peak", std::to_string(peak));
+  if (several) {
+    // A process that does not measure (< 0: one started in a failed one's place, which the others
+    // wait for) counts as the mean of those that did.
+    auto all = bootstrap->all_gather("sgemm_peak", std::to_string(std::max(peak, 0.0)));
     if (!all) return all.status();
     peak = 0;
-    for (const std::string& p : all.value()) peak += std::stod(p);
+    int measured = 0;
+    for (const std::string& p : all.value()) {
+      const double v = std::stod(p);
+      peak += v;
+      measured += v > 0 ? 1 : 0;
+    }
+    if (measured > 0) peak *= static_cast<double>(all.value().size()) / measured;
     note("measured sgemm peak: " + std::to_string(static_cast<int>(peak)) + " GFLOP/s over the job's " +
          std::to_string(all.value().size()) + " processes");
   } else {

@@ -123,7 +123,9 @@ Result<RestartPoint> restart_point(const TrainConfig& config, TrainConfig& attem
 // The sgemm peak the job's FLOP rates are measured against: this process's on `threads`, summed
 // over the job's processes under troupe launch (measured at the same time, so processes that share
 // a host share its cores as they will while training). One note says it. local: this process's own
-// figure, taken when > 0 (a process recovering in the job measured it before), stored when measured.
+// figure, taken when > 0 (a process recovering in the job measured it before), stored when measured;
+// < 0 under several processes: not measured, counted as the mean of the others' (a process started in
+// a failed one's place, which the others wait for).
 Result<double> measure_job_peak(int threads, comm::Bootstrap* bootstrap, const NoteFn& note, double* local = nullptr);
 
 }  // namespace troupe

@@ -274,7 +274,8 @@ const std::vector<Flag>& flags() {
          o.standalone = true;
        }},
       {{"--max-restarts", "--max_restarts"}, true, true,
-       "implemented: after a failure every rank of the node starts again, up to N times",
+       "implemented: after a failure every rank of the node starts again, up to N times (with troupe's "
+       "--in-job-recovery only the failed rank's process, the others rejoin)",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          int_in(label, v, 0, 1000000, &o.max_restarts, "must be >= 0 (0: stop at the first failure)", p);
        }},

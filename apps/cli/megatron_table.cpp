@@ -645,7 +645,8 @@ const std::vector<CompatSection>& compat_sections() {
            {.flags = {"--inprocess-restart"},
             .kind = CompatKind::equivalent,
             .text = "--max-restarts N (every actor restarts from the latest checkpoint in --save; under troupe "
-                  "launch give it to the launcher)"},
+                  "launch give it to the launcher, with --in-job-recovery to keep the surviving processes "
+                  "running: docs/RESILIENCE.md, \"In-job recovery\")"},
            {.flags = {"--inprocess-active-world-size V", "--inprocess-barrier-timeout V",
                       "--inprocess-completion-timeout V", "--inprocess-empty-cuda-cache",
                       "--inprocess-granularity V", "--inprocess-hard-timeout V", "--inprocess-heartbeat-interval V",

@@ -43,6 +43,7 @@ constexpr const char* kEarlierAttempt = "rank 0 there is of an earlier attempt o
 // The rendezvous went away (before the join was answered: the failed attempt's rank 0 ending as a
 // restarted rank reached it).
 constexpr const char* kLostRendezvous = "lost the rendezvous on ";
+constexpr const char* kClosedRendezvous = " has closed (rank 0 finished)";
 
 // TROUPE_RESTART_COUNT (troupe launch) or TORCHELASTIC_RESTART_COUNT (torchrun): 0 when unset or not
 // a count.
@@ -604,8 +605,7 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
   self->set_down_handler([self](const caf::down_msg& dm) {
     if (dm.source != self->state.rendezvous.address()) return;
     if (is_orderly_exit(dm.reason))
-      close_agent(self, "the rendezvous on " + self->state.where + " has closed (rank 0 finished)",
-                  false);
+      close_agent(self, "the rendezvous on " + self->state.where + kClosedRendezvous, false);
     else
       close_agent(self,
                   std::string(kLostRendezvous) + self->state.where + " (" + render(dm.reason) +
@@ -981,11 +981,12 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
     if (joined) return std::make_unique<CafBootstrap>(std::move(b));
     // A later attempt (a restarted process, or one that rejoins in the job) meets the failed one's
-    // rank 0: told so, or losing it while the join is under way as it ends.
+    // rank 0: told so, or losing it (or seeing it close) while the join is under way as it ends.
     const std::string& why = joined.status().message();
     const bool later = req.attempt != 0 || b->options.in_job_recovery;
     const bool retry = why.find(kEarlierAttempt) != std::string::npos ||
-                       (later && why.find(kLostRendezvous) != std::string::npos);
+                       (later && (why.find(kLostRendezvous) != std::string::npos ||
+                                  why.find(kClosedRendezvous) != std::string::npos));
     if (env.rank == 0 || !retry || std::chrono::steady_clock::now() >= give_up) return joined.status();
     // The failed attempt's rank 0 still holds the port: let go of it (before it ends, so its end is
     // not this rank's failure) and reach the port again until its successor answers.

@@ -16,6 +16,11 @@
 //     Only joined agents may ask; anything else is refused and logged. A key is used once.
 //     Barriers are gathers of empty blobs under "barrier/<key>".
 //   leave -> ack. A rank that leaves is done with the bootstrap: requests needing it fail at once.
+//   Attempts: a join carries which start of the job it belongs to (CafBootstrapOptions::attempt);
+//     a rank 0 of an earlier one whose job failed (or, under in-job recovery, any older one, and
+//     for a replacement any failed one or one whose place for it is still held) answers "try
+//     again", and the joiner reaches the port again until its own rank 0 answers (also when the
+//     rendezvous is lost while its join is under way, for any start but the first).
 //
 // Failures: when a joined rank disconnects without leaving (process died, connection lost,
 // heartbeat timeout), the rendezvous broadcasts "job failed" to the other agents and fails every

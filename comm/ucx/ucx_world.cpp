@@ -219,14 +219,23 @@ Status env_size(const char* name, size_t min, size_t max, size_t& value) {
 
 // UCX reads UCX_NET_DEVICES when a context is created. A value the user set is left alone; one
 // troupe set (an earlier world of this process) is replaced.
+std::mutex net_devices_mu;
+std::string net_devices_ours;  // what apply_net_devices last set
+
 void apply_net_devices(const std::string& devices) {
-  static std::mutex mu;
-  static std::string ours;  // what this function last set
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(net_devices_mu);
   const char* now = std::getenv("UCX_NET_DEVICES");
-  if (now != nullptr && *now != '\0' && ours != now) return;
+  if (now != nullptr && *now != '\0' && net_devices_ours != now) return;
   ::setenv("UCX_NET_DEVICES", devices.c_str(), 1);
-  ours = devices;
+  net_devices_ours = devices;
+}
+
+// UCX_NET_DEVICES holds what an earlier world of this process set (the network plan's devices,
+// which the plan no longer reports once they are in the environment).
+bool net_devices_set_by_us() {
+  std::lock_guard<std::mutex> lock(net_devices_mu);
+  const char* now = std::getenv("UCX_NET_DEVICES");
+  return !net_devices_ours.empty() && now != nullptr && net_devices_ours == now;
 }
 
 }  // namespace
@@ -286,15 +295,17 @@ Result<std::unique_ptr<CommWorld>> create_ucx_world(Bootstrap& bootstrap,
   }
   const std::string devices = o.net_devices.empty() ? bootstrap.ucx_net_devices() : o.net_devices;
   // UCX drops a device that is down when the context is created, for good. Once every rank has
-  // joined, the path toward rank 0 works (after a restart it may just have come back). Every rank
-  // waits, whatever its devices: which it has may differ (a process that rejoins after a failure
-  // finds UCX_NET_DEVICES set by its first world, a replacement does not), the barrier may not.
-  const int n = bootstrap.next_use("ucx devices");
-  TROUPE_RETURN_IF_ERROR(
-      bootstrap.barrier("ucx/devices" + std::to_string(n))
-          .with_context("ucx: waiting for every rank before opening " + (devices.empty() ? std::string("UCX") : devices) +
-                        ": "));
-  if (!devices.empty()) apply_net_devices(devices);
+  // joined, the path toward rank 0 works (after a restart it may just have come back). A process
+  // whose earlier world set the plan's devices (one that rejoins after a failure: the plan then
+  // reports none) waits too, as a replacement process beside it does: the barrier is every rank's.
+  if (!devices.empty() || net_devices_set_by_us()) {
+    const int n = bootstrap.next_use("ucx devices");
+    TROUPE_RETURN_IF_ERROR(
+        bootstrap.barrier("ucx/devices" + std::to_string(n))
+            .with_context("ucx: waiting for every rank before opening " +
+                          (devices.empty() ? std::string("its network devices") : devices) + ": "));
+    if (!devices.empty()) apply_net_devices(devices);
+  }
   auto engine = Engine::create(bootstrap, o);
   if (!engine.is_ok()) return engine.status();
   return std::unique_ptr<CommWorld>(new UcxWorld(std::move(engine).value()));
