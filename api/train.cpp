@@ -163,6 +163,119 @@ Status agree_on_layout(TrainConfig& cfg, comm::Bootstrap& bootstrap, const RunOp
 
 }  // namespace
 
+namespace {
+
+// A launched process's link to the job: the rendezvous and the communication world of one
+// generation. In-job recovery closes it after a failure and opens the next generation's.
+class JobLink {
+ public:
+  JobLink(const comm::LaunchEnv& env, const RunOptions& run, const InJobRecovery& recovery)
+      : env_(env), run_(run), recovery_(recovery), slot_(std::make_shared<WorldSlot>()) {}
+
+  comm::CafBootstrap* bootstrap() const { return bootstrap_.get(); }
+
+  // Joins this generation's rendezvous (once; later calls do nothing). Under in-job recovery
+  // *generation is the one this process joins as, and becomes the newest any process brought
+  // (replacements bring none).
+  Status meet(const TrainConfig& cfg, int32_t* generation) {
+    if (bootstrap_) return Status::ok();
+    // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
+    // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
+    // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
+    // that is shorter: two thirds of the timeout at most, the rest is slack for a loaded host.
+    options_ = comm::CafBootstrapOptions{};
+    const auto third_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
+    if (third_timeout < options_.connection_timeout) {
+      options_.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
+      options_.heartbeat_interval = options_.connection_timeout / 5;
+    }
+    const auto grace = std::min(std::chrono::milliseconds(5000),
+                                std::chrono::duration_cast<std::chrono::milliseconds>(options_.connection_timeout / 2));
+    std::function<void(int, const std::string&)> on_peer_failure = run_.on_peer_failure;
+    if (!on_peer_failure && recovery_.enabled)
+      on_peer_failure = [grace, slot = slot_](int rank, const std::string& why) {
+        {
+          std::lock_guard<std::mutex> lock(slot->mu);
+          if (slot->world) slot->world->abort("the job failed: " + why);
+        }
+        recover_after_peer_failure(rank, why, grace);
+      };
+    if (!on_peer_failure)
+      on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
+    options_.on_job_failed = [rank = env_.rank, on_peer_failure](const std::string& why) { on_peer_failure(rank, why); };
+    options_.in_job_recovery = recovery_.enabled;
+    if (recovery_.enabled) options_.attempt = *generation;
+    auto b = comm::create_caf_bootstrap(env_, options_);
+    if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
+    bootstrap_ = std::move(b).value();
+    if (recovery_.enabled) {
+      auto all = bootstrap_->all_gather("generation", std::to_string(*generation));
+      if (!all) return all.status();
+      for (const std::string& g : all.value())
+        *generation = std::max(*generation, static_cast<int32_t>(std::atoi(g.c_str())));
+      *generation = std::max<int32_t>(*generation, 0);
+    }
+    return Status::ok();
+  }
+
+  // Builds the world over the rendezvous (NCCL for --device cuda, one GPU per process; UCX for CPU
+  // ranks) into options.
+  Status open_world(const TrainConfig& cfg, JobOptions& options) {
+    Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
+    if (cfg.device == "cuda") {
+#ifdef TROUPE_WITH_CUDA
+      comm::NcclOptions nccl;
+      nccl.init_timeout = options_.connection_timeout * 4;
+      nccl.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 60'000));
+      w = comm::create_nccl_world(*bootstrap_, env_.local_rank, nccl);
+      options.cuda_device = env_.local_rank;
+#else
+      return Status::bad_input("--device cuda: this troupe was built without the CUDA backend");
+#endif
+    } else {
+      w = comm::create_ucx_world(*bootstrap_);
+    }
+    if (!w) return w.status().with_context("rank " + std::to_string(env_.rank) + ": ");
+    world_ = std::shared_ptr<comm::CommWorld>(std::move(w).value());
+    {
+      std::lock_guard<std::mutex> lock(slot_->mu);
+      slot_->world = world_;
+    }
+    // A failure reported while the world was being built: give it up at once.
+    if (recovery_.enabled && !bootstrap_->job_failure().empty()) world_->abort(bootstrap_->job_failure());
+    options.world = world_;
+    options.bootstrap = bootstrap_.get();
+    return Status::ok();
+  }
+
+  // Gives the generation up (the attempt over it has ended): the world, then the rendezvous.
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(slot_->mu);
+      slot_->world.reset();
+    }
+    world_.reset();
+    bootstrap_.reset();
+  }
+
+ private:
+  // The world a job failure reported by the bootstrap gives up (CommWorld::abort, in-job recovery:
+  // the attempt's ranks stop waiting on peers that moved on); cleared before the world goes.
+  struct WorldSlot {
+    std::mutex mu;
+    std::shared_ptr<comm::CommWorld> world;
+  };
+  const comm::LaunchEnv& env_;
+  const RunOptions& run_;
+  const InJobRecovery recovery_;
+  std::shared_ptr<WorldSlot> slot_;
+  comm::CafBootstrapOptions options_;
+  std::unique_ptr<comm::CafBootstrap> bootstrap_;
+  std::shared_ptr<comm::CommWorld> world_;
+};
+
+}  // namespace
+
 Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> data, const TrainCallbacks& callbacks,
                            const RunOptions& run) {
   // Under troupe launch (or srun / mpirun) every process holds one rank; the ranks started decide
@@ -175,72 +288,22 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   const char* restart_count = std::getenv("TROUPE_RESTART_COUNT");
   const bool restarted = restart_count != nullptr && std::atoi(restart_count) > 0;
   // troupe launch --in-job-recovery (docs/RESILIENCE.md, "In-job recovery"): this process outlives a
-  // failure of another and rejoins the job, up to the launch's --max-restarts times.
+  // failure of another and rejoins the job as its next generation, up to the launch's --max-restarts
+  // times, keeping the data and its measured sgemm peak (a replacement does not measure it: the
+  // others wait for it).
   const InJobRecovery recovery = in_job_recovery_from_env(world);
   const TrainConfig given = cfg;
   const bool data_given = data != nullptr;  // the caller's (not the data a recovered attempt keeps)
-  std::unique_ptr<comm::CafBootstrap> bootstrap;
-  std::shared_ptr<comm::CommWorld> comm_world;
-  // This process's sgemm peak, measured once; a replacement does not measure it (the others wait).
   double local_peak = recovery.replacement ? -1 : 0;
-  // In-job recovery: the world a job failure reported by the bootstrap gives up (CommWorld::abort),
-  // so the attempt's ranks stop waiting on peers that moved on; cleared before the world goes.
-  struct WorldSlot {
-    std::mutex mu;
-    std::shared_ptr<comm::CommWorld> world;
-  };
-  auto slot = std::make_shared<WorldSlot>();
   int32_t generation = recovery.replacement ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
+  JobLink link(*env, run, recovery);
   for (int recovered = 0;; ++recovered) {
     cfg = given;
-    comm::CafBootstrapOptions boot_options;
-    // The ranks meet at the rendezvous and build the UCX world before anything is reported; with a
+    // The ranks meet at the rendezvous and build the world before anything is reported; with a
     // layout to choose they meet first, and rank 0's choice is every rank's config.
-    auto meet = [&]() -> Status {
-      if (bootstrap) return Status::ok();
-      // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
-      // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
-      // at least 2 s; by default the process then ends 5 s later, or half that timeout later when
-      // that is shorter: two thirds of the timeout at most, the rest is slack for a loaded host.
-      const auto third_timeout =
-          std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 20'000));
-      if (third_timeout < boot_options.connection_timeout) {
-        boot_options.connection_timeout = std::max(third_timeout, std::chrono::milliseconds(2000));
-        boot_options.heartbeat_interval = boot_options.connection_timeout / 5;
-      }
-      const auto grace = std::min(std::chrono::milliseconds(5000),
-                                  std::chrono::duration_cast<std::chrono::milliseconds>(boot_options.connection_timeout / 2));
-      std::function<void(int, const std::string&)> on_peer_failure = run.on_peer_failure;
-      if (!on_peer_failure && recovery.enabled)
-        on_peer_failure = [grace, slot](int rank, const std::string& why) {
-          {
-            std::lock_guard<std::mutex> lock(slot->mu);
-            if (slot->world) slot->world->abort("the job failed: " + why);
-          }
-          recover_after_peer_failure(rank, why, grace);
-        };
-      if (!on_peer_failure)
-        on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
-      boot_options.on_job_failed = [rank = env->rank, on_peer_failure](const std::string& why) {
-        on_peer_failure(rank, why);
-      };
-      boot_options.in_job_recovery = recovery.enabled;
-      if (recovery.enabled) boot_options.attempt = generation;
-      auto b = comm::create_caf_bootstrap(*env, boot_options);
-      if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
-      bootstrap = std::move(b).value();
-      // The job's generation from here on: the newest any process brought (replacements bring none).
-      if (recovery.enabled) {
-        auto all = bootstrap->all_gather("generation", std::to_string(generation));
-        if (!all) return all.status();
-        for (const std::string& g : all.value()) generation = std::max(generation, static_cast<int32_t>(std::atoi(g.c_str())));
-        generation = std::max<int32_t>(generation, 0);
-      }
-      return Status::ok();
-    };
     if (world > 1 && run.choose_layout) {
-      TROUPE_RETURN_IF_ERROR(meet());
-      TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *bootstrap, run, env->local_world_size));
+      TROUPE_RETURN_IF_ERROR(link.meet(cfg, &generation));
+      TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *link.bootstrap(), run, env->local_world_size));
     }
     TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data_given, run.model.get()}));
     if (!data) {
@@ -250,32 +313,8 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     }
     JobOptions options;
     if (world > 1) {
-      TROUPE_RETURN_IF_ERROR(meet());
-      // GPU ranks (--device cuda): NCCL on GPU LOCAL_RANK, one process per GPU; CPU ranks: UCX.
-      Result<std::unique_ptr<comm::CommWorld>> w = Status::error("no world");
-      if (cfg.device == "cuda") {
-#ifdef TROUPE_WITH_CUDA
-        comm::NcclOptions nccl;
-        nccl.init_timeout = boot_options.connection_timeout * 4;
-        nccl.op_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.distributed_timeout_minutes * 60'000));
-        w = comm::create_nccl_world(*bootstrap, env->local_rank, nccl);
-        options.cuda_device = env->local_rank;
-#else
-        return Status::bad_input("--device cuda: this troupe was built without the CUDA backend");
-#endif
-      } else {
-        w = comm::create_ucx_world(*bootstrap);
-      }
-      if (!w) return w.status().with_context("rank " + std::to_string(env->rank) + ": ");
-      comm_world = std::shared_ptr<comm::CommWorld>(std::move(w).value());
-      {
-        std::lock_guard<std::mutex> lock(slot->mu);
-        slot->world = comm_world;
-      }
-      // A failure reported while the world was being built: give it up at once.
-      if (recovery.enabled && !bootstrap->job_failure().empty()) comm_world->abort(bootstrap->job_failure());
-      options.world = comm_world;
-      options.bootstrap = bootstrap.get();
+      TROUPE_RETURN_IF_ERROR(link.meet(cfg, &generation));
+      TROUPE_RETURN_IF_ERROR(link.open_world(cfg, options));
     }
     // Ranks sharing a host share its cores: by default each takes its share.
     if (cfg.num_threads == 0 && env->local_world_size > 1)
@@ -294,25 +333,17 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     attempt_ended();
     const bool stopping = run.stop != nullptr && run.stop->load();
     if (!recovery.enabled || result || result.status().is_bad_input() || stopping) return result;
-    if (recovered >= recovery.max_recoveries) {
+    if (recovered >= recovery.max_recoveries)
       return Status::error(result.status().message() + " (and this process has recovered in the job " +
                            std::to_string(recovered) + " time(s), the launch's --max-restarts)");
-    }
-    // In-job recovery: this process stays, its actors are gone with the attempt; the world and the
-    // rendezvous of the failed generation go, and the next generation meets.
     // Every process says it (on stderr, as the failure path without recovery does): rank 0 may be
     // the one that was lost.
     std::fprintf(stderr, "troupe train: rank %d: the job failed (%s) -- recovering in the job (%d of %d): this process "
                  "stays and rejoins as generation %d\n", env->rank, result.status().message().c_str(), recovered + 1,
                  recovery.max_recoveries, generation + 1);
     std::fflush(stderr);
-    {
-      std::lock_guard<std::mutex> lock(slot->mu);
-      slot->world.reset();
-    }
     options.world.reset();
-    comm_world.reset();
-    bootstrap.reset();
+    link.close();
     ++generation;
   }
 }

@@ -82,8 +82,11 @@ grep -qE "restarted: resuming this run's in-memory snapshot of iteration (60|40)
 grep -q "x 4 accumulation steps x 1 data-parallel = global 12" el.0.log || { cat el.0.log; fail "round 1 was not dp 1"; }
 grep -q "a node asks to join: the ranks stop at the job's next snapshot" el.0.log ||
   { cat el.0.log; fail "host0's launcher did not take host1's return in"; }
-grep -qE "stopped at iteration (140|160) for a node that asks to join" el.0.log ||
-  { cat el.0.log; fail "round 1 did not stop at its next snapshot after host1 came back"; }
+# At a snapshot after host1 came back (which one depends on how soon its launcher asked: under a
+# loaded CI machine round 1 once ran on to 180), before the end.
+stopped=$(grep -oE "stopped at iteration [0-9]+ for a node that asks to join" el.0.log | grep -oE "[0-9]+" | head -n 1)
+[[ -n $stopped ]] && ((stopped % 20 == 0 && stopped > back && stopped < iters)) ||
+  { cat el.0.log; fail "round 1 did not stop at a snapshot after host1 came back (iteration $back): ${stopped:-never}"; }
 grep -q "round 2: 2 of 1..2 node(s), node ranks 0, 1" el.0.log || { cat el.0.log; fail "round 2 was not both hosts"; }
 grep -q "round 2: node 1 of 2" el.1.log || { cat el.1.log; fail "host1 did not join round 2"; }
 [[ $(grep -c "x 2 accumulation steps x 2 data-parallel = global 12" el.0.log) == 2 ]] ||

@@ -94,14 +94,17 @@ named = [r["iteration"] for r in rows if any(s["rank"] == 1 for s in r.get("stra
 assert named and named[0] <= 10 and all(s["rank"] != 0 for r in rows for s in r.get("stragglers", [])), rows
 print(f"two processes: rank 1 a straggler from iteration {named[0]}")
 PY
-small_train --train-iters 10 --log-interval 1 --data-parallel-size 2 --num-threads 2 > even.log 2>&1 ||
+# An even job: steps of tens of milliseconds (a step of one, as small_train's, is at the mercy of the
+# other tests' processes on a 2-core machine: a CI run saw one rank named in 5 of 10 iterations).
+"$troupe" train --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --micro-batch-size 4 \
+  --global-batch-size 8 --lr 3e-3 --data-path d_text_document --tokenizer-type ByteLevelTokenizer \
+  --eval-interval 1000 --train-iters 20 --log-interval 1 --data-parallel-size 2 --num-threads 1 > even.log 2>&1 ||
   { cat even.log; fail "the even job failed"; }
-python3 - even.log <<'PY' || fail "an even job named the same rank a straggler in most iterations"
+python3 - even.log <<'PY' || { grep straggler even.log; fail "an even job named the same rank a straggler in most iterations"; }
 import collections, re, sys
-# A tiny step takes a millisecond: a moment of the machine's other work can make one iteration's rank
-# look slow, but no rank stays so.
+# A moment of the machine's other work can make one iteration's rank look slow, but no rank stays so.
 named = collections.Counter(re.findall(r"straggler: rank (\d+)", open(sys.argv[1]).read()))
-assert all(n <= 4 for n in named.values()), named
-print(f"even job: namings by rank over 10 iterations: {dict(named)}")
+assert all(n <= 10 for n in named.values()), named
+print(f"even job: namings by rank over 20 iterations: {dict(named)}")
 PY
 echo "PASS: a rank slowed by 80 ms per forward is named a straggler with its section"
