@@ -58,6 +58,11 @@ int32_t attempt_from_env() {
   return 0;
 }
 
+// Which start of the job this process joins as: the options' attempt, else the environment's.
+int32_t attempt_of(const CafBootstrapOptions& options) {
+  return options.attempt.value_or(attempt_from_env());
+}
+
 using join_atom = caf::atom_constant<caf::atom("bs_join")>;
 using gather_atom = caf::atom_constant<caf::atom("bs_gather")>;
 using leave_atom = caf::atom_constant<caf::atom("bs_leave")>;
@@ -818,7 +823,7 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.join_timeout = b.options.join_timeout;
   setup.report_interval = b.options.wait_report_interval;
   setup.rdzv_id = env.rdzv_id;
-  setup.attempt = b.options.attempt.value_or(attempt_from_env());
+  setup.attempt = attempt_of(b.options);
   setup.in_job = b.options.in_job_recovery;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
@@ -966,7 +971,7 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
   req.rdzv_id = env.rdzv_id;
-  req.attempt = b->options.attempt.value_or(attempt_from_env());
+  req.attempt = attempt_of(b->options);
   const auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
   for (;;) {
     if (env.rank == 0) {

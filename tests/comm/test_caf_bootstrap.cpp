@@ -547,6 +547,15 @@ TEST_CASE("a restarted rank that meets the failed attempt's rank 0 waits for its
   CHECK(got1 == *b);
 }
 
+// The options of a process under in-job recovery joining as `attempt` (its generation, or
+// kAnyGeneration for a replacement).
+CafBootstrapOptions in_job_options(LogSink& sink, int32_t attempt) {
+  CafBootstrapOptions o = options_with(sink);
+  o.in_job_recovery = true;
+  o.attempt = attempt;
+  return o;
+}
+
 // In-job recovery (troupe launch --in-job-recovery): rank 2 dies; the survivors (ranks 0 and 1)
 // stay and rejoin as generation 1, and a replacement rank 2 joins whichever generation forms. The
 // survivor rank 1 and the replacement both reach the port while the failed generation's rank 0
@@ -555,12 +564,7 @@ TEST_CASE("a restarted rank that meets the failed attempt's rank 0 waits for its
 TEST_CASE("in-job recovery: the survivors and a replacement form the next generation", "[bootstrap]") {
   REQUIRE_PEER_BIN();
   LogSink sink;
-  auto in_job = [&](int32_t attempt) {
-    CafBootstrapOptions o = options_with(sink);
-    o.in_job_recovery = true;
-    o.attempt = attempt;
-    return o;
-  };
+  auto in_job = [&](int32_t attempt) { return in_job_options(sink, attempt); };
   auto r0 = create_caf_bootstrap(make_env(0, 3, 0), in_job(0));
   REQUIRE(r0);
   const int port = r0.value()->port();
@@ -616,12 +620,7 @@ TEST_CASE("in-job recovery: the survivors and a replacement form the next genera
 // generation to try again rather than letting it join, and takes it once it rejoins itself.
 TEST_CASE("in-job recovery: a rank 0 of an older generation sends a later one's joiner back", "[bootstrap]") {
   LogSink sink;
-  auto in_job = [&](int32_t attempt) {
-    CafBootstrapOptions o = options_with(sink);
-    o.in_job_recovery = true;
-    o.attempt = attempt;
-    return o;
-  };
+  auto in_job = [&](int32_t attempt) { return in_job_options(sink, attempt); };
   auto old0 = create_caf_bootstrap(make_env(0, 2, 0), in_job(3));
   REQUIRE(old0);
   const int port = old0.value()->port();
