@@ -110,6 +110,12 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
 
 uint32_t crc32(const void* data, size_t bytes) { return crc32_update(0, data, bytes); }
 
+static_assert(sizeof(z_off_t) >= 8, "zlib's lengths must hold a shard's size");
+
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b) {
+  return static_cast<uint32_t>(::crc32_combine(crc_a, crc_b, static_cast<z_off_t>(bytes_b)));
+}
+
 const char* crc32_implementation() { return use_pclmul() ? "pclmul" : "zlib"; }
 
 }  // namespace troupe::h5

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -282,12 +281,11 @@ Status write_paced(int fd, const std::string& tmp, ConstBytes piece,
   const auto* p = static_cast<const char*>(piece.data);
   for (size_t done = 0; done < piece.size;) {
     const size_t n = std::min(kPacedBlockBytes, piece.size - done);
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = thread_cpu_seconds();  // the pacer counts work, not waits for a core
     if (observe != nullptr) (*observe)(p + done, n);
     TROUPE_RETURN_IF_ERROR(write_all(fd, p + done, n, tmp));
     done += n;
-    if (pacer != nullptr)
-      (*pacer)(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (pacer != nullptr) (*pacer)(thread_cpu_seconds() - t0);
   }
   return Status::ok();
 }
@@ -304,13 +302,27 @@ Status write_file_atomically(const std::string& path, const std::vector<ConstByt
   });
 }
 
-Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
+Status write_file_with_head(const std::string& path, size_t head_bytes,
+                            const std::vector<ConstBytes>& body,
                             const std::function<void(const void*, size_t)>& observe,
                             const std::function<std::string()>& make_head) {
-  return write_durably(path, head_bytes + body.size, [&](int fd, const std::string& tmp) {
+  uint64_t bytes = head_bytes;
+  for (const ConstBytes& piece : body) bytes += piece.size;
+  return write_durably(path, bytes, [&](int fd, const std::string& tmp) {
     const std::string zeros(head_bytes, '\0');  // the head's place, written last
     TROUPE_RETURN_IF_ERROR(write_all(fd, zeros.data(), zeros.size(), tmp));
-    TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, body, &observe));
+    static const std::vector<char> kZeros(size_t{64} << 10, '\0');
+    for (const ConstBytes& piece : body) {
+      if (piece.data != nullptr) {
+        TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece, observe ? &observe : nullptr));
+        continue;
+      }
+      for (size_t done = 0; done < piece.size;) {
+        const size_t n = std::min(kZeros.size(), piece.size - done);
+        TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, {kZeros.data(), n}, observe ? &observe : nullptr));
+        done += n;
+      }
+    }
     const std::string head = make_head();
     TROUPE_CHECK(head.size() == head_bytes, "write_file_with_head: the head has the wrong size");
     if (::lseek(fd, 0, SEEK_SET) != 0) return io_error("cannot seek in " + tmp, errno);

@@ -58,10 +58,12 @@ struct ConstBytes {
 // kPacedBlockBytes with this thread's write pacing (storage/write_pacing.hpp) after each.
 Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces);
 // The same for a file whose first `head_bytes` bytes depend on all the others (a header with their
-// checksum): `body` is written from offset head_bytes on, each block passed to `observe` as it
-// goes (one pass over the bytes), then `make_head()` -- exactly head_bytes bytes -- at offset 0,
-// before the fsync.
-Status write_file_with_head(const std::string& path, size_t head_bytes, ConstBytes body,
+// checksum): `body`'s pieces are written one after the other from offset head_bytes on (a piece
+// with null data: that many zero bytes), each block passed to `observe` (when set) as it goes (one
+// pass over the bytes), then `make_head()` -- exactly head_bytes bytes -- at offset 0, before the
+// fsync.
+Status write_file_with_head(const std::string& path, size_t head_bytes,
+                            const std::vector<ConstBytes>& body,
                             const std::function<void(const void*, size_t)>& observe,
                             const std::function<std::string()>& make_head);
 // Reads a whole regular file of at most max_bytes (metadata.json, the latest pointer) without

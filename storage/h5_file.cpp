@@ -66,14 +66,6 @@ Handle plist(hid_t cls) {
   return Handle(H5Pcreate(cls), H5Pclose);
 }
 
-// The CPU time this thread has used: what the pacer counts (a writer at the lowest priority waits for
-// the cores longer than it works, and that wait is not work to make up for by sleeping).
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 Handle scalar_space() {
   return Handle(H5Screate(H5S_SCALAR), H5Sclose);
 }
@@ -177,10 +169,19 @@ MemoryFile::~MemoryFile() {
 }
 
 Result<MemoryFile> MemoryFile::create(const std::string& name, size_t user_block) {
+  return create(name, MemoryFileOptions{user_block, 0, 0});
+}
+
+Result<MemoryFile> MemoryFile::create(const std::string& name, const MemoryFileOptions& options) {
+  const size_t user_block = options.user_block;
   MemoryFile m;
   m.buffer_ = std::make_unique<Buffer>();
   m.user_block_ = user_block;
   Handle fapl = plist(H5P_FILE_ACCESS);
+  if ((options.metadata_block > 0 && H5Pset_meta_block_size(fapl.get(), options.metadata_block) < 0) ||
+      (options.small_data_block > 0 &&
+       H5Pset_small_data_block_size(fapl.get(), options.small_data_block) < 0))
+    return error("cannot size the in-memory HDF5 file's blocks", "report this");
   // STRONG: closing the file closes whatever is still open in it, so a close never fails for that.
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   H5Pset_fapl_core(fapl.get(), size_t{1} << 20, /*backing_store=*/0);
@@ -212,16 +213,18 @@ Result<MemoryFile::Image> MemoryFile::finish() {
   // The file's length is the end-of-file address in its (version 0) superblock (counted from the
   // start of the file, user block included); the buffer may be longer (the driver grows it in
   // steps).
+  // Bytes past the buffer were never written: zeros, or reserved datasets' space.
   const auto* p = static_cast<const uint8_t*>(buffer_->data);
   uint64_t eof = 0;
   if (buffer_->size < user_block_ + 48 || p[user_block_ + 8] != 0)
     return Status::error("the in-memory HDF5 file has an unexpected superblock -- report this");
   std::memcpy(&eof, p + user_block_ + 40, sizeof eof);
-  if (eof > buffer_->size || eof < user_block_ + 48)
+  if (eof < user_block_ + 48)
     return Status::error(
-        "the in-memory HDF5 file is shorter than its superblock says -- report this");
+        "the in-memory HDF5 file is shorter than its superblock -- report this");
   Image image;
-  image.size = static_cast<size_t>(eof);
+  image.size = static_cast<size_t>(std::min<uint64_t>(eof, buffer_->size));
+  image.length = eof;
   const size_t mapped = buffer_->mapped;
   image.data = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(buffer_->data),
                                         [mapped](uint8_t* d) { Buffer::unmap(d, mapped); });
@@ -346,6 +349,28 @@ Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
 Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape,
                          const int64_t* data) {
   return write_dataset(loc, name, shape, data, H5T_STD_I64LE, H5T_NATIVE_INT64);
+}
+
+Result<uint64_t> reserve_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
+                                     uint32_t crc) {
+  TROUPE_CHECK(shape.numel() > 0, "reserve_f32_dataset: an empty dataset has no space to reserve");
+  std::array<hsize_t, Shape::kMaxRank> dims{};
+  for (int i = 0; i < shape.rank(); ++i) dims[i] = static_cast<hsize_t>(shape[i]);
+  Handle space(H5Screate_simple(shape.rank(), dims.data(), nullptr), H5Sclose);
+  Handle dcpl = plist(H5P_DATASET_CREATE);
+  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);  // the space is taken now
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);    // and nothing is written to it
+  H5Pset_obj_track_times(dcpl.get(), 0);
+  Handle ds(H5Dcreate2(loc, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(),
+                       H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.valid()) return error("cannot create the dataset", "check free memory");
+  const haddr_t offset = H5Dget_offset(ds.get());
+  if (offset == HADDR_UNDEF)
+    return error("the dataset has no file space after its creation", "report this");
+  TROUPE_RETURN_IF_ERROR(write_attr(ds.get(), kChecksumAttr, static_cast<int64_t>(crc)));
+  return static_cast<uint64_t>(offset);
 }
 
 }  // namespace troupe::h5

@@ -70,17 +70,33 @@ Status error(const std::string& what, const std::string& fix);
 // storage/durable.hpp writes. `name` (the path it will get) only appears in messages: nothing is
 // opened under it. With user_block > 0 (a power of two >= 512) that many zero bytes precede the
 // HDF5 data; HDF5 and h5py skip them.
+//
+// Datasets whose values the caller writes itself (reserve_f32_dataset) take file space that
+// libhdf5 never writes: where everything libhdf5 does write lies below them, the image holds only
+// those bytes, and the file is the image, then zeros up to each reserved range, then the caller's
+// values there (storage/shard_file.cpp). `metadata_block` (bytes, 0: HDF5's default of 2 KiB) and
+// `small_data_block` set the blocks HDF5 takes its metadata and small raw data (index tables, the
+// strings of attributes) from, so that a block reserved before the first such dataset holds every
+// later object header and string.
+struct MemoryFileOptions {
+  size_t user_block = 0;
+  uint64_t metadata_block = 0;
+  uint64_t small_data_block = 0;
+};
 class MemoryFile {
  public:
   static Result<MemoryFile> create(const std::string& name, size_t user_block = 0);
+  static Result<MemoryFile> create(const std::string& name, const MemoryFileOptions& options);
   MemoryFile(MemoryFile&&) noexcept;
   MemoryFile& operator=(MemoryFile&&) noexcept;
   ~MemoryFile();
   hid_t get() const { return file_.get(); }
 
   struct Image {
-    std::shared_ptr<uint8_t> data;  // the whole file, user block first
+    std::shared_ptr<uint8_t> data;  // the file's first `size` bytes, user block first
     size_t size = 0;
+    uint64_t length = 0;  // the file's: bytes size .. length-1 were never written (zeros, or
+                          // reserved datasets' values)
   };
   // Closes the file (every object in it must be closed) and returns its bytes.
   Result<Image> finish();
@@ -107,6 +123,8 @@ Status write_attr(hid_t obj, const std::string& name, const std::string& value);
 // continues a CRC over more bytes: crc32(ab) == crc32_update(crc32(a), b).
 uint32_t crc32(const void* data, size_t bytes);
 uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes);
+// The CRC-32 of a followed by b from crc32(a), crc32(b) and b's length (zlib's crc32_combine).
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b);
 // Which implementation computes it on this CPU (storage/crc32.cpp): "pclmul" (carry-less
 // multiplication) or "zlib" (also where TROUPE_CRC32=portable asks for it).
 const char* crc32_implementation();
@@ -124,5 +142,11 @@ Status write_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
 // (CRC-32 of its little-endian bytes).
 Status write_i64_dataset(hid_t loc, const std::string& name, const Shape& shape,
                          const int64_t* data);
+// A contiguous little-endian f32 dataset of shape.numel() > 0 elements whose file space is taken
+// now and never written by libhdf5, with `crc` (of the values the caller will write) as its
+// kChecksumAttr. Returns the file offset of its values (from the start of the file, user block
+// included): the caller writes shape.numel() * 4 bytes there.
+Result<uint64_t> reserve_f32_dataset(hid_t loc, const std::string& name, const Shape& shape,
+                                     uint32_t crc);
 
 }  // namespace troupe::h5

@@ -1,7 +1,6 @@
 #include "storage/shard_file.hpp"
 
 #include <fmt/format.h>
-#include <malloc.h>
 
 #include <algorithm>
 #include <charconv>
@@ -192,46 +191,98 @@ int64_t run_total(const std::vector<GlobalRun>& runs) {
   return n;
 }
 
-// The bytes of the shard file; its first 512 (the header) are zeros, filled in as it is written.
-Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int rank,
-                                                ShardContents& contents, bool release) {
+// Pieces of at least this many bytes get file space reserved for them and are written from their own
+// memory: their bytes are copied once (into the file) and their checksum is computed once (the whole
+// file's is combined from it). Smaller ones go through libhdf5 with the index tables.
+constexpr uint64_t kReservedPieceBytes = uint64_t{64} << 10;
+
+// A piece's values and where they go in the file.
+struct ReservedPiece {
+  uint64_t offset = 0;
+  ConstBytes values;
+  uint32_t crc = 0;
+};
+
+// The shard file's HDF5 structure (its first 512 bytes, the header, zeros) and the pieces to write
+// at the places reserved for them.
+struct ShardLayout {
+  h5::MemoryFile::Image image;
+  std::vector<ReservedPiece> reserved;  // ascending offsets
+};
+
+// The CRC-32 of `bytes`, paced as the writes are (a background writer's checksums are its work too).
+uint32_t paced_crc32(const void* data, size_t bytes) {
+  const std::function<void(double)>* pacer = WritePacing::current();
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint32_t crc = 0;
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(kPacedBlockBytes, bytes - done);
+    const double t0 = thread_cpu_seconds();
+    crc = h5::crc32_update(crc, p + done, n);
+    done += n;
+    if (pacer != nullptr) (*pacer)(thread_cpu_seconds() - t0);
+  }
+  return crc;
+}
+
+Status write_global_shape(hid_t group, const TensorPiece& p) {
+  h5::Handle ds(H5Dopen2(group, p.name.c_str(), H5P_DEFAULT), H5Dclose);
+  return h5::write_attr(ds.get(), kGlobalShapeAttr, shape_text(p.global_shape));
+}
+
+// Everything libhdf5 writes (groups, attributes, index tables, small pieces) is written before any
+// large piece's space is taken, from blocks sized to hold what comes after too, so that it all lies
+// below the reserved space and the in-memory image holds none of the large pieces' bytes (not even
+// zeros). Where HDF5 places something above them anyway the image is longer, never wrong.
+Result<ShardLayout> build_shard_layout(const std::string& path, int rank,
+                                       const ShardContents& contents) {
   h5::ErrorScope quiet;
-  Result<h5::MemoryFile> file = h5::MemoryFile::create(path, kHeaderBytes);
-  if (!file) return file.status();
-  const hid_t root = file->get();
-  constexpr size_t kTrimBytes = size_t{16} << 20;
-  size_t released = 0;
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kShardFormat)));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", kShardVersion));
-  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rank", static_cast<int64_t>(rank)));
-  for (auto& [section, pieces] : contents.sections) {
-    if (pieces.empty()) continue;
-    Result<h5::Handle> group = section_group(root, section);
-    if (!group) return group.status();
-    for (TensorPiece& p : pieces) {
+  uint64_t pieces = 0, small_bytes = 0;
+  bool any_reserved = false;
+  for (const auto& [section, list] : contents.sections)
+    for (const TensorPiece& p : list) {
       const int64_t n = run_total(p.runs);
       TROUPE_CHECK(p.values.defined() && p.values.dtype() == DType::f32 && p.values.numel() == n,
                    "shard piece '" + p.name + "': values must be host f32 covering its runs");
       for (const GlobalRun& r : p.runs)
         TROUPE_CHECK(r.length > 0 && r.start >= 0 && r.start + r.length <= p.global_shape.numel(),
                      "shard piece '" + p.name + "': a run lies outside the global shape");
+      const uint64_t bytes = static_cast<uint64_t>(n) * sizeof(float);
+      ++pieces;
+      small_bytes += 16 * p.runs.size() + (bytes >= kReservedPieceBytes ? 0 : bytes);
+      any_reserved = any_reserved || bytes >= kReservedPieceBytes;
+    }
+  h5::MemoryFileOptions options;
+  options.user_block = kHeaderBytes;
+  if (any_reserved) {
+    // About 1 KiB of object headers, links and heap per dataset (two per piece), 64 bytes of
+    // strings per piece (global_shape), and room to spare: what is not used stays a hole of zeros.
+    options.metadata_block = (uint64_t{64} << 10) + 2048 * pieces;
+    options.small_data_block = (uint64_t{64} << 10) + small_bytes + 64 * pieces;
+  }
+  Result<h5::MemoryFile> file = h5::MemoryFile::create(path, options);
+  if (!file) return file.status();
+  const hid_t root = file->get();
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format", std::string(kShardFormat)));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "format_version", kShardVersion));
+  TROUPE_RETURN_IF_ERROR(h5::write_attr(root, "rank", static_cast<int64_t>(rank)));
+  std::vector<std::pair<h5::Handle, const std::vector<TensorPiece>*>> groups;
+  for (const auto& [section, list] : contents.sections) {
+    if (list.empty()) continue;
+    Result<h5::Handle> group = section_group(root, section);
+    if (!group) return group.status();
+    groups.emplace_back(std::move(group.value()), &list);
+  }
+  // The index tables and the small pieces.
+  for (const auto& [group, list] : groups)
+    for (const TensorPiece& p : *list) {
       const std::string what = "tensor " + p.name + ": ";
-      TROUPE_RETURN_IF_ERROR(
-          h5::write_f32_dataset(group->get(), p.name, Shape{n}, p.values.data<float>())
-              .with_context(what));
-      if (release) {  // in the file now
-        released += static_cast<size_t>(n) * sizeof(float);
-        p.values = Tensor();
-        // Hand the freed snapshot back to the system now: glibc keeps freed blocks below its mmap
-        // threshold (which grows up to 32 MiB as a process frees large blocks) in its arenas, and
-        // the file image, one growing block, could not reuse them.
-        if (released >= kTrimBytes) malloc_trim(0), released = 0;
-      }
-      {
-        h5::Handle ds(H5Dopen2(group->get(), p.name.c_str(), H5P_DEFAULT), H5Dclose);
+      const int64_t n = p.values.numel();
+      if (static_cast<uint64_t>(n) * sizeof(float) < kReservedPieceBytes) {
         TROUPE_RETURN_IF_ERROR(
-            h5::write_attr(ds.get(), kGlobalShapeAttr, shape_text(p.global_shape))
+            h5::write_f32_dataset(group.get(), p.name, Shape{n}, p.values.data<float>())
                 .with_context(what));
+        TROUPE_RETURN_IF_ERROR(write_global_shape(group.get(), p).with_context(what));
       }
       std::vector<int64_t> table;
       table.reserve(2 * p.runs.size());
@@ -239,39 +290,97 @@ Result<h5::MemoryFile::Image> build_shard_image(const std::string& path, int ran
         table.push_back(r.start);
         table.push_back(r.length);
       }
-      TROUPE_RETURN_IF_ERROR(h5::write_i64_dataset(group->get(), p.name + kRunsSuffix,
+      TROUPE_RETURN_IF_ERROR(h5::write_i64_dataset(group.get(), p.name + kRunsSuffix,
                                                    Shape{static_cast<int64_t>(p.runs.size()), 2},
                                                    table.data())
                                  .with_context(what));
     }
-  }
+  // The large pieces' space, their checksums and shapes.
+  ShardLayout layout;
+  for (const auto& [group, list] : groups)
+    for (const TensorPiece& p : *list) {
+      const int64_t n = p.values.numel();
+      const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+      if (bytes < kReservedPieceBytes) continue;
+      const std::string what = "tensor " + p.name + ": ";
+      ReservedPiece r;
+      r.values = {p.values.data<float>(), bytes};
+      r.crc = paced_crc32(r.values.data, bytes);
+      Result<uint64_t> offset = h5::reserve_f32_dataset(group.get(), p.name, Shape{n}, r.crc);
+      if (!offset) return offset.status().with_context(what);
+      r.offset = *offset;
+      TROUPE_RETURN_IF_ERROR(write_global_shape(group.get(), p).with_context(what));
+      layout.reserved.push_back(r);
+    }
+  groups.clear();
   Result<h5::MemoryFile::Image> image = file->finish();
   if (!image) return image.status();
-  return image;
+  layout.image = std::move(image.value());
+  std::sort(layout.reserved.begin(), layout.reserved.end(),
+            [](const ReservedPiece& a, const ReservedPiece& b) { return a.offset < b.offset; });
+  return layout;
 }
 
-Status write_shard(const std::string& path, int rank, ShardContents& contents, bool release) {
+uint32_t zeros_crc32(uint32_t crc, uint64_t bytes) {
+  static const std::vector<uint8_t> zeros(size_t{64} << 10, 0);
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), bytes - done));
+    crc = h5::crc32_update(crc, zeros.data(), n);
+    done += n;
+  }
+  return crc;
+}
+
+Status write_shard(const std::string& path, int rank, const ShardContents& contents,
+                   ShardWriteStats* stats) {
   const std::string where = "writing the checkpoint shard " + path + ": ";
-  Result<h5::MemoryFile::Image> image = build_shard_image(path, rank, contents, release);
-  if (!image) return image.status().with_context(where);
-  // The header, with the checksum of everything after it, is written last (one pass over the
-  // bytes).
+  Result<ShardLayout> layout = build_shard_layout(path, rank, contents);
+  if (!layout) return layout.status().with_context(where);
+  const h5::MemoryFile::Image& image = layout->image;
+  // The file after its header, in order: the image's bytes, zeros where the image ends below a
+  // reserved piece, the pieces. The checksum of it all combines the pieces' own.
+  std::vector<ConstBytes> body;
   uint32_t crc = 0;
-  const uint64_t total = image->size;
-  auto observe = [&crc](const void* p, size_t n) { crc = h5::crc32_update(crc, p, n); };
+  uint64_t at = kHeaderBytes, image_bytes = 0;
+  auto file_bytes_to = [&](uint64_t end) {
+    if (at < image.size && at < end) {
+      const uint64_t n = std::min<uint64_t>(end, image.size) - at;
+      body.push_back({image.data.get() + at, static_cast<size_t>(n)});
+      crc = h5::crc32_update(crc, image.data.get() + at, static_cast<size_t>(n));
+      image_bytes += n;
+      at += n;
+    }
+    if (at < end) {
+      body.push_back({nullptr, static_cast<size_t>(end - at)});
+      crc = zeros_crc32(crc, end - at);
+      at = end;
+    }
+  };
+  for (const ReservedPiece& r : layout->reserved) {
+    if (r.offset < at || r.offset + r.values.size > image.length)
+      return Status::error(where + "libhdf5 placed a tensor's values where the file holds other "
+                                   "data -- report this");
+    file_bytes_to(r.offset);
+    body.push_back(r.values);
+    crc = h5::crc32_combine(crc, r.crc, r.values.size);
+    at += r.values.size;
+  }
+  file_bytes_to(image.length);
   auto header = [&] {
     std::string h(kHeaderBytes, '\0');
-    fill_header(reinterpret_cast<uint8_t*>(h.data()), total, crc);
+    fill_header(reinterpret_cast<uint8_t*>(h.data()), image.length, crc);
     return h;
   };
   Status st = make_directories(parent_dir(path));
-  if (st)
-    st = write_file_with_head(path, kHeaderBytes,
-                              {image->data.get() + kHeaderBytes, image->size - kHeaderBytes},
-                              observe, header);
+  if (st) st = write_file_with_head(path, kHeaderBytes, body, nullptr, header);
   if (!st) {
     discard_unfinished_save(parent_dir(path));
     return st.with_context(where);
+  }
+  if (stats != nullptr) {
+    stats->file_bytes = image.length;
+    stats->image_bytes = image_bytes;
+    stats->reserved_pieces = static_cast<int64_t>(layout->reserved.size());
   }
   return Status::ok();
 }
@@ -307,13 +416,15 @@ std::vector<GlobalRun> runs_from_indices(int64_t n,
 // ---- writing
 // ---------------------------------------------------------------------------------------
 
-Status write_shard_file(const std::string& path, int rank, const ShardContents& contents) {
-  ShardContents view = contents;  // tensor handles only: the values are not copied
-  return write_shard(path, rank, view, /*release=*/false);
+Status write_shard_file(const std::string& path, int rank, const ShardContents& contents,
+                        ShardWriteStats* stats) {
+  return write_shard(path, rank, contents, stats);
 }
 
-Status write_shard_file(const std::string& path, int rank, ShardContents&& contents) {
-  return write_shard(path, rank, contents, /*release=*/true);
+Status write_shard_file(const std::string& path, int rank, ShardContents&& contents,
+                        ShardWriteStats* stats) {
+  const ShardContents owned = std::move(contents);  // its values go when the file is written
+  return write_shard(path, rank, owned, stats);
 }
 
 Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path) {

@@ -68,15 +68,24 @@ struct ShardContents {
 std::vector<GlobalRun> runs_from_indices(int64_t n,
                                          const std::function<int64_t(int64_t)>& global_index);
 
-// Builds the file in memory, then writes PATH.tmp, fsyncs it and renames it to PATH
-// (storage/durable.hpp), creating PATH's directory when missing. Pieces must lie inside their
-// global shape and hold as many values as their runs cover (TROUPE_CHECK: a caller's bug). On
-// failure nothing is left under PATH.tmp, and when PATH's directory is an iteration directory of an
-// unfinished save (no metadata.json) it is removed: that save can no longer complete
-// (discard_unfinished_save, storage/sharded_checkpoint.hpp). The rvalue form releases each piece's
-// values once they are in the in-memory file, so the snapshot and the file are not both held whole.
-Status write_shard_file(const std::string& path, int rank, const ShardContents& contents);
-Status write_shard_file(const std::string& path, int rank, ShardContents&& contents);
+// Builds the file's HDF5 structure in memory, then writes PATH.tmp, fsyncs it and renames it to PATH
+// (storage/durable.hpp), creating PATH's directory when missing. The values of pieces of 64 KiB or
+// more are written straight from the pieces into the places reserved for them in the file (one copy
+// of their bytes, their checksum computed once). Pieces must lie inside their global shape and hold
+// as many values as their runs cover (TROUPE_CHECK: a caller's bug). On failure nothing is left
+// under PATH.tmp, and when PATH's directory is an iteration directory of an unfinished save (no
+// metadata.json) it is removed: that save can no longer complete (discard_unfinished_save,
+// storage/sharded_checkpoint.hpp). The rvalue form frees the pieces' values once the file is
+// written. `stats`, when given, says how the file was made (benchmarks and tests).
+struct ShardWriteStats {
+  uint64_t file_bytes = 0;
+  uint64_t image_bytes = 0;     // of the file, those libhdf5 built in memory (the rest: pieces, zeros)
+  int64_t reserved_pieces = 0;  // pieces written from their own memory
+};
+Status write_shard_file(const std::string& path, int rank, const ShardContents& contents,
+                        ShardWriteStats* stats = nullptr);
+Status write_shard_file(const std::string& path, int rank, ShardContents&& contents,
+                        ShardWriteStats* stats = nullptr);
 
 // What the integrity header of a version-3 shard records (metadata.json records it too).
 struct ShardDigest {

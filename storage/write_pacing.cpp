@@ -1,9 +1,17 @@
 #include "storage/write_pacing.hpp"
 
+#include <time.h>
+
 namespace troupe {
 
 namespace {
 thread_local const std::function<void(double)>* t_pacer = nullptr;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 WritePacing::WritePacing(std::function<void(double)> after_block)

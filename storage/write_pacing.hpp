@@ -12,6 +12,11 @@ namespace troupe {
 
 inline constexpr size_t kPacedBlockBytes = size_t{4} << 20;
 
+// The CPU time this thread has used, in seconds: what the pacer counts (a writer at the lowest
+// priority waits for the cores longer than it works, and that wait is not work to make up for by
+// sleeping).
+double thread_cpu_seconds();
+
 class WritePacing {
  public:
   explicit WritePacing(std::function<void(double seconds)> after_block);

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <hdf5.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -265,6 +266,81 @@ TEST_CASE("shard file: a paced background write stores the same bytes, block by 
   Tensor got = Tensor::empty({n});
   REQUIRE((*reader)->read(ShardSection::model, "big", Shape{n}, {{0, n}}, got));
   CHECK(std::memcmp(got.raw(), global.data(), global.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("shard file: large pieces go from their own memory to the places libhdf5 reserved",
+          "[shard_file]") {
+  // Pieces around the 64 KiB line (16383 floats stay in the HDF5 image, 16384 and more are written
+  // from their own memory), odd sizes, several runs, every section; libhdf5 itself must read each
+  // dataset's values back, and the HDF5 image must hold none of the large pieces' bytes.
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const std::vector<int64_t> sizes = {16383, 16384, 100003, 5, 262147, 70001};
+  std::vector<std::vector<float>> globals;
+  ShardContents c;
+  int64_t reserved = 0, total_bytes = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t n = sizes[i];
+    std::vector<float> g(static_cast<size_t>(n));
+    for (float& x : g) x = u(rng);
+    // Two runs, the second half first (the file's order is the runs', not the tensor's).
+    std::vector<GlobalRun> runs = {{n / 2, n - n / 2}, {0, n / 2}};
+    const ShardSection section = i % 3 == 0 ? ShardSection::model
+                                 : i % 3 == 1 ? ShardSection::exp_avg
+                                              : ShardSection::exp_avg_sq;
+    c.sections[section].push_back(piece("t" + std::to_string(i), Shape{n}, g, runs));
+    globals.push_back(std::move(g));
+    reserved += n * 4 >= (64 << 10) ? 1 : 0;
+    total_bytes += n * 4;
+  }
+  test::TempDir dir;
+  const std::string path = dir.str("shard_00000.h5");
+  ShardWriteStats stats;
+  REQUIRE(write_shard_file(path, 0, c, &stats));
+  CHECK(stats.reserved_pieces == reserved);
+  CHECK(stats.file_bytes == std::filesystem::file_size(path));
+  CHECK(stats.file_bytes > static_cast<uint64_t>(total_bytes));
+  CHECK(stats.image_bytes < (uint64_t{1} << 20));  // metadata and the small pieces only
+  // libhdf5's view: every dataset holds its piece's values.
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  for (const auto& [section, list] : c.sections)
+    for (const TensorPiece& p : list) {
+      const std::string name = std::string(shard_section_path(section)) + "/" + p.name;
+      hid_t ds = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+      REQUIRE(ds >= 0);
+      std::vector<float> got(static_cast<size_t>(p.values.numel()));
+      REQUIRE(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, got.data()) >= 0);
+      H5Dclose(ds);
+      INFO(name);
+      CHECK(std::memcmp(got.data(), p.values.raw(), got.size() * sizeof(float)) == 0);
+    }
+  H5Fclose(f);
+  // troupe's reader (the whole file's checksum, each piece's) gives the global values back.
+  auto reader = ShardSetReader::open({path});
+  INFO(reader.status().message());
+  REQUIRE(reader.is_ok());
+  size_t i = 0;
+  for (const auto& [section, list] : c.sections)
+    for (const TensorPiece& p : list) {
+      const int64_t k = std::stoll(p.name.substr(1));
+      check_read(**reader, section, p.name, p.global_shape, globals[static_cast<size_t>(k)], p.runs);
+      ++i;
+    }
+  CHECK(i == sizes.size());
+  // A flipped bit in a large piece's values is caught by the file's checksum.
+  {
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(static_cast<std::streamoff>(stats.file_bytes / 2));
+    char byte = 0;
+    io.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    io.seekp(static_cast<std::streamoff>(stats.file_bytes / 2));
+    io.write(&byte, 1);
+  }
+  auto damaged = ShardSetReader::open({path});
+  REQUIRE_FALSE(damaged.is_ok());
+  CHECK_THAT(damaged.status().message(), Catch::Contains("checksum"));
 }
 
 TEST_CASE("shard file: its bytes do not depend on when it is written", "[shard_file]") {
