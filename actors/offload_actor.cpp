@@ -84,6 +84,8 @@ struct OffloadState {
   std::shared_ptr<HostPool> pool;  // held for the process's optimizer partitions
   std::map<int64_t, std::chrono::steady_clock::time_point>
       started;  // iteration -> first shard queued
+  std::map<int64_t, int> in_place;  // iteration -> its shards written where a kept file lay
+  std::map<int64_t, double> writer_cpu;  // iteration -> CPU seconds its shards' writes took
   std::shared_ptr<std::atomic<int>> saves_in_flight;
   std::shared_ptr<std::atomic<int64_t>> mailbox;
   std::shared_ptr<std::atomic<bool>> draining;
@@ -119,8 +121,23 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
         const bool yielding = !self->state.draining->load();
         if (Status st = write_on_own_thread(yielding, [&] {
               const WritePacing pacing(make_pacer(self->state.saves_in_flight, self->state.draining));
-              // Moved: each piece's snapshot is freed once it is in the file's image (1x the shard, not 2x).
-              return write_shard_file(w.path, w.rank, std::move(w.contents));
+              const double cpu0 = thread_cpu_seconds();
+              struct Count {  // the thread's work on this shard, however the write ends
+                double& total;
+                double from;
+                ~Count() { total += thread_cpu_seconds() - from; }
+              } count{self->state.writer_cpu[w.iteration], cpu0};
+              if (!w.recycler) return write_shard_file(w.path, w.rank, std::move(w.contents));
+              // An in-memory snapshot: into the kept file its pieces were copied into, and kept itself
+              // for a later one (engine/buffer_recycler.hpp). The pieces go only after that: their
+              // places must not be handed out while the file is still being made a snapshot.
+              const std::optional<ShardFileReuse> reuse = w.recycler->file_holding(w.contents);
+              ShardWriteStats stats;
+              Status wrote = write_shard_file(w.path, w.rank, w.contents, &stats, reuse ? &*reuse : nullptr);
+              w.recycler->after_write(w.path, wrote.is_ok(), stats, reuse);
+              if (wrote && stats.in_place) ++self->state.in_place[w.iteration];
+              w.contents = ShardContents();
+              return wrote;
             });
             !st)
           return failed(st);
@@ -129,7 +146,15 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
       [self, failed, gauge](commit_atom, const SaveRequest& r) {
         gauge();
         if (!self->state.failure) return;
-        Status committed = self->state.commit(r);
+        // An in-memory snapshot's commit carries its copies to the buddy host (engine/snapshot_copies.hpp):
+        // reading, checking and writing a shard's bytes, work that yields to the training as the writes do.
+        const bool yielding = r.memory && !self->state.draining->load();
+        Status committed = write_on_own_thread(yielding, [&] {
+          const double own0 = thread_cpu_seconds();
+          Status st = self->state.commit(r);
+          self->state.writer_cpu[r.iteration] += thread_cpu_seconds() - own0;
+          return st;
+        });
         self->state.saves_in_flight->fetch_sub(1);
         if (!committed) return failed(committed);
         SavedCheckpoint done;
@@ -141,6 +166,14 @@ offload_actor::behavior_type offload_behavior(offload_actor::stateful_pointer<Of
           done.seconds =
               std::chrono::duration<double>(std::chrono::steady_clock::now() - it->second).count();
           self->state.started.erase(it);
+        }
+        if (auto it = self->state.writer_cpu.find(r.iteration); it != self->state.writer_cpu.end()) {
+          done.writer_cpu_seconds = it->second;
+          self->state.writer_cpu.erase(it);
+        }
+        if (auto it = self->state.in_place.find(r.iteration); it != self->state.in_place.end()) {
+          done.shards_in_place = it->second;
+          self->state.in_place.erase(it);
         }
         caf::anon_send(self->state.listener, save_atom::value, done);
       },

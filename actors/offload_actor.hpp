@@ -17,6 +17,7 @@
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
+#include "engine/buffer_recycler.hpp"
 #include "storage/checkpoint.hpp"
 #include "storage/host_pool.hpp"
 #include "storage/shard_file.hpp"
@@ -32,13 +33,19 @@ struct ShardWrite {
   int rank = 0;
   int64_t iteration = 0;
   ShardContents contents;  // host copies: the rank's tensors may change right after
+  // An in-memory snapshot's: the rank's recycler, whose kept files the pieces may lie in and which
+  // keeps this shard's file for a later snapshot (engine/buffer_recycler.hpp). Null for saves.
+  std::shared_ptr<BufferRecycler> recycler;
 };
 
 using offload_actor = caf::typed_actor<caf::reacts_to<write_atom, ShardWrite>,
                                        caf::reacts_to<commit_atom, SaveRequest>,
                                        caf::replies_to<flush_atom>::with<ok_atom>>;
 
-// commit: completes a save after this process's shards are written (barrier, metadata, latest).
+// commit: completes a save after this process's shards are written (barrier, metadata, latest); an
+// in-memory snapshot's commit (with its copies to the buddy host) runs at the lowest priority while
+// the ranks train, as the writes do. A committed save's report carries the background CPU time its
+// writes and commit took (SavedCheckpoint::writer_cpu_seconds).
 // saves_in_flight: whoever sends a commit increments it first, the actor decrements it once that
 // commit is done; while more than one save is in flight the writer does not pace itself (it is behind:
 // catching up beats holding several snapshots in memory).

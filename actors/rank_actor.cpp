@@ -32,6 +32,7 @@ struct RankState {
   std::unique_ptr<RankEngine> engine;
   optimizer_actor optimizer;  // this rank's ZeRO optimizer partition, linked
   offload_actor offload;      // background checkpoint writer of the process (may be null)
+  std::shared_ptr<BufferRecycler> snapshot_buffers;  // the rank's in-memory snapshots' buffers and files (or null)
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
 };
@@ -119,6 +120,13 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
     // within them, the engine's changes of state, so it alone reads the mailbox.
     if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });
+    if (spec.snapshot_buffers) {
+      // Each rank its own recycler (engine/buffer_recycler.hpp): a shard's pieces must come back to
+      // that shard's kept file. Its parameters' copies (the engine) and its moments' (the optimizer).
+      spec.snapshot_buffers = std::make_shared<BufferRecycler>();
+      optimizer_offload.snapshot_buffers = spec.snapshot_buffers;
+      st.snapshot_buffers = spec.snapshot_buffers;
+    }
     try {
       st.engine = std::make_unique<RankEngine>(spec, topo, rank, comms, std::move(board));
     } catch (const DeviceError& e) {  // its GPU cannot be used, or the model does not fit in it
@@ -253,6 +261,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
                   w.rank = st.rank;
                   w.iteration = req.iteration;
                   w.contents = st.engine->shard_contents(m.exp_avg, m.exp_avg_sq, /*moments_are_copies=*/true);
+                  if (req.memory) w.recycler = st.snapshot_buffers;
                   if (st.offload) {  // written in the background
                     caf::anon_send(st.offload, write_atom::value, std::move(w));
                   } else {

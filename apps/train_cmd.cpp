@@ -205,9 +205,13 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   };
   cb.on_saved = [&](const SavedCheckpoint& c) {
     if (c.memory) {  // every few iterations: the metrics file only
-      if (metrics)
-        *metrics << fmt::format(R"({{"type":"{}","iteration":{},"seconds":{}}})",
-                                c.committed ? "memory_snapshot_committed" : "memory_snapshot", c.iteration, c.seconds)
+      if (metrics && c.committed)
+        *metrics << fmt::format(
+                        R"({{"type":"memory_snapshot_committed","iteration":{},"seconds":{},"writer_cpu_seconds":{},"shards_in_place":{}}})",
+                        c.iteration, c.seconds, c.writer_cpu_seconds, c.shards_in_place)
+                 << "\n" << std::flush;
+      else if (metrics)
+        *metrics << fmt::format(R"({{"type":"memory_snapshot","iteration":{},"seconds":{}}})", c.iteration, c.seconds)
                  << "\n" << std::flush;
       return;
     }

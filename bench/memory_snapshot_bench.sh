@@ -53,10 +53,10 @@ for r in $(seq "$R"); do
     "$troupe" train "${args[@]}" --save-memory-interval "$K" --metrics-file "$work/mem.$r.jsonl" > "$work/mem.$r.log" 2>&1
   fi
 done
-python3 - "$work" "$N" "$R" "$K" <<'PY'
+python3 - "$work" "$N" "$R" "$K" "$T" <<'PY'
 import json, statistics, sys
 work, n, repeat, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-costs, snaps, steps, writes = [], [], [], []
+costs, snaps, steps, writes, cpus, in_place = [], [], [], [], [], []
 for r in range(1, repeat + 1):
     def read(kind):
         return [json.loads(l) for l in open(f"{work}/{kind}.{r}.jsonl")]
@@ -64,12 +64,23 @@ for r in range(1, repeat + 1):
     mem_rows = read("mem")
     mem = sum(j["ms_per_iter"] for j in mem_rows if j.get("type") == "train" and j["iteration"] >= 3)
     snap = [j["seconds"] for j in mem_rows if j.get("type") == "memory_snapshot"]
-    writes += [j["seconds"] for j in mem_rows if j.get("type") == "memory_snapshot_committed"]
+    committed = [j for j in mem_rows if j.get("type") == "memory_snapshot_committed"]
+    writes += [j["seconds"] for j in committed]
+    cpus += [j["writer_cpu_seconds"] for j in committed]
+    in_place += [j["shards_in_place"] for j in committed]
     costs.append((mem + 1e3 * sum(snap) - plain) / plain)
     snaps += snap
     steps.append(plain / (n - 2))
 print(f"snapshots every {k} iterations over {n}: cost {100 * statistics.median(costs):+.2f}% of the step time "
       f"(runs: {', '.join(f'{100 * c:+.2f}%' for c in costs)}); step {statistics.median(steps):.0f} ms; "
       f"snapshot in the training path: median {1e3 * statistics.median(snaps):.0f} ms; "
-      f"background write to the tmpfs: median {statistics.median(writes):.2f} s")
+      f"background write to the tmpfs: median {statistics.median(writes):.2f} s, {1e3 * statistics.median(cpus):.0f} ms of CPU; "
+      f"shards written where the previous snapshot's file lay: {sum(1 for x in in_place if x > 0)} of {len(in_place)}")
+# The snapshots' work as a share of the machine between two snapshots: the training path's time on every
+# training thread, plus the writer's CPU time, over the interval's time on every training thread. It
+# counts work, not the step time it costs (above, whose noise on a busy VM is several percent).
+threads = int(sys.argv[5])
+work = (statistics.median(snaps) * threads + statistics.median(cpus)) / (k * statistics.median(steps) / 1e3 * threads)
+print(f"snapshot work per interval: {100 * work:.2f}% of the machine ({threads} training threads: "
+      f"{1e3 * statistics.median(snaps):.0f} ms in the path on each, {1e3 * statistics.median(cpus):.0f} ms of the writer)")
 PY

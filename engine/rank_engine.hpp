@@ -126,8 +126,9 @@ struct RankSpec {
   // inspector (null: the watch is never on), and the NaN TROUPE_FAULT_NAN asks to inject.
   std::shared_ptr<NanControl> nan;
   std::optional<NanFault> nan_fault;
-  // Where shard_contents' copies come from (in-memory snapshots: buffers reused from one snapshot to
-  // the next, engine/buffer_recycler.hpp); null: fresh memory each time.
+  // Where shard_contents' copies come from (in-memory snapshots: buffers and snapshot files reused
+  // from one snapshot to the next, engine/buffer_recycler.hpp; the rank actor gives each rank its
+  // own); null: fresh memory each time.
   std::shared_ptr<BufferRecycler> snapshot_buffers;
 };
 

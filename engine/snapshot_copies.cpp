@@ -43,15 +43,24 @@ uint64_t max_copy_bytes() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : uint64_t{1} << 40;
 }
 
+// A file to send: its bytes in memory, or mapped (a snapshot's own shard: sent from its pages).
 struct Outgoing {
   int peer = 0;
   uint64_t tag = 0;  // the size goes under tag, the bytes under tag + 1
   std::string bytes;
+  std::optional<MappedFileRead> mapped;
+  const uint8_t* data() const { return mapped ? mapped->data() : reinterpret_cast<const uint8_t*>(bytes.data()); }
+  uint64_t size() const { return mapped ? mapped->size() : bytes.size(); }
 };
+// A file to receive: into `bytes`, or (with `place`) into where place() says once its size is known
+// (a snapshot's copy: the pages of its file).
 struct Incoming {
   int peer = 0;
   uint64_t tag = 0;
   std::string bytes;
+  std::function<Result<uint8_t*>(uint64_t)> place;
+  uint8_t* data = nullptr;
+  uint64_t size = 0;
 };
 
 // Sends and receives whole files between processes: the sizes first, then the bytes, every
@@ -60,7 +69,7 @@ Status move_files(comm::Communicator& comm, std::vector<Outgoing>& out, std::vec
   std::vector<uint64_t> sizes(out.size()), got(in.size());
   std::vector<comm::WorkPtr> work;
   for (size_t i = 0; i < out.size(); ++i) {
-    sizes[i] = out[i].bytes.size();
+    sizes[i] = out[i].size();
     work.push_back(comm.send(&sizes[i], 1, DType::i64, out[i].peer, out[i].tag));
   }
   for (size_t i = 0; i < in.size(); ++i) work.push_back(comm.recv(&got[i], 1, DType::i64, in[i].peer, in[i].tag));
@@ -75,19 +84,35 @@ Status move_files(comm::Communicator& comm, std::vector<Outgoing>& out, std::vec
       return Status::error(fmt::format("process {} announced a snapshot shard of {} bytes, more than this host's "
                                        "memory -- report this",
                                        in[i].peer, got[i]));
-    in[i].bytes.assign(static_cast<size_t>(got[i]), '\0');
+    in[i].size = got[i];
+    if (in[i].place) {
+      Result<uint8_t*> at = in[i].place(got[i]);
+      if (!at && st) st = at.status();
+      in[i].data = at ? at.value() : nullptr;
+    } else {
+      in[i].bytes.assign(static_cast<size_t>(got[i]), '\0');
+      in[i].data = reinterpret_cast<uint8_t*>(in[i].bytes.data());
+    }
   }
+  // (A receiver that could not place a file still takes part: its peer's send must complete.)
+  std::vector<std::string> spill(in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].data == nullptr && in[i].size > 0) {
+      spill[i].assign(static_cast<size_t>(in[i].size), '\0');
+      in[i].data = reinterpret_cast<uint8_t*>(spill[i].data());
+    }
   for (Outgoing& o : out)
-    if (!o.bytes.empty()) work.push_back(comm.send(o.bytes.data(), o.bytes.size(), DType::u8, o.peer, o.tag + 1));
+    if (o.size() > 0)
+      work.push_back(comm.send(const_cast<uint8_t*>(o.data()), o.size(), DType::u8, o.peer, o.tag + 1));
   for (Incoming& i : in)
-    if (!i.bytes.empty()) work.push_back(comm.recv(i.bytes.data(), i.bytes.size(), DType::u8, i.peer, i.tag + 1));
+    if (i.size > 0) work.push_back(comm.recv(i.data, i.size, DType::u8, i.peer, i.tag + 1));
   for (auto& w : work)
     if (Status s = w->wait(); !s && st) st = s;
   return st;
 }
 
 // A received copy, checked against its checksum, into `path`.
-Status write_copy(const std::string& path, const std::string& bytes, int from) {
+Status write_copy(const std::string& path, std::string_view bytes, int from) {
   auto digest = verify_shard_bytes(bytes, path + fmt::format(" (as received from process {})", from));
   if (!digest) return digest.status();
   TROUPE_RETURN_IF_ERROR(make_directories(parent_dir(path)));
@@ -191,16 +216,40 @@ Result<std::vector<ShardDigest>> SnapshotCopies::exchange(const std::string& dir
   std::vector<Outgoing> out;
   std::vector<Incoming> in;
   const std::string own = shard_file_path(dir, iteration, rank_);
-  if (buddy() >= 0) {
-    auto bytes = read_shard(own);
-    if (!bytes) return bytes.status();
-    out.push_back({buddy(), exchange_tag(iteration, 0), std::move(bytes).value()});
+  if (buddy() >= 0) {  // sent from the file's pages
+    auto mapped = MappedFileRead::open(own, max_copy_bytes());
+    if (!mapped) return mapped.status();
+    Outgoing o;
+    o.peer = buddy(), o.tag = exchange_tag(iteration, 0), o.mapped = std::move(mapped).value();
+    out.push_back(std::move(o));
   }
+  // Each copy received straight into the pages of its file, checked, then committed.
+  std::vector<std::optional<MappedFileWrite>> files;
   for (size_t p = 0; p < buddies_.size(); ++p)
-    if (buddies_[p] == rank_) in.push_back({static_cast<int>(p), exchange_tag(iteration, 0), {}});
+    if (buddies_[p] == rank_) {
+      const size_t k = files.size();
+      files.emplace_back();
+      const std::string path = shard_file_path(dir, iteration, static_cast<int>(p));
+      Incoming i;
+      i.peer = static_cast<int>(p), i.tag = exchange_tag(iteration, 0);
+      i.place = [&files, k, path](uint64_t bytes) -> Result<uint8_t*> {
+        TROUPE_RETURN_IF_ERROR(make_directories(parent_dir(path)));
+        auto file = MappedFileWrite::create(path, bytes);
+        if (!file) return file.status();
+        files[k] = std::move(file).value();
+        return files[k]->data();
+      };
+      in.push_back(std::move(i));
+    }
   if (Status st = move_files(*comm_, out, in); !st)
     return st.with_context("copying snapshot " + std::to_string(iteration) + " to the buddy host: ");
-  for (Incoming& i : in) TROUPE_RETURN_IF_ERROR(write_copy(shard_file_path(dir, iteration, i.peer), i.bytes, i.peer));
+  for (size_t k = 0; k < in.size(); ++k) {
+    const std::string path = shard_file_path(dir, iteration, in[k].peer);
+    auto digest = verify_shard_bytes({reinterpret_cast<const char*>(in[k].data), static_cast<size_t>(in[k].size)},
+                                     path + fmt::format(" (as received from process {})", in[k].peer));
+    if (!digest) return digest.status();
+    TROUPE_RETURN_IF_ERROR(files[k]->commit());
+  }
   // Every shard's digest, from its writer (the header of its own file).
   auto digest = read_shard_digest(own);
   if (!digest) return digest.status();

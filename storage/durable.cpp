@@ -1,6 +1,7 @@
 #include "storage/durable.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <utility>
 
 #include "storage/write_pacing.hpp"
 
@@ -151,12 +153,12 @@ Status rename_path(const std::string& from, const std::string& to) {
 
 // A fresh temporary file: a leftover of a crashed save, or a planted file or symlink, is unlinked
 // (unlink never follows a link) and the name created anew, exclusively.
-Result<int> create_fresh(const std::string& path) {
+Result<int> create_fresh(const std::string& path, int access = O_WRONLY) {
   for (int attempt = 0;; ++attempt) {
     int err = injected(FileOp::create);
     int fd = -1;
     if (err == 0) {
-      fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      fd = ::open(path.c_str(), access | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0) err = errno;
     }
     if (fd >= 0) return fd;
@@ -246,13 +248,23 @@ std::string bytes_text(double bytes) {
   return t;
 }
 
-// The recipe around `write_body(fd, tmp)`: a fresh temporary, its mode, fsync, rename, the folder's
-// fsync; on failure the temporary goes. `bytes`: what the file will hold; a write that fails where
-// the disk has less free says both figures (the room the user has to make).
+// The recipe around `write_body(fd, tmp)`: a fresh temporary (or `existing` renamed to it), its mode,
+// fsync, rename, the folder's fsync; on failure the temporary goes. `bytes`: what the file will
+// hold; a write that fails where the disk has less free says both figures (the room the user has to
+// make).
 Status write_durably(const std::string& path, uint64_t bytes,
-                     const std::function<Status(int, const std::string&)>& write_body) {
+                     const std::function<Status(int, const std::string&)>& write_body,
+                     const std::string& existing = "") {
   const std::string tmp = path + ".tmp";
-  Result<int> created = create_fresh(tmp);
+  auto open_existing = [&]() -> Result<int> {
+    TROUPE_RETURN_IF_ERROR(rename_path(existing, tmp));
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) return fd;
+    const Status st = io_error("cannot open " + tmp, errno);
+    ::unlink(tmp.c_str());
+    return st;
+  };
+  Result<int> created = existing.empty() ? create_fresh(tmp) : open_existing();
   if (!created) return created.status();
   Fd fd(created.value());
   auto fail = [&](const Status& st) {
@@ -266,6 +278,8 @@ Status write_durably(const std::string& path, uint64_t bytes,
                          "; its disk has " + bytes_text(free) + " free)");
   };
   if (Status st = write_body(fd.get(), tmp); !st) return fail(st);
+  if (!existing.empty() && ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
+    return fail(io_error("cannot set the length of " + tmp, errno));
   if (::fchmod(fd.get(), 0644 & ~process_umask()) != 0)
     return fail(io_error("cannot set the mode of " + tmp, errno));
   if (Status st = fsync_fd(fd.get(), tmp); !st) return fail(st);
@@ -274,15 +288,13 @@ Status write_durably(const std::string& path, uint64_t bytes,
   return fsync_path(parent_dir(path), true);
 }
 
-// Writes `piece` in paced blocks, passing each to `observe` (when set).
-Status write_paced(int fd, const std::string& tmp, ConstBytes piece,
-                   const std::function<void(const void*, size_t)>* observe) {
+// Writes `piece` in paced blocks.
+Status write_paced(int fd, const std::string& tmp, ConstBytes piece) {
   const std::function<void(double)>* pacer = WritePacing::current();
   const auto* p = static_cast<const char*>(piece.data);
   for (size_t done = 0; done < piece.size;) {
     const size_t n = std::min(kPacedBlockBytes, piece.size - done);
     const double t0 = thread_cpu_seconds();  // the pacer counts work, not waits for a core
-    if (observe != nullptr) (*observe)(p + done, n);
     TROUPE_RETURN_IF_ERROR(write_all(fd, p + done, n, tmp));
     done += n;
     if (pacer != nullptr) (*pacer)(thread_cpu_seconds() - t0);
@@ -297,37 +309,60 @@ Status write_file_atomically(const std::string& path, const std::vector<ConstByt
   for (const ConstBytes& piece : pieces) bytes += piece.size;
   return write_durably(path, bytes, [&](int fd, const std::string& tmp) {
     for (const ConstBytes& piece : pieces)
-      TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece, nullptr));
+      TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece));
     return Status::ok();
   });
 }
 
-Status write_file_with_head(const std::string& path, size_t head_bytes,
-                            const std::vector<ConstBytes>& body,
-                            const std::function<void(const void*, size_t)>& observe,
-                            const std::function<std::string()>& make_head) {
+namespace {
+
+Status write_with_head(const std::string& path, const std::string& existing, size_t head_bytes,
+                       const std::vector<FileStretch>& body, const std::function<std::string()>& make_head) {
   uint64_t bytes = head_bytes;
-  for (const ConstBytes& piece : body) bytes += piece.size;
+  for (const FileStretch& s : body) {
+    TROUPE_CHECK(existing.size() > 0 || s.kind != FileStretch::Kind::in_place,
+                 "write_file_with_head: a new file has no bytes in place");
+    bytes += s.size;
+  }
   return write_durably(path, bytes, [&](int fd, const std::string& tmp) {
     const std::string zeros(head_bytes, '\0');  // the head's place, written last
     TROUPE_RETURN_IF_ERROR(write_all(fd, zeros.data(), zeros.size(), tmp));
     static const std::vector<char> kZeros(size_t{64} << 10, '\0');
-    for (const ConstBytes& piece : body) {
-      if (piece.data != nullptr) {
-        TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, piece, observe ? &observe : nullptr));
-        continue;
-      }
-      for (size_t done = 0; done < piece.size;) {
-        const size_t n = std::min(kZeros.size(), piece.size - done);
-        TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, {kZeros.data(), n}, observe ? &observe : nullptr));
-        done += n;
+    for (const FileStretch& s : body) {
+      switch (s.kind) {
+        case FileStretch::Kind::bytes:
+          TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, {s.data, s.size}));
+          break;
+        case FileStretch::Kind::zeros:
+          for (size_t done = 0; done < s.size;) {
+            const size_t n = std::min(kZeros.size(), s.size - done);
+            TROUPE_RETURN_IF_ERROR(write_paced(fd, tmp, {kZeros.data(), n}));
+            done += n;
+          }
+          break;
+        case FileStretch::Kind::in_place:
+          if (::lseek(fd, static_cast<off_t>(s.size), SEEK_CUR) < 0) return io_error("cannot seek in " + tmp, errno);
+          break;
       }
     }
     const std::string head = make_head();
     TROUPE_CHECK(head.size() == head_bytes, "write_file_with_head: the head has the wrong size");
     if (::lseek(fd, 0, SEEK_SET) != 0) return io_error("cannot seek in " + tmp, errno);
     return write_all(fd, head.data(), head.size(), tmp);
-  });
+  }, existing);
+}
+
+}  // namespace
+
+Status write_file_with_head(const std::string& path, size_t head_bytes, const std::vector<FileStretch>& body,
+                            const std::function<std::string()>& make_head) {
+  return write_with_head(path, "", head_bytes, body, make_head);
+}
+
+Status rewrite_file_with_head(const std::string& path, const std::string& existing, size_t head_bytes,
+                              const std::vector<FileStretch>& body, const std::function<std::string()>& make_head) {
+  TROUPE_CHECK(!existing.empty(), "rewrite_file_with_head: which file?");
+  return write_with_head(path, existing, head_bytes, body, make_head);
 }
 
 Result<std::string> read_small_file(const std::string& path, size_t max_bytes) {
@@ -358,6 +393,118 @@ Result<std::string> read_small_file(const std::string& path, size_t max_bytes) {
 
 Status write_text_atomically(const std::string& path, const std::string& text) {
   return write_file_atomically(path, {{text.data(), text.size()}});
+}
+
+Result<MappedFileWrite> MappedFileWrite::create(const std::string& path, uint64_t bytes) {
+  MappedFileWrite m;
+  m.path_ = path;
+  const std::string tmp = path + ".tmp";
+  Result<int> created = create_fresh(tmp, O_RDWR);  // read-write: a shared mapping needs both
+  if (!created) return created.status();
+  m.fd_ = created.value();
+  m.size_ = bytes;
+  int err = injected(FileOp::write);
+  if (err == 0 && ::ftruncate(m.fd_, static_cast<off_t>(bytes)) != 0) err = errno;
+  if (err != 0) {
+    const Status st = io_error("cannot set the length of " + tmp, err);
+    m.abandon();
+    return st;
+  }
+  if (bytes > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, m.fd_, 0);
+    if (p == MAP_FAILED) {
+      const Status st = io_error("cannot map " + tmp, errno);
+      m.abandon();
+      return st;
+    }
+    m.data_ = static_cast<uint8_t*>(p);
+  }
+  return m;
+}
+
+MappedFileWrite::MappedFileWrite(MappedFileWrite&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFileWrite& MappedFileWrite::operator=(MappedFileWrite&& other) noexcept {
+  if (this != &other) {
+    abandon();
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFileWrite::~MappedFileWrite() { abandon(); }
+
+void MappedFileWrite::abandon() {
+  if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
+  data_ = nullptr;
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink((path_ + ".tmp").c_str());
+  }
+  fd_ = -1;
+}
+
+Status MappedFileWrite::commit() {
+  TROUPE_CHECK(fd_ >= 0, "MappedFileWrite::commit: nothing to commit");
+  const std::string tmp = path_ + ".tmp";
+  Status st = Status::ok();
+  if (data_ != nullptr && ::munmap(data_, static_cast<size_t>(size_)) != 0) st = io_error("cannot unmap " + tmp, errno);
+  data_ = nullptr;
+  if (st && ::fchmod(fd_, 0644 & ~process_umask()) != 0) st = io_error("cannot set the mode of " + tmp, errno);
+  if (st) st = fsync_fd(fd_, tmp);
+  if (st) {
+    const int err = ::close(fd_) == 0 ? 0 : errno;
+    fd_ = -1;
+    if (err != 0) st = io_error("cannot write " + tmp, err);
+  }
+  if (st) st = rename_path(tmp, path_);
+  if (!st) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  return fsync_path(parent_dir(path_), true);
+}
+
+Result<MappedFileRead> MappedFileRead::open(const std::string& path, uint64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return io_error("cannot open " + path, errno);
+  Fd owned(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return io_error("cannot read " + path, errno);
+  if (!S_ISREG(st.st_mode)) return Status::bad_input(path + " is not a regular file -- remove what is there");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    return Status::bad_input(path + " is larger than expected (" + std::to_string(st.st_size) + " bytes)");
+  MappedFileRead m;
+  m.size_ = static_cast<uint64_t>(st.st_size);
+  if (m.size_ > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(m.size_), PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return io_error("cannot map " + path, errno);
+    m.data_ = static_cast<const uint8_t*>(p);
+  }
+  return m;
+}
+
+MappedFileRead::MappedFileRead(MappedFileRead&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFileRead& MappedFileRead::operator=(MappedFileRead&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFileRead::~MappedFileRead() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), static_cast<size_t>(size_));
 }
 
 Result<AppendOnlyFile> AppendOnlyFile::create(const std::string& path, bool* name_taken) {

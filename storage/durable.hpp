@@ -57,21 +57,74 @@ struct ConstBytes {
 // The whole recipe (see the top) for `pieces` written one after the other, in blocks of at most
 // kPacedBlockBytes with this thread's write pacing (storage/write_pacing.hpp) after each.
 Status write_file_atomically(const std::string& path, const std::vector<ConstBytes>& pieces);
+// A stretch of a file being written: bytes to copy, that many zero bytes, or bytes already in place
+// (a file rewritten where it lies, rewrite_file_with_head).
+struct FileStretch {
+  enum class Kind : uint8_t { bytes, zeros, in_place };
+  Kind kind = Kind::bytes;
+  const void* data = nullptr;  // bytes only
+  size_t size = 0;
+};
 // The same for a file whose first `head_bytes` bytes depend on all the others (a header with their
-// checksum): `body`'s pieces are written one after the other from offset head_bytes on (a piece
-// with null data: that many zero bytes), each block passed to `observe` (when set) as it goes (one
-// pass over the bytes), then `make_head()` -- exactly head_bytes bytes -- at offset 0, before the
-// fsync.
-Status write_file_with_head(const std::string& path, size_t head_bytes,
-                            const std::vector<ConstBytes>& body,
-                            const std::function<void(const void*, size_t)>& observe,
+// checksum): `body`'s stretches are written one after the other from offset head_bytes on (no
+// in_place ones), then `make_head()` -- exactly head_bytes bytes -- at offset 0, before the fsync.
+Status write_file_with_head(const std::string& path, size_t head_bytes, const std::vector<FileStretch>& body,
                             const std::function<std::string()>& make_head);
+// The same recipe on a file of this process's that no checkpoint refers to any more (`existing`: an
+// in-memory snapshot's shard whose iteration was dropped, and whose pages the next snapshot was
+// copied into where that snapshot's pieces go): it is renamed to PATH.tmp, written there (in_place
+// stretches skipped), cut to its new length, fsync'd and renamed to PATH. On failure PATH.tmp is
+// removed; `existing` is gone either way.
+Status rewrite_file_with_head(const std::string& path, const std::string& existing, size_t head_bytes,
+                              const std::vector<FileStretch>& body, const std::function<std::string()>& make_head);
 // Reads a whole regular file of at most max_bytes (metadata.json, the latest pointer) without
 // blocking on a FIFO or a device planted at `path`. Errors: missing, not a regular file or too
 // large are bad input; a failing read is a run-time error.
 Result<std::string> read_small_file(const std::string& path, size_t max_bytes);
 // A small text file (metadata.json, the latest pointer).
 Status write_text_atomically(const std::string& path, const std::string& text);
+
+// A file written through a mapping of it (a copy received from another process lands in its pages
+// directly, no buffer between): PATH.tmp created anew (as write_file_atomically does) with `bytes`
+// bytes, mapped read-write; commit() makes it PATH (mode, fsync, rename, the folder's fsync). Gone
+// uncommitted (or after a failed commit), PATH.tmp is removed and PATH untouched. Setting its
+// length counts as a write for fault injection. Movable, not thread-safe.
+class MappedFileWrite {
+ public:
+  static Result<MappedFileWrite> create(const std::string& path, uint64_t bytes);
+  MappedFileWrite(MappedFileWrite&& other) noexcept;
+  MappedFileWrite& operator=(MappedFileWrite&& other) noexcept;
+  ~MappedFileWrite();
+  uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  Status commit();
+
+ private:
+  MappedFileWrite() = default;
+  void abandon();
+  std::string path_;
+  int fd_ = -1;
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// A whole regular file of at most max_bytes, mapped read-only (a snapshot's shard sent to another
+// process without reading it into memory first). Not-regular files and larger ones are refused as
+// read_small_file refuses them. Movable.
+class MappedFileRead {
+ public:
+  static Result<MappedFileRead> open(const std::string& path, uint64_t max_bytes);
+  MappedFileRead(MappedFileRead&& other) noexcept;
+  MappedFileRead& operator=(MappedFileRead&& other) noexcept;
+  ~MappedFileRead();
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  MappedFileRead() = default;
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
 
 // A log file that grows by appends (TensorBoard's event files), outside the recipe above: created
 // anew and exclusively (O_EXCL | O_NOFOLLOW: a name already taken fails, nothing is followed or

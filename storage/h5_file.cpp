@@ -180,11 +180,14 @@ Result<MemoryFile> MemoryFile::create(const std::string& name, const MemoryFileO
   Handle fapl = plist(H5P_FILE_ACCESS);
   if ((options.metadata_block > 0 && H5Pset_meta_block_size(fapl.get(), options.metadata_block) < 0) ||
       (options.small_data_block > 0 &&
-       H5Pset_small_data_block_size(fapl.get(), options.small_data_block) < 0))
+       H5Pset_small_data_block_size(fapl.get(), options.small_data_block) < 0) ||
+      (options.align_from > 0 && H5Pset_alignment(fapl.get(), options.align_from, 512) < 0))
     return error("cannot size the in-memory HDF5 file's blocks", "report this");
   // STRONG: closing the file closes whatever is still open in it, so a close never fails for that.
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
-  H5Pset_fapl_core(fapl.get(), size_t{1} << 20, /*backing_store=*/0);
+  // Grown 64 KiB at a time (our buffer grows ahead by half again): a file whose large datasets
+  // libhdf5 never writes ends its image close to the last byte it does write.
+  H5Pset_fapl_core(fapl.get(), size_t{64} << 10, /*backing_store=*/0);
   H5FD_file_image_callbacks_t callbacks = {&Buffer::allocate, &Buffer::copy, &Buffer::resize,
                                            &Buffer::release,  &Buffer::same, &Buffer::keep,
                                            m.buffer_.get()};

@@ -78,10 +78,14 @@ Status error(const std::string& what, const std::string& fix);
 // `small_data_block` set the blocks HDF5 takes its metadata and small raw data (index tables, the
 // strings of attributes) from, so that a block reserved before the first such dataset holds every
 // later object header and string.
+// `align_from` > 0: objects of at least that many bytes start at a multiple of 512 (HDF5 allows no
+// more with a user block of 512; the gaps left take no later object: the smallest that comes after,
+// a global heap, is 4096).
 struct MemoryFileOptions {
   size_t user_block = 0;
   uint64_t metadata_block = 0;
   uint64_t small_data_block = 0;
+  uint64_t align_from = 0;
 };
 class MemoryFile {
  public:

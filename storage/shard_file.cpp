@@ -234,8 +234,29 @@ Status write_global_shape(hid_t group, const TensorPiece& p) {
 // large piece's space is taken, from blocks sized to hold what comes after too, so that it all lies
 // below the reserved space and the in-memory image holds none of the large pieces' bytes (not even
 // zeros). Where HDF5 places something above them anyway the image is longer, never wrong.
+// Where `p` lies in `reuse`'s mapping, as a file offset.
+std::optional<uint64_t> offset_in(const ShardFileReuse& reuse, const void* p) {
+  const auto* at = static_cast<const uint8_t*>(p);
+  if (!std::less_equal<const uint8_t*>()(reuse.base, at) || !std::less<const uint8_t*>()(at, reuse.base + reuse.bytes))
+    return std::nullopt;
+  return static_cast<uint64_t>(at - reuse.base);
+}
+
+// The place of `reuse` whose bytes `values` are exactly, if any.
+std::optional<uint64_t> exact_place(const ShardFileReuse& reuse, const Tensor& values) {
+  const std::optional<uint64_t> at = offset_in(reuse, values.raw());
+  if (!at) return std::nullopt;
+  const uint64_t bytes = static_cast<uint64_t>(values.numel()) * sizeof(float);
+  for (const ShardRegion& r : reuse.regions)
+    if (r.offset == *at && r.bytes == bytes) return at;
+  return std::nullopt;
+}
+
+// With `reuse`, the large pieces' datasets are created in the order of their places in that file
+// (where their values lie, or a free place of their size): file space is taken in that order, so
+// pieces of the sizes that file's had get the same places.
 Result<ShardLayout> build_shard_layout(const std::string& path, int rank,
-                                       const ShardContents& contents) {
+                                       const ShardContents& contents, const ShardFileReuse* reuse) {
   h5::ErrorScope quiet;
   uint64_t pieces = 0, small_bytes = 0;
   bool any_reserved = false;
@@ -259,6 +280,7 @@ Result<ShardLayout> build_shard_layout(const std::string& path, int rank,
     // strings per piece (global_shape), and room to spare: what is not used stays a hole of zeros.
     options.metadata_block = (uint64_t{64} << 10) + 2048 * pieces;
     options.small_data_block = (uint64_t{64} << 10) + small_bytes + 64 * pieces;
+    options.align_from = kReservedPieceBytes;  // pieces aligned (copied into where they lie)
   }
   Result<h5::MemoryFile> file = h5::MemoryFile::create(path, options);
   if (!file) return file.status();
@@ -296,22 +318,51 @@ Result<ShardLayout> build_shard_layout(const std::string& path, int rank,
                                  .with_context(what));
     }
   // The large pieces' space, their checksums and shapes.
-  ShardLayout layout;
+  std::vector<std::pair<hid_t, const TensorPiece*>> large;
   for (const auto& [group, list] : groups)
-    for (const TensorPiece& p : *list) {
-      const int64_t n = p.values.numel();
-      const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-      if (bytes < kReservedPieceBytes) continue;
-      const std::string what = "tensor " + p.name + ": ";
-      ReservedPiece r;
-      r.values = {p.values.data<float>(), bytes};
-      r.crc = paced_crc32(r.values.data, bytes);
-      Result<uint64_t> offset = h5::reserve_f32_dataset(group.get(), p.name, Shape{n}, r.crc);
-      if (!offset) return offset.status().with_context(what);
-      r.offset = *offset;
-      TROUPE_RETURN_IF_ERROR(write_global_shape(group.get(), p).with_context(what));
-      layout.reserved.push_back(r);
+    for (const TensorPiece& p : *list)
+      if (static_cast<uint64_t>(p.values.numel()) * sizeof(float) >= kReservedPieceBytes)
+        large.emplace_back(group.get(), &p);
+  if (reuse != nullptr) {
+    // Each piece's place in `reuse`: the place its values fill, or a free place of its size.
+    std::vector<uint64_t> place(large.size(), std::numeric_limits<uint64_t>::max());
+    std::set<uint64_t> taken;
+    for (size_t i = 0; i < large.size(); ++i)
+      if (std::optional<uint64_t> at = exact_place(*reuse, large[i].second->values)) {
+        place[i] = *at;
+        taken.insert(*at);
+      }
+    for (size_t i = 0; i < large.size(); ++i) {
+      if (place[i] != std::numeric_limits<uint64_t>::max()) continue;
+      const uint64_t bytes = static_cast<uint64_t>(large[i].second->values.numel()) * sizeof(float);
+      for (const ShardRegion& r : reuse->regions)
+        if (r.bytes == bytes && taken.insert(r.offset).second) {
+          place[i] = r.offset;
+          break;
+        }
     }
+    std::vector<size_t> order(large.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place[a] < place[b]; });
+    std::vector<std::pair<hid_t, const TensorPiece*>> sorted;
+    for (size_t i : order) sorted.push_back(large[i]);
+    large = std::move(sorted);
+  }
+  ShardLayout layout;
+  for (const auto& [group, piece] : large) {
+    const TensorPiece& p = *piece;
+    const int64_t n = p.values.numel();
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    const std::string what = "tensor " + p.name + ": ";
+    ReservedPiece r;
+    r.values = {p.values.data<float>(), bytes};
+    r.crc = paced_crc32(r.values.data, bytes);
+    Result<uint64_t> offset = h5::reserve_f32_dataset(group, p.name, Shape{n}, r.crc);
+    if (!offset) return offset.status().with_context(what);
+    r.offset = *offset;
+    TROUPE_RETURN_IF_ERROR(write_global_shape(group, p).with_context(what));
+    layout.reserved.push_back(r);
+  }
   groups.clear();
   Result<h5::MemoryFile::Image> image = file->finish();
   if (!image) return image.status();
@@ -331,37 +382,67 @@ uint32_t zeros_crc32(uint32_t crc, uint64_t bytes) {
   return crc;
 }
 
-Status write_shard(const std::string& path, int rank, const ShardContents& contents,
-                   ShardWriteStats* stats) {
+Status write_shard(const std::string& path, int rank, const ShardContents& contents, ShardWriteStats* stats,
+                   const ShardFileReuse* reuse) {
   const std::string where = "writing the checkpoint shard " + path + ": ";
-  Result<ShardLayout> layout = build_shard_layout(path, rank, contents);
+  // A piece that lies in `reuse` but not exactly on one of its places (a view into a larger copy
+  // that took a place of another size) is copied out first: the bytes around it will be rewritten.
+  ShardContents staged;
+  const ShardContents* source = &contents;
+  if (reuse != nullptr)
+    for (const auto& [section, pieces] : contents.sections)
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const Tensor& v = pieces[i].values;
+        if (!offset_in(*reuse, v.raw()) || exact_place(*reuse, v)) continue;
+        if (source != &staged) staged = contents, source = &staged;  // tensor handles: values not copied
+        Tensor copy = Tensor::empty(v.shape(), v.dtype());
+        copy.copy_from(v);
+        staged.sections[section][i].values = std::move(copy);
+      }
+  Result<ShardLayout> layout = build_shard_layout(path, rank, *source, reuse);
   if (!layout) return layout.status().with_context(where);
   const h5::MemoryFile::Image& image = layout->image;
+  // In place when every large piece that lies in `reuse` lies where this layout puts it (the
+  // layout's places do not overlap, so the others are written where no piece's values lie).
+  bool in_place = reuse != nullptr && !layout->reserved.empty();
+  int64_t pieces_in_place = 0;
+  std::vector<bool> kept(layout->reserved.size(), false);
+  for (size_t i = 0; in_place && i < layout->reserved.size(); ++i) {
+    const ReservedPiece& r = layout->reserved[i];
+    const std::optional<uint64_t> at = offset_in(*reuse, r.values.data);
+    in_place = r.offset + r.values.size <= reuse->bytes && (!at || *at == r.offset);
+    kept[i] = at.has_value();
+    pieces_in_place += at ? 1 : 0;
+  }
+  // (Every piece in `reuse` is on its place now, and the layout's places do not overlap: the pieces
+  // written, from elsewhere, go where no piece's values lie.)
+  in_place = in_place && pieces_in_place > 0;
   // The file after its header, in order: the image's bytes, zeros where the image ends below a
   // reserved piece, the pieces. The checksum of it all combines the pieces' own.
-  std::vector<ConstBytes> body;
+  std::vector<FileStretch> body;
   uint32_t crc = 0;
-  uint64_t at = kHeaderBytes, image_bytes = 0;
+  uint64_t at = kHeaderBytes;
   auto file_bytes_to = [&](uint64_t end) {
     if (at < image.size && at < end) {
       const uint64_t n = std::min<uint64_t>(end, image.size) - at;
-      body.push_back({image.data.get() + at, static_cast<size_t>(n)});
+      body.push_back({FileStretch::Kind::bytes, image.data.get() + at, static_cast<size_t>(n)});
       crc = h5::crc32_update(crc, image.data.get() + at, static_cast<size_t>(n));
-      image_bytes += n;
       at += n;
     }
     if (at < end) {
-      body.push_back({nullptr, static_cast<size_t>(end - at)});
+      body.push_back({FileStretch::Kind::zeros, nullptr, static_cast<size_t>(end - at)});
       crc = zeros_crc32(crc, end - at);
       at = end;
     }
   };
-  for (const ReservedPiece& r : layout->reserved) {
+  for (size_t i = 0; i < layout->reserved.size(); ++i) {
+    const ReservedPiece& r = layout->reserved[i];
     if (r.offset < at || r.offset + r.values.size > image.length)
       return Status::error(where + "libhdf5 placed a tensor's values where the file holds other "
                                    "data -- report this");
     file_bytes_to(r.offset);
-    body.push_back(r.values);
+    body.push_back({in_place && kept[i] ? FileStretch::Kind::in_place : FileStretch::Kind::bytes, r.values.data,
+                    r.values.size});
     crc = h5::crc32_combine(crc, r.crc, r.values.size);
     at += r.values.size;
   }
@@ -372,15 +453,20 @@ Status write_shard(const std::string& path, int rank, const ShardContents& conte
     return h;
   };
   Status st = make_directories(parent_dir(path));
-  if (st) st = write_file_with_head(path, kHeaderBytes, body, nullptr, header);
+  if (st)
+    st = in_place ? rewrite_file_with_head(path, reuse->path, kHeaderBytes, body, header)
+                  : write_file_with_head(path, kHeaderBytes, body, header);
   if (!st) {
     discard_unfinished_save(parent_dir(path));
     return st.with_context(where);
   }
   if (stats != nullptr) {
     stats->file_bytes = image.length;
-    stats->image_bytes = image_bytes;
-    stats->reserved_pieces = static_cast<int64_t>(layout->reserved.size());
+    stats->image_bytes = image.size;
+    stats->reserved.clear();
+    for (const ReservedPiece& r : layout->reserved) stats->reserved.push_back({r.offset, r.values.size});
+    stats->in_place = in_place;
+    stats->pieces_in_place = in_place ? pieces_in_place : 0;
   }
   return Status::ok();
 }
@@ -417,14 +503,14 @@ std::vector<GlobalRun> runs_from_indices(int64_t n,
 // ---------------------------------------------------------------------------------------
 
 Status write_shard_file(const std::string& path, int rank, const ShardContents& contents,
-                        ShardWriteStats* stats) {
-  return write_shard(path, rank, contents, stats);
+                        ShardWriteStats* stats, const ShardFileReuse* reuse) {
+  return write_shard(path, rank, contents, stats, reuse);
 }
 
 Status write_shard_file(const std::string& path, int rank, ShardContents&& contents,
                         ShardWriteStats* stats) {
   const ShardContents owned = std::move(contents);  // its values go when the file is written
-  return write_shard(path, rank, owned, stats);
+  return write_shard(path, rank, owned, stats, nullptr);
 }
 
 Result<std::optional<ShardDigest>> read_shard_digest(const std::string& path) {

@@ -76,14 +76,33 @@ std::vector<GlobalRun> runs_from_indices(int64_t n,
 // under PATH.tmp, and when PATH's directory is an iteration directory of an unfinished save (no
 // metadata.json) it is removed: that save can no longer complete (discard_unfinished_save,
 // storage/sharded_checkpoint.hpp). The rvalue form frees the pieces' values once the file is
-// written. `stats`, when given, says how the file was made (benchmarks and tests).
+// written. `stats`, when given, says how the file was made.
+//
+// `reuse`: a shard file no checkpoint refers to any more, mapped in this process, into whose pages
+// the pieces were copied (engine/buffer_recycler.hpp hands out its large pieces' places). When
+// every large piece that lies in it lies exactly where this file's layout puts it (the others go to
+// places of their size it has free), that file becomes PATH where it lies (the HDF5 structure,
+// zeros, the other pieces and the header are written: the pieces in place are not copied again);
+// otherwise PATH is written anew and `reuse` is left as it was. The bytes are the same either way.
+struct ShardRegion {
+  uint64_t offset = 0, bytes = 0;
+  bool operator==(const ShardRegion&) const = default;
+};
+struct ShardFileReuse {
+  std::string path;               // its name now (renamed to PATH.tmp, then PATH, when used)
+  const uint8_t* base = nullptr;  // where it is mapped
+  uint64_t bytes = 0;
+  std::vector<ShardRegion> regions;  // its large pieces' places (ShardWriteStats::reserved)
+};
 struct ShardWriteStats {
   uint64_t file_bytes = 0;
-  uint64_t image_bytes = 0;     // of the file, those libhdf5 built in memory (the rest: pieces, zeros)
-  int64_t reserved_pieces = 0;  // pieces written from their own memory
+  uint64_t image_bytes = 0;            // what libhdf5 built in memory (the rest: pieces and zeros)
+  std::vector<ShardRegion> reserved;   // the large pieces' places in the file, ascending
+  bool in_place = false;               // `reuse` became the file
+  int64_t pieces_in_place = 0;         // then: the pieces not copied again
 };
 Status write_shard_file(const std::string& path, int rank, const ShardContents& contents,
-                        ShardWriteStats* stats = nullptr);
+                        ShardWriteStats* stats = nullptr, const ShardFileReuse* reuse = nullptr);
 Status write_shard_file(const std::string& path, int rank, ShardContents&& contents,
                         ShardWriteStats* stats = nullptr);
 

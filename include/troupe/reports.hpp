@@ -126,6 +126,11 @@ struct SavedCheckpoint {
   double seconds = 0;      // in the training path (the snapshot); committed: the background write
   bool committed = false;  // sent again by the offload actor once the save is complete on disk
   bool memory = false;     // an in-memory snapshot (--save-memory-interval), not a save in --save
+  // Committed in-memory snapshots: how many of this process's shards became the snapshot where the
+  // pieces were copied (a dropped snapshot's file: the writer copied none of their bytes again).
+  int shards_in_place = 0;
+  // Committed saves and snapshots: the CPU time the background writer spent on this process's shards.
+  double writer_cpu_seconds = 0;
 };
 
 // Where a run's wall-clock time went (engine/goodput.hpp): the productive part and the time lost by

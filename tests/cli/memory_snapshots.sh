@@ -29,6 +29,33 @@ else
   grep -q "folder $work/shm/troupe-memory-[0-9]* is not on a tmpfs" mem.log || { cat mem.log; fail "no word that the snapshots go to a disk"; }
 fi
 
+# Snapshot files reused (engine/buffer_recycler.hpp): with pieces of 64 KiB or more, from the third
+# snapshot on each rank's shard is written where the one two snapshots before lay (its pages took
+# the copies in the training path); a restart from such a snapshot gives the uninterrupted run's
+# losses bitwise. One rank (ZeRO 0: the padded embedding's moments are views into larger copies),
+# and pp 2 x dp 2 with ZeRO-1 (four ranks, each its own files).
+in_place() { python3 -c 'import json,sys; print(",".join(str(j["shards_in_place"]) for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "memory_snapshot_committed"))' "$1"; }
+# restart_in_place NAME FAULT INTERVAL RESUMED EXPECTED_IN_PLACE TRAIN_ARGS...: the plain run, then the
+# run that fails at FAULT and resumes from the snapshot of RESUMED, with the same losses, whose
+# committed snapshots' shards written in place match EXPECTED_IN_PLACE (a glob).
+restart_in_place() {
+  local name=$1 fault=$2 interval=$3 resumed=$4 expected=$5
+  shift 5
+  "$troupe" train "$@" --metrics-file "${name}_plain.jsonl" > "${name}_plain.log" 2>&1 || { cat "${name}_plain.log"; fail "$name: the plain run failed"; }
+  TROUPE_FAULT_THROW=$fault "$troupe" train "$@" --save-memory-interval "$interval" --save-memory-dir "$work/shm" \
+    --max-restarts 1 --metrics-file "$name.jsonl" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: the run with snapshots failed"; }
+  grep -q "from the in-memory snapshot of iteration $resumed" "$name.log" || { cat "$name.log"; fail "$name: no resumption from $resumed"; }
+  same_losses "${name}_plain.jsonl" "$name.jsonl" || fail "$name: the losses after a restart from a snapshot written in place differ"
+  [[ $(in_place "$name.jsonl") == $expected ]] || fail "$name: shards written in place per snapshot: $(in_place "$name.jsonl"), not $expected"
+  [[ -z $(ls -A shm) ]] || { ls -laR shm; fail "$name: the snapshot folder (or a kept file) outlived the run"; }
+}
+wide=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 32 --micro-batch-size 3 --global-batch-size 6
+      --lr 3e-3 --lr-warmup-iters 3 --data-path d_text_document --tokenizer-type ByteLevelTokenizer --eval-interval 1000
+      --log-interval 1 --train-iters 30)
+restart_in_place wide rank0@27 5 25 "0,0,1,1,1,0*" "${wide[@]}"  # snapshots 15, 20, 25 in place
+restart_in_place wide4 rank3@22 4 20 "0,0,4,4,4,0*" "${wide[@]}" --pipeline-model-parallel-size 2 --data-parallel-size 2 \
+  --num-threads 2 --zero-stage 1  # snapshots 12, 16, 20 in place by all four ranks
+
 # Folders of processes that are gone (killed before they could remove theirs: a tmpfs keeps them in
 # memory until the machine restarts) are swept when a run opens its own; a live owner's folder, one
 # without an owner file, and one whose pid lives but started at another time (a reused pid) are told

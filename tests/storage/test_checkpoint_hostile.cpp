@@ -437,6 +437,61 @@ TEST_CASE("faults during a save: version-1 files and text files too", "[checkpoi
   CHECK_FALSE(parse_io_fault("write@1:EPIPE").is_ok());
 }
 
+TEST_CASE("files written through a mapping: committed whole or not at all; mapped reads refuse what is not a file",
+          "[checkpoint][faults]") {
+  test::TempDir tmp;
+  const std::string path = tmp.str("copy.h5");
+  const auto v = random_values(1001, 9);  // an odd size
+  const size_t bytes = v.size() * sizeof(float);
+  write_bytes(path, "the old copy");
+  // Filled and committed: the new bytes, nothing left beside them.
+  {
+    auto file = MappedFileWrite::create(path, bytes);
+    INFO(file.status().message());
+    REQUIRE(file.is_ok());
+    std::memcpy(file->data(), v.data(), bytes);
+    CHECK(read_bytes(path) == "the old copy");  // not yet
+    REQUIRE(file->commit());
+  }
+  CHECK(read_bytes(path) == std::string(reinterpret_cast<const char*>(v.data()), bytes));
+  CHECK(temporaries(tmp.str()).empty());
+  // Dropped uncommitted, or failing at any step: the file as it was, no temporary.
+  for (FileOp op : {FileOp::create, FileOp::write, FileOp::fsync, FileOp::rename}) {
+    INFO(static_cast<int>(op));
+    set_io_fault(IoFault{op, 1, ENOSPC, false});
+    Status st = Status::ok();
+    {
+      auto file = MappedFileWrite::create(path, 64);
+      if (file) {
+        std::memset(file->data(), 7, 64);
+        st = file->commit();
+      } else {
+        st = file.status();
+      }
+    }
+    set_io_fault(std::nullopt);
+    CHECK_FALSE(st.is_ok());
+    CHECK_THAT(st.message(), Catch::Contains("No space left on device"));
+    CHECK(read_bytes(path) == std::string(reinterpret_cast<const char*>(v.data()), bytes));
+    CHECK(temporaries(tmp.str()).empty());
+  }
+  {
+    auto dropped = MappedFileWrite::create(path, 64);
+    REQUIRE(dropped.is_ok());
+  }
+  CHECK(temporaries(tmp.str()).empty());
+  CHECK(read_bytes(path).size() == bytes);
+  // Read through a mapping: the bytes; a FIFO, a device or a file over the bound is refused.
+  auto mapped = MappedFileRead::open(path, bytes);
+  REQUIRE(mapped.is_ok());
+  CHECK(std::memcmp(mapped->data(), v.data(), bytes) == 0);
+  CHECK_FALSE(MappedFileRead::open(path, bytes - 1).is_ok());
+  REQUIRE(::mkfifo(tmp.str("fifo").c_str(), 0600) == 0);
+  CHECK(MappedFileRead::open(tmp.str("fifo"), bytes).status().is_bad_input());
+  fs::create_symlink("/dev/zero", tmp.str("zero"));
+  CHECK_FALSE(MappedFileRead::open(tmp.str("zero"), bytes).is_ok());  // a link is not followed
+}
+
 TEST_CASE("planted files and symlinks at a save's temporary names are replaced, never followed",
           "[checkpoint][faults]") {
   test::TempDir tmp;

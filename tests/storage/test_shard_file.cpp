@@ -1,6 +1,10 @@
 // Shard files of layout-free checkpoints: pieces written by one layout (row blocks, ZeRO ranges,
 // replicas) read back by another (column blocks, other ranges) give the global tensors bitwise; a
 // missing shard, a flipped bit, a truncated file or a wrong shape is a clear error.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -297,7 +301,8 @@ TEST_CASE("shard file: large pieces go from their own memory to the places libhd
   const std::string path = dir.str("shard_00000.h5");
   ShardWriteStats stats;
   REQUIRE(write_shard_file(path, 0, c, &stats));
-  CHECK(stats.reserved_pieces == reserved);
+  CHECK(static_cast<int64_t>(stats.reserved.size()) == reserved);
+  CHECK_FALSE(stats.in_place);
   CHECK(stats.file_bytes == std::filesystem::file_size(path));
   CHECK(stats.file_bytes > static_cast<uint64_t>(total_bytes));
   CHECK(stats.image_bytes < (uint64_t{1} << 20));  // metadata and the small pieces only
@@ -341,6 +346,120 @@ TEST_CASE("shard file: large pieces go from their own memory to the places libhd
   auto damaged = ShardSetReader::open({path});
   REQUIRE_FALSE(damaged.is_ok());
   CHECK_THAT(damaged.status().message(), Catch::Contains("checksum"));
+}
+
+namespace {
+
+// Pieces of sizes around the 64 KiB line, several of one size (they may take each other's places).
+ShardContents reuse_contents(std::mt19937_64& rng, std::vector<std::vector<float>>& globals) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const std::vector<int64_t> sizes = {20000, 20000, 3, 70001, 20000, 16383, 70001};
+  ShardContents c;
+  globals.clear();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::vector<float> g(static_cast<size_t>(sizes[i]));
+    for (float& x : g) x = u(rng);
+    const ShardSection section = i < 3 ? ShardSection::model : i < 5 ? ShardSection::exp_avg : ShardSection::exp_avg_sq;
+    c.sections[section].push_back(piece("t" + std::to_string(i), Shape{sizes[i]}, g, {{0, sizes[i]}}));
+    globals.push_back(std::move(g));
+  }
+  return c;
+}
+
+void check_contents(const std::string& path, const ShardContents& c, const std::vector<std::vector<float>>& globals) {
+  auto reader = ShardSetReader::open({path});
+  INFO(reader.status().message());
+  REQUIRE(reader.is_ok());
+  for (const auto& [section, list] : c.sections)
+    for (const TensorPiece& p : list)
+      check_read(**reader, section, p.name, p.global_shape, globals[std::stoul(p.name.substr(1))], p.runs);
+}
+
+}  // namespace
+
+TEST_CASE("shard file: a dropped snapshot's file, copied into where the pieces go, becomes the next one in place",
+          "[shard_file]") {
+  std::mt19937_64 rng(23);
+  std::vector<std::vector<float>> first, second;
+  const ShardContents c1 = reuse_contents(rng, first);
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.str("iter_1"));
+  ShardWriteStats s1;
+  REQUIRE(write_shard_file(dir.str("iter_1/shard_00000.h5"), 0, c1, &s1));
+  REQUIRE(s1.reserved.size() == 5);
+  // The recycler's name for it once its iteration is gone.
+  const std::string spare = dir.str("spare.h5");
+  std::filesystem::rename(dir.str("iter_1/shard_00000.h5"), spare);
+  const int fd = ::open(spare.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  const size_t mapped = std::filesystem::file_size(spare);
+  void* map = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(map != MAP_FAILED);
+  auto* base = static_cast<uint8_t*>(map);
+
+  // The next snapshot: new values, each large piece copied into a region of its size (the last free
+  // one: pieces of one size swap places), the small ones on the heap.
+  // one_misplaced: a piece lies inside a larger piece's place (a view into a larger copy), copied out
+  // and written to a free place of its size; a piece then has no place of its own (on the heap) and
+  // takes the one the view was in. too_few_places: the file's list lacks a place a piece needs, so
+  // the shard is written anew.
+  enum class Case { all_in_file, one_on_heap, one_misplaced, too_few_places };
+  for (Case kase : {Case::all_in_file, Case::one_on_heap, Case::one_misplaced, Case::too_few_places}) {
+    DYNAMIC_SECTION("case " << static_cast<int>(kase)) {
+      ShardContents c2 = reuse_contents(rng, second);
+      std::vector<bool> used(s1.reserved.size(), false);
+      bool first_large = true;
+      for (auto& [section, list] : c2.sections)
+        for (TensorPiece& p : list) {
+          const uint64_t bytes = static_cast<uint64_t>(p.values.numel()) * sizeof(float);
+          if (bytes < (64 << 10)) continue;
+          const bool odd_one = std::exchange(first_large, false);
+          if (odd_one && kase == Case::one_on_heap) continue;  // stays on the heap
+          size_t k = s1.reserved.size();
+          uint64_t shift = 0;
+          if (odd_one && kase == Case::one_misplaced) {  // inside a larger piece's place, not at its start
+            while (k-- > 0)
+              if (!used[k] && s1.reserved[k].bytes > bytes + 512) break;
+            shift = 512;
+          } else {
+            while (k-- > 0)
+              if (!used[k] && s1.reserved[k].bytes == bytes) break;
+            if (k >= s1.reserved.size() && kase == Case::one_misplaced) continue;  // its place is taken
+          }
+          REQUIRE(k < s1.reserved.size());
+          used[k] = true;
+          Tensor in_file = Tensor::wrap(base + s1.reserved[k].offset + shift, p.values.shape(), DType::f32, nullptr);
+          in_file.copy_from(p.values);
+          p.values = in_file;
+        }
+      const std::vector<uint8_t> before(base, base + mapped);
+      ShardFileReuse reuse{spare, base, mapped, s1.reserved};
+      if (kase == Case::too_few_places) reuse.regions.erase(reuse.regions.begin());
+      ShardWriteStats s2;
+      REQUIRE(write_shard_file(dir.str("iter_2/shard_00000.h5"), 0, c2, &s2, &reuse));
+      check_contents(dir.str("iter_2/shard_00000.h5"), c2, second);
+      if (kase != Case::too_few_places) {
+        // The spare is the new file: same places; the pieces in it not written again, the one on the
+        // heap written into the free place of its size.
+        CHECK(s2.in_place);
+        CHECK(s2.pieces_in_place == (kase == Case::all_in_file ? 5 : kase == Case::one_on_heap ? 4 : 3));
+        CHECK(s2.reserved == s1.reserved);
+        CHECK_FALSE(std::filesystem::exists(spare));
+        std::ifstream in(dir.str("iter_2/shard_00000.h5"), std::ios::binary);
+        const std::string bytes(std::istreambuf_iterator<char>(in), {});
+        REQUIRE(bytes.size() == s2.file_bytes);
+        CHECK(bytes.size() <= mapped);
+        CHECK(std::memcmp(bytes.data(), base, bytes.size()) == 0);  // what the mapping shows
+      } else {
+        // Written anew; the spare is untouched.
+        CHECK_FALSE(s2.in_place);
+        CHECK(std::filesystem::exists(spare));
+        CHECK(std::memcmp(before.data(), base, mapped) == 0);
+      }
+    }
+  }
+  ::munmap(map, mapped);
 }
 
 TEST_CASE("shard file: its bytes do not depend on when it is written", "[shard_file]") {
