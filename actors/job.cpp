@@ -475,9 +475,7 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
   optimizer_offload.device = config.offload_optimizer;
   optimizer_offload.path = config.offload_path;
   optimizer_offload.pool = pool;
-  // A snapshot every few iterations: its buffers and files are reused (each rank gets its own
-  // recycler, rank_behavior).
-  if (config.save_memory_interval > 0) rs.snapshot_buffers = std::make_shared<BufferRecycler>();
+  rs.recycle_snapshots = config.save_memory_interval > 0;  // a snapshot every few iterations
   // A wait for a peer longer than --distributed-timeout-minutes fails the in-process fabric naming the
   // ranks that did not arrive (a stuck rank), before drive_trainer's watchdog would.
   comm::LocalFabricOptions fabric_options;

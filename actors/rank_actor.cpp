@@ -120,7 +120,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     // The rank's mailbox depth on the inspector's board: this thread runs the actor's handlers and,
     // within them, the engine's changes of state, so it alone reads the mailbox.
     if (board) board->set_mailbox_probe([self] { return self->mailbox().size(); });
-    if (spec.snapshot_buffers) {
+    if (spec.recycle_snapshots) {
       // Each rank its own recycler (engine/buffer_recycler.hpp): a shard's pieces must come back to
       // that shard's kept file. Its parameters' copies (the engine) and its moments' (the optimizer).
       spec.snapshot_buffers = std::make_shared<BufferRecycler>();

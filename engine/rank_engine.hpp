@@ -126,9 +126,11 @@ struct RankSpec {
   // inspector (null: the watch is never on), and the NaN TROUPE_FAULT_NAN asks to inject.
   std::shared_ptr<NanControl> nan;
   std::optional<NanFault> nan_fault;
+  // In-memory snapshots are taken (--save-memory-interval): the rank actor gives each rank a
+  // recycler of its own as snapshot_buffers.
+  bool recycle_snapshots = false;
   // Where shard_contents' copies come from (in-memory snapshots: buffers and snapshot files reused
-  // from one snapshot to the next, engine/buffer_recycler.hpp; the rank actor gives each rank its
-  // own); null: fresh memory each time.
+  // from one snapshot to the next, engine/buffer_recycler.hpp); null: fresh memory each time.
   std::shared_ptr<BufferRecycler> snapshot_buffers;
 };
 
