@@ -114,7 +114,11 @@ Result<GenerationModel> load_generation_model(const std::string& dir, int64_t it
   if (layout.bf16) layout.dtype = DType::bf16;
   if (layout.fp16) layout.dtype = DType::f16;
   auto loaded = load_whole_generation_model(dir, iteration, layout);
-  if (!loaded || (layout.tp * layout.pp == 1 && layout.dtype == DType::f32 && !layout.world)) return loaded;
+  if (!loaded) return loaded;
+  if (layout.tp * layout.pp == 1 && layout.dtype == DType::f32 && !layout.world) {  // this decoder decodes
+    dynamic_cast<Decoder&>(*loaded.value().decoder).pack_weights();
+    return loaded;
+  }
   GenerationModel out = std::move(loaded).value();
   const auto* whole = dynamic_cast<const Decoder*>(out.decoder.get());
   if (layout.tp * layout.pp == 1 && !layout.world) {  // one 16-bit decoder, its values the f32 ones rounded

@@ -12,6 +12,7 @@
 #include "kernels/cpu/cpu_ops.hpp"
 #include "kernels/cpu/gemm_bf16.hpp"
 #include "kernels/cpu/gemm_half_weight.hpp"
+#include "kernels/cpu/gemm_packed.hpp"
 #include "kernels/half.hpp"
 #include "kernels/device_memory.hpp"
 #ifdef TROUPE_WITH_CUDA
@@ -365,6 +366,18 @@ void fill_rows_with_bias(ThreadPool& pool, float* out, const Tensor& bias, int64
 constexpr int64_t kNativeBf16MinRows = 8;
 
 }  // namespace
+
+void linear_forward_packed(Context& ctx, const Tensor& out, const Tensor& x, const cpu::PackedWeight& weight,
+                           const Tensor& bias) {
+  const int64_t O = weight.rows(), I = weight.depth(), N = x.numel() / std::max<int64_t>(1, I);
+  TROUPE_CHECK(ctx.device == Device::cpu && ctx.pool != nullptr, "linear_forward_packed: a CPU op");
+  TROUPE_CHECK(x.dtype() == DType::f32 && out.dtype() == DType::f32 && (!bias.defined() || bias.dtype() == DType::f32),
+               "linear_forward_packed: f32 tensors");
+  TROUPE_CHECK(x.dim(-1) == I && out.dim(-1) == O && out.numel() == N * O, "linear_forward_packed: shapes");
+  TROUPE_CHECK(!bias.defined() || bias.numel() == O, "linear_forward_packed: bias is (O)");
+  cpu::linear_packed(*ctx.pool, N, x.data<float>(), std::max<int64_t>(1, I), weight,
+                     bias.defined() ? bias.data<float>() : nullptr, out.data<float>(), std::max<int64_t>(1, O));
+}
 
 void linear_forward(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& weight,
                     const Tensor& bias) {

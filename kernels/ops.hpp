@@ -22,6 +22,10 @@
 #include "kernels/dropout.hpp"
 #include "kernels/tensor.hpp"
 
+namespace troupe::cpu {
+class PackedWeight;
+}
+
 namespace troupe::ops {
 
 // ---- dtype conversion and overflow check (mixed precision) -------------------------------------
@@ -78,6 +82,11 @@ void rmsnorm_backward(Context& ctx, const Tensor& dx_accumulate /*(N,C)*/, const
 // ---- linear: out = x W^T + b (W stored (out_features, in_features), as Megatron/torch) ---------
 void linear_forward(Context& ctx, const Tensor& out /*(N,O)*/, const Tensor& x /*(N,I)*/,
                     const Tensor& weight /*(O,I)*/, const Tensor& bias /*(O) or undefined*/);
+// The same with W packed once (cpu::PackedWeight of W (O,I): kernels/cpu/gemm_packed.hpp, for weights
+// that stay as they are, as a decoder's): f32 x, out and bias on the CPU, cpu::packed_gemm_kernel()
+// not none. Each element is the fused multiply-adds in k order (+ b): bitwise on every CPU and pool.
+void linear_forward_packed(Context& ctx, const Tensor& out /*(N,O)*/, const Tensor& x /*(N,I)*/,
+                           const cpu::PackedWeight& weight /*(O,I)*/, const Tensor& bias /*(O) or undefined*/);
 // dx = dout W (skipped when dx is undefined); dweight += dout^T x (skipped when dweight is
 // undefined; then x may be undefined); dbias += sum_n dout. Split backward runs the dx half and the
 // dweight/dbias half apart (the latter without the weight); each result is bitwise the full call's.

@@ -87,6 +87,9 @@ class Decoder : public SequenceDecoder {
   DType dtype() const { return shard_.spec().dtype; }
   // Every parameter from an f32 decoder of the same model (rounded to this one's type).
   void load_from(const Decoder& whole);
+  // The forward's linears read their f32 weights packed once (DecoderShard::pack_weights): call after
+  // filling params() (load_from does), again after writing them.
+  void pack_weights() { shard_.pack_weights(); }
 
   int open_sequence() override;
   void close_sequence(int id) override;

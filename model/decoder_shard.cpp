@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -205,6 +206,25 @@ void DecoderShard::load_from_whole(const std::function<Tensor(const std::string&
     }
     if (spec_.dtype != DType::f32) params_[i].copy_from(local.to(spec_.dtype));
   }
+  pack_weights();
+}
+
+void DecoderShard::pack_weights() {
+  packed_.clear();
+  if (spec_.dtype != DType::f32 || cpu::packed_gemm_kernel() == cpu::PackedKernel::none) return;
+  ThreadPool pool(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)));
+  auto pack = [&](const Tensor& w) {
+    if (w.defined() && w.rank() == 2)
+      packed_[w.raw()] = cpu::PackedWeight::pack(pool, w.data<float>(), w.dim(0), w.dim(1), std::max<int64_t>(1, w.dim(1)));
+  };
+  pack(head_);
+  for (const Layer& y : layers_) {
+    if (y.moe) continue;  // an MoE layer's experts see a few rows each: OpenBLAS's path
+    pack(y.attn_w);
+    pack(y.proj_w);
+    pack(y.mlp.fc_w);
+    pack(y.mlp.proj_w);
+  }
 }
 
 DecoderShard::Sequence& DecoderShard::sequence(int id) {
@@ -273,11 +293,16 @@ void DecoderShard::add_bias(const Tensor& out, const Tensor& bias) const {
 
 void DecoderShard::linear(Context& ctx, const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
                           bool row_parallel) const {
+  const auto packed = packed_.find(w.raw());
+  auto forward = [&](const Tensor& bias) {
+    if (packed != packed_.end()) ops::linear_forward_packed(ctx, out, x, packed->second, bias);
+    else ops::linear_forward(ctx, out, x, w, bias);
+  };
   if (!row_parallel || tp_ == nullptr) {
-    ops::linear_forward(ctx, out, x, w, b);
+    forward(b);
     return;
   }
-  ops::linear_forward(ctx, out, x, w, Tensor());
+  forward(Tensor());
   all_reduce(out, "decode: a row-parallel linear's all-reduce");
   if (b.defined()) add_bias(out, b);
 }
@@ -498,7 +523,7 @@ std::vector<std::vector<float>> DecoderShard::head(Context& ctx, const DecodeRow
   const int64_t Vt = head_.dim(0), V = config_.vocab_size, t = spec_.tp_size;
   // The logits as the model holds them (a 16-bit model's rounded, as its training loss reads them).
   Tensor logits = Tensor::empty({n, Vt}, spec_.dtype);
-  ops::linear_forward(ctx, logits, normed, head_, Tensor());
+  linear(ctx, logits, normed, head_, Tensor(), false);
   if (spec_.dtype != DType::f32) logits = logits.to(DType::f32);
   // gathered: the shards' (n, Vt) blocks one after the other; vocabulary row v is in block v / Vt.
   Tensor gathered = logits;

@@ -24,10 +24,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "kernels/context.hpp"
+#include "kernels/cpu/gemm_packed.hpp"
 #include "kernels/tensor.hpp"
 #include "model/params.hpp"
 #include "troupe/model_config.hpp"
@@ -92,6 +94,12 @@ class DecoderShard {
   // leading elements are the global tensor `name` in row-major order (further rows: padding); a
   // 16-bit shard rounds them to nearest.
   void load_from_whole(const std::function<Tensor(const std::string&)>& whole);
+  // Packs the f32 weights of the head and of the dense layers' linears once for the CPU's packed kernel
+  // (kernels/cpu/gemm_packed.hpp; nothing where cpu::packed_gemm_kernel() is none or the shard is
+  // 16-bit): the forward then reads the packed copies, which hold as much memory again as those
+  // weights. Call after the parameters are filled (load_from_whole does); a parameter written
+  // afterwards needs another call, else the forward keeps the values packed before.
+  void pack_weights();
 
   // Sequence slots (ids chosen by the caller, any non-negative int).
   void open(int id);
@@ -161,6 +169,7 @@ class DecoderShard {
   std::vector<double> alibi_;  // this shard's heads' slopes
   std::vector<Sequence> sequences_;
   mutable std::vector<Tensor> scratch_;  // bytes; the shard runs on one thread at a time
+  std::unordered_map<const void*, cpu::PackedWeight> packed_;  // by the weight's data: pack_weights()
 };
 
 }  // namespace troupe

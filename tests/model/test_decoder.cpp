@@ -3,8 +3,9 @@
 // LayerNorm) of odd sizes with random weights: feeding a sequence token by token through the key/value
 // cache gives log-probabilities whose sum is the training model's loss on it; feeding it whole gives
 // the last token's logits of the token-by-token run; sequences of different lengths fed together
-// give what each gives alone. Mixture-of-experts models (both anchors' routers, PR-MoE, a shared expert,
-// expert counts per layer; dropless) against the training chunk's evaluation forward.
+// give what each gives alone; all of it with the linears on OpenBLAS and on the packed kernel
+// (kernels/cpu/gemm_packed.hpp). Mixture-of-experts models (both anchors' routers, PR-MoE, a shared
+// expert, expert counts per layer; dropless) against the training chunk's evaluation forward.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -58,54 +59,58 @@ TEST_CASE("decoder: the cache's log-probabilities are the training model's loss"
     const GptConfig m = family(name);
     GptModel ref(m, 1);
     ref.init(11);
-    Decoder dec(m);
-    REQUIRE(dec.params().size() == ref.params().size());
-    for (size_t i = 0; i < dec.params().size(); ++i) dec.params()[i].copy_from(ref.params()[i]);
-    std::mt19937 rng(5);
-    const int T = m.seq_length;
-    Tensor tokens = Tensor::empty({1, T + 1}, DType::i32);
-    for (int t = 0; t <= T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % m.vocab_size);
-    const int32_t* tok = tokens.data<int32_t>();
-    const double loss = ref.forward_loss(ctx, tokens);
+    for (const bool packed : {false, true}) {
+      INFO((packed ? "packed weights" : "OpenBLAS"));
+      Decoder dec(m);
+      REQUIRE(dec.params().size() == ref.params().size());
+      for (size_t i = 0; i < dec.params().size(); ++i) dec.params()[i].copy_from(ref.params()[i]);
+      if (packed) dec.pack_weights();  // the forward's linears on the packed kernel (none: OpenBLAS again)
+      std::mt19937 rng(5);
+      const int T = m.seq_length;
+      Tensor tokens = Tensor::empty({1, T + 1}, DType::i32);
+      for (int t = 0; t <= T; ++t) tokens.data<int32_t>()[t] = static_cast<int32_t>(rng() % m.vocab_size);
+      const int32_t* tok = tokens.data<int32_t>();
+      const double loss = ref.forward_loss(ctx, tokens);
 
-    const int one = dec.open_sequence();
-    double sum = 0;
-    std::vector<float> last;
-    for (int t = 0; t < T; ++t) {
-      auto logits = dec.feed(ctx, {one}, {{tok[t]}});
-      REQUIRE(logits.is_ok());
-      last = logits.value()[0];
-      REQUIRE(last.size() == static_cast<size_t>(m.vocab_size));
-      sum -= log_prob(last, tok[t + 1]);
+      const int one = dec.open_sequence();
+      double sum = 0;
+      std::vector<float> last;
+      for (int t = 0; t < T; ++t) {
+        auto logits = dec.feed(ctx, {one}, {{tok[t]}});
+        REQUIRE(logits.is_ok());
+        last = logits.value()[0];
+        REQUIRE(last.size() == static_cast<size_t>(m.vocab_size));
+        sum -= log_prob(last, tok[t + 1]);
+      }
+      CHECK(dec.length(one) == T);
+      CHECK(sum == Approx(loss).epsilon(1e-5));
+
+      // Whole at once, and two sequences of different lengths in one call.
+      const int whole = dec.open_sequence();
+      auto at_once = dec.feed(ctx, {whole}, {std::vector<int32_t>(tok, tok + T)});
+      REQUIRE(at_once.is_ok());
+      for (size_t v = 0; v < last.size(); ++v) CHECK(at_once.value()[0][v] == Approx(last[v]).margin(1e-5));
+      dec.close_sequence(whole);
+      const int a = dec.open_sequence(), b = dec.open_sequence();
+      auto first = dec.feed(ctx, {a, b}, {std::vector<int32_t>(tok, tok + 4), std::vector<int32_t>(tok, tok + T - 1)});
+      REQUIRE(first.is_ok());
+      auto second = dec.feed(ctx, {b, a}, {{tok[T - 1]}, {tok[4]}});
+      REQUIRE(second.is_ok());
+      for (size_t v = 0; v < last.size(); ++v) CHECK(second.value()[0][v] == Approx(last[v]).margin(1e-5));
+      // a holds tok[0..4]: its next-token log-probability of tok[5] is the token-by-token run's term.
+      const int c = dec.open_sequence();
+      std::vector<float> alone;
+      for (int t = 0; t < 5; ++t) alone = dec.feed(ctx, {c}, {{tok[t]}}).value()[0];
+      for (size_t v = 0; v < alone.size(); ++v) CHECK(second.value()[1][v] == Approx(alone[v]).margin(1e-5));
+
+      // Past the model's positions: refused, nothing fed.
+      auto over = dec.feed(ctx, {one}, {std::vector<int32_t>(static_cast<size_t>(m.max_position_embeddings), 1)});
+      REQUIRE_FALSE(over.is_ok());
+      CHECK(over.status().is_bad_input());
+      CHECK(dec.length(one) == T);
+      auto outside = dec.feed(ctx, {one}, {{static_cast<int32_t>(m.vocab_size)}});
+      REQUIRE_FALSE(outside.is_ok());
     }
-    CHECK(dec.length(one) == T);
-    CHECK(sum == Approx(loss).epsilon(1e-5));
-
-    // Whole at once, and two sequences of different lengths in one call.
-    const int whole = dec.open_sequence();
-    auto at_once = dec.feed(ctx, {whole}, {std::vector<int32_t>(tok, tok + T)});
-    REQUIRE(at_once.is_ok());
-    for (size_t v = 0; v < last.size(); ++v) CHECK(at_once.value()[0][v] == Approx(last[v]).margin(1e-5));
-    dec.close_sequence(whole);
-    const int a = dec.open_sequence(), b = dec.open_sequence();
-    auto first = dec.feed(ctx, {a, b}, {std::vector<int32_t>(tok, tok + 4), std::vector<int32_t>(tok, tok + T - 1)});
-    REQUIRE(first.is_ok());
-    auto second = dec.feed(ctx, {b, a}, {{tok[T - 1]}, {tok[4]}});
-    REQUIRE(second.is_ok());
-    for (size_t v = 0; v < last.size(); ++v) CHECK(second.value()[0][v] == Approx(last[v]).margin(1e-5));
-    // a holds tok[0..4]: its next-token log-probability of tok[5] is the token-by-token run's term.
-    const int c = dec.open_sequence();
-    std::vector<float> alone;
-    for (int t = 0; t < 5; ++t) alone = dec.feed(ctx, {c}, {{tok[t]}}).value()[0];
-    for (size_t v = 0; v < alone.size(); ++v) CHECK(second.value()[1][v] == Approx(alone[v]).margin(1e-5));
-
-    // Past the model's positions: refused, nothing fed.
-    auto over = dec.feed(ctx, {one}, {std::vector<int32_t>(static_cast<size_t>(m.max_position_embeddings), 1)});
-    REQUIRE_FALSE(over.is_ok());
-    CHECK(over.status().is_bad_input());
-    CHECK(dec.length(one) == T);
-    auto outside = dec.feed(ctx, {one}, {{static_cast<int32_t>(m.vocab_size)}});
-    REQUIRE_FALSE(outside.is_ok());
   }
 }
 
@@ -118,6 +123,7 @@ TEST_CASE("decoder: a request's tokens do not depend on what runs beside it", "[
   ref.init(3);
   Decoder dec(m);
   for (size_t i = 0; i < dec.params().size(); ++i) dec.params()[i].copy_from(ref.params()[i]);
+  dec.pack_weights();  // as troupe generate decodes
   GenerationOptions o;
   o.sampling.top_p = 0.9;
   o.sampling.temperature = 1.5;
