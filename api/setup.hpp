@@ -28,4 +28,10 @@ struct InJobRecovery {
 };
 InJobRecovery in_job_recovery_from_env(int world);
 
+// Whether train() ended because the job failed again after max_recoveries recoveries in the job.
+// Counted over the job (its generation, which a replacement process adopts), not per process, so
+// every process gives up at the same failure and none waits at a rendezvous for ranks that will not
+// come; troupe train then exits 76, which troupe launch does not restart.
+bool job_given_up(const Status& st);
+
 }  // namespace troupe

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 
@@ -84,6 +85,14 @@ InJobRecovery in_job_recovery_from_env(int world) {
   const char* replacement = std::getenv("TROUPE_REPLACEMENT");
   r.replacement = r.enabled && replacement != nullptr && std::string(replacement) == "1";
   return r;
+}
+
+namespace {
+constexpr std::string_view kGivenUpText = "the job was given up: ";
+}  // namespace
+
+bool job_given_up(const Status& st) {
+  return !st.is_ok() && st.message().find(kGivenUpText) != std::string::npos;
 }
 
 Status resolve_config(TrainConfig& cfg, int world, int local_world, const GivenToRun& given) {
@@ -333,13 +342,15 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     attempt_ended();
     const bool stopping = run.stop != nullptr && run.stop->load();
     if (!recovery.enabled || result || result.status().is_bad_input() || stopping) return result;
-    if (recovered >= recovery.max_recoveries)
-      return Status::error(result.status().message() + " (and this process has recovered in the job " +
-                           std::to_string(recovered) + " time(s), the launch's --max-restarts)");
+    // The job's recoveries, not this process's: a replacement took the job's generation at its
+    // rendezvous, so every process of the job gives up at this same failure.
+    if (generation >= recovery.max_recoveries)
+      return Status::error(std::string(kGivenUpText) + "it failed again after " + std::to_string(generation) +
+                           " recovery(ies) in the job, the launch's --max-restarts: " + result.status().message());
     // Every process says it (on stderr, as the failure path without recovery does): rank 0 may be
     // the one that was lost.
     std::fprintf(stderr, "troupe train: rank %d: the job failed (%s) -- recovering in the job (%d of %d): this process "
-                 "stays and rejoins as generation %d\n", env->rank, result.status().message().c_str(), recovered + 1,
+                 "stays and rejoins as generation %d\n", env->rank, result.status().message().c_str(), generation + 1,
                  recovery.max_recoveries, generation + 1);
     std::fflush(stderr);
     options.world.reset();

@@ -19,6 +19,9 @@ inline constexpr int kExitUsage = 2;
 // troupe train under troupe launch --nnodes MIN:MAX stopped for a node that asks to join; the
 // launchers start the next round (not a failure: no restart is counted). EX_TEMPFAIL's number.
 inline constexpr int kExitRegroup = 75;
+// troupe train under in-job recovery: the job failed once more after --max-restarts recoveries, and
+// every rank of it ends so at the same failure (api/setup.hpp, job_given_up); launchers restart nothing.
+inline constexpr int kExitGivenUp = 76;
 // 128 + the signal after a graceful stop on SIGINT (130) or SIGTERM (143).
 
 // The exit code of a failed Status: 2 when it is bad input (troupe/status.hpp), else 1.

@@ -124,6 +124,9 @@ std::string seconds_text(double s) {
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 // troupe train stopped for a node that asks to join (elastic): the next round, not a failure.
 bool regrouped(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kExitRegroup; }
+// troupe train under in-job recovery: the job spent its recoveries and every rank ends so
+// (kExitGivenUp): a failure, but nothing to start again.
+bool given_up(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kExitGivenUp; }
 
 // The child's environment: ours, minus the variables the launcher sets or clears, plus those set.
 std::vector<std::string> child_environment(const Launch& l, int rank, int local_rank, int restart,
@@ -403,7 +406,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
     const bool any_finished = std::any_of(children.begin(), children.end(),
                                           [](const Child& c) { return !c.running && succeeded(c.status); });
     if (failed_now != nullptr && replaced != nullptr && *replaced < a.max_restarts && !stopping && !any_finished &&
-        forwarded_signal == 0 && !(WIFEXITED(failed_now->status) && WEXITSTATUS(failed_now->status) == kExitUsage)) {
+        forwarded_signal == 0 && !given_up(failed_now->status) &&
+        !(WIFEXITED(failed_now->status) && WEXITSTATUS(failed_now->status) == kExitUsage)) {
       ++*replaced;
       std::string dir;
       if (!l.run_log_dir.empty()) {
@@ -476,7 +480,7 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
                 " grace)";
     // A rank refused its input (exit code 2: bad flags, config, data): starting again cannot help.
     const bool bad_input = WIFEXITED(first_failure->status) && WEXITSTATUS(first_failure->status) == kExitUsage;
-    *restartable = forwarded_signal == 0 && !bad_input;
+    *restartable = forwarded_signal == 0 && !bad_input && !given_up(first_failure->status);
     const std::string where = attempt_dir.empty() ? "the rank's output above" : "the rank's output (logs in " + attempt_dir + ")";
     print_error("launch", "rank " + std::to_string(first_failure->rank) + " (pid " + std::to_string(first_failure->pid) +
                               ") " + describe_status(first_failure->status) + others + " -- see " + where +

@@ -269,6 +269,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   std::signal(SIGTERM, SIG_DFL);
   if (!result) {
     print_error(name, result.status());
+    if (job_given_up(result.status())) return kExitGivenUp;  // the launchers restart nothing
     return result.status().is_bad_input() ? kExitUsage : kExitFailure;
   }
   const TrainSummary& s = result.value();
