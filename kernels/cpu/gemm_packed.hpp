@@ -4,8 +4,9 @@
 // Why: a decoder's weights do not change between feeds, but OpenBLAS packs them again on every call
 // (the whole model per decode step) and re-packs the activations once per tile of gemm() (gemm.hpp):
 // at a 16-prompt prefill of GPT-2 that is ~15% of the GEMMs' time. Here the weights are packed once
-// (PackedWeight: panels of kNR = 64 of W's rows, K contiguous, zero-padded), the activations once per
-// call (panels of 6 rows), and the pool's threads compute 96 x 256 blocks of C from both.
+// (PackedWeight: panels of 64 of W's rows, K contiguous, zero-padded), the activations are read in
+// place (one element broadcast per row and k), and the pool's threads compute blocks of up to
+// 96 x 256 of C, K in passes of 96 so a panel's slice stays in L1.
 //
 // Numerics. Every element of C is s (+ bias[n], one rounding), where s = fma(a_{K-1}, w_{K-1}, ...
 // fma(a_1, w_1, fma(a_0, w_0, 0))): one fused multiply-add per k, in k order, each rounded to nearest
@@ -19,10 +20,9 @@
 // TROUPE_CPU_FEATURES=generic: then nothing is packed and callers keep OpenBLAS's path;
 // TROUPE_CPU_FEATURES=avx2 caps the choice at avx2 (so an AVX-512 machine can run the AVX2 kernel).
 //
-// Memory: a PackedWeight holds ceil(N/64) 64 K floats (the weight again, plus its row padding). The
-// per-call scratch: the packed activations, ceil(M/6) 6 K floats on the calling thread, and 96 KiB of
-// accumulators per pool thread, kept between calls. Not re-entrant on one pool (ThreadPool runs one
-// loop at a time).
+// Memory: a PackedWeight holds ceil(N/64) 64 K floats (the weight again, plus its row padding); a
+// call needs 96 KiB of accumulators per pool thread, kept between calls. Not re-entrant on one pool
+// (ThreadPool runs one loop at a time).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -5,6 +5,7 @@
 // the missing kernel's cases are skipped with a warning.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
