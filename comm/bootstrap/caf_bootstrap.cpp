@@ -592,7 +592,14 @@ caf::result<Reply> relay(AgentPtr self, Ts... xs) {
               if constexpr (Joins) self->state.joined = true;
               finish(std::move(r));
             },
-            [finish](caf::error& e) mutable { finish(e); });
+            [self, finish](caf::error& e) mutable {
+              // The rendezvous went away with the request under way: its error can come before the
+              // down message, so it says what the down message will (join() tries a lost
+              // rendezvous again for a later attempt: the old rank 0 closing as this rank rejoins).
+              if (e == caf::sec::request_receiver_down)
+                e = bootstrap_error(std::string(kLostRendezvous) + self->state.where + " (request_receiver_down)");
+              finish(e);
+            });
   return promise;
 }
 
