@@ -8,6 +8,7 @@
 #include <new>
 #include <string_view>
 
+#include "kernels/cpu/scratch.hpp"
 #include "troupe/check.hpp"
 
 // Only the functions marked TROUPE_AVX512 / TROUPE_AVX2 use those instructions; they run only where
@@ -41,10 +42,10 @@ float* aligned_floats(size_t n) {
   return static_cast<float*>(::operator new(std::max<size_t>(n, 16) * sizeof(float), std::align_val_t{64}));
 }
 
-// The accumulators of one task (kMC x kNC, row stride kNC), per pool thread.
+// The accumulators of one task (kMC x kNC, row stride kNC): the pool thread's scratch (not 64-byte
+// aligned: the blocks load and store them unaligned).
 float* task_accumulators() {
-  thread_local std::unique_ptr<float, AlignedFree> acc(aligned_floats(kMC * kNC));
-  return acc.get();
+  return thread_scratch<float>(kMC * kNC, 0);
 }
 
 // What a task needs.
@@ -70,7 +71,7 @@ TROUPE_AVX512 void block_avx512(int64_t kc, const float* a, int64_t lda, const f
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) s[r][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(acc + r * kNC + 16 * j);
+    for (int j = 0; j < 4; ++j) s[r][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kNC + 16 * j);
   for (int64_t k = 0; k < kc; ++k) {
     const float* bk = b + k * kNR;
     const __m512 b0 = _mm512_load_ps(bk), b1 = _mm512_load_ps(bk + 16);
@@ -88,7 +89,7 @@ TROUPE_AVX512 void block_avx512(int64_t kc, const float* a, int64_t lda, const f
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) _mm512_store_ps(acc + r * kNC + 16 * j, s[r][j]);
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + r * kNC + 16 * j, s[r][j]);
     return;
   }
   __mmask16 mask[4];
@@ -122,7 +123,7 @@ TROUPE_AVX2 void strip_avx2(int64_t kc, const float* a, int64_t lda, const float
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) s[r][j] = first ? _mm256_setzero_ps() : _mm256_load_ps(acc + r * kNC + 8 * j);
+    for (int j = 0; j < 2; ++j) s[r][j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * kNC + 8 * j);
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_load_ps(b + k * kNR), b1 = _mm256_load_ps(b + k * kNR + 8);
 #pragma GCC unroll 6
@@ -136,7 +137,7 @@ TROUPE_AVX2 void strip_avx2(int64_t kc, const float* a, int64_t lda, const float
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-      for (int j = 0; j < 2; ++j) _mm256_store_ps(acc + r * kNC + 8 * j, s[r][j]);
+      for (int j = 0; j < 2; ++j) _mm256_storeu_ps(acc + r * kNC + 8 * j, s[r][j]);
     return;
   }
   __m256i mask[2];
