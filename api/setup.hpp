@@ -25,6 +25,9 @@ struct InJobRecovery {
   bool enabled = false;
   bool replacement = false;  // started in a failed process's place: joins whichever generation forms
   int max_recoveries = 0;    // how often a process may rejoin
+  // --spares K (TROUPE_IN_JOB_SPARES=1): warm spare processes wait at the rendezvous and take a lost
+  // rank's place; a process whose place a spare took (it was cut off) stays as a spare itself.
+  bool spares = false;
 };
 InJobRecovery in_job_recovery_from_env(int world);
 

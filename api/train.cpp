@@ -84,6 +84,8 @@ InJobRecovery in_job_recovery_from_env(int world) {
   r.enabled = r.max_recoveries > 0;
   const char* replacement = std::getenv("TROUPE_REPLACEMENT");
   r.replacement = r.enabled && replacement != nullptr && std::string(replacement) == "1";
+  const char* spares = std::getenv("TROUPE_IN_JOB_SPARES");
+  r.spares = r.enabled && spares != nullptr && std::string(spares) == "1";
   return r;
 }
 
@@ -211,8 +213,9 @@ class JobLink {
       };
     if (!on_peer_failure)
       on_peer_failure = [grace](int rank, const std::string& why) { end_process_after_peer_failure(rank, why, grace); };
-    options_.on_job_failed = [rank = env_.rank, on_peer_failure](const std::string& why) { on_peer_failure(rank, why); };
+    options_.on_job_failed = [&env = env_, on_peer_failure](const std::string& why) { on_peer_failure(env.rank, why); };
     options_.in_job_recovery = recovery_.enabled;
+    options_.open_places = open_places_;
     if (recovery_.enabled) options_.attempt = *generation;
     auto b = comm::create_caf_bootstrap(env_, options_);
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
@@ -257,13 +260,23 @@ class JobLink {
     return Status::ok();
   }
 
-  // Gives the generation up (the attempt over it has ended): the world, then the rendezvous.
+  // Rank 0: tells the spares waiting for a place that the job ended (CafBootstrap::end_job).
+  void end_job(const std::string& outcome) {
+    if (bootstrap_ && bootstrap_->rank() == 0) bootstrap_->end_job(outcome);
+  }
+
+  // Gives the generation up (the attempt over it has ended): the world, then the rendezvous. Rank 0
+  // keeps the ranks it lost: a spare may take their places at the next generation.
   void close() {
     {
       std::lock_guard<std::mutex> lock(slot_->mu);
       slot_->world.reset();
     }
     world_.reset();
+    if (bootstrap_) {
+      bootstrap_->close();
+      if (bootstrap_->rank() == 0) open_places_ = bootstrap_->lost_ranks();
+    }
     bootstrap_.reset();
   }
 
@@ -274,14 +287,29 @@ class JobLink {
     std::mutex mu;
     std::shared_ptr<comm::CommWorld> world;
   };
-  const comm::LaunchEnv& env_;
+  const comm::LaunchEnv& env_;  // a spare's rank is the one its join got (train() sets it)
   const RunOptions& run_;
   const InJobRecovery recovery_;
+  std::vector<int> open_places_;
   std::shared_ptr<WorldSlot> slot_;
   comm::CafBootstrapOptions options_;
   std::unique_ptr<comm::CafBootstrap> bootstrap_;
   std::shared_ptr<comm::CommWorld> world_;
 };
+
+// What a spare the job never needed returns: a summary saying so when the job finished, the job's
+// end otherwise (given up: exit 76 as the ranks', so its launcher restarts nothing).
+Result<TrainSummary> spare_outcome(const Status& ended) {
+  const std::string& text = ended.message();
+  const size_t at = text.find(comm::kJobEndedText);
+  const std::string outcome = at == std::string::npos ? text : text.substr(at + std::string(comm::kJobEndedText).size());
+  if (outcome == "finished") {
+    TrainSummary s;
+    s.spare_unused = true;
+    return s;
+  }
+  return Status::error("the job this spare waited for ended: " + outcome);
+}
 
 }  // namespace
 
@@ -301,17 +329,57 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   // times, keeping the data and its measured sgemm peak (a replacement does not measure it: the
   // others wait for it).
   const InJobRecovery recovery = in_job_recovery_from_env(world);
+  if (env->spare && !recovery.spares)
+    return Status::bad_input("this process was started as a spare (TROUPE_SPARE=1) outside a job with spares -- "
+                             "troupe launch --in-job-recovery --max-restarts N --spares K starts spares");
   const TrainConfig given = cfg;
   const bool data_given = data != nullptr;  // the caller's (not the data a recovered attempt keeps)
-  double local_peak = recovery.replacement ? -1 : 0;
-  int32_t generation = recovery.replacement ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
+  // A replacement or spare does not measure the sgemm peak (the others would wait for it).
+  double local_peak = recovery.replacement || env->spare ? -1 : 0;
+  int32_t generation =
+      recovery.replacement || env->spare ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
+  bool took_a_place = false;  // a spare that joined the job in a lost rank's place
   JobLink link(*env, run, recovery);
+  // Joins this generation; a spare waits there for a place (the job may end first: a spare it never
+  // needed ends well), a rank whose place a spare took while it was cut off stays as a spare.
+  enum class Met { joined, as_spare, ended };
+  Status spare_end = Status::ok();
+  auto meet = [&](const TrainConfig& c) -> Result<Met> {
+    const bool spare = env->spare;
+    Status st = link.meet(c, &generation);
+    if (st && spare) {
+      env->spare = false;
+      env->rank = link.bootstrap()->rank();
+      took_a_place = true;
+      std::fprintf(stderr, "troupe train: a spare takes the place of rank %d in the job (generation %d)\n", env->rank,
+                   generation);
+      std::fflush(stderr);
+    }
+    if (st) return Met::joined;
+    if (spare && comm::job_ended_for_spare(st)) {
+      spare_end = st;
+      return Met::ended;
+    }
+    if (recovery.spares && !spare && comm::place_taken_by_spare(st)) {
+      std::fprintf(stderr, "troupe train: %s -- this process stays as a spare of the job\n", st.message().c_str());
+      std::fflush(stderr);
+      env->spare = true;
+      env->rank = -1;
+      generation = comm::kAnyGeneration;
+      link.close();
+      return Met::as_spare;
+    }
+    return st;
+  };
   for (int recovered = 0;; ++recovered) {
     cfg = given;
     // The ranks meet at the rendezvous and build the world before anything is reported; with a
     // layout to choose they meet first, and rank 0's choice is every rank's config.
     if (world > 1 && run.choose_layout) {
-      TROUPE_RETURN_IF_ERROR(link.meet(cfg, &generation));
+      auto met = meet(cfg);
+      if (!met) return met.status();
+      if (met.value() == Met::as_spare) continue;
+      if (met.value() == Met::ended) return spare_outcome(spare_end);
       TROUPE_RETURN_IF_ERROR(agree_on_layout(cfg, *link.bootstrap(), run, env->local_world_size));
     }
     TROUPE_RETURN_IF_ERROR(resolve_config(cfg, world, env->local_world_size, GivenToRun{data_given, run.model.get()}));
@@ -322,7 +390,10 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     }
     JobOptions options;
     if (world > 1) {
-      TROUPE_RETURN_IF_ERROR(link.meet(cfg, &generation));
+      auto met = meet(cfg);
+      if (!met) return met.status();
+      if (met.value() == Met::as_spare) continue;
+      if (met.value() == Met::ended) return spare_outcome(spare_end);
       TROUPE_RETURN_IF_ERROR(link.open_world(cfg, options));
     }
     // Ranks sharing a host share its cores: by default each takes its share.
@@ -336,17 +407,25 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     options.model = run.model;
     options.job_token = env->token;
     options.on_stuck = run.on_stuck;
-    options.restarted = restarted || recovered > 0;
+    options.restarted = restarted || recovered > 0 || took_a_place;
     if (const char* id = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = id;
     auto result = run_training(cfg, data, callbacks, options);
     attempt_ended();
     const bool stopping = run.stop != nullptr && run.stop->load();
-    if (!recovery.enabled || result || result.status().is_bad_input() || stopping) return result;
+    if (!recovery.enabled || result || result.status().is_bad_input() || stopping) {
+      // Rank 0 tells the spares still waiting how the job ended.
+      link.end_job(result ? "finished" : stopping ? "stopped" : "failed: " + result.status().message());
+      return result;
+    }
     // The job's recoveries, not this process's: a replacement took the job's generation at its
     // rendezvous, so every process of the job gives up at this same failure.
-    if (generation >= recovery.max_recoveries)
-      return Status::error(std::string(kGivenUpText) + "it failed again after " + std::to_string(generation) +
-                           " recovery(ies) in the job, the launch's --max-restarts: " + result.status().message());
+    if (generation >= recovery.max_recoveries) {
+      const Status given_up =
+          Status::error(std::string(kGivenUpText) + "it failed again after " + std::to_string(generation) +
+                        " recovery(ies) in the job, the launch's --max-restarts: " + result.status().message());
+      link.end_job(given_up.message());
+      return given_up;
+    }
     // Every process says it (on stderr, as the failure path without recovery does): rank 0 may be
     // the one that was lost.
     std::fprintf(stderr, "troupe train: rank %d: the job failed (%s) -- recovering in the job (%d of %d): this process "

@@ -103,6 +103,7 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int status = 0;
+  int restarts = 0;  // --in-job-recovery: how often this place's process was started again
 };
 
 std::string describe_status(int status) {
@@ -129,10 +130,13 @@ bool regrouped(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 
 bool given_up(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == kExitGivenUp; }
 
 // The child's environment: ours, minus the variables the launcher sets or clears, plus those set.
+// A warm spare (--in-job-recovery --spares) has no rank: TROUPE_RANK=-1 until the job gives it one.
 std::vector<std::string> child_environment(const Launch& l, int rank, int local_rank, int restart,
-                                           const std::string& error_file, bool replacement = false) {
+                                           const std::string& error_file, bool replacement = false,
+                                           bool spare = false) {
   const LaunchOptions& a = l.o;
   const int world = a.nnodes * a.nproc_per_node;
+  if (spare) rank = -1;
   std::vector<std::pair<std::string, std::string>> set = {
       {"TROUPE_RUN_ID", l.run_id},
       {"TROUPE_RESTART_COUNT", std::to_string(restart)},
@@ -167,13 +171,16 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   if (a.join_timeout_given) set.push_back({"TROUPE_RDZV_TIMEOUT", std::to_string(a.join_timeout_s)});
   if (a.in_job_recovery) set.push_back({"TROUPE_IN_JOB_RECOVERY", "1"});
   if (replacement) set.push_back({"TROUPE_REPLACEMENT", "1"});
+  if (a.warm_spares()) set.push_back({"TROUPE_IN_JOB_SPARES", "1"});
+  if (spare) set.push_back({"TROUPE_SPARE", "1"});
   if (!error_file.empty()) set.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
   // --local-addr on node 0: where rank 0's rendezvous listens (a TROUPE_BIND_ADDR of the user's wins).
   if (!a.local_addr.empty() && a.node_rank == 0 && std::getenv("TROUPE_BIND_ADDR") == nullptr)
     set.push_back({"TROUPE_BIND_ADDR", a.local_addr});
   // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
-  const std::set<std::string> cleared = {"TROUPE_RDZV_ID",  "TROUPE_RDZV_TIMEOUT",    "TORCHELASTIC_ERROR_FILE",
-                                         "TROUPE_ELASTIC", "TROUPE_IN_JOB_RECOVERY", "TROUPE_REPLACEMENT"};
+  const std::set<std::string> cleared = {"TROUPE_RDZV_ID",     "TROUPE_RDZV_TIMEOUT",    "TORCHELASTIC_ERROR_FILE",
+                                         "TROUPE_ELASTIC",     "TROUPE_IN_JOB_RECOVERY", "TROUPE_REPLACEMENT",
+                                         "TROUPE_IN_JOB_SPARES", "TROUPE_SPARE"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -277,7 +284,7 @@ StreamPlan stream_plan(const Launch& l, int rank, int local, int which, const st
     p.file = attempt_dir + "/" + std::to_string(local) + (which == kStdOut ? "/stdout.log" : "/stderr.log");
   p.console = !(redirect && !tee);
   if (!o.local_ranks_filter.empty() && o.local_ranks_filter.count(local) == 0) p.console = false;
-  if (o.prefix_output) p.prefix = "[rank " + std::to_string(rank) + "] ";
+  if (o.prefix_output) p.prefix = rank < 0 ? "[spare " + std::to_string(local) + "] " : "[rank " + std::to_string(rank) + "] ";
   if (tee) p.prefix += "[" + o.role + std::to_string(local) + "]:";
   return p;
 }
@@ -286,10 +293,16 @@ StreamPlan stream_plan(const Launch& l, int rank, int local, int which, const st
 // the launch (kExitRegroup: they stopped for a node that asks to join); *restartable when ranks
 // failed by themselves (not stopped by a signal to the launcher). elastic (node 0 of an elastic
 // job, else null): a node asking to join gets the ranks SIGUSR2, once. replaced (--in-job-recovery,
-// else null): the restarts spent so far; while fewer than --max-restarts, ranks that fail are started
-// again alone (TROUPE_REPLACEMENT=1; the ranks found dead in one sweep count as one restart) and the
-// others stay.
-int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMembership* elastic, int* replaced) {
+// else null): the ranks that fail are started again alone (TROUPE_REPLACEMENT=1) and the others
+// stay, each process's place at most --max-restarts times (the job itself gives up after as many
+// recoveries, exit code 76: the places' counts only bound a process that fails before it rejoins);
+// replaced->sweeps counts the restarts, replaced->spent says a place had none left.
+struct InJobRestarts {
+  int sweeps = 0;
+  bool spent = false;
+};
+int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMembership* elastic,
+              InJobRestarts* replaced) {
   const LaunchOptions& a = l.o;
   // Signals are taken synchronously with sigtimedwait; children get the original mask back.
   sigset_t wait_set, old_mask;
@@ -316,9 +329,14 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
   // Elastic: SIGUSR2 (a node asks to join) stays pending in a rank until troupe train takes it.
   sigset_t child_mask = old_mask;
   if (l.elastic) sigaddset(&child_mask, SIGUSR2);
+  // --in-job-recovery --spares: a spare node's processes start as warm spares, and a failed process
+  // other than rank 0 (whose node hosts the rendezvous) comes back as one -- a waiting spare took
+  // its place already, or this one takes it.
   auto start_child = [&](int local, int count, bool replacement, const std::string& dir, OutputRouter& router) {
     Child& c = children[local];
-    c.rank = a.node_rank * a.nproc_per_node + local;
+    c.rank = a.spare_node() ? -1 : a.node_rank * a.nproc_per_node + local;
+    const bool spare = a.warm_spares() && (a.spare_node() || (replacement && c.rank != 0));
+    if (spare) c.rank = -1;
     const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, dir);
     const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, dir);
     auto out = open_stream(out_plan);
@@ -326,7 +344,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
     Status st = !out ? out.status() : !err ? err.status() : Status::ok();
     if (st) {
       const std::string error_file = dir.empty() ? "" : dir + "/" + std::to_string(local) + "/error.json";
-      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, count, error_file, replacement), child_mask,
+      st = spawn_child(l.exe, l.argv, child_environment(l, c.rank, local, count, error_file, replacement, spare),
+                       child_mask,
                        out->child_fd, err->child_fd, c);
       // The rank holds its ends now; the router copies the rest.
       for (const auto* e : {&*out, &*err})
@@ -405,13 +424,18 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
     // a rank has finished (the job is ending: nobody would rejoin) nor while stopping.
     const bool any_finished = std::any_of(children.begin(), children.end(),
                                           [](const Child& c) { return !c.running && succeeded(c.status); });
-    if (failed_now != nullptr && replaced != nullptr && *replaced < a.max_restarts && !stopping && !any_finished &&
+    const bool places_left =
+        replaced != nullptr && std::all_of(children.begin(), children.end(), [&](const Child& c) {
+          return c.running || succeeded(c.status) || regrouped(c.status) || c.restarts < a.max_restarts;
+        });
+    if (failed_now != nullptr && replaced != nullptr && !places_left) replaced->spent = true;
+    if (failed_now != nullptr && places_left && !stopping && !any_finished &&
         forwarded_signal == 0 && !given_up(failed_now->status) &&
         !(WIFEXITED(failed_now->status) && WEXITSTATUS(failed_now->status) == kExitUsage)) {
-      ++*replaced;
+      const int sweep = ++replaced->sweeps;
       std::string dir;
       if (!l.run_log_dir.empty()) {
-        dir = l.run_log_dir + "/attempt_" + std::to_string(*replaced);
+        dir = l.run_log_dir + "/attempt_" + std::to_string(sweep);
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
       }
@@ -420,14 +444,21 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
       for (int local = 0; local < a.nproc_per_node && st; ++local) {
         Child& c = children[local];
         if (c.running || succeeded(c.status) || regrouped(c.status)) continue;
-        std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; in-job recovery %d of %d: starting it again, the "
-                             "other ranks rejoin the job\n", c.rank, c.pid, describe_status(c.status).c_str(),
-                     *replaced, a.max_restarts);
+        const int restarts = ++c.restarts;
+        if (a.warm_spares() && !(a.node_rank == 0 && local == 0))
+          std::fprintf(stderr, "troupe launch: the process of local rank %d (pid %d) %s; in-job recovery %d of %d: "
+                               "starting a spare in its place (a waiting spare takes its rank), the other ranks "
+                               "rejoin the job\n", local, c.pid, describe_status(c.status).c_str(), restarts,
+                       a.max_restarts);
+        else
+          std::fprintf(stderr, "troupe launch: rank %d (pid %d) %s; in-job recovery %d of %d: starting it again, the "
+                               "other ranks rejoin the job\n", c.rank, c.pid, describe_status(c.status).c_str(),
+                       restarts, a.max_restarts);
         if (!dir.empty()) {
           std::error_code ec;
           std::filesystem::create_directories(dir + "/" + std::to_string(local), ec);
         }
-        st = start_child(local, *replaced, true, dir, *routers.back());
+        st = start_child(local, sweep, true, dir, *routers.back());
         if (st) ++running;
       }
       routers.back()->start();
@@ -766,11 +797,11 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
       attempt.o.master_port = o.master_port + 1;
     }
     bool restartable = false;
-    int replaced = 0;  // --in-job-recovery: the restarts spent on single ranks
+    InJobRestarts replaced;  // --in-job-recovery: the restarts of single processes
     const int code = run_ranks(attempt, count, &restartable, elastic && o.node_rank == 0 ? elastic.get() : nullptr,
                                o.in_job_recovery ? &replaced : nullptr);
     if (o.in_job_recovery) {
-      if (code != kExitOk && restartable && replaced >= o.max_restarts)
+      if (code != kExitOk && restartable && replaced.spent)
         std::fprintf(stderr, "troupe launch: not restarting: in-job recovery spent its %d restart(s)\n", o.max_restarts);
       return code;
     }

@@ -273,6 +273,10 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
     return result.status().is_bad_input() ? kExitUsage : kExitFailure;
   }
   const TrainSummary& s = result.value();
+  if (s.spare_unused) {
+    std::fprintf(stderr, "troupe train: the job finished without needing this spare\n");
+    return kExitOk;
+  }
   std::string final_line = fmt::format("troupe train: finished at iteration {}/{} | final lm loss: {:.6f}", s.iteration,
                                        cfg.train_iters, s.last_loss);
   if (s.last_eval_loss >= 0) final_line += fmt::format(" | last validation loss: {:.6f}", s.last_eval_loss);

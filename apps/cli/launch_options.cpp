@@ -426,7 +426,8 @@ const std::vector<Flag>& flags() {
        }},
       {{"--spares"}, true, false,
        "troupe's: K nodes beyond --nnodes (--node-rank N .. N+K-1, the same flag on every node) wait to replace a "
-       "lost node at once: the next round takes them in without waiting for the last call",
+       "lost node at once: the next round takes them in without waiting for the last call; with --in-job-recovery "
+       "their processes start at once and wait as warm spares, each taking a lost rank's place in the running job",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          int_in(label, v, 0, 1024, &o.spares, "give a number of spare nodes from 0 to 1024", p);
        }},
@@ -657,10 +658,18 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
   if (o.in_job_recovery && o.max_restarts < 1)
     problems.push_back("--in-job-recovery needs --max-restarts N (N >= 1): how often a failed process is started "
                        "again and the others rejoin");
-  if (o.in_job_recovery && o.rounds())
-    problems.push_back(std::string("--in-job-recovery with ") + (o.elastic() ? "--nnodes MIN:MAX" : "--spares") +
-                       ": rounds start every node's ranks anew; in-job recovery keeps a fixed membership -- "
-                       "choose one");
+  if (o.in_job_recovery && o.elastic())
+    problems.push_back("--in-job-recovery with --nnodes MIN:MAX: rounds start every node's ranks anew; in-job "
+                       "recovery keeps a fixed membership -- choose one (--spares K works with either)");
+  if (o.warm_spares()) {
+    if (!o.node_rank_given)
+      problems.push_back("--spares " + std::to_string(o.spares) + " needs each node's --node-rank (0 .. " +
+                         std::to_string(o.nnodes + o.spares - 1) + ": the spare nodes are " +
+                         std::to_string(o.nnodes) + " .. " + std::to_string(o.nnodes + o.spares - 1) + ")");
+    if (o.command.empty() || o.command.front() != "train" || command_kind(o, subcommands) != CommandKind::troupe)
+      problems.push_back("--in-job-recovery --spares: the warm spares are troupe train processes -- launch "
+                         "`troupe train ...`, or leave out --spares");
+  }
   if (!o.elastic() && o.last_call_given) {
     o.notes.push_back("--rdzv-conf last_call_timeout: no effect without --nnodes MIN:MAX (a fixed membership)");
   }

@@ -98,8 +98,12 @@ struct LaunchOptions {
   std::vector<std::string> notes;    // one line per flag accepted without effect, or resolved
 
   bool elastic() const { return min_nnodes < nnodes; }
-  // Rounds formed by node 0's launcher (apps/launch_elastic.hpp): an elastic size or spares.
-  bool rounds() const { return elastic() || spares > 0; }
+  // Rounds formed by node 0's launcher (apps/launch_elastic.hpp): an elastic size or spare nodes.
+  bool rounds() const { return elastic() || (spares > 0 && !in_job_recovery); }
+  // --in-job-recovery --spares K: the spare nodes' launchers start warm spare processes, which take
+  // lost ranks' places in the running job (no rounds).
+  bool warm_spares() const { return in_job_recovery && spares > 0 && !elastic(); }
+  bool spare_node() const { return warm_spares() && node_rank >= nnodes; }
 };
 
 using LaunchEnvLookup = std::function<std::optional<std::string>(const std::string& name)>;

@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -23,8 +24,11 @@ namespace {
 // ---- Messages (registered on every rank: they cross processes) ----------------------------------
 
 // No token: the connection that carries a join has already proven it (comm/bootstrap/secure_transport.hpp).
+// A spare's join: any lost rank's place (CafBootstrapOptions::open_places).
+constexpr int32_t kSpareRank = -2;
+
 struct JoinRequest {
-  int32_t rank = -1;
+  int32_t rank = -1;  // kSpareRank for a spare
   int32_t world_size = 0;
   std::string host;  // as the joiner names itself (for logs)
   int32_t pid = 0;
@@ -34,7 +38,7 @@ struct JoinRequest {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
-  return f(caf::meta::type_name("troupe.JoinRequest4"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id, x.attempt);
+  return f(caf::meta::type_name("troupe.JoinRequest5"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id, x.attempt);
 }
 
 // A restarted rank that reaches the failed rank 0 of the attempt before its own (still ending on the
@@ -70,16 +74,20 @@ using drain_atom = caf::atom_constant<caf::atom("bs_drain")>;
 using timeout_atom = caf::atom_constant<caf::atom("bs_timeout")>;
 using failed_atom = caf::atom_constant<caf::atom("bs_failed")>;
 using report_atom = caf::atom_constant<caf::atom("bs_report")>;
+using end_atom = caf::atom_constant<caf::atom("bs_end")>;
+using offer_atom = caf::atom_constant<caf::atom("bs_offer")>;
 
 // The rendezvous (rank 0, published). drain and timeout are accepted from this process only.
 using rendezvous_actor = caf::typed_actor<
-    caf::replies_to<join_atom, JoinRequest>::with<int32_t>,  // -> world size
+    caf::replies_to<join_atom, JoinRequest>::with<int32_t>,  // -> the joiner's rank (a spare's: its place)
     // (key, blob) -> every rank's blob in rank order
     caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
     caf::replies_to<leave_atom>::with<leave_atom>,
     caf::replies_to<drain_atom>::with<drain_atom>,  // answered once every joined rank disconnected
     caf::reacts_to<timeout_atom, std::string>,      // a gather's deadline passed
-    caf::reacts_to<report_atom>>;                   // time to say who has not joined yet
+    caf::reacts_to<report_atom>,                    // time to say who has not joined yet
+    caf::replies_to<end_atom, std::string>::with<end_atom>,  // the job ended (this process): tell the spares
+    caf::reacts_to<offer_atom>>;  // the spare grace passed: places nobody took are open to spares
 
 // A rank's agent (one per rank, local): relays its calls and learns of the job's failure.
 using agent_actor = caf::typed_actor<
@@ -129,6 +137,8 @@ std::string seconds_text(std::chrono::milliseconds d) {
   std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1000.0);
   return buf;
 }
+std::string limit_text(std::chrono::milliseconds d) { return seconds_text(d); }
+std::string limit_text(caf::infinite_t) { return "ever"; }
 
 // ---- Rendezvous ---------------------------------------------------------------------------------
 
@@ -157,6 +167,14 @@ struct RendezvousSetup {
   std::chrono::milliseconds join_timeout{0};
   std::chrono::milliseconds report_interval{0};
   std::string rdzv_id;     // rank 0's; a joiner's must be the same
+  std::vector<int> open_places;  // ranks a spare may take (CafBootstrapOptions::open_places)
+  std::chrono::milliseconds spare_grace{0};  // then any place not taken is open to spares too
+  // The ranks that disconnected without leaving, for CafBootstrap::lost_ranks (read from rank 0's thread).
+  struct Lost {
+    std::mutex mutex;
+    std::vector<int> ranks;
+  };
+  std::shared_ptr<Lost> lost = std::make_shared<Lost>();
   int32_t attempt = 0;     // rank 0's JoinRequest::attempt; a joiner of a later one is told to retry
   bool in_job = false;     // in-job recovery: the generations' rules (CafBootstrapOptions::in_job_recovery)
   int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
@@ -187,6 +205,18 @@ struct RendezvousState {
   std::map<std::string, std::string> closed;   // finished keys -> "" (completed) or why they failed
   std::string failure;                         // set once the job failed
   std::vector<caf::response_promise> drains;
+  // Spares waiting for a place (answered when the rendezvous fails or the job ends), the places
+  // spares took, and the job's end once announced.
+  struct Spare {
+    caf::response_promise promise;
+    agent_actor agent;
+    std::string host;
+    int32_t pid = 0;
+  };
+  std::vector<Spare> spares;
+  std::set<int> open;  // places a spare may take: the lost ranks', and after the grace any free one
+  std::set<int> taken_by_spare;
+  std::string ended;
   static inline const char* name = "troupe.rendezvous";
 };
 
@@ -246,7 +276,10 @@ void answer_drains(RendezvousPtr self) {
   auto& st = self->state;
   bool all_gone = true;
   for (const auto& m : st.members) all_gone = all_gone && (!m || m->gone);
-  if (!all_gone && st.failure.empty()) return;
+  // Under in-job recovery a failed generation's rendezvous waits for every rank too (a bounded
+  // wait: CafBootstrap::Impl::shutdown), so it learns every rank lost with the one that failed it
+  // (a host's ranks die together, their disconnects a moment apart): their places open to spares.
+  if (!all_gone && (st.failure.empty() || st.setup.in_job)) return;
   for (auto& p : st.drains) p.deliver(drain_atom::value);
   st.drains.clear();
 }
@@ -268,6 +301,16 @@ void fail_job(RendezvousPtr self, const std::string& why) {
   // reply arrives (messages from one sender arrive in order).
   for (auto& m : st.members)
     if (m && !m->left && !m->gone) self->send(m->agent, failed_atom::value, why);
+  // Places a spare could have taken and no process holds stay open at the next generation.
+  {
+    std::lock_guard<std::mutex> lock(st.setup.lost->mutex);
+    for (int place : st.open)
+      if (!st.members[place]) st.setup.lost->ranks.push_back(place);
+  }
+  // Waiting spares try the next generation's rendezvous, where the lost places open.
+  for (auto& sp : st.spares)
+    sp.promise.deliver(bootstrap_error(std::string(kEarlierAttempt) + " (it failed: " + why + ")"));
+  st.spares.clear();
   std::vector<std::string> keys;
   for (const auto& [key, g] : st.gathers) keys.push_back(key);
   for (const auto& key : keys) fail_gather(self, key, why);
@@ -342,6 +385,22 @@ void report_missing(RendezvousPtr self) {
   self->delayed_send(self, next, report_atom::value);
 }
 
+// Gives the open places no process holds to the waiting spares, first come first served.
+void offer_places(RendezvousPtr self) {
+  auto& st = self->state;
+  for (int place : st.open) {
+    if (st.spares.empty()) return;
+    if (st.members[place]) continue;
+    RendezvousState::Spare sp = std::move(st.spares.front());
+    st.spares.erase(st.spares.begin());
+    st.members[place] = Member{sp.agent, sp.host, sp.pid};
+    st.taken_by_spare.insert(place);
+    st.log("a spare (host " + sp.host + ", pid " + std::to_string(sp.pid) + ") takes the place of rank " +
+           std::to_string(place));
+    sp.promise.deliver(static_cast<int32_t>(place));
+  }
+}
+
 rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup setup) {
   auto& st = self->state;
   st.world_size = setup.world_size;
@@ -351,14 +410,28 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
   st.setup = std::move(setup);
   st.started = std::chrono::steady_clock::now();
   st.members.resize(st.world_size);
+  for (int place : st.setup.open_places)
+    if (place > 0 && place < st.world_size) st.open.insert(place);
+  // Not at the job's first generation: its ranks may start at any pace.
+  if (st.setup.in_job && st.setup.attempt != 0 && st.world_size > 1 && st.setup.spare_grace.count() > 0)
+    self->delayed_send(self, st.setup.spare_grace, offer_atom::value);
   if (st.world_size > 1 && st.setup.report_interval.count() > 0)
     self->delayed_send(self, std::min(st.setup.report_interval, st.setup.join_timeout), report_atom::value);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
+    st.spares.erase(std::remove_if(st.spares.begin(), st.spares.end(),
+                                   [&](const RendezvousState::Spare& sp) { return sp.agent.address() == dm.source; }),
+                    st.spares.end());
     for (size_t r = 0; r < st.members.size(); ++r) {
       auto& m = st.members[r];
       if (!m || m->gone || m->agent.address() != dm.source) continue;
       m->gone = true;
+      // Lost: gone with its connection (died, cut off). A survivor that gives a failed generation up
+      // ends its agent (user_shutdown) without leaving: it rejoins the next.
+      if (!m->left && !is_orderly_exit(dm.reason)) {
+        std::lock_guard<std::mutex> lock(st.setup.lost->mutex);
+        st.setup.lost->ranks.push_back(static_cast<int>(r));
+      }
       if (!m->left)
         fail_job(self, member_text(st, static_cast<int>(r)) +
                            " disconnected without leaving the job (" + render(dm.reason) +
@@ -379,12 +452,20 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
           return bootstrap_error(std::string(kEarlierAttempt) + " (" + std::to_string(st.setup.attempt) +
                                  ", this rank's " + std::to_string(req.attempt) + ")");
         };
+        if (req.rank == kSpareRank && !st.ended.empty()) return bootstrap_error(kJobEndedText + st.ended);
         if (req.attempt > st.setup.attempt && !st.failure.empty()) return earlier();
         // In-job recovery: a generation's rank 0 that has not yet noticed the failure its survivors
         // rejoin for is as earlier as a failed one, and a replacement process (any generation) waits
         // for a rendezvous that is healthy and whose place for it is free.
         if (st.setup.in_job && req.attempt == kAnyGeneration && !st.failure.empty()) return earlier();
         if (st.setup.in_job && st.setup.attempt != kAnyGeneration && req.attempt > st.setup.attempt) return earlier();
+        // A rank's own process back (cut off, then reconnected) after a spare took its place, or
+        // joining as a generation older than this one while its place is held: it is not the rank.
+        if (st.setup.in_job && req.rank >= 0 && req.rank < st.world_size && st.members[req.rank] &&
+            (st.taken_by_spare.count(req.rank) > 0 ||
+             (req.attempt != kAnyGeneration && st.setup.attempt != kAnyGeneration && req.attempt < st.setup.attempt)))
+          return bootstrap_error("rank " + std::to_string(req.rank) + kPlaceTakenText + " (now " +
+                                 member_text(st, req.rank) + ")");
         if (st.setup.in_job && req.attempt == kAnyGeneration && req.rank >= 0 && req.rank < st.world_size &&
             st.members[req.rank])
           return earlier();
@@ -406,6 +487,19 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
                               " -- every launcher of a job must give the same --rdzv-id (is another job using "
                               "this master port?)"));
         }
+        if (req.rank == kSpareRank && st.setup.in_job) {
+          if (rank_of_sender(self) >= 0)
+            return refuse(self, claim + ": a spare that already holds a rank", bootstrap_error("this process already holds a rank"));
+          auto agent = caf::actor_cast<agent_actor>(self->current_sender());
+          if (!agent) return bootstrap_error("a join request needs a sender to answer to");
+          self->monitor(agent);
+          // The lowest open place no process has taken back yet; else the spare waits here until a
+          // place opens (the grace), this generation fails (it then asks the next one) or the job ends.
+          auto promise = self->make_response_promise();
+          st.spares.push_back({promise, agent, req.host, req.pid});
+          offer_places(self);
+          return promise;
+        }
         if (req.rank < 0 || req.rank >= st.world_size) {
           return refuse(
               self, claim + ": no such rank",
@@ -424,7 +518,7 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
         if (!agent) return bootstrap_error("a join request needs a sender to answer to");
         self->monitor(agent);
         st.members[req.rank] = Member{agent, req.host, req.pid};
-        return static_cast<int32_t>(st.world_size);
+        return static_cast<int32_t>(req.rank);
       },
       [self](gather_atom, const std::string& key,
              std::string& blob) -> caf::result<std::vector<std::string>> {
@@ -520,6 +614,21 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
       [self](report_atom) {
         if (!same_actor(self->current_sender(), self->address())) return;
         report_missing(self);
+      },
+      [self](offer_atom) {
+        auto& st = self->state;
+        if (!same_actor(self->current_sender(), self->address()) || !st.failure.empty()) return;
+        for (int r = 1; r < st.world_size; ++r)
+          if (!st.members[r]) st.open.insert(r);
+        offer_places(self);
+      },
+      [self](end_atom, const std::string& outcome) -> caf::result<end_atom> {
+        if (!from_this_process(self)) return bootstrap_error("end is for rank 0's own process");
+        auto& st = self->state;
+        if (st.ended.empty()) st.ended = outcome.empty() ? "ended" : outcome;
+        for (auto& sp : st.spares) sp.promise.deliver(bootstrap_error(kJobEndedText + st.ended));
+        st.spares.clear();
+        return end_atom::value;
       },
   };
 }
@@ -643,7 +752,10 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
 }
 
 void default_log(int rank, const std::string& line) {
-  std::fprintf(stderr, "troupe bootstrap (rank %d): %s\n", rank, line.c_str());
+  if (rank < 0)
+    std::fprintf(stderr, "troupe bootstrap (spare): %s\n", line.c_str());
+  else
+    std::fprintf(stderr, "troupe bootstrap (rank %d): %s\n", rank, line.c_str());
   std::fflush(stderr);
 }
 
@@ -673,6 +785,7 @@ struct CafBootstrap::Impl {
   agent_actor agent;
   bool owns_rendezvous = false;
   bool published = false;
+  std::shared_ptr<RendezvousSetup::Lost> lost;  // rank 0: its rendezvous's lost ranks
 
   ~Impl() { shutdown(); }
 
@@ -688,7 +801,12 @@ struct CafBootstrap::Impl {
         self->send_exit(agent, caf::exit_reason::user_shutdown);
       }
       if (owns_rendezvous && rendezvous) {
-        self->request(rendezvous, options.shutdown_grace, drain_atom::value)
+        // A failed generation's rank 0 under in-job recovery waits a moment for every rank to go (so
+        // it knows all the lost ones), not the whole grace a finished job gives them.
+        const auto grace = options.in_job_recovery && !health->get().empty()
+                               ? std::min(options.shutdown_grace, std::chrono::milliseconds(2000))
+                               : options.shutdown_grace;
+        self->request(rendezvous, grace, drain_atom::value)
             .receive([](drain_atom) {}, [](caf::error&) {});
         self->send_exit(rendezvous, caf::exit_reason::user_shutdown);
         if (middleman && published)
@@ -721,7 +839,10 @@ struct CafBootstrap::Impl {
   // gather out first; this bounds a lost reply).
   template <class Reply, class... Ts>
   Result<Reply> ask(const std::string& what, Ts... xs) {
-    const auto limit = options.collective_timeout + std::chrono::seconds(30);
+    return ask_within<Reply>(options.collective_timeout + std::chrono::seconds(30), what, xs...);
+  }
+  template <class Reply, class Limit, class... Ts>
+  Result<Reply> ask_within(Limit limit, const std::string& what, Ts... xs) {
     const std::string where = what + " on rank " + std::to_string(rank) + ": ";
     Result<Reply> out{Status::error("no reply")};
     caf::scoped_actor self{*sys};
@@ -730,7 +851,7 @@ struct CafBootstrap::Impl {
                  [&](caf::error& e) {
                    if (e == caf::sec::request_timeout)
                      out = Status::error(where + "no answer from the rendezvous within " +
-                                         seconds_text(limit) +
+                                         limit_text(limit) +
                                          " -- a rank is stuck or the network is partitioned");
                    else
                      out = Status::error(where + render(e));
@@ -805,7 +926,9 @@ Status connect(CafBootstrap::Impl& b, const LaunchEnv& env) {
           std::to_string(env.master_port) + " is open between the nodes");
     std::this_thread::sleep_for(
         std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
-    pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+    // A spare polls at the first pace: the next generation's rendezvous is about to listen, and the
+    // spare that reaches it first takes the lost place.
+    pause = std::min(pause * 2, std::chrono::milliseconds(env.spare ? 100 : 1000));
   }
 }
 
@@ -832,6 +955,9 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.rdzv_id = env.rdzv_id;
   setup.attempt = attempt_of(b.options);
   setup.in_job = b.options.in_job_recovery;
+  setup.open_places = b.options.open_places;
+  setup.spare_grace = b.options.spare_grace;
+  b.lost = setup.lost;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
   const auto where = setup.where;
@@ -871,7 +997,7 @@ void ensure_descriptors(int world_size, int pending) {
 }  // namespace
 
 void configure_for_bootstrap(caf::actor_system_config& cfg, const CafBootstrapOptions& options) {
-  cfg.add_message_type<JoinRequest>("troupe.JoinRequest3");
+  cfg.add_message_type<JoinRequest>("troupe.JoinRequest5");
   cfg.set("middleman.heartbeat-interval", caf::timespan{options.heartbeat_interval});
   cfg.set("middleman.connection-timeout", caf::timespan{options.connection_timeout});
   cfg.load<caf::io::middleman>();
@@ -900,6 +1026,27 @@ const NetworkPlan& CafBootstrap::network_plan() const {
 SecureTransportStats CafBootstrap::transport_stats() const {
   return impl_->transport ? impl_->transport->stats() : SecureTransportStats{};
 }
+std::vector<int> CafBootstrap::lost_ranks() const {
+  if (!impl_->lost) return {};
+  std::lock_guard<std::mutex> lock(impl_->lost->mutex);
+  std::vector<int> ranks = impl_->lost->ranks;
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  return ranks;
+}
+void CafBootstrap::close() { impl_->shutdown(); }
+void CafBootstrap::end_job(const std::string& outcome) {
+  if (!impl_->owns_rendezvous || !impl_->rendezvous || impl_->sys == nullptr) return;
+  caf::scoped_actor self{*impl_->sys};
+  self->request(impl_->rendezvous, std::chrono::seconds(5), end_atom::value, outcome)
+      .receive([](end_atom) {}, [](caf::error&) {});
+}
+bool job_ended_for_spare(const Status& st) {
+  return !st.is_ok() && st.message().find(kJobEndedText) != std::string::npos;
+}
+bool place_taken_by_spare(const Status& st) {
+  return !st.is_ok() && st.message().find(kPlaceTakenText) != std::string::npos;
+}
 
 Result<std::vector<std::string>> CafBootstrap::all_gather(const std::string& key,
                                                           const std::string& mine) {
@@ -925,14 +1072,17 @@ namespace {
 
 Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b,
                                            const LaunchEnv& env) {
-  if (env.world_size < 1 || env.rank < 0 || env.rank >= env.world_size)
+  if (env.world_size < 1 || (!env.spare && (env.rank < 0 || env.rank >= env.world_size)))
     return Status::error("rank " + std::to_string(env.rank) + " does not fit a world of " +
                          std::to_string(env.world_size) + " -- check the launch environment");
   if (env.token.empty())
     return Status::error(
         "the job token is empty -- set TROUPE_JOB_TOKEN (export TROUPE_JOB_TOKEN=$(troupe launch "
         "--new-token))");
-  b->rank = env.rank;
+  if (env.spare && !b->options.in_job_recovery)
+    return Status::error("a spare process (TROUPE_SPARE=1) joins a job under in-job recovery only -- troupe launch "
+                         "--in-job-recovery --spares K starts them");
+  b->rank = env.spare ? -1 : env.rank;
   b->world_size = env.world_size;
   if (const char* v = std::getenv("TROUPE_HANDSHAKE_TIMEOUT")) {
     char* end = nullptr;
@@ -973,13 +1123,13 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     ensure_descriptors(env.world_size, b->options.max_pending_handshakes);
   }
   JoinRequest req;
-  req.rank = env.rank;
+  req.rank = env.spare ? kSpareRank : env.rank;
   req.world_size = env.world_size;
   req.host = local_hostname();
   req.pid = static_cast<int32_t>(getpid());
   req.rdzv_id = env.rdzv_id;
   req.attempt = attempt_of(b->options);
-  const auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
+  auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
   for (;;) {
     if (env.rank == 0) {
       TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
@@ -990,8 +1140,14 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     const std::string where = "rank 0 at " + (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
                               std::to_string(b->port);
     b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->options.on_job_failed, b->logger());
-    auto joined = b->ask<int32_t>("joining the job", join_atom::value, req);
-    if (joined) return std::make_unique<CafBootstrap>(std::move(b));
+    // A spare waits in its join for as long as the job runs without a place for it (the rendezvous
+    // answers when its generation fails or the job ends; a lost rank 0 fails it at once).
+    auto joined = env.spare ? b->ask_within<int32_t>(caf::infinite, "joining the job as a spare", join_atom::value, req)
+                            : b->ask<int32_t>("joining the job", join_atom::value, req);
+    if (joined) {
+      b->rank = joined.value();
+      return std::make_unique<CafBootstrap>(std::move(b));
+    }
     // A later attempt (a restarted process, or one that rejoins in the job) meets the failed one's
     // rank 0: told so, or losing it (or seeing it close) while the join is under way as it ends.
     const std::string& why = joined.status().message();
@@ -1000,11 +1156,13 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
                        (later && (why.find(kLostRendezvous) != std::string::npos ||
                                   why.find(kClosedRendezvous) != std::string::npos));
     if (env.rank == 0 || !retry || std::chrono::steady_clock::now() >= give_up) return joined.status();
+    // A spare was answered by a rendezvous that ran: the next generation's comes soon.
+    if (env.spare) give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
     // The failed attempt's rank 0 still holds the port: let go of it (before it ends, so its end is
     // not this rank's failure) and reach the port again until its successor answers.
     caf::anon_send_exit(b->agent, caf::exit_reason::user_shutdown);
     b->rendezvous = nullptr;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(env.spare ? 50 : 200));
   }
 }
 

@@ -61,6 +61,17 @@ namespace troupe::comm {
 // generation is forming.
 constexpr int32_t kAnyGeneration = -1;
 
+// Warm spares (troupe launch --in-job-recovery --spares K; docs/RESILIENCE.md): a process started
+// without a rank (LaunchEnv::spare) joins the rendezvous as a spare and waits there, its data open,
+// until rank 0 has a place for it -- a rank lost (disconnected) in the generation before -- and
+// then joins as that rank. The texts below end a join, so a caller can tell what happened.
+// A spare's join while the job ended (rank 0 announced it with CafBootstrap::end_job): the outcome follows.
+inline constexpr const char* kJobEndedText = "the job has ended without needing this spare: ";
+// A survivor (cut off, then back) whose rank a spare took in the meantime: it may stay as a spare.
+inline constexpr const char* kPlaceTakenText = "'s place was taken by a spare while this process was away";
+bool job_ended_for_spare(const Status& st);
+bool place_taken_by_spare(const Status& st);
+
 struct CafBootstrapOptions {
   // Ranks > 0 retry reaching the rendezvous this long (rank 0 may start later).
   std::chrono::milliseconds connect_timeout{60'000};
@@ -97,6 +108,14 @@ struct CafBootstrapOptions {
   // yet), and a replacement while the rendezvous has failed or its rank's place is still held (its
   // predecessor's loss not yet noticed). Every process of a job sets it alike.
   bool in_job_recovery = false;
+  // Rank 0 under in-job recovery: the ranks a spare may take at this generation's rendezvous (those
+  // the previous one lost: CafBootstrap::lost_ranks). A spare that asks gets the lowest one still
+  // free; a rank's own process that comes back first keeps it.
+  std::vector<int> open_places;
+  // ... and, at a later generation than the first, any place no process has taken this long after the
+  // rendezvous started (a rank lost with rank 0, whose replacement knows of no loss; a survivor
+  // that is slow to come back takes a spare's role if one takes its place).
+  std::chrono::milliseconds spare_grace{5'000};
   // Called once, from an actor thread, when the job is known to have failed (a lost rank or
   // rendezvous).
   std::function<void(const std::string& why)> on_job_failed;
@@ -136,13 +155,24 @@ class CafBootstrap final : public Bootstrap {
   const NetworkPlan& network_plan() const;
   // Counters of the secure transport (refusals, timeouts, ...); zeros for a world of one.
   SecureTransportStats transport_stats() const;
+  // Rank 0: the ranks that disconnected from this rendezvous without leaving (died, cut off), and
+  // the open places no process took, in rank order; a spare may take their places at the next
+  // generation's (open_places). Complete once the bootstrap is closed (close()). Thread-safe.
+  std::vector<int> lost_ranks() const;
+  // Leaves the job now (what the destructor does); lost_ranks() stays readable.
+  void close();
+  // Rank 0: the job has ended (`outcome`: "finished", "given up: ...", ...); the spares waiting for a
+  // place, and any that asks later, are told so (kJobEndedText + outcome) and end. Before the
+  // bootstrap is destroyed; does nothing on other ranks.
+  void end_job(const std::string& outcome);
 
  private:
   std::unique_ptr<Impl> impl_;
 };
 
 // Joins the job described by `env` (rank 0 first starts and publishes the rendezvous). Returns once
-// this rank has joined; it does not wait for the others. Errors name the address, the port and the
+// this rank has joined; it does not wait for the others. A spare (env.spare) returns once it holds
+// a rank (rank() says which), waiting as long as the job runs without a place for it. Errors name the address, the port and the
 // fix (port in use: --master-port; unreachable: MASTER_ADDR and the firewall; refused: the token;
 // a MASTER_ADDR the network plan cannot use: bad input). A world of more than one may raise the
 // soft limit on open files (RLIMIT_NOFILE) up to the hard limit, for one socket per rank.

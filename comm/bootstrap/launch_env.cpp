@@ -152,6 +152,11 @@ Result<LaunchEnv> from_torchrun_style(const EnvLookup& env, bool troupe) {
                          " is not -- set both (troupe launch and torchrun set every variable)");
   e.rank = **rank;
   e.world_size = **world;
+  // A warm spare of troupe launch (TROUPE_SPARE=1) has no rank until the rendezvous gives it one.
+  e.spare = troupe && env("TROUPE_SPARE").value_or("") == "1";
+  if (e.spare && e.rank != -1)
+    return Status::error("TROUPE_SPARE=1 with TROUPE_RANK=" + std::to_string(e.rank) +
+                         ": a spare has no rank until the job gives it one -- troupe launch sets TROUPE_RANK=-1");
   // Without local variables assume one node, as torchrun's single-node default does.
   e.local_rank = local_rank->value_or(e.rank);
   e.local_world_size = local_world->value_or(e.world_size);
@@ -161,7 +166,11 @@ Result<LaunchEnv> from_torchrun_style(const EnvLookup& env, bool troupe) {
     return Status::error(
         "MASTER_ADDR is not set for a job spanning several nodes -- set MASTER_ADDR to the host "
         "of rank 0 on every node");
-  TROUPE_RETURN_IF_ERROR(check_ranks(e, vars));
+  {
+    LaunchEnv checked = e;
+    if (e.spare) checked.rank = 0;  // checked as the first rank; the rendezvous gives the real one
+    TROUPE_RETURN_IF_ERROR(check_ranks(checked, vars));
+  }
   const std::string fix =
       troupe ? "start the ranks with troupe launch, which sets it"
              : std::string(kNewTokenHint) +
@@ -305,7 +314,8 @@ Result<LaunchEnv> detect_launch_env(const EnvLookup& env) {
                                 : Result<std::optional<int>>(std::optional<int>());
   if (!node) return node.status();
   e->node_rank = node->value_or((e->rank - e->local_rank) / std::max(1, e->local_world_size));
-  if (e->node_rank < 0 || e->node_rank >= e->world_size)
+  // A spare node's index follows the job's nodes (--nnodes N --spares K: N .. N+K-1).
+  if (e->node_rank < 0 || (e->node_rank >= e->world_size && !e->spare))
     return Status::error(std::string(slurm ? "SLURM_NODEID" : "GROUP_RANK") + "=" + std::to_string(e->node_rank) +
                          " is not a node of a job of " + std::to_string(e->world_size) +
                          " rank(s) -- unset it or give the node's index (0 for the first node)");
@@ -457,7 +467,7 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 }
 
 std::string describe_launch(const LaunchEnv& e) {
-  return "rank " + std::to_string(e.rank) + "/" + std::to_string(e.world_size) + " (local " +
+  return (e.spare ? std::string("a spare of ") : "rank " + std::to_string(e.rank) + "/") + std::to_string(e.world_size) + " (local " +
          std::to_string(e.local_rank) + "/" + std::to_string(e.local_world_size) + "), master " +
          e.master_addr + ":" + std::to_string(e.master_port) + ", from " + e.source;
 }

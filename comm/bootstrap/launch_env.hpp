@@ -60,6 +60,9 @@ struct LaunchEnv {
   // The launcher's --rdzv-id (TROUPE_RDZV_ID, any source), "" when none: the rendezvous refuses a
   // rank whose id is not rank 0's.
   std::string rdzv_id;
+  // troupe launch --in-job-recovery --spares K: a warm spare, started without a rank (TROUPE_SPARE=1,
+  // rank -1): the rendezvous gives it a lost rank's place (comm/bootstrap/caf_bootstrap.hpp).
+  bool spare = false;
   std::string source =
       "single process";  // "troupe launch" | "torchrun env" | "SLURM" | "Open MPI" | ...
 };

@@ -155,6 +155,7 @@ struct TrainSummary {
   double last_eval_loss = -1;  // < 0: never evaluated
   bool stopped_early = false;
   bool regrouped = false;  // stopped for a node that asks to join (RunOptions::regroup)
+  bool spare_unused = false;  // a warm spare (troupe launch --spares) the job finished without needing
   std::string last_checkpoint;
   GoodputReport goodput;  // this process's view of the run, restarts in it included
 };

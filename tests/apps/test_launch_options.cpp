@@ -194,11 +194,24 @@ TEST_CASE("launch flags: in-job recovery needs restarts and a fixed membership",
   CHECK_THAT(m, Contains("2 problems"));
   CHECK_THAT(m, Contains("--in-job-recovery needs --max-restarts N"));
   CHECK_THAT(m, Contains("--in-job-recovery with --nnodes MIN:MAX"));
-  CHECK_THAT(parse({"--nnodes", "2", "--spares", "1", "--node-rank", "0", "--master-addr", "node0", "--max-restarts",
-                    "1", "--in-job-recovery", "train"})
-                 .status()
-                 .message(),
-             Contains("--in-job-recovery with --spares"));
+  // With spares: warm spare processes in the running job (no rounds); node ranks N .. N+K-1 are spare nodes.
+  auto warm = parse({"--nnodes", "2", "--spares", "1", "--node-rank", "2", "--master-addr", "node0", "--max-restarts",
+                     "1", "--in-job-recovery", "train"});
+  REQUIRE(warm);
+  CHECK(warm->warm_spares());
+  CHECK(warm->spare_node());
+  CHECK_FALSE(warm->rounds());
+  auto member = parse({"--nnodes", "2", "--spares", "1", "--node-rank", "1", "--master-addr", "node0", "--max-restarts",
+                       "1", "--in-job-recovery", "train"});
+  REQUIRE(member);
+  CHECK(member->warm_spares());
+  CHECK_FALSE(member->spare_node());
+  const std::string wm = parse({"--nnodes", "2", "--spares", "1", "--master-addr", "node0", "--max-restarts", "1",
+                                "--in-job-recovery", "--", "python3", "x.py"})
+                             .status()
+                             .message();
+  CHECK_THAT(wm, Contains("--spares 1 needs each node's --node-rank (0 .. 2: the spare nodes are 2 .. 2)"));
+  CHECK_THAT(wm, Contains("the warm spares are troupe train processes"));
 }
 
 TEST_CASE("launch flags: every problem at once, with the fix", "[launch]") {

@@ -7,8 +7,9 @@
 # its restart spent, stops its own ranks as before). Both launchers fail
 # within 30 s of the second kill (before, host0's rank ended with exit code 1, its launcher started it
 # again, and as rank 0 it waited out the 600 s join timeout for host1's, which never came); nothing is
-# left behind. Then the
-# job started again by hand resumes from its checkpoint on disk and finishes. Fixed seed.
+# left behind. Then the job started again by hand resumes from its checkpoint on disk and finishes.
+# Last, two processes of one node killed in two sweeps of its launcher within one recovery: each
+# process place has its own --max-restarts, so both come back and the job finishes. Fixed seed.
 # Needs root and iproute2; skips (77) where network namespaces cannot be created.
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
@@ -69,4 +70,23 @@ wait_both || { cat again.*.log; fail "the job started again after it was given u
 grep -q "finished at iteration 400/400" again.0.log || { cat again.0.log; fail "the job started again did not finish"; }
 first=$(grep -m 1 '"type":"train"' "$work/again.jsonl" | grep -o '"iteration":[0-9]*' | cut -d: -f2)
 ((first == saved + 1)) || fail "the job started again resumed at iteration $first, not after its checkpoint $saved"
+# Two processes of one node lost in two sweeps of its launcher within one recovery (the second
+# killed before the job re-formed): each place is started again -- a launcher counts --max-restarts
+# per process place, not per sweep (before 2026-12-07 its one restart went to the first, it stopped,
+# and the job waited at its rendezvous for the join timeout) -- and the job, recovered once, finishes.
+nproc_per_node=2
+launch_both twice --in-job-recovery --max-restarts 1 -- train "${host_model[@]}" --train-iters 400 --log-interval 100 \
+  --distributed-timeout-minutes 0.25 --save-memory-interval 10 --save-memory-dir "$shm/twice" --metrics-file "$work/twice.jsonl"
+wait_for_iteration "$work/twice.jsonl" 30
+victims=($(ranks_of 1))
+((${#victims[@]} == 2)) || fail "host1 does not run 2 processes"
+kill -9 "${victims[0]}"
+sleep 0.05
+kill -9 "${victims[1]}"
+wait_both || { cat twice.*.log; fail "the job did not recover from two processes of one node lost in two sweeps"; }
+grep -q "finished at iteration 400/400" twice.0.log || { cat twice.0.log; fail "the job did not finish"; }
+restarts=$(grep -c "in-job recovery 1 of 1: starting it again" twice.1.log || true)
+((restarts == 2)) || { cat twice.1.log; fail "$restarts of host1's 2 places were started again"; }
+grep -q "spent its" twice.1.log && { cat twice.1.log; fail "host1's launcher spent its restarts"; }
+echo "ok: host1's 2 processes killed 50 ms apart (two sweeps of its launcher), each started again; the job recovered once and finished"
 echo PASS

@@ -639,5 +639,148 @@ TEST_CASE("in-job recovery: a rank 0 of an older generation sends a later one's 
   g.join();
 }
 
+
+// Warm spares (troupe launch --in-job-recovery --spares): a spare process waits at the rendezvous
+// while the job runs; rank 2 dies, rank 0 finds it lost (not the survivor rank 1, which gives the
+// failed generation up in order), and at the next generation the spare takes rank 2's place at once
+// and gathers as rank 2. Rank 2's own process coming back (cut off, then reconnected) is told its
+// place was taken; a second spare, for which there is no place, waits until rank 0 says the job
+// finished.
+TEST_CASE("warm spares: a waiting spare takes a lost rank's place at the next generation", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) { return in_job_options(sink, attempt); };
+  auto spare_env = [](int port) {
+    LaunchEnv e = make_env(0, 3, port);
+    e.rank = -1;
+    e.spare = true;
+    return e;
+  };
+  auto r0 = create_caf_bootstrap(make_env(0, 3, 0), in_job(0));
+  REQUIRE(r0);
+  const int port = r0.value()->port();
+  Result<std::unique_ptr<CafBootstrap>> spare = Status::error("not run");
+  std::thread waiting([&] { spare = create_caf_bootstrap(spare_env(port), in_job(kAnyGeneration)); });
+  std::this_thread::sleep_for(500ms);  // the spare waits in generation 0, which has no place for it
+  Result<std::unique_ptr<CafBootstrap>> r1 = Status::error("not run");
+  std::thread first([&] { r1 = create_caf_bootstrap(make_env(1, 3, port), in_job(0)); });
+  Peer dying({"join-exit"}, peer_env(2, 3, port));
+  REQUIRE(dying.read_line() == "joined");
+  first.join();
+  REQUIRE(r1);
+  const auto failed_by = Clock::now() + 10s;
+  while ((r0.value()->job_failure().empty() || r1.value()->job_failure().empty()) && Clock::now() < failed_by)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE_FALSE(r1.value()->job_failure().empty());
+  r1 = Status::error("rejoining");  // the survivor gives the failed generation up first
+  std::this_thread::sleep_for(300ms);
+  CHECK(r0.value()->lost_ranks() == std::vector<int>{2});
+
+  // Generation 1: rank 0 opens rank 2's place; the spare, sent on by the failed rendezvous, takes it.
+  CafBootstrapOptions next0 = in_job(1);
+  next0.open_places = r0.value()->lost_ranks();
+  r0 = Status::error("rejoining");
+  auto again0 = create_caf_bootstrap(make_env(0, 3, port), next0);
+  REQUIRE(again0);
+  auto again1 = create_caf_bootstrap(make_env(1, 3, port), in_job(1));
+  REQUIRE(again1);
+  waiting.join();
+  INFO((spare ? std::string("joined") : spare.status().message()));
+  REQUIRE(spare);
+  CHECK(spare.value()->rank() == 2);
+  CHECK_FALSE(sink.wait_for({"a spare (host", "takes the place of rank 2"}).empty());
+  std::vector<std::string> got1, got2;
+  std::thread g1([&] {
+    auto a = again1.value()->all_gather("generation 1", "one");
+    if (a) got1 = *a;
+  });
+  std::thread g2([&] {
+    auto a = spare.value()->all_gather("generation 1", "two");
+    if (a) got2 = *a;
+  });
+  auto b = again0.value()->all_gather("generation 1", "zero");
+  g1.join();
+  g2.join();
+  REQUIRE(b);
+  CHECK(*b == std::vector<std::string>{"zero", "one", "two"});
+  CHECK(got2 == *b);
+
+  // Rank 2's own process comes back: its place is taken.
+  auto back = create_caf_bootstrap(make_env(2, 3, port), in_job(1));
+  REQUIRE_FALSE(back);
+  CHECK(place_taken_by_spare(back.status()));
+  CHECK_THAT(back.status().message(), Contains("rank 2's place was taken by a spare"));
+
+  // A second spare waits (no place is open) until the job ends.
+  Result<std::unique_ptr<CafBootstrap>> unneeded = Status::error("not run");
+  const auto asked = Clock::now();
+  std::thread second([&] { unneeded = create_caf_bootstrap(spare_env(port), in_job(kAnyGeneration)); });
+  std::this_thread::sleep_for(700ms);
+  again0.value()->end_job("finished");
+  second.join();
+  CHECK(seconds_since(asked) > 0.6);
+  REQUIRE_FALSE(unneeded);
+  CHECK(job_ended_for_spare(unneeded.status()));
+  CHECK_THAT(unneeded.status().message(), Contains("the job has ended without needing this spare: finished"));
+  CHECK(again0.value()->lost_ranks().empty());  // nobody was lost in generation 1
+}
+
+// The spare grace: at the job's first generation a spare never takes a place (ranks start at any
+// pace); at a later one, a place no process took within the grace opens to a waiting spare even
+// when rank 0 knows of no loss (a replacement rank 0, say, whose node lost another rank with it).
+TEST_CASE("warm spares: after the grace a later generation's free place goes to a spare", "[bootstrap]") {
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) {
+    CafBootstrapOptions o = in_job_options(sink, attempt);
+    o.spare_grace = 300ms;
+    return o;
+  };
+  auto r0 = create_caf_bootstrap(make_env(0, 3, 0), in_job(0));
+  REQUIRE(r0);
+  const int port = r0.value()->port();
+  auto r1 = create_caf_bootstrap(make_env(1, 3, port), in_job(0));
+  REQUIRE(r1);
+  std::atomic<bool> done{false};
+  Result<std::unique_ptr<CafBootstrap>> spare = Status::error("not run");
+  std::thread waiting([&] {
+    LaunchEnv e = make_env(0, 3, port);
+    e.rank = -1;
+    e.spare = true;
+    spare = create_caf_bootstrap(e, in_job(kAnyGeneration));
+    done = true;
+  });
+  std::this_thread::sleep_for(1000ms);
+  CHECK_FALSE(done.load());  // generation 0: rank 2's place stays its own
+  // Generation 1 under a fresh rank 0 (no open places); rank 2 never comes.
+  r1 = Status::error("rejoining");
+  r0 = Status::error("rejoining");
+  const auto start = Clock::now();
+  auto again0 = create_caf_bootstrap(make_env(0, 3, port), in_job(kAnyGeneration));
+  REQUIRE(again0);
+  auto again1 = create_caf_bootstrap(make_env(1, 3, port), in_job(1));
+  REQUIRE(again1);
+  waiting.join();
+  INFO((spare ? std::string("joined") : spare.status().message()));
+  REQUIRE(spare);
+  CHECK(spare.value()->rank() == 2);
+  CHECK(seconds_since(start) >= 0.25);
+  std::thread g([&] { (void)again1.value()->barrier("met"); });
+  std::thread g2([&] { (void)spare.value()->barrier("met"); });
+  CHECK(again0.value()->barrier("met"));
+  g.join();
+  g2.join();
+}
+
+// A spare outside in-job recovery is refused before it reaches anything.
+TEST_CASE("warm spares: a spare needs in-job recovery", "[bootstrap]") {
+  LogSink sink;
+  LaunchEnv e = make_env(0, 2, 1);
+  e.rank = -1;
+  e.spare = true;
+  auto b = create_caf_bootstrap(e, options_with(sink));
+  REQUIRE_FALSE(b);
+  CHECK_THAT(b.status().message(), Contains("--in-job-recovery --spares K"));
+}
+
 }  // namespace
 }  // namespace troupe::comm

@@ -75,6 +75,29 @@ TEST_CASE("the node's index: GROUP_RANK, SLURM_NODEID, else from the ranks", "[l
   CHECK(detect_ok({}).node_rank == 0);
 }
 
+// troupe launch --in-job-recovery --spares: a warm spare has rank -1 (TROUPE_SPARE=1) until the job
+// gives it a place, and its node index may be past the job's nodes; without TROUPE_SPARE rank -1 is
+// refused, and a spare that names a rank too.
+TEST_CASE("a warm spare of troupe launch: no rank yet", "[launch_env]") {
+  Vars spare = {{"TROUPE_RANK", "-1"},       {"TROUPE_WORLD_SIZE", "2"},         {"TROUPE_LOCAL_RANK", "1"},
+                {"TROUPE_LOCAL_WORLD_SIZE", "2"}, {"TROUPE_MASTER_ADDR", "node01"}, {"TROUPE_JOB_TOKEN", kToken},
+                {"GROUP_RANK", "3"},         {"TROUPE_SPARE", "1"}};
+  const LaunchEnv e = detect_ok(spare);
+  CHECK(e.spare);
+  CHECK(e.rank == -1);
+  CHECK(e.node_rank == 3);
+  CHECK(e.local_rank == 1);
+  CHECK(describe_launch(e) == "a spare of 2 (local 1/2), master node01:29500, from troupe launch");
+  Vars not_spare = spare;
+  not_spare.erase("TROUPE_SPARE");
+  CHECK_THAT(detect_error(not_spare), Contains("rank -1 is outside the world of 2"));
+  Vars ranked = spare;
+  ranked["TROUPE_RANK"] = "1";
+  CHECK_THAT(detect_error(ranked), Contains("TROUPE_SPARE=1 with TROUPE_RANK=1"));
+  CHECK_FALSE(detect_ok({{"TROUPE_RANK", "1"}, {"TROUPE_WORLD_SIZE", "2"}, {"TROUPE_MASTER_ADDR", "node01"},
+                         {"TROUPE_JOB_TOKEN", kToken}}).spare);
+}
+
 TEST_CASE("torchrun variables, and troupe launch's win over them and over SLURM", "[launch_env]") {
   Vars torchrun = {{"RANK", "2"},
                    {"WORLD_SIZE", "4"},

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Warm spares under in-job recovery (`troupe launch --in-job-recovery --spares 1`, docs/RESILIENCE.md)
+# over two hosts (tests/cli/two_hosts.bash: network namespaces): nodes 0 (host0) and 1 (host1) run
+# tp 2 x dp 2 with in-memory snapshots; the spare node 2 (its own launcher and snapshot folder, here in
+# host1's namespace) starts its 2 processes at once, and they wait at the rendezvous with their data
+# open. First one rank of node 1 is killed: a spare takes its place in the job -- one of node 2's, or
+# the one node 1's launcher starts in the killed one's stead, whichever asks first -- and the other
+# processes stay. Then node 1 is lost for good (its launcher and processes killed, its folder gone):
+# node 2's spares take the places of the ranks it held, and the job -- now over nodes 0 and 2 --
+# finishes with the uninterrupted run's losses, bitwise. Node 0's processes stay the same
+# throughout; a spare the job did not need ends well when it finishes; both launchers left end
+# well; nothing is left in the namespaces or the tmpfs. Fixed seed.
+# Needs root and iproute2; skips (77) where network namespaces cannot be created.
+source "$(dirname "$0")/common.bash"
+source "$(dirname "$0")/two_hosts.bash"
+
+iters=600
+model=("${host_model[@]}" --train-iters "$iters" --log-interval 50 --distributed-timeout-minutes 0.25 --seed 7)
+no_orphans() {
+  for n in "${ns[@]}"; do
+    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
+  done
+}
+# The processes a launcher started (on_host's shell -> the launcher -> its processes).
+processes_of() { pgrep -P "$(pgrep -P "$1")" | sort || true; }
+
+# --- the uninterrupted run ---------------------------------------------------------------------------
+launch_both ref --max-restarts 1 -- train "${model[@]}" --metrics-file "$work/ref.jsonl"
+wait_both || { cat ref.*.log; fail "the uninterrupted run failed"; }
+
+# --- nodes 0 and 1 and the spare node 2 ---------------------------------------------------------------
+flags=(--nnodes 2 --spares 1 --master-addr host0 --nproc-per-node 2 --max-restarts 2 --in-job-recovery)
+start_node() {  # HOST NODE_RANK
+  on_host "$1" "$troupe" launch "${flags[@]}" --node-rank "$2" -- train "${model[@]}" --save-memory-interval 20 \
+    --save-memory-dir "$shm/shm$2" --metrics-file "$work/sp.jsonl" > "sp.$2.log" 2>&1 &
+  pids+=($!)
+  node[$2]=$!
+}
+start_node 0 0
+start_node 1 1
+start_node 1 2
+wait_for_iteration "$work/sp.jsonl" 60
+host0_ranks=$(processes_of "${node[0]}")
+spares_before=$(processes_of "${node[2]}")
+(($(wc -w <<< "$spares_before") == 2)) || { cat sp.*.log; fail "the spare node did not start its 2 spares at once"; }
+grep -q "a spare takes" sp.2.log && fail "a spare took a place before any failure"
+
+# One rank of node 1 killed: a spare takes its place in the job.
+RANDOM=11
+node1=($(processes_of "${node[1]}"))
+victim=${node1[$((RANDOM % 2))]}
+kill -9 "$victim"
+struck=$(date +%s.%N)
+taken() { cat sp.1.log sp.2.log 2> /dev/null | grep -c "troupe train: a spare takes the place of rank" || true; }
+deadline=$((SECONDS + 60))
+until (($(taken) == 1)); do
+  ((SECONDS < deadline)) || { cat sp.*.log; show_stuck; fail "no spare took the killed rank's place"; }
+  sleep 0.02
+done
+wait_for_line sp.1.log "starting a spare in its place" 30 "node 1's launcher did not start a spare in the killed one's stead"
+# Who took the place: node 2's waiting spare, or the one node 1's launcher started (a race: either is right).
+grep -q "troupe train: a spare takes the place" sp.2.log && by="node 2's waiting spare" || by="node 1's new spare"
+lines=$(grep -c '"type":"train"' "$work/sp.jsonl")
+deadline=$((SECONDS + 60))
+until (($(grep -c '"type":"train"' "$work/sp.jsonl") > lines)); do
+  ((SECONDS < deadline)) || { cat sp.*.log; show_stuck; fail "the job did not train on after the spare took the place"; }
+  sleep 0.02
+done
+first_recovery=$(echo "$(date +%s.%N) - $struck" | bc)
+[[ $(processes_of "${node[0]}") == "$host0_ranks" ]] || fail "node 0's processes did not stay through the first recovery"
+
+# Node 1 lost for good: its launcher paused, it and its processes killed, its folder gone.
+wait_for_iteration "$work/sp.jsonl" 300
+# node 2 holds the lost node's ranks at the end: both of its spares took a place (in either phase)
+launcher=$(pgrep -P "${node[1]}")
+kill -STOP "$launcher"
+kill -9 $(pgrep -P "$launcher") "$launcher"
+rm -rf "$shm/shm1"
+wait "${node[1]}" 2> /dev/null || true
+struck=$(date +%s.%N)
+lines=$(grep -c '"type":"train"' "$work/sp.jsonl")
+deadline=$((SECONDS + 60))
+until (($(grep -c "troupe train: a spare takes the place of rank" sp.2.log) == 2)) &&
+      (($(grep -c '"type":"train"' "$work/sp.jsonl") > lines)); do
+  ((SECONDS < deadline)) || { cat sp.*.log; show_stuck; fail "the second spare did not take the lost node's rank"; }
+  sleep 0.02
+done
+second_recovery=$(echo "$(date +%s.%N) - $struck" | bc)
+
+rc=(0 0)
+wait "${node[0]}" || rc[0]=$?
+wait "${node[2]}" || rc[1]=$?
+((rc[0] == 0 && rc[1] == 0)) || { cat sp.*.log; fail "node 0's launcher or the spare node's ended with ${rc[*]}"; }
+grep -q "finished at iteration $iters/$iters" sp.0.log || { cat sp.0.log; fail "the job did not finish"; }
+[[ $(processes_of "${node[0]}") == "" ]] || fail "node 0's processes are still running"
+grep -c "recovering in the job" sp.0.log | grep -qx 4 ||
+  { cat sp.0.log; fail "node 0's 2 processes did not each recover in the job twice"; }
+grep -q "restarted: resuming this run's in-memory snapshot" sp.0.log ||
+  { cat sp.0.log; fail "the job did not resume its in-memory snapshot"; }
+grep -q "fetched from the other hosts" sp.0.log || { cat sp.0.log; fail "the spares' folder was not filled from the others'"; }
+same_losses "$work/ref.jsonl" "$work/sp.jsonl" || fail "with spares the losses differ from the uninterrupted run"
+no_orphans || fail "processes left behind in the namespaces"
+[[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"
+# Iterations lost at each recovery: those trained before it beyond where the job resumed.
+lost=$(python3 - "$work/sp.jsonl" <<'PY'
+import json, sys
+its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
+print(" and ".join(str(a - b + 1) for a, b in zip(its, its[1:]) if b <= a) or "none")
+PY
+)
+printf 'ok: a killed rank replaced by %s in %.2f s (to the next trained iteration), a lost node in %.2f s; iterations lost %s; node 0 kept its processes; the losses bitwise\n' \
+  "$by" "$first_recovery" "$second_recovery" "$lost"
+echo PASS
