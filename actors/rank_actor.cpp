@@ -283,7 +283,12 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
           if (Status st = trains(); !st) return rank_error(s.rank, st);
         auto checkpoint = Checkpoint::open(req.dir, req.iteration);  // any version, any layout
         if (!checkpoint) return rank_error(s.rank, checkpoint.status());
-        auto reader = checkpoint->reader();
+        // Each file is checked before the first value this rank reads from it, not at open: a rank
+        // reads a few shards, and checking every one would read the whole checkpoint once per
+        // process (every shard is still checked by the rank of the same layout that reads it).
+        ShardReadOptions deferred;
+        deferred.verify_at_open = false;
+        auto reader = checkpoint->reader(deferred);
         if (!reader) return rank_error(s.rank, reader.status());
         OptimizerMoments m;
         if (req.load_optimizer) {

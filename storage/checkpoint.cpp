@@ -171,10 +171,12 @@ Result<std::vector<std::string>> Checkpoint::files() const {
   return std::vector<std::string>{location_};
 }
 
-Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader() const {
+Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader() const { return reader(ShardReadOptions{}); }
+
+Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader(const ShardReadOptions& options) const {
   auto f = files();
   if (!f) return f.status();
-  return ShardSetReader::open(f.value());
+  return ShardSetReader::open(f.value(), options);
 }
 
 Result<std::vector<CheckpointTensorInfo>> Checkpoint::tensors() const {

@@ -23,6 +23,7 @@
 namespace troupe {
 
 class ShardSetReader;
+struct ShardReadOptions;
 
 // A tensor with its global identity. `tensor` is host f32; its leading rows cover global_shape and
 // any further rows (vocabulary padding) are neither saved nor read (they are zeroed on load).
@@ -79,8 +80,10 @@ class Checkpoint {
   uint64_t bytes() const;
   // The files a reader opens; each version-3 shard's header is checked against metadata.json.
   Result<std::vector<std::string>> files() const;
-  // A reader over every tensor, of any layout (storage/shard_file.hpp).
+  // A reader over every tensor, of any layout (storage/shard_file.hpp); options.verify_at_open
+  // false: each file is checked before its first value is read, not at open (a rank's load).
   Result<std::unique_ptr<ShardSetReader>> reader() const;
+  Result<std::unique_ptr<ShardSetReader>> reader(const ShardReadOptions& options) const;
   // Every tensor: model, then optimizer/exp_avg, then optimizer/exp_avg_sq, each sorted by name with
   // numbers in numeric order (transformer.h.2 before transformer.h.10). Reads no tensor data.
   Result<std::vector<CheckpointTensorInfo>> tensors() const;

@@ -548,6 +548,8 @@ struct ShardSetReader::Impl {
   struct File {
     std::string name;
     std::unique_ptr<h5read::File> h5;
+    std::shared_ptr<const h5read::ByteSource> bytes;
+    std::optional<ShardDigest> unverified;  // the whole-file check still due before a read
   };
   struct Piece {
     int file = 0;
@@ -581,9 +583,13 @@ struct ShardSetReader::Impl {
 
   Status load(Piece& p) {
     if (p.loaded) return Status::ok();
+    File& f = files[static_cast<size_t>(p.file)];
+    if (f.unverified) {
+      TROUPE_RETURN_IF_ERROR(verify_payload(*f.bytes, *f.unverified));
+      f.unverified.reset();
+    }
     p.values.resize(static_cast<size_t>(p.numel));
-    TROUPE_RETURN_IF_ERROR(
-        files[static_cast<size_t>(p.file)].h5->read_data(p.dataset, p.values.data()));
+    TROUPE_RETURN_IF_ERROR(f.h5->read_data(p.dataset, p.values.data()));
     const uint32_t crc = h5::crc32(p.values.data(), p.values.size() * sizeof(float));
     if (p.crc != static_cast<int64_t>(crc))
       return Status::bad_input(
@@ -647,14 +653,14 @@ ShardSetReader::ShardSetReader(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 ShardSetReader::~ShardSetReader() = default;
 
 Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
-    const std::vector<std::string>& paths) {
+    const std::vector<std::string>& paths, const ShardReadOptions& options) {
   std::vector<ShardSource> files;
   for (const std::string& path : paths) {
     auto source = h5read::open_file_source(path);
     if (!source) return source.status().with_context("checkpoint shard " + path + ": ");
     files.push_back({path, std::move(source).value()});
   }
-  return open(files);
+  return open(files, options);
 }
 
 Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
@@ -666,7 +672,7 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
     const std::string where = "checkpoint file " + source.name + ": ";
     auto digest = parse_header(*source.bytes);
     if (!digest) return digest.status().with_context(where);
-    if (digest->has_value() && options.verify_whole_file)
+    if (digest->has_value() && options.verify_whole_file && options.verify_at_open)
       TROUPE_RETURN_IF_ERROR(verify_payload(*source.bytes, **digest).with_context(where));
     auto file = h5read::File::open(source.bytes);
     if (!file) return file.status().with_context(where);
@@ -791,7 +797,9 @@ Result<std::unique_ptr<ShardSetReader>> ShardSetReader::open(
         runs_of[{section, name}].push_back(std::move(runs));
       }
     }
-    impl->files.push_back({source.name, std::move(file).value()});
+    std::optional<ShardDigest> due;
+    if (digest->has_value() && options.verify_whole_file && !options.verify_at_open) due = **digest;
+    impl->files.push_back({source.name, std::move(file).value(), source.bytes, due});
   }
   // Disjoint intervals: replicas (identical by contract) overlap; the piece listed first keeps its
   // part. The intervals must cover every element: a gap means a missing or foreign file, and a

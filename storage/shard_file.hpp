@@ -125,19 +125,26 @@ struct ShardSource {
   std::shared_ptr<const h5read::ByteSource> bytes;
 };
 struct ShardReadOptions {
-  // Check each headed file's CRC-32 before parsing it. Off only in fuzz targets, which must reach
-  // the parser with any bytes (a crafted file can carry a matching checksum).
+  // Check each headed file's CRC-32. Off only in fuzz targets, which must reach the parser with
+  // any bytes (a crafted file can carry a matching checksum).
   bool verify_whole_file = true;
+  // When: at open, before its index is parsed (the default: a damaged file is refused whatever
+  // the command reads of it), or -- false -- before the first value read from the file. Deferred, a
+  // process reads and checks only the files holding what it reads -- a rank of a job of N
+  // processes one or a few shards, not all N -- and parses the others' small indexes only (a
+  // training job's load, actors/rank_actor.cpp). No value is read from a file before its check.
+  bool verify_at_open = true;
 };
 
 // Reads the elements any layout needs from a set of shard files. open() checks each file's
 // integrity header and reads its index (names, shapes, runs: small); values are read per piece when
-// first needed and checked against their checksum. Overlapping pieces (replicas) are allowed; the
+// first needed and checked against their checksum, the file's whole CRC-32 before its first. Overlapping pieces (replicas) are allowed; the
 // first file listed wins. Every tensor must be covered whole by the files together (else open names
 // the first missing element), so a global shape never claims more elements than the files hold.
 class ShardSetReader {
  public:
-  static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<std::string>& paths);
+  static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<std::string>& paths,
+                                                      const ShardReadOptions& options = {});
   static Result<std::unique_ptr<ShardSetReader>> open(const std::vector<ShardSource>& files,
                                                       const ShardReadOptions& options = {});
   ~ShardSetReader();

@@ -177,7 +177,7 @@ TEST_CASE("shard files: a missing shard, a flipped bit, a truncated file, a wron
                                               Catch::Contains("element 30") &&
                                               Catch::Contains("is in no shard file"));
   }
-  SECTION("flipped bit in the values: the whole-file checksum names the file at open") {
+  SECTION("flipped bit in the values: the whole-file checksum names the file before its first read") {
     // Find A's rows 3..4 (shard 1) in the file by their bytes and flip one bit.
     std::ifstream in(paths[1], std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -187,10 +187,23 @@ TEST_CASE("shard files: a missing shard, a flipped bit, a truncated file, a wron
     REQUIRE(at != std::string::npos);
     bytes[at + 5] = static_cast<char>(bytes[at + 5] ^ 0x10);
     std::ofstream(paths[1], std::ios::binary | std::ios::trunc) << bytes;
-    auto reader = ShardSetReader::open(paths);
+    auto reader = ShardSetReader::open(paths);  // checked at open
     REQUIRE_FALSE(reader.is_ok());
     CHECK(reader.status().is_bad_input());
     CHECK_THAT(reader.status().message(), Catch::Contains(paths[1]) && Catch::Contains("checksum"));
+    // Deferred (a rank's load): the damaged file is checked before the first value read from it;
+    // the elements of the intact files read, and nothing of the damaged one does.
+    ShardReadOptions deferred_check;
+    deferred_check.verify_at_open = false;
+    auto deferred = ShardSetReader::open(paths, deferred_check);
+    REQUIRE(deferred.is_ok());
+    check_read(**deferred, ShardSection::model, "A", {R, C}, g.a, rows(0, 3));
+    Tensor whole = Tensor::empty({R * C});
+    const Status at_read = (*deferred)->read(ShardSection::model, "A", {R, C}, {{0, R * C}}, whole);
+    REQUIRE_FALSE(at_read.is_ok());
+    CHECK(at_read.is_bad_input());
+    CHECK_THAT(at_read.message(), Catch::Contains(paths[1]) && Catch::Contains("model/A") &&
+                                      Catch::Contains("checksum does not match"));
     // Past the whole-file check (as a crafted file with a matching checksum would be), the piece's
     // own checksum catches it when read, naming the file and the tensor.
     std::vector<ShardSource> sources;
@@ -346,6 +359,19 @@ TEST_CASE("shard file: large pieces go from their own memory to the places libhd
   auto damaged = ShardSetReader::open({path});
   REQUIRE_FALSE(damaged.is_ok());
   CHECK_THAT(damaged.status().message(), Catch::Contains("checksum"));
+  // Deferred, before the first value read from the file.
+  ShardReadOptions deferred_check;
+  deferred_check.verify_at_open = false;
+  auto deferred = ShardSetReader::open({path}, deferred_check);
+  REQUIRE(deferred.is_ok());
+  Status first = Status::ok();
+  for (const auto& [name, shape] : (*deferred)->tensors(ShardSection::model)) {
+    Tensor out = Tensor::empty({shape.numel()});
+    first = (*deferred)->read(ShardSection::model, name, shape, {{0, shape.numel()}}, out);
+    break;
+  }
+  REQUIRE_FALSE(first.is_ok());
+  CHECK_THAT(first.message(), Catch::Contains("checksum does not match"));
 }
 
 namespace {
