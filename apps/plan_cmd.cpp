@@ -148,6 +148,8 @@ nlohmann::json layout_json(const plan::Candidate& c, const plan::Cluster& cluste
   const plan::SavePlan save = plan::plan_saves(l, p, cluster);
   j["save_interval"] = save.save_interval;
   j["goodput"] = save.goodput;
+  j["save_memory_interval"] = save.save_memory_interval;
+  j["goodput_in_job"] = save.memory_goodput;
   j["checkpoint_bytes"] = save.checkpoint_bytes;
   j["mtbf_seconds"] = std::isfinite(save.mtbf_seconds) ? nlohmann::json(save.mtbf_seconds) : nlohmann::json(nullptr);
   return j;
@@ -197,6 +199,13 @@ void print_text(const TrainConfig& cfg, const plan::Cluster& cluster, const plan
                   save.mtbf_seconds / 3600, cluster.failures_per_device_hour, static_cast<long long>(world),
                   save.save_stall_seconds, save.checkpoint_bytes / 1e9, save.save_write_seconds, save.recovery_seconds,
                   static_cast<long long>(save.save_interval), save.interval_seconds, 100 * save.goodput);
+    if (std::isfinite(save.mtbf_seconds))
+      std::printf("    with in-memory snapshots and in-job recovery instead: a snapshot's copy %s takes %.1f s, a "
+                  "recovery %.0f s (rejoin %.0f s); best --save-memory-interval %lld (every %.0f s) with --in-job-recovery: "
+                  "goodput %.1f%%\n",
+                  cluster.nodes > 1 ? "to the next node" : "into host memory", save.memory_write_seconds,
+                  save.memory_recovery_seconds, cluster.rejoin_seconds, static_cast<long long>(save.save_memory_interval),
+                  save.memory_interval_seconds, 100 * save.memory_goodput);
   }
   if (!r.not_fitting.empty()) {
     std::printf("\n  rejected for memory (%lld layouts), the closest:\n", static_cast<long long>(r.out_of_memory));

@@ -87,6 +87,7 @@ const std::vector<Key>& keys() {
       {"failures_per_gpu_hour", 0, 1, false, [](Cluster& c, double v) { c.failures_per_device_hour = v; }},
       {"storage_gbps", 1e-3, 1e6, false, [](Cluster& c, double v) { c.storage_bandwidth = v * kGB; }},
       {"restart_seconds", 0, 1e6, false, [](Cluster& c, double v) { c.restart_seconds = v; }},
+      {"rejoin_seconds", 0, 1e6, false, [](Cluster& c, double v) { c.rejoin_seconds = v; }},
   };
   return k;
 }
@@ -232,6 +233,7 @@ Status validate_cluster(const Cluster& c) {
     problems.push_back("the failure rate (failures_per_gpu_hour, --failures-per-gpu-hour) is outside [0, 1] -- give failures "
                        "per device and hour, e.g. 2e-5");
   if (!(c.restart_seconds >= 0)) problems.push_back("restart_seconds is negative -- give seconds >= 0");
+  if (!(c.rejoin_seconds >= 0)) problems.push_back("rejoin_seconds is negative -- give seconds >= 0");
   if (!(c.intra_node_latency >= 0) || !(c.inter_node_latency >= 0))
     problems.push_back("a latency is negative -- give microseconds >= 0");
   return join(problems);

@@ -14,7 +14,7 @@
 //    "memory_gib": 80, "memory_reserve_gib": 2, "peak_tflops": 312, "memory_bandwidth_gbps": 2039,
 //    "compute_units": 108, "nvlink_gbps": 300, "network_gbps": 200, "pcie_gbps": 25,
 //    "host_memory_bandwidth_gbps": 200, "intra_node_latency_us": 5, "inter_node_latency_us": 10,
-//    "failures_per_gpu_hour": 1.97e-5, "storage_gbps": 5, "restart_seconds": 120}
+//    "failures_per_gpu_hour": 1.97e-5, "storage_gbps": 5, "restart_seconds": 120, "rejoin_seconds": 30}
 // Every problem (an unknown key with its nearest spelling, a value of the wrong type or out of
 // range) is reported at once; the reader never allocates beyond what the text holds.
 #pragma once
@@ -55,6 +55,10 @@ struct Cluster {
   double failures_per_device_hour = 1.97e-5;
   double storage_bandwidth = 5e9;
   double restart_seconds = 120;
+  // In-job recovery (troupe launch --in-job-recovery): the surviving processes rejoin and rebuild
+  // their communicators, a spare or restarted process takes the lost place. An assumption, not a
+  // measurement at scale (docs/PLAN.md): troupe's own rejoin of 4 processes takes 0.3 s here.
+  double rejoin_seconds = 30;
   int64_t world() const { return static_cast<int64_t>(nodes) * devices_per_node; }
   bool is_cpu() const { return device.name == "cpu"; }
 };

@@ -476,6 +476,30 @@ TEST_CASE("plan: the save interval is Daly's optimum and the goodput its expecte
   Cluster never = c;
   never.failures_per_device_hour = 0;
   CHECK(plan_saves(job, r, never).goodput == 1);
+  CHECK(plan_saves(job, r, never).memory_goodput == 1);
+
+  // In-memory snapshots with in-job recovery: the same stall; each node's share copied to the next
+  // node over its network; a failure costs the rejoin, the share back into the device and a
+  // replaced node's share from its buddy -- not the restart and the load from storage.
+  const double node_share = s.checkpoint_bytes / 64;
+  CHECK(s.memory_write_seconds == Approx(node_share / c.inter_node_bandwidth));
+  CHECK(s.memory_recovery_seconds == Approx(c.rejoin_seconds + d + node_share / c.inter_node_bandwidth));
+  const double want_m = std::max({daly, s.memory_write_seconds, r.iteration_seconds});
+  CHECK(s.save_memory_interval == static_cast<int64_t>(std::ceil(want_m / r.iteration_seconds)));
+  CHECK(1 - s.memory_goodput ==
+        Approx(d / s.memory_interval_seconds + (s.memory_interval_seconds / 2 + s.memory_recovery_seconds) / M));
+  CHECK(s.memory_recovery_seconds < s.recovery_seconds);
+  CHECK(s.memory_goodput > s.goodput);
+  // A slower rejoin costs goodput; one node copies into its own memory.
+  Cluster slow = c;
+  slow.rejoin_seconds = 600;
+  CHECK(plan_saves(job, r, slow).memory_goodput < s.memory_goodput);
+  Cluster one = a100(1, 8);
+  TrainConfig small = job;
+  small.data_parallel_size = 1;
+  const SavePlan one_node = plan_saves(small, predict(small, one, profile_named("troupe", one).value()).value(), one);
+  CHECK(one_node.memory_write_seconds == Approx(one_node.checkpoint_bytes / one.host_memory_bandwidth));
+  CHECK(one_node.memory_recovery_seconds == Approx(one.rejoin_seconds + one_node.save_stall_seconds));
 }
 
 }  // namespace
