@@ -334,9 +334,9 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
   // its place already, or this one takes it.
   auto start_child = [&](int local, int count, bool replacement, const std::string& dir, OutputRouter& router) {
     Child& c = children[local];
-    c.rank = a.spare_node() ? -1 : a.node_rank * a.nproc_per_node + local;
-    const bool spare = a.warm_spares() && (a.spare_node() || (replacement && c.rank != 0));
-    if (spare) c.rank = -1;
+    const int rank = a.node_rank * a.nproc_per_node + local;
+    const bool spare = a.spare_node() || (a.warm_spares() && replacement && rank != 0);
+    c.rank = spare ? -1 : rank;
     const StreamPlan out_plan = stream_plan(l, c.rank, local, kStdOut, dir);
     const StreamPlan err_plan = stream_plan(l, c.rank, local, kStdErr, dir);
     auto out = open_stream(out_plan);

@@ -547,6 +547,21 @@ TEST_CASE("a restarted rank that meets the failed attempt's rank 0 waits for its
   CHECK(got1 == *b);
 }
 
+// Every rank's all_gather of `key` at once (rank r contributes blobs[r]), each from its own thread:
+// what each got, empty where its gather failed.
+std::vector<std::vector<std::string>> gather_all(const std::vector<CafBootstrap*>& ranks, const std::string& key,
+                                                 const std::vector<std::string>& blobs) {
+  std::vector<std::vector<std::string>> got(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    threads.emplace_back([&, r] {
+      auto a = ranks[r]->all_gather(key, blobs[r]);
+      if (a) got[r] = *a;
+    });
+  for (auto& t : threads) t.join();
+  return got;
+}
+
 // The options of a process under in-job recovery joining as `attempt` (its generation, or
 // kAnyGeneration for a replacement).
 CafBootstrapOptions in_job_options(LogSink& sink, int32_t attempt) {
@@ -598,22 +613,11 @@ TEST_CASE("in-job recovery: the survivors and a replacement form the next genera
   INFO((replacement ? std::string("joined") : replacement.status().message()));
   REQUIRE(replacement);
   CHECK(seconds_since(start) > 1.4);
-  std::vector<std::string> got1, got2;
-  std::thread g1([&] {
-    auto a = again1.value()->all_gather("generation 1", "one");
-    if (a) got1 = *a;
-  });
-  std::thread g2([&] {
-    auto a = replacement.value()->all_gather("generation 1", "two");
-    if (a) got2 = *a;
-  });
-  auto b = again0.value()->all_gather("generation 1", "zero");
-  g1.join();
-  g2.join();
-  REQUIRE(b);
-  CHECK(*b == std::vector<std::string>{"zero", "one", "two"});
-  CHECK(got1 == *b);
-  CHECK(got2 == *b);
+  const auto got = gather_all({again0.value().get(), again1.value().get(), replacement.value().get()}, "generation 1",
+                              {"zero", "one", "two"});
+  CHECK(got[0] == std::vector<std::string>{"zero", "one", "two"});
+  CHECK(got[1] == got[0]);
+  CHECK(got[2] == got[0]);
 }
 
 // A generation's rank 0 that has not noticed the failure yet (healthy) tells a survivor of the next
@@ -689,21 +693,10 @@ TEST_CASE("warm spares: a waiting spare takes a lost rank's place at the next ge
   REQUIRE(spare);
   CHECK(spare.value()->rank() == 2);
   CHECK_FALSE(sink.wait_for({"a spare (host", "takes the place of rank 2"}).empty());
-  std::vector<std::string> got1, got2;
-  std::thread g1([&] {
-    auto a = again1.value()->all_gather("generation 1", "one");
-    if (a) got1 = *a;
-  });
-  std::thread g2([&] {
-    auto a = spare.value()->all_gather("generation 1", "two");
-    if (a) got2 = *a;
-  });
-  auto b = again0.value()->all_gather("generation 1", "zero");
-  g1.join();
-  g2.join();
-  REQUIRE(b);
-  CHECK(*b == std::vector<std::string>{"zero", "one", "two"});
-  CHECK(got2 == *b);
+  const auto got = gather_all({again0.value().get(), again1.value().get(), spare.value().get()}, "generation 1",
+                              {"zero", "one", "two"});
+  CHECK(got[0] == std::vector<std::string>{"zero", "one", "two"});
+  CHECK(got[2] == got[0]);
 
   // Rank 2's own process comes back: its place is taken.
   auto back = create_caf_bootstrap(make_env(2, 3, port), in_job(1));
@@ -764,11 +757,9 @@ TEST_CASE("warm spares: after the grace a later generation's free place goes to 
   REQUIRE(spare);
   CHECK(spare.value()->rank() == 2);
   CHECK(seconds_since(start) >= 0.25);
-  std::thread g([&] { (void)again1.value()->barrier("met"); });
-  std::thread g2([&] { (void)spare.value()->barrier("met"); });
-  CHECK(again0.value()->barrier("met"));
-  g.join();
-  g2.join();
+  const auto met = gather_all({again0.value().get(), again1.value().get(), spare.value().get()}, "met", {"0", "1", "2"});
+  CHECK(met[0] == std::vector<std::string>{"0", "1", "2"});
+  CHECK(met[2] == met[0]);
 }
 
 // A spare outside in-job recovery is refused before it reaches anything.
