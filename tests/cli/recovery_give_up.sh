@@ -42,6 +42,10 @@ until (($(grep -c '"type":"train"' "$work/m.jsonl") > lines + 5)); do
   ((SECONDS < deadline)) || { cat gu.*.log; show_stuck; fail "the job did not train on after the first recovery"; }
   sleep 0.05
 done
+# A checkpoint on disk to resume from at the end: the offload actor writes at nice 19, so on a busy
+# machine (ctest -j) the save at iteration 20 may not have finished before the first kill, and
+# the recovered job may not have finished one since.
+wait_for_file "$work/ck/latest_checkpointed_iteration.txt"
 victims=($(ranks_of 1))
 kill -9 "${victims[$((RANDOM % ${#victims[@]}))]}"
 struck=$SECONDS
