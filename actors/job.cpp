@@ -269,8 +269,9 @@ struct Offload {
 
 Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const TrainConfig& config,
                       const JobOptions& options, int world, std::string layout_json, std::shared_ptr<HostPool> pool,
-                      SnapshotCopies* copies) {
-  auto commit = [&config, &options, world, layout = std::move(layout_json), copies](const SaveRequest& r) {
+                      SnapshotCopies* copies, std::shared_ptr<const CoverageSlot> coverage) {
+  auto commit = [&config, &options, world, layout = std::move(layout_json), copies,
+                 coverage = std::move(coverage)](const SaveRequest& r) {
     const std::string key = "save " + std::to_string(r.iteration);
     if (options.bootstrap != nullptr) {
       // Another process failed before its shards were written: this save cannot complete, and its
@@ -283,14 +284,15 @@ Offload start_offload(caf::actor_system& system, caf::scoped_actor& self, const 
     if (r.memory && copies != nullptr) {
       // A snapshot over several hosts: each shard also goes to the buddy's host folder, and each
       // host's first process commits its folder (every shard's digest in its metadata.json).
-      auto digests = copies->exchange(r.dir, r.iteration);
-      if (!digests) {
+      auto exchanged = copies->exchange(r.dir, r.iteration, coverage ? coverage->get() : nullptr);
+      if (!exchanged) {
         discard_unfinished_save(iteration_dir(r.dir, r.iteration));
-        return digests.status();
+        return exchanged.status();
       }
       if (copies->first_of_host())
         TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(r.dir, checkpoint_meta(r, run_json(config.run_id)), layout,
-                                                         shard_file_names(world), digests.value()));
+                                                         shard_file_names(world), exchanged->digests,
+                                                         exchanged->reads));
     } else if (options.bootstrap == nullptr || options.bootstrap->rank() == 0) {
       TROUPE_RETURN_IF_ERROR(commit_sharded_checkpoint(r.dir, checkpoint_meta(r, run_json(config.run_id)), layout,
                                                        shard_file_names(world)));
@@ -469,7 +471,10 @@ static Result<TrainSummary> run_ranks(caf::actor_system& system, const TrainConf
                                      .string());
   caf::scoped_actor self{system};
   auto pool = std::make_shared<HostPool>();
-  Offload offloader = start_offload(system, self, config, options, world, rs.par.to_json(), pool, run.copies);
+  // Over several hosts, the rank's coverage goes with the first snapshot (which shards each reads).
+  if (run.copies != nullptr) rs.coverage = std::make_shared<CoverageSlot>();
+  Offload offloader =
+      start_offload(system, self, config, options, world, rs.par.to_json(), pool, run.copies, rs.coverage);
   offload_actor offload = offloader.actor;
   OptimizerOffload optimizer_offload;
   optimizer_offload.device = config.offload_optimizer;

@@ -35,6 +35,7 @@ struct RankState {
   std::shared_ptr<BufferRecycler> snapshot_buffers;  // the rank's in-memory snapshots' buffers and files (or null)
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
+  int world_size = 1;
 };
 
 caf::error rank_error(int rank, const Status& st) {
@@ -95,6 +96,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   name_exceptions(self, "rank " + std::to_string(rank));
   auto& st = self->state;
   st.rank = rank;
+  st.world_size = spec.par.world_size();
   st.world = std::move(world);
   st.offload = std::move(offload);
   st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda, spec.par.ep);
@@ -132,6 +134,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
     } catch (const DeviceError& e) {  // its GPU cannot be used, or the model does not fit in it
       st.created = Status::error(e.what());
     }
+    if (st.engine && spec.coverage) spec.coverage->set(st.engine->shard_coverage());
     optimizer_offload.rank = rank;
     if (st.engine && !spec.evaluation_only) {
       auto optimizer = spawn_optimizer(self->system(), st.engine->adam_segments(), spec.num_threads, optimizer_offload,
@@ -286,9 +289,10 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         // Each file is checked before the first value this rank reads from it, not at open: a rank
         // reads a few shards, and checking every one would read the whole checkpoint once per
         // process (every shard is still checked by the rank of the same layout that reads it).
+        // A multi-host snapshot says which shards each rank reads: its host's folder holds those.
         ShardReadOptions deferred;
         deferred.verify_at_open = false;
-        auto reader = checkpoint->reader(deferred);
+        auto reader = checkpoint->reader_for(s.rank, s.world_size, deferred);
         if (!reader) return rank_error(s.rank, reader.status());
         OptimizerMoments m;
         if (req.load_optimizer) {

@@ -1142,6 +1142,16 @@ Status read_range(ShardSetReader& reader, ShardSection section, const ParamSpec&
   return Status::ok();
 }
 
+// Which of a rank's ranges its shard holds (shard_contents): a tensor-parallel replica's on TP rank
+// 0, the tied head's copy on the embedding stage, a data-parallel replica's on its first replica
+// (ZeRO-3 parameters and ZeRO >= 1 moments are partitioned: every dp rank writes its part).
+bool writes_params(const PipelineStage& chunk, const ZeroStore& store, const ZeroStore::OwnedRange& r) {
+  return chunk.counts_in_norm(r.spec) && (store.partitioned_params() || r.first_replica);
+}
+bool writes_moments(const PipelineStage& chunk, int zero_stage, const ZeroStore::OwnedRange& r) {
+  return chunk.counts_in_norm(r.spec) && !(zero_stage == 0 && !r.first_replica);
+}
+
 }  // namespace
 
 ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
@@ -1154,14 +1164,13 @@ ShardContents RankEngine::shard_contents(const std::vector<Tensor>& exp_avg, con
   for (size_t c = 0; c < chunks_.size(); ++c) {
     const PipelineStage& chunk = *chunks_[c];
     const int zero = spec_.par.zero_stage;
-    const bool partitioned = stores_[c]->partitioned_params();
     for (const auto& r : stores_[c]->param_ranges())
-      if (chunk.counts_in_norm(r.spec) && (partitioned || r.first_replica))
+      if (writes_params(chunk, *stores_[c], r))
         out.sections[ShardSection::model].push_back(
             make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values, false, spec_.snapshot_buffers.get()));
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
-      if (exp_avg.empty() || !chunk.counts_in_norm(r.spec) || (zero == 0 && !r.first_replica)) continue;
+      if (exp_avg.empty() || !writes_moments(chunk, zero, r)) continue;
       out.sections[ShardSection::exp_avg].push_back(
           make_piece(chunk.specs()[r.spec], r.begin, r.end, exp_avg[i], moments_are_copies));
       out.sections[ShardSection::exp_avg_sq].push_back(
@@ -1184,19 +1193,43 @@ std::vector<TensorPiece> RankEngine::tensor_pieces(const std::string& name, Tens
     const PipelineStage& chunk = *chunks_[c];
     if (kind == TensorKind::value) {
       for (const auto& r : stores_[c]->param_ranges())
-        if (chunk.specs()[r.spec].name == name && chunk.counts_in_norm(r.spec) &&
-            (stores_[c]->partitioned_params() || r.first_replica))
+        if (chunk.specs()[r.spec].name == name && writes_params(chunk, *stores_[c], r))
           out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, r.values));
       continue;
     }
     for (const auto& r : stores_[c]->segment_ranges()) {
       const size_t i = seg++;
-      if (chunk.specs()[r.spec].name != name || !chunk.counts_in_norm(r.spec) || (zero == 0 && !r.first_replica))
-        continue;
+      if (chunk.specs()[r.spec].name != name || !writes_moments(chunk, zero, r)) continue;
       const Tensor& values = kind == TensorKind::grad      ? segments.at(i).grad
                              : kind == TensorKind::exp_avg ? exp_avg.at(i)
                                                            : exp_avg_sq.at(i);
       out.push_back(make_piece(chunk.specs()[r.spec], r.begin, r.end, values));
+    }
+  }
+  return out;
+}
+
+RankCoverage RankEngine::shard_coverage() const {
+  RankCoverage out;
+  auto add = [](ShardCoverage& into, ShardSection section, const ParamSpec& spec, int64_t begin, int64_t end) {
+    std::vector<GlobalRun> runs;
+    for (const auto& [local, run] : local_runs(spec, begin, end)) runs.push_back(run);
+    if (!runs.empty()) into.push_back({section, spec.name, group_runs(runs)});
+  };
+  const int zero = spec_.par.zero_stage;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    const PipelineStage& chunk = *chunks_[c];
+    for (const auto& r : stores_[c]->param_ranges()) {  // load_shards reads every range it holds
+      const ParamSpec& spec = chunk.specs()[r.spec];
+      add(out.reads, ShardSection::model, spec, r.begin, r.end);
+      if (writes_params(chunk, *stores_[c], r)) add(out.writes, ShardSection::model, spec, r.begin, r.end);
+    }
+    for (const auto& r : stores_[c]->segment_ranges()) {
+      const ParamSpec& spec = chunk.specs()[r.spec];
+      for (ShardSection section : {ShardSection::exp_avg, ShardSection::exp_avg_sq}) {
+        add(out.reads, section, spec, r.begin, r.end);
+        if (writes_moments(chunk, zero, r)) add(out.writes, section, spec, r.begin, r.end);
+      }
     }
   }
   return out;

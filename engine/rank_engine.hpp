@@ -50,6 +50,7 @@
 #include "kernels/thread_pool.hpp"
 #include "model/stage.hpp"
 #include "troupe/stage.hpp"
+#include "storage/shard_coverage.hpp"
 #include "storage/shard_file.hpp"
 
 namespace troupe {
@@ -132,6 +133,9 @@ struct RankSpec {
   // Where shard_contents' copies come from (in-memory snapshots: buffers and snapshot files reused
   // from one snapshot to the next, engine/buffer_recycler.hpp); null: fresh memory each time.
   std::shared_ptr<BufferRecycler> snapshot_buffers;
+  // In-memory snapshots over several hosts (one rank per process): the rank actor puts its
+  // shard_coverage() here once the rank is built, for the snapshot's exchange (null: none).
+  std::shared_ptr<CoverageSlot> coverage;
 };
 
 // The parameter/activation and gradient types of a run's precision (include/troupe/precision.hpp):
@@ -298,6 +302,10 @@ class RankEngine {
   // pieces may view them instead of copying them a second time.
   ShardContents shard_contents(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                                bool moments_are_copies = false) const;
+  // What shard_contents holds (writes) and what load_shards with the moments reads (reads), as
+  // global element groups (storage/shard_coverage.hpp): which shards of a snapshot of this layout
+  // the rank needs when it resumes it.
+  RankCoverage shard_coverage() const;
   // Fills this rank's parameters and the given moments (shaped like adam_segments(); empty vectors:
   // parameters only) from any set of shards, whatever layout wrote them.
   Status load_shards(ShardSetReader& reader, const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);

@@ -139,7 +139,8 @@ std::vector<int> snapshot_buddies(const std::vector<SnapshotPeer>& peers) {
   return buddies;
 }
 
-RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers) {
+RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers,
+                                    const std::vector<std::vector<int>>& reads) {
   RecoveryPlan plan;
   const int world = static_cast<int>(peers.size());
   if (reports.size() != peers.size() || reports.empty()) return plan;
@@ -166,13 +167,20 @@ RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, 
     if (!std::all_of(by_shard.begin(), by_shard.end(), [](const std::vector<int>& h) { return !h.empty(); })) continue;
     plan.iteration = it->first;
     plan.metadata_from = with_metadata.at(it->first);
+    // The layout that wrote it (one shard per process of this job) says which shards each rank reads.
+    const bool known = shards == world && static_cast<int>(reads.size()) == shards;
+    plan.by_reads = known;
     for (const auto& [node, procs] : processes_by_node(peers)) {
-      std::set<int> here;
+      std::set<int> here, needed;
       for (int s = 0; s < shards; ++s)
         for (int q : by_shard[static_cast<size_t>(s)])
           if (peers[static_cast<size_t>(q)].node == node) here.insert(s);
+      for (int p : procs)
+        if (known)
+          for (int s : reads[static_cast<size_t>(p)])
+            if (s >= 0 && s < shards) needed.insert(s);
       for (int s = 0; s < shards; ++s) {
-        if (here.count(s) != 0) continue;
+        if (here.count(s) != 0 || (known && needed.count(s) == 0)) continue;
         const std::vector<int>& from = by_shard[static_cast<size_t>(s)];
         plan.fetches.push_back({s, from[static_cast<size_t>(s) % from.size()], procs[static_cast<size_t>(s) % procs.size()]});
       }
@@ -212,7 +220,55 @@ Result<std::unique_ptr<SnapshotCopies>> SnapshotCopies::open(comm::Bootstrap& bo
       new SnapshotCopies(bootstrap, std::move(everyone).value(), std::move(peers), world.rank()));
 }
 
-Result<std::vector<ShardDigest>> SnapshotCopies::exchange(const std::string& dir, int64_t iteration) {
+Result<std::string> SnapshotCopies::my_reads(std::shared_ptr<const RankCoverage> coverage) {
+  if (my_reads_) return *my_reads_;
+  // Every process's shard contents, once per job (the layout does not change while it runs): the
+  // sizes, then the texts ("" from a process without a coverage).
+  const std::string mine = coverage ? encode_coverage(coverage->writes) : std::string();
+  const int world = static_cast<int>(peers_.size());
+  std::vector<uint64_t> sizes(static_cast<size_t>(world));
+  uint64_t size = mine.size();
+  TROUPE_RETURN_IF_ERROR(comm_->all_gather(&size, sizes.data(), 1, DType::i64)->wait());
+  const uint64_t max = max_copy_bytes();
+  uint64_t total = 0;
+  for (uint64_t n : sizes) {
+    if (n > max - total)
+      return Status::error("the processes' reports of their snapshot shards add up to more than this host's memory "
+                           "-- report this");
+    total += n;
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  const std::vector<size_t> counts(sizes.begin(), sizes.end());
+  TROUPE_RETURN_IF_ERROR(comm_->all_gather_v(mine.data(), all.data(), counts, DType::u8)->wait());
+  std::vector<ShardCoverage> writes;
+  bool everyone = coverage != nullptr;
+  size_t at = 0;
+  for (int p = 0; p < world; ++p) {
+    const std::string_view text(all.data() + at, counts[static_cast<size_t>(p)]);
+    at += text.size();
+    if (text.empty()) {
+      everyone = false;
+      continue;
+    }
+    auto parsed = parse_coverage(text);
+    if (!parsed) return parsed.status().with_context(fmt::format("process {}: ", p));
+    writes.push_back(std::move(parsed).value());
+  }
+  std::string list;
+  if (!everyone) {
+    list = "-";
+  } else {
+    for (int s : shards_read(coverage->reads, writes)) list += (list.empty() ? "" : ",") + std::to_string(s);
+    if (list.empty()) list = ".";
+  }
+  my_reads_ = list;
+  return list;
+}
+
+Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& dir, int64_t iteration,
+                                                           std::shared_ptr<const RankCoverage> coverage) {
+  auto reads = my_reads(std::move(coverage));
+  if (!reads) return reads.status();
   std::vector<Outgoing> out;
   std::vector<Incoming> in;
   const std::string own = shard_file_path(dir, iteration, rank_);
@@ -255,19 +311,34 @@ Result<std::vector<ShardDigest>> SnapshotCopies::exchange(const std::string& dir
   if (!digest) return digest.status();
   if (!digest->has_value()) return Status::error(own + " has no integrity header -- report this");
   auto all = bootstrap_.all_gather("snapshot digests " + std::to_string(iteration),
-                                   fmt::format("{} {}", (*digest)->bytes, (*digest)->crc32));
+                                   fmt::format("{} {} {}", (*digest)->bytes, (*digest)->crc32, reads.value()));
   if (!all) return all.status();
-  std::vector<ShardDigest> digests;
+  Exchanged got;
+  bool known = true;
+  const int world = static_cast<int>(peers_.size());
   for (const std::string& s : all.value()) {
     const auto f = split(s, ' ');
     int64_t bytes = 0, crc = 0;
-    if (f.size() != 2 || !parse_count(f[0], std::numeric_limits<int64_t>::max() / 2, &bytes) ||
-        !parse_count(f[1], 0xffffffffLL, &crc))
+    std::vector<int> list;
+    bool ok = f.size() == 3 && parse_count(f[0], std::numeric_limits<int64_t>::max() / 2, &bytes) &&
+              parse_count(f[1], 0xffffffffLL, &crc);
+    if (ok && f[2] == "-") {
+      known = false;
+    } else if (ok && f[2] != ".") {
+      for (std::string_view x : split(f[2], ',')) {
+        int64_t shard = 0;
+        ok = ok && parse_count(x, world - 1, &shard) && (list.empty() || shard > list.back());
+        list.push_back(static_cast<int>(shard));
+      }
+    }
+    if (!ok)
       return Status::bad_input("a process reported its snapshot shard's digest as '" + s.substr(0, 64) +
                                "' -- every process of the job must run the same troupe");
-    digests.push_back({static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)});
+    got.digests.push_back({static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)});
+    got.reads.push_back(std::move(list));
   }
-  return digests;
+  if (!known) got.reads.clear();
+  return got;
 }
 
 Result<SnapshotCopies::Recovered> SnapshotCopies::recover(const std::string& dir, const SnapshotReport& mine) {
@@ -279,10 +350,24 @@ Result<SnapshotCopies::Recovered> SnapshotCopies::recover(const std::string& dir
     if (!r) return r.status();
     reports.push_back(std::move(r).value());
   }
-  const RecoveryPlan plan = plan_snapshot_recovery(reports, peers_);
+  RecoveryPlan plan = plan_snapshot_recovery(reports, peers_);
   Recovered got;
   got.iteration = plan.iteration;
   if (plan.iteration < 0) return got;
+  // Its metadata.json, for every host's folder and for the shards each rank reads ("reads"): a host
+  // fetches those its ranks read, not the whole snapshot.
+  std::string text;
+  if (rank_ == plan.metadata_from) {
+    auto t = read_checkpoint_metadata_text(dir, plan.iteration);
+    if (!t) return t.status();
+    text = std::move(t).value();
+  }
+  auto texts = bootstrap_.all_gather("snapshot metadata " + std::to_string(plan.iteration), text);
+  if (!texts) return texts.status();
+  const std::string& metadata = (*texts)[static_cast<size_t>(plan.metadata_from)];
+  auto parsed = parse_checkpoint_metadata(metadata, "the metadata.json of snapshot " + std::to_string(plan.iteration));
+  if (!parsed) return parsed.status();
+  plan = plan_snapshot_recovery(reports, peers_, parsed->reads);
   std::vector<Outgoing> out;
   std::vector<Incoming> in;
   std::vector<int> into_shard;
@@ -302,24 +387,18 @@ Result<SnapshotCopies::Recovered> SnapshotCopies::recover(const std::string& dir
   for (size_t i = 0; i < in.size(); ++i)
     TROUPE_RETURN_IF_ERROR(write_copy(shard_file_path(dir, plan.iteration, into_shard[i]), in[i].bytes, in[i].peer));
   // The host's folder: the snapshot's metadata.json where it is missing, its latest pointer.
-  std::string text;
-  if (rank_ == plan.metadata_from) {
-    auto t = read_checkpoint_metadata_text(dir, plan.iteration);
-    if (!t) return t.status();
-    text = std::move(t).value();
-  }
-  auto texts = bootstrap_.all_gather("snapshot metadata " + std::to_string(plan.iteration), text);
-  if (!texts) return texts.status();
-  if (first_of_host_)
-    TROUPE_RETURN_IF_ERROR(install_checkpoint_metadata(dir, plan.iteration, (*texts)[static_cast<size_t>(plan.metadata_from)]));
+  if (first_of_host_) TROUPE_RETURN_IF_ERROR(install_checkpoint_metadata(dir, plan.iteration, metadata));
   TROUPE_RETURN_IF_ERROR(bootstrap_.barrier("snapshot installed " + std::to_string(plan.iteration)));
   std::map<int, int> fetched_by_host;
   for (const ShardFetch& f : plan.fetches) ++fetched_by_host[peers_[static_cast<size_t>(f.to)].node];
   std::string fetched;
   for (const auto& [node, count] : fetched_by_host)
     fetched += fmt::format("{}{} of {} shards into node {}'s folder", fetched.empty() ? "" : ", ", count, peers_.size(), node);
+  const std::string what = plan.by_reads ? "what its ranks read" : "it";
   got.note = fmt::format("the in-memory snapshot of iteration {} is whole over the job's {} hosts; {}", plan.iteration, hosts_,
-                         fetched.empty() ? std::string("every host's folder held it") : "fetched from the other hosts " + fetched);
+                         fetched.empty() ? "every host's folder held " + what
+                                         : "fetched from the other hosts " + fetched +
+                                               (plan.by_reads ? " (the shards its ranks read)" : ""));
   return got;
 }
 

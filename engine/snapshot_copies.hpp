@@ -16,12 +16,14 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "comm/bootstrap.hpp"
 #include "comm/world.hpp"
+#include "storage/shard_coverage.hpp"
 #include "storage/sharded_checkpoint.hpp"
 #include "troupe/status.hpp"
 
@@ -69,13 +71,17 @@ struct RecoveryPlan {
   int64_t iteration = -1;  // -1: nothing to resume from memory
   std::vector<ShardFetch> fetches;
   int metadata_from = -1;  // the first process whose host's folder has the iteration's metadata.json
+  bool by_reads = false;   // each host fetches the shards its ranks read (else all it lacks)
 };
 // Decided by rank 0's report (restarted, run id, --save's newest): the newest iteration of that run,
 // newer than --save's, whose shards (as many as the processes of the job that wrote it: an elastic
-// round may have more or fewer) are together on the hosts; each missing
-// shard is fetched by one process of the host that lacks it (its shards spread over the host's
-// processes) from one that holds it (spread over the holders).
-RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers);
+// round may have more or fewer) are together on the hosts; each shard a host needs and lacks is
+// fetched by one process of that host (its shards spread over the host's processes) from one that
+// holds it (spread over the holders). A host needs the shards its processes' ranks read -- `reads`,
+// the snapshot's metadata.json's, when it has one list per process (the layout that wrote it) --
+// else every shard.
+RecoveryPlan plan_snapshot_recovery(const std::vector<SnapshotReport>& reports, const std::vector<SnapshotPeer>& peers,
+                                    const std::vector<std::vector<int>>& reads = {});
 
 class SnapshotCopies {
  public:
@@ -89,8 +95,16 @@ class SnapshotCopies {
 
   // After every process's shard of `iteration` is in its host's folder `dir`: sends this process's
   // to its buddy and writes the copies it receives into `dir`, then gathers every shard's digest
-  // (for metadata.json, in shard order).
-  Result<std::vector<ShardDigest>> exchange(const std::string& dir, int64_t iteration);
+  // and the shards each rank reads (for metadata.json, in shard order). Which shards a rank reads
+  // is worked out at the first exchange from every process's coverage (its rank's, built once:
+  // what its shard holds, what it reads), sent once to all; `reads` comes back empty when a process
+  // had none.
+  struct Exchanged {
+    std::vector<ShardDigest> digests;
+    std::vector<std::vector<int>> reads;
+  };
+  Result<Exchanged> exchange(const std::string& dir, int64_t iteration,
+                             std::shared_ptr<const RankCoverage> coverage);
 
   // At a start, before loading: reports what `dir` holds, agrees on the snapshot to resume
   // (plan_snapshot_recovery), fetches what this host lacks and makes it `dir`'s latest. Returns the
@@ -108,6 +122,9 @@ class SnapshotCopies {
   std::unique_ptr<comm::Communicator> comm_;
   std::vector<SnapshotPeer> peers_;
   std::vector<int> buddies_;
+  // The shards this process's rank reads ("1,4"; "." none; "-" unknown), once worked out.
+  Result<std::string> my_reads(std::shared_ptr<const RankCoverage> coverage);
+  std::optional<std::string> my_reads_;
   int rank_ = 0;
   int hosts_ = 1;
   bool first_of_host_ = true;

@@ -48,6 +48,7 @@
   X(serve_request)             \
   X(snapshot_owner)            \
   X(snapshot_report)           \
+  X(shard_coverage)            \
   X(elastic_rendezvous)        \
   X(decode_work)
 

@@ -179,6 +179,15 @@ Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader(const ShardReadOption
   return ShardSetReader::open(f.value(), options);
 }
 
+Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader_for(int rank, int world, ShardReadOptions options) const {
+  if (!sharded_) return reader(options);
+  auto own = shards_read_by(dir_, meta_.iteration, rank, world);
+  if (!own) return own.status();
+  if (!own->has_value()) return reader(options);
+  options.allow_gaps = true;
+  return ShardSetReader::open(**own, options);
+}
+
 Result<std::vector<CheckpointTensorInfo>> Checkpoint::tensors() const {
   auto reader = this->reader();
   if (!reader) return reader.status();

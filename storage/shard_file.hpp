@@ -134,6 +134,9 @@ struct ShardReadOptions {
   // processes one or a few shards, not all N -- and parses the others' small indexes only (a
   // training job's load, actors/rank_actor.cpp). No value is read from a file before its check.
   bool verify_at_open = true;
+  // The files may leave elements of a tensor uncovered (a rank's own few shards of a multi-host
+  // snapshot: storage/sharded_checkpoint.hpp's shards_read_by); reading one fails naming it.
+  bool allow_gaps = false;
 };
 
 // Reads the elements any layout needs from a set of shard files. open() checks each file's

@@ -210,8 +210,10 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
 Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                                  const std::string& layout_json,
                                  const std::vector<std::string>& shard_names,
-                                 const std::vector<ShardDigest>& digests) {
+                                 const std::vector<ShardDigest>& digests,
+                                 const std::vector<std::vector<int>>& reads) {
   TROUPE_CHECK(digests.size() == shard_names.size(), "commit_sharded_checkpoint: one digest per shard");
+  TROUPE_CHECK(reads.empty() || reads.size() == shard_names.size(), "commit_sharded_checkpoint: reads for every shard");
   const std::string it = iteration_dir(dir, meta.iteration);
   const std::string where = "saving checkpoint " + it + ": ";
   json layout, run = json::object();
@@ -232,8 +234,10 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
     return st.with_context(where);
   };
   json shards = json::array();
-  for (size_t i = 0; i < shard_names.size(); ++i)
+  for (size_t i = 0; i < shard_names.size(); ++i) {
     shards.push_back({{"file", shard_names[i]}, {"bytes", digests[i].bytes}, {"crc32", digests[i].crc32}});
+    if (!reads.empty()) shards.back()["reads"] = reads[i];
+  }
   const json m = {{"format", "troupe-checkpoint"},
                   {"format_version", kMetadataVersion},
                   {"iteration", meta.iteration},
@@ -308,6 +312,7 @@ Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
   if (auto it = m.find("run"); it != m.end() && it->is_object() && !it->empty())
     out.meta.run_json = it->dump();
   auto shards = m.find("shards");
+  std::vector<std::vector<int>> reads;
   if (shards == m.end() || !shards->is_array()) {
     problem("shards is missing or not a list");
   } else {
@@ -331,6 +336,19 @@ Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
         if (!b) problem(at + ".bytes " + b.message());
         if (!c) problem(at + ".crc32 " + c.message());
         digest = ShardDigest{static_cast<uint64_t>(bytes), static_cast<uint32_t>(crc)};
+        // A snapshot's: the shards its writer's rank reads when it resumes that layout.
+        if (auto r = s.find("reads"); r != s.end()) {
+          std::vector<int> list;
+          const int64_t count = static_cast<int64_t>(shards->size());
+          bool ok = r->is_array();
+          for (size_t k = 0; ok && k < r->size(); ++k) {
+            int64_t shard = 0;
+            ok = json_to_integer((*r)[k], list.empty() ? 0 : list.back() + 1, count - 1, &shard).is_ok();
+            list.push_back(static_cast<int>(shard));
+          }
+          if (!ok) problem(at + ".reads is not a list of ascending shard indices below " + std::to_string(count));
+          reads.push_back(std::move(list));
+        }
       } else {
         problem(at + (v == 2 ? " is not a file name" : " is not {\"file\", \"bytes\", \"crc32\"}"));
         continue;
@@ -343,6 +361,10 @@ Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
       out.shards.push_back(name);
       out.digests.push_back(digest);
     }
+    if (!reads.empty() && reads.size() != shards->size())
+      problem("reads is given for " + std::to_string(reads.size()) + " of the " + std::to_string(shards->size()) +
+              " shards (all or none)");
+    out.reads = std::move(reads);
   }
   if (!problems.empty()) return Status::bad_input(where + ": " + problems + fix);
   return out;
@@ -429,36 +451,63 @@ std::vector<HeldIteration> held_iterations(const std::string& dir) {
   return out;
 }
 
-Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir,
-                                                          int64_t iteration) {
+namespace {
+
+// Shard i of a checkpoint's metadata: its path, which must exist and carry the header metadata.json
+// records.
+Result<std::string> checked_shard_path(const std::string& dir, int64_t iteration, const CheckpointMetadata& m,
+                                       size_t i) {
+  const std::string path = (fs::path(iteration_dir(dir, iteration)) / m.shards[i]).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return Status::bad_input("checkpoint " + iteration_dir(dir, iteration) +
+                             " is missing its shard " + path +
+                             " -- restore it from a copy or load an earlier iteration");
+  if (const std::optional<ShardDigest>& want = m.digests[i]) {
+    auto have = read_shard_digest(path);
+    if (!have) return have.status();
+    if (!have->has_value() || !(**have == *want))
+      return Status::bad_input(fmt::format(
+          "checkpoint shard {} does not match metadata.json ({}; metadata.json records {} bytes, "
+          "crc32 {:#010x}): "
+          "it is damaged or comes from another save -- restore it from a copy or load an earlier "
+          "iteration",
+          path,
+          have->has_value() ? fmt::format("its header records {} bytes, crc32 {:#010x}",
+                                          (**have).bytes, (**have).crc32)
+                            : std::string("it has no integrity header"),
+          want->bytes, want->crc32));
+  }
+  return path;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir, int64_t iteration) {
   auto m = read_metadata(dir, iteration);
   if (!m) return m.status();
   std::vector<std::string> out;
   for (size_t i = 0; i < m->shards.size(); ++i) {
-    const std::string path = (fs::path(iteration_dir(dir, iteration)) / m->shards[i]).string();
-    std::error_code ec;
-    if (!fs::exists(path, ec))
-      return Status::bad_input("checkpoint " + iteration_dir(dir, iteration) +
-                               " is missing its shard " + path +
-                               " -- restore it from a copy or load an earlier iteration");
-    if (const std::optional<ShardDigest>& want = m->digests[i]) {
-      auto have = read_shard_digest(path);
-      if (!have) return have.status();
-      if (!have->has_value() || !(**have == *want))
-        return Status::bad_input(fmt::format(
-            "checkpoint shard {} does not match metadata.json ({}; metadata.json records {} bytes, "
-            "crc32 {:#010x}): "
-            "it is damaged or comes from another save -- restore it from a copy or load an earlier "
-            "iteration",
-            path,
-            have->has_value() ? fmt::format("its header records {} bytes, crc32 {:#010x}",
-                                            (**have).bytes, (**have).crc32)
-                              : std::string("it has no integrity header"),
-            want->bytes, want->crc32));
-    }
-    out.push_back(path);
+    auto path = checked_shard_path(dir, iteration, m.value(), i);
+    if (!path) return path.status();
+    out.push_back(std::move(path).value());
   }
   return out;
+}
+
+Result<std::optional<std::vector<std::string>>> shards_read_by(const std::string& dir, int64_t iteration, int rank,
+                                                               int world) {
+  auto m = read_metadata(dir, iteration);
+  if (!m) return m.status();
+  if (world < 1 || rank < 0 || rank >= world || m->reads.size() != static_cast<size_t>(world))
+    return std::optional<std::vector<std::string>>();
+  std::vector<std::string> out;
+  for (int s : m->reads[static_cast<size_t>(rank)]) {
+    auto path = checked_shard_path(dir, iteration, m.value(), static_cast<size_t>(s));
+    if (!path) return path.status();
+    out.push_back(std::move(path).value());
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
 }
 
 namespace {

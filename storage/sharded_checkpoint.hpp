@@ -82,11 +82,14 @@ Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& m
                                  const std::vector<std::string>& shard_names);
 
 // As above with every shard's digest given (one per name) instead of read from the headers: a
-// host's folder of a multi-host in-memory snapshot holds only some of the shards it lists.
+// host's folder of a multi-host in-memory snapshot holds only some of the shards it lists. reads
+// (empty, or one list per shard): metadata.json's "reads", the shards each shard's rank reads when
+// it resumes the layout that wrote it (storage/shard_coverage.hpp).
 Status commit_sharded_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                                  const std::string& layout_json,
                                  const std::vector<std::string>& shard_names,
-                                 const std::vector<ShardDigest>& digests);
+                                 const std::vector<ShardDigest>& digests,
+                                 const std::vector<std::vector<int>>& reads = {});
 // metadata.json of DIR/iter_N as text (at most kMaxMetadataBytes, parsed and checked).
 Result<std::string> read_checkpoint_metadata_text(const std::string& dir, int64_t iteration);
 // Makes DIR/iter_N the latest checkpoint of DIR: writes `metadata_text` (another folder's
@@ -112,6 +115,9 @@ struct CheckpointMetadata {
   CheckpointMeta meta;                              // format_version 2 or 3
   std::vector<std::string> shards;                  // file names inside the iteration directory
   std::vector<std::optional<ShardDigest>> digests;  // version 3: one per shard
+  // A multi-host snapshot's "reads" (version 3, optional in each shard's entry, all or none): for
+  // each shard, the shards (ascending) its rank reads when it resumes the same layout. Empty: none.
+  std::vector<std::vector<int>> reads;
 };
 Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
                                                      const std::string& where);
@@ -121,6 +127,12 @@ Result<CheckpointMetadata> parse_checkpoint_metadata(std::string_view text,
 Result<std::vector<std::string>> sharded_checkpoint_files(const std::string& dir,
                                                           int64_t iteration);
 Result<CheckpointMeta> read_sharded_meta(const std::string& dir, int64_t iteration);
+// The shard files rank `rank` of a job of `world` processes reads, when DIR/iter_N's metadata.json
+// records "reads" for `world` shards (a multi-host snapshot, whose hosts hold the shards their ranks
+// read): those only, checked as above (a ShardSetReader over them needs allow_gaps). nullopt when it
+// records none, or for another number of shards.
+Result<std::optional<std::vector<std::string>>> shards_read_by(const std::string& dir, int64_t iteration, int rank,
+                                                               int world);
 
 
 // The shard of a one-rank job: every tensor whole, one piece covering it, values copied (a

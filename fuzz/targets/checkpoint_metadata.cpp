@@ -20,6 +20,13 @@ Status checkpoint_metadata(const uint8_t* data, size_t size) {
     for (const std::string& name : parsed->shards)
       TROUPE_CHECK(name.find('/') == std::string::npos && name.rfind("shard_", 0) == 0,
                    "shard name");
+    // A snapshot's lists of the shards each rank reads: one per shard or none, ascending, in range.
+    TROUPE_CHECK(parsed->reads.empty() || parsed->reads.size() == parsed->shards.size(), "reads count");
+    for (const std::vector<int>& list : parsed->reads)
+      for (size_t k = 0; k < list.size(); ++k)
+        TROUPE_CHECK(list[k] >= 0 && static_cast<size_t>(list[k]) < parsed->shards.size() &&
+                         (k == 0 || list[k] > list[k - 1]),
+                     "a read shard out of range or order");
   }
   // The same bytes in a checkpoint directory (iteration 4: other claims are refused there).
   const int64_t iteration = 4;
@@ -33,6 +40,11 @@ Status checkpoint_metadata(const uint8_t* data, size_t size) {
                "two readings disagree");
   auto files = sharded_checkpoint_files(dir, iteration);
   TROUPE_CHECK(!files || files->empty(), "shard files that do not exist were accepted");
+  if (parsed && !parsed->shards.empty()) {  // a rank's own files: absent too
+    const int world = static_cast<int>(parsed->shards.size());
+    auto own = shards_read_by(dir, iteration, world - 1, world);
+    TROUPE_CHECK(!own || !own->has_value() || (*own)->empty(), "a rank's shard files that do not exist were accepted");
+  }
   return parsed ? Status::ok() : parsed.status();
 }
 

@@ -148,8 +148,10 @@ rm -rf "$shm"/shm1/troupe-memory-*/iter_* "$shm"/shm1/troupe-memory-*/latest_che
 kill -CONT "$launcher1"
 wait_both || { tail -n 30 mem.*.log; fail "the job did not resume after host1 lost its memory"; }
 grep -q "finished at iteration 600/600" mem.0.log || { cat mem.0.log; fail "the resumed job did not finish"; }
-grep -q "snapshot of iteration $lost is whole over the job's 2 hosts; fetched from the other hosts 4 of 4 shards into node 1's folder" mem.0.log ||
-  { cat mem.0.log; fail "host1 did not fetch the lost snapshot's shards from host0"; }
+# tp 2 x dp 2, ZeRO-0: host1's ranks (dp rank 1) read dp rank 0's shards, which hold the replicated
+# state; their own hold nothing they read (metadata.json's "reads"), so host1 fetches 2 of the 4.
+grep -q "snapshot of iteration $lost is whole over the job's 2 hosts; fetched from the other hosts 2 of 4 shards into node 1's folder (the shards its ranks read)" mem.0.log ||
+  { cat mem.0.log; fail "host1 did not fetch the shards its ranks read of the lost snapshot from host0"; }
 grep -q "restarted: resuming this run's in-memory snapshot of iteration $lost" mem.0.log ||
   { cat mem.0.log; fail "the restarted job did not resume the in-memory snapshot of iteration $lost"; }
 ! grep -q "is not on a tmpfs" mem.0.log mem.1.log || fail "a folder of /dev/shm was taken for a disk"

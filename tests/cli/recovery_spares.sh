@@ -98,6 +98,12 @@ grep -c "recovering in the job" sp.0.log | grep -qx 4 ||
 grep -q "restarted: resuming this run's in-memory snapshot" sp.0.log ||
   { cat sp.0.log; fail "the job did not resume its in-memory snapshot"; }
 grep -q "fetched from the other hosts" sp.0.log || { cat sp.0.log; fail "the spares' folder was not filled from the others'"; }
+# A host fetches the shards its ranks read (metadata.json's "reads"), not the whole snapshot: ranks 2
+# and 3 (dp rank 1 of tp 2 x dp 2, ZeRO-0) read dp rank 0's 2 shards only.
+grep -o "fetched from the other hosts .*" sp.0.log | sort | uniq -c
+! grep "fetched from the other hosts" sp.0.log | grep -qv "of 4 shards into node [0-9]'s folder (the shards its ranks read)" ||
+  { cat sp.0.log; fail "a host fetched without the snapshot's list of the shards its ranks read"; }
+! grep -q "fetched from the other hosts.* [34] of 4 shards" sp.0.log || { cat sp.0.log; fail "a host fetched more than its ranks read"; }
 same_losses "$work/ref.jsonl" "$work/sp.jsonl" || fail "with spares the losses differ from the uninterrupted run"
 no_orphans || fail "processes left behind in the namespaces"
 [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"

@@ -32,6 +32,7 @@
 #include "examples/zloss_head.hpp"
 #include "examples/adapter_block.hpp"
 #include "tests/engine/in_order_p2p.hpp"
+#include "storage/shard_coverage.hpp"
 #include "storage/shard_file.hpp"
 #include "tests/test_util.hpp"
 
@@ -112,6 +113,11 @@ constexpr int kEvalWindows = 5;  // odd: partial micro-batches, uneven over dp r
 struct Resume {
   int first_step = 1, last_step = 5;  // 1-based, inclusive
   std::string save_dir, load_dir;
+  // Saving: each rank's shard_coverage().writes, by rank. Loading (the same layout): each rank opens
+  // only the shards shards_read names (allow_gaps), as a multi-host snapshot's host folder holds,
+  // and records how many in files_read.
+  std::vector<ShardCoverage>* writes = nullptr;
+  std::vector<size_t>* files_read = nullptr;
 };
 
 // dtype: what the ranks compute in (f64: checkpoints are f32 only, so no save_dir / load_dir).
@@ -162,6 +168,7 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     auto fail = [&](const std::string& what) {
       std::lock_guard<std::mutex> lock(mu);
       (collect_errors != nullptr ? *collect_errors : errors).push_back("rank " + std::to_string(rank) + ": " + what);
+      fabric.abort(rank, what);  // the other ranks' waits end too: the test fails, it does not hang
     };
     auto world_r = fabric.world(rank);
     auto g = [&](const std::vector<int>& m) { return world_r->group(m).value(); };
@@ -204,9 +211,18 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
       engine.init(1234);
     } else {
       std::vector<std::string> files;
-      for (const auto& f : std::filesystem::directory_iterator(resume.load_dir)) files.push_back(f.path().string());
-      std::sort(files.begin(), files.end());
-      auto reader = ShardSetReader::open(files);
+      ShardReadOptions options;
+      if (resume.writes != nullptr) {
+        for (int s : shards_read(engine.shard_coverage().reads, *resume.writes))
+          files.push_back(resume.load_dir + "/shard_" + std::to_string(s) + ".h5");
+        options.allow_gaps = true;
+        std::lock_guard<std::mutex> lock(mu);
+        resume.files_read->at(static_cast<size_t>(rank)) = files.size();
+      } else {
+        for (const auto& f : std::filesystem::directory_iterator(resume.load_dir)) files.push_back(f.path().string());
+        std::sort(files.begin(), files.end());
+      }
+      auto reader = ShardSetReader::open(files, options);
       if (!reader) return fail(reader.status().message());
       if (Status st = engine.load_own_shards(**reader); !st) return fail(st.message());
     }
@@ -226,6 +242,10 @@ Run run_layout(const GptConfig& model, const ParallelConfig& par, int micro_batc
     if (!resume.save_dir.empty()) {
       const std::string path = resume.save_dir + "/shard_" + std::to_string(rank) + ".h5";
       if (Status st = write_shard_file(path, rank, engine.own_shard_contents()); !st) return fail(st.message());
+      if (resume.writes != nullptr) {
+        std::lock_guard<std::mutex> lock(mu);
+        resume.writes->at(static_cast<size_t>(rank)) = engine.shard_coverage().writes;
+      }
     }
     {
       const Tensor e = batches[0].rows(0, kEvalWindows);
@@ -615,6 +635,23 @@ namespace {
 // parameters after them equal `ref`, the straight 5-step 1x1x1 run, within 1e-5, optimizer state
 // included (Adam's moments decide steps 4 and 5).
 // tol: require_close's bounds for the parameters (the losses and norms of steps 4-5: tol.loss, tol.norm).
+// A run resumed after step 3 against the straight run `ref`: the losses and norms of steps 4-5, the
+// parameters and the evaluation loss after step 5 by require_close's rules (steps 1-3 were not run
+// there, so their losses are taken as equal).
+void require_resumed(const Run& got, const Run& ref, Tol tol, const GptConfig& model) {
+  for (int s = 3; s < kSteps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol.loss * std::abs(ref.losses[s]));
+    CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol.norm * std::abs(ref.norms[s]));
+  }
+  Run expected = ref;
+  for (int s = 0; s < 3; ++s) {
+    expected.losses[s] = got.losses[s];
+    expected.norms[s] = got.norms[s];
+  }
+  require_close(expected, got, tol, model);
+}
+
 void check_resume(const GptConfig& model, const Run& ref, const ParallelConfig& from, const ParallelConfig& to,
                   Tol tol = 1e-5, int global_batch = 6) {
   test::TempDir dir;
@@ -625,20 +662,7 @@ void check_resume(const GptConfig& model, const Run& ref, const ParallelConfig& 
   Resume second;
   second.first_step = 4;
   second.load_dir = dir.path().string();
-  const Run got = run_layout(model, to, 1, global_batch, second);
-  for (int s = 3; s < kSteps; ++s) {
-    INFO("step " << s + 1);
-    CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol.loss * std::abs(ref.losses[s]));
-    CHECK(std::abs(got.norms[s] - ref.norms[s]) <= tol.norm * std::abs(ref.norms[s]));
-  }
-  // The parameters and the evaluation loss after step 5, by require_close's rules (steps 1-3 were
-  // not run here, so their losses are taken as equal).
-  Run expected = ref;
-  for (int s = 0; s < 3; ++s) {
-    expected.losses[s] = got.losses[s];
-    expected.norms[s] = got.norms[s];
-  }
-  require_close(expected, got, tol, model);
+  require_resumed(run_layout(model, to, 1, global_batch, second), ref, tol, model);
 }
 
 }  // namespace
@@ -828,6 +852,64 @@ void check_family_resumes(const GptConfig& model) {
 }
 
 }  // namespace
+
+// A multi-host snapshot's host folder holds the shards its ranks read (storage/shard_coverage.hpp):
+// each rank's shard_coverage says what its shard holds and what its load reads, and shards_read
+// over every rank's picks the files. Resumed on the layout that saved, each rank opening only
+// those files (a missing element would fail its read) goes on as the straight run: tensor-parallel
+// replicas (written by TP rank 0), data-parallel replicas (by the first), ZeRO's partitions, the
+// tied head on the last stage (written by the first), experts over ep, context parallelism. And no
+// rank reads every shard.
+TEST_CASE("parallel: resuming its own layout, each rank reads only the shards its coverage names",
+          "[parallel][checkpoint][coverage]") {
+  using S = sched::ScheduleType;
+  auto own_reads = [](const GptConfig& model, const Run& ref, const ParallelConfig& par, int global_batch = 6,
+                      Tol tol = 1e-5) {
+    const int world = par.world_size();
+    test::TempDir dir;
+    std::vector<ShardCoverage> writes(static_cast<size_t>(world));
+    std::vector<size_t> files(static_cast<size_t>(world), 0);
+    Resume first;
+    first.last_step = 3;
+    first.save_dir = dir.path().string();
+    first.writes = &writes;
+    run_layout(model, par, 1, global_batch, first);
+    Resume second;
+    second.first_step = 4;
+    second.load_dir = dir.path().string();
+    second.writes = &writes;
+    second.files_read = &files;
+    require_resumed(run_layout(model, par, 1, global_batch, second), ref, tol, model);
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r << " of " << world);
+      CHECK(files[static_cast<size_t>(r)] >= 1);
+      CHECK(files[static_cast<size_t>(r)] < static_cast<size_t>(world));
+    }
+  };
+  const Run gpt = reference();
+  for (int z = 0; z <= 3; ++z) {
+    INFO("GPT-2 tp2 pp2 dp2 ZeRO-" << z);
+    own_reads(small_model(), gpt, layout(2, 2, 2, z));
+  }
+  {
+    INFO("GPT-2 pp2 dp2 interleaved ZeRO-1");
+    own_reads(small_model(), gpt, layout(1, 2, 2, 1, S::interleaved, 2));
+  }
+  {
+    INFO("BLOOM (tied, embedding LayerNorm) tp2 pp2 dp2 ZeRO-1 sequence parallel");
+    const GptConfig bloom = bloom_model();
+    own_reads(bloom, run_layout(bloom, layout(1, 1, 1), 1, 6),
+              layout(2, 2, 2, 1, S::one_f_one_b, 1, Recompute::none, true));
+  }
+  {
+    INFO("MoE tp2 pp2 dp2 ep2 ZeRO-1, experts whole");
+    const GptConfig moe = moe_model(0);
+    ParallelConfig p = layout(2, 2, 2, 1);
+    p.ep = 2;
+    p.expert_tensor_parallel = false;
+    own_reads(moe, run_layout(moe, layout(1, 1, 1), 1, 6), p, 6, Tol(1e-5, 1e-5, 1e-4, 1e-5));
+  }
+}
 
 TEST_CASE("parallel, families: the 1x1x1 engine equals GptModel + AdamW", "[parallel][family]") {
   // Adam's eps 1e-6 (the matrix's): with dropout the reference's own attention rounds differently, and

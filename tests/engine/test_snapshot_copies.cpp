@@ -13,6 +13,7 @@
 
 #include "comm/local/local_world.hpp"
 #include "engine/snapshot_copies.hpp"
+#include "storage/checkpoint.hpp"
 #include "storage/durable.hpp"
 #include "storage/shard_file.hpp"
 #include "storage/sharded_checkpoint.hpp"
@@ -196,6 +197,43 @@ TEST_CASE("snapshot recovery plan: rank 0 decides; the newest whole snapshot; th
   CHECK(plan.fetches.size() == 2);
 }
 
+// With the shards each rank reads known (metadata.json's reads), a host fetches those its ranks
+// read and lacks, not every shard it lacks.
+TEST_CASE("snapshot recovery plan: with each rank's reads, a host fetches only what its ranks read",
+          "[snapshot_copies][coverage]") {
+  const auto three = peers_of({0, 0, 1, 1, 2});
+  std::vector<SnapshotReport> r(5);
+  for (auto& x : r) {
+    x.restarted = true;
+    x.expected_run = "ab";
+  }
+  for (int p : {0, 1}) r[static_cast<size_t>(p)].held = {held(8, "ab", 5, {0, 1, 4})};
+  r[4].held = {held(8, "ab", 5, {2, 3, 4})};  // host 1 lost
+  const std::vector<std::vector<int>> reads = {{0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}};
+  RecoveryPlan plan = plan_snapshot_recovery(r, three, reads);
+  CHECK(plan.iteration == 8);
+  CHECK(plan.by_reads);
+  std::map<int, std::set<int>> into;
+  for (const ShardFetch& f : plan.fetches) into[three[static_cast<size_t>(f.to)].node].insert(f.shard);
+  CHECK(into == std::map<int, std::set<int>>{{1, {0, 2, 3}}, {2, {0}}});
+  // Without them (or for another number of processes), everything each host lacks.
+  plan = plan_snapshot_recovery(r, three);
+  CHECK_FALSE(plan.by_reads);
+  CHECK(plan.fetches.size() == 9);
+  plan = plan_snapshot_recovery(r, three, {{0}, {1}});
+  CHECK_FALSE(plan.by_reads);
+  CHECK(plan.fetches.size() == 9);
+}
+
+// A restarted process's recovery of run `run` from its host's folder `dir`.
+Result<SnapshotCopies::Recovered> restart_from(SnapshotCopies& copies, const std::string& dir, const std::string& run) {
+  SnapshotReport mine;
+  mine.restarted = true;
+  mine.expected_run = run;
+  mine.held = held_iterations(dir);
+  return copies.recover(dir, mine);
+}
+
 // Ranks as threads, `nodes[r]` their hosts, each host a folder of its own.
 void run_ranks(const std::vector<int>& nodes, const std::function<std::string(int, SnapshotCopies&)>& body) {
   const int n = static_cast<int>(nodes.size());
@@ -248,10 +286,11 @@ TEST_CASE("snapshot copies: each shard on the next host; a lost host's folder re
     std::copy_n(global.data() + 7 * r, 7, p.values.data<float>());
     c.sections[ShardSection::model].push_back(std::move(p));
     if (Status st = write_shard_file(shard_file_path(dir, it, r), r, c); !st) return st.message();
-    auto digests = copies.exchange(dir, it);
-    if (!digests) return digests.status().message();
+    auto exchanged = copies.exchange(dir, it, nullptr);  // no coverage: every host fetches all it lacks
+    if (!exchanged) return exchanged.status().message();
+    if (!exchanged->reads.empty()) return "reads listed without a coverage";
     if (copies.first_of_host())
-      if (Status st = commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(n), digests.value()); !st)
+      if (Status st = commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(n), exchanged->digests); !st)
         return st.message();
     return "";
   });
@@ -280,11 +319,7 @@ TEST_CASE("snapshot copies: each shard on the next host; a lost host's folder re
   std::vector<int64_t> resumed(static_cast<size_t>(n), -2);
   run_ranks(nodes, [&](int r, SnapshotCopies& copies) -> std::string {
     const std::string dir = dir_of(nodes[static_cast<size_t>(r)]);
-    SnapshotReport mine;
-    mine.restarted = true;
-    mine.expected_run = "ab12";
-    mine.held = held_iterations(dir);
-    auto got = copies.recover(dir, mine);
+    auto got = restart_from(copies, dir, "ab12");
     if (!got) return got.status().message();
     resumed[static_cast<size_t>(r)] = got->iteration;
     return "";
@@ -304,6 +339,91 @@ TEST_CASE("snapshot copies: each shard on the next host; a lost host's folder re
     REQUIRE(reader.value()->read(ShardSection::model, "w", Shape{n * 7}, {{0, n * 7}}, back).is_ok());
     CHECK(std::equal(global.begin(), global.end(), back.data<float>()));
   }
+}
+
+// The whole path with coverages: at the first exchange every process learns what each shard holds
+// and records which shards its rank reads; after a host is lost, each host fetches what its ranks
+// read, and each rank loads from its host's folder through only those files.
+TEST_CASE("snapshot copies: a lost host fetches the shards its ranks read, and they load from them",
+          "[snapshot_copies][coverage]") {
+  test::TempDir tmp;
+  const std::vector<int> nodes = {0, 0, 1, 1, 2};
+  const int n = static_cast<int>(nodes.size());
+  auto dir_of = [&](int node) { return (tmp.path() / ("host" + std::to_string(node))).string(); };
+  // Rank r owns elements [7r, 7r + 7) of w (n * 7) and reads them; every rank holds the replicated
+  // b (5), which rank 0 alone writes.
+  std::mt19937 rng(4);
+  std::vector<float> w(static_cast<size_t>(n * 7)), b(5);
+  for (float& v : w) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (float& v : b) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  auto coverage_of = [&](int r) {
+    auto c = std::make_shared<RankCoverage>();
+    c->reads = {{ShardSection::model, "w", {{7 * r, 7, 0, 1}}}, {ShardSection::model, "b", {{0, 5, 0, 1}}}};
+    c->writes = {{ShardSection::model, "w", {{7 * r, 7, 0, 1}}}};
+    if (r == 0) c->writes.push_back({ShardSection::model, "b", {{0, 5, 0, 1}}});
+    return c;
+  };
+  CheckpointMeta meta;
+  meta.config_json = meta.rng_json = "{}";
+  meta.run_json = R"({"id": "cd34"})";
+  for (int64_t it : {10, 20}) {  // the second exchange reuses the first's lists
+    meta.iteration = it;
+    run_ranks(nodes, [&](int r, SnapshotCopies& copies) -> std::string {
+      const std::string dir = dir_of(nodes[static_cast<size_t>(r)]);
+      ShardContents c;
+      auto piece = [](const std::string& name, int64_t numel, GlobalRun run, const float* from) {
+        TensorPiece p;
+        p.name = name;
+        p.global_shape = Shape{numel};
+        p.runs = {run};
+        p.values = Tensor::empty(Shape{run.length}, DType::f32);
+        std::copy_n(from + run.start, run.length, p.values.data<float>());
+        return p;
+      };
+      c.sections[ShardSection::model].push_back(piece("w", n * 7, {7 * r, 7}, w.data()));
+      if (r == 0) c.sections[ShardSection::model].push_back(piece("b", 5, {0, 5}, b.data()));
+      if (Status st = write_shard_file(shard_file_path(dir, it, r), r, c); !st) return st.message();
+      auto exchanged = copies.exchange(dir, it, coverage_of(r));
+      if (!exchanged) return exchanged.status().message();
+      if (exchanged->reads != std::vector<std::vector<int>>{{0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}})
+        return "wrong reads";
+      if (copies.first_of_host())
+        if (Status st = commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(n), exchanged->digests,
+                                                  exchanged->reads);
+            !st)
+          return st.message();
+      return "";
+    });
+  }
+  std::filesystem::remove_all(dir_of(1));
+  std::vector<std::string> notes(static_cast<size_t>(n));
+  run_ranks(nodes, [&](int r, SnapshotCopies& copies) -> std::string {
+    const std::string dir = dir_of(nodes[static_cast<size_t>(r)]);
+    auto got = restart_from(copies, dir, "cd34");
+    if (!got) return got.status().message();
+    if (got->iteration != 20) return "resumed " + std::to_string(got->iteration);
+    notes[static_cast<size_t>(r)] = got->note;
+    // The rank loads from its host's folder through the files it reads.
+    auto checkpoint = Checkpoint::open(dir, 20);
+    if (!checkpoint) return checkpoint.status().message();
+    ShardReadOptions deferred;
+    deferred.verify_at_open = false;
+    auto reader = checkpoint->reader_for(r, n, deferred);
+    if (!reader) return reader.status().message();
+    Tensor mine_w = Tensor::empty(Shape{7}, DType::f32), all_b = Tensor::empty(Shape{5}, DType::f32);
+    if (Status st = (*reader)->read(ShardSection::model, "w", Shape{n * 7}, {{7 * r, 7}}, mine_w); !st) return st.message();
+    if (Status st = (*reader)->read(ShardSection::model, "b", Shape{5}, {{0, 5}}, all_b); !st) return st.message();
+    if (!std::equal(w.begin() + 7 * r, w.begin() + 7 * r + 7, mine_w.data<float>()) ||
+        !std::equal(b.begin(), b.end(), all_b.data<float>()))
+      return "the values read differ from those written";
+    return "";
+  });
+  // Host 1 fetched shards 0, 2, 3 (not 1 and 4); host 2 shard 0; host 0 nothing.
+  CHECK_THAT(notes[0], Catch::Contains("3 of 5 shards into node 1's folder, 1 of 5 shards into node 2's folder "
+                                       "(the shards its ranks read)"));
+  CHECK(held_iterations(dir_of(1)).back().present == std::vector<int>{0, 2, 3});
+  CHECK(held_iterations(dir_of(2)).back().present == std::vector<int>{0, 2, 3, 4});
+  CHECK(held_iterations(dir_of(0)).back().present == std::vector<int>{0, 1, 4});
 }
 
 }  // namespace

@@ -14,6 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
+
+#include <fmt/format.h>
 
 #include "storage/checkpoint_v1.hpp"
 #include "storage/shard_file.hpp"
@@ -557,5 +560,85 @@ TEST_CASE("shard file: whole tensors round-trip through version 2 and load from 
     const CheckpointContents got = make(false);
     REQUIRE(read_whole_tensors(**reader, got, true));
     same(got);
+  }
+}
+
+// A multi-host snapshot's host folder holds the shards its ranks read (storage/shard_coverage.hpp):
+// metadata.json records each shard's rank's list ("reads"), a rank opens only those files, and a
+// reader over them reads what they hold and fails, naming the element, what they leave out.
+TEST_CASE("shard files: a rank's own shards of a snapshot, the gaps between them refused by name",
+          "[checkpoint][shard][coverage]") {
+  test::TempDir tmp;
+  const Globals g = make_globals();
+  const std::string dir = (tmp.path() / "snap").string();
+  std::filesystem::create_directories(iteration_dir(dir, 4));
+  std::vector<std::string> paths;
+  for (int r = 0; r < 3; ++r) paths.push_back(shard_file_path(dir, 4, r));
+  const auto written = write_layout_x(iteration_dir(dir, 4), g);
+  for (int r = 0; r < 3; ++r) std::filesystem::rename(written[static_cast<size_t>(r)], paths[static_cast<size_t>(r)]);
+  CheckpointMeta meta;
+  meta.iteration = 4;
+  meta.config_json = meta.rng_json = "{}";
+  std::vector<ShardDigest> digests;
+  for (const auto& p : paths) digests.push_back(read_shard_digest(p).value().value());
+  const std::vector<std::vector<int>> reads = {{0}, {0, 1}, {2}};
+  REQUIRE(commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(3), digests, reads));
+  auto text = read_checkpoint_metadata_text(dir, 4);
+  REQUIRE(text.is_ok());
+  auto parsed = parse_checkpoint_metadata(text.value(), "metadata.json");
+  REQUIRE(parsed.is_ok());
+  CHECK(parsed->reads == reads);
+  // Rank 1 of 3 reads shards 0 and 1; another world size, or no list, reads every file.
+  auto own = shards_read_by(dir, 4, 1, 3);
+  REQUIRE(own.is_ok());
+  REQUIRE(own->has_value());
+  CHECK(**own == std::vector<std::string>{paths[0], paths[1]});
+  CHECK_FALSE(shards_read_by(dir, 4, 1, 4).value().has_value());
+  // The host lacks shard 2, which rank 1 does not read.
+  std::filesystem::remove(paths[2]);
+  ShardReadOptions gaps;
+  gaps.allow_gaps = true;
+  gaps.verify_at_open = false;
+  auto reader = ShardSetReader::open(**own, gaps);
+  REQUIRE(reader.is_ok());
+  check_read(**reader, ShardSection::model, "A", {R, C}, g.a, rows(0, 5));
+  check_read(**reader, ShardSection::model, "b", {NB}, g.b, {{0, 9}});
+  Tensor out = Tensor::empty({C});
+  const Status gap = (*reader)->read(ShardSection::model, "A", {R, C}, rows(5, 6), out);
+  REQUIRE_FALSE(gap.is_ok());
+  CHECK_THAT(gap.message(), Catch::Contains("element 50 of (7, 10) is in none of the files read"));
+  // Without allow_gaps the same files are refused at open, as a checkpoint missing a shard.
+  auto whole = ShardSetReader::open(**own);
+  REQUIRE_FALSE(whole.is_ok());
+  CHECK_THAT(whole.status().message(), Catch::Contains("is in no shard file"));
+  // A rank whose list names the missing shard: a clear error at open.
+  auto lost = shards_read_by(dir, 4, 2, 3);
+  REQUIRE_FALSE(lost.is_ok());
+  CHECK_THAT(lost.status().message(), Catch::Contains("is missing its shard"));
+}
+
+TEST_CASE("shard files: metadata.json's reads are ascending shard indices, for every shard or none",
+          "[checkpoint][shard][coverage][hostile]") {
+  const std::string head =
+      R"({"format": "troupe-checkpoint", "format_version": 3, "iteration": 1, "consumed_samples": 0,
+          "optimizer_step": 1, "config": "{}", "rng": "{}", "shards": [)";
+  auto shard = [](int i, const std::string& reads) {
+    return fmt::format(R"({{"file": "shard_{:05d}.h5", "bytes": 600, "crc32": 1{}}})", i,
+                       reads.empty() ? "" : ", \"reads\": " + reads);
+  };
+  auto good = parse_checkpoint_metadata(head + shard(0, "[0, 1]") + "," + shard(1, "[]") + "]}", "m.json");
+  REQUIRE(good.is_ok());
+  CHECK(good->reads == std::vector<std::vector<int>>{{0, 1}, {}});
+  for (const auto& [reads0, reads1, why] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"[1, 0]", "[1]", "ascending shard indices below 2"},
+           {"[0, 2]", "[1]", "ascending shard indices below 2"},
+           {"[0, 0]", "[1]", "ascending shard indices below 2"},
+           {"[-1]", "[1]", "ascending shard indices below 2"},
+           {"{}", "[1]", "ascending shard indices below 2"},
+           {"[0]", "", "reads is given for 1 of the 2 shards"}}) {
+    INFO(reads0 << " " << reads1);
+    auto bad = parse_checkpoint_metadata(head + shard(0, reads0) + "," + shard(1, reads1) + "]}", "m.json");
+    REQUIRE_FALSE(bad.is_ok());
+    CHECK_THAT(bad.status().message(), Catch::Contains(why));
   }
 }
