@@ -36,6 +36,7 @@ struct RankState {
   Status created;  // creating the groups: an error is every command's reply
   int rank = 0;
   int world_size = 1;
+  std::string layout_json;  // ParallelConfig::to_json: which snapshot lists of shards hold for it
 };
 
 caf::error rank_error(int rank, const Status& st) {
@@ -97,6 +98,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
   auto& st = self->state;
   st.rank = rank;
   st.world_size = spec.par.world_size();
+  st.layout_json = spec.par.to_json();
   st.world = std::move(world);
   st.offload = std::move(offload);
   st.created = make_groups(st, topo, rank, flight, spec.device == Device::cuda, spec.par.ep);
@@ -292,7 +294,7 @@ rank_actor::behavior_type rank_behavior(rank_actor::stateful_pointer<RankState> 
         // A multi-host snapshot says which shards each rank reads: its host's folder holds those.
         ShardReadOptions deferred;
         deferred.verify_at_open = false;
-        auto reader = checkpoint->reader_for(s.rank, s.world_size, deferred);
+        auto reader = checkpoint->reader_for(s.rank, s.world_size, s.layout_json, deferred);
         if (!reader) return rank_error(s.rank, reader.status());
         OptimizerMoments m;
         if (req.load_optimizer) {

@@ -375,10 +375,14 @@ Result<SnapshotCopies::Recovered> SnapshotCopies::recover(const std::string& dir
     if (f.from == rank_) {
       auto bytes = read_shard(shard_file_path(dir, plan.iteration, f.shard));
       if (!bytes) return bytes.status();
-      out.push_back({f.to, fetch_tag(f.shard, 0), std::move(bytes).value()});
+      Outgoing o;
+      o.peer = f.to, o.tag = fetch_tag(f.shard, 0), o.bytes = std::move(bytes).value();
+      out.push_back(std::move(o));
     }
     if (f.to == rank_) {
-      in.push_back({f.from, fetch_tag(f.shard, 0), {}});
+      Incoming i;
+      i.peer = f.from, i.tag = fetch_tag(f.shard, 0);
+      in.push_back(std::move(i));
       into_shard.push_back(f.shard);
     }
   }

@@ -1,6 +1,7 @@
 #include "storage/checkpoint.hpp"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -179,8 +180,12 @@ Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader(const ShardReadOption
   return ShardSetReader::open(f.value(), options);
 }
 
-Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader_for(int rank, int world, ShardReadOptions options) const {
-  if (!sharded_) return reader(options);
+Result<std::unique_ptr<ShardSetReader>> Checkpoint::reader_for(int rank, int world, const std::string& layout_json,
+                                                               ShardReadOptions options) const {
+  // The lists hold for the layout that wrote them: another one of as many ranks reads other shards.
+  const auto saved = nlohmann::json::parse(meta_.layout_json, nullptr, false);
+  const auto ours = nlohmann::json::parse(layout_json, nullptr, false);
+  if (!sharded_ || saved.is_discarded() || ours.is_discarded() || saved != ours) return reader(options);
   auto own = shards_read_by(dir_, meta_.iteration, rank, world);
   if (!own) return own.status();
   if (!own->has_value()) return reader(options);

@@ -84,10 +84,12 @@ class Checkpoint {
   // false: each file is checked before its first value is read, not at open (a rank's load).
   Result<std::unique_ptr<ShardSetReader>> reader() const;
   Result<std::unique_ptr<ShardSetReader>> reader(const ShardReadOptions& options) const;
-  // Rank `rank`'s of a job of `world` processes: over the shards it reads when metadata.json says
-  // which (a multi-host snapshot of this layout, whose host's folder holds those: shards_read_by),
-  // else over every file, as reader(options).
-  Result<std::unique_ptr<ShardSetReader>> reader_for(int rank, int world, ShardReadOptions options) const;
+  // Rank `rank`'s of a job of `world` processes in layout `layout_json` (ParallelConfig::to_json):
+  // over the shards it reads when metadata.json says which and the layout that wrote it is this one
+  // (a multi-host snapshot, whose host's folder holds those: shards_read_by), else over every file,
+  // as reader(options).
+  Result<std::unique_ptr<ShardSetReader>> reader_for(int rank, int world, const std::string& layout_json,
+                                                     ShardReadOptions options) const;
   // Every tensor: model, then optimizer/exp_avg, then optimizer/exp_avg_sq, each sorted by name with
   // numbers in numeric order (transformer.h.2 before transformer.h.10). Reads no tensor data.
   Result<std::vector<CheckpointTensorInfo>> tensors() const;

@@ -408,8 +408,14 @@ TEST_CASE("snapshot copies: a lost host fetches the shards its ranks read, and t
     if (!checkpoint) return checkpoint.status().message();
     ShardReadOptions deferred;
     deferred.verify_at_open = false;
-    auto reader = checkpoint->reader_for(r, n, deferred);
+    auto reader = checkpoint->reader_for(r, n, "{}", deferred);
     if (!reader) return reader.status().message();
+    // The lists are the writing layout's: another layout of as many ranks opens every file, which
+    // host 1's folder does not hold.
+    auto other = checkpoint->reader_for(r, n, R"({"tensor_model_parallel_size": 5})", deferred);
+    if (nodes[static_cast<size_t>(r)] == 1 &&
+        (other || other.status().message().find("is missing its shard") == std::string::npos))
+      return "another layout read the lists of this one";
     Tensor mine_w = Tensor::empty(Shape{7}, DType::f32), all_b = Tensor::empty(Shape{5}, DType::f32);
     if (Status st = (*reader)->read(ShardSection::model, "w", Shape{n * 7}, {{7 * r, 7}}, mine_w); !st) return st.message();
     if (Status st = (*reader)->read(ShardSection::model, "b", Shape{5}, {{0, 5}}, all_b); !st) return st.message();
