@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "actors/errors.hpp"
+#include "comm/communicator.hpp"
 #include "engine/fault_injection.hpp"
 #include "storage/write_pacing.hpp"
 
@@ -66,7 +68,12 @@ Status write_on_own_thread(bool yielding, const std::function<Status()>& write) 
   Status st;
   std::exception_ptr error;
   std::thread worker([&] {
-    if (yielding) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    pthread_setname_np(pthread_self(), "troupe-writer");  // top -H, perf: the offload writer's time
+    std::optional<comm::BackgroundWaits> background;  // a snapshot copy's waits sleep, not poll
+    if (yielding) {
+      (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+      background.emplace();
+    }
     try {
       st = write();
     } catch (...) {

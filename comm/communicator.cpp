@@ -2,6 +2,7 @@
 #include "comm/communicator.hpp"
 
 #include <numeric>
+#include <utility>
 
 #include "comm/flight_recorder.hpp"
 #include "comm/world.hpp"
@@ -126,5 +127,13 @@ Result<std::unique_ptr<Communicator>> CommWorld::everyone() {
   std::iota(members.begin(), members.end(), 0);
   return group(members);
 }
+
+namespace {
+thread_local bool background_waits = false;
+}  // namespace
+
+BackgroundWaits::BackgroundWaits() : was_(std::exchange(background_waits, true)) {}
+BackgroundWaits::~BackgroundWaits() { background_waits = was_; }
+bool BackgroundWaits::active() { return background_waits; }
 
 }  // namespace troupe::comm

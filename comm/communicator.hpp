@@ -137,6 +137,22 @@ WaitListener* set_thread_wait_listener(WaitListener* listener);
 // Waits for all, returns the first error.
 Status wait_all(const std::vector<WorkPtr>& works);
 
+// While one lives, this thread's waits are background ones (the offload writer's snapshot copies,
+// at the lowest priority while the ranks train): with nothing to do, a wait sleeps until the
+// transport has an event instead of polling first (UCX's spin_us), which would only take cycles
+// from the cores the training uses. Per thread; nests.
+class BackgroundWaits {
+ public:
+  BackgroundWaits();
+  ~BackgroundWaits();
+  BackgroundWaits(const BackgroundWaits&) = delete;
+  BackgroundWaits& operator=(const BackgroundWaits&) = delete;
+  static bool active();  // on this thread
+
+ private:
+  bool was_;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -109,10 +109,7 @@ struct BufferRecycler::Shelf {
         if (name.rfind(mine, 0) == 0) continue;
         // This shard's are another process's (that process is gone: the shard is this one's now);
         // others' when their process no longer runs ("<shard>.<pid>.<n>").
-        const size_t last = name.rfind('.'), pid_at = last == std::string::npos ? last : name.rfind('.', last - 1);
-        const long pid = pid_at == std::string::npos ? 0 : std::strtol(name.c_str() + pid_at + 1, nullptr, 10);
-        const bool gone = pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-        if (name.rfind(shard_prefix, 0) == 0 || gone) std::filesystem::remove(e.path(), ec);
+        if (name.rfind(shard_prefix, 0) == 0 || kept_link_orphaned(name)) std::filesystem::remove(e.path(), ec);
       }
     }
     // Numbered over the process, not the recycler: an attempt's recycler may still hold its names
@@ -121,6 +118,13 @@ struct BufferRecycler::Shelf {
     return (dir / (mine + std::to_string(names.fetch_add(1)))).string();
   }
 };
+
+bool kept_link_orphaned(const std::string& name) {
+  const size_t last = name.rfind('.');
+  const size_t pid_at = last == std::string::npos || last == 0 ? std::string::npos : name.rfind('.', last - 1);
+  const long pid = pid_at == std::string::npos ? 0 : std::strtol(name.c_str() + pid_at + 1, nullptr, 10);
+  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
 
 BufferRecycler::BufferRecycler() : shelf_(std::make_shared<Shelf>()) {}
 

@@ -30,6 +30,10 @@
 
 namespace troupe {
 
+// Whether the kept file named `name` in a .recycle folder ("<file>.<pid>.<n>") is a process's that
+// no longer runs (killed before it could remove it): anyone may remove it then.
+bool kept_link_orphaned(const std::string& name);
+
 class BufferRecycler {
  public:
   BufferRecycler();

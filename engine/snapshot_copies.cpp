@@ -1,20 +1,26 @@
 // engine/snapshot_copies.hpp.
 #include "engine/snapshot_copies.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "engine/buffer_recycler.hpp"
 #include "storage/durable.hpp"
 #include "storage/shard_file.hpp"
 
 namespace troupe {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -265,6 +271,53 @@ Result<std::string> SnapshotCopies::my_reads(std::shared_ptr<const RankCoverage>
   return list;
 }
 
+SnapshotCopies::~SnapshotCopies() {
+  for (const KeptCopy& k : kept_) ::unlink(k.link.c_str());  // a snapshot's own name stays
+}
+
+std::string SnapshotCopies::take_kept_copy(int peer) {
+  for (size_t i = 0; i < kept_.size();) {
+    struct stat st {};
+    if (kept_[i].peer != peer) {
+      ++i;
+    } else if (::lstat(kept_[i].link.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {  // gone (the folder was cleared)
+      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (st.st_nlink != 1) {  // still a snapshot's
+      ++i;
+    } else {
+      std::string link = std::move(kept_[i].link);
+      kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+      return link;
+    }
+  }
+  return "";
+}
+
+void SnapshotCopies::keep_copy(const std::string& path, int peer) {
+  const fs::path file(path);
+  const fs::path recycle = file.parent_path().parent_path() / ".recycle";
+  std::error_code ec;
+  fs::create_directories(recycle, ec);
+  const std::string mine = "copy." + file.filename().string() + "." + std::to_string(::getpid()) + ".";
+  if (!swept_) {  // those of processes gone (killed before they could remove them)
+    swept_ = true;
+    for (const auto& e : fs::directory_iterator(recycle, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("copy.", 0) == 0 && kept_link_orphaned(name)) fs::remove(e.path(), ec);
+    }
+  }
+  static std::atomic<uint64_t> names{0};
+  const std::string link = (recycle / (mine + std::to_string(names.fetch_add(1)))).string();
+  if (::link(path.c_str(), link.c_str()) != 0) return;  // not kept: the next copy is received anew
+  kept_.push_back({peer, link});
+  // At most two of each sender's: the newest snapshot's, and the one received into next.
+  if (std::count_if(kept_.begin(), kept_.end(), [&](const KeptCopy& k) { return k.peer == peer; }) > 2) {
+    auto oldest = std::find_if(kept_.begin(), kept_.end(), [&](const KeptCopy& k) { return k.peer == peer; });
+    ::unlink(oldest->link.c_str());
+    kept_.erase(oldest);
+  }
+}
+
 Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& dir, int64_t iteration,
                                                            std::shared_ptr<const RankCoverage> coverage) {
   auto reads = my_reads(std::move(coverage));
@@ -279,17 +332,27 @@ Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& di
     o.peer = buddy(), o.tag = exchange_tag(iteration, 0), o.mapped = std::move(mapped).value();
     out.push_back(std::move(o));
   }
-  // Each copy received straight into the pages of its file, checked, then committed.
+  // Each copy received straight into the pages of its file (a kept one's when there is one), checked,
+  // then committed.
   std::vector<std::optional<MappedFileWrite>> files;
+  int in_place = 0;
   for (size_t p = 0; p < buddies_.size(); ++p)
     if (buddies_[p] == rank_) {
       const size_t k = files.size();
       files.emplace_back();
-      const std::string path = shard_file_path(dir, iteration, static_cast<int>(p));
+      const int peer = static_cast<int>(p);
+      const std::string path = shard_file_path(dir, iteration, peer);
       Incoming i;
-      i.peer = static_cast<int>(p), i.tag = exchange_tag(iteration, 0);
-      i.place = [&files, k, path](uint64_t bytes) -> Result<uint8_t*> {
+      i.peer = peer, i.tag = exchange_tag(iteration, 0);
+      i.place = [this, &files, &in_place, k, peer, path](uint64_t bytes) -> Result<uint8_t*> {
         TROUPE_RETURN_IF_ERROR(make_directories(parent_dir(path)));
+        if (const std::string old = take_kept_copy(peer); !old.empty()) {
+          if (auto file = MappedFileWrite::reuse(path, old, bytes)) {
+            files[k] = std::move(file).value();
+            ++in_place;
+            return files[k]->data();
+          }
+        }
         auto file = MappedFileWrite::create(path, bytes);
         if (!file) return file.status();
         files[k] = std::move(file).value();
@@ -305,6 +368,7 @@ Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& di
                                      path + fmt::format(" (as received from process {})", in[k].peer));
     if (!digest) return digest.status();
     TROUPE_RETURN_IF_ERROR(files[k]->commit());
+    keep_copy(path, in[k].peer);
   }
   // Every shard's digest, from its writer (the header of its own file).
   auto digest = read_shard_digest(own);
@@ -314,6 +378,7 @@ Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& di
                                    fmt::format("{} {} {}", (*digest)->bytes, (*digest)->crc32, reads.value()));
   if (!all) return all.status();
   Exchanged got;
+  got.copies_in_place = in_place;
   bool known = true;
   const int world = static_cast<int>(peers_.size());
   for (const std::string& s : all.value()) {

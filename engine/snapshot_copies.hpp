@@ -88,6 +88,9 @@ class SnapshotCopies {
   // Collective: gathers where every process runs, makes the copies' communicator.
   static Result<std::unique_ptr<SnapshotCopies>> open(comm::Bootstrap& bootstrap, comm::CommWorld& world, int node,
                                                       int local_rank);
+  ~SnapshotCopies();  // lets the kept copies' files go
+  SnapshotCopies(const SnapshotCopies&) = delete;
+  SnapshotCopies& operator=(const SnapshotCopies&) = delete;
   int buddy() const { return buddies_[static_cast<size_t>(rank_)]; }
   // This process has the lowest rank of its host: it writes the host folder's metadata.json.
   bool first_of_host() const { return first_of_host_; }
@@ -99,9 +102,13 @@ class SnapshotCopies {
   // is worked out at the first exchange from every process's coverage (its rank's, built once:
   // what its shard holds, what it reads), sent once to all; `reads` comes back empty when a process
   // had none.
+  // A copy is received into the file of the same process's copy two snapshots before, once that
+  // snapshot was dropped (kept as SNAPSHOT_DIR/.recycle/copy.<shard file>.<pid>.<n>): its pages are
+  // in place, so receiving neither faults nor clears a page per 4 KiB (copies_in_place counts them).
   struct Exchanged {
     std::vector<ShardDigest> digests;
     std::vector<std::vector<int>> reads;
+    int copies_in_place = 0;
   };
   Result<Exchanged> exchange(const std::string& dir, int64_t iteration,
                              std::shared_ptr<const RankCoverage> coverage);
@@ -125,6 +132,15 @@ class SnapshotCopies {
   // The shards this process's rank reads ("1,4"; "." none; "-" unknown), once worked out.
   Result<std::string> my_reads(std::shared_ptr<const RankCoverage> coverage);
   std::optional<std::string> my_reads_;
+  // The received copies' files kept for later snapshots, oldest first (at most two per sender).
+  struct KeptCopy {
+    int peer = 0;
+    std::string link;
+  };
+  std::vector<KeptCopy> kept_;
+  bool swept_ = false;
+  std::string take_kept_copy(int peer);  // a kept file of `peer`'s no snapshot holds, or ""
+  void keep_copy(const std::string& path, int peer);
   int rank_ = 0;
   int hosts_ = 1;
   bool first_of_host_ = true;

@@ -422,6 +422,48 @@ Result<MappedFileWrite> MappedFileWrite::create(const std::string& path, uint64_
   return m;
 }
 
+Result<MappedFileWrite> MappedFileWrite::reuse(const std::string& path, const std::string& existing, uint64_t bytes) {
+  MappedFileWrite m;
+  m.path_ = path;
+  const std::string tmp = path + ".tmp";
+  struct stat st {};
+  const int found = ::lstat(existing.c_str(), &st) == 0 ? 0 : errno;
+  if (found != 0 || !S_ISREG(st.st_mode)) {
+    ::unlink(existing.c_str());
+    const int err = found != 0 ? found : EINVAL;
+    return io_error("cannot reuse " + existing + (found != 0 ? "" : " (not a regular file)"), err);
+  }
+  if (Status renamed = rename_path(existing, tmp); !renamed) {
+    ::unlink(existing.c_str());
+    return renamed;
+  }
+  m.fd_ = ::open(tmp.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (m.fd_ < 0) {
+    const Status failed = io_error("cannot open " + tmp, errno);
+    ::unlink(tmp.c_str());
+    return failed;
+  }
+  m.size_ = bytes;
+  int err = injected(FileOp::write);
+  if (err == 0 && static_cast<uint64_t>(st.st_size) != bytes && ::ftruncate(m.fd_, static_cast<off_t>(bytes)) != 0)
+    err = errno;
+  if (err != 0) {
+    const Status failed = io_error("cannot set the length of " + tmp, err);
+    m.abandon();
+    return failed;
+  }
+  if (bytes > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m.fd_, 0);
+    if (p == MAP_FAILED) {
+      const Status failed = io_error("cannot map " + tmp, errno);
+      m.abandon();
+      return failed;
+    }
+    m.data_ = static_cast<uint8_t*>(p);
+  }
+  return m;
+}
+
 MappedFileWrite::MappedFileWrite(MappedFileWrite&& other) noexcept
     : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}

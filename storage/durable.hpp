@@ -92,6 +92,12 @@ Status write_text_atomically(const std::string& path, const std::string& text);
 class MappedFileWrite {
  public:
   static Result<MappedFileWrite> create(const std::string& path, uint64_t bytes);
+  // The same into the pages of `existing`, a file of this process's that nothing refers to any more
+  // (a snapshot copy whose iteration was dropped: engine/snapshot_copies.hpp): it is renamed to
+  // PATH.tmp, cut or grown to `bytes` and mapped with its pages in place, so receiving into it
+  // neither faults nor clears a page per 4 KiB. Its old bytes are there until overwritten. On
+  // failure `existing` is gone (removed) and nothing is left at PATH.tmp.
+  static Result<MappedFileWrite> reuse(const std::string& path, const std::string& existing, uint64_t bytes);
   MappedFileWrite(MappedFileWrite&& other) noexcept;
   MappedFileWrite& operator=(MappedFileWrite&& other) noexcept;
   ~MappedFileWrite();

@@ -834,7 +834,7 @@ void Engine::drive_until(WorkState& work) {
     drive(
         lk, [&] { return work.done() || stop_.load(std::memory_order_acquire); },
         drivers_waiting_.load() > 1 ? 1 : kPollTimeoutMs,
-        std::chrono::microseconds(options_.spin_us));
+        std::chrono::microseconds(BackgroundWaits::active() ? 0 : options_.spin_us));
   }
   if (drivers_waiting_.fetch_sub(1) == 1) {
     { std::lock_guard<std::mutex> lock(idle_mu_); }

@@ -216,6 +216,15 @@ TEST_CASE("ucx collectives over TCP loopback (UCX_TLS=tcp,self, UCX_NET_DEVICES=
             {{1, 0.0}, {2, 1.0}, {3, 0.0}, {4, 0.0}, {5, 0.3}, {8, 0.0}}, {"--half-large", "ring"});
 }
 
+TEST_CASE("ucx collectives with background waits (a wait sleeps at once, no polling first)", "[comm][ucx]") {
+  if (worker_bin() == nullptr)
+    TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");
+  // The main thread's waits as the offload writer's snapshot copies wait; the suite's second thread
+  // polls as usual, so both kinds of waiter drive one engine.
+  run_suite({{"UCX_TLS", "tcp,self"}, {"UCX_NET_DEVICES", "lo"}}, {{3, 0.3}},
+            {"--half-large", "ring", "--background-waits", "1"});
+}
+
 TEST_CASE("ucx collectives with UCX's default transports", "[comm][ucx]") {
   if (worker_bin() == nullptr)
     TROUPE_SKIP("TROUPE_UCX_WORKER_BIN is not set (the ucx_worker program)");

@@ -1,6 +1,9 @@
 // engine/snapshot_copies.hpp: the buddy ring, the start's report and plan, and the copies made and
 // fetched for real (ranks as threads of the local fabric, one folder per "host").
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -430,6 +433,93 @@ TEST_CASE("snapshot copies: a lost host fetches the shards its ranks read, and t
   CHECK(held_iterations(dir_of(1)).back().present == std::vector<int>{0, 2, 3});
   CHECK(held_iterations(dir_of(2)).back().present == std::vector<int>{0, 2, 3, 4});
   CHECK(held_iterations(dir_of(0)).back().present == std::vector<int>{0, 1, 4});
+}
+
+
+// A job's snapshots one after another (the newest kept, the older dropped, as actors/job.cpp does):
+// from the third on, each copy is received into the file of its sender's copy two snapshots before
+// (same inode), and what the buddy holds is that snapshot's bytes, never the old ones.
+TEST_CASE("snapshot copies: received into the files of copies whose snapshot was dropped", "[snapshot_copies]") {
+  test::TempDir tmp;
+  const std::vector<int> nodes = {0, 0, 1, 2};  // rank 2 receives ranks 0's and 1's copies
+  const int n = static_cast<int>(nodes.size());
+  const int64_t numel = 20011;  // per rank: several pages, an odd length
+  auto dir_of = [&](int node) { return (tmp.path() / ("host" + std::to_string(node))).string(); };
+  const std::vector<int64_t> iterations = {10, 20, 30, 40, 50};
+  auto value = [](int64_t it, int r, int64_t i) {
+    return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + 1.3 * r + 0.011 * static_cast<double>(it)));
+  };
+  const std::vector<std::vector<int>> expect_in_place = {{0, 0, 1, 1, 1}, {0, 0, 0, 0, 0}, {0, 0, 2, 2, 2}, {0, 0, 1, 1, 1}};
+  std::vector<std::vector<int>> in_place(static_cast<size_t>(n));
+  std::vector<std::map<int64_t, std::map<int, ino_t>>> inodes(static_cast<size_t>(n));  // by rank: it -> sender -> inode
+  CheckpointMeta meta;
+  meta.config_json = meta.rng_json = "{}";
+  meta.run_json = R"({"id": "ef56"})";
+  run_ranks(nodes, [&](int r, SnapshotCopies& copies) -> std::string {
+    const std::string dir = dir_of(nodes[static_cast<size_t>(r)]);
+    for (int64_t it : iterations) {
+      ShardContents c;
+      TensorPiece p;
+      p.name = "w";
+      p.global_shape = Shape{n * numel};
+      p.runs = {{r * numel, numel}};
+      p.values = Tensor::empty(Shape{numel}, DType::f32);
+      for (int64_t i = 0; i < numel; ++i) p.values.data<float>()[i] = value(it, r, r * numel + i);
+      c.sections[ShardSection::model].push_back(std::move(p));
+      if (Status st = write_shard_file(shard_file_path(dir, it, r), r, c); !st) return st.message();
+      auto exchanged = copies.exchange(dir, it, nullptr);
+      if (!exchanged) return exchanged.status().message();
+      in_place[static_cast<size_t>(r)].push_back(exchanged->copies_in_place);
+      // Each copy this rank received: whole, and this snapshot's values.
+      for (int from = 0; from < n; ++from) {
+        if (from == r || nodes[static_cast<size_t>(from)] == nodes[static_cast<size_t>(r)]) continue;
+        const std::string path = shard_file_path(dir, it, from);
+        struct stat st {};
+        if (::stat(path.c_str(), &st) != 0) continue;  // another host's buddy
+        if (copies.buddy() < 0) return "no buddy";
+        inodes[static_cast<size_t>(r)][it][from] = st.st_ino;
+        auto reader = ShardSetReader::open(std::vector<std::string>{path}, [] {
+          ShardReadOptions o;
+          o.allow_gaps = true;
+          return o;
+        }());
+        if (!reader) return reader.status().message();
+        Tensor back = Tensor::empty(Shape{numel}, DType::f32);
+        if (Status s = (*reader)->read(ShardSection::model, "w", Shape{n * numel}, {{from * numel, numel}}, back); !s)
+          return s.message();
+        for (int64_t i = 0; i < numel; ++i)
+          if (back.data<float>()[i] != value(it, from, from * numel + i))
+            return fmt::format("the copy of rank {}'s shard of iteration {} holds another snapshot's value at {}", from,
+                               it, i);
+      }
+      if (copies.first_of_host()) {
+        meta.iteration = it;
+        if (Status st = commit_sharded_checkpoint(dir, meta, "{}", shard_file_names(n), exchanged->digests); !st)
+          return st.message();
+        drop_older_iterations(dir, it);
+      }
+    }
+    return "";
+  });
+  CHECK(in_place == expect_in_place);
+  // Rank 2 (host 1) holds ranks 0's and 1's copies; the files alternate: 30 in 10's, 40 in 20's, 50 in 30's.
+  for (int r : {0, 2, 3}) {
+    INFO("rank " << r);
+    const auto& got = inodes[static_cast<size_t>(r)];
+    REQUIRE(got.size() == iterations.size());
+    for (const auto& [from, ino] : got.at(30)) {
+      CHECK(ino == got.at(10).at(from));
+      CHECK(got.at(40).at(from) == got.at(20).at(from));
+      CHECK(got.at(50).at(from) == ino);
+      CHECK(got.at(20).at(from) != ino);
+    }
+  }
+  // The kept files (in the folders' .recycle) go with the SnapshotCopies that kept them.
+  size_t kept = 0;
+  for (int node : {0, 1, 2})
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir_of(node)) / ".recycle"))
+      kept += e.path().filename().string().rfind("copy.", 0) == 0 ? 1 : 0;
+  CHECK(kept == 0);  // let go with the SnapshotCopies
 }
 
 }  // namespace

@@ -520,6 +520,64 @@ TEST_CASE("files written through a mapping: committed whole or not at all; mappe
   CHECK_FALSE(MappedFileRead::open(tmp.str("zero"), bytes).is_ok());  // a link is not followed
 }
 
+TEST_CASE("a file written through the mapping of a kept one: its inode, the new bytes at the new length; "
+          "failures leave neither file", "[checkpoint][faults]") {
+  test::TempDir tmp;
+  const std::string path = tmp.str("iter_2/copy.h5"), kept = tmp.str("kept.h5");
+  fs::create_directories(tmp.str("iter_2"));
+  // Kept: 3001 floats; received into it: 1001 (shorter) and then 5003 (longer) floats.
+  for (const auto& [old_count, new_count] : {std::pair<size_t, size_t>{3001, 1001}, {1001, 5003}}) {
+    INFO(old_count << " -> " << new_count);
+    const auto old_values = random_values(old_count, 3), v = random_values(new_count, 4);
+    write_bytes(kept, std::string(reinterpret_cast<const char*>(old_values.data()), old_count * sizeof(float)));
+    struct stat before {};
+    REQUIRE(::stat(kept.c_str(), &before) == 0);
+    const size_t bytes = new_count * sizeof(float);
+    auto file = MappedFileWrite::reuse(path, kept, bytes);
+    INFO(file.status().message());
+    REQUIRE(file.is_ok());
+    CHECK_FALSE(fs::exists(kept));  // it is the temporary now
+    std::memcpy(file->data(), v.data(), bytes);
+    REQUIRE(file->commit());
+    struct stat after {};
+    REQUIRE(::stat(path.c_str(), &after) == 0);
+    CHECK(after.st_ino == before.st_ino);
+    CHECK(read_bytes(path) == std::string(reinterpret_cast<const char*>(v.data()), bytes));
+    CHECK(temporaries(tmp.str("iter_2")).empty());
+  }
+  // Nothing to reuse (gone, a directory, a symlink): refused, and nothing left at the temporary.
+  CHECK_FALSE(MappedFileWrite::reuse(path, tmp.str("missing.h5"), 64).is_ok());
+  fs::create_directories(tmp.str("dir.h5"));
+  CHECK_FALSE(MappedFileWrite::reuse(path, tmp.str("dir.h5"), 64).is_ok());
+  write_bytes(tmp.str("victim.txt"), "precious");
+  fs::create_symlink(tmp.str("victim.txt"), tmp.str("link.h5"));
+  CHECK_FALSE(MappedFileWrite::reuse(path, tmp.str("link.h5"), 64).is_ok());
+  CHECK(read_bytes(tmp.str("victim.txt")) == "precious");
+  CHECK(temporaries(tmp.str("iter_2")).empty());
+  // A failing step: the kept file and the temporary are gone, the committed file is untouched.
+  const std::string committed = read_bytes(path);
+  for (FileOp op : {FileOp::rename, FileOp::write, FileOp::fsync}) {
+    INFO(static_cast<int>(op));
+    write_bytes(kept, "an old copy");
+    Status st = Status::ok();
+    set_io_fault(IoFault{op, 1, ENOSPC, false});
+    {
+      auto file = MappedFileWrite::reuse(path, kept, 64);
+      if (file) {
+        std::memset(file->data(), 7, 64);
+        st = file->commit();
+      } else {
+        st = file.status();
+      }
+    }
+    set_io_fault(std::nullopt);
+    CHECK_THAT(st.message(), Catch::Contains("No space left on device"));
+    CHECK_FALSE(fs::exists(kept));
+    CHECK(read_bytes(path) == committed);
+    CHECK(temporaries(tmp.str("iter_2")).empty());
+  }
+}
+
 TEST_CASE("planted files and symlinks at a save's temporary names are replaced, never followed",
           "[checkpoint][faults]") {
   test::TempDir tmp;

@@ -4,8 +4,10 @@
 //              [--check all|all_to_all|a2a-mismatch|kill-target|kill-target-idle|chaos|ucx-fatal|
 //              mismatch|bench|soak] [--bench-max BYTES] [--iters I] [--op OP] [--seconds S]
 //              [--boot-timeout T]
-//              [--rank-env R KEY=VALUE]... [--half-large shm|ring]
+//              [--rank-env R KEY=VALUE]... [--half-large shm|ring] [--background-waits 1]
 //
+// --background-waits 1: the main thread's waits are background ones (comm::BackgroundWaits: no
+// polling before sleeping), as the offload writer's snapshot copies are.
 // --rank-env sets KEY=VALUE in rank R's environment before its world is created (one rank with
 // other settings, e.g. a shared-memory segment too small for the groups' staging areas).
 // Bootstraps through FileBootstrap on DIR, creates the ucx world and runs:
@@ -70,6 +72,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -917,7 +920,7 @@ int soak(CommWorld& world, const std::string& op, size_t bytes, int iters) {
                "mismatch|bench|soak] "
                "[--kill-rank K] "
                "[--bench-max BYTES] [--iters I] [--op OP] [--seconds S] [--boot-timeout T] "
-               "[--rank-env R KEY=VALUE]... [--half-large shm|ring]\n",
+               "[--rank-env R KEY=VALUE]... [--half-large shm|ring] [--background-waits 1]\n",
                msg);
   std::exit(2);
 }
@@ -930,6 +933,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, std::string>> rank_env;
   std::string soak_op = "all_reduce";
   double scale = 1.0, seconds = 2.0, boot_timeout = 60.0;
+  bool background = false;
   size_t bench_max = 64u << 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -962,6 +966,8 @@ int main(int argc, char** argv) {
                      : std::string(v) == "ring"
                          ? HalfLarge::ring
                          : (usage("--half-large takes shm or ring"), HalfLarge::either);
+    else if (a == "--background-waits")
+      background = std::string(v) == "1";
     else if (a == "--rank-env" && i + 1 < argc)
       rank_env.emplace_back(std::atoi(v), argv[++i]);
     else
@@ -992,6 +998,8 @@ int main(int argc, char** argv) {
     if (check == "chaos") std::this_thread::sleep_for(std::chrono::seconds(1));
     return 2;
   }
+  std::optional<troupe::comm::BackgroundWaits> background_waits;  // the main thread's waits sleep at once
+  if (background) background_waits.emplace();
   size_t large = 0;
   if (scale > 0) large = static_cast<size_t>(std::llround(1000003 * scale)) | 1;  // odd
   if (check == "all") return check_all(**world, large);
