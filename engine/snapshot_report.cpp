@@ -1,11 +1,11 @@
 // engine/snapshot_copies.hpp: the report each process gives at a start, and its strict reader.
 #include <algorithm>
-#include <charconv>
 #include <limits>
 
 #include <fmt/format.h>
 
 #include "engine/snapshot_copies.hpp"
+#include "storage/strict_number.hpp"
 
 namespace troupe {
 
@@ -16,14 +16,7 @@ bool is_hex_id(std::string_view s) {
          std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
-bool parse_count(std::string_view s, int64_t max, int64_t* out) {
-  if (s.empty() || s.size() > 19 || s[0] < '0' || s[0] > '9' || (s.size() > 1 && s[0] == '0')) return false;
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || v < 0 || v > max) return false;
-  *out = v;
-  return true;
-}
+bool parse_count(std::string_view s, int64_t max, int64_t* out) { return parse_strict_count(s, max, out); }
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;

@@ -2,11 +2,12 @@
 #include "storage/shard_coverage.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 #include <set>
 
 #include <fmt/format.h>
+
+#include "storage/strict_number.hpp"
 
 namespace troupe {
 
@@ -25,14 +26,7 @@ bool same_stride_intersect(i128 a, i128 la, i128 ca, i128 b, i128 lb, i128 cb, i
   return k <= cb - 1 && k * s < a - b + la;
 }
 
-bool parse_number(std::string_view s, int64_t* out) {
-  if (s.empty() || s.size() > 19 || s[0] < '0' || s[0] > '9' || (s.size() > 1 && s[0] == '0')) return false;
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || v < 0 || v >= kLimit) return false;
-  *out = v;
-  return true;
-}
+bool parse_number(std::string_view s, int64_t* out) { return parse_strict_count(s, kLimit - 1, out); }
 
 }  // namespace
 
