@@ -155,7 +155,12 @@ Result<HfConfig> gpt2_sizes(const std::vector<CheckpointTensorInfo>& tensors,
 Result<std::vector<std::pair<std::string, Tensor>>> hf_state(ShardSetReader& reader, const HfConfig& c,
                                                              bool has_lm_head, bool lm_head) {
   std::vector<HfTensor> names = gpt2_hf_tensors(c.n_layer, c.vocab_size, c.n_positions, c.n_embd);
-  if (lm_head) names.push_back({"lm_head.weight", {c.vocab_size, c.n_embd}, {c.vocab_size, c.n_embd}});
+  if (lm_head) {
+    HfTensor head;
+    head.name = "lm_head.weight";
+    head.troupe_shape = head.hf_shape = Shape{c.vocab_size, c.n_embd};
+    names.push_back(std::move(head));
+  }
   std::vector<std::pair<std::string, Tensor>> out;
   for (const HfTensor& t : names) {
     const std::string source = t.name == "lm_head.weight" && !has_lm_head ? "transformer.wte.weight" : t.name;
