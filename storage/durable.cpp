@@ -248,6 +248,24 @@ std::string bytes_text(double bytes) {
   return t;
 }
 
+// A failed write of `bytes` bytes to `path`: where its disk has less free, both figures (the room the
+// user has to make).
+Status with_room(const Status& st, const std::string& path, uint64_t bytes) {
+  struct statvfs disk {};
+  if (::statvfs(parent_dir(path).c_str(), &disk) != 0) return st;
+  const double free = static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize);
+  if (free >= static_cast<double>(bytes)) return st;
+  return Status::error(st.message() + " (" + path + " needs " + bytes_text(static_cast<double>(bytes)) +
+                       "; its disk has " + bytes_text(free) + " free)");
+}
+
+// A mapped file's pages reserved before anything is written through the mapping: on a full tmpfs a
+// store to a page that cannot be had is a SIGBUS, a reservation that fails is ENOSPC. 0 or errno.
+int reserve(int fd, uint64_t from, uint64_t to) {
+  if (to <= from) return 0;
+  return ::posix_fallocate(fd, static_cast<off_t>(from), static_cast<off_t>(to - from));
+}
+
 // The recipe around `write_body(fd, tmp)`: a fresh temporary (or `existing` renamed to it), its mode,
 // fsync, rename, the folder's fsync; on failure the temporary goes. `bytes`: what the file will
 // hold; a write that fails where the disk has less free says both figures (the room the user has to
@@ -270,12 +288,7 @@ Status write_durably(const std::string& path, uint64_t bytes,
   auto fail = [&](const Status& st) {
     fd.close();
     ::unlink(tmp.c_str());
-    struct statvfs disk {};
-    if (::statvfs(parent_dir(path).c_str(), &disk) != 0) return st;
-    const double free = static_cast<double>(disk.f_bavail) * static_cast<double>(disk.f_frsize);
-    if (free >= static_cast<double>(bytes)) return st;
-    return Status::error(st.message() + " (" + path + " needs " + bytes_text(static_cast<double>(bytes)) +
-                         "; its disk has " + bytes_text(free) + " free)");
+    return with_room(st, path, bytes);
   };
   if (Status st = write_body(fd.get(), tmp); !st) return fail(st);
   if (!existing.empty() && ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
@@ -410,6 +423,11 @@ Result<MappedFileWrite> MappedFileWrite::create(const std::string& path, uint64_
     m.abandon();
     return st;
   }
+  if (const int room = reserve(m.fd_, 0, bytes); room != 0) {
+    const Status st = with_room(io_error("cannot reserve " + std::to_string(bytes) + " bytes for " + tmp, room), path, bytes);
+    m.abandon();
+    return st;
+  }
   if (bytes > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, m.fd_, 0);
     if (p == MAP_FAILED) {
@@ -449,6 +467,12 @@ Result<MappedFileWrite> MappedFileWrite::reuse(const std::string& path, const st
     err = errno;
   if (err != 0) {
     const Status failed = io_error("cannot set the length of " + tmp, err);
+    m.abandon();
+    return failed;
+  }
+  if (const int room = reserve(m.fd_, static_cast<uint64_t>(st.st_size), bytes); room != 0) {  // what it grew by
+    const Status failed =
+        with_room(io_error("cannot reserve " + std::to_string(bytes) + " bytes for " + tmp, room), path, bytes);
     m.abandon();
     return failed;
   }

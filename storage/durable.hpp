@@ -86,7 +86,8 @@ Status write_text_atomically(const std::string& path, const std::string& text);
 
 // A file written through a mapping of it (a copy received from another process lands in its pages
 // directly, no buffer between): PATH.tmp created anew (as write_file_atomically does) with `bytes`
-// bytes, mapped read-write; commit() makes it PATH (mode, fsync, rename, the folder's fsync). Gone
+// bytes reserved (posix_fallocate: a full tmpfs is an error naming the room, never a SIGBUS when a
+// store reaches a page that cannot be had), mapped read-write; commit() makes it PATH (mode, fsync, rename, the folder's fsync). Gone
 // uncommitted (or after a failed commit), PATH.tmp is removed and PATH untouched. Setting its
 // length counts as a write for fault injection. Movable, not thread-safe.
 class MappedFileWrite {
@@ -94,7 +95,7 @@ class MappedFileWrite {
   static Result<MappedFileWrite> create(const std::string& path, uint64_t bytes);
   // The same into the pages of `existing`, a file of this process's that nothing refers to any more
   // (a snapshot copy whose iteration was dropped: engine/snapshot_copies.hpp): it is renamed to
-  // PATH.tmp, cut or grown to `bytes` and mapped with its pages in place, so receiving into it
+  // PATH.tmp, cut or grown (and what it grew by reserved) to `bytes` and mapped with its pages in place, so receiving into it
   // neither faults nor clears a page per 4 KiB. Its old bytes are there until overwritten. On
   // failure `existing` is gone (removed) and nothing is left at PATH.tmp.
   static Result<MappedFileWrite> reuse(const std::string& path, const std::string& existing, uint64_t bytes);

@@ -7,7 +7,10 @@
 // - the n-th create / write / fsync / rename / mkdir of a save failing with ENOSPC, EIO or EROFS:
 //   an error naming the reason and the fix, no temporary left, no iteration folder left, the
 //   previous checkpoint intact and still the latest, and the next save (with the fault gone) works.
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "storage/checkpoint_v1.hpp"
@@ -576,6 +580,53 @@ TEST_CASE("a file written through the mapping of a kept one: its inode, the new 
     CHECK(read_bytes(path) == committed);
     CHECK(temporaries(tmp.str("iter_2")).empty());
   }
+}
+
+// On a tmpfs a mapped file is sparse until written: a store to a page the full filesystem cannot give
+// is a SIGBUS, which killed a process receiving a snapshot copy. The pages are reserved first now.
+TEST_CASE("a file written through a mapping on a full tmpfs: an error naming the room, never a SIGBUS",
+          "[checkpoint][faults]") {
+  if (::geteuid() != 0) TROUPE_SKIP("mounting a small tmpfs needs root");
+  test::TempDir tmp;
+  const std::string dir = tmp.str("small");
+  fs::create_directories(dir);
+  struct Outcome {
+    std::string skip, big, fits, grown;
+  } out;
+  // The small tmpfs in a mount namespace of this thread's own (unshare acts on the calling thread),
+  // seen by nothing else, gone with the thread's namespace.
+  std::thread([&] {
+    if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=1m") != 0) {
+      out.skip = std::strerror(errno);
+      return;
+    }
+    auto big = MappedFileWrite::create(dir + "/big.h5", 4 << 20);
+    out.big = big ? "created" : big.status().message();
+    {
+      auto fits = MappedFileWrite::create(dir + "/fits.h5", 512 << 10);
+      if (fits) {
+        std::memset(fits->data(), 7, 512 << 10);  // every page: they are there
+        const Status c = fits->commit();
+        out.fits = c ? "ok" : c.message();
+      } else {
+        out.fits = fits.status().message();
+      }
+    }
+    write_bytes(dir + "/kept.h5", std::string(256 << 10, 'k'));
+    {
+      auto grown = MappedFileWrite::reuse(dir + "/grown.h5", dir + "/kept.h5", 4 << 20);
+      out.grown = grown ? "reused" : grown.status().message();
+    }
+    ::umount2(dir.c_str(), MNT_DETACH);
+  }).join();
+  if (!out.skip.empty()) TROUPE_SKIP("cannot mount a small tmpfs here: " + out.skip);
+  for (const std::string& refused : {out.big, out.grown}) {
+    CHECK_THAT(refused, Catch::Contains("cannot reserve 4194304 bytes") && Catch::Contains("No space left on device") &&
+                            Catch::Contains("needs 4 MiB; its disk has"));
+  }
+  CHECK(out.fits == "ok");
+  CHECK(fs::is_empty(dir));  // this namespace never saw the tmpfs or its files
 }
 
 TEST_CASE("planted files and symlinks at a save's temporary names are replaced, never followed",
