@@ -428,16 +428,21 @@ Result<MappedFileWrite> MappedFileWrite::create(const std::string& path, uint64_
     m.abandon();
     return st;
   }
-  if (bytes > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, m.fd_, 0);
-    if (p == MAP_FAILED) {
-      const Status st = io_error("cannot map " + tmp, errno);
-      m.abandon();
-      return st;
-    }
-    m.data_ = static_cast<uint8_t*>(p);
-  }
+  TROUPE_RETURN_IF_ERROR(m.map(false));
   return m;
+}
+
+Status MappedFileWrite::map(bool populate) {
+  if (size_ == 0) return Status::ok();
+  void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ | PROT_WRITE, MAP_SHARED | (populate ? MAP_POPULATE : 0),
+                   fd_, 0);
+  if (p == MAP_FAILED) {
+    const Status st = io_error("cannot map " + path_ + ".tmp", errno);
+    abandon();
+    return st;
+  }
+  data_ = static_cast<uint8_t*>(p);
+  return Status::ok();
 }
 
 Result<MappedFileWrite> MappedFileWrite::reuse(const std::string& path, const std::string& existing, uint64_t bytes) {
@@ -476,15 +481,7 @@ Result<MappedFileWrite> MappedFileWrite::reuse(const std::string& path, const st
     m.abandon();
     return failed;
   }
-  if (bytes > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, m.fd_, 0);
-    if (p == MAP_FAILED) {
-      const Status failed = io_error("cannot map " + tmp, errno);
-      m.abandon();
-      return failed;
-    }
-    m.data_ = static_cast<uint8_t*>(p);
-  }
+  TROUPE_RETURN_IF_ERROR(m.map(true));
   return m;
 }
 

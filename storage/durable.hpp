@@ -109,6 +109,8 @@ class MappedFileWrite {
  private:
   MappedFileWrite() = default;
   void abandon();
+  // Maps the open temporary (`populate`: its pages already there); on failure abandons it.
+  Status map(bool populate);
   std::string path_;
   int fd_ = -1;
   uint8_t* data_ = nullptr;

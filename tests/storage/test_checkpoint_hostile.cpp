@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -469,6 +470,23 @@ TEST_CASE("faults during a save: version-1 files and text files too", "[checkpoi
   CHECK_FALSE(parse_io_fault("write@1:EPIPE").is_ok());
 }
 
+// With ENOSPC injected at the first `op`: a 64-byte file made by `make`, filled and committed; what failed.
+static Status fill_under_fault(FileOp op, const std::function<Result<MappedFileWrite>()>& make) {
+  set_io_fault(IoFault{op, 1, ENOSPC, false});
+  Status st = Status::ok();
+  {
+    auto file = make();
+    if (file) {
+      std::memset(file->data(), 7, 64);
+      st = file->commit();
+    } else {
+      st = file.status();
+    }
+  }
+  set_io_fault(std::nullopt);
+  return st;
+}
+
 TEST_CASE("files written through a mapping: committed whole or not at all; mapped reads refuse what is not a file",
           "[checkpoint][faults]") {
   test::TempDir tmp;
@@ -490,18 +508,7 @@ TEST_CASE("files written through a mapping: committed whole or not at all; mappe
   // Dropped uncommitted, or failing at any step: the file as it was, no temporary.
   for (FileOp op : {FileOp::create, FileOp::write, FileOp::fsync, FileOp::rename}) {
     INFO(static_cast<int>(op));
-    set_io_fault(IoFault{op, 1, ENOSPC, false});
-    Status st = Status::ok();
-    {
-      auto file = MappedFileWrite::create(path, 64);
-      if (file) {
-        std::memset(file->data(), 7, 64);
-        st = file->commit();
-      } else {
-        st = file.status();
-      }
-    }
-    set_io_fault(std::nullopt);
+    const Status st = fill_under_fault(op, [&] { return MappedFileWrite::create(path, 64); });
     CHECK_FALSE(st.is_ok());
     CHECK_THAT(st.message(), Catch::Contains("No space left on device"));
     CHECK(read_bytes(path) == std::string(reinterpret_cast<const char*>(v.data()), bytes));
@@ -563,18 +570,7 @@ TEST_CASE("a file written through the mapping of a kept one: its inode, the new 
   for (FileOp op : {FileOp::rename, FileOp::write, FileOp::fsync}) {
     INFO(static_cast<int>(op));
     write_bytes(kept, "an old copy");
-    Status st = Status::ok();
-    set_io_fault(IoFault{op, 1, ENOSPC, false});
-    {
-      auto file = MappedFileWrite::reuse(path, kept, 64);
-      if (file) {
-        std::memset(file->data(), 7, 64);
-        st = file->commit();
-      } else {
-        st = file.status();
-      }
-    }
-    set_io_fault(std::nullopt);
+    const Status st = fill_under_fault(op, [&] { return MappedFileWrite::reuse(path, kept, 64); });
     CHECK_THAT(st.message(), Catch::Contains("No space left on device"));
     CHECK_FALSE(fs::exists(kept));
     CHECK(read_bytes(path) == committed);
