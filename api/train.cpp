@@ -181,9 +181,29 @@ namespace {
 class JobLink {
  public:
   JobLink(const comm::LaunchEnv& env, const RunOptions& run, const InJobRecovery& recovery)
-      : env_(env), run_(run), recovery_(recovery), slot_(std::make_shared<WorldSlot>()) {}
+      : env_(env), run_(run), recovery_(recovery), slot_(std::make_shared<WorldSlot>()) {
+    // With warm spares the rendezvous moves when its host is lost (comm/bootstrap/rendezvous_place.hpp):
+    // this node's processes keep where it is in the launcher's hint file, and a process started
+    // later (a replacement, a spare) looks there first.
+    const char* hint = std::getenv("TROUPE_RDZV_HINT");
+    if (!recovery_.spares || hint == nullptr || *hint == '\0') return;
+    hint_path_ = hint;
+    if (!recovery_.replacement && !env_.spare) return;
+    auto read = comm::read_hint(hint_path_);
+    if (!read) {
+      std::fprintf(stderr, "troupe train: warning: %s -- looking for the rendezvous at MASTER_ADDR only\n",
+                   read.status().message().c_str());
+      std::fflush(stderr);
+    } else if (read.value()) {
+      at_ = read.value()->at;
+      standby_ = read.value()->standby;
+    }
+  }
 
   comm::CafBootstrap* bootstrap() const { return bootstrap_.get(); }
+  // A fresh process's hint names a standby: the job's first rendezvous completed, and a lost rank 0
+  // (whose rendezvous went with it) is replaced by a spare where the standby hosts the next.
+  bool rendezvous_may_have_moved() const { return at_.has_value() && standby_.has_value(); }
 
   // Joins this generation's rendezvous (once; later calls do nothing). Under in-job recovery
   // *generation is the one this process joins as, and becomes the newest any process brought
@@ -217,6 +237,7 @@ class JobLink {
     options_.in_job_recovery = recovery_.enabled;
     options_.open_places = open_places_;
     if (recovery_.enabled) options_.attempt = *generation;
+    if (recovery_.spares) place_rendezvous();
     auto b = comm::create_caf_bootstrap(env_, options_);
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
     bootstrap_ = std::move(b).value();
@@ -226,6 +247,9 @@ class JobLink {
       for (const std::string& g : all.value())
         *generation = std::max(*generation, static_cast<int32_t>(std::atoi(g.c_str())));
       *generation = std::max<int32_t>(*generation, 0);
+      // Every rank has joined: the rendezvous named its standby before this gather's answer.
+      at_ = bootstrap_->place();
+      standby_ = bootstrap_->standby();
     }
     return Status::ok();
   }
@@ -260,9 +284,9 @@ class JobLink {
     return Status::ok();
   }
 
-  // Rank 0: tells the spares waiting for a place that the job ended (CafBootstrap::end_job).
+  // The rendezvous's host: tells the spares waiting for a place that the job ended (CafBootstrap::end_job).
   void end_job(const std::string& outcome) {
-    if (bootstrap_ && bootstrap_->rank() == 0) bootstrap_->end_job(outcome);
+    if (bootstrap_ && bootstrap_->hosts_rendezvous()) bootstrap_->end_job(outcome);
   }
 
   // Gives the generation up (the attempt over it has ended): the world, then the rendezvous. Rank 0
@@ -275,12 +299,36 @@ class JobLink {
     world_.reset();
     if (bootstrap_) {
       bootstrap_->close();
-      if (bootstrap_->rank() == 0) open_places_ = bootstrap_->lost_ranks();
+      open_places_ = bootstrap_->hosts_rendezvous() ? bootstrap_->lost_ranks() : std::vector<int>{};
+      lost_rendezvous_ = bootstrap_->rendezvous_lost();
+      if (auto standby = bootstrap_->standby()) standby_ = standby;
     }
     bootstrap_.reset();
   }
 
  private:
+  // Where this generation's rendezvous is: where the last one was, or -- that one lost -- its
+  // standby's place, which the standby's process hosts (the lost host's rank opens to spares at
+  // once); a standby whose generation failed otherwise hosts there when nothing else answers.
+  void place_rendezvous() {
+    options_.failover_after = options_.connection_timeout;
+    if (!hint_path_.empty())
+      options_.on_standby = [path = hint_path_](const comm::RendezvousPlace& at, const comm::RendezvousPlace& standby) {
+        (void)comm::write_hint(path, comm::RendezvousHint{at, standby});
+      };
+    if (!at_) return;
+    const bool moved = lost_rendezvous_ && standby_.has_value();
+    options_.rendezvous_at = moved ? *standby_ : *at_;
+    options_.rendezvous_moved = moved;
+    if (moved)
+      options_.places = {*at_};
+    else if (standby_)
+      options_.places = {*standby_};
+    const bool standby_here = !env_.spare && standby_ && standby_->rank == env_.rank;
+    if (moved && standby_here) options_.open_places = {at_->rank};
+    if (!moved && standby_here) options_.standby_here = standby_;
+  }
+
   // The world a job failure reported by the bootstrap gives up (CommWorld::abort, in-job recovery:
   // the attempt's ranks stop waiting on peers that moved on); cleared before the world goes.
   struct WorldSlot {
@@ -291,6 +339,10 @@ class JobLink {
   const RunOptions& run_;
   const InJobRecovery recovery_;
   std::vector<int> open_places_;
+  // The rendezvous's place and standby as last learned, and whether the last generation lost it.
+  std::optional<comm::RendezvousPlace> at_, standby_;
+  bool lost_rendezvous_ = false;
+  std::string hint_path_;  // TROUPE_RDZV_HINT: this node's hint file ("" without warm spares)
   std::shared_ptr<WorldSlot> slot_;
   comm::CafBootstrapOptions options_;
   std::unique_ptr<comm::CafBootstrap> bootstrap_;
@@ -340,6 +392,15 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
       recovery.replacement || env->spare ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
   bool took_a_place = false;  // a spare that joined the job in a lost rank's place
   JobLink link(*env, run, recovery);
+  // A replacement of rank 0 after the job's first rendezvous: that rendezvous, rank 0's, went with
+  // its process, and the standby hosts the next one, where this process is a spare like any other.
+  if (recovery.replacement && recovery.spares && env->rank == 0 && link.rendezvous_may_have_moved()) {
+    std::fprintf(stderr, "troupe train: rank 0's process was lost and its rendezvous with it; this replacement "
+                         "joins the job as a spare (the standby hosts the rendezvous now)\n");
+    std::fflush(stderr);
+    env->spare = true;
+    env->rank = -1;
+  }
   // Joins this generation; a spare waits there for a place (the job may end first: a spare it never
   // needed ends well), a rank whose place a spare took while it was cut off stays as a spare.
   enum class Met { joined, as_spare, ended };

@@ -96,6 +96,7 @@ struct Launch {
   std::vector<int> signals;            // passed on to the ranks
   bool elastic = false;                // --nnodes MIN:MAX (the ranks get TROUPE_ELASTIC)
   int max_nnodes = 1;                  // its MAX (the options' nnodes is the round's)
+  std::string rdzv_hint;               // --in-job-recovery --spares: TROUPE_RDZV_HINT, this node's hint file
 };
 
 struct Child {
@@ -173,6 +174,7 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   if (replacement) set.push_back({"TROUPE_REPLACEMENT", "1"});
   if (a.warm_spares()) set.push_back({"TROUPE_IN_JOB_SPARES", "1"});
   if (spare) set.push_back({"TROUPE_SPARE", "1"});
+  if (!l.rdzv_hint.empty()) set.push_back({"TROUPE_RDZV_HINT", l.rdzv_hint});
   if (!error_file.empty()) set.push_back({"TORCHELASTIC_ERROR_FILE", error_file});
   // --local-addr on node 0: where rank 0's rendezvous listens (a TROUPE_BIND_ADDR of the user's wins).
   if (!a.local_addr.empty() && a.node_rank == 0 && std::getenv("TROUPE_BIND_ADDR") == nullptr)
@@ -180,7 +182,7 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
   const std::set<std::string> cleared = {"TROUPE_RDZV_ID",     "TROUPE_RDZV_TIMEOUT",    "TORCHELASTIC_ERROR_FILE",
                                          "TROUPE_ELASTIC",     "TROUPE_IN_JOB_RECOVERY", "TROUPE_REPLACEMENT",
-                                         "TROUPE_IN_JOB_SPARES", "TROUPE_SPARE"};
+                                         "TROUPE_IN_JOB_SPARES", "TROUPE_SPARE", "TROUPE_RDZV_HINT"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -330,7 +332,8 @@ int run_ranks(const Launch& l, int restart, bool* restartable, const ElasticMemb
   sigset_t child_mask = old_mask;
   if (l.elastic) sigaddset(&child_mask, SIGUSR2);
   // --in-job-recovery --spares: a spare node's processes start as warm spares, and a failed process
-  // other than rank 0 (whose node hosts the rendezvous) comes back as one -- a waiting spare took
+  // other than rank 0 comes back as one (rank 0's replacement decides: it hosts the job's first
+  // rendezvous if that never completed, else it is a spare, the standby hosting) -- a waiting spare took
   // its place already, or this one takes it.
   auto start_child = [&](int local, int count, bool replacement, const std::string& dir, OutputRouter& router) {
     Child& c = children[local];
@@ -766,6 +769,20 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
       for (const std::string& gone : sweep_abandoned_snapshot_folders(memory.dir))
         std::fprintf(stderr, "troupe launch: removed %s: the in-memory snapshots of a process that is gone\n", gone.c_str());
     }
+  }
+  // --in-job-recovery --spares: the rendezvous moves when its host is lost; this node's processes keep
+  // where it is in a file of the launcher's (comm/bootstrap/rendezvous_place.hpp), which a process
+  // started later reads. The launcher removes it at its end.
+  struct HintFile {
+    std::string path;
+    ~HintFile() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } hint;
+  if (o.warm_spares()) {
+    const char* tmp = std::getenv("TMPDIR");
+    hint.path = std::string(tmp != nullptr && *tmp == '/' ? tmp : "/tmp") + "/troupe-rdzv-" + l.run_id;
+    l.rdzv_hint = hint.path;
   }
   // --nnodes MIN:MAX or --spares K: each attempt is a round of the nodes there (apps/launch_elastic.hpp).
   std::unique_ptr<ElasticMembership> elastic;

@@ -50,6 +50,7 @@
   X(snapshot_report)           \
   X(shard_coverage)            \
   X(elastic_rendezvous)        \
+  X(rendezvous_hint)           \
   X(decode_work)
 
 namespace troupe::fuzz {

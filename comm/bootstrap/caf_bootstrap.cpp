@@ -34,11 +34,15 @@ struct JoinRequest {
   int32_t pid = 0;
   std::string rdzv_id;  // the launcher's --rdzv-id (TROUPE_RDZV_ID), "" when none was given
   int32_t attempt = 0;  // TROUPE_RESTART_COUNT, or the generation of in-job recovery (kAnyGeneration)
+  // The numeric address the joiner reaches the rendezvous from ("" unknown, and for its own host's
+  // join): where it would host the rendezvous as the standby.
+  std::string addr;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JoinRequest& x) {
-  return f(caf::meta::type_name("troupe.JoinRequest5"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id, x.attempt);
+  return f(caf::meta::type_name("troupe.JoinRequest6"), x.rank, x.world_size, x.host, x.pid, x.rdzv_id, x.attempt,
+           x.addr);
 }
 
 // A restarted rank that reaches the failed rank 0 of the attempt before its own (still ending on the
@@ -76,6 +80,8 @@ using failed_atom = caf::atom_constant<caf::atom("bs_failed")>;
 using report_atom = caf::atom_constant<caf::atom("bs_report")>;
 using end_atom = caf::atom_constant<caf::atom("bs_end")>;
 using offer_atom = caf::atom_constant<caf::atom("bs_offer")>;
+using standby_atom = caf::atom_constant<caf::atom("bs_standby")>;
+using lonely_atom = caf::atom_constant<caf::atom("bs_lonely")>;
 
 // The rendezvous (rank 0, published). drain and timeout are accepted from this process only.
 using rendezvous_actor = caf::typed_actor<
@@ -87,14 +93,17 @@ using rendezvous_actor = caf::typed_actor<
     caf::reacts_to<timeout_atom, std::string>,      // a gather's deadline passed
     caf::reacts_to<report_atom>,                    // time to say who has not joined yet
     caf::replies_to<end_atom, std::string>::with<end_atom>,  // the job ended (this process): tell the spares
-    caf::reacts_to<offer_atom>>;  // the spare grace passed: places nobody took are open to spares
+    caf::reacts_to<offer_atom>,   // the spare grace passed: places nobody took are open to spares
+    caf::reacts_to<lonely_atom>>;  // a standby's rendezvous: failover_after passed, has anyone joined?
 
 // A rank's agent (one per rank, local): relays its calls and learns of the job's failure.
 using agent_actor = caf::typed_actor<
     caf::replies_to<join_atom, JoinRequest>::with<int32_t>,
     caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
     caf::replies_to<leave_atom>::with<leave_atom>,
-    caf::reacts_to<failed_atom, std::string>>;  // from the rendezvous: the job failed, and why
+    caf::reacts_to<failed_atom, std::string>,  // from the rendezvous: the job failed, and why
+    // from the rendezvous: where it is (addr, port, its host's rank) and its standby (the same)
+    caf::reacts_to<standby_atom, std::string, int32_t, int32_t, std::string, int32_t, int32_t>>;
 
 constexpr size_t kMaxBlobBytes = 1 << 20;
 
@@ -146,6 +155,7 @@ struct Member {
   agent_actor agent;
   std::string host;
   int32_t pid = 0;
+  std::string addr;   // JoinRequest::addr
   bool left = false;  // said goodbye: its disconnect is not a failure
   bool gone = false;  // disconnected
 };
@@ -178,16 +188,28 @@ struct RendezvousSetup {
   int32_t attempt = 0;     // rank 0's JoinRequest::attempt; a joiner of a later one is told to retry
   bool in_job = false;     // in-job recovery: the generations' rules (CafBootstrapOptions::in_job_recovery)
   int ranks_per_node = 0;  // when every node runs as many ranks (troupe launch, torchrun); 0: unknown
+  // The rendezvous moves (rendezvous_place.hpp): the rank of the process that hosts it, the job's
+  // MASTER_PORT (the standby takes the other of it and the port after it), and whether this is a
+  // standby's (it gives up when nobody else joins within failover_after).
+  int owner_rank = 0;
+  int base_port = 0;
+  bool standby_hosted = false;
+  std::chrono::milliseconds failover_after{0};
   // "addr:port" of the rendezvous, for the messages: set once published (the port may be the
   // kernel's pick), read by the rendezvous's reports.
   struct Where {
     std::mutex mutex;
     std::string text;
+    RendezvousPlace place;  // as the joiners reach it
   };
   std::shared_ptr<Where> where = std::make_shared<Where>();
   std::string where_text() const {
     std::lock_guard<std::mutex> lock(where->mutex);
     return where->text;
+  }
+  RendezvousPlace where_place() const {
+    std::lock_guard<std::mutex> lock(where->mutex);
+    return where->place;
   }
   Logger log;
 };
@@ -212,11 +234,13 @@ struct RendezvousState {
     agent_actor agent;
     std::string host;
     int32_t pid = 0;
+    std::string addr;
   };
   std::vector<Spare> spares;
   std::set<int> open;  // places a spare may take: the lost ranks', and after the grace any free one
   std::set<int> taken_by_spare;
   std::string ended;
+  std::optional<RendezvousPlace> standby;  // named once every rank joined (in-job recovery)
   static inline const char* name = "troupe.rendezvous";
 };
 
@@ -385,20 +409,56 @@ void report_missing(RendezvousPtr self) {
   self->delayed_send(self, next, report_atom::value);
 }
 
+// Tells an agent where the rendezvous is and where it goes when lost.
+void send_standby(RendezvousPtr self, const agent_actor& agent) {
+  const auto& st = self->state;
+  if (!st.standby) return;
+  const RendezvousPlace at = st.setup.where_place();
+  self->send(agent, standby_atom::value, at.addr, static_cast<int32_t>(at.port), static_cast<int32_t>(at.rank),
+             st.standby->addr, static_cast<int32_t>(st.standby->port), static_cast<int32_t>(st.standby->rank));
+}
+
+// In-job recovery, once every rank has joined: names the standby (rendezvous_place.hpp) -- the
+// lowest rank on another host than the rendezvous's, else the lowest other rank -- and tells every
+// member and waiting spare.
+void name_standby(RendezvousPtr self) {
+  auto& st = self->state;
+  if (!st.setup.in_job || st.standby || st.world_size < 2 || !st.failure.empty()) return;
+  for (const auto& m : st.members)
+    if (!m || m->gone || m->left) return;
+  const int owner = st.setup.owner_rank;
+  const std::string owner_host = owner >= 0 && owner < st.world_size ? st.members[owner]->host : "";
+  int pick = -1;
+  for (int pass = 0; pass < 2 && pick < 0; ++pass)
+    for (int r = 0; r < st.world_size && pick < 0; ++r)
+      if (r != owner && valid_place_addr(st.members[r]->addr) && (pass == 1 || st.members[r]->host != owner_host))
+        pick = r;
+  const RendezvousPlace at = st.setup.where_place();
+  if (pick < 0 || at.port <= 0) return;
+  const int base = st.setup.base_port > 0 ? st.setup.base_port : at.port;
+  const int port = at.port != base ? base : base < 65535 ? base + 1 : base - 1;
+  st.standby = RendezvousPlace{st.members[pick]->addr, port, pick};
+  st.log("should this rendezvous be lost, " + member_text(st, pick) + " hosts the next at " +
+         place_text(*st.standby));
+  for (const auto& m : st.members) send_standby(self, m->agent);
+  for (const auto& sp : st.spares) send_standby(self, sp.agent);
+}
+
 // Gives the open places no process holds to the waiting spares, first come first served.
 void offer_places(RendezvousPtr self) {
   auto& st = self->state;
   for (int place : st.open) {
-    if (st.spares.empty()) return;
+    if (st.spares.empty()) break;
     if (st.members[place]) continue;
     RendezvousState::Spare sp = std::move(st.spares.front());
     st.spares.erase(st.spares.begin());
-    st.members[place] = Member{sp.agent, sp.host, sp.pid};
+    st.members[place] = Member{sp.agent, sp.host, sp.pid, sp.addr};
     st.taken_by_spare.insert(place);
     st.log("a spare (host " + sp.host + ", pid " + std::to_string(sp.pid) + ") takes the place of rank " +
            std::to_string(place));
     sp.promise.deliver(static_cast<int32_t>(place));
   }
+  name_standby(self);
 }
 
 rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup setup) {
@@ -411,7 +471,10 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
   st.started = std::chrono::steady_clock::now();
   st.members.resize(st.world_size);
   for (int place : st.setup.open_places)
-    if (place > 0 && place < st.world_size) st.open.insert(place);
+    if (place >= 0 && place < st.world_size && place != st.setup.owner_rank) st.open.insert(place);
+  // A standby's rendezvous that nobody else reaches: its own host was the one cut off.
+  if (st.setup.standby_hosted && st.world_size > 1 && st.setup.failover_after.count() > 0)
+    self->delayed_send(self, st.setup.failover_after, lonely_atom::value);
   // Not at the job's first generation: its ranks may start at any pace.
   if (st.setup.in_job && st.setup.attempt != 0 && st.world_size > 1 && st.setup.spare_grace.count() > 0)
     self->delayed_send(self, st.setup.spare_grace, offer_atom::value);
@@ -496,7 +559,8 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
           // The lowest open place no process has taken back yet; else the spare waits here until a
           // place opens (the grace), this generation fails (it then asks the next one) or the job ends.
           auto promise = self->make_response_promise();
-          st.spares.push_back({promise, agent, req.host, req.pid});
+          st.spares.push_back({promise, agent, req.host, req.pid, req.addr});
+          send_standby(self, agent);
           offer_places(self);
           return promise;
         }
@@ -517,7 +581,8 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
         auto agent = caf::actor_cast<agent_actor>(self->current_sender());
         if (!agent) return bootstrap_error("a join request needs a sender to answer to");
         self->monitor(agent);
-        st.members[req.rank] = Member{agent, req.host, req.pid};
+        st.members[req.rank] = Member{agent, req.host, req.pid, req.addr};
+        name_standby(self);
         return static_cast<int32_t>(req.rank);
       },
       [self](gather_atom, const std::string& key,
@@ -618,9 +683,22 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
       [self](offer_atom) {
         auto& st = self->state;
         if (!same_actor(self->current_sender(), self->address()) || !st.failure.empty()) return;
-        for (int r = 1; r < st.world_size; ++r)
+        for (int r = 0; r < st.world_size; ++r)
           if (!st.members[r]) st.open.insert(r);
         offer_places(self);
+      },
+      [self](lonely_atom) {
+        auto& st = self->state;
+        if (!same_actor(self->current_sender(), self->address()) || !st.failure.empty()) return;
+        if (!st.spares.empty()) return;
+        for (int r = 0; r < st.world_size; ++r)
+          if (r != st.setup.owner_rank && st.members[r]) return;
+        const std::string why = "no other process reached the standby's rendezvous at " + st.setup.where_text() +
+                                " within " + seconds_text(st.setup.failover_after) +
+                                ": this host is the one that was cut off from the job, which goes on where the "
+                                "others are -- this process ends (its launcher starts it again as a spare)";
+        st.log(why);
+        fail_job(self, why);
       },
       [self](end_atom, const std::string& outcome) -> caf::result<end_atom> {
         if (!from_this_process(self)) return bootstrap_error("end is for rank 0's own process");
@@ -638,22 +716,46 @@ rendezvous_actor::behavior_type rendezvous(RendezvousPtr self, RendezvousSetup s
 struct Health {
   mutable std::mutex mutex;
   std::string failure;
-  void set(const std::string& why) {
+  bool rendezvous_lost = false;  // the failure was the rendezvous's loss
+  void set(const std::string& why, bool lost = false) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (failure.empty()) failure = why;
+    if (!failure.empty()) return;
+    failure = why;
+    rendezvous_lost = lost;
   }
   std::string get() const {
     std::lock_guard<std::mutex> lock(mutex);
     return failure;
   }
+  bool lost() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return rendezvous_lost;
+  }
 };
+
+// What the rendezvous said about its standby (agents write, the process's threads read).
+struct StandbyNews {
+  mutable std::mutex mutex;
+  std::optional<RendezvousPlace> standby;
+  void set(const RendezvousPlace& p) {
+    std::lock_guard<std::mutex> lock(mutex);
+    standby = p;
+  }
+  std::optional<RendezvousPlace> get() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return standby;
+  }
+};
+using OnStandby = std::function<void(const RendezvousPlace&, const RendezvousPlace&)>;
 
 struct AgentState {
   AgentState() = default;
   rendezvous_actor rendezvous;
   std::string where;  // "rank 0 at host:port"
   std::shared_ptr<Health> health;
+  std::shared_ptr<StandbyNews> news;
   std::function<void(const std::string&)> on_job_failed;
+  OnStandby on_standby;
   Logger log;
   std::map<uint64_t, caf::response_promise> pending;
   uint64_t next_id = 0;
@@ -666,12 +768,12 @@ using AgentPtr = agent_actor::stateful_pointer<AgentState>;
 
 // Fails every pending and later request with `why`; a failure (not an orderly close) of a joined
 // agent is also recorded as the job's (before the join it is only the join's: join() may try again).
-void close_agent(AgentPtr self, const std::string& why, bool job_failed) {
+void close_agent(AgentPtr self, const std::string& why, bool job_failed, bool rendezvous_lost = false) {
   auto& st = self->state;
   if (!st.closed.empty()) return;
   st.closed = why;
   if (job_failed && st.joined) {
-    st.health->set(why);
+    st.health->set(why, rendezvous_lost);
     st.log("the job failed: " + why);
     if (st.on_job_failed) st.on_job_failed(why);
   }
@@ -713,14 +815,16 @@ caf::result<Reply> relay(AgentPtr self, Ts... xs) {
 }
 
 agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, std::string where,
-                                           std::shared_ptr<Health> health,
+                                           std::shared_ptr<Health> health, std::shared_ptr<StandbyNews> news,
                                            std::function<void(const std::string&)> on_job_failed,
-                                           Logger log) {
+                                           OnStandby on_standby, Logger log) {
   auto& st = self->state;
   st.rendezvous = rv;
   st.where = std::move(where);
   st.health = std::move(health);
+  st.news = std::move(news);
   st.on_job_failed = std::move(on_job_failed);
+  st.on_standby = std::move(on_standby);
   st.log = std::move(log);
   self->monitor(rv);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -730,8 +834,8 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
     else
       close_agent(self,
                   std::string(kLostRendezvous) + self->state.where + " (" + render(dm.reason) +
-                      "): rank 0 died, hung past the heartbeat timeout or the network failed",
-                  true);
+                      "): its process died, hung past the heartbeat timeout or the network failed",
+                  true, true);
   });
   return {
       [self](join_atom, const JoinRequest& req) -> caf::result<int32_t> {
@@ -747,6 +851,17 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
       [self](failed_atom, const std::string& why) {
         if (!same_actor(self->current_sender(), self->state.rendezvous.address())) return;
         close_agent(self, why, true);
+      },
+      [self](standby_atom, const std::string& at_addr, int32_t at_port, int32_t at_rank, const std::string& addr,
+             int32_t port, int32_t rank) {
+        auto& st = self->state;
+        if (!same_actor(self->current_sender(), st.rendezvous.address())) return;
+        // From the rendezvous the token admitted, yet checked as a place before anything uses it.
+        const RendezvousPlace at{at_addr, at_port, at_rank}, standby{addr, port, rank};
+        for (const auto* p : {&at, &standby})
+          if (!valid_place_addr(p->addr) || p->port < 1 || p->port > 65535 || p->rank < 0) return;
+        st.news->set(standby);
+        if (st.on_standby) st.on_standby(at, standby);
       },
   };
 }
@@ -781,7 +896,9 @@ struct CafBootstrap::Impl {
   std::shared_ptr<SecureTransport> transport;
   caf::io::middleman_actor middleman;  // the transport's: every publish and connect goes through it
   std::shared_ptr<Health> health = std::make_shared<Health>();
-  rendezvous_actor rendezvous;  // rank 0: the local actor; others: a proxy
+  std::shared_ptr<StandbyNews> news = std::make_shared<StandbyNews>();
+  RendezvousPlace place;        // where the rendezvous was met (its own, when hosted here)
+  rendezvous_actor rendezvous;  // its host: the local actor; others: a proxy
   agent_actor agent;
   bool owns_rendezvous = false;
   bool published = false;
@@ -884,48 +1001,82 @@ caf::expected<rendezvous_actor> connect_once(caf::actor_system& sys,
   return out;
 }
 
-Status connect(CafBootstrap::Impl& b, const LaunchEnv& env) {
-  const std::string& host = b.plan.connect_addr;
-  const std::string where = host + ":" + std::to_string(env.master_port);
-  const auto deadline = std::chrono::steady_clock::now() + b.options.connect_timeout;
+// The places to look for the rendezvous at, in turn: options.rendezvous_at, options.places, what the
+// last rendezvous said of its standby (first, when it was lost), MASTER_ADDR:MASTER_PORT; no place
+// twice. Without rendezvous_at and a standby: MASTER_ADDR:MASTER_PORT alone.
+std::vector<RendezvousPlace> places_to_look(const CafBootstrap::Impl& b, const LaunchEnv& env, bool lost,
+                                            const std::optional<RendezvousPlace>& learned) {
+  std::vector<RendezvousPlace> out;
+  auto add = [&](const RendezvousPlace& p) {
+    for (const auto& q : out)
+      if (q.addr == p.addr && q.port == p.port) return;
+    out.push_back(p);
+  };
+  if (learned && lost) add(*learned);
+  if (b.options.rendezvous_at) add(*b.options.rendezvous_at);
+  for (const auto& p : b.options.places) add(p);
+  if (learned) add(*learned);
+  add(RendezvousPlace{b.plan.connect_addr, env.master_port, 0});
+  return out;
+}
+
+std::string places_text(const std::vector<RendezvousPlace>& places) {
+  std::string s;
+  for (const auto& p : places) {
+    const bool v6 = p.addr.find(':') != std::string::npos;
+    s += (s.empty() ? "" : ", ") + (v6 ? "[" + p.addr + "]" : p.addr) + ":" + std::to_string(p.port);
+  }
+  return s;
+}
+
+// Reaches the rendezvous at one of `places` (one place: until the deadline; several: a short try at
+// each in turn), setting b.rendezvous and b.place. *timed_out: nothing answered before the deadline.
+Status connect(CafBootstrap::Impl& b, const LaunchEnv& env, const std::vector<RendezvousPlace>& places,
+               std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds limit, bool* timed_out) {
+  *timed_out = false;
+  const std::string where = places_text(places);
+  const std::string who = env.rank >= 0 ? "rank " + std::to_string(env.rank) : std::string("a spare");
   auto pause = std::chrono::milliseconds(100);
-  for (;;) {
+  for (size_t turn = 0;; ++turn) {
+    const RendezvousPlace& at = places[turn % places.size()];
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    auto rv = connect_once(*b.sys, b.middleman, host, static_cast<uint16_t>(env.master_port),
-                           std::max(left, std::chrono::milliseconds(100)));
+    auto try_for = std::max(left, std::chrono::milliseconds(100));
+    if (places.size() > 1) try_for = std::min(try_for, std::chrono::milliseconds(2000));
+    auto rv = connect_once(*b.sys, b.middleman, at.addr, static_cast<uint16_t>(at.port), try_for);
     if (rv) {
       b.rendezvous = std::move(*rv);
+      b.place = at;
+      b.port = at.port;
       return Status::ok();
     }
-    // The TLS handshake says why a connection that reached rank 0 failed.
+    // The TLS handshake says why a connection that reached a listener failed.
     const auto [kind, why] = b.transport->take_client_failure();
     if (kind == tls::Failure::wrong_key)
-      return Status::error("the rendezvous at " + where + " refused rank " +
-                           std::to_string(env.rank) + ": " + why +
+      return Status::error("the rendezvous at " + place_text(at) + " refused " + who + ": " + why +
                            " -- every rank of a job must carry the same TROUPE_JOB_TOKEN (is "
                            "another job using this master port?)");
-    if (kind == tls::Failure::protocol || kind == tls::Failure::not_troupe)
-      return Status::error("rank " + std::to_string(env.rank) + ": what listens at " + where +
-                           " is not a troupe rendezvous of this version (" + why +
-                           ") -- another program or troupe version uses this port; pick another "
-                           "with --master-port / MASTER_PORT");
-    if (rv.error() == caf::sec::unexpected_actor_messaging_interface ||
-        rv.error() == caf::sec::no_actor_published_at_port)
-      return Status::error(
-          "rank " + std::to_string(env.rank) + ": what listens at " + where +
-          " is not a troupe rendezvous -- another program or troupe version uses this port; pick "
-          "another with --master-port / MASTER_PORT");
+    const bool foreign = kind == tls::Failure::protocol || kind == tls::Failure::not_troupe ||
+                         rv.error() == caf::sec::unexpected_actor_messaging_interface ||
+                         rv.error() == caf::sec::no_actor_published_at_port;
+    // Another program at a standby's place (the port after MASTER_PORT) is no reason to stop looking.
+    if (foreign && places.size() == 1)
+      return Status::error(who + ": what listens at " + where + " is not a troupe rendezvous of this version (" +
+                           (why.empty() ? render(rv.error()) : why) +
+                           ") -- another program or troupe version uses this port; pick another with "
+                           "--master-port / MASTER_PORT");
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline)
+    if (now >= deadline) {
+      *timed_out = true;
       return Status::error(
-          "rank " + std::to_string(env.rank) + " cannot reach the rendezvous of rank 0 at " +
-          where + " after " + seconds_text(b.options.connect_timeout) + " (" + render(rv.error()) +
-          ") -- check that rank 0 started, that --master-addr / MASTER_ADDR names its host and "
-          "that TCP port " +
-          std::to_string(env.master_port) + " is open between the nodes");
-    std::this_thread::sleep_for(
-        std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+          who + " cannot reach the rendezvous at " + where + " after " + seconds_text(limit) + " (" +
+          render(rv.error()) +
+          ") -- check that rank 0 started, that --master-addr / MASTER_ADDR names its host and that TCP port " +
+          std::to_string(env.master_port) + (places.size() > 1 ? " and the one after it are" : " is") +
+          " open between the nodes");
+    }
+    if (places.size() > 1 && (turn + 1) % places.size() != 0) continue;  // the next place at once
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
     // A spare polls at the first pace: the next generation's rendezvous is about to listen, and the
     // spare that reaches it first takes the lost place.
     pause = std::min(pause * 2, std::chrono::milliseconds(env.spare ? 100 : 1000));
@@ -944,7 +1095,10 @@ caf::expected<uint16_t> publish(CafBootstrap::Impl& b, uint16_t port, const std:
   return out;
 }
 
-Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
+// Hosts the rendezvous: rank 0 at MASTER_ADDR:MASTER_PORT (`at` unset), or at `at` (the rendezvous
+// moved: `standby` says it is a standby's).
+Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env, const std::optional<RendezvousPlace>& at,
+                        bool standby) {
   const size_t budget = gather_budget(b.options.max_message_bytes, env.world_size);
   RendezvousSetup setup;
   setup.world_size = env.world_size;
@@ -957,29 +1111,40 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env) {
   setup.in_job = b.options.in_job_recovery;
   setup.open_places = b.options.open_places;
   setup.spare_grace = b.options.spare_grace;
+  setup.owner_rank = env.rank;
+  setup.base_port = env.master_port;
+  setup.standby_hosted = standby;
+  setup.failover_after = b.options.failover_after;
   b.lost = setup.lost;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
   if (env.source == "troupe launch" || env.source == "torchrun env") setup.ranks_per_node = env.local_world_size;
   const auto where = setup.where;
-  const std::string host = b.plan.connect_addr.empty() ? env.master_addr : b.plan.connect_addr;
+  const std::string host = at ? at->addr : b.plan.connect_addr.empty() ? env.master_addr : b.plan.connect_addr;
   setup.log = b.logger();
   b.rendezvous = b.sys->spawn(rendezvous, std::move(setup));
   b.owns_rendezvous = true;
-  b.port = env.master_port;
+  const int want = at ? at->port : env.master_port;
+  b.port = want;
+  b.place = RendezvousPlace{host, want, env.rank};
   if (env.world_size == 1) return Status::ok();  // nobody to meet: nothing is published
-  const std::string bind = b.options.bind_addr.empty() ? b.plan.bind_addr : b.options.bind_addr;
-  auto port = publish(b, static_cast<uint16_t>(env.master_port), bind);
+  const std::string bind = at ? at->addr : b.options.bind_addr.empty() ? b.plan.bind_addr : b.options.bind_addr;
+  auto port = publish(b, static_cast<uint16_t>(want), bind);
   if (!port)
     return Status::error(
-        "rank 0 cannot listen on " + bind + ":" + std::to_string(env.master_port) +
+        "rank " + std::to_string(env.rank) + " cannot listen on " + bind + ":" + std::to_string(want) +
         " for the rendezvous (" + render(port.error()) +
-        "): the port is in use (another job?) or not allowed -- pass another --master-port to "
-        "troupe launch (or set MASTER_PORT / TROUPE_MASTER_PORT on every rank); the address "
-        "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)");
+        (at ? "): the port is in use or not allowed -- the rendezvous moves to the standby's host at MASTER_PORT or "
+              "the port after it: keep both free there (troupe launch --master-port)"
+            : "): the port is in use (another job?) or not allowed -- pass another --master-port to "
+              "troupe launch (or set MASTER_PORT / TROUPE_MASTER_PORT on every rank); the address "
+              "comes from MASTER_ADDR (TROUPE_BIND_ADDR overrides it)"));
   b.port = *port;
+  b.place.port = *port;
   b.published = true;
   std::lock_guard<std::mutex> lock(where->mutex);
-  where->text = host + ":" + std::to_string(b.port);
+  where->text = place_text(RendezvousPlace{host, b.port, env.rank});
+  where->text = where->text.substr(0, where->text.find(" (rank"));
+  where->place = b.place;
   return Status::ok();
 }
 
@@ -997,7 +1162,7 @@ void ensure_descriptors(int world_size, int pending) {
 }  // namespace
 
 void configure_for_bootstrap(caf::actor_system_config& cfg, const CafBootstrapOptions& options) {
-  cfg.add_message_type<JoinRequest>("troupe.JoinRequest5");
+  cfg.add_message_type<JoinRequest>("troupe.JoinRequest6");
   cfg.set("middleman.heartbeat-interval", caf::timespan{options.heartbeat_interval});
   cfg.set("middleman.connection-timeout", caf::timespan{options.connection_timeout});
   cfg.load<caf::io::middleman>();
@@ -1035,6 +1200,10 @@ std::vector<int> CafBootstrap::lost_ranks() const {
   return ranks;
 }
 void CafBootstrap::close() { impl_->shutdown(); }
+bool CafBootstrap::hosts_rendezvous() const { return impl_->owns_rendezvous; }
+RendezvousPlace CafBootstrap::place() const { return impl_->place; }
+std::optional<RendezvousPlace> CafBootstrap::standby() const { return impl_->news->get(); }
+bool CafBootstrap::rendezvous_lost() const { return impl_->health->lost(); }
 void CafBootstrap::end_job(const std::string& outcome) {
   if (!impl_->owns_rendezvous || !impl_->rendezvous || impl_->sys == nullptr) return;
   caf::scoped_actor self{*impl_->sys};
@@ -1129,19 +1298,45 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
   req.pid = static_cast<int32_t>(getpid());
   req.rdzv_id = env.rdzv_id;
   req.attempt = attempt_of(b->options);
+  // Who hosts: rank 0 at MASTER_ADDR, or the process the rendezvous moved to (rendezvous_place.hpp);
+  // a spare never. A standby whose generation failed otherwise hosts once nothing answers.
+  const auto& at = b->options.rendezvous_at;
+  bool host = !env.spare && (at ? at->rank == env.rank : env.rank == 0);
+  std::optional<RendezvousPlace> host_at = at;
+  bool as_standby = host && b->options.rendezvous_moved;
   auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
+  const auto standby_by = std::chrono::steady_clock::now() + b->options.failover_after;
+  bool lost = false;  // the last try lost the rendezvous: its standby first
   for (;;) {
-    if (env.rank == 0) {
-      TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env));
+    if (host) {
+      req.addr.clear();
+      TROUPE_RETURN_IF_ERROR(start_rendezvous(*b, env, host_at, as_standby));
     } else {
-      b->port = env.master_port;
-      TROUPE_RETURN_IF_ERROR(connect(*b, env));
+      const auto places = places_to_look(*b, env, lost, b->news->get());
+      const bool standby = b->options.standby_here.has_value();
+      bool timed_out = false;
+      Status st = connect(*b, env, places, standby ? std::min(give_up, standby_by) : give_up,
+                          standby ? b->options.failover_after : b->options.connect_timeout, &timed_out);
+      if (!st && standby && timed_out && std::chrono::steady_clock::now() < give_up) {
+        b->logger()("the rendezvous is not at " + places_text(places) + " after " +
+                    seconds_text(b->options.failover_after) + ": this process, its standby, hosts it at " +
+                    place_text(*b->options.standby_here));
+        host = as_standby = true;
+        host_at = b->options.standby_here;
+        continue;
+      }
+      TROUPE_RETURN_IF_ERROR(st);
+      // The address this process reaches the rendezvous from: where it would host as the standby.
+      req.addr.clear();
+      const NetQueries q = system_net_queries();
+      if (auto resolved = q.resolve(b->place.addr); resolved && !resolved->empty())
+        if (auto src = q.source_addr(resolved->front()); src && valid_place_addr(*src)) req.addr = *src;
     }
-    const std::string where = "rank 0 at " + (env.rank == 0 ? env.master_addr : b->plan.connect_addr) + ":" +
-                              std::to_string(b->port);
-    b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->options.on_job_failed, b->logger());
+    const std::string where = "the rendezvous at " + place_text(b->place);
+    b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->news, b->options.on_job_failed,
+                             b->options.on_standby, b->logger());
     // A spare waits in its join for as long as the job runs without a place for it (the rendezvous
-    // answers when its generation fails or the job ends; a lost rank 0 fails it at once).
+    // answers when its generation fails or the job ends; a lost rendezvous fails it at once).
     auto joined = env.spare ? b->ask_within<int32_t>(caf::infinite, "joining the job as a spare", join_atom::value, req)
                             : b->ask<int32_t>("joining the job", join_atom::value, req);
     if (joined) {
@@ -1149,17 +1344,17 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
       return std::make_unique<CafBootstrap>(std::move(b));
     }
     // A later attempt (a restarted process, or one that rejoins in the job) meets the failed one's
-    // rank 0: told so, or losing it (or seeing it close) while the join is under way as it ends.
+    // rendezvous: told so, or losing it (or seeing it close) while the join is under way as it ends.
     const std::string& why = joined.status().message();
     const bool later = req.attempt != 0 || b->options.in_job_recovery;
+    lost = why.find(kLostRendezvous) != std::string::npos;
     const bool retry = why.find(kEarlierAttempt) != std::string::npos ||
-                       (later && (why.find(kLostRendezvous) != std::string::npos ||
-                                  why.find(kClosedRendezvous) != std::string::npos));
-    if (env.rank == 0 || !retry || std::chrono::steady_clock::now() >= give_up) return joined.status();
+                       (later && (lost || why.find(kClosedRendezvous) != std::string::npos));
+    if (host || !retry || std::chrono::steady_clock::now() >= give_up) return joined.status();
     // A spare was answered by a rendezvous that ran: the next generation's comes soon.
     if (env.spare) give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
-    // The failed attempt's rank 0 still holds the port: let go of it (before it ends, so its end is
-    // not this rank's failure) and reach the port again until its successor answers.
+    // The failed attempt's rendezvous still holds the port: let go of it (before it ends, so its end
+    // is not this rank's failure) and look again until its successor answers.
     caf::anon_send_exit(b->agent, caf::exit_reason::user_shutdown);
     b->rendezvous = nullptr;
     std::this_thread::sleep_for(std::chrono::milliseconds(env.spare ? 50 : 200));

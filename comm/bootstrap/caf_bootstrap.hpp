@@ -53,6 +53,7 @@
 #include "comm/bootstrap.hpp"
 #include "comm/bootstrap/launch_env.hpp"
 #include "comm/bootstrap/net_plan.hpp"
+#include "comm/bootstrap/rendezvous_place.hpp"
 #include "comm/bootstrap/secure_transport.hpp"
 
 namespace troupe::comm {
@@ -116,6 +117,27 @@ struct CafBootstrapOptions {
   // rendezvous started (a rank lost with rank 0, whose replacement knows of no loss; a survivor
   // that is slow to come back takes a spare's role if one takes its place).
   std::chrono::milliseconds spare_grace{5'000};
+  // The rendezvous moves (warm spares; comm/bootstrap/rendezvous_place.hpp): where this generation's
+  // rendezvous is. Unset: rank 0 hosts it at MASTER_ADDR:MASTER_PORT (the first generation's). Set:
+  // the process of rendezvous_at->rank hosts it there (a spare never does), the others look for it
+  // there, then at `places`, then at MASTER_ADDR:MASTER_PORT, in turn.
+  std::optional<RendezvousPlace> rendezvous_at;
+  std::vector<RendezvousPlace> places;
+  // rendezvous_at is the last generation's standby place (that rendezvous was lost): a standby that
+  // hosts it gives it up when no other process joins within failover_after.
+  bool rendezvous_moved = false;
+  // This process is the last generation's standby, and that generation failed without it losing
+  // the rendezvous: it looks for the next one like the others, and hosts it at `standby_here`
+  // when no place answered within failover_after (the rendezvous's host went silent after it
+  // announced the failure).
+  std::optional<RendezvousPlace> standby_here;
+  // How long a standby looks before it hosts (above), and how long a standby that hosts waits for
+  // another process to join before it gives the rendezvous up (its own host was the one cut off:
+  // the job goes on where the others are). The heartbeat's connection timeout is a good value.
+  std::chrono::milliseconds failover_after{15'000};
+  // Called from an actor thread each time the rendezvous names its standby (in-job recovery, once
+  // every rank has joined): where the rendezvous is and where it goes when lost.
+  std::function<void(const RendezvousPlace& at, const RendezvousPlace& standby)> on_standby;
   // Called once, from an actor thread, when the job is known to have failed (a lost rank or
   // rendezvous).
   std::function<void(const std::string& why)> on_job_failed;
@@ -159,6 +181,15 @@ class CafBootstrap final : public Bootstrap {
   // the open places no process took, in rank order; a spare may take their places at the next
   // generation's (open_places). Complete once the bootstrap is closed (close()). Thread-safe.
   std::vector<int> lost_ranks() const;
+  // Whether this process hosts the rendezvous, and where it met it (its own place when it hosts).
+  bool hosts_rendezvous() const;
+  RendezvousPlace place() const;
+  // The standby the rendezvous named once every rank had joined (in-job recovery), if any yet.
+  // Thread-safe; stays readable after close().
+  std::optional<RendezvousPlace> standby() const;
+  // The job failed because this process lost the rendezvous (its host died, hung or was cut off
+  // from here), not because the rendezvous announced a lost rank. Thread-safe.
+  bool rendezvous_lost() const;
   // Leaves the job now (what the destructor does); lost_ranks() stays readable.
   void close();
   // Rank 0: the job has ended (`outcome`: "finished", "given up: ...", ...); the spares waiting for a

@@ -1,8 +1,11 @@
 // The CAF bootstrap over real loopback sockets: ranks are bootstraps with their own actor systems
 // in threads of this process, or bootstrap_peer processes (tests/comm/workers) where a rank must
 // crash, hang or take rank 0 down with it.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -771,6 +774,200 @@ TEST_CASE("warm spares: a spare needs in-job recovery", "[bootstrap]") {
   auto b = create_caf_bootstrap(e, options_with(sink));
   REQUIRE_FALSE(b);
   CHECK_THAT(b.status().message(), Contains("--in-job-recovery --spares K"));
+}
+
+
+// The rendezvous moves (comm/bootstrap/rendezvous_place.hpp) -------------------------------------
+
+// Two consecutive TCP ports free on loopback now: the rendezvous's and its standby's.
+int free_port_pair() {
+  for (int tries = 0; tries < 100; ++tries) {
+    const int a = ::socket(AF_INET, SOCK_STREAM, 0), b = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    int port = -1;
+    if (::bind(a, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        ::getsockname(a, reinterpret_cast<sockaddr*>(&addr), &len) == 0 && ntohs(addr.sin_port) < 65000) {
+      port = ntohs(addr.sin_port);
+      addr.sin_port = htons(static_cast<uint16_t>(port + 1));
+      if (::bind(b, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) port = -1;
+    }
+    ::close(a);
+    ::close(b);
+    if (port > 0) return port;
+  }
+  FAIL("no two consecutive free ports on loopback");
+  return -1;
+}
+
+LaunchEnv spare_env(int port) {
+  LaunchEnv e = make_env(0, 3, port);
+  e.rank = -1;
+  e.spare = true;
+  return e;
+}
+
+template <class F>
+bool eventually(F ready, std::chrono::milliseconds within = 10s) {
+  const auto until = Clock::now() + within;
+  while (!ready()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// Rank 0's process (its rendezvous with it) is lost: once every rank had joined, the rendezvous had
+// named its standby -- rank 1, the lowest other rank (one host here), at the port after rank 0's --
+// and told every member and the waiting spare; rank 1 hosts the next generation there, rank 2 looks
+// there first, and the spare, sent on by the loss, finds it by what it learned and takes rank 0's
+// place at once (the lost host's rank opens without the spare grace). The new rendezvous names the
+// next standby: rank 0, now the spare, at the first port. The node's hint file holds what it said.
+TEST_CASE("the rendezvous moves: rank 0 lost, its standby hosts the next generation", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) { return in_job_options(sink, attempt); };
+  const int port = free_port_pair();
+  troupe::test::TempDir tmp;
+  const std::string hint_path = tmp.str("hint");
+  Peer rank0({"rank0-exit", "3"}, [&] {
+    auto vars = peer_env(0, 3, port);
+    vars["BOOTSTRAP_PEER_IN_JOB"] = "1";
+    return vars;
+  }());
+  REQUIRE(rank0.read_line() == "port " + std::to_string(port));
+  Result<std::unique_ptr<CafBootstrap>> spare = Status::error("not run");
+  std::thread waiting([&] { spare = create_caf_bootstrap(spare_env(port), in_job(kAnyGeneration)); });
+  CafBootstrapOptions o1 = in_job(0);
+  o1.on_standby = [&](const RendezvousPlace& at, const RendezvousPlace& standby) {
+    (void)write_hint(hint_path, RendezvousHint{at, standby});
+  };
+  auto r1 = create_ok(make_env(1, 3, port), o1);
+  auto r2 = create_ok(make_env(2, 3, port), in_job(0));
+  REQUIRE(eventually([&] { return r1->standby() && r2->standby(); }));
+  const RendezvousPlace first{"127.0.0.1", port, 0}, standby{"127.0.0.1", port + 1, 1};
+  CHECK(*r1->standby() == standby);
+  CHECK(*r2->standby() == standby);
+  CHECK(r1->place() == first);
+  CHECK_FALSE(r1->hosts_rendezvous());
+  auto hint = read_hint(hint_path);
+  REQUIRE(hint);
+  REQUIRE(hint.value());
+  CHECK(hint.value()->at == first);
+  CHECK(hint.value()->standby == standby);
+
+  REQUIRE(eventually([&] { return !r1->job_failure().empty() && !r2->job_failure().empty(); }));
+  CHECK(r1->rendezvous_lost());
+  CHECK(r2->rendezvous_lost());
+  r1.reset();
+  r2.reset();
+  // Generation 1, as JobLink (api/train.cpp) places it.
+  CafBootstrapOptions n1 = in_job(1), n2 = in_job(1);
+  for (auto* o : {&n1, &n2}) {
+    o->rendezvous_at = standby;
+    o->rendezvous_moved = true;
+    o->places = {first};
+  }
+  n1.open_places = {0};
+  const auto start = Clock::now();
+  auto again1 = create_ok(make_env(1, 3, port), n1);
+  CHECK(again1->hosts_rendezvous());
+  CHECK(again1->port() == port + 1);
+  auto again2 = create_ok(make_env(2, 3, port), n2);
+  CHECK(again2->place() == standby);
+  waiting.join();
+  INFO((spare ? std::string("joined") : spare.status().message()));
+  REQUIRE(spare);
+  CHECK(spare.value()->rank() == 0);
+  CHECK(seconds_since(start) < 4);  // not after the spare grace (5 s)
+  const auto got = gather_all({spare.value().get(), again1.get(), again2.get()}, "generation 1", {"zero", "one", "two"});
+  CHECK(got[0] == std::vector<std::string>{"zero", "one", "two"});
+  CHECK(got[1] == got[0]);
+  CHECK(got[2] == got[0]);
+  REQUIRE(eventually([&] { return again2->standby().has_value(); }));
+  CHECK(*again2->standby() == RendezvousPlace{"127.0.0.1", port, 0});
+  CHECK_FALSE(
+      sink.wait_for({"should this rendezvous be lost, rank 0", "hosts the next at 127.0.0.1:" + std::to_string(port)})
+          .empty());
+}
+
+// A generation failed with the rendezvous announcing it (rank 2 died), then the rendezvous's own
+// process went too before hosting the next: its standby, rank 1, looks for it for failover_after,
+// then hosts it at its place; a replacement of rank 2 and a spare started later, knowing the places
+// from the node's hint, find it there (rank 0's place opening to the spare after the grace).
+TEST_CASE("the rendezvous moves: a standby hosts when the rendezvous's host goes silent", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) {
+    CafBootstrapOptions o = in_job_options(sink, attempt);
+    o.failover_after = 1000ms;
+    o.spare_grace = 300ms;
+    return o;
+  };
+  const int port = free_port_pair();
+  auto r0 = create_ok(make_env(0, 3, port), in_job(0));
+  auto r1 = create_ok(make_env(1, 3, port), in_job(0));
+  Peer dying({"join-exit"}, peer_env(2, 3, port));
+  REQUIRE(dying.read_line() == "joined");
+  REQUIRE(eventually([&] { return !r1->job_failure().empty(); }));
+  const RendezvousPlace first{"127.0.0.1", port, 0}, standby{"127.0.0.1", port + 1, 1};
+  REQUIRE(r1->standby());
+  CHECK(*r1->standby() == standby);
+  CHECK_FALSE(r1->rendezvous_lost());  // announced: rank 2 was lost, not the rendezvous
+  r1.reset();
+  r0.reset();  // and rank 0 never comes back
+  CafBootstrapOptions n1 = in_job(1);
+  n1.rendezvous_at = first;
+  n1.places = {standby};
+  n1.standby_here = standby;
+  Result<std::unique_ptr<CafBootstrap>> replacement = Status::error("not run"), spare = Status::error("not run");
+  auto from_hint = [&](int32_t attempt) {
+    CafBootstrapOptions o = in_job(attempt);
+    o.rendezvous_at = first;
+    o.places = {standby};
+    return o;
+  };
+  std::thread fresh([&] { replacement = create_caf_bootstrap(make_env(2, 3, port), from_hint(kAnyGeneration)); });
+  std::thread waiting([&] { spare = create_caf_bootstrap(spare_env(port), from_hint(kAnyGeneration)); });
+  const auto start = Clock::now();
+  auto again1 = create_ok(make_env(1, 3, port), n1);
+  CHECK(seconds_since(start) >= 0.9);
+  CHECK(again1->hosts_rendezvous());
+  CHECK(again1->place() == standby);
+  fresh.join();
+  waiting.join();
+  INFO((replacement ? std::string("joined") : replacement.status().message()));
+  REQUIRE(replacement);
+  INFO((spare ? std::string("joined") : spare.status().message()));
+  REQUIRE(spare);
+  CHECK(replacement.value()->rank() == 2);
+  CHECK(spare.value()->rank() == 0);
+  const auto got = gather_all({spare.value().get(), again1.get(), replacement.value().get()}, "met", {"0", "1", "2"});
+  CHECK(got[0] == std::vector<std::string>{"0", "1", "2"});
+  CHECK_FALSE(sink.wait_for({"this process, its standby, hosts it at", std::to_string(port + 1)}).empty());
+}
+
+// A standby whose own host was the one cut off hosts a rendezvous nobody reaches: after
+// failover_after it gives it up, failing the generation with a message that says so.
+TEST_CASE("the rendezvous moves: a standby's rendezvous that nobody reaches gives up", "[bootstrap]") {
+  LogSink sink;
+  CafBootstrapOptions o = in_job_options(sink, 1);
+  o.failover_after = 500ms;
+  const int port = free_port_pair();
+  o.rendezvous_at = RendezvousPlace{"127.0.0.1", port + 1, 1};
+  o.rendezvous_moved = true;
+  o.places = {RendezvousPlace{"127.0.0.1", port, 0}};
+  const auto start = Clock::now();
+  auto lonely = create_ok(make_env(1, 2, port), o);
+  CHECK(lonely->hosts_rendezvous());
+  auto g = lonely->all_gather("generation", "1");
+  REQUIRE_FALSE(g);
+  CHECK_THAT(g.status().message(), Contains("no other process reached the standby's rendezvous") &&
+                                       Contains("this host is the one that was cut off"));
+  CHECK(seconds_since(start) < 5);
+  CHECK_FALSE(lonely->rendezvous_lost());
 }
 
 }  // namespace

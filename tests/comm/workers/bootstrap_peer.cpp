@@ -15,6 +15,7 @@
 //
 // Heartbeats: BOOTSTRAP_PEER_HEARTBEAT_MS sets the interval (connection timeout: 5x).
 // BOOTSTRAP_PEER_EPHEMERAL_PORT=1: rank 0 listens on a port the OS picks (printed by rank0-exit).
+// BOOTSTRAP_PEER_IN_JOB=1: under in-job recovery (generation 0).
 #include <signal.h>
 #include <unistd.h>
 
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
     options.connection_timeout = 5 * options.heartbeat_interval;
   }
   if (std::getenv("BOOTSTRAP_PEER_EPHEMERAL_PORT")) env->master_port = 0;  // rank 0: the OS picks
+  if (std::getenv("BOOTSTRAP_PEER_IN_JOB")) {  // in-job recovery, generation 0: the rendezvous names a standby
+    options.in_job_recovery = true;
+    options.attempt = 0;
+  }
   auto b = comm::create_caf_bootstrap(*env, options);
   if (!b) {
     std::printf("error: %s\n", b.status().message().c_str());
