@@ -207,8 +207,9 @@ class JobLink {
 
   // Joins this generation's rendezvous (once; later calls do nothing). Under in-job recovery
   // *generation is the one this process joins as, and becomes the newest any process brought
-  // (replacements bring none).
-  Status meet(const TrainConfig& cfg, int32_t* generation) {
+  // (replacements bring none); *job_run, the run the job decided at an earlier generation ("" before
+  // the first), becomes the lowest rank's that knows it (a spare in rank 0's place learns it here).
+  Status meet(const TrainConfig& cfg, int32_t* generation, std::string* job_run) {
     if (bootstrap_) return Status::ok();
     // A peer that stops answering (hung, or its host cut off) is noticed within the heartbeat's
     // connection timeout: 15 s, or a third of --distributed-timeout-minutes when that is shorter,
@@ -242,14 +243,24 @@ class JobLink {
     if (!b) return b.status();  // an unusable MASTER_ADDR is bad input
     bootstrap_ = std::move(b).value();
     if (recovery_.enabled) {
-      auto all = bootstrap_->all_gather("generation", std::to_string(*generation));
+      auto all = bootstrap_->all_gather("generation", std::to_string(*generation) + " " + *job_run);
       if (!all) return all.status();
-      for (const std::string& g : all.value())
+      std::string known;
+      for (const std::string& g : all.value()) {
         *generation = std::max(*generation, static_cast<int32_t>(std::atoi(g.c_str())));
+        const size_t space = g.find(' ');
+        const std::string run = space == std::string::npos ? "" : g.substr(space + 1);
+        const bool hex = run.size() <= 64 && std::all_of(run.begin(), run.end(), [](char c) {
+          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        });
+        if (known.empty() && hex) known = run;
+      }
       *generation = std::max<int32_t>(*generation, 0);
+      if (!known.empty()) *job_run = known;
       // Every rank has joined: the rendezvous named its standby before this gather's answer.
       at_ = bootstrap_->place();
       standby_ = bootstrap_->standby();
+      lost_host_ranks_ = bootstrap_->rendezvous_host_ranks();
     }
     return Status::ok();
   }
@@ -301,15 +312,18 @@ class JobLink {
       bootstrap_->close();
       open_places_ = bootstrap_->hosts_rendezvous() ? bootstrap_->lost_ranks() : std::vector<int>{};
       lost_rendezvous_ = bootstrap_->rendezvous_lost();
-      if (auto standby = bootstrap_->standby()) standby_ = standby;
+      if (auto standby = bootstrap_->standby()) {
+        standby_ = standby;
+        lost_host_ranks_ = bootstrap_->rendezvous_host_ranks();
+      }
     }
     bootstrap_.reset();
   }
 
  private:
   // Where this generation's rendezvous is: where the last one was, or -- that one lost -- its
-  // standby's place, which the standby's process hosts (the lost host's rank opens to spares at
-  // once); a standby whose generation failed otherwise hosts there when nothing else answers.
+  // standby's place, which the standby's process hosts (the places of the lost host's ranks open to
+  // spares at once); a standby whose generation failed otherwise hosts there when nothing else answers.
   void place_rendezvous() {
     options_.failover_after = options_.connection_timeout;
     if (!hint_path_.empty())
@@ -325,7 +339,7 @@ class JobLink {
     else if (standby_)
       options_.places = {*standby_};
     const bool standby_here = !env_.spare && standby_ && standby_->rank == env_.rank;
-    if (moved && standby_here) options_.open_places = {at_->rank};
+    if (moved && standby_here) options_.open_places = lost_host_ranks_;
     if (!moved && standby_here) options_.standby_here = standby_;
   }
 
@@ -342,6 +356,7 @@ class JobLink {
   // The rendezvous's place and standby as last learned, and whether the last generation lost it.
   std::optional<comm::RendezvousPlace> at_, standby_;
   bool lost_rendezvous_ = false;
+  std::vector<int> lost_host_ranks_;  // the ranks on the last rendezvous's host (opened when it is lost)
   std::string hint_path_;  // TROUPE_RDZV_HINT: this node's hint file ("" without warm spares)
   std::shared_ptr<WorldSlot> slot_;
   comm::CafBootstrapOptions options_;
@@ -391,6 +406,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   int32_t generation =
       recovery.replacement || env->spare ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
   bool took_a_place = false;  // a spare that joined the job in a lost rank's place
+  std::string job_run;        // the run the job decided (in-job recovery: learned at each rendezvous)
   JobLink link(*env, run, recovery);
   // A replacement of rank 0 after the job's first rendezvous: that rendezvous, rank 0's, went with
   // its process, and the standby hosts the next one, where this process is a spare like any other.
@@ -407,7 +423,7 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
   Status spare_end = Status::ok();
   auto meet = [&](const TrainConfig& c) -> Result<Met> {
     const bool spare = env->spare;
-    Status st = link.meet(c, &generation);
+    Status st = link.meet(c, &generation, &job_run);
     if (st && spare) {
       env->spare = false;
       env->rank = link.bootstrap()->rank();
@@ -470,6 +486,8 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
     options.on_stuck = run.on_stuck;
     options.restarted = restarted || recovered > 0 || took_a_place;
     if (const char* id = std::getenv("TROUPE_RUN_ID")) options.launch_run_id = id;
+    options.job_run_id = job_run;
+    options.run_id_out = &job_run;
     auto result = run_training(cfg, data, callbacks, options);
     attempt_ended();
     const bool stopping = run.stop != nullptr && run.stop->load();

@@ -49,6 +49,11 @@ struct JobOptions {
   // a fresh id). Under troupe launch rank 0 decides and every rank follows.
   bool restarted = false;
   std::string launch_run_id;
+  // In-job recovery: the run the job decided at an earlier generation (every process learns it at
+  // the rendezvous, so a spare that takes rank 0's place resumes the job's run, not its own
+  // launcher's); empty: launch_run_id. The run this attempt decides is written to *run_id_out.
+  std::string job_run_id;
+  std::string* run_id_out = nullptr;
   // A schedule given as data (troupe::RunOptions::schedule); checked before any rank starts.
   std::shared_ptr<const sched::Schedule> schedule;
   // A model given in code (troupe::RunOptions::model); checked by check_model before any rank starts.

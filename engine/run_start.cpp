@@ -25,6 +25,13 @@ std::string job_memory_snapshot_dir(const TrainConfig& config, const JobOptions&
                              options.launch_run_id.empty() ? std::to_string(::getpid()) : options.launch_run_id);
 }
 
+namespace {
+// The run a job without --load resumes: the one it decided at an earlier generation, else the launcher's.
+const std::string& launch_run(const JobOptions& options) {
+  return options.job_run_id.empty() ? options.launch_run_id : options.job_run_id;
+}
+}  // namespace
+
 Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn& note, SnapshotCopies* copies) {
   std::string loaded_id;
   // A fine-tune is a new run: it inherits no id from what it loads (a Hugging Face folder has none).
@@ -46,7 +53,7 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
       if (!on_disk) return on_disk.status();
       latest = std::move(on_disk).value();
     }
-    const std::string expected = new_run ? options.launch_run_id : loaded_id;
+    const std::string expected = !new_run ? loaded_id : launch_run(options);
     const bool ours = latest.found && !expected.empty() && latest.run_id == expected;
     // This run's in-memory snapshot (the launcher's restarts share its folder), when it is newer.
     std::string memory;
@@ -94,7 +101,7 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
   }
   std::string run_id = !loaded_id.empty()               ? loaded_id
                        : !new_run                        ? new_run_id()  // a checkpoint from before run ids
-                       : !options.launch_run_id.empty() ? options.launch_run_id
+                       : !launch_run(options).empty()   ? launch_run(options)
                                                         : new_run_id();
   if (options.bootstrap != nullptr && options.bootstrap->world_size() > 1) {
     auto all = options.bootstrap->all_gather("run identity", run_id + "\n" + (config.finetune ? "F" : "R") +
@@ -112,6 +119,7 @@ Status resolve_run(TrainConfig& config, const JobOptions& options, const NoteFn&
     config.load = memory ? job_memory_snapshot_dir(config, options) : rest.size() >= 3 ? rest.substr(3) : "";
   }
   config.run_id = run_id;
+  if (options.run_id_out != nullptr) *options.run_id_out = run_id;
   return config.save.empty() ? Status::ok()
                              : check_save_folder(config.save, run_id, config.finetune ? "" : config.load);
 }

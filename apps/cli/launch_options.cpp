@@ -669,6 +669,13 @@ Result<LaunchOptions> parse_launch_args(const std::vector<std::string>& args, co
     if (o.command.empty() || o.command.front() != "train" || command_kind(o, subcommands) != CommandKind::troupe)
       problems.push_back("--in-job-recovery --spares: the warm spares are troupe train processes -- launch "
                          "`troupe train ...`, or leave out --spares");
+    // Both sides of a network partition can fill every place (and train on apart) only when the
+    // spares are as many as the nodes (docs/RESILIENCE.md, "The rendezvous moves").
+    if (o.nnodes >= 2 && o.spares >= o.nnodes)
+      problems.push_back("--in-job-recovery --spares " + std::to_string(o.spares) + " with --nnodes " +
+                         std::to_string(o.nnodes) + ": with as many spare nodes as nodes, the two halves of a "
+                         "network partition could each fill every rank's place and both train on -- give at most " +
+                         std::to_string(o.nnodes - 1) + " spare node(s)");
   }
   if (!o.elastic() && o.last_call_given) {
     o.notes.push_back("--rdzv-conf last_call_timeout: no effect without --nnodes MIN:MAX (a fixed membership)");

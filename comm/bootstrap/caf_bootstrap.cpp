@@ -102,8 +102,9 @@ using agent_actor = caf::typed_actor<
     caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
     caf::replies_to<leave_atom>::with<leave_atom>,
     caf::reacts_to<failed_atom, std::string>,  // from the rendezvous: the job failed, and why
-    // from the rendezvous: where it is (addr, port, its host's rank) and its standby (the same)
-    caf::reacts_to<standby_atom, std::string, int32_t, int32_t, std::string, int32_t, int32_t>>;
+    // from the rendezvous: where it is (addr, port, its host's rank), its standby (the same) and the
+    // ranks on the rendezvous's host ("0,1")
+    caf::reacts_to<standby_atom, std::string, int32_t, int32_t, std::string, int32_t, int32_t, std::string>>;
 
 constexpr size_t kMaxBlobBytes = 1 << 20;
 
@@ -241,6 +242,7 @@ struct RendezvousState {
   std::set<int> taken_by_spare;
   std::string ended;
   std::optional<RendezvousPlace> standby;  // named once every rank joined (in-job recovery)
+  std::string host_ranks;                  // then: the ranks on the rendezvous's host, "0,1"
   static inline const char* name = "troupe.rendezvous";
 };
 
@@ -415,7 +417,8 @@ void send_standby(RendezvousPtr self, const agent_actor& agent) {
   if (!st.standby) return;
   const RendezvousPlace at = st.setup.where_place();
   self->send(agent, standby_atom::value, at.addr, static_cast<int32_t>(at.port), static_cast<int32_t>(at.rank),
-             st.standby->addr, static_cast<int32_t>(st.standby->port), static_cast<int32_t>(st.standby->rank));
+             st.standby->addr, static_cast<int32_t>(st.standby->port), static_cast<int32_t>(st.standby->rank),
+             st.host_ranks);
 }
 
 // In-job recovery, once every rank has joined: names the standby (rendezvous_place.hpp) -- the
@@ -438,6 +441,8 @@ void name_standby(RendezvousPtr self) {
   const int base = st.setup.base_port > 0 ? st.setup.base_port : at.port;
   const int port = at.port != base ? base : base < 65535 ? base + 1 : base - 1;
   st.standby = RendezvousPlace{st.members[pick]->addr, port, pick};
+  for (int r = 0; r < st.world_size; ++r)
+    if (st.members[r]->host == owner_host) st.host_ranks += (st.host_ranks.empty() ? "" : ",") + std::to_string(r);
   st.log("should this rendezvous be lost, " + member_text(st, pick) + " hosts the next at " +
          place_text(*st.standby));
   for (const auto& m : st.members) send_standby(self, m->agent);
@@ -737,15 +742,39 @@ struct Health {
 struct StandbyNews {
   mutable std::mutex mutex;
   std::optional<RendezvousPlace> standby;
-  void set(const RendezvousPlace& p) {
+  std::vector<int> host_ranks;  // the ranks on the rendezvous's host
+  void set(const RendezvousPlace& p, std::vector<int> ranks) {
     std::lock_guard<std::mutex> lock(mutex);
     standby = p;
+    host_ranks = std::move(ranks);
   }
   std::optional<RendezvousPlace> get() const {
     std::lock_guard<std::mutex> lock(mutex);
     return standby;
   }
+  std::vector<int> ranks() const {
+    std::lock_guard<std::mutex> lock(mutex);
+    return host_ranks;
+  }
 };
+
+// "0,1" (ascending ranks, at most `world`) -> the ranks; nullopt when malformed.
+std::optional<std::vector<int>> parse_rank_list(const std::string& text, int world) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos ||
+        (item.size() > 1 && item[0] == '0'))
+      return std::nullopt;
+    const int r = std::stoi(item);
+    if (r >= world || (!out.empty() && r <= out.back())) return std::nullopt;
+    out.push_back(r);
+    start = comma + 1;
+  }
+  return out;
+}
 using OnStandby = std::function<void(const RendezvousPlace&, const RendezvousPlace&)>;
 
 struct AgentState {
@@ -754,6 +783,7 @@ struct AgentState {
   std::string where;  // "rank 0 at host:port"
   std::shared_ptr<Health> health;
   std::shared_ptr<StandbyNews> news;
+  int world = 0;
   std::function<void(const std::string&)> on_job_failed;
   OnStandby on_standby;
   Logger log;
@@ -816,13 +846,14 @@ caf::result<Reply> relay(AgentPtr self, Ts... xs) {
 
 agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, std::string where,
                                            std::shared_ptr<Health> health, std::shared_ptr<StandbyNews> news,
-                                           std::function<void(const std::string&)> on_job_failed,
+                                           int world, std::function<void(const std::string&)> on_job_failed,
                                            OnStandby on_standby, Logger log) {
   auto& st = self->state;
   st.rendezvous = rv;
   st.where = std::move(where);
   st.health = std::move(health);
   st.news = std::move(news);
+  st.world = world;
   st.on_job_failed = std::move(on_job_failed);
   st.on_standby = std::move(on_standby);
   st.log = std::move(log);
@@ -853,14 +884,17 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
         close_agent(self, why, true);
       },
       [self](standby_atom, const std::string& at_addr, int32_t at_port, int32_t at_rank, const std::string& addr,
-             int32_t port, int32_t rank) {
+             int32_t port, int32_t rank, const std::string& host_ranks) {
         auto& st = self->state;
         if (!same_actor(self->current_sender(), st.rendezvous.address())) return;
-        // From the rendezvous the token admitted, yet checked as a place before anything uses it.
+        // From the rendezvous the token admitted, yet checked before anything uses it.
         const RendezvousPlace at{at_addr, at_port, at_rank}, standby{addr, port, rank};
         for (const auto* p : {&at, &standby})
-          if (!valid_place_addr(p->addr) || p->port < 1 || p->port > 65535 || p->rank < 0) return;
-        st.news->set(standby);
+          if (!valid_place_addr(p->addr) || p->port < 1 || p->port > 65535 || p->rank < 0 || p->rank >= st.world)
+            return;
+        auto ranks = parse_rank_list(host_ranks, st.world);
+        if (!ranks) return;
+        st.news->set(standby, std::move(ranks).value());
         if (st.on_standby) st.on_standby(at, standby);
       },
   };
@@ -1203,6 +1237,7 @@ void CafBootstrap::close() { impl_->shutdown(); }
 bool CafBootstrap::hosts_rendezvous() const { return impl_->owns_rendezvous; }
 RendezvousPlace CafBootstrap::place() const { return impl_->place; }
 std::optional<RendezvousPlace> CafBootstrap::standby() const { return impl_->news->get(); }
+std::vector<int> CafBootstrap::rendezvous_host_ranks() const { return impl_->news->ranks(); }
 bool CafBootstrap::rendezvous_lost() const { return impl_->health->lost(); }
 void CafBootstrap::end_job(const std::string& outcome) {
   if (!impl_->owns_rendezvous || !impl_->rendezvous || impl_->sys == nullptr) return;
@@ -1333,7 +1368,8 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
         if (auto src = q.source_addr(resolved->front()); src && valid_place_addr(*src)) req.addr = *src;
     }
     const std::string where = "the rendezvous at " + place_text(b->place);
-    b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->news, b->options.on_job_failed,
+    b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->news, env.world_size,
+                             b->options.on_job_failed,
                              b->options.on_standby, b->logger());
     // A spare waits in its join for as long as the job runs without a place for it (the rendezvous
     // answers when its generation fails or the job ends; a lost rendezvous fails it at once).

@@ -22,6 +22,12 @@
 //     again", and the joiner reaches the port again until its own rank 0 answers (also when the
 //     rendezvous is lost while its join is under way, for any start but the first).
 //
+//   Standby (in-job recovery): once every rank has joined, the rendezvous names a standby --
+//     where the next generation's rendezvous goes should this one be lost -- and tells each member
+//     and waiting spare (rendezvous_place.hpp); a join carries the address the joiner reaches the
+//     rendezvous from. Whoever hosts the rendezvous (rank 0 at the first generation, the standby's
+//     process after a loss) is CafBootstrapOptions::rendezvous_at's rank.
+//
 // Failures: when a joined rank disconnects without leaving (process died, connection lost,
 // heartbeat timeout), the rendezvous broadcasts "job failed" to the other agents and fails every
 // pending and later request with an error naming that rank; job_failure() then returns the reason
@@ -187,6 +193,9 @@ class CafBootstrap final : public Bootstrap {
   // The standby the rendezvous named once every rank had joined (in-job recovery), if any yet.
   // Thread-safe; stays readable after close().
   std::optional<RendezvousPlace> standby() const;
+  // With it: the ranks on the rendezvous's host (lost with it when the host is: their places open to
+  // spares at once where the standby hosts the next generation).
+  std::vector<int> rendezvous_host_ranks() const;
   // The job failed because this process lost the rendezvous (its host died, hung or was cut off
   // from here), not because the rendezvous announced a lost rank. Thread-safe.
   bool rendezvous_lost() const;

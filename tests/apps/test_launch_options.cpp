@@ -212,6 +212,16 @@ TEST_CASE("launch flags: in-job recovery needs restarts and a fixed membership",
                              .message();
   CHECK_THAT(wm, Contains("--spares 1 needs each node's --node-rank (0 .. 2: the spare nodes are 2 .. 2)"));
   CHECK_THAT(wm, Contains("the warm spares are troupe train processes"));
+  // No split brain: fewer spare nodes than nodes (one node and one spare is fine: the spares alone never host).
+  const std::string split = parse({"--nnodes", "2", "--spares", "2", "--node-rank", "0", "--master-addr", "node0",
+                                   "--max-restarts", "1", "--in-job-recovery", "train"})
+                                .status()
+                                .message();
+  CHECK_THAT(split, Contains("--in-job-recovery --spares 2 with --nnodes 2") && Contains("at most 1 spare node(s)"));
+  CHECK(parse({"--nnodes", "1", "--spares", "1", "--node-rank", "0", "--master-addr", "node0", "--max-restarts", "1",
+               "--in-job-recovery", "train"}));
+  CHECK(parse({"--nnodes", "3", "--spares", "2", "--node-rank", "4", "--master-addr", "node0", "--max-restarts", "1",
+               "--in-job-recovery", "train"}));
 }
 
 TEST_CASE("launch flags: every problem at once, with the fix", "[launch]") {
