@@ -260,7 +260,6 @@ class JobLink {
       // Every rank has joined: the rendezvous named its standby before this gather's answer.
       at_ = bootstrap_->place();
       standby_ = bootstrap_->standby();
-      lost_host_ranks_ = bootstrap_->rendezvous_host_ranks();
     }
     return Status::ok();
   }
@@ -312,18 +311,15 @@ class JobLink {
       bootstrap_->close();
       open_places_ = bootstrap_->hosts_rendezvous() ? bootstrap_->lost_ranks() : std::vector<int>{};
       lost_rendezvous_ = bootstrap_->rendezvous_lost();
-      if (auto standby = bootstrap_->standby()) {
-        standby_ = standby;
-        lost_host_ranks_ = bootstrap_->rendezvous_host_ranks();
-      }
+      if (auto standby = bootstrap_->standby()) standby_ = standby;
     }
     bootstrap_.reset();
   }
 
  private:
   // Where this generation's rendezvous is: where the last one was, or -- that one lost -- its
-  // standby's place, which the standby's process hosts (the places of the lost host's ranks open to
-  // spares at once); a standby whose generation failed otherwise hosts there when nothing else answers.
+  // standby's place, which the standby's process hosts (the lost rendezvous's rank opens to spares
+  // at once, any other place not taken after CafBootstrapOptions::moved_spare_grace); a standby whose generation failed otherwise hosts there when nothing else answers.
   void place_rendezvous() {
     options_.failover_after = options_.connection_timeout;
     if (!hint_path_.empty())
@@ -339,7 +335,7 @@ class JobLink {
     else if (standby_)
       options_.places = {*standby_};
     const bool standby_here = !env_.spare && standby_ && standby_->rank == env_.rank;
-    if (moved && standby_here) options_.open_places = lost_host_ranks_;
+    if (moved && standby_here) options_.open_places = {at_->rank};
     if (!moved && standby_here) options_.standby_here = standby_;
   }
 
@@ -356,7 +352,6 @@ class JobLink {
   // The rendezvous's place and standby as last learned, and whether the last generation lost it.
   std::optional<comm::RendezvousPlace> at_, standby_;
   bool lost_rendezvous_ = false;
-  std::vector<int> lost_host_ranks_;  // the ranks on the last rendezvous's host (opened when it is lost)
   std::string hint_path_;  // TROUPE_RDZV_HINT: this node's hint file ("" without warm spares)
   std::shared_ptr<WorldSlot> slot_;
   comm::CafBootstrapOptions options_;

@@ -102,9 +102,8 @@ using agent_actor = caf::typed_actor<
     caf::replies_to<gather_atom, std::string, std::string>::with<std::vector<std::string>>,
     caf::replies_to<leave_atom>::with<leave_atom>,
     caf::reacts_to<failed_atom, std::string>,  // from the rendezvous: the job failed, and why
-    // from the rendezvous: where it is (addr, port, its host's rank), its standby (the same) and the
-    // ranks on the rendezvous's host ("0,1")
-    caf::reacts_to<standby_atom, std::string, int32_t, int32_t, std::string, int32_t, int32_t, std::string>>;
+    // from the rendezvous: where it is (addr, port, its host's rank) and its standby (the same)
+    caf::reacts_to<standby_atom, std::string, int32_t, int32_t, std::string, int32_t, int32_t>>;
 
 constexpr size_t kMaxBlobBytes = 1 << 20;
 
@@ -242,7 +241,6 @@ struct RendezvousState {
   std::set<int> taken_by_spare;
   std::string ended;
   std::optional<RendezvousPlace> standby;  // named once every rank joined (in-job recovery)
-  std::string host_ranks;                  // then: the ranks on the rendezvous's host, "0,1"
   static inline const char* name = "troupe.rendezvous";
 };
 
@@ -417,8 +415,7 @@ void send_standby(RendezvousPtr self, const agent_actor& agent) {
   if (!st.standby) return;
   const RendezvousPlace at = st.setup.where_place();
   self->send(agent, standby_atom::value, at.addr, static_cast<int32_t>(at.port), static_cast<int32_t>(at.rank),
-             st.standby->addr, static_cast<int32_t>(st.standby->port), static_cast<int32_t>(st.standby->rank),
-             st.host_ranks);
+             st.standby->addr, static_cast<int32_t>(st.standby->port), static_cast<int32_t>(st.standby->rank));
 }
 
 // In-job recovery, once every rank has joined: names the standby (rendezvous_place.hpp) -- the
@@ -441,8 +438,6 @@ void name_standby(RendezvousPtr self) {
   const int base = st.setup.base_port > 0 ? st.setup.base_port : at.port;
   const int port = at.port != base ? base : base < 65535 ? base + 1 : base - 1;
   st.standby = RendezvousPlace{st.members[pick]->addr, port, pick};
-  for (int r = 0; r < st.world_size; ++r)
-    if (st.members[r]->host == owner_host) st.host_ranks += (st.host_ranks.empty() ? "" : ",") + std::to_string(r);
   st.log("should this rendezvous be lost, " + member_text(st, pick) + " hosts the next at " +
          place_text(*st.standby));
   for (const auto& m : st.members) send_standby(self, m->agent);
@@ -742,39 +737,15 @@ struct Health {
 struct StandbyNews {
   mutable std::mutex mutex;
   std::optional<RendezvousPlace> standby;
-  std::vector<int> host_ranks;  // the ranks on the rendezvous's host
-  void set(const RendezvousPlace& p, std::vector<int> ranks) {
+  void set(const RendezvousPlace& p) {
     std::lock_guard<std::mutex> lock(mutex);
     standby = p;
-    host_ranks = std::move(ranks);
   }
   std::optional<RendezvousPlace> get() const {
     std::lock_guard<std::mutex> lock(mutex);
     return standby;
   }
-  std::vector<int> ranks() const {
-    std::lock_guard<std::mutex> lock(mutex);
-    return host_ranks;
-  }
 };
-
-// "0,1" (ascending ranks, at most `world`) -> the ranks; nullopt when malformed.
-std::optional<std::vector<int>> parse_rank_list(const std::string& text, int world) {
-  std::vector<int> out;
-  size_t start = 0;
-  while (start <= text.size() && !text.empty()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos ||
-        (item.size() > 1 && item[0] == '0'))
-      return std::nullopt;
-    const int r = std::stoi(item);
-    if (r >= world || (!out.empty() && r <= out.back())) return std::nullopt;
-    out.push_back(r);
-    start = comma + 1;
-  }
-  return out;
-}
 using OnStandby = std::function<void(const RendezvousPlace&, const RendezvousPlace&)>;
 
 struct AgentState {
@@ -884,7 +855,7 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
         close_agent(self, why, true);
       },
       [self](standby_atom, const std::string& at_addr, int32_t at_port, int32_t at_rank, const std::string& addr,
-             int32_t port, int32_t rank, const std::string& host_ranks) {
+             int32_t port, int32_t rank) {
         auto& st = self->state;
         if (!same_actor(self->current_sender(), st.rendezvous.address())) return;
         // From the rendezvous the token admitted, yet checked before anything uses it.
@@ -892,9 +863,7 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
         for (const auto* p : {&at, &standby})
           if (!valid_place_addr(p->addr) || p->port < 1 || p->port > 65535 || p->rank < 0 || p->rank >= st.world)
             return;
-        auto ranks = parse_rank_list(host_ranks, st.world);
-        if (!ranks) return;
-        st.news->set(standby, std::move(ranks).value());
+        st.news->set(standby);
         if (st.on_standby) st.on_standby(at, standby);
       },
   };
@@ -935,6 +904,7 @@ struct CafBootstrap::Impl {
   rendezvous_actor rendezvous;  // its host: the local actor; others: a proxy
   agent_actor agent;
   bool owns_rendezvous = false;
+  bool hosts_at_master = false;  // the network plan is rank 0's (this process hosts at MASTER_ADDR)
   bool published = false;
   std::shared_ptr<RendezvousSetup::Lost> lost;  // rank 0: its rendezvous's lost ranks
 
@@ -1148,6 +1118,7 @@ Status start_rendezvous(CafBootstrap::Impl& b, const LaunchEnv& env, const std::
   setup.owner_rank = env.rank;
   setup.base_port = env.master_port;
   setup.standby_hosted = standby;
+  if (standby) setup.spare_grace = std::min(setup.spare_grace, b.options.moved_spare_grace);
   setup.failover_after = b.options.failover_after;
   b.lost = setup.lost;
   // troupe launch and torchrun start as many ranks on every node, numbered node by node.
@@ -1237,7 +1208,6 @@ void CafBootstrap::close() { impl_->shutdown(); }
 bool CafBootstrap::hosts_rendezvous() const { return impl_->owns_rendezvous; }
 RendezvousPlace CafBootstrap::place() const { return impl_->place; }
 std::optional<RendezvousPlace> CafBootstrap::standby() const { return impl_->news->get(); }
-std::vector<int> CafBootstrap::rendezvous_host_ranks() const { return impl_->news->ranks(); }
 bool CafBootstrap::rendezvous_lost() const { return impl_->health->lost(); }
 void CafBootstrap::end_job(const std::string& outcome) {
   if (!impl_->owns_rendezvous || !impl_->rendezvous || impl_->sys == nullptr) return;
@@ -1309,9 +1279,20 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
     b->options.connect_timeout = b->options.join_timeout;
   }
   if (env.world_size > 1) {
-    auto plan = plan_network(env);
+    // The network plan of a process that connects; of rank 0's at MASTER_ADDR for the process that
+    // hosts there (after the rendezvous moved, rank 0 may be a process on any host).
+    LaunchEnv connecting = env;
+    connecting.rank = -1;
+    auto plan = plan_network(connecting);
+    if (!plan) return plan.status();
+    const auto& at = b->options.rendezvous_at;
+    const bool master = !env.spare && (at ? at->rank == env.rank && at->port == env.master_port &&
+                                                (at->addr == plan->connect_addr || at->addr == env.master_addr)
+                                          : env.rank == 0);
+    if (master) plan = plan_network(env);
     if (!plan) return plan.status();
     b->plan = std::move(plan).value();
+    b->hosts_at_master = master;
     SecureTransportOptions t;
     t.token = env.token;
     t.identity =
@@ -1337,7 +1318,8 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
   // a spare never. A standby whose generation failed otherwise hosts once nothing answers.
   const auto& at = b->options.rendezvous_at;
   bool host = !env.spare && (at ? at->rank == env.rank : env.rank == 0);
-  std::optional<RendezvousPlace> host_at = at;
+  // Hosting at MASTER_ADDR:MASTER_PORT binds where the network plan says (TROUPE_BIND_ADDR, ...).
+  std::optional<RendezvousPlace> host_at = b->hosts_at_master ? std::nullopt : at;
   bool as_standby = host && b->options.rendezvous_moved;
   auto give_up = std::chrono::steady_clock::now() + b->options.connect_timeout;
   const auto standby_by = std::chrono::steady_clock::now() + b->options.failover_after;

@@ -115,7 +115,7 @@ struct CafBootstrapOptions {
   // yet), and a replacement while the rendezvous has failed or its rank's place is still held (its
   // predecessor's loss not yet noticed). Every process of a job sets it alike.
   bool in_job_recovery = false;
-  // Rank 0 under in-job recovery: the ranks a spare may take at this generation's rendezvous (those
+  // The rendezvous's host under in-job recovery: the ranks a spare may take at this generation's rendezvous (those
   // the previous one lost: CafBootstrap::lost_ranks). A spare that asks gets the lowest one still
   // free; a rank's own process that comes back first keeps it.
   std::vector<int> open_places;
@@ -123,6 +123,9 @@ struct CafBootstrapOptions {
   // rendezvous started (a rank lost with rank 0, whose replacement knows of no loss; a survivor
   // that is slow to come back takes a spare's role if one takes its place).
   std::chrono::milliseconds spare_grace{5'000};
+  // ... shorter where the rendezvous moved (its host lost: the other ranks of that host likely with
+  // it; a survivor rejoins within a second, the heartbeat having told every process at once).
+  std::chrono::milliseconds moved_spare_grace{2'000};
   // The rendezvous moves (warm spares; comm/bootstrap/rendezvous_place.hpp): where this generation's
   // rendezvous is. Unset: rank 0 hosts it at MASTER_ADDR:MASTER_PORT (the first generation's). Set:
   // the process of rendezvous_at->rank hosts it there (a spare never does), the others look for it
@@ -183,7 +186,7 @@ class CafBootstrap final : public Bootstrap {
   const NetworkPlan& network_plan() const;
   // Counters of the secure transport (refusals, timeouts, ...); zeros for a world of one.
   SecureTransportStats transport_stats() const;
-  // Rank 0: the ranks that disconnected from this rendezvous without leaving (died, cut off), and
+  // The rendezvous's host: the ranks that disconnected from it without leaving (died, cut off), and
   // the open places no process took, in rank order; a spare may take their places at the next
   // generation's (open_places). Complete once the bootstrap is closed (close()). Thread-safe.
   std::vector<int> lost_ranks() const;
@@ -193,17 +196,14 @@ class CafBootstrap final : public Bootstrap {
   // The standby the rendezvous named once every rank had joined (in-job recovery), if any yet.
   // Thread-safe; stays readable after close().
   std::optional<RendezvousPlace> standby() const;
-  // With it: the ranks on the rendezvous's host (lost with it when the host is: their places open to
-  // spares at once where the standby hosts the next generation).
-  std::vector<int> rendezvous_host_ranks() const;
   // The job failed because this process lost the rendezvous (its host died, hung or was cut off
   // from here), not because the rendezvous announced a lost rank. Thread-safe.
   bool rendezvous_lost() const;
   // Leaves the job now (what the destructor does); lost_ranks() stays readable.
   void close();
-  // Rank 0: the job has ended (`outcome`: "finished", "given up: ...", ...); the spares waiting for a
-  // place, and any that asks later, are told so (kJobEndedText + outcome) and end. Before the
-  // bootstrap is destroyed; does nothing on other ranks.
+  // The rendezvous's host: the job has ended (`outcome`: "finished", "given up: ...", ...); the
+  // spares waiting for a place, and any that asks later, are told so (kJobEndedText + outcome) and
+  // end. Before the bootstrap is destroyed; does nothing on other processes.
   void end_job(const std::string& outcome);
 
  private:

@@ -3,12 +3,15 @@
 # moves"), over two hosts (tests/cli/two_hosts.bash: network namespaces): nodes 0 (host0) and 1
 # (host1) run tp 2 x dp 2 with in-memory snapshots, the spare node 2 (its own launcher and folder,
 # in host1's namespace) waits with its 2 processes. Rank 0's process hosts the job's rendezvous.
-# Then host0 is lost whole: its network first (nothing closes a connection: the others find out by
+# First host0 is lost whole: its network first (nothing closes a connection: the others find out by
 # the heartbeat), then every process on it, launcher included, and its snapshot folder. The
 # rendezvous's standby -- rank 2, the lowest rank on another host -- hosts the next generation on
-# host1, node 2's spares take ranks 0 and 1, and the job finishes with the uninterrupted run's
-# losses, bitwise; node 1's processes stay the same throughout; both launchers left end well;
-# nothing is left in the namespaces or the tmpfs. Fixed seed.
+# host1, node 2's spares take ranks 0 and 1. Then the rendezvous's process, rank 2, is killed: the
+# new standby -- every rank is on host1 now, so the lowest other one, rank 0 (node 2's former spare)
+# -- hosts the next at the master's port, and the spare node 1's launcher starts in rank 2's stead
+# finds it from its node's hint file and takes rank 2's place. The job finishes with the
+# uninterrupted run's losses, bitwise; rank 3's process stays the same throughout; both launchers
+# left end well; nothing is left in the namespaces or the tmpfs. Fixed seed.
 # Needs root and iproute2; skips (77) where network namespaces cannot be created.
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/two_hosts.bash"
@@ -55,23 +58,45 @@ struck=$(date +%s.%N)
 ip netns pids "${ns[0]}" | xargs -r kill -9
 rm -rf "$shm/shm0" "$hint0"
 wait "${node[0]}" 2> /dev/null || true
-lines=$(grep -c '"type":"train"' "$work/h0.jsonl")
+lines=$(wc -l < "$work/h0.jsonl")
+last=$(iteration_reached "$work/h0.jsonl")
 deadline=$((SECONDS + 90))
 until (($(grep -c "troupe train: a spare takes the place of rank" h0.2.log) == 2)) &&
-      (($(grep -c '"type":"train"' "$work/h0.jsonl") > lines)); do
+      resumed_since "$work/h0.jsonl" "$lines" "$last"; do
   ((SECONDS < deadline)) || { cat h0.*.log; show_stuck; fail "the spares did not take host0's ranks and train on"; }
   sleep 0.05
 done
 recovery=$(echo "$(date +%s.%N) - $struck" | bc)
 [[ $(processes_of "${node[1]}") == "$node1_ranks" ]] || fail "node 1's processes did not stay through the recovery"
+wait_for_line h0.1.log "should this rendezvous be lost, rank 0" 10 "the rendezvous on host1 named no standby"
+
+# The rendezvous's process (rank 2, node 1's local rank 0) killed on a live host: it moves again.
+wait_for_iteration "$work/h0.jsonl" 180
+rank_pid() { for p in $node1_ranks; do tr '\0' '\n' < "/proc/$p/environ" | grep -qx "TROUPE_RANK=$1" && echo "$p"; done; true; }
+rank3=$(rank_pid 3)
+owner=$(rank_pid 2)
+[[ -n $rank3 && -n $owner ]] || fail "node 1's processes are not ranks 2 and 3"
+kill -9 "$owner"
+struck=$(date +%s.%N)
+lines=$(wc -l < "$work/h0.jsonl")
+last=$(iteration_reached "$work/h0.jsonl")
+deadline=$((SECONDS + 60))
+until (($(grep -c "troupe train: a spare takes the place of rank 2" h0.1.log) == 1)) &&
+      resumed_since "$work/h0.jsonl" "$lines" "$last"; do
+  ((SECONDS < deadline)) || { cat h0.*.log; show_stuck; fail "node 1's new spare did not take rank 2's place"; }
+  sleep 0.05
+done
+second=$(echo "$(date +%s.%N) - $struck" | bc)
+grep -q "local rank 0 (pid $owner)" h0.1.log || { cat h0.1.log; fail "node 1's launcher did not start a spare for rank 2"; }
+processes_of "${node[1]}" | grep -qx "$rank3" || fail "rank 3's process did not stay through the second recovery"
 
 rc=(0 0)
 wait "${node[1]}" || rc[0]=$?
 wait "${node[2]}" || rc[1]=$?
 ((rc[0] == 0 && rc[1] == 0)) || { cat h0.*.log; fail "node 1's launcher or the spare node's ended with ${rc[*]}"; }
 cat h0.1.log h0.2.log | grep -q "finished at iteration $iters/$iters" || { cat h0.*.log; fail "the job did not finish"; }
-grep -c "recovering in the job" h0.1.log | grep -qx 2 ||
-  { cat h0.1.log; fail "node 1's 2 processes did not each recover in the job once"; }
+grep -c "recovering in the job" h0.1.log | grep -qx 3 ||
+  { cat h0.1.log; fail "node 1's processes did not recover in the job 3 times (2, then rank 3)"; }
 # Rank 2 hosted the next generation, at host1's address.
 grep -q "hosts the next at 10.77.0.2:" h0.1.log h0.2.log ||
   { cat h0.*.log; fail "the new rendezvous on host1 named no next standby"; }
@@ -88,6 +113,6 @@ its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type
 print(" and ".join(str(a - b + 1) for a, b in zip(its, its[1:]) if b <= a) or "none")
 PY
 )
-printf 'ok: host0 lost (rank 0 and the rendezvous with it): the job trained on %.2f s later on host1 (heartbeat 5 s), the spares in ranks 0 and 1; iterations lost %s; the losses bitwise\n' \
-  "$recovery" "$lost"
+printf 'ok: host0 lost (rank 0 and the rendezvous with it): the job trained on %.2f s later on host1 (heartbeat 5 s), the spares in ranks 0 and 1; the rendezvous process killed: %.2f s; iterations lost %s; the losses bitwise\n' \
+  "$recovery" "$second" "$lost"
 echo PASS

@@ -106,6 +106,13 @@ wait_for_line() {
     sleep 0.05
   done
 }
+# resumed_since METRICS LINES LAST: the job trained again after a failure -- a train line past the
+# first LINES has an iteration at most LAST (the last trained before it: recovery resumes a snapshot
+# at or before it; a line of an iteration finished as the failure struck is later than LAST).
+resumed_since() {
+  tail -n "+$(($2 + 1))" "$1" 2> /dev/null | grep '"type":"train"' | grep -o '"iteration":[0-9]*' | cut -d: -f2 |
+    awk -v last="$3" '$1 <= last { found = 1 } END { exit !found }'
+}
 # wait_for_iteration METRICS N: until the job has trained iteration N (the last line's: since its last
 # restart); fails after 120 s.
 wait_for_iteration() {
