@@ -1349,7 +1349,8 @@ Result<std::unique_ptr<CafBootstrap>> join(std::unique_ptr<CafBootstrap::Impl> b
       if (auto resolved = q.resolve(b->place.addr); resolved && !resolved->empty())
         if (auto src = q.source_addr(resolved->front()); src && valid_place_addr(*src)) req.addr = *src;
     }
-    const std::string where = "the rendezvous at " + place_text(b->place);
+    const std::string where = "rank " + std::to_string(b->place.rank) + " at " +
+                              places_text(std::vector<RendezvousPlace>{b->place});
     b->agent = b->sys->spawn(bootstrap_agent, b->rendezvous, where, b->health, b->news, env.world_size,
                              b->options.on_job_failed,
                              b->options.on_standby, b->logger());
