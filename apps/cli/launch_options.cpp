@@ -427,7 +427,9 @@ const std::vector<Flag>& flags() {
       {{"--spares"}, true, false,
        "troupe's: K nodes beyond --nnodes (--node-rank N .. N+K-1, the same flag on every node) wait to replace a "
        "lost node at once: the next round takes them in without waiting for the last call; with --in-job-recovery "
-       "their processes start at once and wait as warm spares, each taking a lost rank's place in the running job",
+       "their processes start at once and wait as warm spares, each taking a lost rank's place in the running job "
+       "(fewer spare nodes than nodes; the rendezvous moves to a standby host, at --master-port or the port after, "
+       "when its host is lost)",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          int_in(label, v, 0, 1024, &o.spares, "give a number of spare nodes from 0 to 1024", p);
        }},

@@ -970,5 +970,50 @@ TEST_CASE("the rendezvous moves: a standby's rendezvous that nobody reaches give
   CHECK_FALSE(lonely->rendezvous_lost());
 }
 
+// A rendezvous hosted away from MASTER_ADDR:MASTER_PORT (by rank 1, at the port after the master's,
+// as after a move) whose generation fails by an announced loss (rank 2's process dies): rank 1 hosts
+// the next there again, binding its own place, and rank 0 and a replacement of rank 2 meet it.
+TEST_CASE("the rendezvous moves: a moved rendezvous's host hosts the next generation in its place", "[bootstrap]") {
+  REQUIRE_PEER_BIN();
+  LogSink sink;
+  auto in_job = [&](int32_t attempt) {
+    CafBootstrapOptions o = in_job_options(sink, attempt);
+    o.rendezvous_at = RendezvousPlace{"127.0.0.1", 0, 1};
+    return o;
+  };
+  const int port = free_port_pair();
+  auto at = [&](int32_t attempt) {
+    CafBootstrapOptions o = in_job(attempt);
+    o.rendezvous_at->port = port + 1;
+    return o;
+  };
+  auto r1 = create_ok(make_env(1, 3, port), at(1));
+  CHECK(r1->hosts_rendezvous());
+  CHECK(r1->port() == port + 1);
+  auto r0 = create_ok(make_env(0, 3, port), at(1));
+  CHECK_FALSE(r0->hosts_rendezvous());
+  CHECK(r0->place() == RendezvousPlace{"127.0.0.1", port + 1, 1});
+  Peer dying({"join-exit"}, peer_env(2, 3, port + 1));
+  REQUIRE(dying.read_line() == "joined");
+  REQUIRE(eventually([&] { return !r0->job_failure().empty(); }));
+  CHECK_FALSE(r0->rendezvous_lost());  // announced: rank 2 was lost
+  REQUIRE(r0->standby());
+  CHECK(*r0->standby() == RendezvousPlace{"127.0.0.1", port, 0});  // the lowest other rank, the first port
+  r0.reset();
+  r1.reset();
+  auto again1 = create_ok(make_env(1, 3, port), at(2));
+  CHECK(again1->hosts_rendezvous());
+  CHECK(again1->port() == port + 1);
+  Result<std::unique_ptr<CafBootstrap>> replacement = Status::error("not run");
+  std::thread fresh([&] { replacement = create_caf_bootstrap(make_env(2, 3, port), at(kAnyGeneration)); });
+  auto again0 = create_ok(make_env(0, 3, port), at(2));
+  fresh.join();
+  INFO((replacement ? std::string("joined") : replacement.status().message()));
+  REQUIRE(replacement);
+  const auto got = gather_all({again0.get(), again1.get(), replacement.value().get()}, "generation 2", {"0", "1", "2"});
+  CHECK(got[0] == std::vector<std::string>{"0", "1", "2"});
+  CHECK(got[2] == got[0]);
+}
+
 }  // namespace
 }  // namespace troupe::comm
