@@ -863,8 +863,9 @@ agent_actor::behavior_type bootstrap_agent(AgentPtr self, rendezvous_actor rv, s
         for (const auto* p : {&at, &standby})
           if (!valid_place_addr(p->addr) || p->port < 1 || p->port > 65535 || p->rank < 0 || p->rank >= st.world)
             return;
-        st.news->set(standby);
+        // The caller's record first (the node's hint file): standby() answers once it is written.
         if (st.on_standby) st.on_standby(at, standby);
+        st.news->set(standby);
       },
   };
 }

@@ -852,7 +852,7 @@ TEST_CASE("the rendezvous moves: rank 0 lost, its standby hosts the next generat
   CHECK(*r2->standby() == standby);
   CHECK(r1->place() == first);
   CHECK_FALSE(r1->hosts_rendezvous());
-  auto hint = read_hint(hint_path);
+  auto hint = read_hint(hint_path);  // written before standby() answers
   REQUIRE(hint);
   REQUIRE(hint.value());
   CHECK(hint.value()->at == first);
