@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string_view>
 #include <thread>
@@ -402,6 +403,10 @@ Result<TrainSummary> train(TrainConfig cfg, std::shared_ptr<const DataSource> da
       recovery.replacement || env->spare ? comm::kAnyGeneration : (restarted ? std::atoi(restart_count) : 0);
   bool took_a_place = false;  // a spare that joined the job in a lost rank's place
   std::string job_run;        // the run the job decided (in-job recovery: learned at each rendezvous)
+  // An elastic round's launcher names the job's run (its host's may have moved to another launcher).
+  if (const char* id = std::getenv("TROUPE_JOB_RUN_ID"); id != nullptr && std::strlen(id) == 32 &&
+      std::all_of(id, id + 32, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))
+    job_run = id;
   JobLink link(*env, run, recovery);
   // A replacement of rank 0 after the job's first rendezvous: that rendezvous, rank 0's, went with
   // its process, and the standby hosts the next one, where this process is a spare like any other.

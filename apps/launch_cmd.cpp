@@ -38,7 +38,8 @@
 // its own: a failure on one node ends the job on every node, every launcher restarts its ranks, and
 // they meet again at the same MASTER_ADDR:MASTER_PORT with the same token. With --nnodes MIN:MAX
 // (elastic, apps/launch_elastic.hpp) every attempt is a round of the nodes there, formed by node 0's
-// launcher on MASTER_PORT; the round's ranks meet at MASTER_PORT + 1 with TROUPE_ELASTIC set and
+// launcher on MASTER_PORT (or by its standby, at its own place, once node 0 is lost); the round's
+// ranks meet at the host's port + 1 with TROUPE_ELASTIC and TROUPE_JOB_RUN_ID (the job's run) set and
 // SIGUSR2 blocked (node 0 sends it when a node asks to join; troupe train then stops at its next
 // snapshot and exits 75, which starts the next round without counting a restart). TROUPE_RUN_ID (32 hex
 // digits, one per launch, the same for every restart) names the run; with several nodes node 0's
@@ -91,6 +92,7 @@ struct Launch {
   std::string token;                   // TROUPE_JOB_TOKEN
   std::string run_id;                  // TROUPE_RUN_ID
   std::string elastic_run_id;          // TORCHELASTIC_RUN_ID: --rdzv-id, a fresh one, or "none"
+  std::string job_run_id;              // TROUPE_JOB_RUN_ID: an elastic round's (its host's run id)
   std::string rdzv_id;                 // TROUPE_RDZV_ID, "" when no id was given
   std::string run_log_dir;             // "" without log files
   std::vector<int> signals;            // passed on to the ranks
@@ -168,6 +170,7 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   set.push_back({"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl != nullptr ? nccl : "1"});
   if (a.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) set.push_back({"OMP_NUM_THREADS", "1"});
   if (!l.rdzv_id.empty()) set.push_back({"TROUPE_RDZV_ID", l.rdzv_id});
+  if (!l.job_run_id.empty()) set.push_back({"TROUPE_JOB_RUN_ID", l.job_run_id});
   if (l.elastic) set.push_back({"TROUPE_ELASTIC", std::to_string(a.min_nnodes) + ":" + std::to_string(l.max_nnodes)});
   if (a.join_timeout_given) set.push_back({"TROUPE_RDZV_TIMEOUT", std::to_string(a.join_timeout_s)});
   if (a.in_job_recovery) set.push_back({"TROUPE_IN_JOB_RECOVERY", "1"});
@@ -182,7 +185,7 @@ std::vector<std::string> child_environment(const Launch& l, int rank, int local_
   // Inherited values of these would mislead a rank (another launch's id, timeout or error file).
   const std::set<std::string> cleared = {"TROUPE_RDZV_ID",     "TROUPE_RDZV_TIMEOUT",    "TORCHELASTIC_ERROR_FILE",
                                          "TROUPE_ELASTIC",     "TROUPE_IN_JOB_RECOVERY", "TROUPE_REPLACEMENT",
-                                         "TROUPE_IN_JOB_SPARES", "TROUPE_SPARE", "TROUPE_RDZV_HINT"};
+                                         "TROUPE_IN_JOB_SPARES", "TROUPE_SPARE", "TROUPE_RDZV_HINT", "TROUPE_JOB_RUN_ID"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -811,11 +814,13 @@ int run_launch_command(const std::vector<std::string>& args, const std::set<std:
       last_round = count = r.round;
       attempt.o.nnodes = r.nodes;
       attempt.o.node_rank = r.group_rank;
-      attempt.o.master_port = o.master_port + 1;
+      attempt.o.master_addr = r.host_addr;
+      attempt.o.master_port = r.host_port + 1;
+      attempt.job_run_id = r.run_id;
     }
     bool restartable = false;
     InJobRestarts replaced;  // --in-job-recovery: the restarts of single processes
-    const int code = run_ranks(attempt, count, &restartable, elastic && o.node_rank == 0 ? elastic.get() : nullptr,
+    const int code = run_ranks(attempt, count, &restartable, elastic && elastic->hosting() ? elastic.get() : nullptr,
                                o.in_job_recovery ? &replaced : nullptr);
     if (o.in_job_recovery) {
       if (code != kExitOk && restartable && replaced.spent)

@@ -230,7 +230,7 @@ int run_train(const CLI::App& cmd, TrainConfig& cfg) {
   };
   RunOptions options;
   options.stop = &g_stop;
-  // troupe launch --nnodes MIN:MAX (apps/launch_elastic.hpp): node 0's launcher sends SIGUSR2 when a
+  // troupe launch --nnodes MIN:MAX (apps/launch_elastic.hpp): the rounds' host sends SIGUSR2 when a
   // node asks to join; the job stops at its next snapshot and exits kExitRegroup for the next round.
   const char* elastic = std::getenv("TROUPE_ELASTIC");
   if (elastic != nullptr && *elastic != '\0') {

@@ -160,7 +160,8 @@ const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = {
       {{"--nnodes"}, true, true,
        "implemented: N, or MIN:MAX (elastic: a round runs on the nodes there, at least MIN, the data-parallel size "
-       "following them; a lost node is left out, one that comes back joins at the next snapshot)",
+       "following them; a lost node is left out -- node 0 too: its standby then hosts the rounds -- one that comes "
+       "back joins at the next snapshot)",
        [](LaunchOptions& o, const std::string& label, const std::string& v, const HostFacts&, Problems& p) {
          const auto parts = split(v, ':');
          const auto lo = to_int(parts[0]), hi = parts.size() == 2 ? to_int(parts[1]) : lo;

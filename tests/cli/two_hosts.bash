@@ -8,7 +8,8 @@
 # it: under $work, on the disk, every snapshot is synced and a disk loaded by other tests stalls it) and
 # show_stuck (each process of the namespaces: its threads' states and kernel wait channels), host_model
 # (the two-host tests' model: each adds its iterations, log interval and the rest of its layout),
-# iteration_reached METRICS, wait_for_iteration METRICS N and wait_for_line FILE TEXT SECONDS WHAT.
+# iteration_reached METRICS, wait_for_iteration METRICS N, wait_for_line FILE TEXT SECONDS WHAT and
+# close_losses REF GOT (the elastic tests' comparison).
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
 command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
@@ -121,4 +122,21 @@ wait_for_iteration() {
     ((SECONDS < deadline)) || { cat ./*.log; fail "the job never reached iteration $2"; }
     sleep 0.05
   done
+}
+# close_losses REF GOT: every iteration 1..N in GOT (those trained again after a restart twice), each loss within 1e-5 of REF's.
+close_losses() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def losses(path):
+    out = {}
+    for j in map(json.loads, open(path)):
+        if j.get("type") == "train":
+            out.setdefault(j["iteration"], []).append(j["lm_loss"])
+    return out
+ref, got = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(got) == list(range(1, len(ref) + 1)), f"iterations {min(got)}..{max(got)}, {len(got)} of {len(ref)}"
+worst = max(abs(v - ref[i][0]) for i, vs in got.items() for v in vs)
+print(f"{len(got)} iterations, largest loss difference {worst:.2e}")
+assert worst <= 1e-5
+PY
 }

@@ -2,6 +2,8 @@
 // in time without a network, the strict readers of both lines, and one round over the real TLS
 // channel with the job token.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <bit>
 #include <random>
 #include <set>
 #include <string>
@@ -173,12 +175,14 @@ TEST_CASE("elastic rendezvous: below MIN nothing forms; mismatched flags and nod
 }
 
 TEST_CASE("elastic rendezvous: random arrivals and losses; every round is what the rule says", "[elastic]") {
+  // The rule: MIN nodes and at least half of the last round's, at once with MAX, else after the last call.
   std::mt19937 rng(4242);
   for (int trial = 0; trial < 40; ++trial) {
     const int max_nodes = 2 + static_cast<int>(rng() % 6), min_nodes = 1 + static_cast<int>(rng() % max_nodes);
     RendezvousHost host(settings(min_nodes, max_nodes));
     auto t = Clock::now();
     int last = -1;
+    std::vector<int> members;  // of the last round
     for (int round = 0; round < 4; ++round) {
       host.open_round(t);
       std::set<int> alive;
@@ -192,7 +196,11 @@ TEST_CASE("elastic rendezvous: random arrivals and losses; every round is what t
         t += milliseconds(200);
       }
       const int here = 1 + static_cast<int>(alive.size());
-      if (here < min_nodes) {
+      // The last round's nodes still here (node 0 counted): at least half of them, or no round.
+      const int stayed = 1 + static_cast<int>(std::count_if(alive.begin(), alive.end(), [&](int n) {
+                           return std::find(members.begin(), members.end(), n) != members.end();
+                         }));
+      if (here < min_nodes || 2 * stayed < static_cast<int>(members.size())) {
         CHECK_FALSE(formed);
         break;
       }
@@ -210,31 +218,219 @@ TEST_CASE("elastic rendezvous: random arrivals and losses; every round is what t
         CHECK(a.go.nodes == here);
       }
       last = formed->round;
+      members = formed->members;
       t += seconds(10);  // the round runs; the nodes stop asking
     }
   }
 }
 
 TEST_CASE("elastic rendezvous: each line has one spelling; strict readers", "[elastic]") {
-  const JoinRequest r{7, 8, 2, 16, 3, 41};
-  auto back = parse_join(encode_join(r));
-  REQUIRE(back);
-  CHECK(encode_join(back.value()) == encode_join(r));
-  CHECK(parse_join("troupe-rdzv 1 join 1 2 1 2 0 -1"));
-  CHECK(parse_join("troupe-rdzv 1 join 2 2 1 2 1 -1"));  // a spare
-  for (const char* bad : {"troupe-rdzv 1 join 1 2 1 2 0", "troupe-rdzv 2 join 1 2 1 2 0 -1", "troupe-rdzv 1 join 01 2 1 2 0 -1",
-                          "troupe-rdzv 1 join 1 2 1 2 0 -2", "troupe-rdzv 1 join 2 2 1 2 0 -1", "troupe-rdzv 1 join 1 0 1 2 0 -1",
-                          "troupe-rdzv 1 join 1 2 3 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 0 -1 ", "troupe-rdzv  1 join 1 2 1 2 0 -1",
-                          "troupe-rdzv 1 join +1 2 1 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 -1 -1", "troupe-rdzv 1 join 3 2 1 2 1 -1", ""})
+  JoinRequest r{7, 8, 2, 16, 3, 41};
+  for (const char* addr : {"-", "10.0.0.7", "fe80::1%eth0", "node7.cluster"}) {
+    r.addr = addr;
+    auto back = parse_join(encode_join(r));
+    REQUIRE(back);
+    CHECK(back->addr == addr);
+    CHECK(encode_join(back.value()) == encode_join(r));
+  }
+  CHECK(parse_join("troupe-rdzv 2 join 1 2 1 2 0 -1 -"));
+  CHECK(parse_join("troupe-rdzv 2 join 2 2 1 2 1 -1 10.0.0.2"));  // a spare
+  CHECK(parse_join("troupe-rdzv 2 join 0 2 1 2 0 3 10.0.0.1"));   // node 0 asks a standby that took over
+  for (const char* bad :
+       {"troupe-rdzv 2 join 1 2 1 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 0 -1", "troupe-rdzv 1 join 1 2 1 2 0 -1 -",
+        "troupe-rdzv 2 join 01 2 1 2 0 -1 -", "troupe-rdzv 2 join 1 2 1 2 0 -2 -", "troupe-rdzv 2 join 2 2 1 2 0 -1 -",
+        "troupe-rdzv 2 join 1 0 1 2 0 -1 -", "troupe-rdzv 2 join 1 2 3 2 0 -1 -", "troupe-rdzv 2 join 1 2 1 2 0 -1 - ",
+        "troupe-rdzv  2 join 1 2 1 2 0 -1 -", "troupe-rdzv 2 join +1 2 1 2 0 -1 -", "troupe-rdzv 2 join 1 2 1 2 -1 -1 -",
+        "troupe-rdzv 2 join 3 2 1 2 1 -1 -", "troupe-rdzv 2 join 1 2 1 2 0 -1 10.0.0.1/8", "troupe-rdzv 2 join 1 2 1 2 0 -1 ",
+        ""})
     CHECK_FALSE(parse_join(bad));
-  for (const char* good : {"wait 3 2", "go 4 1 3 0123456789abcdef0123456789abcdef", "done", "failed", "refused no"}) {
+  for (const char* good : {"wait 3 2 none", "wait 3 2 4 10.0.0.2 29500", "go 4 1 3 0123456789abcdef0123456789abcdef none",
+                           "go 4 1 3 0123456789abcdef0123456789abcdef 1 host1 29502", "done", "failed", "refused no"}) {
     auto a = parse_answer(good);
     REQUIRE(a);
     CHECK(encode_answer(a.value()) == good);
   }
-  for (const char* bad : {"wait 3 0", "go 4 3 3 0123456789abcdef0123456789abcdef", "go 4 1 3 0123456789ABCDEF0123456789abcdef",
-                          "go 4 1 3 00", "refused ", "refused \x01", "waiting", "wait 1", "done "})
+  CHECK(parse_answer("wait 3 2 4 10.0.0.2 29500")->standby == ElasticStandby{4, "10.0.0.2", 29500});
+  for (const char* bad : {"wait 3 2", "wait 3 0 none", "go 4 3 3 0123456789abcdef0123456789abcdef none",
+                          "go 4 1 3 0123456789ABCDEF0123456789abcdef none", "go 4 1 3 00 none", "refused ", "refused \x01",
+                          "waiting", "wait 1 none", "done ", "wait 3 2 4 10.0.0.2 0", "wait 3 2 4 10.0.0.2 65536",
+                          "wait 3 2 04 10.0.0.2 29500", "wait 3 2 4 10.0.0.2/8 29500", "wait 3 2 10.0.0.2 29500",
+                          "go 4 1 3 0123456789abcdef0123456789abcdef", "none"})
     CHECK_FALSE(parse_answer(bad));
+}
+
+namespace {
+
+JoinAnswer ask_from(RendezvousHost& host, int node, int last, const std::string& addr, Clock::time_point now,
+                    int min_nodes, int max_nodes) {
+  JoinRequest r{node, 2, min_nodes, max_nodes, 0, last};
+  r.addr = addr;
+  auto a = parse_answer(host.answer(encode_join(r), now));
+  REQUIRE(a);
+  return a.value();
+}
+
+RendezvousHost::Settings hosted_at(int min_nodes, int max_nodes, int host_node, const std::string& addr, int port) {
+  RendezvousHost::Settings s = settings(min_nodes, max_nodes);
+  s.host_node = host_node;
+  s.host_addr = addr;
+  s.host_port = port;
+  s.master_port = 29500;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("elastic rendezvous: the standby is the lowest node on another host, told in every answer", "[elastic]") {
+  {
+    RendezvousHost host(hosted_at(1, 4, 0, "10.0.0.1", 29500));
+    auto t = Clock::now();
+    host.open_round(t);
+    CHECK_FALSE(ask_from(host, 3, -1, "10.0.0.2", t, 1, 4).standby);  // before round 0: none
+    ask_from(host, 1, -1, "10.0.0.1", t, 1, 4);                        // node 0's host
+    ask_from(host, 2, -1, "10.0.0.2", t, 1, 4);
+    auto r0 = host.try_form(t);
+    REQUIRE(r0);
+    CHECK(r0->members == std::vector<int>{0, 1, 2, 3});
+    const ElasticStandby want{2, "10.0.0.2", 29500};  // not node 1: it shares node 0's host
+    CHECK(r0->standby == want);
+    for (int node : {1, 2, 3}) CHECK(ask_from(host, node, -1, "10.0.0.9", t, 1, 4).standby == want);
+    // The standby stays that of the round that ran: a later address does not move it.
+    host.open_round(t + seconds(10));
+    CHECK(ask_from(host, 1, 0, "10.0.0.1", t + seconds(10), 1, 4).standby == want);
+  }
+  // A round formed at once by a host of these settings with these nodes (node rank, address) asking.
+  auto formed = [](const RendezvousHost::Settings& s, const std::vector<std::pair<int, std::string>>& asking) {
+    RendezvousHost host(s);
+    const auto t = Clock::now();
+    host.open_round(t);
+    for (const auto& [node, addr] : asking) ask_from(host, node, -1, addr, t, s.min_nodes, s.max_nodes);
+    auto r = host.try_form(t);
+    REQUIRE(r);
+    return r.value();
+  };
+  // Every node on one host: the lowest other node, two ports after the host's (its ranks meet at +1).
+  CHECK(formed(hosted_at(1, 3, 0, "127.0.0.1", 29500), {{2, "127.0.0.1"}, {1, "127.0.0.1"}}).standby ==
+        ElasticStandby{1, "127.0.0.1", 29502});
+  // A host at the standby's port on the master's host names the next standby there at the master's port.
+  const auto moved = formed(hosted_at(1, 2, 1, "127.0.0.1", 29502), {{0, "127.0.0.1"}});
+  CHECK(moved.members == std::vector<int>{1, 0});  // the host first
+  CHECK(moved.standby == ElasticStandby{0, "127.0.0.1", 29500});
+  // A node that does not know its address is never named.
+  CHECK_FALSE(formed(hosted_at(1, 2, 0, "10.0.0.1", 29500), {{1, "-"}}).standby);
+}
+
+TEST_CASE("elastic rendezvous: a standby takes over the round number and needs more than half of the last round",
+          "[elastic]") {
+  // Round 4 was nodes 0, 1, 2 (node 0 hosted); node 0 is lost; node 1, the standby, hosts at its place.
+  RendezvousHost::Settings s = hosted_at(1, 3, 1, "10.0.0.2", 29500);
+  s.taken_over_round = 4;
+  s.taken_over_nodes = 3;
+  RendezvousHost host(s);
+  auto t = Clock::now();
+  host.open_round(t);
+  CHECK(host.round() == 4);
+  CHECK(host.quorum_missing(t) == 1);  // itself: 1 of 3
+  // The old node 0 (back, or on the other side of a split) asking afresh is no member of round 4.
+  ask_from(host, 0, -1, "10.0.0.1", t, 1, 3);
+  for (auto k = seconds(0); k < seconds(20); k += seconds(1)) {
+    ask_from(host, 0, -1, "10.0.0.1", t + k, 1, 3);
+    REQUIRE_FALSE(host.try_form(t + k));
+  }
+  CHECK(host.quorum_missing(t + seconds(20)) == 1);
+  auto refused = parse_answer(host.answer(encode_join({1, 2, 1, 3, 0, 4}), t));
+  REQUIRE(refused);
+  CHECK(refused->kind == JoinAnswer::Kind::refused);
+  CHECK_THAT(refused->reason, Contains("node rank 1 is this launcher's own"));
+  // Node 2 of round 4 asks: 2 of 3; the round forms after the last call (3 nodes asking: node 0 too).
+  const auto t1 = t + seconds(30);
+  std::optional<RendezvousHost::Round> r;
+  for (auto k = milliseconds(0); !r && k < seconds(2); k += milliseconds(200)) {
+    ask_from(host, 2, 4, "10.0.0.3", t1 + k, 1, 3);
+    ask_from(host, 0, -1, "10.0.0.1", t1 + k, 1, 3);
+    r = host.try_form(t1 + k);
+  }
+  REQUIRE(r);
+  CHECK(r->round == 5);
+  CHECK(r->members == std::vector<int>{1, 0, 2});
+  CHECK(r->standby == ElasticStandby{0, "10.0.0.1", 29500});  // the lowest on another host
+  const JoinAnswer go = ask_from(host, 2, 4, "10.0.0.3", t1 + seconds(2), 1, 3);
+  REQUIRE(go.kind == JoinAnswer::Kind::go);
+  CHECK(go.go.round == 5);
+  CHECK(go.go.group_rank == 2);
+  CHECK(go.go.run_id == kRun);
+}
+
+TEST_CASE("elastic rendezvous: node 0 started again follows the standby that took its rounds over", "[elastic]") {
+  const MovedNotice notice{3, "fedcba9876543210fedcba9876543210", "10.0.0.2", 29500};
+  CHECK(encode_moved(notice) == "troupe-rdzv 2 moved 3 fedcba9876543210fedcba9876543210 10.0.0.2 29500");
+  auto back = parse_moved(encode_moved(notice));
+  REQUIRE(back);
+  CHECK(back.value() == notice);
+  for (const char* bad : {"troupe-rdzv 2 moved 3 fedcba9876543210fedcba9876543210 10.0.0.2 0",
+                          "troupe-rdzv 2 moved 3 fedcba9876543210 10.0.0.2 29500",
+                          "troupe-rdzv 2 moved -1 fedcba9876543210fedcba9876543210 10.0.0.2 29500",
+                          "troupe-rdzv 1 moved 3 fedcba9876543210fedcba9876543210 10.0.0.2 29500",
+                          "troupe-rdzv 2 moved 3 fedcba9876543210fedcba9876543210 10.0.0.2/1 29500"})
+    CHECK_FALSE(parse_moved(bad));
+  CHECK(parse_answer("follow")->kind == JoinAnswer::Kind::follow);
+  auto t = Clock::now();
+  {  // A fresh node 0 (no round formed): it follows, and forms none of its own afterwards.
+    RendezvousHost fresh(hosted_at(1, 3, 0, "10.0.0.1", 29500));
+    fresh.open_round(t);
+    CHECK_FALSE(fresh.moved_to());
+    CHECK(parse_answer(fresh.answer(encode_moved(notice), t))->kind == JoinAnswer::Kind::follow);
+    CHECK(fresh.moved_to() == notice);
+    CHECK_FALSE(fresh.try_form(t + seconds(60)));  // MIN 1: it would have formed a round alone
+  }
+  {  // A node 0 whose job runs (a round formed) refuses: it is the job, not a stray start.
+    RendezvousHost running(hosted_at(1, 2, 0, "10.0.0.1", 29500));
+    running.open_round(t);
+    ask_from(running, 1, -1, "10.0.0.2", t, 1, 2);
+    REQUIRE(running.try_form(t));
+    const JoinAnswer a = parse_answer(running.answer(encode_moved(notice), t)).value();
+    CHECK(a.kind == JoinAnswer::Kind::refused);
+    CHECK_THAT(a.reason, Contains("hosts the rounds of a job that runs"));
+    CHECK_FALSE(running.moved_to());
+  }
+}
+
+TEST_CASE("elastic rendezvous: the two sides of any split never both form a round", "[elastic]") {
+  // Round 0 of N nodes hosted by node 0 with standby S fails; the nodes split in two sides. The host's
+  // side forms with at least half of them, the standby's (taken over) with more than half: never both,
+  // and a side of more than half always goes on.
+  for (int n = 2; n <= 6; ++n)
+    for (int standby = 1; standby < n; ++standby)
+      for (unsigned side = 0; side < (1u << n); ++side) {  // bit k: node k on the host's side
+        if ((side & 1u) == 0) continue;                    // the host is on its own side
+        RendezvousHost host(hosted_at(1, n, 0, "10.0.0.1", 29500));
+        RendezvousHost::Settings s = hosted_at(1, n, standby, "10.0.0.2", 29500);
+        s.taken_over_round = 0;
+        s.taken_over_nodes = n;
+        RendezvousHost took(s);
+        auto t = Clock::now();
+        host.open_round(t);
+        for (int k = 1; k < n; ++k) ask_from(host, k, -1, "10.0.0.2", t, 1, n);
+        REQUIRE(host.try_form(t));
+        t += seconds(10);
+        host.open_round(t);
+        took.open_round(t);
+        bool host_formed = false, took_formed = false;
+        const bool standby_on_host_side = ((side >> standby) & 1u) != 0;
+        for (auto k = milliseconds(0); k < seconds(8); k += milliseconds(500)) {
+          for (int node = 1; node < n; ++node) {
+            if ((side >> node) & 1u) ask_from(host, node, 0, "10.0.0.2", t + k, 1, n);
+            else if (!standby_on_host_side && node != standby) ask_from(took, node, 0, "10.0.0.2", t + k, 1, n);
+          }
+          host_formed = host_formed || host.try_form(t + k).has_value();
+          if (!standby_on_host_side) took_formed = took_formed || took.try_form(t + k).has_value();
+        }
+        const int host_side = std::popcount(side);
+        INFO("n " << n << " standby " << standby << " side " << side);
+        CHECK_FALSE((host_formed && took_formed));
+        CHECK(host_formed == (2 * host_side >= n));
+        if (!standby_on_host_side) CHECK(took_formed == (2 * (n - host_side) > n));
+      }
 }
 
 TEST_CASE("elastic rendezvous: a round over the job token's TLS channel; a wrong token is not served",
