@@ -186,11 +186,12 @@ Result<std::optional<comm::RoundAssignment>> ElasticMembership::host_round() {
       std::fprintf(stderr, "troupe launch: the job's rounds are hosted at %s (node 0's standby took them over when "
                            "node 0 was lost; its last round %d): this launcher joins there as --node-rank %d\n",
                    text({moved->addr, moved->port}).c_str(), moved->round, s.o.node_rank);
+      const int last = s.host->round();
       s.server.reset();
       s.host.reset();
       s.place = {moved->addr, moved->port};
       s.run_id = moved->run_id;
-      return join_round(-1);
+      return join_round(last);
     }
     if (auto round = s.host->try_form(now)) {
       s.old_host.reset();

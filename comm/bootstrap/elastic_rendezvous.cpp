@@ -215,13 +215,16 @@ std::string RendezvousHost::answer(std::string_view request, Clock::time_point n
   if (request.rfind("troupe-rdzv 2 moved ", 0) == 0) {
     auto m = parse_moved(request);
     std::lock_guard<std::mutex> lock(mu_);
-    if (m && round_ < 0 && !done_) {
+    // Followed by a host that has formed no round (node 0 started again), or by the host of this
+    // job whose next round has not formed (it lost its quorum to a network split: the other side
+    // took the job over with a majority).
+    const bool ours = m && m->run_id == s_.run_id && open_ && m->round >= round_;
+    if (m && !done_ && (round_ < 0 || ours)) {
       moved_to_ = m.value();
       a.kind = JoinAnswer::Kind::follow;
     } else {
       a.kind = JoinAnswer::Kind::refused;
-      a.reason = !m ? "a bad moved notice" : round_ >= 0 ? "this launcher hosts the rounds of a job that runs"
-                                                         : "this launcher does not follow that notice";
+      a.reason = !m ? "a bad moved notice" : "this launcher hosts the rounds of a job that runs";
     }
     return encode_answer(a);
   }

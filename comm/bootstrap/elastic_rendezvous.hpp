@@ -29,7 +29,9 @@
 //        sent every second by a standby that took over to the old place (MASTER_ADDR:MASTER_PORT):
 //        the job's rounds are hosted at ADDR:PORT, its last round ROUND, its run RUN_ID. A node 0
 //        launcher started again there (host0 back) that has formed no round yet answers `follow`
-//        and joins at ADDR:PORT as a node of the job instead of starting a job of its own.
+//        and joins at ADDR:PORT as a node of the job instead of starting a job of its own; so does
+//        the old host of the same run waiting for a round it cannot form (the minority side of a
+//        split, once the split heals).
 // Answers (STANDBY: `none`, or `NODE ADDR PORT` -- the standby's node rank and place):
 //   wait ROUND PRESENT STANDBY                ROUND being formed (or running, the asker not in it);
 //                                             PRESENT nodes asking now, the host counted

@@ -392,6 +392,26 @@ TEST_CASE("elastic rendezvous: node 0 started again follows the standby that too
     CHECK(a.kind == JoinAnswer::Kind::refused);
     CHECK_THAT(a.reason, Contains("hosts the rounds of a job that runs"));
     CHECK_FALSE(running.moved_to());
+    // Its round fails and it is left with too few of its nodes to form the next (the minority side
+    // of a split): its own run's notice, of a round at least its own, is followed; another run's not.
+    running.open_round(t + seconds(10));
+    CHECK(running.quorum_missing(t + seconds(10)) == 0);  // 1 of 2 is half: the host's side may go on
+  }
+  {
+    RendezvousHost minority(hosted_at(1, 3, 0, "10.0.0.1", 29500));
+    minority.open_round(t);
+    ask_from(minority, 1, -1, "10.0.0.2", t, 1, 3);
+    ask_from(minority, 2, -1, "10.0.0.2", t, 1, 3);
+    REQUIRE(minority.try_form(t));
+    minority.open_round(t + seconds(10));
+    CHECK(minority.quorum_missing(t + seconds(10)) == 1);
+    MovedNotice other = notice;
+    other.round = 0;
+    CHECK(parse_answer(minority.answer(encode_moved(other), t + seconds(11)))->kind == JoinAnswer::Kind::refused);
+    MovedNotice own{0, kRun, "10.0.0.2", 29500};
+    CHECK(parse_answer(minority.answer(encode_moved(own), t + seconds(11)))->kind == JoinAnswer::Kind::follow);
+    CHECK(minority.moved_to() == own);
+    CHECK_FALSE(minority.try_form(t + seconds(60)));
   }
 }
 
