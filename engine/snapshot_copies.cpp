@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "base/strict_text.hpp"
 #include "engine/buffer_recycler.hpp"
 #include "storage/durable.hpp"
 #include "storage/shard_file.hpp"
@@ -23,9 +24,6 @@ namespace troupe {
 namespace fs = std::filesystem;
 
 namespace {
-
-using snapshot_detail::parse_count;
-using snapshot_detail::split;
 
 // Processes by node, each node's in world-rank order; nodes ascending.
 std::map<int, std::vector<int>> processes_by_node(const std::vector<SnapshotPeer>& peers) {
@@ -211,9 +209,10 @@ Result<std::unique_ptr<SnapshotCopies>> SnapshotCopies::open(comm::Bootstrap& bo
   if (!all) return all.status();
   std::vector<SnapshotPeer> peers;
   for (const std::string& s : all.value()) {
-    const auto f = split(s, ' ');
+    const auto f = split_fields(s, ' ');
     int64_t n = 0, l = 0;
-    if (f.size() != 2 || !parse_count(f[0], kMaxSnapshotShards, &n) || !parse_count(f[1], kMaxSnapshotShards, &l))
+    if (f.size() != 2 || !parse_strict_count(f[0], kMaxSnapshotShards, &n) ||
+        !parse_strict_count(f[1], kMaxSnapshotShards, &l))
       return Status::bad_input("a process reported its host as '" + s.substr(0, 64) +
                                "' -- every process of the job must run the same troupe");
     peers.push_back({static_cast<int>(n), static_cast<int>(l)});
@@ -382,17 +381,17 @@ Result<SnapshotCopies::Exchanged> SnapshotCopies::exchange(const std::string& di
   bool known = true;
   const int world = static_cast<int>(peers_.size());
   for (const std::string& s : all.value()) {
-    const auto f = split(s, ' ');
+    const auto f = split_fields(s, ' ');
     int64_t bytes = 0, crc = 0;
     std::vector<int> list;
-    bool ok = f.size() == 3 && parse_count(f[0], std::numeric_limits<int64_t>::max() / 2, &bytes) &&
-              parse_count(f[1], 0xffffffffLL, &crc);
+    bool ok = f.size() == 3 && parse_strict_count(f[0], std::numeric_limits<int64_t>::max() / 2, &bytes) &&
+              parse_strict_count(f[1], 0xffffffffLL, &crc);
     if (ok && f[2] == "-") {
       known = false;
     } else if (ok && f[2] != ".") {
-      for (std::string_view x : split(f[2], ',')) {
+      for (std::string_view x : split_fields(f[2], ',')) {
         int64_t shard = 0;
-        ok = ok && parse_count(x, world - 1, &shard) && (list.empty() || shard > list.back());
+        ok = ok && parse_strict_count(x, world - 1, &shard) && (list.empty() || shard > list.back());
         list.push_back(static_cast<int>(shard));
       }
     }

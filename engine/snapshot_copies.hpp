@@ -55,12 +55,6 @@ inline constexpr int kMaxSnapshotShards = 1 << 20;
 std::string encode_snapshot_report(const SnapshotReport& report);
 Result<SnapshotReport> parse_snapshot_report(std::string_view text);  // engine/snapshot_report.cpp
 
-namespace snapshot_detail {  // the report's spelling, shared with the other small messages here
-bool is_hex_id(std::string_view s);                             // 1-64 lowercase hex digits
-bool parse_count(std::string_view s, int64_t max, int64_t* out);  // 0..max, no sign, no leading zero
-std::vector<std::string_view> split(std::string_view s, char sep);
-}  // namespace snapshot_detail
-
 // Who sends which shard to whom at a start.
 struct ShardFetch {
   int shard = 0;

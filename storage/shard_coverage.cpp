@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "storage/strict_number.hpp"
+#include "base/strict_text.hpp"
 
 namespace troupe {
 

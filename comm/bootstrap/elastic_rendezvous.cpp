@@ -2,46 +2,29 @@
 #include "comm/bootstrap/elastic_rendezvous.hpp"
 
 #include <algorithm>
-#include <charconv>
 
+#include "base/strict_text.hpp"
 #include "comm/bootstrap/rendezvous_place.hpp"
 
 namespace troupe::comm {
 
 namespace {
 
-std::vector<std::string_view> fields(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  for (size_t i = 0; i <= s.size(); ++i)
-    if (i == s.size() || s[i] == ' ') {
-      out.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  return out;
-}
+std::vector<std::string_view> fields(std::string_view s) { return split_fields(s, ' '); }
 
 // A decimal count in [0, max], one spelling (no sign, no leading zero).
 std::optional<int> count(std::string_view s, int max) {
-  if (s.empty() || s.size() > 9 || s[0] < '0' || s[0] > '9' || (s.size() > 1 && s[0] == '0')) return std::nullopt;
-  int v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || v > max) return std::nullopt;
-  return v;
+  int64_t v = 0;
+  if (!parse_strict_count(s, max, &v)) return std::nullopt;
+  return static_cast<int>(v);
 }
 
-bool is_run_id(std::string_view s) {
-  return s.size() == 32 &&
-         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-bool printable(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-}
+bool is_run_id(std::string_view s) { return is_lower_hex(s, 32, 32); }
 
 Status bad(std::string_view what, std::string_view line) {
   const std::string shown(line.substr(0, 80));
-  return Status::bad_input("elastic rendezvous: " + std::string(what) + " in '" + (printable(shown) ? shown : "(binary)") +
+  return Status::bad_input("elastic rendezvous: " + std::string(what) + " in '" +
+                           (is_printable_ascii(shown) ? shown : "(binary)") +
                            "' -- every node's launcher must be this troupe's (troupe launch --nnodes MIN:MAX)");
 }
 
@@ -80,7 +63,8 @@ Result<JoinRequest> parse_join(std::string_view line) {
 }
 
 std::string encode_moved(const MovedNotice& m) {
-  return "troupe-rdzv 2 moved " + std::to_string(m.round) + " " + m.run_id + " " + m.addr + " " + std::to_string(m.port);
+  return "troupe-rdzv 2 moved " + std::to_string(m.round) + " " + m.run_id + " " + m.addr + " " +
+         std::to_string(m.port);
 }
 
 Result<MovedNotice> parse_moved(std::string_view line) {
@@ -120,13 +104,15 @@ Result<JoinAnswer> parse_answer(std::string_view line) {
   if (line.size() > kMaxRendezvousLine) return bad("an answer longer than 1024 bytes", line);
   JoinAnswer a;
   if (line == "done" || line == "failed" || line == "follow") {
-    a.kind = line == "done" ? JoinAnswer::Kind::done : line == "failed" ? JoinAnswer::Kind::failed : JoinAnswer::Kind::follow;
+    a.kind = line == "done"     ? JoinAnswer::Kind::done
+             : line == "failed" ? JoinAnswer::Kind::failed
+                                : JoinAnswer::Kind::follow;
     return a;
   }
   if (line.rfind("refused ", 0) == 0) {
     a.kind = JoinAnswer::Kind::refused;
     a.reason = std::string(line.substr(8));
-    if (a.reason.empty() || !printable(a.reason)) return bad("a refusal without a printable reason", line);
+    if (a.reason.empty() || !is_printable_ascii(a.reason)) return bad("a refusal without a printable reason", line);
     return a;
   }
   auto f = fields(line);
@@ -153,7 +139,8 @@ Result<JoinAnswer> parse_answer(std::string_view line) {
   if (f[0] == "go" && f.size() == 5) {
     const auto round = count(f[1], 1'000'000'000), rank = count(f[2], kMaxElasticNodes - 1),
                nodes = count(f[3], kMaxElasticNodes);
-    if (!round || !rank || !nodes || *rank >= *nodes || !is_run_id(f[4])) return bad("a go answer with bad fields", line);
+    if (!round || !rank || !nodes || *rank >= *nodes || !is_run_id(f[4]))
+      return bad("a go answer with bad fields", line);
     a.kind = JoinAnswer::Kind::go;
     a.go.round = *round;
     a.go.group_rank = *rank;
@@ -190,7 +177,8 @@ bool RendezvousHost::was_member_locked(int node) const {
 int RendezvousHost::quorum_missing_locked(const std::vector<int>& here) const {
   if (round_ < 0 || last_nodes_ <= 1) return 0;
   const int need = strict_ ? last_nodes_ / 2 + 1 : (last_nodes_ + 1) / 2;
-  const int have = static_cast<int>(std::count_if(here.begin(), here.end(), [&](int n) { return was_member_locked(n); }));
+  const int have =
+      static_cast<int>(std::count_if(here.begin(), here.end(), [&](int n) { return was_member_locked(n); }));
   return std::max(0, need - have);
 }
 
@@ -307,6 +295,7 @@ std::optional<RendezvousHost::Round> RendezvousHost::try_form(Clock::time_point 
   last_nodes_ = static_cast<int>(members_.size());
   strict_ = false;
   standby_ = name_standby_locked();
+  formed_ = now;
   min_since_.reset();
   return Round{round_, members_, standby_};
 }
@@ -335,8 +324,11 @@ double RendezvousHost::last_call_left(Clock::time_point now) const {
 bool RendezvousHost::newcomer_waiting(Clock::time_point now) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (open_ || round_ < 0 || static_cast<int>(members_.size()) >= s_.max_nodes) return false;
-  for (int node : present_locked(now))
-    if (std::find(members_.begin(), members_.end(), node) == members_.end()) return true;
+  // Only a node that asked since the round formed: one that asked before (a node of the last round
+  // whose launcher was lost just after, a standby watching the host) is no proof of a newcomer.
+  for (const auto& [node, at] : seen_)
+    if (now - at <= s_.stale && at >= formed_ && std::find(members_.begin(), members_.end(), node) == members_.end())
+      return true;
   return false;
 }
 

@@ -165,9 +165,9 @@ class RendezvousHost {
   // within the stale time; and the seconds left of the last call (-1: not running).
   std::vector<int> present(Clock::time_point now) const;
   double last_call_left(Clock::time_point now) const;
-  // A node asks to join while a round of fewer than MAX runs without it: the running round should
-  // end at its next snapshot so that the next round takes the node in. (A spare of a full round
-  // waits.)
+  // A node asks to join while a round of fewer than MAX runs without it (it asked since the round
+  // formed, within the stale time): the running round should end at its next snapshot so that the
+  // next round takes the node in. (A spare of a full round waits.)
   bool newcomer_waiting(Clock::time_point now) const;
   // The job ended: every further request is answered `done`, or `failed`.
   void finish(bool failed);
@@ -195,6 +195,7 @@ class RendezvousHost {
   std::map<int, std::string> addr_of_;     // node -> the ADDR of its latest request
   std::optional<Clock::time_point> min_since_;
   Clock::time_point opened_{};  // when the round being formed was opened
+  Clock::time_point formed_{};  // when round_ formed
 };
 
 }  // namespace troupe::comm

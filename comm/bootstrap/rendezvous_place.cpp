@@ -6,10 +6,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <vector>
+
+#include "base/strict_text.hpp"
 
 namespace troupe::comm {
 
@@ -17,33 +18,16 @@ namespace {
 
 constexpr int kMaxPlaceRank = 1 << 30;
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  for (size_t i = 0; i <= s.size(); ++i)
-    if (i == s.size() || s[i] == sep) {
-      out.push_back(s.substr(start, i - start));
-      start = i + 1;
-    }
-  return out;
-}
-
 // A decimal number in [lo, hi], one spelling (no sign, no leading zero).
 std::optional<int> number(std::string_view s, int lo, int hi) {
-  if (s.empty() || s.size() > 10 || s[0] < '0' || s[0] > '9' || (s.size() > 1 && s[0] == '0')) return std::nullopt;
   int64_t v = 0;
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) return std::nullopt;
+  if (!parse_strict_count(s, hi, &v) || v < lo) return std::nullopt;
   return static_cast<int>(v);
-}
-
-bool printable(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
 Status bad(const std::string& what, std::string_view text) {
   const std::string shown(text.substr(0, 80));
-  return Status::bad_input("rendezvous hint: " + what + " in '" + (printable(shown) ? shown : "(binary)") +
+  return Status::bad_input("rendezvous hint: " + what + " in '" + (is_printable_ascii(shown) ? shown : "(binary)") +
                            "' -- the file is written by this node's troupe train processes (TROUPE_RDZV_HINT); "
                            "remove it and the processes look for the rendezvous at MASTER_ADDR");
 }
@@ -88,12 +72,12 @@ std::string encode_hint(const RendezvousHint& h) {
 Result<RendezvousHint> parse_hint(std::string_view text) {
   if (text.size() > kMaxHintBytes) return bad("more than " + std::to_string(kMaxHintBytes) + " bytes", text);
   if (text.empty() || text.back() != '\n') return bad("no line end at the end", text);
-  auto lines = split(text.substr(0, text.size() - 1), '\n');
+  auto lines = split_fields(text.substr(0, text.size() - 1), '\n');
   if (lines.size() < 2 || lines.size() > 3) return bad("not 2 or 3 lines", text);
   if (lines[0] != "troupe-rdzv-hint 1") return bad("no 'troupe-rdzv-hint 1' header", text);
   RendezvousHint h;
   for (size_t i = 1; i < lines.size(); ++i) {
-    const auto f = split(lines[i], ' ');
+    const auto f = split_fields(lines[i], ' ');
     const char* want = i == 1 ? "at" : "standby";
     if (f.size() != 4 || f[0] != want) return bad(std::string("line ") + std::to_string(i + 1) + " is not '" + want +
                                                       " ADDR PORT RANK'", lines[i]);

@@ -87,6 +87,26 @@ TEST_CASE("elastic rendezvous: all nodes form a round at once; a lost node is le
     REQUIRE(lone);
     CHECK(lone->members == std::vector<int>{0});
   }
+  // A node's question just before the round that left it out formed (a standby watching the host,
+  // its launcher lost right after) is no newcomer; a question after the round formed is.
+  {
+    RendezvousHost::Settings s = settings(1, 2);
+    s.last_call = seconds(1);
+    RendezvousHost quick(s);
+    quick.open_round(t0);
+    ask(quick, 1, -1, t0, 1, 2);
+    REQUIRE(quick.try_form(t0));
+    ask(quick, 1, 0, t0 + seconds(5), 1, 2);  // while round 0 runs
+    quick.open_round(t0 + milliseconds(5500));
+    auto lone = quick.try_form(t0 + milliseconds(5600));
+    CHECK_FALSE(lone);
+    lone = quick.try_form(t0 + milliseconds(6600));
+    REQUIRE(lone);
+    CHECK(lone->members == std::vector<int>{0});
+    CHECK_FALSE(quick.newcomer_waiting(t0 + milliseconds(6700)));  // node 1's question of 5 s: before
+    ask(quick, 1, 0, t0 + seconds(7), 1, 2);
+    CHECK(quick.newcomer_waiting(t0 + seconds(7)));
+  }
   // Round 0 failed; node 2 is gone. Node 1 asks; the round forms after the last call without node 2.
   const auto t1 = t0 + seconds(10);
   host.open_round(t1);
