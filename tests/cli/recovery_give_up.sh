@@ -20,11 +20,6 @@ nproc_per_node=1
 model=("${host_model[@]}" --train-iters 400 --log-interval 100 --distributed-timeout-minutes 0.25
        --save "$work/ck" --save-interval 20)
 ranks_of() { pgrep -P "$(pgrep -P "${launchers[$1]}")" || true; }
-no_orphans() {
-  for n in "${ns[@]}"; do
-    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
-  done
-}
 for k in 0 1; do
   on_host "$k" "$troupe" launch --nnodes 2 --node-rank "$k" --master-addr host0 --nproc-per-node 1 --max-restarts 1 \
     --in-job-recovery -- train "${model[@]}" --save-memory-interval 10 --save-memory-dir "$shm/shm$k" --metrics-file "$work/m.jsonl" > "gu.$k.log" 2>&1 &

@@ -18,13 +18,6 @@ source "$(dirname "$0")/two_hosts.bash"
 
 iters=300
 model=("${host_model[@]}" --train-iters "$iters" --log-interval 50 --distributed-timeout-minutes 0.25 --seed 7)
-no_orphans() {
-  for n in "${ns[@]}"; do
-    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
-  done
-}
-# The processes a launcher started (on_host's shell -> the launcher -> its processes).
-processes_of() { pgrep -P "$(pgrep -P "$1")" | sort || true; }
 
 # --- the uninterrupted run ---------------------------------------------------------------------------
 launch_both ref --max-restarts 1 -- train "${model[@]}" --metrics-file "$work/ref.jsonl"
@@ -107,12 +100,7 @@ same_losses "$work/ref.jsonl" "$work/h0.jsonl" || fail "after host0's loss the l
 no_orphans || fail "processes left behind in the namespaces"
 [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"
 [[ ! -e $hint1 ]] || fail "node 1's launcher left its rendezvous hint behind"
-lost=$(python3 - "$work/h0.jsonl" <<'PY'
-import json, sys
-its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
-print(" and ".join(str(a - b + 1) for a, b in zip(its, its[1:]) if b <= a) or "none")
-PY
-)
+lost=$(iterations_lost "$work/h0.jsonl")
 printf 'ok: host0 lost (rank 0 and the rendezvous with it): the job trained on %.2f s later on host1 (heartbeat 5 s), the spares in ranks 0 and 1; the rendezvous process killed: %.2f s; iterations lost %s; the losses bitwise\n' \
   "$recovery" "$second" "$lost"
 echo PASS

@@ -18,13 +18,6 @@ source "$(dirname "$0")/two_hosts.bash"
 
 iters=600
 model=("${host_model[@]}" --train-iters "$iters" --log-interval 50 --distributed-timeout-minutes 0.25 --seed 7)
-no_orphans() {
-  for n in "${ns[@]}"; do
-    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
-  done
-}
-# The processes a launcher started (on_host's shell -> the launcher -> its processes).
-processes_of() { pgrep -P "$(pgrep -P "$1")" | sort || true; }
 
 # --- the uninterrupted run ---------------------------------------------------------------------------
 launch_both ref --max-restarts 1 -- train "${model[@]}" --metrics-file "$work/ref.jsonl"
@@ -118,13 +111,7 @@ cat sp.*.log | grep -o "fetched from the other hosts .*" | sort | uniq -c
 same_losses "$work/ref.jsonl" "$work/sp.jsonl" || fail "with spares the losses differ from the uninterrupted run"
 no_orphans || fail "processes left behind in the namespaces"
 [[ -z $(ls -d "$shm"/shm*/troupe-memory-* 2> /dev/null) ]] || fail "a snapshot folder was left behind"
-# Iterations lost at each recovery: those trained before it beyond where the job resumed.
-lost=$(python3 - "$work/sp.jsonl" <<'PY'
-import json, sys
-its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
-print(" and ".join(str(a - b + 1) for a, b in zip(its, its[1:]) if b <= a) or "none")
-PY
-)
+lost=$(iterations_lost "$work/sp.jsonl")
 printf 'ok: rank 0 killed (the rendezvous moved) and replaced by %s in %.2f s (to the next trained iteration), a lost node (the rendezvous moved back) in %.2f s; iterations lost %s; rank 1 kept its process; the losses bitwise\n' \
   "$by" "$first_recovery" "$second_recovery" "$lost"
 echo PASS

@@ -26,11 +26,6 @@ wait_both || { cat ref.*.log; fail "the uninterrupted run failed"; }
 
 RANDOM=32  # the trials' kinds and moments
 now() { date +%s.%N; }
-no_orphans() {
-  for n in "${ns[@]}"; do
-    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
-  done
-}
 
 ranks_of_launchers() {  # the pids of the ranks both launchers run now
   local k

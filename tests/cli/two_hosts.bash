@@ -9,7 +9,8 @@
 # show_stuck (each process of the namespaces: its threads' states and kernel wait channels), host_model
 # (the two-host tests' model: each adds its iterations, log interval and the rest of its layout),
 # iteration_reached METRICS, wait_for_iteration METRICS N, wait_for_line FILE TEXT SECONDS WHAT and
-# close_losses REF GOT (the elastic tests' comparison).
+# close_losses REF GOT (the elastic tests' comparison), no_orphans (nothing left in the namespaces),
+# processes_of LAUNCHER_SHELL and iterations_lost METRICS.
 [[ $(id -u) -eq 0 ]] || { echo "SKIP: network namespaces need root"; exit 77; }
 command -v ip > /dev/null || { echo "SKIP: no ip command (iproute2; scripts/setup.sh installs it)"; exit 77; }
 command -v unshare > /dev/null || { echo "SKIP: no unshare (util-linux)"; exit 77; }
@@ -138,5 +139,21 @@ assert sorted(got) == list(range(1, len(ref) + 1)), f"iterations {min(got)}..{ma
 worst = max(abs(v - ref[i][0]) for i, vs in got.items() for v in vs)
 print(f"{len(got)} iterations, largest loss difference {worst:.2e}")
 assert worst <= 1e-5
+PY
+}
+# no_orphans: no process is left in the namespaces (else they are listed and it fails).
+no_orphans() {
+  for n in "${ns[@]}"; do
+    [[ -z $(ip netns pids "$n" 2> /dev/null) ]] || { ps -ef | grep troupe; return 1; }
+  done
+}
+# The processes a launcher started (on_host's shell -> the launcher -> its processes).
+processes_of() { pgrep -P "$(pgrep -P "$1")" | sort || true; }
+# iterations_lost METRICS: the iterations each recovery trained again ("25 and 18"; "none").
+iterations_lost() {
+  python3 - "$1" <<'PY'
+import json, sys
+its = [j["iteration"] for j in map(json.loads, open(sys.argv[1])) if j.get("type") == "train"]
+print(" and ".join(str(a - b + 1) for a, b in zip(its, its[1:]) if b <= a) or "none")
 PY
 }
