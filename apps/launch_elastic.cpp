@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stop_token>
@@ -51,6 +52,17 @@ std::string source_toward(const std::string& host) {
   return src && comm::valid_place_addr(*src) ? *src : "-";
 }
 
+// A thread that runs `ask` about every second until it is stopped (each ask bounded by its own
+// 1 s request timeout): the standby's watch of the host, and the notices of a standby that took over.
+std::jthread every_second(std::function<void()> ask) {
+  return std::jthread([ask = std::move(ask)](std::stop_token stop) {
+    while (!stop.stop_requested()) {
+      ask();
+      for (int k = 0; k < 10 && !stop.stop_requested(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+}
+
 std::string standby_text(const std::optional<comm::ElasticStandby>& s) {
   return s ? "node " + std::to_string(s->node) + " hosts the rounds at " + text({s->addr, s->port})
            : "no other node can host the rounds (the job ends with this launcher)";
@@ -81,14 +93,10 @@ struct ElasticMembership::Impl {
     host_heard = std::make_shared<std::atomic<Clock::rep>>(Clock::now().time_since_epoch().count());
     comm::JoinRequest asking{o.node_rank, o.nproc_per_node, o.min_nnodes, o.nnodes, o.spares, round};
     asking.addr = source_for(place.addr);
-    watcher = std::jthread([at = place, line = comm::encode_join(asking), token = token,
-                            heard = host_heard](std::stop_token stop) {
-      while (!stop.stop_requested()) {
-        if (auto answer = comm::psk_request(at.addr, at.port, token, line, std::chrono::seconds(1));
-            answer && comm::parse_answer(answer.value()))
-          heard->store(Clock::now().time_since_epoch().count());
-        for (int k = 0; k < 10 && !stop.stop_requested(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
+    watcher = every_second([at = place, line = comm::encode_join(asking), token = token, heard = host_heard] {
+      if (auto answer = comm::psk_request(at.addr, at.port, token, line, std::chrono::seconds(1));
+          answer && comm::parse_answer(answer.value()))
+        heard->store(Clock::now().time_since_epoch().count());
     });
   }
   const std::string& source_for(const std::string& addr) {
@@ -145,12 +153,9 @@ Status ElasticMembership::start_hosting(int taken_over_round) {
     s.place = at;
     const Place master{s.o.master_addr, s.o.master_port};
     comm::RendezvousHost* hosting = s.host.get();
-    s.notifier = std::jthread([master, at, hosting, run_id = s.run_id, token = s.token](std::stop_token stop) {
-      while (!stop.stop_requested()) {
-        const std::string notice = comm::encode_moved({hosting->round(), run_id, at.addr, at.port});
-        (void)comm::psk_request(master.addr, master.port, token, notice, std::chrono::seconds(1));
-        for (int k = 0; k < 10 && !stop.stop_requested(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
+    s.notifier = every_second([master, at, hosting, run_id = s.run_id, token = s.token] {
+      const std::string notice = comm::encode_moved({hosting->round(), run_id, at.addr, at.port});
+      (void)comm::psk_request(master.addr, master.port, token, notice, std::chrono::seconds(1));
     });
     std::fprintf(stderr,
                  "troupe launch: hosting the rounds of the job from now on at %s (this launcher, --node-rank %d, is "
